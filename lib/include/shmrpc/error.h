@@ -1,0 +1,39 @@
+/* shmrpc: error reporting.
+ *
+ * Every fallible call returns 0 (or a count) on success and -errno on failure.
+ * The human detail of the most recent failure on the calling thread is kept in
+ * a thread-local buffer: it names the worker, the function and the value, e.g.
+ *   "worker2: sr_xport_send: destination rank 9 is out of range [0, 4)".
+ *
+ * Lifetime: the string returned by sr_last_error() belongs to the calling
+ * thread and stays valid until that thread's next failing shmrpc call.
+ */
+#ifndef SHMRPC_ERROR_H
+#define SHMRPC_ERROR_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SR_API __attribute__((visibility("default")))
+#else
+#define SR_API
+#endif
+
+/* shmrpc's own error codes, returned negated like -errno values. */
+#define SR_EBASE 10000
+#define SR_EWORKER (SR_EBASE + 1) /* a worker of the job failed (exit status or signal) */
+#define SR_EREMOTE (SR_EBASE + 2) /* the remote function failed; see sr_last_error() */
+#define SR_ESHUTDOWN (SR_EBASE + 3) /* the runtime is not initialised or has shut down */
+
+/* Detail of the last failure on this thread; "" if none. Never NULL. */
+SR_API const char *sr_last_error(void);
+
+/* strerror() for -errno values; also covers shmrpc's own codes. */
+SR_API const char *sr_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,9 @@
+/* shmrpc: PyTorch-style distributed RPC between the processes of one host,
+ * over shared memory. This umbrella header includes every public header. */
+#ifndef SHMRPC_H
+#define SHMRPC_H
+
+#include "error.h"
+#include "spawn.h"
+
+#endif

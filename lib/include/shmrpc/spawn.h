@@ -1,0 +1,39 @@
+/* shmrpc: starting a job from inside a program (the C counterpart of
+ * torch.multiprocessing.spawn).
+ *
+ * sr_spawn() creates the job's shared-memory segment, forks world_size
+ * workers (no exec) and runs fn(rank, world_size, arg) in each; a worker's
+ * exit status is fn's return value (0 success, 1..255 failure, other values
+ * map to 1). It blocks until the job ends, supervising exactly as shmrun does:
+ * when a worker exits non-zero or is killed by a signal, the others are
+ * killed at once, one line naming the rank, pid and status is printed to
+ * stderr, and sr_spawn returns -SR_EWORKER with the same line in
+ * sr_last_error(). Workers die with the calling thread (PR_SET_PDEATHSIG), so
+ * call it from a thread that outlives the job; it blocks until then anyway.
+ */
+#ifndef SHMRPC_SPAWN_H
+#define SHMRPC_SPAWN_H
+
+#include <stdint.h>
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sr_spawn_opts {
+    uint64_t shm_size;       /* total segment bytes; 0: 1 GiB of heap per worker (sparse) */
+    uint32_t ring_slots;     /* inbox slots per worker, a power of two; 0: 1024 */
+    const char *name_prefix; /* segment name prefix, for reports and leak checks; NULL: "shmrpc" */
+} sr_spawn_opts;
+
+/* 0 when every worker returned 0. Errors: -EINVAL bad world size or options;
+ * -SR_EWORKER a worker failed (see above); other -errno from fork/memfd. */
+SR_API int sr_spawn(int world_size, int (*fn)(int rank, int world_size, void *arg), void *arg,
+                    const sr_spawn_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

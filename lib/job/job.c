@@ -1,0 +1,208 @@
+/* Job creation and supervision. See job.h for the failure policy. */
+#include "job.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+
+#define TAG_SIGNAL UINT64_C(0xffffffff)
+
+int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
+{
+    memset(job, 0, sizeof(*job));
+    job->who = who;
+    sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
+    int rc = sr_segment_create(o, &job->seg);
+    if (rc)
+        return rc;
+    job->n = o->world_size;
+    job->pids = calloc((size_t)job->n, sizeof(pid_t));
+    job->pidfds = malloc((size_t)job->n * sizeof(int));
+    job->eventfds = malloc((size_t)job->n * sizeof(int));
+    if (!job->pids || !job->pidfds || !job->eventfds) {
+        sr__job_destroy(job);
+        return sr__fail(-ENOMEM, who, "no memory for %d workers", o->world_size);
+    }
+    for (int r = 0; r < job->n; r++) {
+        job->pidfds[r] = -1;
+        /* Blocking on purpose: io_uring waits on it by arming a poll. */
+        job->eventfds[r] = eventfd(0, EFD_CLOEXEC);
+        if (job->eventfds[r] < 0) {
+            rc = sr__fail(-errno, who, "eventfd for rank %d: %s", r, strerror(errno));
+            sr__job_destroy(job);
+            return rc;
+        }
+        sr_seg_worker(&job->seg, r)->eventfd = job->eventfds[r];
+    }
+    return 0;
+}
+
+void sr__job_destroy(sr_job *job)
+{
+    for (int r = 0; r < job->n; r++) {
+        if (job->pidfds && job->pidfds[r] >= 0)
+            close(job->pidfds[r]);
+        if (job->eventfds && job->eventfds[r] >= 0)
+            close(job->eventfds[r]);
+    }
+    free(job->pids);
+    free(job->pidfds);
+    free(job->eventfds);
+    sr_segment_detach(&job->seg, true);
+    job->pids = NULL;
+    job->pidfds = job->eventfds = NULL;
+    job->n = 0;
+}
+
+int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
+{
+    pid_t parent = getpid();
+    fflush(NULL); /* do not duplicate buffered output into the child */
+    pid_t pid = fork();
+    if (pid < 0)
+        return sr__fail(-errno, job->who, "fork of rank %d: %s", rank, strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the launcher died before the signal was armed */
+            _exit(1);
+        sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
+        run(job, rank, arg);
+        _exit(127);
+    }
+    job->pids[rank] = pid;
+    job->pidfds[rank] = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (job->pidfds[rank] < 0)
+        return sr__fail(-errno, job->who, "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(errno));
+    return 0;
+}
+
+static void describe(char *buf, size_t len, const siginfo_t *si)
+{
+    if (si->si_code == CLD_EXITED)
+        snprintf(buf, len, "exited with status %d", si->si_status);
+    else
+        snprintf(buf, len, "was killed by signal SIG%s%s", sigabbrev_np(si->si_status) ? sigabbrev_np(si->si_status) : "?",
+                 si->si_code == CLD_DUMPED ? " (core dumped)" : "");
+}
+
+static int live_workers(const sr_job *job)
+{
+    int n = 0;
+    for (int r = 0; r < job->n; r++)
+        n += job->pids[r] != 0;
+    return n;
+}
+
+int sr__job_stop(sr_job *job)
+{
+    int n = 0;
+    for (int r = 0; r < job->n; r++)
+        if (job->pids[r]) {
+            syscall(SYS_pidfd_send_signal, job->pidfds[r], SIGKILL, NULL, 0);
+            n++;
+        }
+    for (int r = 0; r < job->n; r++)
+        if (job->pids[r]) {
+            siginfo_t si;
+            waitid(P_PIDFD, (id_t)job->pidfds[r], &si, WEXITED);
+            job->pids[r] = 0;
+        }
+    return n;
+}
+
+static int report_failure(sr_job *job, int rank, pid_t pid, const siginfo_t *si)
+{
+    char what[96];
+    describe(what, sizeof(what), si);
+    int others = sr__job_stop(job);
+    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s; stopped the other %d worker%s", rank, (int)pid, what,
+             others, others == 1 ? "" : "s");
+    fprintf(stderr, "%s\n", sr_last_error());
+    return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
+}
+
+/* A worker's pidfd became readable: reap it. Returns 0, or the job's exit code. */
+static int on_exit_event(sr_job *job, int rank)
+{
+    siginfo_t si = {0};
+    pid_t pid = job->pids[rank];
+    if (!pid || waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0)
+        return 0;
+    job->pids[rank] = 0;
+    if (si.si_code == CLD_EXITED && si.si_status == 0)
+        return 0;
+    return report_failure(job, rank, pid, &si);
+}
+
+static void forward_signal(sr_job *job, int sigfd)
+{
+    struct signalfd_siginfo ssi;
+    if (read(sigfd, &ssi, sizeof(ssi)) != sizeof(ssi))
+        return;
+    for (int r = 0; r < job->n; r++)
+        if (job->pids[r])
+            syscall(SYS_pidfd_send_signal, job->pidfds[r], (int)ssi.ssi_signo, NULL, 0);
+}
+
+static void arm(struct io_uring *ring, int fd, uint64_t tag)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (!sqe) {
+        io_uring_submit(ring);
+        sqe = io_uring_get_sqe(ring);
+    }
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, tag);
+}
+
+static int supervise_loop(sr_job *job, struct io_uring *ring, int sigfd)
+{
+    while (live_workers(job)) {
+        int rc = io_uring_submit_and_wait(ring, 1);
+        if (rc < 0 && rc != -EINTR)
+            return sr__fail(rc, job->who, "io_uring_submit_and_wait: %s", strerror(-rc));
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(ring, &cqe) == 0) {
+            uint64_t tag = cqe->user_data;
+            io_uring_cqe_seen(ring, cqe);
+            if (tag == TAG_SIGNAL) {
+                forward_signal(job, sigfd);
+                arm(ring, sigfd, TAG_SIGNAL);
+            } else if ((rc = on_exit_event(job, (int)tag)) != 0) {
+                return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+int sr__job_supervise(sr_job *job, int sigfd)
+{
+    struct io_uring ring;
+    int rc = io_uring_queue_init(64, &ring, 0);
+    if (rc < 0) {
+        sr__job_stop(job);
+        return sr__fail(rc, job->who, "io_uring_queue_init: %s", strerror(-rc));
+    }
+    for (int r = 0; r < job->n; r++)
+        if (job->pids[r])
+            arm(&ring, job->pidfds[r], (uint64_t)r);
+    if (sigfd >= 0)
+        arm(&ring, sigfd, TAG_SIGNAL);
+    rc = supervise_loop(job, &ring, sigfd);
+    if (rc < 0)
+        sr__job_stop(job);
+    io_uring_queue_exit(&ring);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/* sr_spawn: a job inside the calling program. See shmrpc/spawn.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "job/job.h"
+#include "shmrpc/spawn.h"
+
+struct spawn_call {
+    int (*fn)(int, int, void *);
+    void *arg;
+};
+
+static void run_worker(sr_job *job, int rank, void *p)
+{
+    struct spawn_call *c = p;
+    sr__launch_env_set(&(struct sr_launch_env){.fd = job->seg.fd, .rank = rank, .world_size = job->n});
+    int rc = c->fn(rank, job->n, c->arg);
+    fflush(NULL);
+    _exit(rc == 0 ? 0 : (rc > 0 && rc < 256) ? rc : 1);
+}
+
+SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, const sr_spawn_opts *opts)
+{
+    static const sr_spawn_opts defaults;
+    if (!opts)
+        opts = &defaults;
+    if (!fn)
+        return sr__fail(-EINVAL, "sr_spawn", "fn is NULL");
+    char name[40];
+    snprintf(name, sizeof(name), "%s", opts->name_prefix ? opts->name_prefix : "shmrpc");
+    sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
+                          .name = name};
+    sr_job job;
+    int rc = sr__job_create(&job, &so, "sr_spawn");
+    if (rc)
+        return rc;
+    struct spawn_call call = {fn, arg};
+    for (int r = 0; r < world_size && !rc; r++)
+        rc = sr__job_fork(&job, r, run_worker, &call);
+    if (rc) {
+        sr__job_stop(&job);
+        sr__job_destroy(&job);
+        return rc;
+    }
+    int status = sr__job_supervise(&job, -1);
+    sr__job_destroy(&job);
+    return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
+}

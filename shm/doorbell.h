@@ -1,0 +1,51 @@
+/* Doorbells: how a producer wakes a sleeping consumer.
+ *
+ * Each worker owns one 32-bit word in the worker table (sr_worker_info.doorbell).
+ *
+ *   consumer (sr_waiter_sleep)             producer (sr_doorbell_ring)
+ *   D1 store word = SLEEPING               (message published in the ring)
+ *   D2 fence(seq_cst)                      D3 fence(seq_cst)
+ *      re-check the ring; if non-empty,       load word; if SLEEPING and our
+ *      clear the word and do not sleep        exchange wins, wake the consumer
+ *
+ * D2 pairs with D3 (a Dekker handshake): either the consumer sees the
+ * message, or the producer sees SLEEPING. So no wake-up is ever lost, and a
+ * producer makes the wake syscall only when the consumer really sleeps, and
+ * only one producer makes it (the one whose exchange returned SLEEPING).
+ *
+ * The wake is FUTEX_WAKE on the shared (not private) word, or, in the
+ * eventfd fallback, an 8-byte write to the consumer's eventfd.
+ */
+#ifndef SR_SHM_DOORBELL_H
+#define SR_SHM_DOORBELL_H
+
+#include <stdint.h>
+
+#include "atomics.h"
+
+enum { SR_DOORBELL_AWAKE = 0, SR_DOORBELL_SLEEPING = 1 };
+
+enum sr_doorbell_kind {
+    SR_DOORBELL_FUTEX = 1,   /* io_uring FUTEX_WAIT / futex(FUTEX_WAKE) */
+    SR_DOORBELL_EVENTFD = 2, /* io_uring READ of an eventfd / write(2) */
+};
+
+/* Out of line: the syscall. Returns 1 if a wake was issued. */
+int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd);
+
+/* Producer side, called after publishing a message. Returns 1 if it woke the
+ * consumer (a syscall), 0 if the consumer was awake (no syscall). */
+static inline int sr_doorbell_ring(_Atomic uint32_t *word, uint32_t kind, int eventfd)
+{
+    /* D3: pairs with the consumer's D2 fence between announcing SLEEPING and re-checking its ring */
+    atomic_thread_fence(memory_order_seq_cst);
+    /* relaxed: ordered after our publish by D3 */
+    if (atomic_load_explicit(word, memory_order_relaxed) != SR_DOORBELL_SLEEPING)
+        return 0;
+    /* relaxed: the exchange only elects one waker; the wake syscall carries the event */
+    if (atomic_exchange_explicit(word, SR_DOORBELL_AWAKE, memory_order_relaxed) != SR_DOORBELL_SLEEPING)
+        return 0;
+    return sr__doorbell_wake(word, kind, eventfd);
+}
+
+#endif

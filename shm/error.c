@@ -1,0 +1,41 @@
+#include "error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[512];
+/* -1 before attach: the prefix is the function alone (launchers, sr_spawn).
+ * Written once per process at attach, before any thread that reads it exists
+ * (or by the same thread); plain int is enough. */
+static int error_rank = -1;
+
+void sr__error_set_rank(int rank) { error_rank = rank; }
+
+int sr__fail(int err, const char *fn, const char *fmt, ...)
+{
+    int n;
+    if (error_rank >= 0)
+        n = snprintf(last_error, sizeof(last_error), "worker%d: %s: ", error_rank, fn);
+    else
+        n = snprintf(last_error, sizeof(last_error), "%s: ", fn);
+    if (n < 0 || (size_t)n >= sizeof(last_error))
+        return err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error + n, sizeof(last_error) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+SR_API const char *sr_last_error(void) { return last_error; }
+
+SR_API const char *sr_strerror(int err)
+{
+    switch (err < 0 ? -err : err) {
+    case SR_EWORKER: return "a worker of the job failed";
+    case SR_EREMOTE: return "the remote function failed";
+    case SR_ESHUTDOWN: return "shmrpc is not initialised or has shut down";
+    default: return strerror(err < 0 ? -err : err);
+    }
+}

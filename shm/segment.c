@@ -1,0 +1,199 @@
+/* Segment creation, attach and header validation. See segment.h. */
+#include "segment.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "ring.h"
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+static uint64_t table_stride(void) { return ALIGN_UP(sizeof(struct sr_worker_info), SR_CACHELINE); }
+static uint64_t inbox_stride(uint32_t slots) { return ALIGN_UP(sr_ring_bytes(slots), 4096); }
+
+uint64_t sr_segment_fixed_size(int n, uint32_t slots)
+{
+    uint64_t table = SR_SEG_HEADER_SIZE + (uint64_t)n * table_stride();
+    uint64_t inbox = ALIGN_UP(table, 4096) + (uint64_t)n * inbox_stride(slots);
+    return ALIGN_UP(inbox, SR_HEAP_ALIGN);
+}
+
+static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
+{
+    if (o->world_size < 1 || o->world_size > SR_MAX_WORKERS)
+        return sr__fail(-EINVAL, "sr_segment_create", "world size %d is out of range [1, %d]",
+                        o->world_size, SR_MAX_WORKERS);
+    if (slots < 2 || (slots & (slots - 1)) || slots > (1u << 24))
+        return sr__fail(-EINVAL, "sr_segment_create",
+                        "ring size %u is not a power of two in [2, 2^24]", slots);
+    uint64_t fixed = sr_segment_fixed_size(o->world_size, slots);
+    uint64_t need = fixed + (uint64_t)o->world_size * SR_HEAP_MIN;
+    *size = o->size ? o->size : fixed + (uint64_t)o->world_size * SR_HEAP_DEFAULT;
+    if (*size < need)
+        return sr__fail(-EINVAL, "sr_segment_create",
+                        "size %llu bytes is too small for %d workers (need at least %llu: %llu fixed + %u MiB of heap each)",
+                        (unsigned long long)*size, o->world_size, (unsigned long long)need,
+                        (unsigned long long)fixed, SR_HEAP_MIN >> 20);
+    return 0;
+}
+
+static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slots, const char *name)
+{
+    struct sr_seg_header *h = seg->hdr;
+    int n = o->world_size;
+    h->magic = SR_SEG_MAGIC;
+    h->layout_format = SR_SEG_LAYOUT_FORMAT;
+    h->version = SR_SEG_VERSION;
+    h->world_size = (uint32_t)n;
+    h->ring_slots = slots;
+    h->seg_size = seg->size;
+    h->table_off = SR_SEG_HEADER_SIZE;
+    h->table_stride = table_stride();
+    h->inbox_off = ALIGN_UP(h->table_off + (uint64_t)n * h->table_stride, 4096);
+    h->inbox_stride = inbox_stride(slots);
+    h->heap_off = sr_segment_fixed_size(n, slots);
+    h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
+    snprintf(h->name, sizeof(h->name), "%s", name);
+    /* relaxed: workers start after the creator returns (fork/exec orders it) */
+    atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->awake, 0, memory_order_relaxed); /* relaxed: as above */
+    for (int r = 0; r < n; r++) {
+        struct sr_worker_info *w = sr_seg_worker(seg, r);
+        w->rank = (uint32_t)r;
+        w->eventfd = -1;
+        sr_ring_init(sr_seg_inbox(seg, r), slots);
+    }
+}
+
+int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
+{
+    uint32_t slots = o->ring_slots ? o->ring_slots : SR_RING_SLOTS_DEFAULT;
+    uint64_t size = 0;
+    int rc = check_opts(o, slots, &size);
+    if (rc)
+        return rc;
+    const char *name = o->name ? o->name : "shmrpc";
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+    if (ftruncate(fd, (off_t)size) < 0) {
+        rc = sr__fail(-errno, "sr_segment_create", "ftruncate to %llu bytes: %s",
+                      (unsigned long long)size, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    /* A worker shrinking the file would turn every peer's access into SIGBUS. */
+    (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        rc = sr__fail(-errno, "sr_segment_create", "mmap of %llu bytes: %s",
+                      (unsigned long long)size, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    *seg = (sr_segment){.fd = fd, .base = base, .size = size, .hdr = base};
+    write_header(seg, o, slots, name);
+    return 0;
+}
+
+static int validate(const struct sr_seg_header *h, uint64_t file_size)
+{
+    const char *fn = "sr_segment_attach";
+    if (h->magic != SR_SEG_MAGIC)
+        return sr__fail(-EPROTO, fn, "not a shmrpc segment: magic 0x%016llx, expected 0x%016llx",
+                        (unsigned long long)h->magic, (unsigned long long)SR_SEG_MAGIC);
+    if (h->layout_format != SR_SEG_LAYOUT_FORMAT)
+        return sr__fail(-EPROTO, fn, "segment layout format %u, this library reads %u",
+                        h->layout_format, SR_SEG_LAYOUT_FORMAT);
+    if (h->version != SR_SEG_VERSION)
+        return sr__fail(-EPROTO, fn, "segment version %u, this library speaks %u",
+                        h->version, SR_SEG_VERSION);
+    if (h->world_size < 1 || h->world_size > SR_MAX_WORKERS)
+        return sr__fail(-EINVAL, fn, "segment world size %u is out of range", h->world_size);
+    uint32_t n = h->world_size;
+    if (h->seg_size != file_size || h->ring_slots < 2 || (h->ring_slots & (h->ring_slots - 1)) ||
+        h->table_off < SR_SEG_HEADER_SIZE || h->table_stride < sizeof(struct sr_worker_info) ||
+        h->inbox_off < h->table_off + n * h->table_stride ||
+        h->inbox_stride < sr_ring_bytes(h->ring_slots) ||
+        h->heap_off < h->inbox_off + n * h->inbox_stride ||
+        h->heap_off + n * h->heap_stride > file_size)
+        return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
+                        (unsigned long long)h->seg_size, (unsigned long long)file_size);
+    return 0;
+}
+
+int sr_segment_attach(int fd, sr_segment *seg)
+{
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        return sr__fail(-EBADF, "sr_segment_attach", "fd %d is not an open file", fd);
+    if ((uint64_t)st.st_size < SR_SEG_HEADER_SIZE)
+        return sr__fail(-EPROTO, "sr_segment_attach", "fd %d: %lld bytes is too small to be a shmrpc segment",
+                        fd, (long long)st.st_size);
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED)
+        return sr__fail(-errno, "sr_segment_attach", "mmap of fd %d: %s", fd, strerror(errno));
+    int rc = validate(base, (uint64_t)st.st_size);
+    if (rc) {
+        munmap(base, (size_t)st.st_size);
+        return rc;
+    }
+    *seg = (sr_segment){.fd = fd, .base = base, .size = (size_t)st.st_size, .hdr = base};
+    return 0;
+}
+
+void sr_segment_detach(sr_segment *seg, bool close_fd)
+{
+    if (seg->base)
+        munmap(seg->base, seg->size);
+    if (close_fd && seg->fd >= 0)
+        close(seg->fd);
+    *seg = (sr_segment){.fd = -1};
+}
+
+static struct sr_launch_env launch_env; /* set in a sr_spawn child before any thread exists */
+static bool launch_env_set;
+
+void sr__launch_env_set(const struct sr_launch_env *e)
+{
+    launch_env = *e;
+    launch_env_set = true;
+}
+
+static int env_int(const char *name, int lo, int hi, int *out)
+{
+    const char *s = getenv(name);
+    if (!s)
+        return -ENOENT;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return sr__fail(-EINVAL, "sr_init", "environment %s=\"%s\" is not an integer in [%d, %d]",
+                        name, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+int sr__launch_env_get(struct sr_launch_env *e)
+{
+    if (launch_env_set) {
+        *e = launch_env;
+        return 0;
+    }
+    int rc = env_int("SHMRPC_FD", 0, INT_MAX, &e->fd);
+    if (rc == -ENOENT)
+        return sr__fail(-ENOENT, "sr_init", "SHMRPC_FD is not set: run the program under shmrun or sr_spawn()");
+    if (rc || (rc = env_int("SHMRPC_WORLD_SIZE", 1, SR_MAX_WORKERS, &e->world_size)) ||
+        (rc = env_int("SHMRPC_RANK", 0, e->world_size - 1, &e->rank)))
+        return rc == -ENOENT ? sr__fail(-EINVAL, "sr_init", "SHMRPC_RANK or SHMRPC_WORLD_SIZE is missing") : rc;
+    return 0;
+}

@@ -1,0 +1,149 @@
+/* The shared-memory segment: one memfd, mapped by every worker of a job.
+ *
+ * Layout (offsets from the segment base; the base differs per process, so
+ * nothing in the segment ever holds a pointer):
+ *
+ *   0                 struct sr_seg_header            (SR_SEG_HEADER_SIZE)
+ *   table_off         world_size x struct sr_worker_info
+ *   inbox_off         world_size x inbox ring          (inbox_stride each)
+ *   heap_off          world_size x heap area            (heap_stride each)
+ *
+ * Lifetime: the creator (shmrun or sr_spawn) makes the memfd and writes the
+ * header and the creator-owned fields of the worker table before any worker
+ * starts; after that the header's first lines are read-only. The memory is
+ * freed by the kernel when the last process holding the fd or a mapping goes,
+ * so no file is ever left behind.
+ */
+#ifndef SR_SHM_SEGMENT_H
+#define SR_SHM_SEGMENT_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "atomics.h"
+
+#define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
+#define SR_SEG_LAYOUT_FORMAT 1u                   /* bump when any offset below changes */
+#define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
+#define SR_SEG_HEADER_SIZE 4096u
+#define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
+#define SR_NAME_MAX 128                           /* worker names: < 128 bytes, like PyTorch */
+#define SR_HEAP_ALIGN (2u << 20)
+#define SR_HEAP_MIN (4u << 20)                    /* smallest per-worker heap accepted */
+#define SR_HEAP_DEFAULT (UINT64_C(1) << 30)       /* per worker; memfd pages cost nothing until touched */
+#define SR_RING_SLOTS_DEFAULT 1024u
+
+enum sr_worker_state {
+    SR_WORKER_EMPTY = 0,    /* slot written by the creator only */
+    SR_WORKER_ATTACHED = 1, /* the worker has attached and set its fields */
+    SR_WORKER_DETACHED = 2, /* the worker detached cleanly */
+};
+
+struct sr_seg_header {
+    /* Line 0-1: written once by the creator before any worker starts; read-only after. */
+    uint64_t magic;
+    uint32_t layout_format;
+    uint32_t version;
+    uint32_t world_size;
+    uint32_t ring_slots;    /* per inbox, a power of two */
+    uint64_t seg_size;
+    uint64_t table_off, table_stride;
+    uint64_t inbox_off, inbox_stride;
+    uint64_t heap_off, heap_stride;
+    char name[48];          /* memfd name, for reports */
+
+    /* Line 2: written by every worker with atomic read-modify-writes. */
+    _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
+    _Atomic uint32_t awake;                    /* workers not asleep in their doorbell (spin policy) */
+};
+static_assert(sizeof(struct sr_seg_header) <= SR_SEG_HEADER_SIZE, "header fits its page");
+static_assert(offsetof(struct sr_seg_header, attached) % SR_CACHELINE == 0, "shared counters on their own line");
+
+struct sr_worker_info {
+    /* Line 0: written by the creator before the worker starts; read-only after. */
+    int32_t eventfd;        /* doorbell for the eventfd fallback (inherited fd number) */
+    uint32_t rank;
+
+    /* Line 1: written by the worker itself during attach, before its release
+     * increment of header.attached; read by peers after their acquire of it. */
+    int32_t pid SR_ALIGNED_LINE;
+    uint32_t doorbell_kind; /* enum sr_doorbell_kind */
+    _Atomic uint32_t state; /* enum sr_worker_state; written by the worker */
+    char name[SR_NAME_MAX];
+
+    /* Own line: the doorbell word. Written by the worker (announces SLEEPING,
+     * clears to AWAKE) and by producers (exchange SLEEPING -> AWAKE). */
+    _Atomic uint32_t doorbell SR_ALIGNED_LINE;
+};
+static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
+static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
+
+typedef struct sr_segment_opts {
+    int world_size;         /* 1..SR_MAX_WORKERS */
+    uint64_t size;          /* total bytes; 0: SR_HEAP_DEFAULT per worker plus the fixed parts */
+    uint32_t ring_slots;    /* 0: SR_RING_SLOTS_DEFAULT; else a power of two >= 2 */
+    const char *name;       /* memfd name, "shmrpc" if NULL */
+} sr_segment_opts;
+
+typedef struct sr_segment {
+    int fd;
+    void *base;
+    size_t size;
+    struct sr_seg_header *hdr;
+} sr_segment;
+
+/* Bytes needed for the header, table and inboxes of n workers. */
+uint64_t sr_segment_fixed_size(int world_size, uint32_t ring_slots);
+
+/* Create a segment (memfd, close-on-exec; sealed against resizing) and write
+ * its header. Errors: -EINVAL bad world size, ring size or a size too small
+ * for world_size; -ENOMEM and other -errno from memfd_create/ftruncate/mmap. */
+int sr_segment_create(const sr_segment_opts *o, sr_segment *seg);
+
+/* Map an existing segment from fd and validate its header. Takes no
+ * ownership of fd. Errors: -EPROTO wrong magic, layout format or version;
+ * -EINVAL inconsistent sizes; other -errno from fstat/mmap. */
+int sr_segment_attach(int fd, sr_segment *seg);
+
+/* Unmap; closes fd only if close_fd. */
+void sr_segment_detach(sr_segment *seg, bool close_fd);
+
+static inline struct sr_worker_info *sr_seg_worker(const sr_segment *s, int rank)
+{
+    return (struct sr_worker_info *)((char *)s->base + s->hdr->table_off +
+                                     (uint64_t)rank * s->hdr->table_stride);
+}
+
+static inline void *sr_seg_inbox(const sr_segment *s, int rank)
+{
+    return (char *)s->base + s->hdr->inbox_off + (uint64_t)rank * s->hdr->inbox_stride;
+}
+
+static inline void *sr_seg_heap(const sr_segment *s, int rank)
+{
+    return (char *)s->base + s->hdr->heap_off + (uint64_t)rank * s->hdr->heap_stride;
+}
+
+static inline uint64_t sr_seg_off(const sr_segment *s, const void *p)
+{
+    return (uint64_t)((const char *)p - (const char *)s->base);
+}
+
+static inline void *sr_seg_ptr(const sr_segment *s, uint64_t off)
+{
+    return (char *)s->base + off;
+}
+
+/* How a worker finds its segment: sr_spawn children get it from a
+ * process-global set after fork; shmrun children from SHMRPC_FD,
+ * SHMRPC_RANK and SHMRPC_WORLD_SIZE. */
+struct sr_launch_env {
+    int fd, rank, world_size;
+};
+void sr__launch_env_set(const struct sr_launch_env *e);
+/* 0, or -ENOENT when not launched by shmrun/sr_spawn, -EINVAL on a bad variable. */
+int sr__launch_env_get(struct sr_launch_env *e);
+
+#endif

@@ -1,0 +1,65 @@
+/* The waiter: the single place where a worker sleeps.
+ *
+ * One io_uring per worker watches, at the same time:
+ *   - the worker's doorbell (io_uring FUTEX_WAIT on the shared word, or a READ
+ *     of its eventfd in the fallback), linked to a timeout for the nearest
+ *     deadline;
+ *   - each peer's pidfd (peer death);
+ *   - a process-local shutdown eventfd.
+ *
+ * The futex opcodes are probed at start-up; SHMRPC_DOORBELL=eventfd forces the
+ * fallback. Only the thread that owns the worker's inbox may call
+ * sr_waiter_sleep; sr_waiter_notify_shutdown may be called from any thread.
+ *
+ * Lifetime: sr_waiter_init .. sr_waiter_fini. The word must stay mapped and
+ * the eventfd open until fini.
+ */
+#ifndef SR_SHM_WAITER_H
+#define SR_SHM_WAITER_H
+
+#include <liburing.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SR_WAKE_DOORBELL 0x1u /* the doorbell rang, or the ready() check saw work */
+#define SR_WAKE_TIMEOUT 0x2u  /* the deadline passed */
+#define SR_WAKE_PEER 0x4u     /* a watched peer exited; see sr_waiter.peer_dead */
+#define SR_WAKE_SHUTDOWN 0x8u /* sr_waiter_notify_shutdown was called (sticky) */
+
+typedef struct sr_waiter {
+    struct io_uring ring;
+    _Atomic uint32_t *word; /* our doorbell word in the segment */
+    uint32_t kind;          /* enum sr_doorbell_kind */
+    int eventfd;            /* our doorbell eventfd (fallback) */
+    int shutdown_fd;        /* process-local */
+    bool wait_inflight;     /* a doorbell wait SQE is submitted and not completed */
+    bool shutdown;          /* sticky once seen */
+    uint32_t wait_gen;      /* tags the current wait SQE */
+    uint64_t efd_buf;       /* target of the eventfd READ */
+    struct __kernel_timespec ts;
+    int npeers;
+    bool *peer_dead;        /* [npeers], set from pidfd completions */
+    int *pidfds;
+} sr_waiter;
+
+/* kind_wanted: 0 = probe (futex if the kernel has it, unless SHMRPC_DOORBELL=eventfd). */
+int sr_waiter_init(sr_waiter *w, _Atomic uint32_t *word, int eventfd, uint32_t kind_wanted);
+void sr_waiter_fini(sr_waiter *w);
+
+/* Watch peer `rank`'s process; npeers is fixed by the first call's world size. */
+int sr_waiter_watch_peer(sr_waiter *w, int world_size, int rank, int pid);
+
+/* Announce sleep, re-check ready(arg), and sleep until the doorbell rings,
+ * deadline_ns (CLOCK_MONOTONIC, absolute; < 0 = none) passes, a peer dies or
+ * shutdown is notified. Returns a mask of SR_WAKE_* (never 0), or -errno. */
+int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+
+/* Wake the sleeper and make every later sleep return SR_WAKE_SHUTDOWN. */
+void sr_waiter_notify_shutdown(sr_waiter *w);
+
+/* Does this kernel support io_uring FUTEX_WAIT on a shared word? */
+bool sr_waiter_futex_supported(void);
+
+int64_t sr_now_ns(void);
+
+#endif

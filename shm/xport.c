@@ -1,0 +1,288 @@
+/* The transport. See xport.h; the ring and doorbell contracts are in ring.h
+ * and doorbell.h. */
+#include "xport.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "error.h"
+
+#define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
+#define SPIN_START_NS 20000
+#define START_TIMEOUT_NS (60ll * 1000000000)
+#define SLICE_NS (100ll * 1000000) /* bounded futex sleeps while waiting on peers */
+
+static int futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    return (int)syscall(SYS_futex, w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static int count_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static void spin_policy(sr_xport *x, const sr_xport_opts *o)
+{
+    const char *env = getenv("SHMRPC_SPIN_NS");
+    x->ncpu = count_cpus();
+    x->fixed_spin = o->fixed_spin || env;
+    x->spin_ns = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
+    if (x->spin_ns < 0)
+        x->spin_ns = 0;
+}
+
+static int missing_ranks(sr_xport *x)
+{
+    char list[256] = "";
+    size_t len = 0;
+    for (int r = 0; r < x->world && len < sizeof(list) - 16; r++)
+        /* acquire: pairs with the worker's release store of ATTACHED */
+        if (atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) != SR_WORKER_ATTACHED)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
+    return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
+}
+
+/* The start barrier: every worker has published its pid and doorbell. */
+static int start_barrier(sr_xport *x, int64_t timeout_ns)
+{
+    struct sr_seg_header *h = x->seg.hdr;
+    /* release: pairs with peers' acquire loads below; publishes our table line */
+    atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
+    futex_wake_all(&h->attached);
+    int64_t deadline = sr_now_ns() + timeout_ns;
+    for (;;) {
+        /* acquire: pairs with each peer's release increment above */
+        uint32_t n = atomic_load_explicit(&h->attached, memory_order_acquire);
+        if (n >= (uint32_t)x->world)
+            return 0;
+        int64_t left = deadline - sr_now_ns();
+        if (left <= 0)
+            return missing_ranks(x);
+        futex_wait_ns(&h->attached, n, left < SLICE_NS ? left : SLICE_NS);
+    }
+}
+
+static int resolve_peers(sr_xport *x)
+{
+    x->peers = calloc((size_t)x->world, sizeof(*x->peers));
+    if (!x->peers)
+        return sr__fail(-ENOMEM, "sr_init", "no memory for %d peers", x->world);
+    for (int r = 0; r < x->world; r++) {
+        struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+        x->peers[r] = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .doorbell = &w->doorbell,
+                                       .kind = w->doorbell_kind, .eventfd = w->eventfd};
+        if (r == x->rank)
+            continue;
+        int rc = sr_waiter_watch_peer(&x->waiter, x->world, r, w->pid);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int publish_self(sr_xport *x, const sr_xport_opts *o)
+{
+    x->me = sr_seg_worker(&x->seg, x->rank);
+    x->inbox = sr_seg_inbox(&x->seg, x->rank);
+    int rc = sr_waiter_init(&x->waiter, &x->me->doorbell, x->me->eventfd, o->doorbell);
+    if (rc)
+        return rc;
+    x->me->pid = getpid();
+    x->me->doorbell_kind = x->waiter.kind;
+    /* relaxed: counts only feed the spin heuristic */
+    atomic_fetch_add_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
+    /* release: pairs with missing_ranks()' acquire; the barrier increment publishes the rest */
+    atomic_store_explicit(&x->me->state, SR_WORKER_ATTACHED, memory_order_release);
+    return 0;
+}
+
+int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
+{
+    static const sr_xport_opts defaults;
+    struct sr_launch_env env;
+    if (!o)
+        o = &defaults;
+    int rc = sr__launch_env_get(&env);
+    if (rc)
+        return rc;
+    sr_xport *x = calloc(1, sizeof(*x));
+    if (!x)
+        return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
+    x->rank = env.rank;
+    x->world = env.world_size;
+    sr__error_set_rank(env.rank);
+    rc = sr_segment_attach(env.fd, &x->seg);
+    if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
+        rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
+                      env.world_size, x->seg.hdr->world_size);
+    spin_policy(x, o);
+    if (!rc)
+        rc = publish_self(x, o);
+    if (!rc)
+        rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
+    if (!rc)
+        rc = resolve_peers(x);
+    if (rc) {
+        sr_xport_detach(x);
+        return rc;
+    }
+    *out = x;
+    return 0;
+}
+
+void sr_xport_detach(sr_xport *x)
+{
+    if (!x)
+        return;
+    if (x->me) {
+        /* relaxed: statistics for the spin heuristic */
+        atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
+        /* release: our last sends are complete before peers see DETACHED */
+        atomic_store_explicit(&x->me->state, SR_WORKER_DETACHED, memory_order_release);
+        sr_waiter_fini(&x->waiter);
+    }
+    sr_segment_detach(&x->seg, true);
+    free(x->peers);
+    free(x);
+}
+
+int sr_xport_check_peers(sr_xport *x)
+{
+    for (int r = 0; r < x->world; r++) {
+        /* acquire: pairs with the peer's release store of DETACHED in sr_xport_detach */
+        if (sr_xport_peer_dead(x, r) &&
+            atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) != SR_WORKER_DETACHED)
+            return sr__fail(-EPIPE, "sr_xport_check_peers", "rank %d (pid %d) died without detaching", r,
+                            sr_seg_worker(&x->seg, r)->pid);
+    }
+    return 0;
+}
+
+int sr_xport_send(sr_xport *x, int to, sr_msg *m)
+{
+    if (sr_unlikely((unsigned)to >= (unsigned)x->world))
+        return sr__fail(-EINVAL, "sr_xport_send", "destination rank %d is out of range [0, %d)", to, x->world);
+    if (sr_unlikely(sr_xport_peer_dead(x, to)))
+        return sr__fail(-EPIPE, "sr_xport_send", "destination rank %d has died", to);
+    struct sr_peer *p = &x->peers[to];
+    m->src = (uint16_t)x->rank;
+    if (sr_unlikely(sr_ring_enqueue(p->inbox, m) != 0)) {
+        atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
+        return -EAGAIN;
+    }
+    atomic_fetch_add_explicit(&x->st.sent, 1, memory_order_relaxed); /* relaxed: statistics */
+    if (sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
+        atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
+    return 0;
+}
+
+int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
+{
+    for (;;) {
+        int rc = sr_xport_send(x, to, m);
+        if (rc != -EAGAIN)
+            return rc;
+        struct sr_ring *r = x->peers[to].inbox;
+        /* relaxed: S2 below orders it before our retry */
+        atomic_store_explicit(&r->space_wait, 1, memory_order_relaxed);
+        /* S2: pairs with the consumer's S1 fence in sr_xport_recv_burst */
+        atomic_thread_fence(memory_order_seq_cst);
+        if ((rc = sr_xport_send(x, to, m)) != -EAGAIN)
+            return rc;
+        int64_t left = deadline_ns < 0 ? SLICE_NS : deadline_ns - sr_now_ns();
+        if (left <= 0)
+            return sr__fail(-ETIMEDOUT, "sr_xport_send_wait", "inbox of rank %d stayed full (%u slots)", to, r->size);
+        futex_wait_ns(&r->space_wait, 1, left < SLICE_NS ? left : SLICE_NS);
+    }
+}
+
+unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+{
+    unsigned got = sr_ring_dequeue_burst(x->inbox, out, n);
+    if (!got)
+        return 0;
+    atomic_fetch_add_explicit(&x->st.received, got, memory_order_relaxed); /* relaxed: statistics */
+    /* S1: pairs with a blocked producer's S2 fence: it sees our freed slots or we see its flag */
+    atomic_thread_fence(memory_order_seq_cst);
+    /* relaxed: ordered by S1; the exchange elects one waker */
+    if (atomic_load_explicit(&x->inbox->space_wait, memory_order_relaxed) &&
+        atomic_exchange_explicit(&x->inbox->space_wait, 0, memory_order_relaxed))
+        futex_wake_all(&x->inbox->space_wait);
+    return got;
+}
+
+static bool inbox_ready(void *arg) { return sr_ring_ready(arg); }
+
+/* Spin on the inbox for up to budget_ns; true if a message arrived. */
+static bool spin(sr_xport *x, int64_t budget_ns)
+{
+    int64_t until = sr_now_ns() + budget_ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (sr_ring_ready(x->inbox))
+                return true;
+            sr_cpu_relax();
+        }
+        if (sr_now_ns() >= until)
+            return false;
+    }
+}
+
+static int64_t spin_budget(sr_xport *x)
+{
+    if (x->fixed_spin)
+        return x->spin_ns;
+    /* relaxed: a heuristic; a stale count only mis-sizes one spin */
+    uint32_t awake = atomic_load_explicit(&x->seg.hdr->awake, memory_order_relaxed);
+    return awake > (uint32_t)x->ncpu ? 0 : x->spin_ns;
+}
+
+/* Adapt: a sleep that ended soon would have been cheaper as a spin. */
+static void adapt(sr_xport *x, int64_t slept_ns)
+{
+    if (x->fixed_spin)
+        return;
+    if (slept_ns < SPIN_MAX_NS / 2)
+        x->spin_ns = slept_ns * 2 > x->spin_ns ? slept_ns * 2 : x->spin_ns;
+    else
+        x->spin_ns /= 2;
+    if (x->spin_ns > SPIN_MAX_NS)
+        x->spin_ns = SPIN_MAX_NS;
+}
+
+int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
+{
+    if (sr_ring_ready(x->inbox))
+        return SR_WAKE_DOORBELL;
+    int64_t budget = spin_budget(x);
+    if (budget > 0 && spin(x, budget)) {
+        atomic_fetch_add_explicit(&x->st.spin_hits, 1, memory_order_relaxed); /* relaxed: statistics */
+        return SR_WAKE_DOORBELL;
+    }
+    atomic_fetch_add_explicit(&x->st.sleeps, 1, memory_order_relaxed); /* relaxed: statistics */
+    /* relaxed: heuristic counter */
+    atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
+    int64_t t0 = sr_now_ns();
+    int ev = sr_waiter_sleep(&x->waiter, deadline_ns, inbox_ready, x->inbox);
+    adapt(x, sr_now_ns() - t0);
+    atomic_fetch_add_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed); /* relaxed: as above */
+    return ev;
+}

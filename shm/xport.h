@@ -1,0 +1,91 @@
+/* The transport: a worker's view of the job's segment.
+ *
+ * Minimal messaging for the layers above: attach, send to a rank, receive in
+ * bursts, and wait (spin briefly, then sleep in io_uring).
+ *
+ * Threads: sr_xport_send / sr_xport_send_wait may be called by any thread of
+ * the worker at once. sr_xport_recv_burst and sr_xport_wait belong to the one
+ * thread that consumes the inbox (the progress thread).
+ *
+ * Lifetime: sr_xport_attach .. sr_xport_detach. Detach closes the segment fd
+ * the worker was launched with.
+ */
+#ifndef SR_SHM_XPORT_H
+#define SR_SHM_XPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "doorbell.h"
+#include "ring.h"
+#include "segment.h"
+#include "waiter.h"
+
+typedef struct sr_xport_opts {
+    int64_t start_timeout_ns; /* attach barrier bound; 0: 60 s */
+    uint32_t doorbell;        /* 0: probe (SHMRPC_DOORBELL=eventfd forces the fallback) */
+    int64_t spin_ns;          /* < 0 or unset (0 with adaptive=true): adaptive; see below */
+    bool fixed_spin;          /* use spin_ns as a fixed budget (0 = never spin) */
+} sr_xport_opts;
+
+/* Counters of this worker (relaxed atomics: statistics only). */
+typedef struct sr_xport_stats {
+    _Atomic uint64_t sent, received, wakes, sleeps, full, spin_hits;
+} sr_xport_stats;
+
+struct sr_peer {
+    struct sr_ring *inbox;
+    _Atomic uint32_t *doorbell;
+    uint32_t kind;
+    int eventfd;
+};
+
+typedef struct sr_xport {
+    sr_segment seg;
+    int rank, world;
+    struct sr_ring *inbox;
+    struct sr_worker_info *me;
+    struct sr_peer *peers;    /* [world], resolved once after the start barrier */
+    sr_waiter waiter;
+    int ncpu;
+    int64_t spin_ns;          /* current budget (adaptive) */
+    bool fixed_spin;
+    sr_xport_stats st;
+} sr_xport;
+
+/* Attach the calling process as its launch rank (shmrun env or sr_spawn), and
+ * wait until every worker of the job has attached. Errors: -ENOENT not
+ * launched by shmrun/sr_spawn; -EPROTO/-EINVAL bad segment; -ETIMEDOUT a peer
+ * never attached; -ENOMEM. */
+int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
+void sr_xport_detach(sr_xport *x);
+
+/* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
+ * destination inbox is full (back-pressure: nothing was sent, retry);
+ * -EINVAL bad rank; -EPIPE the destination has died. */
+int sr_xport_send(sr_xport *x, int to, sr_msg *m);
+
+/* As sr_xport_send, but wait for space until deadline_ns (absolute
+ * CLOCK_MONOTONIC, < 0: none). -ETIMEDOUT when it passes. Must not be used
+ * by a thread that is itself the only consumer the destination waits on. */
+int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
+
+/* Copy out up to n messages from our inbox. Returns the count (0: empty). */
+unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
+
+/* Wait until the inbox has a message, deadline_ns passes, a peer dies or
+ * shutdown is notified: spin for the adaptive budget (zero when more workers
+ * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno. */
+int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
+
+/* The process of `rank` has exited (cleanly or not). */
+static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)
+{
+    return x->waiter.peer_dead && x->waiter.peer_dead[rank];
+}
+
+/* 0, or -EPIPE naming the first peer whose process exited without
+ * detaching (a crash; under shmrun the launcher is already stopping the job). */
+int sr_xport_check_peers(sr_xport *x);
+
+#endif

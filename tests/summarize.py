@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Sum every test that ran in the given meson build directories.
+
+Each Criterion binary prints a 'Synthesis' line; its counts are added up.
+A meson test without one (a crash, a timeout, a non-Criterion test) counts
+as one test, passed or failed according to meson's verdict. The last line
+printed is exactly 'N passed, M failed'; the exit status is 1 if M > 0.
+"""
+import json
+import re
+import sys
+
+SYN = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+
+
+def tally(builddir):
+    passed = failed = 0
+    try:
+        lines = open(f"{builddir}/meson-logs/testlog.json").read().splitlines()
+    except OSError:
+        print(f"summarize: no test log in {builddir}", file=sys.stderr)
+        return 0, 1
+    for line in lines:
+        t = json.loads(line)
+        ok = t["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
+        m = SYN.findall((t.get("stdout") or "") + (t.get("stderr") or ""))
+        if m:
+            tested, passing, failing, crashing = map(int, m[-1])
+            passed += passing
+            failed += tested - passing
+            if not ok and tested == passing:
+                failed += 1  # the binary itself failed after its tests (leak, timeout)
+        elif t["result"] != "SKIP":
+            passed += ok
+            failed += not ok
+        if not ok:
+            print(f"summarize: {builddir}: {t['name']}: {t['result']}", file=sys.stderr)
+    return passed, failed
+
+
+def main():
+    passed = failed = 0
+    for d in sys.argv[1:]:
+        p, f = tally(d)
+        print(f"{d}: {p} passed, {f} failed", file=sys.stderr)
+        passed += p
+        failed += f
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
