@@ -28,6 +28,21 @@ int sr__fail(int err, const char *fn, const char *fmt, ...)
     return err;
 }
 
+SR_API int sr_errorf(int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+/* Keep a message that is already formatted (e.g. one re-raised by a future). */
+void sr__error_set_text(const char *msg)
+{
+    snprintf(last_error, sizeof(last_error), "%s", msg);
+}
+
 SR_API const char *sr_last_error(void) { return last_error; }
 
 SR_API const char *sr_strerror(int err)
