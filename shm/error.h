@@ -13,5 +13,7 @@ int sr__fail(int err, const char *fn, const char *fmt, ...)
 
 /* The rank used in error prefixes; -1 (the default) prints no worker. */
 void sr__error_set_rank(int rank);
+/* This process's rank as set above, or -1. */
+int sr__error_rank(void);
 
 #endif
