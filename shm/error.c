@@ -11,6 +11,7 @@ static _Thread_local char last_error[512];
 static int error_rank = -1;
 
 void sr__error_set_rank(int rank) { error_rank = rank; }
+int sr__error_rank(void) { return error_rank; }
 
 int sr__fail(int err, const char *fn, const char *fmt, ...)
 {

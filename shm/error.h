@@ -16,5 +16,7 @@ void sr__error_set_text(const char *msg);
 
 /* The rank used in error prefixes; -1 (the default) prints no worker. */
 void sr__error_set_rank(int rank);
+/* This process's rank as set above, or -1. */
+int sr__error_rank(void);
 
 #endif
