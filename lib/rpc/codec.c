@@ -66,6 +66,12 @@ static int64_t blob_size(const sr_value *v, const char *fn)
     return 1 + 4 + (int64_t)v->u.len;
 }
 
+static int64_t list_size(const sr_value *v, int self_call, const char *fn)
+{
+    int64_t s = items_size(v->u.n, sr__list_items(v), self_call, fn);
+    return s < 0 ? s : 1 + s;
+}
+
 static int64_t value_size(const sr_value *v, int self_call, const char *fn)
 {
     char repr[96];
@@ -85,7 +91,7 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         if (v->u.n > SR_CODEC_MAX_LEN)
             return sr__fail(-EMSGSIZE, fn, "a list of %zu items exceeds the codec limit of %u",
                             v->u.n, SR_CODEC_MAX_LEN);
-        return 1 + items_size(v->u.n, sr__list_items(v), self_call, fn);
+        return list_size(v, self_call, fn);
     case SR_KIND_OBJECT:
         if (!self_call)
             return sr__fail(-EINVAL, fn, "object of type '%s' is owner-local and cannot be sent to another worker",
@@ -382,6 +388,9 @@ static int object_check(struct dec *d, size_t at, uint32_t pid, int32_t rank, ui
         return bad(d, at, "object of type '%.*s' is owner-local and cannot leave its process (pid %" PRIu32 ")",
                    tl, type, pid);
     }
+    if (rank != sr__error_rank()) /* the pid is ours, so the rank must be too: a corrupt buffer */
+        return bad(d, at, "object of type '%.*s' claims rank %d but this process is rank %d",
+                   tl, type, rank, sr__error_rank());
     if (!sr__inflight_has(addr, type, tlen))
         return bad(d, at, "object %#" PRIx64 " of type '%.*s' is not in flight in this process", addr, tl, type);
     return 0;
