@@ -614,7 +614,7 @@ Test(value, encode_rejects_null_values_and_small_buffers)
 {
     sr_value *args[] = {sr_int(1), NULL};
     cr_assert_eq(sr_codec_size(2, args, 0), -EINVAL);
-    assert_error_mentions("NULL");
+    assert_error_mentions("value 1 of 2 is NULL");
     cr_assert_eq(sr_codec_size(2, NULL, 0), -EINVAL);
     uint8_t buf[13];
     cr_assert_eq(sr_codec_encode(1, args, 0, buf, 12), -ENOSPC);

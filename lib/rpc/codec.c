@@ -48,6 +48,8 @@ static int64_t items_size(size_t n, sr_value *const *vals, int self_call, const 
 {
     int64_t total = 4; /* the count */
     for (size_t i = 0; i < n; i++) {
+        if (!vals[i])
+            return sr__fail(-EINVAL, fn, "value %zu of %zu is NULL", i, n);
         int64_t s = value_size(vals[i], self_call, fn);
         if (s < 0)
             return s;
@@ -72,11 +74,14 @@ static int64_t list_size(const sr_value *v, int self_call, const char *fn)
     return s < 0 ? s : 1 + s;
 }
 
-static int64_t value_size(const sr_value *v, int self_call, const char *fn)
+static int64_t not_yet(const sr_value *v, const char *fn)
 {
     char repr[96];
-    if (!v)
-        return sr__fail(-EINVAL, fn, "a value is NULL");
+    return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
+}
+
+static int64_t value_size(const sr_value *v, int self_call, const char *fn)
+{
     switch ((sr_kind)v->kind) {
     case SR_KIND_NONE: return 1;
     case SR_KIND_BOOL: return 2;
@@ -101,8 +106,7 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
     case SR_KIND_TENSOR:
         /* TENSOR: 1 + sizeof(struct sr_tensor_desc); -EINVAL if sr__tensor_to_desc() would reject it (private block). */
-    case SR_KIND_RREF:
-        return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
+    case SR_KIND_RREF: return not_yet(v, fn); /* reserved for the RRef issue */
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
 }
