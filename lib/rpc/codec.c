@@ -219,7 +219,7 @@ static void unwind_objects(size_t n, sr_value *const *vals, size_t *left)
         } else if (v->kind == SR_KIND_LIST) {
             unwind_objects(v->u.n, sr__list_items(v), left);
         }
-        /* TENSOR: drop the block reference sr__tensor_to_desc() took. */
+        /* TENSOR: count tensors in objs_taken too (rename it refs_taken) and drop the block ref sr__tensor_to_desc() took here. */
     }
 }
 
