@@ -1,4 +1,5 @@
 /* RPC timeouts, error propagation, bad input, lifecycle and dead peers. */
+#include <math.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>

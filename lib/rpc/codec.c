@@ -48,6 +48,8 @@ static int64_t items_size(size_t n, sr_value *const *vals, int self_call, const 
 {
     int64_t total = 4; /* the count */
     for (size_t i = 0; i < n; i++) {
+        if (!vals[i])
+            return sr__fail(-EINVAL, fn, "value %zu of %zu is NULL", i, n);
         int64_t s = value_size(vals[i], self_call, fn);
         if (s < 0)
             return s;
@@ -66,11 +68,20 @@ static int64_t blob_size(const sr_value *v, const char *fn)
     return 1 + 4 + (int64_t)v->u.len;
 }
 
-static int64_t value_size(const sr_value *v, int self_call, const char *fn)
+static int64_t list_size(const sr_value *v, int self_call, const char *fn)
+{
+    int64_t s = items_size(v->u.n, sr__list_items(v), self_call, fn);
+    return s < 0 ? s : 1 + s;
+}
+
+static int64_t not_yet(const sr_value *v, const char *fn)
 {
     char repr[96];
-    if (!v)
-        return sr__fail(-EINVAL, fn, "a value is NULL");
+    return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
+}
+
+static int64_t value_size(const sr_value *v, int self_call, const char *fn)
+{
     switch ((sr_kind)v->kind) {
     case SR_KIND_NONE: return 1;
     case SR_KIND_BOOL: return 2;
@@ -85,7 +96,7 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         if (v->u.n > SR_CODEC_MAX_LEN)
             return sr__fail(-EMSGSIZE, fn, "a list of %zu items exceeds the codec limit of %u",
                             v->u.n, SR_CODEC_MAX_LEN);
-        return 1 + items_size(v->u.n, sr__list_items(v), self_call, fn);
+        return list_size(v, self_call, fn);
     case SR_KIND_OBJECT:
         if (!self_call)
             return sr__fail(-EINVAL, fn, "object of type '%s' is owner-local and cannot be sent to another worker",
@@ -95,8 +106,7 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
     case SR_KIND_TENSOR:
         /* TENSOR: 1 + sizeof(struct sr_tensor_desc); -EINVAL if sr__tensor_to_desc() would reject it (private block). */
-    case SR_KIND_RREF:
-        return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
+    case SR_KIND_RREF: return not_yet(v, fn); /* reserved for the RRef issue */
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
 }
@@ -209,7 +219,7 @@ static void unwind_objects(size_t n, sr_value *const *vals, size_t *left)
         } else if (v->kind == SR_KIND_LIST) {
             unwind_objects(v->u.n, sr__list_items(v), left);
         }
-        /* TENSOR: drop the block reference sr__tensor_to_desc() took. */
+        /* TENSOR: count tensors in objs_taken too (rename it refs_taken) and drop the block ref sr__tensor_to_desc() took here. */
     }
 }
 
@@ -382,6 +392,9 @@ static int object_check(struct dec *d, size_t at, uint32_t pid, int32_t rank, ui
         return bad(d, at, "object of type '%.*s' is owner-local and cannot leave its process (pid %" PRIu32 ")",
                    tl, type, pid);
     }
+    if (rank != sr__error_rank()) /* the pid is ours, so the rank must be too: a corrupt buffer */
+        return bad(d, at, "object of type '%.*s' claims rank %d but this process is rank %d",
+                   tl, type, rank, sr__error_rank());
     if (!sr__inflight_has(addr, type, tlen))
         return bad(d, at, "object %#" PRIx64 " of type '%.*s' is not in flight in this process", addr, tl, type);
     return 0;

@@ -83,3 +83,12 @@ sr_value *sr__inflight_claim(uint64_t addr)
     pthread_mutex_unlock(&lock);
     return v;
 }
+
+uint32_t sr__inflight_count(const sr_value *v)
+{
+    pthread_mutex_lock(&lock);
+    struct inflight *e = find_locked((uint64_t)(uintptr_t)v);
+    uint32_t n = e ? e->n : 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}

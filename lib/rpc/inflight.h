@@ -26,4 +26,7 @@ bool sr__inflight_has(uint64_t addr, const char *type, size_t tlen);
  * reference now belongs to the caller, or NULL if none is recorded. */
 sr_value *sr__inflight_claim(uint64_t addr);
 
+/* Unclaimed in-flight references to v (diagnostics and tests). */
+uint32_t sr__inflight_count(const sr_value *v);
+
 #endif

@@ -211,6 +211,15 @@ SR_API void sr_value_unref(sr_value *v)
 {
     if (!v)
         return;
+    /* Sole owner: a count of 1 is our own reference, and nobody can take a
+     * new one without holding one, so it cannot change under us; skip the
+     * read-modify-write (most decoded values die this way). Acquire pairs
+     * with the release half of the decrements that brought the count to 1,
+     * so their holders' uses happen before the destroy. */
+    if (atomic_load_explicit(&v->refs, memory_order_acquire) == 1) {
+        value_destroy(v);
+        return;
+    }
     /* acq_rel, pairs with the other holders' decrements: release publishes
      * this thread's reads of v before its reference goes; the acquire on the
      * last decrement orders the destroy after everyone else's reads. */
