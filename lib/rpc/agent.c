@@ -184,45 +184,43 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
     }
 }
 
+/* The progress thread is polling: ask it to park, and try to steal the
+ * token while it does (only while spinning is allowed). */
+static bool steal_from_progress(sr_agent *a, sr_future *f)
+{
+    if (!sr_xport_spin_budget(a->x))
+        return false;
+    /* relaxed: a hint for the spinning progress thread */
+    atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
+    bool got = false;
+    int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
+    while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until)
+        sr_cpu_relax();
+    atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
+    return got;
+}
+
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
-    while (!sr_future_done(f)) {
+    for (;;) {
+        if (sr_future_done(f))
+            return 0;
         if (deadline >= 0 && sr_now_ns() >= deadline)
             return -ETIMEDOUT;
-        if (user_take(a)) {
-            int rc = poll_as_user(a, f, deadline, mode);
-            if (!user_release(a))
-                continue; /* a message slipped in: poll again */
-            if (rc <= 0)
-                return rc;
-            /* Idle: messages now wake the progress thread, which will
-             * complete f and wake us. */
+        if (!user_take(a) && !steal_from_progress(a, f)) {
+            /* Someone else polls and will complete f. */
             sr__future_sleep(f, deadline);
             continue;
         }
-        /* The progress thread is polling: ask it to park, and try to steal. */
-        /* relaxed: a hint for the spinning progress thread */
-        atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
-        bool got = false;
-        int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
-        while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until && sr_xport_spin_budget(a->x))
-            sr_cpu_relax();
-        atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
-        if (got) {
-            int rc = poll_as_user(a, f, deadline, mode);
-            bool released = user_release(a);
-            if (released && rc <= 0)
-                return rc;
-            if (released)
-                sr__future_sleep(f, deadline);
-            else if (rc <= 0)
-                continue;
-            continue;
-        }
-        if (!sr_future_done(f))
-            sr__future_sleep(f, deadline);
+        int rc = poll_as_user(a, f, deadline, mode);
+        /* Never leave holding the token: drain what slipped in, then hand back. */
+        while (!user_release(a))
+            poll_burst(a, mode);
+        if (rc <= 0)
+            return rc;
+        /* Idle: new messages now wake the progress thread, which completes f. */
+        sr__future_sleep(f, deadline);
     }
-    return 0;
 }
 
 static int wait_hook(sr_future *f, int64_t deadline)
