@@ -23,7 +23,12 @@ struct sr_gemm {
 
 /* 0, or -1 when the blocked path could not allocate its panels. */
 int sr__gemm(const struct sr_gemm *g);
-/* Use the blocked loop even when BLAS is available (tests, benchmark). */
-void sr__gemm_force_blocked(bool on);
+/* Which kernel runs (tests, benchmark): AUTO is BLAS when built with it,
+ * else the blocked loop with the best micro-kernel for the CPU; BLOCKED skips
+ * BLAS; PORTABLE also skips the AVX2 micro-kernel. */
+enum sr_gemm_mode { SR_GEMM_AUTO, SR_GEMM_BLOCKED, SR_GEMM_PORTABLE };
+void sr__gemm_set_mode(enum sr_gemm_mode mode);
+/* "avx2" or "portable": the blocked loop's micro-kernel on this CPU. */
+const char *sr__gemm_kernel_name(void);
 
 #endif
