@@ -110,9 +110,9 @@ void sr__store_f64(char *dst, int64_t stride, const double *src, int64_t n, sr_d
         for (int64_t k = 0; k < n; k++)
             *(double *)(dst + k * stride) = src[k];
         break;
-    case SR_I64:
+    case SR_I64: /* out of range (and NaN) becomes INT64_MIN, as on x86, without UB */
         for (int64_t k = 0; k < n; k++)
-            *(int64_t *)(dst + k * stride) = (int64_t)src[k];
+            *(int64_t *)(dst + k * stride) = src[k] >= -0x1p63 && src[k] < 0x1p63 ? (int64_t)src[k] : INT64_MIN;
         break;
     }
 }
@@ -125,7 +125,7 @@ void sr__load_i64(int64_t *dst, const char *src, int64_t stride, int64_t n, sr_d
             int64_t m = n - k < 256 ? n - k : 256;
             sr__load_f64(buf, src + k * stride, stride, m, dt);
             for (int64_t j = 0; j < m; j++)
-                dst[k + j] = (int64_t)buf[j];
+                dst[k + j] = buf[j] >= -0x1p63 && buf[j] < 0x1p63 ? (int64_t)buf[j] : INT64_MIN;
         }
         return;
     }

@@ -67,6 +67,17 @@ sr_tensor *sr__sum_to(sr_tensor *g, int ndim, const int64_t *shape)
 {
     if (g->ndim == ndim && !memcmp(g->shape, shape, (size_t)ndim * sizeof(int64_t)))
         return sr_tensor_ref(g);
+    bool ok = ndim <= g->ndim;
+    for (int i = 0; ok && i < ndim; i++) {
+        int64_t have = g->shape[g->ndim - ndim + i];
+        ok = shape[i] == have || shape[i] == 1;
+    }
+    if (!ok) { /* a backward function produced a gradient of the wrong shape */
+        char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
+        sr__fail(-EINVAL, "sr_backward", "a gradient of shape %s cannot be summed to %s",
+                 sr__shape_str(g->ndim, g->shape, b1), sr__shape_str(ndim, shape, b2));
+        return NULL;
+    }
     return reduce_to("sr__sum_to", g, ndim, shape);
 }
 
