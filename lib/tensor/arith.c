@@ -70,7 +70,7 @@ static double div_grad_b(const double *x, const void *arg)
 static int div_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
 {
     struct bin_node *n = (struct bin_node *)node;
-    sr_tensor *a, *b;
+    sr_tensor *a = NULL, *b = NULL;
     int rc = sr__node_saved(node, 0, &a);
     if (!rc)
         rc = sr__node_saved(node, 1, &b);
@@ -96,7 +96,7 @@ static double pow_grad_b(const double *x, const void *arg)
 static int pow_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
 {
     struct bin_node *n = (struct bin_node *)node;
-    sr_tensor *a, *b;
+    sr_tensor *a = NULL, *b = NULL;
     int rc = sr__node_saved(node, 0, &a);
     if (!rc)
         rc = sr__node_saved(node, 1, &b);

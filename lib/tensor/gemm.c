@@ -66,7 +66,13 @@ static void pack_f32(float *dst, const float *x, int64_t ld, bool trans, int64_t
  *   at a time so each loaded row of B feeds four rows;
  * - on x86-64 CPUs with AVX2 (checked at run time), one that keeps a 4 x 8
  *   (f64) or 4 x 16 (f32) tile of C in vector registers over all of kc. */
+#if defined(__GNUC__) && !defined(__clang__)
 #define PORTABLE __attribute__((optimize("O3")))
+#define AVX2 __attribute__((target("avx2"), optimize("O3")))
+#else
+#define PORTABLE
+#define AVX2 __attribute__((target("avx2")))
+#endif
 
 PORTABLE static void portable_f64(double *c, int64_t ldc, const double *ap, const double *bp, int64_t mc, int64_t nc,
                                   int64_t kc)
@@ -122,7 +128,6 @@ PORTABLE static void portable_f32(float *c, int64_t ldc, const float *ap, const 
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_AVX2_KERNEL 1
-#define AVX2 __attribute__((target("avx2"), optimize("O3")))
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v8f __attribute__((vector_size(32)));
 

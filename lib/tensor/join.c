@@ -119,9 +119,13 @@ SR_API sr_tensor *sr_stack(sr_tensor *const *ts, size_t n, int dim)
         }
     }
     int d = sr__wrap_dim("sr_stack", dim, ts[0]->ndim + 1);
-    sr_tensor **u = d >= 0 ? calloc(n, sizeof(*u)) : NULL;
-    if (!u)
-        return d >= 0 ? (sr__fail(-ENOMEM, "sr_stack", "out of memory"), NULL) : NULL;
+    if (d < 0)
+        return NULL;
+    sr_tensor **u = calloc(n, sizeof(*u));
+    if (!u) {
+        sr__fail(-ENOMEM, "sr_stack", "out of memory for %zu tensors", n);
+        return NULL;
+    }
     sr_tensor *out = NULL;
     size_t made = 0;
     while (made < n && (u[made] = sr_unsqueeze(ts[made], d)))

@@ -70,7 +70,7 @@ static const sr_node_ops bmm_ops = {.name = "BmmBackward0", .apply = bmm_apply};
 static int mm_like_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out,
                          sr_tensor *(*mul)(sr_tensor *, sr_tensor *))
 {
-    sr_tensor *a, *b;
+    sr_tensor *a = NULL, *b = NULL;
     int rc = sr__node_saved(node, 0, &a);
     if (!rc)
         rc = sr__node_saved(node, 1, &b);

@@ -8,7 +8,8 @@
  * reference that the caller releases with sr_tensor_unref(). Arguments are
  * borrowed: an op takes its own references where it keeps a tensor. Accessors
  * that return pointers (sr_tensor_shape, sr_tensor_grad, ...) return borrowed
- * pointers, valid while the tensor is alive and not modified.
+ * pointers, valid while the tensor is alive and not modified; they (like
+ * every accessor) require a non-NULL tensor.
  *
  * Errors. Tensor maths returns NULL on failure with the detail in
  * sr_last_error(), naming the op and the offending shapes or dtypes, e.g.
