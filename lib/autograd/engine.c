@@ -311,8 +311,11 @@ static int apply_node(sr_graph_task *g, sr_node *n, sr_tensor **inputs, sr_tenso
     int rc = run_pre_hooks(n, inputs);
     if (rc)
         return rc;
-    if (n->ops == &sr__accumulate_grad_ops)
-        return inputs[0] ? sr__accumulate_grad_run(n, inputs[0], g->sink) : 0;
+    if (n->ops == &sr__accumulate_grad_ops) {
+        sr_tensor *grad = inputs[0]; /* handed over, so .grad may adopt it without a copy */
+        inputs[0] = NULL;
+        return grad ? sr__accumulate_grad_run(n, grad, g->sink) : 0;
+    }
     bool any = false;
     for (uint32_t i = 0; i < n->num_inputs; i++)
         any |= inputs[i] != NULL;

@@ -123,8 +123,9 @@ void sr__tensor_set_history(sr_tensor *t, sr_node *fn, uint32_t output_nr);
 /* The AccumulateGrad node type, and the leaf of such a node (borrowed). */
 extern const sr_node_ops sr__accumulate_grad_ops;
 sr_tensor *sr__accumulate_grad_leaf(const sr_node *n);
-/* Run AccumulateGrad n on grad (borrowed): the leaf's hooks, then the sink
- * (NULL: the leaf's .grad). */
+/* Run AccumulateGrad n on grad (owned: consumed): the leaf's hooks, then the
+ * sink (NULL: the leaf's .grad, which adopts grad when nobody else can see
+ * it). */
 struct sr_grad_sink;
 int sr__accumulate_grad_run(sr_node *n, sr_tensor *grad, struct sr_grad_sink *sink);
 /* Serialises the creation of AccumulateGrad nodes (tensor->grad_acc). */

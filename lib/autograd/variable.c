@@ -70,17 +70,18 @@ static int run_leaf_hooks(sr_tensor *leaf, sr_tensor **g)
     return 0;
 }
 
-/* Called by the engine with grad_in borrowed; sink NULL means .grad. */
-int sr__accumulate_grad_run(sr_node *n, sr_tensor *grad_in, sr_grad_sink *sink)
+/* g is owned (consumed); sink NULL means .grad. */
+int sr__accumulate_grad_run(sr_node *n, sr_tensor *g, sr_grad_sink *sink)
 {
     sr_tensor *leaf = ((struct acc_node *)n)->leaf;
-    if (!sr__same_shape(grad_in, leaf) || grad_in->dtype != leaf->dtype) {
+    if (!sr__same_shape(g, leaf) || g->dtype != leaf->dtype) {
         char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
-        return sr__fail(-EINVAL, "sr_backward", "gradient %s %s does not match its leaf %s %s",
-                        sr_dtype_name(grad_in->dtype), sr__shape_str(grad_in->ndim, grad_in->shape, b1),
-                        sr_dtype_name(leaf->dtype), sr__shape_str(leaf->ndim, leaf->shape, b2));
+        sr__fail(-EINVAL, "sr_backward", "gradient %s %s does not match its leaf %s %s", sr_dtype_name(g->dtype),
+                 sr__shape_str(g->ndim, g->shape, b1), sr_dtype_name(leaf->dtype),
+                 sr__shape_str(leaf->ndim, leaf->shape, b2));
+        sr_tensor_unref(g);
+        return -EINVAL;
     }
-    sr_tensor *g = sr_tensor_ref(grad_in);
     int rc = run_leaf_hooks(leaf, &g);
     if (!rc)
         rc = sink ? sink->accumulate(sink, leaf, g) : accumulate_into_grad(leaf, g);
@@ -91,7 +92,7 @@ int sr__accumulate_grad_run(sr_node *n, sr_tensor *grad_in, sr_grad_sink *sink)
 static int acc_apply(sr_node *n, sr_tensor *const *in, sr_tensor **out)
 {
     (void)out;
-    return in[0] ? sr__accumulate_grad_run(n, in[0], NULL) : 0;
+    return in[0] ? sr__accumulate_grad_run(n, sr_tensor_ref(in[0]), NULL) : 0;
 }
 
 static void acc_destroy(sr_node *n)
