@@ -5,5 +5,6 @@
 
 #include "error.h"
 #include "spawn.h"
+#include "tensor.h"
 
 #endif
