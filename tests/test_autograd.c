@@ -6,6 +6,10 @@
 
 #include "autograd/engine.h"
 #include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(autograd);
+LEAK_CHECKED_SUITE(engine);
 
 static void unref_all(sr_tensor **ts, int n)
 {

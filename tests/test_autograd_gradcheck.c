@@ -5,6 +5,9 @@
 #include <criterion/criterion.h>
 
 #include "gradcheck.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(gradcheck);
 
 #define IN(lo_, hi_, nd_, ...) {.ndim = nd_, .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_}
 #define TARGET(classes, nd_, ...) {.ndim = nd_, .shape = {__VA_ARGS__}, .lo = 0, .hi = classes, .is_target = true}

@@ -7,6 +7,8 @@
 
 #include "rpc_harness.h"
 
+LEAK_CHECKED_SUITE(rpc);
+
 #define WORLD 4
 
 static struct shared {

@@ -6,6 +6,8 @@
 
 #include "rpc_harness.h"
 
+LEAK_CHECKED_SUITE(rpc_errors);
+
 #define WORLD 2
 
 static void sleep_ms(int64_t ms)

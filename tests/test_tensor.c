@@ -6,6 +6,15 @@
 #include "tensor/desc.h"
 #include "tensor/tensor_impl.h"
 #include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(cow);
+LEAK_CHECKED_SUITE(desc);
+LEAK_CHECKED_SUITE(errors);
+LEAK_CHECKED_SUITE(factory);
+LEAK_CHECKED_SUITE(i64);
+LEAK_CHECKED_SUITE(inplace);
+LEAK_CHECKED_SUITE(view);
 
 Test(factory, zeros_ones_full_eye_arange)
 {

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 
 #include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(golden);
 
 #ifndef GOLDEN_FILE
 #error "GOLDEN_FILE must name tests/golden/golden.txt"

@@ -6,6 +6,12 @@
 
 #include "tensor/gemm.h"
 #include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(elementwise);
+LEAK_CHECKED_SUITE(matmul);
+LEAK_CHECKED_SUITE(nn);
+LEAK_CHECKED_SUITE(reduce);
 
 static double *values(sr_tensor *t)
 {
