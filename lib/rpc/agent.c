@@ -13,10 +13,13 @@
 
 #include "error.h"
 #include "heap.h"
+#include "reorder.h"
+#include "rref/hooks.h"
 
 #define BURST 32
 #define OUTQ_RETRY_NS (200ll * 1000)         /* pace retries into a full inbox */
 #define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
+#define TOKEN_WAIT_MIN_NS (20ll * 1000)      /* ... but never a busy loop on an overdue timer */
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
 
 sr_agent *sr__agent;
@@ -79,6 +82,20 @@ static void flush_out(sr_agent *a)
 }
 
 int sr__agent_send(sr_agent *a, int to, sr_msg *m)
+{
+    /* The shutdown control messages are never held: the barrier and the
+     * quiescence waves must see the held ones as in flight, not be held too. */
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL)
+        return sr__reorder_hold(a, to, m);
+    return sr__agent_send_now(a, to, m);
+}
+
+void sr__agent_kick(sr_agent *a)
+{
+    sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+}
+
+int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
     /* relaxed: a hint; keeping order behind queued messages is best effort */
     if (sr_likely(!atomic_load_explicit(&a->out_pending, memory_order_relaxed))) {
@@ -179,6 +196,8 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         /* relaxed: flush only if something is queued; the list is locked */
         if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
             flush_out(a);
+        if (a->reorder)
+            sr__reorder_pump(a, sr_now_ns());
         if (!spin_for(a, f, sr_xport_spin_budget(a->x)))
             return 1; /* idle: sleep on the future instead */
     }
@@ -270,28 +289,37 @@ static bool park_ready(void *p)
                                                     memory_order_relaxed);
 }
 
+static int64_t earlier(int64_t d, int64_t e)
+{
+    return e >= 0 && (d < 0 || e < d) ? e : d;
+}
+
 static int64_t next_deadline(sr_agent *a)
 {
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
     /* relaxed: a hint; see queue_out */
-    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed)) {
-        int64_t r = sr_now_ns() + OUTQ_RETRY_NS;
-        if (d < 0 || r < d)
-            d = r;
-    }
-    return d;
+    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
+        d = earlier(d, sr_now_ns() + OUTQ_RETRY_NS);
+    d = earlier(d, sr__rref_next_deadline());
+    return earlier(d, sr__reorder_next(a));
 }
 
 static void handle_events(sr_agent *a, int ev)
 {
     if (ev > 0 && (ev & SR_WAKE_PEER)) {
         for (int r = 0; r < a->world; r++)
-            if (sr_xport_peer_dead(a->x, r) && atomic_load(&sr_seg_worker(&a->x->seg, r)->state) != SR_WORKER_DETACHED)
+            if (sr_xport_peer_dead(a->x, r) && atomic_load(&sr_seg_worker(&a->x->seg, r)->state) != SR_WORKER_DETACHED) {
                 sr__calls_fail_peer(a, r, "died");
+                sr__rref_peer_died(a, r);
+            }
     }
+    int64_t now = sr_now_ns();
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    if (d >= 0 && sr_now_ns() >= d)
-        sr__calls_expire(a, sr_now_ns());
+    if (d >= 0 && now >= d)
+        sr__calls_expire(a, now);
+    if (a->reorder)
+        sr__reorder_pump(a, now);
+    sr__rref_tick(a, now);
     sr_heap_drain();
 }
 
@@ -320,7 +348,12 @@ static void *progress_main(void *p)
     sr_agent *a = p;
     while (!atomic_load_explicit(&a->stopping, memory_order_acquire)) { /* acquire: pairs with sr__agent_stop */
         if (!progress_take(a)) {
-            progress_wait_token(a, TOKEN_WAIT_NS);
+            /* A user thread polls: timers (call deadlines, retries, held
+             * messages) still need this thread, so sleep no longer than them. */
+            int64_t d = next_deadline(a), ns = TOKEN_WAIT_NS;
+            if (d >= 0 && d - sr_now_ns() < ns)
+                ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
+            progress_wait_token(a, ns);
             handle_events(a, 0);
             continue;
         }

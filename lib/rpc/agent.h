@@ -54,6 +54,7 @@ struct sr_call_slot {
 typedef struct sr_registry sr_registry;
 
 struct sr_outq; /* messages waiting for space in a full inbox */
+struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
 typedef struct sr_agent {
     sr_xport *x;
@@ -98,6 +99,8 @@ typedef struct sr_agent {
 
     sr_registry *reg;
     _Atomic int64_t default_timeout_ms; /* 0: infinite */
+
+    struct sr_reorder *reorder; /* NULL unless SHMRPC_REORDER_SEED is set (tests only) */
 } sr_agent;
 
 /* The process's agent, or NULL before sr_init / after sr_shutdown. */
@@ -106,8 +109,27 @@ extern sr_agent *sr__agent;
 int sr__agent_start(sr_agent *a);
 void sr__agent_stop(sr_agent *a);
 
-/* Send one message, queueing it locally if the peer's inbox is full. */
+/* Send one message, queueing it locally if the peer's inbox is full (or, in
+ * the test-only reordering mode, holding it back for a random delay). */
 int sr__agent_send(sr_agent *a, int to, sr_msg *m);
+/* Send now, bypassing the reordering mode (it releases held messages here). */
+int sr__agent_send_now(sr_agent *a, int to, sr_msg *m);
+/* Wake the progress thread so that it re-arms its timer (a deadline it does
+ * not know about moved earlier). */
+void sr__agent_kick(sr_agent *a);
+
+/* Requests (api.c): check a call's arguments and capture its timeout (ms, 0:
+ * none), and start one. A request of another type than SR_MSG_REQ
+ * (REMOTE_CALL, RREF_FETCH) carries flags and an rref id in its header; with
+ * fn NULL it has no payload. The call completes f. */
+struct sr_req {
+    uint16_t type;
+    uint8_t flags;
+    uint64_t rref_id;
+};
+int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
+int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
+                  sr_future *f);
 
 /* Wait for f, polling the inbox when this thread can take the token. */
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);

@@ -12,6 +12,8 @@
 #include "heap.h"
 #include "payload.h"
 #include "registry.h"
+#include "reorder.h"
+#include "rref/hooks.h"
 
 #define CALL_SLOTS 65536
 
@@ -55,6 +57,8 @@ static int collect_names(sr_agent *a)
 
 static void agent_free(sr_agent *a)
 {
+    sr__rref_fini(); /* a no-op if teardown did it already */
+    sr__reorder_destroy(a);
     if (a->slots)
         sr__calls_fini(a);
     if (a->x) {
@@ -93,6 +97,10 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     }
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
+    if (!rc)
+        rc = sr__reorder_create(a);
+    if (!rc)
+        rc = sr__rref_init(a, o->ignore_rref_leak);
     double t = o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT;
     atomic_init(&a->default_timeout_ms, (int64_t)llround(t * 1000));
     if (rc) {
@@ -138,6 +146,7 @@ static void teardown(sr_agent *a)
 {
     sr__agent_stop(a);
     sr__exec_stop(a);
+    sr__rref_fini(); /* no thread of the runtime is left to race it */
     sr__agent = NULL;
     agent_free(a);
 }
@@ -211,7 +220,7 @@ SR_API double sr_get_rpc_timeout(void)
 
 /* ---- calls ---------------------------------------------------------------- */
 
-static int check_call(sr_agent *a, int to, const char *fn, sr_args args, double timeout, int64_t *ms)
+int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout, int64_t *ms)
 {
     const char *who = "sr_rpc";
     if (to < 0 || to >= a->world)
@@ -234,35 +243,52 @@ static int check_call(sr_agent *a, int to, const char *fn, sr_args args, double 
     return 0;
 }
 
-/* Encode name + args into m's payload. */
-static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m, struct sr_wire *w)
+/* Encode name + args into m's payload (none without fn: a fetch). */
+static int build_request(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, sr_msg *m,
+                         struct sr_wire *w)
 {
-    size_t nlen = strlen(fn);
-    int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
+    size_t nlen = fn ? strlen(fn) : 0;
+    int64_t alen = fn ? sr_codec_size(args.n, args.v, to == a->rank) : 0;
     if (alen < 0)
         return (int)alen;
-    m->type = SR_MSG_REQ;
+    m->type = q->type;
     w->name_len = (uint16_t)nlen;
     uint8_t *p = sr__payload_reserve(m, w, nlen + (size_t)alen);
     if (!p)
         return -ENOMEM;
-    memcpy(p, fn, nlen);
-    if (sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) != alen) {
+    w->flags |= q->flags;
+    w->rref_id = q->rref_id;
+    memcpy(p, fn ? fn : "", nlen);
+    int64_t wrote = fn ? sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) : 0;
+    if (wrote != alen) {
         sr__payload_abandon(w);
-        return sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
+        return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
     }
     return 0;
 }
 
-static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t ms, sr_future *f)
+/* A request that will not be sent: let go of what its arguments hold (object
+ * and block references, RRef forks), then of its payload. */
+static void abandon_request(sr_msg *m, const struct sr_wire *w, bool has_args)
+{
+    if (has_args) {
+        const uint8_t *p = w->flags & SR_WIRE_BLOCK ? sr_block_data(sr_block_from_off(w->p.block_off))
+                                                    : sr_wire_inline(m);
+        sr_codec_release(p + w->name_len, w->len - w->name_len);
+    }
+    sr__payload_abandon(w);
+}
+
+int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
+                  sr_future *f)
 {
     sr_msg m = {0};
     struct sr_wire w = {0};
-    int rc = build_request(a, to, fn, args, &m, &w);
+    int rc = build_request(a, to, q, fn, args, &m, &w);
     if (rc)
         return rc;
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
-        sr__payload_abandon(&w);
+        abandon_request(&m, &w, fn != NULL);
         return rc;
     }
     sr_wire_put(&m, &w, false);
@@ -270,7 +296,7 @@ static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
-        sr__payload_abandon(&w);
+        abandon_request(&m, &w, fn != NULL);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }
     return rc;
@@ -284,13 +310,14 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
         return -SR_ESHUTDOWN;
     if (!out)
         return sr__fail(-EINVAL, "sr_rpc_async", "out is NULL");
-    int rc = check_call(a, to, fn, args, timeout_s, &ms);
+    int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
     if (rc)
         return rc;
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    if ((rc = start_call(a, to, fn, args, ms, f))) {
+    struct sr_req q = {.type = SR_MSG_REQ};
+    if ((rc = sr__rpc_start(a, to, &q, fn, args, ms, f))) {
         sr_future_unref(f);
         return rc;
     }

@@ -27,6 +27,7 @@
 #include "error.h"
 #include "rpc/inflight.h"
 #include "rpc/value_internal.h"
+#include "rref/hooks.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps
  * the running size sum far from int64 overflow. */
@@ -106,7 +107,11 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
     case SR_KIND_TENSOR:
         /* TENSOR: 1 + sizeof(struct sr_tensor_desc); -EINVAL if sr__tensor_to_desc() would reject it (private block). */
-    case SR_KIND_RREF: return not_yet(v, fn); /* reserved for the RRef issue */
+        return not_yet(v, fn);
+    case SR_KIND_RREF: {
+        int rc = sr__rref_sendable(v->u.rref, fn); /* a failed remote(): "RRef creation ..." */
+        return rc ? rc : 1 + SR_RREF_WIRE_SIZE;
+    }
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
 }
@@ -130,6 +135,7 @@ int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call)
 struct enc {
     uint8_t *p;          /* next byte to write; the size was checked beforehand */
     size_t objs_taken;   /* in-flight object references taken so far */
+    size_t rrefs_forked; /* RRef forks made so far (undone if the encode fails) */
 };
 
 static void put_u8(struct enc *e, uint8_t x) { *e->p++ = x; }
@@ -171,6 +177,22 @@ static int put_object(struct enc *e, sr_value *v)
     return 0;
 }
 
+/* An RRef: a new fork for the receiver (see lib/rref/fork.c). */
+static int put_rref(struct enc *e, sr_value *v)
+{
+    uint64_t fid;
+    int rc = sr__rref_fork(v->u.rref, &fid);
+    if (rc)
+        return rc;
+    e->rrefs_forked++;
+    put_u64(e, sr_rref_id(v->u.rref));
+    put_u64(e, fid);
+    uint16_t owner = (uint16_t)sr_rref_owner(v->u.rref);
+    put_u8(e, (uint8_t)owner);
+    put_u8(e, (uint8_t)(owner >> 8));
+    return 0;
+}
+
 static int put_items(struct enc *e, size_t n, sr_value *const *vals);
 
 /* Only kinds that passed encoded_size() reach here. */
@@ -190,6 +212,7 @@ static int put_value(struct enc *e, sr_value *v)
     case SR_KIND_BYTES: put_blob(e, v->tail, v->u.len); break;
     case SR_KIND_LIST: return put_items(e, v->u.n, sr__list_items(v));
     case SR_KIND_OBJECT: return put_object(e, v);
+    case SR_KIND_RREF: return put_rref(e, v);
     /* TENSOR: sr__tensor_to_desc(v->u.tensor, &desc) takes the receiver's block ref; memcpy desc (LE fields). */
     default: break;
     }
@@ -223,6 +246,28 @@ static void unwind_objects(size_t n, sr_value *const *vals, size_t *left)
     }
 }
 
+/* Undo the first *left RRef forks that put_items() made, visiting the values
+ * in the same order with a cursor over the bytes written, where each fork id
+ * is (sizes come from value_size, as when they were written). */
+static void unwind_rrefs(const uint8_t **cur, size_t n, sr_value *const *vals, size_t *left, int self_call)
+{
+    for (size_t i = 0; i < n && *left; i++) {
+        sr_value *v = vals[i];
+        if (v->kind == SR_KIND_RREF) {
+            uint64_t fid;
+            memcpy(&fid, *cur + 1 + 8, 8);
+            sr__rref_unfork(v->u.rref, to_le64(fid));
+            --*left;
+            *cur += 1 + SR_RREF_WIRE_SIZE;
+        } else if (v->kind == SR_KIND_LIST) {
+            *cur += 1 + 4;
+            unwind_rrefs(cur, v->u.n, sr__list_items(v), left, self_call);
+        } else {
+            *cur += value_size(v, self_call, __func__);
+        }
+    }
+}
+
 int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap)
 {
     int64_t size = encoded_size(n, vals, self_call, __func__);
@@ -235,6 +280,8 @@ int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t 
     int rc = put_items(&e, n, vals);
     if (rc) {
         unwind_objects(n, vals, &e.objs_taken);
+        const uint8_t *cur = buf + 4;
+        unwind_rrefs(&cur, n, vals, &e.rrefs_forked, self_call);
         return rc;
     }
     return size;
@@ -425,6 +472,35 @@ static int walk_object(struct dec *d, size_t at, sr_value **out)
     return 0;
 }
 
+/* An RRef: CHECK validates it; BUILD materialises it (telling its owner and
+ * parent, lib/rref/fork.c); RELEASE does the same and drops it at once,
+ * which is how a fork that will never be used is retired. */
+static int walk_rref(struct dec *d, size_t at, sr_value **out)
+{
+    uint64_t rid, fid;
+    uint8_t lo, hi;
+    int rc;
+    if ((rc = get_u64(d, "rref id", &rid)) || (rc = get_u64(d, "rref fork id", &fid)) ||
+        (rc = get_u8(d, "rref owner", &lo)) || (rc = get_u8(d, "rref owner", &hi)))
+        return rc;
+    unsigned owner = lo | (unsigned)hi << 8;
+    char why[160];
+    if (d->mode == CHECK)
+        return sr__rref_wire_check(rid, fid, owner, why, sizeof(why)) ? bad(d, at, "%s", why) : 0;
+    sr_rref *r = NULL;
+    if (sr__rref_from_wire(rid, fid, owner, &r)) {
+        if (d->mode == BUILD) {
+            d->err = -ENOMEM;
+            d->mode = RELEASE;
+        }
+        return 0;
+    }
+    if (d->mode == BUILD)
+        built(d, sr_rref_value(r), out);
+    sr_rref_unref(r); /* the value holds its own reference */
+    return 0;
+}
+
 static int walk_value(struct dec *d, int depth, sr_value **out)
 {
     size_t at = d->pos;
@@ -463,7 +539,7 @@ static int walk_value(struct dec *d, int depth, sr_value **out)
     case SR_KIND_TENSOR:
         /* TENSOR: read the desc; CHECK validates it (block offset, dtype, shape vs size), BUILD sr__tensor_from_desc adopts its block ref, RELEASE drops it. */
         return bad(d, at, "tensor values are not supported yet");
-    case SR_KIND_RREF: return bad(d, at, "rref values are reserved and cannot be decoded");
+    case SR_KIND_RREF: return walk_rref(d, at, out);
     default: return bad(d, at, "unknown kind tag %u", tag);
     }
 }

@@ -7,7 +7,9 @@
  *   (struct sr_tensor_desc, fixed size) whose storage is a shared-heap block
  *   offset, object: the owner's pid u32, rank i32, pointer u64 and type
  *   name (u32 len + bytes, for the error naming it; decodable only in the
- *   same process: a self-call), rref: reserved for the RRef issue.
+ *   same process: a self-call), rref: rref id u64, fork id u64, owner u16
+ *   (the fork id is new for this send: encoding forks the RRef, decoding
+ *   tells its owner and parent, lib/rref/fork.c).
  *
  * Decoding is bounds-checked everywhere: a truncated or malformed buffer, an
  * unknown tag, a length past the end, nesting deeper than SR_CODEC_MAX_DEPTH,
@@ -18,7 +20,8 @@
  * owns it until decoded); sr_codec_release() drops the references a buffer
  * holds when it will never be decoded (a send that failed, a timed-out reply).
  * Objects work the same way: the encoder takes a value reference for the
- * receiver. After sr_codec_decode() returns 0 or -ENOMEM the buffer holds no
+ * receiver. RRefs too: the encoder forks them; releasing a buffer (on either
+ * side) decodes each RRef and drops it, which retires the fork. After sr_codec_decode() returns 0 or -ENOMEM the buffer holds no
  * references (never release it then). -EBADMSG found the buffer malformed
  * before consuming anything, and a malformed buffer's references are never
  * dropped: they cannot be trusted. (One exception: a forged buffer naming an

@@ -1,6 +1,15 @@
 /* Dispatch of incoming RPC messages: requests run a function (inline or on
  * an executor) and answer; responses complete the caller's future.
- * See agent.h for the inline policy. */
+ * See agent.h for the inline policy.
+ *
+ * RRefs (lib/rref/hooks.h): a REMOTE_CALL runs like a request but its result
+ * goes into the callee's OwnerRRef and the answer is an empty REMOTE_RET; an
+ * RREF_FETCH is answered with the owner's value once it is set; RREF control
+ * messages go to lib/rref. A call whose arguments hold RRefs that are not
+ * usable yet (users not confirmed by their owner, owners without their
+ * value) is deferred on a future, without holding a thread, and runs when
+ * they are. A proxy call (SR_WIRE_PROXY) gets the owner's local value in
+ * place of its RRef argument 0. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +21,7 @@
 #include "error.h"
 #include "payload.h"
 #include "registry.h"
+#include "rref/hooks.h"
 
 struct sr_call {
     sr_agent *a;
@@ -21,6 +31,8 @@ struct sr_call {
     sr_value *args;     /* a list */
     sr_value *result;   /* set by sr_call_return */
     int err;
+    bool proxy;         /* SR_WIRE_PROXY: argument 0 becomes the owner's local value */
+    sr_rref *owner;     /* REMOTE_CALL: the OwnerRRef that receives the result */
     char msg[384];
 };
 
@@ -95,10 +107,27 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
     }
 }
 
+/* The answer to a REMOTE_CALL: the OwnerRRef now has its value (or error). */
+static void send_remote_ret(sr_agent *a, int to, uint64_t id)
+{
+    sr_msg m = {.type = SR_MSG_REMOTE_RET};
+    struct sr_wire w = {.call_id = id};
+    sr_wire_put(&m, &w, false);
+    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    if (sr__agent_send(a, to, &m))
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+}
+
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
-    if (c->err) {
+    if (c->owner) {
+        char text[512];
+        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
+        sr__rref_owner_set(c->owner, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
+        send_remote_ret(a, c->caller, c->call_id);
+        sr_rref_unref(c->owner);
+    } else if (c->err) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
@@ -225,48 +254,209 @@ void sr__exec_stop(sr_agent *a)
 
 /* ---- incoming messages ------------------------------------------------------- */
 
-static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len)
+/* Decode a request; on failure fill *code and text and return NULL. */
+static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, int *code,
+                                      char *text, size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    uint64_t id = w.call_id;
-    char text[256];
     const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
     if (!fn) {
-        snprintf(text, sizeof(text), "function '%.*s' is not registered on worker%d",
+        snprintf(text, tl, "function '%.*s' is not registered on worker%d",
                  (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
-        send_error(a, m->src, id, -ENOENT, text);
+        if (w.name_len <= len) /* what the arguments carry (tensor blocks, RRef forks) must still be let go */
+            sr_codec_release(p + w.name_len, len - w.name_len);
+        *code = -ENOENT;
         return NULL;
     }
     struct sr_call *c = calloc(1, sizeof(*c));
     if (!c || sr_codec_decode(p + w.name_len, len - w.name_len, &c->args)) {
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
-        send_error(a, m->src, id, c ? -EBADMSG : -ENOMEM, text);
+        snprintf(text, tl, "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
+        *code = c ? -EBADMSG : -ENOMEM;
         free(c);
         return NULL;
     }
-    *c = (struct sr_call){.a = a, .caller = m->src, .call_id = id, .fn = fn, .args = c->args};
+    *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .args = c->args,
+                          .proxy = (w.flags & SR_WIRE_PROXY) != 0};
     return c;
+}
+
+/* Replace argument 0 of a proxy call by the owner's local value. */
+static int proxy_args(struct sr_call *c)
+{
+    size_t n = sr_value_list_len(c->args);
+    sr_value *v = NULL;
+    if (!n)
+        return sr_call_fail(c, -EINVAL, "a proxy call needs the RRef as argument 0");
+    if (sr__rref_proxy_value(sr_value_list_at(c->args, 0), &v))
+        return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
+    sr_value **items = malloc(n * sizeof(*items));
+    sr_value *list = NULL;
+    if (items) {
+        items[0] = v;
+        for (size_t i = 1; i < n; i++)
+            items[i] = sr_value_list_at(c->args, i);
+        list = sr_list(n, items);
+    }
+    free(items);
+    sr_value_unref(v);
+    if (!list)
+        return sr_call_fail(c, -ENOMEM, "out of memory");
+    sr_value_unref(c->args);
+    c->args = list;
+    return 0;
+}
+
+/* Every RRef argument is usable: run per the inline policy. */
+static void start_call(struct sr_call *c, enum sr_poll_mode mode)
+{
+    if (c->proxy && proxy_args(c)) {
+        finish_call(c);
+        return;
+    }
+    if (c->fn->kind != SR_FN_PLAIN || mode == SR_POLL_IDLE)
+        run_call(c);
+    else
+        enqueue(c->a, c);
+}
+
+static void gate_call(struct sr_call *c, enum sr_poll_mode mode);
+
+static void resume_call(sr_future *gate, void *p)
+{
+    struct sr_call *c = p;
+    if (sr_future_value(gate, NULL)) {
+        sr_call_fail(c, -EINVAL, "%s", sr_last_error());
+        finish_call(c);
+        return;
+    }
+    /* Whoever completed the gate may be in the middle of anything: never run
+     * a plain function inline here. The gate is collected again in case some
+     * RRefs were beyond its capacity. */
+    gate_call(c, SR_POLL_NESTED);
+}
+
+/* Teardown destroyed the gate before it completed: drop the call unanswered. */
+static void drop_call(void *p)
+{
+    struct sr_call *c = p;
+    sr_agent *a = c->a;
+    sr_rref_unref(c->owner);
+    sr_value_unref(c->args);
+    free(c);
+    atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);   /* relaxed: quiescence counter */
+}
+
+/* Run c now, or once its RRef arguments are confirmed (no thread waits). */
+static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
+{
+    sr_future *gate = sr__rref_gate(c->args);
+    if (!gate) {
+        start_call(c, mode);
+        return;
+    }
+    if (sr__future_on_done(gate, resume_call, drop_call, c)) {
+        sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
+        finish_call(c);
+    }
+    sr_future_unref(gate);
+}
+
+/* A REMOTE_CALL's OwnerRRef: attached to c, or (c failed to decode) given
+ * the error as its value. False if the caller must get an ERR instead. */
+static bool remote_owner(sr_agent *a, const sr_msg *m, struct sr_call **pc, int code, char *text, size_t tl)
+{
+    struct sr_wire w = sr_wire_get(m);
+    sr_rref *owner = sr__rref_remote_owner(w.rref_id, m->src);
+    if (!owner) {
+        snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
+        if (*pc) {
+            sr_value_unref((*pc)->args);
+            free(*pc);
+            *pc = NULL;
+        }
+        return false;
+    }
+    if (*pc) {
+        (*pc)->owner = owner;
+        return true;
+    }
+    sr__rref_owner_set(owner, code, text, NULL); /* the RRef exists; its value is the error */
+    sr_rref_unref(owner);
+    send_remote_ret(a, m->src, w.call_id);
+    return true;
 }
 
 static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     size_t len;
+    int code = -EBADMSG;
+    char text[256];
     const uint8_t *p = sr__payload_get(m, &len);
     struct sr_call *c = NULL;
     if (!p)
-        send_error(a, m->src, sr_wire_get(m).call_id, -EBADMSG, sr_last_error());
+        snprintf(text, sizeof(text), "%s", sr_last_error());
     else
-        c = decode_request(a, m, p, len);
+        c = decode_request(a, m, p, len, &code, text, sizeof(text));
     sr__payload_done(m);
+    bool answered = m->type == SR_MSG_REMOTE_CALL && remote_owner(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the error was counted */
+        if (!answered)
+            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_REMOTE_CALL ? -ENOMEM : code, text);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
         return;
     }
     atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (c->fn->kind != SR_FN_PLAIN || mode == SR_POLL_IDLE)
-        run_call(c);
+    gate_call(c, mode);
+}
+
+/* RREF_FETCH: answer with the owner's value once it is set. */
+struct fetch {
+    sr_agent *a;
+    int caller;
+    uint64_t call_id;
+};
+
+static void fetch_done(sr_future *vf, void *p)
+{
+    struct fetch *fx = p;
+    sr_agent *a = fx->a;
+    sr_value *v = NULL;
+    int rc = sr_future_value(vf, &v);
+    if (rc)
+        send_error(a, fx->caller, fx->call_id, rc, sr_last_error());
     else
-        enqueue(a, c);
+        send_result(a, fx->caller, fx->call_id, v);
+    sr_value_unref(v);
+    free(fx);
+    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
+}
+
+static void fetch_drop(void *p)
+{
+    struct fetch *fx = p;
+    atomic_fetch_add_explicit(&fx->a->user_done, 1, memory_order_relaxed); /* relaxed: never answered (teardown) */
+    free(fx);
+}
+
+static void handle_fetch(sr_agent *a, const sr_msg *m)
+{
+    struct sr_wire w = sr_wire_get(m);
+    char text[256];
+    int code = 0;
+    sr_future *vf = sr__rref_fetch_value(w.rref_id, w.flags & SR_WIRE_CONFIRMED, &code, text, sizeof(text));
+    struct fetch *fx = vf ? malloc(sizeof(*fx)) : NULL;
+    if (!fx) {
+        send_error(a, m->src, w.call_id, vf ? -ENOMEM : code, vf ? "out of memory" : text);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
+    } else {
+        *fx = (struct fetch){.a = a, .caller = m->src, .call_id = w.call_id};
+        if (sr__future_on_done(vf, fetch_done, fetch_drop, fx)) {
+            send_error(a, m->src, w.call_id, -ENOMEM, sr_last_error());
+            fetch_drop(fx);
+        }
+    }
+    sr_future_unref(vf);
 }
 
 static void handle_response(sr_agent *a, const sr_msg *m)
@@ -278,6 +468,8 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
             sr_codec_release(p, len);
+    } else if (m->type == SR_MSG_REMOTE_RET) {
+        sr_future_set_result(f, NULL);
     } else if (!p) {
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else if (m->type == SR_MSG_ERR) {
@@ -301,11 +493,20 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     switch (m->type) {
     case SR_MSG_REQ:
+    case SR_MSG_REMOTE_CALL:
         handle_request(a, m, mode);
         break;
     case SR_MSG_RESP:
     case SR_MSG_ERR:
+    case SR_MSG_REMOTE_RET:
         handle_response(a, m);
+        break;
+    case SR_MSG_RREF_FETCH:
+        handle_fetch(a, m);
+        break;
+    case SR_MSG_RREF:
+        sr__rref_ctrl(a, m);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after its answers were counted */
         break;
     case SR_MSG_CTRL:
         sr__ctrl_dispatch(a, m);

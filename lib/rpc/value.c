@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "shmrpc/rref.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {
@@ -110,6 +111,20 @@ SR_API sr_value *sr_tensor_value(sr_tensor *t)
     return NULL;
 }
 
+SR_API sr_value *sr_rref_value(sr_rref *r)
+{
+    if (!r) {
+        sr__fail(-EINVAL, __func__, "the RRef is NULL");
+        return NULL;
+    }
+    sr_value *v = value_alloc(SR_KIND_RREF, 0, __func__);
+    if (v)
+        v->u.rref = sr_rref_ref(r);
+    return v;
+}
+
+SR_API sr_rref *sr_value_rref(const sr_value *v) { return v && v->kind == SR_KIND_RREF ? v->u.rref : NULL; }
+
 sr_value *sr__list_alloc(size_t n)
 {
     if (n > (SIZE_MAX - sizeof(sr_value)) / sizeof(sr_value *)) {
@@ -200,6 +215,9 @@ static void value_destroy(sr_value *v)
         break;
     case SR_KIND_TENSOR:
         /* TENSOR: sr_tensor_unref(v->u.tensor). */
+        break;
+    case SR_KIND_RREF:
+        sr_rref_unref(v->u.rref);
         break;
     default:
         break;
@@ -309,7 +327,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
     case SR_KIND_TENSOR:
         /* TENSOR: same dtype, shape and elements (compare via sr_tensor_to_f64 or per dtype). */
         return a->u.tensor == b->u.tensor;
-    case SR_KIND_RREF: return false; /* distinct values: a == b was handled above */
+    case SR_KIND_RREF: return a->u.rref == b->u.rref; /* the same RRef object; a copy is another fork */
     }
     return false;
 }
@@ -332,6 +350,11 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
     case SR_KIND_BYTES: snprintf(buf, len, "bytes of %zu", v->u.len); break;
     case SR_KIND_LIST: snprintf(buf, len, "list of %zu", v->u.n); break;
     case SR_KIND_OBJECT: snprintf(buf, len, "object of type '%s'", v->u.obj.type); break;
+    case SR_KIND_RREF: {
+        char r[96];
+        snprintf(buf, len, "rref %s", sr_rref_str(v->u.rref, r, sizeof(r)));
+        break;
+    }
     /* TENSOR: print dtype and shape, e.g. "tensor f32[2, 3]". */
     default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;
     }

@@ -33,6 +33,7 @@ struct sr_value {
         size_t len;          /* str (without its NUL) and bytes: data in tail */
         size_t n;            /* list: n item pointers in tail */
         sr_tensor *tensor;
+        sr_rref *rref;       /* a reference, dropped with the value */
         struct {
             void *p;
             void (*destroy)(void *);

@@ -7,10 +7,23 @@
  * block reference when it has decoded it; the sender's arena gets it back
  * through the remote-free list).
  *
- *   REQ   call_id, payload = function name (name_len bytes) + encoded args
- *   RESP  call_id, payload = encoded result (a list of one value)
- *   ERR   call_id, code = -errno, payload = message text
- *   CTRL  ctrl = subtype, a = b = arguments (barrier, quiescence waves)
+ *   REQ          call_id, payload = function name (name_len bytes) + encoded args
+ *   RESP         call_id, payload = encoded result (a list of one value)
+ *   ERR          call_id, code = -errno, payload = message text
+ *   CTRL         ctrl = subtype, a = b = arguments (barrier, quiescence waves)
+ * RRefs (lib/rref, protocol in docs/RREF.md):
+ *   REMOTE_CALL  as REQ; rref_id = the new RRef, whose creator's fork id is
+ *                rref_id + 1 (remote() takes both from one counter); the
+ *                result stays on the callee, in its OwnerRRef
+ *   REMOTE_RET   call_id, no payload: the OwnerRRef exists and has its value
+ *                (which may be an error)
+ *   RREF_FETCH   call_id, rref_id, no payload; answered by RESP or ERR
+ *   RREF         ctrl = enum sr_rref_ctrl, call_id = the sender's retry token
+ *                (echoed by RREF_ACK), args = {rref_id, fork_id, extra}
+ * Flags: SR_WIRE_PROXY (REQ, REMOTE_CALL): argument 0 is an RRef owned by
+ * the callee, and its local value replaces it before the function runs.
+ * SR_WIRE_CONFIRMED (RREF_FETCH): the sender's UserRRef is confirmed, so a
+ * missing OwnerRRef has been deleted rather than not yet created.
  */
 #ifndef SR_RPC_WIRE_H
 #define SR_RPC_WIRE_H
@@ -28,6 +41,18 @@ enum sr_rpc_msg {
     SR_MSG_RESP = 2,
     SR_MSG_ERR = 3,
     SR_MSG_CTRL = 4,
+    SR_MSG_REMOTE_CALL = 5,
+    SR_MSG_REMOTE_RET = 6,
+    SR_MSG_RREF_FETCH = 7,
+    SR_MSG_RREF = 8,
+};
+
+/* RRef control messages: idempotent, retried until acknowledged. */
+enum sr_rref_ctrl {
+    SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
+    SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
+    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: adds_sent << 1 | confirmed) */
+    SR_RREF_ACK = 4,          /* answer to any of the above: call_id = the token */
 };
 
 enum sr_ctrl {
@@ -41,15 +66,22 @@ enum sr_ctrl {
 
 #define SR_WIRE_INLINE 32
 #define SR_WIRE_BLOCK 0x1u
+#define SR_WIRE_PROXY 0x2u
+#define SR_WIRE_CONFIRMED 0x4u
 
 struct sr_wire {
     uint64_t call_id;
     uint32_t len;       /* payload bytes */
     uint16_t name_len;  /* REQ: bytes of function name at the start of the payload */
-    uint8_t flags;      /* SR_WIRE_BLOCK: the payload is in the heap block at p.block_off */
-    uint8_t ctrl;       /* CTRL: enum sr_ctrl */
-    int32_t code;       /* ERR: -errno */
-    uint32_t pad;
+    uint8_t flags;      /* SR_WIRE_BLOCK: the payload is in the heap block at p.block_off; see above */
+    uint8_t ctrl;       /* CTRL: enum sr_ctrl; RREF: enum sr_rref_ctrl */
+    union {
+        struct {
+            int32_t code;   /* ERR: -errno */
+            uint32_t pad;
+        };
+        uint64_t rref_id;   /* REMOTE_CALL, RREF_FETCH */
+    };
     union {
         uint8_t inl[SR_WIRE_INLINE];
         uint64_t block_off;
@@ -57,6 +89,7 @@ struct sr_wire {
     } p;
 };
 static_assert(sizeof(struct sr_wire) <= SR_MSG_DATA, "an RPC header fits one slot");
+static_assert(offsetof(struct sr_wire, p) == 24, "the inline payload starts after a 24-byte header");
 
 /* sr_msg.data is only 4-byte aligned, so the header is copied, never cast. */
 #define SR_WIRE_HDR offsetof(struct sr_wire, p)

@@ -41,6 +41,9 @@ typedef struct sr_init_opts {
     double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s. (For no
                                 default timeout, call sr_set_rpc_timeout(0).) */
     int num_worker_threads;  /* executor threads for user functions; 0: default */
+    bool ignore_rref_leak;   /* graceful shutdown: only log RRefs still forked
+                                after every user was deleted, instead of failing
+                                with -EBUSY (PyTorch's library default is to ignore) */
 } sr_init_opts;
 
 /* Attach to the job, start the progress thread and executors, exchange
@@ -48,10 +51,14 @@ typedef struct sr_init_opts {
  * duplicate name ("is not unique"); errors of the transport. */
 SR_API int sr_init(const sr_init_opts *opts);
 
-/* graceful: barrier with every worker, wait until no call is in flight
- * anywhere (fire-and-forget chains included), then tear down. timeout_s
- * bounds the graceful part (0: infinite); -ETIMEDOUT if it passes. Local
- * teardown always runs, even after an error. */
+/* graceful: barrier with every worker; wait until this worker has no
+ * pending UserRRef or child fork; delete every UserRRef on its owner; wait
+ * until no call or RRef message is in flight anywhere (fire-and-forget chains
+ * included); then the RRef leak check: an RRef still forked is reported as
+ * "Leaking RRef (0,3) with fork id (1,7)", and is -EBUSY unless
+ * ignore_rref_leak; then tear down. timeout_s bounds the graceful part (0:
+ * infinite); -ETIMEDOUT if it passes. Local teardown always runs, even after
+ * an error. */
 SR_API int sr_shutdown(bool graceful, double timeout_s);
 
 SR_API int sr_rank(void);

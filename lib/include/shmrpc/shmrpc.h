@@ -6,6 +6,7 @@
 #include "error.h"
 #include "future.h"
 #include "rpc.h"
+#include "rref.h"
 #include "value.h"
 #include "spawn.h"
 #include "tensor.h"

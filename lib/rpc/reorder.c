@@ -1,0 +1,134 @@
+/* The test-only reordering mode. See reorder.h. */
+#include "reorder.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+
+struct held {
+    struct held *next;
+    int64_t at; /* release time */
+    int to;
+    sr_msg m;
+};
+
+struct sr_reorder {
+    pthread_mutex_t lock;
+    struct held *head;     /* sorted by release time; lock */
+    uint64_t rng;          /* lock */
+    int64_t max_ns;        /* written at create */
+    _Atomic int64_t next;  /* head's release time, -1 if empty: a hint read without the lock */
+};
+
+/* splitmix64: small, fast, and good enough to pick delays. */
+static uint64_t next_rand(uint64_t *s)
+{
+    uint64_t z = (*s += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+int sr__reorder_create(sr_agent *a)
+{
+    const char *seed = getenv("SHMRPC_REORDER_SEED");
+    if (!seed || !*seed)
+        return 0;
+    struct sr_reorder *r = calloc(1, sizeof(*r));
+    if (!r)
+        return sr__fail(-ENOMEM, "sr_init", "out of memory for the reordering mode");
+    const char *max = getenv("SHMRPC_REORDER_MAX_US");
+    r->max_ns = (max && atoll(max) > 0 ? atoll(max) : 2000) * 1000;
+    r->rng = strtoull(seed, NULL, 0) * UINT64_C(1000003) + (uint64_t)a->rank;
+    pthread_mutex_init(&r->lock, NULL);
+    atomic_init(&r->next, -1);
+    a->reorder = r;
+    return 0;
+}
+
+void sr__reorder_destroy(sr_agent *a)
+{
+    struct sr_reorder *r = a->reorder;
+    if (!r)
+        return;
+    for (struct held *h = r->head, *n; h; h = n) {
+        n = h->next;
+        free(h);
+    }
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    a->reorder = NULL;
+}
+
+/* Mostly short delays, some up to the bound, a few at the bound: later
+ * messages often overtake earlier ones, and a long one is overtaken by many. */
+static int64_t pick_delay(struct sr_reorder *r)
+{
+    uint64_t x = next_rand(&r->rng);
+    unsigned kind = (unsigned)(x % 10);
+    int64_t span = kind < 5 ? r->max_ns / 4 : r->max_ns;
+    if (kind == 9)
+        return r->max_ns;
+    return (int64_t)((x >> 8) % (uint64_t)(span + 1));
+}
+
+int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
+{
+    struct sr_reorder *r = a->reorder;
+    struct held *h = malloc(sizeof(*h));
+    if (!h)
+        return sr__fail(-ENOMEM, "sr_rpc", "out of memory holding a message (reordering mode)");
+    h->to = to;
+    h->m = *m;
+    h->m.src = (uint16_t)a->rank;
+    pthread_mutex_lock(&r->lock);
+    h->at = sr_now_ns() + pick_delay(r);
+    struct held **p = &r->head;
+    while (*p && (*p)->at <= h->at)
+        p = &(*p)->next;
+    h->next = *p;
+    *p = h;
+    bool first = r->head == h;
+    /* relaxed: a hint; the list under the lock is the truth */
+    atomic_store_explicit(&r->next, r->head->at, memory_order_relaxed);
+    pthread_mutex_unlock(&r->lock);
+    if (first) /* the progress thread may sleep with a later timer */
+        sr__agent_kick(a);
+    return 0;
+}
+
+void sr__reorder_pump(sr_agent *a, int64_t now)
+{
+    struct sr_reorder *r = a->reorder;
+    /* relaxed: a hint, re-checked under the lock */
+    int64_t next = atomic_load_explicit(&r->next, memory_order_relaxed);
+    if (next < 0 || next > now)
+        return;
+    pthread_mutex_lock(&r->lock);
+    struct held *due = NULL, **tail = &r->head;
+    while (*tail && (*tail)->at <= now)
+        tail = &(*tail)->next;
+    if (tail != &r->head) { /* cut the due prefix off the list */
+        due = r->head;
+        r->head = *tail;
+        *tail = NULL;
+    }
+    atomic_store_explicit(&r->next, r->head ? r->head->at : -1, memory_order_relaxed); /* relaxed: as above */
+    pthread_mutex_unlock(&r->lock);
+    for (struct held *h = due, *n; h; h = n) {
+        n = h->next;
+        if (sr__agent_send_now(a, h->to, &h->m))
+            fprintf(stderr, "worker%d: reordering mode: a held message to worker%d was lost (peer gone)\n", a->rank,
+                    h->to);
+        free(h);
+    }
+}
+
+int64_t sr__reorder_next(sr_agent *a)
+{
+    /* relaxed: a hint for the progress thread's sleep */
+    return a->reorder ? atomic_load_explicit(&a->reorder->next, memory_order_relaxed) : -1;
+}

@@ -1,0 +1,170 @@
+/* The per-worker RRef context: ids, the owner records, idleness, the work
+ * deferred past the lock, and the debug views. See rref_internal.h. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "hooks.h"
+#include "rref_internal.h"
+
+#define LOCAL_ID_MAX ((UINT64_C(1) << 48) - 1)
+
+struct rref_ctx sr__rref_ctx = {.lock = PTHREAD_MUTEX_INITIALIZER, .retry_hint = -1};
+
+void sr__rref_lock(void) { pthread_mutex_lock(&sr__rref_ctx.lock); }
+void sr__rref_unlock(void) { pthread_mutex_unlock(&sr__rref_ctx.lock); }
+
+bool sr__rref_live_locked(const sr_rref *r)
+{
+    /* relaxed: gen is written under the lock we hold */
+    return sr__rref_ctx.active && r->gen == atomic_load_explicit(&sr__rref_ctx.gen, memory_order_relaxed);
+}
+
+uint64_t sr__rref_new_ids(unsigned n)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    /* relaxed: the counter only has to hand out distinct values */
+    uint64_t first = atomic_fetch_add_explicit(&c->next_id, n, memory_order_relaxed);
+    if (first + n - 1 > LOCAL_ID_MAX) {
+        sr__fail(-EOVERFLOW, "sr_rref", "worker%d has used up its 2^48 RRef ids", c->rank);
+        return SR_RREF_NO_ID;
+    }
+    return (uint64_t)c->rank << 48 | first;
+}
+
+const char *sr__id_str(uint64_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "(%d,%" PRIu64 ")", SR_RREF_ID_RANK(id), SR_RREF_ID_LOCAL(id));
+    return buf;
+}
+
+struct owner_rec *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct owner_rec *o = sr__map_get(&c->owners, rid);
+    if (o)
+        return o;
+    o = malloc(sizeof(*o));
+    sr_rref *r = o ? sr__rref_alloc(true, c->rank, rid, SR_RREF_NO_ID) : NULL;
+    if (!r || sr__map_put(&c->owners, rid, o)) {
+        sr_rref_unref(r); /* a fresh owner: nothing registered, the lock is not re-taken */
+        free(o);
+        sr__fail(-ENOMEM, "sr_rref", "out of memory for the OwnerRRef of rref id %" PRIx64, rid);
+        return NULL;
+    }
+    *o = (struct owner_rec){.owner = r, .awaiting = awaiting};
+    c->awaiting += awaiting;
+    return o;
+}
+
+void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct owner_rec *o = sr__map_get(&c->owners, rid);
+    if (!o || o->awaiting || sr__forks_count(&c->forks, rid))
+        return;
+    sr__map_del(&c->owners, rid);
+    d->unref[d->nunref++] = o->owner;
+    free(o);
+}
+
+bool sr__idle_locked(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    return !c->pending_users.n && !c->children.n && !c->retries.n;
+}
+
+void sr__idle_check_locked(struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    if (c->idle && sr__idle_locked()) {
+        d->complete[d->ncomplete++] = c->idle;
+        c->idle = NULL;
+    }
+}
+
+void sr__after_run(sr_agent *a, struct after *d)
+{
+    for (int i = 0; i < d->nsend; i++)
+        sr__ctrl_send(a, d->send[i].to, &d->send[i].m);
+    for (int i = 0; i < d->ncomplete; i++) {
+        sr_future_set_result(d->complete[i], NULL);
+        sr_future_unref(d->complete[i]);
+    }
+    for (int i = 0; i < d->nunref; i++)
+        sr_rref_unref(d->unref[i]);
+    if (d->kick && a)
+        sr__agent_kick(a);
+    d->nsend = d->ncomplete = d->nunref = 0;
+    d->kick = false;
+}
+
+int sr__rref_init(sr_agent *a, bool ignore_leaks)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    atomic_fetch_add_explicit(&c->gen, 1, memory_order_relaxed); /* relaxed: under the lock */
+    c->active = true;
+    c->ignore_leaks = ignore_leaks;
+    c->rank = a->rank;
+    c->world = a->world;
+    c->next_token = 1;
+    c->awaiting = 0;
+    /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
+    atomic_store_explicit(&c->next_id, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->retry_hint, -1, memory_order_relaxed);
+    atomic_store_explicit(&c->deferred, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->resent, 0, memory_order_relaxed);
+    /* Test-only reordering delays messages by up to a few ms: retry sooner,
+     * so that duplicates really happen and their handling is exercised. */
+    c->retry_first_ns = a->reorder ? 2000000 : 50000000;
+    sr__rref_unlock();
+    return 0;
+}
+
+/* ---- debug -------------------------------------------------------------------- */
+
+SR_API int sr_rref_debug_info_get(sr_rref_debug_info *o)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    if (!o)
+        return sr__fail(-EINVAL, "sr_rref_debug_info_get", "out is NULL");
+    sr__rref_lock();
+    if (!c->active) {
+        sr__rref_unlock();
+        return sr__fail(-SR_ESHUTDOWN, "sr_rref_debug_info_get", "RPC has not been initialized. Call sr_init first.");
+    }
+    *o = (sr_rref_debug_info){
+        .num_owner_rrefs = c->owners.n,
+        .num_pending_owners = c->awaiting,
+        .num_forks = c->forks.live,
+        .num_pending_users = c->pending_users.n,
+        .num_confirmed_users = c->users.n,
+        .num_pending_children = c->children.n,
+        .num_pending_futures = c->retries.n,
+        .num_tombstones = c->forks.tombs,
+        /* relaxed: statistics */
+        .num_deferred_calls = atomic_load_explicit(&c->deferred, memory_order_relaxed),
+        .num_retries = atomic_load_explicit(&c->resent, memory_order_relaxed),
+    };
+    sr__rref_unlock();
+    return 0;
+}
+
+SR_API int sr_rref_debug_forks(uint64_t rid, uint64_t *out, size_t cap)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    if (cap && !out)
+        return sr__fail(-EINVAL, "sr_rref_debug_forks", "out is NULL with cap %zu", cap);
+    sr__rref_lock();
+    int rc = c->active ? (int)sr__forks_list(&c->forks, rid, out, cap)
+                       : sr__fail(-SR_ESHUTDOWN, "sr_rref_debug_forks",
+                                  "RPC has not been initialized. Call sr_init first.");
+    if (c->active && SR_RREF_ID_RANK(rid) >= c->world)
+        rc = sr__fail(-EINVAL, "sr_rref_debug_forks", "rref id %" PRIx64 " names rank %d of %d", rid,
+                      SR_RREF_ID_RANK(rid), c->world);
+    sr__rref_unlock();
+    return rc;
+}

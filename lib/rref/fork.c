@@ -1,0 +1,192 @@
+/* Forking: what the codec calls when an RRef value is sent and received.
+ *
+ * Sending (prepareChildFork): every send makes a new fork id, on the sender.
+ *   - The sender owns the RRef: it adds the fork to its own fork table at
+ *     once (early fork registration) and enters the context, so the value
+ *     cannot go while the child is in flight.
+ *   - The sender is a user: it keeps itself as the child's parent
+ *     (pending child) until the child is accepted (G2), even when the child
+ *     goes to the owner ("useful phantom fork id").
+ * Receiving (notifyOwnerAndParentOfFork), on worker X, parent P = the fork
+ * id's rank, owner O:
+ *   X == O == P  an owner sent it to itself: the fork is removed again, and
+ *                the OwnerRRef itself comes out;
+ *   X == O != P  a user sent it to the owner: the OwnerRRef comes out and
+ *                the owner tells P (CHILD_ACCEPT);
+ *   X != O == P  the owner sent it: a UserRRef confirmed on arrival;
+ *   X != O != P  a user sent it to a user: a pending UserRRef that asks the
+ *                owner (FORK_REQUEST); the ACK confirms it and X then tells
+ *                P (CHILD_ACCEPT). A function receiving it runs only after.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "hooks.h"
+#include "rref_internal.h"
+
+int sr__rref_sendable(const sr_rref *r, const char *fn)
+{
+    char s[96];
+    sr__rref_lock();
+    bool live = sr__rref_live_locked(r), deleted = r->deleted;
+    sr__rref_unlock();
+    if (!live)
+        return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
+                        sr_rref_str(r, s, sizeof(s)));
+    /* acquire: pairs with the release store in sr__rref_set_create_error */
+    int err = atomic_load_explicit(&((sr_rref *)r)->create_err, memory_order_acquire);
+    if (err)
+        return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
+    if (deleted)
+        return sr__fail(-EINVAL, fn, "%s has been deleted and cannot be sent", sr_rref_str(r, s, sizeof(s)));
+    return 0;
+}
+
+/* The owner's record of r, created around r itself (not a new object). */
+static struct owner_rec *own_record_locked(sr_rref *r)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct owner_rec *o = sr__map_get(&c->owners, r->rref_id);
+    if (o)
+        return o->owner == r ? o : NULL;
+    o = malloc(sizeof(*o));
+    if (!o || sr__map_put(&c->owners, r->rref_id, o)) {
+        free(o);
+        return NULL;
+    }
+    *o = (struct owner_rec){.owner = sr_rref_ref(r)};
+    return o;
+}
+
+int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct after d = {0};
+    enum sr_fork_add res;
+    uint64_t fid = sr__rref_new_ids(1);
+    if (fid == SR_RREF_NO_ID)
+        return -EOVERFLOW;
+    int rc = 0;
+    sr__rref_lock();
+    if (!sr__rref_live_locked(r))
+        rc = sr__fail(-SR_ESHUTDOWN, "sr_rref", "the RRef belongs to an RPC round that has shut down");
+    else if (r->is_owner && !own_record_locked(r))
+        rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
+    else if (r->is_owner)
+        rc = sr__forks_add(&c->forks, r->rref_id, fid, &res);
+    else if (!(rc = sr__map_put(&c->children, fid, r)))
+        sr_rref_ref(r); /* G2: the parent lives until the child is accepted */
+    if (rc && r->is_owner)
+        sr__owner_maybe_erase_locked(r->rref_id, &d);
+    sr__rref_unlock();
+    sr__after_run(sr__agent, &d);
+    *fork_id = fid;
+    return rc;
+}
+
+void sr__rref_unfork(sr_rref *r, uint64_t fid)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct after d = {0};
+    enum sr_fork_del res;
+    sr__rref_lock();
+    if (sr__rref_live_locked(r) && r->is_owner) {
+        sr__forks_del(&c->forks, r->rref_id, fid, 1, true, &res);
+        sr__owner_maybe_erase_locked(r->rref_id, &d);
+    } else if (sr__rref_live_locked(r) && sr__map_get(&c->children, fid) == r) {
+        sr__map_del(&c->children, fid);
+        d.unref[d.nunref++] = r;
+        sr__idle_check_locked(&d);
+    }
+    sr__rref_unlock();
+    sr__after_run(sr__agent, &d);
+}
+
+int sr__rref_wire_check(uint64_t rid, uint64_t fid, unsigned owner, char *why, size_t len)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    bool active = c->active;
+    int world = c->world;
+    sr__rref_unlock();
+    if (!active)
+        snprintf(why, len, "an RRef can only be decoded by an initialised worker");
+    else if (owner >= (unsigned)world || SR_RREF_ID_RANK(rid) >= world || SR_RREF_ID_RANK(fid) >= world)
+        snprintf(why, len, "RRef (owner %u, rref id %#" PRIx64 ", fork id %#" PRIx64 ") names a rank outside [0, %d)",
+                 owner, rid, fid, world);
+    else if (fid == rid)
+        snprintf(why, len, "RRef fork id %#" PRIx64 " equals its rref id", fid);
+    else
+        return 0;
+    return -EBADMSG;
+}
+
+/* X == O: the OwnerRRef (a reference), with what its fork needs done. */
+static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    enum sr_fork_del res;
+    int parent = SR_RREF_ID_RANK(fid);
+    if (parent == c->rank) { /* sent to itself: the early registration is undone */
+        struct owner_rec *o = sr__map_get(&c->owners, rid);
+        if (!o)
+            return NULL;
+        sr_rref *r = sr_rref_ref(o->owner);
+        sr__forks_del(&c->forks, rid, fid, 1, true, &res);
+        sr__owner_maybe_erase_locked(rid, d);
+        return r;
+    }
+    struct owner_rec *o = sr__owner_get_or_create_locked(rid, true);
+    if (!o)
+        return NULL;
+    sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0, true);
+    return sr_rref_ref(o->owner);
+}
+
+/* X != O: a new UserRRef (one reference for the caller). */
+static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr_rref *r = sr__rref_alloc(false, owner, rid, fid);
+    if (!r)
+        return NULL;
+    r->registered = true;
+    if (SR_RREF_ID_RANK(fid) == owner) { /* from the owner, which registered it already */
+        r->adds_sent = 1;
+        atomic_store_explicit(&r->confirmed, true, memory_order_relaxed); /* relaxed: not yet shared */
+        sr__map_put(&c->users, fid, r);
+        return r;
+    }
+    if (!(r->confirm = sr_future_new()) || sr__map_put(&c->pending_users, fid, r)) {
+        r->registered = false;
+        r->deleted = true;
+        d->unref[d->nunref++] = r;
+        return NULL;
+    }
+    sr_rref_ref(r); /* the pending table's */
+    sr__ctrl_queue_locked(d, owner, SR_RREF_FORK_REQUEST, rid, fid, 0, true);
+    return r;
+}
+
+int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct after d = {0};
+    char s[32];
+    sr__rref_lock();
+    sr_rref *r = !c->active ? NULL
+                 : owner == (unsigned)c->rank ? arrive_at_owner(rid, fid, &d)
+                                              : arrive_at_user(rid, fid, (int)owner, &d);
+    bool active = c->active;
+    sr__rref_unlock();
+    sr__after_run(sr__agent, &d);
+    if (!r)
+        return sr__fail(active ? -ENOMEM : -SR_ESHUTDOWN, "sr_rref",
+                        "cannot materialise the received RRef %s (fork %" PRIx64 ")", sr__id_str(rid, s, sizeof(s)),
+                        fid);
+    *out = r;
+    return 0;
+}

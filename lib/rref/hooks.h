@@ -1,0 +1,81 @@
+/* What lib/rpc calls in lib/rref (internal). This is the whole coupling:
+ * the codec forks RRef values, dispatch hands over the RRef message types
+ * and defers calls whose RRef arguments are not confirmed yet, the agent
+ * drives the retry timer, and graceful shutdown runs the RRef steps.
+ */
+#ifndef SR_RREF_HOOKS_H
+#define SR_RREF_HOOKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc/agent.h"
+#include "shmrpc/rref.h"
+
+/* ---- codec ------------------------------------------------------------------
+ * An RRef travels as its ids and owner: SR_RREF_WIRE_SIZE bytes after the
+ * kind tag (rref_id u64, fork_id u64, owner u16). The fork id is new for every
+ * send, made by the sender (the parent), so the parent's rank is the fork
+ * id's rank. */
+#define SR_RREF_WIRE_SIZE 18
+
+/* 0 if r can be sent now, else -errno naming why (a failed or timed-out
+ * remote(): "RRef creation ..."; deleted; another round). */
+int sr__rref_sendable(const sr_rref *r, const char *fn);
+/* Prepare a child fork for one send (PyTorch's prepareChildFork): an owner
+ * registers the fork at once (early fork registration); a user keeps itself
+ * as the child's parent until the child is accepted (G2). 0 or -ENOMEM. */
+int sr__rref_fork(sr_rref *r, uint64_t *fork_id);
+/* Undo sr__rref_fork for a send that will not happen. */
+void sr__rref_unfork(sr_rref *r, uint64_t fork_id);
+/* Validate an encoded RRef; 0 or -EBADMSG with the reason in why. */
+int sr__rref_wire_check(uint64_t rid, uint64_t fid, unsigned owner, char *why, size_t len);
+/* Materialise a received RRef and tell its owner and parent what they need
+ * (notifyOwnerAndParentOfFork). Also how a buffer that will never be decoded
+ * is released: decoding it and dropping the result is always right. */
+int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out);
+
+/* ---- dispatch ---------------------------------------------------------------- */
+
+/* A REMOTE_CALL arrived: the OwnerRRef (created, or awaited by earlier uses)
+ * with the creator's fork (rid + 1) added. A reference for the call; NULL
+ * on -ENOMEM. */
+sr_rref *sr__rref_remote_owner(uint64_t rid, int caller);
+/* The creating call finished: the value, or the error text. */
+void sr__rref_owner_set(sr_rref *owner, int err, const char *text, sr_value *v);
+/* RREF_FETCH: the owner's value future (a reference), or NULL with code and
+ * text when the RRef is known to be deleted. */
+sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *text, size_t len);
+/* NULL when every RRef in args is usable now (users confirmed, owners with
+ * their value); else a future (a reference) that completes when they are, or
+ * fails (a user that can never be confirmed). */
+sr_future *sr__rref_gate(sr_value *args);
+/* Proxy calls: the local value of the OwnerRRef in arg0 (a new reference),
+ * or -errno with sr_last_error() set. */
+int sr__rref_proxy_value(const sr_value *arg0, sr_value **out);
+/* An SR_MSG_RREF control message. */
+void sr__rref_ctrl(sr_agent *a, const sr_msg *m);
+
+/* ---- agent ------------------------------------------------------------------- */
+
+/* The earliest time a control message may need a retry; -1 if none. */
+int64_t sr__rref_next_deadline(void);
+/* Resend control messages whose acknowledgement is overdue. */
+void sr__rref_tick(sr_agent *a, int64_t now_ns);
+/* A peer died: drop what is owed to it, fail what waited for it. */
+void sr__rref_peer_died(sr_agent *a, int rank);
+
+/* ---- lifecycle ------------------------------------------------------------------ */
+
+int sr__rref_init(sr_agent *a, bool ignore_leaks);
+/* Graceful shutdown, after the first barrier: wait until this worker has no
+ * pending user or child, then delete every UserRRef on its owner. */
+int sr__rref_shutdown_users(sr_agent *a, int64_t deadline_ns);
+/* After quiescence: drop owners nobody forked, then the leak check. */
+int sr__rref_shutdown_check(sr_agent *a);
+/* Local teardown (always): forget everything; RRefs still held by the
+ * application fail every later use. */
+void sr__rref_fini(void);
+
+#endif

@@ -1,0 +1,284 @@
+/* remote(): creating an RRef on another worker or on this one, the callee's
+ * side of REMOTE_CALL, and the proxy remote().
+ *
+ * To another worker (scenario 1 of docs/RREF.md): the caller takes the rref
+ * id and, right after it, the fork id (one counter, so the REMOTE_CALL needs
+ * to carry only the rref id), adds a pending user and sends the REMOTE_CALL.
+ * The callee creates (or finds, if a use overtook the call) the OwnerRRef,
+ * adds the creator's fork, runs the function into the OwnerRRef and answers
+ * REMOTE_RET, which confirms the user. A timeout or a dead callee is stored
+ * on the RRef as its creation error.
+ *
+ * To self: an OwnerRRef that is not registered anywhere (nothing forked it
+ * yet), filled by an ordinary self-call; its completion holds it.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "hooks.h"
+#include "rref_internal.h"
+
+#define CREATION_TIMED_OUT \
+    "RRef creation via rpc.remote() timed out, and it is possible that the RRef on the owner node does not exist."
+
+static void drop_rref(void *p) { sr_rref_unref(p); }
+
+/* The caller's view of a finished REMOTE_CALL. */
+static void user_created(sr_future *f, void *p)
+{
+    sr_rref *r = p;
+    struct after d = {0};
+    char msg[600];
+    int err = sr_future_value(f, NULL);
+    if (err == -ETIMEDOUT)
+        snprintf(msg, sizeof(msg), "%s", CREATION_TIMED_OUT);
+    else if (err)
+        snprintf(msg, sizeof(msg), "RRef creation via rpc.remote() failed: %s", sr_last_error());
+    if (err)
+        sr__rref_set_create_error(r, err, msg);
+    sr__rref_lock();
+    r->adds_sent = 1; /* the REMOTE_CALL */
+    if (sr__rref_live_locked(r))
+        sr__user_resolve_locked(r, !err, &d);
+    sr__idle_check_locked(&d);
+    sr__rref_unlock();
+    if (err)
+        sr_future_set_error(r->confirm, err, "%s", msg);
+    sr__after_run(sr__agent, &d);
+    sr_rref_unref(r);
+}
+
+static void owner_created(sr_future *f, void *p)
+{
+    sr_rref *r = p;
+    sr_value *v = NULL;
+    int err = sr_future_value(f, &v);
+    if (err == -ETIMEDOUT) {
+        sr__rref_set_create_error(r, err, CREATION_TIMED_OUT);
+        sr__rref_owner_fail(r, err, CREATION_TIMED_OUT);
+    } else if (err) {
+        sr__rref_owner_fail(r, err, "%s", sr_last_error());
+    } else {
+        sr_future_set_result(r->value, v);
+    }
+    sr_value_unref(v);
+    sr_rref_unref(r);
+}
+
+static int remote_self(sr_agent *a, const char *fn, sr_args args, int64_t ms, uint8_t flags, sr_rref **out)
+{
+    uint64_t rid = sr__rref_new_ids(1);
+    if (rid == SR_RREF_NO_ID)
+        return -EOVERFLOW;
+    sr_rref *r = sr__rref_alloc(true, a->rank, rid, SR_RREF_NO_ID);
+    sr_future *f = r ? sr_future_new() : NULL;
+    if (!f) {
+        sr_rref_unref(r);
+        return -ENOMEM;
+    }
+    struct sr_req q = {.type = SR_MSG_REQ, .flags = flags};
+    int rc = sr__future_on_done(f, owner_created, drop_rref, sr_rref_ref(r));
+    if (rc)
+        sr_rref_unref(r); /* the callback's reference: it will never run */
+    else
+        rc = sr__rpc_start(a, a->rank, &q, fn, args, ms, f);
+    sr_future_unref(f); /* a call that did not start drops the callback's reference with it */
+    if (rc) {
+        sr_rref_unref(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* Register r as a pending user (the table holds a reference). */
+static int add_pending(sr_rref *r)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    int rc = !sr__rref_live_locked(r)
+                 ? sr__fail(-SR_ESHUTDOWN, "sr_remote", "RPC has not been initialized. Call sr_init first.")
+                 : sr__map_put(&c->pending_users, r->fork_id, r);
+    if (!rc) {
+        sr_rref_ref(r);
+        r->registered = true;
+    }
+    sr__rref_unlock();
+    return rc;
+}
+
+/* The REMOTE_CALL could not be sent: forget the user without a delete. */
+static void drop_pending(sr_rref *r)
+{
+    struct after d = {0};
+    sr__rref_lock();
+    r->deleted = true; /* the owner never heard of it */
+    sr__user_resolve_locked(r, false, &d);
+    sr__idle_check_locked(&d);
+    sr__rref_unlock();
+    sr__after_run(sr__agent, &d);
+}
+
+static int remote_user(sr_agent *a, int to, const char *fn, sr_args args, int64_t ms, uint8_t flags, sr_rref **out)
+{
+    uint64_t rid = sr__rref_new_ids(2); /* the rref id, then the creator's fork id */
+    if (rid == SR_RREF_NO_ID)
+        return -EOVERFLOW;
+    sr_rref *r = sr__rref_alloc(false, to, rid, rid + 1);
+    sr_future *f = r ? sr_future_new() : NULL;
+    if (r)
+        r->confirm = sr_future_new();
+    int rc = !f || !r->confirm ? -ENOMEM : add_pending(r);
+    if (rc) {
+        sr_future_unref(f);
+        sr_rref_unref(r);
+        return rc;
+    }
+    if ((rc = sr__future_on_done(f, user_created, drop_rref, sr_rref_ref(r)))) {
+        sr_rref_unref(r); /* the callback's reference: it will never run */
+    } else {
+        struct sr_req q = {.type = SR_MSG_REMOTE_CALL, .flags = flags, .rref_id = rid};
+        rc = sr__rpc_start(a, to, &q, fn, args, ms, f);
+    }
+    if (rc)
+        drop_pending(r);
+    sr_future_unref(f); /* a call that did not start drops the callback's reference with it */
+    if (rc) {
+        sr_rref_unref(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+static int remote_any(int to, const char *fn, sr_args args, double timeout_s, uint8_t flags, sr_rref **out)
+{
+    sr_agent *a = sr__agent;
+    int64_t ms;
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, "sr_remote", "RPC has not been initialized. Call sr_init first.");
+    if (!out)
+        return sr__fail(-EINVAL, "sr_remote", "out is NULL");
+    int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
+    if (rc)
+        return rc;
+    return to == a->rank ? remote_self(a, fn, args, ms, flags, out) : remote_user(a, to, fn, args, ms, flags, out);
+}
+
+SR_API int sr_remote(int to, const char *fn, sr_args args, double timeout_s, sr_rref **out)
+{
+    return remote_any(to, fn, args, timeout_s, 0, out);
+}
+
+/* ---- proxies ------------------------------------------------------------------- */
+
+/* [rref, extra...]: the callee replaces argument 0 by its local value. */
+static sr_value **proxy_args(sr_rref *r, sr_args extra, sr_args *out)
+{
+    if (extra.n && !extra.v) {
+        sr__fail(-EINVAL, "sr_rref_rpc", "%zu extra arguments but the array is NULL", extra.n);
+        return NULL;
+    }
+    sr_value **v = malloc((extra.n + 1) * sizeof(*v));
+    if (!v || !(v[0] = sr_rref_value(r))) {
+        free(v);
+        sr__fail(-ENOMEM, "sr_rref_rpc", "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < extra.n; i++)
+        v[i + 1] = extra.v[i];
+    *out = (sr_args){extra.n + 1, v};
+    return v;
+}
+
+static void proxy_args_free(sr_value **v)
+{
+    if (v) {
+        sr_value_unref(v[0]);
+        free(v);
+    }
+}
+
+SR_API int sr_rref_remote(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_rref **out)
+{
+    if (!r)
+        return sr__fail(-EINVAL, "sr_rref_remote", "the RRef is NULL");
+    sr_args args;
+    sr_value **v = proxy_args(r, extra, &args);
+    if (!v)
+        return -ENOMEM;
+    int rc = remote_any(r->owner, fn, args, timeout_s, SR_WIRE_PROXY, out);
+    proxy_args_free(v);
+    return rc;
+}
+
+SR_API int sr_rref_rpc_async(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_future **out)
+{
+    sr_agent *a = sr__agent;
+    int64_t ms;
+    if (!r || !out)
+        return sr__fail(-EINVAL, "sr_rref_rpc_async", "%s is NULL", r ? "out" : "the RRef");
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, "sr_rref_rpc_async", "RPC has not been initialized. Call sr_init first.");
+    sr_args args;
+    sr_value **v = proxy_args(r, extra, &args);
+    if (!v)
+        return -ENOMEM;
+    sr_future *f = NULL;
+    int rc = sr__call_check(a, r->owner, fn, args, timeout_s, &ms);
+    if (!rc && !(f = sr_future_new()))
+        rc = -ENOMEM;
+    struct sr_req q = {.type = SR_MSG_REQ, .flags = SR_WIRE_PROXY};
+    if (!rc && (rc = sr__rpc_start(a, r->owner, &q, fn, args, ms, f)))
+        f = (sr_future_unref(f), NULL);
+    proxy_args_free(v);
+    if (!rc)
+        *out = f;
+    return rc;
+}
+
+SR_API int sr_rref_rpc_sync(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_value **out)
+{
+    sr_future *f;
+    int rc = sr_rref_rpc_async(r, fn, extra, timeout_s, &f);
+    if (rc)
+        return rc;
+    rc = sr_future_wait(f, out);
+    sr_future_unref(f);
+    return rc;
+}
+
+/* ---- the callee of a REMOTE_CALL ---------------------------------------------------- */
+
+sr_rref *sr__rref_remote_owner(uint64_t rid, int caller)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct after d = {0};
+    sr_rref *r = NULL;
+    enum sr_fork_add res;
+    sr__rref_lock();
+    struct owner_rec *o = c->active && SR_RREF_ID_RANK(rid) == caller ? sr__owner_get_or_create_locked(rid, false)
+                                                                      : NULL;
+    if (o && !sr__forks_add(&c->forks, rid, rid + 1, &res)) {
+        if (o->awaiting) { /* uses overtook their creating call; it is here now */
+            o->awaiting = false;
+            c->awaiting--;
+        }
+        r = sr_rref_ref(o->owner);
+    }
+    if (o) /* gone at once if its creator's delete came first (a tombstone) or the add failed */
+        sr__owner_maybe_erase_locked(rid, &d);
+    sr__rref_unlock();
+    sr__after_run(sr__agent, &d);
+    return r;
+}
+
+void sr__rref_owner_set(sr_rref *owner, int err, const char *text, sr_value *v)
+{
+    if (err)
+        sr__rref_owner_fail(owner, err, "%s", text);
+    else
+        sr_future_set_result(owner->value, v);
+}

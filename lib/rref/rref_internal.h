@@ -1,0 +1,135 @@
+/* RRefs, internal side: the object, the per-worker context, and the helpers
+ * shared by the files of lib/rref. The protocol is described in docs/RREF.md;
+ * the functions lib/rpc calls are in hooks.h.
+ *
+ * Locking: one mutex (ctx.lock) guards every map of the context and the
+ * fields of sr_rref marked "lock". It is a static mutex, so an RRef that
+ * outlives its context (after sr_shutdown) can still take it safely and
+ * learn from ctx.gen that its round is over. No future is completed, no
+ * message sent and no RRef unreffed while it is held (those may re-enter):
+ * handlers collect them in a struct after and run it after unlocking.
+ * The maps are all small per-operation updates; the hot paths take the lock
+ * once or twice per call (documented in docs/RREF.md).
+ */
+#ifndef SR_RREF_INTERNAL_H
+#define SR_RREF_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "forks.h"
+#include "map.h"
+#include "rpc/agent.h"
+#include "shmrpc/rref.h"
+
+struct sr_rref {
+    _Atomic uint32_t refs;
+    /* Immutable after creation. */
+    bool is_owner;
+    uint16_t owner;       /* rank of the owner */
+    uint64_t rref_id;
+    uint64_t fork_id;     /* users; SR_RREF_NO_ID for an owner */
+    uint64_t gen;         /* the context round it belongs to */
+    sr_future *value;     /* owner: completed once, with the value or the error that replaced it */
+    sr_future *confirm;   /* user: completed once confirmed (or failed); NULL if confirmed on arrival */
+    /* Users. */
+    _Atomic bool confirmed;  /* release store under the lock, acquire loads anywhere */
+    bool deleted;            /* lock: the owner has been (or is being) told this fork is gone */
+    bool registered;         /* lock: in pending_users or users */
+    uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
+    /* remote() creation error: create_msg is written before the release store of create_err. */
+    _Atomic int create_err;
+    char *create_msg;
+};
+
+/* An owned RRef the context knows: forked, or awaiting its creating call. */
+struct owner_rec {
+    sr_rref *owner;  /* reference held by the context */
+    bool awaiting;   /* created by a use (fork, fetch) before its REMOTE_CALL arrived */
+};
+
+struct rref_ctx {
+    pthread_mutex_t lock;
+    bool active;             /* lock: between sr__rref_init and sr__rref_fini */
+    bool ignore_leaks;       /* written at init, before any other thread looks */
+    _Atomic uint64_t gen;    /* bumped by every init, under the lock (relaxed loads: see live_locked) */
+    int rank, world;         /* written at init */
+    _Atomic uint64_t next_id;    /* the GUID counter (RRef and fork ids) */
+    uint64_t next_token;         /* lock: retry tokens */
+    sr_u64map owners;            /* rref_id -> struct owner_rec * */
+    sr_fork_table forks;         /* the owner's view of its users */
+    sr_u64map pending_users;     /* fork_id -> sr_rref * (reference) */
+    sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
+    sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
+    sr_u64map retries;           /* token -> struct retry * */
+    uint32_t awaiting;           /* lock: owner_recs with awaiting set */
+    sr_future *idle;             /* lock: completed when pending users, children and retries are all gone */
+    _Atomic int64_t retry_hint;  /* a lower bound on the next retry; -1: none (see protocol.c) */
+    int64_t retry_first_ns;      /* first retry interval (written at init) */
+    _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
+    _Atomic uint64_t resent;     /* statistics: retries sent */
+};
+
+extern struct rref_ctx sr__rref_ctx;
+
+/* Work collected under the lock, done after it (see the header comment). */
+#define AFTER_MAX 6
+struct after {
+    sr_rref *unref[AFTER_MAX];
+    int nunref;
+    sr_future *complete[AFTER_MAX]; /* completed with none, then unreffed */
+    int ncomplete;
+    struct {
+        int to;
+        sr_msg m;
+    } send[AFTER_MAX];
+    int nsend;
+    bool kick;   /* a retry deadline was lowered: wake the progress thread to re-arm its timer */
+};
+void sr__after_run(sr_agent *a, struct after *d);
+
+/* context.c */
+void sr__rref_lock(void);
+void sr__rref_unlock(void);
+/* The caller's round is live (lock held). */
+bool sr__rref_live_locked(const sr_rref *r);
+/* n consecutive new ids; the first, or SR_RREF_NO_ID when the counter is spent. */
+uint64_t sr__rref_new_ids(unsigned n);
+/* The record of an owned RRef, created (with a new OwnerRRef awaiting its
+ * value) if absent; NULL on -ENOMEM. */
+struct owner_rec *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting);
+/* Forget the record once no fork is left and no creating call is awaited. */
+void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d);
+/* Complete ctx.idle if the worker just became idle. */
+void sr__idle_check_locked(struct after *d);
+bool sr__idle_locked(void);
+/* "(rank,counter)" */
+const char *sr__id_str(uint64_t id, char *buf, size_t len);
+
+/* rref.c */
+sr_rref *sr__rref_alloc(bool is_owner, int owner, uint64_t rid, uint64_t fid);
+/* Fail the owner's value future (creation never happened, shutdown...). */
+void sr__rref_owner_fail(sr_rref *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Record a remote() creation failure on a user (first one wins). */
+void sr__rref_set_create_error(sr_rref *r, int err, const char *msg);
+/* A user leaves pending_users: into users (weak), confirmed or not. Lock
+ * held; the caller runs sr__idle_check_locked once its own updates are done. */
+void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
+
+/* protocol.c: queue a control message (lock held); retried until acknowledged
+ * when retry is true. The first send happens in sr__after_run. */
+int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
+                          uint64_t extra, bool retry);
+/* Send one message now, counted for quiescence. */
+int sr__ctrl_send(sr_agent *a, int to, sr_msg *m);
+/* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
+void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* Wait for a future with the agent's polling wait; 0 or -ETIMEDOUT. */
+int sr__rref_wait(sr_future *f, int64_t deadline_ns);
+/* An absolute deadline from a timeout in seconds (< 0 default, 0 none). */
+int64_t sr__rref_deadline(double timeout_s, int64_t *ms);
+
+#endif

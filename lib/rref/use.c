@@ -1,0 +1,294 @@
+/* Using RRefs: to_here and its owner side (RREF_FETCH), local_value, the
+ * gate that defers a call until its RRef arguments are confirmed, and
+ * waiting for the worker's RRef traffic to settle. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "rpc/future_internal.h"
+#include "hooks.h"
+#include "rref_internal.h"
+
+int64_t sr__rref_deadline(double timeout_s, int64_t *ms)
+{
+    sr_agent *a = sr__agent;
+    /* relaxed: the default is captured now, as for calls */
+    int64_t t = timeout_s < 0 || isnan(timeout_s)
+                    ? (a ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) : 0)
+                    : (int64_t)llround(fmin(timeout_s, 1e9) * 1000);
+    if (timeout_s > 0 && t == 0)
+        t = 1;
+    *ms = t;
+    return t > 0 ? sr_now_ns() + t * 1000000 : -1;
+}
+
+int sr__rref_wait(sr_future *f, int64_t deadline_ns)
+{
+    return sr__future_wait_until(f, deadline_ns);
+}
+
+/* 0 if r may be used by fn now; else the error, set in sr_last_error(). */
+static int usable(sr_rref *r, const char *fn, bool *deleted)
+{
+    if (!r)
+        return sr__fail(-EINVAL, fn, "the RRef is NULL");
+    sr__rref_lock();
+    bool live = sr__rref_live_locked(r);
+    *deleted = r->deleted;
+    sr__rref_unlock();
+    char s[96];
+    if (!live)
+        return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
+                        sr_rref_str(r, s, sizeof(s)));
+    /* acquire: pairs with the release store in sr__rref_set_create_error; create_msg is complete */
+    int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+    if (err)
+        return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
+    return 0;
+}
+
+static void hold_done(sr_future *f, void *p)
+{
+    (void)f;
+    sr_rref_unref(p);
+}
+
+static void hold_drop(void *p) { sr_rref_unref(p); }
+
+/* A user's to_here: one RREF_FETCH. The fetch holds the RRef until its
+ * answer arrives, even past this call's timeout, so that the RRef's delete
+ * can never overtake the fetch on its way to the owner (the call itself has
+ * no timeout; only this wait has). */
+static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
+{
+    sr_future *f = sr_future_new();
+    if (!f)
+        return -ENOMEM;
+    int rc = sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r));
+    if (rc) {
+        sr_rref_unref(r);
+    } else {
+        struct sr_req q = {.type = SR_MSG_RREF_FETCH, .rref_id = r->rref_id,
+                           .flags = sr_rref_confirmed_by_owner(r) ? SR_WIRE_CONFIRMED : 0};
+        rc = sr__rpc_start(a, r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
+    }
+    if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT)
+        sr__fail(rc, "sr_rref_to_here",
+                 "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error", ms);
+    else if (!rc)
+        rc = sr_future_value(f, out);
+    sr_future_unref(f);
+    return rc;
+}
+
+SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
+{
+    bool deleted;
+    sr_agent *a = sr__agent;
+    char s[96];
+    int rc = usable(r, "sr_rref_to_here", &deleted);
+    if (rc)
+        return rc;
+    int64_t ms, deadline = sr__rref_deadline(timeout_s, &ms);
+    if (!r->is_owner && deleted)
+        return sr__fail(-EINVAL, "sr_rref_to_here", "%s has been deleted. Cannot call to_here() on it after deletion.",
+                        sr_rref_str(r, s, sizeof(s)));
+    if (!r->is_owner)
+        return fetch(a, r, deadline, ms, out);
+    if (sr__rref_wait(r->value, deadline))
+        return sr__fail(-ETIMEDOUT, "sr_rref_to_here", "the value of %s was not set within %" PRId64 " ms",
+                        sr_rref_str(r, s, sizeof(s)), ms);
+    return sr_future_value(r->value, out);
+}
+
+SR_API int sr_rref_local_value(sr_rref *r, sr_value **out)
+{
+    bool deleted;
+    char s[96];
+    if (r && !r->is_owner) {
+        const char *me = sr_worker_name(sr_rank()), *own = sr_worker_name(r->owner);
+        return sr__fail(-EINVAL, "sr_rref_local_value",
+                        "For %s, can't call localValue() on user WorkerInfo(id=%d, name=%s). "
+                        "Call it on owner WorkerInfo(id=%d, name=%s)",
+                        sr_rref_str(r, s, sizeof(s)), sr_rank(), me ? me : "?", r->owner, own ? own : "?");
+    }
+    int rc = usable(r, "sr_rref_local_value", &deleted);
+    if (rc)
+        return rc;
+    int64_t ms, deadline = sr__rref_deadline(-1, &ms);
+    if (sr__rref_wait(r->value, deadline))
+        return sr__fail(-ETIMEDOUT, "sr_rref_local_value", "the value of %s was not set within %" PRId64 " ms",
+                        sr_rref_str(r, s, sizeof(s)), ms);
+    return sr_future_value(r->value, out);
+}
+
+/* ---- the owner's side of to_here and proxies ------------------------------------- */
+
+sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *text, size_t len)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    char s[32];
+    sr_future *f = NULL;
+    sr__rref_lock();
+    struct owner_rec *o = c->active ? sr__map_get(&c->owners, rid) : NULL;
+    if (!o && c->active && !confirmed) /* the fetch overtook the creating REMOTE_CALL */
+        o = sr__owner_get_or_create_locked(rid, true);
+    if (o)
+        f = sr_future_ref(o->owner->value);
+    sr__rref_unlock();
+    if (f)
+        return f;
+    *code = confirmed ? -EINVAL : -ENOMEM;
+    snprintf(text, len, confirmed ? "Error on Node %d: RRef %s has been deleted. Cannot call to_here() on it after deletion."
+                                  : "Error on Node %d: out of memory for the OwnerRRef of %s",
+             c->rank, sr__id_str(rid, s, sizeof(s)));
+    return NULL;
+}
+
+int sr__rref_proxy_value(const sr_value *arg0, sr_value **out)
+{
+    sr_rref *r = sr_value_rref(arg0);
+    bool deleted;
+    if (!r || !r->is_owner)
+        return sr__fail(-EINVAL, "sr_rref_rpc", "argument 0 of a proxy call must be an RRef owned by worker%d, not %s",
+                        sr__rref_ctx.rank, r ? "a UserRRef" : sr_kind_name(sr_value_type(arg0)));
+    int rc = usable(r, "sr_rref_rpc", &deleted);
+    if (rc)
+        return rc;
+    if (!sr_future_done(r->value)) /* the gate waited for it: never here */
+        return sr__fail(-EAGAIN, "sr_rref_rpc", "the value of the RRef is not set yet");
+    return sr_future_value(r->value, out);
+}
+
+/* ---- the gate ----------------------------------------------------------------------- */
+
+struct gate;
+
+struct gate_item {
+    struct gate *g;
+    bool must_succeed; /* a user's confirmation; an owner's value may be an error */
+};
+
+struct gate {
+    _Atomic uint32_t left; /* items not finished yet; the last one frees the gate */
+    sr_future *agg;
+    struct gate_item items[];
+};
+
+static void gate_finish(struct gate_item *it, int err, const char *msg)
+{
+    struct gate *g = it->g;
+    if (err)
+        sr__future_fail_text(g->agg, err, msg); /* the first error wins */
+    /* acq_rel: the last one must see the others' outcomes before completing */
+    if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) != 1)
+        return;
+    sr_future_set_result(g->agg, NULL); /* -EALREADY if an error came first */
+    sr_future_unref(g->agg);
+    free(g);
+    /* relaxed: statistics */
+    atomic_fetch_sub_explicit(&sr__rref_ctx.deferred, 1, memory_order_relaxed);
+}
+
+static void gate_done(sr_future *f, void *p)
+{
+    struct gate_item *it = p;
+    int err = it->must_succeed ? sr_future_value(f, NULL) : 0;
+    gate_finish(it, err, err ? sr_last_error() : NULL);
+}
+
+static void gate_drop(void *p)
+{
+    gate_finish(p, -SR_ESHUTDOWN, "the RRef argument went away before it was confirmed");
+}
+
+struct waits {
+    sr_future *f[16];
+    bool must[16];
+    size_t n;
+};
+
+static void collect(const sr_value *v, struct waits *w)
+{
+    sr_rref *r = sr_value_rref(v);
+    if (r) {
+        sr_future *f = NULL;
+        if (!r->is_owner && r->confirm && !sr_rref_confirmed_by_owner(r) && !sr_future_done(r->confirm))
+            f = r->confirm;
+        else if (r->is_owner && !sr_future_done(r->value))
+            f = r->value;
+        if (f && w->n < 16) { /* more are collected again once these are ready */
+            w->must[w->n] = !r->is_owner;
+            w->f[w->n++] = f;
+        }
+        return;
+    }
+    for (size_t i = 0; i < sr_value_list_len(v); i++)
+        collect(sr_value_list_at(v, i), w);
+}
+
+sr_future *sr__rref_gate(sr_value *args)
+{
+    struct waits w = {.n = 0};
+    collect(args, &w);
+    if (!w.n)
+        return NULL;
+    struct gate *g = malloc(sizeof(*g) + w.n * sizeof(g->items[0]));
+    sr_future *agg = sr_future_new();
+    if (!g || !agg) { /* no memory to wait without a thread: fail the call rather than block */
+        free(g);
+        if (agg)
+            sr_future_set_error(agg, -ENOMEM, "out of memory deferring a call on its RRef arguments");
+        return agg;
+    }
+    g->agg = sr_future_ref(agg);
+    atomic_init(&g->left, (uint32_t)w.n);
+    /* relaxed: statistics */
+    atomic_fetch_add_explicit(&sr__rref_ctx.deferred, 1, memory_order_relaxed);
+    for (size_t i = 0; i < w.n; i++) {
+        g->items[i] = (struct gate_item){.g = g, .must_succeed = w.must[i]};
+        if (sr__future_on_done(w.f[i], gate_done, gate_drop, &g->items[i]))
+            gate_finish(&g->items[i], -ENOMEM, sr_last_error());
+    }
+    return agg;
+}
+
+/* ---- waiting for quiet -------------------------------------------------------------- */
+
+SR_API int sr_rref_wait_idle(double timeout_s)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    int64_t ms, deadline = sr__rref_deadline(timeout_s > 0 ? timeout_s : 0, &ms);
+    sr__rref_lock();
+    if (!c->active) {
+        sr__rref_unlock();
+        return sr__fail(-SR_ESHUTDOWN, "sr_rref_wait_idle", "RPC has not been initialized. Call sr_init first.");
+    }
+    if (sr__idle_locked()) {
+        sr__rref_unlock();
+        return 0;
+    }
+    if (!c->idle)
+        c->idle = sr_future_new();
+    sr_future *f = c->idle ? sr_future_ref(c->idle) : NULL;
+    sr__rref_unlock();
+    if (!f)
+        return sr__fail(-ENOMEM, "sr_rref_wait_idle", "out of memory");
+    int rc = sr__rref_wait(f, deadline);
+    if (!rc)
+        rc = sr_future_value(f, NULL);
+    sr_future_unref(f);
+    if (rc == -ETIMEDOUT) {
+        sr__rref_lock();
+        size_t u = c->pending_users.n, ch = c->children.n, re = c->retries.n;
+        sr__rref_unlock();
+        return sr__fail(rc, "sr_rref_wait_idle",
+                        "still %zu pending users, %zu pending children and %zu unacknowledged messages after %" PRId64
+                        " ms",
+                        u, ch, re, ms);
+    }
+    return rc;
+}
