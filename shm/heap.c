@@ -42,6 +42,7 @@
 #define BLOCK_MAGIC 0x6b6c4273u /* "sBlk" */
 #define BLOCK_FREED 0x65657246u /* "Free": cleared before the arena gets it back */
 #define BLOCK_ALIGN 64
+#define SPLIT_MIN 4096 /* smallest block whose header may live apart from its data */
 
 struct sr_block {
     uint64_t size;            /* data bytes; written once by the allocator */
@@ -50,7 +51,8 @@ struct sr_block {
     _Atomic uint32_t refcount; /* every holder */
     uint32_t pad;
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
-    char reserved[32];
+    int64_t data_delta;       /* data address minus header address; written once by the allocator */
+    char reserved[24];
 };
 _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 
@@ -63,9 +65,28 @@ static struct heap {
     _Atomic uint64_t *free_head; /* our remote-free list head (worker table) */
 } heap;
 
-static sr_block *init_header(void *p, size_t nbytes, int owner)
+/* relaxed atomics throughout: statistics, read only for reports and tests */
+static struct {
+    _Atomic uint64_t allocs, local_frees, drained, remote_pushes;
+} counters;
+
+static void count(_Atomic uint64_t *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
+
+void sr_heap_counters_get(sr_heap_counters *out)
+{
+    *out = (sr_heap_counters){
+        .allocs = atomic_load_explicit(&counters.allocs, memory_order_relaxed),
+        .local_frees = atomic_load_explicit(&counters.local_frees, memory_order_relaxed),
+        .drained = atomic_load_explicit(&counters.drained, memory_order_relaxed),
+        .remote_pushes = atomic_load_explicit(&counters.remote_pushes, memory_order_relaxed),
+    };
+}
+
+/* data == NULL: the data follows the header in the same allocation. */
+static sr_block *init_header(void *p, void *data, size_t nbytes, int owner)
 {
     sr_block *b = p;
+    b->data_delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b);
     b->size = nbytes;
     b->owner = owner;
     b->magic = BLOCK_MAGIC;
@@ -96,6 +117,11 @@ int sr_heap_attach(const sr_segment *seg, int rank)
         return rc;
     heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr_seg_heap(seg, rank),
                          .area_len = seg->hdr->heap_stride, .free_head = head};
+    /* relaxed: statistics; no other heap call runs during attach */
+    atomic_store_explicit(&counters.allocs, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.local_frees, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
     return 0;
 }
 
@@ -125,7 +151,7 @@ static sr_block *private_alloc(size_t nbytes)
         errno = ENOMEM;
         return NULL;
     }
-    return init_header(p, nbytes, -1);
+    return init_header(p, NULL, nbytes, -1);
 }
 
 static sr_block *shared_oom(size_t nbytes)
@@ -139,16 +165,32 @@ static sr_block *shared_oom(size_t nbytes)
     return NULL;
 }
 
+#define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
+
+/* Header and data in separate allocations when the 64-byte header would push
+ * the data into the next size class: a power-of-two tensor would otherwise
+ * waste up to a quarter (jemalloc spaces its classes four per doubling). Small
+ * blocks stay in one allocation: one mallocx is cheaper than saving a few
+ * bytes. */
+static bool split_header(size_t nbytes)
+{
+    return nbytes >= SPLIT_MIN && nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS) > nallocx(nbytes, ARENA_FLAGS);
+}
+
 static sr_block *shared_alloc(size_t nbytes)
 {
-    const int flags = MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN);
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
     sr_heap_drain(); /* one relaxed load unless peers gave blocks back */
-    void *p = mallocx(sizeof(sr_block) + nbytes, flags);
+    void *p = NULL, *data = NULL;
+    if (!split_header(nbytes))
+        p = mallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS);
+    else if ((data = mallocx(nbytes, ARENA_FLAGS)) && !(p = mallocx(sizeof(sr_block), ARENA_FLAGS)))
+        dallocx(data, MALLOCX_TCACHE_NONE);
     if (!p)
         return shared_oom(nbytes);
-    return init_header(p, nbytes, heap.rank);
+    count(&counters.allocs, 1);
+    return init_header(p, data, nbytes, heap.rank);
 }
 
 sr_block *sr_block_alloc(size_t nbytes)
@@ -156,7 +198,7 @@ sr_block *sr_block_alloc(size_t nbytes)
     return heap.area ? shared_alloc(nbytes) : private_alloc(nbytes);
 }
 
-void *sr_block_data(const sr_block *b) { return (char *)b + sizeof(*b); }
+void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
 size_t sr_block_size(const sr_block *b) { return b->size; }
 int sr_block_owner(const sr_block *b) { return b->owner; }
 
@@ -178,6 +220,8 @@ sr_block *sr_block_ref(sr_block *b)
 static void local_free(sr_block *b)
 {
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
+    if (b->data_delta != (int64_t)sizeof(*b))
+        dallocx(sr_block_data(b), MALLOCX_TCACHE_NONE);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
@@ -194,6 +238,7 @@ static void remote_free(sr_block *b)
         /* release: pairs with the acquire exchange in sr_heap_drain (F1) */
     } while (!atomic_compare_exchange_weak_explicit(head, &old, off, memory_order_release,
                                                     memory_order_relaxed));
+    count(&counters.remote_pushes, 1);
 }
 
 void sr_block_unref(sr_block *b)
@@ -214,9 +259,10 @@ void sr_block_unref(sr_block *b)
     else if (!heap.area)
         fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
                         "sr_heap_detach(); it is left to the segment\n", b->owner);
-    else if (b->owner == heap.rank)
+    else if (b->owner == heap.rank) {
         local_free(b);
-    else
+        count(&counters.local_frees, 1);
+    } else
         remote_free(b);
 }
 
@@ -227,6 +273,21 @@ uint64_t sr_block_to_off(const sr_block *b)
     if (b->owner < 0 || !heap.area)
         return UINT64_MAX;
     return sr_seg_off(&heap.seg, b);
+}
+
+/* The data of the block at off lies in [lo, hi) with the header's area, is
+ * aligned, and does not overlap the header. */
+static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
+{
+    int64_t delta = b->data_delta;
+    if (delta == (int64_t)sizeof(*b))
+        return b->size <= hi - off - sizeof(*b);
+    if (delta % BLOCK_ALIGN || (delta < 0 && (uint64_t)-delta > off - lo) || (delta > 0 && (uint64_t)delta >= hi - off))
+        return false;
+    uint64_t data = off + (uint64_t)delta; /* wraps back for delta < 0 */
+    if (b->size > hi - data)
+        return false;
+    return data + b->size <= off || data >= off + sizeof(*b);
 }
 
 /* The block at off if its header is plausible: inside one heap area,
@@ -246,8 +307,8 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
     if (b->owner != *rank)
         return *why = "has a header whose owner is not the heap it lies in", NULL;
-    if (b->size > area_end - off - sizeof(sr_block))
-        return *why = "has a size that runs past the end of its heap area", NULL;
+    if (!data_fits(b, off, area_end - h->heap_stride, area_end))
+        return *why = "has data that runs past the end of its heap area", NULL;
     /* relaxed: a plausibility check; the caller's reference (or, in drain,
      * the acquire exchange) orders the real accesses */
     if ((atomic_load_explicit(&b->refcount, memory_order_relaxed) != 0) != live)
@@ -306,6 +367,7 @@ unsigned sr_heap_drain(void)
         local_free(b);
         n++;
     }
+    count(&counters.drained, n);
     return n;
 }
 

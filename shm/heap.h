@@ -87,4 +87,14 @@ int sr_heap_purge(void);
 /* Bytes this worker's arena has allocated (jemalloc stats), for leak checks. */
 size_t sr_heap_allocated(void);
 
+/* What happened to this worker's shared blocks since sr_heap_attach
+ * (process-local counts; private blocks are not counted). */
+typedef struct sr_heap_counters {
+    uint64_t allocs;        /* blocks allocated in our arena */
+    uint64_t local_frees;   /* our blocks freed by our own last unref */
+    uint64_t drained;       /* our blocks freed by sr_heap_drain (a peer held the last reference) */
+    uint64_t remote_pushes; /* peers' blocks we pushed onto their owner's list */
+} sr_heap_counters;
+void sr_heap_counters_get(sr_heap_counters *out);
+
 #endif
