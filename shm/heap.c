@@ -42,14 +42,22 @@
 #define BLOCK_MAGIC 0x6b6c4273u /* "sBlk" */
 #define BLOCK_FREED 0x65657246u /* "Free": cleared before the arena gets it back */
 #define BLOCK_ALIGN 64
-#define SPLIT_MIN 4096 /* smallest block whose header may live apart from its data */
+#define SPLIT_MIN 4096       /* smallest block whose header may live apart from its data */
+#define HUGE_MIN (8u << 20)  /* from here on the data bypasses jemalloc (its oversize threshold) */
+
+/* Where a block's data lives. */
+enum block_layout {
+    LAYOUT_INLINE = 0, /* right after the header, in the same allocation */
+    LAYOUT_SPLIT = 1,  /* its own jemalloc allocation: the header would cost a size class */
+    LAYOUT_HUGE = 2,   /* pages carved straight from the heap area (heap_extent.c) */
+};
 
 struct sr_block {
     uint64_t size;            /* data bytes; written once by the allocator */
     int32_t owner;            /* rank, -1 private; written once by the allocator */
     uint32_t magic;           /* written by the allocator, and by the owner when freeing */
     _Atomic uint32_t refcount; /* every holder */
-    uint32_t pad;
+    uint32_t layout;          /* enum block_layout; written once by the allocator */
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
     int64_t data_delta;       /* data address minus header address; written once by the allocator */
     char reserved[24];
@@ -82,15 +90,15 @@ void sr_heap_counters_get(sr_heap_counters *out)
     };
 }
 
-/* data == NULL: the data follows the header in the same allocation. */
-static sr_block *init_header(void *p, void *data, size_t nbytes, int owner)
+/* data == NULL: LAYOUT_INLINE, the data follows the header. */
+static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
     sr_block *b = p;
     b->data_delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b);
+    b->layout = layout;
     b->size = nbytes;
     b->owner = owner;
     b->magic = BLOCK_MAGIC;
-    b->pad = 0;
     atomic_init(&b->refcount, 1);
     atomic_init(&b->next_free, 0);
     return b;
@@ -151,12 +159,12 @@ static sr_block *private_alloc(size_t nbytes)
         errno = ENOMEM;
         return NULL;
     }
-    return init_header(p, NULL, nbytes, -1);
+    return init_header(p, NULL, nbytes, -1, LAYOUT_INLINE);
 }
 
 static sr_block *shared_oom(size_t nbytes)
 {
-    size_t used = sr__heap_arena_allocated(heap.arena);
+    size_t used = sr_heap_allocated();
     sr__fail(-ENOMEM, "sr_block_alloc",
              "heap of worker %d is exhausted (ENOMEM): asked %zu bytes, the heap is %llu bytes "
              "(%zu allocated); raise --shm-size / sr_spawn_opts.shm_size",
@@ -167,14 +175,46 @@ static sr_block *shared_oom(size_t nbytes)
 
 #define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
 
-/* Header and data in separate allocations when the 64-byte header would push
- * the data into the next size class: a power-of-two tensor would otherwise
- * waste up to a quarter (jemalloc spaces its classes four per doubling). Small
- * blocks stay in one allocation: one mallocx is cheaper than saving a few
- * bytes. */
-static bool split_header(size_t nbytes)
+/* Huge blocks bypass jemalloc: their pages come from the carve allocator and
+ * go back to it (punched) the moment they are freed, so a freed 256 MiB block
+ * is contiguous room for the next 1 GiB one; through jemalloc it would sit in
+ * the arena's retained set, rounded up to a size class. Below that, the
+ * header gets its own allocation when sharing one would push the data into
+ * the next size class: a power-of-two tensor would otherwise waste up to a
+ * quarter (jemalloc spaces its classes four per doubling). Small blocks stay
+ * in one allocation: one mallocx is cheaper than saving a few bytes. */
+static enum block_layout layout_for(size_t nbytes)
 {
-    return nbytes >= SPLIT_MIN && nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS) > nallocx(nbytes, ARENA_FLAGS);
+    if (nbytes >= HUGE_MIN)
+        return LAYOUT_HUGE;
+    if (nbytes >= SPLIT_MIN && nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS) > nallocx(nbytes, ARENA_FLAGS))
+        return LAYOUT_SPLIT;
+    return LAYOUT_INLINE;
+}
+
+static void free_data(enum block_layout layout, void *data, size_t nbytes)
+{
+    if (layout == LAYOUT_HUGE)
+        sr__heap_huge_free(data, nbytes);
+    else if (layout == LAYOUT_SPLIT)
+        dallocx(data, MALLOCX_TCACHE_NONE);
+}
+
+static sr_block *try_alloc(size_t nbytes, enum block_layout layout)
+{
+    if (layout == LAYOUT_INLINE) {
+        void *p = mallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS);
+        return p ? init_header(p, NULL, nbytes, heap.rank, layout) : NULL;
+    }
+    void *data = layout == LAYOUT_HUGE ? sr__heap_huge_alloc(nbytes) : mallocx(nbytes, ARENA_FLAGS);
+    if (!data)
+        return NULL;
+    void *p = mallocx(sizeof(sr_block), ARENA_FLAGS);
+    if (!p) {
+        free_data(layout, data, nbytes);
+        return NULL;
+    }
+    return init_header(p, data, nbytes, heap.rank, layout);
 }
 
 static sr_block *shared_alloc(size_t nbytes)
@@ -182,15 +222,16 @@ static sr_block *shared_alloc(size_t nbytes)
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
     sr_heap_drain(); /* one relaxed load unless peers gave blocks back */
-    void *p = NULL, *data = NULL;
-    if (!split_header(nbytes))
-        p = mallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS);
-    else if ((data = mallocx(nbytes, ARENA_FLAGS)) && !(p = mallocx(sizeof(sr_block), ARENA_FLAGS)))
-        dallocx(data, MALLOCX_TCACHE_NONE);
-    if (!p)
+    enum block_layout layout = layout_for(nbytes);
+    sr_block *b = try_alloc(nbytes, layout);
+    /* Out of room: extents jemalloc still holds dirty go back to the carve
+     * allocator when purged, where a huge block (or a new extent) can use them. */
+    if (!b && sr__heap_arena_purge(heap.arena) == 0)
+        b = try_alloc(nbytes, layout);
+    if (!b)
         return shared_oom(nbytes);
     count(&counters.allocs, 1);
-    return init_header(p, data, nbytes, heap.rank);
+    return b;
 }
 
 sr_block *sr_block_alloc(size_t nbytes)
@@ -220,8 +261,7 @@ sr_block *sr_block_ref(sr_block *b)
 static void local_free(sr_block *b)
 {
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
-    if (b->data_delta != (int64_t)sizeof(*b))
-        dallocx(sr_block_data(b), MALLOCX_TCACHE_NONE);
+    free_data(b->layout, sr_block_data(b), b->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
@@ -280,6 +320,8 @@ uint64_t sr_block_to_off(const sr_block *b)
 static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
 {
     int64_t delta = b->data_delta;
+    if ((b->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(*b)) || b->layout > LAYOUT_HUGE)
+        return false;
     if (delta == (int64_t)sizeof(*b))
         return b->size <= hi - off - sizeof(*b);
     if (delta % BLOCK_ALIGN || (delta < 0 && (uint64_t)-delta > off - lo) || (delta > 0 && (uint64_t)delta >= hi - off))
@@ -378,4 +420,11 @@ int sr_heap_purge(void)
     return sr__heap_arena_purge(heap.arena);
 }
 
-size_t sr_heap_allocated(void) { return heap.area ? sr__heap_arena_allocated(heap.arena) : 0; }
+size_t sr_heap_allocated(void)
+{
+    if (!heap.area)
+        return 0;
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    return sr__heap_arena_allocated(heap.arena) + (size_t)st.huge_live;
+}

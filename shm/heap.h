@@ -26,10 +26,12 @@
  * sr_heap_attach and sr_heap_detach, which must not overlap any other heap
  * call of the process (sr_xport_attach/detach call them).
  *
- * Limits (docs/HEAP.md): a block of B bytes takes up to ~1.25 x B + 4 KiB of
- * its heap's address space (jemalloc's size classes), but only the pages
- * written cost memory. Freed pages go back to the kernel when jemalloc's decay
- * purges them (about 10 s) or at once with sr_heap_purge().
+ * Limits (docs/HEAP.md): blocks below 8 MiB come from jemalloc and are
+ * rounded up to its size classes (at most 25%, usually much less: the header
+ * moves out of the way when it would cost a class); blocks of 8 MiB and more
+ * take their size rounded up to a page. Only pages written cost memory. A
+ * huge block's pages go back to the kernel when it is freed; jemalloc's when
+ * its decay purges them (about 10 s), or at once with sr_heap_purge().
  */
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H
@@ -84,7 +86,9 @@ unsigned sr_heap_drain(void);
  * -errno from mallctl. */
 int sr_heap_purge(void);
 
-/* Bytes this worker's arena has allocated (jemalloc stats), for leak checks. */
+/* Bytes this worker's blocks hold: the arena's allocated bytes (jemalloc
+ * stats, refreshed by an epoch bump) plus the pages of live huge blocks. For
+ * leak checks: it returns to its value once every block is freed. */
 size_t sr_heap_allocated(void);
 
 /* What happened to this worker's shared blocks since sr_heap_attach

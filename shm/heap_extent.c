@@ -1,8 +1,9 @@
 /* Extent hooks over one worker's heap area. See heap_extent.h and docs/HEAP.md.
  *
  * The carve allocator. jemalloc asks for extents (page multiples, aligned to
- * a power of two >= a page; 2 MiB for its own metadata blocks) and we cut
- * them from the area:
+ * a power of two >= a page; 2 MiB for its own metadata blocks), and heap.c
+ * asks for the pages of huge blocks, which bypass jemalloc. Both are cut
+ * from the area:
  *   - first fit over a small address-ordered table of free ranges, then
  *   - a bump pointer; the gap an aligned bump leaves behind goes on the table.
  * Freed ranges coalesce with their neighbours and with the bump pointer. If
@@ -15,19 +16,23 @@
  *
  * Which hooks do what, and why:
  *   alloc          carve (above); memory is committed lazily by the kernel
- *   dalloc         returns true: opt out. jemalloc keeps the range in its
- *                  retained set and reuses it itself (with split and merge);
- *                  taking it back here would only move that bookkeeping into
- *                  a second, worse allocator. Its pages are given back by
- *                  decommit, which jemalloc tries next.
+ *   dalloc         punch (if committed) and take the range back: returns
+ *                  false, we really reuse it. jemalloc calls it when decay
+ *                  retires an extent. Had we opted out, jemalloc would keep the
+ *                  range in its retained set for good, usable only by its own
+ *                  extents: address space a huge block could never get back.
+ *                  If the punch fails we opt out (true) and jemalloc keeps it.
  *   decommit,      punch the pages out of the memfd with MADV_REMOVE. On a
  *   purge_forced   shared mapping MADV_DONTNEED only drops this process's page
  *                  table entries: the pages stay in the memfd. MADV_FREE is
  *                  refused on shared mappings, so there is no lazy purge.
  *   commit         nothing to do: a punched page faults back in zero-filled.
- *   destroy        punch (if committed) and return the range to the table.
+ *   destroy        as dalloc, for the retained extents of a destroyed arena.
  *   split, merge   always succeed: an extent is only an address range of one
  *                  contiguous area, nothing per extent lives here.
+ * jemalloc's own geometric growth still leaves the tail of each grow step in
+ * its retained set; arena.<i>.retain_grow_limit bounds that tail, and huge
+ * blocks never go through jemalloc, so the tail stays small.
  * While the arena is destroyed at detach, punching is switched off: a peer
  * may still be reading one of our blocks, and its pages must stay.
  */
@@ -43,8 +48,9 @@
 
 #include "error.h"
 
+#define HUGE_ALIGN 4096u               /* pages of huge blocks */
 #define FREE_MAX 256                  /* free ranges kept; see the header comment */
-#define GROW_LIMIT_MAX (UINT64_C(64) << 20)
+#define GROW_LIMIT_MAX (UINT64_C(16) << 20)
 #define GROW_LIMIT_MIN (UINT64_C(2) << 20)
 
 struct range {
@@ -61,6 +67,7 @@ struct carver {
     bool keep_pages;      /* set while the arena is destroyed at detach */
     struct range free[FREE_MAX]; /* sorted by off; disjoint, never adjacent */
     uint64_t punched, dropped;
+    uint64_t huge_live;   /* bytes of huge blocks handed out and not yet freed */
 };
 
 static void *hook_alloc(extent_hooks_t *, void *, size_t, size_t, bool *, bool *, unsigned);
@@ -240,22 +247,29 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
     return p;
 }
 
+/* Punch [addr, addr + size) unless already empty, and take it back. true if
+ * it could not be punched: it must then stay out of the table (the zero
+ * invariant), and the caller keeps it. */
+static bool give_back(struct carver *c, void *addr, size_t size, bool committed)
+{
+    pthread_mutex_lock(&c->lock);
+    bool kept = c->keep_pages || (committed && punch(c, addr, size));
+    if (!kept)
+        release(c, (uint64_t)((char *)addr - c->base), size);
+    pthread_mutex_unlock(&c->lock);
+    return kept;
+}
+
 static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed, unsigned arena)
 {
-    (void)h, (void)addr, (void)size, (void)committed, (void)arena;
-    return true; /* opt out: jemalloc retains the range (see the header comment) */
+    (void)arena;
+    return give_back(of(h), addr, size, committed);
 }
 
 static void hook_destroy(extent_hooks_t *h, void *addr, size_t size, bool committed, unsigned arena)
 {
     (void)arena;
-    struct carver *c = of(h);
-    pthread_mutex_lock(&c->lock);
-    /* A range whose pages cannot be punched must not reach the table: the
-     * zero invariant would break. Keeping it out loses only address space. */
-    if (!c->keep_pages && !(committed && punch(c, addr, size)))
-        release(c, (uint64_t)((char *)addr - c->base), size);
-    pthread_mutex_unlock(&c->lock);
+    (void)give_back(of(h), addr, size, committed); /* if kept: address space lost, nothing else */
 }
 
 static bool hook_commit(extent_hooks_t *h, void *addr, size_t size, size_t off, size_t len, unsigned arena)
@@ -289,6 +303,30 @@ static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *add
     /* jemalloc only merges neighbours of this arena; refuse anything else */
     return (char *)addr_a + size_a != (char *)addr_b || (char *)addr_a < c->base ||
            (char *)addr_b + size_b > c->base + c->len;
+}
+
+/* ---- huge blocks ---- */
+
+void *sr__heap_huge_alloc(size_t len)
+{
+    struct carver *c = &carver;
+    void *p = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (c->base && len && (p = carve(c, NULL, align_up(len, HUGE_ALIGN), HUGE_ALIGN)))
+        c->huge_live += align_up(len, HUGE_ALIGN);
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+void sr__heap_huge_free(void *p, size_t len)
+{
+    struct carver *c = &carver;
+    len = align_up(len, HUGE_ALIGN);
+    pthread_mutex_lock(&c->lock);
+    c->huge_live -= len;
+    pthread_mutex_unlock(&c->lock);
+    if (give_back(c, p, len, true))
+        fprintf(stderr, "shmrpc: sr_heap: could not punch a freed %zu-byte block; its address space is lost\n", len);
 }
 
 /* ---- the arena ---- */
@@ -335,7 +373,7 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
     pthread_mutex_lock(&c->lock);
     c->base = area;
     c->len = len;
-    c->bump = 0;
+    c->bump = c->huge_live = 0;
     c->nfree = 0;
     c->keep_pages = false;
     pthread_mutex_unlock(&c->lock);
@@ -398,7 +436,7 @@ void sr__heap_extent_stats(struct sr_heap_extent_stats *out)
     struct carver *c = &carver;
     pthread_mutex_lock(&c->lock);
     *out = (struct sr_heap_extent_stats){.area = c->len, .bump = c->bump, .punched = c->punched,
-                                         .dropped = c->dropped, .nfree = c->nfree};
+                                         .dropped = c->dropped, .nfree = c->nfree, .huge_live = c->huge_live};
     for (unsigned i = 0; i < c->nfree; i++)
         out->free_bytes += c->free[i].len;
     pthread_mutex_unlock(&c->lock);

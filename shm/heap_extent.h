@@ -23,6 +23,7 @@ struct sr_heap_extent_stats {
     uint64_t free_bytes; /* below bump, on the free list */
     uint64_t punched;    /* bytes given back to the kernel (MADV_REMOVE), cumulative */
     uint64_t dropped;    /* address space lost because the free-range table was full */
+    uint64_t huge_live;  /* bytes of huge blocks live (page-rounded) */
     unsigned nfree;      /* free ranges */
 };
 
@@ -46,5 +47,12 @@ int sr__heap_arena_purge(unsigned arena);
 size_t sr__heap_arena_allocated(unsigned arena);
 
 void sr__heap_extent_stats(struct sr_heap_extent_stats *out);
+
+/* Pages for a huge block's data, cut straight from the area, bypassing
+ * jemalloc (len rounded up to pages; page-aligned; reads as zero). NULL if
+ * no free range is large enough. Any thread. */
+void *sr__heap_huge_alloc(size_t len);
+/* Give them back: punched out of the memfd, then free for reuse at once. */
+void sr__heap_huge_free(void *p, size_t len);
 
 #endif

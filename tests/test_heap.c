@@ -271,35 +271,58 @@ Test(heap, bad_offsets_are_rejected)
     detach_single();
 }
 
+/* Write a block of size bytes in full, free it (and purge if asked), and
+ * check that its pages left the memfd and that the range is reused zeroed. */
+static void check_pages_given_back(size_t size, bool purge)
+{
+    uint64_t before = memfd_bytes(seg.fd);
+    sr_block *b = sr_block_alloc(size);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    memset(sr_block_data(b), 0xa5, sr_block_size(b));
+    uint64_t full = memfd_bytes(seg.fd);
+    cr_assert_geq(full, before + size, "writing %zu bytes grew the memfd by only %llu", size,
+                  (unsigned long long)(full - before));
+    struct sr_heap_extent_stats s0, s1;
+    sr__heap_extent_stats(&s0);
+    sr_block_unref(b);
+    if (purge)
+        cr_assert_eq(sr_heap_purge(), 0, "%s", sr_last_error());
+    sr__heap_extent_stats(&s1);
+    uint64_t after = memfd_bytes(seg.fd);
+    cr_assert_geq(s1.punched - s0.punched, size, "%zu bytes: free%s punched only %llu bytes", size,
+                  purge ? " + purge" : "", (unsigned long long)(s1.punched - s0.punched));
+    cr_assert_leq(after, before + 64 * 1024, "%zu bytes: the memfd holds %llu bytes after the free, %llu before",
+                  size, (unsigned long long)after, (unsigned long long)before);
+    b = sr_block_alloc(size);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    const uint8_t *d = sr_block_data(b);
+    cr_assert(d[0] == 0 && d[size / 2] == 0 && d[size - 1] == 0, "%zu bytes: a punched page came back dirty", size);
+    sr_block_unref(b);
+}
+
 Test(heap, freed_pages_go_back_to_the_memfd, .timeout = 60)
 {
     attach_single(1, 128 * MiB);
     sr_block *warm = sr_block_alloc(64); /* the arena's metadata pages are touched by now */
-    uint64_t before = memfd_bytes(seg.fd);
-    sr_block *b = sr_block_alloc(32 * MiB);
-    cr_assert_not_null(b, "%s", sr_last_error());
-    memset(sr_block_data(b), 0xa5, sr_block_size(b));
-    uint64_t full = memfd_bytes(seg.fd);
-    cr_assert_geq(full, before + 32 * MiB, "writing 32 MiB grew the memfd by only %llu bytes",
-                  (unsigned long long)(full - before));
-    struct sr_heap_extent_stats s0, s1;
-    sr__heap_extent_stats(&s0);
-    sr_block_unref(b); /* jemalloc may purge a block this large at once */
-    cr_assert_eq(sr_heap_purge(), 0, "%s", sr_last_error());
-    sr__heap_extent_stats(&s1);
-    uint64_t after = memfd_bytes(seg.fd);
-    cr_assert_geq(s1.punched - s0.punched, 32 * MiB, "free + purge punched only %llu bytes",
-                  (unsigned long long)(s1.punched - s0.punched));
-    cr_assert_leq(after, before + MiB, "the memfd still holds %llu bytes after the purge (%llu before the block)",
-                  (unsigned long long)after, (unsigned long long)before);
-    /* The range is reused, and reads back as zeros. */
-    b = sr_block_alloc(32 * MiB);
-    cr_assert_not_null(b, "%s", sr_last_error());
-    const uint8_t *d = sr_block_data(b);
-    cr_assert(d[0] == 0 && d[sr_block_size(b) / 2] == 0 && d[sr_block_size(b) - 1] == 0,
-              "a punched page did not come back zeroed");
-    sr_block_unref(b);
+    check_pages_given_back(32 * MiB, false); /* huge: punched when freed */
+    check_pages_given_back(4 * MiB, true);   /* jemalloc's: punched when purged */
     sr_block_unref(warm);
+    detach_single();
+}
+
+/* Regression: a freed 256 MiB block used to stay in jemalloc's retained set,
+ * so a 1 GiB block no longer fitted a heap that had room for it. */
+Test(heap, freed_huge_blocks_leave_room_for_a_bigger_one, .timeout = 60)
+{
+    attach_single(1, GiB + 32 * MiB);
+    static const size_t seq[] = {MiB, 64 * MiB, 256 * MiB, 16 * MiB, GiB, 300 * MiB, GiB};
+    for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
+        sr_block *b = sr_block_alloc(seq[i]);
+        cr_assert_not_null(b, "block %zu (%zu bytes): %s", i, seq[i], sr_last_error());
+        ((uint8_t *)sr_block_data(b))[seq[i] - 1] = 1;
+        sr_block_unref(b);
+    }
+    cr_assert_eq(sr_heap_allocated(), 0);
     detach_single();
 }
 
