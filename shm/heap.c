@@ -32,6 +32,7 @@
 
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,15 +107,27 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
 
 /* ---- attach / detach ---- */
 
+/* A child forked by an attached worker shares the segment but has its own
+ * copy of the arena: allocating from it would hand out the parent's pages
+ * twice. The child forgets the heap (sr_block_alloc gives private blocks). */
+static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
+static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
 int sr_heap_attach(const sr_segment *seg, int rank)
 {
     if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank)
         return 0;
     if (heap.area)
-        return sr__fail(-EBUSY, "sr_heap_attach", "already attached as rank %d of another segment", heap.rank);
+        return sr__fail(-EBUSY, "sr_heap_attach", "already attached as rank %d of segment '%s'; detach first",
+                        heap.rank, heap.seg.hdr->name);
     if (!seg || !seg->hdr || rank < 0 || (uint32_t)rank >= seg->hdr->world_size)
         return sr__fail(-EINVAL, "sr_heap_attach", "rank %d is out of range [0, %u)", rank,
                         seg && seg->hdr ? seg->hdr->world_size : 0);
+    if (seg->hdr->heap_stride < SR_HEAP_MIN)
+        return sr__fail(-EINVAL, "sr_heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
+                        (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
+    pthread_once(&atfork_once, register_atfork);
     _Atomic uint64_t *head = &sr_seg_worker(seg, rank)->remote_free;
     /* relaxed: no peer holds one of our blocks before we allocate any; a list
      * left by an earlier attach names blocks of a destroyed arena: drop it */

@@ -347,11 +347,34 @@ static int arena_ctl(unsigned arena, const char *what, void *in, size_t in_len)
     return rc ? sr__fail(-rc, "sr_heap_attach", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
 }
 
-static int make_arena(struct carver *c, unsigned *arena)
+/* jemalloc 5.3's arena_config_t, which its public header does not export:
+ * experimental.arenas_create_ext rejects any other size with EINVAL. */
+struct je_arena_config {
+    extent_hooks_t *extent_hooks;
+    bool metadata_use_hooks;
+};
+
+/* The arena's own metadata (arena_t, bins and their mutexes, extent records)
+ * is kept in private memory when jemalloc allows it: in the segment it would
+ * be shared with any child the worker forks, whose jemalloc re-initialises
+ * every arena mutex after fork(): our parent's mutexes. It would also take a
+ * 2 MiB-aligned block of the area. arenas.create (metadata from the hooks)
+ * is the fallback for a jemalloc without the experimental call. */
+static int create_with_hooks(struct carver *c, unsigned *arena)
 {
     extent_hooks_t *hooks = &c->hooks;
     size_t sz = sizeof(*arena);
-    int rc = mallctl("arenas.create", arena, &sz, &hooks, sizeof(hooks));
+#if JEMALLOC_VERSION_MAJOR == 5 && JEMALLOC_VERSION_MINOR == 3
+    struct je_arena_config cfg = {.extent_hooks = hooks, .metadata_use_hooks = false};
+    if (mallctl("experimental.arenas_create_ext", arena, &sz, &cfg, sizeof(cfg)) == 0)
+        return 0;
+#endif
+    return mallctl("arenas.create", arena, &sz, &hooks, sizeof(hooks));
+}
+
+static int make_arena(struct carver *c, unsigned *arena)
+{
+    int rc = create_with_hooks(c, arena);
     if (rc)
         return sr__fail(-rc, "sr_heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
     size_t lim = (size_t)grow_limit(c->len);

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "error.h"
@@ -345,6 +347,47 @@ Test(heap, attach_is_idempotent_and_exclusive)
     cr_assert_eq(sr_block_owner(b), 1);
     cr_assert(inside_area(b, 1));
     sr_block_unref(b);
+    detach_single();
+}
+
+/* jemalloc's own bookkeeping (arena, bins, mutexes) stays in private memory:
+ * nothing is carved from the area until the first block. */
+Test(heap, arena_metadata_stays_out_of_the_area)
+{
+    attach_single(1, 64 * MiB);
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    cr_assert_eq(st.area, seg.hdr->heap_stride);
+    cr_assert_eq(st.bump, 0, "attach carved %llu bytes of the area", (unsigned long long)st.bump);
+    sr_block *b = sr_block_alloc(64);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    sr__heap_extent_stats(&st);
+    cr_assert_gt(st.bump, 0);
+    sr_block_unref(b);
+    detach_single();
+}
+
+/* A child forked by an attached worker must not allocate from the parent's
+ * area with its copy of the arena: it forgets the heap. */
+Test(heap, forked_child_forgets_the_heap)
+{
+    attach_single(1, 16 * MiB);
+    sr_block *b = sr_block_alloc(100);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        sr_block *c = sr_block_alloc(100);
+        int ok = !sr_heap_attached() && c && sr_block_owner(c) == -1;
+        sr_block_unref(c);
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child still allocated from the shared heap");
+    cr_assert(sr_heap_attached());
+    sr_block_unref(b);
+    cr_assert_eq(sr_heap_allocated(), 0);
     detach_single();
 }
 
