@@ -1,7 +1,8 @@
 /* Extent hooks over one worker's heap area. See heap_extent.h and docs/HEAP.md.
  *
  * The carve allocator. jemalloc asks for extents (page multiples, aligned to
- * a power of two >= a page; 2 MiB for its own metadata blocks), and heap.c
+ * a power of two >= a page; 2 MiB for metadata blocks when its metadata is
+ * not kept private, see create_with_hooks), and heap.c
  * asks for the pages of huge blocks, which bypass jemalloc. Both are cut
  * from the area:
  *   - first fit over a small address-ordered table of free ranges, then
@@ -41,6 +42,7 @@
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,9 +66,10 @@ struct carver {
     uint64_t len;
     uint64_t bump;
     unsigned nfree;
-    bool keep_pages;      /* set while the arena is destroyed at detach */
+    _Atomic bool keep_pages; /* set while the arena is destroyed at detach */
     struct range free[FREE_MAX]; /* sorted by off; disjoint, never adjacent */
-    uint64_t punched, dropped;
+    _Atomic uint64_t punched; /* statistics */
+    uint64_t dropped;
     uint64_t huge_live;   /* bytes of huge blocks handed out and not yet freed */
 };
 
@@ -219,14 +222,16 @@ static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t ali
 }
 
 /* Give the pages of [addr, addr + len) back to the kernel. false on success,
- * as jemalloc's hooks count. */
+ * as jemalloc's hooks count. No lock: the range belongs to the caller, and a
+ * punch of a large range takes milliseconds. */
 static bool punch(struct carver *c, void *addr, size_t len)
 {
-    if (c->keep_pages)
+    /* relaxed: keep_pages only changes while no allocation can run (destroy) */
+    if (atomic_load_explicit(&c->keep_pages, memory_order_relaxed))
         return true;
     if (madvise(addr, len, MADV_REMOVE) != 0)
         return true;
-    c->punched += len;
+    atomic_fetch_add_explicit(&c->punched, len, memory_order_relaxed); /* relaxed: statistics */
     return false;
 }
 
@@ -252,12 +257,13 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
  * invariant), and the caller keeps it. */
 static bool give_back(struct carver *c, void *addr, size_t size, bool committed)
 {
+    /* relaxed: as in punch() */
+    if (atomic_load_explicit(&c->keep_pages, memory_order_relaxed) || (committed && punch(c, addr, size)))
+        return true;
     pthread_mutex_lock(&c->lock);
-    bool kept = c->keep_pages || (committed && punch(c, addr, size));
-    if (!kept)
-        release(c, (uint64_t)((char *)addr - c->base), size);
+    release(c, (uint64_t)((char *)addr - c->base), size);
     pthread_mutex_unlock(&c->lock);
-    return kept;
+    return false;
 }
 
 static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed, unsigned arena)
@@ -281,11 +287,7 @@ static bool hook_commit(extent_hooks_t *h, void *addr, size_t size, size_t off, 
 static bool hook_punch(extent_hooks_t *h, void *addr, size_t size, size_t off, size_t len, unsigned arena)
 {
     (void)size, (void)arena;
-    struct carver *c = of(h);
-    pthread_mutex_lock(&c->lock);
-    bool failed = punch(c, (char *)addr + off, len);
-    pthread_mutex_unlock(&c->lock);
-    return failed;
+    return punch(of(h), (char *)addr + off, len);
 }
 
 static bool hook_split(extent_hooks_t *h, void *addr, size_t size, size_t size_a, size_t size_b,
@@ -398,7 +400,8 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
     c->len = len;
     c->bump = c->huge_live = 0;
     c->nfree = 0;
-    c->keep_pages = false;
+    /* relaxed: no hook runs before the arena exists */
+    atomic_store_explicit(&c->keep_pages, false, memory_order_relaxed);
     pthread_mutex_unlock(&c->lock);
     int rc = make_arena(c, arena);
     if (rc) {
@@ -412,9 +415,9 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
 void sr__heap_arena_destroy(unsigned arena)
 {
     struct carver *c = &carver;
-    pthread_mutex_lock(&c->lock);
-    c->keep_pages = true;
-    pthread_mutex_unlock(&c->lock);
+    /* relaxed: the caller guarantees no allocation runs during destroy; the
+     * hooks that read it run on this thread, inside mallctl below */
+    atomic_store_explicit(&c->keep_pages, true, memory_order_relaxed);
     char name[64];
     snprintf(name, sizeof(name), "arena.%u.destroy", arena);
     int rc = mallctl(name, NULL, NULL, NULL, 0);
@@ -422,9 +425,9 @@ void sr__heap_arena_destroy(unsigned arena)
         fprintf(stderr, "shmrpc: sr_heap_detach: mallctl(\"%s\"): %s\n", name, strerror(rc));
     pthread_mutex_lock(&c->lock);
     c->base = NULL;
-    c->len = c->bump = 0;
+    c->len = c->bump = c->huge_live = 0;
     c->nfree = 0;
-    c->keep_pages = false;
+    atomic_store_explicit(&c->keep_pages, false, memory_order_relaxed); /* relaxed: as above */
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -458,8 +461,9 @@ void sr__heap_extent_stats(struct sr_heap_extent_stats *out)
 {
     struct carver *c = &carver;
     pthread_mutex_lock(&c->lock);
-    *out = (struct sr_heap_extent_stats){.area = c->len, .bump = c->bump, .punched = c->punched,
-                                         .dropped = c->dropped, .nfree = c->nfree, .huge_live = c->huge_live};
+    *out = (struct sr_heap_extent_stats){.area = c->len, .bump = c->bump, .dropped = c->dropped,
+                                         .nfree = c->nfree, .huge_live = c->huge_live};
+    out->punched = atomic_load_explicit(&c->punched, memory_order_relaxed); /* relaxed: statistics */
     for (unsigned i = 0; i < c->nfree; i++)
         out->free_bytes += c->free[i].len;
     pthread_mutex_unlock(&c->lock);
