@@ -61,10 +61,14 @@ static int missing_ranks(sr_xport *x)
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
 
-/* The start barrier: every worker has published its pid and doorbell. */
+/* The start barrier: every worker has published its pid and doorbell.
+ * A worker may attach again after detaching (init -> shutdown -> init), so
+ * round r waits for r * world arrivals. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
+    static uint32_t round; /* attaches by this process; one thread attaches at a time */
     struct sr_seg_header *h = x->seg.hdr;
+    uint32_t want = ++round * (uint32_t)x->world;
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
     futex_wake_all(&h->attached);
@@ -72,7 +76,7 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     for (;;) {
         /* acquire: pairs with each peer's release increment above */
         uint32_t n = atomic_load_explicit(&h->attached, memory_order_acquire);
-        if (n >= (uint32_t)x->world)
+        if (n >= want)
             return 0;
         int64_t left = deadline - sr_now_ns();
         if (left <= 0)
@@ -167,7 +171,7 @@ void sr_xport_detach(sr_xport *x)
         atomic_store_explicit(&x->me->state, SR_WORKER_DETACHED, memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
-    sr_segment_detach(&x->seg, true);
+    sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
     free(x->peers);
     free(x);
 }

@@ -14,6 +14,8 @@
 #include "worker_check.h"
 #include "xport.h"
 
+LEAK_CHECKED_SUITE(wake);
+
 #define WAIT_NS (10ll * 1000000000)
 
 static long handoffs(void)
