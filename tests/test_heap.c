@@ -1,16 +1,17 @@
 /* The shared heap.
  *
  * Suite heap (unit, one process): private blocks before attach; sizes from
- * 1 B to 256 MiB with their alignment, placement and refcounts; offsets that
- * must be rejected; pages given back to the memfd; attach/detach rules;
- * exhaustion.
+ * 1 B to 256 MiB with their alignment, placement and refcounts; size-class
+ * waste; offsets that must be rejected; pages given back to the memfd; room
+ * left by freed huge blocks; attach/detach rules; metadata kept private;
+ * forked children; exhaustion.
  *
  * Suite heap_mp (integration, sr_spawn): blocks passed by offset between
  * processes and freed by whoever drops the last reference, the owner seeing
  * them come back through its remote-free list and its arena returning to its
  * baseline; many producers pushing onto one list while its owner drains;
  * exhaustion that recovers once a peer lets go; a 1 GiB block, sparse,
- * passed by offset.
+ * passed by offset; detach and attach again.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -742,5 +743,43 @@ Test(heap_mp, gigabyte_block_passed_by_offset, .timeout = 60)
     /* 1 GiB of data, its header, jemalloc's metadata and a little slack */
     sr_spawn_opts o = {.name_prefix = test_ns("heapgig"), .shm_size = seg_size_for(2, GiB + 32 * MiB)};
     int rc = sr_spawn(2, gig_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "%s", sr_last_error());
+}
+
+/* A worker may detach and attach again (sr_shutdown, then sr_init): each
+ * round gets a fresh arena over an emptied area, and blocks pass as before. */
+static int reattach_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    for (int round = 0; round < 3; round++) {
+        sr_xport *x;
+        if (attach(&x))
+            return 1;
+        size_t base = sr_heap_allocated();
+        if (rank == 1) {
+            if (free_all_received(x))
+                return 1;
+        } else {
+            sr_block *b = sr_block_alloc(3 * MiB);
+            WCHECK(b, "round %d: %s", round, sr_last_error());
+            fill(b, (uint64_t)round);
+            struct block_msg bm = {sr_block_to_off(b), (uint64_t)round, 3 * MiB, MODE_TRANSFER};
+            sr_msg m;
+            if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)) || send_msg(x, 1, MSG_DONE, "", 0) ||
+                next_msg(x, &m, "DONE from rank 1"))
+                return 1;
+            sr_heap_drain();
+            WCHECK(sr_heap_allocated() == base, "round %d: %zu bytes still allocated", round, sr_heap_allocated());
+        }
+        sr_xport_detach(x);
+        WCHECK(!sr_heap_attached(), "round %d: detach left the heap attached", round);
+    }
+    return 0;
+}
+
+Test(heap_mp, attach_again_after_detach, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("heapagain"), .shm_size = seg_size_for(2, 64 * MiB)};
+    int rc = sr_spawn(2, reattach_worker, NULL, &o);
     cr_assert_eq(rc, 0, "%s", sr_last_error());
 }
