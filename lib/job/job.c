@@ -65,6 +65,16 @@ void sr__job_destroy(sr_job *job)
     job->n = 0;
 }
 
+/* In a child: the pidfds of the ranks forked before it are the supervisor's
+ * handles, not the worker's. They are close-on-exec, but sr_spawn workers do
+ * not exec; the waiter opens its own pidfds on every peer after attach. */
+static void close_sibling_pidfds(sr_job *job)
+{
+    for (int r = 0; r < job->n; r++)
+        if (job->pidfds[r] >= 0)
+            close(job->pidfds[r]);
+}
+
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
 {
     pid_t parent = getpid();
@@ -77,6 +87,7 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         if (getppid() != parent) /* the launcher died before the signal was armed */
             _exit(1);
         sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
+        close_sibling_pidfds(job);
         run(job, rank, arg);
         _exit(127);
     }
