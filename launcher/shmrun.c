@@ -91,6 +91,17 @@ static bool program_exists(const char *prog)
     return false;
 }
 
+/* The option getopt_long just rejected: a long one is named by its argument;
+ * a short one by optopt, since inside a group ("-xq") optind has not moved. */
+static const char *bad_option(char **argv, char buf[3])
+{
+    const char *arg = argv[optind - 1];
+    if (optopt == 0 || !strncmp(arg, "--", 2))
+        return arg;
+    snprintf(buf, 3, "-%c", optopt);
+    return buf;
+}
+
 /* 0 to run, 1 after --help, 2 (printed) for a bad command line. */
 static int parse_args(int argc, char **argv, struct args *a)
 {
@@ -100,8 +111,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
     long v;
     int c;
+    char optbuf[3];
     *a = (struct args){.prefix = "shmrpc"};
-    while ((c = getopt_long(argc, argv, "+n:h", opts, NULL)) != -1) {
+    opterr = 0; /* getopt's own messages would make the error two lines */
+    while ((c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (parse_int(optarg, 1, SR_MAX_WORKERS, &v))
@@ -125,8 +138,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'h':
             fputs(usage, stdout);
             return 1;
+        case ':':
+            return bad_usage("option '%s' requires an argument", bad_option(argv, optbuf));
         default:
-            return bad_usage("%s", "unknown or incomplete option");
+            return bad_usage("unknown option '%s'", bad_option(argv, optbuf));
         }
     }
     if (!a->n)
