@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -75,16 +76,23 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* A directory passes access(X_OK) but fails in execvp, in every worker. */
+static bool is_executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
 static bool program_exists(const char *prog)
 {
     if (strchr(prog, '/'))
-        return access(prog, X_OK) == 0;
+        return is_executable_file(prog);
     const char *path = getenv("PATH");
     char buf[PATH_MAX];
     for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
         size_t len = strcspn(p, ":");
         snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, p, prog);
-        if (access(buf, X_OK) == 0)
+        if (is_executable_file(buf))
             return true;
         p += len + (p[len] == ':');
     }
