@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -243,4 +244,50 @@ Test(spawn, bad_arguments_are_einval)
     sr_spawn_opts o = {.ring_slots = 3};
     cr_assert_eq(sr_spawn(2, worker, NULL, &o), -EINVAL, "%s", sr_last_error());
     cr_assert(strstr(sr_last_error(), "ring size 3"), "%s", sr_last_error());
+}
+
+static int returns_0(int rank, int n, void *arg)
+{
+    (void)rank, (void)n, (void)arg;
+    return 0;
+}
+
+/* Which descriptors below `limit` are open. */
+static void open_fds(bool *open, int limit)
+{
+    for (int fd = 0; fd < limit; fd++)
+        open[fd] = fcntl(fd, F_GETFD) != -1;
+}
+
+Test(spawn, running_out_of_descriptors_fails_cleanly)
+{
+    /* Regression: when the eventfd of some rank failed, the cleanup closed
+     * the never-opened slots of the later ranks (uninitialised memory,
+     * often 0: the caller's stdin). Leave room for the memfd and a few
+     * eventfds only, so that a later rank's eventfd fails. */
+    enum { LIMIT = 64 };
+    bool before[LIMIT], after[LIMIT];
+    int free_slots = 0;
+    open_fds(before, LIMIT);
+    for (int fd = 0; fd < LIMIT; fd++)
+        free_slots += !before[fd];
+    cr_assert_geq(free_slots, 4, "only %d free descriptors below %d", free_slots, LIMIT);
+    struct rlimit old, low = {.rlim_cur = LIMIT, .rlim_max = LIMIT};
+    getrlimit(RLIMIT_NOFILE, &old);
+    low.rlim_max = old.rlim_max;
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0, "setrlimit: %s", strerror(errno));
+    sr_spawn_opts o = {.shm_size = 512u << 20, .ring_slots = 2, .name_prefix = test_ns("emfile")};
+    /* The memfd and free_slots - 1 eventfds fit; ranks past that have no slot. */
+    int rc = sr_spawn(free_slots + 8, returns_0, NULL, &o);
+    char err[512];
+    snprintf(err, sizeof(err), "%s", sr_last_error());
+    setrlimit(RLIMIT_NOFILE, &old);
+    cr_assert_eq(rc, -EMFILE, "sr_spawn returned %d (%s), expected -EMFILE", rc, err);
+    char want[64];
+    snprintf(want, sizeof(want), "eventfd for rank %d", free_slots - 1);
+    cr_assert(strstr(err, want), "'%s' does not name '%s'", err, want);
+    open_fds(after, LIMIT);
+    for (int fd = 0; fd < LIMIT; fd++)
+        cr_assert_eq(after[fd], before[fd], "fd %d was %s before sr_spawn and is %s after", fd,
+                     before[fd] ? "open" : "closed", after[fd] ? "open" : "closed");
 }

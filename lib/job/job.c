@@ -18,6 +18,21 @@
 
 #define TAG_SIGNAL UINT64_C(0xffffffff)
 
+/* Every fd slot reads -1 before anything can fail, so that destroy closes
+ * only what was opened. */
+static int alloc_tables(sr_job *job, int n)
+{
+    job->pids = calloc((size_t)n, sizeof(pid_t));
+    job->pidfds = malloc((size_t)n * sizeof(int));
+    job->eventfds = malloc((size_t)n * sizeof(int));
+    if (!job->pids || !job->pidfds || !job->eventfds)
+        return sr__fail(-ENOMEM, job->who, "no memory for %d workers", n);
+    for (int r = 0; r < n; r++)
+        job->pidfds[r] = job->eventfds[r] = -1;
+    job->n = n;
+    return 0;
+}
+
 int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
 {
     memset(job, 0, sizeof(*job));
@@ -26,16 +41,11 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
     int rc = sr_segment_create(o, &job->seg);
     if (rc)
         return rc;
-    job->n = o->world_size;
-    job->pids = calloc((size_t)job->n, sizeof(pid_t));
-    job->pidfds = malloc((size_t)job->n * sizeof(int));
-    job->eventfds = malloc((size_t)job->n * sizeof(int));
-    if (!job->pids || !job->pidfds || !job->eventfds) {
+    if ((rc = alloc_tables(job, o->world_size))) {
         sr__job_destroy(job);
-        return sr__fail(-ENOMEM, who, "no memory for %d workers", o->world_size);
+        return rc;
     }
     for (int r = 0; r < job->n; r++) {
-        job->pidfds[r] = -1;
         /* Blocking on purpose: io_uring waits on it by arming a poll. */
         job->eventfds[r] = eventfd(0, EFD_CLOEXEC);
         if (job->eventfds[r] < 0) {
