@@ -197,6 +197,10 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    /* A SIGCHLD ignored by whoever started us would let the kernel reap the
+     * workers before we read their status; shmrun owns its process, so take
+     * the default back (workers then inherit it, as from a shell). */
+    signal(SIGCHLD, SIG_DFL);
     sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
     sr_job job;
     sigset_t old;

@@ -63,10 +63,13 @@ static void make_pipe(int p[2])
 /* In the child: the five descriptors, nothing else; default signal
  * dispositions (a test runner may ignore SIGINT, and workers inherit that
  * through exec); die with the test. */
+static bool ignore_sigchld; /* start shmrun with SIGCHLD ignored */
+
 static void exec_shmrun(int out, int err, int ready, int go, char **argv)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL), signal(SIGCHLD, SIG_DFL);
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL);
+    signal(SIGCHLD, ignore_sigchld ? SIG_IGN : SIG_DFL);
     if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup2(ready, 3) < 0 || dup2(go, 4) < 0)
         _exit(126);
     close_range(5, ~0u, 0);
@@ -298,6 +301,20 @@ static void assert_signal_forwarded(int sig, const char *test, const char *name)
     assert_report(&r, rank, what, 2);
     assert_workers_gone(&r.ready, 3);
     assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+/* Regression: started with SIGCHLD ignored, shmrun's workers were reaped by
+ * the kernel, waitid() failed and shmrun waited forever. */
+Test(launcher, a_sigchld_ignored_by_the_caller_changes_nothing)
+{
+    struct run r;
+    ignore_sigchld = true;
+    start_job(&r, "sigchld", 3, "exit", "0", "3");
+    ignore_sigchld = false;
+    await_ready(&r, 3);
+    go(&r);
+    assert_taken_down(&r, 3, 0, "exited with status 3", 3);
     finish(&r);
 }
 

@@ -291,3 +291,25 @@ Test(spawn, running_out_of_descriptors_fails_cleanly)
         cr_assert_eq(after[fd], before[fd], "fd %d was %s before sr_spawn and is %s after", fd,
                      before[fd] ? "open" : "closed", after[fd] ? "open" : "closed");
 }
+
+static int returns_3(int rank, int n, void *arg)
+{
+    (void)n, (void)arg;
+    return rank == 0 ? 3 : 0;
+}
+
+/* Regression: with SIGCHLD ignored the kernel reaped the workers, waitid()
+ * failed, and the supervisor waited forever on a pidfd it no longer watched. */
+Test(spawn, sigchld_ignored_is_refused, .timeout = 30)
+{
+    signal(SIGCHLD, SIG_IGN);
+    sr_spawn_opts o = {.shm_size = 64u << 20, .ring_slots = 64, .name_prefix = test_ns("sigchld")};
+    int rc = sr_spawn(2, returns_3, NULL, &o);
+    cr_assert_eq(rc, -EINVAL, "sr_spawn returned %d (%s)", rc, sr_last_error());
+    cr_assert(strstr(sr_last_error(), "SIGCHLD is ignored"), "%s", sr_last_error());
+    struct sigaction sa = {.sa_handler = SIG_DFL, .sa_flags = SA_NOCLDWAIT};
+    sigaction(SIGCHLD, &sa, NULL);
+    cr_assert_eq(sr_spawn(2, returns_3, NULL, &o), -EINVAL, "SA_NOCLDWAIT: %s", sr_last_error());
+    signal(SIGCHLD, SIG_DFL);
+    cr_assert_eq(sr_spawn(2, returns_3, NULL, &o), -SR_EWORKER, "%s", sr_last_error());
+}

@@ -18,6 +18,18 @@
 
 #define TAG_SIGNAL UINT64_C(0xffffffff)
 
+/* With SIGCHLD ignored (SIG_IGN or SA_NOCLDWAIT) the kernel reaps the
+ * workers itself: waitid() finds no status, so the failure policy could not
+ * say how a worker ended. */
+static int check_sigchld(const char *who)
+{
+    struct sigaction sa;
+    if (sigaction(SIGCHLD, NULL, &sa) == 0 && (sa.sa_handler == SIG_IGN || (sa.sa_flags & SA_NOCLDWAIT)))
+        return sr__fail(-EINVAL, who, "SIGCHLD is ignored (SIG_IGN or SA_NOCLDWAIT): "
+                                      "the exit status of the workers could not be collected");
+    return 0;
+}
+
 /* Every fd slot reads -1 before anything can fail, so that destroy closes
  * only what was opened. */
 static int alloc_tables(sr_job *job, int n)
@@ -38,8 +50,8 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
     memset(job, 0, sizeof(*job));
     job->who = who;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
-    int rc = sr_segment_create(o, &job->seg);
-    if (rc)
+    int rc = check_sigchld(who);
+    if (rc || (rc = sr_segment_create(o, &job->seg)))
         return rc;
     if ((rc = alloc_tables(job, o->world_size))) {
         sr__job_destroy(job);
@@ -158,8 +170,14 @@ static int on_exit_event(sr_job *job, int rank)
 {
     siginfo_t si = {0};
     pid_t pid = job->pids[rank];
-    if (!pid || waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0)
+    if (!pid)
         return 0;
+    if (waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0) {
+        /* Its pidfd is no longer armed: carrying on would wait forever. */
+        int err = errno;
+        job->pids[rank] = 0;
+        return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
+    }
     job->pids[rank] = 0;
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;
