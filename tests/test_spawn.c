@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -252,44 +253,72 @@ static int returns_0(int rank, int n, void *arg)
     return 0;
 }
 
-/* Which descriptors below `limit` are open. */
-static void open_fds(bool *open, int limit)
+/* Which descriptors below `limit` are open; returns how many are free. */
+static int open_fds(bool *open, int limit)
 {
-    for (int fd = 0; fd < limit; fd++)
+    int free_slots = 0;
+    for (int fd = 0; fd < limit; fd++) {
         open[fd] = fcntl(fd, F_GETFD) != -1;
+        free_slots += !open[fd];
+    }
+    return free_slots;
+}
+
+enum { FD_LIMIT = 64 };
+
+/* sr_spawn(n) with descriptors limited to FD_LIMIT; returns its result and
+ * copies sr_last_error() to err. */
+static int spawn_with_fd_limit(int n, char *err, size_t len)
+{
+    struct rlimit old, low;
+    getrlimit(RLIMIT_NOFILE, &old);
+    low = (struct rlimit){.rlim_cur = FD_LIMIT, .rlim_max = old.rlim_max};
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0, "setrlimit: %s", strerror(errno));
+    sr_spawn_opts o = {.shm_size = 512u << 20, .ring_slots = 2, .name_prefix = test_ns("emfile")};
+    int rc = sr_spawn(n, returns_0, NULL, &o);
+    snprintf(err, len, "%s", sr_last_error());
+    setrlimit(RLIMIT_NOFILE, &old);
+    return rc;
 }
 
 Test(spawn, running_out_of_descriptors_fails_cleanly)
 {
     /* Regression: when the eventfd of some rank failed, the cleanup closed
      * the never-opened slots of the later ranks (uninitialised memory,
-     * often 0: the caller's stdin). Leave room for the memfd and a few
-     * eventfds only, so that a later rank's eventfd fails. */
-    enum { LIMIT = 64 };
-    bool before[LIMIT], after[LIMIT];
-    int free_slots = 0;
-    open_fds(before, LIMIT);
-    for (int fd = 0; fd < LIMIT; fd++)
-        free_slots += !before[fd];
-    cr_assert_geq(free_slots, 4, "only %d free descriptors below %d", free_slots, LIMIT);
-    struct rlimit old, low = {.rlim_cur = LIMIT, .rlim_max = LIMIT};
-    getrlimit(RLIMIT_NOFILE, &old);
-    low.rlim_max = old.rlim_max;
-    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0, "setrlimit: %s", strerror(errno));
-    sr_spawn_opts o = {.shm_size = 512u << 20, .ring_slots = 2, .name_prefix = test_ns("emfile")};
-    /* The memfd and free_slots - 1 eventfds fit; ranks past that have no slot. */
-    int rc = sr_spawn(free_slots + 8, returns_0, NULL, &o);
+     * often 0: the caller's stdin). The memfd and free - 1 eventfds fit;
+     * the ranks past that have no descriptor left. */
+    bool before[FD_LIMIT], after[FD_LIMIT];
+    int free_slots = open_fds(before, FD_LIMIT);
+    cr_assert_geq(free_slots, 4, "only %d free descriptors below %d", free_slots, FD_LIMIT);
     char err[512];
-    snprintf(err, sizeof(err), "%s", sr_last_error());
-    setrlimit(RLIMIT_NOFILE, &old);
+    int rc = spawn_with_fd_limit(free_slots + 8, err, sizeof(err));
     cr_assert_eq(rc, -EMFILE, "sr_spawn returned %d (%s), expected -EMFILE", rc, err);
     char want[64];
     snprintf(want, sizeof(want), "eventfd for rank %d", free_slots - 1);
     cr_assert(strstr(err, want), "'%s' does not name '%s'", err, want);
-    open_fds(after, LIMIT);
-    for (int fd = 0; fd < LIMIT; fd++)
+    open_fds(after, FD_LIMIT);
+    for (int fd = 0; fd < FD_LIMIT; fd++)
         cr_assert_eq(after[fd], before[fd], "fd %d was %s before sr_spawn and is %s after", fd,
                      before[fd] ? "open" : "closed", after[fd] ? "open" : "closed");
+}
+
+Test(spawn, a_failed_pidfd_open_leaves_no_worker_behind)
+{
+    /* Regression: a worker forked but without a pidfd could be neither
+     * killed nor reaped by sr__job_stop. The memfd, n eventfds and rank 0's
+     * pidfd fit; rank 1's pidfd does not. */
+    bool open[FD_LIMIT];
+    int n = open_fds(open, FD_LIMIT) - 2;
+    cr_assert_geq(n, 2, "too few free descriptors below %d", FD_LIMIT);
+    char err[512];
+    int rc = spawn_with_fd_limit(n, err, sizeof(err));
+    cr_assert_eq(rc, -EMFILE, "sr_spawn returned %d (%s), expected -EMFILE", rc, err);
+    cr_assert(strstr(err, "pidfd_open") && strstr(err, "rank 1"), "'%s' does not name pidfd_open of rank 1", err);
+    int st;
+    errno = 0;
+    pid_t left = waitpid(-1, &st, WNOHANG);
+    cr_assert(left == -1 && errno == ECHILD, "sr_spawn left a child behind (waitpid: %d, %s)", (int)left,
+              strerror(errno));
 }
 
 static int returns_3(int rank, int n, void *arg)

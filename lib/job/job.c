@@ -113,10 +113,16 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         run(job, rank, arg);
         _exit(127);
     }
-    job->pids[rank] = pid;
     job->pidfds[rank] = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (job->pidfds[rank] < 0)
-        return sr__fail(-errno, job->who, "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(errno));
+    if (job->pidfds[rank] < 0) {
+        /* Untracked, it would outlive the job. Its pid cannot be reused
+         * before we reap it, so kill and reap it by pid. */
+        int err = errno;
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return sr__fail(-err, job->who, "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(err));
+    }
+    job->pids[rank] = pid;
     return 0;
 }
 
