@@ -191,6 +191,16 @@ static int make_sigfd(sigset_t *old)
     return signalfd(-1, &set, SFD_CLOEXEC);
 }
 
+/* One line on stderr, prefixed "shmrun: " once: the job's own messages
+ * already carry it, the segment's name their function instead. */
+static int launcher_error(int exit_code, bool usage_hint)
+{
+    const char *e = sr_last_error();
+    fprintf(stderr, "%s%s\n%s", strncmp(e, "shmrun: ", 8) ? "shmrun: " : "", e,
+            usage_hint ? "Try 'shmrun --help' for usage.\n" : "");
+    return exit_code;
+}
+
 int main(int argc, char **argv)
 {
     struct args a;
@@ -201,26 +211,23 @@ int main(int argc, char **argv)
      * workers before we read their status; shmrun owns its process, so take
      * the default back (workers then inherit it, as from a shell). */
     signal(SIGCHLD, SIG_DFL);
-    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
-    sr_job job;
     sigset_t old;
     int sigfd = make_sigfd(&old);
-    if ((rc = sr__job_create(&job, &so, "shmrun"))) {
-        fprintf(stderr, "shmrun: %s\nTry 'shmrun --help' for usage.\n", sr_last_error());
-        return rc == -EINVAL ? 2 : 1;
-    }
+    if (sigfd < 0) /* without it SIGINT/SIGTERM would stay blocked, unseen */
+        return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
+    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
+    sr_job job;
+    if ((rc = sr__job_create(&job, &so, "shmrun")))
+        return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     job.child_mask = old; /* workers start with the caller's mask, not ours */
     for (int r = 0; r < a.n && !rc; r++)
         rc = sr__job_fork(&job, r, exec_worker, a.argv);
     if (rc) {
-        fprintf(stderr, "%s\n", sr_last_error());
         sr__job_stop(&job);
         sr__job_destroy(&job);
-        return 1;
+        return launcher_error(1, false);
     }
     int status = sr__job_supervise(&job, sigfd);
-    if (status < 0)
-        fprintf(stderr, "%s\n", sr_last_error());
     sr__job_destroy(&job);
-    return status < 0 ? 1 : status;
+    return status < 0 ? launcher_error(1, false) : status;
 }
