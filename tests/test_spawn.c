@@ -148,6 +148,7 @@ static void await_ready(struct job *j)
         poll(p, 2, (int)left);
         ready_feed(&j->seen);
     }
+    ready_feed(&j->seen); /* lines written before sr_spawn returned */
     if (j->seen.n < j->n) {
         await_return(j);
         cr_assert_fail("sr_spawn returned %d after %d of %d workers reported ready: %s", j->rc, j->seen.n, j->n, j->error);
