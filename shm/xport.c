@@ -135,6 +135,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     sr_xport *x = calloc(1, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
+    x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
