@@ -599,7 +599,7 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
 
     put32(b, 1);
     b[4] = SR_KIND_TENSOR;
-    assert_bad(b, 5, "offset 4: tensor values are not supported yet");
+    assert_bad(b, 5, "offset 5: tensor descriptor needs 152 bytes, 0 left");
     b[4] = SR_KIND_RREF;
     assert_bad(b, 5, "offset 4: rref values are reserved");
 
