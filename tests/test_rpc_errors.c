@@ -214,3 +214,32 @@ Test(rpc_errors, peer_dies_mid_call, .timeout = 60)
     sr_spawn_opts o = {.name_prefix = test_ns("dead"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, dead_peer_worker, NULL, &o), 0, "%s", sr_last_error());
 }
+
+/* A function that crashes its worker takes the whole job down, with the
+ * report naming the rank and the signal; the caller never hangs. */
+static int fn_crash(sr_call *c)
+{
+    (void)c;
+    abort();
+}
+
+static int crash_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_register("crash", fn_crash);
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 0)
+        sr_rpc_sync(1, "crash", SR_NOARGS, 0, NULL); /* no timeout: only the job's end stops this */
+    sr_shutdown(true, 0);
+    return 0;
+}
+
+Test(rpc_errors, crashing_function_takes_the_job_down, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("crash"), .shm_size = 128 << 20};
+    int rc = sr_spawn(2, crash_worker, NULL, &o);
+    cr_assert_eq(rc, -SR_EWORKER, "got %d: %s", rc, sr_last_error());
+    cr_assert(strstr(sr_last_error(), "rank 1 (pid ") && strstr(sr_last_error(), "was killed by signal SIGABRT"),
+              "report: %s", sr_last_error());
+}

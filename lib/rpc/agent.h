@@ -63,6 +63,8 @@ typedef struct sr_agent {
 
     _Atomic uint32_t token;   /* see above */
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
+    _Atomic uint32_t user_polls; /* bumped by every user take: the progress thread stops spinning while users poll */
+    uint32_t seen_user_polls;    /* progress thread only */
     pthread_t progress;
     _Atomic bool stopping;
 

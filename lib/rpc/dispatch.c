@@ -21,7 +21,7 @@ struct sr_call {
     sr_value *args;     /* a list */
     sr_value *result;   /* set by sr_call_return */
     int err;
-    char msg[384];
+    char *msg;          /* set by sr_call_fail; NULL on the fast path */
 };
 
 struct sr_job_item {
@@ -44,7 +44,9 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+    free(c->msg);
+    if (vasprintf(&c->msg, fmt, ap) < 0)
+        c->msg = NULL;
     va_end(ap);
     c->err = err < 0 ? err : -EINVAL;
     return c->err;
@@ -100,13 +102,14 @@ static void finish_call(struct sr_call *c)
     sr_agent *a = c->a;
     if (c->err) {
         char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
+        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
     } else {
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL);
     }
     sr_value_unref(c->result);
     sr_value_unref(c->args);
+    free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
     /* relaxed: the response was counted as sent before this, so the sum stays balanced */
@@ -183,7 +186,9 @@ static void *executor_main(void *p)
         if (!a->q_head)
             a->q_tail = &a->q_head;
         pthread_mutex_unlock(&a->q_lock);
+        sr_xport_awake(a->x, 1); /* runnable while it runs a function */
         run_call(it->call);
+        sr_xport_awake(a->x, -1);
         free(it);
         pthread_mutex_lock(&a->q_lock);
     }
@@ -237,7 +242,9 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         send_error(a, m->src, id, -ENOENT, text);
         return NULL;
     }
-    struct sr_call *c = calloc(1, sizeof(*c));
+    struct sr_call *c = malloc(sizeof(*c));
+    if (c)
+        c->args = NULL;
     if (!c || sr_codec_decode(p + w.name_len, len - w.name_len, &c->args)) {
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
         send_error(a, m->src, id, c ? -EBADMSG : -ENOMEM, text);

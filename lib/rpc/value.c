@@ -39,7 +39,11 @@ static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
     return v;
 }
 
-SR_API sr_value *sr_none(void) { return value_alloc(SR_KIND_NONE, 0, __func__); }
+/* None is immortal: one static value shared by everybody; ref and unref
+ * leave it alone, so no call ever allocates or frees it. */
+static sr_value none_value = {.kind = SR_KIND_NONE};
+
+SR_API sr_value *sr_none(void) { return &none_value; }
 
 SR_API sr_value *sr_bool(bool b)
 {
@@ -185,7 +189,7 @@ SR_API sr_value *sr_value_ref(sr_value *v)
 {
     /* Relaxed: the caller already holds a reference, so v cannot be freed
      * concurrently; the new reference needs no ordering of its own. */
-    if (v)
+    if (v && v != &none_value)
         atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
     return v;
 }
@@ -214,7 +218,7 @@ static void value_destroy(sr_value *v)
 
 SR_API void sr_value_unref(sr_value *v)
 {
-    if (!v)
+    if (!v || v == &none_value)
         return;
     /* Sole owner: a count of 1 is our own reference, and nobody can take a
      * new one without holding one, so it cannot change under us; skip the
