@@ -355,17 +355,6 @@ static int get_u8(struct dec *d, const char *what, uint8_t *x)
     return rc;
 }
 
-static int get_u16(struct dec *d, const char *what, uint16_t *x)
-{
-    int rc = need(d, 2, what);
-    if (!rc) {
-        memcpy(x, d->buf + d->pos, 2);
-        *x = to_le16(*x);
-        d->pos += 2;
-    }
-    return rc;
-}
-
 static int get_u32(struct dec *d, const char *what, uint32_t *x)
 {
     int rc = need(d, 4, what);
@@ -511,28 +500,50 @@ static int walk_object(struct dec *d, size_t at, sr_value **out)
     return 0;
 }
 
+static uint16_t rd16(const uint8_t *p)
+{
+    uint16_t x;
+    memcpy(&x, p, 2);
+    return to_le16(x);
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return to_le32(x);
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return to_le64(x);
+}
+
+/* The wire layout of a descriptor is its struct's field order, packed. */
+_Static_assert(offsetof(struct sr_tensor_desc, shape) == 24 &&
+                   offsetof(struct sr_tensor_desc, strides) == 24 + 8 * SR_MAX_DIMS,
+               "put_desc and get_desc follow struct sr_tensor_desc");
+
 /* The fixed-size descriptor; every field is read, none is trusted yet. */
 static int get_desc(struct dec *d, struct sr_tensor_desc *t)
 {
     int rc = need(d, (size_t)TENSOR_DESC_BYTES, "tensor descriptor");
     if (rc)
         return rc;
-    uint64_t x;
-    get_u32(d, "", &t->magic);
-    get_u8(d, "", &t->dtype);
-    get_u8(d, "", &t->ndim);
-    get_u16(d, "", &t->flags);
-    get_u64(d, "", &x);
-    t->offset = (int64_t)x;
-    get_u64(d, "", &t->block);
+    const uint8_t *p = d->buf + d->pos;
+    t->magic = rd32(p);
+    t->dtype = p[4];
+    t->ndim = p[5];
+    t->flags = rd16(p + 6);
+    t->offset = (int64_t)rd64(p + 8);
+    t->block = rd64(p + 16);
     for (int i = 0; i < SR_MAX_DIMS; i++) {
-        get_u64(d, "", &x);
-        t->shape[i] = (int64_t)x;
+        t->shape[i] = (int64_t)rd64(p + 24 + 8 * i);
+        t->strides[i] = (int64_t)rd64(p + 24 + 8 * (SR_MAX_DIMS + i));
     }
-    for (int i = 0; i < SR_MAX_DIMS; i++) {
-        get_u64(d, "", &x);
-        t->strides[i] = (int64_t)x;
-    }
+    d->pos += (size_t)TENSOR_DESC_BYTES;
     return 0;
 }
 
