@@ -388,6 +388,10 @@ static int sc_errors(int rank, int world)
     WEXPECT_ERR(sr_rpc_sync(1, "exp", SR_ARGS(a, a), -1, &v), -SR_EREMOTE, "exp() expects 1 argument, got 2");
     WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,
                 "sum() argument 2 must be an int (a dim), not str");
+    sr_value *five = sr_int(5);
+    WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, five), -1, &v), -SR_EREMOTE,
+                "Error on Node 1: sr_sum_dim: dimension 5 is out of range for a 2-d tensor");
+    sr_value_unref(five);
     WEXPECT_ERR(sr_rpc_sync(1, "transpose", SR_ARGS(a, n), -1, &v), -SR_EREMOTE,
                 "transpose() expects 3 arguments, got 2");
     WEXPECT_ERR(sr_rpc_sync(1, "reshape", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,

@@ -8,6 +8,7 @@
  * returns NULL with sr_last_error() naming the op and both shapes; that text
  * becomes the caller's "Error on Node N: ...". */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -223,14 +224,15 @@ MATRIX(matmul)
 MATRIX(mm)
 MATRIX(bmm)
 
-/* A dim argument as an int; C ints bound it long before SR_MAX_DIMS does. */
+/* A dim argument as a C int; the tensor op checks it against the tensor's
+ * ndim (and names both). */
 static int dim_arg(sr_call *c, const char *op, size_t i, int *dim)
 {
     int rc = want_kind(c, op, i, is_int, "an int (a dim)");
     if (rc)
         return rc;
     int64_t d = sr_value_int(sr_call_arg(c, i));
-    if (d < -SR_MAX_DIMS || d >= SR_MAX_DIMS)
+    if (d < INT_MIN || d > INT_MAX)
         return sr_call_fail(c, -EINVAL, "%s() argument %zu: dim %lld is out of range", op, i + 1, (long long)d);
     *dim = (int)d;
     return 0;

@@ -231,8 +231,9 @@ static void put_desc(struct enc *e, const struct sr_tensor_desc *d)
 static int put_tensor(struct enc *e, sr_value *v)
 {
     struct sr_tensor_desc d;
-    /* Takes the receiver's block reference: adopted by the decoder's
-     * sr__tensor_desc_release(), or dropped by unwind_refs(). */
+    /* Takes the descriptor's block reference, dropped exactly once: by the
+     * decoder after the receiver's tensor took its own, by sr_codec_release()
+     * for a message never decoded, or by unwind_refs() if this encode fails. */
     int rc = sr__tensor_to_desc(v->u.tensor, &d);
     if (rc)
         return rc;
