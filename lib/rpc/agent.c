@@ -99,6 +99,8 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
     unsigned n = sr_xport_recv_burst(a->x, burst, BURST);
     for (unsigned i = 0; i < n; i++)
         sr__dispatch(a, &burst[i], mode);
+    if (!n) /* idle: take back the blocks peers released (one load when there are none) */
+        sr_heap_drain();
     return n;
 }
 
