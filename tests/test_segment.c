@@ -18,7 +18,6 @@
 #include "xport.h"
 
 LEAK_CHECKED_SUITE(launch_env);
-LEAK_CHECKED_SUITE(segment_attach);
 LEAK_CHECKED_SUITE(segment_create);
 LEAK_CHECKED_SUITE(xport_attach);
 
@@ -38,6 +37,7 @@ static void drop_segment(void)
 {
     if (seg.base)
         sr_segment_detach(&seg, true);
+    sr_test_no_leaks();
 }
 
 static void assert_msg(const char *want)

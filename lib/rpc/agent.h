@@ -18,9 +18,10 @@
  * token back to the parked progress thread, so no message is stranded.
  *
  * Requests run inline on the polling thread when that cannot delay anything
- * it owes: built-ins and async functions always (they must not block); plain
- * functions when the poller is idle (sr_shutdown's waits). Otherwise plain
- * functions go to the executor pool.
+ * it owes: async functions and scalar built-ins always (they must not
+ * block); plain functions and built-ins given a tensor (they compute) when
+ * the poller is idle (sr_shutdown's waits). Otherwise those go to the
+ * executor pool.
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H

@@ -234,8 +234,11 @@ static int check_call(sr_agent *a, int to, const char *fn, sr_args args, double 
     return 0;
 }
 
-/* Encode name + args into m's payload. */
-static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m, struct sr_wire *w)
+/* Encode name + args into m's payload; *enc and *enc_len locate the encoded
+ * args, whose references (objects, tensor blocks) are released if the
+ * request is never sent. */
+static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m, struct sr_wire *w,
+                         const uint8_t **enc, size_t *enc_len)
 {
     size_t nlen = strlen(fn);
     int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
@@ -251,6 +254,8 @@ static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_m
         sr__payload_abandon(w);
         return sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
     }
+    *enc = p + nlen;
+    *enc_len = (size_t)alen;
     return 0;
 }
 
@@ -258,10 +263,13 @@ static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t
 {
     sr_msg m = {0};
     struct sr_wire w = {0};
-    int rc = build_request(a, to, fn, args, &m, &w);
+    const uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    int rc = build_request(a, to, fn, args, &m, &w, &enc, &enc_len);
     if (rc)
         return rc;
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
+        sr_codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         return rc;
     }
@@ -270,6 +278,7 @@ static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
+        sr_codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }

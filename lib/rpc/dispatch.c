@@ -255,6 +255,23 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     return c;
 }
 
+/* Inline on the polling thread: async functions (they must not block), and
+ * built-ins on scalars (they cannot). A built-in given a tensor computes (a
+ * 64 MiB add, a matmul), so it goes to the executors like a plain function,
+ * and the polling thread keeps serving. When the poller is idle anything runs
+ * inline. */
+static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
+{
+    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC)
+        return true;
+    if (c->fn->kind == SR_FN_PLAIN)
+        return false;
+    for (size_t i = 0; i < sr_call_nargs(c); i++)
+        if (sr_value_type(sr_call_arg(c, i)) == SR_KIND_TENSOR)
+            return false;
+    return true;
+}
+
 static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     size_t len;
@@ -270,7 +287,7 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         return;
     }
     atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (c->fn->kind != SR_FN_PLAIN || mode == SR_POLL_IDLE)
+    if (runs_inline(c, mode))
         run_call(c);
     else
         enqueue(a, c);

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "tensor/tensor_impl.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {
@@ -108,10 +109,14 @@ SR_API sr_value *sr_bytes(const void *p, size_t n)
 
 SR_API sr_value *sr_tensor_value(sr_tensor *t)
 {
-    /* TENSOR: reject NULL t with -EINVAL, else value_alloc(SR_KIND_TENSOR, 0), v->u.tensor = sr_tensor_ref(t). */
-    (void)t;
-    sr__fail(-ENOTSUP, __func__, "tensor values are not available yet (lib/tensor is not merged)");
-    return NULL;
+    if (!t) {
+        sr__fail(-EINVAL, __func__, "the tensor is NULL");
+        return NULL;
+    }
+    sr_value *v = value_alloc(SR_KIND_TENSOR, 0, __func__);
+    if (v)
+        v->u.tensor = sr_tensor_ref(t);
+    return v;
 }
 
 sr_value *sr__list_alloc(size_t n)
@@ -203,7 +208,7 @@ static void value_destroy(sr_value *v)
             v->u.obj.destroy(v->u.obj.p);
         break;
     case SR_KIND_TENSOR:
-        /* TENSOR: sr_tensor_unref(v->u.tensor). */
+        sr_tensor_unref(v->u.tensor);
         break;
     default:
         break;
@@ -286,6 +291,46 @@ SR_API sr_value *sr_value_list_at(const sr_value *v, size_t i)
 SR_API void *sr_value_object(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.p : NULL; }
 SR_API const char *sr_value_object_type(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.type : NULL; }
 
+struct elem_cmp {
+    sr_dtype dt;
+    bool equal;
+};
+
+/* Floats compare like double values (0.0 == -0.0, NaN == NaN). */
+static void compare_row(char **p, const int64_t *stride, int64_t n, void *arg)
+{
+    struct elem_cmp *c = arg;
+    for (int64_t i = 0; i < n && c->equal; i++) {
+        const char *x = p[0] + i * stride[0], *y = p[1] + i * stride[1];
+        if (c->dt == SR_I64) {
+            int64_t a, b;
+            memcpy(&a, x, 8);
+            memcpy(&b, y, 8);
+            c->equal = a == b;
+        } else {
+            double a, b;
+            sr__load_f64(&a, x, 0, 1, c->dt);
+            sr__load_f64(&b, y, 0, 1, c->dt);
+            c->equal = a == b || (isnan(a) && isnan(b));
+        }
+    }
+}
+
+/* Same dtype, shape and elements; strides, offsets and storage may differ. */
+static bool tensors_equal(const sr_tensor *a, const sr_tensor *b)
+{
+    if (a == b)
+        return true;
+    if (a->dtype != b->dtype || !sr__same_shape(a, b))
+        return false;
+    struct elem_cmp c = {.dt = a->dtype, .equal = true};
+    struct sr_loop L;
+    const sr_tensor *ops[2] = {a, b};
+    sr__loop_init(&L, a->ndim, a->shape, 2, ops);
+    sr__loop_run(&L, compare_row, &c);
+    return c.equal;
+}
+
 /* Doubles: equal as numbers (so 0.0 == -0.0), and NaN equals NaN, so that a
  * value always equals itself and its decoded copy. Objects and rrefs compare
  * by identity: they are handles, not data. */
@@ -310,9 +355,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
                 return false;
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
-    case SR_KIND_TENSOR:
-        /* TENSOR: same dtype, shape and elements (compare via sr_tensor_to_f64 or per dtype). */
-        return a->u.tensor == b->u.tensor;
+    case SR_KIND_TENSOR: return tensors_equal(a->u.tensor, b->u.tensor);
     case SR_KIND_RREF: return false; /* distinct values: a == b was handled above */
     }
     return false;
@@ -336,7 +379,12 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
     case SR_KIND_BYTES: snprintf(buf, len, "bytes of %zu", v->u.len); break;
     case SR_KIND_LIST: snprintf(buf, len, "list of %zu", v->u.n); break;
     case SR_KIND_OBJECT: snprintf(buf, len, "object of type '%s'", v->u.obj.type); break;
-    /* TENSOR: print dtype and shape, e.g. "tensor f32[2, 3]". */
+    case SR_KIND_TENSOR: {
+        char shape[SR_SHAPE_STR];
+        const sr_tensor *t = v->u.tensor;
+        snprintf(buf, len, "tensor %s%s", sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, shape));
+        break;
+    }
     default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;
     }
     return buf;
