@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "heap.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
 #define SPIN_START_NS 20000
@@ -134,6 +135,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     sr_xport *x = calloc(1, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
+    x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
@@ -148,6 +150,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
     if (!rc)
         rc = resolve_peers(x);
+    if (!rc)
+        rc = sr_heap_attach(&x->seg, x->rank);
     if (rc) {
         sr_xport_detach(x);
         return rc;
@@ -160,6 +164,7 @@ void sr_xport_detach(sr_xport *x)
 {
     if (!x)
         return;
+    sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         /* relaxed: statistics for the spin heuristic */
         atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
@@ -278,6 +283,7 @@ static void adapt(sr_xport *x, int64_t slept_ns)
 
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
 {
+    sr_heap_drain(); /* blocks peers gave back; one relaxed load when none */
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
     int64_t budget = sr_xport_spin_budget(x);

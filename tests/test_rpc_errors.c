@@ -92,7 +92,7 @@ static int sc_errors(int rank, int world)
     WEXPECT_ERR(sr_rpc_sync(-1, "add", SR_ARGS(x, x), -1, &v), -EINVAL, "destination rank -1");
     WEXPECT_ERR(sr_worker_rank("worker9"), -EINVAL, "could not find destination 'worker9'");
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x), -1, &v), -SR_EREMOTE, "add() expects 2 arguments, got 1");
-    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, s), -1, &v), -SR_EREMOTE, "add() argument 2 must be a number, not str");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, s), -1, &v), -SR_EREMOTE, "add() argument 2 must be a number or a tensor, not str");
     WEXPECT_ERR(sr_rpc_sync(1, "bad name!", SR_ARGS(x), -1, &v), -EINVAL, "may only hold");
     WEXPECT_ERR(sr_rpc_sync(1, NULL, SR_ARGS(x), -1, &v), -EINVAL, "function name is NULL");
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, x), NAN, &v), -EINVAL, "is not a number of seconds");

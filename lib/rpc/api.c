@@ -243,9 +243,11 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     return 0;
 }
 
-/* Encode name + args into m's payload (none without fn: a fetch). */
+/* Encode name + args into m's payload (none without fn: a fetch); *enc and
+ * *enc_len locate the encoded args, whose references (objects, tensor blocks,
+ * RRef forks) are released if the request is never sent. */
 static int build_request(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, sr_msg *m,
-                         struct sr_wire *w)
+                         struct sr_wire *w, const uint8_t **enc, size_t *enc_len)
 {
     size_t nlen = fn ? strlen(fn) : 0;
     int64_t alen = fn ? sr_codec_size(args.n, args.v, to == a->rank) : 0;
@@ -264,19 +266,9 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
         sr__payload_abandon(w);
         return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
     }
+    *enc = p + nlen;
+    *enc_len = (size_t)alen;
     return 0;
-}
-
-/* A request that will not be sent: let go of what its arguments hold (object
- * and block references, RRef forks), then of its payload. */
-static void abandon_request(sr_msg *m, const struct sr_wire *w, bool has_args)
-{
-    if (has_args) {
-        const uint8_t *p = w->flags & SR_WIRE_BLOCK ? sr_block_data(sr_block_from_off(w->p.block_off))
-                                                    : sr_wire_inline(m);
-        sr_codec_release(p + w->name_len, w->len - w->name_len);
-    }
-    sr__payload_abandon(w);
 }
 
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
@@ -284,11 +276,15 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
 {
     sr_msg m = {0};
     struct sr_wire w = {0};
-    int rc = build_request(a, to, q, fn, args, &m, &w);
+    const uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    int rc = build_request(a, to, q, fn, args, &m, &w, &enc, &enc_len);
     if (rc)
         return rc;
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
-        abandon_request(&m, &w, fn != NULL);
+        if (fn)
+            sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
         return rc;
     }
     sr_wire_put(&m, &w, false);
@@ -296,7 +292,9 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
-        abandon_request(&m, &w, fn != NULL);
+        if (fn)
+            sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }
     return rc;

@@ -31,9 +31,9 @@ struct sr_call {
     sr_value *args;     /* a list */
     sr_value *result;   /* set by sr_call_return */
     int err;
+    char *msg;          /* set by sr_call_fail; NULL on the fast path */
     bool proxy;         /* SR_WIRE_PROXY: argument 0 becomes the owner's local value */
     sr_rref *owner;     /* REMOTE_CALL: the OwnerRRef that receives the result */
-    char msg[384];
 };
 
 struct sr_job_item {
@@ -56,7 +56,9 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+    free(c->msg);
+    if (vasprintf(&c->msg, fmt, ap) < 0)
+        c->msg = NULL;
     va_end(ap);
     c->err = err < 0 ? err : -EINVAL;
     return c->err;
@@ -123,19 +125,20 @@ static void finish_call(struct sr_call *c)
     sr_agent *a = c->a;
     if (c->owner) {
         char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
+        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         sr__rref_owner_set(c->owner, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
         send_remote_ret(a, c->caller, c->call_id);
         sr_rref_unref(c->owner);
     } else if (c->err) {
         char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
+        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
     } else {
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL);
     }
     sr_value_unref(c->result);
     sr_value_unref(c->args);
+    free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
     /* relaxed: the response was counted as sent before this, so the sum stays balanced */
@@ -212,7 +215,9 @@ static void *executor_main(void *p)
         if (!a->q_head)
             a->q_tail = &a->q_head;
         pthread_mutex_unlock(&a->q_lock);
+        sr_xport_awake(a->x, 1); /* runnable while it runs a function */
         run_call(it->call);
+        sr_xport_awake(a->x, -1);
         free(it);
         pthread_mutex_lock(&a->q_lock);
     }
@@ -268,7 +273,9 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         *code = -ENOENT;
         return NULL;
     }
-    struct sr_call *c = calloc(1, sizeof(*c));
+    struct sr_call *c = malloc(sizeof(*c));
+    if (c)
+        c->args = NULL;
     if (!c || sr_codec_decode(p + w.name_len, len - w.name_len, &c->args)) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
         *code = c ? -EBADMSG : -ENOMEM;
@@ -278,6 +285,23 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .args = c->args,
                           .proxy = (w.flags & SR_WIRE_PROXY) != 0};
     return c;
+}
+
+/* Inline on the polling thread: async functions (they must not block),
+ * cheap built-ins (no-op, echo, views: the same cost at any size), and
+ * computing built-ins on scalars. A computing built-in given a tensor (a
+ * 64 MiB add, a matmul) goes to the executors like a plain function, and the
+ * polling thread keeps serving. When the poller is idle anything runs inline. */
+static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
+{
+    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC || c->fn->kind == SR_FN_BUILTIN_CHEAP)
+        return true;
+    if (c->fn->kind == SR_FN_PLAIN)
+        return false;
+    for (size_t i = 0; i < sr_call_nargs(c); i++)
+        if (sr_value_type(sr_call_arg(c, i)) == SR_KIND_TENSOR)
+            return false;
+    return true;
 }
 
 /* Replace argument 0 of a proxy call by the owner's local value. */
@@ -313,7 +337,7 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
         finish_call(c);
         return;
     }
-    if (c->fn->kind != SR_FN_PLAIN || mode == SR_POLL_IDLE)
+    if (runs_inline(c, mode))
         run_call(c);
     else
         enqueue(c->a, c);
@@ -342,12 +366,13 @@ static void drop_call(void *p)
     sr_agent *a = c->a;
     sr_rref_unref(c->owner);
     sr_value_unref(c->args);
+    free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
     atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);   /* relaxed: quiescence counter */
 }
 
-/* Run c now, or once its RRef arguments are confirmed (no thread waits). */
+/* Run c now, or once its RRef arguments are usable (no thread waits). */
 static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
 {
     sr_future *gate = sr__rref_gate(c->args);
