@@ -1,4 +1,10 @@
-/* Graceful shutdown: a barrier, then quiescence detection (leader: rank 0).
+/* Graceful shutdown: a barrier, the RRef steps, then quiescence detection
+ * (leader: rank 0), the RRef leak check, and a final barrier. The order is
+ * ARCHITECTURE.md §6's (the RRef steps are in lib/rref/shutdown.c):
+ *   barrier; no pending RRef user or child here, then delete every UserRRef
+ *   on its owner; barrier (every delete has been sent); quiescence (every
+ *   delete has been applied: RRef messages are counted like calls); the leak
+ *   check; barrier.
  *
  * Quiescence: every worker counts the user messages it has sent and the ones
  * it has fully processed (a request counts as processed after its response
@@ -9,10 +15,12 @@
  * functions already running could send, and they would have been counted).
  * This drains fire-and-forget chains, which no local count can see. */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "agent.h"
 #include "error.h"
+#include "rref/hooks.h"
 
 static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t y, uint64_t z)
 {
@@ -150,18 +158,26 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     if (!q)
         return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
     int rc = barrier(a, deadline);
+    if (!rc)
+        rc = sr__rref_shutdown_users(a, deadline);
+    if (!rc) /* every worker has sent its deletes before the waves count them */
+        rc = barrier(a, deadline);
+    if (!rc && a->rank == 0)
+        rc = leader_drain(a, deadline);
     if (rc) {
-        disarm(a, &a->quiescent_fut, q);
-        return rc;
-    }
-    if (a->rank == 0 && (rc = leader_drain(a, deadline))) {
         disarm(a, &a->quiescent_fut, q);
         return rc;
     }
     rc = await(a, &a->quiescent_fut, q, deadline, "the leader to declare quiescence");
     if (rc)
         return rc;
+    int leaks = sr__rref_shutdown_check(a);
+    char keep[512];
+    snprintf(keep, sizeof(keep), "%s", sr_last_error());
     /* Nobody sends after quiescence but this final barrier, so no worker
      * detaches while a peer still needs its inbox. */
-    return barrier(a, deadline);
+    rc = barrier(a, deadline);
+    if (!rc && leaks)
+        sr__error_set_text(keep);
+    return rc ? rc : leaks;
 }

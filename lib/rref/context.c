@@ -89,12 +89,14 @@ void sr__after_run(sr_agent *a, struct after *d)
 {
     for (int i = 0; i < d->nsend; i++)
         sr__ctrl_send(a, d->send[i].to, &d->send[i].m);
+    /* References go before completions: a thread woken by a completion (a
+     * confirmation, idleness) must find every delete they cause queued. */
+    for (int i = 0; i < d->nunref; i++)
+        sr_rref_unref(d->unref[i]);
     for (int i = 0; i < d->ncomplete; i++) {
         sr_future_set_result(d->complete[i], NULL);
         sr_future_unref(d->complete[i]);
     }
-    for (int i = 0; i < d->nunref; i++)
-        sr_rref_unref(d->unref[i]);
     if (d->kick && a)
         sr__agent_kick(a);
     d->nsend = d->ncomplete = d->nunref = 0;

@@ -25,7 +25,9 @@
 
 static void drop_rref(void *p) { sr_rref_unref(p); }
 
-/* The caller's view of a finished REMOTE_CALL. */
+/* The caller's view of a finished REMOTE_CALL. This callback's reference
+ * to r goes before the confirmation is published, so that whoever waits
+ * for it and then drops r finds r's delete already queued. */
 static void user_created(sr_future *f, void *p)
 {
     sr_rref *r = p;
@@ -38,16 +40,18 @@ static void user_created(sr_future *f, void *p)
         snprintf(msg, sizeof(msg), "RRef creation via rpc.remote() failed: %s", sr_last_error());
     if (err)
         sr__rref_set_create_error(r, err, msg);
+    sr_future *confirm = sr_future_ref(r->confirm);
     sr__rref_lock();
     r->adds_sent = 1; /* the REMOTE_CALL */
     if (sr__rref_live_locked(r))
         sr__user_resolve_locked(r, !err, &d);
     sr__idle_check_locked(&d);
+    d.unref[d.nunref++] = r;
     sr__rref_unlock();
-    if (err)
-        sr_future_set_error(r->confirm, err, "%s", msg);
     sr__after_run(sr__agent, &d);
-    sr_rref_unref(r);
+    if (err)
+        sr_future_set_error(confirm, err, "%s", msg);
+    sr_future_unref(confirm);
 }
 
 static void owner_created(sr_future *f, void *p)

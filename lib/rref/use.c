@@ -58,28 +58,27 @@ static void hold_done(sr_future *f, void *p)
 
 static void hold_drop(void *p) { sr_rref_unref(p); }
 
-/* A user's to_here: one RREF_FETCH. The fetch holds the RRef until its
+/* A user's to_here: one RREF_FETCH. The RRef is held until the fetch's
  * answer arrives, even past this call's timeout, so that the RRef's delete
  * can never overtake the fetch on its way to the owner (the call itself has
- * no timeout; only this wait has). */
+ * no timeout; only this wait has). While we wait, our own reference is the
+ * hold; a timeout hands it to a callback. */
 static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
 {
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    int rc = sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r));
-    if (rc) {
-        sr_rref_unref(r);
-    } else {
-        struct sr_req q = {.type = SR_MSG_RREF_FETCH, .rref_id = r->rref_id,
-                           .flags = sr_rref_confirmed_by_owner(r) ? SR_WIRE_CONFIRMED : 0};
-        rc = sr__rpc_start(a, r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
-    }
-    if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT)
+    struct sr_req q = {.type = SR_MSG_RREF_FETCH, .rref_id = r->rref_id,
+                       .flags = sr_rref_confirmed_by_owner(r) ? SR_WIRE_CONFIRMED : 0};
+    int rc = sr__rpc_start(a, r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
+    if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT) {
+        if (sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r)))
+            sr_rref_unref(r); /* no memory for the hold: a late answer may find the RRef gone */
         sr__fail(rc, "sr_rref_to_here",
                  "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error", ms);
-    else if (!rc)
+    } else if (!rc) {
         rc = sr_future_value(f, out);
+    }
     sr_future_unref(f);
     return rc;
 }
