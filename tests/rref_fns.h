@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "rpc/future_internal.h"
 #include "rpc_harness.h"
 #include "shmrpc/rref.h"
+#include "waiter.h"
 
 #define WORLD 4
 #define WAIT_S 30.0 /* bound of every wait in these tests */
@@ -303,6 +305,28 @@ static void register_rref_fns(void)
     sr_register_async("arrive", fn_arrive);
 }
 
+/* ---- running a job ---- */
+
+/* A failing worker leaves at once: the job ends with its report instead of
+ * its peers waiting out their barriers and shutdown bounds. */
+static scenario_fn rref_scenario; /* set by the test before sr_spawn forks */
+
+static inline int fail_fast(int rank, int world)
+{
+    int rc = rref_scenario(rank, world);
+    if (rc) {
+        fflush(stderr);
+        _exit(rc);
+    }
+    return 0;
+}
+
+#define RREF_JOB(name, sc, ...)                                                                  \
+    do {                                                                                          \
+        rref_scenario = sc;                                                                       \
+        RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_rref_fns, __VA_ARGS__); \
+    } while (0)
+
 /* ---- checks ---- */
 
 /* The owner's fork set of r, as seen by asking the owner. */
@@ -347,7 +371,9 @@ static inline int wait_confirmed(sr_rref *r)
 {
     sr_future *f;
     WCHECK(sr_rref_confirmation(r, &f) == 0, "confirmation: %s", sr_last_error());
-    int rc = sr_future_wait(f, NULL);
+    int rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    if (!rc)
+        rc = sr_future_wait(f, NULL);
     sr_future_unref(f);
     WCHECK(rc == 0, "waiting for confirmation: %s", sr_last_error());
     WCHECK(sr_rref_confirmed_by_owner(r), "confirmed future done but confirmed_by_owner() is false");

@@ -45,7 +45,7 @@ static int sc_remote_return(int rank, int world)
 
 Test(rref, scenario1_user_creates_with_remote, .timeout = 120)
 {
-    RUN_JOB("rref1", WORLD, .scenario = sc_remote_return, .register_fns = register_rref_fns);
+    RREF_JOB("rref1", sc_remote_return, .shutdown_timeout = 60);
 }
 
 /* Scenario 2: a user passes the RRef to its owner as an argument: the owner
@@ -79,7 +79,7 @@ static int sc_user_to_owner(int rank, int world)
 
 Test(rref, scenario2_user_passes_to_owner, .timeout = 120)
 {
-    RUN_JOB("rref2", WORLD, .scenario = sc_user_to_owner, .register_fns = register_rref_fns);
+    RREF_JOB("rref2", sc_user_to_owner, .shutdown_timeout = 60);
 }
 
 /* Scenario 3: the owner passes a local RRef(x) to a user: it enters the
@@ -128,7 +128,7 @@ static int sc_owner_to_user(int rank, int world)
 
 Test(rref, scenario3_owner_passes_to_user, .timeout = 120)
 {
-    RUN_JOB("rref3", WORLD, .scenario = sc_owner_to_user, .register_fns = register_rref_fns);
+    RREF_JOB("rref3", sc_owner_to_user, .shutdown_timeout = 60);
 }
 
 /* Scenario 4: a user passes the RRef to another user: the receiver asks the
@@ -177,5 +177,156 @@ static int sc_user_to_user(int rank, int world)
 
 Test(rref, scenario4_user_passes_to_user, .timeout = 120)
 {
-    RUN_JOB("rref4", WORLD, .scenario = sc_user_to_user, .register_fns = register_rref_fns);
+    RREF_JOB("rref4", sc_user_to_user, .shutdown_timeout = 60);
+}
+
+/* The RRef-to-self cases: remote() to self is an OwnerRRef; an owner that
+ * sends its RRef to itself gets the same OwnerRRef back and its fork is
+ * undone; a user that sends its RRef to itself gets a new confirmed fork. */
+static int sc_self(int rank, int world)
+{
+    (void)world;
+    if (rank != 2)
+        return 0;
+    sr_value *n = sr_int(4), *info = NULL;
+    sr_rref *own = NULL, *user = NULL;
+    WCHECK(sr_remote(2, "make_list", SR_ARGS(n), WAIT_S, &own) == 0, "remote to self: %s", sr_last_error());
+    WCHECK(sr_rref_is_owner(own) && sr_rref_confirmed_by_owner(own), "remote() to self is an OwnerRRef");
+    if (expect_pair(own, 4))
+        return 1;
+    sr_value *ov = sr_rref_value(own);
+    WCHECK(sr_rpc_sync(2, "rref_info", SR_ARGS(ov), WAIT_S, &info) == 0, "owner to self: %s", sr_last_error());
+    WCHECK(sr_value_int(sr_value_list_at(info, 0)) == 1 && sr_value_int(sr_value_list_at(info, 3)) == 4,
+           "the owner did not get its own OwnerRRef back");
+    sr_value_unref(info);
+    if (expect_forks(own, NULL, 0, "after the self-fork"))
+        return 1;
+    WCHECK(sr_remote(0, "make_list", SR_ARGS(n), WAIT_S, &user) == 0, "remote: %s", sr_last_error());
+    sr_value *uv = sr_rref_value(user);
+    WCHECK(sr_rpc_sync(2, "rref_info", SR_ARGS(uv), WAIT_S, &info) == 0, "user to self: %s", sr_last_error());
+    WCHECK(sr_value_int(sr_value_list_at(info, 0)) == 0 && sr_value_int(sr_value_list_at(info, 1)) == 1 &&
+               (uint64_t)sr_value_int(sr_value_list_at(info, 2)) != sr_rref_fork_id(user),
+           "a user sending to itself gets a new, confirmed fork");
+    sr_value_unref(info);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    uint64_t fid = sr_rref_fork_id(user);
+    if (wait_confirmed(user) || expect_forks(user, &fid, 1, "after the self-child went"))
+        return 1;
+    sr_value_unref(ov);
+    sr_value_unref(uv);
+    sr_value_unref(n);
+    sr_rref_unref(own);
+    sr_rref_unref(user);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the self cases");
+}
+
+Test(rref, rref_to_self_cases, .timeout = 120)
+{
+    RREF_JOB("rrefself", sc_self, .shutdown_timeout = 60);
+}
+
+/* RRefs nested in lists, as arguments and as results: a remote function
+ * returns a list of RRefs owned by every worker (this one included: that one
+ * comes back as the OwnerRRef); a nested remote() returns an RRef whose
+ * value is another RRef. */
+static int sc_nested(int rank, int world)
+{
+    if (rank != 3)
+        return 0;
+    sr_value *four = sr_int(4), *v = NULL;
+    WCHECK(sr_rpc_sync(1, "rref_list", SR_ARGS(four), WAIT_S, &v) == 0, "rref_list: %s", sr_last_error());
+    WCHECK(sr_value_list_len(v) == 4, "rref_list length");
+    for (int i = 0; i < 4; i++) {
+        sr_rref *r = sr_value_rref(sr_value_list_at(v, (size_t)i));
+        WCHECK(r && sr_rref_owner(r) == i % world && sr_rref_is_owner(r) == (i == rank), "RRef %d of the list", i);
+        if (expect_pair(r, 100 + i))
+            return 1;
+    }
+    /* Send the whole list on, nested one level deeper. */
+    sr_value *outer = sr_list(1, (sr_value *[]){v}), *got = NULL;
+    WCHECK(sr_rpc_sync(0, "echo", SR_ARGS(outer), WAIT_S, &got) == 0, "echo of nested RRefs: %s", sr_last_error());
+    sr_value *inner = sr_value_list_at(got, 0);
+    for (int i = 0; i < 4; i++)
+        if (expect_pair(sr_value_rref(sr_value_list_at(inner, (size_t)i)), 100 + i))
+            return 1;
+    sr_value_unref(got);
+    sr_value_unref(outer);
+    sr_value_unref(v);
+    /* Nested remote(): worker1 makes an RRef on worker2 and returns it as the
+     * value of the RRef we asked worker1 for. */
+    sr_value *two = sr_int(2), *seven = sr_int(7), *val = NULL;
+    sr_rref *outer_r = NULL;
+    WCHECK(sr_remote(1, "remote_of", SR_ARGS(two, seven), WAIT_S, &outer_r) == 0, "remote: %s", sr_last_error());
+    WCHECK(sr_rref_to_here(outer_r, WAIT_S, &val) == 0, "outer to_here: %s", sr_last_error());
+    sr_rref *inner_r = sr_value_rref(val);
+    WCHECK(inner_r && sr_rref_owner(inner_r) == 2, "the outer RRef's value is an RRef owned by worker2");
+    if (expect_pair(inner_r, 7))
+        return 1;
+    sr_value_unref(val);
+    sr_rref_unref(outer_r);
+    sr_value_unref(two);
+    sr_value_unref(seven);
+    sr_value_unref(four);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return 0;
+}
+
+static int sc_nested_all(int rank, int world)
+{
+    int rc = sc_nested(rank, world);
+    if (rc || barrier())
+        return 1;
+    /* Everyone idle: every delete applied. But worker1 still owns the outer
+     * RRef's value until its OwnerRRef goes, which it has (our delete). */
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    if (barrier())
+        return 1;
+    return rank == 3 ? expect_all_counters_zero("after the nested RRefs") : 0;
+}
+
+Test(rref, nested_in_lists_and_nested_remote, .timeout = 120)
+{
+    RREF_JOB("rrefnest", sc_nested_all, .shutdown_timeout = 60);
+}
+
+/* A chain of 8 forwards: each hop forks the RRef user -> user (or to and
+ * from its owner), and the last one fetches the value. */
+static int sc_chain(int rank, int world)
+{
+    (void)world;
+    sr_rref *r = NULL;
+    if (rank == 0) {
+        sr_value *n = sr_int(42), *hops = sr_int(8), *v = NULL;
+        WCHECK(sr_remote(2, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+        sr_value *rv = sr_rref_value(r);
+        WCHECK(sr_rpc_sync(1, "forward", SR_ARGS(rv, hops), WAIT_S, &v) == 0, "chain: %s", sr_last_error());
+        WCHECK(sr_value_int(sr_value_list_at(v, 0)) == 42, "the value at the end of the chain");
+        sr_value_unref(v);
+        sr_value_unref(rv);
+        sr_value_unref(n);
+        sr_value_unref(hops);
+    }
+    /* Stable point: the chain is over (first barrier), every worker of it
+     * has dropped its fork and is idle, so every delete was applied. */
+    if (barrier())
+        return 1;
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    if (barrier())
+        return 1;
+    if (rank == 0) {
+        uint64_t fid = sr_rref_fork_id(r);
+        if (wait_confirmed(r) || expect_forks(r, &fid, 1, "after the chain's forks were dropped"))
+            return 1;
+        sr_rref_unref(r);
+        WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    }
+    if (barrier())
+        return 1;
+    return rank == 0 ? expect_all_counters_zero("after the chain") : 0;
+}
+
+Test(rref, chain_of_eight_forwards, .timeout = 120)
+{
+    RREF_JOB("rrefchain", sc_chain, .shutdown_timeout = 60);
 }

@@ -90,9 +90,31 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
     return sr__agent_send_now(a, to, m);
 }
 
+/* A deadline moved earlier than the progress thread's armed timer may be.
+ * K1: bump timer_gen, then ring the doorbell (its D3 fence orders the bump
+ * before the load of the word). The sleeping side re-checks timer_gen after
+ * announcing SLEEPING (park_ready, after D2), so either it sees the bump and
+ * does not sleep, or we see SLEEPING and wake it: no kick is lost between the
+ * progress thread computing its deadline and falling asleep. While a user
+ * thread polls, the word is AWAKE and nothing is rung: user_release compares
+ * the generations when it hands the token back. */
 void sr__agent_kick(sr_agent *a)
 {
-    sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    /* release: pairs with K3, so a generation seen means its deadline is seen;
+     * the D3 fence in sr_doorbell_ring orders it before the doorbell load */
+    atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
+    sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    /* relaxed: a hint; the progress thread waiting out a user's poll rechecks its timers */
+    if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_USER_WAITING)
+        futex_wake_one(&a->token);
+}
+
+/* K2: the timers changed since the progress thread armed its sleep. */
+static bool timers_moved(sr_agent *a)
+{
+    /* relaxed: both are hints; see sr__agent_kick */
+    return atomic_load_explicit(&a->timer_gen, memory_order_relaxed) !=
+           atomic_load_explicit(&a->armed_gen, memory_order_relaxed);
 }
 
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
@@ -165,8 +187,11 @@ static bool user_release(sr_agent *a)
         }
         /* release: pairs with the acquire CAS of the next holder */
         if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
-                                                    memory_order_relaxed))
+                                                    memory_order_relaxed)) {
+            if (timers_moved(a)) /* kicked while we polled: the parked thread's timer is stale */
+                sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
             break;
+        }
     }
     return true;
 }
@@ -295,7 +320,7 @@ static void progress_wait_token(sr_agent *a, int64_t ns)
 static bool park_ready(void *p)
 {
     sr_agent *a = p;
-    if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed))
+    if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a))
         return true;
     uint32_t t = TOKEN_PROGRESS;
     /* release: pairs with a stealer's acquire; our consumption happens-before its */
@@ -367,6 +392,12 @@ static void progress_idle(sr_agent *a)
         if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
             break;
     }
+    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
+    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
+     * below include every kick up to the generation armed above */
+    atomic_thread_fence(memory_order_acquire);
     int ev = sr_xport_sleep(a->x, next_deadline(a), park_ready, a);
     handle_events(a, ev);
 }

@@ -70,7 +70,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     *id = (uint64_t)gen << 32 | (uint32_t)i;
     if (s->deadline_ns >= 0 && lower_deadline(a, s->deadline_ns))
         /* The progress thread may be asleep with a later timer: wake it to re-arm. */
-        sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+        sr__agent_kick(a);
     return 0;
 }
 

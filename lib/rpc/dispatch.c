@@ -123,6 +123,10 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id)
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
+    /* The arguments go before the answer: RRefs among them are deleted (or
+     * their forks retired) before the caller can see the call finished. */
+    sr_value_unref(c->args);
+    c->args = NULL;
     if (c->owner) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
@@ -137,7 +141,6 @@ static void finish_call(struct sr_call *c)
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL);
     }
     sr_value_unref(c->result);
-    sr_value_unref(c->args);
     free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
