@@ -85,7 +85,7 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL)
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_xport_peer_dead(a->x, to))
         return sr__reorder_hold(a, to, m);
     return sr__agent_send_now(a, to, m);
 }

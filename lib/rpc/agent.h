@@ -19,9 +19,9 @@
  *
  * Requests run inline on the polling thread when that cannot delay anything
  * it owes: async functions and scalar built-ins always (they must not
- * block); plain functions and built-ins given a tensor (they compute) when
- * the poller is idle (sr_shutdown's waits). Otherwise those go to the
- * executor pool.
+ * block); built-ins given a tensor (they compute) when the poller is idle
+ * (sr_shutdown's waits). Plain functions always go to the executor pool: one
+ * may make a nested blocking call, which the polling thread could not serve.
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H

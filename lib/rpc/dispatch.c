@@ -294,13 +294,17 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
  * cheap built-ins (no-op, echo, views: the same cost at any size), and
  * computing built-ins on scalars. A computing built-in given a tensor (a
  * 64 MiB add, a matmul) goes to the executors like a plain function, and the
- * polling thread keeps serving. When the poller is idle anything runs inline. */
+ * polling thread keeps serving. When the poller is idle (sr_shutdown's
+ * waits) built-ins run inline whatever their arguments. A plain function
+ * never does: it may make a nested blocking call, and the thread that holds
+ * the inbox cannot wait for an answer that only it could read (a worker in
+ * sr_shutdown serving a plain function that calls out would deadlock). */
 static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
 {
-    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC || c->fn->kind == SR_FN_BUILTIN_CHEAP)
-        return true;
     if (c->fn->kind == SR_FN_PLAIN)
         return false;
+    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC || c->fn->kind == SR_FN_BUILTIN_CHEAP)
+        return true;
     for (size_t i = 0; i < sr_call_nargs(c); i++)
         if (sr_value_type(sr_call_arg(c, i)) == SR_KIND_TENSOR)
             return false;

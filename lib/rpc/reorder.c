@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 #include "error.h"
@@ -120,9 +119,8 @@ void sr__reorder_pump(sr_agent *a, int64_t now)
     pthread_mutex_unlock(&r->lock);
     for (struct held *h = due, *n; h; h = n) {
         n = h->next;
-        if (sr__agent_send_now(a, h->to, &h->m))
-            fprintf(stderr, "worker%d: reordering mode: a held message to worker%d was lost (peer gone)\n", a->rank,
-                    h->to);
+        if (sr__agent_send_now(a, h->to, &h->m)) /* the peer died while we held it: as if sent and lost */
+            sr__calls_fail_peer(a, h->to, "died");
         free(h);
     }
 }

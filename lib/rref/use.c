@@ -79,6 +79,12 @@ static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value
     } else if (!rc) {
         rc = sr_future_value(f, out);
     }
+    if (rc == -EPIPE) {
+        char s[96], why[400];
+        snprintf(why, sizeof(why), "%s", sr_last_error());
+        sr__fail(rc, "sr_rref_to_here", "the owner worker%d of %s has died (%s)", r->owner,
+                 sr_rref_str(r, s, sizeof(s)), why);
+    }
     sr_future_unref(f);
     return rc;
 }

@@ -1,0 +1,268 @@
+/* RRef timeouts and errors: a remote() whose creation times out (raised on
+ * the RRef's next use as "RRef creation ..."), a to_here() timeout, local_value
+ * on a user, failing and unknown functions, an owner that dies, use after
+ * shutdown, and the leak check of graceful shutdown. The 4-worker jobs also
+ * run under the reordering mode (tests/meson.build). */
+#include <signal.h>
+
+#include "rref/rref_internal.h"
+#include "rref_fns.h"
+
+LEAK_CHECKED_SUITE(rref_errors);
+
+#define ERR_JOB(name, sc)                                                                         \
+    do {                                                                                          \
+        rref_scenario = sc;                                                                       \
+        RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_rref_fns,             \
+                .shutdown_timeout = 60);                                                          \
+    } while (0)
+
+/* Every counter but the tombstones is zero on every worker: a duplicate
+ * delete of a timed-out remote() may leave a tombstone that lives until
+ * shutdown (docs/RREF.md). */
+static int expect_no_rrefs_left(const char *when)
+{
+    for (int w = 0; w < sr_world_size(); w++) {
+        sr_value *v = NULL;
+        WCHECK(sr_rpc_sync(w, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+        for (size_t i = 0; i < 9; i++)
+            WCHECK(i == 7 || sr_value_int(sr_value_list_at(v, i)) == 0, "%s: worker%d counter %zu is %lld", when, w,
+                   i, (long long)sr_value_int(sr_value_list_at(v, i)));
+        sr_value_unref(v);
+    }
+    return 0;
+}
+
+/* remote() creation timeouts, to another worker and to self: the error is
+ * stored on the RRef and raised by its next use (to_here, a fork, a proxy),
+ * and the RRef is still deleted properly on its owner. */
+static int sc_creation_timeout(int rank, int world)
+{
+    if (rank == 0) {
+        sr_value *ms = sr_int(300), *v = NULL;
+        sr_rref *r = NULL, *self = NULL;
+        WCHECK(sr_remote(1, "sleep_ms", SR_ARGS(ms), 0.05, &r) == 0, "remote: %s", sr_last_error());
+        sr_future *f = NULL;
+        WCHECK(sr_rref_confirmation(r, &f) == 0, "confirmation");
+        WEXPECT_ERR(sr_future_wait(f, NULL), -ETIMEDOUT, "RRef creation via rpc.remote() timed out");
+        sr_future_unref(f);
+        WCHECK(!sr_rref_confirmed_by_owner(r), "a timed-out RRef is not confirmed");
+        WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -ETIMEDOUT, "RRef creation");
+        sr_value *rv = sr_rref_value(r);
+        WEXPECT_ERR(sr_rpc_sync(2, "hold", SR_ARGS(rv), WAIT_S, &v), -ETIMEDOUT, "RRef creation");
+        WEXPECT_ERR(sr_rref_rpc_sync(r, "sleep_ms", SR_NOARGS, WAIT_S, &v), -ETIMEDOUT, "RRef creation");
+        sr_value_unref(rv);
+        sr_rref_unref(r);
+        /* To self: the OwnerRRef holds the creation error. */
+        WCHECK(sr_remote(0, "sleep_ms", SR_ARGS(ms), 0.05, &self) == 0, "remote to self: %s", sr_last_error());
+        WEXPECT_ERR(sr_rref_to_here(self, WAIT_S, &v), -ETIMEDOUT, "RRef creation via rpc.remote() timed out");
+        WEXPECT_ERR(sr_rref_local_value(self, &v), -ETIMEDOUT, "RRef creation");
+        sr_rref_unref(self);
+        sr_value_unref(ms);
+    }
+    /* The slow functions finish (their late answers are dropped), every
+     * delete is applied, and nothing is left anywhere. */
+    if (barrier())
+        return 1;
+    sr_value *ms = sr_int(1);
+    for (int w = 0; w < world; w++) /* runs after each worker's earlier sleep_ms: one executor */
+        WCHECK(sr_rpc_sync(w, "sleep_ms", SR_ARGS(ms), WAIT_S, NULL) == 0, "sleep_ms: %s", sr_last_error());
+    sr_value_unref(ms);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    if (barrier())
+        return 1;
+    return rank == 0 ? expect_no_rrefs_left("after the timed-out remotes") : 0;
+}
+
+Test(rref_errors, remote_creation_timeout_is_raised_on_next_use, .timeout = 120)
+{
+    rref_scenario = sc_creation_timeout;
+    RUN_JOB("rreftmo", WORLD, .scenario = fail_fast, .register_fns = register_rref_fns, .shutdown_timeout = 60,
+            .opts = {.num_worker_threads = 1});
+}
+
+/* Many remote()s that time out at about the time they are created, dropped
+ * at once: a delete may overtake its REMOTE_CALL (more so under the
+ * reordering mode), which the owner's tombstone turns into a removal instead
+ * of a leak. */
+static int sc_racing_timeouts(int rank, int world)
+{
+    enum { N = 40 };
+    unsigned seed = 99u + (unsigned)rank;
+    for (int i = 0; i < N; i++) {
+        sr_value *ms = sr_int(rand_r(&seed) % 3);
+        sr_rref *r = NULL;
+        WCHECK(sr_remote((rank + 1 + i % (world - 1)) % world, "sleep_ms", SR_ARGS(ms), 0.001, &r) == 0, "remote: %s",
+               sr_last_error());
+        sr_value_unref(ms);
+        if (i % 2) { /* wait for its fate first: created or timed out */
+            sr_future *f = NULL;
+            sr_rref_confirmation(r, &f);
+            sr_future_wait(f, NULL);
+            sr_future_unref(f);
+        }
+        sr_rref_unref(r);
+    }
+    if (barrier())
+        return 1;
+    sr_value *ms = sr_int(1);
+    for (int w = 0; w < world; w++) /* every worker's queued sleeps are done */
+        WCHECK(sr_rpc_sync(w, "sleep_ms", SR_ARGS(ms), WAIT_S, NULL) == 0, "sleep_ms: %s", sr_last_error());
+    sr_value_unref(ms);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    if (barrier())
+        return 1;
+    return rank == 0 ? expect_no_rrefs_left("after racing timeouts") : 0;
+}
+
+Test(rref_errors, deletes_racing_timed_out_creations_leave_nothing, .timeout = 120)
+{
+    rref_scenario = sc_racing_timeouts;
+    RUN_JOB("rrefrace", WORLD, .scenario = fail_fast, .register_fns = register_rref_fns, .shutdown_timeout = 60,
+            .opts = {.num_worker_threads = 1});
+}
+
+/* to_here() with a timeout shorter than the creation, then without; the
+ * local_value error names both workers; a failing or unknown function's
+ * error is the RRef's value. */
+static int sc_errors(int rank, int world)
+{
+    (void)world;
+    if (rank != 2)
+        return 0;
+    sr_value *ms = sr_int(200), *v = NULL, *three = sr_int(3);
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(3, "sleep_ms", SR_ARGS(ms), 0, &r) == 0, "remote: %s", sr_last_error());
+    WEXPECT_ERR(sr_rref_to_here(r, 0.02, &v), -ETIMEDOUT, "RPC ran for more than set timeout (20 ms)");
+    WCHECK(sr_rref_to_here(r, 0, &v) == 0 && sr_value_int(v) == 200, "to_here without timeout: %s", sr_last_error());
+    sr_value_unref(v);
+    char want[256], s[96];
+    snprintf(want, sizeof(want),
+             "For %s, can't call localValue() on user WorkerInfo(id=2, name=worker2). "
+             "Call it on owner WorkerInfo(id=3, name=worker3)",
+             sr_rref_str(r, s, sizeof(s)));
+    WEXPECT_ERR(sr_rref_local_value(r, &v), -EINVAL, want);
+    sr_rref_unref(r);
+    WCHECK(sr_remote(1, "fail", SR_ARGS(three), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    WCHECK(wait_confirmed(r) == 0, "a failing function still creates its RRef");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: intentional failure 3");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: intentional failure 3");
+    sr_rref_unref(r);
+    WCHECK(sr_remote(0, "no_such_fn", SR_ARGS(three), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -ENOENT, "function 'no_such_fn' is not registered on worker0");
+    sr_rref_unref(r);
+    WEXPECT_ERR(sr_rref_to_here(NULL, WAIT_S, &v), -EINVAL, "the RRef is NULL");
+    WEXPECT_ERR(sr_remote(9, "make_list", SR_ARGS(three), WAIT_S, &r), -EINVAL, "out of range");
+    sr_value_unref(ms);
+    sr_value_unref(three);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return 0;
+}
+
+Test(rref_errors, to_here_timeout_local_value_on_user_and_failing_functions, .timeout = 120)
+{
+    ERR_JOB("rreferr", sc_errors);
+}
+
+/* ---- jobs outside the harness ---- */
+
+static int fn_exit_now(sr_call *c)
+{
+    (void)c;
+    _exit(0); /* leaves without detaching: peers see a death */
+}
+
+/* An RRef whose owner died reports that, and the survivor can still shut
+ * down locally. */
+static int owner_dies_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_rref_fns();
+    sr_register("exit_now", fn_exit_now);
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 1) {
+        sr_shutdown(true, 60); /* serves until exit_now ends the process */
+        return 1;
+    }
+    sr_value *n = sr_int(8), *v = NULL;
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    if (expect_pair(r, 8))
+        return 1;
+    WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, NULL), -EPIPE, "the worker died");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -EPIPE, "worker1");
+    sr_rref_unref(r);
+    sr_value_unref(n);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+Test(rref_errors, rref_whose_owner_died_reports_it, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefdead"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, owner_dies_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* After shutdown an RRef is a clear error to use (but may still be unreffed). */
+static int after_shutdown_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_rref_fns();
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    sr_value *n = sr_int(1), *v = NULL;
+    sr_rref *user = NULL, *own = NULL;
+    WCHECK(sr_remote(1 - rank, "make_list", SR_ARGS(n), WAIT_S, &user) == 0, "remote: %s", sr_last_error());
+    WCHECK(sr_rref_create(n, &own) == 0, "create: %s", sr_last_error());
+    if (expect_pair(user, 1))
+        return 1;
+    WCHECK(sr_shutdown(true, 30) == 0, "shutdown: %s", sr_last_error());
+    WEXPECT_ERR(sr_rref_to_here(user, WAIT_S, &v), -SR_ESHUTDOWN, "shut down");
+    WEXPECT_ERR(sr_rref_local_value(own, &v), -SR_ESHUTDOWN, "shut down");
+    WEXPECT_ERR(sr_remote(0, "make_list", SR_ARGS(n), WAIT_S, &user), -SR_ESHUTDOWN, "not been initialized");
+    sr_rref_debug_info d;
+    WEXPECT_ERR(sr_rref_debug_info_get(&d), -SR_ESHUTDOWN, "not been initialized");
+    WEXPECT_ERR(sr_rref_create(n, &own), -SR_ESHUTDOWN, "not been initialized");
+    sr_rref_unref(user);
+    sr_rref_unref(own);
+    sr_value_unref(n);
+    return 0;
+}
+
+Test(rref_errors, rref_use_after_shutdown_is_a_clear_error, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefafter"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, after_shutdown_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* The leak check: a fork the owner knows of that no user will ever delete
+ * (forged here through the internal fork table) fails graceful shutdown with
+ * one "Leaking RRef" line per leak; with ignore_rref_leak it is only logged. */
+static int leak_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    bool ignore = arg != NULL;
+    sr_init_opts o = {.ignore_rref_leak = ignore};
+    WCHECK(sr_init(&o) == 0, "init: %s", sr_last_error());
+    if (rank == 1) {
+        enum sr_fork_add res;
+        sr__rref_lock();
+        int rc = sr__forks_add(&sr__rref_ctx.forks, UINT64_C(0x0001000000000000), UINT64_C(0x0000000000000063), &res);
+        sr__rref_unlock();
+        WCHECK(rc == 0, "forging a fork");
+    }
+    int rc = sr_shutdown(true, 30);
+    if (rank == 1 && !ignore)
+        WEXPECT_ERR(rc, -EBUSY, "Leaking RRef (1,0) with fork id (0,99)");
+    else
+        WCHECK(rc == 0, "rank %d: shutdown: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(rref_errors, leak_check_names_each_leaking_rref, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefleak"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, leak_worker, NULL, &o), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_spawn(2, leak_worker, (void *)1, &o), 0, "ignore_rref_leak: %s", sr_last_error());
+}
