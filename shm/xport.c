@@ -189,7 +189,7 @@ int sr_xport_check_peers(sr_xport *x)
     return 0;
 }
 
-int sr_xport_send(sr_xport *x, int to, sr_msg *m)
+static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
         return sr__fail(-EINVAL, "sr_xport_send", "destination rank %d is out of range [0, %d)", to, x->world);
@@ -202,10 +202,13 @@ int sr_xport_send(sr_xport *x, int to, sr_msg *m)
         return -EAGAIN;
     }
     atomic_fetch_add_explicit(&x->st.sent, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
+    if (ring && sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
         atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     return 0;
 }
+
+int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
+int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
 
 int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
 {

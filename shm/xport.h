@@ -67,6 +67,10 @@ void sr_xport_detach(sr_xport *x);
  * -EINVAL bad rank; -EPIPE the destination has died. */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 
+/* As sr_xport_send, but never wakes the destination: the message waits in
+ * its inbox until the destination next polls (for messages nobody waits on). */
+int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m);
+
 /* As sr_xport_send, but wait for space until deadline_ns (absolute
  * CLOCK_MONOTONIC, < 0: none). -ETIMEDOUT when it passes. Must not be used
  * by a thread that is itself the only consumer the destination waits on. */

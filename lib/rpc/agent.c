@@ -117,6 +117,15 @@ static bool timers_moved(sr_agent *a)
            atomic_load_explicit(&a->armed_gen, memory_order_relaxed);
 }
 
+int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
+{
+    /* relaxed: a hint, as in sr__agent_send_now */
+    if (a->reorder || atomic_load_explicit(&a->out_pending, memory_order_relaxed))
+        return sr__agent_send(a, to, m);
+    int rc = sr_xport_send_quiet(a->x, to, m);
+    return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
+}
+
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
     /* relaxed: a hint; keeping order behind queued messages is best effort */
@@ -358,7 +367,6 @@ static void handle_events(sr_agent *a, int ev)
         sr__calls_expire(a, now);
     if (a->reorder)
         sr__reorder_pump(a, now);
-    sr__rref_tick(a, now);
     sr_heap_drain();
 }
 
@@ -415,10 +423,14 @@ static void *progress_main(void *p)
                 ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
             progress_wait_token(a, ns);
             handle_events(a, 0);
+            sr__rref_tick(a, sr_now_ns()); /* the polling user reads the acknowledgements meanwhile */
             continue;
         }
         if (poll_burst(a, SR_POLL_NESTED))
             continue;
+        /* Retries only after a poll found the inbox empty: acknowledgements are
+         * sent quietly (they wake nobody), so one may be waiting there. */
+        sr__rref_tick(a, sr_now_ns());
         progress_idle(a);
     }
     sr_xport_awake(a->x, -1);

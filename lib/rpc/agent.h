@@ -119,6 +119,9 @@ void sr__agent_stop(sr_agent *a);
 int sr__agent_send(sr_agent *a, int to, sr_msg *m);
 /* Send now, bypassing the reordering mode (it releases held messages here). */
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m);
+/* Send without waking the destination (sr_xport_send_quiet): for answers
+ * nobody blocks on, read whenever the destination next polls. */
+int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m);
 /* Wake the progress thread so that it re-arms its timer (a deadline it does
  * not know about moved earlier). */
 void sr__agent_kick(sr_agent *a);

@@ -128,8 +128,10 @@ static void finish_call(struct sr_call *c)
     sr_value_unref(c->args);
     c->args = NULL;
     if (c->owner) {
-        char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
+        char text[512] = "";
+        if (c->err)
+            snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank,
+                     c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         sr__rref_owner_set(c->owner, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
         send_remote_ret(a, c->caller, c->call_id);
         sr_rref_unref(c->owner);
@@ -460,8 +462,13 @@ static void fetch_done(sr_future *vf, void *p)
     else
         send_result(a, fx->caller, fx->call_id, v);
     sr_value_unref(v);
-    free(fx);
     atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
+}
+
+static void fetch_done_free(sr_future *vf, void *p)
+{
+    fetch_done(vf, p);
+    free(p);
 }
 
 static void fetch_drop(void *p)
@@ -477,13 +484,19 @@ static void handle_fetch(sr_agent *a, const sr_msg *m)
     char text[256];
     int code = 0;
     sr_future *vf = sr__rref_fetch_value(w.rref_id, w.flags & SR_WIRE_CONFIRMED, &code, text, sizeof(text));
+    if (vf && sr_future_done(vf)) { /* the common case: the value is there */
+        struct fetch fx = {.a = a, .caller = m->src, .call_id = w.call_id};
+        fetch_done(vf, &fx);
+        sr_future_unref(vf);
+        return;
+    }
     struct fetch *fx = vf ? malloc(sizeof(*fx)) : NULL;
     if (!fx) {
         send_error(a, m->src, w.call_id, vf ? -ENOMEM : code, vf ? "out of memory" : text);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
     } else {
         *fx = (struct fetch){.a = a, .caller = m->src, .call_id = w.call_id};
-        if (sr__future_on_done(vf, fetch_done, fetch_drop, fx)) {
+        if (sr__future_on_done(vf, fetch_done_free, fetch_drop, fx)) {
             send_error(a, m->src, w.call_id, -ENOMEM, sr_last_error());
             fetch_drop(fx);
         }

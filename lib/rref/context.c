@@ -40,34 +40,31 @@ const char *sr__id_str(uint64_t id, char *buf, size_t len)
     return buf;
 }
 
-struct owner_rec *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting)
+sr_rref *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct owner_rec *o = sr__map_get(&c->owners, rid);
-    if (o)
-        return o;
-    o = malloc(sizeof(*o));
-    sr_rref *r = o ? sr__rref_alloc(true, c->rank, rid, SR_RREF_NO_ID) : NULL;
-    if (!r || sr__map_put(&c->owners, rid, o)) {
+    sr_rref *r = sr__map_get(&c->owners, rid);
+    if (r)
+        return r;
+    r = sr__rref_alloc(true, c->rank, rid, SR_RREF_NO_ID);
+    if (!r || sr__map_put(&c->owners, rid, r)) {
         sr_rref_unref(r); /* a fresh owner: nothing registered, the lock is not re-taken */
-        free(o);
         sr__fail(-ENOMEM, "sr_rref", "out of memory for the OwnerRRef of rref id %" PRIx64, rid);
         return NULL;
     }
-    *o = (struct owner_rec){.owner = r, .awaiting = awaiting};
+    r->awaiting = awaiting;
     c->awaiting += awaiting;
-    return o;
+    return r;
 }
 
 void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct owner_rec *o = sr__map_get(&c->owners, rid);
-    if (!o || o->awaiting || sr__forks_count(&c->forks, rid))
+    sr_rref *r = sr__map_get(&c->owners, rid);
+    if (!r || r->awaiting || sr__forks_count(&c->forks, rid))
         return;
     sr__map_del(&c->owners, rid);
-    d->unref[d->nunref++] = o->owner;
-    free(o);
+    d->unref[d->nunref++] = r;
 }
 
 bool sr__idle_locked(void)
@@ -88,7 +85,7 @@ void sr__idle_check_locked(struct after *d)
 void sr__after_run(sr_agent *a, struct after *d)
 {
     for (int i = 0; i < d->nsend; i++)
-        sr__ctrl_send(a, d->send[i].to, &d->send[i].m);
+        sr__ctrl_send(a, d->send[i].to, &d->send[i].m, d->send[i].quiet);
     /* References go before completions: a thread woken by a completion (a
      * confirmation, idleness) must find every delete they cause queued. */
     for (int i = 0; i < d->nunref; i++)
@@ -107,7 +104,7 @@ int sr__rref_init(sr_agent *a, bool ignore_leaks)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
-    atomic_fetch_add_explicit(&c->gen, 1, memory_order_relaxed); /* relaxed: under the lock */
+    uint64_t gen = atomic_fetch_add_explicit(&c->gen, 1, memory_order_relaxed) + 1; /* relaxed: under the lock */
     c->active = true;
     c->ignore_leaks = ignore_leaks;
     c->rank = a->rank;
@@ -122,6 +119,8 @@ int sr__rref_init(sr_agent *a, bool ignore_leaks)
     /* Test-only reordering delays messages by up to a few ms: retry sooner,
      * so that duplicates really happen and their handling is exercised. */
     c->retry_first_ns = a->reorder ? 2000000 : 50000000;
+    /* release: pairs with sr__rref_live's acquire; the fields above are set */
+    atomic_store_explicit(&c->live_gen, gen, memory_order_release);
     sr__rref_unlock();
     return 0;
 }

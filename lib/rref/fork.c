@@ -30,9 +30,8 @@
 int sr__rref_sendable(const sr_rref *r, const char *fn)
 {
     char s[96];
-    sr__rref_lock();
-    bool live = sr__rref_live_locked(r), deleted = r->deleted;
-    sr__rref_unlock();
+    /* relaxed: a hint; a delete racing this send is the sender's own race */
+    bool live = sr__rref_live(r), deleted = atomic_load_explicit(&((sr_rref *)r)->deleted, memory_order_relaxed);
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
                         sr_rref_str(r, s, sizeof(s)));
@@ -45,26 +44,24 @@ int sr__rref_sendable(const sr_rref *r, const char *fn)
     return 0;
 }
 
-/* The owner's record of r, created around r itself (not a new object). */
-static struct owner_rec *own_record_locked(sr_rref *r)
+/* Register r itself as the OwnerRRef of its id (early fork registration). */
+static bool own_record_locked(sr_rref *r)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct owner_rec *o = sr__map_get(&c->owners, r->rref_id);
+    sr_rref *o = sr__map_get(&c->owners, r->rref_id);
     if (o)
-        return o->owner == r ? o : NULL;
-    o = malloc(sizeof(*o));
-    if (!o || sr__map_put(&c->owners, r->rref_id, o)) {
-        free(o);
-        return NULL;
-    }
-    *o = (struct owner_rec){.owner = sr_rref_ref(r)};
-    return o;
+        return o == r;
+    if (sr__map_put(&c->owners, r->rref_id, r))
+        return false;
+    sr_rref_ref(r);
+    return true;
 }
 
 int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     enum sr_fork_add res;
     uint64_t fid = sr__rref_new_ids(1);
     if (fid == SR_RREF_NO_ID)
@@ -90,7 +87,8 @@ int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
 void sr__rref_unfork(sr_rref *r, uint64_t fid)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     enum sr_fork_del res;
     sr__rref_lock();
     if (sr__rref_live_locked(r) && r->is_owner) {
@@ -131,19 +129,18 @@ static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
     enum sr_fork_del res;
     int parent = SR_RREF_ID_RANK(fid);
     if (parent == c->rank) { /* sent to itself: the early registration is undone */
-        struct owner_rec *o = sr__map_get(&c->owners, rid);
-        if (!o)
+        sr_rref *r = sr_rref_ref(sr__map_get(&c->owners, rid));
+        if (!r)
             return NULL;
-        sr_rref *r = sr_rref_ref(o->owner);
         sr__forks_del(&c->forks, rid, fid, 1, true, &res);
         sr__owner_maybe_erase_locked(rid, d);
         return r;
     }
-    struct owner_rec *o = sr__owner_get_or_create_locked(rid, true);
-    if (!o)
+    sr_rref *r = sr__owner_get_or_create_locked(rid, true);
+    if (!r)
         return NULL;
     sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0, true);
-    return sr_rref_ref(o->owner);
+    return sr_rref_ref(r);
 }
 
 /* X != O: a new UserRRef (one reference for the caller). */
@@ -162,7 +159,7 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
     }
     if (!(r->confirm = sr_future_new()) || sr__map_put(&c->pending_users, fid, r)) {
         r->registered = false;
-        r->deleted = true;
+        atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
         d->unref[d->nunref++] = r;
         return NULL;
     }
@@ -174,7 +171,8 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
 int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     char s[32];
     sr__rref_lock();
     sr_rref *r = !c->active ? NULL

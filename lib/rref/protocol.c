@@ -63,7 +63,7 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
     struct retry *e = retry ? malloc(sizeof(*e)) : NULL;
     if (e) {
         token = c->next_token++;
-        int64_t now = sr_now_ns();
+        int64_t now = sr_now_coarse_ns(); /* a retry is due tens of ms later: a few ms of error do not matter */
         *e = (struct retry){.to = to, .kind = (uint8_t)kind, .sends = 1, .next_ns = now + c->retry_first_ns,
                             .interval_ns = c->retry_first_ns};
         e->m = ctrl_msg(kind, token, rid, fid, extra);
@@ -76,25 +76,32 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
         }
     }
     d->send[d->nsend].to = to;
+    d->send[d->nsend].quiet = false;
     d->send[d->nsend++].m = ctrl_msg(kind, token, rid, fid, extra);
     return 0;
 }
 
-int sr__ctrl_send(sr_agent *a, int to, sr_msg *m)
+int sr__ctrl_send(sr_agent *a, int to, sr_msg *m, bool quiet)
 {
     /* relaxed: counted before it can arrive (see shutdown.c's quiescence waves) */
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed);
-    int rc = sr__agent_send(a, to, m);
+    int rc = quiet ? sr__agent_send_quiet(a, to, m) : sr__agent_send(a, to, m);
     if (rc) /* a dead peer: it never arrives; the retry entry goes with the peer */
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above */
     return rc;
 }
 
-static void queue_ack(struct after *d, int to, uint64_t token)
+/* The ACK of a FORK_REQUEST confirms a user that a function may be waiting
+ * on: it wakes its receiver. Other ACKs only cancel a retry, so they go
+ * quietly: the receiver reads them when it next polls, and its retry timer
+ * polls before it resends (agent.c). This keeps a user that dropped an RRef
+ * from being woken for the acknowledgement of its delete. */
+static void queue_ack(struct after *d, int to, uint64_t token, bool quiet)
 {
     if (!token)
         return; /* sent without a retry entry: nobody waits for the ACK */
     d->send[d->nsend].to = to;
+    d->send[d->nsend].quiet = quiet;
     d->send[d->nsend++].m = ctrl_msg(SR_RREF_ACK, token, 0, 0, 0);
 }
 
@@ -105,7 +112,7 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
     enum sr_fork_add res;
     if (sr__forks_add(&sr__rref_ctx.forks, w->p.args.a, w->p.args.b, &res))
         return; /* no memory: no ACK, so the user asks again later */
-    queue_ack(d, src, w->call_id);
+    queue_ack(d, src, w->call_id, false);
 }
 
 static void on_child_accept(const struct sr_wire *w, int src, struct after *d)
@@ -113,7 +120,7 @@ static void on_child_accept(const struct sr_wire *w, int src, struct after *d)
     sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
     if (parent) /* G2: the child is known to the owner; the parent may go */
         d->unref[d->nunref++] = parent;
-    queue_ack(d, src, w->call_id);
+    queue_ack(d, src, w->call_id, true);
 }
 
 static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
@@ -123,7 +130,7 @@ static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
     if (sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 1), extra & 1, &res))
         return; /* no memory for the tombstone: no ACK, the user sends it again */
     sr__owner_maybe_erase_locked(rid, d);
-    queue_ack(d, src, w->call_id);
+    queue_ack(d, src, w->call_id, true);
 }
 
 /* The owner acknowledged a FORK_REQUEST: the user is confirmed, and tells
@@ -153,7 +160,8 @@ static void on_ack(const struct sr_wire *w, struct after *d)
 void sr__rref_ctrl(sr_agent *a, const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     sr__rref_lock();
     if (!sr__rref_ctx.active) {
         sr__rref_unlock();
@@ -217,7 +225,7 @@ void sr__rref_tick(sr_agent *a, int64_t now)
     int n = sr__rref_ctx.active ? collect_due_locked(now, msgs, to) : 0;
     sr__rref_unlock();
     for (int i = 0; i < n; i++)
-        sr__ctrl_send(a, to[i], &msgs[i]);
+        sr__ctrl_send(a, to[i], &msgs[i], false);
     /* relaxed: statistics */
     atomic_fetch_add_explicit(&sr__rref_ctx.resent, (uint64_t)n, memory_order_relaxed);
 }
@@ -226,7 +234,8 @@ void sr__rref_tick(sr_agent *a, int64_t now)
 static bool drop_one_for(sr_agent *a, int rank)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     sr_rref *failed = NULL;
     size_t pos = 0;
     uint64_t token;
@@ -242,7 +251,7 @@ static bool drop_one_for(sr_agent *a, int rank)
         struct sr_wire w = sr_wire_get(&e->m);
         sr_rref *r = e->kind == SR_RREF_FORK_REQUEST ? sr__map_get(&c->pending_users, w.p.args.b) : NULL;
         if (r) { /* never confirmed: nothing to delete on a dead owner */
-            r->deleted = true;
+            atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
             failed = sr_rref_ref(r);
             sr__user_resolve_locked(r, false, &d);
         }

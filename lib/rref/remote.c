@@ -31,7 +31,8 @@ static void drop_rref(void *p) { sr_rref_unref(p); }
 static void user_created(sr_future *f, void *p)
 {
     sr_rref *r = p;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     char msg[600];
     int err = sr_future_value(f, NULL);
     if (err == -ETIMEDOUT)
@@ -40,8 +41,8 @@ static void user_created(sr_future *f, void *p)
         snprintf(msg, sizeof(msg), "RRef creation via rpc.remote() failed: %s", sr_last_error());
     if (err)
         sr__rref_set_create_error(r, err, msg);
-    sr_future *confirm = sr_future_ref(r->confirm);
     sr__rref_lock();
+    sr_future *confirm = r->confirm ? sr_future_ref(r->confirm) : NULL; /* made lazily, under the lock */
     r->adds_sent = 1; /* the REMOTE_CALL */
     if (sr__rref_live_locked(r))
         sr__user_resolve_locked(r, !err, &d);
@@ -49,7 +50,7 @@ static void user_created(sr_future *f, void *p)
     d.unref[d.nunref++] = r;
     sr__rref_unlock();
     sr__after_run(sr__agent, &d);
-    if (err)
+    if (err && confirm)
         sr_future_set_error(confirm, err, "%s", msg);
     sr_future_unref(confirm);
 }
@@ -116,9 +117,10 @@ static int add_pending(sr_rref *r)
 /* The REMOTE_CALL could not be sent: forget the user without a delete. */
 static void drop_pending(sr_rref *r)
 {
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     sr__rref_lock();
-    r->deleted = true; /* the owner never heard of it */
+    atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */ /* the owner never heard of it */
     sr__user_resolve_locked(r, false, &d);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
@@ -132,9 +134,7 @@ static int remote_user(sr_agent *a, int to, const char *fn, sr_args args, int64_
         return -EOVERFLOW;
     sr_rref *r = sr__rref_alloc(false, to, rid, rid + 1);
     sr_future *f = r ? sr_future_new() : NULL;
-    if (r)
-        r->confirm = sr_future_new();
-    int rc = !f || !r->confirm ? -ENOMEM : add_pending(r);
+    int rc = !f ? -ENOMEM : add_pending(r);
     if (rc) {
         sr_future_unref(f);
         sr_rref_unref(r);
@@ -259,18 +259,18 @@ SR_API int sr_rref_rpc_sync(sr_rref *r, const char *fn, sr_args extra, double ti
 sr_rref *sr__rref_remote_owner(uint64_t rid, int caller)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     sr_rref *r = NULL;
     enum sr_fork_add res;
     sr__rref_lock();
-    struct owner_rec *o = c->active && SR_RREF_ID_RANK(rid) == caller ? sr__owner_get_or_create_locked(rid, false)
-                                                                      : NULL;
+    sr_rref *o = c->active && SR_RREF_ID_RANK(rid) == caller ? sr__owner_get_or_create_locked(rid, false) : NULL;
     if (o && !sr__forks_add(&c->forks, rid, rid + 1, &res)) {
         if (o->awaiting) { /* uses overtook their creating call; it is here now */
             o->awaiting = false;
             c->awaiting--;
         }
-        r = sr_rref_ref(o->owner);
+        r = sr_rref_ref(o);
     }
     if (o) /* gone at once if its creator's delete came first (a tombstone) or the add failed */
         sr__owner_maybe_erase_locked(rid, &d);

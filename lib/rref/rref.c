@@ -26,6 +26,7 @@ sr_rref *sr__rref_alloc(bool is_owner, int owner, uint64_t rid, uint64_t fid)
     /* relaxed: the round changes only at init and fini, never under a live RRef's feet */
     r->gen = atomic_load_explicit(&sr__rref_ctx.gen, memory_order_relaxed);
     atomic_init(&r->confirmed, is_owner);
+    atomic_init(&r->deleted, false);
     atomic_init(&r->create_err, 0);
     return r;
 }
@@ -42,7 +43,8 @@ SR_API sr_rref *sr_rref_ref(sr_rref *r)
 static void user_gone(sr_rref *r)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d = {0};
+    struct after d;
+    sr__after_init(&d);
     sr__rref_lock();
     if (r->registered && sr__rref_live_locked(r)) {
         if (sr__map_get(&c->users, r->fork_id) == r)
@@ -69,9 +71,10 @@ SR_API void sr_rref_unref(sr_rref *r)
 
 void sr__user_delete_locked(sr_rref *r, struct after *d)
 {
-    if (r->deleted)
+    /* relaxed: written under the lock we hold; lock-free readers only take a hint */
+    if (atomic_load_explicit(&r->deleted, memory_order_relaxed))
         return;
-    r->deleted = true;
+    atomic_store_explicit(&r->deleted, true, memory_order_relaxed);
     /* relaxed: written under the lock we hold */
     bool confirmed = atomic_load_explicit(&r->confirmed, memory_order_relaxed);
     sr__ctrl_queue_locked(d, r->owner, SR_RREF_USER_DELETE, r->rref_id, r->fork_id,
@@ -175,14 +178,25 @@ SR_API int sr_rref_confirmation(sr_rref *r, sr_future **out)
 {
     if (!r || !out)
         return sr__fail(-EINVAL, "sr_rref_confirmation", "%s is NULL", r ? "out" : "the RRef");
-    if (r->confirm) {
-        *out = sr_future_ref(r->confirm);
+    sr__rref_lock();
+    bool pending = !r->is_owner && r->registered && sr__rref_live_locked(r) &&
+                   sr__map_get(&sr__rref_ctx.pending_users, r->fork_id) == r;
+    if (!r->confirm && pending) /* a remote() user: made on demand, completed by its REMOTE_RET */
+        r->confirm = sr_future_new();
+    sr_future *f = r->confirm ? sr_future_ref(r->confirm) : NULL;
+    sr__rref_unlock();
+    if (f) {
+        *out = f;
         return 0;
     }
-    sr_future *f = sr_future_new();
-    if (!f)
+    if (!(f = sr_future_new()))
         return -ENOMEM;
-    sr_future_set_result(f, NULL); /* an owner, or a user confirmed on arrival */
+    /* acquire: pairs with the release store in sr__rref_set_create_error */
+    int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+    if (err)
+        sr_future_set_error(f, err, "%s", r->create_msg ? r->create_msg : "RRef creation failed");
+    else
+        sr_future_set_result(f, NULL); /* an owner, or a user already confirmed */
     *out = f;
     return 0;
 }

@@ -33,10 +33,16 @@ struct sr_rref {
     uint64_t fork_id;     /* users; SR_RREF_NO_ID for an owner */
     uint64_t gen;         /* the context round it belongs to */
     sr_future *value;     /* owner: completed once, with the value or the error that replaced it */
-    sr_future *confirm;   /* user: completed once confirmed (or failed); NULL if confirmed on arrival */
+    /* user: completed once confirmed (or failed). A received user that must
+     * ask its owner gets it before it is published; a remote() user gets it
+     * lazily, under the lock, only if someone asks (sr_rref_confirmation). */
+    sr_future *confirm;
+    /* Owners. */
+    bool awaiting;        /* lock: created by a use (fork, fetch) before its REMOTE_CALL arrived */
     /* Users. */
     _Atomic bool confirmed;  /* release store under the lock, acquire loads anywhere */
-    bool deleted;            /* lock: the owner has been (or is being) told this fork is gone */
+    _Atomic bool deleted;    /* set under the lock: the owner has been (or is being) told this fork is
+                                is gone; read without it as a hint (relaxed) */
     bool registered;         /* lock: in pending_users or users */
     uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
     /* remote() creation error: create_msg is written before the release store of create_err. */
@@ -44,27 +50,22 @@ struct sr_rref {
     char *create_msg;
 };
 
-/* An owned RRef the context knows: forked, or awaiting its creating call. */
-struct owner_rec {
-    sr_rref *owner;  /* reference held by the context */
-    bool awaiting;   /* created by a use (fork, fetch) before its REMOTE_CALL arrived */
-};
-
 struct rref_ctx {
     pthread_mutex_t lock;
     bool active;             /* lock: between sr__rref_init and sr__rref_fini */
     bool ignore_leaks;       /* written at init, before any other thread looks */
     _Atomic uint64_t gen;    /* bumped by every init, under the lock (relaxed loads: see live_locked) */
+    _Atomic uint64_t live_gen; /* gen while active, 0 after fini: the lock-free liveness check */
     int rank, world;         /* written at init */
     _Atomic uint64_t next_id;    /* the GUID counter (RRef and fork ids) */
     uint64_t next_token;         /* lock: retry tokens */
-    sr_u64map owners;            /* rref_id -> struct owner_rec * */
+    sr_u64map owners;            /* rref_id -> OwnerRRef (a reference): forked, or awaiting its creating call */
     sr_fork_table forks;         /* the owner's view of its users */
     sr_u64map pending_users;     /* fork_id -> sr_rref * (reference) */
     sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
     sr_u64map retries;           /* token -> struct retry * */
-    uint32_t awaiting;           /* lock: owner_recs with awaiting set */
+    uint32_t awaiting;           /* lock: owners with awaiting set */
     sr_future *idle;             /* lock: completed when pending users, children and retries are all gone */
     _Atomic int64_t retry_hint;  /* a lower bound on the next retry; -1: none (see protocol.c) */
     int64_t retry_first_ns;      /* first retry interval (written at init) */
@@ -83,11 +84,18 @@ struct after {
     int ncomplete;
     struct {
         int to;
+        bool quiet; /* wakes nobody: an acknowledgement only a retry timer waits for */
         sr_msg m;
     } send[AFTER_MAX];
     int nsend;
     bool kick;   /* a retry deadline was lowered: wake the progress thread to re-arm its timer */
 };
+/* Only the counts: zeroing the arrays would cost more than the work. */
+static inline void sr__after_init(struct after *d)
+{
+    d->nunref = d->ncomplete = d->nsend = 0;
+    d->kick = false;
+}
 void sr__after_run(sr_agent *a, struct after *d);
 
 /* context.c */
@@ -95,12 +103,19 @@ void sr__rref_lock(void);
 void sr__rref_unlock(void);
 /* The caller's round is live (lock held). */
 bool sr__rref_live_locked(const sr_rref *r);
+/* The same without the lock, for checks that a racing shutdown may overtake anyway. */
+static inline bool sr__rref_live(const sr_rref *r)
+{
+    extern struct rref_ctx sr__rref_ctx;
+    /* acquire: pairs with the release store in sr__rref_init */
+    return r->gen == atomic_load_explicit(&sr__rref_ctx.live_gen, memory_order_acquire);
+}
 /* n consecutive new ids; the first, or SR_RREF_NO_ID when the counter is spent. */
 uint64_t sr__rref_new_ids(unsigned n);
-/* The record of an owned RRef, created (with a new OwnerRRef awaiting its
- * value) if absent; NULL on -ENOMEM. */
-struct owner_rec *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting);
-/* Forget the record once no fork is left and no creating call is awaited. */
+/* The registered OwnerRRef of rid (borrowed), created (awaiting its value)
+ * if absent; NULL on -ENOMEM. */
+sr_rref *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting);
+/* Unregister the OwnerRRef once no fork is left and no creating call is awaited. */
 void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d);
 /* Complete ctx.idle if the worker just became idle. */
 void sr__idle_check_locked(struct after *d);
@@ -122,8 +137,8 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
  * when retry is true. The first send happens in sr__after_run. */
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
                           uint64_t extra, bool retry);
-/* Send one message now, counted for quiescence. */
-int sr__ctrl_send(sr_agent *a, int to, sr_msg *m);
+/* Send one message now, counted for quiescence (quietly: see sr__agent_send_quiet). */
+int sr__ctrl_send(sr_agent *a, int to, sr_msg *m, bool quiet);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 

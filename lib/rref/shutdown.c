@@ -24,6 +24,7 @@
 #include "rref_internal.h"
 
 #define LEAKS_IN_ERROR 4
+#define LEAKS_ON_STDERR 32
 
 /* Mark up to AFTER_MAX users deleted and queue their deletes; false if none was left. */
 static bool delete_some_users(struct after *d)
@@ -35,7 +36,7 @@ static bool delete_some_users(struct after *d)
     int n = 0;
     while (n < AFTER_MAX && sr__map_next(&c->users, &pos, &fid, &p)) {
         sr_rref *r = p;
-        if (r->deleted)
+        if (atomic_load_explicit(&r->deleted, memory_order_relaxed)) /* relaxed: under the lock */
             continue;
         sr__user_delete_locked(r, d);
         n++;
@@ -51,7 +52,8 @@ int sr__rref_shutdown_users(sr_agent *a, int64_t deadline)
     if (rc)
         return sr__fail(rc, "sr_shutdown", "waiting for pending RRef users and children: %s", sr_last_error());
     for (bool more = true; more;) {
-        struct after d = {0};
+        struct after d;
+    sr__after_init(&d);
         sr__rref_lock();
         more = c->active && delete_some_users(&d);
         sr__rref_unlock();
@@ -69,14 +71,13 @@ static size_t drop_unforked_locked(sr_rref **drop, size_t cap)
     uint64_t rid;
     void *p;
     while (n < cap && sr__map_next(&c->owners, &pos, &rid, &p)) {
-        struct owner_rec *o = p;
+        sr_rref *o = p;
         if (sr__forks_count(&c->forks, rid))
             continue;
         sr__map_del(&c->owners, rid);
         pos = 0; /* the table moved under the iterator */
         c->awaiting -= o->awaiting;
-        drop[n++] = o->owner;
-        free(o);
+        drop[n++] = o;
     }
     return n;
 }
@@ -98,8 +99,8 @@ static void drop_unforked(void)
     } while (n == 64);
 }
 
-/* "Leaking RRef (0,3) with fork id (1,7)" for each live fork: all on stderr,
- * the first few in the error. Returns the number of leaks. */
+/* "Leaking RRef (0,3) with fork id (1,7)" for each live fork: the first 32
+ * on stderr, the first few in the error. Returns the number of leaks. */
 static size_t report_leaks(int rank, char *msg, size_t len)
 {
     struct rref_ctx *c = &sr__rref_ctx;
@@ -114,7 +115,10 @@ static size_t report_leaks(int rank, char *msg, size_t len)
         char a[32], b[32], line[96];
         snprintf(line, sizeof(line), "Leaking RRef %s with fork id %s", sr__id_str(all[i][0], a, sizeof(a)),
                  sr__id_str(all[i][1], b, sizeof(b)));
-        fprintf(stderr, "worker%d: %s\n", rank, line);
+        if (i < LEAKS_ON_STDERR)
+            fprintf(stderr, "worker%d: %s\n", rank, line);
+        else if (i == LEAKS_ON_STDERR)
+            fprintf(stderr, "worker%d: ... and %zu more leaking forks\n", rank, n - i);
         if (i < LEAKS_IN_ERROR && used < len)
             used += (size_t)snprintf(msg + used, len - used, " %s;", line);
     }
@@ -148,10 +152,8 @@ static void fail_and_unref_owners(sr_u64map *m)
     uint64_t k;
     void *p;
     while (sr__map_next(m, &pos, &k, &p)) {
-        struct owner_rec *o = p;
-        sr__rref_owner_fail(o->owner, -SR_ESHUTDOWN, "RPC shut down before the RRef's value was set");
-        sr_rref_unref(o->owner);
-        free(o);
+        sr__rref_owner_fail(p, -SR_ESHUTDOWN, "RPC shut down before the RRef's value was set");
+        sr_rref_unref(p);
     }
     sr__map_free(m);
 }
@@ -175,6 +177,7 @@ void sr__rref_fini(void)
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
     c->active = false;
+    atomic_store_explicit(&c->live_gen, 0, memory_order_relaxed); /* relaxed: only ends liveness */
     sr_u64map owners = c->owners, pending = c->pending_users, children = c->children, retries = c->retries;
     sr_fork_table forks = c->forks;
     sr_future *idle = c->idle;

@@ -35,10 +35,8 @@ static int usable(sr_rref *r, const char *fn, bool *deleted)
 {
     if (!r)
         return sr__fail(-EINVAL, fn, "the RRef is NULL");
-    sr__rref_lock();
-    bool live = sr__rref_live_locked(r);
-    *deleted = r->deleted;
-    sr__rref_unlock();
+    bool live = sr__rref_live(r);
+    *deleted = atomic_load_explicit(&r->deleted, memory_order_relaxed); /* relaxed: a hint (see sr_rref) */
     char s[96];
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
@@ -91,7 +89,7 @@ static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value
 
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
 {
-    bool deleted;
+    bool deleted = false;
     sr_agent *a = sr__agent;
     char s[96];
     int rc = usable(r, "sr_rref_to_here", &deleted);
@@ -111,7 +109,7 @@ SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
 
 SR_API int sr_rref_local_value(sr_rref *r, sr_value **out)
 {
-    bool deleted;
+    bool deleted = false;
     char s[96];
     if (r && !r->is_owner) {
         const char *me = sr_worker_name(sr_rank()), *own = sr_worker_name(r->owner);
@@ -138,11 +136,11 @@ sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *t
     char s[32];
     sr_future *f = NULL;
     sr__rref_lock();
-    struct owner_rec *o = c->active ? sr__map_get(&c->owners, rid) : NULL;
+    sr_rref *o = c->active ? sr__map_get(&c->owners, rid) : NULL;
     if (!o && c->active && !confirmed) /* the fetch overtook the creating REMOTE_CALL */
         o = sr__owner_get_or_create_locked(rid, true);
     if (o)
-        f = sr_future_ref(o->owner->value);
+        f = sr_future_ref(o->value);
     sr__rref_unlock();
     if (f)
         return f;
@@ -156,7 +154,7 @@ sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *t
 int sr__rref_proxy_value(const sr_value *arg0, sr_value **out)
 {
     sr_rref *r = sr_value_rref(arg0);
-    bool deleted;
+    bool deleted = false;
     if (!r || !r->is_owner)
         return sr__fail(-EINVAL, "sr_rref_rpc", "argument 0 of a proxy call must be an RRef owned by worker%d, not %s",
                         sr__rref_ctx.rank, r ? "a UserRRef" : sr_kind_name(sr_value_type(arg0)));

@@ -1,0 +1,246 @@
+/* RRef benchmarks, each printed next to the no-op rpc_sync measured in the
+ * same run (the ratio is the median of per-round ratios, so that a round's
+ * two figures share its noise) and next to PyTorch's figure.
+ *
+ *   bench_rref [remote] [fork] [proxy] [pair] [noop2]      (default: all)
+ *
+ *   remote+to_here   sr_remote(noop) + sr_rref_to_here + drop, one owner
+ *   fork user->user  rpc_sync to a second user with a UserRRef argument: the
+ *                    callee asks the owner (FORK_REQUEST, ACK) before its
+ *                    function may run, then accepts the child at the parent
+ *   proxy rpc_sync   sr_rref_rpc_sync(rref, noop) from a user to the owner
+ *   2 pipelined noop two rpc_async no-ops in flight at once (what remote+to_here
+ *                    is on the wire, without the RRef bookkeeping)
+ *   noop to user 2   rpc_sync no-op to the second user (the fork's callee)
+ *
+ * Three workers: rank 0 measures, rank 1 owns, rank 2 is the second user;
+ * the callees serve while waiting on a future that rank 0 completes at the
+ * end. `noop` is a built-in and runs inline on the polling thread; `take` is
+ * an async function (inline too), so every figure is the runtime's own cost.
+ * Results are checked after timing. PyTorch's figures: design/
+ * PERFORMANCE.md (remote+to_here) and bench/compare/torch_rref.py.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "shmrpc/shmrpc.h"
+
+#define PT_NOOP_P50_NS 262000.0   /* PyTorch 1.13 rpc_sync no-op, this machine (PERFORMANCE.md) */
+#define PT_REMOTE_P50_NS 771000.0 /* PyTorch 1.13 remote() + to_here() */
+
+#define ROUNDS 7
+#define N 3000
+#define WARM 500
+
+enum { NOOP, REMOTE, FORK, PROXY, PAIR, NOOP2, NWORK };
+static const char *names[NWORK] = {"rpc_sync noop", "remote+to_here", "fork user->user", "proxy rpc_sync",
+                                   "2 pipelined noop", "noop to user 2"};
+
+struct result {
+    double p50[ROUNDS], p99[ROUNDS];
+};
+
+struct shared {
+    struct result r[NWORK];
+    int errors;
+};
+
+static struct shared *sh;
+static bool wanted[NWORK] = {true, true, true, true, true, true}; /* set from argv before the workers fork */
+static sr_future *done_fut; /* ranks 1, 2: completed by rank 0's "done" */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int fn_done(sr_call *c)
+{
+    sr_future_set_result(done_fut, NULL);
+    return sr_call_return(c, NULL);
+}
+
+/* take(rref): a user function that received an RRef (async: runs inline, as
+ * soon as the RRef is confirmed). */
+static int fn_take(sr_call *c, sr_future **out)
+{
+    if (!sr_rref_confirmed_by_owner(sr_value_rref(sr_call_arg(c, 0))))
+        return sr_call_fail(c, -EINVAL, "take ran before its RRef was confirmed");
+    sr_future *f = sr_future_new();
+    if (!f)
+        return -ENOMEM;
+    sr_future_set_result(f, NULL);
+    *out = f;
+    return 0;
+}
+
+/* One timed iteration of workload w; the result is checked. */
+static int once(int w, sr_rref *r, sr_value *rv)
+{
+    sr_value *v = NULL;
+    sr_rref *made = NULL;
+    int rc;
+    switch (w) {
+    case NOOP: return sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
+    case REMOTE:
+        rc = sr_remote(1, "noop", SR_NOARGS, -1, &made);
+        if (!rc)
+            rc = sr_rref_to_here(made, -1, &v);
+        rc = rc ? rc : sr_value_type(v) != SR_KIND_NONE;
+        sr_value_unref(v);
+        sr_rref_unref(made);
+        return rc;
+    case FORK: return sr_rpc_sync(2, "take", SR_ARGS(rv), -1, NULL);
+    case PROXY: return sr_rref_rpc_sync(r, "noop", SR_NOARGS, -1, NULL);
+    case PAIR: { /* what remote+to_here does on the wire: two requests in flight at once */
+        sr_future *a = NULL, *b = NULL;
+        rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, &a) || sr_rpc_async(1, "noop", SR_NOARGS, -1, &b);
+        rc = rc || sr_future_wait(b, NULL) || sr_future_wait(a, NULL);
+        sr_future_unref(a);
+        sr_future_unref(b);
+        return rc;
+    }
+    case NOOP2: return sr_rpc_sync(2, "noop", SR_NOARGS, -1, NULL);
+    }
+    return -EINVAL;
+}
+
+static void measure(int round, sr_rref *r, sr_value *rv)
+{
+    static int64_t lat[N];
+    for (int w = 0; w < NWORK; w++) {
+        if (!wanted[w])
+            continue;
+        for (int i = 0; i < N; i++) {
+            int64_t t0 = now_ns();
+            if (once(w, r, rv))
+                sh->errors++;
+            lat[i] = now_ns() - t0;
+        }
+        qsort(lat, N, sizeof(lat[0]), cmp_i64);
+        sh->r[w].p50[round] = (double)lat[N / 2];
+        sh->r[w].p99[round] = (double)lat[N * 99 / 100];
+    }
+}
+
+static int driver(void)
+{
+    sr_value *n = sr_int(1), *v = NULL;
+    sr_rref *r = NULL;
+    if (sr_remote(1, "echo", SR_ARGS(n), -1, &r) || sr_rref_to_here(r, -1, &v) || sr_value_int(v) != 1)
+        return 1;
+    sr_value_unref(v);
+    sr_value *rv = sr_rref_value(r);
+    for (int w = 0; w < NWORK; w++)
+        for (int i = 0; wanted[w] && i < WARM; i++)
+            once(w, r, rv);
+    for (int round = 0; round < ROUNDS; round++)
+        measure(round, r, rv);
+    sr_value_unref(rv);
+    sr_value_unref(n);
+    sr_rref_unref(r);
+    sr_rref_debug_info d;
+    if (sr_rref_wait_idle(60) || sr_rref_debug_info_get(&d) || d.num_pending_children || d.num_pending_users)
+        sh->errors++;
+    sr_rpc_sync(1, "done", SR_NOARGS, -1, NULL);
+    sr_rpc_sync(2, "done", SR_NOARGS, -1, NULL);
+    return 0;
+}
+
+static int worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_register("done", fn_done);
+    sr_register_async("take", fn_take);
+    done_fut = sr_future_new();
+    if (sr_init(NULL))
+        return 1;
+    int rc = rank == 0 ? driver() : sr_future_wait(done_fut, NULL);
+    sr_future_unref(done_fut);
+    if (sr_shutdown(true, 60)) {
+        fprintf(stderr, "rank %d: shutdown: %s\n", rank, sr_last_error());
+        return 1;
+    }
+    return rc ? 1 : 0;
+}
+
+static void report(void)
+{
+    double noop50[ROUNDS], noop99[ROUNDS];
+    memcpy(noop50, sh->r[NOOP].p50, sizeof(noop50));
+    memcpy(noop99, sh->r[NOOP].p99, sizeof(noop99));
+    double base = median(noop50, ROUNDS);
+    printf("# bench_rref: 3 workers (driver, owner, second user), %d rounds x %d calls, median over rounds\n",
+           ROUNDS, N);
+    printf("%-16s | p50 %8.0f ns p99 %8.0f ns | PyTorch p50 %.0f us: %.0fx faster\n", names[NOOP], base,
+           median(noop99, ROUNDS), PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / base);
+    for (int w = 1; w < NWORK; w++) {
+        double ratio[ROUNDS], p50[ROUNDS], p99[ROUNDS];
+        if (!wanted[w])
+            continue;
+        for (int i = 0; i < ROUNDS; i++)
+            ratio[i] = sh->r[w].p50[i] / sh->r[NOOP].p50[i];
+        memcpy(p50, sh->r[w].p50, sizeof(p50));
+        memcpy(p99, sh->r[w].p99, sizeof(p99));
+        double m = median(p50, ROUNDS), q = median(ratio, ROUNDS);
+        printf("%-16s | p50 %8.0f ns p99 %8.0f ns | %.2fx rpc_sync noop", names[w], m, median(p99, ROUNDS), q);
+        if (w == REMOTE)
+            printf(" (target <= 2: %s) | PyTorch p50 %.0f us: %.0fx faster", q <= 2.0 ? "met" : "NOT met",
+                   PT_REMOTE_P50_NS / 1e3, PT_REMOTE_P50_NS / m);
+        else if (w == FORK || w == PROXY)
+            printf(" | PyTorch: bench/compare/torch_rref.py");
+        printf("\n");
+    }
+}
+
+/* bench_rref [remote] [fork] [proxy] [pair] [noop2]: the workloads to run (default all). */
+int main(int argc, char **argv)
+{
+    static const char *keys[NWORK] = {"noop", "remote", "fork", "proxy", "pair", "noop2"};
+    for (int w = 1; argc > 1 && w < NWORK; w++) {
+        wanted[w] = false;
+        for (int i = 1; i < argc; i++)
+            wanted[w] |= !strcmp(argv[i], keys[w]);
+    }
+    sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    memset(sh, 0, sizeof(*sh));
+    sr_spawn_opts o = {.name_prefix = "bench-rref", .shm_size = 3ull << 28};
+    if (sr_spawn(3, worker, NULL, &o)) {
+        fprintf(stderr, "bench_rref: %s\n", sr_last_error());
+        return 1;
+    }
+    if (sh->errors) {
+        fprintf(stderr, "bench_rref: %d calls failed\n", sh->errors);
+        return 1;
+    }
+    report();
+    return 0;
+}
