@@ -11,6 +11,7 @@ static _Thread_local char last_error[512];
 static int error_rank = -1;
 
 void sr__error_set_rank(int rank) { error_rank = rank; }
+int sr__error_rank(void) { return error_rank; }
 
 int sr__fail(int err, const char *fn, const char *fmt, ...)
 {
@@ -26,6 +27,21 @@ int sr__fail(int err, const char *fn, const char *fmt, ...)
     vsnprintf(last_error + n, sizeof(last_error) - (size_t)n, fmt, ap);
     va_end(ap);
     return err;
+}
+
+SR_API int sr_errorf(int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+/* Keep a message that is already formatted (e.g. one re-raised by a future). */
+void sr__error_set_text(const char *msg)
+{
+    snprintf(last_error, sizeof(last_error), "%s", msg);
 }
 
 SR_API const char *sr_last_error(void) { return last_error; }

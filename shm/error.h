@@ -11,7 +11,12 @@
 int sr__fail(int err, const char *fn, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Replace the detail with an already formatted message. */
+void sr__error_set_text(const char *msg);
+
 /* The rank used in error prefixes; -1 (the default) prints no worker. */
 void sr__error_set_rank(int rank);
+/* This process's rank as set above, or -1. */
+int sr__error_rank(void);
 
 #endif

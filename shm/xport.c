@@ -106,6 +106,10 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     if (rc)
         return rc;
     x->me->pid = getpid();
+    if (o->name)
+        snprintf(x->me->name, sizeof(x->me->name), "%s", o->name);
+    else
+        snprintf(x->me->name, sizeof(x->me->name), "worker%d", x->rank);
     x->me->doorbell_kind = x->waiter.kind;
     /* relaxed: counts only feed the spin heuristic */
     atomic_fetch_add_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
@@ -246,7 +250,7 @@ static bool spin(sr_xport *x, int64_t budget_ns)
     }
 }
 
-static int64_t spin_budget(sr_xport *x)
+int64_t sr_xport_spin_budget(sr_xport *x)
 {
     if (x->fixed_spin)
         return x->spin_ns;
@@ -272,17 +276,27 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
 {
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
-    int64_t budget = spin_budget(x);
+    int64_t budget = sr_xport_spin_budget(x);
     if (budget > 0 && spin(x, budget)) {
         atomic_fetch_add_explicit(&x->st.spin_hits, 1, memory_order_relaxed); /* relaxed: statistics */
         return SR_WAKE_DOORBELL;
     }
+    return sr_xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
+}
+
+void sr_xport_awake(sr_xport *x, int delta)
+{
+    /* relaxed: a heuristic counter for the spin policy */
+    atomic_fetch_add_explicit(&x->seg.hdr->awake, (uint32_t)delta, memory_order_relaxed);
+}
+
+int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
+{
     atomic_fetch_add_explicit(&x->st.sleeps, 1, memory_order_relaxed); /* relaxed: statistics */
-    /* relaxed: heuristic counter */
-    atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
+    sr_xport_awake(x, -1);
     int64_t t0 = sr_now_ns();
-    int ev = sr_waiter_sleep(&x->waiter, deadline_ns, inbox_ready, x->inbox);
+    int ev = sr_waiter_sleep(&x->waiter, deadline_ns, ready, arg);
     adapt(x, sr_now_ns() - t0);
-    atomic_fetch_add_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed); /* relaxed: as above */
+    sr_xport_awake(x, 1);
     return ev;
 }

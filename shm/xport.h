@@ -26,6 +26,7 @@ typedef struct sr_xport_opts {
     uint32_t doorbell;        /* 0: probe (SHMRPC_DOORBELL=eventfd forces the fallback) */
     int64_t spin_ns;          /* < 0 or unset (0 with adaptive=true): adaptive; see below */
     bool fixed_spin;          /* use spin_ns as a fixed budget (0 = never spin) */
+    const char *name;         /* published in the worker table; NULL: "worker<rank>" */
 } sr_xport_opts;
 
 /* Counters of this worker (relaxed atomics: statistics only). */
@@ -79,6 +80,16 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
 
 /* The process of `rank` has exited (cleanly or not). */
+/* The two halves of sr_xport_wait, for callers that run their own spin loop:
+ * the current spin budget (0 when oversubscribed), and the sleep, where
+ * ready(arg) is checked after the doorbell announcement (return true to
+ * cancel the sleep; it must at least report a ready inbox). */
+int64_t sr_xport_spin_budget(sr_xport *x);
+int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+/* Count a thread of this worker in or out of the job's awake counter (the
+ * spin policy) when it starts or stops polling without sleeping here. */
+void sr_xport_awake(sr_xport *x, int delta);
+
 static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)
 {
     return x->waiter.peer_dead && x->waiter.peer_dead[rank];

@@ -30,6 +30,10 @@ extern "C" {
 /* Detail of the last failure on this thread; "" if none. Never NULL. */
 SR_API const char *sr_last_error(void);
 
+/* Record a failure's detail (for sr_last_error()) and return err, e.g. from
+ * a then-callback: return sr_errorf(-EINVAL, "bad value %d", v); */
+SR_API int sr_errorf(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* strerror() for -errno values; also covers shmrpc's own codes. */
 SR_API const char *sr_strerror(int err);
 

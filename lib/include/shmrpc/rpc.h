@@ -1,0 +1,120 @@
+/* shmrpc: remote procedure calls (torch.distributed.rpc).
+ *
+ * A worker calls sr_init() once, under shmrun or inside sr_spawn(); then any
+ * thread may call any function registered on any worker (itself included).
+ * sr_shutdown() ends the worker's participation. Every call below is
+ * thread-safe.
+ *
+ * Destinations are ranks (0..world_size-1); sr_worker_rank() maps a name.
+ * Timeouts are in seconds: < 0 (SR_UNSET_RPC_TIMEOUT) means the current
+ * default, captured when the call is sent; 0 means infinite.
+ *
+ * Errors (returned as -errno / -SR_E*, detail in sr_last_error()):
+ *   -SR_ESHUTDOWN  before sr_init or after sr_shutdown
+ *   -EINVAL        bad rank, name, argument, or timeout
+ *   -ENOENT        "function 'x' is not registered on worker1"
+ *   -ETIMEDOUT     "RPC ran for more than set timeout (100 ms) and will now be marked with an error"
+ *   -SR_EREMOTE    the function failed: "Error on Node 1: <message>"
+ *   -EPIPE         the destination worker died
+ */
+#ifndef SHMRPC_RPC_H
+#define SHMRPC_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "future.h"
+#include "value.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SR_DEFAULT_RPC_TIMEOUT 60.0
+#define SR_UNSET_RPC_TIMEOUT (-1.0)
+#define SR_DEFAULT_NUM_WORKER_THREADS 4
+
+typedef struct sr_init_opts {
+    const char *name;        /* NULL: "worker<rank>"; [A-Za-z0-9_:-]{1,127}, unique */
+    double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s. (For no
+                                default timeout, call sr_set_rpc_timeout(0).) */
+    int num_worker_threads;  /* executor threads for user functions; 0: default */
+} sr_init_opts;
+
+/* Attach to the job, start the progress thread and executors, exchange
+ * names. Errors: -EALREADY "RPC is already initialized"; -EINVAL bad or
+ * duplicate name ("is not unique"); errors of the transport. */
+SR_API int sr_init(const sr_init_opts *opts);
+
+/* graceful: barrier with every worker, wait until no call is in flight
+ * anywhere (fire-and-forget chains included), then tear down. timeout_s
+ * bounds the graceful part (0: infinite); -ETIMEDOUT if it passes. Local
+ * teardown always runs, even after an error. */
+SR_API int sr_shutdown(bool graceful, double timeout_s);
+
+SR_API int sr_rank(void);
+SR_API int sr_world_size(void);
+/* Name of rank, or NULL (-EINVAL) if out of range. */
+SR_API const char *sr_worker_name(int rank);
+/* Rank of a name, or -EINVAL ("could not find destination 'x'"). */
+SR_API int sr_worker_rank(const char *name);
+
+/* Default timeout for calls sent from now on; 0 = infinite. */
+SR_API void sr_set_rpc_timeout(double seconds);
+SR_API double sr_get_rpc_timeout(void);
+
+/* ---- functions ---------------------------------------------------------- */
+
+typedef struct sr_call sr_call;
+/* A function: read arguments with sr_call_arg, finish with
+ * return sr_call_return(c, value) or return sr_call_fail(c, err, fmt, ...). */
+typedef int (*sr_fn)(sr_call *c);
+/* An async function returns a future instead of a value and holds no thread
+ * while it waits (@rpc.functions.async_execution). It must not block. */
+typedef int (*sr_async_fn)(sr_call *c, sr_future **result);
+
+SR_API size_t sr_call_nargs(const sr_call *c);
+SR_API sr_value *sr_call_arg(const sr_call *c, size_t i); /* borrowed */
+SR_API int sr_call_caller(const sr_call *c);              /* rank of the caller */
+SR_API int sr_call_return(sr_call *c, sr_value *v);       /* takes ownership of v */
+SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Register by name (letters, digits, '_', '.', ':' and '-', < 64 bytes).
+ * -EEXIST if the name is taken (built-ins included). */
+SR_API int sr_register(const char *name, sr_fn fn);
+SR_API int sr_register_async(const char *name, sr_async_fn fn);
+
+/* ---- calls ---------------------------------------------------------------- */
+
+typedef struct sr_args {
+    size_t n;
+    sr_value *const *v;
+} sr_args;
+#define SR_ARGS(...) \
+    ((sr_args){sizeof((sr_value *[]){__VA_ARGS__}) / sizeof(sr_value *), (sr_value *[]){__VA_ARGS__}})
+#define SR_NOARGS ((sr_args){0, NULL})
+
+/* Arguments are borrowed: the call takes its own references. The result in
+ * *out (out may be NULL) is the caller's. */
+SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, sr_value **out);
+SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, sr_future **out);
+
+/* ---- debug ---------------------------------------------------------------- */
+
+typedef struct sr_debug_info {
+    uint64_t client_active_calls;  /* our calls awaiting a response */
+    uint64_t server_active_calls;  /* requests we are executing */
+    uint64_t server_async_calls;   /* of which async functions awaiting their future */
+    uint32_t thread_pool_size, num_idle_threads;
+    uint64_t messages_sent, messages_received;
+    uint64_t wakes_issued, sleeps_taken;
+} sr_debug_info;
+
+SR_API int sr_debug_info_get(sr_debug_info *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,361 @@
+/* The agent's threads: the consumer token, the progress thread, the wait
+ * hook that lets a waiting caller poll for its own response, and sends with
+ * local overflow. See agent.h for the token states. */
+#include "agent.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "heap.h"
+
+#define BURST 32
+#define OUTQ_RETRY_NS (200ll * 1000)         /* pace retries into a full inbox */
+#define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
+#define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
+
+sr_agent *sr__agent;
+
+struct sr_outq {
+    struct sr_outq *next;
+    int to;
+    sr_msg m;
+};
+
+static void futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
+{
+    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
+    syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+}
+
+static void futex_wake_one(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static int queue_out(sr_agent *a, int to, const sr_msg *m)
+{
+    struct sr_outq *q = malloc(sizeof(*q));
+    if (!q)
+        return sr__fail(-ENOMEM, "sr_rpc", "out of memory queueing a message for rank %d", to);
+    q->next = NULL;
+    q->to = to;
+    q->m = *m;
+    pthread_mutex_lock(&a->out_lock);
+    struct sr_outq **p = &a->outq;
+    while (*p)
+        p = &(*p)->next;
+    *p = q;
+    /* relaxed: a hint read by senders and the progress thread; the list is under out_lock */
+    atomic_fetch_add_explicit(&a->out_pending, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&a->out_lock);
+    /* Make sure the progress thread notices and retries. */
+    sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    return 0;
+}
+
+/* Retry queued messages in order; stop at the first inbox still full. */
+static void flush_out(sr_agent *a)
+{
+    pthread_mutex_lock(&a->out_lock);
+    while (a->outq) {
+        struct sr_outq *q = a->outq;
+        int rc = sr_xport_send(a->x, q->to, &q->m);
+        if (rc == -EAGAIN)
+            break;
+        a->outq = q->next;
+        /* relaxed: see queue_out */
+        atomic_fetch_sub_explicit(&a->out_pending, 1, memory_order_relaxed);
+        free(q); /* a dead destination (-EPIPE): its calls are failed by the peer watch */
+    }
+    pthread_mutex_unlock(&a->out_lock);
+}
+
+int sr__agent_send(sr_agent *a, int to, sr_msg *m)
+{
+    /* relaxed: a hint; keeping order behind queued messages is best effort */
+    if (sr_likely(!atomic_load_explicit(&a->out_pending, memory_order_relaxed))) {
+        int rc = sr_xport_send(a->x, to, m);
+        if (rc != -EAGAIN)
+            return rc;
+    }
+    m->src = (uint16_t)a->rank;
+    return queue_out(a, to, m);
+}
+
+/* ---- polling ------------------------------------------------------------- */
+
+/* Consume one burst; the caller holds the token. Returns the count. */
+static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
+{
+    sr_msg burst[BURST];
+    unsigned n = sr_xport_recv_burst(a->x, burst, BURST);
+    for (unsigned i = 0; i < n; i++)
+        sr__dispatch(a, &burst[i], mode);
+    return n;
+}
+
+/* Steal the token for a user thread: from the parked progress thread, or free. */
+static bool user_take(sr_agent *a)
+{
+    uint32_t t = TOKEN_PARKED;
+    /* acquire: pairs with the release that handed the token back; the
+     * previous holder's consumption of the inbox happens-before ours */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER, memory_order_acquire,
+                                                 memory_order_relaxed)) {
+        t = TOKEN_FREE;
+        if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER, memory_order_acquire,
+                                                     memory_order_relaxed))
+            return false;
+    }
+    /* We poll now: producers need not wake the parked progress thread.
+     * relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
+    atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    sr_xport_awake(a->x, 1);
+    return true;
+}
+
+/* Hand the token back. Returns false if messages arrived meanwhile: the
+ * caller keeps the token and must poll again. */
+static bool user_release(sr_agent *a)
+{
+    for (;;) {
+        /* acquire: pairs with the progress thread's CAS to USER_WAITING */
+        uint32_t t = atomic_load_explicit(&a->token, memory_order_acquire);
+        if (t == TOKEN_USER_WAITING) {
+            /* release: our consumption happens-before the progress thread's */
+            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_release);
+            futex_wake_one(&a->token);
+            break;
+        }
+        /* The progress thread is parked on the doorbell: re-announce its sleep. */
+        atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
+        /* D2 (doorbell.h): pairs with the producers' D3 fence */
+        atomic_thread_fence(memory_order_seq_cst);
+        if (sr_ring_ready(a->x->inbox)) {
+            atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+            return false;
+        }
+        /* release: pairs with the acquire CAS of the next holder */
+        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
+                                                    memory_order_relaxed))
+            break;
+    }
+    sr_xport_awake(a->x, -1);
+    return true;
+}
+
+/* Spin on the inbox and the future for up to budget ns. */
+static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
+{
+    int64_t until = sr_now_ns() + budget;
+    do {
+        for (int i = 0; i < 64; i++) {
+            if (sr_ring_ready(a->x->inbox) || sr_future_done(f))
+                return true;
+            sr_cpu_relax();
+        }
+    } while (sr_now_ns() < until);
+    return false;
+}
+
+/* A user thread holds the token: poll until f is done or nothing comes. */
+static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
+{
+    for (;;) {
+        if (poll_burst(a, mode))
+            continue;
+        if (sr_future_done(f))
+            return 0;
+        if (deadline >= 0 && sr_now_ns() >= deadline)
+            return -ETIMEDOUT;
+        /* relaxed: flush only if something is queued; the list is locked */
+        if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
+            flush_out(a);
+        if (!spin_for(a, f, sr_xport_spin_budget(a->x)))
+            return 1; /* idle: sleep on the future instead */
+    }
+}
+
+int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
+{
+    while (!sr_future_done(f)) {
+        if (deadline >= 0 && sr_now_ns() >= deadline)
+            return -ETIMEDOUT;
+        if (user_take(a)) {
+            int rc = poll_as_user(a, f, deadline, mode);
+            if (!user_release(a))
+                continue; /* a message slipped in: poll again */
+            if (rc <= 0)
+                return rc;
+            /* Idle: messages now wake the progress thread, which will
+             * complete f and wake us. */
+            sr__future_sleep(f, deadline);
+            continue;
+        }
+        /* The progress thread is polling: ask it to park, and try to steal. */
+        /* relaxed: a hint for the spinning progress thread */
+        atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
+        bool got = false;
+        int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
+        while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until && sr_xport_spin_budget(a->x))
+            sr_cpu_relax();
+        atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
+        if (got) {
+            int rc = poll_as_user(a, f, deadline, mode);
+            bool released = user_release(a);
+            if (released && rc <= 0)
+                return rc;
+            if (released)
+                sr__future_sleep(f, deadline);
+            else if (rc <= 0)
+                continue;
+            continue;
+        }
+        if (!sr_future_done(f))
+            sr__future_sleep(f, deadline);
+    }
+    return 0;
+}
+
+static int wait_hook(sr_future *f, int64_t deadline)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return sr__future_wait_until(f, deadline);
+    return sr__agent_wait(a, f, deadline, SR_POLL_NESTED);
+}
+
+/* ---- the progress thread ------------------------------------------------- */
+
+static bool progress_take(sr_agent *a)
+{
+    uint32_t t = atomic_load_explicit(&a->token, memory_order_relaxed); /* relaxed: the CAS validates */
+    for (;;) {
+        if (t == TOKEN_PROGRESS)
+            return true;
+        if (t == TOKEN_USER || t == TOKEN_USER_WAITING)
+            return false;
+        /* acquire: pairs with the release that handed the token back */
+        if (atomic_compare_exchange_weak_explicit(&a->token, &t, TOKEN_PROGRESS, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return true;
+    }
+}
+
+/* A user thread polls: sleep on the token until it is handed back. */
+static void progress_wait_token(sr_agent *a, int64_t ns)
+{
+    uint32_t t = TOKEN_USER;
+    /* relaxed: the futex re-checks the value; the hand-over is a release store */
+    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
+                                                memory_order_relaxed) || t == TOKEN_USER_WAITING)
+        futex_wait_ns(&a->token, TOKEN_USER_WAITING, ns);
+}
+
+/* Called by the waiter after announcing sleep: park, unless there is work. */
+static bool park_ready(void *p)
+{
+    sr_agent *a = p;
+    if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed))
+        return true;
+    uint32_t t = TOKEN_PROGRESS;
+    /* release: pairs with a stealer's acquire; our consumption happens-before its */
+    return !atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
+                                                    memory_order_relaxed);
+}
+
+static int64_t next_deadline(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    /* relaxed: a hint; see queue_out */
+    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed)) {
+        int64_t r = sr_now_ns() + OUTQ_RETRY_NS;
+        if (d < 0 || r < d)
+            d = r;
+    }
+    return d;
+}
+
+static void handle_events(sr_agent *a, int ev)
+{
+    if (ev > 0 && (ev & SR_WAKE_PEER)) {
+        for (int r = 0; r < a->world; r++)
+            if (sr_xport_peer_dead(a->x, r) && atomic_load(&sr_seg_worker(&a->x->seg, r)->state) != SR_WORKER_DETACHED)
+                sr__calls_fail_peer(a, r, "died");
+    }
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    if (d >= 0 && sr_now_ns() >= d)
+        sr__calls_expire(a, sr_now_ns());
+    sr_heap_drain();
+}
+
+static void progress_idle(sr_agent *a)
+{
+    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed)) /* relaxed: a hint */
+        flush_out(a);
+    int64_t budget = sr_xport_spin_budget(a->x);
+    int64_t until = sr_now_ns() + budget;
+    while (budget > 0 && sr_now_ns() < until) {
+        for (int i = 0; i < 64; i++) {
+            if (sr_ring_ready(a->x->inbox))
+                return;
+            sr_cpu_relax();
+        }
+        /* relaxed: a hint; a user thread wants to poll its own response */
+        if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
+            break;
+    }
+    int ev = sr_xport_sleep(a->x, next_deadline(a), park_ready, a);
+    handle_events(a, ev);
+}
+
+static void *progress_main(void *p)
+{
+    sr_agent *a = p;
+    while (!atomic_load_explicit(&a->stopping, memory_order_acquire)) { /* acquire: pairs with sr__agent_stop */
+        if (!progress_take(a)) {
+            progress_wait_token(a, TOKEN_WAIT_NS);
+            handle_events(a, 0);
+            continue;
+        }
+        if (poll_burst(a, SR_POLL_NESTED))
+            continue;
+        progress_idle(a);
+    }
+    return NULL;
+}
+
+int sr__agent_start(sr_agent *a)
+{
+    atomic_init(&a->token, TOKEN_PROGRESS);
+    sr__future_set_wait_hook(wait_hook);
+    int rc = pthread_create(&a->progress, NULL, progress_main, a);
+    if (rc)
+        return sr__fail(-rc, "sr_init", "cannot start the progress thread: %s", strerror(rc));
+    return 0;
+}
+
+void sr__agent_stop(sr_agent *a)
+{
+    /* release: pairs with the progress thread's acquire load */
+    atomic_store_explicit(&a->stopping, true, memory_order_release);
+    sr_waiter_notify_shutdown(&a->x->waiter);
+    futex_wake_one(&a->token);
+    pthread_join(a->progress, NULL);
+    sr__future_set_wait_hook(NULL);
+    pthread_mutex_lock(&a->out_lock);
+    while (a->outq) {
+        struct sr_outq *q = a->outq;
+        a->outq = q->next;
+        free(q);
+    }
+    pthread_mutex_unlock(&a->out_lock);
+}

@@ -1,0 +1,134 @@
+/* The RPC agent: one per worker process (internal).
+ *
+ * Threads and the consumer token. Exactly one thread at a time consumes the
+ * worker's inbox: the holder of `token`.
+ *   PROGRESS      the progress thread polls (or spins).
+ *   PARKED        the progress thread sleeps in io_uring on the doorbell; any
+ *                 thread may steal the token (CAS PARKED -> USER).
+ *   USER          a user thread waiting for a response polls the inbox itself,
+ *                 so it sees its response without a thread hop. It set the
+ *                 doorbell to AWAKE, so producers make no wake syscall; the
+ *                 progress thread's futex wait stays armed.
+ *   USER_WAITING  as USER, but the progress thread woke (a timer or a peer's
+ *                 death) and now sleeps on the token word: the releasing user
+ *                 hands the token over with a futex wake.
+ *   FREE          transient.
+ * Releasing a USER token re-announces SLEEPING on the doorbell, fences, and
+ * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
+ * token back to the parked progress thread, so no message is stranded.
+ *
+ * Requests run inline on the polling thread when that cannot delay anything
+ * it owes: built-ins and async functions always (they must not block); plain
+ * functions when the poller is idle (sr_shutdown's waits). Otherwise plain
+ * functions go to the executor pool.
+ */
+#ifndef SR_RPC_AGENT_H
+#define SR_RPC_AGENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "future_internal.h"
+#include "shmrpc/rpc.h"
+#include "wire.h"
+#include "xport.h"
+
+enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
+
+/* Who is polling: decides whether plain functions may run inline. */
+enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
+
+/* A client call in flight. Slots are recycled; the id's high half is a
+ * generation, so a late response to a recycled slot is recognised and dropped. */
+struct sr_call_slot {
+    _Atomic uint32_t gen;     /* odd: in use */
+    int32_t to;
+    int64_t deadline_ns;      /* < 0: none */
+    int64_t timeout_ms;       /* for the error text */
+    sr_future *fut;           /* owned while in use */
+    int32_t next_free;
+};
+
+typedef struct sr_registry sr_registry;
+
+struct sr_outq; /* messages waiting for space in a full inbox */
+
+typedef struct sr_agent {
+    sr_xport *x;
+    int rank, world;
+    char (*names)[128];       /* [world], filled at init */
+
+    _Atomic uint32_t token;   /* see above */
+    _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
+    pthread_t progress;
+    _Atomic bool stopping;
+
+    /* client calls */
+    pthread_mutex_t slots_lock; /* slot allocation and free list only */
+    struct sr_call_slot *slots;
+    int32_t nslots, free_head;
+    _Atomic int64_t earliest_deadline; /* a lower bound: the progress thread wakes for it */
+    _Atomic uint64_t client_active;
+
+    /* executors */
+    pthread_mutex_t q_lock;
+    pthread_cond_t q_cond;
+    struct sr_job_item *q_head, **q_tail;
+    pthread_t *executors;
+    int nexec;
+    _Atomic uint32_t exec_idle;
+    _Atomic uint64_t server_active, server_async;
+
+    /* outbound overflow (full peer inboxes) */
+    pthread_mutex_t out_lock;
+    struct sr_outq *outq;
+    _Atomic uint32_t out_pending;
+
+    /* quiescence counters: user messages sent, and fully processed */
+    _Atomic uint64_t user_sent, user_done;
+
+    /* shutdown coordination (leader = rank 0) */
+    pthread_mutex_t ctl_lock;
+    uint32_t barrier_epoch, barrier_count;
+    sr_future *barrier_fut, *quiescent_fut;
+    uint64_t wave, wave_replies, wave_sent, wave_done;
+    sr_future *wave_fut;
+
+    sr_registry *reg;
+    _Atomic int64_t default_timeout_ms; /* 0: infinite */
+} sr_agent;
+
+/* The process's agent, or NULL before sr_init / after sr_shutdown. */
+extern sr_agent *sr__agent;
+
+int sr__agent_start(sr_agent *a);
+void sr__agent_stop(sr_agent *a);
+
+/* Send one message, queueing it locally if the peer's inbox is full. */
+int sr__agent_send(sr_agent *a, int to, sr_msg *m);
+
+/* Wait for f, polling the inbox when this thread can take the token. */
+int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
+
+/* Calls (calls.c) */
+int sr__calls_init(sr_agent *a, int32_t n);
+void sr__calls_fini(sr_agent *a);
+int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id);
+/* Take the call out of the table; returns its future (owned), or NULL if stale. */
+sr_future *sr__call_end(sr_agent *a, uint64_t id);
+void sr__calls_expire(sr_agent *a, int64_t now_ns);
+void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
+
+/* Dispatch (dispatch.c) */
+void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
+void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
+int sr__exec_start(sr_agent *a, int n);
+void sr__exec_stop(sr_agent *a);
+
+/* Shutdown control (shutdown.c) */
+void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m);
+int sr__graceful(sr_agent *a, int64_t deadline_ns);
+
+#endif

@@ -1,0 +1,332 @@
+/* The public RPC entry points: lifecycle, names, timeouts, calls, debug. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "codec.h"
+#include "error.h"
+#include "heap.h"
+#include "payload.h"
+#include "registry.h"
+
+#define CALL_SLOTS 65536
+
+static pthread_mutex_t life_lock = PTHREAD_MUTEX_INITIALIZER; /* init/shutdown */
+
+static sr_agent *agent_or_fail(const char *fn)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        sr__fail(-SR_ESHUTDOWN, fn, "RPC has not been initialized. Call sr_init first.");
+    return a;
+}
+
+static int name_check(const char *n)
+{
+    size_t len = strlen(n);
+    if (len == 0)
+        return sr__fail(-EINVAL, "sr_init", "Worker name must be non-empty");
+    if (len >= 128)
+        return sr__fail(-EINVAL, "sr_init", "Worker name must be shorter than 128 characters: '%.40s...'", n);
+    if (strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:-") != len)
+        return sr__fail(-EINVAL, "sr_init", "Worker name must match ^[A-Za-z0-9_:-]+$, got '%s'", n);
+    return 0;
+}
+
+static int collect_names(sr_agent *a)
+{
+    a->names = calloc((size_t)a->world, sizeof(*a->names));
+    if (!a->names)
+        return sr__fail(-ENOMEM, "sr_init", "out of memory");
+    for (int r = 0; r < a->world; r++) {
+        memcpy(a->names[r], sr_seg_worker(&a->x->seg, r)->name, SR_NAME_MAX);
+        a->names[r][SR_NAME_MAX - 1] = '\0';
+        for (int q = 0; q < r; q++)
+            if (!strcmp(a->names[q], a->names[r]))
+                return sr__fail(-EINVAL, "sr_init", "Worker name '%s' is not unique (workers %d and %d)",
+                                a->names[r], q, r);
+    }
+    return 0;
+}
+
+static void agent_free(sr_agent *a)
+{
+    if (a->slots)
+        sr__calls_fini(a);
+    if (a->x) {
+        sr_heap_detach();
+        sr_xport_detach(a->x);
+    }
+    free(a->names);
+    pthread_mutex_destroy(&a->ctl_lock);
+    pthread_mutex_destroy(&a->out_lock);
+    free(a);
+}
+
+static int agent_create(const sr_init_opts *o, sr_agent **out)
+{
+    char name[SR_NAME_MAX];
+    sr_agent *a = calloc(1, sizeof(*a));
+    if (!a)
+        return sr__fail(-ENOMEM, "sr_init", "out of memory");
+    pthread_mutex_init(&a->ctl_lock, NULL);
+    pthread_mutex_init(&a->out_lock, NULL);
+    struct sr_launch_env env;
+    int rc = sr__launch_env_get(&env);
+    if (!rc) {
+        snprintf(name, sizeof(name), "%s", o->name ? o->name : "");
+        if (!o->name)
+            snprintf(name, sizeof(name), "worker%d", env.rank);
+        rc = name_check(name);
+    }
+    sr_xport_opts xo = {.name = name};
+    if (!rc)
+        rc = sr_xport_attach(&xo, &a->x);
+    if (!rc) {
+        a->rank = a->x->rank;
+        a->world = a->x->world;
+        rc = collect_names(a);
+    }
+    if (!rc)
+        rc = sr__calls_init(a, CALL_SLOTS);
+    double t = o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT;
+    atomic_init(&a->default_timeout_ms, (int64_t)llround(t * 1000));
+    if (rc) {
+        agent_free(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+SR_API int sr_init(const sr_init_opts *opts)
+{
+    static const sr_init_opts defaults;
+    if (!opts)
+        opts = &defaults;
+    if (opts->num_worker_threads < 0 || opts->num_worker_threads > 1024)
+        return sr__fail(-EINVAL, "sr_init", "num_worker_threads %d is out of range [0, 1024]", opts->num_worker_threads);
+    sr__builtins_init();
+    pthread_mutex_lock(&life_lock);
+    int rc = 0;
+    sr_agent *a = NULL;
+    if (sr__agent)
+        rc = sr__fail(-EALREADY, "sr_init", "RPC is already initialized");
+    if (!rc)
+        rc = agent_create(opts, &a);
+    if (!rc && (rc = sr__exec_start(a, opts->num_worker_threads ? opts->num_worker_threads
+                                                                : SR_DEFAULT_NUM_WORKER_THREADS)))
+        atomic_store(&a->stopping, true), sr__exec_stop(a), agent_free(a);
+    if (!rc) {
+        sr__agent = a;
+        if ((rc = sr__agent_start(a))) {
+            sr__agent = NULL;
+            atomic_store(&a->stopping, true);
+            sr__exec_stop(a);
+            agent_free(a);
+        }
+    }
+    pthread_mutex_unlock(&life_lock);
+    return rc;
+}
+
+static void teardown(sr_agent *a)
+{
+    sr__agent_stop(a);
+    sr__exec_stop(a);
+    sr__agent = NULL;
+    agent_free(a);
+}
+
+SR_API int sr_shutdown(bool graceful, double timeout_s)
+{
+    pthread_mutex_lock(&life_lock);
+    sr_agent *a = agent_or_fail("sr_shutdown");
+    int rc = a ? 0 : -SR_ESHUTDOWN;
+    if (a && graceful) {
+        int64_t deadline = timeout_s > 0 ? sr_now_ns() + (int64_t)(timeout_s * 1e9) : -1;
+        rc = sr__graceful(a, deadline);
+    }
+    if (a) {
+        char keep[512];
+        snprintf(keep, sizeof(keep), "%s", sr_last_error());
+        teardown(a); /* always, even after an error */
+        sr__error_set_text(keep);
+    }
+    pthread_mutex_unlock(&life_lock);
+    return rc;
+}
+
+SR_API int sr_rank(void)
+{
+    sr_agent *a = agent_or_fail("sr_rank");
+    return a ? a->rank : -SR_ESHUTDOWN;
+}
+
+SR_API int sr_world_size(void)
+{
+    sr_agent *a = agent_or_fail("sr_world_size");
+    return a ? a->world : -SR_ESHUTDOWN;
+}
+
+SR_API const char *sr_worker_name(int rank)
+{
+    sr_agent *a = agent_or_fail("sr_worker_name");
+    if (a && (rank < 0 || rank >= a->world)) {
+        sr__fail(-EINVAL, "sr_worker_name", "rank %d is out of range [0, %d)", rank, a->world);
+        return NULL;
+    }
+    return a ? a->names[rank] : NULL;
+}
+
+SR_API int sr_worker_rank(const char *name)
+{
+    sr_agent *a = agent_or_fail("sr_worker_rank");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    for (int r = 0; name && r < a->world; r++)
+        if (!strcmp(a->names[r], name))
+            return r;
+    return sr__fail(-EINVAL, "sr_worker_rank", "could not find destination '%s'", name ? name : "(null)");
+}
+
+SR_API void sr_set_rpc_timeout(double s)
+{
+    sr_agent *a = agent_or_fail("sr_set_rpc_timeout");
+    if (a && s >= 0 && isfinite(s))
+        /* relaxed: read once per call at send time */
+        atomic_store_explicit(&a->default_timeout_ms, (int64_t)llround(s * 1000), memory_order_relaxed);
+}
+
+SR_API double sr_get_rpc_timeout(void)
+{
+    sr_agent *a = agent_or_fail("sr_get_rpc_timeout");
+    /* relaxed: see sr_set_rpc_timeout */
+    return a ? (double)atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) / 1000.0 : -1.0;
+}
+
+/* ---- calls ---------------------------------------------------------------- */
+
+static int check_call(sr_agent *a, int to, const char *fn, sr_args args, double timeout, int64_t *ms)
+{
+    const char *who = "sr_rpc";
+    if (to < 0 || to >= a->world)
+        return sr__fail(-EINVAL, who, "destination rank %d is out of range [0, %d)", to, a->world);
+    int rc = sr__fn_name_check(fn, who);
+    if (rc)
+        return rc;
+    if (args.n && !args.v)
+        return sr__fail(-EINVAL, who, "%zu arguments but the array is NULL", args.n);
+    for (size_t i = 0; i < args.n; i++)
+        if (!args.v[i])
+            return sr__fail(-EINVAL, who, "argument %zu of '%s' is NULL", i, fn);
+    if (isnan(timeout) || isinf(timeout))
+        return sr__fail(-EINVAL, who, "timeout %g is not a number of seconds", timeout);
+    /* relaxed: the default is captured now, at send time */
+    *ms = timeout < 0 ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed)
+                      : (int64_t)llround(timeout * 1000);
+    if (timeout > 0 && *ms == 0)
+        *ms = 1;
+    return 0;
+}
+
+/* Encode name + args into m's payload. */
+static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m)
+{
+    size_t nlen = strlen(fn);
+    int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
+    if (alen < 0)
+        return (int)alen;
+    struct sr_wire *w = (struct sr_wire *)m->data;
+    m->type = SR_MSG_REQ;
+    w->name_len = (uint16_t)nlen;
+    uint8_t *p = sr__payload_reserve(m, nlen + (size_t)alen);
+    if (!p)
+        return -ENOMEM;
+    memcpy(p, fn, nlen);
+    if (sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) != alen) {
+        sr__payload_abandon(m);
+        return sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
+    }
+    return 0;
+}
+
+static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t ms, sr_future *f)
+{
+    sr_msg m = {0};
+    int rc = build_request(a, to, fn, args, &m);
+    if (rc)
+        return rc;
+    struct sr_wire *w = (struct sr_wire *)m.data;
+    if ((rc = sr__call_begin(a, to, ms, f, &w->call_id))) {
+        sr__payload_abandon(&m);
+        return rc;
+    }
+    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    if ((rc = sr__agent_send(a, to, &m))) {
+        sr_future *own = sr__call_end(a, w->call_id);
+        sr_future_unref(own);
+        sr__payload_abandon(&m);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+    }
+    return rc;
+}
+
+SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, sr_future **out)
+{
+    sr_agent *a = agent_or_fail("sr_rpc_async");
+    int64_t ms = 0;
+    if (!a)
+        return -SR_ESHUTDOWN;
+    if (!out)
+        return sr__fail(-EINVAL, "sr_rpc_async", "out is NULL");
+    int rc = check_call(a, to, fn, args, timeout_s, &ms);
+    if (rc)
+        return rc;
+    sr_future *f = sr_future_new();
+    if (!f)
+        return -ENOMEM;
+    if ((rc = start_call(a, to, fn, args, ms, f))) {
+        sr_future_unref(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, sr_value **out)
+{
+    sr_future *f;
+    int rc = sr_rpc_async(to, fn, args, timeout_s, &f);
+    if (rc)
+        return rc;
+    rc = sr_future_wait(f, out);
+    sr_future_unref(f);
+    return rc;
+}
+
+SR_API int sr_debug_info_get(sr_debug_info *o)
+{
+    sr_agent *a = agent_or_fail("sr_debug_info_get");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    if (!o)
+        return sr__fail(-EINVAL, "sr_debug_info_get", "out is NULL");
+    /* relaxed throughout: a snapshot of statistics */
+    *o = (sr_debug_info){
+        .client_active_calls = atomic_load_explicit(&a->client_active, memory_order_relaxed),
+        .server_active_calls = atomic_load_explicit(&a->server_active, memory_order_relaxed),
+        .server_async_calls = atomic_load_explicit(&a->server_async, memory_order_relaxed),
+        .thread_pool_size = (uint32_t)a->nexec,
+        .num_idle_threads = atomic_load_explicit(&a->exec_idle, memory_order_relaxed),
+        .messages_sent = atomic_load_explicit(&a->x->st.sent, memory_order_relaxed),
+        .messages_received = atomic_load_explicit(&a->x->st.received, memory_order_relaxed),
+        .wakes_issued = atomic_load_explicit(&a->x->st.wakes, memory_order_relaxed),
+        .sleeps_taken = atomic_load_explicit(&a->x->st.sleeps, memory_order_relaxed),
+    };
+    return 0;
+}

@@ -1,0 +1,142 @@
+/* Client calls in flight: a table of recycled slots (see agent.h).
+ *
+ * A call id is (generation << 32) | slot index. The generation is odd while
+ * the slot is in use and bumped on every begin and end, so a response that
+ * arrives after its call timed out (or a duplicate) finds a different
+ * generation and is dropped. Slot allocation takes a short mutex; the
+ * response path takes it once to free the slot. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "agent.h"
+#include "error.h"
+
+int sr__calls_init(sr_agent *a, int32_t n)
+{
+    a->slots = calloc((size_t)n, sizeof(*a->slots));
+    if (!a->slots)
+        return sr__fail(-ENOMEM, "sr_init", "no memory for %d call slots", n);
+    a->nslots = n;
+    for (int32_t i = 0; i < n; i++)
+        a->slots[i].next_free = i + 1 < n ? i + 1 : -1;
+    a->free_head = 0;
+    pthread_mutex_init(&a->slots_lock, NULL);
+    atomic_init(&a->earliest_deadline, -1);
+    return 0;
+}
+
+void sr__calls_fini(sr_agent *a)
+{
+    for (int32_t i = 0; i < a->nslots; i++)
+        if (atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) & 1) /* relaxed: no other thread is left */
+            sr__future_fail_text(a->slots[i].fut, -SR_ESHUTDOWN, "RPC agent shut down before the response arrived"),
+                sr_future_unref(a->slots[i].fut);
+    free(a->slots);
+    pthread_mutex_destroy(&a->slots_lock);
+}
+
+/* Lower earliest_deadline to d if it is later (or none). */
+static bool lower_deadline(sr_agent *a, int64_t d)
+{
+    /* relaxed: a hint for the progress thread's sleep; the slot holds the truth */
+    int64_t cur = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed);
+    while (cur < 0 || d < cur)
+        if (atomic_compare_exchange_weak_explicit(&a->earliest_deadline, &cur, d, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return true;
+    return false;
+}
+
+int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id)
+{
+    pthread_mutex_lock(&a->slots_lock);
+    int32_t i = a->free_head;
+    if (i < 0) {
+        pthread_mutex_unlock(&a->slots_lock);
+        return sr__fail(-EBUSY, "sr_rpc", "%d calls are already in flight from this worker", a->nslots);
+    }
+    struct sr_call_slot *s = &a->slots[i];
+    a->free_head = s->next_free;
+    s->to = to;
+    s->timeout_ms = timeout_ms;
+    s->deadline_ns = timeout_ms > 0 ? sr_now_ns() + timeout_ms * 1000000 : -1;
+    s->fut = sr_future_ref(fut);
+    /* release: the fields above are visible to whoever matches this generation */
+    uint32_t gen = atomic_fetch_add_explicit(&s->gen, 1, memory_order_release) + 1;
+    pthread_mutex_unlock(&a->slots_lock);
+    atomic_fetch_add_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    *id = (uint64_t)gen << 32 | (uint32_t)i;
+    if (s->deadline_ns >= 0 && lower_deadline(a, s->deadline_ns))
+        /* The progress thread may be asleep with a later timer: wake it to re-arm. */
+        sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    return 0;
+}
+
+sr_future *sr__call_end(sr_agent *a, uint64_t id)
+{
+    uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
+    if (i >= (uint32_t)a->nslots || !(gen & 1))
+        return NULL;
+    struct sr_call_slot *s = &a->slots[i];
+    pthread_mutex_lock(&a->slots_lock);
+    /* relaxed: under slots_lock, which every generation change holds */
+    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen) {
+        pthread_mutex_unlock(&a->slots_lock);
+        return NULL; /* timed out, failed, or a duplicate: drop it */
+    }
+    sr_future *f = s->fut;
+    s->fut = NULL;
+    atomic_store_explicit(&s->gen, gen + 1, memory_order_relaxed); /* relaxed: under slots_lock */
+    s->next_free = a->free_head;
+    a->free_head = (int32_t)i;
+    pthread_mutex_unlock(&a->slots_lock);
+    atomic_fetch_sub_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    return f;
+}
+
+/* Fail every call matching pred; returns the earliest remaining deadline. */
+static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why)
+{
+    int64_t earliest = -1;
+    for (int32_t i = 0; i < a->nslots; i++) {
+        struct sr_call_slot *s = &a->slots[i];
+        uint32_t gen = atomic_load_explicit(&s->gen, memory_order_acquire); /* acquire: pairs with call_begin */
+        if (!(gen & 1))
+            continue;
+        bool hit = rank >= 0 ? s->to == rank : (s->deadline_ns >= 0 && s->deadline_ns <= now);
+        if (!hit) {
+            if (s->deadline_ns >= 0 && (earliest < 0 || s->deadline_ns < earliest))
+                earliest = s->deadline_ns;
+            continue;
+        }
+        int64_t ms = s->timeout_ms;
+        int to = s->to;
+        sr_future *f = sr__call_end(a, (uint64_t)gen << 32 | (uint32_t)i);
+        if (!f)
+            continue;
+        if (rank >= 0)
+            sr_future_set_error(f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, to, why);
+        else
+            sr_future_set_error(f, -ETIMEDOUT,
+                                "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error",
+                                ms);
+        sr_future_unref(f);
+    }
+    return earliest;
+}
+
+void sr__calls_expire(sr_agent *a, int64_t now)
+{
+    /* relaxed: reset first, so a concurrent lower_deadline is not lost */
+    atomic_store_explicit(&a->earliest_deadline, -1, memory_order_relaxed);
+    int64_t e = fail_matching(a, now, -1, NULL);
+    if (e >= 0)
+        lower_deadline(a, e);
+}
+
+void sr__calls_fail_peer(sr_agent *a, int rank, const char *why)
+{
+    fail_matching(a, 0, rank, why);
+}

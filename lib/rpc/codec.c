@@ -1,0 +1,521 @@
+/* Wire codec for value lists (format and contract in codec.h).
+ *
+ * Encoding is two steps: size (validates every value: kinds that cannot be
+ * sent, depth, lengths) and write. Writing takes one reference per object for
+ * the receiver and records it in flight (inflight.h); if recording fails, the
+ * references already taken are dropped again, so a failed encode holds none.
+ *
+ * Decoding walks the buffer up to three times with one walker:
+ *   CHECK    validates everything, allocates nothing, consumes nothing;
+ *   BUILD    constructs the values, adopting the buffer's references;
+ *   RELEASE  consumes the buffer's references without building anything.
+ * A malformed buffer fails in CHECK, so -EBADMSG leaves its references alone
+ * (a malformed buffer's references cannot be trusted, and are not dropped). If
+ * BUILD fails part-way (-ENOMEM, or an object claimed twice by a forged
+ * buffer), the walker switches to RELEASE for the rest, so after
+ * sr_codec_decode() returns 0 or -ENOMEM the buffer holds no references.
+ */
+#include "rpc/codec.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "rpc/inflight.h"
+#include "rpc/value_internal.h"
+
+/* Beyond this an encoding could not be held in memory anyway; it also keeps
+ * the running size sum far from int64 overflow. */
+#define SR_CODEC_MAX_TOTAL (INT64_C(1) << 62)
+
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define to_le32(x) __builtin_bswap32(x)
+#define to_le64(x) __builtin_bswap64(x)
+#else
+#define to_le32(x) (x)
+#define to_le64(x) (x)
+#endif
+
+/* ---- size ---------------------------------------------------------------- */
+
+static int64_t value_size(const sr_value *v, int self_call, const char *fn);
+
+static int64_t items_size(size_t n, sr_value *const *vals, int self_call, const char *fn)
+{
+    int64_t total = 4; /* the count */
+    for (size_t i = 0; i < n; i++) {
+        if (!vals[i])
+            return sr__fail(-EINVAL, fn, "value %zu of %zu is NULL", i, n);
+        int64_t s = value_size(vals[i], self_call, fn);
+        if (s < 0)
+            return s;
+        total += s;
+        if (total > SR_CODEC_MAX_TOTAL)
+            return sr__fail(-EMSGSIZE, fn, "the encoding exceeds %" PRId64 " bytes", SR_CODEC_MAX_TOTAL);
+    }
+    return total;
+}
+
+static int64_t blob_size(const sr_value *v, const char *fn)
+{
+    if (v->u.len > SR_CODEC_MAX_LEN)
+        return sr__fail(-EMSGSIZE, fn, "a %s of %zu bytes exceeds the codec limit of %u bytes",
+                        sr_kind_name((sr_kind)v->kind), v->u.len, SR_CODEC_MAX_LEN);
+    return 1 + 4 + (int64_t)v->u.len;
+}
+
+static int64_t list_size(const sr_value *v, int self_call, const char *fn)
+{
+    int64_t s = items_size(v->u.n, sr__list_items(v), self_call, fn);
+    return s < 0 ? s : 1 + s;
+}
+
+static int64_t not_yet(const sr_value *v, const char *fn)
+{
+    char repr[96];
+    return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
+}
+
+static int64_t value_size(const sr_value *v, int self_call, const char *fn)
+{
+    switch ((sr_kind)v->kind) {
+    case SR_KIND_NONE: return 1;
+    case SR_KIND_BOOL: return 2;
+    case SR_KIND_INT:
+    case SR_KIND_DOUBLE: return 9;
+    case SR_KIND_STR:
+    case SR_KIND_BYTES: return blob_size(v, fn);
+    case SR_KIND_LIST:
+        if (v->depth > SR_CODEC_MAX_DEPTH)
+            return sr__fail(-EINVAL, fn, "a list nested %d deep exceeds the codec's limit of %d",
+                            v->depth, SR_CODEC_MAX_DEPTH);
+        if (v->u.n > SR_CODEC_MAX_LEN)
+            return sr__fail(-EMSGSIZE, fn, "a list of %zu items exceeds the codec limit of %u",
+                            v->u.n, SR_CODEC_MAX_LEN);
+        return list_size(v, self_call, fn);
+    case SR_KIND_OBJECT:
+        if (!self_call)
+            return sr__fail(-EINVAL, fn, "object of type '%s' is owner-local and cannot be sent to another worker",
+                            v->u.obj.type);
+        if (strlen(v->u.obj.type) > SR_CODEC_MAX_LEN)
+            return sr__fail(-EMSGSIZE, fn, "an object type name exceeds %u bytes", SR_CODEC_MAX_LEN);
+        return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
+    case SR_KIND_TENSOR:
+        /* TENSOR: 1 + sizeof(struct sr_tensor_desc); -EINVAL if sr__tensor_to_desc() would reject it (private block). */
+    case SR_KIND_RREF: return not_yet(v, fn); /* reserved for the RRef issue */
+    }
+    return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
+}
+
+static int64_t encoded_size(size_t n, sr_value *const *vals, int self_call, const char *fn)
+{
+    if (n && !vals)
+        return sr__fail(-EINVAL, fn, "NULL values with n = %zu", n);
+    if (n > SR_CODEC_MAX_LEN)
+        return sr__fail(-EMSGSIZE, fn, "%zu values exceed the codec limit of %u", n, SR_CODEC_MAX_LEN);
+    return items_size(n, vals, self_call, fn);
+}
+
+int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call)
+{
+    return encoded_size(n, vals, self_call, __func__);
+}
+
+/* ---- encode --------------------------------------------------------------- */
+
+struct enc {
+    uint8_t *p;          /* next byte to write; the size was checked beforehand */
+    size_t objs_taken;   /* in-flight object references taken so far */
+};
+
+static void put_u8(struct enc *e, uint8_t x) { *e->p++ = x; }
+
+static void put_u32(struct enc *e, uint32_t x)
+{
+    x = to_le32(x);
+    memcpy(e->p, &x, 4);
+    e->p += 4;
+}
+
+static void put_u64(struct enc *e, uint64_t x)
+{
+    x = to_le64(x);
+    memcpy(e->p, &x, 8);
+    e->p += 8;
+}
+
+static void put_blob(struct enc *e, const void *data, size_t n)
+{
+    put_u32(e, (uint32_t)n);
+    memcpy(e->p, data, n);
+    e->p += n;
+}
+
+static int put_object(struct enc *e, sr_value *v)
+{
+    /* The receiver's reference: adopted by the decoder, dropped by release. */
+    int rc = sr__inflight_add(sr_value_ref(v));
+    if (rc) {
+        sr_value_unref(v);
+        return rc;
+    }
+    e->objs_taken++;
+    put_u32(e, (uint32_t)getpid()); /* only objects pay for the syscall */
+    put_u32(e, (uint32_t)sr__error_rank());
+    put_u64(e, (uint64_t)(uintptr_t)v);
+    put_blob(e, v->u.obj.type, strlen(v->u.obj.type));
+    return 0;
+}
+
+static int put_items(struct enc *e, size_t n, sr_value *const *vals);
+
+/* Only kinds that passed encoded_size() reach here. */
+static int put_value(struct enc *e, sr_value *v)
+{
+    put_u8(e, v->kind);
+    switch ((sr_kind)v->kind) {
+    case SR_KIND_BOOL: put_u8(e, v->u.b); break;
+    case SR_KIND_INT: put_u64(e, (uint64_t)v->u.i); break;
+    case SR_KIND_DOUBLE: {
+        uint64_t bits;
+        memcpy(&bits, &v->u.d, 8);
+        put_u64(e, bits);
+        break;
+    }
+    case SR_KIND_STR:
+    case SR_KIND_BYTES: put_blob(e, v->tail, v->u.len); break;
+    case SR_KIND_LIST: return put_items(e, v->u.n, sr__list_items(v));
+    case SR_KIND_OBJECT: return put_object(e, v);
+    /* TENSOR: sr__tensor_to_desc(v->u.tensor, &desc) takes the receiver's block ref; memcpy desc (LE fields). */
+    default: break;
+    }
+    return 0;
+}
+
+static int put_items(struct enc *e, size_t n, sr_value *const *vals)
+{
+    put_u32(e, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        int rc = put_value(e, vals[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Drop the first *left object references that put_items() took, visiting the
+ * values in the same order. */
+static void unwind_objects(size_t n, sr_value *const *vals, size_t *left)
+{
+    for (size_t i = 0; i < n && *left; i++) {
+        sr_value *v = vals[i];
+        if (v->kind == SR_KIND_OBJECT) {
+            sr_value_unref(sr__inflight_claim((uint64_t)(uintptr_t)v));
+            --*left;
+        } else if (v->kind == SR_KIND_LIST) {
+            unwind_objects(v->u.n, sr__list_items(v), left);
+        }
+        /* TENSOR: count tensors in objs_taken too (rename it refs_taken) and drop the block ref sr__tensor_to_desc() took here. */
+    }
+}
+
+int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap)
+{
+    int64_t size = encoded_size(n, vals, self_call, __func__);
+    if (size < 0)
+        return size;
+    if (!buf || cap < (uint64_t)size)
+        return sr__fail(-ENOSPC, __func__, "a buffer of %zu bytes cannot hold the %" PRId64 "-byte encoding",
+                        buf ? cap : 0, size);
+    struct enc e = {.p = buf};
+    int rc = put_items(&e, n, vals);
+    if (rc) {
+        unwind_objects(n, vals, &e.objs_taken);
+        return rc;
+    }
+    return size;
+}
+
+/* ---- decode --------------------------------------------------------------- */
+
+enum walk_mode { CHECK, BUILD, RELEASE };
+
+struct dec {
+    const uint8_t *buf;
+    size_t len, pos;
+    enum walk_mode mode;
+    int err;            /* BUILD's failure; the rest of the walk is RELEASE */
+    const char *fn;
+};
+
+__attribute__((format(printf, 3, 4)))
+static int bad(const struct dec *d, size_t at, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return sr__fail(-EBADMSG, d->fn, "offset %zu: %s", at, msg);
+}
+
+static size_t left(const struct dec *d) { return d->len - d->pos; }
+
+static int need(struct dec *d, size_t n, const char *what)
+{
+    if (left(d) < n)
+        return bad(d, d->pos, "%s needs %zu byte%s, %zu left", what, n, n == 1 ? "" : "s", left(d));
+    return 0;
+}
+
+static int get_u8(struct dec *d, const char *what, uint8_t *x)
+{
+    int rc = need(d, 1, what);
+    if (!rc)
+        *x = d->buf[d->pos++];
+    return rc;
+}
+
+static int get_u32(struct dec *d, const char *what, uint32_t *x)
+{
+    int rc = need(d, 4, what);
+    if (!rc) {
+        memcpy(x, d->buf + d->pos, 4);
+        *x = to_le32(*x);
+        d->pos += 4;
+    }
+    return rc;
+}
+
+static int get_u64(struct dec *d, const char *what, uint64_t *x)
+{
+    int rc = need(d, 8, what);
+    if (!rc) {
+        memcpy(x, d->buf + d->pos, 8);
+        *x = to_le64(*x);
+        d->pos += 8;
+    }
+    return rc;
+}
+
+/* A length or count, checked against the bytes that remain before anything
+ * proportional to it is allocated: each unit needs at least one byte. */
+static int get_len(struct dec *d, const char *what, uint32_t *n)
+{
+    size_t at = d->pos;
+    int rc = get_u32(d, what, n);
+    if (rc)
+        return rc;
+    if (*n > SR_CODEC_MAX_LEN)
+        return bad(d, at, "%s %" PRIu32 " exceeds the limit of %u", what, *n, SR_CODEC_MAX_LEN);
+    if (*n > left(d))
+        return bad(d, at, "%s %" PRIu32 " runs past the end (%zu bytes left)", what, *n, left(d));
+    return 0;
+}
+
+/* In BUILD, keep v (or note that building failed and release the rest). */
+static void built(struct dec *d, sr_value *v, sr_value **out)
+{
+    if (d->mode != BUILD)
+        return;
+    if (!v) {
+        d->err = -ENOMEM;
+        d->mode = RELEASE;
+    }
+    *out = v;
+}
+
+static int walk_value(struct dec *d, int depth, sr_value **out);
+
+/* Items are built only while list is (BUILD), so a built item always has a
+ * list to go into. */
+static int walk_items(struct dec *d, int depth, uint32_t n, sr_value *list)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        sr_value *item = NULL;
+        int rc = walk_value(d, depth, &item);
+        if (item)
+            sr__list_set(list, i, item);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int walk_list(struct dec *d, size_t at, int depth, sr_value **out)
+{
+    if (depth >= SR_CODEC_MAX_DEPTH)
+        return bad(d, at, "lists nested deeper than %d", SR_CODEC_MAX_DEPTH);
+    uint32_t n;
+    int rc = get_len(d, "list length", &n);
+    if (rc)
+        return rc;
+    sr_value *list = NULL;
+    if (d->mode == BUILD)
+        built(d, sr__list_alloc(n), &list);
+    rc = walk_items(d, depth + 1, n, list);
+    *out = list; /* even on failure: the caller owns what was built */
+    return rc;
+}
+
+static int walk_blob(struct dec *d, uint8_t tag, sr_value **out)
+{
+    size_t at = d->pos;
+    uint32_t n;
+    int rc = get_len(d, tag == SR_KIND_STR ? "string length" : "bytes length", &n);
+    if (rc)
+        return rc;
+    const uint8_t *p = d->buf + d->pos;
+    d->pos += n;
+    if (d->mode == CHECK && tag == SR_KIND_STR) {
+        const uint8_t *nul = memchr(p, 0, n);
+        if (nul)
+            return bad(d, at + 4 + (size_t)(nul - p), "string of length %" PRIu32 " contains a NUL byte", n);
+    }
+    if (d->mode == BUILD)
+        built(d, tag == SR_KIND_STR ? sr__str_n((const char *)p, n) : sr_bytes(p, n), out);
+    return 0;
+}
+
+static int object_check(struct dec *d, size_t at, uint32_t pid, int32_t rank, uint64_t addr,
+                        const char *type, uint32_t tlen)
+{
+    int tl = tlen < 64 ? (int)tlen : 64;
+    if (pid != (uint32_t)getpid()) {
+        if (rank >= 0)
+            return bad(d, at, "object of type '%.*s' is owner-local and cannot leave worker %d (pid %" PRIu32 ")",
+                       tl, type, rank, pid);
+        return bad(d, at, "object of type '%.*s' is owner-local and cannot leave its process (pid %" PRIu32 ")",
+                   tl, type, pid);
+    }
+    if (rank != sr__error_rank()) /* the pid is ours, so the rank must be too: a corrupt buffer */
+        return bad(d, at, "object of type '%.*s' claims rank %d but this process is rank %d",
+                   tl, type, rank, sr__error_rank());
+    if (!sr__inflight_has(addr, type, tlen))
+        return bad(d, at, "object %#" PRIx64 " of type '%.*s' is not in flight in this process", addr, tl, type);
+    return 0;
+}
+
+static int walk_object(struct dec *d, size_t at, sr_value **out)
+{
+    uint32_t pid, rank, tlen;
+    uint64_t addr;
+    int rc;
+    if ((rc = get_u32(d, "object owner pid", &pid)) || (rc = get_u32(d, "object owner rank", &rank)) ||
+        (rc = get_u64(d, "object pointer", &addr)) || (rc = get_len(d, "object type length", &tlen)))
+        return rc;
+    const char *type = (const char *)d->buf + d->pos;
+    d->pos += tlen;
+    if (d->mode == CHECK)
+        return object_check(d, at, pid, (int32_t)rank, addr, type, tlen);
+    /* The buffer's reference passes to the decoded value, or is dropped. */
+    sr_value *v = sr__inflight_claim(addr);
+    if (d->mode == RELEASE) {
+        sr_value_unref(v);
+    } else if (!v) { /* a forged buffer names an object more often than it was sent */
+        d->err = bad(d, at, "object %#" PRIx64 " was already claimed", addr);
+        d->mode = RELEASE;
+    } else {
+        *out = v;
+    }
+    return 0;
+}
+
+static int walk_value(struct dec *d, int depth, sr_value **out)
+{
+    size_t at = d->pos;
+    uint8_t tag, b;
+    uint64_t x;
+    int rc = get_u8(d, "kind tag", &tag);
+    if (rc)
+        return rc;
+    switch (tag) {
+    case SR_KIND_NONE:
+        if (d->mode == BUILD)
+            built(d, sr_none(), out);
+        return 0;
+    case SR_KIND_BOOL:
+        if ((rc = get_u8(d, "bool", &b)))
+            return rc;
+        if (b > 1)
+            return bad(d, at + 1, "bool byte %#x is neither 0 nor 1", b);
+        if (d->mode == BUILD)
+            built(d, sr_bool(b), out);
+        return 0;
+    case SR_KIND_INT:
+    case SR_KIND_DOUBLE:
+        if ((rc = get_u64(d, tag == SR_KIND_INT ? "int" : "double", &x)))
+            return rc;
+        if (d->mode == BUILD) {
+            double f;
+            memcpy(&f, &x, 8);
+            built(d, tag == SR_KIND_INT ? sr_int((int64_t)x) : sr_double(f), out);
+        }
+        return 0;
+    case SR_KIND_STR:
+    case SR_KIND_BYTES: return walk_blob(d, tag, out);
+    case SR_KIND_LIST: return walk_list(d, at, depth, out);
+    case SR_KIND_OBJECT: return walk_object(d, at, out);
+    case SR_KIND_TENSOR:
+        /* TENSOR: read the desc; CHECK validates it (block offset, dtype, shape vs size), BUILD sr__tensor_from_desc adopts its block ref, RELEASE drops it. */
+        return bad(d, at, "tensor values are not supported yet");
+    case SR_KIND_RREF: return bad(d, at, "rref values are reserved and cannot be decoded");
+    default: return bad(d, at, "unknown kind tag %u", tag);
+    }
+}
+
+static int walk_top(struct dec *d, sr_value **out)
+{
+    uint32_t n;
+    int rc = get_len(d, "value count", &n);
+    if (rc)
+        return rc;
+    sr_value *list = NULL;
+    if (d->mode == BUILD)
+        built(d, sr__list_alloc(n), &list);
+    rc = walk_items(d, 0, n, list);
+    *out = list;
+    if (!rc && d->pos != d->len)
+        rc = bad(d, d->pos, "%zu trailing bytes after the last value", left(d));
+    return rc;
+}
+
+static const uint8_t no_bytes[1];
+
+int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out)
+{
+    if (!out)
+        return sr__fail(-EINVAL, __func__, "out is NULL");
+    *out = NULL;
+    struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = CHECK, .fn = __func__};
+    sr_value *list = NULL;
+    int rc = walk_top(&d, &list);
+    if (rc)
+        return rc;
+    d.pos = 0;
+    d.mode = BUILD;
+    rc = walk_top(&d, &list);
+    if (!rc)
+        rc = d.err;
+    if (rc) {
+        sr_value_unref(list);
+        return rc;
+    }
+    *out = list;
+    return 0;
+}
+
+void sr_codec_release(const uint8_t *buf, size_t len)
+{
+    struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = CHECK, .fn = __func__};
+    sr_value *unused = NULL;
+    if (walk_top(&d, &unused))
+        return; /* malformed: its references cannot be trusted; the error stays in sr_last_error() */
+    d.pos = 0;
+    d.mode = RELEASE;
+    walk_top(&d, &unused);
+}

@@ -1,0 +1,54 @@
+/* Wire encoding of values (internal).
+ *
+ * A value list is encoded as a byte string: a count, then each value as a
+ * one-byte kind tag followed by its payload (little-endian, unaligned):
+ *   none -, bool u8, int i64, double f64, str u32 len + bytes (no NUL),
+ *   bytes u32 len + bytes, list u32 n + n values, tensor: a tensor descriptor
+ *   (struct sr_tensor_desc, fixed size) whose storage is a shared-heap block
+ *   offset, object: the owner's pid u32, rank i32, pointer u64 and type
+ *   name (u32 len + bytes, for the error naming it; decodable only in the
+ *   same process: a self-call), rref: reserved for the RRef issue.
+ *
+ * Decoding is bounds-checked everywhere: a truncated or malformed buffer, an
+ * unknown tag, a length past the end, nesting deeper than SR_CODEC_MAX_DEPTH,
+ * or trailing bytes give -EBADMSG with a message naming the offset and what
+ * was wrong. It never reads outside [buf, buf + len) and never crashes.
+ *
+ * Encoding tensors takes a block reference for the receiver (the descriptor
+ * owns it until decoded); sr_codec_release() drops the references a buffer
+ * holds when it will never be decoded (a send that failed, a timed-out reply).
+ * Objects work the same way: the encoder takes a value reference for the
+ * receiver. After sr_codec_decode() returns 0 or -ENOMEM the buffer holds no
+ * references (never release it then). -EBADMSG found the buffer malformed
+ * before consuming anything, and a malformed buffer's references are never
+ * dropped: they cannot be trusted. (One exception: a forged buffer naming an
+ * object more often than it was sent fails only while building, and then the
+ * whole buffer is consumed.)
+ */
+#ifndef SR_RPC_CODEC_H
+#define SR_RPC_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmrpc/value.h"
+
+#define SR_CODEC_MAX_DEPTH 32
+#define SR_CODEC_MAX_LEN (1u << 30)
+
+/* Exact encoded size of n values, or -errno (e.g. a private tensor block
+ * that cannot be sent, an object bound for another process: -EINVAL naming
+ * it). self_call: objects may be passed by reference. */
+int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call);
+
+/* Encode into buf (cap >= sr_codec_size). Returns bytes written or -errno. */
+int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap);
+
+/* Decode a list of values; *out is a new SR_KIND_LIST value. 0 or -EBADMSG
+ * (-ENOMEM if memory runs out). */
+int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out);
+
+/* Drop the block references held by an encoded buffer that will not be decoded. */
+void sr_codec_release(const uint8_t *buf, size_t len);
+
+#endif

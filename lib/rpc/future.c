@@ -1,0 +1,377 @@
+/* Futures. See shmrpc/future.h and future_internal.h. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "future_internal.h"
+#include "waiter.h"
+
+enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, STATE = 0xff };
+
+struct callback {
+    struct callback *next;
+    void (*fn)(sr_future *f, void *arg);
+    void (*release)(void *arg); /* a future destroyed before completion drops arg with it */
+    void *arg;
+};
+
+struct sr_future {
+    _Atomic uint32_t refs;
+    _Atomic uint32_t state;      /* see future_internal.h */
+    pthread_mutex_t lock;        /* guards cbs against a racing completion */
+    struct callback *cbs, **tail;
+    sr_value *value;             /* written by the completer before DONE */
+    int err;
+    char *msg;
+};
+
+static sr_wait_hook wait_hook; /* set by sr_init before any RPC thread starts */
+
+void sr__future_set_wait_hook(sr_wait_hook hook) { wait_hook = hook; }
+
+SR_API sr_future *sr_future_new(void)
+{
+    sr_future *f = calloc(1, sizeof(*f));
+    if (!f) {
+        sr__fail(-ENOMEM, "sr_future_new", "out of memory");
+        return NULL;
+    }
+    atomic_init(&f->refs, 1);
+    atomic_init(&f->state, PENDING);
+    pthread_mutex_init(&f->lock, NULL);
+    f->tail = &f->cbs;
+    return f;
+}
+
+SR_API sr_future *sr_future_ref(sr_future *f)
+{
+    /* relaxed: the caller holds a reference, so the future cannot go */
+    atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+    return f;
+}
+
+SR_API void sr_future_unref(sr_future *f)
+{
+    /* acq_rel: the last holder must see every other holder's writes */
+    if (!f || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    sr_value_unref(f->value);
+    free(f->msg);
+    for (struct callback *c = f->cbs, *n; c; c = n) { /* never completed: callbacks never run */
+        n = c->next;
+        if (c->release)
+            c->release(c->arg);
+        free(c);
+    }
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+SR_API bool sr_future_done(const sr_future *f)
+{
+    /* acquire: pairs with the completer's exchange to DONE; the result is visible */
+    return (atomic_load_explicit(&((sr_future *)f)->state, memory_order_acquire) & STATE) == DONE;
+}
+
+int sr__future_error(const sr_future *f) { return f->err; }
+sr_value *sr__future_peek(const sr_future *f) { return f->value; }
+
+/* Win the right to complete: PENDING -> COMPLETING, keeping the WAITERS bit. */
+static int begin_complete(sr_future *f)
+{
+    /* relaxed: only the CAS matters; the result is published by finish_complete */
+    uint32_t v = atomic_load_explicit(&f->state, memory_order_relaxed);
+    do {
+        if ((v & STATE) != PENDING)
+            return sr__fail(-EALREADY, "sr_future_set_result", "Future can only be marked completed once");
+    } while (!atomic_compare_exchange_weak_explicit(&f->state, &v, (v & WAITERS) | COMPLETING,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return 0;
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static void finish_complete(sr_future *f)
+{
+    pthread_mutex_lock(&f->lock);
+    /* release: publishes value/err to the acquire loads in sr_future_done and sleepers */
+    uint32_t old = atomic_exchange_explicit(&f->state, DONE, memory_order_acq_rel);
+    struct callback *cbs = f->cbs;
+    f->cbs = NULL;
+    f->tail = &f->cbs;
+    pthread_mutex_unlock(&f->lock);
+    if (old & WAITERS)
+        futex_wake_all(&f->state);
+    while (cbs) {
+        struct callback *n = cbs->next;
+        cbs->fn(f, cbs->arg);
+        free(cbs);
+        cbs = n;
+    }
+}
+
+SR_API int sr_future_set_result(sr_future *f, sr_value *v)
+{
+    int rc = begin_complete(f);
+    if (rc)
+        return rc;
+    f->value = v ? sr_value_ref(v) : sr_none();
+    finish_complete(f);
+    return 0;
+}
+
+int sr__future_fail_text(sr_future *f, int err, const char *msg)
+{
+    int rc = begin_complete(f);
+    if (rc)
+        return rc;
+    f->err = err < 0 ? err : -EINVAL;
+    f->msg = strdup(msg ? msg : "");
+    finish_complete(f);
+    return 0;
+}
+
+SR_API int sr_future_set_error(sr_future *f, int err, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return sr__future_fail_text(f, err, msg);
+}
+
+/* The outcome of a completed future, re-raised every time. */
+static int outcome(sr_future *f, sr_value **out)
+{
+    if (f->err) {
+        sr__error_set_text(f->msg ? f->msg : "");
+        return f->err;
+    }
+    if (out)
+        *out = sr_value_ref(f->value);
+    return 0;
+}
+
+SR_API int sr_future_value(sr_future *f, sr_value **out)
+{
+    if (!sr_future_done(f))
+        return sr__fail(-EAGAIN, "sr_future_value", "the future is not complete yet");
+    return outcome(f, out);
+}
+
+void sr__future_sleep(sr_future *f, int64_t deadline_ns)
+{
+    /* relaxed: the CAS below revalidates */
+    uint32_t v = atomic_load_explicit(&f->state, memory_order_relaxed);
+    if ((v & STATE) == DONE)
+        return;
+    /* relaxed: setting WAITERS needs atomicity only; the futex re-checks the value */
+    if (!(v & WAITERS) &&
+        !atomic_compare_exchange_strong_explicit(&f->state, &v, v | WAITERS, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return; /* the state moved: let the caller re-check */
+    struct timespec ts, *tp = NULL;
+    if (deadline_ns >= 0) {
+        int64_t left = deadline_ns - sr_now_ns();
+        if (left <= 0)
+            return;
+        ts = (struct timespec){.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
+        tp = &ts;
+    }
+    syscall(SYS_futex, &f->state, FUTEX_WAIT_PRIVATE, v | WAITERS, tp, NULL, 0);
+}
+
+int sr__future_wait_until(sr_future *f, int64_t deadline_ns)
+{
+    if (sr_future_done(f))
+        return 0;
+    if (wait_hook)
+        return wait_hook(f, deadline_ns);
+    while (!sr_future_done(f)) {
+        if (deadline_ns >= 0 && sr_now_ns() >= deadline_ns)
+            return -ETIMEDOUT;
+        sr__future_sleep(f, deadline_ns);
+    }
+    return 0;
+}
+
+SR_API int sr_future_wait(sr_future *f, sr_value **out)
+{
+    if (!f)
+        return sr__fail(-EINVAL, "sr_future_wait", "future is NULL");
+    int rc = sr__future_wait_until(f, -1);
+    if (rc)
+        return rc;
+    return outcome(f, out);
+}
+
+SR_API int sr_future_add_done_callback(sr_future *f, void (*cb)(sr_future *, void *), void *arg)
+{
+    return sr__future_on_done(f, cb, NULL, arg);
+}
+
+int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg)
+{
+    if (!f || !cb)
+        return sr__fail(-EINVAL, "sr_future_add_done_callback", "incompatible function arguments: %s is NULL",
+                        f ? "callback" : "future");
+    struct callback *c = malloc(sizeof(*c));
+    if (!c)
+        return sr__fail(-ENOMEM, "sr_future_add_done_callback", "out of memory");
+    *c = (struct callback){.fn = cb, .release = release, .arg = arg};
+    pthread_mutex_lock(&f->lock);
+    if (!sr_future_done(f)) {
+        *f->tail = c;
+        f->tail = &c->next;
+        pthread_mutex_unlock(&f->lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&f->lock);
+    free(c);
+    cb(f, arg);
+    return 0;
+}
+
+struct then_ctx {
+    sr_then_fn fn;
+    void *arg;
+    sr_future *child;
+};
+
+static void drop_then(void *p)
+{
+    struct then_ctx *t = p;
+    sr_future_unref(t->child);
+    free(t);
+}
+
+static void run_then(sr_future *parent, void *p)
+{
+    struct then_ctx *t = p;
+    sr_value *result = NULL;
+    int rc = t->fn(parent, t->arg, &result);
+    if (rc)
+        sr__future_fail_text(t->child, rc, sr_last_error());
+    else
+        sr_future_set_result(t->child, result);
+    sr_value_unref(result);
+    sr_future_unref(t->child);
+    free(t);
+}
+
+SR_API int sr_future_then(sr_future *f, sr_then_fn cb, void *arg, sr_future **out)
+{
+    if (!f || !cb || !out)
+        return sr__fail(-EINVAL, "sr_future_then", "incompatible function arguments: %s is NULL",
+                        !f ? "future" : !cb ? "callback" : "out");
+    struct then_ctx *t = malloc(sizeof(*t));
+    sr_future *child = sr_future_new();
+    if (!t || !child) {
+        free(t);
+        sr_future_unref(child);
+        return sr__fail(-ENOMEM, "sr_future_then", "out of memory");
+    }
+    *t = (struct then_ctx){cb, arg, sr_future_ref(child)};
+    int rc = sr__future_on_done(f, run_then, drop_then, t);
+    if (rc) {
+        sr_future_unref(t->child);
+        sr_future_unref(child);
+        free(t);
+        return rc;
+    }
+    *out = child;
+    return 0;
+}
+
+/* wait_all: one aggregate future, completed by the first error or the last value. */
+struct all_ctx {
+    _Atomic size_t remaining;
+    _Atomic uint32_t refs;
+    size_t n;
+    sr_future *const *fs;
+    sr_future *agg;
+};
+
+static void all_ctx_unref(void *p)
+{
+    struct all_ctx *a = p;
+    /* acq_rel: the last holder frees; it must see the others' writes */
+    if (atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) == 1) {
+        sr_future_unref(a->agg);
+        free(a);
+    }
+}
+
+static void complete_all(struct all_ctx *a)
+{
+    sr_value **vals = malloc((a->n ? a->n : 1) * sizeof(*vals));
+    if (!vals) {
+        sr_future_set_error(a->agg, -ENOMEM, "sr_future_wait_all: out of memory");
+        return;
+    }
+    for (size_t i = 0; i < a->n; i++)
+        vals[i] = sr__future_peek(a->fs[i]);
+    sr_value *list = sr_list(a->n, vals);
+    free(vals);
+    if (list)
+        sr_future_set_result(a->agg, list);
+    else
+        sr_future_set_error(a->agg, -ENOMEM, "sr_future_wait_all: out of memory");
+    sr_value_unref(list);
+}
+
+static void on_one_done(sr_future *f, void *p)
+{
+    struct all_ctx *a = p;
+    if (f->err)
+        sr__future_fail_text(a->agg, f->err, f->msg); /* the first error wins; later ones are -EALREADY */
+    /* acq_rel: the last one to finish must see every result */
+    else if (atomic_fetch_sub_explicit(&a->remaining, 1, memory_order_acq_rel) == 1)
+        complete_all(a);
+    all_ctx_unref(a);
+}
+
+SR_API int sr_future_wait_all(sr_future *const *fs, size_t n, sr_value **out)
+{
+    if (n && !fs)
+        return sr__fail(-EINVAL, "sr_future_wait_all", "futures array is NULL");
+    for (size_t i = 0; i < n; i++)
+        if (!fs[i])
+            return sr__fail(-EINVAL, "sr_future_wait_all", "future %zu is NULL", i);
+    struct all_ctx *a = malloc(sizeof(*a));
+    sr_future *agg = sr_future_new();
+    if (!a || !agg) {
+        free(a);
+        sr_future_unref(agg);
+        return sr__fail(-ENOMEM, "sr_future_wait_all", "out of memory");
+    }
+    *a = (struct all_ctx){.n = n, .fs = fs, .agg = sr_future_ref(agg)};
+    atomic_init(&a->remaining, n);
+    atomic_init(&a->refs, (uint32_t)n + 1);
+    if (n == 0)
+        complete_all(a);
+    for (size_t i = 0; i < n; i++)
+        if (sr__future_on_done(fs[i], on_one_done, all_ctx_unref, a)) { /* -ENOMEM: fail fast, drop its share */
+            sr__future_fail_text(agg, -ENOMEM, sr_last_error());
+            all_ctx_unref(a);
+        }
+    int rc = sr_future_wait(agg, out);
+    /* The stragglers may still run on_one_done after we return; they only
+     * touch a and agg (refcounted), never fs, once agg is complete. */
+    all_ctx_unref(a);
+    sr_future_unref(agg);
+    return rc;
+}

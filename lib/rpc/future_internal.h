@@ -1,0 +1,44 @@
+/* Futures, internal side: how the runtime waits on and completes them.
+ *
+ * The state word is also the futex word of sleepers:
+ *   PENDING -> COMPLETING (the completer won; others get -EALREADY)
+ *           -> DONE       (result published; release, pairs with waiters' acquire)
+ * A sleeper sets the WAITERS bit before it sleeps; a completer whose exchange
+ * to DONE returns a word with WAITERS set issues the futex wake. So an
+ * uncontended completion makes no syscall.
+ */
+#ifndef SR_RPC_FUTURE_INTERNAL_H
+#define SR_RPC_FUTURE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shmrpc/future.h"
+
+/* How a thread waits for a future. The RPC agent installs a hook that polls
+ * the worker's inbox while it waits (so a caller needs no thread hop to see
+ * its own response). Without a hook, waits sleep on the future's word.
+ * Returns 0 once the future is done, -ETIMEDOUT at the deadline (< 0: none). */
+typedef int (*sr_wait_hook)(sr_future *f, int64_t deadline_ns);
+void sr__future_set_wait_hook(sr_wait_hook hook);
+
+/* Wait on one future with a deadline; 0 when done, -ETIMEDOUT first. */
+int sr__future_wait_until(sr_future *f, int64_t deadline_ns);
+
+/* Sleep (futex) until the future is done or the deadline passes. */
+void sr__future_sleep(sr_future *f, int64_t deadline_ns);
+
+/* Complete with an already formatted message (e.g. "Error on Node 1: ..."). */
+int sr__future_fail_text(sr_future *f, int err, const char *msg);
+
+/* add_done_callback with a release hook: if f is destroyed before it
+ * completes, release(arg) runs instead of cb, so arg is never leaked. */
+int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg);
+
+/* The stored error of a completed future (0 if it holds a value). */
+int sr__future_error(const sr_future *f);
+/* Borrowed result value of a completed future (NULL if it holds an error). */
+sr_value *sr__future_peek(const sr_future *f);
+
+#endif

@@ -1,0 +1,95 @@
+/* Function registry. See registry.h. */
+#include "registry.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+#define TABLE 1024 /* power of two; at most TABLE/2 functions */
+
+static _Atomic(struct sr_fn_entry *) table[TABLE];
+static pthread_mutex_t add_lock = PTHREAD_MUTEX_INITIALIZER;
+static size_t count;
+
+static uint32_t hash(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+const struct sr_fn_entry *sr__registry_find(const char *name, size_t len)
+{
+    if (len >= SR_FN_NAME_MAX)
+        return NULL;
+    for (uint32_t i = hash(name, len);; i++) {
+        /* acquire: pairs with the release store in sr__registry_add; the entry is complete */
+        struct sr_fn_entry *e = atomic_load_explicit(&table[i & (TABLE - 1)], memory_order_acquire);
+        if (!e)
+            return NULL;
+        if (!strncmp(e->name, name, len) && e->name[len] == '\0')
+            return e;
+    }
+}
+
+int sr__fn_name_check(const char *n, const char *caller)
+{
+    if (!n)
+        return sr__fail(-EINVAL, caller, "function name is NULL");
+    size_t len = strlen(n);
+    if (len == 0 || len >= SR_FN_NAME_MAX)
+        return sr__fail(-EINVAL, caller, "function name '%.80s' must have 1 to %d characters", n, SR_FN_NAME_MAX - 1);
+    if (strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-") != len)
+        return sr__fail(-EINVAL, caller, "function name '%s' may only hold letters, digits, '_', '.', ':' and '-'", n);
+    return 0;
+}
+
+int sr__registry_add(const char *name, enum sr_fn_kind kind, sr_fn fn, sr_async_fn afn)
+{
+    if (kind != SR_FN_BUILTIN)
+        sr__builtins_init();
+    const char *who = kind == SR_FN_ASYNC ? "sr_register_async" : "sr_register";
+    int rc = sr__fn_name_check(name, who);
+    if (rc)
+        return rc;
+    if (!fn && !afn)
+        return sr__fail(-EINVAL, who, "function pointer for '%s' is NULL", name);
+    struct sr_fn_entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return sr__fail(-ENOMEM, who, "out of memory");
+    *e = (struct sr_fn_entry){.kind = kind, .fn = fn, .afn = afn};
+    strcpy(e->name, name);
+    pthread_mutex_lock(&add_lock);
+    size_t len = strlen(name);
+    if (sr__registry_find(name, len) || count >= TABLE / 2) {
+        pthread_mutex_unlock(&add_lock);
+        free(e);
+        return count >= TABLE / 2 ? sr__fail(-ENOSPC, who, "registry is full (%d functions)", TABLE / 2)
+                                  : sr__fail(-EEXIST, who, "function '%s' is already registered", name);
+    }
+    uint32_t i = hash(name, len);
+    /* relaxed: under add_lock, only adders write slots */
+    while (atomic_load_explicit(&table[i & (TABLE - 1)], memory_order_relaxed))
+        i++;
+    /* release: pairs with the acquire in sr__registry_find */
+    atomic_store_explicit(&table[i & (TABLE - 1)], e, memory_order_release);
+    count++;
+    pthread_mutex_unlock(&add_lock);
+    return 0;
+}
+
+SR_API int sr_register(const char *name, sr_fn fn)
+{
+    return sr__registry_add(name, SR_FN_PLAIN, fn, NULL);
+}
+
+SR_API int sr_register_async(const char *name, sr_async_fn fn)
+{
+    return sr__registry_add(name, SR_FN_ASYNC, NULL, fn);
+}

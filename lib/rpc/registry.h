@@ -1,0 +1,32 @@
+/* Function registry (internal): name -> function, per process.
+ * Append-only: lookups are lock-free (acquire loads of published entries);
+ * registrations serialise on a mutex. Entries live until the process ends. */
+#ifndef SR_RPC_REGISTRY_H
+#define SR_RPC_REGISTRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "shmrpc/rpc.h"
+
+#define SR_FN_NAME_MAX 64
+
+enum sr_fn_kind { SR_FN_PLAIN, SR_FN_ASYNC, SR_FN_BUILTIN };
+
+struct sr_fn_entry {
+    char name[SR_FN_NAME_MAX];
+    enum sr_fn_kind kind;
+    sr_fn fn;
+    sr_async_fn afn;
+};
+
+/* NULL if unknown. name need not be NUL-terminated. */
+const struct sr_fn_entry *sr__registry_find(const char *name, size_t len);
+int sr__registry_add(const char *name, enum sr_fn_kind kind, sr_fn fn, sr_async_fn afn);
+/* Register the built-ins (idempotent); done before any lookup or user registration. */
+void sr__builtins_init(void);
+
+/* Validate a function name; 0 or -EINVAL with a message. */
+int sr__fn_name_check(const char *fn_name, const char *caller);
+
+#endif

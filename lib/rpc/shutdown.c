@@ -1,0 +1,165 @@
+/* Graceful shutdown: a barrier, then quiescence detection (leader: rank 0).
+ *
+ * Quiescence: every worker counts the user messages it has sent and the ones
+ * it has fully processed (a request counts as processed after its response
+ * was counted as sent). The counters only grow. The leader collects them in
+ * waves; when two consecutive waves give the same totals and sent == done,
+ * no user message was in flight or being processed between the two waves,
+ * and none can appear later (every worker is inside sr_shutdown, so only
+ * functions already running could send, and they would have been counted).
+ * This drains fire-and-forget chains, which no local count can see. */
+#include <errno.h>
+#include <string.h>
+
+#include "agent.h"
+#include "error.h"
+
+static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t y, uint64_t z)
+{
+    sr_msg m = {.type = SR_MSG_CTRL};
+    struct sr_wire *w = (struct sr_wire *)m.data;
+    w->ctrl = (uint8_t)c;
+    w->p.args.a = x;
+    w->p.args.b = y;
+    w->p.args.c = z;
+    sr__agent_send(a, to, &m); /* a dead peer fails the wait instead */
+}
+
+static void broadcast(sr_agent *a, enum sr_ctrl c, uint64_t x)
+{
+    for (int r = 0; r < a->world; r++)
+        send_ctrl(a, r, c, x, 0, 0);
+}
+
+static void complete(sr_future *f)
+{
+    if (f)
+        sr_future_set_result(f, NULL);
+}
+
+void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
+{
+    const struct sr_wire *w = (const struct sr_wire *)m->data;
+    pthread_mutex_lock(&a->ctl_lock);
+    switch (w->ctrl) {
+    case SR_CTRL_BARRIER: /* leader */
+        if (++a->barrier_count == (uint32_t)a->world) {
+            a->barrier_count = 0;
+            broadcast(a, SR_CTRL_RELEASE, w->p.args.a);
+        }
+        break;
+    case SR_CTRL_RELEASE:
+        complete(a->barrier_fut);
+        break;
+    case SR_CTRL_COUNT_REQ:
+        send_ctrl(a, m->src, SR_CTRL_COUNT_RESP, w->p.args.a,
+                  atomic_load_explicit(&a->user_sent, memory_order_relaxed), /* relaxed: see the wave argument */
+                  atomic_load_explicit(&a->user_done, memory_order_relaxed));
+        break;
+    case SR_CTRL_COUNT_RESP: /* leader */
+        if (w->p.args.a == a->wave) {
+            a->wave_sent += w->p.args.b;
+            a->wave_done += w->p.args.c;
+            if (++a->wave_replies == (uint64_t)a->world)
+                complete(a->wave_fut);
+        }
+        break;
+    case SR_CTRL_QUIESCENT:
+        complete(a->quiescent_fut);
+        break;
+    }
+    pthread_mutex_unlock(&a->ctl_lock);
+}
+
+/* Install a fresh future in *slot under ctl_lock (the dispatcher completes it). */
+static sr_future *arm(sr_agent *a, sr_future **slot)
+{
+    sr_future *f = sr_future_new();
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&a->ctl_lock);
+    *slot = sr_future_ref(f);
+    pthread_mutex_unlock(&a->ctl_lock);
+    return f;
+}
+
+static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
+{
+    pthread_mutex_lock(&a->ctl_lock);
+    sr_future_unref(*slot);
+    *slot = NULL;
+    pthread_mutex_unlock(&a->ctl_lock);
+    sr_future_unref(f);
+}
+
+static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
+{
+    int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
+    disarm(a, slot, f);
+    if (rc == -ETIMEDOUT)
+        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s", what);
+    return rc;
+}
+
+static int barrier(sr_agent *a, int64_t deadline)
+{
+    sr_future *f = arm(a, &a->barrier_fut);
+    if (!f)
+        return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
+    send_ctrl(a, 0, SR_CTRL_BARRIER, ++a->barrier_epoch, 0, 0);
+    return await(a, &a->barrier_fut, f, deadline, "the other workers to reach shutdown");
+}
+
+/* Leader: one wave; returns the totals. */
+static int wave(sr_agent *a, int64_t deadline, uint64_t *sent, uint64_t *done)
+{
+    sr_future *f = arm(a, &a->wave_fut);
+    if (!f)
+        return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
+    pthread_mutex_lock(&a->ctl_lock);
+    a->wave++;
+    a->wave_replies = a->wave_sent = a->wave_done = 0;
+    uint64_t id = a->wave;
+    pthread_mutex_unlock(&a->ctl_lock);
+    broadcast(a, SR_CTRL_COUNT_REQ, id);
+    int rc = await(a, &a->wave_fut, f, deadline, "in-flight calls to drain");
+    *sent = a->wave_sent;
+    *done = a->wave_done;
+    return rc;
+}
+
+static int leader_drain(sr_agent *a, int64_t deadline)
+{
+    uint64_t s0 = 0, d0 = 1, s1 = 0, d1 = 0;
+    for (;;) {
+        int rc = wave(a, deadline, &s1, &d1);
+        if (rc)
+            return rc;
+        if (s1 == d1 && s1 == s0 && d1 == d0)
+            break;
+        s0 = s1;
+        d0 = d1;
+    }
+    broadcast(a, SR_CTRL_QUIESCENT, 0);
+    return 0;
+}
+
+int sr__graceful(sr_agent *a, int64_t deadline)
+{
+    int rc = barrier(a, deadline);
+    if (rc)
+        return rc;
+    sr_future *q = arm(a, &a->quiescent_fut);
+    if (!q)
+        return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
+    if (a->rank == 0 && (rc = leader_drain(a, deadline))) {
+        disarm(a, &a->quiescent_fut, q);
+        return rc;
+    }
+    rc = await(a, &a->quiescent_fut, q, deadline, "the leader to declare quiescence");
+    if (rc)
+        return rc;
+    /* Nobody sends after quiescence but this final barrier, so no worker
+     * detaches while a peer still needs its inbox. */
+    return barrier(a, deadline);
+}

@@ -1,0 +1,58 @@
+/* RPC messages on the inbox rings (internal).
+ *
+ * Every RPC message is one ring slot: sr_msg.type says what it is, and its 56
+ * data bytes hold struct sr_wire. A payload of up to SR_WIRE_INLINE bytes
+ * travels inline; a larger one is written into a block of the sender's
+ * shared heap and only the block's offset travels (the receiver drops the
+ * block reference when it has decoded it; the sender's arena gets it back
+ * through the remote-free list).
+ *
+ *   REQ   call_id, payload = function name (name_len bytes) + encoded args
+ *   RESP  call_id, payload = encoded result (a list of one value)
+ *   ERR   call_id, code = -errno, payload = message text
+ *   CTRL  ctrl = subtype, a = b = arguments (barrier, quiescence waves)
+ */
+#ifndef SR_RPC_WIRE_H
+#define SR_RPC_WIRE_H
+
+#include <assert.h>
+#include <stdint.h>
+
+#include "ring.h"
+
+enum sr_rpc_msg {
+    SR_MSG_REQ = 1,
+    SR_MSG_RESP = 2,
+    SR_MSG_ERR = 3,
+    SR_MSG_CTRL = 4,
+};
+
+enum sr_ctrl {
+    SR_CTRL_BARRIER = 1,      /* worker -> leader: arrived (a = epoch) */
+    SR_CTRL_RELEASE = 2,      /* leader -> all: barrier complete (a = epoch) */
+    SR_CTRL_COUNT_REQ = 3,    /* leader -> all: report counters (a = wave) */
+    SR_CTRL_COUNT_RESP = 4,   /* worker -> leader: a = wave, b = sent, c = done */
+    SR_CTRL_QUIESCENT = 5,    /* leader -> all: no user message in flight anywhere */
+    SR_CTRL_NAME = 6,         /* worker -> all: my name is in my worker-table entry */
+};
+
+#define SR_WIRE_INLINE 32
+#define SR_WIRE_BLOCK 0x1u
+
+struct sr_wire {
+    uint64_t call_id;
+    uint32_t len;       /* payload bytes */
+    uint16_t name_len;  /* REQ: bytes of function name at the start of the payload */
+    uint8_t flags;      /* SR_WIRE_BLOCK: the payload is in the heap block at p.block_off */
+    uint8_t ctrl;       /* CTRL: enum sr_ctrl */
+    int32_t code;       /* ERR: -errno */
+    uint32_t pad;
+    union {
+        uint8_t inl[SR_WIRE_INLINE];
+        uint64_t block_off;
+        struct { uint64_t a, b, c; } args; /* CTRL */
+    } p;
+};
+static_assert(sizeof(struct sr_wire) <= SR_MSG_DATA, "an RPC header fits one slot");
+
+#endif

@@ -1,0 +1,149 @@
+/* Ring semantics on a single thread: FIFO, capacity and back-pressure,
+ * bursts, wrap-around of the 32-bit indices, and a claimed-but-unpublished
+ * slot holding back the consumer (a preempted producer). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ring.h"
+
+static struct sr_ring *ring_new(uint32_t slots)
+{
+    struct sr_ring *r = aligned_alloc(SR_CACHELINE, sr_ring_bytes(slots));
+    cr_assert_not_null(r);
+    sr_ring_init(r, slots);
+    return r;
+}
+
+static sr_msg msg_of(uint32_t v)
+{
+    sr_msg m = {.type = (uint16_t)(v & 0xffff)};
+    memcpy(m.data, &v, sizeof(v));
+    memset(m.data + 4, (int)(v & 0xff), SR_MSG_DATA - 4);
+    return m;
+}
+
+static uint32_t value_of(const sr_msg *m)
+{
+    uint32_t v;
+    memcpy(&v, m->data, sizeof(v));
+    for (int i = 4; i < SR_MSG_DATA; i++)
+        cr_assert_eq(m->data[i], v & 0xff, "message %u is torn at byte %d", v, i);
+    return v;
+}
+
+Test(ring, empty_ring_yields_nothing)
+{
+    struct sr_ring *r = ring_new(8);
+    sr_msg out[4];
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 4), 0);
+    cr_assert_not(sr_ring_ready(r));
+    free(r);
+}
+
+Test(ring, fifo_order_and_whole_message)
+{
+    struct sr_ring *r = ring_new(16);
+    for (uint32_t i = 0; i < 10; i++) {
+        sr_msg m = msg_of(i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    }
+    cr_assert(sr_ring_ready(r));
+    sr_msg out[16];
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 16), 10, "a burst returns every ready message and no more");
+    for (uint32_t i = 0; i < 10; i++)
+        cr_assert_eq(value_of(&out[i]), i);
+    free(r);
+}
+
+Test(ring, full_ring_reports_backpressure_and_drops_nothing)
+{
+    struct sr_ring *r = ring_new(8);
+    for (uint32_t i = 0; i < 8; i++) {
+        sr_msg m = msg_of(i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0, "slot %u of 8 must be free", i);
+    }
+    sr_msg extra = msg_of(99);
+    cr_assert_eq(sr_ring_enqueue(r, &extra), -EAGAIN, "a full ring must say -EAGAIN");
+    sr_msg out[8];
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 3), 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        sr_msg m = msg_of(8 + i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0, "freed slot %u must be reusable", i);
+    }
+    cr_assert_eq(sr_ring_enqueue(r, &extra), -EAGAIN);
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 8), 8);
+    for (uint32_t i = 0; i < 8; i++)
+        cr_assert_eq(value_of(&out[i]), 3 + i, "order after refill");
+    free(r);
+}
+
+Test(ring, many_laps_with_varying_bursts)
+{
+    struct sr_ring *r = ring_new(32);
+    uint32_t next_in = 0, next_out = 0;
+    srand(7);
+    while (next_out < 32 * 1000) {
+        int n = rand() % 40;
+        for (int i = 0; i < n; i++) {
+            sr_msg m = msg_of(next_in);
+            if (sr_ring_enqueue(r, &m) != 0)
+                break;
+            next_in++;
+        }
+        sr_msg out[40];
+        unsigned got = sr_ring_dequeue_burst(r, out, (unsigned)(rand() % 40));
+        for (unsigned i = 0; i < got; i++)
+            cr_assert_eq(value_of(&out[i]), next_out++, "lost or reordered message");
+        cr_assert_leq(next_in - next_out, 32u, "the ring never holds more than its size");
+    }
+    free(r);
+}
+
+/* Start the free-running indices just below 2^32 and cross over. */
+static void ring_set_position(struct sr_ring *r, uint32_t pos)
+{
+    for (uint32_t i = 0; i < r->size; i++) {
+        uint32_t p = pos + ((i - pos) & r->mask); /* first position >= pos that maps to slot i */
+        atomic_store(&r->slots[i].seq, p);
+    }
+    atomic_store(&r->tail, pos);
+    atomic_store(&r->head, pos);
+}
+
+Test(ring, indices_wrap_around_2_pow_32)
+{
+    struct sr_ring *r = ring_new(8);
+    ring_set_position(r, UINT32_MAX - 20);
+    uint32_t next_out = 0;
+    for (uint32_t i = 0; i < 200; i++) {
+        sr_msg m = msg_of(i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0, "enqueue %u near the wrap", i);
+        if (i % 3 == 2 || i % 8 == 7) {
+            sr_msg out[8];
+            unsigned got = sr_ring_dequeue_burst(r, out, 8);
+            for (unsigned k = 0; k < got; k++)
+                cr_assert_eq(value_of(&out[k]), next_out++);
+        }
+    }
+    cr_assert_lt(atomic_load(&r->tail), 1000u, "tail wrapped past 2^32");
+    free(r);
+}
+
+Test(ring, unpublished_slot_holds_back_the_consumer)
+{
+    struct sr_ring *r = ring_new(8);
+    /* A producer claims position 0 and is "preempted" before publishing. */
+    uint32_t pos = atomic_fetch_add(&r->tail, 1);
+    cr_assert_eq(pos, 0u);
+    sr_msg m = msg_of(1);
+    cr_assert_eq(sr_ring_enqueue(r, &m), 0, "other producers keep claiming slots");
+    sr_msg out[8];
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 8), 0, "FIFO: the consumer waits for position 0");
+    r->slots[0].msg = msg_of(0);
+    atomic_store_explicit(&r->slots[0].seq, 1, memory_order_release);
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 8), 2);
+    cr_assert_eq(value_of(&out[0]), 0u);
+    cr_assert_eq(value_of(&out[1]), 1u);
+    free(r);
+}

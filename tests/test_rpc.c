@@ -1,0 +1,280 @@
+/* RPC layer tests, after PyTorch's rpc_test.py: calls by rank and name,
+ * self-calls, UDFs, nested calls, async functions, fire-and-forget chains
+ * drained by graceful shutdown, many threads, futures, timeouts, errors. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "rpc_harness.h"
+
+#define WORLD 4
+
+static struct shared {
+    _Atomic int chain_hops;
+    _Atomic int uneven_done;
+} *sh;
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- test functions ---- */
+
+static int fn_scalar(sr_call *c)
+{
+    if (sr_call_nargs(c) != 1 || sr_value_type(sr_call_arg(c, 0)) != SR_KIND_INT)
+        return sr_call_fail(c, -EINVAL, "udf_scalar takes one int");
+    return sr_call_return(c, sr_int(sr_value_int(sr_call_arg(c, 0)) * 2 + 1));
+}
+
+/* nested(depth): hop to the next worker until depth is 0; returns the list of ranks visited. */
+static int fn_nested(sr_call *c)
+{
+    int64_t depth = sr_value_int(sr_call_arg(c, 0));
+    int me = sr_rank();
+    if (depth == 0)
+        return sr_call_return(c, sr_int(me));
+    sr_value *d = sr_int(depth - 1), *inner = NULL;
+    int rc = sr_rpc_sync((me + 1) % sr_world_size(), "nested", SR_ARGS(d), -1, &inner);
+    sr_value_unref(d);
+    if (rc)
+        return sr_call_fail(c, rc, "nested hop from %d failed: %s", me, sr_last_error());
+    int64_t got = sr_value_int(inner);
+    sr_value_unref(inner);
+    return sr_call_return(c, sr_int(got * 10 + me));
+}
+
+static int fn_sleep(sr_call *c)
+{
+    sleep_ms(sr_value_int(sr_call_arg(c, 0)));
+    return sr_call_return(c, sr_int(sr_value_int(sr_call_arg(c, 0))));
+}
+
+static int fn_fail(sr_call *c)
+{
+    return sr_call_fail(c, -EINVAL, "intentional failure with %lld", (long long)sr_value_int(sr_call_arg(c, 0)));
+}
+
+/* chain(n): count a hop, then fire the next one without waiting for it. */
+static int fn_chain(sr_call *c)
+{
+    int64_t left = sr_value_int(sr_call_arg(c, 0));
+    atomic_fetch_add(&sh->chain_hops, 1);
+    if (left > 0) {
+        sr_value *n = sr_int(left - 1);
+        sr_future *f;
+        int rc = sr_rpc_async((sr_rank() + 1) % sr_world_size(), "chain", SR_ARGS(n), -1, &f);
+        sr_value_unref(n);
+        if (rc)
+            return sr_call_fail(c, rc, "chain hop failed: %s", sr_last_error());
+        sr_future_unref(f); /* fire and forget */
+    }
+    return sr_call_return(c, NULL);
+}
+
+/* async relay: forward to the next worker and answer with that future. */
+static int fn_async_relay(sr_call *c, sr_future **out)
+{
+    return sr_rpc_async((sr_rank() + 1) % sr_world_size(), "udf_scalar", SR_ARGS(sr_call_arg(c, 0)), -1, out);
+}
+
+static void register_fns(void)
+{
+    sr_register("udf_scalar", fn_scalar);
+    sr_register("nested", fn_nested);
+    sr_register("sleep_ms", fn_sleep);
+    sr_register("fail", fn_fail);
+    sr_register("chain", fn_chain);
+    sr_register_async("async_relay", fn_async_relay);
+}
+
+static int expect_int(int rc, sr_value *v, int64_t want, const char *what)
+{
+    WCHECK(rc == 0, "%s failed: %s", what, sr_last_error());
+    WCHECK(sr_value_type(v) == SR_KIND_INT && sr_value_int(v) == want, "%s: got %lld, want %lld", what,
+           (long long)sr_value_int(v), (long long)want);
+    sr_value_unref(v);
+    return 0;
+}
+
+/* ---- scenarios ---- */
+
+static int sc_add(int rank, int world)
+{
+    sr_value *a = sr_int(rank), *b = sr_int(40), *v = NULL;
+    int to = (rank + 1) % world;
+    if (expect_int(sr_rpc_sync(to, "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add by rank"))
+        return 1;
+    char name[32];
+    snprintf(name, sizeof(name), "worker%d", to);
+    WCHECK(sr_worker_rank(name) == to, "worker_rank(%s)", name);
+    WCHECK(!strcmp(sr_worker_name(to), name), "worker_name(%d) = %s", to, sr_worker_name(to));
+    if (expect_int(sr_rpc_sync(sr_worker_rank(name), "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add by name"))
+        return 1;
+    if (expect_int(sr_rpc_sync(rank, "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add to self"))
+        return 1;
+    sr_future *f;
+    WCHECK(sr_rpc_async(to, "add", SR_ARGS(a, b), -1, &f) == 0, "rpc_async: %s", sr_last_error());
+    if (expect_int(sr_future_wait(f, &v), v, rank + 40, "add async"))
+        return 1;
+    sr_future_unref(f);
+    sr_value *x = sr_double(1.5);
+    WCHECK(sr_rpc_sync(to, "add", SR_ARGS(a, x), -1, &v) == 0 && sr_value_double(v) == rank + 1.5, "add double");
+    sr_value_unref(v);
+    sr_value_unref(x);
+    sr_value_unref(a);
+    sr_value_unref(b);
+    return 0;
+}
+
+Test(rpc, add_sync_async_self_by_name_and_rank, .timeout = 120)
+{
+    RUN_JOB("add", WORLD, .scenario = sc_add, .register_fns = register_fns);
+}
+
+static int sc_scalar_udf(int rank, int world)
+{
+    sr_value *x = sr_int(rank + 7), *v;
+    int rc = expect_int(sr_rpc_sync((rank + 1) % world, "udf_scalar", SR_ARGS(x), -1, &v), v, 2 * (rank + 7) + 1,
+                        "udf_scalar");
+    sr_value_unref(x);
+    return rc;
+}
+
+Test(rpc, udf_with_scalar_argument, .timeout = 120)
+{
+    RUN_JOB("udf", WORLD, .scenario = sc_scalar_udf, .register_fns = register_fns);
+}
+
+static int sc_nested(int rank, int world)
+{
+    if (rank != 0)
+        return 0;
+    (void)world;
+    sr_value *d = sr_int(3), *v;
+    /* 0 -> 1 -> 2 -> 3: 3 returns 3; 2 returns 32; 1 returns 321 */
+    int rc = expect_int(sr_rpc_sync(1, "nested", SR_ARGS(d), -1, &v), v, 3 * 100 + 2 * 10 + 1, "three hops");
+    sr_value_unref(d);
+    return rc;
+}
+
+Test(rpc, nested_calls_three_hops, .timeout = 120)
+{
+    RUN_JOB("nested", WORLD, .scenario = sc_nested, .register_fns = register_fns);
+}
+
+static int sc_async_concurrent(int rank, int world)
+{
+    if (rank != 0)
+        return 0;
+    (void)world;
+    sr_future *fs[20];
+    sr_value *xs[20];
+    for (int i = 0; i < 20; i++) {
+        xs[i] = sr_int(i);
+        WCHECK(sr_rpc_async(1, "async_relay", SR_ARGS(xs[i]), -1, &fs[i]) == 0, "rpc_async %d", i);
+    }
+    sr_value *all;
+    WCHECK(sr_future_wait_all(fs, 20, &all) == 0, "wait_all: %s", sr_last_error());
+    for (int i = 0; i < 20; i++) {
+        WCHECK(sr_value_int(sr_value_list_at(all, (size_t)i)) == 2 * i + 1, "result %d", i);
+        sr_future_unref(fs[i]);
+        sr_value_unref(xs[i]);
+    }
+    sr_value_unref(all);
+    return 0;
+}
+
+Test(rpc, twenty_concurrent_nested_async_calls_with_two_executors, .timeout = 120)
+{
+    RUN_JOB("asyncnest", WORLD, .scenario = sc_async_concurrent, .register_fns = register_fns,
+            .opts = {.num_worker_threads = 2});
+}
+
+static int sc_chain(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(20);
+    sr_future *f;
+    WCHECK(sr_rpc_async(1, "chain", SR_ARGS(n), -1, &f) == 0, "start chain: %s", sr_last_error());
+    sr_future_unref(f); /* nobody waits: shutdown must drain it */
+    sr_value_unref(n);
+    return 0;
+}
+
+Test(rpc, fire_and_forget_chain_drained_by_graceful_shutdown, .timeout = 120)
+{
+    sh = shared_page(4096);
+    RUN_JOB("chain", WORLD, .scenario = sc_chain, .register_fns = register_fns);
+    cr_assert_eq(atomic_load(&sh->chain_hops), 21, "the 20-hop chain ran %d of 21 hops before shutdown ended",
+                 atomic_load(&sh->chain_hops));
+}
+
+static int sc_uneven(int rank, int world)
+{
+    if (rank != 0)
+        return 0; /* the others go straight into shutdown and serve from there */
+    for (int i = 0; i < 300; i++) {
+        sr_value *x = sr_int(i), *v;
+        if (expect_int(sr_rpc_sync(1 + i % (world - 1), "udf_scalar", SR_ARGS(x), -1, &v), v, 2 * i + 1, "uneven"))
+            return 1;
+        sr_value_unref(x);
+    }
+    atomic_fetch_add(&sh->uneven_done, 1);
+    return 0;
+}
+
+Test(rpc, uneven_workload_while_others_are_in_shutdown, .timeout = 120)
+{
+    sh = shared_page(4096);
+    RUN_JOB("uneven", WORLD, .scenario = sc_uneven, .register_fns = register_fns);
+    cr_assert_eq(atomic_load(&sh->uneven_done), 1);
+}
+
+struct thread_arg {
+    int rank, world, failures;
+    unsigned seed;
+};
+
+static void *caller_thread(void *p)
+{
+    struct thread_arg *t = p;
+    for (int i = 0; i < 100; i++) {
+        int to = (int)(rand_r(&t->seed) % (unsigned)t->world);
+        sr_value *x = sr_int(i * 1000 + t->rank), *v = NULL;
+        int rc = sr_rpc_sync(to, "udf_scalar", SR_ARGS(x), -1, &v);
+        if (rc || sr_value_int(v) != 2 * (i * 1000 + t->rank) + 1) {
+            fprintf(stderr, "thread call %d to %d: rc %d %s\n", i, to, rc, sr_last_error());
+            t->failures++;
+        }
+        sr_value_unref(v);
+        sr_value_unref(x);
+    }
+    return NULL;
+}
+
+static int sc_threads(int rank, int world)
+{
+    pthread_t th[20];
+    struct thread_arg args[20];
+    for (int i = 0; i < 20; i++) {
+        args[i] = (struct thread_arg){rank, world, 0, (unsigned)(rank * 100 + i)};
+        WCHECK(pthread_create(&th[i], NULL, caller_thread, &args[i]) == 0, "pthread_create");
+    }
+    int failures = 0;
+    for (int i = 0; i < 20; i++) {
+        pthread_join(th[i], NULL);
+        failures += args[i].failures;
+    }
+    WCHECK(failures == 0, "%d of 2000 calls failed", failures);
+    return 0;
+}
+
+Test(rpc, twenty_threads_per_worker_hundred_calls_each, .timeout = 240)
+{
+    RUN_JOB("threads", WORLD, .scenario = sc_threads, .register_fns = register_fns);
+}

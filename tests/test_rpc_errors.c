@@ -1,0 +1,212 @@
+/* RPC timeouts, error propagation, bad input, lifecycle and dead peers. */
+#include <math.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rpc_harness.h"
+
+#define WORLD 2
+
+static void sleep_ms(int64_t ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static int fn_sleep(sr_call *c)
+{
+    sleep_ms(sr_value_int(sr_call_arg(c, 0)));
+    return sr_call_return(c, sr_int(sr_value_int(sr_call_arg(c, 0))));
+}
+
+static int fn_fail(sr_call *c)
+{
+    return sr_call_fail(c, -EINVAL, "intentional failure with %lld", (long long)sr_value_int(sr_call_arg(c, 0)));
+}
+
+static int fn_exit_now(sr_call *c)
+{
+    (void)c;
+    _exit(0); /* leaves without detaching: peers must see a death, not a clean exit */
+}
+
+static void register_fns(void)
+{
+    sr_register("sleep_ms", fn_sleep);
+    sr_register("fail", fn_fail);
+    sr_register("exit_now", fn_exit_now);
+}
+
+static int sc_timeouts(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *ms1000 = sr_int(1000), *ms300 = sr_int(300), *v = NULL;
+    int rc = sr_rpc_sync(1, "sleep_ms", SR_ARGS(ms1000), 0.1, &v);
+    WEXPECT_ERR(rc, -ETIMEDOUT, "RPC ran for more than set timeout (100 ms)");
+
+    /* The default is captured at send time. */
+    sr_set_rpc_timeout(200);
+    sr_future *slow, *fast;
+    WCHECK(sr_rpc_async(1, "sleep_ms", SR_ARGS(ms300), -1, &slow) == 0, "async 1");
+    sr_set_rpc_timeout(0.001);
+    WCHECK(sr_rpc_async(1, "sleep_ms", SR_ARGS(ms300), -1, &fast) == 0, "async 2");
+    WEXPECT_ERR(sr_future_wait(fast, NULL), -ETIMEDOUT, "RPC ran for more than set timeout (1 ms)");
+    WCHECK(sr_future_wait(slow, &v) == 0 && sr_value_int(v) == 300, "call under the 200 s default: %s",
+           sr_last_error());
+    sr_value_unref(v);
+    /* A timed-out future re-raises every time. */
+    WEXPECT_ERR(sr_future_wait(fast, NULL), -ETIMEDOUT, "RPC ran for more than");
+    sr_future_unref(slow);
+    sr_future_unref(fast);
+
+    /* 0 means infinite, both per call and as the default. */
+    WCHECK(sr_rpc_sync(1, "sleep_ms", SR_ARGS(ms300), 0, &v) == 0, "infinite per call: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_set_rpc_timeout(0);
+    WCHECK(sr_get_rpc_timeout() == 0, "get_rpc_timeout");
+    WCHECK(sr_rpc_sync(1, "sleep_ms", SR_ARGS(ms300), -1, &v) == 0, "infinite default: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value_unref(ms1000);
+    sr_value_unref(ms300);
+    return 0;
+}
+
+Test(rpc_errors, timeouts, .timeout = 120)
+{
+    RUN_JOB("timeouts", WORLD, .scenario = sc_timeouts, .register_fns = register_fns);
+}
+
+static int sc_errors(int rank, int world)
+{
+    if (rank != 0)
+        return 0;
+    sr_value *x = sr_int(5), *s = sr_str("x"), *v = NULL;
+    WEXPECT_ERR(sr_rpc_sync(1, "fail", SR_ARGS(x), -1, &v), -SR_EREMOTE, "Error on Node 1: intentional failure with 5");
+    WEXPECT_ERR(sr_rpc_sync(1, "nope", SR_ARGS(x), -1, &v), -ENOENT, "function 'nope' is not registered on worker1");
+    WEXPECT_ERR(sr_rpc_sync(world, "add", SR_ARGS(x, x), -1, &v), -EINVAL, "destination rank 2 is out of range");
+    WEXPECT_ERR(sr_rpc_sync(-1, "add", SR_ARGS(x, x), -1, &v), -EINVAL, "destination rank -1");
+    WEXPECT_ERR(sr_worker_rank("worker9"), -EINVAL, "could not find destination 'worker9'");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x), -1, &v), -SR_EREMOTE, "add() expects 2 arguments, got 1");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, s), -1, &v), -SR_EREMOTE, "add() argument 2 must be a number, not str");
+    WEXPECT_ERR(sr_rpc_sync(1, "bad name!", SR_ARGS(x), -1, &v), -EINVAL, "may only hold");
+    WEXPECT_ERR(sr_rpc_sync(1, NULL, SR_ARGS(x), -1, &v), -EINVAL, "function name is NULL");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, x), NAN, &v), -EINVAL, "is not a number of seconds");
+    WEXPECT_ERR(sr_register("add", fn_fail), -EEXIST, "function 'add' is already registered");
+    WEXPECT_ERR(sr_init(NULL), -EALREADY, "RPC is already initialized");
+    sr_value_unref(x);
+    sr_value_unref(s);
+    return 0;
+}
+
+Test(rpc_errors, errors_and_bad_input, .timeout = 120)
+{
+    RUN_JOB("errors", WORLD, .scenario = sc_errors, .register_fns = register_fns);
+}
+
+static int sc_names(int rank, int world)
+{
+    (void)world;
+    WCHECK(!strcmp(sr_worker_name(rank), rank ? "trainer" : "ps"), "own name %s", sr_worker_name(rank));
+    WCHECK(sr_worker_rank(rank ? "ps" : "trainer") == 1 - rank, "peer rank");
+    return 0;
+}
+
+static int named_worker(int rank, int world, void *arg)
+{
+    (void)arg;
+    sr_init_opts o = {.name = rank ? "trainer" : "ps"};
+    WCHECK(sr_init(&o) == 0, "sr_init: %s", sr_last_error());
+    int rc = sc_names(rank, world);
+    WCHECK(sr_shutdown(true, 30) == 0, "shutdown: %s", sr_last_error());
+    return rc;
+}
+
+Test(rpc_errors, custom_worker_names, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("names"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, named_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+static int bad_name_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    const char *const *names = arg;
+    sr_init_opts o = {.name = names[rank]};
+    int rc = sr_init(&o);
+    if (rank == 0)
+        WEXPECT_ERR(rc, -EINVAL, names[2]);
+    if (!rc)
+        sr_shutdown(false, 0);
+    return 0;
+}
+
+Test(rpc_errors, bad_and_duplicate_names, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("badname"), .shm_size = 128 << 20};
+    const char *bad[] = {"bad name", "w1", "Worker name must match"};
+    cr_assert_eq(sr_spawn(2, bad_name_worker, bad, &o), 0, "%s", sr_last_error());
+    const char *dup[] = {"same", "same", "is not unique"};
+    cr_assert_eq(sr_spawn(2, bad_name_worker, dup, &o), 0, "%s", sr_last_error());
+    const char *empty[] = {"", "w1", "must be non-empty"};
+    cr_assert_eq(sr_spawn(2, bad_name_worker, empty, &o), 0, "%s", sr_last_error());
+}
+
+Test(rpc_errors, calls_before_init_and_after_shutdown_fail_clearly)
+{
+    sr_value *v = NULL;
+    int rc = sr_rpc_sync(0, "noop", SR_NOARGS, -1, &v);
+    cr_assert_eq(rc, -SR_ESHUTDOWN);
+    cr_assert(strstr(sr_last_error(), "RPC has not been initialized"), "%s", sr_last_error());
+    cr_assert_eq(sr_shutdown(true, 0), -SR_ESHUTDOWN);
+    cr_assert_eq(sr_rank(), -SR_ESHUTDOWN);
+}
+
+static int lifecycle_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    for (int round = 0; round < 2; round++) { /* init -> shutdown -> init works */
+        WCHECK(sr_init(NULL) == 0, "init round %d: %s", round, sr_last_error());
+        sr_value *v = NULL;
+        WCHECK(sr_rpc_sync(1 - rank, "noop", SR_NOARGS, -1, &v) == 0, "round %d call: %s", round, sr_last_error());
+        sr_value_unref(v);
+        WCHECK(sr_shutdown(true, 30) == 0, "shutdown round %d: %s", round, sr_last_error());
+    }
+    WEXPECT_ERR(sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL), -SR_ESHUTDOWN, "RPC has not been initialized");
+    return 0;
+}
+
+Test(rpc_errors, init_shutdown_init_again, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("twice"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, lifecycle_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* A peer that exits without detaching while our call is in flight: the call
+ * fails with -EPIPE instead of hanging, and later calls fail at once. */
+static int dead_peer_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_fns();
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 1) { /* serve until exit_now ends the process */
+        sr_shutdown(true, 60);
+        return 1;
+    }
+    int rc = sr_rpc_sync(1, "exit_now", SR_NOARGS, 30, NULL);
+    WEXPECT_ERR(rc, -EPIPE, "worker1 failed: the worker died");
+    rc = sr_rpc_sync(1, "noop", SR_NOARGS, 30, NULL);
+    WEXPECT_ERR(rc, -EPIPE, "destination rank 1 has died");
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+Test(rpc_errors, peer_dies_mid_call, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("dead"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, dead_peer_worker, NULL, &o), 0, "%s", sr_last_error());
+}

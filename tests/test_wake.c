@@ -1,0 +1,90 @@
+/* Sleep/wake: no lost wake-up. Two workers hand a counter back and forth
+ * SHMRPC_WAKE_N times (default 100k) with no spinning at all, so every
+ * handoff goes through the doorbell handshake, and with random delays before
+ * each send, so the send lands while the peer is awake, announcing sleep,
+ * re-checking, or asleep. A lost wake-up shows as a bounded wait that
+ * expires with the handoff number in the message. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "error.h"
+#include "shmrpc/spawn.h"
+#include "worker_check.h"
+#include "xport.h"
+
+#define WAIT_NS (10ll * 1000000000)
+
+static long handoffs(void)
+{
+    const char *s = getenv("SHMRPC_WAKE_N");
+    return s ? atol(s) : 100000;
+}
+
+static void random_delay(unsigned *seed)
+{
+    unsigned r = (unsigned)rand_r(seed) % 16;
+    if (r < 8)
+        return; /* send at once: the peer is likely still awake */
+    if (r < 12)
+        sched_yield();
+    else
+        for (volatile unsigned i = 0, n = (unsigned)rand_r(seed) % 20000; i < n; i++)
+            ; /* up to ~20 us: the peer is announcing sleep or asleep */
+}
+
+static int receive(sr_xport *x, uint64_t want)
+{
+    int64_t deadline = sr_now_ns() + WAIT_NS;
+    sr_msg m;
+    while (!sr_xport_recv_burst(x, &m, 1)) {
+        int ev = sr_xport_wait(x, deadline);
+        WCHECK(ev >= 0, "wait failed: %s", sr_last_error());
+        /* No handoff legitimately takes 10 s, so any timeout is a lost
+         * wake-up, even if the message turns out to be in the ring by now. */
+        WCHECK(!(ev & SR_WAKE_TIMEOUT), "rank %d: lost wake-up: slept 10 s waiting for handoff %llu (%s)",
+               x->rank, (unsigned long long)want, sr_ring_ready(x->inbox) ? "it was in the ring" : "never arrived");
+    }
+    uint64_t got;
+    memcpy(&got, m.data, sizeof(got));
+    WCHECK(got == want, "rank %d: handoff %llu arrived, expected %llu", x->rank, (unsigned long long)got,
+           (unsigned long long)want);
+    return 0;
+}
+
+static int wake_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
+    sr_xport *x;
+    WCHECK(sr_xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    unsigned seed = 99u + (unsigned)rank;
+    long n = handoffs();
+    int rc = 0;
+    for (uint64_t i = (uint64_t)rank; !rc && i < (uint64_t)n; i += 2) {
+        if (rank == 1 || i > 0)
+            rc = receive(x, i);
+        if (rc)
+            break;
+        random_delay(&seed);
+        sr_msg m = {.type = 1};
+        uint64_t next = i + 1;
+        memcpy(m.data, &next, sizeof(next));
+        rc = sr_xport_send(x, 1 - rank, &m);
+        WCHECK(rc == 0, "send of handoff %llu failed: %s", (unsigned long long)next, sr_last_error());
+    }
+    if (!rc && rank == 0)
+        fprintf(stderr, "wake: %ld handoffs, %llu sleeps, %llu wakes issued by rank 0\n", n,
+                (unsigned long long)x->st.sleeps, (unsigned long long)x->st.wakes);
+    sr_xport_detach(x);
+    return rc;
+}
+
+Test(wake, no_lost_wakeup_over_many_handoffs, .timeout = 300)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("wake"), .shm_size = 64 << 20};
+    int rc = sr_spawn(2, wake_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "wake job failed: %s", sr_last_error());
+}
