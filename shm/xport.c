@@ -218,18 +218,27 @@ int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
     }
 }
 
-unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+/* Free the slots handed out by the previous recv_burst (see ring.h: freeing
+ * them here, not as they are read, keeps that write off the critical path of
+ * a reply), and wake the producers that found the inbox full. */
+static void release_inbox(sr_xport *x)
 {
-    unsigned got = sr_ring_dequeue_burst(x->inbox, out, n);
-    if (!got)
-        return 0;
-    atomic_fetch_add_explicit(&x->st.received, got, memory_order_relaxed); /* relaxed: statistics */
+    if (!sr_ring_release(x->inbox))
+        return;
     /* S1: pairs with a blocked producer's S2 fence: it sees our freed slots or we see its flag */
     atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: ordered by S1; the exchange elects one waker */
     if (atomic_load_explicit(&x->inbox->space_wait, memory_order_relaxed) &&
         atomic_exchange_explicit(&x->inbox->space_wait, 0, memory_order_relaxed))
         futex_wake_all(&x->inbox->space_wait);
+}
+
+unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+{
+    release_inbox(x);
+    unsigned got = sr_ring_read_burst(x->inbox, out, n);
+    if (got)
+        atomic_fetch_add_explicit(&x->st.received, got, memory_order_relaxed); /* relaxed: statistics */
     return got;
 }
 
@@ -274,6 +283,7 @@ static void adapt(sr_xport *x, int64_t slept_ns)
 
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
 {
+    release_inbox(x); /* a producer waiting for space must not wait for our wait */
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
     int64_t budget = sr_xport_spin_budget(x);
@@ -292,6 +302,7 @@ void sr_xport_awake(sr_xport *x, int delta)
 
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
+    release_inbox(x); /* never sleep holding slots a blocked producer waits for */
     atomic_fetch_add_explicit(&x->st.sleeps, 1, memory_order_relaxed); /* relaxed: statistics */
     sr_xport_awake(x, -1);
     int64_t t0 = sr_now_ns();
