@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -75,20 +76,38 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* A directory passes access(X_OK) but fails in execvp, in every worker. */
+static bool is_executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
 static bool program_exists(const char *prog)
 {
     if (strchr(prog, '/'))
-        return access(prog, X_OK) == 0;
+        return is_executable_file(prog);
     const char *path = getenv("PATH");
     char buf[PATH_MAX];
     for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
         size_t len = strcspn(p, ":");
         snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, p, prog);
-        if (access(buf, X_OK) == 0)
+        if (is_executable_file(buf))
             return true;
         p += len + (p[len] == ':');
     }
     return false;
+}
+
+/* The option getopt_long just rejected: a long one is named by its argument;
+ * a short one by optopt, since inside a group ("-xq") optind has not moved. */
+static const char *bad_option(char **argv, char buf[3])
+{
+    const char *arg = argv[optind - 1];
+    if (optopt == 0 || !strncmp(arg, "--", 2))
+        return arg;
+    snprintf(buf, 3, "-%c", optopt);
+    return buf;
 }
 
 /* 0 to run, 1 after --help, 2 (printed) for a bad command line. */
@@ -100,8 +119,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
     long v;
     int c;
+    char optbuf[3];
     *a = (struct args){.prefix = "shmrpc"};
-    while ((c = getopt_long(argc, argv, "+n:h", opts, NULL)) != -1) {
+    opterr = 0; /* getopt's own messages would make the error two lines */
+    while ((c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
         switch (c) {
         case 'n':
             if (parse_int(optarg, 1, SR_MAX_WORKERS, &v))
@@ -125,8 +146,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         case 'h':
             fputs(usage, stdout);
             return 1;
+        case ':':
+            return bad_usage("option '%s' requires an argument", bad_option(argv, optbuf));
         default:
-            return bad_usage("%s", "unknown or incomplete option");
+            return bad_usage("unknown option '%s'", bad_option(argv, optbuf));
         }
     }
     if (!a->n)
@@ -168,32 +191,43 @@ static int make_sigfd(sigset_t *old)
     return signalfd(-1, &set, SFD_CLOEXEC);
 }
 
+/* One line on stderr, prefixed "shmrun: " once: the job's own messages
+ * already carry it, the segment's name their function instead. */
+static int launcher_error(int exit_code, bool usage_hint)
+{
+    const char *e = sr_last_error();
+    fprintf(stderr, "%s%s\n%s", strncmp(e, "shmrun: ", 8) ? "shmrun: " : "", e,
+            usage_hint ? "Try 'shmrun --help' for usage.\n" : "");
+    return exit_code;
+}
+
 int main(int argc, char **argv)
 {
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
-    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
-    sr_job job;
+    /* A SIGCHLD ignored by whoever started us would let the kernel reap the
+     * workers before we read their status; shmrun owns its process, so take
+     * the default back (workers then inherit it, as from a shell). */
+    signal(SIGCHLD, SIG_DFL);
     sigset_t old;
     int sigfd = make_sigfd(&old);
-    if ((rc = sr__job_create(&job, &so, "shmrun"))) {
-        fprintf(stderr, "shmrun: %s\nTry 'shmrun --help' for usage.\n", sr_last_error());
-        return rc == -EINVAL ? 2 : 1;
-    }
+    if (sigfd < 0) /* without it SIGINT/SIGTERM would stay blocked, unseen */
+        return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
+    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
+    sr_job job;
+    if ((rc = sr__job_create(&job, &so, "shmrun")))
+        return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     job.child_mask = old; /* workers start with the caller's mask, not ours */
     for (int r = 0; r < a.n && !rc; r++)
         rc = sr__job_fork(&job, r, exec_worker, a.argv);
     if (rc) {
-        fprintf(stderr, "%s\n", sr_last_error());
         sr__job_stop(&job);
         sr__job_destroy(&job);
-        return 1;
+        return launcher_error(1, false);
     }
     int status = sr__job_supervise(&job, sigfd);
-    if (status < 0)
-        fprintf(stderr, "%s\n", sr_last_error());
     sr__job_destroy(&job);
-    return status < 0 ? 1 : status;
+    return status < 0 ? launcher_error(1, false) : status;
 }

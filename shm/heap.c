@@ -1,59 +1,264 @@
-/* The shared heap. See heap.h.
- * STATUS: process-private blocks only; the jemalloc arena over the segment is
- * being written (issue 3). The API and the block header are final. */
+/* The shared heap, block side. See heap.h; the arena and its extent hooks
+ * are in heap_extent.c; docs/HEAP.md has the whole picture.
+ *
+ * Ordering contract (barrier pairs):
+ *   R1  a holder's release in the acq_rel decrement of refcount
+ *       pairs with the last holder's acquire in the same decrement -> every
+ *       holder's reads and writes of the block happen before it is freed.
+ *   F1  a pusher's release CAS of the owner's remote-free head (after a
+ *       relaxed store of the block's next_free)
+ *       pairs with the owner's acquire exchange in sr_heap_drain -> the links
+ *       and everything the pusher did before are visible to the owner. A later
+ *       push's CAS is a read-modify-write of the same head, so it continues
+ *       the release sequence of every earlier push: one acquire of the final
+ *       value covers the whole list.
+ *   Offsets travel between workers through the inbox rings, whose P1/C1 pair
+ *   (ring.h) publishes the block header written at allocation.
+ *
+ * The remote-free list is a Treiber stack that is only ever pushed to, and
+ * emptied whole with one exchange. A push reads the head, links to it and
+ * CASes; if the head changed in between (even to the same offset, after a
+ * drain and a new push: ABA) the CAS still installs a correct list, because
+ * the pushed block links to whatever the head was at the instant of the
+ * successful CAS. The ABA hazard of a Treiber stack is in pop, which reads
+ * head->next; nobody pops here. So any number of producers, and even several
+ * drainers, are safe.
+ *
+ * Process-private state (struct heap) is written only by attach and detach,
+ * which the caller must not run concurrently with any other heap call of the
+ * process (sr_xport_attach/detach run them before/after the progress thread).
+ */
 #include "heap.h"
 
 #include <errno.h>
+#include <jemalloc/jemalloc.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "heap_extent.h"
 
 #define BLOCK_MAGIC 0x6b6c4273u /* "sBlk" */
+#define BLOCK_FREED 0x65657246u /* "Free": cleared before the arena gets it back */
+#define BLOCK_ALIGN 64
+#define SPLIT_MIN 4096       /* smallest block whose header may live apart from its data */
+#define HUGE_MIN (8u << 20)  /* from here on the data bypasses jemalloc (its oversize threshold) */
+
+/* Where a block's data lives. */
+enum block_layout {
+    LAYOUT_INLINE = 0, /* right after the header, in the same allocation */
+    LAYOUT_SPLIT = 1,  /* its own jemalloc allocation: the header would cost a size class */
+    LAYOUT_HUGE = 2,   /* pages carved straight from the heap area (heap_extent.c) */
+};
 
 struct sr_block {
     uint64_t size;            /* data bytes; written once by the allocator */
     int32_t owner;            /* rank, -1 private; written once by the allocator */
-    uint32_t magic;
+    uint32_t magic;           /* written by the allocator, and by the owner when freeing */
     _Atomic uint32_t refcount; /* every holder */
-    uint32_t pad;
+    uint32_t layout;          /* enum block_layout; written once by the allocator */
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
-    char reserved[32];
+    int64_t data_delta;       /* data address minus header address; written once by the allocator */
+    char reserved[24];
 };
 _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 
-int sr_heap_attach(const sr_segment *seg, int rank)
+static struct heap {
+    sr_segment seg;              /* a copy of the caller's mapping; not owned */
+    int rank;
+    unsigned arena;
+    char *area;                  /* our heap area; NULL: not attached */
+    uint64_t area_len;
+    _Atomic uint64_t *free_head; /* our remote-free list head (worker table) */
+} heap;
+
+/* relaxed atomics throughout: statistics, read only for reports and tests */
+static struct {
+    _Atomic uint64_t allocs, local_frees, drained, remote_pushes;
+} counters;
+
+static void count(_Atomic uint64_t *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
+
+void sr_heap_counters_get(sr_heap_counters *out)
 {
-    (void)seg;
-    (void)rank;
-    return sr__fail(-ENOSYS, "sr_heap_attach", "the shared heap is not implemented yet");
+    *out = (sr_heap_counters){
+        .allocs = atomic_load_explicit(&counters.allocs, memory_order_relaxed),
+        .local_frees = atomic_load_explicit(&counters.local_frees, memory_order_relaxed),
+        .drained = atomic_load_explicit(&counters.drained, memory_order_relaxed),
+        .remote_pushes = atomic_load_explicit(&counters.remote_pushes, memory_order_relaxed),
+    };
 }
 
-void sr_heap_detach(void) {}
-bool sr_heap_attached(void) { return false; }
-
-sr_block *sr_block_alloc(size_t nbytes)
+/* data == NULL: LAYOUT_INLINE, the data follows the header. */
+static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
-    sr_block *b = aligned_alloc(64, sizeof(sr_block) + ((nbytes + 63) & ~(size_t)63));
-    if (!b) {
-        sr__fail(-ENOMEM, "sr_block_alloc", "out of memory allocating %zu bytes", nbytes);
-        return NULL;
-    }
+    sr_block *b = p;
+    b->data_delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b);
+    b->layout = layout;
     b->size = nbytes;
-    b->owner = -1;
+    b->owner = owner;
     b->magic = BLOCK_MAGIC;
     atomic_init(&b->refcount, 1);
     atomic_init(&b->next_free, 0);
     return b;
 }
 
-void *sr_block_data(const sr_block *b) { return (char *)b + sizeof(*b); }
+/* ---- attach / detach ---- */
+
+/* A child forked by an attached worker shares the segment but has its own
+ * copy of the arena: allocating from it would hand out the parent's pages
+ * twice. The child forgets the heap (sr_block_alloc gives private blocks). */
+static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
+static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+int sr_heap_attach(const sr_segment *seg, int rank)
+{
+    if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank)
+        return 0;
+    if (heap.area)
+        return sr__fail(-EBUSY, "sr_heap_attach", "already attached as rank %d of segment '%s'; detach first",
+                        heap.rank, heap.seg.hdr->name);
+    if (!seg || !seg->hdr || rank < 0 || (uint32_t)rank >= seg->hdr->world_size)
+        return sr__fail(-EINVAL, "sr_heap_attach", "rank %d is out of range [0, %u)", rank,
+                        seg && seg->hdr ? seg->hdr->world_size : 0);
+    if (seg->hdr->heap_stride < SR_HEAP_MIN)
+        return sr__fail(-EINVAL, "sr_heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
+                        (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
+    pthread_once(&atfork_once, register_atfork);
+    _Atomic uint64_t *head = &sr_seg_worker(seg, rank)->remote_free;
+    /* relaxed: no peer holds one of our blocks before we allocate any; a list
+     * left by an earlier attach names blocks of a destroyed arena: drop it */
+    atomic_store_explicit(head, 0, memory_order_relaxed);
+    unsigned arena;
+    int rc = sr__heap_arena_create(sr_seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
+    if (rc)
+        return rc;
+    heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr_seg_heap(seg, rank),
+                         .area_len = seg->hdr->heap_stride, .free_head = head};
+    /* relaxed: statistics; no other heap call runs during attach */
+    atomic_store_explicit(&counters.allocs, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.local_frees, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
+    atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
+    return 0;
+}
+
+void sr_heap_detach(void)
+{
+    if (!heap.area)
+        return;
+    sr_heap_drain();
+    sr__heap_arena_destroy(heap.arena);
+    heap = (struct heap){.rank = -1};
+}
+
+bool sr_heap_attached(void) { return heap.area != NULL; }
+
+/* ---- blocks ---- */
+
+static sr_block *private_alloc(size_t nbytes)
+{
+    if (nbytes > SIZE_MAX - 2 * BLOCK_ALIGN) {
+        sr__fail(-ENOMEM, "sr_block_alloc", "out of memory allocating %zu bytes", nbytes);
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *p = aligned_alloc(BLOCK_ALIGN, sizeof(sr_block) + ((nbytes + 63) & ~(size_t)63));
+    if (!p) {
+        sr__fail(-ENOMEM, "sr_block_alloc", "out of memory allocating %zu bytes", nbytes);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return init_header(p, NULL, nbytes, -1, LAYOUT_INLINE);
+}
+
+static sr_block *shared_oom(size_t nbytes)
+{
+    size_t used = sr_heap_allocated();
+    sr__fail(-ENOMEM, "sr_block_alloc",
+             "heap of worker %d is exhausted (ENOMEM): asked %zu bytes, the heap is %llu bytes "
+             "(%zu allocated); raise --shm-size / sr_spawn_opts.shm_size",
+             heap.rank, nbytes, (unsigned long long)heap.area_len, used);
+    errno = ENOMEM;
+    return NULL;
+}
+
+#define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
+
+/* Huge blocks bypass jemalloc: their pages come from the carve allocator and
+ * go back to it (punched) the moment they are freed, so a freed 256 MiB block
+ * is contiguous room for the next 1 GiB one; through jemalloc it would sit in
+ * the arena's retained set, rounded up to a size class. Below that, the
+ * header gets its own allocation when sharing one would push the data into
+ * the next size class: a power-of-two tensor would otherwise waste up to a
+ * quarter (jemalloc spaces its classes four per doubling). Small blocks stay
+ * in one allocation: one mallocx is cheaper than saving a few bytes. */
+static enum block_layout layout_for(size_t nbytes)
+{
+    if (nbytes >= HUGE_MIN)
+        return LAYOUT_HUGE;
+    if (nbytes >= SPLIT_MIN && nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS) > nallocx(nbytes, ARENA_FLAGS))
+        return LAYOUT_SPLIT;
+    return LAYOUT_INLINE;
+}
+
+static void free_data(enum block_layout layout, void *data, size_t nbytes)
+{
+    if (layout == LAYOUT_HUGE)
+        sr__heap_huge_free(data, nbytes);
+    else if (layout == LAYOUT_SPLIT)
+        dallocx(data, MALLOCX_TCACHE_NONE);
+}
+
+static sr_block *try_alloc(size_t nbytes, enum block_layout layout)
+{
+    if (layout == LAYOUT_INLINE) {
+        void *p = mallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS);
+        return p ? init_header(p, NULL, nbytes, heap.rank, layout) : NULL;
+    }
+    void *data = layout == LAYOUT_HUGE ? sr__heap_huge_alloc(nbytes) : mallocx(nbytes, ARENA_FLAGS);
+    if (!data)
+        return NULL;
+    void *p = mallocx(sizeof(sr_block), ARENA_FLAGS);
+    if (!p) {
+        free_data(layout, data, nbytes);
+        return NULL;
+    }
+    return init_header(p, data, nbytes, heap.rank, layout);
+}
+
+static sr_block *shared_alloc(size_t nbytes)
+{
+    if (nbytes > heap.area_len - sizeof(sr_block))
+        return shared_oom(nbytes);
+    sr_heap_drain(); /* one relaxed load unless peers gave blocks back */
+    enum block_layout layout = layout_for(nbytes);
+    sr_block *b = try_alloc(nbytes, layout);
+    /* Out of room: extents jemalloc still holds dirty go back to the carve
+     * allocator when purged, where a huge block (or a new extent) can use them. */
+    if (!b && sr__heap_arena_purge(heap.arena) == 0)
+        b = try_alloc(nbytes, layout);
+    if (!b)
+        return shared_oom(nbytes);
+    count(&counters.allocs, 1);
+    return b;
+}
+
+sr_block *sr_block_alloc(size_t nbytes)
+{
+    return heap.area ? shared_alloc(nbytes) : private_alloc(nbytes);
+}
+
+void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
 size_t sr_block_size(const sr_block *b) { return b->size; }
 int sr_block_owner(const sr_block *b) { return b->owner; }
 
 uint32_t sr_block_refcount(const sr_block *b)
 {
-    /* acquire: pairs with the release decrement in sr_block_unref, so a
+    /* acquire: pairs with the release decrement in sr_block_unref (R1), so a
      * caller that sees 1 also sees every other holder's writes finished */
     return atomic_load_explicit(&((sr_block *)b)->refcount, memory_order_acquire);
 }
@@ -65,26 +270,174 @@ sr_block *sr_block_ref(sr_block *b)
     return b;
 }
 
+/* The owner returns a block to its arena. */
+static void local_free(sr_block *b)
+{
+    b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
+    free_data(b->layout, sr_block_data(b), b->size);
+    dallocx(b, MALLOCX_TCACHE_NONE);
+}
+
+/* F1: push b onto its owner's remote-free list. */
+static void remote_free(sr_block *b)
+{
+    _Atomic uint64_t *head = &sr_seg_worker(&heap.seg, b->owner)->remote_free;
+    uint64_t off = sr_seg_off(&heap.seg, b);
+    /* relaxed: only a guess; the CAS checks it */
+    uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
+    do {
+        /* relaxed: published by the release CAS below */
+        atomic_store_explicit(&b->next_free, old, memory_order_relaxed);
+        /* release: pairs with the acquire exchange in sr_heap_drain (F1) */
+    } while (!atomic_compare_exchange_weak_explicit(head, &old, off, memory_order_release,
+                                                    memory_order_relaxed));
+    count(&counters.remote_pushes, 1);
+}
+
 void sr_block_unref(sr_block *b)
 {
     if (!b)
         return;
-    /* acq_rel: release our writes to the block; the last holder acquires all */
-    if (atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel) == 1)
+    /* acq_rel: R1, release our accesses; the last holder acquires everyone's */
+    uint32_t old = atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel);
+    if (old > 1)
+        return;
+    if (old == 0) {
+        fprintf(stderr, "shmrpc: sr_block_unref: block of %llu bytes (owner %d) released more often than taken\n",
+                (unsigned long long)b->size, b->owner);
+        abort();
+    }
+    if (b->owner < 0)
         free(b);
+    else if (!heap.area)
+        fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
+                        "sr_heap_detach(); it is left to the segment\n", b->owner);
+    else if (b->owner == heap.rank) {
+        local_free(b);
+        count(&counters.local_frees, 1);
+    } else
+        remote_free(b);
 }
+
+/* ---- offsets ---- */
 
 uint64_t sr_block_to_off(const sr_block *b)
 {
-    (void)b;
-    return (uint64_t)-1;
+    if (b->owner < 0 || !heap.area)
+        return UINT64_MAX;
+    return sr_seg_off(&heap.seg, b);
+}
+
+/* The data of the block at off lies in [lo, hi) with the header's area, is
+ * aligned, and does not overlap the header. */
+static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
+{
+    int64_t delta = b->data_delta;
+    if ((b->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(*b)) || b->layout > LAYOUT_HUGE)
+        return false;
+    if (delta == (int64_t)sizeof(*b))
+        return b->size <= hi - off - sizeof(*b);
+    if (delta % BLOCK_ALIGN || (delta < 0 && (uint64_t)-delta > off - lo) || (delta > 0 && (uint64_t)delta >= hi - off))
+        return false;
+    uint64_t data = off + (uint64_t)delta; /* wraps back for delta < 0 */
+    if (b->size > hi - data)
+        return false;
+    return data + b->size <= off || data >= off + sizeof(*b);
+}
+
+/* The block at off if its header is plausible: inside one heap area,
+ * aligned, right magic and owner, a size that fits; live (a reference left)
+ * or, for links of the remote-free list, dead. NULL and *why otherwise. */
+static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank)
+{
+    const struct sr_seg_header *h = heap.seg.hdr;
+    if (off < h->heap_off || (off - h->heap_off) / h->heap_stride >= h->world_size)
+        return *why = "is outside every heap area", NULL;
+    *rank = (int)((off - h->heap_off) / h->heap_stride);
+    uint64_t area_end = h->heap_off + (uint64_t)(*rank + 1) * h->heap_stride;
+    if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
+        return *why = "is not a 64-byte aligned block header", NULL;
+    sr_block *b = sr_seg_ptr(&heap.seg, off);
+    if (b->magic != BLOCK_MAGIC)
+        return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
+    if (b->owner != *rank)
+        return *why = "has a header whose owner is not the heap it lies in", NULL;
+    if (!data_fits(b, off, area_end - h->heap_stride, area_end))
+        return *why = "has data that runs past the end of its heap area", NULL;
+    /* relaxed: a plausibility check; the caller's reference (or, in drain,
+     * the acquire exchange) orders the real accesses */
+    if ((atomic_load_explicit(&b->refcount, memory_order_relaxed) != 0) != live)
+        return *why = live ? "names a block with no reference left" : "is still referenced", NULL;
+    return b;
 }
 
 sr_block *sr_block_from_off(uint64_t off)
 {
-    sr__fail(-EINVAL, "sr_block_from_off", "offset %llu: no shared heap attached", (unsigned long long)off);
+    if (!heap.area) {
+        sr__fail(-EINVAL, "sr_block_from_off", "offset %llu: no shared heap attached",
+                 (unsigned long long)off);
+        return NULL;
+    }
+    const char *why = "";
+    int rank = -1;
+    sr_block *b = check_block(off, true, &why, &rank);
+    if (!b)
+        sr__fail(-EINVAL, "sr_block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
+                 rank, why);
+    return b;
+}
+
+/* ---- the owner's side of remote frees ---- */
+
+/* A link that does not name one of our dead blocks means shared memory was
+ * corrupted: stop walking. The rest of the list leaks, which beats handing
+ * jemalloc a wild pointer. */
+static sr_block *list_block(uint64_t off)
+{
+    const char *why = "";
+    int rank = -1;
+    sr_block *b = check_block(off, false, &why, &rank);
+    if (b && rank == heap.rank)
+        return b;
+    fprintf(stderr, "shmrpc: worker%d: sr_heap_drain: remote-free link %llu %s; dropping the rest of the list\n",
+            heap.rank, (unsigned long long)off, b ? "is in another worker's heap" : why);
     return NULL;
 }
 
-unsigned sr_heap_drain(void) { return 0; }
-size_t sr_heap_allocated(void) { return 0; }
+unsigned sr_heap_drain(void)
+{
+    _Atomic uint64_t *head = heap.free_head;
+    /* relaxed: a hint; a push we miss is drained next time */
+    if (!head || !atomic_load_explicit(head, memory_order_relaxed))
+        return 0;
+    /* acquire: pairs with every pusher's release CAS (F1) */
+    uint64_t off = atomic_exchange_explicit(head, 0, memory_order_acquire);
+    unsigned n = 0;
+    while (off) {
+        sr_block *b = list_block(off);
+        if (!b)
+            break;
+        /* relaxed: ordered by the acquire exchange above (F1) */
+        off = atomic_load_explicit(&b->next_free, memory_order_relaxed);
+        local_free(b);
+        n++;
+    }
+    count(&counters.drained, n);
+    return n;
+}
+
+int sr_heap_purge(void)
+{
+    if (!heap.area)
+        return 0;
+    return sr__heap_arena_purge(heap.arena);
+}
+
+size_t sr_heap_allocated(void)
+{
+    if (!heap.area)
+        return 0;
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    return sr__heap_arena_allocated(heap.arena) + (size_t)st.huge_live;
+}

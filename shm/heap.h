@@ -15,10 +15,23 @@
  *
  * Without sr_heap_attach() (a single process, unit tests), blocks come from
  * the process-private malloc heap with the same header and the same API;
- * sr_block_to_off() then fails.
+ * sr_block_to_off() then fails. Blocks allocated before attach stay private.
  *
  * Lifetime: a block lives while its refcount is above zero. sr_block_data()
- * is valid for as long as the caller holds a reference.
+ * is valid for as long as the caller holds a reference. A block of a worker
+ * that has detached stays readable (its pages are kept) until the segment
+ * goes, but is never freed.
+ *
+ * Threads: every call may come from any thread of the worker, except
+ * sr_heap_attach and sr_heap_detach, which must not overlap any other heap
+ * call of the process (sr_xport_attach/detach call them).
+ *
+ * Limits (docs/HEAP.md): blocks below 8 MiB come from jemalloc and are
+ * rounded up to its size classes (at most 25%, usually much less: the header
+ * moves out of the way when it would cost a class); blocks of 8 MiB and more
+ * take their size rounded up to a page. Only pages written cost memory. A
+ * huge block's pages go back to the kernel when it is freed; jemalloc's when
+ * its decay purges them (about 10 s), or at once with sr_heap_purge().
  */
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H
@@ -31,33 +44,61 @@
 
 typedef struct sr_block sr_block;
 
-/* Create this worker's arena over its heap area. Errors: -EINVAL bad rank,
- * -ENOMEM / -errno from jemalloc's mallctl. Idempotent per process. */
+/* Create this worker's arena over its heap area. The area must hold no live
+ * block (it is emptied). Errors: -EINVAL bad rank, -EBUSY already attached
+ * to another segment or rank, -ENOMEM / -errno from jemalloc's mallctl or
+ * madvise. Idempotent per process (same segment and rank: 0). */
 int sr_heap_attach(const sr_segment *seg, int rank);
-/* Drain and forget the arena (its memory goes with the segment). */
+/* Drain and forget the arena (its memory goes with the segment): the arena
+ * is destroyed without touching its pages, so peers' references stay valid. */
 void sr_heap_detach(void);
 bool sr_heap_attached(void);
 
-/* A new block of nbytes with refcount 1, or NULL with sr_last_error() set
- * (-ENOMEM names the worker, the size asked and the heap's size). */
+/* A new block of nbytes with refcount 1, data 64-byte aligned and, when
+ * attached, inside this worker's heap area. NULL on failure, with errno =
+ * ENOMEM and sr_last_error() naming the worker, the size asked and the heap's
+ * size. Drains the remote-free list first (one load when it is empty). */
 sr_block *sr_block_alloc(size_t nbytes);
 void *sr_block_data(const sr_block *b);
 size_t sr_block_size(const sr_block *b);
 int sr_block_owner(const sr_block *b);      /* rank, or -1 for a private block */
 uint32_t sr_block_refcount(const sr_block *b);
 sr_block *sr_block_ref(sr_block *b);
+/* Drop a reference. The last one frees the block: at once if this worker owns
+ * it (or it is private), else by pushing it onto the owner's remote-free
+ * list. Releasing more references than were taken aborts. */
 void sr_block_unref(sr_block *b);
 
 /* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */
 uint64_t sr_block_to_off(const sr_block *b);
-/* The block at off, validated (bounds, header magic), or NULL with -EINVAL
- * in sr_last_error(). Takes no reference. */
+/* The block at off, validated (inside some worker's heap area, 64-byte
+ * aligned, header magic, owner matching that area, size within it, a
+ * reference left), or NULL with -EINVAL in sr_last_error(). Takes no
+ * reference: the caller must already own one (sent with the offset). */
 sr_block *sr_block_from_off(uint64_t off);
 
-/* Owner: free blocks that other workers released. Returns how many. */
+/* Owner: free blocks that other workers released. Returns how many. Cheap
+ * when there are none (one relaxed load); sr_xport_wait calls it. */
 unsigned sr_heap_drain(void);
 
-/* Bytes this worker's arena has allocated (jemalloc stats), for leak checks. */
+/* Give every free dirty page of this worker's arena back to the kernel now,
+ * instead of after jemalloc's decay time. 0 (also when not attached) or
+ * -errno from mallctl. */
+int sr_heap_purge(void);
+
+/* Bytes this worker's blocks hold: the arena's allocated bytes (jemalloc
+ * stats, refreshed by an epoch bump) plus the pages of live huge blocks. For
+ * leak checks: it returns to its value once every block is freed. */
 size_t sr_heap_allocated(void);
+
+/* What happened to this worker's shared blocks since sr_heap_attach
+ * (process-local counts; private blocks are not counted). */
+typedef struct sr_heap_counters {
+    uint64_t allocs;        /* blocks allocated in our arena */
+    uint64_t local_frees;   /* our blocks freed by our own last unref */
+    uint64_t drained;       /* our blocks freed by sr_heap_drain (a peer held the last reference) */
+    uint64_t remote_pushes; /* peers' blocks we pushed onto their owner's list */
+} sr_heap_counters;
+void sr_heap_counters_get(sr_heap_counters *out);
 
 #endif

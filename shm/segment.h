@@ -25,7 +25,7 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 1u                   /* bump when any offset below changes */
+#define SR_SEG_LAYOUT_FORMAT 2u                   /* bump when any offset below changes (2: remote_free) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -76,9 +76,15 @@ struct sr_worker_info {
     /* Own line: the doorbell word. Written by the worker (announces SLEEPING,
      * clears to AWAKE) and by producers (exchange SLEEPING -> AWAKE). */
     _Atomic uint32_t doorbell SR_ALIGNED_LINE;
+
+    /* Own line: head of the worker's remote-free list (segment offset of the
+     * first block, 0 = empty). Pushed by peers (release CAS), taken whole by
+     * the worker (acquire exchange); see heap.c. */
+    _Atomic uint64_t remote_free SR_ALIGNED_LINE;
 };
 static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
 static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
+static_assert(offsetof(struct sr_worker_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */

@@ -30,6 +30,20 @@ int64_t sr_now_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+int64_t sr_now_coarse_ns(void)
+{
+    static int64_t res_ns = -1; /* racy init is harmless: every thread computes the same value */
+    if (res_ns < 0) {
+        struct timespec r;
+        res_ns = clock_getres(CLOCK_MONOTONIC_COARSE, &r) == 0 ? (int64_t)r.tv_sec * 1000000000 + r.tv_nsec : 0;
+    }
+    struct timespec t;
+    if (res_ns == 0 || clock_gettime(CLOCK_MONOTONIC_COARSE, &t))
+        return sr_now_ns();
+    /* Round up by one tick, so a deadline computed from it never fires early. */
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec + res_ns;
+}
+
 int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd)
 {
     if (kind == SR_DOORBELL_EVENTFD) {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "heap.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
 #define SPIN_START_NS 20000
@@ -60,10 +61,14 @@ static int missing_ranks(sr_xport *x)
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
 
-/* The start barrier: every worker has published its pid and doorbell. */
+/* The start barrier: every worker has published its pid and doorbell.
+ * A worker may attach again after detaching (init -> shutdown -> init), so
+ * round r waits for r * world arrivals. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
+    static uint32_t round; /* attaches by this process; one thread attaches at a time */
     struct sr_seg_header *h = x->seg.hdr;
+    uint32_t want = ++round * (uint32_t)x->world;
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
     futex_wake_all(&h->attached);
@@ -71,7 +76,7 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     for (;;) {
         /* acquire: pairs with each peer's release increment above */
         uint32_t n = atomic_load_explicit(&h->attached, memory_order_acquire);
-        if (n >= (uint32_t)x->world)
+        if (n >= want)
             return 0;
         int64_t left = deadline - sr_now_ns();
         if (left <= 0)
@@ -130,6 +135,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     sr_xport *x = calloc(1, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
+    x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
@@ -144,6 +150,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
     if (!rc)
         rc = resolve_peers(x);
+    if (!rc)
+        rc = sr_heap_attach(&x->seg, x->rank);
     if (rc) {
         sr_xport_detach(x);
         return rc;
@@ -156,6 +164,7 @@ void sr_xport_detach(sr_xport *x)
 {
     if (!x)
         return;
+    sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         /* relaxed: statistics for the spin heuristic */
         atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
@@ -163,7 +172,7 @@ void sr_xport_detach(sr_xport *x)
         atomic_store_explicit(&x->me->state, SR_WORKER_DETACHED, memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
-    sr_segment_detach(&x->seg, true);
+    sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
     free(x->peers);
     free(x);
 }
@@ -284,6 +293,7 @@ static void adapt(sr_xport *x, int64_t slept_ns)
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
 {
     release_inbox(x); /* a producer waiting for space must not wait for our wait */
+    sr_heap_drain(); /* blocks peers gave back; one relaxed load when none */
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
     int64_t budget = sr_xport_spin_budget(x);

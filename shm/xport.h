@@ -7,8 +7,9 @@
  * the worker at once. sr_xport_recv_burst and sr_xport_wait belong to the one
  * thread that consumes the inbox (the progress thread).
  *
- * Lifetime: sr_xport_attach .. sr_xport_detach. Detach closes the segment fd
- * the worker was launched with.
+ * Lifetime: sr_xport_attach .. sr_xport_detach. The segment fd the worker was
+ * launched with stays open, so a worker may attach again (every worker of
+ * the job must then attach the same number of times).
  */
 #ifndef SR_SHM_XPORT_H
 #define SR_SHM_XPORT_H

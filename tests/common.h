@@ -14,4 +14,24 @@ static inline const char *test_ns(const char *test)
     return buf;
 }
 
+
+/* Criterion runs each test in a child process and ignores the report
+ * LeakSanitizer prints when that child exits, so a leaking test would still
+ * pass. Every suite declares itself with LEAK_CHECKED_SUITE(name): after each
+ * test, a leak check runs and a leak aborts the test (counted as failed). */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#include <stdlib.h>
+static inline void sr_test_no_leaks(void)
+{
+    if (__lsan_do_recoverable_leak_check()) {
+        fprintf(stderr, "LeakSanitizer found leaks in this test (report above)\n");
+        abort();
+    }
+}
+#else
+static inline void sr_test_no_leaks(void) {}
+#endif
+#define LEAK_CHECKED_SUITE(name) TestSuite(name, .fini = sr_test_no_leaks)
+
 #endif

@@ -23,6 +23,7 @@ struct harness {
     void (*register_fns)(void);
     sr_init_opts opts;
     double shutdown_timeout;
+    uint64_t shm_size; /* the job's segment; 0: 64 MiB per worker */
 };
 
 /* Shared across the job's processes: created before sr_spawn, inherited. */
@@ -47,7 +48,8 @@ static int harness_worker(int rank, int world, void *arg)
 
 static inline int run_job(const char *name, int world, struct harness *h)
 {
-    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = (uint64_t)world * (64u << 20)};
+    uint64_t size = h->shm_size ? h->shm_size : (uint64_t)world * (64u << 20);
+    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = size};
     return sr_spawn(world, harness_worker, h, &o);
 }
 

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "shmrpc/future.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(future);
 
 Test(future, result_and_done)
 {

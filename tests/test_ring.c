@@ -6,6 +6,9 @@
 #include <string.h>
 
 #include "ring.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(ring);
 
 static struct sr_ring *ring_new(uint32_t slots)
 {

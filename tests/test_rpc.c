@@ -7,6 +7,8 @@
 
 #include "rpc_harness.h"
 
+LEAK_CHECKED_SUITE(rpc);
+
 #define WORLD 4
 
 static struct shared {
@@ -90,8 +92,11 @@ static void register_fns(void)
     sr_register_async("async_relay", fn_async_relay);
 }
 
-static int expect_int(int rc, sr_value *v, int64_t want, const char *what)
+/* v is passed by address: the call that fills it is an argument too, and
+ * argument evaluation order is unspecified. */
+static int expect_int(int rc, sr_value **pv, int64_t want, const char *what)
 {
+    sr_value *v = *pv;
     WCHECK(rc == 0, "%s failed: %s", what, sr_last_error());
     WCHECK(sr_value_type(v) == SR_KIND_INT && sr_value_int(v) == want, "%s: got %lld, want %lld", what,
            (long long)sr_value_int(v), (long long)want);
@@ -105,19 +110,19 @@ static int sc_add(int rank, int world)
 {
     sr_value *a = sr_int(rank), *b = sr_int(40), *v = NULL;
     int to = (rank + 1) % world;
-    if (expect_int(sr_rpc_sync(to, "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add by rank"))
+    if (expect_int(sr_rpc_sync(to, "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add by rank"))
         return 1;
     char name[32];
     snprintf(name, sizeof(name), "worker%d", to);
     WCHECK(sr_worker_rank(name) == to, "worker_rank(%s)", name);
     WCHECK(!strcmp(sr_worker_name(to), name), "worker_name(%d) = %s", to, sr_worker_name(to));
-    if (expect_int(sr_rpc_sync(sr_worker_rank(name), "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add by name"))
+    if (expect_int(sr_rpc_sync(sr_worker_rank(name), "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add by name"))
         return 1;
-    if (expect_int(sr_rpc_sync(rank, "add", SR_ARGS(a, b), -1, &v), v, rank + 40, "add to self"))
+    if (expect_int(sr_rpc_sync(rank, "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add to self"))
         return 1;
     sr_future *f;
     WCHECK(sr_rpc_async(to, "add", SR_ARGS(a, b), -1, &f) == 0, "rpc_async: %s", sr_last_error());
-    if (expect_int(sr_future_wait(f, &v), v, rank + 40, "add async"))
+    if (expect_int(sr_future_wait(f, &v), &v, rank + 40, "add async"))
         return 1;
     sr_future_unref(f);
     sr_value *x = sr_double(1.5);
@@ -137,7 +142,7 @@ Test(rpc, add_sync_async_self_by_name_and_rank, .timeout = 120)
 static int sc_scalar_udf(int rank, int world)
 {
     sr_value *x = sr_int(rank + 7), *v;
-    int rc = expect_int(sr_rpc_sync((rank + 1) % world, "udf_scalar", SR_ARGS(x), -1, &v), v, 2 * (rank + 7) + 1,
+    int rc = expect_int(sr_rpc_sync((rank + 1) % world, "udf_scalar", SR_ARGS(x), -1, &v), &v, 2 * (rank + 7) + 1,
                         "udf_scalar");
     sr_value_unref(x);
     return rc;
@@ -155,7 +160,7 @@ static int sc_nested(int rank, int world)
     (void)world;
     sr_value *d = sr_int(3), *v;
     /* 0 -> 1 -> 2 -> 3: 3 returns 3; 2 returns 32; 1 returns 321 */
-    int rc = expect_int(sr_rpc_sync(1, "nested", SR_ARGS(d), -1, &v), v, 3 * 100 + 2 * 10 + 1, "three hops");
+    int rc = expect_int(sr_rpc_sync(1, "nested", SR_ARGS(d), -1, &v), &v, 3 * 100 + 2 * 10 + 1, "three hops");
     sr_value_unref(d);
     return rc;
 }
@@ -220,7 +225,7 @@ static int sc_uneven(int rank, int world)
         return 0; /* the others go straight into shutdown and serve from there */
     for (int i = 0; i < 300; i++) {
         sr_value *x = sr_int(i), *v;
-        if (expect_int(sr_rpc_sync(1 + i % (world - 1), "udf_scalar", SR_ARGS(x), -1, &v), v, 2 * i + 1, "uneven"))
+        if (expect_int(sr_rpc_sync(1 + i % (world - 1), "udf_scalar", SR_ARGS(x), -1, &v), &v, 2 * i + 1, "uneven"))
             return 1;
         sr_value_unref(x);
     }

@@ -6,6 +6,8 @@
 
 #include "rpc_harness.h"
 
+LEAK_CHECKED_SUITE(rpc_errors);
+
 #define WORLD 2
 
 static void sleep_ms(int64_t ms)
@@ -90,7 +92,7 @@ static int sc_errors(int rank, int world)
     WEXPECT_ERR(sr_rpc_sync(-1, "add", SR_ARGS(x, x), -1, &v), -EINVAL, "destination rank -1");
     WEXPECT_ERR(sr_worker_rank("worker9"), -EINVAL, "could not find destination 'worker9'");
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x), -1, &v), -SR_EREMOTE, "add() expects 2 arguments, got 1");
-    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, s), -1, &v), -SR_EREMOTE, "add() argument 2 must be a number, not str");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, s), -1, &v), -SR_EREMOTE, "add() argument 2 must be a number or a tensor, not str");
     WEXPECT_ERR(sr_rpc_sync(1, "bad name!", SR_ARGS(x), -1, &v), -EINVAL, "may only hold");
     WEXPECT_ERR(sr_rpc_sync(1, NULL, SR_ARGS(x), -1, &v), -EINVAL, "function name is NULL");
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(x, x), NAN, &v), -EINVAL, "is not a number of seconds");
@@ -134,6 +136,8 @@ static int bad_name_worker(int rank, int world, void *arg)
 {
     (void)world;
     const char *const *names = arg;
+    if (!names[rank])
+        return 0; /* a bad name fails before attaching: the peer must not wait for it at the start barrier */
     sr_init_opts o = {.name = names[rank]};
     int rc = sr_init(&o);
     if (rank == 0)
@@ -146,11 +150,11 @@ static int bad_name_worker(int rank, int world, void *arg)
 Test(rpc_errors, bad_and_duplicate_names, .timeout = 60)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("badname"), .shm_size = 128 << 20};
-    const char *bad[] = {"bad name", "w1", "Worker name must match"};
+    const char *bad[] = {"bad name", NULL, "Worker name must match"};
     cr_assert_eq(sr_spawn(2, bad_name_worker, bad, &o), 0, "%s", sr_last_error());
     const char *dup[] = {"same", "same", "is not unique"};
     cr_assert_eq(sr_spawn(2, bad_name_worker, dup, &o), 0, "%s", sr_last_error());
-    const char *empty[] = {"", "w1", "must be non-empty"};
+    const char *empty[] = {"", NULL, "must be non-empty"};
     cr_assert_eq(sr_spawn(2, bad_name_worker, empty, &o), 0, "%s", sr_last_error());
 }
 
@@ -209,4 +213,33 @@ Test(rpc_errors, peer_dies_mid_call, .timeout = 60)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("dead"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, dead_peer_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* A function that crashes its worker takes the whole job down, with the
+ * report naming the rank and the signal; the caller never hangs. */
+static int fn_crash(sr_call *c)
+{
+    (void)c;
+    abort();
+}
+
+static int crash_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_register("crash", fn_crash);
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 0)
+        sr_rpc_sync(1, "crash", SR_NOARGS, 0, NULL); /* no timeout: only the job's end stops this */
+    sr_shutdown(true, 0);
+    return 0;
+}
+
+Test(rpc_errors, crashing_function_takes_the_job_down, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("crash"), .shm_size = 128 << 20};
+    int rc = sr_spawn(2, crash_worker, NULL, &o);
+    cr_assert_eq(rc, -SR_EWORKER, "got %d: %s", rc, sr_last_error());
+    cr_assert(strstr(sr_last_error(), "rank 1 (pid ") && strstr(sr_last_error(), "was killed by signal SIGABRT"),
+              "report: %s", sr_last_error());
 }

@@ -13,6 +13,8 @@
 #include "worker_check.h"
 #include "xport.h"
 
+LEAK_CHECKED_SUITE(stress);
+
 #define PRODUCERS 8
 #define WAIT_NS (20ll * 1000000000)
 

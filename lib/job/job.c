@@ -18,24 +18,46 @@
 
 #define TAG_SIGNAL UINT64_C(0xffffffff)
 
+/* With SIGCHLD ignored (SIG_IGN or SA_NOCLDWAIT) the kernel reaps the
+ * workers itself: waitid() finds no status, so the failure policy could not
+ * say how a worker ended. */
+static int check_sigchld(const char *who)
+{
+    struct sigaction sa;
+    if (sigaction(SIGCHLD, NULL, &sa) == 0 && (sa.sa_handler == SIG_IGN || (sa.sa_flags & SA_NOCLDWAIT)))
+        return sr__fail(-EINVAL, who, "SIGCHLD is ignored (SIG_IGN or SA_NOCLDWAIT): "
+                                      "the exit status of the workers could not be collected");
+    return 0;
+}
+
+/* Every fd slot reads -1 before anything can fail, so that destroy closes
+ * only what was opened. */
+static int alloc_tables(sr_job *job, int n)
+{
+    job->pids = calloc((size_t)n, sizeof(pid_t));
+    job->pidfds = malloc((size_t)n * sizeof(int));
+    job->eventfds = malloc((size_t)n * sizeof(int));
+    if (!job->pids || !job->pidfds || !job->eventfds)
+        return sr__fail(-ENOMEM, job->who, "no memory for %d workers", n);
+    for (int r = 0; r < n; r++)
+        job->pidfds[r] = job->eventfds[r] = -1;
+    job->n = n;
+    return 0;
+}
+
 int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
 {
     memset(job, 0, sizeof(*job));
     job->who = who;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
-    int rc = sr_segment_create(o, &job->seg);
-    if (rc)
+    int rc = check_sigchld(who);
+    if (rc || (rc = sr_segment_create(o, &job->seg)))
         return rc;
-    job->n = o->world_size;
-    job->pids = calloc((size_t)job->n, sizeof(pid_t));
-    job->pidfds = malloc((size_t)job->n * sizeof(int));
-    job->eventfds = malloc((size_t)job->n * sizeof(int));
-    if (!job->pids || !job->pidfds || !job->eventfds) {
+    if ((rc = alloc_tables(job, o->world_size))) {
         sr__job_destroy(job);
-        return sr__fail(-ENOMEM, who, "no memory for %d workers", o->world_size);
+        return rc;
     }
     for (int r = 0; r < job->n; r++) {
-        job->pidfds[r] = -1;
         /* Blocking on purpose: io_uring waits on it by arming a poll. */
         job->eventfds[r] = eventfd(0, EFD_CLOEXEC);
         if (job->eventfds[r] < 0) {
@@ -65,6 +87,16 @@ void sr__job_destroy(sr_job *job)
     job->n = 0;
 }
 
+/* In a child: the pidfds of the ranks forked before it are the supervisor's
+ * handles, not the worker's. They are close-on-exec, but sr_spawn workers do
+ * not exec; the waiter opens its own pidfds on every peer after attach. */
+static void close_sibling_pidfds(sr_job *job)
+{
+    for (int r = 0; r < job->n; r++)
+        if (job->pidfds[r] >= 0)
+            close(job->pidfds[r]);
+}
+
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
 {
     pid_t parent = getpid();
@@ -77,13 +109,20 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         if (getppid() != parent) /* the launcher died before the signal was armed */
             _exit(1);
         sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
+        close_sibling_pidfds(job);
         run(job, rank, arg);
         _exit(127);
     }
-    job->pids[rank] = pid;
     job->pidfds[rank] = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (job->pidfds[rank] < 0)
-        return sr__fail(-errno, job->who, "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(errno));
+    if (job->pidfds[rank] < 0) {
+        /* Untracked, it would outlive the job. Its pid cannot be reused
+         * before we reap it, so kill and reap it by pid. */
+        int err = errno;
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return sr__fail(-err, job->who, "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(err));
+    }
+    job->pids[rank] = pid;
     return 0;
 }
 
@@ -137,8 +176,14 @@ static int on_exit_event(sr_job *job, int rank)
 {
     siginfo_t si = {0};
     pid_t pid = job->pids[rank];
-    if (!pid || waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0)
+    if (!pid)
         return 0;
+    if (waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0) {
+        /* Its pidfd is no longer armed: carrying on would wait forever. */
+        int err = errno;
+        job->pids[rank] = 0;
+        return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
+    }
     job->pids[rank] = 0;
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;

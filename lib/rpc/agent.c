@@ -99,6 +99,8 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
     unsigned n = sr_xport_recv_burst(a->x, burst, BURST);
     for (unsigned i = 0; i < n; i++)
         sr__dispatch(a, &burst[i], mode);
+    if (!n) /* idle: take back the blocks peers released (one load when there are none) */
+        sr_heap_drain();
     return n;
 }
 
@@ -115,10 +117,11 @@ static bool user_take(sr_agent *a)
                                                      memory_order_relaxed))
             return false;
     }
+    /* relaxed: a heuristic read by the progress thread */
+    atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
     /* We poll now: producers need not wake the parked progress thread.
      * relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
     atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    sr_xport_awake(a->x, 1);
     return true;
 }
 
@@ -148,7 +151,6 @@ static bool user_release(sr_agent *a)
                                                     memory_order_relaxed))
             break;
     }
-    sr_xport_awake(a->x, -1);
     return true;
 }
 
@@ -184,45 +186,52 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
     }
 }
 
+/* The progress thread is polling: ask it to park, and try to steal the
+ * token while it does (only while spinning is allowed). */
+static bool steal_from_progress(sr_agent *a, sr_future *f)
+{
+    if (!sr_xport_spin_budget(a->x))
+        return false;
+    /* relaxed: a hint for the spinning progress thread */
+    atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
+    bool got = false;
+    int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
+    while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until)
+        sr_cpu_relax();
+    atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
+    return got;
+}
+
+/* The job's awake counter counts runnable threads (the spin policy): a
+ * user thread is counted out only while it sleeps. */
+static void sleep_on(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    sr_xport_awake(a->x, -1);
+    sr__future_sleep(f, deadline);
+    sr_xport_awake(a->x, 1);
+}
+
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
-    while (!sr_future_done(f)) {
+    for (;;) {
+        if (sr_future_done(f))
+            return 0;
         if (deadline >= 0 && sr_now_ns() >= deadline)
             return -ETIMEDOUT;
-        if (user_take(a)) {
-            int rc = poll_as_user(a, f, deadline, mode);
-            if (!user_release(a))
-                continue; /* a message slipped in: poll again */
-            if (rc <= 0)
-                return rc;
-            /* Idle: messages now wake the progress thread, which will
-             * complete f and wake us. */
-            sr__future_sleep(f, deadline);
+        if (!user_take(a) && !steal_from_progress(a, f)) {
+            /* Someone else polls and will complete f. */
+            sleep_on(a, f, deadline);
             continue;
         }
-        /* The progress thread is polling: ask it to park, and try to steal. */
-        /* relaxed: a hint for the spinning progress thread */
-        atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
-        bool got = false;
-        int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
-        while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until && sr_xport_spin_budget(a->x))
-            sr_cpu_relax();
-        atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
-        if (got) {
-            int rc = poll_as_user(a, f, deadline, mode);
-            bool released = user_release(a);
-            if (released && rc <= 0)
-                return rc;
-            if (released)
-                sr__future_sleep(f, deadline);
-            else if (rc <= 0)
-                continue;
-            continue;
-        }
-        if (!sr_future_done(f))
-            sr__future_sleep(f, deadline);
+        int rc = poll_as_user(a, f, deadline, mode);
+        /* Never leave holding the token: drain what slipped in, then hand back. */
+        while (!user_release(a))
+            poll_burst(a, mode);
+        if (rc <= 0)
+            return rc;
+        /* Idle: new messages now wake the progress thread, which completes f. */
+        sleep_on(a, f, deadline);
     }
-    return 0;
 }
 
 static int wait_hook(sr_future *f, int64_t deadline)
@@ -256,8 +265,11 @@ static void progress_wait_token(sr_agent *a, int64_t ns)
     uint32_t t = TOKEN_USER;
     /* relaxed: the futex re-checks the value; the hand-over is a release store */
     if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
-                                                memory_order_relaxed) || t == TOKEN_USER_WAITING)
+                                                memory_order_relaxed) || t == TOKEN_USER_WAITING) {
+        sr_xport_awake(a->x, -1);
         futex_wait_ns(&a->token, TOKEN_USER_WAITING, ns);
+        sr_xport_awake(a->x, 1);
+    }
 }
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */
@@ -297,11 +309,25 @@ static void handle_events(sr_agent *a, int ev)
     sr_heap_drain();
 }
 
+/* Spin only while no user thread polls: a user waiting for a response is
+ * the better poller (no hop), and a spinning progress thread would only make
+ * it evict us, with syscalls, on every call. */
+static int64_t progress_spin_budget(sr_agent *a)
+{
+    /* relaxed: a heuristic; see user_take */
+    uint32_t polls = atomic_load_explicit(&a->user_polls, memory_order_relaxed);
+    if (polls != a->seen_user_polls) {
+        a->seen_user_polls = polls;
+        return 0;
+    }
+    return sr_xport_spin_budget(a->x);
+}
+
 static void progress_idle(sr_agent *a)
 {
     if (atomic_load_explicit(&a->out_pending, memory_order_relaxed)) /* relaxed: a hint */
         flush_out(a);
-    int64_t budget = sr_xport_spin_budget(a->x);
+    int64_t budget = progress_spin_budget(a);
     int64_t until = sr_now_ns() + budget;
     while (budget > 0 && sr_now_ns() < until) {
         for (int i = 0; i < 64; i++) {
@@ -320,6 +346,7 @@ static void progress_idle(sr_agent *a)
 static void *progress_main(void *p)
 {
     sr_agent *a = p;
+    sr_xport_awake(a->x, 1); /* runnable from now; sr_xport_sleep counts its sleeps out */
     while (!atomic_load_explicit(&a->stopping, memory_order_acquire)) { /* acquire: pairs with sr__agent_stop */
         if (!progress_take(a)) {
             progress_wait_token(a, TOKEN_WAIT_NS);
@@ -330,6 +357,7 @@ static void *progress_main(void *p)
             continue;
         progress_idle(a);
     }
+    sr_xport_awake(a->x, -1);
     return NULL;
 }
 

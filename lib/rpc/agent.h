@@ -18,9 +18,10 @@
  * token back to the parked progress thread, so no message is stranded.
  *
  * Requests run inline on the polling thread when that cannot delay anything
- * it owes: built-ins and async functions always (they must not block); plain
- * functions when the poller is idle (sr_shutdown's waits). Otherwise plain
- * functions go to the executor pool.
+ * it owes: async functions and scalar built-ins always (they must not
+ * block); plain functions and built-ins given a tensor (they compute) when
+ * the poller is idle (sr_shutdown's waits). Otherwise those go to the
+ * executor pool.
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -62,6 +63,8 @@ typedef struct sr_agent {
 
     _Atomic uint32_t token;   /* see above */
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
+    _Atomic uint32_t user_polls; /* bumped by every user take: the progress thread stops spinning while users poll */
+    uint32_t seen_user_polls;    /* progress thread only */
     pthread_t progress;
     _Atomic bool stopping;
 

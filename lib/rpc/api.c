@@ -234,43 +234,52 @@ static int check_call(sr_agent *a, int to, const char *fn, sr_args args, double 
     return 0;
 }
 
-/* Encode name + args into m's payload. */
-static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m)
+/* Encode name + args into m's payload; *enc and *enc_len locate the encoded
+ * args, whose references (objects, tensor blocks) are released if the
+ * request is never sent. */
+static int build_request(sr_agent *a, int to, const char *fn, sr_args args, sr_msg *m, struct sr_wire *w,
+                         const uint8_t **enc, size_t *enc_len)
 {
     size_t nlen = strlen(fn);
     int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
     if (alen < 0)
         return (int)alen;
-    struct sr_wire *w = (struct sr_wire *)m->data;
     m->type = SR_MSG_REQ;
     w->name_len = (uint16_t)nlen;
-    uint8_t *p = sr__payload_reserve(m, nlen + (size_t)alen);
+    uint8_t *p = sr__payload_reserve(m, w, nlen + (size_t)alen);
     if (!p)
         return -ENOMEM;
     memcpy(p, fn, nlen);
     if (sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) != alen) {
-        sr__payload_abandon(m);
+        sr__payload_abandon(w);
         return sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
     }
+    *enc = p + nlen;
+    *enc_len = (size_t)alen;
     return 0;
 }
 
 static int start_call(sr_agent *a, int to, const char *fn, sr_args args, int64_t ms, sr_future *f)
 {
     sr_msg m = {0};
-    int rc = build_request(a, to, fn, args, &m);
+    struct sr_wire w = {0};
+    const uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    int rc = build_request(a, to, fn, args, &m, &w, &enc, &enc_len);
     if (rc)
         return rc;
-    struct sr_wire *w = (struct sr_wire *)m.data;
-    if ((rc = sr__call_begin(a, to, ms, f, &w->call_id))) {
-        sr__payload_abandon(&m);
+    if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
+        sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
         return rc;
     }
+    sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if ((rc = sr__agent_send(a, to, &m))) {
-        sr_future *own = sr__call_end(a, w->call_id);
+        sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
-        sr__payload_abandon(&m);
+        sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }
     return rc;

@@ -61,7 +61,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     a->free_head = s->next_free;
     s->to = to;
     s->timeout_ms = timeout_ms;
-    s->deadline_ns = timeout_ms > 0 ? sr_now_ns() + timeout_ms * 1000000 : -1;
+    s->deadline_ns = timeout_ms > 0 ? sr_now_coarse_ns() + timeout_ms * 1000000 : -1;
     s->fut = sr_future_ref(fut);
     /* release: the fields above are visible to whoever matches this generation */
     uint32_t gen = atomic_fetch_add_explicit(&s->gen, 1, memory_order_release) + 1;

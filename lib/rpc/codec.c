@@ -1,14 +1,18 @@
 /* Wire codec for value lists (format and contract in codec.h).
  *
  * Encoding is two steps: size (validates every value: kinds that cannot be
- * sent, depth, lengths) and write. Writing takes one reference per object for
- * the receiver and records it in flight (inflight.h); if recording fails, the
- * references already taken are dropped again, so a failed encode holds none.
+ * sent, tensors outside the shared heap, depth, lengths) and write. Writing
+ * takes one reference per object for the receiver and records it in flight
+ * (inflight.h), and one block reference per tensor (its descriptor's, see
+ * tensor/desc.h); if a step fails, the references already taken are dropped
+ * again, so a failed encode holds none.
  *
  * Decoding walks the buffer up to three times with one walker:
  *   CHECK    validates everything, allocates nothing, consumes nothing;
  *   BUILD    constructs the values, adopting the buffer's references;
  *   RELEASE  consumes the buffer's references without building anything.
+ * A tensor descriptor's block reference is dropped by BUILD (after the
+ * tensor took its own) or by RELEASE: exactly once per well-formed buffer.
  * A malformed buffer fails in CHECK, so -EBADMSG leaves its references alone
  * (a malformed buffer's references cannot be trusted, and are not dropped). If
  * BUILD fails part-way (-ENOMEM, or an object claimed twice by a forged
@@ -25,20 +29,39 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "heap.h"
 #include "rpc/inflight.h"
 #include "rpc/value_internal.h"
+#include "tensor/desc.h"
+#include "tensor/tensor_impl.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps
  * the running size sum far from int64 overflow. */
 #define SR_CODEC_MAX_TOTAL (INT64_C(1) << 62)
 
 #if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define to_le16(x) __builtin_bswap16(x)
 #define to_le32(x) __builtin_bswap32(x)
 #define to_le64(x) __builtin_bswap64(x)
 #else
+#define to_le16(x) (x)
 #define to_le32(x) (x)
 #define to_le64(x) (x)
 #endif
+
+#define TENSOR_DESC_BYTES ((int64_t)sizeof(struct sr_tensor_desc))
+
+/* The message of a nested error without its "worker<R>: " prefix, which the
+ * outer message (and the RPC error "Error on Node R") already carries. */
+static const char *error_detail(const char *msg)
+{
+    const char *p = msg;
+    if (strncmp(p, "worker", 6) != 0)
+        return msg;
+    for (p += 6; *p >= '0' && *p <= '9'; p++)
+        ;
+    return p[0] == ':' && p[1] == ' ' ? p + 2 : msg;
+}
 
 /* ---- size ---------------------------------------------------------------- */
 
@@ -80,6 +103,19 @@ static int64_t not_yet(const sr_value *v, const char *fn)
     return sr__fail(-ENOTSUP, fn, "%s cannot be encoded yet", sr_value_repr(v, repr, sizeof(repr)));
 }
 
+/* What sr__tensor_to_desc() will need at encode time, checked without
+ * taking a reference: the storage must be a block of the shared heap. */
+static int64_t tensor_size(const sr_value *v, const char *fn)
+{
+    const sr_tensor *t = v->u.tensor;
+    if (sr_block_to_off(t->storage->block) == (uint64_t)-1) {
+        char repr[96];
+        return sr__fail(-EINVAL, fn, "%s cannot be sent: its storage is a private block, not in the shared "
+                        "heap (was sr_heap_attach called before it was made?)", sr_value_repr(v, repr, sizeof(repr)));
+    }
+    return 1 + TENSOR_DESC_BYTES;
+}
+
 static int64_t value_size(const sr_value *v, int self_call, const char *fn)
 {
     switch ((sr_kind)v->kind) {
@@ -104,8 +140,7 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
         if (strlen(v->u.obj.type) > SR_CODEC_MAX_LEN)
             return sr__fail(-EMSGSIZE, fn, "an object type name exceeds %u bytes", SR_CODEC_MAX_LEN);
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
-    case SR_KIND_TENSOR:
-        /* TENSOR: 1 + sizeof(struct sr_tensor_desc); -EINVAL if sr__tensor_to_desc() would reject it (private block). */
+    case SR_KIND_TENSOR: return tensor_size(v, fn);
     case SR_KIND_RREF: return not_yet(v, fn); /* reserved for the RRef issue */
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
@@ -129,10 +164,17 @@ int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call)
 
 struct enc {
     uint8_t *p;          /* next byte to write; the size was checked beforehand */
-    size_t objs_taken;   /* in-flight object references taken so far */
+    size_t refs_taken;   /* object and tensor-block references taken so far */
 };
 
 static void put_u8(struct enc *e, uint8_t x) { *e->p++ = x; }
+
+static void put_u16(struct enc *e, uint16_t x)
+{
+    x = to_le16(x);
+    memcpy(e->p, &x, 2);
+    e->p += 2;
+}
 
 static void put_u32(struct enc *e, uint32_t x)
 {
@@ -163,11 +205,40 @@ static int put_object(struct enc *e, sr_value *v)
         sr_value_unref(v);
         return rc;
     }
-    e->objs_taken++;
+    e->refs_taken++;
     put_u32(e, (uint32_t)getpid()); /* only objects pay for the syscall */
     put_u32(e, (uint32_t)sr__error_rank());
     put_u64(e, (uint64_t)(uintptr_t)v);
     put_blob(e, v->u.obj.type, strlen(v->u.obj.type));
+    return 0;
+}
+
+/* The descriptor, field by field in the order of struct sr_tensor_desc. */
+static void put_desc(struct enc *e, const struct sr_tensor_desc *d)
+{
+    put_u32(e, d->magic);
+    put_u8(e, d->dtype);
+    put_u8(e, d->ndim);
+    put_u16(e, d->flags);
+    put_u64(e, (uint64_t)d->offset);
+    put_u64(e, d->block);
+    for (int i = 0; i < SR_MAX_DIMS; i++)
+        put_u64(e, (uint64_t)d->shape[i]);
+    for (int i = 0; i < SR_MAX_DIMS; i++)
+        put_u64(e, (uint64_t)d->strides[i]);
+}
+
+static int put_tensor(struct enc *e, sr_value *v)
+{
+    struct sr_tensor_desc d;
+    /* Takes the descriptor's block reference, dropped exactly once: by the
+     * decoder after the receiver's tensor took its own, by sr_codec_release()
+     * for a message never decoded, or by unwind_refs() if this encode fails. */
+    int rc = sr__tensor_to_desc(v->u.tensor, &d);
+    if (rc)
+        return rc;
+    e->refs_taken++;
+    put_desc(e, &d);
     return 0;
 }
 
@@ -190,7 +261,7 @@ static int put_value(struct enc *e, sr_value *v)
     case SR_KIND_BYTES: put_blob(e, v->tail, v->u.len); break;
     case SR_KIND_LIST: return put_items(e, v->u.n, sr__list_items(v));
     case SR_KIND_OBJECT: return put_object(e, v);
-    /* TENSOR: sr__tensor_to_desc(v->u.tensor, &desc) takes the receiver's block ref; memcpy desc (LE fields). */
+    case SR_KIND_TENSOR: return put_tensor(e, v);
     default: break;
     }
     return 0;
@@ -207,19 +278,24 @@ static int put_items(struct enc *e, size_t n, sr_value *const *vals)
     return 0;
 }
 
-/* Drop the first *left object references that put_items() took, visiting the
- * values in the same order. */
-static void unwind_objects(size_t n, sr_value *const *vals, size_t *left)
+/* Drop the first *left references that put_items() took, visiting the
+ * values in the same order. A tensor's reference is on its storage block,
+ * which cannot have moved since: encoding runs on the caller's thread, and a
+ * copy-on-write swap needs a write that tensor.h requires the caller to
+ * exclude while the tensor is being read. */
+static void unwind_refs(size_t n, sr_value *const *vals, size_t *left)
 {
     for (size_t i = 0; i < n && *left; i++) {
         sr_value *v = vals[i];
         if (v->kind == SR_KIND_OBJECT) {
             sr_value_unref(sr__inflight_claim((uint64_t)(uintptr_t)v));
             --*left;
+        } else if (v->kind == SR_KIND_TENSOR) {
+            sr_block_unref(v->u.tensor->storage->block);
+            --*left;
         } else if (v->kind == SR_KIND_LIST) {
-            unwind_objects(v->u.n, sr__list_items(v), left);
+            unwind_refs(v->u.n, sr__list_items(v), left);
         }
-        /* TENSOR: count tensors in objs_taken too (rename it refs_taken) and drop the block ref sr__tensor_to_desc() took here. */
     }
 }
 
@@ -234,7 +310,7 @@ int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t 
     struct enc e = {.p = buf};
     int rc = put_items(&e, n, vals);
     if (rc) {
-        unwind_objects(n, vals, &e.objs_taken);
+        unwind_refs(n, vals, &e.refs_taken);
         return rc;
     }
     return size;
@@ -425,6 +501,92 @@ static int walk_object(struct dec *d, size_t at, sr_value **out)
     return 0;
 }
 
+static uint16_t rd16(const uint8_t *p)
+{
+    uint16_t x;
+    memcpy(&x, p, 2);
+    return to_le16(x);
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return to_le32(x);
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+    return to_le64(x);
+}
+
+/* The wire layout of a descriptor is its struct's field order, packed. */
+_Static_assert(offsetof(struct sr_tensor_desc, shape) == 24 &&
+                   offsetof(struct sr_tensor_desc, strides) == 24 + 8 * SR_MAX_DIMS,
+               "put_desc and get_desc follow struct sr_tensor_desc");
+
+/* The fixed-size descriptor; every field is read, none is trusted yet. */
+static int get_desc(struct dec *d, struct sr_tensor_desc *t)
+{
+    int rc = need(d, (size_t)TENSOR_DESC_BYTES, "tensor descriptor");
+    if (rc)
+        return rc;
+    const uint8_t *p = d->buf + d->pos;
+    t->magic = rd32(p);
+    t->dtype = p[4];
+    t->ndim = p[5];
+    t->flags = rd16(p + 6);
+    t->offset = (int64_t)rd64(p + 8);
+    t->block = rd64(p + 16);
+    for (int i = 0; i < SR_MAX_DIMS; i++) {
+        t->shape[i] = (int64_t)rd64(p + 24 + 8 * i);
+        t->strides[i] = (int64_t)rd64(p + 24 + 8 * (SR_MAX_DIMS + i));
+    }
+    d->pos += (size_t)TENSOR_DESC_BYTES;
+    return 0;
+}
+
+/* CHECK: the block offset names a live block of the shared heap, and the
+ * descriptor describes a view inside it. Nothing is dereferenced before
+ * sr_block_from_off() has validated the offset. */
+static int tensor_check(struct dec *d, size_t at, const struct sr_tensor_desc *t)
+{
+    char why[256]; /* bad() rewrites the buffer sr_last_error() points to */
+    sr_block *b = sr_block_from_off(t->block);
+    int rc = b ? sr__tensor_desc_check(t, sr_block_size(b)) : -EINVAL;
+    if (!rc)
+        return 0;
+    snprintf(why, sizeof(why), "%s", error_detail(sr_last_error()));
+    return bad(d, at, "tensor descriptor (block offset %" PRIu64 "): %s", t->block, why);
+}
+
+/* BUILD makes a tensor viewing the block (its own reference); BUILD and
+ * RELEASE both drop the descriptor's reference, exactly once. */
+static int walk_tensor(struct dec *d, size_t at, sr_value **out)
+{
+    struct sr_tensor_desc t;
+    int rc = get_desc(d, &t);
+    if (rc)
+        return rc;
+    if (d->mode == CHECK)
+        return tensor_check(d, at, &t);
+    if (d->mode == BUILD) {
+        sr_tensor *x = NULL;
+        rc = sr__tensor_from_desc(&t, &x);
+        if (rc) { /* -ENOMEM: CHECK has validated everything else */
+            d->err = rc;
+            d->mode = RELEASE;
+        } else {
+            built(d, sr_tensor_value(x), out);
+            sr_tensor_unref(x);
+        }
+    }
+    sr__tensor_desc_release(&t);
+    return 0;
+}
+
 static int walk_value(struct dec *d, int depth, sr_value **out)
 {
     size_t at = d->pos;
@@ -460,9 +622,7 @@ static int walk_value(struct dec *d, int depth, sr_value **out)
     case SR_KIND_BYTES: return walk_blob(d, tag, out);
     case SR_KIND_LIST: return walk_list(d, at, depth, out);
     case SR_KIND_OBJECT: return walk_object(d, at, out);
-    case SR_KIND_TENSOR:
-        /* TENSOR: read the desc; CHECK validates it (block offset, dtype, shape vs size), BUILD sr__tensor_from_desc adopts its block ref, RELEASE drops it. */
-        return bad(d, at, "tensor values are not supported yet");
+    case SR_KIND_TENSOR: return walk_tensor(d, at, out);
     case SR_KIND_RREF: return bad(d, at, "rref values are reserved and cannot be decoded");
     default: return bad(d, at, "unknown kind tag %u", tag);
     }

@@ -21,7 +21,7 @@ struct sr_call {
     sr_value *args;     /* a list */
     sr_value *result;   /* set by sr_call_return */
     int err;
-    char msg[384];
+    char *msg;          /* set by sr_call_fail; NULL on the fast path */
 };
 
 struct sr_job_item {
@@ -44,7 +44,9 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(c->msg, sizeof(c->msg), fmt, ap);
+    free(c->msg);
+    if (vasprintf(&c->msg, fmt, ap) < 0)
+        c->msg = NULL;
     va_end(ap);
     c->err = err < 0 ? err : -EINVAL;
     return c->err;
@@ -55,19 +57,20 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 static void send_error(sr_agent *a, int to, uint64_t id, int code, const char *text)
 {
     sr_msg m = {.type = SR_MSG_ERR};
-    struct sr_wire *w = (struct sr_wire *)m.data;
-    w->call_id = id;
-    w->code = code;
+    struct sr_wire w = {.call_id = id, .code = code};
     size_t len = strlen(text);
-    uint8_t *p = sr__payload_reserve(&m, len);
+    uint8_t *p = sr__payload_reserve(&m, &w, len);
     if (!p) { /* no heap for a long message: cut it to fit inline */
         len = SR_WIRE_INLINE;
-        p = sr__payload_reserve(&m, len);
+        p = sr__payload_reserve(&m, &w, len);
     }
     memcpy(p, text, len);
+    sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
-    if (sr__agent_send(a, to, &m))
-        sr__payload_abandon(&m), atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
+    if (sr__agent_send(a, to, &m)) {
+        sr__payload_abandon(&w);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+    }
 }
 
 static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
@@ -75,21 +78,21 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
     sr_value *one[1] = {v};
     int64_t len = sr_codec_size(1, one, to == a->rank);
     sr_msg m = {.type = SR_MSG_RESP};
-    struct sr_wire *w = (struct sr_wire *)m.data;
-    w->call_id = id;
-    uint8_t *p = len >= 0 ? sr__payload_reserve(&m, (size_t)len) : NULL;
+    struct sr_wire w = {.call_id = id};
+    uint8_t *p = len >= 0 ? sr__payload_reserve(&m, &w, (size_t)len) : NULL;
     if (!p || sr_codec_encode(1, one, to == a->rank, p, (size_t)len) != len) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
-            sr__payload_abandon(&m);
+            sr__payload_abandon(&w);
         send_error(a, to, id, -SR_EREMOTE, text);
         return;
     }
+    sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m)) {
         sr_codec_release(p, (size_t)len);
-        sr__payload_abandon(&m);
+        sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: never arrives */
     }
 }
@@ -99,13 +102,14 @@ static void finish_call(struct sr_call *c)
     sr_agent *a = c->a;
     if (c->err) {
         char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg[0] ? c->msg : sr_strerror(c->err));
+        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
     } else {
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL);
     }
     sr_value_unref(c->result);
     sr_value_unref(c->args);
+    free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
     /* relaxed: the response was counted as sent before this, so the sum stays balanced */
@@ -182,7 +186,9 @@ static void *executor_main(void *p)
         if (!a->q_head)
             a->q_tail = &a->q_head;
         pthread_mutex_unlock(&a->q_lock);
+        sr_xport_awake(a->x, 1); /* runnable while it runs a function */
         run_call(it->call);
+        sr_xport_awake(a->x, -1);
         free(it);
         pthread_mutex_lock(&a->q_lock);
     }
@@ -226,18 +232,20 @@ void sr__exec_stop(sr_agent *a)
 
 static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len)
 {
-    const struct sr_wire *w = (const struct sr_wire *)m->data;
-    uint64_t id = w->call_id;
+    struct sr_wire w = sr_wire_get(m);
+    uint64_t id = w.call_id;
     char text[256];
-    const struct sr_fn_entry *fn = w->name_len <= len ? sr__registry_find((const char *)p, w->name_len) : NULL;
+    const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
     if (!fn) {
         snprintf(text, sizeof(text), "function '%.*s' is not registered on worker%d",
-                 (int)(w->name_len <= len && w->name_len < 64 ? w->name_len : 0), (const char *)p, a->rank);
+                 (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
         send_error(a, m->src, id, -ENOENT, text);
         return NULL;
     }
-    struct sr_call *c = calloc(1, sizeof(*c));
-    if (!c || sr_codec_decode(p + w->name_len, len - w->name_len, &c->args)) {
+    struct sr_call *c = malloc(sizeof(*c));
+    if (c)
+        c->args = NULL;
+    if (!c || sr_codec_decode(p + w.name_len, len - w.name_len, &c->args)) {
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
         send_error(a, m->src, id, c ? -EBADMSG : -ENOMEM, text);
         free(c);
@@ -247,13 +255,30 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     return c;
 }
 
+/* Inline on the polling thread: async functions (they must not block), and
+ * built-ins on scalars (they cannot). A built-in given a tensor computes (a
+ * 64 MiB add, a matmul), so it goes to the executors like a plain function,
+ * and the polling thread keeps serving. When the poller is idle anything runs
+ * inline. */
+static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
+{
+    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC)
+        return true;
+    if (c->fn->kind == SR_FN_PLAIN)
+        return false;
+    for (size_t i = 0; i < sr_call_nargs(c); i++)
+        if (sr_value_type(sr_call_arg(c, i)) == SR_KIND_TENSOR)
+            return false;
+    return true;
+}
+
 static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);
     struct sr_call *c = NULL;
     if (!p)
-        send_error(a, m->src, ((const struct sr_wire *)m->data)->call_id, -EBADMSG, sr_last_error());
+        send_error(a, m->src, sr_wire_get(m).call_id, -EBADMSG, sr_last_error());
     else
         c = decode_request(a, m, p, len);
     sr__payload_done(m);
@@ -262,7 +287,7 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         return;
     }
     atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (c->fn->kind != SR_FN_PLAIN || mode == SR_POLL_IDLE)
+    if (runs_inline(c, mode))
         run_call(c);
     else
         enqueue(a, c);
@@ -270,8 +295,8 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 
 static void handle_response(sr_agent *a, const sr_msg *m)
 {
-    const struct sr_wire *w = (const struct sr_wire *)m->data;
-    sr_future *f = sr__call_end(a, w->call_id);
+    struct sr_wire w = sr_wire_get(m);
+    sr_future *f = sr__call_end(a, w.call_id);
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);
     if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
@@ -282,7 +307,7 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     } else if (m->type == SR_MSG_ERR) {
         char text[1024];
         snprintf(text, sizeof(text), "%.*s", (int)(len < sizeof(text) ? len : sizeof(text) - 1), (const char *)p);
-        sr__future_fail_text(f, w->code < 0 ? w->code : -SR_EREMOTE, text);
+        sr__future_fail_text(f, w.code < 0 ? w.code : -SR_EREMOTE, text);
     } else {
         sr_value *list = NULL;
         if (sr_codec_decode(p, len, &list) || sr_value_list_len(list) != 1)

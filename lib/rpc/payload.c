@@ -6,15 +6,19 @@
 
 #include "error.h"
 
-static struct sr_wire *wire(const sr_msg *m) { return (struct sr_wire *)m->data; }
-
-uint8_t *sr__payload_reserve(sr_msg *m, size_t len)
+static void drop_block(uint64_t off)
 {
-    struct sr_wire *w = wire(m);
+    sr_block *b = sr_block_from_off(off);
+    if (b)
+        sr_block_unref(b);
+}
+
+uint8_t *sr__payload_reserve(sr_msg *m, struct sr_wire *w, size_t len)
+{
     w->len = (uint32_t)len;
     if (len <= SR_WIRE_INLINE) {
         w->flags = 0;
-        return w->p.inl;
+        return sr_wire_inline(m);
     }
     if (len > UINT32_MAX) {
         sr__fail(-EMSGSIZE, "sr_rpc", "message of %zu bytes is larger than 4 GiB", len);
@@ -34,27 +38,28 @@ uint8_t *sr__payload_reserve(sr_msg *m, size_t len)
     return sr_block_data(b);
 }
 
-void sr__payload_abandon(sr_msg *m)
+void sr__payload_abandon(const struct sr_wire *w)
 {
-    sr__payload_done(m);
+    if (w->flags & SR_WIRE_BLOCK)
+        drop_block(w->p.block_off);
 }
 
 const uint8_t *sr__payload_get(const sr_msg *m, size_t *len)
 {
-    const struct sr_wire *w = wire(m);
-    *len = w->len;
-    if (!(w->flags & SR_WIRE_BLOCK)) {
-        if (w->len > SR_WIRE_INLINE) {
-            sr__fail(-EBADMSG, "sr_rpc", "inline payload of %u bytes from worker%u exceeds %d", w->len, m->src,
+    struct sr_wire w = sr_wire_get(m);
+    *len = w.len;
+    if (!(w.flags & SR_WIRE_BLOCK)) {
+        if (w.len > SR_WIRE_INLINE) {
+            sr__fail(-EBADMSG, "sr_rpc", "inline payload of %u bytes from worker%u exceeds %d", w.len, m->src,
                      SR_WIRE_INLINE);
             return NULL;
         }
-        return w->p.inl;
+        return sr_wire_inline_c(m);
     }
-    sr_block *b = sr_block_from_off(w->p.block_off);
-    if (!b || sr_block_size(b) < w->len) {
+    sr_block *b = sr_block_from_off(w.p.block_off);
+    if (!b || sr_block_size(b) < w.len) {
         sr__fail(-EBADMSG, "sr_rpc", "payload block at offset %llu from worker%u is invalid",
-                 (unsigned long long)w->p.block_off, m->src);
+                 (unsigned long long)w.p.block_off, m->src);
         return NULL;
     }
     return sr_block_data(b);
@@ -62,10 +67,6 @@ const uint8_t *sr__payload_get(const sr_msg *m, size_t *len)
 
 void sr__payload_done(const sr_msg *m)
 {
-    const struct sr_wire *w = wire(m);
-    if (!(w->flags & SR_WIRE_BLOCK))
-        return;
-    sr_block *b = sr_block_from_off(w->p.block_off);
-    if (b)
-        sr_block_unref(b);
+    struct sr_wire w = sr_wire_get(m);
+    sr__payload_abandon(&w);
 }

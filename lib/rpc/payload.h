@@ -11,9 +11,9 @@
 /* Reserve len payload bytes for an outgoing message: inline when they fit,
  * else a new block of our heap. Returns where to write, or NULL (-ENOMEM /
  * -EMSGSIZE in sr_last_error). */
-uint8_t *sr__payload_reserve(sr_msg *m, size_t len);
+uint8_t *sr__payload_reserve(sr_msg *m, struct sr_wire *w, size_t len);
 /* Undo a reservation whose message was never sent. */
-void sr__payload_abandon(sr_msg *m);
+void sr__payload_abandon(const struct sr_wire *w);
 
 /* The payload of an incoming message, validated; NULL with -EBADMSG. The
  * caller calls sr__payload_done once it has decoded it. */

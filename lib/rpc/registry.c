@@ -38,6 +38,19 @@ const struct sr_fn_entry *sr__registry_find(const char *name, size_t len)
     }
 }
 
+/* Letters, digits, '_', '.', ':' and '-': checked on every call, so no strspn. */
+static bool name_chars_ok(const char *n, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)n[i];
+        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                  ch == '.' || ch == ':' || ch == '-';
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
 int sr__fn_name_check(const char *n, const char *caller)
 {
     if (!n)
@@ -45,7 +58,7 @@ int sr__fn_name_check(const char *n, const char *caller)
     size_t len = strlen(n);
     if (len == 0 || len >= SR_FN_NAME_MAX)
         return sr__fail(-EINVAL, caller, "function name '%.80s' must have 1 to %d characters", n, SR_FN_NAME_MAX - 1);
-    if (strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-") != len)
+    if (!name_chars_ok(n, len))
         return sr__fail(-EINVAL, caller, "function name '%s' may only hold letters, digits, '_', '.', ':' and '-'", n);
     return 0;
 }

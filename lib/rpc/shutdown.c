@@ -17,11 +17,8 @@
 static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t y, uint64_t z)
 {
     sr_msg m = {.type = SR_MSG_CTRL};
-    struct sr_wire *w = (struct sr_wire *)m.data;
-    w->ctrl = (uint8_t)c;
-    w->p.args.a = x;
-    w->p.args.b = y;
-    w->p.args.c = z;
+    struct sr_wire w = {.ctrl = (uint8_t)c, .p.args = {x, y, z}};
+    sr_wire_put(&m, &w, true);
     sr__agent_send(a, to, &m); /* a dead peer fails the wait instead */
 }
 
@@ -39,7 +36,8 @@ static void complete(sr_future *f)
 
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
 {
-    const struct sr_wire *w = (const struct sr_wire *)m->data;
+    struct sr_wire wire = sr_wire_get(m);
+    const struct sr_wire *w = &wire;
     pthread_mutex_lock(&a->ctl_lock);
     switch (w->ctrl) {
     case SR_CTRL_BARRIER: /* leader */
@@ -146,12 +144,16 @@ static int leader_drain(sr_agent *a, int64_t deadline)
 
 int sr__graceful(sr_agent *a, int64_t deadline)
 {
-    int rc = barrier(a, deadline);
-    if (rc)
-        return rc;
+    /* Armed before the barrier: once the barrier releases, our poller may see
+     * the leader's QUIESCENT before this thread runs again. */
     sr_future *q = arm(a, &a->quiescent_fut);
     if (!q)
         return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
+    int rc = barrier(a, deadline);
+    if (rc) {
+        disarm(a, &a->quiescent_fut, q);
+        return rc;
+    }
     if (a->rank == 0 && (rc = leader_drain(a, deadline))) {
         disarm(a, &a->quiescent_fut, q);
         return rc;

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "tensor/tensor_impl.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {
@@ -38,7 +39,11 @@ static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
     return v;
 }
 
-SR_API sr_value *sr_none(void) { return value_alloc(SR_KIND_NONE, 0, __func__); }
+/* None is immortal: one static value shared by everybody; ref and unref
+ * leave it alone, so no call ever allocates or frees it. */
+static sr_value none_value = {.kind = SR_KIND_NONE};
+
+SR_API sr_value *sr_none(void) { return &none_value; }
 
 SR_API sr_value *sr_bool(bool b)
 {
@@ -104,10 +109,14 @@ SR_API sr_value *sr_bytes(const void *p, size_t n)
 
 SR_API sr_value *sr_tensor_value(sr_tensor *t)
 {
-    /* TENSOR: reject NULL t with -EINVAL, else value_alloc(SR_KIND_TENSOR, 0), v->u.tensor = sr_tensor_ref(t). */
-    (void)t;
-    sr__fail(-ENOTSUP, __func__, "tensor values are not available yet (lib/tensor is not merged)");
-    return NULL;
+    if (!t) {
+        sr__fail(-EINVAL, __func__, "the tensor is NULL");
+        return NULL;
+    }
+    sr_value *v = value_alloc(SR_KIND_TENSOR, 0, __func__);
+    if (v)
+        v->u.tensor = sr_tensor_ref(t);
+    return v;
 }
 
 sr_value *sr__list_alloc(size_t n)
@@ -180,7 +189,7 @@ SR_API sr_value *sr_value_ref(sr_value *v)
 {
     /* Relaxed: the caller already holds a reference, so v cannot be freed
      * concurrently; the new reference needs no ordering of its own. */
-    if (v)
+    if (v && v != &none_value)
         atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
     return v;
 }
@@ -199,7 +208,7 @@ static void value_destroy(sr_value *v)
             v->u.obj.destroy(v->u.obj.p);
         break;
     case SR_KIND_TENSOR:
-        /* TENSOR: sr_tensor_unref(v->u.tensor). */
+        sr_tensor_unref(v->u.tensor);
         break;
     default:
         break;
@@ -209,7 +218,7 @@ static void value_destroy(sr_value *v)
 
 SR_API void sr_value_unref(sr_value *v)
 {
-    if (!v)
+    if (!v || v == &none_value)
         return;
     /* Sole owner: a count of 1 is our own reference, and nobody can take a
      * new one without holding one, so it cannot change under us; skip the
@@ -282,6 +291,46 @@ SR_API sr_value *sr_value_list_at(const sr_value *v, size_t i)
 SR_API void *sr_value_object(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.p : NULL; }
 SR_API const char *sr_value_object_type(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.type : NULL; }
 
+struct elem_cmp {
+    sr_dtype dt;
+    bool equal;
+};
+
+/* Floats compare like double values (0.0 == -0.0, NaN == NaN). */
+static void compare_row(char **p, const int64_t *stride, int64_t n, void *arg)
+{
+    struct elem_cmp *c = arg;
+    for (int64_t i = 0; i < n && c->equal; i++) {
+        const char *x = p[0] + i * stride[0], *y = p[1] + i * stride[1];
+        if (c->dt == SR_I64) {
+            int64_t a, b;
+            memcpy(&a, x, 8);
+            memcpy(&b, y, 8);
+            c->equal = a == b;
+        } else {
+            double a, b;
+            sr__load_f64(&a, x, 0, 1, c->dt);
+            sr__load_f64(&b, y, 0, 1, c->dt);
+            c->equal = a == b || (isnan(a) && isnan(b));
+        }
+    }
+}
+
+/* Same dtype, shape and elements; strides, offsets and storage may differ. */
+static bool tensors_equal(const sr_tensor *a, const sr_tensor *b)
+{
+    if (a == b)
+        return true;
+    if (a->dtype != b->dtype || !sr__same_shape(a, b))
+        return false;
+    struct elem_cmp c = {.dt = a->dtype, .equal = true};
+    struct sr_loop L;
+    const sr_tensor *ops[2] = {a, b};
+    sr__loop_init(&L, a->ndim, a->shape, 2, ops);
+    sr__loop_run(&L, compare_row, &c);
+    return c.equal;
+}
+
 /* Doubles: equal as numbers (so 0.0 == -0.0), and NaN equals NaN, so that a
  * value always equals itself and its decoded copy. Objects and rrefs compare
  * by identity: they are handles, not data. */
@@ -306,9 +355,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
                 return false;
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
-    case SR_KIND_TENSOR:
-        /* TENSOR: same dtype, shape and elements (compare via sr_tensor_to_f64 or per dtype). */
-        return a->u.tensor == b->u.tensor;
+    case SR_KIND_TENSOR: return tensors_equal(a->u.tensor, b->u.tensor);
     case SR_KIND_RREF: return false; /* distinct values: a == b was handled above */
     }
     return false;
@@ -332,7 +379,12 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
     case SR_KIND_BYTES: snprintf(buf, len, "bytes of %zu", v->u.len); break;
     case SR_KIND_LIST: snprintf(buf, len, "list of %zu", v->u.n); break;
     case SR_KIND_OBJECT: snprintf(buf, len, "object of type '%s'", v->u.obj.type); break;
-    /* TENSOR: print dtype and shape, e.g. "tensor f32[2, 3]". */
+    case SR_KIND_TENSOR: {
+        char shape[SR_SHAPE_STR];
+        const sr_tensor *t = v->u.tensor;
+        snprintf(buf, len, "tensor %s%s", sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, shape));
+        break;
+    }
     default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;
     }
     return buf;

@@ -16,7 +16,10 @@
 #define SR_RPC_WIRE_H
 
 #include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ring.h"
 
@@ -54,5 +57,25 @@ struct sr_wire {
     } p;
 };
 static_assert(sizeof(struct sr_wire) <= SR_MSG_DATA, "an RPC header fits one slot");
+
+/* sr_msg.data is only 4-byte aligned, so the header is copied, never cast. */
+#define SR_WIRE_HDR offsetof(struct sr_wire, p)
+
+static inline struct sr_wire sr_wire_get(const sr_msg *m)
+{
+    struct sr_wire w;
+    memcpy(&w, m->data, sizeof(w));
+    return w;
+}
+
+/* Write the header; the payload union is written only for block and control
+ * messages (an inline payload is already in place). */
+static inline void sr_wire_put(sr_msg *m, const struct sr_wire *w, bool with_union)
+{
+    memcpy(m->data, w, with_union || (w->flags & SR_WIRE_BLOCK) ? sizeof(*w) : SR_WIRE_HDR);
+}
+
+static inline uint8_t *sr_wire_inline(sr_msg *m) { return m->data + SR_WIRE_HDR; }
+static inline const uint8_t *sr_wire_inline_c(const sr_msg *m) { return m->data + SR_WIRE_HDR; }
 
 #endif

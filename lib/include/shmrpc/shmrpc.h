@@ -4,6 +4,10 @@
 #define SHMRPC_H
 
 #include "error.h"
+#include "future.h"
+#include "rpc.h"
+#include "value.h"
 #include "spawn.h"
+#include "tensor.h"
 
 #endif

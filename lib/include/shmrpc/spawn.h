@@ -28,7 +28,9 @@ typedef struct sr_spawn_opts {
     const char *name_prefix; /* segment name prefix, for reports and leak checks; NULL: "shmrpc" */
 } sr_spawn_opts;
 
-/* 0 when every worker returned 0. Errors: -EINVAL bad world size or options;
+/* 0 when every worker returned 0. Errors: -EINVAL bad world size or options,
+ * or SIGCHLD ignored in the calling process (SIG_IGN or SA_NOCLDWAIT: the
+ * kernel would reap the workers before their status could be read);
  * -SR_EWORKER a worker failed (see above); other -errno from fork/memfd. */
 SR_API int sr_spawn(int world_size, int (*fn)(int rank, int world_size, void *arg), void *arg,
                     const sr_spawn_opts *opts);

@@ -1,0 +1,249 @@
+/* RPC benchmarks, each printed next to the floor measured in the same run
+ * and next to PyTorch's figure (bench/compare/torch_rpc.py re-measures those
+ * on this machine; the constants below are from design/PERFORMANCE.md).
+ *
+ *   bench_rpc [hot] [asleep] [pipeline] [fanin] [tensor]
+ *
+ * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
+ * asleep    the same, but the callee never spins: every request wakes it
+ * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
+ * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
+ * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
+ *
+ * Method: the callee (rank 1) alternates between echoing the floor
+ * ping-pongs and serving calls while it waits on a future that the caller
+ * completes at the end of each round; `noop` and `add` are built-ins, so
+ * they run inline on the polling thread. Results are checked after timing.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "floor.h"
+#include "shmrpc/shmrpc.h"
+
+#define PT_NOOP_P50_NS 262000.0  /* PyTorch 1.13 rpc_sync no-op, this machine */
+#define PT_ADD_P50_NS 426000.0   /* rpc_sync(torch.add), 2 elements */
+#define PT_PIPE_CPS 6400.0       /* pipelined rpc_async calls/s */
+
+#define ROUNDS 7
+#define CALLS 20000
+#define CL_N 20000
+#define FX_N 2000
+
+struct shared {
+    bench_floor_area floor;
+    bench_barrier bar;
+    bench_rounds cl, fx;
+    int errors;
+};
+
+static struct shared *sh;
+static sr_future *round_fut; /* rank 1: completed by the caller's "round_done" */
+
+static int round_done(sr_call *c)
+{
+    sr_future_set_result(round_fut, NULL);
+    return sr_call_return(c, NULL);
+}
+
+static int serve_round(void)
+{
+    int rc = sr_future_wait(round_fut, NULL);
+    sr_future_unref(round_fut);
+    round_fut = sr_future_new();
+    return rc;
+}
+
+static bench_lat time_noop(int n, int64_t *lat)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t t0 = bench_now_ns();
+        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+            sh->errors++;
+        lat[i] = bench_now_ns() - t0;
+    }
+    return bench_lat_of(lat, (size_t)n);
+}
+
+/* One configuration of the no-op round trip against one floor. */
+static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
+{
+    static int64_t lat[CALLS], fl[CL_N];
+    uint32_t nfl = futex_floor ? FX_N : CL_N;
+    for (int r = 0; r < ROUNDS; r++) {
+        enum bench_role role = rank == 0 ? BENCH_INITIATOR : BENCH_ECHO;
+        bench_barrier_wait(&sh->bar, 2, 30ll * 1000000000);
+        int rc = futex_floor ? bench_floor_futex(&sh->floor, role, nfl, fl)
+                             : bench_floor_cacheline(&sh->floor, role, nfl, fl);
+        if (rc)
+            return rc;
+        if (rank == 1) {
+            if (serve_round())
+                return -EIO;
+            continue;
+        }
+        bench_lat floor = bench_lat_of(fl, nfl);
+        bench_lat ours = time_noop(futex_floor ? CALLS / 10 : CALLS, lat);
+        sr_rpc_sync(1, "round_done", SR_NOARGS, -1, NULL);
+        bench_rounds_add(out, ours, floor);
+    }
+    return 0;
+}
+
+static int run_latency(int rank, int world, void *arg)
+{
+    (void)world;
+    bool asleep = arg != NULL;
+    if (asleep && rank == 1) /* the callee never spins: every request wakes it */
+        setenv("SHMRPC_SPIN_NS", "0", 1);
+    sr_register("round_done", round_done);
+    round_fut = sr_future_new();
+    if (sr_init(NULL))
+        return 1;
+    for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
+        sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
+    int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
+    sr_future_unref(round_fut);
+    sr_shutdown(true, 60);
+    return rc ? 1 : 0;
+}
+
+static void report_latency(const char *name, const char *config, const char *floor_name, bench_rounds *r,
+                           double target)
+{
+    bench_summary s = bench_summarize(r);
+    bench_print(name, config, floor_name, &s, target);
+    printf("    vs PyTorch rpc_sync no-op p50 %.0f us: %.0fx faster\n", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
+}
+
+static int bench_hot_and_asleep(bool hot, bool asleep)
+{
+    sr_spawn_opts o = {.name_prefix = "bench-rpc", .shm_size = 512u << 20};
+    if (hot) {
+        memset(&sh->cl, 0, sizeof(sh->cl));
+        if (sr_spawn(2, run_latency, NULL, &o))
+            return fprintf(stderr, "bench_rpc hot: %s\n", sr_last_error()), 1;
+        report_latency("rpc_sync noop", "hot (both polling)", "cache-line ping-pong", &sh->cl, 4.0);
+    }
+    if (asleep) {
+        memset(&sh->fx, 0, sizeof(sh->fx));
+        if (sr_spawn(2, run_latency, (void *)1, &o))
+            return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
+        report_latency("rpc_sync noop", "callee asleep", "futex ping-pong", &sh->fx, 1.3);
+    }
+    return 0;
+}
+
+/* ---- pipelined throughput ---- */
+
+#define PIPE_CALLS 200000
+#define WINDOW 1024
+
+static double pipe_cps;
+
+static int run_pipeline(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    if (sr_init(NULL))
+        return 1;
+    int rc = 0;
+    if (rank == 0) {
+        static sr_future *win[WINDOW];
+        int64_t t0 = bench_now_ns();
+        for (int i = 0; i < PIPE_CALLS && !rc; i++) {
+            sr_future **slot = &win[i % WINDOW];
+            if (*slot) {
+                rc = sr_future_wait(*slot, NULL);
+                sr_future_unref(*slot);
+            }
+            if (!rc)
+                rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, slot);
+        }
+        for (int i = 0; i < WINDOW; i++)
+            if (win[i]) {
+                rc |= sr_future_wait(win[i], NULL);
+                sr_future_unref(win[i]);
+            }
+        pipe_cps = PIPE_CALLS / ((double)(bench_now_ns() - t0) / 1e9);
+        printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | "
+               "vs PyTorch %.0f calls/s: %.0fx\n",
+               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", PT_PIPE_CPS, pipe_cps / PT_PIPE_CPS);
+        fflush(stdout);
+    }
+    sr_shutdown(true, 60);
+    return rc ? 1 : 0;
+}
+
+/* ---- N callers -> one callee ---- */
+
+#define FANIN_CALLS 5000
+
+static int run_fanin(int rank, int world, void *arg)
+{
+    (void)arg;
+    static int64_t lat[FANIN_CALLS];
+    if (sr_init(NULL))
+        return 1;
+    if (rank > 0) {
+        int64_t t0 = bench_now_ns();
+        for (int i = 0; i < FANIN_CALLS; i++) {
+            int64_t t = bench_now_ns();
+            if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL))
+                sh->errors++;
+            lat[i] = bench_now_ns() - t;
+        }
+        double secs = (double)(bench_now_ns() - t0) / 1e9;
+        bench_lat l = bench_lat_of(lat, FANIN_CALLS);
+        if (rank == 1)
+            printf("rpc_sync noop fan-in | %d callers -> 1 | caller 1: p50 %.2f us p99 %.2f us | %.0f calls/s per caller, ~%.0f total\n",
+                   world - 1, (double)l.p50 / 1e3, (double)l.p99 / 1e3, FANIN_CALLS / secs,
+                   (world - 1) * FANIN_CALLS / secs);
+        fflush(stdout);
+    }
+    sr_shutdown(true, 120);
+    return 0;
+}
+
+static int bench_fanin(void)
+{
+    static const int ns[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        sr_spawn_opts o = {.name_prefix = "bench-fanin", .shm_size = (uint64_t)(ns[i] + 1) * (64u << 20)};
+        if (sr_spawn(ns[i] + 1, run_fanin, NULL, &o))
+            return fprintf(stderr, "bench_rpc fanin: %s\n", sr_last_error()), 1;
+    }
+    return 0;
+}
+
+static bool want(int argc, char **argv, const char *what)
+{
+    if (argc < 2)
+        return true;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], what))
+            return true;
+    return false;
+}
+
+int main(int argc, char **argv)
+{
+    sh = bench_shared_alloc(sizeof(*sh));
+    if (!sh)
+        return 1;
+    printf("# bench_rpc: %d rounds; PyTorch figures from design/PERFORMANCE.md (bench/compare/torch_rpc.py re-measures)\n",
+           ROUNDS);
+    int rc = bench_hot_and_asleep(want(argc, argv, "hot"), want(argc, argv, "asleep"));
+    if (!rc && want(argc, argv, "pipeline")) {
+        sr_spawn_opts o = {.name_prefix = "bench-pipe", .shm_size = 512u << 20};
+        rc = sr_spawn(2, run_pipeline, NULL, &o) ? 1 : 0;
+    }
+    if (!rc && want(argc, argv, "fanin"))
+        rc = bench_fanin();
+    if (sh->errors)
+        fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);
+    return rc || sh->errors ? 1 : 0;
+}

@@ -1,0 +1,53 @@
+/* Tensor descriptors: how a tensor travels in a message (internal).
+ *
+ * A descriptor is fixed-size plain data: geometry plus the storage block's
+ * offset in the segment. It never holds a pointer, so any worker can read it.
+ *
+ * References. sr__tensor_to_desc() takes one block reference that belongs to
+ * the descriptor, so the sender may drop its tensor at once. Whoever frees the
+ * message releases it with sr__tensor_desc_release(), exactly once, whether
+ * or not a tensor was made from it. sr__tensor_from_desc() takes the
+ * receiver's own reference. While a descriptor is alive the block has at
+ * least two holders, so a write by either side copies first (tensor.h,
+ * copy-on-write): the receiver sees the values at send time.
+ *
+ * Within one message, two descriptors of one storage become two storages on
+ * the receiver (they no longer alias each other); the RPC layer may keep a
+ * per-message map if that ever matters.
+ */
+#ifndef SR_LIB_TENSOR_DESC_H
+#define SR_LIB_TENSOR_DESC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmrpc/tensor.h"
+
+#define SR_TENSOR_DESC_MAGIC 0x54447253u /* "SrDT" */
+#define SR_DESC_REQUIRES_GRAD 1u
+
+struct sr_tensor_desc {
+    uint32_t magic;
+    uint8_t dtype;
+    uint8_t ndim;    /* <= SR_MAX_DIMS; entries past ndim are zero */
+    uint16_t flags;  /* SR_DESC_REQUIRES_GRAD */
+    int64_t offset;  /* first element, in elements from the block's data */
+    uint64_t block;  /* sr_block_to_off() of the storage */
+    int64_t shape[SR_MAX_DIMS];
+    int64_t strides[SR_MAX_DIMS]; /* in elements, >= 0 */
+};
+_Static_assert(sizeof(struct sr_tensor_desc) == 152, "descriptor layout is part of the message format");
+
+/* Errors: -EINVAL when t's storage is not in the shared heap (no
+ * sr_heap_attach) or t is NULL. */
+int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d);
+/* A leaf tensor (requires_grad from the flags, no history) viewing the
+ * block. Errors: -EINVAL for any malformed field, an offset that is not a
+ * block, or a view that reaches past the block, always with a message. */
+int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out);
+/* Drop the descriptor's block reference (see above). */
+void sr__tensor_desc_release(const struct sr_tensor_desc *d);
+/* The checks of sr__tensor_from_desc against a block of block_bytes. */
+int sr__tensor_desc_check(const struct sr_tensor_desc *d, size_t block_bytes);
+
+#endif

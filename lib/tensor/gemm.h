@@ -1,0 +1,34 @@
+/* Matrix multiply kernel (internal): C[m x n] = op(A)[m x k] op(B)[k x n],
+ * row-major, op = transpose when ta/tb. C is overwritten. */
+#ifndef SR_LIB_TENSOR_GEMM_H
+#define SR_LIB_TENSOR_GEMM_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "shmrpc/tensor.h"
+
+struct sr_gemm {
+    sr_dtype dt; /* SR_F32 or SR_F64 */
+    bool ta, tb;
+    int64_t m, n, k;
+    const void *a;
+    int64_t lda; /* row stride of A as stored (k if !ta, m if ta, at least) */
+    const void *b;
+    int64_t ldb;
+    void *c;
+    int64_t ldc;
+};
+
+/* 0, or -1 when the blocked path could not allocate its panels. */
+int sr__gemm(const struct sr_gemm *g);
+/* Which kernel runs (tests, benchmark): AUTO is BLAS when built with it,
+ * else the blocked loop with the best micro-kernel for the CPU; BLOCKED skips
+ * BLAS; PORTABLE also skips the AVX2 micro-kernel. */
+enum sr_gemm_mode { SR_GEMM_AUTO, SR_GEMM_BLOCKED, SR_GEMM_PORTABLE };
+void sr__gemm_set_mode(enum sr_gemm_mode mode);
+/* "avx2" or "portable": the blocked loop's micro-kernel on this CPU. */
+const char *sr__gemm_kernel_name(void);
+
+#endif

@@ -1,0 +1,259 @@
+/* Tensor objects, storages and copy-on-write. See tensor_impl.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/engine.h"
+#include "error.h"
+#include "tensor/tensor_impl.h"
+
+SR_API const char *sr_dtype_name(sr_dtype dt)
+{
+    switch (dt) {
+    case SR_F32: return "f32";
+    case SR_F64: return "f64";
+    case SR_I64: return "i64";
+    }
+    return "?";
+}
+
+SR_API size_t sr_dtype_size(sr_dtype dt)
+{
+    switch (dt) {
+    case SR_F32: return 4;
+    case SR_F64: return 8;
+    case SR_I64: return 8;
+    }
+    return 0;
+}
+
+int64_t sr__numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+void sr__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 1 ? shape[i] : 1;
+    }
+}
+
+struct sr_storage *sr__storage_new(sr_block *block)
+{
+    struct sr_storage *s = malloc(sizeof(*s));
+    if (!s) {
+        sr__fail(-ENOMEM, "sr__storage_new", "out of memory");
+        return NULL;
+    }
+    atomic_init(&s->refs, 1);
+    atomic_init(&s->version, 0);
+    s->block = block;
+    return s;
+}
+
+void sr__storage_unref(struct sr_storage *s)
+{
+    /* acq_rel: the last tensor object of this process frees the storage after
+     * every other thread's use of it (pairs with the other decrements) */
+    if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+        sr_block_unref(s->block);
+        free(s);
+    }
+}
+
+int sr__storage_make_writable(struct sr_storage *s, const char *fn)
+{
+    /* relaxed: a version counter only detects stale saved tensors on the
+     * thread that runs backward, which already synchronised with the writer */
+    atomic_fetch_add_explicit(&s->version, 1, memory_order_relaxed);
+    if (sr_block_refcount(s->block) <= 1)
+        return 0; /* acquire inside: we see every former holder's writes */
+    size_t n = sr_block_size(s->block);
+    sr_block *copy = sr_block_alloc(n);
+    if (!copy) {
+        char why[256]; /* sr__fail rewrites the buffer sr_last_error() points to */
+        snprintf(why, sizeof(why), "%s", sr_last_error());
+        return sr__fail(-ENOMEM, fn, "copy-on-write of a %zu-byte storage: %s", n, why);
+    }
+    memcpy(sr_block_data(copy), sr_block_data(s->block), n);
+    sr_block *old = s->block;
+    s->block = copy;
+    sr_block_unref(old);
+    return 0;
+}
+
+int sr__tensor_prepare_write(sr_tensor *t, const char *fn)
+{
+    if (t->requires_grad && sr__grad_mode()) {
+        if (!t->grad_fn)
+            return sr__fail(-EPERM, fn, "a leaf Variable that requires grad is being used in an in-place "
+                                        "operation (use sr_no_grad_enter)");
+        return sr__fail(-EPERM, fn, "in-place operations on tensors with a grad_fn are not supported "
+                                    "while grad mode is enabled");
+    }
+    return sr__storage_make_writable(t->storage, fn);
+}
+
+sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset)
+{
+    sr_tensor *t = calloc(1, sizeof(*t));
+    if (!t) {
+        sr__fail(-ENOMEM, "sr__tensor_wrap", "out of memory");
+        return NULL;
+    }
+    atomic_init(&t->refcount, 1);
+    t->dtype = dt;
+    t->ndim = ndim;
+    t->offset = offset;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+    }
+    /* relaxed: the caller holds a reference to s through another tensor */
+    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    t->storage = s;
+    return t;
+}
+
+sr_tensor *sr__tensor_new(const char *fn, sr_dtype dt, int ndim, const int64_t *shape)
+{
+    if (sr__check_dtype(fn, dt) || sr__check_shape(fn, ndim, shape))
+        return NULL;
+    int64_t numel = sr__numel(ndim, shape);
+    sr_block *b = sr_block_alloc((size_t)numel * sr_dtype_size(dt));
+    if (!b) {
+        char why[256]; /* sr__fail rewrites the buffer sr_last_error() points to */
+        snprintf(why, sizeof(why), "%s", sr_last_error());
+        sr__fail(-ENOMEM, fn, "cannot allocate %lld elements of %s: %s", (long long)numel, sr_dtype_name(dt), why);
+        return NULL;
+    }
+    struct sr_storage *s = sr__storage_new(b);
+    if (!s) {
+        sr_block_unref(b);
+        return NULL;
+    }
+    int64_t strides[SR_MAX_DIMS];
+    sr__contiguous_strides(ndim, shape, strides);
+    sr_tensor *t = sr__tensor_wrap(s, dt, ndim, shape, strides, 0);
+    sr__storage_unref(s); /* the tensor holds it now */
+    return t;
+}
+
+sr_tensor *sr__tensor_alias(const sr_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
+                            int64_t offset)
+{
+    return sr__tensor_wrap(t->storage, t->dtype, ndim, shape, strides, offset);
+}
+
+SR_API sr_tensor *sr_tensor_ref(sr_tensor *t)
+{
+    /* relaxed: the caller already holds a reference */
+    if (t)
+        atomic_fetch_add_explicit(&t->refcount, 1, memory_order_relaxed);
+    return t;
+}
+
+static void free_hooks(struct sr_hook *h)
+{
+    while (h) {
+        struct sr_hook *next = h->next;
+        free(h);
+        h = next;
+    }
+}
+
+SR_API void sr_tensor_unref(sr_tensor *t)
+{
+    /* acq_rel: the last holder frees after all others' uses (pairs with
+     * their decrements) */
+    if (!t || atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    sr__node_unref(t->grad_fn);
+    sr_tensor_unref(t->grad);
+    free_hooks(t->hooks);
+    sr__storage_unref(t->storage);
+    free(t);
+}
+
+SR_API sr_dtype sr_tensor_dtype(const sr_tensor *t) { return t->dtype; }
+SR_API int sr_tensor_ndim(const sr_tensor *t) { return t->ndim; }
+SR_API const int64_t *sr_tensor_shape(const sr_tensor *t) { return t->shape; }
+SR_API const int64_t *sr_tensor_strides(const sr_tensor *t) { return t->strides; }
+SR_API size_t sr_tensor_numel(const sr_tensor *t) { return (size_t)sr__numel(t->ndim, t->shape); }
+SR_API const void *sr_tensor_data(const sr_tensor *t) { return sr__tensor_ptr(t); }
+
+SR_API int64_t sr_tensor_size(const sr_tensor *t, int dim)
+{
+    int d = sr__wrap_dim("sr_tensor_size", dim, t->ndim);
+    return d < 0 ? -1 : t->shape[d];
+}
+
+SR_API bool sr_tensor_is_contiguous(const sr_tensor *t)
+{
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] == 1)
+            continue;
+        if (t->shape[i] == 0)
+            return true;
+        if (t->strides[i] != expect)
+            return false;
+        expect *= t->shape[i];
+    }
+    return true;
+}
+
+SR_API bool sr_tensor_shares_storage(const sr_tensor *a, const sr_tensor *b)
+{
+    return a && b && a->storage == b->storage;
+}
+
+SR_API void *sr_tensor_mutable_data(sr_tensor *t)
+{
+    if (!t || sr__tensor_prepare_write(t, "sr_tensor_mutable_data"))
+        return NULL;
+    return sr__tensor_ptr(t);
+}
+
+SR_API int sr_tensor_to_f64(const sr_tensor *t, double *dst, size_t n)
+{
+    if (!t || !dst)
+        return sr__fail(-EINVAL, "sr_tensor_to_f64", "tensor or destination is NULL");
+    size_t numel = sr_tensor_numel(t);
+    if (n < numel)
+        return sr__fail(-EINVAL, "sr_tensor_to_f64", "destination holds %zu elements, the tensor has %zu", n,
+                        numel);
+    sr_tensor *dt = sr__tensor_new("sr_tensor_to_f64", SR_F64, t->ndim, t->shape);
+    if (!dt)
+        return -ENOMEM;
+    sr__copy_raw(dt, t);
+    memcpy(dst, sr__tensor_ptr(dt), numel * sizeof(double));
+    sr_tensor_unref(dt);
+    return 0;
+}
+
+SR_API double sr_tensor_item(const sr_tensor *t)
+{
+    if (!t) {
+        sr__fail(-EINVAL, "sr_tensor_item", "tensor is NULL");
+        return NAN;
+    }
+    if (sr_tensor_numel(t) != 1) {
+        char b[SR_SHAPE_STR];
+        sr__fail(-EINVAL, "sr_tensor_item", "a tensor of shape %s has %zu elements, not 1",
+                 sr__shape_str(t->ndim, t->shape, b), sr_tensor_numel(t));
+        return NAN;
+    }
+    double v;
+    sr__load_f64(&v, sr__tensor_ptr(t), 0, 1, t->dtype);
+    return v;
+}

@@ -1,0 +1,470 @@
+/* Extent hooks over one worker's heap area. See heap_extent.h and docs/HEAP.md.
+ *
+ * The carve allocator. jemalloc asks for extents (page multiples, aligned to
+ * a power of two >= a page; 2 MiB for metadata blocks when its metadata is
+ * not kept private, see create_with_hooks), and heap.c
+ * asks for the pages of huge blocks, which bypass jemalloc. Both are cut
+ * from the area:
+ *   - first fit over a small address-ordered table of free ranges, then
+ *   - a bump pointer; the gap an aligned bump leaves behind goes on the table.
+ * Freed ranges coalesce with their neighbours and with the bump pointer. If
+ * the table is full a fragment is dropped: address space is lost, never
+ * memory, since a dropped range holds no page.
+ *
+ * Invariant: every byte beyond the bump pointer or on the free list reads as
+ * zero (the area is emptied at create; a range comes back to the table only
+ * once its pages are punched out). So alloc always reports *zero = true.
+ *
+ * Which hooks do what, and why:
+ *   alloc          carve (above); memory is committed lazily by the kernel
+ *   dalloc         punch (if committed) and take the range back: returns
+ *                  false, we really reuse it. jemalloc calls it when decay
+ *                  retires an extent. Had we opted out, jemalloc would keep the
+ *                  range in its retained set for good, usable only by its own
+ *                  extents: address space a huge block could never get back.
+ *                  If the punch fails we opt out (true) and jemalloc keeps it.
+ *   decommit,      punch the pages out of the memfd with MADV_REMOVE. On a
+ *   purge_forced   shared mapping MADV_DONTNEED only drops this process's page
+ *                  table entries: the pages stay in the memfd. MADV_FREE is
+ *                  refused on shared mappings, so there is no lazy purge.
+ *   commit         nothing to do: a punched page faults back in zero-filled.
+ *   destroy        as dalloc, for the retained extents of a destroyed arena.
+ *   split, merge   always succeed: an extent is only an address range of one
+ *                  contiguous area, nothing per extent lives here.
+ * jemalloc's own geometric growth still leaves the tail of each grow step in
+ * its retained set; arena.<i>.retain_grow_limit bounds that tail, and huge
+ * blocks never go through jemalloc, so the tail stays small.
+ * While the arena is destroyed at detach, punching is switched off: a peer
+ * may still be reading one of our blocks, and its pages must stay.
+ */
+#include "heap_extent.h"
+
+#include <errno.h>
+#include <jemalloc/jemalloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "error.h"
+
+#define HUGE_ALIGN 4096u               /* pages of huge blocks */
+#define FREE_MAX 256                  /* free ranges kept; see the header comment */
+#define GROW_LIMIT_MAX (UINT64_C(16) << 20)
+#define GROW_LIMIT_MIN (UINT64_C(2) << 20)
+
+struct range {
+    uint64_t off, len; /* from the area's start */
+};
+
+struct carver {
+    extent_hooks_t hooks; /* first: jemalloc hands &hooks back to every hook */
+    pthread_mutex_t lock; /* hooks run on any thread allocating in the arena */
+    char *base;           /* NULL: no arena */
+    uint64_t len;
+    uint64_t bump;
+    unsigned nfree;
+    _Atomic bool keep_pages; /* set while the arena is destroyed at detach */
+    struct range free[FREE_MAX]; /* sorted by off; disjoint, never adjacent */
+    _Atomic uint64_t punched; /* statistics */
+    uint64_t dropped;
+    uint64_t huge_live;   /* bytes of huge blocks handed out and not yet freed */
+};
+
+static void *hook_alloc(extent_hooks_t *, void *, size_t, size_t, bool *, bool *, unsigned);
+static bool hook_dalloc(extent_hooks_t *, void *, size_t, bool, unsigned);
+static void hook_destroy(extent_hooks_t *, void *, size_t, bool, unsigned);
+static bool hook_commit(extent_hooks_t *, void *, size_t, size_t, size_t, unsigned);
+static bool hook_punch(extent_hooks_t *, void *, size_t, size_t, size_t, unsigned);
+static bool hook_split(extent_hooks_t *, void *, size_t, size_t, size_t, bool, unsigned);
+static bool hook_merge(extent_hooks_t *, void *, size_t, void *, size_t, bool, unsigned);
+
+/* Static storage: jemalloc reads the hook table for the whole life of the
+ * arena, and the arena lives until sr__heap_arena_destroy(). */
+static struct carver carver = {
+    .hooks = {
+        .alloc = hook_alloc,
+        .dalloc = hook_dalloc,
+        .destroy = hook_destroy,
+        .commit = hook_commit,
+        .decommit = hook_punch,
+        .purge_lazy = NULL,
+        .purge_forced = hook_punch,
+        .split = hook_split,
+        .merge = hook_merge,
+    },
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+static struct carver *of(extent_hooks_t *h) { return (struct carver *)h; }
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* ---- the free-range table (caller holds the lock) ---- */
+
+static void table_remove(struct carver *c, unsigned i)
+{
+    memmove(&c->free[i], &c->free[i + 1], (c->nfree - i - 1) * sizeof(c->free[0]));
+    c->nfree--;
+}
+
+static bool table_insert(struct carver *c, unsigned i, struct range r)
+{
+    if (c->nfree == FREE_MAX) {
+        c->dropped += r.len;
+        return false;
+    }
+    memmove(&c->free[i + 1], &c->free[i], (c->nfree - i) * sizeof(c->free[0]));
+    c->free[i] = r;
+    c->nfree++;
+    return true;
+}
+
+/* Return [off, off + len) to the allocator, merging with its neighbours. */
+static void release(struct carver *c, uint64_t off, uint64_t len)
+{
+    if (off + len == c->bump) {
+        c->bump = off;
+        if (c->nfree && c->free[c->nfree - 1].off + c->free[c->nfree - 1].len == c->bump)
+            c->bump = c->free[--c->nfree].off;
+        return;
+    }
+    unsigned i = 0;
+    while (i < c->nfree && c->free[i].off < off)
+        i++;
+    bool join_prev = i > 0 && c->free[i - 1].off + c->free[i - 1].len == off;
+    bool join_next = i < c->nfree && off + len == c->free[i].off;
+    if (join_prev && join_next) {
+        c->free[i - 1].len += len + c->free[i].len;
+        table_remove(c, i);
+    } else if (join_prev) {
+        c->free[i - 1].len += len;
+    } else if (join_next) {
+        c->free[i].off = off;
+        c->free[i].len += len;
+    } else {
+        table_insert(c, i, (struct range){off, len});
+    }
+}
+
+/* Cut [off, off + len) out of free range i, which contains it. */
+static void take(struct carver *c, unsigned i, uint64_t off, uint64_t len)
+{
+    struct range r = c->free[i];
+    uint64_t end = off + len, r_end = r.off + r.len;
+    if (off > r.off && end < r_end) {
+        c->free[i].len = off - r.off;
+        table_insert(c, i + 1, (struct range){end, r_end - end});
+    } else if (off > r.off) {
+        c->free[i].len = off - r.off;
+    } else if (end < r_end) {
+        c->free[i] = (struct range){end, r_end - end};
+    } else {
+        table_remove(c, i);
+    }
+}
+
+/* ---- carving (caller holds the lock) ---- */
+
+/* Offset of the first address at or after off aligned to align (absolute
+ * addresses: the mapping is only page-aligned). */
+static uint64_t aligned_off(const struct carver *c, uint64_t off, uint64_t align)
+{
+    uintptr_t base = (uintptr_t)c->base;
+    return align_up(base + off, align) - base;
+}
+
+static bool carve_bump(struct carver *c, uint64_t at, uint64_t size)
+{
+    if (at > c->len || size > c->len - at)
+        return false;
+    uint64_t gap = c->bump;
+    c->bump = at + size;
+    if (at > gap)
+        release(c, gap, at - gap);
+    return true;
+}
+
+/* The exact range [at, at + size), or false if any of it is in use. */
+static bool carve_at(struct carver *c, uint64_t at, uint64_t size)
+{
+    if (at >= c->bump)
+        return carve_bump(c, at, size);
+    for (unsigned i = 0; i < c->nfree; i++) {
+        struct range r = c->free[i];
+        if (r.off <= at && at - r.off <= r.len && size <= r.len - (at - r.off)) {
+            take(c, i, at, size);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t align)
+{
+    if (new_addr) {
+        uint64_t at = (uint64_t)((char *)new_addr - c->base);
+        bool inside = (char *)new_addr >= c->base && at < c->len;
+        return inside && carve_at(c, at, size) ? new_addr : NULL;
+    }
+    for (unsigned i = 0; i < c->nfree; i++) {
+        struct range r = c->free[i];
+        uint64_t at = aligned_off(c, r.off, align);
+        if (at - r.off <= r.len && size <= r.len - (at - r.off)) {
+            take(c, i, at, size);
+            return c->base + at;
+        }
+    }
+    uint64_t at = aligned_off(c, c->bump, align);
+    return carve_bump(c, at, size) ? c->base + at : NULL;
+}
+
+/* Give the pages of [addr, addr + len) back to the kernel. false on success,
+ * as jemalloc's hooks count. No lock: the range belongs to the caller, and a
+ * punch of a large range takes milliseconds. */
+static bool punch(struct carver *c, void *addr, size_t len)
+{
+    /* relaxed: keep_pages only changes while no allocation can run (destroy) */
+    if (atomic_load_explicit(&c->keep_pages, memory_order_relaxed))
+        return true;
+    if (madvise(addr, len, MADV_REMOVE) != 0)
+        return true;
+    atomic_fetch_add_explicit(&c->punched, len, memory_order_relaxed); /* relaxed: statistics */
+    return false;
+}
+
+/* ---- the hooks ---- */
+
+static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t align, bool *zero,
+                        bool *commit, unsigned arena)
+{
+    (void)arena;
+    struct carver *c = of(h);
+    pthread_mutex_lock(&c->lock);
+    void *p = carve(c, new_addr, size, align);
+    pthread_mutex_unlock(&c->lock);
+    if (p) {
+        *zero = true;   /* the invariant in the header comment */
+        *commit = true; /* shared memfd pages are committed on first touch */
+    }
+    return p;
+}
+
+/* Punch [addr, addr + size) unless already empty, and take it back. true if
+ * it could not be punched: it must then stay out of the table (the zero
+ * invariant), and the caller keeps it. */
+static bool give_back(struct carver *c, void *addr, size_t size, bool committed)
+{
+    /* relaxed: as in punch() */
+    if (atomic_load_explicit(&c->keep_pages, memory_order_relaxed) || (committed && punch(c, addr, size)))
+        return true;
+    pthread_mutex_lock(&c->lock);
+    release(c, (uint64_t)((char *)addr - c->base), size);
+    pthread_mutex_unlock(&c->lock);
+    return false;
+}
+
+static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size, bool committed, unsigned arena)
+{
+    (void)arena;
+    return give_back(of(h), addr, size, committed);
+}
+
+static void hook_destroy(extent_hooks_t *h, void *addr, size_t size, bool committed, unsigned arena)
+{
+    (void)arena;
+    (void)give_back(of(h), addr, size, committed); /* if kept: address space lost, nothing else */
+}
+
+static bool hook_commit(extent_hooks_t *h, void *addr, size_t size, size_t off, size_t len, unsigned arena)
+{
+    (void)h, (void)addr, (void)size, (void)off, (void)len, (void)arena;
+    return false; /* decommitted ranges were punched: they fault back in as zeros */
+}
+
+static bool hook_punch(extent_hooks_t *h, void *addr, size_t size, size_t off, size_t len, unsigned arena)
+{
+    (void)size, (void)arena;
+    return punch(of(h), (char *)addr + off, len);
+}
+
+static bool hook_split(extent_hooks_t *h, void *addr, size_t size, size_t size_a, size_t size_b,
+                       bool committed, unsigned arena)
+{
+    (void)h, (void)addr, (void)size, (void)size_a, (void)size_b, (void)committed, (void)arena;
+    return false;
+}
+
+static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a, void *addr_b, size_t size_b,
+                       bool committed, unsigned arena)
+{
+    (void)size_b, (void)committed, (void)arena;
+    struct carver *c = of(h);
+    /* jemalloc only merges neighbours of this arena; refuse anything else */
+    return (char *)addr_a + size_a != (char *)addr_b || (char *)addr_a < c->base ||
+           (char *)addr_b + size_b > c->base + c->len;
+}
+
+/* ---- huge blocks ---- */
+
+void *sr__heap_huge_alloc(size_t len)
+{
+    struct carver *c = &carver;
+    void *p = NULL;
+    pthread_mutex_lock(&c->lock);
+    if (c->base && len && (p = carve(c, NULL, align_up(len, HUGE_ALIGN), HUGE_ALIGN)))
+        c->huge_live += align_up(len, HUGE_ALIGN);
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+void sr__heap_huge_free(void *p, size_t len)
+{
+    struct carver *c = &carver;
+    len = align_up(len, HUGE_ALIGN);
+    pthread_mutex_lock(&c->lock);
+    c->huge_live -= len;
+    pthread_mutex_unlock(&c->lock);
+    if (give_back(c, p, len, true))
+        fprintf(stderr, "shmrpc: sr_heap: could not punch a freed %zu-byte block; its address space is lost\n", len);
+}
+
+/* ---- the arena ---- */
+
+static uint64_t grow_limit(uint64_t len)
+{
+    uint64_t lim = GROW_LIMIT_MAX;
+    while (lim > GROW_LIMIT_MIN && lim > len / 8)
+        lim >>= 1;
+    return lim;
+}
+
+static int arena_ctl(unsigned arena, const char *what, void *in, size_t in_len)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "arena.%u.%s", arena, what);
+    int rc = mallctl(name, NULL, NULL, in, in_len);
+    return rc ? sr__fail(-rc, "sr_heap_attach", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
+}
+
+/* jemalloc 5.3's arena_config_t, which its public header does not export:
+ * experimental.arenas_create_ext rejects any other size with EINVAL. */
+struct je_arena_config {
+    extent_hooks_t *extent_hooks;
+    bool metadata_use_hooks;
+};
+
+/* The arena's own metadata (arena_t, bins and their mutexes, extent records)
+ * is kept in private memory when jemalloc allows it: in the segment it would
+ * be shared with any child the worker forks, whose jemalloc re-initialises
+ * every arena mutex after fork(): our parent's mutexes. It would also take a
+ * 2 MiB-aligned block of the area. arenas.create (metadata from the hooks)
+ * is the fallback for a jemalloc without the experimental call. */
+static int create_with_hooks(struct carver *c, unsigned *arena)
+{
+    extent_hooks_t *hooks = &c->hooks;
+    size_t sz = sizeof(*arena);
+#if JEMALLOC_VERSION_MAJOR == 5 && JEMALLOC_VERSION_MINOR == 3
+    struct je_arena_config cfg = {.extent_hooks = hooks, .metadata_use_hooks = false};
+    if (mallctl("experimental.arenas_create_ext", arena, &sz, &cfg, sizeof(cfg)) == 0)
+        return 0;
+#endif
+    return mallctl("arenas.create", arena, &sz, &hooks, sizeof(hooks));
+}
+
+static int make_arena(struct carver *c, unsigned *arena)
+{
+    int rc = create_with_hooks(c, arena);
+    if (rc)
+        return sr__fail(-rc, "sr_heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
+    size_t lim = (size_t)grow_limit(c->len);
+    rc = arena_ctl(*arena, "retain_grow_limit", &lim, sizeof(lim));
+    if (rc)
+        sr__heap_arena_destroy(*arena);
+    return rc;
+}
+
+int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
+{
+    struct carver *c = &carver;
+    if (c->base)
+        return sr__fail(-EBUSY, "sr_heap_attach", "this process already has a heap arena");
+    /* Empty the area: the zero invariant holds even if it was used before. */
+    if (madvise(area, len, MADV_REMOVE) != 0)
+        return sr__fail(-errno, "sr_heap_attach", "madvise(MADV_REMOVE) of the %llu-byte heap area: %s",
+                        (unsigned long long)len, strerror(errno));
+    pthread_mutex_lock(&c->lock);
+    c->base = area;
+    c->len = len;
+    c->bump = c->huge_live = 0;
+    c->nfree = 0;
+    /* relaxed: no hook runs before the arena exists */
+    atomic_store_explicit(&c->keep_pages, false, memory_order_relaxed);
+    pthread_mutex_unlock(&c->lock);
+    int rc = make_arena(c, arena);
+    if (rc) {
+        pthread_mutex_lock(&c->lock);
+        c->base = NULL;
+        pthread_mutex_unlock(&c->lock);
+    }
+    return rc;
+}
+
+void sr__heap_arena_destroy(unsigned arena)
+{
+    struct carver *c = &carver;
+    /* relaxed: the caller guarantees no allocation runs during destroy; the
+     * hooks that read it run on this thread, inside mallctl below */
+    atomic_store_explicit(&c->keep_pages, true, memory_order_relaxed);
+    char name[64];
+    snprintf(name, sizeof(name), "arena.%u.destroy", arena);
+    int rc = mallctl(name, NULL, NULL, NULL, 0);
+    if (rc)
+        fprintf(stderr, "shmrpc: sr_heap_detach: mallctl(\"%s\"): %s\n", name, strerror(rc));
+    pthread_mutex_lock(&c->lock);
+    c->base = NULL;
+    c->len = c->bump = c->huge_live = 0;
+    c->nfree = 0;
+    atomic_store_explicit(&c->keep_pages, false, memory_order_relaxed); /* relaxed: as above */
+    pthread_mutex_unlock(&c->lock);
+}
+
+int sr__heap_arena_purge(unsigned arena)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "arena.%u.purge", arena);
+    int rc = mallctl(name, NULL, NULL, NULL, 0);
+    return rc ? sr__fail(-rc, "sr_heap_purge", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
+}
+
+static size_t stat_read(unsigned arena, const char *what)
+{
+    char name[64];
+    size_t v = 0, sz = sizeof(v);
+    snprintf(name, sizeof(name), "stats.arenas.%u.%s", arena, what);
+    return mallctl(name, &v, &sz, NULL, 0) ? 0 : v;
+}
+
+size_t sr__heap_arena_allocated(unsigned arena)
+{
+    uint64_t epoch = 1;
+    size_t sz = sizeof(epoch);
+    /* the stats are a snapshot taken at the last epoch bump */
+    if (mallctl("epoch", &epoch, &sz, &epoch, sz) != 0)
+        return 0;
+    return stat_read(arena, "small.allocated") + stat_read(arena, "large.allocated");
+}
+
+void sr__heap_extent_stats(struct sr_heap_extent_stats *out)
+{
+    struct carver *c = &carver;
+    pthread_mutex_lock(&c->lock);
+    *out = (struct sr_heap_extent_stats){.area = c->len, .bump = c->bump, .dropped = c->dropped,
+                                         .nfree = c->nfree, .huge_live = c->huge_live};
+    out->punched = atomic_load_explicit(&c->punched, memory_order_relaxed); /* relaxed: statistics */
+    for (unsigned i = 0; i < c->nfree; i++)
+        out->free_bytes += c->free[i].len;
+    pthread_mutex_unlock(&c->lock);
+}

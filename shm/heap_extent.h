@@ -1,0 +1,58 @@
+/* The extent side of the shared heap: one jemalloc arena per process whose
+ * extents are carved from that worker's heap area of the segment.
+ *
+ * heap.c (the block side) owns the arena index; this file owns the extent
+ * hooks and the carve allocator behind them. Everything here is private to
+ * the process: jemalloc's bookkeeping never lives in a place a peer reads,
+ * only the pages it hands out do. See docs/HEAP.md.
+ *
+ * Threads: the hooks run on whichever thread of the process makes jemalloc
+ * need an extent; the carve allocator has its own lock. create/destroy must
+ * not run concurrently with any allocation in the arena.
+ */
+#ifndef SR_SHM_HEAP_EXTENT_H
+#define SR_SHM_HEAP_EXTENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Counters of the carve allocator (process-private; read under its lock). */
+struct sr_heap_extent_stats {
+    uint64_t area;       /* bytes of the heap area */
+    uint64_t bump;       /* high-water mark: [bump, area) was never handed out */
+    uint64_t free_bytes; /* below bump, on the free list */
+    uint64_t punched;    /* bytes given back to the kernel (MADV_REMOVE), cumulative */
+    uint64_t dropped;    /* address space lost because the free-range table was full */
+    uint64_t huge_live;  /* bytes of huge blocks live (page-rounded) */
+    unsigned nfree;      /* free ranges */
+};
+
+/* Create the process's arena over [area, area + len): the area is emptied
+ * first (every page given back, so all of it reads as zero), then
+ * arenas.create installs the hooks and arena.<i>.retain_grow_limit caps each
+ * grow step. area must be page-aligned; only one arena may exist per process.
+ * Errors: -EBUSY one exists; -EINVAL/-errno madvise failed; -errno from mallctl. */
+int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
+
+/* Destroy the arena (arena.<i>.destroy). Every page is left as it is, so a
+ * peer still holding one of its blocks reads valid data until the segment
+ * goes; the area is then forgotten. */
+void sr__heap_arena_destroy(unsigned arena);
+
+/* Give every unused dirty page of the arena back to the kernel now
+ * (arena.<i>.purge). 0 or -errno. */
+int sr__heap_arena_purge(unsigned arena);
+
+/* small.allocated + large.allocated of the arena after an epoch refresh. */
+size_t sr__heap_arena_allocated(unsigned arena);
+
+void sr__heap_extent_stats(struct sr_heap_extent_stats *out);
+
+/* Pages for a huge block's data, cut straight from the area, bypassing
+ * jemalloc (len rounded up to pages; page-aligned; reads as zero). NULL if
+ * no free range is large enough. Any thread. */
+void *sr__heap_huge_alloc(size_t len);
+/* Give them back: punched out of the memfd, then free for reuse at once. */
+void sr__heap_huge_free(void *p, size_t len);
+
+#endif

@@ -1,0 +1,381 @@
+/* The local autograd engine: accumulation, retain_graph, hooks, grad mode,
+ * PyTorch's error texts, and the extension points distributed autograd uses
+ * (pluggable nodes, gradient sinks, extra roots fed later). */
+#include <errno.h>
+#include <pthread.h>
+
+#include "autograd/engine.h"
+#include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(autograd);
+LEAK_CHECKED_SUITE(engine);
+
+static void unref_all(sr_tensor **ts, int n)
+{
+    for (int i = 0; i < n; i++)
+        sr_tensor_unref(ts[i]);
+}
+
+struct hook_log {
+    int calls;
+    double first;
+    double scale; /* replace the gradient by grad * scale when != 0 */
+    int fail;     /* return this error */
+};
+
+static int log_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    struct hook_log *h = arg;
+    double v[16];
+    sr_tensor_to_f64(grad, v, 16);
+    if (h->calls++ == 0)
+        h->first = v[0];
+    if (h->fail)
+        return h->fail;
+    if (h->scale != 0)
+        *replace = sr_mul_scalar(grad, h->scale);
+    return 0;
+}
+
+Test(autograd, leaf_used_twice_accumulates_and_passes_add_up)
+{
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(3), VALS(1, 2, 3), SR_REQUIRES_GRAD);
+    sr_tensor *sq = sr_mul(x, x), *y = sr_add(sq, x), *loss = sr_sum(y);
+    cr_assert_str_eq(sr_tensor_grad_fn_name(sq), "MulBackward0");
+    cr_assert_null(sr_tensor_grad_fn_name(x));
+    cr_assert(sr_tensor_is_leaf(x) && !sr_tensor_is_leaf(y));
+    cr_assert_eq(sr_backward(loss, true), 0, "%s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(3, 5, 7), 3, 0, 0, "2x + 1");
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(6, 10, 14), 3, 0, 0, "a second pass accumulates");
+    cr_assert_eq(sr_tensor_set_grad(x, NULL), 0);
+    cr_assert_null(sr_tensor_grad(x));
+    sr_tensor *ts[] = {x, sq, y, loss};
+    unref_all(ts, 4);
+}
+
+Test(autograd, errors_mirror_pytorch)
+{
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(3), SR_REQUIRES_GRAD), *c = sr_ones(SR_F64, 1, SHAPE(3), 0);
+    sr_tensor *y = sr_mul(x, x), *loss = sr_sum(y), *cs = sr_sum(c);
+    cr_assert_eq(sr_backward(y, false), -EINVAL);
+    tu_expect_error("non-scalar", "grad can be implicitly created only for scalar outputs", NULL);
+    cr_assert_eq(sr_backward(cs, false), -EINVAL);
+    tu_expect_error("no grad", "element 0 of tensors does not require grad and does not have a grad_fn", NULL);
+    cr_assert_eq(sr_backward_multi((sr_tensor *[]){loss, cs}, NULL, 2, true), -EINVAL);
+    tu_expect_error("second root", "element 1 of tensors does not require grad", NULL);
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_backward(loss, false), -EPERM);
+    tu_expect_error("twice", "Trying to backward through the graph a second time", "retain_graph");
+    cr_assert_eq(sr_tensor_set_requires_grad(y, false), -EINVAL);
+    tu_expect_error("non-leaf", "you can only change requires_grad flags of leaf variables", NULL);
+    cr_assert_eq(sr_tensor_register_hook(c, log_hook, NULL), -EINVAL);
+    tu_expect_error("hook", "cannot register a hook on a tensor that doesn't require gradient", NULL);
+    sr_tensor *ts[] = {x, c, y, loss, cs};
+    unref_all(ts, 5);
+}
+
+Test(autograd, a_graph_without_saved_tensors_can_run_twice)
+{
+    sr_tensor *x = sr_ones(SR_F32, 1, SHAPE(2), SR_REQUIRES_GRAD), *y = sr_add_scalar(x, 1), *l = sr_sum(y);
+    cr_assert_eq(sr_backward(l, false), 0);
+    cr_assert_eq(sr_backward(l, false), 0, "as in PyTorch, nothing was freed: %s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(2, 2), 2, 0, 0, "two passes");
+    sr_tensor *ts[] = {x, y, l};
+    unref_all(ts, 3);
+}
+
+Test(autograd, explicit_root_gradients)
+{
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD), *y = sr_mul_scalar(x, 3);
+    sr_tensor *g = tu_tensor(SR_F64, 1, SHAPE(2), VALS(10, -1), 0), *bad = sr_ones(SR_F64, 1, SHAPE(3), 0);
+    cr_assert_eq(sr_backward_multi(&y, &bad, 1, true), -EINVAL);
+    tu_expect_error("shape", "Mismatch in shape: grad_output[0]", "[3]");
+    cr_assert_eq(sr_backward_multi(&y, &g, 1, false), 0, "%s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(30, -3), 2, 0, 0, "vector-Jacobian product");
+    sr_tensor *ts[] = {x, y, g, bad};
+    unref_all(ts, 4);
+}
+
+Test(autograd, gradients_of_two_leaves_do_not_alias)
+{
+    /* AddBackward hands the same tensor to both inputs; each .grad must own its storage */
+    sr_tensor *a = sr_zeros(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *b = sr_zeros(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD);
+    sr_tensor *y = sr_add(a, b), *g = sr_ones(SR_F64, 1, SHAPE(2), 0);
+    cr_assert_eq(sr_backward_multi(&y, &g, 1, false), 0);
+    cr_assert(!sr_tensor_shares_storage(sr_tensor_grad(a), sr_tensor_grad(b)));
+    cr_assert_eq(sr_fill_(sr_tensor_grad(a), 5), 0);
+    tu_expect(sr_tensor_grad(b), VALS(1, 1), 2, 0, 0, "b's grad");
+    tu_expect(g, VALS(1, 1), 2, 0, 0, "the caller's gradient");
+    sr_tensor *ts[] = {a, b, y, g};
+    unref_all(ts, 4);
+}
+
+Test(autograd, in_place_change_of_a_saved_tensor_is_detected)
+{
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *w = sr_ones(SR_F64, 1, SHAPE(2), 0);
+    sr_tensor *y = sr_mul(x, w), *l = sr_sum(y);
+    bool prev = sr_no_grad_enter();
+    cr_assert_eq(sr_mul_scalar_(w, 2), 0);
+    sr_no_grad_exit(prev);
+    cr_assert_eq(sr_backward(l, false), -EPERM);
+    tu_expect_error("version", "modified by an inplace operation", "expected version 0");
+    sr_tensor *ts[] = {x, w, y, l};
+    unref_all(ts, 4);
+}
+
+Test(autograd, leaf_hooks_see_the_total_and_may_replace_it)
+{
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD);
+    struct hook_log h1 = {.scale = 10}, h2 = {0};
+    cr_assert_eq(sr_tensor_register_hook(x, log_hook, &h1), 0);
+    cr_assert_eq(sr_tensor_register_hook(x, log_hook, &h2), 0);
+    sr_tensor *a = sr_mul_scalar(x, 2), *b = sr_mul_scalar(x, 3), *s = sr_add(a, b), *l = sr_sum(s);
+    cr_assert_eq(sr_backward(l, false), 0, "%s", sr_last_error());
+    cr_assert_eq(h1.calls, 1, "once, on the total of both uses");
+    cr_assert_eq(h1.first, 5);
+    cr_assert_eq(h2.first, 50, "hooks run in order, each seeing the previous replacement");
+    tu_expect(sr_tensor_grad(x), VALS(50, 50), 2, 0, 0, "replaced gradient accumulated");
+    sr_tensor *ts[] = {x, a, b, s, l};
+    unref_all(ts, 5);
+}
+
+Test(autograd, hooks_on_intermediates_and_failing_hooks)
+{
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *y = sr_mul_scalar(x, 2);
+    struct hook_log h = {.scale = -1};
+    cr_assert_eq(sr_tensor_register_hook(y, log_hook, &h), 0);
+    sr_tensor *r1 = sr_sum(y), *y3 = sr_mul_scalar(y, 3), *r2 = sr_sum(y3);
+    cr_assert_eq(sr_backward_multi((sr_tensor *[]){r1, r2}, NULL, 2, true), 0, "%s", sr_last_error());
+    cr_assert_eq(h.calls, 1, "y's node runs once, after both roots' gradients arrived");
+    cr_assert_eq(h.first, 4);
+    tu_expect(sr_tensor_grad(x), VALS(-8, -8), 2, 0, 0, "replaced upstream");
+    h.fail = -ECANCELED;
+    cr_assert_eq(sr_backward(r1, true), -ECANCELED, "a hook's error aborts the pass");
+    sr_tensor *ts[] = {x, y, r1, y3, r2};
+    unref_all(ts, 5);
+}
+
+Test(autograd, detach_and_no_grad_record_nothing)
+{
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *d = sr_detach(x);
+    cr_assert(!sr_tensor_requires_grad(d) && sr_tensor_shares_storage(d, x));
+    bool prev = sr_no_grad_enter();
+    cr_assert(!sr_is_grad_enabled());
+    sr_tensor *y = sr_mul(x, x);
+    sr_no_grad_exit(prev);
+    cr_assert(!sr_tensor_requires_grad(y) && !sr_tensor_grad_fn_name(y));
+    cr_assert(sr_set_grad_enabled(true));
+    sr_tensor *ts[] = {x, d, y};
+    unref_all(ts, 3);
+}
+
+static void *grad_mode_of_new_thread(void *arg)
+{
+    *(bool *)arg = sr_is_grad_enabled();
+    return NULL;
+}
+
+Test(autograd, grad_mode_is_per_thread)
+{
+    bool prev = sr_no_grad_enter(), other = false;
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, grad_mode_of_new_thread, &other), 0);
+    pthread_join(th, NULL);
+    sr_no_grad_exit(prev);
+    cr_assert(other, "another thread keeps grad mode on");
+}
+
+Test(autograd, a_long_chain_backpropagates_and_frees_without_recursion)
+{
+    enum { N = 100000 };
+    sr_tensor *x = sr_ones(SR_F32, 0, NULL, SR_REQUIRES_GRAD), *y = sr_tensor_ref(x);
+    for (int i = 0; i < N; i++) {
+        sr_tensor *next = sr_add_scalar(y, 1);
+        sr_tensor_unref(y);
+        y = next;
+    }
+    cr_assert_float_eq(sr_tensor_item(y), N + 1, 0.5);
+    cr_assert_eq(sr_backward(y, false), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_tensor_item(sr_tensor_grad(x)), 1);
+    sr_tensor_unref(y); /* drops N nodes */
+    sr_tensor_unref(x);
+}
+
+struct train {
+    sr_tensor *w;
+    double k;
+};
+
+static void *train_thread(void *arg)
+{
+    struct train *t = arg;
+    for (int i = 0; i < 200; i++) {
+        sr_tensor *y = sr_mul_scalar(t->w, t->k), *l = sr_sum(y);
+        if (sr_backward(l, false))
+            return (void *)1;
+        sr_tensor_unref(y);
+        sr_tensor_unref(l);
+    }
+    return NULL;
+}
+
+Test(autograd, concurrent_passes_accumulate_into_one_leaf)
+{
+    sr_tensor *w = sr_ones(SR_F64, 1, SHAPE(4), SR_REQUIRES_GRAD);
+    struct train a = {w, 1}, b = {w, 2};
+    pthread_t ta, tb;
+    void *ra, *rb;
+    pthread_create(&ta, NULL, train_thread, &a);
+    pthread_create(&tb, NULL, train_thread, &b);
+    pthread_join(ta, &ra);
+    pthread_join(tb, &rb);
+    cr_assert(!ra && !rb);
+    tu_expect(sr_tensor_grad(w), VALS(600, 600, 600, 600), 4, 0, 0, "200 * (1 + 2)");
+    sr_tensor_unref(w);
+}
+
+/* ---- extension points (engine.h) ---- */
+
+struct triple_node {
+    sr_node base;
+    int *released, *destroyed;
+};
+
+static int triple_apply(sr_node *n, sr_tensor *const *in, sr_tensor **out)
+{
+    (void)n;
+    out[0] = sr_mul_scalar(in[0], 3);
+    return out[0] ? 0 : -EINVAL;
+}
+
+static void triple_release(sr_node *n) { (*((struct triple_node *)n)->released)++; }
+static void triple_destroy(sr_node *n) { (*((struct triple_node *)n)->destroyed)++; }
+
+static const sr_node_ops triple_ops = {
+    .name = "TripleBackward", .apply = triple_apply, .release = triple_release, .destroy = triple_destroy};
+
+/* An op defined outside lib/tensor: y = 3x, with its own node type. */
+static sr_tensor *triple(sr_tensor *x, int *released, int *destroyed)
+{
+    bool prev = sr_no_grad_enter();
+    sr_tensor *y = sr_mul_scalar(x, 3);
+    sr_no_grad_exit(prev);
+    struct triple_node *n = (struct triple_node *)sr__node_for_inputs(&triple_ops, sizeof(*n), &x, 1, 1, 0);
+    n->released = released;
+    n->destroyed = destroyed;
+    return sr__attach(y, &n->base);
+}
+
+Test(engine, node_types_plug_in_from_outside)
+{
+    int released = 0, destroyed = 0;
+    sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *y = triple(x, &released, &destroyed);
+    sr_tensor *l = sr_sum(y);
+    cr_assert_str_eq(sr_tensor_grad_fn_name(y), "TripleBackward");
+    cr_assert_eq(sr_backward(l, false), 0, "%s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(3, 3), 2, 0, 0, "custom node's gradient");
+    cr_assert_eq(released, 1, "released after running without retain_graph");
+    sr_tensor_unref(l);
+    sr_tensor_unref(y);
+    cr_assert_eq(destroyed, 1, "destroyed with its last reference");
+    sr_tensor_unref(x);
+}
+
+struct capture_sink {
+    sr_grad_sink sink;
+    sr_tensor *leaf[4], *grad[4];
+    int n;
+};
+
+static int capture(sr_grad_sink *s, sr_tensor *leaf, sr_tensor *grad)
+{
+    struct capture_sink *c = (struct capture_sink *)s;
+    c->leaf[c->n] = leaf;
+    c->grad[c->n++] = sr_clone(grad);
+    return 0;
+}
+
+/* A stand-in for SendRpcBackward: its gradient arrives later, by "RPC". */
+static int pass_apply(sr_node *n, sr_tensor *const *in, sr_tensor **out)
+{
+    (void)n;
+    out[0] = sr_tensor_ref(in[0]);
+    return 0;
+}
+
+static const sr_node_ops send_ops = {.name = "SendRpcBackward", .apply = pass_apply};
+
+Test(engine, fast_mode_send_function_as_extra_root_with_a_sink)
+{
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD);
+    struct hook_log h = {0};
+    cr_assert_eq(sr_tensor_register_hook(x, log_hook, &h), 0);
+    sr_tensor *y = sr_mul(x, x), *loss = sr_sum(y);
+    /* the send function: x went to another worker, which will return its gradient */
+    sr_node *send = sr__node_create(&send_ops, sizeof(sr_node), 1, 1, 0);
+    sr_edge xe = sr__tensor_gradient_edge(x);
+    sr__node_set_edge(send, 0, xe);
+    sr__node_unref(xe.fn);
+
+    struct capture_sink cs = {.sink.accumulate = capture};
+    sr_graph_task *g;
+    cr_assert_eq(sr__graph_task_create(false, &cs.sink, &g), 0);
+    sr_edge root = sr__tensor_gradient_edge(loss);
+    cr_assert_eq(sr__graph_task_add_root(g, root), 0);
+    cr_assert_eq(sr__graph_task_add_root(g, (sr_edge){send, 0}), 0);
+    sr_tensor *one = sr_scalar_tensor(SR_F64, 1, 0);
+    cr_assert_eq(sr__graph_task_feed(g, root, one), 0);
+    cr_assert_eq(sr__graph_task_run(g), 0, "%s", sr_last_error());
+    cr_assert_eq(cs.n, 0, "x's accumulator waits for the send function");
+    cr_assert_eq(sr__graph_task_pending(g), 2, "send and AccumulateGrad are pending");
+    sr_tensor *remote = tu_tensor(SR_F64, 1, SHAPE(2), VALS(100, 200), 0);
+    cr_assert_eq(sr__graph_task_feed_node(g, send, &remote), 0);
+    cr_assert_eq(sr__graph_task_feed_node(g, send, &remote), -EINVAL, "one RPC per send function");
+    sr__graph_task_destroy(g);
+
+    cr_assert_eq(sr__graph_task_create(false, &cs.sink, &g), 0);
+    cr_assert_eq(sr__graph_task_add_root(g, (sr_edge){send, 0}), 0);
+    cr_assert_eq(sr__graph_task_feed(g, root, one), -EINVAL, "a node outside the pass");
+    sr__graph_task_destroy(g);
+    sr__node_unref(root.fn);
+    sr__node_unref(send);
+    sr_tensor *ts[] = {x, y, loss, one, remote};
+    unref_all(ts, 5);
+}
+
+Test(engine, sink_receives_the_total_after_hooks)
+{
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD);
+    struct hook_log h = {.scale = 2};
+    cr_assert_eq(sr_tensor_register_hook(x, log_hook, &h), 0);
+    sr_tensor *y = sr_mul(x, x), *loss = sr_sum(y);
+    sr_node *send = sr__node_create(&send_ops, sizeof(sr_node), 1, 1, 0);
+    sr_edge xe = sr__tensor_gradient_edge(x);
+    sr__node_set_edge(send, 0, xe);
+    sr__node_unref(xe.fn);
+    struct capture_sink cs = {.sink.accumulate = capture};
+    sr_graph_task *g;
+    sr_edge root = sr__tensor_gradient_edge(loss);
+    sr_tensor *one = sr_scalar_tensor(SR_F64, 1, 0), *remote = tu_tensor(SR_F64, 1, SHAPE(2), VALS(100, 200), 0);
+    cr_assert_eq(sr__graph_task_create(false, &cs.sink, &g), 0);
+    cr_assert_eq(sr__graph_task_add_root(g, root), 0);
+    cr_assert_eq(sr__graph_task_add_root(g, (sr_edge){send, 0}), 0);
+    cr_assert_eq(sr__graph_task_feed(g, root, one), 0);
+    cr_assert_eq(sr__graph_task_run(g), 0);
+    cr_assert_eq(sr__graph_task_feed_node(g, send, &remote), 0); /* the RPC arrives */
+    cr_assert_eq(sr__graph_task_run(g), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__graph_task_pending(g), 0);
+    cr_assert_eq(cs.n, 1, "one leaf, one delivery");
+    cr_assert_eq(cs.leaf[0], x);
+    tu_expect(cs.grad[0], VALS(2 * (2 + 100), 2 * (4 + 200)), 2, 0, 0, "2x + remote, doubled by the hook");
+    cr_assert_null(sr_tensor_grad(x), ".grad is untouched with a sink");
+    cr_assert_eq(h.calls, 1);
+    sr__graph_task_destroy(g);
+    sr__node_unref(root.fn);
+    sr__node_unref(send);
+    sr_tensor_unref(cs.grad[0]);
+    sr_tensor *ts[] = {x, y, loss, one, remote};
+    unref_all(ts, 5);
+}

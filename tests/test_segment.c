@@ -1,0 +1,345 @@
+/* Segment creation and attach: every way a segment or a launch environment
+ * can be wrong gives the documented -errno and a message naming the value.
+ *
+ * A bad segment is made by creating a valid one and then breaking one field
+ * of its header (or of a copy of it, for the file-size cases).
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "error.h"
+#include "segment.h"
+#include "xport.h"
+
+LEAK_CHECKED_SUITE(launch_env);
+LEAK_CHECKED_SUITE(segment_create);
+LEAK_CHECKED_SUITE(xport_attach);
+
+#define MIB (UINT64_C(1) << 20)
+
+static sr_segment seg;
+
+/* The smallest valid segment for two workers. */
+static void make_segment(void)
+{
+    sr_segment_opts o = {.world_size = 2, .ring_slots = 64, .name = test_ns("seg")};
+    o.size = sr_segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
+    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+}
+
+static void drop_segment(void)
+{
+    if (seg.base)
+        sr_segment_detach(&seg, true);
+    sr_test_no_leaks();
+}
+
+static void assert_msg(const char *want)
+{
+    cr_assert(strstr(sr_last_error(), want), "sr_last_error() is '%s'; it should name '%s'", sr_last_error(), want);
+}
+
+/* Attach to seg.fd must fail with err and a message naming want. */
+static void assert_attach_fails(int err, const char *want)
+{
+    sr_segment other = {.fd = -1};
+    int rc = sr_segment_attach(seg.fd, &other);
+    cr_assert_eq(rc, err, "attach returned %d (%s), expected %d", rc, sr_last_error(), err);
+    cr_assert_null(other.base, "a failed attach left a mapping");
+    assert_msg("sr_segment_attach");
+    assert_msg(want);
+}
+
+TestSuite(segment_attach, .init = make_segment, .fini = drop_segment);
+
+Test(segment_attach, a_valid_segment_attaches)
+{
+    sr_segment other;
+    cr_assert_eq(sr_segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
+    cr_assert_eq(other.hdr->world_size, 2);
+    cr_assert_eq(other.size, seg.size);
+    sr_segment_detach(&other, false);
+}
+
+Test(segment_attach, wrong_magic_is_eproto)
+{
+    seg.hdr->magic = UINT64_C(0x1122334455667788);
+    assert_attach_fails(-EPROTO, "magic 0x1122334455667788");
+}
+
+Test(segment_attach, wrong_layout_format_is_eproto)
+{
+    seg.hdr->layout_format = SR_SEG_LAYOUT_FORMAT + 6;
+    char want[64];
+    snprintf(want, sizeof(want), "layout format %u", SR_SEG_LAYOUT_FORMAT + 6);
+    assert_attach_fails(-EPROTO, want);
+}
+
+Test(segment_attach, wrong_version_is_eproto)
+{
+    seg.hdr->version = SR_SEG_VERSION + 41;
+    char want[64];
+    snprintf(want, sizeof(want), "version %u", SR_SEG_VERSION + 41);
+    assert_attach_fails(-EPROTO, want);
+}
+
+Test(segment_attach, world_size_0_is_einval)
+{
+    seg.hdr->world_size = 0;
+    assert_attach_fails(-EINVAL, "world size 0");
+}
+
+Test(segment_attach, world_size_too_large_is_einval)
+{
+    seg.hdr->world_size = SR_MAX_WORKERS + 1;
+    assert_attach_fails(-EINVAL, "world size 4097");
+}
+
+Test(segment_attach, ring_slots_not_a_power_of_two_is_einval)
+{
+    seg.hdr->ring_slots = 48;
+    assert_attach_fails(-EINVAL, "inconsistent");
+}
+
+Test(segment_attach, heap_past_the_end_of_the_file_is_einval)
+{
+    seg.hdr->heap_stride += SR_HEAP_ALIGN;
+    assert_attach_fails(-EINVAL, "inconsistent");
+}
+
+/* A plain memfd holding a copy of seg's header page, `size` bytes long. */
+static int copy_header(uint64_t size)
+{
+    int fd = memfd_create(test_ns("copy"), MFD_CLOEXEC);
+    cr_assert(fd >= 0, "memfd_create: %s", strerror(errno));
+    cr_assert_eq(ftruncate(fd, (off_t)size), 0, "ftruncate: %s", strerror(errno));
+    cr_assert_eq(pwrite(fd, seg.base, SR_SEG_HEADER_SIZE, 0), (ssize_t)SR_SEG_HEADER_SIZE, "pwrite");
+    return fd;
+}
+
+static void assert_copy_fails(uint64_t size, int err, const char *want)
+{
+    int fd = copy_header(size);
+    sr_segment other = {.fd = -1};
+    int rc = sr_segment_attach(fd, &other);
+    cr_assert_eq(rc, err, "attach of %llu bytes returned %d (%s)", (unsigned long long)size, rc, sr_last_error());
+    assert_msg(want);
+    close(fd);
+}
+
+Test(segment_attach, a_file_larger_than_the_header_says_is_einval)
+{
+    char want[96];
+    snprintf(want, sizeof(want), "header says %llu bytes, file has %llu", (unsigned long long)seg.size,
+             (unsigned long long)(seg.size + 2 * MIB));
+    assert_copy_fails(seg.size + 2 * MIB, -EINVAL, want);
+}
+
+Test(segment_attach, a_file_smaller_than_the_header_says_is_einval)
+{
+    char want[96];
+    snprintf(want, sizeof(want), "header says %llu bytes, file has %llu", (unsigned long long)seg.size,
+             (unsigned long long)(seg.size - 2 * MIB));
+    assert_copy_fails(seg.size - 2 * MIB, -EINVAL, want);
+}
+
+Test(segment_attach, a_file_smaller_than_a_header_is_eproto)
+{
+    int fd = memfd_create(test_ns("tiny"), MFD_CLOEXEC);
+    cr_assert(fd >= 0);
+    cr_assert_eq(ftruncate(fd, 100), 0);
+    sr_segment other;
+    cr_assert_eq(sr_segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
+    assert_msg("100 bytes is too small");
+    close(fd);
+}
+
+Test(segment_attach, an_empty_file_is_eproto)
+{
+    int fd = memfd_create(test_ns("empty"), MFD_CLOEXEC);
+    cr_assert(fd >= 0);
+    sr_segment other;
+    cr_assert_eq(sr_segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
+    assert_msg("0 bytes is too small");
+    close(fd);
+}
+
+Test(segment_attach, a_closed_fd_is_ebadf)
+{
+    int fd = dup(seg.fd);
+    close(fd);
+    sr_segment other;
+    cr_assert_eq(sr_segment_attach(fd, &other), -EBADF, "%s", sr_last_error());
+    char want[32];
+    snprintf(want, sizeof(want), "fd %d", fd);
+    assert_msg(want);
+    cr_assert_eq(sr_segment_attach(-1, &other), -EBADF, "%s", sr_last_error());
+    assert_msg("fd -1");
+}
+
+/* sr_segment_create's option checks. */
+static void assert_create_fails(sr_segment_opts o, const char *want)
+{
+    sr_segment s = {.fd = -1};
+    o.name = test_ns("bad");
+    int rc = sr_segment_create(&o, &s);
+    cr_assert_eq(rc, -EINVAL, "sr_segment_create returned %d (%s), expected -EINVAL", rc, sr_last_error());
+    cr_assert_null(s.base, "a failed create left a mapping");
+    assert_msg("sr_segment_create");
+    assert_msg(want);
+}
+
+Test(segment_create, world_size_0) { assert_create_fails((sr_segment_opts){.world_size = 0}, "world size 0"); }
+Test(segment_create, world_size_negative) { assert_create_fails((sr_segment_opts){.world_size = -3}, "world size -3"); }
+Test(segment_create, world_size_too_large)
+{
+    assert_create_fails((sr_segment_opts){.world_size = SR_MAX_WORKERS + 1}, "world size 4097");
+}
+Test(segment_create, ring_slots_not_a_power_of_two)
+{
+    assert_create_fails((sr_segment_opts){.world_size = 2, .ring_slots = 1000}, "ring size 1000");
+}
+Test(segment_create, ring_slots_1) { assert_create_fails((sr_segment_opts){.world_size = 2, .ring_slots = 1}, "ring size 1"); }
+Test(segment_create, size_too_small_for_the_workers)
+{
+    uint64_t need = sr_segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
+    char want[96];
+    snprintf(want, sizeof(want), "size %llu bytes is too small for 3 workers (need at least %llu",
+             (unsigned long long)(need - 1), (unsigned long long)need);
+    assert_create_fails((sr_segment_opts){.world_size = 3, .ring_slots = 64, .size = need - 1}, want);
+}
+
+Test(segment_create, the_smallest_size_is_accepted)
+{
+    uint64_t need = sr_segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
+    sr_segment s;
+    sr_segment_opts o = {.world_size = 3, .ring_slots = 64, .size = need, .name = test_ns("min")};
+    cr_assert_eq(sr_segment_create(&o, &s), 0, "%s", sr_last_error());
+    cr_assert_geq(s.hdr->heap_stride, SR_HEAP_MIN, "heap stride %llu", (unsigned long long)s.hdr->heap_stride);
+    sr_segment_detach(&s, true);
+}
+
+/* sr__launch_env_get: the variables shmrun sets. */
+static void set_env(const char *fd, const char *rank, const char *world)
+{
+    fd ? setenv("SHMRPC_FD", fd, 1) : unsetenv("SHMRPC_FD");
+    rank ? setenv("SHMRPC_RANK", rank, 1) : unsetenv("SHMRPC_RANK");
+    world ? setenv("SHMRPC_WORLD_SIZE", world, 1) : unsetenv("SHMRPC_WORLD_SIZE");
+}
+
+static void assert_env_fails(int err, const char *want)
+{
+    struct sr_launch_env e;
+    int rc = sr__launch_env_get(&e);
+    cr_assert_eq(rc, err, "sr__launch_env_get returned %d (%s), expected %d", rc, sr_last_error(), err);
+    assert_msg(want);
+}
+
+Test(launch_env, fd_unset_is_enoent)
+{
+    set_env(NULL, "0", "2");
+    assert_env_fails(-ENOENT, "SHMRPC_FD is not set");
+}
+Test(launch_env, fd_garbage)
+{
+    set_env("abc", "0", "2");
+    assert_env_fails(-EINVAL, "SHMRPC_FD=\"abc\"");
+}
+Test(launch_env, fd_trailing_garbage)
+{
+    set_env("7x", "0", "2");
+    assert_env_fails(-EINVAL, "SHMRPC_FD=\"7x\"");
+}
+Test(launch_env, fd_negative)
+{
+    set_env("-1", "0", "2");
+    assert_env_fails(-EINVAL, "SHMRPC_FD=\"-1\"");
+}
+Test(launch_env, fd_out_of_range)
+{
+    set_env("99999999999", "0", "2");
+    assert_env_fails(-EINVAL, "SHMRPC_FD=\"99999999999\"");
+}
+Test(launch_env, world_size_0)
+{
+    set_env("5", "0", "0");
+    assert_env_fails(-EINVAL, "SHMRPC_WORLD_SIZE=\"0\"");
+}
+Test(launch_env, world_size_missing)
+{
+    set_env("5", "0", NULL);
+    assert_env_fails(-EINVAL, "missing");
+}
+Test(launch_env, rank_equal_to_world_size)
+{
+    set_env("5", "4", "4");
+    assert_env_fails(-EINVAL, "SHMRPC_RANK=\"4\"");
+}
+Test(launch_env, rank_missing)
+{
+    set_env("5", NULL, "4");
+    assert_env_fails(-EINVAL, "missing");
+}
+Test(launch_env, valid_values_are_returned)
+{
+    set_env("5", "3", "4");
+    struct sr_launch_env e;
+    cr_assert_eq(sr__launch_env_get(&e), 0, "%s", sr_last_error());
+    cr_assert(e.fd == 5 && e.rank == 3 && e.world_size == 4, "got fd %d rank %d world %d", e.fd, e.rank, e.world_size);
+}
+Test(launch_env, sr_spawn_values_win_over_the_environment)
+{
+    set_env("abc", NULL, NULL);
+    sr__launch_env_set(&(struct sr_launch_env){.fd = 9, .rank = 1, .world_size = 2});
+    struct sr_launch_env e;
+    cr_assert_eq(sr__launch_env_get(&e), 0, "%s", sr_last_error());
+    cr_assert(e.fd == 9 && e.rank == 1 && e.world_size == 2, "got fd %d rank %d world %d", e.fd, e.rank, e.world_size);
+}
+
+/* The transport on a bad segment: the worker's view of the same checks. */
+Test(xport_attach, a_segment_with_a_wrong_version_is_eproto, .init = make_segment, .fini = drop_segment)
+{
+    seg.hdr->version = 99;
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", dup(seg.fd)); /* the transport closes it on failure */
+    set_env(fd, "0", "2");
+    sr_xport *x = NULL;
+    cr_assert_eq(sr_xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
+    cr_assert_null(x);
+    assert_msg("version 99");
+}
+
+Test(xport_attach, a_world_size_that_differs_from_the_segment_is_einval, .init = make_segment, .fini = drop_segment)
+{
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", dup(seg.fd));
+    set_env(fd, "0", "3");
+    sr_xport *x = NULL;
+    cr_assert_eq(sr_xport_attach(NULL, &x), -EINVAL, "%s", sr_last_error());
+    assert_msg("SHMRPC_WORLD_SIZE is 3 but the segment was made for 2 workers");
+}
+
+Test(xport_attach, a_failed_attach_closes_no_unrelated_fd)
+{
+    /* Regression: the transport closed fd 0 (its zeroed segment fd) when
+     * sr_segment_attach failed. */
+    int keep = open("/dev/null", O_RDONLY);
+    cr_assert(keep >= 0);
+    cr_assert_eq(dup2(keep, 0), 0);
+    int fd = memfd_create(test_ns("notaseg"), MFD_CLOEXEC);
+    cr_assert_eq(ftruncate(fd, 1 << 20), 0);
+    char fds[16];
+    snprintf(fds, sizeof(fds), "%d", fd);
+    set_env(fds, "0", "1");
+    sr_xport *x = NULL;
+    cr_assert_eq(sr_xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
+    assert_msg("not a shmrpc segment");
+    cr_assert_neq(fcntl(0, F_GETFD), -1, "sr_xport_attach closed fd 0");
+    close(keep);
+}
