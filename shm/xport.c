@@ -227,6 +227,15 @@ int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
     }
 }
 
+/* Count on a statistic that only the inbox's consumer writes (one thread at
+ * a time; a hand-over of the inbox orders the next one after it). A plain
+ * load and store, not a locked add: this runs on the way to every reply. */
+static inline void consumer_count(_Atomic uint64_t *c, uint64_t n)
+{
+    /* relaxed: a single writer; readers only want a recent value */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
+}
+
 /* Free the slots handed out by the previous recv_burst (see ring.h: freeing
  * them here, not as they are read, keeps that write off the critical path of
  * a reply), and wake the producers that found the inbox full. */
@@ -247,7 +256,7 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
     release_inbox(x);
     unsigned got = sr_ring_read_burst(x->inbox, out, n);
     if (got)
-        atomic_fetch_add_explicit(&x->st.received, got, memory_order_relaxed); /* relaxed: statistics */
+        consumer_count(&x->st.received, got);
     return got;
 }
 
@@ -298,7 +307,7 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
         return SR_WAKE_DOORBELL;
     int64_t budget = sr_xport_spin_budget(x);
     if (budget > 0 && spin(x, budget)) {
-        atomic_fetch_add_explicit(&x->st.spin_hits, 1, memory_order_relaxed); /* relaxed: statistics */
+        consumer_count(&x->st.spin_hits, 1);
         return SR_WAKE_DOORBELL;
     }
     return sr_xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
@@ -313,11 +322,12 @@ void sr_xport_awake(sr_xport *x, int delta)
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     release_inbox(x); /* never sleep holding slots a blocked producer waits for */
-    atomic_fetch_add_explicit(&x->st.sleeps, 1, memory_order_relaxed); /* relaxed: statistics */
+    consumer_count(&x->st.sleeps, 1);
     sr_xport_awake(x, -1);
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = x->fixed_spin ? 0 : sr_now_ns(); /* the clock only feeds the adaptive budget */
     int ev = sr_waiter_sleep(&x->waiter, deadline_ns, ready, arg);
-    adapt(x, sr_now_ns() - t0);
+    if (!x->fixed_spin)
+        adapt(x, sr_now_ns() - t0);
     sr_xport_awake(x, 1);
     return ev;
 }

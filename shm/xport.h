@@ -30,7 +30,9 @@ typedef struct sr_xport_opts {
     const char *name;         /* published in the worker table; NULL: "worker<rank>" */
 } sr_xport_opts;
 
-/* Counters of this worker (relaxed atomics: statistics only). */
+/* Counters of this worker (relaxed atomics: statistics only). sent, wakes
+ * and full are added to by any sending thread; received, sleeps and
+ * spin_hits are written by the inbox's consumer alone. */
 typedef struct sr_xport_stats {
     _Atomic uint64_t sent, received, wakes, sleeps, full, spin_hits;
 } sr_xport_stats;
