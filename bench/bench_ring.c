@@ -65,7 +65,7 @@ struct shared {
     double sleep_wakes_per_rt, spin_sleeps_per_rt;
     int tput_rounds;
     double tput_ns[BENCH_MAX_ROUNDS], tput_floor_ns[BENCH_MAX_ROUNDS];
-    uint64_t tput_sleeps, tput_msgs;
+    uint64_t tput_sleeps, tput_spins, tput_msgs;
     _Atomic uint64_t tput_full; /* every producer adds its count (relaxed: read after the job) */
 };
 static struct shared *sh;
@@ -276,6 +276,7 @@ static int consume_round(sr_xport *x, uint64_t per_producer, const bench_lat *fl
 {
     uint64_t next[MAX_PRODUCERS + 1] = {0}, bad = 0, total = per_producer * (uint64_t)(x->world - 1);
     uint64_t sleeps = atomic_load_explicit(&x->st.sleeps, memory_order_relaxed); /* relaxed: own counter */
+    uint64_t spins = atomic_load_explicit(&x->st.spin_hits, memory_order_relaxed); /* relaxed: own counter */
     int64_t t = bench_now_ns();
     int rc = consume(x, total, next, &bad);
     t = bench_now_ns() - t;
@@ -286,6 +287,7 @@ static int consume_round(sr_xport *x, uint64_t per_producer, const bench_lat *fl
         sh->tput_floor_ns[sh->tput_rounds] = (double)fl->p50 / 2;
         sh->tput_rounds++;
         sh->tput_sleeps += x->st.sleeps - sleeps;
+        sh->tput_spins += x->st.spin_hits - spins;
         sh->tput_msgs += total;
     }
     return rc;
@@ -324,7 +326,7 @@ static int tput_worker(int rank, int world, void *arg)
     int64_t *s = malloc((N_SPIN + N_SPIN / WARMUP_DIV) * sizeof(*s));
     rc = s ? tput_round(x, s, per_producer / 8) : -ENOMEM; /* warm-up round, not recorded */
     if (rank == 0) /* forget the warm-up round */
-        sh->tput_rounds = 0, sh->tput_sleeps = sh->tput_msgs = 0;
+        sh->tput_rounds = 0, sh->tput_sleeps = sh->tput_spins = sh->tput_msgs = 0;
     for (int r = 0; r < ROUNDS && !rc; r++)
         rc = tput_round(x, s, per_producer);
     if (!rc)
@@ -362,16 +364,18 @@ static int run_rtt(uint32_t doorbell, int spin_phase, int *met)
     int rc = sr_spawn(2, rtt_worker, &c, &(sr_spawn_opts){.name_prefix = "bench_ring"});
     if (rc)
         return rc;
-    const char *db = doorbell == SR_DOORBELL_FUTEX ? "io_uring futex doorbell" : "eventfd doorbell";
-    char cfg[96];
+    const char *db = doorbell == SR_DOORBELL_FUTEX ? "io_uring futex" : "eventfd";
+    char cfg[64], extra[64];
     if (spin_phase) {
         bench_summary s = bench_summarize(&sh->spin);
-        snprintf(cfg, sizeof(cfg), "2 workers, sleeps/rt %.2f", sh->spin_sleeps_per_rt / sh->spin.n);
-        *met &= bench_print("ring rtt spin", cfg, "cacheline", &s, 2.0);
+        snprintf(cfg, sizeof(cfg), "2 procs, fixed spin %lld ms", SPIN_BUDGET_NS / 1000000);
+        snprintf(extra, sizeof(extra), "sleeps/rt %.2f", sh->spin_sleeps_per_rt / sh->spin.n);
+        *met &= bench_print("ring rtt spin", cfg, "cacheline", &s, 2.0, extra);
     }
     bench_summary s = bench_summarize(&sh->sleep);
-    snprintf(cfg, sizeof(cfg), "%s, wakes/ping %.2f", db, sh->sleep_wakes_per_rt / sh->sleep.n);
-    *met &= bench_print("ring rtt sleep", cfg, "futex", &s, 1.3);
+    snprintf(cfg, sizeof(cfg), "2 procs, spin 0, %s doorbell", db);
+    snprintf(extra, sizeof(extra), "doorbell wakes/ping %.2f", sh->sleep_wakes_per_rt / sh->sleep.n);
+    *met &= bench_print("ring rtt sleep", cfg, "futex", &s, 1.3, extra);
     return 0;
 }
 
@@ -391,10 +395,14 @@ static int run_tput(int producers, int *met)
     double mns = bench_median(ns, n), mfl = bench_median(fl, n), mratio = bench_median(ratio, n);
     double target = producers == 1 ? 2.0 : 4.0;
     *met &= mratio <= target;
-    printf("ring burst %d->1 %-22s | %6.2f M msg/s %6.1f ns/msg | floor 1 line transfer %6.1f ns | ratio %5.2f | "
-           "target <= %.1fx %s (consumer sleeps/msg %.4f, full %llu)\n",
-           producers, producers == 1 ? "producer" : "producers", 1e3 / mns, mns, mfl, mratio, target,
-           mratio <= target ? "met" : "NOT met", (double)sh->tput_sleeps / (double)sh->tput_msgs,
+    char name[32], cfg[64];
+    snprintf(name, sizeof(name), "ring burst %d->1", producers);
+    snprintf(cfg, sizeof(cfg), "%d procs on %ld CPUs, adaptive spin, burst %d", producers + 1,
+             sysconf(_SC_NPROCESSORS_ONLN), BURST);
+    printf("%-16s | %-38s | %6.2f M msg/s %6.1f ns/msg | floor 1 line transfer %6.1f ns | ratio %4.2f | "
+           "target <= %.1fx %s | consumer spins/msg %.4f sleeps/msg %.4f, full %llu\n",
+           name, cfg, 1e3 / mns, mns, mfl, mratio, target, mratio <= target ? "met" : "NOT met",
+           (double)sh->tput_spins / (double)sh->tput_msgs, (double)sh->tput_sleeps / (double)sh->tput_msgs,
            (unsigned long long)atomic_load_explicit(&sh->tput_full, memory_order_relaxed));
     fflush(stdout);
     return 0;

@@ -116,13 +116,15 @@ bench_summary bench_summarize(const bench_rounds *r)
 }
 
 int bench_print(const char *name, const char *config, const char *floor_name, const bench_summary *s,
-                double target)
+                double target, const char *extra)
 {
     int met = target <= 0 || s->ratio50 <= target;
-    printf("%-22s %-30s | p50 %8.0f ns p99 %8.0f ns | floor %-9s p50 %8.0f ns p99 %8.0f ns | ratio p50 %5.2f p99 %5.2f",
+    printf("%-16s | %-38s | p50 %7.0f ns p99 %7.0f ns | floor %-9s p50 %7.0f ns p99 %7.0f ns | ratio p50 %4.2f p99 %4.2f",
            name, config, s->ours50, s->ours99, floor_name, s->floor50, s->floor99, s->ratio50, s->ratio99);
     if (target > 0)
         printf(" | target p50 <= %.1fx %s", target, met ? "met" : "NOT met");
+    if (extra)
+        printf(" | %s", extra);
     printf("\n");
     fflush(stdout);
     return met;

@@ -64,11 +64,11 @@ typedef struct bench_summary {
 bench_summary bench_summarize(const bench_rounds *r);
 
 /* Print one self-describing line:
- *   <name> <config> | p50 .. p99 .. | floor <floor_name> p50 .. p99 .. |
- *   ratio p50 .. p99 .. | target <= T (met|NOT met)
- * target <= 0 prints no verdict. Returns 1 if the p50 ratio meets the target
- * (or there is none), 0 otherwise. */
+ *   <name> | <config> | p50 .. p99 .. | floor <floor_name> p50 .. p99 .. |
+ *   ratio p50 .. p99 .. | target p50 <= T x (met|NOT met) | <extra>
+ * target <= 0 prints no verdict; extra may be NULL. Returns 1 if the p50
+ * ratio meets the target (or there is none), 0 otherwise. */
 int bench_print(const char *name, const char *config, const char *floor_name, const bench_summary *s,
-                double target);
+                double target, const char *extra);
 
 #endif
