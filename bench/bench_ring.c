@@ -61,7 +61,7 @@ struct rtt_cfg {
 struct shared {
     bench_floor_area floor;
     bench_barrier bar;
-    bench_rounds spin, sleep;
+    bench_rounds spin, sleep, twoline; /* twoline: ours vs the two-line floor, spin mode */
     double sleep_wakes_per_rt, spin_sleeps_per_rt;
     int tput_rounds;
     double tput_ns[BENCH_MAX_ROUNDS], tput_floor_ns[BENCH_MAX_ROUNDS];
@@ -153,18 +153,21 @@ static int timed_pingpong(sr_xport *x, uint32_t n, int64_t *s, bench_lat *out)
     return rc;
 }
 
-static int timed_floor(int rank, int futex, uint32_t n, int64_t *s, bench_lat *out)
+enum floor_kind { FLOOR_CACHELINE, FLOOR_TWOLINE, FLOOR_FUTEX };
+
+static int timed_floor(int rank, enum floor_kind kind, uint32_t n, int64_t *s, bench_lat *out)
 {
+    static const char *const names[] = {"cache-line", "two-line", "futex"};
+    int (*const fns[])(bench_floor_area *, enum bench_role, uint32_t, int64_t *) = {
+        bench_floor_cacheline, bench_floor_twoline, bench_floor_futex};
     enum bench_role role = rank == 0 ? BENCH_INITIATOR : BENCH_ECHO;
-    int (*fn)(bench_floor_area *, enum bench_role, uint32_t, int64_t *) =
-        futex ? bench_floor_futex : bench_floor_cacheline;
-    int rc = fn(&sh->floor, role, n / WARMUP_DIV, s);
+    int rc = fns[kind](&sh->floor, role, n / WARMUP_DIV, s);
     if (!rc)
-        rc = fn(&sh->floor, role, n, s);
+        rc = fns[kind](&sh->floor, role, n, s);
     if (!rc && rank == 0)
         *out = bench_lat_of(s, n);
     if (rc)
-        sr__fail(rc, "bench_ring", "%s floor: the peer stopped answering", futex ? "futex" : "cache-line");
+        sr__fail(rc, "bench_ring", "%s floor: the peer stopped answering", names[kind]);
     return rc;
 }
 
@@ -177,20 +180,22 @@ static void set_spin(sr_xport *x, int64_t ns)
 /* One round of spin mode then one of sleep mode, each after its floor. */
 static int rtt_round(sr_xport *x, const struct rtt_cfg *c, int64_t *s)
 {
-    bench_lat fl = {0}, ours = {0};
+    bench_lat fl = {0}, fl2 = {0}, ours = {0};
     int rc = 0;
     if (c->spin_phase) {
         set_spin(x, SPIN_BUDGET_NS);
         uint64_t sleeps = atomic_load_explicit(&x->st.sleeps, memory_order_relaxed); /* relaxed: own counter */
-        if (!(rc = timed_floor(x->rank, 0, N_SPIN, s, &fl)) && !(rc = timed_pingpong(x, N_SPIN, s, &ours)) &&
-            x->rank == 0) {
+        if (!(rc = timed_floor(x->rank, FLOOR_CACHELINE, N_SPIN, s, &fl)) &&
+            !(rc = timed_floor(x->rank, FLOOR_TWOLINE, N_SPIN, s, &fl2)) &&
+            !(rc = timed_pingpong(x, N_SPIN, s, &ours)) && x->rank == 0) {
             bench_rounds_add(&sh->spin, ours, fl);
+            bench_rounds_add(&sh->twoline, ours, fl2);
             sh->spin_sleeps_per_rt += (double)(x->st.sleeps - sleeps) / (N_SPIN + N_SPIN / WARMUP_DIV);
         }
     }
     set_spin(x, 0);
     uint64_t wakes = atomic_load_explicit(&x->st.wakes, memory_order_relaxed); /* relaxed: own counter */
-    if (!rc && !(rc = timed_floor(x->rank, 1, N_SLEEP, s, &fl)) && !(rc = timed_pingpong(x, N_SLEEP, s, &ours)) &&
+    if (!rc && !(rc = timed_floor(x->rank, FLOOR_FUTEX, N_SLEEP, s, &fl)) && !(rc = timed_pingpong(x, N_SLEEP, s, &ours)) &&
         x->rank == 0) {
         bench_rounds_add(&sh->sleep, ours, fl);
         sh->sleep_wakes_per_rt += (double)(x->st.wakes - wakes) / (N_SLEEP + N_SLEEP / WARMUP_DIV);
@@ -300,7 +305,7 @@ static int tput_round(sr_xport *x, int64_t *s, uint64_t per_producer)
     bench_lat fl = {0};
     int rc = bench_barrier_wait(&sh->bar, (uint32_t)x->world, WAIT_NS);
     if (!rc && x->rank <= 1)
-        rc = timed_floor(x->rank, 0, N_SPIN, s, &fl);
+        rc = timed_floor(x->rank, FLOOR_CACHELINE, N_SPIN, s, &fl);
     if (!rc)
         rc = bench_barrier_wait(&sh->bar, (uint32_t)x->world, WAIT_NS);
     if (rc)
@@ -365,11 +370,12 @@ static int run_rtt(uint32_t doorbell, int spin_phase, int *met)
     if (rc)
         return rc;
     const char *db = doorbell == SR_DOORBELL_FUTEX ? "io_uring futex" : "eventfd";
-    char cfg[64], extra[64];
+    char cfg[64], extra[128];
     if (spin_phase) {
-        bench_summary s = bench_summarize(&sh->spin);
+        bench_summary s = bench_summarize(&sh->spin), s2 = bench_summarize(&sh->twoline);
         snprintf(cfg, sizeof(cfg), "2 procs, fixed spin %lld ms", SPIN_BUDGET_NS / 1000000);
-        snprintf(extra, sizeof(extra), "sleeps/rt %.2f", sh->spin_sleeps_per_rt / sh->spin.n);
+        snprintf(extra, sizeof(extra), "two-line floor p50 %.0f ns, ours %.2fx it | sleeps/rt %.2f", s2.floor50,
+                 s2.ratio50, sh->spin_sleeps_per_rt / sh->spin.n);
         *met &= bench_print("ring rtt spin", cfg, "cacheline", &s, 2.0, extra);
     }
     bench_summary s = bench_summarize(&sh->sleep);

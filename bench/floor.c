@@ -72,6 +72,36 @@ int bench_floor_cacheline(bench_floor_area *a, enum bench_role role, uint32_t n,
     return 0;
 }
 
+int bench_floor_twoline(bench_floor_area *a, enum bench_role role, uint32_t n, int64_t *rtt_ns)
+{
+    uint32_t seen;
+    if (role == BENCH_ECHO) {
+        for (uint32_t i = 0; i < n; i++) {
+            /* relaxed: only this process writes rep; at rest req == rep */
+            uint32_t v = atomic_load_explicit(&a->rep, memory_order_relaxed) + 1;
+            if (spin_for(&a->req, v, -1, &seen))
+                return -ETIMEDOUT;
+            /* release: pairs with the initiator's acquire in spin_for */
+            atomic_store_explicit(&a->rep, v, memory_order_release);
+        }
+        return 0;
+    }
+    /* relaxed: only this process writes req; at rest req == rep */
+    uint32_t v = atomic_load_explicit(&a->req, memory_order_relaxed);
+    int64_t t = bench_now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+        v++;
+        /* release: pairs with the echo's acquire in spin_for */
+        atomic_store_explicit(&a->req, v, memory_order_release);
+        if (spin_for(&a->rep, v, -1, &seen))
+            return -ETIMEDOUT;
+        int64_t t2 = bench_now_ns();
+        rtt_ns[i] = t2 - t;
+        t = t2;
+    }
+    return 0;
+}
+
 static void futex_wake1(_Atomic uint32_t *w)
 {
     syscall(SYS_futex, w, FUTEX_WAKE, 1, NULL, NULL, 0);

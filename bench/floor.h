@@ -2,6 +2,8 @@
  * (design/floor.c, made reusable):
  *   - cache-line ping-pong round trip between two processes, both spinning:
  *     the cheapest possible cross-core message (one line each way);
+ *   - the same with two lines, one written by each side: what any pair of
+ *     one-way queues (a request ring and a reply ring) must pay at least;
  *   - futex sleep/wake ping-pong round trip between two processes: the
  *     cheapest possible message to a process that is asleep;
  *   - single-core memcpy bandwidth.
@@ -29,6 +31,11 @@ enum bench_role { BENCH_INITIATOR = 0, BENCH_ECHO = 1 };
 typedef struct bench_floor_area {
     /* The ping-pong line: the initiator writes odd values, the echo even. */
     _Atomic uint32_t line __attribute__((aligned(BENCH_LINE)));
+    /* Two-line ping-pong: the initiator writes `req`, the echo `rep`; each
+     * in its own 128-byte pair of lines, so the adjacent-line prefetcher
+     * cannot merge them. At rest req == rep. */
+    _Atomic uint32_t req __attribute__((aligned(2 * BENCH_LINE)));
+    _Atomic uint32_t rep __attribute__((aligned(2 * BENCH_LINE)));
     /* futex ping-pong: the initiator writes `ping`, the echo writes `pong`;
      * at rest ping == pong. Each word has its own line, as in floor.c. */
     _Atomic uint32_t ping __attribute__((aligned(BENCH_LINE)));
@@ -39,6 +46,10 @@ typedef struct bench_floor_area {
  * trip's duration in rtt_ns[0..n) (unused by the echo, may be NULL). 0, or
  * -ETIMEDOUT when the peer stops answering for 10 s. */
 int bench_floor_cacheline(bench_floor_area *a, enum bench_role role, uint32_t n, int64_t *rtt_ns);
+
+/* n round trips of the two-line ping-pong (both sides spinning). Same
+ * contract as bench_floor_cacheline. */
+int bench_floor_twoline(bench_floor_area *a, enum bench_role role, uint32_t n, int64_t *rtt_ns);
 
 /* n round trips of futex wake / futex wait, no spinning on either side.
  * Same contract as bench_floor_cacheline. */
