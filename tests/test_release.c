@@ -35,9 +35,11 @@ static sr_msg msg_of(uint32_t v)
 static int await_stage(_Atomic uint32_t *stage, uint32_t want)
 {
     int64_t until = sr_now_ns() + WAIT_NS;
-    while (atomic_load(stage) != want && sr_now_ns() < until)
+    /* acquire: pairs with the other rank's release store of the stage, after
+     * its sends (or its reads) */
+    while (atomic_load_explicit(stage, memory_order_acquire) != want && sr_now_ns() < until)
         sched_yield();
-    return atomic_load(stage) == want;
+    return atomic_load_explicit(stage, memory_order_acquire) == want; /* acquire: as above */
 }
 
 static int producer(sr_xport *x, _Atomic uint32_t *stage)
@@ -46,7 +48,8 @@ static int producer(sr_xport *x, _Atomic uint32_t *stage)
         sr_msg m = msg_of(i);
         WCHECK(sr_xport_send(x, 0, &m) == 0, "send %u into an empty inbox: %s", i, sr_last_error());
     }
-    atomic_store(stage, 1); /* the inbox is full */
+    /* release: pairs with await_stage; the inbox is full */
+    atomic_store_explicit(stage, 1, memory_order_release);
     WCHECK(await_stage(stage, 2), "rank 0 never read the burst");
     sr_msg m = msg_of(SLOTS);
     int rc = sr_xport_send_wait(x, 0, &m, sr_now_ns() + WAIT_NS);
@@ -60,7 +63,8 @@ static int consumer(sr_xport *x, _Atomic uint32_t *stage)
     WCHECK(await_stage(stage, 1), "rank 1 never filled the inbox");
     unsigned got = sr_xport_recv_burst(x, out, SLOTS);
     WCHECK(got == SLOTS, "one burst read %u of %d messages", got, SLOTS);
-    atomic_store(stage, 2); /* every slot is read and held by us now */
+    /* release: pairs with await_stage; every slot is read and held by us now */
+    atomic_store_explicit(stage, 2, memory_order_release);
     /* Wait straight away, with no receive in between to free the burst. */
     int64_t deadline = sr_now_ns() + WAIT_NS;
     do {
