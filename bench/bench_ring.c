@@ -70,6 +70,13 @@ struct shared {
 };
 static struct shared *sh;
 
+/* A counter of this worker's transport. relaxed: written by this thread
+ * (the consumer, or the only sender), so the value is exact here. */
+static uint64_t stat_of(_Atomic uint64_t *c)
+{
+    return atomic_load_explicit(c, memory_order_relaxed);
+}
+
 static int fail(int rank, const char *what, int rc)
 {
     fprintf(stderr, "bench_ring: rank %d: %s: %s (%s)\n", rank, what, strerror(rc < 0 ? -rc : rc),
@@ -184,21 +191,21 @@ static int rtt_round(sr_xport *x, const struct rtt_cfg *c, int64_t *s)
     int rc = 0;
     if (c->spin_phase) {
         set_spin(x, SPIN_BUDGET_NS);
-        uint64_t sleeps = atomic_load_explicit(&x->st.sleeps, memory_order_relaxed); /* relaxed: own counter */
+        uint64_t sleeps = stat_of(&x->st.sleeps);
         if (!(rc = timed_floor(x->rank, FLOOR_CACHELINE, N_SPIN, s, &fl)) &&
             !(rc = timed_floor(x->rank, FLOOR_TWOLINE, N_SPIN, s, &fl2)) &&
             !(rc = timed_pingpong(x, N_SPIN, s, &ours)) && x->rank == 0) {
             bench_rounds_add(&sh->spin, ours, fl);
             bench_rounds_add(&sh->twoline, ours, fl2);
-            sh->spin_sleeps_per_rt += (double)(x->st.sleeps - sleeps) / (N_SPIN + N_SPIN / WARMUP_DIV);
+            sh->spin_sleeps_per_rt += (double)(stat_of(&x->st.sleeps) - sleeps) / (N_SPIN + N_SPIN / WARMUP_DIV);
         }
     }
     set_spin(x, 0);
-    uint64_t wakes = atomic_load_explicit(&x->st.wakes, memory_order_relaxed); /* relaxed: own counter */
+    uint64_t wakes = stat_of(&x->st.wakes);
     if (!rc && !(rc = timed_floor(x->rank, FLOOR_FUTEX, N_SLEEP, s, &fl)) && !(rc = timed_pingpong(x, N_SLEEP, s, &ours)) &&
         x->rank == 0) {
         bench_rounds_add(&sh->sleep, ours, fl);
-        sh->sleep_wakes_per_rt += (double)(x->st.wakes - wakes) / (N_SLEEP + N_SLEEP / WARMUP_DIV);
+        sh->sleep_wakes_per_rt += (double)(stat_of(&x->st.wakes) - wakes) / (N_SLEEP + N_SLEEP / WARMUP_DIV);
     }
     return rc;
 }
@@ -280,8 +287,8 @@ static int check_burst(sr_xport *x, const uint64_t *next, uint64_t bad, uint64_t
 static int consume_round(sr_xport *x, uint64_t per_producer, const bench_lat *fl)
 {
     uint64_t next[MAX_PRODUCERS + 1] = {0}, bad = 0, total = per_producer * (uint64_t)(x->world - 1);
-    uint64_t sleeps = atomic_load_explicit(&x->st.sleeps, memory_order_relaxed); /* relaxed: own counter */
-    uint64_t spins = atomic_load_explicit(&x->st.spin_hits, memory_order_relaxed); /* relaxed: own counter */
+    uint64_t sleeps = stat_of(&x->st.sleeps);
+    uint64_t spins = stat_of(&x->st.spin_hits);
     int64_t t = bench_now_ns();
     int rc = consume(x, total, next, &bad);
     t = bench_now_ns() - t;
@@ -291,8 +298,8 @@ static int consume_round(sr_xport *x, uint64_t per_producer, const bench_lat *fl
         sh->tput_ns[sh->tput_rounds] = (double)t / (double)total;
         sh->tput_floor_ns[sh->tput_rounds] = (double)fl->p50 / 2;
         sh->tput_rounds++;
-        sh->tput_sleeps += x->st.sleeps - sleeps;
-        sh->tput_spins += x->st.spin_hits - spins;
+        sh->tput_sleeps += stat_of(&x->st.sleeps) - sleeps;
+        sh->tput_spins += stat_of(&x->st.spin_hits) - spins;
         sh->tput_msgs += total;
     }
     return rc;
@@ -311,10 +318,10 @@ static int tput_round(sr_xport *x, int64_t *s, uint64_t per_producer)
     if (rc)
         return rc;
     if (x->rank != 0) {
-        uint64_t full = atomic_load_explicit(&x->st.full, memory_order_relaxed); /* relaxed: own counter */
+        uint64_t full = stat_of(&x->st.full);
         rc = produce(x, per_producer);
         /* relaxed: read by the parent after every worker exited */
-        atomic_fetch_add_explicit(&sh->tput_full, x->st.full - full, memory_order_relaxed);
+        atomic_fetch_add_explicit(&sh->tput_full, stat_of(&x->st.full) - full, memory_order_relaxed);
         return rc;
     }
     return consume_round(x, per_producer, &fl);
