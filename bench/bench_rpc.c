@@ -23,6 +23,7 @@
 #include "bench_util.h"
 #include "floor.h"
 #include "shmrpc/shmrpc.h"
+#include "shmrpc/tensor.h"
 
 #define PT_NOOP_P50_NS 262000.0  /* PyTorch 1.13 rpc_sync no-op, this machine */
 #define PT_ADD_P50_NS 426000.0   /* rpc_sync(torch.add), 2 elements */
@@ -219,6 +220,81 @@ static int bench_fanin(void)
     return 0;
 }
 
+/* ---- tensors ---- */
+
+static const int64_t tensor_bytes[] = {4, 4 << 10, 1 << 20, 64 << 20, 256 << 20, 1ll << 30};
+#define NSIZES (int)(sizeof(tensor_bytes) / sizeof(tensor_bytes[0]))
+
+struct tensor_result {
+    bench_lat pass, add;
+    double memcpy_ns;
+};
+static struct tensor_result *tres; /* shared with the job */
+
+static bench_lat time_call(const char *fn, sr_value *a, sr_value *b, int reps)
+{
+    static int64_t lat[200];
+    for (int i = 0; i < reps; i++) {
+        sr_value *out = NULL;
+        int64_t t0 = bench_now_ns();
+        int rc = b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), 0, &out) : sr_rpc_sync(1, fn, SR_ARGS(a), 0, &out);
+        lat[i] = bench_now_ns() - t0;
+        if (rc)
+            sh->errors++, fprintf(stderr, "%s: %s\n", fn, sr_last_error());
+        sr_value_unref(out);
+    }
+    return bench_lat_of(lat, (size_t)reps);
+}
+
+/* rank 0 passes tensors to rank 1: "echo" hands the argument back (the round
+ * trip of a tensor, zero-copy both ways); "add" computes x + x on the callee. */
+static int run_tensor(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    if (sr_init(NULL))
+        return 1;
+    for (int i = 0; rank == 0 && i < NSIZES; i++) {
+        int64_t n = tensor_bytes[i] / 4;
+        sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
+        if (!t)
+            return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
+        sr_value *v = sr_tensor_value(t);
+        int reps = tensor_bytes[i] >= (64 << 20) ? 20 : 200;
+        time_call("echo", v, NULL, 10);
+        tres[i].pass = time_call("echo", v, NULL, reps);
+        if (tensor_bytes[i] <= (256 << 20))
+            tres[i].add = time_call("add", v, v, tensor_bytes[i] >= (64 << 20) ? 3 : 50);
+        sr_value_unref(v);
+        sr_tensor_unref(t);
+    }
+    sr_shutdown(true, 120);
+    return 0;
+}
+
+static int bench_tensor(void)
+{
+    tres = bench_shared_alloc(sizeof(*tres) * NSIZES);
+    sr_spawn_opts o = {.name_prefix = "bench-tensor", .shm_size = 5ull << 30};
+    if (!tres || sr_spawn(2, run_tensor, NULL, &o))
+        return fprintf(stderr, "bench_rpc tensor: %s\n", sr_last_error()), 1;
+    double base = (double)tres[0].pass.p50;
+    for (int i = 0; i < NSIZES; i++) {
+        double gibs = bench_floor_memcpy_gibs((size_t)tensor_bytes[i], tensor_bytes[i] >= (256 << 20) ? 2 : 5);
+        double memcpy_ns = (double)tensor_bytes[i] / (gibs * (1u << 30)) * 1e9;
+        double ratio = (double)tres[i].pass.p50 / base;
+        printf("rpc_sync echo tensor %11lld B | round trip p50 %9.2f us p99 %9.2f us | vs 4 B %.2fx%s | "
+               "memcpy of the same size %10.1f us\n",
+               (long long)tensor_bytes[i], (double)tres[i].pass.p50 / 1e3, (double)tres[i].pass.p99 / 1e3, ratio,
+               tensor_bytes[i] == (256 << 20) ? (ratio <= 1.2 ? " (target <= 1.2x met)" : " (target <= 1.2x NOT met)") : "",
+               memcpy_ns / 1e3);
+        if (tres[i].add.p50)
+            printf("rpc_sync add tensor %12lld B | p50 %12.0f ns (computes x + x on the callee)\n",
+                   (long long)tensor_bytes[i], (double)tres[i].add.p50);
+    }
+    return 0;
+}
+
 static bool want(int argc, char **argv, const char *what)
 {
     if (argc < 2)
@@ -243,6 +319,8 @@ int main(int argc, char **argv)
     }
     if (!rc && want(argc, argv, "fanin"))
         rc = bench_fanin();
+    if (!rc && want(argc, argv, "tensor"))
+        rc = bench_tensor();
     if (sh->errors)
         fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);
     return rc || sh->errors ? 1 : 0;

@@ -59,7 +59,7 @@ static inline void tu_expect_error(const char *what, const char *frag1, const ch
 {
     const char *e = sr_last_error();
     cr_assert(strstr(e, frag1), "%s: error \"%s\" lacks \"%s\"", what, e, frag1);
-    cr_assert(!frag2 || strstr(e, frag2), "%s: error \"%s\" lacks \"%s\"", what, e, frag2);
+    cr_assert(!frag2 || strstr(e, frag2), "%s: error \"%s\" lacks \"%s\"", what, e, frag2 ? frag2 : "");
 }
 
 #endif

@@ -296,13 +296,18 @@ static int64_t next_deadline(sr_agent *a)
     return d;
 }
 
+static bool peer_crashed(sr_agent *a, int r)
+{
+    /* acquire: pairs with the peer's release store of DETACHED in sr_xport_detach */
+    return atomic_load_explicit(&sr_seg_worker(&a->x->seg, r)->state, memory_order_acquire) != SR_WORKER_DETACHED;
+}
+
 static void handle_events(sr_agent *a, int ev)
 {
-    if (ev > 0 && (ev & SR_WAKE_PEER)) {
+    if (ev > 0 && (ev & SR_WAKE_PEER))
         for (int r = 0; r < a->world; r++)
-            if (sr_xport_peer_dead(a->x, r) && atomic_load(&sr_seg_worker(&a->x->seg, r)->state) != SR_WORKER_DETACHED)
+            if (sr_xport_peer_dead(a->x, r) && peer_crashed(a, r))
                 sr__calls_fail_peer(a, r, "died");
-    }
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
     if (d >= 0 && sr_now_ns() >= d)
         sr__calls_expire(a, sr_now_ns());

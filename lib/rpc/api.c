@@ -103,6 +103,15 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     return 0;
 }
 
+/* A failed init: stop the executors already started, free everything. */
+static void abandon(sr_agent *a)
+{
+    /* release: pairs with the executors' reads of stopping under q_lock */
+    atomic_store_explicit(&a->stopping, true, memory_order_release);
+    sr__exec_stop(a);
+    agent_free(a);
+}
+
 SR_API int sr_init(const sr_init_opts *opts)
 {
     static const sr_init_opts defaults;
@@ -120,14 +129,12 @@ SR_API int sr_init(const sr_init_opts *opts)
         rc = agent_create(opts, &a);
     if (!rc && (rc = sr__exec_start(a, opts->num_worker_threads ? opts->num_worker_threads
                                                                 : SR_DEFAULT_NUM_WORKER_THREADS)))
-        atomic_store(&a->stopping, true), sr__exec_stop(a), agent_free(a);
+        abandon(a);
     if (!rc) {
         sr__agent = a;
         if ((rc = sr__agent_start(a))) {
             sr__agent = NULL;
-            atomic_store(&a->stopping, true);
-            sr__exec_stop(a);
-            agent_free(a);
+            abandon(a);
         }
     }
     pthread_mutex_unlock(&life_lock);

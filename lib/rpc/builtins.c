@@ -331,9 +331,15 @@ static void register_all(void)
         {"transpose", builtin_transpose}, {"reshape", builtin_reshape},
         {"noop", builtin_noop},       {"echo", builtin_echo},
     };
-    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
-        if (sr__registry_add(table[i].name, SR_FN_BUILTIN, table[i].fn, NULL))
+    static const char *const cheap[] = {"noop", "echo", "t", "transpose", "reshape"};
+    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
+        enum sr_fn_kind kind = SR_FN_BUILTIN;
+        for (size_t k = 0; k < sizeof(cheap) / sizeof(cheap[0]); k++)
+            if (!strcmp(table[i].name, cheap[k]))
+                kind = SR_FN_BUILTIN_CHEAP;
+        if (sr__registry_add(table[i].name, kind, table[i].fn, NULL))
             fprintf(stderr, "shmrpc: cannot register built-in '%s': %s\n", table[i].name, sr_last_error());
+    }
 }
 
 void sr__builtins_init(void)

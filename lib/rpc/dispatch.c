@@ -255,14 +255,14 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     return c;
 }
 
-/* Inline on the polling thread: async functions (they must not block), and
- * built-ins on scalars (they cannot). A built-in given a tensor computes (a
- * 64 MiB add, a matmul), so it goes to the executors like a plain function,
- * and the polling thread keeps serving. When the poller is idle anything runs
- * inline. */
+/* Inline on the polling thread: async functions (they must not block),
+ * cheap built-ins (no-op, echo, views: the same cost at any size), and
+ * computing built-ins on scalars. A computing built-in given a tensor (a
+ * 64 MiB add, a matmul) goes to the executors like a plain function, and the
+ * polling thread keeps serving. When the poller is idle anything runs inline. */
 static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
 {
-    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC)
+    if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC || c->fn->kind == SR_FN_BUILTIN_CHEAP)
         return true;
     if (c->fn->kind == SR_FN_PLAIN)
         return false;

@@ -65,7 +65,7 @@ int sr__fn_name_check(const char *n, const char *caller)
 
 int sr__registry_add(const char *name, enum sr_fn_kind kind, sr_fn fn, sr_async_fn afn)
 {
-    if (kind != SR_FN_BUILTIN)
+    if (kind == SR_FN_PLAIN || kind == SR_FN_ASYNC)
         sr__builtins_init();
     const char *who = kind == SR_FN_ASYNC ? "sr_register_async" : "sr_register";
     int rc = sr__fn_name_check(name, who);

@@ -11,7 +11,9 @@
 
 #define SR_FN_NAME_MAX 64
 
-enum sr_fn_kind { SR_FN_PLAIN, SR_FN_ASYNC, SR_FN_BUILTIN };
+/* BUILTIN computes over its tensors' elements; BUILTIN_CHEAP costs the same
+ * at any size (no-op, echo, views), so it always runs inline. */
+enum sr_fn_kind { SR_FN_PLAIN, SR_FN_ASYNC, SR_FN_BUILTIN, SR_FN_BUILTIN_CHEAP };
 
 struct sr_fn_entry {
     char name[SR_FN_NAME_MAX];
