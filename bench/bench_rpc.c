@@ -5,7 +5,8 @@
  *   bench_rpc [hot] [asleep] [pipeline] [fanin] [tensor]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
- * asleep    the same, but the callee never spins: every request wakes it
+ * asleep    the same, but the callee never spins: every request wakes it;
+ *           and, for reference, with neither side spinning
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
  * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
@@ -97,8 +98,9 @@ static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
 static int run_latency(int rank, int world, void *arg)
 {
     (void)world;
-    bool asleep = arg != NULL;
-    if (asleep && rank == 1) /* the callee never spins: every request wakes it */
+    intptr_t mode = (intptr_t)arg; /* 0 hot, 1 callee asleep, 2 both asleep */
+    bool asleep = mode != 0;
+    if ((mode == 1 && rank == 1) || mode == 2) /* never spin: every message wakes a sleeper */
         setenv("SHMRPC_SPIN_NS", "0", 1);
     sr_register("round_done", round_done);
     round_fut = sr_future_new();
@@ -107,6 +109,11 @@ static int run_latency(int rank, int world, void *arg)
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
         sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
+    sr_debug_info d;
+    if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
+        fprintf(stderr, "rank %d: sent %llu received %llu wakes %llu sleeps %llu\n", rank,
+                (unsigned long long)d.messages_sent, (unsigned long long)d.messages_received,
+                (unsigned long long)d.wakes_issued, (unsigned long long)d.sleeps_taken);
     sr_future_unref(round_fut);
     sr_shutdown(true, 60);
     return rc ? 1 : 0;
@@ -116,8 +123,9 @@ static void report_latency(const char *name, const char *config, const char *flo
                            double target)
 {
     bench_summary s = bench_summarize(r);
-    bench_print(name, config, floor_name, &s, target);
-    printf("    vs PyTorch rpc_sync no-op p50 %.0f us: %.0fx faster\n", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
+    char extra[96];
+    snprintf(extra, sizeof(extra), "PyTorch p50 %.0f us: %.0fx faster", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
+    bench_print(name, config, floor_name, &s, target, extra);
 }
 
 static int bench_hot_and_asleep(bool hot, bool asleep)
@@ -133,7 +141,14 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         memset(&sh->fx, 0, sizeof(sh->fx));
         if (sr_spawn(2, run_latency, (void *)1, &o))
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
-        report_latency("rpc_sync noop", "callee asleep", "futex ping-pong", &sh->fx, 1.3);
+        report_latency("rpc_sync noop", "callee asleep, caller hot", "futex ping-pong", &sh->fx, 1.3);
+        /* Like for like with the floor (both sides sleep): informational. The
+         * caller's response wakes its progress thread, which wakes the caller:
+         * one more wake than the floor's. */
+        memset(&sh->fx, 0, sizeof(sh->fx));
+        if (sr_spawn(2, run_latency, (void *)2, &o))
+            return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
+        report_latency("rpc_sync noop", "both asleep (informational)", "futex ping-pong", &sh->fx, 0);
     }
     return 0;
 }
