@@ -10,6 +10,7 @@
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
  * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
+ * executors plain functions under concurrent callers, by executor pool size
  *
  * Method: the callee (rank 1) alternates between echoing the floor
  * ping-pongs and serving calls while it waits on a future that the caller
@@ -17,6 +18,8 @@
  * they run inline on the polling thread. Results are checked after timing.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,6 +320,79 @@ static int bench_tensor(void)
     return 0;
 }
 
+/* ---- executor pool size ---- */
+
+/* A plain function (runs on the executor pool when the callee is busy): a
+ * short computation and, for a quarter of the calls, a 1 ms block (I/O). */
+static int work_fn(sr_call *c)
+{
+    int64_t x = sr_value_int(sr_call_arg(c, 0));
+    volatile double acc = 0;
+    for (int i = 0; i < 2000; i++)
+        acc += (double)i * (double)x;
+    if (x % 4 == 0) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return sr_call_return(c, sr_int(x));
+}
+
+struct exec_arg {
+    int threads;
+    double secs[4];
+};
+
+static void *exec_caller(void *p)
+{
+    int rank = sr_rank(), world = sr_world_size();
+    for (int i = 0; i < 100; i++) {
+        sr_value *x = sr_int(i + (intptr_t)p), *v = NULL;
+        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), -1, &v) || sr_value_int(v) != i + (intptr_t)p)
+            sh->errors++;
+        sr_value_unref(v);
+        sr_value_unref(x);
+    }
+    return NULL;
+}
+
+static int run_exec(int rank, int world, void *arg)
+{
+    (void)world;
+    struct exec_arg *e = arg;
+    sr_register("work", work_fn);
+    sr_init_opts o = {.num_worker_threads = e->threads};
+    if (sr_init(&o))
+        return 1;
+    pthread_t th[8];
+    int64_t t0 = bench_now_ns();
+    for (intptr_t i = 0; i < 8; i++)
+        pthread_create(&th[i], NULL, exec_caller, (void *)(i * 1000));
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    e->secs[rank] = (double)(bench_now_ns() - t0) / 1e9;
+    sr_shutdown(true, 120);
+    return 0;
+}
+
+static int bench_executors(void)
+{
+    static const int counts[] = {1, 2, 4, 8, 16};
+    struct exec_arg *e = bench_shared_alloc(sizeof(*e));
+    for (size_t i = 0; e && i < sizeof(counts) / sizeof(counts[0]); i++) {
+        e->threads = counts[i];
+        sr_spawn_opts o = {.name_prefix = "bench-exec", .shm_size = 4u * (64u << 20)};
+        if (sr_spawn(4, run_exec, e, &o))
+            return fprintf(stderr, "bench_rpc executors: %s\n", sr_last_error()), 1;
+        double worst = 0;
+        for (int r = 0; r < 4; r++)
+            worst = e->secs[r] > worst ? e->secs[r] : worst;
+        printf("rpc_sync plain fn, 4 workers x 8 caller threads x 100 calls (1/4 block 1 ms) | %2d executors | "
+               "%.0f calls/s\n", counts[i], 3200 / worst);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 static bool want(int argc, char **argv, const char *what)
 {
     if (argc < 2)
@@ -343,6 +419,8 @@ int main(int argc, char **argv)
         rc = bench_fanin();
     if (!rc && want(argc, argv, "tensor"))
         rc = bench_tensor();
+    if (!rc && want(argc, argv, "executors"))
+        rc = bench_executors();
     if (sh->errors)
         fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);
     return rc || sh->errors ? 1 : 0;
