@@ -138,7 +138,12 @@ static bool user_release(sr_agent *a)
             futex_wake_one(&a->token);
             break;
         }
-        /* The progress thread is parked on the doorbell: re-announce its sleep. */
+        /* The progress thread is parked on the doorbell. It released the
+         * inbox before it slept, and will not again before its next read: free
+         * the slots our last burst still holds (a receive of nothing), or a
+         * ring full of them would refuse every producer, which then rings no
+         * doorbell, while everyone sleeps. Then re-announce its sleep. */
+        sr_xport_recv_burst(a->x, NULL, 0);
         atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
         /* D2 (doorbell.h): pairs with the producers' D3 fence */
         atomic_thread_fence(memory_order_seq_cst);
