@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "heap.h"
+#include "payload.h"
 
 #define BURST 32
 #define OUTQ_RETRY_NS (200ll * 1000)         /* pace retries into a full inbox */
@@ -61,6 +62,16 @@ static int queue_out(sr_agent *a, int to, const sr_msg *m)
     return 0;
 }
 
+/* A queued message that can never be sent: give back its payload and count
+ * it as done, so the quiescence counters stay balanced. */
+static void drop_unsent(sr_agent *a, const sr_msg *m)
+{
+    if (m->type == SR_MSG_CTRL)
+        return;
+    sr__payload_done(m);
+    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
+}
+
 /* Retry queued messages in order; stop at the first inbox still full. */
 static void flush_out(sr_agent *a)
 {
@@ -73,7 +84,9 @@ static void flush_out(sr_agent *a)
         a->outq = q->next;
         /* relaxed: see queue_out */
         atomic_fetch_sub_explicit(&a->out_pending, 1, memory_order_relaxed);
-        free(q); /* a dead destination (-EPIPE): its calls are failed by the peer watch */
+        if (rc) /* a dead destination (-EPIPE): its calls are failed by the peer watch */
+            drop_unsent(a, &q->m);
+        free(q);
     }
     pthread_mutex_unlock(&a->out_lock);
 }
@@ -177,8 +190,11 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
     for (;;) {
-        if (poll_burst(a, mode))
+        if (poll_burst(a, mode)) {
+            if (sr_future_done(f)) /* do not keep serving a busy inbox once our answer is in */
+                return 0;
             continue;
+        }
         if (sr_future_done(f))
             return 0;
         if (deadline >= 0 && sr_now_ns() >= deadline)
@@ -353,6 +369,15 @@ static void progress_idle(sr_agent *a)
     handle_events(a, ev);
 }
 
+/* Expire overdue calls; one relaxed load (and a coarse clock read when a
+ * deadline exists) on the busy path. */
+static void expire_due(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    if (d >= 0 && sr_now_coarse_ns() >= d)
+        sr__calls_expire(a, sr_now_ns());
+}
+
 static void *progress_main(void *p)
 {
     sr_agent *a = p;
@@ -363,10 +388,16 @@ static void *progress_main(void *p)
             handle_events(a, 0);
             continue;
         }
-        if (poll_burst(a, SR_POLL_NESTED))
+        if (poll_burst(a, SR_POLL_NESTED)) {
+            expire_due(a); /* a busy inbox must not stop timeouts from firing */
             continue;
+        }
         progress_idle(a);
     }
+    /* release: a waiter still running (an executor finishing a nested call)
+     * may steal the token and poll for itself. */
+    uint32_t t = TOKEN_PROGRESS;
+    atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_release, memory_order_relaxed);
     sr_xport_awake(a->x, -1);
     return NULL;
 }

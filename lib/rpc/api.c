@@ -106,8 +106,6 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
 /* A failed init: stop the executors already started, free everything. */
 static void abandon(sr_agent *a)
 {
-    /* release: pairs with the executors' reads of stopping under q_lock */
-    atomic_store_explicit(&a->stopping, true, memory_order_release);
     sr__exec_stop(a);
     agent_free(a);
 }
@@ -143,8 +141,8 @@ SR_API int sr_init(const sr_init_opts *opts)
 
 static void teardown(sr_agent *a)
 {
+    sr__exec_stop(a);  /* first: a function finishing a nested call still gets its answer */
     sr__agent_stop(a);
-    sr__exec_stop(a);
     sr__agent = NULL;
     agent_free(a);
 }
