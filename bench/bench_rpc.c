@@ -5,10 +5,12 @@
  *   bench_rpc [hot] [asleep] [pipeline] [fanin] [tensor]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
- * asleep    the same, but the callee never spins: every request wakes it
+ * asleep    the same, but the callee never spins: every request wakes it;
+ *           and, for reference, with neither side spinning
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
  * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
+ * executors plain functions under concurrent callers, by executor pool size
  *
  * Method: the callee (rank 1) alternates between echoing the floor
  * ping-pongs and serving calls while it waits on a future that the caller
@@ -16,6 +18,8 @@
  * they run inline on the polling thread. Results are checked after timing.
  */
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,8 +101,9 @@ static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
 static int run_latency(int rank, int world, void *arg)
 {
     (void)world;
-    bool asleep = arg != NULL;
-    if (asleep && rank == 1) /* the callee never spins: every request wakes it */
+    intptr_t mode = (intptr_t)arg; /* 0 hot, 1 callee asleep, 2 both asleep */
+    bool asleep = mode != 0;
+    if ((mode == 1 && rank == 1) || mode == 2) /* never spin: every message wakes a sleeper */
         setenv("SHMRPC_SPIN_NS", "0", 1);
     sr_register("round_done", round_done);
     round_fut = sr_future_new();
@@ -107,6 +112,11 @@ static int run_latency(int rank, int world, void *arg)
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
         sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
+    sr_debug_info d;
+    if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
+        fprintf(stderr, "rank %d: sent %llu received %llu wakes %llu sleeps %llu\n", rank,
+                (unsigned long long)d.messages_sent, (unsigned long long)d.messages_received,
+                (unsigned long long)d.wakes_issued, (unsigned long long)d.sleeps_taken);
     sr_future_unref(round_fut);
     sr_shutdown(true, 60);
     return rc ? 1 : 0;
@@ -116,8 +126,9 @@ static void report_latency(const char *name, const char *config, const char *flo
                            double target)
 {
     bench_summary s = bench_summarize(r);
-    bench_print(name, config, floor_name, &s, target);
-    printf("    vs PyTorch rpc_sync no-op p50 %.0f us: %.0fx faster\n", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
+    char extra[96];
+    snprintf(extra, sizeof(extra), "PyTorch p50 %.0f us: %.0fx faster", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
+    bench_print(name, config, floor_name, &s, target, extra);
 }
 
 static int bench_hot_and_asleep(bool hot, bool asleep)
@@ -133,7 +144,14 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         memset(&sh->fx, 0, sizeof(sh->fx));
         if (sr_spawn(2, run_latency, (void *)1, &o))
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
-        report_latency("rpc_sync noop", "callee asleep", "futex ping-pong", &sh->fx, 1.3);
+        report_latency("rpc_sync noop", "callee asleep, caller hot", "futex ping-pong", &sh->fx, 1.3);
+        /* Like for like with the floor (both sides sleep): informational. The
+         * caller's response wakes its progress thread, which wakes the caller:
+         * one more wake than the floor's. */
+        memset(&sh->fx, 0, sizeof(sh->fx));
+        if (sr_spawn(2, run_latency, (void *)2, &o))
+            return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
+        report_latency("rpc_sync noop", "both asleep (informational)", "futex ping-pong", &sh->fx, 0);
     }
     return 0;
 }
@@ -254,20 +272,27 @@ static int run_tensor(int rank, int world, void *arg)
     (void)arg;
     if (sr_init(NULL))
         return 1;
-    for (int i = 0; rank == 0 && i < NSIZES; i++) {
-        int64_t n = tensor_bytes[i] / 4;
-        sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
-        if (!t)
-            return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
-        sr_value *v = sr_tensor_value(t);
-        int reps = tensor_bytes[i] >= (64 << 20) ? 20 : 200;
-        time_call("echo", v, NULL, 10);
-        tres[i].pass = time_call("echo", v, NULL, reps);
-        if (tensor_bytes[i] <= (256 << 20))
-            tres[i].add = time_call("add", v, v, tensor_bytes[i] >= (64 << 20) ? 3 : 50);
-        sr_value_unref(v);
-        sr_tensor_unref(t);
-    }
+    /* All the echoes first: freeing an add's large result gives its pages
+     * back on the owner's poller (MADV_REMOVE, milliseconds per 64 MiB), which
+     * would land inside the next size's echoes. */
+    for (int pass = 0; rank == 0 && pass < 2; pass++)
+        for (int i = 0; i < NSIZES; i++) {
+            if (pass == 1 && tensor_bytes[i] > (256 << 20))
+                continue;
+            int64_t n = tensor_bytes[i] / 4;
+            sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
+            if (!t)
+                return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
+            sr_value *v = sr_tensor_value(t);
+            if (pass == 0) {
+                time_call("echo", v, NULL, 10);
+                tres[i].pass = time_call("echo", v, NULL, tensor_bytes[i] >= (64 << 20) ? 20 : 200);
+            } else {
+                tres[i].add = time_call("add", v, v, tensor_bytes[i] >= (64 << 20) ? 3 : 50);
+            }
+            sr_value_unref(v);
+            sr_tensor_unref(t);
+        }
     sr_shutdown(true, 120);
     return 0;
 }
@@ -291,6 +316,79 @@ static int bench_tensor(void)
         if (tres[i].add.p50)
             printf("rpc_sync add tensor %12lld B | p50 %12.0f ns (computes x + x on the callee)\n",
                    (long long)tensor_bytes[i], (double)tres[i].add.p50);
+    }
+    return 0;
+}
+
+/* ---- executor pool size ---- */
+
+/* A plain function (runs on the executor pool when the callee is busy): a
+ * short computation and, for a quarter of the calls, a 1 ms block (I/O). */
+static int work_fn(sr_call *c)
+{
+    int64_t x = sr_value_int(sr_call_arg(c, 0));
+    volatile double acc = 0;
+    for (int i = 0; i < 2000; i++)
+        acc += (double)i * (double)x;
+    if (x % 4 == 0) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return sr_call_return(c, sr_int(x));
+}
+
+struct exec_arg {
+    int threads;
+    double secs[4];
+};
+
+static void *exec_caller(void *p)
+{
+    int rank = sr_rank(), world = sr_world_size();
+    for (int i = 0; i < 100; i++) {
+        sr_value *x = sr_int(i + (intptr_t)p), *v = NULL;
+        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), -1, &v) || sr_value_int(v) != i + (intptr_t)p)
+            sh->errors++;
+        sr_value_unref(v);
+        sr_value_unref(x);
+    }
+    return NULL;
+}
+
+static int run_exec(int rank, int world, void *arg)
+{
+    (void)world;
+    struct exec_arg *e = arg;
+    sr_register("work", work_fn);
+    sr_init_opts o = {.num_worker_threads = e->threads};
+    if (sr_init(&o))
+        return 1;
+    pthread_t th[8];
+    int64_t t0 = bench_now_ns();
+    for (intptr_t i = 0; i < 8; i++)
+        pthread_create(&th[i], NULL, exec_caller, (void *)(i * 1000));
+    for (int i = 0; i < 8; i++)
+        pthread_join(th[i], NULL);
+    e->secs[rank] = (double)(bench_now_ns() - t0) / 1e9;
+    sr_shutdown(true, 120);
+    return 0;
+}
+
+static int bench_executors(void)
+{
+    static const int counts[] = {1, 2, 4, 8, 16};
+    struct exec_arg *e = bench_shared_alloc(sizeof(*e));
+    for (size_t i = 0; e && i < sizeof(counts) / sizeof(counts[0]); i++) {
+        e->threads = counts[i];
+        sr_spawn_opts o = {.name_prefix = "bench-exec", .shm_size = 4u * (64u << 20)};
+        if (sr_spawn(4, run_exec, e, &o))
+            return fprintf(stderr, "bench_rpc executors: %s\n", sr_last_error()), 1;
+        double worst = 0;
+        for (int r = 0; r < 4; r++)
+            worst = e->secs[r] > worst ? e->secs[r] : worst;
+        printf("rpc_sync plain fn, 4 workers x 8 caller threads x 100 calls (1/4 block 1 ms) | %2d executors | "
+               "%.0f calls/s\n", counts[i], 3200 / worst);
+        fflush(stdout);
     }
     return 0;
 }
@@ -321,6 +419,8 @@ int main(int argc, char **argv)
         rc = bench_fanin();
     if (!rc && want(argc, argv, "tensor"))
         rc = bench_tensor();
+    if (!rc && want(argc, argv, "executors"))
+        rc = bench_executors();
     if (sh->errors)
         fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);
     return rc || sh->errors ? 1 : 0;

@@ -15,6 +15,13 @@
  *
  * The wake is FUTEX_WAKE on the shared (not private) word, or, in the
  * eventfd fallback, an 8-byte write to the consumer's eventfd.
+ *
+ * Cost: D3 makes the producer wait until its publish owns the slot's cache
+ * line. The consumer cannot see the message before that anyway, so the fence
+ * adds nothing to a round trip; it only spaces out one producer's
+ * back-to-back sends (bench_ring: a burst still costs less than one line
+ * transfer per message). It cannot be skipped when the consumer is "known
+ * awake": a stale AWAKE is exactly the case the handshake exists for.
  */
 #ifndef SR_SHM_DOORBELL_H
 #define SR_SHM_DOORBELL_H

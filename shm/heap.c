@@ -239,7 +239,7 @@ static sr_block *shared_alloc(size_t nbytes)
     sr_block *b = try_alloc(nbytes, layout);
     /* Out of room: extents jemalloc still holds dirty go back to the carve
      * allocator when purged, where a huge block (or a new extent) can use them. */
-    if (!b && sr__heap_arena_purge(heap.arena) == 0)
+    if (!b && (sr__heap_huge_flush(), sr__heap_arena_purge(heap.arena) == 0))
         b = try_alloc(nbytes, layout);
     if (!b)
         return shared_oom(nbytes);
@@ -430,6 +430,7 @@ int sr_heap_purge(void)
 {
     if (!heap.area)
         return 0;
+    sr__heap_huge_flush();
     return sr__heap_arena_purge(heap.arena);
 }
 

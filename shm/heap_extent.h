@@ -54,5 +54,7 @@ void sr__heap_extent_stats(struct sr_heap_extent_stats *out);
 void *sr__heap_huge_alloc(size_t len);
 /* Give them back: punched out of the memfd, then free for reuse at once. */
 void sr__heap_huge_free(void *p, size_t len);
+/* Give back the pages of every cached huge range; returns how many. */
+unsigned sr__heap_huge_flush(void);
 
 #endif

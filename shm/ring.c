@@ -10,5 +10,6 @@ void sr_ring_init(struct sr_ring *r, uint32_t slots)
         atomic_store_explicit(&r->slots[i].seq, i, memory_order_relaxed);
     atomic_store_explicit(&r->tail, 0, memory_order_relaxed); /* relaxed: as above */
     atomic_store_explicit(&r->head, 0, memory_order_relaxed); /* relaxed: as above */
+    atomic_store_explicit(&r->held, 0, memory_order_relaxed); /* relaxed: as above */
     atomic_store_explicit(&r->space_wait, 0, memory_order_relaxed); /* relaxed: as above */
 }

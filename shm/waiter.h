@@ -2,14 +2,18 @@
  *
  * One io_uring per worker watches, at the same time:
  *   - the worker's doorbell (io_uring FUTEX_WAIT on the shared word, or a READ
- *     of its eventfd in the fallback), linked to a timeout for the nearest
- *     deadline;
+ *     of its eventfd in the fallback);
+ *   - a TIMEOUT request for the nearest deadline;
  *   - each peer's pidfd (peer death);
  *   - a process-local shutdown eventfd.
  *
  * The futex opcodes are probed at start-up; SHMRPC_DOORBELL=eventfd forces the
  * fallback. Only the thread that owns the worker's inbox may call
- * sr_waiter_sleep; sr_waiter_notify_shutdown may be called from any thread.
+ * sr_waiter_sleep (the first sleep binds the ring to its thread; a later sleep
+ * from another thread still works, on a slower ring: see waiter.c);
+ * sr_waiter_notify_shutdown may be called from any thread. Peers are watched
+ * from the next sleep on: sr_waiter_watch_peer only records the pidfd and
+ * queues its poll.
  *
  * Lifetime: sr_waiter_init .. sr_waiter_fini. The word must stay mapped and
  * the eventfd open until fini.
@@ -26,17 +30,25 @@
 #define SR_WAKE_PEER 0x4u     /* a watched peer exited; see sr_waiter.peer_dead */
 #define SR_WAKE_SHUTDOWN 0x8u /* sr_waiter_notify_shutdown was called (sticky) */
 
+/* Process-local; only the sleeping thread touches the ring and the fields
+ * below it (shutdown_fd excepted: any thread may write to it). */
 typedef struct sr_waiter {
     struct io_uring ring;
     _Atomic uint32_t *word; /* our doorbell word in the segment */
     uint32_t kind;          /* enum sr_doorbell_kind */
     int eventfd;            /* our doorbell eventfd (fallback) */
     int shutdown_fd;        /* process-local */
-    bool wait_inflight;     /* a doorbell wait SQE is submitted and not completed */
+    unsigned setup_flags;   /* the ring's IORING_SETUP_* flags (see waiter.c) */
+    bool armed;             /* the first sleep enabled the ring and queued the polls */
+    bool wait_inflight;     /* a doorbell wait is queued or in flight (kept across sleeps) */
     bool shutdown;          /* sticky once seen */
+    bool timer_armed;       /* a TIMEOUT for timer_at is queued or in flight */
+    bool timer_fired;       /* a TIMEOUT completed since the deadline was last checked */
     uint32_t wait_gen;      /* tags the current wait SQE */
+    uint32_t timer_gen;     /* tags the current TIMEOUT */
+    int64_t timer_at;       /* its expiry: absolute CLOCK_MONOTONIC ns */
     uint64_t efd_buf;       /* target of the eventfd READ */
-    struct __kernel_timespec ts;
+    struct __kernel_timespec ts; /* read by the kernel when the TIMEOUT (update) is submitted */
     int npeers;
     bool *peer_dead;        /* [npeers], set from pidfd completions */
     int *pidfds;

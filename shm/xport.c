@@ -230,18 +230,36 @@ int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
     }
 }
 
-unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+/* Count on a statistic that only the inbox's consumer writes (one thread at
+ * a time; a hand-over of the inbox orders the next one after it). A plain
+ * load and store, not a locked add: this runs on the way to every reply. */
+static inline void consumer_count(_Atomic uint64_t *c, uint64_t n)
 {
-    unsigned got = sr_ring_dequeue_burst(x->inbox, out, n);
-    if (!got)
-        return 0;
-    atomic_fetch_add_explicit(&x->st.received, got, memory_order_relaxed); /* relaxed: statistics */
+    /* relaxed: a single writer; readers only want a recent value */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
+}
+
+/* Free the slots handed out by the previous recv_burst (see ring.h: freeing
+ * them here, not as they are read, keeps that write off the critical path of
+ * a reply), and wake the producers that found the inbox full. */
+static void release_inbox(sr_xport *x)
+{
+    if (!sr_ring_release(x->inbox))
+        return;
     /* S1: pairs with a blocked producer's S2 fence: it sees our freed slots or we see its flag */
     atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: ordered by S1; the exchange elects one waker */
     if (atomic_load_explicit(&x->inbox->space_wait, memory_order_relaxed) &&
         atomic_exchange_explicit(&x->inbox->space_wait, 0, memory_order_relaxed))
         futex_wake_all(&x->inbox->space_wait);
+}
+
+unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+{
+    release_inbox(x);
+    unsigned got = sr_ring_read_burst(x->inbox, out, n);
+    if (got)
+        consumer_count(&x->st.received, got);
     return got;
 }
 
@@ -286,12 +304,13 @@ static void adapt(sr_xport *x, int64_t slept_ns)
 
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
 {
+    release_inbox(x); /* a producer waiting for space must not wait for our wait */
     sr_heap_drain(); /* blocks peers gave back; one relaxed load when none */
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
     int64_t budget = sr_xport_spin_budget(x);
     if (budget > 0 && spin(x, budget)) {
-        atomic_fetch_add_explicit(&x->st.spin_hits, 1, memory_order_relaxed); /* relaxed: statistics */
+        consumer_count(&x->st.spin_hits, 1);
         return SR_WAKE_DOORBELL;
     }
     return sr_xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
@@ -305,11 +324,13 @@ void sr_xport_awake(sr_xport *x, int delta)
 
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
-    atomic_fetch_add_explicit(&x->st.sleeps, 1, memory_order_relaxed); /* relaxed: statistics */
+    release_inbox(x); /* never sleep holding slots a blocked producer waits for */
+    consumer_count(&x->st.sleeps, 1);
     sr_xport_awake(x, -1);
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = x->fixed_spin ? 0 : sr_now_ns(); /* the clock only feeds the adaptive budget */
     int ev = sr_waiter_sleep(&x->waiter, deadline_ns, ready, arg);
-    adapt(x, sr_now_ns() - t0);
+    if (!x->fixed_spin)
+        adapt(x, sr_now_ns() - t0);
     sr_xport_awake(x, 1);
     return ev;
 }

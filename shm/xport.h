@@ -30,7 +30,9 @@ typedef struct sr_xport_opts {
     const char *name;         /* published in the worker table; NULL: "worker<rank>" */
 } sr_xport_opts;
 
-/* Counters of this worker (relaxed atomics: statistics only). */
+/* Counters of this worker (relaxed atomics: statistics only). sent, wakes
+ * and full are added to by any sending thread; received, sleeps and
+ * spin_hits are written by the inbox's consumer alone. */
 typedef struct sr_xport_stats {
     _Atomic uint64_t sent, received, wakes, sleeps, full, spin_hits;
 } sr_xport_stats;
@@ -76,7 +78,10 @@ int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m);
  * by a thread that is itself the only consumer the destination waits on. */
 int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
 
-/* Copy out up to n messages from our inbox. Returns the count (0: empty). */
+/* Copy out up to n messages from our inbox. Returns the count (0: empty).
+ * Their slots are freed by the next sr_xport_recv_burst, sr_xport_wait or
+ * sr_xport_sleep, not at once (ring.h says why); until then they count
+ * against the inbox's capacity. */
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
@@ -84,7 +89,6 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
  * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno. */
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
 
-/* The process of `rank` has exited (cleanly or not). */
 /* The two halves of sr_xport_wait, for callers that run their own spin loop:
  * the current spin budget (0 when oversubscribed), and the sleep, where
  * ready(arg) is checked after the doorbell announcement (return true to
@@ -95,6 +99,7 @@ int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void
  * spin policy) when it starts or stops polling without sleeping here. */
 void sr_xport_awake(sr_xport *x, int delta);
 
+/* The process of `rank` has exited (cleanly or not). */
 static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)
 {
     return x->waiter.peer_dead && x->waiter.peer_dead[rank];

@@ -24,6 +24,7 @@ struct harness {
     sr_init_opts opts;
     double shutdown_timeout;
     uint64_t shm_size; /* the job's segment; 0: 64 MiB per worker */
+    uint32_t ring_slots; /* inbox slots per worker; 0: the default */
 };
 
 /* Shared across the job's processes: created before sr_spawn, inherited. */
@@ -49,7 +50,7 @@ static int harness_worker(int rank, int world, void *arg)
 static inline int run_job(const char *name, int world, struct harness *h)
 {
     uint64_t size = h->shm_size ? h->shm_size : (uint64_t)world * (64u << 20);
-    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = size};
+    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = size, .ring_slots = h->ring_slots};
     return sr_spawn(world, harness_worker, h, &o);
 }
 

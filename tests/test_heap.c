@@ -307,9 +307,38 @@ Test(heap, freed_pages_go_back_to_the_memfd, .timeout = 60)
 {
     attach_single(1, 128 * MiB);
     sr_block *warm = sr_block_alloc(64); /* the arena's metadata pages are touched by now */
-    check_pages_given_back(32 * MiB, false); /* huge: punched when freed */
-    check_pages_given_back(4 * MiB, true);   /* jemalloc's: punched when purged */
+    check_pages_given_back(32 * MiB, true); /* huge: kept for reuse, punched when purged */
+    check_pages_given_back(4 * MiB, true);  /* jemalloc's: punched when purged */
     sr_block_unref(warm);
+    detach_single();
+}
+
+/* A freed huge block keeps its pages for the next block of the same size:
+ * the memfd does not grow and nothing is punched; another size carves anew. */
+Test(heap, freed_huge_block_is_reused_for_the_same_size, .timeout = 60)
+{
+    attach_single(1, 256 * MiB);
+    sr_block *b = sr_block_alloc(32 * MiB);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    memset(sr_block_data(b), 0x5a, 32 * MiB);
+    void *first = sr_block_data(b);
+    sr_block_unref(b);
+    uint64_t held = memfd_bytes(seg.fd);
+    struct sr_heap_extent_stats s0, s1;
+    sr__heap_extent_stats(&s0);
+    b = sr_block_alloc(32 * MiB);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    cr_assert_eq(sr_block_data(b), first, "the same range comes back");
+    memset(sr_block_data(b), 0x11, 32 * MiB);
+    sr__heap_extent_stats(&s1);
+    cr_assert_eq(s1.punched, s0.punched, "reuse punched %llu bytes", (unsigned long long)(s1.punched - s0.punched));
+    cr_assert_leq(memfd_bytes(seg.fd), held + 64 * 1024, "reuse faulted new pages in");
+    sr_block *other = sr_block_alloc(16 * MiB);
+    cr_assert_not_null(other, "%s", sr_last_error());
+    cr_assert_neq(sr_block_data(other), first, "a different size is carved anew");
+    sr_block_unref(other);
+    sr_block_unref(b);
+    cr_assert_eq(sr_heap_allocated(), 0, "cached ranges are not counted as allocated");
     detach_single();
 }
 

@@ -1,6 +1,7 @@
 /* Ring semantics on a single thread: FIFO, capacity and back-pressure,
- * bursts, wrap-around of the 32-bit indices, and a claimed-but-unpublished
- * slot holding back the consumer (a preempted producer). */
+ * bursts, wrap-around of the 32-bit indices, a claimed-but-unpublished
+ * slot holding back the consumer (a preempted producer), and slots held by
+ * a read until they are released. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,5 +149,34 @@ Test(ring, unpublished_slot_holds_back_the_consumer)
     cr_assert_eq(sr_ring_dequeue_burst(r, out, 8), 2);
     cr_assert_eq(value_of(&out[0]), 0u);
     cr_assert_eq(value_of(&out[1]), 1u);
+    free(r);
+}
+
+/* sr_ring_read_burst hands messages out but keeps their slots until
+ * sr_ring_release: a held slot is as full as an unread one. */
+Test(ring, read_slots_stay_held_until_released)
+{
+    struct sr_ring *r = ring_new(4);
+    for (uint32_t i = 0; i < 4; i++) {
+        sr_msg m = msg_of(i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    }
+    sr_msg out[4], extra = msg_of(99);
+    cr_assert_eq(sr_ring_read_burst(r, out, 2), 2);
+    cr_assert_eq(value_of(&out[1]), 1u);
+    cr_assert_eq(sr_ring_enqueue(r, &extra), -EAGAIN, "two slots are read but still held");
+    cr_assert_eq(sr_ring_read_burst(r, out, 4), 2, "reads continue after the held ones");
+    cr_assert_eq(value_of(&out[0]), 2u);
+    cr_assert_not(sr_ring_ready(r));
+    cr_assert_eq(sr_ring_enqueue(r, &extra), -EAGAIN, "all four held");
+    cr_assert_eq(sr_ring_release(r), 4u, "one release frees every held slot");
+    cr_assert_eq(sr_ring_release(r), 0u);
+    for (uint32_t i = 0; i < 4; i++) {
+        sr_msg m = msg_of(4 + i);
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0, "released slot %u must be reusable", i);
+    }
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 4), 4);
+    cr_assert_eq(value_of(&out[3]), 7u);
+    cr_assert_eq(sr_ring_enqueue(r, &extra), 0, "dequeue_burst releases at once");
     free(r);
 }

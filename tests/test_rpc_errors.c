@@ -1,5 +1,6 @@
 /* RPC timeouts, error propagation, bad input, lifecycle and dead peers. */
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>

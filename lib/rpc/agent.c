@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "heap.h"
+#include "payload.h"
 #include "reorder.h"
 #include "rref/hooks.h"
 
@@ -64,6 +65,16 @@ static int queue_out(sr_agent *a, int to, const sr_msg *m)
     return 0;
 }
 
+/* A queued message that can never be sent: give back its payload and count
+ * it as done, so the quiescence counters stay balanced. */
+static void drop_unsent(sr_agent *a, const sr_msg *m)
+{
+    if (m->type == SR_MSG_CTRL)
+        return;
+    sr__payload_done(m);
+    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
+}
+
 /* Retry queued messages in order; stop at the first inbox still full. */
 static void flush_out(sr_agent *a)
 {
@@ -76,7 +87,9 @@ static void flush_out(sr_agent *a)
         a->outq = q->next;
         /* relaxed: see queue_out */
         atomic_fetch_sub_explicit(&a->out_pending, 1, memory_order_relaxed);
-        free(q); /* a dead destination (-EPIPE): its calls are failed by the peer watch */
+        if (rc) /* a dead destination (-EPIPE): its calls are failed by the peer watch */
+            drop_unsent(a, &q->m);
+        free(q);
     }
     pthread_mutex_unlock(&a->out_lock);
 }
@@ -186,7 +199,12 @@ static bool user_release(sr_agent *a)
             futex_wake_one(&a->token);
             break;
         }
-        /* The progress thread is parked on the doorbell: re-announce its sleep. */
+        /* The progress thread is parked on the doorbell. It released the
+         * inbox before it slept, and will not again before its next read: free
+         * the slots our last burst still holds (a receive of nothing), or a
+         * ring full of them would refuse every producer, which then rings no
+         * doorbell, while everyone sleeps. Then re-announce its sleep. */
+        sr_xport_recv_burst(a->x, NULL, 0);
         atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
         /* D2 (doorbell.h): pairs with the producers' D3 fence */
         atomic_thread_fence(memory_order_seq_cst);
@@ -223,8 +241,11 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
     for (;;) {
-        if (poll_burst(a, mode))
+        if (poll_burst(a, mode)) {
+            if (sr_future_done(f)) /* do not keep serving a busy inbox once our answer is in */
+                return 0;
             continue;
+        }
         if (sr_future_done(f))
             return 0;
         if (deadline >= 0 && sr_now_ns() >= deadline)
@@ -352,15 +373,20 @@ static int64_t next_deadline(sr_agent *a)
     return earlier(d, sr__reorder_next(a));
 }
 
+static bool peer_crashed(sr_agent *a, int r)
+{
+    /* acquire: pairs with the peer's release store of DETACHED in sr_xport_detach */
+    return atomic_load_explicit(&sr_seg_worker(&a->x->seg, r)->state, memory_order_acquire) != SR_WORKER_DETACHED;
+}
+
 static void handle_events(sr_agent *a, int ev)
 {
-    if (ev > 0 && (ev & SR_WAKE_PEER)) {
+    if (ev > 0 && (ev & SR_WAKE_PEER))
         for (int r = 0; r < a->world; r++)
-            if (sr_xport_peer_dead(a->x, r) && atomic_load(&sr_seg_worker(&a->x->seg, r)->state) != SR_WORKER_DETACHED) {
+            if (sr_xport_peer_dead(a->x, r) && peer_crashed(a, r)) {
                 sr__calls_fail_peer(a, r, "died");
                 sr__rref_peer_died(a, r);
             }
-    }
     int64_t now = sr_now_ns();
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
     if (d >= 0 && now >= d)
@@ -410,6 +436,15 @@ static void progress_idle(sr_agent *a)
     handle_events(a, ev);
 }
 
+/* Expire overdue calls; one relaxed load (and a coarse clock read when a
+ * deadline exists) on the busy path. */
+static void expire_due(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    if (d >= 0 && sr_now_coarse_ns() >= d)
+        sr__calls_expire(a, sr_now_ns());
+}
+
 static void *progress_main(void *p)
 {
     sr_agent *a = p;
@@ -426,13 +461,19 @@ static void *progress_main(void *p)
             sr__rref_tick(a, sr_now_ns()); /* the polling user reads the acknowledgements meanwhile */
             continue;
         }
-        if (poll_burst(a, SR_POLL_NESTED))
+        if (poll_burst(a, SR_POLL_NESTED)) {
+            expire_due(a); /* a busy inbox must not stop timeouts from firing */
             continue;
+        }
         /* Retries only after a poll found the inbox empty: acknowledgements are
          * sent quietly (they wake nobody), so one may be waiting there. */
         sr__rref_tick(a, sr_now_ns());
         progress_idle(a);
     }
+    /* release: a waiter still running (an executor finishing a nested call)
+     * may steal the token and poll for itself. */
+    uint32_t t = TOKEN_PROGRESS;
+    atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_release, memory_order_relaxed);
     sr_xport_awake(a->x, -1);
     return NULL;
 }

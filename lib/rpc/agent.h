@@ -82,6 +82,7 @@ typedef struct sr_agent {
     pthread_mutex_t q_lock;
     pthread_cond_t q_cond;
     struct sr_job_item *q_head, **q_tail;
+    bool exec_stopping;       /* under q_lock: executors drain the queue and exit */
     pthread_t *executors;
     int nexec;
     _Atomic uint32_t exec_idle;

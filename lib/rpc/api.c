@@ -111,6 +111,13 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     return 0;
 }
 
+/* A failed init: stop the executors already started, free everything. */
+static void abandon(sr_agent *a)
+{
+    sr__exec_stop(a);
+    agent_free(a);
+}
+
 SR_API int sr_init(const sr_init_opts *opts)
 {
     static const sr_init_opts defaults;
@@ -128,14 +135,12 @@ SR_API int sr_init(const sr_init_opts *opts)
         rc = agent_create(opts, &a);
     if (!rc && (rc = sr__exec_start(a, opts->num_worker_threads ? opts->num_worker_threads
                                                                 : SR_DEFAULT_NUM_WORKER_THREADS)))
-        atomic_store(&a->stopping, true), sr__exec_stop(a), agent_free(a);
+        abandon(a);
     if (!rc) {
         sr__agent = a;
         if ((rc = sr__agent_start(a))) {
             sr__agent = NULL;
-            atomic_store(&a->stopping, true);
-            sr__exec_stop(a);
-            agent_free(a);
+            abandon(a);
         }
     }
     pthread_mutex_unlock(&life_lock);
@@ -144,8 +149,8 @@ SR_API int sr_init(const sr_init_opts *opts)
 
 static void teardown(sr_agent *a)
 {
+    sr__exec_stop(a);  /* first: a function finishing a nested call still gets its answer */
     sr__agent_stop(a);
-    sr__exec_stop(a);
     sr__rref_fini(); /* no thread of the runtime is left to race it */
     sr__agent = NULL;
     agent_free(a);

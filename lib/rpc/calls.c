@@ -40,8 +40,8 @@ void sr__calls_fini(sr_agent *a)
 /* Lower earliest_deadline to d if it is later (or none). */
 static bool lower_deadline(sr_agent *a, int64_t d)
 {
-    /* relaxed: a hint for the progress thread's sleep; the slot holds the truth */
-    int64_t cur = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed);
+    /* seq_cst: pairs with the reset in sr__calls_expire (see there) */
+    int64_t cur = atomic_load_explicit(&a->earliest_deadline, memory_order_seq_cst);
     while (cur < 0 || d < cur)
         if (atomic_compare_exchange_weak_explicit(&a->earliest_deadline, &cur, d, memory_order_relaxed,
                                                   memory_order_relaxed))
@@ -63,8 +63,10 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     s->timeout_ms = timeout_ms;
     s->deadline_ns = timeout_ms > 0 ? sr_now_coarse_ns() + timeout_ms * 1000000 : -1;
     s->fut = sr_future_ref(fut);
-    /* release: the fields above are visible to whoever matches this generation */
-    uint32_t gen = atomic_fetch_add_explicit(&s->gen, 1, memory_order_release) + 1;
+    /* seq_cst (a release at least): the fields above are visible to whoever
+     * matches this generation; and ordered before lower_deadline's load (see
+     * sr__calls_expire) */
+    uint32_t gen = atomic_fetch_add_explicit(&s->gen, 1, memory_order_seq_cst) + 1;
     pthread_mutex_unlock(&a->slots_lock);
     atomic_fetch_add_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
     *id = (uint64_t)gen << 32 | (uint32_t)i;
@@ -102,7 +104,8 @@ static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why
     int64_t earliest = -1;
     for (int32_t i = 0; i < a->nslots; i++) {
         struct sr_call_slot *s = &a->slots[i];
-        uint32_t gen = atomic_load_explicit(&s->gen, memory_order_acquire); /* acquire: pairs with call_begin */
+        /* seq_cst (an acquire at least): pairs with call_begin's bump */
+        uint32_t gen = atomic_load_explicit(&s->gen, memory_order_seq_cst);
         if (!(gen & 1))
             continue;
         bool hit = rank >= 0 ? s->to == rank : (s->deadline_ns >= 0 && s->deadline_ns <= now);
@@ -129,8 +132,11 @@ static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why
 
 void sr__calls_expire(sr_agent *a, int64_t now)
 {
-    /* relaxed: reset first, so a concurrent lower_deadline is not lost */
-    atomic_store_explicit(&a->earliest_deadline, -1, memory_order_relaxed);
+    /* seq_cst: reset before the scan, never after it (a store may otherwise
+     * pass the scan's loads). Pairs with the seq_cst generation bump and
+     * load in call_begin/lower_deadline: either the scan sees the new call,
+     * or that call sees -1 and lowers the deadline itself. */
+    atomic_exchange_explicit(&a->earliest_deadline, -1, memory_order_seq_cst);
     int64_t e = fail_matching(a, now, -1, NULL);
     if (e >= 0)
         lower_deadline(a, e);

@@ -182,7 +182,12 @@ static void run_call(struct sr_call *c)
         return;
     }
     atomic_fetch_add_explicit(&c->a->server_async, 1, memory_order_relaxed); /* relaxed: statistics */
-    sr_future_add_done_callback(f, on_async_done, c); /* cannot fail but for -ENOMEM */
+    if (sr_future_add_done_callback(f, on_async_done, c)) { /* -ENOMEM: answer with the error now */
+        atomic_fetch_sub_explicit(&c->a->server_async, 1, memory_order_relaxed); /* relaxed: statistics */
+        sr_call_fail(c, -ENOMEM, "cannot wait for the async function's future: %s", sr_last_error());
+        sr_future_unref(f);
+        finish_call(c);
+    }
 }
 
 /* ---- executors -------------------------------------------------------------- */
@@ -208,7 +213,7 @@ static void *executor_main(void *p)
     sr_agent *a = p;
     pthread_mutex_lock(&a->q_lock);
     for (;;) {
-        while (!a->q_head && !atomic_load_explicit(&a->stopping, memory_order_relaxed)) { /* relaxed: under q_lock */
+        while (!a->q_head && !a->exec_stopping) {
             atomic_fetch_add_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
             pthread_cond_wait(&a->q_cond, &a->q_lock);
             atomic_fetch_sub_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
@@ -247,10 +252,13 @@ int sr__exec_start(sr_agent *a, int n)
     return 0;
 }
 
-/* Called with stopping set: executors finish the queue, then exit. */
+/* Executors finish the queue and the functions they run, then exit. Called
+ * while the progress thread still serves the inbox, so a function finishing
+ * a nested call is answered. */
 void sr__exec_stop(sr_agent *a)
 {
     pthread_mutex_lock(&a->q_lock);
+    a->exec_stopping = true;
     pthread_cond_broadcast(&a->q_cond);
     pthread_mutex_unlock(&a->q_lock);
     for (int i = 0; i < a->nexec; i++)

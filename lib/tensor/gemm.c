@@ -241,26 +241,52 @@ static void kernel_f32(float *c, int64_t ldc, const float *ap, const float *bp, 
     portable_f32(c, ldc, ap, bp, mc, nc, kc);
 }
 
-static int blocked_f64(const struct sr_gemm *g)
+/* The blocked driver is the same loop nest for both dtypes; only the element
+ * size and the pack/kernel routines differ. */
+struct blocked_ops {
+    size_t elem;
+    void (*pack)(void *dst, const void *x, int64_t ld, bool trans, int64_t r0, int64_t c0, int64_t rows,
+                 int64_t cols);
+    void (*kernel)(void *c, int64_t ldc, const void *ap, const void *bp, int64_t mc, int64_t nc, int64_t kc);
+};
+
+static void pack64(void *d, const void *x, int64_t ld, bool t, int64_t r0, int64_t c0, int64_t r, int64_t c)
 {
-    double *ap = malloc(MC * KC * sizeof(double)), *bp = malloc(KC * NC * sizeof(double));
+    pack_f64(d, x, ld, t, r0, c0, r, c);
+}
+static void pack32(void *d, const void *x, int64_t ld, bool t, int64_t r0, int64_t c0, int64_t r, int64_t c)
+{
+    pack_f32(d, x, ld, t, r0, c0, r, c);
+}
+static void kern64(void *c, int64_t ldc, const void *a, const void *b, int64_t mc, int64_t nc, int64_t kc)
+{
+    kernel_f64(c, ldc, a, b, mc, nc, kc);
+}
+static void kern32(void *c, int64_t ldc, const void *a, const void *b, int64_t mc, int64_t nc, int64_t kc)
+{
+    kernel_f32(c, ldc, a, b, mc, nc, kc);
+}
+
+static int blocked(const struct sr_gemm *g, const struct blocked_ops *o)
+{
+    char *ap = malloc(MC * KC * o->elem), *bp = malloc(KC * NC * o->elem);
     if (!ap || !bp) {
         free(ap);
         free(bp);
         return -1;
     }
-    double *c = g->c;
+    char *c = g->c;
     for (int64_t i = 0; i < g->m; i++)
-        memset(c + i * g->ldc, 0, (size_t)g->n * sizeof(double));
+        memset(c + (size_t)(i * g->ldc) * o->elem, 0, (size_t)g->n * o->elem);
     for (int64_t jc = 0; jc < g->n; jc += NC) {
         int64_t nc = g->n - jc < NC ? g->n - jc : NC;
         for (int64_t pc = 0; pc < g->k; pc += KC) {
             int64_t kc = g->k - pc < KC ? g->k - pc : KC;
-            pack_f64(bp, g->b, g->ldb, g->tb, pc, jc, kc, nc);
+            o->pack(bp, g->b, g->ldb, g->tb, pc, jc, kc, nc);
             for (int64_t ic = 0; ic < g->m; ic += MC) {
                 int64_t mc = g->m - ic < MC ? g->m - ic : MC;
-                pack_f64(ap, g->a, g->lda, g->ta, ic, pc, mc, kc);
-                kernel_f64(c + ic * g->ldc + jc, g->ldc, ap, bp, mc, nc, kc);
+                o->pack(ap, g->a, g->lda, g->ta, ic, pc, mc, kc);
+                o->kernel(c + (size_t)(ic * g->ldc + jc) * o->elem, g->ldc, ap, bp, mc, nc, kc);
             }
         }
     }
@@ -269,33 +295,8 @@ static int blocked_f64(const struct sr_gemm *g)
     return 0;
 }
 
-static int blocked_f32(const struct sr_gemm *g)
-{
-    float *ap = malloc(MC * KC * sizeof(float)), *bp = malloc(KC * NC * sizeof(float));
-    if (!ap || !bp) {
-        free(ap);
-        free(bp);
-        return -1;
-    }
-    float *c = g->c;
-    for (int64_t i = 0; i < g->m; i++)
-        memset(c + i * g->ldc, 0, (size_t)g->n * sizeof(float));
-    for (int64_t jc = 0; jc < g->n; jc += NC) {
-        int64_t nc = g->n - jc < NC ? g->n - jc : NC;
-        for (int64_t pc = 0; pc < g->k; pc += KC) {
-            int64_t kc = g->k - pc < KC ? g->k - pc : KC;
-            pack_f32(bp, g->b, g->ldb, g->tb, pc, jc, kc, nc);
-            for (int64_t ic = 0; ic < g->m; ic += MC) {
-                int64_t mc = g->m - ic < MC ? g->m - ic : MC;
-                pack_f32(ap, g->a, g->lda, g->ta, ic, pc, mc, kc);
-                kernel_f32(c + ic * g->ldc + jc, g->ldc, ap, bp, mc, nc, kc);
-            }
-        }
-    }
-    free(ap);
-    free(bp);
-    return 0;
-}
+static const struct blocked_ops ops64 = {sizeof(double), pack64, kern64};
+static const struct blocked_ops ops32 = {sizeof(float), pack32, kern32};
 
 #ifdef SR_HAVE_CBLAS
 static bool blas_fits(const struct sr_gemm *g)
@@ -325,5 +326,5 @@ int sr__gemm(const struct sr_gemm *g)
         return 0;
     }
 #endif
-    return g->dt == SR_F64 ? blocked_f64(g) : blocked_f32(g);
+    return blocked(g, g->dt == SR_F64 ? &ops64 : &ops32);
 }

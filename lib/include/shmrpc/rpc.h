@@ -34,7 +34,7 @@ extern "C" {
 
 #define SR_DEFAULT_RPC_TIMEOUT 60.0
 #define SR_UNSET_RPC_TIMEOUT (-1.0)
-#define SR_DEFAULT_NUM_WORKER_THREADS 4
+#define SR_DEFAULT_NUM_WORKER_THREADS 16
 
 typedef struct sr_init_opts {
     const char *name;        /* NULL: "worker<rank>"; [A-Za-z0-9_:-]{1,127}, unique */

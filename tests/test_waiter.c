@@ -1,0 +1,185 @@
+/* The waiter alone, in one process: deadlines (the standalone timer that
+ * stays armed across sleeps), a sleep from a second thread (the first sleep
+ * binds a single-issuer ring to its thread), shutdown from another thread,
+ * and a doorbell rung by another thread. meson runs this binary once with
+ * the probed doorbell and once with SHMRPC_DOORBELL=eventfd.
+ *
+ * The ringing thread acts on the handshake itself: it rings only once it
+ * sees the word announce SLEEPING, so no test depends on sleeping for luck. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "doorbell.h"
+#include "error.h"
+#include "waiter.h"
+
+#define MS 1000000ll
+#define BOUND_NS (5000 * MS) /* no step of these tests legitimately takes this long */
+
+LEAK_CHECKED_SUITE(waiter);
+
+struct fixture {
+    sr_waiter w;
+    _Atomic uint32_t word;
+    int efd;
+};
+
+static void fixture_init(struct fixture *f)
+{
+    atomic_init(&f->word, SR_DOORBELL_AWAKE);
+    f->efd = eventfd(0, EFD_CLOEXEC);
+    cr_assert_geq(f->efd, 0);
+    cr_assert_eq(sr_waiter_init(&f->w, &f->word, f->efd, 0), 0, "init: %s", sr_last_error());
+}
+
+static void fixture_fini(struct fixture *f)
+{
+    sr_waiter_fini(&f->w);
+    close(f->efd);
+}
+
+static bool never_ready(void *arg)
+{
+    (void)arg;
+    return false;
+}
+
+/* Ring the doorbell as a producer would, once the sleeper has announced. */
+static void *ringer(void *p)
+{
+    struct fixture *f = p;
+    int64_t until = sr_now_ns() + BOUND_NS;
+    /* relaxed: we only watch for the announcement; sr_doorbell_ring's D3
+     * fence does the ordering that matters */
+    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr_now_ns() < until)
+        sched_yield();
+    sr_doorbell_ring(&f->word, f->w.kind, f->efd);
+    return NULL;
+}
+
+static int sleep_rung(struct fixture *f, int64_t deadline_ns)
+{
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, ringer, f), 0);
+    int ev = sr_waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
+    pthread_join(t, NULL);
+    return ev;
+}
+
+/* Sleep with nothing to wake us; returns the events and the time slept. */
+static int sleep_idle(struct fixture *f, int64_t deadline_ns, int64_t *slept_ns)
+{
+    int64_t t0 = sr_now_ns();
+    int ev = sr_waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
+    *slept_ns = sr_now_ns() - t0;
+    return ev;
+}
+
+Test(waiter, deadline_passes_with_nothing_to_wake)
+{
+    struct fixture f;
+    fixture_init(&f);
+    int64_t slept;
+    int ev = sleep_idle(&f, sr_now_ns() + 20 * MS, &slept);
+    cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d (%s)", ev, ev < 0 ? sr_last_error() : "");
+    cr_assert_geq(slept, 20 * MS, "woke %lld ns early", (long long)(20 * MS - slept));
+    cr_assert_lt(slept, BOUND_NS);
+    fixture_fini(&f);
+}
+
+Test(waiter, doorbell_wakes_a_sleep_without_deadline)
+{
+    struct fixture f;
+    fixture_init(&f);
+    for (int i = 0; i < 3; i++) { /* the wait is re-armed after each wake-up */
+        int ev = sleep_rung(&f, -1);
+        cr_assert_eq(ev, (int)SR_WAKE_DOORBELL, "round %d: events %d", i, ev);
+        /* relaxed: written by this thread (the sleeper) or the joined ringer */
+        cr_assert_eq(atomic_load_explicit(&f.word, memory_order_relaxed), SR_DOORBELL_AWAKE);
+    }
+    fixture_fini(&f);
+}
+
+/* The first sleep leaves its timer armed 10 s out; a later sleep that needs
+ * an earlier deadline must move it, not sleep 10 s. */
+Test(waiter, an_earlier_deadline_moves_the_armed_timer)
+{
+    struct fixture f;
+    fixture_init(&f);
+    cr_assert_eq(sleep_rung(&f, sr_now_ns() + 10000 * MS), (int)SR_WAKE_DOORBELL);
+    int64_t slept;
+    int ev = sleep_idle(&f, sr_now_ns() + 20 * MS, &slept);
+    cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d", ev);
+    cr_assert_geq(slept, 20 * MS);
+    cr_assert_lt(slept, 5000 * MS, "slept %lld ms: the 10 s timer was not moved", (long long)(slept / MS));
+    fixture_fini(&f);
+}
+
+/* A timer armed for an earlier sleep fires during a later, longer one: that
+ * is not this sleep's timeout. */
+Test(waiter, an_old_timer_firing_early_is_not_a_timeout)
+{
+    struct fixture f;
+    fixture_init(&f);
+    cr_assert_eq(sleep_rung(&f, sr_now_ns() + 30 * MS), (int)SR_WAKE_DOORBELL);
+    int64_t slept;
+    int ev = sleep_idle(&f, sr_now_ns() + 150 * MS, &slept);
+    cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d", ev);
+    cr_assert_geq(slept, 150 * MS, "returned after %lld ms, at the old timer", (long long)(slept / MS));
+    fixture_fini(&f);
+}
+
+static void *sleep_in_thread(void *p)
+{
+    struct fixture *f = p;
+    int64_t slept;
+    int ev = sleep_idle(f, sr_now_ns() + 5 * MS, &slept);
+    return (void *)(intptr_t)ev;
+}
+
+/* The first sleep binds a single-issuer ring to its thread; a sleep from
+ * another thread must still work (the ring is rebuilt as a plain one). */
+Test(waiter, a_second_thread_can_sleep)
+{
+    struct fixture f;
+    fixture_init(&f);
+    int64_t slept;
+    cr_assert_eq(sleep_idle(&f, sr_now_ns() + 5 * MS, &slept), (int)SR_WAKE_TIMEOUT);
+    pthread_t t;
+    void *ev;
+    cr_assert_eq(pthread_create(&t, NULL, sleep_in_thread, &f), 0);
+    pthread_join(t, &ev);
+    cr_assert_eq((int)(intptr_t)ev, (int)SR_WAKE_TIMEOUT, "second thread: events %d (%s)", (int)(intptr_t)ev,
+                 sr_last_error());
+    cr_assert_eq(sleep_rung(&f, sr_now_ns() + BOUND_NS), (int)SR_WAKE_DOORBELL, "the doorbell after the switch");
+    fixture_fini(&f);
+}
+
+static void *notify(void *p)
+{
+    struct fixture *f = p;
+    int64_t until = sr_now_ns() + BOUND_NS;
+    /* relaxed: we only watch for the announcement; the eventfd write wakes */
+    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr_now_ns() < until)
+        sched_yield();
+    sr_waiter_notify_shutdown(&f->w);
+    return NULL;
+}
+
+Test(waiter, shutdown_from_another_thread_wakes_and_sticks)
+{
+    struct fixture f;
+    fixture_init(&f);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, notify, &f), 0);
+    int ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+    pthread_join(t, NULL);
+    cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "events %d", ev);
+    ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+    cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "shutdown is sticky: events %d", ev);
+    fixture_fini(&f);
+}
