@@ -70,7 +70,7 @@ void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d)
 bool sr__idle_locked(void)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    return !c->pending_users.n && !c->children.n && !c->retries.n;
+    return !c->pending_users.n && !c->pending_remote && !c->children.n && !c->retries.n;
 }
 
 void sr__idle_check_locked(struct after *d)
@@ -111,6 +111,7 @@ int sr__rref_init(sr_agent *a, bool ignore_leaks)
     c->world = a->world;
     c->next_token = 1;
     c->awaiting = 0;
+    c->pending_remote = 0;
     /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
     atomic_store_explicit(&c->next_id, 0, memory_order_relaxed);
     atomic_store_explicit(&c->retry_hint, -1, memory_order_relaxed);
@@ -141,7 +142,7 @@ SR_API int sr_rref_debug_info_get(sr_rref_debug_info *o)
         .num_owner_rrefs = c->owners.n,
         .num_pending_owners = c->awaiting,
         .num_forks = c->forks.live,
-        .num_pending_users = c->pending_users.n,
+        .num_pending_users = c->pending_users.n + c->pending_remote,
         .num_confirmed_users = c->users.n,
         .num_pending_children = c->children.n,
         .num_pending_futures = c->retries.n,

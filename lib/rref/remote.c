@@ -98,17 +98,17 @@ static int remote_self(sr_agent *a, const char *fn, sr_args args, int64_t ms, ui
     return 0;
 }
 
-/* Register r as a pending user (the table holds a reference). */
+/* Count r as a pending user; its call's callback holds it until REMOTE_RET. */
 static int add_pending(sr_rref *r)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
-    int rc = !sr__rref_live_locked(r)
-                 ? sr__fail(-SR_ESHUTDOWN, "sr_remote", "RPC has not been initialized. Call sr_init first.")
-                 : sr__map_put(&c->pending_users, r->fork_id, r);
+    int rc = sr__rref_live_locked(r)
+                 ? 0
+                 : sr__fail(-SR_ESHUTDOWN, "sr_remote", "RPC has not been initialized. Call sr_init first.");
     if (!rc) {
-        sr_rref_ref(r);
-        r->registered = true;
+        r->registered = r->creating = true;
+        c->pending_remote++;
     }
     sr__rref_unlock();
     return rc;

@@ -84,9 +84,15 @@ void sr__user_delete_locked(sr_rref *r, struct after *d)
 void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    if (sr__map_get(&c->pending_users, r->fork_id) != r)
+    if (r->creating) { /* a remote() user: its call, not the table, holds it */
+        r->creating = false;
+        c->pending_remote--;
+    } else if (sr__map_get(&c->pending_users, r->fork_id) == r) {
+        sr__map_del(&c->pending_users, r->fork_id);
+        d->unref[d->nunref++] = r; /* the pending table's reference */
+    } else {
         return;
-    sr__map_del(&c->pending_users, r->fork_id);
+    }
     if (confirmed)
         /* release: pairs with the acquire in sr_rref_confirmed_by_owner */
         atomic_store_explicit(&r->confirmed, true, memory_order_release);
@@ -95,7 +101,6 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d)
     sr__map_put(&c->users, r->fork_id, r);
     if (confirmed && r->confirm)
         d->complete[d->ncomplete++] = sr_future_ref(r->confirm);
-    d->unref[d->nunref++] = r; /* the pending table's reference */
 }
 
 void sr__rref_owner_fail(sr_rref *r, int err, const char *fmt, ...)
@@ -179,8 +184,7 @@ SR_API int sr_rref_confirmation(sr_rref *r, sr_future **out)
     if (!r || !out)
         return sr__fail(-EINVAL, "sr_rref_confirmation", "%s is NULL", r ? "out" : "the RRef");
     sr__rref_lock();
-    bool pending = !r->is_owner && r->registered && sr__rref_live_locked(r) &&
-                   sr__map_get(&sr__rref_ctx.pending_users, r->fork_id) == r;
+    bool pending = r->creating && sr__rref_live_locked(r);
     if (!r->confirm && pending) /* a remote() user: made on demand, completed by its REMOTE_RET */
         r->confirm = sr_future_new();
     sr_future *f = r->confirm ? sr_future_ref(r->confirm) : NULL;

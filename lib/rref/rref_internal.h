@@ -43,7 +43,8 @@ struct sr_rref {
     _Atomic bool confirmed;  /* release store under the lock, acquire loads anywhere */
     _Atomic bool deleted;    /* set under the lock: the owner has been (or is being) told this fork is
                                 is gone; read without it as a hint (relaxed) */
-    bool registered;         /* lock: in pending_users or users */
+    bool registered;         /* lock: in pending_users or users, or a remote() user awaiting its REMOTE_RET */
+    bool creating;           /* lock: a remote() user whose REMOTE_RET has not come (counted in pending_remote) */
     uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
     /* remote() creation error: create_msg is written before the release store of create_err. */
     _Atomic int create_err;
@@ -61,7 +62,8 @@ struct rref_ctx {
     uint64_t next_token;         /* lock: retry tokens */
     sr_u64map owners;            /* rref_id -> OwnerRRef (a reference): forked, or awaiting its creating call */
     sr_fork_table forks;         /* the owner's view of its users */
-    sr_u64map pending_users;     /* fork_id -> sr_rref * (reference) */
+    sr_u64map pending_users;     /* fork_id -> sr_rref * (reference): received users asking their owner */
+    uint32_t pending_remote;     /* lock: remote() users awaiting their REMOTE_RET (held by the call) */
     sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
     sr_u64map retries;           /* token -> struct retry * */
@@ -129,8 +131,9 @@ sr_rref *sr__rref_alloc(bool is_owner, int owner, uint64_t rid, uint64_t fid);
 void sr__rref_owner_fail(sr_rref *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Record a remote() creation failure on a user (first one wins). */
 void sr__rref_set_create_error(sr_rref *r, int err, const char *msg);
-/* A user leaves pending_users: into users (weak), confirmed or not. Lock
- * held; the caller runs sr__idle_check_locked once its own updates are done. */
+/* A user stops pending (leaves pending_users, or its REMOTE_RET came): into
+ * users (weak), confirmed or not. Lock held; the caller runs
+ * sr__idle_check_locked once its own updates are done. */
 void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
 
 /* protocol.c: queue a control message (lock held); retried until acknowledged
