@@ -2,9 +2,12 @@
  * same run (the ratio is the median of per-round ratios, so that a round's
  * two figures share its noise) and next to PyTorch's figure.
  *
- *   bench_rref [remote] [fork] [proxy] [pair] [noop2]      (default: all)
+ *   bench_rref [remote] [big] [fork] [proxy] [pair] [noop2]      (default: all)
  *
- *   remote+to_here   sr_remote(noop) + sr_rref_to_here + drop, one owner
+ *   remote+to_here   sr_remote(noop) + sr_rref_to_here + drop, one owner (the
+ *                    None result rides along with REMOTE_RET: no fetch)
+ *   ... 64 B         remote(echo, 64 bytes) + to_here, next to rpc_sync(echo, 64 bytes):
+ *                    arguments and result travel in heap blocks
  *   fork user->user  rpc_sync to a second user with a UserRRef argument: the
  *                    callee asks the owner (FORK_REQUEST, ACK) before its
  *                    function may run, then accepts the child at the parent
@@ -37,9 +40,9 @@
 #define N 3000
 #define WARM 500
 
-enum { NOOP, REMOTE, FORK, PROXY, PAIR, NOOP2, NWORK };
-static const char *names[NWORK] = {"rpc_sync noop", "remote+to_here", "fork user->user", "proxy rpc_sync",
-                                   "2 pipelined noop", "noop to user 2"};
+enum { NOOP, REMOTE, ECHO_BIG, REMOTE_BIG, FORK, PROXY, PAIR, NOOP2, NWORK };
+static const char *names[NWORK] = {"rpc_sync noop",      "remote+to_here",  "rpc_sync echo 64 B", "remote+to_here 64 B",
+                                   "fork user->user",    "proxy rpc_sync",  "2 pipelined noop",   "noop to user 2"};
 
 struct result {
     double p50[ROUNDS], p99[ROUNDS];
@@ -51,7 +54,7 @@ struct shared {
 };
 
 static struct shared *sh;
-static bool wanted[NWORK] = {true, true, true, true, true, true}; /* set from argv before the workers fork */
+static bool wanted[NWORK] = {true, true, true, true, true, true, true, true}; /* set from argv before the workers fork */
 static sr_future *done_fut; /* ranks 1, 2: completed by rank 0's "done" */
 
 static int64_t now_ns(void)
@@ -99,6 +102,8 @@ static int fn_take(sr_call *c, sr_future **out)
     return 0;
 }
 
+static sr_value *big; /* 64 bytes: too big to ride along with REMOTE_RET, so to_here fetches */
+
 /* One timed iteration of workload w; the result is checked. */
 static int once(int w, sr_rref *r, sr_value *rv)
 {
@@ -112,6 +117,19 @@ static int once(int w, sr_rref *r, sr_value *rv)
         if (!rc)
             rc = sr_rref_to_here(made, -1, &v);
         rc = rc ? rc : sr_value_type(v) != SR_KIND_NONE;
+        sr_value_unref(v);
+        sr_rref_unref(made);
+        return rc;
+    case ECHO_BIG:
+        rc = sr_rpc_sync(1, "echo", SR_ARGS(big), -1, &v);
+        rc = rc ? rc : !sr_value_equal(v, big);
+        sr_value_unref(v);
+        return rc;
+    case REMOTE_BIG:
+        rc = sr_remote(1, "echo", SR_ARGS(big), -1, &made);
+        if (!rc)
+            rc = sr_rref_to_here(made, -1, &v);
+        rc = rc ? rc : !sr_value_equal(v, big);
         sr_value_unref(v);
         sr_rref_unref(made);
         return rc;
@@ -156,12 +174,14 @@ static int driver(void)
         return 1;
     sr_value_unref(v);
     sr_value *rv = sr_rref_value(r);
+    big = sr_bytes("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64);
     for (int w = 0; w < NWORK; w++)
         for (int i = 0; wanted[w] && i < WARM; i++)
             once(w, r, rv);
     for (int round = 0; round < ROUNDS; round++)
         measure(round, r, rv);
     sr_value_unref(rv);
+    sr_value_unref(big);
     sr_value_unref(n);
     sr_rref_unref(r);
     sr_rref_debug_info d;
@@ -198,18 +218,19 @@ static void report(void)
     double base = median(noop50, ROUNDS);
     printf("# bench_rref: 3 workers (driver, owner, second user), %d rounds x %d calls, median over rounds\n",
            ROUNDS, N);
-    printf("%-16s | p50 %8.0f ns p99 %8.0f ns | PyTorch p50 %.0f us: %.0fx faster\n", names[NOOP], base,
+    printf("%-19s | p50 %8.0f ns p99 %8.0f ns | PyTorch p50 %.0f us: %.0fx faster\n", names[NOOP], base,
            median(noop99, ROUNDS), PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / base);
     for (int w = 1; w < NWORK; w++) {
         double ratio[ROUNDS], p50[ROUNDS], p99[ROUNDS];
+        int ref = w == REMOTE_BIG ? ECHO_BIG : NOOP; /* the same payload through rpc_sync */
         if (!wanted[w])
             continue;
         for (int i = 0; i < ROUNDS; i++)
-            ratio[i] = sh->r[w].p50[i] / sh->r[NOOP].p50[i];
+            ratio[i] = sh->r[w].p50[i] / sh->r[ref].p50[i];
         memcpy(p50, sh->r[w].p50, sizeof(p50));
         memcpy(p99, sh->r[w].p99, sizeof(p99));
         double m = median(p50, ROUNDS), q = median(ratio, ROUNDS);
-        printf("%-16s | p50 %8.0f ns p99 %8.0f ns | %.2fx rpc_sync noop", names[w], m, median(p99, ROUNDS), q);
+        printf("%-19s | p50 %8.0f ns p99 %8.0f ns | %.2fx %s", names[w], m, median(p99, ROUNDS), q, names[ref]);
         if (w == REMOTE)
             printf(" (target <= 2: %s) | PyTorch p50 %.0f us: %.0fx faster", q <= 2.0 ? "met" : "NOT met",
                    PT_REMOTE_P50_NS / 1e3, PT_REMOTE_P50_NS / m);
@@ -219,10 +240,10 @@ static void report(void)
     }
 }
 
-/* bench_rref [remote] [fork] [proxy] [pair] [noop2]: the workloads to run (default all). */
+/* bench_rref [remote] [big] [fork] [proxy] [pair] [noop2]: the workloads to run (default all). */
 int main(int argc, char **argv)
 {
-    static const char *keys[NWORK] = {"noop", "remote", "fork", "proxy", "pair", "noop2"};
+    static const char *keys[NWORK] = {"noop", "remote", "big", "big", "fork", "proxy", "pair", "noop2"};
     for (int w = 1; argc > 1 && w < NWORK; w++) {
         wanted[w] = false;
         for (int i = 1; i < argc; i++)

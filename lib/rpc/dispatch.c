@@ -109,11 +109,40 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
     }
 }
 
-/* The answer to a REMOTE_CALL: the OwnerRRef now has its value (or error). */
-static void send_remote_ret(sr_agent *a, int to, uint64_t id)
+/* Immutable plain data (no tensor, object or RRef): a copy made now is the
+ * same as a copy made at any later fetch. */
+static bool plain(const sr_value *v, int depth)
+{
+    sr_kind k = sr_value_type(v);
+    if (k == SR_KIND_LIST && depth < 4) {
+        for (size_t i = 0; i < sr_value_list_len(v); i++)
+            if (!plain(sr_value_list_at(v, i), depth + 1))
+                return false;
+        return true;
+    }
+    return k != SR_KIND_LIST && k != SR_KIND_TENSOR && k != SR_KIND_OBJECT && k != SR_KIND_RREF;
+}
+
+/* The answer to a REMOTE_CALL: the OwnerRRef now has its value (or error).
+ * A plain value of up to SR_REMOTE_RET_MAX encoded bytes rides along, so the
+ * creator's to_here() needs no fetch (lib/rref/use.c). The cap keeps a large
+ * result that nobody may ever fetch from being copied into the heap. */
+#define SR_REMOTE_RET_MAX 4096
+static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
 {
     sr_msg m = {.type = SR_MSG_REMOTE_RET};
     struct sr_wire w = {.call_id = id};
+    sr_value *one[1] = {v};
+    int64_t len = v && plain(v, 0) ? sr_codec_size(1, one, to == a->rank) : -1;
+    uint8_t *p = len > 0 && len <= SR_REMOTE_RET_MAX ? sr__payload_reserve(&m, &w, (size_t)len) : NULL;
+    if (p && sr_codec_encode(1, one, to == a->rank, p, (size_t)len) == len) {
+        w.flags |= SR_WIRE_VALUE;
+    } else if (p) { /* cannot happen for plain data; send no value rather than none */
+        sr__payload_abandon(&w);
+        w = (struct sr_wire){.call_id = id};
+    } else {
+        w.len = 0;
+    }
     sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m))
@@ -133,7 +162,7 @@ static void finish_call(struct sr_call *c)
             snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank,
                      c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         sr__rref_owner_set(c->owner, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
-        send_remote_ret(a, c->caller, c->call_id);
+        send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
         sr_rref_unref(c->owner);
     } else if (c->err) {
         char text[512];
@@ -425,7 +454,7 @@ static bool remote_owner(sr_agent *a, const sr_msg *m, struct sr_call **pc, int 
     }
     sr__rref_owner_set(owner, code, text, NULL); /* the RRef exists; its value is the error */
     sr_rref_unref(owner);
-    send_remote_ret(a, m->src, w.call_id);
+    send_remote_ret(a, m->src, w.call_id, NULL);
     return true;
 }
 
@@ -521,8 +550,13 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
             sr_codec_release(p, len);
-    } else if (m->type == SR_MSG_REMOTE_RET) {
-        sr_future_set_result(f, NULL);
+    } else if (m->type == SR_MSG_REMOTE_RET) { /* none, or the list of the value that rode along */
+        sr_value *list = NULL;
+        if (p && (w.flags & SR_WIRE_VALUE) && !sr_codec_decode(p, len, &list) && sr_value_list_len(list) == 1)
+            sr_future_set_result(f, list);
+        else
+            sr_future_set_result(f, NULL);
+        sr_value_unref(list);
     } else if (!p) {
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else if (m->type == SR_MSG_ERR) {

@@ -15,8 +15,10 @@
  *   REMOTE_CALL  as REQ; rref_id = the new RRef, whose creator's fork id is
  *                rref_id + 1 (remote() takes both from one counter); the
  *                result stays on the callee, in its OwnerRRef
- *   REMOTE_RET   call_id, no payload: the OwnerRRef exists and has its value
- *                (which may be an error)
+ *   REMOTE_RET   call_id: the OwnerRRef exists and has its value (which may
+ *                be an error); with SR_WIRE_VALUE, a copy of that value (a
+ *                list of one) when it is small plain data (no tensor,
+ *                object or RRef)
  *   RREF_FETCH   call_id, rref_id, no payload; answered by RESP or ERR
  *   RREF         ctrl = enum sr_rref_ctrl, call_id = the sender's retry token
  *                (echoed by RREF_ACK), args = {rref_id, fork_id, extra}
@@ -24,6 +26,7 @@
  * the callee, and its local value replaces it before the function runs.
  * SR_WIRE_CONFIRMED (RREF_FETCH): the sender's UserRRef is confirmed, so a
  * missing OwnerRRef has been deleted rather than not yet created.
+ * SR_WIRE_VALUE (REMOTE_RET): the payload is the value.
  */
 #ifndef SR_RPC_WIRE_H
 #define SR_RPC_WIRE_H
@@ -68,6 +71,7 @@ enum sr_ctrl {
 #define SR_WIRE_BLOCK 0x1u
 #define SR_WIRE_PROXY 0x2u
 #define SR_WIRE_CONFIRMED 0x4u
+#define SR_WIRE_VALUE 0x8u
 
 struct sr_wire {
     uint64_t call_id;

@@ -18,6 +18,7 @@
 
 #include "error.h"
 #include "hooks.h"
+#include "rpc/future_internal.h"
 #include "rref_internal.h"
 
 #define CREATION_TIMED_OUT \
@@ -41,6 +42,9 @@ static void user_created(sr_future *f, void *p)
         snprintf(msg, sizeof(msg), "RRef creation via rpc.remote() failed: %s", sr_last_error());
     if (err)
         sr__rref_set_create_error(r, err, msg);
+    sr_value *carried = err ? NULL : sr__future_peek(f); /* none, or the list of the value */
+    if (sr_value_list_len(carried) == 1) /* before the confirmation publishes it */
+        r->cached = sr_value_ref(sr_value_list_at(carried, 0));
     sr__rref_lock();
     sr_future *confirm = r->confirm ? sr_future_ref(r->confirm) : NULL; /* made lazily, under the lock */
     r->adds_sent = 1; /* the REMOTE_CALL */

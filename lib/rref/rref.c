@@ -65,6 +65,7 @@ SR_API void sr_rref_unref(sr_rref *r)
         user_gone(r);
     sr_future_unref(r->value);
     sr_future_unref(r->confirm);
+    sr_value_unref(r->cached);
     free(r->create_msg);
     free(r);
 }
@@ -183,6 +184,11 @@ SR_API int sr_rref_confirmation(sr_rref *r, sr_future **out)
 {
     if (!r || !out)
         return sr__fail(-EINVAL, "sr_rref_confirmation", "%s is NULL", r ? "out" : "the RRef");
+    return sr__rref_confirm_future(r, out);
+}
+
+int sr__rref_confirm_future(sr_rref *r, sr_future **out)
+{
     sr__rref_lock();
     bool pending = r->creating && sr__rref_live_locked(r);
     if (!r->confirm && pending) /* a remote() user: made on demand, completed by its REMOTE_RET */

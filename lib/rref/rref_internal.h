@@ -46,6 +46,8 @@ struct sr_rref {
     bool registered;         /* lock: in pending_users or users, or a remote() user awaiting its REMOTE_RET */
     bool creating;           /* lock: a remote() user whose REMOTE_RET has not come (counted in pending_remote) */
     uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
+    sr_value *cached;        /* a remote() user: the small plain value its REMOTE_RET carried
+                                (written before its confirmation completes; immutable) */
     /* remote() creation error: create_msg is written before the release store of create_err. */
     _Atomic int create_err;
     char *create_msg;
@@ -144,6 +146,9 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
 int sr__ctrl_send(sr_agent *a, int to, sr_msg *m, bool quiet);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* The confirmation future of r (a reference), made on demand. */
+int sr__rref_confirm_future(sr_rref *r, sr_future **out);
 
 /* Wait for a future with the agent's polling wait; 0 or -ETIMEDOUT. */
 int sr__rref_wait(sr_future *f, int64_t deadline_ns);

@@ -87,6 +87,42 @@ static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value
     return rc;
 }
 
+/* A remote() user still awaiting its REMOTE_RET waits for it: a small plain
+ * value rides along (dispatch.c), and then no fetch is needed, which halves
+ * the messages of remote() + to_here(). Otherwise, or afterwards, fetch.
+ * (A value too big or not plain, e.g. a tensor, is fetched after the
+ * REMOTE_RET, not alongside it: one more round trip, see docs/RREF.md.) */
+static int to_here_user(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
+{
+    sr_future *f = NULL;
+    sr__rref_lock();
+    if (r->creating && !r->confirm) /* made on demand, completed by the REMOTE_RET */
+        r->confirm = sr_future_new();
+    if (r->creating && r->confirm)
+        f = sr_future_ref(r->confirm);
+    sr__rref_unlock();
+    if (f) {
+        int rc = sr__rref_wait(f, deadline);
+        sr_future_unref(f); /* f stays non-NULL: it says we waited */
+        if (rc == -ETIMEDOUT)
+            return sr__fail(rc, "sr_rref_to_here",
+                            "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error",
+                            ms);
+        /* acquire: pairs with the release store in sr__rref_set_create_error */
+        int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+        if (err)
+            return sr__fail(err, "sr_rref_to_here", "%s", r->create_msg ? r->create_msg : "RRef creation failed");
+    }
+    /* Only a to_here() that overlapped the creation uses the copy that came
+     * with it (it is then as if fetched at that moment); later ones fetch,
+     * and so learn, for one, that the owner has died. */
+    if (f && r->cached) { /* written before the confirmation completed: visible now */
+        *out = sr_value_ref(r->cached);
+        return 0;
+    }
+    return fetch(a, r, deadline, ms, out);
+}
+
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
 {
     bool deleted = false;
@@ -100,7 +136,7 @@ SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
         return sr__fail(-EINVAL, "sr_rref_to_here", "%s has been deleted. Cannot call to_here() on it after deletion.",
                         sr_rref_str(r, s, sizeof(s)));
     if (!r->is_owner)
-        return fetch(a, r, deadline, ms, out);
+        return to_here_user(a, r, deadline, ms, out);
     if (sr__rref_wait(r->value, deadline))
         return sr__fail(-ETIMEDOUT, "sr_rref_to_here", "the value of %s was not set within %" PRId64 " ms",
                         sr_rref_str(r, s, sizeof(s)), ms);
