@@ -330,3 +330,37 @@ Test(rref, chain_of_eight_forwards, .timeout = 120)
 {
     RREF_JOB("rrefchain", sc_chain, .shutdown_timeout = 60);
 }
+
+/* to_here() right after remote(): a small plain result comes back with the
+ * REMOTE_RET, a large one (or one with tensors, objects, RRefs) is fetched
+ * after it; either way the value is exact, and a later to_here() fetches. */
+static int sc_carried(int rank, int world)
+{
+    (void)world;
+    if (rank != 1)
+        return 0;
+    static char blob[6000];
+    for (size_t i = 0; i < sizeof(blob); i++)
+        blob[i] = (char)(i * 7);
+    sr_value *vals[3] = {sr_int(42), sr_bytes(blob, 100), sr_bytes(blob, sizeof(blob))};
+    for (int i = 0; i < 3; i++) {
+        sr_rref *r = NULL;
+        sr_value *v = NULL;
+        WCHECK(sr_remote(2, "echo", SR_ARGS(vals[i]), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+        WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_equal(v, vals[i]), "value %d at once: %s", i,
+               sr_last_error());
+        sr_value_unref(v);
+        WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_equal(v, vals[i]), "value %d fetched: %s", i,
+               sr_last_error());
+        sr_value_unref(v);
+        sr_rref_unref(r);
+        sr_value_unref(vals[i]);
+    }
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the carried values");
+}
+
+Test(rref, remote_results_carried_or_fetched, .timeout = 120)
+{
+    RREF_JOB("rrefcarry", sc_carried, .shutdown_timeout = 60);
+}
