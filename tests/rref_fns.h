@@ -176,22 +176,37 @@ static int fn_forks_of(sr_call *c)
 }
 
 /* counters(): [owners, pending owners, forks, pending users, users,
- * children, unacknowledged, tombstones, deferred] on this worker. */
+ * children, unacknowledged, tombstones, deferred, retries sent] on this
+ * worker. All but the last must come back to zero. */
 static int fn_counters(sr_call *c)
 {
     sr_rref_debug_info d;
     if (sr_rref_debug_info_get(&d))
         return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
-    uint64_t x[9] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
-                     d.num_confirmed_users, d.num_pending_children, d.num_pending_futures, d.num_tombstones,
-                     d.num_deferred_calls};
-    sr_value *items[9];
-    for (int i = 0; i < 9; i++)
+    uint64_t x[10] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
+                      d.num_confirmed_users, d.num_pending_children, d.num_pending_futures, d.num_tombstones,
+                      d.num_deferred_calls, d.num_retries};
+    sr_value *items[10];
+    for (int i = 0; i < 10; i++)
         items[i] = sr_int((int64_t)x[i]);
-    sr_value *l = sr_list(9, items);
-    for (int i = 0; i < 9; i++)
+    sr_value *l = sr_list(10, items);
+    for (int i = 0; i < 10; i++)
         sr_value_unref(items[i]);
     return sr_call_return(c, l);
+}
+
+/* Control messages sent again, summed over every worker. */
+static inline int64_t retries_everywhere(void)
+{
+    int64_t sum = 0;
+    for (int w = 0; w < sr_world_size(); w++) {
+        sr_value *v = NULL;
+        if (sr_rpc_sync(w, "counters", SR_NOARGS, WAIT_S, &v))
+            return -1;
+        sum += sr_value_int(sr_value_list_at(v, 9));
+        sr_value_unref(v);
+    }
+    return sum;
 }
 
 /* forward(rref, hops): pass the RRef on to the next worker until hops is 0,

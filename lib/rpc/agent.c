@@ -458,7 +458,7 @@ static void *progress_main(void *p)
                 ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
             progress_wait_token(a, ns);
             handle_events(a, 0);
-            sr__rref_tick(a, sr_now_ns()); /* the polling user reads the acknowledgements meanwhile */
+            sr__rref_tick(a); /* the polling user reads the acknowledgements meanwhile */
             continue;
         }
         if (poll_burst(a, SR_POLL_NESTED)) {
@@ -467,7 +467,7 @@ static void *progress_main(void *p)
         }
         /* Retries only after a poll found the inbox empty: acknowledgements are
          * sent quietly (they wake nobody), so one may be waiting there. */
-        sr__rref_tick(a, sr_now_ns());
+        sr__rref_tick(a);
         progress_idle(a);
     }
     /* release: a waiter still running (an executor finishing a nested call)

@@ -62,7 +62,7 @@ void sr__rref_ctrl(sr_agent *a, const sr_msg *m);
 /* The earliest time a control message may need a retry; -1 if none. */
 int64_t sr__rref_next_deadline(void);
 /* Resend control messages whose acknowledgement is overdue. */
-void sr__rref_tick(sr_agent *a, int64_t now_ns);
+void sr__rref_tick(sr_agent *a);
 /* A peer died: drop what is owed to it, fail what waited for it. */
 void sr__rref_peer_died(sr_agent *a, int rank);
 

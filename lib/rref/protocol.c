@@ -214,10 +214,10 @@ static int collect_due_locked(int64_t now, sr_msg *out, int *to)
     return n;
 }
 
-void sr__rref_tick(sr_agent *a, int64_t now)
+void sr__rref_tick(sr_agent *a)
 {
-    int64_t hint = sr__rref_next_deadline();
-    if (hint < 0 || now < hint)
+    int64_t hint = sr__rref_next_deadline(), now;
+    if (hint < 0 || (now = sr_now_ns()) < hint) /* the clock only when a retry is pending */
         return;
     sr_msg msgs[TICK_BATCH];
     int to[TICK_BATCH];
