@@ -97,7 +97,10 @@ static int sc_owner_to_user(int rank, int world)
     WCHECK(!strncmp(sr_rref_str(r, s, sizeof(s)), "OwnerRRef(rref_id=(1,", 21), "str: %s", s);
     sr_rref_debug_info d;
     WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_owner_rrefs == 0, "RRef(x) is registered before any fork");
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_rref_value(r), *rv2 = sr_rref_value(r);
+    WCHECK(sr_value_equal(rv, rv2) && sr_value_rref(rv2) == r && sr_value_type(rv) == SR_KIND_RREF,
+           "two values of one RRef");
+    sr_value_unref(rv2);
     WCHECK(sr_rpc_sync(3, "hold", SR_ARGS(rv), WAIT_S, &v) == 0, "hold: %s", sr_last_error());
     uint64_t fid = (uint64_t)sr_value_int(v);
     sr_value_unref(v);

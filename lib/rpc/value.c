@@ -374,7 +374,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
     case SR_KIND_TENSOR: return tensors_equal(a->u.tensor, b->u.tensor);
-    case SR_KIND_RREF: return false; /* distinct RRef values are distinct forks: a == b was handled above */
+    case SR_KIND_RREF: return a->u.rref == b->u.rref; /* the same RRef object; a received copy is another fork */
     }
     return false;
 }
