@@ -5,6 +5,8 @@
  *   bench_rpc [hot] [asleep] [pipeline] [fanin] [tensor]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
+ * udf       the same with a registered plain function, the callee idle in
+ *           sr_shutdown (PyTorch's anchor is a Python UDF answered so)
  * asleep    the same, but the callee never spins: every request wakes it;
  *           and, for reference, with neither side spinning
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
@@ -62,11 +64,18 @@ static int serve_round(void)
     return rc;
 }
 
+static const char *noop_fn = "noop"; /* or "udf_noop": a registered plain function */
+
+static int udf_noop(sr_call *c)
+{
+    return sr_call_return(c, NULL);
+}
+
 static bench_lat time_noop(int n, int64_t *lat)
 {
     for (int i = 0; i < n; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL))
             sh->errors++;
         lat[i] = bench_now_ns() - t0;
     }
@@ -106,11 +115,12 @@ static int run_latency(int rank, int world, void *arg)
     if ((mode == 1 && rank == 1) || mode == 2) /* never spin: every message wakes a sleeper */
         setenv("SHMRPC_SPIN_NS", "0", 1);
     sr_register("round_done", round_done);
+    sr_register("udf_noop", udf_noop);
     round_fut = sr_future_new();
     if (sr_init(NULL))
         return 1;
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
-        sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
     sr_debug_info d;
     if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
@@ -153,6 +163,47 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
         report_latency("rpc_sync noop", "both asleep (informational)", "futex ping-pong", &sh->fx, 0);
     }
+    return 0;
+}
+
+/* ---- a registered (plain) no-op, callee idle in sr_shutdown ----
+ * PyTorch's 262 us is a Python UDF answered by a worker sitting in
+ * rpc.shutdown(): this is the like-for-like case. The callee cannot echo the
+ * floor while it serves from sr_shutdown, so the floor rounds come first,
+ * then the call rounds, in the same two processes. */
+static int run_udf(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    static int64_t lat[CALLS], fl[CL_N];
+    bench_lat floors[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        if (bench_floor_cacheline(&sh->floor, rank == 0 ? BENCH_INITIATOR : BENCH_ECHO, CL_N, fl))
+            return 1;
+        if (rank == 0)
+            floors[r] = bench_lat_of(fl, CL_N);
+    }
+    sr_register("udf_noop", udf_noop);
+    if (sr_init(NULL))
+        return 1;
+    if (rank == 0) {
+        noop_fn = "udf_noop";
+        for (int i = 0; i < 2000; i++)
+            sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
+        for (int r = 0; r < ROUNDS; r++)
+            bench_rounds_add(&sh->cl, time_noop(CALLS, lat), floors[r]);
+    }
+    sr_shutdown(true, 60);
+    return 0;
+}
+
+static int bench_udf(void)
+{
+    sr_spawn_opts o = {.name_prefix = "bench-udf", .shm_size = 512u << 20};
+    memset(&sh->cl, 0, sizeof(sh->cl));
+    if (sr_spawn(2, run_udf, NULL, &o))
+        return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
+    report_latency("rpc_sync udf noop", "callee idle in sr_shutdown", "cache-line ping-pong", &sh->cl, 4.0);
     return 0;
 }
 
@@ -411,6 +462,8 @@ int main(int argc, char **argv)
     printf("# bench_rpc: %d rounds; PyTorch figures from design/PERFORMANCE.md (bench/compare/torch_rpc.py re-measures)\n",
            ROUNDS);
     int rc = bench_hot_and_asleep(want(argc, argv, "hot"), want(argc, argv, "asleep"));
+    if (!rc && want(argc, argv, "udf"))
+        rc = bench_udf();
     if (!rc && want(argc, argv, "pipeline")) {
         sr_spawn_opts o = {.name_prefix = "bench-pipe", .shm_size = 512u << 20};
         rc = sr_spawn(2, run_pipeline, NULL, &o) ? 1 : 0;

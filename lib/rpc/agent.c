@@ -22,6 +22,8 @@
 #define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
 #define TOKEN_WAIT_MIN_NS (20ll * 1000)      /* ... but never a busy loop on an overdue timer */
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
+#define IDLE_SLICE_NS (100ll * 1000000)      /* an idle waiter re-checks its deadline this often */
+#define IDLE_RETAKE_NS (2ll * 1000000)       /* an idle waiter without the token retries this often */
 
 sr_agent *sr__agent;
 
@@ -242,6 +244,8 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
 {
     for (;;) {
         if (poll_burst(a, mode)) {
+            if (sr__dispatch_has_deferred())
+                return 2; /* a plain call to run here, once the token is handed back */
             if (sr_future_done(f)) /* do not keep serving a busy inbox once our answer is in */
                 return 0;
             continue;
@@ -285,6 +289,36 @@ static void sleep_on(sr_agent *a, sr_future *f, int64_t deadline)
     sr_xport_awake(a->x, 1);
 }
 
+/* An idle waiter (inside sr_shutdown) stays the worker's server: it keeps
+ * the token and sleeps on the doorbell itself, so a request wakes the thread
+ * that runs it, with no hand-over to the progress thread and no executor hop
+ * for plain functions. Safe because what completes an idle wait (barrier,
+ * quiescence) arrives through this inbox. Only with the futex doorbell
+ * (eventfd producers never futex-wake); bounded slices re-check the deadline. */
+static bool idle_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    if (a->x->me->doorbell_kind != SR_DOORBELL_FUTEX)
+        return false;
+    _Atomic uint32_t *w = &a->x->me->doorbell;
+    sr_xport_recv_burst(a->x, NULL, 0); /* free held slots before sleeping (ring.h) */
+    atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed); /* relaxed: D2 orders it */
+    /* D2 (doorbell.h): pairs with the producers' D3 fence */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f)) {
+        int64_t left = deadline >= 0 ? deadline - sr_now_ns() : IDLE_SLICE_NS;
+        if (left > IDLE_SLICE_NS)
+            left = IDLE_SLICE_NS;
+        struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
+        sr_xport_awake(a->x, -1);
+        if (left > 0) /* shared futex: the word is in the segment, woken from other processes */
+            syscall(SYS_futex, w, FUTEX_WAIT, SR_DOORBELL_SLEEPING, &ts, NULL, 0);
+        sr_xport_awake(a->x, 1);
+    }
+    /* relaxed: only pollers write SLEEPING; a producer's exchange also writes AWAKE */
+    atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    return true;
+}
+
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
     for (;;) {
@@ -293,14 +327,30 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
         if (deadline >= 0 && sr_now_ns() >= deadline)
             return -ETIMEDOUT;
         if (!user_take(a) && !steal_from_progress(a, f)) {
-            /* Someone else polls and will complete f. */
-            sleep_on(a, f, deadline);
+            /* Someone else polls and will complete f. An idle waiter wakes
+             * now and then to take over serving once the progress thread
+             * has parked (only who serves depends on it, never correctness). */
+            int64_t until = deadline;
+            if (mode == SR_POLL_IDLE) {
+                int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
+                until = deadline >= 0 && deadline < soon ? deadline : soon;
+            }
+            sleep_on(a, f, until);
             continue;
         }
         int rc = poll_as_user(a, f, deadline, mode);
+        while (rc == 1 && mode == SR_POLL_IDLE && !sr__dispatch_has_deferred() &&
+               idle_doorbell_sleep(a, f, deadline))
+            rc = poll_as_user(a, f, deadline, mode);
         /* Never leave holding the token: drain what slipped in, then hand back. */
         while (!user_release(a))
             poll_burst(a, mode);
+        if (sr__dispatch_has_deferred()) {
+            /* Token released: a nested call inside can be answered by whoever
+             * polls next (this thread included). */
+            sr__dispatch_run_deferred();
+            continue;
+        }
         if (rc <= 0)
             return rc;
         /* Idle: new messages now wake the progress thread, which completes f. */

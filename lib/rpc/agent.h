@@ -153,6 +153,10 @@ void sr__calls_expire(sr_agent *a, int64_t now_ns);
 void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
 
 /* Dispatch (dispatch.c) */
+/* Plain calls an idle poller took: run them on this thread after handing the
+ * token back (see start_call). */
+bool sr__dispatch_has_deferred(void);
+void sr__dispatch_run_deferred(void);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
 int sr__exec_start(sr_agent *a, int n);

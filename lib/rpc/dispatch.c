@@ -34,6 +34,7 @@ struct sr_call {
     char *msg;          /* set by sr_call_fail; NULL on the fast path */
     bool proxy;         /* SR_WIRE_PROXY: argument 0 becomes the owner's local value */
     sr_rref *owner;     /* REMOTE_CALL: the OwnerRRef that receives the result */
+    struct sr_call *next_deferred;
 };
 
 struct sr_job_item {
@@ -376,6 +377,34 @@ static int proxy_args(struct sr_call *c)
     return 0;
 }
 
+/* Plain calls taken by an idle poller (a thread inside sr_shutdown): that
+ * same thread runs them once it has handed the inbox back, so a nested call
+ * inside can be answered, and no thread hop is paid. FIFO, per thread. */
+static _Thread_local struct sr_call *deferred_head, *deferred_tail;
+
+static void defer(struct sr_call *c)
+{
+    c->next_deferred = NULL;
+    if (deferred_tail)
+        deferred_tail->next_deferred = c;
+    else
+        deferred_head = c;
+    deferred_tail = c;
+}
+
+bool sr__dispatch_has_deferred(void) { return deferred_head != NULL; }
+
+void sr__dispatch_run_deferred(void)
+{
+    while (deferred_head) {
+        struct sr_call *c = deferred_head;
+        deferred_head = c->next_deferred;
+        if (!deferred_head)
+            deferred_tail = NULL;
+        run_call(c);
+    }
+}
+
 /* Every RRef argument is usable: run per the inline policy. */
 static void start_call(struct sr_call *c, enum sr_poll_mode mode)
 {
@@ -385,6 +414,8 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
+    else if (mode == SR_POLL_IDLE && c->fn->kind == SR_FN_PLAIN)
+        defer(c);
     else
         enqueue(c->a, c);
 }
