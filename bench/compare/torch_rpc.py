@@ -20,30 +20,17 @@ import statistics
 import sys
 import time
 
-try:
-    import torch
-    import torch.distributed.rpc as rpc
-    import torch.multiprocessing as mp
-except ImportError:
-    sys.exit("torch_rpc.py: python3-torch is not installed (apt-get install python3-torch)")
+from rpc_common import import_torch, percentiles, timed
+
+torch, rpc, mp = import_torch("torch_rpc.py")
 
 
 def noop():
     return None
 
 
-def percentiles(samples):
-    s = sorted(samples)
-    return s[len(s) // 2], s[min(len(s) - 1, len(s) * 99 // 100)]
 
 
-def timed(fn, n):
-    lat = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        lat.append(time.perf_counter_ns() - t0)
-    return percentiles(lat)
 
 
 def driver(quick):

@@ -19,12 +19,13 @@ import re
 import sys
 import time
 
-try:
-    import torch
-    import torch.distributed.rpc as rpc
-    import torch.multiprocessing as mp
-except ImportError:
-    sys.exit("torch_rref.py: python3-torch is not installed (apt-get install python3-torch)")
+from rpc_common import import_torch, percentiles, timed as _timed
+
+
+def timed(fn, n):
+    return _timed(fn, n, warmup=max(10, n // 10))
+
+torch, rpc, mp = import_torch("torch_rref.py")
 
 
 def noop():
@@ -44,20 +45,8 @@ class Thing:
         return None
 
 
-def percentiles(samples):
-    s = sorted(samples)
-    return s[len(s) // 2], s[min(len(s) - 1, len(s) * 99 // 100)]
 
 
-def timed(fn, n):
-    for _ in range(max(10, n // 10)):
-        fn()
-    lat = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        lat.append(time.perf_counter_ns() - t0)
-    return percentiles(lat)
 
 
 def driver(quick):
