@@ -128,11 +128,14 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
 
 static void describe(char *buf, size_t len, const siginfo_t *si)
 {
+    const char *name = sigabbrev_np(si->si_status); /* NULL for real-time signals */
+    const char *core = si->si_code == CLD_DUMPED ? " (core dumped)" : "";
     if (si->si_code == CLD_EXITED)
         snprintf(buf, len, "exited with status %d", si->si_status);
+    else if (name)
+        snprintf(buf, len, "was killed by signal SIG%s%s", name, core);
     else
-        snprintf(buf, len, "was killed by signal SIG%s%s", sigabbrev_np(si->si_status) ? sigabbrev_np(si->si_status) : "?",
-                 si->si_code == CLD_DUMPED ? " (core dumped)" : "");
+        snprintf(buf, len, "was killed by signal %d%s", si->si_status, core);
 }
 
 static int live_workers(const sr_job *job)
