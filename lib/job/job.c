@@ -146,6 +146,16 @@ static int live_workers(const sr_job *job)
     return n;
 }
 
+/* waitid on the worker's pidfd. sr_spawn runs in the caller's process,
+ * whose signal handlers may interrupt it: retry. */
+static int reap(sr_job *job, int rank, siginfo_t *si)
+{
+    int rc;
+    while ((rc = waitid(P_PIDFD, (id_t)job->pidfds[rank], si, WEXITED)) < 0 && errno == EINTR)
+        ;
+    return rc;
+}
+
 int sr__job_stop(sr_job *job)
 {
     int n = 0;
@@ -157,7 +167,7 @@ int sr__job_stop(sr_job *job)
     for (int r = 0; r < job->n; r++)
         if (job->pids[r]) {
             siginfo_t si;
-            waitid(P_PIDFD, (id_t)job->pidfds[r], &si, WEXITED);
+            reap(job, r, &si);
             job->pids[r] = 0;
         }
     return n;
@@ -181,7 +191,7 @@ static int on_exit_event(sr_job *job, int rank)
     pid_t pid = job->pids[rank];
     if (!pid)
         return 0;
-    if (waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0) {
+    if (reap(job, rank, &si) < 0) {
         /* Its pidfd is no longer armed: carrying on would wait forever. */
         int err = errno;
         job->pids[rank] = 0;
