@@ -287,6 +287,20 @@ Test(launcher, worker_sigkill_takes_the_job_down)
     finish(&r);
 }
 
+Test(launcher, a_real_time_signal_is_reported_by_number)
+{
+    /* sigabbrev_np() has no name for these: the report used to say "SIG?". */
+    int sig = SIGRTMIN + 6;
+    char what[64];
+    snprintf(what, sizeof(what), "was killed by signal %d", sig);
+    struct run r;
+    start_job(&r, "sigrt", 2, "block", NULL, NULL);
+    await_ready(&r, 2);
+    cr_assert_eq(kill(r.ready.pid[0], sig), 0, "kill(rank 0): %s", strerror(errno));
+    assert_taken_down(&r, 2, 0, what, 128 + sig);
+    finish(&r);
+}
+
 /* The forwarded signal kills every worker; the first one reaped is reported. */
 static void assert_signal_forwarded(int sig, const char *test, const char *name)
 {

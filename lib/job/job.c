@@ -128,11 +128,14 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
 
 static void describe(char *buf, size_t len, const siginfo_t *si)
 {
+    const char *name = sigabbrev_np(si->si_status); /* NULL for real-time signals */
+    const char *core = si->si_code == CLD_DUMPED ? " (core dumped)" : "";
     if (si->si_code == CLD_EXITED)
         snprintf(buf, len, "exited with status %d", si->si_status);
+    else if (name)
+        snprintf(buf, len, "was killed by signal SIG%s%s", name, core);
     else
-        snprintf(buf, len, "was killed by signal SIG%s%s", sigabbrev_np(si->si_status) ? sigabbrev_np(si->si_status) : "?",
-                 si->si_code == CLD_DUMPED ? " (core dumped)" : "");
+        snprintf(buf, len, "was killed by signal %d%s", si->si_status, core);
 }
 
 static int live_workers(const sr_job *job)
@@ -141,6 +144,16 @@ static int live_workers(const sr_job *job)
     for (int r = 0; r < job->n; r++)
         n += job->pids[r] != 0;
     return n;
+}
+
+/* waitid on the worker's pidfd. sr_spawn runs in the caller's process,
+ * whose signal handlers may interrupt it: retry. */
+static int reap(sr_job *job, int rank, siginfo_t *si)
+{
+    int rc;
+    while ((rc = waitid(P_PIDFD, (id_t)job->pidfds[rank], si, WEXITED)) < 0 && errno == EINTR)
+        ;
+    return rc;
 }
 
 int sr__job_stop(sr_job *job)
@@ -154,7 +167,7 @@ int sr__job_stop(sr_job *job)
     for (int r = 0; r < job->n; r++)
         if (job->pids[r]) {
             siginfo_t si;
-            waitid(P_PIDFD, (id_t)job->pidfds[r], &si, WEXITED);
+            reap(job, r, &si);
             job->pids[r] = 0;
         }
     return n;
@@ -178,7 +191,7 @@ static int on_exit_event(sr_job *job, int rank)
     pid_t pid = job->pids[rank];
     if (!pid)
         return 0;
-    if (waitid(P_PIDFD, (id_t)job->pidfds[rank], &si, WEXITED) < 0) {
+    if (reap(job, rank, &si) < 0) {
         /* Its pidfd is no longer armed: carrying on would wait forever. */
         int err = errno;
         job->pids[rank] = 0;

@@ -31,11 +31,17 @@ typedef struct sr_job {
     sigset_t child_mask; /* signal mask the workers start with */
 } sr_job;
 
+/* Create the segment and one doorbell eventfd per rank. Errors: -EINVAL bad
+ * options (see sr_segment_create) or SIGCHLD ignored (SIG_IGN/SA_NOCLDWAIT:
+ * the kernel would reap the workers before the supervisor reads their
+ * status); -ENOMEM; -errno of memfd/eventfd. On error nothing is left open. */
 int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who);
 void sr__job_destroy(sr_job *job);
 
 /* Fork worker `rank`. In the child, run(job, rank, arg) is called after the
- * death signal is armed; it must not return (exec or _exit). */
+ * death signal is armed, the signal mask restored and the supervisor's
+ * pidfds closed; it must not return (exec or _exit). If no pidfd can be
+ * opened on the child, it is killed and reaped before the error returns. */
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg);
 
 /* SIGKILL and reap every worker still running; returns how many there were. */
