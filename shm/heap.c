@@ -79,6 +79,7 @@ static struct {
     _Atomic uint64_t allocs, local_frees, drained, remote_pushes;
 } counters;
 
+/* relaxed: statistics; nothing is ordered by them */
 static void count(_Atomic uint64_t *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 
 void sr_heap_counters_get(sr_heap_counters *out)

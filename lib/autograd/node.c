@@ -30,6 +30,7 @@ sr_node *sr__node_create(const sr_node_ops *ops, size_t size, uint32_t num_input
     n->num_saved = num_saved;
     n->next = (sr_edge *)((char *)n + base);
     n->saved = (struct sr_saved *)((char *)n + base + edges);
+    /* relaxed: the counter only has to hand out distinct, increasing numbers */
     n->seq = ops == &sr__accumulate_grad_ops ? UINT64_MAX
                                              : atomic_fetch_add_explicit(&next_seq, 1, memory_order_relaxed);
     return n;

@@ -207,6 +207,7 @@ static bool user_release(sr_agent *a)
          * ring full of them would refuse every producer, which then rings no
          * doorbell, while everyone sleeps. Then re-announce its sleep. */
         sr_xport_recv_burst(a->x, NULL, 0);
+        /* relaxed: the D2 fence below orders it before the ring re-check */
         atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
         /* D2 (doorbell.h): pairs with the producers' D3 fence */
         atomic_thread_fence(memory_order_seq_cst);
@@ -400,6 +401,7 @@ static void progress_wait_token(sr_agent *a, int64_t ns)
 static bool park_ready(void *p)
 {
     sr_agent *a = p;
+    /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
     if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a))
         return true;
     uint32_t t = TOKEN_PROGRESS;

@@ -200,6 +200,7 @@ AVX2 static void avx2_f32(float *c, int64_t ldc, const float *ap, const float *b
 static bool have_avx2(void)
 {
     /* relaxed: every thread computes the same value; a race only repeats the probe */
+    /* relaxed: every thread computes the same answer; a race only repeats the check */
     static _Atomic int cached = -1;
     int v = atomic_load_explicit(&cached, memory_order_relaxed);
     if (v < 0) {
