@@ -10,5 +10,6 @@
 #include "value.h"
 #include "spawn.h"
 #include "tensor.h"
+#include "dist_autograd.h"
 
 #endif
