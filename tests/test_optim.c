@@ -603,7 +603,8 @@ Test(optim, state_import_checks_everything_first)
         {{"x.step", "0.exp_avg", "0.exp_avg_sq"}, {2, 0, 0}, "bad state name \"x.step\""},
         {{"0.step", "0.exp_avg", "0.exp_avg"}, {2, 0, 0}, "\"0.exp_avg\" appears twice"},
         {{"0.step", "0.exp_avg", "1.exp_avg_sq"}, {2, 0, 1}, "parameter 0 has some of its state but not all"},
-        {{"1.step", "1.exp_avg", "1.exp_avg_sq"}, {2, 0, 1}, "\"1.exp_avg\" has shape [2] but parameter 1 has shape [3]"},
+        {{"1.step", "1.exp_avg", "1.exp_avg_sq"}, {2, 0, 1},
+         "\"1.exp_avg\" has shape [2] but parameter 1 has shape [3]"},
         {{"0.step", "0.exp_avg", "0.exp_avg_sq"}, {3, 0, 0}, "\"0.step\" has 2 elements, expected 1"},
     };
     sr_tensor *pool[] = {z2, z3, one, two};
