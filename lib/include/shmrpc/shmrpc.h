@@ -11,5 +11,6 @@
 #include "spawn.h"
 #include "tensor.h"
 #include "dist_autograd.h"
+#include "optim.h"
 
 #endif
