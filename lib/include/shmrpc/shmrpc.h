@@ -10,5 +10,6 @@
 #include "value.h"
 #include "spawn.h"
 #include "tensor.h"
+#include "nn.h"
 
 #endif
