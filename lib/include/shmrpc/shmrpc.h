@@ -11,5 +11,6 @@
 #include "spawn.h"
 #include "tensor.h"
 #include "nn.h"
+#include "data.h"
 
 #endif
