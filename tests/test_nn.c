@@ -245,14 +245,17 @@ Test(linear, forward_is_x_wt_plus_b)
     sr_tensor *v = tu_tensor(SR_F64, 1, SHAPE(3), VALS(1, 1, 1), 0), *yv = sr_module_forward(m, v);
     tu_expect_shape(yv, 1, SHAPE(2), "1-D input");
     tu_expect(yv, VALS(6.25, -2.5), 2, 1e-12, 0, "1-D input");
+    sr_tensor *x3 = sr_reshape(x, 3, SHAPE(2, 1, 3)), *y3 = sr_module_forward(m, x3);
+    tu_expect_shape(y3, 3, SHAPE(2, 1, 2), "leading batch dims are kept");
+    tu_expect(y3, VALS(6.25, -2.5, 12.25, -2), 4, 1e-12, 0, "3-D input");
     sr_tensor *bad = sr_zeros(SR_F64, 2, SHAPE(2, 4), 0);
     cr_assert_null(sr_module_forward(m, bad));
     tu_expect_error("features", "sr_linear", "[2, 4]");
     sr_tensor *f32 = sr_zeros(SR_F32, 2, SHAPE(2, 3), 0);
     cr_assert_null(sr_module_forward(m, f32));
     tu_expect_error("dtype", "sr_linear", "f32");
-    sr_tensor *ts[] = {x, y, v, yv, bad, f32};
-    for (int i = 0; i < 6; i++)
+    sr_tensor *ts[] = {x, y, v, yv, x3, y3, bad, f32};
+    for (int i = 0; i < 8; i++)
         sr_tensor_unref(ts[i]);
     sr_module_destroy(m);
 }
