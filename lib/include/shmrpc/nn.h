@@ -24,7 +24,11 @@
  * a call that takes its own (sr_value, sr_rref_create); the tensor then
  * outlives the module. Updating a parameter in place (sr_add_, sr_copy_)
  * needs grad mode off (sr_no_grad_enter), as in PyTorch, and goes through
- * copy-on-write like every in-place write.
+ * copy-on-write like every in-place write. Parameters live where every
+ * tensor does: create a module after the worker joined its job if its
+ * parameters will be sent or held by RRefs, since a tensor made before the
+ * shared heap is attached stays in private memory and cannot be sent
+ * (docs/TENSORS.md).
  *
  * Errors as in tensor.h: calls returning int give 0 or -errno (-EINVAL for a
  * bad argument, -ENOMEM), tensor maths returns NULL, both with the detail in
