@@ -12,8 +12,7 @@
  * then. Tensors from sr_dataset_batch() are the caller's (sr_tensor_unref)
  * and do not depend on the data set; made after the worker joined its job,
  * they are in the shared heap and can be sent to another worker without a
- * copy. A data set is read-only after loading:
- * threads may share it.
+ * copy. A data set is read-only after loading: threads may share it.
  *
  * Errors: 0 or -errno, with sr_last_error() naming the file and the fault:
  *   -ENOENT, -EACCES, ...  the file cannot be opened
