@@ -8,9 +8,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -394,6 +396,66 @@ Test(ckpt, save_rejects_bad_arguments)
     cr_assert_eq(sr_checkpoint_load(NULL, &c), -EINVAL);
     cr_assert_eq(sr_checkpoint_load(g_path, NULL), -EINVAL);
     sr_tensor_unref(a);
+}
+
+/* A write that fails half-way (the file-size limit stands in for a full
+ * disk) is reported naming the file, and leaves the old checkpoint and no
+ * temporary file; with io_uring and with the fallback. */
+static void failed_write_leaves_the_old_file(void)
+{
+    cr_assert_eq(save_basic(g_path, 1), 0, "%s", sr_last_error());
+    struct rlimit lim = {2048, 2048};
+    signal(SIGXFSZ, SIG_IGN);
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    sr_tensor *big = sr_zeros(SR_F64, 1, SHAPE(1024), 0);
+    const char *nm[] = {"big"};
+    cr_assert_eq(sr_checkpoint_save(g_path, 1, nm, &big, 0, NULL, NULL), -EFBIG);
+    expect_error("sr_checkpoint_save: writing", ".tmp.");
+    cr_assert_str_eq(dir_listing(), "ck.bin");
+    expect_basic_file(g_path, 1);
+    sr_tensor_unref(big);
+}
+
+Test(ckpt, failed_write_leaves_the_old_file)
+{
+    failed_write_leaves_the_old_file();
+}
+
+Test(ckpt, failed_write_leaves_the_old_file_sync)
+{
+    setenv("SHMRPC_CKPT_IO", "sync", 1);
+    failed_write_leaves_the_old_file();
+}
+
+/* Threads of one process saving one path take turns on the temporary
+ * file; every save succeeds and the survivor is one of them, whole. */
+static void *save_loop(void *arg)
+{
+    intptr_t g = (intptr_t)arg;
+    for (int i = 0; i < 20; i++)
+        if (save_basic(g_path, (int)g))
+            return (void *)1;
+    return NULL;
+}
+
+Test(ckpt, threads_saving_one_path)
+{
+    pthread_t th[3];
+    for (intptr_t i = 0; i < 3; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, save_loop, (void *)(i + 1)), 0);
+    for (int i = 0; i < 3; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        cr_assert_null(ret, "a save failed: %s", sr_last_error());
+    }
+    cr_assert_str_eq(dir_listing(), "ck.bin");
+    sr_checkpoint *c;
+    cr_assert_eq(sr_checkpoint_load(g_path, &c), 0, "%s", sr_last_error());
+    int64_t g;
+    cr_assert_eq(sr_checkpoint_meta(c, "epoch", &g), 0);
+    cr_assert(g >= 1 && g <= 3);
+    expect_basic(c, (int)g);
+    sr_checkpoint_destroy(c);
 }
 
 /* ---- restore_into ---- */
