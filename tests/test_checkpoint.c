@@ -508,6 +508,13 @@ Test(ckpt, restore_into_mismatch_changes_nothing)
     cr_assert_eq(sr_checkpoint_restore_into(c, 2, nm, dst), -ENOENT);
     expect_error("has no tensor 'fc1.bias'", g_path);
     cr_assert_eq(((const float *)sr_tensor_data(good))[0], 3.0f, "nothing copied before the check failed");
+    /* A view of a parameter made with grad mode on is not a leaf. */
+    sr_tensor *param = sr_zeros(SR_F32, 2, SHAPE(128, 784), SR_REQUIRES_GRAD);
+    sr_tensor *view = sr_view(param, 2, SHAPE(128, 784));
+    cr_assert_eq(sr_checkpoint_restore_into(c, 1, nm, &view), -EPERM);
+    expect_error("'fc1.weight' in the model is a non-leaf that requires grad", NULL);
+    sr_tensor_unref(view);
+    sr_tensor_unref(param);
     sr_tensor_unref(small);
     sr_tensor_unref(f64);
     sr_tensor_unref(good);

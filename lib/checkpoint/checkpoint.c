@@ -107,6 +107,9 @@ static int check_pair(const sr_checkpoint *c, const char *name, const sr_tensor 
         return sr__fail(-EINVAL, fn, "'%s' has shape %s in the checkpoint, %s in the model", name,
                         sr__shape_str(s->ndim, s->shape, a), sr__shape_str(dst->ndim, dst->shape, b));
     }
+    if (sr_tensor_requires_grad(dst) && !sr_tensor_is_leaf(dst))
+        return sr__fail(-EPERM, fn, "'%s' in the model is a non-leaf that requires grad; restore into its leaf",
+                        name);
     *src = it->t;
     return 0;
 }

@@ -103,7 +103,10 @@ SR_API int sr_checkpoint_meta(const sr_checkpoint *c, const char *name, int64_t 
  *   -ENOENT  a name the checkpoint lacks;
  *   -EINVAL  a NULL argument, or a dtype or shape that differs, e.g.
  *     "sr_checkpoint_restore_into: 'fc1.weight' has shape [128, 784] in the checkpoint, [64, 784] in the model";
- *   -ENOMEM  (copy-on-write of a shared dst). */
+ *   -EPERM   a dst that is a non-leaf requiring grad (a view of a
+ *            parameter made with grad mode on: restore into the parameter);
+ *   -ENOMEM  copy-on-write of a shared dst failed; the tensors before it
+ *            have been copied (the only partial outcome). */
 SR_API int sr_checkpoint_restore_into(const sr_checkpoint *c, size_t n, const char *const *names,
                                       sr_tensor *const *dst);
 
