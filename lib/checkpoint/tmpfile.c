@@ -74,6 +74,7 @@ int sr__ckpt_tmp_open(int dirfd, const char *name, const char *path)
         }
         if (ftruncate(fd, 0)) { /* stale contents of a crashed writer with our pid */
             rc = -errno;
+            unlinkat(dirfd, name, 0); /* while we hold its lock */
             close(fd);
             return sr__fail(rc, "sr_checkpoint_save", "truncating %s: %s", path, strerror(-rc));
         }
