@@ -668,6 +668,12 @@ static double ratio50(int w, int ref)
     return bench_median(q, ROUNDS);
 }
 
+/* Decimals worth printing for a ratio: 85x, 7.3x, 0.01x. */
+static int digits(double x)
+{
+    return x >= 10 ? 0 : x >= 1 ? 1 : 2;
+}
+
 /* Prints one line; returns 1 if the PyTorch target applies and is missed. */
 static int report_line(const char *name, const char *config, int w, int ref, const char *ref_name, double target)
 {
@@ -680,11 +686,12 @@ static int report_line(const char *name, const char *config, int w, int ref, con
         printf(" | %.2fx %s", ratio50(w, ref), ref_name);
     double pt50 = pt[w].have ? pt[w].p50 : w == W_STEP ? PT_STEP_FALLBACK_NS : 0;
     if (pt[w].have)
-        printf(" | PyTorch p50 %.0f us p99 %.0f us: %.0fx faster (p99 %.0fx)", pt[w].p50 / 1e3, pt[w].p99 / 1e3,
-               pt[w].p50 / (double)m.p50, pt[w].p99 / (double)m.p99);
+        printf(" | PyTorch p50 %.0f us p99 %.0f us: %.*fx faster (p99 %.*fx)", pt[w].p50 / 1e3, pt[w].p99 / 1e3,
+               digits(pt[w].p50 / (double)m.p50), pt[w].p50 / (double)m.p50, digits(pt[w].p99 / (double)m.p99),
+               pt[w].p99 / (double)m.p99);
     else if (pt50 > 0)
-        printf(" | PyTorch p50 %.0f us (design/PERFORMANCE.md, EPYC VM; not measured in this run): %.0fx faster",
-               pt50 / 1e3, pt50 / (double)m.p50);
+        printf(" | PyTorch p50 %.0f us (design/PERFORMANCE.md, EPYC VM; not measured in this run): %.*fx faster",
+               pt50 / 1e3, digits(pt50 / (double)m.p50), pt50 / (double)m.p50);
     if (target > 0 && pt50 > 0) {
         missed = pt50 / (double)m.p50 < target;
         printf(" | target >= %.0fx faster than PyTorch: %s", target, missed ? "NOT met" : "met");
