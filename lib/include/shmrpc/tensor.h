@@ -260,8 +260,8 @@ SR_API int sr_tensor_register_hook(sr_tensor *t, sr_tensor_hook_fn fn, void *arg
  *   "element 0 of tensors does not require grad and does not have a grad_fn"
  *   "Trying to backward through the graph a second time ..." (saved tensors
  *     were freed by an earlier backward without retain_graph)
- *   "one of the variables needed for gradient computation has been modified
- *     by an inplace operation ..." */
+ * Saved tensors keep their forward values (see "Saved tensors" above), so
+ * PyTorch's "modified by an inplace operation" error does not exist here. */
 SR_API int sr_backward(sr_tensor *root, bool retain_graph);
 /* Backward from n roots at once (each node runs once, after all its
  * gradients arrived). grad_roots: NULL (every root scalar, gradient 1) or n
