@@ -84,7 +84,7 @@ sr_node *sr__send_fn_create(sr_tensor *const *ts, size_t n, int peer, const char
             sr__node_unref(&s->base);
             return NULL;
         }
-        sr__node_set_edge(&s->base, (uint32_t)i, e);
+        s->base.next[i] = e; /* adopts the edge's reference */
     }
     return &s->base;
 }
