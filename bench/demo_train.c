@@ -763,7 +763,12 @@ static int set_opt(int c, const char *arg, int world)
     case O_DUMP: return opt.dump = arg, 0;
     case O_PLOT: return opt.plot = arg, 0;
     case O_DATA: return opt.data = arg, 0;
-    case 'h': return fputs(usage, stdout), 1;
+    case 'h': {
+        const char *rank = getenv("SHMRPC_RANK");
+        if (!rank || !strcmp(rank, "0")) /* once, not once per worker */
+            fputs(usage, stdout);
+        return 1;
+    }
     default: return bad("unknown option", arg);
     }
 }
