@@ -191,3 +191,11 @@ SR_API void sr_dist_optim_destroy(sr_dist_optim *o)
     free(o->optim);
     free(o);
 }
+
+SR_API sr_rref *sr_dist_optim_local_rref(const sr_dist_optim *o, int owner)
+{
+    for (size_t k = 0; o && k < o->n; k++)
+        if (o->optim[k] && sr_rref_owner(o->optim[k]) == owner)
+            return o->optim[k];
+    return NULL;
+}

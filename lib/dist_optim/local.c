@@ -168,3 +168,41 @@ __attribute__((constructor)) static void dist_optim_register(void)
     sr_register(SR_DIST_OPTIM_NEW, fn_new);
     sr_register(SR_DIST_OPTIM_STEP, fn_step);
 }
+
+/* The local optimizer behind an optimizer RRef owned here, or NULL with the
+ * reason in sr_last_error(). */
+static sr_optim *local_of(sr_rref *r, size_t i)
+{
+    const char *fn = "sr_dist_optim_with_locals";
+    sr_value *v = NULL;
+    if (!r || !sr_rref_is_owner(r))
+        return sr__fail(-EINVAL, fn, "optimizer RRef %zu is %s", i, r ? "not owned here" : "NULL"), NULL;
+    if (sr_rref_local_value(r, &v))
+        return NULL;
+    sr_optim *o = sr_value_object(v);
+    const char *type = sr_value_object_type(v);
+    sr_value_unref(v); /* the RRef keeps the object alive */
+    if (!o || !type || strcmp(type, SR_DIST_OPTIM_TYPE))
+        return sr__fail(-EINVAL, fn, "RRef %zu does not hold a local optimizer", i), NULL;
+    return o;
+}
+
+SR_API int sr_dist_optim_with_locals(sr_rref *const *rrefs, size_t n,
+                                     int (*fn)(sr_optim *const *optims, size_t n, void *arg), void *arg)
+{
+    if (!fn || (n && !rrefs))
+        return sr__fail(-EINVAL, "sr_dist_optim_with_locals", "fn or rrefs is NULL");
+    sr_optim **os = calloc(n ? n : 1, sizeof(*os));
+    if (!os)
+        return sr__fail(-ENOMEM, "sr_dist_optim_with_locals", "out of memory for %zu optimizers", n);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = (os[i] = local_of(rrefs[i], i)) ? 0 : -EINVAL;
+    if (!rc) {
+        pthread_mutex_lock(&global_lock);
+        rc = fn(os, n, arg);
+        pthread_mutex_unlock(&global_lock);
+    }
+    free(os);
+    return rc;
+}

@@ -248,20 +248,23 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     return 0;
 }
 
-static enum sr_call_kind call_kind(const struct sr_req *q, const char *fn)
+static enum sr_call_kind call_kind(const struct sr_req *q)
 {
-    if (q->kind == SR_REQ_KEEP)
-        return SR_CALL_KEEP;
-    if (q->kind == SR_REQ_MODULE)
-        return SR_CALL_MODULE;
-    const struct sr_fn_entry *e = sr__registry_find(fn, strlen(fn));
+    return q->kind == SR_REQ_KEEP ? SR_CALL_KEEP : q->kind == SR_REQ_MODULE ? SR_CALL_MODULE : SR_CALL_UNKNOWN;
+}
+
+enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o)
+{
+    if (o->kind != SR_CALL_UNKNOWN)
+        return o->kind;
+    const struct sr_fn_entry *e = o->fn ? sr__registry_find(o->fn, strlen(o->fn)) : NULL;
     return e && (e->kind == SR_FN_BUILTIN || e->kind == SR_FN_BUILTIN_CHEAP) ? SR_CALL_BUILTIN : SR_CALL_USER;
 }
 
 /* The modules' extension bytes for this request (ext.h). */
 static void request_ext(int to, const struct sr_req *q, const char *fn, sr_args args, struct sr_ext_buf *e)
 {
-    struct sr_call_out o = {.to = to, .kind = call_kind(q, fn ? fn : ""), .fn = fn, .args = args,
+    struct sr_call_out o = {.to = to, .kind = call_kind(q), .fn = fn, .args = args,
                             .module = q->module, .sub = q->sub};
     sr__ext_request_out(&o, q->ext_len ? q->module : -1, q->ext, q->ext_len, e);
 }

@@ -77,6 +77,7 @@ enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_MAX = 4 };
 
 /* What the caller is about to send. */
 enum sr_call_kind {
+    SR_CALL_UNKNOWN = -1, /* a function call not looked up yet: sr__call_out_kind() */
     SR_CALL_BUILTIN = 0, /* a built-in function */
     SR_CALL_USER = 1,    /* a registered (user) function */
     SR_CALL_KEEP = 2,    /* a call whose result stays on the callee (remote()) */
@@ -163,6 +164,11 @@ typedef struct sr_module {
     int (*shutdown_check)(void);
     void (*fini)(void);
 } sr_module;
+
+/* What o calls: a hook that needs to tell built-ins from user functions asks
+ * (a registry lookup, made only then: most calls are made with no hook
+ * interested). */
+enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o);
 
 /* Register m under id (once; before sr_init). -EEXIST if taken. */
 int sr__module_register(int id, const sr_module *m);

@@ -86,6 +86,28 @@ SR_API int sr_dist_optim_step(sr_dist_optim *o, int64_t context_id);
 /* Drops the optimizer RRefs; NULL is ignored. */
 SR_API void sr_dist_optim_destroy(sr_dist_optim *o);
 
+/* ---- checkpoints: the local optimizers on their owner ----
+ * A checkpoint of a parameter server needs a consistent cut of the
+ * parameters and of the local optimizers' state: no step may run while it is
+ * read. */
+
+/* The RRef to the local optimizer that o keeps on worker `owner` (borrowed,
+ * valid until sr_dist_optim_destroy(o)), or NULL if o holds no parameter
+ * there. Pass it to the owner (as an RPC argument) so that the owner can reach
+ * that optimizer with sr_dist_optim_with_locals(). */
+SR_API sr_rref *sr_dist_optim_local_rref(const sr_dist_optim *o, int owner);
+
+/* On the owner: run fn(optims, n, arg) with the n local optimizers behind
+ * the optimizer RRefs rrefs[0..n) (OwnerRRefs on this worker, as
+ * sr_dist_optim_local_rref() handed them out and an RPC brought them here),
+ * while holding this worker's step lock: no distributed-optimizer step runs
+ * here until fn returns, so fn may read or write the parameters and use
+ * sr_optim_state_export/_import. fn must not step a distributed optimizer.
+ * Returns fn's result, or -EINVAL (an RRef that is NULL, not owned here, or
+ * not a local optimizer's) before fn runs. */
+SR_API int sr_dist_optim_with_locals(sr_rref *const *rrefs, size_t n,
+                                     int (*fn)(sr_optim *const *optims, size_t n, void *arg), void *arg);
+
 #ifdef __cplusplus
 }
 #endif
