@@ -24,6 +24,8 @@
  *                 lock (its only working form). Without python3-torch the
  *                 bench says so and prints ours only.
  *
+ * BENCH_TRAIN_PHASES=1 also prints the p50 of each phase of both steps.
+ *
  * A step is what the trainer times from context begin to context end;
  * building the batch is outside it (in samples/s, inside). Targets are
  * printed as met / NOT met, never asserted; the bench exits 1 only on an
@@ -132,7 +134,8 @@ static int ps_params(sr_call *c)
     return sr_call_return(c, l);
 }
 
-/* ps.done(): every trainer has finished its share. */
+/* ps.done(): every trainer has finished its share (trainer 1 calls it after
+ * the trainers' end barrier). */
 static int ps_done_fn(sr_call *c)
 {
     sr_future_set_result(ps_done, NULL);
@@ -187,6 +190,12 @@ static int run_server(int world)
         sr_value_unref(v);
     }
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS); /* the model exists */
+    /* Waiting on a future, the server serves the calls on its executor
+     * threads (in parallel for several trainers). Serving from sr_shutdown
+     * instead, as PyTorch's server does from rpc.shutdown(), runs each plain
+     * function on the idle thread itself: measured here, one trainer's step
+     * p99 went to ~100 ms and the serialised mode's blocking lock stalled
+     * every call. */
     if (sr_future_wait(ps_done, NULL))
         FAIL("waiting for the trainers");
     sh->acc = test_accuracy(ps_model);
@@ -194,7 +203,6 @@ static int run_server(int world)
         sr_rref_unref(ps_param_rrefs[i]);
     sr_module_destroy(ps_model);
     sr_future_unref(ps_done);
-    sem_destroy(&ps_lock);
     return 0;
 }
 
@@ -218,24 +226,61 @@ static int64_t nsteps(const struct trainer *t)
     return (t->count + BATCH - 1) / BATCH;
 }
 
+/* BENCH_TRAIN_PHASES=1: where a step's time goes, p50 of each phase, for the
+ * distributed step (forward RPC, loss, backward, optimizer step, context
+ * end) and for the floor's (forward, loss, backward, SGD + zero_grad). */
+enum { PH_FWD, PH_LOSS, PH_BWD, PH_STEP, PH_END, NPHASES };
+static bool phases_on;
+static int64_t phase_ns[2][NPHASES][MAX_STEPS];
+static int64_t phase_n[2];
+
+static void phase_mark(int which, int ph, int64_t *t)
+{
+    if (!phases_on)
+        return;
+    int64_t now = bench_now_ns();
+    if (phase_n[which] < MAX_STEPS)
+        phase_ns[which][ph][phase_n[which]] = now - *t;
+    *t = now;
+    if (ph == NPHASES - 1 || (which == 1 && ph == PH_STEP))
+        phase_n[which]++;
+}
+
+static void phases_print(void)
+{
+    static const char *names[NPHASES] = {"forward", "loss", "backward", "step", "ctx end"};
+    for (int w = 0; phases_on && w < 2; w++) {
+        size_t n = (size_t)(phase_n[w] < MAX_STEPS ? phase_n[w] : MAX_STEPS);
+        printf("# phases, %s (p50 of %zu steps):", w ? "floor" : "distributed", n);
+        for (int ph = 0; n && ph < (w ? PH_END : NPHASES); ph++)
+            printf(" %s %.0f us", names[ph], (double)bench_lat_of(phase_ns[w][ph], n).p50 / 1e3);
+        printf("\n");
+    }
+}
+
 /* One distributed step; returns its loss. */
 static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
 {
-    int64_t ctx;
+    int64_t ctx, tp = bench_now_ns();
     sr_value *xv = sr_tensor_value(x), *out = NULL;
     if (sr_dist_autograd_context_begin(&ctx))
         FAIL("context");
     if (sr_rpc_sync(0, sh->locked ? "ps.forward_locked" : "ps.forward", SR_ARGS(xv), -1, &out))
         FAIL("forward");
+    phase_mark(0, PH_FWD, &tp);
     sr_tensor *loss = sr_cross_entropy(sr_value_tensor(out), y);
+    phase_mark(0, PH_LOSS, &tp);
     if (!loss || sr_dist_autograd_backward(ctx, &loss, 1, false))
         FAIL("backward");
+    phase_mark(0, PH_BWD, &tp);
     if (sr_dist_optim_step(t->opt, ctx))
         FAIL("step");
     if (sh->locked && sr_rpc_sync(0, "ps.release", SR_NOARGS, -1, NULL))
         FAIL("release");
+    phase_mark(0, PH_STEP, &tp);
     if (sr_dist_autograd_context_end(ctx))
         FAIL("context end");
+    phase_mark(0, PH_END, &tp);
     double l = sr_tensor_item(loss);
     sr_tensor_unref(loss);
     sr_value_unref(out);
@@ -246,9 +291,17 @@ static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
 /* One local step, the floor: forward, loss, backward, SGD, zero_grad. */
 static void local_step(sr_module *m, sr_optim *o, sr_tensor *x, sr_tensor *y)
 {
-    sr_tensor *logits = sr_module_forward(m, x), *loss = logits ? sr_cross_entropy(logits, y) : NULL;
-    if (!loss || sr_backward(loss, false) || sr_optim_step(o) || sr_optim_zero_grad(o, true))
+    int64_t tp = bench_now_ns();
+    sr_tensor *logits = sr_module_forward(m, x);
+    phase_mark(1, PH_FWD, &tp);
+    sr_tensor *loss = logits ? sr_cross_entropy(logits, y) : NULL;
+    phase_mark(1, PH_LOSS, &tp);
+    if (!loss || sr_backward(loss, false))
+        FAIL("local backward");
+    phase_mark(1, PH_BWD, &tp);
+    if (sr_optim_step(o) || sr_optim_zero_grad(o, true))
         FAIL("local step");
+    phase_mark(1, PH_STEP, &tp);
     sr_tensor_unref(loss);
     sr_tensor_unref(logits);
 }
@@ -298,6 +351,7 @@ static void epoch_with_floor(struct trainer *t)
         bench_rounds_add(&sh->rounds, bench_lat_of(lat, (size_t)(done - m0)), floor);
     }
     sh->train_s = (double)train_ns / 1e9;
+    phases_print();
     sh->steps[t->rank] = n;
     sh->step_p50[t->rank] = bench_lat_of(all, (size_t)n).p50;
     sr_optim_destroy(lo);
@@ -374,6 +428,8 @@ static int job(int rank, int world, void *arg)
     int rc = rank == 0 ? run_server(world) : run_trainer(rank, world);
     if (sr_shutdown(true, 120))
         FAIL("shutdown");
+    if (rank == 0)
+        sem_destroy(&ps_lock);
     return rc;
 }
 
@@ -482,6 +538,7 @@ int main(int argc, char **argv)
     sh = bench_shared_alloc(sizeof(*sh));
     if (!sh)
         return 1;
+    phases_on = getenv("BENCH_TRAIN_PHASES") != NULL;
     if (sr_fashion_mnist_load(NULL, true, &train_set) || sr_fashion_mnist_load(NULL, false, &test_set)) {
         printf("bench_train: skipped, no Fashion-MNIST: %s (Debian package dataset-fashion-mnist)\n", sr_last_error());
         return 0;
