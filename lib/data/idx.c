@@ -143,7 +143,7 @@ static int check_image_dims(const char *path, const uint32_t *dims, const void *
 
 int sr__idx_read_images(const char *path, int64_t rows, int64_t cols, struct sr__idx *out)
 {
-    uint32_t dims[3];
+    uint32_t dims[3] = {0, 0, 0};
     int rc = read_idx(path, SR__IDX_IMAGES_MAGIC, 3, dims, check_image_dims, (const int64_t[]){rows, cols},
                       &out->data);
     if (!rc) {
@@ -162,7 +162,7 @@ static int no_check(const char *path, const uint32_t *dims, const void *arg)
 
 int sr__idx_read_labels(const char *path, int classes, struct sr__idx *out)
 {
-    uint32_t count;
+    uint32_t count = 0;
     out->data = NULL;
     int rc = read_idx(path, SR__IDX_LABELS_MAGIC, 1, &count, no_check, NULL, &out->data);
     for (uint32_t i = 0; !rc && i < count; i++)

@@ -3,6 +3,7 @@
 #ifndef SHMRPC_H
 #define SHMRPC_H
 
+#include "checkpoint.h"
 #include "error.h"
 #include "future.h"
 #include "rpc.h"
