@@ -22,6 +22,14 @@ struct last_error {
     char text[512];
 };
 
+/* outside_context. The calls to the owners are sent with no current
+ * distributed autograd context, whatever the caller's thread has. They carry
+ * no tensor that requires grad, so torch records nothing for them; here a
+ * user call inside a context would record a send and a recv function that
+ * no root uses (and create the context on the owner, so an owner that never
+ * saw the context would find it empty instead of unknown). The step names
+ * its context explicitly. */
+
 /* A call that could not be sent, as a future that failed with its error, so
  * that waiting treats it like any other. NULL only without memory. */
 static sr_future *failed_call(int rc)
@@ -135,8 +143,10 @@ SR_API int sr_dist_optim_create(sr_optim_kind kind, const sr_optim_opts *opts, s
         rc = sr__fail(-ENOMEM, "sr_dist_optim_create", "out of memory for %zu owners", o->n);
         goto out;
     }
+    int64_t ctx = sr__dctx_set_current(SR_NO_CONTEXT); /* outside_context, above */
     for (size_t k = 0; k < o->n; k++) /* every owner at once ... */
         fs[k] = send_new(kind, opts, params, n, group, k, owner[k]);
+    sr__dctx_set_current(ctx);
     struct last_error e = {0};
     wait_all(fs, o->n, vals, &e); /* ... then all of them, failed or not */
     take_optimizers(o, vals, &e);
@@ -170,11 +180,13 @@ SR_API int sr_dist_optim_step(sr_dist_optim *o, int64_t context_id)
         sr_value_unref(ctx);
         return sr__fail(-ENOMEM, fn, "out of memory for %zu owners", o->n);
     }
+    int64_t cur = sr__dctx_set_current(SR_NO_CONTEXT); /* outside_context, above */
     for (size_t k = 0; k < o->n; k++) { /* every owner at once ... */
         int rc = sr_rref_rpc_async(o->optim[k], SR_DIST_OPTIM_STEP, SR_ARGS(ctx), -1, &fs[k]);
         if (rc)
             fs[k] = failed_call(rc);
     }
+    sr__dctx_set_current(cur);
     struct last_error e = {0};
     wait_all(fs, o->n, NULL, &e); /* ... then all of them, failed or not */
     free(fs);

@@ -16,11 +16,13 @@
 /* The type name of the object an owner keeps in its optimizer RRef. */
 #define SR_DIST_OPTIM_TYPE "shmrpc.LocalOptimizer"
 
-/* This worker's counters, for tests: steps run under the worker's lock, and
- * the most steps ever seen inside it at once (1 while the lock holds). */
+/* This worker's counters, for tests: steps run under the worker's lock, the
+ * most steps ever seen inside it at once (1 while the lock holds), and the
+ * local optimizers alive here. */
 struct sr__dist_optim_stats {
     uint64_t steps;
     uint32_t max_inside;
+    int64_t live;
 };
 void sr__dist_optim_stats_get(struct sr__dist_optim_stats *out);
 

@@ -18,11 +18,13 @@ static pthread_mutex_t global_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Relaxed counters: statistics for tests, read after the steps finished. */
 static _Atomic uint64_t steps_run;
 static _Atomic uint32_t inside, max_inside;
+static _Atomic int64_t live;
 
 void sr__dist_optim_stats_get(struct sr__dist_optim_stats *out)
 {
     out->steps = atomic_load_explicit(&steps_run, memory_order_relaxed);
     out->max_inside = atomic_load_explicit(&max_inside, memory_order_relaxed);
+    out->live = atomic_load_explicit(&live, memory_order_relaxed);
 }
 
 /* The last failure's text without its "worker<R>: " prefix: the caller reads
@@ -40,6 +42,7 @@ static const char *detail(void)
 static void local_free(void *p)
 {
     sr_optim_destroy(p);
+    atomic_fetch_sub_explicit(&live, 1, memory_order_relaxed); /* relaxed: statistics */
 }
 
 /* The local values of the n parameter RRefs in list: the owner's tensors
@@ -75,6 +78,7 @@ static int keep_in_rref(sr_call *c, sr_optim *o)
         sr_optim_destroy(o);
         return sr_call_fail(c, -ENOMEM, "%s", detail());
     }
+    atomic_fetch_add_explicit(&live, 1, memory_order_relaxed); /* relaxed: statistics */
     int rc = sr_rref_create(obj, &r);
     sr_value_unref(obj); /* the RRef holds its own reference (or, on failure, o goes here) */
     if (rc)

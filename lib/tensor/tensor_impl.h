@@ -47,7 +47,10 @@
  *            sr_tensor_data) read it unlocked and so must not run concurrently
  *            with a writer of the same storage (tensor.h "Threads").
  *   the bytes of the block: only the holder of the lock, after
- *            make_writable found (or made) the block private to this storage.
+ *            make_writable found (or made) the block private to this storage
+ *            (and sr_tensor_mutable_data's caller, after it).
+ *   a tensor's dtype, geometry and storage pointer: written once, when it
+ *            is made; its autograd fields: see struct sr_tensor.
  */
 #ifndef SR_LIB_TENSOR_IMPL_H
 #define SR_LIB_TENSOR_IMPL_H
