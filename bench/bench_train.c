@@ -34,6 +34,7 @@
 #include <errno.h>
 #include <math.h>
 #include <semaphore.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,12 +68,22 @@ struct shared {
     bench_rounds rounds; /* 1 trainer: ours (step) next to the floor, per round */
     double train_s;      /* 1 trainer: the epoch's time, floor rounds left out */
     double acc;          /* the server's test accuracy after the epoch */
+    double cpu_s[MAX_TRAINERS + 1]; /* CPU time of each worker (all its threads) over the epoch */
     bool locked;         /* trainers take the server's lock around each step */
     int errors;
     char error[512];     /* the first failure's text */
 };
 
 static struct shared *sh;
+
+/* CPU seconds used so far by this process, every thread. */
+static double cpu_now(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 + (double)u.ru_stime.tv_sec +
+           (double)u.ru_stime.tv_usec / 1e6;
+}
 static sr_dataset *train_set, *test_set; /* loaded by the parent, inherited */
 static uint64_t seed = 1;
 
@@ -191,6 +202,7 @@ static int run_server(int world)
         sr_value_unref(v);
     }
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS); /* the model exists */
+    double cpu0 = cpu_now();
     /* Waiting on a future, the server serves the calls on its executor
      * threads (in parallel for several trainers). Serving from sr_shutdown
      * instead, as PyTorch's server does from rpc.shutdown(), runs each plain
@@ -199,6 +211,7 @@ static int run_server(int world)
      * every call. */
     if (sr_future_wait(ps_done, NULL))
         FAIL("waiting for the trainers");
+    sh->cpu_s[0] = cpu_now() - cpu0; /* the trainers' setup included: small */
     sh->acc = test_accuracy(ps_model);
     for (int i = 0; i < 4; i++)
         sr_rref_unref(ps_param_rrefs[i]);
@@ -403,10 +416,12 @@ static int run_trainer(int rank, int world)
     if (sr_dist_optim_create(SR_OPTIM_SGD, &oo, prefs, 4, &t.opt))
         FAIL("DistributedOptimizer");
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* start together */
+    double cpu0 = cpu_now();
     if (t.ntrainers == 1)
         epoch_with_floor(&t);
     else
         epoch_share(&t);
+    sh->cpu_s[rank] = cpu_now() - cpu0;
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* all done */
     if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, -1, NULL))
         FAIL("done");
@@ -447,6 +462,16 @@ static int run_job(int ntrainers, bool locked)
         if (!isfinite(sh->last_loss[r]))
             rc = snprintf(sh->error, sizeof(sh->error), "trainer %d ended with loss %f", r, sh->last_loss[r]);
     return rc ? 1 : 0;
+}
+
+/* " | CPU: server 1.62 cores, trainers 0.31": CPU seconds over the epoch's
+ * wall time, the server's and the trainers' together. */
+static void cpu_note(char *buf, size_t n, int ntrainers, double wall_s)
+{
+    double tr = 0;
+    for (int r = 1; r <= ntrainers; r++)
+        tr += sh->cpu_s[r];
+    snprintf(buf, n, " | CPU: server %.2f cores, trainers %.2f", sh->cpu_s[0] / wall_s, tr / wall_s);
 }
 
 /* samples/s of a multi-trainer job, its slowest trainer's step p50 */
@@ -544,10 +569,12 @@ int main(int argc, char **argv)
         printf("bench_train: skipped, no Fashion-MNIST: %s (Debian package dataset-fashion-mnist)\n", sr_last_error());
         return 0;
     }
+    double load[1] = {NAN};
+    getloadavg(load, 1);
     printf("# bench_train: parameter server + trainers, MLP 784-%d-10, batch %d, SGD lr %.2f, one epoch of "
-           "Fashion-MNIST (%lld images), seed %llu; matmul %s; %ld CPUs online\n",
+           "Fashion-MNIST (%lld images), seed %llu; matmul %s; %ld CPUs online, load average %.1f\n",
            HIDDEN, BATCH, LR, (long long)sr_dataset_size(train_set), (unsigned long long)seed, sr_matmul_backend(),
-           sysconf(_SC_NPROCESSORS_ONLN));
+           sysconf(_SC_NPROCESSORS_ONLN), load[0]);
     fflush(stdout);
 
     /* 1 trainer, with the floor */
@@ -561,9 +588,9 @@ int main(int argc, char **argv)
     bool met_floor = s.ratio50 <= 1.3;
     printf("train 1 trainer  | step p50 %.0f us (rounds: p50 %.0f us p99 %.0f us) | floor local fwd+bwd+SGD, no RPC: "
            "p50 %.0f us p99 %.0f us | ratio p50 %.2f | target p50 <= 1.3x %s | %.0f samples/s | test acc %.2f %% | "
-           "loss %.3f\n",
+           "loss %.3f | CPU: server %.2f cores\n",
            p50_1 / 1e3, s.ours50 / 1e3, s.ours99 / 1e3, s.floor50 / 1e3, s.floor99 / 1e3, s.ratio50,
-           verdict(met_floor), sps1, acc1 * 100, sh->last_loss[1]);
+           verdict(met_floor), sps1, acc1 * 100, sh->last_loss[1], sh->cpu_s[0] / sh->train_s);
     fflush(stdout);
 
     /* 3 concurrent trainers, no lock. A failed run is reported and tried
@@ -586,12 +613,13 @@ int main(int argc, char **argv)
     } else {
         sps3 = job_sps(MAX_TRAINERS, &p50_3);
         acc3 = sh->acc;
-        char runs[sizeof(first_error) + 64] = "";
+        char runs[sizeof(first_error) + 64] = "", cpu[96];
         if (failed)
             snprintf(runs, sizeof(runs), " | run %d of %d; failed before: %s", failed + 1, failed + 1, first_error);
+        cpu_note(cpu, sizeof(cpu), MAX_TRAINERS, (double)sr_dataset_size(train_set) / sps3);
         printf("train 3 trainers | concurrent, no lock | step p50 %.0f us (slowest trainer) | %.0f samples/s = %.2fx 1 "
-               "trainer | target >= 1.5x %s | test acc %.2f %%%s\n",
-               (double)p50_3 / 1e3, sps3, sps3 / sps1, verdict(sps3 >= 1.5 * sps1), acc3 * 100, runs);
+               "trainer | target >= 1.5x %s | test acc %.2f %%%s%s\n",
+               (double)p50_3 / 1e3, sps3, sps3 / sps1, verdict(sps3 >= 1.5 * sps1), acc3 * 100, cpu, runs);
     }
     fflush(stdout);
 
@@ -603,9 +631,11 @@ int main(int argc, char **argv)
     } else {
         sps3s = job_sps(MAX_TRAINERS, &p50_3s);
         acc3s = sh->acc;
+        char cpu[96];
+        cpu_note(cpu, sizeof(cpu), MAX_TRAINERS, (double)sr_dataset_size(train_set) / sps3s);
         printf("train 3 trainers | serialised by a lock on the server (informational) | step p50 %.0f us | %.0f "
-               "samples/s = %.2fx 1 trainer | test acc %.2f %%\n",
-               (double)p50_3s / 1e3, sps3s, sps3s / sps1, acc3s * 100);
+               "samples/s = %.2fx 1 trainer | test acc %.2f %%%s\n",
+               (double)p50_3s / 1e3, sps3s, sps3s / sps1, acc3s * 100, cpu);
     }
     fflush(stdout);
 
