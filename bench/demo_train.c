@@ -45,6 +45,9 @@
 #define MAX_WORKERS 64
 #define CKPT_NAME "train.ckpt"
 #define WAIT_S 120 /* bound of every wait for another worker */
+/* The training set's size, which the server (that does not load it) plans
+ * the epochs with; each trainer checks its copy has it. */
+#define TRAIN_SAMPLES 60000
 
 static const int64_t SIZES[NLAYERS + 1] = {784, 128, 10};
 
@@ -591,10 +594,9 @@ static int server(double t0)
     sr_dataset *test = NULL;
     ps.tty = isatty(1);
     int rc = sr_fashion_mnist_load(opt.data, false, &test);
-    int64_t train_samples = 60000;
     if (rc)
         fail(rc, "loading the test set");
-    else if ((rc = ps_setup(train_samples)) == 0)
+    else if ((rc = ps_setup(TRAIN_SAMPLES)) == 0)
         printf("parameter server: MLP 784-128-10 (%zu parameters), %d trainer%s, %" PRId64 " batches of %" PRId64
                " per epoch, %d epoch%s\n", sr_module_numel(ps.model), opt.trainers, opt.trainers > 1 ? "s" : "",
                ps.nb, opt.batch, opt.epochs, opt.epochs > 1 ? "s" : "");
@@ -603,12 +605,10 @@ static int server(double t0)
     ps.ready = !rc;
     ps.failed = rc != 0;
     pthread_cond_broadcast(&ps.cv);
-    if (!rc)
-        rc = ps_wait(all_done, "the trainers to finish");
-    pthread_mutex_unlock(&ps.mu);
-    if (rc)
+    if (!rc && (rc = ps_wait(all_done, "the trainers to finish")))
         fail(rc, "training");
-    else
+    pthread_mutex_unlock(&ps.mu);
+    if (!rc)
         rc = ps_finish(test, t0);
     ps_release();
     sr_dataset_destroy(test);
@@ -707,6 +707,11 @@ static int trainer(void)
     if (rc)
         return fail(rc, "loading the training set");
     t.data = ds;
+    if (sr_dataset_size(ds) != TRAIN_SAMPLES) {
+        sr_errorf(-EINVAL, "%" PRId64 " samples, not the %d of Fashion-MNIST", sr_dataset_size(ds), TRAIN_SAMPLES);
+        sr_dataset_destroy(ds);
+        return fail(-EINVAL, "the training set");
+    }
     sr_optim_opts o;
     sr_optim_opts_default(SR_OPTIM_SGD, &o);
     o.lr = opt.lr;
