@@ -286,20 +286,45 @@ static int save_meta(const char *path, struct entries *e)
                               names, vals);
 }
 
+/* The optimizers a save covers: those of the trainers that said hello. */
+struct save_job {
+    const char *path;
+    int rank[MAX_WORKERS]; /* rank of optims[i] */
+};
+
+/* A trainer that has not said hello yet has not stepped in this run: its
+ * state is the one it was resumed with, if any (none: the initial state). */
+static int add_resumed_state(struct entries *e, int rank)
+{
+    char prefix[32];
+    size_t plen = (size_t)snprintf(prefix, sizeof(prefix), "optim.%d.", rank);
+    int rc = 0;
+    for (size_t i = 0; ps.resume && i < sr_checkpoint_count(ps.resume) && !rc; i++) {
+        const char *nm = sr_checkpoint_name(ps.resume, i);
+        sr_tensor *t = strncmp(nm, prefix, plen) ? NULL : sr_checkpoint_get(ps.resume, nm);
+        rc = t ? entries_add(e, "", nm, t) : 0;
+        sr_tensor_unref(t);
+    }
+    return rc;
+}
+
 /* Under the step lock: no trainer's step changes a parameter or an
  * optimizer state while they are read. */
 static int save_locked(sr_optim *const *optims, size_t n, void *arg)
 {
+    struct save_job *job = arg;
     struct entries e = {0};
     int rc = 0;
     for (int i = 0; i < NPARAMS && !rc; i++)
         rc = entries_add(&e, "param.", ps.names[i], ps.params[i]);
     for (size_t i = 0; i < n && !rc; i++)
-        rc = add_optim_state(&e, optims[i], (int)i + 1);
+        rc = add_optim_state(&e, optims[i], job->rank[i]);
+    for (int r = 1; r <= opt.trainers && !rc; r++)
+        rc = ps.optim[r] ? 0 : add_resumed_state(&e, r);
     if (!rc)
         rc = add_loss_curve(&e);
     if (!rc)
-        rc = save_meta(arg, &e);
+        rc = save_meta(job->path, &e);
     entries_free(&e);
     return rc;
 }
@@ -314,7 +339,15 @@ static int ps_save(void)
 {
     char path[4096];
     ckpt_path(path, sizeof(path));
-    int rc = sr_dist_optim_with_locals(ps.optim + 1, (size_t)opt.trainers, save_locked, path);
+    struct save_job job = {.path = path};
+    sr_rref *optims[MAX_WORKERS];
+    size_t n = 0;
+    for (int r = 1; r <= opt.trainers; r++)
+        if (ps.optim[r]) {
+            job.rank[n] = r;
+            optims[n++] = ps.optim[r];
+        }
+    int rc = sr_dist_optim_with_locals(optims, n, save_locked, &job);
     if (rc)
         return fail(rc, "saving the checkpoint");
     ps.saved = ps.step;
