@@ -114,7 +114,7 @@ static struct ps {
     double *loss;            /* loss[i]: the loss of step i + 1 */
     int64_t samples;         /* trained in this run */
     int hellos, done;
-    double t0, t_train, t_print;
+    double t_train, t_print;
     int64_t saved;           /* last step saved */
     bool tty;
 } ps = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -622,6 +622,19 @@ static void ps_release(void)
     free(ps.loss);
 }
 
+/* Until every trainer is done (ps.mu held): bounded by progress, not by the
+ * length of the training: it fails only after WAIT_S seconds without a step. */
+static int wait_training(void)
+{
+    int64_t seen;
+    int rc;
+    do {
+        seen = ps.step;
+        rc = ps_wait(all_done, "the trainers' next step or their end");
+    } while (rc == -ETIMEDOUT && ps.step != seen);
+    return rc;
+}
+
 static int server(double t0)
 {
     sr_dataset *test = NULL;
@@ -638,7 +651,7 @@ static int server(double t0)
     ps.ready = !rc;
     ps.failed = rc != 0;
     pthread_cond_broadcast(&ps.cv);
-    if (!rc && (rc = ps_wait(all_done, "the trainers to finish")))
+    if (!rc && (rc = wait_training()))
         fail(rc, "training");
     pthread_mutex_unlock(&ps.mu);
     if (!rc)
