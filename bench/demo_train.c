@@ -11,9 +11,9 @@
  * RPC (so the graph spans both workers), computes the cross-entropy, runs the
  * distributed backward and steps its DistributedOptimizer (SGD) with the
  * context. The trainers run concurrently and unserialised: no lock is held
- * around forward, backward or step. A saved tensor keeps the values of its
- * forward when a step updates a parameter in place, so every gradient is
- * exact for its own forward (docs/TENSORS.md).
+ * around forward, backward or step, and every gradient is exact for the
+ * weights its own forward used, whatever steps other trainers made since
+ * (ps_forward says how; docs/TENSORS.md has the snapshot rule).
  *
  * The server shows one live progress line, then the test accuracy on the
  * 10k test images, the time, and the loss curve written as an SVG.
@@ -45,6 +45,9 @@
 #define MAX_WORKERS 64
 #define CKPT_NAME "train.ckpt"
 #define WAIT_S 120 /* bound of every wait for another worker */
+/* The training set's size, which the server (that does not load it) plans
+ * the epochs with; each trainer checks its copy has it. */
+#define TRAIN_SAMPLES 60000
 
 static const int64_t SIZES[NLAYERS + 1] = {784, 128, 10};
 
@@ -111,7 +114,7 @@ static struct ps {
     double *loss;            /* loss[i]: the loss of step i + 1 */
     int64_t samples;         /* trained in this run */
     int hellos, done;
-    double t0, t_train, t_print;
+    double t_train, t_print;
     int64_t saved;           /* last step saved */
     bool tty;
 } ps = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -139,13 +142,32 @@ static int ps_wait_ready(void)
     return rc;
 }
 
-/* ps_forward(x) -> logits = MLP(x) with the server's parameters. */
+/* ps_forward(x) -> logits = MLP(x) with the server's parameters.
+ *
+ * The forward computes on copies of the parameters (sr_clone, recorded by
+ * autograd, so the gradients still reach the parameters themselves). A read
+ * of a tensor holds no reference on its storage block: if another trainer's
+ * step moved a parameter onto a copy (copy-on-write, because a pending
+ * backward's snapshot shares its block) and that backward then released
+ * the old block, a forward still reading the parameter would read freed
+ * heap memory. Nothing but the parameter itself holds its block here, so a
+ * step writes it in place, and a copy taken while a step runs is at worst a
+ * mix of the two versions (Hogwild), never freed memory. The gradient is
+ * exact for the copy the forward used, whatever steps come between this
+ * forward and its backward. The copy costs about 2 % of a step. */
 static int ps_forward(sr_call *c)
 {
     sr_tensor *x = sr_call_nargs(c) == 1 ? sr_value_tensor(sr_call_arg(c, 0)) : NULL;
     if (!x)
         return sr_call_fail(c, -EINVAL, "ps_forward takes one tensor");
-    sr_tensor *logits = sr_mlp_apply(x, ps.params, NLAYERS);
+    sr_tensor *w[NPARAMS], *logits = NULL;
+    int n = 0;
+    while (n < NPARAMS && (w[n] = sr_clone(ps.params[n])))
+        n++;
+    if (n == NPARAMS)
+        logits = sr_mlp_apply(x, w, NLAYERS);
+    while (n > 0)
+        sr_tensor_unref(w[--n]);
     if (!logits)
         return sr_call_fail(c, -EINVAL, "ps_forward: %s", sr_last_error());
     sr_value *v = sr_tensor_value(logits);
@@ -264,20 +286,45 @@ static int save_meta(const char *path, struct entries *e)
                               names, vals);
 }
 
+/* The optimizers a save covers: those of the trainers that said hello. */
+struct save_job {
+    const char *path;
+    int rank[MAX_WORKERS]; /* rank of optims[i] */
+};
+
+/* A trainer that has not said hello yet has not stepped in this run: its
+ * state is the one it was resumed with, if any (none: the initial state). */
+static int add_resumed_state(struct entries *e, int rank)
+{
+    char prefix[32];
+    size_t plen = (size_t)snprintf(prefix, sizeof(prefix), "optim.%d.", rank);
+    int rc = 0;
+    for (size_t i = 0; ps.resume && i < sr_checkpoint_count(ps.resume) && !rc; i++) {
+        const char *nm = sr_checkpoint_name(ps.resume, i);
+        sr_tensor *t = strncmp(nm, prefix, plen) ? NULL : sr_checkpoint_get(ps.resume, nm);
+        rc = t ? entries_add(e, "", nm, t) : 0;
+        sr_tensor_unref(t);
+    }
+    return rc;
+}
+
 /* Under the step lock: no trainer's step changes a parameter or an
  * optimizer state while they are read. */
 static int save_locked(sr_optim *const *optims, size_t n, void *arg)
 {
+    struct save_job *job = arg;
     struct entries e = {0};
     int rc = 0;
     for (int i = 0; i < NPARAMS && !rc; i++)
         rc = entries_add(&e, "param.", ps.names[i], ps.params[i]);
     for (size_t i = 0; i < n && !rc; i++)
-        rc = add_optim_state(&e, optims[i], (int)i + 1);
+        rc = add_optim_state(&e, optims[i], job->rank[i]);
+    for (int r = 1; r <= opt.trainers && !rc; r++)
+        rc = ps.optim[r] ? 0 : add_resumed_state(&e, r);
     if (!rc)
         rc = add_loss_curve(&e);
     if (!rc)
-        rc = save_meta(arg, &e);
+        rc = save_meta(job->path, &e);
     entries_free(&e);
     return rc;
 }
@@ -292,7 +339,15 @@ static int ps_save(void)
 {
     char path[4096];
     ckpt_path(path, sizeof(path));
-    int rc = sr_dist_optim_with_locals(ps.optim + 1, (size_t)opt.trainers, save_locked, path);
+    struct save_job job = {.path = path};
+    sr_rref *optims[MAX_WORKERS];
+    size_t n = 0;
+    for (int r = 1; r <= opt.trainers; r++)
+        if (ps.optim[r]) {
+            job.rank[n] = r;
+            optims[n++] = ps.optim[r];
+        }
+    int rc = sr_dist_optim_with_locals(optims, n, save_locked, &job);
     if (rc)
         return fail(rc, "saving the checkpoint");
     ps.saved = ps.step;
@@ -567,15 +622,27 @@ static void ps_release(void)
     free(ps.loss);
 }
 
+/* Until every trainer is done (ps.mu held): bounded by progress, not by the
+ * length of the training: it fails only after WAIT_S seconds without a step. */
+static int wait_training(void)
+{
+    int64_t seen;
+    int rc;
+    do {
+        seen = ps.step;
+        rc = ps_wait(all_done, "the trainers' next step or their end");
+    } while (rc == -ETIMEDOUT && ps.step != seen);
+    return rc;
+}
+
 static int server(double t0)
 {
     sr_dataset *test = NULL;
     ps.tty = isatty(1);
     int rc = sr_fashion_mnist_load(opt.data, false, &test);
-    int64_t train_samples = 60000;
     if (rc)
         fail(rc, "loading the test set");
-    else if ((rc = ps_setup(train_samples)) == 0)
+    else if ((rc = ps_setup(TRAIN_SAMPLES)) == 0)
         printf("parameter server: MLP 784-128-10 (%zu parameters), %d trainer%s, %" PRId64 " batches of %" PRId64
                " per epoch, %d epoch%s\n", sr_module_numel(ps.model), opt.trainers, opt.trainers > 1 ? "s" : "",
                ps.nb, opt.batch, opt.epochs, opt.epochs > 1 ? "s" : "");
@@ -584,12 +651,10 @@ static int server(double t0)
     ps.ready = !rc;
     ps.failed = rc != 0;
     pthread_cond_broadcast(&ps.cv);
-    if (!rc)
-        rc = ps_wait(all_done, "the trainers to finish");
-    pthread_mutex_unlock(&ps.mu);
-    if (rc)
+    if (!rc && (rc = wait_training()))
         fail(rc, "training");
-    else
+    pthread_mutex_unlock(&ps.mu);
+    if (!rc)
         rc = ps_finish(test, t0);
     ps_release();
     sr_dataset_destroy(test);
@@ -688,6 +753,11 @@ static int trainer(void)
     if (rc)
         return fail(rc, "loading the training set");
     t.data = ds;
+    if (sr_dataset_size(ds) != TRAIN_SAMPLES) {
+        sr_errorf(-EINVAL, "%" PRId64 " samples, not the %d of Fashion-MNIST", sr_dataset_size(ds), TRAIN_SAMPLES);
+        sr_dataset_destroy(ds);
+        return fail(-EINVAL, "the training set");
+    }
     sr_optim_opts o;
     sr_optim_opts_default(SR_OPTIM_SGD, &o);
     o.lr = opt.lr;

@@ -19,8 +19,9 @@
  * counter on the server that trainers wait on between phases (bounded); it
  * orders the phases, it never guards a forward, a backward or a step.
  *
- * free_running: the same three trainers without any schedule, many steps:
- * every call succeeds.
+ * free_running: the same three trainers without any schedule, many steps,
+ * with the forward of bench/demo_train (on copies of the weights, made while
+ * other trainers may be stepping): every call succeeds.
  */
 #include <math.h>
 #include <pthread.h>
@@ -105,6 +106,25 @@ static int sv_forward(sr_call *c)
     return sr_call_return(c, list);
 }
 
+/* sv_forward_copy(x) -> logits, computed as bench/demo_train computes them:
+ * on copies of the weights (a forward that reads the weights themselves
+ * while another trainer's step moves them by copy-on-write could read a
+ * block freed meanwhile; see demo_train's ps_forward). */
+static int sv_forward_copy(sr_call *c)
+{
+    sr_tensor *w[NPARAMS];
+    for (int i = 0; i < NPARAMS; i++)
+        w[i] = sr_clone(sv.params[i]);
+    sr_tensor *logits = sr_mlp_apply(sr_value_tensor(sr_call_arg(c, 0)), w, 2);
+    for (int i = 0; i < NPARAMS; i++)
+        sr_tensor_unref(w[i]);
+    if (!logits)
+        return sr_call_fail(c, -EINVAL, "sv_forward_copy: %s", sr_last_error());
+    sr_value *v = sr_tensor_value(logits);
+    sr_tensor_unref(logits);
+    return sr_call_return(c, v);
+}
+
 /* sv_grads(ctx) -> the gradients the context holds here for W0, b0, W1, b1. */
 static int sv_grads(sr_call *c)
 {
@@ -154,6 +174,7 @@ static void register_fns(void)
 {
     sr_register("sv_params", sv_params);
     sr_register("sv_forward", sv_forward);
+    sr_register("sv_forward_copy", sv_forward_copy);
     sr_register("sv_grads", sv_grads);
     sr_register("sv_turn", sv_turn);
     sr_register("sv_next", sv_next);
@@ -293,8 +314,8 @@ static int free_step(struct trainer *t, int i)
     batch(t, &x, &y);
     sr_value *xv = sr_tensor_value(x), *fwd = NULL;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(0, "sv_forward", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
-    sr_tensor *loss = sr_cross_entropy(sr_value_tensor(sr_value_list_at(fwd, 0)), y);
+    WCHECK(sr_rpc_sync(0, "sv_forward_copy", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
+    sr_tensor *loss = sr_cross_entropy(sr_value_tensor(fwd), y);
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "step %d: backward: %s", i, sr_last_error());
     WCHECK(sr_dist_optim_step(t->optim, ctx) == 0, "step %d: %s", i, sr_last_error());
     WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
