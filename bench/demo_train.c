@@ -713,7 +713,7 @@ static int train_loop(struct trainer *t, int64_t from)
             return fail(-EINVAL, "the data order");
         int64_t b = me + (k % share) * T, at = b * opt.batch;
         int64_t n = N - at < opt.batch ? N - at : opt.batch;
-        double loss;
+        double loss = NAN; /* set by train_step on success; gcc -O3 cannot see it (maybe-uninitialized) */
         int rc = train_step(t, t->perm + at, n, &loss);
         if (rc || (rc = report(loss, n)))
             return rc;
