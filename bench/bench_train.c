@@ -27,7 +27,8 @@
  *                 lock (its only working form). Without python3-torch the
  *                 bench says so and prints ours only.
  *
- * BENCH_TRAIN_PHASES=1 also prints the p50 of each phase of both steps.
+ * BENCH_TRAIN_PHASES=1 also prints the p50 of each phase of both steps;
+ * BENCH_TRAIN_PYTHON names the interpreter for PyTorch (/usr/bin/python3).
  *
  * A step is what the trainer times from context begin to context end;
  * building the batch is outside it (in samples/s, inside). Targets are
@@ -545,10 +546,12 @@ static double field(const char *line, const char *key)
 static void run_torch(struct torch_res *tr)
 {
     char cmd[512];
-    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s --seed %llu 2>&1", TORCH_PS_SCRIPT, (unsigned long long)seed);
+    const char *py = getenv("BENCH_TRAIN_PYTHON"); /* Debian's python3 has python3-torch */
+    py = py && *py ? py : "/usr/bin/python3";
+    snprintf(cmd, sizeof(cmd), "%s %s --seed %llu 2>&1", py, TORCH_PS_SCRIPT, (unsigned long long)seed);
     FILE *f = popen(cmd, "r");
     if (!f) {
-        snprintf(tr->why, sizeof(tr->why), "cannot run /usr/bin/python3: %s", strerror(errno));
+        snprintf(tr->why, sizeof(tr->why), "cannot run %s: %s", py, strerror(errno));
         return;
     }
     char line[1024];
