@@ -299,16 +299,21 @@ static void phase_mark(int which, int ph, int64_t *t)
         phase_n[which]++;
 }
 
-static void phases_print(void)
+static const char *const mode_name[] = {"no lock", "serialised", "forward under the step lock"};
+
+static void phases_print(const char *who)
 {
     static const char *names[NPHASES] = {"forward", "loss", "backward", "step", "ctx end"};
     for (int w = 0; phases_on && w < 2; w++) {
         size_t n = (size_t)(phase_n[w] < MAX_STEPS ? phase_n[w] : MAX_STEPS);
-        printf("# phases, %s (p50 of %zu steps):", w ? "floor" : "distributed", n);
-        for (int ph = 0; n && ph < (w ? PH_END : NPHASES); ph++)
+        if (!n)
+            continue;
+        printf("# phases, %s (p50 of %zu steps):", w ? "floor" : who, n);
+        for (int ph = 0; ph < (w ? PH_END : NPHASES); ph++)
             printf(" %s %.0f us", names[ph], (double)bench_lat_of(phase_ns[w][ph], n).p50 / 1e3);
         printf("\n");
     }
+    fflush(stdout);
 }
 
 /* One distributed step; returns its loss. */
@@ -405,7 +410,7 @@ static void epoch_with_floor(struct trainer *t)
         bench_rounds_add(&sh->rounds, bench_lat_of(lat, (size_t)(done - m0)), floor);
     }
     sh->train_s = (double)train_ns / 1e9;
-    phases_print();
+    phases_print("distributed, 1 trainer");
     sh->steps[t->rank] = n;
     sh->step_p50[t->rank] = bench_lat_of(all, (size_t)n).p50;
     sr_optim_destroy(lo);
@@ -428,6 +433,11 @@ static void epoch_share(struct trainer *t)
         sr_tensor_unref(y);
     }
     sh->end_ns[t->rank] = bench_now_ns();
+    if (t->rank == 1) {
+        char who[96];
+        snprintf(who, sizeof(who), "distributed, trainer 1 of %d, %s", t->ntrainers, mode_name[sh->mode]);
+        phases_print(who);
+    }
     sh->steps[t->rank] = n;
     sh->step_p50[t->rank] = bench_lat_of(lat, (size_t)n).p50;
 }
