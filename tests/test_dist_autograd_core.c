@@ -7,6 +7,8 @@
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/tensor.h"
 
+LEAK_CHECKED_SUITE(dist_autograd_core);
+
 static sr_tensor *vec(const double *v, int n, bool grad)
 {
     int64_t shape[1] = {n};
