@@ -126,6 +126,11 @@ static void release_task(sr_dctx *c)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* Test hooks (tests/test_dist_autograd_core.c): gradient requests served
+ * here so far, and a function the root calls between its run and its wait. */
+_Atomic uint64_t sr__dist_propagates_served;
+void (*sr__dist_root_hook)(void);
+
 /* ---- the RPCs of one run ---- */
 
 struct run_rpcs {
@@ -332,6 +337,7 @@ static void job_run(void *p)
     if (err)
         err = node_error(err, sr_last_error(), text, sizeof(text));
     await_all(rr.f, rr.n, err, text, j->done); /* only this run's RPCs: see the top */
+    atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
     atomic_fetch_sub_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     free(rr.f);
     sr__dctx_unref(c);
@@ -513,6 +519,8 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
         r->err = rc;
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     }
+    if (sr__dist_root_hook)
+        sr__dist_root_hook();
     root_wait(r); /* always waits: no RPC of this pass may outlive it */
     return 0;
 }
