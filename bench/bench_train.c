@@ -27,8 +27,10 @@
  *                 lock (its only working form). Without python3-torch the
  *                 bench says so and prints ours only.
  *
- * BENCH_TRAIN_PHASES=1 also prints the p50 of each phase of both steps;
- * BENCH_TRAIN_PYTHON names the interpreter for PyTorch (/usr/bin/python3).
+ * BENCH_TRAIN_PHASES=1 also prints the p50 of each phase of both steps and
+ * the messages, wake-ups and sleeps per step of trainer and server;
+ * BENCH_TRAIN_PYTHON names the interpreter for PyTorch (/usr/bin/python3);
+ * BENCH_TRAIN_TRAINER_SPIN_NS sets SHMRPC_SPIN_NS in the trainers only.
  *
  * A step is what the trainer times from context begin to context end;
  * building the batch is outside it (in samples/s, inside). Targets are
@@ -81,6 +83,7 @@ struct shared {
     double train_s;      /* 1 trainer: the epoch's time, floor rounds left out */
     double acc;          /* the server's test accuracy after the epoch */
     double cpu_s[MAX_TRAINERS + 1]; /* CPU time of each worker (all its threads) over the epoch */
+    sr_debug_info dbg[MAX_TRAINERS + 1]; /* message and wake-up counters over the epoch, per worker */
     enum mode mode;      /* how the trainers' steps are ordered on the server */
     int errors;
     char error[512];     /* the first failure's text */
@@ -110,6 +113,14 @@ static uint64_t seed = 1;
             snprintf(sh->error, sizeof(sh->error), "rank %d: %s: %s", sr_rank(), what_, sr_last_error());          \
         _exit(1);                                                                                                   \
     } while (0)
+
+static void debug_delta(sr_debug_info *out, const sr_debug_info *a, const sr_debug_info *b)
+{
+    out->messages_sent = b->messages_sent - a->messages_sent;
+    out->messages_received = b->messages_received - a->messages_received;
+    out->wakes_issued = b->wakes_issued - a->wakes_issued;
+    out->sleeps_taken = b->sleeps_taken - a->sleeps_taken;
+}
 
 /* ---- the parameter server (rank 0) ---- */
 
@@ -218,6 +229,8 @@ static int run_server(int world)
     }
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS); /* the model exists */
     double cpu0 = cpu_now();
+    sr_debug_info d0, d1;
+    sr_debug_info_get(&d0);
     /* Waiting on a future, the server serves the calls on its executor
      * threads (in parallel for several trainers). Serving from sr_shutdown
      * instead, as PyTorch's server does from rpc.shutdown(), runs each plain
@@ -227,6 +240,8 @@ static int run_server(int world)
     if (sr_future_wait(ps_done, NULL))
         FAIL("waiting for the trainers");
     sh->cpu_s[0] = cpu_now() - cpu0; /* the trainers' setup included: small */
+    sr_debug_info_get(&d1);
+    debug_delta(&sh->dbg[0], &d0, &d1);
     sh->acc = test_accuracy(ps_model);
     for (int i = 0; i < 4; i++)
         sr_rref_unref(ps_param_rrefs[i]);
@@ -443,11 +458,15 @@ static int run_trainer(int rank, int world)
         FAIL("DistributedOptimizer");
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* start together */
     double cpu0 = cpu_now();
+    sr_debug_info d0, d1;
+    sr_debug_info_get(&d0);
     if (t.ntrainers == 1)
         epoch_with_floor(&t);
     else
         epoch_share(&t);
     sh->cpu_s[rank] = cpu_now() - cpu0;
+    sr_debug_info_get(&d1);
+    debug_delta(&sh->dbg[rank], &d0, &d1);
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* all done */
     if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, -1, NULL))
         FAIL("done");
@@ -465,6 +484,11 @@ static int job(int rank, int world, void *arg)
     sr_register("ps.forward_locked", ps_forward_locked);
     sr_register("ps.release", ps_release);
     sr_register("ps.done", ps_done_fn);
+    /* An experiment knob: the trainers' spin budget alone (the server keeps
+     * the default), e.g. BENCH_TRAIN_TRAINER_SPIN_NS=1000000. */
+    const char *spin = getenv("BENCH_TRAIN_TRAINER_SPIN_NS");
+    if (rank > 0 && spin && *spin)
+        setenv("SHMRPC_SPIN_NS", spin, 1);
     if (sr_init(NULL))
         FAIL("sr_init");
     int rc = rank == 0 ? run_server(world) : run_trainer(rank, world);
@@ -630,6 +654,15 @@ int main(int argc, char **argv)
                "%.0f samples/s | CPU: server %.2f cores\n",
                r + 1, p50s1[r] / 1e3, s.ours99 / 1e3, s.floor50 / 1e3, s.floor99 / 1e3, s.ratio50, sps1s[r],
                sh->cpu_s[0] / sh->train_s);
+        if (phases_on) {
+            double n = (double)sh->steps[1];
+            printf("# per step, 1 trainer: trainer sent %.1f received %.1f messages, woke others %.1f times, slept "
+                   "%.1f times; server sent %.1f received %.1f, woke %.1f, slept %.1f\n",
+                   (double)sh->dbg[1].messages_sent / n, (double)sh->dbg[1].messages_received / n,
+                   (double)sh->dbg[1].wakes_issued / n, (double)sh->dbg[1].sleeps_taken / n,
+                   (double)sh->dbg[0].messages_sent / n, (double)sh->dbg[0].messages_received / n,
+                   (double)sh->dbg[0].wakes_issued / n, (double)sh->dbg[0].sleeps_taken / n);
+        }
         fflush(stdout);
         /* A failed run is reported and tried again, up to CONCURRENT_TRIES
          * times (before sr_linear read its parameters through a snapshot,
