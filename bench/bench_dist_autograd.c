@@ -39,14 +39,19 @@
  * Method: the callees sit in sr_shutdown (as PyTorch's sit in
  * rpc.shutdown()), where they poll their inbox and run plain functions on
  * their own thread, or wait in sr_future_wait, where plain functions and
- * the backward's messages go to an executor; each is its own line. 7 rounds; each round times the reference and then ours; lines report the
+ * the backward's messages go to an executor; each is its own line. 7
+ * rounds; each round times the reference and then ours; lines report the
  * medians over rounds of p50 and p99, and the median of per-round ratios.
+ * The step's forward and context end are also timed alone, so the lines
+ * show what the backward costs; "rank 0 per call" is sr_debug_info over
+ * the last round (messages sent, doorbell wake-ups issued, sleeps taken).
  * Gradients are checked against the closed form before timing, and their
  * count in every timed step.
  */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +114,7 @@ struct shared {
     bench_lat lat[NMODE][NWORK][ROUNDS];
     bool ran[NMODE][NWORK];
     struct ctx_result ctx[NCFG][CTX_ROUNDS];
-    int errors;
+    _Atomic int errors;
     int failed[NMODE][NWORK]; /* timed calls that failed, by workload */
     double per_op[NMODE][NWORK][3]; /* rank 0, last round: messages sent, wakes issued, sleeps taken per call */
     char first_error[512];
@@ -117,9 +122,12 @@ struct shared {
 
 static struct shared *sh;
 
+/* Count an error; the first one's text is kept. The context threads may
+ * fail at once: relaxed, only the count matters, and only the first to
+ * count writes the text. */
 static void fail(const char *what, int rc)
 {
-    if (!sh->errors++)
+    if (!atomic_fetch_add_explicit(&sh->errors, 1, memory_order_relaxed))
         snprintf(sh->first_error, sizeof(sh->first_error), "rank %d: %s: %s (%s)", sr_rank(), what,
                  sr_last_error(), sr_strerror(rc));
 }
