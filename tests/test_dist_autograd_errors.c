@@ -1,0 +1,223 @@
+/* Distributed autograd failures: a node that fails in backward 2 and 3 hops
+ * away, and one on the caller behind 4 round trips (the caller gets "Error
+ * on Node N: ..." and the same context then runs a successful pass); FAST
+ * mode's unused send function (-EDEADLK naming the call, never a hang);
+ * running out of context ids (-EOVERFLOW); calls before sr_init; a worker
+ * that dies in the middle of a pass (-EPIPE, never a hang). The 4-worker
+ * jobs also run under the reordering mode (tests/meson.build). */
+#include "dist_autograd_fns.h"
+
+LEAK_CHECKED_SUITE(dist_autograd_errors);
+
+/* Test hook of lib/dist_autograd: the counter of the next context id. */
+extern void sr__dist_autograd_set_next_counter(uint64_t counter);
+
+/* ---- errors in backward (test_backward_python_udf_error, test_multiple_backward_with_errors) ---- */
+
+/* A chain t -> (hops forwards) -> t*3 with a failing hook at its end,
+ * (1 + hops) workers away: every pass fails while our flag is set, then
+ * passes succeed in the same context. */
+static int error_chain(int hops)
+{
+    int rank = sr_rank(), world = sr_world_size(), failing = (rank + 1 + hops) % world;
+    int64_t ctx;
+    char want[64], what[64];
+    snprintf(want, sizeof(want), "Error on Node %d: ", failing);
+    snprintf(what, sizeof(what), "error %d hops away", hops + 1);
+    atomic_store(&dash->fail[rank], 1);
+    sr_tensor *t = t_rand(3, 3, true);
+    CTX_BEGIN(ctx);
+    sr_tensor *y = chain(RPC_SYNC, (rank + 1) % world, t, hops, CHAIN_FAIL), *loss = y ? sr_sum(y) : NULL;
+    WCHECK(y, "%s: chain: %s", what, sr_last_error());
+    for (int i = 0; i < 3; i++) {
+        int rc = sr_dist_autograd_backward(ctx, &loss, 1, true);
+        WEXPECT_ERR(rc, -SR_EREMOTE, want);
+        WCHECK(strstr(sr_last_error(), "Simulate error on backward pass"), "%s: pass %d: %s", what, i, sr_last_error());
+    }
+    atomic_store(&dash->fail[rank], 0);
+    double per_pass = 3.0 * (1 << hops);
+    for (int i = 1; i <= 3; i++) {
+        if (da_backward(ctx, &loss, 1, i < 3, what) ||
+            expect_grad_all(ctx, t, per_pass * i, "the successful passes alone accumulate"))
+            return 1;
+    }
+    CTX_END(ctx);
+    sr_tensor *all[] = {t, y, loss};
+    unref_tensors(all, 3);
+    return 0;
+}
+
+static int sc_backward_errors(int rank, int world)
+{
+    (void)rank;
+    (void)world;
+    if (error_chain(1) || da_barrier() || error_chain(2) || da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after the failed passes") : 0;
+}
+
+Test(dist_autograd_errors, error_two_and_three_hops_away_then_success, .timeout = 120)
+{
+    DA_JOB("daerrhops", sc_backward_errors);
+}
+
+/* test_backward_autograd_engine_error: the failing node is on the caller,
+ * behind 4 round trips through the other workers. */
+static int sc_engine_error(int rank, int world)
+{
+    (void)world;
+    atomic_store(&dash->fail[rank], 1);
+    int64_t ctx;
+    sr_tensor *t1 = t_rand(3, 3, true), *r = t_rand(3, 3, false), *t2 = sr_add_scalar(r, 1);
+    CTX_BEGIN(ctx);
+    sr_tensor *s = sr_add(t1, t2), *tmp = sr_mul(s, s), *t3 = sr_mul_scalar(tmp, 1);
+    WCHECK(sr_tensor_register_hook(t3, failing_hook, &dash->fail[rank]) == 0, "hook: %s", sr_last_error());
+    sr_tensor *v1 = op_mode(RPC_SYNC, next_dst(), "add", t2, t3);
+    sr_tensor *v2 = v1 ? op_mode(RPC_SYNC, next_dst(), "mul", v1, t2) : NULL;
+    sr_tensor *v3 = v2 ? op_mode(RPC_SYNC, next_dst(), "matmul", v2, t2) : NULL;
+    sr_tensor *v4 = v3 ? op_mode(RPC_SYNC, next_dst(), "div", v3, t2) : NULL, *loss = v4 ? sr_sum(v4) : NULL;
+    WCHECK(loss, "round trips: %s", sr_last_error());
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, true);
+    WCHECK(rc < 0 && strstr(sr_last_error(), "Simulate error on backward pass"),
+           "backward with a failing node here gave %d: %s", rc, sr_last_error());
+    atomic_store(&dash->fail[rank], 0);
+    if (da_backward(ctx, &loss, 1, false, "after the error") || expect_num_grads(ctx, 1, "after the error"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor *all[] = {t1, r, t2, s, tmp, t3, v1, v2, v3, v4, loss};
+    unref_tensors(all, 11);
+    return 0;
+}
+
+Test(dist_autograd_errors, error_on_the_caller_behind_four_round_trips, .timeout = 120)
+{
+    DA_JOB("daerrlocal", sc_engine_error);
+}
+
+/* ---- test_backward_unused_send_function: -EDEADLK instead of a hang ---- */
+
+static int sc_unused_send(int rank, int world)
+{
+    int next = (rank + 1) % world;
+    int64_t ctx;
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+    CTX_BEGIN(ctx);
+    sr_tensor *unused = op_mode(RPC_SYNC, next, "add", t1, t2);
+    WCHECK(unused, "add: %s", sr_last_error());
+    sr_tensor_unref(unused); /* the RPC's output is dropped */
+    sr_tensor *p = sr_mul(t1, t2), *loss = sr_sum(p);
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    char dst[32];
+    snprintf(dst, sizeof(dst), "worker%d", next);
+    WCHECK(rc == -EDEADLK && strstr(sr_last_error(), "add") && strstr(sr_last_error(), dst),
+           "backward with an unused send function gave %d: %s", rc, sr_last_error());
+    CTX_END(ctx);
+    /* The next context works normally. */
+    CTX_BEGIN(ctx);
+    sr_tensor *used = op_mode(RPC_SYNC, next, "add", t1, t2), *l2 = used ? sr_sum(used) : NULL;
+    if (da_backward(ctx, &l2, 1, false, "a used send function") || expect_grad_all(ctx, t1, 1, "used"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor *all[] = {t1, t2, p, loss, used, l2};
+    unref_tensors(all, 6);
+    if (da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after the unused send functions") : 0;
+}
+
+Test(dist_autograd_errors, unused_send_function_is_edeadlk_not_a_hang, .timeout = 120)
+{
+    DA_JOB("daunused", sc_unused_send, .opts = {.rpc_timeout_s = 20});
+}
+
+/* ---- running out of context ids ---- */
+
+static int sc_overflow(int rank, int world)
+{
+    (void)world;
+    if (rank != 1)
+        return 0;
+    int64_t max = sr_dist_autograd_max_id(), a, b = -5;
+    sr__dist_autograd_set_next_counter((UINT64_C(1) << 48) - 2);
+    CTX_BEGIN(a);
+    WCHECK(a == max - 1, "context id %#llx, want %#llx", (unsigned long long)a, (unsigned long long)(max - 1));
+    CTX_END(a);
+    CTX_BEGIN(a);
+    WCHECK(a == max, "the last context id is %#llx, want max_id %#llx", (unsigned long long)a,
+           (unsigned long long)max);
+    CTX_END(a);
+    int rc = sr_dist_autograd_context_begin(&b);
+    WCHECK(rc == -EOVERFLOW, "a context past max_id gave %d (id %#llx): %s", rc, (unsigned long long)b,
+           sr_last_error());
+    WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "a refused begin made a context current");
+    WCHECK(sr_dist_autograd_context_begin(&b) == -EOVERFLOW, "ids wrapped around after the overflow");
+    return 0;
+}
+
+Test(dist_autograd_errors, out_of_context_ids_is_eoverflow, .timeout = 60)
+{
+    DA_JOB("daoverflow", sc_overflow);
+}
+
+/* ---- before sr_init ---- */
+
+Test(dist_autograd_errors, calls_before_init_fail_clearly)
+{
+    int64_t id = 0;
+    cr_assert_eq(sr_dist_autograd_context_begin(&id), -SR_ESHUTDOWN, "%s", sr_last_error());
+    cr_assert_eq(sr_dist_autograd_current_context(), SR_NO_CONTEXT);
+    cr_assert(!sr_dist_autograd_is_valid_context(0));
+    sr_dist_autograd_debug_info d;
+    cr_assert_eq(sr_dist_autograd_debug_info_get(&d), -SR_ESHUTDOWN, "%s", sr_last_error());
+}
+
+/* ---- a worker dies in the middle of a pass (test_backward_node_failure) ---- */
+
+/* dying = 1: the callee dies in a hook of its part of the graph; dying = 2:
+ * the worker the callee called does, one hop further. Worker 0 runs the
+ * pass, which must fail, not hang. */
+static int dying_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    int dying = (int)(intptr_t)arg;
+    register_da_fns();
+    sr_init_opts o = {.rpc_timeout_s = 20};
+    WCHECK(sr_init(&o) == 0, "init: %s", sr_last_error());
+    if (rank != 0) { /* serve until the pass is over (or the hook ends this process) */
+        sr_shutdown(true, 60);
+        return rank == dying ? 1 : 0; /* the dying worker must not get here */
+    }
+    atomic_store(&dash->exit_in_hook, 1);
+    int64_t ctx;
+    sr_tensor *t = t_rand(3, 3, true);
+    CTX_BEGIN(ctx);
+    sr_tensor *y = chain(RPC_SYNC, 1, t, dying - 1, CHAIN_EXIT), *loss = y ? sr_sum(y) : NULL;
+    WCHECK(y, "chain: %s", sr_last_error());
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    if (dying == 1)
+        WCHECK(rc == -EPIPE, "a pass whose callee died gave %d: %s", rc, sr_last_error());
+    else
+        WCHECK(rc == -EPIPE || rc == -SR_EREMOTE, "a pass through a dead worker gave %d: %s", rc, sr_last_error());
+    sr_dist_autograd_debug_info d;
+    WCHECK(sr_dist_autograd_debug_info_get(&d) == 0 && d.num_current_backward_passes == 0,
+           "the failed pass is still counted as running");
+    sr_dist_autograd_context_end(ctx); /* cleanup to a dead worker must not block either */
+    sr_tensor *all[] = {t, y, loss};
+    unref_tensors(all, 3);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+Test(dist_autograd_errors, callee_dies_during_backward, .timeout = 90)
+{
+    dash = shared_page(sizeof(*dash));
+    sr_spawn_opts o = {.name_prefix = test_ns("dadie1"), .shm_size = 128 << 20};
+    cr_assert_eq(sr_spawn(2, dying_worker, (void *)(intptr_t)1, &o), 0, "%s", sr_last_error());
+}
+
+Test(dist_autograd_errors, worker_two_hops_away_dies_during_backward, .timeout = 90)
+{
+    dash = shared_page(sizeof(*dash));
+    sr_spawn_opts o = {.name_prefix = test_ns("dadie2"), .shm_size = 192 << 20};
+    cr_assert_eq(sr_spawn(3, dying_worker, (void *)(intptr_t)2, &o), 0, "%s", sr_last_error());
+}

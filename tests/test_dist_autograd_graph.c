@@ -1,0 +1,388 @@
+/* Distributed autograd graphs on 4 workers, seen through the context's send
+ * and recv functions (PyTorch's ctx._send_functions() / _recv_functions()):
+ * one call (built-in or user function, rpc_sync or remote), three nested
+ * hops, a loop back to the caller, no graph without tensors that require
+ * grad (while the callee's context still exists), known workers, cleanup
+ * reaching every worker, and 20 threads on each of 3 workers. Also run
+ * under the reordering mode (tests/meson.build). */
+#include "dist_autograd_fns.h"
+
+LEAK_CHECKED_SUITE(dist_autograd_graph);
+
+static const char *const ACC2[] = {"AccumulateGrad", "AccumulateGrad"};
+static const char *const RECV2[] = {"RecvRpcBackward", "RecvRpcBackward"};
+static const char *const ADD1[] = {"AddBackward0"};
+
+/* ---- test_graph_for_builtin_call / _python_call / _builtin_remote_call / _python_remote_call ---- */
+
+/* The caller's side of one call of add(t1, t2) to dst: one send function
+ * whose next are t1's and t2's AccumulateGrad, one recv function that made
+ * the result. */
+static int expect_first_call(int64_t ctx, int dst, const sr_tensor *ret, const char *what)
+{
+    sr_dist_fn_info s[8], r[8];
+    if (get_fns(ctx, true, s, 1, what) || get_fns(ctx, false, r, 1, what) || expect_next(&s[0], 2, ACC2, what))
+        return 1;
+    WCHECK(s[0].peer == dst && r[0].peer == dst, "%s: send to %d and recv from %d, want %d", what, s[0].peer,
+           r[0].peer, dst);
+    WCHECK(s[0].message_id >> 48 == sr_rank(), "%s: the send's message id %#llx is not ours", what,
+           (unsigned long long)s[0].message_id);
+    WCHECK(name_is(sr_tensor_grad_fn_name(ret), "RecvRpcBackward"), "%s: the result's grad_fn is %s", what,
+           sr_tensor_grad_fn_name(ret) ? sr_tensor_grad_fn_name(ret) : "(null)");
+    return 0;
+}
+
+/* The callee's side: one recv (the arguments), one send (the result) whose
+ * only next is AddBackward0. */
+static int expect_exec(int64_t ctx, int caller, const char *what)
+{
+    sr_dist_fn_info s[8], r[8];
+    if (get_fns(ctx, true, s, 1, what) || get_fns(ctx, false, r, 1, what) || expect_next(&s[0], 1, ADD1, what))
+        return 1;
+    WCHECK(s[0].peer == caller && r[0].peer == caller, "%s: peers %d and %d, want %d", what, s[0].peer, r[0].peer,
+           caller);
+    WCHECK(r[0].message_id >> 48 == caller, "%s: the recv's message id %#llx was not made by worker%d", what,
+           (unsigned long long)r[0].message_id, caller);
+    return 0;
+}
+
+static int sc_graph_one_call(int rank, int world)
+{
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    static const char *const fns[] = {"add", "py_add"};
+    for (int v = 0; v < 4; v++) {
+        enum mode m = v < 2 ? RPC_SYNC : REMOTE;
+        const char *fn = fns[v % 2];
+        char what[64];
+        snprintf(what, sizeof(what), "%s %s", mode_name[m], fn);
+        int64_t ctx, pctx;
+        CTX_BEGIN(ctx);
+        sr_tensor *t1 = t_full(3, 3, 1, true), *t2 = t_full(3, 3, 0, true);
+        sr_tensor *ret = op_mode(m, next, fn, t1, t2);
+        WCHECK(ret, "%s: %s", what, sr_last_error());
+        if (send_note(next, v, ctx) || expect_first_call(ctx, next, ret, what) ||
+            expect_known(ctx, (int[]){next}, 1, what) || wait_note(v, prev, &pctx))
+            return 1;
+        WCHECK(sr_dist_autograd_is_valid_context(pctx), "%s: worker%d's context is not here", what, prev);
+        char w2[96];
+        snprintf(w2, sizeof(w2), "%s, callee side", what);
+        if (expect_exec(pctx, prev, w2) || expect_known(pctx, (int[]){prev}, 1, w2) || da_barrier())
+            return 1;
+        CTX_END(ctx);
+        WCHECK(!sr_dist_autograd_is_valid_context(ctx), "%s: the context is valid after its end", what);
+        WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "%s: a context is current after the end", what);
+        sr_tensor *all[] = {t1, t2, ret};
+        unref_tensors(all, 3);
+    }
+    return 0;
+}
+
+Test(dist_autograd_graph, one_call_builtin_and_udf_sync_and_remote, .timeout = 120)
+{
+    DA_JOB("dagraph1", sc_graph_one_call);
+}
+
+/* ---- test_graph_for_py_nested_call (rpc_sync and remote) ---- */
+
+/* An intermediate hop: send 0 forwards the two received tensors (both
+ * edges to the same recv), send 1 returns the received result. */
+static int expect_nested(int64_t ctx, const char *what)
+{
+    sr_dist_fn_info s[8], r[8];
+    char w[96];
+    snprintf(w, sizeof(w), "%s, forwarding send", what);
+    if (get_fns(ctx, true, s, 2, what) || get_fns(ctx, false, r, 2, what) || expect_next(&s[0], 2, RECV2, w))
+        return 1;
+    snprintf(w, sizeof(w), "%s, returning send", what);
+    return expect_next(&s[1], 1, RECV2, w);
+}
+
+static int sc_graph_nested(int rank, int world)
+{
+    for (int m = RPC_SYNC; m <= REMOTE; m += REMOTE - RPC_SYNC) {
+        int next = (rank + 1) % world, slot = m;
+        int64_t ctx, ids[WORLD];
+        CTX_BEGIN(ctx);
+        sr_tensor *t1 = t_full(3, 3, 1, true), *t2 = t_full(3, 3, 0, true);
+        sr_value *a = tv(t1), *b = tv(t2), *d = sr_int(next), *w = sr_int(world), *h = sr_int(1);
+        sr_tensor *ret = take_tensor(call_mode((enum mode)m, next, "nested_call", SR_ARGS(a, b, d, w, h)));
+        WCHECK(ret, "%s nested_call: %s", mode_name[m], sr_last_error());
+        if (expect_first_call(ctx, next, ret, "nested: the caller"))
+            return 1;
+        for (int dist = 1; dist < world; dist++)
+            if (send_note((rank + dist) % world, slot, ctx))
+                return 1;
+        for (int dist = 1; dist < world; dist++)
+            if (wait_note(slot, (rank + world - dist) % world, &ids[dist]))
+                return 1;
+        if (expect_nested(ids[1], "nested: first hop") || expect_nested(ids[2], "nested: second hop") ||
+            expect_exec(ids[3], (rank + 1) % world, "nested: the add, third hop") || da_barrier())
+            return 1;
+        CTX_END(ctx);
+        sr_value *vs[] = {a, b, d, w, h};
+        unref_values(vs, 5);
+        sr_tensor *all[] = {t1, t2, ret};
+        unref_tensors(all, 3);
+    }
+    return 0;
+}
+
+Test(dist_autograd_graph, three_nested_hops, .timeout = 120)
+{
+    DA_JOB("dagraphnest", sc_graph_nested);
+}
+
+/* ---- test_graph_for_py_nested_call_itself: rank -> rank+1 -> rank ---- */
+
+static int sc_graph_loop(int rank, int world)
+{
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    for (int m = RPC_SYNC; m <= REMOTE; m += REMOTE - RPC_SYNC) {
+        int64_t ctx, pctx;
+        CTX_BEGIN(ctx);
+        sr_tensor *t1 = t_full(3, 3, 1, true), *t2 = t_full(3, 3, 0, true);
+        sr_value *a = tv(t1), *b = tv(t2), *d = sr_int(prev), *w = sr_int(world), *h = sr_int(0);
+        sr_tensor *ret = take_tensor(call_mode((enum mode)m, next, "nested_call", SR_ARGS(a, b, d, w, h)));
+        WCHECK(ret, "%s loop: %s", mode_name[m], sr_last_error());
+        /* Here: our call (send 0, recv 1 made ret) and the add we ran for
+         * worker next (recv 0, send 1). */
+        sr_dist_fn_info s[8], r[8];
+        if (get_fns(ctx, true, s, 2, "loop") || get_fns(ctx, false, r, 2, "loop") ||
+            expect_next(&s[0], 2, ACC2, "loop: our send") || expect_next(&s[1], 1, ADD1, "loop: the add's send"))
+            return 1;
+        WCHECK(r[0].peer == next && r[1].peer == next && s[0].peer == next && s[1].peer == next,
+               "loop: every function's peer is worker%d", next);
+        WCHECK(name_is(sr_tensor_grad_fn_name(ret), "RecvRpcBackward"), "loop: ret's grad_fn is %s",
+               sr_tensor_grad_fn_name(ret) ? sr_tensor_grad_fn_name(ret) : "(null)");
+        if (expect_known(ctx, (int[]){next}, 1, "loop") || send_note(next, m, ctx) || wait_note(m, prev, &pctx) ||
+            expect_nested(pctx, "loop: the middle hop") || da_barrier())
+            return 1;
+        CTX_END(ctx);
+        sr_value *vs[] = {a, b, d, w, h};
+        unref_values(vs, 5);
+        sr_tensor *all[] = {t1, t2, ret};
+        unref_tensors(all, 3);
+    }
+    return 0;
+}
+
+Test(dist_autograd_graph, loop_back_to_self, .timeout = 120)
+{
+    DA_JOB("dagraphloop", sc_graph_loop);
+}
+
+/* ---- test_no_graph_with_tensors_not_require_grad(_remote) ---- */
+
+static int sc_no_graph(int rank, int world)
+{
+    int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    for (int m = RPC_SYNC; m <= REMOTE; m += REMOTE - RPC_SYNC) {
+        int64_t ctx, pctx;
+        CTX_BEGIN(ctx);
+        sr_tensor *t1 = t_full(3, 3, 1, false), *t2 = t_full(3, 3, 0, false);
+        sr_tensor *ret = op_mode((enum mode)m, next, "add", t1, t2);
+        WCHECK(ret && !sr_tensor_requires_grad(ret), "%s add: %s", mode_name[m], sr_last_error());
+        /* A user function call carries the context (note runs in it there). */
+        sr_value *s = sr_int(m), *o = sr_int(rank), *i = sr_int(ctx);
+        WCHECK(sr_rpc_sync(next, "note", SR_ARGS(s, o, i), WAIT_S, NULL) == 0, "note: %s", sr_last_error());
+        sr_dist_fn_info f[8];
+        if (get_fns(ctx, true, f, 0, "no graph") || get_fns(ctx, false, f, 0, "no graph") ||
+            expect_known(ctx, (int[]){next}, 1, "no graph") || wait_note(m, prev, &pctx))
+            return 1;
+        WCHECK(sr_dist_autograd_is_valid_context(pctx), "%s: worker%d's context %#llx does not exist here",
+               mode_name[m], prev, (unsigned long long)pctx);
+        if (get_fns(pctx, true, f, 0, "no graph, callee") || get_fns(pctx, false, f, 0, "no graph, callee") ||
+            da_barrier())
+            return 1;
+        CTX_END(ctx);
+        sr_value *vs[] = {s, o, i};
+        unref_values(vs, 3);
+        sr_tensor *all[] = {t1, t2, ret};
+        unref_tensors(all, 3);
+    }
+    return 0;
+}
+
+Test(dist_autograd_graph, no_graph_without_grad_yet_the_callee_context_exists, .timeout = 120)
+{
+    DA_JOB("danograph", sc_no_graph);
+}
+
+/* ---- test_worker_ids_recorded ---- */
+
+static int sc_worker_ids(int rank, int world)
+{
+    int others[WORLD - 1], k = 0;
+    for (int w = 0; w < world; w++)
+        if (w != rank)
+            others[k++] = w;
+    int64_t ctx;
+    CTX_BEGIN(ctx);
+    if (expect_known(ctx, NULL, 0, "a fresh context"))
+        return 1;
+    for (int rg = 0; rg < 2; rg++) {
+        sr_tensor *t1 = t_full(3, 3, 1, rg), *t2 = t_full(3, 3, 0, rg);
+        for (int i = 0; i < k; i++) {
+            sr_tensor *r = op_mode(RPC_SYNC, others[i], "add", t1, t2);
+            WCHECK(r, "add: %s", sr_last_error());
+            sr_tensor_unref(r);
+        }
+        if (expect_known(ctx, others, (size_t)k, rg ? "built-ins with grad" : "built-ins without grad"))
+            return 1;
+        sr_tensor_unref(t1);
+        sr_tensor_unref(t2);
+    }
+    /* Our own worker is not a peer. */
+    sr_tensor *t = t_full(3, 3, 1, false), *r = op_mode(RPC_SYNC, rank, "add", t, t);
+    WCHECK(r, "add to self: %s", sr_last_error());
+    if (expect_known(ctx, others, (size_t)k, "after a call to self"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor_unref(t);
+    sr_tensor_unref(r);
+    return 0;
+}
+
+Test(dist_autograd_graph, known_worker_ids, .timeout = 120)
+{
+    DA_JOB("daknown", sc_worker_ids);
+}
+
+/* ---- context cleanup (test_context_cleanup_*) ---- */
+
+enum cleanup_kind { CL_GRAD, CL_NOGRAD, CL_NOTENSORS, CL_NESTED };
+static const char *const cleanup_name[] = {"tensors with grad", "tensors without grad", "no tensors", "nested"};
+
+static int cleanup_round(enum cleanup_kind kind)
+{
+    int rank = sr_rank(), world = sr_world_size(), next = (rank + 1) % world;
+    int64_t ctx;
+    const char *what = cleanup_name[kind];
+    CTX_BEGIN(ctx);
+    sr_tensor *t1 = t_full(3, 3, 1, kind != CL_NOGRAD), *t2 = t_full(3, 3, 0, kind != CL_NOGRAD);
+    sr_value *a = tv(t1), *b = tv(t2), *one = sr_int(1), *d = sr_int(next), *w = sr_int(world), *h = sr_int(0);
+    for (int dst = 0; dst < world; dst++) {
+        if (dst == rank || (kind == CL_NESTED && dst != next))
+            continue;
+        int rc;
+        sr_value *v = NULL;
+        if (kind == CL_NOTENSORS)
+            rc = sr_rpc_sync(dst, "scalar_add", SR_ARGS(one, one), WAIT_S, &v);
+        else if (kind == CL_NESTED)
+            rc = sr_rpc_sync(dst, "nested_call", SR_ARGS(a, b, d, w, h), WAIT_S, &v);
+        else
+            rc = sr_rpc_sync(dst, "add", SR_ARGS(a, b), WAIT_S, &v);
+        WCHECK(rc == 0, "%s: call to worker%d: %s", what, dst, sr_last_error());
+        sr_value_unref(v);
+    }
+    CTX_END(ctx);
+    WCHECK(!sr_dist_autograd_is_valid_context(ctx), "%s: the context is valid right after its end", what);
+    for (int dst = 0; dst < world; dst++) {
+        if (dst == rank || (kind == CL_NESTED && dst == (rank + 3) % world))
+            continue;
+        /* CL_NESTED: next and its nested callee next + 1 (which we never called) */
+        if (expect_gone_on(dst, ctx, what))
+            return 1;
+    }
+    sr_value *vs[] = {a, b, one, d, w, h};
+    unref_values(vs, 6);
+    sr_tensor_unref(t1);
+    sr_tensor_unref(t2);
+    return 0;
+}
+
+static int sc_cleanup(int rank, int world)
+{
+    (void)rank;
+    (void)world;
+    for (int k = CL_GRAD; k <= CL_NESTED; k++)
+        if (cleanup_round((enum cleanup_kind)k) || da_barrier())
+            return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after the cleanup rounds") : 0;
+}
+
+Test(dist_autograd_graph, cleanup_reaches_every_worker, .timeout = 120)
+{
+    DA_JOB("dacleanup", sc_cleanup);
+}
+
+/* ---- test_async_dist_autograd: 20 threads on each of workers 1-3 ---- */
+
+#define THREADS 20
+
+struct workload {
+    int failed;
+    char err[512];
+};
+
+static void *workload_thread(void *arg)
+{
+    struct workload *wl = arg;
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+    int64_t ctx = -1;
+    int rc = sr_dist_autograd_context_begin(&ctx);
+    sr_tensor *t3 = NULL, *t4 = NULL, *t5 = NULL, *t6 = NULL, *loss = NULL, *g1 = NULL, *g2 = NULL;
+    if (!rc) {
+        t3 = op_mode(RPC_SYNC, 0, "add", t1, t2);
+        t4 = t3 ? op_mode(RPC_SYNC, 0, "mul", t2, t3) : NULL;
+        t5 = t4 ? op_mode(RPC_SYNC, 0, "matmul", t3, t4) : NULL;
+        t6 = t5 ? op_mode(RPC_SYNC, 0, "add", t4, t5) : NULL;
+        loss = t6 ? sr_sum(t6) : NULL;
+        rc = loss ? sr_dist_autograd_backward(ctx, &loss, 1, false) : -EINVAL;
+    }
+    if (!rc)
+        rc = sr_dist_autograd_get_gradient(ctx, t1, &g1);
+    if (!rc)
+        rc = sr_dist_autograd_get_gradient(ctx, t2, &g2);
+    if (rc)
+        snprintf(wl->err, sizeof(wl->err), "thread: %d: %s", rc, sr_last_error());
+    else {
+        /* The same, locally. */
+        sr_tensor *l1 = leaf_copy(t1, true), *l2 = leaf_copy(t2, true);
+        sr_tensor *a = sr_add(l1, l2), *b = sr_mul(l2, a), *c = sr_matmul(a, b), *d = sr_add(b, c), *s = sr_sum(d);
+        if (sr_backward(s, false))
+            snprintf(wl->err, sizeof(wl->err), "local: %s", sr_last_error());
+        else if (expect_same(g1, sr_tensor_grad(l1), 1e-12, "thread: grad t1") ||
+                 expect_same(g2, sr_tensor_grad(l2), 1e-12, "thread: grad t2"))
+            snprintf(wl->err, sizeof(wl->err), "gradients differ from the local ones (above)");
+        sr_tensor *ls[] = {l1, l2, a, b, c, d, s};
+        unref_tensors(ls, 7);
+    }
+    if (ctx >= 0 && !rc && sr_dist_autograd_context_end(ctx))
+        snprintf(wl->err, sizeof(wl->err), "context_end: %s", sr_last_error());
+    else if (ctx >= 0 && rc)
+        sr_dist_autograd_context_end(ctx);
+    wl->failed = wl->err[0] != 0;
+    sr_tensor *all[] = {t1, t2, t3, t4, t5, t6, loss, g1, g2};
+    unref_tensors(all, 9);
+    return NULL;
+}
+
+static int sc_threads(int rank, int world)
+{
+    (void)world;
+    sr_manual_seed(1000 + (uint64_t)rank);
+    if (rank != 0) {
+        pthread_t th[THREADS];
+        struct workload wl[THREADS];
+        memset(wl, 0, sizeof(wl));
+        for (int i = 0; i < THREADS; i++)
+            WCHECK(pthread_create(&th[i], NULL, workload_thread, &wl[i]) == 0, "pthread_create");
+        for (int i = 0; i < THREADS; i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < THREADS; i++)
+            WCHECK(!wl[i].failed, "worker%d thread %d: %s", rank, i, wl[i].err);
+        sr_dist_autograd_debug_info d;
+        WCHECK(sr_dist_autograd_debug_info_get(&d) == 0 && d.num_current_backward_passes == 0,
+               "%llu passes still running after every thread finished",
+               (unsigned long long)d.num_current_backward_passes);
+    }
+    if (da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after 60 threads") : 0;
+}
+
+Test(dist_autograd_graph, twenty_threads_on_three_workers, .timeout = 180)
+{
+    DA_JOB("dathreads", sc_threads);
+}
