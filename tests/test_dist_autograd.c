@@ -142,8 +142,6 @@ static int sc_invalid_roots(int rank, int world)
     sr_tensor *leaf = sr_rand(SR_F64, 1, DSHAPE(1), SR_REQUIRES_GRAD);
     WEXPECT_ERR(sr_dist_autograd_backward(ctx, &leaf, 1, false), -EINVAL, "does not have a valid gradient function");
     sr_tensor *ok = sr_sum(sq);
-    WEXPECT_ERR(sr_dist_autograd_backward(100 + ((int64_t)rank << 40), &ok, 1, false), -EINVAL,
-                "Could not find autograd context with id: ");
     WEXPECT_ERR(sr_dist_autograd_backward(100, &ok, 1, false), -EINVAL, "Could not find autograd context with id: 100");
     /* A valid root after the refusals still works. */
     if (da_backward(ctx, &ok, 1, false, "after invalid roots") ||
@@ -708,7 +706,7 @@ static int sc_known_values(int rank, int world)
     unref_tensors(all, 4);
     unref_tensors(roots, 4);
 
-    /* chunks: rows 2-3 and 6-9 unused get zeros */
+    /* chunks: rows 2-3 and 6-7 (chunks 1 and 3, unused) get zeros */
     sr_tensor *t;
     make_chunks(&t);
     CTX_BEGIN(ctx);
@@ -719,7 +717,7 @@ static int sc_known_values(int rank, int world)
     double gv[20];
     sr_tensor_to_f64(g, gv, 20);
     for (int row = 0; row < 10; row++)
-        if (row == 2 || row == 3 || row >= 6)
+        if (row == 2 || row == 3 || row == 6 || row == 7)
             WCHECK(gv[2 * row] == 0 && gv[2 * row + 1] == 0, "chunks: unused row %d has gradient %g, %g", row,
                    gv[2 * row], gv[2 * row + 1]);
         else

@@ -221,3 +221,56 @@ Test(dist_autograd_errors, worker_two_hops_away_dies_during_backward, .timeout =
     sr_spawn_opts o = {.name_prefix = test_ns("dadie2"), .shm_size = 192 << 20};
     cr_assert_eq(sr_spawn(3, dying_worker, (void *)(intptr_t)2, &o), 0, "%s", sr_last_error());
 }
+
+/* ---- test_clean_context_during_backward: the context ends inside its own pass ---- */
+
+struct end_arg {
+    int64_t ctx;
+    _Atomic int calls, end_rc;
+};
+
+static int end_context_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    (void)replace;
+    struct end_arg *e = arg;
+    if (atomic_fetch_add(&e->calls, 1) == 0)
+        atomic_store(&e->end_rc, sr_dist_autograd_context_end(e->ctx));
+    return 0;
+}
+
+static int sc_end_during_backward(int rank, int world)
+{
+    (void)world;
+    struct end_arg e = {.ctx = -1};
+    CTX_BEGIN(e.ctx);
+    sr_tensor *t = t_rand(3, 3, true), *cur = sr_tensor_ref(t);
+    for (int i = 0; i < 12; i++) { /* a chain through every other worker, several times */
+        sr_tensor *n = op_mode(RPC_SYNC, next_dst(), "add", cur, cur);
+        WCHECK(n, "add %d: %s", i, sr_last_error());
+        sr_tensor_unref(cur);
+        cur = n;
+    }
+    /* The hook runs first in the pass: on the root's input. */
+    sr_tensor *last = sr_mul_scalar(cur, 1), *loss = sr_sum(last);
+    WCHECK(sr_tensor_register_hook(last, end_context_hook, &e) == 0, "hook: %s", sr_last_error());
+    int rc = sr_dist_autograd_backward(e.ctx, &loss, 1, false);
+    /* Either outcome is allowed (PyTorch raises); the process must survive,
+     * the call must return, and the context must be gone everywhere. */
+    WCHECK(atomic_load(&e.calls) == 1, "the hook ran %d times", atomic_load(&e.calls));
+    WCHECK(atomic_load(&e.end_rc) == 0, "context_end inside the pass gave %d", atomic_load(&e.end_rc));
+    fprintf(stderr, "worker%d: a pass whose context ended inside it returned %d (%s)\n", rank, rc,
+            rc ? sr_last_error() : "ok");
+    WCHECK(!sr_dist_autograd_is_valid_context(e.ctx), "the context survived its end");
+    WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "the ended context is still current");
+    sr_tensor *all[] = {t, cur, last, loss};
+    unref_tensors(all, 4);
+    if (da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after contexts ended inside their passes") : 0;
+}
+
+Test(dist_autograd_errors, context_ended_inside_its_own_pass, .timeout = 120)
+{
+    DA_JOB("daendmid", sc_end_during_backward, .opts = {.rpc_timeout_s = 20});
+}

@@ -116,7 +116,7 @@ static int sc_graph_nested(int rank, int world)
             if (wait_note(slot, (rank + world - dist) % world, &ids[dist]))
                 return 1;
         if (expect_nested(ids[1], "nested: first hop") || expect_nested(ids[2], "nested: second hop") ||
-            expect_exec(ids[3], (rank + 1) % world, "nested: the add, third hop") || da_barrier())
+            expect_exec(ids[3], (rank + world - 1) % world, "nested: the add, third hop") || da_barrier())
             return 1;
         CTX_END(ctx);
         sr_value *vs[] = {a, b, d, w, h};
@@ -232,14 +232,7 @@ static int sc_worker_ids(int rank, int world)
         sr_tensor_unref(t1);
         sr_tensor_unref(t2);
     }
-    /* Our own worker is not a peer. */
-    sr_tensor *t = t_full(3, 3, 1, false), *r = op_mode(RPC_SYNC, rank, "add", t, t);
-    WCHECK(r, "add to self: %s", sr_last_error());
-    if (expect_known(ctx, others, (size_t)k, "after a call to self"))
-        return 1;
     CTX_END(ctx);
-    sr_tensor_unref(t);
-    sr_tensor_unref(r);
     return 0;
 }
 
@@ -385,4 +378,63 @@ static int sc_threads(int rank, int world)
 Test(dist_autograd_graph, twenty_threads_on_three_workers, .timeout = 180)
 {
     DA_JOB("dathreads", sc_threads);
+}
+
+/* ---- test_debug_info ---- */
+
+static int passes_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    (void)replace;
+    sr_dist_autograd_debug_info d;
+    atomic_store((_Atomic int64_t *)arg,
+                 sr_dist_autograd_debug_info_get(&d) ? -1 : (int64_t)d.num_current_backward_passes);
+    return 0;
+}
+
+static int sc_debug_info(int rank, int world)
+{
+    _Atomic int64_t seen = -2;
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true), *cur = sr_tensor_ref(t1);
+    int64_t ctx;
+    CTX_BEGIN(ctx);
+    for (int half = 0; half < 2; half++) {
+        for (int w = 0; w < world; w++) {
+            if (w == rank)
+                continue;
+            sr_tensor *n = op_mode(RPC_SYNC, w, "add", cur, t2);
+            WCHECK(n, "add: %s", sr_last_error());
+            sr_tensor_unref(cur);
+            cur = n;
+        }
+        if (half == 0) { /* a node in the middle of the pass looks at the count */
+            sr_tensor *n = sr_mul_scalar(cur, 1);
+            WCHECK(sr_tensor_register_hook(n, passes_hook, &seen) == 0, "hook: %s", sr_last_error());
+            sr_tensor_unref(cur);
+            cur = n;
+        }
+    }
+    sr_tensor *loss = sr_sum(cur);
+    if (da_backward(ctx, &loss, 1, false, "debug info"))
+        return 1;
+    WCHECK(atomic_load(&seen) >= 1 && atomic_load(&seen) <= 4, "%lld backward passes counted during a pass, want 1-4",
+           (long long)atomic_load(&seen));
+    sr_dist_autograd_debug_info d;
+    WCHECK(sr_dist_autograd_debug_info_get(&d) == 0 && d.num_autograd_contexts >= 1 && d.num_autograd_contexts <= 4,
+           "%llu contexts here during the test, want 1-4", (unsigned long long)d.num_autograd_contexts);
+    if (expect_grad_all(ctx, t1, 1, "debug info: t1") || expect_grad_all(ctx, t2, 2 * (world - 1), "t2"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor *all[] = {t1, t2, cur, loss};
+    unref_tensors(all, 4);
+    if (da_barrier())
+        return 1;
+    WCHECK(sr_dist_autograd_debug_info_get(&d) == 0 && d.num_current_backward_passes == 0,
+           "%llu passes after every pass ended", (unsigned long long)d.num_current_backward_passes);
+    return rank == 0 ? expect_no_contexts_anywhere("after the debug info passes") : 0;
+}
+
+Test(dist_autograd_graph, debug_info_counts_passes_and_contexts, .timeout = 120)
+{
+    DA_JOB("dadebug", sc_debug_info);
 }
