@@ -438,3 +438,49 @@ Test(dist_autograd_graph, debug_info_counts_passes_and_contexts, .timeout = 120)
 {
     DA_JOB("dadebug", sc_debug_info);
 }
+
+/* ---- functions() and known_workers() with a small buffer ---- */
+
+/* "by message id ascending; *n gets the count even if it exceeds cap": a
+ * short buffer gets the first functions in that order, not any of them. */
+static int sc_short_buffers(int rank, int world)
+{
+    enum { CALLS = 6 };
+    int64_t ctx;
+    CTX_BEGIN(ctx);
+    sr_tensor *t = t_full(2, 2, 1, true), *rs[CALLS];
+    for (int i = 0; i < CALLS; i++) {
+        rs[i] = op_mode(RPC_SYNC, (rank + 1 + i % (world - 1)) % world, "add", t, t);
+        WCHECK(rs[i], "add: %s", sr_last_error());
+    }
+    sr_dist_fn_info all[8], few[2];
+    for (int send = 0; send < 2; send++) {
+        size_t n = 0, m = 0;
+        WCHECK(sr_dist_autograd_functions(ctx, send, all, 8, &n) == 0 && n == CALLS, "%zu %s functions, want %d", n,
+               send ? "send" : "recv", CALLS);
+        for (size_t i = 1; i < n; i++)
+            WCHECK(all[i - 1].message_id < all[i].message_id, "functions not in message id order at %zu", i);
+        WCHECK(sr_dist_autograd_functions(ctx, send, few, 2, &m) == 0 && m == CALLS,
+               "with a buffer of 2: count %zu, want %d", m, CALLS);
+        for (size_t i = 0; i < 2; i++)
+            WCHECK(few[i].message_id == all[i].message_id,
+                   "%s function %zu of a buffer of 2 has message id %#llx, want the %zu-th smallest %#llx",
+                   send ? "send" : "recv", i, (unsigned long long)few[i].message_id, i,
+                   (unsigned long long)all[i].message_id);
+    }
+    int ranks[1];
+    size_t k = 0;
+    WCHECK(sr_dist_autograd_known_workers(ctx, ranks, 1, &k) == 0 && k == (size_t)world - 1,
+           "known workers with a buffer of 1: count %zu, want %d", k, world - 1);
+    WCHECK(ranks[0] == (rank == 0 ? 1 : 0), "the smallest known worker is %d", ranks[0]);
+    for (int i = 0; i < CALLS; i++) /* the outputs are dropped: no backward in this context */
+        sr_tensor_unref(rs[i]);
+    CTX_END(ctx);
+    sr_tensor_unref(t);
+    return 0;
+}
+
+Test(dist_autograd_graph, short_buffers_get_the_first_functions_in_order, .timeout = 60)
+{
+    DA_JOB("dashort", sc_short_buffers);
+}
