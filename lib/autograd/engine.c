@@ -319,7 +319,7 @@ static int apply_node(sr_graph_task *g, sr_node *n, sr_tensor **inputs, sr_tenso
     bool any = false;
     for (uint32_t i = 0; i < n->num_inputs; i++)
         any |= inputs[i] != NULL;
-    return any ? n->ops->apply(n, inputs, outputs) : 0;
+    return any || n->ops->apply_without_grads ? n->ops->apply(n, inputs, outputs) : 0;
 }
 
 /* Pass outputs (owned) along the node's edges. */
@@ -383,4 +383,13 @@ size_t sr__graph_task_pending(sr_graph_task *g)
     size_t n = g->count - g->executed;
     pthread_mutex_unlock(&g->lock);
     return n;
+}
+
+bool sr__graph_task_executed(sr_graph_task *g, const sr_node *n)
+{
+    pthread_mutex_lock(&g->lock);
+    struct entry *e = lookup(g, n);
+    bool done = e && e->done;
+    pthread_mutex_unlock(&g->lock);
+    return done;
 }

@@ -67,6 +67,9 @@ typedef struct sr_node_ops {
     void (*release)(sr_node *n);
     /* Optional: free the node's own resources before its memory goes. */
     void (*destroy)(sr_node *n);
+    /* Run apply even when every incoming gradient is NULL (a distributed
+     * RecvRpcBackward must always answer its sender). */
+    bool apply_without_grads;
 } sr_node_ops;
 
 struct sr_saved {
@@ -166,6 +169,8 @@ int sr__graph_task_feed_node(sr_graph_task *g, sr_node *fn, sr_tensor *const *gr
 int sr__graph_task_run(sr_graph_task *g);
 /* Nodes reached but not yet executed. */
 size_t sr__graph_task_pending(sr_graph_task *g);
+/* Whether node n was reached by this task and has executed. */
+bool sr__graph_task_executed(sr_graph_task *g, const sr_node *n);
 void sr__graph_task_destroy(sr_graph_task *g);
 
 /* The thread's grad mode (grad_mode.c), for the engine and ops. */

@@ -15,7 +15,7 @@
 #include "heap.h"
 #include "payload.h"
 #include "reorder.h"
-#include "rref/hooks.h"
+#include "module.h"
 
 #define BURST 32
 #define OUTQ_RETRY_NS (200ll * 1000)         /* pace retries into a full inbox */
@@ -421,7 +421,7 @@ static int64_t next_deadline(sr_agent *a)
     /* relaxed: a hint; see queue_out */
     if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
         d = earlier(d, sr_now_ns() + OUTQ_RETRY_NS);
-    d = earlier(d, sr__rref_next_deadline());
+    d = earlier(d, sr__modules_next_deadline());
     return earlier(d, sr__reorder_next(a));
 }
 
@@ -437,7 +437,7 @@ static void handle_events(sr_agent *a, int ev)
         for (int r = 0; r < a->world; r++)
             if (sr_xport_peer_dead(a->x, r) && peer_crashed(a, r)) {
                 sr__calls_fail_peer(a, r, "died");
-                sr__rref_peer_died(a, r);
+                sr__modules_peer_died(r);
             }
     int64_t now = sr_now_ns();
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
@@ -510,7 +510,7 @@ static void *progress_main(void *p)
                 ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
             progress_wait_token(a, ns);
             handle_events(a, 0);
-            sr__rref_tick(a); /* the polling user reads the acknowledgements meanwhile */
+            sr__modules_tick(); /* the polling user reads the acknowledgements meanwhile */
             continue;
         }
         if (poll_burst(a, SR_POLL_NESTED)) {
@@ -519,7 +519,7 @@ static void *progress_main(void *p)
         }
         /* Retries only after a poll found the inbox empty: acknowledgements are
          * sent quietly (they wake nobody), so one may be waiting there. */
-        sr__rref_tick(a);
+        sr__modules_tick();
         progress_idle(a);
     }
     /* release: a waiter still running (an executor finishing a nested call)

@@ -134,7 +134,8 @@ void sr__agent_kick(sr_agent *a);
 struct sr_req {
     uint16_t type;
     uint8_t flags;
-    uint64_t rref_id;
+    uint8_t module, sub; /* MOD_REQ */
+    uint64_t rref_id;    /* REMOTE_CALL, RREF_FETCH; MOD_REQ: the tag */
 };
 int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,

@@ -8,12 +8,13 @@
 
 #include "agent.h"
 #include "codec.h"
+#include "ext.h"
 #include "error.h"
 #include "heap.h"
 #include "payload.h"
 #include "registry.h"
 #include "reorder.h"
-#include "rref/hooks.h"
+#include "module.h"
 
 #define CALL_SLOTS 65536
 
@@ -57,7 +58,7 @@ static int collect_names(sr_agent *a)
 
 static void agent_free(sr_agent *a)
 {
-    sr__rref_fini(); /* a no-op if teardown did it already */
+    sr__modules_fini(); /* a no-op if teardown did it already */
     sr__reorder_destroy(a);
     if (a->slots)
         sr__calls_fini(a);
@@ -99,8 +100,6 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = sr__calls_init(a, CALL_SLOTS);
     if (!rc)
         rc = sr__reorder_create(a);
-    if (!rc)
-        rc = sr__rref_init(a, o->ignore_rref_leak);
     double t = o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT;
     atomic_init(&a->default_timeout_ms, (int64_t)llround(t * 1000));
     if (rc) {
@@ -138,7 +137,8 @@ SR_API int sr_init(const sr_init_opts *opts)
         abandon(a);
     if (!rc) {
         sr__agent = a;
-        if ((rc = sr__agent_start(a))) {
+        /* The modules see the agent (rank, world) before any message can arrive. */
+        if ((rc = sr__modules_init(opts)) || (rc = sr__agent_start(a))) {
             sr__agent = NULL;
             abandon(a);
         }
@@ -151,7 +151,7 @@ static void teardown(sr_agent *a)
 {
     sr__exec_stop(a);  /* first: a function finishing a nested call still gets its answer */
     sr__agent_stop(a);
-    sr__rref_fini(); /* no thread of the runtime is left to race it */
+    sr__modules_fini(); /* no thread of the runtime is left to race it */
     sr__agent = NULL;
     agent_free(a);
 }
@@ -248,25 +248,50 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     return 0;
 }
 
-/* Encode name + args into m's payload (none without fn: a fetch); *enc and
- * *enc_len locate the encoded args, whose references (objects, tensor blocks,
- * RRef forks) are released if the request is never sent. */
+static enum sr_call_kind call_kind(const struct sr_req *q, const char *fn)
+{
+    if (q->type == SR_MSG_REMOTE_CALL)
+        return SR_CALL_KEEP;
+    if (q->type == SR_MSG_MOD_REQ || q->type == SR_MSG_RREF_FETCH)
+        return SR_CALL_MODULE;
+    const struct sr_fn_entry *e = sr__registry_find(fn, strlen(fn));
+    return e && (e->kind == SR_FN_BUILTIN || e->kind == SR_FN_BUILTIN_CHEAP) ? SR_CALL_BUILTIN : SR_CALL_USER;
+}
+
+/* The modules' extension bytes for this request (ext.h). */
+static void request_ext(int to, const struct sr_req *q, const char *fn, sr_args args, struct sr_ext_buf *e)
+{
+    struct sr_call_out o = {.to = to, .kind = call_kind(q, fn ? fn : ""), .fn = fn, .args = args,
+                            .module = q->type == SR_MSG_RREF_FETCH ? SR_MOD_RREF : q->module, .sub = q->sub};
+    sr__ext_request_out(&o, e);
+}
+
+/* Encode [extension block] + name + args into m's payload (no name for a
+ * fetch or a module request); *enc and *enc_len locate the encoded args,
+ * whose references (objects, tensor blocks, RRef forks) are released if the
+ * request is never sent. */
 static int build_request(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, sr_msg *m,
                          struct sr_wire *w, const uint8_t **enc, size_t *enc_len)
 {
+    struct sr_ext_buf ext;
+    request_ext(to, q, fn, args, &ext);
+    bool has_args = fn || q->type == SR_MSG_MOD_REQ;
     size_t nlen = fn ? strlen(fn) : 0;
-    int64_t alen = fn ? sr_codec_size(args.n, args.v, to == a->rank) : 0;
+    int64_t alen = has_args ? sr_codec_size(args.n, args.v, to == a->rank) : 0;
     if (alen < 0)
         return (int)alen;
     m->type = q->type;
-    w->name_len = (uint16_t)nlen;
-    uint8_t *p = sr__payload_reserve(m, w, nlen + (size_t)alen);
+    w->name_len = (uint16_t)(q->type == SR_MSG_MOD_REQ ? q->sub : nlen);
+    w->ctrl = q->type == SR_MSG_MOD_REQ ? q->module : 0;
+    uint8_t *p = sr__payload_reserve(m, w, ext.len + nlen + (size_t)alen);
     if (!p)
         return -ENOMEM;
-    w->flags |= q->flags;
+    w->flags |= q->flags | (ext.len ? SR_WIRE_EXT : 0);
     w->rref_id = q->rref_id;
+    memcpy(p, ext.b, ext.len);
+    p += ext.len;
     memcpy(p, fn ? fn : "", nlen);
-    int64_t wrote = fn ? sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) : 0;
+    int64_t wrote = has_args ? sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) : 0;
     if (wrote != alen) {
         sr__payload_abandon(w);
         return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
@@ -287,7 +312,7 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     if (rc)
         return rc;
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
-        if (fn)
+        if (enc_len)
             sr_codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         return rc;
@@ -297,7 +322,7 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
-        if (fn)
+        if (enc_len)
             sr_codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */

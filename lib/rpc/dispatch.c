@@ -19,6 +19,8 @@
 #include "agent.h"
 #include "codec.h"
 #include "error.h"
+#include "ext.h"
+#include "module.h"
 #include "payload.h"
 #include "registry.h"
 #include "rref/hooks.h"
@@ -33,14 +35,24 @@ struct sr_call {
     int err;
     char *msg;          /* set by sr_call_fail; NULL on the fast path */
     bool proxy;         /* SR_WIRE_PROXY: argument 0 becomes the owner's local value */
+    bool raw_error;     /* fetch, module request: the error text goes back as it is */
+    int8_t module;      /* MOD_REQ: the module that serves it; -1 otherwise */
+    uint8_t sub;        /* MOD_REQ: its sub-kind */
+    uint64_t tag;       /* MOD_REQ: the module's word; RREF_FETCH: the rref id */
     sr_rref *owner;     /* REMOTE_CALL: the OwnerRRef that receives the result */
+    void *state[SR_MOD_MAX]; /* modules' per-call state (module.h) */
     struct sr_call *next_deferred;
 };
 
+/* An executor's work: a call, or a module's function (sr__exec_submit). */
 struct sr_job_item {
     struct sr_job_item *next;
     struct sr_call *call;
+    void (*fn)(void *arg);
+    void *arg;
 };
+
+void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
 
 SR_API size_t sr_call_nargs(const sr_call *c) { return sr_value_list_len(c->args); }
 SR_API sr_value *sr_call_arg(const sr_call *c, size_t i) { return sr_value_list_at(c->args, i); }
@@ -86,14 +98,20 @@ static void send_error(sr_agent *a, int to, uint64_t id, int code, const char *t
     }
 }
 
-static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
+/* ext: the modules' extension block for the result (NULL: none). */
+static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const struct sr_ext_buf *ext)
 {
     sr_value *one[1] = {v};
+    size_t elen = ext ? ext->len : 0;
     int64_t len = sr_codec_size(1, one, to == a->rank);
     sr_msg m = {.type = SR_MSG_RESP};
     struct sr_wire w = {.call_id = id};
-    uint8_t *p = len >= 0 ? sr__payload_reserve(&m, &w, (size_t)len) : NULL;
-    if (!p || sr_codec_encode(1, one, to == a->rank, p, (size_t)len) != len) {
+    uint8_t *p = len >= 0 ? sr__payload_reserve(&m, &w, elen + (size_t)len) : NULL;
+    if (p && elen) {
+        memcpy(p, ext->b, elen);
+        w.flags |= SR_WIRE_EXT;
+    }
+    if (!p || sr_codec_encode(1, one, to == a->rank, p + elen, (size_t)len) != len) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
@@ -104,7 +122,7 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v)
     sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m)) {
-        sr_codec_release(p, (size_t)len);
+        sr_codec_release(p + elen, (size_t)len);
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: never arrives */
     }
@@ -150,6 +168,13 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
 }
 
+static void modules_call_done(struct sr_call *c)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->call_done)
+            sr__modules[id]->call_done(c);
+}
+
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
@@ -157,7 +182,9 @@ static void finish_call(struct sr_call *c)
      * their forks retired) before the caller can see the call finished. */
     sr_value_unref(c->args);
     c->args = NULL;
-    if (c->owner) {
+    if (c->err && c->raw_error) {
+        send_error(a, c->caller, c->call_id, c->err, c->msg ? c->msg : sr_strerror(c->err));
+    } else if (c->owner) {
         char text[512] = "";
         if (c->err)
             snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank,
@@ -170,8 +197,11 @@ static void finish_call(struct sr_call *c)
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
     } else {
-        send_result(a, c->caller, c->call_id, c->result ? c->result : NULL);
+        struct sr_ext_buf ext;
+        sr__ext_response_out(c, c->result, &ext);
+        send_result(a, c->caller, c->call_id, c->result ? c->result : NULL, &ext);
     }
+    modules_call_done(c);
     sr_value_unref(c->result);
     free(c->msg);
     free(c);
@@ -191,17 +221,43 @@ static void on_async_done(sr_future *f, void *p)
     finish_call(c);
 }
 
+static void modules_enter(struct sr_call *c)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->run_enter)
+            sr__modules[id]->run_enter(c);
+}
+
+static void modules_exit(struct sr_call *c)
+{
+    for (int id = SR_MOD_MAX - 1; id >= 0; id--)
+        if (sr__modules[id] && sr__modules[id]->run_exit)
+            sr__modules[id]->run_exit(c);
+}
+
+/* A module request: the module's serve gives the future of the answer. */
+static int serve_module(struct sr_call *c, sr_future **f)
+{
+    const sr_module *m = sr__modules[c->module];
+    if (!m || !m->serve)
+        return sr_call_fail(c, -ENOENT, "worker%d has no module %d to serve a request", c->a->rank, c->module);
+    return m->serve(c->caller, c->sub, c->tag, c->args, f);
+}
+
 static void run_call(struct sr_call *c)
 {
-    if (c->fn->kind != SR_FN_ASYNC) {
+    modules_enter(c);
+    if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
         int rc = c->fn->fn(c);
         if (rc && !c->err)
             sr_call_fail(c, rc, "%s", sr_last_error()[0] ? sr_last_error() : sr_strerror(rc));
+        modules_exit(c);
         finish_call(c);
         return;
     }
     sr_future *f = NULL;
-    int rc = c->fn->afn(c, &f);
+    int rc = c->module >= 0 ? serve_module(c, &f) : c->fn->afn(c, &f);
+    modules_exit(c);
     if (!rc && !f)
         rc = sr_call_fail(c, -EINVAL, "Functions registered with sr_register_async must return a future");
     if (rc) {
@@ -212,7 +268,7 @@ static void run_call(struct sr_call *c)
         return;
     }
     atomic_fetch_add_explicit(&c->a->server_async, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (sr_future_add_done_callback(f, on_async_done, c)) { /* -ENOMEM: answer with the error now */
+    if (sr__future_on_done(f, on_async_done, NULL, c)) { /* -ENOMEM: answer with the error now */
         atomic_fetch_sub_explicit(&c->a->server_async, 1, memory_order_relaxed); /* relaxed: statistics */
         sr_call_fail(c, -ENOMEM, "cannot wait for the async function's future: %s", sr_last_error());
         sr_future_unref(f);
@@ -222,6 +278,16 @@ static void run_call(struct sr_call *c)
 
 /* ---- executors -------------------------------------------------------------- */
 
+static void push_item(sr_agent *a, struct sr_job_item *it)
+{
+    it->next = NULL;
+    pthread_mutex_lock(&a->q_lock);
+    *a->q_tail = it;
+    a->q_tail = &it->next;
+    pthread_cond_signal(&a->q_cond);
+    pthread_mutex_unlock(&a->q_lock);
+}
+
 static void enqueue(sr_agent *a, struct sr_call *c)
 {
     struct sr_job_item *it = malloc(sizeof(*it));
@@ -229,13 +295,21 @@ static void enqueue(sr_agent *a, struct sr_call *c)
         run_call(c);
         return;
     }
-    it->next = NULL;
-    it->call = c;
-    pthread_mutex_lock(&a->q_lock);
-    *a->q_tail = it;
-    a->q_tail = &it->next;
-    pthread_cond_signal(&a->q_cond);
-    pthread_mutex_unlock(&a->q_lock);
+    *it = (struct sr_job_item){.call = c};
+    push_item(a, it);
+}
+
+int sr__exec_submit(void (*fn)(void *arg), void *arg)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, "sr__exec_submit", "RPC is not initialised");
+    struct sr_job_item *it = malloc(sizeof(*it));
+    if (!it)
+        return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
+    *it = (struct sr_job_item){.fn = fn, .arg = arg};
+    push_item(a, it);
+    return 0;
 }
 
 static void *executor_main(void *p)
@@ -256,7 +330,10 @@ static void *executor_main(void *p)
             a->q_tail = &a->q_head;
         pthread_mutex_unlock(&a->q_lock);
         sr_xport_awake(a->x, 1); /* runnable while it runs a function */
-        run_call(it->call);
+        if (it->call)
+            run_call(it->call);
+        else
+            it->fn(it->arg);
         sr_xport_awake(a->x, -1);
         free(it);
         pthread_mutex_lock(&a->q_lock);
@@ -302,31 +379,74 @@ void sr__exec_stop(sr_agent *a)
 
 /* ---- incoming messages ------------------------------------------------------- */
 
-/* Decode a request; on failure fill *code and text and return NULL. */
+/* The request's extension block, if any: skipped in *p / *len. */
+static int request_ext(const sr_msg *m, const uint8_t **p, size_t *len, struct sr_ext_view *v)
+{
+    size_t used = 0;
+    int rc = (sr_wire_get(m).flags & SR_WIRE_EXT) ? sr__ext_parse(*p, *len, m->src, v, &used) : 0;
+    if (!(sr_wire_get(m).flags & SR_WIRE_EXT))
+        v->mask = 0;
+    *p += used;
+    *len -= used;
+    return rc;
+}
+
+/* The module hooks of a request that carried their extension. */
+static int modules_request_in(struct sr_call *c, const struct sr_ext_view *v)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        if (!(v->mask & (1u << id)) || !m || !m->request_in)
+            continue;
+        int rc = m->request_in(c, v->data[id], v->len[id]);
+        if (rc)
+            return sr_call_fail(c, rc, "%s", sr_last_error());
+    }
+    return 0;
+}
+
+static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, char *text,
+                                         size_t tl)
+{
+    struct sr_wire w = sr_wire_get(m);
+    if (m->type == SR_MSG_MOD_REQ || m->type == SR_MSG_RREF_FETCH)
+        return NULL;
+    const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
+    if (!fn)
+        snprintf(text, tl, "function '%.*s' is not registered on worker%d",
+                 (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
+    return fn;
+}
+
+/* Decode a request (after its extension block); on failure fill *code and
+ * text and return NULL. */
 static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, int *code,
                                       char *text, size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
-    if (!fn) {
-        snprintf(text, tl, "function '%.*s' is not registered on worker%d",
-                 (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
+    bool named = m->type == SR_MSG_REQ || m->type == SR_MSG_REMOTE_CALL;
+    const struct sr_fn_entry *fn = find_fn(a, m, p, len, text, tl);
+    if (named && !fn) {
         if (w.name_len <= len) /* what the arguments carry (tensor blocks, RRef forks) must still be let go */
             sr_codec_release(p + w.name_len, len - w.name_len);
         *code = -ENOENT;
         return NULL;
     }
-    struct sr_call *c = malloc(sizeof(*c));
-    if (c)
-        c->args = NULL;
-    if (!c || sr_codec_decode(p + w.name_len, len - w.name_len, &c->args)) {
+    size_t skip = named ? w.name_len : 0;
+    struct sr_call *c = calloc(1, sizeof(*c));
+    if (!c || (m->type != SR_MSG_RREF_FETCH && sr_codec_decode(p + skip, len - skip, &c->args))) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
         *code = c ? -EBADMSG : -ENOMEM;
         free(c);
         return NULL;
     }
     *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .args = c->args,
-                          .proxy = (w.flags & SR_WIRE_PROXY) != 0};
+                          .proxy = (w.flags & SR_WIRE_PROXY) != 0, .module = -1, .tag = w.rref_id};
+    if (m->type == SR_MSG_MOD_REQ) {
+        c->module = (int8_t)(w.ctrl < SR_MOD_MAX ? w.ctrl : SR_MOD_MAX);
+        c->sub = (uint8_t)w.name_len;
+        c->raw_error = true;
+    }
     return c;
 }
 
@@ -341,6 +461,8 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
  * sr_shutdown serving a plain function that calls out would deadlock). */
 static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
 {
+    if (c->module >= 0)
+        return true; /* serve only starts the work (module.h) */
     if (c->fn->kind == SR_FN_PLAIN)
         return false;
     if (mode == SR_POLL_IDLE || c->fn->kind == SR_FN_ASYNC || c->fn->kind == SR_FN_BUILTIN_CHEAP)
@@ -414,7 +536,7 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
-    else if (mode == SR_POLL_IDLE && c->fn->kind == SR_FN_PLAIN)
+    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN)
         defer(c);
     else
         enqueue(c->a, c);
@@ -441,8 +563,10 @@ static void drop_call(void *p)
 {
     struct sr_call *c = p;
     sr_agent *a = c->a;
+    modules_call_done(c);
     sr_rref_unref(c->owner);
     sr_value_unref(c->args);
+    sr_value_unref(c->result);
     free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
@@ -489,19 +613,40 @@ static bool remote_owner(sr_agent *a, const sr_msg *m, struct sr_call **pc, int 
     return true;
 }
 
-static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
+/* Decode a request and run the modules' hooks on it. NULL with *code and
+ * text when it cannot be decoded; a call that a module refused is answered
+ * here (*answered). */
+static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, char *text, size_t tl, bool *answered)
 {
     size_t len;
-    int code = -EBADMSG;
-    char text[256];
+    struct sr_ext_view ext;
     const uint8_t *p = sr__payload_get(m, &len);
     struct sr_call *c = NULL;
-    if (!p)
-        snprintf(text, sizeof(text), "%s", sr_last_error());
+    *answered = false;
+    if (!p || request_ext(m, &p, &len, &ext))
+        snprintf(text, tl, "%s", sr_last_error());
     else
-        c = decode_request(a, m, p, len, &code, text, sizeof(text));
+        c = decode_request(a, m, p, len, code, text, tl);
     sr__payload_done(m);
-    bool answered = m->type == SR_MSG_REMOTE_CALL && remote_owner(a, m, &c, code, text, sizeof(text)) && !c;
+    if (c && modules_request_in(c, &ext)) {
+        atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+        c->raw_error = false;
+        finish_call(c); /* answered with the module's error; the hooks' state is dropped */
+        *answered = true;
+        return NULL;
+    }
+    return c;
+}
+
+static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
+{
+    int code = -EBADMSG;
+    char text[256];
+    bool answered;
+    struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
+    if (answered)
+        return;
+    answered = m->type == SR_MSG_REMOTE_CALL && remote_owner(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
             send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_REMOTE_CALL ? -ENOMEM : code, text);
@@ -513,63 +658,66 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 }
 
 /* RREF_FETCH: answer with the owner's value once it is set. */
-struct fetch {
-    sr_agent *a;
-    int caller;
-    uint64_t call_id;
-};
-
 static void fetch_done(sr_future *vf, void *p)
 {
-    struct fetch *fx = p;
-    sr_agent *a = fx->a;
-    sr_value *v = NULL;
-    int rc = sr_future_value(vf, &v);
+    struct sr_call *c = p;
+    int rc = sr_future_value(vf, &c->result);
     if (rc)
-        send_error(a, fx->caller, fx->call_id, rc, sr_last_error());
-    else
-        send_result(a, fx->caller, fx->call_id, v);
-    sr_value_unref(v);
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
-}
-
-static void fetch_done_free(sr_future *vf, void *p)
-{
-    fetch_done(vf, p);
-    free(p);
-}
-
-static void fetch_drop(void *p)
-{
-    struct fetch *fx = p;
-    atomic_fetch_add_explicit(&fx->a->user_done, 1, memory_order_relaxed); /* relaxed: never answered (teardown) */
-    free(fx);
+        sr_call_fail(c, rc, "%s", sr_last_error());
+    finish_call(c);
 }
 
 static void handle_fetch(sr_agent *a, const sr_msg *m)
 {
-    struct sr_wire w = sr_wire_get(m);
     char text[256];
-    int code = 0;
-    sr_future *vf = sr__rref_fetch_value(w.rref_id, w.flags & SR_WIRE_CONFIRMED, &code, text, sizeof(text));
-    if (vf && sr_future_done(vf)) { /* the common case: the value is there */
-        struct fetch fx = {.a = a, .caller = m->src, .call_id = w.call_id};
-        fetch_done(vf, &fx);
-        sr_future_unref(vf);
+    int code = -EBADMSG;
+    bool answered;
+    struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
+    if (answered)
+        return;
+    if (!c) {
+        send_error(a, m->src, sr_wire_get(m).call_id, code, text);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
         return;
     }
-    struct fetch *fx = vf ? malloc(sizeof(*fx)) : NULL;
-    if (!fx) {
-        send_error(a, m->src, w.call_id, vf ? -ENOMEM : code, vf ? "out of memory" : text);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
-    } else {
-        *fx = (struct fetch){.a = a, .caller = m->src, .call_id = w.call_id};
-        if (sr__future_on_done(vf, fetch_done_free, fetch_drop, fx)) {
-            send_error(a, m->src, w.call_id, -ENOMEM, sr_last_error());
-            fetch_drop(fx);
-        }
+    atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    c->raw_error = true;
+    sr_future *vf = sr__rref_fetch_value(c->tag, sr_wire_get(m).flags & SR_WIRE_CONFIRMED, &code, text, sizeof(text));
+    if (!vf) {
+        sr_call_fail(c, code, "%s", text);
+        finish_call(c);
+    } else if (sr_future_done(vf)) { /* the common case: the value is there */
+        fetch_done(vf, c);
+    } else if (sr__future_on_done(vf, fetch_done, drop_call, c)) {
+        sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
+        finish_call(c);
     }
     sr_future_unref(vf);
+}
+
+/* A result's payload: its extension block handed to the modules with the
+ * decoded value. 0, or -EBADMSG (the reason in sr_last_error). */
+static int decode_result(const sr_msg *m, const uint8_t *p, size_t len, sr_value **list)
+{
+    struct sr_ext_view ext = {.mask = 0};
+    size_t used = 0;
+    if ((sr_wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
+        return -EBADMSG;
+    if (sr_codec_decode(p + used, len - used, list))
+        return -EBADMSG;
+    if (sr_value_list_len(*list) != 1)
+        return sr__fail(-EBADMSG, "sr_rpc", "a result from worker%d holds %zu values", m->src, sr_value_list_len(*list));
+    if (ext.mask)
+        sr__ext_response_in(m->src, &ext, sr_value_list_at(*list, 0));
+    return 0;
+}
+
+static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
+{
+    struct sr_ext_view ext;
+    size_t used = 0;
+    if (!(sr_wire_get(m).flags & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
+        sr_codec_release(p + used, len - used);
 }
 
 static void handle_response(sr_agent *a, const sr_msg *m)
@@ -578,30 +726,27 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     sr_future *f = sr__call_end(a, w.call_id);
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);
+    sr_value *list = NULL;
     if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
-            sr_codec_release(p, len);
+            release_result(m, p, len);
     } else if (m->type == SR_MSG_REMOTE_RET) { /* none, or the list of the value that rode along */
-        sr_value *list = NULL;
-        if (p && (w.flags & SR_WIRE_VALUE) && !sr_codec_decode(p, len, &list) && sr_value_list_len(list) == 1)
+        if (p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list))
             sr_future_set_result(f, list);
         else
             sr_future_set_result(f, NULL);
-        sr_value_unref(list);
     } else if (!p) {
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else if (m->type == SR_MSG_ERR) {
         char text[1024];
         snprintf(text, sizeof(text), "%.*s", (int)(len < sizeof(text) ? len : sizeof(text) - 1), (const char *)p);
         sr__future_fail_text(f, w.code < 0 ? w.code : -SR_EREMOTE, text);
+    } else if (decode_result(m, p, len, &list)) {
+        sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else {
-        sr_value *list = NULL;
-        if (sr_codec_decode(p, len, &list) || sr_value_list_len(list) != 1)
-            sr__future_fail_text(f, -EBADMSG, sr_last_error());
-        else
-            sr_future_set_result(f, sr_value_list_at(list, 0));
-        sr_value_unref(list);
+        sr_future_set_result(f, sr_value_list_at(list, 0));
     }
+    sr_value_unref(list);
     sr__payload_done(m);
     sr_future_unref(f);
     atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
@@ -622,6 +767,9 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     case SR_MSG_RREF_FETCH:
         handle_fetch(a, m);
         break;
+    case SR_MSG_MOD_REQ:
+        handle_request(a, m, mode);
+        break;
     case SR_MSG_RREF:
         sr__rref_ctrl(a, m);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after its answers were counted */
@@ -630,6 +778,7 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         sr__ctrl_dispatch(a, m);
         break;
     default:
-        fprintf(stderr, "worker%d: dropped a message of unknown type %u from worker%u\n", a->rank, m->type, m->src);
+        if (!sr__module_msg(m))
+            fprintf(stderr, "worker%d: dropped a message of unknown type %u from worker%u\n", a->rank, m->type, m->src);
     }
 }

@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "future_internal.h"
+#include "module.h"
 #include "waiter.h"
 
 enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, STATE = 0xff };
@@ -22,7 +23,20 @@ struct callback {
     void (*fn)(sr_future *f, void *arg);
     void (*release)(void *arg); /* a future destroyed before completion drops arg with it */
     void *arg;
+    struct sr_tls_snap tls;     /* user callbacks: the modules' thread context they were made in */
 };
+
+/* Run a callback, in the thread context it was made in if it is a user's. */
+static void run_callback(sr_future *f, struct callback *c)
+{
+    if (!c->tls.mask) {
+        c->fn(f, c->arg);
+        return;
+    }
+    sr__tls_swap(&c->tls);
+    c->fn(f, c->arg);
+    sr__tls_swap(&c->tls);
+}
 
 struct sr_future {
     _Atomic uint32_t refs;
@@ -116,7 +130,7 @@ static void finish_complete(sr_future *f)
         futex_wake_all(&f->state);
     while (cbs) {
         struct callback *n = cbs->next;
-        cbs->fn(f, cbs->arg);
+        run_callback(f, cbs);
         free(cbs);
         cbs = n;
     }
@@ -218,12 +232,22 @@ SR_API int sr_future_wait(sr_future *f, sr_value **out)
     return outcome(f, out);
 }
 
+static int on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg, bool user);
+
 SR_API int sr_future_add_done_callback(sr_future *f, void (*cb)(sr_future *, void *), void *arg)
 {
-    return sr__future_on_done(f, cb, NULL, arg);
+    return on_done(f, cb, NULL, arg, true);
 }
 
 int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg)
+{
+    return on_done(f, cb, release, arg, false);
+}
+
+/* user: a user's callback, run in the thread context it is registered in
+ * (module.h), so a continuation keeps, e.g., its distributed autograd
+ * context. */
+static int on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg, bool user)
 {
     if (!f || !cb)
         return sr__fail(-EINVAL, "sr_future_add_done_callback", "incompatible function arguments: %s is NULL",
@@ -232,6 +256,8 @@ int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*rel
     if (!c)
         return sr__fail(-ENOMEM, "sr_future_add_done_callback", "out of memory");
     *c = (struct callback){.fn = cb, .release = release, .arg = arg};
+    if (user)
+        sr__tls_capture(&c->tls);
     pthread_mutex_lock(&f->lock);
     if (!sr_future_done(f)) {
         *f->tail = c;
@@ -240,8 +266,8 @@ int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*rel
         return 0;
     }
     pthread_mutex_unlock(&f->lock);
+    run_callback(f, c);
     free(c);
-    cb(f, arg);
     return 0;
 }
 
@@ -285,7 +311,7 @@ SR_API int sr_future_then(sr_future *f, sr_then_fn cb, void *arg, sr_future **ou
         return sr__fail(-ENOMEM, "sr_future_then", "out of memory");
     }
     *t = (struct then_ctx){cb, arg, sr_future_ref(child)};
-    int rc = sr__future_on_done(f, run_then, drop_then, t);
+    int rc = on_done(f, run_then, drop_then, t, true);
     if (rc) {
         sr_future_unref(t->child);
         sr_future_unref(child);

@@ -20,7 +20,7 @@
 
 #include "agent.h"
 #include "error.h"
-#include "rref/hooks.h"
+#include "module.h"
 
 static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t y, uint64_t z)
 {
@@ -159,7 +159,7 @@ int sr__graceful(sr_agent *a, int64_t deadline)
         return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
     int rc = barrier(a, deadline);
     if (!rc)
-        rc = sr__rref_shutdown_users(a, deadline);
+        rc = sr__modules_shutdown_users(deadline);
     if (!rc) /* every worker has sent its deletes before the waves count them */
         rc = barrier(a, deadline);
     if (!rc && a->rank == 0)
@@ -171,7 +171,7 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     rc = await(a, &a->quiescent_fut, q, deadline, "the leader to declare quiescence");
     if (rc)
         return rc;
-    int leaks = sr__rref_shutdown_check(a);
+    int leaks = sr__modules_shutdown_check();
     char keep[512];
     snprintf(keep, sizeof(keep), "%s", sr_last_error());
     /* Nobody sends after quiescence but this final barrier, so no worker

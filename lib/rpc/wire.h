@@ -22,6 +22,15 @@
  *   RREF_FETCH   call_id, rref_id, no payload; answered by RESP or ERR
  *   RREF         ctrl = enum sr_rref_ctrl, call_id = the sender's retry token
  *                (echoed by RREF_ACK), args = {rref_id, fork_id, extra}
+ * Modules (module.h):
+ *   MOD_REQ      call_id, ctrl = module id, name_len = the module's sub-kind,
+ *                tag = the module's word, payload = encoded args; answered
+ *                by RESP or ERR
+ *   >= 16        raw module messages (SR_MSG_MODULE_BASE), the module's own
+ * The envelope (SR_WIRE_EXT, on REQ, REMOTE_CALL, MOD_REQ, RESP, REMOTE_RET,
+ * RREF_FETCH): the payload starts with an extension block, before the
+ * function name: u8 count, then count records {u8 module, u8 len, len bytes}
+ * (len <= SR_EXT_MAX, modules distinct); ext.h parses it.
  * Flags: SR_WIRE_PROXY (REQ, REMOTE_CALL): argument 0 is an RRef owned by
  * the callee, and its local value replaces it before the function runs.
  * SR_WIRE_CONFIRMED (RREF_FETCH): the sender's UserRRef is confirmed, so a
@@ -48,6 +57,7 @@ enum sr_rpc_msg {
     SR_MSG_REMOTE_RET = 6,
     SR_MSG_RREF_FETCH = 7,
     SR_MSG_RREF = 8,
+    SR_MSG_MOD_REQ = 9,
 };
 
 /* RRef control messages: idempotent, retried until acknowledged. */
@@ -72,6 +82,7 @@ enum sr_ctrl {
 #define SR_WIRE_PROXY 0x2u
 #define SR_WIRE_CONFIRMED 0x4u
 #define SR_WIRE_VALUE 0x8u
+#define SR_WIRE_EXT 0x10u
 
 struct sr_wire {
     uint64_t call_id;
@@ -85,6 +96,7 @@ struct sr_wire {
             uint32_t pad;
         };
         uint64_t rref_id;   /* REMOTE_CALL, RREF_FETCH */
+        uint64_t tag;       /* MOD_REQ: the module's word */
     };
     union {
         uint8_t inl[SR_WIRE_INLINE];

@@ -10,5 +10,7 @@
 #include "value.h"
 #include "spawn.h"
 #include "tensor.h"
+#include "dist_autograd.h"
+#include "optim.h"
 
 #endif

@@ -1,0 +1,175 @@
+/* Protocol modules: how a layer above RPC plugs into the agent (internal).
+ *
+ * lib/rpc never names a layer above it. A layer (RRefs, distributed
+ * autograd) fills one `sr_module` and registers it once, before sr_init;
+ * the agent then calls its hooks at the points below. Every hook is
+ * optional (NULL). docs/DIST_AUTOGRAD.md, "Layer seams", shows a module.
+ *
+ * Message kinds. A module may own
+ *   - raw message types (`types`, numbers >= SR_MSG_MODULE_BASE): each one
+ *     that arrives goes to on_msg on the polling thread, which must not
+ *     block;
+ *   - module requests: sr__module_rpc() sends MOD_REQ {module id, sub-kind,
+ *     a 64-bit tag, encoded values}; on the callee, serve() returns a future
+ *     and the agent answers with its value (RESP) or error (ERR) when it
+ *     completes, without holding a thread. serve runs on the polling thread:
+ *     heavy work goes to sr__exec_submit().
+ *
+ * The envelope. Any request (REQ, KEEP call, module request) and any result
+ * (RESP, KEEP_RET) may carry an extension header: per module at most
+ * SR_EXT_MAX bytes, written by the sending side's hook and handed to the
+ * receiving side's hook (SR_WIRE_EXT; wire.h gives the byte layout).
+ *
+ * Per-call hooks, caller side (any thread, before the request is encoded):
+ *   request_out(out, ext, &len)   may write the module's extension bytes.
+ *   response_in(from, ext, len, v) the result v of a call that carried the
+ *                                 module's extension back, before the
+ *                                 caller's future completes.
+ * Callee side:
+ *   request_in(c, ext, len)       after the arguments were decoded (on the
+ *                                 polling thread); may keep state in
+ *                                 *sr__call_state(c, id).
+ *   run_enter(c) / run_exit(c)    around the function, on the thread that
+ *                                 runs it (an executor, the poller, or the
+ *                                 idle waiter of sr_shutdown).
+ *   response_out(c, v, ext, &len) before a successful result is encoded.
+ *   call_done(c)                  always, once, when the call is finished:
+ *                                 drop the state.
+ * Thread context: tls_get()/tls_set(v) read and replace a module's
+ * per-thread value (distributed autograd's current context). The agent sets
+ * the caller's value around user callbacks of futures (then, done
+ * callbacks), so continuations see the context they were made in.
+ *
+ * Timers and peers (progress thread): next_deadline() (-1: none) is folded
+ * into the agent's sleep; tick() runs after every poll that found the inbox
+ * empty and after timer wake-ups; peer_died(rank) once per dead peer.
+ *
+ * Lifecycle: init() in sr_init after the transport is attached and before any
+ * RPC thread starts; shutdown_users(deadline) in a graceful shutdown after the
+ * first barrier (it may make calls); shutdown_check() after quiescence;
+ * fini() at local teardown (always, also after a failed init: it must accept
+ * a module that never ran init). Modules run in registration order, fini in
+ * reverse.
+ *
+ * Registration happens before main(): each layer registers from a
+ * constructor (__attribute__((constructor))) of its module file, so no file of
+ * lib/rpc names it; the table is read-only afterwards, so hooks are read
+ * without locks.
+ */
+#ifndef SR_RPC_MODULE_H
+#define SR_RPC_MODULE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shmrpc/future.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/value.h"
+#include "ring.h"
+
+enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_MAX = 4 };
+
+/* Per module, the most extension bytes one message carries. */
+#define SR_EXT_MAX 32
+/* Raw module message types start here. */
+#define SR_MSG_MODULE_BASE 16
+
+/* What the caller is about to send. */
+enum sr_call_kind {
+    SR_CALL_BUILTIN = 0, /* a built-in function */
+    SR_CALL_USER = 1,    /* a registered (user) function */
+    SR_CALL_KEEP = 2,    /* a call whose result stays on the callee (remote()) */
+    SR_CALL_MODULE = 3,  /* a module request */
+};
+
+struct sr_call_out {
+    int to;
+    enum sr_call_kind kind;
+    const char *fn;      /* NULL for a module request */
+    int module;          /* SR_CALL_MODULE: the module that sends it */
+    uint8_t sub;         /* SR_CALL_MODULE: its sub-kind */
+    sr_args args;
+};
+
+typedef struct sr_module {
+    const char *name;
+    /* raw messages */
+    uint16_t types[4];   /* 0-terminated */
+    void (*on_msg)(const sr_msg *m);
+    /* module requests */
+    int (*serve)(int caller, uint8_t sub, uint64_t tag, sr_value *args, sr_future **out);
+    /* per call */
+    int (*request_out)(const struct sr_call_out *out, uint8_t *ext, size_t *len);
+    void (*response_in)(int from, const uint8_t *ext, size_t len, sr_value *v);
+    int (*request_in)(sr_call *c, const uint8_t *ext, size_t len);
+    void (*run_enter)(sr_call *c);
+    void (*run_exit)(sr_call *c);
+    void (*response_out)(sr_call *c, sr_value *v, uint8_t *ext, size_t *len);
+    void (*call_done)(sr_call *c);
+    /* thread context */
+    int64_t (*tls_get)(void);
+    int64_t (*tls_set)(int64_t v);
+    /* timers and peers */
+    int64_t (*next_deadline)(void);
+    void (*tick)(void);
+    void (*peer_died)(int rank);
+    /* lifecycle */
+    int (*init)(const sr_init_opts *o);
+    int (*shutdown_users)(int64_t deadline_ns);
+    int (*shutdown_check)(void);
+    void (*fini)(void);
+} sr_module;
+
+/* Register m under id (once; before sr_init). -EEXIST if taken. */
+int sr__module_register(int id, const sr_module *m);
+
+/* ---- what a module may use (the agent's side of the seam) ---- */
+
+int sr__rpc_rank(void);  /* -1 when RPC is not initialised */
+int sr__rpc_world(void);
+/* The default RPC timeout in ms (0: none), captured now. */
+int64_t sr__rpc_default_timeout_ms(void);
+/* Start a module request to `to`: args are encoded like a call's; the
+ * future completes with serve's value or error ("Error on Node N: ...").
+ * timeout_ms 0: none. */
+int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
+                   sr_future **out);
+/* Send a raw module message (type >= SR_MSG_MODULE_BASE), counted for
+ * graceful shutdown's quiescence; quiet: wake nobody (see agent.h). */
+int sr__module_send(int to, sr_msg *m, bool quiet);
+/* Wait for f with the agent's polling wait; 0 when done, -ETIMEDOUT at the
+ * deadline (< 0: none). */
+int sr__module_wait(sr_future *f, int64_t deadline_ns);
+/* Re-read next_deadline: a module's earliest deadline moved earlier. */
+void sr__module_kick(void);
+/* Run fn(arg) on an executor thread (never the polling thread). 0 or
+ * -ENOMEM / -SR_ESHUTDOWN (then fn never runs). */
+int sr__exec_submit(void (*fn)(void *arg), void *arg);
+/* Where a module keeps per-call state (NULL-initialised). */
+void **sr__call_state(sr_call *c, int module);
+/* The test-only reordering mode is on (modules shorten their retry timers). */
+bool sr__rpc_reordering(void);
+
+/* ---- the agent's side (rpc internal) ---- */
+extern const sr_module *sr__modules[SR_MOD_MAX];
+/* The thread context of every module, captured and restored around user
+ * callbacks of futures. */
+struct sr_tls_snap {
+    int64_t v[SR_MOD_MAX];
+    uint8_t mask; /* modules with a value */
+};
+void sr__tls_capture(struct sr_tls_snap *s);
+void sr__tls_swap(struct sr_tls_snap *s); /* set s, and store the previous values in s */
+/* A raw module message: handed to its module (true), or unknown (false). */
+bool sr__module_msg(const sr_msg *m);
+/* The hooks of every module, in registration order (fini: reverse). */
+int64_t sr__modules_next_deadline(void);
+void sr__modules_tick(void);
+void sr__modules_peer_died(int rank);
+int sr__modules_init(const sr_init_opts *o);
+int sr__modules_shutdown_users(int64_t deadline_ns);
+int sr__modules_shutdown_check(void);
+void sr__modules_fini(void);
+
+#endif

@@ -1,0 +1,179 @@
+/* Protocol modules: the registry and the agent's side of the seam. See
+ * module.h. */
+#include <errno.h>
+#include <stdatomic.h>
+
+#include "agent.h"
+#include "error.h"
+#include "module.h"
+
+const sr_module *sr__modules[SR_MOD_MAX];
+
+int sr__module_register(int id, const sr_module *m)
+{
+    if (id < 0 || id >= SR_MOD_MAX || !m)
+        return -EINVAL;
+    if (sr__modules[id])
+        return -EEXIST;
+    sr__modules[id] = m;
+    return 0;
+}
+
+int sr__rpc_rank(void) { return sr__agent ? sr__agent->rank : -1; }
+int sr__rpc_world(void) { return sr__agent ? sr__agent->world : 0; }
+bool sr__rpc_reordering(void) { return sr__agent && sr__agent->reorder; }
+
+int64_t sr__rpc_default_timeout_ms(void)
+{
+    sr_agent *a = sr__agent;
+    /* relaxed: the default is captured now, like a call's */
+    return a ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) : 0;
+}
+
+int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
+                   sr_future **out)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, "sr_rpc", "RPC has not been initialized. Call sr_init first.");
+    if (to < 0 || to >= a->world)
+        return sr__fail(-EINVAL, "sr_rpc", "worker%d: destination %d is out of range [0, %d)", a->rank, to, a->world);
+    sr_future *f = sr_future_new();
+    if (!f)
+        return -ENOMEM;
+    struct sr_req q = {.type = SR_MSG_MOD_REQ, .module = (uint8_t)module, .sub = sub, .rref_id = tag};
+    int rc = sr__rpc_start(a, to, &q, NULL, args, timeout_ms, f);
+    if (rc) {
+        sr_future_unref(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int sr__module_send(int to, sr_msg *m, bool quiet)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return -SR_ESHUTDOWN;
+    /* relaxed: counted before it can arrive; quiescence compares sums */
+    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed);
+    int rc = quiet ? sr__agent_send_quiet(a, to, m) : sr__agent_send(a, to, m);
+    if (rc)
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above, it never arrives */
+    return rc;
+}
+
+int sr__module_wait(sr_future *f, int64_t deadline_ns)
+{
+    sr_agent *a = sr__agent;
+    return a ? sr__agent_wait(a, f, deadline_ns, SR_POLL_NESTED) : sr__future_wait_until(f, deadline_ns);
+}
+
+void sr__module_kick(void)
+{
+    if (sr__agent)
+        sr__agent_kick(sr__agent);
+}
+
+void sr__tls_capture(struct sr_tls_snap *s)
+{
+    s->mask = 0;
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        if (m && m->tls_get) {
+            s->v[id] = m->tls_get();
+            s->mask |= (uint8_t)(1u << id);
+        }
+    }
+}
+
+void sr__tls_swap(struct sr_tls_snap *s)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        if (s->mask & (1u << id))
+            s->v[id] = sr__modules[id]->tls_set(s->v[id]);
+}
+
+bool sr__module_msg(const sr_msg *m)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *mod = sr__modules[id];
+        for (int i = 0; mod && i < 4 && mod->types[i]; i++) {
+            if (mod->types[i] != m->type)
+                continue;
+            mod->on_msg(m);
+            /* relaxed: after its answers were counted as sent */
+            atomic_fetch_add_explicit(&sr__agent->user_done, 1, memory_order_relaxed);
+            return true;
+        }
+    }
+    return false;
+}
+
+int64_t sr__modules_next_deadline(void)
+{
+    int64_t d = -1;
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        int64_t e = m && m->next_deadline ? m->next_deadline() : -1;
+        if (e >= 0 && (d < 0 || e < d))
+            d = e;
+    }
+    return d;
+}
+
+void sr__modules_tick(void)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->tick)
+            sr__modules[id]->tick();
+}
+
+void sr__modules_peer_died(int rank)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->peer_died)
+            sr__modules[id]->peer_died(rank);
+}
+
+int sr__modules_init(const sr_init_opts *o)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        int rc = m && m->init ? m->init(o) : 0;
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Graceful shutdown steps: every module runs; the first error is kept. */
+int sr__modules_shutdown_users(int64_t deadline_ns)
+{
+    int first = 0;
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        int rc = m && m->shutdown_users ? m->shutdown_users(deadline_ns) : 0;
+        first = first ? first : rc;
+    }
+    return first;
+}
+
+int sr__modules_shutdown_check(void)
+{
+    int first = 0;
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        int rc = m && m->shutdown_check ? m->shutdown_check() : 0;
+        first = first ? first : rc;
+    }
+    return first;
+}
+
+void sr__modules_fini(void)
+{
+    for (int id = SR_MOD_MAX - 1; id >= 0; id--)
+        if (sr__modules[id] && sr__modules[id]->fini)
+            sr__modules[id]->fini();
+}
