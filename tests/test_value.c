@@ -877,7 +877,7 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
     b[4] = SR_KIND_TENSOR;
     assert_bad(b, 5, "offset 5: tensor descriptor needs 152 bytes, 0 left");
     b[4] = SR_KIND_RREF;
-    assert_bad(b, 5, "offset 5: rref id needs 8 bytes, 0 left");
+    assert_bad(b, 5, "offset 5: rref value needs 18 bytes, 0 left");
     memset(b + 5, 0, 18); /* a whole RRef, but no RPC worker to own it */
     b[13] = 1;
     assert_bad(b, 23, "offset 4: an RRef can only be decoded by an initialised worker");

@@ -81,6 +81,10 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
         unref_fns(fns, nfns);
     sr_graph_task *old = NULL;
     pthread_mutex_lock(&c->lock);
+    if (!rc && c->pass != pass && c->task_users) /* two roots in one context at once */
+        rc = sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in context "
+                      "%lld; another pass cannot start in it until that one ends", sr__rpc_rank(), (long long)c->pass,
+                      (long long)c->id);
     if (!rc && c->pass != pass) {
         old = c->task;
         c->task = g;
@@ -89,21 +93,29 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
         g = NULL;
     }
     pthread_mutex_unlock(&c->lock);
-    /* The previous pass has ended everywhere (its root waited for all of it),
-     * so nobody runs the old task any more. */
+    /* Nobody uses the old task: task_users was 0 under the lock. */
     sr__graph_task_destroy(old);
     sr__graph_task_destroy(g);
     return rc;
 }
 
-/* The current task if it belongs to pass (the caller runs it without the
- * context lock: lock order task -> context). */
-static sr_graph_task *task_of(sr_dctx *c, int64_t pass)
+/* The current task if it belongs to pass, counted as used until
+ * release_task (the caller runs it without the context lock: lock order
+ * task -> context); no other pass can replace it meanwhile. */
+static sr_graph_task *acquire_task(sr_dctx *c, int64_t pass)
 {
     pthread_mutex_lock(&c->lock);
     sr_graph_task *g = c->pass == pass ? c->task : NULL;
+    c->task_users += g != NULL;
     pthread_mutex_unlock(&c->lock);
     return g;
+}
+
+static void release_task(sr_dctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->task_users--;
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* ---- sending gradients (RecvRpcBackward) ---- */
@@ -226,7 +238,7 @@ static int node_error(int err, const char *text, char *buf, size_t len)
 static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args)
 {
     int rc = begin_pass(c, pass, retain, NULL, 0);
-    sr_graph_task *g = rc ? NULL : task_of(c, pass);
+    sr_graph_task *g = rc ? NULL : acquire_task(c, pass);
     sr_node *fn = sr__dctx_send_fn(c, msg_id);
     size_t n = sr_value_list_len(args) - 3;
     if (!rc && !g)
@@ -243,6 +255,8 @@ static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr
         rc = sr__graph_task_feed_node(g, fn, grads);
     if (!rc)
         rc = sr__graph_task_run(g);
+    if (g)
+        release_task(c);
     free(grads);
     sr__node_unref(fn);
     return rc;
@@ -371,6 +385,7 @@ static void root_finish(struct root *r)
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     pthread_mutex_lock(&r->c->lock);
     r->c->root_busy = false;
+    r->c->task_users -= r->g != NULL;
     pthread_mutex_unlock(&r->c->lock);
     atomic_fetch_sub_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     if (rc)
@@ -441,7 +456,7 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
     int rc = sr__dctx_next_message_id(&pass);
     if (!rc)
         rc = begin_pass(c, pass, retain, roots, n);
-    r->g = rc ? NULL : task_of(c, pass);
+    r->g = rc ? NULL : acquire_task(c, pass);
     if (!rc && !(rc = feed_ones(r->g, roots, n)))
         rc = sr__graph_task_run(r->g);
     if (rc) {

@@ -51,6 +51,7 @@ typedef struct sr_dctx {
     int64_t pass;                /* its id */
     bool retain;                 /* its retain_graph */
     bool root_busy;              /* a backward rooted here is running */
+    uint32_t task_users;         /* threads using task (a root pass counts until it ends) */
     sr_grad_sink sink;           /* accumulates into grads */
 } sr_dctx;
 

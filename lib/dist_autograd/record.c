@@ -113,7 +113,8 @@ static int record_recv(sr_dctx *c, int64_t msg, int peer, sr_value *v)
 
 static bool forced(const struct sr_call_out *o)
 {
-    return o->kind == SR_CALL_USER || o->kind == SR_CALL_KEEP || (o->kind == SR_CALL_MODULE && o->module == SR_MOD_RREF);
+    enum sr_call_kind k = sr__call_out_kind(o);
+    return k == SR_CALL_USER || k == SR_CALL_KEEP || (k == SR_CALL_MODULE && o->module == SR_MOD_RREF);
 }
 
 static int da_request_out(const struct sr_call_out *o, uint8_t *ext, size_t *len)

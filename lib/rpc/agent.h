@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "future_internal.h"
+#include "module.h"
 #include "shmrpc/rpc.h"
 #include "wire.h"
 #include "xport.h"
@@ -128,15 +129,7 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m);
 void sr__agent_kick(sr_agent *a);
 
 /* Requests (api.c): check a call's arguments and capture its timeout (ms, 0:
- * none), and start one. A request of another type than SR_MSG_REQ
- * (REMOTE_CALL, RREF_FETCH) carries flags and an rref id in its header; with
- * fn NULL it has no payload. The call completes f. */
-struct sr_req {
-    uint16_t type;
-    uint8_t flags;
-    uint8_t module, sub; /* MOD_REQ */
-    uint64_t rref_id;    /* REMOTE_CALL, RREF_FETCH; MOD_REQ: the tag */
-};
+ * none), and start one (struct sr_req: module.h). The call completes f. */
 int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f);

@@ -248,26 +248,29 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     return 0;
 }
 
-static enum sr_call_kind call_kind(const struct sr_req *q, const char *fn)
+static enum sr_call_kind call_kind(const struct sr_req *q)
 {
-    if (q->type == SR_MSG_REMOTE_CALL)
-        return SR_CALL_KEEP;
-    if (q->type == SR_MSG_MOD_REQ || q->type == SR_MSG_RREF_FETCH)
-        return SR_CALL_MODULE;
-    const struct sr_fn_entry *e = sr__registry_find(fn, strlen(fn));
+    return q->kind == SR_REQ_KEEP ? SR_CALL_KEEP : q->kind == SR_REQ_MODULE ? SR_CALL_MODULE : SR_CALL_UNKNOWN;
+}
+
+enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o)
+{
+    if (o->kind != SR_CALL_UNKNOWN)
+        return o->kind;
+    const struct sr_fn_entry *e = o->fn ? sr__registry_find(o->fn, strlen(o->fn)) : NULL;
     return e && (e->kind == SR_FN_BUILTIN || e->kind == SR_FN_BUILTIN_CHEAP) ? SR_CALL_BUILTIN : SR_CALL_USER;
 }
 
 /* The modules' extension bytes for this request (ext.h). */
 static void request_ext(int to, const struct sr_req *q, const char *fn, sr_args args, struct sr_ext_buf *e)
 {
-    struct sr_call_out o = {.to = to, .kind = call_kind(q, fn ? fn : ""), .fn = fn, .args = args,
-                            .module = q->type == SR_MSG_RREF_FETCH ? SR_MOD_RREF : q->module, .sub = q->sub};
-    sr__ext_request_out(&o, e);
+    struct sr_call_out o = {.to = to, .kind = call_kind(q), .fn = fn, .args = args,
+                            .module = q->module, .sub = q->sub};
+    sr__ext_request_out(&o, q->ext_len ? q->module : -1, q->ext, q->ext_len, e);
 }
 
 /* Encode [extension block] + name + args into m's payload (no name for a
- * fetch or a module request); *enc and *enc_len locate the encoded args,
+ * module request); *enc and *enc_len locate the encoded args,
  * whose references (objects, tensor blocks, RRef forks) are released if the
  * request is never sent. */
 static int build_request(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, sr_msg *m,
@@ -275,23 +278,24 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
 {
     struct sr_ext_buf ext;
     request_ext(to, q, fn, args, &ext);
-    bool has_args = fn || q->type == SR_MSG_MOD_REQ;
     size_t nlen = fn ? strlen(fn) : 0;
-    int64_t alen = has_args ? sr_codec_size(args.n, args.v, to == a->rank) : 0;
+    int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
     if (alen < 0)
         return (int)alen;
-    m->type = q->type;
-    w->name_len = (uint16_t)(q->type == SR_MSG_MOD_REQ ? q->sub : nlen);
-    w->ctrl = q->type == SR_MSG_MOD_REQ ? q->module : 0;
+    static const uint16_t wire_type[] = {[SR_REQ_CALL] = SR_MSG_REQ, [SR_REQ_KEEP] = SR_MSG_KEEP_CALL,
+                                         [SR_REQ_MODULE] = SR_MSG_MOD_REQ};
+    m->type = wire_type[q->kind];
+    w->name_len = (uint16_t)(q->kind == SR_REQ_MODULE ? q->sub : nlen);
+    w->ctrl = q->kind == SR_REQ_CALL ? 0 : (uint8_t)q->module;
     uint8_t *p = sr__payload_reserve(m, w, ext.len + nlen + (size_t)alen);
     if (!p)
         return -ENOMEM;
-    w->flags |= q->flags | (ext.len ? SR_WIRE_EXT : 0);
-    w->rref_id = q->rref_id;
+    w->flags |= ext.len ? SR_WIRE_EXT : 0;
+    w->tag = q->tag;
     memcpy(p, ext.b, ext.len);
     p += ext.len;
     memcpy(p, fn ? fn : "", nlen);
-    int64_t wrote = has_args ? sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen) : 0;
+    int64_t wrote = sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen);
     if (wrote != alen) {
         sr__payload_abandon(w);
         return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
@@ -344,7 +348,7 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.type = SR_MSG_REQ};
+    struct sr_req q = {.kind = SR_REQ_CALL};
     if ((rc = sr__rpc_start(a, to, &q, fn, args, ms, f))) {
         sr_future_unref(f);
         return rc;

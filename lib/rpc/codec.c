@@ -34,7 +34,7 @@
 #include "rpc/value_internal.h"
 #include "tensor/desc.h"
 #include "tensor/tensor_impl.h"
-#include "rref/hooks.h"
+#include "module.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps
  * the running size sum far from int64 overflow. */
@@ -136,9 +136,10 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
             return sr__fail(-EMSGSIZE, fn, "an object type name exceeds %u bytes", SR_CODEC_MAX_LEN);
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
     case SR_KIND_TENSOR: return tensor_size(v, fn);
-    case SR_KIND_RREF: {
-        int rc = sr__rref_sendable(v->u.rref, fn); /* a failed remote(): "RRef creation ..." */
-        return rc ? rc : 1 + SR_RREF_WIRE_SIZE;
+    case SR_KIND_RREF: { /* a module's kind (module.h) */
+        const sr_value_kind_ops *k = sr__value_kind(v->kind);
+        int rc = k->sendable ? k->sendable(v->u.mod, fn) : 0; /* a failed remote(): "RRef creation ..." */
+        return rc ? rc : 1 + k->wire_size;
     }
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
@@ -163,7 +164,7 @@ int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call)
 struct enc {
     uint8_t *p;          /* next byte to write; the size was checked beforehand */
     size_t refs_taken;   /* object and tensor-block references taken so far */
-    size_t rrefs_forked; /* RRef forks made so far (undone if the encode fails) */
+    size_t mods_encoded; /* module values encoded so far (undone if the encode fails) */
 };
 
 static void put_u8(struct enc *e, uint8_t x) { *e->p++ = x; }
@@ -241,17 +242,16 @@ static int put_tensor(struct enc *e, sr_value *v)
     return 0;
 }
 
-/* An RRef: a new fork for the receiver (see lib/rref/fork.c). */
-static int put_rref(struct enc *e, sr_value *v)
+/* A module's value: its own bytes (an RRef makes a new fork for the
+ * receiver). */
+static int put_module(struct enc *e, sr_value *v)
 {
-    uint64_t fid;
-    int rc = sr__rref_fork(v->u.rref, &fid);
+    const sr_value_kind_ops *k = sr__value_kind(v->kind);
+    int rc = k->encode(v->u.mod, e->p);
     if (rc)
         return rc;
-    e->rrefs_forked++;
-    put_u64(e, sr_rref_id(v->u.rref));
-    put_u64(e, fid);
-    put_u16(e, (uint16_t)sr_rref_owner(v->u.rref));
+    e->mods_encoded++;
+    e->p += k->wire_size;
     return 0;
 }
 
@@ -275,7 +275,7 @@ static int put_value(struct enc *e, sr_value *v)
     case SR_KIND_LIST: return put_items(e, v->u.n, sr__list_items(v));
     case SR_KIND_OBJECT: return put_object(e, v);
     case SR_KIND_TENSOR: return put_tensor(e, v);
-    case SR_KIND_RREF: return put_rref(e, v);
+    case SR_KIND_RREF: return put_module(e, v);
     default: break;
     }
     return 0;
@@ -316,19 +316,18 @@ static void unwind_refs(size_t n, sr_value *const *vals, size_t *left)
 /* Undo the first *left RRef forks that put_items() made, visiting the values
  * in the same order with a cursor over the bytes written, where each fork id
  * is (sizes come from value_size, as when they were written). */
-static void unwind_rrefs(const uint8_t **cur, size_t n, sr_value *const *vals, size_t *left, int self_call)
+static void unwind_mods(const uint8_t **cur, size_t n, sr_value *const *vals, size_t *left, int self_call)
 {
     for (size_t i = 0; i < n && *left; i++) {
         sr_value *v = vals[i];
-        if (v->kind == SR_KIND_RREF) {
-            uint64_t fid;
-            memcpy(&fid, *cur + 1 + 8, 8);
-            sr__rref_unfork(v->u.rref, to_le64(fid));
+        const sr_value_kind_ops *k = v->kind == SR_KIND_RREF ? sr__value_kind(v->kind) : NULL;
+        if (k) {
+            k->unencode(v->u.mod, *cur + 1);
             --*left;
-            *cur += 1 + SR_RREF_WIRE_SIZE;
+            *cur += 1 + k->wire_size;
         } else if (v->kind == SR_KIND_LIST) {
             *cur += 1 + 4;
-            unwind_rrefs(cur, v->u.n, sr__list_items(v), left, self_call);
+            unwind_mods(cur, v->u.n, sr__list_items(v), left, self_call);
         } else {
             *cur += value_size(v, self_call, __func__);
         }
@@ -348,7 +347,7 @@ int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t 
     if (rc) {
         unwind_refs(n, vals, &e.refs_taken);
         const uint8_t *cur = buf + 4;
-        unwind_rrefs(&cur, n, vals, &e.rrefs_forked, self_call);
+        unwind_mods(&cur, n, vals, &e.mods_encoded, self_call);
         return rc;
     }
     return size;
@@ -625,32 +624,37 @@ static int walk_tensor(struct dec *d, size_t at, sr_value **out)
     return 0;
 }
 
-/* An RRef: CHECK validates it; BUILD materialises it (telling its owner and
- * parent, lib/rref/fork.c); RELEASE does the same and drops it at once,
- * which is how a fork that will never be used is retired. */
-static int walk_rref(struct dec *d, size_t at, sr_value **out)
+/* A module's value (an RRef): CHECK validates it; BUILD materialises it
+ * (an RRef tells its owner and parent); RELEASE does the same and drops it
+ * at once, which is how a fork that will never be used is retired. */
+static int walk_module(struct dec *d, size_t at, uint8_t tag, sr_value **out)
 {
-    uint64_t rid, fid;
-    int rc;
-    if ((rc = get_u64(d, "rref id", &rid)) || (rc = get_u64(d, "rref fork id", &fid)) ||
-        (rc = need(d, 2, "rref owner")))
+    const sr_value_kind_ops *k = sr__value_kind(tag);
+    if (!k)
+        return bad(d, at, "no module decodes kind tag %u", tag);
+    char what[32];
+    snprintf(what, sizeof(what), "%s value", sr_kind_name((sr_kind)tag));
+    int rc = need(d, k->wire_size, what);
+    if (rc)
         return rc;
-    unsigned owner = rd16(d->buf + d->pos);
-    d->pos += 2;
+    const uint8_t *wire = d->buf + d->pos;
+    d->pos += k->wire_size;
     char why[160];
     if (d->mode == CHECK)
-        return sr__rref_wire_check(rid, fid, owner, why, sizeof(why)) ? bad(d, at, "%s", why) : 0;
-    sr_rref *r = NULL;
-    if (sr__rref_from_wire(rid, fid, owner, &r)) {
+        return k->check(wire, why, sizeof(why)) ? bad(d, at, "%s", why) : 0;
+    void *obj = NULL;
+    if (k->decode(wire, &obj)) {
         if (d->mode == BUILD) {
             d->err = -ENOMEM;
             d->mode = RELEASE;
         }
         return 0;
     }
+    sr_value *v = d->mode == BUILD ? sr__value_module(tag, obj) : NULL;
     if (d->mode == BUILD)
-        built(d, sr_rref_value(r), out);
-    sr_rref_unref(r); /* the value holds its own reference */
+        built(d, v, out); /* NULL: -ENOMEM, and the rest is released */
+    if (!v)
+        k->release(obj);
     return 0;
 }
 
@@ -690,7 +694,7 @@ static int walk_value(struct dec *d, int depth, sr_value **out)
     case SR_KIND_LIST: return walk_list(d, at, depth, out);
     case SR_KIND_OBJECT: return walk_object(d, at, out);
     case SR_KIND_TENSOR: return walk_tensor(d, at, out);
-    case SR_KIND_RREF: return walk_rref(d, at, out);
+    case SR_KIND_RREF: return walk_module(d, at, tag, out);
     default: return bad(d, at, "unknown kind tag %u", tag);
     }
 }

@@ -9,7 +9,7 @@
  *   name (u32 len + bytes, for the error naming it; decodable only in the
  *   same process: a self-call), rref: rref id u64, fork id u64, owner u16
  *   (the fork id is new for this send: encoding forks the RRef, decoding
- *   tells its owner and parent, lib/rref/fork.c).
+ *   tells its owner and parent, docs/RREF.md).
  *
  * Decoding is bounds-checked everywhere: a truncated or malformed buffer, an
  * unknown tag, a length past the end, nesting deeper than SR_CODEC_MAX_DEPTH,

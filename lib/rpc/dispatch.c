@@ -2,14 +2,13 @@
  * an executor) and answer; responses complete the caller's future.
  * See agent.h for the inline policy.
  *
- * RRefs (lib/rref/hooks.h): a REMOTE_CALL runs like a request but its result
- * goes into the callee's OwnerRRef and the answer is an empty REMOTE_RET; an
- * RREF_FETCH is answered with the owner's value once it is set; RREF control
- * messages go to lib/rref. A call whose arguments hold RRefs that are not
- * usable yet (users not confirmed by their owner, owners without their
- * value) is deferred on a future, without holding a thread, and runs when
- * they are. A proxy call (SR_WIRE_PROXY) gets the owner's local value in
- * place of its RRef argument 0. */
+ * Modules (module.h) take part through hooks: a KEEP_CALL runs like a request
+ * but its result goes to the keeping module and the answer is an empty
+ * KEEP_RET; a MOD_REQ is served by its module's future; raw module messages
+ * go to their module. A call that a module gates (RRef arguments not usable
+ * yet) is deferred on a future, without holding a thread, and runs when it
+ * completes; modules may prepare the arguments just before the function
+ * runs (an RRef proxy call gets the owner's local value). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,7 +22,6 @@
 #include "module.h"
 #include "payload.h"
 #include "registry.h"
-#include "rref/hooks.h"
 
 struct sr_call {
     sr_agent *a;
@@ -34,12 +32,12 @@ struct sr_call {
     sr_value *result;   /* set by sr_call_return */
     int err;
     char *msg;          /* set by sr_call_fail; NULL on the fast path */
-    bool proxy;         /* SR_WIRE_PROXY: argument 0 becomes the owner's local value */
-    bool raw_error;     /* fetch, module request: the error text goes back as it is */
+    bool raw_error;     /* module request: the error text goes back as it is */
     int8_t module;      /* MOD_REQ: the module that serves it; -1 otherwise */
+    int8_t keeper;      /* KEEP_CALL: the module that keeps the result; -1 otherwise */
     uint8_t sub;        /* MOD_REQ: its sub-kind */
-    uint64_t tag;       /* MOD_REQ: the module's word; RREF_FETCH: the rref id */
-    sr_rref *owner;     /* REMOTE_CALL: the OwnerRRef that receives the result */
+    uint64_t tag;       /* KEEP_CALL, MOD_REQ: the module's word */
+    void *kept;         /* KEEP_CALL: the keeper's handle for the result */
     void *state[SR_MOD_MAX]; /* modules' per-call state (module.h) */
     struct sr_call *next_deferred;
 };
@@ -139,17 +137,17 @@ static bool plain(const sr_value *v, int depth)
                 return false;
         return true;
     }
-    return k != SR_KIND_LIST && k != SR_KIND_TENSOR && k != SR_KIND_OBJECT && k != SR_KIND_RREF;
+    return k != SR_KIND_LIST && k != SR_KIND_TENSOR && k != SR_KIND_OBJECT && !sr__value_kind(k);
 }
 
-/* The answer to a REMOTE_CALL: the OwnerRRef now has its value (or error).
- * A plain value of up to SR_REMOTE_RET_MAX encoded bytes rides along, so the
- * creator's to_here() needs no fetch (lib/rref/use.c). The cap keeps a large
+/* The answer to a KEEP_CALL: the keeper has the value (or error). A plain
+ * value of up to SR_REMOTE_RET_MAX encoded bytes rides along, so the caller
+ * (an RRef's creator calling to_here()) needs no fetch. The cap keeps a large
  * result that nobody may ever fetch from being copied into the heap. */
 #define SR_REMOTE_RET_MAX 4096
 static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
 {
-    sr_msg m = {.type = SR_MSG_REMOTE_RET};
+    sr_msg m = {.type = SR_MSG_KEEP_RET};
     struct sr_wire w = {.call_id = id};
     sr_value *one[1] = {v};
     int64_t len = v && plain(v, 0) ? sr_codec_size(1, one, to == a->rank) : -1;
@@ -184,14 +182,14 @@ static void finish_call(struct sr_call *c)
     c->args = NULL;
     if (c->err && c->raw_error) {
         send_error(a, c->caller, c->call_id, c->err, c->msg ? c->msg : sr_strerror(c->err));
-    } else if (c->owner) {
+    } else if (c->kept) {
         char text[512] = "";
         if (c->err)
             snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank,
                      c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
-        sr__rref_owner_set(c->owner, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
+        sr__modules[c->keeper]->keep_set(c->kept, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
+        c->kept = NULL;
         send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
-        sr_rref_unref(c->owner);
     } else if (c->err) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
@@ -409,7 +407,7 @@ static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uin
                                          size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    if (m->type == SR_MSG_MOD_REQ || m->type == SR_MSG_RREF_FETCH)
+    if (m->type == SR_MSG_MOD_REQ)
         return NULL;
     const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
     if (!fn)
@@ -424,7 +422,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
                                       char *text, size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    bool named = m->type == SR_MSG_REQ || m->type == SR_MSG_REMOTE_CALL;
+    bool named = m->type != SR_MSG_MOD_REQ;
     const struct sr_fn_entry *fn = find_fn(a, m, p, len, text, tl);
     if (named && !fn) {
         if (w.name_len <= len) /* what the arguments carry (tensor blocks, RRef forks) must still be let go */
@@ -434,14 +432,14 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     }
     size_t skip = named ? w.name_len : 0;
     struct sr_call *c = calloc(1, sizeof(*c));
-    if (!c || (m->type != SR_MSG_RREF_FETCH && sr_codec_decode(p + skip, len - skip, &c->args))) {
+    if (!c || sr_codec_decode(p + skip, len - skip, &c->args)) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
         *code = c ? -EBADMSG : -ENOMEM;
         free(c);
         return NULL;
     }
     *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .args = c->args,
-                          .proxy = (w.flags & SR_WIRE_PROXY) != 0, .module = -1, .tag = w.rref_id};
+                          .module = -1, .keeper = -1, .tag = w.tag};
     if (m->type == SR_MSG_MOD_REQ) {
         c->module = (int8_t)(w.ctrl < SR_MOD_MAX ? w.ctrl : SR_MOD_MAX);
         c->sub = (uint8_t)w.name_len;
@@ -473,29 +471,36 @@ static bool runs_inline(const struct sr_call *c, enum sr_poll_mode mode)
     return true;
 }
 
-/* Replace argument 0 of a proxy call by the owner's local value. */
-static int proxy_args(struct sr_call *c)
+int sr__call_set_arg(sr_call *c, size_t i, sr_value *v)
 {
     size_t n = sr_value_list_len(c->args);
-    sr_value *v = NULL;
-    if (!n)
-        return sr_call_fail(c, -EINVAL, "a proxy call needs the RRef as argument 0");
-    if (sr__rref_proxy_value(sr_value_list_at(c->args, 0), &v))
-        return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
-    sr_value **items = malloc(n * sizeof(*items));
+    sr_value **items = i < n ? malloc(n * sizeof(*items)) : NULL;
     sr_value *list = NULL;
-    if (items) {
-        items[0] = v;
-        for (size_t i = 1; i < n; i++)
-            items[i] = sr_value_list_at(c->args, i);
-        list = sr_list(n, items);
-    }
+    for (size_t k = 0; items && k < n; k++)
+        items[k] = k == i ? v : sr_value_list_at(c->args, k);
+    list = items ? sr_list(n, items) : NULL;
     free(items);
     sr_value_unref(v);
     if (!list)
-        return sr_call_fail(c, -ENOMEM, "out of memory");
+        return i < n ? -ENOMEM : -EINVAL;
     sr_value_unref(c->args);
     c->args = list;
+    return 0;
+}
+
+sr_value *sr__call_args(sr_call *c) { return c->args; }
+
+const char *sr__call_fn_name(const sr_call *c) { return c->fn ? c->fn->name : ""; }
+
+/* The modules' last word before the function runs. */
+static int modules_prepare(struct sr_call *c)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        int rc = m && m->prepare ? m->prepare(c) : 0;
+        if (rc)
+            return sr_call_fail(c, rc, "%s", sr_last_error());
+    }
     return 0;
 }
 
@@ -530,7 +535,7 @@ void sr__dispatch_run_deferred(void)
 /* Every RRef argument is usable: run per the inline policy. */
 static void start_call(struct sr_call *c, enum sr_poll_mode mode)
 {
-    if (c->proxy && proxy_args(c)) {
+    if (modules_prepare(c)) {
         finish_call(c);
         return;
     }
@@ -564,7 +569,8 @@ static void drop_call(void *p)
     struct sr_call *c = p;
     sr_agent *a = c->a;
     modules_call_done(c);
-    sr_rref_unref(c->owner);
+    if (c->kept)
+        sr__modules[c->keeper]->keep_drop(c->kept);
     sr_value_unref(c->args);
     sr_value_unref(c->result);
     free(c->msg);
@@ -576,7 +582,10 @@ static void drop_call(void *p)
 /* Run c now, or once its RRef arguments are usable (no thread waits). */
 static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
 {
-    sr_future *gate = sr__rref_gate(c->args);
+    sr_future *gate = NULL;
+    for (int id = 0; !gate && id < SR_MOD_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->gate)
+            gate = sr__modules[id]->gate(c);
     if (!gate) {
         start_call(c, mode);
         return;
@@ -588,14 +597,15 @@ static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
     sr_future_unref(gate);
 }
 
-/* A REMOTE_CALL's OwnerRRef: attached to c, or (c failed to decode) given
- * the error as its value. False if the caller must get an ERR instead. */
-static bool remote_owner(sr_agent *a, const sr_msg *m, struct sr_call **pc, int code, char *text, size_t tl)
+/* A KEEP_CALL's keeper: its handle attached to c, or (c failed to decode)
+ * given the error as the kept value. False if the caller must get an ERR. */
+static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int code, char *text, size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    sr_rref *owner = sr__rref_remote_owner(w.rref_id, m->src);
-    if (!owner) {
-        snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
+    const sr_module *k = w.ctrl < SR_MOD_MAX ? sr__modules[w.ctrl] : NULL;
+    void *h = k && k->keep_open ? k->keep_open(w.tag, m->src) : NULL;
+    if (!h) {
+        snprintf(text, tl, "Error on Node %d: %s", a->rank, k ? sr_last_error() : "no module keeps this call");
         if (*pc) {
             sr_value_unref((*pc)->args);
             free(*pc);
@@ -604,11 +614,11 @@ static bool remote_owner(sr_agent *a, const sr_msg *m, struct sr_call **pc, int 
         return false;
     }
     if (*pc) {
-        (*pc)->owner = owner;
+        (*pc)->kept = h;
+        (*pc)->keeper = (int8_t)w.ctrl;
         return true;
     }
-    sr__rref_owner_set(owner, code, text, NULL); /* the RRef exists; its value is the error */
-    sr_rref_unref(owner);
+    k->keep_set(h, code, text, NULL); /* the kept value is the error */
     send_remote_ret(a, m->src, w.call_id, NULL);
     return true;
 }
@@ -646,53 +656,15 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
     if (answered)
         return;
-    answered = m->type == SR_MSG_REMOTE_CALL && remote_owner(a, m, &c, code, text, sizeof(text)) && !c;
+    answered = m->type == SR_MSG_KEEP_CALL && keep_open(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
-            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_REMOTE_CALL ? -ENOMEM : code, text);
+            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, text);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
         return;
     }
     atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
     gate_call(c, mode);
-}
-
-/* RREF_FETCH: answer with the owner's value once it is set. */
-static void fetch_done(sr_future *vf, void *p)
-{
-    struct sr_call *c = p;
-    int rc = sr_future_value(vf, &c->result);
-    if (rc)
-        sr_call_fail(c, rc, "%s", sr_last_error());
-    finish_call(c);
-}
-
-static void handle_fetch(sr_agent *a, const sr_msg *m)
-{
-    char text[256];
-    int code = -EBADMSG;
-    bool answered;
-    struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
-    if (answered)
-        return;
-    if (!c) {
-        send_error(a, m->src, sr_wire_get(m).call_id, code, text);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
-        return;
-    }
-    atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    c->raw_error = true;
-    sr_future *vf = sr__rref_fetch_value(c->tag, sr_wire_get(m).flags & SR_WIRE_CONFIRMED, &code, text, sizeof(text));
-    if (!vf) {
-        sr_call_fail(c, code, "%s", text);
-        finish_call(c);
-    } else if (sr_future_done(vf)) { /* the common case: the value is there */
-        fetch_done(vf, c);
-    } else if (sr__future_on_done(vf, fetch_done, drop_call, c)) {
-        sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
-        finish_call(c);
-    }
-    sr_future_unref(vf);
 }
 
 /* A result's payload: its extension block handed to the modules with the
@@ -730,7 +702,7 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
             release_result(m, p, len);
-    } else if (m->type == SR_MSG_REMOTE_RET) { /* none, or the list of the value that rode along */
+    } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */
         if (p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list))
             sr_future_set_result(f, list);
         else
@@ -756,23 +728,14 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     switch (m->type) {
     case SR_MSG_REQ:
-    case SR_MSG_REMOTE_CALL:
+    case SR_MSG_KEEP_CALL:
+    case SR_MSG_MOD_REQ:
         handle_request(a, m, mode);
         break;
     case SR_MSG_RESP:
     case SR_MSG_ERR:
-    case SR_MSG_REMOTE_RET:
+    case SR_MSG_KEEP_RET:
         handle_response(a, m);
-        break;
-    case SR_MSG_RREF_FETCH:
-        handle_fetch(a, m);
-        break;
-    case SR_MSG_MOD_REQ:
-        handle_request(a, m, mode);
-        break;
-    case SR_MSG_RREF:
-        sr__rref_ctrl(a, m);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after its answers were counted */
         break;
     case SR_MSG_CTRL:
         sr__ctrl_dispatch(a, m);

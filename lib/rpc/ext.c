@@ -27,19 +27,24 @@ static void end_record(struct sr_ext_buf *e, size_t n)
     e->b[0]++;
 }
 
-void sr__ext_request_out(const struct sr_call_out *o, struct sr_ext_buf *e)
+void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *bytes, size_t len,
+                         struct sr_ext_buf *e)
 {
     e->len = 0;
     e->b[0] = 0;
     for (int id = 0; id < SR_MOD_MAX; id++) {
         const sr_module *m = sr__modules[id];
-        if (!m || !m->request_out)
+        if (!m || (!m->request_out && id != own))
             continue;
         uint8_t *data;
         size_t n = 0;
         begin_record(e, id, &data);
-        if (m->request_out(o, data, &n))
+        if (id == own && len <= SR_EXT_MAX) {
+            memcpy(data, bytes, len);
+            n = len;
+        } else if (id != own && m->request_out(o, data, &n)) {
             n = 0;
+        }
         end_record(e, n);
     }
 }

@@ -24,8 +24,10 @@ struct sr_ext_view {
     uint8_t mask; /* modules present */
 };
 
-/* Callers' hooks for one outgoing request. */
-void sr__ext_request_out(const struct sr_call_out *o, struct sr_ext_buf *e);
+/* Callers' hooks for one outgoing request; module `own` (-1: none) brings
+ * its own bytes instead (a module starting the call itself). */
+void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *bytes, size_t len,
+                         struct sr_ext_buf *e);
 /* Callees' hooks for one outgoing result. */
 void sr__ext_response_out(sr_call *c, sr_value *v, struct sr_ext_buf *e);
 /* Parse the block at the front of a payload of len bytes: 0 with *used set,

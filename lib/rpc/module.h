@@ -77,10 +77,41 @@ enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_MAX = 4 };
 
 /* What the caller is about to send. */
 enum sr_call_kind {
+    SR_CALL_UNKNOWN = -1, /* a function call not looked up yet: sr__call_out_kind() */
     SR_CALL_BUILTIN = 0, /* a built-in function */
     SR_CALL_USER = 1,    /* a registered (user) function */
     SR_CALL_KEEP = 2,    /* a call whose result stays on the callee (remote()) */
     SR_CALL_MODULE = 3,  /* a module request */
+};
+
+/* A value kind a module owns (SR_KIND_RREF): how its values travel and are
+ * released. A value of the kind holds one reference on its object. */
+typedef struct sr_value_kind_ops {
+    uint8_t kind;
+    uint8_t wire_size;                                  /* bytes after the kind tag */
+    int (*sendable)(void *obj, const char *fn);         /* 0, or -errno with the reason */
+    int (*encode)(void *obj, uint8_t *wire);            /* e.g. a new fork; 0 or -errno */
+    void (*unencode)(void *obj, const uint8_t *wire);   /* undo encode: the send will not happen */
+    int (*check)(const uint8_t *wire, char *why, size_t len); /* 0 or -EBADMSG */
+    int (*decode)(const uint8_t *wire, void **obj);     /* a reference; also retires unused copies */
+    void (*release)(void *obj);
+    const char *(*str)(const void *obj, char *buf, size_t len);
+} sr_value_kind_ops;
+
+/* A request a module starts (sr__module_call_start). */
+enum sr_req_kind {
+    SR_REQ_CALL = 0,   /* a function call (REQ) */
+    SR_REQ_KEEP = 1,   /* the result stays on the callee, kept by `module` (keep hooks) */
+    SR_REQ_MODULE = 2, /* a module request, served by `module` */
+};
+
+struct sr_req {
+    enum sr_req_kind kind;
+    int module;           /* KEEP, MODULE: the module; CALL with ext_len: whose ext */
+    uint8_t sub;          /* MODULE: its sub-kind */
+    uint64_t tag;         /* KEEP, MODULE: the module's word */
+    uint8_t ext_len;      /* the module's own extension bytes for this call */
+    uint8_t ext[SR_EXT_MAX];
 };
 
 struct sr_call_out {
@@ -94,6 +125,8 @@ struct sr_call_out {
 
 typedef struct sr_module {
     const char *name;
+    /* values */
+    const sr_value_kind_ops *value_kind;
     /* raw messages */
     uint16_t types[4];   /* 0-terminated */
     void (*on_msg)(const sr_msg *m);
@@ -106,6 +139,17 @@ typedef struct sr_module {
     void (*run_enter)(sr_call *c);
     void (*run_exit)(sr_call *c);
     void (*response_out)(sr_call *c, sr_value *v, uint8_t *ext, size_t *len);
+    /* A future the call must wait for before it runs (NULL: none); the call is
+     * gated again when it completes, and fails with its error. */
+    sr_future *(*gate)(sr_call *c);
+    /* Just before the function runs (after every gate): 0 or -errno (the
+     * call fails with sr_last_error()). */
+    int (*prepare)(sr_call *c);
+    /* KEEP calls: the handle that will receive the result (NULL: -errno in
+     * sr_last_error), then exactly one of set (err 0: v, else text) or drop. */
+    void *(*keep_open)(uint64_t tag, int caller);
+    void (*keep_set)(void *h, int err, const char *text, sr_value *v);
+    void (*keep_drop)(void *h);
     void (*call_done)(sr_call *c);
     /* thread context */
     int64_t (*tls_get)(void);
@@ -121,6 +165,11 @@ typedef struct sr_module {
     void (*fini)(void);
 } sr_module;
 
+/* What o calls: a hook that needs to tell built-ins from user functions asks
+ * (a registry lookup, made only then: most calls are made with no hook
+ * interested). */
+enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o);
+
 /* Register m under id (once; before sr_init). -EEXIST if taken. */
 int sr__module_register(int id, const sr_module *m);
 
@@ -135,6 +184,18 @@ int64_t sr__rpc_default_timeout_ms(void);
  * timeout_ms 0: none. */
 int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
                    sr_future **out);
+/* Check a call's arguments as sr_rpc_async does, capturing its timeout in ms
+ * (0: none); who names the public function in errors. */
+int sr__module_call_check(int to, const char *fn, sr_args args, double timeout_s, int64_t *ms, const char *who);
+/* Start a request; f completes with its answer (KEEP: none, or the list of
+ * a small plain result). */
+int sr__module_call_start(int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms, sr_future *f);
+/* A call's arguments, as one list (borrowed). */
+sr_value *sr__call_args(sr_call *c);
+/* Replace argument i of a call (takes v's reference); 0 or -ENOMEM. */
+int sr__call_set_arg(sr_call *c, size_t i, sr_value *v);
+/* The function a call runs ("" for a module request). */
+const char *sr__call_fn_name(const sr_call *c);
 /* Send a raw module message (type >= SR_MSG_MODULE_BASE), counted for
  * graceful shutdown's quiescence; quiet: wake nobody (see agent.h). */
 int sr__module_send(int to, sr_msg *m, bool quiet);
@@ -153,6 +214,12 @@ bool sr__rpc_reordering(void);
 
 /* ---- the agent's side (rpc internal) ---- */
 extern const sr_module *sr__modules[SR_MOD_MAX];
+/* The ops of a module value kind, or NULL. */
+const sr_value_kind_ops *sr__value_kind(int kind);
+/* A value of a module's kind over obj (takes its reference); NULL: -ENOMEM. */
+sr_value *sr__value_module(int kind, void *obj);
+/* The object of a value of that kind (borrowed), or NULL. */
+void *sr__value_module_obj(const sr_value *v, int kind);
 /* The thread context of every module, captured and restored around user
  * callbacks of futures. */
 struct sr_tls_snap {

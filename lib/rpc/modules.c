@@ -41,7 +41,7 @@ int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, 
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.type = SR_MSG_MOD_REQ, .module = (uint8_t)module, .sub = sub, .rref_id = tag};
+    struct sr_req q = {.kind = SR_REQ_MODULE, .module = module, .sub = sub, .tag = tag};
     int rc = sr__rpc_start(a, to, &q, NULL, args, timeout_ms, f);
     if (rc) {
         sr_future_unref(f);
@@ -176,4 +176,30 @@ void sr__modules_fini(void)
     for (int id = SR_MOD_MAX - 1; id >= 0; id--)
         if (sr__modules[id] && sr__modules[id]->fini)
             sr__modules[id]->fini();
+}
+
+int sr__module_call_check(int to, const char *fn, sr_args args, double timeout_s, int64_t *ms, const char *who)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, who, "RPC has not been initialized. Call sr_init first.");
+    return sr__call_check(a, to, fn, args, timeout_s, ms);
+}
+
+int sr__module_call_start(int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms, sr_future *f)
+{
+    sr_agent *a = sr__agent;
+    if (!a)
+        return sr__fail(-SR_ESHUTDOWN, "sr_rpc", "RPC has not been initialized. Call sr_init first.");
+    return sr__rpc_start(a, to, q, fn, args, ms, f);
+}
+
+const sr_value_kind_ops *sr__value_kind(int kind)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++) {
+        const sr_module *m = sr__modules[id];
+        if (m && m->value_kind && m->value_kind->kind == kind)
+            return m->value_kind;
+    }
+    return NULL;
 }

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "shmrpc/rref.h"
+#include "module.h"
 #include "tensor/tensor_impl.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
@@ -120,19 +120,15 @@ SR_API sr_value *sr_tensor_value(sr_tensor *t)
     return v;
 }
 
-SR_API sr_value *sr_rref_value(sr_rref *r)
+sr_value *sr__value_module(int kind, void *obj)
 {
-    if (!r) {
-        sr__fail(-EINVAL, __func__, "the RRef is NULL");
-        return NULL;
-    }
-    sr_value *v = value_alloc(SR_KIND_RREF, 0, __func__);
+    sr_value *v = value_alloc((sr_kind)kind, 0, __func__);
     if (v)
-        v->u.rref = sr_rref_ref(r);
+        v->u.mod = obj;
     return v;
 }
 
-SR_API sr_rref *sr_value_rref(const sr_value *v) { return v && v->kind == SR_KIND_RREF ? v->u.rref : NULL; }
+void *sr__value_module_obj(const sr_value *v, int kind) { return v && v->kind == kind ? v->u.mod : NULL; }
 
 sr_value *sr__list_alloc(size_t n)
 {
@@ -226,7 +222,7 @@ static void value_destroy(sr_value *v)
         sr_tensor_unref(v->u.tensor);
         break;
     case SR_KIND_RREF:
-        sr_rref_unref(v->u.rref);
+        sr__value_kind(v->kind)->release(v->u.mod); /* only a module makes values of its kind */
         break;
     default:
         break;
@@ -374,7 +370,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
     case SR_KIND_TENSOR: return tensors_equal(a->u.tensor, b->u.tensor);
-    case SR_KIND_RREF: return a->u.rref == b->u.rref; /* the same RRef object; a received copy is another fork */
+    case SR_KIND_RREF: return a->u.mod == b->u.mod; /* the same RRef object; a received copy is another fork */
     }
     return false;
 }
@@ -405,7 +401,8 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
     }
     case SR_KIND_RREF: {
         char r[96];
-        snprintf(buf, len, "rref %s", sr_rref_str(v->u.rref, r, sizeof(r)));
+        const sr_value_kind_ops *k = sr__value_kind(v->kind);
+        snprintf(buf, len, "rref %s", k && k->str ? k->str(v->u.mod, r, sizeof(r)) : "?");
         break;
     }
     default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;

@@ -33,7 +33,7 @@ struct sr_value {
         size_t len;          /* str (without its NUL) and bytes: data in tail */
         size_t n;            /* list: n item pointers in tail */
         sr_tensor *tensor;
-        sr_rref *rref;       /* a reference, dropped with the value */
+        void *mod;           /* a module kind's object (module.h): a reference, dropped with the value */
         struct {
             void *p;
             void (*destroy)(void *);

@@ -11,31 +11,22 @@
  *   RESP         call_id, payload = encoded result (a list of one value)
  *   ERR          call_id, code = -errno, payload = message text
  *   CTRL         ctrl = subtype, a = b = arguments (barrier, quiescence waves)
- * RRefs (lib/rref, protocol in docs/RREF.md):
- *   REMOTE_CALL  as REQ; rref_id = the new RRef, whose creator's fork id is
- *                rref_id + 1 (remote() takes both from one counter); the
- *                result stays on the callee, in its OwnerRRef
- *   REMOTE_RET   call_id: the OwnerRRef exists and has its value (which may
- *                be an error); with SR_WIRE_VALUE, a copy of that value (a
- *                list of one) when it is small plain data (no tensor,
- *                object or RRef)
- *   RREF_FETCH   call_id, rref_id, no payload; answered by RESP or ERR
- *   RREF         ctrl = enum sr_rref_ctrl, call_id = the sender's retry token
- *                (echoed by RREF_ACK), args = {rref_id, fork_id, extra}
- * Modules (module.h):
+ *   KEEP_CALL    as REQ, but the result stays on the callee: ctrl = the
+ *                module that keeps it, tag = the module's word (module.h,
+ *                keep hooks; RRefs use it for remote())
+ *   KEEP_RET     call_id: the kept result is set (it may be an error); with
+ *                SR_WIRE_VALUE, a copy of it (a list of one) when it is small
+ *                plain data (no tensor, object or module value)
  *   MOD_REQ      call_id, ctrl = module id, name_len = the module's sub-kind,
  *                tag = the module's word, payload = encoded args; answered
  *                by RESP or ERR
  *   >= 16        raw module messages (SR_MSG_MODULE_BASE), the module's own
- * The envelope (SR_WIRE_EXT, on REQ, REMOTE_CALL, MOD_REQ, RESP, REMOTE_RET,
- * RREF_FETCH): the payload starts with an extension block, before the
- * function name: u8 count, then count records {u8 module, u8 len, len bytes}
- * (len <= SR_EXT_MAX, modules distinct); ext.h parses it.
- * Flags: SR_WIRE_PROXY (REQ, REMOTE_CALL): argument 0 is an RRef owned by
- * the callee, and its local value replaces it before the function runs.
- * SR_WIRE_CONFIRMED (RREF_FETCH): the sender's UserRRef is confirmed, so a
- * missing OwnerRRef has been deleted rather than not yet created.
- * SR_WIRE_VALUE (REMOTE_RET): the payload is the value.
+ * The envelope (SR_WIRE_EXT, on REQ, KEEP_CALL, MOD_REQ, RESP, KEEP_RET):
+ * the payload starts with an extension block, before the function name: u8
+ * count, then count records {u8 module, u8 len, len bytes} (len <=
+ * SR_EXT_MAX, modules distinct); ext.h parses it.
+ * Flags: SR_WIRE_BLOCK (the payload is in a heap block), SR_WIRE_VALUE
+ * (KEEP_RET carries the value), SR_WIRE_EXT (the envelope is present).
  */
 #ifndef SR_RPC_WIRE_H
 #define SR_RPC_WIRE_H
@@ -53,19 +44,9 @@ enum sr_rpc_msg {
     SR_MSG_RESP = 2,
     SR_MSG_ERR = 3,
     SR_MSG_CTRL = 4,
-    SR_MSG_REMOTE_CALL = 5,
-    SR_MSG_REMOTE_RET = 6,
-    SR_MSG_RREF_FETCH = 7,
-    SR_MSG_RREF = 8,
+    SR_MSG_KEEP_CALL = 5,
+    SR_MSG_KEEP_RET = 6,
     SR_MSG_MOD_REQ = 9,
-};
-
-/* RRef control messages: idempotent, retried until acknowledged. */
-enum sr_rref_ctrl {
-    SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
-    SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
-    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: adds_sent << 1 | confirmed) */
-    SR_RREF_ACK = 4,          /* answer to any of the above: call_id = the token */
 };
 
 enum sr_ctrl {
@@ -79,8 +60,6 @@ enum sr_ctrl {
 
 #define SR_WIRE_INLINE 32
 #define SR_WIRE_BLOCK 0x1u
-#define SR_WIRE_PROXY 0x2u
-#define SR_WIRE_CONFIRMED 0x4u
 #define SR_WIRE_VALUE 0x8u
 #define SR_WIRE_EXT 0x10u
 
@@ -89,14 +68,13 @@ struct sr_wire {
     uint32_t len;       /* payload bytes */
     uint16_t name_len;  /* REQ: bytes of function name at the start of the payload */
     uint8_t flags;      /* SR_WIRE_BLOCK: the payload is in the heap block at p.block_off; see above */
-    uint8_t ctrl;       /* CTRL: enum sr_ctrl; RREF: enum sr_rref_ctrl */
+    uint8_t ctrl;       /* CTRL: enum sr_ctrl; KEEP_CALL, MOD_REQ: the module; module messages: theirs */
     union {
         struct {
             int32_t code;   /* ERR: -errno */
             uint32_t pad;
         };
-        uint64_t rref_id;   /* REMOTE_CALL, RREF_FETCH */
-        uint64_t tag;       /* MOD_REQ: the module's word */
+        uint64_t tag;       /* KEEP_CALL, MOD_REQ: the module's word */
     };
     union {
         uint8_t inl[SR_WIRE_INLINE];

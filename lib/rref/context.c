@@ -82,10 +82,10 @@ void sr__idle_check_locked(struct after *d)
     }
 }
 
-void sr__after_run(sr_agent *a, struct after *d)
+void sr__after_run(struct after *d)
 {
     for (int i = 0; i < d->nsend; i++)
-        sr__ctrl_send(a, d->send[i].to, &d->send[i].m, d->send[i].quiet);
+        sr__ctrl_send(d->send[i].to, &d->send[i].m, d->send[i].quiet);
     /* References go before completions: a thread woken by a completion (a
      * confirmation, idleness) must find every delete they cause queued. */
     for (int i = 0; i < d->nunref; i++)
@@ -94,21 +94,21 @@ void sr__after_run(sr_agent *a, struct after *d)
         sr_future_set_result(d->complete[i], NULL);
         sr_future_unref(d->complete[i]);
     }
-    if (d->kick && a)
-        sr__agent_kick(a);
+    if (d->kick)
+        sr__module_kick();
     d->nsend = d->ncomplete = d->nunref = 0;
     d->kick = false;
 }
 
-int sr__rref_init(sr_agent *a, bool ignore_leaks)
+int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
     uint64_t gen = atomic_fetch_add_explicit(&c->gen, 1, memory_order_relaxed) + 1; /* relaxed: under the lock */
     c->active = true;
     c->ignore_leaks = ignore_leaks;
-    c->rank = a->rank;
-    c->world = a->world;
+    c->rank = rank;
+    c->world = world;
     c->next_token = 1;
     c->awaiting = 0;
     c->pending_remote = 0;
@@ -119,7 +119,7 @@ int sr__rref_init(sr_agent *a, bool ignore_leaks)
     atomic_store_explicit(&c->resent, 0, memory_order_relaxed);
     /* Test-only reordering delays messages by up to a few ms: retry sooner,
      * so that duplicates really happen and their handling is exercised. */
-    c->retry_first_ns = a->reorder ? 2000000 : 50000000;
+    c->retry_first_ns = reordering ? 2000000 : 50000000;
     /* release: pairs with sr__rref_live's acquire; the fields above are set */
     atomic_store_explicit(&c->live_gen, gen, memory_order_release);
     sr__rref_unlock();

@@ -79,7 +79,7 @@ int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
     if (rc && r->is_owner)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
     *fork_id = fid;
     return rc;
 }
@@ -100,7 +100,7 @@ void sr__rref_unfork(sr_rref *r, uint64_t fid)
         sr__idle_check_locked(&d);
     }
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
 }
 
 int sr__rref_wire_check(uint64_t rid, uint64_t fid, unsigned owner, char *why, size_t len)
@@ -180,7 +180,7 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out
                                               : arrive_at_user(rid, fid, (int)owner, &d);
     bool active = c->active;
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
     if (!r)
         return sr__fail(active ? -ENOMEM : -SR_ESHUTDOWN, "sr_rref",
                         "cannot materialise the received RRef %s (fork %" PRIx64 ")", sr__id_str(rid, s, sizeof(s)),

@@ -1,7 +1,8 @@
-/* What lib/rpc calls in lib/rref (internal). This is the whole coupling:
- * the codec forks RRef values, dispatch hands over the RRef message types
- * and defers calls whose RRef arguments are not confirmed yet, the agent
- * drives the retry timer, and graceful shutdown runs the RRef steps.
+/* What the RRef module (module.c) plugs into the agent's hooks (internal;
+ * lib/rpc/module.h): RRef values in the codec (forks), remote()'s kept
+ * results, to_here's fetch, the gate that defers calls whose RRef arguments
+ * are not confirmed yet, proxy calls, the control messages and their retry
+ * timer, peer death, and the graceful-shutdown steps.
  */
 #ifndef SR_RREF_HOOKS_H
 #define SR_RREF_HOOKS_H
@@ -10,7 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/agent.h"
+#include "rpc/module.h"
+#include "rpc/wire.h"
 #include "shmrpc/rref.h"
 
 /* ---- codec ------------------------------------------------------------------
@@ -55,25 +57,25 @@ sr_future *sr__rref_gate(sr_value *args);
  * or -errno with sr_last_error() set. */
 int sr__rref_proxy_value(const sr_value *arg0, sr_value **out);
 /* An SR_MSG_RREF control message. */
-void sr__rref_ctrl(sr_agent *a, const sr_msg *m);
+void sr__rref_ctrl(const sr_msg *m);
 
 /* ---- agent ------------------------------------------------------------------- */
 
 /* The earliest time a control message may need a retry; -1 if none. */
 int64_t sr__rref_next_deadline(void);
 /* Resend control messages whose acknowledgement is overdue. */
-void sr__rref_tick(sr_agent *a);
+void sr__rref_tick(void);
 /* A peer died: drop what is owed to it, fail what waited for it. */
-void sr__rref_peer_died(sr_agent *a, int rank);
+void sr__rref_peer_died(int rank);
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
-int sr__rref_init(sr_agent *a, bool ignore_leaks);
+int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering);
 /* Graceful shutdown, after the first barrier: wait until this worker has no
  * pending user or child, then delete every UserRRef on its owner. */
-int sr__rref_shutdown_users(sr_agent *a, int64_t deadline_ns);
+int sr__rref_shutdown_users(int64_t deadline_ns);
 /* After quiescence: drop owners nobody forked, then the leak check. */
-int sr__rref_shutdown_check(sr_agent *a);
+int sr__rref_shutdown_check(void);
 /* Local teardown (always): forget everything; RRefs still held by the
  * application fail every later use. */
 void sr__rref_fini(void);

@@ -1,22 +1,168 @@
 /* The RRef layer as a protocol module of the agent (lib/rpc/module.h). */
-#include "rpc/module.h"
-#include "rref/hooks.h"
+#include <errno.h>
 
-static int64_t rref_next_deadline(void) { return sr__rref_next_deadline(); }
-static void rref_tick(void) { sr__rref_tick(sr__agent); }
-static void rref_peer_died(int rank) { sr__rref_peer_died(sr__agent, rank); }
-static int rref_init(const sr_init_opts *o) { return sr__rref_init(sr__agent, o->ignore_rref_leak); }
-static int rref_shutdown_users(int64_t deadline) { return sr__rref_shutdown_users(sr__agent, deadline); }
-static int rref_shutdown_check(void) { return sr__rref_shutdown_check(sr__agent); }
+#include "error.h"
+#include "rref/hooks.h"
+#include "rref/rref_internal.h"
+
+/* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16 (LE) ---- */
+
+static void put64(uint8_t *p, uint64_t x)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(x >> (8 * i));
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t x = 0;
+    for (int i = 0; i < 8; i++)
+        x |= (uint64_t)p[i] << (8 * i);
+    return x;
+}
+
+static unsigned owner_of(const uint8_t *w) { return (unsigned)w[16] | (unsigned)w[17] << 8; }
+
+static int kind_sendable(void *obj, const char *fn) { return sr__rref_sendable(obj, fn); }
+
+static int kind_encode(void *obj, uint8_t *w)
+{
+    uint64_t fid;
+    int rc = sr__rref_fork(obj, &fid);
+    if (rc)
+        return rc;
+    unsigned owner = (unsigned)sr_rref_owner(obj);
+    put64(w, sr_rref_id(obj));
+    put64(w + 8, fid);
+    w[16] = (uint8_t)owner;
+    w[17] = (uint8_t)(owner >> 8);
+    return 0;
+}
+
+static void kind_unencode(void *obj, const uint8_t *w) { sr__rref_unfork(obj, get64(w + 8)); }
+
+static int kind_check(const uint8_t *w, char *why, size_t len)
+{
+    return sr__rref_wire_check(get64(w), get64(w + 8), owner_of(w), why, len);
+}
+
+static int kind_decode(const uint8_t *w, void **obj)
+{
+    sr_rref *r = NULL;
+    int rc = sr__rref_from_wire(get64(w), get64(w + 8), owner_of(w), &r);
+    *obj = r;
+    return rc;
+}
+
+static void kind_release(void *obj) { sr_rref_unref(obj); }
+static const char *kind_str(const void *obj, char *buf, size_t len) { return sr_rref_str(obj, buf, len); }
+
+static const sr_value_kind_ops rref_kind = {
+    .kind = SR_KIND_RREF,
+    .wire_size = SR_RREF_WIRE_SIZE,
+    .sendable = kind_sendable,
+    .encode = kind_encode,
+    .unencode = kind_unencode,
+    .check = kind_check,
+    .decode = kind_decode,
+    .release = kind_release,
+    .str = kind_str,
+};
+
+SR_API sr_value *sr_rref_value(sr_rref *r)
+{
+    if (!r) {
+        sr__fail(-EINVAL, __func__, "the RRef is NULL");
+        return NULL;
+    }
+    sr_value *v = sr__value_module(SR_KIND_RREF, sr_rref_ref(r));
+    if (!v)
+        sr_rref_unref(r);
+    return v;
+}
+
+SR_API sr_rref *sr_value_rref(const sr_value *v) { return sr__value_module_obj(v, SR_KIND_RREF); }
+
+/* ---- calls ---- */
+
+static char proxy_mark; /* the call state of a proxy call */
+
+static int rref_request_in(sr_call *c, const uint8_t *ext, size_t len)
+{
+    if (len == 1 && (ext[0] & SR_RREF_EXT_PROXY))
+        *sr__call_state(c, SR_MOD_RREF) = &proxy_mark;
+    return 0;
+}
+
+/* A proxy call: argument 0 becomes the owner's local value. */
+static int rref_prepare(sr_call *c)
+{
+    void **st = sr__call_state(c, SR_MOD_RREF);
+    if (*st != &proxy_mark)
+        return 0;
+    *st = NULL;
+    sr_value *v = NULL;
+    if (!sr_call_nargs(c))
+        return sr__fail(-EINVAL, "sr_rref_rpc", "a proxy call needs the RRef as argument 0");
+    int rc = sr__rref_proxy_value(sr_call_arg(c, 0), &v);
+    return rc ? rc : sr__call_set_arg(c, 0, v);
+}
+
+static void rref_call_done(sr_call *c) { *sr__call_state(c, SR_MOD_RREF) = NULL; }
+
+static sr_future *rref_gate(sr_call *c) { return sr__rref_gate(sr__call_args(c)); }
+
+static void *rref_keep_open(uint64_t rid, int caller) { return sr__rref_remote_owner(rid, caller); }
+
+static void rref_keep_set(void *h, int err, const char *text, sr_value *v)
+{
+    sr__rref_owner_set(h, err, text, v);
+    sr_rref_unref(h);
+}
+
+static void rref_keep_drop(void *h) { sr_rref_unref(h); }
+
+/* to_here's fetch: the owner's value future, answered when it is set. */
+static int rref_serve(int caller, uint8_t sub, uint64_t rid, sr_value *args, sr_future **out)
+{
+    (void)caller;
+    (void)args;
+    char text[256];
+    int code = -EINVAL;
+    if (sub != SR_RREF_FETCH && sub != SR_RREF_FETCH_CONFIRMED)
+        return sr__fail(-EBADMSG, "sr_rref", "unknown RRef request kind %u", sub);
+    *out = sr__rref_fetch_value(rid, sub == SR_RREF_FETCH_CONFIRMED, &code, text, sizeof(text));
+    if (!*out)
+        sr__error_set_text(text);
+    return *out ? 0 : code;
+}
+
+/* ---- timers, peers, lifecycle ---- */
+
+static int rref_init(const sr_init_opts *o)
+{
+    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak, sr__rpc_reordering());
+}
 
 static const sr_module rref_module = {
     .name = "rref",
-    .next_deadline = rref_next_deadline,
-    .tick = rref_tick,
-    .peer_died = rref_peer_died,
+    .value_kind = &rref_kind,
+    .types = {SR_MSG_RREF_CTRL},
+    .on_msg = sr__rref_ctrl,
+    .serve = rref_serve,
+    .request_in = rref_request_in,
+    .prepare = rref_prepare,
+    .call_done = rref_call_done,
+    .gate = rref_gate,
+    .keep_open = rref_keep_open,
+    .keep_set = rref_keep_set,
+    .keep_drop = rref_keep_drop,
+    .next_deadline = sr__rref_next_deadline,
+    .tick = sr__rref_tick,
+    .peer_died = sr__rref_peer_died,
     .init = rref_init,
-    .shutdown_users = rref_shutdown_users,
-    .shutdown_check = rref_shutdown_check,
+    .shutdown_users = sr__rref_shutdown_users,
+    .shutdown_check = sr__rref_shutdown_check,
     .fini = sr__rref_fini,
 };
 

@@ -49,7 +49,7 @@ static bool lower_hint_locked(int64_t t)
 
 static sr_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uint64_t fid, uint64_t extra)
 {
-    sr_msg m = {.type = SR_MSG_RREF};
+    sr_msg m = {.type = SR_MSG_RREF_CTRL};
     struct sr_wire w = {.call_id = token, .ctrl = (uint8_t)kind, .p.args = {rid, fid, extra}};
     sr_wire_put(&m, &w, true);
     return m;
@@ -81,15 +81,9 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
     return 0;
 }
 
-int sr__ctrl_send(sr_agent *a, int to, sr_msg *m, bool quiet)
-{
-    /* relaxed: counted before it can arrive (see shutdown.c's quiescence waves) */
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed);
-    int rc = quiet ? sr__agent_send_quiet(a, to, m) : sr__agent_send(a, to, m);
-    if (rc) /* a dead peer: it never arrives; the retry entry goes with the peer */
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above */
-    return rc;
-}
+/* Counted for graceful shutdown's quiescence waves by the agent; a dead
+ * peer's message never arrives, and its retry entry goes with the peer. */
+int sr__ctrl_send(int to, sr_msg *m, bool quiet) { return sr__module_send(to, m, quiet); }
 
 /* The ACK of a FORK_REQUEST confirms a user that a function may be waiting
  * on: it wakes its receiver. Other ACKs only cancel a retry, so they go
@@ -157,7 +151,7 @@ static void on_ack(const struct sr_wire *w, struct after *d)
     free(e);
 }
 
-void sr__rref_ctrl(sr_agent *a, const sr_msg *m)
+void sr__rref_ctrl(const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
     struct after d;
@@ -172,12 +166,12 @@ void sr__rref_ctrl(sr_agent *a, const sr_msg *m)
     case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, m->src, &d); break;
     case SR_RREF_USER_DELETE: on_user_delete(&w, m->src, &d); break;
     case SR_RREF_ACK: on_ack(&w, &d); break;
-    default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", a->rank, w.ctrl,
+    default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", sr__rref_ctx.rank, w.ctrl,
                      m->src);
     }
     sr__idle_check_locked(&d);
     sr__rref_unlock();
-    sr__after_run(a, &d);
+    sr__after_run(&d);
 }
 
 /* ---- retries -------------------------------------------------------------------- */
@@ -214,7 +208,7 @@ static int collect_due_locked(int64_t now, sr_msg *out, int *to)
     return n;
 }
 
-void sr__rref_tick(sr_agent *a)
+void sr__rref_tick(void)
 {
     int64_t hint = sr__rref_next_deadline(), now;
     if (hint < 0 || (now = sr_now_ns()) < hint) /* the clock only when a retry is pending */
@@ -225,13 +219,13 @@ void sr__rref_tick(sr_agent *a)
     int n = sr__rref_ctx.active ? collect_due_locked(now, msgs, to) : 0;
     sr__rref_unlock();
     for (int i = 0; i < n; i++)
-        sr__ctrl_send(a, to[i], &msgs[i], false);
+        sr__ctrl_send(to[i], &msgs[i], false);
     /* relaxed: statistics */
     atomic_fetch_add_explicit(&sr__rref_ctx.resent, (uint64_t)n, memory_order_relaxed);
 }
 
 /* Drop one retry entry bound for rank; false when none is left. */
-static bool drop_one_for(sr_agent *a, int rank)
+static bool drop_one_for(int rank)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     struct after d;
@@ -260,14 +254,14 @@ static bool drop_one_for(sr_agent *a, int rank)
     sr__idle_check_locked(&d);
     sr__rref_unlock();
     if (failed && failed->confirm)
-        sr_future_set_error(failed->confirm, -EPIPE, "worker%d: the owner worker%d of this RRef died", a->rank, rank);
+        sr_future_set_error(failed->confirm, -EPIPE, "worker%d: the owner worker%d of this RRef died", c->rank, rank);
     sr_rref_unref(failed);
-    sr__after_run(a, &d);
+    sr__after_run(&d);
     return found;
 }
 
-void sr__rref_peer_died(sr_agent *a, int rank)
+void sr__rref_peer_died(int rank)
 {
-    while (drop_one_for(a, rank))
+    while (drop_one_for(rank))
         ;
 }

@@ -53,7 +53,7 @@ static void user_created(sr_future *f, void *p)
     sr__idle_check_locked(&d);
     d.unref[d.nunref++] = r;
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
     if (err && confirm)
         sr_future_set_error(confirm, err, "%s", msg);
     sr_future_unref(confirm);
@@ -76,23 +76,31 @@ static void owner_created(sr_future *f, void *p)
     sr_rref_unref(r);
 }
 
-static int remote_self(sr_agent *a, const char *fn, sr_args args, int64_t ms, uint8_t flags, sr_rref **out)
+/* A call's request: proxy calls carry the RRef module's extension byte. */
+static struct sr_req request(enum sr_req_kind kind, uint64_t rid, bool proxy)
+{
+    struct sr_req q = {.kind = kind, .module = SR_MOD_RREF, .tag = rid, .ext_len = proxy ? 1 : 0};
+    q.ext[0] = SR_RREF_EXT_PROXY;
+    return q;
+}
+
+static int remote_self(const char *fn, sr_args args, int64_t ms, bool proxy, sr_rref **out)
 {
     uint64_t rid = sr__rref_new_ids(1);
     if (rid == SR_RREF_NO_ID)
         return -EOVERFLOW;
-    sr_rref *r = sr__rref_alloc(true, a->rank, rid, SR_RREF_NO_ID);
+    sr_rref *r = sr__rref_alloc(true, sr__rpc_rank(), rid, SR_RREF_NO_ID);
     sr_future *f = r ? sr_future_new() : NULL;
     if (!f) {
         sr_rref_unref(r);
         return -ENOMEM;
     }
-    struct sr_req q = {.type = SR_MSG_REQ, .flags = flags};
+    struct sr_req q = request(SR_REQ_CALL, 0, proxy);
     int rc = sr__future_on_done(f, owner_created, drop_rref, sr_rref_ref(r));
     if (rc)
         sr_rref_unref(r); /* the callback's reference: it will never run */
     else
-        rc = sr__rpc_start(a, a->rank, &q, fn, args, ms, f);
+        rc = sr__module_call_start(sr__rpc_rank(), &q, fn, args, ms, f);
     sr_future_unref(f); /* a call that did not start drops the callback's reference with it */
     if (rc) {
         sr_rref_unref(r);
@@ -128,10 +136,10 @@ static void drop_pending(sr_rref *r)
     sr__user_resolve_locked(r, false, &d);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
 }
 
-static int remote_user(sr_agent *a, int to, const char *fn, sr_args args, int64_t ms, uint8_t flags, sr_rref **out)
+static int remote_user(int to, const char *fn, sr_args args, int64_t ms, bool proxy, sr_rref **out)
 {
     uint64_t rid = sr__rref_new_ids(2); /* the rref id, then the creator's fork id */
     if (rid == SR_RREF_NO_ID)
@@ -147,8 +155,8 @@ static int remote_user(sr_agent *a, int to, const char *fn, sr_args args, int64_
     if ((rc = sr__future_on_done(f, user_created, drop_rref, sr_rref_ref(r)))) {
         sr_rref_unref(r); /* the callback's reference: it will never run */
     } else {
-        struct sr_req q = {.type = SR_MSG_REMOTE_CALL, .flags = flags, .rref_id = rid};
-        rc = sr__rpc_start(a, to, &q, fn, args, ms, f);
+        struct sr_req q = request(SR_REQ_KEEP, rid, proxy);
+        rc = sr__module_call_start(to, &q, fn, args, ms, f);
     }
     if (rc)
         drop_pending(r);
@@ -161,23 +169,22 @@ static int remote_user(sr_agent *a, int to, const char *fn, sr_args args, int64_
     return 0;
 }
 
-static int remote_any(int to, const char *fn, sr_args args, double timeout_s, uint8_t flags, sr_rref **out)
+static int remote_any(int to, const char *fn, sr_args args, double timeout_s, bool proxy, sr_rref **out)
 {
-    sr_agent *a = sr__agent;
     int64_t ms;
-    if (!a)
+    if (sr__rpc_rank() < 0)
         return sr__fail(-SR_ESHUTDOWN, "sr_remote", "RPC has not been initialized. Call sr_init first.");
     if (!out)
         return sr__fail(-EINVAL, "sr_remote", "out is NULL");
-    int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
+    int rc = sr__module_call_check(to, fn, args, timeout_s, &ms, "sr_remote");
     if (rc)
         return rc;
-    return to == a->rank ? remote_self(a, fn, args, ms, flags, out) : remote_user(a, to, fn, args, ms, flags, out);
+    return to == sr__rpc_rank() ? remote_self(fn, args, ms, proxy, out) : remote_user(to, fn, args, ms, proxy, out);
 }
 
 SR_API int sr_remote(int to, const char *fn, sr_args args, double timeout_s, sr_rref **out)
 {
-    return remote_any(to, fn, args, timeout_s, 0, out);
+    return remote_any(to, fn, args, timeout_s, false, out);
 }
 
 /* ---- proxies ------------------------------------------------------------------- */
@@ -217,29 +224,28 @@ SR_API int sr_rref_remote(sr_rref *r, const char *fn, sr_args extra, double time
     sr_value **v = proxy_args(r, extra, &args);
     if (!v)
         return -ENOMEM;
-    int rc = remote_any(r->owner, fn, args, timeout_s, SR_WIRE_PROXY, out);
+    int rc = remote_any(r->owner, fn, args, timeout_s, true, out);
     proxy_args_free(v);
     return rc;
 }
 
 SR_API int sr_rref_rpc_async(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_future **out)
 {
-    sr_agent *a = sr__agent;
     int64_t ms;
     if (!r || !out)
         return sr__fail(-EINVAL, "sr_rref_rpc_async", "%s is NULL", r ? "out" : "the RRef");
-    if (!a)
+    if (sr__rpc_rank() < 0)
         return sr__fail(-SR_ESHUTDOWN, "sr_rref_rpc_async", "RPC has not been initialized. Call sr_init first.");
     sr_args args;
     sr_value **v = proxy_args(r, extra, &args);
     if (!v)
         return -ENOMEM;
     sr_future *f = NULL;
-    int rc = sr__call_check(a, r->owner, fn, args, timeout_s, &ms);
+    int rc = sr__module_call_check(r->owner, fn, args, timeout_s, &ms, "sr_rref_rpc_async");
     if (!rc && !(f = sr_future_new()))
         rc = -ENOMEM;
-    struct sr_req q = {.type = SR_MSG_REQ, .flags = SR_WIRE_PROXY};
-    if (!rc && (rc = sr__rpc_start(a, r->owner, &q, fn, args, ms, f)))
+    struct sr_req q = request(SR_REQ_CALL, 0, true);
+    if (!rc && (rc = sr__module_call_start(r->owner, &q, fn, args, ms, f)))
         f = (sr_future_unref(f), NULL);
     proxy_args_free(v);
     if (!rc)
@@ -279,7 +285,7 @@ sr_rref *sr__rref_remote_owner(uint64_t rid, int caller)
     if (o) /* gone at once if its creator's delete came first (a tombstone) or the add failed */
         sr__owner_maybe_erase_locked(rid, &d);
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
     return r;
 }
 

@@ -53,7 +53,7 @@ static void user_gone(sr_rref *r)
         sr__user_delete_locked(r, &d);
     }
     sr__rref_unlock();
-    sr__after_run(sr__agent, &d);
+    sr__after_run(&d);
 }
 
 SR_API void sr_rref_unref(sr_rref *r)

@@ -21,7 +21,27 @@
 
 #include "forks.h"
 #include "map.h"
-#include "rpc/agent.h"
+#include "rpc/module.h"
+#include "rpc/wire.h"
+#include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
+
+/* The RRef module's raw message: control messages, idempotent, retried until
+ * acknowledged. struct sr_wire carries them: call_id = the sender's retry
+ * token (echoed by ACK), ctrl = the kind, p.args = {rref_id, fork_id, extra}. */
+#define SR_MSG_RREF_CTRL SR_MSG_MODULE_BASE
+enum sr_rref_ctrl {
+    SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
+    SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
+    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: adds_sent << 1 | confirmed) */
+    SR_RREF_ACK = 4,          /* answer to any of the above: call_id = the token */
+};
+/* Module requests (tag = the rref id): to_here's fetch; CONFIRMED says the
+ * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
+ * rather than not yet created. */
+enum { SR_RREF_FETCH = 1, SR_RREF_FETCH_CONFIRMED = 2 };
+/* The module's extension byte on a call: argument 0 is an RRef owned by the
+ * callee, and its local value replaces it before the function runs. */
+#define SR_RREF_EXT_PROXY 0x1u
 #include "shmrpc/rref.h"
 
 struct sr_rref {
@@ -100,7 +120,7 @@ static inline void sr__after_init(struct after *d)
     d->nunref = d->ncomplete = d->nsend = 0;
     d->kick = false;
 }
-void sr__after_run(sr_agent *a, struct after *d);
+void sr__after_run(struct after *d);
 
 /* context.c */
 void sr__rref_lock(void);
@@ -143,7 +163,7 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
                           uint64_t extra, bool retry);
 /* Send one message now, counted for quiescence (quietly: see sr__agent_send_quiet). */
-int sr__ctrl_send(sr_agent *a, int to, sr_msg *m, bool quiet);
+int sr__ctrl_send(int to, sr_msg *m, bool quiet);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 

@@ -44,7 +44,7 @@ static bool delete_some_users(struct after *d)
     return n > 0;
 }
 
-int sr__rref_shutdown_users(sr_agent *a, int64_t deadline)
+int sr__rref_shutdown_users(int64_t deadline)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     double left = deadline < 0 ? 0 : (double)(deadline - sr_now_ns()) / 1e9;
@@ -57,7 +57,7 @@ int sr__rref_shutdown_users(sr_agent *a, int64_t deadline)
         sr__rref_lock();
         more = c->active && delete_some_users(&d);
         sr__rref_unlock();
-        sr__after_run(a, &d);
+        sr__after_run(&d);
     }
     return 0;
 }
@@ -126,19 +126,19 @@ static size_t report_leaks(int rank, char *msg, size_t len)
     return n;
 }
 
-int sr__rref_shutdown_check(sr_agent *a)
+int sr__rref_shutdown_check(void)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     drop_unforked();
     char msg[480];
-    size_t leaks = report_leaks(a->rank, msg, sizeof(msg));
+    size_t leaks = report_leaks(c->rank, msg, sizeof(msg));
     sr__rref_lock();
     size_t users = c->pending_users.n, children = c->children.n, retries = c->retries.n;
     bool ignore = c->ignore_leaks;
     sr__rref_unlock();
     if (users || children || retries)
         fprintf(stderr, "worker%d: sr_shutdown: after quiescence, %zu pending users, %zu pending children and %zu "
-                        "unacknowledged RRef messages remain\n", a->rank, users, children, retries);
+                        "unacknowledged RRef messages remain\n", c->rank, users, children, retries);
     if (leaks && !ignore)
         return sr__fail(-EBUSY, "sr_shutdown", "%s", msg);
     return 0;

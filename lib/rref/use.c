@@ -14,10 +14,9 @@
 
 int64_t sr__rref_deadline(double timeout_s, int64_t *ms)
 {
-    sr_agent *a = sr__agent;
-    /* relaxed: the default is captured now, as for calls */
+    /* the default is captured now, as for calls */
     int64_t t = timeout_s < 0 || isnan(timeout_s)
-                    ? (a ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) : 0)
+                    ? sr__rpc_default_timeout_ms()
                     : (int64_t)llround(fmin(timeout_s, 1e9) * 1000);
     if (timeout_s > 0 && t == 0)
         t = 1;
@@ -61,14 +60,14 @@ static void hold_drop(void *p) { sr_rref_unref(p); }
  * can never overtake the fetch on its way to the owner (the call itself has
  * no timeout; only this wait has). While we wait, our own reference is the
  * hold; a timeout hands it to a callback. */
-static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
+static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
 {
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.type = SR_MSG_RREF_FETCH, .rref_id = r->rref_id,
-                       .flags = sr_rref_confirmed_by_owner(r) ? SR_WIRE_CONFIRMED : 0};
-    int rc = sr__rpc_start(a, r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
+    struct sr_req q = {.kind = SR_REQ_MODULE, .module = SR_MOD_RREF, .tag = r->rref_id,
+                       .sub = sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED : SR_RREF_FETCH};
+    int rc = sr__module_call_start(r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
     if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT) {
         if (sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r)))
             sr_rref_unref(r); /* no memory for the hold: a late answer may find the RRef gone */
@@ -92,7 +91,7 @@ static int fetch(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value
  * the messages of remote() + to_here(). Otherwise, or afterwards, fetch.
  * (A value too big or not plain, e.g. a tensor, is fetched after the
  * REMOTE_RET, not alongside it: one more round trip, see docs/RREF.md.) */
-static int to_here_user(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
+static int to_here_user(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
 {
     sr_future *f = NULL;
     sr__rref_lock();
@@ -120,13 +119,12 @@ static int to_here_user(sr_agent *a, sr_rref *r, int64_t deadline, int64_t ms, s
         *out = sr_value_ref(r->cached);
         return 0;
     }
-    return fetch(a, r, deadline, ms, out);
+    return fetch(r, deadline, ms, out);
 }
 
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
 {
     bool deleted = false;
-    sr_agent *a = sr__agent;
     char s[96];
     int rc = usable(r, "sr_rref_to_here", &deleted);
     if (rc)
@@ -136,7 +134,7 @@ SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
         return sr__fail(-EINVAL, "sr_rref_to_here", "%s has been deleted. Cannot call to_here() on it after deletion.",
                         sr_rref_str(r, s, sizeof(s)));
     if (!r->is_owner)
-        return to_here_user(a, r, deadline, ms, out);
+        return to_here_user(r, deadline, ms, out);
     if (sr__rref_wait(r->value, deadline))
         return sr__fail(-ETIMEDOUT, "sr_rref_to_here", "the value of %s was not set within %" PRId64 " ms",
                         sr_rref_str(r, s, sizeof(s)), ms);

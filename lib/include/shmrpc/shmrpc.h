@@ -3,6 +3,7 @@
 #ifndef SHMRPC_H
 #define SHMRPC_H
 
+#include "checkpoint.h"
 #include "error.h"
 #include "future.h"
 #include "rpc.h"
@@ -12,5 +13,7 @@
 #include "tensor.h"
 #include "dist_autograd.h"
 #include "optim.h"
+#include "nn.h"
+#include "data.h"
 
 #endif

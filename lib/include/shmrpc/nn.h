@@ -1,0 +1,122 @@
+/* shmrpc: what training needs on top of tensor.h — a seeded generator,
+ * Linear layers and MLPs with PyTorch's initialisation, and metrics.
+ *
+ * Generators. An sr_generator is caller memory (init only, no fini): a
+ * xoshiro256** state seeded through splitmix64. Its streams depend on the
+ * seed alone, never on the machine, the thread or the process, so that two
+ * workers seeded alike draw the same data order and the same initial weights.
+ * It is not locked: one generator per thread, or external locking. It is
+ * independent of the process-wide generator behind sr_rand/sr_manual_seed.
+ * The streams differ from PyTorch's.
+ *
+ * Modules. An sr_module is an ordered list of named parameters plus the
+ * forward function that uses them: a Linear layer ("weight", "bias") or an
+ * MLP, Linear-ReLU-...-Linear, whose names are those of PyTorch's
+ * nn.Sequential(nn.Linear, nn.ReLU, ..., nn.Linear) state_dict: "0.weight",
+ * "0.bias", "2.weight", "2.bias", ... Parameters are plain leaf tensors that
+ * require grad; sr_backward accumulates into their .grad.
+ *
+ * Lifetime rule. The module holds one reference on each parameter and drops
+ * it in sr_module_destroy(). Pointers handed out by sr_module_params() and
+ * sr_module_param() are borrowed: valid until sr_module_destroy(). To keep a
+ * parameter longer (e.g. to wrap it in an RRef, one per parameter, or to send
+ * it to another worker), take a reference with sr_tensor_ref() or hand it to
+ * a call that takes its own (sr_value, sr_rref_create); the tensor then
+ * outlives the module. Updating a parameter in place (sr_add_, sr_copy_)
+ * needs grad mode off (sr_no_grad_enter), as in PyTorch, and goes through
+ * copy-on-write like every in-place write. Parameters live where every
+ * tensor does: create a module after the worker joined its job if its
+ * parameters will be sent or held by RRefs, since a tensor made before the
+ * shared heap is attached stays in private memory and cannot be sent
+ * (docs/TENSORS.md).
+ *
+ * Errors as in tensor.h: calls returning int give 0 or -errno (-EINVAL for a
+ * bad argument, -ENOMEM), tensor maths returns NULL, both with the detail in
+ * sr_last_error().
+ */
+#ifndef SHMRPC_NN_H
+#define SHMRPC_NN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- seeded generator ---- */
+typedef struct sr_generator {
+    uint64_t s[4]; /* xoshiro256** state; never all zero after init */
+} sr_generator;
+
+SR_API void sr_generator_init(sr_generator *g, uint64_t seed);
+/* The next 64 random bits. */
+SR_API uint64_t sr_generator_next(sr_generator *g);
+/* Uniform double in [0, 1) with 53 random bits. */
+SR_API double sr_generator_uniform(sr_generator *g);
+/* Uniform integer in [0, n), without modulo bias; 0 when n == 0. */
+SR_API uint64_t sr_generator_below(sr_generator *g, uint64_t n);
+/* A uniformly random permutation of 0..n-1 into out[0..n-1] (Fisher-Yates).
+ * 0, or -EINVAL for n < 0 or a NULL out with n > 0. */
+SR_API int sr_generator_permutation(sr_generator *g, int64_t n, int64_t *out);
+/* A new f32/f64 tensor, uniform in [lo, hi) (computed in double, then
+ * rounded to dt, so an f32 value may equal hi): torch.nn.init.uniform_. */
+SR_API sr_tensor *sr_generator_uniform_tensor(sr_generator *g, sr_dtype dt, int ndim, const int64_t *shape,
+                                              double lo, double hi, unsigned flags);
+
+/* ---- functional layers (torch.nn.functional) ---- */
+/* y = x W^T + b, recording autograd. x [..., in] (1-D or more), weight
+ * [out, in], bias [out] or NULL; one dtype. NULL with -EINVAL naming the
+ * shapes when in does not match. */
+SR_API sr_tensor *sr_linear(sr_tensor *x, sr_tensor *weight, sr_tensor *bias);
+/* The MLP forward with the given parameters, in sr_module_params order:
+ * params = {W0, b0, W1, b1, ...} (2 * nlayers tensors), ReLU between layers,
+ * none after the last. For parameters fetched from elsewhere (RRefs). */
+SR_API sr_tensor *sr_mlp_apply(sr_tensor *x, sr_tensor *const *params, int nlayers);
+
+/* ---- modules ---- */
+typedef struct sr_module sr_module;
+
+/* A Linear layer initialised as torch.nn.Linear: weight [out, in] and bias
+ * [out] both ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a =
+ * sqrt(5)), drawn from g in that order. bias false: no bias parameter.
+ * dt: SR_F32 (PyTorch's default) or SR_F64. -EINVAL for in/out < 1 or an
+ * integer dtype; -ENOMEM. */
+SR_API int sr_linear_create(int64_t in, int64_t out, bool bias, sr_dtype dt, sr_generator *g, sr_module **m);
+/* An MLP of nlayers Linear layers, sizes[0] -> sizes[1] -> ... ->
+ * sizes[nlayers] (e.g. {784, 128, 10}, nlayers 2), ReLU between layers.
+ * Layers are initialised in order as sr_linear_create does. */
+SR_API int sr_mlp_create(const int64_t *sizes, int nlayers, sr_generator *g, sr_dtype dt, sr_module **m);
+/* NULL is ignored. Drops the module's references on its parameters. */
+SR_API void sr_module_destroy(sr_module *m);
+
+/* The forward pass (a new tensor, NULL on error): logits for an MLP. */
+SR_API sr_tensor *sr_module_forward(sr_module *m, sr_tensor *x);
+/* Borrowed arrays of the n parameters and their names, in creation order
+ * (weight before bias, layer by layer). Any out pointer may be NULL. */
+SR_API void sr_module_params(const sr_module *m, size_t *n, sr_tensor *const **params,
+                             const char *const **names);
+/* Borrowed parameter by name, or NULL with -ENOENT in sr_last_error(). */
+SR_API sr_tensor *sr_module_param(const sr_module *m, const char *name);
+/* Total number of parameter elements (torch: sum(p.numel())). */
+SR_API size_t sr_module_numel(const sr_module *m);
+/* Clears every parameter's .grad (zero_grad(set_to_none=True)). */
+SR_API void sr_module_zero_grad(sr_module *m);
+
+/* ---- metrics ---- */
+/* Index of the largest value along dim (the first one on ties; a NaN counts
+ * as the largest, as in PyTorch), dim removed: an i64 tensor that records no
+ * history. Any dtype; a 0-d input gives a 0-d 0. */
+SR_API sr_tensor *sr_argmax(sr_tensor *t, int dim);
+/* Fraction of rows whose argmax over dim 1 equals the target: logits [N, C]
+ * f32/f64, targets i64 [N], N >= 1. NaN on error (with sr_last_error()). */
+SR_API double sr_accuracy(sr_tensor *logits, sr_tensor *targets);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

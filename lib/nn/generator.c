@@ -1,0 +1,94 @@
+/* The seeded generator of nn.h: xoshiro256** (Blackman and Vigna) seeded
+ * through splitmix64, and what is drawn from it. Only integer arithmetic
+ * and exact conversions, so a seed gives the same stream on every machine. */
+#include <errno.h>
+
+#include "error.h"
+#include "shmrpc/nn.h"
+#include "tensor/tensor_impl.h"
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+SR_API void sr_generator_init(sr_generator *g, uint64_t seed)
+{
+    /* splitmix64 never yields four zero words in a row: the state is valid */
+    for (int i = 0; i < 4; i++)
+        g->s[i] = splitmix64(&seed);
+}
+
+SR_API uint64_t sr_generator_next(sr_generator *g)
+{
+    uint64_t *s = g->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+SR_API double sr_generator_uniform(sr_generator *g)
+{
+    return (double)(sr_generator_next(g) >> 11) * 0x1.0p-53; /* exact: 53 bits */
+}
+
+SR_API uint64_t sr_generator_below(sr_generator *g, uint64_t n)
+{
+    if (n == 0)
+        return 0;
+    /* Reject the lowest 2^64 mod n values so every residue is equally likely. */
+    uint64_t floor = -n % n, r;
+    do
+        r = sr_generator_next(g);
+    while (r < floor);
+    return r % n;
+}
+
+SR_API int sr_generator_permutation(sr_generator *g, int64_t n, int64_t *out)
+{
+    if (n < 0 || (n > 0 && !out))
+        return sr__fail(-EINVAL, "sr_generator_permutation", "bad arguments (n %lld, out %p)", (long long)n,
+                        (void *)out);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)sr_generator_below(g, (uint64_t)i + 1), t = out[i];
+        out[i] = out[j];
+        out[j] = t;
+    }
+    return 0;
+}
+
+SR_API sr_tensor *sr_generator_uniform_tensor(sr_generator *g, sr_dtype dt, int ndim, const int64_t *shape,
+                                              double lo, double hi, unsigned flags)
+{
+    const char *fn = "sr_generator_uniform_tensor";
+    if (!g || dt == SR_I64 || sr__check_dtype(fn, dt)) {
+        sr__fail(-EINVAL, fn, "needs a generator and dtype f32 or f64 (got %s)", sr_dtype_name(dt));
+        return NULL;
+    }
+    sr_tensor *t = sr_empty(dt, ndim, shape, 0);
+    if (!t)
+        return NULL;
+    char *p = sr__tensor_ptr(t);
+    int64_t n = sr__numel(ndim, shape), es = (int64_t)sr_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) {
+        double v = lo + (hi - lo) * sr_generator_uniform(g);
+        sr__store_f64(p + i * es, 0, &v, 1, dt);
+    }
+    if ((flags & SR_REQUIRES_GRAD) && sr_tensor_set_requires_grad(t, true)) {
+        sr_tensor_unref(t);
+        return NULL;
+    }
+    return t;
+}

@@ -1,0 +1,57 @@
+/* torch.nn.functional.linear and the MLP forward, built from recorded ops
+ * (matmul of a transposed view, broadcast add, relu), so their backward comes
+ * from those ops' and nothing here knows about autograd. */
+#include <errno.h>
+
+#include "error.h"
+#include "shmrpc/nn.h"
+#include "tensor/tensor_impl.h"
+
+static int check_linear(const sr_tensor *x, const sr_tensor *w, const sr_tensor *b)
+{
+    char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
+    if (w->ndim != 2 || (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
+        return sr__fail(-EINVAL, "sr_linear", "weight %s must be [out, in] and bias %s [out]",
+                        sr__shape_str(w->ndim, w->shape, b1), b ? sr__shape_str(b->ndim, b->shape, b2) : "(none)");
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        return sr__fail(-EINVAL, "sr_linear", "input %s does not end in the weight %s's %lld input features",
+                        sr__shape_str(x->ndim, x->shape, b1), sr__shape_str(w->ndim, w->shape, b2),
+                        (long long)w->shape[1]);
+    if (sr__check_same_dtype("sr_linear", x, w) || (b && sr__check_same_dtype("sr_linear", w, b)))
+        return -EINVAL;
+    return sr__check_float("sr_linear", x);
+}
+
+SR_API sr_tensor *sr_linear(sr_tensor *x, sr_tensor *weight, sr_tensor *bias)
+{
+    if (!x || !weight || check_linear(x, weight, bias))
+        return NULL;
+    sr_tensor *wt = sr_t(weight);
+    sr_tensor *y = wt ? sr_matmul(x, wt) : NULL;
+    sr_tensor_unref(wt);
+    if (!y || !bias)
+        return y;
+    sr_tensor *out = sr_add(y, bias);
+    sr_tensor_unref(y);
+    return out;
+}
+
+SR_API sr_tensor *sr_mlp_apply(sr_tensor *x, sr_tensor *const *params, int nlayers)
+{
+    if (!x || !params || nlayers < 1) {
+        sr__fail(-EINVAL, "sr_mlp_apply", "needs an input and %d >= 1 layers of parameters", nlayers);
+        return NULL;
+    }
+    sr_tensor *h = sr_tensor_ref(x);
+    for (int i = 0; h && i < nlayers; i++) {
+        sr_tensor *y = sr_linear(h, params[2 * i], params[2 * i + 1]);
+        sr_tensor_unref(h);
+        h = y;
+        if (h && i + 1 < nlayers) {
+            y = sr_relu(h);
+            sr_tensor_unref(h);
+            h = y;
+        }
+    }
+    return h;
+}
