@@ -760,7 +760,7 @@ static void register_da_fns(void)
         dash = shared_page(sizeof(*dash));                                                          \
         rref_scenario = sc;                                                                         \
         RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_da_fns,                \
-                .shutdown_timeout = 60, __VA_ARGS__);                                               \
+                .shutdown_timeout = 30, __VA_ARGS__);                                               \
         munmap(dash, sizeof(*dash));                                                                \
     } while (0)
 

@@ -454,7 +454,7 @@ Test(dist_autograd, trainers_and_parameter_server, .timeout = 120)
 {
     dash = shared_page(sizeof(*dash));
     rref_scenario = sc_trainer_ps;
-    RUN_JOB("datrainer", WORLD, .scenario = fail_fast, .register_fns = register_trainer_fns, .shutdown_timeout = 60);
+    RUN_JOB("datrainer", WORLD, .scenario = fail_fast, .register_fns = register_trainer_fns, .shutdown_timeout = 30);
 }
 
 /* ---- comparison with local autograd ---- */
