@@ -70,8 +70,11 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
     int rc = sr__graph_task_create(retain, &c->sink, &g);
     if (rc)
         return rc;
-    for (size_t i = 0; !rc && i < nroots; i++)
-        rc = sr__graph_task_add_root(g, sr__tensor_gradient_edge(roots[i]));
+    for (size_t i = 0; !rc && i < nroots; i++) {
+        sr_edge e = sr__tensor_gradient_edge(roots[i]); /* a reference */
+        rc = sr__graph_task_add_root(g, e);
+        sr__node_unref(e.fn);
+    }
     sr_node **fns = rc ? NULL : send_fns(c, &nfns);
     if (!rc && !fns)
         rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
@@ -359,7 +362,9 @@ static int feed_ones(sr_graph_task *g, sr_tensor *const *roots, size_t n)
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         sr_tensor *one = sr_ones_like(roots[i]);
-        rc = one ? sr__graph_task_feed(g, sr__tensor_gradient_edge(roots[i]), one) : -ENOMEM;
+        sr_edge e = sr__tensor_gradient_edge(roots[i]); /* a reference */
+        rc = one ? sr__graph_task_feed(g, e, one) : -ENOMEM;
+        sr__node_unref(e.fn);
         sr_tensor_unref(one);
     }
     return rc;

@@ -79,12 +79,13 @@ sr_node *sr__send_fn_create(sr_tensor *const *ts, size_t n, int peer, const char
     s->msg_id = SR_NO_CONTEXT;
     snprintf(s->call, sizeof(s->call), "%s", fn ? fn : "?");
     for (size_t i = 0; i < n; i++) {
-        sr_edge e = sr__tensor_gradient_edge(ts[i]);
+        sr_edge e = sr__tensor_gradient_edge(ts[i]); /* a reference */
         if (!e.fn) {
             sr__node_unref(&s->base);
             return NULL;
         }
         sr__node_set_edge(&s->base, (uint32_t)i, e);
+        sr__node_unref(e.fn);
     }
     return &s->base;
 }
