@@ -754,11 +754,42 @@ static void register_da_fns(void)
     sr_register("hop_scale", fn_hop_scale);
 }
 
+/* No call of this worker is awaiting an answer and no request is being
+ * served: a pass must leave nothing in flight ("returns when every worker
+ * involved has finished"). Call after a barrier that follows every pass;
+ * polls the local counters, bounded by 10 s. */
+static inline int expect_quiet(const char *what)
+{
+    int64_t deadline = sr_now_ns() + INT64_C(10000000000);
+    sr_debug_info d;
+    do {
+        WCHECK(sr_debug_info_get(&d) == 0, "debug_info: %s", sr_last_error());
+        if (!d.client_active_calls && !d.server_active_calls)
+            return 0;
+        sched_yield();
+    } while (sr_now_ns() < deadline);
+    WCHECK(0, "%s: worker%d still has %llu calls awaiting an answer and %llu requests being served (%llu async) "
+           "10 s after every pass ended",
+           what, sr_rank(), (unsigned long long)d.client_active_calls, (unsigned long long)d.server_active_calls,
+           (unsigned long long)d.server_async_calls);
+    return 1;
+}
+
+/* The scenario of a DA_JOB, then a barrier and expect_quiet on every worker. */
+static scenario_fn da_scenario;
+static int da_then_quiet(int rank, int world)
+{
+    if (da_scenario(rank, world) || da_barrier())
+        return 1;
+    return expect_quiet("at the end of the test");
+}
+
 /* A job of WORLD workers running sc on each (failing fast), with the shared page. */
 #define DA_JOB(name, sc, ...)                                                                       \
     do {                                                                                            \
         dash = shared_page(sizeof(*dash));                                                          \
-        rref_scenario = sc;                                                                         \
+        da_scenario = sc;                                                                           \
+        rref_scenario = da_then_quiet;                                                              \
         RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_da_fns,                \
                 .shutdown_timeout = 30, __VA_ARGS__);                                               \
         munmap(dash, sizeof(*dash));                                                                \

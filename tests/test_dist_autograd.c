@@ -453,7 +453,8 @@ static void register_trainer_fns(void)
 Test(dist_autograd, trainers_and_parameter_server, .timeout = 120)
 {
     dash = shared_page(sizeof(*dash));
-    rref_scenario = sc_trainer_ps;
+    da_scenario = sc_trainer_ps;
+    rref_scenario = da_then_quiet;
     RUN_JOB("datrainer", WORLD, .scenario = fail_fast, .register_fns = register_trainer_fns, .shutdown_timeout = 30);
 }
 
