@@ -15,6 +15,7 @@
 
 #include <math.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@ struct da_shared {
     _Atomic int fail[WORLD];   /* per origin rank: the failing hooks of its chains fail */
     _Atomic int exit_in_hook;  /* the exit hook _exit()s the worker */
     _Atomic int hook_calls[WORLD];
+    sem_t pass_over; /* process-shared: posted when a dying-peer pass has returned */
 };
 static struct da_shared *dash;
 

@@ -183,14 +183,21 @@ Test(dist_autograd_errors, calls_before_init_fail_clearly)
  * pass, which must fail, not hang. */
 static int dying_worker(int rank, int world, void *arg)
 {
-    (void)world;
     int dying = (int)(intptr_t)arg;
     register_da_fns();
     sr_init_opts o = {.rpc_timeout_s = 20};
     WCHECK(sr_init(&o) == 0, "init: %s", sr_last_error());
     if (rank != 0) { /* serve until the pass is over (or the hook ends this process) */
-        sr_shutdown(true, 60);
-        return rank == dying ? 1 : 0; /* the dying worker must not get here */
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 60;
+        int rc;
+        while ((rc = sem_timedwait(&dash->pass_over, &dl)) && errno == EINTR)
+            ;
+        WCHECK(rc == 0, "worker%d: worker0's pass did not end within 60 s", rank);
+        WCHECK(rank != dying, "worker%d was to die in its hook but is alive after the pass", rank);
+        sr_shutdown(false, 0);
+        return 0;
     }
     atomic_store(&dash->exit_in_hook, 1);
     int64_t ctx;
@@ -209,20 +216,28 @@ static int dying_worker(int rank, int world, void *arg)
     sr_dist_autograd_context_end(ctx); /* cleanup to a dead worker must not block either */
     sr_tensor *all[] = {t, y, loss};
     unref_tensors(all, 3);
+    for (int w = 1; w < world; w++) /* the survivors may leave */
+        sem_post(&dash->pass_over);
     sr_shutdown(false, 0);
     return 0;
 }
 
-Test(dist_autograd_errors, callee_dies_during_backward, .timeout = 90)
+static void dying_setup(void)
 {
     dash = shared_page(sizeof(*dash));
+    cr_assert_eq(sem_init(&dash->pass_over, 1, 0), 0);
+}
+
+Test(dist_autograd_errors, callee_dies_during_backward, .timeout = 90)
+{
+    dying_setup();
     sr_spawn_opts o = {.name_prefix = test_ns("dadie1"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, dying_worker, (void *)(intptr_t)1, &o), 0, "%s", sr_last_error());
 }
 
 Test(dist_autograd_errors, worker_two_hops_away_dies_during_backward, .timeout = 90)
 {
-    dash = shared_page(sizeof(*dash));
+    dying_setup();
     sr_spawn_opts o = {.name_prefix = test_ns("dadie2"), .shm_size = 192 << 20};
     cr_assert_eq(sr_spawn(3, dying_worker, (void *)(intptr_t)2, &o), 0, "%s", sr_last_error());
 }
