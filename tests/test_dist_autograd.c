@@ -114,17 +114,32 @@ static int sc_backward_simple(int rank, int world)
     if (simple_pass(LOCAL, rank, "add"))
         return 1;
     for (int m = RPC_SYNC; m <= REMOTE; m++)
-        for (int k = 0; k < 2; k++) {
-            int dst = k ? rank : (rank + 1) % world;
-            if (simple_pass((enum mode)m, dst, "add") || simple_pass((enum mode)m, dst, "py_add"))
-                return 1;
-        }
+        if (simple_pass((enum mode)m, (rank + 1) % world, "add") ||
+            simple_pass((enum mode)m, (rank + 1) % world, "py_add"))
+            return 1;
     return 0;
 }
 
-Test(dist_autograd, backward_simple_to_others_self_and_remote, .timeout = 120)
+Test(dist_autograd, backward_simple_without_rpc_and_to_another_worker, .timeout = 120)
 {
     DA_JOB("dasimple", sc_backward_simple);
+}
+
+/* test_backward_simple_self: the caller's and the callee's functions are in
+ * one context, on one worker. */
+static int sc_backward_self(int rank, int world)
+{
+    (void)world;
+    sr_manual_seed(200 + (uint64_t)rank);
+    for (int m = RPC_SYNC; m <= REMOTE; m++)
+        if (simple_pass((enum mode)m, rank, "add") || simple_pass((enum mode)m, rank, "py_add"))
+            return 1;
+    return 0;
+}
+
+Test(dist_autograd, backward_simple_through_a_call_to_self, .timeout = 120)
+{
+    DA_JOB("daself", sc_backward_self);
 }
 
 /* ---- invalid roots (test_backward_invalid_args) and .grad (test_backward_no_grad_on_tensor) ---- */
@@ -313,6 +328,22 @@ static int sc_rref_backward(int rank, int world)
         return 1;
     sr_rref_unref(user);
     CTX_END(ctx);
+
+    /* Several users at once: workers 1-3 each run RRef.backward on worker0. */
+    if (da_barrier())
+        return 1;
+    if (rank != 0) {
+        sr_value *h0 = sr_int(0);
+        CTX_BEGIN(ctx);
+        WCHECK(sr_remote(0, "hop_scale", SR_ARGS(tvv, h0, f, o), WAIT_S, &user) == 0, "remote: %s", sr_last_error());
+        WCHECK(sr_rref_backward(user, ctx, true) == 0 && sr_rref_backward(user, ctx, false) == 0,
+               "RRef.backward on worker0 from worker%d: %s", rank, sr_last_error());
+        if (expect_grad_all(ctx, t, 6, "two passes of t*3 summed, on worker0"))
+            return 1;
+        sr_rref_unref(user);
+        CTX_END(ctx);
+        sr_value_unref(h0);
+    }
     sr_value *more[] = {tvv, h, f, o};
     unref_values(more, 4);
     sr_tensor *all[] = {t1, s1, s2, s, plain, t2, st2, t};
