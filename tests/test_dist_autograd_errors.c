@@ -1,5 +1,5 @@
-/* Distributed autograd failures: a node that fails in backward 2 and 3 hops
- * away, and one on the caller behind 4 round trips (the caller gets "Error
+/* Distributed autograd failures: a node that fails in backward 2, 3 and 4
+ * hops away, and one on the caller behind 4 round trips (the caller gets "Error
  * on Node N: ..." and the same context then runs a successful pass); FAST
  * mode's unused send function (-EDEADLK naming the call, never a hang);
  * running out of context ids (-EOVERFLOW); calls before sr_init; a worker
@@ -51,12 +51,13 @@ static int sc_backward_errors(int rank, int world)
 {
     (void)rank;
     (void)world;
-    if (error_chain(1) || da_barrier() || error_chain(2) || da_barrier())
+    /* 2 and 3 hops away; 4 hops away is the caller itself, serving its own chain's last hop */
+    if (error_chain(1) || da_barrier() || error_chain(2) || da_barrier() || error_chain(3) || da_barrier())
         return 1;
     return rank == 0 ? expect_no_contexts_anywhere("after the failed passes") : 0;
 }
 
-Test(dist_autograd_errors, error_two_and_three_hops_away_then_success, .timeout = 120)
+Test(dist_autograd_errors, error_two_three_and_four_hops_away_then_success, .timeout = 120)
 {
     DA_JOB("daerrhops", sc_backward_errors);
 }
