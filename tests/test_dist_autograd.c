@@ -102,7 +102,19 @@ static int simple_pass(enum mode m, int dst, const char *fn)
         expect_grad_all(ctx, t1, 1, what) || expect_grad_all(ctx, t2, 1, what))
         return 1;
     WCHECK(!sr_tensor_grad(t1) && !sr_tensor_grad(t2), "%s: distributed backward filled .grad", what);
+    /* get_gradients: exactly the two leaves themselves, each with its gradient. */
+    size_t n = 0;
+    sr_tensor **ts = NULL, **gs = NULL;
+    WCHECK(sr_dist_autograd_get_gradients(ctx, &n, &ts, &gs) == 0 && n == 2, "%s: get_gradients: %zu: %s", what, n,
+           sr_last_error());
+    WCHECK((ts[0] == t1 && ts[1] == t2) || (ts[0] == t2 && ts[1] == t1), "%s: the map's keys are not t1 and t2", what);
+    if (expect_all(gs[0], 1, what) || expect_all(gs[1], 1, what))
+        return 1;
     CTX_END(ctx);
+    /* The gradients handed out outlive the context. */
+    if (expect_all(gs[0], 1, "a gradient after its context ended"))
+        return 1;
+    sr_dist_autograd_gradients_free(n, ts, gs);
     sr_tensor *all[] = {t1, t2, ret, loss};
     unref_tensors(all, 4);
     return 0;
