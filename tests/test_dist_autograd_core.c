@@ -2,10 +2,14 @@
  * against the same computation done with local autograd. The full port of
  * PyTorch's dist_autograd_test.py is in test_dist_autograd*.c. */
 #include <math.h>
+#include <sched.h>
 
 #include "rpc_harness.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/tensor.h"
+#include "waiter.h" /* sr_now_ns */
+
+LEAK_CHECKED_SUITE(dist_autograd_core);
 
 static sr_tensor *vec(const double *v, int n, bool grad)
 {
@@ -24,6 +28,9 @@ static bool close_to(sr_tensor *t, const double *want, int n)
     return true;
 }
 
+/* Called just before each backward (a test of this file sets it). */
+static void (*before_backward)(void);
+
 /* loss = sum((t1 + t2 on worker1) * t1): dt1 = 2 t1 + t2, dt2 = t1. */
 static int seed_step(int rank, int world)
 {
@@ -41,6 +48,8 @@ static int seed_step(int rank, int world)
         WCHECK(t3 && !strcmp(sr_tensor_grad_fn_name(t3), "RecvRpcBackward"), "t3's grad_fn is %s",
                t3 ? sr_tensor_grad_fn_name(t3) : "none");
         sr_tensor *t4 = sr_mul(t3, t1), *loss = sr_sum(t4);
+        if (before_backward)
+            before_backward();
         WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
         sr_tensor *g1 = NULL, *g2 = NULL;
         WCHECK(sr_dist_autograd_get_gradient(ctx, t1, &g1) == 0, "grad t1: %s", sr_last_error());
@@ -64,9 +73,9 @@ static int seed_step(int rank, int world)
     return 0;
 }
 
-Test(dist_autograd_core, seed_step, .timeout = 60)
+Test(dist_autograd_core, seed_step, .timeout = 120)
 {
-    RUN_JOB("dacore", 2, .scenario = seed_step);
+    RUN_JOB("dacore", 2, .scenario = seed_step, .shutdown_timeout = 30);
 }
 
 /* chain(x, w, k), called on worker k: x * w, then on to worker k + 1, the last
@@ -129,7 +138,47 @@ static int chain_step(int rank, int world)
     return 0;
 }
 
-Test(dist_autograd_core, chain_of_four, .timeout = 60)
+Test(dist_autograd_core, chain_of_four, .timeout = 120)
 {
-    RUN_JOB("dachain", 4, .scenario = chain_step, .register_fns = register_chain);
+    RUN_JOB("dachain", 4, .scenario = chain_step, .register_fns = register_chain, .shutdown_timeout = 30);
+}
+
+/* Regression: the root's own PROPAGATE comes back to the root (a gradient
+ * for the root's send function) and is served before the root starts to
+ * wait. A served request must never wait for the root's RPC (whose answer
+ * waits for it): it used to take every RPC outstanding in the context, and
+ * the job then never reached quiescence. The hook holds the root between
+ * its run and its wait until the request coming back has been served. */
+extern _Atomic uint64_t sr__dist_propagates_served;
+extern void (*sr__dist_root_hook)(void);
+
+/* The served count when this worker's backward began: the root's pass
+ * brings exactly one gradient request back here (for t1 and t2). */
+static uint64_t served_at_start;
+
+static void wait_for_served_propagate(void)
+{
+    int64_t deadline = sr_now_ns() + 10 * INT64_C(1000000000);
+    while (atomic_load_explicit(&sr__dist_propagates_served, memory_order_acquire) == served_at_start &&
+           sr_now_ns() < deadline)
+        sched_yield(); /* an event (the counter moves), bounded by the deadline */
+}
+
+static void note_served(void)
+{
+    served_at_start = atomic_load_explicit(&sr__dist_propagates_served, memory_order_acquire);
+}
+
+static int propagate_served_before_root_waits(int rank, int world)
+{
+    if (rank == 0) {
+        sr__dist_root_hook = wait_for_served_propagate;
+        before_backward = note_served;
+    }
+    return seed_step(rank, world);
+}
+
+Test(dist_autograd_core, root_waits_only_for_its_own_rpcs, .timeout = 120)
+{
+    RUN_JOB("daroot", 2, .scenario = propagate_served_before_root_waits, .shutdown_timeout = 30);
 }

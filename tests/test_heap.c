@@ -30,6 +30,9 @@
 #include "worker_check.h"
 #include "xport.h"
 
+LEAK_CHECKED_SUITE(heap);
+LEAK_CHECKED_SUITE(heap_mp);
+
 #define MiB (UINT64_C(1) << 20)
 #define GiB (UINT64_C(1) << 30)
 #define WAIT_NS (20ll * 1000000000)

@@ -73,8 +73,7 @@ typedef struct sr_node_ops {
 } sr_node_ops;
 
 struct sr_saved {
-    sr_tensor *t;     /* detached alias: no history, shares the storage */
-    uint32_t version; /* storage version when saved */
+    sr_tensor *t; /* snapshot: no history, its own storage over the saved block */
 };
 
 struct sr_pre_hook {
@@ -107,10 +106,11 @@ void sr__node_unref(sr_node *n);
 /* Edge i := e (takes a ref on e.fn). */
 void sr__node_set_edge(sr_node *n, uint32_t i, sr_edge e);
 bool sr__node_needs_grad(const sr_node *n, uint32_t i);
-/* Save a detached alias of t (NULL allowed) with its storage version. */
+/* Save a snapshot of t (NULL allowed; sr__tensor_snapshot): the values t
+ * has now, whatever in-place writes t receives later. */
 void sr__node_save(sr_node *n, uint32_t i, const sr_tensor *t);
-/* The saved tensor (borrowed), checking it was neither freed nor modified
- * in place; -EPERM with PyTorch's messages otherwise. */
+/* The saved tensor (borrowed), checking it was not freed; -EPERM with
+ * PyTorch's message otherwise. */
 int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out);
 /* Free saved state (sr__node_save slots and ops->release). */
 void sr__node_release(sr_node *n);

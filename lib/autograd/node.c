@@ -97,10 +97,12 @@ void sr__node_save(sr_node *n, uint32_t i, const sr_tensor *t)
 {
     if (!t)
         return;
-    /* A detached alias: saving an output with its grad_fn would make a cycle. */
-    n->saved[i].t = sr__tensor_alias(t, t->ndim, t->shape, t->strides, t->offset);
-    /* relaxed: read on the thread that made t, or after it synchronised with it */
-    n->saved[i].version = atomic_load_explicit(&t->storage->version, memory_order_relaxed);
+    /* A snapshot, not an alias: its own storage object over the same block
+     * (its own block reference), with no history (saving an output with its
+     * grad_fn would make a cycle). An in-place write to t before backward
+     * then moves t to a private copy and this keeps the forward's values
+     * (docs/TENSORS.md, "In-place writes and saved tensors"). */
+    n->saved[i].t = sr__tensor_snapshot(t);
 }
 
 int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out)
@@ -112,18 +114,7 @@ int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out)
                         "when you call sr_backward without retain_graph. Specify retain_graph=true if you need "
                         "to backward through the graph a second time (node %s)",
                         n->ops->name);
-    sr_tensor *t = n->saved[i].t;
-    /* relaxed: see sr__node_save */
-    uint32_t now = t ? atomic_load_explicit(&t->storage->version, memory_order_relaxed) : 0;
-    if (t && now != n->saved[i].version) {
-        char b[SR_SHAPE_STR];
-        return sr__fail(-EPERM, "sr_backward",
-                        "one of the variables needed for gradient computation has been modified by an "
-                        "inplace operation: [%s %s], saved by %s, is at version %u; expected version %u instead",
-                        sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, b), n->ops->name, now,
-                        n->saved[i].version);
-    }
-    *out = t;
+    *out = n->saved[i].t;
     return 0;
 }
 

@@ -6,21 +6,26 @@
  * (on the root worker only) plus every send function of the context, each of
  * which waits for one gradient by RPC.
  *
- *   root       feed 1 to every root, run; wait for the outstanding RPCs
- *              (taken from the context until none is left); then check that
- *              every send function of the context received its gradient.
+ *   root       feed 1 to every root, run; wait for the RPCs that run sent;
+ *              then check that every send function of the context received
+ *              its gradient.
  *   PROPAGATE  {msg_id, pass, retain, grads...} to the worker that made
- *              send function msg_id: feed it, run, take the outstanding RPCs
- *              that run made, and answer when all of them have answered.
- *              It runs on an executor; no thread waits while gradients are
- *              on their way.
- *   RecvRpcBackward (run by the engine) sends PROPAGATE to its peer and adds
- *              the future to the context's outstanding RPCs.
- * Every RPC of the pass is thus awaited by whoever took it, and every taker
- * is itself awaited up to the root: when the root's wait ends, every worker
- * has finished. Errors travel back the same way ("Error on Node N: ...",
- * -EPIPE for a dead peer), and the pass fails after all its RPCs answered, so
- * no stale gradient reaches the next pass in the same context.
+ *              send function msg_id: feed it, run, and answer when every RPC
+ *              that run sent has answered. It runs on an executor; no
+ *              thread waits while gradients are on their way.
+ *   RecvRpcBackward (run by the engine, on the thread that runs the graph)
+ *              sends PROPAGATE to its peer; the future joins that run's list.
+ * The engine runs a task's ready nodes on the thread that calls run, one run
+ * at a time (its task lock), so every RPC belongs to exactly one run, and a
+ * run waits only for RPCs it sent itself: the waits follow the causality of
+ * the gradients and can never form a cycle. (Waiting for whatever is
+ * outstanding in the context instead deadlocks: a PROPAGATE served on the
+ * root can take the RPC the root's own run sent, whose answer waits for that
+ * very PROPAGATE.) Each run is awaited by the RPC that caused it, up to the
+ * root: when the root's wait ends, every worker has finished. Errors travel
+ * back the same way ("Error on Node N: ...", -EPIPE for a dead peer), and a
+ * pass fails only after all its RPCs answered, so no stale gradient reaches
+ * the next pass in the same context.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -121,6 +126,52 @@ static void release_task(sr_dctx *c)
     pthread_mutex_unlock(&c->lock);
 }
 
+/* Test hooks (tests/test_dist_autograd_core.c): gradient requests served
+ * here so far, and a function the root calls between its run and its wait. */
+_Atomic uint64_t sr__dist_propagates_served;
+void (*sr__dist_root_hook)(void);
+
+/* ---- the RPCs of one run ---- */
+
+struct run_rpcs {
+    sr_future **f;
+    size_t n, cap;
+};
+
+/* The run this thread is in (set around feed + run). */
+static _Thread_local struct run_rpcs *this_run;
+
+static int run_add(sr_future *f)
+{
+    struct run_rpcs *r = this_run;
+    if (!r) {
+        sr_future_unref(f);
+        return sr__fail(-EINVAL, "sr_dist_autograd_backward", "a RecvRpcBackward ran outside a backward run");
+    }
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 8;
+        sr_future **g = realloc(r->f, cap * sizeof(*g));
+        if (!g) {
+            sr_future_unref(f); /* its answer is dropped; the pass fails */
+            return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+        }
+        r->f = g;
+        r->cap = cap;
+    }
+    r->f[r->n++] = f;
+    return 0;
+}
+
+/* Run g, collecting the RPCs the run sends into rr. */
+static int run_collecting(sr_graph_task *g, struct run_rpcs *rr)
+{
+    struct run_rpcs *outer = this_run;
+    this_run = rr;
+    int rc = sr__graph_task_run(g);
+    this_run = outer;
+    return rc;
+}
+
 /* ---- sending gradients (RecvRpcBackward) ---- */
 
 int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *const *grads, size_t n)
@@ -148,7 +199,7 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
         rc = sr__module_rpc(peer, SR_MOD_DIST_AUTOGRAD, SR_DA_PROPAGATE, (uint64_t)ctx_id, (sr_args){n + 3, vals},
                             sr__rpc_default_timeout_ms(), &f);
     if (!rc)
-        rc = sr__dctx_add_outstanding(c, f);
+        rc = run_add(f);
     for (size_t i = 0; vals && i < n + 3; i++)
         sr_value_unref(vals[i]);
     free(vals);
@@ -237,8 +288,8 @@ static int node_error(int err, const char *text, char *buf, size_t len)
     return err == -EPIPE || err == -ETIMEDOUT ? err : -SR_EREMOTE;
 }
 
-/* Feed send function msg_id of pass and run. */
-static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args)
+/* Feed send function msg_id of pass and run, collecting the run's RPCs. */
+static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args, struct run_rpcs *rr)
 {
     int rc = begin_pass(c, pass, retain, NULL, 0);
     sr_graph_task *g = rc ? NULL : acquire_task(c, pass);
@@ -257,7 +308,7 @@ static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr
     if (!rc)
         rc = sr__graph_task_feed_node(g, fn, grads);
     if (!rc)
-        rc = sr__graph_task_run(g);
+        rc = run_collecting(g, rr);
     if (g)
         release_task(c);
     free(grads);
@@ -270,6 +321,7 @@ static void job_run(void *p)
     struct job *j = p;
     char text[1024] = "";
     int err = 0;
+    struct run_rpcs rr = {0};
     sr_dctx *c = sr__dctx_find(j->ctx_id);
     sr_value *a = j->args;
     bool well_formed = sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
@@ -281,14 +333,13 @@ static void job_run(void *p)
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
     else
         err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), sr_value_int(sr_value_list_at(a, 1)),
-                          sr_value_bool(sr_value_list_at(a, 2)), a);
+                          sr_value_bool(sr_value_list_at(a, 2)), a, &rr);
     if (err)
         err = node_error(err, sr_last_error(), text, sizeof(text));
-    size_t n = 0;
-    sr_future **fs = c ? sr__dctx_take_outstanding(c, &n) : NULL;
-    await_all(fs, n, err, text, j->done);
+    await_all(rr.f, rr.n, err, text, j->done); /* only this run's RPCs: see the top */
+    atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
     atomic_fetch_sub_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
-    free(fs);
+    free(rr.f);
     sr__dctx_unref(c);
     sr_value_unref(j->args);
     sr_future_unref(j->done);
@@ -371,17 +422,16 @@ static int feed_ones(sr_graph_task *g, sr_tensor *const *roots, size_t n)
 }
 
 /* A pass rooted here, run without holding a thread while other workers
- * compute: run locally, then take the outstanding RPCs and wait for them
- * with callbacks, again until none is left; then check the send functions. */
+ * compute: run locally, then wait with callbacks for the RPCs the run sent;
+ * then check the send functions. */
 struct root {
     sr_dctx *c;
     sr_graph_task *g;
+    struct run_rpcs rr;
     int err;          /* the first error, local or remote */
     char text[1024];
     sr_future *done;
 };
-
-static void root_step(struct root *r);
 
 static void root_finish(struct root *r)
 {
@@ -410,27 +460,28 @@ static void root_answered(sr_future *f, void *p)
         r->err = rc == -EPIPE || rc == -ETIMEDOUT || rc == -SR_ESHUTDOWN ? rc : -SR_EREMOTE;
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     }
-    root_step(r);
+    root_finish(r);
 }
 
-static void root_step(struct root *r)
+/* Wait for the RPCs the root's run sent (their answers come after every
+ * worker they reached has finished). */
+static void root_wait(struct root *r)
 {
-    size_t n;
-    sr_future **fs = sr__dctx_take_outstanding(r->c, &n);
-    sr_future *all = n ? sr_future_new() : NULL;
-    if (!n || !all) {
-        if (n && !r->err) {
+    sr_future *all = r->rr.n ? sr_future_new() : NULL;
+    if (!all) {
+        if (r->rr.n && !r->err) {
             r->err = -ENOMEM;
             snprintf(r->text, sizeof(r->text), "out of memory");
         }
-        for (size_t i = 0; !all && i < n; i++)
-            sr_future_unref(fs[i]);
-        free(fs);
+        for (size_t i = 0; i < r->rr.n; i++)
+            sr_future_unref(r->rr.f[i]);
+        free(r->rr.f);
         root_finish(r);
         return;
     }
-    await_all(fs, n, 0, NULL, all);
-    free(fs);
+    await_all(r->rr.f, r->rr.n, 0, NULL, all);
+    free(r->rr.f);
+    r->rr = (struct run_rpcs){0};
     /* Internal callback: the thread context is not the user's to keep. */
     if (sr__future_on_done(all, root_answered, NULL, r))
         root_answered(all, r);
@@ -463,12 +514,14 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
         rc = begin_pass(c, pass, retain, roots, n);
     r->g = rc ? NULL : acquire_task(c, pass);
     if (!rc && !(rc = feed_ones(r->g, roots, n)))
-        rc = sr__graph_task_run(r->g);
+        rc = run_collecting(r->g, &r->rr);
     if (rc) {
         r->err = rc;
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     }
-    root_step(r); /* always waits: no RPC of this pass may outlive it */
+    if (sr__dist_root_hook)
+        sr__dist_root_hook();
+    root_wait(r); /* always waits: no RPC of this pass may outlive it */
     return 0;
 }
 

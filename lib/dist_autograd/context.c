@@ -1,5 +1,5 @@
 /* A distributed autograd context: known workers, send and recv functions,
- * accumulated gradients, outstanding backward RPCs. See context.h. */
+ * accumulated gradients, the current pass's graph task. See context.h. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,9 +92,6 @@ void sr__dctx_unref(sr_dctx *c)
         }
     }
     sr__idmap_free(&c->grads);
-    for (size_t i = 0; i < c->nout; i++)
-        sr_future_unref(c->out[i]);
-    free(c->out);
     free(c->known);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -144,39 +141,6 @@ sr_node *sr__dctx_send_fn(sr_dctx *c, int64_t msg_id)
         sr__node_ref(fn);
     pthread_mutex_unlock(&c->lock);
     return fn;
-}
-
-int sr__dctx_add_outstanding(sr_dctx *c, sr_future *f)
-{
-    int rc = 0;
-    pthread_mutex_lock(&c->lock);
-    if (c->nout == c->capout) {
-        size_t cap = c->capout ? c->capout * 2 : 8;
-        sr_future **o = realloc(c->out, cap * sizeof(*o));
-        if (o) {
-            c->out = o;
-            c->capout = cap;
-        } else {
-            rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-        }
-    }
-    if (!rc)
-        c->out[c->nout++] = f;
-    pthread_mutex_unlock(&c->lock);
-    if (rc)
-        sr_future_unref(f);
-    return rc;
-}
-
-sr_future **sr__dctx_take_outstanding(sr_dctx *c, size_t *n)
-{
-    pthread_mutex_lock(&c->lock);
-    sr_future **o = c->out;
-    *n = c->nout;
-    c->out = NULL;
-    c->nout = c->capout = 0;
-    pthread_mutex_unlock(&c->lock);
-    return o;
 }
 
 /* ---- the public calls ---- */

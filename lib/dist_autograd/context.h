@@ -9,8 +9,8 @@
  * Context. Everything in it is guarded by its lock, except the id (fixed).
  * It holds the known workers, the send and recv functions by message id (one
  * reference each), the gradients accumulated for this worker's leaves (leaf
- * -> grad, one reference each), the backward RPCs still outstanding (futures)
- * and the graph task of the current pass (pass id, retain flag).
+ * -> grad, one reference each) and the graph task of the current pass (pass
+ * id, retain flag, and how many threads use it).
  *
  * Lock order: engine task lock -> context lock -> (none). The engine calls
  * into a context (the gradient sink, RecvRpcBackward sending its gradients)
@@ -45,8 +45,6 @@ typedef struct sr_dctx {
     size_t known_words;
     struct sr_idmap send, recv;  /* message id -> sr_node * */
     struct sr_idmap grads;       /* (uintptr_t)leaf -> struct grad_slot * */
-    sr_future **out;             /* outstanding backward RPCs */
-    size_t nout, capout;
     sr_graph_task *task;         /* the current pass's, or NULL */
     int64_t pass;                /* its id */
     bool retain;                 /* its retain_graph */
@@ -86,10 +84,6 @@ void sr__dctx_add_known(sr_dctx *c, int rank);          /* takes the lock */
 int sr__dctx_add_fn(sr_dctx *c, bool send, int64_t msg_id, sr_node *fn); /* takes the lock */
 /* The send function for msg_id (a reference), or NULL. */
 sr_node *sr__dctx_send_fn(sr_dctx *c, int64_t msg_id);
-/* Record an outstanding backward RPC (takes the future's reference). */
-int sr__dctx_add_outstanding(sr_dctx *c, sr_future *f);
-/* Take every outstanding RPC: *n futures (references) in a malloc'd array. */
-sr_future **sr__dctx_take_outstanding(sr_dctx *c, size_t *n);
 /* The known workers, sorted ascending, into ranks[cap]; returns the count. */
 size_t sr__dctx_known(sr_dctx *c, int *ranks, size_t cap);
 

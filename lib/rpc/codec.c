@@ -103,7 +103,7 @@ static int64_t list_size(const sr_value *v, int self_call, const char *fn)
 static int64_t tensor_size(const sr_value *v, const char *fn)
 {
     const sr_tensor *t = v->u.tensor;
-    if (sr_block_to_off(t->storage->block) == (uint64_t)-1) {
+    if (sr__storage_block_off(t->storage) == (uint64_t)-1) {
         char repr[96];
         return sr__fail(-EINVAL, fn, "%s cannot be sent: its storage is a private block, not in the shared "
                         "heap (was sr_heap_attach called before it was made?)", sr_value_repr(v, repr, sizeof(repr)));
@@ -293,22 +293,30 @@ static int put_items(struct enc *e, size_t n, sr_value *const *vals)
 }
 
 /* Drop the first *left references that put_items() took, visiting the
- * values in the same order. A tensor's reference is on its storage block,
- * which cannot have moved since: encoding runs on the caller's thread, and a
- * copy-on-write swap needs a write that tensor.h requires the caller to
- * exclude while the tensor is being read. */
-static void unwind_refs(size_t n, sr_value *const *vals, size_t *left)
+ * values in the same order with a cursor over the bytes written (as
+ * unwind_mods does). A tensor's reference is dropped through the block
+ * offset its descriptor names, not through the tensor: another thread may
+ * have written the tensor in place since, moving its storage to a copy
+ * (desc.h). */
+static void unwind_refs(const uint8_t **cur, size_t n, sr_value *const *vals, size_t *left, int self_call)
 {
     for (size_t i = 0; i < n && *left; i++) {
         sr_value *v = vals[i];
         if (v->kind == SR_KIND_OBJECT) {
             sr_value_unref(sr__inflight_claim((uint64_t)(uintptr_t)v));
             --*left;
+            *cur += value_size(v, self_call, __func__);
         } else if (v->kind == SR_KIND_TENSOR) {
-            sr_block_unref(v->u.tensor->storage->block);
+            uint64_t off; /* tag, magic, dtype, ndim, flags, offset, then the block */
+            memcpy(&off, *cur + 1 + 4 + 1 + 1 + 2 + 8, 8);
+            sr_block_unref(sr_block_from_off(to_le64(off)));
             --*left;
+            *cur += 1 + TENSOR_DESC_BYTES;
         } else if (v->kind == SR_KIND_LIST) {
-            unwind_refs(v->u.n, sr__list_items(v), left);
+            *cur += 1 + 4;
+            unwind_refs(cur, v->u.n, sr__list_items(v), left, self_call);
+        } else {
+            *cur += value_size(v, self_call, __func__);
         }
     }
 }
@@ -345,8 +353,9 @@ int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t 
     struct enc e = {.p = buf};
     int rc = put_items(&e, n, vals);
     if (rc) {
-        unwind_refs(n, vals, &e.refs_taken);
         const uint8_t *cur = buf + 4;
+        unwind_refs(&cur, n, vals, &e.refs_taken, self_call);
+        cur = buf + 4;
         unwind_mods(&cur, n, vals, &e.mods_encoded, self_call);
         return rc;
     }

@@ -15,7 +15,17 @@ int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
 {
     if (!t || !d)
         return sr__fail(-EINVAL, "sr__tensor_to_desc", "tensor or descriptor is NULL");
-    uint64_t off = sr_block_to_off(t->storage->block);
+    /* The block is read and referenced under the storage's write lock, so a
+     * concurrent in-place write either ended before (we send its result) or
+     * starts after and, finding the block shared, writes a copy (we send
+     * the values before it): never a mix (tensor_impl.h). */
+    struct sr_storage *st = t->storage;
+    sr__storage_lock(st);
+    sr_block *b = st->block;
+    uint64_t off = sr_block_to_off(b);
+    if (off != (uint64_t)-1)
+        sr_block_ref(b);
+    sr__storage_unlock(st);
     if (off == (uint64_t)-1)
         return sr__fail(-EINVAL, "sr__tensor_to_desc", "the tensor's storage is a private block, not in the "
                         "shared heap (was sr_heap_attach called before it was made?)");
@@ -28,7 +38,6 @@ int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
     d->block = off;
     memcpy(d->shape, t->shape, (size_t)t->ndim * sizeof(int64_t));
     memcpy(d->strides, t->strides, (size_t)t->ndim * sizeof(int64_t));
-    sr_block_ref(t->storage->block);
     return 0;
 }
 

@@ -4,7 +4,12 @@
  * offset in the segment. It never holds a pointer, so any worker can read it.
  *
  * References. sr__tensor_to_desc() takes one block reference that belongs to
- * the descriptor, so the sender may drop its tensor at once. Whoever frees the
+ * the descriptor, so the sender may drop its tensor at once. It takes it
+ * under the storage's write lock (tensor_impl.h), so it may run while another
+ * thread writes the tensor in place: the descriptor then names the bytes
+ * before that write or after it, never a mix. Release through the
+ * descriptor's block offset, never through the tensor, whose storage may
+ * have moved to a copy since. Whoever frees the
  * message releases it with sr__tensor_desc_release(), exactly once, whether
  * or not a tensor was made from it. sr__tensor_from_desc() takes the
  * receiver's own reference. While a descriptor is alive the block has at

@@ -1,5 +1,8 @@
-/* In-place writes. Each one checks its operands, then makes the storage
- * writable through copy-on-write (sr__tensor_prepare_write), then writes. */
+/* In-place writes. Each one checks its operands and allocates what it needs,
+ * then holds the storage's write lock from the copy-on-write check to the
+ * end of the write (sr__tensor_write_begin / _end, tensor_impl.h), so that a
+ * concurrent encoder or snapshot of the storage sees all of the write or
+ * none of it. */
 #include <errno.h>
 #include <string.h>
 
@@ -24,24 +27,30 @@ static int check_operand(const char *fn, const sr_tensor *t, const sr_tensor *ot
     return 0;
 }
 
+/* Begins the write: on 0 the caller writes, then calls sr__tensor_write_end. */
 static int start(const char *fn, sr_tensor *t)
 {
     if (!t)
         return sr__fail(-EINVAL, fn, "tensor is NULL");
-    return sr__tensor_prepare_write(t, fn);
+    return sr__tensor_write_begin(t, fn);
 }
 
 SR_API int sr_fill_(sr_tensor *t, double value)
 {
-    int rc = t ? sr__check_scalar("sr_fill_", t, value) : 0;
-    if (rc || (rc = start("sr_fill_", t)))
+    if (!t)
+        return start("sr_fill_", t);
+    int rc = sr__check_scalar("sr_fill_", t, value);
+    if (rc)
         return rc;
     sr_tensor *v = sr_scalar_tensor(t->dtype, value, 0);
     if (!v)
         return -ENOMEM;
-    sr__copy_raw(t, v);
+    if (!(rc = start("sr_fill_", t))) {
+        sr__copy_raw(t, v);
+        sr__tensor_write_end(t);
+    }
     sr_tensor_unref(v);
-    return 0;
+    return rc;
 }
 
 SR_API int sr_zero_(sr_tensor *t) { return sr_fill_(t, 0.0); }
@@ -58,8 +67,10 @@ SR_API int sr_copy_(sr_tensor *dst, const sr_tensor *src)
         return sr__fail(-EINVAL, "sr_copy_", "shape %s cannot be broadcast to %s", sr__shape_str(src->ndim, src->shape, b1),
                         sr__shape_str(dst->ndim, dst->shape, b2));
     int rc = start("sr_copy_", dst);
-    if (!rc)
+    if (!rc) {
         sr__copy_raw(dst, src);
+        sr__tensor_write_end(dst);
+    }
     return rc;
 }
 
@@ -71,6 +82,7 @@ static int binary_(const char *fn, sr_tensor *t, const sr_tensor *other, enum sr
     if (rc || (rc = start(fn, t)))
         return rc;
     sr__binary_into(t, t, other, op, alpha);
+    sr__tensor_write_end(t);
     return 0;
 }
 
@@ -111,6 +123,7 @@ static int ternary_(const char *fn, sr_tensor *t, const sr_tensor *a, const sr_t
     if (rc || (rc = start(fn, t)))
         return rc;
     sr__map_into(t, (sr_tensor *[]){t, (sr_tensor *)a, (sr_tensor *)b}, 3, f, &value);
+    sr__tensor_write_end(t);
     return 0;
 }
 

@@ -1,11 +1,13 @@
 /* Tensor objects, storages and copy-on-write. See tensor_impl.h. */
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "autograd/engine.h"
+#include "atomics.h"
 #include "error.h"
 #include "tensor/tensor_impl.h"
 
@@ -54,7 +56,7 @@ struct sr_storage *sr__storage_new(sr_block *block)
         return NULL;
     }
     atomic_init(&s->refs, 1);
-    atomic_init(&s->version, 0);
+    atomic_init(&s->lock, 0);
     s->block = block;
     return s;
 }
@@ -69,11 +71,37 @@ void sr__storage_unref(struct sr_storage *s)
     }
 }
 
+void sr__storage_lock(struct sr_storage *s)
+{
+    unsigned spins = 0;
+    /* acquire: pairs with the release in sr__storage_unlock, so we see the
+     * previous holder's block swap, its writes to the bytes, and the block
+     * references it took */
+    while (atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)) {
+        /* relaxed: only decides when to retry the exchange, which is what
+         * synchronises */
+        while (atomic_load_explicit(&s->lock, memory_order_relaxed)) {
+            if (++spins < 128)
+                sr_cpu_relax();
+            else
+                sched_yield(); /* a long write (a big tensor) or a preempted holder */
+        }
+    }
+}
+
+void sr__storage_unlock(struct sr_storage *s)
+{
+    /* release: pairs with the acquire exchange in sr__storage_lock */
+    atomic_store_explicit(&s->lock, 0, memory_order_release);
+}
+
+/* relaxed: a statistic; tests read it on the thread that made the copies */
+static _Atomic uint64_t cow_copies;
+
+uint64_t sr__tensor_cow_copies(void) { return atomic_load_explicit(&cow_copies, memory_order_relaxed); }
+
 int sr__storage_make_writable(struct sr_storage *s, const char *fn)
 {
-    /* relaxed: a version counter only detects stale saved tensors on the
-     * thread that runs backward, which already synchronised with the writer */
-    atomic_fetch_add_explicit(&s->version, 1, memory_order_relaxed);
     if (sr_block_refcount(s->block) <= 1)
         return 0; /* acquire inside: we see every former holder's writes */
     size_t n = sr_block_size(s->block);
@@ -87,10 +115,28 @@ int sr__storage_make_writable(struct sr_storage *s, const char *fn)
     sr_block *old = s->block;
     s->block = copy;
     sr_block_unref(old);
+    /* relaxed: see cow_copies */
+    atomic_fetch_add_explicit(&cow_copies, 1, memory_order_relaxed);
     return 0;
 }
 
-int sr__tensor_prepare_write(sr_tensor *t, const char *fn)
+sr_block *sr__storage_block_ref(struct sr_storage *s)
+{
+    sr__storage_lock(s);
+    sr_block *b = sr_block_ref(s->block);
+    sr__storage_unlock(s);
+    return b;
+}
+
+uint64_t sr__storage_block_off(struct sr_storage *s)
+{
+    sr__storage_lock(s);
+    uint64_t off = sr_block_to_off(s->block);
+    sr__storage_unlock(s);
+    return off;
+}
+
+int sr__tensor_write_begin(sr_tensor *t, const char *fn)
 {
     if (t->requires_grad && sr__grad_mode()) {
         if (!t->grad_fn)
@@ -99,7 +145,34 @@ int sr__tensor_prepare_write(sr_tensor *t, const char *fn)
         return sr__fail(-EPERM, fn, "in-place operations on tensors with a grad_fn are not supported "
                                     "while grad mode is enabled");
     }
-    return sr__storage_make_writable(t->storage, fn);
+    sr__storage_lock(t->storage);
+    int rc = sr__storage_make_writable(t->storage, fn);
+    if (rc)
+        sr__storage_unlock(t->storage);
+    return rc;
+}
+
+void sr__tensor_write_end(sr_tensor *t) { sr__storage_unlock(t->storage); }
+
+int sr__tensor_prepare_write(sr_tensor *t, const char *fn)
+{
+    int rc = sr__tensor_write_begin(t, fn);
+    if (!rc)
+        sr__tensor_write_end(t);
+    return rc;
+}
+
+sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
+{
+    sr_block *b = sr__storage_block_ref(t->storage);
+    struct sr_storage *s = sr__storage_new(b);
+    if (!s) {
+        sr_block_unref(b);
+        return NULL;
+    }
+    sr_tensor *u = sr__tensor_wrap(s, t->dtype, t->ndim, t->shape, t->strides, t->offset);
+    sr__storage_unref(s); /* u holds it now, or it is freed with its block reference */
+    return u;
 }
 
 sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const int64_t *shape,

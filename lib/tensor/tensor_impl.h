@@ -9,9 +9,48 @@
  * processes. A write needs the block to ourselves: sr__storage_make_writable()
  * clones it when sr_block_refcount(block) > 1.
  *
- * Threads: refs and version are atomics; `block` is swapped only by a writer,
- * which must already exclude concurrent readers of the same storage (tensor.h
- * "Threads").
+ * Saved tensors (docs/TENSORS.md, "In-place writes and saved tensors"): a
+ * tensor saved for backward gets its OWN storage object over the same block
+ * (sr__tensor_snapshot), with its own block reference. A later in-place write
+ * to the original then finds the block shared and moves the original (and
+ * its views) to a private copy; the saved tensor keeps the forward's values.
+ *
+ * The write lock (`storage->lock`, a spinlock: sr__storage_lock/unlock).
+ * It makes "make writable + write" atomic with respect to anyone who takes a
+ * new reference on the storage's block, so that reference sees either the
+ * bytes before the write or after it, never a mix:
+ *   - writers: every in-place write of a whole op holds it from the
+ *     copy-on-write check to the end of the write (sr__tensor_write_begin /
+ *     _end: lib/tensor/inplace.c, the optimizers' sr__ox_map_, and through
+ *     sr_add_ gradient accumulation into .grad); sr_tensor_mutable_data holds
+ *     it only around the copy-on-write (the caller's writes come later);
+ *   - block-reference takers: sr__tensor_to_desc (an RPC encode),
+ *     sr__tensor_snapshot (a saved tensor), sr__storage_block_off (the
+ *     codec's sendability check) read `block` and take their reference under
+ *     it. If the reference is taken first, the writer then sees the block
+ *     shared and copies; if the writer is first, the reader waits for the
+ *     write to end.
+ * Lock order: the storage lock is a leaf among the tensor layer's locks:
+ * callers may hold a graph task's lock and sr__acc_lock (task -> acc ->
+ * storage), but nothing is acquired under it except the heap's internal
+ * locks (sr_block_alloc / sr_block_unref in the copy-on-write) and malloc.
+ * Never hold two storage locks at once (an in-place op reads its other
+ * operands without their locks), and never call back into user code under it.
+ * Critical sections are one elementwise pass (plus one memcpy on a copy), so
+ * waiters spin briefly and then yield.
+ *
+ * Who writes what:
+ *   refs     atomic; any thread holding a tensor of the storage.
+ *   lock     atomic; sr__storage_lock/unlock.
+ *   block    only sr__storage_make_writable, under the lock. Readers that
+ *            take a block reference hold the lock; plain data readers (ops,
+ *            sr_tensor_data) read it unlocked and so must not run concurrently
+ *            with a writer of the same storage (tensor.h "Threads").
+ *   the bytes of the block: only the holder of the lock, after
+ *            make_writable found (or made) the block private to this storage
+ *            (and sr_tensor_mutable_data's caller, after it).
+ *   a tensor's dtype, geometry and storage pointer: written once, when it
+ *            is made; its autograd fields: see struct sr_tensor.
  */
 #ifndef SR_LIB_TENSOR_IMPL_H
 #define SR_LIB_TENSOR_IMPL_H
@@ -27,9 +66,9 @@ typedef struct sr_node sr_node;
 struct sr_hook;
 
 struct sr_storage {
-    _Atomic uint32_t refs;    /* local tensor objects viewing this storage */
-    _Atomic uint32_t version; /* bumped by every in-place write; saved tensors compare it */
-    sr_block *block;          /* holds one block reference */
+    _Atomic uint32_t refs; /* local tensor objects viewing this storage */
+    _Atomic uint32_t lock; /* the write lock: 0 free, 1 held (see the top of this file) */
+    sr_block *block;       /* holds one block reference; swapped under the lock */
 };
 
 struct sr_tensor {
@@ -67,9 +106,31 @@ sr_tensor *sr__tensor_alias(const sr_tensor *t, int ndim, const int64_t *shape, 
                             int64_t offset);
 struct sr_storage *sr__storage_new(sr_block *block); /* adopts one block ref */
 void sr__storage_unref(struct sr_storage *s);
-/* Copy-on-write: make the block private to this storage, bump the version. */
+/* The write lock (see the top of this file). */
+void sr__storage_lock(struct sr_storage *s);
+void sr__storage_unlock(struct sr_storage *s);
+/* Copy-on-write: make the block private to this storage. The caller holds
+ * s's lock. */
 int sr__storage_make_writable(struct sr_storage *s, const char *fn);
+/* A new reference on s's current block, taken under the lock. */
+sr_block *sr__storage_block_ref(struct sr_storage *s);
+/* sr_block_to_off of s's current block, read under the lock. */
+uint64_t sr__storage_block_off(struct sr_storage *s);
+/* An in-place write of t: check grad mode (-EPERM), take the storage lock,
+ * make the storage writable. On 0 the caller writes, then calls
+ * sr__tensor_write_end(t); on error the lock is not held. */
+int sr__tensor_write_begin(sr_tensor *t, const char *fn);
+void sr__tensor_write_end(sr_tensor *t);
+/* write_begin + write_end: make t writable for writes that follow later
+ * (sr_tensor_mutable_data), without holding the lock across them. */
 int sr__tensor_prepare_write(sr_tensor *t, const char *fn);
+/* A tensor with t's geometry over t's current block, through its own new
+ * storage object (its own block reference): no history, no grad. What
+ * autograd saves for backward. NULL on -ENOMEM. */
+sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
+/* Copy-on-write copies made by this process so far (a statistic for tests
+ * and benchmarks). */
+uint64_t sr__tensor_cow_copies(void);
 static inline char *sr__tensor_ptr(const sr_tensor *t)
 {
     return (char *)sr_block_data(t->storage->block) + t->offset * (int64_t)sr_dtype_size(t->dtype);

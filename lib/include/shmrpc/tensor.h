@@ -43,10 +43,23 @@
  * tensor passed by RPC behaves as a copy (neither side sees the other's
  * later writes) while views keep aliasing.
  *
+ * Saved tensors. What an op saves for backward is a snapshot holding its own
+ * block reference, so an in-place write to the tensor afterwards (an
+ * optimizer step while another backward is pending) moves the tensor to a
+ * private copy and backward still uses the forward's values: the gradient is
+ * exact for its own forward. Unlike PyTorch, there is no "modified by an
+ * inplace operation" error; the cost is one copy of a block written while a
+ * pending backward still needs it (docs/TENSORS.md, "In-place writes and
+ * saved tensors").
+ *
  * Threads. Tensor objects are refcounted atomically and may be shared and
- * read by several threads. Writes (in-place ops, backward into the same
- * leaves) need external synchronisation against other readers and writers of
- * the same storage, as in PyTorch. Grad mode is per thread.
+ * read by several threads. An in-place op (and so an optimizer step or
+ * gradient accumulation) may run while other threads send the same tensor
+ * by RPC or record ops that save it: those see the values before the write
+ * or after it, never a mix (a short per-storage lock). Other concurrent
+ * reads (ops computing on the tensor) and concurrent writes still need
+ * external synchronisation, as in PyTorch; so do writes through
+ * sr_tensor_mutable_data's pointer. Grad mode is per thread.
  */
 #ifndef SHMRPC_TENSOR_H
 #define SHMRPC_TENSOR_H
@@ -116,7 +129,8 @@ SR_API bool sr_tensor_is_contiguous(const sr_tensor *t);
 /* Address of element [0, ..., 0]; read-only (writes would bypass copy-on-write). */
 SR_API const void *sr_tensor_data(const sr_tensor *t);
 /* The same address after making the storage private (copy-on-write), so the
- * caller may write; bumps the version counter. NULL with -ENOMEM. */
+ * caller may write. NULL with -ENOMEM. The writes through it are not covered
+ * by the write lock (see "Threads"). */
 SR_API void *sr_tensor_mutable_data(sr_tensor *t);
 /* The value of a one-element tensor as a double; NaN with an error otherwise. */
 SR_API double sr_tensor_item(const sr_tensor *t);
@@ -246,8 +260,8 @@ SR_API int sr_tensor_register_hook(sr_tensor *t, sr_tensor_hook_fn fn, void *arg
  *   "element 0 of tensors does not require grad and does not have a grad_fn"
  *   "Trying to backward through the graph a second time ..." (saved tensors
  *     were freed by an earlier backward without retain_graph)
- *   "one of the variables needed for gradient computation has been modified
- *     by an inplace operation ..." */
+ * Saved tensors keep their forward values (see "Saved tensors" above), so
+ * PyTorch's "modified by an inplace operation" error does not exist here. */
 SR_API int sr_backward(sr_tensor *root, bool retain_graph);
 /* Backward from n roots at once (each node runs once, after all its
  * gradients arrived). grad_roots: NULL (every root scalar, gradient 1) or n
