@@ -30,8 +30,29 @@ struct da_shared {
     _Atomic int exit_in_hook;  /* the exit hook _exit()s the worker */
     _Atomic int hook_calls[WORLD];
     sem_t pass_over; /* process-shared: posted when a dying-peer pass has returned */
+    sem_t gate[WORLD]; /* process-shared: gate_add on worker w waits for gate[w] */
 };
+
 static struct da_shared *dash;
+
+/* gate_add(a, b): a + b once the caller opened this worker's gate (bounded). */
+static int fn_gate_add(sr_call *c)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += (time_t)WAIT_S;
+    int rc;
+    while ((rc = sem_timedwait(&dash->gate[sr_rank()], &dl)) && errno == EINTR)
+        ;
+    if (rc)
+        return sr_call_fail(c, -ETIMEDOUT, "gate_add: the gate of worker%d was not opened", sr_rank());
+    sr_tensor *r = sr_add(sr_value_tensor(sr_call_arg(c, 0)), sr_value_tensor(sr_call_arg(c, 1)));
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "gate_add: %s", sr_last_error());
+    sr_value *v = sr_tensor_value(r);
+    sr_tensor_unref(r);
+    return sr_call_return(c, v);
+}
 
 static inline bool reordering(void)
 {
@@ -754,6 +775,7 @@ static void register_da_fns(void)
     sr_register("global_grads", fn_global_grads);
     sr_register("nested_udf", fn_nested_udf);
     sr_register("hop_scale", fn_hop_scale);
+    sr_register("gate_add", fn_gate_add);
 }
 
 /* No call of this worker is awaiting an answer and no request is being
@@ -790,6 +812,8 @@ static int da_then_quiet(int rank, int world)
 #define DA_JOB(name, sc, ...)                                                                       \
     do {                                                                                            \
         dash = shared_page(sizeof(*dash));                                                          \
+        for (int w_ = 0; w_ < WORLD; w_++)                                                          \
+            cr_assert_eq(sem_init(&dash->gate[w_], 1, 0), 0);                                       \
         da_scenario = sc;                                                                           \
         rref_scenario = da_then_quiet;                                                              \
         RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_da_fns,                \

@@ -417,6 +417,89 @@ Test(dist_autograd, backward_through_rrefs, .timeout = 120)
     DA_JOB("darref", sc_backward_rref);
 }
 
+/* ---- the context follows continuations (test_thread_local_context_id) ---- */
+
+struct cont {
+    int64_t seen; /* current_context inside the callback */
+};
+
+static int sum_in_callback(sr_future *parent, void *arg, sr_value **result)
+{
+    struct cont *k = arg;
+    k->seen = sr_dist_autograd_current_context();
+    sr_value *v = NULL;
+    int rc = sr_future_value(parent, &v);
+    if (rc)
+        return rc;
+    sr_tensor *s = sr_sum(sr_value_tensor(v));
+    sr_value_unref(v);
+    if (!s)
+        return sr_errorf(-EINVAL, "sum in callback: %s", sr_last_error());
+    *result = tv(s);
+    sr_tensor_unref(s);
+    return 0;
+}
+
+static int sc_continuations(int rank, int world)
+{
+    int next = (rank + 1) % world;
+    /* A then-callback of an rpc_async made in a context runs with that
+     * context current, on whatever thread completes the future, and what it
+     * computes is part of the graph. */
+    for (int i = 0; i < 20; i++) {
+        int64_t ctx;
+        struct cont k = {.seen = -7};
+        sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+        sr_value *a = tv(t1), *b = tv(t2), *out = NULL;
+        sr_future *f = NULL, *child = NULL;
+        CTX_BEGIN(ctx);
+        WCHECK(sr_rpc_async(next, "gate_add", SR_ARGS(a, b), WAIT_S, &f) == 0, "rpc_async: %s", sr_last_error());
+        WCHECK(sr_future_then(f, sum_in_callback, &k, &child) == 0, "then: %s", sr_last_error());
+        WCHECK(!sr_future_done(f), "the gated call finished before its gate opened");
+        sem_post(&dash->gate[next]); /* the callback runs when the answer arrives, not here */
+        WCHECK(sr_future_wait(child, &out) == 0, "the callback failed: %s", sr_last_error());
+        WCHECK(k.seen == ctx, "round %d: current_context in the callback is %lld, want %lld", i, (long long)k.seen,
+               (long long)ctx);
+        sr_tensor *loss = sr_value_tensor(out);
+        if (da_backward(ctx, &loss, 1, false, "through a callback") || expect_grad_all(ctx, t1, 1, "callback t1") ||
+            expect_grad_all(ctx, t2, 1, "callback t2"))
+            return 1;
+        CTX_END(ctx);
+        sr_future_unref(f);
+        sr_future_unref(child);
+        sr_value *vs[] = {a, b, out};
+        unref_values(vs, 3);
+        sr_tensor_unref(t1);
+        sr_tensor_unref(t2);
+    }
+    /* An RRef made outside any context, fetched inside one: the owner's
+     * value (a leaf there) gets its gradient in that context on the owner. */
+    sr_value *three = sr_int(3), *v = NULL, *g = NULL;
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(next, "ones_rg", SR_ARGS(three, three), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    int64_t ctx;
+    CTX_BEGIN(ctx);
+    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0, "to_here: %s", sr_last_error());
+    sr_tensor *loss = sr_sum(sr_value_tensor(v));
+    if (da_backward(ctx, &loss, 1, false, "an RRef made outside the context"))
+        return 1;
+    sr_value *cv = sr_int(ctx), *rv = sr_rref_value(r);
+    WCHECK(noctx_rpc(next, "owner_grad", SR_ARGS(cv, rv), &g) == 0, "owner_grad: %s", sr_last_error());
+    if (expect_all(sr_value_tensor(g), 1, "the owner's leaf, in our context"))
+        return 1;
+    CTX_END(ctx);
+    sr_value *vs[] = {three, v, g, cv, rv};
+    unref_values(vs, 5);
+    sr_tensor_unref(loss);
+    sr_rref_unref(r);
+    return 0;
+}
+
+Test(dist_autograd, context_follows_callbacks_and_rrefs_made_outside_it, .timeout = 120)
+{
+    DA_JOB("dacont", sc_continuations);
+}
+
 /* ---- test_trainer_ps: three trainers' contexts share one leaf on the PS ---- */
 
 /* run_trainer(rref_t1, ps): one context, one pass; the PS's gradient for it
@@ -496,6 +579,8 @@ static void register_trainer_fns(void)
 Test(dist_autograd, trainers_and_parameter_server, .timeout = 120)
 {
     dash = shared_page(sizeof(*dash));
+    for (int w = 0; w < WORLD; w++)
+        cr_assert_eq(sem_init(&dash->gate[w], 1, 0), 0);
     da_scenario = sc_trainer_ps;
     rref_scenario = da_then_quiet;
     RUN_JOB("datrainer", WORLD, .scenario = fail_fast, .register_fns = register_trainer_fns, .shutdown_timeout = 30);
