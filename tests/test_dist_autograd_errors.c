@@ -295,3 +295,99 @@ Test(dist_autograd_errors, context_ended_inside_its_own_pass, .timeout = 120)
 {
     DA_JOB("daendmid", sc_end_during_backward, .opts = {.rpc_timeout_s = 20});
 }
+
+/* ---- a second pass rooted in the same context while one runs: -EBUSY ---- */
+
+/* docs/DIST_AUTOGRAD.md: "a second pass rooted in the same context on the
+ * same worker while one runs is -EBUSY". A hook holds the first pass (on
+ * its own thread) until the second call has returned. */
+struct busy {
+    int64_t ctx;
+    sr_tensor *root2;
+    sem_t running, second_done;
+    _Atomic int armed;
+    int rc2;
+    char err2[512];
+};
+
+static bool sem_wait_s(sem_t *s, int seconds)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += seconds;
+    int rc;
+    while ((rc = sem_timedwait(s, &dl)) && errno == EINTR)
+        ;
+    return rc == 0;
+}
+
+static int hold_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    (void)replace;
+    struct busy *b = arg;
+    if (atomic_exchange(&b->armed, 0) == 0) /* once */
+        return 0;
+    sem_post(&b->running);
+    if (!sem_wait_s(&b->second_done, 10))
+        return sr_errorf(-ETIMEDOUT, "the second backward call did not return while the first pass ran");
+    return 0;
+}
+
+static void *second_pass(void *arg)
+{
+    struct busy *b = arg;
+    if (!sem_wait_s(&b->running, (int)WAIT_S)) {
+        b->rc2 = -ETIMEDOUT;
+        snprintf(b->err2, sizeof(b->err2), "the first pass never reached its hook");
+    } else {
+        b->rc2 = sr_dist_autograd_backward(b->ctx, &b->root2, 1, false);
+        snprintf(b->err2, sizeof(b->err2), "%s", b->rc2 ? sr_last_error() : "");
+    }
+    sem_post(&b->second_done);
+    return NULL;
+}
+
+static int sc_busy(int rank, int world)
+{
+    struct busy b = {.rc2 = 1, .armed = 1};
+    sem_init(&b.running, 0, 0);
+    sem_init(&b.second_done, 0, 0);
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+    CTX_BEGIN(b.ctx);
+    sr_tensor *y = op_mode(RPC_SYNC, (rank + 1) % world, "add", t1, t2), *held = y ? sr_mul_scalar(y, 1) : NULL;
+    WCHECK(held, "add: %s", sr_last_error());
+    WCHECK(sr_tensor_register_hook(held, hold_hook, &b) == 0, "hook: %s", sr_last_error());
+    sr_tensor *loss = sr_sum(held), *sq = sr_mul(t1, t1);
+    b.root2 = sr_sum(sq); /* local only: adds no send function to the context */
+    pthread_t th;
+    WCHECK(pthread_create(&th, NULL, second_pass, &b) == 0, "pthread_create");
+    int rc = sr_dist_autograd_backward(b.ctx, &loss, 1, true);
+    pthread_join(th, NULL);
+    WCHECK(rc == 0, "the first pass: %d: %s", rc, sr_last_error());
+    WCHECK(b.rc2 == -EBUSY, "a second pass rooted in the same context while one ran gave %d: %s", b.rc2, b.err2);
+    /* Once the first has ended, another runs (through the RPC too: FAST
+     * mode); every pass accumulates in the context. */
+    if (da_backward(b.ctx, (sr_tensor *[]){loss, b.root2}, 2, false, "a pass after the first") ||
+        expect_grad_all(b.ctx, t2, 2, "t2: one from each pass"))
+        return 1;
+    sr_tensor *g = NULL;
+    WCHECK(sr_dist_autograd_get_gradient(b.ctx, t1, &g) == 0, "t1: %s", sr_last_error());
+    double v[9], w[9];
+    sr_tensor_to_f64(t1, v, 9);
+    for (int i = 0; i < 9; i++)
+        w[i] = 2 + 2 * v[i];
+    if (expect_vals(g, w, 9, 1e-12, "t1: 1 from each pass through the RPC + 2 t1 from the local root"))
+        return 1;
+    CTX_END(b.ctx);
+    sr_tensor *all[] = {t1, t2, y, held, loss, sq, b.root2, g};
+    unref_tensors(all, 8);
+    sem_destroy(&b.running);
+    sem_destroy(&b.second_done);
+    return 0;
+}
+
+Test(dist_autograd_errors, second_pass_in_a_running_context_is_ebusy, .timeout = 120)
+{
+    DA_JOB("dabusy", sc_busy);
+}
