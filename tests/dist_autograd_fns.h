@@ -697,7 +697,22 @@ static int exit_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
     return 0;
 }
 
-enum { CHAIN_FAIL = 1, CHAIN_SUM = 2, CHAIN_EXIT = 4 };
+/* Waits (bounded) until this worker's gate is opened: a slow backward node. */
+static int gate_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    (void)replace;
+    (void)arg;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 10;
+    int rc;
+    while ((rc = sem_timedwait(&dash->gate[sr_rank()], &dl)) && errno == EINTR)
+        ;
+    return rc ? sr_errorf(-ETIMEDOUT, "gate_hook: worker%d's gate stayed shut for 10 s", sr_rank()) : 0;
+}
+
+enum { CHAIN_FAIL = 1, CHAIN_SUM = 2, CHAIN_EXIT = 4, CHAIN_GATE = 8 };
 
 /* hop_scale(t, hops, flags, origin): t*2 passed on to the next worker while
  * hops > 0; the last worker returns t*3 (summed with CHAIN_SUM), with a hook
@@ -730,6 +745,8 @@ static int fn_hop_scale(sr_call *c)
         rc = sr_tensor_register_hook(y, failing_hook, &dash->fail[origin]);
     if (!rc && (flags & CHAIN_EXIT))
         rc = sr_tensor_register_hook(y, exit_hook, NULL);
+    if (!rc && (flags & CHAIN_GATE))
+        rc = sr_tensor_register_hook(y, gate_hook, NULL);
     if (rc) {
         sr_tensor_unref(y);
         return sr_call_fail(c, rc, "hop_scale: register_hook: %s", sr_last_error());

@@ -391,3 +391,87 @@ Test(dist_autograd_errors, second_pass_in_a_running_context_is_ebusy, .timeout =
 {
     DA_JOB("dabusy", sc_busy);
 }
+
+/* ---- a pass that runs past the RPC timeout ---- */
+
+/* The callee's part of the graph waits for its gate; worker0's pass, with a
+ * 300 ms default timeout, fails with -ETIMEDOUT instead of waiting. Then the
+ * gate opens, the late answer is dropped, and nothing stays in flight. */
+static int sc_pass_timeout(int rank, int world)
+{
+    if (rank != 0)
+        return 0;
+    int64_t ctx;
+    sr_tensor *t = t_rand(3, 3, true);
+    CTX_BEGIN(ctx);
+    sr_tensor *y = chain(RPC_SYNC, 1, t, 0, CHAIN_GATE), *loss = y ? sr_sum(y) : NULL;
+    WCHECK(y, "chain: %s", sr_last_error());
+    sr_set_rpc_timeout(0.3);
+    int64_t t0 = sr_now_ns();
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    double took = (double)(sr_now_ns() - t0) / 1e9;
+    sr_set_rpc_timeout(WAIT_S);
+    sem_post(&dash->gate[1]);
+    WCHECK(rc == -ETIMEDOUT, "a pass whose remote part outlived the timeout gave %d after %.2f s: %s", rc, took,
+           sr_last_error());
+    WCHECK(took < 5, "the timed-out pass took %.2f s with a 0.3 s timeout", took);
+    CTX_END(ctx);
+    sr_tensor *all[] = {t, y, loss};
+    unref_tensors(all, 3);
+    (void)world;
+    return 0;
+}
+
+Test(dist_autograd_errors, pass_past_the_rpc_timeout_is_etimedout, .timeout = 120)
+{
+    DA_JOB("datimeout", sc_pass_timeout);
+}
+
+/* ---- contexts alive at shutdown ---- */
+
+/* Contexts still alive at sr_shutdown() are released, everywhere, and a new
+ * round (sr_init again) starts with no context current on this thread. */
+static int shutdown_worker(int rank, int world, void *arg)
+{
+    (void)arg;
+    register_da_fns();
+    int dbg_rc[2];
+    uint64_t dbg_ctxs[2];
+    for (int round = 0; round < 2; round++) {
+        WCHECK(sr_init(NULL) == 0, "init round %d: %s", round, sr_last_error());
+        WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "round %d starts with context %lld current",
+               round, (long long)sr_dist_autograd_current_context());
+        int64_t ctx;
+        CTX_BEGIN(ctx);
+        sr_tensor *t = t_rand(3, 3, true), *y = op_mode(RPC_SYNC, (rank + 1) % world, "add", t, t);
+        WCHECK(y, "add: %s", sr_last_error());
+        sr_tensor *loss = sr_sum(y);
+        if (da_backward(ctx, &loss, 1, true, "before shutdown") || da_barrier())
+            return 1;
+        sr_tensor *all[] = {t, y, loss}; /* tensors live in the job's heap: drop them before leaving it */
+        unref_tensors(all, 3);
+        /* the context is left open, here and on the callee */
+        WCHECK(sr_shutdown(true, 30) == 0, "round %d: graceful shutdown with a context open: %s", round,
+               sr_last_error());
+        WCHECK(!sr_dist_autograd_is_valid_context(ctx), "round %d: the context survived shutdown", round);
+        WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "round %d: a context is current after shutdown",
+               round);
+        sr_dist_autograd_debug_info d = {1, 1};
+        dbg_rc[round] = sr_dist_autograd_debug_info_get(&d);
+        dbg_ctxs[round] = d.num_autograd_contexts;
+        WCHECK(sr_dist_autograd_context_begin(&ctx) == -SR_ESHUTDOWN, "a context began after shutdown");
+    }
+    /* Checked last, so that a stale count does not hide the rest. */
+    for (int round = 0; round < 2; round++)
+        WCHECK(dbg_rc[round] == -SR_ESHUTDOWN || (dbg_rc[round] == 0 && dbg_ctxs[round] == 0),
+               "round %d: debug info after shutdown reports %llu contexts (rc %d)", round,
+               (unsigned long long)dbg_ctxs[round], dbg_rc[round]);
+    return 0;
+}
+
+Test(dist_autograd_errors, contexts_open_at_shutdown_are_released, .timeout = 120)
+{
+    dash = shared_page(sizeof(*dash));
+    sr_spawn_opts o = {.name_prefix = test_ns("dashut"), .shm_size = 256 << 20};
+    cr_assert_eq(sr_spawn(WORLD, shutdown_worker, NULL, &o), 0, "%s", sr_last_error());
+}
