@@ -500,6 +500,77 @@ Test(dist_autograd, context_follows_callbacks_and_rrefs_made_outside_it, .timeou
     DA_JOB("dacont", sc_continuations);
 }
 
+/* ---- a pass that reaches the same workers several times ---- */
+
+/* bounce(t, hops, other): t*2 sent back and forth between this worker and
+ * other while hops > 0; the last returns t*3. */
+static int fn_bounce(sr_call *c)
+{
+    int64_t hops = sr_value_int(sr_call_arg(c, 1));
+    sr_tensor *t = sr_value_tensor(sr_call_arg(c, 0)), *r = NULL;
+    if (hops == 0) {
+        r = sr_mul_scalar(t, 3);
+    } else {
+        sr_tensor *t2 = sr_mul_scalar(t, 2);
+        sr_value *a = tv(t2), *h = sr_int(hops - 1), *me = sr_int(sr_rank()), *v = NULL;
+        int rc = sr_rpc_sync((int)sr_value_int(sr_call_arg(c, 2)), "bounce", SR_ARGS(a, h, me), WAIT_S, &v);
+        sr_value *vs[] = {a, h, me};
+        unref_values(vs, 3);
+        sr_tensor_unref(t2);
+        if (rc)
+            return sr_call_fail(c, rc, "bounce: %s", sr_last_error());
+        r = take_tensor(v);
+    }
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "bounce: %s", sr_last_error());
+    sr_value *v = tv(r);
+    sr_tensor_unref(r);
+    return sr_call_return(c, v);
+}
+
+static int sc_revisits(int rank, int world)
+{
+    int a = (rank + 1) % world, b = (rank + 2) % world;
+    for (int hops = 1; hops <= 6; hops++) {
+        char what[96];
+        int64_t ctx;
+        sr_tensor *t = t_rand(3, 3, true);
+        sr_value *tvv = tv(t), *h = sr_int(hops), *bv = sr_int(b), *v = NULL;
+        CTX_BEGIN(ctx);
+        /* between two other workers, then around the ring through ourselves */
+        snprintf(what, sizeof(what), "bounce %d times between worker%d and worker%d", hops, a, b);
+        WCHECK(sr_rpc_sync(a, "bounce", SR_ARGS(tvv, h, bv), WAIT_S, &v) == 0, "%s: %s", what, sr_last_error());
+        sr_tensor *y = take_tensor(v), *ring = chain(RPC_SYNC, a, t, hops + 2, 0);
+        WCHECK(ring, "ring of %d hops: %s", hops + 2, sr_last_error());
+        sr_tensor *l1 = sr_sum(y), *l2 = sr_sum(ring);
+        if (da_backward(ctx, (sr_tensor *[]){l1, l2}, 2, false, what) ||
+            expect_grad_all(ctx, t, 3.0 * (1 << hops) + 3.0 * (1 << (hops + 2)), what))
+            return 1;
+        CTX_END(ctx);
+        sr_value *vs[] = {tvv, h, bv};
+        unref_values(vs, 3);
+        sr_tensor *all[] = {t, y, ring, l1, l2};
+        unref_tensors(all, 5);
+    }
+    return 0;
+}
+
+static void register_revisit_fns(void)
+{
+    register_da_fns();
+    sr_register("bounce", fn_bounce);
+}
+
+Test(dist_autograd, pass_reaching_workers_several_times, .timeout = 120)
+{
+    dash = shared_page(sizeof(*dash));
+    for (int w = 0; w < WORLD; w++)
+        cr_assert_eq(sem_init(&dash->gate[w], 1, 0), 0);
+    da_scenario = sc_revisits;
+    rref_scenario = da_then_quiet;
+    RUN_JOB("darevisit", WORLD, .scenario = fail_fast, .register_fns = register_revisit_fns, .shutdown_timeout = 30);
+}
+
 /* ---- test_trainer_ps: three trainers' contexts share one leaf on the PS ---- */
 
 /* run_trainer(rref_t1, ps): one context, one pass; the PS's gradient for it
