@@ -36,7 +36,8 @@ static int sc_context_ids(int rank, int world)
         WCHECK(sr_dist_autograd_current_context() == ids[i], "current_context is not the new context");
         WCHECK(sr_dist_autograd_is_valid_context(ids[i]), "the new context is not valid");
         size_t n = 9;
-        WCHECK(sr_dist_autograd_functions(ids[i], true, NULL, 0, &n) == 0 && n == 0,
+        sr_dist_fn_info fi[2];
+        WCHECK(sr_dist_autograd_functions(ids[i], true, fi, 2, &n) == 0 && n == 0,
                "a fresh context has %zu send functions: %s", n, sr_last_error());
         CTX_END(ids[i]);
         WCHECK(sr_dist_autograd_current_context() == SR_NO_CONTEXT, "the context stays current after its end");

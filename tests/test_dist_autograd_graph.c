@@ -484,3 +484,35 @@ Test(dist_autograd_graph, short_buffers_get_the_first_functions_in_order, .timeo
 {
     DA_JOB("dashort", sc_short_buffers);
 }
+
+/* ---- counting without a buffer ---- */
+
+/* cap 0 and no buffer: only the counts ("*n gets the count even if it
+ * exceeds cap"), for an empty context and for one with functions. */
+static int sc_count_only(int rank, int world)
+{
+    int64_t ctx;
+    size_t n = 99;
+    CTX_BEGIN(ctx);
+    WCHECK(sr_dist_autograd_functions(ctx, true, NULL, 0, &n) == 0 && n == 0, "empty context: %zu send functions: %s",
+           n, sr_last_error());
+    WCHECK(sr_dist_autograd_known_workers(ctx, NULL, 0, &n) == 0 && n == 0, "empty context: %zu known workers", n);
+    sr_tensor *t = t_full(2, 2, 1, true), *r = op_mode(RPC_SYNC, (rank + 1) % world, "add", t, t);
+    WCHECK(r, "add: %s", sr_last_error());
+    WCHECK(sr_dist_autograd_functions(ctx, true, NULL, 0, &n) == 0 && n == 1, "%zu send functions, want 1: %s", n,
+           sr_last_error());
+    WCHECK(sr_dist_autograd_functions(ctx, false, NULL, 0, &n) == 0 && n == 1, "%zu recv functions, want 1", n);
+    WCHECK(sr_dist_autograd_known_workers(ctx, NULL, 0, &n) == 0 && n == 1, "%zu known workers, want 1", n);
+    sr_tensor *loss = sr_sum(r);
+    if (da_backward(ctx, &loss, 1, false, "count only"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor *all[] = {t, r, loss};
+    unref_tensors(all, 3);
+    return 0;
+}
+
+Test(dist_autograd_graph, counts_without_a_buffer, .timeout = 60)
+{
+    DA_JOB("dacount", sc_count_only);
+}
