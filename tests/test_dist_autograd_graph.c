@@ -516,3 +516,41 @@ Test(dist_autograd_graph, counts_without_a_buffer, .timeout = 60)
 {
     DA_JOB("dacount", sc_count_only);
 }
+
+/* ---- a context ended while its calls are still running ---- */
+
+/* The callee's part is still running (gate_add waits for its gate) when the
+ * caller ends the context: the cleanup may reach the callee before, during
+ * or after the call (under the reordering mode it may overtake the request
+ * itself). The call still answers, and no context is left anywhere. */
+static int sc_end_in_flight(int rank, int world)
+{
+    int next = (rank + 1) % world;
+    for (int i = 0; i < 10; i++) {
+        int64_t ctx;
+        sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+        sr_value *a = tv(t1), *b = tv(t2), *out = NULL;
+        sr_future *f = NULL;
+        CTX_BEGIN(ctx);
+        WCHECK(sr_rpc_async(next, "gate_add", SR_ARGS(a, b), WAIT_S, &f) == 0, "rpc_async: %s", sr_last_error());
+        CTX_END(ctx);
+        sem_post(&dash->gate[next]);
+        WCHECK(sr_future_wait(f, &out) == 0, "a call of an ended context: %s", sr_last_error());
+        WCHECK(sr_value_tensor(out), "the call answered %s", sr_kind_name(sr_value_type(out)));
+        if (expect_gone_on(next, ctx, "a context ended during its call"))
+            return 1;
+        sr_future_unref(f);
+        sr_value *vs[] = {a, b, out};
+        unref_values(vs, 3);
+        sr_tensor_unref(t1);
+        sr_tensor_unref(t2);
+    }
+    if (da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after contexts ended during their calls") : 0;
+}
+
+Test(dist_autograd_graph, context_ended_while_its_calls_run, .timeout = 120)
+{
+    DA_JOB("daendfly", sc_end_in_flight);
+}
