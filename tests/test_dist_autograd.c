@@ -1101,3 +1101,10 @@ Test(dist_autograd, leaf_hooks_apply_to_the_context_gradient, .timeout = 120)
 {
     DA_JOB("dahooks", sc_hooks);
 }
+
+/* A pass holds no thread while gradients travel: with one executor thread
+ * per worker, four workers' passes crossing each other all complete. */
+Test(dist_autograd, passes_with_one_executor_thread_per_worker, .timeout = 180)
+{
+    DA_JOB("dacompare1", sc_compare, .opts = {.num_worker_threads = 1});
+}

@@ -554,3 +554,8 @@ Test(dist_autograd_graph, context_ended_while_its_calls_run, .timeout = 120)
 {
     DA_JOB("daendfly", sc_end_in_flight);
 }
+
+Test(dist_autograd_graph, twenty_threads_on_three_workers_one_executor_thread, .timeout = 180)
+{
+    DA_JOB("dathreads1", sc_threads, .opts = {.num_worker_threads = 1});
+}
