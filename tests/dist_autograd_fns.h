@@ -825,18 +825,20 @@ static int da_then_quiet(int rank, int world)
     return expect_quiet("at the end of the test");
 }
 
-/* A job of WORLD workers running sc on each (failing fast), with the shared page. */
-#define DA_JOB(name, sc, ...)                                                                       \
+/* A job of WORLD workers running sc on each (failing fast) with the user
+ * functions that reg registers, and the shared page. */
+#define DA_JOB_FNS(name, sc, reg, ...)                                                              \
     do {                                                                                            \
         dash = shared_page(sizeof(*dash));                                                          \
         for (int w_ = 0; w_ < WORLD; w_++)                                                          \
             cr_assert_eq(sem_init(&dash->gate[w_], 1, 0), 0);                                       \
         da_scenario = sc;                                                                           \
         rref_scenario = da_then_quiet;                                                              \
-        RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = register_da_fns,                \
-                .shutdown_timeout = 30, __VA_ARGS__);                                               \
+        RUN_JOB(name, WORLD, .scenario = fail_fast, .register_fns = reg, .shutdown_timeout = 30,    \
+                __VA_ARGS__);                                                                       \
         munmap(dash, sizeof(*dash));                                                                \
     } while (0)
+#define DA_JOB(name, sc, ...) DA_JOB_FNS(name, sc, register_da_fns, __VA_ARGS__)
 
 /* Begin a context, failing the worker with a message if it cannot. */
 #define CTX_BEGIN(id)                                                                               \

@@ -1,11 +1,15 @@
 /* Distributed autograd on 4 workers: context ids and their errors, simple
- * backward passes (another worker, self, remote()), invalid roots, .grad left
- * alone, gradients on returned tensors only, RRef.backward, a parameter
- * server shared by three trainers' contexts, the comparison with local
- * autograd of PyTorch's dist_autograd_test.py (round trips, unused tensors,
- * chunks, several roots, two dtypes), the nested UDF's numbers (3096, 2256),
- * 1,000 retain_graph passes and leaf hooks. Also run under the reordering
- * mode (tests/meson.build). */
+ * backward passes (without RPC, to another worker, to self, through
+ * remote()), invalid roots, .grad left alone, gradients on returned tensors
+ * only, RRef.backward, the context across then-callbacks, a pass that
+ * reaches workers several times, parameters behind RRefs with a relaying
+ * trainer (dist_optimizer_test's forward), a parameter server shared by
+ * three trainers' contexts, the comparison with local autograd of PyTorch's
+ * dist_autograd_test.py (round trips, tensor dims, unused tensors, chunks,
+ * several roots, two dtypes; also with one executor thread per worker), the
+ * nested UDF's numbers (3096, 2256), 1,000 retain_graph passes and leaf
+ * hooks. Every job ends with nothing in flight anywhere. Also run under the
+ * reordering mode (tests/meson.build). */
 #include "dist_autograd_fns.h"
 
 LEAK_CHECKED_SUITE(dist_autograd);
@@ -564,12 +568,107 @@ static void register_revisit_fns(void)
 
 Test(dist_autograd, pass_reaching_workers_several_times, .timeout = 120)
 {
-    dash = shared_page(sizeof(*dash));
-    for (int w = 0; w < WORLD; w++)
-        cr_assert_eq(sem_init(&dash->gate[w], 1, 0), 0);
-    da_scenario = sc_revisits;
-    rref_scenario = da_then_quiet;
-    RUN_JOB("darevisit", WORLD, .scenario = fail_fast, .register_fns = register_revisit_fns, .shutdown_timeout = 30);
+    DA_JOB_FNS("darevisit", sc_revisits, register_revisit_fns);
+}
+
+/* ---- dist_optimizer_test's forward: parameters behind RRefs, the trainer relays ---- */
+
+static sr_tensor *param_matrix(int64_t seed, bool rg)
+{
+    double v[9];
+    for (int i = 0; i < 9; i++)
+        v[i] = (double)((i * 7 + seed * 3) % 5) - 2;
+    return sr_from_data(SR_F64, 2, DSHAPE(3, 3), v, rg ? SR_REQUIRES_GRAD : 0);
+}
+
+/* param(seed): a 3x3 parameter (a leaf that requires grad), kept by remote(). */
+static int fn_param(sr_call *c)
+{
+    sr_tensor *w = param_matrix(sr_value_int(sr_call_arg(c, 0)), true);
+    sr_value *v = tv(w);
+    sr_tensor_unref(w);
+    return sr_call_return(c, v);
+}
+
+/* forward(rref_w, x): w @ x on w's owner (MyModule.forward). */
+static int fn_forward_mm(sr_call *c)
+{
+    sr_value *hold;
+    sr_tensor *w = rref_tensor(sr_call_arg(c, 0), &hold);
+    sr_tensor *r = w ? sr_matmul(w, sr_value_tensor(sr_call_arg(c, 1))) : NULL;
+    sr_value_unref(hold);
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "forward: %s", sr_last_error());
+    sr_value *v = tv(r);
+    sr_tensor_unref(r);
+    return sr_call_return(c, v);
+}
+
+static int sc_relay(int rank, int world)
+{
+    int o1 = (rank + 1) % world, o2 = (rank + 2) % world;
+    sr_value *s1 = sr_int(10 + rank), *s2 = sr_int(20 + rank), *out1 = NULL, *out2 = NULL;
+    sr_rref *p1 = NULL, *p2 = NULL;
+    WCHECK(sr_remote(o1, "param", SR_ARGS(s1), WAIT_S, &p1) == 0 && sr_remote(o2, "param", SR_ARGS(s2), WAIT_S, &p2) == 0,
+           "remote param: %s", sr_last_error());
+    sr_value *r1 = sr_rref_value(p1), *r2 = sr_rref_value(p2);
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+    /* The same, locally. */
+    sr_tensor *w1 = param_matrix(10 + rank, true), *w2 = param_matrix(20 + rank, true);
+    sr_tensor *l1 = leaf_copy(t1, true), *l2 = leaf_copy(t2, true);
+    sr_tensor *a = sr_matmul(w1, l2), *b = sr_matmul(w2, a), *c = sr_add(b, l1), *ls = sr_sum(c);
+    WCHECK(sr_backward(ls, false) == 0, "local: %s", sr_last_error());
+    int64_t ctx;
+    CTX_BEGIN(ctx);
+    sr_value *t2v = tv(t2);
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(o1, "forward_mm", SR_ARGS(r1, t2v), WAIT_S, &f) == 0 && sr_future_wait(f, &out1) == 0,
+           "forward 1: %s", sr_last_error());
+    sr_future_unref(f);
+    WCHECK(sr_rpc_async(o2, "forward_mm", SR_ARGS(r2, out1), WAIT_S, &f) == 0 && sr_future_wait(f, &out2) == 0,
+           "forward 2: %s", sr_last_error());
+    sr_future_unref(f);
+    sr_tensor *sum = sr_add(sr_value_tensor(out2), t1), *loss = sr_sum(sum);
+    if (da_backward(ctx, &loss, 1, false, "the trainer relays"))
+        return 1;
+    sr_tensor *g = NULL;
+    WCHECK(sr_dist_autograd_get_gradient(ctx, t1, &g) == 0, "t1: %s", sr_last_error());
+    if (expect_same(g, sr_tensor_grad(l1), 1e-12, "grad t1"))
+        return 1;
+    sr_tensor_unref(g);
+    WCHECK(sr_dist_autograd_get_gradient(ctx, t2, &g) == 0, "t2: %s", sr_last_error());
+    if (expect_same(g, sr_tensor_grad(l2), 1e-12, "grad t2"))
+        return 1;
+    sr_tensor_unref(g);
+    sr_value *cv = sr_int(ctx), *gv = NULL;
+    WCHECK(noctx_rpc(o1, "owner_grad", SR_ARGS(cv, r1), &gv) == 0, "owner_grad 1: %s", sr_last_error());
+    if (expect_same(sr_value_tensor(gv), sr_tensor_grad(w1), 1e-12, "G1 = W2^T J t2^T on its owner"))
+        return 1;
+    sr_value_unref(gv);
+    WCHECK(noctx_rpc(o2, "owner_grad", SR_ARGS(cv, r2), &gv) == 0, "owner_grad 2: %s", sr_last_error());
+    if (expect_same(sr_value_tensor(gv), sr_tensor_grad(w2), 1e-12, "G2 = J (W1 t2)^T on its owner"))
+        return 1;
+    sr_value_unref(gv);
+    CTX_END(ctx);
+    sr_value *vs[] = {s1, s2, out1, out2, r1, r2, t2v, cv};
+    unref_values(vs, 8);
+    sr_rref_unref(p1);
+    sr_rref_unref(p2);
+    sr_tensor *all[] = {t1, t2, w1, w2, l1, l2, a, b, c, ls, sum, loss};
+    unref_tensors(all, 12);
+    return 0;
+}
+
+static void register_relay_fns(void)
+{
+    register_da_fns();
+    sr_register("param", fn_param);
+    sr_register("forward_mm", fn_forward_mm);
+}
+
+Test(dist_autograd, parameters_behind_rrefs_and_a_relaying_trainer, .timeout = 120)
+{
+    DA_JOB_FNS("darelay", sc_relay, register_relay_fns);
 }
 
 /* ---- test_trainer_ps: three trainers' contexts share one leaf on the PS ---- */
@@ -650,12 +749,7 @@ static void register_trainer_fns(void)
 
 Test(dist_autograd, trainers_and_parameter_server, .timeout = 120)
 {
-    dash = shared_page(sizeof(*dash));
-    for (int w = 0; w < WORLD; w++)
-        cr_assert_eq(sem_init(&dash->gate[w], 1, 0), 0);
-    da_scenario = sc_trainer_ps;
-    rref_scenario = da_then_quiet;
-    RUN_JOB("datrainer", WORLD, .scenario = fail_fast, .register_fns = register_trainer_fns, .shutdown_timeout = 30);
+    DA_JOB_FNS("datrainer", sc_trainer_ps, register_trainer_fns);
 }
 
 /* ---- comparison with local autograd ---- */

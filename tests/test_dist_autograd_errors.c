@@ -1,8 +1,10 @@
 /* Distributed autograd failures: a node that fails in backward 2, 3 and 4
- * hops away, and one on the caller behind 4 round trips (the caller gets "Error
- * on Node N: ..." and the same context then runs a successful pass); FAST
- * mode's unused send function (-EDEADLK naming the call, never a hang);
- * running out of context ids (-EOVERFLOW); calls before sr_init; a worker
+ * hops away, and one on the caller behind 4 round trips (the caller gets
+ * "Error on Node N: ..." and the same context then runs successful passes);
+ * FAST mode's unused send function (-EDEADLK naming the call, never a
+ * hang); a pass past the RPC timeout; a second pass in a running context
+ * (-EBUSY); a context ended inside its own pass; running out of context ids
+ * (-EOVERFLOW); calls before sr_init; contexts open at shutdown; a worker
  * that dies in the middle of a pass (-EPIPE, never a hang). The 4-worker
  * jobs also run under the reordering mode (tests/meson.build). */
 #include "dist_autograd_fns.h"

@@ -2,9 +2,11 @@
  * and recv functions (PyTorch's ctx._send_functions() / _recv_functions()):
  * one call (built-in or user function, rpc_sync or remote), three nested
  * hops, a loop back to the caller, no graph without tensors that require
- * grad (while the callee's context still exists), known workers, cleanup
- * reaching every worker, and 20 threads on each of 3 workers. Also run
- * under the reordering mode (tests/meson.build). */
+ * grad (while the callee's context still exists), known workers, short
+ * buffers and counts, cleanup reaching every worker (also for a context
+ * ended while its calls run), debug info, and 20 threads on each of 3
+ * workers (also with one executor thread). Also run under the reordering
+ * mode (tests/meson.build). */
 #include "dist_autograd_fns.h"
 
 LEAK_CHECKED_SUITE(dist_autograd_graph);
