@@ -561,3 +561,52 @@ Test(dist_autograd_graph, twenty_threads_on_three_workers_one_executor_thread, .
 {
     DA_JOB("dathreads1", sc_threads, .opts = {.num_worker_threads = 1});
 }
+
+/* ---- test_rpc_complex_args / test_remote_complex_args ---- */
+
+/* stack of 10 tensors, every other one requiring grad: the send function has
+ * one next edge per tensor that requires grad, each its AccumulateGrad. */
+static int sc_complex_args(int rank, int world)
+{
+    int dst = (rank + 1) % world;
+    for (int m = RPC_SYNC; m <= REMOTE; m += REMOTE - RPC_SYNC) {
+        enum { N = 10 };
+        sr_tensor *ts[N];
+        sr_value *vs[N];
+        for (int i = 0; i < N; i++) {
+            ts[i] = t_full(3, 3, 1, i % 2 == 0);
+            vs[i] = tv(ts[i]);
+        }
+        int64_t ctx;
+        CTX_BEGIN(ctx);
+        sr_tensor *ret = take_tensor(call_mode((enum mode)m, dst, "stack", (sr_args){N, vs}));
+        WCHECK(ret, "%s stack: %s", mode_name[m], sr_last_error());
+        sr_tensor *local = sr_stack(ts, N, 0);
+        if (expect_same(ret, local, 0, "the stacked result"))
+            return 1;
+        sr_dist_fn_info s[8];
+        static const char *const acc5[] = {"AccumulateGrad", "AccumulateGrad", "AccumulateGrad", "AccumulateGrad",
+                                           "AccumulateGrad"};
+        if (get_fns(ctx, true, s, 1, mode_name[m]) || expect_next(&s[0], 5, acc5, mode_name[m]) ||
+            expect_known(ctx, (int[]){dst}, 1, mode_name[m]))
+            return 1;
+        sr_tensor *loss = sr_sum(ret);
+        if (da_backward(ctx, &loss, 1, false, "complex args") || expect_num_grads(ctx, 5, "complex args"))
+            return 1;
+        for (int i = 0; i < N; i += 2)
+            if (expect_grad_all(ctx, ts[i], 1, "a stacked tensor"))
+                return 1;
+        CTX_END(ctx);
+        unref_values(vs, N);
+        unref_tensors(ts, N);
+        sr_tensor_unref(ret);
+        sr_tensor_unref(local);
+        sr_tensor_unref(loss);
+    }
+    return 0;
+}
+
+Test(dist_autograd_graph, complex_args_only_tensors_that_require_grad_are_edges, .timeout = 60)
+{
+    DA_JOB("dacomplex", sc_complex_args);
+}
