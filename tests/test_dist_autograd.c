@@ -346,6 +346,23 @@ static int sc_rref_backward(int rank, int world)
     sr_rref_unref(user);
     CTX_END(ctx);
 
+    /* A user RRef made outside the context, whose owner never saw it: the
+     * owner cannot find the context (PyTorch raises the same). */
+    sr_tensor *one = sr_scalar_tensor(SR_F64, 2, SR_REQUIRES_GRAD);
+    sr_value *onev = tv(one);
+    WCHECK(sr_remote(next, "sum", SR_ARGS(onev), WAIT_S, &user) == 0, "remote: %s", sr_last_error());
+    WCHECK(wait_confirmed(user) == 0, "the user RRef was not confirmed");
+    CTX_BEGIN(ctx);
+    char want[96];
+    snprintf(want, sizeof(want), "Could not find autograd context with id: %lld", (long long)ctx);
+    int brc = sr_rref_backward(user, ctx, false);
+    WCHECK(brc < 0 && strstr(sr_last_error(), want), "RRef.backward in a context its owner never saw gave %d: %s",
+           brc, sr_last_error());
+    CTX_END(ctx);
+    sr_rref_unref(user);
+    sr_value_unref(onev);
+    sr_tensor_unref(one);
+
     /* Several users at once: workers 1-3 each run RRef.backward on worker0. */
     if (da_barrier())
         return 1;
