@@ -127,20 +127,23 @@ static sr_tensor *mm_like(const char *fn, const sr_node_ops *ops, sr_tensor *a, 
     int64_t shape[3] = {a->shape[0], a->shape[1], b->shape[ndim - 1]};
     if (ndim == 2)
         shape[1] = b->shape[1];
+    sr_tensor *in[2] = {a, b};
+    bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = sr__tensor_new(fn, a->dtype, ndim, shape);
     if (out && multiply(fn, out, a, b, ndim == 3 ? a->shape[0] : 1)) {
         sr_tensor_unref(out);
-        return NULL;
+        out = NULL;
     }
-    sr_tensor *in[2] = {a, b};
-    if (!out || !sr__any_requires_grad(in, 2))
-        return out;
-    sr_node *n = sr__node_for_inputs(ops, sizeof(sr_node), in, 2, 1, 2);
-    if (n) {
-        sr__node_save(n, 0, a);
-        sr__node_save(n, 1, b);
+    if (out && sr__any_requires_grad(in, 2)) {
+        sr_node *n = sr__node_for_inputs(ops, sizeof(sr_node), in, 2, 1, 2);
+        if (n) {
+            sr__node_save(n, 0, a);
+            sr__node_save(n, 1, b);
+        }
+        out = sr__attach(out, n);
     }
-    return sr__attach(out, n);
+    sr__unpin_saved(pinned, in, 2);
+    return out;
 }
 
 SR_API sr_tensor *sr_mm(sr_tensor *a, sr_tensor *b) { return mm_like("sr_mm", &mm_ops, a, b, 2); }

@@ -252,9 +252,29 @@ void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n)
             sr__tensor_unpin(src[i]);
 }
 
+bool sr__pin_saved(sr_tensor *const *in, int n)
+{
+    if (!sr__any_requires_grad(in, (size_t)n))
+        return false;
+    for (int i = 0; i < n; i++)
+        if (in[i])
+            sr__tensor_pin(in[i]);
+    return true;
+}
+
+void sr__unpin_saved(bool pinned, sr_tensor *const *in, int n)
+{
+    for (int i = 0; pinned && i < n; i++)
+        if (in[i])
+            sr__tensor_unpin(in[i]);
+}
+
 sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
 {
-    sr_block *b = sr__storage_block_ref(t->storage);
+    /* the block this thread read t from, if it pinned t (the op saving what
+     * its forward read), else t's current one */
+    sr_block *b = sr__storage_pinned(t->storage);
+    b = b ? sr_block_ref(b) : sr__storage_block_ref(t->storage);
     struct sr_storage *s = sr__storage_new(b);
     if (!s) {
         sr_block_unref(b);

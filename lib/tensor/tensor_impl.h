@@ -57,6 +57,9 @@
  *     pins of one storage nest and share one block, and a loop run by the
  *     thread reads a storage the thread pinned from that pin (without
  *     locking it again);
+ *   - ops that save inputs for backward (mul, div, pow, pow_scalar, the unary
+ *     ops saving their input, mm/bmm) pin them for the whole op
+ *     (sr__pin_saved), so the snapshot saves the version the forward read;
  *   - in-place writes (sr__tensor_write_begin_from / _end_from): the sources
  *     in other storages are pinned explicitly before the destination's lock
  *     is taken, so the loop under the lock locks nothing; a source in the
@@ -169,9 +172,16 @@ sr_block *sr__storage_pinned(const struct sr_storage *s);
  * t's own storage are read under t's lock, from its writable block. */
 int sr__tensor_write_begin_from(sr_tensor *t, const char *fn, const sr_tensor *const *src, int n);
 void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n);
-/* A tensor with t's geometry over t's current block, through its own new
- * storage object (its own block reference): no history, no grad. What
- * autograd saves for backward. NULL on -ENOMEM. */
+/* An op that saves inputs for backward pins them from before its forward
+ * reads them to after it saved them, so that what it saves is what it read
+ * (sr__tensor_snapshot takes the pinned block). Pins in[0..n) (NULL entries
+ * skipped) only if the op records history; pass the result to unpin. */
+bool sr__pin_saved(sr_tensor *const *in, int n);
+void sr__unpin_saved(bool pinned, sr_tensor *const *in, int n);
+/* A tensor with t's geometry over t's block, through its own new storage
+ * object (its own block reference): no history, no grad. The block is the
+ * one this thread pinned for t's storage if it did (sr__tensor_pin), else
+ * t's current one. What autograd saves for backward. NULL on -ENOMEM. */
 sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
 /* Copy-on-write copies made by this process so far (a statistic for tests
  * and benchmarks). */
