@@ -3,11 +3,14 @@
  *
  * Suite `pin`: the mechanics, on one thread: pins nest and share one block,
  * an op's pins are gone when it returns, an op reading one storage twice
- * reads one version of it, and the pins cost no copy where none is due (an
+ * reads one version of it, an op saves for backward the version its forward
+ * read, and the pins cost no copy where none is due (an
  * in-place op reading its own storage, an optimizer-style update).
  *
  * Suite `pinned_reads`: a reader thread computes sr_mul_scalar(W, 1),
- * sr_sum(W), sr_mm(x, W) and sr_copy_(dst, W) on a 4 MiB W over and over,
+ * sr_sum(W), sr_mm(x, W), sr_copy_(dst, W) and sr_sum(sr_mul(x, W)) with its
+ * backward (whose gradient must come from the W the forward read) on a 4 MiB
+ * W over and over,
  * while the main thread fills W with k in place, k = 1, 2, ...: on odd rounds
  * while a snapshot of W (what autograd saves for a pending backward) holds
  * W's block, so the fill moves W to a copy and the snapshot, released right
@@ -154,9 +157,37 @@ Test(pin, no_copy_where_none_is_due)
     sr_tensor_unref(m);
 }
 
+/* What an op saves for backward is the version its forward read. A write
+ * between the forward's read and the save is simulated on one thread: the
+ * test pins W (as the op's read would), then writes W (moving it to a copy
+ * of 2s), then runs the op, which reads the pinned 1s and must save them. */
+static void saves_what_it_read(bool mm)
+{
+    sr_tensor *w = sr_full(SR_F64, 2, SHAPE(3, 3), 1.0, 0), *x = sr_ones(SR_F64, 2, SHAPE(3, 3), SR_REQUIRES_GRAD);
+    cr_assert(w && x, "%s", sr_last_error());
+    sr__tensor_pin(w);
+    cr_assert_eq(sr_fill_(w, 2.0), 0, "%s", sr_last_error());
+    sr_tensor *y = mm ? sr_mm(x, w) : sr_mul(x, w);
+    sr_tensor *l = y ? sr_sum(y) : NULL;
+    cr_assert(l, "%s", sr_last_error());
+    cr_assert_eq(sr_tensor_item(l), mm ? 27.0 : 9.0, "the forward read the pinned 1s");
+    sr__tensor_unpin(w);
+    cr_assert_eq(sr_backward(l, false), 0, "%s", sr_last_error());
+    const double *g = sr_tensor_data(sr_tensor_grad(x));
+    for (int i = 0; i < 9; i++)
+        cr_assert_eq(g[i], mm ? 3.0 : 1.0, "grad[%d] = %g: the saved W is the forward's, not the 2s", i, g[i]);
+    sr_tensor_unref(l);
+    sr_tensor_unref(y);
+    sr_tensor_unref(x);
+    sr_tensor_unref(w);
+}
+
+Test(pin, mul_saves_the_version_its_forward_read) { saves_what_it_read(false); }
+Test(pin, mm_saves_the_version_its_forward_read) { saves_what_it_read(true); }
+
 /* ---- concurrent reads and in-place writes ------------------------------- */
 
-enum { PR_ROWS = 256, PR_COLS = 4096, PR_N = PR_ROWS * PR_COLS, PR_ROUNDS = 48, PR_OPS = 4 };
+enum { PR_ROWS = 256, PR_COLS = 4096, PR_N = PR_ROWS * PR_COLS, PR_ROUNDS = 48, PR_OPS = 5 };
 
 struct pr {
     sr_tensor *w, *x, *dst; /* W [ROWS, COLS]; x = ones [1, ROWS]; dst: sr_copy_'s target */
@@ -203,6 +234,19 @@ static int pr_op(struct pr *s, int op)
     case 3:
         k = sr_copy_(s->dst, s->w) ? -1 : uniform_k(sr_tensor_data(s->dst), PR_N, 1.0);
         break;
+    case 4: { /* forward and backward: the saved W is the one the forward read */
+        sr_tensor *x = sr_ones(SR_F32, 2, SHAPE(1, PR_COLS), SR_REQUIRES_GRAD);
+        sr_tensor *m = x ? sr_mul(x, s->w) : NULL;
+        y = m ? sr_sum(m) : NULL;
+        int kf = y ? as_k(sr_tensor_item(y), (double)PR_N) : -1;
+        if (kf >= 0 && !sr_backward(y, false)) { /* x.grad = the saved W summed over its rows */
+            int kb = uniform_k(sr_tensor_data(sr_tensor_grad(x)), PR_COLS, (double)PR_ROWS);
+            k = kb == kf ? kf : -1;
+        }
+        sr_tensor_unref(m);
+        sr_tensor_unref(x);
+        break;
+    }
     }
     sr_tensor_unref(y);
     return k;
@@ -211,7 +255,8 @@ static int pr_op(struct pr *s, int op)
 static void *pr_reader(void *arg)
 {
     struct pr *s = arg;
-    static const char *names[PR_OPS] = {"sr_mul_scalar(W, 1)", "sr_sum(W)", "sr_mm(x, W)", "sr_copy_(dst, W)"};
+    static const char *names[PR_OPS] = {"sr_mul_scalar(W, 1)", "sr_sum(W)", "sr_mm(x, W)", "sr_copy_(dst, W)",
+                                        "sr_sum(sr_mul(x, W)) and its backward"};
     /* acquire: pairs with the writer's release store of done */
     for (int i = 0; !atomic_load_explicit(&s->done, memory_order_acquire); i++) {
         int op = i % PR_OPS;
