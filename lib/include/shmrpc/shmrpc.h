@@ -13,6 +13,7 @@
 #include "tensor.h"
 #include "dist_autograd.h"
 #include "optim.h"
+#include "dist_optim.h"
 #include "nn.h"
 #include "data.h"
 
