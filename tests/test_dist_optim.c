@@ -25,16 +25,6 @@ LEAK_CHECKED_SUITE(dist_optim);
 static const double W0[9] = {1, 2, 0, 0, 1, 3, 1, 0, 1};
 static const double T2[9] = {1, 0, 2, 0, 1, 0, 1, 1, 0};
 static const double T1[9] = {0.5, -1, 2, 0, 3, 1, -2, 0.25, 1}; /* "any t1" */
-/* torch's test makes t2 require grad too, but never reads its gradient. In
- * the distributed runs here it does not: with it, the backward pass reaches
- * the trainer twice (module 2 -> trainer -> module 1 -> trainer), and a
- * gradient request served on the trainer can take the request that is
- * waiting for it among the context's outstanding RPCs (lib/dist_autograd/
- * backward.c, job_run takes them all), so two requests wait on each other for
- * ever: graceful shutdown then times out, or the pass fails with -EDEADLK.
- * That is a distributed autograd issue, reported with issue 10; it does not
- * change w1's or w2's gradient. */
-#define T2_GRAD false
 static const int64_t SHAPE33[2] = {3, 3};
 
 static sr_tensor *mat33(const double *v, bool grad)
@@ -272,7 +262,7 @@ static int sc_pytorch(int rank, int world)
     }
     sr_dist_optim *d = NULL;
     WCHECK(sr_dist_optim_create(SR_OPTIM_SGD, &oo, rm.p, 2, &d) == 0, "create: %s", sr_last_error());
-    sr_tensor *u1 = mat33(T1, true), *u2 = mat33(T2, T2_GRAD); /* fresh inputs, as torch's test draws them again */
+    sr_tensor *u1 = mat33(T1, true), *u2 = mat33(T2, true); /* fresh inputs, as torch's test draws them again */
     if (dist_iteration(&rm, d, u1, u2))
         return 1;
     sr_tensor_unref(u1);
@@ -357,7 +347,7 @@ static int one_config(int i)
     struct remote_modules rm;
     if (make_modules(&rm, true, i % 2))
         return 1;
-    sr_tensor *t1 = mat33(T1, true), *t2 = mat33(T2, T2_GRAD);
+    sr_tensor *t1 = mat33(T1, true), *t2 = mat33(T2, true);
     sr_value *t1v = sr_tensor_value(t1);
     sr_rref *p0 = NULL;
     WCHECK(sr_rref_create(t1v, &p0) == 0, "RRef(t1): %s", sr_last_error());
@@ -431,7 +421,7 @@ static int sc_none_grads(int rank, int world)
     if (make_modules(&rm, false, true))
         return 1;
     WCHECK(sr_dist_optim_create(kind, &oo, rm.p, 2, &d) == 0, "create: %s", sr_last_error());
-    sr_tensor *u1 = mat33(T1, true), *u2 = mat33(T2, T2_GRAD);
+    sr_tensor *u1 = mat33(T1, true), *u2 = mat33(T2, true);
     if (dist_iteration(&rm, d, u1, u2))
         return 1;
     double got[9], want[9];

@@ -1,6 +1,10 @@
 /* nn.h: the seeded generator, Linear/MLP modules (initialisation, forward,
- * backward), argmax, accuracy, and cross_entropy's reduction. */
+ * backward), argmax, accuracy, and cross_entropy's reduction; a forward
+ * running while another thread steps the weight in place. */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "gradcheck.h"
@@ -274,6 +278,75 @@ Test(linear, functional_gradcheck)
         {.ndim = 1, .shape = {2}, .lo = -1, .hi = 1},
     };
     gradcheck("linear", linear_fn, NULL, 3, in);
+}
+
+/* ---- a forward while another thread steps the weight in place ----
+ * The parameter server's case: forwards on executor threads, another
+ * trainer's optimizer step writing the weight in place. One thread fills a
+ * large weight with k = 1, 2, ... (an in-place step, grad mode off); the
+ * other runs sr_linear(ones, W) and requires every output to come from one
+ * whole version of W: all equal, and a multiple of IN. The rounds are
+ * handshaken as in test_snapshot's torn suite, so that forwards overlap each
+ * fill. Reading W directly (sr_linear before param_view) fails this in
+ * every run (checked by hand: 16 of 16 forwards mixed two versions, 4 runs);
+ * through a snapshot it cannot, whatever the interleaving. */
+enum { LT_IN = 1 << 16, LT_OUT = 64, LT_ROUNDS = 16 };
+
+struct linear_torn {
+    sr_tensor *w, *x;
+    _Atomic int started, acked;
+    int torn, forwards;
+};
+
+static void *linear_reader(void *arg)
+{
+    struct linear_torn *s = arg;
+    static double y[LT_OUT];
+    for (int k = 1; k <= LT_ROUNDS; k++) {
+        /* acquire: pairs with the writer's release store of started */
+        while (atomic_load_explicit(&s->started, memory_order_acquire) < k)
+            sched_yield();
+        for (bool done = false; !done;) { /* until a forward shows the whole of fill k */
+            sr_tensor *out = sr_linear(s->x, s->w, NULL);
+            cr_assert(out, "%s", sr_last_error());
+            cr_assert(sr_tensor_requires_grad(out));
+            cr_assert_eq(sr_tensor_to_f64(out, y, LT_OUT), 0);
+            s->forwards++;
+            bool uniform = y[0] == (double)LT_IN * (double)(int64_t)(y[0] / LT_IN);
+            for (int j = 1; j < LT_OUT; j++)
+                uniform &= y[j] == y[0];
+            s->torn += !uniform;
+            done = !uniform || y[0] == (double)LT_IN * k;
+            sr_tensor_unref(out);
+        }
+        /* release: the writer's next fill starts after our references went */
+        atomic_store_explicit(&s->acked, k, memory_order_release);
+    }
+    return NULL;
+}
+
+Test(linear, a_forward_never_sees_half_of_an_in_place_step, .timeout = 120)
+{
+    struct linear_torn s = {.w = sr_zeros(SR_F32, 2, SHAPE(LT_OUT, LT_IN), SR_REQUIRES_GRAD),
+                            .x = sr_ones(SR_F32, 2, SHAPE(1, LT_IN), 0)};
+    cr_assert(s.w && s.x, "%s", sr_last_error());
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, linear_reader, &s), 0);
+    bool prev = sr_no_grad_enter(); /* the optimizer's mode; grad mode is per thread */
+    for (int k = 1; k <= LT_ROUNDS; k++) {
+        /* acquire: pairs with the reader's release of acked */
+        while (atomic_load_explicit(&s.acked, memory_order_acquire) < k - 1)
+            sched_yield();
+        /* release: pairs with the reader's acquire load of started */
+        atomic_store_explicit(&s.started, k, memory_order_release);
+        cr_assert_eq(sr_fill_(s.w, k), 0, "%s", sr_last_error());
+    }
+    sr_no_grad_exit(prev);
+    pthread_join(th, NULL);
+    cr_assert_eq(s.torn, 0, "%d of %d forwards mixed two versions of the weight", s.torn, s.forwards);
+    cr_assert_geq(s.forwards, LT_ROUNDS);
+    sr_tensor_unref(s.w);
+    sr_tensor_unref(s.x);
 }
 
 Test(mlp, names_sizes_and_params_like_nn_sequential)

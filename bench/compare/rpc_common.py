@@ -29,3 +29,43 @@ def timed(fn, n, warmup=0):
         fn()
         lat.append(time.perf_counter_ns() - t0)
     return percentiles(lat)
+
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def read_idx(path, magic):
+    """The array in one gzip-compressed IDX file (Debian's dataset-fashion-mnist):
+    uint8 [N, rows * cols] for magic 0x803 (images), [N] for 0x801 (labels)."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    got, n = struct.unpack(">II", data[:8])
+    if got != magic:
+        sys.exit(f"{path}: magic 0x{got:08x}, expected 0x{magic:08x}")
+    if magic == 0x803:
+        rows, cols = struct.unpack(">II", data[8:16])
+        body = np.frombuffer(data, dtype=np.uint8, offset=16)
+        if body.size != n * rows * cols:
+            sys.exit(f"{path}: {body.size} pixel bytes, expected {n} x {rows} x {cols}")
+        return body.reshape(n, rows * cols).copy()  # writable: torch.from_numpy warns on read-only arrays
+    body = np.frombuffer(data, dtype=np.uint8, offset=8)
+    if body.size != n:
+        sys.exit(f"{path}: {body.size} labels, expected {n}")
+    return body.astype(np.int64)
+
+
+def load_fashion_mnist(train, directory=FASHION_MNIST_DIR):
+    """(images uint8 [N, 784], labels int64 [N]) of the train (60000) or test (10000) set."""
+    import os
+
+    prefix = "train" if train else "t10k"
+    images = read_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte.gz"), 0x803)
+    labels = read_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte.gz"), 0x801)
+    if len(images) != len(labels):
+        sys.exit(f"{directory}: {len(images)} images but {len(labels)} labels")
+    return images, labels

@@ -1,12 +1,14 @@
 /* Releasing a context: locally, then on every worker it knows, which do the
- * same with the workers they know (transitive). A cleanup for a context a
- * worker does not have is a no-op that remembers the id (container.c), so a
- * request that the cleanup overtook does not create it again: idempotent.
- * Cleanups are module requests that nobody waits for; the transport never
- * drops a message (a full inbox queues it), so there is nothing to retry,
- * and a dead peer needs no cleanup.
+ * same with the workers they know (transitive). A cleanup is a one-way
+ * module message (nobody waits for it, so it has no answer to wait for):
+ * the context id in the first 8 data bytes. A cleanup for a context a worker
+ * does not have is a no-op that remembers the id (container.c), so a request
+ * that the cleanup overtook does not create it again: idempotent. The
+ * transport never drops a message (a full inbox queues it), so there is
+ * nothing to retry, and a dead peer needs no cleanup.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "dist_autograd/context.h"
 #include "error.h"
@@ -14,10 +16,9 @@
 
 static void send_cleanup(int64_t ctx_id, int to)
 {
-    sr_future *f = NULL;
-    if (!sr__module_rpc(to, SR_MOD_DIST_AUTOGRAD, SR_DA_CLEANUP, (uint64_t)ctx_id, (sr_args){0, NULL},
-                        sr__rpc_default_timeout_ms(), &f))
-        sr_future_unref(f); /* fire and forget; graceful shutdown still waits for it */
+    sr_msg m = {.type = SR_MSG_DA_CLEANUP};
+    memcpy(m.data, &ctx_id, sizeof(ctx_id));
+    sr__module_send(to, &m, false); /* counted: graceful shutdown waits for it to be read */
 }
 
 void sr__dist_release(sr_dctx *c, int except)
@@ -35,18 +36,14 @@ void sr__dist_release(sr_dctx *c, int except)
     sr__dctx_unref(mine);
 }
 
-int sr__dist_serve_cleanup(int caller, uint64_t ctx_id, sr_future **out)
+void sr__dist_on_cleanup(const sr_msg *m)
 {
-    sr_dctx *c = sr__dctx_find((int64_t)ctx_id);
+    int64_t id;
+    memcpy(&id, m->data, sizeof(id));
+    sr_dctx *c = sr__dctx_find(id);
     if (c)
-        sr__dist_release(c, caller);
+        sr__dist_release(c, (int)m->src);
     else
-        sr__dctx_unref(sr__dctx_remove((int64_t)ctx_id)); /* remembers the id */
+        sr__dctx_unref(sr__dctx_remove(id)); /* remembers the id */
     sr__dctx_unref(c);
-    sr_future *f = sr_future_new();
-    if (!f)
-        return sr__fail(-ENOMEM, "sr_dist_autograd_context_end", "out of memory");
-    sr_future_set_result(f, NULL);
-    *out = f;
-    return 0;
 }

@@ -35,6 +35,7 @@
 #include "dist_autograd/idmap.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"
+#include "rpc/module.h"
 
 typedef struct sr_dctx {
     int64_t id;
@@ -115,7 +116,9 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
 int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain, sr_future **out);
 
 /* ---- cleanup.c ---- */
-int sr__dist_serve_cleanup(int caller, uint64_t ctx_id, sr_future **out);
+/* A cleanup message arrived (on the polling thread). */
+void sr__dist_on_cleanup(const sr_msg *m);
+#define SR_MSG_DA_CLEANUP SR_MSG_MODULE_TYPE(SR_MOD_DIST_AUTOGRAD, 0)
 /* Release c here and tell its known workers (except `except`, -1: none). */
 void sr__dist_release(sr_dctx *c, int except);
 
@@ -123,6 +126,6 @@ void sr__dist_release(sr_dctx *c, int except);
 int sr__dist_serve_rref_backward(int caller, uint64_t ctx_id, sr_value *args, sr_future **out);
 
 /* Module request sub-kinds. */
-enum { SR_DA_PROPAGATE = 1, SR_DA_CLEANUP = 2, SR_DA_RREF_BACKWARD = 3 };
+enum { SR_DA_PROPAGATE = 1, SR_DA_RREF_BACKWARD = 3 };
 
 #endif

@@ -13,7 +13,6 @@ static int da_serve(int caller, uint8_t sub, uint64_t tag, sr_value *args, sr_fu
 {
     switch (sub) {
     case SR_DA_PROPAGATE: return sr__dist_serve_propagate(caller, tag, args, out);
-    case SR_DA_CLEANUP: return sr__dist_serve_cleanup(caller, tag, out);
     case SR_DA_RREF_BACKWARD: return sr__dist_serve_rref_backward(caller, tag, args, out);
     }
     return sr__fail(-EBADMSG, "sr_dist_autograd", "unknown request kind %u from worker%d", sub, caller);
@@ -27,6 +26,8 @@ static int da_init(const sr_init_opts *o)
 
 static sr_module da_module = {
     .name = "dist_autograd",
+    .types = {SR_MSG_DA_CLEANUP},
+    .on_msg = sr__dist_on_cleanup,
     .serve = da_serve,
     .init = da_init,
     .fini = sr__dctx_container_fini,

@@ -1,6 +1,14 @@
 /* torch.nn.functional.linear and the MLP forward, built from recorded ops
  * (matmul of a transposed view, broadcast add, relu), so their backward comes
- * from those ops' and nothing here knows about autograd. */
+ * from those ops'.
+ *
+ * A parameter server runs forwards on executor threads while another
+ * trainer's optimizer step writes the same parameters in place
+ * (docs/TENSORS.md, "In-place writes and saved tensors"). That needs nothing
+ * here: every op pins what it reads (tensor_impl.h, "Readers pin what they
+ * read"), so the matmul reads one whole version of the weight, keeps its
+ * block alive while it reads, and saves that version for backward; the add
+ * reads one version of the bias. */
 #include <errno.h>
 
 #include "error.h"
@@ -27,12 +35,12 @@ SR_API sr_tensor *sr_linear(sr_tensor *x, sr_tensor *weight, sr_tensor *bias)
     if (!x || !weight || check_linear(x, weight, bias))
         return NULL;
     sr_tensor *wt = sr_t(weight);
-    sr_tensor *y = wt ? sr_matmul(x, wt) : NULL;
+    sr_tensor *y = wt ? sr_matmul(x, wt) : NULL, *out = y;
+    if (y && bias) {
+        out = sr_add(y, bias);
+        sr_tensor_unref(y);
+    }
     sr_tensor_unref(wt);
-    if (!y || !bias)
-        return y;
-    sr_tensor *out = sr_add(y, bias);
-    sr_tensor_unref(y);
     return out;
 }
 

@@ -72,8 +72,10 @@ enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_MAX = 4 };
 
 /* Per module, the most extension bytes one message carries. */
 #define SR_EXT_MAX 32
-/* Raw module message types start here. */
+/* Raw module message types start here; module id owns the four types
+ * SR_MSG_MODULE_TYPE(id, 0..3), so no two modules can collide. */
 #define SR_MSG_MODULE_BASE 16
+#define SR_MSG_MODULE_TYPE(id, k) (SR_MSG_MODULE_BASE + 4 * (id) + (k))
 
 /* What the caller is about to send. */
 enum sr_call_kind {

@@ -28,7 +28,7 @@
 /* The RRef module's raw message: control messages, idempotent, retried until
  * acknowledged. struct sr_wire carries them: call_id = the sender's retry
  * token (echoed by ACK), ctrl = the kind, p.args = {rref_id, fork_id, extra}. */
-#define SR_MSG_RREF_CTRL SR_MSG_MODULE_BASE
+#define SR_MSG_RREF_CTRL SR_MSG_MODULE_TYPE(SR_MOD_RREF, 0)
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
     SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */

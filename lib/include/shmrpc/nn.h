@@ -30,6 +30,13 @@
  * shared heap is attached stays in private memory and cannot be sent
  * (docs/TENSORS.md).
  *
+ * Threads. sr_linear (and so sr_mlp_apply and sr_module_forward) may run
+ * while another thread updates the weight and bias in place (an optimizer
+ * step, grad mode off), as every op may (tensor.h, "Threads"): its matmul
+ * and add pin what they read, so the output and what backward saves come
+ * from one whole version of each parameter, before or after the step, never
+ * a mix. This is what a parameter server with unserialised trainers needs.
+ *
  * Errors as in tensor.h: calls returning int give 0 or -errno (-EINVAL for a
  * bad argument, -ENOMEM), tensor maths returns NULL, both with the detail in
  * sr_last_error().

@@ -55,11 +55,16 @@
  * Threads. Tensor objects are refcounted atomically and may be shared and
  * read by several threads. An in-place op (and so an optimizer step or
  * gradient accumulation) may run while other threads send the same tensor
- * by RPC or record ops that save it: those see the values before the write
- * or after it, never a mix (a short per-storage lock). Other concurrent
- * reads (ops computing on the tensor) and concurrent writes still need
- * external synchronisation, as in PyTorch; so do writes through
- * sr_tensor_mutable_data's pointer. Grad mode is per thread.
+ * by RPC, record ops that save it, or compute on it (any op reading it):
+ * those see the values before the write or after it, never a mix (a short
+ * per-storage lock, and a reader holds a reference on the bytes it reads,
+ * so the write then moves the tensor to a copy; docs/TENSORS.md).
+ * Concurrent in-place ops on one tensor are serialised by the same lock,
+ * each op whole (two threads' sr_add_ both add); a sequence of ops, such as
+ * an optimizer step, is not atomic as a whole. Reads through sr_tensor_data's
+ * pointer and writes through sr_tensor_mutable_data's need external
+ * synchronisation, as in PyTorch.
+ * Grad mode is per thread.
  */
 #ifndef SHMRPC_TENSOR_H
 #define SHMRPC_TENSOR_H
