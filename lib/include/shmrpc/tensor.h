@@ -9,7 +9,10 @@
  * borrowed: an op takes its own references where it keeps a tensor. Accessors
  * that return pointers (sr_tensor_shape, sr_tensor_grad, ...) return borrowed
  * pointers, valid while the tensor is alive and not modified; they (like
- * every accessor) require a non-NULL tensor.
+ * every accessor) require a non-NULL tensor. A tensor made while the worker
+ * is attached to its job (after sr_init) lives in the job's segment: release
+ * it before sr_shutdown(), which unmaps the segment (unlike RRefs, tensors do
+ * not outlive it).
  *
  * Errors. Tensor maths returns NULL on failure with the detail in
  * sr_last_error(), naming the op and the offending shapes or dtypes, e.g.
