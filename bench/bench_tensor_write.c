@@ -6,6 +6,9 @@
  *   encode     sr__tensor_to_desc + sr__tensor_desc_release of that tensor
  *   fwd_save   sr_mul(x, w) with x requiring grad (records MulBackward0, which
  *              saves both operands), then drop the result and its graph
+ *   add        sr_add(w, w2) of two 16-element f32 tensors, no grad: the
+ *              smallest out-of-place op (what pinning its inputs costs)
+ *   mm         sr_mm(a, b) of f32 [32, 784] x [784, 128], no grad
  *
  * Batches of BATCH ops after a warm-up; p50 and p99 of the per-op mean of
  * each batch, in ns. Prints one line per op.
@@ -22,7 +25,7 @@
 
 enum { WARMUP = 20000, BATCH = 1000, BATCHES = 1000 };
 
-static sr_tensor *x, *w, *t;
+static sr_tensor *x, *w, *w2, *t, *ma, *mb;
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -65,20 +68,39 @@ static void op_fwd_save(void)
     sr_tensor_unref(y);
 }
 
-static void run(const char *name, void (*op)(void))
+static void op_add_out(void)
+{
+    sr_tensor *y = sr_add(w, w2);
+    if (!y)
+        die("sr_add");
+    sr_tensor_unref(y);
+}
+
+static void op_mm(void)
+{
+    sr_tensor *y = sr_mm(ma, mb);
+    if (!y)
+        die("sr_mm");
+    sr_tensor_unref(y);
+}
+
+/* scale: batches of BATCH / scale ops and WARMUP / scale warm-up ops (a slow op) */
+static void run_scaled(const char *name, void (*op)(void), int scale)
 {
     static double per_op[BATCHES];
-    for (int i = 0; i < WARMUP; i++)
+    for (int i = 0; i < WARMUP / scale; i++)
         op();
     for (int b = 0; b < BATCHES; b++) {
         double t0 = now_ns();
-        for (int i = 0; i < BATCH; i++)
+        for (int i = 0; i < BATCH / scale; i++)
             op();
-        per_op[b] = (now_ns() - t0) / BATCH;
+        per_op[b] = (now_ns() - t0) / (BATCH / scale);
     }
     qsort(per_op, BATCHES, sizeof(double), cmp_double);
-    printf("%-9s p50 %7.1f ns  p99 %7.1f ns\n", name, per_op[BATCHES / 2], per_op[BATCHES * 99 / 100]);
+    printf("%-9s p50 %9.1f ns  p99 %9.1f ns\n", name, per_op[BATCHES / 2], per_op[BATCHES * 99 / 100]);
 }
+
+static void run(const char *name, void (*op)(void)) { run_scaled(name, op, 1); }
 
 int main(void)
 {
@@ -91,14 +113,22 @@ int main(void)
     t = sr_zeros(SR_F32, 1, &n, 0);
     x = sr_ones(SR_F32, 1, &n, SR_REQUIRES_GRAD);
     w = sr_ones(SR_F32, 1, &n, 0);
-    if (!t || !x || !w)
+    w2 = sr_ones(SR_F32, 1, &n, 0);
+    ma = sr_randn(SR_F32, 2, (int64_t[]){32, 784}, 0);
+    mb = sr_randn(SR_F32, 2, (int64_t[]){784, 128}, 0);
+    if (!t || !x || !w || !w2 || !ma || !mb)
         die("factories");
     run("add_", op_add);
     run("encode", op_encode);
     run("fwd_save", op_fwd_save);
+    run("add", op_add_out);
+    run_scaled("mm", op_mm, 200); /* about 100 us an op: batches of 5 */
     sr_tensor_unref(t);
     sr_tensor_unref(x);
     sr_tensor_unref(w);
+    sr_tensor_unref(w2);
+    sr_tensor_unref(ma);
+    sr_tensor_unref(mb);
     sr_heap_detach();
     sr_segment_detach(&seg, true);
     return 0;

@@ -144,30 +144,17 @@ static int ps_wait_ready(void)
 
 /* ps_forward(x) -> logits = MLP(x) with the server's parameters.
  *
- * The forward computes on copies of the parameters (sr_clone, recorded by
- * autograd, so the gradients still reach the parameters themselves). A read
- * of a tensor holds no reference on its storage block: if another trainer's
- * step moved a parameter onto a copy (copy-on-write, because a pending
- * backward's snapshot shares its block) and that backward then released
- * the old block, a forward still reading the parameter would read freed
- * heap memory. Nothing but the parameter itself holds its block here, so a
- * step writes it in place, and a copy taken while a step runs is at worst a
- * mix of the two versions (Hogwild), never freed memory. The gradient is
- * exact for the copy the forward used, whatever steps come between this
- * forward and its backward. The copy costs about 2 % of a step. */
+ * No lock against the other trainers' steps: every op pins the parameter
+ * blocks it reads (docs/TENSORS.md), so a step that lands meanwhile moves
+ * the parameter onto a copy instead of writing under the reader, and the
+ * tensors the forward saves for backward keep the values it read. Each
+ * gradient is exact for the weights its own forward used. */
 static int ps_forward(sr_call *c)
 {
     sr_tensor *x = sr_call_nargs(c) == 1 ? sr_value_tensor(sr_call_arg(c, 0)) : NULL;
     if (!x)
         return sr_call_fail(c, -EINVAL, "ps_forward takes one tensor");
-    sr_tensor *w[NPARAMS], *logits = NULL;
-    int n = 0;
-    while (n < NPARAMS && (w[n] = sr_clone(ps.params[n])))
-        n++;
-    if (n == NPARAMS)
-        logits = sr_mlp_apply(x, w, NLAYERS);
-    while (n > 0)
-        sr_tensor_unref(w[--n]);
+    sr_tensor *logits = sr_mlp_apply(x, ps.params, NLAYERS);
     if (!logits)
         return sr_call_fail(c, -EINVAL, "ps_forward: %s", sr_last_error());
     sr_value *v = sr_tensor_value(logits);

@@ -22,6 +22,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/io.h"
 #include "error.h"
+#include "tensor/tensor_impl.h"
 
 void (*sr__ckpt_test_hook)(int phase, const char *tmp_path);
 
@@ -99,8 +100,12 @@ static void plan_free(plan *p)
 /* Entry i and its place in the data section; *cursor moves past it. */
 static int plan_tensor(plan *p, size_t i, sr_tensor *t, uint64_t *cursor)
 {
+    /* What is saved is read twice (its CRC now, its bytes later), so it is a
+     * tensor nobody writes: a private copy of a view, or a snapshot (its own
+     * block reference) of a contiguous tensor, which a concurrent in-place
+     * write (an optimizer step) then moves away from (tensor_impl.h). */
     bool prev = sr_no_grad_enter(); /* a copy of a view must not record history */
-    sr_tensor *c = sr_contiguous(t);
+    sr_tensor *c = sr_tensor_is_contiguous(t) ? sr__tensor_snapshot(t) : sr_contiguous(t);
     sr_no_grad_exit(prev);
     if (!c)
         return sr__fail(-ENOMEM, "sr_checkpoint_save", "no memory for a contiguous copy of tensor %zu", i);

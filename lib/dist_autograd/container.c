@@ -107,6 +107,7 @@ void sr__dctx_container_fini(void)
     free(box.shards);
     box.shards = NULL;
     box.nshards = 0;
+    atomic_store_explicit(&box.count, 0, memory_order_relaxed); /* relaxed: no runtime thread is left */
     current = SR_NO_CONTEXT;
 }
 

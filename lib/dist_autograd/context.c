@@ -239,16 +239,18 @@ SR_API int sr_dist_autograd_functions(int64_t context_id, bool send, sr_dist_fn_
     pthread_mutex_lock(&c->lock);
     struct sr_idmap *m = send ? &c->send : &c->recv;
     size_t k = 0;
-    for (size_t i = 0; i < m->cap; i++)
-        if (m->keys[i]) {
-            if (k < cap)
-                out[k] = fn_info(m->vals[i], send);
-            k++;
-        }
+    sr_dist_fn_info *all = malloc((m->len ? m->len : 1) * sizeof(*all));
+    for (size_t i = 0; all && i < m->cap; i++)
+        if (m->keys[i])
+            all[k++] = fn_info(m->vals[i], send);
     pthread_mutex_unlock(&c->lock);
     sr__dctx_unref(c);
-    if (k <= cap)
-        qsort(out, k, sizeof(*out), cmp_info);
+    if (!all)
+        return sr__fail(-ENOMEM, "sr_dist_autograd_functions", "out of memory");
+    qsort(all, k, sizeof(*all), cmp_info); /* the smallest ids first, whatever cap is */
+    if (k && cap)
+        memcpy(out, all, (k < cap ? k : cap) * sizeof(*all));
+    free(all);
     *n = k;
     return 0;
 }

@@ -2,52 +2,18 @@
  * (matmul of a transposed view, broadcast add, relu), so their backward comes
  * from those ops'.
  *
- * Parameters read through a snapshot. A parameter server runs forwards on
- * executor threads while another trainer's optimizer step writes the same
- * parameters in place (docs/TENSORS.md, "In-place writes and saved
- * tensors"). An op reads its inputs' bytes without the storage's write lock,
- * so a forward reading a weight directly could see half of a step, or read
- * a block that the step's copy-on-write has just let go of and that the heap
- * then reuses (NaN losses with 3 concurrent trainers, docs/PERFORMANCE.md).
- * So sr_linear reads the weight and the bias through param_view(): a
- * snapshot taken under the write lock (its own block reference: a step
- * either finished before it or moves the parameter onto a copy), tied to the
- * parameter by an identity node so that the gradient still reaches it. The
- * output and every tensor saved for backward then come from one version of
- * each parameter. Cost per parameter and forward: one storage object, one
- * block reference and one node (about 100 ns); no bytes are copied unless a
- * step writes while the forward holds the snapshot. */
+ * A parameter server runs forwards on executor threads while another
+ * trainer's optimizer step writes the same parameters in place
+ * (docs/TENSORS.md, "In-place writes and saved tensors"). That needs nothing
+ * here: every op pins what it reads (tensor_impl.h, "Readers pin what they
+ * read"), so the matmul reads one whole version of the weight, keeps its
+ * block alive while it reads, and saves that version for backward; the add
+ * reads one version of the bias. */
 #include <errno.h>
 
-#include "autograd/engine.h"
 #include "error.h"
 #include "shmrpc/nn.h"
 #include "tensor/tensor_impl.h"
-
-/* AliasBackward0: the gradient passes through unchanged. */
-static int alias_apply(sr_node *n, sr_tensor *const *grads_in, sr_tensor **grads_out)
-{
-    (void)n;
-    grads_out[0] = grads_in[0] ? sr_tensor_ref(grads_in[0]) : NULL;
-    return 0;
-}
-
-static const sr_node_ops alias_ops = {.name = "AliasBackward0", .apply = alias_apply};
-
-/* p's values as of now, for reading while p may be written in place by
- * another thread; the gradient of the result flows to p. NULL for NULL. */
-static sr_tensor *param_view(sr_tensor *p)
-{
-    sr_tensor *s = p ? sr__tensor_snapshot(p) : NULL;
-    if (!s) {
-        if (p)
-            sr__fail(-ENOMEM, "sr_linear", "out of memory for a parameter snapshot");
-        return NULL;
-    }
-    if (!sr__any_requires_grad(&p, 1))
-        return s;
-    return sr__attach(s, sr__node_for_inputs(&alias_ops, sizeof(sr_node), &p, 1, 1, 0));
-}
 
 static int check_linear(const sr_tensor *x, const sr_tensor *w, const sr_tensor *b)
 {
@@ -68,16 +34,13 @@ SR_API sr_tensor *sr_linear(sr_tensor *x, sr_tensor *weight, sr_tensor *bias)
 {
     if (!x || !weight || check_linear(x, weight, bias))
         return NULL;
-    sr_tensor *w = param_view(weight), *b = bias ? param_view(bias) : NULL;
-    sr_tensor *wt = w && (b || !bias) ? sr_t(w) : NULL;
+    sr_tensor *wt = sr_t(weight);
     sr_tensor *y = wt ? sr_matmul(x, wt) : NULL, *out = y;
-    if (y && b) {
-        out = sr_add(y, b);
+    if (y && bias) {
+        out = sr_add(y, bias);
         sr_tensor_unref(y);
     }
     sr_tensor_unref(wt);
-    sr_tensor_unref(w);
-    sr_tensor_unref(b);
     return out;
 }
 

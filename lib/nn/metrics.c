@@ -21,7 +21,7 @@ static bool greater(const char *p, int64_t a, int64_t b, sr_dtype dt)
 /* out[o, i] = argmax_j c[o, j, i] over the middle axis of length k. */
 static void argmax_rows(const sr_tensor *c, int64_t *out, int64_t outer, int64_t k, int64_t inner)
 {
-    const char *p = sr__tensor_ptr(c);
+    const char *p = sr__tensor_pin(c); /* c may be the caller's tensor (sr_contiguous) */
     for (int64_t o = 0; o < outer; o++) {
         for (int64_t i = 0; i < inner; i++) {
             int64_t base = o * k * inner + i, best = 0;
@@ -31,6 +31,7 @@ static void argmax_rows(const sr_tensor *c, int64_t *out, int64_t outer, int64_t
             out[o * inner + i] = best;
         }
     }
+    sr__tensor_unpin(c);
 }
 
 static int argmax_dim(const sr_tensor *t, int dim)
@@ -84,10 +85,12 @@ SR_API double sr_accuracy(sr_tensor *logits, sr_tensor *targets)
         sr_tensor_unref(pred);
         return NAN;
     }
-    const int64_t *p = sr_tensor_data(pred), *y = sr_tensor_data(tg);
+    /* pred is ours; tg may be the caller's targets (sr_contiguous): pinned */
+    const int64_t *p = sr_tensor_data(pred), *y = (const int64_t *)sr__tensor_pin(tg);
     int64_t n = logits->shape[0], correct = 0;
     for (int64_t i = 0; i < n; i++)
         correct += p[i] == y[i];
+    sr__tensor_unpin(tg);
     sr_tensor_unref(pred);
     sr_tensor_unref(tg);
     return (double)correct / (double)n;

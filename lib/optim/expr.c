@@ -88,17 +88,18 @@ sr_tensor *sr__ox_copy_(struct sr__ox *x, sr_tensor *dst, sr_tensor *src)
 }
 
 /* The inputs were checked by the caller (same shapes and dtype); only the
- * copy-on-write of dst can fail. The write holds dst's write lock, as the
- * in-place ops do (tensor_impl.h). */
+ * copy-on-write of dst can fail. The write pins its inputs and holds dst's
+ * write lock, as the in-place ops do (tensor_impl.h). */
 sr_tensor *sr__ox_map_(struct sr__ox *x, sr_tensor *dst, sr_tensor *const *in, int nin, sr_map_fn f,
                        const void *arg)
 {
     if (x->rc)
         return NULL;
-    int rc = sr__tensor_write_begin(dst, "sr_optim_step");
+    const sr_tensor *const *src = (const sr_tensor *const *)in;
+    int rc = sr__tensor_write_begin_from(dst, "sr_optim_step", src, nin);
     if (!rc) {
         sr__map_into(dst, in, nin, f, arg);
-        sr__tensor_write_end(dst);
+        sr__tensor_write_end_from(dst, src, nin);
     }
     return done(x, rc, dst);
 }

@@ -340,8 +340,9 @@ static bool tensors_equal(const sr_tensor *a, const sr_tensor *b)
     struct elem_cmp c = {.dt = a->dtype, .equal = true};
     struct sr_loop L;
     const sr_tensor *ops[2] = {a, b};
-    sr__loop_init(&L, a->ndim, a->shape, 2, ops);
+    sr__loop_init(&L, a->ndim, a->shape, 2, 0, ops); /* both read, so both pinned */
     sr__loop_run(&L, compare_row, &c);
+    sr__loop_done(&L);
     return c.equal;
 }
 

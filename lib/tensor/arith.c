@@ -160,18 +160,26 @@ SR_API sr_tensor *sr_sub(sr_tensor *a, sr_tensor *b) { return add_like("sr_sub",
 
 SR_API sr_tensor *sr_mul(sr_tensor *a, sr_tensor *b)
 {
+    sr_tensor *in[2] = {a, b};
+    bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_mul", a, b, false);
     if (out)
         sr__binary_into(out, a, b, SR_BIN_MUL, 1.0);
-    return record_binary(out, &mul_ops, a, b, 1.0, true);
+    out = record_binary(out, &mul_ops, a, b, 1.0, true);
+    sr__unpin_saved(pinned, in, 2);
+    return out;
 }
 
 SR_API sr_tensor *sr_div(sr_tensor *a, sr_tensor *b)
 {
+    sr_tensor *in[2] = {a, b};
+    bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_div", a, b, true);
     if (out)
         sr__binary_into(out, a, b, SR_BIN_DIV, 1.0);
-    return record_binary(out, &div_ops, a, b, 1.0, true);
+    out = record_binary(out, &div_ops, a, b, 1.0, true);
+    sr__unpin_saved(pinned, in, 2);
+    return out;
 }
 
 static double pow_fn(const double *x, const void *arg)
@@ -182,10 +190,14 @@ static double pow_fn(const double *x, const void *arg)
 
 SR_API sr_tensor *sr_pow(sr_tensor *a, sr_tensor *b)
 {
+    sr_tensor *in[2] = {a, b};
+    bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_pow", a, b, true);
     if (out)
         sr__map_into(out, (sr_tensor *[]){a, b}, 2, pow_fn, NULL);
-    return record_binary(out, &pow_ops, a, b, 1.0, true);
+    out = record_binary(out, &pow_ops, a, b, 1.0, true);
+    sr__unpin_saved(pinned, in, 2);
+    return out;
 }
 
 /* ---- tensor-scalar ---- */
@@ -287,15 +299,19 @@ SR_API sr_tensor *sr_pow_scalar(sr_tensor *a, double p)
 {
     if (!a || sr__check_float("sr_pow_scalar", a))
         return NULL;
+    bool pinned = sr__pin_saved(&a, 1); /* saves what it reads */
     sr_tensor *out = sr__tensor_new("sr_pow_scalar", a->dtype, a->ndim, a->shape);
     if (out) {
         sr_tensor *b = sr_scalar_tensor(a->dtype, p, 0);
-        if (!b) {
+        if (b) {
+            sr__map_into(out, (sr_tensor *[]){a, b}, 2, pow_fn, NULL);
+            sr_tensor_unref(b);
+        } else {
             sr_tensor_unref(out);
-            return NULL;
+            out = NULL;
         }
-        sr__map_into(out, (sr_tensor *[]){a, b}, 2, pow_fn, NULL);
-        sr_tensor_unref(b);
     }
-    return record_scalar(out, &pow_scalar_ops, a, p, true);
+    out = record_scalar(out, &pow_scalar_ops, a, p, true);
+    sr__unpin_saved(pinned, &a, 1);
+    return out;
 }

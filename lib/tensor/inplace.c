@@ -1,8 +1,10 @@
 /* In-place writes. Each one checks its operands and allocates what it needs,
- * then holds the storage's write lock from the copy-on-write check to the
- * end of the write (sr__tensor_write_begin / _end, tensor_impl.h), so that a
- * concurrent encoder or snapshot of the storage sees all of the write or
- * none of it. */
+ * pins the operands it reads from other storages, then holds the storage's
+ * write lock from the copy-on-write check to the end of the write
+ * (sr__tensor_write_begin_from / _end_from, tensor_impl.h), so that a
+ * concurrent encoder, snapshot or reader of the storage sees all of the
+ * write or none of it, and the operands read keep the values they had when
+ * the write began. */
 #include <errno.h>
 #include <string.h>
 
@@ -27,27 +29,29 @@ static int check_operand(const char *fn, const sr_tensor *t, const sr_tensor *ot
     return 0;
 }
 
-/* Begins the write: on 0 the caller writes, then calls sr__tensor_write_end. */
-static int start(const char *fn, sr_tensor *t)
+/* Begins the write of t reading src[0..n): on 0 the caller writes, then
+ * calls sr__tensor_write_end_from(t, src, n). */
+static int start(const char *fn, sr_tensor *t, const sr_tensor *const *src, int n)
 {
     if (!t)
         return sr__fail(-EINVAL, fn, "tensor is NULL");
-    return sr__tensor_write_begin(t, fn);
+    return sr__tensor_write_begin_from(t, fn, src, n);
 }
 
 SR_API int sr_fill_(sr_tensor *t, double value)
 {
     if (!t)
-        return start("sr_fill_", t);
+        return start("sr_fill_", t, NULL, 0);
     int rc = sr__check_scalar("sr_fill_", t, value);
     if (rc)
         return rc;
     sr_tensor *v = sr_scalar_tensor(t->dtype, value, 0);
     if (!v)
         return -ENOMEM;
-    if (!(rc = start("sr_fill_", t))) {
+    const sr_tensor *src[1] = {v};
+    if (!(rc = start("sr_fill_", t, src, 1))) {
         sr__copy_raw(t, v);
-        sr__tensor_write_end(t);
+        sr__tensor_write_end_from(t, src, 1);
     }
     sr_tensor_unref(v);
     return rc;
@@ -66,10 +70,11 @@ SR_API int sr_copy_(sr_tensor *dst, const sr_tensor *src)
         nd != dst->ndim || memcmp(shape, dst->shape, (size_t)nd * sizeof(int64_t)))
         return sr__fail(-EINVAL, "sr_copy_", "shape %s cannot be broadcast to %s", sr__shape_str(src->ndim, src->shape, b1),
                         sr__shape_str(dst->ndim, dst->shape, b2));
-    int rc = start("sr_copy_", dst);
+    const sr_tensor *srcs[1] = {src};
+    int rc = start("sr_copy_", dst, srcs, 1);
     if (!rc) {
         sr__copy_raw(dst, src);
-        sr__tensor_write_end(dst);
+        sr__tensor_write_end_from(dst, srcs, 1);
     }
     return rc;
 }
@@ -79,10 +84,11 @@ static int binary_(const char *fn, sr_tensor *t, const sr_tensor *other, enum sr
     int rc = t ? check_operand(fn, t, other) : 0;
     if (!rc && t && op == SR_BIN_ADD)
         rc = sr__check_scalar(fn, t, alpha);
-    if (rc || (rc = start(fn, t)))
+    const sr_tensor *src[1] = {other};
+    if (rc || (rc = start(fn, t, src, 1)))
         return rc;
     sr__binary_into(t, t, other, op, alpha);
-    sr__tensor_write_end(t);
+    sr__tensor_write_end_from(t, src, 1);
     return 0;
 }
 
@@ -120,10 +126,11 @@ static int ternary_(const char *fn, sr_tensor *t, const sr_tensor *a, const sr_t
         rc = check_operand(fn, t, a);
     if (!rc && t)
         rc = check_operand(fn, t, b);
-    if (rc || (rc = start(fn, t)))
+    const sr_tensor *src[2] = {a, b};
+    if (rc || (rc = start(fn, t, src, 2)))
         return rc;
     sr__map_into(t, (sr_tensor *[]){t, (sr_tensor *)a, (sr_tensor *)b}, 3, f, &value);
-    sr__tensor_write_end(t);
+    sr__tensor_write_end_from(t, src, 2);
     return 0;
 }
 

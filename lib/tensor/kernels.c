@@ -45,8 +45,9 @@ void sr__map_into(sr_tensor *out, sr_tensor *const *in, int nin, sr_map_fn f, co
         c.in_dt[j] = in[j]->dtype;
     }
     struct sr_loop L;
-    sr__loop_init(&L, out->ndim, out->shape, nin + 1, ops);
+    sr__loop_init(&L, out->ndim, out->shape, nin + 1, 1, ops);
     sr__loop_run(&L, map_row, &c);
+    sr__loop_done(&L);
 }
 
 sr_tensor *sr__map(const char *fn, sr_tensor *const *in, int nin, sr_map_fn f, const void *arg)
@@ -127,8 +128,9 @@ void sr__binary_into(sr_tensor *out, const sr_tensor *a, const sr_tensor *b, enu
     const sr_tensor *ops[3] = {out, a, b};
     struct bin_ctx c = {op, out->dtype, alpha};
     struct sr_loop L;
-    sr__loop_init(&L, out->ndim, out->shape, 3, ops);
+    sr__loop_init(&L, out->ndim, out->shape, 3, 1, ops);
     sr__loop_run(&L, bin_row, &c);
+    sr__loop_done(&L);
 }
 
 int sr__check_scalar(const char *fn, const sr_tensor *t, double s)

@@ -30,7 +30,31 @@ static void coalesce(struct sr_loop *L)
     L->ndim = nd;
 }
 
-void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, const sr_tensor *const *ts)
+/* The block operand i is read from: the thread's explicit pin of its storage
+ * (an in-place op pinned its sources before its write lock), the current one
+ * for a written operand (the caller owns it or holds its write lock), else a
+ * reference the loop takes now (once per storage) and drops in
+ * sr__loop_done. */
+static sr_block *operand_block(struct sr_loop *L, const sr_tensor *const *ts, int i, int nout)
+{
+    const struct sr_storage *s = ts[i]->storage;
+    for (int j = 0; j < nout; j++)
+        if (j == i || ts[j]->storage == s)
+            return s->block;
+    sr_block *b = sr__storage_pinned(s);
+    if (b)
+        return b;
+    for (int j = 0; j < L->nheld; j++)
+        if (L->held_storage[j] == s)
+            return L->held[j];
+    b = sr__storage_block_ref(ts[i]->storage);
+    L->held_storage[L->nheld] = s;
+    L->held[L->nheld++] = b;
+    return b;
+}
+
+void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, int nout,
+                   const sr_tensor *const *ts)
 {
     memset(L, 0, sizeof(*L));
     L->ndim = ndim;
@@ -43,9 +67,16 @@ void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, 
         int64_t es = (int64_t)sr_dtype_size(ts[i]->dtype);
         for (int d = 0; d < ndim; d++)
             L->stride[i][d] = st[d] * es;
-        L->base[i] = sr__tensor_ptr(ts[i]);
+        L->base[i] = (char *)sr_block_data(operand_block(L, ts, i, nout)) + ts[i]->offset * es;
     }
     coalesce(L);
+}
+
+void sr__loop_done(struct sr_loop *L)
+{
+    for (int j = 0; j < L->nheld; j++)
+        sr_block_unref(L->held[j]);
+    L->nheld = 0;
 }
 
 void sr__loop_run(struct sr_loop *L, sr_inner_fn fn, void *ctx)
@@ -178,7 +209,8 @@ void sr__copy_raw(sr_tensor *dst, const sr_tensor *src)
 {
     struct sr_loop L;
     const sr_tensor *ops[2] = {dst, src};
-    sr__loop_init(&L, dst->ndim, dst->shape, 2, ops);
+    sr__loop_init(&L, dst->ndim, dst->shape, 2, 1, ops);
     struct copy_ctx c = {dst->dtype, src->dtype};
     sr__loop_run(&L, copy_row, &c);
+    sr__loop_done(&L);
 }

@@ -41,23 +41,34 @@ static sr_tensor *operand(sr_tensor *t, bool *trans, int64_t *ld)
     return c;
 }
 
-/* out[i] = a[i] b[i] for each of `batch` matrices (2-D: batch 1). */
+/* out[i] = a[i] b[i] for each of `batch` matrices (2-D: batch 1). a and b
+ * are pinned for the whole op, so a copy made by operand() and a direct read
+ * see the same version of a storage they share. */
 static int multiply(const char *fn, sr_tensor *out, sr_tensor *a, sr_tensor *b, int64_t batch)
 {
     struct sr_gemm g = {.dt = out->dtype, .m = out->shape[out->ndim - 2], .n = out->shape[out->ndim - 1],
                         .k = a->shape[a->ndim - 1], .ldc = out->shape[out->ndim - 1]};
+    sr__tensor_pin(a);
+    sr__tensor_pin(b);
     sr_tensor *ao = operand(a, &g.ta, &g.lda), *bo = ao ? operand(b, &g.tb, &g.ldb) : NULL;
     int rc = bo ? 0 : -ENOMEM;
     size_t es = sr_dtype_size(out->dtype);
+    const char *pa = rc ? NULL : sr__tensor_pin(ao), *pb = rc ? NULL : sr__tensor_pin(bo);
     for (int64_t i = 0; !rc && i < batch; i++) {
-        g.a = sr__tensor_ptr(ao) + (batch > 1 ? i * ao->strides[0] * (int64_t)es : 0);
-        g.b = sr__tensor_ptr(bo) + (batch > 1 ? i * bo->strides[0] * (int64_t)es : 0);
+        g.a = pa + (batch > 1 ? i * ao->strides[0] * (int64_t)es : 0);
+        g.b = pb + (batch > 1 ? i * bo->strides[0] * (int64_t)es : 0);
         g.c = sr__tensor_ptr(out) + i * g.m * g.n * (int64_t)es;
         if (g.m && g.n && sr__gemm(&g))
             rc = sr__fail(-ENOMEM, fn, "out of memory for the blocked matmul");
     }
+    if (pa) {
+        sr__tensor_unpin(ao);
+        sr__tensor_unpin(bo);
+    }
     sr_tensor_unref(ao);
     sr_tensor_unref(bo);
+    sr__tensor_unpin(a);
+    sr__tensor_unpin(b);
     return rc;
 }
 
@@ -116,20 +127,23 @@ static sr_tensor *mm_like(const char *fn, const sr_node_ops *ops, sr_tensor *a, 
     int64_t shape[3] = {a->shape[0], a->shape[1], b->shape[ndim - 1]};
     if (ndim == 2)
         shape[1] = b->shape[1];
+    sr_tensor *in[2] = {a, b};
+    bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = sr__tensor_new(fn, a->dtype, ndim, shape);
     if (out && multiply(fn, out, a, b, ndim == 3 ? a->shape[0] : 1)) {
         sr_tensor_unref(out);
-        return NULL;
+        out = NULL;
     }
-    sr_tensor *in[2] = {a, b};
-    if (!out || !sr__any_requires_grad(in, 2))
-        return out;
-    sr_node *n = sr__node_for_inputs(ops, sizeof(sr_node), in, 2, 1, 2);
-    if (n) {
-        sr__node_save(n, 0, a);
-        sr__node_save(n, 1, b);
+    if (out && sr__any_requires_grad(in, 2)) {
+        sr_node *n = sr__node_for_inputs(ops, sizeof(sr_node), in, 2, 1, 2);
+        if (n) {
+            sr__node_save(n, 0, a);
+            sr__node_save(n, 1, b);
+        }
+        out = sr__attach(out, n);
     }
-    return sr__attach(out, n);
+    sr__unpin_saved(pinned, in, 2);
+    return out;
 }
 
 SR_API sr_tensor *sr_mm(sr_tensor *a, sr_tensor *b) { return mm_like("sr_mm", &mm_ops, a, b, 2); }

@@ -144,8 +144,9 @@ static int check_nll(const sr_tensor *logp, const sr_tensor *target)
     return 0;
 }
 
-/* Sum of -logp[i, t_i] over kept targets; -EINVAL for a class out of range. */
-static int nll_sum(const sr_tensor *lp, const int64_t *tg, double *sum, double *count)
+/* Sum of -logp[i, t_i] over kept targets; -EINVAL for a class out of range.
+ * lp is contiguous; its elements are read from p (pinned by the caller). */
+static int nll_sum(const sr_tensor *lp, const char *p, const int64_t *tg, double *sum, double *count)
 {
     int64_t rows = lp->ndim == 2 ? lp->shape[0] : 1, c = lp->shape[lp->ndim - 1];
     *sum = 0.0;
@@ -157,7 +158,7 @@ static int nll_sum(const sr_tensor *lp, const int64_t *tg, double *sum, double *
             return sr__fail(-EINVAL, "sr_nll_loss", "Target %lld is out of bounds (%lld classes)", (long long)tg[i],
                             (long long)c);
         double v;
-        sr__load_f64(&v, sr__tensor_ptr(lp) + (i * c + tg[i]) * (int64_t)sr_dtype_size(lp->dtype), 0, 1, lp->dtype);
+        sr__load_f64(&v, p + (i * c + tg[i]) * (int64_t)sr_dtype_size(lp->dtype), 0, 1, lp->dtype);
         *sum -= v;
         *count += 1.0;
     }
@@ -170,7 +171,12 @@ SR_API sr_tensor *sr_nll_loss(sr_tensor *logp, sr_tensor *target)
         return NULL;
     sr_tensor *lp = sr_contiguous(logp), *tg = lp ? sr_contiguous(target) : NULL;
     double sum, count;
-    int rc = tg ? nll_sum(lp, (const int64_t *)sr__tensor_ptr(tg), &sum, &count) : -ENOMEM;
+    int rc = -ENOMEM;
+    if (tg) { /* sr_contiguous returns the input itself when it is contiguous: pin what is read */
+        rc = nll_sum(lp, sr__tensor_pin(lp), (const int64_t *)sr__tensor_pin(tg), &sum, &count);
+        sr__tensor_unpin(lp);
+        sr__tensor_unpin(tg);
+    }
     sr_tensor *out = rc ? NULL : sr_scalar_tensor(logp->dtype, sum / count, 0);
     sr_tensor_unref(lp);
     if (!out || !sr__any_requires_grad(&logp, 1)) {

@@ -51,9 +51,10 @@ static sr_tensor *reduce_to(const char *fn, const sr_tensor *t, int nd, const in
     memset(sr__tensor_ptr(acc), 0, (size_t)sr__numel(nd, shape) * 8);
     const sr_tensor *ops[2] = {acc, t};
     struct sr_loop L;
-    sr__loop_init(&L, t->ndim, t->shape, 2, ops);
+    sr__loop_init(&L, t->ndim, t->shape, 2, 1, ops);
     sr_dtype dt = t->dtype;
     sr__loop_run(&L, acc_dt == SR_I64 ? sum_row_i64 : sum_row_f64, &dt);
+    sr__loop_done(&L);
     if (t->dtype == acc_dt)
         return acc;
     sr_tensor *out = sr__tensor_new(fn, t->dtype, nd, shape);

@@ -162,9 +162,119 @@ int sr__tensor_prepare_write(sr_tensor *t, const char *fn)
     return rc;
 }
 
+/* ---- pins (tensor_impl.h, "Readers pin what they read") ---- */
+
+/* A thread's explicit pins: the storages it pinned and the block it holds for
+ * each. Few at a time (an op's inputs, nested at most a couple of levels), so
+ * a small array searched from the top. */
+enum { PIN_MAX = 16 };
+struct pin_entry {
+    const struct sr_storage *s;
+    sr_block *b; /* one block reference */
+    uint32_t n;  /* pins of s by this thread */
+};
+static _Thread_local struct {
+    int n;
+    struct pin_entry e[PIN_MAX];
+} pins;
+
+static struct pin_entry *pin_find(const struct sr_storage *s)
+{
+    for (int i = pins.n - 1; i >= 0; i--)
+        if (pins.e[i].s == s)
+            return &pins.e[i];
+    return NULL;
+}
+
+sr_block *sr__storage_pinned(const struct sr_storage *s)
+{
+    if (pins.n == 0)
+        return NULL;
+    struct pin_entry *e = pin_find(s);
+    return e ? e->b : NULL;
+}
+
+const char *sr__tensor_pin(const sr_tensor *t)
+{
+    struct pin_entry *e = pin_find(t->storage);
+    if (e) {
+        e->n++;
+    } else {
+        if (pins.n == PIN_MAX) { /* nesting is bounded by the code, so a bug */
+            fprintf(stderr, "shmrpc: more than %d tensor pins held by one thread\n", PIN_MAX);
+            abort();
+        }
+        e = &pins.e[pins.n++];
+        e->s = t->storage;
+        e->b = sr__storage_block_ref(t->storage);
+        e->n = 1;
+    }
+    return (const char *)sr_block_data(e->b) + t->offset * (int64_t)sr_dtype_size(t->dtype);
+}
+
+void sr__tensor_unpin(const sr_tensor *t)
+{
+    struct pin_entry *e = pin_find(t->storage);
+    if (!e) {
+        fprintf(stderr, "shmrpc: sr__tensor_unpin of a storage this thread has not pinned\n");
+        abort();
+    }
+    if (--e->n)
+        return;
+    sr_block_unref(e->b);
+    *e = pins.e[--pins.n];
+}
+
+/* The sources of a write to dst that live in another storage. */
+static bool is_source(const sr_tensor *dst, const sr_tensor *const *src, int i)
+{
+    return src[i] && src[i]->storage != dst->storage;
+}
+
+int sr__tensor_write_begin_from(sr_tensor *t, const char *fn, const sr_tensor *const *src, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (is_source(t, src, i))
+            sr__tensor_pin(src[i]);
+    int rc = sr__tensor_write_begin(t, fn);
+    if (rc)
+        for (int i = 0; i < n; i++)
+            if (is_source(t, src, i))
+                sr__tensor_unpin(src[i]);
+    return rc;
+}
+
+void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n)
+{
+    sr__tensor_write_end(t);
+    for (int i = 0; i < n; i++)
+        if (is_source(t, src, i))
+            sr__tensor_unpin(src[i]);
+}
+
+bool sr__pin_saved(sr_tensor *const *in, int n)
+{
+    if (!sr__any_requires_grad(in, (size_t)n))
+        return false;
+    for (int i = 0; i < n; i++)
+        if (in[i])
+            sr__tensor_pin(in[i]);
+    return true;
+}
+
+void sr__unpin_saved(bool pinned, sr_tensor *const *in, int n)
+{
+    for (int i = 0; pinned && i < n; i++)
+        if (in[i])
+            sr__tensor_unpin(in[i]);
+}
+
 sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
 {
-    sr_block *b = sr__storage_block_ref(t->storage);
+    /* the block this thread read t from, if it pinned t (the op saving what
+     * its forward read), else t's current one */
+    sr_block *b = sr__storage_pinned(t->storage);
+    b = b ? sr_block_ref(b) : sr__storage_block_ref(t->storage);
     struct sr_storage *s = sr__storage_new(b);
     if (!s) {
         sr_block_unref(b);
@@ -327,6 +437,7 @@ SR_API double sr_tensor_item(const sr_tensor *t)
         return NAN;
     }
     double v;
-    sr__load_f64(&v, sr__tensor_ptr(t), 0, 1, t->dtype);
+    sr__load_f64(&v, sr__tensor_pin(t), 0, 1, t->dtype);
+    sr__tensor_unpin(t);
     return v;
 }

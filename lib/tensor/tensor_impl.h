@@ -30,22 +30,54 @@
  *     it. If the reference is taken first, the writer then sees the block
  *     shared and copies; if the writer is first, the reader waits for the
  *     write to end.
+ *   - readers (pins, below) take it to reference the block they read.
  * Lock order: the storage lock is a leaf among the tensor layer's locks:
  * callers may hold a graph task's lock and sr__acc_lock (task -> acc ->
  * storage), but nothing is acquired under it except the heap's internal
  * locks (sr_block_alloc / sr_block_unref in the copy-on-write) and malloc.
- * Never hold two storage locks at once (an in-place op reads its other
- * operands without their locks), and never call back into user code under it.
- * Critical sections are one elementwise pass (plus one memcpy on a copy), so
- * waiters spin briefly and then yield.
+ * Never hold two storage locks at once (an in-place op pins its other
+ * operands BEFORE it takes its destination's lock, see below), and never
+ * call back into user code under it. Critical sections are one elementwise
+ * pass (plus one memcpy on a copy), so waiters spin briefly and then yield.
+ *
+ * Readers pin what they read. Every op that reads tensor data reads it from
+ * a pinned block: it takes the storage lock briefly, a reference on the
+ * current block, and remembers the data pointer (a pin); it computes from
+ * that pointer and drops the reference at the end. A pinned block has
+ * refcount > 1, so a concurrent in-place write copies instead of writing
+ * under the reader (make_writable), and the block outlives the snapshots
+ * that shared it: the reader sees exactly the values at its pin, never torn,
+ * never freed. The chokepoints:
+ *   - sr__loop_init / sr__loop_done: every elementwise op, reduction and copy
+ *     (sr__map*, sr__binary_into, sr__copy_raw) pins its read operands, once
+ *     per storage, for the loop (struct sr_loop holds the references);
+ *   - explicit pins, sr__tensor_pin / _unpin, for code that reads without a
+ *     loop (matmul, nll_loss, argmax, accuracy, sr_tensor_item). A thread's
+ *     explicit pins live in a small thread-local table keyed by storage:
+ *     pins of one storage nest and share one block, and a loop run by the
+ *     thread reads a storage the thread pinned from that pin (without
+ *     locking it again);
+ *   - ops that save inputs for backward (mul, div, pow, pow_scalar, the unary
+ *     ops saving their input, mm/bmm) pin them for the whole op
+ *     (sr__pin_saved), so the snapshot saves the version the forward read;
+ *   - in-place writes (sr__tensor_write_begin_from / _end_from): the sources
+ *     in other storages are pinned explicitly before the destination's lock
+ *     is taken, so the loop under the lock locks nothing; a source in the
+ *     destination's own storage is read under the destination's lock from
+ *     its writable block (no pin: a pin there would force a copy).
+ * Not pinned: written operands (the caller owns them or holds their lock),
+ * views (no data is read), snapshots' own reads (nobody writes a snapshot's
+ * storage), sr_tensor_data's pointer (the caller's to synchronise). A thread
+ * must not write in place a storage it has pinned (the write would copy and
+ * the thread's later reads would still see the pinned version).
  *
  * Who writes what:
  *   refs     atomic; any thread holding a tensor of the storage.
  *   lock     atomic; sr__storage_lock/unlock.
- *   block    only sr__storage_make_writable, under the lock. Readers that
- *            take a block reference hold the lock; plain data readers (ops,
- *            sr_tensor_data) read it unlocked and so must not run concurrently
- *            with a writer of the same storage (tensor.h "Threads").
+ *   block    only sr__storage_make_writable, under the lock. Readers read
+ *            it under the lock and take a block reference (encodes,
+ *            snapshots, pins); only a written operand (owned or locked by
+ *            its writer) and sr_tensor_data read it unlocked.
  *   the bytes of the block: only the holder of the lock, after
  *            make_writable found (or made) the block private to this storage
  *            (and sr_tensor_mutable_data's caller, after it).
@@ -124,9 +156,32 @@ void sr__tensor_write_end(sr_tensor *t);
 /* write_begin + write_end: make t writable for writes that follow later
  * (sr_tensor_mutable_data), without holding the lock across them. */
 int sr__tensor_prepare_write(sr_tensor *t, const char *fn);
-/* A tensor with t's geometry over t's current block, through its own new
- * storage object (its own block reference): no history, no grad. What
- * autograd saves for backward. NULL on -ENOMEM. */
+/* Pins (see "Readers pin what they read" at the top): t's storage's current
+ * block, referenced, and t's first element in it. A thread's pins of one
+ * storage nest and share one block: the first takes the storage lock briefly
+ * and a block reference, the others only count. Unpin each pin once (the last
+ * drops the reference). The pointer is valid, and its bytes unchanged, until
+ * then. */
+const char *sr__tensor_pin(const sr_tensor *t);
+void sr__tensor_unpin(const sr_tensor *t);
+/* The block this thread pinned for s, or NULL (not referenced again). */
+sr_block *sr__storage_pinned(const struct sr_storage *s);
+/* sr__tensor_write_begin / _end for a write of t that reads src[0..n) (NULL
+ * entries skipped): pins the sources in other storages first, then takes t's
+ * lock (so never one storage lock under another); end unpins them. Sources in
+ * t's own storage are read under t's lock, from its writable block. */
+int sr__tensor_write_begin_from(sr_tensor *t, const char *fn, const sr_tensor *const *src, int n);
+void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n);
+/* An op that saves inputs for backward pins them from before its forward
+ * reads them to after it saved them, so that what it saves is what it read
+ * (sr__tensor_snapshot takes the pinned block). Pins in[0..n) (NULL entries
+ * skipped) only if the op records history; pass the result to unpin. */
+bool sr__pin_saved(sr_tensor *const *in, int n);
+void sr__unpin_saved(bool pinned, sr_tensor *const *in, int n);
+/* A tensor with t's geometry over t's block, through its own new storage
+ * object (its own block reference): no history, no grad. The block is the
+ * one this thread pinned for t's storage if it did (sr__tensor_pin), else
+ * t's current one. What autograd saves for backward. NULL on -ENOMEM. */
 sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
 /* Copy-on-write copies made by this process so far (a statistic for tests
  * and benchmarks). */
@@ -162,11 +217,23 @@ struct sr_loop {
     int64_t shape[SR_MAX_DIMS];
     char *base[SR_LOOP_MAX_OPS];
     int64_t stride[SR_LOOP_MAX_OPS][SR_MAX_DIMS]; /* in bytes */
+    int nheld;                                    /* the read operands' pins the loop took */
+    const struct sr_storage *held_storage[SR_LOOP_MAX_OPS];
+    sr_block *held[SR_LOOP_MAX_OPS];              /* one block reference each */
 };
 typedef void (*sr_inner_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
-/* Operand i: tensor ts[i] read through broadcast strides over shape. */
-void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, const sr_tensor *const *ts);
+/* Operand i: tensor ts[i] through broadcast strides over shape. Operands
+ * [0, nout) are written: the caller owns them or holds their write lock. The
+ * others are read, from a pinned block ("Readers pin what they read" at the
+ * top of this file): the thread's own pin of the storage if it has one, the
+ * current block if a written operand shares the storage, else a pin the loop
+ * takes here and drops in sr__loop_done (which every init must be paired
+ * with). So never init a loop holding a storage lock other than a written
+ * operand's, unless its read operands are pinned already. */
+void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, int nout,
+                   const sr_tensor *const *ts);
 void sr__loop_run(struct sr_loop *L, sr_inner_fn fn, void *ctx);
+void sr__loop_done(struct sr_loop *L);
 /* Elements as doubles / int64 (n at a time, byte stride). */
 void sr__load_f64(double *dst, const char *src, int64_t stride, int64_t n, sr_dtype dt);
 void sr__store_f64(char *dst, int64_t stride, const double *src, int64_t n, sr_dtype dt);

@@ -74,15 +74,18 @@ static sr_tensor *unary(int which, sr_tensor *a)
     const struct unary_def *def = &defs[which];
     if (!a || sr__check_float(def->fn, a))
         return NULL;
+    bool pinned = !def->use_output && sr__pin_saved(&a, 1); /* saves what it reads */
     sr_tensor *out = sr__map(def->fn, &a, 1, forward_elem, def);
-    if (!out || !sr__any_requires_grad(&a, 1))
-        return out;
-    struct unary_node *n = (struct unary_node *)sr__node_for_inputs(&def->ops, sizeof(*n), &a, 1, 1, 1);
-    if (n) {
-        n->def = def;
-        sr__node_save(&n->base, 0, def->use_output ? out : a);
+    if (out && sr__any_requires_grad(&a, 1)) {
+        struct unary_node *n = (struct unary_node *)sr__node_for_inputs(&def->ops, sizeof(*n), &a, 1, 1, 1);
+        if (n) {
+            n->def = def;
+            sr__node_save(&n->base, 0, def->use_output ? out : a);
+        }
+        out = sr__attach(out, (sr_node *)n);
     }
-    return sr__attach(out, (sr_node *)n);
+    sr__unpin_saved(pinned, &a, 1);
+    return out;
 }
 
 SR_API sr_tensor *sr_exp(sr_tensor *a) { return unary(U_EXP, a); }

@@ -14,8 +14,8 @@
  *
  * Threads: the current context is per thread. Every call may be made from
  * any thread; concurrent backward passes in different contexts run in
- * parallel, and a pass in one context excludes another in the same context
- * only while it computes (not while it waits for other workers).
+ * parallel. One pass at a time per context: a second pass rooted in a
+ * context while one runs there is -EBUSY.
  *
  * Lifetime: sr_dist_autograd_context_begin() makes a context current on the
  * calling thread; sr_dist_autograd_context_end() releases it here and sends a
@@ -38,6 +38,7 @@
  *             where PyTorch hangs); the text names the call (function,
  *             destination, message id)
  *   -ETIMEDOUT  the pass ran past the RPC timeout
+ *   -EBUSY    a backward pass is already running in this context
  *   -EOVERFLOW  out of context or message ids
  *   -SR_ESHUTDOWN  RPC is not initialised
  */

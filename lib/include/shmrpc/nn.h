@@ -32,12 +32,10 @@
  *
  * Threads. sr_linear (and so sr_mlp_apply and sr_module_forward) may run
  * while another thread updates the weight and bias in place (an optimizer
- * step, grad mode off): it reads each through a snapshot taken under the
- * storage's write lock, so the output and what backward saves come from one
- * whole version of each parameter, before or after the step, never a mix,
- * and the gradient still reaches the parameter (through an AliasBackward0
- * node). This is what a parameter server with unserialised trainers needs.
- * Other ops still need the external synchronisation tensor.h asks for.
+ * step, grad mode off), as every op may (tensor.h, "Threads"): its matmul
+ * and add pin what they read, so the output and what backward saves come
+ * from one whole version of each parameter, before or after the step, never
+ * a mix. This is what a parameter server with unserialised trainers needs.
  *
  * Errors as in tensor.h: calls returning int give 0 or -errno (-EINVAL for a
  * bad argument, -ENOMEM), tensor maths returns NULL, both with the detail in

@@ -9,7 +9,10 @@
  * borrowed: an op takes its own references where it keeps a tensor. Accessors
  * that return pointers (sr_tensor_shape, sr_tensor_grad, ...) return borrowed
  * pointers, valid while the tensor is alive and not modified; they (like
- * every accessor) require a non-NULL tensor.
+ * every accessor) require a non-NULL tensor. A tensor made while the worker
+ * is attached to its job (after sr_init) lives in the job's segment: release
+ * it before sr_shutdown(), which unmaps the segment (unlike RRefs, tensors do
+ * not outlive it).
  *
  * Errors. Tensor maths returns NULL on failure with the detail in
  * sr_last_error(), naming the op and the offending shapes or dtypes, e.g.
@@ -55,11 +58,16 @@
  * Threads. Tensor objects are refcounted atomically and may be shared and
  * read by several threads. An in-place op (and so an optimizer step or
  * gradient accumulation) may run while other threads send the same tensor
- * by RPC or record ops that save it: those see the values before the write
- * or after it, never a mix (a short per-storage lock). Other concurrent
- * reads (ops computing on the tensor) and concurrent writes still need
- * external synchronisation, as in PyTorch; so do writes through
- * sr_tensor_mutable_data's pointer. Grad mode is per thread.
+ * by RPC, record ops that save it, or compute on it (any op reading it):
+ * those see the values before the write or after it, never a mix (a short
+ * per-storage lock, and a reader holds a reference on the bytes it reads,
+ * so the write then moves the tensor to a copy; docs/TENSORS.md).
+ * Concurrent in-place ops on one tensor are serialised by the same lock,
+ * each op whole (two threads' sr_add_ both add); a sequence of ops, such as
+ * an optimizer step, is not atomic as a whole. Reads through sr_tensor_data's
+ * pointer and writes through sr_tensor_mutable_data's need external
+ * synchronisation, as in PyTorch.
+ * Grad mode is per thread.
  */
 #ifndef SHMRPC_TENSOR_H
 #define SHMRPC_TENSOR_H
