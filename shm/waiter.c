@@ -373,6 +373,23 @@ static int wait_events(sr_waiter *w, int64_t deadline_ns, unsigned *ev)
     }
 }
 
+/* Say AWAKE again after a sleep. Another thread of this worker may have
+ * announced SLEEPING on the same word meanwhile and be asleep on it (an idle
+ * waiter that took the inbox while we slept, lib/rpc/agent.c): taking its
+ * SLEEPING away without a wake would leave it deaf to the producers, who now
+ * see AWAKE and ring nobody, until its sleep slice ends (100 ms stalls). So
+ * whoever takes SLEEPING away wakes the word's sleepers: a syscall only when
+ * this sleep ended for another reason than the doorbell (a timer, an event),
+ * since a producer's ring already wrote AWAKE. Returns 0 (no event). */
+static unsigned take_back_sleeping(sr_waiter *w)
+{
+    /* relaxed: a racing producer's exchange also writes AWAKE; the wake syscall carries the event */
+    if (atomic_exchange_explicit(w->word, SR_DOORBELL_AWAKE, memory_order_relaxed) == SR_DOORBELL_SLEEPING &&
+        w->kind == SR_DOORBELL_FUTEX)
+        sr__doorbell_wake(w->word, w->kind, w->eventfd);
+    return 0;
+}
+
 int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     int rc = w->armed ? 0 : arm(w);
@@ -390,7 +407,5 @@ int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), vo
         ev = SR_WAKE_DOORBELL;
     else
         rc = wait_events(w, deadline_ns, &ev);
-    /* relaxed: only we write SLEEPING; a racing producer's exchange also writes AWAKE */
-    atomic_store_explicit(w->word, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    return rc ? rc : (int)ev;
+    return rc ? rc : (int)(ev | take_back_sleeping(w));
 }
