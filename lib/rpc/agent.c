@@ -311,8 +311,11 @@ static bool idle_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
             left = IDLE_SLICE_NS;
         struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
         sr_xport_awake(a->x, -1);
-        if (left > 0) /* shared futex: the word is in the segment, woken from other processes */
-            syscall(SYS_futex, w, FUTEX_WAIT, SR_DOORBELL_SLEEPING, &ts, NULL, 0);
+        /* shared futex: the word is in the segment, woken from other processes */
+        if (left > 0 && syscall(SYS_futex, w, FUTEX_WAIT, SR_DOORBELL_SLEEPING, &ts, NULL, 0) < 0 &&
+            errno == ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
+            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING) /* relaxed: a statistic */
+            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: as above */
         sr_xport_awake(a->x, 1);
     }
     /* relaxed: only pollers write SLEEPING; a producer's exchange also writes AWAKE */

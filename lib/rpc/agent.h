@@ -108,6 +108,15 @@ typedef struct sr_agent {
     _Atomic int64_t default_timeout_ms; /* 0: infinite */
 
     struct sr_reorder *reorder; /* NULL unless SHMRPC_REORDER_SEED is set (tests only) */
+
+    /* Lost wake-ups of the idle waiter, counted for tests/test_idle_wake.c:
+     * idle slices (idle_doorbell_sleep) that slept until their timeout while a
+     * message waited in the inbox and the doorbell no longer said SLEEPING.
+     * Someone took our SLEEPING away without waking us, so the producer saw
+     * AWAKE and rang nobody. (Not exactly zero by construction: a slice that
+     * ends between a producer's exchange and its wake syscall counts too; a
+     * window of about a microsecond in a slice of IDLE_SLICE_NS.) */
+    _Atomic uint64_t idle_missed_wakes;
 } sr_agent;
 
 /* The process's agent, or NULL before sr_init / after sr_shutdown. */
