@@ -159,6 +159,12 @@ void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
 /* Plain calls an idle poller took: run them on this thread after handing the
  * token back (see start_call). */
 bool sr__dispatch_has_deferred(void);
+/* Whether module jobs (sr__exec_submit) that this thread's polling starts
+ * are kept for this thread instead of the executors: on for threads that
+ * only wait (an idle waiter in sr_shutdown, a module waiting for its own
+ * request), which run them once they have handed the inbox back. Returns
+ * the previous setting. */
+bool sr__dispatch_take_jobs(bool on);
 void sr__dispatch_run_deferred(void);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);

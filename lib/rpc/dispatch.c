@@ -297,6 +297,18 @@ static void enqueue(sr_agent *a, struct sr_call *c)
     push_item(a, it);
 }
 
+/* Module jobs a waiting thread took (see sr__dispatch_take_jobs): run by
+ * that thread once it has handed the inbox back, FIFO. */
+static _Thread_local struct sr_job_item *jobs_head, *jobs_tail;
+static _Thread_local bool takes_jobs;
+
+bool sr__dispatch_take_jobs(bool on)
+{
+    bool was = takes_jobs;
+    takes_jobs = on;
+    return was;
+}
+
 int sr__exec_submit(void (*fn)(void *arg), void *arg)
 {
     sr_agent *a = sr__agent;
@@ -306,8 +318,28 @@ int sr__exec_submit(void (*fn)(void *arg), void *arg)
     if (!it)
         return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
     *it = (struct sr_job_item){.fn = fn, .arg = arg};
+    if (takes_jobs) { /* this thread only waits: no executor hop, no wake */
+        if (jobs_tail)
+            jobs_tail->next = it;
+        else
+            jobs_head = it;
+        jobs_tail = it;
+        return 0;
+    }
     push_item(a, it);
     return 0;
+}
+
+static void run_jobs(void)
+{
+    while (jobs_head) {
+        struct sr_job_item *it = jobs_head;
+        jobs_head = it->next;
+        if (!jobs_head)
+            jobs_tail = NULL;
+        it->fn(it->arg);
+        free(it);
+    }
 }
 
 static void *executor_main(void *p)
@@ -519,10 +551,11 @@ static void defer(struct sr_call *c)
     deferred_tail = c;
 }
 
-bool sr__dispatch_has_deferred(void) { return deferred_head != NULL; }
+bool sr__dispatch_has_deferred(void) { return deferred_head != NULL || jobs_head != NULL; }
 
 void sr__dispatch_run_deferred(void)
 {
+    run_jobs();
     while (deferred_head) {
         struct sr_call *c = deferred_head;
         deferred_head = c->next_deferred;

@@ -67,7 +67,12 @@ int sr__module_send(int to, sr_msg *m, bool quiet)
 int sr__module_wait(sr_future *f, int64_t deadline_ns)
 {
     sr_agent *a = sr__agent;
-    return a ? sr__agent_wait(a, f, deadline_ns, SR_POLL_NESTED) : sr__future_wait_until(f, deadline_ns);
+    if (!a)
+        return sr__future_wait_until(f, deadline_ns);
+    bool was = sr__dispatch_take_jobs(true); /* a module's waiter runs the module jobs it reads */
+    int rc = sr__agent_wait(a, f, deadline_ns, SR_POLL_NESTED);
+    sr__dispatch_take_jobs(was);
+    return rc;
 }
 
 void sr__module_kick(void)

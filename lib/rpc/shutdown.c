@@ -100,7 +100,9 @@ static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
 
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
+    bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
+    sr__dispatch_take_jobs(was);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
         return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s", what);
