@@ -9,14 +9,7 @@ enum { STEP, EXP_AVG, EXP_AVG_SQ, MAX_EXP_AVG_SQ };
 
 static int check(const sr_optim_opts *o, const char *fn, const char *kind)
 {
-    int rc = sr__optim_check_lr(o, fn, kind);
-    if (!rc)
-        rc = sr__optim_check_eps(o, fn, kind);
-    if (!rc)
-        rc = sr__optim_check_betas(o, fn, kind);
-    if (!rc)
-        rc = sr__optim_check_wd(o, fn, kind);
-    return rc;
+    return sr__optim_check_adam_like(o, fn, kind);
 }
 
 static unsigned used(const sr_optim_opts *o)

@@ -62,6 +62,8 @@ int sr__optim_check_lr(const sr_optim_opts *o, const char *fn, const char *kind)
 int sr__optim_check_eps(const sr_optim_opts *o, const char *fn, const char *kind);
 int sr__optim_check_wd(const sr_optim_opts *o, const char *fn, const char *kind);
 int sr__optim_check_betas(const sr_optim_opts *o, const char *fn, const char *kind);
+/* lr, eps, betas and weight_decay, in torch's order (Adam, AdamW, Adamax). */
+int sr__optim_check_adam_like(const sr_optim_opts *o, const char *fn, const char *kind);
 /* Python's repr() of a float ("-1.0", "1e-08", "nan"), as torch's messages print it. */
 const char *sr__optim_repr(double v, char *buf, size_t len);
 

@@ -112,6 +112,18 @@ int sr__optim_check_wd(const sr_optim_opts *o, const char *fn, const char *kind)
     return 0.0 <= o->weight_decay ? 0 : bad(fn, kind, "Invalid weight_decay value: ", o->weight_decay);
 }
 
+int sr__optim_check_adam_like(const sr_optim_opts *o, const char *fn, const char *kind)
+{
+    int rc = sr__optim_check_lr(o, fn, kind);
+    if (!rc)
+        rc = sr__optim_check_eps(o, fn, kind);
+    if (!rc)
+        rc = sr__optim_check_betas(o, fn, kind);
+    if (!rc)
+        rc = sr__optim_check_wd(o, fn, kind);
+    return rc;
+}
+
 int sr__optim_check_betas(const sr_optim_opts *o, const char *fn, const char *kind)
 {
     if (!(0.0 <= o->betas[0] && o->betas[0] < 1.0))
