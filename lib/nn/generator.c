@@ -6,36 +6,11 @@
 #include "error.h"
 #include "shmrpc/nn.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/xoshiro.h"
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+SR_API void sr_generator_init(sr_generator *g, uint64_t seed) { sr__xoshiro_seed(g->s, seed); }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-SR_API void sr_generator_init(sr_generator *g, uint64_t seed)
-{
-    /* splitmix64 never yields four zero words in a row: the state is valid */
-    for (int i = 0; i < 4; i++)
-        g->s[i] = splitmix64(&seed);
-}
-
-SR_API uint64_t sr_generator_next(sr_generator *g)
-{
-    uint64_t *s = g->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+SR_API uint64_t sr_generator_next(sr_generator *g) { return sr__xoshiro_next(g->s); }
 
 SR_API double sr_generator_uniform(sr_generator *g)
 {

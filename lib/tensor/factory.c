@@ -7,6 +7,7 @@
 #include "autograd/engine.h"
 #include "error.h"
 #include "tensor/tensor_impl.h"
+#include "tensor/xoshiro.h"
 
 /* xoshiro256** seeded through splitmix64; one per process (tensor.h). */
 static pthread_mutex_t rng_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -14,35 +15,13 @@ static uint64_t rng_state[4];
 static bool rng_seeded;
 #define DEFAULT_SEED 67280421310721ull /* PyTorch's default seed value */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static void seed_locked(uint64_t seed)
 {
-    for (int i = 0; i < 4; i++)
-        rng_state[i] = splitmix64(&seed);
+    sr__xoshiro_seed(rng_state, seed);
     rng_seeded = true;
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t next_locked(void)
-{
-    uint64_t *s = rng_state;
-    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+static uint64_t next_locked(void) { return sr__xoshiro_next(rng_state); }
 
 SR_API void sr_manual_seed(uint64_t seed)
 {
