@@ -96,10 +96,7 @@ void sr__dctx_container_fini(void)
         struct shard *s = &box.shards[i];
         for (size_t k = 0; k < s->map.cap; k++) {
             sr_dctx *c = s->map.keys[k] ? s->map.vals[k] : NULL;
-            if (c) {
-                c->released = true;
-                sr__dctx_unref(c);
-            }
+            sr__dctx_unref(c);
         }
         sr__idmap_free(&s->map);
         pthread_mutex_destroy(&s->lock);
@@ -219,12 +216,8 @@ sr_dctx *sr__dctx_remove(int64_t id)
         s->dead_next = (s->dead_next + 1) % TOMBSTONES;
     }
     pthread_mutex_unlock(&s->lock);
-    if (c) {
+    if (c)
         atomic_fetch_sub_explicit(&box.count, 1, memory_order_relaxed); /* relaxed: statistics */
-        pthread_mutex_lock(&c->lock);
-        c->released = true;
-        pthread_mutex_unlock(&c->lock);
-    }
     return c; /* the container's reference, now the caller's */
 }
 

@@ -41,7 +41,6 @@ typedef struct sr_dctx {
     int64_t id;
     _Atomic uint32_t refs;
     pthread_mutex_t lock;
-    bool released;               /* no longer in the container */
     uint64_t *known;             /* bitmap of ranks, [known_words] */
     size_t known_words;
     struct sr_idmap send, recv;  /* message id -> sr_node * */
@@ -102,9 +101,9 @@ int64_t sr__fn_message_id(const sr_node *n);
 int sr__recv_fn_peer(const sr_node *n);
 
 /* ---- record.c: tensors of a value ---- */
-/* The tensors of v (nested lists included) that require grad, in the order
- * the codec sends them; *n of them in a malloc'd array (borrowed). */
-int sr__grad_tensors(sr_value *v, sr_tensor ***out, size_t *n);
+/* The tensors of vs[nv] (nested lists included) that require grad, in the
+ * order the codec sends them; *n of them in a malloc'd array (borrowed). */
+int sr__grad_tensors(sr_value *const *vs, size_t nv, sr_tensor ***out, size_t *n);
 
 /* ---- backward.c ---- */
 /* Module request: gradients for one send function (see backward.c). */

@@ -51,12 +51,14 @@ static int collect(sr_value *v, sr_tensor ***ts, size_t *n, size_t *cap, int dep
     return 0;
 }
 
-int sr__grad_tensors(sr_value *v, sr_tensor ***out, size_t *n)
+int sr__grad_tensors(sr_value *const *vs, size_t nv, sr_tensor ***out, size_t *n)
 {
     size_t cap = 0;
     *out = NULL;
     *n = 0;
-    int rc = v ? collect(v, out, n, &cap, 0) : 0;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < nv; i++)
+        rc = vs[i] ? collect(vs[i], out, n, &cap, 0) : 0;
     if (rc) {
         free(*out);
         *out = NULL;
@@ -99,7 +101,7 @@ static int record_recv(sr_dctx *c, int64_t msg, int peer, sr_value *v)
 {
     sr_tensor **ts;
     size_t n;
-    int rc = sr__grad_tensors(v, &ts, &n);
+    int rc = sr__grad_tensors(&v, 1, &ts, &n);
     if (rc || !n)
         return rc;
     sr_node *fn = sr__recv_fn_create(c->id, msg, peer, ts, n);
@@ -126,11 +128,10 @@ static int da_request_out(const struct sr_call_out *o, uint8_t *ext, size_t *len
     if (!c)
         return 0;
     sr__dctx_add_known(c, o->to);
-    sr_value *list = o->args.n ? sr_list(o->args.n, o->args.v) : NULL;
     sr_tensor **ts = NULL;
     size_t n = 0;
     int64_t msg = 0;
-    int rc = o->args.n && !list ? -ENOMEM : sr__grad_tensors(list, &ts, &n);
+    int rc = sr__grad_tensors(o->args.v, o->args.n, &ts, &n);
     if (!rc && (n || forced(o)))
         rc = sr__dctx_next_message_id(&msg);
     if (!rc && n) /* as PyTorch: a send function only for tensors that require grad */
@@ -140,20 +141,8 @@ static int da_request_out(const struct sr_call_out *o, uint8_t *ext, size_t *len
         *len = EXT_LEN;
     }
     free(ts);
-    sr_value_unref(list);
     sr__dctx_unref(c);
     return rc;
-}
-
-/* The call's arguments as one list, as the caller sent them. */
-static sr_value *args_list(sr_call *call, size_t nargs)
-{
-    sr_value **items = malloc(nargs * sizeof(*items));
-    for (size_t k = 0; items && k < nargs; k++)
-        items[k] = sr_call_arg(call, k);
-    sr_value *list = items ? sr_list(nargs, items) : NULL;
-    free(items);
-    return list;
 }
 
 static int da_request_in(sr_call *call, const uint8_t *ext, size_t len)
@@ -166,11 +155,7 @@ static int da_request_in(sr_call *call, const uint8_t *ext, size_t len)
         return rc ? rc : released ? 0 : sr__fail(-ENOMEM, "sr_rpc", "out of memory for an autograd context");
     int caller = sr_call_caller(call);
     sr__dctx_add_known(c, caller);
-    size_t nargs = sr_call_nargs(call);
-    sr_value *list = nargs ? args_list(call, nargs) : NULL;
-    if (nargs)
-        rc = list ? record_recv(c, msg, caller, list) : sr__fail(-ENOMEM, "sr_rpc", "out of memory");
-    sr_value_unref(list);
+    rc = record_recv(c, msg, caller, sr__call_args(call)); /* the arguments as the caller sent them */
     struct call_state *st = rc ? NULL : malloc(sizeof(*st));
     if (!st) {
         sr__dctx_unref(c);
@@ -201,7 +186,7 @@ static void da_response_out(sr_call *call, sr_value *v, uint8_t *ext, size_t *le
     sr_tensor **ts = NULL;
     size_t n = 0;
     int64_t msg = 0;
-    if (!st || sr__grad_tensors(v, &ts, &n) || !n)
+    if (!st || sr__grad_tensors(&v, 1, &ts, &n) || !n)
         return;
     if (!sr__dctx_next_message_id(&msg) && !record_send(st->ctx, ts, n, sr_call_caller(call), "result", msg)) {
         put_ids(ext, st->ctx->id, msg);

@@ -522,8 +522,6 @@ int sr__call_set_arg(sr_call *c, size_t i, sr_value *v)
 
 sr_value *sr__call_args(sr_call *c) { return c->args; }
 
-const char *sr__call_fn_name(const sr_call *c) { return c->fn ? c->fn->name : ""; }
-
 /* The modules' last word before the function runs. */
 static int modules_prepare(struct sr_call *c)
 {

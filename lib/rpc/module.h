@@ -196,8 +196,7 @@ int sr__module_call_start(int to, const struct sr_req *q, const char *fn, sr_arg
 sr_value *sr__call_args(sr_call *c);
 /* Replace argument i of a call (takes v's reference); 0 or -ENOMEM. */
 int sr__call_set_arg(sr_call *c, size_t i, sr_value *v);
-/* The function a call runs ("" for a module request). */
-const char *sr__call_fn_name(const sr_call *c);
+
 /* Send a raw module message (type >= SR_MSG_MODULE_BASE), counted for
  * graceful shutdown's quiescence; quiet: wake nobody (see agent.h). */
 int sr__module_send(int to, sr_msg *m, bool quiet);
