@@ -107,6 +107,16 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
     return rc;
 }
 
+/* Count a thread in or out of c's task (under c's lock). A context whose
+ * task has users is a backward pass in progress here (debug info). */
+static void users_add_locked(sr_dctx *c, int d)
+{
+    uint32_t before = c->task_users;
+    c->task_users = (uint32_t)((int)before + d);
+    if (!before != !c->task_users) /* relaxed: statistics */
+        atomic_fetch_add_explicit(&sr__dctx_passes, before ? -1 : 1, memory_order_relaxed);
+}
+
 /* The current task if it belongs to pass, counted as used until
  * release_task (the caller runs it without the context lock: lock order
  * task -> context); no other pass can replace it meanwhile. */
@@ -114,7 +124,8 @@ static sr_graph_task *acquire_task(sr_dctx *c, int64_t pass)
 {
     pthread_mutex_lock(&c->lock);
     sr_graph_task *g = c->pass == pass ? c->task : NULL;
-    c->task_users += g != NULL;
+    if (g)
+        users_add_locked(c, 1);
     pthread_mutex_unlock(&c->lock);
     return g;
 }
@@ -122,7 +133,7 @@ static sr_graph_task *acquire_task(sr_dctx *c, int64_t pass)
 static void release_task(sr_dctx *c)
 {
     pthread_mutex_lock(&c->lock);
-    c->task_users--;
+    users_add_locked(c, -1);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -326,7 +337,6 @@ static void job_run(void *p)
     sr_value *a = j->args;
     bool well_formed = sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
                        sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
-    atomic_fetch_add_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     if (!c)
         err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
     else if (!well_formed)
@@ -338,7 +348,6 @@ static void job_run(void *p)
         err = node_error(err, sr_last_error(), text, sizeof(text));
     await_all(rr.f, rr.n, err, text, j->done); /* only this run's RPCs: see the top */
     atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
-    atomic_fetch_sub_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     free(rr.f);
     sr__dctx_unref(c);
     sr_value_unref(j->args);
@@ -440,9 +449,9 @@ static void root_finish(struct root *r)
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     pthread_mutex_lock(&r->c->lock);
     r->c->root_busy = false;
-    r->c->task_users -= r->g != NULL;
+    if (r->g)
+        users_add_locked(r->c, -1);
     pthread_mutex_unlock(&r->c->lock);
-    atomic_fetch_sub_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     if (rc)
         sr__future_fail_text(r->done, rc, r->text);
     else
@@ -506,7 +515,6 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
         pthread_mutex_unlock(&c->lock);
         return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     }
-    atomic_fetch_add_explicit(&sr__dctx_passes, 1, memory_order_relaxed); /* relaxed: statistics */
     *r = (struct root){.c = sr__dctx_ref(c), .done = sr_future_ref(done)};
     int64_t pass;
     int rc = sr__dctx_next_message_id(&pass);
