@@ -292,7 +292,7 @@ static int scenario_corrupt(int rank, int world)
     if (rank != 0)
         return 0;
     signal(SIGALRM, watchdog);
-    alarm(2 * EVENT_WAIT_S);
+    alarm(EVENT_WAIT_S + 10); /* before worker1's shutdown gives up (60 s) */
     struct sr_ring *r = sr__agent->x->peers[1].inbox;
     sr_value *v = NULL;
     int rc = sr_rpc_sync(1, "seven", SR_NOARGS, EVENT_WAIT_S, &v);
