@@ -318,3 +318,38 @@ Test(outq, corrupt_inbox_ring_is_an_error_naming_its_worker)
 {
     RUN_JOB("outq_corrupt", 2, .scenario = scenario_corrupt, .register_fns = register_fns);
 }
+
+/* ---- tiny inboxes under load: no space event is ever lost ------------- */
+
+#define STORM_WORLD 4
+#define STORM_CALLS 400 /* per worker, to every other worker in turn */
+
+static int scenario_storm(int rank, int world)
+{
+    static sr_future *fs[STORM_CALLS];
+    for (int i = 0; i < STORM_CALLS; i++) {
+        int to = (rank + 1 + i % (world - 1)) % world;
+        int rc = sr_rpc_async(to, "seven", SR_NOARGS, EVENT_WAIT_S, &fs[i]);
+        WCHECK(rc == 0, "call %d to worker%d: %s", i, to, sr_last_error());
+    }
+    int bad = 0, rc = 0;
+    for (int i = 0; i < STORM_CALLS; i++) {
+        sr_value *v = NULL;
+        int r = sr_future_wait(fs[i], &v);
+        if (r && !bad++) {
+            rc = r;
+            fprintf(stderr, "worker%d: call %d: %s\n", rank, i, sr_last_error());
+        }
+        sr_value_unref(v);
+        sr_future_unref(fs[i]);
+    }
+    WCHECK(bad == 0, "worker%d: %d of %d calls into 4-slot inboxes failed (a lost space event?): %d", rank, bad,
+           STORM_CALLS, rc);
+    WCHECK(full_sends() > 0, "worker%d never found an inbox full: the storm tested nothing", rank);
+    return 0;
+}
+
+Test(outq, tiny_inboxes_under_load_lose_no_space_event)
+{
+    RUN_JOB("outq_storm", STORM_WORLD, .scenario = scenario_storm, .register_fns = register_fns, .ring_slots = 4);
+}
