@@ -54,3 +54,19 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t *pos)
         return -EAGAIN;
     return -EPROTO; /* ahead of a tail that has not moved, or more than a lap behind it */
 }
+
+int sr_ring_probe(struct sr_ring *r)
+{
+    /* relaxed: sr__ring_recheck re-reads it after a fence */
+    uint32_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    for (int i = 0; i < 16; i++) {
+        uint32_t p = pos;
+        int rc = sr__ring_recheck(r, &p);
+        if (rc <= 0)
+            return rc;
+        if (p == pos)
+            return 0; /* the slot at tail is free */
+        pos = p;
+    }
+    return -EAGAIN; /* tail keeps moving: other producers are sending, not a corrupt ring */
+}

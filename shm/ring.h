@@ -193,6 +193,10 @@ static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
     }
 }
 
+/* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full
+ * (or contended), -EPROTO corrupt. For diagnostics, off the fast path. */
+int sr_ring_probe(struct sr_ring *r);
+
 /* Producer `id` (< SR_RING_MAX_PRODUCERS) registers for a wake-up when the
  * consumer next frees slots (W1 in the contract above); it must retry its
  * enqueue afterwards. futex: wait on space_wait instead of being named. */

@@ -226,6 +226,14 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
 int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
 
+int sr_xport_probe(sr_xport *x, int to)
+{
+    if ((unsigned)to >= (unsigned)x->world)
+        return sr__fail(-EINVAL, "sr_xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
+    int rc = sr_ring_probe(x->peers[to].inbox);
+    return rc == -EPROTO ? corrupt_inbox(x, to, "sr_xport_probe") : rc;
+}
+
 void sr_xport_space_arm(sr_xport *x, int to)
 {
     sr_ring_space_arm(x->peers[to].inbox, (uint32_t)x->rank, false);

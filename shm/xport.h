@@ -79,6 +79,10 @@ int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m);
  * by a thread that is itself the only consumer the destination waits on. */
 int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
 
+/* Check `to`'s inbox without sending: 0 room, -EAGAIN full, -EPROTO corrupt
+ * (reported as sr_xport_send does), -EINVAL bad rank. For error reports. */
+int sr_xport_probe(sr_xport *x, int to);
+
 /* Space events: waiting for room in a full inbox without a timer.
  * A sender that got -EAGAIN calls sr_xport_space_arm(x, to) and then retries
  * its send once (the W1/W2 handshake of ring.h); if that fails too, the

@@ -236,6 +236,16 @@ static int queued_timeout_body(void)
     rc = sr_rpc_sync(1, "seven", SR_NOARGS, SHORT_TIMEOUT_S, &v);
     sr_value_unref(v);
     WEXPECT_ERR(rc, -ETIMEDOUT, "the inbox of worker1 has been full for");
+    /* The ring is full and worker1 reads nothing: the slot at tail is its
+     * head's, untouched meanwhile. Scrambled, the timeout says so. */
+    struct sr_ring *r = sr__agent->x->peers[1].inbox;
+    _Atomic uint32_t *seq = &r->slots[atomic_load(&r->tail) & r->mask].seq;
+    uint32_t good = atomic_load(seq);
+    atomic_store(seq, good + 5);
+    rc = sr_rpc_sync(1, "seven", SR_NOARGS, SHORT_TIMEOUT_S, &v);
+    atomic_store(seq, good);
+    sr_value_unref(v);
+    WEXPECT_ERR(rc, -ETIMEDOUT, "the inbox ring of worker1 (rank 1) is corrupt");
     return 0;
 }
 
@@ -249,7 +259,7 @@ static int scenario_queued_timeout(int rank, int world)
     return rc ? rc : rc2;
 }
 
-Test(outq, queued_call_timeout_names_the_full_inbox)
+Test(outq, queued_call_timeout_names_the_full_or_corrupt_inbox)
 {
     pg = shared_page(sizeof(*pg));
     RUN_JOB("outq_qto", 2, .scenario = scenario_queued_timeout, .register_fns = register_fns);

@@ -236,7 +236,12 @@ size_t sr__outq_describe(sr_agent *a, int to, char *buf, size_t n)
     pthread_mutex_unlock(&q->lock);
     if (!queued)
         return 0;
-    int len = snprintf(buf, n, "; the inbox of %s has been full for %.3f s, and %u message%s for it still wait on %s",
+    int len;
+    if (sr_xport_probe(a->x, to) == -EPROTO) /* never drains: say why */
+        len = snprintf(buf, n, "; %u message%s for %s still wait on %s, because %s", queued, queued == 1 ? "" : "s",
+                       a->names[to], a->names[a->rank], sr_last_error());
+    else
+        len = snprintf(buf, n, "; the inbox of %s has been full for %.3f s, and %u message%s for it still wait on %s",
                        a->names[to], idle_s, queued, queued == 1 ? "" : "s", a->names[a->rank]);
     return len < 0 ? 0 : (size_t)len < n ? (size_t)len : n - 1;
 }
