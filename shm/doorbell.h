@@ -13,6 +13,11 @@
  * producer makes the wake syscall only when the consumer really sleeps, and
  * only one producer makes it (the one whose exchange returned SLEEPING).
  *
+ * The same pair carries space events (xport.h): the consumer of a full inbox
+ * that frees slots stores the blocked sender's space_kick and then rings
+ * the sender's doorbell (D3 after the store), and every sender-side thread
+ * about to sleep checks space_kick after its D2, next to its ring.
+ *
  * The wake is FUTEX_WAKE on the shared (not private) word, or, in the
  * eventfd fallback, an 8-byte write to the consumer's eventfd.
  *

@@ -44,6 +44,32 @@
  * not yet released) count as full: a consumer must release before it waits
  * for more messages, or a producer waiting for space could wait forever.
  *
+ * Waiting for space is an event, never a timed retry. A producer that found
+ * the ring full registers (sr_ring_space_arm): it sets its bit in
+ * space_ranks (a worker's progress loop, woken through its doorbell) or
+ * SR_SPACE_FUTEX in space_wait (a thread asleep on that word), then the
+ * summary bits in space_wait, then retries. The consumer, after freeing
+ * slots, reads space_wait and wakes whoever registered (sr_ring_space_take):
+ *   W1  producer: fetch_or of its bit, release fetch_or of space_wait, then a
+ *       seq_cst fence, then the retry's P0 load of seq
+ *   W2  consumer: C2 stores (free), then a seq_cst fence, then the load of
+ *       space_wait, acquire exchange to 0, then exchanges of space_ranks
+ *   The two fences make a Dekker pair: either the retry sees a freed slot, or
+ *   the consumer sees space_wait. The release/acquire pair on space_wait
+ *   makes the bits set before it visible to the consumer's exchanges. A bit
+ *   that the consumer's scan missed keeps its summary bit set, so the next
+ *   release finds it. Spurious wake-ups (a stale bit) are harmless.
+ *
+ * Validation. The segment is shared with peers that may be buggy, so tail
+ * and seq, read from it, are checked before they are trusted: slot i only
+ * ever holds sequence values congruent to i or i + 1 modulo size, a full
+ * slot is exactly one lap behind (seq - pos is -size: claimed, unpublished;
+ * or 1 - size: published, unread), and a sequence ahead of pos means another
+ * producer claimed pos, so tail has moved. Anything else is a corrupt ring:
+ * enqueue returns -EPROTO instead of spinning or reporting a full ring for
+ * ever. A value that looks illegal is re-read after a fence first (a stale
+ * read must not be taken for corruption); this is off the fast path.
+ *
  * Process death: a producer that dies between claim and publish leaves its
  * slot unpublished, and the consumer stops at it. The launcher's policy is to
  * take the whole job down when any worker dies, so this state is never
@@ -53,6 +79,7 @@
 #define SR_SHM_RING_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -60,6 +87,11 @@
 #include "atomics.h"
 
 #define SR_MSG_DATA 56
+#define SR_RING_MAX_PRODUCERS 4096 /* producer ids (worker ranks) that can wait for space */
+
+/* space_wait bits */
+#define SR_SPACE_FUTEX 0x1u /* a thread sleeps on space_wait (futex) */
+#define SR_SPACE_RANKS 0x2u /* some bit of space_ranks is set */
 
 /* One message: what the upper layers exchange. 60 bytes, so that with the
  * sequence word a slot is exactly one cache line. */
@@ -88,15 +120,21 @@ struct sr_ring {
     _Atomic uint32_t head SR_ALIGNED_LINE;
     _Atomic uint32_t held;
 
-    /* Line 3: back-pressure. Producers that found the ring full set it; the
-     * consumer clears it and wakes them after freeing slots. */
+    /* Line 3: back-pressure summary (SR_SPACE_*). Set by producers that found
+     * the ring full (W1); exchanged to 0 by the consumer after freeing slots
+     * (W2). A thread of sr_xport_send_wait sleeps on it as a futex word. */
     _Atomic uint32_t space_wait SR_ALIGNED_LINE;
+
+    /* Lines 4-11: the producers waiting for space, one bit per worker rank.
+     * Set by the producers (W1); exchanged to 0 by the consumer (W2). */
+    _Atomic uint64_t space_ranks[SR_RING_MAX_PRODUCERS / 64] SR_ALIGNED_LINE;
 
     struct sr_slot slots[] SR_ALIGNED_LINE;
 };
 static_assert(offsetof(struct sr_ring, tail) == 1 * SR_CACHELINE, "ring layout");
 static_assert(offsetof(struct sr_ring, head) == 2 * SR_CACHELINE, "ring layout");
-static_assert(offsetof(struct sr_ring, slots) == 4 * SR_CACHELINE, "ring layout");
+static_assert(offsetof(struct sr_ring, space_ranks) == 4 * SR_CACHELINE, "ring layout");
+static_assert(offsetof(struct sr_ring, slots) == 12 * SR_CACHELINE, "ring layout");
 
 static inline size_t sr_ring_bytes(uint32_t slots)
 {
@@ -106,7 +144,13 @@ static inline size_t sr_ring_bytes(uint32_t slots)
 /* Initialise a ring in caller-owned (shared) memory. slots: power of two >= 2. */
 void sr_ring_init(struct sr_ring *r, uint32_t slots);
 
-/* Multi-producer enqueue of one message. 0, or -EAGAIN when full. */
+/* Out of line, off the fast path: tail and seq (read at pos) looked illegal.
+ * Re-reads them after a fence: 1 the state moved on (retry; *pos updated),
+ * -EAGAIN a legal full slot after all, -EPROTO a corrupt ring. */
+int sr__ring_recheck(struct sr_ring *r, uint32_t *pos);
+
+/* Multi-producer enqueue of one message. 0; -EAGAIN when full; -EPROTO when
+ * the ring's shared words hold values no legal history can produce. */
 static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
 {
     /* relaxed: a stale tail only makes the CAS below fail and retry */
@@ -127,12 +171,72 @@ static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
                 return 0;
             }
         } else if (dif < 0) {
-            return -EAGAIN; /* the slot still holds last lap's message: full */
+            /* the slot still holds last lap's message: full */
+            if (sr_likely(dif == 1 - (int32_t)r->size || dif == -(int32_t)r->size))
+                return -EAGAIN;
+            int rc = sr__ring_recheck(r, &pos);
+            if (rc <= 0)
+                return rc;
         } else {
-            /* relaxed: another producer claimed pos; re-read and retry */
-            pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
+            /* Another producer claimed pos. Its claim happens-before our P0
+             * acquire saw its publish (or the free after it), so tail has
+             * moved past pos: if not, seq was never legally written. */
+            uint32_t t = atomic_load_explicit(&r->tail, memory_order_relaxed); /* relaxed: as above */
+            if (sr_unlikely(t == pos)) {
+                int rc = sr__ring_recheck(r, &pos);
+                if (rc <= 0)
+                    return rc;
+            } else {
+                pos = t;
+            }
         }
     }
+}
+
+/* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full
+ * (or contended), -EPROTO corrupt. For diagnostics, off the fast path. */
+int sr_ring_probe(struct sr_ring *r);
+
+/* Producer `id` (< SR_RING_MAX_PRODUCERS) registers for a wake-up when the
+ * consumer next frees slots (W1 in the contract above); it must retry its
+ * enqueue afterwards. futex: wait on space_wait instead of being named. */
+static inline void sr_ring_space_arm(struct sr_ring *r, uint32_t id, bool futex)
+{
+    if (futex) {
+        /* release: W1, pairs with the consumer's acquire exchange of space_wait */
+        atomic_fetch_or_explicit(&r->space_wait, SR_SPACE_FUTEX, memory_order_release);
+    } else {
+        /* relaxed: published by the release fetch_or of space_wait below */
+        atomic_fetch_or_explicit(&r->space_ranks[id / 64], UINT64_C(1) << (id % 64), memory_order_relaxed);
+        /* release: W1, pairs with the consumer's acquire exchange of space_wait */
+        atomic_fetch_or_explicit(&r->space_wait, SR_SPACE_RANKS, memory_order_release);
+    }
+    /* W1 fence: pairs with the consumer's W2 fence (a Dekker pair with the retry) */
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Consumer, after freeing slots (W2): the SR_SPACE_* bits of those waiting,
+ * cleared; 0 (one load after the fence) when nobody waits. */
+static inline uint32_t sr_ring_space_take(struct sr_ring *r)
+{
+    /* W2 fence: pairs with a producer's W1 fence */
+    atomic_thread_fence(memory_order_seq_cst);
+    /* relaxed: ordered by the fence; the exchange below synchronises */
+    if (!atomic_load_explicit(&r->space_wait, memory_order_relaxed))
+        return 0;
+    /* acquire: pairs with the producers' release fetch_or in sr_ring_space_arm */
+    return atomic_exchange_explicit(&r->space_wait, 0, memory_order_acquire);
+}
+
+/* Consumer, after sr_ring_space_take returned SR_SPACE_RANKS: take the
+ * waiting producers' bits of word w (ids 64w .. 64w+63), cleared. */
+static inline uint64_t sr_ring_space_ranks(struct sr_ring *r, uint32_t w)
+{
+    /* relaxed: the load is a filter; ordered after the acquire exchange of space_wait */
+    if (!atomic_load_explicit(&r->space_ranks[w], memory_order_relaxed))
+        return 0;
+    /* relaxed: as above; a bit set after it is found through space_wait next time */
+    return atomic_exchange_explicit(&r->space_ranks[w], 0, memory_order_relaxed);
 }
 
 /* Single-consumer: copy out up to n ready messages, in order, and keep their

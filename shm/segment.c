@@ -16,6 +16,8 @@
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
+static_assert(SR_MAX_WORKERS <= SR_RING_MAX_PRODUCERS, "every rank has a space-waiter bit in each ring");
+
 static uint64_t table_stride(void) { return ALIGN_UP(sizeof(struct sr_worker_info), SR_CACHELINE); }
 static uint64_t inbox_stride(uint32_t slots) { return ALIGN_UP(sr_ring_bytes(slots), 4096); }
 

@@ -25,7 +25,8 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 2u                   /* bump when any offset below changes (2: remote_free) */
+#define SR_SEG_LAYOUT_FORMAT 3u                   /* bump when any offset below changes (2: remote_free;
+                                                     3: ring space_ranks, worker space_kick) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -76,6 +77,12 @@ struct sr_worker_info {
     /* Own line: the doorbell word. Written by the worker (announces SLEEPING,
      * clears to AWAKE) and by producers (exchange SLEEPING -> AWAKE). */
     _Atomic uint32_t doorbell SR_ALIGNED_LINE;
+    /* Space event: set to 1 (release) by the consumer of an inbox this worker
+     * waits to send into, after freeing slots and before ringing the doorbell
+     * (ring.h W2, doorbell.h D3); exchanged to 0 (acquire) by this worker,
+     * which then retries its queued messages. Read after D2 by a thread about
+     * to sleep, so a kick is never lost (xport.h, space events). */
+    _Atomic uint32_t space_kick;
 
     /* Own line: head of the worker's remote-free list (segment offset of the
      * first block, 0 = empty). Pushed by peers (release CAS), taken whole by

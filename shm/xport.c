@@ -189,6 +189,19 @@ int sr_xport_check_peers(sr_xport *x)
     return 0;
 }
 
+/* The destination's inbox holds values no legal history produces (ring.h,
+ * Validation): name whose inbox it is, and what was read. */
+static int corrupt_inbox(sr_xport *x, int to, const char *fn)
+{
+    struct sr_ring *r = x->peers[to].inbox;
+    /* relaxed: for the report only */
+    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint32_t seq = atomic_load_explicit(&r->slots[tail & r->mask].seq, memory_order_relaxed); /* relaxed: as above */
+    return sr__fail(-EPROTO, fn,
+                    "the inbox ring of %s (rank %d) is corrupt: slot %u holds sequence %u at tail %u (%u slots)",
+                    sr_seg_worker(&x->seg, to)->name, to, tail & r->mask, seq, tail, r->size);
+}
+
 static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
@@ -197,7 +210,10 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
         return sr__fail(-EPIPE, "sr_xport_send", "destination rank %d has died", to);
     struct sr_peer *p = &x->peers[to];
     m->src = (uint16_t)x->rank;
-    if (sr_unlikely(sr_ring_enqueue(p->inbox, m) != 0)) {
+    int rc = sr_ring_enqueue(p->inbox, m);
+    if (sr_unlikely(rc != 0)) {
+        if (rc == -EPROTO)
+            return corrupt_inbox(x, to, "sr_xport_send");
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
@@ -210,6 +226,19 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
 int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
 
+int sr_xport_probe(sr_xport *x, int to)
+{
+    if ((unsigned)to >= (unsigned)x->world)
+        return sr__fail(-EINVAL, "sr_xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
+    int rc = sr_ring_probe(x->peers[to].inbox);
+    return rc == -EPROTO ? corrupt_inbox(x, to, "sr_xport_probe") : rc;
+}
+
+void sr_xport_space_arm(sr_xport *x, int to)
+{
+    sr_ring_space_arm(x->peers[to].inbox, (uint32_t)x->rank, false);
+}
+
 int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
 {
     for (;;) {
@@ -217,16 +246,17 @@ int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
         if (rc != -EAGAIN)
             return rc;
         struct sr_ring *r = x->peers[to].inbox;
-        /* relaxed: S2 below orders it before our retry */
-        atomic_store_explicit(&r->space_wait, 1, memory_order_relaxed);
-        /* S2: pairs with the consumer's S1 fence in sr_xport_recv_burst */
-        atomic_thread_fence(memory_order_seq_cst);
+        sr_ring_space_arm(r, (uint32_t)x->rank, true); /* W1 (ring.h) */
         if ((rc = sr_xport_send(x, to, m)) != -EAGAIN)
             return rc;
         int64_t left = deadline_ns < 0 ? SLICE_NS : deadline_ns - sr_now_ns();
         if (left <= 0)
-            return sr__fail(-ETIMEDOUT, "sr_xport_send_wait", "inbox of rank %d stayed full (%u slots)", to, r->size);
-        futex_wait_ns(&r->space_wait, 1, left < SLICE_NS ? left : SLICE_NS);
+            return sr__fail(-ETIMEDOUT, "sr_xport_send_wait", "the inbox of %s (rank %d) stayed full (%u slots)",
+                            sr_seg_worker(&x->seg, to)->name, to, r->size);
+        /* relaxed: the futex compares it again; any change (the consumer's exchange) ends the wait */
+        uint32_t v = atomic_load_explicit(&r->space_wait, memory_order_relaxed);
+        if (v & SR_SPACE_FUTEX)
+            futex_wait_ns(&r->space_wait, v, left < SLICE_NS ? left : SLICE_NS);
     }
 }
 
@@ -239,19 +269,44 @@ static inline void consumer_count(_Atomic uint64_t *c, uint64_t n)
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n, memory_order_relaxed);
 }
 
+/* Wake the workers whose bits the consumer took from our inbox's
+ * space_ranks: set each one's space_kick, then ring its doorbell (whose D3
+ * fence orders the kick before the doorbell load, against the sleeper's D2
+ * fence and its check of space_kick). A bit for a rank outside the job is a
+ * foreign write: ignored. */
+static void kick_space_waiters(sr_xport *x)
+{
+    uint32_t words = ((uint32_t)x->world + 63) / 64;
+    for (uint32_t w = 0; w < words; w++) {
+        uint64_t bits = sr_ring_space_ranks(x->inbox, w);
+        while (bits) {
+            int rank = (int)(w * 64 + (uint32_t)__builtin_ctzll(bits));
+            bits &= bits - 1;
+            if (rank >= x->world)
+                break;
+            struct sr_peer *p = &x->peers[rank];
+            /* release: pairs with the sender's acquire exchange in sr_xport_space_take; our freed slots are visible */
+            atomic_store_explicit(&sr_seg_worker(&x->seg, rank)->space_kick, 1, memory_order_release);
+            if (sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
+                atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
+        }
+    }
+}
+
 /* Free the slots handed out by the previous recv_burst (see ring.h: freeing
  * them here, not as they are read, keeps that write off the critical path of
- * a reply), and wake the producers that found the inbox full. */
+ * a reply), and wake the producers that found the inbox full (W2). */
 static void release_inbox(sr_xport *x)
 {
     if (!sr_ring_release(x->inbox))
         return;
-    /* S1: pairs with a blocked producer's S2 fence: it sees our freed slots or we see its flag */
-    atomic_thread_fence(memory_order_seq_cst);
-    /* relaxed: ordered by S1; the exchange elects one waker */
-    if (atomic_load_explicit(&x->inbox->space_wait, memory_order_relaxed) &&
-        atomic_exchange_explicit(&x->inbox->space_wait, 0, memory_order_relaxed))
+    uint32_t w = sr_ring_space_take(x->inbox);
+    if (sr_likely(!w))
+        return;
+    if (w & SR_SPACE_FUTEX)
         futex_wake_all(&x->inbox->space_wait);
+    if (w & SR_SPACE_RANKS)
+        kick_space_waiters(x);
 }
 
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)

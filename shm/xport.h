@@ -65,8 +65,9 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
 void sr_xport_detach(sr_xport *x);
 
 /* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
- * destination inbox is full (back-pressure: nothing was sent, retry);
- * -EINVAL bad rank; -EPIPE the destination has died. */
+ * destination inbox is full (back-pressure: nothing was sent, retry: see
+ * space events below); -EINVAL bad rank; -EPIPE the destination has died;
+ * -EPROTO the destination's inbox is corrupt (the error names its worker). */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 
 /* As sr_xport_send, but never wakes the destination: the message waits in
@@ -77,6 +78,34 @@ int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m);
  * CLOCK_MONOTONIC, < 0: none). -ETIMEDOUT when it passes. Must not be used
  * by a thread that is itself the only consumer the destination waits on. */
 int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
+
+/* Check `to`'s inbox without sending: 0 room, -EAGAIN full, -EPROTO corrupt
+ * (reported as sr_xport_send does), -EINVAL bad rank. For error reports. */
+int sr_xport_probe(sr_xport *x, int to);
+
+/* Space events: waiting for room in a full inbox without a timer.
+ * A sender that got -EAGAIN calls sr_xport_space_arm(x, to) and then retries
+ * its send once (the W1/W2 handshake of ring.h); if that fails too, the
+ * destination's consumer, when it next frees slots, sets our worker's
+ * space_kick and rings our doorbell. Whoever polls our inbox checks
+ * sr_xport_space_kicked (also after announcing SLEEPING, with D2 before it:
+ * the consumer's doorbell ring has D3 after its kick), and on a kick calls
+ * sr_xport_space_take, then retries everything it queued. */
+void sr_xport_space_arm(sr_xport *x, int to);
+
+static inline bool sr_xport_space_kicked(const sr_xport *x)
+{
+    /* relaxed: a hint; sr_xport_space_take synchronises */
+    return atomic_load_explicit(&x->me->space_kick, memory_order_relaxed) != 0;
+}
+
+/* Clear our space kick; true if one was pending. */
+static inline bool sr_xport_space_take(sr_xport *x)
+{
+    /* acquire: pairs with the consumer's release store in kick_space_waiters
+     * (xport.c): the slots it freed before are visible to our retries */
+    return atomic_exchange_explicit(&x->me->space_kick, 0, memory_order_acquire) != 0;
+}
 
 /* Copy out up to n messages from our inbox. Returns the count (0: empty).
  * Their slots are freed by the next sr_xport_recv_burst, sr_xport_wait or

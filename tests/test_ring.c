@@ -180,3 +180,89 @@ Test(ring, read_slots_stay_held_until_released)
     cr_assert_eq(sr_ring_enqueue(r, &extra), 0, "dequeue_burst releases at once");
     free(r);
 }
+
+/* A claimed but unpublished slot of the previous lap (seq == pos - size) is
+ * a full ring, legal: not mistaken for corruption. */
+Test(ring, unpublished_slot_of_last_lap_is_full_not_corrupt)
+{
+    struct sr_ring *r = ring_new(4);
+    sr_msg m = msg_of(0), out[4];
+    for (uint32_t i = 0; i < 4; i++)
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 4), 4);
+    /* A producer claims position 4 (slot 0) and stalls; positions 5..7 fill. */
+    cr_assert_eq(atomic_fetch_add(&r->tail, 1), 4u);
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 4), 0, "the consumer waits for position 4");
+    /* Position 8 maps to slot 0, which still says 4: one lap behind, full. */
+    cr_assert_eq(sr_ring_enqueue(r, &m), -EAGAIN);
+    free(r);
+}
+
+/* Scrambled sequence words (a peer writing over the segment): every value no
+ * legal history produces is -EPROTO, at once. Before, a sequence ahead of a
+ * tail that never moves made sr_ring_enqueue re-read the tail for ever (the
+ * .timeout catches that), and one more than a lap behind made it report a
+ * full ring for ever. */
+static void expect_corrupt_at_tail(uint32_t size, uint32_t tail_pos, int64_t delta, const char *what)
+{
+    struct sr_ring *r = ring_new(size);
+    ring_set_position(r, tail_pos);
+    sr_msg m = msg_of(1), out[1];
+    cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    cr_assert_eq(sr_ring_dequeue_burst(r, out, 1), 1);
+    uint32_t tail = atomic_load(&r->tail);
+    atomic_store(&r->slots[tail & r->mask].seq, tail + (uint32_t)delta);
+    cr_assert_eq(sr_ring_enqueue(r, &m), -EPROTO, "%s (size %u, tail %u): want -EPROTO", what, size, tail);
+    cr_assert_eq(atomic_load(&r->tail), tail, "%s: nothing was claimed", what);
+    free(r);
+}
+
+Test(ring, scrambled_sequence_is_eproto_not_a_spin, .timeout = 20)
+{
+    uint32_t sizes[] = {4, 8, 1024};
+    uint32_t starts[] = {0, UINT32_MAX - 2};
+    for (unsigned s = 0; s < 3; s++)
+        for (unsigned p = 0; p < 2; p++) {
+            uint32_t n = sizes[s];
+            expect_corrupt_at_tail(n, starts[p], 1, "published ahead of an unmoved tail");
+            expect_corrupt_at_tail(n, starts[p], (int64_t)n, "freed a lap ahead of an unmoved tail");
+            expect_corrupt_at_tail(n, starts[p], 3 + (int64_t)n, "not congruent, ahead");
+            expect_corrupt_at_tail(n, starts[p], -2 * (int64_t)n, "two laps behind");
+            expect_corrupt_at_tail(n, starts[p], 1 - 3 * (int64_t)n, "published three laps behind");
+            expect_corrupt_at_tail(n, starts[p], -(int64_t)n / 2, "not congruent, behind");
+        }
+}
+
+/* A tail moved backwards (a foreign write) finds a published slot of its
+ * past: -EPROTO, not a spin. */
+Test(ring, tail_moved_backwards_is_eproto_not_a_spin, .timeout = 20)
+{
+    struct sr_ring *r = ring_new(8);
+    sr_msg m = msg_of(1);
+    for (uint32_t i = 0; i < 5; i++)
+        cr_assert_eq(sr_ring_enqueue(r, &m), 0);
+    atomic_store(&r->tail, 2);
+    cr_assert_eq(sr_ring_enqueue(r, &m), -EPROTO);
+    free(r);
+}
+
+/* Space waiters (W1/W2): each producer's bit is taken once, with the summary. */
+Test(ring, space_waiters_are_taken_once)
+{
+    struct sr_ring *r = ring_new(4);
+    cr_assert_eq(sr_ring_space_take(r), 0u, "nobody waits");
+    sr_ring_space_arm(r, 5, false);
+    sr_ring_space_arm(r, 70, false);
+    sr_ring_space_arm(r, SR_RING_MAX_PRODUCERS - 1, false);
+    cr_assert_eq(sr_ring_space_take(r), SR_SPACE_RANKS);
+    cr_assert_eq(sr_ring_space_take(r), 0u, "the summary is taken once");
+    cr_assert_eq(sr_ring_space_ranks(r, 0), UINT64_C(1) << 5);
+    cr_assert_eq(sr_ring_space_ranks(r, 1), UINT64_C(1) << 6);
+    cr_assert_eq(sr_ring_space_ranks(r, SR_RING_MAX_PRODUCERS / 64 - 1), UINT64_C(1) << 63);
+    cr_assert_eq(sr_ring_space_ranks(r, 0), 0u, "bits are taken once");
+    sr_ring_space_arm(r, 0, true);
+    cr_assert_eq(sr_ring_space_take(r), SR_SPACE_FUTEX);
+    free(r);
+}

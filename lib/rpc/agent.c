@@ -1,6 +1,6 @@
 /* The agent's threads: the consumer token, the progress thread, the wait
  * hook that lets a waiting caller poll for its own response, and sends with
- * local overflow. See agent.h for the token states. */
+ * local overflow (outq.c). See agent.h for the token states. */
 #include "agent.h"
 
 #include <errno.h>
@@ -18,7 +18,6 @@
 #include "module.h"
 
 #define BURST 32
-#define OUTQ_RETRY_NS (200ll * 1000)         /* pace retries into a full inbox */
 #define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
 #define TOKEN_WAIT_MIN_NS (20ll * 1000)      /* ... but never a busy loop on an overdue timer */
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
@@ -26,12 +25,6 @@
 #define IDLE_RETAKE_NS (2ll * 1000000)       /* an idle waiter without the token retries this often */
 
 sr_agent *sr__agent;
-
-struct sr_outq {
-    struct sr_outq *next;
-    int to;
-    sr_msg m;
-};
 
 static void futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
 {
@@ -45,56 +38,6 @@ static void futex_wake_one(_Atomic uint32_t *w)
 }
 
 /* ---- sending ------------------------------------------------------------ */
-
-static int queue_out(sr_agent *a, int to, const sr_msg *m)
-{
-    struct sr_outq *q = malloc(sizeof(*q));
-    if (!q)
-        return sr__fail(-ENOMEM, "sr_rpc", "out of memory queueing a message for rank %d", to);
-    q->next = NULL;
-    q->to = to;
-    q->m = *m;
-    pthread_mutex_lock(&a->out_lock);
-    struct sr_outq **p = &a->outq;
-    while (*p)
-        p = &(*p)->next;
-    *p = q;
-    /* relaxed: a hint read by senders and the progress thread; the list is under out_lock */
-    atomic_fetch_add_explicit(&a->out_pending, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&a->out_lock);
-    /* Make sure the progress thread notices and retries. */
-    sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
-    return 0;
-}
-
-/* A queued message that can never be sent: give back its payload and count
- * it as done, so the quiescence counters stay balanced. */
-static void drop_unsent(sr_agent *a, const sr_msg *m)
-{
-    if (m->type == SR_MSG_CTRL)
-        return;
-    sr__payload_done(m);
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
-}
-
-/* Retry queued messages in order; stop at the first inbox still full. */
-static void flush_out(sr_agent *a)
-{
-    pthread_mutex_lock(&a->out_lock);
-    while (a->outq) {
-        struct sr_outq *q = a->outq;
-        int rc = sr_xport_send(a->x, q->to, &q->m);
-        if (rc == -EAGAIN)
-            break;
-        a->outq = q->next;
-        /* relaxed: see queue_out */
-        atomic_fetch_sub_explicit(&a->out_pending, 1, memory_order_relaxed);
-        if (rc) /* a dead destination (-EPIPE): its calls are failed by the peer watch */
-            drop_unsent(a, &q->m);
-        free(q);
-    }
-    pthread_mutex_unlock(&a->out_lock);
-}
 
 int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
@@ -134,8 +77,7 @@ static bool timers_moved(sr_agent *a)
 
 int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
 {
-    /* relaxed: a hint, as in sr__agent_send_now */
-    if (a->reorder || atomic_load_explicit(&a->out_pending, memory_order_relaxed))
+    if (a->reorder || sr__outq_busy(&a->outq, to))
         return sr__agent_send(a, to, m);
     int rc = sr_xport_send_quiet(a->x, to, m);
     return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
@@ -143,14 +85,14 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
 
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
-    /* relaxed: a hint; keeping order behind queued messages is best effort */
-    if (sr_likely(!atomic_load_explicit(&a->out_pending, memory_order_relaxed))) {
+    /* Keep this destination's order behind its queued messages (best effort, outq.h). */
+    if (sr_likely(!sr__outq_busy(&a->outq, to))) {
         int rc = sr_xport_send(a->x, to, m);
         if (rc != -EAGAIN)
             return rc;
     }
     m->src = (uint16_t)a->rank;
-    return queue_out(a, to, m);
+    return sr__outq_push(a, to, m);
 }
 
 /* ---- polling ------------------------------------------------------------- */
@@ -164,6 +106,7 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
         sr__dispatch(a, &burst[i], mode);
     if (!n) /* idle: take back the blocks peers released (one load when there are none) */
         sr_heap_drain();
+    sr__outq_service(a); /* a full inbox we queue for freed slots: one load when none did */
     return n;
 }
 
@@ -211,7 +154,7 @@ static bool user_release(sr_agent *a)
         atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
         /* D2 (doorbell.h): pairs with the producers' D3 fence */
         atomic_thread_fence(memory_order_seq_cst);
-        if (sr_ring_ready(a->x->inbox)) {
+        if (sr_ring_ready(a->x->inbox) || sr_xport_space_kicked(a->x)) {
             atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
             return false;
         }
@@ -232,7 +175,7 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
     int64_t until = sr_now_ns() + budget;
     do {
         for (int i = 0; i < 64; i++) {
-            if (sr_ring_ready(a->x->inbox) || sr_future_done(f))
+            if (sr_ring_ready(a->x->inbox) || sr_future_done(f) || sr_xport_space_kicked(a->x))
                 return true;
             sr_cpu_relax();
         }
@@ -255,9 +198,6 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             return 0;
         if (deadline >= 0 && sr_now_ns() >= deadline)
             return -ETIMEDOUT;
-        /* relaxed: flush only if something is queued; the list is locked */
-        if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
-            flush_out(a);
         if (a->reorder)
             sr__reorder_pump(a, sr_now_ns());
         if (!spin_for(a, f, sr_xport_spin_budget(a->x)))
@@ -305,7 +245,7 @@ static bool idle_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed); /* relaxed: D2 orders it */
     /* D2 (doorbell.h): pairs with the producers' D3 fence */
     atomic_thread_fence(memory_order_seq_cst);
-    if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f)) {
+    if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f) && !sr_xport_space_kicked(a->x)) {
         int64_t left = deadline >= 0 ? deadline - sr_now_ns() : IDLE_SLICE_NS;
         if (left > IDLE_SLICE_NS)
             left = IDLE_SLICE_NS;
@@ -405,7 +345,8 @@ static bool park_ready(void *p)
 {
     sr_agent *a = p;
     /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
-    if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a))
+    if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
+        sr_xport_space_kicked(a->x))
         return true;
     uint32_t t = TOKEN_PROGRESS;
     /* release: pairs with a stealer's acquire; our consumption happens-before its */
@@ -421,9 +362,6 @@ static int64_t earlier(int64_t d, int64_t e)
 static int64_t next_deadline(sr_agent *a)
 {
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    /* relaxed: a hint; see queue_out */
-    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed))
-        d = earlier(d, sr_now_ns() + OUTQ_RETRY_NS);
     d = earlier(d, sr__modules_next_deadline());
     return earlier(d, sr__reorder_next(a));
 }
@@ -439,6 +377,7 @@ static void handle_events(sr_agent *a, int ev)
     if (ev > 0 && (ev & SR_WAKE_PEER))
         for (int r = 0; r < a->world; r++)
             if (sr_xport_peer_dead(a->x, r) && peer_crashed(a, r)) {
+                sr__outq_drop_peer(a, r);
                 sr__calls_fail_peer(a, r, "died");
                 sr__modules_peer_died(r);
             }
@@ -467,13 +406,11 @@ static int64_t progress_spin_budget(sr_agent *a)
 
 static void progress_idle(sr_agent *a)
 {
-    if (atomic_load_explicit(&a->out_pending, memory_order_relaxed)) /* relaxed: a hint */
-        flush_out(a);
     int64_t budget = progress_spin_budget(a);
     int64_t until = sr_now_ns() + budget;
     while (budget > 0 && sr_now_ns() < until) {
         for (int i = 0; i < 64; i++) {
-            if (sr_ring_ready(a->x->inbox))
+            if (sr_ring_ready(a->x->inbox) || sr_xport_space_kicked(a->x))
                 return;
             sr_cpu_relax();
         }
@@ -551,11 +488,4 @@ void sr__agent_stop(sr_agent *a)
     futex_wake_one(&a->token);
     pthread_join(a->progress, NULL);
     sr__future_set_wait_hook(NULL);
-    pthread_mutex_lock(&a->out_lock);
-    while (a->outq) {
-        struct sr_outq *q = a->outq;
-        a->outq = q->next;
-        free(q);
-    }
-    pthread_mutex_unlock(&a->out_lock);
 }

@@ -33,6 +33,7 @@
 
 #include "future_internal.h"
 #include "module.h"
+#include "outq.h"
 #include "shmrpc/rpc.h"
 #include "wire.h"
 #include "xport.h"
@@ -55,7 +56,6 @@ struct sr_call_slot {
 
 typedef struct sr_registry sr_registry;
 
-struct sr_outq; /* messages waiting for space in a full inbox */
 struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
 typedef struct sr_agent {
@@ -89,10 +89,8 @@ typedef struct sr_agent {
     _Atomic uint32_t exec_idle;
     _Atomic uint64_t server_active, server_async;
 
-    /* outbound overflow (full peer inboxes) */
-    pthread_mutex_t out_lock;
-    struct sr_outq *outq;
-    _Atomic uint32_t out_pending;
+    /* messages waiting for space in full peer inboxes, per destination (outq.h) */
+    sr_outq outq;
 
     /* quiescence counters: user messages sent, and fully processed */
     _Atomic uint64_t user_sent, user_done;
@@ -125,8 +123,9 @@ extern sr_agent *sr__agent;
 int sr__agent_start(sr_agent *a);
 void sr__agent_stop(sr_agent *a);
 
-/* Send one message, queueing it locally if the peer's inbox is full (or, in
- * the test-only reordering mode, holding it back for a random delay). */
+/* Send one message, queueing it locally if the peer's inbox is full or older
+ * messages for that peer are queued (outq.h; or, in the test-only reordering
+ * mode, holding it back for a random delay). */
 int sr__agent_send(sr_agent *a, int to, sr_msg *m);
 /* Send now, bypassing the reordering mode (it releases held messages here). */
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m);

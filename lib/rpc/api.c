@@ -68,7 +68,7 @@ static void agent_free(sr_agent *a)
     }
     free(a->names);
     pthread_mutex_destroy(&a->ctl_lock);
-    pthread_mutex_destroy(&a->out_lock);
+    sr__outq_fini(a);
     free(a);
 }
 
@@ -79,7 +79,6 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     if (!a)
         return sr__fail(-ENOMEM, "sr_init", "out of memory");
     pthread_mutex_init(&a->ctl_lock, NULL);
-    pthread_mutex_init(&a->out_lock, NULL);
     struct sr_launch_env env;
     int rc = sr__launch_env_get(&env);
     if (!rc) {
@@ -98,6 +97,8 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     }
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
+    if (!rc)
+        rc = sr__outq_init(a);
     if (!rc)
         rc = sr__reorder_create(a);
     double t = o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT;

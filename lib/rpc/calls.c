@@ -121,10 +121,13 @@ static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why
             continue;
         if (rank >= 0)
             sr_future_set_error(f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, to, why);
-        else
+        else {
+            char why[512] = "";
+            sr__outq_describe(a, to, why, sizeof(why)); /* its request may never have left */
             sr_future_set_error(f, -ETIMEDOUT,
-                                "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error",
-                                ms);
+                                "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error%s",
+                                ms, why);
+        }
         sr_future_unref(f);
     }
     return earliest;
