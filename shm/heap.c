@@ -61,10 +61,15 @@ struct sr_block {
     uint32_t layout;          /* enum block_layout; written once by the allocator */
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
     int64_t data_delta;       /* data address minus header address; written once by the allocator */
-    char reserved[24];
+    uint64_t check;           /* header_check() of the fields above; written once by the allocator */
+    char reserved[16];
 };
 _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 
+/* The segment's geometry is copied here at attach and never read from the
+ * shared header again: a peer that scribbles on the header (a heap stride of
+ * 0, a table offset out of the segment) cannot make us divide by zero or
+ * index outside the mapping. */
 static struct heap {
     sr_segment seg;              /* a copy of the caller's mapping; not owned */
     int rank;
@@ -72,7 +77,13 @@ static struct heap {
     char *area;                  /* our heap area; NULL: not attached */
     uint64_t area_len;
     _Atomic uint64_t *free_head; /* our remote-free list head (worker table) */
+    uint64_t heap_off, heap_stride, table_off, table_stride; /* copied at attach, validated */
+    uint32_t world;
 } heap;
+
+static const char *block_fault(const sr_block *b);
+static int area_of(const void *p);
+static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi);
 
 /* relaxed atomics throughout: statistics, read only for reports and tests */
 static struct {
@@ -92,6 +103,19 @@ void sr_heap_counters_get(sr_heap_counters *out)
     };
 }
 
+/* A hash of the fields written once at allocation: a header a peer scribbled
+ * on (a stray write, a bad offset) fails it with near certainty, so no field
+ * of it is used to index, free or read. Not a defence against a malicious
+ * peer, which can recompute it: peers are one job (docs/HEAP.md, §2). */
+static uint64_t header_check(const sr_block *b)
+{
+    uint64_t h = b->size * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uint32_t)b->owner << 32 | b->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    h ^= (uint64_t)b->data_delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
+    h ^= h >> 33;
+    return h * 0xc4ceb9fe1a85ec53ull;
+}
+
 /* data == NULL: LAYOUT_INLINE, the data follows the header. */
 static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
@@ -100,6 +124,7 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
     b->layout = layout;
     b->size = nbytes;
     b->owner = owner;
+    b->check = header_check(b);
     b->magic = BLOCK_MAGIC;
     atomic_init(&b->refcount, 1);
     atomic_init(&b->next_free, 0);
@@ -137,8 +162,11 @@ int sr_heap_attach(const sr_segment *seg, int rank)
     int rc = sr__heap_arena_create(sr_seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
     if (rc)
         return rc;
+    const struct sr_seg_header *h = seg->hdr;
     heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr_seg_heap(seg, rank),
-                         .area_len = seg->hdr->heap_stride, .free_head = head};
+                         .area_len = h->heap_stride, .free_head = head, .heap_off = h->heap_off,
+                         .heap_stride = h->heap_stride, .table_off = h->table_off,
+                         .table_stride = h->table_stride, .world = h->world_size};
     /* relaxed: statistics; no other heap call runs during attach */
     atomic_store_explicit(&counters.allocs, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.local_frees, 0, memory_order_relaxed);
@@ -254,6 +282,19 @@ sr_block *sr_block_alloc(size_t nbytes)
 }
 
 void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
+
+int sr_block_check(const sr_block *b, void **data, size_t *size)
+{
+    const char *why = block_fault(b);
+    if (why) {
+        int area = area_of(b);
+        return sr__fail(-EPROTO, "sr_block_check", "block header at offset %lld (heap of worker %d) %s",
+                        area < 0 ? -1ll : (long long)sr_seg_off(&heap.seg, b), area, why);
+    }
+    *data = (char *)b + b->data_delta;
+    *size = b->size;
+    return 0;
+}
 size_t sr_block_size(const sr_block *b) { return b->size; }
 int sr_block_owner(const sr_block *b) { return b->owner; }
 
@@ -271,18 +312,26 @@ sr_block *sr_block_ref(sr_block *b)
     return b;
 }
 
-/* The owner returns a block to its arena. */
+/* The owner returns a block to its arena (its header was checked). */
 static void local_free(sr_block *b)
 {
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
-    free_data(b->layout, sr_block_data(b), b->size);
+    free_data(b->layout, (char *)b + b->data_delta, b->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
-/* F1: push b onto its owner's remote-free list. */
-static void remote_free(sr_block *b)
+/* Owner rank's remote-free head, from the geometry copied at attach (the
+ * rank was checked against the area the block lies in: block_fault). */
+static _Atomic uint64_t *free_head_of(int rank)
 {
-    _Atomic uint64_t *head = &sr_seg_worker(&heap.seg, b->owner)->remote_free;
+    char *info = (char *)heap.seg.base + heap.table_off + (uint64_t)rank * heap.table_stride;
+    return &((struct sr_worker_info *)info)->remote_free;
+}
+
+/* F1: push b onto its owner's remote-free list. */
+static void remote_free(sr_block *b, int owner)
+{
+    _Atomic uint64_t *head = free_head_of(owner);
     uint64_t off = sr_seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
     uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
@@ -293,6 +342,33 @@ static void remote_free(sr_block *b)
     } while (!atomic_compare_exchange_weak_explicit(head, &old, off, memory_order_release,
                                                     memory_order_relaxed));
     count(&counters.remote_pushes, 1);
+}
+
+/* The heap area a shared header at p lies in, from the geometry copied at
+ * attach; -1 if none (or not attached). */
+static int area_of(const void *p)
+{
+    uint64_t off = (uint64_t)((const char *)p - (const char *)heap.seg.base);
+    if (!heap.area || (const char *)p < (const char *)heap.seg.base || off < heap.heap_off)
+        return -1;
+    uint64_t r = (off - heap.heap_off) / heap.heap_stride;
+    return r < heap.world ? (int)r : -1;
+}
+
+/* NULL if b's header is intact: its check word matches, and its owner is the
+ * area it lies in (-1 for a private block, outside every area), and its data
+ * lies in that area without overlapping it. Else what is wrong. */
+static const char *block_fault(const sr_block *b)
+{
+    if (b->check != header_check(b))
+        return "is corrupt (its check word does not match size, owner, layout and data offset)";
+    int area = area_of(b);
+    if (b->owner != area)
+        return "has an owner that is not the heap area it lies in";
+    if (area < 0)
+        return b->data_delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
+    uint64_t off = sr_seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
+    return data_fits(b, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
 
 void sr_block_unref(sr_block *b)
@@ -308,16 +384,24 @@ void sr_block_unref(sr_block *b)
                 (unsigned long long)b->size, b->owner);
         abort();
     }
-    if (b->owner < 0)
+    int owner = b->owner;
+    const char *why = block_fault(b);
+    if (why) {
+        /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
+         * leak it instead, and say so. */
+        sr__fail(-EPROTO, "sr_block_unref", "block header at %p (owner field %d) %s; the block is leaked",
+                 (void *)b, owner, why);
+        fprintf(stderr, "shmrpc: %s\n", sr_last_error());
+    } else if (owner < 0)
         free(b);
     else if (!heap.area)
         fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
-                        "sr_heap_detach(); it is left to the segment\n", b->owner);
-    else if (b->owner == heap.rank) {
+                        "sr_heap_detach(); it is left to the segment\n", owner);
+    else if (owner == heap.rank) {
         local_free(b);
         count(&counters.local_frees, 1);
     } else
-        remote_free(b);
+        remote_free(b, owner);
 }
 
 /* ---- offsets ---- */
@@ -351,19 +435,20 @@ static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
  * or, for links of the remote-free list, dead. NULL and *why otherwise. */
 static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank)
 {
-    const struct sr_seg_header *h = heap.seg.hdr;
-    if (off < h->heap_off || (off - h->heap_off) / h->heap_stride >= h->world_size)
+    if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.world)
         return *why = "is outside every heap area", NULL;
-    *rank = (int)((off - h->heap_off) / h->heap_stride);
-    uint64_t area_end = h->heap_off + (uint64_t)(*rank + 1) * h->heap_stride;
+    *rank = (int)((off - heap.heap_off) / heap.heap_stride);
+    uint64_t area_end = heap.heap_off + (uint64_t)(*rank + 1) * heap.heap_stride;
     if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
         return *why = "is not a 64-byte aligned block header", NULL;
     sr_block *b = sr_seg_ptr(&heap.seg, off);
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
+    if (b->check != header_check(b))
+        return *why = "has a corrupt header (check word mismatch)", NULL;
     if (b->owner != *rank)
         return *why = "has a header whose owner is not the heap it lies in", NULL;
-    if (!data_fits(b, off, area_end - h->heap_stride, area_end))
+    if (!data_fits(b, off, area_end - heap.heap_stride, area_end))
         return *why = "has data that runs past the end of its heap area", NULL;
     /* relaxed: a plausibility check; the caller's reference (or, in drain,
      * the acquire exchange) orders the real accesses */

@@ -27,6 +27,9 @@
 #include "heap_extent.h"
 #include "segment.h"
 #include "shmrpc/spawn.h"
+#include "shmrpc/tensor.h"
+#include "tensor/desc.h"
+#include "tensor/tensor_impl.h"
 #include "worker_check.h"
 #include "xport.h"
 
@@ -875,5 +878,95 @@ Test(heap, mixed_churn_does_not_fragment, .timeout = 120)
                  failures, first_failed, first_step, live_at_fail, (unsigned long long)st.free_bytes, st.nfree,
                  (unsigned long long)st.dropped);
     cr_assert_eq(sr_heap_allocated(), 0);
+    detach_single();
+}
+
+/* ---- a header a peer scribbled on (issue 11, item 7) ---- */
+
+/* Byte offsets of the block header's fields (struct sr_block in shm/heap.c). */
+#define HDR_OWNER 8
+#define HDR_DATA_DELTA 32
+
+static void poke32(sr_block *b, size_t at, int32_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
+static void poke64(sr_block *b, size_t at, int64_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
+static int64_t peek64(const sr_block *b, size_t at)
+{
+    int64_t v;
+    memcpy(&v, (const char *)b + at, sizeof(v));
+    return v;
+}
+
+/* Regression: a heap stride of 0 in the segment header divided by zero in
+ * every offset check. The geometry is now copied at attach. */
+Test(heap, zero_heap_stride_in_the_header_is_not_a_division_by_zero)
+{
+    attach_single(2, 16 * MiB);
+    sr_block *b = sr_block_alloc(64);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    uint64_t off = sr_block_to_off(b), stride = seg.hdr->heap_stride;
+    seg.hdr->heap_stride = 0; /* what a peer's stray write did */
+    cr_assert_eq(sr_block_from_off(off), b, "%s", sr_last_error());
+    cr_assert_null(sr_block_from_off(off + 64 * MiB));
+    cr_assert(strstr(sr_last_error(), "outside every heap area"), "%s", sr_last_error());
+    sr_block_unref(b);
+    seg.hdr->heap_stride = stride;
+    cr_assert_eq(sr_heap_allocated(), 0);
+    detach_single();
+}
+
+/* Regression: a corrupted owner field made the last unref push the block onto
+ * the list of whatever rank it named: a write at an unchecked index of the
+ * worker table (a crash for 1 << 30), or onto a live peer's list (worker 1
+ * here), whose drain would then free our block into its own arena. Now the
+ * block is leaked with an error naming the worker. */
+Test(heap, corrupt_owner_is_an_error_not_a_wild_write)
+{
+    attach_single(2, 16 * MiB);
+    sr__error_set_rank(0); /* as sr_xport_attach does: errors name the worker */
+    _Atomic uint64_t *peer_list = &sr_seg_worker(&seg, 1)->remote_free;
+    sr_block *b = sr_block_alloc(64);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    poke32(b, HDR_OWNER, 1);
+    sr_block_unref(b);
+    cr_assert_eq(atomic_load(peer_list), 0, "our block was pushed onto worker 1's remote-free list");
+    cr_assert(strstr(sr_last_error(), "worker0: sr_block_unref") && strstr(sr_last_error(), "leaked"), "%s",
+              sr_last_error());
+    sr_block *c = sr_block_alloc(64);
+    cr_assert_not_null(c, "%s", sr_last_error());
+    uint64_t off = sr_block_to_off(c);
+    poke32(c, HDR_OWNER, 1 << 30);
+    cr_assert_null(sr_block_from_off(off), "a corrupt header passed as a block");
+    sr_block_unref(c); /* used to write 1 << 30 worker-table entries past the table */
+    cr_assert(strstr(sr_last_error(), "worker0: sr_block_unref"), "%s", sr_last_error());
+    detach_single();
+}
+
+/* Regression: a corrupted data offset in a block header was read as tensor
+ * data (or segfaulted) by every op on a tensor over the block, and a
+ * descriptor naming the block made a tensor of whatever bytes the offset
+ * pointed at. Now a storage keeps the data pointer it checked when it was
+ * made, and a descriptor naming a corrupt block is refused. */
+Test(heap, corrupt_data_offset_is_an_error_not_tensor_data)
+{
+    attach_single(1, 64 * MiB);
+    sr__error_set_rank(0);
+    int64_t shape[1] = {8192};
+    sr_tensor *t = sr_full(SR_F32, 1, shape, 1.0, 0);
+    cr_assert_not_null(t, "%s", sr_last_error());
+    struct sr_tensor_desc d;
+    cr_assert_eq(sr__tensor_to_desc(t, &d), 0, "%s", sr_last_error());
+    sr_block *b = t->storage->block;
+    poke64(b, HDR_DATA_DELTA, peek64(b, HDR_DATA_DELTA) + (int64_t)(8 * MiB)); /* still inside the area */
+    sr_tensor *sum = sr_sum(t);
+    cr_assert_not_null(sum, "%s", sr_last_error());
+    cr_assert_float_eq(sr_tensor_item(sum), 8192.0, 1e-6, "the tensor read the bytes the corrupt offset names");
+    sr_tensor_unref(sum);
+    sr_tensor *u = NULL;
+    int rc = sr__tensor_from_desc(&d, &u);
+    cr_assert_lt(rc, 0, "a descriptor naming a corrupt block gave a tensor");
+    cr_assert(strstr(sr_last_error(), "worker0") && strstr(sr_last_error(), "corrupt"), "%s", sr_last_error());
+    sr_tensor_unref(u);
+    sr__tensor_desc_release(&d);
+    sr_tensor_unref(t); /* the block is leaked, with an error */
     detach_single();
 }
