@@ -377,11 +377,12 @@ int main(int argc, char **argv)
     bad |= final_check();
     if (sr_rank() == 0)
         bad |= !flat(rows, nrows);
+    int me = sr_rank(); /* -1 after shutdown */
     if (sr_shutdown(true, TIMEOUT_S)) {
-        fprintf(stderr, "soak: worker%d: sr_shutdown: %s\n", sr_rank(), sr_last_error());
+        fprintf(stderr, "soak: worker%d: sr_shutdown: %s\n", me, sr_last_error());
         bad = 1;
     }
-    if (sr_rank() == 0 || bad)
-        fprintf(stderr, "soak: worker%d: %s\n", sr_rank(), bad ? "FAILED" : "ok");
+    if (me == 0 || bad)
+        fprintf(stderr, "soak: worker%d: %s\n", me, bad ? "FAILED" : "ok");
     return bad;
 }

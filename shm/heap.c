@@ -87,8 +87,8 @@ static struct heap {
 
 /* ---- the thread cache of small blocks ----
  *
- * Small blocks freed by their owner process go onto a per-thread LIFO, one
- * per size class up to 1 KiB, and the next allocation of that class pops one:
+ * Small blocks freed by their owner process go onto a per-thread LIFO (a
+ * private array), one per size class up to 1 KiB, and the next allocation of that class pops one:
  * no lock, no read-modify-write. jemalloc's own tcache cannot serve here: the
  * automatic one hands out whatever the thread cached from any arena (private
  * memory), so every call passes MALLOCX_TCACHE_NONE and takes the arena's bin
@@ -114,7 +114,9 @@ struct tc_stats {
 struct tcache {
     uint64_t gen; /* heap.gen when made; 0: no cache */
     struct tc_stats *st;
-    sr_block *head[TC_BINS + 1]; /* linked through next_free */
+    /* private arrays, not links in the (shared) blocks: a peer scribbling on
+     * a cached block cannot steer the next allocation */
+    sr_block *slot[TC_BINS + 1][TC_DEPTH];
     unsigned n[TC_BINS + 1];
 };
 static _Thread_local struct tcache tc;
@@ -210,14 +212,8 @@ static void tc_flush(void)
     if (tc.gen != heap.gen || !heap.area)
         return;
     for (unsigned j = 1; j <= TC_BINS; j++) {
-        while (tc.head[j]) {
-            sr_block *b = tc.head[j];
-            /* relaxed: a private link while the block is cached */
-            uint64_t next = atomic_load_explicit(&b->next_free, memory_order_relaxed);
-            tc.head[j] = next ? sr_seg_ptr(&heap.seg, next) : NULL;
-            dallocx(b, MALLOCX_TCACHE_NONE);
-        }
-        tc.n[j] = 0;
+        while (tc.n[j])
+            dallocx(tc.slot[j][--tc.n[j]], MALLOCX_TCACHE_NONE);
     }
     tc_bump(&tc.st->cached_bytes, -(int64_t)atomic_load_explicit(&tc.st->cached_bytes, memory_order_relaxed));
 }
@@ -272,13 +268,9 @@ static unsigned tc_bin_of(size_t nbytes)
 static sr_block *tc_pop(size_t nbytes)
 {
     unsigned j = tc_bin_of(nbytes);
-    if (!j || j > TC_BINS || tc.gen != heap.gen || !tc.head[j])
+    if (!j || j > TC_BINS || tc.gen != heap.gen || !tc.n[j])
         return NULL;
-    sr_block *b = tc.head[j];
-    /* relaxed: a private link while the block is cached */
-    uint64_t next = atomic_load_explicit(&b->next_free, memory_order_relaxed);
-    tc.head[j] = next ? sr_seg_ptr(&heap.seg, next) : NULL;
-    tc.n[j]--;
+    sr_block *b = tc.slot[j][--tc.n[j]];
     tc_bump(&tc.st->cached_bytes, -(int64_t)(j * BLOCK_ALIGN));
     tc_bump(&tc.st->allocs, 1);
     return init_header(b, NULL, nbytes, heap.rank, LAYOUT_INLINE);
@@ -294,10 +286,7 @@ static bool tc_push(sr_block *b)
     if (!j || j > TC_BINS || !tc_ready() || tc.n[j] == TC_DEPTH)
         return false;
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
-    /* relaxed: a private link while the block is cached */
-    atomic_store_explicit(&b->next_free, tc.head[j] ? sr_seg_off(&heap.seg, tc.head[j]) : 0, memory_order_relaxed);
-    tc.head[j] = b;
-    tc.n[j]++;
+    tc.slot[j][tc.n[j]++] = b;
     tc_bump(&tc.st->cached_bytes, (int64_t)(j * BLOCK_ALIGN));
     tc_bump(&tc.st->local_frees, 1);
     return true;
