@@ -301,6 +301,17 @@ static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
 static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* The header's geometry (copied at attach, then never read again) lies in
+ * the mapping. */
+static bool geometry_fits(const sr_segment *seg)
+{
+    const struct sr_seg_header *h = seg->hdr;
+    uint64_t n = h->world_size, size = seg->size;
+    return h->table_stride >= sizeof(struct sr_worker_info) && h->table_off <= size &&
+           n <= (size - h->table_off) / h->table_stride && h->heap_off <= size &&
+           n <= (size - h->heap_off) / h->heap_stride;
+}
+
 int sr_heap_attach(const sr_segment *seg, int rank)
 {
     if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank)
@@ -314,6 +325,9 @@ int sr_heap_attach(const sr_segment *seg, int rank)
     if (seg->hdr->heap_stride < SR_HEAP_MIN)
         return sr__fail(-EINVAL, "sr_heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
                         (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
+    if (!geometry_fits(seg))
+        return sr__fail(-EPROTO, "sr_heap_attach", "segment '%s': the header's worker table or heap areas run "
+                        "past its %zu bytes", seg->hdr->name, seg->size);
     pthread_once(&atfork_once, register_atfork);
     _Atomic uint64_t *head = &sr_seg_worker(seg, rank)->remote_free;
     /* relaxed: no peer holds one of our blocks before we allocate any; a list
@@ -513,6 +527,8 @@ static void remote_free(sr_block *b, int owner)
  * attach; -1 if none (or not attached). */
 static int area_of(const void *p)
 {
+    if ((const char *)p >= heap.area && (const char *)p < heap.area + heap.area_len)
+        return heap.rank; /* ours: no division on the owner's free path */
     uint64_t off = (uint64_t)((const char *)p - (const char *)heap.seg.base);
     if (!heap.area || (const char *)p < (const char *)heap.seg.base || off < heap.heap_off)
         return -1;

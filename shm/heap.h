@@ -26,6 +26,14 @@
  * sr_heap_attach and sr_heap_detach, which must not overlap any other heap
  * call of the process (sr_xport_attach/detach call them).
  *
+ * Small blocks freed by their owner process are kept in a per-thread cache
+ * (<= 1 KiB, 64 per size class) for the next allocation of the thread.
+ *
+ * Nothing read from the segment is trusted: the geometry is copied at
+ * attach, and a block header carries a check word over its write-once fields,
+ * verified before any of them is used to free, index or read (a corrupt block
+ * is an -EPROTO error naming the worker, and is leaked). See sr_block_check.
+ *
  * Limits (docs/HEAP.md): blocks below 8 MiB come from jemalloc and are
  * rounded up to its size classes (at most 25%, usually much less: the header
  * moves out of the way when it would cost a class); blocks of 8 MiB and more

@@ -33,9 +33,9 @@
  *   destroy        as dalloc, for the retained extents of a destroyed arena.
  *   split, merge   always succeed: an extent is only an address range of one
  *                  contiguous area, nothing per extent lives here.
- * jemalloc's own geometric growth still leaves the tail of each grow step in
- * its retained set; arena.<i>.retain_grow_limit bounds that tail, and huge
- * blocks never go through jemalloc, so the tail stays small.
+ * jemalloc runs without retain (malloc_conf below), so it has no grow steps
+ * and gives back through dalloc every extent it retires. If MALLOC_CONF turns
+ * retain back on, arena.<i>.retain_grow_limit at least bounds each step.
  * While the arena is destroyed at detach, punching is switched off: a peer
  * may still be reading one of our blocks, and its pages must stay.
  */

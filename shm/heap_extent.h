@@ -31,8 +31,8 @@ struct sr_heap_extent_stats {
 
 /* Create the process's arena over [area, area + len): the area is emptied
  * first (every page given back, so all of it reads as zero), then
- * arenas.create installs the hooks and arena.<i>.retain_grow_limit caps each
- * grow step. area must be page-aligned; only one arena may exist per process.
+ * arenas.create installs the hooks (and, only if jemalloc runs with retain,
+ * arena.<i>.retain_grow_limit caps each grow step). area must be page-aligned; only one arena may exist per process.
  * Errors: -EBUSY one exists; -EINVAL/-errno madvise failed; -errno from mallctl. */
 int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
 
