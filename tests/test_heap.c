@@ -4,7 +4,9 @@
  * 1 B to 256 MiB with their alignment, placement and refcounts; size-class
  * waste; offsets that must be rejected; pages given back to the memfd; room
  * left by freed huge blocks; attach/detach rules; metadata kept private;
- * forked children; exhaustion.
+ * forked children; exhaustion; a seeded mixed churn that must not fragment;
+ * headers a peer scribbled on (stride, owner, data offset) giving errors, not
+ * crashes; the per-thread cache of small blocks.
  *
  * Suite heap_mp (integration, sr_spawn): blocks passed by offset between
  * processes and freed by whoever drops the last reference, the owner seeing
@@ -15,6 +17,7 @@
  */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -968,5 +971,78 @@ Test(heap, corrupt_data_offset_is_an_error_not_tensor_data)
     sr_tensor_unref(u);
     sr__tensor_desc_release(&d);
     sr_tensor_unref(t); /* the block is leaked, with an error */
+    detach_single();
+}
+
+/* ---- the per-thread cache of small blocks ---- */
+
+/* A cached block is dead: its offset is refused, and the next allocation of
+ * its class on the thread gets it back. */
+Test(heap, cached_small_block_is_dead_until_reused)
+{
+    attach_single(1, 16 * MiB);
+    sr_block *b = sr_block_alloc(100);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    uint64_t off = sr_block_to_off(b);
+    sr_block_unref(b);
+    cr_assert_null(sr_block_from_off(off), "a cached block's offset was accepted");
+    cr_assert(strstr(sr_last_error(), "freed block"), "%s", sr_last_error());
+    cr_assert_eq(sr_heap_allocated(), 0, "cached blocks count as allocated");
+    sr_block *c = sr_block_alloc(90); /* the same 192-byte class */
+    cr_assert_eq(c, b, "the cached block was not reused");
+    cr_assert_eq(sr_block_size(c), 90);
+    cr_assert_eq(sr_block_from_off(off), c, "%s", sr_last_error());
+    sr_block_unref(c);
+    detach_single();
+}
+
+struct cache_thread {
+    pthread_barrier_t go, done;
+    sr_block *got;
+};
+
+/* Caches a few blocks, then (after the main thread re-attached) allocates. */
+static void *cache_thread_main(void *arg)
+{
+    struct cache_thread *ct = arg;
+    sr_block *b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = sr_block_alloc(64);
+    for (int i = 0; i < 8; i++)
+        sr_block_unref(b[i]);
+    pthread_barrier_wait(&ct->go);   /* main detaches and attaches again */
+    pthread_barrier_wait(&ct->done);
+    ct->got = sr_block_alloc(64);
+    return NULL;
+}
+
+/* Detach destroys the arena under every thread's cache: a thread that cached
+ * blocks before must not hand them out after the next attach, where the new
+ * arena gives the same addresses to others. */
+Test(heap, thread_cache_of_an_earlier_attach_is_dropped, .timeout = 30)
+{
+    attach_single(1, 16 * MiB);
+    struct cache_thread ct = {0};
+    pthread_barrier_init(&ct.go, NULL, 2);
+    pthread_barrier_init(&ct.done, NULL, 2);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, cache_thread_main, &ct), 0);
+    pthread_barrier_wait(&ct.go);
+    sr_heap_detach();
+    cr_assert_eq(sr_heap_attach(&seg, 0), 0, "%s", sr_last_error());
+    sr_block *mine[8];
+    for (int i = 0; i < 8; i++)
+        mine[i] = sr_block_alloc(64);
+    pthread_barrier_wait(&ct.done);
+    pthread_join(th, NULL);
+    cr_assert_not_null(ct.got, "%s", sr_last_error());
+    for (int i = 0; i < 8; i++)
+        cr_assert_neq(ct.got, mine[i], "the thread handed out a block of the destroyed arena");
+    sr_block_unref(ct.got);
+    for (int i = 0; i < 8; i++)
+        sr_block_unref(mine[i]);
+    cr_assert_eq(sr_heap_allocated(), 0);
+    pthread_barrier_destroy(&ct.go);
+    pthread_barrier_destroy(&ct.done);
     detach_single();
 }
