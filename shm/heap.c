@@ -129,10 +129,21 @@ static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
 
 #define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
 
-static const char *block_fault(const sr_block *b);
+/* The write-once fields of a header, each read exactly once (volatile), so
+ * that what is checked is what is used even if a peer writes the header in
+ * between. */
+struct hdr {
+    uint64_t size;
+    int32_t owner;
+    uint32_t layout;
+    int64_t delta;
+    uint64_t check;
+};
+
+static const char *block_fault(const sr_block *b, const struct hdr *h);
 static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached);
 static int area_of(const void *p);
-static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi);
+static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi);
 
 /* relaxed atomics throughout: statistics, read only for reports and tests */
 static struct {
@@ -158,24 +169,33 @@ void sr_heap_counters_get(sr_heap_counters *out)
  * on (a stray write, a bad offset) fails it with near certainty, so no field
  * of it is used to index, free or read. Not a defence against a malicious
  * peer, which can recompute it: peers are one job (docs/HEAP.md, §2). */
-static uint64_t header_check(const sr_block *b)
+static uint64_t header_check(const struct hdr *f)
 {
-    uint64_t h = b->size * 0x9e3779b97f4a7c15ull;
-    h ^= ((uint64_t)(uint32_t)b->owner << 32 | b->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
-    h ^= (uint64_t)b->data_delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
+    uint64_t h = f->size * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uint32_t)f->owner << 32 | f->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    h ^= (uint64_t)f->delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
     h ^= h >> 33;
     return h * 0xc4ceb9fe1a85ec53ull;
+}
+
+static struct hdr hdr_read(const sr_block *b)
+{
+    const volatile sr_block *v = b;
+    return (struct hdr){.size = v->size, .owner = v->owner, .layout = v->layout, .delta = v->data_delta,
+                        .check = v->check};
 }
 
 /* data == NULL: LAYOUT_INLINE, the data follows the header. */
 static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
     sr_block *b = p;
-    b->data_delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b);
+    struct hdr h = {.size = nbytes, .owner = owner, .layout = layout,
+                    .delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b)};
+    b->data_delta = h.delta;
     b->layout = layout;
     b->size = nbytes;
     b->owner = owner;
-    b->check = header_check(b);
+    b->check = header_check(&h);
     b->magic = BLOCK_MAGIC;
     atomic_init(&b->refcount, 1);
     atomic_init(&b->next_free, 0);
@@ -278,11 +298,11 @@ static sr_block *tc_pop(size_t nbytes)
 
 /* Keep our (checked, dead) block b in this thread's cache; false if it
  * does not belong there. */
-static bool tc_push(sr_block *b)
+static bool tc_push(sr_block *b, const struct hdr *h)
 {
-    if (b->layout != LAYOUT_INLINE)
+    if (h->layout != LAYOUT_INLINE)
         return false;
-    unsigned j = tc_bin_of(b->size);
+    unsigned j = tc_bin_of(h->size);
     if (!j || j > TC_BINS || !tc_ready() || tc.n[j] == TC_DEPTH)
         return false;
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
@@ -464,14 +484,15 @@ void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
 
 int sr_block_check(const sr_block *b, void **data, size_t *size)
 {
-    const char *why = block_fault(b);
+    struct hdr h = hdr_read(b);
+    const char *why = block_fault(b, &h);
     if (why) {
         int area = area_of(b);
         return sr__fail(-EPROTO, "sr_block_check", "block header at offset %lld (heap of worker %d) %s",
                         area < 0 ? -1ll : (long long)sr_seg_off(&heap.seg, b), area, why);
     }
-    *data = (char *)b + b->data_delta;
-    *size = b->size;
+    *data = (char *)b + h.delta;
+    *size = h.size;
     return 0;
 }
 size_t sr_block_size(const sr_block *b) { return b->size; }
@@ -491,11 +512,11 @@ sr_block *sr_block_ref(sr_block *b)
     return b;
 }
 
-/* The owner returns a block to its arena (its header was checked). */
-static void local_free(sr_block *b)
+/* The owner returns a block to its arena; h is its checked header. */
+static void local_free(sr_block *b, const struct hdr *h)
 {
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
-    free_data(b->layout, (char *)b + b->data_delta, b->size);
+    free_data((enum block_layout)h->layout, (char *)b + h->delta, h->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
@@ -539,17 +560,17 @@ static int area_of(const void *p)
 /* NULL if b's header is intact: its check word matches, and its owner is the
  * area it lies in (-1 for a private block, outside every area), and its data
  * lies in that area without overlapping it. Else what is wrong. */
-static const char *block_fault(const sr_block *b)
+static const char *block_fault(const sr_block *b, const struct hdr *h)
 {
-    if (b->check != header_check(b))
+    if (h->check != header_check(h))
         return "is corrupt (its check word does not match size, owner, layout and data offset)";
     int area = area_of(b);
-    if (b->owner != area)
+    if (h->owner != area)
         return "has an owner that is not the heap area it lies in";
     if (area < 0)
-        return b->data_delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
+        return h->delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
     uint64_t off = sr_seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
-    return data_fits(b, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
+    return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
 
 void sr_block_unref(sr_block *b)
@@ -571,8 +592,9 @@ void sr_block_unref(sr_block *b)
                 (unsigned long long)b->size, b->owner);
         abort();
     }
-    int owner = b->owner;
-    const char *why = block_fault(b);
+    struct hdr h = hdr_read(b);
+    int owner = h.owner;
+    const char *why = block_fault(b, &h);
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
          * leak it instead, and say so. */
@@ -585,8 +607,8 @@ void sr_block_unref(sr_block *b)
         fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
                         "sr_heap_detach(); it is left to the segment\n", owner);
     else if (owner == heap.rank) {
-        if (!tc_push(b)) {
-            local_free(b);
+        if (!tc_push(b, &h)) {
+            local_free(b, &h);
             if (tc_ready())
                 tc_bump(&tc.st->local_frees, 1);
         }
@@ -605,25 +627,25 @@ uint64_t sr_block_to_off(const sr_block *b)
 
 /* The data of the block at off lies in [lo, hi) with the header's area, is
  * aligned, and does not overlap the header. */
-static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
+static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi)
 {
-    int64_t delta = b->data_delta;
-    if ((b->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(*b)) || b->layout > LAYOUT_HUGE)
+    int64_t delta = h->delta;
+    if ((h->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(sr_block)) || h->layout > LAYOUT_HUGE)
         return false;
-    if (delta == (int64_t)sizeof(*b))
-        return b->size <= hi - off - sizeof(*b);
+    if (delta == (int64_t)sizeof(sr_block))
+        return h->size <= hi - off - sizeof(sr_block);
     if (delta % BLOCK_ALIGN || (delta < 0 && (uint64_t)-delta > off - lo) || (delta > 0 && (uint64_t)delta >= hi - off))
         return false;
     uint64_t data = off + (uint64_t)delta; /* wraps back for delta < 0 */
-    if (b->size > hi - data)
+    if (h->size > hi - data)
         return false;
-    return data + b->size <= off || data >= off + sizeof(*b);
+    return data + h->size <= off || data >= off + sizeof(sr_block);
 }
 
 /* The block at off if its header is plausible: inside one heap area,
  * aligned, right magic and owner, a size that fits; live (a reference left)
  * or, for links of the remote-free list, dead. NULL and *why otherwise. */
-static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank)
+static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank, struct hdr *h)
 {
     if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.world)
         return *why = "is outside every heap area", NULL;
@@ -634,11 +656,12 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
     sr_block *b = sr_seg_ptr(&heap.seg, off);
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
-    if (b->check != header_check(b))
+    *h = hdr_read(b);
+    if (h->check != header_check(h))
         return *why = "has a corrupt header (check word mismatch)", NULL;
-    if (b->owner != *rank)
+    if (h->owner != *rank)
         return *why = "has a header whose owner is not the heap it lies in", NULL;
-    if (!data_fits(b, off, area_end - heap.heap_stride, area_end))
+    if (!data_fits(h, off, area_end - heap.heap_stride, area_end))
         return *why = "has data that runs past the end of its heap area", NULL;
     /* relaxed: a plausibility check; the caller's reference (or, in drain,
      * the acquire exchange) orders the real accesses */
@@ -656,7 +679,8 @@ sr_block *sr_block_from_off(uint64_t off)
     }
     const char *why = "";
     int rank = -1;
-    sr_block *b = check_block(off, true, &why, &rank);
+    struct hdr h;
+    sr_block *b = check_block(off, true, &why, &rank, &h);
     if (!b)
         sr__fail(-EINVAL, "sr_block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
                  rank, why);
@@ -668,11 +692,11 @@ sr_block *sr_block_from_off(uint64_t off)
 /* A link that does not name one of our dead blocks means shared memory was
  * corrupted: stop walking. The rest of the list leaks, which beats handing
  * jemalloc a wild pointer. */
-static sr_block *list_block(uint64_t off)
+static sr_block *list_block(uint64_t off, struct hdr *h)
 {
     const char *why = "";
     int rank = -1;
-    sr_block *b = check_block(off, false, &why, &rank);
+    sr_block *b = check_block(off, false, &why, &rank, h);
     if (b && rank == heap.rank)
         return b;
     fprintf(stderr, "shmrpc: worker%d: sr_heap_drain: remote-free link %llu %s; dropping the rest of the list\n",
@@ -690,12 +714,13 @@ unsigned sr_heap_drain(void)
     uint64_t off = atomic_exchange_explicit(head, 0, memory_order_acquire);
     unsigned n = 0;
     while (off) {
-        sr_block *b = list_block(off);
+        struct hdr h;
+        sr_block *b = list_block(off, &h);
         if (!b)
             break;
         /* relaxed: ordered by the acquire exchange above (F1) */
         off = atomic_load_explicit(&b->next_free, memory_order_relaxed);
-        local_free(b);
+        local_free(b, &h);
         n++;
     }
     count(&counters.drained, n);
