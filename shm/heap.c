@@ -45,6 +45,8 @@
 #define BLOCK_ALIGN 64
 #define SPLIT_MIN 4096       /* smallest block whose header may live apart from its data */
 #define HUGE_MIN (8u << 20)  /* from here on the data bypasses jemalloc (its oversize threshold) */
+#define TC_BINS 16           /* thread-cached sizes: 64 * 1 .. 64 * 16 bytes, header included */
+#define TC_DEPTH 64          /* blocks kept per bin */
 
 /* Where a block's data lives. */
 enum block_layout {
@@ -61,10 +63,15 @@ struct sr_block {
     uint32_t layout;          /* enum block_layout; written once by the allocator */
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
     int64_t data_delta;       /* data address minus header address; written once by the allocator */
-    char reserved[24];
+    uint64_t check;           /* header_check() of the fields above; written once by the allocator */
+    char reserved[16];
 };
 _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 
+/* The segment's geometry is copied here at attach and never read from the
+ * shared header again: a peer that scribbles on the header (a heap stride of
+ * 0, a table offset out of the segment) cannot make us divide by zero or
+ * index outside the mapping. */
 static struct heap {
     sr_segment seg;              /* a copy of the caller's mapping; not owned */
     int rank;
@@ -72,11 +79,75 @@ static struct heap {
     char *area;                  /* our heap area; NULL: not attached */
     uint64_t area_len;
     _Atomic uint64_t *free_head; /* our remote-free list head (worker table) */
+    uint64_t heap_off, heap_stride, table_off, table_stride; /* copied at attach, validated */
+    uint32_t world;
+    uint64_t gen;                /* which attach this is (never 0 while attached): thread caches check it */
+    uint32_t tc_bin[TC_BINS + 1]; /* thread-cache bin of a 64 * k byte request: its size class / 64 */
 } heap;
+
+/* ---- the thread cache of small blocks ----
+ *
+ * Small blocks freed by their owner process go onto a per-thread LIFO (a
+ * private array), one per size class up to 1 KiB, and the next allocation of that class pops one:
+ * no lock, no read-modify-write. jemalloc's own tcache cannot serve here: the
+ * automatic one hands out whatever the thread cached from any arena (private
+ * memory), so every call passes MALLOCX_TCACHE_NONE and takes the arena's bin
+ * lock (about 130 ns a pair); an explicit one (tcache.create) costs a slow
+ * mallocx path and must be destroyed, on every thread, before the arena.
+ *
+ * A cached block is dead: magic BLOCK_FREED, so its offset fails
+ * sr_block_from_off. Each bin keeps at most TC_DEPTH blocks (so at most
+ * 16 x 64 blocks up to 1 KiB: under 600 KiB a thread); past that, blocks go
+ * back to jemalloc. The thread's cache is given back to jemalloc when the
+ * thread exits (a key destructor), when an allocation finds no room, and by
+ * sr_heap_purge() (the calling thread's). Detach destroys the arena under
+ * every cache; a cache whose gen is not heap.gen is then dropped unread.
+ *
+ * Counters are per thread too (struct tc_stats): written by their thread
+ * with plain load + store (relaxed atomics, so that readers' loads are not a
+ * data race), summed by readers. */
+struct tc_stats {
+    _Atomic uint64_t allocs, local_frees, cached_bytes; /* written by the owning thread only */
+    struct tc_stats *next;                              /* tc_all list; under tc_lock */
+};
+
+struct tcache {
+    uint64_t gen; /* heap.gen when made; 0: no cache */
+    struct tc_stats *st;
+    /* private arrays, not links in the (shared) blocks: a peer scribbling on
+     * a cached block cannot steer the next allocation */
+    sr_block *slot[TC_BINS + 1][TC_DEPTH];
+    unsigned n[TC_BINS + 1];
+};
+static _Thread_local struct tcache tc;
+
+static pthread_mutex_t tc_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tc_stats *tc_all;    /* every thread's stats this attach; under tc_lock */
+static uint64_t tc_gen_next = 1;   /* written by attach only */
+static pthread_key_t tc_key;
+static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
+
+#define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
+
+/* The write-once fields of a header, each read exactly once (volatile), so
+ * that what is checked is what is used even if a peer writes the header in
+ * between. */
+struct hdr {
+    uint64_t size;
+    int32_t owner;
+    uint32_t layout;
+    int64_t delta;
+    uint64_t check;
+};
+
+static const char *block_fault(const sr_block *b, const struct hdr *h);
+static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached);
+static int area_of(const void *p);
+static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi);
 
 /* relaxed atomics throughout: statistics, read only for reports and tests */
 static struct {
-    _Atomic uint64_t allocs, local_frees, drained, remote_pushes;
+    _Atomic uint64_t drained, remote_pushes; /* allocs and local frees: per thread, struct tc_stats */
 } counters;
 
 /* relaxed: statistics; nothing is ordered by them */
@@ -84,26 +155,161 @@ static void count(_Atomic uint64_t *c, uint64_t n) { atomic_fetch_add_explicit(c
 
 void sr_heap_counters_get(sr_heap_counters *out)
 {
+    uint64_t allocs, local_frees;
+    tc_sum(&allocs, &local_frees, NULL);
     *out = (sr_heap_counters){
-        .allocs = atomic_load_explicit(&counters.allocs, memory_order_relaxed),
-        .local_frees = atomic_load_explicit(&counters.local_frees, memory_order_relaxed),
+        .allocs = allocs,
+        .local_frees = local_frees,
         .drained = atomic_load_explicit(&counters.drained, memory_order_relaxed),
         .remote_pushes = atomic_load_explicit(&counters.remote_pushes, memory_order_relaxed),
     };
+}
+
+/* A hash of the fields written once at allocation: a header a peer scribbled
+ * on (a stray write, a bad offset) fails it with near certainty, so no field
+ * of it is used to index, free or read. Not a defence against a malicious
+ * peer, which can recompute it: peers are one job (docs/HEAP.md, §2). */
+static uint64_t header_check(const struct hdr *f)
+{
+    uint64_t h = f->size * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)(uint32_t)f->owner << 32 | f->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    h ^= (uint64_t)f->delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
+    h ^= h >> 33;
+    return h * 0xc4ceb9fe1a85ec53ull;
+}
+
+static struct hdr hdr_read(const sr_block *b)
+{
+    const volatile sr_block *v = b;
+    return (struct hdr){.size = v->size, .owner = v->owner, .layout = v->layout, .delta = v->data_delta,
+                        .check = v->check};
 }
 
 /* data == NULL: LAYOUT_INLINE, the data follows the header. */
 static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
     sr_block *b = p;
-    b->data_delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b);
+    struct hdr h = {.size = nbytes, .owner = owner, .layout = layout,
+                    .delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b)};
+    b->data_delta = h.delta;
     b->layout = layout;
     b->size = nbytes;
     b->owner = owner;
+    b->check = header_check(&h);
     b->magic = BLOCK_MAGIC;
     atomic_init(&b->refcount, 1);
     atomic_init(&b->next_free, 0);
     return b;
+}
+
+/* ---- the thread cache (see struct tcache) ---- */
+
+/* relaxed: only this thread writes its counters; readers sum a snapshot */
+static void tc_bump(_Atomic uint64_t *c, int64_t n)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + (uint64_t)n, memory_order_relaxed);
+}
+
+static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached)
+{
+    uint64_t a = 0, f = 0, c = 0;
+    pthread_mutex_lock(&tc_lock);
+    for (struct tc_stats *st = tc_all; st; st = st->next) {
+        /* relaxed: counters, see tc_bump */
+        a += atomic_load_explicit(&st->allocs, memory_order_relaxed);
+        f += atomic_load_explicit(&st->local_frees, memory_order_relaxed);
+        c += atomic_load_explicit(&st->cached_bytes, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&tc_lock);
+    *allocs = a, *local_frees = f;
+    if (cached)
+        *cached = c;
+}
+
+/* Give this thread's cached blocks back to the arena (still attached). */
+static void tc_flush(void)
+{
+    if (tc.gen != heap.gen || !heap.area)
+        return;
+    for (unsigned j = 1; j <= TC_BINS; j++) {
+        while (tc.n[j])
+            dallocx(tc.slot[j][--tc.n[j]], MALLOCX_TCACHE_NONE);
+    }
+    tc_bump(&tc.st->cached_bytes, -(int64_t)atomic_load_explicit(&tc.st->cached_bytes, memory_order_relaxed));
+}
+
+static void tc_thread_exit(void *unused)
+{
+    (void)unused;
+    tc_flush();
+}
+
+static void tc_make_key(void) { (void)pthread_key_create(&tc_key, tc_thread_exit); }
+
+/* This thread's cache for the current attach, made on first use; false if
+ * its counters cannot be allocated (the caller then goes to jemalloc). */
+static bool tc_ready(void)
+{
+    if (tc.gen == heap.gen)
+        return true;
+    struct tc_stats *st = calloc(1, sizeof(*st));
+    if (!st)
+        return false;
+    pthread_once(&tc_key_once, tc_make_key);
+    (void)pthread_setspecific(tc_key, st); /* non-NULL: the destructor runs at exit */
+    pthread_mutex_lock(&tc_lock);
+    st->next = tc_all;
+    tc_all = st;
+    pthread_mutex_unlock(&tc_lock);
+    tc = (struct tcache){.gen = heap.gen, .st = st};
+    return true;
+}
+
+/* After detach: every cache's blocks went with the arena. */
+static void tc_forget_all(void)
+{
+    pthread_mutex_lock(&tc_lock);
+    while (tc_all) {
+        struct tc_stats *st = tc_all;
+        tc_all = st->next;
+        free(st);
+    }
+    pthread_mutex_unlock(&tc_lock);
+    tc = (struct tcache){0};
+}
+
+/* The bin of an inline block of nbytes of data, or 0 if not cached. */
+static unsigned tc_bin_of(size_t nbytes)
+{
+    size_t k = (sizeof(sr_block) + nbytes + BLOCK_ALIGN - 1) / BLOCK_ALIGN;
+    return nbytes <= TC_BINS * BLOCK_ALIGN - sizeof(sr_block) ? heap.tc_bin[k] : 0;
+}
+
+static sr_block *tc_pop(size_t nbytes)
+{
+    unsigned j = tc_bin_of(nbytes);
+    if (!j || j > TC_BINS || tc.gen != heap.gen || !tc.n[j])
+        return NULL;
+    sr_block *b = tc.slot[j][--tc.n[j]];
+    tc_bump(&tc.st->cached_bytes, -(int64_t)(j * BLOCK_ALIGN));
+    tc_bump(&tc.st->allocs, 1);
+    return init_header(b, NULL, nbytes, heap.rank, LAYOUT_INLINE);
+}
+
+/* Keep our (checked, dead) block b in this thread's cache; false if it
+ * does not belong there. */
+static bool tc_push(sr_block *b, const struct hdr *h)
+{
+    if (h->layout != LAYOUT_INLINE)
+        return false;
+    unsigned j = tc_bin_of(h->size);
+    if (!j || j > TC_BINS || !tc_ready() || tc.n[j] == TC_DEPTH)
+        return false;
+    b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
+    tc.slot[j][tc.n[j]++] = b;
+    tc_bump(&tc.st->cached_bytes, (int64_t)(j * BLOCK_ALIGN));
+    tc_bump(&tc.st->local_frees, 1);
+    return true;
 }
 
 /* ---- attach / detach ---- */
@@ -114,6 +320,17 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
 static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
 static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/* The header's geometry (copied at attach, then never read again) lies in
+ * the mapping. */
+static bool geometry_fits(const sr_segment *seg)
+{
+    const struct sr_seg_header *h = seg->hdr;
+    uint64_t n = h->world_size, size = seg->size;
+    return h->table_stride >= sizeof(struct sr_worker_info) && h->table_off <= size &&
+           n <= (size - h->table_off) / h->table_stride && h->heap_off <= size &&
+           n <= (size - h->heap_off) / h->heap_stride;
+}
 
 int sr_heap_attach(const sr_segment *seg, int rank)
 {
@@ -128,6 +345,9 @@ int sr_heap_attach(const sr_segment *seg, int rank)
     if (seg->hdr->heap_stride < SR_HEAP_MIN)
         return sr__fail(-EINVAL, "sr_heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
                         (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
+    if (!geometry_fits(seg))
+        return sr__fail(-EPROTO, "sr_heap_attach", "segment '%s': the header's worker table or heap areas run "
+                        "past its %zu bytes", seg->hdr->name, seg->size);
     pthread_once(&atfork_once, register_atfork);
     _Atomic uint64_t *head = &sr_seg_worker(seg, rank)->remote_free;
     /* relaxed: no peer holds one of our blocks before we allocate any; a list
@@ -137,11 +357,14 @@ int sr_heap_attach(const sr_segment *seg, int rank)
     int rc = sr__heap_arena_create(sr_seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
     if (rc)
         return rc;
+    const struct sr_seg_header *h = seg->hdr;
     heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr_seg_heap(seg, rank),
-                         .area_len = seg->hdr->heap_stride, .free_head = head};
+                         .area_len = h->heap_stride, .free_head = head, .heap_off = h->heap_off,
+                         .heap_stride = h->heap_stride, .table_off = h->table_off,
+                         .table_stride = h->table_stride, .world = h->world_size, .gen = tc_gen_next++};
+    for (unsigned k = 1; k <= TC_BINS; k++)
+        heap.tc_bin[k] = (uint32_t)(nallocx(k * BLOCK_ALIGN, ARENA_FLAGS) / BLOCK_ALIGN);
     /* relaxed: statistics; no other heap call runs during attach */
-    atomic_store_explicit(&counters.allocs, 0, memory_order_relaxed);
-    atomic_store_explicit(&counters.local_frees, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
     return 0;
@@ -152,8 +375,9 @@ void sr_heap_detach(void)
     if (!heap.area)
         return;
     sr_heap_drain();
-    sr__heap_arena_destroy(heap.arena);
+    sr__heap_arena_destroy(heap.arena); /* with every block the thread caches hold */
     heap = (struct heap){.rank = -1};
+    tc_forget_all();
 }
 
 bool sr_heap_attached(void) { return heap.area != NULL; }
@@ -187,7 +411,6 @@ static sr_block *shared_oom(size_t nbytes)
     return NULL;
 }
 
-#define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
 
 /* Huge blocks bypass jemalloc: their pages come from the carve allocator and
  * go back to it (punched) the moment they are freed, so a freed 256 MiB block
@@ -236,15 +459,19 @@ static sr_block *shared_alloc(size_t nbytes)
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
     sr_heap_drain(); /* one relaxed load unless peers gave blocks back */
+    sr_block *b = tc_pop(nbytes);
+    if (b)
+        return b;
     enum block_layout layout = layout_for(nbytes);
-    sr_block *b = try_alloc(nbytes, layout);
+    b = try_alloc(nbytes, layout);
     /* Out of room: extents jemalloc still holds dirty go back to the carve
      * allocator when purged, where a huge block (or a new extent) can use them. */
-    if (!b && (sr__heap_huge_flush(), sr__heap_arena_purge(heap.arena) == 0))
+    if (!b && (tc_flush(), sr__heap_huge_flush(), sr__heap_arena_purge(heap.arena) == 0))
         b = try_alloc(nbytes, layout);
     if (!b)
         return shared_oom(nbytes);
-    count(&counters.allocs, 1);
+    if (tc_ready())
+        tc_bump(&tc.st->allocs, 1);
     return b;
 }
 
@@ -254,6 +481,20 @@ sr_block *sr_block_alloc(size_t nbytes)
 }
 
 void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
+
+int sr_block_check(const sr_block *b, void **data, size_t *size)
+{
+    struct hdr h = hdr_read(b);
+    const char *why = block_fault(b, &h);
+    if (why) {
+        int area = area_of(b);
+        return sr__fail(-EPROTO, "sr_block_check", "block header at offset %lld (heap of worker %d) %s",
+                        area < 0 ? -1ll : (long long)sr_seg_off(&heap.seg, b), area, why);
+    }
+    *data = (char *)b + h.delta;
+    *size = h.size;
+    return 0;
+}
 size_t sr_block_size(const sr_block *b) { return b->size; }
 int sr_block_owner(const sr_block *b) { return b->owner; }
 
@@ -271,18 +512,26 @@ sr_block *sr_block_ref(sr_block *b)
     return b;
 }
 
-/* The owner returns a block to its arena. */
-static void local_free(sr_block *b)
+/* The owner returns a block to its arena; h is its checked header. */
+static void local_free(sr_block *b, const struct hdr *h)
 {
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
-    free_data(b->layout, sr_block_data(b), b->size);
+    free_data((enum block_layout)h->layout, (char *)b + h->delta, h->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
-/* F1: push b onto its owner's remote-free list. */
-static void remote_free(sr_block *b)
+/* Owner rank's remote-free head, from the geometry copied at attach (the
+ * rank was checked against the area the block lies in: block_fault). */
+static _Atomic uint64_t *free_head_of(int rank)
 {
-    _Atomic uint64_t *head = &sr_seg_worker(&heap.seg, b->owner)->remote_free;
+    char *info = (char *)heap.seg.base + heap.table_off + (uint64_t)rank * heap.table_stride;
+    return &((struct sr_worker_info *)info)->remote_free;
+}
+
+/* F1: push b onto its owner's remote-free list. */
+static void remote_free(sr_block *b, int owner)
+{
+    _Atomic uint64_t *head = free_head_of(owner);
     uint64_t off = sr_seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
     uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
@@ -295,12 +544,47 @@ static void remote_free(sr_block *b)
     count(&counters.remote_pushes, 1);
 }
 
+/* The heap area a shared header at p lies in, from the geometry copied at
+ * attach; -1 if none (or not attached). */
+static int area_of(const void *p)
+{
+    if ((const char *)p >= heap.area && (const char *)p < heap.area + heap.area_len)
+        return heap.rank; /* ours: no division on the owner's free path */
+    uint64_t off = (uint64_t)((const char *)p - (const char *)heap.seg.base);
+    if (!heap.area || (const char *)p < (const char *)heap.seg.base || off < heap.heap_off)
+        return -1;
+    uint64_t r = (off - heap.heap_off) / heap.heap_stride;
+    return r < heap.world ? (int)r : -1;
+}
+
+/* NULL if b's header is intact: its check word matches, and its owner is the
+ * area it lies in (-1 for a private block, outside every area), and its data
+ * lies in that area without overlapping it. Else what is wrong. */
+static const char *block_fault(const sr_block *b, const struct hdr *h)
+{
+    if (h->check != header_check(h))
+        return "is corrupt (its check word does not match size, owner, layout and data offset)";
+    int area = area_of(b);
+    if (h->owner != area)
+        return "has an owner that is not the heap area it lies in";
+    if (area < 0)
+        return h->delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
+    uint64_t off = sr_seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
+    return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
+}
+
 void sr_block_unref(sr_block *b)
 {
     if (!b)
         return;
-    /* acq_rel: R1, release our accesses; the last holder acquires everyone's */
-    uint32_t old = atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel);
+    /* acquire: R1 for a sole holder: pairs with the release decrements of
+     * every holder before us. Seeing 1, nobody else holds a reference, and
+     * only a holder can take one: the read-modify-write is not needed. */
+    uint32_t old = atomic_load_explicit(&b->refcount, memory_order_acquire);
+    if (old == 1)
+        atomic_store_explicit(&b->refcount, 0, memory_order_relaxed); /* relaxed: nobody else reads it now */
+    else /* acq_rel: R1, release our accesses; the last holder acquires everyone's */
+        old = atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel);
     if (old > 1)
         return;
     if (old == 0) {
@@ -308,16 +592,28 @@ void sr_block_unref(sr_block *b)
                 (unsigned long long)b->size, b->owner);
         abort();
     }
-    if (b->owner < 0)
+    struct hdr h = hdr_read(b);
+    int owner = h.owner;
+    const char *why = block_fault(b, &h);
+    if (why) {
+        /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
+         * leak it instead, and say so. */
+        sr__fail(-EPROTO, "sr_block_unref", "block header at %p (owner field %d) %s; the block is leaked",
+                 (void *)b, owner, why);
+        fprintf(stderr, "shmrpc: %s\n", sr_last_error());
+    } else if (owner < 0)
         free(b);
     else if (!heap.area)
         fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
-                        "sr_heap_detach(); it is left to the segment\n", b->owner);
-    else if (b->owner == heap.rank) {
-        local_free(b);
-        count(&counters.local_frees, 1);
+                        "sr_heap_detach(); it is left to the segment\n", owner);
+    else if (owner == heap.rank) {
+        if (!tc_push(b, &h)) {
+            local_free(b, &h);
+            if (tc_ready())
+                tc_bump(&tc.st->local_frees, 1);
+        }
     } else
-        remote_free(b);
+        remote_free(b, owner);
 }
 
 /* ---- offsets ---- */
@@ -331,39 +627,41 @@ uint64_t sr_block_to_off(const sr_block *b)
 
 /* The data of the block at off lies in [lo, hi) with the header's area, is
  * aligned, and does not overlap the header. */
-static bool data_fits(const sr_block *b, uint64_t off, uint64_t lo, uint64_t hi)
+static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi)
 {
-    int64_t delta = b->data_delta;
-    if ((b->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(*b)) || b->layout > LAYOUT_HUGE)
+    int64_t delta = h->delta;
+    if ((h->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(sr_block)) || h->layout > LAYOUT_HUGE)
         return false;
-    if (delta == (int64_t)sizeof(*b))
-        return b->size <= hi - off - sizeof(*b);
+    if (delta == (int64_t)sizeof(sr_block))
+        return h->size <= hi - off - sizeof(sr_block);
     if (delta % BLOCK_ALIGN || (delta < 0 && (uint64_t)-delta > off - lo) || (delta > 0 && (uint64_t)delta >= hi - off))
         return false;
     uint64_t data = off + (uint64_t)delta; /* wraps back for delta < 0 */
-    if (b->size > hi - data)
+    if (h->size > hi - data)
         return false;
-    return data + b->size <= off || data >= off + sizeof(*b);
+    return data + h->size <= off || data >= off + sizeof(sr_block);
 }
 
 /* The block at off if its header is plausible: inside one heap area,
  * aligned, right magic and owner, a size that fits; live (a reference left)
  * or, for links of the remote-free list, dead. NULL and *why otherwise. */
-static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank)
+static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank, struct hdr *h)
 {
-    const struct sr_seg_header *h = heap.seg.hdr;
-    if (off < h->heap_off || (off - h->heap_off) / h->heap_stride >= h->world_size)
+    if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.world)
         return *why = "is outside every heap area", NULL;
-    *rank = (int)((off - h->heap_off) / h->heap_stride);
-    uint64_t area_end = h->heap_off + (uint64_t)(*rank + 1) * h->heap_stride;
+    *rank = (int)((off - heap.heap_off) / heap.heap_stride);
+    uint64_t area_end = heap.heap_off + (uint64_t)(*rank + 1) * heap.heap_stride;
     if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
         return *why = "is not a 64-byte aligned block header", NULL;
     sr_block *b = sr_seg_ptr(&heap.seg, off);
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
-    if (b->owner != *rank)
+    *h = hdr_read(b);
+    if (h->check != header_check(h))
+        return *why = "has a corrupt header (check word mismatch)", NULL;
+    if (h->owner != *rank)
         return *why = "has a header whose owner is not the heap it lies in", NULL;
-    if (!data_fits(b, off, area_end - h->heap_stride, area_end))
+    if (!data_fits(h, off, area_end - heap.heap_stride, area_end))
         return *why = "has data that runs past the end of its heap area", NULL;
     /* relaxed: a plausibility check; the caller's reference (or, in drain,
      * the acquire exchange) orders the real accesses */
@@ -381,7 +679,8 @@ sr_block *sr_block_from_off(uint64_t off)
     }
     const char *why = "";
     int rank = -1;
-    sr_block *b = check_block(off, true, &why, &rank);
+    struct hdr h;
+    sr_block *b = check_block(off, true, &why, &rank, &h);
     if (!b)
         sr__fail(-EINVAL, "sr_block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
                  rank, why);
@@ -393,11 +692,11 @@ sr_block *sr_block_from_off(uint64_t off)
 /* A link that does not name one of our dead blocks means shared memory was
  * corrupted: stop walking. The rest of the list leaks, which beats handing
  * jemalloc a wild pointer. */
-static sr_block *list_block(uint64_t off)
+static sr_block *list_block(uint64_t off, struct hdr *h)
 {
     const char *why = "";
     int rank = -1;
-    sr_block *b = check_block(off, false, &why, &rank);
+    sr_block *b = check_block(off, false, &why, &rank, h);
     if (b && rank == heap.rank)
         return b;
     fprintf(stderr, "shmrpc: worker%d: sr_heap_drain: remote-free link %llu %s; dropping the rest of the list\n",
@@ -415,12 +714,13 @@ unsigned sr_heap_drain(void)
     uint64_t off = atomic_exchange_explicit(head, 0, memory_order_acquire);
     unsigned n = 0;
     while (off) {
-        sr_block *b = list_block(off);
+        struct hdr h;
+        sr_block *b = list_block(off, &h);
         if (!b)
             break;
         /* relaxed: ordered by the acquire exchange above (F1) */
         off = atomic_load_explicit(&b->next_free, memory_order_relaxed);
-        local_free(b);
+        local_free(b, &h);
         n++;
     }
     count(&counters.drained, n);
@@ -431,6 +731,7 @@ int sr_heap_purge(void)
 {
     if (!heap.area)
         return 0;
+    tc_flush();
     sr__heap_huge_flush();
     return sr__heap_arena_purge(heap.arena);
 }
@@ -441,5 +742,7 @@ size_t sr_heap_allocated(void)
         return 0;
     struct sr_heap_extent_stats st;
     sr__heap_extent_stats(&st);
-    return sr__heap_arena_allocated(heap.arena) + (size_t)st.huge_live;
+    uint64_t allocs, frees, cached;
+    tc_sum(&allocs, &frees, &cached); /* cached blocks are free, though jemalloc counts them */
+    return sr__heap_arena_allocated(heap.arena) - (size_t)cached + (size_t)st.huge_live;
 }

@@ -26,6 +26,14 @@
  * sr_heap_attach and sr_heap_detach, which must not overlap any other heap
  * call of the process (sr_xport_attach/detach call them).
  *
+ * Small blocks freed by their owner process are kept in a per-thread cache
+ * (<= 1 KiB, 64 per size class) for the next allocation of the thread.
+ *
+ * Nothing read from the segment is trusted: the geometry is copied at
+ * attach, and a block header carries a check word over its write-once fields,
+ * verified before any of them is used to free, index or read (a corrupt block
+ * is an -EPROTO error naming the worker, and is leaked). See sr_block_check.
+ *
  * Limits (docs/HEAP.md): blocks below 8 MiB come from jemalloc and are
  * rounded up to its size classes (at most 25%, usually much less: the header
  * moves out of the way when it would cost a class); blocks of 8 MiB and more
@@ -60,13 +68,22 @@ bool sr_heap_attached(void);
  * size. Drains the remote-free list first (one load when it is empty). */
 sr_block *sr_block_alloc(size_t nbytes);
 void *sr_block_data(const sr_block *b);
+/* The data and size of b, once its header is checked: the check word written
+ * at allocation matches, the owner is the heap area the header lies in, and
+ * the data lies in that area. -EPROTO and sr_last_error() (naming the worker
+ * and what is wrong) if a peer corrupted it. Take them once and keep them:
+ * what is kept in private memory cannot be changed under you by a peer
+ * (sr_block_data and sr_block_size re-read the shared header). */
+int sr_block_check(const sr_block *b, void **data, size_t *size);
 size_t sr_block_size(const sr_block *b);
 int sr_block_owner(const sr_block *b);      /* rank, or -1 for a private block */
 uint32_t sr_block_refcount(const sr_block *b);
 sr_block *sr_block_ref(sr_block *b);
 /* Drop a reference. The last one frees the block: at once if this worker owns
  * it (or it is private), else by pushing it onto the owner's remote-free
- * list. Releasing more references than were taken aborts. */
+ * list. Releasing more references than were taken aborts. A header that
+ * fails sr_block_check is not freed: the block is leaked, with -EPROTO in
+ * sr_last_error() and a line on stderr. */
 void sr_block_unref(sr_block *b);
 
 /* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */

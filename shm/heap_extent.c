@@ -4,14 +4,16 @@
  * a power of two >= a page; 2 MiB for metadata blocks when its metadata is
  * not kept private, see create_with_hooks), and heap.c
  * asks for the pages of huge blocks, which bypass jemalloc. Both are cut
- * from the area:
- *   - first fit over a small address-ordered table of free ranges, then
- *   - a bump pointer; the gap an aligned bump leaves behind goes on the table.
- * Freed ranges coalesce with their neighbours and with the bump pointer. If
- * the table is full a fragment is dropped: address space is lost, never
- * memory, since a dropped range holds no page.
+ * from the area by best fit over an address-ordered table of free ranges
+ * (at attach: one range, the whole area). Huge blocks are placed at the high
+ * end of the range they take, jemalloc's extents at the low end, so the two
+ * kinds grow from opposite ends of the area. Freed ranges coalesce with their
+ * neighbours (the table is sorted by address and never holds two adjacent
+ * ranges). If the table is full a fragment is dropped: address space is lost,
+ * never memory, since a dropped range holds no page. Why best fit and two
+ * ends: docs/HEAP.md, "Fragmentation".
  *
- * Invariant: every byte beyond the bump pointer or on the free list reads as
+ * Invariant: every byte on the free list reads as
  * zero (the area is emptied at create; a range comes back to the table only
  * once its pages are punched out). So alloc always reports *zero = true.
  *
@@ -31,9 +33,9 @@
  *   destroy        as dalloc, for the retained extents of a destroyed arena.
  *   split, merge   always succeed: an extent is only an address range of one
  *                  contiguous area, nothing per extent lives here.
- * jemalloc's own geometric growth still leaves the tail of each grow step in
- * its retained set; arena.<i>.retain_grow_limit bounds that tail, and huge
- * blocks never go through jemalloc, so the tail stays small.
+ * jemalloc runs without retain (malloc_conf below), so it has no grow steps
+ * and gives back through dalloc every extent it retires. If MALLOC_CONF turns
+ * retain back on, arena.<i>.retain_grow_limit at least bounds each step.
  * While the arena is destroyed at detach, punching is switched off: a peer
  * may still be reading one of our blocks, and its pages must stay.
  */
@@ -41,6 +43,7 @@
 
 #include <errno.h>
 #include <jemalloc/jemalloc.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -51,7 +54,7 @@
 #include "error.h"
 
 #define HUGE_ALIGN 4096u               /* pages of huge blocks */
-#define FREE_MAX 256                  /* free ranges kept; see the header comment */
+#define FREE_MAX 4096                 /* free ranges kept; see the header comment */
 #define GROW_LIMIT_MAX (UINT64_C(16) << 20)
 #define GROW_LIMIT_MIN (UINT64_C(2) << 20)
 
@@ -66,7 +69,6 @@ struct carver {
     pthread_mutex_t lock; /* hooks run on any thread allocating in the arena */
     char *base;           /* NULL: no arena */
     uint64_t len;
-    uint64_t bump;
     unsigned nfree;
     _Atomic bool keep_pages; /* set while the arena is destroyed at detach */
     struct range free[FREE_MAX]; /* sorted by off; disjoint, never adjacent */
@@ -86,6 +88,21 @@ static bool hook_commit(extent_hooks_t *, void *, size_t, size_t, size_t, unsign
 static bool hook_punch(extent_hooks_t *, void *, size_t, size_t, size_t, unsigned);
 static bool hook_split(extent_hooks_t *, void *, size_t, size_t, size_t, bool, unsigned);
 static bool hook_merge(extent_hooks_t *, void *, size_t, void *, size_t, bool, unsigned);
+
+/* jemalloc's retain (on by default on 64-bit Linux) keeps the tail of every
+ * geometric grow step, and every extent it purges, in the arena's retained
+ * set for good: address space of our area that only jemalloc's own extents
+ * can reuse, scattered through the area. In a mixed workload that set grew to
+ * hundreds of MiB in 8-16 MiB pieces, one per grow step, and a 16 MiB block
+ * found no room with 48 MiB live (issue 11). Without retain, jemalloc hands
+ * every extent it no longer uses back to the dalloc hook once decay (or a
+ * purge) retires it, so the carver coalesces it with its neighbours. The
+ * option is process-wide and read once at jemalloc's start, hence this
+ * definition (it overrides libjemalloc's weak one; MALLOC_CONF still wins, and
+ * sr__heap_arena_create warns if retain ends up on). For the process's
+ * private malloc the cost is munmap instead of keeping address space mapped
+ * (jemalloc's default on every platform but 64-bit Linux). */
+__attribute__((visibility("default"))) const char *malloc_conf = "retain:false";
 
 /* Static storage: jemalloc reads the hook table for the whole life of the
  * arena, and the arena lives until sr__heap_arena_destroy(). */
@@ -110,6 +127,20 @@ static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1)
 
 /* ---- the free-range table (caller holds the lock) ---- */
 
+/* The first range that starts at or after off (binary search). */
+static unsigned table_find(const struct carver *c, uint64_t off)
+{
+    unsigned lo = 0, hi = c->nfree;
+    while (lo < hi) {
+        unsigned mid = lo + (hi - lo) / 2;
+        if (c->free[mid].off < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 static void table_remove(struct carver *c, unsigned i)
 {
     memmove(&c->free[i], &c->free[i + 1], (c->nfree - i - 1) * sizeof(c->free[0]));
@@ -131,15 +162,7 @@ static bool table_insert(struct carver *c, unsigned i, struct range r)
 /* Return [off, off + len) to the allocator, merging with its neighbours. */
 static void release(struct carver *c, uint64_t off, uint64_t len)
 {
-    if (off + len == c->bump) {
-        c->bump = off;
-        if (c->nfree && c->free[c->nfree - 1].off + c->free[c->nfree - 1].len == c->bump)
-            c->bump = c->free[--c->nfree].off;
-        return;
-    }
-    unsigned i = 0;
-    while (i < c->nfree && c->free[i].off < off)
-        i++;
+    unsigned i = table_find(c, off);
     bool join_prev = i > 0 && c->free[i - 1].off + c->free[i - 1].len == off;
     bool join_next = i < c->nfree && off + len == c->free[i].off;
     if (join_prev && join_next) {
@@ -174,57 +197,60 @@ static void take(struct carver *c, unsigned i, uint64_t off, uint64_t len)
 
 /* ---- carving (caller holds the lock) ---- */
 
-/* Offset of the first address at or after off aligned to align (absolute
- * addresses: the mapping is only page-aligned). */
-static uint64_t aligned_off(const struct carver *c, uint64_t off, uint64_t align)
+/* Where size bytes aligned to align go in r: at its low end, or (high) at
+ * its high end. Absolute addresses are aligned: the mapping is only
+ * page-aligned. false if they do not fit. */
+static bool place(const struct carver *c, struct range r, uint64_t size, uint64_t align, bool high, uint64_t *at)
 {
     uintptr_t base = (uintptr_t)c->base;
-    return align_up(base + off, align) - base;
-}
-
-static bool carve_bump(struct carver *c, uint64_t at, uint64_t size)
-{
-    if (at > c->len || size > c->len - at)
+    if (size > r.len)
         return false;
-    uint64_t gap = c->bump;
-    c->bump = at + size;
-    if (at > gap)
-        release(c, gap, at - gap);
-    return true;
+    if (high) {
+        *at = ((base + r.off + r.len - size) & ~(align - 1)) - base;
+        return *at >= r.off && *at - r.off <= r.len - size;
+    }
+    *at = align_up(base + r.off, align) - base;
+    return *at - r.off <= r.len - size;
 }
 
 /* The exact range [at, at + size), or false if any of it is in use. */
 static bool carve_at(struct carver *c, uint64_t at, uint64_t size)
 {
-    if (at >= c->bump)
-        return carve_bump(c, at, size);
-    for (unsigned i = 0; i < c->nfree; i++) {
-        struct range r = c->free[i];
-        if (r.off <= at && at - r.off <= r.len && size <= r.len - (at - r.off)) {
-            take(c, i, at, size);
-            return true;
-        }
-    }
-    return false;
+    unsigned i = table_find(c, at + 1); /* the range starting at or before at is i - 1 */
+    if (i == 0)
+        return false;
+    struct range r = c->free[i - 1];
+    if (at - r.off > r.len || size > r.len - (at - r.off))
+        return false;
+    take(c, i - 1, at, size);
+    return true;
 }
 
-static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t align)
+/* Best fit: the smallest free range that holds the request, so a large range
+ * stays whole for as long as a smaller one will do. Huge blocks (high) go at
+ * the high end of their range, and on a tie into the highest range;
+ * jemalloc's extents go low. The two kinds live at opposite ends of the area
+ * and of any range they share, so a long-lived small extent does not land in
+ * the middle of the room a freed huge block leaves. See docs/HEAP.md. */
+static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t align, bool high)
 {
     if (new_addr) {
         uint64_t at = (uint64_t)((char *)new_addr - c->base);
         bool inside = (char *)new_addr >= c->base && at < c->len;
         return inside && carve_at(c, at, size) ? new_addr : NULL;
     }
+    unsigned best = UINT_MAX;
+    uint64_t best_at = 0, at;
     for (unsigned i = 0; i < c->nfree; i++) {
-        struct range r = c->free[i];
-        uint64_t at = aligned_off(c, r.off, align);
-        if (at - r.off <= r.len && size <= r.len - (at - r.off)) {
-            take(c, i, at, size);
-            return c->base + at;
-        }
+        if (!place(c, c->free[i], size, align, high, &at))
+            continue;
+        if (best == UINT_MAX || c->free[i].len < c->free[best].len || (high && c->free[i].len == c->free[best].len))
+            best = i, best_at = at;
     }
-    uint64_t at = aligned_off(c, c->bump, align);
-    return carve_bump(c, at, size) ? c->base + at : NULL;
+    if (best == UINT_MAX)
+        return NULL;
+    take(c, best, best_at, size);
+    return c->base + best_at;
 }
 
 /* Give the pages of [addr, addr + len) back to the kernel. false on success,
@@ -249,7 +275,7 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
     (void)arena;
     struct carver *c = of(h);
     pthread_mutex_lock(&c->lock);
-    void *p = carve(c, new_addr, size, align);
+    void *p = carve(c, new_addr, size, align, false);
     pthread_mutex_unlock(&c->lock);
     if (p) {
         *zero = true;   /* the invariant in the header comment */
@@ -367,7 +393,7 @@ static void *huge_alloc_once(struct carver *c, uint64_t len)
     pthread_mutex_lock(&c->lock);
     void *p = c->base ? huge_cache_take(c, len) : NULL;
     if (!p && c->base)
-        p = carve(c, NULL, len, HUGE_ALIGN);
+        p = carve(c, NULL, len, HUGE_ALIGN, true);
     if (p)
         c->huge_live += len;
     pthread_mutex_unlock(&c->lock);
@@ -446,6 +472,12 @@ static int make_arena(struct carver *c, unsigned *arena)
     if (rc)
         return sr__fail(-rc, "sr_heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
     size_t lim = (size_t)grow_limit(c->len);
+    bool retain = true;
+    size_t bsz = sizeof(retain);
+    if (mallctl("opt.retain", &retain, &bsz, NULL, 0) == 0 && !retain)
+        return 0; /* no grow steps, nothing retained (see malloc_conf above) */
+    fprintf(stderr, "shmrpc: sr_heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
+                    "in its retained set and the heap will fragment under churn (docs/HEAP.md)\n");
     rc = arena_ctl(*arena, "retain_grow_limit", &lim, sizeof(lim));
     if (rc)
         sr__heap_arena_destroy(*arena);
@@ -464,8 +496,9 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
     pthread_mutex_lock(&c->lock);
     c->base = area;
     c->len = len;
-    c->bump = c->huge_live = 0;
-    c->nfree = 0;
+    c->huge_live = c->dropped = 0;
+    c->free[0] = (struct range){0, len}; /* all of it, emptied above */
+    c->nfree = 1;
     /* relaxed: no hook runs before the arena exists */
     atomic_store_explicit(&c->keep_pages, false, memory_order_relaxed);
     pthread_mutex_unlock(&c->lock);
@@ -491,7 +524,7 @@ void sr__heap_arena_destroy(unsigned arena)
         fprintf(stderr, "shmrpc: sr_heap_detach: mallctl(\"%s\"): %s\n", name, strerror(rc));
     pthread_mutex_lock(&c->lock);
     c->base = NULL;
-    c->len = c->bump = c->huge_live = 0;
+    c->len = c->huge_live = 0;
     c->nfree = 0;
     c->ncached = 0; /* their pages stay, like every other page at detach */
     c->cached_bytes = 0;
@@ -529,10 +562,14 @@ void sr__heap_extent_stats(struct sr_heap_extent_stats *out)
 {
     struct carver *c = &carver;
     pthread_mutex_lock(&c->lock);
-    *out = (struct sr_heap_extent_stats){.area = c->len, .bump = c->bump, .dropped = c->dropped,
-                                         .nfree = c->nfree, .huge_live = c->huge_live};
+    *out = (struct sr_heap_extent_stats){.area = c->len, .dropped = c->dropped, .nfree = c->nfree,
+                                         .huge_live = c->huge_live, .cached = c->cached_bytes};
     out->punched = atomic_load_explicit(&c->punched, memory_order_relaxed); /* relaxed: statistics */
-    for (unsigned i = 0; i < c->nfree; i++)
+    for (unsigned i = 0; i < c->nfree; i++) {
         out->free_bytes += c->free[i].len;
+        if (c->free[i].len > out->largest_free)
+            out->largest_free = c->free[i].len;
+    }
+    out->used = c->len - out->free_bytes - c->dropped;
     pthread_mutex_unlock(&c->lock);
 }

@@ -19,8 +19,10 @@
 /* Counters of the carve allocator (process-private; read under its lock). */
 struct sr_heap_extent_stats {
     uint64_t area;       /* bytes of the heap area */
-    uint64_t bump;       /* high-water mark: [bump, area) was never handed out */
-    uint64_t free_bytes; /* below bump, on the free list */
+    uint64_t used;       /* handed out (to jemalloc's extents, huge blocks, the huge cache) */
+    uint64_t free_bytes; /* on the free-range table */
+    uint64_t largest_free; /* the largest free range: the largest huge block that fits now */
+    uint64_t cached;     /* freed huge ranges kept with their pages for reuse (part of used) */
     uint64_t punched;    /* bytes given back to the kernel (MADV_REMOVE), cumulative */
     uint64_t dropped;    /* address space lost because the free-range table was full */
     uint64_t huge_live;  /* bytes of huge blocks live (page-rounded) */
@@ -29,8 +31,8 @@ struct sr_heap_extent_stats {
 
 /* Create the process's arena over [area, area + len): the area is emptied
  * first (every page given back, so all of it reads as zero), then
- * arenas.create installs the hooks and arena.<i>.retain_grow_limit caps each
- * grow step. area must be page-aligned; only one arena may exist per process.
+ * arenas.create installs the hooks (and, only if jemalloc runs with retain,
+ * arena.<i>.retain_grow_limit caps each grow step). area must be page-aligned; only one arena may exist per process.
  * Errors: -EBUSY one exists; -EINVAL/-errno madvise failed; -errno from mallctl. */
 int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
 

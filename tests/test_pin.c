@@ -77,12 +77,12 @@ Test(pin, pins_nest_and_share_one_block)
     const char *q = sr__tensor_pin(v);
     cr_assert_eq(refs(w), 2, "a second pin of the storage only counts");
     cr_assert_eq(q, p + 2 * sizeof(float), "the view's first element in the same block");
-    cr_assert_eq(sr__storage_pinned(w->storage), w->storage->block);
+    cr_assert_eq(sr__storage_pinned(w->storage, NULL), w->storage->block);
     sr__tensor_unpin(v);
     cr_assert_eq(refs(w), 2);
     sr__tensor_unpin(w);
     cr_assert_eq(refs(w), 1, "the last unpin drops the reference");
-    cr_assert_null(sr__storage_pinned(w->storage));
+    cr_assert_null(sr__storage_pinned(w->storage, NULL));
     sr_tensor_unref(v);
     sr_tensor_unref(w);
 }
@@ -125,9 +125,9 @@ Test(pin, ops_leave_no_pin_behind)
     cr_assert_eq(sr_addcmul_(r[0], a, a, 0.5), 0, "%s", sr_last_error());
     cr_assert_float_eq(sr_accuracy(a, t), 1.0 / 3.0, 1e-12);
     cr_assert_eq(sr_tensor_item(r[2]), 12.0);
-    cr_assert_null(sr__storage_pinned(a->storage));
-    cr_assert_null(sr__storage_pinned(b->storage));
-    cr_assert_null(sr__storage_pinned(t->storage));
+    cr_assert_null(sr__storage_pinned(a->storage, NULL));
+    cr_assert_null(sr__storage_pinned(b->storage, NULL));
+    cr_assert_null(sr__storage_pinned(t->storage, NULL));
     cr_assert_eq(refs(a), 1, "no reference left on a's block");
     cr_assert_eq(refs(b), 1);
     cr_assert_eq(refs(t), 1);

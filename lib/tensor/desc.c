@@ -105,7 +105,9 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out)
         snprintf(why, sizeof(why), "%s", sr_last_error());
         return sr__fail(-EINVAL, FN, "block offset %llu: %s", (unsigned long long)d->block, why);
     }
-    if ((rc = check_extent(d, sr_block_size(b))))
+    void *data;
+    size_t size;
+    if ((rc = sr_block_check(b, &data, &size)) || (rc = check_extent(d, size)))
         return rc;
     struct sr_storage *s = sr__storage_new(sr_block_ref(b));
     if (!s) {

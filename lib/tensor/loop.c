@@ -30,27 +30,26 @@ static void coalesce(struct sr_loop *L)
     L->ndim = nd;
 }
 
-/* The block operand i is read from: the thread's explicit pin of its storage
+/* The (checked) data of the block operand i is read from: the thread's explicit pin of its storage
  * (an in-place op pinned its sources before its write lock), the current one
  * for a written operand (the caller owns it or holds its write lock), else a
  * reference the loop takes now (once per storage) and drops in
  * sr__loop_done. */
-static sr_block *operand_block(struct sr_loop *L, const sr_tensor *const *ts, int i, int nout)
+static char *operand_data(struct sr_loop *L, const sr_tensor *const *ts, int i, int nout)
 {
     const struct sr_storage *s = ts[i]->storage;
     for (int j = 0; j < nout; j++)
         if (j == i || ts[j]->storage == s)
-            return s->block;
-    sr_block *b = sr__storage_pinned(s);
-    if (b)
-        return b;
+            return s->data;
+    char *data;
+    if (sr__storage_pinned(s, &data))
+        return data;
     for (int j = 0; j < L->nheld; j++)
         if (L->held_storage[j] == s)
-            return L->held[j];
-    b = sr__storage_block_ref(ts[i]->storage);
+            return L->held_data[j];
     L->held_storage[L->nheld] = s;
-    L->held[L->nheld++] = b;
-    return b;
+    L->held[L->nheld] = sr__storage_block_ref(ts[i]->storage, &L->held_data[L->nheld]);
+    return L->held_data[L->nheld++];
 }
 
 void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, int nout,
@@ -67,7 +66,7 @@ void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, 
         int64_t es = (int64_t)sr_dtype_size(ts[i]->dtype);
         for (int d = 0; d < ndim; d++)
             L->stride[i][d] = st[d] * es;
-        L->base[i] = (char *)sr_block_data(operand_block(L, ts, i, nout)) + ts[i]->offset * es;
+        L->base[i] = operand_data(L, ts, i, nout) + ts[i]->offset * es;
     }
     coalesce(L);
 }

@@ -50,6 +50,10 @@ void sr__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides)
 
 struct sr_storage *sr__storage_new(sr_block *block)
 {
+    void *data;
+    size_t nbytes;
+    if (sr_block_check(block, &data, &nbytes))
+        return NULL;
     struct sr_storage *s = malloc(sizeof(*s));
     if (!s) {
         sr__fail(-ENOMEM, "sr__storage_new", "out of memory");
@@ -58,6 +62,8 @@ struct sr_storage *sr__storage_new(sr_block *block)
     atomic_init(&s->refs, 1);
     atomic_init(&s->lock, 0);
     s->block = block;
+    s->data = data;
+    s->nbytes = nbytes;
     return s;
 }
 
@@ -104,26 +110,35 @@ int sr__storage_make_writable(struct sr_storage *s, const char *fn)
 {
     if (sr_block_refcount(s->block) <= 1)
         return 0; /* acquire inside: we see every former holder's writes */
-    size_t n = sr_block_size(s->block);
+    size_t n = s->nbytes;
     sr_block *copy = sr_block_alloc(n);
+    void *data;
+    size_t copy_n;
+    if (copy && sr_block_check(copy, &data, &copy_n)) {
+        sr_block_unref(copy);
+        return sr__fail(-EPROTO, fn, "copy-on-write of a %zu-byte storage: a new block's header is corrupt", n);
+    }
     if (!copy) {
         char why[256]; /* sr__fail rewrites the buffer sr_last_error() points to */
         snprintf(why, sizeof(why), "%s", sr_last_error());
         return sr__fail(-ENOMEM, fn, "copy-on-write of a %zu-byte storage: %s", n, why);
     }
-    memcpy(sr_block_data(copy), sr_block_data(s->block), n);
+    memcpy(data, s->data, n);
     sr_block *old = s->block;
     s->block = copy;
+    s->data = data;
     sr_block_unref(old);
     /* relaxed: see cow_copies */
     atomic_fetch_add_explicit(&cow_copies, 1, memory_order_relaxed);
     return 0;
 }
 
-sr_block *sr__storage_block_ref(struct sr_storage *s)
+sr_block *sr__storage_block_ref(struct sr_storage *s, char **data)
 {
     sr__storage_lock(s);
     sr_block *b = sr_block_ref(s->block);
+    if (data)
+        *data = s->data;
     sr__storage_unlock(s);
     return b;
 }
@@ -171,6 +186,7 @@ enum { PIN_MAX = 16 };
 struct pin_entry {
     const struct sr_storage *s;
     sr_block *b; /* one block reference */
+    char *data;  /* b's checked data pointer */
     uint32_t n;  /* pins of s by this thread */
 };
 static _Thread_local struct {
@@ -186,11 +202,13 @@ static struct pin_entry *pin_find(const struct sr_storage *s)
     return NULL;
 }
 
-sr_block *sr__storage_pinned(const struct sr_storage *s)
+sr_block *sr__storage_pinned(const struct sr_storage *s, char **data)
 {
     if (pins.n == 0)
         return NULL;
     struct pin_entry *e = pin_find(s);
+    if (e && data)
+        *data = e->data;
     return e ? e->b : NULL;
 }
 
@@ -206,10 +224,10 @@ const char *sr__tensor_pin(const sr_tensor *t)
         }
         e = &pins.e[pins.n++];
         e->s = t->storage;
-        e->b = sr__storage_block_ref(t->storage);
+        e->b = sr__storage_block_ref(t->storage, &e->data);
         e->n = 1;
     }
-    return (const char *)sr_block_data(e->b) + t->offset * (int64_t)sr_dtype_size(t->dtype);
+    return e->data + t->offset * (int64_t)sr_dtype_size(t->dtype);
 }
 
 void sr__tensor_unpin(const sr_tensor *t)
@@ -273,8 +291,8 @@ sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
 {
     /* the block this thread read t from, if it pinned t (the op saving what
      * its forward read), else t's current one */
-    sr_block *b = sr__storage_pinned(t->storage);
-    b = b ? sr_block_ref(b) : sr__storage_block_ref(t->storage);
+    sr_block *b = sr__storage_pinned(t->storage, NULL);
+    b = b ? sr_block_ref(b) : sr__storage_block_ref(t->storage, NULL);
     struct sr_storage *s = sr__storage_new(b);
     if (!s) {
         sr_block_unref(b);

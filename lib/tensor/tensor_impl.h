@@ -101,6 +101,13 @@ struct sr_storage {
     _Atomic uint32_t refs; /* local tensor objects viewing this storage */
     _Atomic uint32_t lock; /* the write lock: 0 free, 1 held (see the top of this file) */
     sr_block *block;       /* holds one block reference; swapped under the lock */
+    /* block's data and size, checked (sr_block_check) when block is set and
+     * written with it. The block header is shared memory that a faulty peer
+     * could scribble on; these private copies are what every read and write
+     * of the tensor layer uses, so a corrupted header is an error when a
+     * storage is made over it, and never a wild pointer later. */
+    char *data;
+    size_t nbytes;
 };
 
 struct sr_tensor {
@@ -136,7 +143,9 @@ sr_tensor *sr__tensor_new(const char *fn, sr_dtype dt, int ndim, const int64_t *
 /* A view of t's storage with another geometry (shares storage, no history). */
 sr_tensor *sr__tensor_alias(const sr_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                             int64_t offset);
-struct sr_storage *sr__storage_new(sr_block *block); /* adopts one block ref */
+/* Adopts one block ref. NULL on -ENOMEM, or -EPROTO if the block's header
+ * fails sr_block_check (the caller keeps its reference then). */
+struct sr_storage *sr__storage_new(sr_block *block);
 void sr__storage_unref(struct sr_storage *s);
 /* The write lock (see the top of this file). */
 void sr__storage_lock(struct sr_storage *s);
@@ -144,8 +153,9 @@ void sr__storage_unlock(struct sr_storage *s);
 /* Copy-on-write: make the block private to this storage. The caller holds
  * s's lock. */
 int sr__storage_make_writable(struct sr_storage *s, const char *fn);
-/* A new reference on s's current block, taken under the lock. */
-sr_block *sr__storage_block_ref(struct sr_storage *s);
+/* A new reference on s's current block, taken under the lock; *data (if
+ * not NULL) gets its checked data pointer, read under the same lock. */
+sr_block *sr__storage_block_ref(struct sr_storage *s, char **data);
 /* sr_block_to_off of s's current block, read under the lock. */
 uint64_t sr__storage_block_off(struct sr_storage *s);
 /* An in-place write of t: check grad mode (-EPERM), take the storage lock,
@@ -164,8 +174,9 @@ int sr__tensor_prepare_write(sr_tensor *t, const char *fn);
  * then. */
 const char *sr__tensor_pin(const sr_tensor *t);
 void sr__tensor_unpin(const sr_tensor *t);
-/* The block this thread pinned for s, or NULL (not referenced again). */
-sr_block *sr__storage_pinned(const struct sr_storage *s);
+/* The block this thread pinned for s, or NULL (not referenced again);
+ * *data (if not NULL) gets its checked data pointer. */
+sr_block *sr__storage_pinned(const struct sr_storage *s, char **data);
 /* sr__tensor_write_begin / _end for a write of t that reads src[0..n) (NULL
  * entries skipped): pins the sources in other storages first, then takes t's
  * lock (so never one storage lock under another); end unpins them. Sources in
@@ -188,7 +199,7 @@ sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
 uint64_t sr__tensor_cow_copies(void);
 static inline char *sr__tensor_ptr(const sr_tensor *t)
 {
-    return (char *)sr_block_data(t->storage->block) + t->offset * (int64_t)sr_dtype_size(t->dtype);
+    return t->storage->data + t->offset * (int64_t)sr_dtype_size(t->dtype);
 }
 int64_t sr__numel(int ndim, const int64_t *shape);
 void sr__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
@@ -220,6 +231,7 @@ struct sr_loop {
     int nheld;                                    /* the read operands' pins the loop took */
     const struct sr_storage *held_storage[SR_LOOP_MAX_OPS];
     sr_block *held[SR_LOOP_MAX_OPS];              /* one block reference each */
+    char *held_data[SR_LOOP_MAX_OPS];             /* their checked data pointers */
 };
 typedef void (*sr_inner_fn)(char **ptrs, const int64_t *strides, int64_t n, void *ctx);
 /* Operand i: tensor ts[i] through broadcast strides over shape. Operands
