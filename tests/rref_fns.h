@@ -176,21 +176,21 @@ static int fn_forks_of(sr_call *c)
 }
 
 /* counters(): [owners, pending owners, forks, pending users, users,
- * children, unacknowledged, tombstones, deferred, retries sent] on this
- * worker. All but the last must come back to zero. */
+ * children, unacknowledged, tombstones, deferred, retries sent, control
+ * messages sent] on this worker. The first nine must come back to zero. */
 static int fn_counters(sr_call *c)
 {
     sr_rref_debug_info d;
     if (sr_rref_debug_info_get(&d))
         return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
-    uint64_t x[10] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
+    uint64_t x[11] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
                       d.num_confirmed_users, d.num_pending_children, d.num_pending_futures, d.num_tombstones,
-                      d.num_deferred_calls, d.num_retries};
-    sr_value *items[10];
-    for (int i = 0; i < 10; i++)
+                      d.num_deferred_calls, d.num_retries, d.num_ctrl_sent};
+    sr_value *items[11];
+    for (int i = 0; i < 11; i++)
         items[i] = sr_int((int64_t)x[i]);
-    sr_value *l = sr_list(10, items);
-    for (int i = 0; i < 10; i++)
+    sr_value *l = sr_list(11, items);
+    for (int i = 0; i < 11; i++)
         sr_value_unref(items[i]);
     return sr_call_return(c, l);
 }

@@ -1,8 +1,8 @@
 /* What the RRef module (module.c) plugs into the agent's hooks (internal;
  * lib/rpc/module.h): RRef values in the codec (forks), remote()'s kept
  * results, to_here's fetch, the gate that defers calls whose RRef arguments
- * are not confirmed yet, proxy calls, the control messages and their retry
- * timer, peer death, and the graceful-shutdown steps.
+ * are not confirmed yet, proxy calls, the control messages, peer death, and
+ * the graceful-shutdown steps. No timer: nothing here is ever due at a time.
  */
 #ifndef SR_RREF_HOOKS_H
 #define SR_RREF_HOOKS_H
@@ -61,16 +61,13 @@ void sr__rref_ctrl(const sr_msg *m);
 
 /* ---- agent ------------------------------------------------------------------- */
 
-/* The earliest time a control message may need a retry; -1 if none. */
-int64_t sr__rref_next_deadline(void);
-/* Resend control messages whose acknowledgement is overdue. */
-void sr__rref_tick(void);
-/* A peer died: drop what is owed to it, fail what waited for it. */
+/* A peer died: drop what is owed to it, fail what waited for it (pending
+ * users it was to confirm fail with an error naming it). */
 void sr__rref_peer_died(int rank);
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
-int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering);
+int sr__rref_init(int rank, int world, bool ignore_leaks);
 /* Graceful shutdown, after the first barrier: wait until this worker has no
  * pending user or child, then delete every UserRRef on its owner. */
 int sr__rref_shutdown_users(int64_t deadline_ns);

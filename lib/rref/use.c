@@ -320,7 +320,7 @@ SR_API int sr_rref_wait_idle(double timeout_s)
     sr_future_unref(f);
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
-        size_t u = c->pending_users.n, ch = c->children.n, re = c->retries.n;
+        size_t u = c->pending_users.n, ch = c->children.n, re = c->unacked.n;
         sr__rref_unlock();
         return sr__fail(rc, "sr_rref_wait_idle",
                         "still %zu pending users, %zu pending children and %zu unacknowledged messages after %" PRId64
