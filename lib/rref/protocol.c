@@ -97,10 +97,19 @@ static void queue_ack(struct after *d, int to, uint64_t token, int err)
 
 /* ---- handlers --------------------------------------------------------------------- */
 
+/* The request may overtake the REMOTE_CALL that creates the RRef: the
+ * OwnerRRef is then created awaiting its value, as a fetch would, so that
+ * the user it confirms finds it (a confirmed user's fetch for an unknown
+ * RRef is answered "deleted"). */
 static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
 {
     enum sr_fork_add res;
-    int rc = sr__forks_add(&sr__rref_ctx.forks, w->p.args.a, w->p.args.b, &res);
+    uint64_t rid = w->p.args.a;
+    int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
+    if (!rc)
+        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->p.args.b, &res);
+    if (rc)
+        sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
     queue_ack(d, src, w->call_id, rc);
 }
 
