@@ -14,9 +14,11 @@
  * child, then its delete) already covers what it causes. So one fork costs
  * FORK_REQUEST, ACK, CHILD_ACCEPT, and its delete USER_DELETE, ACK.
  *
- * Both ACKs wake their receiver: someone may be waiting for them (a gated
- * function, or sr_rref_wait_idle), and a quiet message would reach a
- * sleeping worker only by chance.
+ * Both ACKs wake their receiver: someone may be waiting for them (a
+ * confirmation future, sr_rref_wait_idle, graceful shutdown), and with no
+ * timer polling the inbox a quiet message would reach a sleeping worker
+ * only by chance. No call waits for any of these messages: a function given
+ * a pending user runs at once (use.c).
  *
  * A peer that dies takes its answers with it: the peer-death hook (and a
  * send that finds the peer already dead) drops the entries bound for it and
@@ -60,9 +62,10 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
     uint64_t token = 0;
     if (kind == SR_RREF_FORK_REQUEST || kind == SR_RREF_USER_DELETE) {
         struct unacked *e = malloc(sizeof(*e));
+        if (e)
+            *e = (struct unacked){.to = to, .kind = (uint8_t)kind, .rid = rid, .fid = fid};
         if (e && !sr__map_put(&c->unacked, c->next_token, e)) {
             token = c->next_token++;
-            *e = (struct unacked){.to = to, .kind = (uint8_t)kind, .rid = rid, .fid = fid};
         } else {
             free(e);
             /* A delete still goes, untracked: applied, only not waited for. A
@@ -113,12 +116,12 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
     queue_ack(d, src, w->call_id, rc);
 }
 
-static void on_child_accept(const struct sr_wire *w, int src, struct after *d)
+/* Not acknowledged: the child tracks nothing (see the header comment). */
+static void on_child_accept(const struct sr_wire *w, struct after *d)
 {
     sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
     if (parent) /* G2: the child is known to the owner; the parent may go */
         d->unref[d->nunref++] = parent;
-    queue_ack(d, src, w->call_id, 0); /* sent only if the child asked for one (it does not) */
 }
 
 static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
@@ -176,7 +179,7 @@ void sr__rref_ctrl(const sr_msg *m)
     }
     switch (w.ctrl) {
     case SR_RREF_FORK_REQUEST: on_fork_request(&w, m->src, &d); break;
-    case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, m->src, &d); break;
+    case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, &d); break;
     case SR_RREF_USER_DELETE: on_user_delete(&w, m->src, &d); break;
     case SR_RREF_ACK: on_ack(&w, m->src, &d, &failed); break;
     default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", sr__rref_ctx.rank, w.ctrl,
