@@ -85,9 +85,11 @@ void sr__idle_check_locked(struct after *d)
 void sr__after_run(struct after *d)
 {
     for (int i = 0; i < d->nsend; i++) {
-        int rc = sr__ctrl_send(d->send[i].to, &d->send[i].m);
+        int rc = sr__ctrl_send(d->send[i].to, &d->send[i].m, d->send[i].quiet);
         if (rc)
             sr__ctrl_unsent(d->send[i].to, &d->send[i].m, rc);
+        else
+            sr__ctrl_after_send(d->send[i].to, d->send[i].nudge);
     }
     /* References go before completions: a thread woken by a completion (a
      * confirmation, idleness) must find every delete they cause queued. */

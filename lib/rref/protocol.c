@@ -14,11 +14,27 @@
  * child, then its delete) already covers what it causes. So one fork costs
  * FORK_REQUEST, ACK, CHILD_ACCEPT, and its delete USER_DELETE, ACK.
  *
- * Both ACKs wake their receiver: someone may be waiting for them (a
- * confirmation future, sr_rref_wait_idle, graceful shutdown), and with no
- * timer polling the inbox a quiet message would reach a sleeping worker
- * only by chance. No call waits for any of these messages: a function given
- * a pending user runs at once (use.c).
+ * No call waits for any of these messages: a function given a pending user
+ * runs at once (use.c). A FORK_REQUEST's ACK wakes its receiver (a
+ * confirmation future may wait for it). A USER_DELETE's ACK is only waited
+ * for by sr_rref_wait_idle, so it goes quietly — the deleter reads it when
+ * it next polls, and a worker that dropped an RRef is not woken for it —
+ * unless someone might be waiting:
+ *   - a delete queued while a thread is in sr_rref_wait_idle (idle_waiters,
+ *     read under the lock) asks for a loud ACK;
+ *   - a thread entering sr_rref_wait_idle (idle_waiters++ under the lock,
+ *     then a fence N1) sends a NUDGE to the owner of every delete still
+ *     unacknowledged; the owner answers a NUDGE loudly (an ACK with token
+ *     0) after the ACKs it sent before, so the waiter wakes and finds them;
+ *   - a delete that asked for a quiet ACK is followed, once sent, by a
+ *     fence N2 and a look at idle_waiters: a waiter that appeared since is
+ *     nudged from here too.
+ * N1 pairs with N2 (a Dekker handshake): either the deleter sees the waiter
+ * and nudges after its delete, or the waiter's NUDGE is queued after the
+ * delete (its entry was in the table before the delete was sent). Either
+ * way the owner answers the delete before the NUDGE, and the loud answer to
+ * the NUDGE reaches the waiter after the quiet ACK. (In the reordering test
+ * mode quiet sends are loud, so the order of the two does not matter.)
  *
  * A peer that dies takes its answers with it: the peer-death hook (and a
  * send that finds the peer already dead) drops the entries bound for it and
@@ -49,9 +65,11 @@ static sr_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uin
     return m;
 }
 
-static void queue_send(struct after *d, int to, sr_msg m)
+static void queue_send(struct after *d, int to, sr_msg m, bool quiet, bool nudge)
 {
     d->send[d->nsend].to = to;
+    d->send[d->nsend].quiet = quiet;
+    d->send[d->nsend].nudge = nudge;
     d->send[d->nsend++].m = m;
 }
 
@@ -75,27 +93,62 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
                                 c->rank, to);
         }
     }
-    queue_send(d, to, ctrl_msg(kind, token, rid, fid, extra));
+    /* relaxed: written under the lock we hold (++) or only lowered (--) */
+    bool quiet_ack = kind == SR_RREF_USER_DELETE && token &&
+                     !atomic_load_explicit(&c->idle_waiters, memory_order_relaxed);
+    queue_send(d, to, ctrl_msg(kind, token, rid, fid, extra | (quiet_ack ? SR_DELETE_QUIET_ACK : 0)), false,
+               quiet_ack);
     return 0;
 }
 
-/* Counted for graceful shutdown's quiescence waves by the agent. */
-int sr__ctrl_send(int to, sr_msg *m)
+/* Counted for graceful shutdown's quiescence waves by the agent; the
+ * statistics leave out nudges and their answers (they depend on timing). */
+int sr__ctrl_send(int to, sr_msg *m, bool quiet)
 {
-    int rc = sr__module_send(to, m, false);
-    if (!rc)
+    struct sr_wire w = sr_wire_get(m);
+    int rc = sr__module_send(to, m, quiet);
+    if (!rc && w.ctrl != SR_RREF_NUDGE && (w.ctrl != SR_RREF_ACK || w.call_id))
         /* relaxed: statistics */
         atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
     return rc;
 }
 
+void sr__ctrl_nudge(int to)
+{
+    sr_msg m = ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0);
+    sr__ctrl_send(to, &m, false); /* a dead owner: its entries go with it (peer-death hook) */
+}
+
+void sr__ctrl_after_send(int to, bool nudge)
+{
+    if (!nudge)
+        return;
+    /* N2: pairs with N1 in sr_rref_wait_idle (see the header comment) */
+    atomic_thread_fence(memory_order_seq_cst);
+    /* relaxed: ordered by N2 */
+    if (atomic_load_explicit(&sr__rref_ctx.idle_waiters, memory_order_relaxed))
+        sr__ctrl_nudge(to);
+}
+
+void sr__unacked_delete_owners_locked(bool *mark, int world)
+{
+    size_t pos = 0;
+    uint64_t token;
+    void *p;
+    while (sr__map_next(&sr__rref_ctx.unacked, &pos, &token, &p)) {
+        struct unacked *e = p;
+        if (e->kind == SR_RREF_USER_DELETE && e->to >= 0 && e->to < world)
+            mark[e->to] = true;
+    }
+}
+
 /* err: 0, or the -errno that kept the receiver from applying the message
  * (no memory for a fork or a tombstone): the sender then settles its entry
  * with that error instead of waiting for ever. */
-static void queue_ack(struct after *d, int to, uint64_t token, int err)
+static void queue_ack(struct after *d, int to, uint64_t token, int err, bool quiet)
 {
     if (token) /* 0: the sender tracks nothing, so it wants no answer */
-        queue_send(d, to, ctrl_msg(SR_RREF_ACK, token, (uint64_t)(int64_t)err, 0, 0));
+        queue_send(d, to, ctrl_msg(SR_RREF_ACK, token, (uint64_t)(int64_t)err, 0, 0), quiet, false);
 }
 
 /* ---- handlers --------------------------------------------------------------------- */
@@ -113,7 +166,7 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
         rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->p.args.b, &res);
     if (rc)
         sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
-    queue_ack(d, src, w->call_id, rc);
+    queue_ack(d, src, w->call_id, rc, false);
 }
 
 /* Not acknowledged: the child tracks nothing (see the header comment). */
@@ -128,10 +181,10 @@ static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
 {
     enum sr_fork_del res;
     uint64_t rid = w->p.args.a, extra = w->p.args.c;
-    int rc = sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 1), extra & 1, &res);
+    int rc = sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 2), extra & 1, &res);
     if (!rc)
         sr__owner_maybe_erase_locked(rid, d);
-    queue_ack(d, src, w->call_id, rc);
+    queue_ack(d, src, w->call_id, rc, (extra & SR_DELETE_QUIET_ACK) != 0);
 }
 
 /* The owner acknowledged a FORK_REQUEST: the user is confirmed, and tells
@@ -182,6 +235,9 @@ void sr__rref_ctrl(const sr_msg *m)
     case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, &d); break;
     case SR_RREF_USER_DELETE: on_user_delete(&w, m->src, &d); break;
     case SR_RREF_ACK: on_ack(&w, m->src, &d, &failed); break;
+    case SR_RREF_NUDGE: /* loudly, after every ACK this worker sent the nudger before */
+        queue_send(&d, m->src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
+        break;
     default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", sr__rref_ctx.rank, w.ctrl,
                      m->src);
     }

@@ -33,10 +33,14 @@
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
     SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
-    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: adds_sent << 1 | confirmed) */
+    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: SR_DELETE_QUIET_ACK below) */
     SR_RREF_ACK = 4,          /* answer to a FORK_REQUEST or USER_DELETE: call_id = the token,
-                                 args.a = 0 or the -errno that kept the owner from applying it */
+                                 args.a = 0 or the -errno that kept the owner from applying it;
+                                 token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
+    SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
 };
+/* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
+#define SR_DELETE_QUIET_ACK UINT64_C(2)
 /* Module requests (tag = the rref id): to_here's fetch; CONFIRMED says the
  * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
  * rather than not yet created. */
@@ -94,7 +98,8 @@ struct rref_ctx {
     uint32_t awaiting;           /* lock: owners with awaiting set */
     sr_future *idle;             /* lock: completed when pending users, children and unacked are all gone */
     _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
-    _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included) */
+    _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included, nudges not) */
+    _Atomic uint32_t idle_waiters; /* threads in sr_rref_wait_idle; ++ under the lock, -- anywhere */
 };
 
 extern struct rref_ctx sr__rref_ctx;
@@ -108,6 +113,8 @@ struct after {
     int ncomplete;
     struct {
         int to;
+        bool quiet;  /* an ACK the deleter allowed to be quiet */
+        bool nudge;  /* a delete whose ACK may come quietly: nudge if a waiter appeared meanwhile */
         sr_msg m;
     } send[AFTER_MAX];
     int nsend;
@@ -161,8 +168,15 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
  * a delete that cannot be tracked is sent untracked). */
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
                           uint64_t extra);
-/* Send one message now, counted for quiescence; it wakes its receiver. */
-int sr__ctrl_send(int to, sr_msg *m);
+/* Send one message now, counted for quiescence (quiet: wakes nobody). */
+int sr__ctrl_send(int to, sr_msg *m, bool quiet);
+/* After a send (d->send[i]) that may get a quiet answer: if a thread began
+ * waiting for idleness meanwhile, nudge the destination. */
+void sr__ctrl_after_send(int to, bool nudge);
+/* A loud NUDGE: the owner answers it loudly after its earlier ACKs. */
+void sr__ctrl_nudge(int to);
+/* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
+void sr__unacked_delete_owners_locked(bool *mark, int world);
 /* A message sr__ctrl_send refused (err): settle what waited for its answer. */
 void sr__ctrl_unsent(int to, const sr_msg *m, int err);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */

@@ -312,6 +312,34 @@ static int wait_idle_once(int64_t deadline)
     return rc ? rc : 1;
 }
 
+/* Count this thread among the idle waiters, so that later deletes ask for
+ * a loud ACK, and nudge the owners of earlier ones, whose ACKs may come
+ * quietly (protocol.c). 0, or -errno (then not counted). */
+static int nudge_owners(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    int world = c->world;
+    bool *mark = c->active ? calloc((size_t)world, sizeof(*mark)) : NULL;
+    if (mark) {
+        /* relaxed: under the lock, which orders it with the deletes queued (read under it) */
+        atomic_fetch_add_explicit(&c->idle_waiters, 1, memory_order_relaxed);
+        sr__unacked_delete_owners_locked(mark, world);
+    }
+    bool active = c->active;
+    sr__rref_unlock();
+    if (!mark)
+        return active ? sr__fail(-ENOMEM, "sr_rref_wait_idle", "out of memory")
+                      : sr__fail(-SR_ESHUTDOWN, "sr_rref_wait_idle", "RPC has not been initialized. Call sr_init first.");
+    /* N1: pairs with N2 in sr__ctrl_after_send (protocol.c) */
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int r = 0; r < world; r++)
+        if (mark[r])
+            sr__ctrl_nudge(r);
+    free(mark);
+    return 0;
+}
+
 SR_API int sr_rref_wait_idle(double timeout_s)
 {
     struct rref_ctx *c = &sr__rref_ctx;
@@ -319,9 +347,13 @@ SR_API int sr_rref_wait_idle(double timeout_s)
     /* Again after each completion: the idle future is completed from a
      * handler's deferred work, after which an unref it ran (a parent whose
      * child was accepted) may have queued a delete: not idle after all. */
-    int rc;
+    int rc = nudge_owners();
+    if (rc)
+        return rc;
     while ((rc = wait_idle_once(deadline)) == 1)
         ;
+    /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
+    atomic_fetch_sub_explicit(&c->idle_waiters, 1, memory_order_relaxed);
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
         size_t u = c->pending_users.n, ch = c->children.n, re = c->unacked.n;
