@@ -101,15 +101,37 @@ static int fn_fail(sr_call *c)
     return sr_call_fail(c, -EINVAL, "intentional failure %lld", (long long)sr_value_int(sr_call_arg(c, 0)));
 }
 
+/* A UserRRef received from another user may be used before its owner
+ * confirms it (its function runs at once); the functions below that report
+ * or keep one first wait for the confirmation, so that "the call returned"
+ * is a stable point of the owner's fork set. Plain functions: they run on
+ * an executor and may block. */
+static int wait_confirmed_in_call(sr_call *c, sr_rref *r)
+{
+    sr_future *f = NULL;
+    if (sr_rref_is_owner(r))
+        return 0;
+    int rc = sr_rref_confirmation(r, &f);
+    if (!rc)
+        rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    if (!rc)
+        rc = sr_future_value(f, NULL);
+    sr_future_unref(f);
+    if (rc)
+        return sr_call_fail(c, rc, "waiting for the owner to confirm the RRef: %s", sr_last_error());
+    return sr_rref_confirmed_by_owner(r) ? 0 : sr_call_fail(c, -EINVAL, "confirmed, but confirmed_by_owner() is false");
+}
+
 /* rref_info(rref): [is_owner, confirmed_by_owner, fork id (-1 for an owner),
- * first item of its local value (owner) or -1]. A function given a UserRRef
- * runs only once the owner confirmed it: confirmed must be true here. */
+ * first item of its local value (owner) or -1], once a user is confirmed. */
 static int fn_rref_info(sr_call *c)
 {
     sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
     if (!r)
         return sr_call_fail(c, -EINVAL, "rref_info wants an RRef, got %s",
                             sr_kind_name(sr_value_type(sr_call_arg(c, 0))));
+    if (wait_confirmed_in_call(c, r))
+        return -EINVAL;
     int64_t first = -1;
     if (sr_rref_is_owner(r)) {
         sr_value *v = NULL;
@@ -126,14 +148,15 @@ static int fn_rref_info(sr_call *c)
     return sr_call_return(c, l);
 }
 
-/* hold(rref): keep it; returns its fork id (-1 on its owner). */
+/* hold(rref): keep it; returns its fork id (-1 on its owner), once a user
+ * is confirmed. */
 static int fn_hold(sr_call *c)
 {
     sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
     if (!r || held_add(r))
         return sr_call_fail(c, -EINVAL, "hold: not an RRef, or no memory");
-    if (!sr_rref_is_owner(r) && !sr_rref_confirmed_by_owner(r))
-        return sr_call_fail(c, -EINVAL, "hold ran before its UserRRef was confirmed");
+    if (wait_confirmed_in_call(c, r))
+        return -EINVAL;
     return sr_call_return(c, sr_int(sr_rref_is_owner(r) ? -1 : (int64_t)sr_rref_fork_id(r)));
 }
 
@@ -176,21 +199,21 @@ static int fn_forks_of(sr_call *c)
 }
 
 /* counters(): [owners, pending owners, forks, pending users, users,
- * children, unacknowledged, tombstones, deferred, retries sent] on this
- * worker. All but the last must come back to zero. */
+ * children, unacknowledged, tombstones, deferred, retries sent, control
+ * messages sent] on this worker. The first nine must come back to zero. */
 static int fn_counters(sr_call *c)
 {
     sr_rref_debug_info d;
     if (sr_rref_debug_info_get(&d))
         return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
-    uint64_t x[10] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
+    uint64_t x[11] = {d.num_owner_rrefs, d.num_pending_owners, d.num_forks, d.num_pending_users,
                       d.num_confirmed_users, d.num_pending_children, d.num_pending_futures, d.num_tombstones,
-                      d.num_deferred_calls, d.num_retries};
-    sr_value *items[10];
-    for (int i = 0; i < 10; i++)
+                      d.num_deferred_calls, d.num_retries, d.num_ctrl_sent};
+    sr_value *items[11];
+    for (int i = 0; i < 11; i++)
         items[i] = sr_int((int64_t)x[i]);
-    sr_value *l = sr_list(10, items);
-    for (int i = 0; i < 10; i++)
+    sr_value *l = sr_list(11, items);
+    for (int i = 0; i < 11; i++)
         sr_value_unref(items[i]);
     return sr_call_return(c, l);
 }

@@ -6,8 +6,12 @@
  * (SHMRPC_REORDER_SEED, tests/meson.build) with many seeds.
  *
  * Stable points: a fork is known to its owner once the user is confirmed
- * (wait_confirmed) or a function that received it has run; a delete has
- * been applied once its sender is idle (sr_rref_wait_idle). */
+ * (wait_confirmed; hold and rref_info wait for it before they return) or
+ * once the worker holding it is idle; a delete has been applied once its
+ * sender is idle (sr_rref_wait_idle). */
+#include <poll.h>
+#include <unistd.h>
+
 #include "rref_fns.h"
 
 LEAK_CHECKED_SUITE(rref);
@@ -135,8 +139,9 @@ Test(rref, scenario3_owner_passes_to_user, .timeout = 120)
 }
 
 /* Scenario 4: a user passes the RRef to another user: the receiver asks the
- * owner (FORK_REQUEST), runs its function only once confirmed, and then
- * accepts the child at the parent, which holds the parent until then (G2). */
+ * owner (FORK_REQUEST) and runs its function at once; once confirmed it
+ * accepts the child at the parent, which holds the parent until then (G2).
+ * (hold itself waits for the confirmation: see rref_fns.h.) */
 static int sc_user_to_user(int rank, int world)
 {
     (void)world;
@@ -366,4 +371,176 @@ static int sc_carried(int rank, int world)
 Test(rref, remote_results_carried_or_fetched, .timeout = 120)
 {
     RREF_JOB("rrefcarry", sc_carried, .shutdown_timeout = 60);
+}
+
+/* Control messages are sent once (issue 11, 8c): the rings never lose a
+ * message, so a slow owner must not cause resends. worker0 makes FORKS
+ * RRefs on worker1 and, while worker1's polling thread is stalled (an async
+ * function that blocks it for STALL_MS, as a descheduled or overloaded peer
+ * would be), forks each to worker2 and worker3 (user -> user). The fork
+ * requests wait in worker1's inbox far longer than any retry interval the
+ * protocol used to have (50 ms). Afterwards every RRef is dropped and every
+ * worker's count of control messages sent must be exactly what the
+ * protocol needs, nothing resent:
+ *   worker2, worker3: per fork FORK_REQUEST, CHILD_ACCEPT, USER_DELETE (3 each)
+ *   worker1 (owner):  an ACK per FORK_REQUEST (2 per RRef) and per USER_DELETE (3)
+ *   worker0:          a USER_DELETE per RRef (CHILD_ACCEPTs need no ACK). */
+#define FORKS 12
+#define STALL_MS 300
+
+static int fn_stall(sr_call *c, sr_future **out)
+{
+    sleep_ms(sr_value_int(sr_call_arg(c, 0))); /* on the polling thread: nothing else is read meanwhile */
+    *out = sr_future_new();
+    return *out ? sr_future_set_result(*out, NULL) : -ENOMEM;
+}
+
+static void register_stall_fns(void)
+{
+    register_rref_fns();
+    sr_register_async("stall", fn_stall);
+}
+
+static int ctrl_counts(int64_t sent[WORLD], int64_t *retries)
+{
+    *retries = 0;
+    for (int w = 0; w < WORLD; w++) {
+        sr_value *v = NULL;
+        WCHECK(sr_rpc_sync(w, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+        *retries += sr_value_int(sr_value_list_at(v, 9));
+        sent[w] = sr_value_int(sr_value_list_at(v, 10));
+        sr_value_unref(v);
+    }
+    return 0;
+}
+
+static int sc_sent_once(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_rref *r[FORKS];
+    sr_future *fs[2 * FORKS], *stall = NULL;
+    for (int i = 0; i < FORKS; i++) {
+        sr_value *x = sr_int(i);
+        WCHECK(sr_remote(1, "make_list", SR_ARGS(x), WAIT_S, &r[i]) == 0, "remote: %s", sr_last_error());
+        sr_value_unref(x);
+        if (wait_confirmed(r[i]))
+            return 1;
+    }
+    sr_value *ms = sr_int(STALL_MS);
+    WCHECK(sr_rpc_async(1, "stall", SR_ARGS(ms), WAIT_S, &stall) == 0, "stall: %s", sr_last_error());
+    sr_value_unref(ms);
+    for (int i = 0; i < FORKS; i++) {
+        sr_value *rv = sr_rref_value(r[i]);
+        WCHECK(sr_rpc_async(2, "hold", SR_ARGS(rv), WAIT_S, &fs[2 * i]) == 0 &&
+                   sr_rpc_async(3, "hold", SR_ARGS(rv), WAIT_S, &fs[2 * i + 1]) == 0,
+               "hold: %s", sr_last_error());
+        sr_value_unref(rv);
+    }
+    WCHECK(sr_future_wait_all(fs, 2 * FORKS, NULL) == 0 && sr_future_wait(stall, NULL) == 0, "holds: %s",
+           sr_last_error());
+    for (int i = 0; i < 2 * FORKS; i++)
+        sr_future_unref(fs[i]);
+    sr_future_unref(stall);
+    for (int i = 0; i < FORKS; i++)
+        sr_rref_unref(r[i]);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    sr_value *seed = sr_int(3);
+    for (int w = 2; w <= 3; w++)
+        WCHECK(sr_rpc_sync(w, "drop_held", SR_ARGS(seed), WAIT_S, NULL) == 0, "drop_held: %s", sr_last_error());
+    sr_value_unref(seed);
+    int64_t sent[WORLD], retries;
+    if (ctrl_counts(sent, &retries))
+        return 1;
+    WCHECK(retries == 0, "%lld control messages were sent again", (long long)retries);
+    const int64_t want[WORLD] = {FORKS, 5 * FORKS, 3 * FORKS, 3 * FORKS};
+    for (int w = 0; w < WORLD; w++)
+        WCHECK(sent[w] == want[w], "worker%d sent %lld control messages, want exactly %lld", w, (long long)sent[w],
+               (long long)want[w]);
+    return expect_all_counters_zero("after the stalled forks");
+}
+
+Test(rref, control_messages_sent_once_past_a_stalled_owner, .timeout = 120)
+{
+    rref_scenario = sc_sent_once;
+    RUN_JOB("rrefonce", WORLD, .scenario = fail_fast, .register_fns = register_stall_fns, .shutdown_timeout = 60);
+}
+
+/* A function given a UserRRef by another user runs at once, without waiting
+ * for the owner's ACK (issue 11, 9b: the ACK is bookkeeping, not on the
+ * caller's path). worker1, the owner, is blocked (its polling thread waits
+ * on a pipe that worker0 writes only after its call to worker2 returned):
+ * the call must complete, and see the RRef unconfirmed; the confirmation
+ * follows once the owner runs again. */
+static int release_pipe[2] = {-1, -1}; /* made before the workers fork */
+
+static int fn_block_until_released(sr_call *c, sr_future **out)
+{
+    (void)c;
+    struct pollfd p = {.fd = release_pipe[0], .events = POLLIN};
+    char b;
+    if (poll(&p, 1, (int)(WAIT_S * 1000)) != 1 || read(release_pipe[0], &b, 1) != 1)
+        return sr_call_fail(c, -ETIMEDOUT, "block_until_released: never released");
+    *out = sr_future_new();
+    return *out ? sr_future_set_result(*out, NULL) : -ENOMEM;
+}
+
+/* peek(rref): [confirmed_by_owner] as the function sees it (async: inline). */
+static int fn_peek(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "peek wants an RRef");
+    sr_value *v = sr_int(sr_rref_confirmed_by_owner(r));
+    *out = sr_future_new();
+    int rc = *out && v ? sr_future_set_result(*out, v) : -ENOMEM; /* the future takes its own reference */
+    sr_value_unref(v);
+    return rc;
+}
+
+static void register_release_fns(void)
+{
+    register_rref_fns();
+    sr_register_async("block_until_released", fn_block_until_released);
+    sr_register_async("peek", fn_peek);
+}
+
+static int sc_runs_unconfirmed(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(4), *v = NULL, *seed = sr_int(5);
+    sr_rref *r = NULL;
+    sr_future *blocked = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    if (wait_confirmed(r))
+        return 1;
+    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
+    sr_value *rv = sr_rref_value(r);
+    int rc = sr_rpc_sync(2, "peek", SR_ARGS(rv), 5.0, &v);
+    WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
+    WCHECK(rc == 0, "a call given a user->user RRef waited for its blocked owner: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 0, "the function saw the RRef confirmed while its owner was blocked");
+    WCHECK(sr_future_wait(blocked, NULL) == 0, "block: %s", sr_last_error());
+    sr_future_unref(blocked);
+    sr_value_unref(v);
+    sr_value_unref(rv);
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "worker2 idle: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    sr_value_unref(n);
+    return expect_all_counters_zero("after the unconfirmed call");
+}
+
+Test(rref, function_given_a_user_rref_runs_before_the_owner_answers, .timeout = 120)
+{
+    cr_assert(pipe(release_pipe) == 0);
+    rref_scenario = sc_runs_unconfirmed;
+    RUN_JOB("rrefnowait", WORLD, .scenario = fail_fast, .register_fns = register_release_fns, .shutdown_timeout = 60);
+    close(release_pipe[0]);
+    close(release_pipe[1]);
 }

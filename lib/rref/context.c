@@ -11,7 +11,7 @@
 
 #define LOCAL_ID_MAX ((UINT64_C(1) << 48) - 1)
 
-struct rref_ctx sr__rref_ctx = {.lock = PTHREAD_MUTEX_INITIALIZER, .retry_hint = -1};
+struct rref_ctx sr__rref_ctx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 void sr__rref_lock(void) { pthread_mutex_lock(&sr__rref_ctx.lock); }
 void sr__rref_unlock(void) { pthread_mutex_unlock(&sr__rref_ctx.lock); }
@@ -70,7 +70,7 @@ void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d)
 bool sr__idle_locked(void)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    return !c->pending_users.n && !c->pending_remote && !c->children.n && !c->retries.n;
+    return !c->pending_users.n && !c->pending_remote && !c->children.n && !c->unacked.n;
 }
 
 void sr__idle_check_locked(struct after *d)
@@ -84,8 +84,13 @@ void sr__idle_check_locked(struct after *d)
 
 void sr__after_run(struct after *d)
 {
-    for (int i = 0; i < d->nsend; i++)
-        sr__ctrl_send(d->send[i].to, &d->send[i].m, d->send[i].quiet);
+    for (int i = 0; i < d->nsend; i++) {
+        int rc = sr__ctrl_send(d->send[i].to, &d->send[i].m, d->send[i].quiet);
+        if (rc)
+            sr__ctrl_unsent(d->send[i].to, &d->send[i].m, rc);
+        else
+            sr__ctrl_after_send(d->send[i].to, d->send[i].nudge);
+    }
     /* References go before completions: a thread woken by a completion (a
      * confirmation, idleness) must find every delete they cause queued. */
     for (int i = 0; i < d->nunref; i++)
@@ -94,13 +99,10 @@ void sr__after_run(struct after *d)
         sr_future_set_result(d->complete[i], NULL);
         sr_future_unref(d->complete[i]);
     }
-    if (d->kick)
-        sr__module_kick();
     d->nsend = d->ncomplete = d->nunref = 0;
-    d->kick = false;
 }
 
-int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering)
+int sr__rref_init(int rank, int world, bool ignore_leaks)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
@@ -114,12 +116,8 @@ int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering)
     c->pending_remote = 0;
     /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
     atomic_store_explicit(&c->next_id, 0, memory_order_relaxed);
-    atomic_store_explicit(&c->retry_hint, -1, memory_order_relaxed);
     atomic_store_explicit(&c->deferred, 0, memory_order_relaxed);
-    atomic_store_explicit(&c->resent, 0, memory_order_relaxed);
-    /* Test-only reordering delays messages by up to a few ms: retry sooner,
-     * so that duplicates really happen and their handling is exercised. */
-    c->retry_first_ns = reordering ? 2000000 : 50000000;
+    atomic_store_explicit(&c->sent, 0, memory_order_relaxed);
     /* release: pairs with sr__rref_live's acquire; the fields above are set */
     atomic_store_explicit(&c->live_gen, gen, memory_order_release);
     sr__rref_unlock();
@@ -145,11 +143,12 @@ SR_API int sr_rref_debug_info_get(sr_rref_debug_info *o)
         .num_pending_users = c->pending_users.n + c->pending_remote,
         .num_confirmed_users = c->users.n,
         .num_pending_children = c->children.n,
-        .num_pending_futures = c->retries.n,
+        .num_pending_futures = c->unacked.n,
         .num_tombstones = c->forks.tombs,
         /* relaxed: statistics */
         .num_deferred_calls = atomic_load_explicit(&c->deferred, memory_order_relaxed),
-        .num_retries = atomic_load_explicit(&c->resent, memory_order_relaxed),
+        .num_retries = 0, /* nothing is ever resent (protocol.c) */
+        .num_ctrl_sent = atomic_load_explicit(&c->sent, memory_order_relaxed),
     };
     sr__rref_unlock();
     return 0;

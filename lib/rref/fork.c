@@ -139,7 +139,7 @@ static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
     sr_rref *r = sr__owner_get_or_create_locked(rid, true);
     if (!r)
         return NULL;
-    sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0, true);
+    sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0);
     return sr_rref_ref(r);
 }
 
@@ -157,14 +157,16 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
         sr__map_put(&c->users, fid, r);
         return r;
     }
-    if (!(r->confirm = sr_future_new()) || sr__map_put(&c->pending_users, fid, r)) {
+    bool listed = (r->confirm = sr_future_new()) && !sr__map_put(&c->pending_users, fid, r);
+    if (!listed || sr__ctrl_queue_locked(d, owner, SR_RREF_FORK_REQUEST, rid, fid, 0)) {
+        if (listed)
+            sr__map_del(&c->pending_users, fid);
         r->registered = false;
         atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
         d->unref[d->nunref++] = r;
         return NULL;
     }
     sr_rref_ref(r); /* the pending table's */
-    sr__ctrl_queue_locked(d, owner, SR_RREF_FORK_REQUEST, rid, fid, 0, true);
     return r;
 }
 

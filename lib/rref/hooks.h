@@ -1,8 +1,9 @@
 /* What the RRef module (module.c) plugs into the agent's hooks (internal;
  * lib/rpc/module.h): RRef values in the codec (forks), remote()'s kept
- * results, to_here's fetch, the gate that defers calls whose RRef arguments
- * are not confirmed yet, proxy calls, the control messages and their retry
- * timer, peer death, and the graceful-shutdown steps.
+ * results, to_here's fetch, the gate that defers calls on an owner until its
+ * own RRef arguments have their values, proxy calls, the control messages,
+ * peer death, and the graceful-shutdown steps. No timer: nothing here is
+ * ever due at a time.
  */
 #ifndef SR_RREF_HOOKS_H
 #define SR_RREF_HOOKS_H
@@ -49,9 +50,9 @@ void sr__rref_owner_set(sr_rref *owner, int err, const char *text, sr_value *v);
 /* RREF_FETCH: the owner's value future (a reference), or NULL with code and
  * text when the RRef is known to be deleted. */
 sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *text, size_t len);
-/* NULL when every RRef in args is usable now (users confirmed, owners with
- * their value); else a future (a reference) that completes when they are, or
- * fails (a user that can never be confirmed). */
+/* NULL when every OwnerRRef in args has its value (UserRRefs never wait:
+ * an unconfirmed one is safe to use, see use.c); else a future (a
+ * reference) that completes when they have. */
 sr_future *sr__rref_gate(sr_value *args);
 /* Proxy calls: the local value of the OwnerRRef in arg0 (a new reference),
  * or -errno with sr_last_error() set. */
@@ -61,16 +62,13 @@ void sr__rref_ctrl(const sr_msg *m);
 
 /* ---- agent ------------------------------------------------------------------- */
 
-/* The earliest time a control message may need a retry; -1 if none. */
-int64_t sr__rref_next_deadline(void);
-/* Resend control messages whose acknowledgement is overdue. */
-void sr__rref_tick(void);
-/* A peer died: drop what is owed to it, fail what waited for it. */
+/* A peer died: drop what is owed to it, fail what waited for it (pending
+ * users it was to confirm fail with an error naming it). */
 void sr__rref_peer_died(int rank);
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 
-int sr__rref_init(int rank, int world, bool ignore_leaks, bool reordering);
+int sr__rref_init(int rank, int world, bool ignore_leaks);
 /* Graceful shutdown, after the first barrier: wait until this worker has no
  * pending user or child, then delete every UserRRef on its owner. */
 int sr__rref_shutdown_users(int64_t deadline_ns);

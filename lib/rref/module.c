@@ -141,7 +141,7 @@ static int rref_serve(int caller, uint8_t sub, uint64_t rid, sr_value *args, sr_
 
 static int rref_init(const sr_init_opts *o)
 {
-    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak, sr__rpc_reordering());
+    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak);
 }
 
 static const sr_module rref_module = {
@@ -157,8 +157,6 @@ static const sr_module rref_module = {
     .keep_open = rref_keep_open,
     .keep_set = rref_keep_set,
     .keep_drop = rref_keep_drop,
-    .next_deadline = sr__rref_next_deadline,
-    .tick = sr__rref_tick,
     .peer_died = sr__rref_peer_died,
     .init = rref_init,
     .shutdown_users = sr__rref_shutdown_users,

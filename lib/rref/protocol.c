@@ -1,20 +1,47 @@
-/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE and their
- * ACK, with retries.
+/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, and the
+ * ACK that answers the first and the last.
  *
- * Every control message but the ACK is idempotent and kept in the retry
- * table (token -> message) until its ACK arrives; the progress thread resends
- * overdue ones with exponential backoff (sr__rref_tick). Handlers tolerate
- * duplicates: see forks.h for the owner's side; a duplicate CHILD_ACCEPT finds
- * no pending child, a duplicate ACK no retry entry. A FORK_REQUEST's ACK is
- * also the owner's confirmation of the new user.
+ * Each message is sent exactly once. The rings never lose a message, and a
+ * full inbox is the agent's outgoing queue's business (it waits for space),
+ * so nothing is ever resent and no timer runs for this layer. What remains
+ * of the old retry table is the bookkeeping of messages whose effect this
+ * worker must learn about (`unacked`: token -> struct unacked):
+ *   - FORK_REQUEST: its ACK confirms the pending user (and, from then on,
+ *     the child may accept itself at its parent);
+ *   - USER_DELETE: its ACK says the owner applied the delete, which is what
+ *     sr_rref_wait_idle (and graceful shutdown) wait for.
+ * A CHILD_ACCEPT needs no answer: the parent's own idleness (its pending
+ * child, then its delete) already covers what it causes. So one fork costs
+ * FORK_REQUEST, ACK, CHILD_ACCEPT, and its delete USER_DELETE, ACK.
  *
- * The retry timer: retry_hint is a lower bound on the earliest retry, read
- * without the lock by the progress thread to size its sleep, written only
- * under the lock. Inserting an entry lowers it only if the entry is due
- * sooner (rare: retries are due a fixed interval after their send, so later
- * entries are due later), and then kicks the progress thread to re-arm its
- * timer. The tick recomputes it. So in steady traffic the progress thread
- * wakes about once per retry interval, not once per message.
+ * No call waits for any of these messages: a function given a pending user
+ * runs at once (use.c). A FORK_REQUEST's ACK wakes its receiver (a
+ * confirmation future may wait for it). A USER_DELETE's ACK is only waited
+ * for by sr_rref_wait_idle, so it goes quietly — the deleter reads it when
+ * it next polls, and a worker that dropped an RRef is not woken for it —
+ * unless someone might be waiting:
+ *   - a delete queued while a thread is in sr_rref_wait_idle (idle_waiters,
+ *     read under the lock) asks for a loud ACK;
+ *   - a thread entering sr_rref_wait_idle (idle_waiters++ under the lock,
+ *     then a fence N1) sends a NUDGE to the owner of every delete still
+ *     unacknowledged; the owner answers a NUDGE loudly (an ACK with token
+ *     0) after the ACKs it sent before, so the waiter wakes and finds them;
+ *   - a delete that asked for a quiet ACK is followed, once sent, by a
+ *     fence N2 and a look at idle_waiters: a waiter that appeared since is
+ *     nudged from here too.
+ * N1 pairs with N2 (a Dekker handshake): either the deleter sees the waiter
+ * and nudges after its delete, or the waiter's NUDGE is queued after the
+ * delete (its entry was in the table before the delete was sent). Either
+ * way the owner answers the delete before the NUDGE, and the loud answer to
+ * the NUDGE reaches the waiter after the quiet ACK. (In the reordering test
+ * mode quiet sends are loud, so the order of the two does not matter.)
+ *
+ * A peer that dies takes its answers with it: the peer-death hook (and a
+ * send that finds the peer already dead) drops the entries bound for it and
+ * fails a pending user's confirmation with an error naming the dead rank.
+ * Handlers stay idempotent (forks.h; a CHILD_ACCEPT with no pending child
+ * and an ACK with no entry change nothing), so the reordering test mode and
+ * any future duplicate remain harmless.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -24,28 +51,11 @@
 #include "hooks.h"
 #include "rref_internal.h"
 
-#define RETRY_MAX_NS (1000ll * 1000000)
-#define TICK_BATCH 64
-
-struct retry {
-    sr_msg m;           /* resent as is */
+struct unacked {
     int to;
-    uint8_t kind;       /* enum sr_rref_ctrl */
-    uint32_t sends;     /* copies sent so far */
-    int64_t next_ns, interval_ns;
+    uint8_t kind;       /* enum sr_rref_ctrl: FORK_REQUEST or USER_DELETE */
+    uint64_t rid, fid;
 };
-
-/* Lock held. True if the hint moved earlier. */
-static bool lower_hint_locked(int64_t t)
-{
-    struct rref_ctx *c = &sr__rref_ctx;
-    /* relaxed: written only under the lock; readers treat it as a hint */
-    int64_t h = atomic_load_explicit(&c->retry_hint, memory_order_relaxed);
-    if (h >= 0 && h <= t)
-        return false;
-    atomic_store_explicit(&c->retry_hint, t, memory_order_relaxed);
-    return true;
-}
 
 static sr_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uint64_t fid, uint64_t extra)
 {
@@ -55,99 +65,157 @@ static sr_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uin
     return m;
 }
 
+static void queue_send(struct after *d, int to, sr_msg m, bool quiet, bool nudge)
+{
+    d->send[d->nsend].to = to;
+    d->send[d->nsend].quiet = quiet;
+    d->send[d->nsend].nudge = nudge;
+    d->send[d->nsend++].m = m;
+}
+
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
-                          uint64_t extra, bool retry)
+                          uint64_t extra)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     uint64_t token = 0;
-    struct retry *e = retry ? malloc(sizeof(*e)) : NULL;
-    if (e) {
-        token = c->next_token++;
-        int64_t now = sr_now_coarse_ns(); /* a retry is due tens of ms later: a few ms of error do not matter */
-        *e = (struct retry){.to = to, .kind = (uint8_t)kind, .sends = 1, .next_ns = now + c->retry_first_ns,
-                            .interval_ns = c->retry_first_ns};
-        e->m = ctrl_msg(kind, token, rid, fid, extra);
-        if (sr__map_put(&c->retries, token, e)) { /* no memory: sent once, without the safety net */
+    if (kind == SR_RREF_FORK_REQUEST || kind == SR_RREF_USER_DELETE) {
+        struct unacked *e = malloc(sizeof(*e));
+        if (e)
+            *e = (struct unacked){.to = to, .kind = (uint8_t)kind, .rid = rid, .fid = fid};
+        if (e && !sr__map_put(&c->unacked, c->next_token, e)) {
+            token = c->next_token++;
+        } else {
             free(e);
-            e = NULL;
-            token = 0;
-        } else if (lower_hint_locked(e->next_ns)) {
-            d->kick = true;
+            /* A delete still goes, untracked: applied, only not waited for. A
+             * fork request without its entry could never confirm its user. */
+            if (kind == SR_RREF_FORK_REQUEST)
+                return sr__fail(-ENOMEM, "sr_rref", "worker%d: out of memory tracking a fork request to worker%d",
+                                c->rank, to);
         }
     }
-    d->send[d->nsend].to = to;
-    d->send[d->nsend].quiet = false;
-    d->send[d->nsend++].m = ctrl_msg(kind, token, rid, fid, extra);
+    /* relaxed: written under the lock we hold (++) or only lowered (--) */
+    bool quiet_ack = kind == SR_RREF_USER_DELETE && token &&
+                     !atomic_load_explicit(&c->idle_waiters, memory_order_relaxed);
+    queue_send(d, to, ctrl_msg(kind, token, rid, fid, extra | (quiet_ack ? SR_DELETE_QUIET_ACK : 0)), false,
+               quiet_ack);
     return 0;
 }
 
-/* Counted for graceful shutdown's quiescence waves by the agent; a dead
- * peer's message never arrives, and its retry entry goes with the peer. */
-int sr__ctrl_send(int to, sr_msg *m, bool quiet) { return sr__module_send(to, m, quiet); }
-
-/* The ACK of a FORK_REQUEST confirms a user that a function may be waiting
- * on: it wakes its receiver. Other ACKs only cancel a retry, so they go
- * quietly: the receiver reads them when it next polls, and its retry timer
- * polls before it resends (agent.c). This keeps a user that dropped an RRef
- * from being woken for the acknowledgement of its delete. */
-static void queue_ack(struct after *d, int to, uint64_t token, bool quiet)
+/* Counted for graceful shutdown's quiescence waves by the agent; the
+ * statistics leave out nudges and their answers (they depend on timing). */
+int sr__ctrl_send(int to, sr_msg *m, bool quiet)
 {
-    if (!token)
-        return; /* sent without a retry entry: nobody waits for the ACK */
-    d->send[d->nsend].to = to;
-    d->send[d->nsend].quiet = quiet;
-    d->send[d->nsend++].m = ctrl_msg(SR_RREF_ACK, token, 0, 0, 0);
+    struct sr_wire w = sr_wire_get(m);
+    int rc = sr__module_send(to, m, quiet);
+    if (!rc && w.ctrl != SR_RREF_NUDGE && (w.ctrl != SR_RREF_ACK || w.call_id))
+        /* relaxed: statistics */
+        atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
+    return rc;
+}
+
+void sr__ctrl_nudge(int to)
+{
+    sr_msg m = ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0);
+    sr__ctrl_send(to, &m, false); /* a dead owner: its entries go with it (peer-death hook) */
+}
+
+void sr__ctrl_after_send(int to, bool nudge)
+{
+    if (!nudge)
+        return;
+    /* N2: pairs with N1 in sr_rref_wait_idle (see the header comment) */
+    atomic_thread_fence(memory_order_seq_cst);
+    /* relaxed: ordered by N2 */
+    if (atomic_load_explicit(&sr__rref_ctx.idle_waiters, memory_order_relaxed))
+        sr__ctrl_nudge(to);
+}
+
+void sr__unacked_delete_owners_locked(bool *mark, int world)
+{
+    size_t pos = 0;
+    uint64_t token;
+    void *p;
+    while (sr__map_next(&sr__rref_ctx.unacked, &pos, &token, &p)) {
+        struct unacked *e = p;
+        if (e->kind == SR_RREF_USER_DELETE && e->to >= 0 && e->to < world)
+            mark[e->to] = true;
+    }
+}
+
+/* err: 0, or the -errno that kept the receiver from applying the message
+ * (no memory for a fork or a tombstone): the sender then settles its entry
+ * with that error instead of waiting for ever. */
+static void queue_ack(struct after *d, int to, uint64_t token, int err, bool quiet)
+{
+    if (token) /* 0: the sender tracks nothing, so it wants no answer */
+        queue_send(d, to, ctrl_msg(SR_RREF_ACK, token, (uint64_t)(int64_t)err, 0, 0), quiet, false);
 }
 
 /* ---- handlers --------------------------------------------------------------------- */
 
+/* The request may overtake the REMOTE_CALL that creates the RRef: the
+ * OwnerRRef is then created awaiting its value, as a fetch would, so that
+ * the user it confirms finds it (a confirmed user's fetch for an unknown
+ * RRef is answered "deleted"). */
 static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
 {
     enum sr_fork_add res;
-    if (sr__forks_add(&sr__rref_ctx.forks, w->p.args.a, w->p.args.b, &res))
-        return; /* no memory: no ACK, so the user asks again later */
-    queue_ack(d, src, w->call_id, false);
+    uint64_t rid = w->p.args.a;
+    int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
+    if (!rc)
+        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->p.args.b, &res);
+    if (rc)
+        sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
+    queue_ack(d, src, w->call_id, rc, false);
 }
 
-static void on_child_accept(const struct sr_wire *w, int src, struct after *d)
+/* Not acknowledged: the child tracks nothing (see the header comment). */
+static void on_child_accept(const struct sr_wire *w, struct after *d)
 {
     sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
     if (parent) /* G2: the child is known to the owner; the parent may go */
         d->unref[d->nunref++] = parent;
-    queue_ack(d, src, w->call_id, true);
 }
 
 static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
 {
     enum sr_fork_del res;
     uint64_t rid = w->p.args.a, extra = w->p.args.c;
-    if (sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 1), extra & 1, &res))
-        return; /* no memory for the tombstone: no ACK, the user sends it again */
-    sr__owner_maybe_erase_locked(rid, d);
-    queue_ack(d, src, w->call_id, true);
+    int rc = sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 2), extra & 1, &res);
+    if (!rc)
+        sr__owner_maybe_erase_locked(rid, d);
+    queue_ack(d, src, w->call_id, rc, (extra & SR_DELETE_QUIET_ACK) != 0);
 }
 
 /* The owner acknowledged a FORK_REQUEST: the user is confirmed, and tells
  * its parent (CHILD_ACCEPT), which may then drop its hold (G2). */
-static void finish_fork_request(const struct retry *e, struct after *d)
+static void finish_fork_request(const struct unacked *e, int err, struct after *d, sr_rref **failed)
 {
-    struct sr_wire w = sr_wire_get(&e->m);
-    uint64_t rid = w.p.args.a, fid = w.p.args.b;
-    sr_rref *r = sr__map_get(&sr__rref_ctx.pending_users, fid);
+    sr_rref *r = sr__map_get(&sr__rref_ctx.pending_users, e->fid);
     if (!r)
         return;
-    r->adds_sent = e->sends;
-    sr__ctrl_queue_locked(d, SR_RREF_ID_RANK(fid), SR_RREF_CHILD_ACCEPT, rid, fid, 0, true);
+    if (err) { /* the owner could not register it: the user fails (its delete would find nothing) */
+        atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
+        *failed = sr_rref_ref(r);
+        sr__user_resolve_locked(r, false, d);
+        return;
+    }
+    r->adds_sent = 1;
+    sr__ctrl_queue_locked(d, SR_RREF_ID_RANK(e->fid), SR_RREF_CHILD_ACCEPT, e->rid, e->fid, 0);
     sr__user_resolve_locked(r, true, d);
 }
 
-static void on_ack(const struct sr_wire *w, struct after *d)
+static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **failed)
 {
-    struct retry *e = sr__map_del(&sr__rref_ctx.retries, w->call_id);
+    struct unacked *e = sr__map_del(&sr__rref_ctx.unacked, w->call_id);
+    int err = (int)(int64_t)w->p.args.a;
     if (!e)
-        return; /* a duplicate ACK (its message was retried) */
+        return; /* a duplicate ACK: nothing waits for it */
     if (e->kind == SR_RREF_FORK_REQUEST)
-        finish_fork_request(e, d);
+        finish_fork_request(e, err, d, failed);
+    else if (err)
+        fprintf(stderr, "worker%d: the owner worker%d could not apply the delete of fork %llx: %s\n",
+                sr__rref_ctx.rank, src, (unsigned long long)e->fid, sr_strerror(err));
     free(e);
 }
 
@@ -156,6 +224,7 @@ void sr__rref_ctrl(const sr_msg *m)
     struct sr_wire w = sr_wire_get(m);
     struct after d;
     sr__after_init(&d);
+    sr_rref *failed = NULL;
     sr__rref_lock();
     if (!sr__rref_ctx.active) {
         sr__rref_unlock();
@@ -163,68 +232,53 @@ void sr__rref_ctrl(const sr_msg *m)
     }
     switch (w.ctrl) {
     case SR_RREF_FORK_REQUEST: on_fork_request(&w, m->src, &d); break;
-    case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, m->src, &d); break;
+    case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, &d); break;
     case SR_RREF_USER_DELETE: on_user_delete(&w, m->src, &d); break;
-    case SR_RREF_ACK: on_ack(&w, &d); break;
+    case SR_RREF_ACK: on_ack(&w, m->src, &d, &failed); break;
+    case SR_RREF_NUDGE: /* loudly, after every ACK this worker sent the nudger before */
+        queue_send(&d, m->src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
+        break;
     default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", sr__rref_ctx.rank, w.ctrl,
                      m->src);
     }
     sr__idle_check_locked(&d);
     sr__rref_unlock();
+    if (failed && failed->confirm)
+        sr_future_set_error(failed->confirm, (int)(int64_t)w.p.args.a,
+                            "worker%d: the owner worker%u could not register the fork: %s", sr__rref_ctx.rank, m->src,
+                            sr_strerror((int)(int64_t)w.p.args.a));
+    sr_rref_unref(failed);
     sr__after_run(&d);
 }
 
-/* ---- retries -------------------------------------------------------------------- */
+/* ---- peers that die ----------------------------------------------------------------- */
 
-int64_t sr__rref_next_deadline(void)
-{
-    /* relaxed: a hint for the progress thread's sleep; the table holds the truth */
-    return atomic_load_explicit(&sr__rref_ctx.retry_hint, memory_order_relaxed);
-}
-
-/* Copy out up to TICK_BATCH overdue messages and reschedule them. Lock held. */
-static int collect_due_locked(int64_t now, sr_msg *out, int *to)
+/* Drop the entry `token` (bound for `rank`, which died): a pending user that
+ * asked that owner fails, naming it. Lock held; the confirmation to fail
+ * comes back in *failed (a reference). */
+static void drop_entry_locked(uint64_t token, struct after *d, sr_rref **failed)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    size_t pos = 0;
-    uint64_t token;
-    void *p;
-    int n = 0;
-    int64_t next = -1;
-    while (sr__map_next(&c->retries, &pos, &token, &p)) {
-        struct retry *e = p;
-        if (e->next_ns <= now && n < TICK_BATCH) {
-            out[n] = e->m;
-            to[n++] = e->to;
-            e->sends++;
-            e->interval_ns = e->interval_ns * 2 < RETRY_MAX_NS ? e->interval_ns * 2 : RETRY_MAX_NS;
-            e->next_ns = now + e->interval_ns;
-        }
-        if (next < 0 || e->next_ns < next)
-            next = e->next_ns;
+    struct unacked *e = sr__map_del(&c->unacked, token);
+    sr_rref *r = e && e->kind == SR_RREF_FORK_REQUEST ? sr__map_get(&c->pending_users, e->fid) : NULL;
+    if (r) { /* never confirmed: nothing to delete on a dead owner */
+        atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
+        *failed = sr_rref_ref(r);
+        sr__user_resolve_locked(r, false, d);
     }
-    /* relaxed: written under the lock; see the header comment */
-    atomic_store_explicit(&c->retry_hint, next, memory_order_relaxed);
-    return n;
+    free(e);
 }
 
-void sr__rref_tick(void)
+static void fail_confirm(sr_rref *r, int rank)
 {
-    int64_t hint = sr__rref_next_deadline(), now;
-    if (hint < 0 || (now = sr_now_ns()) < hint) /* the clock only when a retry is pending */
-        return;
-    sr_msg msgs[TICK_BATCH];
-    int to[TICK_BATCH];
-    sr__rref_lock();
-    int n = sr__rref_ctx.active ? collect_due_locked(now, msgs, to) : 0;
-    sr__rref_unlock();
-    for (int i = 0; i < n; i++)
-        sr__ctrl_send(to[i], &msgs[i], false);
-    /* relaxed: statistics */
-    atomic_fetch_add_explicit(&sr__rref_ctx.resent, (uint64_t)n, memory_order_relaxed);
+    char s[96];
+    if (r && r->confirm)
+        sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner worker%d of %s died before confirming it",
+                            sr__rref_ctx.rank, rank, sr_rref_str(r, s, sizeof(s)));
+    sr_rref_unref(r);
 }
 
-/* Drop one retry entry bound for rank; false when none is left. */
+/* Drop one entry bound for rank; false when none is left. */
 static bool drop_one_for(int rank)
 {
     struct rref_ctx *c = &sr__rref_ctx;
@@ -236,26 +290,12 @@ static bool drop_one_for(int rank)
     void *p;
     bool found = false;
     sr__rref_lock();
-    while (!found && sr__map_next(&c->retries, &pos, &token, &p)) {
-        struct retry *e = p;
-        if (e->to != rank)
-            continue;
-        found = true;
-        sr__map_del(&c->retries, token);
-        struct sr_wire w = sr_wire_get(&e->m);
-        sr_rref *r = e->kind == SR_RREF_FORK_REQUEST ? sr__map_get(&c->pending_users, w.p.args.b) : NULL;
-        if (r) { /* never confirmed: nothing to delete on a dead owner */
-            atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
-            failed = sr_rref_ref(r);
-            sr__user_resolve_locked(r, false, &d);
-        }
-        free(e);
-    }
+    while (!found && sr__map_next(&c->unacked, &pos, &token, &p))
+        if ((found = ((struct unacked *)p)->to == rank))
+            drop_entry_locked(token, &d, &failed);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
-    if (failed && failed->confirm)
-        sr_future_set_error(failed->confirm, -EPIPE, "worker%d: the owner worker%d of this RRef died", c->rank, rank);
-    sr_rref_unref(failed);
+    fail_confirm(failed, rank);
     sr__after_run(&d);
     return found;
 }
@@ -264,4 +304,27 @@ void sr__rref_peer_died(int rank)
 {
     while (drop_one_for(rank))
         ;
+}
+
+/* A message that could not be sent (its destination is dead, or no memory
+ * to queue it): what waits for its answer is settled now, as if the peer
+ * had died, so no entry outlives a peer-death hook that already ran. */
+void sr__ctrl_unsent(int to, const sr_msg *m, int err)
+{
+    struct sr_wire w = sr_wire_get(m);
+    struct after d;
+    sr__after_init(&d);
+    sr_rref *failed = NULL;
+    if (err != -EPIPE) /* a dead peer's messages are dropped silently: its death is reported */
+        fprintf(stderr, "worker%d: an RRef control message (kind %u) to worker%d could not be sent: %s\n",
+                sr__rref_ctx.rank, w.ctrl, to, sr_last_error());
+    if (!w.call_id || w.ctrl == SR_RREF_ACK)
+        return; /* nothing here waits for it */
+    sr__rref_lock();
+    if (sr__rref_ctx.active)
+        drop_entry_locked(w.call_id, &d, &failed);
+    sr__idle_check_locked(&d);
+    sr__rref_unlock();
+    fail_confirm(failed, to);
+    sr__after_run(&d);
 }

@@ -79,7 +79,7 @@ void sr__user_delete_locked(sr_rref *r, struct after *d)
     /* relaxed: written under the lock we hold */
     bool confirmed = atomic_load_explicit(&r->confirmed, memory_order_relaxed);
     sr__ctrl_queue_locked(d, r->owner, SR_RREF_USER_DELETE, r->rref_id, r->fork_id,
-                          (uint64_t)r->adds_sent << 1 | confirmed, true);
+                          (uint64_t)r->adds_sent << 2 | confirmed);
 }
 
 void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d)

@@ -25,16 +25,22 @@
 #include "rpc/wire.h"
 #include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
 
-/* The RRef module's raw message: control messages, idempotent, retried until
- * acknowledged. struct sr_wire carries them: call_id = the sender's retry
- * token (echoed by ACK), ctrl = the kind, p.args = {rref_id, fork_id, extra}. */
+/* The RRef module's raw message: control messages, idempotent, each sent
+ * once (protocol.c). struct sr_wire carries them: call_id = the sender's
+ * token when it wants an ACK (echoed by the ACK; 0: none), ctrl = the kind,
+ * p.args = {rref_id, fork_id, extra}. */
 #define SR_MSG_RREF_CTRL SR_MSG_MODULE_TYPE(SR_MOD_RREF, 0)
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
     SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
-    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: adds_sent << 1 | confirmed) */
-    SR_RREF_ACK = 4,          /* answer to any of the above: call_id = the token */
+    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: SR_DELETE_QUIET_ACK below) */
+    SR_RREF_ACK = 4,          /* answer to a FORK_REQUEST or USER_DELETE: call_id = the token,
+                                 args.a = 0 or the -errno that kept the owner from applying it;
+                                 token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
+    SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
 };
+/* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
+#define SR_DELETE_QUIET_ACK UINT64_C(2)
 /* Module requests (tag = the rref id): to_here's fetch; CONFIRMED says the
  * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
  * rather than not yet created. */
@@ -81,20 +87,19 @@ struct rref_ctx {
     _Atomic uint64_t live_gen; /* gen while active, 0 after fini: the lock-free liveness check */
     int rank, world;         /* written at init */
     _Atomic uint64_t next_id;    /* the GUID counter (RRef and fork ids) */
-    uint64_t next_token;         /* lock: retry tokens */
+    uint64_t next_token;         /* lock: ACK tokens */
     sr_u64map owners;            /* rref_id -> OwnerRRef (a reference): forked, or awaiting its creating call */
     sr_fork_table forks;         /* the owner's view of its users */
     sr_u64map pending_users;     /* fork_id -> sr_rref * (reference): received users asking their owner */
     uint32_t pending_remote;     /* lock: remote() users awaiting their REMOTE_RET (held by the call) */
     sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
-    sr_u64map retries;           /* token -> struct retry * */
+    sr_u64map unacked;           /* token -> struct unacked * (protocol.c): messages awaiting their ACK */
     uint32_t awaiting;           /* lock: owners with awaiting set */
-    sr_future *idle;             /* lock: completed when pending users, children and retries are all gone */
-    _Atomic int64_t retry_hint;  /* a lower bound on the next retry; -1: none (see protocol.c) */
-    int64_t retry_first_ns;      /* first retry interval (written at init) */
+    sr_future *idle;             /* lock: completed when pending users, children and unacked are all gone */
     _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
-    _Atomic uint64_t resent;     /* statistics: retries sent */
+    _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included, nudges not) */
+    _Atomic uint32_t idle_waiters; /* threads in sr_rref_wait_idle; ++ under the lock, -- anywhere */
 };
 
 extern struct rref_ctx sr__rref_ctx;
@@ -108,17 +113,16 @@ struct after {
     int ncomplete;
     struct {
         int to;
-        bool quiet; /* wakes nobody: an acknowledgement only a retry timer waits for */
+        bool quiet;  /* an ACK the deleter allowed to be quiet */
+        bool nudge;  /* a delete whose ACK may come quietly: nudge if a waiter appeared meanwhile */
         sr_msg m;
     } send[AFTER_MAX];
     int nsend;
-    bool kick;   /* a retry deadline was lowered: wake the progress thread to re-arm its timer */
 };
 /* Only the counts: zeroing the arrays would cost more than the work. */
 static inline void sr__after_init(struct after *d)
 {
     d->nunref = d->ncomplete = d->nsend = 0;
-    d->kick = false;
 }
 void sr__after_run(struct after *d);
 
@@ -158,12 +162,23 @@ void sr__rref_set_create_error(sr_rref *r, int err, const char *msg);
  * sr__idle_check_locked once its own updates are done. */
 void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
 
-/* protocol.c: queue a control message (lock held); retried until acknowledged
- * when retry is true. The first send happens in sr__after_run. */
+/* protocol.c: queue a control message (lock held), sent once by
+ * sr__after_run. A FORK_REQUEST or USER_DELETE is tracked until its ACK.
+ * 0, or -ENOMEM for a FORK_REQUEST that cannot be tracked (then not sent;
+ * a delete that cannot be tracked is sent untracked). */
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
-                          uint64_t extra, bool retry);
-/* Send one message now, counted for quiescence (quietly: see sr__agent_send_quiet). */
+                          uint64_t extra);
+/* Send one message now, counted for quiescence (quiet: wakes nobody). */
 int sr__ctrl_send(int to, sr_msg *m, bool quiet);
+/* After a send (d->send[i]) that may get a quiet answer: if a thread began
+ * waiting for idleness meanwhile, nudge the destination. */
+void sr__ctrl_after_send(int to, bool nudge);
+/* A loud NUDGE: the owner answers it loudly after its earlier ACKs. */
+void sr__ctrl_nudge(int to);
+/* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
+void sr__unacked_delete_owners_locked(bool *mark, int world);
+/* A message sr__ctrl_send refused (err): settle what waited for its answer. */
+void sr__ctrl_unsent(int to, const sr_msg *m, int err);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 

@@ -133,12 +133,12 @@ int sr__rref_shutdown_check(void)
     char msg[480];
     size_t leaks = report_leaks(c->rank, msg, sizeof(msg));
     sr__rref_lock();
-    size_t users = c->pending_users.n, children = c->children.n, retries = c->retries.n;
+    size_t users = c->pending_users.n, children = c->children.n, unacked = c->unacked.n;
     bool ignore = c->ignore_leaks;
     sr__rref_unlock();
-    if (users || children || retries)
+    if (users || children || unacked)
         fprintf(stderr, "worker%d: sr_shutdown: after quiescence, %zu pending users, %zu pending children and %zu "
-                        "unacknowledged RRef messages remain\n", c->rank, users, children, retries);
+                        "unacknowledged RRef messages remain\n", c->rank, users, children, unacked);
     if (leaks && !ignore)
         return sr__fail(-EBUSY, "sr_shutdown", "%s", msg);
     return 0;
@@ -178,15 +178,14 @@ void sr__rref_fini(void)
     sr__rref_lock();
     c->active = false;
     atomic_store_explicit(&c->live_gen, 0, memory_order_relaxed); /* relaxed: only ends liveness */
-    sr_u64map owners = c->owners, pending = c->pending_users, children = c->children, retries = c->retries;
+    sr_u64map owners = c->owners, pending = c->pending_users, children = c->children, unacked = c->unacked;
     sr_fork_table forks = c->forks;
     sr_future *idle = c->idle;
     sr__map_free(&c->users); /* weak references */
-    c->owners = c->pending_users = c->children = c->retries = (sr_u64map){0};
+    c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};
     c->idle = NULL;
     c->awaiting = 0;
-    atomic_store_explicit(&c->retry_hint, -1, memory_order_relaxed); /* relaxed: under the lock */
     sr__rref_unlock();
     /* Outside the lock: these may run destructors that drop more RRefs. */
     if (idle) {
@@ -199,8 +198,8 @@ void sr__rref_fini(void)
     size_t pos = 0;
     uint64_t k;
     void *p;
-    while (sr__map_next(&retries, &pos, &k, &p))
+    while (sr__map_next(&unacked, &pos, &k, &p))
         free(p);
-    sr__map_free(&retries);
+    sr__map_free(&unacked);
     sr__forks_free(&forks);
 }

@@ -1,6 +1,12 @@
 /* Using RRefs: to_here and its owner side (RREF_FETCH), local_value, the
- * gate that defers a call until its RRef arguments are confirmed, and
- * waiting for the worker's RRef traffic to settle. */
+ * gate that defers a call on the owner until the values of its own RRef
+ * arguments are set, and waiting for the worker's RRef traffic to settle.
+ *
+ * A call is never deferred on a UserRRef's confirmation: a user received
+ * from another user is safe to use before its owner confirms it (its
+ * parent's hold, G2, keeps the OwnerRRef alive; its delete waits for the
+ * confirmation in pending_users), so its function runs at once and the
+ * owner's ACK is bookkeeping nobody's call waits for (docs/RREF.md). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -202,25 +208,14 @@ int sr__rref_proxy_value(const sr_value *arg0, sr_value **out)
 
 /* ---- the gate ----------------------------------------------------------------------- */
 
-struct gate;
-
-struct gate_item {
-    struct gate *g;
-    bool must_succeed; /* a user's confirmation; an owner's value may be an error */
-};
-
 struct gate {
-    _Atomic uint32_t left; /* items not finished yet; the last one frees the gate */
+    _Atomic uint32_t left; /* values not set yet; the last one frees the gate */
     sr_future *agg;
-    struct gate_item items[];
 };
 
-static void gate_finish(struct gate_item *it, int err, const char *msg)
+static void gate_finish(struct gate *g)
 {
-    struct gate *g = it->g;
-    if (err)
-        sr__future_fail_text(g->agg, err, msg); /* the first error wins */
-    /* acq_rel: the last one must see the others' outcomes before completing */
+    /* acq_rel: the last one completes the gate after every other item finished */
     if (atomic_fetch_sub_explicit(&g->left, 1, memory_order_acq_rel) != 1)
         return;
     sr_future_set_result(g->agg, NULL); /* -EALREADY if an error came first */
@@ -230,37 +225,32 @@ static void gate_finish(struct gate_item *it, int err, const char *msg)
     atomic_fetch_sub_explicit(&sr__rref_ctx.deferred, 1, memory_order_relaxed);
 }
 
+/* An owner's value may be an error: the function still runs (and sees it). */
 static void gate_done(sr_future *f, void *p)
 {
-    struct gate_item *it = p;
-    int err = it->must_succeed ? sr_future_value(f, NULL) : 0;
-    gate_finish(it, err, err ? sr_last_error() : NULL);
+    (void)f;
+    gate_finish(p);
 }
 
 static void gate_drop(void *p)
 {
-    gate_finish(p, -SR_ESHUTDOWN, "the RRef argument went away before it was confirmed");
+    struct gate *g = p;
+    sr__future_fail_text(g->agg, -SR_ESHUTDOWN, "the RRef argument went away before its value was set");
+    gate_finish(g);
 }
 
 struct waits {
     sr_future *f[16];
-    bool must[16];
     size_t n;
 };
 
+/* OwnerRRefs among the arguments whose value is not set yet. */
 static void collect(const sr_value *v, struct waits *w)
 {
     sr_rref *r = sr_value_rref(v);
     if (r) {
-        sr_future *f = NULL;
-        if (!r->is_owner && r->confirm && !sr_rref_confirmed_by_owner(r) && !sr_future_done(r->confirm))
-            f = r->confirm;
-        else if (r->is_owner && !sr_future_done(r->value))
-            f = r->value;
-        if (f && w->n < 16) { /* more are collected again once these are ready */
-            w->must[w->n] = !r->is_owner;
-            w->f[w->n++] = f;
-        }
+        if (r->is_owner && !sr_future_done(r->value) && w->n < 16) /* more are collected again later */
+            w->f[w->n++] = r->value;
         return;
     }
     for (size_t i = 0; i < sr_value_list_len(v); i++)
@@ -273,7 +263,7 @@ sr_future *sr__rref_gate(sr_value *args)
     collect(args, &w);
     if (!w.n)
         return NULL;
-    struct gate *g = malloc(sizeof(*g) + w.n * sizeof(g->items[0]));
+    struct gate *g = malloc(sizeof(*g));
     sr_future *agg = sr_future_new();
     if (!g || !agg) { /* no memory to wait without a thread: fail the call rather than block */
         free(g);
@@ -285,20 +275,21 @@ sr_future *sr__rref_gate(sr_value *args)
     atomic_init(&g->left, (uint32_t)w.n);
     /* relaxed: statistics */
     atomic_fetch_add_explicit(&sr__rref_ctx.deferred, 1, memory_order_relaxed);
-    for (size_t i = 0; i < w.n; i++) {
-        g->items[i] = (struct gate_item){.g = g, .must_succeed = w.must[i]};
-        if (sr__future_on_done(w.f[i], gate_done, gate_drop, &g->items[i]))
-            gate_finish(&g->items[i], -ENOMEM, sr_last_error());
-    }
+    for (size_t i = 0; i < w.n; i++)
+        if (sr__future_on_done(w.f[i], gate_done, gate_drop, g)) {
+            sr__future_fail_text(g->agg, -ENOMEM, sr_last_error());
+            gate_finish(g);
+        }
     return agg;
 }
 
 /* ---- waiting for quiet -------------------------------------------------------------- */
 
-SR_API int sr_rref_wait_idle(double timeout_s)
+/* One round: 0 when idle now, 1 after waiting for the idle future once
+ * (the caller checks again), or -errno. */
+static int wait_idle_once(int64_t deadline)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    int64_t ms, deadline = sr__rref_deadline(timeout_s > 0 ? timeout_s : 0, &ms);
     sr__rref_lock();
     if (!c->active) {
         sr__rref_unlock();
@@ -318,9 +309,54 @@ SR_API int sr_rref_wait_idle(double timeout_s)
     if (!rc)
         rc = sr_future_value(f, NULL);
     sr_future_unref(f);
+    return rc ? rc : 1;
+}
+
+/* Count this thread among the idle waiters, so that later deletes ask for
+ * a loud ACK, and nudge the owners of earlier ones, whose ACKs may come
+ * quietly (protocol.c). 0, or -errno (then not counted). */
+static int nudge_owners(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    int world = c->world;
+    bool *mark = c->active ? calloc((size_t)world, sizeof(*mark)) : NULL;
+    if (mark) {
+        /* relaxed: under the lock, which orders it with the deletes queued (read under it) */
+        atomic_fetch_add_explicit(&c->idle_waiters, 1, memory_order_relaxed);
+        sr__unacked_delete_owners_locked(mark, world);
+    }
+    bool active = c->active;
+    sr__rref_unlock();
+    if (!mark)
+        return active ? sr__fail(-ENOMEM, "sr_rref_wait_idle", "out of memory")
+                      : sr__fail(-SR_ESHUTDOWN, "sr_rref_wait_idle", "RPC has not been initialized. Call sr_init first.");
+    /* N1: pairs with N2 in sr__ctrl_after_send (protocol.c) */
+    atomic_thread_fence(memory_order_seq_cst);
+    for (int r = 0; r < world; r++)
+        if (mark[r])
+            sr__ctrl_nudge(r);
+    free(mark);
+    return 0;
+}
+
+SR_API int sr_rref_wait_idle(double timeout_s)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    int64_t ms, deadline = sr__rref_deadline(timeout_s > 0 ? timeout_s : 0, &ms);
+    /* Again after each completion: the idle future is completed from a
+     * handler's deferred work, after which an unref it ran (a parent whose
+     * child was accepted) may have queued a delete: not idle after all. */
+    int rc = nudge_owners();
+    if (rc)
+        return rc;
+    while ((rc = wait_idle_once(deadline)) == 1)
+        ;
+    /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
+    atomic_fetch_sub_explicit(&c->idle_waiters, 1, memory_order_relaxed);
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
-        size_t u = c->pending_users.n, ch = c->children.n, re = c->retries.n;
+        size_t u = c->pending_users.n, ch = c->children.n, re = c->unacked.n;
         sr__rref_unlock();
         return sr__fail(rc, "sr_rref_wait_idle",
                         "still %zu pending users, %zu pending children and %zu unacknowledged messages after %" PRId64

@@ -128,7 +128,8 @@ typedef struct sr_rref_debug_info {
     uint64_t num_pending_futures;  /* control messages sent and not yet acknowledged */
     uint64_t num_tombstones;       /* deletes that arrived before the fork they delete */
     uint64_t num_deferred_calls;   /* calls waiting for their RRef arguments to be confirmed */
-    uint64_t num_retries;          /* control messages sent again (total) */
+    uint64_t num_retries;          /* control messages sent again: always 0 (nothing is resent) */
+    uint64_t num_ctrl_sent;        /* control messages sent (FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, ACK) */
 } sr_rref_debug_info;
 
 SR_API int sr_rref_debug_info_get(sr_rref_debug_info *out);
