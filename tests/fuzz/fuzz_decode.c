@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "fuzz_env.h"
@@ -31,12 +32,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* FUZZ_TRACE=1: print what each decode answered (to check that the seeds
  * reach the paths they were made for). */
 static bool trace;
+/* Where the oracles report: stderr as it was at start (run_fuzz.sh's timed
+ * run has libFuzzer close stderr, to silence the library's messages about
+ * the bad input; libFuzzer itself initialises us before it does that). */
+static FILE *report;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     trace = getenv("FUZZ_TRACE") != NULL;
+    int fd = dup(2);
+    report = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!report)
+        report = stderr;
+    setvbuf(report, NULL, _IONBF, 0); /* written just before an abort */
     fz_env_init();
     return 0;
 }
@@ -60,7 +70,7 @@ static void check_round_trip(const sr_value *list, const uint8_t *buf, size_t le
     uint8_t *out = size > 0 ? malloc((size_t)size) : NULL;
     if (size != (int64_t)len || !out || sr_codec_encode(n, items, 0, out, (size_t)size) != size ||
         memcmp(out, buf, len)) {
-        fprintf(stderr, "fuzz_decode: a plain list of %zu bytes re-encodes to %lld different bytes (%s)\n", len,
+        fprintf(report, "fuzz_decode: a plain list of %zu bytes re-encodes to %lld different bytes (%s)\n", len,
                 (long long)size, sr_last_error());
         abort();
     }
@@ -81,7 +91,7 @@ static void check_tensor(sr_tensor *t)
         last += (__int128)(t->shape[i] - 1) * t->strides[i];
     __int128 end = (last + 1) * (__int128)sr_dtype_size(t->dtype);
     if (t->offset < 0 || end > (__int128)sr_block_size(t->storage->block)) {
-        fprintf(stderr, "fuzz_decode: a decoded tensor %s%s reaches byte %lld of its %zu-byte block\n",
+        fprintf(report, "fuzz_decode: a decoded tensor %s%s reaches byte %lld of its %zu-byte block\n",
                 sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, repr), (long long)end,
                 sr_block_size(t->storage->block));
         abort();
@@ -107,11 +117,11 @@ static void values(const uint8_t *buf, size_t len)
     int rc = sr_codec_decode(buf, len, &list);
     if (trace) {
         char repr[96];
-        fprintf(stderr, "fuzz_decode: %zu bytes: %d %s\n", len, rc,
+        fprintf(report, "fuzz_decode: %zu bytes: %d %s\n", len, rc,
                 rc ? sr_last_error() : sr_value_repr(sr_value_list_at(list, 0), repr, sizeof(repr)));
     }
     if (rc && rc != -EBADMSG && rc != -ENOMEM) {
-        fprintf(stderr, "fuzz_decode: sr_codec_decode returned %d (%s)\n", rc, sr_last_error());
+        fprintf(report, "fuzz_decode: sr_codec_decode returned %d (%s)\n", rc, sr_last_error());
         abort();
     }
     if (!rc)
