@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dist_autograd/context.h"
 #include "error.h"
 #include "heap.h"
 #include "rpc/codec.h"
@@ -25,6 +26,7 @@ static uint64_t offs[FZ_NBLOCKS];
 static int nblocks;
 static sr_segment seg;
 static sr_rref *owner_rref; /* this input's OwnerRRef (rref id 0, forked once: fork id 1) */
+static sr_dctx *dctx;       /* this input's distributed autograd context */
 static sr_rref *user_rref;  /* this input's UserRRef of rank 1's rref (1,5), forked once: child (0,2) */
 
 #define MARK_BLOCK(i) (UINT64_C(0xF0F0B10C00000000) | (uint64_t)(i))
@@ -85,6 +87,8 @@ void fz_env_init(void)
     fz.tensors[0] = counting(SR_F32, 2, (int64_t[]){2, 3});
     fz.tensors[1] = sr_t(fz.tensors[0]);
     fz.tensors[2] = counting(SR_F64, 1, (int64_t[]){4});
+    if (fz.tensors[2])
+        fz.tensors[2]->requires_grad = true; /* a leaf: received, it gets a recv function */
     fz.tensors[3] = counting(SR_I64, 2, (int64_t[]){3, 2});
     for (int i = 0; i < FZ_NTENSORS; i++) {
         if (!fz.tensors[i])
@@ -128,6 +132,9 @@ void fz_iter_begin(void)
     if (sr__rref_from_wire(FZ_USER_RID, FZ_USER_FID, 1, &user_rref))
         die("sr__rref_from_wire");
     fork_once(user_rref);
+    if (sr__dctx_container_init(0, FZ_WORLD) || sr__dctx_new(&dctx))
+        die("the distributed autograd context");
+    fz.dctx_id = dctx->id;
     if (!sr__inflight_count(fz.object) && sr__inflight_add(sr_value_ref(fz.object)))
         die("sr__inflight_add");
 }
@@ -138,6 +145,9 @@ void fz_iter_end(void)
     sr_rref_unref(user_rref);
     owner_rref = user_rref = NULL;
     sr__rref_fini();
+    sr__dctx_unref(dctx);
+    dctx = NULL;
+    sr__dctx_container_fini();
     top_up();
 }
 

@@ -14,7 +14,10 @@
  *     of rank 1's rref (1,5) (fork id (1,6)) forked once (child (0,2)): an
  *     input that names them reaches the owner's and the parent's paths, one
  *     naming other ids the user's. Messages the RRef layer sends fail at
- *     once (no agent), which it tolerates.
+ *     once (no agent), which it tolerates;
+ *   - a distributed autograd context, also around every input, so that a
+ *     result's autograd extension naming it records its tensors (the f64
+ *     fixture requires grad).
  *
  * Markers. What differs from run to run (the pid, the object's address, the
  * blocks' offsets, which depend on the heap's layout) is written into the
@@ -50,6 +53,7 @@ struct fz_env {
     sr_tensor *tensors[FZ_NTENSORS]; /* f32[2,3], its transpose, f64[4], i64[3,2] */
     sr_value *object;                /* type "Net" */
     uint64_t payload_off;            /* the payload block */
+    int64_t dctx_id;                 /* this input's distributed autograd context */
 };
 extern struct fz_env fz;
 

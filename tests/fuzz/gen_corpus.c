@@ -211,7 +211,10 @@ static size_t payload(uint8_t *p, const uint8_t *ext, size_t elen, const char *f
 static void message_seeds(void)
 {
     uint8_t p[4096];
-    static const uint8_t da_ext[] = {1, SR_MOD_DIST_AUTOGRAD, 16, 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0};
+    uint8_t da_ext[3 + 16] = {1, SR_MOD_DIST_AUTOGRAD, 16};
+    int64_t msg_id = 9;
+    memcpy(da_ext + 3, &fz.dctx_id, 8); /* the context, then the message id */
+    memcpy(da_ext + 11, &msg_id, 8);
     static const uint8_t proxy_ext[] = {1, SR_MOD_RREF, 1, SR_RREF_EXT_PROXY};
     size_t n;
 
@@ -249,7 +252,7 @@ static void message_seeds(void)
     n = payload(p, NULL, 0, "", 1, r42, 0);
     msg_seed("msg-resp-inline", SR_MSG_RESP, (struct sr_wire){.call_id = 7}, p, n);
 
-    sr_value *rt[] = {tensor(1)};
+    sr_value *rt[] = {tensor(2)};
     n = payload(p, da_ext, sizeof(da_ext), "", 1, rt, 0);
     msg_seed("msg-resp-block-ext", SR_MSG_RESP, (struct sr_wire){.call_id = 8, .flags = SR_WIRE_EXT}, p, n);
 
