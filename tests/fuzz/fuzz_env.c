@@ -9,10 +9,12 @@
 #include "dist_autograd/context.h"
 #include "error.h"
 #include "heap.h"
+#include "job/job.h"
 #include "rpc/codec.h"
 #include "rpc/inflight.h"
 #include "rref/hooks.h"
 #include "segment.h"
+#include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"
 #include "tensor/tensor_impl.h"
 
@@ -75,15 +77,9 @@ static void top_up(void)
 
 static void nop_destroy(void *p) { (void)p; }
 
-void fz_env_init(void)
+/* Fixtures in whichever heap this process has attached. */
+static void fixtures(void)
 {
-    char name[40];
-    snprintf(name, sizeof(name), "fuzz-%d", (int)getpid());
-    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
-    if (sr_segment_create(&o, &seg))
-        die("sr_segment_create");
-    if (sr_heap_attach(&seg, 0))
-        die("sr_heap_attach");
     fz.tensors[0] = counting(SR_F32, 2, (int64_t[]){2, 3});
     fz.tensors[1] = sr_t(fz.tensors[0]);
     fz.tensors[2] = counting(SR_F64, 1, (int64_t[]){4});
@@ -105,6 +101,41 @@ void fz_env_init(void)
     if (!fz.object)
         die("sr_object");
 }
+
+void fz_env_init(void)
+{
+    char name[40];
+    snprintf(name, sizeof(name), "fuzz-%d", (int)getpid());
+    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    if (sr_segment_create(&o, &seg))
+        die("sr_segment_create");
+    if (sr_heap_attach(&seg, 0))
+        die("sr_heap_attach");
+    fixtures();
+}
+
+void fz_env_init_agent(void)
+{
+    static sr_job job;
+    char name[40];
+    snprintf(name, sizeof(name), "fuzz-agent-%d", (int)getpid());
+    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    if (sr__job_create(&job, &o, "fuzz"))
+        die("sr__job_create");
+    sr__launch_env_set(&(struct sr_launch_env){.fd = job.seg.fd, .rank = 0, .world_size = 1});
+    sr_init_opts io = {.ignore_rref_leak = true};
+    if (sr_init(&io))
+        die("sr_init");
+    fixtures();
+}
+
+void fz_objects_in_flight(void)
+{
+    if (!sr__inflight_count(fz.object) && sr__inflight_add(sr_value_ref(fz.object)))
+        die("sr__inflight_add");
+}
+
+void fz_top_up(void) { top_up(); }
 
 uint8_t *fz_payload(void) { return sr_block_data(blocks[nblocks - 1]); }
 
@@ -135,8 +166,7 @@ void fz_iter_begin(void)
     if (sr__dctx_container_init(0, FZ_WORLD) || sr__dctx_new(&dctx))
         die("the distributed autograd context");
     fz.dctx_id = dctx->id;
-    if (!sr__inflight_count(fz.object) && sr__inflight_add(sr_value_ref(fz.object)))
-        die("sr__inflight_add");
+    fz_objects_in_flight();
 }
 
 void fz_iter_end(void)

@@ -57,8 +57,17 @@ struct fz_env {
 };
 extern struct fz_env fz;
 
-/* Once per process; exits with a message on failure. */
+/* Once per process; exits with a message on failure. fz_env_init: the world
+ * above (fuzz_decode.c). fz_env_init_agent: instead of the bare heap and
+ * the per-input RRef and autograd contexts, a one-worker job whose RPC agent
+ * runs in this process (sr_init: progress thread, executors, every module),
+ * with the same fixtures in its heap (fuzz_dispatch.c). */
 void fz_env_init(void);
+void fz_env_init_agent(void);
+/* The object in flight once, and the fixture blocks' references topped up
+ * (what fz_iter_begin and fz_iter_end do besides the contexts). */
+void fz_objects_in_flight(void);
+void fz_top_up(void);
 /* Around every input: the RRef round, the object in flight, the block
  * references topped up. */
 void fz_iter_begin(void);

@@ -3,7 +3,9 @@
  * (fuzz_env.h), wrapped in the input format of fuzz_decode.c, with what
  * varies between runs replaced by markers (fz_mark). Run by hand after a
  * change of the wire format:
- *   ./dev fuzz-corpus    (or build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus)
+ *   ./dev fuzz-corpus
+ * (build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus tests/fuzz/corpus-dispatch). Messages
+ * also go to the dispatch corpus, without the mode byte.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -17,21 +19,30 @@
 #include "rpc/wire.h"
 #include "rref/rref_internal.h"
 
-static const char *dir;
+static const char *dir, *dispatch_dir;
 
-static void write_seed(const char *name, uint8_t mode, const uint8_t *body, size_t len)
+static void write_file(const char *d, const char *name, const uint8_t *buf, size_t len)
 {
     char path[512];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    snprintf(path, sizeof(path), "%s/%s", d, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) {
+        fprintf(stderr, "gen_corpus: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+/* A seed for fuzz_decode (mode byte first); a message is also one for
+ * fuzz_dispatch (no mode byte). */
+static void write_seed(const char *name, uint8_t mode, const uint8_t *body, size_t len)
+{
     uint8_t *buf = malloc(len + 1);
     buf[0] = mode;
     memcpy(buf + 1, body, len);
     fz_mark(buf + 1, len);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(buf, 1, len + 1, f) != len + 1 || fclose(f)) {
-        fprintf(stderr, "gen_corpus: cannot write %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
+    write_file(dir, name, buf, len + 1);
+    if (mode == FZ_MSG)
+        write_file(dispatch_dir, name, buf + 1, len);
     free(buf);
 }
 
@@ -260,6 +271,17 @@ static void message_seeds(void)
     n = payload(p, NULL, 0, "", 1, kept, 0);
     msg_seed("msg-keep-ret-value", SR_MSG_KEEP_RET, (struct sr_wire){.call_id = 9, .flags = SR_WIRE_VALUE}, p, n);
 
+    /* Found by fuzz_dispatch: a second request naming the autograd message
+     * id of msg-req-block-ext leaked the first one's recv function, and a
+     * module request for a module id past the table read beyond it. */
+    sr_value *again[] = {tensor(2)};
+    n = payload(p, da_ext, sizeof(da_ext), "echo", 1, again, 0);
+    msg_seed("regress-autograd-message-id-twice", SR_MSG_REQ,
+             (struct sr_wire){.call_id = 11, .name_len = 4, .flags = SR_WIRE_EXT}, p, n);
+    n = payload(p, NULL, 0, "", 0, NULL, 0);
+    msg_seed("regress-mod-req-unknown-module", SR_MSG_MOD_REQ,
+             (struct sr_wire){.call_id = 12, .ctrl = 7, .name_len = 1, .tag = 0}, p, n);
+
     const char *err = "Error on Node 1: something went wrong far away";
     msg_seed("msg-err", SR_MSG_ERR, (struct sr_wire){.call_id = 10, .code = -EINVAL}, (const uint8_t *)err,
              strlen(err));
@@ -284,11 +306,12 @@ static void ctrl_seeds(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR\n", argv[0]);
         return 2;
     }
     dir = argv[1];
+    dispatch_dir = argv[2];
     fz_env_init();
     fz_iter_begin();
     value_seeds();
