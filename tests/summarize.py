@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Sum every test that ran in the given meson build directories.
+"""Sum every test that ran in the given meson build directories (./dev test:
+build, build-asan and build-fuzz, whose suite 'fuzz' is the decoder fuzzer's
+corpus replay and timed run: one test each).
 
 Each Criterion binary prints a 'Synthesis' line; its counts are added up.
 A meson test without one (a crash, a timeout, a non-Criterion test) counts

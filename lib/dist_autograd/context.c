@@ -121,11 +121,19 @@ size_t sr__dctx_known(sr_dctx *c, int *ranks, size_t cap)
     return n;
 }
 
+/* Message ids are unique per worker (rank-prefixed), so a second function
+ * under one id is a duplicated or forged message: it is refused, and the
+ * first stays (replacing it would drop the map's reference unreleased). */
 int sr__dctx_add_fn(sr_dctx *c, bool send, int64_t msg_id, sr_node *fn)
 {
+    struct sr_idmap *m = send ? &c->send : &c->recv;
     pthread_mutex_lock(&c->lock);
-    int rc = sr__idmap_put(send ? &c->send : &c->recv, (uint64_t)msg_id + 1, sr__node_ref(fn));
+    bool dup = sr__idmap_get(m, (uint64_t)msg_id + 1) != NULL;
+    int rc = dup ? 0 : sr__idmap_put(m, (uint64_t)msg_id + 1, sr__node_ref(fn));
     pthread_mutex_unlock(&c->lock);
+    if (dup)
+        return sr__fail(-EBADMSG, "sr_rpc", "autograd message id %lld is recorded twice in context %lld",
+                        (long long)msg_id, (long long)c->id);
     if (rc) {
         sr__node_unref(fn);
         return sr__fail(-ENOMEM, "sr_rpc", "out of memory recording an autograd function");

@@ -236,7 +236,8 @@ static void modules_exit(struct sr_call *c)
 /* A module request: the module's serve gives the future of the answer. */
 static int serve_module(struct sr_call *c, sr_future **f)
 {
-    const sr_module *m = sr__modules[c->module];
+    /* c->module is SR_MOD_MAX for a module id past the table (decode_request) */
+    const sr_module *m = c->module < SR_MOD_MAX ? sr__modules[c->module] : NULL;
     if (!m || !m->serve)
         return sr_call_fail(c, -ENOENT, "worker%d has no module %d to serve a request", c->a->rank, c->module);
     return m->serve(c->caller, c->sub, c->tag, c->args, f);

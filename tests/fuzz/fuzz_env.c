@@ -1,0 +1,232 @@
+/* The fuzzer's in-process world. See fuzz_env.h. */
+#include "fuzz_env.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dist_autograd/context.h"
+#include "error.h"
+#include "heap.h"
+#include "job/job.h"
+#include "rpc/codec.h"
+#include "rpc/inflight.h"
+#include "rref/hooks.h"
+#include "segment.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/rref.h"
+#include "tensor/tensor_impl.h"
+
+struct fz_env fz;
+
+/* Every fixture block: the tensors' storages (the transpose shares the
+ * first), then the payload block. */
+#define FZ_NBLOCKS (FZ_NTENSORS + 1)
+static sr_block *blocks[FZ_NBLOCKS];
+static uint64_t offs[FZ_NBLOCKS];
+static int nblocks;
+static sr_segment seg;
+static sr_rref *owner_rref; /* this input's OwnerRRef (rref id 0, forked once: fork id 1) */
+static sr_dctx *dctx;       /* this input's distributed autograd context */
+static sr_rref *user_rref;  /* this input's UserRRef of rank 1's rref (1,5), forked once: child (0,2) */
+
+#define MARK_BLOCK(i) (UINT64_C(0xF0F0B10C00000000) | (uint64_t)(i))
+#define MARK_OBJECT UINT64_C(0xF0F00B1EC7000000)
+#define MARK_PID UINT32_C(0xF0F0D1D0)
+
+static void die(const char *what)
+{
+    fprintf(stderr, "fuzz_env: %s: %s\n", what, sr_last_error());
+    exit(1);
+}
+
+static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape)
+{
+    sr_tensor *t = sr_empty(dt, nd, shape, 0);
+    if (!t)
+        die("sr_empty");
+    size_t n = sr_tensor_numel(t);
+    void *p = sr_tensor_mutable_data(t);
+    for (size_t i = 0; i < n; i++) {
+        if (dt == SR_F32)
+            ((float *)p)[i] = (float)i + 0.5f;
+        else if (dt == SR_F64)
+            ((double *)p)[i] = (double)i + 0.5;
+        else
+            ((int64_t *)p)[i] = (int64_t)i;
+    }
+    return t;
+}
+
+static void add_block(sr_block *b)
+{
+    for (int i = 0; i < nblocks; i++)
+        if (blocks[i] == b)
+            return;
+    blocks[nblocks] = b;
+    offs[nblocks++] = sr_block_to_off(b);
+}
+
+static void top_up(void)
+{
+    for (int i = 0; i < nblocks; i++)
+        while (sr_block_refcount(blocks[i]) < FZ_BLOCK_REFS)
+            sr_block_ref(blocks[i]);
+}
+
+static void nop_destroy(void *p) { (void)p; }
+
+/* Fixtures in whichever heap this process has attached. */
+static void fixtures(void)
+{
+    fz.tensors[0] = counting(SR_F32, 2, (int64_t[]){2, 3});
+    fz.tensors[1] = sr_t(fz.tensors[0]);
+    fz.tensors[2] = counting(SR_F64, 1, (int64_t[]){4});
+    if (fz.tensors[2])
+        fz.tensors[2]->requires_grad = true; /* a leaf: received, it gets a recv function */
+    fz.tensors[3] = counting(SR_I64, 2, (int64_t[]){3, 2});
+    for (int i = 0; i < FZ_NTENSORS; i++) {
+        if (!fz.tensors[i])
+            die("a fixture tensor");
+        add_block(fz.tensors[i]->storage->block);
+    }
+    sr_block *p = sr_block_alloc(FZ_PAYLOAD_BYTES);
+    if (!p)
+        die("sr_block_alloc");
+    add_block(p);
+    fz.payload_off = sr_block_to_off(p);
+    top_up();
+    fz.object = sr_object(&fz, nop_destroy, "Net");
+    if (!fz.object)
+        die("sr_object");
+}
+
+void fz_env_init(void)
+{
+    char name[40];
+    snprintf(name, sizeof(name), "fuzz-%d", (int)getpid());
+    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    if (sr_segment_create(&o, &seg))
+        die("sr_segment_create");
+    if (sr_heap_attach(&seg, 0))
+        die("sr_heap_attach");
+    fixtures();
+}
+
+void fz_env_init_agent(void)
+{
+    static sr_job job;
+    char name[40];
+    snprintf(name, sizeof(name), "fuzz-agent-%d", (int)getpid());
+    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    if (sr__job_create(&job, &o, "fuzz"))
+        die("sr__job_create");
+    sr__launch_env_set(&(struct sr_launch_env){.fd = job.seg.fd, .rank = 0, .world_size = 1});
+    sr_init_opts io = {.ignore_rref_leak = true};
+    if (sr_init(&io))
+        die("sr_init");
+    fixtures();
+}
+
+void fz_objects_in_flight(void)
+{
+    if (!sr__inflight_count(fz.object) && sr__inflight_add(sr_value_ref(fz.object)))
+        die("sr__inflight_add");
+}
+
+void fz_top_up(void) { top_up(); }
+
+uint8_t *fz_payload(void) { return sr_block_data(blocks[nblocks - 1]); }
+
+/* Fork r once, as an encode for a send does. */
+static void fork_once(sr_rref *r)
+{
+    sr_value *v = sr_rref_value(r), *one[1] = {v};
+    uint8_t buf[64];
+    if (!v || sr_codec_encode(1, one, 0, buf, sizeof(buf)) < 0)
+        die("encoding a fixture RRef");
+    sr_value_unref(v);
+}
+
+void fz_iter_begin(void)
+{
+    if (sr__rref_init(0, FZ_WORLD, true))
+        die("sr__rref_init");
+    sr_value *seven = sr_int(7);
+    if (!seven || sr_rref_create(seven, &owner_rref))
+        die("sr_rref_create");
+    sr_value_unref(seven); /* the RRef's value holds its own reference */
+    fork_once(owner_rref); /* fork id (0,1) */
+    /* A user received from its owner (confirmed at once), then passed on:
+     * a child (0,2) waiting for the owner's CHILD_ACCEPT. */
+    if (sr__rref_from_wire(FZ_USER_RID, FZ_USER_FID, 1, &user_rref))
+        die("sr__rref_from_wire");
+    fork_once(user_rref);
+    if (sr__dctx_container_init(0, FZ_WORLD) || sr__dctx_new(&dctx))
+        die("the distributed autograd context");
+    fz.dctx_id = dctx->id;
+    fz_objects_in_flight();
+}
+
+void fz_iter_end(void)
+{
+    sr_rref_unref(owner_rref);
+    sr_rref_unref(user_rref);
+    owner_rref = user_rref = NULL;
+    sr__rref_fini();
+    sr__dctx_unref(dctx);
+    dctx = NULL;
+    sr__dctx_container_fini();
+    top_up();
+}
+
+/* Replace every 8-byte `from[i]` by `to[i]`, and the 4-byte pid `pfrom` by `pto`. */
+static void swap_words(uint8_t *buf, size_t len, const uint64_t *from, const uint64_t *to, int n, uint32_t pfrom,
+                       uint32_t pto)
+{
+    for (size_t i = 0; i + 4 <= len; i++) {
+        uint64_t w8 = 0;
+        uint32_t w4;
+        memcpy(&w4, buf + i, 4);
+        if (i + 8 <= len)
+            memcpy(&w8, buf + i, 8);
+        for (int k = 0; i + 8 <= len && k < n; k++) {
+            if (w8 == from[k]) {
+                memcpy(buf + i, &to[k], 8);
+                i += 7;
+                goto next;
+            }
+        }
+        if (w4 == pfrom) {
+            memcpy(buf + i, &pto, 4);
+            i += 3;
+        }
+    next:;
+    }
+}
+
+static int word_tables(uint64_t *real, uint64_t *mark)
+{
+    for (int i = 0; i < nblocks; i++) {
+        real[i] = offs[i];
+        mark[i] = MARK_BLOCK(i);
+    }
+    real[nblocks] = (uint64_t)(uintptr_t)fz.object;
+    mark[nblocks] = MARK_OBJECT;
+    return nblocks + 1;
+}
+
+void fz_mark(uint8_t *buf, size_t len)
+{
+    uint64_t real[FZ_NBLOCKS + 1], mark[FZ_NBLOCKS + 1];
+    int n = word_tables(real, mark);
+    swap_words(buf, len, real, mark, n, (uint32_t)getpid(), MARK_PID);
+}
+
+void fz_unmark(uint8_t *buf, size_t len)
+{
+    uint64_t real[FZ_NBLOCKS + 1], mark[FZ_NBLOCKS + 1];
+    int n = word_tables(real, mark);
+    swap_words(buf, len, mark, real, n, MARK_PID, (uint32_t)getpid());
+}

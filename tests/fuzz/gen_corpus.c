@@ -1,0 +1,323 @@
+/* Writes the decoder fuzzer's seed corpus (tests/fuzz/corpus/) from real
+ * encodings: values encoded by sr_codec_encode in the fuzzer's own world
+ * (fuzz_env.h), wrapped in the input format of fuzz_decode.c, with what
+ * varies between runs replaced by markers (fz_mark). Run by hand after a
+ * change of the wire format:
+ *   ./dev fuzz-corpus
+ * (build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus tests/fuzz/corpus-dispatch). Messages
+ * also go to the dispatch corpus, without the mode byte.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fuzz_env.h"
+#include "rpc/codec.h"
+#include "rpc/module.h"
+#include "rpc/wire.h"
+#include "rref/rref_internal.h"
+
+static const char *dir, *dispatch_dir;
+
+static void write_file(const char *d, const char *name, const uint8_t *buf, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", d, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(buf, 1, len, f) != len || fclose(f)) {
+        fprintf(stderr, "gen_corpus: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+}
+
+/* A seed for fuzz_decode (mode byte first); a message is also one for
+ * fuzz_dispatch (no mode byte). */
+static void write_seed(const char *name, uint8_t mode, const uint8_t *body, size_t len)
+{
+    uint8_t *buf = malloc(len + 1);
+    buf[0] = mode;
+    memcpy(buf + 1, body, len);
+    fz_mark(buf + 1, len);
+    write_file(dir, name, buf, len + 1);
+    if (mode == FZ_MSG)
+        write_file(dispatch_dir, name, buf + 1, len);
+    free(buf);
+}
+
+/* Encode n values (taking their references) into *len bytes; self_call lets
+ * objects through. The encoding's references are released again, so the
+ * world stays as it was. */
+static uint8_t *encode(size_t n, sr_value **vals, int self_call, size_t *len)
+{
+    int64_t size = sr_codec_size(n, vals, self_call);
+    uint8_t *buf = size > 0 ? malloc((size_t)size) : NULL;
+    if (!buf || sr_codec_encode(n, vals, self_call, buf, (size_t)size) != size) {
+        fprintf(stderr, "gen_corpus: encode: %s\n", sr_last_error());
+        exit(1);
+    }
+    sr_codec_release(buf, (size_t)size);
+    for (size_t i = 0; i < n; i++)
+        sr_value_unref(vals[i]);
+    *len = (size_t)size;
+    return buf;
+}
+
+static sr_value *tensor(int i) { return sr_tensor_value(fz.tensors[i]); }
+
+static sr_value *strv(const char *s) { return sr_str(s); }
+
+/* A raw RRef value: kind tag, rref id, fork id, owner (module.c's layout). */
+static size_t rref_wire(uint8_t *p, uint64_t rid, uint64_t fid, unsigned owner)
+{
+    p[0] = SR_KIND_RREF;
+    for (int i = 0; i < 8; i++) {
+        p[1 + i] = (uint8_t)(rid >> (8 * i));
+        p[9 + i] = (uint8_t)(fid >> (8 * i));
+    }
+    p[17] = (uint8_t)owner;
+    p[18] = (uint8_t)(owner >> 8);
+    return 19;
+}
+
+static uint64_t rid_of(int rank, uint64_t local) { return (uint64_t)rank << 48 | local; }
+
+static void value_seeds(void)
+{
+    size_t len;
+    uint8_t *b;
+    static const uint8_t raw[] = {0, 1, 2, 255};
+    sr_value *scalars[] = {sr_none(), sr_bool(true), sr_bool(false), sr_int(-1), sr_int(INT64_MAX),
+                           sr_double(1.5), strv("abc"), strv(""), sr_bytes(raw, sizeof(raw))};
+    b = encode(sizeof(scalars) / sizeof(scalars[0]), scalars, 0, &len);
+    write_seed("values-scalars", FZ_VALUES, b, len);
+    free(b);
+
+    sr_value *inner[] = {sr_int(2), sr_list(0, NULL)};
+    sr_value *mid[] = {sr_int(1), sr_list(2, inner)};
+    sr_value_unref(inner[0]), sr_value_unref(inner[1]);
+    sr_value *nested[] = {sr_list(2, mid), strv("x")};
+    sr_value_unref(mid[0]), sr_value_unref(mid[1]);
+    b = encode(2, nested, 0, &len);
+    write_seed("values-nested-lists", FZ_VALUES, b, len);
+    free(b);
+
+    b = encode(0, NULL, 0, &len);
+    write_seed("values-empty", FZ_VALUES, b, len);
+    free(b);
+
+    static const char *tnames[FZ_NTENSORS] = {"f32", "f32-transposed", "f64", "i64"};
+    for (int i = 0; i < FZ_NTENSORS; i++) {
+        char name[64];
+        sr_value *one[1] = {tensor(i)};
+        b = encode(1, one, 0, &len);
+        snprintf(name, sizeof(name), "values-tensor-%s", tnames[i]);
+        write_seed(name, FZ_VALUES, b, len);
+        snprintf(name, sizeof(name), "release-tensor-%s", tnames[i]);
+        write_seed(name, FZ_RELEASE, b, len);
+        free(b);
+    }
+
+    sr_value *objs[] = {sr_value_ref(fz.object), sr_int(3)};
+    b = encode(2, objs, 1, &len);
+    write_seed("values-object", FZ_VALUES, b, len);
+    write_seed("release-object", FZ_RELEASE, b, len);
+    free(b);
+
+    /* Sent twice, in flight once in the harness: the second is forged. */
+    sr_value *twice[] = {sr_value_ref(fz.object), sr_value_ref(fz.object)};
+    b = encode(2, twice, 1, &len);
+    write_seed("values-object-twice", FZ_VALUES, b, len);
+    free(b);
+
+    /* 32 nested lists decode; a 33rd is too deep. */
+    for (int depth = 32; depth <= 33; depth++) {
+        uint8_t deep[4 + 33 * 5 + 1] = {1, 0, 0, 0};
+        size_t n = 4;
+        for (int k = 0; k < depth; k++) {
+            deep[n++] = SR_KIND_LIST;
+            deep[n++] = 1, deep[n++] = 0, deep[n++] = 0, deep[n++] = 0;
+        }
+        deep[n++] = SR_KIND_NONE;
+        char name[64];
+        snprintf(name, sizeof(name), "values-lists-%d-deep", depth);
+        write_seed(name, FZ_VALUES, deep, n);
+    }
+
+    sr_value *in_list[] = {strv("w"), sr_value_ref(fz.object)};
+    sr_value *mixed[] = {tensor(0), sr_list(2, in_list), sr_double(-0.0), tensor(3)};
+    sr_value_unref(in_list[0]), sr_value_unref(in_list[1]);
+    b = encode(4, mixed, 1, &len);
+    write_seed("values-mixed", FZ_VALUES, b, len);
+    free(b);
+}
+
+/* RRefs: this worker's own (rref id 0, fork id 1, see fuzz_env.h), a user
+ * from its owner, a user from a third worker, and a child arriving at the
+ * owner from another worker. */
+static void rref_seeds(void)
+{
+    static const struct {
+        const char *name;
+        int rid_rank, fid_rank;
+        uint64_t rid_local, fid_local;
+        unsigned owner;
+    } rrefs[] = {
+        {"own-fork", 0, 0, 0, 1, 0},
+        {"user-from-owner", 1, 1, 5, 6, 1},
+        {"user-from-third", 1, 2, 5, 9, 1},
+        {"child-at-owner", 0, 2, 0, 3, 0},
+    };
+    for (size_t i = 0; i < sizeof(rrefs) / sizeof(rrefs[0]); i++) {
+        uint8_t b[4 + 19 + 9] = {2, 0, 0, 0};
+        size_t n = 4 + rref_wire(b + 4, rid_of(rrefs[i].rid_rank, rrefs[i].rid_local),
+                                 rid_of(rrefs[i].fid_rank, rrefs[i].fid_local), rrefs[i].owner);
+        b[n++] = SR_KIND_INT;
+        for (int k = 0; k < 8; k++)
+            b[n++] = (uint8_t)k;
+        char name[64];
+        snprintf(name, sizeof(name), "values-rref-%s", rrefs[i].name);
+        write_seed(name, FZ_VALUES, b, n);
+        snprintf(name, sizeof(name), "release-rref-%s", rrefs[i].name);
+        write_seed(name, FZ_RELEASE, b, n);
+    }
+}
+
+/* A message: the type, the slot (header and inline payload), then the
+ * payload block's bytes when the payload does not fit inline. */
+static void msg_seed(const char *name, uint16_t type, struct sr_wire w, const uint8_t *payload, size_t len)
+{
+    uint8_t buf[1 + FZ_SLOT_BYTES + 4096] = {0};
+    buf[0] = (uint8_t)type;
+    w.len = (uint32_t)len;
+    if (len > SR_WIRE_INLINE) {
+        w.flags |= SR_WIRE_BLOCK;
+        w.p.block_off = fz.payload_off;
+        memcpy(buf + 1 + FZ_SLOT_BYTES, payload, len);
+    } else {
+        memcpy(w.p.inl, payload, len);
+        len = 0;
+    }
+    memcpy(buf + 1, &w, sizeof(w));
+    write_seed(name, FZ_MSG, buf, 1 + FZ_SLOT_BYTES + len);
+}
+
+/* ext (NULL: none), then the name, then the encoded values. */
+static size_t payload(uint8_t *p, const uint8_t *ext, size_t elen, const char *fn, size_t n, sr_value **vals, int self)
+{
+    size_t len, at = 0;
+    if (elen) {
+        memcpy(p, ext, elen);
+        at += elen;
+    }
+    memcpy(p + at, fn, strlen(fn));
+    at += strlen(fn);
+    uint8_t *b = encode(n, vals, self, &len);
+    memcpy(p + at, b, len);
+    free(b);
+    return at + len;
+}
+
+static void message_seeds(void)
+{
+    uint8_t p[4096];
+    uint8_t da_ext[3 + 16] = {1, SR_MOD_DIST_AUTOGRAD, 16};
+    int64_t msg_id = 9;
+    memcpy(da_ext + 3, &fz.dctx_id, 8); /* the context, then the message id */
+    memcpy(da_ext + 11, &msg_id, 8);
+    static const uint8_t proxy_ext[] = {1, SR_MOD_RREF, 1, SR_RREF_EXT_PROXY};
+    size_t n;
+
+    sr_value *five[] = {sr_int(5)};
+    n = payload(p, NULL, 0, "echo", 1, five, 0);
+    msg_seed("msg-req-inline", SR_MSG_REQ, (struct sr_wire){.call_id = 1, .name_len = 4}, p, n);
+
+    sr_value *two[] = {tensor(0), tensor(2)};
+    n = payload(p, da_ext, sizeof(da_ext), "add", 2, two, 0);
+    msg_seed("msg-req-block-ext", SR_MSG_REQ, (struct sr_wire){.call_id = 2, .name_len = 3, .flags = SR_WIRE_EXT}, p,
+             n);
+
+    sr_value *targs[] = {tensor(1), strv("unused argument of an unknown function")};
+    n = payload(p, NULL, 0, "?nosuch", 2, targs, 0);
+    msg_seed("msg-req-unknown-fn", SR_MSG_REQ, (struct sr_wire){.call_id = 3, .name_len = 7}, p, n);
+
+    uint8_t rb[4 + 19] = {1, 0, 0, 0};
+    size_t rn = 4 + rref_wire(rb + 4, rid_of(0, 0), rid_of(0, 1), 0);
+    memcpy(p, proxy_ext, sizeof(proxy_ext));
+    memcpy(p + sizeof(proxy_ext), "method", 6);
+    memcpy(p + sizeof(proxy_ext) + 6, rb, rn);
+    msg_seed("msg-req-rref-proxy", SR_MSG_REQ, (struct sr_wire){.call_id = 4, .name_len = 6, .flags = SR_WIRE_EXT},
+             p, sizeof(proxy_ext) + 6 + rn);
+
+    n = payload(p, NULL, 0, "", 0, NULL, 0);
+    msg_seed("msg-mod-req-fetch", SR_MSG_MOD_REQ,
+             (struct sr_wire){.call_id = 5, .ctrl = SR_MOD_RREF, .name_len = SR_RREF_FETCH, .tag = 0}, p, n);
+
+    sr_value *kargs[] = {sr_int(9), strv("keep")};
+    n = payload(p, NULL, 0, "make", 2, kargs, 0);
+    msg_seed("msg-keep-call", SR_MSG_KEEP_CALL,
+             (struct sr_wire){.call_id = 6, .ctrl = SR_MOD_RREF, .name_len = 4, .tag = rid_of(0, 7)}, p, n);
+
+    sr_value *r42[] = {sr_int(42)};
+    n = payload(p, NULL, 0, "", 1, r42, 0);
+    msg_seed("msg-resp-inline", SR_MSG_RESP, (struct sr_wire){.call_id = 7}, p, n);
+
+    sr_value *rt[] = {tensor(2)};
+    n = payload(p, da_ext, sizeof(da_ext), "", 1, rt, 0);
+    msg_seed("msg-resp-block-ext", SR_MSG_RESP, (struct sr_wire){.call_id = 8, .flags = SR_WIRE_EXT}, p, n);
+
+    sr_value *kept[] = {strv("kept")};
+    n = payload(p, NULL, 0, "", 1, kept, 0);
+    msg_seed("msg-keep-ret-value", SR_MSG_KEEP_RET, (struct sr_wire){.call_id = 9, .flags = SR_WIRE_VALUE}, p, n);
+
+    /* Found by fuzz_dispatch: a second request naming the autograd message
+     * id of msg-req-block-ext leaked the first one's recv function, and a
+     * module request for a module id past the table read beyond it. */
+    sr_value *again[] = {tensor(2)};
+    n = payload(p, da_ext, sizeof(da_ext), "echo", 1, again, 0);
+    msg_seed("regress-autograd-message-id-twice", SR_MSG_REQ,
+             (struct sr_wire){.call_id = 11, .name_len = 4, .flags = SR_WIRE_EXT}, p, n);
+    n = payload(p, NULL, 0, "", 0, NULL, 0);
+    msg_seed("regress-mod-req-unknown-module", SR_MSG_MOD_REQ,
+             (struct sr_wire){.call_id = 12, .ctrl = 7, .name_len = 1, .tag = 0}, p, n);
+
+    const char *err = "Error on Node 1: something went wrong far away";
+    msg_seed("msg-err", SR_MSG_ERR, (struct sr_wire){.call_id = 10, .code = -EINVAL}, (const uint8_t *)err,
+             strlen(err));
+}
+
+static void ctrl_seed(const char *name, uint8_t src, uint8_t kind, uint64_t token, uint64_t a, uint64_t b, uint64_t c)
+{
+    uint8_t buf[1 + FZ_SLOT_BYTES] = {src};
+    struct sr_wire w = {.call_id = token, .ctrl = kind};
+    w.p.args.a = a, w.p.args.b = b, w.p.args.c = c;
+    memcpy(buf + 1, &w, sizeof(w));
+    write_seed(name, FZ_RREF_CTRL, buf, sizeof(buf));
+}
+
+static void ctrl_seeds(void)
+{
+    ctrl_seed("rref-ctrl-fork-request", 1, SR_RREF_FORK_REQUEST, 11, rid_of(0, 0), rid_of(1, 4), 0);
+    ctrl_seed("rref-ctrl-child-accept", 1, SR_RREF_CHILD_ACCEPT, 12, FZ_USER_RID, rid_of(0, 2), 0);
+    ctrl_seed("rref-ctrl-user-delete", 1, SR_RREF_USER_DELETE, 13, rid_of(0, 0), rid_of(0, 1), 1 << 1 | 1);
+    ctrl_seed("rref-ctrl-ack", 1, SR_RREF_ACK, 1, 0, 0, 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR\n", argv[0]);
+        return 2;
+    }
+    dir = argv[1];
+    dispatch_dir = argv[2];
+    fz_env_init();
+    fz_iter_begin();
+    value_seeds();
+    rref_seeds();
+    message_seeds();
+    ctrl_seeds();
+    fz_iter_end();
+    return 0;
+}
