@@ -726,11 +726,11 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
 static void handle_response(sr_agent *a, const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
-    sr_future *f = sr__call_end(a, w.call_id);
+    sr_future *f = sr__call_answer(a, w.call_id, m->src); /* only the rank called may answer */
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);
     sr_value *list = NULL;
-    if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
+    if (!f) { /* late (timed out), duplicate or stray: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
             release_result(m, p, len);
     } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */
