@@ -34,7 +34,11 @@
 #include "rpc/payload.h"
 #include "rpc_harness.h"
 #include "segment.h"
+#include "shmrpc/data.h"
 #include "shmrpc/future.h"
+#include "shmrpc/nn.h"
+#include "shmrpc/optim.h"
+#include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
 #include "tensor/tensor_impl.h"
 #include "waiter.h"
@@ -81,6 +85,50 @@ Test(bad_input, future_set_error_with_a_null_format)
     cr_assert_eq(sr_future_wait(f, NULL), -EIO);
     cr_assert_str_eq(sr_last_error(), "");
     sr_future_unref(f);
+}
+
+/* ---- other NULL handles ---------------------------------------------------------- */
+
+/* The accessors a probe of every public function with NULL pointers found
+ * crashing (or, for shape/strides/options, making a pointer from NULL). */
+Test(bad_input, null_handles_to_accessors_are_einval_not_crashes)
+{
+    cr_assert_eq(sr_tensor_ndim(NULL), -EINVAL);
+    assert_msg("sr_tensor_ndim: tensor is NULL");
+    cr_assert_eq((int)sr_tensor_dtype(NULL), -1);
+    cr_assert_null(sr_tensor_shape(NULL));
+    cr_assert_null(sr_tensor_strides(NULL));
+    cr_assert_eq(sr_tensor_size(NULL, 0), -1);
+    cr_assert_eq(sr_tensor_numel(NULL), 0);
+    cr_assert_not(sr_tensor_is_contiguous(NULL));
+    cr_assert_null(sr_tensor_data(NULL));
+    assert_msg("sr_tensor_data: tensor is NULL");
+
+    cr_assert_eq(sr_dataset_size(NULL), -EINVAL);
+    cr_assert_eq(sr_dataset_features(NULL), -EINVAL);
+    cr_assert_null(sr_dataset_pixels(NULL, 0));
+    cr_assert_eq(sr_dataset_label(NULL, 0), -1);
+    assert_msg("sr_dataset_label: data set is NULL");
+
+    sr_generator_init(NULL, 1);
+    assert_msg("sr_generator_init: generator is NULL");
+    cr_assert_eq(sr_generator_next(NULL), 0);
+    cr_assert(isnan(sr_generator_uniform(NULL)));
+    cr_assert_eq(sr_generator_below(NULL, 10), 0);
+    cr_assert_eq(sr_module_numel(NULL), 0);
+    sr_module_zero_grad(NULL);
+    assert_msg("sr_module_zero_grad: module is NULL");
+    cr_assert_eq((int)sr_optim_kind_of(NULL), -EINVAL);
+    cr_assert_null(sr_optim_options(NULL));
+
+    cr_assert_eq(sr_call_nargs(NULL), 0);
+    cr_assert_null(sr_call_arg(NULL, 0));
+    cr_assert_eq(sr_call_caller(NULL), -EINVAL);
+    sr_value *v = sr_int(1);
+    cr_assert_eq(sr_call_return(NULL, v), -EINVAL); /* and v, given away, is dropped: no leak */
+    cr_assert_eq(sr_call_fail(NULL, -EIO, "x"), -EINVAL);
+    assert_msg("sr_call_fail: call is NULL");
+    cr_assert_str_eq(sr_rref_str(NULL, NULL, 16), "");
 }
 
 /* ---- sr_strerror ---------------------------------------------------------------- */

@@ -52,12 +52,28 @@ struct sr_job_item {
 
 void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
 
-SR_API size_t sr_call_nargs(const sr_call *c) { return sr_value_list_len(c->args); }
-SR_API sr_value *sr_call_arg(const sr_call *c, size_t i) { return sr_value_list_at(c->args, i); }
-SR_API int sr_call_caller(const sr_call *c) { return c->caller; }
+SR_API size_t sr_call_nargs(const sr_call *c)
+{
+    if (!c)
+        sr__fail(-EINVAL, "sr_call_nargs", "call is NULL");
+    return c ? sr_value_list_len(c->args) : 0;
+}
+
+SR_API sr_value *sr_call_arg(const sr_call *c, size_t i)
+{
+    if (!c)
+        sr__fail(-EINVAL, "sr_call_arg", "call is NULL (argument %zu)", i);
+    return c ? sr_value_list_at(c->args, i) : NULL;
+}
+
+SR_API int sr_call_caller(const sr_call *c) { return c ? c->caller : sr__fail(-EINVAL, "sr_call_caller", "call is NULL"); }
 
 SR_API int sr_call_return(sr_call *c, sr_value *v)
 {
+    if (!c) {
+        sr_value_unref(v); /* it was given to us */
+        return sr__fail(-EINVAL, "sr_call_return", "call is NULL");
+    }
     sr_value_unref(c->result);
     c->result = v ? v : sr_none();
     return 0;
@@ -65,10 +81,12 @@ SR_API int sr_call_return(sr_call *c, sr_value *v)
 
 SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
+    if (!c)
+        return sr__fail(-EINVAL, "sr_call_fail", "call is NULL (error %d)", err);
     va_list ap;
     va_start(ap, fmt);
     free(c->msg);
-    if (vasprintf(&c->msg, fmt, ap) < 0)
+    if (vasprintf(&c->msg, fmt ? fmt : "", ap) < 0)
         c->msg = NULL;
     va_end(ap);
     c->err = err < 0 ? err : -EINVAL;

@@ -87,7 +87,9 @@ SR_API double sr_get_rpc_timeout(void);
 
 typedef struct sr_call sr_call;
 /* A function: read arguments with sr_call_arg, finish with
- * return sr_call_return(c, value) or return sr_call_fail(c, err, fmt, ...). */
+ * return sr_call_return(c, value) or return sr_call_fail(c, err, fmt, ...).
+ * A NULL c is -EINVAL in sr_last_error(): nargs 0, arg NULL, caller, return
+ * (which still drops v) and fail -EINVAL. */
 typedef int (*sr_fn)(sr_call *c);
 /* An async function returns a future instead of a value and holds no thread
  * while it waits (@rpc.functions.async_execution). It must not block. */

@@ -113,7 +113,7 @@ SR_API int sr_rref_remote(sr_rref *r, const char *fn, sr_args extra, double time
 
 /* "OwnerRRef(rref_id=(1,5))" or "UserRRef(rref_id=(1,5), fork_id=(1,6))";
  * always NUL-terminated (len > 0); returns buf. */
-SR_API const char *sr_rref_str(const sr_rref *r, char *buf, size_t len);
+SR_API const char *sr_rref_str(const sr_rref *r, char *buf, size_t len); /* buf NULL: "" */
 SR_API uint64_t sr_rref_id(const sr_rref *r);
 SR_API uint64_t sr_rref_fork_id(const sr_rref *r); /* SR_RREF_NO_ID for an OwnerRRef */
 
