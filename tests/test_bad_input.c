@@ -184,6 +184,20 @@ Test(bad_input, expand_refuses_an_element_count_that_overflows)
     sr_tensor_unref(t);
 }
 
+/* ceil(size / split_size) was computed as (size + split_size - 1) / split_size:
+ * a huge split_size overflowed (UBSan) and gave -1 pieces, i.e. -EPERM. */
+Test(bad_input, split_with_a_huge_split_size_is_one_piece)
+{
+    sr_tensor *t = sr_zeros(SR_F32, 1, SHAPE(5), 0), *out[2] = {NULL, NULL};
+    cr_assert(t, "%s", sr_last_error());
+    cr_assert_eq(sr_split(t, INT64_MAX, 0, NULL), 1, "%s", sr_last_error());
+    cr_assert_eq(sr_split(t, INT64_MAX, 0, out), 1, "%s", sr_last_error());
+    cr_assert(out[0] && sr_tensor_numel(out[0]) == 5);
+    sr_tensor_unref(out[0]);
+    cr_assert_eq(sr_split(t, 2, 0, NULL), 3); /* ceil(5 / 2) still */
+    sr_tensor_unref(t);
+}
+
 /* ---- the segment ---------------------------------------------------------------- */
 
 #ifndef MFD_NOEXEC_SEAL
