@@ -35,6 +35,7 @@
 #include "rpc_harness.h"
 #include "segment.h"
 #include "shmrpc/data.h"
+#include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"
 #include "shmrpc/nn.h"
 #include "shmrpc/optim.h"
@@ -196,6 +197,13 @@ Test(bad_input, split_with_a_huge_split_size_is_one_piece)
     sr_tensor_unref(out[0]);
     cr_assert_eq(sr_split(t, 2, 0, NULL), 3); /* ceil(5 / 2) still */
     sr_tensor_unref(t);
+}
+
+/* With no arrays, a count of SIZE_MAX used to walk 2^64 NULL entries: a hang. */
+Test(bad_input, freeing_no_arrays_returns_whatever_the_count, .timeout = 10)
+{
+    sr_dist_autograd_gradients_free(SIZE_MAX, NULL, NULL);
+    sr_optim_state_free(SIZE_MAX, NULL, NULL);
 }
 
 /* ---- the segment ---------------------------------------------------------------- */
