@@ -1,5 +1,6 @@
 #include "error.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -48,10 +49,13 @@ SR_API const char *sr_last_error(void) { return last_error; }
 
 SR_API const char *sr_strerror(int err)
 {
-    switch (err < 0 ? -err : err) {
+    if (err == INT_MIN) /* its negation does not exist */
+        return "Unknown error";
+    int e = err < 0 ? -err : err;
+    switch (e) {
     case SR_EWORKER: return "a worker of the job failed";
     case SR_EREMOTE: return "the remote function failed";
     case SR_ESHUTDOWN: return "shmrpc is not initialised or has shut down";
-    default: return strerror(err < 0 ? -err : err);
+    default: return strerror(e);
     }
 }

@@ -75,6 +75,29 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     }
 }
 
+#ifndef MFD_NOEXEC_SEAL
+#define MFD_NOEXEC_SEAL 0x0008U /* Linux 6.3 */
+#endif
+
+/* The job's memfd: readable and writable by its owner only (mode 0600; a
+ * memfd is born 0777), and never executable: MFD_NOEXEC_SEAL seals its exec
+ * bits off where the kernel has it (6.3+); an older kernel refuses the
+ * unknown flag with EINVAL, and then the chmod alone takes the exec bits. */
+static int create_memfd(const char *name)
+{
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
+    if (fd < 0 && errno == EINVAL)
+        fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+    if (fchmod(fd, 0600) < 0) {
+        int rc = sr__fail(-errno, "sr_segment_create", "fchmod(0600) of memfd \"%s\": %s", name, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
 {
     uint32_t slots = o->ring_slots ? o->ring_slots : SR_RING_SLOTS_DEFAULT;
@@ -83,9 +106,9 @@ int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
     if (rc)
         return rc;
     const char *name = o->name ? o->name : "shmrpc";
-    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = create_memfd(name);
     if (fd < 0)
-        return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+        return fd;
     if (ftruncate(fd, (off_t)size) < 0) {
         rc = sr__fail(-errno, "sr_segment_create", "ftruncate to %llu bytes: %s",
                       (unsigned long long)size, strerror(errno));

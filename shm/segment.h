@@ -110,7 +110,8 @@ typedef struct sr_segment {
 /* Bytes needed for the header, table and inboxes of n workers. */
 uint64_t sr_segment_fixed_size(int world_size, uint32_t ring_slots);
 
-/* Create a segment (memfd, close-on-exec; sealed against resizing) and write
+/* Create a segment (memfd, close-on-exec, mode 0600, exec-sealed where the
+ * kernel has MFD_NOEXEC_SEAL; sealed against resizing) and write
  * its header. Errors: -EINVAL bad world size, ring size or a size too small
  * for world_size; -ENOMEM and other -errno from memfd_create/ftruncate/mmap. */
 int sr_segment_create(const sr_segment_opts *o, sr_segment *seg);

@@ -129,6 +129,9 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     struct sr_launch_env env;
     if (!o)
         o = &defaults;
+    if (o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* refused, never truncated */
+        return sr__fail(-EINVAL, "sr_xport_attach", "worker name must be shorter than %d characters, got %zu",
+                        SR_NAME_MAX, strlen(o->name));
     int rc = sr__launch_env_get(&env);
     if (rc)
         return rc;

@@ -63,18 +63,28 @@ SR_API void sr_dataset_destroy(sr_dataset *ds)
     free(ds);
 }
 
-SR_API int64_t sr_dataset_size(const sr_dataset *ds) { return ds->n; }
+SR_API int64_t sr_dataset_size(const sr_dataset *ds)
+{
+    return ds ? ds->n : sr__fail(-EINVAL, "sr_dataset_size", "data set is NULL");
+}
 
-SR_API int64_t sr_dataset_features(const sr_dataset *ds) { return ds->features; }
+SR_API int64_t sr_dataset_features(const sr_dataset *ds)
+{
+    return ds ? ds->features : sr__fail(-EINVAL, "sr_dataset_features", "data set is NULL");
+}
 
 SR_API const uint8_t *sr_dataset_pixels(const sr_dataset *ds, int64_t i)
 {
-    return i >= 0 && i < ds->n ? ds->pixels + i * ds->features : NULL;
+    if (!ds)
+        sr__fail(-EINVAL, "sr_dataset_pixels", "data set is NULL (sample %lld)", (long long)i);
+    return ds && i >= 0 && i < ds->n ? ds->pixels + i * ds->features : NULL;
 }
 
 SR_API int sr_dataset_label(const sr_dataset *ds, int64_t i)
 {
-    return i >= 0 && i < ds->n ? ds->labels[i] : -1;
+    if (!ds)
+        sr__fail(-EINVAL, "sr_dataset_label", "data set is NULL (sample %lld)", (long long)i);
+    return ds && i >= 0 && i < ds->n ? ds->labels[i] : -1;
 }
 
 static int check_indices(const sr_dataset *ds, const int64_t *idx, int64_t n)

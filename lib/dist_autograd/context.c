@@ -185,7 +185,7 @@ SR_API int sr_dist_autograd_get_gradients(int64_t context_id, size_t *n, sr_tens
 
 SR_API void sr_dist_autograd_gradients_free(size_t n, sr_tensor **tensors, sr_tensor **grads)
 {
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; (tensors || grads) && i < n; i++) { /* no arrays: nothing to walk, whatever n says */
         sr_tensor_unref(tensors ? tensors[i] : NULL);
         sr_tensor_unref(grads ? grads[i] : NULL);
     }

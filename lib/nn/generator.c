@@ -2,24 +2,43 @@
  * through splitmix64, and what is drawn from it. Only integer arithmetic
  * and exact conversions, so a seed gives the same stream on every machine. */
 #include <errno.h>
+#include <math.h>
 
 #include "error.h"
 #include "shmrpc/nn.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/xoshiro.h"
 
-SR_API void sr_generator_init(sr_generator *g, uint64_t seed) { sr__xoshiro_seed(g->s, seed); }
+/* A NULL generator: -EINVAL in sr_last_error() and the documented "no value". */
+static bool null_gen(const sr_generator *g, const char *fn)
+{
+    if (g)
+        return false;
+    sr__fail(-EINVAL, fn, "generator is NULL");
+    return true;
+}
 
-SR_API uint64_t sr_generator_next(sr_generator *g) { return sr__xoshiro_next(g->s); }
+SR_API void sr_generator_init(sr_generator *g, uint64_t seed)
+{
+    if (!null_gen(g, "sr_generator_init"))
+        sr__xoshiro_seed(g->s, seed);
+}
+
+SR_API uint64_t sr_generator_next(sr_generator *g)
+{
+    return null_gen(g, "sr_generator_next") ? 0 : sr__xoshiro_next(g->s);
+}
 
 SR_API double sr_generator_uniform(sr_generator *g)
 {
-    return (double)(sr_generator_next(g) >> 11) * 0x1.0p-53; /* exact: 53 bits */
+    if (null_gen(g, "sr_generator_uniform"))
+        return NAN;
+    return (double)(sr__xoshiro_next(g->s) >> 11) * 0x1.0p-53; /* exact: 53 bits */
 }
 
 SR_API uint64_t sr_generator_below(sr_generator *g, uint64_t n)
 {
-    if (n == 0)
+    if (null_gen(g, "sr_generator_below") || n == 0)
         return 0;
     /* Reject the lowest 2^64 mod n values so every residue is equally likely. */
     uint64_t floor = -n % n, r;

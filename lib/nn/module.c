@@ -155,6 +155,10 @@ SR_API sr_tensor *sr_module_param(const sr_module *m, const char *name)
 
 SR_API size_t sr_module_numel(const sr_module *m)
 {
+    if (!m) {
+        sr__fail(-EINVAL, "sr_module_numel", "module is NULL");
+        return 0;
+    }
     size_t total = 0;
     for (size_t i = 0; i < m->n; i++)
         total += sr_tensor_numel(m->params[i]);
@@ -163,6 +167,10 @@ SR_API size_t sr_module_numel(const sr_module *m)
 
 SR_API void sr_module_zero_grad(sr_module *m)
 {
+    if (!m) {
+        sr__fail(-EINVAL, "sr_module_zero_grad", "module is NULL");
+        return;
+    }
     for (size_t i = 0; i < m->n; i++)
         sr_tensor_set_grad(m->params[i], NULL);
 }

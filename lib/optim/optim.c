@@ -161,8 +161,19 @@ SR_API int sr_optim_zero_grad(sr_optim *o, bool set_to_none)
     return 0;
 }
 
-SR_API sr_optim_kind sr_optim_kind_of(const sr_optim *o) { return o->kind; }
-SR_API const sr_optim_opts *sr_optim_options(const sr_optim *o) { return &o->opts; }
+SR_API sr_optim_kind sr_optim_kind_of(const sr_optim *o)
+{
+    if (!o)
+        return (sr_optim_kind)sr__fail(-EINVAL, "sr_optim_kind_of", "optimizer is NULL");
+    return o->kind;
+}
+
+SR_API const sr_optim_opts *sr_optim_options(const sr_optim *o)
+{
+    if (!o)
+        sr__fail(-EINVAL, "sr_optim_options", "optimizer is NULL");
+    return o ? &o->opts : NULL;
+}
 SR_API size_t sr_optim_nparams(const sr_optim *o) { return o ? o->n : 0; }
 
 SR_API sr_tensor *sr_optim_param(const sr_optim *o, size_t i)

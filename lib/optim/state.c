@@ -55,7 +55,7 @@ void sr__optim_clear(sr_optim *o, size_t i)
 
 SR_API void sr_optim_state_free(size_t n, char **names, sr_tensor **tensors)
 {
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; (names || tensors) && k < n; k++) { /* no arrays: nothing to walk, whatever n says */
         if (names)
             free(names[k]);
         if (tensors)

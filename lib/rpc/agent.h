@@ -78,6 +78,7 @@ typedef struct sr_agent {
     int32_t nslots, free_head;
     _Atomic int64_t earliest_deadline; /* a lower bound: the progress thread wakes for it */
     _Atomic uint64_t client_active;
+    _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
 
     /* executors */
     pthread_mutex_t q_lock;
@@ -151,6 +152,10 @@ void sr__calls_fini(sr_agent *a);
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id);
 /* Take the call out of the table; returns its future (owned), or NULL if stale. */
 sr_future *sr__call_end(sr_agent *a, uint64_t id);
+/* As sr__call_end, for a response that came from rank `from`: NULL (the
+ * call stays in flight) if the call was sent to another rank; such a stray
+ * response is counted in stray_responses and reported on stderr. */
+sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from);
 void sr__calls_expire(sr_agent *a, int64_t now_ns);
 void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
 

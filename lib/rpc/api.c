@@ -14,6 +14,7 @@
 #include "payload.h"
 #include "registry.h"
 #include "reorder.h"
+#include "timeout.h"
 #include "module.h"
 
 #define CALL_SLOTS 65536
@@ -81,6 +82,9 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     pthread_mutex_init(&a->ctl_lock, NULL);
     struct sr_launch_env env;
     int rc = sr__launch_env_get(&env);
+    if (!rc && o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
+        rc = sr__fail(-EINVAL, "sr_init", "Worker name must be shorter than %d characters, got %zu: '%.40s...'",
+                      SR_NAME_MAX, strlen(o->name), o->name);
     if (!rc) {
         snprintf(name, sizeof(name), "%s", o->name ? o->name : "");
         if (!o->name)
@@ -101,8 +105,10 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = sr__outq_init(a);
     if (!rc)
         rc = sr__reorder_create(a);
-    double t = o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT;
-    atomic_init(&a->default_timeout_ms, (int64_t)llround(t * 1000));
+    int64_t ms = 0;
+    if (!rc)
+        rc = sr__timeout_ms(o->rpc_timeout_s > 0 ? o->rpc_timeout_s : SR_DEFAULT_RPC_TIMEOUT, "sr_init", &ms);
+    atomic_init(&a->default_timeout_ms, ms);
     if (rc) {
         agent_free(a);
         return rc;
@@ -125,6 +131,9 @@ SR_API int sr_init(const sr_init_opts *opts)
         opts = &defaults;
     if (opts->num_worker_threads < 0 || opts->num_worker_threads > 1024)
         return sr__fail(-EINVAL, "sr_init", "num_worker_threads %d is out of range [0, 1024]", opts->num_worker_threads);
+    if (!(opts->rpc_timeout_s >= 0) || isinf(opts->rpc_timeout_s)) /* NaN too */
+        return sr__fail(-EINVAL, "sr_init", "rpc_timeout_s %g is not a finite number of seconds >= 0",
+                        opts->rpc_timeout_s);
     sr__builtins_init();
     pthread_mutex_lock(&life_lock);
     int rc = 0;
@@ -159,13 +168,15 @@ static void teardown(sr_agent *a)
 
 SR_API int sr_shutdown(bool graceful, double timeout_s)
 {
+    int64_t ms = 0;
+    int rc = sr__timeout_ms(timeout_s, "sr_shutdown", &ms);
+    if (rc) /* refused before anything is done: the caller may call again */
+        return rc;
     pthread_mutex_lock(&life_lock);
     sr_agent *a = agent_or_fail("sr_shutdown");
-    int rc = a ? 0 : -SR_ESHUTDOWN;
-    if (a && graceful) {
-        int64_t deadline = timeout_s > 0 ? sr_now_ns() + (int64_t)(timeout_s * 1e9) : -1;
-        rc = sr__graceful(a, deadline);
-    }
+    rc = a ? 0 : -SR_ESHUTDOWN;
+    if (a && graceful)
+        rc = sr__graceful(a, sr__deadline_ns(sr_now_ns(), ms));
     if (a) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", sr_last_error());
@@ -209,12 +220,18 @@ SR_API int sr_worker_rank(const char *name)
     return sr__fail(-EINVAL, "sr_worker_rank", "could not find destination '%s'", name ? name : "(null)");
 }
 
-SR_API void sr_set_rpc_timeout(double s)
+SR_API int sr_set_rpc_timeout(double s)
 {
+    int64_t ms = 0;
+    int rc = sr__timeout_ms(s, "sr_set_rpc_timeout", &ms);
+    if (rc)
+        return rc;
     sr_agent *a = agent_or_fail("sr_set_rpc_timeout");
-    if (a && s >= 0 && isfinite(s))
-        /* relaxed: read once per call at send time */
-        atomic_store_explicit(&a->default_timeout_ms, (int64_t)llround(s * 1000), memory_order_relaxed);
+    if (!a)
+        return -SR_ESHUTDOWN;
+    /* relaxed: read once per call at send time */
+    atomic_store_explicit(&a->default_timeout_ms, ms, memory_order_relaxed);
+    return 0;
 }
 
 SR_API double sr_get_rpc_timeout(void)
@@ -239,14 +256,12 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     for (size_t i = 0; i < args.n; i++)
         if (!args.v[i])
             return sr__fail(-EINVAL, who, "argument %zu of '%s' is NULL", i, fn);
-    if (isnan(timeout) || isinf(timeout))
-        return sr__fail(-EINVAL, who, "timeout %g is not a number of seconds", timeout);
-    /* relaxed: the default is captured now, at send time */
-    *ms = timeout < 0 ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed)
-                      : (int64_t)llround(timeout * 1000);
-    if (timeout > 0 && *ms == 0)
-        *ms = 1;
-    return 0;
+    if (timeout < 0 && !isinf(timeout)) {
+        /* relaxed: the default is captured now, at send time */
+        *ms = atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed);
+        return 0;
+    }
+    return sr__timeout_ms(timeout, who, ms); /* NaN and the infinities: -EINVAL */
 }
 
 static enum sr_call_kind call_kind(const struct sr_req *q)

@@ -12,6 +12,7 @@
 
 #include "agent.h"
 #include "error.h"
+#include "timeout.h"
 
 int sr__calls_init(sr_agent *a, int32_t n)
 {
@@ -61,7 +62,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     a->free_head = s->next_free;
     s->to = to;
     s->timeout_ms = timeout_ms;
-    s->deadline_ns = timeout_ms > 0 ? sr_now_coarse_ns() + timeout_ms * 1000000 : -1;
+    s->deadline_ns = sr__deadline_ns(sr_now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
     s->fut = sr_future_ref(fut);
     /* seq_cst (a release at least): the fields above are visible to whoever
      * matches this generation; and ordered before lower_deadline's load (see
@@ -76,7 +77,21 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     return 0;
 }
 
-sr_future *sr__call_end(sr_agent *a, uint64_t id)
+/* A response from a rank the call was not sent to: a peer's bug (a wrong
+ * call id) must not complete our call. Dropped, counted, and reported on
+ * stderr (the first few: a peer that keeps doing it must not flood it). */
+static void stray(sr_agent *a, uint64_t id, int from, int to)
+{
+    /* relaxed: a statistic; nothing is published with it */
+    uint64_t n = atomic_fetch_add_explicit(&a->stray_responses, 1, memory_order_relaxed) + 1;
+    if (n <= 8)
+        fprintf(stderr, "shmrpc: worker%d: dropped a response from worker%d to call %#" PRIx64
+                        ", which was sent to worker%d (%" PRIu64 " dropped so far)\n",
+                a->rank, from, id, to, n);
+}
+
+/* End call id if it is in flight and, when from >= 0, was sent to from. */
+static sr_future *end_call(sr_agent *a, uint64_t id, int from)
 {
     uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
     if (i >= (uint32_t)a->nslots || !(gen & 1))
@@ -88,6 +103,12 @@ sr_future *sr__call_end(sr_agent *a, uint64_t id)
         pthread_mutex_unlock(&a->slots_lock);
         return NULL; /* timed out, failed, or a duplicate: drop it */
     }
+    if (from >= 0 && s->to != from) { /* s->to: written before the generation bump we matched */
+        int to = s->to;
+        pthread_mutex_unlock(&a->slots_lock);
+        stray(a, id, from, to);
+        return NULL;
+    }
     sr_future *f = s->fut;
     s->fut = NULL;
     atomic_store_explicit(&s->gen, gen + 1, memory_order_relaxed); /* relaxed: under slots_lock */
@@ -97,6 +118,10 @@ sr_future *sr__call_end(sr_agent *a, uint64_t id)
     atomic_fetch_sub_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
     return f;
 }
+
+sr_future *sr__call_end(sr_agent *a, uint64_t id) { return end_call(a, id, -1); }
+
+sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from) { return end_call(a, id, from); }
 
 /* Fail every call matching pred; returns the earliest remaining deadline. */
 static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why)

@@ -52,12 +52,28 @@ struct sr_job_item {
 
 void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
 
-SR_API size_t sr_call_nargs(const sr_call *c) { return sr_value_list_len(c->args); }
-SR_API sr_value *sr_call_arg(const sr_call *c, size_t i) { return sr_value_list_at(c->args, i); }
-SR_API int sr_call_caller(const sr_call *c) { return c->caller; }
+SR_API size_t sr_call_nargs(const sr_call *c)
+{
+    if (!c)
+        sr__fail(-EINVAL, "sr_call_nargs", "call is NULL");
+    return c ? sr_value_list_len(c->args) : 0;
+}
+
+SR_API sr_value *sr_call_arg(const sr_call *c, size_t i)
+{
+    if (!c)
+        sr__fail(-EINVAL, "sr_call_arg", "call is NULL (argument %zu)", i);
+    return c ? sr_value_list_at(c->args, i) : NULL;
+}
+
+SR_API int sr_call_caller(const sr_call *c) { return c ? c->caller : sr__fail(-EINVAL, "sr_call_caller", "call is NULL"); }
 
 SR_API int sr_call_return(sr_call *c, sr_value *v)
 {
+    if (!c) {
+        sr_value_unref(v); /* it was given to us */
+        return sr__fail(-EINVAL, "sr_call_return", "call is NULL");
+    }
     sr_value_unref(c->result);
     c->result = v ? v : sr_none();
     return 0;
@@ -65,10 +81,12 @@ SR_API int sr_call_return(sr_call *c, sr_value *v)
 
 SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
+    if (!c)
+        return sr__fail(-EINVAL, "sr_call_fail", "call is NULL (error %d)", err);
     va_list ap;
     va_start(ap, fmt);
     free(c->msg);
-    if (vasprintf(&c->msg, fmt, ap) < 0)
+    if (vasprintf(&c->msg, fmt ? fmt : "", ap) < 0)
         c->msg = NULL;
     va_end(ap);
     c->err = err < 0 ? err : -EINVAL;
@@ -727,11 +745,11 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
 static void handle_response(sr_agent *a, const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
-    sr_future *f = sr__call_end(a, w.call_id);
+    sr_future *f = sr__call_answer(a, w.call_id, m->src); /* only the rank called may answer */
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);
     sr_value *list = NULL;
-    if (!f) { /* late (timed out) or duplicate: drop, releasing what it carried */
+    if (!f) { /* late (timed out), duplicate or stray: drop, releasing what it carried */
         if (p && m->type == SR_MSG_RESP)
             release_result(m, p, len);
     } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */

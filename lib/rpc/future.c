@@ -68,6 +68,10 @@ SR_API sr_future *sr_future_new(void)
 
 SR_API sr_future *sr_future_ref(sr_future *f)
 {
+    if (!f) {
+        sr__fail(-EINVAL, "sr_future_ref", "future is NULL");
+        return NULL;
+    }
     /* relaxed: the caller holds a reference, so the future cannot go */
     atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
     return f;
@@ -92,6 +96,10 @@ SR_API void sr_future_unref(sr_future *f)
 
 SR_API bool sr_future_done(const sr_future *f)
 {
+    if (!f) {
+        sr__fail(-EINVAL, "sr_future_done", "future is NULL");
+        return false;
+    }
     /* acquire: pairs with the completer's exchange to DONE; the result is visible */
     return (atomic_load_explicit(&((sr_future *)f)->state, memory_order_acquire) & STATE) == DONE;
 }
@@ -138,6 +146,8 @@ static void finish_complete(sr_future *f)
 
 SR_API int sr_future_set_result(sr_future *f, sr_value *v)
 {
+    if (!f)
+        return sr__fail(-EINVAL, "sr_future_set_result", "future is NULL");
     int rc = begin_complete(f);
     if (rc)
         return rc;
@@ -159,11 +169,15 @@ int sr__future_fail_text(sr_future *f, int err, const char *msg)
 
 SR_API int sr_future_set_error(sr_future *f, int err, const char *fmt, ...)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    if (!f)
+        return sr__fail(-EINVAL, "sr_future_set_error", "future is NULL (error %d)", err);
+    char msg[512] = "";
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+    }
     return sr__future_fail_text(f, err, msg);
 }
 
@@ -181,6 +195,8 @@ static int outcome(sr_future *f, sr_value **out)
 
 SR_API int sr_future_value(sr_future *f, sr_value **out)
 {
+    if (!f)
+        return sr__fail(-EINVAL, "sr_future_value", "future is NULL");
     if (!sr_future_done(f))
         return sr__fail(-EAGAIN, "sr_future_value", "the future is not complete yet");
     return outcome(f, out);

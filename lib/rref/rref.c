@@ -168,8 +168,11 @@ SR_API uint64_t sr_rref_fork_id(const sr_rref *r) { return r ? r->fork_id : SR_R
 SR_API const char *sr_rref_str(const sr_rref *r, char *buf, size_t len)
 {
     char a[32], b[32];
-    if (!len)
-        return buf;
+    if (!buf || !len) { /* nowhere to write: a static empty string, never NULL */
+        if (!buf && len)
+            sr__fail(-EINVAL, "sr_rref_str", "buffer is NULL with length %zu", len);
+        return buf ? buf : "";
+    }
     if (!r)
         snprintf(buf, len, "NULL");
     else if (r->is_owner)

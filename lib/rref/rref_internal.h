@@ -188,6 +188,6 @@ int sr__rref_confirm_future(sr_rref *r, sr_future **out);
 /* Wait for a future with the agent's polling wait; 0 or -ETIMEDOUT. */
 int sr__rref_wait(sr_future *f, int64_t deadline_ns);
 /* An absolute deadline from a timeout in seconds (< 0 default, 0 none). */
-int64_t sr__rref_deadline(double timeout_s, int64_t *ms);
+int sr__rref_deadline(double timeout_s, const char *fn, int64_t *ms, int64_t *deadline);
 
 #endif

@@ -14,20 +14,21 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "rpc/timeout.h"
 #include "rpc/future_internal.h"
 #include "hooks.h"
 #include "rref_internal.h"
 
-int64_t sr__rref_deadline(double timeout_s, int64_t *ms)
+int sr__rref_deadline(double timeout_s, const char *fn, int64_t *ms, int64_t *deadline)
 {
-    /* the default is captured now, as for calls */
-    int64_t t = timeout_s < 0 || isnan(timeout_s)
-                    ? sr__rpc_default_timeout_ms()
-                    : (int64_t)llround(fmin(timeout_s, 1e9) * 1000);
-    if (timeout_s > 0 && t == 0)
-        t = 1;
-    *ms = t;
-    return t > 0 ? sr_now_ns() + t * 1000000 : -1;
+    int rc = 0;
+    if (timeout_s < 0 && !isinf(timeout_s))
+        *ms = sr__rpc_default_timeout_ms(); /* the default is captured now, as for calls */
+    else
+        rc = sr__timeout_ms(timeout_s, fn, ms); /* NaN and the infinities: -EINVAL */
+    if (!rc)
+        *deadline = sr__deadline_ns(sr_now_ns(), *ms);
+    return rc;
 }
 
 int sr__rref_wait(sr_future *f, int64_t deadline_ns)
@@ -132,10 +133,12 @@ SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out)
 {
     bool deleted = false;
     char s[96];
+    int64_t ms, deadline;
     int rc = usable(r, "sr_rref_to_here", &deleted);
+    if (!rc)
+        rc = sr__rref_deadline(timeout_s, "sr_rref_to_here", &ms, &deadline);
     if (rc)
         return rc;
-    int64_t ms, deadline = sr__rref_deadline(timeout_s, &ms);
     if (!r->is_owner && deleted)
         return sr__fail(-EINVAL, "sr_rref_to_here", "%s has been deleted. Cannot call to_here() on it after deletion.",
                         sr_rref_str(r, s, sizeof(s)));
@@ -158,10 +161,12 @@ SR_API int sr_rref_local_value(sr_rref *r, sr_value **out)
                         "Call it on owner WorkerInfo(id=%d, name=%s)",
                         sr_rref_str(r, s, sizeof(s)), sr_rank(), me ? me : "?", r->owner, own ? own : "?");
     }
+    int64_t ms, deadline;
     int rc = usable(r, "sr_rref_local_value", &deleted);
+    if (!rc)
+        rc = sr__rref_deadline(-1, "sr_rref_local_value", &ms, &deadline);
     if (rc)
         return rc;
-    int64_t ms, deadline = sr__rref_deadline(-1, &ms);
     if (sr__rref_wait(r->value, deadline))
         return sr__fail(-ETIMEDOUT, "sr_rref_local_value", "the value of %s was not set within %" PRId64 " ms",
                         sr_rref_str(r, s, sizeof(s)), ms);
@@ -343,11 +348,15 @@ static int nudge_owners(void)
 SR_API int sr_rref_wait_idle(double timeout_s)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    int64_t ms, deadline = sr__rref_deadline(timeout_s > 0 ? timeout_s : 0, &ms);
+    int64_t ms, deadline;
+    int rc = sr__rref_deadline(timeout_s < 0 && !isinf(timeout_s) ? 0 : timeout_s, "sr_rref_wait_idle", &ms,
+                               &deadline);
+    if (rc)
+        return rc;
     /* Again after each completion: the idle future is completed from a
      * handler's deferred work, after which an unref it ran (a parent whose
      * child was accepted) may have queued a delete: not idle after all. */
-    int rc = nudge_owners();
+    rc = nudge_owners();
     if (rc)
         return rc;
     while ((rc = wait_idle_once(deadline)) == 1)

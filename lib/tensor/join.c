@@ -203,7 +203,8 @@ SR_API int sr_split(sr_tensor *a, int64_t split_size, int dim, sr_tensor **out)
     int64_t size = a->shape[d];
     if (split_size <= 0 && !(split_size == 0 && size == 0))
         return sr__fail(-EINVAL, "sr_split", "split_size %lld must be positive", (long long)split_size);
-    int64_t count = split_size ? (size + split_size - 1) / split_size : 1;
+    /* ceil(size / split_size) without size + split_size - 1, which overflows for a huge split_size */
+    int64_t count = split_size ? size / split_size + (size % split_size != 0) : 1;
     if (count == 0)
         count = 1;
     if (count > (1 << 20))

@@ -385,21 +385,55 @@ SR_API void sr_tensor_unref(sr_tensor *t)
     free(t);
 }
 
-SR_API sr_dtype sr_tensor_dtype(const sr_tensor *t) { return t->dtype; }
-SR_API int sr_tensor_ndim(const sr_tensor *t) { return t->ndim; }
-SR_API const int64_t *sr_tensor_shape(const sr_tensor *t) { return t->shape; }
-SR_API const int64_t *sr_tensor_strides(const sr_tensor *t) { return t->strides; }
-SR_API size_t sr_tensor_numel(const sr_tensor *t) { return (size_t)sr__numel(t->ndim, t->shape); }
-SR_API const void *sr_tensor_data(const sr_tensor *t) { return sr__tensor_ptr(t); }
+/* Accessors of a NULL tensor: the documented "no value" and -EINVAL in
+ * sr_last_error(), never a crash or a pointer made from NULL. */
+static bool null_tensor(const sr_tensor *t, const char *fn)
+{
+    if (t)
+        return false;
+    sr__fail(-EINVAL, fn, "tensor is NULL");
+    return true;
+}
+
+SR_API sr_dtype sr_tensor_dtype(const sr_tensor *t)
+{
+    return null_tensor(t, "sr_tensor_dtype") ? (sr_dtype)-1 : t->dtype;
+}
+
+SR_API int sr_tensor_ndim(const sr_tensor *t) { return null_tensor(t, "sr_tensor_ndim") ? -EINVAL : t->ndim; }
+
+SR_API const int64_t *sr_tensor_shape(const sr_tensor *t)
+{
+    return null_tensor(t, "sr_tensor_shape") ? NULL : t->shape;
+}
+
+SR_API const int64_t *sr_tensor_strides(const sr_tensor *t)
+{
+    return null_tensor(t, "sr_tensor_strides") ? NULL : t->strides;
+}
+
+SR_API size_t sr_tensor_numel(const sr_tensor *t)
+{
+    return null_tensor(t, "sr_tensor_numel") ? 0 : (size_t)sr__numel(t->ndim, t->shape);
+}
+
+SR_API const void *sr_tensor_data(const sr_tensor *t)
+{
+    return null_tensor(t, "sr_tensor_data") ? NULL : sr__tensor_ptr(t);
+}
 
 SR_API int64_t sr_tensor_size(const sr_tensor *t, int dim)
 {
+    if (null_tensor(t, "sr_tensor_size"))
+        return -1;
     int d = sr__wrap_dim("sr_tensor_size", dim, t->ndim);
     return d < 0 ? -1 : t->shape[d];
 }
 
 SR_API bool sr_tensor_is_contiguous(const sr_tensor *t)
 {
+    if (null_tensor(t, "sr_tensor_is_contiguous"))
+        return false;
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] == 1)

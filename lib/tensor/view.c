@@ -109,6 +109,7 @@ static int infer_shape(const char *fn, const sr_tensor *a, int nd, const int64_t
         return sr__fail(-EINVAL, fn, "bad shape (ndim %d)", nd);
     int infer = -1;
     int64_t known = 1, numel = sr__numel(a->ndim, a->shape);
+    bool overflow = false; /* the product wrapped: it could match numel by accident */
     for (int i = 0; i < nd; i++) {
         out[i] = shape[i];
         if (shape[i] == -1 && infer < 0)
@@ -116,12 +117,12 @@ static int infer_shape(const char *fn, const sr_tensor *a, int nd, const int64_t
         else if (shape[i] < 0)
             infer = -2;
         else
-            known *= shape[i];
+            overflow |= __builtin_mul_overflow(known, shape[i], &known);
     }
-    if (infer >= 0 && known > 0 && numel % known == 0)
+    if (!overflow && infer >= 0 && known > 0 && numel % known == 0)
         out[infer] = numel / known;
-    if (infer != -2 && (infer >= 0 ? known > 0 && numel % known == 0 : known == numel))
-        return 0;
+    if (!overflow && infer != -2 && (infer >= 0 ? known > 0 && numel % known == 0 : known == numel))
+        return sr__check_shape(fn, nd, out); /* the same element limit as a new tensor */
     char b[SR_SHAPE_STR];
     return sr__fail(-EINVAL, fn, "shape '%s' is invalid for input of size %lld", sr__shape_str(nd, shape, b),
                     (long long)numel);
@@ -339,6 +340,8 @@ SR_API sr_tensor *sr_expand(sr_tensor *a, int ndim, const int64_t *shape)
         sh[i] = want;
         st[i] = j >= 0 && have == want ? a->strides[j] : 0;
     }
+    if (sr__check_shape("sr_expand", ndim, sh)) /* its element count must not overflow either */
+        return NULL;
     return record_plain(sr__tensor_alias(a, ndim, sh, st, a->offset), &expand_ops, a);
 }
 

@@ -55,6 +55,8 @@ SR_API int sr_mnist_load_files(const char *images_path, const char *labels_path,
 /* NULL is ignored. */
 SR_API void sr_dataset_destroy(sr_dataset *ds);
 
+/* A NULL ds is -EINVAL in sr_last_error(): size and features return
+ * -EINVAL, pixels NULL, label -1. */
 /* Number of samples. */
 SR_API int64_t sr_dataset_size(const sr_dataset *ds);
 /* Values per sample: rows * cols (784). */

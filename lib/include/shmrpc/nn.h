@@ -60,6 +60,8 @@ typedef struct sr_generator {
     uint64_t s[4]; /* xoshiro256** state; never all zero after init */
 } sr_generator;
 
+/* A NULL g is -EINVAL in sr_last_error(): init does nothing, next and
+ * below return 0, uniform NaN. */
 SR_API void sr_generator_init(sr_generator *g, uint64_t seed);
 /* The next 64 random bits. */
 SR_API uint64_t sr_generator_next(sr_generator *g);
@@ -109,7 +111,8 @@ SR_API void sr_module_params(const sr_module *m, size_t *n, sr_tensor *const **p
                              const char *const **names);
 /* Borrowed parameter by name, or NULL with -ENOENT in sr_last_error(). */
 SR_API sr_tensor *sr_module_param(const sr_module *m, const char *name);
-/* Total number of parameter elements (torch: sum(p.numel())). */
+/* Total number of parameter elements (torch: sum(p.numel())); 0 with
+ * -EINVAL for a NULL m (and zero_grad(NULL) does nothing). */
 SR_API size_t sr_module_numel(const sr_module *m);
 /* Clears every parameter's .grad (zero_grad(set_to_none=True)). */
 SR_API void sr_module_zero_grad(sr_module *m);

@@ -126,7 +126,8 @@ SR_API int sr_optim_step_grads(sr_optim *o, sr_tensor *const *grads);
  * (torch 1.13's default, zero_grad(set_to_none=False)). */
 SR_API int sr_optim_zero_grad(sr_optim *o, bool set_to_none);
 
-/* Accessors. kind_of and options require a non-NULL o; nparams(NULL) is 0. */
+/* Accessors. For a NULL o (-EINVAL in sr_last_error()): kind_of gives
+ * (sr_optim_kind)-EINVAL, options NULL, nparams 0. */
 SR_API sr_optim_kind sr_optim_kind_of(const sr_optim *o);
 /* The options in force (defaults filled in). Borrowed, valid for o's life. */
 SR_API const sr_optim_opts *sr_optim_options(const sr_optim *o);

@@ -7,7 +7,10 @@
  *
  * Destinations are ranks (0..world_size-1); sr_worker_rank() maps a name.
  * Timeouts are in seconds: < 0 (SR_UNSET_RPC_TIMEOUT) means the current
- * default, captured when the call is sent; 0 means infinite.
+ * default, captured when the call is sent; 0 means infinite. Any timeout > 0
+ * is at least 1 ms (a tiny one is rounded up, never to "infinite"); one above
+ * SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it. NaN and the
+ * infinities are -EINVAL everywhere (use 0 for no timeout).
  *
  * Errors (returned as -errno / -SR_E*, detail in sr_last_error()):
  *   -SR_ESHUTDOWN  before sr_init or after sr_shutdown
@@ -34,12 +37,14 @@ extern "C" {
 
 #define SR_DEFAULT_RPC_TIMEOUT 60.0
 #define SR_UNSET_RPC_TIMEOUT (-1.0)
+#define SR_MAX_RPC_TIMEOUT 1e9 /* seconds; larger timeouts are clamped to it */
 #define SR_DEFAULT_NUM_WORKER_THREADS 16
 
 typedef struct sr_init_opts {
     const char *name;        /* NULL: "worker<rank>"; [A-Za-z0-9_:-]{1,127}, unique */
     double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s. (For no
-                                default timeout, call sr_set_rpc_timeout(0).) */
+                                default timeout, call sr_set_rpc_timeout(0).)
+                                NaN, infinite or negative: -EINVAL */
     int num_worker_threads;  /* executor threads for user functions; 0: default */
     bool ignore_rref_leak;   /* graceful shutdown: only log RRefs still forked
                                 after every user was deleted, instead of failing
@@ -48,7 +53,9 @@ typedef struct sr_init_opts {
 
 /* Attach to the job, start the progress thread and executors, exchange
  * names. Errors: -EALREADY "RPC is already initialized"; -EINVAL bad or
- * duplicate name ("is not unique"); errors of the transport. */
+ * duplicate name ("is not unique"), a name of 128 characters or more
+ * (refused, never truncated), or a bad rpc_timeout_s; errors of the
+ * transport. */
 SR_API int sr_init(const sr_init_opts *opts);
 
 /* graceful: barrier with every worker; wait until this worker has no
@@ -58,7 +65,8 @@ SR_API int sr_init(const sr_init_opts *opts);
  * "Leaking RRef (0,3) with fork id (1,7)", and is -EBUSY unless
  * ignore_rref_leak; then tear down. timeout_s bounds the graceful part (0:
  * infinite); -ETIMEDOUT if it passes. Local teardown always runs, even after
- * an error. */
+ * an error, except for -EINVAL: a NaN, infinite or negative timeout_s is
+ * refused before anything is done. */
 SR_API int sr_shutdown(bool graceful, double timeout_s);
 
 SR_API int sr_rank(void);
@@ -68,15 +76,20 @@ SR_API const char *sr_worker_name(int rank);
 /* Rank of a name, or -EINVAL ("could not find destination 'x'"). */
 SR_API int sr_worker_rank(const char *name);
 
-/* Default timeout for calls sent from now on; 0 = infinite. */
-SR_API void sr_set_rpc_timeout(double seconds);
+/* Default timeout for calls sent from now on; 0 = infinite. 0, or -EINVAL
+ * for NaN, an infinity or a negative value (the default is then unchanged),
+ * or -SR_ESHUTDOWN. Values above SR_MAX_RPC_TIMEOUT are clamped to it; any
+ * value > 0 is at least 1 ms. */
+SR_API int sr_set_rpc_timeout(double seconds);
 SR_API double sr_get_rpc_timeout(void);
 
 /* ---- functions ---------------------------------------------------------- */
 
 typedef struct sr_call sr_call;
 /* A function: read arguments with sr_call_arg, finish with
- * return sr_call_return(c, value) or return sr_call_fail(c, err, fmt, ...). */
+ * return sr_call_return(c, value) or return sr_call_fail(c, err, fmt, ...).
+ * A NULL c is -EINVAL in sr_last_error(): nargs 0, arg NULL, caller, return
+ * (which still drops v) and fail -EINVAL. */
 typedef int (*sr_fn)(sr_call *c);
 /* An async function returns a future instead of a value and holds no thread
  * while it waits (@rpc.functions.async_execution). It must not block. */

@@ -80,7 +80,8 @@ SR_API sr_rref *sr_value_rref(const sr_value *v);
 
 /* The value. On a user: fetched from the owner (a copy; tensors share
  * storage, copy-on-write). On the owner: the value itself, once it is set.
- * timeout_s: < 0 the default, 0 none. "... has been deleted. Cannot call
+ * timeout_s: < 0 the default, 0 none, NaN or infinite -EINVAL (rpc.h,
+ * "Timeouts"). "... has been deleted. Cannot call
  * to_here() on it after deletion." after the RRef was deleted on its owner. */
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out);
 
@@ -112,7 +113,7 @@ SR_API int sr_rref_remote(sr_rref *r, const char *fn, sr_args extra, double time
 
 /* "OwnerRRef(rref_id=(1,5))" or "UserRRef(rref_id=(1,5), fork_id=(1,6))";
  * always NUL-terminated (len > 0); returns buf. */
-SR_API const char *sr_rref_str(const sr_rref *r, char *buf, size_t len);
+SR_API const char *sr_rref_str(const sr_rref *r, char *buf, size_t len); /* buf NULL: "" */
 SR_API uint64_t sr_rref_id(const sr_rref *r);
 SR_API uint64_t sr_rref_fork_id(const sr_rref *r); /* SR_RREF_NO_ID for an OwnerRRef */
 
@@ -140,7 +141,8 @@ SR_API int sr_rref_debug_forks(uint64_t rref_id, uint64_t *out, size_t cap);
 
 /* Wait until this worker has no pending user, no pending child and no
  * unacknowledged control message: every fork and delete it sent has been
- * applied by its receiver. -ETIMEDOUT (timeout_s: 0 none). */
+ * applied by its receiver. -ETIMEDOUT (timeout_s: 0 or < 0 none; NaN or
+ * infinite -EINVAL). */
 SR_API int sr_rref_wait_idle(double timeout_s);
 
 #ifdef __cplusplus

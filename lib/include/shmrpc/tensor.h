@@ -123,7 +123,10 @@ SR_API sr_tensor *sr_ones_like(const sr_tensor *t);
  * The streams differ from PyTorch's (xoshiro256** here). */
 SR_API void sr_manual_seed(uint64_t seed);
 
-/* ---- references and accessors ---- */
+/* ---- references and accessors ----
+ * A NULL tensor is -EINVAL in sr_last_error(), never a crash: ndim gives
+ * -EINVAL, dtype (sr_dtype)-1, shape/strides/data NULL, size -1, numel 0,
+ * is_contiguous false. */
 SR_API sr_tensor *sr_tensor_ref(sr_tensor *t);
 SR_API void sr_tensor_unref(sr_tensor *t); /* NULL is ignored */
 SR_API sr_dtype sr_tensor_dtype(const sr_tensor *t);

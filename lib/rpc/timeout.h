@@ -1,0 +1,31 @@
+/* Timeouts (internal): the one place where a timeout in seconds, as the
+ * public API takes it, becomes whole milliseconds and then a deadline.
+ *
+ * Every conversion saturates instead of overflowing: a double is checked
+ * before it is converted to an integer (a conversion out of range is
+ * undefined behaviour), and a deadline is now + ms computed with an overflow
+ * check. The rules (docs/API.md, "Timeouts"):
+ *   - NaN and +-infinity are refused (-EINVAL): 0 already means "none";
+ *   - 0 is "none" (ms 0, deadline -1);
+ *   - any s > 0 is at least 1 ms: a tiny timeout is never rounded to "none";
+ *   - s above SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it.
+ * Callers decide what a negative value means (the default, for calls) before
+ * they convert; sr__timeout_ms refuses one. */
+#ifndef SR_RPC_TIMEOUT_H
+#define SR_RPC_TIMEOUT_H
+
+#include <stdint.h>
+
+#include "shmrpc/rpc.h"
+
+#define SR__MAX_TIMEOUT_MS ((int64_t)SR_MAX_RPC_TIMEOUT * 1000)
+
+/* s seconds as whole ms in *ms (see above). -EINVAL naming fn and s for NaN,
+ * an infinity or a negative s; *ms is then left alone. */
+int sr__timeout_ms(double s, const char *fn, int64_t *ms);
+
+/* The deadline ms after now_ns, in ns: -1 (none) when ms <= 0; INT64_MAX
+ * when the sum would overflow. */
+int64_t sr__deadline_ns(int64_t now_ns, int64_t ms);
+
+#endif
