@@ -135,11 +135,11 @@ void sr__modules_tick(void)
             sr__modules[id]->tick();
 }
 
-void sr__modules_peer_died(int rank)
+void sr__modules_peer_died(int rank, const char *why)
 {
     for (int id = 0; id < SR_MOD_MAX; id++)
         if (sr__modules[id] && sr__modules[id]->peer_died)
-            sr__modules[id]->peer_died(rank);
+            sr__modules[id]->peer_died(rank, why);
 }
 
 int sr__modules_init(const sr_init_opts *o)

@@ -13,7 +13,17 @@
  * no user message was in flight or being processed between the two waves,
  * and none can appear later (every worker is inside sr_shutdown, so only
  * functions already running could send, and they would have been counted).
- * This drains fire-and-forget chains, which no local count can see. */
+ * This drains fire-and-forget chains, which no local count can see.
+ *
+ * A peer that leaves without a graceful shutdown (it returned from main
+ * without sr_shutdown, shut down with graceful=false, or was killed) can
+ * never reach the barrier nor answer a wave: every worker learns of it from
+ * the supervisor (segment.h, "Peer exit") and fails its own shutdown waits
+ * at once with -EPIPE naming that peer; a wait armed later fails as soon as
+ * it is armed. That includes the leader: when rank 0 left, nobody would
+ * release a barrier, so there is no re-election; every survivor reports the
+ * leader's departure. A peer that left after a graceful shutdown fails
+ * nothing: the final barrier orders its departure after every wait here. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -77,7 +87,27 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     pthread_mutex_unlock(&a->ctl_lock);
 }
 
-/* Install a fresh future in *slot under ctl_lock (the dispatcher completes it). */
+static void fail_gone(sr_agent *a, sr_future *f)
+{
+    if (f && !sr_future_done(f))
+        sr_future_set_error(f, -EPIPE, "%s", a->ctl_gone);
+}
+
+void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
+{
+    pthread_mutex_lock(&a->ctl_lock);
+    if (a->ctl_gone_rank < 0) {
+        a->ctl_gone_rank = rank;
+        snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
+    }
+    fail_gone(a, a->barrier_fut);
+    fail_gone(a, a->wave_fut);
+    fail_gone(a, a->quiescent_fut);
+    pthread_mutex_unlock(&a->ctl_lock);
+}
+
+/* Install a fresh future in *slot under ctl_lock (the dispatcher completes
+ * it, or a peer's departure fails it). */
 static sr_future *arm(sr_agent *a, sr_future **slot)
 {
     sr_future *f = sr_future_new();
@@ -85,6 +115,8 @@ static sr_future *arm(sr_agent *a, sr_future **slot)
         return NULL;
     pthread_mutex_lock(&a->ctl_lock);
     *slot = sr_future_ref(f);
+    if (a->ctl_gone_rank >= 0) /* a peer left before this wait began */
+        fail_gone(a, f);
     pthread_mutex_unlock(&a->ctl_lock);
     return f;
 }
@@ -103,6 +135,8 @@ static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, 
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
     sr__dispatch_take_jobs(was);
+    if (!rc && (rc = sr_future_value(f, NULL)) < 0) /* failed by a departed peer */
+        sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
         return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s", what);
@@ -179,6 +213,9 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     /* Nobody sends after quiescence but this final barrier, so no worker
      * detaches while a peer still needs its inbox. */
     rc = barrier(a, deadline);
+    /* Past the final barrier nobody waits for us: peers may take our exit
+     * for a graceful one (a failed shutdown detaches as LEFT, xport.h). */
+    a->x->graceful = rc == 0;
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;
