@@ -185,6 +185,31 @@ Test(peer_exit, death_inside_shutdown_fails_the_barrier_and_waves, .timeout = 60
                 "sr_shutdown(true, 0) of ranks 0 and 1 hung after worker2 died inside its own sr_shutdown");
 }
 
+/* ---- a timeout names who is missing -------------------------------------------- */
+
+/* worker1 is alive but does not come to the shutdown: the leader's timeout
+ * names it (it used to say only "timed out waiting for the other workers"). */
+static int late_to_shutdown(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 1) {
+        WCHECK(sem_wait_bounded(&board->shut) == 0, "worker0's shutdown never timed out");
+        sr_shutdown(false, 0);
+        return 0;
+    }
+    int rc = sr_shutdown(true, 0.5);
+    sem_post(&board->shut);
+    WEXPECT_ERR(rc, -ETIMEDOUT, "1 worker never answered: worker1");
+    return 0;
+}
+
+Test(peer_exit, shutdown_timeout_names_the_missing_worker, .timeout = 60)
+{
+    board_setup();
+    run_bounded("late", 2, late_to_shutdown, NULL, "worker0's sr_shutdown(true, 0.5) did not time out");
+}
+
 /* ---- a call in flight to a peer that shut down non-gracefully and left --------- */
 
 static int call_to_departed(int rank, int world, void *arg)

@@ -108,6 +108,7 @@ typedef struct sr_agent {
     sr_future *barrier_fut, *quiescent_fut;
     uint64_t wave, wave_replies, wave_sent, wave_done;
     sr_future *wave_fut;
+    uint8_t *ctl_in;             /* leader: [world], who has arrived at this barrier / answered this wave */
     int ctl_gone_rank;           /* the first peer that left without a graceful shutdown; -1: none */
     char ctl_gone[256];          /* how it left: fails every shutdown wait, now and later */
 

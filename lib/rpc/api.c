@@ -69,6 +69,7 @@ static void agent_free(sr_agent *a)
     }
     free(a->names);
     free(a->gone);
+    free(a->ctl_in);
     pthread_mutex_destroy(&a->gone_lock);
     pthread_mutex_destroy(&a->ctl_lock);
     sr__outq_fini(a);
@@ -103,7 +104,8 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         a->world = a->x->world;
         rc = collect_names(a);
     }
-    if (!rc && !(a->gone = calloc((size_t)a->world, sizeof(bool))))
+    if (!rc && (!(a->gone = calloc((size_t)a->world, sizeof(bool))) ||
+                !(a->ctl_in = calloc((size_t)a->world, 1))))
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);

@@ -59,8 +59,11 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     pthread_mutex_lock(&a->ctl_lock);
     switch (w->ctrl) {
     case SR_CTRL_BARRIER: /* leader */
+        if (m->src < a->world) /* stamped by the sender's transport; never index with a bad one */
+            a->ctl_in[m->src] = 1;
         if (++a->barrier_count == (uint32_t)a->world) {
             a->barrier_count = 0;
+            memset(a->ctl_in, 0, (size_t)a->world);
             broadcast(a, SR_CTRL_RELEASE, w->p.args.a);
         }
         break;
@@ -74,6 +77,8 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
         break;
     case SR_CTRL_COUNT_RESP: /* leader */
         if (w->p.args.a == a->wave) {
+            if (m->src < a->world)
+                a->ctl_in[m->src] = 1;
             a->wave_sent += w->p.args.b;
             a->wave_done += w->p.args.c;
             if (++a->wave_replies == (uint64_t)a->world)
@@ -130,6 +135,28 @@ static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
     sr_future_unref(f);
 }
 
+/* A timeout names who was missing: the leader knows who has not arrived
+ * (or answered the wave); the others only know that the leader has not
+ * released them. */
+static int timed_out(sr_agent *a, const char *what)
+{
+    char list[256] = "";
+    size_t len = 0;
+    int missing = 0;
+    pthread_mutex_lock(&a->ctl_lock);
+    for (int r = 0; a->rank == 0 && r < a->world; r++)
+        if (!a->ctl_in[r] && ++missing && len < sizeof(list) - 16)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", len ? ", " : "", a->names[r]);
+    pthread_mutex_unlock(&a->ctl_lock);
+    if (len >= sizeof(list) - 16)
+        snprintf(list + len, sizeof(list) - len, ", ...");
+    if (missing)
+        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s: %d worker%s never answered: %s", what,
+                        missing, missing == 1 ? "" : "s", list);
+    return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s (the leader, %s, had not released this worker)",
+                    what, a->names[0]);
+}
+
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
@@ -139,7 +166,7 @@ static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, 
         sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
-        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s", what);
+        return timed_out(a, what);
     return rc;
 }
 
@@ -161,6 +188,7 @@ static int wave(sr_agent *a, int64_t deadline, uint64_t *sent, uint64_t *done)
     pthread_mutex_lock(&a->ctl_lock);
     a->wave++;
     a->wave_replies = a->wave_sent = a->wave_done = 0;
+    memset(a->ctl_in, 0, (size_t)a->world);
     uint64_t id = a->wave;
     pthread_mutex_unlock(&a->ctl_lock);
     broadcast(a, SR_CTRL_COUNT_REQ, id);
