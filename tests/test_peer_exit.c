@@ -33,6 +33,7 @@
 #include "helpers/watch.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
+#include "shmrpc/rref.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
 
@@ -261,4 +262,57 @@ Test(peer_exit, rank_exiting_before_init_fails_sr_init_fast, .timeout = 90)
 {
     run_bounded("preinit", 3, exits_before_init, NULL,
                 "sr_init of ranks 0 and 1 still waited for rank 2, which exited before attaching");
+}
+
+/* ---- an RRef whose owner is gone -------------------------------------------------- */
+
+static int fn_hold(sr_call *c)
+{
+    return sr_call_return(c, sr_int(sr_value_rref(sr_call_arg(c, 0)) ? 1 : 0));
+}
+
+/* worker1 holds a UserRRef owned by worker0, which then exits (status 0)
+ * without sr_shutdown. Passing the RRef on to worker2 used to hang for ever (with no
+ * timeout): worker2's request to the dead owner was retried without end, so
+ * the call it gated never ran. Now the fork fails at once, naming the owner. */
+static int owner_gone(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    sr_register("hold", fn_hold);
+    sr_register("exit_now", fn_exit_now);
+    WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) { /* serve until worker1's exit_now ends this process */
+        sem_wait_bounded(&board->shut);
+        return 1;
+    }
+    if (rank == 2) { /* serve until worker1 is done */
+        WCHECK(sem_wait_bounded(&board->sent) == 0, "worker1 never finished");
+        sr_shutdown(false, 0);
+        return 0;
+    }
+    sr_value *v = sr_int(7);
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(0, "echo", SR_ARGS(v), 0, &r) == 0, "remote: %s", sr_last_error());
+    sr_future *conf = NULL;
+    WCHECK(sr_rref_confirmation(r, &conf) == 0 && sr_future_wait(conf, NULL) == 0, "confirmation: %s",
+           sr_last_error());
+    sr_future_unref(conf);
+    /* the owner leaves, still attached; its departure is seen here when the call fails */
+    WEXPECT_ERR(sr_rpc_sync(0, "exit_now", SR_NOARGS, 0, NULL), -EPIPE, "RPC to worker0 failed");
+    sr_value *rv = sr_rref_value(r); /* borrowed */
+    int rc = sr_rpc_sync(2, "hold", SR_ARGS(rv), 0, NULL);
+    WEXPECT_ERR(rc, -EPIPE, "owner is gone: worker0 exited with status 0 without sr_shutdown");
+    WCHECK(sr_rref_wait_idle(0) == 0, "RRef state still pending: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_rref_unref(r);
+    sem_post(&board->sent);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+Test(peer_exit, passing_on_an_rref_whose_owner_is_gone_fails_at_once, .timeout = 60)
+{
+    board_setup();
+    run_bounded("rrefgone", 3, owner_gone, NULL,
+                "passing on an RRef whose owner worker0 had left hung (a call with no timeout)");
 }

@@ -184,6 +184,10 @@ int sr__module_register(int id, const sr_module *m);
 
 int sr__rpc_rank(void);  /* -1 when RPC is not initialised */
 int sr__rpc_world(void);
+/* The process of `rank` has ended (the supervisor published it): a message
+ * to it can never be answered. If so, why (len bytes, may be NULL) says how:
+ * "worker2 exited with status 0 without sr_shutdown". */
+bool sr__rpc_peer_gone(int rank, char *why, size_t len);
 /* The default RPC timeout in ms (0: none), captured now. */
 int64_t sr__rpc_default_timeout_ms(void);
 /* Start a module request to `to`: args are encoded like a call's; the

@@ -270,11 +270,12 @@ static void drop_entry_locked(uint64_t token, struct after *d, sr_rref **failed)
 }
 
 /* why: how the owner left ("worker1 exited with status 0 without
- * sr_shutdown"); NULL: not known here. */
+ * sr_shutdown"); NULL: ask the agent. */
 static void fail_confirm(sr_rref *r, int rank, const char *why)
 {
-    char s[96], how[64];
-    snprintf(how, sizeof(how), "worker%d died", rank);
+    char s[96], how[256];
+    if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
+        snprintf(how, sizeof(how), "worker%d died", rank);
     if (r && r->confirm)
         sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner of %s is gone before confirming it: %s",
                             sr__rref_ctx.rank, sr_rref_str(r, s, sizeof(s)), why ? why : how);
