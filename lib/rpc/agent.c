@@ -158,6 +158,13 @@ static bool user_release(sr_agent *a)
             atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
             return false;
         }
+        /* A departure published while we polled rang an AWAKE doorbell (X3)
+         * and may have woken nobody: handle it before parking the token. */
+        if (sr__agent_exits_pending(a)) {
+            atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed); /* relaxed: as above */
+            sr__agent_check_exits(a);
+            continue;
+        }
         /* release: pairs with the acquire CAS of the next holder */
         if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
                                                     memory_order_relaxed)) {
