@@ -41,7 +41,13 @@ enum sr_worker_state {
     SR_WORKER_ATTACHED = 1, /* the worker has attached and set its fields */
     SR_WORKER_DETACHED = 2, /* the worker detached after a graceful shutdown */
     SR_WORKER_LEFT = 3,     /* the worker detached without one (sr_shutdown(false), a failed init) */
+    SR_WORKER_CLOSING = 4,  /* attached, inside a graceful shutdown (for reports: it came to sr_shutdown) */
 };
+/* Attached: its inbox is served (ATTACHED or CLOSING). */
+static inline bool sr_worker_state_attached(uint32_t st)
+{
+    return st == SR_WORKER_ATTACHED || st == SR_WORKER_CLOSING;
+}
 
 /* Peer exit (ordering contract). The supervisor (shmrun or sr_spawn: the
  * parent of every worker) reaps each worker and publishes how it ended:

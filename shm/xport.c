@@ -57,7 +57,7 @@ static int missing_ranks(sr_xport *x)
     size_t len = 0;
     for (int r = 0; r < x->world && len < sizeof(list) - 16; r++)
         /* acquire: pairs with the worker's release store of ATTACHED */
-        if (atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) != SR_WORKER_ATTACHED)
+        if (!sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
@@ -238,7 +238,7 @@ int sr_xport_check_peers(sr_xport *x)
     for (int r = 0; r < x->world; r++) {
         /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr_xport_detach */
         if (sr_xport_peer_dead(x, r) &&
-            atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) == SR_WORKER_ATTACHED)
+            sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
             return sr__fail(-EPIPE, "sr_xport_check_peers", "rank %d (pid %d) died without detaching", r,
                             sr_seg_worker(&x->seg, r)->pid);
     }
@@ -270,6 +270,12 @@ const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t le
     else
         snprintf(buf, len, "'%.*s' (rank %d) %s", SR_NAME_MAX, w->name, rank, how);
     return buf;
+}
+
+void sr_xport_closing(sr_xport *x)
+{
+    /* release: as the store of ATTACHED (the supervisor's acquire reads it) */
+    atomic_store_explicit(&x->me->state, SR_WORKER_CLOSING, memory_order_release);
 }
 
 bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank)

@@ -155,6 +155,10 @@ const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t le
  * nothing of the job can still be waiting for it. */
 bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank);
 
+/* This worker has entered a graceful shutdown: if it dies now, peers say
+ * "during sr_shutdown" rather than "without sr_shutdown". */
+void sr_xport_closing(sr_xport *x);
+
 /* The process of `rank` has exited (cleanly or not), seen through its pidfd
  * by this worker's waiter; says nothing of how (sr_xport_peer_gone does). */
 static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)

@@ -190,8 +190,8 @@ static void wake_survivors(sr_job *job, int gone)
     futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
     for (int r = 0; r < job->n; r++) {
         struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
-        /* acquire: pairs with the worker's release store of ATTACHED, after its doorbell_kind */
-        if (!job->pids[r] || atomic_load_explicit(&w->state, memory_order_acquire) != SR_WORKER_ATTACHED)
+        /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */
+        if (!job->pids[r] || !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
             continue; /* not attached: it waits in the start barrier, woken above */
         sr_doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
     }

@@ -220,6 +220,7 @@ static int leader_drain(sr_agent *a, int64_t deadline)
 
 int sr__graceful(sr_agent *a, int64_t deadline)
 {
+    sr_xport_closing(a->x);
     /* Armed before the barrier: once the barrier releases, our poller may see
      * the leader's QUIESCENT before this thread runs again. */
     sr_future *q = arm(a, &a->quiescent_fut);
