@@ -275,9 +275,12 @@ static int fn_hold(sr_call *c)
 }
 
 /* worker1 holds a UserRRef owned by worker0, which then exits (status 0)
- * without sr_shutdown. Passing the RRef on to worker2 used to hang for ever (with no
- * timeout): worker2's request to the dead owner was retried without end, so
- * the call it gated never ran. Now the fork fails at once, naming the owner. */
+ * without sr_shutdown. Passing the RRef on to worker2 used to leave worker1
+ * waiting for ever (no timeouts here): for the child's CHILD_ACCEPT, which
+ * worker2 sends only once the dead owner has confirmed it, so
+ * sr_rref_wait_idle never returned (earlier, the call itself hung, its
+ * request to the owner retried without end). Now the fork fails at once,
+ * naming the owner, and nothing is left pending. */
 static int owner_gone(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
@@ -317,5 +320,5 @@ Test(peer_exit, passing_on_an_rref_whose_owner_is_gone_fails_at_once, .timeout =
 {
     board_setup();
     run_bounded("rrefgone", 3, owner_gone, NULL,
-                "passing on an RRef whose owner worker0 had left hung (a call with no timeout)");
+                "passing on an RRef whose owner worker0 had left hung (the call or sr_rref_wait_idle, no timeout)");
 }
