@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -182,6 +184,38 @@ void sr_segment_detach(sr_segment *seg, bool close_fd)
     if (close_fd && seg->fd >= 0)
         close(seg->fd);
     *seg = (sr_segment){.fd = -1};
+}
+
+const char *sr_exit_describe(int how, int status, char *buf, size_t len)
+{
+    const char *name = sigabbrev_np(status); /* NULL for real-time signals */
+    const char *core = how == CLD_DUMPED ? " (core dumped)" : "";
+    if (how == CLD_EXITED)
+        snprintf(buf, len, "exited with status %d", status);
+    else if (name)
+        snprintf(buf, len, "was killed by signal SIG%s%s", name, core);
+    else
+        snprintf(buf, len, "was killed by signal %d%s", status, core);
+    return buf;
+}
+
+const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len)
+{
+    static const char *const after[] = {
+        [SR_WORKER_EMPTY] = " before attaching",
+        [SR_WORKER_ATTACHED] = " without sr_shutdown",
+        [SR_WORKER_DETACHED] = " after sr_shutdown",
+        [SR_WORKER_LEFT] = " after a non-graceful sr_shutdown",
+        [SR_WORKER_CLOSING] = " during sr_shutdown",
+    };
+    char how[80];
+    /* relaxed: the caller saw exited = 1 (X1), which orders the worker's last store */
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    sr_exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
+    /* A killed worker was not leaving: how it was attached says nothing more. */
+    bool killed = w->exit_code != CLD_EXITED;
+    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_CLOSING ? "" : after[st]);
+    return buf;
 }
 
 static struct sr_launch_env launch_env; /* set in a sr_spawn child before any thread exists */

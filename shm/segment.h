@@ -25,8 +25,8 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 3u                   /* bump when any offset below changes (2: remote_free;
-                                                     3: ring space_ranks, worker space_kick) */
+#define SR_SEG_LAYOUT_FORMAT 4u                   /* bump when any offset below changes (2: remote_free;
+                                                     3: ring space_ranks, worker space_kick; 4: exit lines) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -39,8 +39,32 @@
 enum sr_worker_state {
     SR_WORKER_EMPTY = 0,    /* slot written by the creator only */
     SR_WORKER_ATTACHED = 1, /* the worker has attached and set its fields */
-    SR_WORKER_DETACHED = 2, /* the worker detached cleanly */
+    SR_WORKER_DETACHED = 2, /* the worker detached after a graceful shutdown */
+    SR_WORKER_LEFT = 3,     /* the worker detached without one (sr_shutdown(false), a failed init) */
+    SR_WORKER_CLOSING = 4,  /* attached, inside a graceful shutdown (for reports: it came to sr_shutdown) */
 };
+/* Attached: its inbox is served (ATTACHED or CLOSING). */
+static inline bool sr_worker_state_attached(uint32_t st)
+{
+    return st == SR_WORKER_ATTACHED || st == SR_WORKER_CLOSING;
+}
+
+/* Peer exit (ordering contract). The supervisor (shmrun or sr_spawn: the
+ * parent of every worker) reaps each worker and publishes how it ended:
+ *   X1 store exit_code, exit_status, exit_seq (plain); seq_cst store exited = 1
+ *   X2 seq_cst increment of header.exits
+ *   X3 unless the worker had detached gracefully and the job goes on: ring
+ *      every attached worker's doorbell (its D3 fence) and FUTEX_WAKE
+ *      header.attached (workers still in the start barrier)
+ * A worker reads header.exits (seq_cst or acquire, pairs with X2), then the
+ * exited words of the ranks it has not handled yet. A sleeper re-checks
+ * header.exits after announcing SLEEPING (its D2 fence), so X3 never finds
+ * it asleep without a wake. The worker's own table fields (state, pid) were
+ * written before its process ended, so they are visible to whoever sees
+ * exited = 1 (waitid, then X1, orders them). seq_cst on X1 pairs with the
+ * seq_cst check of a sender (sr_xport_send) and the call table's generation
+ * bump: a call either sees the exit at send time or is seen by the scan
+ * that fails the calls to the departed peer. */
 
 struct sr_seg_header {
     /* Line 0-1: written once by the creator before any worker starts; read-only after. */
@@ -58,9 +82,13 @@ struct sr_seg_header {
     /* Line 2: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
     _Atomic uint32_t awake;                    /* workers not asleep in their doorbell (spin policy) */
+
+    /* Line 3: written by the supervisor only (see "Peer exit" above). */
+    _Atomic uint32_t exits SR_ALIGNED_LINE;    /* workers whose exit was published (a generation) */
 };
 static_assert(sizeof(struct sr_seg_header) <= SR_SEG_HEADER_SIZE, "header fits its page");
 static_assert(offsetof(struct sr_seg_header, attached) % SR_CACHELINE == 0, "shared counters on their own line");
+static_assert(offsetof(struct sr_seg_header, exits) % SR_CACHELINE == 0, "the supervisor's counter on its own line");
 
 struct sr_worker_info {
     /* Line 0: written by the creator before the worker starts; read-only after. */
@@ -88,10 +116,18 @@ struct sr_worker_info {
      * first block, 0 = empty). Pushed by peers (release CAS), taken whole by
      * the worker (acquire exchange); see heap.c. */
     _Atomic uint64_t remote_free SR_ALIGNED_LINE;
+
+    /* Own line: written by the supervisor once, after it reaped the worker's
+     * process (X1 above); read by peers. */
+    _Atomic uint32_t exited SR_ALIGNED_LINE; /* 0: running (or never started); 1: ended */
+    int32_t exit_code;      /* siginfo si_code: CLD_EXITED, CLD_KILLED, CLD_DUMPED */
+    int32_t exit_status;    /* the exit status, or the signal */
+    uint32_t exit_seq;      /* 1 for the job's first published exit, 2 for the next...: the order of departures */
 };
 static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
 static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
 static_assert(offsetof(struct sr_worker_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
+static_assert(offsetof(struct sr_worker_info, exited) % SR_CACHELINE == 0, "exit line on its own line");
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */
@@ -149,6 +185,16 @@ static inline void *sr_seg_ptr(const sr_segment *s, uint64_t off)
 {
     return (char *)s->base + off;
 }
+
+/* How worker w ended, for error messages: "exited with status 0 without
+ * sr_shutdown", "was killed by signal SIGKILL", "exited with status 3 before
+ * attaching", "exited with status 0 after sr_shutdown". Only meaningful once
+ * w->exited reads 1. Returns buf. */
+const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len);
+/* how: a siginfo si_code (CLD_EXITED, CLD_KILLED, CLD_DUMPED); status: the
+ * exit status or the signal. "exited with status N", "was killed by signal
+ * SIGX (core dumped)". */
+const char *sr_exit_describe(int how, int status, char *buf, size_t len);
 
 /* How a worker finds its segment: sr_spawn children get it from a
  * process-global set after fork; shmrun children from SHMRPC_FD,

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -56,14 +57,59 @@ static int missing_ranks(sr_xport *x)
     size_t len = 0;
     for (int r = 0; r < x->world && len < sizeof(list) - 16; r++)
         /* acquire: pairs with the worker's release store of ATTACHED */
-        if (atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) != SR_WORKER_ATTACHED)
+        if (!sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
 
+/* The rank whose exit the supervisor published first, or -1: the cause,
+ * not a peer that gave up because of it. */
+static int first_exited(sr_xport *x)
+{
+    int first = -1;
+    uint32_t seq = 0;
+    for (int r = 0; r < x->world; r++) {
+        const struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+        /* seq_cst: after the generation read by the caller (X2 pairs with it) */
+        if (atomic_load_explicit(&w->exited, memory_order_seq_cst) && (first < 0 || w->exit_seq < seq))
+            first = r, seq = w->exit_seq; /* exit_seq: written before X1 */
+    }
+    return first;
+}
+
+static int exited_before_start(sr_xport *x, int r)
+{
+    char how[128];
+    sr_seg_exit_text(sr_seg_worker(&x->seg, r), how, sizeof(how));
+    return sr__fail(-EPIPE, "sr_init", "rank %d %s, while rank %d waited for every worker to attach to segment '%s'",
+                    r, how, x->rank, x->seg.hdr->name);
+}
+
+/* Sleep until `attached` moves off n, `exits` moves off e (a worker ended:
+ * the supervisor wakes `attached` after publishing it), or ns pass. One
+ * futex_waitv on both words, so no exit is missed between our check and the
+ * sleep; kernels before 5.16 sleep on `attached` alone, in bounded slices. */
+static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t ns)
+{
+    static bool no_waitv; /* racy but monotonic: every thread finds the same answer */
+    if (!no_waitv) {
+        struct futex_waitv v[2] = {
+            {.val = n, .uaddr = (uintptr_t)&h->attached, .flags = FUTEX_32},
+            {.val = e, .uaddr = (uintptr_t)&h->exits, .flags = FUTEX_32},
+        };
+        int64_t at = sr_now_ns() + ns;
+        struct timespec ts = {.tv_sec = at / 1000000000, .tv_nsec = at % 1000000000};
+        if (syscall(SYS_futex_waitv, v, 2, 0, &ts, CLOCK_MONOTONIC) >= 0 || errno != ENOSYS)
+            return;
+        no_waitv = true;
+    }
+    futex_wait_ns(&h->attached, n, ns < SLICE_NS ? ns : SLICE_NS);
+}
+
 /* The start barrier: every worker has published its pid and doorbell.
  * A worker may attach again after detaching (init -> shutdown -> init), so
- * round r waits for r * world arrivals. */
+ * round r waits for r * world arrivals. A worker that has ended can never
+ * arrive: the barrier fails at once, naming it. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
     static uint32_t round; /* attaches by this process; one thread attaches at a time */
@@ -74,14 +120,20 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     futex_wake_all(&h->attached);
     int64_t deadline = sr_now_ns() + timeout_ns;
     for (;;) {
+        /* seq_cst: pairs with the supervisor's X2; read before the count, so
+         * that an exit published after it changes the word we sleep on */
+        uint32_t e = atomic_load_explicit(&h->exits, memory_order_seq_cst);
         /* acquire: pairs with each peer's release increment above */
         uint32_t n = atomic_load_explicit(&h->attached, memory_order_acquire);
         if (n >= want)
             return 0;
+        int r = e ? first_exited(x) : -1;
+        if (r >= 0)
+            return exited_before_start(x, r);
         int64_t left = deadline - sr_now_ns();
         if (left <= 0)
             return missing_ranks(x);
-        futex_wait_ns(&h->attached, n, left < SLICE_NS ? left : SLICE_NS);
+        wait_start(h, n, e, left);
     }
 }
 
@@ -92,7 +144,7 @@ static int resolve_peers(sr_xport *x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d peers", x->world);
     for (int r = 0; r < x->world; r++) {
         struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
-        x->peers[r] = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .doorbell = &w->doorbell,
+        x->peers[r] = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .exited = &w->exited, .doorbell = &w->doorbell,
                                        .kind = w->doorbell_kind, .eventfd = w->eventfd};
         if (r == x->rank)
             continue;
@@ -172,7 +224,8 @@ void sr_xport_detach(sr_xport *x)
         /* relaxed: statistics for the spin heuristic */
         atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
         /* release: our last sends are complete before peers see DETACHED */
-        atomic_store_explicit(&x->me->state, SR_WORKER_DETACHED, memory_order_release);
+        atomic_store_explicit(&x->me->state, x->graceful ? SR_WORKER_DETACHED : SR_WORKER_LEFT,
+                              memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
     sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
@@ -183,9 +236,9 @@ void sr_xport_detach(sr_xport *x)
 int sr_xport_check_peers(sr_xport *x)
 {
     for (int r = 0; r < x->world; r++) {
-        /* acquire: pairs with the peer's release store of DETACHED in sr_xport_detach */
+        /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr_xport_detach */
         if (sr_xport_peer_dead(x, r) &&
-            atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire) != SR_WORKER_DETACHED)
+            sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
             return sr__fail(-EPIPE, "sr_xport_check_peers", "rank %d (pid %d) died without detaching", r,
                             sr_seg_worker(&x->seg, r)->pid);
     }
@@ -205,12 +258,45 @@ static int corrupt_inbox(sr_xport *x, int to, const char *fn)
                     sr_seg_worker(&x->seg, to)->name, to, tail & r->mask, seq, tail, r->size);
 }
 
+const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len)
+{
+    const struct sr_worker_info *w = sr_seg_worker(&x->seg, rank);
+    char how[128], dflt[24];
+    sr_seg_exit_text(w, how, sizeof(how));
+    snprintf(dflt, sizeof(dflt), "worker%d", rank);
+    /* the name was written before the peer's start-barrier increment, read after ours */
+    if (!w->name[0] || !strncmp(w->name, dflt, sizeof(w->name)))
+        snprintf(buf, len, "worker%d %s", rank, how);
+    else
+        snprintf(buf, len, "'%.*s' (rank %d) %s", SR_NAME_MAX, w->name, rank, how);
+    return buf;
+}
+
+void sr_xport_closing(sr_xport *x)
+{
+    /* release: as the store of ATTACHED (the supervisor's acquire reads it) */
+    atomic_store_explicit(&x->me->state, SR_WORKER_CLOSING, memory_order_release);
+}
+
+bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank)
+{
+    /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
+    return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_DETACHED;
+}
+
+static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)
+{
+    char text[256];
+    return sr__fail(-EPIPE, "sr_xport_send", "destination rank %d is gone: %s", to,
+                    sr_xport_gone_text(x, to, text, sizeof(text)));
+}
+
 static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
         return sr__fail(-EINVAL, "sr_xport_send", "destination rank %d is out of range [0, %d)", to, x->world);
-    if (sr_unlikely(sr_xport_peer_dead(x, to)))
-        return sr__fail(-EPIPE, "sr_xport_send", "destination rank %d has died", to);
+    if (sr_unlikely(sr_xport_peer_gone(x, to)))
+        return gone_error(x, to);
     struct sr_peer *p = &x->peers[to];
     m->src = (uint16_t)x->rank;
     int rc = sr_ring_enqueue(p->inbox, m);

@@ -15,6 +15,7 @@
 #define SR_SHM_XPORT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "doorbell.h"
@@ -39,6 +40,7 @@ typedef struct sr_xport_stats {
 
 struct sr_peer {
     struct sr_ring *inbox;
+    _Atomic uint32_t *exited;   /* its worker table's exit word (segment.h) */
     _Atomic uint32_t *doorbell;
     uint32_t kind;
     int eventfd;
@@ -54,20 +56,24 @@ typedef struct sr_xport {
     int ncpu;
     int64_t spin_ns;          /* current budget (adaptive) */
     bool fixed_spin;
+    bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     sr_xport_stats st;
 } sr_xport;
 
 /* Attach the calling process as its launch rank (shmrun env or sr_spawn), and
  * wait until every worker of the job has attached. Errors: -ENOENT not
  * launched by shmrun/sr_spawn; -EPROTO/-EINVAL bad segment; -ETIMEDOUT a peer
- * never attached; -ENOMEM. */
+ * never attached; -EPIPE a worker's process ended before every worker had
+ * attached (at once: the supervisor publishes it; the message names the rank
+ * and its exit status); -ENOMEM. */
 int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
 void sr_xport_detach(sr_xport *x);
 
 /* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
  * destination inbox is full (back-pressure: nothing was sent, retry: see
- * space events below); -EINVAL bad rank; -EPIPE the destination has died;
- * -EPROTO the destination's inbox is corrupt (the error names its worker). */
+ * space events below); -EINVAL bad rank; -EPIPE the destination's process
+ * has ended (published by the supervisor; the message says how); -EPROTO the
+ * destination's inbox is corrupt (the error names its worker). */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 
 /* As sr_xport_send, but never wakes the destination: the message waits in
@@ -128,7 +134,33 @@ int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void
  * spin policy) when it starts or stops polling without sleeping here. */
 void sr_xport_awake(sr_xport *x, int delta);
 
-/* The process of `rank` has exited (cleanly or not). */
+/* The supervisor has published that the process of `rank` ended (segment.h,
+ * "Peer exit"). seq_cst: pairs with the supervisor's X1 store. */
+static inline bool sr_xport_peer_gone(const sr_xport *x, int rank)
+{
+    return atomic_load_explicit(x->peers[rank].exited, memory_order_seq_cst) != 0;
+}
+
+/* The count of published exits, a generation: a change means some peer's
+ * exit is new to whoever last read it. seq_cst (acquire at least): pairs with X2. */
+static inline uint32_t sr_xport_exits(const sr_xport *x)
+{
+    return atomic_load_explicit(&x->seg.hdr->exits, memory_order_seq_cst);
+}
+
+/* "worker2 exited with status 0 without sr_shutdown", or for a named worker
+ * "'ps' (rank 2) was killed by signal SIGKILL"; `rank` must be gone. */
+const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len);
+/* The peer detached after a graceful shutdown before its process ended:
+ * nothing of the job can still be waiting for it. */
+bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank);
+
+/* This worker has entered a graceful shutdown: if it dies now, peers say
+ * "during sr_shutdown" rather than "without sr_shutdown". */
+void sr_xport_closing(sr_xport *x);
+
+/* The process of `rank` has exited (cleanly or not), seen through its pidfd
+ * by this worker's waiter; says nothing of how (sr_xport_peer_gone does). */
 static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)
 {
     return x->waiter.peer_dead && x->waiter.peer_dead[rank];

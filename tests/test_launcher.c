@@ -254,6 +254,23 @@ Test(launcher, clean_exit_of_4_workers)
     finish(&r);
 }
 
+/* Regression: a rank that exited (status 0) before attaching made the others
+ * wait 60 s in the start barrier, though shmrun knew at once. Now shmrun
+ * publishes the exit and wakes the barrier: their attach fails at once,
+ * naming the rank (worker_prog checks the error), well within the bound. */
+Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once)
+{
+    struct run r;
+    start_job(&r, "early", 3, "early", "1", NULL);
+    int64_t t0 = watch_now_ms();
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    cr_assert_eq(r.err_len, 0, "the job printed on stderr:\n%s", r.err);
+    cr_assert_lt(watch_now_ms() - t0, WATCH_WAIT_MS, "the job took %lld ms", (long long)(watch_now_ms() - t0));
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
 Test(launcher, worker_abort_takes_the_job_down)
 {
     struct run r;

@@ -203,9 +203,9 @@ static int dead_peer_worker(int rank, int world, void *arg)
         return 1;
     }
     int rc = sr_rpc_sync(1, "exit_now", SR_NOARGS, 30, NULL);
-    WEXPECT_ERR(rc, -EPIPE, "worker1 failed: the worker died");
+    WEXPECT_ERR(rc, -EPIPE, "worker1 failed: the worker exited with status 0");
     rc = sr_rpc_sync(1, "noop", SR_NOARGS, 30, NULL);
-    WEXPECT_ERR(rc, -EPIPE, "destination rank 1 has died");
+    WEXPECT_ERR(rc, -EPIPE, "destination rank 1 is gone: worker1 exited with status 0");
     sr_shutdown(false, 0);
     return 0;
 }

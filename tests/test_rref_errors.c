@@ -190,7 +190,7 @@ static int owner_dies_worker(int rank, int world, void *arg)
     WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     if (expect_pair(r, 8))
         return 1;
-    WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, NULL), -EPIPE, "the worker died");
+    WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, NULL), -EPIPE, "the worker exited with status 0");
     WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -EPIPE, "worker1");
     sr_rref_unref(r);
     sr_value_unref(n);

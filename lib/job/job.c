@@ -2,6 +2,8 @@
 #include "job.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <liburing.h>
 #include <poll.h>
 #include <stdio.h>
@@ -14,7 +16,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "doorbell.h"
 #include "error.h"
+#include "ring.h"
 
 #define TAG_SIGNAL UINT64_C(0xffffffff)
 
@@ -126,18 +130,6 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
     return 0;
 }
 
-static void describe(char *buf, size_t len, const siginfo_t *si)
-{
-    const char *name = sigabbrev_np(si->si_status); /* NULL for real-time signals */
-    const char *core = si->si_code == CLD_DUMPED ? " (core dumped)" : "";
-    if (si->si_code == CLD_EXITED)
-        snprintf(buf, len, "exited with status %d", si->si_status);
-    else if (name)
-        snprintf(buf, len, "was killed by signal SIG%s%s", name, core);
-    else
-        snprintf(buf, len, "was killed by signal %d%s", si->si_status, core);
-}
-
 static int live_workers(const sr_job *job)
 {
     int n = 0;
@@ -176,12 +168,53 @@ int sr__job_stop(sr_job *job)
 static int report_failure(sr_job *job, int rank, pid_t pid, const siginfo_t *si)
 {
     char what[96];
-    describe(what, sizeof(what), si);
+    sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
     int others = sr__job_stop(job);
     sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s; stopped the other %d worker%s", rank, (int)pid, what,
              others, others == 1 ? "" : "s");
     fprintf(stderr, "%s\n", sr_last_error());
     return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); /* shared: the word is in the segment */
+}
+
+/* Wake every worker still running, wherever it waits for a peer: its
+ * doorbell (X3 in segment.h), the start barrier, and a send blocked on the
+ * departed worker's full inbox. */
+static void wake_survivors(sr_job *job, int gone)
+{
+    futex_wake_all(&job->seg.hdr->attached);
+    futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
+    for (int r = 0; r < job->n; r++) {
+        struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
+        /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */
+        if (!job->pids[r] || !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
+            continue; /* not attached: it waits in the start barrier, woken above */
+        sr_doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
+    }
+}
+
+/* Publish how `rank` ended (segment.h, "Peer exit"). The peers are woken
+ * only when the job goes on (status 0: a failure stops them all anyway) and
+ * the worker had not left after a graceful shutdown (nobody waits for it). */
+static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
+{
+    struct sr_worker_info *w = sr_seg_worker(&job->seg, rank);
+    w->exit_code = si->si_code;
+    w->exit_status = si->si_status;
+    /* relaxed: only this thread writes the count */
+    w->exit_seq = atomic_load_explicit(&job->seg.hdr->exits, memory_order_relaxed) + 1;
+    /* X1, seq_cst: pairs with the senders' seq_cst check (segment.h) */
+    atomic_store_explicit(&w->exited, 1, memory_order_seq_cst);
+    /* X2, seq_cst: pairs with the peers' load of the generation */
+    atomic_fetch_add_explicit(&job->seg.hdr->exits, 1, memory_order_seq_cst);
+    /* relaxed: the worker's last store, ordered by its exit and waitid */
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    if (si->si_code == CLD_EXITED && si->si_status == 0 && st != SR_WORKER_DETACHED)
+        wake_survivors(job, rank);
 }
 
 /* A worker's pidfd became readable: reap it. Returns 0, or the job's exit code. */
@@ -198,6 +231,7 @@ static int on_exit_event(sr_job *job, int rank)
         return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
     }
     job->pids[rank] = 0;
+    publish_exit(job, rank, &si);
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;
     return report_failure(job, rank, pid, &si);

@@ -43,7 +43,7 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_xport_peer_dead(a->x, to))
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_xport_peer_gone(a->x, to))
         return sr__reorder_hold(a, to, m);
     return sr__agent_send_now(a, to, m);
 }
@@ -158,6 +158,13 @@ static bool user_release(sr_agent *a)
             atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
             return false;
         }
+        /* A departure published while we polled rang an AWAKE doorbell (X3)
+         * and may have woken nobody: handle it before parking the token. */
+        if (sr__agent_exits_pending(a)) {
+            atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed); /* relaxed: as above */
+            sr__agent_check_exits(a);
+            continue;
+        }
         /* release: pairs with the acquire CAS of the next holder */
         if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
                                                     memory_order_relaxed)) {
@@ -200,6 +207,10 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             return -ETIMEDOUT;
         if (a->reorder)
             sr__reorder_pump(a, sr_now_ns());
+        if (sr__agent_exits_pending(a)) { /* the supervisor rang: a peer left */
+            sr__agent_check_exits(a);
+            continue;
+        }
         if (!spin_for(a, f, sr_xport_spin_budget(a->x)))
             return 1; /* idle: sleep on the future instead */
     }
@@ -245,7 +256,9 @@ static bool idle_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed); /* relaxed: D2 orders it */
     /* D2 (doorbell.h): pairs with the producers' D3 fence */
     atomic_thread_fence(memory_order_seq_cst);
-    if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f) && !sr_xport_space_kicked(a->x)) {
+    /* The exit generation too: the supervisor rings after publishing one (X3). */
+    if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f) && !sr_xport_space_kicked(a->x) &&
+        !sr__agent_exits_pending(a)) {
         int64_t left = deadline >= 0 ? deadline - sr_now_ns() : IDLE_SLICE_NS;
         if (left > IDLE_SLICE_NS)
             left = IDLE_SLICE_NS;
@@ -346,7 +359,8 @@ static bool park_ready(void *p)
     sr_agent *a = p;
     /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
     if (sr_ring_ready(a->x->inbox) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
-        sr_xport_space_kicked(a->x))
+        sr_xport_space_kicked(a->x) ||
+        sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
     uint32_t t = TOKEN_PROGRESS;
     /* release: pairs with a stealer's acquire; our consumption happens-before its */
@@ -366,21 +380,65 @@ static int64_t next_deadline(sr_agent *a)
     return earlier(d, sr__reorder_next(a));
 }
 
-static bool peer_crashed(sr_agent *a, int r)
+/* Under gone_lock: claim the peer whose exit was published first among
+ * those not handled yet; -1 when none is left. In publication order, so
+ * that the worker that left first is the one a failed wait names, not a
+ * peer whose own shutdown failed because of it. */
+static int claim_gone(sr_agent *a)
 {
-    /* acquire: pairs with the peer's release store of DETACHED in sr_xport_detach */
-    return atomic_load_explicit(&sr_seg_worker(&a->x->seg, r)->state, memory_order_acquire) != SR_WORKER_DETACHED;
+    int first = -1;
+    uint32_t seq = 0;
+    for (int r = 0; r < a->world; r++)
+        if (r != a->rank && !a->gone[r] && sr_xport_peer_gone(a->x, r)) {
+            uint32_t s = sr_seg_worker(&a->x->seg, r)->exit_seq; /* written before X1, read after it */
+            if (first < 0 || s < seq)
+                first = r, seq = s;
+        }
+    if (first >= 0)
+        a->gone[first] = true;
+    return first;
 }
 
-static void handle_events(sr_agent *a, int ev)
+/* A peer's process ended. Calls to it fail whatever the reason; a peer
+ * that left after a graceful shutdown owes nothing else (the final barrier
+ * ordered it after every wait that involved it), so only the others fail
+ * the modules' waits and this worker's own shutdown. */
+static void peer_gone(sr_agent *a, int r)
 {
-    if (ev > 0 && (ev & SR_WAKE_PEER))
-        for (int r = 0; r < a->world; r++)
-            if (sr_xport_peer_dead(a->x, r) && peer_crashed(a, r)) {
-                sr__outq_drop_peer(a, r);
-                sr__calls_fail_peer(a, r, "died");
-                sr__modules_peer_died(r);
-            }
+    char text[256], how[128];
+    sr_xport_gone_text(a->x, r, text, sizeof(text));
+    sr_seg_exit_text(sr_seg_worker(&a->x->seg, r), how, sizeof(how));
+    sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
+    sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
+    if (sr_xport_peer_left_gracefully(a->x, r))
+        return;
+    sr__modules_peer_died(r, text);
+    sr__ctrl_peer_gone(a, r, text);
+}
+
+void sr__agent_check_exits(sr_agent *a)
+{
+    for (;;) {
+        uint32_t n = sr_xport_exits(a->x); /* seq_cst: pairs with the supervisor's X2 */
+        /* relaxed: a hint, confirmed under the lock */
+        if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
+            return;
+        pthread_mutex_lock(&a->gone_lock);
+        int r = claim_gone(a);
+        if (r < 0) /* every exit counted in n is handled: published before X2 */
+            atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
+        pthread_mutex_unlock(&a->gone_lock);
+        if (r < 0)
+            return;
+        peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
+    }
+}
+
+/* After a sleep or a token wait. A peer's pidfd (SR_WAKE_PEER) only wakes
+ * us: its exit counts once the supervisor has published how it ended. */
+static void handle_events(sr_agent *a)
+{
+    sr__agent_check_exits(a);
     int64_t now = sr_now_ns();
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
     if (d >= 0 && now >= d)
@@ -424,8 +482,8 @@ static void progress_idle(sr_agent *a)
     /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
      * below include every kick up to the generation armed above */
     atomic_thread_fence(memory_order_acquire);
-    int ev = sr_xport_sleep(a->x, next_deadline(a), park_ready, a);
-    handle_events(a, ev);
+    sr_xport_sleep(a->x, next_deadline(a), park_ready, a);
+    handle_events(a);
 }
 
 /* Expire overdue calls; one relaxed load (and a coarse clock read when a
@@ -449,12 +507,14 @@ static void *progress_main(void *p)
             if (d >= 0 && d - sr_now_ns() < ns)
                 ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
             progress_wait_token(a, ns);
-            handle_events(a, 0);
+            handle_events(a);
             sr__modules_tick(); /* the polling user reads the acknowledgements meanwhile */
             continue;
         }
         if (poll_burst(a, SR_POLL_NESTED)) {
-            expire_due(a); /* a busy inbox must not stop timeouts from firing */
+            expire_due(a); /* a busy inbox must not stop timeouts from firing, */
+            if (sr__agent_exits_pending(a)) /* nor a departure from being seen */
+                sr__agent_check_exits(a);
             continue;
         }
         /* Retries only after a poll found the inbox empty: acknowledgements are

@@ -93,6 +93,12 @@ typedef struct sr_agent {
     /* messages waiting for space in full peer inboxes, per destination (outq.h) */
     sr_outq outq;
 
+    /* departed peers (segment.h, "Peer exit"): handled once each, by
+     * whichever polling thread first sees the exit generation move */
+    pthread_mutex_t gone_lock;   /* gone[] and the scan; never held across the handling */
+    bool *gone;                  /* [world], under gone_lock */
+    _Atomic uint32_t exits_seen; /* written under gone_lock after a full scan; read relaxed as a hint */
+
     /* quiescence counters: user messages sent, and fully processed */
     _Atomic uint64_t user_sent, user_done;
 
@@ -102,6 +108,9 @@ typedef struct sr_agent {
     sr_future *barrier_fut, *quiescent_fut;
     uint64_t wave, wave_replies, wave_sent, wave_done;
     sr_future *wave_fut;
+    uint8_t *ctl_in;             /* leader: [world], who has arrived at this barrier / answered this wave */
+    int ctl_gone_rank;           /* the first peer that left without a graceful shutdown; -1: none */
+    char ctl_gone[256];          /* how it left: fails every shutdown wait, now and later */
 
     sr_registry *reg;
     _Atomic int64_t default_timeout_ms; /* 0: infinite */
@@ -143,6 +152,16 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f);
 
+/* Handle the peers whose exit was published since the last look: fail the
+ * calls to them, tell the modules and the shutdown protocol (once per peer).
+ * Any polling thread; one relaxed load when nothing changed. */
+void sr__agent_check_exits(sr_agent *a);
+static inline bool sr__agent_exits_pending(sr_agent *a)
+{
+    /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */
+    return sr_xport_exits(a->x) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
+}
+
 /* Wait for f, polling the inbox when this thread can take the token. */
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
 
@@ -177,6 +196,10 @@ void sr__exec_stop(sr_agent *a);
 
 /* Shutdown control (shutdown.c) */
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m);
+/* A peer left without a graceful shutdown: every shutdown wait, armed now or
+ * later, fails with -EPIPE and `text` ("worker2 exited with status 0 without
+ * sr_shutdown"). The first departure is the one reported. */
+void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text);
 int sr__graceful(sr_agent *a, int64_t deadline_ns);
 
 #endif

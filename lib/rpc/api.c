@@ -68,6 +68,9 @@ static void agent_free(sr_agent *a)
         sr_xport_detach(a->x);
     }
     free(a->names);
+    free(a->gone);
+    free(a->ctl_in);
+    pthread_mutex_destroy(&a->gone_lock);
     pthread_mutex_destroy(&a->ctl_lock);
     sr__outq_fini(a);
     free(a);
@@ -80,6 +83,8 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     if (!a)
         return sr__fail(-ENOMEM, "sr_init", "out of memory");
     pthread_mutex_init(&a->ctl_lock, NULL);
+    pthread_mutex_init(&a->gone_lock, NULL);
+    a->ctl_gone_rank = -1;
     struct sr_launch_env env;
     int rc = sr__launch_env_get(&env);
     if (!rc && o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
@@ -99,6 +104,9 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         a->world = a->x->world;
         rc = collect_names(a);
     }
+    if (!rc && (!(a->gone = calloc((size_t)a->world, sizeof(bool))) ||
+                !(a->ctl_in = calloc((size_t)a->world, 1))))
+        rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
     if (!rc)

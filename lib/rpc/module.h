@@ -40,9 +40,14 @@
  * the caller's value around user callbacks of futures (then, done
  * callbacks), so continuations see the context they were made in.
  *
- * Timers and peers (progress thread): next_deadline() (-1: none) is folded
- * into the agent's sleep; tick() runs after every poll that found the inbox
- * empty and after timer wake-ups; peer_died(rank) once per dead peer.
+ * Timers and peers: next_deadline() (-1: none) is folded into the agent's
+ * sleep; tick() runs after every poll that found the inbox empty and after
+ * timer wake-ups (progress thread). peer_died(rank, why) runs once per peer
+ * whose process ended without a graceful shutdown, on whichever polling
+ * thread saw the supervisor's report first (it must not block); why says
+ * how it ended, for error messages ("worker2 exited with status 0 without
+ * sr_shutdown"). Every wait of the module that involves that peer must then
+ * fail (calls to it already have, with -EPIPE).
  *
  * Lifecycle: init() in sr_init after the transport is attached and before any
  * RPC thread starts; shutdown_users(deadline) in a graceful shutdown after the
@@ -159,7 +164,7 @@ typedef struct sr_module {
     /* timers and peers */
     int64_t (*next_deadline)(void);
     void (*tick)(void);
-    void (*peer_died)(int rank);
+    void (*peer_died)(int rank, const char *why);
     /* lifecycle */
     int (*init)(const sr_init_opts *o);
     int (*shutdown_users)(int64_t deadline_ns);
@@ -179,6 +184,10 @@ int sr__module_register(int id, const sr_module *m);
 
 int sr__rpc_rank(void);  /* -1 when RPC is not initialised */
 int sr__rpc_world(void);
+/* The process of `rank` has ended (the supervisor published it): a message
+ * to it can never be answered. If so, why (len bytes, may be NULL) says how:
+ * "worker2 exited with status 0 without sr_shutdown". */
+bool sr__rpc_peer_gone(int rank, char *why, size_t len);
 /* The default RPC timeout in ms (0: none), captured now. */
 int64_t sr__rpc_default_timeout_ms(void);
 /* Start a module request to `to`: args are encoded like a call's; the
@@ -237,7 +246,7 @@ bool sr__module_msg(const sr_msg *m);
 /* The hooks of every module, in registration order (fini: reverse). */
 int64_t sr__modules_next_deadline(void);
 void sr__modules_tick(void);
-void sr__modules_peer_died(int rank);
+void sr__modules_peer_died(int rank, const char *why);
 int sr__modules_init(const sr_init_opts *o);
 int sr__modules_shutdown_users(int64_t deadline_ns);
 int sr__modules_shutdown_check(void);

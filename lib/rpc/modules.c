@@ -21,6 +21,16 @@ int sr__module_register(int id, const sr_module *m)
 
 int sr__rpc_rank(void) { return sr__agent ? sr__agent->rank : -1; }
 int sr__rpc_world(void) { return sr__agent ? sr__agent->world : 0; }
+
+bool sr__rpc_peer_gone(int rank, char *why, size_t len)
+{
+    sr_agent *a = sr__agent;
+    if (!a || rank < 0 || rank >= a->world || !sr_xport_peer_gone(a->x, rank))
+        return false;
+    if (why)
+        sr_xport_gone_text(a->x, rank, why, len);
+    return true;
+}
 bool sr__rpc_reordering(void) { return sr__agent && sr__agent->reorder; }
 
 int64_t sr__rpc_default_timeout_ms(void)
@@ -135,11 +145,11 @@ void sr__modules_tick(void)
             sr__modules[id]->tick();
 }
 
-void sr__modules_peer_died(int rank)
+void sr__modules_peer_died(int rank, const char *why)
 {
     for (int id = 0; id < SR_MOD_MAX; id++)
         if (sr__modules[id] && sr__modules[id]->peer_died)
-            sr__modules[id]->peer_died(rank);
+            sr__modules[id]->peer_died(rank, why);
 }
 
 int sr__modules_init(const sr_init_opts *o)

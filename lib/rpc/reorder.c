@@ -119,8 +119,12 @@ void sr__reorder_pump(sr_agent *a, int64_t now)
     pthread_mutex_unlock(&r->lock);
     for (struct held *h = due, *n; h; h = n) {
         n = h->next;
-        if (sr__agent_send_now(a, h->to, &h->m)) /* the peer died while we held it: as if sent and lost */
-            sr__calls_fail_peer(a, h->to, "died");
+        if (sr__agent_send_now(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
+            char how[128] = "could not be reached";
+            if (sr_xport_peer_gone(a->x, h->to))
+                sr_seg_exit_text(sr_seg_worker(&a->x->seg, h->to), how, sizeof(how));
+            sr__calls_fail_peer(a, h->to, how);
+        }
         free(h);
     }
 }

@@ -13,7 +13,17 @@
  * no user message was in flight or being processed between the two waves,
  * and none can appear later (every worker is inside sr_shutdown, so only
  * functions already running could send, and they would have been counted).
- * This drains fire-and-forget chains, which no local count can see. */
+ * This drains fire-and-forget chains, which no local count can see.
+ *
+ * A peer that leaves without a graceful shutdown (it returned from main
+ * without sr_shutdown, shut down with graceful=false, or was killed) can
+ * never reach the barrier nor answer a wave: every worker learns of it from
+ * the supervisor (segment.h, "Peer exit") and fails its own shutdown waits
+ * at once with -EPIPE naming that peer; a wait armed later fails as soon as
+ * it is armed. That includes the leader: when rank 0 left, nobody would
+ * release a barrier, so there is no re-election; every survivor reports the
+ * leader's departure. A peer that left after a graceful shutdown fails
+ * nothing: the final barrier orders its departure after every wait here. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,8 +59,11 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     pthread_mutex_lock(&a->ctl_lock);
     switch (w->ctrl) {
     case SR_CTRL_BARRIER: /* leader */
+        if (m->src < a->world) /* stamped by the sender's transport; never index with a bad one */
+            a->ctl_in[m->src] = 1;
         if (++a->barrier_count == (uint32_t)a->world) {
             a->barrier_count = 0;
+            memset(a->ctl_in, 0, (size_t)a->world);
             broadcast(a, SR_CTRL_RELEASE, w->p.args.a);
         }
         break;
@@ -64,6 +77,8 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
         break;
     case SR_CTRL_COUNT_RESP: /* leader */
         if (w->p.args.a == a->wave) {
+            if (m->src < a->world)
+                a->ctl_in[m->src] = 1;
             a->wave_sent += w->p.args.b;
             a->wave_done += w->p.args.c;
             if (++a->wave_replies == (uint64_t)a->world)
@@ -77,7 +92,31 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     pthread_mutex_unlock(&a->ctl_lock);
 }
 
-/* Install a fresh future in *slot under ctl_lock (the dispatcher completes it). */
+static void fail_gone(sr_agent *a, sr_future *f)
+{
+    if (f && !sr_future_done(f))
+        sr_future_set_error(f, -EPIPE, "%s", a->ctl_gone);
+}
+
+void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
+{
+    pthread_mutex_lock(&a->ctl_lock);
+    if (a->ctl_gone_rank < 0) {
+        a->ctl_gone_rank = rank;
+        snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
+    }
+    fail_gone(a, a->barrier_fut);
+    fail_gone(a, a->wave_fut);
+    fail_gone(a, a->quiescent_fut);
+    pthread_mutex_unlock(&a->ctl_lock);
+    /* The idle waiter of sr_shutdown may sleep on our doorbell rather than on
+     * its future (agent.c, idle_doorbell_sleep), and this may run on another
+     * thread: its D2 fence pairs with this ring's D3, after the completion. */
+    sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+}
+
+/* Install a fresh future in *slot under ctl_lock (the dispatcher completes
+ * it, or a peer's departure fails it). */
 static sr_future *arm(sr_agent *a, sr_future **slot)
 {
     sr_future *f = sr_future_new();
@@ -85,6 +124,8 @@ static sr_future *arm(sr_agent *a, sr_future **slot)
         return NULL;
     pthread_mutex_lock(&a->ctl_lock);
     *slot = sr_future_ref(f);
+    if (a->ctl_gone_rank >= 0) /* a peer left before this wait began */
+        fail_gone(a, f);
     pthread_mutex_unlock(&a->ctl_lock);
     return f;
 }
@@ -98,14 +139,38 @@ static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
     sr_future_unref(f);
 }
 
+/* A timeout names who was missing: the leader knows who has not arrived
+ * (or answered the wave); the others only know that the leader has not
+ * released them. */
+static int timed_out(sr_agent *a, const char *what)
+{
+    char list[256] = "";
+    size_t len = 0;
+    int missing = 0;
+    pthread_mutex_lock(&a->ctl_lock);
+    for (int r = 0; a->rank == 0 && r < a->world; r++)
+        if (!a->ctl_in[r] && ++missing && len < sizeof(list) - 16)
+            len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", len ? ", " : "", a->names[r]);
+    pthread_mutex_unlock(&a->ctl_lock);
+    if (len >= sizeof(list) - 16)
+        snprintf(list + len, sizeof(list) - len, ", ...");
+    if (missing)
+        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s: %d worker%s never answered: %s", what,
+                        missing, missing == 1 ? "" : "s", list);
+    return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s (the leader, %s, had not released this worker)",
+                    what, a->names[0]);
+}
+
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
     sr__dispatch_take_jobs(was);
+    if (!rc && (rc = sr_future_value(f, NULL)) < 0) /* failed by a departed peer */
+        sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
-        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s", what);
+        return timed_out(a, what);
     return rc;
 }
 
@@ -127,6 +192,7 @@ static int wave(sr_agent *a, int64_t deadline, uint64_t *sent, uint64_t *done)
     pthread_mutex_lock(&a->ctl_lock);
     a->wave++;
     a->wave_replies = a->wave_sent = a->wave_done = 0;
+    memset(a->ctl_in, 0, (size_t)a->world);
     uint64_t id = a->wave;
     pthread_mutex_unlock(&a->ctl_lock);
     broadcast(a, SR_CTRL_COUNT_REQ, id);
@@ -154,6 +220,7 @@ static int leader_drain(sr_agent *a, int64_t deadline)
 
 int sr__graceful(sr_agent *a, int64_t deadline)
 {
+    sr_xport_closing(a->x);
     /* Armed before the barrier: once the barrier releases, our poller may see
      * the leader's QUIESCENT before this thread runs again. */
     sr_future *q = arm(a, &a->quiescent_fut);
@@ -179,6 +246,9 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     /* Nobody sends after quiescence but this final barrier, so no worker
      * detaches while a peer still needs its inbox. */
     rc = barrier(a, deadline);
+    /* Past the final barrier nobody waits for us: peers may take our exit
+     * for a graceful one (a failed shutdown detaches as LEFT, xport.h). */
+    a->x->graceful = rc == 0;
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;

@@ -67,6 +67,9 @@ int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
     if (fid == SR_RREF_NO_ID)
         return -EOVERFLOW;
     int rc = 0;
+    char why[256];
+    if (!r->is_owner && sr__rpc_peer_gone(r->owner, why, sizeof(why))) /* the fork could never be accepted */
+        return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef whose owner is gone: %s", why);
     sr__rref_lock();
     if (!sr__rref_live_locked(r))
         rc = sr__fail(-SR_ESHUTDOWN, "sr_rref", "the RRef belongs to an RPC round that has shut down");

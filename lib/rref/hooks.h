@@ -64,7 +64,7 @@ void sr__rref_ctrl(const sr_msg *m);
 
 /* A peer died: drop what is owed to it, fail what waited for it (pending
  * users it was to confirm fail with an error naming it). */
-void sr__rref_peer_died(int rank);
+void sr__rref_peer_died(int rank, const char *why);
 
 /* ---- lifecycle ------------------------------------------------------------------ */
 

@@ -269,17 +269,21 @@ static void drop_entry_locked(uint64_t token, struct after *d, sr_rref **failed)
     free(e);
 }
 
-static void fail_confirm(sr_rref *r, int rank)
+/* why: how the owner left ("worker1 exited with status 0 without
+ * sr_shutdown"); NULL: ask the agent. */
+static void fail_confirm(sr_rref *r, int rank, const char *why)
 {
-    char s[96];
+    char s[96], how[256];
+    if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
+        snprintf(how, sizeof(how), "worker%d died", rank);
     if (r && r->confirm)
-        sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner worker%d of %s died before confirming it",
-                            sr__rref_ctx.rank, rank, sr_rref_str(r, s, sizeof(s)));
+        sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner of %s is gone before confirming it: %s",
+                            sr__rref_ctx.rank, sr_rref_str(r, s, sizeof(s)), why ? why : how);
     sr_rref_unref(r);
 }
 
 /* Drop one entry bound for rank; false when none is left. */
-static bool drop_one_for(int rank)
+static bool drop_one_for(int rank, const char *why)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     struct after d;
@@ -295,14 +299,43 @@ static bool drop_one_for(int rank)
             drop_entry_locked(token, &d, &failed);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
-    fail_confirm(failed, rank);
+    fail_confirm(failed, rank, why);
     sr__after_run(&d);
     return found;
 }
 
-void sr__rref_peer_died(int rank)
+/* Drop one pending child whose parent's owner is rank: its CHILD_ACCEPT
+ * comes from the receiver once the owner has confirmed it, which cannot
+ * happen now, so sr_rref_wait_idle would wait for it for ever. */
+static bool drop_one_child_of(int rank)
 {
-    while (drop_one_for(rank))
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct after d;
+    sr__after_init(&d);
+    size_t pos = 0;
+    uint64_t fid;
+    void *p;
+    bool found = false;
+    sr__rref_lock();
+    while (!found && sr__map_next(&c->children, &pos, &fid, &p)) {
+        sr_rref *parent = p;
+        if (parent->owner != rank)
+            continue;
+        found = true;
+        sr__map_del(&c->children, fid);
+        d.unref[d.nunref++] = parent; /* G2's reference */
+    }
+    sr__idle_check_locked(&d);
+    sr__rref_unlock();
+    sr__after_run(&d);
+    return found;
+}
+
+void sr__rref_peer_died(int rank, const char *why)
+{
+    while (drop_one_for(rank, why))
+        ;
+    while (drop_one_child_of(rank))
         ;
 }
 
@@ -325,6 +358,6 @@ void sr__ctrl_unsent(int to, const sr_msg *m, int err)
         drop_entry_locked(w.call_id, &d, &failed);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
-    fail_confirm(failed, to);
+    fail_confirm(failed, to, NULL);
     sr__after_run(&d);
 }

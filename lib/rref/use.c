@@ -86,7 +86,7 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     if (rc == -EPIPE) {
         char s[96], why[400];
         snprintf(why, sizeof(why), "%s", sr_last_error());
-        sr__fail(rc, "sr_rref_to_here", "the owner worker%d of %s has died (%s)", r->owner,
+        sr__fail(rc, "sr_rref_to_here", "the owner worker%d of %s is gone (%s)", r->owner,
                  sr_rref_str(r, s, sizeof(s)), why);
     }
     sr_future_unref(f);

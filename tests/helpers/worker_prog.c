@@ -17,6 +17,9 @@
  *   exit R CODE   rank R reads one byte from GO_FD, then _exit(CODE)
  *   abort R       rank R reads one byte from GO_FD, then abort()
  *   block         nothing more
+ *   early R       rank R exits 0 before attaching; every other rank's attach
+ *                 must fail at once with -EPIPE naming it (then it exits 0;
+ *                 otherwise it prints what it got and exits EXIT_ATTACH)
  * Every other rank blocks: it waits for messages (sr_xport_wait, no deadline)
  * until it is killed. It never exits by itself, so a test that finds it gone
  * knows that the launcher killed it.
@@ -131,6 +134,23 @@ static void wait_go(void)
         _exit(EXIT_IO);
 }
 
+/* Mode early: no readiness line (nobody gets past the start barrier). */
+static int early(int chosen)
+{
+    if (env_num("SHMRPC_RANK") == chosen)
+        return 0; /* gone before attaching */
+    sr_xport *x;
+    int rc = sr_xport_attach(NULL, &x);
+    char want[64];
+    snprintf(want, sizeof(want), "rank %d exited with status 0 before attaching", chosen);
+    if (rc == -EPIPE && strstr(sr_last_error(), want))
+        return 0;
+    if (!rc)
+        sr_xport_detach(x);
+    fprintf(stderr, "worker_prog: attach gave %d (%s), expected -EPIPE with '%s'\n", rc, sr_last_error(), want);
+    return EXIT_ATTACH;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5)
@@ -140,6 +160,8 @@ int main(int argc, char **argv)
     world = atoi(argv[3]);
     const char *mode = argv[4];
     check_launch_contract();
+    if (!strcmp(mode, "early"))
+        return early(argc > 5 ? atoi(argv[5]) : 0);
     /* No core files from the abort case, wherever core_pattern points. */
     prctl(PR_SET_DUMPABLE, 0);
     sr_xport *x;

@@ -18,7 +18,10 @@
  *   -ENOENT        "function 'x' is not registered on worker1"
  *   -ETIMEDOUT     "RPC ran for more than set timeout (100 ms) and will now be marked with an error"
  *   -SR_EREMOTE    the function failed: "Error on Node 1: <message>"
- *   -EPIPE         the destination worker died
+ *   -EPIPE         the destination worker's process ended, at once, saying how:
+ *                  "RPC to worker2 failed: the worker exited with status 0
+ *                  without sr_shutdown" (or "was killed by signal SIGKILL",
+ *                  "... after a non-graceful sr_shutdown")
  */
 #ifndef SHMRPC_RPC_H
 #define SHMRPC_RPC_H
@@ -54,8 +57,10 @@ typedef struct sr_init_opts {
 /* Attach to the job, start the progress thread and executors, exchange
  * names. Errors: -EALREADY "RPC is already initialized"; -EINVAL bad or
  * duplicate name ("is not unique"), a name of 128 characters or more
- * (refused, never truncated), or a bad rpc_timeout_s; errors of the
- * transport. */
+ * (refused, never truncated), or a bad rpc_timeout_s; -EPIPE a worker's
+ * process ended before every worker had attached, at once ("rank 2 exited
+ * with status 0 before attaching"); -ETIMEDOUT ranks that never attached
+ * within 60 s; other errors of the transport. */
 SR_API int sr_init(const sr_init_opts *opts);
 
 /* graceful: barrier with every worker; wait until this worker has no
@@ -64,9 +69,14 @@ SR_API int sr_init(const sr_init_opts *opts);
  * included); then the RRef leak check: an RRef still forked is reported as
  * "Leaking RRef (0,3) with fork id (1,7)", and is -EBUSY unless
  * ignore_rref_leak; then tear down. timeout_s bounds the graceful part (0:
- * infinite); -ETIMEDOUT if it passes. Local teardown always runs, even after
- * an error, except for -EINVAL: a NaN, infinite or negative timeout_s is
- * refused before anything is done. */
+ * infinite); -ETIMEDOUT if it passes (the leader, rank 0, names the workers
+ * that never arrived). -EPIPE at once when a worker leaves without a
+ * graceful shutdown of its own (it returned from main without sr_shutdown,
+ * called sr_shutdown(false), or was killed), or had left before: "worker2
+ * exited with status 0 without sr_shutdown"; also when that worker is the
+ * leader. Local teardown always runs, even after an error, except for
+ * -EINVAL: a NaN, infinite or negative timeout_s is refused before anything
+ * is done. */
 SR_API int sr_shutdown(bool graceful, double timeout_s);
 
 SR_API int sr_rank(void);
