@@ -44,7 +44,8 @@ enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOK
 enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
 
 /* A client call in flight. Slots are recycled; the id's high half is a
- * generation, so a late response to a recycled slot is recognised and dropped. */
+ * generation, so a late response to a recycled slot is recognised and dropped.
+ * Every field is written under slots_lock (calls.c). */
 struct sr_call_slot {
     _Atomic uint32_t gen;     /* odd: in use */
     int32_t to;
@@ -52,6 +53,8 @@ struct sr_call_slot {
     int64_t timeout_ms;       /* for the error text */
     sr_future *fut;           /* owned while in use */
     int32_t next_free;
+    int32_t heap_at;          /* position in the deadline heap; -1: not there */
+    int32_t peer_prev, peer_next; /* the list of calls to `to` */
 };
 
 typedef struct sr_registry sr_registry;
@@ -72,11 +75,17 @@ typedef struct sr_agent {
     pthread_t progress;
     _Atomic bool stopping;
 
-    /* client calls */
-    pthread_mutex_t slots_lock; /* slot allocation and free list only */
+    /* client calls (calls.c): the slots, their free list, the deadline heap
+     * and the per-destination lists, all under slots_lock */
+    pthread_mutex_t slots_lock;
     struct sr_call_slot *slots;
     int32_t nslots, free_head;
-    _Atomic int64_t earliest_deadline; /* a lower bound: the progress thread wakes for it */
+    int32_t *heap, heap_len;    /* slot indices, a min-heap on deadline_ns */
+    int32_t *peer_head;         /* [world]: first call to each rank, -1: none */
+    /* A lower bound of the earliest deadline (-1: none), written under
+     * slots_lock: lowered by a call's begin, set to the heap's top by expiry.
+     * Every poller that holds the token expires calls once it passes. */
+    _Atomic int64_t earliest_deadline;
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
 
