@@ -101,7 +101,7 @@ static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
-    int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
+    int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE, false); /* sr_shutdown's own thread: no reference */
     sr__dispatch_take_jobs(was);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
