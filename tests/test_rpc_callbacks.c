@@ -130,9 +130,11 @@ static int scenario_with_ret(int rank, int world)
     return 0;
 }
 
+/* Calls time out after 10 s (and shutdown after 10 s), so that a hang
+ * fails in seconds, not in the default minute. */
 Test(rpc_callbacks, callback_with_ret)
 {
-    RUN_JOB("cb_ret", WORLD, .scenario = scenario_with_ret);
+    RUN_JOB("cb_ret", WORLD, .scenario = scenario_with_ret, .opts = {.rpc_timeout_s = 10}, .shutdown_timeout = 10);
 }
 
 /* The same, with the caller not polling: it waits on a semaphore the last
