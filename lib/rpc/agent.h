@@ -17,6 +17,33 @@
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
  * token back to the parked progress thread, so no message is stranded.
  *
+ * Nested waits. Completions run callbacks on the thread that completes the
+ * future: for a response, the thread that holds the token. A user callback
+ * may block (sr_rpc_sync inside `then`, PyTorch's test_callback_with_ret),
+ * and only the blocked thread can read the answer. So a wait on a thread
+ * that holds the token polls on instead of sleeping on the future:
+ *   - on the progress thread, it runs the progress loop (progress_step) until
+ *     the future completes, parking and letting users steal the token as
+ *     usual, and takes the token back before it returns;
+ *   - on a user thread that holds the token (USER), it keeps the token and
+ *     polls and sleeps on the doorbell (holder_wait), in NESTED mode.
+ * The unread rest of a burst belongs to the agent (burst, burst_at), so a
+ * nested poll reads it first. The waiter sets the future's POLLER bit before
+ * it sleeps; the completer, on any thread, then rings the doorbell
+ * (future_internal.h). Every token holder expires due calls, so timeouts
+ * fire whoever polls. Callbacks must not hold a lock a message handler takes.
+ *
+ * Lifetime. The agent is published (sr__agent_publish) by sr_init. Every
+ * public entry point takes a reference with sr__agent_get(fn), which fails
+ * with -SR_ESHUTDOWN naming fn once it is unpublished, and drops it with
+ * sr__agent_put. sr_shutdown, once the executors are stopped, unpublishes
+ * the agent, pokes every waiter, and waits until no reference is left;
+ * only then does it stop the progress thread and free the agent. A waiter
+ * lets go of its reference while it sleeps on a future (sleep_on), so a
+ * future that never completes never holds up sr_shutdown; one woken after
+ * the agent is gone goes on waiting without it (SR__WAIT_DETACHED). Threads
+ * of the runtime take no references: sr_shutdown joins them.
+ *
  * Requests run inline on the polling thread when that cannot delay anything
  * it owes: async functions and scalar built-ins always (they must not
  * block); built-ins given a tensor (they compute) when the poller is idle
@@ -44,7 +71,8 @@ enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOK
 enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
 
 /* A client call in flight. Slots are recycled; the id's high half is a
- * generation, so a late response to a recycled slot is recognised and dropped. */
+ * generation, so a late response to a recycled slot is recognised and dropped.
+ * Every field is written under slots_lock (calls.c). */
 struct sr_call_slot {
     _Atomic uint32_t gen;     /* odd: in use */
     int32_t to;
@@ -52,15 +80,26 @@ struct sr_call_slot {
     int64_t timeout_ms;       /* for the error text */
     sr_future *fut;           /* owned while in use */
     int32_t next_free;
+    int32_t heap_at;          /* position in the deadline heap; -1: not there */
+    int32_t peer_prev, peer_next; /* the list of calls to `to` */
 };
 
 typedef struct sr_registry sr_registry;
 
 struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
+#define BURST 32
+
 typedef struct sr_agent {
     sr_xport *x;
     int rank, world;
+    uint64_t epoch;           /* set by sr__agent_publish: tells agents apart */
+    _Atomic bool closing;     /* set by sr__agent_unpublish: waiters leave */
+
+    /* The token holder's: the last burst read from the inbox and how far it
+     * has been dispatched (handed over with the token). */
+    sr_msg burst[BURST];
+    unsigned burst_n, burst_at;
     char (*names)[128];       /* [world], filled at init */
 
     _Atomic uint32_t token;   /* see above */
@@ -72,11 +111,17 @@ typedef struct sr_agent {
     pthread_t progress;
     _Atomic bool stopping;
 
-    /* client calls */
-    pthread_mutex_t slots_lock; /* slot allocation and free list only */
+    /* client calls (calls.c): the slots, their free list, the deadline heap
+     * and the per-destination lists, all under slots_lock */
+    pthread_mutex_t slots_lock;
     struct sr_call_slot *slots;
     int32_t nslots, free_head;
-    _Atomic int64_t earliest_deadline; /* a lower bound: the progress thread wakes for it */
+    int32_t *heap, heap_len;    /* slot indices, a min-heap on deadline_ns */
+    int32_t *peer_head;         /* [world]: first call to each rank, -1: none */
+    /* A lower bound of the earliest deadline (-1: none), written under
+     * slots_lock: lowered by a call's begin, set to the heap's top by expiry.
+     * Every poller that holds the token expires calls once it passes. */
+    _Atomic int64_t earliest_deadline;
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
 
@@ -127,8 +172,20 @@ typedef struct sr_agent {
     _Atomic uint64_t idle_missed_wakes;
 } sr_agent;
 
-/* The process's agent, or NULL before sr_init / after sr_shutdown. */
-extern sr_agent *sr__agent;
+/* A reference to the published agent, or NULL (and, if fn is not NULL, an
+ * -SR_ESHUTDOWN error naming fn) before sr_init and from sr_shutdown on. */
+sr_agent *sr__agent_get(const char *fn);
+void sr__agent_put(sr_agent *a);
+/* The published agent without a reference: only for code that knows it is
+ * alive (white-box tests inside a running job, which read sr__agent). */
+sr_agent *sr__agent_peek(void);
+#define sr__agent (sr__agent_peek())
+void sr__agent_publish(sr_agent *a);
+/* No new reference; wake the waiters; wait for the references to go. */
+void sr__agent_unpublish(sr_agent *a);
+/* What sr__rpc_rank and friends (module.h) report: set before the modules'
+ * init, reset (-1, 0, false) after their fini. */
+void sr__modules_identity(int rank, int world, bool reorder);
 
 int sr__agent_start(sr_agent *a);
 void sr__agent_stop(sr_agent *a);
@@ -162,8 +219,16 @@ static inline bool sr__agent_exits_pending(sr_agent *a)
     return sr_xport_exits(a->x) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
 }
 
-/* Wait for f, polling the inbox when this thread can take the token. */
-int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
+/* Wait for f, polling the inbox when this thread can take the token.
+ * counted: the caller holds a reference (sr__agent_get), which the wait lets
+ * go of while it sleeps; SR__WAIT_DETACHED: the agent was unpublished
+ * meanwhile, and the reference is gone. Otherwise 0, -ETIMEDOUT or
+ * -SR_ESHUTDOWN (a nested wait cut short by sr_shutdown). */
+#define SR__WAIT_DETACHED 3
+int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode, bool counted);
+/* The same for a caller holding a reference: drops it, and finishes a
+ * detached wait on the future alone. */
+int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
 
 /* Calls (calls.c) */
 int sr__calls_init(sr_agent *a, int32_t n);
@@ -189,6 +254,9 @@ bool sr__dispatch_has_deferred(void);
  * the previous setting. */
 bool sr__dispatch_take_jobs(bool on);
 void sr__dispatch_run_deferred(void);
+/* This thread is about to wait while it holds the inbox (a nested wait):
+ * what it kept to run itself goes to the executors instead. */
+void sr__dispatch_hand_off(sr_agent *a);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
 int sr__exec_start(sr_agent *a, int n);

@@ -21,13 +21,6 @@
 
 static pthread_mutex_t life_lock = PTHREAD_MUTEX_INITIALIZER; /* init/shutdown */
 
-static sr_agent *agent_or_fail(const char *fn)
-{
-    sr_agent *a = sr__agent;
-    if (!a)
-        sr__fail(-SR_ESHUTDOWN, fn, "RPC has not been initialized. Call sr_init first.");
-    return a;
-}
 
 static int name_check(const char *n)
 {
@@ -145,32 +138,40 @@ SR_API int sr_init(const sr_init_opts *opts)
     sr__builtins_init();
     pthread_mutex_lock(&life_lock);
     int rc = 0;
-    sr_agent *a = NULL;
-    if (sr__agent)
+    sr_agent *a = sr__agent_get(NULL);
+    if (a) {
+        sr__agent_put(a);
+        a = NULL;
         rc = sr__fail(-EALREADY, "sr_init", "RPC is already initialized");
+    }
     if (!rc)
         rc = agent_create(opts, &a);
     if (!rc && (rc = sr__exec_start(a, opts->num_worker_threads ? opts->num_worker_threads
                                                                 : SR_DEFAULT_NUM_WORKER_THREADS)))
         abandon(a);
     if (!rc) {
-        sr__agent = a;
         /* The modules see the agent (rank, world) before any message can arrive. */
+        sr__modules_identity(a->rank, a->world, a->reorder != NULL);
+        sr__agent_publish(a);
         if ((rc = sr__modules_init(opts)) || (rc = sr__agent_start(a))) {
-            sr__agent = NULL;
+            sr__agent_unpublish(a);
             abandon(a);
+            sr__modules_identity(-1, 0, false);
         }
     }
     pthread_mutex_unlock(&life_lock);
     return rc;
 }
 
+/* Stop the executors, then wait for every thread inside an entry point to
+ * leave, then stop the progress thread, then free (agent.h, "Lifetime"). */
 static void teardown(sr_agent *a)
 {
     sr__exec_stop(a);  /* first: a function finishing a nested call still gets its answer */
+    sr__agent_unpublish(a); /* the progress thread still serves the threads that leave */
     sr__agent_stop(a);
     sr__modules_fini(); /* no thread of the runtime is left to race it */
-    sr__agent = NULL;
+    sr__modules_identity(-1, 0, false);
     agent_free(a);
 }
 
@@ -181,7 +182,9 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
     if (rc) /* refused before anything is done: the caller may call again */
         return rc;
     pthread_mutex_lock(&life_lock);
-    sr_agent *a = agent_or_fail("sr_shutdown");
+    sr_agent *a = sr__agent_get("sr_shutdown");
+    if (a) /* life_lock keeps it: no other sr_shutdown can free it */
+        sr__agent_put(a);
     rc = a ? 0 : -SR_ESHUTDOWN;
     if (a && graceful)
         rc = sr__graceful(a, sr__deadline_ns(sr_now_ns(), ms));
@@ -197,34 +200,53 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
 
 SR_API int sr_rank(void)
 {
-    sr_agent *a = agent_or_fail("sr_rank");
-    return a ? a->rank : -SR_ESHUTDOWN;
+    sr_agent *a = sr__agent_get("sr_rank");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int r = a->rank;
+    sr__agent_put(a);
+    return r;
 }
 
 SR_API int sr_world_size(void)
 {
-    sr_agent *a = agent_or_fail("sr_world_size");
-    return a ? a->world : -SR_ESHUTDOWN;
+    sr_agent *a = sr__agent_get("sr_world_size");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int w = a->world;
+    sr__agent_put(a);
+    return w;
 }
 
+/* The names live in the segment's worker table (collect_names copies them
+ * from there), which stays mapped for the life of the process's attachment;
+ * the pointer returned is valid until sr_shutdown. */
 SR_API const char *sr_worker_name(int rank)
 {
-    sr_agent *a = agent_or_fail("sr_worker_name");
-    if (a && (rank < 0 || rank >= a->world)) {
-        sr__fail(-EINVAL, "sr_worker_name", "rank %d is out of range [0, %d)", rank, a->world);
+    sr_agent *a = sr__agent_get("sr_worker_name");
+    if (!a)
         return NULL;
-    }
-    return a ? a->names[rank] : NULL;
+    const char *n = NULL;
+    if (rank < 0 || rank >= a->world)
+        sr__fail(-EINVAL, "sr_worker_name", "rank %d is out of range [0, %d)", rank, a->world);
+    else
+        n = a->names[rank];
+    sr__agent_put(a);
+    return n;
 }
 
 SR_API int sr_worker_rank(const char *name)
 {
-    sr_agent *a = agent_or_fail("sr_worker_rank");
+    sr_agent *a = sr__agent_get("sr_worker_rank");
     if (!a)
         return -SR_ESHUTDOWN;
-    for (int r = 0; name && r < a->world; r++)
+    int found = -1;
+    for (int r = 0; name && r < a->world && found < 0; r++)
         if (!strcmp(a->names[r], name))
-            return r;
+            found = r;
+    sr__agent_put(a);
+    if (found >= 0)
+        return found;
     return sr__fail(-EINVAL, "sr_worker_rank", "could not find destination '%s'", name ? name : "(null)");
 }
 
@@ -234,19 +256,24 @@ SR_API int sr_set_rpc_timeout(double s)
     int rc = sr__timeout_ms(s, "sr_set_rpc_timeout", &ms);
     if (rc)
         return rc;
-    sr_agent *a = agent_or_fail("sr_set_rpc_timeout");
+    sr_agent *a = sr__agent_get("sr_set_rpc_timeout");
     if (!a)
         return -SR_ESHUTDOWN;
     /* relaxed: read once per call at send time */
     atomic_store_explicit(&a->default_timeout_ms, ms, memory_order_relaxed);
+    sr__agent_put(a);
     return 0;
 }
 
 SR_API double sr_get_rpc_timeout(void)
 {
-    sr_agent *a = agent_or_fail("sr_get_rpc_timeout");
+    sr_agent *a = sr__agent_get("sr_get_rpc_timeout");
+    if (!a)
+        return -1.0;
     /* relaxed: see sr_set_rpc_timeout */
-    return a ? (double)atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) / 1000.0 : -1.0;
+    double s = (double)atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) / 1000.0;
+    sr__agent_put(a);
+    return s;
 }
 
 /* ---- calls ---------------------------------------------------------------- */
@@ -358,12 +385,9 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     return rc;
 }
 
-SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, sr_future **out)
+static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, sr_future **out)
 {
-    sr_agent *a = agent_or_fail("sr_rpc_async");
     int64_t ms = 0;
-    if (!a)
-        return -SR_ESHUTDOWN;
     if (!out)
         return sr__fail(-EINVAL, "sr_rpc_async", "out is NULL");
     int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
@@ -381,24 +405,41 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
     return 0;
 }
 
+SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, sr_future **out)
+{
+    sr_agent *a = sr__agent_get("sr_rpc_async");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int rc = rpc_async(a, to, fn, args, timeout_s, out);
+    sr__agent_put(a);
+    return rc;
+}
+
 SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, sr_value **out)
 {
+    sr_agent *a = sr__agent_get("sr_rpc_sync");
+    if (!a)
+        return -SR_ESHUTDOWN;
     sr_future *f;
-    int rc = sr_rpc_async(to, fn, args, timeout_s, &f);
-    if (rc)
+    int rc = rpc_async(a, to, fn, args, timeout_s, &f);
+    if (rc) {
+        sr__agent_put(a);
         return rc;
-    rc = sr_future_wait(f, out);
+    }
+    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* lets go of the reference */
+    if (!rc)
+        rc = sr_future_value(f, out);
     sr_future_unref(f);
     return rc;
 }
 
 SR_API int sr_debug_info_get(sr_debug_info *o)
 {
-    sr_agent *a = agent_or_fail("sr_debug_info_get");
-    if (!a)
-        return -SR_ESHUTDOWN;
     if (!o)
         return sr__fail(-EINVAL, "sr_debug_info_get", "out is NULL");
+    sr_agent *a = sr__agent_get("sr_debug_info_get");
+    if (!a)
+        return -SR_ESHUTDOWN;
     /* relaxed throughout: a snapshot of statistics */
     *o = (sr_debug_info){
         .client_active_calls = atomic_load_explicit(&a->client_active, memory_order_relaxed),
@@ -411,5 +452,6 @@ SR_API int sr_debug_info_get(sr_debug_info *o)
         .wakes_issued = atomic_load_explicit(&a->x->st.wakes, memory_order_relaxed),
         .sleeps_taken = atomic_load_explicit(&a->x->st.sleeps, memory_order_relaxed),
     };
+    sr__agent_put(a);
     return 0;
 }

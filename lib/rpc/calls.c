@@ -3,8 +3,21 @@
  * A call id is (generation << 32) | slot index. The generation is odd while
  * the slot is in use and bumped on every begin and end, so a response that
  * arrives after its call timed out (or a duplicate) finds a different
- * generation and is dropped. Slot allocation takes a short mutex; the
- * response path takes it once to free the slot. */
+ * generation and is dropped.
+ *
+ * Besides the free list, every call in use is on two structures, both under
+ * slots_lock and both proportional to the live calls, never to the table:
+ *   - a binary min-heap of the calls that have a deadline (heap[], each
+ *     slot's heap_at is its position), so expiry pops only what is due;
+ *   - its destination's doubly linked list (peer_head[to], peer_prev/next),
+ *     so a peer's death fails only the calls to that peer.
+ * Begin and end are O(log n) in the live calls with a deadline, O(1)
+ * otherwise; slots_lock is the one lock they took before.
+ *
+ * Completing a future runs its callbacks, which may make calls or wait
+ * (agent.h, nested waits), and so re-enter this file: futures are always
+ * completed outside slots_lock, and expiry and peer failure take their calls
+ * out of the table in small batches under the lock, then complete them. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -14,67 +27,165 @@
 #include "error.h"
 #include "timeout.h"
 
+#define BATCH 32
+
 int sr__calls_init(sr_agent *a, int32_t n)
 {
     a->slots = calloc((size_t)n, sizeof(*a->slots));
-    if (!a->slots)
-        return sr__fail(-ENOMEM, "sr_init", "no memory for %d call slots", n);
+    a->heap = calloc((size_t)n, sizeof(*a->heap));
+    a->peer_head = malloc((size_t)a->world * sizeof(*a->peer_head));
+    if (!a->slots || !a->heap || !a->peer_head) {
+        free(a->slots), free(a->heap), free(a->peer_head);
+        a->slots = NULL, a->heap = NULL, a->peer_head = NULL;
+        return sr__fail(-ENOMEM, "sr_init", "worker%d: no memory for %d call slots", a->rank, n);
+    }
     a->nslots = n;
-    for (int32_t i = 0; i < n; i++)
+    for (int32_t i = 0; i < n; i++) {
         a->slots[i].next_free = i + 1 < n ? i + 1 : -1;
+        a->slots[i].heap_at = -1;
+    }
+    for (int r = 0; r < a->world; r++)
+        a->peer_head[r] = -1;
     a->free_head = 0;
+    a->heap_len = 0;
     pthread_mutex_init(&a->slots_lock, NULL);
     atomic_init(&a->earliest_deadline, -1);
     return 0;
 }
 
-void sr__calls_fini(sr_agent *a)
+/* ---- the deadline heap (under slots_lock) --------------------------------- */
+
+static int64_t heap_key(const sr_agent *a, int32_t at) { return a->slots[a->heap[at]].deadline_ns; }
+
+static void heap_put(sr_agent *a, int32_t at, int32_t slot)
 {
-    for (int32_t i = 0; i < a->nslots; i++)
-        if (atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) & 1) /* relaxed: no other thread is left */
-            sr__future_fail_text(a->slots[i].fut, -SR_ESHUTDOWN, "RPC agent shut down before the response arrived"),
-                sr_future_unref(a->slots[i].fut);
-    free(a->slots);
-    pthread_mutex_destroy(&a->slots_lock);
+    a->heap[at] = slot;
+    a->slots[slot].heap_at = at;
 }
 
-/* Lower earliest_deadline to d if it is later (or none). */
-static bool lower_deadline(sr_agent *a, int64_t d)
+static void sift_up(sr_agent *a, int32_t at)
 {
-    /* seq_cst: pairs with the reset in sr__calls_expire (see there) */
-    int64_t cur = atomic_load_explicit(&a->earliest_deadline, memory_order_seq_cst);
-    while (cur < 0 || d < cur)
-        if (atomic_compare_exchange_weak_explicit(&a->earliest_deadline, &cur, d, memory_order_relaxed,
-                                                  memory_order_relaxed))
-            return true;
-    return false;
+    int32_t slot = a->heap[at];
+    int64_t key = a->slots[slot].deadline_ns;
+    while (at > 0 && heap_key(a, (at - 1) / 2) > key) {
+        heap_put(a, at, a->heap[(at - 1) / 2]);
+        at = (at - 1) / 2;
+    }
+    heap_put(a, at, slot);
 }
+
+static void sift_down(sr_agent *a, int32_t at)
+{
+    int32_t slot = a->heap[at];
+    int64_t key = a->slots[slot].deadline_ns;
+    for (;;) {
+        int32_t c = 2 * at + 1;
+        if (c >= a->heap_len)
+            break;
+        if (c + 1 < a->heap_len && heap_key(a, c + 1) < heap_key(a, c))
+            c++;
+        if (heap_key(a, c) >= key)
+            break;
+        heap_put(a, at, a->heap[c]);
+        at = c;
+    }
+    heap_put(a, at, slot);
+}
+
+static void heap_remove(sr_agent *a, int32_t slot)
+{
+    int32_t at = a->slots[slot].heap_at;
+    a->slots[slot].heap_at = -1;
+    int32_t last = a->heap[--a->heap_len];
+    if (at == a->heap_len)
+        return;
+    heap_put(a, at, last);
+    sift_down(a, at);
+    sift_up(a, a->slots[last].heap_at);
+}
+
+/* ---- per-peer lists (under slots_lock) ------------------------------------ */
+
+static void peer_link(sr_agent *a, int32_t i)
+{
+    struct sr_call_slot *s = &a->slots[i];
+    s->peer_prev = -1;
+    s->peer_next = a->peer_head[s->to];
+    if (s->peer_next >= 0)
+        a->slots[s->peer_next].peer_prev = i;
+    a->peer_head[s->to] = i;
+}
+
+static void peer_unlink(sr_agent *a, int32_t i)
+{
+    struct sr_call_slot *s = &a->slots[i];
+    if (s->peer_prev >= 0)
+        a->slots[s->peer_prev].peer_next = s->peer_next;
+    else
+        a->peer_head[s->to] = s->peer_next;
+    if (s->peer_next >= 0)
+        a->slots[s->peer_next].peer_prev = s->peer_prev;
+}
+
+/* ---- begin / end ------------------------------------------------------------ */
 
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id)
 {
+    int64_t deadline = sr__deadline_ns(sr_now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
+    bool kick = false;
     pthread_mutex_lock(&a->slots_lock);
     int32_t i = a->free_head;
     if (i < 0) {
         pthread_mutex_unlock(&a->slots_lock);
-        return sr__fail(-EBUSY, "sr_rpc", "%d calls are already in flight from this worker", a->nslots);
+        return sr__fail(-EBUSY, "sr_rpc", "worker%d: %d calls are already in flight from this worker", a->rank,
+                        a->nslots);
     }
     struct sr_call_slot *s = &a->slots[i];
     a->free_head = s->next_free;
     s->to = to;
     s->timeout_ms = timeout_ms;
-    s->deadline_ns = sr__deadline_ns(sr_now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
+    s->deadline_ns = deadline;
     s->fut = sr_future_ref(fut);
-    /* seq_cst (a release at least): the fields above are visible to whoever
-     * matches this generation; and ordered before lower_deadline's load (see
-     * sr__calls_expire) */
-    uint32_t gen = atomic_fetch_add_explicit(&s->gen, 1, memory_order_seq_cst) + 1;
+    peer_link(a, i);
+    if (deadline >= 0) {
+        a->heap_len++;
+        heap_put(a, a->heap_len - 1, i);
+        sift_up(a, a->heap_len - 1);
+        /* relaxed: written only under slots_lock; read as a hint by the
+         * pollers, which the kick below tells of an earlier deadline */
+        int64_t cur = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed);
+        if (cur < 0 || deadline < cur) {
+            atomic_store_explicit(&a->earliest_deadline, deadline, memory_order_relaxed);
+            kick = true;
+        }
+    }
+    /* relaxed: under slots_lock, which every generation change holds; the
+     * lock publishes the fields above to whoever matches this generation */
+    uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&s->gen, gen, memory_order_relaxed);
     pthread_mutex_unlock(&a->slots_lock);
     atomic_fetch_add_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
     *id = (uint64_t)gen << 32 | (uint32_t)i;
-    if (s->deadline_ns >= 0 && lower_deadline(a, s->deadline_ns))
-        /* The progress thread may be asleep with a later timer: wake it to re-arm. */
+    if (kick) /* the progress thread may be asleep with a later timer: wake it to re-arm */
         sr__agent_kick(a);
     return 0;
+}
+
+/* Take slot i (in use) out of every structure; returns its future. Under slots_lock. */
+static sr_future *end_locked(sr_agent *a, int32_t i)
+{
+    struct sr_call_slot *s = &a->slots[i];
+    sr_future *f = s->fut;
+    s->fut = NULL;
+    if (s->heap_at >= 0)
+        heap_remove(a, i);
+    peer_unlink(a, i);
+    /* relaxed: under slots_lock */
+    atomic_store_explicit(&s->gen, atomic_load_explicit(&s->gen, memory_order_relaxed) + 1, memory_order_relaxed);
+    s->next_free = a->free_head;
+    a->free_head = i;
+    atomic_fetch_sub_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    return f;
 }
 
 /* A response from a rank the call was not sent to: a peer's bug (a wrong
@@ -96,26 +207,20 @@ static sr_future *end_call(sr_agent *a, uint64_t id, int from)
     uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
     if (i >= (uint32_t)a->nslots || !(gen & 1))
         return NULL;
-    struct sr_call_slot *s = &a->slots[i];
     pthread_mutex_lock(&a->slots_lock);
     /* relaxed: under slots_lock, which every generation change holds */
-    if (atomic_load_explicit(&s->gen, memory_order_relaxed) != gen) {
+    if (atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) != gen) {
         pthread_mutex_unlock(&a->slots_lock);
         return NULL; /* timed out, failed, or a duplicate: drop it */
     }
-    if (from >= 0 && s->to != from) { /* s->to: written before the generation bump we matched */
-        int to = s->to;
+    if (from >= 0 && a->slots[i].to != from) {
+        int to = a->slots[i].to;
         pthread_mutex_unlock(&a->slots_lock);
         stray(a, id, from, to);
         return NULL;
     }
-    sr_future *f = s->fut;
-    s->fut = NULL;
-    atomic_store_explicit(&s->gen, gen + 1, memory_order_relaxed); /* relaxed: under slots_lock */
-    s->next_free = a->free_head;
-    a->free_head = (int32_t)i;
+    sr_future *f = end_locked(a, (int32_t)i);
     pthread_mutex_unlock(&a->slots_lock);
-    atomic_fetch_sub_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
     return f;
 }
 
@@ -123,54 +228,88 @@ sr_future *sr__call_end(sr_agent *a, uint64_t id) { return end_call(a, id, -1); 
 
 sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from) { return end_call(a, id, from); }
 
-/* Fail every call matching pred; returns the earliest remaining deadline. */
-static int64_t fail_matching(sr_agent *a, int64_t now, int rank, const char *why)
+/* ---- expiry and peer failure ----------------------------------------------------- */
+
+struct ended {
+    sr_future *f;
+    int64_t ms;
+    int to;
+};
+
+/* Take up to BATCH due calls off the heap; refresh the earliest deadline. */
+static int take_due(sr_agent *a, int64_t now, struct ended *out)
 {
-    int64_t earliest = -1;
-    for (int32_t i = 0; i < a->nslots; i++) {
-        struct sr_call_slot *s = &a->slots[i];
-        /* seq_cst (an acquire at least): pairs with call_begin's bump */
-        uint32_t gen = atomic_load_explicit(&s->gen, memory_order_seq_cst);
-        if (!(gen & 1))
-            continue;
-        bool hit = rank >= 0 ? s->to == rank : (s->deadline_ns >= 0 && s->deadline_ns <= now);
-        if (!hit) {
-            if (s->deadline_ns >= 0 && (earliest < 0 || s->deadline_ns < earliest))
-                earliest = s->deadline_ns;
-            continue;
-        }
-        int64_t ms = s->timeout_ms;
-        int to = s->to;
-        sr_future *f = sr__call_end(a, (uint64_t)gen << 32 | (uint32_t)i);
-        if (!f)
-            continue;
-        if (rank >= 0)
-            sr_future_set_error(f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, to, why);
-        else {
-            char why[512] = "";
-            sr__outq_describe(a, to, why, sizeof(why)); /* its request may never have left */
-            sr_future_set_error(f, -ETIMEDOUT,
-                                "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error%s",
-                                ms, why);
-        }
-        sr_future_unref(f);
+    int n = 0;
+    pthread_mutex_lock(&a->slots_lock);
+    while (n < BATCH && a->heap_len && heap_key(a, 0) <= now) {
+        int32_t i = a->heap[0];
+        out[n] = (struct ended){.ms = a->slots[i].timeout_ms, .to = a->slots[i].to};
+        out[n++].f = end_locked(a, i);
     }
-    return earliest;
+    /* relaxed: written under slots_lock (see sr__call_begin) */
+    atomic_store_explicit(&a->earliest_deadline, a->heap_len ? heap_key(a, 0) : -1, memory_order_relaxed);
+    pthread_mutex_unlock(&a->slots_lock);
+    return n;
 }
 
 void sr__calls_expire(sr_agent *a, int64_t now)
 {
-    /* seq_cst: reset before the scan, never after it (a store may otherwise
-     * pass the scan's loads). Pairs with the seq_cst generation bump and
-     * load in call_begin/lower_deadline: either the scan sees the new call,
-     * or that call sees -1 and lowers the deadline itself. */
-    atomic_exchange_explicit(&a->earliest_deadline, -1, memory_order_seq_cst);
-    int64_t e = fail_matching(a, now, -1, NULL);
-    if (e >= 0)
-        lower_deadline(a, e);
+    struct ended e[BATCH];
+    int n;
+    do {
+        n = take_due(a, now, e);
+        for (int k = 0; k < n; k++) {
+            char why[512] = "";
+            sr__outq_describe(a, e[k].to, why, sizeof(why)); /* its request may never have left */
+            sr_future_set_error(e[k].f, -ETIMEDOUT,
+                                "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error%s",
+                                e[k].ms, why);
+            sr_future_unref(e[k].f);
+        }
+    } while (n == BATCH);
+}
+
+static int take_peer(sr_agent *a, int rank, struct ended *out)
+{
+    int n = 0;
+    pthread_mutex_lock(&a->slots_lock);
+    while (n < BATCH && a->peer_head[rank] >= 0)
+        out[n++] = (struct ended){.f = end_locked(a, a->peer_head[rank]), .to = rank};
+    pthread_mutex_unlock(&a->slots_lock);
+    return n;
 }
 
 void sr__calls_fail_peer(sr_agent *a, int rank, const char *why)
 {
-    fail_matching(a, 0, rank, why);
+    if (rank < 0 || rank >= a->world)
+        return;
+    struct ended e[BATCH];
+    int n;
+    do {
+        n = take_peer(a, rank, e);
+        for (int k = 0; k < n; k++) {
+            sr_future_set_error(e[k].f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, rank, why);
+            sr_future_unref(e[k].f);
+        }
+    } while (n == BATCH);
+}
+
+/* No other thread is left: fail what is still in flight, peer by peer. */
+void sr__calls_fini(sr_agent *a)
+{
+    for (int r = 0; r < a->world; r++) {
+        struct ended e[BATCH];
+        int n;
+        do {
+            n = take_peer(a, r, e);
+            for (int k = 0; k < n; k++) {
+                sr__future_fail_text(e[k].f, -SR_ESHUTDOWN, "RPC agent shut down before the response arrived");
+                sr_future_unref(e[k].f);
+            }
+        } while (n == BATCH);
+    }
+    free(a->slots);
+    free(a->heap);
+    free(a->peer_head);
+    pthread_mutex_destroy(&a->slots_lock);
 }

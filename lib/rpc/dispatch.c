@@ -330,9 +330,6 @@ bool sr__dispatch_take_jobs(bool on)
 
 int sr__exec_submit(void (*fn)(void *arg), void *arg)
 {
-    sr_agent *a = sr__agent;
-    if (!a)
-        return sr__fail(-SR_ESHUTDOWN, "sr__exec_submit", "RPC is not initialised");
     struct sr_job_item *it = malloc(sizeof(*it));
     if (!it)
         return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
@@ -345,7 +342,13 @@ int sr__exec_submit(void (*fn)(void *arg), void *arg)
         jobs_tail = it;
         return 0;
     }
+    sr_agent *a = sr__agent_get("sr__exec_submit");
+    if (!a) {
+        free(it);
+        return -SR_ESHUTDOWN;
+    }
     push_item(a, it);
+    sr__agent_put(a);
     return 0;
 }
 
@@ -570,6 +573,22 @@ static void defer(struct sr_call *c)
 
 bool sr__dispatch_has_deferred(void) { return deferred_head != NULL || jobs_head != NULL; }
 
+void sr__dispatch_hand_off(sr_agent *a)
+{
+    while (jobs_head) {
+        struct sr_job_item *it = jobs_head;
+        jobs_head = it->next;
+        push_item(a, it);
+    }
+    jobs_tail = NULL;
+    while (deferred_head) {
+        struct sr_call *c = deferred_head;
+        deferred_head = c->next_deferred;
+        enqueue(a, c);
+    }
+    deferred_tail = NULL;
+}
+
 void sr__dispatch_run_deferred(void)
 {
     run_jobs();
@@ -791,7 +810,7 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         sr__ctrl_dispatch(a, m);
         break;
     default:
-        if (!sr__module_msg(m))
+        if (!sr__module_msg(a, m))
             fprintf(stderr, "worker%d: dropped a message of unknown type %u from worker%u\n", a->rank, m->type, m->src);
     }
 }

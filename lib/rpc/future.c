@@ -16,7 +16,7 @@
 #include "module.h"
 #include "waiter.h"
 
-enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, STATE = 0xff };
+enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, POLLER = 0x200, STATE = 0xff };
 
 struct callback {
     struct callback *next;
@@ -48,9 +48,30 @@ struct sr_future {
     char *msg;
 };
 
-static sr_wait_hook wait_hook; /* set by sr_init before any RPC thread starts */
+/* Set by sr_init, never cleared (see sr__future_set_hooks). */
+static _Atomic(sr_wait_hook) wait_hook;
+static _Atomic(void (*)(void)) wake_hook;
 
-void sr__future_set_wait_hook(sr_wait_hook hook) { wait_hook = hook; }
+void sr__future_set_hooks(sr_wait_hook wait, void (*wake)(void))
+{
+    /* release: pairs with the acquire loads in sr__future_wait_until and finish_complete */
+    atomic_store_explicit(&wait_hook, wait, memory_order_release);
+    atomic_store_explicit(&wake_hook, wake, memory_order_release);
+}
+
+bool sr__future_arm_wake(sr_future *f)
+{
+    /* relaxed: the CAS revalidates */
+    uint32_t v = atomic_load_explicit(&f->state, memory_order_relaxed);
+    while ((v & STATE) != DONE) {
+        /* seq_cst: the poller then announces its sleep and re-checks f (D2);
+         * either the completer's exchange sees POLLER, or the re-check sees DONE */
+        if ((v & POLLER) || atomic_compare_exchange_weak_explicit(&f->state, &v, v | POLLER, memory_order_seq_cst,
+                                                                  memory_order_relaxed))
+            return true;
+    }
+    return false;
+}
 
 SR_API sr_future *sr_future_new(void)
 {
@@ -107,7 +128,7 @@ SR_API bool sr_future_done(const sr_future *f)
 int sr__future_error(const sr_future *f) { return f->err; }
 sr_value *sr__future_peek(const sr_future *f) { return f->value; }
 
-/* Win the right to complete: PENDING -> COMPLETING, keeping the WAITERS bit. */
+/* Win the right to complete: PENDING -> COMPLETING, keeping the WAITERS and POLLER bits. */
 static int begin_complete(sr_future *f)
 {
     /* relaxed: only the CAS matters; the result is published by finish_complete */
@@ -115,7 +136,7 @@ static int begin_complete(sr_future *f)
     do {
         if ((v & STATE) != PENDING)
             return sr__fail(-EALREADY, "sr_future_set_result", "Future can only be marked completed once");
-    } while (!atomic_compare_exchange_weak_explicit(&f->state, &v, (v & WAITERS) | COMPLETING,
+    } while (!atomic_compare_exchange_weak_explicit(&f->state, &v, (v & ~(uint32_t)STATE) | COMPLETING,
                                                     memory_order_relaxed, memory_order_relaxed));
     return 0;
 }
@@ -136,6 +157,12 @@ static void finish_complete(sr_future *f)
     pthread_mutex_unlock(&f->lock);
     if (old & WAITERS)
         futex_wake_all(&f->state);
+    if (old & POLLER) {
+        /* acquire: pairs with sr__future_set_hooks */
+        void (*wake)(void) = atomic_load_explicit(&wake_hook, memory_order_acquire);
+        if (wake)
+            wake();
+    }
     while (cbs) {
         struct callback *n = cbs->next;
         run_callback(f, cbs);
@@ -228,8 +255,15 @@ int sr__future_wait_until(sr_future *f, int64_t deadline_ns)
 {
     if (sr_future_done(f))
         return 0;
-    if (wait_hook)
-        return wait_hook(f, deadline_ns);
+    /* acquire: pairs with sr__future_set_hooks */
+    sr_wait_hook hook = atomic_load_explicit(&wait_hook, memory_order_acquire);
+    if (hook)
+        return hook(f, deadline_ns);
+    return sr__future_wait_plain(f, deadline_ns);
+}
+
+int sr__future_wait_plain(sr_future *f, int64_t deadline_ns)
+{
     while (!sr_future_done(f)) {
         if (deadline_ns >= 0 && sr_now_ns() >= deadline_ns)
             return -ETIMEDOUT;

@@ -5,7 +5,10 @@
  *           -> DONE       (result published; release, pairs with waiters' acquire)
  * A sleeper sets the WAITERS bit before it sleeps; a completer whose exchange
  * to DONE returns a word with WAITERS set issues the futex wake. So an
- * uncontended completion makes no syscall.
+ * uncontended completion makes no syscall. A thread that polls the worker's
+ * inbox while it waits (it sleeps on the doorbell, not on the future) sets
+ * the POLLER bit instead (sr__future_arm_wake); a completer that finds it
+ * calls the wake hook, which rings that worker's doorbell.
  */
 #ifndef SR_RPC_FUTURE_INTERNAL_H
 #define SR_RPC_FUTURE_INTERNAL_H
@@ -21,10 +24,18 @@
  * its own response). Without a hook, waits sleep on the future's word.
  * Returns 0 once the future is done, -ETIMEDOUT at the deadline (< 0: none). */
 typedef int (*sr_wait_hook)(sr_future *f, int64_t deadline_ns);
-void sr__future_set_wait_hook(sr_wait_hook hook);
+/* Install the hooks (the agent, at sr_init). They are never removed: each
+ * finds the live agent itself (agent.h, "Lifetime"), so a thread that read a
+ * hook while another shuts down never calls into freed memory. */
+void sr__future_set_hooks(sr_wait_hook wait, void (*wake)(void));
+
+/* Ask the completer of f to call the wake hook. False if f is already done. */
+bool sr__future_arm_wake(sr_future *f);
 
 /* Wait on one future with a deadline; 0 when done, -ETIMEDOUT first. */
 int sr__future_wait_until(sr_future *f, int64_t deadline_ns);
+/* The same without the wait hook: sleep on the future's word only. */
+int sr__future_wait_plain(sr_future *f, int64_t deadline_ns);
 
 /* Sleep (futex) until the future is done or the deadline passes. */
 void sr__future_sleep(sr_future *f, int64_t deadline_ns);

@@ -242,7 +242,8 @@ struct sr_tls_snap {
 void sr__tls_capture(struct sr_tls_snap *s);
 void sr__tls_swap(struct sr_tls_snap *s); /* set s, and store the previous values in s */
 /* A raw module message: handed to its module (true), or unknown (false). */
-bool sr__module_msg(const sr_msg *m);
+struct sr_agent;
+bool sr__module_msg(struct sr_agent *a, const sr_msg *m);
 /* The hooks of every module, in registration order (fini: reverse). */
 int64_t sr__modules_next_deadline(void);
 void sr__modules_tick(void);

@@ -19,51 +19,69 @@ int sr__module_register(int id, const sr_module *m)
     return 0;
 }
 
-int sr__rpc_rank(void) { return sr__agent ? sr__agent->rank : -1; }
-int sr__rpc_world(void) { return sr__agent ? sr__agent->world : 0; }
+/* The identity of the running agent, for the modules: set by sr_init before
+ * the modules' init, cleared by sr_shutdown after their fini, so no module
+ * reads a freed agent for it. */
+static _Atomic int live_rank = -1, live_world;
+static _Atomic bool live_reorder;
+
+void sr__modules_identity(int rank, int world, bool reorder)
+{
+    /* relaxed: published to other threads by sr__agent_publish / thread creation */
+    atomic_store_explicit(&live_rank, rank, memory_order_relaxed);
+    atomic_store_explicit(&live_world, world, memory_order_relaxed);
+    atomic_store_explicit(&live_reorder, reorder, memory_order_relaxed);
+}
+
+/* relaxed (the three): see sr__modules_identity */
+int sr__rpc_rank(void) { return atomic_load_explicit(&live_rank, memory_order_relaxed); }
+int sr__rpc_world(void) { return atomic_load_explicit(&live_world, memory_order_relaxed); }
+bool sr__rpc_reordering(void) { return atomic_load_explicit(&live_reorder, memory_order_relaxed); }
 
 bool sr__rpc_peer_gone(int rank, char *why, size_t len)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_peek();
     if (!a || rank < 0 || rank >= a->world || !sr_xport_peer_gone(a->x, rank))
         return false;
     if (why)
         sr_xport_gone_text(a->x, rank, why, len);
     return true;
 }
-bool sr__rpc_reordering(void) { return sr__agent && sr__agent->reorder; }
 
 int64_t sr__rpc_default_timeout_ms(void)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get(NULL);
     /* relaxed: the default is captured now, like a call's */
-    return a ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) : 0;
+    int64_t ms = a ? atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) : 0;
+    if (a)
+        sr__agent_put(a);
+    return ms;
 }
 
 int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
                    sr_future **out)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get("sr_rpc");
     if (!a)
-        return sr__fail(-SR_ESHUTDOWN, "sr_rpc", "RPC has not been initialized. Call sr_init first.");
+        return -SR_ESHUTDOWN;
+    int rc = 0;
+    sr_future *f = NULL;
     if (to < 0 || to >= a->world)
-        return sr__fail(-EINVAL, "sr_rpc", "worker%d: destination %d is out of range [0, %d)", a->rank, to, a->world);
-    sr_future *f = sr_future_new();
-    if (!f)
-        return -ENOMEM;
+        rc = sr__fail(-EINVAL, "sr_rpc", "worker%d: destination %d is out of range [0, %d)", a->rank, to, a->world);
+    else if (!(f = sr_future_new()))
+        rc = -ENOMEM;
     struct sr_req q = {.kind = SR_REQ_MODULE, .module = module, .sub = sub, .tag = tag};
-    int rc = sr__rpc_start(a, to, &q, NULL, args, timeout_ms, f);
-    if (rc) {
+    if (!rc && (rc = sr__rpc_start(a, to, &q, NULL, args, timeout_ms, f)))
         sr_future_unref(f);
-        return rc;
-    }
-    *out = f;
-    return 0;
+    sr__agent_put(a);
+    if (!rc)
+        *out = f;
+    return rc;
 }
 
 int sr__module_send(int to, sr_msg *m, bool quiet)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return -SR_ESHUTDOWN;
     /* relaxed: counted before it can arrive; quiescence compares sums */
@@ -71,24 +89,28 @@ int sr__module_send(int to, sr_msg *m, bool quiet)
     int rc = quiet ? sr__agent_send_quiet(a, to, m) : sr__agent_send(a, to, m);
     if (rc)
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above, it never arrives */
+    sr__agent_put(a);
     return rc;
 }
 
 int sr__module_wait(sr_future *f, int64_t deadline_ns)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get(NULL);
     if (!a)
-        return sr__future_wait_until(f, deadline_ns);
+        return sr__future_wait_plain(f, deadline_ns);
     bool was = sr__dispatch_take_jobs(true); /* a module's waiter runs the module jobs it reads */
-    int rc = sr__agent_wait(a, f, deadline_ns, SR_POLL_NESTED);
+    int rc = sr__agent_wait_counted(a, f, deadline_ns, SR_POLL_NESTED);
     sr__dispatch_take_jobs(was);
     return rc;
 }
 
 void sr__module_kick(void)
 {
-    if (sr__agent)
-        sr__agent_kick(sr__agent);
+    sr_agent *a = sr__agent_get(NULL);
+    if (a) {
+        sr__agent_kick(a);
+        sr__agent_put(a);
+    }
 }
 
 void sr__tls_capture(struct sr_tls_snap *s)
@@ -110,7 +132,7 @@ void sr__tls_swap(struct sr_tls_snap *s)
             s->v[id] = sr__modules[id]->tls_set(s->v[id]);
 }
 
-bool sr__module_msg(const sr_msg *m)
+bool sr__module_msg(sr_agent *a, const sr_msg *m)
 {
     for (int id = 0; id < SR_MOD_MAX; id++) {
         const sr_module *mod = sr__modules[id];
@@ -119,7 +141,7 @@ bool sr__module_msg(const sr_msg *m)
                 continue;
             mod->on_msg(m);
             /* relaxed: after its answers were counted as sent */
-            atomic_fetch_add_explicit(&sr__agent->user_done, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
             return true;
         }
     }
@@ -195,18 +217,22 @@ void sr__modules_fini(void)
 
 int sr__module_call_check(int to, const char *fn, sr_args args, double timeout_s, int64_t *ms, const char *who)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get(who);
     if (!a)
-        return sr__fail(-SR_ESHUTDOWN, who, "RPC has not been initialized. Call sr_init first.");
-    return sr__call_check(a, to, fn, args, timeout_s, ms);
+        return -SR_ESHUTDOWN;
+    int rc = sr__call_check(a, to, fn, args, timeout_s, ms);
+    sr__agent_put(a);
+    return rc;
 }
 
 int sr__module_call_start(int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms, sr_future *f)
 {
-    sr_agent *a = sr__agent;
+    sr_agent *a = sr__agent_get("sr_rpc");
     if (!a)
-        return sr__fail(-SR_ESHUTDOWN, "sr_rpc", "RPC has not been initialized. Call sr_init first.");
-    return sr__rpc_start(a, to, q, fn, args, ms, f);
+        return -SR_ESHUTDOWN;
+    int rc = sr__rpc_start(a, to, q, fn, args, ms, f);
+    sr__agent_put(a);
+    return rc;
 }
 
 const sr_value_kind_ops *sr__value_kind(int kind)

@@ -164,7 +164,7 @@ static int timed_out(sr_agent *a, const char *what)
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
-    int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE);
+    int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE, false); /* sr_shutdown's own thread: no reference */
     sr__dispatch_take_jobs(was);
     if (!rc && (rc = sr_future_value(f, NULL)) < 0) /* failed by a departed peer */
         sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);

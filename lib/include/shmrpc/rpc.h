@@ -3,7 +3,10 @@
  * A worker calls sr_init() once, under shmrun or inside sr_spawn(); then any
  * thread may call any function registered on any worker (itself included).
  * sr_shutdown() ends the worker's participation. Every call below is
- * thread-safe.
+ * thread-safe, also against a concurrent sr_shutdown(): a call either
+ * completes, or fails with -SR_ESHUTDOWN naming the function ("RPC has not
+ * been initialized"); a call in flight when the worker shuts down fails with
+ * "RPC agent shut down before the response arrived".
  *
  * Destinations are ranks (0..world_size-1); sr_worker_rank() maps a name.
  * Timeouts are in seconds: < 0 (SR_UNSET_RPC_TIMEOUT) means the current
