@@ -83,12 +83,15 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 {
     if (!c)
         return sr__fail(-EINVAL, "sr_call_fail", "call is NULL (error %d)", err);
-    va_list ap;
-    va_start(ap, fmt);
     free(c->msg);
-    if (vasprintf(&c->msg, fmt ? fmt : "", ap) < 0)
-        c->msg = NULL;
-    va_end(ap);
+    c->msg = NULL;
+    if (fmt) { /* a NULL format: no message */
+        va_list ap;
+        va_start(ap, fmt);
+        if (vasprintf(&c->msg, fmt, ap) < 0)
+            c->msg = NULL;
+        va_end(ap);
+    }
     c->err = err < 0 ? err : -EINVAL;
     return c->err;
 }
