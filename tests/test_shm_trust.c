@@ -56,11 +56,15 @@ static bool await_stage(_Atomic uint32_t *stage, uint32_t want)
  * keep private copies), so MSGS messages still arrive, in order. Before, the
  * producer wrote slot (tail & mask) and the consumer read slot (head &
  * mask), both far outside the ring, and a release walked 2^31 slots. */
+static bool scribble_geometry; /* size and mask too, or only the consumer's head and held */
+
 static int geometry_consumer(sr_xport *x, _Atomic uint32_t *stage)
 {
     struct sr_ring *r = sr_seg_inbox(&x->seg, x->rank);
-    r->size = 0x40000000u;
-    r->mask = 0xffffffffu;
+    if (scribble_geometry) {
+        r->size = 0x40000000u;
+        r->mask = 0xffffffffu;
+    }
     atomic_store(&r->head, 0x10000000u);
     atomic_store(&r->held, 0x7fffffffu);
     /* release: pairs with await_stage; the scribbles come first */
@@ -120,7 +124,16 @@ static void run2(const char *name, int (*fn)(int, int, void *))
 
 Test(shm_trust, scribbled_ring_geometry_and_consumer_words_are_not_used)
 {
+    scribble_geometry = true;
     run2("trust_geom", geometry_worker);
+}
+
+/* Only the consumer's words: before, the consumer waited at a position no
+ * producer writes, and its release rewrote 2^31 sequence words. */
+Test(shm_trust, scribbled_consumer_head_and_held_are_not_used)
+{
+    scribble_geometry = false;
+    run2("trust_cons", geometry_worker);
 }
 
 /* ---- a corrupt sequence word in one's own inbox -------------------------- */
