@@ -608,7 +608,9 @@ static int tensor_check(struct dec *d, size_t at, const struct sr_tensor_desc *t
 {
     char why[256]; /* bad() rewrites the buffer sr_last_error() points to */
     sr_block *b = sr_block_from_off(t->block);
-    int rc = b ? sr__tensor_desc_check(t, sr_block_size(b)) : -EINVAL;
+    void *data;
+    size_t size = 0;
+    int rc = !b ? -EINVAL : sr_block_check(b, &data, &size) ? -EPROTO : sr__tensor_desc_check(t, size);
     if (!rc)
         return 0;
     snprintf(why, sizeof(why), "%s", error_detail(sr_last_error()));
