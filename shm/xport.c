@@ -239,7 +239,9 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     int rc = sr__launch_env_get(&env);
     if (rc)
         return rc;
-    sr_xport *x = calloc(1, sizeof(*x));
+    sr_xport *x = aligned_alloc(SR_CACHELINE, sizeof(*x)); /* sizeof is a multiple of the alignment */
+    if (x)
+        memset(x, 0, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
     x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */

@@ -55,8 +55,6 @@ typedef struct sr_xport {
     sr_segment seg;
     int rank, world;
     struct sr_ring_cons *inbox; /* = &inbox_view: the consumer's private view of our inbox (ring.h) */
-    struct sr_ring_cons inbox_view;
-    bool inbox_reported;        /* a corrupt inbox was reported on stderr (once) */
     struct sr_worker_info *me;
     struct sr_peer *peers;    /* [world], resolved once after the start barrier */
     sr_waiter waiter;
@@ -65,6 +63,10 @@ typedef struct sr_xport {
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     sr_xport_stats st;
+    /* Own lines: the consumer writes head on every burst; the fields above
+     * are read by every sending thread (the struct is allocated aligned). */
+    struct sr_ring_cons inbox_view SR_ALIGNED_LINE;
+    bool inbox_reported;        /* a corrupt inbox was reported on stderr (once); the consumer's */
 } sr_xport;
 
 /* Attach the calling process as its launch rank (shmrun env or sr_spawn), and
