@@ -5,7 +5,10 @@
  * run under the reordering mode (tests/meson.build). */
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 
+#include "rpc/agent.h"
 #include "rref/rref_internal.h"
 #include "rref_fns.h"
 
@@ -211,59 +214,57 @@ Test(rref_errors, rref_whose_owner_died_reports_it, .timeout = 60)
  * for a CHILD_ACCEPT that never comes: wait_idle timed out ("1 pending
  * children"), and graceful shutdown hung until its bound.
  *
- * Rank 2 must die with the RRef unread in its inbox: an async function (run
- * inline by the thread that polls rank 2's inbox) holds that thread until
- * rank 0 has sent the RRef, then exits without detaching. */
-struct child_death {
-    _Atomic uint32_t holding, go;
-};
-static struct child_death *child_death;
-
-static bool await_flag(_Atomic uint32_t *f)
+ * Deterministic: the owner (rank 1) is stopped (SIGSTOP) while rank 0 sends
+ * the RRef to rank 2, makes rank 2 exit, and waits for idleness, so nothing
+ * the owner could say (an answer to rank 2, or to a local release of the
+ * message) can release the parent: only rank 2's death can. The owner goes
+ * on (SIGCONT) after that wait. */
+static bool process_stopped(pid_t pid)
 {
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
-    /* acquire: pairs with the release store of the other rank */
-    while (!atomic_load_explicit(f, memory_order_acquire) && sr_now_ns() < until)
+    do {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *st = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        if (st && st[1] == ' ' && st[2] == 'T')
+            return true;
         sched_yield();
-    return atomic_load_explicit(f, memory_order_acquire); /* acquire: as above */
-}
-
-static int fn_hold_then_exit(sr_call *c, sr_future **result)
-{
-    (void)c, (void)result;
-    /* release: pairs with rank 0's await_flag; this thread polls no more */
-    atomic_store_explicit(&child_death->holding, 1, memory_order_release);
-    await_flag(&child_death->go);
-    _exit(0); /* leaves without detaching: peers see a death */
+    } while (sr_now_ns() < until);
+    return false;
 }
 
 static int child_dies_parent(void)
 {
     sr_value *n = sr_int(4), *v = NULL;
     sr_rref *r = NULL;
-    sr_future *hold = NULL, *send = NULL;
+    sr_future *send = NULL;
     WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     if (expect_pair(r, 4)) /* confirmed: rank 0 is a user of rank 1's RRef */
         return 1;
-    WCHECK(sr_rpc_async(2, "hold_then_exit", SR_NOARGS, WAIT_S, &hold) == 0, "hold: %s", sr_last_error());
-    WCHECK(await_flag(&child_death->holding), "rank 2 never ran hold_then_exit");
+    pid_t owner = sr_seg_worker(&sr__agent->x->seg, 1)->pid;
+    WCHECK(kill(owner, SIGSTOP) == 0 && process_stopped(owner), "rank 1 (pid %d) did not stop", (int)owner);
     sr_value *rv = sr_rref_value(r);
-    WCHECK(sr_rpc_async(2, "exit_now", SR_ARGS(rv), WAIT_S, &send) == 0, "send: %s", sr_last_error());
+    /* rank 2 decodes the RRef (asking the stopped owner to register it),
+     * then runs exit_now (a user-to-user fork does not wait for the owner) */
+    int sent = sr_rpc_async(2, "exit_now", SR_ARGS(rv), WAIT_S, &send);
     sr_value_unref(rv);
-    sr_rref_debug_info d;
-    WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_pending_children == 1, "the child is not pending: %s",
-           sr_last_error());
-    /* release: pairs with rank 2's await_flag; the RRef is in its inbox */
-    atomic_store_explicit(&child_death->go, 1, memory_order_release);
-    int64_t t0 = sr_now_ns();
-    int rc = sr_rref_wait_idle(WAIT_S);
-    double took = (double)(sr_now_ns() - t0) / 1e9;
-    WEXPECT_ERR(rc, -EPIPE, "worker2 died before the RRef child fork");
-    WCHECK(took < WAIT_S / 2, "wait_idle took %.1f s", took);
-    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "the death is reported once: %s", sr_last_error());
     sr_value *out = NULL;
-    WCHECK(sr_future_wait(send, &out) != 0, "the call to the dead worker succeeded");
-    sr_future_unref(hold);
+    int died = sent ? 0 : sr_future_wait(send, &out);
+    /* Still stopped: only rank 2's death can release the parent now */
+    int64_t t0 = sr_now_ns();
+    int rc = died ? sr_rref_wait_idle(WAIT_S / 3) : 0;
+    double took = (double)(sr_now_ns() - t0) / 1e9;
+    WCHECK(kill(owner, SIGCONT) == 0, "SIGCONT to rank 1: %s", strerror(errno));
+    WCHECK(sent == 0, "send: %s", sr_last_error());
+    WCHECK(died != 0, "exit_now on rank 2 returned");
+    WEXPECT_ERR(rc, -EPIPE, "worker2 died before the RRef child fork");
+    WCHECK(took < WAIT_S / 6, "wait_idle took %.1f s", took);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "the death is reported once: %s", sr_last_error());
     sr_future_unref(send);
     sr_rref_unref(r);
     sr_value_unref(n);
@@ -281,10 +282,9 @@ static int child_dies_worker(int rank, int world, void *arg)
     (void)arg;
     register_rref_fns();
     sr_register("exit_now", fn_exit_now);
-    sr_register_async("hold_then_exit", fn_hold_then_exit);
     WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
     if (rank == 2) {
-        sr_shutdown(true, 60); /* serves until hold_then_exit ends the process */
+        sr_shutdown(true, 60); /* serves until exit_now ends the process */
         return 1;
     }
     if (rank == 1) {
@@ -296,10 +296,8 @@ static int child_dies_worker(int rank, int world, void *arg)
 
 Test(rref_errors, rref_child_whose_worker_died_releases_its_parent, .timeout = 60)
 {
-    child_death = shared_page(sizeof(*child_death));
     sr_spawn_opts o = {.name_prefix = test_ns("rrefchild"), .shm_size = 192 << 20};
     cr_assert_eq(sr_spawn(3, child_dies_worker, NULL, &o), 0, "%s", sr_last_error());
-    munmap(child_death, sizeof(*child_death));
 }
 
 /* After shutdown an RRef is a clear error to use (but may still be unreffed). */
