@@ -164,10 +164,16 @@ static int corrupt_seq_worker(int rank, int world, void *arg)
                "the error does not name the worker and the value: %s", sr_last_error());
         /* release: pairs with rank 1's await_stage */
         atomic_store_explicit(stage, 1, memory_order_release);
+        /* stay attached until rank 1 has tried its send */
+        WCHECK(await_stage(stage, 2), "rank 1 never tried to send");
     } else {
         WCHECK(await_stage(stage, 1), "rank 0 never reported its corrupt inbox");
         sr_msg m = msg_of(1);
-        WCHECK(sr_xport_send(x, 0, &m) == -EPROTO, "a send into rank 0's corrupt inbox: %s", sr_last_error());
+        rc = sr_xport_send(x, 0, &m);
+        /* release: pairs with rank 0's await_stage */
+        atomic_store_explicit(stage, 2, memory_order_release);
+        WCHECK(rc == -EPROTO, "a send into rank 0's corrupt inbox: %s", sr_last_error());
+        rc = 0;
     }
     sr_xport_detach(x);
     return rc;
