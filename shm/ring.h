@@ -37,7 +37,8 @@
  *       pairs with producer: acquire load of seq before claiming (P0) -> the
  *       consumer's copy-out is complete before the producer overwrites.
  *   tail is only a claim counter: the CAS is relaxed because seq, not tail,
- *   carries the data. head and held are the consumer's alone (relaxed).
+ *   carries the data. head and held are the consumer's alone (relaxed), and
+ *   live in its private struct sr_ring_cons while it is attached.
  *
  * Full ring: enqueue returns -EAGAIN. Nothing is dropped; the caller retries
  * (see sr_xport_send_wait) or queues locally. Slots the consumer holds (read,
@@ -108,15 +109,19 @@ struct sr_slot {
 static_assert(sizeof(struct sr_slot) == SR_CACHELINE, "a slot is one cache line");
 
 struct sr_ring {
-    /* Line 0: written once by the segment creator; read-only after. */
+    /* Line 0: written once by the segment creator; read-only after. Never
+     * used to index: producers and the consumer take the size from their
+     * private copy of the segment's layout (sr_segment.ring_slots). */
     uint32_t size;
     uint32_t mask;
 
     /* Line 1: producers (CAS). */
     _Atomic uint32_t tail SR_ALIGNED_LINE;
 
-    /* Line 2: the consumer alone. head: the next position to read. held: the
-     * positions [head - held, head) are read but their slots not yet freed. */
+    /* Line 2: the consumer alone, written at its detach and read at its
+     * attach (its live copy is private: struct sr_ring_cons). head: the next
+     * position to read. held: the positions [head - held, head) are read but
+     * their slots not yet freed. */
     _Atomic uint32_t head SR_ALIGNED_LINE;
     _Atomic uint32_t held;
 
@@ -147,16 +152,20 @@ void sr_ring_init(struct sr_ring *r, uint32_t slots);
 /* Out of line, off the fast path: tail and seq (read at pos) looked illegal.
  * Re-reads them after a fence: 1 the state moved on (retry; *pos updated),
  * -EAGAIN a legal full slot after all, -EPROTO a corrupt ring. */
-int sr__ring_recheck(struct sr_ring *r, uint32_t *pos);
+int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos);
 
-/* Multi-producer enqueue of one message. 0; -EAGAIN when full; -EPROTO when
- * the ring's shared words hold values no legal history can produce. */
-static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
+/* Multi-producer enqueue of one message. size: the ring's slot count as the
+ * segment's layout says (the caller's private copy: the ring's own size and
+ * mask words are never trusted, a scribbled mask would index outside the
+ * ring). 0; -EAGAIN when full; -EPROTO when the ring's shared words hold
+ * values no legal history can produce. */
+static inline int sr_ring_enqueue(struct sr_ring *r, uint32_t size, const sr_msg *m)
 {
+    uint32_t mask = size - 1;
     /* relaxed: a stale tail only makes the CAS below fail and retry */
     uint32_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
     for (;;) {
-        struct sr_slot *s = &r->slots[pos & r->mask];
+        struct sr_slot *s = &r->slots[pos & mask];
         /* P0 acquire: pairs with the consumer's C2 release that freed this slot */
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
         int32_t dif = (int32_t)(seq - pos);
@@ -172,9 +181,9 @@ static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
             }
         } else if (dif < 0) {
             /* the slot still holds last lap's message: full */
-            if (sr_likely(dif == 1 - (int32_t)r->size || dif == -(int32_t)r->size))
+            if (sr_likely(dif == 1 - (int32_t)size || dif == -(int32_t)size))
                 return -EAGAIN;
-            int rc = sr__ring_recheck(r, &pos);
+            int rc = sr__ring_recheck(r, size, &pos);
             if (rc <= 0)
                 return rc;
         } else {
@@ -183,7 +192,7 @@ static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
              * moved past pos: if not, seq was never legally written. */
             uint32_t t = atomic_load_explicit(&r->tail, memory_order_relaxed); /* relaxed: as above */
             if (sr_unlikely(t == pos)) {
-                int rc = sr__ring_recheck(r, &pos);
+                int rc = sr__ring_recheck(r, size, &pos);
                 if (rc <= 0)
                     return rc;
             } else {
@@ -195,7 +204,7 @@ static inline int sr_ring_enqueue(struct sr_ring *r, const sr_msg *m)
 
 /* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full
  * (or contended), -EPROTO corrupt. For diagnostics, off the fast path. */
-int sr_ring_probe(struct sr_ring *r);
+int sr_ring_probe(struct sr_ring *r, uint32_t size);
 
 /* Producer `id` (< SR_RING_MAX_PRODUCERS) registers for a wake-up when the
  * consumer next frees slots (W1 in the contract above); it must retry its
@@ -239,61 +248,132 @@ static inline uint64_t sr_ring_space_ranks(struct sr_ring *r, uint32_t w)
     return atomic_exchange_explicit(&r->space_ranks[w], 0, memory_order_relaxed);
 }
 
-/* Single-consumer: copy out up to n ready messages, in order, and keep their
- * slots held until sr_ring_release. Returns the count. */
-static inline unsigned sr_ring_read_burst(struct sr_ring *r, sr_msg *out, unsigned n)
+/* The consumer's private view of a ring (lives in the consumer's own memory,
+ * never in the segment). Only the consumer writes the ring's shared words
+ * head and held, but a peer can scribble on them, and on size and mask: a
+ * corrupt mask would index outside the slots, a corrupt held would make a
+ * release walk billions of slots. So the consumer reads the geometry and its
+ * position once, at attach, checks them against the segment layout
+ * (sr_ring_cons_attach), and from then on trusts only this copy; the shared
+ * head and held are written back at detach (a worker may attach again) and
+ * are otherwise not read. The slots' seq words must still be read from the
+ * segment: the slot at the consumer's position p can only hold p (free) or
+ * p + 1 (published), the consumer's own store or a producer's after it, so
+ * any other value is corruption, latched in `bad` (the consumer stops there;
+ * sr_ring_cons_error reports it). head is atomic (relaxed) because threads
+ * that do not hold the inbox may ask sr_ring_ready; everything else belongs
+ * to the thread that consumes (hand-overs order them, see agent.c). */
+struct sr_ring_cons {
+    struct sr_ring *ring;
+    struct sr_slot *slots;
+    uint32_t size, mask;
+    _Atomic uint32_t head; /* the next position to read */
+    uint32_t held;         /* [head - held, head) read, not yet freed; <= size */
+    _Atomic uint32_t bad;  /* 0, or 1: an illegal seq was seen at bad_pos */
+    uint32_t bad_pos, bad_seq;
+};
+
+/* Take the consumer's view of r, a ring of `slots` slots (the segment
+ * header's ring_slots, checked by the segment's attach): 0, or -EPROTO when
+ * the ring's shared geometry or position words are not what the layout and a
+ * legal history allow (*why says what; the caller names the worker). */
+int sr_ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
+
+/* Write the position back to the shared words (for the next attach). */
+void sr_ring_cons_detach(struct sr_ring_cons *c);
+
+/* Out of line: the slot at pos held seq, neither pos nor pos + 1. */
+void sr__ring_cons_corrupt(struct sr_ring_cons *c, uint32_t pos, uint32_t seq);
+
+/* 0, or -EPROTO once the consumer saw an illegal sequence word (then
+ * pos and seq say where and what). */
+static inline int sr_ring_cons_error(const struct sr_ring_cons *c, uint32_t *pos, uint32_t *seq)
 {
-    /* relaxed: only the consumer writes head and held */
-    uint32_t pos = atomic_load_explicit(&r->head, memory_order_relaxed);
+    /* relaxed: set and read by the consumer; other threads only peek */
+    if (!atomic_load_explicit(&c->bad, memory_order_relaxed))
+        return 0;
+    *pos = c->bad_pos;
+    *seq = c->bad_seq;
+    return -EPROTO;
+}
+
+/* Consumer: look at the slot at head without reading it; latch a corrupt
+ * one (sr_ring_cons_error). For a consumer about to sleep: a corrupt slot is
+ * never ready, and must not be slept on. */
+static inline void sr_ring_cons_check(struct sr_ring_cons *c)
+{
+    /* relaxed: only the consumer writes head */
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    if (c->held == c->size)
+        return; /* the slot at head is a held one */
+    /* C1 acquire: pairs with the producer's P1 release */
+    uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
+    if (sr_unlikely(seq != pos && seq != pos + 1))
+        sr__ring_cons_corrupt(c, pos, seq);
+}
+
+/* Single-consumer: copy out up to n ready messages, in order, and keep their
+ * slots held until sr_ring_release. Returns the count. Stops at a corrupt
+ * slot (see sr_ring_cons_error). */
+static inline unsigned sr_ring_read_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
+{
+    /* relaxed: only the consumer writes head */
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    if (n > c->size - c->held) /* past that, the slots are the held ones */
+        n = c->size - c->held;
     unsigned i;
     for (i = 0; i < n; i++) {
-        struct sr_slot *s = &r->slots[(pos + i) & r->mask];
+        struct sr_slot *s = &c->slots[(pos + i) & c->mask];
         /* C1 acquire: pairs with the producer's P1 release */
-        if (atomic_load_explicit(&s->seq, memory_order_acquire) != pos + i + 1)
+        uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if (seq != pos + i + 1) {
+            if (sr_unlikely(seq != pos + i))
+                sr__ring_cons_corrupt(c, pos + i, seq);
             break;
+        }
         out[i] = s->msg;
     }
     if (i) {
-        /* relaxed: only the consumer reads or writes head and held */
-        atomic_store_explicit(&r->head, pos + i, memory_order_relaxed);
-        uint32_t held = atomic_load_explicit(&r->held, memory_order_relaxed); /* relaxed: as above */
-        atomic_store_explicit(&r->held, held + i, memory_order_relaxed);      /* relaxed: as above */
+        /* relaxed: only the consumer writes head; readers of sr_ring_ready want a recent value */
+        atomic_store_explicit(&c->head, pos + i, memory_order_relaxed);
+        c->held += i;
     }
     return i;
 }
 
 /* Single-consumer: free every held slot for the producers' next lap.
  * Returns how many were freed. */
-static inline unsigned sr_ring_release(struct sr_ring *r)
+static inline unsigned sr_ring_release(struct sr_ring_cons *c)
 {
-    /* relaxed: only the consumer reads or writes head and held */
-    uint32_t held = atomic_load_explicit(&r->held, memory_order_relaxed);
+    uint32_t held = c->held;
     if (!held)
         return 0;
-    uint32_t end = atomic_load_explicit(&r->head, memory_order_relaxed); /* relaxed: as above */
+    /* relaxed: only the consumer writes head */
+    uint32_t end = atomic_load_explicit(&c->head, memory_order_relaxed);
     for (uint32_t p = end - held; p != end; p++)
         /* C2 release: pairs with a producer's P0 acquire on the next lap */
-        atomic_store_explicit(&r->slots[p & r->mask].seq, p + r->size, memory_order_release);
-    atomic_store_explicit(&r->held, 0, memory_order_relaxed); /* relaxed: as above */
+        atomic_store_explicit(&c->slots[p & c->mask].seq, p + c->size, memory_order_release);
+    c->held = 0;
     return held;
 }
 
 /* Single-consumer: copy out up to n ready messages, in order, and free their
  * slots (and any still held). Returns the count. */
-static inline unsigned sr_ring_dequeue_burst(struct sr_ring *r, sr_msg *out, unsigned n)
+static inline unsigned sr_ring_dequeue_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
 {
-    unsigned got = sr_ring_read_burst(r, out, n);
-    sr_ring_release(r);
+    unsigned got = sr_ring_read_burst(c, out, n);
+    sr_ring_release(c);
     return got;
 }
 
-/* Consumer: is a message ready at the head? */
-static inline int sr_ring_ready(struct sr_ring *r)
+/* Is a message ready at the head? Any thread may ask (a hint to the one that
+ * consumes). A corrupt slot is never ready. */
+static inline int sr_ring_ready(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
-    uint32_t pos = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
     /* C1 acquire: pairs with the producer's P1 release */
-    return atomic_load_explicit(&r->slots[pos & r->mask].seq, memory_order_acquire) == pos + 1;
+    return atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire) == pos + 1;
 }
 
 #endif

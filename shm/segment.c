@@ -49,6 +49,20 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
     return 0;
 }
 
+/* The private copy of the geometry (segment.h), from a validated header. */
+static void take_geometry(sr_segment *seg)
+{
+    const struct sr_seg_header *h = seg->hdr;
+    seg->world = h->world_size;
+    seg->ring_slots = h->ring_slots;
+    seg->table_off = h->table_off;
+    seg->table_stride = h->table_stride;
+    seg->inbox_off = h->inbox_off;
+    seg->inbox_stride = h->inbox_stride;
+    seg->heap_off = h->heap_off;
+    seg->heap_stride = h->heap_stride;
+}
+
 static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slots, const char *name)
 {
     struct sr_seg_header *h = seg->hdr;
@@ -66,6 +80,7 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->heap_off = sr_segment_fixed_size(n, slots);
     h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
     snprintf(h->name, sizeof(h->name), "%s", name);
+    take_geometry(seg);
     /* relaxed: workers start after the creator returns (fork/exec orders it) */
     atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
     atomic_store_explicit(&h->awake, 0, memory_order_relaxed); /* relaxed: as above */
@@ -146,12 +161,15 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
     if (h->world_size < 1 || h->world_size > SR_MAX_WORKERS)
         return sr__fail(-EINVAL, fn, "segment world size %u is out of range", h->world_size);
     uint32_t n = h->world_size;
+    /* each area [off, off + n * stride) must fit the file: checked by
+     * division, so that no product or sum can wrap around */
     if (h->seg_size != file_size || h->ring_slots < 2 || (h->ring_slots & (h->ring_slots - 1)) ||
-        h->table_off < SR_SEG_HEADER_SIZE || h->table_stride < sizeof(struct sr_worker_info) ||
-        h->inbox_off < h->table_off + n * h->table_stride ||
-        h->inbox_stride < sr_ring_bytes(h->ring_slots) ||
-        h->heap_off < h->inbox_off + n * h->inbox_stride ||
-        h->heap_off + n * h->heap_stride > file_size)
+        h->ring_slots > (1u << 30) || h->table_off < SR_SEG_HEADER_SIZE ||
+        h->table_stride < sizeof(struct sr_worker_info) || h->table_off > file_size ||
+        n > (file_size - h->table_off) / h->table_stride || h->inbox_off < h->table_off + n * h->table_stride ||
+        h->inbox_stride < sr_ring_bytes(h->ring_slots) || h->inbox_off > file_size ||
+        n > (file_size - h->inbox_off) / h->inbox_stride || h->heap_off < h->inbox_off + n * h->inbox_stride ||
+        h->heap_off > file_size || (h->heap_stride && n > (file_size - h->heap_off) / h->heap_stride))
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
                         (unsigned long long)h->seg_size, (unsigned long long)file_size);
     return 0;
@@ -174,6 +192,7 @@ int sr_segment_attach(int fd, sr_segment *seg)
         return rc;
     }
     *seg = (sr_segment){.fd = fd, .base = base, .size = (size_t)st.st_size, .hdr = base};
+    take_geometry(seg);
     return 0;
 }
 

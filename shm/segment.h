@@ -136,11 +136,17 @@ typedef struct sr_segment_opts {
     const char *name;       /* memfd name, "shmrpc" if NULL */
 } sr_segment_opts;
 
+/* A process's view of a segment. The geometry below is copied from the
+ * header when it is created or attached, after validation, and only this
+ * private copy is used to find the table, the inboxes and the heaps: a peer
+ * that scribbles on the header later cannot move them. */
 typedef struct sr_segment {
     int fd;
     void *base;
     size_t size;
     struct sr_seg_header *hdr;
+    uint32_t world, ring_slots;
+    uint64_t table_off, table_stride, inbox_off, inbox_stride, heap_off, heap_stride;
 } sr_segment;
 
 /* Bytes needed for the header, table and inboxes of n workers. */
@@ -160,20 +166,20 @@ int sr_segment_attach(int fd, sr_segment *seg);
 /* Unmap; closes fd only if close_fd. */
 void sr_segment_detach(sr_segment *seg, bool close_fd);
 
+/* rank: in [0, s->world) (the callers check it). */
 static inline struct sr_worker_info *sr_seg_worker(const sr_segment *s, int rank)
 {
-    return (struct sr_worker_info *)((char *)s->base + s->hdr->table_off +
-                                     (uint64_t)rank * s->hdr->table_stride);
+    return (struct sr_worker_info *)((char *)s->base + s->table_off + (uint64_t)rank * s->table_stride);
 }
 
 static inline void *sr_seg_inbox(const sr_segment *s, int rank)
 {
-    return (char *)s->base + s->hdr->inbox_off + (uint64_t)rank * s->hdr->inbox_stride;
+    return (char *)s->base + s->inbox_off + (uint64_t)rank * s->inbox_stride;
 }
 
 static inline void *sr_seg_heap(const sr_segment *s, int rank)
 {
-    return (char *)s->base + s->hdr->heap_off + (uint64_t)rank * s->hdr->heap_stride;
+    return (char *)s->base + s->heap_off + (uint64_t)rank * s->heap_stride;
 }
 
 static inline uint64_t sr_seg_off(const sr_segment *s, const void *p)

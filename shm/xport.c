@@ -137,29 +137,81 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     }
 }
 
+/* Is fd an eventfd of this process? (The fallback doorbell's fds are
+ * inherited from the creator, so a peer's number is one of ours.) */
+static bool is_eventfd(int fd)
+{
+    char path[64], link[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = fd >= 0 ? readlink(path, link, sizeof(link) - 1) : -1;
+    if (n < 0)
+        return false;
+    link[n] = '\0';
+    return !strcmp(link, "anon_inode:[eventfd]");
+}
+
+/* Copy rank r's table line (doorbell kind, eventfd, name) and check it. */
+static int resolve_peer(sr_xport *x, int r)
+{
+    struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+    struct sr_peer *p = &x->peers[r];
+    *p = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .exited = &w->exited, .doorbell = &w->doorbell};
+    memcpy(p->name, w->name, sizeof(p->name));
+    p->name[sizeof(p->name) - 1] = '\0';
+    if (r == x->rank) {
+        p->kind = x->waiter.kind;
+        p->eventfd = x->waiter.eventfd;
+        return 0;
+    }
+    p->kind = w->doorbell_kind;
+    p->eventfd = w->eventfd;
+    if (p->kind == SR_DOORBELL_FUTEX || (p->kind == SR_DOORBELL_EVENTFD && is_eventfd(p->eventfd)))
+        return 0;
+    return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d is corrupt: doorbell kind %u, eventfd %d",
+                    r, p->kind, p->eventfd);
+}
+
 static int resolve_peers(sr_xport *x)
 {
     x->peers = calloc((size_t)x->world, sizeof(*x->peers));
     if (!x->peers)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d peers", x->world);
     for (int r = 0; r < x->world; r++) {
-        struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
-        x->peers[r] = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .exited = &w->exited, .doorbell = &w->doorbell,
-                                       .kind = w->doorbell_kind, .eventfd = w->eventfd};
+        int rc = resolve_peer(x, r);
+        if (rc)
+            return rc;
         if (r == x->rank)
             continue;
-        int rc = sr_waiter_watch_peer(&x->waiter, x->world, r, w->pid);
+        /* relaxed: written before the peer's release increment that our barrier acquired */
+        rc = sr_waiter_watch_peer(&x->waiter, x->world, r, sr_seg_worker(&x->seg, r)->pid);
         if (rc)
             return rc;
     }
     return 0;
 }
 
+/* Take the consumer's private view of our inbox (ring.h), checked against
+ * the segment's layout. */
+static int attach_inbox(sr_xport *x)
+{
+    char why[160];
+    x->inbox = &x->inbox_view;
+    if (sr_ring_cons_attach(x->inbox, sr_seg_inbox(&x->seg, x->rank), x->seg.ring_slots, why, sizeof(why)))
+        return sr__fail(-EPROTO, "sr_init", "the inbox ring of rank %d is corrupt: %s", x->rank, why);
+    return 0;
+}
+
 static int publish_self(sr_xport *x, const sr_xport_opts *o)
 {
     x->me = sr_seg_worker(&x->seg, x->rank);
-    x->inbox = sr_seg_inbox(&x->seg, x->rank);
-    int rc = sr_waiter_init(&x->waiter, &x->me->doorbell, x->me->eventfd, o->doorbell);
+    int rc = attach_inbox(x);
+    if (rc)
+        return rc;
+    int efd = x->me->eventfd; /* written by the creator; read once, here */
+    if (efd != -1 && !is_eventfd(efd))
+        return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d is corrupt: eventfd %d is not one",
+                        x->rank, efd);
+    rc = sr_waiter_init(&x->waiter, &x->me->doorbell, efd, o->doorbell);
     if (rc)
         return rc;
     x->me->pid = getpid();
@@ -187,7 +239,9 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     int rc = sr__launch_env_get(&env);
     if (rc)
         return rc;
-    sr_xport *x = calloc(1, sizeof(*x));
+    sr_xport *x = aligned_alloc(SR_CACHELINE, sizeof(*x)); /* sizeof is a multiple of the alignment */
+    if (x)
+        memset(x, 0, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
     x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */
@@ -228,6 +282,8 @@ void sr_xport_detach(sr_xport *x)
                               memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
+    if (x->inbox)
+        sr_ring_cons_detach(x->inbox); /* our position, for the next attach */
     sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
     free(x->peers);
     free(x);
@@ -250,12 +306,12 @@ int sr_xport_check_peers(sr_xport *x)
 static int corrupt_inbox(sr_xport *x, int to, const char *fn)
 {
     struct sr_ring *r = x->peers[to].inbox;
+    uint32_t mask = x->seg.ring_slots - 1;
     /* relaxed: for the report only */
     uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    uint32_t seq = atomic_load_explicit(&r->slots[tail & r->mask].seq, memory_order_relaxed); /* relaxed: as above */
-    return sr__fail(-EPROTO, fn,
-                    "the inbox ring of %s (rank %d) is corrupt: slot %u holds sequence %u at tail %u (%u slots)",
-                    sr_seg_worker(&x->seg, to)->name, to, tail & r->mask, seq, tail, r->size);
+    uint32_t seq = atomic_load_explicit(&r->slots[tail & mask].seq, memory_order_relaxed); /* relaxed: as above */
+    return sr__fail(-EPROTO, fn, "the inbox ring of %s (rank %d) is corrupt: slot %u holds sequence %u at tail %u (%u slots)",
+                    x->peers[to].name, to, tail & mask, seq, tail, x->seg.ring_slots);
 }
 
 const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len)
@@ -299,7 +355,7 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
         return gone_error(x, to);
     struct sr_peer *p = &x->peers[to];
     m->src = (uint16_t)x->rank;
-    int rc = sr_ring_enqueue(p->inbox, m);
+    int rc = sr_ring_enqueue(p->inbox, x->seg.ring_slots, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO)
             return corrupt_inbox(x, to, "sr_xport_send");
@@ -319,7 +375,7 @@ int sr_xport_probe(sr_xport *x, int to)
 {
     if ((unsigned)to >= (unsigned)x->world)
         return sr__fail(-EINVAL, "sr_xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
-    int rc = sr_ring_probe(x->peers[to].inbox);
+    int rc = sr_ring_probe(x->peers[to].inbox, x->seg.ring_slots);
     return rc == -EPROTO ? corrupt_inbox(x, to, "sr_xport_probe") : rc;
 }
 
@@ -341,7 +397,7 @@ int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
         int64_t left = deadline_ns < 0 ? SLICE_NS : deadline_ns - sr_now_ns();
         if (left <= 0)
             return sr__fail(-ETIMEDOUT, "sr_xport_send_wait", "the inbox of %s (rank %d) stayed full (%u slots)",
-                            sr_seg_worker(&x->seg, to)->name, to, r->size);
+                            x->peers[to].name, to, x->seg.ring_slots);
         /* relaxed: the futex compares it again; any change (the consumer's exchange) ends the wait */
         uint32_t v = atomic_load_explicit(&r->space_wait, memory_order_relaxed);
         if (v & SR_SPACE_FUTEX)
@@ -367,7 +423,7 @@ static void kick_space_waiters(sr_xport *x)
 {
     uint32_t words = ((uint32_t)x->world + 63) / 64;
     for (uint32_t w = 0; w < words; w++) {
-        uint64_t bits = sr_ring_space_ranks(x->inbox, w);
+        uint64_t bits = sr_ring_space_ranks(x->inbox->ring, w);
         while (bits) {
             int rank = (int)(w * 64 + (uint32_t)__builtin_ctzll(bits));
             bits &= bits - 1;
@@ -389,13 +445,35 @@ static void release_inbox(sr_xport *x)
 {
     if (!sr_ring_release(x->inbox))
         return;
-    uint32_t w = sr_ring_space_take(x->inbox);
+    uint32_t w = sr_ring_space_take(x->inbox->ring);
     if (sr_likely(!w))
         return;
     if (w & SR_SPACE_FUTEX)
-        futex_wake_all(&x->inbox->space_wait);
+        futex_wake_all(&x->inbox->ring->space_wait);
     if (w & SR_SPACE_RANKS)
         kick_space_waiters(x);
+}
+
+int sr_xport_inbox_error(sr_xport *x)
+{
+    uint32_t pos, seq;
+    if (!sr_ring_cons_error(x->inbox, &pos, &seq))
+        return 0;
+    return sr__fail(-EPROTO, "sr_xport_recv_burst",
+                    "the inbox ring of %s (rank %d) is corrupt: position %u (slot %u) holds sequence %u, "
+                    "neither free nor published; nothing past it can be read",
+                    x->peers[x->rank].name, x->rank, pos, pos & x->inbox->mask, seq);
+}
+
+/* The consumer just latched a corrupt inbox: say so once, naming us (the
+ * callers of recv_burst see an empty inbox; sr_xport_wait fails). */
+static void report_corrupt_inbox(sr_xport *x)
+{
+    if (x->inbox_reported)
+        return;
+    x->inbox_reported = true;
+    sr_xport_inbox_error(x);
+    fprintf(stderr, "%s\n", sr_last_error());
 }
 
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
@@ -404,6 +482,9 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
     unsigned got = sr_ring_read_burst(x->inbox, out, n);
     if (got)
         consumer_count(&x->st.received, got);
+    /* relaxed: latched by this thread, the consumer */
+    else if (sr_unlikely(atomic_load_explicit(&x->inbox->bad, memory_order_relaxed)))
+        report_corrupt_inbox(x);
     return got;
 }
 
@@ -452,6 +533,12 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
     sr_heap_drain(); /* blocks peers gave back; one relaxed load when none */
     if (sr_ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
+    /* a corrupt slot is never ready: fail instead of sleeping on it */
+    sr_ring_cons_check(x->inbox);
+    if (sr_unlikely(sr_xport_inbox_error(x))) {
+        report_corrupt_inbox(x);
+        return -EPROTO;
+    }
     int64_t budget = sr_xport_spin_budget(x);
     if (budget > 0 && spin(x, budget)) {
         consumer_count(&x->st.spin_hits, 1);

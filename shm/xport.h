@@ -38,18 +38,23 @@ typedef struct sr_xport_stats {
     _Atomic uint64_t sent, received, wakes, sleeps, full, spin_hits;
 } sr_xport_stats;
 
+/* A peer as resolved after the start barrier. kind, eventfd and name are
+ * private copies of its worker-table line, validated then (a scribbled
+ * eventfd would make a doorbell write to any file of ours; a name without
+ * its NUL would overrun every report). For our own rank: our waiter's. */
 struct sr_peer {
     struct sr_ring *inbox;
     _Atomic uint32_t *exited;   /* its worker table's exit word (segment.h) */
     _Atomic uint32_t *doorbell;
     uint32_t kind;
     int eventfd;
+    char name[SR_NAME_MAX];
 };
 
 typedef struct sr_xport {
     sr_segment seg;
     int rank, world;
-    struct sr_ring *inbox;
+    struct sr_ring_cons *inbox; /* = &inbox_view: the consumer's private view of our inbox (ring.h) */
     struct sr_worker_info *me;
     struct sr_peer *peers;    /* [world], resolved once after the start barrier */
     sr_waiter waiter;
@@ -58,6 +63,10 @@ typedef struct sr_xport {
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     sr_xport_stats st;
+    /* Own lines: the consumer writes head on every burst; the fields above
+     * are read by every sending thread (the struct is allocated aligned). */
+    struct sr_ring_cons inbox_view SR_ALIGNED_LINE;
+    bool inbox_reported;        /* a corrupt inbox was reported on stderr (once); the consumer's */
 } sr_xport;
 
 /* Attach the calling process as its launch rank (shmrun env or sr_spawn), and
@@ -113,15 +122,23 @@ static inline bool sr_xport_space_take(sr_xport *x)
     return atomic_exchange_explicit(&x->me->space_kick, 0, memory_order_acquire) != 0;
 }
 
-/* Copy out up to n messages from our inbox. Returns the count (0: empty).
+/* Copy out up to n messages from our inbox. Returns the count (0: empty,
+ * or the inbox is corrupt: then the first call reports it on stderr, naming
+ * this worker, and sr_xport_inbox_error says so).
  * Their slots are freed by the next sr_xport_recv_burst, sr_xport_wait or
  * sr_xport_sleep, not at once (ring.h says why); until then they count
  * against the inbox's capacity. */
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 
+/* 0, or -EPROTO (with the error naming this worker and what was read) once
+ * the consumer found a sequence word in its own inbox that no legal history
+ * produces: no message can be read past it. */
+int sr_xport_inbox_error(sr_xport *x);
+
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
  * shutdown is notified: spin for the adaptive budget (zero when more workers
- * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno. */
+ * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno
+ * (-EPROTO: our inbox is corrupt, see sr_xport_inbox_error). */
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
 
 /* The two halves of sr_xport_wait, for callers that run their own spin loop:

@@ -3,8 +3,12 @@
  * on a user, failing and unknown functions, an owner that dies, use after
  * shutdown, and the leak check of graceful shutdown. The 4-worker jobs also
  * run under the reordering mode (tests/meson.build). */
+#include <sched.h>
 #include <signal.h>
+#include <stdio.h>
+#include <string.h>
 
+#include "rpc/agent.h"
 #include "rref/rref_internal.h"
 #include "rref_fns.h"
 
@@ -202,6 +206,98 @@ Test(rref_errors, rref_whose_owner_died_reports_it, .timeout = 60)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("rrefdead"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, owner_dies_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* A user RRef sent to a worker that dies before accepting the child: the
+ * parent's hold (G2) on it goes with the death, so sr_rref_wait_idle ends at
+ * once and names the dead worker. Before, the parent's pending child waited
+ * for a CHILD_ACCEPT that never comes: wait_idle timed out ("1 pending
+ * children"), and graceful shutdown hung until its bound.
+ *
+ * Deterministic: the owner (rank 1) is stopped (SIGSTOP) while rank 0 sends
+ * the RRef to rank 2, makes rank 2 exit, and waits for idleness, so nothing
+ * the owner could say (an answer to rank 2, or to a local release of the
+ * message) can release the parent: only rank 2's death can. The owner goes
+ * on (SIGCONT) after that wait. */
+static bool process_stopped(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    do {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *st = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        if (st && st[1] == ' ' && st[2] == 'T')
+            return true;
+        sched_yield();
+    } while (sr_now_ns() < until);
+    return false;
+}
+
+static int child_dies_parent(void)
+{
+    sr_value *n = sr_int(4), *v = NULL;
+    sr_rref *r = NULL;
+    sr_future *send = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    if (expect_pair(r, 4)) /* confirmed: rank 0 is a user of rank 1's RRef */
+        return 1;
+    pid_t owner = sr_seg_worker(&sr__agent->x->seg, 1)->pid;
+    WCHECK(kill(owner, SIGSTOP) == 0 && process_stopped(owner), "rank 1 (pid %d) did not stop", (int)owner);
+    sr_value *rv = sr_rref_value(r);
+    /* rank 2 decodes the RRef (asking the stopped owner to register it),
+     * then runs exit_now (a user-to-user fork does not wait for the owner) */
+    int sent = sr_rpc_async(2, "exit_now", SR_ARGS(rv), WAIT_S, &send);
+    sr_value_unref(rv);
+    sr_value *out = NULL;
+    int died = sent ? 0 : sr_future_wait(send, &out);
+    /* Still stopped: only rank 2's death can release the parent now */
+    int64_t t0 = sr_now_ns();
+    int rc = died ? sr_rref_wait_idle(WAIT_S / 3) : 0;
+    double took = (double)(sr_now_ns() - t0) / 1e9;
+    WCHECK(kill(owner, SIGCONT) == 0, "SIGCONT to rank 1: %s", strerror(errno));
+    WCHECK(sent == 0, "send: %s", sr_last_error());
+    WCHECK(died != 0, "exit_now on rank 2 returned");
+    WEXPECT_ERR(rc, -EPIPE, "worker2 died before the RRef child fork");
+    WCHECK(took < WAIT_S / 6, "wait_idle took %.1f s", took);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "the death is reported once: %s", sr_last_error());
+    sr_future_unref(send);
+    sr_rref_unref(r);
+    sr_value_unref(n);
+    /* rank 1 ends too (its graceful shutdown may already have given up on
+     * rank 2, so the answer does not matter) */
+    sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, &v);
+    sr_value_unref(v);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+static int child_dies_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_rref_fns();
+    sr_register("exit_now", fn_exit_now);
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 2) {
+        sr_shutdown(true, 60); /* serves until exit_now ends the process */
+        return 1;
+    }
+    if (rank == 1) {
+        sr_shutdown(true, 60); /* serves until exit_now, or fails on rank 2's death */
+        return 0;
+    }
+    return child_dies_parent();
+}
+
+Test(rref_errors, rref_child_whose_worker_died_releases_its_parent, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefchild"), .shm_size = 192 << 20};
+    cr_assert_eq(sr_spawn(3, child_dies_worker, NULL, &o), 0, "%s", sr_last_error());
 }
 
 /* After shutdown an RRef is a clear error to use (but may still be unreffed). */

@@ -339,9 +339,9 @@ Test(torn, a_snapshot_never_sees_half_of_an_in_place_write, .init = heap_up, .fi
  * not through the tensor (whose block is now the copy). */
 static sr_tensor *moved;
 
-static int failing_encode(void *obj, uint8_t *wire)
+static int failing_encode(void *obj, int to, uint8_t *wire)
 {
-    (void)obj;
+    (void)obj, (void)to;
     (void)wire;
     cr_assert_eq(sr_fill_(moved, 5), 0, "%s", sr_last_error());
     return -EIO;

@@ -127,7 +127,7 @@ void sr__agent_kick(sr_agent *a)
     /* release: pairs with K3, so a generation seen means its deadline is seen;
      * the D3 fence in sr_doorbell_ring orders it before the doorbell load */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
     /* relaxed: a hint; the progress thread waiting out a user's poll rechecks its timers */
     if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_USER_WAITING)
         futex_wake_one(&a->token);
@@ -254,7 +254,7 @@ static bool user_release(sr_agent *a)
         if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
                                                     memory_order_relaxed)) {
             if (timers_moved(a)) /* kicked while we polled: the parked thread's timer is stale */
-                sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+                sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
             break;
         }
     }
@@ -395,7 +395,7 @@ static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
  * futex-wake); bounded slices re-check the deadline. */
 static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
 {
-    if (a->x->me->doorbell_kind != SR_DOORBELL_FUTEX)
+    if (a->x->waiter.kind != SR_DOORBELL_FUTEX)
         return false;
     _Atomic uint32_t *w = &a->x->me->doorbell;
     sr_xport_recv_burst(a->x, NULL, 0); /* free held slots before sleeping (ring.h) */

@@ -346,7 +346,7 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
     memcpy(p, ext.b, ext.len);
     p += ext.len;
     memcpy(p, fn ? fn : "", nlen);
-    int64_t wrote = sr_codec_encode(args.n, args.v, to == a->rank, p + nlen, (size_t)alen);
+    int64_t wrote = sr_codec_encode_to(args.n, args.v, to == a->rank, to, p + nlen, (size_t)alen);
     if (wrote != alen) {
         sr__payload_abandon(w);
         return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);

@@ -165,6 +165,7 @@ struct enc {
     uint8_t *p;          /* next byte to write; the size was checked beforehand */
     size_t refs_taken;   /* object and tensor-block references taken so far */
     size_t mods_encoded; /* module values encoded so far (undone if the encode fails) */
+    int to;              /* the destination rank, -1 if not known */
 };
 
 static void put_u8(struct enc *e, uint8_t x) { *e->p++ = x; }
@@ -247,7 +248,7 @@ static int put_tensor(struct enc *e, sr_value *v)
 static int put_module(struct enc *e, sr_value *v)
 {
     const sr_value_kind_ops *k = sr__value_kind(v->kind);
-    int rc = k->encode(v->u.mod, e->p);
+    int rc = k->encode(v->u.mod, e->to, e->p);
     if (rc)
         return rc;
     e->mods_encoded++;
@@ -344,13 +345,19 @@ static void unwind_mods(const uint8_t **cur, size_t n, sr_value *const *vals, si
 
 int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap)
 {
-    int64_t size = encoded_size(n, vals, self_call, __func__);
+    return sr_codec_encode_to(n, vals, self_call, -1, buf, cap);
+}
+
+int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap)
+{
+    static const char fn[] = "sr_codec_encode";
+    int64_t size = encoded_size(n, vals, self_call, fn);
     if (size < 0)
         return size;
     if (!buf || cap < (uint64_t)size)
-        return sr__fail(-ENOSPC, __func__, "a buffer of %zu bytes cannot hold the %" PRId64 "-byte encoding",
+        return sr__fail(-ENOSPC, fn, "a buffer of %zu bytes cannot hold the %" PRId64 "-byte encoding",
                         buf ? cap : 0, size);
-    struct enc e = {.p = buf};
+    struct enc e = {.p = buf, .to = to};
     int rc = put_items(&e, n, vals);
     if (rc) {
         const uint8_t *cur = buf + 4;
@@ -601,7 +608,9 @@ static int tensor_check(struct dec *d, size_t at, const struct sr_tensor_desc *t
 {
     char why[256]; /* bad() rewrites the buffer sr_last_error() points to */
     sr_block *b = sr_block_from_off(t->block);
-    int rc = b ? sr__tensor_desc_check(t, sr_block_size(b)) : -EINVAL;
+    void *data;
+    size_t size = 0;
+    int rc = !b ? -EINVAL : sr_block_check(b, &data, &size) ? -EPROTO : sr__tensor_desc_check(t, size);
     if (!rc)
         return 0;
     snprintf(why, sizeof(why), "%s", error_detail(sr_last_error()));

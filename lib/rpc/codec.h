@@ -46,6 +46,9 @@ int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call);
 
 /* Encode into buf (cap >= sr_codec_size). Returns bytes written or -errno. */
 int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap);
+/* As sr_codec_encode, for a message bound for rank `to`: the module value
+ * kinds' encode hooks are told it (an RRef records where its child went). */
+int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap);
 
 /* Decode a list of values; *out is a new SR_KIND_LIST value. 0 or -EBADMSG
  * (-ENOMEM if memory runs out). */

@@ -130,7 +130,7 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         memcpy(p, ext->b, elen);
         w.flags |= SR_WIRE_EXT;
     }
-    if (!p || sr_codec_encode(1, one, to == a->rank, p + elen, (size_t)len) != len) {
+    if (!p || sr_codec_encode_to(1, one, to == a->rank, to, p + elen, (size_t)len) != len) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
@@ -173,7 +173,7 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
     sr_value *one[1] = {v};
     int64_t len = v && plain(v, 0) ? sr_codec_size(1, one, to == a->rank) : -1;
     uint8_t *p = len > 0 && len <= SR_REMOTE_RET_MAX ? sr__payload_reserve(&m, &w, (size_t)len) : NULL;
-    if (p && sr_codec_encode(1, one, to == a->rank, p, (size_t)len) == len) {
+    if (p && sr_codec_encode_to(1, one, to == a->rank, to, p, (size_t)len) == len) {
         w.flags |= SR_WIRE_VALUE;
     } else if (p) { /* cannot happen for plain data; send no value rather than none */
         sr__payload_abandon(&w);

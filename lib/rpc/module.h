@@ -97,7 +97,8 @@ typedef struct sr_value_kind_ops {
     uint8_t kind;
     uint8_t wire_size;                                  /* bytes after the kind tag */
     int (*sendable)(void *obj, const char *fn);         /* 0, or -errno with the reason */
-    int (*encode)(void *obj, uint8_t *wire);            /* e.g. a new fork; 0 or -errno */
+    int (*encode)(void *obj, int to, uint8_t *wire);    /* e.g. a new fork for rank `to` (-1: not known,
+                                                           a local encode); 0 or -errno */
     void (*unencode)(void *obj, const uint8_t *wire);   /* undo encode: the send will not happen */
     int (*check)(const uint8_t *wire, char *why, size_t len); /* 0 or -EBADMSG */
     int (*decode)(const uint8_t *wire, void **obj);     /* a reference; also retires unused copies */

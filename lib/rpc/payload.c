@@ -56,13 +56,18 @@ const uint8_t *sr__payload_get(const sr_msg *m, size_t *len)
         }
         return sr_wire_inline_c(m);
     }
+    /* One checked snapshot of the header's data pointer and size (heap.h):
+     * re-reading them, a peer's scribble between the check and the use
+     * would point the decoder anywhere. */
     sr_block *b = sr_block_from_off(w.p.block_off);
-    if (!b || sr_block_size(b) < w.len) {
-        sr__fail(-EBADMSG, "sr_rpc", "payload block at offset %llu from worker%u is invalid",
-                 (unsigned long long)w.p.block_off, m->src);
+    void *data = NULL;
+    size_t size = 0;
+    if (!b || sr_block_check(b, &data, &size) || size < w.len) {
+        sr__fail(-EBADMSG, "sr_rpc", "payload block at offset %llu from worker%u is invalid (%zu bytes for a %u-byte payload)",
+                 (unsigned long long)w.p.block_off, m->src, size, w.len);
         return NULL;
     }
-    return sr_block_data(b);
+    return data;
 }
 
 void sr__payload_done(const sr_msg *m)

@@ -114,6 +114,7 @@ int sr__rref_init(int rank, int world, bool ignore_leaks)
     c->next_token = 1;
     c->awaiting = 0;
     c->pending_remote = 0;
+    c->lost_rank = -1;
     /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
     atomic_store_explicit(&c->next_id, 0, memory_order_relaxed);
     atomic_store_explicit(&c->deferred, 0, memory_order_relaxed);

@@ -57,7 +57,22 @@ static bool own_record_locked(sr_rref *r)
     return true;
 }
 
-int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
+/* Record a user's child sent to `to` (G2): its parent is held until the
+ * child is accepted, or the child's worker or the owner dies. Lock held. */
+static int child_record_locked(sr_rref *r, uint64_t fid, int to)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    if (sr__map_put(&c->child_to, fid, (void *)(uintptr_t)(to + 2)))
+        return -ENOMEM;
+    if (sr__map_put(&c->children, fid, r)) {
+        sr__map_del(&c->child_to, fid);
+        return -ENOMEM;
+    }
+    sr_rref_ref(r); /* G2: the parent lives until the child is accepted */
+    return 0;
+}
+
+int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     struct after d;
@@ -77,13 +92,20 @@ int sr__rref_fork(sr_rref *r, uint64_t *fork_id)
         rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
     else if (r->is_owner)
         rc = sr__forks_add(&c->forks, r->rref_id, fid, &res);
-    else if (!(rc = sr__map_put(&c->children, fid, r)))
-        sr_rref_ref(r); /* G2: the parent lives until the child is accepted */
+    else
+        rc = child_record_locked(r, fid, to);
     if (rc && r->is_owner)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
     sr__rref_unlock();
     sr__after_run(&d);
     *fork_id = fid;
+    /* Checked after the child is recorded: a destination that left before
+     * may have had its peer-death hook run already, which would never
+     * release this parent (a later death finds the record). */
+    if (!rc && !r->is_owner && to >= 0 && sr__rpc_peer_gone(to, why, sizeof(why))) {
+        sr__rref_unfork(r, fid);
+        return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef to worker%d, which is gone: %s", to, why);
+    }
     return rc;
 }
 
@@ -99,6 +121,7 @@ void sr__rref_unfork(sr_rref *r, uint64_t fid)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
     } else if (sr__rref_live_locked(r) && sr__map_get(&c->children, fid) == r) {
         sr__map_del(&c->children, fid);
+        sr__map_del(&c->child_to, fid);
         d.unref[d.nunref++] = r;
         sr__idle_check_locked(&d);
     }

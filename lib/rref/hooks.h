@@ -26,10 +26,12 @@
 /* 0 if r can be sent now, else -errno naming why (a failed or timed-out
  * remote(): "RRef creation ..."; deleted; another round). */
 int sr__rref_sendable(const sr_rref *r, const char *fn);
-/* Prepare a child fork for one send (PyTorch's prepareChildFork): an owner
- * registers the fork at once (early fork registration); a user keeps itself
- * as the child's parent until the child is accepted (G2). 0 or -ENOMEM. */
-int sr__rref_fork(sr_rref *r, uint64_t *fork_id);
+/* Prepare a child fork for one send to rank `to` (-1: not known) (PyTorch's
+ * prepareChildFork): an owner registers the fork at once (early fork
+ * registration); a user keeps itself as the child's parent until the child
+ * is accepted (G2), and remembers `to`, so that the death of the child's
+ * worker (or of the owner) releases it. 0 or -ENOMEM. */
+int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id);
 /* Undo sr__rref_fork for a send that will not happen. */
 void sr__rref_unfork(sr_rref *r, uint64_t fork_id);
 /* Validate an encoded RRef; 0 or -EBADMSG with the reason in why. */

@@ -25,10 +25,10 @@ static unsigned owner_of(const uint8_t *w) { return (unsigned)w[16] | (unsigned)
 
 static int kind_sendable(void *obj, const char *fn) { return sr__rref_sendable(obj, fn); }
 
-static int kind_encode(void *obj, uint8_t *w)
+static int kind_encode(void *obj, int to, uint8_t *w)
 {
     uint64_t fid;
-    int rc = sr__rref_fork(obj, &fid);
+    int rc = sr__rref_fork(obj, to, &fid);
     if (rc)
         return rc;
     unsigned owner = (unsigned)sr_rref_owner(obj);

@@ -173,6 +173,7 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
 static void on_child_accept(const struct sr_wire *w, struct after *d)
 {
     sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
+    sr__map_del(&sr__rref_ctx.child_to, w->p.args.b);
     if (parent) /* G2: the child is known to the owner; the parent may go */
         d->unref[d->nunref++] = parent;
 }
@@ -304,39 +305,59 @@ static bool drop_one_for(int rank, const char *why)
     return found;
 }
 
-/* Drop one pending child whose parent's owner is rank: its CHILD_ACCEPT
- * comes from the receiver once the owner has confirmed it, which cannot
- * happen now, so sr_rref_wait_idle would wait for it for ever. */
-static bool drop_one_child_of(int rank)
+/* A pending child (G2) whose acceptance needed `rank`: the child went to it,
+ * or it owns the RRef (it registers the child, or is the child). Lock held;
+ * false when none is left. The first one is remembered, with how the rank
+ * left, for the report of sr_rref_wait_idle. */
+static bool drop_child_for_locked(int rank, const char *how, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    struct after d;
-    sr__after_init(&d);
     size_t pos = 0;
     uint64_t fid;
     void *p;
-    bool found = false;
-    sr__rref_lock();
-    while (!found && sr__map_next(&c->children, &pos, &fid, &p)) {
+    while (sr__map_next(&c->children, &pos, &fid, &p)) {
         sr_rref *parent = p;
-        if (parent->owner != rank)
+        int to = (int)(uintptr_t)sr__map_get(&c->child_to, fid) - 2;
+        if (to != rank && parent->owner != rank)
             continue;
-        found = true;
         sr__map_del(&c->children, fid);
-        d.unref[d.nunref++] = parent; /* G2's reference */
+        sr__map_del(&c->child_to, fid);
+        if (c->lost_rank < 0) {
+            c->lost_rank = rank;
+            c->lost_fid = fid;
+            snprintf(c->lost_how, sizeof(c->lost_how), "%s", how);
+        }
+        d->unref[d->nunref++] = parent; /* G2's reference */
+        return true;
     }
-    sr__idle_check_locked(&d);
-    sr__rref_unlock();
-    sr__after_run(&d);
-    return found;
+    return false;
+}
+
+/* Release the parents whose children the dead rank will never accept: its
+ * CHILD_ACCEPT (or the owner's confirmation before it) cannot come now, so
+ * sr_rref_wait_idle would wait for it for ever. */
+static void drop_children_for(int rank, const char *why)
+{
+    char how[256];
+    if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
+        snprintf(how, sizeof(how), "worker%d died", rank);
+    bool more = true;
+    while (more) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        more = sr__rref_ctx.active && drop_child_for_locked(rank, why ? why : how, &d);
+        sr__idle_check_locked(&d);
+        sr__rref_unlock();
+        sr__after_run(&d);
+    }
 }
 
 void sr__rref_peer_died(int rank, const char *why)
 {
     while (drop_one_for(rank, why))
         ;
-    while (drop_one_child_of(rank))
-        ;
+    drop_children_for(rank, why);
 }
 
 /* A message that could not be sent (its destination is dead, or no memory

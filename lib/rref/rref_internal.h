@@ -94,6 +94,12 @@ struct rref_ctx {
     uint32_t pending_remote;     /* lock: remote() users awaiting their REMOTE_RET (held by the call) */
     sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
+    sr_u64map child_to;          /* fork_id -> (void *)(rank + 2): where each child in children went
+                                  * (-1: not known); the same keys as children */
+    int lost_rank;               /* lock: -1, or a dead rank that took a pending child (reported once,
+                                  * by sr_rref_wait_idle) */
+    uint64_t lost_fid;           /* lock: that child's fork id */
+    char lost_how[256];          /* lock: how lost_rank left ("worker2 exited with status 0 ...") */
     sr_u64map unacked;           /* token -> struct unacked * (protocol.c): messages awaiting their ACK */
     uint32_t awaiting;           /* lock: owners with awaiting set */
     sr_future *idle;             /* lock: completed when pending users, children and unacked are all gone */

@@ -182,6 +182,7 @@ void sr__rref_fini(void)
     sr_fork_table forks = c->forks;
     sr_future *idle = c->idle;
     sr__map_free(&c->users); /* weak references */
+    sr__map_free(&c->child_to); /* ranks, not references */
     c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};
     c->idle = NULL;

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
 #include "rpc/timeout.h"
@@ -345,6 +346,25 @@ static int nudge_owners(void)
     return 0;
 }
 
+/* A pending child released because a worker it needed died (peer-death
+ * hook, protocol.c): idle now, but say so, once, naming the rank. */
+static int report_lost_child(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    char how[sizeof(c->lost_how)];
+    sr__rref_lock();
+    int rank = c->lost_rank;
+    uint64_t fid = c->lost_fid;
+    memcpy(how, c->lost_how, sizeof(how));
+    c->lost_rank = -1;
+    sr__rref_unlock();
+    if (rank < 0)
+        return 0;
+    return sr__fail(-EPIPE, "sr_rref_wait_idle",
+                    "worker%d died before the RRef child fork %" PRIx64 " was accepted (%s); its parent was released",
+                    rank, fid, how);
+}
+
 SR_API int sr_rref_wait_idle(double timeout_s)
 {
     struct rref_ctx *c = &sr__rref_ctx;
@@ -363,6 +383,8 @@ SR_API int sr_rref_wait_idle(double timeout_s)
         ;
     /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
     atomic_fetch_sub_explicit(&c->idle_waiters, 1, memory_order_relaxed);
+    if (!rc)
+        rc = report_lost_child();
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
         size_t u = c->pending_users.n, ch = c->children.n, re = c->unacked.n;
