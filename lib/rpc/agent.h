@@ -124,6 +124,11 @@ typedef struct sr_agent {
     _Atomic int64_t earliest_deadline;
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
+    /* Call slots that expiry (take_due) and peer failure (take_peer) looked
+     * at, counted for tests/test_call_scan.c: proportional to the calls they
+     * end, never to the table. Relaxed: statistics for tests, nothing is
+     * published with it. */
+    _Atomic uint64_t calls_examined;
 
     /* executors */
     pthread_mutex_t q_lock;

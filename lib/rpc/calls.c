@@ -239,13 +239,17 @@ struct ended {
 /* Take up to BATCH due calls off the heap; refresh the earliest deadline. */
 static int take_due(sr_agent *a, int64_t now, struct ended *out)
 {
-    int n = 0;
+    int n = 0, looked = 0;
     pthread_mutex_lock(&a->slots_lock);
-    while (n < BATCH && a->heap_len && heap_key(a, 0) <= now) {
+    while (n < BATCH && a->heap_len) {
+        looked++; /* the top: due, or the end of the due */
+        if (heap_key(a, 0) > now)
+            break;
         int32_t i = a->heap[0];
         out[n] = (struct ended){.ms = a->slots[i].timeout_ms, .to = a->slots[i].to};
         out[n++].f = end_locked(a, i);
     }
+    atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)looked, memory_order_relaxed); /* relaxed: statistics */
     /* relaxed: written under slots_lock (see sr__call_begin) */
     atomic_store_explicit(&a->earliest_deadline, a->heap_len ? heap_key(a, 0) : -1, memory_order_relaxed);
     pthread_mutex_unlock(&a->slots_lock);
@@ -276,6 +280,7 @@ static int take_peer(sr_agent *a, int rank, struct ended *out)
     while (n < BATCH && a->peer_head[rank] >= 0)
         out[n++] = (struct ended){.f = end_locked(a, a->peer_head[rank]), .to = rank};
     pthread_mutex_unlock(&a->slots_lock);
+    atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)n, memory_order_relaxed); /* relaxed: statistics */
     return n;
 }
 
