@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <time.h>
 
 #include "error.h"
 #include "heap.h"
@@ -18,23 +19,51 @@
 #include "module.h"
 
 #define BURST 32
-#define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
-#define TOKEN_WAIT_MIN_NS (20ll * 1000)      /* ... but never a busy loop on an overdue timer */
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
-#define IDLE_SLICE_NS (100ll * 1000000)      /* an idle waiter re-checks its deadline this often */
-#define IDLE_RETAKE_NS (2ll * 1000000)       /* an idle waiter without the token retries this often */
+#define IDLE_RETAKE_NS (2ll * 1000000)       /* without futex_waitv: an idle waiter without the token retries */
 
 sr_agent *sr__agent;
 
-static void futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449 /* the generic syscall table's number (Linux 5.16) */
+#endif
+
+static void futex_wake_all(_Atomic uint32_t *w)
 {
-    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
-    syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void futex_wake_one(_Atomic uint32_t *w)
+/* Does the kernel have futex_waitv (5.16+)? Probed once: an empty vector is
+ * -EINVAL where the call exists. Racy init is harmless (same answer). */
+static bool waitv_supported(void)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    static int known = -1;
+    if (known < 0)
+        known = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS ? 0 : 1;
+    return known;
+}
+
+/* Sleep until one of the n words changes from its value and is woken, or
+ * the deadline (CLOCK_MONOTONIC, < 0: none). 0 when woken, else -errno
+ * (-EAGAIN: a word had already changed; -ETIMEDOUT). */
+static int futex_waitv(struct futex_waitv *v, unsigned n, int64_t deadline)
+{
+    struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
+    return syscall(SYS_futex_waitv, v, n, 0, deadline >= 0 ? &ts : NULL, CLOCK_MONOTONIC) < 0 ? -errno : 0;
+}
+
+static struct futex_waitv private_word(_Atomic uint32_t *w, uint32_t val)
+{
+    return (struct futex_waitv){.val = val, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG};
+}
+
+/* The token became PARKED or FREE: wake the idle waiters that sleep on the
+ * token word (idle_wait_token). T2: the caller's seq_cst store or CAS of the
+ * token pairs with the waiter's seq_cst increment and load (T1). */
+static void token_freed(sr_agent *a)
+{
+    if (atomic_load_explicit(&a->token_sleepers, memory_order_seq_cst)) /* seq_cst: T2 */
+        futex_wake_all(&a->token);
 }
 
 /* ---- sending ------------------------------------------------------------ */
@@ -49,22 +78,18 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 }
 
 /* A deadline moved earlier than the progress thread's armed timer may be.
- * K1: bump timer_gen, then ring the doorbell (its D3 fence orders the bump
- * before the load of the word). The sleeping side re-checks timer_gen after
- * announcing SLEEPING (park_ready, after D2), so either it sees the bump and
- * does not sleep, or we see SLEEPING and wake it: no kick is lost between the
- * progress thread computing its deadline and falling asleep. While a user
- * thread polls, the word is AWAKE and nothing is rung: user_release compares
- * the generations when it hands the token back. */
+ * K1: bump timer_gen, then kick the waiter (an eventfd its every sleep
+ * reads, whether it sleeps on the doorbell or aside while a user thread
+ * holds the inbox). The kick is level-triggered, so it is not lost when the
+ * progress thread is between computing its deadline and falling asleep: the
+ * sleep then ends at once and the next one arms the new deadline. Kicks are
+ * rare (a deadline earlier than every one in flight), so the syscall is
+ * made unconditionally. */
 void sr__agent_kick(sr_agent *a)
 {
-    /* release: pairs with K3, so a generation seen means its deadline is seen;
-     * the D3 fence in sr_doorbell_ring orders it before the doorbell load */
+    /* release: pairs with K3, so a generation seen means its deadline is seen */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
-    /* relaxed: a hint; the progress thread waiting out a user's poll rechecks its timers */
-    if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_USER_WAITING)
-        futex_wake_one(&a->token);
+    sr_waiter_kick(&a->x->waiter);
 }
 
 /* K2: the timers changed since the progress thread armed its sleep. */
@@ -139,9 +164,11 @@ static bool user_release(sr_agent *a)
         /* acquire: pairs with the progress thread's CAS to USER_WAITING */
         uint32_t t = atomic_load_explicit(&a->token, memory_order_acquire);
         if (t == TOKEN_USER_WAITING) {
-            /* release: our consumption happens-before the progress thread's */
-            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_release);
-            futex_wake_one(&a->token);
+            /* seq_cst (a release at least): our consumption happens-before the
+             * next holder's; T2 for token_freed */
+            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
+            sr_waiter_kick(&a->x->waiter); /* the progress thread sleeps aside (progress_wait_token) */
+            token_freed(a);
             break;
         }
         /* The progress thread is parked on the doorbell. It released the
@@ -158,11 +185,11 @@ static bool user_release(sr_agent *a)
             atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
             return false;
         }
-        /* release: pairs with the acquire CAS of the next holder */
-        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
+        /* seq_cst (a release at least): pairs with the acquire CAS of the next
+         * holder; T2 for token_freed */
+        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
                                                     memory_order_relaxed)) {
-            if (timers_moved(a)) /* kicked while we polled: the parked thread's timer is stale */
-                sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+            token_freed(a);
             break;
         }
     }
@@ -221,8 +248,8 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     return got;
 }
 
-/* The job's awake counter counts runnable threads (the spin policy): a
- * user thread is counted out only while it sleeps. */
+/* The spin policy counts runnable threads: a user thread is counted out
+ * only while it sleeps. */
 static void sleep_on(sr_agent *a, sr_future *f, int64_t deadline)
 {
     sr_xport_awake(a->x, -1);
@@ -230,37 +257,68 @@ static void sleep_on(sr_agent *a, sr_future *f, int64_t deadline)
     sr_xport_awake(a->x, 1);
 }
 
-/* An idle waiter (inside sr_shutdown) stays the worker's server: it keeps
- * the token and sleeps on the doorbell itself, so a request wakes the thread
- * that runs it, with no hand-over to the progress thread and no executor hop
- * for plain functions. Safe because what completes an idle wait (barrier,
- * quiescence) arrives through this inbox. Only with the futex doorbell
- * (eventfd producers never futex-wake); bounded slices re-check the deadline. */
-static bool idle_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
+/* A user thread that holds the token and has nothing to poll sleeps on the
+ * doorbell itself (SLEEPING_USER, doorbell.h) and on its future at once, so
+ * the message it waits for wakes it directly, with no hop through the
+ * progress thread, and so does a completion from elsewhere (an expiry, a
+ * peer's death, a local set_result). The progress thread meanwhile sleeps
+ * aside on timers, peers and kicks (progress_wait_token). Only with the
+ * futex doorbell (eventfd producers never futex-wake) and futex_waitv;
+ * returns false otherwise (the caller hands the token back). */
+static bool user_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
 {
-    if (a->x->me->doorbell_kind != SR_DOORBELL_FUTEX)
+    if (a->x->me->doorbell_kind != SR_DOORBELL_FUTEX || !waitv_supported())
         return false;
-    _Atomic uint32_t *w = &a->x->me->doorbell;
+    _Atomic uint32_t *w = &a->x->me->doorbell, *fw;
+    uint32_t fv;
     sr_xport_recv_burst(a->x, NULL, 0); /* free held slots before sleeping (ring.h) */
-    atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed); /* relaxed: D2 orders it */
+    if (!sr__future_wait_word(f, &fw, &fv))
+        return true; /* done, or its state moved: poll again */
+    atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
     /* D2 (doorbell.h): pairs with the producers' D3 fence */
     atomic_thread_fence(memory_order_seq_cst);
     if (!sr_ring_ready(a->x->inbox) && !sr_future_done(f) && !sr_xport_space_kicked(a->x)) {
-        int64_t left = deadline >= 0 ? deadline - sr_now_ns() : IDLE_SLICE_NS;
-        if (left > IDLE_SLICE_NS)
-            left = IDLE_SLICE_NS;
-        struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
+        struct futex_waitv v[2] = {
+            {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
+            private_word(fw, fv)};
         sr_xport_awake(a->x, -1);
-        /* shared futex: the word is in the segment, woken from other processes */
-        if (left > 0 && syscall(SYS_futex, w, FUTEX_WAIT, SR_DOORBELL_SLEEPING, &ts, NULL, 0) < 0 &&
-            errno == ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
-            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING) /* relaxed: a statistic */
-            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: as above */
+        int rc = futex_waitv(v, 2, deadline);
         sr_xport_awake(a->x, 1);
+        /* relaxed (both): a statistic for tests/test_idle_wake.c */
+        if (rc == -ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
+            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER)
+            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->user_bell_sleeps, 1, memory_order_relaxed);
     }
-    /* relaxed: only pollers write SLEEPING; a producer's exchange also writes AWAKE */
+    /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
     atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
     return true;
+}
+
+/* An idle waiter (inside sr_shutdown) prefers to be the worker's server
+ * (no hop to the progress thread, plain functions run here). When it cannot
+ * take the token, it sleeps on its future and on the token word until
+ * either is done or the token is handed back (token_freed). T1: the seq_cst
+ * increment and load pair with the hander's seq_cst store and load (T2):
+ * either it sees us counted, or we see the token free. */
+static void idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    if (!waitv_supported()) { /* retry now and then; who serves never decides correctness */
+        int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
+        sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon);
+        return;
+    }
+    _Atomic uint32_t *fw;
+    uint32_t fv;
+    atomic_fetch_add_explicit(&a->token_sleepers, 1, memory_order_seq_cst); /* seq_cst: T1 */
+    uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);     /* seq_cst: T1 */
+    if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
+        struct futex_waitv v[2] = {private_word(&a->token, t), private_word(fw, fv)};
+        sr_xport_awake(a->x, -1);
+        futex_waitv(v, 2, deadline);
+        sr_xport_awake(a->x, 1);
+    }
+    atomic_fetch_sub_explicit(&a->token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
 }
 
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
@@ -271,20 +329,15 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
         if (deadline >= 0 && sr_now_ns() >= deadline)
             return -ETIMEDOUT;
         if (!user_take(a) && !steal_from_progress(a, f)) {
-            /* Someone else polls and will complete f. An idle waiter wakes
-             * now and then to take over serving once the progress thread
-             * has parked (only who serves depends on it, never correctness). */
-            int64_t until = deadline;
-            if (mode == SR_POLL_IDLE) {
-                int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
-                until = deadline >= 0 && deadline < soon ? deadline : soon;
-            }
-            sleep_on(a, f, until);
+            /* Someone else polls and will complete f. */
+            if (mode == SR_POLL_IDLE)
+                idle_wait_token(a, f, deadline);
+            else
+                sleep_on(a, f, deadline);
             continue;
         }
         int rc = poll_as_user(a, f, deadline, mode);
-        while (rc == 1 && mode == SR_POLL_IDLE && !sr__dispatch_has_deferred() &&
-               idle_doorbell_sleep(a, f, deadline))
+        while (rc == 1 && !sr__dispatch_has_deferred() && user_doorbell_sleep(a, f, deadline))
             rc = poll_as_user(a, f, deadline, mode);
         /* Never leave holding the token: drain what slipped in, then hand back. */
         while (!user_release(a))
@@ -297,7 +350,8 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
         }
         if (rc <= 0)
             return rc;
-        /* Idle: new messages now wake the progress thread, which completes f. */
+        /* Idle (no doorbell sleep here): new messages now wake the progress
+         * thread, which completes f. */
         sleep_on(a, f, deadline);
     }
 }
@@ -327,17 +381,57 @@ static bool progress_take(sr_agent *a)
     }
 }
 
-/* A user thread polls: sleep on the token until it is handed back. */
-static void progress_wait_token(sr_agent *a, int64_t ns)
+static int64_t earlier(int64_t d, int64_t e)
+{
+    return e >= 0 && (d < 0 || e < d) ? e : d;
+}
+
+static int64_t next_deadline(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    d = earlier(d, sr__modules_next_deadline());
+    return earlier(d, sr__reorder_next(a));
+}
+
+/* K3 half of the kick protocol: record the timer generation our next sleep's
+ * deadline will include. */
+static void arm_timers(sr_agent *a)
+{
+    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
+    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
+     * after this include every kick up to the generation armed above */
+    atomic_thread_fence(memory_order_acquire);
+}
+
+/* Checked by the aside sleep: the token came back, or there is work. */
+static bool token_back(void *p)
+{
+    sr_agent *a = p;
+    /* relaxed: a hint; progress_take's acquire CAS takes the token */
+    return atomic_load_explicit(&a->token, memory_order_relaxed) != TOKEN_USER_WAITING ||
+           atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a);
+}
+
+/* A user thread holds the token (it polls, or sleeps on the doorbell): sleep
+ * aside on what still needs this thread, the timers, the peers' deaths and
+ * shutdown, until the user hands the token back (user_release kicks us).
+ * Nothing periodic: with no deadline the sleep has no timeout. */
+static int progress_wait_token(sr_agent *a)
 {
     uint32_t t = TOKEN_USER;
-    /* relaxed: the futex re-checks the value; the hand-over is a release store */
-    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
-                                                memory_order_relaxed) || t == TOKEN_USER_WAITING) {
-        sr_xport_awake(a->x, -1);
-        futex_wait_ns(&a->token, TOKEN_USER_WAITING, ns);
-        sr_xport_awake(a->x, 1);
-    }
+    /* relaxed: the hand-back is a seq_cst store, taken by progress_take's acquire CAS */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
+                                                 memory_order_relaxed) && t != TOKEN_USER_WAITING)
+        return 0;
+    arm_timers(a);
+    sr_xport_awake(a->x, -1);
+    int ev = sr_waiter_sleep_aside(&a->x->waiter, next_deadline(a), token_back, a);
+    sr_xport_awake(a->x, 1);
+    /* relaxed: a statistic for tests */
+    atomic_fetch_add_explicit(&a->progress_aside_wakes, 1, memory_order_relaxed);
+    return ev;
 }
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */
@@ -349,21 +443,13 @@ static bool park_ready(void *p)
         sr_xport_space_kicked(a->x))
         return true;
     uint32_t t = TOKEN_PROGRESS;
-    /* release: pairs with a stealer's acquire; our consumption happens-before its */
-    return !atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
-                                                    memory_order_relaxed);
-}
-
-static int64_t earlier(int64_t d, int64_t e)
-{
-    return e >= 0 && (d < 0 || e < d) ? e : d;
-}
-
-static int64_t next_deadline(sr_agent *a)
-{
-    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    d = earlier(d, sr__modules_next_deadline());
-    return earlier(d, sr__reorder_next(a));
+    /* seq_cst (a release at least): pairs with a stealer's acquire; our
+     * consumption happens-before its; T2 for token_freed */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return true;
+    token_freed(a);
+    return false;
 }
 
 static bool peer_crashed(sr_agent *a, int r)
@@ -418,12 +504,7 @@ static void progress_idle(sr_agent *a)
         if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
             break;
     }
-    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
-    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
-                          memory_order_relaxed);
-    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
-     * below include every kick up to the generation armed above */
-    atomic_thread_fence(memory_order_acquire);
+    arm_timers(a);
     int ev = sr_xport_sleep(a->x, next_deadline(a), park_ready, a);
     handle_events(a, ev);
 }
@@ -443,14 +524,10 @@ static void *progress_main(void *p)
     sr_xport_awake(a->x, 1); /* runnable from now; sr_xport_sleep counts its sleeps out */
     while (!atomic_load_explicit(&a->stopping, memory_order_acquire)) { /* acquire: pairs with sr__agent_stop */
         if (!progress_take(a)) {
-            /* A user thread polls: timers (call deadlines, retries, held
-             * messages) still need this thread, so sleep no longer than them. */
-            int64_t d = next_deadline(a), ns = TOKEN_WAIT_NS;
-            if (d >= 0 && d - sr_now_ns() < ns)
-                ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
-            progress_wait_token(a, ns);
-            handle_events(a, 0);
-            sr__modules_tick(); /* the polling user reads the acknowledgements meanwhile */
+            /* A user thread holds the inbox: timers (call deadlines, retries,
+             * held messages) and peers' deaths still need this thread. */
+            handle_events(a, progress_wait_token(a));
+            sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
             continue;
         }
         if (poll_burst(a, SR_POLL_NESTED)) {
@@ -465,7 +542,9 @@ static void *progress_main(void *p)
     /* release: a waiter still running (an executor finishing a nested call)
      * may steal the token and poll for itself. */
     uint32_t t = TOKEN_PROGRESS;
-    atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_release, memory_order_relaxed);
+    /* seq_cst: T2 for token_freed */
+    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_seq_cst, memory_order_relaxed))
+        token_freed(a);
     sr_xport_awake(a->x, -1);
     return NULL;
 }
@@ -485,7 +564,6 @@ void sr__agent_stop(sr_agent *a)
     /* release: pairs with the progress thread's acquire load */
     atomic_store_explicit(&a->stopping, true, memory_order_release);
     sr_waiter_notify_shutdown(&a->x->waiter);
-    futex_wake_one(&a->token);
     pthread_join(a->progress, NULL);
     sr__future_set_wait_hook(NULL);
 }

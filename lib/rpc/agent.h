@@ -8,14 +8,22 @@
  *   USER          a user thread waiting for a response polls the inbox itself,
  *                 so it sees its response without a thread hop. It set the
  *                 doorbell to AWAKE, so producers make no wake syscall; the
- *                 progress thread's futex wait stays armed.
- *   USER_WAITING  as USER, but the progress thread woke (a timer or a peer's
- *                 death) and now sleeps on the token word: the releasing user
- *                 hands the token over with a futex wake.
+ *                 progress thread's futex wait stays armed (and does not match
+ *                 the producers' wakes of a user sleeper, doorbell.h). With
+ *                 nothing to poll, the user sleeps on the doorbell word itself
+ *                 (SLEEPING_USER) and on its future, in one futex_waitv: the
+ *                 response wakes its caller directly.
+ *   USER_WAITING  as USER, but the progress thread woke (a timer, a kick or a
+ *                 peer's death) and now sleeps aside in its io_uring on those
+ *                 alone (sr_waiter_sleep_aside), with no periodic timer: the
+ *                 releasing user hands the token over with sr_waiter_kick.
  *   FREE          transient.
  * Releasing a USER token re-announces SLEEPING on the doorbell, fences, and
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
  * token back to the parked progress thread, so no message is stranded.
+ * Whoever makes the token PARKED or FREE wakes the idle waiters sleeping on
+ * the token word (token_sleepers; agent.c T1/T2), so an idle waiter takes
+ * over serving when the token is free, not on a timer.
  *
  * Requests run inline on the polling thread when that cannot delay anything
  * it owes: async functions and scalar built-ins always (they must not
@@ -65,6 +73,7 @@ typedef struct sr_agent {
 
     _Atomic uint32_t token;   /* see above */
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
+    _Atomic uint32_t token_sleepers; /* idle waiters asleep on the token word (idle_wait_token) */
     _Atomic uint32_t user_polls; /* bumped by every user take: the progress thread stops spinning while users poll */
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */
     _Atomic uint32_t armed_gen;  /* written by the progress thread: timer_gen its sleep's deadline saw */
@@ -108,14 +117,17 @@ typedef struct sr_agent {
 
     struct sr_reorder *reorder; /* NULL unless SHMRPC_REORDER_SEED is set (tests only) */
 
-    /* Lost wake-ups of the idle waiter, counted for tests/test_idle_wake.c:
-     * idle slices (idle_doorbell_sleep) that slept until their timeout while a
-     * message waited in the inbox and the doorbell no longer said SLEEPING.
-     * Someone took our SLEEPING away without waking us, so the producer saw
-     * AWAKE and rang nobody. (Not exactly zero by construction: a slice that
-     * ends between a producer's exchange and its wake syscall counts too; a
-     * window of about a microsecond in a slice of IDLE_SLICE_NS.) */
+    /* Lost wake-ups of a user thread asleep on the doorbell, counted for
+     * tests/test_idle_wake.c: doorbell sleeps (user_doorbell_sleep) that
+     * slept until their deadline while a message waited in the inbox and the
+     * doorbell no longer said SLEEPING_USER. Someone took it away without
+     * waking us, so the producer saw AWAKE and rang nobody. (Not exactly zero
+     * by construction: a sleep that ends between a producer's exchange and
+     * its wake syscall counts too, a window of about a microsecond.) */
     _Atomic uint64_t idle_missed_wakes;
+    /* Statistics for tests (relaxed; any thread): sleeps that ended, of a user
+     * thread on the doorbell, and of the progress thread aside. */
+    _Atomic uint64_t user_bell_sleeps, progress_aside_wakes;
 } sr_agent;
 
 /* The process's agent, or NULL before sr_init / after sr_shutdown. */
