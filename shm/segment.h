@@ -57,7 +57,6 @@ struct sr_seg_header {
 
     /* Line 2: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
-    _Atomic uint32_t awake;                    /* workers not asleep in their doorbell (spin policy) */
 };
 static_assert(sizeof(struct sr_seg_header) <= SR_SEG_HEADER_SIZE, "header fits its page");
 static_assert(offsetof(struct sr_seg_header, attached) % SR_CACHELINE == 0, "shared counters on their own line");

@@ -52,6 +52,9 @@ typedef struct sr_xport {
     struct sr_peer *peers;    /* [world], resolved once after the start barrier */
     sr_waiter waiter;
     int ncpu;
+    int loadavg_fd;           /* /proc/loadavg, for the spin policy; -1 with a fixed budget */
+    _Atomic int64_t load_next; /* when to sample it again (coarse clock); any thread */
+    _Atomic bool oversubscribed; /* the last sample: more runnable threads than cores */
     int64_t spin_ns;          /* current budget (adaptive) */
     bool fixed_spin;
     sr_xport_stats st;
@@ -114,8 +117,8 @@ static inline bool sr_xport_space_take(sr_xport *x)
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
- * shutdown is notified: spin for the adaptive budget (zero when more workers
- * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno. */
+ * shutdown is notified: spin for the adaptive budget (zero when the machine
+ * has more runnable threads than we have cores), then sleep. Returns SR_WAKE_* or -errno. */
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
 
 /* The two halves of sr_xport_wait, for callers that run their own spin loop:
@@ -124,9 +127,6 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
  * cancel the sleep; it must at least report a ready inbox). */
 int64_t sr_xport_spin_budget(sr_xport *x);
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
-/* Count a thread of this worker in or out of the job's awake counter (the
- * spin policy) when it starts or stops polling without sleeping here. */
-void sr_xport_awake(sr_xport *x, int delta);
 
 /* The process of `rank` has exited (cleanly or not). */
 static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)

@@ -248,15 +248,6 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     return got;
 }
 
-/* The spin policy counts runnable threads: a user thread is counted out
- * only while it sleeps. */
-static void sleep_on(sr_agent *a, sr_future *f, int64_t deadline)
-{
-    sr_xport_awake(a->x, -1);
-    sr__future_sleep(f, deadline);
-    sr_xport_awake(a->x, 1);
-}
-
 /* A user thread that holds the token and has nothing to poll sleeps on the
  * doorbell itself (SLEEPING_USER, doorbell.h) and on its future at once, so
  * the message it waits for wakes it directly, with no hop through the
@@ -281,9 +272,7 @@ static bool user_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
         struct futex_waitv v[2] = {
             {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
             private_word(fw, fv)};
-        sr_xport_awake(a->x, -1);
         int rc = futex_waitv(v, 2, deadline);
-        sr_xport_awake(a->x, 1);
         /* relaxed (both): a statistic for tests/test_idle_wake.c */
         if (rc == -ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
             atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER)
@@ -305,7 +294,7 @@ static void idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
 {
     if (!waitv_supported()) { /* retry now and then; who serves never decides correctness */
         int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
-        sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon);
+        sr__future_sleep(f, deadline >= 0 && deadline < soon ? deadline : soon);
         return;
     }
     _Atomic uint32_t *fw;
@@ -314,9 +303,7 @@ static void idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
     uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);     /* seq_cst: T1 */
     if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
         struct futex_waitv v[2] = {private_word(&a->token, t), private_word(fw, fv)};
-        sr_xport_awake(a->x, -1);
         futex_waitv(v, 2, deadline);
-        sr_xport_awake(a->x, 1);
     }
     atomic_fetch_sub_explicit(&a->token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
 }
@@ -333,7 +320,7 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
             if (mode == SR_POLL_IDLE)
                 idle_wait_token(a, f, deadline);
             else
-                sleep_on(a, f, deadline);
+                sr__future_sleep(f, deadline);
             continue;
         }
         int rc = poll_as_user(a, f, deadline, mode);
@@ -352,7 +339,7 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
             return rc;
         /* Idle (no doorbell sleep here): new messages now wake the progress
          * thread, which completes f. */
-        sleep_on(a, f, deadline);
+        sr__future_sleep(f, deadline);
     }
 }
 
@@ -426,9 +413,7 @@ static int progress_wait_token(sr_agent *a)
                                                  memory_order_relaxed) && t != TOKEN_USER_WAITING)
         return 0;
     arm_timers(a);
-    sr_xport_awake(a->x, -1);
     int ev = sr_waiter_sleep_aside(&a->x->waiter, next_deadline(a), token_back, a);
-    sr_xport_awake(a->x, 1);
     /* relaxed: a statistic for tests */
     atomic_fetch_add_explicit(&a->progress_aside_wakes, 1, memory_order_relaxed);
     return ev;
@@ -521,7 +506,6 @@ static void expire_due(sr_agent *a)
 static void *progress_main(void *p)
 {
     sr_agent *a = p;
-    sr_xport_awake(a->x, 1); /* runnable from now; sr_xport_sleep counts its sleeps out */
     while (!atomic_load_explicit(&a->stopping, memory_order_acquire)) { /* acquire: pairs with sr__agent_stop */
         if (!progress_take(a)) {
             /* A user thread holds the inbox: timers (call deadlines, retries,
@@ -545,7 +529,6 @@ static void *progress_main(void *p)
     /* seq_cst: T2 for token_freed */
     if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_seq_cst, memory_order_relaxed))
         token_freed(a);
-    sr_xport_awake(a->x, -1);
     return NULL;
 }
 
