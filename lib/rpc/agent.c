@@ -511,6 +511,11 @@ static void *progress_main(void *p)
             /* A user thread holds the inbox: timers (call deadlines, retries,
              * held messages) and peers' deaths still need this thread. */
             handle_events(a, progress_wait_token(a));
+            /* Quiet messages (acknowledgements) ring nobody, and a retry timer
+             * must see them before it resends: wake a user asleep on the
+             * doorbell to read them (nothing if it polls). */
+            if (sr_ring_ready(a->x->inbox))
+                sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
             sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
             continue;
         }
