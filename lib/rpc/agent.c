@@ -199,6 +199,8 @@ static bool user_release(sr_agent *a)
 /* Spin on the inbox and the future for up to budget ns. */
 static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 {
+    if (budget <= 0) /* not even one round of pauses (64 of them: microseconds) */
+        return false;
     int64_t until = sr_now_ns() + budget;
     do {
         for (int i = 0; i < 64; i++) {
