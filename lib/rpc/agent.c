@@ -279,7 +279,6 @@ static bool user_doorbell_sleep(sr_agent *a, sr_future *f, int64_t deadline)
         if (rc == -ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
             atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER)
             atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&a->user_bell_sleeps, 1, memory_order_relaxed);
     }
     /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
     atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
@@ -415,10 +414,7 @@ static int progress_wait_token(sr_agent *a)
                                                  memory_order_relaxed) && t != TOKEN_USER_WAITING)
         return 0;
     arm_timers(a);
-    int ev = sr_waiter_sleep_aside(&a->x->waiter, next_deadline(a), token_back, a);
-    /* relaxed: a statistic for tests */
-    atomic_fetch_add_explicit(&a->progress_aside_wakes, 1, memory_order_relaxed);
-    return ev;
+    return sr_waiter_sleep_aside(&a->x->waiter, next_deadline(a), token_back, a);
 }
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */

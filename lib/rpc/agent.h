@@ -125,9 +125,6 @@ typedef struct sr_agent {
      * by construction: a sleep that ends between a producer's exchange and
      * its wake syscall counts too, a window of about a microsecond.) */
     _Atomic uint64_t idle_missed_wakes;
-    /* Statistics for tests (relaxed; any thread): sleeps that ended, of a user
-     * thread on the doorbell, and of the progress thread aside. */
-    _Atomic uint64_t user_bell_sleeps, progress_aside_wakes;
 } sr_agent;
 
 /* The process's agent, or NULL before sr_init / after sr_shutdown. */
