@@ -309,14 +309,38 @@ static void idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
     atomic_fetch_sub_explicit(&a->token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
 }
 
+/* The agent whose token this thread took ahead of its wait (sr__agent_pretake). */
+static _Thread_local sr_agent *pretaken;
+
+void sr__agent_pretake(sr_agent *a)
+{
+    if (!pretaken && user_take(a))
+        pretaken = a;
+}
+
+void sr__agent_unhold(sr_agent *a)
+{
+    if (pretaken != a)
+        return;
+    pretaken = NULL;
+    while (!user_release(a))
+        poll_burst(a, SR_POLL_NESTED);
+}
+
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
+    bool held = pretaken == a; /* taken before the request was sent: ours to poll with */
+    pretaken = NULL;
     for (;;) {
-        if (sr_future_done(f))
-            return 0;
-        if (deadline >= 0 && sr_now_ns() >= deadline)
-            return -ETIMEDOUT;
-        if (!user_take(a) && !steal_from_progress(a, f)) {
+        if (sr_future_done(f) || (deadline >= 0 && sr_now_ns() >= deadline)) {
+            if (held) /* a held token is handed back on every way out */
+                while (!user_release(a))
+                    poll_burst(a, mode);
+            return sr_future_done(f) ? 0 : -ETIMEDOUT;
+        }
+        bool mine = held;
+        held = false;
+        if (!mine && !user_take(a) && !steal_from_progress(a, f)) {
             /* Someone else polls and will complete f. */
             if (mode == SR_POLL_IDLE)
                 idle_wait_token(a, f, deadline);

@@ -154,6 +154,13 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
 
 /* Wait for f, polling the inbox when this thread can take the token. */
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
+/* Take the token before sending a request this thread will wait for, so
+ * that the response finds the inbox held (doorbell AWAKE) instead of waking
+ * the parked progress thread when the caller is preempted between its send
+ * and its wait. The next sr__agent_wait on this thread uses it; every other
+ * way out calls sr__agent_unhold (a no-op once a wait used it). */
+void sr__agent_pretake(sr_agent *a);
+void sr__agent_unhold(sr_agent *a);
 
 /* Calls (calls.c) */
 int sr__calls_init(sr_agent *a, int32_t n);

@@ -376,11 +376,16 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
 SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, sr_value **out)
 {
     sr_future *f;
+    sr_agent *a = sr__agent;
+    if (a) /* hold the inbox across the send: the response then wakes no other thread */
+        sr__agent_pretake(a);
     int rc = sr_rpc_async(to, fn, args, timeout_s, &f);
-    if (rc)
-        return rc;
-    rc = sr_future_wait(f, out);
-    sr_future_unref(f);
+    if (!rc) {
+        rc = sr_future_wait(f, out);
+        sr_future_unref(f);
+    }
+    if (a)
+        sr__agent_unhold(a); /* a no-op once the wait used it */
     return rc;
 }
 
