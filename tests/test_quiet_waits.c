@@ -17,7 +17,11 @@
  *   idle_waiter_sleeps_in_shutdown: the idle waiter alone. It used to wake
  *     every 100 ms (IDLE_SLICE_NS), or every 2 ms while it could not take the
  *     inbox (IDLE_RETAKE_NS).
- * Futex doorbell only: with eventfd, the idle waiter does not keep the inbox.
+ *   a_response_wakes_its_sleeping_caller_directly: over 200 calls with
+ *     nobody spinning, worker0's threads other than the caller stay asleep
+ *     (the responses used to go through its progress thread; 9a).
+ * Futex doorbell only: with eventfd, the idle waiter does not keep the inbox
+ * and a sleeping caller hands the inbox back to the progress thread.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
