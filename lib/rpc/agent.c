@@ -521,6 +521,10 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     }
     /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
     atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    /* A deadline that passed by the precise clock but not yet by the coarse
+     * one of expire_due: expire now rather than poll until the tick. */
+    if (until >= 0 && sr_now_ns() >= until)
+        sr__calls_expire(a, sr_now_ns());
     return true;
 }
 
