@@ -20,6 +20,11 @@
  *   a_response_wakes_its_sleeping_caller_directly: over 200 calls with
  *     nobody spinning, worker0's threads other than the caller stay asleep
  *     (the responses used to go through its progress thread; 9a).
+ *   a_blocked_callback_waits_quietly: a callback that blocks on the idle
+ *     waiter (a nested wait on a thread that holds the inbox) keeps polling,
+ *     and sleeps on events only. It used to re-poll every 100 ms
+ *     (IDLE_SLICE_NS), and the progress thread, waiting for the inbox, to
+ *     re-check its timers every 50 ms (TOKEN_WAIT_NS).
  * Futex doorbell only: with eventfd, the idle waiter does not keep the inbox
  * and a sleeping caller hands the inbox back to the progress thread.
  */
@@ -53,6 +58,9 @@ struct page {
     _Atomic int64_t wakes;     /* worker1's count over its window */
     _Atomic uint32_t token;    /* worker1's token during its window */
     _Atomic int32_t err;       /* how worker1's expiring call ended */
+    _Atomic int32_t nested_rc; /* how worker1's blocked callback's wait ended */
+    _Atomic uint32_t on_progress; /* worker1's callback ran on another thread than its idle waiter */
+    _Atomic uint32_t ready;    /* futex: worker1's idle waiter holds the inbox */
 };
 static struct page *pg;
 
@@ -158,6 +166,7 @@ static int64_t wakes_over_window(const pid_t *skip, int n)
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 static sr_future *held[4];
 static int nheld;
+static _Atomic uint32_t holds_taken; /* futex: calls fn_hold has held so far */
 
 static int fn_hold(sr_call *c, sr_future **out)
 {
@@ -173,6 +182,8 @@ static int fn_hold(sr_call *c, sr_future **out)
         sr_future_unref(f);
         return sr_call_fail(c, -ENOSPC, "more than 4 holds");
     }
+    atomic_fetch_add(&holds_taken, 1);
+    syscall(SYS_futex, &holds_taken, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     *out = f;
     return 0;
 }
@@ -320,4 +331,107 @@ Test(quiet_waits, a_response_wakes_its_sleeping_caller_directly, .timeout = 120)
 {
     skip_without_futex_doorbell();
     RUN_JOB("quietdirect", 2, .scenario = sc_direct, .register_fns = register_no_spin);
+}
+
+/* ---- a callback that blocks on the polling thread ---- */
+
+static sr_future *nested_g;       /* what worker1's callback waits for: set once measured */
+static _Atomic uint32_t nested_in; /* worker1's callback is about to wait */
+static pid_t main_tid;
+
+/* Runs on the thread that reads the response of worker1's call: the idle
+ * waiter of sr_shutdown, which holds the inbox. It must keep polling while
+ * it waits (agent.h, nested waits), and sleep on events only. */
+static void cb_blocks(sr_future *f, void *arg)
+{
+    (void)f;
+    (void)arg;
+    atomic_store(&pg->on_progress, (pid_t)syscall(SYS_gettid) != main_tid);
+    set_and_wake(&nested_in, 1);
+    atomic_store(&pg->nested_rc, sr_future_wait(nested_g, NULL));
+    sr_future_unref(nested_g); /* the callback's reference */
+}
+
+/* Wait (bounded) until thread tid sleeps ('S' in /proc): the callback has
+ * reached its nested wait's sleep, whose going to sleep must not count. */
+static bool thread_asleep(pid_t tid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        if (p && p[1] == ' ' && p[2] == 'S')
+            return true;
+        if (now_ns() > deadline)
+            return false;
+        sched_yield();
+    }
+}
+
+/* Worker1's measuring thread: once the idle waiter holds the inbox, let
+ * worker0 answer the held call; once the callback blocks, count. */
+static void *measure_nested(void *arg)
+{
+    (void)arg;
+    pid_t skip[1] = {(pid_t)syscall(SYS_gettid)};
+    int64_t w = -1;
+    bool held = wait_token(TOKEN_USER, TOKEN_USER_WAITING);
+    atomic_store(&pg->token, held);
+    set_and_wake(&pg->ready, 1);
+    if (held && wait_for(&nested_in, 1) && thread_asleep(main_tid) && executors_asleep())
+        w = wakes_over_window(skip, 1);
+    atomic_store(&pg->wakes, w);
+    sr_future_set_result(nested_g, NULL); /* the callback returns; sr_shutdown goes on */
+    sr_future_unref(nested_g);            /* ours */
+    set_and_wake(&pg->measured, 1);
+    return NULL;
+}
+
+static int sc_nested(int rank, int world)
+{
+    (void)world;
+    if (rank == 0) {
+        WCHECK(wait_for(&pg->ready, 1), "worker1 did not start its sr_shutdown within %d s", EVENT_WAIT_S);
+        WCHECK(wait_for(&holds_taken, 1), "worker1's call did not reach fn_hold within %d s", EVENT_WAIT_S);
+        release_holds(); /* the response goes to worker1's idle waiter */
+        /* twice the bound: each of worker1's waits is bounded by EVENT_WAIT_S */
+        WCHECK(wait_for(&pg->measured, 1) || wait_for(&pg->measured, 1), "worker1 did not measure within %d s",
+               2 * EVENT_WAIT_S);
+        int64_t w = atomic_load(&pg->wakes);
+        WCHECK(atomic_load(&pg->token), "worker1's idle waiter never held the inbox in sr_shutdown");
+        WCHECK(!atomic_load(&pg->on_progress), "worker1's callback ran on another thread than its idle waiter");
+        WCHECK(atomic_load(&pg->nested_rc) == 0, "worker1's blocked callback's wait ended with %d",
+               atomic_load(&pg->nested_rc));
+        WCHECK(w >= 0, "worker1's callback never blocked and slept, or its executors never all went idle");
+        WCHECK(w <= MAX_WAKES,
+               "worker1 woke %lld times in %d ms while a callback blocked on its idle waiter, which holds the inbox, "
+               "with nothing due (the nested wait's slices, or the progress thread's re-checks)", (long long)w, WINDOW_MS);
+        return 0;
+    }
+    main_tid = (pid_t)syscall(SYS_gettid);
+    nested_g = sr_future_new(); /* one reference for the callback, one for the measuring thread */
+    WCHECK(nested_g, "sr_future_new");
+    sr_future_ref(nested_g);
+    sr_future *f;
+    WCHECK(sr_rpc_async(0, "hold", SR_NOARGS, EVENT_WAIT_S, &f) == 0, "hold: %s", sr_last_error());
+    WCHECK(sr_future_add_done_callback(f, cb_blocks, NULL) == 0, "add_done_callback: %s", sr_last_error());
+    sr_future_unref(f);
+    pthread_t th;
+    WCHECK(pthread_create(&th, NULL, measure_nested, NULL) == 0, "pthread_create");
+    pthread_detach(th); /* it ends before our sr_shutdown returns: the callback waits for it */
+    return 0;           /* the harness calls sr_shutdown: the idle waiter */
+}
+
+Test(quiet_waits, a_blocked_callback_waits_quietly, .timeout = 120)
+{
+    skip_without_futex_doorbell();
+    pg = shared_page(sizeof(*pg));
+    RUN_JOB("quietnested", 2, .scenario = sc_nested, .register_fns = register_fns);
+    munmap(pg, sizeof(*pg));
 }
