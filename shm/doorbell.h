@@ -18,8 +18,22 @@
  * the sender's doorbell (D3 after the store), and every sender-side thread
  * about to sleep checks space_kick after its D2, next to its ring.
  *
- * The wake is FUTEX_WAKE on the shared (not private) word, or, in the
- * eventfd fallback, an 8-byte write to the consumer's eventfd.
+ * Two kinds of consumer sleep on the word, told apart by the value announced:
+ *   SLEEPING       the progress thread, in io_uring (shm/waiter.c). Its
+ *                  FUTEX_WAIT carries SR_DOORBELL_BIT_PROGRESS and stays armed
+ *                  across sleeps, so it is still queued on the word while
+ *                  another thread holds the inbox.
+ *   SLEEPING_USER  a user thread that holds the worker's inbox (the RPC
+ *                  agent's consumer token) sleeps on the word itself, in
+ *                  futex_waitv with its future. The producer wakes it with
+ *                  bitset SR_DOORBELL_BIT_USER, which the progress thread's
+ *                  armed wait does not match: a response wakes its caller
+ *                  directly, and only it.
+ * The same handshake covers both: a producer acts on any value but AWAKE.
+ *
+ * The wake is FUTEX_WAKE (or FUTEX_WAKE_BITSET) on the shared (not private)
+ * word, or, in the eventfd fallback, an 8-byte write to the consumer's
+ * eventfd (there only the progress thread sleeps on the doorbell).
  *
  * Cost: D3 makes the producer wait until its publish owns the slot's cache
  * line. The consumer cannot see the message before that anyway, so the fence
@@ -35,15 +49,22 @@
 
 #include "atomics.h"
 
-enum { SR_DOORBELL_AWAKE = 0, SR_DOORBELL_SLEEPING = 1 };
+enum { SR_DOORBELL_AWAKE = 0, SR_DOORBELL_SLEEPING = 1, SR_DOORBELL_SLEEPING_USER = 2 };
+
+/* FUTEX_WAIT_BITSET masks of the two sleepers (a futex_waitv sleeper matches any). */
+#define SR_DOORBELL_BIT_PROGRESS 0x1u
+#define SR_DOORBELL_BIT_USER 0x2u
 
 enum sr_doorbell_kind {
     SR_DOORBELL_FUTEX = 1,   /* io_uring FUTEX_WAIT / futex(FUTEX_WAKE) */
     SR_DOORBELL_EVENTFD = 2, /* io_uring READ of an eventfd / write(2) */
 };
 
-/* Out of line: the syscall. Returns 1 if a wake was issued. */
+/* Out of line: the syscall. Returns 1 if a wake was issued. Wakes every
+ * sleeper on the word, whichever its kind. */
 int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd);
+/* Wake only a SLEEPING_USER sleeper (futex doorbells only). */
+int sr__doorbell_wake_user(_Atomic uint32_t *word);
 
 /* Producer side, called after publishing a message. Returns 1 if it woke the
  * consumer (a syscall), 0 if the consumer was awake (no syscall). */
@@ -52,12 +73,13 @@ static inline int sr_doorbell_ring(_Atomic uint32_t *word, uint32_t kind, int ev
     /* D3: pairs with the consumer's D2 fence between announcing SLEEPING and re-checking its ring */
     atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: ordered after our publish by D3 */
-    if (atomic_load_explicit(word, memory_order_relaxed) != SR_DOORBELL_SLEEPING)
+    if (atomic_load_explicit(word, memory_order_relaxed) == SR_DOORBELL_AWAKE)
         return 0;
     /* relaxed: the exchange only elects one waker; the wake syscall carries the event */
-    if (atomic_exchange_explicit(word, SR_DOORBELL_AWAKE, memory_order_relaxed) != SR_DOORBELL_SLEEPING)
+    uint32_t was = atomic_exchange_explicit(word, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    if (was == SR_DOORBELL_AWAKE)
         return 0;
-    return sr__doorbell_wake(word, kind, eventfd);
+    return was == SR_DOORBELL_SLEEPING_USER ? sr__doorbell_wake_user(word) : sr__doorbell_wake(word, kind, eventfd);
 }
 
 #endif

@@ -83,7 +83,6 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     take_geometry(seg);
     /* relaxed: workers start after the creator returns (fork/exec orders it) */
     atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
-    atomic_store_explicit(&h->awake, 0, memory_order_relaxed); /* relaxed: as above */
     for (int r = 0; r < n; r++) {
         struct sr_worker_info *w = sr_seg_worker(seg, r);
         w->rank = (uint32_t)r;

@@ -81,7 +81,6 @@ struct sr_seg_header {
 
     /* Line 2: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
-    _Atomic uint32_t awake;                    /* workers not asleep in their doorbell (spin policy) */
 
     /* Line 3: written by the supervisor only (see "Peer exit" above). */
     _Atomic uint32_t exits SR_ALIGNED_LINE;    /* workers whose exit was published (a generation) */

@@ -47,7 +47,7 @@
 #define RING_ENTRIES 64
 #define FAST_SETUP (IORING_SETUP_R_DISABLED | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN)
 
-enum { TAG_WAIT = 1, TAG_TIMER = 2, TAG_PEER = 3, TAG_SHUTDOWN = 4, TAG_TIMER_UPDATE = 5 };
+enum { TAG_WAIT = 1, TAG_TIMER = 2, TAG_PEER = 3, TAG_SHUTDOWN = 4, TAG_TIMER_UPDATE = 5, TAG_KICK = 6 };
 #define UD(tag, v) (((uint64_t)(tag) << 32) | (uint32_t)(v))
 
 int64_t sr_now_ns(void)
@@ -83,15 +83,21 @@ int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd)
     return syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) >= 0;
 }
 
-/* Fill a FUTEX_WAIT SQE by hand: wait while *word == val. */
-static void prep_futex_wait(struct io_uring_sqe *sqe, _Atomic uint32_t *word, uint32_t val)
+int sr__doorbell_wake_user(_Atomic uint32_t *word)
+{
+    /* Shared futex; the progress thread's armed wait (BIT_PROGRESS) does not match. */
+    return syscall(SYS_futex, word, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, SR_DOORBELL_BIT_USER) >= 0;
+}
+
+/* Fill a FUTEX_WAIT SQE by hand: wait while *word == val, woken by wakes whose bitset meets mask. */
+static void prep_futex_wait(struct io_uring_sqe *sqe, _Atomic uint32_t *word, uint32_t val, uint32_t mask)
 {
     memset(sqe, 0, sizeof(*sqe));
     sqe->opcode = SR_IORING_OP_FUTEX_WAIT;
     sqe->fd = SR_FUTEX2_SIZE_U32;
     sqe->addr = (uint64_t)(uintptr_t)word;
     sqe->addr2 = val;
-    sqe->addr3 = SR_FUTEX_BITSET_MATCH_ANY;
+    sqe->addr3 = mask;
 }
 
 bool sr_waiter_futex_supported(void)
@@ -110,7 +116,7 @@ bool sr_waiter_futex_supported(void)
         struct io_uring_sqe *sqe = io_uring_get_sqe(&r);
         struct io_uring_cqe *cqe;
         if (sqe)
-            prep_futex_wait(sqe, &probe_word, 0);
+            prep_futex_wait(sqe, &probe_word, 0, SR_FUTEX_BITSET_MATCH_ANY);
         ok = sqe && io_uring_submit_and_wait(&r, 1) == 1 && io_uring_peek_cqe(&r, &cqe) == 0 &&
              cqe->res == -EAGAIN;
     }
@@ -151,7 +157,7 @@ static int ring_create(sr_waiter *w, unsigned flags)
     if (rc < 0)
         return sr__fail(rc, "sr_waiter_init", "io_uring_queue_init: %s", strerror(-rc));
     w->setup_flags = flags;
-    w->armed = w->wait_inflight = w->timer_armed = false;
+    w->armed = w->wait_inflight = w->timer_armed = w->kick_inflight = false;
     return 0;
 }
 
@@ -164,12 +170,15 @@ int sr_waiter_init(sr_waiter *w, _Atomic uint32_t *word, int efd, uint32_t kind_
     if (!w->kind)
         return sr__fail(-EOPNOTSUPP, "sr_waiter_init", "no doorbell: io_uring futex unsupported and no eventfd given");
     w->shutdown_fd = eventfd(0, EFD_CLOEXEC);
-    if (w->shutdown_fd < 0)
-        return sr__fail(-errno, "sr_waiter_init", "eventfd: %s", strerror(errno));
-    int rc = ring_create(w, FAST_SETUP);
+    w->kick_fd = w->shutdown_fd < 0 ? -1 : eventfd(0, EFD_CLOEXEC);
+    int rc = w->kick_fd < 0 ? sr__fail(-errno, "sr_waiter_init", "eventfd: %s", strerror(errno))
+                            : ring_create(w, FAST_SETUP);
     if (rc) {
-        close(w->shutdown_fd);
-        w->shutdown_fd = -1;
+        if (w->shutdown_fd >= 0)
+            close(w->shutdown_fd);
+        if (w->kick_fd >= 0)
+            close(w->kick_fd);
+        w->shutdown_fd = w->kick_fd = -1;
     }
     return rc;
 }
@@ -179,13 +188,15 @@ void sr_waiter_fini(sr_waiter *w)
     io_uring_queue_exit(&w->ring);
     if (w->shutdown_fd >= 0)
         close(w->shutdown_fd);
+    if (w->kick_fd >= 0)
+        close(w->kick_fd);
     for (int i = 0; w->pidfds && i < w->npeers; i++)
         if (w->pidfds[i] >= 0)
             close(w->pidfds[i]);
     free(w->pidfds);
     free(w->peer_dead);
     memset(w, 0, sizeof(*w));
-    w->shutdown_fd = -1;
+    w->shutdown_fd = w->kick_fd = -1;
 }
 
 static int alloc_peers(sr_waiter *w, int n)
@@ -237,6 +248,13 @@ void sr_waiter_notify_shutdown(sr_waiter *w)
         return; /* an eventfd write fails only on counter overflow: already notified */
 }
 
+void sr_waiter_kick(sr_waiter *w)
+{
+    uint64_t one = 1;
+    if (write(w->kick_fd, &one, sizeof(one)) < 0)
+        return; /* fails only on counter overflow: a kick is pending anyway */
+}
+
 /* First sleep, in the sleeping thread: enable the ring (binding it to this
  * thread) and queue the shutdown and peer polls, submitted with the first
  * wait. (The ring fd is not registered: a registration belongs to one
@@ -266,13 +284,26 @@ static int rebuild_plain(sr_waiter *w)
     return rc ? rc : arm(w);
 }
 
+/* The kick READ stays armed like the doorbell wait; an eventfd keeps its
+ * count until read, so a kick before the READ is queued is not lost. */
+static int queue_kick(sr_waiter *w)
+{
+    struct io_uring_sqe *sqe = get_sqe(w);
+    if (!sqe)
+        return sr__fail(-EBUSY, "sr_waiter_sleep", "no free submission entry for the kick read");
+    io_uring_prep_read(sqe, w->kick_fd, &w->kick_buf, sizeof(w->kick_buf), 0);
+    io_uring_sqe_set_data64(sqe, UD(TAG_KICK, 0));
+    w->kick_inflight = true;
+    return 0;
+}
+
 static int queue_wait(sr_waiter *w)
 {
     struct io_uring_sqe *sqe = get_sqe(w);
     if (!sqe)
         return sr__fail(-EBUSY, "sr_waiter_sleep", "no free submission entry for the doorbell wait");
     if (w->kind == SR_DOORBELL_FUTEX)
-        prep_futex_wait(sqe, w->word, SR_DOORBELL_SLEEPING);
+        prep_futex_wait(sqe, w->word, SR_DOORBELL_SLEEPING, SR_DOORBELL_BIT_PROGRESS);
     else
         io_uring_prep_read(sqe, w->eventfd, &w->efd_buf, sizeof(w->efd_buf), 0);
     io_uring_sqe_set_data64(sqe, UD(TAG_WAIT, ++w->wait_gen));
@@ -336,6 +367,10 @@ static unsigned reap(sr_waiter *w)
         case TAG_SHUTDOWN:
             w->shutdown = true;
             break;
+        case TAG_KICK:
+            w->kick_inflight = false;
+            ev |= SR_WAKE_KICK;
+            break;
         default: /* TAG_TIMER_UPDATE: -ENOENT, the timer fired first and its own completion tells */
             break;
         }
@@ -352,13 +387,16 @@ static unsigned check_deadline(sr_waiter *w, int64_t deadline_ns)
     return deadline_ns >= 0 && sr_now_ns() >= deadline_ns ? SR_WAKE_TIMEOUT : 0;
 }
 
-/* Sleep in io_uring_enter until an event for this sleep arrives. */
-static int wait_events(sr_waiter *w, int64_t deadline_ns, unsigned *ev)
+/* Sleep in io_uring_enter until an event for this sleep arrives. With
+ * bell false, no doorbell wait is queued (one still armed may complete). */
+static int wait_events(sr_waiter *w, int64_t deadline_ns, bool bell, unsigned *ev)
 {
     for (;;) {
         if ((*ev |= check_deadline(w, deadline_ns)))
             return 0;
-        int rc = w->wait_inflight ? 0 : queue_wait(w);
+        int rc = w->wait_inflight || !bell ? 0 : queue_wait(w);
+        if (!rc && !w->kick_inflight)
+            rc = queue_kick(w);
         if (!rc && deadline_ns >= 0)
             rc = queue_timer(w, deadline_ns);
         if (rc)
@@ -373,20 +411,17 @@ static int wait_events(sr_waiter *w, int64_t deadline_ns, unsigned *ev)
     }
 }
 
-/* Say AWAKE again after a sleep. Another thread of this worker may have
- * announced SLEEPING on the same word meanwhile and be asleep on it (an idle
- * waiter that took the inbox while we slept, lib/rpc/agent.c): taking its
- * SLEEPING away without a wake would leave it deaf to the producers, who now
- * see AWAKE and ring nobody, until its sleep slice ends (100 ms stalls). So
- * whoever takes SLEEPING away wakes the word's sleepers: a syscall only when
- * this sleep ended for another reason than the doorbell (a timer, an event),
- * since a producer's ring already wrote AWAKE. Returns 0 (no event). */
+/* Say AWAKE again after a sleep, but only over our own SLEEPING. Another
+ * thread of this worker may have taken the inbox while we slept and be
+ * asleep on the word as SLEEPING_USER (lib/rpc/agent.c): taking that away
+ * would leave it deaf to the producers, who would then see AWAKE and ring
+ * nobody. Returns 0 (no event). */
 static unsigned take_back_sleeping(sr_waiter *w)
 {
+    uint32_t mine = SR_DOORBELL_SLEEPING;
     /* relaxed: a racing producer's exchange also writes AWAKE; the wake syscall carries the event */
-    if (atomic_exchange_explicit(w->word, SR_DOORBELL_AWAKE, memory_order_relaxed) == SR_DOORBELL_SLEEPING &&
-        w->kind == SR_DOORBELL_FUTEX)
-        sr__doorbell_wake(w->word, w->kind, w->eventfd);
+    atomic_compare_exchange_strong_explicit(w->word, &mine, SR_DOORBELL_AWAKE, memory_order_relaxed,
+                                            memory_order_relaxed);
     return 0;
 }
 
@@ -406,6 +441,19 @@ int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), vo
     if (ready(arg))
         ev = SR_WAKE_DOORBELL;
     else
-        rc = wait_events(w, deadline_ns, &ev);
+        rc = wait_events(w, deadline_ns, true, &ev);
     return rc ? rc : (int)(ev | take_back_sleeping(w));
+}
+
+int sr_waiter_sleep_aside(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
+{
+    int rc = w->armed ? 0 : arm(w);
+    if (rc)
+        return rc;
+    /* A doorbell completion is not ours to act on here; a kick is re-checked by ready(). */
+    unsigned ev = reap(w) & ~(SR_WAKE_DOORBELL | SR_WAKE_KICK);
+    if (ev || ready(arg))
+        return (int)(ev | SR_WAKE_KICK);
+    rc = wait_events(w, deadline_ns, false, &ev);
+    return rc ? rc : (int)ev;
 }

@@ -29,6 +29,7 @@
 #define SR_WAKE_TIMEOUT 0x2u  /* the deadline passed */
 #define SR_WAKE_PEER 0x4u     /* a watched peer exited; see sr_waiter.peer_dead */
 #define SR_WAKE_SHUTDOWN 0x8u /* sr_waiter_notify_shutdown was called (sticky) */
+#define SR_WAKE_KICK 0x10u    /* sr_waiter_kick was called (or ready() said so in sr_waiter_sleep_aside) */
 
 /* Process-local; only the sleeping thread touches the ring and the fields
  * below it (shutdown_fd excepted: any thread may write to it). */
@@ -38,16 +39,19 @@ typedef struct sr_waiter {
     uint32_t kind;          /* enum sr_doorbell_kind */
     int eventfd;            /* our doorbell eventfd (fallback) */
     int shutdown_fd;        /* process-local */
+    int kick_fd;            /* process-local: sr_waiter_kick */
     unsigned setup_flags;   /* the ring's IORING_SETUP_* flags (see waiter.c) */
     bool armed;             /* the first sleep enabled the ring and queued the polls */
     bool wait_inflight;     /* a doorbell wait is queued or in flight (kept across sleeps) */
     bool shutdown;          /* sticky once seen */
     bool timer_armed;       /* a TIMEOUT for timer_at is queued or in flight */
     bool timer_fired;       /* a TIMEOUT completed since the deadline was last checked */
+    bool kick_inflight;     /* a READ of kick_fd is queued or in flight (kept across sleeps) */
     uint32_t wait_gen;      /* tags the current wait SQE */
     uint32_t timer_gen;     /* tags the current TIMEOUT */
     int64_t timer_at;       /* its expiry: absolute CLOCK_MONOTONIC ns */
     uint64_t efd_buf;       /* target of the eventfd READ */
+    uint64_t kick_buf;      /* target of the kick_fd READ */
     struct __kernel_timespec ts; /* read by the kernel when the TIMEOUT (update) is submitted */
     int npeers;
     bool *peer_dead;        /* [npeers], set from pidfd completions */
@@ -65,6 +69,17 @@ int sr_waiter_watch_peer(sr_waiter *w, int world_size, int rank, int pid);
  * deadline_ns (CLOCK_MONOTONIC, absolute; < 0 = none) passes, a peer dies or
  * shutdown is notified. Returns a mask of SR_WAKE_* (never 0), or -errno. */
 int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+
+/* As sr_waiter_sleep, but without announcing sleep on the doorbell: for the
+ * inbox's owner while another thread of the worker consumes the inbox (and
+ * owns the doorbell word) in its stead. Sleeps until sr_waiter_kick, the
+ * deadline, a peer's death or shutdown; ready(arg) is checked first, after
+ * pending completions are consumed (true: return SR_WAKE_KICK at once).
+ * A kick is level-triggered: one made before the sleep ends it at once. */
+int sr_waiter_sleep_aside(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+
+/* Wake the sleeper, whichever sleep it is in (any thread; an eventfd write). */
+void sr_waiter_kick(sr_waiter *w);
 
 /* Wake the sleeper and make every later sleep return SR_WAKE_SHUTDOWN. */
 void sr_waiter_notify_shutdown(sr_waiter *w);

@@ -3,6 +3,7 @@
 #include "xport.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -20,6 +21,7 @@
 #define SPIN_START_NS 20000
 #define START_TIMEOUT_NS (60ll * 1000000000)
 #define SLICE_NS (100ll * 1000000) /* bounded futex sleeps while waiting on peers */
+#define LOAD_SAMPLE_NS (4ll * 1000000) /* the spin policy's runnable-thread count is this fresh */
 
 static int futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
 {
@@ -46,6 +48,7 @@ static void spin_policy(sr_xport *x, const sr_xport_opts *o)
     const char *env = getenv("SHMRPC_SPIN_NS");
     x->ncpu = count_cpus();
     x->fixed_spin = o->fixed_spin || env;
+    x->loadavg_fd = x->fixed_spin ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
     x->spin_ns = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
     if (x->spin_ns < 0)
         x->spin_ns = 0;
@@ -220,8 +223,6 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     else
         snprintf(x->me->name, sizeof(x->me->name), "worker%d", x->rank);
     x->me->doorbell_kind = x->waiter.kind;
-    /* relaxed: counts only feed the spin heuristic */
-    atomic_fetch_add_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
     /* release: pairs with missing_ranks()' acquire; the barrier increment publishes the rest */
     atomic_store_explicit(&x->me->state, SR_WORKER_ATTACHED, memory_order_release);
     return 0;
@@ -244,7 +245,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         memset(x, 0, sizeof(*x));
     if (!x)
         return sr__fail(-ENOMEM, "sr_init", "no memory for the transport");
-    x->seg.fd = -1; /* until attached: a failed attach must not close fd 0 */
+    x->seg.fd = x->loadavg_fd = -1; /* until attached / opened: a failed attach must not close fd 0 */
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
@@ -275,8 +276,6 @@ void sr_xport_detach(sr_xport *x)
         return;
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
-        /* relaxed: statistics for the spin heuristic */
-        atomic_fetch_sub_explicit(&x->seg.hdr->awake, 1, memory_order_relaxed);
         /* release: our last sends are complete before peers see DETACHED */
         atomic_store_explicit(&x->me->state, x->graceful ? SR_WORKER_DETACHED : SR_WORKER_LEFT,
                               memory_order_release);
@@ -285,6 +284,8 @@ void sr_xport_detach(sr_xport *x)
     if (x->inbox)
         sr_ring_cons_detach(x->inbox); /* our position, for the next attach */
     sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
+    if (x->loadavg_fd >= 0)
+        close(x->loadavg_fd);
     free(x->peers);
     free(x);
 }
@@ -505,13 +506,35 @@ static bool spin(sr_xport *x, int64_t budget_ns)
     }
 }
 
+/* The machine's runnable threads now (the fourth field of /proc/loadavg,
+ * "running/total"), or INT_MAX if it cannot be read. */
+static int runnable_threads(int fd)
+{
+    char buf[128];
+    ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf) - 1, 0) : -1;
+    if (n <= 0)
+        return INT_MAX;
+    buf[n] = 0;
+    int running;
+    return sscanf(buf, "%*s %*s %*s %d/", &running) == 1 ? running : INT_MAX;
+}
+
+/* Never spin when more threads are runnable than we have cores: spinning
+ * then takes the core of the thread we wait for. The count is sampled at
+ * most once per LOAD_SAMPLE_NS per worker, from the kernel's own count of
+ * runnable threads (those of other jobs included), so no counter is written
+ * on a sleep or a wake, and no line is shared between workers. */
 int64_t sr_xport_spin_budget(sr_xport *x)
 {
     if (x->fixed_spin)
         return x->spin_ns;
-    /* relaxed: a heuristic; a stale count only mis-sizes one spin */
-    uint32_t awake = atomic_load_explicit(&x->seg.hdr->awake, memory_order_relaxed);
-    return awake > (uint32_t)x->ncpu ? 0 : x->spin_ns;
+    int64_t now = sr_now_coarse_ns();
+    /* relaxed (both): a heuristic; threads sampling at once only repeat the read */
+    if (now >= atomic_load_explicit(&x->load_next, memory_order_relaxed)) {
+        atomic_store_explicit(&x->load_next, now + LOAD_SAMPLE_NS, memory_order_relaxed);
+        atomic_store_explicit(&x->oversubscribed, runnable_threads(x->loadavg_fd) > x->ncpu, memory_order_relaxed);
+    }
+    return atomic_load_explicit(&x->oversubscribed, memory_order_relaxed) ? 0 : x->spin_ns; /* relaxed: as above */
 }
 
 /* Adapt: a sleep that ended soon would have been cheaper as a spin. */
@@ -547,21 +570,13 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
     return sr_xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
 }
 
-void sr_xport_awake(sr_xport *x, int delta)
-{
-    /* relaxed: a heuristic counter for the spin policy */
-    atomic_fetch_add_explicit(&x->seg.hdr->awake, (uint32_t)delta, memory_order_relaxed);
-}
-
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     release_inbox(x); /* never sleep holding slots a blocked producer waits for */
     consumer_count(&x->st.sleeps, 1);
-    sr_xport_awake(x, -1);
     int64_t t0 = x->fixed_spin ? 0 : sr_now_ns(); /* the clock only feeds the adaptive budget */
     int ev = sr_waiter_sleep(&x->waiter, deadline_ns, ready, arg);
     if (!x->fixed_spin)
         adapt(x, sr_now_ns() - t0);
-    sr_xport_awake(x, 1);
     return ev;
 }

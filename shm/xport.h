@@ -59,6 +59,9 @@ typedef struct sr_xport {
     struct sr_peer *peers;    /* [world], resolved once after the start barrier */
     sr_waiter waiter;
     int ncpu;
+    int loadavg_fd;           /* /proc/loadavg, for the spin policy; -1 with a fixed budget */
+    _Atomic int64_t load_next; /* when to sample it again (coarse clock); any thread */
+    _Atomic bool oversubscribed; /* the last sample: more runnable threads than cores */
     int64_t spin_ns;          /* current budget (adaptive) */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
@@ -136,9 +139,9 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 int sr_xport_inbox_error(sr_xport *x);
 
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
- * shutdown is notified: spin for the adaptive budget (zero when more workers
- * are awake than there are cores), then sleep. Returns SR_WAKE_* or -errno
- * (-EPROTO: our inbox is corrupt, see sr_xport_inbox_error). */
+ * shutdown is notified: spin for the adaptive budget (zero when the machine
+ * has more runnable threads than we have cores), then sleep. Returns SR_WAKE_*
+ * or -errno (-EPROTO: our inbox is corrupt, see sr_xport_inbox_error). */
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
 
 /* The two halves of sr_xport_wait, for callers that run their own spin loop:
@@ -147,9 +150,6 @@ int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
  * cancel the sleep; it must at least report a ready inbox). */
 int64_t sr_xport_spin_budget(sr_xport *x);
 int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
-/* Count a thread of this worker in or out of the job's awake counter (the
- * spin policy) when it starts or stops polling without sleeping here. */
-void sr_xport_awake(sr_xport *x, int delta);
 
 /* The supervisor has published that the process of `rank` ended (segment.h,
  * "Peer exit"). seq_cst: pairs with the supervisor's X1 store. */

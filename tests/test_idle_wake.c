@@ -24,6 +24,11 @@
  * Before the fix, the first request after a trap is such a lost wake-up: it
  * waits out the slice, and then reads its own miss.
  *
+ * (Idle waiters no longer sleep in slices: they sleep on the doorbell as
+ * SLEEPING_USER, which the progress thread's take-back leaves alone, until an
+ * event. A lost wake-up would now last until the shutdown deadline, and the
+ * requests below fail at their EVENT_WAIT_S bound.)
+ *
  * The idle waiter sleeps on the doorbell only with the futex doorbell, so the
  * test skips itself under SHMRPC_DOORBELL=eventfd or without io_uring futexes. */
 #include <criterion/criterion.h>

@@ -2,7 +2,8 @@
  * stays armed across sleeps), a sleep from a second thread (the first sleep
  * binds a single-issuer ring to its thread), shutdown from another thread,
  * and a doorbell rung by another thread. meson runs this binary once with
- * the probed doorbell and once with SHMRPC_DOORBELL=eventfd.
+ * the probed doorbell and once with SHMRPC_DOORBELL=eventfd. Also the aside
+ * sleep and its kick, and the take-back that leaves SLEEPING_USER alone.
  *
  * The ringing thread acts on the handshake itself: it rings only once it
  * sees the word announce SLEEPING, so no test depends on sleeping for luck. */
@@ -181,5 +182,66 @@ Test(waiter, shutdown_from_another_thread_wakes_and_sticks)
     cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "events %d", ev);
     ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
     cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "shutdown is sticky: events %d", ev);
+    fixture_fini(&f);
+}
+
+static void *kicker(void *p)
+{
+    sr_waiter_kick(p);
+    return NULL;
+}
+
+/* The progress thread's sleep while a user thread holds the inbox: only a
+ * kick (from any thread, before or during the sleep) ends it, and it leaves
+ * the doorbell word, which the user thread owns meanwhile, alone. */
+Test(waiter, a_kick_ends_an_aside_sleep_and_the_word_is_left_alone)
+{
+    struct fixture f;
+    fixture_init(&f);
+    for (int i = 0; i < 3; i++) {
+        /* relaxed: single-threaded here; the kicker does not read it */
+        atomic_store_explicit(&f.word, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed);
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, kicker, &f.w), 0);
+        if (i == 1) /* a kick made before the sleep is not lost (the eventfd keeps it) */
+            pthread_join(t, NULL);
+        int ev = sr_waiter_sleep_aside(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+        if (i != 1)
+            pthread_join(t, NULL);
+        cr_assert(ev > 0 && (ev & SR_WAKE_KICK) && !(ev & SR_WAKE_TIMEOUT), "round %d: events %d", i, ev);
+        /* relaxed: as above */
+        cr_assert_eq(atomic_load_explicit(&f.word, memory_order_relaxed), SR_DOORBELL_SLEEPING_USER,
+                     "round %d: the aside sleep changed the doorbell word", i);
+    }
+    fixture_fini(&f);
+}
+
+/* Stands in for a user thread that takes the inbox while the progress
+ * thread sleeps: it announces SLEEPING_USER, and the sleep is then ended by
+ * a kick (a timer, say). */
+static bool user_announces(void *p)
+{
+    struct fixture *f = p;
+    /* relaxed: the same thread reads it back after the sleep */
+    atomic_store_explicit(&f->word, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed);
+    sr_waiter_kick(&f->w);
+    return false;
+}
+
+/* The progress thread's take-back after its sleep leaves a user thread's
+ * SLEEPING_USER alone: taking it would leave that thread deaf to producers,
+ * who would see AWAKE and ring nobody. */
+Test(waiter, a_sleep_leaves_a_user_sleepers_announcement_alone)
+{
+    struct fixture f;
+    fixture_init(&f);
+    for (int i = 0; i < 3; i++) {
+        int ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, user_announces, &f);
+        cr_assert(ev > 0 && (ev & SR_WAKE_KICK) && !(ev & SR_WAKE_TIMEOUT), "round %d: events %d", i, ev);
+        /* relaxed: written by this thread */
+        cr_assert_eq(atomic_load_explicit(&f.word, memory_order_relaxed), SR_DOORBELL_SLEEPING_USER,
+                     "round %d: the sleep's take-back replaced SLEEPING_USER", i);
+        atomic_store_explicit(&f.word, SR_DOORBELL_AWAKE, memory_order_relaxed); /* relaxed: as above */
+    }
     fixture_fini(&f);
 }

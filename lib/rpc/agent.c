@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -17,12 +18,14 @@
 #include "reorder.h"
 #include "module.h"
 
-#define TOKEN_WAIT_NS (50ll * 1000000)       /* progress thread: recheck timers while a user polls */
-#define TOKEN_WAIT_MIN_NS (20ll * 1000)      /* ... but never a busy loop on an overdue timer */
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
-#define IDLE_SLICE_NS (100ll * 1000000)      /* an idle waiter re-checks its deadline this often */
-#define IDLE_RETAKE_NS (2ll * 1000000)       /* an idle waiter without the token retries this often */
-#define HOLDER_SLICE_NS (1ll * 1000000)      /* eventfd doorbell only: a token holder waiting in a callback re-polls this often */
+/* The two bounded slices left, each only where no event exists to sleep on:
+ * without futex_waitv (Linux < 5.16), an idle waiter that cannot take the
+ * token cannot sleep on the token and its future at once, so it retries;
+ * with the eventfd doorbell, producers never futex-wake, so a token holder
+ * waiting in a callback cannot sleep on the doorbell and re-polls. */
+#define IDLE_RETAKE_NS (2ll * 1000000)
+#define HOLDER_SLICE_NS (1ll * 1000000)
 
 /* ---- lifetime (agent.h) ----------------------------------------------------- */
 
@@ -92,15 +95,55 @@ static bool closing(sr_agent *a)
     return atomic_load_explicit(&a->closing, memory_order_relaxed); /* relaxed: a hint, re-checked after D2 before sleeping */
 }
 
-static void futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
+#ifndef SYS_futex_waitv
+#define SYS_futex_waitv 449 /* the generic syscall table's number (Linux 5.16) */
+#endif
+
+static void futex_wake_all(_Atomic uint32_t *w)
 {
-    struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
-    syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, val, &ts, NULL, 0);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void futex_wake_one(_Atomic uint32_t *w)
+/* Does the kernel have futex_waitv (5.16+)? Probed once: an empty vector is
+ * -EINVAL where the call exists. Racy init is harmless (same answer). */
+static bool waitv_supported(void)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    static int known = -1;
+    if (known < 0)
+        known = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS ? 0 : 1;
+    return known;
+}
+
+/* Sleep until one of the n words changes from its value and is woken, or
+ * the deadline (CLOCK_MONOTONIC, < 0: none). 0 when woken, else -errno
+ * (-EAGAIN: a word had already changed; -ETIMEDOUT). */
+static int futex_waitv(struct futex_waitv *v, unsigned n, int64_t deadline)
+{
+    struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
+    return syscall(SYS_futex_waitv, v, n, 0, deadline >= 0 ? &ts : NULL, CLOCK_MONOTONIC) < 0 ? -errno : 0;
+}
+
+static struct futex_waitv private_word(_Atomic uint32_t *w, uint32_t val)
+{
+    return (struct futex_waitv){.val = val, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG};
+}
+
+/* Idle waiters that cannot take the token sleep on token_seq and their
+ * future (idle_wait_token). Both words are static, not the agent's: such a
+ * waiter lets go of its reference while it sleeps (as sleep_on does), so the
+ * agent may be freed under it. One agent is live at a time, so one pair
+ * serves; a stale count only costs a spurious wake. */
+static _Atomic uint32_t token_seq;      /* bumped whenever the token becomes PARKED or FREE */
+static _Atomic uint32_t token_sleepers; /* idle waiters between T1 and their wake */
+
+/* The token became PARKED or FREE: wake the idle waiters (idle_wait_token).
+ * T2: the caller's seq_cst store or CAS of the token, then our seq_cst bump
+ * and load, pair with the waiter's seq_cst increment and loads (T1). */
+static void token_freed(void)
+{
+    atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);          /* seq_cst: T2 */
+    if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst))         /* seq_cst: T2 */
+        futex_wake_all(&token_seq);
 }
 
 /* ---- sending ------------------------------------------------------------ */
@@ -115,22 +158,20 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 }
 
 /* A deadline moved earlier than the progress thread's armed timer may be.
- * K1: bump timer_gen, then ring the doorbell (its D3 fence orders the bump
- * before the load of the word). The sleeping side re-checks timer_gen after
- * announcing SLEEPING (park_ready, after D2), so either it sees the bump and
- * does not sleep, or we see SLEEPING and wake it: no kick is lost between the
- * progress thread computing its deadline and falling asleep. While a user
- * thread polls, the word is AWAKE and nothing is rung: user_release compares
- * the generations when it hands the token back. */
+ * K1: bump timer_gen, then kick the waiter (an eventfd its every sleep
+ * reads, whether it sleeps on the doorbell or aside while a user thread
+ * holds the inbox). The kick is level-triggered, so it is not lost when the
+ * progress thread is between computing its deadline and falling asleep: the
+ * sleep then ends at once and the next one arms the new deadline. Kicks are
+ * rare (a deadline earlier than every one in flight), so the syscall is
+ * made unconditionally. A user thread asleep on the doorbell while holding
+ * the token is not kicked: the progress thread, awake for the new deadline,
+ * expires the call and so wakes it through its future (holder_sleep). */
 void sr__agent_kick(sr_agent *a)
 {
-    /* release: pairs with K3, so a generation seen means its deadline is seen;
-     * the D3 fence in sr_doorbell_ring orders it before the doorbell load */
+    /* release: pairs with K3, so a generation seen means its deadline is seen */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
-    /* relaxed: a hint; the progress thread waiting out a user's poll rechecks its timers */
-    if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_USER_WAITING)
-        futex_wake_one(&a->token);
+    sr_waiter_kick(&a->x->waiter);
 }
 
 /* K2: the timers changed since the progress thread armed its sleep. */
@@ -224,9 +265,11 @@ static bool user_release(sr_agent *a)
         /* acquire: pairs with the progress thread's CAS to USER_WAITING */
         uint32_t t = atomic_load_explicit(&a->token, memory_order_acquire);
         if (t == TOKEN_USER_WAITING) {
-            /* release: our consumption happens-before the progress thread's */
-            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_release);
-            futex_wake_one(&a->token);
+            /* seq_cst (a release at least): our consumption happens-before
+             * the next holder's; T2 for token_freed */
+            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
+            sr_waiter_kick(&a->x->waiter); /* the progress thread sleeps aside (progress_wait_token) */
+            token_freed();
             break;
         }
         /* The progress thread is parked on the doorbell. It released the
@@ -250,11 +293,12 @@ static bool user_release(sr_agent *a)
             sr__agent_check_exits(a);
             continue;
         }
-        /* release: pairs with the acquire CAS of the next holder */
-        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
+        /* seq_cst (a release at least): pairs with the acquire CAS of the
+         * next holder; T2 for token_freed. A kick made while we polled is
+         * still pending on the parked thread's kick eventfd: its sleep ends. */
+        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
                                                     memory_order_relaxed)) {
-            if (timers_moved(a)) /* kicked while we polled: the parked thread's timer is stale */
-                sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
+            token_freed();
             break;
         }
     }
@@ -265,6 +309,8 @@ static bool user_release(sr_agent *a)
 /* Spin on the inbox and the future for up to budget ns. */
 static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 {
+    if (budget <= 0) /* not even one round of pauses (64 of them: microseconds) */
+        return false;
     int64_t until = sr_now_ns() + budget;
     do {
         for (int i = 0; i < 64; i++) {
@@ -338,16 +384,18 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     return got;
 }
 
-/* Ring this worker's doorbell whatever it says, and wake a progress thread
- * waiting out a user's poll: the waiters re-check what they wait for. The
- * store of AWAKE makes a sleeper that has not reached its futex wait yet
- * return at once (its expected value is SLEEPING). */
+/* Ring this worker's doorbell whatever it says, and kick the progress
+ * thread (asleep aside while a user holds the inbox, or on the doorbell):
+ * the waiters re-check what they wait for. The store of AWAKE makes a
+ * sleeper that has not reached its futex wait yet return at once (its
+ * expected value is SLEEPING or SLEEPING_USER); the wake reaches both kinds
+ * of doorbell sleeper (doorbell.h). */
 static void agent_poke(sr_agent *a)
 {
     /* relaxed: the futex wake below carries the event; sleepers re-check after D2 */
     atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    sr__doorbell_wake(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
-    futex_wake_one(&a->token);
+    sr__doorbell_wake(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
+    sr_waiter_kick(&a->x->waiter);
 }
 
 /* The futures' wake hook: a future that a poller sleeps on completed. */
@@ -360,70 +408,123 @@ static void wake_hook(void)
     }
 }
 
-/* The job's awake counter counts runnable threads (the spin policy): a
- * user thread is counted out only while it sleeps. A counted waiter (one
- * that holds a reference from sr__agent_get) lets go of it while it sleeps:
- * sr_shutdown waits for references, never for futures. False if the agent
- * was unpublished meanwhile: the reference is then gone. */
-static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
+/* Take back the reference a counted waiter let go of while it slept. False
+ * if the agent was unpublished meanwhile (a may be freed: not touched). */
+static bool retake(sr_agent *a, uint64_t epoch)
 {
-    sr_xport_awake(a->x, -1);
-    if (!counted) {
-        sr__future_sleep(f, deadline);
-        sr_xport_awake(a->x, 1);
-        return true;
-    }
-    uint64_t epoch = a->epoch;
-    sr__agent_put(a);
-    sr__future_sleep(f, deadline);
     sr_agent *b = sr__agent_get(NULL);
     if (b != a || b->epoch != epoch) {
         if (b)
             sr__agent_put(b);
         return false;
     }
-    sr_xport_awake(a->x, 1);
     return true;
 }
 
-/* A user thread that holds the token sleeps on the doorbell itself, so a
- * request wakes the thread that runs it, with no hand-over to the progress
- * thread. It also wakes for f (the POLLER bit: its completer rings the
- * doorbell), for the earliest call deadline (it expires calls: the progress
- * thread may sleep with an older timer while we hold the inbox), and for
- * sr_shutdown's poke. Only with the futex doorbell (eventfd producers never
- * futex-wake); bounded slices re-check the deadline. */
+/* A counted waiter (one that holds a reference from sr__agent_get) lets go
+ * of it while it sleeps: sr_shutdown waits for references, never for
+ * futures. False if the agent was unpublished meanwhile: the reference is
+ * then gone. */
+static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
+{
+    if (!counted) {
+        sr__future_sleep(f, deadline);
+        return true;
+    }
+    uint64_t epoch = a->epoch;
+    sr__agent_put(a);
+    sr__future_sleep(f, deadline);
+    return retake(a, epoch);
+}
+
+/* An idle waiter (inside sr_shutdown) prefers to be the worker's server (no
+ * hop to the progress thread, plain functions run here). When it cannot take
+ * the token, it sleeps on its future and on token_seq until either is done
+ * or the token is handed back (token_freed), not on a timer. T1: the seq_cst
+ * increment and loads pair with the hander's seq_cst store and bump (T2):
+ * either it sees us counted, or we see the token free or token_seq moved.
+ * Lets go of a counted reference while asleep, as sleep_on does. */
+static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
+{
+    if (!waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
+        int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
+        return sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon, counted);
+    }
+    _Atomic uint32_t *fw;
+    uint32_t fv;
+    atomic_fetch_add_explicit(&token_sleepers, 1, memory_order_seq_cst);  /* seq_cst: T1 */
+    uint32_t seq = atomic_load_explicit(&token_seq, memory_order_seq_cst); /* seq_cst: T1 */
+    uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);    /* seq_cst: T1 */
+    bool ok = true;
+    if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
+        struct futex_waitv v[2] = {private_word(&token_seq, seq), private_word(fw, fv)};
+        uint64_t epoch = a->epoch;
+        if (counted)
+            sr__agent_put(a);
+        futex_waitv(v, 2, deadline);
+        if (counted)
+            ok = retake(a, epoch);
+    }
+    atomic_fetch_sub_explicit(&token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
+    return ok;
+}
+
+/* A user thread that holds the token and has nothing to poll sleeps on the
+ * doorbell itself (SLEEPING_USER, doorbell.h) and on its future at once, so
+ * the message it waits for wakes it directly, with no hop through the
+ * progress thread, and so does a completion from elsewhere (an expiry by
+ * the progress thread, a peer's death, a local set_result). Nothing
+ * periodic: it also wakes for the earliest call deadline (every holder
+ * expires calls), for sr_shutdown's poke (closing), for a departure (the
+ * supervisor's X3 ring) and for a space kick; the progress thread meanwhile
+ * sleeps aside on timers, peers and kicks (progress_wait_token). It keeps
+ * its reference (if any) while it sleeps: it holds the token, and
+ * sr__agent_unpublish's poke wakes it to hand the token back first.
+ * Without futex_waitv it sleeps on the doorbell alone (FUTEX_WAIT_BITSET,
+ * BIT_USER), and f's POLLER bit has its completer ring the doorbell. Only
+ * with the futex doorbell (eventfd producers never futex-wake): returns
+ * false otherwise. */
 static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
 {
     if (a->x->waiter.kind != SR_DOORBELL_FUTEX)
         return false;
-    _Atomic uint32_t *w = &a->x->me->doorbell;
+    _Atomic uint32_t *w = &a->x->me->doorbell, *fw = NULL;
+    uint32_t fv = 0;
+    bool waitv = waitv_supported();
     sr_xport_recv_burst(a->x, NULL, 0); /* free held slots before sleeping (ring.h) */
-    bool armed = sr__future_arm_wake(f);
-    atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed); /* relaxed: D2 orders it */
-    /* D2 (doorbell.h): pairs with the producers' D3 fence, with the D3 fence
-     * of sr__agent_kick (the earliest deadline is read below), and with
-     * sr__agent_unpublish's store of closing */
+    if (waitv ? !sr__future_wait_word(f, &fw, &fv) : !sr__future_arm_wake(f))
+        return true; /* done, or its state moved: poll again */
+    atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
+    /* D2 (doorbell.h): pairs with the producers' D3 fence, with the
+     * supervisor's X3 ring and with sr__agent_unpublish's store of closing */
     atomic_thread_fence(memory_order_seq_cst);
-    /* relaxed: ordered by D2 (see sr__call_begin, which stores it before its kick) */
+    /* relaxed: a lower bound; a deadline lowered after this read kicks the
+     * progress thread, which expires the call and so completes f */
     int64_t until = earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
-    /* The exit generation too: the supervisor rings after publishing one (X3). */
-    if (armed && !inbox_ready(a) && !sr_future_done(f) && !closing(a) && !sr_xport_space_kicked(a->x) &&
-        !sr__agent_exits_pending(a)) {
-        int64_t left = until >= 0 ? until - sr_now_ns() : IDLE_SLICE_NS;
-        if (left > IDLE_SLICE_NS)
-            left = IDLE_SLICE_NS;
-        struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
-        sr_xport_awake(a->x, -1);
-        /* shared futex: the word is in the segment, woken from other processes */
-        if (left > 0 && syscall(SYS_futex, w, FUTEX_WAIT, SR_DOORBELL_SLEEPING, &ts, NULL, 0) < 0 &&
-            errno == ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
-            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING) /* relaxed: a statistic */
-            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: as above */
-        sr_xport_awake(a->x, 1);
+    if (!inbox_ready(a) && !sr_future_done(f) && !closing(a) && !sr_xport_space_kicked(a->x) &&
+        !sr__agent_exits_pending(a) && (until < 0 || until > sr_now_ns())) {
+        int rc;
+        if (waitv) {
+            struct futex_waitv v[2] = {
+                {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
+                private_word(fw, fv)};
+            rc = futex_waitv(v, 2, until);
+        } else { /* FUTEX_WAIT_BITSET: an absolute CLOCK_MONOTONIC deadline; shared word */
+            struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+            rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
+                         SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
+        }
+        /* relaxed (both): a statistic for tests/test_idle_wake.c */
+        if (rc == -ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
+            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER)
+            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed);
     }
-    /* relaxed: only pollers write SLEEPING; a producer's exchange also writes AWAKE */
+    /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
     atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    /* A deadline that passed by the precise clock but not yet by the coarse
+     * one of expire_due: expire now rather than poll until the tick. */
+    if (until >= 0 && sr_now_ns() >= until)
+        sr__calls_expire(a, sr_now_ns());
     return true;
 }
 
@@ -445,42 +546,62 @@ static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
                           "worker%d: RPC is shutting down while a callback waits on the thread that polls", a->rank);
             break;
         }
-        if (!holder_sleep(a, f, deadline)) /* eventfd doorbell: nobody can ring this thread */
+        if (!holder_sleep(a, f, deadline)) /* eventfd doorbell: nobody can ring this thread (HOLDER_SLICE_NS) */
             sr__future_sleep(f, earlier(deadline, sr_now_ns() + HOLDER_SLICE_NS));
     }
     sr__dispatch_take_jobs(was);
     return rc;
 }
 
+/* The agent whose token this thread took ahead of its wait (sr__agent_pretake). */
+static _Thread_local sr_agent *pretaken;
+
+void sr__agent_pretake(sr_agent *a)
+{
+    /* not on the progress thread, nor on a holder (a callback): they poll already */
+    if (!pretaken && tls_progress != a && !tls_holder && user_take(a))
+        pretaken = a;
+}
+
+void sr__agent_unhold(sr_agent *a)
+{
+    if (pretaken != a)
+        return;
+    pretaken = NULL;
+    while (!user_release(a))
+        poll_burst(a, SR_POLL_NESTED);
+}
+
 static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline);
 
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
 {
-    if (tls_progress == a)
+    bool held = pretaken == a; /* taken before the request was sent: ours to poll with */
+    if (held)
+        pretaken = NULL;
+    else if (tls_progress == a)
         return progress_wait(a, f, deadline);
-    if (tls_holder)
+    else if (tls_holder)
         return holder_wait(a, f, deadline);
     for (;;) {
-        if (sr_future_done(f))
-            return 0;
-        if (deadline >= 0 && sr_now_ns() >= deadline)
-            return -ETIMEDOUT;
-        if (closing(a) || (!user_take(a) && !steal_from_progress(a, f))) {
-            /* Someone else polls and will complete f. An idle waiter wakes
-             * now and then to take over serving once the progress thread
-             * has parked (only who serves depends on it, never correctness). */
-            int64_t until = deadline;
-            if (mode == SR_POLL_IDLE) {
-                int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
-                until = deadline >= 0 && deadline < soon ? deadline : soon;
-            }
-            if (!sleep_on(a, f, until, counted))
+        if (sr_future_done(f) || (deadline >= 0 && sr_now_ns() >= deadline)) {
+            if (held) /* a held token is handed back on every way out */
+                while (!user_release(a))
+                    poll_burst(a, mode);
+            return sr_future_done(f) ? 0 : -ETIMEDOUT;
+        }
+        bool mine = held;
+        held = false;
+        if (!mine && (closing(a) || (!user_take(a) && !steal_from_progress(a, f)))) {
+            /* Someone else polls and will complete f. An idle waiter also
+             * wakes when the token is handed back, to take over serving. */
+            bool idle = mode == SR_POLL_IDLE && !closing(a);
+            if (!(idle ? idle_wait_token(a, f, deadline, counted) : sleep_on(a, f, deadline, counted)))
                 return SR__WAIT_DETACHED;
             continue;
         }
         int rc = poll_as_user(a, f, deadline, mode);
-        while (rc == 1 && mode == SR_POLL_IDLE && !sr__dispatch_has_deferred() && !closing(a) &&
-               holder_sleep(a, f, deadline))
+        while (rc == 1 && !sr__dispatch_has_deferred() && !closing(a) && holder_sleep(a, f, deadline))
             rc = poll_as_user(a, f, deadline, mode);
         /* Never leave holding the token: drain what slipped in, then hand back. */
         while (!user_release(a))
@@ -493,7 +614,8 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
         }
         if (rc <= 0)
             return rc;
-        /* Idle: new messages now wake the progress thread, which completes f. */
+        /* Idle without a doorbell sleep (the eventfd doorbell, or closing):
+         * new messages now wake the progress thread, which completes f. */
         if (!sleep_on(a, f, deadline, counted))
             return SR__WAIT_DETACHED;
     }
@@ -539,27 +661,62 @@ static bool progress_take(sr_agent *a)
     }
 }
 
-/* A user thread polls: sleep on the token until it is handed back (or f,
- * which a nested wait waits for, completes: its wake hook wakes the token
- * word too; a wake that comes before the sleep is lost, bounded by ns). */
-static void progress_wait_token(sr_agent *a, int64_t ns, sr_future *f)
+static int64_t next_deadline(sr_agent *a)
 {
-    uint32_t t = TOKEN_USER;
-    /* relaxed: the futex re-checks the value; the hand-over is a release store */
-    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
-                                                memory_order_relaxed) || t == TOKEN_USER_WAITING) {
-        if (f && sr_future_done(f))
-            return;
-        sr_xport_awake(a->x, -1);
-        futex_wait_ns(&a->token, TOKEN_USER_WAITING, ns);
-        sr_xport_awake(a->x, 1);
-    }
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    d = earlier(d, sr__modules_next_deadline());
+    return earlier(d, sr__reorder_next(a));
+}
+
+/* K3 half of the kick protocol: record the timer generation our next sleep's
+ * deadline will include. */
+static void arm_timers(sr_agent *a)
+{
+    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
+    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
+     * after this include every kick up to the generation armed above */
+    atomic_thread_fence(memory_order_acquire);
 }
 
 struct park_ctx {
     sr_agent *a;
     sr_future *f; /* a nested wait's future, or NULL */
 };
+
+/* Checked by the aside sleep: the token came back, or there is work. */
+static bool token_back(void *p)
+{
+    struct park_ctx *c = p;
+    sr_agent *a = c->a;
+    /* relaxed (token, stopping): hints; progress_take's acquire CAS takes the token */
+    return atomic_load_explicit(&a->token, memory_order_relaxed) != TOKEN_USER_WAITING ||
+           atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
+           (c->f && sr_future_done(c->f)) || sr__agent_exits_pending(a);
+}
+
+/* A user thread holds the token (it polls, or sleeps on the doorbell): sleep
+ * aside on what still needs this thread, the timers, the peers' deaths,
+ * shutdown, and f (a nested wait's: its POLLER bit has the completer kick
+ * us through the wake hook), until the user hands the token back
+ * (user_release kicks us). Nothing periodic: with no deadline the sleep has
+ * no timeout, and kicks are level-triggered, so none made before the sleep
+ * is lost. Departures: the holder checks for them before it sleeps, and the
+ * check here is a hint. */
+static int progress_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    uint32_t t = TOKEN_USER;
+    /* relaxed: the hand-back is a seq_cst store, taken by progress_take's acquire CAS */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
+                                                 memory_order_relaxed) && t != TOKEN_USER_WAITING)
+        return 0;
+    if (f && !sr__future_arm_wake(f))
+        return 0;
+    arm_timers(a);
+    struct park_ctx c = {a, f};
+    return sr_waiter_sleep_aside(&a->x->waiter, earlier(next_deadline(a), deadline), token_back, &c);
+}
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */
 static bool park_ready(void *p)
@@ -572,16 +729,13 @@ static bool park_ready(void *p)
         sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
     uint32_t t = TOKEN_PROGRESS;
-    /* release: pairs with a stealer's acquire; our consumption happens-before its */
-    return !atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_release,
-                                                    memory_order_relaxed);
-}
-
-static int64_t next_deadline(sr_agent *a)
-{
-    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    d = earlier(d, sr__modules_next_deadline());
-    return earlier(d, sr__reorder_next(a));
+    /* seq_cst (a release at least): pairs with a stealer's acquire; our
+     * consumption happens-before its; T2 for token_freed */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return true;
+    token_freed();
+    return false;
 }
 
 /* Under gone_lock: claim the peer whose exit was published first among
@@ -683,12 +837,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
     }
     if (f && !sr__future_arm_wake(f)) /* its completer rings the doorbell; the D2 inside the sleep orders this */
         return;
-    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
-    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
-                          memory_order_relaxed);
-    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
-     * below include every kick up to the generation armed above */
-    atomic_thread_fence(memory_order_acquire);
+    arm_timers(a);
     struct park_ctx c = {a, f};
     sr_xport_sleep(a->x, earlier(next_deadline(a), deadline), park_ready, &c);
     handle_events(a);
@@ -698,14 +847,16 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
 static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
 {
     if (!progress_take(a)) {
-        /* A user thread polls: timers (call deadlines, retries, held
-         * messages) still need this thread, so sleep no longer than them. */
-        int64_t d = earlier(next_deadline(a), deadline), ns = TOKEN_WAIT_NS;
-        if (d >= 0 && d - sr_now_ns() < ns)
-            ns = d - sr_now_ns() > TOKEN_WAIT_MIN_NS ? d - sr_now_ns() : TOKEN_WAIT_MIN_NS;
-        progress_wait_token(a, ns, f);
+        /* A user thread holds the inbox: timers (call deadlines, retries,
+         * held messages) and peers' deaths still need this thread. */
+        progress_wait_token(a, f, deadline);
         handle_events(a);
-        sr__modules_tick(); /* the polling user reads the acknowledgements meanwhile */
+        /* Quiet messages (acknowledgements) ring nobody, and a retry timer
+         * must see them before it resends: wake a user asleep on the
+         * doorbell to read them (nothing if it polls). */
+        if (sr_ring_ready(a->x->inbox))
+            sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
+        sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
         return;
     }
     if (poll_burst(a, SR_POLL_NESTED)) {
@@ -743,8 +894,10 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
         }
         progress_step(a, f, deadline);
     }
-    while (!progress_take(a) && !stopping(a))
-        progress_wait_token(a, TOKEN_WAIT_NS, NULL);
+    while (!progress_take(a) && !stopping(a)) {
+        progress_wait_token(a, NULL, -1);
+        handle_events(a);
+    }
     return rc;
 }
 
@@ -752,14 +905,14 @@ static void *progress_main(void *p)
 {
     sr_agent *a = p;
     tls_progress = a;
-    sr_xport_awake(a->x, 1); /* runnable from now; sr_xport_sleep counts its sleeps out */
     while (!stopping(a))
         progress_step(a, NULL, -1);
     /* release: a waiter still running (an executor finishing a nested call)
      * may steal the token and poll for itself. */
     uint32_t t = TOKEN_PROGRESS;
-    atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_release, memory_order_relaxed);
-    sr_xport_awake(a->x, -1);
+    /* seq_cst: T2 for token_freed */
+    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_seq_cst, memory_order_relaxed))
+        token_freed();
     tls_progress = NULL;
     return NULL;
 }
@@ -778,7 +931,6 @@ void sr__agent_stop(sr_agent *a)
 {
     /* release: pairs with the progress thread's acquire load */
     atomic_store_explicit(&a->stopping, true, memory_order_release);
-    sr_waiter_notify_shutdown(&a->x->waiter);
-    futex_wake_one(&a->token);
+    sr_waiter_notify_shutdown(&a->x->waiter); /* also ends an aside sleep */
     pthread_join(a->progress, NULL);
 }

@@ -8,14 +8,22 @@
  *   USER          a user thread waiting for a response polls the inbox itself,
  *                 so it sees its response without a thread hop. It set the
  *                 doorbell to AWAKE, so producers make no wake syscall; the
- *                 progress thread's futex wait stays armed.
- *   USER_WAITING  as USER, but the progress thread woke (a timer or a peer's
- *                 death) and now sleeps on the token word: the releasing user
- *                 hands the token over with a futex wake.
+ *                 progress thread's futex wait stays armed (and does not match
+ *                 the producers' wakes of a user sleeper, doorbell.h). With
+ *                 nothing to poll, the user sleeps on the doorbell word itself
+ *                 (SLEEPING_USER) and on its future, in one futex_waitv: the
+ *                 response wakes its caller directly.
+ *   USER_WAITING  as USER, but the progress thread woke (a timer, a kick or a
+ *                 peer's death) and now sleeps aside in its io_uring on those
+ *                 alone (sr_waiter_sleep_aside), with no periodic timer: the
+ *                 releasing user hands the token over with sr_waiter_kick.
  *   FREE          transient.
  * Releasing a USER token re-announces SLEEPING on the doorbell, fences, and
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
  * token back to the parked progress thread, so no message is stranded.
+ * Whoever makes the token PARKED or FREE wakes the idle waiters sleeping for
+ * it (token_freed, token_seq; agent.c T1/T2), so an idle waiter takes over
+ * serving when the token is free, not on a timer.
  *
  * Nested waits. Completions run callbacks on the thread that completes the
  * future: for a response, the thread that holds the token. A user callback
@@ -28,10 +36,13 @@
  *   - on a user thread that holds the token (USER), it keeps the token and
  *     polls and sleeps on the doorbell (holder_wait), in NESTED mode.
  * The unread rest of a burst belongs to the agent (burst, burst_at), so a
- * nested poll reads it first. The waiter sets the future's POLLER bit before
- * it sleeps; the completer, on any thread, then rings the doorbell
- * (future_internal.h). Every token holder expires due calls, so timeouts
- * fire whoever polls. Callbacks must not hold a lock a message handler takes.
+ * nested poll reads it first. A user holder sleeps on its future's word
+ * together with the doorbell (futex_waitv); the progress thread, and a user
+ * holder without futex_waitv, set the future's POLLER bit before they sleep,
+ * and the completer, on any thread, then rings the doorbell and kicks the
+ * progress thread (future_internal.h). Every token holder expires due calls
+ * and bounds its sleep by the earliest deadline, so timeouts fire whoever
+ * polls. Callbacks must not hold a lock a message handler takes.
  *
  * Lifetime. The agent is published (sr__agent_publish) by sr_init. Every
  * public entry point takes a reference with sr__agent_get(fn), which fails
@@ -167,13 +178,13 @@ typedef struct sr_agent {
 
     struct sr_reorder *reorder; /* NULL unless SHMRPC_REORDER_SEED is set (tests only) */
 
-    /* Lost wake-ups of the idle waiter, counted for tests/test_idle_wake.c:
-     * idle slices (idle_doorbell_sleep) that slept until their timeout while a
-     * message waited in the inbox and the doorbell no longer said SLEEPING.
-     * Someone took our SLEEPING away without waking us, so the producer saw
-     * AWAKE and rang nobody. (Not exactly zero by construction: a slice that
-     * ends between a producer's exchange and its wake syscall counts too; a
-     * window of about a microsecond in a slice of IDLE_SLICE_NS.) */
+    /* Lost wake-ups of a user thread asleep on the doorbell, counted for
+     * tests/test_idle_wake.c: doorbell sleeps (holder_sleep) that
+     * slept until their deadline while a message waited in the inbox and the
+     * doorbell no longer said SLEEPING_USER. Someone took it away without
+     * waking us, so the producer saw AWAKE and rang nobody. (Not exactly zero
+     * by construction: a sleep that ends between a producer's exchange and
+     * its wake syscall counts too, a window of about a microsecond.) */
     _Atomic uint64_t idle_missed_wakes;
 } sr_agent;
 
@@ -234,6 +245,13 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_
 /* The same for a caller holding a reference: drops it, and finishes a
  * detached wait on the future alone. */
 int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum sr_poll_mode mode);
+/* Take the token before sending a request this thread will wait for, so
+ * that the response finds the inbox held (doorbell AWAKE) instead of waking
+ * the parked progress thread when the caller is preempted between its send
+ * and its wait. The next sr__agent_wait on this thread uses it; every other
+ * way out calls sr__agent_unhold (a no-op once a wait used it). */
+void sr__agent_pretake(sr_agent *a);
+void sr__agent_unhold(sr_agent *a);
 
 /* Calls (calls.c) */
 int sr__calls_init(sr_agent *a, int32_t n);

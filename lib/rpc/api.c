@@ -421,12 +421,14 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
     if (!a)
         return -SR_ESHUTDOWN;
     sr_future *f;
+    sr__agent_pretake(a); /* hold the inbox across the send: the response then wakes no other thread */
     int rc = rpc_async(a, to, fn, args, timeout_s, &f);
     if (rc) {
+        sr__agent_unhold(a);
         sr__agent_put(a);
         return rc;
     }
-    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* lets go of the reference */
+    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* uses the held token; lets go of the reference */
     if (!rc)
         rc = sr_future_value(f, out);
     sr_future_unref(f);

@@ -384,12 +384,10 @@ static void *executor_main(void *p)
         if (!a->q_head)
             a->q_tail = &a->q_head;
         pthread_mutex_unlock(&a->q_lock);
-        sr_xport_awake(a->x, 1); /* runnable while it runs a function */
         if (it->call)
             run_call(it->call);
         else
             it->fn(it->arg);
-        sr_xport_awake(a->x, -1);
         free(it);
         pthread_mutex_lock(&a->q_lock);
     }

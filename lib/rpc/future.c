@@ -229,17 +229,28 @@ SR_API int sr_future_value(sr_future *f, sr_value **out)
     return outcome(f, out);
 }
 
-void sr__future_sleep(sr_future *f, int64_t deadline_ns)
+bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val)
 {
     /* relaxed: the CAS below revalidates */
     uint32_t v = atomic_load_explicit(&f->state, memory_order_relaxed);
     if ((v & STATE) == DONE)
-        return;
+        return false;
     /* relaxed: setting WAITERS needs atomicity only; the futex re-checks the value */
     if (!(v & WAITERS) &&
         !atomic_compare_exchange_strong_explicit(&f->state, &v, v | WAITERS, memory_order_relaxed,
                                                  memory_order_relaxed))
-        return; /* the state moved: let the caller re-check */
+        return false; /* the state moved: let the caller re-check */
+    *word = &f->state;
+    *val = v | WAITERS;
+    return true;
+}
+
+void sr__future_sleep(sr_future *f, int64_t deadline_ns)
+{
+    _Atomic uint32_t *w;
+    uint32_t v;
+    if (!sr__future_wait_word(f, &w, &v))
+        return;
     struct timespec ts, *tp = NULL;
     if (deadline_ns >= 0) {
         int64_t left = deadline_ns - sr_now_ns();
@@ -248,7 +259,7 @@ void sr__future_sleep(sr_future *f, int64_t deadline_ns)
         ts = (struct timespec){.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
         tp = &ts;
     }
-    syscall(SYS_futex, &f->state, FUTEX_WAIT_PRIVATE, v | WAITERS, tp, NULL, 0);
+    syscall(SYS_futex, w, FUTEX_WAIT_PRIVATE, v, tp, NULL, 0);
 }
 
 int sr__future_wait_until(sr_future *f, int64_t deadline_ns)

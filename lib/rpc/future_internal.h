@@ -40,6 +40,12 @@ int sr__future_wait_plain(sr_future *f, int64_t deadline_ns);
 /* Sleep (futex) until the future is done or the deadline passes. */
 void sr__future_sleep(sr_future *f, int64_t deadline_ns);
 
+/* For a thread that sleeps on the future together with other words
+ * (futex_waitv): set the WAITERS bit and give the word and the value to
+ * sleep on (a private futex). false: the future is done or its state moved,
+ * so re-check instead of sleeping. */
+bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val);
+
 /* Complete with an already formatted message (e.g. "Error on Node 1: ..."). */
 int sr__future_fail_text(sr_future *f, int err, const char *msg);
 

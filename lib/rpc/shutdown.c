@@ -109,9 +109,10 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
     fail_gone(a, a->wave_fut);
     fail_gone(a, a->quiescent_fut);
     pthread_mutex_unlock(&a->ctl_lock);
-    /* The idle waiter of sr_shutdown may sleep on our doorbell rather than on
-     * its future (agent.c, idle_doorbell_sleep), and this may run on another
-     * thread: its D2 fence pairs with this ring's D3, after the completion. */
+    /* The idle waiter of sr_shutdown may sleep on our doorbell while it holds
+     * the inbox (agent.c, holder_sleep; with futex_waitv on its future too),
+     * and this may run on another thread: its D2 fence pairs with this ring's
+     * D3, after the completion. */
     sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
 }
 
