@@ -98,12 +98,32 @@ static void fail_gone(sr_agent *a, sr_future *f)
         sr_future_set_error(f, -EPIPE, "%s", a->ctl_gone);
 }
 
+/* The peer that left first without a graceful shutdown, by the
+ * supervisor's exit order: threads handle departures concurrently (agent.c,
+ * sr__agent_check_exits), so the one reported here may have left later. Its
+ * exit is published (X1) before that one's, so it is visible now. */
+static int first_departure(sr_agent *a, int rank)
+{
+    uint32_t seq = sr_seg_worker(&a->x->seg, rank)->exit_seq;
+    for (int r = 0; r < a->world; r++)
+        if (r != a->rank && r != rank && sr_xport_peer_gone(a->x, r) && !sr_xport_peer_left_gracefully(a->x, r) &&
+            sr_seg_worker(&a->x->seg, r)->exit_seq < seq) {
+            seq = sr_seg_worker(&a->x->seg, r)->exit_seq;
+            rank = r;
+        }
+    return rank;
+}
+
 void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
 {
     pthread_mutex_lock(&a->ctl_lock);
     if (a->ctl_gone_rank < 0) {
-        a->ctl_gone_rank = rank;
-        snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
+        int first = first_departure(a, rank);
+        a->ctl_gone_rank = first;
+        if (first == rank)
+            snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
+        else
+            sr_xport_gone_text(a->x, first, a->ctl_gone, sizeof(a->ctl_gone));
     }
     fail_gone(a, a->barrier_fut);
     fail_gone(a, a->wave_fut);
