@@ -283,7 +283,11 @@ void sr__dispatch_hand_off(sr_agent *a);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
 int sr__exec_start(sr_agent *a, int n);
+/* Stop: the executors drain the queue and exit; the queue stays usable (a
+ * polling thread may still queue a request) until sr__exec_fini, which
+ * answers what came too late with -SR_ESHUTDOWN and destroys the queue. */
 void sr__exec_stop(sr_agent *a);
+void sr__exec_fini(sr_agent *a);
 
 /* Shutdown control (shutdown.c) */
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m);

@@ -122,6 +122,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
 static void abandon(sr_agent *a)
 {
     sr__exec_stop(a);
+    sr__exec_fini(a);
     agent_free(a);
 }
 
@@ -170,6 +171,7 @@ static void teardown(sr_agent *a)
     sr__exec_stop(a);  /* first: a function finishing a nested call still gets its answer */
     sr__agent_unpublish(a); /* the progress thread still serves the threads that leave */
     sr__agent_stop(a);
+    sr__exec_fini(a); /* requests the progress thread queued after the executors left */
     sr__modules_fini(); /* no thread of the runtime is left to race it */
     sr__modules_identity(-1, 0, false);
     agent_free(a);

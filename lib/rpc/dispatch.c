@@ -426,6 +426,30 @@ void sr__exec_stop(sr_agent *a)
     free(a->executors);
     a->executors = NULL;
     a->nexec = 0;
+}
+
+/* What the polling threads queued after the executors had gone (a request
+ * that arrived during teardown): calls are answered with an error, module
+ * jobs run here (they are protocol steps that release what they hold).
+ * Called once no thread polls any more; the queue is then destroyed. */
+void sr__exec_fini(sr_agent *a)
+{
+    pthread_mutex_lock(&a->q_lock);
+    struct sr_job_item *it = a->q_head;
+    a->q_head = NULL;
+    a->q_tail = &a->q_head;
+    pthread_mutex_unlock(&a->q_lock);
+    while (it) {
+        struct sr_job_item *next = it->next;
+        if (it->call) {
+            sr_call_fail(it->call, -SR_ESHUTDOWN, "worker%d shut down before the call ran", a->rank);
+            finish_call(it->call);
+        } else {
+            it->fn(it->arg);
+        }
+        free(it);
+        it = next;
+    }
     pthread_cond_destroy(&a->q_cond);
     pthread_mutex_destroy(&a->q_lock);
 }
