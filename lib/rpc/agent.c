@@ -847,13 +847,13 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
 static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
 {
     if (!progress_take(a)) {
-        /* A user thread holds the inbox: timers (call deadlines, retries,
-         * held messages) and peers' deaths still need this thread. */
+        /* A user thread holds the inbox: timers (call deadlines, held
+         * messages of the reordering mode) and peers' deaths still need
+         * this thread. */
         progress_wait_token(a, f, deadline);
         handle_events(a);
-        /* Quiet messages (acknowledgements) ring nobody, and a retry timer
-         * must see them before it resends: wake a user asleep on the
-         * doorbell to read them (nothing if it polls). */
+        /* Quiet messages (acknowledgements) ring nobody: wake a user
+         * asleep on the doorbell to read them (nothing if it polls). */
         if (sr_ring_ready(a->x->inbox))
             sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
         sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
@@ -865,8 +865,8 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
             sr__agent_check_exits(a);
         return;
     }
-    /* Retries only after a poll found the inbox empty: acknowledgements are
-     * sent quietly (they wake nobody), so one may be waiting there. */
+    /* Modules' ticks only after a poll found the inbox empty: acknowledgements
+     * are sent quietly (they wake nobody), so one may be waiting there. */
     sr__modules_tick();
     progress_idle(a, f, deadline);
 }

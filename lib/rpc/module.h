@@ -223,7 +223,7 @@ void sr__module_kick(void);
 int sr__exec_submit(void (*fn)(void *arg), void *arg);
 /* Where a module keeps per-call state (NULL-initialised). */
 void **sr__call_state(sr_call *c, int module);
-/* The test-only reordering mode is on (modules shorten their retry timers). */
+/* The test-only reordering mode is on (reorder.h). */
 bool sr__rpc_reordering(void);
 
 /* ---- the agent's side (rpc internal) ---- */

@@ -8,9 +8,7 @@
  * PRNG seeded with (n, rank), so runs are reproducible in their choices
  * (thread timing still varies), and between any pair of workers later
  * messages overtake earlier ones. SHMRPC_REORDER_MAX_US bounds the delay
- * (default 2000 us). The mode itself neither loses nor duplicates a
- * message; duplicates come from the RRef layer's retries, which it makes
- * more likely.
+ * (default 2000 us). The mode neither loses nor duplicates a message.
  *
  * User RPCs keep working under it: nothing in the RPC layer assumes FIFO
  * delivery (PyTorch does not either).
