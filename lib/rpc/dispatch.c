@@ -731,8 +731,12 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
         snprintf(text, tl, "%s", sr_last_error());
     else
         c = decode_request(a, m, p, len, code, text, tl);
+    /* ext points into the payload: the hooks read it before the block is
+     * released, or the sender may reuse the block for its next message and
+     * the hooks read that one's bytes (another call's autograd ids). */
+    bool refused = c && modules_request_in(c, &ext);
     sr__payload_done(m);
-    if (c && modules_request_in(c, &ext)) {
+    if (refused) {
         atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
         c->raw_error = false;
         finish_call(c); /* answered with the module's error; the hooks' state is dropped */
