@@ -64,32 +64,7 @@ struct page {
 };
 static struct page *pg;
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-static void set_and_wake(_Atomic uint32_t *w, uint32_t v)
-{
-    atomic_store_explicit(w, v, memory_order_release);
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); /* shared: woken from another process */
-}
-
-static bool wait_for(_Atomic uint32_t *w, uint32_t want)
-{
-    int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
-    uint32_t v;
-    while ((v = atomic_load_explicit(w, memory_order_acquire)) != want) {
-        int64_t left = deadline - now_ns();
-        if (left <= 0)
-            return false;
-        struct timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
-        syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
-    }
-    return true;
-}
+#include "shared_event.h"
 
 /* Wait (bounded) until this worker's token is one of the two states. */
 static bool wait_token(uint32_t a, uint32_t b)
