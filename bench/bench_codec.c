@@ -6,6 +6,7 @@
  * malloc/free pairs (the list and its two ints), timed the same way.
  * Prints one line.
  */
+#include "bench_util.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,8 +65,10 @@ static double time_batches(void (*op)(sr_value *const *), sr_value *const *args,
     return ns[BATCHES / 2];
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bench_cli cli = {.prog = "bench_codec"};
+    bench_cli_parse(&cli, argc, argv);
     sr_value *args[] = {sr_int(1), sr_int(2)};
     static double ns[BATCHES];
     double p99, floor99;
@@ -83,6 +86,16 @@ int main(void)
     printf("codec 2-int args (%lld B): encode+decode p50 %.0f ns p99 %.0f ns/op; "
            "floor 3x malloc+free p50 %.0f ns p99 %.0f ns; ratio %.1fx\n",
            (long long)n, p50, p99, floor50, floor99, p50 / floor50);
+    bench_rec r;
+    bench_rec_begin(&r, "codec 2-int args encode+decode");
+    bench_rec_num(&r, "bytes", (double)n);
+    bench_rec_num(&r, "p50_ns", p50);
+    bench_rec_num(&r, "p99_ns", p99);
+    bench_rec_str(&r, "floor", "3x malloc+free");
+    bench_rec_num(&r, "floor_p50_ns", floor50);
+    bench_rec_num(&r, "floor_p99_ns", floor99);
+    bench_rec_num(&r, "ratio_p50", p50 / floor50);
+    bench_rec_emit(&r);
     sr_value_unref(out);
     sr_value_unref(want);
     sr_value_unref(args[0]);

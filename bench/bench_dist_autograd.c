@@ -16,7 +16,7 @@
  *             registered plain function, as PyTorch's is a Python UDF; the
  *             same step with the built-in "add" (PyTorch: torch.add) and
  *             the step computed locally (sr_backward, no RPC) are printed
- *             for reference. Target (design/PERFORMANCE.md): >= 50x faster
+ *             for reference. Target (docs/PERFORMANCE.md): >= 50x faster
  *             than PyTorch's step.
  *   chain     4 workers: rank 0 computes x * W0 and calls chain on rank 1,
  *             which multiplies by its W1 and calls rank 2, ... rank 3
@@ -29,8 +29,9 @@
  *             a knob of the implementation, set before sr_init). One thread
  *             is printed for reference.
  *
- * Environment: BENCH_NO_TORCH=1 skips PyTorch (its figure then comes from
- * design/PERFORMANCE.md, EPYC VM, and says so); BENCH_TORCH_QUICK=1 runs it
+ * --no-torch or BENCH_NO_TORCH=1 skips PyTorch (the lines then say why there
+ * is no PyTorch figure, as they do without python3-torch: "torch not
+ * installed"; --json: bench_util.h). BENCH_TORCH_QUICK=1 runs it
  * with fewer iterations; BENCH_PYTHON names the interpreter (default
  * /usr/bin/python3, Debian's, which has torch); BENCH_STRICT=1 exits 1 when
  * the 50x target is missed. Any failed call, wrong gradient or context left
@@ -71,10 +72,6 @@
  * context map, set before sr_init (1 = one lock). */
 extern void sr__dist_autograd_set_shards(unsigned n);
 
-/* PyTorch 1.13's "rpc add + local mul + backward" step and nothing for the
- * chain, from design/PERFORMANCE.md (EPYC VM): used only when PyTorch cannot
- * be run here. */
-#define PT_STEP_FALLBACK_NS 810000.0
 #define TARGET_X 50.0
 
 #define ROUNDS 7
@@ -625,22 +622,29 @@ struct torch_fig {
 };
 static struct torch_fig pt[NWORK];
 static char pt_version[64] = "";
+static char pt_why[256] = "not run"; /* why there are no PyTorch figures */
 
 /* Runs the comparison script and reads its machine lines; its human lines
  * are echoed. Returns 0 when it produced figures. */
-static int run_torch(bool step, bool chain)
+static int run_torch(bool step, bool chain, bool no_torch)
 {
-    if (getenv("BENCH_NO_TORCH"))
+    if (no_torch || getenv("BENCH_NO_TORCH")) {
+        snprintf(pt_why, sizeof(pt_why), "%s", no_torch ? "--no-torch" : "BENCH_NO_TORCH set");
         return -1;
+    }
     const char *py = getenv("BENCH_PYTHON") ? getenv("BENCH_PYTHON") : "/usr/bin/python3";
     char cmd[1024], line[512];
     snprintf(cmd, sizeof(cmd), "'%s' '%s/torch_dist_autograd.py'%s%s", py, BENCH_COMPARE_DIR,
              getenv("BENCH_TORCH_QUICK") ? " --quick" : "", step && chain ? "" : step ? " --only step" : " --only chain");
     fflush(stdout);
+    snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), " 2>&1");
     FILE *f = popen(cmd, "r");
-    if (!f)
+    if (!f) {
+        snprintf(pt_why, sizeof(pt_why), "could not run %s", py);
         return -1;
+    }
     int got = 0;
+    bool missing = false;
     while (fgets(line, sizeof(line), f)) {
         char key[32];
         double p50, p99;
@@ -651,12 +655,17 @@ static int run_torch(bool step, bool chain)
         } else {
             if (!strncmp(line, "# PyTorch ", 10))
                 sscanf(line + 10, "%63s", pt_version);
+            missing |= strstr(line, "python3-torch is not installed") || strstr(line, "No module named 'torch'");
             fputs(line, stdout);
         }
     }
     int st = pclose(f);
     if (st)
         printf("# PyTorch: %s exited with status %d\n", cmd, st);
+    if (missing)
+        snprintf(pt_why, sizeof(pt_why), "torch not installed (apt-get install python3-torch)");
+    else if (!got)
+        snprintf(pt_why, sizeof(pt_why), "torch_dist_autograd.py gave no figures (status %d)", st);
     return got ? 0 : -1;
 }
 
@@ -694,24 +703,42 @@ static int report_line(const char *name, const char *config, int w, int ref, con
     printf("%-13s | %-70s | p50 %9lld ns p99 %9lld ns", name, cfg, (long long)m.p50, (long long)m.p99);
     if (ref >= 0)
         printf(" | %.2fx %s", ratio50(w, ref), ref_name);
-    double pt50 = pt[w].have ? pt[w].p50 : w == W_STEP ? PT_STEP_FALLBACK_NS : 0;
-    if (pt[w].have)
-        printf(" | PyTorch p50 %.0f us p99 %.0f us: %.*fx faster (p99 %.*fx)", pt[w].p50 / 1e3, pt[w].p99 / 1e3,
-               digits(pt[w].p50 / (double)m.p50), pt[w].p50 / (double)m.p50, digits(pt[w].p99 / (double)m.p99),
-               pt[w].p99 / (double)m.p99);
-    else if (pt50 > 0)
-        printf(" | PyTorch p50 %.0f us (design/PERFORMANCE.md, EPYC VM; not measured in this run): %.*fx faster",
-               pt50 / 1e3, digits(pt50 / (double)m.p50), pt50 / (double)m.p50);
-    if (target > 0 && pt50 > 0) {
-        missed = pt50 / (double)m.p50 < target;
+    bench_rec rec;
+    bench_rec_begin(&rec, name);
+    bench_rec_str(&rec, "config", cfg);
+    bench_rec_num(&rec, "p50_ns", (double)m.p50);
+    bench_rec_num(&rec, "p99_ns", (double)m.p99);
+    if (ref >= 0) {
+        bench_rec_str(&rec, "ref", ref_name);
+        bench_rec_num(&rec, "ratio_p50", ratio50(w, ref));
+    }
+    if (pt[w].have) {
+        printf(" | PyTorch p50 %.0f us p99 %.0f us (this run): %.*fx faster (p99 %.*fx)", pt[w].p50 / 1e3,
+               pt[w].p99 / 1e3, digits(pt[w].p50 / (double)m.p50), pt[w].p50 / (double)m.p50,
+               digits(pt[w].p99 / (double)m.p99), pt[w].p99 / (double)m.p99);
+        bench_rec_num(&rec, "torch_p50_ns", pt[w].p50);
+        bench_rec_num(&rec, "torch_p99_ns", pt[w].p99);
+        if (pt_version[0])
+            bench_rec_str(&rec, "torch_version", pt_version);
+    } else if (w == W_STEP || w == W_CHAIN) {
+        printf(" | PyTorch: %s", pt_why);
+        bench_rec_str(&rec, "torch", pt_why);
+    }
+    if (target > 0 && pt[w].have) {
+        missed = pt[w].p50 / (double)m.p50 < target;
         printf(" | target >= %.0fx faster than PyTorch: %s", target, missed ? "NOT met" : "met");
+        bench_rec_num(&rec, "target_torch_speedup", target);
+        bench_rec_bool(&rec, "target_met", !missed);
     }
     const double *po = sh->per_op[mode][w];
     if (w != W_LOCAL)
         printf(" | rank 0 per call: %.1f msgs sent, %.2f wakes issued, %.2f sleeps", po[0], po[1], po[2]);
-    if (sh->failed[mode][w])
+    if (sh->failed[mode][w]) {
         printf(" | FAILED %d of %d timed calls", sh->failed[mode][w], ROUNDS * (w >= W_CHAIN_FWD ? CHAIN_N : STEP_N));
+        bench_rec_num(&rec, "failed_calls", sh->failed[mode][w]);
+    }
     printf("\n");
+    bench_rec_emit(&rec);
     return missed;
 }
 
@@ -760,6 +787,13 @@ static void report_contexts(void)
         if (c == C_SHARDED)
             printf(" | %.2fx one lock", ratio);
         printf("\n");
+        bench_rec rec;
+        bench_rec_begin(&rec, "dist_autograd ctx begin+end");
+        bench_rec_str(&rec, "config", ctx_cfgs[c].label);
+        bench_rec_num(&rec, "per_s", m[c]);
+        bench_rec_num(&rec, "pair_p50_ns", bench_median(p50, CTX_ROUNDS));
+        bench_rec_num(&rec, "pair_p99_ns", bench_median(p99, CTX_ROUNDS));
+        bench_rec_emit(&rec);
     }
 }
 
@@ -780,26 +814,30 @@ static void header(void)
     printf("# bench_dist_autograd: %ld CPUs online, %s, Linux %s; %d rounds (contexts: %d), medians over rounds; "
            "PyTorch %s\n",
            sysconf(_SC_NPROCESSORS_ONLN), model, u.release, ROUNDS, CTX_ROUNDS,
-           pt_version[0] ? pt_version : "not measured in this run");
+           pt_version[0] ? pt_version : pt_why);
 }
 
 /* bench_dist_autograd [step] [chain] [contexts] [shutdown] [future]: the
  * workloads (default all) and where the callees wait (default both). */
 int main(int argc, char **argv)
 {
-    static const char *keys[5] = {"step", "chain", "contexts", "shutdown", "future"};
+    bench_cli cli = {.prog = "bench_dist_autograd",
+                     .names = {"step", "chain", "contexts", "shutdown", "future"},
+                     .flags = {"--no-torch"},
+                     .usage = "  workloads: step chain contexts (default all); callees wait in: shutdown future "
+                              "(default both)\n  --no-torch  skip PyTorch (bench/compare/torch_dist_autograd.py)"};
+    bench_cli_parse(&cli, argc, argv);
     bool want[5] = {0};
     int nw = 0, nm = 0;
-    for (int i = 1; i < argc; i++)
-        for (int k = 0; k < 5; k++)
-            if (!strcmp(argv[i], keys[k]))
-                want[k] = true, nw += k < 3, nm += k >= 3;
+    for (int k = 0; k < 5; k++)
+        if (cli.named[k])
+            want[k] = true, nw += k < 3, nm += k >= 3;
     for (int k = 0; k < 5; k++)
         want[k] |= k < 3 ? !nw : !nm;
     if (!(sh = bench_shared_alloc(sizeof(*sh))))
         return 1;
     if (want[0] || want[1])
-        run_torch(want[0], want[1]);
+        run_torch(want[0], want[1], cli.flag[0]);
     sr_spawn_opts o2 = {.name_prefix = "bench-da", .shm_size = 512u << 20};
     sr_spawn_opts o4 = {.name_prefix = "bench-da", .shm_size = 1ull << 30};
     int rc = 0;

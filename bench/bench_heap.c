@@ -1,6 +1,6 @@
 /* Shared-heap benchmarks (sr_spawn; no shmrun needed).
  *
- *   bench_heap [rounds]
+ *   bench_heap [--json] [--rounds N]   (N >= 100; default below)
  *
  * 1. alloc + free of one block in the worker's shared arena against plain
  *    malloc + free of the same size, in the same process: 64 B, 4 KiB, 1 MiB.
@@ -24,6 +24,7 @@
  * Every timing is checked afterwards (the stamp read back, refcounts back to
  * one, the arena back at its baseline); one line per configuration.
  */
+#include "bench_util.h"
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -116,6 +117,16 @@ static int alloc_free_line(size_t size, int64_t *vs, int64_t *vm)
     printf("heap alloc+free %-7s shared arena p50 %7.1f ns p99 %7.1f ns | malloc p50 %6.1f ns p99 %6.1f ns | "
            "%.1fx malloc\n",
            human(size, h, sizeof(h)), s50 / BATCH, s99 / BATCH, m50 / BATCH, m99 / BATCH, s50 / m50);
+    bench_rec rec;
+    bench_rec_begin(&rec, "heap alloc+free");
+    bench_rec_num(&rec, "bytes", (double)size);
+    bench_rec_num(&rec, "p50_ns", s50 / BATCH);
+    bench_rec_num(&rec, "p99_ns", s99 / BATCH);
+    bench_rec_str(&rec, "floor", "malloc+free");
+    bench_rec_num(&rec, "floor_p50_ns", m50 / BATCH);
+    bench_rec_num(&rec, "floor_p99_ns", m99 / BATCH);
+    bench_rec_num(&rec, "ratio_p50", s50 / m50);
+    bench_rec_emit(&rec);
     return 0;
 }
 
@@ -265,6 +276,24 @@ static void report_mode(const char *mode, struct pass_run *r)
                mode, human(pass_sizes[k], h, sizeof(h)), p50[k] / 1e3, p99[k] / 1e3, p50[k] / p50[0],
                r->copy_p50[k] / 1e3, (double)pass_sizes[k] / (double)GiB / (r->copy_p50[k] / 1e9),
                r->copy_p50[k] / p50[k]);
+    for (size_t k = 0; k < NPASS; k++) {
+        bench_rec rec;
+        bench_rec_begin(&rec, "heap pass");
+        bench_rec_str(&rec, "mode", mode);
+        bench_rec_num(&rec, "bytes", (double)pass_sizes[k]);
+        bench_rec_num(&rec, "p50_ns", p50[k]);
+        bench_rec_num(&rec, "p99_ns", p99[k]);
+        bench_rec_num(&rec, "ratio_p50_4B", p50[k] / p50[0]);
+        bench_rec_num(&rec, "memcpy_p50_ns", r->copy_p50[k]);
+        bench_rec_emit(&rec);
+    }
+    bench_rec rec;
+    bench_rec_begin(&rec, "heap give 64 B");
+    bench_rec_str(&rec, "mode", mode);
+    bench_rec_num(&rec, "p50_ns", p50[GIVE]);
+    bench_rec_num(&rec, "p99_ns", p99[GIVE]);
+    bench_rec_num(&rec, "ratio_p50_4B", p50[GIVE] / p50[0]);
+    bench_rec_emit(&rec);
     printf("heap give [%s] 64 B alloc, send, remote free, drain p50 %7.2f us p99 %7.2f us = %.2fx the 4 B trip\n", mode,
            p50[GIVE] / 1e3, p99[GIVE] / 1e3, p50[GIVE] / p50[0]);
 }
@@ -363,10 +392,10 @@ static int pass_worker(int rank, int world, void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc > 1)
-        rounds = atol(argv[1]);
-    if (rounds < 100)
-        rounds = 100;
+    bench_cli cli = {.prog = "bench_heap", .opts = {"--rounds"}, .usage = "  --rounds N  timed rounds per configuration (>= 100)"};
+    bench_cli_parse(&cli, argc, argv);
+    if (cli.opt[0])
+        rounds = (long)bench_cli_int(&cli, "--rounds", cli.opt[0], 100, 100000000);
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("bench_heap: %ld timed rounds per configuration\n", rounds);
     sr_spawn_opts small = {.name_prefix = "bench_heap"};

@@ -6,6 +6,11 @@
  * Each configuration is warmed up, then timed for a fixed number of runs
  * (at least 3, about 0.3 s of work); the result is checked against a naive
  * dot product at sampled entries after timing. */
+#include "bench_util.h"
+#ifdef SR_HAVE_CBLAS
+#include <cblas.h>
+#endif
+#include "bench_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +84,35 @@ static double run(sr_dtype dt, int64_t n, enum sr_gemm_mode mode, double *p99, i
     return p50;
 }
 
-int main(void)
+/* OpenBLAS's thread count as shmrpc left it (SHMRPC_BLAS_THREADS, docs/TENSORS.md). */
+static int blas_threads(void)
 {
+#ifdef SR_HAVE_CBLAS
+    return openblas_get_num_threads();
+#else
+    return 0;
+#endif
+}
+
+/* One JSON object per line printed (--json). */
+static void rec(sr_dtype dt, int64_t n, const char *backend, const char *kernel, double p50, double p99, double flops)
+{
+    bench_rec r;
+    bench_rec_begin(&r, "matmul");
+    bench_rec_str(&r, "dtype", sr_dtype_name(dt));
+    bench_rec_num(&r, "n", (double)n);
+    bench_rec_str(&r, "backend", backend);
+    bench_rec_str(&r, "kernel", kernel);
+    bench_rec_num(&r, "p50_ns", p50 * 1e9);
+    bench_rec_num(&r, "p99_ns", p99 * 1e9);
+    bench_rec_num(&r, "gflops", flops / p50 * 1e-9);
+    bench_rec_emit(&r);
+}
+
+int main(int argc, char **argv)
+{
+    bench_cli cli = {.prog = "bench_matmul"};
+    bench_cli_parse(&cli, argc, argv);
     static const int64_t sizes[] = {64, 256, 1024};
     static const sr_dtype dts[] = {SR_F32, SR_F64};
     bool have_blas = !strcmp(sr_matmul_backend(), "openblas");
@@ -95,20 +127,23 @@ int main(void)
             printf("matmul %s n=%lld backend=blocked kernel=portable: p50 %.3f ms p99 %.3f ms %.2f GFLOP/s%s\n",
                    sr_dtype_name(dts[d]), (long long)n, portable_p50 * 1e3, p99b * 1e3, flops / portable_p50 * 1e-9,
                    bad ? " WRONG RESULT" : "");
+            rec(dts[d], n, "blocked", "portable", portable_p50, p99b, flops);
             blocked_p50 = run(dts[d], n, SR_GEMM_BLOCKED, &p99b, &bad);
             failed |= bad;
             printf("matmul %s n=%lld backend=blocked kernel=%s: p50 %.3f ms p99 %.3f ms %.2f GFLOP/s%s\n",
                    sr_dtype_name(dts[d]), (long long)n, sr__gemm_kernel_name(), blocked_p50 * 1e3, p99b * 1e3,
                    flops / blocked_p50 * 1e-9, bad ? " WRONG RESULT" : "");
+            rec(dts[d], n, "blocked", sr__gemm_kernel_name(), blocked_p50, p99b, flops);
             if (!have_blas)
                 continue;
             double p50 = run(dts[d], n, SR_GEMM_AUTO, &p99, &bad);
             failed |= bad;
-            printf("matmul %s n=%lld backend=openblas threads=1: p50 %.3f ms p99 %.3f ms %.2f GFLOP/s "
+            printf("matmul %s n=%lld backend=openblas threads=%d: p50 %.3f ms p99 %.3f ms %.2f GFLOP/s "
                    "(x%.1f blocked)%s\n",
-                   sr_dtype_name(dts[d]), (long long)n, p50 * 1e3, p99 * 1e3, flops / p50 * 1e-9, blocked_p50 / p50,
+                   sr_dtype_name(dts[d]), (long long)n, blas_threads(), p50 * 1e3, p99 * 1e3, flops / p50 * 1e-9, blocked_p50 / p50,
                    bad ? " WRONG RESULT" : "");
             fflush(stdout);
+            rec(dts[d], n, "openblas", "openblas", p50, p99, flops);
         }
     }
     return failed;

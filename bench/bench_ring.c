@@ -418,16 +418,27 @@ static int run_tput(int producers, int *met)
            (double)sh->tput_spins / (double)sh->tput_msgs, (double)sh->tput_sleeps / (double)sh->tput_msgs,
            (unsigned long long)atomic_load_explicit(&sh->tput_full, memory_order_relaxed));
     fflush(stdout);
+    bench_rec r;
+    bench_rec_begin(&r, name);
+    bench_rec_str(&r, "config", cfg);
+    bench_rec_num(&r, "per_s", 1e9 / mns);
+    bench_rec_num(&r, "ns_per_msg", mns);
+    bench_rec_str(&r, "floor", "1 line transfer");
+    bench_rec_num(&r, "floor_ns", mfl);
+    bench_rec_num(&r, "ratio", mratio);
+    bench_rec_num(&r, "target_ratio", target);
+    bench_rec_bool(&r, "target_met", mratio <= target);
+    bench_rec_emit(&r);
     return 0;
 }
 
-/* Groups: argv names the ones to run (default: all). */
+static bench_cli cli = {.prog = "bench_ring", .names = {"futex", "eventfd", "burst", "memcpy"}};
+
+/* Groups: the command line names the ones to run (default: all). */
 static int wanted(int argc, char **argv, const char *group)
 {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], group))
-            return 1;
-    return argc < 2;
+    (void)argc, (void)argv;
+    return bench_cli_wants(&cli, group);
 }
 
 static int run_groups(int argc, char **argv, int *met)
@@ -442,16 +453,23 @@ static int run_groups(int argc, char **argv, int *met)
     static const int producers[] = {1, 2, 4, 8};
     for (unsigned i = 0; !rc && wanted(argc, argv, "burst") && i < sizeof(producers) / sizeof(producers[0]); i++)
         rc = run_tput(producers[i], met);
-    if (!rc && wanted(argc, argv, "memcpy"))
-        printf("floor memcpy 256 MiB one core %.2f GiB/s\n", bench_floor_memcpy_gibs(256u << 20, 3));
+    if (!rc && wanted(argc, argv, "memcpy")) {
+        double gibs = bench_floor_memcpy_gibs(256u << 20, 3);
+        printf("floor memcpy 256 MiB one core %.2f GiB/s\n", gibs);
+        bench_rec r;
+        bench_rec_begin(&r, "floor memcpy 256 MiB one core");
+        bench_rec_num(&r, "gib_per_s", gibs);
+        bench_rec_emit(&r);
+    }
     return rc;
 }
 
-/* bench_ring [futex] [eventfd] [burst] [memcpy]: the groups to run (all by
- * default). Exit 1 on an error (a wrong, lost or late message); a missed
- * target exits 1 only with BENCH_STRICT=1. */
+/* bench_ring [--json] [futex] [eventfd] [burst] [memcpy]: the groups to run
+ * (all by default). Exit 1 on an error (a wrong, lost or late message); a
+ * missed target exits 1 only with BENCH_STRICT=1. */
 int main(int argc, char **argv)
 {
+    bench_cli_parse(&cli, argc, argv);
     int met = 1;
     print_machine();
     sh = bench_shared_alloc(sizeof(*sh));

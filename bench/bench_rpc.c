@@ -1,8 +1,10 @@
 /* RPC benchmarks, each printed next to the floor measured in the same run
- * and next to PyTorch's figure (bench/compare/torch_rpc.py re-measures those
- * on this machine; the constants below are from design/PERFORMANCE.md).
+ * and next to PyTorch's figure, measured in the same run too:
+ * bench/compare/torch_rpc.py runs first (--no-torch or BENCH_NO_TORCH=1 skip
+ * it, BENCH_TORCH_QUICK=1 runs it with fewer iterations; without
+ * python3-torch each line says "torch not installed").
  *
- *   bench_rpc [hot] [asleep] [pipeline] [fanin] [tensor]
+ *   bench_rpc [--json] [--no-torch] [hot] [udf] [asleep] [pipeline] [fanin] [tensor] [executors]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
  * udf       the same with a registered plain function, the callee idle in
@@ -31,9 +33,11 @@
 #include "shmrpc/shmrpc.h"
 #include "shmrpc/tensor.h"
 
-#define PT_NOOP_P50_NS 262000.0  /* PyTorch 1.13 rpc_sync no-op, this machine */
-#define PT_ADD_P50_NS 426000.0   /* rpc_sync(torch.add), 2 elements */
-#define PT_PIPE_CPS 6400.0       /* pipelined rpc_async calls/s */
+#ifndef BENCH_COMPARE_DIR
+#define BENCH_COMPARE_DIR "bench/compare"
+#endif
+
+static bench_torch pt; /* PyTorch's figures (torch_rpc.py), measured before ours */
 
 #define ROUNDS 7
 #define CALLS 20000
@@ -136,9 +140,9 @@ static void report_latency(const char *name, const char *config, const char *flo
                            double target)
 {
     bench_summary s = bench_summarize(r);
-    char extra[96];
-    snprintf(extra, sizeof(extra), "PyTorch p50 %.0f us: %.0fx faster", PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / s.ours50);
-    bench_print(name, config, floor_name, &s, target, extra);
+    char extra[320];
+    bench_torch_vs(&pt, "noop", s.ours50, extra, sizeof(extra));
+    bench_print_torch(name, config, floor_name, &s, target, extra, &pt, "noop");
 }
 
 static int bench_hot_and_asleep(bool hot, bool asleep)
@@ -167,7 +171,7 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
 }
 
 /* ---- a registered (plain) no-op, callee idle in sr_shutdown ----
- * PyTorch's 262 us is a Python UDF answered by a worker sitting in
+ * PyTorch's no-op is a Python UDF answered by a worker sitting in
  * rpc.shutdown(): this is the like-for-like case. The callee cannot echo the
  * floor while it serves from sr_shutdown, so the floor rounds come first,
  * then the call rounds, in the same two processes. */
@@ -239,10 +243,24 @@ static int run_pipeline(int rank, int world, void *arg)
                 sr_future_unref(win[i]);
             }
         pipe_cps = PIPE_CALLS / ((double)(bench_now_ns() - t0) / 1e9);
-        printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | "
-               "vs PyTorch %.0f calls/s: %.0fx\n",
-               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", PT_PIPE_CPS, pipe_cps / PT_PIPE_CPS);
+        const bench_torch_fig *f = bench_torch_get(&pt, "pipeline");
+        char vs[320];
+        if (f && f->per_s > 0)
+            snprintf(vs, sizeof(vs), "vs PyTorch %.0f calls/s (this run): %.0fx", f->per_s, pipe_cps / f->per_s);
+        else
+            snprintf(vs, sizeof(vs), "PyTorch: %s", pt.measured ? "no figure" : pt.why);
+        printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | %s\n",
+               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", vs);
         fflush(stdout);
+        bench_rec r;
+        bench_rec_begin(&r, "rpc_async noop pipelined");
+        bench_rec_num(&r, "calls", PIPE_CALLS);
+        bench_rec_num(&r, "window", WINDOW);
+        bench_rec_num(&r, "per_s", pipe_cps);
+        bench_rec_num(&r, "target_per_s", 1e6);
+        bench_rec_bool(&r, "target_met", pipe_cps >= 1e6);
+        bench_rec_torch(&r, &pt, "pipeline");
+        bench_rec_emit(&r);
     }
     sr_shutdown(true, 60);
     return rc ? 1 : 0;
@@ -268,10 +286,22 @@ static int run_fanin(int rank, int world, void *arg)
         }
         double secs = (double)(bench_now_ns() - t0) / 1e9;
         bench_lat l = bench_lat_of(lat, FANIN_CALLS);
-        if (rank == 1)
-            printf("rpc_sync noop fan-in | %d callers -> 1 | caller 1: p50 %.2f us p99 %.2f us | %.0f calls/s per caller, ~%.0f total\n",
+        if (rank == 1) {
+            char key[32], vs[320];
+            snprintf(key, sizeof(key), "fanin%d", world - 1);
+            printf("rpc_sync noop fan-in | %d callers -> 1 | caller 1: p50 %.2f us p99 %.2f us | %.0f calls/s per caller, ~%.0f total | %s\n",
                    world - 1, (double)l.p50 / 1e3, (double)l.p99 / 1e3, FANIN_CALLS / secs,
-                   (world - 1) * FANIN_CALLS / secs);
+                   (world - 1) * FANIN_CALLS / secs, bench_torch_vs(&pt, key, (double)l.p50, vs, sizeof(vs)));
+            bench_rec r;
+            bench_rec_begin(&r, "rpc_sync noop fan-in");
+            bench_rec_num(&r, "callers", world - 1);
+            bench_rec_num(&r, "p50_ns", (double)l.p50);
+            bench_rec_num(&r, "p99_ns", (double)l.p99);
+            bench_rec_num(&r, "per_s_per_caller", FANIN_CALLS / secs);
+            bench_rec_num(&r, "per_s", (world - 1) * FANIN_CALLS / secs);
+            bench_rec_torch(&r, &pt, key);
+            bench_rec_emit(&r);
+        }
         fflush(stdout);
     }
     sr_shutdown(true, 120);
@@ -364,9 +394,27 @@ static int bench_tensor(void)
                (long long)tensor_bytes[i], (double)tres[i].pass.p50 / 1e3, (double)tres[i].pass.p99 / 1e3, ratio,
                tensor_bytes[i] == (256 << 20) ? (ratio <= 1.2 ? " (target <= 1.2x met)" : " (target <= 1.2x NOT met)") : "",
                memcpy_ns / 1e3);
-        if (tres[i].add.p50)
-            printf("rpc_sync add tensor %12lld B | p50 %12.0f ns (computes x + x on the callee)\n",
-                   (long long)tensor_bytes[i], (double)tres[i].add.p50);
+        bench_rec r;
+        bench_rec_begin(&r, "rpc_sync echo tensor");
+        bench_rec_num(&r, "bytes", (double)tensor_bytes[i]);
+        bench_rec_num(&r, "p50_ns", (double)tres[i].pass.p50);
+        bench_rec_num(&r, "p99_ns", (double)tres[i].pass.p99);
+        bench_rec_num(&r, "ratio_p50_4B", ratio);
+        bench_rec_num(&r, "memcpy_ns", memcpy_ns);
+        bench_rec_emit(&r);
+        if (tres[i].add.p50) {
+            char key[32], vs[320];
+            snprintf(key, sizeof(key), "tensor%lld", (long long)tensor_bytes[i]);
+            printf("rpc_sync add tensor %12lld B | p50 %12.0f ns (computes x + x on the callee) | %s\n",
+                   (long long)tensor_bytes[i], (double)tres[i].add.p50,
+                   bench_torch_vs(&pt, key, (double)tres[i].add.p50, vs, sizeof(vs)));
+            bench_rec_begin(&r, "rpc_sync add tensor");
+            bench_rec_num(&r, "bytes", (double)tensor_bytes[i]);
+            bench_rec_num(&r, "p50_ns", (double)tres[i].add.p50);
+            bench_rec_num(&r, "p99_ns", (double)tres[i].add.p99);
+            bench_rec_torch(&r, &pt, key);
+            bench_rec_emit(&r);
+        }
     }
     return 0;
 }
@@ -440,39 +488,55 @@ static int bench_executors(void)
         printf("rpc_sync plain fn, 4 workers x 8 caller threads x 100 calls (1/4 block 1 ms) | %2d executors | "
                "%.0f calls/s\n", counts[i], 3200 / worst);
         fflush(stdout);
+        bench_rec r;
+        bench_rec_begin(&r, "rpc_sync plain fn, 4 workers x 8 caller threads, 1/4 block 1 ms");
+        bench_rec_num(&r, "executors", counts[i]);
+        bench_rec_num(&r, "per_s", 3200 / worst);
+        bench_rec_emit(&r);
     }
     return 0;
 }
 
-static bool want(int argc, char **argv, const char *what)
-{
-    if (argc < 2)
-        return true;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], what))
-            return true;
-    return false;
-}
+static bench_cli cli = {
+    .prog = "bench_rpc",
+    .names = {"hot", "udf", "asleep", "pipeline", "fanin", "tensor", "executors"},
+    .flags = {"--no-torch"},
+    .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rpc.py, run first otherwise)",
+};
+
+static bool want(const char *what) { return bench_cli_wants(&cli, what); }
 
 int main(int argc, char **argv)
 {
+    bench_cli_parse(&cli, argc, argv);
     sh = bench_shared_alloc(sizeof(*sh));
     if (!sh)
         return 1;
-    printf("# bench_rpc: %d rounds; PyTorch figures from design/PERFORMANCE.md (bench/compare/torch_rpc.py re-measures)\n",
-           ROUNDS);
-    int rc = bench_hot_and_asleep(want(argc, argv, "hot"), want(argc, argv, "asleep"));
-    if (!rc && want(argc, argv, "udf"))
+    /* PyTorch first, in this run: its processes are gone before ours start. */
+    if (want("hot") || want("udf") || want("asleep") || want("pipeline") || want("fanin") || want("tensor")) {
+        char args[64];
+        snprintf(args, sizeof(args), "%s%s", getenv("BENCH_TORCH_QUICK") ? "--quick " : "",
+                 want("fanin") ? "" : "--no-fanin");
+        bench_torch_run(&pt, BENCH_COMPARE_DIR "/torch_rpc.py", args,
+                        cli.flag[0] ? "--no-torch" : getenv("BENCH_NO_TORCH") ? "BENCH_NO_TORCH set" : NULL);
+    }
+    if (pt.measured)
+        printf("# bench_rpc: %d rounds; PyTorch %s figures measured in this run (bench/compare/torch_rpc.py)\n",
+               ROUNDS, pt.version[0] ? pt.version : "?");
+    else
+        printf("# bench_rpc: %d rounds; PyTorch not measured: %s\n", ROUNDS, pt.why[0] ? pt.why : "no workload needs it");
+    int rc = bench_hot_and_asleep(want("hot"), want("asleep"));
+    if (!rc && want("udf"))
         rc = bench_udf();
-    if (!rc && want(argc, argv, "pipeline")) {
+    if (!rc && want("pipeline")) {
         sr_spawn_opts o = {.name_prefix = "bench-pipe", .shm_size = 512u << 20};
         rc = sr_spawn(2, run_pipeline, NULL, &o) ? 1 : 0;
     }
-    if (!rc && want(argc, argv, "fanin"))
+    if (!rc && want("fanin"))
         rc = bench_fanin();
-    if (!rc && want(argc, argv, "tensor"))
+    if (!rc && want("tensor"))
         rc = bench_tensor();
-    if (!rc && want(argc, argv, "executors"))
+    if (!rc && want("executors"))
         rc = bench_executors();
     if (sh->errors)
         fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);

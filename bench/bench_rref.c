@@ -27,8 +27,11 @@
  * the callees serve while waiting on a future that rank 0 completes at the
  * end. `noop` is a built-in and runs inline on the polling thread; `take` is
  * an async function (inline too), so every figure is the runtime's own cost.
- * Results are checked after timing. PyTorch's figures: design/
- * PERFORMANCE.md (remote+to_here) and bench/compare/torch_rref.py.
+ * Results are checked after timing. PyTorch's figures (noop, remote+to_here,
+ * fork, proxy) are measured in the same run: bench/compare/torch_rref.py runs
+ * first (--no-torch or BENCH_NO_TORCH=1 skips it; BENCH_TORCH_QUICK=1: fewer
+ * iterations), and without python3-torch each line says "torch not
+ * installed". --json: bench_util.h.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -38,8 +41,9 @@
 #include "bench_util.h"
 #include "shmrpc/shmrpc.h"
 
-#define PT_NOOP_P50_NS 262000.0   /* PyTorch 1.13 rpc_sync no-op, this machine (PERFORMANCE.md) */
-#define PT_REMOTE_P50_NS 771000.0 /* PyTorch 1.13 remote() + to_here() */
+#ifndef BENCH_COMPARE_DIR
+#define BENCH_COMPARE_DIR "bench/compare"
+#endif
 
 #define ROUNDS 7
 #define N 3000
@@ -62,6 +66,9 @@ struct shared {
 static struct shared *sh;
 static bool wanted[NWORK] = {true, true, true, true, true, true, true, true, true}; /* set from argv before the workers fork */
 static sr_future *done_fut; /* ranks 1, 2: completed by rank 0's "done" */
+static bench_torch pt;      /* PyTorch's figures, measured before ours */
+/* torch_rref.py's key for each workload ("" when it has none) */
+static const char *pt_keys[NWORK] = {"noop", "remote", "", "", "fork", "", "proxy", "", ""};
 
 static int fn_done(sr_call *c)
 {
@@ -222,8 +229,15 @@ static int report(void)
     double base = bench_median(noop50, ROUNDS);
     printf("# bench_rref: 3 workers (driver, owner, second user), %d rounds x %d calls, median over rounds\n",
            ROUNDS, N);
-    printf("%-19s | p50 %8.0f ns p99 %8.0f ns | PyTorch p50 %.0f us: %.0fx faster\n", names[NOOP], base,
-           bench_median(noop99, ROUNDS), PT_NOOP_P50_NS / 1e3, PT_NOOP_P50_NS / base);
+    char vs[320];
+    printf("%-19s | p50 %8.0f ns p99 %8.0f ns | %s\n", names[NOOP], base, bench_median(noop99, ROUNDS),
+           bench_torch_vs(&pt, "noop", base, vs, sizeof(vs)));
+    bench_rec rec;
+    bench_rec_begin(&rec, names[NOOP]);
+    bench_rec_num(&rec, "p50_ns", base);
+    bench_rec_num(&rec, "p99_ns", bench_median(noop99, ROUNDS));
+    bench_rec_torch(&rec, &pt, "noop");
+    bench_rec_emit(&rec);
     for (int w = 1; w < NWORK; w++) {
         double ratio[ROUNDS], p50[ROUNDS], p99[ROUNDS];
         int ref = w == REMOTE_BIG ? ECHO_BIG : NOOP; /* the same payload through rpc_sync */
@@ -237,36 +251,50 @@ static int report(void)
         memcpy(p99, sh->r[w].p99, sizeof(p99));
         double m = bench_median(p50, ROUNDS), q = bench_median(ratio, ROUNDS);
         printf("%-19s | p50 %8.0f ns p99 %8.0f ns | %.2fx %s", names[w], m, bench_median(p99, ROUNDS), q, names[ref]);
+        bench_rec_begin(&rec, names[w]);
+        bench_rec_num(&rec, "p50_ns", m);
+        bench_rec_num(&rec, "p99_ns", bench_median(p99, ROUNDS));
+        bench_rec_str(&rec, "ref", names[ref]);
+        bench_rec_num(&rec, "ratio_p50", q);
         missed |= target && q > limit;
-        if (target)
+        if (target) {
             printf(" (target <= %.0f: %s)", limit, q <= limit ? "met" : "NOT met");
+            bench_rec_num(&rec, "target_ratio_p50", limit);
+            bench_rec_bool(&rec, "target_met", q <= limit);
+        }
         if (w == FORK && wanted[RELAY]) {
             for (int i = 0; i < ROUNDS; i++)
                 ratio[i] = sh->r[FORK].p50[i] / sh->r[RELAY].p50[i];
             printf(" | %.2fx relay via owner", bench_median(ratio, ROUNDS));
+            bench_rec_num(&rec, "ratio_p50_relay", bench_median(ratio, ROUNDS));
         }
-        if (w == REMOTE)
-            printf(" | PyTorch p50 %.0f us: %.0fx faster", PT_REMOTE_P50_NS / 1e3, PT_REMOTE_P50_NS / m);
-        else if (w == FORK || w == PROXY)
-            printf(" | PyTorch: bench/compare/torch_rref.py");
+        if (pt_keys[w][0]) {
+            printf(" | %s", bench_torch_vs(&pt, pt_keys[w], m, vs, sizeof(vs)));
+            bench_rec_torch(&rec, &pt, pt_keys[w]);
+        }
         printf("\n");
+        bench_rec_emit(&rec);
     }
     return missed;
 }
 
-/* bench_rref [remote] [big] [fork] [relay] [proxy] [pair] [noop2]: the workloads to run (default all;
- * fork brings relay, its reference). */
+/* bench_rref [--json] [--no-torch] [remote] [big] [fork] [relay] [proxy] [pair] [noop2]: the workloads
+ * to run (default all; fork brings relay, its reference). */
 int main(int argc, char **argv)
 {
     static const char *keys[NWORK] = {"noop", "remote", "big", "big", "fork", "relay", "proxy", "pair", "noop2"};
-    for (int w = 1; argc > 1 && w < NWORK; w++) {
-        wanted[w] = false;
-        for (int i = 1; i < argc; i++)
-            wanted[w] |= !strcmp(argv[i], keys[w]);
-    }
+    bench_cli cli = {.prog = "bench_rref",
+                     .names = {"remote", "big", "fork", "relay", "proxy", "pair", "noop2"},
+                     .flags = {"--no-torch"},
+                     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rref.py, run first otherwise)"};
+    bench_cli_parse(&cli, argc, argv);
+    for (int w = 1; w < NWORK; w++)
+        wanted[w] = bench_cli_wants(&cli, keys[w]);
     wanted[RELAY] |= wanted[FORK];
     if (!(sh = bench_shared_alloc(sizeof(*sh))))
         return 1;
+    bench_torch_run(&pt, BENCH_COMPARE_DIR "/torch_rref.py", getenv("BENCH_TORCH_QUICK") ? "--quick" : "",
+                    cli.flag[0] ? "--no-torch" : getenv("BENCH_NO_TORCH") ? "BENCH_NO_TORCH set" : NULL);
     sr_spawn_opts o = {.name_prefix = "bench-rref", .shm_size = 3ull << 28};
     if (sr_spawn(3, worker, NULL, &o)) {
         fprintf(stderr, "bench_rref: %s\n", sr_last_error());

@@ -13,6 +13,7 @@
  * Batches of BATCH ops after a warm-up; p50 and p99 of the per-op mean of
  * each batch, in ns. Prints one line per op.
  */
+#include "bench_util.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,12 +99,19 @@ static void run_scaled(const char *name, void (*op)(void), int scale)
     }
     qsort(per_op, BATCHES, sizeof(double), cmp_double);
     printf("%-9s p50 %9.1f ns  p99 %9.1f ns\n", name, per_op[BATCHES / 2], per_op[BATCHES * 99 / 100]);
+    bench_rec r;
+    bench_rec_begin(&r, name);
+    bench_rec_num(&r, "p50_ns", per_op[BATCHES / 2]);
+    bench_rec_num(&r, "p99_ns", per_op[BATCHES * 99 / 100]);
+    bench_rec_emit(&r);
 }
 
 static void run(const char *name, void (*op)(void)) { run_scaled(name, op, 1); }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    bench_cli cli = {.prog = "bench_tensor_write"};
+    bench_cli_parse(&cli, argc, argv);
     sr_segment seg;
     sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (16u << 20),
                          .name = "bench_tensor_write"};

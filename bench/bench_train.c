@@ -2,7 +2,7 @@
  * on Fashion-MNIST, next to the local compute floor and to PyTorch, all in
  * one run.
  *
- *   bench_train [--no-torch] [--seed S]
+ *   bench_train [--json] [--no-torch] [--seed S]
  *
  * The job: a parameter server (rank 0) holds an MLP 784-128-10; each trainer
  * takes its share of one shuffled epoch of the 60000 training images in
@@ -545,6 +545,7 @@ struct torch_line {
 };
 struct torch_res {
     bool ran;
+    char version[64]; /* from the script's "# PyTorch VERSION ..." line */
     double local_ms;
     struct torch_line one, ser;
     char why[256];
@@ -578,9 +579,13 @@ static void run_torch(struct torch_res *tr)
         else if (strstr(line, "torch_ps trainers=3 mode=serialised"))
             t = &tr->ser;
         else if (line[0] != '#') {
-            if (strstr(line, "python3-torch") || strstr(line, "Error"))
+            if (strstr(line, "python3-torch is not installed") || strstr(line, "No module named 'torch'"))
+                snprintf(tr->why, sizeof(tr->why), "torch not installed (apt-get install python3-torch)");
+            else if (strstr(line, "Error"))
                 snprintf(tr->why, sizeof(tr->why), "%.200s", line);
             continue;
+        } else if (!strncmp(line, "# PyTorch ", 10)) {
+            sscanf(line + 10, "%63s", tr->version);
         }
         printf("%s\n", line);
         fflush(stdout);
@@ -602,17 +607,33 @@ static const char *verdict(bool met)
     return met ? "met" : "NOT met";
 }
 
+/* One JSON object (--json) for a line of the summary. */
+static void rec_train(const char *name, const char *config, double step_p50_ns, double ratio, double target,
+                      bool met, double sps, double acc)
+{
+    bench_rec r;
+    bench_rec_begin(&r, name);
+    bench_rec_str(&r, "config", config);
+    bench_rec_num(&r, "step_p50_ns", step_p50_ns);
+    bench_rec_num(&r, "ratio", ratio);
+    if (target > 0) {
+        bench_rec_num(&r, "target_ratio", target);
+        bench_rec_bool(&r, "target_met", met);
+    }
+    bench_rec_num(&r, "samples_per_s", sps);
+    bench_rec_num(&r, "test_acc", acc);
+    bench_rec_emit(&r);
+}
+
 int main(int argc, char **argv)
 {
-    bool torch = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-torch"))
-            torch = false;
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else
-            return fprintf(stderr, "usage: bench_train [--no-torch] [--seed S]\n"), 2;
-    }
+    bench_cli cli = {.prog = "bench_train", .flags = {"--no-torch"}, .opts = {"--seed"},
+                     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_ps_fashion.py, run after ours)\n"
+                              "  --seed S    the data order and initial weights (default 1)"};
+    bench_cli_parse(&cli, argc, argv);
+    bool torch = !cli.flag[0];
+    if (cli.opt[0])
+        seed = (uint64_t)bench_cli_int(&cli, "--seed", cli.opt[0], 0, INT64_MAX);
     sh = bench_shared_alloc(sizeof(*sh));
     if (!sh)
         return 1;
@@ -696,6 +717,10 @@ int main(int argc, char **argv)
     printf("train 1 trainer  | step p50 %.0f us | floor local fwd+bwd+SGD, no RPC: p50 %.0f us | ratio p50 %.2f "
            "(median of %d rounds) | target p50 <= 1.3x %s | %.0f samples/s | test acc %.2f %% | loss %.3f\n",
            p50_1 / 1e3, floor50 / 1e3, ratio1, PAIRS, verdict(ratio1 <= 1.3), sps1, acc1 * 100, loss1);
+    rec_train("train 1 trainer", "step vs floor local fwd+bwd+SGD, no RPC", p50_1, ratio1, 1.3, ratio1 <= 1.3, sps1,
+              acc1);
+    rec_train("train 3 trainers", "concurrent, no lock; ratio: samples/s vs 1 trainer", (double)p50_3, scale, 1.5,
+              scale >= 1.5, sps3, acc3);
     if (n3)
         printf("train 3 trainers | concurrent, no lock | %.0f samples/s = %.2fx 1 trainer (median of per-round ratios) | "
                "target >= 1.5x %s | test acc %.2f %%%s%s\n",
@@ -719,6 +744,8 @@ int main(int argc, char **argv)
         printf("train 3 trainers | serialised by a lock on the server (informational) | step p50 %.0f us | %.0f "
                "samples/s = %.2fx 1 trainer | test acc %.2f %%%s\n",
                (double)p50_3s / 1e3, sps3s, sps3s / sps1, acc3s * 100, cpu);
+        rec_train("train 3 trainers serialised", "a lock on the server; ratio: samples/s vs 1 trainer", (double)p50_3s,
+                  sps3s / sps1, 0, true, sps3s, acc3s);
     }
     fflush(stdout);
 
@@ -729,9 +756,30 @@ int main(int argc, char **argv)
         snprintf(tr.why, sizeof(tr.why), "--no-torch");
     if (!tr.ran) {
         printf("PyTorch: not measured (%s); ours only\n", tr.why);
+        bench_rec r;
+        bench_rec_begin(&r, "train PyTorch");
+        bench_rec_str(&r, "torch", tr.why);
+        bench_rec_emit(&r);
         return 0;
     }
-    printf("# side by side, this run      | shmrpc                  | PyTorch 1.13 (TensorPipe)\n");
+    {
+        bench_rec r;
+        bench_rec_begin(&r, "train PyTorch");
+        bench_rec_str(&r, "torch_version", tr.version);
+        bench_rec_num(&r, "local_step_p50_ns", tr.local_ms * 1e6);
+        if (tr.one.ok) {
+            bench_rec_num(&r, "one_trainer_step_p50_ns", tr.one.step_ms * 1e6);
+            bench_rec_num(&r, "one_trainer_samples_per_s", tr.one.sps);
+            bench_rec_num(&r, "one_trainer_test_acc", tr.one.acc);
+        }
+        if (tr.ser.ok) {
+            bench_rec_num(&r, "three_serialised_samples_per_s", tr.ser.sps);
+            bench_rec_num(&r, "three_serialised_test_acc", tr.ser.acc);
+        }
+        bench_rec_emit(&r);
+    }
+    printf("# side by side, this run      | shmrpc                  | PyTorch %s (TensorPipe)\n",
+           tr.version[0] ? tr.version : "?");
     printf("local step, no RPC (floor)    | p50 %7.3f ms           | p50 %7.3f ms\n", floor50 / 1e6, tr.local_ms);
     if (tr.one.ok) {
         printf("1 trainer step                | p50 %7.3f ms           | p50 %7.3f ms  | %.1fx faster\n",

@@ -14,6 +14,7 @@
 #define SR_BENCH_UTIL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,5 +71,91 @@ bench_summary bench_summarize(const bench_rounds *r);
  * ratio meets the target (or there is none), 0 otherwise. */
 int bench_print(const char *name, const char *config, const char *floor_name, const bench_summary *s,
                 double target, const char *extra);
+
+/* ---- the command line every bench shares ----
+ *
+ *   PROG [--json] [--help] [options of PROG] [NAME...]
+ *
+ * NAMEs select workloads (default: all); --json writes the figures as JSON
+ * Lines (schema in docs/PERFORMANCE.md, "Machine-readable output") on
+ * stdout, one object per figure, while the human-readable lines go to stderr.
+ * An unknown option or name is refused: "PROG: unknown argument 'x' (names:
+ * ...; options: ...)" on stderr, exit status 2. */
+#define BENCH_MAX_NAMES 16
+#define BENCH_MAX_OPTS 4
+typedef struct bench_cli {
+    const char *prog;                       /* in: the program's name */
+    const char *names[BENCH_MAX_NAMES + 1]; /* in: accepted workload names, NULL-terminated */
+    const char *flags[BENCH_MAX_OPTS + 1];  /* in: extra flags (e.g. "--no-torch"), NULL-terminated */
+    const char *opts[BENCH_MAX_OPTS + 1];   /* in: extra options taking a value (e.g. "--seed") */
+    const char *usage;                      /* in: what follows the usage line (NAMEs, options), or NULL */
+    bool json;                              /* out: --json given */
+    bool any_name;                          /* out: at least one NAME given */
+    bool named[BENCH_MAX_NAMES];            /* out: names[i] given */
+    bool flag[BENCH_MAX_OPTS];              /* out: flags[i] given */
+    const char *opt[BENCH_MAX_OPTS];        /* out: opts[i]'s value, or NULL */
+} bench_cli;
+
+/* Parses argv into c (exits 2 on an unknown argument, 0 after --help) and,
+ * with --json, moves the human-readable output to stderr. */
+void bench_cli_parse(bench_cli *c, int argc, char **argv);
+
+/* Whether workload `name` runs: named on the command line, or no name given. */
+bool bench_cli_wants(const bench_cli *c, const char *name);
+
+/* A whole-number option value in [lo, hi], or exit 2 naming it. */
+long long bench_cli_int(const bench_cli *c, const char *opt, const char *value, long long lo, long long hi);
+
+/* ---- JSON Lines (--json) ----
+ * One object per figure: bench_rec_begin, fields, bench_rec_emit. Fields are
+ * added in order; a NaN number is written as null. Without --json,
+ * bench_rec_emit writes nothing. Safe in forked children (one write(2) per
+ * object). */
+bool bench_json_on(void);
+typedef struct bench_rec {
+    char buf[4096];
+    size_t len;
+} bench_rec;
+void bench_rec_begin(bench_rec *r, const char *name); /* {"bench": PROG, "name": name */
+void bench_rec_num(bench_rec *r, const char *key, double v);
+void bench_rec_str(bench_rec *r, const char *key, const char *s); /* s NULL: null */
+void bench_rec_bool(bench_rec *r, const char *key, bool b);
+void bench_rec_emit(bench_rec *r);
+
+/* ---- PyTorch, measured in the same run (bench/compare/) ----
+ * bench_torch_run runs `PYTHON SCRIPT ARGS` (BENCH_PYTHON, default
+ * /usr/bin/python3, Debian's, with python3-torch) and keeps its figure lines
+ *   torch-fig KEY FIELD VALUE [FIELD VALUE ...]   (FIELD: p50_ns p99_ns per_s)
+ * and its "# PyTorch VERSION ..." line; other lines are echoed. When torch
+ * cannot be run, measured is false and why says so ("torch not installed",
+ * "--no-torch", "... exited with status N"): a bench then prints that, never
+ * a remembered figure. */
+#define BENCH_TORCH_FIGS 48
+typedef struct bench_torch_fig {
+    char key[40];
+    double p50_ns, p99_ns, per_s; /* NaN when the script did not give it */
+} bench_torch_fig;
+typedef struct bench_torch {
+    bool measured;
+    char why[256];
+    char version[64];
+    int n;
+    bench_torch_fig fig[BENCH_TORCH_FIGS];
+} bench_torch;
+
+/* skip_why non-NULL: do not run, say this instead. args may be "". */
+void bench_torch_run(bench_torch *t, const char *script, const char *args, const char *skip_why);
+/* The figure KEY, or NULL. */
+const bench_torch_fig *bench_torch_get(const bench_torch *t, const char *key);
+/* "PyTorch p50 262 us: 40x faster" for our p50 ours_ns, or "PyTorch: <why>"
+ * (also when the figure is missing); returns buf. */
+const char *bench_torch_vs(const bench_torch *t, const char *key, double ours_ns, char *buf, size_t len);
+/* Adds torch_p50_ns, torch_p99_ns (or torch_per_s) of KEY to r, or "torch": why. */
+void bench_rec_torch(bench_rec *r, const bench_torch *t, const char *key);
+
+/* bench_print, plus PyTorch's figure KEY of t in the JSON object
+ * (bench_rec_torch); the text of the line is bench_print's. */
+int bench_print_torch(const char *name, const char *config, const char *floor_name, const bench_summary *s,
+                      double target, const char *extra, const bench_torch *t, const char *key);
 
 #endif

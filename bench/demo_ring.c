@@ -43,7 +43,14 @@ static int forward(sr_xport *x, sr_msg *m)
 
 int main(int argc, char **argv)
 {
-    long laps = argc > 1 ? atol(argv[1]) : 20000;
+    long laps = 20000;
+    char *end = NULL;
+    if (argc == 2)
+        laps = strtol(argv[1], &end, 10);
+    if (argc > 2 || (argc == 2 && (end == argv[1] || *end || laps <= 0))) {
+        fprintf(stderr, "demo_ring: usage: demo_ring [LAPS], LAPS a positive whole number (got '%s')\n", argv[argc - 1]);
+        return 2;
+    }
     sr_xport *x;
     int rc = sr_xport_attach(NULL, &x);
     if (rc) {

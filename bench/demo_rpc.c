@@ -88,8 +88,10 @@ static int drive(int world)
     return rc == -SR_EREMOTE ? 0 : 1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1) /* it takes no arguments: say so rather than ignore them */
+        return fprintf(stderr, "demo_rpc: unknown argument '%s' (usage: shmrun -n N demo_rpc)\n", argv[1]), 2;
     sr_register("square_plus", square_plus);
     sr_register("fail_loudly", fail_loudly);
     if (check(sr_init(NULL), "sr_init"))

@@ -1,5 +1,5 @@
 /* The machine's floor, measured in the same run as the thing compared to it
- * (design/floor.c, made reusable):
+ * (the design notes' floor.c, made reusable):
  *   - cache-line ping-pong round trip between two processes, both spinning:
  *     the cheapest possible cross-core message (one line each way);
  *   - the same with two lines, one written by each side: what any pair of

@@ -360,7 +360,15 @@ static bool flat(const struct row *rows, int n)
 
 int main(int argc, char **argv)
 {
-    double minutes = argc > 1 ? atof(argv[1]) : 10.0;
+    double minutes = 10.0;
+    if (argc > 1) {
+        char *end;
+        minutes = strtod(argv[1], &end);
+        if (argc > 2 || end == argv[1] || *end || !(minutes > 0)) {
+            fprintf(stderr, "soak: usage: soak [MINUTES], MINUTES a positive number (got '%s')\n", argv[argc - 1]);
+            return 2;
+        }
+    }
     sr_register("bump", fn_bump);
     sr_register("make", fn_make);
     sr_register("fetch", fn_fetch);

@@ -10,6 +10,8 @@ dependency of shmrpc. Workloads, as in bench/bench_rpc.c:
   add        rpc_sync(torch.add) on two 2-element tensors
   pipeline   rpc_async no-op calls, up to 1024 in flight, calls/s
   fanin      N callers (1, 2, 4, 8) -> one callee, p50 and total calls/s
+Besides its human lines it prints one "torch-fig KEY FIELD VALUE ..." line
+per figure, which bench_rpc reads when it runs this script (bench_util.h).
   remote     remote() + to_here()
   tensor     rpc_sync(torch.add) of tensors from 4 B to 256 MiB
 """
@@ -113,6 +115,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", help="bench_rpc output to compare with")
     ap.add_argument("--quick", action="store_true", help="fewer iterations, no 256 MiB tensor")
+    ap.add_argument("--no-fanin", action="store_true", help="skip the fan-in jobs (4 more PyTorch jobs)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     res = run(worker, 2, args.quick)
@@ -134,11 +137,20 @@ def main():
         if key in ours:
             line += f" | shmrpc {ours[key] / 1e6:.3f} ms: {p50 / ours[key]:.0f}x faster"
         print(line)
-    for n in (1, 2, 4, 8):
+    # The figure lines bench_rpc reads (bench_util.h, bench_torch_run).
+    for key in ("noop", "add", "remote"):
+        print(f"torch-fig {key} p50_ns {res[key][0]:.0f} p99_ns {res[key][1]:.0f}")
+    print(f"torch-fig pipeline per_s {res['pipeline']:.1f}")
+    for key in (k for k in res if k.startswith("tensor")):
+        print(f"torch-fig tensor{key.split()[1]} p50_ns {res[key][0]:.0f} p99_ns {res[key][1]:.0f}")
+    sys.stdout.flush()
+    fanins = () if args.no_fanin else (1, 2, 4, 8)
+    for n in fanins:
         rows = run(fanin_worker, n + 1, args.quick)
         p50 = statistics.median(r[1] for r in rows)
         total = sum(r[2] for r in rows)
         print(f"torch rpc_sync noop fan-in | {n} callers -> 1 | p50 {p50 / 1e3:.1f} us | {total:.0f} calls/s total")
+        print(f"torch-fig fanin{n} p50_ns {p50:.0f} per_s {total:.1f}")
 
 
 if __name__ == "__main__":

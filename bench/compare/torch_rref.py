@@ -12,6 +12,8 @@ w1 owns, w2 is the second user):
   fork       rpc_sync(w2, take, args=(rref,)): w2's UserRRef must be confirmed
              by w1 (fork request, ack) before take runs
   proxy      rref.rpc_sync().noop() on an object owned by w1
+Besides its human lines it prints one "torch-fig KEY p50_ns X p99_ns Y" line
+per figure, which bench_rref reads when it runs this script (bench_util.h).
 """
 import argparse
 import os
@@ -101,6 +103,9 @@ def main():
         if key in ours:
             line += f" | shmrpc p50 {ours[key] / 1e3:.2f} us: {p50 / ours[key]:.0f}x faster"
         print(line)
+    # The figure lines bench_rref reads (bench_util.h, bench_torch_run).
+    for key in ("noop", "remote", "fork", "proxy"):
+        print(f"torch-fig {key} p50_ns {res[key][0]:.0f} p99_ns {res[key][1]:.0f}")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,23 @@
  * (SR_HAVE_CBLAS), a packed cache-blocked loop otherwise (or when forced,
  * for tests and the benchmark).
  *
- * OpenBLAS threads: every worker process is one compute thread of the job, so
- * BLAS runs single-threaded by default (set once, before the first call);
- * SHMRPC_BLAS_THREADS=n overrides. */
+ * OpenBLAS threads are a choice made once, before the first BLAS call, by
+ * SHMRPC_BLAS_THREADS (docs/TENSORS.md, "matmul"):
+ *   unset   one thread: every worker process is already one compute thread of
+ *           the job. Unless OPENBLAS_NUM_THREADS is set: then that setting
+ *           stands (the user asked OpenBLAS for it).
+ *   n >= 1  n threads.
+ *   keep    shmrpc never sets the count: a host application's own
+ *           openblas_set_num_threads() or OPENBLAS_NUM_THREADS stands.
+ * Anything else is reported on stderr (naming the value) and treated as
+ * unset. */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tensor/gemm.h"
 
@@ -22,11 +32,34 @@ void sr__gemm_set_mode(enum sr_gemm_mode mode) { atomic_store_explicit(&gemm_mod
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
 
-static void blas_init(void)
+/* The thread count SHMRPC_BLAS_THREADS asks for: n >= 1, 0 for "keep", -1
+ * when unset or unreadable (then the default applies). */
+static int blas_threads_wanted(void)
 {
     const char *env = getenv("SHMRPC_BLAS_THREADS");
-    int n = env ? atoi(env) : 1;
-    openblas_set_num_threads(n > 0 ? n : 1);
+    if (!env)
+        return -1;
+    if (!strcmp(env, "keep"))
+        return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(env, &end, 10);
+    if (end != env && !*end && !errno && n >= 1 && n <= 4096)
+        return (int)n;
+    fprintf(stderr,
+            "shmrpc: pid %d: matmul: SHMRPC_BLAS_THREADS='%s' is neither a thread count (1..4096) nor 'keep'; "
+            "using the default\n",
+            (int)getpid(), env);
+    return -1;
+}
+
+static void blas_init(void)
+{
+    int n = blas_threads_wanted();
+    if (n < 0) /* the default: one thread, unless OpenBLAS's own variable says otherwise */
+        n = getenv("OPENBLAS_NUM_THREADS") ? 0 : 1;
+    if (n > 0)
+        openblas_set_num_threads(n);
 }
 #endif
 

@@ -125,9 +125,21 @@ typedef struct sr_args {
     size_t n;
     sr_value *const *v;
 } sr_args;
+/* SR_ARGS(a, b, ...): the arguments of one call, written in the call:
+ *     sr_rpc_sync(1, "add", SR_ARGS(x, y), -1, &out);
+ * In C the array is a compound literal, alive until the end of the enclosing
+ * block. In C++ (which has no compound literals) it is the array of a
+ * std::initializer_list, alive until the end of the full expression that
+ * contains SR_ARGS: use it inside the call, never keep an sr_args made by it
+ * in a variable. SR_NOARGS is the empty list in both languages. */
+#ifndef __cplusplus
 #define SR_ARGS(...) \
     ((sr_args){sizeof((sr_value *[]){__VA_ARGS__}) / sizeof(sr_value *), (sr_value *[]){__VA_ARGS__}})
 #define SR_NOARGS ((sr_args){0, NULL})
+#else
+#define SR_ARGS(...) (::sr__args_cxx({__VA_ARGS__}))
+#define SR_NOARGS (::sr_args{0, nullptr})
+#endif
 
 /* Arguments are borrowed: the call takes its own references. The result in
  * *out (out may be NULL) is the caller's. */
@@ -148,6 +160,15 @@ typedef struct sr_debug_info {
 SR_API int sr_debug_info_get(sr_debug_info *out);
 
 #ifdef __cplusplus
+} /* extern "C" */
+
+#include <initializer_list>
+
+/* SR_ARGS in C++: the list's array is a temporary of the full expression that
+ * holds the call (see SR_ARGS above). */
+inline sr_args sr__args_cxx(std::initializer_list<sr_value *> l) noexcept
+{
+    return sr_args{l.size(), l.begin()};
 }
 #endif
 #endif

@@ -190,9 +190,12 @@ SR_API sr_tensor *sr_sqrt(sr_tensor *a);
  * sr_matmul follows torch.matmul: 1-D x 1-D is a dot product (0-d result),
  * 2-D x 2-D is mm, a 1-D operand is promoted to a matrix and the added dim
  * removed afterwards, and operands of 3 or more dims are batches of matrices
- * whose batch dims broadcast. Uses cblas_?gemm when built with OpenBLAS
- * (one BLAS thread per worker; SHMRPC_BLAS_THREADS=n overrides), a
- * cache-blocked loop otherwise; sr_matmul_backend() names which. */
+ * whose batch dims broadcast. Uses cblas_?gemm when built with OpenBLAS, a
+ * cache-blocked loop otherwise; sr_matmul_backend() names which.
+ * OpenBLAS's thread count is set once, before shmrpc's first BLAS call, as
+ * SHMRPC_BLAS_THREADS says: unset, 1 (each worker is one compute thread)
+ * unless OPENBLAS_NUM_THREADS is set; n, n threads; "keep", never set by
+ * shmrpc (the host application's own setting stands). */
 SR_API sr_tensor *sr_matmul(sr_tensor *a, sr_tensor *b);
 SR_API sr_tensor *sr_mm(sr_tensor *a, sr_tensor *b);   /* [n,k] x [k,m] */
 SR_API sr_tensor *sr_bmm(sr_tensor *a, sr_tensor *b);  /* [b,n,k] x [b,k,m] */
