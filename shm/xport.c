@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "log.h"
 #include "heap.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
@@ -249,6 +250,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
+    sr__log_set_worker(o->name, env.rank);
     rc = sr_segment_attach(env.fd, &x->seg);
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
@@ -288,6 +290,7 @@ void sr_xport_detach(sr_xport *x)
         close(x->loadavg_fd);
     free(x->peers);
     free(x);
+    sr__log_set_worker(NULL, -1); /* lines from now on name the process, not the worker */
 }
 
 int sr_xport_check_peers(sr_xport *x)
@@ -474,7 +477,7 @@ static void report_corrupt_inbox(sr_xport *x)
         return;
     x->inbox_reported = true;
     sr_xport_inbox_error(x);
-    fprintf(stderr, "%s\n", sr_last_error());
+    sr__log_text(SR_LOG_ERROR, sr_last_error());
 }
 
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)

@@ -18,6 +18,7 @@
 #include "agent.h"
 #include "codec.h"
 #include "error.h"
+#include "log.h"
 #include "ext.h"
 #include "module.h"
 #include "payload.h"
@@ -840,6 +841,6 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         break;
     default:
         if (!sr__module_msg(a, m))
-            fprintf(stderr, "worker%d: dropped a message of unknown type %u from worker%u\n", a->rank, m->type, m->src);
+            sr_logf(SR_LOG_WARN, "dropped a message of unknown type %u from worker%u", m->type, m->src);
     }
 }
