@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crash.h"
 #include "error.h"
 #include "log.h"
 #include "heap.h"
@@ -268,6 +269,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         sr_xport_detach(x);
         return rc;
     }
+    sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
     *out = x;
     return 0;
 }
@@ -276,6 +278,7 @@ void sr_xport_detach(sr_xport *x)
 {
     if (!x)
         return;
+    sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         /* release: our last sends are complete before peers see DETACHED */

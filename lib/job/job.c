@@ -168,11 +168,12 @@ int sr__job_stop(sr_job *job)
 
 static int report_failure(sr_job *job, int rank, pid_t pid, const siginfo_t *si)
 {
-    char what[96];
+    char what[96], serving[256];
     sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr_seg_crash_text(&job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(job);
-    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s; stopped the other %d worker%s", rank, (int)pid, what,
-             others, others == 1 ? "" : "s");
+    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
+             serving, others, others == 1 ? "" : "s");
     sr__log_text(SR_LOG_ERROR, sr_last_error());
     return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
 }

@@ -17,6 +17,7 @@
 
 #include "agent.h"
 #include "codec.h"
+#include "crash.h"
 #include "error.h"
 #include "log.h"
 #include "ext.h"
@@ -281,7 +282,9 @@ static void run_call(struct sr_call *c)
 {
     modules_enter(c);
     if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
+        struct sr__serving prev = sr__serving_enter(c->fn->name, c->caller);
         int rc = c->fn->fn(c);
+        sr__serving_exit(prev);
         if (rc && !c->err)
             sr_call_fail(c, rc, "%s", sr_last_error()[0] ? sr_last_error() : sr_strerror(rc));
         modules_exit(c);
@@ -289,7 +292,9 @@ static void run_call(struct sr_call *c)
         return;
     }
     sr_future *f = NULL;
+    struct sr__serving prev = sr__serving_enter(c->fn ? c->fn->name : NULL, c->caller);
     int rc = c->module >= 0 ? serve_module(c, &f) : c->fn->afn(c, &f);
+    sr__serving_exit(prev);
     modules_exit(c);
     if (!rc && !f)
         rc = sr_call_fail(c, -EINVAL, "Functions registered with sr_register_async must return a future");
