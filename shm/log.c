@@ -44,9 +44,14 @@ void sr__log_set_worker(const char *name, int rank)
         snprintf(b, IDENT_MAX, "worker%d (rank %d)", rank, rank);
     /* release: the buffer's bytes are visible to whoever loads the pointer (prefix()) */
     atomic_store_explicit(&ident, b, memory_order_release);
+    sr_log_enabled(SR_LOG_ERROR); /* reads SHMRPC_LOG_LEVEL now: a bad value is reported at sr_init */
 }
 
-void sr__log_set_role(const char *r) { snprintf(role, sizeof(role), "%s", r ? r : ""); }
+void sr__log_set_role(const char *r)
+{
+    snprintf(role, sizeof(role), "%s", r ? r : "");
+    sr_log_enabled(SR_LOG_ERROR); /* as above: a launcher reports a bad value at its start */
+}
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
 

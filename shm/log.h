@@ -12,7 +12,9 @@
 #include "shmrpc/log.h"
 
 /* Lines written from now on say "<name> (rank R)"; name NULL: "worker<R>".
- * rank < 0: back to the role (or "pid N"). */
+ * rank < 0: back to the role (or "pid N"). Both setters read
+ * SHMRPC_LOG_LEVEL if no line did yet, so a bad value is reported at
+ * sr_init (or at the launcher's start) even if nothing else is logged. */
 void sr__log_set_worker(const char *name, int rank);
 /* The process's role for lines written outside sr_init..sr_shutdown
  * ("shmrun"); NULL: "pid N" (the pid at the time of each line). */

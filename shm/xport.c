@@ -270,6 +270,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         return rc;
     }
     sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
+    sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world, (int)getpid());
     *out = x;
     return 0;
 }
@@ -279,6 +280,8 @@ void sr_xport_detach(sr_xport *x)
     if (!x)
         return;
     sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
+    if (x->me)
+        sr_logf(SR_LOG_INFO, "detaching (%s)", x->graceful ? "after a graceful shutdown" : "without a graceful shutdown");
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         /* release: our last sends are complete before peers see DETACHED */

@@ -13,7 +13,8 @@
  * SHMRPC_LOG_LEVEL selects what is written: error, warn (the default),
  * info or debug (case-insensitive; "warning" is accepted for warn). Any other
  * value is reported once, as a warning, and the default applies. The
- * variable is read at the first log call of the process.
+ * variable is read once per process: at sr_init (a launcher: at its start)
+ * or at the first log line, whichever comes first.
  */
 #ifndef SHMRPC_LOG_H
 #define SHMRPC_LOG_H
