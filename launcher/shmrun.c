@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "log.h"
 #include "job/job.h"
 
 struct args {
@@ -203,6 +204,7 @@ static int launcher_error(int exit_code, bool usage_hint)
 
 int main(int argc, char **argv)
 {
+    sr__log_set_role("shmrun"); /* the runtime's lines from this process say "shmrun: " */
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc)

@@ -11,8 +11,14 @@
 int sr__fail(int err, const char *fn, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Replace the detail with an already formatted message. */
+/* Replace the detail with an already formatted message (the code stays). */
 void sr__error_set_text(const char *msg);
+/* Replace the detail and its code (sr_last_error_code()): a re-raised error. */
+void sr__error_set(int code, const char *msg);
+/* The cause to pass on for a failure that returned rc: for -SR_EREMOTE, the
+ * code behind this thread's last error when one is recorded (a function
+ * forwarding a failed nested call keeps the innermost code); else rc. */
+int sr__error_cause(int rc);
 
 /* The rank used in error prefixes; -1 (the default) prints no worker. */
 void sr__error_set_rank(int rank);

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 #include "heap_extent.h"
 
 #define BLOCK_MAGIC 0x6b6c4273u /* "sBlk" */
@@ -588,7 +589,7 @@ void sr_block_unref(sr_block *b)
     if (old > 1)
         return;
     if (old == 0) {
-        fprintf(stderr, "shmrpc: sr_block_unref: block of %llu bytes (owner %d) released more often than taken\n",
+        sr_logf(SR_LOG_ERROR, "sr_block_unref: block of %llu bytes (owner %d) released more often than taken",
                 (unsigned long long)b->size, b->owner);
         abort();
     }
@@ -600,12 +601,12 @@ void sr_block_unref(sr_block *b)
          * leak it instead, and say so. */
         sr__fail(-EPROTO, "sr_block_unref", "block header at %p (owner field %d) %s; the block is leaked",
                  (void *)b, owner, why);
-        fprintf(stderr, "shmrpc: %s\n", sr_last_error());
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
     } else if (owner < 0)
         free(b);
     else if (!heap.area)
-        fprintf(stderr, "shmrpc: sr_block_unref: last reference to a block of worker %d dropped after "
-                        "sr_heap_detach(); it is left to the segment\n", owner);
+        sr_logf(SR_LOG_WARN, "sr_block_unref: last reference to a block of worker %d dropped after "
+                           "sr_heap_detach(); it is left to the segment", owner);
     else if (owner == heap.rank) {
         if (!tc_push(b, &h)) {
             local_free(b, &h);
@@ -699,8 +700,8 @@ static sr_block *list_block(uint64_t off, struct hdr *h)
     sr_block *b = check_block(off, false, &why, &rank, h);
     if (b && rank == heap.rank)
         return b;
-    fprintf(stderr, "shmrpc: worker%d: sr_heap_drain: remote-free link %llu %s; dropping the rest of the list\n",
-            heap.rank, (unsigned long long)off, b ? "is in another worker's heap" : why);
+    sr_logf(SR_LOG_ERROR, "sr_heap_drain: remote-free link %llu %s; dropping the rest of the list",
+           (unsigned long long)off, b ? "is in another worker's heap" : why);
     return NULL;
 }
 

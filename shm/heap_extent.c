@@ -52,6 +52,7 @@
 #include <sys/mman.h>
 
 #include "error.h"
+#include "log.h"
 
 #define HUGE_ALIGN 4096u               /* pages of huge blocks */
 #define FREE_MAX 4096                 /* free ranges kept; see the header comment */
@@ -383,7 +384,7 @@ unsigned sr__heap_huge_flush(void)
     pthread_mutex_unlock(&c->lock);
     for (unsigned i = 0; i < n; i++)
         if (give_back(c, base + taken[i].off, taken[i].len, true))
-            fprintf(stderr, "shmrpc: sr_heap: could not punch a cached %llu-byte block\n",
+            sr_logf(SR_LOG_WARN, "sr_heap: could not punch a cached %llu-byte block",
                     (unsigned long long)taken[i].len);
     return n;
 }
@@ -420,7 +421,7 @@ void sr__heap_huge_free(void *p, size_t len)
     bool kept = huge_cache_put(c, p, len);
     pthread_mutex_unlock(&c->lock);
     if (!kept && give_back(c, p, len, true))
-        fprintf(stderr, "shmrpc: sr_heap: could not punch a freed %zu-byte block; its address space is lost\n", len);
+        sr_logf(SR_LOG_WARN, "sr_heap: could not punch a freed %zu-byte block; its address space is lost", len);
 }
 
 /* ---- the arena ---- */
@@ -476,8 +477,8 @@ static int make_arena(struct carver *c, unsigned *arena)
     size_t bsz = sizeof(retain);
     if (mallctl("opt.retain", &retain, &bsz, NULL, 0) == 0 && !retain)
         return 0; /* no grow steps, nothing retained (see malloc_conf above) */
-    fprintf(stderr, "shmrpc: sr_heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
-                    "in its retained set and the heap will fragment under churn (docs/HEAP.md)\n");
+    sr_logf(SR_LOG_WARN, "sr_heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
+                       "in its retained set and the heap will fragment under churn (docs/HEAP.md)");
     rc = arena_ctl(*arena, "retain_grow_limit", &lim, sizeof(lim));
     if (rc)
         sr__heap_arena_destroy(*arena);
@@ -521,7 +522,7 @@ void sr__heap_arena_destroy(unsigned arena)
     snprintf(name, sizeof(name), "arena.%u.destroy", arena);
     int rc = mallctl(name, NULL, NULL, NULL, 0);
     if (rc)
-        fprintf(stderr, "shmrpc: sr_heap_detach: mallctl(\"%s\"): %s\n", name, strerror(rc));
+        sr_logf(SR_LOG_WARN, "sr_heap_detach: mallctl(\"%s\"): %s", name, strerror(rc));
     pthread_mutex_lock(&c->lock);
     c->base = NULL;
     c->len = c->huge_live = 0;

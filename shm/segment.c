@@ -274,3 +274,43 @@ int sr__launch_env_get(struct sr_launch_env *e)
         return rc == -ENOENT ? sr__fail(-EINVAL, "sr_init", "SHMRPC_RANK or SHMRPC_WORLD_SIZE is missing") : rc;
     return 0;
 }
+
+/* A name we may print: NUL-terminated within max bytes, printable ASCII
+ * without quotes. */
+static bool printable_name(const char *n, size_t max)
+{
+    size_t len = strnlen(n, max);
+    if (len == 0 || len == max)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (n[i] < 0x21 || n[i] > 0x7e || n[i] == '\'')
+            return false;
+    return true;
+}
+
+const char *sr_seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (rank < 0 || (uint32_t)rank >= s->world)
+        return buf;
+    const struct sr_worker_info *w = sr_seg_worker(s, rank);
+    /* acquire: pairs with the crash handler's release store (crash.c) */
+    if (atomic_load_explicit(&((struct sr_worker_info *)w)->crashed, memory_order_acquire) != 1)
+        return buf;
+    char fn[SR_CRASH_FN_MAX];
+    memcpy(fn, w->crash_fn, sizeof(fn)); /* one copy: validated and printed alike */
+    if (!printable_name(fn, sizeof(fn)))
+        return buf;
+    int caller = w->crash_caller;
+    if (caller < 0 || (uint32_t)caller >= s->world) {
+        snprintf(buf, len, " while serving '%s'", fn);
+        return buf;
+    }
+    char name[SR_NAME_MAX];
+    memcpy(name, sr_seg_worker(s, caller)->name, sizeof(name));
+    if (printable_name(name, sizeof(name)))
+        snprintf(buf, len, " while serving '%s' from %s", fn, name);
+    else
+        snprintf(buf, len, " while serving '%s' from rank %d", fn, caller);
+    return buf;
+}

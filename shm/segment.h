@@ -25,8 +25,9 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 4u                   /* bump when any offset below changes (2: remote_free;
-                                                     3: ring space_ranks, worker space_kick; 4: exit lines) */
+#define SR_SEG_LAYOUT_FORMAT 5u                   /* bump when any offset below changes (2: remote_free;
+                                                     3: ring space_ranks, worker space_kick; 4: exit lines;
+                                                     5: crash lines) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -35,6 +36,7 @@
 #define SR_HEAP_MIN (4u << 20)                    /* smallest per-worker heap accepted */
 #define SR_HEAP_DEFAULT (UINT64_C(1) << 30)       /* per worker; memfd pages cost nothing until touched */
 #define SR_RING_SLOTS_DEFAULT 1024u
+#define SR_CRASH_FN_MAX 64u                       /* function names are < 64 bytes (rpc/registry.h) */
 
 enum sr_worker_state {
     SR_WORKER_EMPTY = 0,    /* slot written by the creator only */
@@ -122,11 +124,22 @@ struct sr_worker_info {
     int32_t exit_code;      /* siginfo si_code: CLD_EXITED, CLD_KILLED, CLD_DUMPED */
     int32_t exit_status;    /* the exit status, or the signal */
     uint32_t exit_seq;      /* 1 for the job's first published exit, 2 for the next...: the order of departures */
+
+    /* Own line: the call the worker was serving when it died of a fatal
+     * signal (crash.h). Written once, by the worker's signal handler, just
+     * before its process ends: crash_fn and crash_caller, then crashed = 1
+     * (release). Read by the supervisor after it reaped the process (waitid
+     * orders the worker's stores before it), and validated: a worker that
+     * scribbled here gets its text refused, never read past its bounds. */
+    _Atomic uint32_t crashed SR_ALIGNED_LINE; /* 0: no report; 1: the fields below are set */
+    int32_t crash_caller;   /* rank of the caller of the call being served */
+    char crash_fn[SR_CRASH_FN_MAX]; /* its function's name, NUL-terminated */
 };
 static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
 static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
 static_assert(offsetof(struct sr_worker_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
 static_assert(offsetof(struct sr_worker_info, exited) % SR_CACHELINE == 0, "exit line on its own line");
+static_assert(offsetof(struct sr_worker_info, crashed) % SR_CACHELINE == 0, "crash line on its own line");
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */
@@ -200,6 +213,11 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
  * exit status or the signal. "exited with status N", "was killed by signal
  * SIGX (core dumped)". */
 const char *sr_exit_describe(int how, int status, char *buf, size_t len);
+/* " while serving 'train_step' from worker0" when rank's worker died of a
+ * fatal signal while it ran a call (crash.h), else "". Only meaningful after
+ * the worker's process was reaped. The fields are validated (the name's
+ * bound and characters, the caller's rank and name). Returns buf. */
+const char *sr_seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len);
 
 /* How a worker finds its segment: sr_spawn children get it from a
  * process-global set after fork; shmrun children from SHMRPC_FD,

@@ -14,7 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "crash.h"
 #include "error.h"
+#include "log.h"
 #include "heap.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
@@ -249,6 +251,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     x->rank = env.rank;
     x->world = env.world_size;
     sr__error_set_rank(env.rank);
+    sr__log_set_worker(o->name, env.rank);
     rc = sr_segment_attach(env.fd, &x->seg);
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
@@ -266,6 +269,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         sr_xport_detach(x);
         return rc;
     }
+    sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
+    sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world, (int)getpid());
     *out = x;
     return 0;
 }
@@ -274,6 +279,9 @@ void sr_xport_detach(sr_xport *x)
 {
     if (!x)
         return;
+    sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
+    if (x->me)
+        sr_logf(SR_LOG_INFO, "detaching (%s)", x->graceful ? "after a graceful shutdown" : "without a graceful shutdown");
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         /* release: our last sends are complete before peers see DETACHED */
@@ -288,6 +296,7 @@ void sr_xport_detach(sr_xport *x)
         close(x->loadavg_fd);
     free(x->peers);
     free(x);
+    sr__log_set_worker(NULL, -1); /* lines from now on name the process, not the worker */
 }
 
 int sr_xport_check_peers(sr_xport *x)
@@ -474,7 +483,7 @@ static void report_corrupt_inbox(sr_xport *x)
         return;
     x->inbox_reported = true;
     sr_xport_inbox_error(x);
-    fprintf(stderr, "%s\n", sr_last_error());
+    sr__log_text(SR_LOG_ERROR, sr_last_error());
 }
 
 unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)

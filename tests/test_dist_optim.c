@@ -488,15 +488,16 @@ static int sc_step_errors(int rank, int world)
     if (expect_w(&rm, 0, g1, 0.05, "the owner that did not fail") || expect_w(&rm, 1, NULL, 0, "the failed owner"))
         return 1;
     WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
-    char want[96];
+    char want[192];
     snprintf(want, sizeof(want), "Could not find autograd context with id: %lld", (long long)ctx);
     WEXPECT_ERR(sr_dist_optim_step(d, ctx), -EINVAL, want); /* ended */
     WEXPECT_ERR(sr_dist_optim_step(d, 12345), -EINVAL, "Could not find autograd context with id: 12345");
 
     int64_t ctx2; /* a context no owner has seen */
     WCHECK(sr_dist_autograd_context_begin(&ctx2) == 0, "begin: %s", sr_last_error());
-    snprintf(want, sizeof(want), "Error on Node 2: sr_dist_autograd_get_gradient: Could not find autograd "
-                                 "context with id: %lld", (long long)ctx2);
+    snprintf(want, sizeof(want),
+             "Error on Node 2: in 'sr.dist_optim.step': sr_dist_autograd_get_gradient: Could not find autograd "
+             "context with id: %lld", (long long)ctx2);
     WEXPECT_ERR(sr_dist_optim_step(d, ctx2), -SR_EREMOTE, want);
     WCHECK(sr_dist_autograd_context_end(ctx2) == 0, "end: %s", sr_last_error());
     if (expect_w(&rm, 0, g1, 0.05, "after a failed step") || expect_w(&rm, 1, NULL, 0, "after a failed step"))
@@ -525,16 +526,17 @@ static int sc_ctor_errors(int rank, int world)
     oo.lr = -1;
     sr_dist_optim *d = (sr_dist_optim *)&oo; /* must be reset to NULL */
     WEXPECT_ERR(sr_dist_optim_create(SR_OPTIM_SGD, &oo, rm.p, 2, &d), -SR_EREMOTE,
-                "sr_dist_optim_create: Error creating optimizer. Error on Node 2: sr_optim_create: SGD: Invalid "
-                "learning rate: -1.0");
+                "sr_dist_optim_create: Error creating optimizer. Error on Node 2: in 'sr.dist_optim.new': "
+                "sr_optim_create: SGD: Invalid learning rate: -1.0");
     WCHECK(d == NULL, "a failed create left *out set");
     WEXPECT_ERR(sr_dist_optim_create(SR_OPTIM_SGD, NULL, rm.p, 2, &d), -SR_EREMOTE,
                 "parameter group didn't specify a value of required optimization parameter lr");
     /* Worker1 builds its optimizer, worker2 fails: the module is no tensor. */
     WEXPECT_ERR(sr_dist_optim_create(SR_OPTIM_ADAM, NULL, (sr_rref *[]){rm.p[0], rm.m[1]}, 2, &d), -SR_EREMOTE,
-                "Error creating optimizer. Error on Node 2: parameter 0 holds a object, not a tensor");
+                "Error creating optimizer. Error on Node 2: in 'sr.dist_optim.new': parameter 0 holds a object, "
+                "not a tensor");
     WEXPECT_ERR(sr_dist_optim_create(SR_OPTIM_ADAM, NULL, (sr_rref *[]){rm.p[0], rm.p[0]}, 2, &d), -SR_EREMOTE,
-                "Error on Node 1: sr_optim_create: parameter 1 is parameter 0 again");
+                "Error on Node 1: in 'sr.dist_optim.new': sr_optim_create: parameter 1 is parameter 0 again");
     WEXPECT_ERR(sr_dist_optim_create(SR_OPTIM_ADAM, NULL, (sr_rref *[]){rm.p[0], NULL}, 2, &d), -EINVAL,
                 "parameter RRef 1 is NULL");
     WEXPECT_ERR(sr_dist_optim_create((sr_optim_kind)42, NULL, rm.p, 2, &d), -EINVAL, "bad optimizer kind 42");

@@ -282,6 +282,25 @@ Test(launcher, worker_abort_takes_the_job_down)
     finish(&r);
 }
 
+/* A worker that dies of a signal while serving a call: shmrun's report
+ * names the function and the caller, read from the worker's segment slot. */
+Test(launcher, crash_report_names_the_call_being_served)
+{
+    struct run r;
+    start_job(&r, "serving", 2, "serving", "1", NULL);
+    await_ready(&r, 2);
+    go(&r);
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGABRT, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    char want[200];
+    snprintf(want, sizeof(want), "shmrun: rank 1 (pid %d) was killed by signal SIGABRT while serving 'train_step' "
+                                 "from worker0; stopped the other 1 worker\n", (int)r.ready.pid[1]);
+    cr_assert_str_eq(r.err, want);
+    assert_workers_gone(&r.ready, 2);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
 Test(launcher, worker_exit_3_takes_the_job_down)
 {
     struct run r;

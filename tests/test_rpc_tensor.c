@@ -375,14 +375,14 @@ static int sc_errors(int rank, int world)
     sr_value *d = tv(sr_ones(SR_F64, 2, (int64_t[]){2, 3}, 0)), *i = tv(sr_ones(SR_I64, 1, (int64_t[]){2}, 0));
     sr_value *s = sr_str("x"), *n = sr_int(2), *v = NULL, *priv = tv(p);
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, b), -1, &v), -SR_EREMOTE,
-                "Error on Node 1: sr_add: shapes [2, 3] and [4] cannot be broadcast");
+                "Error on Node 1: in 'add': sr_add: shapes [2, 3] and [4] cannot be broadcast");
     WEXPECT_ERR(sr_rpc_sync(1, "mul", SR_ARGS(a, d), -1, &v), -SR_EREMOTE,
-                "Error on Node 1: sr_mul: dtypes f32 and f64 do not match");
+                "Error on Node 1: in 'mul': sr_mul: dtypes f32 and f64 do not match");
     WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, a), -1, &v), -SR_EREMOTE,
-                "Error on Node 1: sr_matmul: shapes [2, 3] and [2, 3] cannot be multiplied");
-    WEXPECT_ERR(sr_rpc_sync(0, "exp", SR_ARGS(i), -1, &v), -SR_EREMOTE, "Error on Node 0: sr_exp:");
+                "Error on Node 1: in 'matmul': sr_matmul: shapes [2, 3] and [2, 3] cannot be multiplied");
+    WEXPECT_ERR(sr_rpc_sync(0, "exp", SR_ARGS(i), -1, &v), -SR_EREMOTE, "Error on Node 0: in 'exp': sr_exp:");
     WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,
-                "Error on Node 1: add() argument 2 must be a number or a tensor, not str");
+                "Error on Node 1: in 'add': add() argument 2 must be a number or a tensor, not str");
     WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, n), -1, &v), -SR_EREMOTE,
                 "matmul() argument 2 must be a tensor, not int");
     WEXPECT_ERR(sr_rpc_sync(1, "exp", SR_ARGS(a, a), -1, &v), -SR_EREMOTE, "exp() expects 1 argument, got 2");
@@ -390,7 +390,7 @@ static int sc_errors(int rank, int world)
                 "sum() argument 2 must be an int (a dim), not str");
     sr_value *five = sr_int(5);
     WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, five), -1, &v), -SR_EREMOTE,
-                "Error on Node 1: sr_sum_dim: dimension 5 is out of range for a 2-d tensor");
+                "Error on Node 1: in 'sum': sr_sum_dim: dimension 5 is out of range for a 2-d tensor");
     sr_value_unref(five);
     WEXPECT_ERR(sr_rpc_sync(1, "transpose", SR_ARGS(a, n), -1, &v), -SR_EREMOTE,
                 "transpose() expects 3 arguments, got 2");

@@ -149,8 +149,8 @@ static int sc_errors(int rank, int world)
     sr_rref_unref(r);
     WCHECK(sr_remote(1, "fail", SR_ARGS(three), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     WCHECK(wait_confirmed(r) == 0, "a failing function still creates its RRef");
-    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: intentional failure 3");
-    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: intentional failure 3");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: in 'fail': intentional failure 3");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EREMOTE, "Error on Node 1: in 'fail': intentional failure 3");
     sr_rref_unref(r);
     WCHECK(sr_remote(0, "no_such_fn", SR_ARGS(three), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -ENOENT, "function 'no_such_fn' is not registered on worker0");

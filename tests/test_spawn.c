@@ -176,8 +176,8 @@ static void finish(struct job *j)
     close(j->ready[1]), close(j->go[0]), close(j->go[1]), close(j->done[0]), close(j->err[0]);
 }
 
-/* -SR_EWORKER, the report in sr_last_error() and once on stderr, every
- * worker gone, the segment gone. */
+/* -SR_EWORKER, the report in sr_last_error() and once on stderr (after the
+ * log's "pid N: "), every worker gone, the segment gone. */
 static void assert_taken_down(struct job *j, int rank, const char *what)
 {
     await_return(j);
@@ -189,7 +189,7 @@ static void assert_taken_down(struct job *j, int rank, const char *what)
     snprintf(tail, sizeof(tail), "; stopped the other %d workers", j->n - 1);
     cr_assert(strstr(j->error, tail), "sr_last_error() '%s' does not end with '%s'", j->error, tail);
     char line[600];
-    snprintf(line, sizeof(line), "%s\n", j->error);
+    snprintf(line, sizeof(line), "pid %d: %s\n", (int)getpid(), j->error); /* the log names the process */
     cr_assert_str_eq(j->report, line, "stderr should hold the report once");
     assert_workers_gone(&j->seen, j->n);
     assert_segment_gone(j->ns);

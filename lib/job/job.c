@@ -18,6 +18,7 @@
 
 #include "doorbell.h"
 #include "error.h"
+#include "log.h"
 #include "ring.h"
 
 #define TAG_SIGNAL UINT64_C(0xffffffff)
@@ -167,12 +168,13 @@ int sr__job_stop(sr_job *job)
 
 static int report_failure(sr_job *job, int rank, pid_t pid, const siginfo_t *si)
 {
-    char what[96];
+    char what[96], serving[256];
     sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr_seg_crash_text(&job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(job);
-    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s; stopped the other %d worker%s", rank, (int)pid, what,
-             others, others == 1 ? "" : "s");
-    fprintf(stderr, "%s\n", sr_last_error());
+    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
+             serving, others, others == 1 ? "" : "s");
+    sr__log_text(SR_LOG_ERROR, sr_last_error());
     return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 #include "registry.h"
 #include "shmrpc/tensor.h"
 
@@ -338,7 +339,7 @@ static void register_all(void)
             if (!strcmp(table[i].name, cheap[k]))
                 kind = SR_FN_BUILTIN_CHEAP;
         if (sr__registry_add(table[i].name, kind, table[i].fn, NULL))
-            fprintf(stderr, "shmrpc: cannot register built-in '%s': %s\n", table[i].name, sr_last_error());
+            sr_logf(SR_LOG_ERROR, "cannot register built-in '%s': %s", table[i].name, sr_last_error());
     }
 }
 

@@ -25,6 +25,7 @@
 
 #include "agent.h"
 #include "error.h"
+#include "log.h"
 #include "timeout.h"
 
 #define BATCH 32
@@ -196,9 +197,9 @@ static void stray(sr_agent *a, uint64_t id, int from, int to)
     /* relaxed: a statistic; nothing is published with it */
     uint64_t n = atomic_fetch_add_explicit(&a->stray_responses, 1, memory_order_relaxed) + 1;
     if (n <= 8)
-        fprintf(stderr, "shmrpc: worker%d: dropped a response from worker%d to call %#" PRIx64
-                        ", which was sent to worker%d (%" PRIu64 " dropped so far)\n",
-                a->rank, from, id, to, n);
+        sr_logf(SR_LOG_WARN, "dropped a response from worker%d to call %#" PRIx64
+                            ", which was sent to worker%d (%" PRIu64 " dropped so far)",
+               from, id, to, n);
 }
 
 /* End call id if it is in flight and, when from >= 0, was sent to from. */

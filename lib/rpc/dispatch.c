@@ -17,7 +17,9 @@
 
 #include "agent.h"
 #include "codec.h"
+#include "crash.h"
 #include "error.h"
+#include "log.h"
 #include "ext.h"
 #include "module.h"
 #include "payload.h"
@@ -31,6 +33,7 @@ struct sr_call {
     sr_value *args;     /* a list */
     sr_value *result;   /* set by sr_call_return */
     int err;
+    int cause;          /* err's cause: for -SR_EREMOTE, the innermost failed function's code */
     char *msg;          /* set by sr_call_fail; NULL on the fast path */
     bool raw_error;     /* module request: the error text goes back as it is */
     int8_t module;      /* MOD_REQ: the module that serves it; -1 otherwise */
@@ -93,15 +96,16 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
         va_end(ap);
     }
     c->err = err < 0 ? err : -EINVAL;
+    c->cause = sr__error_cause(c->err); /* forwarding a failed nested call: its callee's code */
     return c->err;
 }
 
 /* ---- answering ------------------------------------------------------------ */
 
-static void send_error(sr_agent *a, int to, uint64_t id, int code, const char *text)
+static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, const char *text)
 {
     sr_msg m = {.type = SR_MSG_ERR};
-    struct sr_wire w = {.call_id = id, .code = code};
+    struct sr_wire w = {.call_id = id, .code = code, .cause = cause};
     size_t len = strlen(text);
     uint8_t *p = sr__payload_reserve(&m, &w, len);
     if (!p) { /* no heap for a long message: cut it to fit inline */
@@ -135,7 +139,7 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
             sr__payload_abandon(&w);
-        send_error(a, to, id, -SR_EREMOTE, text);
+        send_error(a, to, id, -SR_EREMOTE, sr__error_cause(-SR_EREMOTE), text);
         return;
     }
     sr_wire_put(&m, &w, false);
@@ -194,6 +198,17 @@ static void modules_call_done(struct sr_call *c)
             sr__modules[id]->call_done(c);
 }
 
+/* "Error on Node 1: in 'train_step': <the function's message>" (PyTorch's
+ * "Error on Node N: ", naming the function; a module request has no name). */
+static void remote_error_text(const struct sr_call *c, char *text, size_t len)
+{
+    const char *msg = c->msg && c->msg[0] ? c->msg : sr_strerror(c->err);
+    if (c->fn)
+        snprintf(text, len, "Error on Node %d: in '%s': %s", c->a->rank, c->fn->name, msg);
+    else
+        snprintf(text, len, "Error on Node %d: %s", c->a->rank, msg);
+}
+
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
@@ -202,19 +217,18 @@ static void finish_call(struct sr_call *c)
     sr_value_unref(c->args);
     c->args = NULL;
     if (c->err && c->raw_error) {
-        send_error(a, c->caller, c->call_id, c->err, c->msg ? c->msg : sr_strerror(c->err));
+        send_error(a, c->caller, c->call_id, c->err, c->cause, c->msg ? c->msg : sr_strerror(c->err));
     } else if (c->kept) {
         char text[512] = "";
         if (c->err)
-            snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank,
-                     c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
+            remote_error_text(c, text, sizeof(text));
         sr__modules[c->keeper]->keep_set(c->kept, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
         c->kept = NULL;
         send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
     } else if (c->err) {
         char text[512];
-        snprintf(text, sizeof(text), "Error on Node %d: %s", a->rank, c->msg && c->msg[0] ? c->msg : sr_strerror(c->err));
-        send_error(a, c->caller, c->call_id, -SR_EREMOTE, text);
+        remote_error_text(c, text, sizeof(text));
+        send_error(a, c->caller, c->call_id, -SR_EREMOTE, c->cause, text);
     } else {
         struct sr_ext_buf ext;
         sr__ext_response_out(c, c->result, &ext);
@@ -268,7 +282,9 @@ static void run_call(struct sr_call *c)
 {
     modules_enter(c);
     if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
+        struct sr__serving prev = sr__serving_enter(c->fn->name, c->caller);
         int rc = c->fn->fn(c);
+        sr__serving_exit(prev);
         if (rc && !c->err)
             sr_call_fail(c, rc, "%s", sr_last_error()[0] ? sr_last_error() : sr_strerror(rc));
         modules_exit(c);
@@ -276,7 +292,9 @@ static void run_call(struct sr_call *c)
         return;
     }
     sr_future *f = NULL;
+    struct sr__serving prev = sr__serving_enter(c->fn ? c->fn->name : NULL, c->caller);
     int rc = c->module >= 0 ? serve_module(c, &f) : c->fn->afn(c, &f);
+    sr__serving_exit(prev);
     modules_exit(c);
     if (!rc && !f)
         rc = sr_call_fail(c, -EINVAL, "Functions registered with sr_register_async must return a future");
@@ -490,7 +508,7 @@ static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uin
         return NULL;
     const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
     if (!fn)
-        snprintf(text, tl, "function '%.*s' is not registered on worker%d",
+        snprintf(text, tl, "Error on Node %d: function '%.*s' is not registered on worker%d", a->rank,
                  (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
     return fn;
 }
@@ -757,7 +775,7 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     answered = m->type == SR_MSG_KEEP_CALL && keep_open(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
-            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, text);
+            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
         return;
     }
@@ -810,7 +828,8 @@ static void handle_response(sr_agent *a, const sr_msg *m)
     } else if (m->type == SR_MSG_ERR) {
         char text[1024];
         snprintf(text, sizeof(text), "%.*s", (int)(len < sizeof(text) ? len : sizeof(text) - 1), (const char *)p);
-        sr__future_fail_text(f, w.code < 0 ? w.code : -SR_EREMOTE, text);
+        int code = w.code < 0 ? w.code : -SR_EREMOTE;
+        sr__future_fail_cause(f, code, w.cause < 0 ? w.cause : code, text);
     } else if (decode_result(m, p, len, &list)) {
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else {
@@ -840,6 +859,6 @@ void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         break;
     default:
         if (!sr__module_msg(a, m))
-            fprintf(stderr, "worker%d: dropped a message of unknown type %u from worker%u\n", a->rank, m->type, m->src);
+            sr_logf(SR_LOG_WARN, "dropped a message of unknown type %u from worker%u", m->type, m->src);
     }
 }

@@ -45,6 +45,7 @@ struct sr_future {
     struct callback *cbs, **tail;
     sr_value *value;             /* written by the completer before DONE */
     int err;
+    int cause;                   /* err's cause: for -SR_EREMOTE, the remote function's own code */
     char *msg;
 };
 
@@ -183,12 +184,15 @@ SR_API int sr_future_set_result(sr_future *f, sr_value *v)
     return 0;
 }
 
-int sr__future_fail_text(sr_future *f, int err, const char *msg)
+int sr__future_fail_text(sr_future *f, int err, const char *msg) { return sr__future_fail_cause(f, err, err, msg); }
+
+int sr__future_fail_cause(sr_future *f, int err, int cause, const char *msg)
 {
     int rc = begin_complete(f);
     if (rc)
         return rc;
     f->err = err < 0 ? err : -EINVAL;
+    f->cause = cause < 0 ? cause : f->err;
     f->msg = strdup(msg ? msg : "");
     finish_complete(f);
     return 0;
@@ -212,7 +216,7 @@ SR_API int sr_future_set_error(sr_future *f, int err, const char *fmt, ...)
 static int outcome(sr_future *f, sr_value **out)
 {
     if (f->err) {
-        sr__error_set_text(f->msg ? f->msg : "");
+        sr__error_set(f->cause, f->msg ? f->msg : "");
         return f->err;
     }
     if (out)
@@ -227,6 +231,15 @@ SR_API int sr_future_value(sr_future *f, sr_value **out)
     if (!sr_future_done(f))
         return sr__fail(-EAGAIN, "sr_future_value", "the future is not complete yet");
     return outcome(f, out);
+}
+
+SR_API int sr_future_error_code(const sr_future *f)
+{
+    if (!f)
+        return sr__fail(-EINVAL, "sr_future_error_code", "future is NULL");
+    if (!sr_future_done(f))
+        return sr__fail(-EAGAIN, "sr_future_error_code", "the future is not complete yet");
+    return f->err ? f->cause : 0;
 }
 
 bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val)
@@ -350,8 +363,8 @@ static void run_then(sr_future *parent, void *p)
     struct then_ctx *t = p;
     sr_value *result = NULL;
     int rc = t->fn(parent, t->arg, &result);
-    if (rc)
-        sr__future_fail_text(t->child, rc, sr_last_error());
+    if (rc) /* a callback that forwards a remote error keeps its cause */
+        sr__future_fail_cause(t->child, rc, sr__error_cause(rc), sr_last_error());
     else
         sr_future_set_result(t->child, result);
     sr_value_unref(result);
@@ -424,7 +437,7 @@ static void on_one_done(sr_future *f, void *p)
 {
     struct all_ctx *a = p;
     if (f->err)
-        sr__future_fail_text(a->agg, f->err, f->msg); /* the first error wins; later ones are -EALREADY */
+        sr__future_fail_cause(a->agg, f->err, f->cause, f->msg); /* the first error wins; later ones are -EALREADY */
     /* acq_rel: the last one to finish must see every result */
     else if (atomic_fetch_sub_explicit(&a->remaining, 1, memory_order_acq_rel) == 1)
         complete_all(a);

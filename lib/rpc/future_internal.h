@@ -48,6 +48,9 @@ bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val);
 
 /* Complete with an already formatted message (e.g. "Error on Node 1: ..."). */
 int sr__future_fail_text(sr_future *f, int err, const char *msg);
+/* The same with the error's cause (sr_future_error_code()): for -SR_EREMOTE,
+ * the remote function's own code. */
+int sr__future_fail_cause(sr_future *f, int err, int cause, const char *msg);
 
 /* add_done_callback with a release hook: if f is destroyed before it
  * completes, release(arg) runs instead of cb, so arg is never leaked. */

@@ -9,7 +9,8 @@
  *
  *   REQ          call_id, payload = function name (name_len bytes) + encoded args
  *   RESP         call_id, payload = encoded result (a list of one value)
- *   ERR          call_id, code = -errno, payload = message text
+ *   ERR          call_id, code = -errno, cause = the failed function's own
+ *                -errno when code is -SR_EREMOTE (0: none), payload = text
  *   CTRL         ctrl = subtype, a = b = arguments (barrier, quiescence waves)
  *   KEEP_CALL    as REQ, but the result stays on the callee: ctrl = the
  *                module that keeps it, tag = the module's word (module.h,
@@ -72,7 +73,7 @@ struct sr_wire {
     union {
         struct {
             int32_t code;   /* ERR: -errno */
-            uint32_t pad;
+            int32_t cause;  /* ERR: for -SR_EREMOTE, the callee's own -errno (0: unknown) */
         };
         uint64_t tag;       /* KEEP_CALL, MOD_REQ: the module's word */
     };

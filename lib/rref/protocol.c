@@ -48,6 +48,7 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "log.h"
 #include "hooks.h"
 #include "rref_internal.h"
 
@@ -215,8 +216,7 @@ static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **
     if (e->kind == SR_RREF_FORK_REQUEST)
         finish_fork_request(e, err, d, failed);
     else if (err)
-        fprintf(stderr, "worker%d: the owner worker%d could not apply the delete of fork %llx: %s\n",
-                sr__rref_ctx.rank, src, (unsigned long long)e->fid, sr_strerror(err));
+        sr_logf(SR_LOG_WARN, "the owner worker%d could not apply the delete of fork %llx: %s", src, (unsigned long long)e->fid, sr_strerror(err));
     free(e);
 }
 
@@ -239,8 +239,7 @@ void sr__rref_ctrl(const sr_msg *m)
     case SR_RREF_NUDGE: /* loudly, after every ACK this worker sent the nudger before */
         queue_send(&d, m->src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
         break;
-    default: fprintf(stderr, "worker%d: dropped an RRef message of unknown kind %u from worker%u\n", sr__rref_ctx.rank, w.ctrl,
-                     m->src);
+    default: sr_logf(SR_LOG_WARN, "dropped an RRef message of unknown kind %u from worker%u", w.ctrl, m->src);
     }
     sr__idle_check_locked(&d);
     sr__rref_unlock();
@@ -370,8 +369,8 @@ void sr__ctrl_unsent(int to, const sr_msg *m, int err)
     sr__after_init(&d);
     sr_rref *failed = NULL;
     if (err != -EPIPE) /* a dead peer's messages are dropped silently: its death is reported */
-        fprintf(stderr, "worker%d: an RRef control message (kind %u) to worker%d could not be sent: %s\n",
-                sr__rref_ctx.rank, w.ctrl, to, sr_last_error());
+        sr_logf(SR_LOG_WARN, "an RRef control message (kind %u) to worker%d could not be sent: %s", w.ctrl, to,
+               sr_last_error());
     if (!w.call_id || w.ctrl == SR_RREF_ACK)
         return; /* nothing here waits for it */
     sr__rref_lock();

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 #include "hooks.h"
 #include "rref_internal.h"
 
@@ -101,7 +102,7 @@ static void drop_unforked(void)
 
 /* "Leaking RRef (0,3) with fork id (1,7)" for each live fork: the first 32
  * on stderr, the first few in the error. Returns the number of leaks. */
-static size_t report_leaks(int rank, char *msg, size_t len)
+static size_t report_leaks(char *msg, size_t len)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
@@ -116,9 +117,9 @@ static size_t report_leaks(int rank, char *msg, size_t len)
         snprintf(line, sizeof(line), "Leaking RRef %s with fork id %s", sr__id_str(all[i][0], a, sizeof(a)),
                  sr__id_str(all[i][1], b, sizeof(b)));
         if (i < LEAKS_ON_STDERR)
-            fprintf(stderr, "worker%d: %s\n", rank, line);
+            sr_logf(SR_LOG_WARN, "%s", line);
         else if (i == LEAKS_ON_STDERR)
-            fprintf(stderr, "worker%d: ... and %zu more leaking forks\n", rank, n - i);
+            sr_logf(SR_LOG_WARN, "... and %zu more leaking forks", n - i);
         if (i < LEAKS_IN_ERROR && used < len)
             used += (size_t)snprintf(msg + used, len - used, " %s;", line);
     }
@@ -131,14 +132,14 @@ int sr__rref_shutdown_check(void)
     struct rref_ctx *c = &sr__rref_ctx;
     drop_unforked();
     char msg[480];
-    size_t leaks = report_leaks(c->rank, msg, sizeof(msg));
+    size_t leaks = report_leaks(msg, sizeof(msg));
     sr__rref_lock();
     size_t users = c->pending_users.n, children = c->children.n, unacked = c->unacked.n;
     bool ignore = c->ignore_leaks;
     sr__rref_unlock();
     if (users || children || unacked)
-        fprintf(stderr, "worker%d: sr_shutdown: after quiescence, %zu pending users, %zu pending children and %zu "
-                        "unacknowledged RRef messages remain\n", c->rank, users, children, unacked);
+        sr_logf(SR_LOG_WARN, "sr_shutdown: after quiescence, %zu pending users, %zu pending children and %zu "
+                            "unacknowledged RRef messages remain", users, children, unacked);
     if (leaks && !ignore)
         return sr__fail(-EBUSY, "sr_shutdown", "%s", msg);
     return 0;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "tensor/gemm.h"
+#include "log.h"
 
 /* Relaxed: a test/bench switch, flipped while no gemm runs. */
 static _Atomic int gemm_mode = SR_GEMM_AUTO;
@@ -46,10 +47,8 @@ static int blas_threads_wanted(void)
     long n = strtol(env, &end, 10);
     if (end != env && !*end && !errno && n >= 1 && n <= 4096)
         return (int)n;
-    fprintf(stderr,
-            "shmrpc: pid %d: matmul: SHMRPC_BLAS_THREADS='%s' is neither a thread count (1..4096) nor 'keep'; "
-            "using the default\n",
-            (int)getpid(), env);
+    sr_logf(SR_LOG_WARN, "matmul: SHMRPC_BLAS_THREADS='%s' is neither a thread count (1..4096) nor 'keep'; "
+                         "using the default", env);
     return -1;
 }
 

@@ -9,6 +9,7 @@
 #include "autograd/engine.h"
 #include "atomics.h"
 #include "error.h"
+#include "log.h"
 #include "tensor/tensor_impl.h"
 
 SR_API const char *sr_dtype_name(sr_dtype dt)
@@ -219,7 +220,7 @@ const char *sr__tensor_pin(const sr_tensor *t)
         e->n++;
     } else {
         if (pins.n == PIN_MAX) { /* nesting is bounded by the code, so a bug */
-            fprintf(stderr, "shmrpc: more than %d tensor pins held by one thread\n", PIN_MAX);
+            sr_logf(SR_LOG_ERROR, "more than %d tensor pins held by one thread", PIN_MAX);
             abort();
         }
         e = &pins.e[pins.n++];
@@ -234,7 +235,7 @@ void sr__tensor_unpin(const sr_tensor *t)
 {
     struct pin_entry *e = pin_find(t->storage);
     if (!e) {
-        fprintf(stderr, "shmrpc: sr__tensor_unpin of a storage this thread has not pinned\n");
+        sr_logf(SR_LOG_ERROR, "sr__tensor_unpin of a storage this thread has not pinned");
         abort();
     }
     if (--e->n)

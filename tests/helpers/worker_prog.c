@@ -16,6 +16,8 @@
  *   ok            detach and exit 0
  *   exit R CODE   rank R reads one byte from GO_FD, then _exit(CODE)
  *   abort R       rank R reads one byte from GO_FD, then abort()
+ *   serving R     as abort, while marked as serving a call to 'train_step'
+ *                 from rank 0 (crash.h): the report must name them
  *   block         nothing more
  *   early R       rank R exits 0 before attaching; every other rank's attach
  *                 must fail at once with -EPIPE naming it (then it exits 0;
@@ -32,6 +34,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include "crash.h"
 #include "error.h"
 #include "xport.h"
 
@@ -184,7 +187,12 @@ int main(int argc, char **argv)
         wait_go();
         abort();
     }
-    if (strcmp(mode, "block") && strcmp(mode, "exit") && strcmp(mode, "abort"))
+    if (x->rank == chosen && !strcmp(mode, "serving")) {
+        wait_go();
+        sr__serving_enter("train_step", 0);
+        abort();
+    }
+    if (strcmp(mode, "block") && strcmp(mode, "exit") && strcmp(mode, "abort") && strcmp(mode, "serving"))
         die(EXIT_USAGE, "unknown mode");
     block_forever(x);
 }

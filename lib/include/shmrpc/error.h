@@ -30,6 +30,13 @@ extern "C" {
 /* Detail of the last failure on this thread; "" if none. Never NULL. */
 SR_API const char *sr_last_error(void);
 
+/* The error code behind sr_last_error(): the code the failing call returned,
+ * except after -SR_EREMOTE, where it is the remote function's own code (the
+ * -errno it failed with, e.g. -ENOSPC; -SR_EREMOTE itself only when the
+ * callee gave none). 0 if nothing was recorded on this thread. Like the
+ * text, it is set by every failing shmrpc call, and by sr_errorf(). */
+SR_API int sr_last_error_code(void);
+
 /* Record a failure's detail (for sr_last_error()) and return err, e.g. from
  * a then-callback: return sr_errorf(-EINVAL, "bad value %d", v); */
 SR_API int sr_errorf(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -43,6 +43,13 @@ SR_API int sr_future_wait(sr_future *f, sr_value **out);
 /* Non-blocking: as wait if complete, else -EAGAIN. */
 SR_API int sr_future_value(sr_future *f, sr_value **out);
 
+/* The code behind a completed future's error: its error code, except for
+ * -SR_EREMOTE, where it is the remote function's own -errno (e.g. -ENOSPC
+ * for a function that failed with sr_call_fail(c, -ENOSPC, ...)). 0 if the
+ * future holds a value; -EAGAIN if it is not complete; -EINVAL if f is NULL.
+ * sr_future_wait() sets the same code in sr_last_error_code(). */
+SR_API int sr_future_error_code(const sr_future *f);
+
 /* Complete with a value (the future takes its own reference) or an error.
  * A second completion is -EALREADY ("Future can only be marked completed
  * once"). err must be negative. */

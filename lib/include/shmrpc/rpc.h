@@ -18,9 +18,11 @@
  * Errors (returned as -errno / -SR_E*, detail in sr_last_error()):
  *   -SR_ESHUTDOWN  before sr_init or after sr_shutdown
  *   -EINVAL        bad rank, name, argument, or timeout
- *   -ENOENT        "function 'x' is not registered on worker1"
+ *   -ENOENT        "Error on Node 1: function 'x' is not registered on worker1"
  *   -ETIMEDOUT     "RPC ran for more than set timeout (100 ms) and will now be marked with an error"
- *   -SR_EREMOTE    the function failed: "Error on Node 1: <message>"
+ *   -SR_EREMOTE    the function failed: "Error on Node 1: in 'fn': <message>";
+ *                  sr_last_error_code() (sr_future_error_code()) gives the
+ *                  function's own code, e.g. -ENOSPC
  *   -EPIPE         the destination worker's process ended, at once, saying how:
  *                  "RPC to worker2 failed: the worker exited with status 0
  *                  without sr_shutdown" (or "was killed by signal SIGKILL",

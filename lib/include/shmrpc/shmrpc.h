@@ -6,6 +6,7 @@
 #include "checkpoint.h"
 #include "error.h"
 #include "future.h"
+#include "log.h"
 #include "rpc.h"
 #include "rref.h"
 #include "value.h"
