@@ -170,13 +170,18 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
     queue_ack(d, src, w->call_id, rc, false);
 }
 
+void sr__child_accepted_locked(uint64_t fid, struct after *d)
+{
+    sr_rref *parent = sr__map_del(&sr__rref_ctx.children, fid);
+    sr__map_del(&sr__rref_ctx.child_to, fid);
+    if (parent) /* G2: the child is known to the owner, or gone; the parent may go */
+        d->unref[d->nunref++] = parent;
+}
+
 /* Not acknowledged: the child tracks nothing (see the header comment). */
 static void on_child_accept(const struct sr_wire *w, struct after *d)
 {
-    sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
-    sr__map_del(&sr__rref_ctx.child_to, w->p.args.b);
-    if (parent) /* G2: the child is known to the owner; the parent may go */
-        d->unref[d->nunref++] = parent;
+    sr__child_accepted_locked(w->p.args.b, d);
 }
 
 static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
