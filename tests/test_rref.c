@@ -709,3 +709,79 @@ Test(rref, user_fork_kept_by_its_function_is_announced_after_the_answer, .timeou
     close(release_pipe[0]);
     close(release_pipe[1]);
 }
+
+/* A parent that waits for idleness does not wait for the end of the call
+ * its child was passed to: worker2's hold_until_told keeps the RRef and
+ * answers only when told, and worker0's sr_rref_wait_idle (as graceful
+ * shutdown's) must return meanwhile. Its wait asks worker2 to announce the
+ * child (ANNOUNCE); the owner confirms it, and the child accepts itself at
+ * the parent. */
+static sr_future *told; /* worker2: completes hold_until_told's call */
+
+static int fn_hold_until_told(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r || held_add(r))
+        return sr_call_fail(c, -EINVAL, "hold_until_told: not an RRef, or no memory");
+    *out = sr_future_ref(told);
+    return 0;
+}
+
+static int fn_tell(sr_call *c)
+{
+    sr_future_set_result(told, NULL);
+    return sr_call_return(c, NULL);
+}
+
+static void register_told_fns(void)
+{
+    register_rref_fns();
+    sr_register_async("hold_until_told", fn_hold_until_told);
+    sr_register("tell", fn_tell);
+    told = sr_future_new();
+}
+
+static int sc_parent_waits(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(2), *v = NULL, *seed = sr_int(4);
+    sr_rref *r = NULL;
+    sr_future *held = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "hold_until_told", SR_ARGS(rv), WAIT_S, &held) == 0, "hold: %s", sr_last_error());
+    sr_value_unref(rv);
+    int64_t pending = 0, until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (pending == 0 && sr_now_ns() < until) { /* until worker2 decoded it */
+        WCHECK(sr_rpc_sync(2, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+        pending = sr_value_int(sr_value_list_at(v, 3));
+        sr_value_unref(v);
+    }
+    int idle = sr_rref_wait_idle(5.0);
+    WCHECK(sr_future_done(held) == false, "hold_until_told answered before it was told");
+    WCHECK(sr_rpc_sync(2, "tell", SR_NOARGS, WAIT_S, NULL) == 0, "tell: %s", sr_last_error());
+    WCHECK(idle == 0, "worker0 waited for the end of the call its child was passed to: %s", sr_last_error());
+    WCHECK(sr_future_wait(held, NULL) == 0, "hold_until_told: %s", sr_last_error());
+    sr_future_unref(held);
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "drop_held: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 1, "worker2 held %lld RRefs, want 1", (long long)sr_value_int(v));
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    uint64_t creator = sr_rref_fork_id(r);
+    if (expect_forks(r, &creator, 1, "after the held child was dropped"))
+        return 1;
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the parent's wait");
+}
+
+Test(rref, parent_waiting_for_idleness_does_not_wait_for_the_call_holding_its_child, .timeout = 120)
+{
+    rref_scenario = sc_parent_waits;
+    RUN_JOB("rrefwaitp", WORLD, .scenario = fail_fast, .register_fns = register_told_fns, .shutdown_timeout = 60);
+}

@@ -201,6 +201,11 @@ static bool arrive_unannounced_locked(sr_rref *r)
      * came in announced everything and no fork is left unannounced after */
     if (!call || atomic_load_explicit(&c->idle_waiters, memory_order_relaxed))
         return false;
+    /* the parent waits for idleness and asked for its children up to this one
+     * (an ANNOUNCE that overtook the request carrying it) */
+    uintptr_t upto = (uintptr_t)sr__map_get(&c->announce_upto, (uint64_t)SR_RREF_ID_RANK(r->fork_id));
+    if (upto && r->fork_id < upto)
+        return false;
     if (sr__map_put(&c->unannounced, r->fork_id, r))
         return false;
     if (sr__rref_call_note(call, r->fork_id)) {
@@ -309,7 +314,7 @@ void sr__rref_announce_forks(const uint64_t *fids, size_t n)
     }
 }
 
-void sr__rref_announce_all(void)
+void sr__rref_announce_all(int parent)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     for (bool more = true; more;) {
@@ -322,7 +327,7 @@ void sr__rref_announce_all(void)
         sr__after_init(&d);
         sr__rref_lock();
         while (c->active && n < AFTER_MAX && sr__map_next(&c->unannounced, &pos, &fid, &p))
-            if (sr__rref_ref_live(p))
+            if ((parent < 0 || SR_RREF_ID_RANK(fid) == parent) && sr__rref_ref_live(p))
                 got[n++] = p;
         more = n == AFTER_MAX;
         for (int i = 0; i < n; i++) /* after the walk: announcing edits the map */
@@ -330,4 +335,34 @@ void sr__rref_announce_all(void)
         sr__rref_unlock();
         sr__after_run(&d);
     }
+}
+
+/* The highest pending child fork id per destination rank (lock held); a
+ * rank with none keeps 0. */
+static void children_upto_locked(uint64_t *upto, int world)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    size_t pos = 0;
+    uint64_t fid;
+    void *p;
+    while (sr__map_next(&c->child_to, &pos, &fid, &p)) {
+        int to = (int)(uintptr_t)p - 2;
+        if (to >= 0 && to < world && to != c->rank && fid + 1 > upto[to])
+            upto[to] = fid + 1;
+    }
+}
+
+void sr__rref_announce_children(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    int world = c->world;
+    uint64_t *upto = c->active && c->children.n ? calloc((size_t)world, sizeof(*upto)) : NULL;
+    if (upto)
+        children_upto_locked(upto, world);
+    sr__rref_unlock();
+    for (int r = 0; upto && r < world; r++)
+        if (upto[r])
+            sr__ctrl_announce(r, upto[r] - 1);
+    free(upto); /* no memory: the children are announced when their calls end */
 }

@@ -108,10 +108,16 @@ int sr__ctrl_send(int to, sr_msg *m, bool quiet)
 {
     struct sr_wire w = sr_wire_get(m);
     int rc = sr__module_send(to, m, quiet);
-    if (!rc && w.ctrl != SR_RREF_NUDGE && (w.ctrl != SR_RREF_ACK || w.call_id))
+    if (!rc && w.ctrl != SR_RREF_NUDGE && w.ctrl != SR_RREF_ANNOUNCE && (w.ctrl != SR_RREF_ACK || w.call_id))
         /* relaxed: statistics */
         atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
     return rc;
+}
+
+void sr__ctrl_announce(int to, uint64_t upto)
+{
+    sr_msg m = ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0);
+    sr__ctrl_send(to, &m, false); /* a dead peer: the peer-death hook releases the children */
 }
 
 void sr__ctrl_nudge(int to)
@@ -225,12 +231,30 @@ static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **
     free(e);
 }
 
+/* A parent waits for idleness: its children here that are still
+ * unannounced ask their owner now, and so do those up to fork id `upto`
+ * decoded later (the ANNOUNCE overtook the request that carries them). */
+static void on_announce(const struct sr_wire *w, int src)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    uintptr_t was = (uintptr_t)sr__map_get(&c->announce_upto, (uint64_t)src);
+    if (c->active && w->p.args.b + 1 > was) /* no memory: those decoded later wait for their call's end */
+        sr__map_put(&c->announce_upto, (uint64_t)src, (void *)(uintptr_t)(w->p.args.b + 1));
+    sr__rref_unlock();
+    sr__rref_announce_all(src);
+}
+
 void sr__rref_ctrl(const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
     struct after d;
     sr__after_init(&d);
     sr_rref *failed = NULL;
+    if (w.ctrl == SR_RREF_ANNOUNCE) { /* no answer; its work may need many sends */
+        on_announce(&w, m->src);
+        return;
+    }
     sr__rref_lock();
     if (!sr__rref_ctx.active) {
         sr__rref_unlock();

@@ -38,6 +38,8 @@ enum sr_rref_ctrl {
                                  args.a = 0 or the -errno that kept the owner from applying it;
                                  token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
     SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
+    SR_RREF_ANNOUNCE = 6,     /* waiting parent -> a child's worker: ask the owner now for my children
+                                 up to fork_id (unannounced users, fork.c); no answer */
 };
 /* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
 #define SR_DELETE_QUIET_ACK UINT64_C(2)
@@ -99,6 +101,8 @@ struct rref_ctx {
     sr_u64map unannounced;       /* fork_id -> sr_rref * (weak: removed by the RRef's destroy or its
                                   * announcement): user->user forks held by a running call, whose
                                   * FORK_REQUEST waits for the call's end (fork.c) */
+    sr_u64map announce_upto;     /* parent rank -> (void *)(fork id + 1): that parent waits for its
+                                  * children up to this fork id, so they are not left unannounced */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
     sr_u64map child_to;          /* fork_id -> (void *)(rank + 2): where each child in children went
                                   * (-1: not known); the same keys as children */
@@ -185,6 +189,8 @@ int sr__ctrl_send(int to, sr_msg *m, bool quiet);
 /* After a send (d->send[i]) that may get a quiet answer: if a thread began
  * waiting for idleness meanwhile, nudge the destination. */
 void sr__ctrl_after_send(int to, bool nudge);
+/* ANNOUNCE to `to`: ask the owners for this worker's children there, up to fork id upto. */
+void sr__ctrl_announce(int to, uint64_t upto);
 /* A loud NUDGE: the owner answers it loudly after its earlier ACKs. */
 void sr__ctrl_nudge(int to);
 /* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
@@ -205,8 +211,12 @@ int sr__user_announce_locked(sr_rref *r, struct after *d);
 bool sr__rref_ref_live(sr_rref *r);
 /* Announce the users in fids that are still unannounced (a call ended). */
 void sr__rref_announce_forks(const uint64_t *fids, size_t n);
-/* Announce every unannounced user (a thread waits for idleness). */
-void sr__rref_announce_all(void);
+/* Announce every unannounced user whose parent is `parent` (-1: all): a
+ * thread of this worker, or of the parent, waits for idleness. */
+void sr__rref_announce_all(int parent);
+/* A thread waits for idleness: ask the workers that hold this worker's
+ * pending children to announce them (ANNOUNCE). */
+void sr__rref_announce_children(void);
 /* The forks a call's arguments brought (its call state, module.c). */
 struct rref_call {
     bool proxy;      /* argument 0 becomes the owner's local value */

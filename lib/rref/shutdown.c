@@ -184,6 +184,7 @@ void sr__rref_fini(void)
     sr_future *idle = c->idle;
     sr__map_free(&c->users); /* weak references */
     sr__map_free(&c->unannounced); /* weak too: their RRefs see the round is over */
+    sr__map_free(&c->announce_upto); /* fork ids, not references */
     sr__map_free(&c->child_to); /* ranks, not references */
     c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};

@@ -382,7 +382,10 @@ SR_API int sr_rref_wait_idle(double timeout_s)
     /* The forks held unannounced by running calls (fork.c) ask their owners
      * now: idleness means every user received is confirmed. None is made
      * unannounced while this thread is counted among the waiters. */
-    sr__rref_announce_all();
+    sr__rref_announce_all(-1);
+    /* ... and those this worker's children are held by elsewhere: a pending
+     * child must not wait for the end of the call it was passed to. */
+    sr__rref_announce_children();
     while ((rc = wait_idle_once(deadline)) == 1)
         ;
     /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
