@@ -1,5 +1,6 @@
-/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, and the
- * ACK that answers the first and the last.
+/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, the ACK
+ * that answers the first and the last, and the NUDGE and ANNOUNCE that a
+ * thread waiting for idleness sends.
  *
  * Each message is sent exactly once. The rings never lose a message, and a
  * full inbox is the agent's outgoing queue's business (it waits for space),
@@ -11,8 +12,13 @@
  *   - USER_DELETE: its ACK says the owner applied the delete, which is what
  *     sr_rref_wait_idle (and graceful shutdown) wait for.
  * A CHILD_ACCEPT needs no answer: the parent's own idleness (its pending
- * child, then its delete) already covers what it causes. So one fork costs
- * FORK_REQUEST, ACK, CHILD_ACCEPT, and its delete USER_DELETE, ACK.
+ * child, then its delete) already covers what it causes. So one user->user
+ * fork that its receiver keeps costs FORK_REQUEST, ACK, CHILD_ACCEPT, and
+ * its delete USER_DELETE, ACK; one that a call received and let go costs a
+ * CHILD_ACCEPT alone, riding with the call's answer (fork.c, unannounced
+ * users). A parent that waits for idleness sends ANNOUNCE to the workers
+ * that hold its children, so that they do not wait for their calls' end;
+ * like NUDGE, it is not counted (whether it is sent depends on timing).
  *
  * No call waits for any of these messages: a function given a pending user
  * runs at once (use.c). A FORK_REQUEST's ACK wakes its receiver (a
