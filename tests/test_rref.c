@@ -733,9 +733,24 @@ static int fn_tell(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
+/* to_here_when_told(rref): waits (on an executor) until told, then returns
+ * to_here of its argument. */
+static int fn_to_here_when_told(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    sr_value *v = NULL;
+    int rc = r ? sr__future_wait_until(told, sr_now_ns() + (int64_t)(WAIT_S * 1e9)) : -EINVAL;
+    if (!rc)
+        rc = sr_rref_to_here(r, WAIT_S, &v);
+    if (rc)
+        return sr_call_fail(c, rc, "to_here_when_told: %s", sr_last_error());
+    return sr_call_return(c, v);
+}
+
 static void register_told_fns(void)
 {
     register_rref_fns();
+    sr_register("to_here_when_told", fn_to_here_when_told);
     sr_register_async("hold_until_told", fn_hold_until_told);
     sr_register("tell", fn_tell);
     told = sr_future_new();
@@ -784,4 +799,50 @@ Test(rref, parent_waiting_for_idleness_does_not_wait_for_the_call_holding_its_ch
 {
     rref_scenario = sc_parent_waits;
     RUN_JOB("rrefwaitp", WORLD, .scenario = fail_fast, .register_fns = register_told_fns, .shutdown_timeout = 60);
+}
+
+/* The parent's hold (G2) alone keeps the owner's value for an unannounced
+ * child: worker0 passes its RRef to worker2's to_here_when_told and drops
+ * every reference of its own while the call waits; the owner has never
+ * heard of worker2's fork, yet the to_here that follows must get the value,
+ * and once the child is let go with the call's arguments, the parent goes
+ * too and the owner deletes the value (nothing leaks). */
+static int sc_parent_dropped_first(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(11), *v = NULL;
+    sr_rref *r = NULL;
+    sr_future *f = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    uint64_t rid = sr_rref_id(r);
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "to_here_when_told", SR_ARGS(rv), WAIT_S, &f) == 0, "call: %s", sr_last_error());
+    sr_value_unref(rv);
+    sr_rref_unref(r); /* only the pending child's hold keeps worker0's fork now */
+    sr_rref_debug_info d;
+    WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_pending_children == 1, "worker0 has %llu pending children",
+           (unsigned long long)d.num_pending_children);
+    WCHECK(sr_rpc_sync(2, "tell", SR_NOARGS, WAIT_S, NULL) == 0, "tell: %s", sr_last_error());
+    WCHECK(sr_future_wait(f, &v) == 0, "to_here on the unannounced child: %s", sr_last_error());
+    WCHECK(sr_value_list_len(v) == 2 && sr_value_int(sr_value_list_at(v, 0)) == 11, "to_here gave the wrong value");
+    sr_value_unref(v);
+    sr_future_unref(f);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    sr_value *id = sr_int((int64_t)rid);
+    WCHECK(sr_rpc_sync(1, "forks_of", SR_ARGS(id), WAIT_S, &v) == 0, "forks_of: %s", sr_last_error());
+    WCHECK(sr_value_list_len(v) == 0, "the owner still has %zu forks", sr_value_list_len(v));
+    sr_value_unref(v);
+    sr_value_unref(id);
+    return expect_all_counters_zero("after the parent went first");
+}
+
+Test(rref, unannounced_child_is_covered_by_its_parent_after_the_parent_is_dropped, .timeout = 120)
+{
+    rref_scenario = sc_parent_dropped_first;
+    RUN_JOB("rrefpfirst", WORLD, .scenario = fail_fast, .register_fns = register_told_fns, .shutdown_timeout = 60);
 }
