@@ -9,10 +9,10 @@
  *   ... 64 B         remote(echo, 64 bytes) + to_here, next to rpc_sync(echo, 64 bytes):
  *                    arguments and result travel in heap blocks
  *   fork user->user  rpc_sync to a second user with a UserRRef argument: the
- *                    callee's function runs at once while it asks the owner
- *                    (FORK_REQUEST; the ACK confirms it, then it accepts the
- *                    child at the parent, and its delete follows: all off
- *                    the caller's path); next to the no-op (target <= 3x,
+ *                    callee's function runs at once and lets the RRef go, so
+ *                    the owner never hears of the fork; the callee releases
+ *                    the parent (CHILD_ACCEPT, read with the answer)
+ *                    (docs/RREF.md, flow 4); next to the no-op (target <= 3x,
  *                    issue 11) and to:
  *   relay via owner  the fork's message path as plain calls, without RRefs:
  *                    rpc_sync to the second user, whose async function makes
@@ -77,7 +77,7 @@ static int fn_done(sr_call *c)
 }
 
 /* take(rref): a user function that received an RRef (async: runs inline, at
- * once; the owner confirms the RRef meanwhile). */
+ * once) and lets it go. */
 static int fn_take(sr_call *c, sr_future **out)
 {
     if (!sr_value_rref(sr_call_arg(c, 0)))

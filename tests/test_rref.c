@@ -544,3 +544,305 @@ Test(rref, function_given_a_user_rref_runs_before_the_owner_answers, .timeout = 
     close(release_pipe[0]);
     close(release_pipe[1]);
 }
+
+/* A user->user fork that its function lets go never reaches the owner
+ * (issue 11, 9b: the fork cost ~20x a no-op call, most of it waking the
+ * owner). worker1, the owner, is blocked (as above) while worker0 passes
+ * its RRef to worker2 DROPS times; each call must return, and both worker0
+ * (no pending child) and worker2 (no pending user) must be idle while the
+ * owner still is blocked: each child was settled with its parent alone
+ * (CHILD_ACCEPT, riding with the answer). Afterwards the owner has sent no
+ * control message and its fork set is the creator's fork alone. Before, each
+ * fork asked the blocked owner (FORK_REQUEST) and its parent waited for the
+ * owner's ACK: worker0's wait for idleness timed out. */
+#define DROPS 16
+
+static int sc_dropped_forks(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(6), *v = NULL;
+    sr_rref *r = NULL;
+    sr_future *blocked = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
+    sr_value *rv = sr_rref_value(r);
+    int rc = 0;
+    for (int i = 0; i < DROPS && !rc; i++) {
+        rc = sr_rpc_sync(2, "peek", SR_ARGS(rv), 5.0, &v);
+        rc = rc ? rc : sr_value_int(v) != 0; /* unconfirmed: nobody asked the owner */
+        sr_value_unref(v);
+    }
+    sr_value_unref(rv);
+    int idle = rc ? 0 : sr_rref_wait_idle(5.0);
+    sr_rref_debug_info d = {0};
+    sr_rref_debug_info_get(&d);
+    int64_t worker2[11] = {0};
+    int got = rc || idle ? -1 : sr_rpc_sync(2, "counters", SR_NOARGS, 5.0, &v);
+    for (int i = 0; got == 0 && i < 11; i++)
+        worker2[i] = sr_value_int(sr_value_list_at(v, (size_t)i));
+    sr_value_unref(v);
+    WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
+    WCHECK(rc == 0, "a call given a user->user RRef failed or saw it confirmed: %s", sr_last_error());
+    WCHECK(idle == 0, "worker0 not idle while the owner is blocked: %s", sr_last_error());
+    WCHECK(d.num_pending_children == 0, "worker0 holds %llu pending children", (unsigned long long)d.num_pending_children);
+    WCHECK(got == 0, "counters on worker2: %s", sr_last_error());
+    WCHECK(worker2[3] == 0 && worker2[6] == 0, "worker2 has %lld pending users and %lld unacknowledged messages",
+           (long long)worker2[3], (long long)worker2[6]);
+    WCHECK(worker2[10] == DROPS, "worker2 sent %lld control messages, want exactly %d CHILD_ACCEPTs",
+           (long long)worker2[10], DROPS);
+    WCHECK(sr_future_wait(blocked, NULL) == 0, "block: %s", sr_last_error());
+    sr_future_unref(blocked);
+    WCHECK(sr_rpc_sync(1, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+    int64_t owner_sent = sr_value_int(sr_value_list_at(v, 10));
+    sr_value_unref(v);
+    WCHECK(owner_sent == 0, "the owner sent %lld control messages for forks it never needed to know",
+           (long long)owner_sent);
+    uint64_t creator = sr_rref_fork_id(r);
+    if (expect_forks(r, &creator, 1, "after the dropped forks"))
+        return 1;
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the dropped forks");
+}
+
+Test(rref, user_fork_dropped_by_its_function_never_wakes_the_owner, .timeout = 120)
+{
+    cr_assert(pipe(release_pipe) == 0);
+    rref_scenario = sc_dropped_forks;
+    RUN_JOB("rrefdrop", WORLD, .scenario = fail_fast, .register_fns = register_release_fns, .shutdown_timeout = 60);
+    close(release_pipe[0]);
+    close(release_pipe[1]);
+}
+
+/* A user->user fork that its function keeps is told to the owner after the
+ * call's answer (FORK_REQUEST from call_done), then lives as any user:
+ * keep (async, inline) stores it without waiting for the confirmation, the
+ * call returns while the owner is blocked, and once the owner runs, worker0
+ * becomes idle (its child accepted after the owner confirmed it), the
+ * owner's fork set holds the kept fork, and dropping it deletes it. A
+ * function that then waits for idleness while holding a fresh fork
+ * (idle_inside, on an executor) has it announced and confirmed instead of
+ * waiting for ever. */
+static int fn_keep(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r || held_add(r))
+        return sr_call_fail(c, -EINVAL, "keep: not an RRef, or no memory");
+    sr_value *v = sr_int((int64_t)sr_rref_fork_id(r));
+    *out = sr_future_new();
+    int rc = *out && v ? sr_future_set_result(*out, v) : -ENOMEM;
+    sr_value_unref(v);
+    return rc;
+}
+
+/* idle_inside(rref): [wait_idle's result, confirmed_by_owner after it] */
+static int fn_idle_inside(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "idle_inside wants an RRef");
+    sr_value *items[2] = {sr_int(sr_rref_wait_idle(WAIT_S)), sr_int(sr_rref_confirmed_by_owner(r))};
+    sr_value *l = sr_list(2, items);
+    sr_value_unref(items[0]);
+    sr_value_unref(items[1]);
+    return sr_call_return(c, l);
+}
+
+static void register_keep_fns(void)
+{
+    register_release_fns();
+    sr_register_async("keep", fn_keep);
+    sr_register("idle_inside", fn_idle_inside);
+}
+
+static int sc_kept_fork(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(9), *v = NULL, *seed = sr_int(2);
+    sr_rref *r = NULL;
+    sr_future *blocked = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
+    sr_value *rv = sr_rref_value(r);
+    int rc = sr_rpc_sync(2, "keep", SR_ARGS(rv), 5.0, &v);
+    WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
+    WCHECK(rc == 0, "keep waited for the blocked owner: %s", sr_last_error());
+    uint64_t want[2] = {sr_rref_fork_id(r), (uint64_t)sr_value_int(v)};
+    sr_value_unref(v);
+    WCHECK(sr_future_wait(blocked, NULL) == 0, "block: %s", sr_last_error());
+    sr_future_unref(blocked);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle (the kept child accepted): %s", sr_last_error());
+    if (expect_forks(r, want, 2, "with the kept fork"))
+        return 1;
+    WCHECK(sr_rpc_sync(2, "idle_inside", SR_ARGS(rv), WAIT_S, &v) == 0, "idle_inside: %s", sr_last_error());
+    WCHECK(sr_value_int(sr_value_list_at(v, 0)) == 0 && sr_value_int(sr_value_list_at(v, 1)) == 1,
+           "inside a call holding a fresh fork: wait_idle gave %lld, confirmed %lld",
+           (long long)sr_value_int(sr_value_list_at(v, 0)), (long long)sr_value_int(sr_value_list_at(v, 1)));
+    sr_value_unref(v);
+    sr_value_unref(rv);
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "drop_held: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    if (expect_forks(r, want, 1, "after the kept fork was dropped"))
+        return 1;
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the kept fork");
+}
+
+Test(rref, user_fork_kept_by_its_function_is_announced_after_the_answer, .timeout = 120)
+{
+    cr_assert(pipe(release_pipe) == 0);
+    rref_scenario = sc_kept_fork;
+    RUN_JOB("rrefkeep", WORLD, .scenario = fail_fast, .register_fns = register_keep_fns, .shutdown_timeout = 60);
+    close(release_pipe[0]);
+    close(release_pipe[1]);
+}
+
+/* A parent that waits for idleness does not wait for the end of the call
+ * its child was passed to: worker2's hold_until_told keeps the RRef and
+ * answers only when told, and worker0's sr_rref_wait_idle (as graceful
+ * shutdown's) must return meanwhile. Its wait asks worker2 to announce the
+ * child (ANNOUNCE); the owner confirms it, and the child accepts itself at
+ * the parent. */
+static sr_future *told; /* worker2: completes hold_until_told's call */
+
+static int fn_hold_until_told(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r || held_add(r))
+        return sr_call_fail(c, -EINVAL, "hold_until_told: not an RRef, or no memory");
+    *out = sr_future_ref(told);
+    return 0;
+}
+
+static int fn_tell(sr_call *c)
+{
+    sr_future_set_result(told, NULL);
+    return sr_call_return(c, NULL);
+}
+
+/* to_here_when_told(rref): waits (on an executor) until told, then returns
+ * to_here of its argument. */
+static int fn_to_here_when_told(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    sr_value *v = NULL;
+    int rc = r ? sr__future_wait_until(told, sr_now_ns() + (int64_t)(WAIT_S * 1e9)) : -EINVAL;
+    if (!rc)
+        rc = sr_rref_to_here(r, WAIT_S, &v);
+    if (rc)
+        return sr_call_fail(c, rc, "to_here_when_told: %s", sr_last_error());
+    return sr_call_return(c, v);
+}
+
+static void register_told_fns(void)
+{
+    register_rref_fns();
+    sr_register("to_here_when_told", fn_to_here_when_told);
+    sr_register_async("hold_until_told", fn_hold_until_told);
+    sr_register("tell", fn_tell);
+    told = sr_future_new();
+}
+
+static int sc_parent_waits(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(2), *v = NULL, *seed = sr_int(4);
+    sr_rref *r = NULL;
+    sr_future *held = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "hold_until_told", SR_ARGS(rv), WAIT_S, &held) == 0, "hold: %s", sr_last_error());
+    sr_value_unref(rv);
+    int64_t pending = 0, until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (pending == 0 && sr_now_ns() < until) { /* until worker2 decoded it */
+        WCHECK(sr_rpc_sync(2, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+        pending = sr_value_int(sr_value_list_at(v, 3));
+        sr_value_unref(v);
+    }
+    int idle = sr_rref_wait_idle(5.0);
+    WCHECK(sr_future_done(held) == false, "hold_until_told answered before it was told");
+    WCHECK(sr_rpc_sync(2, "tell", SR_NOARGS, WAIT_S, NULL) == 0, "tell: %s", sr_last_error());
+    WCHECK(idle == 0, "worker0 waited for the end of the call its child was passed to: %s", sr_last_error());
+    WCHECK(sr_future_wait(held, NULL) == 0, "hold_until_told: %s", sr_last_error());
+    sr_future_unref(held);
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "drop_held: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 1, "worker2 held %lld RRefs, want 1", (long long)sr_value_int(v));
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    uint64_t creator = sr_rref_fork_id(r);
+    if (expect_forks(r, &creator, 1, "after the held child was dropped"))
+        return 1;
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    return expect_all_counters_zero("after the parent's wait");
+}
+
+Test(rref, parent_waiting_for_idleness_does_not_wait_for_the_call_holding_its_child, .timeout = 120)
+{
+    rref_scenario = sc_parent_waits;
+    RUN_JOB("rrefwaitp", WORLD, .scenario = fail_fast, .register_fns = register_told_fns, .shutdown_timeout = 60);
+}
+
+/* The parent's hold (G2) alone keeps the owner's value for an unannounced
+ * child: worker0 passes its RRef to worker2's to_here_when_told and drops
+ * every reference of its own while the call waits; the owner has never
+ * heard of worker2's fork, yet the to_here that follows must get the value,
+ * and once the child is let go with the call's arguments, the parent goes
+ * too and the owner deletes the value (nothing leaks). */
+static int sc_parent_dropped_first(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *n = sr_int(11), *v = NULL;
+    sr_rref *r = NULL;
+    sr_future *f = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(n);
+    if (wait_confirmed(r))
+        return 1;
+    uint64_t rid = sr_rref_id(r);
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "to_here_when_told", SR_ARGS(rv), WAIT_S, &f) == 0, "call: %s", sr_last_error());
+    sr_value_unref(rv);
+    sr_rref_unref(r); /* only the pending child's hold keeps worker0's fork now */
+    sr_rref_debug_info d;
+    WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_pending_children == 1, "worker0 has %llu pending children",
+           (unsigned long long)d.num_pending_children);
+    WCHECK(sr_rpc_sync(2, "tell", SR_NOARGS, WAIT_S, NULL) == 0, "tell: %s", sr_last_error());
+    WCHECK(sr_future_wait(f, &v) == 0, "to_here on the unannounced child: %s", sr_last_error());
+    WCHECK(sr_value_list_len(v) == 2 && sr_value_int(sr_value_list_at(v, 0)) == 11, "to_here gave the wrong value");
+    sr_value_unref(v);
+    sr_future_unref(f);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    sr_value *id = sr_int((int64_t)rid);
+    WCHECK(sr_rpc_sync(1, "forks_of", SR_ARGS(id), WAIT_S, &v) == 0, "forks_of: %s", sr_last_error());
+    WCHECK(sr_value_list_len(v) == 0, "the owner still has %zu forks", sr_value_list_len(v));
+    sr_value_unref(v);
+    sr_value_unref(id);
+    return expect_all_counters_zero("after the parent went first");
+}
+
+Test(rref, unannounced_child_is_covered_by_its_parent_after_the_parent_is_dropped, .timeout = 120)
+{
+    rref_scenario = sc_parent_dropped_first;
+    RUN_JOB("rrefpfirst", WORLD, .scenario = fail_fast, .register_fns = register_told_fns, .shutdown_timeout = 60);
+}

@@ -249,8 +249,8 @@ static int child_dies_parent(void)
     pid_t owner = sr_seg_worker(&sr__agent->x->seg, 1)->pid;
     WCHECK(kill(owner, SIGSTOP) == 0 && process_stopped(owner), "rank 1 (pid %d) did not stop", (int)owner);
     sr_value *rv = sr_rref_value(r);
-    /* rank 2 decodes the RRef (asking the stopped owner to register it),
-     * then runs exit_now (a user-to-user fork does not wait for the owner) */
+    /* rank 2 decodes the RRef (unannounced: its call has not ended) and
+     * runs exit_now (a user-to-user fork does not wait for the owner) */
     int sent = sr_rpc_async(2, "exit_now", SR_ARGS(rv), WAIT_S, &send);
     sr_value_unref(rv);
     sr_value *out = NULL;
@@ -298,6 +298,145 @@ Test(rref_errors, rref_child_whose_worker_died_releases_its_parent, .timeout = 6
 {
     sr_spawn_opts o = {.name_prefix = test_ns("rrefchild"), .shm_size = 192 << 20};
     cr_assert_eq(sr_spawn(3, child_dies_worker, NULL, &o), 0, "%s", sr_last_error());
+}
+
+/* The owner dies between a call's answer and the fork request that its
+ * end sends: a user->user fork kept by its function is told to the owner
+ * only after the answer (fork.c, unannounced users). rank 2's async function
+ * keep_until_told keeps the RRef and answers only when told; meanwhile the
+ * owner (rank 1) exits. The answer then comes, the fork request finds the
+ * owner dead, and the kept RRef's confirmation fails naming it; rank 2 is
+ * idle (nothing waits for the dead owner), and rank 0's hold on the parent
+ * went with the owner's death. Before, the fork request left when the
+ * arguments were decoded, the live owner confirmed it, and the
+ * confirmation succeeded. */
+static sr_future *told; /* rank 2: completes keep_until_told's call */
+
+static int fn_keep_until_told(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r || held_add(r))
+        return sr_call_fail(c, -EINVAL, "keep_until_told: not an RRef, or no memory");
+    *out = sr_future_ref(told);
+    return 0;
+}
+
+static int fn_tell(sr_call *c)
+{
+    sr_future_set_result(told, NULL);
+    return sr_call_return(c, NULL);
+}
+
+/* held_confirmation(i): the confirmation of held RRef i, waited for:
+ * [its error code, the error text] */
+static int fn_held_confirmation(sr_call *c)
+{
+    sr_rref *r = held_at((size_t)sr_value_int(sr_call_arg(c, 0)));
+    sr_future *f = NULL;
+    int rc = r ? sr_rref_confirmation(r, &f) : -EINVAL;
+    if (!rc)
+        rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    if (!rc)
+        rc = sr_future_value(f, NULL);
+    sr_value *items[2] = {sr_int(rc), sr_str(rc ? sr_last_error() : "")};
+    sr_future_unref(f);
+    sr_rref_unref(r);
+    sr_value *l = sr_list(2, items);
+    sr_value_unref(items[0]);
+    sr_value_unref(items[1]);
+    return sr_call_return(c, l);
+}
+
+static sr_future *all_done; /* ranks 1, 2: completed by rank 0's "done" */
+
+static int fn_all_done(sr_call *c)
+{
+    sr_future_set_result(all_done, NULL);
+    return sr_call_return(c, NULL);
+}
+
+static int owner_dies_before_announce(void)
+{
+    sr_value *n = sr_int(3), *v = NULL, *zero = sr_int(0);
+    sr_rref *r = NULL;
+    sr_future *kept = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    if (expect_pair(r, 3))
+        return 1;
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "keep_until_told", SR_ARGS(rv), WAIT_S, &kept) == 0, "keep: %s", sr_last_error());
+    sr_value_unref(rv);
+    /* Until keep_until_told's arguments were decoded (the reordering mode
+     * may deliver counters first): then its fork is pending, unannounced. */
+    int64_t pending = 0, unacked = 0, until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (pending == 0 && sr_now_ns() < until) {
+        WCHECK(sr_rpc_sync(2, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
+        pending = sr_value_int(sr_value_list_at(v, 3));
+        unacked = sr_value_int(sr_value_list_at(v, 6));
+        sr_value_unref(v);
+    }
+    WCHECK(pending == 1 && unacked == 0,
+           "worker2: %lld pending users and %lld unacknowledged messages, want 1 and 0 (nothing asked yet)",
+           (long long)pending, (long long)unacked);
+    WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, NULL), -EPIPE, "the worker exited with status 0");
+    WCHECK(sr_rpc_sync(2, "tell", SR_NOARGS, WAIT_S, NULL) == 0, "tell: %s", sr_last_error());
+    WCHECK(sr_future_wait(kept, NULL) == 0, "the call that kept the RRef failed: %s", sr_last_error());
+    sr_future_unref(kept);
+    WCHECK(sr_rpc_sync(2, "held_confirmation", SR_ARGS(zero), WAIT_S, &v) == 0, "held_confirmation: %s",
+           sr_last_error());
+    int64_t code = sr_value_int(sr_value_list_at(v, 0));
+    char text[512];
+    const char *t = sr_value_str(sr_value_list_at(v, 1));
+    snprintf(text, sizeof(text), "%s", t ? t : "");
+    sr_value_unref(v);
+    WCHECK(code == -EPIPE && strstr(text, "worker1") && strstr(text, "gone before confirming"),
+           "the kept RRef's confirmation gave %lld \"%s\", want -EPIPE naming worker1", (long long)code, text);
+    sr_value *seed = sr_int(1);
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "worker2 not idle: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    int rc = sr_rref_wait_idle(WAIT_S); /* -EPIPE once if the death released the parent's hold */
+    WCHECK(rc == 0 || rc == -EPIPE, "worker0 not idle: %s", sr_last_error());
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "worker0 still not idle: %s", sr_last_error());
+    sr_rref_debug_info d;
+    WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_pending_children == 0, "worker0 holds pending children");
+    sr_rref_unref(r);
+    sr_value_unref(n);
+    sr_value_unref(zero);
+    sr_rpc_sync(2, "all_done", SR_NOARGS, WAIT_S, NULL);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+static int announce_dead_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_rref_fns();
+    sr_register("exit_now", fn_exit_now);
+    sr_register_async("keep_until_told", fn_keep_until_told);
+    sr_register("tell", fn_tell);
+    sr_register("held_confirmation", fn_held_confirmation);
+    sr_register("all_done", fn_all_done);
+    told = sr_future_new();
+    all_done = sr_future_new();
+    WCHECK(told && all_done && sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 0)
+        return owner_dies_before_announce();
+    if (rank == 1) {
+        sr_shutdown(true, 60); /* serves until exit_now ends the process */
+        return 1;
+    }
+    int rc = sr__future_wait_until(all_done, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    held_drop_all(0);
+    sr_shutdown(false, 0);
+    return rc ? 1 : 0;
+}
+
+Test(rref_errors, owner_dying_between_the_answer_and_the_fork_request_fails_the_confirmation, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefannounce"), .shm_size = 192 << 20};
+    cr_assert_eq(sr_spawn(3, announce_dead_worker, NULL, &o), 0, "%s", sr_last_error());
 }
 
 /* After shutdown an RRef is a clear error to use (but may still be unreffed). */

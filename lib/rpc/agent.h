@@ -280,6 +280,10 @@ void sr__dispatch_run_deferred(void);
 /* This thread is about to wait while it holds the inbox (a nested wait):
  * what it kept to run itself goes to the executors instead. */
 void sr__dispatch_hand_off(sr_agent *a);
+/* This thread is dropping the arguments of a call whose answer to `to` it
+ * sends next: a module message to `to` made meanwhile may go quietly, as
+ * the answer's doorbell wakes the caller for both (sr__module_send). */
+bool sr__dispatch_answer_follows(int to);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
 int sr__exec_start(sr_agent *a, int n);

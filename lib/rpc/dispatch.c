@@ -209,12 +209,29 @@ static void remote_error_text(const struct sr_call *c, char *text, size_t len)
         snprintf(text, len, "Error on Node %d: %s", c->a->rank, msg);
 }
 
+/* The caller whose answer this thread sends next (-1: none), while
+ * finish_call drops the call's arguments. */
+static _Thread_local int answer_to = -1;
+
+bool sr__dispatch_answer_follows(int to) { return to >= 0 && to == answer_to; }
+
+/* The call whose arguments this thread is decoding (decode_request). */
+static _Thread_local struct sr_call *decoding;
+
+sr_call *sr__call_decoding(void) { return decoding; }
+
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
     /* The arguments go before the answer: RRefs among them are deleted (or
-     * their forks retired) before the caller can see the call finished. */
+     * their forks retired) before the caller can see the call finished.
+     * Every branch below answers the caller, so the module messages to it
+     * that this causes (an RRef child released) go quietly and are read
+     * with the answer. */
+    int prev = answer_to;
+    answer_to = c->caller;
     sr_value_unref(c->args);
+    answer_to = prev;
     c->args = NULL;
     if (c->err && c->raw_error) {
         send_error(a, c->caller, c->call_id, c->err, c->cause, c->msg ? c->msg : sr_strerror(c->err));
@@ -529,18 +546,30 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     }
     size_t skip = named ? w.name_len : 0;
     struct sr_call *c = calloc(1, sizeof(*c));
-    if (!c || sr_codec_decode(p + skip, len - skip, &c->args)) {
-        snprintf(text, tl, "Error on Node %d: %s", a->rank, c ? sr_last_error() : "out of memory");
-        *code = c ? -EBADMSG : -ENOMEM;
-        free(c);
+    if (!c) {
+        snprintf(text, tl, "Error on Node %d: out of memory", a->rank);
+        *code = -ENOMEM;
+        sr_codec_release(p + skip, len - skip);
         return NULL;
     }
-    *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .args = c->args,
-                          .module = -1, .keeper = -1, .tag = w.tag};
+    *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .module = -1, .keeper = -1,
+                          .tag = w.tag};
     if (m->type == SR_MSG_MOD_REQ) {
         c->module = (int8_t)(w.ctrl < SR_MOD_MAX ? w.ctrl : SR_MOD_MAX);
         c->sub = (uint8_t)w.name_len;
         c->raw_error = true;
+    }
+    /* Module value kinds may tie what they decode to the call (module.h). */
+    struct sr_call *prev = decoding;
+    decoding = c;
+    int rc = sr_codec_decode(p + skip, len - skip, &c->args);
+    decoding = prev;
+    if (rc) {
+        snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
+        *code = -EBADMSG;
+        modules_call_done(c); /* what the decode tied to the call */
+        free(c);
+        return NULL;
     }
     return c;
 }
@@ -720,6 +749,7 @@ static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int cod
         snprintf(text, tl, "Error on Node %d: %s", a->rank, k ? sr_last_error() : "no module keeps this call");
         if (*pc) {
             sr_value_unref((*pc)->args);
+            modules_call_done(*pc); /* the state its decode and request_in hooks made */
             free(*pc);
             *pc = NULL;
         }

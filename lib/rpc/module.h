@@ -33,8 +33,12 @@
  *                                 runs it (an executor, the poller, or the
  *                                 idle waiter of sr_shutdown).
  *   response_out(c, v, ext, &len) before a successful result is encoded.
- *   call_done(c)                  always, once, when the call is finished:
- *                                 drop the state.
+ *   call_done(c)                  always, once, when the call is finished
+ *                                 (a call that ran: after its answer was
+ *                                 sent): drop the state. Module messages to the caller
+ *                                 that dropping the call's arguments
+ *                                 causes go quietly: the answer, sent
+ *                                 next, wakes the caller for them.
  * Thread context: tls_get()/tls_set(v) read and replace a module's
  * per-thread value (distributed autograd's current context). The agent sets
  * the caller's value around user callbacks of futures (then, done
@@ -223,6 +227,12 @@ void sr__module_kick(void);
 int sr__exec_submit(void (*fn)(void *arg), void *arg);
 /* Where a module keeps per-call state (NULL-initialised). */
 void **sr__call_state(sr_call *c, int module);
+/* The call whose request arguments this thread is decoding right now, or
+ * NULL (any other decode: a result, a released buffer). A value kind's
+ * decode hook may tie what it makes to that call through sr__call_state:
+ * every call whose decode began gets call_done exactly once, also when the
+ * decode failed. */
+sr_call *sr__call_decoding(void);
 /* The test-only reordering mode is on (reorder.h). */
 bool sr__rpc_reordering(void);
 

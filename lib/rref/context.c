@@ -70,7 +70,7 @@ void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d)
 bool sr__idle_locked(void)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    return !c->pending_users.n && !c->pending_remote && !c->children.n && !c->unacked.n;
+    return !c->pending_users.n && !c->pending_remote && !c->unannounced.n && !c->children.n && !c->unacked.n;
 }
 
 void sr__idle_check_locked(struct after *d)
@@ -141,7 +141,7 @@ SR_API int sr_rref_debug_info_get(sr_rref_debug_info *o)
         .num_owner_rrefs = c->owners.n,
         .num_pending_owners = c->awaiting,
         .num_forks = c->forks.live,
-        .num_pending_users = c->pending_users.n + c->pending_remote,
+        .num_pending_users = c->pending_users.n + c->pending_remote + c->unannounced.n,
         .num_confirmed_users = c->users.n,
         .num_pending_children = c->children.n,
         .num_pending_futures = c->unacked.n,

@@ -16,7 +16,29 @@
  *   X != O == P  the owner sent it: a UserRRef confirmed on arrival;
  *   X != O != P  a user sent it to a user: a pending UserRRef that asks the
  *                owner (FORK_REQUEST); the ACK confirms it and X then tells
- *                P (CHILD_ACCEPT). A function receiving it runs only after.
+ *                P (CHILD_ACCEPT). A function receiving it runs at once.
+ *
+ * Unannounced users. A user->user fork that arrives in a call's arguments
+ * does not ask its owner at once: it is *unannounced* (in ctx.unannounced,
+ * noted in the call's state), and the call's end decides:
+ *   - its last reference went with the arguments (the usual case: the
+ *     function used it and let it go): the owner never hears of it; its
+ *     parent is told at once (CHILD_ACCEPT, which rides with the call's
+ *     answer), so the owner is not woken at all for such a fork;
+ *   - something kept it: call_done, after the answer, sends the
+ *     FORK_REQUEST, and it goes on as any pending user.
+ * It is announced earlier when someone needs the owner's confirmation
+ * (sr_rref_confirmation) or a thread waits for idleness (sr_rref_wait_idle
+ * announces all, and no fork is left unannounced while one waits).
+ * Safe because the parent's hold (G2) covers the child for as long as the
+ * child lives unannounced: the parent's fork is known to the owner, or is
+ * itself held by its parent, and so on up to a known one (RREF.md, "the
+ * same as Z does not exist at all"); a child that dies unannounced was
+ * never counted, so nothing is owed to the owner. Uses that reach the owner
+ * meanwhile (a fetch, a fork to the owner, a proxy) are those of any
+ * unconfirmed user. Every other decode (a result, a fetched value, a
+ * released buffer) announces at once: nothing bounds how long its receiver
+ * keeps it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -169,6 +191,31 @@ static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
     return sr_rref_ref(r);
 }
 
+/* A user->user fork in a call's arguments waits for the call's end to ask
+ * its owner, unless a thread waits for idleness. Lock held; false: ask now. */
+static bool arrive_unannounced_locked(sr_rref *r)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr_call *call = sr__call_decoding();
+    /* relaxed: ++ under the lock we hold (nudge_owners), so a waiter that
+     * came in announced everything and no fork is left unannounced after */
+    if (!call || atomic_load_explicit(&c->idle_waiters, memory_order_relaxed))
+        return false;
+    /* the parent waits for idleness and asked for its children up to this one
+     * (an ANNOUNCE that overtook the request carrying it) */
+    uintptr_t upto = (uintptr_t)sr__map_get(&c->announce_upto, (uint64_t)SR_RREF_ID_RANK(r->fork_id));
+    if (upto && r->fork_id < upto)
+        return false;
+    if (sr__map_put(&c->unannounced, r->fork_id, r))
+        return false;
+    if (sr__rref_call_note(call, r->fork_id)) {
+        sr__map_del(&c->unannounced, r->fork_id);
+        return false;
+    }
+    r->unannounced = true;
+    return true;
+}
+
 /* X != O: a new UserRRef (one reference for the caller). */
 static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct after *d)
 {
@@ -183,6 +230,8 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
         sr__map_put(&c->users, fid, r);
         return r;
     }
+    if (arrive_unannounced_locked(r))
+        return r;
     bool listed = (r->confirm = sr_future_new()) && !sr__map_put(&c->pending_users, fid, r);
     if (!listed || sr__ctrl_queue_locked(d, owner, SR_RREF_FORK_REQUEST, rid, fid, 0)) {
         if (listed)
@@ -215,4 +264,105 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out
                         fid);
     *out = r;
     return 0;
+}
+
+/* ---- unannounced users --------------------------------------------------------- */
+
+bool sr__rref_ref_live(sr_rref *r)
+{
+    /* relaxed: pairs with nothing; a count that the acq_rel decrement of
+     * sr_rref_unref brought to 0 is never raised again (its destroy runs) */
+    uint32_t n = atomic_load_explicit(&r->refs, memory_order_relaxed);
+    while (n && !atomic_compare_exchange_weak_explicit(&r->refs, &n, n + 1, memory_order_relaxed,
+                                                       memory_order_relaxed))
+        ;
+    return n != 0;
+}
+
+int sr__user_announce_locked(sr_rref *r, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    if ((r->confirm || (r->confirm = sr_future_new())) && !sr__map_put(&c->pending_users, r->fork_id, r)) {
+        if (!sr__ctrl_queue_locked(d, r->owner, SR_RREF_FORK_REQUEST, r->rref_id, r->fork_id, 0)) {
+            sr__map_del(&c->unannounced, r->fork_id);
+            r->unannounced = false;
+            return 0; /* the reference is the pending table's now */
+        }
+        sr__map_del(&c->pending_users, r->fork_id);
+    }
+    d->unref[d->nunref++] = r; /* still unannounced: its parent keeps covering it */
+    return sr__fail(-ENOMEM, "sr_rref", "worker%d: out of memory asking the owner worker%d to confirm a fork",
+                    c->rank, r->owner);
+}
+
+void sr__rref_announce_forks(const uint64_t *fids, size_t n)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    for (size_t i = 0; i < n;) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        for (int k = 0; k < AFTER_MAX && i < n; i++) {
+            sr_rref *r = c->active ? sr__map_get(&c->unannounced, fids[i]) : NULL;
+            if (r && sr__rref_ref_live(r)) { /* else gone with the arguments, or going: no one asks */
+                sr__user_announce_locked(r, &d);
+                k++;
+            }
+        }
+        sr__rref_unlock();
+        sr__after_run(&d);
+    }
+}
+
+void sr__rref_announce_all(int parent)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    for (bool more = true; more;) {
+        struct after d;
+        sr_rref *got[AFTER_MAX];
+        int n = 0;
+        size_t pos = 0;
+        uint64_t fid;
+        void *p;
+        sr__after_init(&d);
+        sr__rref_lock();
+        while (c->active && n < AFTER_MAX && sr__map_next(&c->unannounced, &pos, &fid, &p))
+            if ((parent < 0 || SR_RREF_ID_RANK(fid) == parent) && sr__rref_ref_live(p))
+                got[n++] = p;
+        more = n == AFTER_MAX;
+        for (int i = 0; i < n; i++) /* after the walk: announcing edits the map */
+            more &= !sr__user_announce_locked(got[i], &d);
+        sr__rref_unlock();
+        sr__after_run(&d);
+    }
+}
+
+/* The highest pending child fork id per destination rank (lock held); a
+ * rank with none keeps 0. */
+static void children_upto_locked(uint64_t *upto, int world)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    size_t pos = 0;
+    uint64_t fid;
+    void *p;
+    while (sr__map_next(&c->child_to, &pos, &fid, &p)) {
+        int to = (int)(uintptr_t)p - 2;
+        if (to >= 0 && to < world && to != c->rank && fid + 1 > upto[to])
+            upto[to] = fid + 1;
+    }
+}
+
+void sr__rref_announce_children(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    int world = c->world;
+    uint64_t *upto = c->active && c->children.n ? calloc((size_t)world, sizeof(*upto)) : NULL;
+    if (upto)
+        children_upto_locked(upto, world);
+    sr__rref_unlock();
+    for (int r = 0; upto && r < world; r++)
+        if (upto[r])
+            sr__ctrl_announce(r, upto[r] - 1);
+    free(upto); /* no memory: the children are announced when their calls end */
 }

@@ -1,5 +1,6 @@
 /* The RRef layer as a protocol module of the agent (lib/rpc/module.h). */
 #include <errno.h>
+#include <stdlib.h>
 
 #include "error.h"
 #include "rref/hooks.h"
@@ -85,22 +86,50 @@ SR_API sr_rref *sr_value_rref(const sr_value *v) { return sr__value_module_obj(v
 
 /* ---- calls ---- */
 
-static char proxy_mark; /* the call state of a proxy call */
+/* The call's state (struct rref_call), made when first needed. */
+static struct rref_call *call_state(sr_call *c)
+{
+    void **st = sr__call_state(c, SR_MOD_RREF);
+    if (!*st)
+        *st = calloc(1, sizeof(struct rref_call));
+    return *st;
+}
+
+int sr__rref_call_note(sr_call *c, uint64_t fid)
+{
+    struct rref_call *st = call_state(c);
+    if (!st)
+        return -ENOMEM;
+    if (st->n == st->cap) {
+        uint32_t cap = st->cap ? 2 * st->cap : 4;
+        uint64_t *f = realloc(st->fids, cap * sizeof(*f));
+        if (!f)
+            return -ENOMEM;
+        st->fids = f;
+        st->cap = cap;
+    }
+    st->fids[st->n++] = fid;
+    return 0;
+}
 
 static int rref_request_in(sr_call *c, const uint8_t *ext, size_t len)
 {
-    if (len == 1 && (ext[0] & SR_RREF_EXT_PROXY))
-        *sr__call_state(c, SR_MOD_RREF) = &proxy_mark;
+    if (!(len == 1 && (ext[0] & SR_RREF_EXT_PROXY)))
+        return 0;
+    struct rref_call *st = call_state(c);
+    if (!st)
+        return sr__fail(-ENOMEM, "sr_rref_rpc", "out of memory for a proxy call");
+    st->proxy = true;
     return 0;
 }
 
 /* A proxy call: argument 0 becomes the owner's local value. */
 static int rref_prepare(sr_call *c)
 {
-    void **st = sr__call_state(c, SR_MOD_RREF);
-    if (*st != &proxy_mark)
+    struct rref_call *st = *sr__call_state(c, SR_MOD_RREF);
+    if (!st || !st->proxy)
         return 0;
-    *st = NULL;
+    st->proxy = false;
     sr_value *v = NULL;
     if (!sr_call_nargs(c))
         return sr__fail(-EINVAL, "sr_rref_rpc", "a proxy call needs the RRef as argument 0");
@@ -108,7 +137,19 @@ static int rref_prepare(sr_call *c)
     return rc ? rc : sr__call_set_arg(c, 0, v);
 }
 
-static void rref_call_done(sr_call *c) { *sr__call_state(c, SR_MOD_RREF) = NULL; }
+/* After the answer: the forks the call kept are announced to their owners
+ * (those its arguments took along were settled with their parents). */
+static void rref_call_done(sr_call *c)
+{
+    void **slot = sr__call_state(c, SR_MOD_RREF);
+    struct rref_call *st = *slot;
+    if (!st)
+        return;
+    sr__rref_announce_forks(st->fids, st->n);
+    free(st->fids);
+    free(st);
+    *slot = NULL;
+}
 
 static sr_future *rref_gate(sr_call *c) { return sr__rref_gate(sr__call_args(c)); }
 

@@ -1,5 +1,6 @@
-/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, and the
- * ACK that answers the first and the last.
+/* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, the ACK
+ * that answers the first and the last, and the NUDGE and ANNOUNCE that a
+ * thread waiting for idleness sends.
  *
  * Each message is sent exactly once. The rings never lose a message, and a
  * full inbox is the agent's outgoing queue's business (it waits for space),
@@ -11,8 +12,13 @@
  *   - USER_DELETE: its ACK says the owner applied the delete, which is what
  *     sr_rref_wait_idle (and graceful shutdown) wait for.
  * A CHILD_ACCEPT needs no answer: the parent's own idleness (its pending
- * child, then its delete) already covers what it causes. So one fork costs
- * FORK_REQUEST, ACK, CHILD_ACCEPT, and its delete USER_DELETE, ACK.
+ * child, then its delete) already covers what it causes. So one user->user
+ * fork that its receiver keeps costs FORK_REQUEST, ACK, CHILD_ACCEPT, and
+ * its delete USER_DELETE, ACK; one that a call received and let go costs a
+ * CHILD_ACCEPT alone, riding with the call's answer (fork.c, unannounced
+ * users). A parent that waits for idleness sends ANNOUNCE to the workers
+ * that hold its children, so that they do not wait for their calls' end;
+ * like NUDGE, it is not counted (whether it is sent depends on timing).
  *
  * No call waits for any of these messages: a function given a pending user
  * runs at once (use.c). A FORK_REQUEST's ACK wakes its receiver (a
@@ -108,10 +114,16 @@ int sr__ctrl_send(int to, sr_msg *m, bool quiet)
 {
     struct sr_wire w = sr_wire_get(m);
     int rc = sr__module_send(to, m, quiet);
-    if (!rc && w.ctrl != SR_RREF_NUDGE && (w.ctrl != SR_RREF_ACK || w.call_id))
+    if (!rc && w.ctrl != SR_RREF_NUDGE && w.ctrl != SR_RREF_ANNOUNCE && (w.ctrl != SR_RREF_ACK || w.call_id))
         /* relaxed: statistics */
         atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
     return rc;
+}
+
+void sr__ctrl_announce(int to, uint64_t upto)
+{
+    sr_msg m = ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0);
+    sr__ctrl_send(to, &m, false); /* a dead peer: the peer-death hook releases the children */
 }
 
 void sr__ctrl_nudge(int to)
@@ -170,13 +182,18 @@ static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
     queue_ack(d, src, w->call_id, rc, false);
 }
 
+void sr__child_accepted_locked(uint64_t fid, struct after *d)
+{
+    sr_rref *parent = sr__map_del(&sr__rref_ctx.children, fid);
+    sr__map_del(&sr__rref_ctx.child_to, fid);
+    if (parent) /* G2: the child is known to the owner, or gone; the parent may go */
+        d->unref[d->nunref++] = parent;
+}
+
 /* Not acknowledged: the child tracks nothing (see the header comment). */
 static void on_child_accept(const struct sr_wire *w, struct after *d)
 {
-    sr_rref *parent = sr__map_del(&sr__rref_ctx.children, w->p.args.b);
-    sr__map_del(&sr__rref_ctx.child_to, w->p.args.b);
-    if (parent) /* G2: the child is known to the owner; the parent may go */
-        d->unref[d->nunref++] = parent;
+    sr__child_accepted_locked(w->p.args.b, d);
 }
 
 static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
@@ -220,12 +237,30 @@ static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **
     free(e);
 }
 
+/* A parent waits for idleness: its children here that are still
+ * unannounced ask their owner now, and so do those up to fork id `upto`
+ * decoded later (the ANNOUNCE overtook the request that carries them). */
+static void on_announce(const struct sr_wire *w, int src)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr__rref_lock();
+    uintptr_t was = (uintptr_t)sr__map_get(&c->announce_upto, (uint64_t)src);
+    if (c->active && w->p.args.b + 1 > was) /* no memory: those decoded later wait for their call's end */
+        sr__map_put(&c->announce_upto, (uint64_t)src, (void *)(uintptr_t)(w->p.args.b + 1));
+    sr__rref_unlock();
+    sr__rref_announce_all(src);
+}
+
 void sr__rref_ctrl(const sr_msg *m)
 {
     struct sr_wire w = sr_wire_get(m);
     struct after d;
     sr__after_init(&d);
     sr_rref *failed = NULL;
+    if (w.ctrl == SR_RREF_ANNOUNCE) { /* no answer; its work may need many sends */
+        on_announce(&w, m->src);
+        return;
+    }
     sr__rref_lock();
     if (!sr__rref_ctx.active) {
         sr__rref_unlock();

@@ -39,6 +39,23 @@ SR_API sr_rref *sr_rref_ref(sr_rref *r)
     return r;
 }
 
+/* An unannounced user (fork.c) is gone: its owner never counted it, so
+ * only its parent is told, to drop its hold (G2). Lock held. */
+static void unannounced_gone_locked(sr_rref *r, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    int parent = SR_RREF_ID_RANK(r->fork_id);
+    sr__map_del(&c->unannounced, r->fork_id);
+    r->unannounced = false;
+    r->registered = false;
+    atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: under the lock */
+    if (parent == c->rank) /* a call to itself: the parent is here */
+        sr__child_accepted_locked(r->fork_id, d);
+    else
+        sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, r->rref_id, r->fork_id, 0);
+    sr__idle_check_locked(d);
+}
+
 /* G1: the last local reference to a UserRRef tells its owner. */
 static void user_gone(sr_rref *r)
 {
@@ -46,7 +63,9 @@ static void user_gone(sr_rref *r)
     struct after d;
     sr__after_init(&d);
     sr__rref_lock();
-    if (r->registered && sr__rref_live_locked(r)) {
+    if (r->unannounced && sr__rref_live_locked(r)) {
+        unannounced_gone_locked(r, &d);
+    } else if (r->registered && sr__rref_live_locked(r)) {
         if (sr__map_get(&c->users, r->fork_id) == r)
             sr__map_del(&c->users, r->fork_id);
         r->registered = false;
@@ -192,12 +211,20 @@ SR_API int sr_rref_confirmation(sr_rref *r, sr_future **out)
 
 int sr__rref_confirm_future(sr_rref *r, sr_future **out)
 {
+    struct after d;
+    sr__after_init(&d);
+    int rc = 0;
     sr__rref_lock();
-    bool pending = r->creating && sr__rref_live_locked(r);
+    bool live = sr__rref_live_locked(r), pending = r->creating && live;
     if (!r->confirm && pending) /* a remote() user: made on demand, completed by its REMOTE_RET */
         r->confirm = sr_future_new();
-    sr_future *f = r->confirm ? sr_future_ref(r->confirm) : NULL;
+    if (r->unannounced && live) /* the confirmation needs the owner: ask it now (fork.c) */
+        rc = sr__user_announce_locked(sr_rref_ref(r), &d);
+    sr_future *f = !rc && r->confirm ? sr_future_ref(r->confirm) : NULL;
     sr__rref_unlock();
+    sr__after_run(&d);
+    if (rc)
+        return rc;
     if (f) {
         *out = f;
         return 0;

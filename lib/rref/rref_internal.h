@@ -38,6 +38,8 @@ enum sr_rref_ctrl {
                                  args.a = 0 or the -errno that kept the owner from applying it;
                                  token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
     SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
+    SR_RREF_ANNOUNCE = 6,     /* waiting parent -> a child's worker: ask the owner now for my children
+                                 up to fork_id (unannounced users, fork.c); no answer */
 };
 /* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
 #define SR_DELETE_QUIET_ACK UINT64_C(2)
@@ -69,7 +71,10 @@ struct sr_rref {
     _Atomic bool confirmed;  /* release store under the lock, acquire loads anywhere */
     _Atomic bool deleted;    /* set under the lock: the owner has been (or is being) told this fork is
                                 is gone; read without it as a hint (relaxed) */
-    bool registered;         /* lock: in pending_users or users, or a remote() user awaiting its REMOTE_RET */
+    bool registered;         /* lock: in pending_users, users or unannounced, or a remote() user awaiting
+                                its REMOTE_RET */
+    bool unannounced;        /* lock: received from another user by a call's arguments and not told to
+                                its owner yet (in unannounced; see fork.c) */
     bool creating;           /* lock: a remote() user whose REMOTE_RET has not come (counted in pending_remote) */
     uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
     sr_value *cached;        /* a remote() user: the small plain value its REMOTE_RET carried
@@ -93,6 +98,11 @@ struct rref_ctx {
     sr_u64map pending_users;     /* fork_id -> sr_rref * (reference): received users asking their owner */
     uint32_t pending_remote;     /* lock: remote() users awaiting their REMOTE_RET (held by the call) */
     sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
+    sr_u64map unannounced;       /* fork_id -> sr_rref * (weak: removed by the RRef's destroy or its
+                                  * announcement): user->user forks held by a running call, whose
+                                  * FORK_REQUEST waits for the call's end (fork.c) */
+    sr_u64map announce_upto;     /* parent rank -> (void *)(fork id + 1): that parent waits for its
+                                  * children up to this fork id, so they are not left unannounced */
     sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
     sr_u64map child_to;          /* fork_id -> (void *)(rank + 2): where each child in children went
                                   * (-1: not known); the same keys as children */
@@ -179,6 +189,8 @@ int sr__ctrl_send(int to, sr_msg *m, bool quiet);
 /* After a send (d->send[i]) that may get a quiet answer: if a thread began
  * waiting for idleness meanwhile, nudge the destination. */
 void sr__ctrl_after_send(int to, bool nudge);
+/* ANNOUNCE to `to`: ask the owners for this worker's children there, up to fork id upto. */
+void sr__ctrl_announce(int to, uint64_t upto);
 /* A loud NUDGE: the owner answers it loudly after its earlier ACKs. */
 void sr__ctrl_nudge(int to);
 /* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
@@ -187,6 +199,36 @@ void sr__unacked_delete_owners_locked(bool *mark, int world);
 void sr__ctrl_unsent(int to, const sr_msg *m, int err);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* fork.c: user->user forks received by a call's arguments (see fork.c).
+ * Announce an unannounced user to its owner now (FORK_REQUEST): it becomes
+ * an ordinary pending user. Takes a reference of r for the pending table
+ * (given back through d on failure). Lock held; 0 or -ENOMEM (then it stays
+ * unannounced). */
+int sr__user_announce_locked(sr_rref *r, struct after *d);
+/* Take a reference of r unless its last one is already gone (its destroy
+ * is then on its way and will take the lock). */
+bool sr__rref_ref_live(sr_rref *r);
+/* Announce the users in fids that are still unannounced (a call ended). */
+void sr__rref_announce_forks(const uint64_t *fids, size_t n);
+/* Announce every unannounced user whose parent is `parent` (-1: all): a
+ * thread of this worker, or of the parent, waits for idleness. */
+void sr__rref_announce_all(int parent);
+/* A thread waits for idleness: ask the workers that hold this worker's
+ * pending children to announce them (ANNOUNCE). */
+void sr__rref_announce_children(void);
+/* The forks a call's arguments brought (its call state, module.c). */
+struct rref_call {
+    bool proxy;      /* argument 0 becomes the owner's local value */
+    uint32_t n, cap;
+    uint64_t *fids;  /* unannounced users decoded for the call */
+};
+/* Record fid in the state of the call being decoded; 0 or -ENOMEM. */
+int sr__rref_call_note(sr_call *c, uint64_t fid);
+
+/* protocol.c: a child fork is accepted (or gone): release its parent's hold
+ * (G2). Lock held. */
+void sr__child_accepted_locked(uint64_t fid, struct after *d);
 
 /* The confirmation future of r (a reference), made on demand. */
 int sr__rref_confirm_future(sr_rref *r, sr_future **out);

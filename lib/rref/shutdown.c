@@ -134,7 +134,7 @@ int sr__rref_shutdown_check(void)
     char msg[480];
     size_t leaks = report_leaks(msg, sizeof(msg));
     sr__rref_lock();
-    size_t users = c->pending_users.n, children = c->children.n, unacked = c->unacked.n;
+    size_t users = c->pending_users.n + c->unannounced.n, children = c->children.n, unacked = c->unacked.n;
     bool ignore = c->ignore_leaks;
     sr__rref_unlock();
     if (users || children || unacked)
@@ -183,6 +183,8 @@ void sr__rref_fini(void)
     sr_fork_table forks = c->forks;
     sr_future *idle = c->idle;
     sr__map_free(&c->users); /* weak references */
+    sr__map_free(&c->unannounced); /* weak too: their RRefs see the round is over */
+    sr__map_free(&c->announce_upto); /* fork ids, not references */
     sr__map_free(&c->child_to); /* ranks, not references */
     c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};

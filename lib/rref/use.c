@@ -379,6 +379,13 @@ SR_API int sr_rref_wait_idle(double timeout_s)
     rc = nudge_owners();
     if (rc)
         return rc;
+    /* The forks held unannounced by running calls (fork.c) ask their owners
+     * now: idleness means every user received is confirmed. None is made
+     * unannounced while this thread is counted among the waiters. */
+    sr__rref_announce_all(-1);
+    /* ... and those this worker's children are held by elsewhere: a pending
+     * child must not wait for the end of the call it was passed to. */
+    sr__rref_announce_children();
     while ((rc = wait_idle_once(deadline)) == 1)
         ;
     /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
@@ -387,7 +394,7 @@ SR_API int sr_rref_wait_idle(double timeout_s)
         rc = report_lost_child();
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
-        size_t u = c->pending_users.n, ch = c->children.n, re = c->unacked.n;
+        size_t u = c->pending_users.n + c->unannounced.n, ch = c->children.n, re = c->unacked.n;
         sr__rref_unlock();
         return sr__fail(rc, "sr_rref_wait_idle",
                         "still %zu pending users, %zu pending children and %zu unacknowledged messages after %" PRId64
