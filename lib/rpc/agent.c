@@ -616,6 +616,10 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
             /* Token released: a nested call inside can be answered by whoever
              * polls next (this thread included). */
             sr__dispatch_run_deferred();
+            /* The last call's answer went out with the inbox taken back (dispatch.c, run_call_then). */
+            held = pretaken == a;
+            if (held)
+                pretaken = NULL;
             continue;
         }
         if (rc <= 0)

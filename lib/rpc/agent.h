@@ -255,7 +255,9 @@ int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum 
  * that the response finds the inbox held (doorbell AWAKE) instead of waking
  * the parked progress thread when the caller is preempted between its send
  * and its wait. The next sr__agent_wait on this thread uses it; every other
- * way out calls sr__agent_unhold (a no-op once a wait used it). */
+ * way out calls sr__agent_unhold (a no-op once a wait used it). An idle
+ * waiter uses it the same way before answering a plain call it ran
+ * (sr__dispatch_run_deferred): the caller's next request finds it held. */
 void sr__agent_pretake(sr_agent *a);
 void sr__agent_unhold(sr_agent *a);
 
@@ -277,7 +279,8 @@ void sr__calls_fail_all(sr_agent *a, const char *why);
 
 /* Dispatch (dispatch.c) */
 /* Plain calls an idle poller took: run them on this thread after handing the
- * token back (see start_call). */
+ * token back (see start_call); before the last one's answer is sent, the
+ * token is taken back (sr__agent_pretake), and the idle wait goes on with it. */
 bool sr__dispatch_has_deferred(void);
 /* Whether module jobs (sr__exec_submit) that this thread's polling starts
  * are kept for this thread instead of the executors: on for threads that
