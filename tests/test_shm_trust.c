@@ -196,6 +196,7 @@ Test(shm_trust, corrupt_sequence_in_own_inbox_is_reported_not_slept_on)
  * answer's send failed at worker0 and nobody told worker1: its call waited
  * for ever (here: until the watchdog). */
 #define SCRIBBLE 0x40000003u /* congruent to no legal sequence of an 8-slot ring */
+#define CALL_BOUND_S 3       /* worker1's watchdog: before worker0 stops waiting for it (WAIT_NS) */
 
 static int fn_scribble_caller(sr_call *c)
 {
@@ -218,7 +219,7 @@ static void watchdog_call(int sig)
 static int lost_inbox_caller(void)
 {
     signal(SIGALRM, watchdog_call);
-    alarm(WAIT_NS / 1000000000);
+    alarm(CALL_BOUND_S);
     int64_t t0 = sr_now_ns();
     int rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
     alarm(0);
@@ -228,7 +229,7 @@ static int lost_inbox_caller(void)
     rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt"),
            "a later call returned %d: %s", rc, sr_last_error());
-    alarm(WAIT_NS / 1000000000);
+    alarm(CALL_BOUND_S);
     rc = sr_shutdown(true, 0);
     alarm(0);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "worker1 can no longer receive messages"),
