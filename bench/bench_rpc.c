@@ -49,6 +49,7 @@ struct shared {
     bench_barrier bar;
     bench_rounds cl, fx;
     int errors;
+    uint64_t udf_hops; /* bench udf: calls the callee's idle thread left to an executor */
 };
 
 static struct shared *sh;
@@ -70,8 +71,13 @@ static int serve_round(void)
 
 static const char *noop_fn = "noop"; /* or "udf_noop": a registered plain function */
 
+static pthread_t udf_idle_thread; /* rank 1 of bench udf: the thread idle in sr_shutdown */
+static _Atomic uint64_t udf_hops;  /* calls it did not run itself (an executor did) */
+
 static int udf_noop(sr_call *c)
 {
+    if (!pthread_equal(pthread_self(), udf_idle_thread)) /* relaxed: a statistic */
+        atomic_fetch_add_explicit(&udf_hops, 1, memory_order_relaxed);
     return sr_call_return(c, NULL);
 }
 
@@ -188,6 +194,7 @@ static int run_udf(int rank, int world, void *arg)
             floors[r] = bench_lat_of(fl, CL_N);
     }
     sr_register("udf_noop", udf_noop);
+    udf_idle_thread = pthread_self(); /* before sr_init starts the threads that read it */
     if (sr_init(NULL))
         return 1;
     if (rank == 0) {
@@ -196,8 +203,14 @@ static int run_udf(int rank, int world, void *arg)
             sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
         for (int r = 0; r < ROUNDS; r++)
             bench_rounds_add(&sh->cl, time_noop(CALLS, lat), floors[r]);
+        sr_debug_info d;
+        if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
+            fprintf(stderr, "udf caller: %.3f wakes issued and %.3f sleeps taken per call\n",
+                    (double)d.wakes_issued / (ROUNDS * CALLS + 2000), (double)d.sleeps_taken / (ROUNDS * CALLS + 2000));
     }
     sr_shutdown(true, 60);
+    if (rank == 1) /* relaxed: the executors are joined */
+        sh->udf_hops = atomic_load_explicit(&udf_hops, memory_order_relaxed);
     return 0;
 }
 
@@ -208,6 +221,8 @@ static int bench_udf(void)
     if (sr_spawn(2, run_udf, NULL, &o))
         return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
     report_latency("rpc_sync udf noop", "callee idle in sr_shutdown", "cache-line ping-pong", &sh->cl, 4.0);
+    printf("rpc_sync udf noop | calls the idle callee left to an executor (a thread hop): %llu of %d\n",
+           (unsigned long long)sh->udf_hops, ROUNDS * CALLS + 2000);
     return 0;
 }
 

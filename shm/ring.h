@@ -312,6 +312,25 @@ static inline void sr_ring_cons_check(struct sr_ring_cons *c)
         sr__ring_cons_corrupt(c, pos, seq);
 }
 
+/* Consumer only: should it poll rather than sleep? True when a message is
+ * ready at the head, or when the slot there holds a sequence no legal
+ * history produces and the consumer has not latched it yet (its next read
+ * latches it, sr_ring_cons_error). So a producer that finds the inbox corrupt
+ * and rings its doorbell (xport.c) wakes the consumer once to find it
+ * itself; once latched, the slot no longer keeps it awake. */
+static inline bool sr_ring_cons_pending(struct sr_ring_cons *c)
+{
+    /* relaxed: only the consumer writes head */
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    /* C1 acquire: pairs with the producer's P1 release */
+    uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
+    if (sr_likely(seq == pos + 1 || seq == pos))
+        return seq == pos + 1;
+    /* relaxed: the consumer's own latch. With every slot held, the one at
+     * head is a held one: not pending. */
+    return c->held < c->size && !atomic_load_explicit(&c->bad, memory_order_relaxed);
+}
+
 /* Single-consumer: copy out up to n ready messages, in order, and keep their
  * slots held until sr_ring_release. Returns the count. Stops at a corrupt
  * slot (see sr_ring_cons_error). */

@@ -367,8 +367,14 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     m->src = (uint16_t)x->rank;
     int rc = sr_ring_enqueue(p->inbox, x->seg.ring_slots, m);
     if (sr_unlikely(rc != 0)) {
-        if (rc == -EPROTO)
+        if (rc == -EPROTO) {
+            /* Its consumer may be asleep with nothing ready, waiting for an
+             * answer that can no longer arrive: wake it, so it finds the
+             * corruption itself (sr_ring_cons_pending) and fails what waits on
+             * its inbox. Only a corrupt head slot is seen that way (ring.h). */
+            sr_doorbell_ring(p->doorbell, p->kind, p->eventfd);
             return corrupt_inbox(x, to, "sr_xport_send");
+        }
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
@@ -464,15 +470,25 @@ static void release_inbox(sr_xport *x)
         kick_space_waiters(x);
 }
 
-int sr_xport_inbox_error(sr_xport *x)
+const char *sr_xport_inbox_text(sr_xport *x, char *buf, size_t len)
 {
     uint32_t pos, seq;
     if (!sr_ring_cons_error(x->inbox, &pos, &seq))
+        snprintf(buf, len, "the inbox ring of %s (rank %d) is not corrupt", x->peers[x->rank].name, x->rank);
+    else
+        snprintf(buf, len,
+                 "the inbox ring of %s (rank %d) is corrupt: position %u (slot %u) holds sequence %u, "
+                 "neither free nor published; nothing past it can be read",
+                 x->peers[x->rank].name, x->rank, pos, pos & x->inbox->mask, seq);
+    return buf;
+}
+
+int sr_xport_inbox_error(sr_xport *x)
+{
+    if (!sr_xport_inbox_bad(x))
         return 0;
-    return sr__fail(-EPROTO, "sr_xport_recv_burst",
-                    "the inbox ring of %s (rank %d) is corrupt: position %u (slot %u) holds sequence %u, "
-                    "neither free nor published; nothing past it can be read",
-                    x->peers[x->rank].name, x->rank, pos, pos & x->inbox->mask, seq);
+    char text[320];
+    return sr__fail(-EPROTO, "sr_xport_recv_burst", "%s", sr_xport_inbox_text(x, text, sizeof(text)));
 }
 
 /* The consumer just latched a corrupt inbox: say so once, naming us (the
@@ -492,13 +508,14 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
     unsigned got = sr_ring_read_burst(x->inbox, out, n);
     if (got)
         consumer_count(&x->st.received, got);
-    /* relaxed: latched by this thread, the consumer */
-    else if (sr_unlikely(atomic_load_explicit(&x->inbox->bad, memory_order_relaxed)))
+    else if (sr_unlikely(sr_xport_inbox_bad(x)))
         report_corrupt_inbox(x);
     return got;
 }
 
-static bool inbox_ready(void *arg) { return sr_ring_ready(arg); }
+/* After the doorbell announcement: a message, or a corrupt head not yet
+ * latched (the wake of a producer that found it, xport.h). */
+static bool inbox_ready(void *arg) { return sr_ring_cons_pending(arg); }
 
 /* Spin on the inbox for up to budget_ns; true if a message arrived. */
 static bool spin(sr_xport *x, int64_t budget_ns)

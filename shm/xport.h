@@ -135,8 +135,23 @@ unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 
 /* 0, or -EPROTO (with the error naming this worker and what was read) once
  * the consumer found a sequence word in its own inbox that no legal history
- * produces: no message can be read past it. */
+ * produces: no message can be read past it. A producer that finds an inbox
+ * corrupt rings its owner's doorbell, and a corrupt head slot not yet latched
+ * keeps the consumer from sleeping (sr_ring_cons_pending), so a consumer
+ * asleep when its inbox is scribbled on learns of it from the next send. */
 int sr_xport_inbox_error(sr_xport *x);
+
+/* The consumer's: has it latched a corrupt inbox? One relaxed load. */
+static inline bool sr_xport_inbox_bad(const sr_xport *x)
+{
+    /* relaxed: latched by the consumer (the thread asking, or one that
+     * handed it the inbox); other threads only peek */
+    return atomic_load_explicit(&x->inbox->bad, memory_order_relaxed) != 0;
+}
+
+/* "the inbox ring of worker1 (rank 1) is corrupt: position ... holds
+ * sequence ..." for a latched corrupt inbox, without the error prefix. */
+const char *sr_xport_inbox_text(sr_xport *x, char *buf, size_t len);
 
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
  * shutdown is notified: spin for the adaptive budget (zero when the machine

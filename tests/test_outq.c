@@ -251,8 +251,11 @@ static void watchdog(int sig)
 
 /* Overwrite the sequence word of the slot worker0 sends into next with bad,
  * expect the call to fail at once with -EPROTO naming worker1, then restore
- * it. Worker1 is idle and every earlier call returned, so its consumer waits
- * at that slot (head == tail) and never writes it. */
+ * it. Worker1's poller is inside `block` and every earlier call returned, so
+ * its consumer waits at that slot (head == tail) and neither writes nor reads
+ * it meanwhile: a consumer that read its own inbox corrupt would fail every
+ * wait on it for good (shm_trust), and the failed send rings its doorbell so
+ * that it looks. */
 static int expect_corrupt(struct sr_ring *r, uint32_t bad, const char *what)
 {
     uint32_t tail = atomic_load(&r->tail);
@@ -281,14 +284,21 @@ static int scenario_corrupt(int rank, int world)
     int rc = sr_rpc_sync(1, "seven", SR_NOARGS, EVENT_WAIT_S, &v);
     sr_value_unref(v);
     WCHECK(rc == 0, "a first call to worker1: %s", sr_last_error());
+    rc = sr_rpc_async(1, "block", SR_NOARGS, EVENT_WAIT_S, &blocker);
+    WCHECK(rc == 0, "block: %s", sr_last_error());
+    WCHECK(wait_for(&pg->blocked, 1), "worker1 did not enter block within %d s", EVENT_WAIT_S);
     uint32_t size = r->size;
     /* Ahead of a tail that never moved: the old enqueue re-read the tail for ever. */
     if ((rc = expect_corrupt(r, atomic_load(&r->tail) + 5, "a sequence 5 ahead")) ||
         (rc = expect_corrupt(r, atomic_load(&r->tail) + size, "a sequence one lap ahead")) ||
         /* Laps behind: the old enqueue took it for a full ring and queued for ever. */
-        (rc = expect_corrupt(r, atomic_load(&r->tail) - 3 * size, "a sequence three laps behind")) ||
-        (rc = expect_corrupt(r, atomic_load(&r->tail) - size / 2, "a sequence half a lap behind")))
-        return rc;
+        (rc = expect_corrupt(r, atomic_load(&r->tail) - 3 * size, "a sequence three laps behind")))
+        ;
+    else
+        rc = expect_corrupt(r, atomic_load(&r->tail) - size / 2, "a sequence half a lap behind");
+    int rc2 = release_and_drain();
+    if (rc || rc2)
+        return rc ? rc : rc2;
     /* Restored, the ring works again. */
     rc = sr_rpc_sync(1, "seven", SR_NOARGS, EVENT_WAIT_S, &v);
     WCHECK(rc == 0 && sr_value_int(v) == 7, "a call after the ring was restored: %s", sr_last_error());
@@ -299,6 +309,7 @@ static int scenario_corrupt(int rank, int world)
 
 Test(outq, corrupt_inbox_ring_is_an_error_naming_its_worker)
 {
+    pg = shared_page(sizeof(*pg));
     RUN_JOB("outq_corrupt", 2, .scenario = scenario_corrupt, .register_fns = register_fns);
 }
 

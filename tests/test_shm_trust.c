@@ -13,6 +13,8 @@
 
 #include "common.h"
 #include "error.h"
+#include "rpc/agent.h"
+#include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
 #include "xport.h"
@@ -182,6 +184,80 @@ static int corrupt_seq_worker(int rank, int world, void *arg)
 Test(shm_trust, corrupt_sequence_in_own_inbox_is_reported_not_slept_on)
 {
     run2("trust_seq", corrupt_seq_worker);
+}
+
+/* ---- a corrupt own inbox fails every wait on it --------------------------- */
+
+/* Worker1 calls worker0 with no timeout. Worker0's function scribbles on
+ * every sequence word of worker1's inbox (the caller's, idle while it waits)
+ * and answers; that answer cannot be delivered, and nothing else will ever
+ * arrive. Worker1's call must fail at once with -EPROTO naming worker1's
+ * corrupt inbox, later calls and its graceful shutdown too. Before, the
+ * answer's send failed at worker0 and nobody told worker1: its call waited
+ * for ever (here: until the watchdog). */
+#define SCRIBBLE 0x40000003u /* congruent to no legal sequence of an 8-slot ring */
+#define CALL_BOUND_S 3       /* worker1's watchdog: before worker0 stops waiting for it (WAIT_NS) */
+
+static int fn_scribble_caller(sr_call *c)
+{
+    sr_xport *x = sr__agent->x; /* alive: this function runs inside the job */
+    struct sr_ring *r = sr_seg_inbox(&x->seg, sr_call_caller(c));
+    for (uint32_t i = 0; i < x->seg.ring_slots; i++)
+        atomic_fetch_add(&r->slots[i].seq, SCRIBBLE);
+    return sr_call_return(c, sr_int(1));
+}
+
+static void watchdog_call(int sig)
+{
+    (void)sig;
+    static const char msg[] = "worker1's call with no timeout never failed after its own inbox was corrupted\n";
+    ssize_t n = write(2, msg, sizeof(msg) - 1);
+    (void)n;
+    _exit(3);
+}
+
+static int lost_inbox_caller(void)
+{
+    signal(SIGALRM, watchdog_call);
+    alarm(CALL_BOUND_S);
+    int64_t t0 = sr_now_ns();
+    int rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
+    alarm(0);
+    WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt") &&
+               strstr(sr_last_error(), "RPC to worker0 failed"),
+           "the call returned %d after %.3f s: %s", rc, (double)(sr_now_ns() - t0) / 1e9, sr_last_error());
+    rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
+    WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt"),
+           "a later call returned %d: %s", rc, sr_last_error());
+    alarm(CALL_BOUND_S);
+    rc = sr_shutdown(true, 0);
+    alarm(0);
+    WCHECK(rc == -EPROTO && strstr(sr_last_error(), "worker1 can no longer receive messages"),
+           "a graceful shutdown returned %d: %s", rc, sr_last_error());
+    return 0;
+}
+
+static int lost_inbox_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    _Atomic uint32_t *stage = arg;
+    sr_register("scribble_caller", fn_scribble_caller);
+    WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    int rc = 0;
+    if (rank == 1) {
+        rc = lost_inbox_caller();
+        /* release: pairs with rank 0's await_stage */
+        atomic_store_explicit(stage, 1, memory_order_release);
+    } else { /* serve until worker1 is done, so no failure is taken for its exit */
+        WCHECK(await_stage(stage, 1), "worker1 never finished its checks");
+    }
+    sr_shutdown(false, 0);
+    return rc;
+}
+
+Test(shm_trust, corrupt_own_inbox_fails_the_calls_waiting_on_it)
+{
+    run2("trust_lost", lost_inbox_worker);
 }
 
 /* ---- the worker table ---------------------------------------------------- */

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -204,11 +205,14 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 
 /* ---- polling ------------------------------------------------------------- */
 
-/* Messages for the token holder: the rest of the last burst, or the inbox. */
+/* Messages for the token holder: the rest of the last burst, or the inbox
+ * (or a corrupt inbox not yet found: a poll finds it, sr_ring_cons_pending). */
 static bool inbox_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || sr_ring_ready(a->x->inbox);
+    return a->burst_at < a->burst_n || sr_ring_cons_pending(a->x->inbox);
 }
+
+static void inbox_lost(sr_agent *a);
 
 /* Consume one burst; the caller holds the token. Returns the count. The
  * burst is the agent's, not this frame's: a callback that waits (a nested
@@ -219,6 +223,8 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
         a->burst_n = sr_xport_recv_burst(a->x, a->burst, BURST);
+        if (sr_unlikely(!a->burst_n && sr_xport_inbox_bad(a->x)))
+            inbox_lost(a);
         if (!a->burst_n) { /* idle: take back the blocks peers released (one load when there are none) */
             sr_heap_drain();
             sr__outq_service(a); /* a full inbox we queue for freed slots: one load when none did */
@@ -610,6 +616,10 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
             /* Token released: a nested call inside can be answered by whoever
              * polls next (this thread included). */
             sr__dispatch_run_deferred();
+            /* The last call's answer went out with the inbox taken back (dispatch.c, run_call_then). */
+            held = pretaken == a;
+            if (held)
+                pretaken = NULL;
             continue;
         }
         if (rc <= 0)
@@ -772,6 +782,34 @@ static void peer_gone(sr_agent *a, int r)
         return;
     sr__modules_peer_died(r, text);
     sr__ctrl_peer_gone(a, r, text);
+}
+
+/* Our own inbox is corrupt (xport.h): nothing can be read from it again,
+ * so no answer, acknowledgement or release sent to us can arrive. Fail at
+ * once every wait that needs one, naming this worker and the corruption:
+ * the calls in flight, and every later call at its begin (calls.c); the
+ * modules' waits on each peer not handled yet, as if it had left (its
+ * messages cannot reach us); the shutdown waits. Run once, by the token
+ * holder that found it (inbox_failed is handed over with the token). */
+static void inbox_lost(sr_agent *a)
+{
+    if (a->inbox_failed)
+        return;
+    a->inbox_failed = true;
+    char corrupt[320], text[400];
+    sr_xport_inbox_text(a->x, corrupt, sizeof(corrupt));
+    sr__calls_fail_all(a, corrupt);
+    snprintf(text, sizeof(text), "%s can no longer receive messages: %s", a->names[a->rank], corrupt);
+    for (int r = 0; r < a->world; r++) {
+        pthread_mutex_lock(&a->gone_lock);
+        bool mine = r != a->rank && !a->gone[r];
+        if (mine) /* a later exit of r is not handled again (claim_gone) */
+            a->gone[r] = true;
+        pthread_mutex_unlock(&a->gone_lock);
+        if (mine)
+            sr__modules_peer_died(r, text); /* outside the lock, as in peer_gone */
+    }
+    sr__ctrl_peer_gone(a, a->rank, text);
 }
 
 void sr__agent_check_exits(sr_agent *a)

@@ -111,6 +111,7 @@ typedef struct sr_agent {
      * has been dispatched (handed over with the token). */
     sr_msg burst[BURST];
     unsigned burst_n, burst_at;
+    bool inbox_failed;        /* our inbox was found corrupt and its waits failed (agent.c, inbox_lost) */
     char (*names)[128];       /* [world], filled at init */
 
     _Atomic uint32_t token;   /* see above */
@@ -133,6 +134,10 @@ typedef struct sr_agent {
      * slots_lock: lowered by a call's begin, set to the heap's top by expiry.
      * Every poller that holds the token expires calls once it passes. */
     _Atomic int64_t earliest_deadline;
+    /* Why no answer can reach this worker any more (its inbox is corrupt),
+     * or empty: set once under slots_lock by sr__calls_fail_all, which
+     * fails the calls in flight; every later begin fails with it. */
+    char calls_lost[320];
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
@@ -170,7 +175,8 @@ typedef struct sr_agent {
     uint64_t wave, wave_replies, wave_sent, wave_done;
     sr_future *wave_fut;
     uint8_t *ctl_in;             /* leader: [world], who has arrived at this barrier / answered this wave */
-    int ctl_gone_rank;           /* the first peer that left without a graceful shutdown; -1: none */
+    int ctl_gone_rank;           /* the first peer that left without a graceful shutdown; -1: none;
+                                    our own rank: our inbox is corrupt */
     char ctl_gone[256];          /* how it left: fails every shutdown wait, now and later */
 
     sr_registry *reg;
@@ -249,7 +255,9 @@ int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum 
  * that the response finds the inbox held (doorbell AWAKE) instead of waking
  * the parked progress thread when the caller is preempted between its send
  * and its wait. The next sr__agent_wait on this thread uses it; every other
- * way out calls sr__agent_unhold (a no-op once a wait used it). */
+ * way out calls sr__agent_unhold (a no-op once a wait used it). An idle
+ * waiter uses it the same way before answering a plain call it ran
+ * (sr__dispatch_run_deferred): the caller's next request finds it held. */
 void sr__agent_pretake(sr_agent *a);
 void sr__agent_unhold(sr_agent *a);
 
@@ -265,10 +273,14 @@ sr_future *sr__call_end(sr_agent *a, uint64_t id);
 sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from);
 void sr__calls_expire(sr_agent *a, int64_t now_ns);
 void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
+/* No answer can reach this worker any more (why: its inbox is corrupt):
+ * fail every call in flight with -EPROTO, and every later sr__call_begin. */
+void sr__calls_fail_all(sr_agent *a, const char *why);
 
 /* Dispatch (dispatch.c) */
 /* Plain calls an idle poller took: run them on this thread after handing the
- * token back (see start_call). */
+ * token back (see start_call); before the last one's answer is sent, the
+ * token is taken back (sr__agent_pretake), and the idle wait goes on with it. */
 bool sr__dispatch_has_deferred(void);
 /* Whether module jobs (sr__exec_submit) that this thread's polling starts
  * are kept for this thread instead of the executors: on for threads that
@@ -297,7 +309,9 @@ void sr__exec_fini(sr_agent *a);
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m);
 /* A peer left without a graceful shutdown: every shutdown wait, armed now or
  * later, fails with -EPIPE and `text` ("worker2 exited with status 0 without
- * sr_shutdown"). The first departure is the one reported. */
+ * sr_shutdown"). The first departure is the one reported. rank == our own:
+ * our inbox is corrupt, so no peer's message can reach us (text says so);
+ * the waits fail with -EPROTO. */
 void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text);
 int sr__graceful(sr_agent *a, int64_t deadline_ns);
 

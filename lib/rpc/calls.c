@@ -135,6 +135,11 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     int64_t deadline = sr__deadline_ns(sr_now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
     bool kick = false;
     pthread_mutex_lock(&a->slots_lock);
+    if (sr_unlikely(a->calls_lost[0])) {
+        int rc = sr__fail(-EPROTO, "sr_rpc", "worker%d: cannot call worker%d: %s", a->rank, to, a->calls_lost);
+        pthread_mutex_unlock(&a->slots_lock);
+        return rc;
+    }
     int32_t i = a->free_head;
     if (i < 0) {
         pthread_mutex_unlock(&a->slots_lock);
@@ -295,6 +300,36 @@ void sr__calls_fail_peer(sr_agent *a, int rank, const char *why)
         n = take_peer(a, rank, e);
         for (int k = 0; k < n; k++) {
             sr_future_set_error(e[k].f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, rank, why);
+            sr_future_unref(e[k].f);
+        }
+    } while (n == BATCH);
+}
+
+/* Up to BATCH calls to any rank, first come first taken; the first call
+ * records why every later begin fails (under the lock, so a begin either
+ * sees it or made a call that this scan takes). */
+static int take_any(sr_agent *a, const char *why, struct ended *out)
+{
+    int n = 0;
+    pthread_mutex_lock(&a->slots_lock);
+    if (!a->calls_lost[0])
+        snprintf(a->calls_lost, sizeof(a->calls_lost), "%s", why);
+    for (int r = 0; r < a->world && n < BATCH; r++)
+        while (n < BATCH && a->peer_head[r] >= 0)
+            out[n++] = (struct ended){.f = end_locked(a, a->peer_head[r]), .to = r};
+    pthread_mutex_unlock(&a->slots_lock);
+    return n;
+}
+
+void sr__calls_fail_all(sr_agent *a, const char *why)
+{
+    struct ended e[BATCH];
+    int n;
+    do {
+        n = take_any(a, why, e);
+        for (int k = 0; k < n; k++) {
+            sr_future_set_error(e[k].f, -EPROTO, "worker%d: RPC to worker%d failed: no answer can arrive: %s",
+                                a->rank, e[k].to, why);
             sr_future_unref(e[k].f);
         }
     } while (n == BATCH);

@@ -295,7 +295,13 @@ static int serve_module(struct sr_call *c, sr_future **f)
     return m->serve(c->caller, c->sub, c->tag, c->args, f);
 }
 
-static void run_call(struct sr_call *c)
+/* retake: a plain call that an idle waiter runs after handing the inbox
+ * back (sr__dispatch_run_deferred), the last one it has: take the inbox
+ * again before the answer goes out (sr__agent_pretake), so the caller's next
+ * request finds it held (doorbell AWAKE) and wakes nobody, instead of
+ * racing the waiter's return to its poll and waking the parked progress
+ * thread, which would then serve in its place. */
+static void run_call_then(struct sr_call *c, bool retake)
 {
     modules_enter(c);
     if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
@@ -305,6 +311,8 @@ static void run_call(struct sr_call *c)
         if (rc && !c->err)
             sr_call_fail(c, rc, "%s", sr_last_error()[0] ? sr_last_error() : sr_strerror(rc));
         modules_exit(c);
+        if (retake)
+            sr__agent_pretake(c->a);
         finish_call(c);
         return;
     }
@@ -330,6 +338,8 @@ static void run_call(struct sr_call *c)
         finish_call(c);
     }
 }
+
+static void run_call(struct sr_call *c) { run_call_then(c, false); }
 
 /* ---- executors -------------------------------------------------------------- */
 
@@ -669,7 +679,7 @@ void sr__dispatch_run_deferred(void)
         deferred_head = c->next_deferred;
         if (!deferred_head)
             deferred_tail = NULL;
-        run_call(c);
+        run_call_then(c, !deferred_head); /* never hold the inbox across another call's function */
     }
 }
 

@@ -51,7 +51,11 @@
  * thread saw the supervisor's report first (it must not block); why says
  * how it ended, for error messages ("worker2 exited with status 0 without
  * sr_shutdown"). Every wait of the module that involves that peer must then
- * fail (calls to it already have, with -EPIPE).
+ * fail (calls to it already have, with -EPIPE). It also runs, once for every
+ * peer not handled yet, when this worker's own inbox is found corrupt: no
+ * message from any peer can reach it any more (why says so: "worker1 can no
+ * longer receive messages: the inbox ring of worker1 ... is corrupt"; calls
+ * have failed with -EPROTO).
  *
  * Lifecycle: init() in sr_init after the transport is attached and before any
  * RPC thread starts; shutdown_users(deadline) in a graceful shutdown after the

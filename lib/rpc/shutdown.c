@@ -23,7 +23,10 @@
  * it is armed. That includes the leader: when rank 0 left, nobody would
  * release a barrier, so there is no re-election; every survivor reports the
  * leader's departure. A peer that left after a graceful shutdown fails
- * nothing: the final barrier orders its departure after every wait here. */
+ * nothing: the final barrier orders its departure after every wait here.
+ * A worker whose own inbox is found corrupt can receive no release nor wave
+ * either: its waits fail the same way, with -EPROTO naming it (agent.c,
+ * inbox_lost). */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -94,8 +97,8 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
 
 static void fail_gone(sr_agent *a, sr_future *f)
 {
-    if (f && !sr_future_done(f))
-        sr_future_set_error(f, -EPIPE, "%s", a->ctl_gone);
+    if (f && !sr_future_done(f)) /* our own rank: our inbox is corrupt (sr__ctrl_peer_gone) */
+        sr_future_set_error(f, a->ctl_gone_rank == a->rank ? -EPROTO : -EPIPE, "%s", a->ctl_gone);
 }
 
 /* The peer that left first without a graceful shutdown, by the
@@ -118,7 +121,7 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
 {
     pthread_mutex_lock(&a->ctl_lock);
     if (a->ctl_gone_rank < 0) {
-        int first = first_departure(a, rank);
+        int first = rank == a->rank ? rank : first_departure(a, rank);
         a->ctl_gone_rank = first;
         if (first == rank)
             snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
