@@ -58,8 +58,11 @@
  * Requests run inline on the polling thread when that cannot delay anything
  * it owes: async functions and scalar built-ins always (they must not
  * block); built-ins given a tensor (they compute) when the poller is idle
- * (sr_shutdown's waits). Plain functions always go to the executor pool: one
- * may make a nested blocking call, which the polling thread could not serve.
+ * (sr_shutdown's waits). Plain functions go to the executor pool: one may
+ * make a nested blocking call, which the polling thread could not serve;
+ * except on an idle poller (sr_shutdown, sr_serve_until), which keeps one
+ * plain call of a burst and runs it itself once it has handed the token back
+ * (dispatch.c, defer).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
