@@ -254,6 +254,9 @@ int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum 
  * and its wait. The next sr__agent_wait on this thread uses it; every other
  * way out calls sr__agent_unhold (a no-op once a wait used it). */
 void sr__agent_pretake(sr_agent *a);
+/* Whether this thread polls a's inbox now: the progress thread, or a user
+ * thread holding the token (a callback it runs waits: a nested wait). */
+bool sr__agent_polling_here(const sr_agent *a);
 void sr__agent_unhold(sr_agent *a);
 
 /* Calls (calls.c) */

@@ -444,6 +444,10 @@ SR_API int sr_serve_until(sr_future *f, sr_value **out)
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return sr_future_wait(f, out); /* no inbox to serve: a plain wait */
+    if (sr__agent_polling_here(a)) { /* a nested wait keeps polling (agent.h): no jobs kept for later */
+        sr__agent_put(a);
+        return sr_future_wait(f, out);
+    }
     /* The IDLE poll of sr_shutdown's waits (agent.h): plain functions and
      * module jobs this thread reads run here once it has handed the inbox
      * back (dispatch.c, start_call and sr__exec_submit). */

@@ -158,8 +158,9 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
  * progress thread or the executors take over meanwhile. Served functions see
  * this thread's state as theirs, so call it holding no lock a served function
  * may take, outside any distributed autograd context and with grad mode on
- * (as an executor runs them). Nested inside a served function, or without an
- * initialised RPC agent, it waits as sr_future_wait does.
+ * (as an executor runs them). In a callback on the thread that polls the
+ * inbox (a nested wait), or without an initialised RPC agent, it waits as
+ * sr_future_wait does.
  * Returns as sr_future_wait: 0 with *out = a new reference to f's value (out
  * may be NULL), or f's error with its message in sr_last_error(); -EINVAL
  * if f is NULL. */
