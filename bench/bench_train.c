@@ -231,13 +231,12 @@ static int run_server(int world)
     double cpu0 = cpu_now();
     sr_debug_info d0, d1;
     sr_debug_info_get(&d0);
-    /* Waiting on a future, the server serves the calls on its executor
-     * threads (in parallel for several trainers). Serving from sr_shutdown
-     * instead, as PyTorch's server does from rpc.shutdown(), runs each plain
-     * function on the idle thread itself: measured here, one trainer's step
-     * p99 went to ~100 ms and the serialised mode's blocking lock stalled
-     * every call. */
-    if (sr_future_wait(ps_done, NULL))
+    /* The server's thread has nothing else to do until the trainers are
+     * done: it serves (as PyTorch's server does from rpc.shutdown()), so a
+     * call it reads runs on it, without a hop to an executor thread; calls
+     * that arrive while it computes (several trainers) still go to the
+     * executors, in parallel. */
+    if (sr_serve_until(ps_done, NULL))
         FAIL("waiting for the trainers");
     sh->cpu_s[0] = cpu_now() - cpu0; /* the trainers' setup included: small */
     sr_debug_info_get(&d1);

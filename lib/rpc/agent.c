@@ -569,6 +569,8 @@ void sr__agent_pretake(sr_agent *a)
         pretaken = a;
 }
 
+bool sr__agent_polling_here(const sr_agent *a) { return tls_progress == a || tls_holder; }
+
 void sr__agent_unhold(sr_agent *a)
 {
     if (pretaken != a)

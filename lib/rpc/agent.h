@@ -58,8 +58,11 @@
  * Requests run inline on the polling thread when that cannot delay anything
  * it owes: async functions and scalar built-ins always (they must not
  * block); built-ins given a tensor (they compute) when the poller is idle
- * (sr_shutdown's waits). Plain functions always go to the executor pool: one
- * may make a nested blocking call, which the polling thread could not serve.
+ * (sr_shutdown's waits). Plain functions go to the executor pool: one may
+ * make a nested blocking call, which the polling thread could not serve;
+ * except on an idle poller (sr_shutdown, sr_serve_until), which keeps one
+ * plain call of a burst and runs it itself once it has handed the token back
+ * (dispatch.c, defer).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -259,6 +262,9 @@ int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline_ns, enum 
  * waiter uses it the same way before answering a plain call it ran
  * (sr__dispatch_run_deferred): the caller's next request finds it held. */
 void sr__agent_pretake(sr_agent *a);
+/* Whether this thread polls a's inbox now: the progress thread, or a user
+ * thread holding the token (a callback it runs waits: a nested wait). */
+bool sr__agent_polling_here(const sr_agent *a);
 void sr__agent_unhold(sr_agent *a);
 
 /* Calls (calls.c) */

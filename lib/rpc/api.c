@@ -437,6 +437,26 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
     return rc;
 }
 
+SR_API int sr_serve_until(sr_future *f, sr_value **out)
+{
+    if (!f)
+        return sr__fail(-EINVAL, "sr_serve_until", "future is NULL");
+    sr_agent *a = sr__agent_get(NULL);
+    if (!a)
+        return sr_future_wait(f, out); /* no inbox to serve: a plain wait */
+    if (sr__agent_polling_here(a)) { /* a nested wait keeps polling (agent.h): no jobs kept for later */
+        sr__agent_put(a);
+        return sr_future_wait(f, out);
+    }
+    /* The IDLE poll of sr_shutdown's waits (agent.h): plain functions and
+     * module jobs this thread reads run here once it has handed the inbox
+     * back (dispatch.c, start_call and sr__exec_submit). */
+    bool was = sr__dispatch_take_jobs(true);
+    int rc = sr__agent_wait_counted(a, f, -1, SR_POLL_IDLE); /* lets go of the reference */
+    sr__dispatch_take_jobs(was);
+    return rc ? rc : sr_future_value(f, out);
+}
+
 SR_API int sr_debug_info_get(sr_debug_info *o)
 {
     if (!o)

@@ -638,9 +638,13 @@ static int modules_prepare(struct sr_call *c)
     return 0;
 }
 
-/* Plain calls taken by an idle poller (a thread inside sr_shutdown): that
- * same thread runs them once it has handed the inbox back, so a nested call
- * inside can be answered, and no thread hop is paid. FIFO, per thread. */
+/* The plain call taken by an idle poller (a thread inside sr_shutdown or
+ * sr_serve_until): that same thread runs it once it has handed the inbox
+ * back, so a nested call inside can be answered, and no thread hop is paid.
+ * One at a time: the other plain calls of the same burst go to the
+ * executors, since the kept one may block until one of them has run (a lock
+ * that a later call releases: bench_train's serialised mode deadlocked with
+ * both kept behind each other on one thread). Per thread. */
 static _Thread_local struct sr_call *deferred_head, *deferred_tail;
 
 static void defer(struct sr_call *c)
@@ -692,8 +696,8 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
-    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN)
-        defer(c);
+    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN && !deferred_head)
+        defer(c); /* one at a time: see defer */
     else
         enqueue(c->a, c);
 }

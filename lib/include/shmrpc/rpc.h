@@ -148,6 +148,24 @@ typedef struct sr_args {
 SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, sr_value **out);
 SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, sr_future **out);
 
+/* Wait for f on a thread that has nothing else to do meanwhile (a
+ * parameter server's main thread, waiting for the end of training), and
+ * serve this worker's incoming calls on it, as sr_shutdown serves while it
+ * waits: a call this thread reads runs here, with no hop to an executor
+ * thread and no wake-up of one. A plain function runs after this thread has
+ * handed the inbox back, so one that blocks (on a lock that another call
+ * releases, or on a nested RPC) never stops the worker from serving: the
+ * progress thread or the executors take over meanwhile. Served functions see
+ * this thread's state as theirs, so call it holding no lock a served function
+ * may take, outside any distributed autograd context and with grad mode on
+ * (as an executor runs them). In a callback on the thread that polls the
+ * inbox (a nested wait), or without an initialised RPC agent, it waits as
+ * sr_future_wait does.
+ * Returns as sr_future_wait: 0 with *out = a new reference to f's value (out
+ * may be NULL), or f's error with its message in sr_last_error(); -EINVAL
+ * if f is NULL. */
+SR_API int sr_serve_until(sr_future *f, sr_value **out);
+
 /* ---- debug ---------------------------------------------------------------- */
 
 typedef struct sr_debug_info {
