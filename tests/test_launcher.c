@@ -240,6 +240,14 @@ Test(launcher, a_worker_that_sees_the_wrong_world_size_fails)
     finish(&r);
 }
 
+static int count_nl(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
 /* exit 2, one error line naming `names`, the usage hint, no worker started. */
 static void assert_bad_usage(char **args, const char *names)
 {
@@ -281,6 +289,31 @@ Test(launcher_usage, ring_slots_not_a_power_of_two)
     assert_bad_usage((char *[]){"-n", "2", "--ring-slots", "1000", WORKER, NULL}, "'1000'");
 }
 Test(launcher_usage, unknown_option) { assert_bad_usage((char *[]){"-n", "2", "--frobnicate", WORKER, NULL}, "--frobnicate"); }
+
+Test(launcher_usage, tag_output_neither_rank_nor_name)
+{
+    assert_bad_usage((char *[]){"-n", "2", "--tag-output=host", WORKER, NULL}, "'host'");
+}
+Test(launcher_usage, bind_to_socket) { assert_bad_usage((char *[]){"-n", "2", "--bind-to", "socket", WORKER, NULL}, "'socket'"); }
+Test(launcher_usage, grace_negative) { assert_bad_usage((char *[]){"-n", "2", "--grace", "-1", WORKER, NULL}, "'-1'"); }
+Test(launcher_usage, fold_window_not_a_number)
+{
+    assert_bad_usage((char *[]){"-n", "2", "--fold-window", "soon", WORKER, NULL}, "'soon'");
+}
+Test(launcher_usage, output_dir_that_cannot_be_created)
+{
+    /* Not a usage error: nothing is wrong with the command line, but no
+     * worker may start without its log files (exit 1, the path named). */
+    struct run r;
+    start(&r, test_ns("logdir"), (char *[]){"-n", "2", "--output-dir", "/proc/shmrun-logs", WORKER, NULL});
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 1, "exit status %d, expected 1; stderr:\n%s", exit_code(st), r.err);
+    cr_assert(strstr(r.err, "shmrun: --output-dir: cannot create /proc/shmrun-logs: ") && count_nl(r.err) == 1,
+              "expected one line naming the directory, got:\n%s", r.err);
+    cr_assert_eq(r.ready.n, 0, "a worker started without its log files");
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
 
 Test(launcher_usage, help_prints_usage_and_exits_0)
 {
