@@ -29,7 +29,7 @@
  *                 is finished), then on stderr "error: same on every rank\n"
  *                 and "note from rank R\n"; attaches as "trainerR"; exits 0
  *   stdin         prints "stdin R FILE 'TEXT'" (what fd 0 is, what it held)
- *   signals       waits (sigwaitinfo) until it has received SIGHUP, SIGQUIT,
+ *   signals       waits (handlers) until it has received SIGHUP, SIGQUIT,
  *                 SIGUSR1 and SIGUSR2, prints "signals R" and exits 0
  *   term R        every rank ignores SIGTERM but R, which exits 0 on it; blocks
  *   affinity      prints "affinity R CPULIST" (its sched_getaffinity) and exits 0
@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,25 +213,40 @@ static int print_stdin(int rank)
 }
 
 static const int waited[] = {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+static _Atomic int sigs_seen; /* bit i: waited[i] arrived */
+static int sig_pipe[2];       /* the handler's wake-up for the main thread */
 
-/* Before readiness: the signals are blocked, so none is lost or fatal. */
-static void block_signals(sigset_t *set)
+/* Handlers, not sigwaitinfo: a process-directed signal may be delivered to
+ * any thread that does not block it, such as the thread pool OpenBLAS
+ * starts before main; a handler runs wherever it lands. */
+static void on_signal(int sig)
 {
-    sigemptyset(set);
     for (int i = 0; i < 4; i++)
-        sigaddset(set, waited[i]);
-    sigprocmask(SIG_BLOCK, set, NULL);
+        if (sig == waited[i])
+            atomic_fetch_or(&sigs_seen, 1 << i); /* lock-free: async-signal-safe */
+    int saved = errno;
+    if (write(sig_pipe[1], "s", 1) < 0) { /* the pipe cannot fill: 4 signals */
+    }
+    errno = saved;
 }
 
-static int wait_signals(int rank, sigset_t *set)
+/* Before readiness, so that no forwarded signal finds the default action. */
+static void catch_signals(void)
 {
-    int seen = 0;
-    while (seen != 15) {
-        int sig = sigwaitinfo(set, NULL);
-        for (int i = 0; i < 4; i++)
-            if (sig == waited[i])
-                seen |= 1 << i;
-    }
+    if (pipe(sig_pipe))
+        die(EXIT_IO, "pipe failed");
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 4; i++)
+        sigaction(waited[i], &sa, NULL);
+}
+
+static int wait_signals(int rank)
+{
+    char c;
+    while (atomic_load(&sigs_seen) != 15)
+        if (read(sig_pipe[0], &c, 1) < 0 && errno != EINTR)
+            die(EXIT_IO, "read of the signal pipe failed");
     char line[32];
     snprintf(line, sizeof(line), "signals %d\n", rank);
     put(1, line);
@@ -276,9 +292,8 @@ int main(int argc, char **argv)
     /* No core files from the abort case, wherever core_pattern points. */
     prctl(PR_SET_DUMPABLE, 0);
     int chosen = argc > 5 ? atoi(argv[5]) : -1;
-    sigset_t sigs;
     if (!strcmp(mode, "signals"))
-        block_signals(&sigs);
+        catch_signals();
     if (!strcmp(mode, "term"))
         signal(SIGTERM, env_num("SHMRPC_RANK") == chosen ? exit_0 : SIG_IGN);
     if (!strcmp(mode, "say"))
@@ -301,7 +316,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "affinity"))
         return print_affinity(x);
     if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
-        int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank, &sigs);
+        int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
         sr_xport_detach(x);
         return rc;
     }
