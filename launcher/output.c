@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ struct fold {
 
 struct out {
     sr_job *job;
+    struct rlimit nofile; /* the limit the workers get back (we may raise ours) */
     enum tag_kind tag;
     bool piped;
     int n;
@@ -352,6 +354,21 @@ static int alloc_out(struct out **po, const struct args *a, sr_job *job)
     return 0;
 }
 
+/* Four pipe ends per rank exist until it is forked, and two stay: with
+ * the pidfds and eventfds, a large job passes the usual soft limit of 1024
+ * descriptors. Raise ours as far as the hard limit allows; each worker gets
+ * the original back before exec. */
+static void raise_nofile(struct out *o)
+{
+    getrlimit(RLIMIT_NOFILE, &o->nofile);
+    rlim_t need = (rlim_t)o->n * 8 + 64;
+    if (o->nofile.rlim_cur != RLIM_INFINITY && o->nofile.rlim_cur < need) {
+        struct rlimit more = {.rlim_cur = need < o->nofile.rlim_max ? need : o->nofile.rlim_max,
+                              .rlim_max = o->nofile.rlim_max};
+        setrlimit(RLIMIT_NOFILE, &more);
+    }
+}
+
 int out_create(struct out **po, const struct args *a, sr_job *job)
 {
     *po = NULL;
@@ -361,6 +378,8 @@ int out_create(struct out **po, const struct args *a, sr_job *job)
         return sr__fail(-errno, "shmrun", "--output-dir: cannot create %s: %s", a->output_dir, strerror(errno));
     struct out *o = NULL;
     int rc = alloc_out(&o, a, job);
+    if (!rc)
+        raise_nofile(o);
     for (int r = 0; r < job->n && !rc; r++)
         rc = open_rank(o, a->output_dir, r);
     if (rc) {
@@ -378,6 +397,7 @@ int out_child(const struct out *o, int rank)
     for (int k = 0; k < 2; k++) /* dup2 clears close-on-exec on the copy */
         if (dup2(o->s[2 * rank + k].child, 1 + k) < 0)
             return -errno;
+    setrlimit(RLIMIT_NOFILE, &o->nofile);
     return 0;
 }
 

@@ -165,8 +165,12 @@ static int on_exit_event(struct sup *s, int rank)
         return 0;
     if (!s->stop_sig)
         return report_failure(s, rank, pid, &si);
-    if (!s->failed) /* stopping: every worker keeps its grace period */
-        s->failed = true, s->first_rank = rank, s->first_pid = pid, s->first_si = si;
+    if (!s->failed) { /* stopping: every worker keeps its grace period */
+        s->failed = true;
+        s->first_rank = rank;
+        s->first_pid = pid;
+        s->first_si = si;
+    }
     return 0;
 }
 
