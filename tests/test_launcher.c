@@ -69,10 +69,10 @@ Test(launcher, clean_exit_of_4_workers)
  * wait 60 s in the start barrier, though shmrun knew at once. Now shmrun
  * publishes the exit and wakes the barrier: their attach fails at once,
  * naming the rank (worker_prog checks the error), well within the bound. */
-Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once)
+static void assert_early_exit_fails_the_others(const char *mode)
 {
     struct run r;
-    start_job(&r, "early", 3, "early", "1", NULL);
+    start_job(&r, mode, 3, mode, "1", NULL);
     int64_t t0 = watch_now_ms();
     int st = await_exit(&r);
     cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
@@ -80,6 +80,14 @@ Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once)
     cr_assert_lt(watch_now_ms() - t0, WATCH_WAIT_MS, "the job took %lld ms", (long long)(watch_now_ms() - t0));
     assert_segment_gone(r.ns);
     finish(&r);
+}
+
+Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once) { assert_early_exit_fails_the_others("early"); }
+
+/* The same through the public API: sr_init returns -EPIPE naming the rank. */
+Test(launcher, a_rank_exiting_before_sr_init_fails_the_others_sr_init_at_once)
+{
+    assert_early_exit_fails_the_others("early-init");
 }
 
 Test(launcher, worker_abort_takes_the_job_down)

@@ -24,6 +24,7 @@
  *   early R       rank R exits 0 before attaching; every other rank's attach
  *                 must fail at once with -EPIPE naming it (then it exits 0;
  *                 otherwise it prints what it got and exits EXIT_ATTACH)
+ *   early-init R  the same through the public sr_init
  *   say           writes "part " on stdout before attaching and "of rank R\n"
  *                 after (so every rank's line is half written when the first
  *                 is finished), then on stderr "error: same on every rank\n"
@@ -50,6 +51,7 @@
 
 #include "crash.h"
 #include "error.h"
+#include "shmrpc/shmrpc.h"
 #include "xport.h"
 
 enum { EXIT_USAGE = 40, EXIT_ENV = 41, EXIT_FD = 42, EXIT_ATTACH = 43, EXIT_IO = 44 };
@@ -161,17 +163,19 @@ static void wait_go(void)
 }
 
 /* Mode early: no readiness line (nobody gets past the start barrier). */
-static int early(int chosen)
+static int early(int chosen, bool api)
 {
     if (env_num("SHMRPC_RANK") == chosen)
         return 0; /* gone before attaching */
     sr_xport *x;
-    int rc = sr_xport_attach(NULL, &x);
+    int rc = api ? sr_init(NULL) : sr_xport_attach(NULL, &x);
     char want[64];
     snprintf(want, sizeof(want), "rank %d exited with status 0 before attaching", chosen);
     if (rc == -EPIPE && strstr(sr_last_error(), want))
         return 0;
-    if (!rc)
+    if (!rc && api)
+        sr_shutdown(false, 0);
+    else if (!rc)
         sr_xport_detach(x);
     fprintf(stderr, "worker_prog: attach gave %d (%s), expected -EPIPE with '%s'\n", rc, sr_last_error(), want);
     return EXIT_ATTACH;
@@ -287,8 +291,8 @@ int main(int argc, char **argv)
     world = atoi(argv[3]);
     const char *mode = argv[4];
     check_launch_contract();
-    if (!strcmp(mode, "early"))
-        return early(argc > 5 ? atoi(argv[5]) : 0);
+    if (!strcmp(mode, "early") || !strcmp(mode, "early-init"))
+        return early(argc > 5 ? atoi(argv[5]) : 0, mode[5] == '-');
     /* No core files from the abort case, wherever core_pattern points. */
     prctl(PR_SET_DUMPABLE, 0);
     int chosen = argc > 5 ? atoi(argv[5]) : -1;
