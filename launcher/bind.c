@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "job/job.h"
+#include "log.h"
 
 static const char *sysfs(void)
 {
@@ -139,7 +140,7 @@ int bind_plan_make(struct bind_plan *p, enum bind_kind kind, int ranks)
         return rc;
     }
     if (kind != BIND_NONE && ranks > p->n)
-        fprintf(stderr, "shmrun: --bind-to %s: %d ranks on %d %s%s: binding wraps round robin (up to %d ranks per %s)\n",
+        sr_logf(SR_LOG_WARN, "--bind-to %s: %d ranks on %d %s%s: binding wraps round robin (up to %d ranks per %s)",
                 kind == BIND_CORE ? "core" : "numa", ranks, p->n, unit_word(kind), p->n > 1 ? "s" : "",
                 (ranks + p->n - 1) / p->n, unit_word(kind));
     return 0;

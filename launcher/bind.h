@@ -6,7 +6,7 @@
  * their first CPU. Only CPUs in shmrun's own affinity mask count (it already
  * reflects a cgroup cpuset and any taskset around shmrun); a unit with none
  * is skipped. Rank r gets unit r % units: with more ranks than units the
- * binding wraps round robin, and bind_plan_make says so on stderr. The
+ * binding wraps round robin, and bind_plan_make says so (a warning of the log). The
  * worker pins itself with sched_setaffinity before exec, so every thread it
  * starts inherits the mask.
  *

@@ -319,7 +319,7 @@ Test(shmrun, bind_to_core_pins_each_rank_to_one_core_round_robin)
     struct run r;
     assert_affinity(&r, "bindcore", 3, (char *[]){"--bind-to", "core", "--report-bindings", NULL},
                     (const char *[]){a0, a1, a0});
-    assert_line_once(r.err, "shmrun: --bind-to core: 3 ranks on 2 cores: binding wraps round robin (up to 2 ranks per core)",
+    assert_line_once(r.err, "shmrun: warning: --bind-to core: 3 ranks on 2 cores: binding wraps round robin (up to 2 ranks per core)",
                      "stderr");
     char want[160];
     for (int rank = 0; rank < 3; rank++) {
@@ -344,7 +344,7 @@ Test(shmrun, bind_to_core_keeps_a_cores_threads_together)
     fake_core(&f, f.cpu[1], both);
     struct run r;
     assert_affinity(&r, "bindht", 2, (char *[]){"--bind-to", "core", NULL}, (const char *[]){both, both});
-    cr_assert_str_eq(r.err, "shmrun: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)\n",
+    cr_assert_str_eq(r.err, "shmrun: warning: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)\n",
                      "unexpected stderr");
     finish(&r);
     fake_fini(&f);
@@ -390,7 +390,7 @@ Test(shmrun, binding_stays_inside_the_launchers_own_cpus)
     struct run r;
     assert_affinity(&r, "bindmask", 2, (char *[]){"--bind-to", "core", NULL}, (const char *[]){a1, a1});
     shmrun_cpus = NULL;
-    assert_line_once(r.err, "shmrun: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)",
+    assert_line_once(r.err, "shmrun: warning: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)",
                      "stderr");
     finish(&r);
 }
