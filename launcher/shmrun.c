@@ -1,172 +1,48 @@
 /* shmrun: launch a shmrpc job.
  *
- *   shmrun -n N [--shm-size SIZE] [--name-prefix P] [--] prog [args...]
+ *   shmrun -n N [options] [--] prog [args...]     (options: args.c, docs/LAUNCHER.md, shmrun.1)
  *
  * Creates the job's shared-memory segment, fork+execs N copies of prog with
- * SHMRPC_FD, SHMRPC_RANK and SHMRPC_WORLD_SIZE set, forwards SIGINT and
- * SIGTERM to them and supervises them (failure policy: lib/job/job.h).
+ * SHMRPC_FD, SHMRPC_RANK and SHMRPC_WORLD_SIZE set (and torchrun's RANK,
+ * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), forwards SIGHUP, SIGINT,
+ * SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 to them and supervises them (failure
+ * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h.
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
  * 128 + signal) otherwise; 2 for a bad command line; 1 for a launcher error.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include "args.h"
+#include "bind.h"
 #include "error.h"
 #include "log.h"
 #include "job/job.h"
+#include "output.h"
 
-struct args {
-    int n;
-    uint64_t shm_size;
-    uint32_t ring_slots;
-    const char *prefix;
-    char **argv; /* the program and its arguments */
+/* What every child needs; built before the first fork. */
+struct launch {
+    char **argv;
+    struct out *out;
+    struct bind_plan bind;
 };
-
-static const char usage[] =
-    "usage: shmrun -n N [--shm-size SIZE] [--name-prefix P] [--ring-slots S] [--] prog [args...]\n"
-    "  -n, --nproc N        number of workers (1..4096)\n"
-    "  --shm-size SIZE      segment size in bytes, or with a K, M, G suffix (default: 1G of heap per worker, sparse)\n"
-    "  --name-prefix P      segment name, shown in reports and /proc (default: shmrpc)\n"
-    "  --ring-slots S       inbox slots per worker, a power of two (default: 1024)\n";
-
-static int bad_usage(const char *fmt, const char *val)
-{
-    fprintf(stderr, "shmrun: ");
-    fprintf(stderr, fmt, val);
-    fprintf(stderr, "\nTry 'shmrun --help' for usage.\n");
-    return 2;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
-    }
-    if (*end || (shift && v > (UINT64_MAX >> shift)))
-        return -1;
-    *out = (uint64_t)v << shift;
-    return 0;
-}
-
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* A directory passes access(X_OK) but fails in execvp, in every worker. */
-static bool is_executable_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
-}
-
-static bool program_exists(const char *prog)
-{
-    if (strchr(prog, '/'))
-        return is_executable_file(prog);
-    const char *path = getenv("PATH");
-    char buf[PATH_MAX];
-    for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
-        size_t len = strcspn(p, ":");
-        snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, p, prog);
-        if (is_executable_file(buf))
-            return true;
-        p += len + (p[len] == ':');
-    }
-    return false;
-}
-
-/* The option getopt_long just rejected: a long one is named by its argument;
- * a short one by optopt, since inside a group ("-xq") optind has not moved. */
-static const char *bad_option(char **argv, char buf[3])
-{
-    const char *arg = argv[optind - 1];
-    if (optopt == 0 || !strncmp(arg, "--", 2))
-        return arg;
-    snprintf(buf, 3, "-%c", optopt);
-    return buf;
-}
-
-/* 0 to run, 1 after --help, 2 (printed) for a bad command line. */
-static int parse_args(int argc, char **argv, struct args *a)
-{
-    static const struct option opts[] = {
-        {"nproc", required_argument, NULL, 'n'}, {"shm-size", required_argument, NULL, 's'},
-        {"name-prefix", required_argument, NULL, 'p'}, {"ring-slots", required_argument, NULL, 'r'},
-        {"help", no_argument, NULL, 'h'}, {0, 0, 0, 0}};
-    long v;
-    int c;
-    char optbuf[3];
-    *a = (struct args){.prefix = "shmrpc"};
-    opterr = 0; /* getopt's own messages would make the error two lines */
-    while ((c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n':
-            if (parse_int(optarg, 1, SR_MAX_WORKERS, &v))
-                return bad_usage("-n takes a number of workers in [1, 4096], not '%s'", optarg);
-            a->n = (int)v;
-            break;
-        case 's':
-            if (parse_size(optarg, &a->shm_size) || !a->shm_size)
-                return bad_usage("--shm-size takes a size like 512M or 4G, not '%s'", optarg);
-            break;
-        case 'p':
-            if (!*optarg || strlen(optarg) > 40 || strchr(optarg, '/'))
-                return bad_usage("--name-prefix takes 1 to 40 characters without '/', not '%s'", optarg);
-            a->prefix = optarg;
-            break;
-        case 'r':
-            if (parse_int(optarg, 2, 1 << 24, &v) || (v & (v - 1)))
-                return bad_usage("--ring-slots takes a power of two in [2, 2^24], not '%s'", optarg);
-            a->ring_slots = (uint32_t)v;
-            break;
-        case 'h':
-            fputs(usage, stdout);
-            return 1;
-        case ':':
-            return bad_usage("option '%s' requires an argument", bad_option(argv, optbuf));
-        default:
-            return bad_usage("unknown option '%s'", bad_option(argv, optbuf));
-        }
-    }
-    if (!a->n)
-        return bad_usage("%s", "-n N is required");
-    if (optind >= argc)
-        return bad_usage("%s", "no program to run");
-    a->argv = argv + optind;
-    if (!program_exists(a->argv[0]))
-        return bad_usage("program '%s' not found or not executable", a->argv[0]);
-    return 0;
-}
 
 static void exec_worker(sr_job *job, int rank, void *p)
 {
-    char **argv = p;
+    struct launch *l = p;
     char buf[16];
+    int rc = out_child(l->out, rank);
+    if (rc || (rc = bind_apply(&l->bind, rank))) {
+        fprintf(stderr, "shmrun: rank %d: %s: %s\n", rank, l->out && rc ? "output" : "sched_setaffinity",
+                strerror(-rc));
+        _exit(127);
+    }
     /* The child inherits the segment and every doorbell eventfd across exec. */
     fcntl(job->seg.fd, F_SETFD, 0);
     for (int r = 0; r < job->n; r++)
@@ -177,17 +53,19 @@ static void exec_worker(sr_job *job, int rank, void *p)
     setenv("SHMRPC_RANK", buf, 1);
     snprintf(buf, sizeof(buf), "%d", job->n);
     setenv("SHMRPC_WORLD_SIZE", buf, 1);
-    execvp(argv[0], argv);
-    fprintf(stderr, "shmrun: rank %d: exec %s: %s\n", rank, argv[0], strerror(errno));
+    execvp(l->argv[0], l->argv);
+    fprintf(stderr, "shmrun: rank %d: exec %s: %s\n", rank, l->argv[0], strerror(errno));
     _exit(127);
 }
 
+/* The signals shmrun forwards to its workers, read through a signalfd. */
 static int make_sigfd(sigset_t *old)
 {
+    static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
     sigset_t set;
     sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
+    for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++)
+        sigaddset(&set, forwarded[i]);
     sigprocmask(SIG_BLOCK, &set, old);
     return signalfd(-1, &set, SFD_CLOEXEC);
 }
@@ -200,6 +78,40 @@ static int launcher_error(int exit_code, bool usage_hint)
     fprintf(stderr, "%s%s\n%s", strncmp(e, "shmrun: ", 8) ? "shmrun: " : "", e,
             usage_hint ? "Try 'shmrun --help' for usage.\n" : "");
     return exit_code;
+}
+
+/* Fork every rank; on error the ones started are stopped. */
+static int start_workers(sr_job *job, struct launch *l, const struct args *a)
+{
+    int rc = 0;
+    for (int r = 0; r < a->n && !rc; r++) {
+        rc = sr__job_fork(job, r, exec_worker, l);
+        out_forked(l->out, r);
+        if (!rc && a->report_bindings)
+            bind_report(&l->bind, r, job->pids[r]);
+    }
+    if (rc)
+        sr__job_stop(job);
+    return rc;
+}
+
+static int run_job(sr_job *job, const struct args *a, int sigfd)
+{
+    struct launch l = {.argv = a->argv};
+    int rc = bind_plan_make(&l.bind, a->bind, a->n);
+    if (!rc)
+        rc = out_create(&l.out, a, job);
+    if (!rc)
+        rc = start_workers(job, &l, a);
+    int status = -1;
+    if (!rc) {
+        sr_job_hooks h = {.sigfd = sigfd, .grace_ns = a->grace_ns};
+        out_hooks(l.out, &h);
+        status = sr__job_supervise(job, &h);
+    }
+    out_destroy(l.out);
+    bind_plan_free(&l.bind);
+    return rc ? launcher_error(1, false) : status < 0 ? launcher_error(1, false) : status;
 }
 
 int main(int argc, char **argv)
@@ -215,21 +127,14 @@ int main(int argc, char **argv)
     signal(SIGCHLD, SIG_DFL);
     sigset_t old;
     int sigfd = make_sigfd(&old);
-    if (sigfd < 0) /* without it SIGINT/SIGTERM would stay blocked, unseen */
+    if (sigfd < 0) /* without it the forwarded signals would stay blocked, unseen */
         return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
     sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
     sr_job job;
     if ((rc = sr__job_create(&job, &so, "shmrun")))
         return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     job.child_mask = old; /* workers start with the caller's mask, not ours */
-    for (int r = 0; r < a.n && !rc; r++)
-        rc = sr__job_fork(&job, r, exec_worker, a.argv);
-    if (rc) {
-        sr__job_stop(&job);
-        sr__job_destroy(&job);
-        return launcher_error(1, false);
-    }
-    int status = sr__job_supervise(&job, sigfd);
+    int status = run_job(&job, &a, sigfd);
     sr__job_destroy(&job);
-    return status < 0 ? launcher_error(1, false) : status;
+    return status;
 }

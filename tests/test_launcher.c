@@ -1,11 +1,8 @@
 /* shmrun, end to end: the launch contract, the failure policy, signals and
- * the command line.
+ * the command line (its features, tags, logs, binding...: test_shmrun.c).
  *
  * Each test runs the real shmrun (SHMRUN) on tests/helpers/worker_prog.c
- * (WORKER_PROG). shmrun gets exactly five descriptors: stdin, a stdout pipe,
- * a stderr pipe, the readiness pipe (fd 3) and the go pipe (fd 4); workers
- * inherit them. Nothing here sleeps: the test waits on the readiness pipe,
- * on pidfds and on end-of-file of the pipes, always with a bound.
+ * (WORKER_PROG) through helpers/shmrun_run.h.
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -18,196 +15,10 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "helpers/watch.h"
+#include "helpers/shmrun_run.h"
 
 LEAK_CHECKED_SUITE(launcher);
 LEAK_CHECKED_SUITE(launcher_usage);
-
-#define READY_FD "3"
-#define GO_FD "4"
-#define EXIT_ENV 41 /* worker_prog: the launch contract is broken */
-
-struct run {
-    pid_t pid;
-    int pidfd;
-    int out_fd, err_fd, go_fd; /* the test's ends */
-    struct ready ready;
-    char out[4096], err[16384];
-    size_t out_len, err_len;
-    bool out_eof, err_eof;
-    int status; /* wait status, once reaped */
-    char ns[40];
-};
-
-static const char *env_path(const char *var)
-{
-    const char *p = getenv(var);
-    cr_assert(p && *p, "%s is not set: run this test through meson", var);
-    return p;
-}
-
-/* Move a pipe end above the descriptors the child rebuilds, so that the
- * dup2()s below never overwrite one another. */
-static int high_fd(int fd)
-{
-    int hi = fcntl(fd, F_DUPFD_CLOEXEC, 10);
-    cr_assert(hi >= 0, "F_DUPFD_CLOEXEC: %s", strerror(errno));
-    close(fd);
-    return hi;
-}
-
-static void make_pipe(int p[2])
-{
-    cr_assert_eq(pipe2(p, O_CLOEXEC), 0, "pipe2: %s", strerror(errno));
-    p[0] = high_fd(p[0]);
-    p[1] = high_fd(p[1]);
-}
-
-/* In the child: the five descriptors, nothing else; default signal
- * dispositions (a test runner may ignore SIGINT, and workers inherit that
- * through exec); die with the test. */
-static bool ignore_sigchld; /* start shmrun with SIGCHLD ignored */
-
-static void exec_shmrun(int out, int err, int ready, int go, char **argv)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL);
-    signal(SIGCHLD, ignore_sigchld ? SIG_IGN : SIG_DFL);
-    if (dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup2(ready, 3) < 0 || dup2(go, 4) < 0)
-        _exit(126);
-    close_range(5, ~0u, 0);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
-static void start(struct run *r, const char *test, char **args)
-{
-    char *argv[32] = {(char *)env_path("SHMRUN")};
-    for (int i = 0; args[i]; i++) {
-        cr_assert_lt(i, 30, "too many arguments");
-        argv[i + 1] = args[i];
-    }
-    int out[2], err[2], ready[2], go[2];
-    make_pipe(out), make_pipe(err), make_pipe(ready), make_pipe(go);
-    /* No Criterion call in the child: with --full-stats even a passing
-     * assertion is a message to the runner, which waits forever for a reply
-     * addressed to a pid it does not know. */
-    pid_t pid = fork();
-    if (pid == 0)
-        exec_shmrun(out[1], err[1], ready[1], go[0], argv);
-    cr_assert(pid > 0, "fork: %s", strerror(errno));
-    *r = (struct run){.pid = pid};
-    close(out[1]), close(err[1]), close(ready[1]), close(go[0]);
-    r->out_fd = out[0], r->err_fd = err[0], r->go_fd = go[1];
-    ready_init(&r->ready, ready[0]);
-    fcntl(r->out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(r->err_fd, F_SETFL, O_NONBLOCK);
-    fcntl(r->ready.fd, F_SETFL, O_NONBLOCK);
-    r->pidfd = watch_pidfd_open(r->pid);
-    cr_assert(r->pidfd >= 0, "pidfd_open(shmrun): %s", strerror(errno));
-    snprintf(r->ns, sizeof(r->ns), "%s", test);
-}
-
-/* Read what is there; past the buffer's end output is read and dropped. */
-static void drain(int fd, char *buf, size_t cap, size_t *len, bool *eof)
-{
-    char sink[512];
-    for (;;) {
-        size_t room = cap - 1 - *len;
-        ssize_t got = room ? read(fd, buf + *len, room) : read(fd, sink, sizeof(sink));
-        if (got == 0)
-            *eof = true;
-        if (got <= 0)
-            break;
-        if (room)
-            *len += (size_t)got;
-    }
-    buf[*len] = 0;
-}
-
-/* One round: wait up to ms for output or for shmrun to exit, then read it all. */
-static void pump(struct run *r, int ms)
-{
-    struct pollfd p[4] = {{.fd = r->out_eof ? -1 : r->out_fd, .events = POLLIN},
-                          {.fd = r->err_eof ? -1 : r->err_fd, .events = POLLIN},
-                          {.fd = r->ready.eof ? -1 : r->ready.fd, .events = POLLIN},
-                          {.fd = r->pid ? r->pidfd : -1, .events = POLLIN}};
-    poll(p, 4, ms);
-    if (!r->out_eof)
-        drain(r->out_fd, r->out, sizeof(r->out), &r->out_len, &r->out_eof);
-    if (!r->err_eof)
-        drain(r->err_fd, r->err, sizeof(r->err), &r->err_len, &r->err_eof);
-    if (!r->ready.eof)
-        ready_feed(&r->ready);
-}
-
-static bool shmrun_exited(struct run *r) { return !r->pid || pidfd_exited(r->pidfd, 0); }
-static bool all_pipes_closed(struct run *r) { return r->out_eof && r->err_eof && r->ready.eof; }
-
-/* Pump until done(r) or the bound passes; false on timeout. */
-static bool pump_until(struct run *r, bool (*done)(struct run *))
-{
-    int64_t deadline = watch_now_ms() + WATCH_WAIT_MS;
-    while (!done(r)) {
-        int64_t left = deadline - watch_now_ms();
-        if (left <= 0)
-            return false;
-        pump(r, (int)left);
-    }
-    return true;
-}
-
-static int want_ready;
-static bool all_ready(struct run *r) { return r->ready.n >= want_ready || r->ready.eof; }
-
-static void await_ready(struct run *r, int n)
-{
-    want_ready = n;
-    bool ok = pump_until(r, all_ready);
-    cr_assert(ok && r->ready.n == n, "%d of %d workers reported ready within %d ms%s; shmrun stderr:\n%s", r->ready.n,
-              n, WATCH_WAIT_MS, r->ready.eof ? " (all closed the readiness pipe)" : "", r->err);
-}
-
-/* Wait for shmrun to exit, reap it, then for every process holding its pipes
- * (the workers) to be gone: end-of-file on all of them. */
-static int await_exit(struct run *r)
-{
-    cr_assert(pump_until(r, shmrun_exited), "shmrun (pid %d) did not exit within %d ms; stderr so far:\n%s", r->pid,
-              WATCH_WAIT_MS, r->err);
-    cr_assert_eq(waitpid(r->pid, &r->status, 0), r->pid, "waitpid(shmrun): %s", strerror(errno));
-    r->pid = 0;
-    cr_assert(pump_until(r, all_pipes_closed), "shmrun exited but its pipes stayed open %d ms: workers survived it",
-              WATCH_WAIT_MS);
-    return r->status;
-}
-
-static void finish(struct run *r)
-{
-    ready_fini(&r->ready);
-    close(r->out_fd), close(r->err_fd), close(r->go_fd), close(r->pidfd);
-}
-
-static void go(struct run *r)
-{
-    cr_assert_eq(write(r->go_fd, "g", 1), 1, "write to the go pipe: %s", strerror(errno));
-}
-
-static int exit_code(int status)
-{
-    cr_assert(WIFEXITED(status), "shmrun did not exit normally (wait status 0x%x)", status);
-    return WEXITSTATUS(status);
-}
-
-/* shmrun -n N --name-prefix NS --shm-size 64M -- worker_prog 3 4 N mode... */
-static void start_job(struct run *r, const char *test, int n, const char *m0, const char *m1, const char *m2)
-{
-    static char nbuf[8];
-    snprintf(nbuf, sizeof(nbuf), "%d", n);
-    const char *ns = test_ns(test);
-    char *args[] = {"-n", nbuf, "--name-prefix", (char *)ns, "--shm-size", "64M", "--", (char *)env_path("WORKER_PROG"),
-                    READY_FD, GO_FD, nbuf, (char *)m0, (char *)m1, (char *)m2, NULL};
-    start(r, ns, args);
-}
 
 /* stderr is exactly one report line: "shmrun: rank R (pid P) WHAT; stopped the other K workers". */
 static void assert_report(const struct run *r, int rank, const char *what, int others)
@@ -258,10 +69,10 @@ Test(launcher, clean_exit_of_4_workers)
  * wait 60 s in the start barrier, though shmrun knew at once. Now shmrun
  * publishes the exit and wakes the barrier: their attach fails at once,
  * naming the rank (worker_prog checks the error), well within the bound. */
-Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once)
+static void assert_early_exit_fails_the_others(const char *mode)
 {
     struct run r;
-    start_job(&r, "early", 3, "early", "1", NULL);
+    start_job(&r, mode, 3, mode, "1", NULL);
     int64_t t0 = watch_now_ms();
     int st = await_exit(&r);
     cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
@@ -269,6 +80,14 @@ Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once)
     cr_assert_lt(watch_now_ms() - t0, WATCH_WAIT_MS, "the job took %lld ms", (long long)(watch_now_ms() - t0));
     assert_segment_gone(r.ns);
     finish(&r);
+}
+
+Test(launcher, a_rank_exiting_before_attach_fails_the_others_at_once) { assert_early_exit_fails_the_others("early"); }
+
+/* The same through the public API: sr_init returns -EPIPE naming the rank. */
+Test(launcher, a_rank_exiting_before_sr_init_fails_the_others_sr_init_at_once)
+{
+    assert_early_exit_fails_the_others("early-init");
 }
 
 Test(launcher, worker_abort_takes_the_job_down)
@@ -337,7 +156,8 @@ Test(launcher, a_real_time_signal_is_reported_by_number)
     finish(&r);
 }
 
-/* The forwarded signal kills every worker; the first one reaped is reported. */
+/* The forwarded signal kills every worker within the grace period; the
+ * first one reaped is reported, as a worker that died after the forward. */
 static void assert_signal_forwarded(int sig, const char *test, const char *name)
 {
     struct run r;
@@ -349,9 +169,10 @@ static void assert_signal_forwarded(int sig, const char *test, const char *name)
     int rank = -1;
     cr_assert_eq(sscanf(r.err, "shmrun: rank %d ", &rank), 1, "no report line; stderr:\n%s", r.err);
     cr_assert(rank >= 0 && rank < 3, "report names rank %d", rank);
-    char what[64];
-    snprintf(what, sizeof(what), "was killed by signal %s", name);
-    assert_report(&r, rank, what, 2);
+    char want[160];
+    snprintf(want, sizeof(want), "shmrun: rank %d (pid %d) was killed by signal %s after shmrun forwarded %s\n", rank,
+             (int)r.ready.pid[rank], name, name);
+    cr_assert_str_eq(r.err, want, "expected exactly the report line '%s'", want);
     assert_workers_gone(&r.ready, 3);
     assert_segment_gone(r.ns);
     finish(&r);
@@ -427,6 +248,14 @@ Test(launcher, a_worker_that_sees_the_wrong_world_size_fails)
     finish(&r);
 }
 
+static int count_nl(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
 /* exit 2, one error line naming `names`, the usage hint, no worker started. */
 static void assert_bad_usage(char **args, const char *names)
 {
@@ -468,6 +297,31 @@ Test(launcher_usage, ring_slots_not_a_power_of_two)
     assert_bad_usage((char *[]){"-n", "2", "--ring-slots", "1000", WORKER, NULL}, "'1000'");
 }
 Test(launcher_usage, unknown_option) { assert_bad_usage((char *[]){"-n", "2", "--frobnicate", WORKER, NULL}, "--frobnicate"); }
+
+Test(launcher_usage, tag_output_neither_rank_nor_name)
+{
+    assert_bad_usage((char *[]){"-n", "2", "--tag-output=host", WORKER, NULL}, "'host'");
+}
+Test(launcher_usage, bind_to_socket) { assert_bad_usage((char *[]){"-n", "2", "--bind-to", "socket", WORKER, NULL}, "'socket'"); }
+Test(launcher_usage, grace_negative) { assert_bad_usage((char *[]){"-n", "2", "--grace", "-1", WORKER, NULL}, "'-1'"); }
+Test(launcher_usage, fold_window_not_a_number)
+{
+    assert_bad_usage((char *[]){"-n", "2", "--fold-window", "soon", WORKER, NULL}, "'soon'");
+}
+Test(launcher_usage, output_dir_that_cannot_be_created)
+{
+    /* Not a usage error: nothing is wrong with the command line, but no
+     * worker may start without its log files (exit 1, the path named). */
+    struct run r;
+    start(&r, test_ns("logdir"), (char *[]){"-n", "2", "--output-dir", "/proc/shmrun-logs", WORKER, NULL});
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 1, "exit status %d, expected 1; stderr:\n%s", exit_code(st), r.err);
+    cr_assert(strstr(r.err, "shmrun: --output-dir: cannot create /proc/shmrun-logs: ") && count_nl(r.err) == 1,
+              "expected one line naming the directory, got:\n%s", r.err);
+    cr_assert_eq(r.ready.n, 0, "a worker started without its log files");
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
 
 Test(launcher_usage, help_prints_usage_and_exits_0)
 {

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,14 +34,15 @@
 
 LEAK_CHECKED_SUITE(spawn);
 
-enum mode { OK, EXIT, ABORT, BLOCK };
-enum { EXIT_ATTACH = 43, EXIT_IO = 44, EXIT_PIDFD = 45 };
+enum mode { OK, EXIT, ABORT, BLOCK, ENV };
+enum { EXIT_ATTACH = 43, EXIT_IO = 44, EXIT_PIDFD = 45, EXIT_ENV = 46 };
 
 struct job {
     enum mode mode;
     int fail_rank, code, n;
     int ready[2], go[2], done[2], err[2];
     int saved_stderr;
+    struct stat stdin_st; /* the caller's stdin, which rank 0 keeps */
     struct ready seen;
     pthread_t thread;
     int rc;             /* sr_spawn's return */
@@ -74,12 +76,32 @@ static int count_pidfds(void)
     return n;
 }
 
+static bool env_is(const char *name, int want)
+{
+    const char *v = getenv(name);
+    char buf[16];
+    snprintf(buf, sizeof(buf), "%d", want);
+    return v && !strcmp(v, buf);
+}
+
+/* As under shmrun: torchrun's variables, and stdin for rank 0 only. */
+static bool env_as_torchrun(const struct job *j, int rank, int n)
+{
+    struct stat st, null;
+    if (!env_is("RANK", rank) || !env_is("LOCAL_RANK", rank) || !env_is("WORLD_SIZE", n) ||
+        !env_is("LOCAL_WORLD_SIZE", n) || fstat(0, &st) || stat("/dev/null", &null))
+        return false;
+    const struct stat *want = rank ? &null : &j->stdin_st;
+    return st.st_dev == want->st_dev && st.st_ino == want->st_ino && st.st_rdev == want->st_rdev;
+}
+
 static int worker(int rank, int n, void *arg)
 {
     struct job *j = arg;
-    (void)n;
     if (count_pidfds())
         return EXIT_PIDFD;
+    if (j->mode == ENV && !env_as_torchrun(j, rank, n))
+        return EXIT_ENV;
     sr_xport *x;
     if (sr_xport_attach(NULL, &x))
         return EXIT_ATTACH;
@@ -87,7 +109,7 @@ static int worker(int rank, int n, void *arg)
     int len = snprintf(line, sizeof(line), "%d %d\n", rank, (int)getpid());
     if (write(j->ready[1], line, (size_t)len) != len)
         return EXIT_IO;
-    if (j->mode == OK) {
+    if (j->mode == OK || j->mode == ENV) {
         sr_xport_detach(x);
         return 0;
     }
@@ -120,6 +142,7 @@ static void make_pipe(int p[2]) { cr_assert_eq(pipe2(p, O_CLOEXEC), 0, "pipe2: %
 static void start(struct job *j, const char *test, int n, enum mode mode, int fail_rank, int code)
 {
     *j = (struct job){.mode = mode, .fail_rank = fail_rank, .code = code, .n = n};
+    cr_assert_eq(fstat(0, &j->stdin_st), 0, "fstat(stdin): %s", strerror(errno));
     snprintf(j->ns, sizeof(j->ns), "%s", test_ns(test));
     make_pipe(j->ready), make_pipe(j->go), make_pipe(j->done), make_pipe(j->err);
     fcntl(j->err[0], F_SETFL, O_NONBLOCK);
@@ -205,6 +228,24 @@ Test(spawn, all_workers_return_0)
     cr_assert_str_empty(j.report, "a clean job printed: %s", j.report);
     assert_workers_gone(&j.seen, 4);
     assert_segment_gone(j.ns);
+    finish(&j);
+}
+
+/* Consistent with shmrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+ * and stdin for rank 0 only (the others read /dev/null). */
+Test(spawn, workers_see_torchrun_variables_and_only_rank_0_the_stdin)
+{
+    /* A pipe as our stdin: under meson it may be /dev/null already. */
+    int in[2], saved = dup(0);
+    make_pipe(in);
+    cr_assert_eq(dup2(in[0], 0), 0, "dup2: %s", strerror(errno));
+    struct job j;
+    start(&j, "env", 3, ENV, -1, 0);
+    await_ready(&j);
+    await_return(&j);
+    dup2(saved, 0);
+    close(saved), close(in[0]), close(in[1]);
+    cr_assert_eq(j.rc, 0, "sr_spawn returned %d: %s", j.rc, j.error);
     finish(&j);
 }
 

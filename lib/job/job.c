@@ -2,26 +2,18 @@
 #include "job.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
-#include <liburing.h>
-#include <poll.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "doorbell.h"
 #include "error.h"
 #include "log.h"
-#include "ring.h"
-
-#define TAG_SIGNAL UINT64_C(0xffffffff)
 
 /* With SIGCHLD ignored (SIG_IGN or SA_NOCLDWAIT) the kernel reaps the
  * workers itself: waitid() finds no status, so the failure policy could not
@@ -102,6 +94,27 @@ static void close_sibling_pidfds(sr_job *job)
             close(job->pidfds[r]);
 }
 
+/* In a child: stdin for rank 0 only (mpirun's rule: one reader, and a
+ * terminal's input is not split between ranks); the launch values under
+ * torchrun's names, so that code written for torchrun finds its rank. */
+static void child_setup(sr_job *job, int rank)
+{
+    if (rank > 0) {
+        int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || dup2(fd, 0) < 0) {
+            sr_logf(SR_LOG_ERROR, "rank %d: /dev/null as stdin: %s", rank, strerror(errno));
+            _exit(127);
+        }
+        close(fd);
+    }
+    char buf[16];
+    static const char *const names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(buf, sizeof(buf), "%d", i < 2 ? rank : job->n);
+        setenv(names[i], buf, 1);
+    }
+}
+
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
 {
     pid_t parent = getpid();
@@ -115,6 +128,7 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
             _exit(1);
         sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
         close_sibling_pidfds(job);
+        child_setup(job, rank);
         run(job, rank, arg);
         _exit(127);
     }
@@ -131,17 +145,9 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
     return 0;
 }
 
-static int live_workers(const sr_job *job)
-{
-    int n = 0;
-    for (int r = 0; r < job->n; r++)
-        n += job->pids[r] != 0;
-    return n;
-}
-
 /* waitid on the worker's pidfd. sr_spawn runs in the caller's process,
  * whose signal handlers may interrupt it: retry. */
-static int reap(sr_job *job, int rank, siginfo_t *si)
+int sr__job_reap(sr_job *job, int rank, siginfo_t *si)
 {
     int rc;
     while ((rc = waitid(P_PIDFD, (id_t)job->pidfds[rank], si, WEXITED)) < 0 && errno == EINTR)
@@ -160,143 +166,33 @@ int sr__job_stop(sr_job *job)
     for (int r = 0; r < job->n; r++)
         if (job->pids[r]) {
             siginfo_t si;
-            reap(job, r, &si);
+            sr__job_reap(job, r, &si);
             job->pids[r] = 0;
         }
     return n;
 }
 
-static int report_failure(sr_job *job, int rank, pid_t pid, const siginfo_t *si)
-{
-    char what[96], serving[256];
-    sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
-    sr_seg_crash_text(&job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
-    int others = sr__job_stop(job);
-    sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
-             serving, others, others == 1 ? "" : "s");
-    sr__log_text(SR_LOG_ERROR, sr_last_error());
-    return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status;
-}
 
-static void futex_wake_all(_Atomic uint32_t *w)
+const char *sr__rank_list(const bool *mask, int n, char *buf, size_t len)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); /* shared: the word is in the segment */
-}
-
-/* Wake every worker still running, wherever it waits for a peer: its
- * doorbell (X3 in segment.h), the start barrier, and a send blocked on the
- * departed worker's full inbox. */
-static void wake_survivors(sr_job *job, int gone)
-{
-    futex_wake_all(&job->seg.hdr->attached);
-    futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
-    for (int r = 0; r < job->n; r++) {
-        struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
-        /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */
-        if (!job->pids[r] || !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
-            continue; /* not attached: it waits in the start barrier, woken above */
-        sr_doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
-    }
-}
-
-/* Publish how `rank` ended (segment.h, "Peer exit"). The peers are woken
- * only when the job goes on (status 0: a failure stops them all anyway) and
- * the worker had not left after a graceful shutdown (nobody waits for it). */
-static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
-{
-    struct sr_worker_info *w = sr_seg_worker(&job->seg, rank);
-    w->exit_code = si->si_code;
-    w->exit_status = si->si_status;
-    /* relaxed: only this thread writes the count */
-    w->exit_seq = atomic_load_explicit(&job->seg.hdr->exits, memory_order_relaxed) + 1;
-    /* X1, seq_cst: pairs with the senders' seq_cst check (segment.h) */
-    atomic_store_explicit(&w->exited, 1, memory_order_seq_cst);
-    /* X2, seq_cst: pairs with the peers' load of the generation */
-    atomic_fetch_add_explicit(&job->seg.hdr->exits, 1, memory_order_seq_cst);
-    /* relaxed: the worker's last store, ordered by its exit and waitid */
-    uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
-    if (si->si_code == CLD_EXITED && si->si_status == 0 && st != SR_WORKER_DETACHED)
-        wake_survivors(job, rank);
-}
-
-/* A worker's pidfd became readable: reap it. Returns 0, or the job's exit code. */
-static int on_exit_event(sr_job *job, int rank)
-{
-    siginfo_t si = {0};
-    pid_t pid = job->pids[rank];
-    if (!pid)
-        return 0;
-    if (reap(job, rank, &si) < 0) {
-        /* Its pidfd is no longer armed: carrying on would wait forever. */
-        int err = errno;
-        job->pids[rank] = 0;
-        return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
-    }
-    job->pids[rank] = 0;
-    publish_exit(job, rank, &si);
-    if (si.si_code == CLD_EXITED && si.si_status == 0)
-        return 0;
-    return report_failure(job, rank, pid, &si);
-}
-
-static void forward_signal(sr_job *job, int sigfd)
-{
-    struct signalfd_siginfo ssi;
-    if (read(sigfd, &ssi, sizeof(ssi)) != sizeof(ssi))
-        return;
-    for (int r = 0; r < job->n; r++)
-        if (job->pids[r])
-            syscall(SYS_pidfd_send_signal, job->pidfds[r], (int)ssi.ssi_signo, NULL, 0);
-}
-
-static void arm(struct io_uring *ring, int fd, uint64_t tag)
-{
-    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-    if (!sqe) {
-        io_uring_submit(ring);
-        sqe = io_uring_get_sqe(ring);
-    }
-    io_uring_prep_poll_add(sqe, fd, POLLIN);
-    io_uring_sqe_set_data64(sqe, tag);
-}
-
-static int supervise_loop(sr_job *job, struct io_uring *ring, int sigfd)
-{
-    while (live_workers(job)) {
-        int rc = io_uring_submit_and_wait(ring, 1);
-        if (rc < 0 && rc != -EINTR)
-            return sr__fail(rc, job->who, "io_uring_submit_and_wait: %s", strerror(-rc));
-        struct io_uring_cqe *cqe;
-        while (io_uring_peek_cqe(ring, &cqe) == 0) {
-            uint64_t tag = cqe->user_data;
-            io_uring_cqe_seen(ring, cqe);
-            if (tag == TAG_SIGNAL) {
-                forward_signal(job, sigfd);
-                arm(ring, sigfd, TAG_SIGNAL);
-            } else if ((rc = on_exit_event(job, (int)tag)) != 0) {
-                return rc;
-            }
+    size_t at = 0;
+    char piece[32];
+    buf[0] = 0;
+    for (int r = 0; r < n; r++) {
+        if (!mask[r])
+            continue;
+        int end = r;
+        while (end + 1 < n && mask[end + 1])
+            end++;
+        int w = end == r ? snprintf(piece, sizeof(piece), "%s%d", at ? "," : "", r)
+                         : snprintf(piece, sizeof(piece), "%s%d-%d", at ? "," : "", r, end);
+        if (at + (size_t)w + 4 >= len) { /* keep room for ",..." rather than cut a number */
+            snprintf(buf + at, len - at, "%s", len - at > 4 ? ",..." : "");
+            break;
         }
+        memcpy(buf + at, piece, (size_t)w + 1);
+        at += (size_t)w;
+        r = end;
     }
-    return 0;
-}
-
-int sr__job_supervise(sr_job *job, int sigfd)
-{
-    struct io_uring ring;
-    int rc = io_uring_queue_init(64, &ring, 0);
-    if (rc < 0) {
-        sr__job_stop(job);
-        return sr__fail(rc, job->who, "io_uring_queue_init: %s", strerror(-rc));
-    }
-    for (int r = 0; r < job->n; r++)
-        if (job->pids[r])
-            arm(&ring, job->pidfds[r], (uint64_t)r);
-    if (sigfd >= 0)
-        arm(&ring, sigfd, TAG_SIGNAL);
-    rc = supervise_loop(job, &ring, sigfd);
-    if (rc < 0)
-        sr__job_stop(job);
-    io_uring_queue_exit(&ring);
-    return rc;
+    return buf;
 }

@@ -9,6 +9,19 @@
  * Workers carry PR_SET_PDEATHSIG(SIGKILL), so they also die with the launcher.
  * The segment is a memfd: it disappears with the last process holding it.
  *
+ * Stopping on request (shmrun only: a sigfd is watched): after SIGTERM or
+ * SIGINT is forwarded, exits no longer take the job down at once: every
+ * worker gets the grace period (sr_job_hooks.grace_ns) from the first such
+ * signal, then the survivors get SIGKILL and are named in one line:
+ *   "shmrun: ranks 0,2 (pids 4709,4711) still running 10 s after SIGTERM: killed with SIGKILL"
+ * and the first worker that failed meanwhile (if it was not one of those) in another:
+ *   "shmrun: rank 1 (pid 4710) was killed by signal SIGTERM after shmrun forwarded SIGTERM"
+ * Other forwarded signals (HUP, QUIT, USR1, USR2) change nothing.
+ *
+ * In every child, before run(): ranks > 0 get /dev/null as stdin (rank 0
+ * keeps the launcher's, as mpirun does), and RANK, WORLD_SIZE, LOCAL_RANK
+ * and LOCAL_WORLD_SIZE are set as torchrun sets them (one host: local = global).
+ *
  * Lifetime: sr__job_create .. sr__job_destroy; sr__job_supervise reaps every
  * worker before it returns.
  */
@@ -16,6 +29,7 @@
 #define SR_LIB_JOB_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -31,6 +45,27 @@ typedef struct sr_job {
     sigset_t child_mask; /* signal mask the workers start with */
 } sr_job;
 
+/* What a launcher adds to the supervision; every field optional ({0} and
+ * sigfd -1 for none, as sr_spawn does). All callbacks run on the
+ * supervisor's thread, between its waits. */
+typedef struct sr_job_hooks {
+    int sigfd;        /* signalfd whose signals are forwarded to the live workers; -1: none */
+    int64_t grace_ns; /* after a forwarded SIGTERM/SIGINT: SIGKILL the survivors after this */
+    void *ctx;
+    /* Input fds watched alongside the workers (shmrun's output pipes):
+     * on_input(ctx, i) runs when fds[i] is readable; false stops watching it. */
+    int nfds;
+    const int *fds;
+    bool (*on_input)(void *ctx, int i);
+    /* CLOCK_MONOTONIC ns at which on_due must run (INT64_MAX: never), asked
+     * before every wait; on_due(ctx, now) then runs once that time passed. */
+    int64_t (*next_due)(void *ctx);
+    void (*on_due)(void *ctx, int64_t now);
+    /* Every worker is reaped and the supervisor is about to print its
+     * report (if any) and return: flush what the workers wrote first. */
+    void (*on_end)(void *ctx);
+} sr_job_hooks;
+
 /* Create the segment and one doorbell eventfd per rank. Errors: -EINVAL bad
  * options (see sr_segment_create) or SIGCHLD ignored (SIG_IGN/SA_NOCLDWAIT:
  * the kernel would reap the workers before the supervisor reads their
@@ -44,13 +79,19 @@ void sr__job_destroy(sr_job *job);
  * opened on the child, it is killed and reaped before the error returns. */
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg);
 
+/* waitid(P_PIDFD) on rank's pidfd, retried on EINTR: 0 or -1 with errno. */
+int sr__job_reap(sr_job *job, int rank, siginfo_t *si);
+
 /* SIGKILL and reap every worker still running; returns how many there were. */
 int sr__job_stop(sr_job *job);
 
-/* Wait for every worker. sigfd >= 0 is a signalfd whose signals are forwarded
- * to the live workers. Returns 0 when all exited 0; otherwise the exit code a
- * launcher should use (the status, or 128 + signal) after printing the report
- * and copying it to sr_last_error(). Negative: -errno of the supervisor itself. */
-int sr__job_supervise(sr_job *job, int sigfd);
+/* Wait for every worker (hooks: NULL for none). Returns 0 when all exited 0;
+ * otherwise the exit code a launcher should use (the status, or 128 +
+ * signal) after printing the report and copying it to sr_last_error().
+ * Negative: -errno of the supervisor itself (every worker is stopped). */
+int sr__job_supervise(sr_job *job, const sr_job_hooks *hooks);
+
+/* "3", "0-3,5": the ranks set in mask[0..n), written into buf. Returns buf. */
+const char *sr__rank_list(const bool *mask, int n, char *buf, size_t len);
 
 #endif

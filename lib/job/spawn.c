@@ -68,7 +68,7 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
         sr__job_destroy(&job);
         return rc;
     }
-    int status = sr__job_supervise(&job, -1);
+    int status = sr__job_supervise(&job, NULL);
     sr__job_destroy(&job);
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

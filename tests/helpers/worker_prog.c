@@ -5,6 +5,8 @@
  * Every mode first checks the launch contract, before touching the transport:
  *   - SHMRPC_WORLD_SIZE equals WORLD_SIZE, SHMRPC_RANK is in [0, WORLD_SIZE),
  *     SHMRPC_FD is an open memfd holding a valid segment for that world size;
+ *   - RANK and LOCAL_RANK equal SHMRPC_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE
+ *     equal SHMRPC_WORLD_SIZE (torchrun's variables);
  *   - the only open descriptors are 0-2, READY_FD, GO_FD, the segment and the
  *     doorbell eventfds named in the worker table: nothing of shmrun's
  *     (signalfd, pidfds, io_uring) leaks into a worker.
@@ -22,12 +24,25 @@
  *   early R       rank R exits 0 before attaching; every other rank's attach
  *                 must fail at once with -EPIPE naming it (then it exits 0;
  *                 otherwise it prints what it got and exits EXIT_ATTACH)
+ *   early-init R  the same through the public sr_init
+ *   say           writes "part " on stdout before attaching and "of rank R\n"
+ *                 after (so every rank's line is half written when the first
+ *                 is finished), then on stderr "error: same on every rank\n"
+ *                 and "note from rank R\n"; attaches as "trainerR"; exits 0
+ *   stdin         prints "stdin R FILE 'TEXT'" (what fd 0 is, what it held)
+ *   signals       waits (handlers) until it has received SIGHUP, SIGQUIT,
+ *                 SIGUSR1 and SIGUSR2, prints "signals R" and exits 0
+ *   term R        every rank ignores SIGTERM but R, which exits 0 on it; blocks
+ *   affinity      prints "affinity R CPULIST" (its sched_getaffinity) and exits 0
  * Every other rank blocks: it waits for messages (sr_xport_wait, no deadline)
  * until it is killed. It never exits by itself, so a test that finds it gone
  * knows that the launcher killed it.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +51,7 @@
 
 #include "crash.h"
 #include "error.h"
+#include "shmrpc/shmrpc.h"
 #include "xport.h"
 
 enum { EXIT_USAGE = 40, EXIT_ENV = 41, EXIT_FD = 42, EXIT_ATTACH = 43, EXIT_IO = 44 };
@@ -108,6 +124,15 @@ static void check_launch_contract(void)
         fprintf(stderr, "worker_prog: SHMRPC_FD=%d is '%s', not a memfd\n", fd, target);
         _exit(EXIT_ENV);
     }
+    static const char *const torch[][2] = {{"RANK", "SHMRPC_RANK"}, {"LOCAL_RANK", "SHMRPC_RANK"},
+                                           {"WORLD_SIZE", "SHMRPC_WORLD_SIZE"},
+                                           {"LOCAL_WORLD_SIZE", "SHMRPC_WORLD_SIZE"}};
+    for (int i = 0; i < 4; i++)
+        if (env_num(torch[i][0]) != env_num(torch[i][1])) {
+            fprintf(stderr, "worker_prog: %s=%d but %s=%d\n", torch[i][0], env_num(torch[i][0]), torch[i][1],
+                    env_num(torch[i][1]));
+            _exit(EXIT_ENV);
+        }
     sr_segment seg;
     if (sr_segment_attach(fd, &seg) || seg.hdr->world_size != (uint32_t)n)
         die(EXIT_ENV, "SHMRPC_FD is not a segment for this world size");
@@ -138,20 +163,123 @@ static void wait_go(void)
 }
 
 /* Mode early: no readiness line (nobody gets past the start barrier). */
-static int early(int chosen)
+static int early(int chosen, bool api)
 {
     if (env_num("SHMRPC_RANK") == chosen)
         return 0; /* gone before attaching */
     sr_xport *x;
-    int rc = sr_xport_attach(NULL, &x);
+    int rc = api ? sr_init(NULL) : sr_xport_attach(NULL, &x);
     char want[64];
     snprintf(want, sizeof(want), "rank %d exited with status 0 before attaching", chosen);
     if (rc == -EPIPE && strstr(sr_last_error(), want))
         return 0;
-    if (!rc)
+    if (!rc && api)
+        sr_shutdown(false, 0);
+    else if (!rc)
         sr_xport_detach(x);
     fprintf(stderr, "worker_prog: attach gave %d (%s), expected -EPIPE with '%s'\n", rc, sr_last_error(), want);
     return EXIT_ATTACH;
+}
+
+static void put(int fd, const char *s)
+{
+    size_t len = strlen(s);
+    if (write(fd, s, len) != (ssize_t)len)
+        die(EXIT_IO, "write failed");
+}
+
+static int say(sr_xport *x)
+{
+    char line[64];
+    snprintf(line, sizeof(line), "of rank %d\n", x->rank);
+    put(1, line);
+    put(2, "error: same on every rank\n");
+    snprintf(line, sizeof(line), "note from rank %d\n", x->rank);
+    put(2, line);
+    sr_xport_detach(x);
+    return 0;
+}
+
+/* What fd 0 is ("/dev/null", "pipe:[N]") and what it holds. */
+static int print_stdin(int rank)
+{
+    char target[64] = "", text[64] = "", line[200];
+    ssize_t n = readlink("/proc/self/fd/0", target, sizeof(target) - 1);
+    target[n > 0 ? n : 0] = 0;
+    size_t len = 0;
+    while (len < sizeof(text) - 1 && (n = read(0, text + len, sizeof(text) - 1 - len)) > 0)
+        len += (size_t)n;
+    text[len] = 0;
+    text[strcspn(text, "\n")] = 0;
+    snprintf(line, sizeof(line), "stdin %d %s '%s'\n", rank, target, text);
+    put(1, line);
+    return 0;
+}
+
+static const int waited[] = {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+static _Atomic int sigs_seen; /* bit i: waited[i] arrived */
+static int sig_pipe[2];       /* the handler's wake-up for the main thread */
+
+/* Handlers, not sigwaitinfo: a process-directed signal may be delivered to
+ * any thread that does not block it, such as the thread pool OpenBLAS
+ * starts before main; a handler runs wherever it lands. */
+static void on_signal(int sig)
+{
+    for (int i = 0; i < 4; i++)
+        if (sig == waited[i])
+            atomic_fetch_or(&sigs_seen, 1 << i); /* lock-free: async-signal-safe */
+    int saved = errno;
+    if (write(sig_pipe[1], "s", 1) < 0) { /* the pipe cannot fill: 4 signals */
+    }
+    errno = saved;
+}
+
+/* Before readiness, so that no forwarded signal finds the default action. */
+static void catch_signals(void)
+{
+    if (pipe(sig_pipe))
+        die(EXIT_IO, "pipe failed");
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 4; i++)
+        sigaction(waited[i], &sa, NULL);
+}
+
+static int wait_signals(int rank)
+{
+    char c;
+    while (atomic_load(&sigs_seen) != 15)
+        if (read(sig_pipe[0], &c, 1) < 0 && errno != EINTR)
+            die(EXIT_IO, "read of the signal pipe failed");
+    char line[32];
+    snprintf(line, sizeof(line), "signals %d\n", rank);
+    put(1, line);
+    return 0;
+}
+
+static void exit_0(int sig)
+{
+    (void)sig;
+    _exit(0);
+}
+
+static int print_affinity(sr_xport *x)
+{
+    cpu_set_t set;
+    char line[4096];
+    if (sched_getaffinity(0, sizeof(set), &set))
+        die(EXIT_IO, "sched_getaffinity failed");
+    int len = snprintf(line, sizeof(line), "affinity %d", x->rank);
+    char sep = ' ';
+    for (int c = 0; c < CPU_SETSIZE && len < (int)sizeof(line) - 16; c++)
+        if (CPU_ISSET(c, &set)) {
+            len += snprintf(line + len, sizeof(line) - (size_t)len, "%c%d", sep, c);
+            sep = ',';
+        }
+    snprintf(line + len, sizeof(line) - (size_t)len, "\n");
+    put(1, line);
+    sr_xport_detach(x);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -163,12 +291,21 @@ int main(int argc, char **argv)
     world = atoi(argv[3]);
     const char *mode = argv[4];
     check_launch_contract();
-    if (!strcmp(mode, "early"))
-        return early(argc > 5 ? atoi(argv[5]) : 0);
+    if (!strcmp(mode, "early") || !strcmp(mode, "early-init"))
+        return early(argc > 5 ? atoi(argv[5]) : 0, mode[5] == '-');
     /* No core files from the abort case, wherever core_pattern points. */
     prctl(PR_SET_DUMPABLE, 0);
+    int chosen = argc > 5 ? atoi(argv[5]) : -1;
+    if (!strcmp(mode, "signals"))
+        catch_signals();
+    if (!strcmp(mode, "term"))
+        signal(SIGTERM, env_num("SHMRPC_RANK") == chosen ? exit_0 : SIG_IGN);
+    if (!strcmp(mode, "say"))
+        put(1, "part ");
+    char name[32];
+    snprintf(name, sizeof(name), "trainer%d", env_num("SHMRPC_RANK"));
     sr_xport *x;
-    if (sr_xport_attach(NULL, &x))
+    if (sr_xport_attach(&(sr_xport_opts){.name = strcmp(mode, "say") ? NULL : name}, &x))
         die(EXIT_ATTACH, sr_last_error());
     char line[32];
     int len = snprintf(line, sizeof(line), "%d %d\n", x->rank, (int)getpid());
@@ -178,7 +315,15 @@ int main(int argc, char **argv)
         sr_xport_detach(x);
         return 0;
     }
-    int chosen = argc > 5 ? atoi(argv[5]) : -1;
+    if (!strcmp(mode, "say"))
+        return say(x);
+    if (!strcmp(mode, "affinity"))
+        return print_affinity(x);
+    if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
+        int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
+        sr_xport_detach(x);
+        return rc;
+    }
     if (x->rank == chosen && !strcmp(mode, "exit") && argc > 6) {
         wait_go();
         _exit(atoi(argv[6])); /* _exit: the transport stays attached, as in a crash */
@@ -192,7 +337,8 @@ int main(int argc, char **argv)
         sr__serving_enter("train_step", 0);
         abort();
     }
-    if (strcmp(mode, "block") && strcmp(mode, "exit") && strcmp(mode, "abort") && strcmp(mode, "serving"))
+    if (strcmp(mode, "block") && strcmp(mode, "exit") && strcmp(mode, "abort") && strcmp(mode, "serving") &&
+        strcmp(mode, "term"))
         die(EXIT_USAGE, "unknown mode");
     block_forever(x);
 }

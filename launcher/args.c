@@ -1,0 +1,231 @@
+/* shmrun's command line: getopt_long, every value checked, one error line. */
+#include "args.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "segment.h"
+
+#ifndef SHMRUN_VERSION
+#define SHMRUN_VERSION "unknown"
+#endif
+
+static const char usage[] =
+    "usage: shmrun -n N [options] [--] prog [args...]\n"
+    "  -n, --nproc N          number of workers (1..4096)\n"
+    "  --shm-size SIZE        segment size in bytes, or with a K, M, G suffix (default: 1G of heap per worker, sparse)\n"
+    "  --name-prefix P        segment name, shown in reports and /proc (default: shmrpc)\n"
+    "  --ring-slots S         inbox slots per worker, a power of two (default: 1024)\n"
+    "  --tag-output[=rank|name]\n"
+    "                         prefix each output line with [rank] (default) or [worker name]\n"
+    "  --output-dir DIR       write each rank's output to DIR/RANK/stdout.log and DIR/RANK/stderr.log\n"
+    "  --fold-window SECONDS  with --tag-output: a stderr line waits this long for the same line from\n"
+    "                         other ranks, printed once as [0-3,5] (default: 0.25; 0: no folding)\n"
+    "  --grace SECONDS        after forwarding SIGTERM or SIGINT, SIGKILL the workers still running\n"
+    "                         this long after (default: 10)\n"
+    "  --bind-to none|core|numa\n"
+    "                         pin each worker to one core or NUMA node, round robin (default: none)\n"
+    "  --report-bindings      print each rank's CPU binding on stderr\n"
+    "  --version              print the version and exit\n"
+    "  -h, --help             print this help and exit\n"
+    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, and RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE as torchrun sets them. stdin goes to rank 0; the others read /dev/null.\n"
+    "SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every worker.\n";
+
+static int bad_usage(const char *fmt, const char *val)
+{
+    fprintf(stderr, "shmrun: ");
+    fprintf(stderr, fmt, val);
+    fprintf(stderr, "\nTry 'shmrun --help' for usage.\n");
+    return 2;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    }
+    if (*end || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Seconds in [0, max], fractions allowed: "10", "0.5". */
+static int parse_seconds(const char *s, double max, int64_t *ns)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < 0 || v > max)
+        return -1;
+    *ns = (int64_t)llround(v * 1e9);
+    return 0;
+}
+
+/* A directory passes access(X_OK) but fails in execvp, in every worker. */
+static bool is_executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+static bool program_exists(const char *prog)
+{
+    if (strchr(prog, '/'))
+        return is_executable_file(prog);
+    const char *path = getenv("PATH");
+    char buf[PATH_MAX];
+    for (const char *p = path ? path : "/usr/bin:/bin"; *p;) {
+        size_t len = strcspn(p, ":");
+        snprintf(buf, sizeof(buf), "%.*s/%s", (int)len, p, prog);
+        if (is_executable_file(buf))
+            return true;
+        p += len + (p[len] == ':');
+    }
+    return false;
+}
+
+/* The option getopt_long just rejected: a long one is named by its argument;
+ * a short one by optopt, since inside a group ("-xq") optind has not moved. */
+static const char *bad_option(char **argv, char buf[3])
+{
+    const char *arg = argv[optind - 1];
+    if (optopt == 0 || !strncmp(arg, "--", 2))
+        return arg;
+    snprintf(buf, 3, "-%c", optopt);
+    return buf;
+}
+
+enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_VERSION };
+
+static const struct option opts[] = {
+    {"nproc", required_argument, NULL, 'n'},        {"shm-size", required_argument, NULL, OPT_SHM},
+    {"name-prefix", required_argument, NULL, OPT_PREFIX}, {"ring-slots", required_argument, NULL, OPT_RING},
+    {"tag-output", optional_argument, NULL, OPT_TAG}, {"output-dir", required_argument, NULL, OPT_DIR},
+    {"fold-window", required_argument, NULL, OPT_FOLD}, {"grace", required_argument, NULL, OPT_GRACE},
+    {"bind-to", required_argument, NULL, OPT_BIND},  {"report-bindings", no_argument, NULL, OPT_REPORT},
+    {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
+    {0, 0, 0, 0}};
+
+/* The options of the job itself. 0, or 2 (printed). */
+static int job_option(int c, const char *v, struct args *a)
+{
+    long l;
+    switch (c) {
+    case 'n':
+        if (parse_int(v, 1, SR_MAX_WORKERS, &l))
+            return bad_usage("-n takes a number of workers in [1, 4096], not '%s'", v);
+        a->n = (int)l;
+        return 0;
+    case OPT_SHM:
+        if (parse_size(v, &a->shm_size) || !a->shm_size)
+            return bad_usage("--shm-size takes a size like 512M or 4G, not '%s'", v);
+        return 0;
+    case OPT_PREFIX:
+        if (!*v || strlen(v) > 40 || strchr(v, '/'))
+            return bad_usage("--name-prefix takes 1 to 40 characters without '/', not '%s'", v);
+        a->prefix = v;
+        return 0;
+    default: /* OPT_RING */
+        if (parse_int(v, 2, 1 << 24, &l) || (l & (l - 1)))
+            return bad_usage("--ring-slots takes a power of two in [2, 2^24], not '%s'", v);
+        a->ring_slots = (uint32_t)l;
+        return 0;
+    }
+}
+
+/* The options of shmrun's own behaviour. 0, or 2 (printed). */
+static int launcher_option(int c, const char *v, struct args *a)
+{
+    switch (c) {
+    case OPT_TAG:
+        if (!v || !strcmp(v, "rank"))
+            a->tag = TAG_RANK;
+        else if (!strcmp(v, "name"))
+            a->tag = TAG_NAME;
+        else
+            return bad_usage("--tag-output takes 'rank' or 'name', not '%s'", v);
+        return 0;
+    case OPT_DIR:
+        if (!*v)
+            return bad_usage("--output-dir takes a directory, not '%s'", v);
+        a->output_dir = v;
+        return 0;
+    case OPT_FOLD:
+        if (parse_seconds(v, 3600, &a->fold_ns))
+            return bad_usage("--fold-window takes seconds in [0, 3600], not '%s'", v);
+        return 0;
+    case OPT_GRACE:
+        if (parse_seconds(v, 86400, &a->grace_ns))
+            return bad_usage("--grace takes seconds in [0, 86400], not '%s'", v);
+        return 0;
+    case OPT_BIND:
+        if (!strcmp(v, "none") || !strcmp(v, "core") || !strcmp(v, "numa"))
+            a->bind = v[0] == 'n' ? (v[1] == 'o' ? BIND_NONE : BIND_NUMA) : BIND_CORE;
+        else
+            return bad_usage("--bind-to takes none, core or numa, not '%s'", v);
+        return 0;
+    default: /* OPT_REPORT */
+        a->report_bindings = true;
+        return 0;
+    }
+}
+
+static int finish_args(int argc, char **argv, struct args *a)
+{
+    if (!a->n)
+        return bad_usage("%s", "-n N is required");
+    if (optind >= argc)
+        return bad_usage("%s", "no program to run");
+    a->argv = argv + optind;
+    if (!program_exists(a->argv[0]))
+        return bad_usage("program '%s' not found or not executable", a->argv[0]);
+    return 0;
+}
+
+int parse_args(int argc, char **argv, struct args *a)
+{
+    int c, rc = 0;
+    char optbuf[3];
+    *a = (struct args){.prefix = "shmrpc", .fold_ns = FOLD_DEFAULT_NS, .grace_ns = GRACE_DEFAULT_NS};
+    opterr = 0; /* getopt's own messages would make the error two lines */
+    while (!rc && (c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
+        if (c == 'h' || c == OPT_VERSION) {
+            fputs(c == 'h' ? usage : "shmrun (shmrpc) " SHMRUN_VERSION "\n", stdout);
+            return 1;
+        }
+        if (c == ':')
+            return bad_usage("option '%s' requires an argument", bad_option(argv, optbuf));
+        if (c == '?')
+            return bad_usage("unknown option '%s'", bad_option(argv, optbuf));
+        rc = c < OPT_TAG ? job_option(c, optarg, a) : launcher_option(c, optarg, a);
+    }
+    return rc ? rc : finish_args(argc, argv, a);
+}

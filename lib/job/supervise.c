@@ -1,0 +1,314 @@
+/* Supervision of a job's workers: the failure policy, signal forwarding and
+ * the grace period of a requested stop (job.h). One io_uring watches every
+ * worker's pidfd, the signalfd and the launcher's input fds; the only timed
+ * wait is for a deadline (the grace period, or a hook's next_due). */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "doorbell.h"
+#include "error.h"
+#include "job.h"
+#include "log.h"
+#include "ring.h"
+
+/* user_data: a rank (< 2^32), the signalfd, or an input fd's index. */
+#define TAG_SIGNAL (UINT64_C(1) << 32)
+#define TAG_INPUT (UINT64_C(2) << 32)
+
+struct sup {
+    sr_job *job;
+    const sr_job_hooks *h;
+    struct io_uring ring;
+    int stop_sig;     /* the forwarded SIGTERM/SIGINT that started a stop; 0: none */
+    int64_t deadline; /* CLOCK_MONOTONIC ns: end of the grace period; INT64_MAX: none */
+    bool *killed;     /* [n]: sent SIGKILL when the grace period ended */
+    int nkilled;
+    bool failed;      /* during a stop: the first failure, reported at the end */
+    int first_rank;
+    pid_t first_pid;
+    siginfo_t first_si;
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int live_workers(const sr_job *job)
+{
+    int n = 0;
+    for (int r = 0; r < job->n; r++)
+        n += job->pids[r] != 0;
+    return n;
+}
+
+static void on_end(struct sup *s)
+{
+    if (s->h->on_end)
+        s->h->on_end(s->h->ctx);
+}
+
+static int exit_code(const siginfo_t *si) { return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status; }
+
+static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+{
+    char what[96], serving[256];
+    sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr_seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
+    int others = sr__job_stop(s->job);
+    on_end(s);
+    sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
+             serving, others, others == 1 ? "" : "s");
+    sr__log_text(SR_LOG_ERROR, sr_last_error());
+    return exit_code(si);
+}
+
+/* The end of a stop: who had to be killed, and the first failure, if it
+ * was not one of those. */
+static int report_stop(struct sup *s)
+{
+    on_end(s);
+    const char *sig = sigabbrev_np(s->stop_sig);
+    if (s->nkilled) {
+        char list[256];
+        sr__rank_list(s->killed, s->job->n, list, sizeof(list));
+        sr__fail(-SR_EWORKER, s->job->who, "rank%s %s still running %g s after SIG%s: killed with SIGKILL",
+                 s->nkilled > 1 ? "s" : "", list, (double)s->h->grace_ns / 1e9, sig);
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
+    }
+    if (!s->failed)
+        return 0;
+    if (!s->killed[s->first_rank]) {
+        char what[96], serving[256];
+        sr_exit_describe(s->first_si.si_code, s->first_si.si_status, what, sizeof(what));
+        sr_seg_crash_text(&s->job->seg, s->first_rank, serving, sizeof(serving));
+        sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s after %s forwarded SIG%s", s->first_rank,
+                 (int)s->first_pid, what, serving, s->job->who, sig);
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
+    }
+    return exit_code(&s->first_si);
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); /* shared: the word is in the segment */
+}
+
+/* Wake every worker still running, wherever it waits for a peer: its
+ * doorbell (X3 in segment.h), the start barrier, and a send blocked on the
+ * departed worker's full inbox. */
+static void wake_survivors(sr_job *job, int gone)
+{
+    futex_wake_all(&job->seg.hdr->attached);
+    futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
+    for (int r = 0; r < job->n; r++) {
+        struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
+        /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */
+        if (!job->pids[r] || !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
+            continue; /* not attached: it waits in the start barrier, woken above */
+        sr_doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
+    }
+}
+
+/* Publish how `rank` ended (segment.h, "Peer exit"). The peers are woken
+ * only when the job goes on (status 0: a failure stops them all anyway) and
+ * the worker had not left after a graceful shutdown (nobody waits for it). */
+static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
+{
+    struct sr_worker_info *w = sr_seg_worker(&job->seg, rank);
+    w->exit_code = si->si_code;
+    w->exit_status = si->si_status;
+    /* relaxed: only this thread writes the count */
+    w->exit_seq = atomic_load_explicit(&job->seg.hdr->exits, memory_order_relaxed) + 1;
+    /* X1, seq_cst: pairs with the senders' seq_cst check (segment.h) */
+    atomic_store_explicit(&w->exited, 1, memory_order_seq_cst);
+    /* X2, seq_cst: pairs with the peers' load of the generation */
+    atomic_fetch_add_explicit(&job->seg.hdr->exits, 1, memory_order_seq_cst);
+    /* relaxed: the worker's last store, ordered by its exit and waitid */
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    if (si->si_code == CLD_EXITED && si->si_status == 0 && st != SR_WORKER_DETACHED)
+        wake_survivors(job, rank);
+}
+
+/* A worker's pidfd became readable: reap it. Returns 0, or the job's exit code. */
+/* A worker's pidfd became readable: reap it. Returns 0, or the job's exit
+ * code after a failure outside a stop. */
+static int on_exit_event(struct sup *s, int rank)
+{
+    sr_job *job = s->job;
+    siginfo_t si = {0};
+    pid_t pid = job->pids[rank];
+    if (!pid)
+        return 0;
+    if (sr__job_reap(job, rank, &si) < 0) {
+        /* Its pidfd is no longer armed: carrying on would wait forever. */
+        int err = errno;
+        job->pids[rank] = 0;
+        return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
+    }
+    job->pids[rank] = 0;
+    publish_exit(job, rank, &si);
+    if (si.si_code == CLD_EXITED && si.si_status == 0)
+        return 0;
+    if (!s->stop_sig)
+        return report_failure(s, rank, pid, &si);
+    if (!s->failed) { /* stopping: every worker keeps its grace period */
+        s->failed = true;
+        s->first_rank = rank;
+        s->first_pid = pid;
+        s->first_si = si;
+    }
+    return 0;
+}
+
+static void signal_all(sr_job *job, int sig)
+{
+    for (int r = 0; r < job->n; r++)
+        if (job->pids[r])
+            syscall(SYS_pidfd_send_signal, job->pidfds[r], sig, NULL, 0);
+}
+
+static void forward_signal(struct sup *s)
+{
+    struct signalfd_siginfo ssi;
+    if (read(s->h->sigfd, &ssi, sizeof(ssi)) != sizeof(ssi))
+        return;
+    int sig = (int)ssi.ssi_signo;
+    signal_all(s->job, sig);
+    if ((sig == SIGTERM || sig == SIGINT) && !s->stop_sig) { /* the grace period runs from the first */
+        s->stop_sig = sig;
+        s->deadline = now_ns() + s->h->grace_ns;
+    }
+}
+
+static void kill_survivors(struct sup *s)
+{
+    for (int r = 0; r < s->job->n; r++)
+        if (s->job->pids[r]) {
+            syscall(SYS_pidfd_send_signal, s->job->pidfds[r], SIGKILL, NULL, 0);
+            s->killed[r] = true;
+            s->nkilled++;
+        }
+    s->deadline = INT64_MAX;
+}
+
+static void arm(struct io_uring *ring, int fd, uint64_t tag)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+    if (!sqe) {
+        io_uring_submit(ring);
+        sqe = io_uring_get_sqe(ring);
+    }
+    io_uring_prep_poll_add(sqe, fd, POLLIN);
+    io_uring_sqe_set_data64(sqe, tag);
+}
+
+static int64_t next_deadline(struct sup *s)
+{
+    int64_t due = s->h->next_due ? s->h->next_due(s->h->ctx) : INT64_MAX;
+    return due < s->deadline ? due : s->deadline;
+}
+
+/* Submit what is armed and sleep until an event or the next deadline. */
+static int wait_events(struct sup *s)
+{
+    int64_t due = next_deadline(s);
+    struct io_uring_cqe *cqe;
+    if (due == INT64_MAX)
+        return io_uring_submit_and_wait(&s->ring, 1);
+    int64_t left = due - now_ns();
+    if (left < 0)
+        left = 0;
+    struct __kernel_timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
+    int rc = io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
+    return rc == -ETIME ? 0 : rc;
+}
+
+static int on_event(struct sup *s, uint64_t tag)
+{
+    if (tag == TAG_SIGNAL) {
+        forward_signal(s);
+        arm(&s->ring, s->h->sigfd, TAG_SIGNAL);
+    } else if (tag >= TAG_INPUT) {
+        int i = (int)(tag - TAG_INPUT);
+        if (s->h->on_input(s->h->ctx, i))
+            arm(&s->ring, s->h->fds[i], tag);
+    } else {
+        return on_exit_event(s, (int)tag);
+    }
+    return 0;
+}
+
+static void run_due(struct sup *s)
+{
+    int64_t now = now_ns();
+    if (s->h->on_due && s->h->next_due(s->h->ctx) <= now)
+        s->h->on_due(s->h->ctx, now);
+    if (now >= s->deadline)
+        kill_survivors(s);
+}
+
+static int supervise_loop(struct sup *s)
+{
+    while (live_workers(s->job)) {
+        int rc = wait_events(s);
+        if (rc < 0 && rc != -EINTR)
+            return sr__fail(rc, s->job->who, "io_uring_submit_and_wait: %s", strerror(-rc));
+        struct io_uring_cqe *cqe;
+        while (io_uring_peek_cqe(&s->ring, &cqe) == 0) {
+            uint64_t tag = cqe->user_data;
+            io_uring_cqe_seen(&s->ring, cqe);
+            if ((rc = on_event(s, tag)) != 0)
+                return rc;
+        }
+        run_due(s);
+    }
+    if (s->stop_sig)
+        return report_stop(s);
+    on_end(s);
+    return 0;
+}
+
+static void arm_all(struct sup *s)
+{
+    for (int r = 0; r < s->job->n; r++)
+        if (s->job->pids[r])
+            arm(&s->ring, s->job->pidfds[r], (uint64_t)r);
+    if (s->h->sigfd >= 0)
+        arm(&s->ring, s->h->sigfd, TAG_SIGNAL);
+    for (int i = 0; i < s->h->nfds; i++)
+        arm(&s->ring, s->h->fds[i], TAG_INPUT + (uint64_t)i);
+}
+
+int sr__job_supervise(sr_job *job, const sr_job_hooks *hooks)
+{
+    static const sr_job_hooks none = {.sigfd = -1};
+    struct sup s = {.job = job, .h = hooks ? hooks : &none, .deadline = INT64_MAX};
+    s.killed = calloc((size_t)job->n, sizeof(bool));
+    int rc = s.killed ? io_uring_queue_init(64, &s.ring, 0) : -ENOMEM;
+    if (rc < 0) {
+        free(s.killed);
+        sr__job_stop(job);
+        return sr__fail(rc, job->who, "io_uring_queue_init: %s", strerror(-rc));
+    }
+    arm_all(&s);
+    rc = supervise_loop(&s);
+    if (rc < 0)
+        sr__job_stop(job);
+    io_uring_queue_exit(&s.ring);
+    free(s.killed);
+    return rc;
+}

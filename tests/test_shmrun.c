@@ -1,0 +1,396 @@
+/* shmrun's features, end to end (issue 12): --version, --tag-output,
+ * --output-dir, the folding of identical stderr lines, torchrun's variables,
+ * stdin to rank 0 only, the forwarded signals, the grace period after
+ * SIGTERM, and CPU binding.
+ *
+ * Each test runs the real shmrun (SHMRUN) on tests/helpers/worker_prog.c
+ * (WORKER_PROG) through helpers/shmrun_run.h: readiness and exits are
+ * events, every wait is bounded, nothing sleeps. The binding tests describe
+ * a topology in a fake sysfs tree (SHMRUN_SYSFS) built from the CPUs this
+ * test may run on, so that they check exact masks on any machine with two
+ * CPUs or more (they skip on one).
+ */
+#include <criterion/criterion.h>
+#include <ftw.h>
+#include <sched.h>
+#include <sys/stat.h>
+
+#include "common.h"
+#include "helpers/shmrun_run.h"
+
+LEAK_CHECKED_SUITE(shmrun);
+
+/* The lines of buf, in order; returns how many (at most max). */
+static int lines_of(char *buf, char **line, int max)
+{
+    int n = 0;
+    for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l && n < max; l = strtok_r(NULL, "\n", &save))
+        line[n++] = l;
+    return n;
+}
+
+/* `want` is one of the lines of text, exactly once. */
+static void assert_line_once(const char *text, const char *want, const char *where)
+{
+    size_t wl = strlen(want);
+    int seen = 0;
+    for (const char *p = text; (p = strstr(p, want)); p += wl)
+        seen += (p == text || p[-1] == '\n') && p[wl] == '\n';
+    cr_assert_eq(seen, 1, "expected the line '%s' once on %s, seen %d times in:\n%s", want, where, seen, text);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static void run_to_exit_0(struct run *r)
+{
+    int st = await_exit(r);
+    cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r->err);
+}
+
+Test(shmrun, version_prints_the_version)
+{
+    struct run r;
+    start(&r, test_ns("version"), (char *[]){"--version", NULL});
+    run_to_exit_0(&r);
+    char want[64];
+    snprintf(want, sizeof(want), "shmrun (shmrpc) %s\n", env_path("SHMRPC_VERSION"));
+    cr_assert_str_eq(r.out, want, "--version printed '%s'", r.out);
+    cr_assert_eq(r.err_len, 0, "--version printed on stderr:\n%s", r.err);
+    finish(&r);
+}
+
+/* worker_prog "say" writes half of its stdout line before the start barrier
+ * and the rest after it: on a shared stdout the halves of different ranks
+ * would interleave. */
+Test(shmrun, tag_output_prefixes_whole_lines_with_the_rank)
+{
+    struct run r;
+    start_job_opts(&r, "tag", 3, (char *[]){"--tag-output", "--fold-window", "0", NULL}, "say", NULL, NULL);
+    run_to_exit_0(&r);
+    char want[64];
+    for (int rank = 0; rank < 3; rank++) {
+        snprintf(want, sizeof(want), "[%d] part of rank %d", rank, rank);
+        assert_line_once(r.out, want, "stdout");
+        snprintf(want, sizeof(want), "[%d] error: same on every rank", rank);
+        assert_line_once(r.err, want, "stderr (folding is off)");
+        snprintf(want, sizeof(want), "[%d] note from rank %d", rank, rank);
+        assert_line_once(r.err, want, "stderr");
+    }
+    cr_assert_eq(count_lines(r.out), 3, "stdout has other lines:\n%s", r.out);
+    cr_assert_eq(count_lines(r.err), 6, "stderr has other lines:\n%s", r.err);
+    finish(&r);
+}
+
+Test(shmrun, tag_output_name_uses_the_worker_name)
+{
+    struct run r;
+    start_job_opts(&r, "tagname", 2, (char *[]){"--tag-output=name", "--fold-window", "0", NULL}, "say", NULL, NULL);
+    run_to_exit_0(&r);
+    char want[64];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "[trainer%d] part of rank %d", rank, rank);
+        assert_line_once(r.out, want, "stdout");
+    }
+    finish(&r);
+}
+
+/* Identical stderr lines from every rank come out once, naming the ranks;
+ * the others keep their rank. The window (20 s) is longer than the test
+ * could wait: the folded line goes out because every rank sent it, the rest
+ * when the job ends, never because a timer fired. */
+Test(shmrun, identical_stderr_lines_fold_into_one_naming_the_ranks)
+{
+    struct run r;
+    start_job_opts(&r, "fold", 3, (char *[]){"--tag-output", "--fold-window", "20", NULL}, "say", NULL, NULL);
+    run_to_exit_0(&r);
+    cr_assert(!strncmp(r.err, "[0-2] error: same on every rank\n", 32),
+              "the folded line is not first on stderr (each rank printed it before its note):\n%s", r.err);
+    char want[64];
+    for (int rank = 0; rank < 3; rank++) {
+        snprintf(want, sizeof(want), "[%d] note from rank %d", rank, rank);
+        assert_line_once(r.err, want, "stderr");
+    }
+    cr_assert_eq(count_lines(r.err), 4, "stderr has other lines:\n%s", r.err);
+    finish(&r);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static void rm_tree(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void assert_file(const char *dir, int rank, const char *name, const char *want)
+{
+    char path[512], got[256] = "";
+    snprintf(path, sizeof(path), "%s/%d/%s", dir, rank, name);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s is missing: %s", path, strerror(errno));
+    size_t n = fread(got, 1, sizeof(got) - 1, f);
+    got[n] = 0;
+    fclose(f);
+    cr_assert_str_eq(got, want, "%s holds '%s', expected '%s'", path, got, want);
+}
+
+Test(shmrun, output_dir_writes_one_log_pair_per_rank)
+{
+    char dir[] = "/tmp/shmrun-logs-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    char sub[600];
+    snprintf(sub, sizeof(sub), "%s/job", dir); /* shmrun creates it */
+    struct run r;
+    start_job_opts(&r, "logdir", 2, (char *[]){"--output-dir", sub, NULL}, "say", NULL, NULL);
+    run_to_exit_0(&r);
+    cr_assert_eq(r.out_len + r.err_len, 0, "output reached the terminal:\n%s%s", r.out, r.err);
+    char want[64];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "part of rank %d\n", rank);
+        assert_file(sub, rank, "stdout.log", want);
+        snprintf(want, sizeof(want), "error: same on every rank\nnote from rank %d\n", rank);
+        assert_file(sub, rank, "stderr.log", want);
+    }
+    rm_tree(dir);
+    finish(&r);
+}
+
+/* Rank 0 reads the test's pipe; the others read /dev/null. */
+Test(shmrun, stdin_goes_to_rank_0_only)
+{
+    struct run r;
+    start_job(&r, "stdin", 3, "stdin", NULL, NULL);
+    cr_assert_eq(write(r.in_fd, "hello\n", 6), 6, "write to shmrun's stdin: %s", strerror(errno));
+    close(r.in_fd);
+    r.in_fd = -1;
+    run_to_exit_0(&r);
+    char *line[8];
+    int n = lines_of(r.out, line, 8);
+    cr_assert_eq(n, 3, "expected 3 lines on stdout, got %d", n);
+    for (int i = 0; i < n; i++) {
+        int rank = -1;
+        char file[64] = "", text[64] = "";
+        cr_assert_eq(sscanf(line[i], "stdin %d %63s %63s", &rank, file, text), 3, "bad line '%s'", line[i]);
+        if (rank == 0)
+            cr_assert(!strncmp(file, "pipe:", 5) && !strcmp(text, "'hello'"), "rank 0 read %s from %s", text, file);
+        else
+            cr_assert(!strcmp(file, "/dev/null") && !strcmp(text, "''"), "rank %d read %s from %s", rank, text, file);
+    }
+    finish(&r);
+}
+
+/* Each worker exits 0 once it has received all four: a signal that was not
+ * forwarded, or one that killed shmrun, shows as a failed or hung job. */
+Test(shmrun, hup_quit_usr1_usr2_are_forwarded)
+{
+    struct run r;
+    start_job(&r, "sigs", 2, "signals", NULL, NULL);
+    await_ready(&r, 2);
+    static const int sigs[] = {SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(kill(r.pid, sigs[i]), 0, "kill(shmrun, %d): %s", sigs[i], strerror(errno));
+    run_to_exit_0(&r);
+    assert_line_once(r.out, "signals 0", "stdout");
+    assert_line_once(r.out, "signals 1", "stdout");
+    cr_assert_eq(r.err_len, 0, "stderr:\n%s", r.err);
+    finish(&r);
+}
+
+/* Ranks 0 and 2 ignore SIGTERM, rank 1 exits 0 on it: after the grace
+ * period the two survivors are killed and named. */
+Test(shmrun, survivors_of_sigterm_are_killed_after_the_grace_period_and_named)
+{
+    struct run r;
+    start_job_opts(&r, "grace", 3, (char *[]){"--grace", "0.2", NULL}, "term", "1", NULL);
+    await_ready(&r, 3);
+    cr_assert_eq(kill(r.pid, SIGTERM), 0, "kill(shmrun): %s", strerror(errno));
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGKILL, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    cr_assert_str_eq(r.err, "shmrun: ranks 0,2 still running 0.2 s after SIGTERM: killed with SIGKILL\n",
+                     "unexpected report");
+    assert_workers_gone(&r.ready, 3);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+/* --- binding ------------------------------------------------------------ */
+
+static int allowed_cpus(int *cpu, int max)
+{
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0, "sched_getaffinity: %s", strerror(errno));
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, &set))
+            cpu[n++] = c;
+    return n;
+}
+
+static void write_file(const char *root, const char *rel, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
+        *p = 0;
+        cr_assert(mkdir(path, 0755) == 0 || errno == EEXIST, "mkdir %s: %s", path, strerror(errno));
+        *p = '/';
+    }
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "fopen %s: %s", path, strerror(errno));
+    fprintf(f, "%s\n", text);
+    fclose(f);
+}
+
+struct fake {
+    char root[64];
+    int cpu[2]; /* two CPUs this test may run on */
+};
+
+/* A fake sysfs; skips the test on a machine with a single allowed CPU. */
+static void fake_init(struct fake *f)
+{
+    int cpu[CPU_SETSIZE];
+    if (allowed_cpus(cpu, CPU_SETSIZE) < 2)
+        cr_skip_test("binding tests need two allowed CPUs");
+    f->cpu[0] = cpu[0], f->cpu[1] = cpu[1];
+    snprintf(f->root, sizeof(f->root), "/tmp/shmrun-sysfs-XXXXXX");
+    cr_assert(mkdtemp(f->root), "mkdtemp: %s", strerror(errno));
+    cr_assert_eq(setenv("SHMRUN_SYSFS", f->root, 1), 0, "setenv");
+}
+
+/* node: the node's cpulist; core: cpu's core_cpus_list. */
+static void fake_node(struct fake *f, int node, const char *cpulist)
+{
+    char rel[128];
+    snprintf(rel, sizeof(rel), "devices/system/node/node%d/cpulist", node);
+    write_file(f->root, rel, cpulist);
+}
+
+static void fake_core(struct fake *f, int cpu, const char *cpulist)
+{
+    char rel[128];
+    snprintf(rel, sizeof(rel), "devices/system/cpu/cpu%d/topology/core_cpus_list", cpu);
+    write_file(f->root, rel, cpulist);
+}
+
+static void fake_fini(struct fake *f)
+{
+    unsetenv("SHMRUN_SYSFS");
+    rm_tree(f->root);
+}
+
+/* Run n ranks in mode "affinity" with opts; want[r] is rank r's CPU list. */
+static void assert_affinity(struct run *r, const char *test, int n, char **opts, const char *const *want)
+{
+    start_job_opts(r, test, n, opts, "affinity", NULL, NULL);
+    await_ready(r, n);
+    run_to_exit_0(r);
+    char line[128];
+    for (int rank = 0; rank < n; rank++) {
+        snprintf(line, sizeof(line), "affinity %d %s", rank, want[rank]);
+        assert_line_once(r->out, line, "stdout (the workers' sched_getaffinity)");
+    }
+}
+
+static char *fmt(char *buf, size_t len, const char *f, int a, int b)
+{
+    snprintf(buf, len, f, a, b);
+    return buf;
+}
+
+/* Two nodes of one core each; CPU 1000 (not allowed) in node 1 and in its
+ * core is left out. Three ranks on two cores: rank 2 wraps to core 0. */
+Test(shmrun, bind_to_core_pins_each_rank_to_one_core_round_robin)
+{
+    struct fake f;
+    fake_init(&f);
+    char a0[16], a1[16], n1[32];
+    fmt(a0, sizeof(a0), "%d", f.cpu[0], 0), fmt(a1, sizeof(a1), "%d", f.cpu[1], 0);
+    fake_node(&f, 0, a0);
+    fake_node(&f, 1, fmt(n1, sizeof(n1), "%d,%d", f.cpu[1], 1000));
+    fake_core(&f, f.cpu[0], a0);
+    fake_core(&f, f.cpu[1], n1);
+    struct run r;
+    assert_affinity(&r, "bindcore", 3, (char *[]){"--bind-to", "core", "--report-bindings", NULL},
+                    (const char *[]){a0, a1, a0});
+    assert_line_once(r.err, "shmrun: warning: --bind-to core: 3 ranks on 2 cores: binding wraps round robin (up to 2 ranks per core)",
+                     "stderr");
+    char want[160];
+    for (int rank = 0; rank < 3; rank++) {
+        snprintf(want, sizeof(want), "shmrun: rank %d (pid %d) bound to core %d of 2: cpus %s (NUMA node %d)", rank,
+                 (int)r.ready.pid[rank], rank % 2, rank % 2 ? a1 : a0, rank % 2);
+        assert_line_once(r.err, want, "stderr (--report-bindings)");
+    }
+    cr_assert_eq(count_lines(r.err), 4, "stderr has other lines:\n%s", r.err);
+    finish(&r);
+    fake_fini(&f);
+}
+
+/* Two hardware threads of one core: a rank gets both. */
+Test(shmrun, bind_to_core_keeps_a_cores_threads_together)
+{
+    struct fake f;
+    fake_init(&f);
+    char both[32];
+    fmt(both, sizeof(both), "%d,%d", f.cpu[0], f.cpu[1]);
+    fake_node(&f, 0, both);
+    fake_core(&f, f.cpu[0], both);
+    fake_core(&f, f.cpu[1], both);
+    struct run r;
+    assert_affinity(&r, "bindht", 2, (char *[]){"--bind-to", "core", NULL}, (const char *[]){both, both});
+    cr_assert_str_eq(r.err, "shmrun: warning: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)\n",
+                     "unexpected stderr");
+    finish(&r);
+    fake_fini(&f);
+}
+
+/* Node 1 has no allowed CPU and is skipped; node numbers may have holes. */
+Test(shmrun, bind_to_numa_pins_each_rank_to_one_node)
+{
+    struct fake f;
+    fake_init(&f);
+    char a0[16], a1[16];
+    fmt(a0, sizeof(a0), "%d", f.cpu[0], 0), fmt(a1, sizeof(a1), "%d", f.cpu[1], 0);
+    fake_node(&f, 0, a0);
+    fake_node(&f, 1, "1002-1003");
+    fake_node(&f, 3, a1);
+    struct run r;
+    assert_affinity(&r, "bindnuma", 2, (char *[]){"--bind-to", "numa", "--report-bindings", NULL},
+                    (const char *[]){a0, a1});
+    char want[160];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "shmrun: rank %d (pid %d) bound to NUMA node %d of 2: cpus %s", rank,
+                 (int)r.ready.pid[rank], rank ? 3 : 0, rank ? a1 : a0);
+        assert_line_once(r.err, want, "stderr (--report-bindings)");
+    }
+    cr_assert_eq(count_lines(r.err), 2, "stderr has other lines:\n%s", r.err);
+    finish(&r);
+    fake_fini(&f);
+}
+
+/* shmrun started on one CPU (as taskset or a cpuset would) binds within it,
+ * with the real sysfs. */
+Test(shmrun, binding_stays_inside_the_launchers_own_cpus)
+{
+    int cpu[CPU_SETSIZE];
+    if (allowed_cpus(cpu, CPU_SETSIZE) < 2)
+        cr_skip_test("needs two allowed CPUs");
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu[1], &one);
+    shmrun_cpus = &one;
+    char a1[16];
+    fmt(a1, sizeof(a1), "%d", cpu[1], 0);
+    struct run r;
+    assert_affinity(&r, "bindmask", 2, (char *[]){"--bind-to", "core", NULL}, (const char *[]){a1, a1});
+    shmrun_cpus = NULL;
+    assert_line_once(r.err, "shmrun: warning: --bind-to core: 2 ranks on 1 core: binding wraps round robin (up to 2 ranks per core)",
+                     "stderr");
+    finish(&r);
+}
