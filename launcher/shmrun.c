@@ -23,6 +23,7 @@
 #include "error.h"
 #include "log.h"
 #include "job/job.h"
+#include "trace/trace.h"
 
 struct args {
     int n;
@@ -231,5 +232,6 @@ int main(int argc, char **argv)
     }
     int status = sr__job_supervise(&job, sigfd);
     sr__job_destroy(&job);
+    sr__trace_job_end(a.n); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
     return status < 0 ? launcher_error(1, false) : status;
 }
