@@ -14,7 +14,7 @@ static _Atomic uint32_t epoch;
 static pthread_key_t key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static _Thread_local struct sr_ttable *mine;
-uint64_t sr__trace_cap = 1u << 20;
+uint64_t sr__trace_cap = 1u << 20; /* SHMRPC_TRACE_MAX_EVENTS */
 
 /* The thread exits: its table goes to the next new thread. */
 static void release(void *p)
@@ -136,3 +136,24 @@ void sr__trace_add(struct sr_ttable *t, const struct sr_rec *r)
     t->nrec++;
     atomic_store_explicit(&t->tail->n, n + 1, memory_order_release); /* pairs with the reader's acquire (write.c) */
 }
+
+/* A forked child (sr_spawn's workers) starts with its parent's tables but
+ * only the forking thread: every table is free for adoption, the parent's
+ * statistics are reset away, and its trace records are marked written, so
+ * the child's figures and trace are its own. */
+static void atfork_child(void)
+{
+    mine = NULL;
+    for (struct sr_ttable *t = sr__ttables(); t; t = t->next) {
+        atomic_store_explicit(&t->owned, false, memory_order_relaxed); /* relaxed: one thread exists */
+        struct sr_chunk *c = atomic_load_explicit(&t->head, memory_order_relaxed);
+        while (c && atomic_load_explicit(&c->next, memory_order_relaxed))
+            c = atomic_load_explicit(&c->next, memory_order_relaxed);
+        t->flushed = c;
+        t->flushed_n = c ? atomic_load_explicit(&c->n, memory_order_relaxed) : 0;
+        atomic_store_explicit(&t->dropped, 0, memory_order_relaxed);
+    }
+    sr__stats_bump_epoch();
+}
+
+__attribute__((constructor)) static void tables_atfork(void) { pthread_atfork(NULL, NULL, atfork_child); }

@@ -14,7 +14,8 @@
  * when the thread exits, the table is released and the next new thread
  * adopts it, data and all, so the memory is bounded by the most threads
  * alive at once (and, for the trace, by the cap on records). Tables are
- * never freed: they stay reachable for the life of the process.
+ * never freed: they stay reachable for the life of the process. A forked
+ * child starts with them free and empty (tables.c, atfork_child).
  *
  * Resets. sr_stats_reset bumps a global epoch; a writer that sees its
  * table's epoch behind zeroes its own statistics first, and a reader skips a

@@ -2,13 +2,15 @@
  *
  * Every worker keeps, per function name, what it saw on both sides of a call:
  *   caller  calls made, calls that failed (an error answer, a timeout, a dead
- *           peer), and the round trip: from the request leaving until the
- *           answer was handled;
+ *           peer), and the round trip: from the request leaving until its
+ *           answer arrived;
  *   callee  calls served, calls that failed, the queueing time (decoded until
  *           the function started: waiting for an executor, or for an RRef
  *           argument to be confirmed) and the run time (the function started
- *           until its answer went out: for an async function, until its
+ *           until its answer was ready: for an async function, until its
  *           future completed).
+ * Both sides count a call before the caller's future completes, so once a
+ * call returned, both workers' snapshots include it.
  * Module requests are named "<module>:<request>" ("rref:to_here",
  * "dist_autograd:backward").
  *
@@ -20,13 +22,15 @@
  * records a function: each thread writes its own counters and log-linear
  * histograms (relative error under 12.5 %), and a snapshot sums them.
  *
- * Latencies are in nanoseconds. A percentile is the upper bound of the
+ * Function names: at most 255 are told apart; later ones are counted under
+ * "(other)". Latencies are in nanoseconds. A percentile is the upper bound of the
  * histogram bucket that holds it, capped at the exact maximum, so
  * p50 <= p99 <= max always holds. A snapshot taken while calls run may be
  * a few calls behind; one taken after they finished is exact.
  *
  * The statistics live for the process: they survive sr_shutdown (read them
- * after it) and sr_stats_reset() zeroes them.
+ * after it) and sr_stats_reset() zeroes them. docs/PROFILING.md shows the
+ * table and the trace (SHMRPC_TRACE).
  */
 #ifndef SHMRPC_STATS_H
 #define SHMRPC_STATS_H
