@@ -79,8 +79,10 @@ static int collect(const char *path, int world, struct ids *st, struct ids *fn, 
         fclose(f);
     }
     free(line);
-    qsort(st->v, st->n, sizeof(uint64_t), cmp);
-    qsort(fn->v, fn->n, sizeof(uint64_t), cmp);
+    if (st->n) /* qsort's array may not be NULL, even when empty */
+        qsort(st->v, st->n, sizeof(uint64_t), cmp);
+    if (fn->n)
+        qsort(fn->v, fn->n, sizeof(uint64_t), cmp);
     return rc;
 }
 

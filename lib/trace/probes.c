@@ -97,8 +97,10 @@ static void call_sent(uint64_t id, int to, int rc, int64_t t0, int64_t t1)
     struct sr_ttable *t = sr__ttable();
     if (!t || !read_pending(id, &s, &name, &tid))
         return;
-    if (rc) { /* never sent: the caller got the error, there is no call */
-        atomic_store_explicit(&slot_of(id)->id, 0, memory_order_relaxed); /* relaxed: this thread's own call */
+    if (rc) { /* never sent: the caller got the error, there is no call; the slot may be another's already */
+        uint64_t mine = id;
+        /* relaxed: only forgets this call's entry; a new call's release store is not undone */
+        atomic_compare_exchange_strong_explicit(&slot_of(id)->id, &mine, 0, memory_order_relaxed, memory_order_relaxed);
         return;
     }
     if (mask() & SR_PROBE_TRACE)
