@@ -12,7 +12,8 @@
  *   - caller-to-callee flows are there: requests from rank 0 to ranks 1 and
  *     2, and responses back; RRef control messages and the autograd pass
  *     appear; each process is named after its worker.
- * And the merger alone: it drops a flow whose other end is missing. */
+ * And the merger alone: it drops a flow whose other end is missing; and
+ * sr_spawn merges a job inside the program the same way. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,6 +29,8 @@
 #include "common.h"
 #include "helpers/watch.h"
 #include "json_check.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
 #include "trace/trace.h"
 
 LEAK_CHECKED_SUITE(trace);
@@ -324,4 +327,42 @@ Test(trace, merge_drops_half_flows_and_removes_parts)
     unlink(path);
     rmdir(dir);
     cr_assert_eq(sr__trace_merge(path, 2), -ENOENT, "merging no parts must fail");
+}
+
+/* sr_spawn merges too: a job inside this program leaves one valid file. */
+static int spawn_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    if (sr_init(NULL))
+        return 1;
+    int rc = rank == 0 ? sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL) : 0;
+    return sr_shutdown(true, 60) || rc;
+}
+
+Test(trace, sr_spawn_merges_the_job_trace, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/spawn.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-spawn"), .shm_size = 128u << 20};
+    int rc = sr_spawn(2, spawn_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
+    only_file(dir, "spawn.json");
+    size_t len, at;
+    char *text = slurp(path, &len);
+    jv doc;
+    const char *why = j_parse(text, len, &doc, &at);
+    cr_assert_null(why, "the trace is not valid JSON: %s at byte %zu", why, at);
+    const jv *evs = j_get(&doc, "traceEvents");
+    cr_assert(evs && evs->t == J_ARR);
+    int req[WORLD][WORLD] = {{0}}, resp[WORLD][WORLD] = {{0}};
+    check_flows(evs, req, resp);
+    cr_assert(req[0][1] == 1 && resp[1][0] == 1, "expected one request and one response flow, got %d and %d",
+              req[0][1], resp[1][0]);
+    j_free(&doc);
+    free(text);
+    unlink(path);
+    rmdir(dir);
 }
