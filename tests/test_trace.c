@@ -366,3 +366,25 @@ Test(trace, sr_spawn_merges_the_job_trace, .timeout = 120)
     unlink(path);
     rmdir(dir);
 }
+
+/* A failed job keeps its own report: the merge (nothing to merge here, the
+ * worker failed before writing) must not replace sr_spawn's last error. */
+static int failing_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    return rank == 1 ? 3 : 0;
+}
+
+Test(trace, failed_job_keeps_its_error_report, .timeout = 60)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/none.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-fail"), .shm_size = 64u << 20};
+    int rc = sr_spawn(2, failing_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert_eq(rc, -SR_EWORKER);
+    cr_assert(strstr(sr_last_error(), "rank 1"), "the job's report was replaced: '%s'", sr_last_error());
+    cr_assert_eq(rmdir(dir), 0, "something was left in %s", dir);
+}

@@ -162,6 +162,9 @@ void sr__trace_job_end(int world)
     const char *path = getenv("SHMRPC_TRACE");
     if (!path || !*path)
         return;
+    char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
+    snprintf(keep, sizeof(keep), "%s", sr_last_error());
     if (sr__trace_merge(path, world))
         fprintf(stderr, "shmrpc: trace: %s\n", sr_last_error());
+    sr__error_set_text(keep);
 }
