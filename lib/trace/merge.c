@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "log.h"
 #include "trace/trace.h"
 
 struct ids {
@@ -165,6 +166,6 @@ void sr__trace_job_end(int world)
     char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
     snprintf(keep, sizeof(keep), "%s", sr_last_error());
     if (sr__trace_merge(path, world))
-        fprintf(stderr, "shmrpc: trace: %s\n", sr_last_error());
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
     sr__error_set_text(keep);
 }

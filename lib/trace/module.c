@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 #include "rpc/module.h"
 #include "rpc/probe.h"
 #include "shmrpc/rpc.h"
@@ -68,7 +69,7 @@ static void profiler_fini(void)
     /* relaxed: see probe.h; the trace stops here, statistics enabled by the API stay */
     sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) & ~m);
     if (m & SR_PROBE_TRACE && sr__trace_write_part(trace_path, sr__rpc_rank(), worker))
-        fprintf(stderr, "shmrpc: %s\n", sr_last_error());
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
     if (m & SR_PROBE_STATS)
         print_stats();
 }

@@ -117,7 +117,7 @@ void sr__trace_part_name(const char *path, int r, char *buf, size_t len);
  * left out. 0 or -errno (with sr_last_error); no part at all: -ENOENT. */
 int sr__trace_merge(const char *path, int world);
 /* What sr_spawn and shmrun call at the end of a job: merge if SHMRPC_TRACE
- * is set, reporting a failure on stderr; sr_last_error() is left as it was
+ * is set, logging a failure (SR_LOG_ERROR); sr_last_error() is left as it was
  * (it may hold the job's failure). */
 void sr__trace_job_end(int world);
 
