@@ -4,7 +4,7 @@
  * it, BENCH_TORCH_QUICK=1 runs it with fewer iterations; without
  * python3-torch each line says "torch not installed").
  *
- *   bench_rpc [--json] [--no-torch] [hot] [udf] [asleep] [pipeline] [fanin] [tensor] [executors]
+ *   bench_rpc [--json] [--no-torch] [hot] [udf] [asleep] [pipeline] [fanin] [tensor] [executors] [probes]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
  * udf       the same with a registered plain function, the callee idle in
@@ -15,6 +15,8 @@
  * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
  * executors plain functions under concurrent callers, by executor pool size
+ * probes    the hot no-op round trip with the profiler's probes compiled out,
+ *           compiled in but off, statistics on, trace on (probe_cost.c)
  *
  * Method: the callee (rank 1) alternates between echoing the floor
  * ping-pongs and serving calls while it waits on a future that the caller
@@ -30,6 +32,7 @@
 
 #include "bench_util.h"
 #include "floor.h"
+#include "probe_cost.h"
 #include "shmrpc/shmrpc.h"
 #include "shmrpc/tensor.h"
 
@@ -514,7 +517,7 @@ static int bench_executors(void)
 
 static bench_cli cli = {
     .prog = "bench_rpc",
-    .names = {"hot", "udf", "asleep", "pipeline", "fanin", "tensor", "executors"},
+    .names = {"hot", "udf", "asleep", "pipeline", "fanin", "tensor", "executors", "probes"},
     .flags = {"--no-torch"},
     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rpc.py, run first otherwise)",
 };
@@ -523,6 +526,8 @@ static bool want(const char *what) { return bench_cli_wants(&cli, what); }
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "probe-one")) /* a child of "probes" */
+        return bench_probe_one();
     bench_cli_parse(&cli, argc, argv);
     sh = bench_shared_alloc(sizeof(*sh));
     if (!sh)
@@ -553,6 +558,8 @@ int main(int argc, char **argv)
         rc = bench_tensor();
     if (!rc && want("executors"))
         rc = bench_executors();
+    if (!rc && want("probes"))
+        rc = bench_probe_cost("/proc/self/exe");
     if (sh->errors)
         fprintf(stderr, "bench_rpc: %d calls failed\n", sh->errors);
     return rc || sh->errors ? 1 : 0;

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "job/job.h"
 #include "output.h"
+#include "trace/trace.h"
 
 /* What every child needs; built before the first fork. */
 struct launch {
@@ -136,5 +137,6 @@ int main(int argc, char **argv)
     job.child_mask = old; /* workers start with the caller's mask, not ours */
     int status = run_job(&job, &a, sigfd);
     sr__job_destroy(&job);
+    sr__trace_job_end(a.n); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
     return status;
 }

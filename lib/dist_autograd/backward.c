@@ -34,6 +34,7 @@
 
 #include "dist_autograd/context.h"
 #include "error.h"
+#include "rpc/probe.h"
 #include "rpc/future_internal.h"
 #include "rpc/module.h"
 
@@ -555,11 +556,14 @@ int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t 
 SR_API int sr_dist_autograd_backward(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain_graph)
 {
     sr_future *f;
+    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
     int rc = sr__dist_backward_async(context_id, roots, n, retain_graph, &f);
     if (rc)
         return rc;
     rc = sr__module_wait(f, -1); /* every RPC of the pass has its own timeout */
     rc = rc ? rc : sr_future_value(f, NULL);
     sr_future_unref(f);
+    if (t0)
+        sr__probe_span("autograd", "dist_autograd:backward_pass", t0);
     return rc;
 }

@@ -6,6 +6,7 @@
 #include "dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
+#include "rpc/wire.h"
 
 void sr__dist_record_hooks(sr_module *m);
 
@@ -24,11 +25,20 @@ static int da_init(const sr_init_opts *o)
     return sr__dctx_container_init(sr__rpc_rank(), sr__rpc_world());
 }
 
+/* Names for the profiler (probe.h). */
+static const char *da_describe(int type, uint8_t sub)
+{
+    if (type == SR_MSG_DA_CLEANUP)
+        return "cleanup";
+    return type != SR_MSG_MOD_REQ ? NULL : sub == SR_DA_PROPAGATE ? "backward" : sub == SR_DA_RREF_BACKWARD ? "rref_backward" : NULL;
+}
+
 static sr_module da_module = {
     .name = "dist_autograd",
     .types = {SR_MSG_DA_CLEANUP},
     .on_msg = sr__dist_on_cleanup,
     .serve = da_serve,
+    .describe = da_describe,
     .init = da_init,
     .fini = sr__dctx_container_fini,
 };

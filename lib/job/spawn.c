@@ -8,6 +8,7 @@
 #include "error.h"
 #include "job/job.h"
 #include "shmrpc/spawn.h"
+#include "trace/trace.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -70,5 +71,6 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
     }
     int status = sr__job_supervise(&job, NULL);
     sr__job_destroy(&job);
+    sr__trace_job_end(world_size); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

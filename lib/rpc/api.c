@@ -12,6 +12,7 @@
 #include "error.h"
 #include "heap.h"
 #include "payload.h"
+#include "probe.h"
 #include "registry.h"
 #include "reorder.h"
 #include "timeout.h"
@@ -358,6 +359,17 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
     return 0;
 }
 
+/* The profiler learns of the call before its request can be answered. */
+static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char *fn)
+{
+    char buf[96];
+    int64_t t0 = sr_probe_now();
+    if (!fn)
+        fn = sr__probe_module_name(q->module, SR_MSG_MOD_REQ, q->sub, buf, sizeof(buf));
+    sr__probe_ops->call_out(id, to, fn, t0);
+    return t0;
+}
+
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f)
 {
@@ -374,6 +386,7 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
         sr__payload_abandon(&w);
         return rc;
     }
+    int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
     sr_wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if ((rc = sr__agent_send(a, to, &m))) {
@@ -384,6 +397,8 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }
+    if (t0 && sr__probing())
+        sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr_probe_now());
     return rc;
 }
 

@@ -26,6 +26,7 @@
 #include "agent.h"
 #include "error.h"
 #include "log.h"
+#include "probe.h"
 #include "timeout.h"
 
 #define BATCH 32
@@ -240,7 +241,24 @@ struct ended {
     sr_future *f;
     int64_t ms;
     int to;
+    uint64_t id; /* for the profiler */
 };
+
+/* The id of slot i, in use. Under slots_lock. */
+static uint64_t slot_id(sr_agent *a, int32_t i)
+{
+    /* relaxed: under slots_lock, which every generation change holds */
+    return (uint64_t)atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) << 32 | (uint32_t)i;
+}
+
+/* The profiler: a call ended without an answer (err). */
+static void probe_end(const struct ended *e, int err)
+{
+    if (sr__probing()) {
+        int64_t t = sr_probe_now();
+        sr__probe_ops->call_end(e->id, -1, err, t, t);
+    }
+}
 
 /* Take up to BATCH due calls off the heap; refresh the earliest deadline. */
 static int take_due(sr_agent *a, int64_t now, struct ended *out)
@@ -252,7 +270,7 @@ static int take_due(sr_agent *a, int64_t now, struct ended *out)
         if (heap_key(a, 0) > now)
             break;
         int32_t i = a->heap[0];
-        out[n] = (struct ended){.ms = a->slots[i].timeout_ms, .to = a->slots[i].to};
+        out[n] = (struct ended){.ms = a->slots[i].timeout_ms, .to = a->slots[i].to, .id = slot_id(a, i)};
         out[n++].f = end_locked(a, i);
     }
     atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)looked, memory_order_relaxed); /* relaxed: statistics */
@@ -271,6 +289,7 @@ void sr__calls_expire(sr_agent *a, int64_t now)
         for (int k = 0; k < n; k++) {
             char why[512] = "";
             sr__outq_describe(a, e[k].to, why, sizeof(why)); /* its request may never have left */
+            probe_end(&e[k], -ETIMEDOUT); /* before the future wakes anyone: counted by then */
             sr_future_set_error(e[k].f, -ETIMEDOUT,
                                 "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error%s",
                                 e[k].ms, why);
@@ -283,8 +302,11 @@ static int take_peer(sr_agent *a, int rank, struct ended *out)
 {
     int n = 0;
     pthread_mutex_lock(&a->slots_lock);
-    while (n < BATCH && a->peer_head[rank] >= 0)
-        out[n++] = (struct ended){.f = end_locked(a, a->peer_head[rank]), .to = rank};
+    while (n < BATCH && a->peer_head[rank] >= 0) {
+        out[n].id = slot_id(a, a->peer_head[rank]);
+        out[n].to = rank;
+        out[n++].f = end_locked(a, a->peer_head[rank]);
+    }
     pthread_mutex_unlock(&a->slots_lock);
     atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)n, memory_order_relaxed); /* relaxed: statistics */
     return n;
@@ -299,6 +321,7 @@ void sr__calls_fail_peer(sr_agent *a, int rank, const char *why)
     do {
         n = take_peer(a, rank, e);
         for (int k = 0; k < n; k++) {
+            probe_end(&e[k], -EPIPE);
             sr_future_set_error(e[k].f, -EPIPE, "worker%d: RPC to worker%d failed: the worker %s", a->rank, rank, why);
             sr_future_unref(e[k].f);
         }
@@ -344,6 +367,7 @@ void sr__calls_fini(sr_agent *a)
         do {
             n = take_peer(a, r, e);
             for (int k = 0; k < n; k++) {
+                probe_end(&e[k], -SR_ESHUTDOWN);
                 sr__future_fail_text(e[k].f, -SR_ESHUTDOWN, "RPC agent shut down before the response arrived");
                 sr_future_unref(e[k].f);
             }

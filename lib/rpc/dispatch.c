@@ -23,6 +23,7 @@
 #include "ext.h"
 #include "module.h"
 #include "payload.h"
+#include "probe.h"
 #include "registry.h"
 
 struct sr_call {
@@ -43,6 +44,8 @@ struct sr_call {
     void *kept;         /* KEEP_CALL: the keeper's handle for the result */
     void *state[SR_MOD_MAX]; /* modules' per-call state (module.h) */
     struct sr_call *next_deferred;
+    struct sr_probe_call probe; /* the profiler's times (probe.h); t_arrive 0: not profiled */
+    char probe_name[48];        /* a module request's name, for probe.name */
 };
 
 /* An executor's work: a call, or a module's function (sr__exec_submit). */
@@ -223,6 +226,11 @@ sr_call *sr__call_decoding(void) { return decoding; }
 static void finish_call(struct sr_call *c)
 {
     sr_agent *a = c->a;
+    int64_t f0 = 0;
+    if (c->probe.t_arrive && sr__probing()) { /* counted before the caller can see the answer */
+        f0 = sr_probe_now();
+        sr__probe_ops->served(&c->probe, c->err, f0);
+    }
     /* The arguments go before the answer: RRefs among them are deleted (or
      * their forks retired) before the caller can see the call finished.
      * Every branch below answers the caller, so the module messages to it
@@ -252,6 +260,8 @@ static void finish_call(struct sr_call *c)
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL, &ext);
     }
     modules_call_done(c);
+    if (f0 && sr__probing())
+        sr__probe_ops->reply(&c->probe, c->err, f0, sr_probe_now());
     sr_value_unref(c->result);
     free(c->msg);
     free(c);
@@ -295,6 +305,15 @@ static int serve_module(struct sr_call *c, sr_future **f)
     return m->serve(c->caller, c->sub, c->tag, c->args, f);
 }
 
+/* The profiler: the function ran on this thread from t_run0 until now. */
+static void probe_ran(struct sr_call *c)
+{
+    if (c->probe.t_arrive && sr__probing()) {
+        c->probe.t_run1 = sr_probe_now();
+        sr__probe_ops->ran(&c->probe);
+    }
+}
+
 /* retake: a plain call that an idle waiter runs after handing the inbox
  * back (sr__dispatch_run_deferred), the last one it has: take the inbox
  * again before the answer goes out (sr__agent_pretake), so the caller's next
@@ -303,6 +322,8 @@ static int serve_module(struct sr_call *c, sr_future **f)
  * thread, which would then serve in its place. */
 static void run_call_then(struct sr_call *c, bool retake)
 {
+    if (c->probe.t_arrive && sr__probing())
+        c->probe.t_run0 = sr_probe_now();
     modules_enter(c);
     if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
         struct sr__serving prev = sr__serving_enter(c->fn->name, c->caller);
@@ -311,6 +332,7 @@ static void run_call_then(struct sr_call *c, bool retake)
         if (rc && !c->err)
             sr_call_fail(c, rc, "%s", sr_last_error()[0] ? sr_last_error() : sr_strerror(rc));
         modules_exit(c);
+        probe_ran(c);
         if (retake)
             sr__agent_pretake(c->a);
         finish_call(c);
@@ -321,6 +343,7 @@ static void run_call_then(struct sr_call *c, bool retake)
     int rc = c->module >= 0 ? serve_module(c, &f) : c->fn->afn(c, &f);
     sr__serving_exit(prev);
     modules_exit(c);
+    probe_ran(c);
     if (!rc && !f)
         rc = sr_call_fail(c, -EINVAL, "Functions registered with sr_register_async must return a future");
     if (rc) {
@@ -808,14 +831,27 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
     return c;
 }
 
+/* The profiler: a request arrived at t0 and was decoded into c. */
+static void probe_in(struct sr_call *c, const sr_msg *m, int64_t t0)
+{
+    const char *name = c->fn ? c->fn->name
+                             : sr__probe_module_name(c->module, m->type, c->sub, c->probe_name, sizeof(c->probe_name));
+    c->probe = (struct sr_probe_call){.caller = c->caller, .call_id = c->call_id, .name = name, .t_arrive = t0,
+                                      .t_decoded = sr_probe_now()};
+    sr__probe_ops->serve_in(&c->probe);
+}
+
 static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     int code = -EBADMSG;
     char text[256];
     bool answered;
+    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
     struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
     if (answered)
         return;
+    if (c && t0 && sr__probing())
+        probe_in(c, m, t0);
     answered = m->type == SR_MSG_KEEP_CALL && keep_open(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
@@ -852,8 +888,17 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
         sr_codec_release(p + used, len - used);
 }
 
+/* The profiler: the answer to call id from m->src arrived at t0 (before its
+ * future completes, so that whoever it wakes sees the call counted). */
+static void probe_answer(uint64_t id, const sr_msg *m, int err, int64_t t0)
+{
+    if (t0 && sr__probing())
+        sr__probe_ops->call_end(id, m->src, err, t0, sr_probe_now());
+}
+
 static void handle_response(sr_agent *a, const sr_msg *m)
 {
+    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
     struct sr_wire w = sr_wire_get(m);
     sr_future *f = sr__call_answer(a, w.call_id, m->src); /* only the rank called may answer */
     size_t len;
@@ -863,20 +908,23 @@ static void handle_response(sr_agent *a, const sr_msg *m)
         if (p && m->type == SR_MSG_RESP)
             release_result(m, p, len);
     } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */
-        if (p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list))
-            sr_future_set_result(f, list);
-        else
-            sr_future_set_result(f, NULL);
+        bool value = p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list);
+        probe_answer(w.call_id, m, 0, t0);
+        sr_future_set_result(f, value ? list : NULL);
     } else if (!p) {
+        probe_answer(w.call_id, m, -EBADMSG, t0);
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else if (m->type == SR_MSG_ERR) {
         char text[1024];
         snprintf(text, sizeof(text), "%.*s", (int)(len < sizeof(text) ? len : sizeof(text) - 1), (const char *)p);
         int code = w.code < 0 ? w.code : -SR_EREMOTE;
+        probe_answer(w.call_id, m, code, t0);
         sr__future_fail_cause(f, code, w.cause < 0 ? w.cause : code, text);
     } else if (decode_result(m, p, len, &list)) {
+        probe_answer(w.call_id, m, -EBADMSG, t0);
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else {
+        probe_answer(w.call_id, m, 0, t0);
         sr_future_set_result(f, sr_value_list_at(list, 0));
     }
     sr_value_unref(list);

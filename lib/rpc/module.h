@@ -81,7 +81,7 @@
 #include "shmrpc/value.h"
 #include "ring.h"
 
-enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_MAX = 4 };
+enum { SR_MOD_RREF = 0, SR_MOD_DIST_AUTOGRAD = 1, SR_MOD_PROFILER = 2, SR_MOD_MAX = 4 };
 
 /* Per module, the most extension bytes one message carries. */
 #define SR_EXT_MAX 32
@@ -174,6 +174,10 @@ typedef struct sr_module {
     int64_t (*next_deadline)(void);
     void (*tick)(void);
     void (*peer_died)(int rank, const char *why);
+    /* profiling (probe.h): a short name for a module request's sub-kind
+     * (type SR_MSG_MOD_REQ) or for a raw message of `type` (sub: its wire
+     * ctrl byte), e.g. "fork_request"; NULL: numbered */
+    const char *(*describe)(int type, uint8_t sub);
     /* lifecycle */
     int (*init)(const sr_init_opts *o);
     int (*shutdown_users)(int64_t deadline_ns);

@@ -6,6 +6,7 @@
 #include "agent.h"
 #include "error.h"
 #include "module.h"
+#include "probe.h"
 
 const sr_module *sr__modules[SR_MOD_MAX];
 
@@ -79,8 +80,27 @@ int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, 
     return rc;
 }
 
+/* The profiler: a raw message of module id went to or came from peer. */
+static void probe_msg(int dir, int peer, int id, const sr_msg *m)
+{
+    char name[64];
+    sr__probe_module_name(id, m->type, sr_wire_get(m).ctrl, name, sizeof(name));
+    sr__probe_ops->msg(dir, peer, name, sr_probe_now());
+}
+
+static int msg_module(uint16_t type)
+{
+    for (int id = 0; id < SR_MOD_MAX; id++)
+        for (int i = 0; sr__modules[id] && i < 4 && sr__modules[id]->types[i]; i++)
+            if (sr__modules[id]->types[i] == type)
+                return id;
+    return -1;
+}
+
 int sr__module_send(int to, sr_msg *m, bool quiet)
 {
+    if (sr__probing())
+        probe_msg(0, to, msg_module(m->type), m);
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return -SR_ESHUTDOWN;
@@ -142,6 +162,8 @@ bool sr__module_msg(sr_agent *a, const sr_msg *m)
         for (int i = 0; mod && i < 4 && mod->types[i]; i++) {
             if (mod->types[i] != m->type)
                 continue;
+            if (sr__probing())
+                probe_msg(1, m->src, id, m);
             mod->on_msg(m);
             /* relaxed: after its answers were counted as sent */
             atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);

@@ -185,6 +185,18 @@ static int rref_init(const sr_init_opts *o)
     return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak);
 }
 
+/* Names for the profiler (probe.h): control messages and module requests. */
+static const char *rref_describe(int type, uint8_t sub)
+{
+    static const char *const ctrl[] = {[SR_RREF_FORK_REQUEST] = "fork_request", [SR_RREF_CHILD_ACCEPT] = "child_accept",
+                                       [SR_RREF_USER_DELETE] = "user_delete", [SR_RREF_ACK] = "ack",
+                                       [SR_RREF_NUDGE] = "nudge"};
+    static const char *const req[] = {[SR_RREF_FETCH] = "to_here", [SR_RREF_FETCH_CONFIRMED] = "to_here"};
+    if (type == SR_MSG_RREF_CTRL)
+        return sub < sizeof(ctrl) / sizeof(ctrl[0]) ? ctrl[sub] : NULL;
+    return type == SR_MSG_MOD_REQ && sub < sizeof(req) / sizeof(req[0]) ? req[sub] : NULL;
+}
+
 static const sr_module rref_module = {
     .name = "rref",
     .value_kind = &rref_kind,
@@ -195,6 +207,7 @@ static const sr_module rref_module = {
     .prepare = rref_prepare,
     .call_done = rref_call_done,
     .gate = rref_gate,
+    .describe = rref_describe,
     .keep_open = rref_keep_open,
     .keep_set = rref_keep_set,
     .keep_drop = rref_keep_drop,

@@ -11,6 +11,7 @@
 #include "rref.h"
 #include "value.h"
 #include "spawn.h"
+#include "stats.h"
 #include "tensor.h"
 #include "dist_autograd.h"
 #include "optim.h"

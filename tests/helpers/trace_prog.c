@@ -1,0 +1,81 @@
+/* A representative job for tests/test_trace.c, run under shmrun with
+ * SHMRPC_TRACE: RPC (a built-in, a user function, an error), RRefs (remote(),
+ * to_here, a user passing its RRef to another user: fork request, child
+ * accept, user deletes) and a distributed autograd pass (forward through
+ * RPC, backward on two workers). Rank 0 drives; the others serve from
+ * sr_shutdown. Exits non-zero, saying why, if anything fails. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "shmrpc/shmrpc.h"
+
+#define CHECK(cond, what)                                                       \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "trace_prog: %s failed: %s\n", what, sr_last_error()); \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+
+static int twice(sr_call *c) { return sr_call_return(c, sr_int(2 * sr_value_int(sr_call_arg(c, 0)))); }
+
+static int fails(sr_call *c) { return sr_call_fail(c, -EINVAL, "fails on purpose"); }
+
+/* rank 2: fetch the value of an RRef owned by rank 1, passed by rank 0 */
+static int fetch(sr_call *c)
+{
+    sr_value *v = NULL;
+    int rc = sr_rref_to_here(sr_value_rref(sr_call_arg(c, 0)), -1, &v);
+    return rc ? rc : sr_call_return(c, v);
+}
+
+static void rpc_and_rrefs(void)
+{
+    sr_value *x = sr_int(21), *out = NULL;
+    CHECK(sr_rpc_sync(1, "add", SR_ARGS(x, x), -1, &out) == 0, "add");
+    sr_value_unref(out);
+    CHECK(sr_rpc_sync(2, "twice", SR_ARGS(x), -1, &out) == 0 && sr_value_int(out) == 42, "twice");
+    sr_value_unref(out);
+    CHECK(sr_rpc_sync(1, "fails", SR_NOARGS, -1, NULL) == -SR_EREMOTE, "fails");
+    sr_rref *r = NULL;
+    CHECK(sr_remote(1, "twice", SR_ARGS(x), -1, &r) == 0, "remote");
+    CHECK(sr_rref_to_here(r, -1, &out) == 0 && sr_value_int(out) == 42, "to_here");
+    sr_value_unref(out);
+    sr_value *rv = sr_rref_value(r);
+    CHECK(sr_rpc_sync(2, "fetch", SR_ARGS(rv), -1, &out) == 0 && sr_value_int(out) == 42, "fetch on a user");
+    sr_value_unref(out);
+    sr_value_unref(rv);
+    sr_rref_unref(r);
+    sr_value_unref(x);
+}
+
+static void autograd(void)
+{
+    int64_t ctx, shape = 4;
+    CHECK(sr_dist_autograd_context_begin(&ctx) == 0, "context_begin");
+    sr_tensor *w = sr_ones(SR_F64, 1, &shape, SR_REQUIRES_GRAD);
+    sr_value *wv = sr_tensor_value(w), *out = NULL;
+    CHECK(sr_rpc_sync(1, "mul", SR_ARGS(wv, wv), -1, &out) == 0, "mul");
+    sr_tensor *loss = sr_sum(sr_value_tensor(out));
+    CHECK(loss && sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward");
+    sr_tensor_unref(loss);
+    sr_value_unref(out);
+    sr_value_unref(wv);
+    sr_tensor_unref(w);
+    CHECK(sr_dist_autograd_context_end(ctx) == 0, "context_end");
+}
+
+int main(void)
+{
+    sr_register("twice", twice);
+    sr_register("fails", fails);
+    sr_register("fetch", fetch);
+    CHECK(sr_init(NULL) == 0, "sr_init");
+    if (sr_rank() == 0) {
+        rpc_and_rrefs();
+        autograd();
+    }
+    CHECK(sr_shutdown(true, 60) == 0, "sr_shutdown");
+    return 0;
+}
