@@ -252,7 +252,7 @@ static void check_names(const jv *evs)
     for (int r = 0; r < WORLD; r++)
         cr_assert(named[r], "process %d has no process_name", r);
     static const char *const want[] = {"send twice", "run twice", "reply fails", "answer add", "queue twice",
-                                       "recv rref:fork_request", "send rref:user_delete", "run rref:to_here",
+                                       "recv rref:child_accept", "send rref:user_delete", "run rref:to_here",
                                        "run dist_autograd:backward", "dist_autograd:backward_pass"};
     for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++)
         cr_assert(has_name(evs, want[k]), "no event named '%s...'", want[k]);

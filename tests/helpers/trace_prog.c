@@ -1,7 +1,8 @@
 /* A representative job for tests/test_trace.c, run under shmrun with
  * SHMRPC_TRACE: RPC (a built-in, a user function, an error), RRefs (remote(),
- * to_here, a user passing its RRef to another user: fork request, child
- * accept, user deletes) and a distributed autograd pass (forward through
+ * to_here, a user passing its RRef to another user: the child accept its
+ * parent gets, with no fork request since the function drops the child
+ * (docs/RREF.md, flow 4), user deletes) and a distributed autograd pass (forward through
  * RPC, backward on two workers). Rank 0 drives; the others serve from
  * sr_shutdown. Exits non-zero, saying why, if anything fails. */
 #include <errno.h>
