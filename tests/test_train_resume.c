@@ -108,31 +108,15 @@ static void start(struct job *j, const char *name, const char *dir, const char *
     cr_assert(j->pidfd >= 0, "pidfd_open: %s", strerror(errno));
 }
 
-static void drain(int fd, char *buf, size_t cap, size_t *len, bool *eof)
-{
-    char sink[512];
-    for (;;) {
-        size_t room = cap - 1 - *len;
-        ssize_t got = room ? read(fd, buf + *len, room) : read(fd, sink, sizeof(sink));
-        if (got == 0)
-            *eof = true;
-        if (got <= 0)
-            break;
-        if (room)
-            *len += (size_t)got;
-    }
-    buf[*len] = 0;
-}
-
 static void pump(struct job *j, int ms)
 {
     struct pollfd p[2] = {{.fd = j->out_eof ? -1 : j->out_fd, .events = POLLIN},
                           {.fd = j->err_eof ? -1 : j->err_fd, .events = POLLIN}};
     poll(p, 2, ms);
     if (!j->out_eof)
-        drain(j->out_fd, j->out, sizeof(j->out), &j->out_len, &j->out_eof);
+        watch_drain(j->out_fd, j->out, sizeof(j->out), &j->out_len, &j->out_eof);
     if (!j->err_eof)
-        drain(j->err_fd, j->err, sizeof(j->err), &j->err_len, &j->err_eof);
+        watch_drain(j->err_fd, j->err, sizeof(j->err), &j->err_len, &j->err_eof);
 }
 
 /* Pump until done(j) or the bound passes. */

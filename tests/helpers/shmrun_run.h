@@ -112,23 +112,6 @@ static inline void start(struct run *r, const char *test, char **args)
     snprintf(r->ns, sizeof(r->ns), "%s", test);
 }
 
-/* Read what is there; past the buffer's end output is read and dropped. */
-static inline void drain(int fd, char *buf, size_t cap, size_t *len, bool *eof)
-{
-    char sink[512];
-    for (;;) {
-        size_t room = cap - 1 - *len;
-        ssize_t got = room ? read(fd, buf + *len, room) : read(fd, sink, sizeof(sink));
-        if (got == 0)
-            *eof = true;
-        if (got <= 0)
-            break;
-        if (room)
-            *len += (size_t)got;
-    }
-    buf[*len] = 0;
-}
-
 /* One round: wait up to ms for output or for shmrun to exit, then read it all. */
 static inline void pump(struct run *r, int ms)
 {
@@ -138,9 +121,9 @@ static inline void pump(struct run *r, int ms)
                           {.fd = r->pid ? r->pidfd : -1, .events = POLLIN}};
     poll(p, 4, ms);
     if (!r->out_eof)
-        drain(r->out_fd, r->out, sizeof(r->out), &r->out_len, &r->out_eof);
+        watch_drain(r->out_fd, r->out, sizeof(r->out), &r->out_len, &r->out_eof);
     if (!r->err_eof)
-        drain(r->err_fd, r->err, sizeof(r->err), &r->err_len, &r->err_eof);
+        watch_drain(r->err_fd, r->err, sizeof(r->err), &r->err_len, &r->err_eof);
     if (!r->ready.eof)
         ready_feed(&r->ready);
 }

@@ -177,4 +177,22 @@ static inline void assert_segment_gone(const char *name)
     cr_assert_eq(holder, 0, "segment memfd:%s is still held by pid %d", name, (int)holder);
 }
 
+/* Read what is there from a nonblocking pipe (end of file sets *eof); past
+ * the buffer's end output is read and dropped. */
+static inline void watch_drain(int fd, char *buf, size_t cap, size_t *len, bool *eof)
+{
+    char sink[512];
+    for (;;) {
+        size_t room = cap - 1 - *len;
+        ssize_t got = room ? read(fd, buf + *len, room) : read(fd, sink, sizeof(sink));
+        if (got == 0)
+            *eof = true;
+        if (got <= 0)
+            break;
+        if (room)
+            *len += (size_t)got;
+    }
+    buf[*len] = 0;
+}
+
 #endif
