@@ -54,6 +54,29 @@ static char *slurp(const char *path, size_t *len)
     return buf;
 }
 
+/* A trace file read and parsed; `evs` is its "traceEvents" array. */
+struct loaded {
+    char *text;
+    jv doc;
+    const jv *evs;
+};
+
+static void load_trace(const char *path, struct loaded *t)
+{
+    size_t len, at;
+    t->text = slurp(path, &len);
+    const char *why = j_parse(t->text, len, &t->doc, &at);
+    cr_assert_null(why, "the trace '%s' is not valid JSON: %s at byte %zu:\n%.2000s", path, why, at, t->text);
+    t->evs = j_get(&t->doc, "traceEvents");
+    cr_assert(t->doc.t == J_OBJ && t->evs && t->evs->t == J_ARR, "'%s' has no traceEvents array", path);
+}
+
+static void unload_trace(struct loaded *t)
+{
+    j_free(&t->doc);
+    free(t->text);
+}
+
 /* Run shmrun -n WORLD trace_prog with SHMRPC_TRACE=path; bounded wait. */
 static void run_job(const char *path)
 {
@@ -265,13 +288,10 @@ Test(trace, job_trace_is_valid_trace_event_format, .timeout = 180)
     snprintf(path, sizeof(path), "%s/job.json", dir);
     run_job(path);
     only_file(dir, "job.json");
-    size_t len, at;
-    char *text = slurp(path, &len);
-    jv doc;
-    const char *why = j_parse(text, len, &doc, &at);
-    cr_assert_null(why, "the trace is not valid JSON: %s at byte %zu", why, at);
-    const jv *evs = j_get(&doc, "traceEvents");
-    cr_assert(doc.t == J_OBJ && evs && evs->t == J_ARR && evs->n > 0, "no traceEvents array");
+    struct loaded t;
+    load_trace(path, &t);
+    const jv *evs = t.evs;
+    cr_assert(evs->n > 0, "the traceEvents array is empty");
     for (size_t i = 0; i < evs->n; i++)
         check_common(&evs->items[i], i);
     check_nesting(evs);
@@ -284,8 +304,7 @@ Test(trace, job_trace_is_valid_trace_event_format, .timeout = 180)
     }
     cr_assert(req[2][1] > 0, "no request flow from worker2 to the RRef's owner (to_here)");
     check_names(evs);
-    j_free(&doc);
-    free(text);
+    unload_trace(&t);
     unlink(path);
     rmdir(dir);
 }
@@ -314,16 +333,11 @@ Test(trace, merge_drops_half_flows_and_removes_parts)
                "{\"ph\":\"f\",\"id\":7,\"cat\":\"rpc\",\"name\":\"request\",\"pid\":1,\"tid\":2,\"ts\":3.000,\"bp\":\"e\"}\n");
     cr_assert_eq(sr__trace_merge(path, 3), 0, "%s", sr_last_error()); /* rank 2 wrote nothing: its calls died with it */
     only_file(dir, "m.json");
-    size_t len, at;
-    char *text = slurp(path, &len);
-    jv doc;
-    const char *why = j_parse(text, len, &doc, &at);
-    cr_assert_null(why, "merged file: %s at byte %zu:\n%s", why, at, text);
-    const jv *evs = j_get(&doc, "traceEvents");
-    cr_assert_eq(evs->n, 4, "expected 2 slices and the one paired flow, got %zu events:\n%s", evs->n, text);
-    cr_assert_null(strstr(text, "\"id\":9"), "the half flow 9 was kept:\n%s", text);
-    j_free(&doc);
-    free(text);
+    struct loaded t;
+    load_trace(path, &t);
+    cr_assert_eq(t.evs->n, 4, "expected 2 slices and the one paired flow, got %zu events:\n%s", t.evs->n, t.text);
+    cr_assert_null(strstr(t.text, "\"id\":9"), "the half flow 9 was kept:\n%s", t.text);
+    unload_trace(&t);
     unlink(path);
     rmdir(dir);
     cr_assert_eq(sr__trace_merge(path, 2), -ENOENT, "merging no parts must fail");
@@ -350,19 +364,14 @@ Test(trace, sr_spawn_merges_the_job_trace, .timeout = 120)
     unsetenv("SHMRPC_TRACE");
     cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
     only_file(dir, "spawn.json");
-    size_t len, at;
-    char *text = slurp(path, &len);
-    jv doc;
-    const char *why = j_parse(text, len, &doc, &at);
-    cr_assert_null(why, "the trace is not valid JSON: %s at byte %zu", why, at);
-    const jv *evs = j_get(&doc, "traceEvents");
-    cr_assert(evs && evs->t == J_ARR);
+    struct loaded t;
+    load_trace(path, &t);
+    const jv *evs = t.evs;
     int req[WORLD][WORLD] = {{0}}, resp[WORLD][WORLD] = {{0}};
     check_flows(evs, req, resp);
     cr_assert(req[0][1] == 1 && resp[1][0] == 1, "expected one request and one response flow, got %d and %d",
               req[0][1], resp[1][0]);
-    j_free(&doc);
-    free(text);
+    unload_trace(&t);
     unlink(path);
     rmdir(dir);
 }
