@@ -506,18 +506,31 @@ static void register_release_fns(void)
     sr_register_async("peek", fn_peek);
 }
 
+/* worker0: an RRef on worker1 (make_list(n)), confirmed, and worker1 then
+ * blocked in block_until_released (*blocked completes once released through
+ * release_pipe). 0, or 1 after saying why. */
+static int rref_with_owner_blocked(int64_t n, sr_rref **r, sr_future **blocked)
+{
+    sr_value *len = sr_int(n);
+    int rc = sr_remote(1, "make_list", SR_ARGS(len), WAIT_S, r);
+    sr_value_unref(len);
+    WCHECK(rc == 0, "remote: %s", sr_last_error());
+    if (wait_confirmed(*r))
+        return 1;
+    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, blocked) == 0, "block: %s", sr_last_error());
+    return 0;
+}
+
 static int sc_runs_unconfirmed(int rank, int world)
 {
     (void)world;
     if (rank != 0)
         return 0;
-    sr_value *n = sr_int(4), *v = NULL, *seed = sr_int(5);
+    sr_value *v = NULL, *seed = sr_int(5);
     sr_rref *r = NULL;
     sr_future *blocked = NULL;
-    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    if (wait_confirmed(r))
+    if (rref_with_owner_blocked(4, &r, &blocked))
         return 1;
-    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
     sr_value *rv = sr_rref_value(r);
     int rc = sr_rpc_sync(2, "peek", SR_ARGS(rv), 5.0, &v);
     WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
@@ -532,7 +545,6 @@ static int sc_runs_unconfirmed(int rank, int world)
     WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "worker2 idle: %s", sr_last_error());
     sr_value_unref(v);
     sr_value_unref(seed);
-    sr_value_unref(n);
     return expect_all_counters_zero("after the unconfirmed call");
 }
 
@@ -562,14 +574,11 @@ static int sc_dropped_forks(int rank, int world)
     (void)world;
     if (rank != 0)
         return 0;
-    sr_value *n = sr_int(6), *v = NULL;
+    sr_value *v = NULL;
     sr_rref *r = NULL;
     sr_future *blocked = NULL;
-    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value_unref(n);
-    if (wait_confirmed(r))
+    if (rref_with_owner_blocked(6, &r, &blocked))
         return 1;
-    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
     sr_value *rv = sr_rref_value(r);
     int rc = 0;
     for (int i = 0; i < DROPS && !rc; i++) {
@@ -665,14 +674,11 @@ static int sc_kept_fork(int rank, int world)
     (void)world;
     if (rank != 0)
         return 0;
-    sr_value *n = sr_int(9), *v = NULL, *seed = sr_int(2);
+    sr_value *v = NULL, *seed = sr_int(2);
     sr_rref *r = NULL;
     sr_future *blocked = NULL;
-    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value_unref(n);
-    if (wait_confirmed(r))
+    if (rref_with_owner_blocked(9, &r, &blocked))
         return 1;
-    WCHECK(sr_rpc_async(1, "block_until_released", SR_NOARGS, WAIT_S, &blocked) == 0, "block: %s", sr_last_error());
     sr_value *rv = sr_rref_value(r);
     int rc = sr_rpc_sync(2, "keep", SR_ARGS(rv), 5.0, &v);
     WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
