@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "rpc_harness.h"
+#include "shmrpc/rref.h"
 
 LEAK_CHECKED_SUITE(rpc_errors);
 
@@ -161,6 +162,14 @@ static int sc_remote_codes(int rank, int world)
     /* A nested failure keeps the innermost code, and each hop names itself. */
     WEXPECT_REMOTE(sr_rpc_sync(1, "relay", SR_ARGS(x), -1, &v), -SR_EREMOTE, -ENOSPC,
                    "Error on Node 1: in 'relay': Error on Node 0: in 'train_step': no space left for checkpoint 7");
+    /* remote(): the owner keeps the error with its code, and to_here gives both. */
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(1, "train_step", SR_ARGS(x), -1, &r) == 0, "remote: %s", sr_last_error());
+    int rc = sr_rref_to_here(r, -1, &v);
+    WCHECK(rc == -SR_EREMOTE && sr_last_error_code() == -ENOSPC && strstr(sr_last_error(), want),
+           "to_here of a failed remote(): expected %d (code %d) with '%s', got %d (code %d) '%s'", -SR_EREMOTE,
+           -ENOSPC, want, rc, sr_last_error_code(), sr_last_error());
+    sr_rref_unref(r);
     /* Built-ins and unknown functions. */
     WEXPECT_REMOTE(sr_rpc_sync(1, "add", SR_ARGS(x), -1, &v), -SR_EREMOTE, -EINVAL,
                    "Error on Node 1: in 'add': add() expects 2 arguments, got 1");

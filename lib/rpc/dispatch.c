@@ -247,7 +247,8 @@ static void finish_call(struct sr_call *c)
         char text[512] = "";
         if (c->err)
             remote_error_text(c, text, sizeof(text));
-        sr__modules[c->keeper]->keep_set(c->kept, c->err ? -SR_EREMOTE : 0, text, c->result); /* NULL: None */
+        sr__modules[c->keeper]->keep_set(c->kept, c->err ? -SR_EREMOTE : 0, c->err ? c->cause : 0, text,
+                                          c->result); /* NULL: None */
         c->kept = NULL;
         send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
     } else if (c->err) {
@@ -797,7 +798,7 @@ static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int cod
         (*pc)->keeper = (int8_t)w.ctrl;
         return true;
     }
-    k->keep_set(h, code, text, NULL); /* the kept value is the error */
+    k->keep_set(h, code, code, text, NULL); /* the kept value is the error */
     send_remote_ret(a, m->src, w.call_id, NULL);
     return true;
 }

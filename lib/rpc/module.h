@@ -162,9 +162,11 @@ typedef struct sr_module {
      * call fails with sr_last_error()). */
     int (*prepare)(sr_call *c);
     /* KEEP calls: the handle that will receive the result (NULL: -errno in
-     * sr_last_error), then exactly one of set (err 0: v, else text) or drop. */
+     * sr_last_error), then exactly one of set (err 0: v, else text, with
+     * cause the failed function's own code, sr_future_error_code()'s value
+     * for whoever reads the kept value) or drop. */
     void *(*keep_open)(uint64_t tag, int caller);
-    void (*keep_set)(void *h, int err, const char *text, sr_value *v);
+    void (*keep_set)(void *h, int err, int cause, const char *text, sr_value *v);
     void (*keep_drop)(void *h);
     void (*call_done)(sr_call *c);
     /* thread context */

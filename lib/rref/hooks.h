@@ -47,8 +47,10 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out
  * with the creator's fork (rid + 1) added. A reference for the call; NULL
  * on -ENOMEM. */
 sr_rref *sr__rref_remote_owner(uint64_t rid, int caller);
-/* The creating call finished: the value, or the error text. */
-void sr__rref_owner_set(sr_rref *owner, int err, const char *text, sr_value *v);
+/* The creating call finished: the value, or the error text with its cause
+ * (the failed function's own code, which to_here's callers read from
+ * sr_last_error_code() / sr_future_error_code()). */
+void sr__rref_owner_set(sr_rref *owner, int err, int cause, const char *text, sr_value *v);
 /* RREF_FETCH: the owner's value future (a reference), or NULL with code and
  * text when the RRef is known to be deleted. */
 sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *text, size_t len);

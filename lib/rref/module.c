@@ -155,9 +155,9 @@ static sr_future *rref_gate(sr_call *c) { return sr__rref_gate(sr__call_args(c))
 
 static void *rref_keep_open(uint64_t rid, int caller) { return sr__rref_remote_owner(rid, caller); }
 
-static void rref_keep_set(void *h, int err, const char *text, sr_value *v)
+static void rref_keep_set(void *h, int err, int cause, const char *text, sr_value *v)
 {
-    sr__rref_owner_set(h, err, text, v);
+    sr__rref_owner_set(h, err, cause, text, v);
     sr_rref_unref(h);
 }
 

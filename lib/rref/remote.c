@@ -289,10 +289,10 @@ sr_rref *sr__rref_remote_owner(uint64_t rid, int caller)
     return r;
 }
 
-void sr__rref_owner_set(sr_rref *owner, int err, const char *text, sr_value *v)
+void sr__rref_owner_set(sr_rref *owner, int err, int cause, const char *text, sr_value *v)
 {
     if (err)
-        sr__rref_owner_fail(owner, err, "%s", text);
+        sr__future_fail_cause(owner->value, err, cause, text); /* -EALREADY if it already completed: keep that */
     else
         sr_future_set_result(owner->value, v);
 }
