@@ -522,6 +522,76 @@ Test(dist_autograd, context_follows_callbacks_and_rrefs_made_outside_it, .timeou
     DA_JOB("dacont", sc_continuations);
 }
 
+/* A backward pass run inside a then-callback on the progress thread: the
+ * pass's incoming requests are read by that thread's nested wait, and the
+ * module jobs they make must reach an executor. Before the fix the waiting
+ * progress thread kept them for itself (sr__module_wait asks the waiter to
+ * run them) and never ran them: the pass hung until its RPCs timed out. */
+struct bw_cb {
+    int64_t ctx;
+    int rc;
+    char err[256];
+    sem_t done; /* posted by the callback: the main thread waits without polling */
+};
+
+static int backward_in_callback(sr_future *parent, void *arg, sr_value **result)
+{
+    struct bw_cb *k = arg;
+    sr_value *v = NULL;
+    k->rc = sr_future_value(parent, &v);
+    sr_tensor *loss = k->rc ? NULL : sr_sum(sr_value_tensor(v));
+    if (!k->rc)
+        k->rc = loss ? sr_dist_autograd_backward(k->ctx, &loss, 1, false) : -ENOMEM;
+    snprintf(k->err, sizeof(k->err), "%s", k->rc ? sr_last_error() : "");
+    sr_tensor_unref(loss);
+    sr_value_unref(v);
+    sem_post(&k->done);
+    *result = NULL;
+    return k->rc;
+}
+
+static int sc_backward_on_progress(int rank, int world)
+{
+    if (rank != 0)
+        return 0;
+    int next = (rank + 1) % world;
+    struct bw_cb k = {0};
+    WCHECK(sem_init(&k.done, 0, 0) == 0, "sem_init");
+    sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
+    sr_value *a = tv(t1), *b = tv(t2);
+    sr_future *f = NULL, *child = NULL;
+    CTX_BEGIN(k.ctx);
+    WCHECK(sr_rpc_async(next, "gate_add", SR_ARGS(a, b), WAIT_S, &f) == 0, "rpc_async: %s", sr_last_error());
+    WCHECK(sr_future_then(f, backward_in_callback, &k, &child) == 0, "then: %s", sr_last_error());
+    sem_post(&dash->gate[next]); /* the answer arrives while this thread does not poll */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += (time_t)WAIT_S;
+    int rc;
+    while ((rc = sem_timedwait(&k.done, &dl)) && errno == EINTR)
+        ;
+    WCHECK(rc == 0, "the backward pass in a callback on the progress thread did not end within %g s", (double)WAIT_S);
+    WCHECK(k.rc == 0, "backward in a callback: %d: %s", k.rc, k.err);
+    if (expect_grad_all(k.ctx, t1, 1, "backward in a callback, t1") ||
+        expect_grad_all(k.ctx, t2, 1, "backward in a callback, t2"))
+        return 1;
+    WCHECK(sr_future_wait(child, NULL) == 0, "the callback's future: %s", sr_last_error());
+    CTX_END(k.ctx);
+    sr_future_unref(f);
+    sr_future_unref(child);
+    sr_value *vs[] = {a, b};
+    unref_values(vs, 2);
+    sr_tensor_unref(t1);
+    sr_tensor_unref(t2);
+    sem_destroy(&k.done);
+    return 0;
+}
+
+Test(dist_autograd, backward_inside_a_callback_on_the_progress_thread, .timeout = 120)
+{
+    DA_JOB("daprog", sc_backward_on_progress);
+}
+
 /* ---- a pass that reaches the same workers several times ---- */
 
 /* bounce(t, hops, other): t*2 sent back and forth between this worker and

@@ -230,8 +230,9 @@ int sr__module_wait(sr_future *f, int64_t deadline_ns);
 /* Re-read next_deadline: a module's earliest deadline moved earlier. */
 void sr__module_kick(void);
 /* Run fn(arg) off the polling thread: on an executor, or, when the thread
- * that polls only waits (an idle waiter in sr_shutdown, a thread inside
- * sr__module_wait), on that thread once it has handed the inbox back — no
+ * that polls only waits (an idle waiter in sr_shutdown, a user thread inside
+ * sr__module_wait; not the progress thread, which never hands the inbox
+ * back), on that thread once it has handed the inbox back — no
  * thread hop and no wake for a worker that has nothing else to do. fn must
  * not block. 0 or -ENOMEM / -SR_ESHUTDOWN (then fn never runs). */
 int sr__exec_submit(void (*fn)(void *arg), void *arg);
