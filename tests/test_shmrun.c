@@ -219,6 +219,27 @@ Test(shmrun, survivors_of_sigterm_are_killed_after_the_grace_period_and_named)
     finish(&r);
 }
 
+/* As above with a grace period longer than the test: a second SIGTERM,
+ * sent once the first was forwarded (rank 1 exited on it), kills the
+ * survivors at once, as a second Ctrl-C does under mpirun. */
+Test(shmrun, a_second_sigterm_ends_the_grace_period_at_once)
+{
+    struct run r;
+    start_job_opts(&r, "hurry", 3, (char *[]){"--grace", "600", NULL}, "term", "1", NULL);
+    await_ready(&r, 3);
+    cr_assert_eq(kill(r.pid, SIGTERM), 0, "kill(shmrun): %s", strerror(errno));
+    cr_assert(r.ready.pidfd[1] >= 0 && pidfd_exited(r.ready.pidfd[1], WATCH_WAIT_MS),
+              "rank 1 did not exit on the forwarded SIGTERM");
+    cr_assert_eq(kill(r.pid, SIGTERM), 0, "kill(shmrun): %s", strerror(errno));
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGKILL, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    cr_assert_str_eq(r.err, "shmrun: ranks 0,2 still running at a second stop signal (SIGTERM): killed with SIGKILL\n",
+                     "unexpected report");
+    assert_workers_gone(&r.ready, 3);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
 /* --- binding ------------------------------------------------------------ */
 
 static int allowed_cpus(int *cpu, int max)

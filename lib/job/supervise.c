@@ -34,6 +34,7 @@ struct sup {
     int64_t deadline; /* CLOCK_MONOTONIC ns: end of the grace period; INT64_MAX: none */
     bool *killed;     /* [n]: sent SIGKILL when the grace period ended */
     int nkilled;
+    int hurry_sig;    /* a second SIGTERM/SIGINT, which ended the grace period at once (mpirun's double Ctrl-C) */
     bool failed;      /* during a stop: the first failure, reported at the end */
     int first_rank;
     pid_t first_pid;
@@ -85,8 +86,12 @@ static int report_stop(struct sup *s)
     if (s->nkilled) {
         char list[256];
         sr__rank_list(s->killed, s->job->n, list, sizeof(list));
-        sr__fail(-SR_EWORKER, s->job->who, "rank%s %s still running %g s after SIG%s: killed with SIGKILL",
-                 s->nkilled > 1 ? "s" : "", list, (double)s->h->grace_ns / 1e9, sig);
+        if (s->hurry_sig)
+            sr__fail(-SR_EWORKER, s->job->who, "rank%s %s still running at a second stop signal (SIG%s): killed with SIGKILL",
+                     s->nkilled > 1 ? "s" : "", list, sigabbrev_np(s->hurry_sig));
+        else
+            sr__fail(-SR_EWORKER, s->job->who, "rank%s %s still running %g s after SIG%s: killed with SIGKILL",
+                     s->nkilled > 1 ? "s" : "", list, (double)s->h->grace_ns / 1e9, sig);
         sr__log_text(SR_LOG_ERROR, sr_last_error());
     }
     if (!s->failed)
@@ -188,9 +193,14 @@ static void forward_signal(struct sup *s)
         return;
     int sig = (int)ssi.ssi_signo;
     signal_all(s->job, sig);
-    if ((sig == SIGTERM || sig == SIGINT) && !s->stop_sig) { /* the grace period runs from the first */
+    if (sig != SIGTERM && sig != SIGINT)
+        return;
+    if (!s->stop_sig) { /* the grace period runs from the first */
         s->stop_sig = sig;
         s->deadline = now_ns() + s->h->grace_ns;
+    } else if (!s->hurry_sig && live_workers(s->job)) { /* the second: no more waiting */
+        s->hurry_sig = sig;
+        s->deadline = now_ns();
     }
 }
 
