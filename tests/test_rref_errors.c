@@ -12,6 +12,9 @@
 #include "rref/rref_internal.h"
 #include "rref_fns.h"
 
+#define EVENT_WAIT_S 30
+#include "shared_event.h"
+
 LEAK_CHECKED_SUITE(rref_errors);
 
 #define ERR_JOB(name, sc)                                                                         \
@@ -500,4 +503,107 @@ Test(rref_errors, leak_check_names_each_leaking_rref, .timeout = 60)
     sr_spawn_opts o = {.name_prefix = test_ns("rrefleak"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, leak_worker, NULL, &o), 0, "%s", sr_last_error());
     cr_assert_eq(sr_spawn(2, leak_worker, (void *)1, &o), 0, "ignore_rref_leak: %s", sr_last_error());
+}
+
+/* A user forked onwards while itself unannounced (found in review). Rank 0
+ * (Z) passes its RRef to rank 2 (A), where it arrives unannounced (R); A's
+ * function passes R on to Z, where keep_and_signal keeps it (C, unannounced
+ * too, its call still running), and A dies. Z's hold on R goes with A; Z
+ * drops its RRef; then C's call ends and C asks the owner. Before the fix
+ * the owner had never heard of R, so Z's delete erased the value and C's
+ * fork request created an empty record: C was "confirmed" and to_here never
+ * got a value. Now R is announced before it is forked onwards, so the owner
+ * counts it and keeps the value. */
+struct relay_events {
+    _Atomic uint32_t kept; /* Z kept C: A may die */
+};
+static struct relay_events *rev;
+
+static int fn_keep_and_signal(sr_call *c, sr_future **out)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r || held_add(r))
+        return sr_call_fail(c, -EINVAL, "keep_and_signal: not an RRef, or no memory");
+    *out = sr_future_ref(told);
+    set_and_wake(&rev->kept, 1);
+    return 0;
+}
+
+static int fn_relay_and_die(sr_call *c)
+{
+    sr_value *a0 = sr_call_arg(c, 0);
+    sr_future *f = NULL;
+    if (sr_rpc_async(0, "keep_and_signal", SR_ARGS(a0), WAIT_S, &f) || !wait_for(&rev->kept, 1))
+        _exit(3); /* the test fails: the job's report names rank 2 */
+    /* Whatever this worker told the owner has arrived (acknowledged): a
+     * message still in a dying sender's queue is lost with it, which the
+     * reordering mode, holding messages up to 2 ms, would otherwise cause. */
+    sr_rref_debug_info d = {0};
+    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_futures && sr_now_ns() < until)
+        sched_yield();
+    _exit(0); /* leaves without detaching, its call to Z still running */
+}
+
+static int relay_dies_driver(void)
+{
+    sr_value *n = sr_int(3), *v = NULL;
+    sr_rref *r = NULL;
+    sr_future *relay = NULL;
+    WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    if (expect_pair(r, 3))
+        return 1;
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_async(2, "relay_and_die", SR_ARGS(rv), WAIT_S, &relay) == 0, "relay: %s", sr_last_error());
+    sr_value_unref(rv);
+    WCHECK(sr_future_wait(relay, NULL) == -EPIPE, "the relay's call should fail with its death: %s", sr_last_error());
+    sr_future_unref(relay);
+    /* Until the death released the hold on R (the peer-death hook). Not
+     * sr_rref_wait_idle: it would announce C, and the owner count it. */
+    sr_rref_debug_info d = {0};
+    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_children && sr_now_ns() < until)
+        sched_yield();
+    WCHECK(d.num_pending_children == 0, "worker0 still holds R %g s after its worker died", (double)WAIT_S);
+    sr_rref_unref(r); /* Z's own fork: its delete goes to the owner now */
+    sr_rref *c = held_at(0);
+    WCHECK(c, "C was not kept");
+    sr_future_set_result(told, NULL); /* keep_and_signal's call ends: C asks the owner */
+    int rc = sr_rref_to_here(c, 10.0, &v);
+    WCHECK(rc == 0 && sr_value_list_len(v) == 2 && sr_value_int(sr_value_list_at(v, 0)) == 3,
+           "to_here of the grandchild after its relay died: %d: %s", rc, rc ? sr_last_error() : "wrong value");
+    sr_value_unref(v);
+    sr_rref_unref(c);
+    held_drop_all(0);
+    sr_value_unref(n);
+    sr_rpc_sync(1, "all_done", SR_NOARGS, WAIT_S, NULL);
+    sr_shutdown(false, 0);
+    return 0;
+}
+
+static int relay_dies_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    register_rref_fns();
+    sr_register("relay_and_die", fn_relay_and_die);
+    sr_register_async("keep_and_signal", fn_keep_and_signal);
+    sr_register("all_done", fn_all_done);
+    told = sr_future_new();
+    all_done = sr_future_new();
+    WCHECK(told && all_done && sr_init(NULL) == 0, "init: %s", sr_last_error());
+    if (rank == 0)
+        return relay_dies_driver();
+    int rc = sr__future_wait_until(all_done, sr_now_ns() + (int64_t)(WAIT_S * 1e9)); /* rank 1, the owner */
+    sr_shutdown(false, 0);
+    return rc ? 1 : 0;
+}
+
+Test(rref_errors, user_forked_onwards_while_unannounced_is_announced_first, .timeout = 60)
+{
+    rev = shared_page(sizeof(*rev));
+    sr_spawn_opts o = {.name_prefix = test_ns("rrefrelay"), .shm_size = 192 << 20};
+    int rc = sr_spawn(3, relay_dies_worker, NULL, &o);
+    munmap(rev, sizeof(*rev));
+    cr_assert_eq(rc, 0, "%s", sr_last_error());
 }

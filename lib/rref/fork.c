@@ -94,6 +94,19 @@ static int child_record_locked(sr_rref *r, uint64_t fid, int to)
     return 0;
 }
 
+/* A user forked onwards while unannounced asks its owner first. Its parent's
+ * hold covers it only while it lives here: if this worker died, the parent
+ * would be released (the peer-death hook) while the new child, elsewhere,
+ * still waits to be announced, and the owner, never told of this user,
+ * could delete the value under it. Lock held; 0 or -ENOMEM. */
+static int announce_before_fork_locked(sr_rref *r, struct after *d)
+{
+    if (!r->unannounced)
+        return 0;
+    sr_rref_ref(r); /* the pending table's (sr__user_announce_locked); the caller holds one */
+    return sr__user_announce_locked(r, d);
+}
+
 int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
 {
     struct rref_ctx *c = &sr__rref_ctx;
@@ -114,7 +127,7 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
         rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
     else if (r->is_owner)
         rc = sr__forks_add(&c->forks, r->rref_id, fid, &res);
-    else
+    else if (!(rc = announce_before_fork_locked(r, &d)))
         rc = child_record_locked(r, fid, to);
     if (rc && r->is_owner)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
