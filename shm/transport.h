@@ -88,6 +88,7 @@ struct sr_tport_ops {
     int (*send)(sr_tport *t, int to, sr_msg *m);
     int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* wakes nobody */
     void (*space_arm)(sr_tport *t, int to);
+    int (*probe)(sr_tport *t, int to); /* 0 room, -EAGAIN full, -EPROTO corrupt (the error says why), -EINVAL */
     bool (*space_kicked)(sr_tport *t); /* a hint, any thread */
     bool (*space_take)(sr_tport *t);   /* the consumer: clear a kick (acquire); true if one was pending */
 
@@ -115,6 +116,7 @@ struct sr_tport_ops {
     void (*kick)(sr_tport *t);
     void (*poke)(sr_tport *t);
     void (*nudge)(sr_tport *t);
+    void (*ring)(sr_tport *t); /* as a producer would: wake a sleeper on our inbox unless it is awake */
     void (*stop)(sr_tport *t);
 
     /* Liveness and names: any thread. */
@@ -126,6 +128,11 @@ struct sr_tport_ops {
     bool (*left_gracefully)(sr_tport *t, int rank);
     const char *(*name)(sr_tport *t, int rank);
     void (*stats)(sr_tport *t, struct sr_tport_stats *out);
+
+    /* Our own departure as peers will see it: closing (a graceful shutdown
+     * began), graceful (it completed: a later exit is a clean one). */
+    void (*closing)(sr_tport *t);
+    void (*graceful)(sr_tport *t, bool done);
 };
 
 /* An instance. Transports embed it in their own state. */

@@ -13,6 +13,7 @@
 static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), to, m); }
 static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr_xport_send_quiet(X(t), to, m); }
 static void t_space_arm(sr_tport *t, int to) { sr_xport_space_arm(X(t), to); }
+static int t_probe(sr_tport *t, int to) { return sr_xport_probe(X(t), to); }
 static bool t_space_kicked(sr_tport *t) { return sr_xport_space_kicked(X(t)); }
 static bool t_space_take(sr_tport *t) { return sr_xport_space_take(X(t)); }
 
@@ -135,6 +136,18 @@ static void t_nudge(sr_tport *t)
         sr_doorbell_ring(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
 }
 
+/* As a producer's ring after a publish: the D3 fence inside pairs with the
+ * sleeper's D2 (a completion made before it is seen by a holder about to
+ * sleep on the inbox). */
+static void t_ring(sr_tport *t)
+{
+    sr_xport *x = X(t);
+    sr_doorbell_ring(&x->me->doorbell, x->me->doorbell_kind, x->me->eventfd);
+}
+
+static void t_closing(sr_tport *t) { sr_xport_closing(X(t)); }
+static void t_graceful(sr_tport *t, bool done) { X(t)->graceful = done; }
+
 static void t_stop(sr_tport *t) { sr_waiter_notify_shutdown(&X(t)->waiter); }
 
 static bool t_peer_gone(sr_tport *t, int rank) { return sr_xport_peer_gone(X(t), rank); }
@@ -171,6 +184,7 @@ static const struct sr_tport_ops shm_ops = {
     .send = t_send,
     .send_quiet = t_send_quiet,
     .space_arm = t_space_arm,
+    .probe = t_probe,
     .space_kicked = t_space_kicked,
     .space_take = t_space_take,
     .recv_burst = t_recv_burst,
@@ -187,6 +201,7 @@ static const struct sr_tport_ops shm_ops = {
     .kick = t_kick,
     .poke = t_poke,
     .nudge = t_nudge,
+    .ring = t_ring,
     .stop = t_stop,
     .peer_gone = t_peer_gone,
     .exits = t_exits,
@@ -196,6 +211,8 @@ static const struct sr_tport_ops shm_ops = {
     .left_gracefully = t_left_gracefully,
     .name = t_name,
     .stats = t_stats,
+    .closing = t_closing,
+    .graceful = t_graceful,
 };
 
 sr_tport *sr_xport_transport(sr_xport *x)
