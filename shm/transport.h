@@ -19,7 +19,7 @@
  *
  * Threads and the consumer token. Exactly one thread at a time consumes an
  * instance's inbox: the agent's token holder (agent.h). The consumer ops
- * (recv_burst, pending, poll_hint, inbox_bad, inbox_text, hold, park,
+ * (recv_burst, pending, inbox_text, the inbox_bad hint, hold, park,
  * hold_sleep, nudge when told "consumer") belong to it; everything else may
  * be called from any thread of the worker at once. The agent decides who
  * holds the token (its CAS states are the agent's: one token covers every
@@ -89,17 +89,13 @@ struct sr_tport_ops {
     int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* wakes nobody */
     void (*space_arm)(sr_tport *t, int to);
     int (*probe)(sr_tport *t, int to); /* 0 room, -EAGAIN full, -EPROTO corrupt (the error says why), -EINVAL */
-    bool (*space_kicked)(sr_tport *t); /* a hint, any thread */
     bool (*space_take)(sr_tport *t);   /* the consumer: clear a kick (acquire); true if one was pending */
 
     /* Receiving: the consumer. recv_burst also frees what the last burst
      * held (n = 0: only that). pending: a message, or a corrupt head not
-     * yet latched. poll_hint: pending, or a space event (the spin loops'
-     * one check). inbox_bad: the inbox was latched corrupt (one load). */
+     * yet latched. */
     unsigned (*recv_burst)(sr_tport *t, sr_msg *out, unsigned n);
     bool (*pending)(sr_tport *t);
-    bool (*poll_hint)(sr_tport *t);
-    bool (*inbox_bad)(sr_tport *t);
     const char *(*inbox_text)(sr_tport *t, char *buf, size_t len);
 
     /* The handshake (above). */
@@ -121,7 +117,6 @@ struct sr_tport_ops {
 
     /* Liveness and names: any thread. */
     bool (*peer_gone)(sr_tport *t, int rank); /* seq_cst: pairs with the supervisor's X1 */
-    uint32_t (*exits)(sr_tport *t);           /* seq_cst: pairs with X2 */
     uint32_t (*exit_order)(sr_tport *t, int rank); /* rank gone: 1 for the first departure, ... */
     const char *(*gone_text)(sr_tport *t, int rank, char *buf, size_t len);
     const char *(*exit_text)(sr_tport *t, int rank, char *buf, size_t len);
@@ -135,11 +130,37 @@ struct sr_tport_ops {
     void (*graceful)(sr_tport *t, bool done);
 };
 
-/* An instance. Transports embed it in their own state. */
+/* An instance. Transports embed it in their own state. The three hint
+ * words are read on every poll, so they are loads, not calls (an indirect
+ * call on each of them cost the hot round trip about 30 ns); they stay
+ * valid for the instance's lifetime. */
 struct sr_tport {
     const struct sr_tport_ops *ops;
     uint32_t caps;
     int rank, world;
+    _Atomic uint32_t *space_kick; /* nonzero: a space event is pending (space_take clears it) */
+    _Atomic uint32_t *inbox_bad;  /* nonzero: the inbox was latched corrupt (the consumer latches it) */
+    _Atomic uint32_t *exits;      /* the count of published exits, a generation (segment.h X2) */
 };
+
+/* A space event is pending. relaxed: a hint; space_take synchronises. */
+static inline bool sr_tport_space_kicked(const sr_tport *t)
+{
+    return atomic_load_explicit(t->space_kick, memory_order_relaxed) != 0;
+}
+
+/* The consumer's: has it latched a corrupt inbox? relaxed: latched by the
+ * consumer (the thread asking, or one that handed it the inbox). */
+static inline bool sr_tport_inbox_bad(const sr_tport *t)
+{
+    return atomic_load_explicit(t->inbox_bad, memory_order_relaxed) != 0;
+}
+
+/* The exit generation: a change means some peer's exit is new to whoever
+ * last read it. seq_cst (acquire at least): pairs with the supervisor's X2. */
+static inline uint32_t sr_tport_exits(const sr_tport *t)
+{
+    return atomic_load_explicit(t->exits, memory_order_seq_cst);
+}
 
 #endif

@@ -14,17 +14,10 @@ static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), t
 static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr_xport_send_quiet(X(t), to, m); }
 static void t_space_arm(sr_tport *t, int to) { sr_xport_space_arm(X(t), to); }
 static int t_probe(sr_tport *t, int to) { return sr_xport_probe(X(t), to); }
-static bool t_space_kicked(sr_tport *t) { return sr_xport_space_kicked(X(t)); }
 static bool t_space_take(sr_tport *t) { return sr_xport_space_take(X(t)); }
 
 static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n) { return sr_xport_recv_burst(X(t), out, n); }
 static bool t_pending(sr_tport *t) { return sr_ring_cons_pending(X(t)->inbox); }
-static bool t_poll_hint(sr_tport *t)
-{
-    sr_xport *x = X(t);
-    return sr_ring_cons_pending(x->inbox) || sr_xport_space_kicked(x);
-}
-static bool t_inbox_bad(sr_tport *t) { return sr_xport_inbox_bad(X(t)); }
 static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr_xport_inbox_text(X(t), buf, len); }
 
 /* A user thread took the inbox: it polls now, so producers need not wake
@@ -151,7 +144,6 @@ static void t_graceful(sr_tport *t, bool done) { X(t)->graceful = done; }
 static void t_stop(sr_tport *t) { sr_waiter_notify_shutdown(&X(t)->waiter); }
 
 static bool t_peer_gone(sr_tport *t, int rank) { return sr_xport_peer_gone(X(t), rank); }
-static uint32_t t_exits(sr_tport *t) { return sr_xport_exits(X(t)); }
 static uint32_t t_exit_order(sr_tport *t, int rank)
 {
     return sr_seg_worker(&X(t)->seg, rank)->exit_seq; /* written before X1, read after it */
@@ -185,12 +177,9 @@ static const struct sr_tport_ops shm_ops = {
     .send_quiet = t_send_quiet,
     .space_arm = t_space_arm,
     .probe = t_probe,
-    .space_kicked = t_space_kicked,
     .space_take = t_space_take,
     .recv_burst = t_recv_burst,
     .pending = t_pending,
-    .poll_hint = t_poll_hint,
-    .inbox_bad = t_inbox_bad,
     .inbox_text = t_inbox_text,
     .hold = t_hold,
     .park = t_park,
@@ -204,7 +193,6 @@ static const struct sr_tport_ops shm_ops = {
     .ring = t_ring,
     .stop = t_stop,
     .peer_gone = t_peer_gone,
-    .exits = t_exits,
     .exit_order = t_exit_order,
     .gone_text = t_gone_text,
     .exit_text = t_exit_text,
@@ -221,6 +209,9 @@ sr_tport *sr_xport_transport(sr_xport *x)
     x->tp.rank = x->rank;
     x->tp.world = x->world;
     x->tp.caps = 0;
+    x->tp.space_kick = &x->me->space_kick;
+    x->tp.inbox_bad = &x->inbox->bad;
+    x->tp.exits = &x->seg.hdr->exits;
     if (x->waiter.kind == SR_DOORBELL_FUTEX)
         x->tp.caps |= SR_TPORT_HOLD_SLEEP | (sr_futex_waitv_supported() ? SR_TPORT_SLEEP_WORD : 0);
     return &x->tp;

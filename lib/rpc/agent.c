@@ -188,7 +188,7 @@ static bool inbox_ready(const sr_agent *a)
 /* The same, or a space event (xport.h): the spin loops' check. */
 static bool poll_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || a->self->ops->poll_hint(a->self);
+    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self);
 }
 
 static void inbox_lost(sr_agent *a);
@@ -202,7 +202,7 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
         a->burst_n = a->self->ops->recv_burst(a->self, a->burst, BURST);
-        if (sr_unlikely(!a->burst_n && a->self->ops->inbox_bad(a->self)))
+        if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
             inbox_lost(a);
         if (!a->burst_n) { /* idle: take back the blocks peers released (one load when there are none) */
             sr_heap_drain();
@@ -269,7 +269,7 @@ static bool user_release(sr_agent *a)
          * again and re-check, after the transport's fence (D2), the inbox, a
          * space event, the rest of our burst and the departures (park_busy). */
         if (!a->self->ops->park(a->self, park_busy, a)) {
-            if (inbox_ready(a) || a->self->ops->space_kicked(a->self))
+            if (inbox_ready(a) || sr_tport_space_kicked(a->self))
                 return false;
             /* A departure published while we polled rang an AWAKE doorbell
              * (X3) and may have woken nobody: handle it before parking the token. */
@@ -704,7 +704,7 @@ static bool park_ready(void *p)
     sr_agent *a = c->a;
     /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
     if (inbox_ready(a) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
-        a->self->ops->space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
+        sr_tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
         sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
     uint32_t t = TOKEN_PROGRESS;
@@ -785,7 +785,7 @@ static void inbox_lost(sr_agent *a)
 void sr__agent_check_exits(sr_agent *a)
 {
     for (;;) {
-        uint32_t n = a->self->ops->exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
+        uint32_t n = sr_tport_exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
         /* relaxed: a hint, confirmed under the lock */
         if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
             return;

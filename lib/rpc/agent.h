@@ -251,7 +251,7 @@ void sr__agent_check_exits(sr_agent *a);
 static inline bool sr__agent_exits_pending(sr_agent *a)
 {
     /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */
-    return a->self->ops->exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
+    return sr_tport_exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
 }
 
 /* Wait for f, polling the inbox when this thread can take the token.

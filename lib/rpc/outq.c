@@ -205,7 +205,7 @@ static void flush_all(sr_agent *a)
 
 void sr__outq_service(sr_agent *a)
 {
-    if (sr_likely(!a->self->ops->space_kicked(a->self)) || !a->self->ops->space_take(a->self))
+    if (sr_likely(!sr_tport_space_kicked(a->self)) || !a->self->ops->space_take(a->self))
         return;
     atomic_fetch_add_explicit(&a->outq.space_wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     flush_all(a);
