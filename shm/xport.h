@@ -21,6 +21,7 @@
 #include "doorbell.h"
 #include "ring.h"
 #include "segment.h"
+#include "transport.h"
 #include "waiter.h"
 
 typedef struct sr_xport_opts {
@@ -66,6 +67,7 @@ typedef struct sr_xport {
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     sr_xport_stats st;
+    sr_tport tp;              /* this transport's instance behind the seam (sr_xport_transport) */
     /* Own lines: the consumer writes head on every burst; the fields above
      * are read by every sending thread (the struct is allocated aligned). */
     struct sr_ring_cons inbox_view SR_ALIGNED_LINE;
@@ -80,6 +82,11 @@ typedef struct sr_xport {
  * and its exit status); -ENOMEM. */
 int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
 void sr_xport_detach(sr_xport *x);
+
+/* The instance of the transport seam (transport.h) over x, valid until
+ * sr_xport_detach: the RPC agent reaches x only through it. Call once,
+ * after attach (xport_tport.c). */
+sr_tport *sr_xport_transport(sr_xport *x);
 
 /* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
  * destination inbox is full (back-pressure: nothing was sent, retry: see

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "futex.h"
 #include "heap.h"
 #include "payload.h"
 #include "reorder.h"
@@ -96,37 +97,9 @@ static bool closing(sr_agent *a)
     return atomic_load_explicit(&a->closing, memory_order_relaxed); /* relaxed: a hint, re-checked after D2 before sleeping */
 }
 
-#ifndef SYS_futex_waitv
-#define SYS_futex_waitv 449 /* the generic syscall table's number (Linux 5.16) */
-#endif
-
 static void futex_wake_all(_Atomic uint32_t *w)
 {
     syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
-
-/* Does the kernel have futex_waitv (5.16+)? Probed once: an empty vector is
- * -EINVAL where the call exists. Racy init is harmless (same answer). */
-static bool waitv_supported(void)
-{
-    static int known = -1;
-    if (known < 0)
-        known = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS ? 0 : 1;
-    return known;
-}
-
-/* Sleep until one of the n words changes from its value and is woken, or
- * the deadline (CLOCK_MONOTONIC, < 0: none). 0 when woken, else -errno
- * (-EAGAIN: a word had already changed; -ETIMEDOUT). */
-static int futex_waitv(struct futex_waitv *v, unsigned n, int64_t deadline)
-{
-    struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
-    return syscall(SYS_futex_waitv, v, n, 0, deadline >= 0 ? &ts : NULL, CLOCK_MONOTONIC) < 0 ? -errno : 0;
-}
-
-static struct futex_waitv private_word(_Atomic uint32_t *w, uint32_t val)
-{
-    return (struct futex_waitv){.val = val, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG};
 }
 
 /* Idle waiters that cannot take the token sleep on token_seq and their
@@ -153,7 +126,7 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_xport_peer_gone(a->x, to))
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !a->tp[to]->ops->peer_gone(a->tp[to], to))
         return sr__reorder_hold(a, to, m);
     return sr__agent_send_now(a, to, m);
 }
@@ -172,7 +145,7 @@ void sr__agent_kick(sr_agent *a)
 {
     /* release: pairs with K3, so a generation seen means its deadline is seen */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    sr_waiter_kick(&a->x->waiter);
+    a->self->ops->kick(a->self);
 }
 
 /* K2: the timers changed since the progress thread armed its sleep. */
@@ -187,7 +160,7 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
 {
     if (a->reorder || sr__outq_busy(&a->outq, to))
         return sr__agent_send(a, to, m);
-    int rc = sr_xport_send_quiet(a->x, to, m);
+    int rc = a->tp[to]->ops->send_quiet(a->tp[to], to, m);
     return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
 }
 
@@ -195,7 +168,7 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
     /* Keep this destination's order behind its queued messages (best effort, outq.h). */
     if (sr_likely(!sr__outq_busy(&a->outq, to))) {
-        int rc = sr_xport_send(a->x, to, m);
+        int rc = a->tp[to]->ops->send(a->tp[to], to, m);
         if (rc != -EAGAIN)
             return rc;
     }
@@ -206,10 +179,16 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 /* ---- polling ------------------------------------------------------------- */
 
 /* Messages for the token holder: the rest of the last burst, or the inbox
- * (or a corrupt inbox not yet found: a poll finds it, sr_ring_cons_pending). */
+ * (or a corrupt inbox not yet found: a poll finds it; transport.h, pending). */
 static bool inbox_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || sr_ring_cons_pending(a->x->inbox);
+    return a->burst_at < a->burst_n || a->self->ops->pending(a->self);
+}
+
+/* The same, or a space event (xport.h): the spin loops' check. */
+static bool poll_ready(const sr_agent *a)
+{
+    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self);
 }
 
 static void inbox_lost(sr_agent *a);
@@ -222,8 +201,8 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
 {
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
-        a->burst_n = sr_xport_recv_burst(a->x, a->burst, BURST);
-        if (sr_unlikely(!a->burst_n && sr_xport_inbox_bad(a->x)))
+        a->burst_n = a->self->ops->recv_burst(a->self, a->burst, BURST);
+        if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
             inbox_lost(a);
         if (!a->burst_n) { /* idle: take back the blocks peers released (one load when there are none) */
             sr_heap_drain();
@@ -257,10 +236,18 @@ static bool user_take(sr_agent *a)
     tls_holder = true;
     /* relaxed: a heuristic read by the progress thread */
     atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
-    /* We poll now: producers need not wake the parked progress thread.
-     * relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
-    atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    /* We poll now: producers need not wake the parked progress thread. */
+    a->self->ops->hold(a->self);
     return true;
+}
+
+/* The holder's part of the re-check before it parks the token (the
+ * transport checks its inbox and space events itself): the rest of the
+ * burst, and departures. */
+static bool park_busy(void *p)
+{
+    sr_agent *a = p;
+    return a->burst_at < a->burst_n || sr__agent_exits_pending(a);
 }
 
 /* Hand the token back. Returns false if messages arrived meanwhile: the
@@ -274,28 +261,18 @@ static bool user_release(sr_agent *a)
             /* seq_cst (a release at least): our consumption happens-before
              * the next holder's; T2 for token_freed */
             atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
-            sr_waiter_kick(&a->x->waiter); /* the progress thread sleeps aside (progress_wait_token) */
+            a->self->ops->kick(a->self); /* the progress thread sleeps aside (progress_wait_token) */
             token_freed();
             break;
         }
-        /* The progress thread is parked on the doorbell. It released the
-         * inbox before it slept, and will not again before its next read: free
-         * the slots our last burst still holds (a receive of nothing), or a
-         * ring full of them would refuse every producer, which then rings no
-         * doorbell, while everyone sleeps. Then re-announce its sleep. */
-        sr_xport_recv_burst(a->x, NULL, 0);
-        /* relaxed: the D2 fence below orders it before the ring re-check */
-        atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
-        /* D2 (doorbell.h): pairs with the producers' D3 fence */
-        atomic_thread_fence(memory_order_seq_cst);
-        if (inbox_ready(a) || sr_xport_space_kicked(a->x)) {
-            atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-            return false;
-        }
-        /* A departure published while we polled rang an AWAKE doorbell (X3)
-         * and may have woken nobody: handle it before parking the token. */
-        if (sr__agent_exits_pending(a)) {
-            atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed); /* relaxed: as above */
+        /* The progress thread is parked on the inbox: announce its sleep
+         * again and re-check, after the transport's fence (D2), the inbox, a
+         * space event, the rest of our burst and the departures (park_busy). */
+        if (!a->self->ops->park(a->self, park_busy, a)) {
+            if (inbox_ready(a) || sr_tport_space_kicked(a->self))
+                return false;
+            /* A departure published while we polled rang an AWAKE doorbell
+             * (X3) and may have woken nobody: handle it before parking the token. */
             sr__agent_check_exits(a);
             continue;
         }
@@ -320,7 +297,7 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
     int64_t until = sr_now_ns() + budget;
     do {
         for (int i = 0; i < 64; i++) {
-            if (inbox_ready(a) || sr_future_done(f) || sr_xport_space_kicked(a->x))
+            if (poll_ready(a) || sr_future_done(f))
                 return true;
             sr_cpu_relax();
         }
@@ -369,7 +346,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             sr__agent_check_exits(a);
             continue;
         }
-        if (!spin_for(a, f, sr_xport_spin_budget(a->x)))
+        if (!spin_for(a, f, a->self->ops->spin_budget(a->self)))
             return 1; /* idle: sleep on the future instead */
     }
 }
@@ -378,7 +355,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
  * token while it does (only while spinning is allowed). */
 static bool steal_from_progress(sr_agent *a, sr_future *f)
 {
-    if (!sr_xport_spin_budget(a->x))
+    if (!a->self->ops->spin_budget(a->self))
         return false;
     /* relaxed: a hint for the spinning progress thread */
     atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
@@ -390,18 +367,12 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     return got;
 }
 
-/* Ring this worker's doorbell whatever it says, and kick the progress
- * thread (asleep aside while a user holds the inbox, or on the doorbell):
- * the waiters re-check what they wait for. The store of AWAKE makes a
- * sleeper that has not reached its futex wait yet return at once (its
- * expected value is SLEEPING or SLEEPING_USER); the wake reaches both kinds
- * of doorbell sleeper (doorbell.h). */
+/* Wake every sleeper on this worker's inbox whatever it announced, and
+ * kick the progress thread (asleep aside while a user holds the inbox, or
+ * on the inbox): the waiters re-check what they wait for (transport.h, poke). */
 static void agent_poke(sr_agent *a)
 {
-    /* relaxed: the futex wake below carries the event; sleepers re-check after D2 */
-    atomic_store_explicit(&a->x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    sr__doorbell_wake(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
-    sr_waiter_kick(&a->x->waiter);
+    a->self->ops->poke(a->self);
 }
 
 /* The futures' wake hook: a future that a poller sleeps on completed. */
@@ -452,7 +423,7 @@ static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
  * Lets go of a counted reference while asleep, as sleep_on does. */
 static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
 {
-    if (!waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
+    if (!sr_futex_waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
         int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
         return sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon, counted);
     }
@@ -463,16 +434,32 @@ static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool co
     uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);    /* seq_cst: T1 */
     bool ok = true;
     if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
-        struct futex_waitv v[2] = {private_word(&token_seq, seq), private_word(fw, fv)};
+        struct futex_waitv v[2] = {sr_futex_private_word(&token_seq, seq), sr_futex_private_word(fw, fv)};
         uint64_t epoch = a->epoch;
         if (counted)
             sr__agent_put(a);
-        futex_waitv(v, 2, deadline);
+        sr_futex_waitv(v, 2, deadline);
         if (counted)
             ok = retake(a, epoch);
     }
     atomic_fetch_sub_explicit(&token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
     return ok;
+}
+
+struct hold_ctx {
+    sr_agent *a;
+    sr_future *f;
+    int64_t until;
+};
+
+/* Re-checked by the transport after its D2 fence (hold_sleep): the rest of
+ * the burst, f, closing (sr__agent_unpublish's store), the departures (the
+ * supervisor's X3 ring) and the deadline. */
+static bool hold_busy(void *p)
+{
+    struct hold_ctx *c = p;
+    return c->a->burst_at < c->a->burst_n || sr_future_done(c->f) || closing(c->a) ||
+           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr_now_ns());
 }
 
 /* A user thread that holds the token and has nothing to poll sleeps on the
@@ -486,50 +473,30 @@ static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool co
  * sleeps aside on timers, peers and kicks (progress_wait_token). It keeps
  * its reference (if any) while it sleeps: it holds the token, and
  * sr__agent_unpublish's poke wakes it to hand the token back first.
- * Without futex_waitv it sleeps on the doorbell alone (FUTEX_WAIT_BITSET,
- * BIT_USER), and f's POLLER bit has its completer ring the doorbell. Only
- * with the futex doorbell (eventfd producers never futex-wake): returns
- * false otherwise. */
+ * Without futex_waitv (no SR_TPORT_SLEEP_WORD) it sleeps on the doorbell
+ * alone, and f's POLLER bit has its completer ring the doorbell. Only with
+ * the futex doorbell (SR_TPORT_HOLD_SLEEP: eventfd producers never
+ * futex-wake): returns false otherwise. */
 static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
 {
-    if (a->x->waiter.kind != SR_DOORBELL_FUTEX)
+    sr_tport *t = a->self;
+    if (!(t->caps & SR_TPORT_HOLD_SLEEP))
         return false;
-    _Atomic uint32_t *w = &a->x->me->doorbell, *fw = NULL;
+    _Atomic uint32_t *fw = NULL;
     uint32_t fv = 0;
-    bool waitv = waitv_supported();
-    sr_xport_recv_burst(a->x, NULL, 0); /* free held slots before sleeping (ring.h) */
+    bool waitv = t->caps & SR_TPORT_SLEEP_WORD;
+    t->ops->recv_burst(t, NULL, 0); /* free held slots before sleeping (ring.h) */
     if (waitv ? !sr__future_wait_word(f, &fw, &fv) : !sr__future_arm_wake(f))
         return true; /* done, or its state moved: poll again */
-    atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
-    /* D2 (doorbell.h): pairs with the producers' D3 fence, with the
-     * supervisor's X3 ring and with sr__agent_unpublish's store of closing */
-    atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: a lower bound; a deadline lowered after this read kicks the
      * progress thread, which expires the call and so completes f */
-    int64_t until = earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
-    if (!inbox_ready(a) && !sr_future_done(f) && !closing(a) && !sr_xport_space_kicked(a->x) &&
-        !sr__agent_exits_pending(a) && (until < 0 || until > sr_now_ns())) {
-        int rc;
-        if (waitv) {
-            struct futex_waitv v[2] = {
-                {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
-                private_word(fw, fv)};
-            rc = futex_waitv(v, 2, until);
-        } else { /* FUTEX_WAIT_BITSET: an absolute CLOCK_MONOTONIC deadline; shared word */
-            struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
-            rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
-                         SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
-        }
-        /* relaxed (both): a statistic for tests/test_idle_wake.c */
-        if (rc == -ETIMEDOUT && sr_ring_ready(a->x->inbox) &&
-            atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER)
-            atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed);
-    }
-    /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
-    atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    struct hold_ctx c = {a, f, earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed))};
+    /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
+    if (t->ops->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
+        atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
     /* A deadline that passed by the precise clock but not yet by the coarse
      * one of expire_due: expire now rather than poll until the tick. */
-    if (until >= 0 && sr_now_ns() >= until)
+    if (c.until >= 0 && sr_now_ns() >= c.until)
         sr__calls_expire(a, sr_now_ns());
     return true;
 }
@@ -727,7 +694,7 @@ static int progress_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
         return 0;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    return sr_waiter_sleep_aside(&a->x->waiter, earlier(next_deadline(a), deadline), token_back, &c);
+    return a->self->ops->sleep_aside(a->self, earlier(next_deadline(a), deadline), token_back, &c);
 }
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */
@@ -737,7 +704,7 @@ static bool park_ready(void *p)
     sr_agent *a = c->a;
     /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
     if (inbox_ready(a) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
-        sr_xport_space_kicked(a->x) || (c->f && sr_future_done(c->f)) ||
+        sr_tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
         sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
     uint32_t t = TOKEN_PROGRESS;
@@ -759,8 +726,8 @@ static int claim_gone(sr_agent *a)
     int first = -1;
     uint32_t seq = 0;
     for (int r = 0; r < a->world; r++)
-        if (r != a->rank && !a->gone[r] && sr_xport_peer_gone(a->x, r)) {
-            uint32_t s = sr_seg_worker(&a->x->seg, r)->exit_seq; /* written before X1, read after it */
+        if (r != a->rank && !a->gone[r] && a->tp[r]->ops->peer_gone(a->tp[r], r)) {
+            uint32_t s = a->tp[r]->ops->exit_order(a->tp[r], r);
             if (first < 0 || s < seq)
                 first = r, seq = s;
         }
@@ -776,11 +743,12 @@ static int claim_gone(sr_agent *a)
 static void peer_gone(sr_agent *a, int r)
 {
     char text[256], how[128];
-    sr_xport_gone_text(a->x, r, text, sizeof(text));
-    sr_seg_exit_text(sr_seg_worker(&a->x->seg, r), how, sizeof(how));
+    sr_tport *t = a->tp[r];
+    t->ops->gone_text(t, r, text, sizeof(text));
+    t->ops->exit_text(t, r, how, sizeof(how));
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
     sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
-    if (sr_xport_peer_left_gracefully(a->x, r))
+    if (t->ops->left_gracefully(t, r))
         return;
     sr__modules_peer_died(r, text);
     sr__ctrl_peer_gone(a, r, text);
@@ -799,7 +767,7 @@ static void inbox_lost(sr_agent *a)
         return;
     a->inbox_failed = true;
     char corrupt[320], text[400];
-    sr_xport_inbox_text(a->x, corrupt, sizeof(corrupt));
+    a->self->ops->inbox_text(a->self, corrupt, sizeof(corrupt));
     sr__calls_fail_all(a, corrupt);
     snprintf(text, sizeof(text), "%s can no longer receive messages: %s", a->names[a->rank], corrupt);
     for (int r = 0; r < a->world; r++) {
@@ -817,7 +785,7 @@ static void inbox_lost(sr_agent *a)
 void sr__agent_check_exits(sr_agent *a)
 {
     for (;;) {
-        uint32_t n = sr_xport_exits(a->x); /* seq_cst: pairs with the supervisor's X2 */
+        uint32_t n = sr_tport_exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
         /* relaxed: a hint, confirmed under the lock */
         if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
             return;
@@ -832,7 +800,7 @@ void sr__agent_check_exits(sr_agent *a)
     }
 }
 
-/* After a sleep or a token wait. A peer's pidfd (SR_WAKE_PEER) only wakes
+/* After a sleep or a token wait. A peer's pidfd (a wake of the sleep) only wakes
  * us: its exit counts once the supervisor has published how it ended. */
 static void handle_events(sr_agent *a)
 {
@@ -857,7 +825,7 @@ static int64_t progress_spin_budget(sr_agent *a)
         a->seen_user_polls = polls;
         return 0;
     }
-    return sr_xport_spin_budget(a->x);
+    return a->self->ops->spin_budget(a->self);
 }
 
 /* f, deadline: a nested wait's (NULL, -1 at the top level). */
@@ -867,7 +835,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
     int64_t until = sr_now_ns() + budget;
     while (budget > 0 && sr_now_ns() < until) {
         for (int i = 0; i < 64; i++) {
-            if (inbox_ready(a) || sr_xport_space_kicked(a->x) || (f && sr_future_done(f)))
+            if (poll_ready(a) || (f && sr_future_done(f)))
                 return;
             sr_cpu_relax();
         }
@@ -879,7 +847,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
         return;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    sr_xport_sleep(a->x, earlier(next_deadline(a), deadline), park_ready, &c);
+    a->self->ops->sleep(a->self, earlier(next_deadline(a), deadline), park_ready, &c);
     handle_events(a);
 }
 
@@ -893,9 +861,8 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
         progress_wait_token(a, f, deadline);
         handle_events(a);
         /* Quiet messages (acknowledgements) ring nobody: wake a user
-         * asleep on the doorbell to read them (nothing if it polls). */
-        if (sr_ring_ready(a->x->inbox))
-            sr_doorbell_ring(&a->x->me->doorbell, a->x->waiter.kind, a->x->waiter.eventfd);
+         * asleep on the inbox to read them (nothing if it polls). */
+        a->self->ops->nudge(a->self);
         sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
         return;
     }
@@ -976,6 +943,6 @@ void sr__agent_stop(sr_agent *a)
 {
     /* release: pairs with the progress thread's acquire load */
     atomic_store_explicit(&a->stopping, true, memory_order_release);
-    sr_waiter_notify_shutdown(&a->x->waiter); /* also ends an aside sleep */
+    a->self->ops->stop(a->self); /* also ends an aside sleep */
     pthread_join(a->progress, NULL);
 }

@@ -24,6 +24,11 @@
  * Whoever makes the token PARKED or FREE wakes the idle waiters sleeping for
  * it (token_freed, token_seq; agent.c T1/T2), so an idle waiter takes over
  * serving when the token is free, not on a timer.
+ * The token's states are the agent's (one token covers every transport's
+ * inbox); the doorbell side of each step (announcing AWAKE, SLEEPING or
+ * SLEEPING_USER, the D2 fence and re-check, the sleeps on segment words,
+ * kicks) is the transport's, behind its ops (shm/transport.h: hold, park,
+ * hold_sleep, sleep, sleep_aside, kick, poke, nudge).
  *
  * Nested waits. Completions run callbacks on the thread that completes the
  * future: for a response, the thread that holds the token. A user callback
@@ -105,7 +110,12 @@ struct sr_reorder; /* test-only delivery mode (reorder.h) */
 #define BURST 32
 
 typedef struct sr_agent {
-    sr_xport *x;
+    sr_xport *x;              /* the shared-memory transport (attach/detach, api.c; not used by agent.c) */
+    /* The transport seam (transport.h): the instance whose inbox the token
+     * holder consumes and whose waits it sleeps in, and per peer the
+     * instance that reaches it (today all are self). Set at init. */
+    sr_tport *self;
+    sr_tport **tp;            /* [world] */
     int rank, world;
     uint64_t epoch;           /* set by sr__agent_publish: tells agents apart */
     _Atomic bool closing;     /* set by sr__agent_unpublish: waiters leave */
@@ -241,7 +251,7 @@ void sr__agent_check_exits(sr_agent *a);
 static inline bool sr__agent_exits_pending(sr_agent *a)
 {
     /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */
-    return sr_xport_exits(a->x) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
+    return sr_tport_exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
 }
 
 /* Wait for f, polling the inbox when this thread can take the token.

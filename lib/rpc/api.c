@@ -35,13 +35,26 @@ static int name_check(const char *n)
     return 0;
 }
 
+/* The transport that reaches each peer (transport.h): today the
+ * shared-memory one for every rank. */
+static int transports(sr_agent *a)
+{
+    a->self = sr_xport_transport(a->x);
+    a->tp = calloc((size_t)a->world, sizeof(*a->tp));
+    if (!a->tp)
+        return sr__fail(-ENOMEM, "sr_init", "out of memory");
+    for (int r = 0; r < a->world; r++)
+        a->tp[r] = a->self;
+    return 0;
+}
+
 static int collect_names(sr_agent *a)
 {
     a->names = calloc((size_t)a->world, sizeof(*a->names));
     if (!a->names)
         return sr__fail(-ENOMEM, "sr_init", "out of memory");
     for (int r = 0; r < a->world; r++) {
-        memcpy(a->names[r], sr_seg_worker(&a->x->seg, r)->name, SR_NAME_MAX);
+        memcpy(a->names[r], a->tp[r]->ops->name(a->tp[r], r), SR_NAME_MAX);
         a->names[r][SR_NAME_MAX - 1] = '\0';
         for (int q = 0; q < r; q++)
             if (!strcmp(a->names[q], a->names[r]))
@@ -62,6 +75,7 @@ static void agent_free(sr_agent *a)
         sr_xport_detach(a->x);
     }
     free(a->names);
+    free(a->tp);
     free(a->gone);
     free(a->ctl_in);
     pthread_mutex_destroy(&a->gone_lock);
@@ -96,8 +110,10 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     if (!rc) {
         a->rank = a->x->rank;
         a->world = a->x->world;
-        rc = collect_names(a);
+        rc = transports(a);
     }
+    if (!rc)
+        rc = collect_names(a);
     if (!rc && (!(a->gone = calloc((size_t)a->world, sizeof(bool))) ||
                 !(a->ctl_in = calloc((size_t)a->world, 1))))
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
@@ -486,11 +502,13 @@ SR_API int sr_debug_info_get(sr_debug_info *o)
         .server_async_calls = atomic_load_explicit(&a->server_async, memory_order_relaxed),
         .thread_pool_size = (uint32_t)a->nexec,
         .num_idle_threads = atomic_load_explicit(&a->exec_idle, memory_order_relaxed),
-        .messages_sent = atomic_load_explicit(&a->x->st.sent, memory_order_relaxed),
-        .messages_received = atomic_load_explicit(&a->x->st.received, memory_order_relaxed),
-        .wakes_issued = atomic_load_explicit(&a->x->st.wakes, memory_order_relaxed),
-        .sleeps_taken = atomic_load_explicit(&a->x->st.sleeps, memory_order_relaxed),
     };
+    struct sr_tport_stats st;
+    a->self->ops->stats(a->self, &st);
+    o->messages_sent = st.sent;
+    o->messages_received = st.received;
+    o->wakes_issued = st.wakes;
+    o->sleeps_taken = st.sleeps;
     sr__agent_put(a);
     return 0;
 }

@@ -77,12 +77,12 @@ static int drain(sr_agent *a, int to, struct sr_outq_dest *d, bool armed)
     sr_outq *q = &a->outq;
     while (d->head) {
         struct sr_outq_msg *e = d->head;
-        int rc = sr_xport_send(a->x, to, &e->m);
+        int rc = a->tp[to]->ops->send(a->tp[to], to, &e->m);
         if (rc == -EAGAIN) {
             atomic_fetch_add_explicit(&q->full_retries, 1, memory_order_relaxed); /* relaxed: statistics */
             if (armed)
                 return -EAGAIN;
-            sr_xport_space_arm(a->x, to); /* W1 (ring.h), then one more try */
+            a->tp[to]->ops->space_arm(a->tp[to], to); /* W1 (ring.h), then one more try */
             armed = true;
             continue;
         }
@@ -145,7 +145,7 @@ int sr__outq_push(sr_agent *a, int to, const sr_msg *m)
         /* Register for the space event before the retry (W1): either the
          * retry finds room, or the consumer will kick us. No doorbell of our
          * own to ring, no timer to arm. */
-        sr_xport_space_arm(a->x, to);
+        a->tp[to]->ops->space_arm(a->tp[to], to);
         rc = drain(a, to, d, true);
         if (rc != -EAGAIN) {
             unlink_busy(q, d);
@@ -205,7 +205,7 @@ static void flush_all(sr_agent *a)
 
 void sr__outq_service(sr_agent *a)
 {
-    if (sr_likely(!sr_xport_space_kicked(a->x)) || !sr_xport_space_take(a->x))
+    if (sr_likely(!sr_tport_space_kicked(a->self)) || !a->self->ops->space_take(a->self))
         return;
     atomic_fetch_add_explicit(&a->outq.space_wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     flush_all(a);
@@ -237,7 +237,7 @@ size_t sr__outq_describe(sr_agent *a, int to, char *buf, size_t n)
     if (!queued)
         return 0;
     int len;
-    if (sr_xport_probe(a->x, to) == -EPROTO) /* never drains: say why */
+    if (a->tp[to]->ops->probe(a->tp[to], to) == -EPROTO) /* never drains: say why */
         len = snprintf(buf, n, "; %u message%s for %s still wait on %s, because %s", queued, queued == 1 ? "" : "s",
                        a->names[to], a->names[a->rank], sr_last_error());
     else

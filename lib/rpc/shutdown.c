@@ -107,13 +107,15 @@ static void fail_gone(sr_agent *a, sr_future *f)
  * exit is published (X1) before that one's, so it is visible now. */
 static int first_departure(sr_agent *a, int rank)
 {
-    uint32_t seq = sr_seg_worker(&a->x->seg, rank)->exit_seq;
-    for (int r = 0; r < a->world; r++)
-        if (r != a->rank && r != rank && sr_xport_peer_gone(a->x, r) && !sr_xport_peer_left_gracefully(a->x, r) &&
-            sr_seg_worker(&a->x->seg, r)->exit_seq < seq) {
-            seq = sr_seg_worker(&a->x->seg, r)->exit_seq;
+    uint32_t seq = a->tp[rank]->ops->exit_order(a->tp[rank], rank);
+    for (int r = 0; r < a->world; r++) {
+        sr_tport *t = a->tp[r];
+        if (r != a->rank && r != rank && t->ops->peer_gone(t, r) && !t->ops->left_gracefully(t, r) &&
+            t->ops->exit_order(t, r) < seq) {
+            seq = t->ops->exit_order(t, r);
             rank = r;
         }
+    }
     return rank;
 }
 
@@ -126,7 +128,7 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
         if (first == rank)
             snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
         else
-            sr_xport_gone_text(a->x, first, a->ctl_gone, sizeof(a->ctl_gone));
+            a->tp[first]->ops->gone_text(a->tp[first], first, a->ctl_gone, sizeof(a->ctl_gone));
     }
     fail_gone(a, a->barrier_fut);
     fail_gone(a, a->wave_fut);
@@ -136,7 +138,7 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
      * the inbox (agent.c, holder_sleep; with futex_waitv on its future too),
      * and this may run on another thread: its D2 fence pairs with this ring's
      * D3, after the completion. */
-    sr_doorbell_ring(&a->x->me->doorbell, a->x->me->doorbell_kind, a->x->me->eventfd);
+    a->self->ops->ring(a->self);
 }
 
 /* Install a fresh future in *slot under ctl_lock (the dispatcher completes
@@ -244,7 +246,7 @@ static int leader_drain(sr_agent *a, int64_t deadline)
 
 int sr__graceful(sr_agent *a, int64_t deadline)
 {
-    sr_xport_closing(a->x);
+    a->self->ops->closing(a->self);
     /* Armed before the barrier: once the barrier releases, our poller may see
      * the leader's QUIESCENT before this thread runs again. */
     sr_future *q = arm(a, &a->quiescent_fut);
@@ -272,7 +274,7 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     rc = barrier(a, deadline);
     /* Past the final barrier nobody waits for us: peers may take our exit
      * for a graceful one (a failed shutdown detaches as LEFT, xport.h). */
-    a->x->graceful = rc == 0;
+    a->self->ops->graceful(a->self, rc == 0);
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;

@@ -1,0 +1,218 @@
+/* The shared-memory transport behind the seam (transport.h): the ops over
+ * xport.c, and the doorbell side of the agent's consumer token, moved here
+ * from lib/rpc/agent.c with their memory-ordering arguments (doorbell.h
+ * D1-D3; the token states are the agent's, agent.h). */
+#include <errno.h>
+#include <string.h>
+
+#include "futex.h"
+#include "xport.h"
+
+#define X(t) ((sr_xport *)((char *)(t) - offsetof(sr_xport, tp)))
+
+static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), to, m); }
+static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr_xport_send_quiet(X(t), to, m); }
+static void t_space_arm(sr_tport *t, int to) { sr_xport_space_arm(X(t), to); }
+static int t_probe(sr_tport *t, int to) { return sr_xport_probe(X(t), to); }
+static bool t_space_take(sr_tport *t) { return sr_xport_space_take(X(t)); }
+
+static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n) { return sr_xport_recv_burst(X(t), out, n); }
+static bool t_pending(sr_tport *t) { return sr_ring_cons_pending(X(t)->inbox); }
+static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr_xport_inbox_text(X(t), buf, len); }
+
+/* A user thread took the inbox: it polls now, so producers need not wake
+ * the parked progress thread. */
+static void t_hold(sr_tport *t)
+{
+    /* relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
+    atomic_store_explicit(&X(t)->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+}
+
+/* The holding user thread hands the inbox back to the progress thread,
+ * parked on the doorbell. It released the inbox before it slept, and will
+ * not again before its next read: free the slots the holder's last burst
+ * still holds (a receive of nothing), or a ring full of them would refuse
+ * every producer, which then rings no doorbell, while everyone sleeps. Then
+ * re-announce its sleep. False (the announcement withdrawn): the inbox, a
+ * space event or busy(arg) has work; the caller polls again. */
+static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
+{
+    sr_xport *x = X(t);
+    sr_xport_recv_burst(x, NULL, 0);
+    /* relaxed: the D2 fence below orders it before the ring re-check */
+    atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
+    /* D2 (doorbell.h): pairs with the producers' D3 fence (and with the
+     * supervisor's X3 ring: busy() checks the departures) */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (sr_ring_cons_pending(x->inbox) || sr_xport_space_kicked(x) || busy(arg)) {
+        /* relaxed: only the holder writes a sleep announcement; a producer's exchange also writes AWAKE */
+        atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+/* The holding user thread has nothing to poll: sleep on the doorbell word
+ * itself (SLEEPING_USER, doorbell.h) and on `word` at once, so that the
+ * message it waits for wakes it directly. Only with the futex doorbell
+ * (eventfd producers never futex-wake). Without futex_waitv, on the doorbell
+ * alone (FUTEX_WAIT_BITSET, BIT_USER); the caller then armed its future's
+ * POLLER bit, so its completer rings the doorbell. */
+static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64_t until, bool (*busy)(void *),
+                        void *arg)
+{
+    sr_xport *x = X(t);
+    if (x->waiter.kind != SR_DOORBELL_FUTEX)
+        return -EOPNOTSUPP;
+    _Atomic uint32_t *w = &x->me->doorbell;
+    int lost = 0;
+    atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
+    /* D2 (doorbell.h): pairs with the producers' D3 fence, with the
+     * supervisor's X3 ring and with sr__agent_unpublish's store of closing
+     * (busy() reads the departures and closing) */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!sr_ring_cons_pending(x->inbox) && !sr_xport_space_kicked(x) && !busy(arg)) {
+        int rc;
+        if (word) {
+            struct futex_waitv v[2] = {
+                {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
+                sr_futex_private_word(word, val)};
+            rc = sr_futex_waitv(v, 2, until);
+        } else { /* FUTEX_WAIT_BITSET: an absolute CLOCK_MONOTONIC deadline; shared word */
+            struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+            rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
+                         SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
+        }
+        /* relaxed: a statistic for tests/test_idle_wake.c */
+        lost = rc == -ETIMEDOUT && sr_ring_ready(x->inbox) &&
+               atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER;
+    }
+    /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
+    atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    return lost;
+}
+
+static int t_sleep(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
+{
+    return sr_xport_sleep(X(t), deadline, ready, arg);
+}
+
+static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
+{
+    return sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg);
+}
+
+static int64_t t_spin_budget(sr_tport *t) { return sr_xport_spin_budget(X(t)); }
+static void t_kick(sr_tport *t) { sr_waiter_kick(&X(t)->waiter); }
+
+/* Ring this worker's doorbell whatever it says, and kick the progress
+ * thread (asleep aside while a user holds the inbox, or on the doorbell):
+ * the waiters re-check what they wait for. The store of AWAKE makes a
+ * sleeper that has not reached its futex wait yet return at once (its
+ * expected value is SLEEPING or SLEEPING_USER); the wake reaches both kinds
+ * of doorbell sleeper (doorbell.h). */
+static void t_poke(sr_tport *t)
+{
+    sr_xport *x = X(t);
+    /* relaxed: the futex wake below carries the event; sleepers re-check after D2 */
+    atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    sr__doorbell_wake(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
+    sr_waiter_kick(&x->waiter);
+}
+
+/* Quiet messages (acknowledgements) ring nobody: wake a user asleep on the
+ * doorbell to read them (nothing if it polls: the doorbell says AWAKE). */
+static void t_nudge(sr_tport *t)
+{
+    sr_xport *x = X(t);
+    if (sr_ring_ready(x->inbox))
+        sr_doorbell_ring(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
+}
+
+/* As a producer's ring after a publish: the D3 fence inside pairs with the
+ * sleeper's D2 (a completion made before it is seen by a holder about to
+ * sleep on the inbox). */
+static void t_ring(sr_tport *t)
+{
+    sr_xport *x = X(t);
+    sr_doorbell_ring(&x->me->doorbell, x->me->doorbell_kind, x->me->eventfd);
+}
+
+static void t_closing(sr_tport *t) { sr_xport_closing(X(t)); }
+static void t_graceful(sr_tport *t, bool done) { X(t)->graceful = done; }
+
+static void t_stop(sr_tport *t) { sr_waiter_notify_shutdown(&X(t)->waiter); }
+
+static bool t_peer_gone(sr_tport *t, int rank) { return sr_xport_peer_gone(X(t), rank); }
+static uint32_t t_exit_order(sr_tport *t, int rank)
+{
+    return sr_seg_worker(&X(t)->seg, rank)->exit_seq; /* written before X1, read after it */
+}
+static const char *t_gone_text(sr_tport *t, int rank, char *buf, size_t len)
+{
+    return sr_xport_gone_text(X(t), rank, buf, len);
+}
+static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
+{
+    return sr_seg_exit_text(sr_seg_worker(&X(t)->seg, rank), buf, len);
+}
+static bool t_left_gracefully(sr_tport *t, int rank) { return sr_xport_peer_left_gracefully(X(t), rank); }
+static const char *t_name(sr_tport *t, int rank) { return X(t)->peers[rank].name; }
+
+static void t_stats(sr_tport *t, struct sr_tport_stats *o)
+{
+    sr_xport_stats *s = &X(t)->st;
+    /* relaxed (all): statistics */
+    o->sent = atomic_load_explicit(&s->sent, memory_order_relaxed);
+    o->received = atomic_load_explicit(&s->received, memory_order_relaxed);
+    o->wakes = atomic_load_explicit(&s->wakes, memory_order_relaxed);
+    o->sleeps = atomic_load_explicit(&s->sleeps, memory_order_relaxed);
+    o->full = atomic_load_explicit(&s->full, memory_order_relaxed);
+    o->spin_hits = atomic_load_explicit(&s->spin_hits, memory_order_relaxed);
+}
+
+static const struct sr_tport_ops shm_ops = {
+    .kind = "shm",
+    .send = t_send,
+    .send_quiet = t_send_quiet,
+    .space_arm = t_space_arm,
+    .probe = t_probe,
+    .space_take = t_space_take,
+    .recv_burst = t_recv_burst,
+    .pending = t_pending,
+    .inbox_text = t_inbox_text,
+    .hold = t_hold,
+    .park = t_park,
+    .hold_sleep = t_hold_sleep,
+    .sleep = t_sleep,
+    .sleep_aside = t_sleep_aside,
+    .spin_budget = t_spin_budget,
+    .kick = t_kick,
+    .poke = t_poke,
+    .nudge = t_nudge,
+    .ring = t_ring,
+    .stop = t_stop,
+    .peer_gone = t_peer_gone,
+    .exit_order = t_exit_order,
+    .gone_text = t_gone_text,
+    .exit_text = t_exit_text,
+    .left_gracefully = t_left_gracefully,
+    .name = t_name,
+    .stats = t_stats,
+    .closing = t_closing,
+    .graceful = t_graceful,
+};
+
+sr_tport *sr_xport_transport(sr_xport *x)
+{
+    x->tp.ops = &shm_ops;
+    x->tp.rank = x->rank;
+    x->tp.world = x->world;
+    x->tp.caps = 0;
+    x->tp.space_kick = &x->me->space_kick;
+    x->tp.inbox_bad = &x->inbox->bad;
+    x->tp.exits = &x->seg.hdr->exits;
+    if (x->waiter.kind == SR_DOORBELL_FUTEX)
+        x->tp.caps |= SR_TPORT_HOLD_SLEEP | (sr_futex_waitv_supported() ? SR_TPORT_SLEEP_WORD : 0);
+    return &x->tp;
+}
