@@ -76,26 +76,38 @@ static void call_out(uint64_t id, int to, const char *name, int64_t t0)
     atomic_store_explicit(&p->id, id, memory_order_release); /* pairs with read_pending's acquire */
 }
 
+/* What call_out recorded of a call: when it started, its name, its thread. */
+struct call_start {
+    int64_t t0;
+    uint32_t name;
+    int32_t tid;
+};
+
 /* The start of call id, if it is the one in its slot. */
-static bool read_pending(uint64_t id, int64_t *t0, uint32_t *name, int32_t *tid)
+static bool read_pending(uint64_t id, struct call_start *st)
 {
     struct pending *p = slot_of(id);
     if (!p || atomic_load_explicit(&p->id, memory_order_acquire) != id) /* pairs with call_out */
         return false;
-    *t0 = atomic_load_explicit(&p->t0, memory_order_relaxed); /* relaxed: ordered by the id's acquire */
-    *name = atomic_load_explicit(&p->name, memory_order_relaxed);
-    *tid = atomic_load_explicit(&p->tid, memory_order_relaxed);
+    st->t0 = atomic_load_explicit(&p->t0, memory_order_relaxed); /* relaxed: ordered by the id's acquire */
+    st->name = atomic_load_explicit(&p->name, memory_order_relaxed);
+    st->tid = atomic_load_explicit(&p->tid, memory_order_relaxed);
     atomic_thread_fence(memory_order_acquire); /* the fields are read before the re-check below */
     return atomic_load_explicit(&p->id, memory_order_relaxed) == id; /* relaxed: after the fence */
 }
 
+/* This thread's table, if call id was recorded (its start in *st). */
+static struct sr_ttable *started(uint64_t id, struct call_start *st)
+{
+    struct sr_ttable *t = sr__ttable();
+    return t && read_pending(id, st) ? t : NULL;
+}
+
 static void call_sent(uint64_t id, int to, int rc, int64_t t0, int64_t t1)
 {
-    int64_t s;
-    uint32_t name;
-    int32_t tid;
-    struct sr_ttable *t = sr__ttable();
-    if (!t || !read_pending(id, &s, &name, &tid))
+    struct call_start st;
+    struct sr_ttable *t = started(id, &st);
+    if (!t)
         return;
     if (rc) { /* never sent: the caller got the error, there is no call; the slot may be another's already */
         uint64_t mine = id;
@@ -105,29 +117,27 @@ static void call_sent(uint64_t id, int to, int rc, int64_t t0, int64_t t1)
     }
     if (mask() & SR_PROBE_TRACE)
         sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_SEND, .t0 = t0, .t1 = t1, .flow = flow_id(my_rank, id),
-                                          .name = name, .peer = to, .tid = t->tid});
+                                          .name = st.name, .peer = to, .tid = t->tid});
 }
 
 static void call_end(uint64_t id, int from, int err, int64_t t0, int64_t t1)
 {
-    int64_t s;
-    uint32_t name;
-    int32_t tid;
-    struct sr_ttable *t = sr__ttable();
-    if (!t || !read_pending(id, &s, &name, &tid))
+    struct call_start st;
+    struct sr_ttable *t = started(id, &st);
+    if (!t)
         return;
     if (mask() & SR_PROBE_STATS) {
-        struct sr_fn_block *b = sr__fn_block(t, name);
+        struct sr_fn_block *b = sr__fn_block(t, st.name);
         if (b) {
             sr__bump(&b->calls, 1);
             sr__bump(&b->errors, err != 0);
-            sr_hist_add(&b->rtt, t0 - s); /* until the answer arrived: callbacks are not the call's */
+            sr_hist_add(&b->rtt, t0 - st.t0); /* until the answer arrived: callbacks are not the call's */
         }
     }
     if (mask() & SR_PROBE_TRACE)
         sr__trace_add(t, &(struct sr_rec){.kind = from >= 0 ? SR_REC_ANSWER : SR_REC_LOST, .t0 = t0, .t1 = t1,
-                                          .t2 = s, .flow = flow_id(my_rank, id), .name = name, .peer = from,
-                                          .err = err, .tid = t->tid, .tid2 = tid});
+                                          .t2 = st.t0, .flow = flow_id(my_rank, id), .name = st.name, .peer = from,
+                                          .err = err, .tid = t->tid, .tid2 = st.tid});
 }
 
 static void serve_in(const struct sr_probe_call *c)
