@@ -13,7 +13,13 @@
  *       that thread.
  *
  * Every wait is bounded: a call that never runs on the serving thread fails
- * after SERVE_BOUND_S, a blocked `take` after TAKE_BOUND_S. */
+ * after SERVE_BOUND_S, a blocked `take` after TAKE_BOUND_S.
+ *
+ * Worker 0's state for the functions is ready before its sr_init (setup):
+ * worker 1 calls as soon as its own sr_init returns, and worker 0's progress
+ * thread serves those calls on the executors before its main thread reaches
+ * the scenario. A sem_init there reset a serve.give already posted, and
+ * serve.take then waited for nothing. */
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
@@ -70,28 +76,37 @@ static int fn_give(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
-static void register_fns(void)
+/* Before sr_init, on every worker (the harness's thread, which then runs
+ * the scenario): the functions and the state they use, so that no call can
+ * find it unset. Worker 1 only calls: serve_or releases its copy. */
+static void setup(void)
 {
+    server_thread = pthread_self();
+    sem_init(&gate, 0, 0);
+    stop = sr_future_new();
     sr_register("serve.where", fn_where);
     sr_register("serve.stop", fn_stop);
     sr_register("serve.take", fn_take);
     sr_register("serve.give", fn_give);
 }
 
+static void release_state(void)
+{
+    sr_future_unref(stop);
+    sem_destroy(&gate);
+}
+
 /* Worker 0 serves until worker 1 says stop; worker 1 runs `client`. */
 static int serve_or(int rank, int (*client)(void))
 {
+    WCHECK(stop, "sr_future_new (in setup)");
     if (rank == 0) {
-        server_thread = pthread_self();
-        sem_init(&gate, 0, 0);
-        stop = sr_future_new();
-        WCHECK(stop, "sr_future_new");
         int rc = sr_serve_until(stop, NULL);
-        sr_future_unref(stop);
-        sem_destroy(&gate);
+        release_state();
         WCHECK(rc == 0, "sr_serve_until: %d %s", rc, sr_last_error());
         return 0;
     }
+    release_state();
     int rc = client();
     WCHECK(sr_rpc_sync(0, "serve.stop", SR_NOARGS, -1, NULL) == 0, "serve.stop: %s", sr_last_error());
     return rc;
@@ -122,7 +137,7 @@ static int where_scenario(int rank, int world)
 
 Test(serve, calls_run_on_the_serving_thread)
 {
-    RUN_JOB("serve_where", 2, .scenario = where_scenario, .register_fns = register_fns);
+    RUN_JOB("serve_where", 2, .scenario = where_scenario, .register_fns = setup);
 }
 
 /* PAIRS times: take and give sent back to back, so that they often arrive
@@ -150,5 +165,5 @@ static int pairs_scenario(int rank, int world)
 
 Test(serve, blocking_call_holds_up_no_other)
 {
-    RUN_JOB("serve_pairs", 2, .scenario = pairs_scenario, .register_fns = register_fns);
+    RUN_JOB("serve_pairs", 2, .scenario = pairs_scenario, .register_fns = setup);
 }
