@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "rpc/agent.h"
+#include "helpers/held_futures.h"
 #include "rpc_harness.h"
 #include "waiter.h"
 
@@ -74,37 +75,12 @@ static struct page *pg;
 
 /* ---- worker0: hold, an async function that answers only at the end ---- */
 
-static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
-static sr_future *held[MAX_ROUNDS];
-static int nheld;
-
 static int fn_hold(sr_call *c, sr_future **out)
 {
-    sr_future *f = sr_future_new();
-    if (!f)
-        return sr_call_fail(c, -ENOMEM, "out of memory");
-    pthread_mutex_lock(&held_lock);
-    bool room = nheld < MAX_ROUNDS;
-    if (room)
-        held[nheld++] = sr_future_ref(f);
-    pthread_mutex_unlock(&held_lock);
-    if (!room) {
-        sr_future_unref(f);
-        return sr_call_fail(c, -ENOSPC, "more holds than rounds");
-    }
-    *out = f;
+    int rc = hold_new(MAX_ROUNDS, out);
+    if (rc)
+        return sr_call_fail(c, rc, "%s", rc == -ENOSPC ? "more holds than rounds" : "out of memory");
     return 0;
-}
-
-static void release_holds(void)
-{
-    pthread_mutex_lock(&held_lock);
-    for (int i = 0; i < nheld; i++) {
-        sr_future_set_result(held[i], NULL);
-        sr_future_unref(held[i]);
-    }
-    nheld = 0;
-    pthread_mutex_unlock(&held_lock);
 }
 
 /* ---- worker1: arm a timer on its progress thread; report lost wake-ups ---- */

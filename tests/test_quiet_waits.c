@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "rpc/agent.h"
+#include "helpers/held_futures.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(quiet_waits);
@@ -138,40 +139,16 @@ static int64_t wakes_over_window(const pid_t *skip, int n)
 
 /* ---- worker0: hold, an async function answered once worker1 has measured ---- */
 
-static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
-static sr_future *held[4];
-static int nheld;
 static _Atomic uint32_t holds_taken; /* futex: calls fn_hold has held so far */
 
 static int fn_hold(sr_call *c, sr_future **out)
 {
-    sr_future *f = sr_future_new();
-    if (!f)
-        return sr_call_fail(c, -ENOMEM, "out of memory");
-    pthread_mutex_lock(&held_lock);
-    bool room = nheld < 4;
-    if (room)
-        held[nheld++] = sr_future_ref(f);
-    pthread_mutex_unlock(&held_lock);
-    if (!room) {
-        sr_future_unref(f);
-        return sr_call_fail(c, -ENOSPC, "more than 4 holds");
-    }
-    atomic_fetch_add(&holds_taken, 1);
+    int rc = hold_new(4, out);
+    if (rc)
+        return sr_call_fail(c, rc, "%s", rc == -ENOSPC ? "more than 4 holds" : "out of memory");
+    atomic_fetch_add(&holds_taken, 1); /* seq_cst: pairs with wait_for's acquire load (shared_event.h) */
     syscall(SYS_futex, &holds_taken, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-    *out = f;
     return 0;
-}
-
-static void release_holds(void)
-{
-    pthread_mutex_lock(&held_lock);
-    for (int i = 0; i < nheld; i++) {
-        sr_future_set_result(held[i], NULL);
-        sr_future_unref(held[i]);
-    }
-    nheld = 0;
-    pthread_mutex_unlock(&held_lock);
 }
 
 static void register_fns(void) { sr_register_async("hold", fn_hold); }
