@@ -46,6 +46,7 @@ static inline void sr_hist_add(struct sr_hist *h, int64_t ns)
     sr__bump(&h->b[sr_hist_index(v)], 1);
     sr__bump(&h->n, 1);
     sr__bump(&h->sum, v);
+    /* relaxed: single writer, read only by snapshots (see above) */
     if (v > atomic_load_explicit(&h->max, memory_order_relaxed))
         atomic_store_explicit(&h->max, v, memory_order_relaxed);
 }
