@@ -12,10 +12,19 @@
  * lib/rpc; the interface names no shared-memory type but sr_msg (the 64-byte
  * slot framing, ring.h).
  *
- * Framing: a message is one sr_msg (64 bytes; a larger payload travels as a
- * heap offset, payload.h). A transport that carries messages of any length
- * is still to come (issue 13 part 1, "framing"): send and recv_burst will
- * then take a length.
+ * Framing: a message is one sr_msg (its 64-byte head) and its parts: the
+ * byte ranges outside the slot that it refers to (the payload's heap block,
+ * and the blocks of the tensors the payload names, payload.h). Within a host
+ * the parts travel by reference: the head carries heap offsets, valid for
+ * every worker of the segment. A transport whose peers do not share our heap
+ * (caps SR_TPORT_COPIES: MPI between hosts, lib/mpi/mpi_tport.c) carries a
+ * message whole, the head and every part's bytes, whatever their length, and
+ * the receiver materialises each part as a block of its own heap and
+ * rebinds the head (and the payload) to those blocks, so that what it
+ * decodes is exactly what a local peer would have sent. Only the agent
+ * knows where a message names its parts; it hands the transport that
+ * knowledge as a marshal table (struct sr_tport_marshal): the pluggable
+ * tensor marshalling of issue 13.
  *
  * Threads and the consumer token. Exactly one thread at a time consumes an
  * instance's inbox: the agent's token holder (agent.h). The consumer ops
@@ -54,6 +63,12 @@
  * gone_text / exit_text (how it ended), left_gracefully. Within a host these
  * are the supervisor's exit records; pidfds only wake sleeps.
  *
+ * Several instances: the agent consumes `self` (the rings) and, when some
+ * peers are on other hosts, one instance of a copying transport too
+ * (sr_agent.remote): the token holder polls both, and sleeps in self's
+ * sleeps. A transport whose producers cannot ring our doorbell says how soon
+ * it must be polled again (poll_ns) and the agent bounds its sleeps by that.
+ *
  * Lifetime: an instance lives from its transport's attach to its detach
  * (for shm: sr_xport_attach .. sr_xport_detach; sr_xport_transport gives
  * its instance). The agent stops its threads before detaching.
@@ -78,6 +93,23 @@ struct sr_tport_stats {
 /* caps: what the instance's sleeps can do. */
 #define SR_TPORT_HOLD_SLEEP 0x1u /* hold_sleep exists: a holding user thread can be woken by producers */
 #define SR_TPORT_SLEEP_WORD 0x2u /* hold_sleep also sleeps on one private futex word (futex_waitv) */
+#define SR_TPORT_COPIES 0x4u     /* peers do not share our heap: a message's parts travel as bytes (marshal) */
+
+/* Where a message's parts are (above, "Framing"); the agent's (lib/rpc/marshal.c). */
+struct sr_tport_marshal {
+    /* Visit the parts of m in order: each(arg, data, len) for every byte
+     * range outside the slot that m refers to; a nonzero return stops the
+     * walk and is returned. 0: m has no parts. */
+    int (*parts)(const sr_msg *m, int (*each)(void *arg, const void *data, uint64_t len), void *arg);
+    /* m left (its bytes were sent) or never will: drop the references its
+     * parts held, as a local receiver would once it has decoded it. */
+    void (*sent)(const sr_msg *m);
+    /* m arrived with n parts, materialised as blocks of our heap (their
+     * offsets, in parts() order, one reference each): point m at them. 0, or
+     * -EBADMSG (the reason in sr_last_error): the caller then drops the
+     * blocks and the message. */
+    int (*rebind)(sr_msg *m, const uint64_t *blocks, size_t n);
+};
 
 struct sr_tport_ops {
     const char *kind; /* "shm" */
@@ -109,6 +141,10 @@ struct sr_tport_ops {
     int (*sleep)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
     int (*sleep_aside)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
     int64_t (*spin_budget)(sr_tport *t); /* any thread; 0: do not spin */
+    /* The consumer: how soon it must poll this instance again rather than
+     * sleep on; -1 never (its producers wake our sleeps), 0 now (a
+     * transfer in flight needs polling to progress). */
+    int64_t (*poll_ns)(sr_tport *t);
     void (*kick)(sr_tport *t);
     void (*poke)(sr_tport *t);
     void (*nudge)(sr_tport *t);
@@ -141,6 +177,7 @@ struct sr_tport {
     _Atomic uint32_t *space_kick; /* nonzero: a space event is pending (space_take clears it) */
     _Atomic uint32_t *inbox_bad;  /* nonzero: the inbox was latched corrupt (the consumer latches it) */
     _Atomic uint32_t *exits;      /* the count of published exits, a generation (segment.h X2) */
+    const struct sr_tport_marshal *marshal; /* SR_TPORT_COPIES: set by the agent before the first send */
 };
 
 /* A space event is pending. relaxed: a hint; space_take synchronises. */

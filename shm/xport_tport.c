@@ -171,6 +171,13 @@ static void t_stats(sr_tport *t, struct sr_tport_stats *o)
     o->spin_hits = atomic_load_explicit(&s->spin_hits, memory_order_relaxed);
 }
 
+/* Producers ring our doorbell: never poll on a timer. */
+static int64_t t_poll_ns(sr_tport *t)
+{
+    (void)t;
+    return -1;
+}
+
 static const struct sr_tport_ops shm_ops = {
     .kind = "shm",
     .send = t_send,
@@ -187,6 +194,7 @@ static const struct sr_tport_ops shm_ops = {
     .sleep = t_sleep,
     .sleep_aside = t_sleep_aside,
     .spin_budget = t_spin_budget,
+    .poll_ns = t_poll_ns,
     .kick = t_kick,
     .poke = t_poke,
     .nudge = t_nudge,
@@ -212,6 +220,7 @@ sr_tport *sr_xport_transport(sr_xport *x)
     x->tp.space_kick = &x->me->space_kick;
     x->tp.inbox_bad = &x->inbox->bad;
     x->tp.exits = &x->seg.hdr->exits;
+    x->tp.marshal = NULL; /* parts travel by reference */
     if (x->waiter.kind == SR_DOORBELL_FUTEX)
         x->tp.caps |= SR_TPORT_HOLD_SLEEP | (sr_futex_waitv_supported() ? SR_TPORT_SLEEP_WORD : 0);
     return &x->tp;

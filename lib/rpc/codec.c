@@ -371,7 +371,10 @@ int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int t
 
 /* ---- decode --------------------------------------------------------------- */
 
-enum walk_mode { CHECK, BUILD, RELEASE };
+/* VISIT: the structure only (bounds, tags, lengths), handing each tensor
+ * descriptor's block field to a visitor; nothing is checked against the
+ * heap (the marshalling of messages between hosts, sr_codec_visit_tensors). */
+enum walk_mode { CHECK, BUILD, RELEASE, VISIT };
 
 struct dec {
     const uint8_t *buf;
@@ -379,6 +382,8 @@ struct dec {
     enum walk_mode mode;
     int err;            /* BUILD's failure; the rest of the walk is RELEASE */
     const char *fn;
+    int (*visit)(void *arg, uint8_t *block_field); /* VISIT */
+    void *visit_arg;
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -539,6 +544,8 @@ static int walk_object(struct dec *d, size_t at, sr_value **out)
         return rc;
     const char *type = (const char *)d->buf + d->pos;
     d->pos += tlen;
+    if (d->mode == VISIT)
+        return 0;
     if (d->mode == CHECK)
         return object_check(d, at, pid, (int32_t)rank, addr, type, tlen);
     /* The buffer's reference passes to the decoded value, or is dropped. */
@@ -580,6 +587,8 @@ _Static_assert(offsetof(struct sr_tensor_desc, shape) == 24 &&
                    offsetof(struct sr_tensor_desc, strides) == 24 + 8 * SR_MAX_DIMS,
                "put_desc and get_desc follow struct sr_tensor_desc");
 
+#define DESC_BLOCK_AT 16 /* the block field's offset in a descriptor's bytes (get_desc) */
+
 /* The fixed-size descriptor; every field is read, none is trusted yet. */
 static int get_desc(struct dec *d, struct sr_tensor_desc *t)
 {
@@ -592,7 +601,7 @@ static int get_desc(struct dec *d, struct sr_tensor_desc *t)
     t->ndim = p[5];
     t->flags = rd16(p + 6);
     t->offset = (int64_t)rd64(p + 8);
-    t->block = rd64(p + 16);
+    t->block = rd64(p + DESC_BLOCK_AT);
     for (int i = 0; i < SR_MAX_DIMS; i++) {
         t->shape[i] = (int64_t)rd64(p + 24 + 8 * i);
         t->strides[i] = (int64_t)rd64(p + 24 + 8 * (SR_MAX_DIMS + i));
@@ -625,6 +634,8 @@ static int walk_tensor(struct dec *d, size_t at, sr_value **out)
     int rc = get_desc(d, &t);
     if (rc)
         return rc;
+    if (d->mode == VISIT) /* the descriptor follows the tag; its block field is at DESC_BLOCK_AT */
+        return d->visit(d->visit_arg, (uint8_t *)(uintptr_t)d->buf + at + 1 + DESC_BLOCK_AT);
     if (d->mode == CHECK)
         return tensor_check(d, at, &t);
     if (d->mode == BUILD) {
@@ -657,6 +668,8 @@ static int walk_module(struct dec *d, size_t at, uint8_t tag, sr_value **out)
         return rc;
     const uint8_t *wire = d->buf + d->pos;
     d->pos += k->wire_size;
+    if (d->mode == VISIT)
+        return 0;
     char why[160];
     if (d->mode == CHECK)
         return k->check(wire, why, sizeof(why)) ? bad(d, at, "%s", why) : 0;
@@ -767,4 +780,12 @@ void sr_codec_release(const uint8_t *buf, size_t len)
     d.pos = 0;
     d.mode = RELEASE;
     walk_top(&d, &unused);
+}
+
+int sr_codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg)
+{
+    struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = VISIT, .fn = "sr_rpc",
+                    .visit = fn, .visit_arg = arg};
+    sr_value *unused = NULL;
+    return walk_top(&d, &unused);
 }

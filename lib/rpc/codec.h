@@ -57,4 +57,11 @@ int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out);
 /* Drop the block references held by an encoded buffer that will not be decoded. */
 void sr_codec_release(const uint8_t *buf, size_t len);
 
+/* Walk an encoded list's structure (bounds, tags and lengths checked, nothing
+ * else) and call fn with the position of each tensor descriptor's block
+ * offset (8 bytes, little-endian), in encoding order; fn may rewrite it. 0,
+ * fn's nonzero return, or -EBADMSG (malformed, the reason in sr_last_error).
+ * The marshalling of messages between hosts (marshal.c) uses it. */
+int sr_codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg);
+
 #endif
