@@ -182,13 +182,34 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
  * (or a corrupt inbox not yet found: a poll finds it; transport.h, pending). */
 static bool inbox_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || a->self->ops->pending(a->self);
+    return a->burst_at < a->burst_n || a->self->ops->pending(a->self) ||
+           (a->remote && a->remote->ops->pending(a->remote));
 }
 
 /* The same, or a space event (xport.h): the spin loops' check. */
 static bool poll_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self);
+    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self) ||
+           (a->remote && a->remote->ops->pending(a->remote));
+}
+
+/* When the token holder must poll the copying transport again, however
+ * idle the rings are (its producers ring no doorbell): -1 never. */
+static int64_t remote_due(const sr_agent *a)
+{
+    if (sr_likely(!a->remote))
+        return -1;
+    int64_t ns = a->remote->ops->poll_ns(a->remote);
+    return ns < 0 ? -1 : sr_now_ns() + ns;
+}
+
+/* One burst from the rings, then what fits from the other hosts. */
+static unsigned recv_all(sr_agent *a)
+{
+    unsigned n = a->self->ops->recv_burst(a->self, a->burst, BURST);
+    if (a->remote && n < BURST)
+        n += a->remote->ops->recv_burst(a->remote, a->burst + n, BURST - n);
+    return n;
 }
 
 static void inbox_lost(sr_agent *a);
@@ -201,7 +222,7 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
 {
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
-        a->burst_n = a->self->ops->recv_burst(a->self, a->burst, BURST);
+        a->burst_n = recv_all(a);
         if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
             inbox_lost(a);
         if (!a->burst_n) { /* idle: take back the blocks peers released (one load when there are none) */
@@ -490,7 +511,8 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
         return true; /* done, or its state moved: poll again */
     /* relaxed: a lower bound; a deadline lowered after this read kicks the
      * progress thread, which expires the call and so completes f */
-    struct hold_ctx c = {a, f, earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed))};
+    struct hold_ctx c = {a, f, earlier(earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed)),
+                                       remote_due(a))};
     /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
     if (t->ops->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
@@ -847,7 +869,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
         return;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    a->self->ops->sleep(a->self, earlier(next_deadline(a), deadline), park_ready, &c);
+    a->self->ops->sleep(a->self, earlier(earlier(next_deadline(a), deadline), remote_due(a)), park_ready, &c);
     handle_events(a);
 }
 

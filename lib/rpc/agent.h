@@ -116,6 +116,10 @@ typedef struct sr_agent {
      * instance that reaches it (today all are self). Set at init. */
     sr_tport *self;
     sr_tport **tp;            /* [world] */
+    /* The instance of a copying transport (SR_TPORT_COPIES: MPI) that
+     * reaches the peers on other hosts, or NULL: the token holder polls it
+     * after self, and bounds its sleeps by its poll_ns (transport.h). */
+    sr_tport *remote;
     int rank, world;
     uint64_t epoch;           /* set by sr__agent_publish: tells agents apart */
     _Atomic bool closing;     /* set by sr__agent_unpublish: waiters leave */

@@ -1,0 +1,177 @@
+/* Across hosts: shmrpc over the MPI transport next to raw MPI, in one run.
+ *
+ *   mpirun -n 2 -x SHMRPC_HOSTS=2 --mca btl self,tcp bench_mpi_rpc [--rounds R]
+ *
+ * Two ranks on two (pretend) hosts. Each round measures, one after the
+ * other in the same processes over the same BTL:
+ *   - raw MPI: a ping-pong of the no-op request's frame size (64 bytes),
+ *     with the calls our transport makes (MPI_Isend, then MPI_Improbe and
+ *     MPI_Mrecv polled), and a 64 MiB transfer answered by one byte;
+ *   - shmrpc (sr_init .. sr_shutdown inside the round): sr_rpc_sync of the
+ *     built-in no-op, and of a function given a 64 MiB tensor.
+ * The line per figure: medians over rounds of each side's p50, and the
+ * median of the per-round ratios (a round's two figures share its noise).
+ * Targets (issue 13): no-op <= 1.5x the ping-pong, 64 MiB <= 1.2x. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "shmrpc/shmrpc.h"
+
+#define NOOP_CALLS 20000
+#define NOOP_WARM 2000
+#define BIG_BYTES (64u << 20)
+#define BIG_CALLS 12
+#define BIG_WARM 2
+#define FRAME_BYTES 64 /* a no-op request's frame: the head and no part (lib/mpi/mpi_tport.c) */
+
+static int rank;
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_mpi_rpc: rank %d: %s: %s\n", rank, what, sr_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+/* Rank 0 sends n bytes with MPI_Isend; rank 1 polls with MPI_Improbe, takes
+ * it with MPI_Mrecv and answers `reply` bytes the same way. */
+static void poll_recv(void *buf, int n, int from)
+{
+    int flag = 0;
+    MPI_Message msg;
+    MPI_Status st;
+    while (!flag)
+        MPI_Improbe(from, 0, MPI_COMM_WORLD, &flag, &msg, &st);
+    MPI_Mrecv(buf, n, MPI_BYTE, &msg, MPI_STATUS_IGNORE);
+}
+
+static void isend(const void *buf, int n, int to)
+{
+    MPI_Request r;
+    MPI_Isend(buf, n, MPI_BYTE, to, 0, MPI_COMM_WORLD, &r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+}
+
+static bench_lat raw_pingpong(uint8_t *buf, int n, int reply, int iters, int warm, int64_t *lat)
+{
+    for (int i = 0; i < warm + iters; i++) {
+        int64_t t0 = bench_now_ns();
+        if (rank == 0) {
+            isend(buf, n, 1);
+            poll_recv(buf, reply, 1);
+        } else {
+            poll_recv(buf, n, 0);
+            isend(buf, reply, 0);
+        }
+        if (i >= warm)
+            lat[i - warm] = bench_now_ns() - t0;
+    }
+    return bench_lat_of(lat, (size_t)iters);
+}
+
+static int consume(sr_call *c)
+{
+    return sr_call_return(c, sr_none());
+}
+
+static void start(void)
+{
+    if (sr_init(NULL))
+        die("sr_init");
+}
+
+static void stop(void)
+{
+    if (sr_shutdown(true, 60))
+        die("sr_shutdown");
+}
+
+static bench_lat ours_noop(int64_t *lat)
+{
+    for (int i = 0; i < NOOP_WARM + NOOP_CALLS; i++) {
+        int64_t t0 = bench_now_ns();
+        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+            die("rpc_sync noop");
+        if (i >= NOOP_WARM)
+            lat[i - NOOP_WARM] = bench_now_ns() - t0;
+    }
+    return bench_lat_of(lat, NOOP_CALLS);
+}
+
+static bench_lat ours_big(sr_value *t, int64_t *lat)
+{
+    for (int i = 0; i < BIG_WARM + BIG_CALLS; i++) {
+        int64_t t0 = bench_now_ns();
+        if (sr_rpc_sync(1, "consume", SR_ARGS(t), -1, NULL))
+            die("rpc_sync consume(64 MiB)");
+        if (i >= BIG_WARM)
+            lat[i - BIG_WARM] = bench_now_ns() - t0;
+    }
+    return bench_lat_of(lat, BIG_CALLS);
+}
+
+int main(int argc, char **argv)
+{
+    int rounds = 5, world = 0, provided = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+            rounds = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: mpirun -n 2 -x SHMRPC_HOSTS=2 %s [--rounds R]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (rounds < 1 || rounds > BENCH_MAX_ROUNDS)
+        rounds = 5;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 2 || provided < MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "bench_mpi_rpc: needs 2 ranks (got %d) and MPI_THREAD_MULTIPLE\n", world);
+        MPI_Finalize();
+        return 2;
+    }
+    sr_register("consume", consume);
+    uint8_t *buf = malloc(BIG_BYTES);
+    int64_t *lat = malloc(sizeof(int64_t) * NOOP_CALLS);
+    if (!buf || !lat)
+        die("malloc");
+    memset(buf, 1, BIG_BYTES);
+    bench_rounds noop = {0}, big = {0};
+    for (int r = 0; r < rounds; r++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        bench_lat raw_small = raw_pingpong(buf, FRAME_BYTES, FRAME_BYTES, NOOP_CALLS, NOOP_WARM, lat);
+        bench_lat raw_big = raw_pingpong(buf, BIG_BYTES, 1, BIG_CALLS, BIG_WARM, lat);
+        start();
+        if (rank == 0) {
+            bench_lat small = ours_noop(lat);
+            sr_tensor *t = sr_full(SR_F32, 1, (int64_t[]){BIG_BYTES / 4}, 1.0, 0);
+            sr_value *v = t ? sr_tensor_value(t) : NULL;
+            if (!v)
+                die("a 64 MiB tensor");
+            bench_lat large = ours_big(v, lat);
+            sr_value_unref(v);
+            sr_tensor_unref(t);
+            bench_rounds_add(&noop, small, raw_small);
+            bench_rounds_add(&big, large, raw_big);
+        }
+        stop();
+    }
+    if (rank == 0) {
+        bench_summary s = bench_summarize(&noop);
+        char extra[160];
+        snprintf(extra, sizeof(extra), "2 pretend hosts, %d rounds", rounds);
+        bench_print("rpc_sync noop across hosts", "MPI transport, builtin noop", "raw MPI ping-pong 64 B (Isend/Improbe)",
+                    &s, 1.5, extra);
+        s = bench_summarize(&big);
+        snprintf(extra, sizeof(extra), "%.2f GB/s ours, %.2f GB/s raw", BIG_BYTES / s.ours50, BIG_BYTES / s.floor50);
+        bench_print("rpc_sync 64 MiB tensor across hosts", "MPI transport, one message, no copy on the sender",
+                    "raw MPI 64 MiB + 1 B reply", &s, 1.2, extra);
+    }
+    free(lat);
+    free(buf);
+    MPI_Finalize();
+    return 0;
+}
