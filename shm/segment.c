@@ -46,6 +46,14 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
                         "size %llu bytes is too small for %d workers (need at least %llu: %llu fixed + %u MiB of heap each)",
                         (unsigned long long)*size, o->world_size, (unsigned long long)need,
                         (unsigned long long)fixed, SR_HEAP_MIN >> 20);
+    if (o->attaching) {
+        int n = 0;
+        for (int r = 0; r < o->world_size; r++)
+            n += o->attaching[r] != 0;
+        if (n == 0)
+            return sr__fail(-EINVAL, "sr_segment_create", "no rank of %d attaches to segment '%s'",
+                            o->world_size, o->name ? o->name : "shmrpc");
+    }
     return 0;
 }
 
@@ -55,6 +63,7 @@ static void take_geometry(sr_segment *seg)
     const struct sr_seg_header *h = seg->hdr;
     seg->world = h->world_size;
     seg->ring_slots = h->ring_slots;
+    seg->attaching = h->attaching;
     seg->table_off = h->table_off;
     seg->table_stride = h->table_stride;
     seg->inbox_off = h->inbox_off;
@@ -80,13 +89,18 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->heap_off = sr_segment_fixed_size(n, slots);
     h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
     snprintf(h->name, sizeof(h->name), "%s", name);
+    h->attaching = 0;
+    for (int r = 0; r < n; r++)
+        h->attaching += !o->attaching || o->attaching[r];
     take_geometry(seg);
-    /* relaxed: workers start after the creator returns (fork/exec orders it) */
+    /* relaxed: workers start after the creator returns (fork/exec, or the
+     * MPI bootstrap's barrier, orders it) */
     atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
     for (int r = 0; r < n; r++) {
         struct sr_worker_info *w = sr_seg_worker(seg, r);
         w->rank = (uint32_t)r;
         w->eventfd = -1;
+        w->attaches = !o->attaching || o->attaching[r];
         sr_ring_init(sr_seg_inbox(seg, r), slots);
     }
 }
@@ -140,8 +154,31 @@ int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
         close(fd);
         return rc;
     }
-    *seg = (sr_segment){.fd = fd, .base = base, .size = size, .hdr = base};
+    struct stat st;
+    *seg = (sr_segment){.fd = fd, .base = base, .size = size, .hdr = base,
+                        .ino = fstat(fd, &st) == 0 ? (uint64_t)st.st_ino : 0};
     write_header(seg, o, slots, name);
+    return 0;
+}
+
+/* The attaches flags (0 or 1 each) agree with the header's count, which is
+ * at least 1. After the geometry checks: every line lies inside the file. */
+static int validate_attaching(const struct sr_seg_header *h)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < h->world_size; r++) {
+        const struct sr_worker_info *w =
+            (const void *)((const char *)h + h->table_off + (uint64_t)r * h->table_stride);
+        uint32_t a = w->attaches; /* one read: checked and counted alike */
+        if (a > 1)
+            return sr__fail(-EINVAL, "sr_segment_attach", "segment '%.48s': the worker line of rank %u says attaches = %u",
+                            h->name, r, a);
+        n += a;
+    }
+    if (n == 0 || n != h->attaching)
+        return sr__fail(-EINVAL, "sr_segment_attach",
+                        "segment '%.48s': the header says %u ranks attach, the worker lines say %u",
+                        h->name, h->attaching, n);
     return 0;
 }
 
@@ -171,7 +208,7 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
         h->heap_off > file_size || (h->heap_stride && n > (file_size - h->heap_off) / h->heap_stride))
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
                         (unsigned long long)h->seg_size, (unsigned long long)file_size);
-    return 0;
+    return validate_attaching(h);
 }
 
 int sr_segment_attach(int fd, sr_segment *seg)
@@ -190,9 +227,17 @@ int sr_segment_attach(int fd, sr_segment *seg)
         munmap(base, (size_t)st.st_size);
         return rc;
     }
-    *seg = (sr_segment){.fd = fd, .base = base, .size = (size_t)st.st_size, .hdr = base};
+    *seg = (sr_segment){.fd = fd, .base = base, .size = (size_t)st.st_size, .hdr = base, .ino = (uint64_t)st.st_ino};
     take_geometry(seg);
     return 0;
+}
+
+bool sr_seg_attaches(const sr_segment *s, int rank)
+{
+    if (!s->base || rank < 0 || (uint32_t)rank >= s->world)
+        return false;
+    /* plain: the creator's, read-only after creation (segment.h) */
+    return sr_seg_worker(s, rank)->attaches == 1;
 }
 
 void sr_segment_detach(sr_segment *seg, bool close_fd)
@@ -243,6 +288,11 @@ void sr__launch_env_set(const struct sr_launch_env *e)
 {
     launch_env = *e;
     launch_env_set = true;
+}
+
+void sr__launch_env_clear(void)
+{
+    launch_env_set = false;
 }
 
 static int env_int(const char *name, int lo, int hi, int *out)

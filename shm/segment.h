@@ -8,11 +8,18 @@
  *   inbox_off         world_size x inbox ring          (inbox_stride each)
  *   heap_off          world_size x heap area            (heap_stride each)
  *
- * Lifetime: the creator (shmrun or sr_spawn) makes the memfd and writes the
- * header and the creator-owned fields of the worker table before any worker
- * starts; after that the header's first lines are read-only. The memory is
- * freed by the kernel when the last process holding the fd or a mapping goes,
- * so no file is ever left behind.
+ * Lifetime: the creator (shmrun, sr_spawn, or a host's lowest MPI rank)
+ * makes the memfd and writes the header and the creator-owned fields of the
+ * worker table before any worker starts; after that the header's first lines
+ * are read-only. The memory is freed by the kernel when the last process
+ * holding the fd or a mapping goes, so no file is ever left behind.
+ *
+ * Partial attach (MPI, lib/mpi/mpi_job.h): a segment is laid out for the
+ * whole world, but only the ranks of one host attach to it. The creator marks
+ * each worker line (attaches = 1 for this host's ranks) and writes their
+ * count in the header; the start barrier counts those ranks only, and the
+ * lines of the others stay empty (their names and liveness come from the MPI
+ * transport). When every rank attaches (shmrun, sr_spawn) nothing differs.
  */
 #ifndef SR_SHM_SEGMENT_H
 #define SR_SHM_SEGMENT_H
@@ -25,9 +32,9 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 5u                   /* bump when any offset below changes (2: remote_free;
+#define SR_SEG_LAYOUT_FORMAT 6u                   /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
-                                                     5: crash lines) */
+                                                     5: crash lines; 6: attaching count, attaches flags) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -69,7 +76,7 @@ static inline bool sr_worker_state_attached(uint32_t st)
  * that fails the calls to the departed peer. */
 
 struct sr_seg_header {
-    /* Line 0-1: written once by the creator before any worker starts; read-only after. */
+    /* Lines 0-2: written once by the creator before any worker starts; read-only after. */
     uint64_t magic;
     uint32_t layout_format;
     uint32_t version;
@@ -80,11 +87,12 @@ struct sr_seg_header {
     uint64_t inbox_off, inbox_stride;
     uint64_t heap_off, heap_stride;
     char name[48];          /* memfd name, for reports */
+    uint32_t attaching;     /* ranks that attach here (lines with attaches = 1): world_size unless partial */
 
-    /* Line 2: written by every worker with atomic read-modify-writes. */
+    /* Line 3: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
 
-    /* Line 3: written by the supervisor only (see "Peer exit" above). */
+    /* Line 4: written by the supervisor only (see "Peer exit" above). */
     _Atomic uint32_t exits SR_ALIGNED_LINE;    /* workers whose exit was published (a generation) */
 };
 static_assert(sizeof(struct sr_seg_header) <= SR_SEG_HEADER_SIZE, "header fits its page");
@@ -95,6 +103,7 @@ struct sr_worker_info {
     /* Line 0: written by the creator before the worker starts; read-only after. */
     int32_t eventfd;        /* doorbell for the eventfd fallback (inherited fd number) */
     uint32_t rank;
+    uint32_t attaches;      /* 1: this rank attaches to this segment; 0: it lives on another host */
 
     /* Line 1: written by the worker itself during attach, before its release
      * increment of header.attached; read by peers after their acquire of it. */
@@ -146,6 +155,8 @@ typedef struct sr_segment_opts {
     uint64_t size;          /* total bytes; 0: SR_HEAP_DEFAULT per worker plus the fixed parts */
     uint32_t ring_slots;    /* 0: SR_RING_SLOTS_DEFAULT; else a power of two >= 2 */
     const char *name;       /* memfd name, "shmrpc" if NULL */
+    const uint8_t *attaching; /* [world_size], nonzero: that rank attaches here; NULL: every rank
+                                 (at least one must; the caller keeps it until create returns) */
 } sr_segment_opts;
 
 /* A process's view of a segment. The geometry below is copied from the
@@ -158,6 +169,8 @@ typedef struct sr_segment {
     size_t size;
     struct sr_seg_header *hdr;
     uint32_t world, ring_slots;
+    uint32_t attaching;     /* ranks that attach (validated against the flags at attach) */
+    uint64_t ino;           /* the memfd's inode: tells segments apart (xport.c, start barrier) */
     uint64_t table_off, table_stride, inbox_off, inbox_stride, heap_off, heap_stride;
 } sr_segment;
 
@@ -174,6 +187,12 @@ int sr_segment_create(const sr_segment_opts *o, sr_segment *seg);
  * ownership of fd. Errors: -EPROTO wrong magic, layout format or version;
  * -EINVAL inconsistent sizes; other -errno from fstat/mmap. */
 int sr_segment_attach(int fd, sr_segment *seg);
+
+/* Does `rank` attach to this segment (its line's attaches flag)? False for a
+ * rank out of range. The flags are the creator's and read-only after
+ * creation; sr_segment_attach checked them against the count. A transport
+ * that must not trust later scribbles keeps its own copy (xport.c). */
+bool sr_seg_attaches(const sr_segment *s, int rank);
 
 /* Unmap; closes fd only if close_fd. */
 void sr_segment_detach(sr_segment *seg, bool close_fd);
@@ -226,6 +245,9 @@ struct sr_launch_env {
     int fd, rank, world_size;
 };
 void sr__launch_env_set(const struct sr_launch_env *e);
+/* Forget what sr__launch_env_set set (the MPI bootstrap's segment is gone
+ * after sr_shutdown: the next sr_init boots anew). */
+void sr__launch_env_clear(void);
 /* 0, or -ENOENT when not launched by shmrun/sr_spawn, -EINVAL on a bad variable. */
 int sr__launch_env_get(struct sr_launch_env *e);
 

@@ -62,7 +62,7 @@ static int missing_ranks(sr_xport *x)
     size_t len = 0;
     for (int r = 0; r < x->world && len < sizeof(list) - 16; r++)
         /* acquire: pairs with the worker's release store of ATTACHED */
-        if (!sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
+        if (x->peers[r].local && !sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
@@ -76,7 +76,8 @@ static int first_exited(sr_xport *x)
     for (int r = 0; r < x->world; r++) {
         const struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
         /* seq_cst: after the generation read by the caller (X2 pairs with it) */
-        if (atomic_load_explicit(&w->exited, memory_order_seq_cst) && (first < 0 || w->exit_seq < seq))
+        if (x->peers[r].local && atomic_load_explicit(&w->exited, memory_order_seq_cst) &&
+            (first < 0 || w->exit_seq < seq))
             first = r, seq = w->exit_seq; /* exit_seq: written before X1 */
     }
     return first;
@@ -111,15 +112,22 @@ static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t 
     futex_wait_ns(&h->attached, n, ns < SLICE_NS ? ns : SLICE_NS);
 }
 
-/* The start barrier: every worker has published its pid and doorbell.
- * A worker may attach again after detaching (init -> shutdown -> init), so
- * round r waits for r * world arrivals. A worker that has ended can never
- * arrive: the barrier fails at once, naming it. */
+/* The start barrier: every worker that attaches to the segment (nlocal of
+ * them) has published its pid and doorbell. A worker may attach again after
+ * detaching (init -> shutdown -> init), so its r-th attach to the same
+ * segment waits for r * nlocal arrivals; an attach to another segment (the
+ * MPI bootstrap makes one per sr_init) starts again at round 1. A worker
+ * that has ended can never arrive: the barrier fails at once, naming it. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
-    static uint32_t round; /* attaches by this process; one thread attaches at a time */
+    /* attaches by this process to the segment whose memfd inode is round_ino;
+     * one thread attaches at a time (sr_init's lock) */
+    static uint32_t round;
+    static uint64_t round_ino;
+    if (x->seg.ino != round_ino)
+        round = 0, round_ino = x->seg.ino;
     struct sr_seg_header *h = x->seg.hdr;
-    uint32_t want = ++round * (uint32_t)x->world;
+    uint32_t want = ++round * (uint32_t)x->nlocal;
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
     futex_wake_all(&h->attached);
@@ -155,12 +163,19 @@ static bool is_eventfd(int fd)
     return !strcmp(link, "anon_inode:[eventfd]");
 }
 
-/* Copy rank r's table line (doorbell kind, eventfd, name) and check it. */
+/* Copy rank r's table line (doorbell kind, eventfd, name) and check it. A
+ * rank that is not local keeps no inbox and no doorbell, and its line (empty)
+ * is not read: its name is the MPI transport's. */
 static int resolve_peer(sr_xport *x, int r)
 {
     struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
     struct sr_peer *p = &x->peers[r];
-    *p = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .exited = &w->exited, .doorbell = &w->doorbell};
+    if (!p->local) {
+        *p = (struct sr_peer){.exited = &w->exited, .eventfd = -1};
+        return 0;
+    }
+    *p = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
+                          .doorbell = &w->doorbell};
     memcpy(p->name, w->name, sizeof(p->name));
     p->name[sizeof(p->name) - 1] = '\0';
     if (r == x->rank) {
@@ -176,16 +191,31 @@ static int resolve_peer(sr_xport *x, int r)
                     r, p->kind, p->eventfd);
 }
 
-static int resolve_peers(sr_xport *x)
+/* Which ranks attach to our segment: a private copy of the creator's flags,
+ * taken once, so that the barrier's count, the peers resolved and the pidfds
+ * watched agree even if a peer scribbles on the table later. */
+static int local_ranks(sr_xport *x)
 {
     x->peers = calloc((size_t)x->world, sizeof(*x->peers));
     if (!x->peers)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d peers", x->world);
     for (int r = 0; r < x->world; r++) {
+        x->peers[r].local = sr_seg_attaches(&x->seg, r);
+        x->nlocal += x->peers[r].local;
+    }
+    if (!x->peers[x->rank].local)
+        return sr__fail(-EINVAL, "sr_init", "rank %d does not attach to segment '%.48s' (made for %d of %d ranks)",
+                        x->rank, x->seg.hdr->name, x->nlocal, x->world);
+    return 0;
+}
+
+static int resolve_peers(sr_xport *x)
+{
+    for (int r = 0; r < x->world; r++) {
         int rc = resolve_peer(x, r);
         if (rc)
             return rc;
-        if (r == x->rank)
+        if (r == x->rank || !x->peers[r].local)
             continue;
         /* relaxed: written before the peer's release increment that our barrier acquired */
         rc = sr_waiter_watch_peer(&x->waiter, x->world, r, sr_seg_worker(&x->seg, r)->pid);
@@ -258,6 +288,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
                       env.world_size, x->seg.hdr->world_size);
     spin_policy(x, o);
     if (!rc)
+        rc = local_ranks(x);
+    if (!rc)
         rc = publish_self(x, o);
     if (!rc)
         rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
@@ -270,7 +302,12 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         return rc;
     }
     sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
-    sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world, (int)getpid());
+    if (x->nlocal == x->world)
+        sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world,
+                (int)getpid());
+    else
+        sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d of %d workers, pid %d)", x->seg.hdr->name, x->nlocal,
+                x->world, (int)getpid());
     *out = x;
     return 0;
 }
@@ -357,6 +394,13 @@ static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)
                     sr_xport_gone_text(x, to, text, sizeof(text)));
 }
 
+/* A rank of another host: the MPI transport's, never the rings'. */
+static int __attribute__((noinline, cold)) not_local_error(sr_xport *x, int to, const char *fn)
+{
+    return sr__fail(-EINVAL, fn, "destination rank %d does not attach to segment '%.48s' (another host's rank)", to,
+                    x->seg.hdr->name);
+}
+
 static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
@@ -364,6 +408,8 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     if (sr_unlikely(sr_xport_peer_gone(x, to)))
         return gone_error(x, to);
     struct sr_peer *p = &x->peers[to];
+    if (sr_unlikely(!p->inbox))
+        return not_local_error(x, to, "sr_xport_send");
     m->src = (uint16_t)x->rank;
     int rc = sr_ring_enqueue(p->inbox, x->seg.ring_slots, m);
     if (sr_unlikely(rc != 0)) {
@@ -391,12 +437,16 @@ int sr_xport_probe(sr_xport *x, int to)
 {
     if ((unsigned)to >= (unsigned)x->world)
         return sr__fail(-EINVAL, "sr_xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
+    if (!x->peers[to].inbox)
+        return not_local_error(x, to, "sr_xport_probe");
     int rc = sr_ring_probe(x->peers[to].inbox, x->seg.ring_slots);
     return rc == -EPROTO ? corrupt_inbox(x, to, "sr_xport_probe") : rc;
 }
 
 void sr_xport_space_arm(sr_xport *x, int to)
 {
+    if (!sr_xport_local(x, to)) /* nothing to wait for: its sends fail with -EINVAL */
+        return;
     sr_ring_space_arm(x->peers[to].inbox, (uint32_t)x->rank, false);
 }
 
@@ -446,6 +496,8 @@ static void kick_space_waiters(sr_xport *x)
             if (rank >= x->world)
                 break;
             struct sr_peer *p = &x->peers[rank];
+            if (!p->local) /* only a local rank can have armed it: a foreign write */
+                continue;
             /* release: pairs with the sender's acquire exchange in sr_xport_space_take; our freed slots are visible */
             atomic_store_explicit(&sr_seg_worker(&x->seg, rank)->space_kick, 1, memory_order_release);
             if (sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))

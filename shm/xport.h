@@ -42,9 +42,13 @@ typedef struct sr_xport_stats {
 /* A peer as resolved after the start barrier. kind, eventfd and name are
  * private copies of its worker-table line, validated then (a scribbled
  * eventfd would make a doorbell write to any file of ours; a name without
- * its NUL would overrun every report). For our own rank: our waiter's. */
+ * its NUL would overrun every report). For our own rank: our waiter's.
+ * A rank that does not attach to our segment (another host's, segment.h
+ * "Partial attach") has local = false, no inbox, no doorbell, an empty name
+ * and no pidfd watch: the MPI transport reaches it and names it. */
 struct sr_peer {
-    struct sr_ring *inbox;
+    struct sr_ring *inbox;      /* NULL: not local */
+    bool local;                 /* attaches to our segment: a private copy of its line's flag, taken at attach */
     _Atomic uint32_t *exited;   /* its worker table's exit word (segment.h) */
     _Atomic uint32_t *doorbell;
     uint32_t kind;
@@ -55,6 +59,7 @@ struct sr_peer {
 typedef struct sr_xport {
     sr_segment seg;
     int rank, world;
+    int nlocal;               /* ranks that attach to our segment (peers[].local), us included */
     struct sr_ring_cons *inbox; /* = &inbox_view: the consumer's private view of our inbox (ring.h) */
     struct sr_worker_info *me;
     struct sr_peer *peers;    /* [world], resolved once after the start barrier */
@@ -74,10 +79,12 @@ typedef struct sr_xport {
     bool inbox_reported;        /* a corrupt inbox was reported on stderr (once); the consumer's */
 } sr_xport;
 
-/* Attach the calling process as its launch rank (shmrun env or sr_spawn), and
- * wait until every worker of the job has attached. Errors: -ENOENT not
- * launched by shmrun/sr_spawn; -EPROTO/-EINVAL bad segment; -ETIMEDOUT a peer
- * never attached; -EPIPE a worker's process ended before every worker had
+/* Attach the calling process as its launch rank (shmrun env, sr_spawn, or
+ * the MPI bootstrap), and wait until every worker that attaches to the
+ * segment (all of them, or this host's: segment.h, "Partial attach") has
+ * attached. Errors: -ENOENT not launched by shmrun/sr_spawn; -EPROTO/-EINVAL
+ * bad segment, or one our rank does not attach to; -ETIMEDOUT a peer never
+ * attached; -EPIPE a worker's process ended before every worker had
  * attached (at once: the supervisor publishes it; the message names the rank
  * and its exit status); -ENOMEM. */
 int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
@@ -88,9 +95,16 @@ void sr_xport_detach(sr_xport *x);
  * after attach (xport_tport.c). */
 sr_tport *sr_xport_transport(sr_xport *x);
 
+/* Does `rank` attach to our segment (reachable through its inbox)? False
+ * for a rank out of range. */
+static inline bool sr_xport_local(const sr_xport *x, int rank)
+{
+    return (unsigned)rank < (unsigned)x->world && x->peers[rank].local;
+}
+
 /* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
  * destination inbox is full (back-pressure: nothing was sent, retry: see
- * space events below); -EINVAL bad rank; -EPIPE the destination's process
+ * space events below); -EINVAL bad rank, or one not local (sr_xport_local); -EPIPE the destination's process
  * has ended (published by the supervisor; the message says how); -EPROTO the
  * destination's inbox is corrupt (the error names its worker). */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);

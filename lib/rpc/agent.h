@@ -109,8 +109,12 @@ struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
 #define BURST 32
 
+struct sr_mpi_job; /* lib/mpi/mpi_job.h: built with SR_HAVE_MPI only */
+
 typedef struct sr_agent {
     sr_xport *x;              /* the shared-memory transport (attach/detach, api.c; not used by agent.c) */
+    struct sr_mpi_job *mpi;   /* launched by mpirun: the job (mpi_job.h), booted before x attached and
+                                 finished after it detached (api.c); NULL otherwise */
     /* The transport seam (transport.h): the instance whose inbox the token
      * holder consumes and whose waits it sleeps in, and per peer the
      * instance that reaches it (today all are self). Set at init. */

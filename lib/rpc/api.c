@@ -17,6 +17,9 @@
 #include "reorder.h"
 #include "timeout.h"
 #include "module.h"
+#ifdef SR_HAVE_MPI
+#include "mpi/mpi_job.h"
+#endif
 
 #define CALL_SLOTS 65536
 
@@ -74,6 +77,11 @@ static void agent_free(sr_agent *a)
         sr_heap_detach();
         sr_xport_detach(a->x);
     }
+#ifdef SR_HAVE_MPI
+    if (a->mpi)
+        sr__mpi_job_fini(a->mpi);
+#endif
+    free(a->mpi);
     free(a->names);
     free(a->tp);
     free(a->gone);
@@ -82,6 +90,33 @@ static void agent_free(sr_agent *a)
     pthread_mutex_destroy(&a->ctl_lock);
     sr__outq_fini(a);
     free(a);
+}
+
+/* Not under shmrun or sr_spawn (env: -ENOENT): under mpirun, the MPI
+ * bootstrap (mpi_job.h) makes this host's segment and sets the launch
+ * environment, which then names it. */
+static int launch_env(sr_agent *a, struct sr_launch_env *env)
+{
+    int rc = sr__launch_env_get(env);
+#ifdef SR_HAVE_MPI
+    if (rc != -ENOENT || !sr__mpi_launched())
+        return rc;
+    if (!(a->mpi = calloc(1, sizeof(*a->mpi))))
+        return sr__fail(-ENOMEM, "sr_init", "out of memory");
+    if ((rc = sr__mpi_boot(a->mpi))) {
+        free(a->mpi);
+        a->mpi = NULL;
+        return rc;
+    }
+    return sr__launch_env_get(env);
+#else
+    (void)a;
+    if (rc == -ENOENT && (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")))
+        return sr__fail(-ENOTSUP, "sr_init",
+                        "shmrpc was built without MPI support: rebuild it with Open MPI (libopenmpi-dev, meson "
+                        "-Dmpi=enabled) to run under mpirun, or launch the program with shmrun");
+    return rc;
+#endif
 }
 
 static int agent_create(const sr_init_opts *o, sr_agent **out)
@@ -94,7 +129,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     pthread_mutex_init(&a->gone_lock, NULL);
     a->ctl_gone_rank = -1;
     struct sr_launch_env env;
-    int rc = sr__launch_env_get(&env);
+    int rc = launch_env(a, &env);
     if (!rc && o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
         rc = sr__fail(-EINVAL, "sr_init", "Worker name must be shorter than %d characters, got %zu: '%.40s...'",
                       SR_NAME_MAX, strlen(o->name), o->name);
