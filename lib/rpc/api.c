@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "agent.h"
 #include "codec.h"
@@ -17,8 +18,10 @@
 #include "reorder.h"
 #include "timeout.h"
 #include "module.h"
+#include "marshal.h"
 #ifdef SR_HAVE_MPI
 #include "mpi/mpi_job.h"
+#include "mpi/mpi_tport.h"
 #endif
 
 #define CALL_SLOTS 65536
@@ -38,9 +41,34 @@ static int name_check(const char *n)
     return 0;
 }
 
-/* The transport that reaches each peer (transport.h): today the
- * shared-memory one for every rank. */
-static int transports(sr_agent *a)
+/* Launched by mpirun over several (pretend) hosts: the MPI transport
+ * reaches the ranks of the other hosts (a collective: every rank of the job
+ * creates it, or none). */
+static int remote_transport(sr_agent *a, const char *name)
+{
+#ifdef SR_HAVE_MPI
+    if (!a->mpi || a->mpi->nhosts < 2)
+        return 0;
+    int rc = sr__mpi_tport_create(a->mpi, name, &a->remote);
+    if (rc)
+        return rc;
+    a->remote->marshal = &sr__rpc_marshal;
+    /* The sleeps bounded by its poll interval (tens of microseconds) must
+     * not be stretched by the default 50 us timer slack; the runtime's
+     * threads, created after this, inherit it. */
+    prctl(PR_SET_TIMERSLACK, 1000UL);
+    for (int r = 0; r < a->world; r++)
+        if (a->mpi->host_of[r] != a->mpi->host)
+            a->tp[r] = a->remote;
+#else
+    (void)a, (void)name;
+#endif
+    return 0;
+}
+
+/* The transport that reaches each peer (transport.h): the shared-memory
+ * one within the host, the MPI one across hosts. */
+static int transports(sr_agent *a, const char *name)
 {
     a->self = sr_xport_transport(a->x);
     a->tp = calloc((size_t)a->world, sizeof(*a->tp));
@@ -48,12 +76,12 @@ static int transports(sr_agent *a)
         return sr__fail(-ENOMEM, "sr_init", "out of memory");
     for (int r = 0; r < a->world; r++)
         a->tp[r] = a->self;
-    return 0;
+    return remote_transport(a, name);
 }
 
 static int collect_names(sr_agent *a)
 {
-    a->names = calloc((size_t)a->world, sizeof(*a->names));
+    a->names = a->world > 0 ? calloc((size_t)a->world, sizeof(*a->names)) : NULL; /* world >= 1: the segment's */
     if (!a->names)
         return sr__fail(-ENOMEM, "sr_init", "out of memory");
     for (int r = 0; r < a->world; r++) {
@@ -73,6 +101,9 @@ static void agent_free(sr_agent *a)
     sr__reorder_destroy(a);
     if (a->slots)
         sr__calls_fini(a);
+#ifdef SR_HAVE_MPI
+    sr__mpi_tport_destroy(a->remote); /* first: its sends still in flight drop their parts in the heap */
+#endif
     if (a->x) {
         sr_heap_detach();
         sr_xport_detach(a->x);
@@ -145,7 +176,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     if (!rc) {
         a->rank = a->x->rank;
         a->world = a->x->world;
-        rc = transports(a);
+        rc = transports(a, name);
     }
     if (!rc)
         rc = collect_names(a);
