@@ -18,6 +18,7 @@
 #include "mpi_job.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
@@ -54,11 +55,18 @@ static int mpi_fail(int code, const char *step, int rank)
     return sr__fail(-EIO, "sr_init", "MPI bootstrap, rank %d: %s failed: %s", rank, step, text);
 }
 
+static _Atomic int live_jobs; /* booted and not finished: an agent may be polling MPI */
+
+/* A process that exits while sr_init's job is live (no sr_shutdown) must not
+ * finalize MPI under the runtime's threads, which still poll it: it leaves
+ * MPI as it is, and mpirun reports the exit without MPI_Finalize and ends
+ * the job (docs/MULTIHOST.md, failure policy). */
 static void finalize_at_exit(void)
 {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin)
+    /* relaxed: the count is written by sr_init and sr_shutdown, which the exiting thread ordered before */
+    if (!fin && !atomic_load_explicit(&live_jobs, memory_order_relaxed))
         MPI_Finalize();
 }
 
@@ -266,11 +274,15 @@ int sr__mpi_boot(struct sr_mpi_job *job)
         return rc;
     }
     sr__launch_env_set(&(struct sr_launch_env){.fd = job->fd, .rank = job->rank, .world_size = job->world});
+    atomic_fetch_add_explicit(&live_jobs, 1, memory_order_relaxed); /* relaxed: see finalize_at_exit */
+    job->live = true;
     return 0;
 }
 
 void sr__mpi_job_fini(struct sr_mpi_job *job)
 {
+    if (job->live)
+        atomic_fetch_sub_explicit(&live_jobs, 1, memory_order_relaxed); /* relaxed: see finalize_at_exit */
     sr__launch_env_clear();
     if (job->fd >= 0)
         close(job->fd);

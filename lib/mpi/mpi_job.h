@@ -42,6 +42,7 @@ struct sr_mpi_job {
     int *host_of;     /* [world]: each rank's host; hosts are numbered by their lowest rank */
     MPI_Comm comm;    /* a duplicate of the job's communicator, ours alone */
     int fd;           /* this host's segment (the launch fd); -1 after fini */
+    bool live;        /* booted, not yet finished: MPI is not finalized at exit under it (boot.c) */
 };
 
 /* Was this process started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE,
