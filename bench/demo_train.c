@@ -852,9 +852,12 @@ static int parse(int argc, char **argv, int world)
     return 0;
 }
 
+/* The job's size before sr_init: shmrun's, or mpirun's (docs/MULTIHOST.md). */
 static int world_from_env(void)
 {
     const char *s = getenv("SHMRPC_WORLD_SIZE");
+    if (!s)
+        s = getenv("OMPI_COMM_WORLD_SIZE");
     return s ? atoi(s) : 0;
 }
 
@@ -866,7 +869,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc == 1 ? 0 : rc;
     if (world < 2 || world > MAX_WORKERS) {
-        fprintf(stderr, "demo_train: run it under shmrun with 2 to %d workers: shmrun -n 4 %s\n", MAX_WORKERS,
+        fprintf(stderr, "demo_train: run it under shmrun (or mpirun) with 2 to %d workers: shmrun -n 4 %s\n", MAX_WORKERS,
                 argv[0]);
         return 2;
     }
