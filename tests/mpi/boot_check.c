@@ -1,8 +1,9 @@
 /* The MPI bootstrap under mpirun (lib/mpi/boot.c, mpi_job.h). Run by
  * tests/meson.build as `mpirun -n 4 boot_check MODE`:
  *
- *   rpc       sr_init as an ordinary program does, with every rank on one
- *             host: rpc_sync to every rank, a graceful sr_shutdown; twice.
+ *   rpc       sr_init as an ordinary program does, with SHMRPC_HOSTS=k
+ *             pretend hosts (unset: 1, every rank in one segment): rpc_sync
+ *             to every rank, a graceful sr_shutdown; twice.
  *   boot      the bootstrap and the shared-memory attach alone, with
  *             SHMRPC_HOSTS=k pretend hosts (unset: 1): each rank's host_of is
  *             r * k / world, each host has its own segment, only its ranks
@@ -83,7 +84,7 @@ static void assert_nothing_left(const char *when)
 
 /* --- rpc: an ordinary program, every rank on one host --- */
 
-static void rpc_round(int round)
+static void rpc_round(int k, int round)
 {
     int rc = sr_init(NULL);
     CHECK(rc == 0, "round %d: sr_init: %s", round, sr_last_error());
@@ -91,8 +92,11 @@ static void rpc_round(int round)
     me = rank;
     sr_agent *a = sr__agent_get("boot_check");
     CHECK(a && a->mpi, "round %d: the agent was not booted through MPI", round);
-    CHECK(a->mpi->nhosts == 1 && a->x->nlocal == world, "round %d: %d hosts, %d of %d ranks local", round,
-          a->mpi->nhosts, a->x->nlocal, world);
+    int local = 0;
+    for (int r = 0; r < world; r++)
+        local += r * k / world == rank * k / world;
+    CHECK(a->mpi->nhosts == k && a->x->nlocal == local, "round %d: %d hosts (expected %d), %d of %d ranks local "
+          "(expected %d)", round, a->mpi->nhosts, k, a->x->nlocal, world, local);
     sr__agent_put(a);
     for (int r = 0; r < world; r++) {
         sr_value *x = sr_int(100 * rank), *y = sr_int(r), *sum = NULL;
@@ -234,8 +238,9 @@ int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "rpc")) {
-        rpc_round(1);
-        rpc_round(2);
+        const char *k = getenv("SHMRPC_HOSTS");
+        rpc_round(k ? atoi(k) : 1, 1);
+        rpc_round(k ? atoi(k) : 1, 2);
     } else if (!strcmp(mode, "boot")) {
         const char *k = getenv("SHMRPC_HOSTS");
         boot_round(k ? atoi(k) : 1, 1);
