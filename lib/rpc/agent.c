@@ -176,6 +176,11 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
     return sr__outq_push(a, to, m);
 }
 
+bool sr__agent_shares_heap(const sr_agent *a, int rank)
+{
+    return rank >= 0 && rank < a->world && a->tp[rank] == a->self;
+}
+
 /* ---- polling ------------------------------------------------------------- */
 
 /* Messages for the token holder: the rest of the last burst, or the inbox

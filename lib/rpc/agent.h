@@ -245,6 +245,9 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m);
 /* Wake the progress thread so that it re-arms its timer (a deadline it does
  * not know about moved earlier). */
 void sr__agent_kick(sr_agent *a);
+/* rank shares our heap (our host's segment): its tensors arrive by
+ * reference, zero-copy; across hosts they arrive as copies (transport.h). */
+bool sr__agent_shares_heap(const sr_agent *a, int rank);
 
 /* Requests (api.c): check a call's arguments and capture its timeout (ms, 0:
  * none), and start one (struct sr_req: module.h). The call completes f. */

@@ -160,16 +160,20 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     pthread_mutex_init(&a->gone_lock, NULL);
     a->ctl_gone_rank = -1;
     struct sr_launch_env env;
-    int rc = launch_env(a, &env);
-    if (!rc && o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
+    int rc = 0;
+    /* A name given is checked before anything else: under mpirun the
+     * bootstrap is collective, and a rank refused alone must not enter it. */
+    if (o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
         rc = sr__fail(-EINVAL, "sr_init", "Worker name must be shorter than %d characters, got %zu: '%.40s...'",
                       SR_NAME_MAX, strlen(o->name), o->name);
-    if (!rc) {
-        snprintf(name, sizeof(name), "%s", o->name ? o->name : "");
-        if (!o->name)
-            snprintf(name, sizeof(name), "worker%d", env.rank);
+    if (!rc && o->name) {
+        snprintf(name, sizeof(name), "%s", o->name);
         rc = name_check(name);
     }
+    if (!rc)
+        rc = launch_env(a, &env);
+    if (!rc && !o->name)
+        snprintf(name, sizeof(name), "worker%d", env.rank);
     sr_xport_opts xo = {.name = name};
     if (!rc)
         rc = sr_xport_attach(&xo, &a->x);
