@@ -773,6 +773,11 @@ static inline sr_tensor *chain(enum mode m, int dst, sr_tensor *t, int hops, int
 
 static void register_da_fns(void)
 {
+    /* Each job starts with no note: a process that runs several jobs (the
+     * suites under mpirun, tests/mpi) must not read a previous job's. */
+    pthread_mutex_lock(&notes.lock);
+    memset(notes.set, 0, sizeof(notes.set));
+    pthread_mutex_unlock(&notes.lock);
     register_rref_fns(); /* arrive (the barrier), hold, ... */
     sr_register("py_add", fn_py_add);
     sr_register("stack", fn_stack);
