@@ -12,7 +12,11 @@
  * The line per figure: medians over rounds of each side's p50, and the
  * median of the per-round ratios (a round's two figures share its noise).
  * Targets (issue 13): no-op <= 1.5x the ping-pong, 64 MiB <= 1.2x. */
+#include <errno.h>
 #include <mpi.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +92,25 @@ static void stop(void)
         die("sr_shutdown");
 }
 
+/* What an idle worker costs while it has peers on another host: the CPU
+ * time this process used over `secs` seconds of idleness (its progress
+ * thread polls MPI at the backed-off interval, mpi_tport.h), in percent of
+ * one core. */
+static double idle_cpu_percent(double secs)
+{
+    struct rusage a, b;
+    getrusage(RUSAGE_SELF, &a);
+    int64_t t0 = bench_now_ns();
+    struct timespec ts = {.tv_sec = (time_t)secs, .tv_nsec = (long)((secs - (double)(time_t)secs) * 1e9)};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+    getrusage(RUSAGE_SELF, &b);
+    double wall = (double)(bench_now_ns() - t0) / 1e9;
+    double cpu = (double)(b.ru_utime.tv_sec - a.ru_utime.tv_sec + b.ru_stime.tv_sec - a.ru_stime.tv_sec) +
+                 (double)(b.ru_utime.tv_usec - a.ru_utime.tv_usec + b.ru_stime.tv_usec - a.ru_stime.tv_usec) / 1e6;
+    return 100 * cpu / wall;
+}
+
 static bench_lat ours_noop(int64_t *lat)
 {
     for (int i = 0; i < NOOP_WARM + NOOP_CALLS; i++) {
@@ -115,9 +138,12 @@ static bench_lat ours_big(sr_value *t, int64_t *lat)
 int main(int argc, char **argv)
 {
     int rounds = 5, world = 0, provided = 0;
+    bool idle_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--idle-only")) /* the idle figure alone, no timed calls before it */
+            idle_only = true;
         else {
             fprintf(stderr, "usage: mpirun -n 2 -x SHMRPC_HOSTS=2 %s [--rounds R]\n", argv[0]);
             return 2;
@@ -140,8 +166,16 @@ int main(int argc, char **argv)
         die("malloc");
     memset(buf, 1, BIG_BYTES);
     bench_rounds noop = {0}, big = {0};
+    double idle[2] = {0, 0};
     for (int r = 0; r < rounds; r++) {
         MPI_Barrier(MPI_COMM_WORLD);
+        if (idle_only) {
+            start();
+            MPI_Barrier(MPI_COMM_WORLD);
+            idle[rank] = idle_cpu_percent(2.0);
+            stop();
+            break;
+        }
         bench_lat raw_small = raw_pingpong(buf, FRAME_BYTES, FRAME_BYTES, NOOP_CALLS, NOOP_WARM, lat);
         bench_lat raw_big = raw_pingpong(buf, BIG_BYTES, 1, BIG_CALLS, BIG_WARM, lat);
         start();
@@ -157,9 +191,20 @@ int main(int argc, char **argv)
             bench_rounds_add(&noop, small, raw_small);
             bench_rounds_add(&big, large, raw_big);
         }
+        if (r == rounds - 1) { /* every rank idle for 2 s, calls done, the agents up */
+            MPI_Barrier(MPI_COMM_WORLD); /* both done with their calls */
+            idle[rank] = idle_cpu_percent(2.0);
+        }
         stop();
     }
+    double idle1 = 0;
+    if (rank == 1)
+        MPI_Send(&idle[1], 1, MPI_DOUBLE, 0, 7, MPI_COMM_WORLD);
+    else
+        MPI_Recv(&idle1, 1, MPI_DOUBLE, 1, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     if (rank == 0) {
+        printf("idle across hosts | 2 s with no call, agents up | CPU %.2f %% of a core (rank 0), %.2f %% (rank 1) | "
+               "the progress thread polls MPI every <= 1 ms once idle (mpi_tport.h)\n", idle[0], idle1);
         bench_summary s = bench_summarize(&noop);
         char extra[160];
         snprintf(extra, sizeof(extra), "2 pretend hosts, %d rounds", rounds);
