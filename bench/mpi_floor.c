@@ -161,8 +161,10 @@ static bench_lat run_way(const struct run *r)
 
 static const char *btl; /* as mpirun was given it (OMPI_MCA_btl), for the lines */
 
-/* rounds of send/recv, then each nonblocking way; one line per nonblocking way. */
-static void measure(const char *label, struct run *r, int rounds, const char *(*extra)(const bench_summary *, char *, size_t))
+/* Rounds of send/recv, then each nonblocking way; one line per nonblocking
+ * way, named `name`, its configuration starting with `label`. */
+static void measure(const char *name, const char *label, struct run *r, int rounds,
+                    const char *(*extra)(const bench_summary *, char *, size_t))
 {
     bench_rounds got[W_COUNT] = {0};
     for (int k = 0; k < rounds; k++) {
@@ -179,8 +181,7 @@ static void measure(const char *label, struct run *r, int rounds, const char *(*
         char config[96], buf[128];
         snprintf(config, sizeof(config), "%s %s, btl %s", label, way_name[w], btl);
         bench_summary s = bench_summarize(&got[w]);
-        bench_print(r->n == BIG_BYTES ? "mpi transfer" : "mpi pingpong", config, way_name[W_SENDRECV], &s, 0,
-                    extra ? extra(&s, buf, sizeof(buf)) : NULL);
+        bench_print(name, config, way_name[W_SENDRECV], &s, 0, extra ? extra(&s, buf, sizeof(buf)) : NULL);
     }
 }
 
@@ -204,7 +205,7 @@ static void pingpong(int size, int iters, int rounds)
         }
         char label[32];
         snprintf(label, sizeof(label), "%d B", sizes[k]);
-        measure(label, &r, rounds, NULL);
+        measure("mpi pingpong", label, &r, rounds, NULL);
         free(r.lat);
         free(r.out);
         free(r.in);
@@ -224,7 +225,7 @@ static void transfer(int iters, int rounds)
     }
     memset(r.out, 0x5a, out); /* touched: no page fault is timed */
     memset(r.in, 0, in);
-    measure("64 MiB", &r, rounds, gbps);
+    measure("mpi transfer", "64 MiB", &r, rounds, gbps);
     free(r.lat);
     free(r.out);
     free(r.in);
