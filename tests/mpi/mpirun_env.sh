@@ -26,6 +26,12 @@ export OMPI_MCA_hwloc_base_binding_policy=none
 # is also where the pretend hosts of SHMRPC_HOSTS talk.
 export OMPI_MCA_btl_tcp_if_include=lo
 
+# Not set here: in a container without CAP_SYS_PTRACE, vader's single-copy
+# transfers (CMA, process_vm_readv) fail with "Read -1, expected N, errno =
+# 1"; `--mca btl_vader_single_copy_mechanism none` copies through its shared
+# buffers instead (slower: the 64 MiB floor of bench/mpi_floor). The tests
+# use TCP, where it does not matter.
+
 # AddressSanitizer builds: Open MPI leaks in MPI_Init/MPI_Finalize, from
 # components it dlclose()s at MPI_Finalize. The fast unwinder stops at their
 # first frame (no frame pointers), which LeakSanitizer then cannot name, so
