@@ -139,16 +139,14 @@ int main(int argc, char **argv)
 {
     int rounds = 5, world = 0, provided = 0;
     bool idle_only = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--idle-only")) /* the idle figure alone, no timed calls before it */
-            idle_only = true;
-        else {
-            fprintf(stderr, "usage: mpirun -n 2 -x SHMRPC_HOSTS=2 %s [--rounds R]\n", argv[0]);
-            return 2;
-        }
-    }
+    bench_cli cli = {.prog = "bench_mpi_rpc", .flags = {"--idle-only"}, .opts = {"--rounds"},
+                     .usage = "  --rounds R   rounds of every figure (default 5)\n"
+                              "  --idle-only  only the idle CPU figure\n"
+                              "Run it as: mpirun -n 2 -x SHMRPC_HOSTS=2 --mca btl self,tcp bench_mpi_rpc\n"};
+    bench_cli_parse(&cli, argc, argv);
+    idle_only = cli.flag[0];
+    if (cli.opt[0])
+        rounds = (int)bench_cli_int(&cli, "--rounds", cli.opt[0], 1, BENCH_MAX_ROUNDS);
     if (rounds < 1 || rounds > BENCH_MAX_ROUNDS)
         rounds = 5;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -205,6 +203,17 @@ int main(int argc, char **argv)
     if (rank == 0) {
         printf("idle across hosts | 2 s with no call, agents up | CPU %.2f %% of a core (rank 0), %.2f %% (rank 1) | "
                "the progress thread polls MPI every <= 1 ms once idle (mpi_tport.h)\n", idle[0], idle1);
+        bench_rec rec;
+        bench_rec_begin(&rec, "idle across hosts");
+        bench_rec_num(&rec, "cpu_percent_rank0", idle[0]);
+        bench_rec_num(&rec, "cpu_percent_rank1", idle1);
+        bench_rec_emit(&rec);
+        if (idle_only) {
+            free(lat);
+            free(buf);
+            MPI_Finalize();
+            return 0;
+        }
         bench_summary s = bench_summarize(&noop);
         char extra[160];
         snprintf(extra, sizeof(extra), "2 pretend hosts, %d rounds", rounds);
