@@ -183,11 +183,14 @@ static int t_send(sr_tport *t, int to, sr_msg *m)
     int mrc = post_op(x, to, op, &c);
     pthread_mutex_unlock(&x->send_lock);
     free(c.p);
-    if (mrc != MPI_SUCCESS) {
-        for (int i = 0; i < op->nreq; i++) /* what was posted must still complete before the frame goes */
-            MPI_Wait(&op->req[i], MPI_STATUS_IGNORE);
-        free(op); /* the parts stay the caller's: it was not sent */
+    if (mrc != MPI_SUCCESS && op->nreq == 0) { /* nothing left: the parts stay the caller's */
+        free(op);
         return mpi_fail(mrc, "sr_rpc", "MPI_Isend to another host failed", to);
+    }
+    if (mrc != MPI_SUCCESS) { /* the frame left without all its parts: the peer's stream cannot recover */
+        mpi_fail(mrc, "sr_rpc", "MPI_Isend of a message's part failed after its frame had left", to);
+        sr_logf(SR_LOG_ERROR, "%s: ending the job (MPI_Abort)", sr_last_error());
+        MPI_Abort(x->job->comm, 1);
     }
     atomic_fetch_add_explicit(&x->sent, 1, memory_order_relaxed);        /* relaxed: statistics */
     atomic_store_explicit(&x->last_ns, sr_now_ns(), memory_order_relaxed); /* relaxed: a heuristic */
@@ -530,17 +533,39 @@ int sr__mpi_tport_create(struct sr_mpi_job *job, const char *name, sr_tport **ou
 
 /* The agent's threads have stopped. Sends still in flight complete (a
  * graceful shutdown's last barrier has been answered, so peers receive
- * them); frames nobody will read are left to MPI. */
+ * them) within DRAIN_NS, else they are cancelled; frames nobody will read
+ * are left to MPI. */
+/* A send still in flight at the end: complete it within the bound, or
+ * cancel it (its peer no longer receives: a shutdown that was not graceful). */
+static void drain_op(struct mpi_tport *x, struct send_op *op, int64_t deadline)
+{
+    int done = 0;
+    while (!done && sr_now_ns() < deadline)
+        MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE);
+    if (!done) {
+        for (int i = 0; i < op->nreq; i++)
+            if (op->req[i] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&op->req[i]);
+                MPI_Request_free(&op->req[i]);
+            }
+        sr_logf(SR_LOG_WARN, "a message of type %u was still in flight to another host at shutdown: dropped",
+                op->m.type);
+    }
+    finish_op(x, op);
+}
+
+#define DRAIN_NS (INT64_C(10) * 1000000000)
+
 void sr__mpi_tport_destroy(sr_tport *t)
 {
     if (!t)
         return;
     struct mpi_tport *x = T(t);
+    int64_t deadline = sr_now_ns() + DRAIN_NS;
     while (x->inflight) {
         struct send_op *op = x->inflight;
         x->inflight = op->next;
-        MPI_Waitall(op->nreq, op->req, MPI_STATUSES_IGNORE);
-        finish_op(x, op);
+        drain_op(x, op, deadline);
     }
     pthread_mutex_destroy(&x->send_lock);
     free(x->rbuf);
