@@ -9,6 +9,9 @@ prog=$1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 status=0
+show() { # the runner's lines, quoted: tests/summarize.py must not count them as this test's
+  sed 's/^/  | /; s/Synthesis:/Synthesis (of the self-test):/' "$out"
+}
 expect() { # expect LINE: the run printed exactly this line (file:line as selftest.c)
   if ! sed 's|[^ ]*selftest\.c:[0-9]*: |selftest.c: |' "$out" | grep -qxF -- "$1"; then
     echo "missing line: $1"
@@ -17,7 +20,7 @@ expect() { # expect LINE: the run printed exactly this line (file:line as selfte
 }
 "$here/run_suite.sh" 1 "$prog" --filter='selftest/*' >"$out" 2>/dev/null
 rc=$?
-cat "$out"
+show
 [ $rc -ne 0 ] || { echo "exit status 0 despite failing tests"; status=1; }
 expect "FAIL selftest/fatal_check_stops_the_test: selftest.c: 1 + 1 == 3: arithmetic fails (rank 0)"
 expect "FAIL selftest/expect_goes_on: selftest.c: 0: first (rank 0)"
@@ -33,7 +36,7 @@ done
 bound() { # bound TEST LINE-REGEX: TEST alone ends the MPI job with a line naming it
   "$here/run_suite.sh" 1 "$prog" --filter="selftest_bounds/$1" >"$out" 2>/dev/null
   rc=$?
-  cat "$out"
+  show
   [ $rc -ne 0 ] || { echo "selftest_bounds/$1: exit status 0"; status=1; }
   grep -q -- "$2" "$out" || { echo "selftest_bounds/$1: no line matching '$2'"; status=1; }
 }
