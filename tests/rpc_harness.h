@@ -30,7 +30,11 @@ struct harness {
 /* Shared across the job's processes: created before sr_spawn, inherited. */
 static inline void *shared_page(size_t n)
 {
+#ifdef SR_TEST_MPI
+    void *p = srt_shared_page(n); /* the runner's ranks share it instead */
+#else
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+#endif
     cr_assert_neq(p, MAP_FAILED);
     return p;
 }
@@ -47,12 +51,30 @@ static int harness_worker(int rank, int world, void *arg)
     return rc;
 }
 
+#ifndef SR_TEST_MPI
 static inline int run_job(const char *name, int world, struct harness *h)
 {
     uint64_t size = h->shm_size ? h->shm_size : (uint64_t)world * (64u << 20);
     sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = size, .ring_slots = h->ring_slots};
     return sr_spawn(world, harness_worker, h, &o);
 }
+#else
+/* The MPI suite runner (tests/mpi): the job is the runner's first `world`
+ * ranks, each running its worker in its own process; what the suites do
+ * with sr_spawn, their pipes and _exit goes through the runner too. */
+static inline int run_job(const char *name, int world, struct harness *h)
+{
+    return srt_run(name, world, harness_worker, h, h->shm_size, h->ring_slots);
+}
+static inline int srt_spawn(int world, int (*fn)(int, int, void *), void *arg, const sr_spawn_opts *o)
+{
+    return srt_run(o && o->name_prefix ? o->name_prefix : "spawn", world, fn, arg, o ? o->shm_size : 0,
+                   o ? o->ring_slots : 0);
+}
+#define sr_spawn srt_spawn
+#define pipe srt_shared_pipe
+#define _exit srt_exit
+#endif
 
 #define RUN_JOB(name, world, ...)                                                   \
     do {                                                                            \

@@ -3,9 +3,13 @@
 build, build-asan and build-fuzz, whose suite 'fuzz' is the decoder fuzzer's
 corpus replay and timed run: one test each).
 
-Each Criterion binary prints a 'Synthesis' line; its counts are added up.
-A meson test without one (a crash, a timeout, a non-Criterion test) counts
-as one test, passed or failed according to meson's verdict. The last line
+Each Criterion binary prints a 'Synthesis' line; its counts are added up
+(the MPI suite runners of tests/mpi print one too). An MPI suite runner
+whose job was ended early (a timeout, a worker that left, a crash) has none:
+its 'PASS suite/name' and 'FAIL suite/name' lines are counted instead, plus
+one failure for the end itself if no test was named failed. Another meson
+test without a Synthesis line (a crash, a timeout, a non-Criterion test)
+counts as one test, passed or failed according to meson's verdict. The last line
 printed is exactly 'N passed, M failed'; the exit status is 1 if M > 0.
 """
 import json
@@ -13,6 +17,20 @@ import re
 import sys
 
 SYN = re.compile(r"Synthesis: Tested: (\d+) \| Passing: (\d+) \| Failing: (\d+) \| Crashing: (\d+)")
+RUNNER = re.compile(r"^(PASS|FAIL) ([\w-]+/[\w-]+)", re.M)
+
+
+def runner_lines(text):
+    """(passed, failed) from an MPI suite runner's lines; None if it printed none.
+    Several ranks may name the same failed test: each test counts once."""
+    seen = {}
+    for verdict, test in RUNNER.findall(text):
+        if seen.get(test) != "FAIL":
+            seen[test] = verdict
+    if not seen:
+        return None
+    failed = sum(v == "FAIL" for v in seen.values())
+    return len(seen) - failed, failed
 
 
 def tally(builddir):
@@ -25,8 +43,13 @@ def tally(builddir):
     for line in lines:
         t = json.loads(line)
         ok = t["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
-        m = SYN.findall((t.get("stdout") or "") + (t.get("stderr") or ""))
-        if m:
+        text = (t.get("stdout") or "") + (t.get("stderr") or "")
+        m = SYN.findall(text)
+        r = None if m else runner_lines(text)
+        if r:
+            passed += r[0]
+            failed += r[1] + (not ok and r[1] == 0)
+        elif m:
             tested, passing, failing, crashing = map(int, m[-1])
             passed += passing
             failed += tested - passing

@@ -759,6 +759,7 @@ static void register_told_fns(void)
     sr_register("to_here_when_told", fn_to_here_when_told);
     sr_register_async("hold_until_told", fn_hold_until_told);
     sr_register("tell", fn_tell);
+    sr_future_unref(told); /* the previous job's, where one process runs several (tests/mpi) */
     told = sr_future_new();
 }
 
