@@ -6,6 +6,7 @@
 #define SR_SHM_FUTEX_H
 
 #include <errno.h>
+#include <limits.h>
 #include <linux/futex.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -21,6 +22,13 @@
 
 /* Does the kernel have futex_waitv (5.16+)? Probed once per file: an empty
  * vector is -EINVAL where the call exists. Racy init is harmless (same answer). */
+/* Wake every waiter on a word of the segment (a shared futex: the waiters
+ * are other processes). */
+static inline void sr_futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 static inline bool sr_futex_waitv_supported(void)
 {
     static int known = -1;

@@ -253,7 +253,9 @@ const char *sr_exit_describe(int how, int status, char *buf, size_t len)
 {
     const char *name = sigabbrev_np(status); /* NULL for real-time signals */
     const char *core = how == CLD_DUMPED ? " (core dumped)" : "";
-    if (how == CLD_EXITED)
+    if (how == SR_EXIT_SEEN)
+        snprintf(buf, len, "ended (its process is gone; mpirun has its status)");
+    else if (how == CLD_EXITED)
         snprintf(buf, len, "exited with status %d", status);
     else if (name)
         snprintf(buf, len, "was killed by signal SIG%s%s", name, core);

@@ -75,6 +75,10 @@ static inline bool sr_worker_state_attached(uint32_t st)
  * bump: a call either sees the exit at send time or is seen by the scan
  * that fails the calls to the departed peer. */
 
+/* exit_code of an exit published by a peer from its pidfd (no supervisor:
+ * mpirun, orphan.c): the process ended, its status is the launcher's. */
+#define SR_EXIT_SEEN 0
+
 struct sr_seg_header {
     /* Lines 0-2: written once by the creator before any worker starts; read-only after. */
     uint64_t magic;
@@ -130,7 +134,7 @@ struct sr_worker_info {
     /* Own line: written by the supervisor once, after it reaped the worker's
      * process (X1 above); read by peers. */
     _Atomic uint32_t exited SR_ALIGNED_LINE; /* 0: running (or never started); 1: ended */
-    int32_t exit_code;      /* siginfo si_code: CLD_EXITED, CLD_KILLED, CLD_DUMPED */
+    int32_t exit_code;      /* siginfo si_code: CLD_EXITED, CLD_KILLED, CLD_DUMPED; SR_EXIT_SEEN */
     int32_t exit_status;    /* the exit status, or the signal */
     uint32_t exit_seq;      /* 1 for the job's first published exit, 2 for the next...: the order of departures */
 

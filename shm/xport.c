@@ -1,5 +1,6 @@
 /* The transport. See xport.h; the ring and doorbell contracts are in ring.h
  * and doorbell.h. */
+#include "futex.h"
 #include "xport.h"
 
 #include <errno.h>
@@ -29,11 +30,6 @@ static int futex_wait_ns(_Atomic uint32_t *w, uint32_t val, int64_t ns)
 {
     struct timespec ts = {.tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000};
     return (int)syscall(SYS_futex, w, FUTEX_WAIT, val, &ts, NULL, 0);
-}
-
-static void futex_wake_all(_Atomic uint32_t *w)
-{
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
 static int count_cpus(void)
@@ -130,7 +126,7 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     uint32_t want = ++round * (uint32_t)x->nlocal;
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
-    futex_wake_all(&h->attached);
+    sr_futex_wake_all(&h->attached);
     int64_t deadline = sr_now_ns() + timeout_ns;
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
@@ -280,6 +276,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     x->seg.fd = x->loadavg_fd = -1; /* until attached / opened: a failed attach must not close fd 0 */
     x->rank = env.rank;
     x->world = env.world_size;
+    x->publish_exits = o->publish_exits;
     sr__error_set_rank(env.rank);
     sr__log_set_worker(o->name, env.rank);
     rc = sr_segment_attach(env.fd, &x->seg);
@@ -517,7 +514,7 @@ static void release_inbox(sr_xport *x)
     if (sr_likely(!w))
         return;
     if (w & SR_SPACE_FUTEX)
-        futex_wake_all(&x->inbox->ring->space_wait);
+        sr_futex_wake_all(&x->inbox->ring->space_wait);
     if (w & SR_SPACE_RANKS)
         kick_space_waiters(x);
 }

@@ -30,6 +30,7 @@ typedef struct sr_xport_opts {
     int64_t spin_ns;          /* < 0 or unset (0 with adaptive=true): adaptive; see below */
     bool fixed_spin;          /* use spin_ns as a fixed budget (0 = never spin) */
     const char *name;         /* published in the worker table; NULL: "worker<rank>" */
+    bool publish_exits;       /* no supervisor reaps the workers (mpirun): publish local peers' exits */
 } sr_xport_opts;
 
 /* Counters of this worker (relaxed atomics: statistics only). sent, wakes
@@ -71,6 +72,7 @@ typedef struct sr_xport {
     int64_t spin_ns;          /* current budget (adaptive) */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
+    bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c) */
     sr_xport_stats st;
     sr_tport tp;              /* this transport's instance behind the seam (sr_xport_transport) */
     /* Own lines: the consumer writes head on every burst; the fields above
@@ -211,6 +213,13 @@ bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank);
 /* This worker has entered a graceful shutdown: if it dies now, peers say
  * "during sr_shutdown" rather than "without sr_shutdown". */
 void sr_xport_closing(sr_xport *x);
+
+/* Without a supervisor (sr_xport_opts.publish_exits: under mpirun), publish
+ * the exits of the local peers whose pidfds fired, when this worker is the
+ * lowest-ranked local one alive (orphan.c): X1-X3 of segment.h, with the
+ * status unknown (SR_EXIT_SEEN). The thread that sleeps on the waiter
+ * calls it after each sleep. */
+void sr_xport_publish_orphans(sr_xport *x);
 
 /* The process of `rank` has exited (cleanly or not), seen through its pidfd
  * by this worker's waiter; says nothing of how (sr_xport_peer_gone does). */

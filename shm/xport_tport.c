@@ -92,14 +92,20 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
     return lost;
 }
 
+/* The progress thread's sleeps; they end on local peers' pidfds too, whose
+ * exits no supervisor publishes under mpirun (orphan.c). */
 static int t_sleep(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    return sr_xport_sleep(X(t), deadline, ready, arg);
+    int rc = sr_xport_sleep(X(t), deadline, ready, arg);
+    sr_xport_publish_orphans(X(t));
+    return rc;
 }
 
 static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    return sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg);
+    int rc = sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg);
+    sr_xport_publish_orphans(X(t));
+    return rc;
 }
 
 static int64_t t_spin_budget(sr_tport *t) { return sr_xport_spin_budget(X(t)); }

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "futex.h"
 #include "doorbell.h"
 #include "error.h"
 #include "job.h"
@@ -107,18 +108,13 @@ static int report_stop(struct sup *s)
     return exit_code(&s->first_si);
 }
 
-static void futex_wake_all(_Atomic uint32_t *w)
-{
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0); /* shared: the word is in the segment */
-}
-
 /* Wake every worker still running, wherever it waits for a peer: its
  * doorbell (X3 in segment.h), the start barrier, and a send blocked on the
  * departed worker's full inbox. */
 static void wake_survivors(sr_job *job, int gone)
 {
-    futex_wake_all(&job->seg.hdr->attached);
-    futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
+    sr_futex_wake_all(&job->seg.hdr->attached);
+    sr_futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
     for (int r = 0; r < job->n; r++) {
         struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
         /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */

@@ -174,7 +174,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = launch_env(a, &env);
     if (!rc && !o->name)
         snprintf(name, sizeof(name), "worker%d", env.rank);
-    sr_xport_opts xo = {.name = name};
+    sr_xport_opts xo = {.name = name, .publish_exits = a->mpi != NULL}; /* under mpirun no supervisor publishes exits */
     if (!rc)
         rc = sr_xport_attach(&xo, &a->x);
     if (!rc) {
