@@ -14,7 +14,6 @@ cat "$out"
 [ "$rc" -ne 124 ] || { echo "local_death: the job hung (killed after 60 s)"; exit 1; }
 grep -q "returned -32 (EPIPE).*worker1.*ended" "$out" ||
   { echo "local_death: rank 0's call did not fail with -EPIPE naming worker1"; exit 1; }
-name=$(basename "$prog" | cut -c1-15)
-left=$(ps -eo pid=,stat=,comm= | awk -v n="$name" '$2 !~ /^Z/ && $3 == n')
-[ -z "$left" ] || { echo "local_death: processes of the job are left:"; echo "$left"; exit 1; }
+. "$(dirname "$0")/job_gone.sh"
+job_gone "$prog" || { echo "local_death: processes of the job are left:"; echo "$left"; exit 1; }
 echo "local_death: -EPIPE at once within the host; the job ended (mpirun exit $rc), no process left"

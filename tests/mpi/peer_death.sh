@@ -15,11 +15,6 @@ cat "$out"
 if [ "$rc" -eq 124 ]; then echo "peer_death: the job hung (killed after 60 s)"; exit 1; fi
 if [ "$rc" -eq 0 ]; then echo "peer_death: mpirun exited 0 although rank 3 was killed"; exit 1; fi
 grep -q "rank 3" "$out" || { echo "peer_death: mpirun's report does not name rank 3"; exit 1; }
-# mpirun has ended its ranks when it returns (a zombie not yet reaped by
-# this machine's init is not running: it is not counted)
-name=$(basename "$prog" | cut -c1-15)
-left=$(ps -eo pid=,stat=,comm= | awk -v n="$name" '$2 !~ /^Z/ && $3 == n')
-if [ -n "$left" ]; then
-  echo "peer_death: processes of the job are left:"; echo "$left"; exit 1
-fi
+. "$(dirname "$0")/job_gone.sh"
+job_gone "$prog" || { echo "peer_death: processes of the job are left:"; echo "$left"; exit 1; }
 echo "peer_death: the job ended in ${took} s (mpirun exit $rc), naming rank 3; no process left"
