@@ -33,7 +33,7 @@
 
 #define SR_MPI_TAG_FRAME 1
 #define SR_MPI_TAG_PART 2
-#define SR_MPI_POLL_MIN_NS 20000   /* idle poll interval right after a message */
+#define SR_MPI_POLL_MIN_NS 5000   /* idle poll interval right after a message */
 #define SR_MPI_POLL_MAX_NS 1000000 /* and at most */
 
 int sr__mpi_tport_create(struct sr_mpi_job *job, const char *name, sr_tport **out);

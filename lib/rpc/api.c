@@ -53,7 +53,7 @@ static int remote_transport(sr_agent *a, const char *name)
     if (rc)
         return rc;
     a->remote->marshal = &sr__rpc_marshal;
-    /* The sleeps bounded by its poll interval (tens of microseconds) must
+    /* The sleeps bounded by its poll interval (from 5 microseconds) must
      * not be stretched by the default 50 us timer slack; the runtime's
      * threads, created after this, inherit it. */
     prctl(PR_SET_TIMERSLACK, 1000UL);
