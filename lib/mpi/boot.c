@@ -45,14 +45,22 @@ bool sr__mpi_launched(void)
     return init && !fin;
 }
 
+const char *sr__mpi_strerror(int code, char *buf, size_t len)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int n = 0;
+    if (MPI_Error_string(code, text, &n) != MPI_SUCCESS)
+        snprintf(text, sizeof(text), "MPI error %d", code);
+    snprintf(buf, len, "%s", text);
+    return buf;
+}
+
 /* An MPI error code as -EIO with MPI's own text. */
 static int mpi_fail(int code, const char *step, int rank)
 {
-    char text[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof(text), "MPI error %d", code);
-    return sr__fail(-EIO, "sr_init", "MPI bootstrap, rank %d: %s failed: %s", rank, step, text);
+    char text[MPI_MAX_ERROR_STRING];
+    return sr__fail(-EIO, "sr_init", "MPI bootstrap, rank %d: %s failed: %s", rank, step,
+                    sr__mpi_strerror(code, text, sizeof(text)));
 }
 
 static _Atomic int live_jobs; /* booted and not finished: an agent may be polling MPI */

@@ -33,6 +33,7 @@
 #define SR_MPI_JOB_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include <mpi.h>
 
@@ -60,6 +61,9 @@ int sr__mpi_boot(struct sr_mpi_job *job);
 /* Close the segment fd, forget the launch environment, free host_of and
  * comm. Idempotent. */
 void sr__mpi_job_fini(struct sr_mpi_job *job);
+
+/* MPI's own text for an error code (or "MPI error N"), in buf. */
+const char *sr__mpi_strerror(int code, char *buf, size_t len);
 
 /* Tests: the next sr_init uses *comm instead of MPI_COMM_WORLD (the MPI
  * suite runner gives each test a sub-world of the size it asks for). */

@@ -35,6 +35,7 @@ struct send_op {
     struct send_op *next;
     sr_msg m;
     bool has_parts;
+    int frame_len;    /* bytes of frame[] */
     int nreq;
     MPI_Request *req; /* [nreq], after the frame */
     uint8_t frame[];
@@ -43,6 +44,7 @@ struct send_op {
 struct part {
     const void *data;
     uint64_t len;
+    bool inside; /* rides in the frame (copied); else a message of its own */
 };
 
 struct mpi_tport {
@@ -68,17 +70,18 @@ struct mpi_tport {
 static int mpi_fail(int rc, const char *fn, const char *what, int to)
 {
     char err[MPI_MAX_ERROR_STRING];
-    int n = 0;
-    MPI_Error_string(rc, err, &n);
-    return sr__fail(-EIO, fn, "%s (rank %d): %s", what, to, err);
+    return sr__fail(-EIO, fn, "%s (rank %d): %s", what, to, sr__mpi_strerror(rc, err, sizeof(err)));
 }
 
 /* ---- sending ---------------------------------------------------------- */
 
+/* The parts of one message, in order; most messages have a few, kept in
+ * `few` without an allocation. */
 struct collect {
-    struct part *p;
+    struct part *p; /* few, or a heap array once there are more */
     size_t n, cap;
     uint64_t inline_bytes;
+    struct part few[8];
 };
 
 static int collect_part(void *arg, const void *data, uint64_t len)
@@ -91,17 +94,33 @@ static int collect_part(void *arg, const void *data, uint64_t len)
         return sr__fail(-EMSGSIZE, "sr_rpc", "a message with more than %u parts (tensors) cannot cross hosts",
                         MAX_PARTS - 1);
     if (c->n == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 8;
-        struct part *p = realloc(c->p, cap * sizeof(*p));
+        size_t cap = 2 * c->cap;
+        struct part *p = c->p == c->few ? malloc(cap * sizeof(*p)) : realloc(c->p, cap * sizeof(*p));
         if (!p)
             return sr__fail(-ENOMEM, "sr_rpc", "out of memory for %zu message parts", cap);
+        if (c->p == c->few)
+            memcpy(p, c->few, sizeof(c->few));
         c->p = p;
         c->cap = cap;
     }
-    c->p[c->n++] = (struct part){data, len};
-    if (len <= INLINE_MAX && c->inline_bytes + len <= FRAME_INLINE_MAX)
-        c->inline_bytes += len;
+    bool inside = len <= INLINE_MAX && c->inline_bytes + len <= FRAME_INLINE_MAX;
+    c->p[c->n++] = (struct part){data, len, inside};
+    c->inline_bytes += inside ? len : 0;
     return 0;
+}
+
+static void collect_init(struct collect *c)
+{
+    c->p = c->few;
+    c->n = 0;
+    c->cap = sizeof(c->few) / sizeof(c->few[0]);
+    c->inline_bytes = 0;
+}
+
+static void collect_fini(struct collect *c)
+{
+    if (c->p != c->few)
+        free(c->p);
 }
 
 /* The frame of m and its parts, and room for its requests. */
@@ -114,45 +133,36 @@ static struct send_op *build_op(const sr_msg *m, const struct collect *c)
         return NULL;
     op->m = *m;
     op->has_parts = c->n > 0;
+    op->frame_len = (int)frame;
     op->req = (MPI_Request *)(void *)(op->frame + reqs_at);
     op->nreq = 0;
     struct frame_head h = {.m = *m, .nparts = (uint32_t)c->n};
     memcpy(op->frame, &h, sizeof(h));
     uint8_t *lens = op->frame + sizeof(h), *in = lens + 8 * c->n;
-    uint64_t inl = 0;
     for (size_t i = 0; i < c->n; i++) {
-        uint64_t len = c->p[i].len;
-        bool inside = len <= INLINE_MAX && inl + len <= FRAME_INLINE_MAX;
-        uint64_t word = htole64(inside ? len : len | PART_APART);
+        const struct part *p = &c->p[i];
+        uint64_t word = htole64(p->inside ? p->len : p->len | PART_APART);
         memcpy(lens + 8 * i, &word, 8);
-        if (inside) {
-            memcpy(in + inl, c->p[i].data, len);
-            inl += len;
+        if (p->inside) {
+            memcpy(in, p->data, p->len);
+            in += p->len;
         }
     }
-    op->nreq = (int)frame; /* the frame's size until it is posted (post_op) */
     return op;
 }
 
 /* Post the frame and the large parts, in order, under send_lock. */
 static int post_op(struct mpi_tport *x, int to, struct send_op *op, const struct collect *c)
 {
-    int frame = op->nreq, rc = MPI_SUCCESS;
-    op->nreq = 0;
-    rc = MPI_Isend(op->frame, frame, MPI_BYTE, to, SR_MPI_TAG_FRAME, x->job->comm, &op->req[op->nreq]);
-    if (rc == MPI_SUCCESS)
-        op->nreq++;
-    uint64_t inl = 0;
+    int rc = MPI_Isend(op->frame, op->frame_len, MPI_BYTE, to, SR_MPI_TAG_FRAME, x->job->comm, &op->req[0]);
+    op->nreq = rc == MPI_SUCCESS;
     for (size_t i = 0; rc == MPI_SUCCESS && i < c->n; i++) {
-        uint64_t len = c->p[i].len;
-        if (len <= INLINE_MAX && inl + len <= FRAME_INLINE_MAX) {
-            inl += len;
+        if (c->p[i].inside)
             continue;
-        }
         /* the part's bytes go straight from the shared heap: no copy */
-        rc = MPI_Isend(c->p[i].data, (int)len, MPI_BYTE, to, SR_MPI_TAG_PART, x->job->comm, &op->req[op->nreq]);
-        if (rc == MPI_SUCCESS)
-            op->nreq++;
+        rc = MPI_Isend(c->p[i].data, (int)c->p[i].len, MPI_BYTE, to, SR_MPI_TAG_PART, x->job->comm,
+                       &op->req[op->nreq]);
+        op->nreq += rc == MPI_SUCCESS;
     }
     return rc;
 }
@@ -170,19 +180,20 @@ static int t_send(sr_tport *t, int to, sr_msg *m)
     if (to < 0 || to >= t->world || x->job->host_of[to] == x->job->host)
         return sr__fail(-EINVAL, "sr_rpc", "rank %d is not on another host (world %d)", to, t->world);
     m->src = (uint16_t)t->rank;
-    struct collect c = {0};
+    struct collect c;
+    collect_init(&c);
     int rc = t->marshal ? t->marshal->parts(m, collect_part, &c) : 0;
     struct send_op *op = rc ? NULL : build_op(m, &c);
     if (!rc && !op)
         rc = sr__fail(-ENOMEM, "sr_rpc", "out of memory for a message to rank %d", to);
     if (rc) {
-        free(c.p);
+        collect_fini(&c);
         return rc;
     }
     pthread_mutex_lock(&x->send_lock);
     int mrc = post_op(x, to, op, &c);
     pthread_mutex_unlock(&x->send_lock);
-    free(c.p);
+    collect_fini(&c);
     if (mrc != MPI_SUCCESS && op->nreq == 0) { /* nothing left: the parts stay the caller's */
         free(op);
         return mpi_fail(mrc, "sr_rpc", "MPI_Isend to another host failed", to);
@@ -204,8 +215,7 @@ static int t_send(sr_tport *t, int to, sr_msg *m)
     op->next = x->inflight;
     x->inflight = op;
     /* relaxed: under send_lock; the consumer reads it as a hint to poll */
-    atomic_store_explicit(&x->ninflight, atomic_load_explicit(&x->ninflight, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    atomic_fetch_add_explicit(&x->ninflight, 1, memory_order_relaxed);
     pthread_mutex_unlock(&x->send_lock);
     return 0;
 }
@@ -330,7 +340,9 @@ static int check_frame(const uint8_t *f, int64_t size, int src, struct frame_hea
         uint64_t w;
         memcpy(&w, f + sizeof(*h) + 8 * i, 8);
         w = le64toh(w);
-        if ((w & PART_APART) && (w & ~PART_APART) > INT_MAX)
+        /* a part apart is one MPI message; one inside lies in the frame: bounded
+         * before they are summed, so the sum below cannot wrap */
+        if ((w & ~PART_APART) > ((w & PART_APART) ? (uint64_t)INT_MAX : (uint64_t)size))
             return sr__fail(-EBADMSG, "sr_rpc", "part %u from rank %d is %llu bytes", i, src,
                             (unsigned long long)(w & ~PART_APART));
         if (!(w & PART_APART))
