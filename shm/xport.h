@@ -72,7 +72,7 @@ typedef struct sr_xport {
     int64_t spin_ns;          /* current budget (adaptive) */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
-    bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c) */
+    bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
     sr_xport_stats st;
     sr_tport tp;              /* this transport's instance behind the seam (sr_xport_transport) */
     /* Own lines: the consumer writes head on every burst; the fields above

@@ -92,19 +92,21 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
     return lost;
 }
 
-/* The progress thread's sleeps; they end on local peers' pidfds too, whose
- * exits no supervisor publishes under mpirun (orphan.c). */
+/* The progress thread's sleeps; one that ends on a local peer's pidfd
+ * (SR_WAKE_PEER) publishes the exit when no supervisor does (mpirun, orphan.c). */
 static int t_sleep(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
     int rc = sr_xport_sleep(X(t), deadline, ready, arg);
-    sr_xport_publish_orphans(X(t));
+    if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
+        sr_xport_publish_orphans(X(t));
     return rc;
 }
 
 static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
     int rc = sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg);
-    sr_xport_publish_orphans(X(t));
+    if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
+        sr_xport_publish_orphans(X(t));
     return rc;
 }
 

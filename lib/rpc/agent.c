@@ -516,14 +516,14 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
         return true; /* done, or its state moved: poll again */
     /* relaxed: a lower bound; a deadline lowered after this read kicks the
      * progress thread, which expires the call and so completes f */
-    struct hold_ctx c = {a, f, earlier(earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed)),
-                                       remote_due(a))};
+    int64_t due = earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
+    struct hold_ctx c = {a, f, earlier(due, remote_due(a))};
     /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
     if (t->ops->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
     /* A deadline that passed by the precise clock but not yet by the coarse
      * one of expire_due: expire now rather than poll until the tick. */
-    if (c.until >= 0 && sr_now_ns() >= c.until)
+    if (due >= 0 && sr_now_ns() >= due) /* not for the MPI poll's deadline: nothing is due then */
         sr__calls_expire(a, sr_now_ns());
     return true;
 }
