@@ -25,6 +25,7 @@
 #include "waiter.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -59,10 +60,15 @@ int64_t sr_now_ns(void)
 
 int64_t sr_now_coarse_ns(void)
 {
-    static int64_t res_ns = -1; /* racy init is harmless: every thread computes the same value */
+    /* Set by the first callers, any thread. Relaxed (both): every thread
+     * computes the same value from the kernel, so a thread that reads -1
+     * only computes it again; no other data is published with it. */
+    static _Atomic int64_t res_cache = -1;
+    int64_t res_ns = atomic_load_explicit(&res_cache, memory_order_relaxed);
     if (res_ns < 0) {
         struct timespec r;
         res_ns = clock_getres(CLOCK_MONOTONIC_COARSE, &r) == 0 ? (int64_t)r.tv_sec * 1000000000 + r.tv_nsec : 0;
+        atomic_store_explicit(&res_cache, res_ns, memory_order_relaxed);
     }
     struct timespec t;
     if (res_ns == 0 || clock_gettime(CLOCK_MONOTONIC_COARSE, &t))

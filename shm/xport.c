@@ -47,9 +47,8 @@ static void spin_policy(sr_xport *x, const sr_xport_opts *o)
     x->ncpu = count_cpus();
     x->fixed_spin = o->fixed_spin || env;
     x->loadavg_fd = x->fixed_spin ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    x->spin_ns = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
-    if (x->spin_ns < 0)
-        x->spin_ns = 0;
+    int64_t spin = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
+    atomic_init(&x->spin_ns, spin < 0 ? 0 : spin); /* before any thread of the agent starts */
 }
 
 static int missing_ranks(sr_xport *x)
@@ -602,14 +601,17 @@ static int runnable_threads(int fd)
 int64_t sr_xport_spin_budget(sr_xport *x)
 {
     if (x->fixed_spin)
-        return x->spin_ns;
+        return atomic_load_explicit(&x->spin_ns, memory_order_relaxed); /* never written after attach */
     int64_t now = sr_now_coarse_ns();
     /* relaxed (both): a heuristic; threads sampling at once only repeat the read */
     if (now >= atomic_load_explicit(&x->load_next, memory_order_relaxed)) {
         atomic_store_explicit(&x->load_next, now + LOAD_SAMPLE_NS, memory_order_relaxed);
         atomic_store_explicit(&x->oversubscribed, runnable_threads(x->loadavg_fd) > x->ncpu, memory_order_relaxed);
     }
-    return atomic_load_explicit(&x->oversubscribed, memory_order_relaxed) ? 0 : x->spin_ns; /* relaxed: as above */
+    /* relaxed (both): as above; the budget is adapt()'s latest value */
+    return atomic_load_explicit(&x->oversubscribed, memory_order_relaxed)
+               ? 0
+               : atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
 }
 
 /* Adapt: a sleep that ended soon would have been cheaper as a spin. */
@@ -617,12 +619,14 @@ static void adapt(sr_xport *x, int64_t slept_ns)
 {
     if (x->fixed_spin)
         return;
+    /* relaxed (both): a heuristic read by any spinning thread; two sleepers
+     * adapting at once only lose one step, and nothing is published with it */
+    int64_t spin = atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
     if (slept_ns < SPIN_MAX_NS / 2)
-        x->spin_ns = slept_ns * 2 > x->spin_ns ? slept_ns * 2 : x->spin_ns;
+        spin = slept_ns * 2 > spin ? slept_ns * 2 : spin;
     else
-        x->spin_ns /= 2;
-    if (x->spin_ns > SPIN_MAX_NS)
-        x->spin_ns = SPIN_MAX_NS;
+        spin /= 2;
+    atomic_store_explicit(&x->spin_ns, spin > SPIN_MAX_NS ? SPIN_MAX_NS : spin, memory_order_relaxed);
 }
 
 int sr_xport_wait(sr_xport *x, int64_t deadline_ns)

@@ -69,7 +69,7 @@ typedef struct sr_xport {
     int loadavg_fd;           /* /proc/loadavg, for the spin policy; -1 with a fixed budget */
     _Atomic int64_t load_next; /* when to sample it again (coarse clock); any thread */
     _Atomic bool oversubscribed; /* the last sample: more runnable threads than cores */
-    int64_t spin_ns;          /* current budget (adaptive) */
+    _Atomic int64_t spin_ns;  /* current budget: written by adapt() after a sleep, read by any spinning thread */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
