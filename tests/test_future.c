@@ -153,6 +153,43 @@ Test(future, wait_blocks_until_another_thread_completes)
     sr_future_unref(f);
 }
 
+/* The waiter drops the last reference as soon as it sees the future done,
+ * while the thread that completed it may still be in sr_future_set_result
+ * (its callbacks, the wake-up of sleepers): completion must not touch the
+ * future after publishing "done" unless it holds a reference of its own.
+ * Under ASan the use after free shows as a report, under ThreadSanitizer
+ * (tests/tsan) as a race with pthread_mutex_destroy. */
+static void count_done(sr_future *f, void *arg)
+{
+    (void)f;
+    atomic_fetch_add_explicit((_Atomic int *)arg, 1, memory_order_relaxed); /* relaxed: read after the joins */
+}
+
+static void *wait_and_drop(void *p)
+{
+    sr_future *f = p;
+    cr_assert_eq(sr_future_wait(f, NULL), 0);
+    sr_future_unref(f); /* the only reference: the future goes now */
+    return NULL;
+}
+
+Test(future, waiter_may_free_the_future_as_soon_as_it_is_done)
+{
+    enum { ROUNDS = 2000 };
+    _Atomic int ran = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+        sr_future *f = sr_future_new();
+        cr_assert_eq(sr_future_add_done_callback(f, count_done, &ran), 0);
+        pthread_t t;
+        cr_assert_eq(pthread_create(&t, NULL, wait_and_drop, f), 0); /* the thread owns f now */
+        sr_value *v = sr_int(i);
+        cr_assert_eq(sr_future_set_result(f, v), 0);
+        sr_value_unref(v);
+        pthread_join(t, NULL);
+    }
+    cr_assert_eq(atomic_load(&ran), ROUNDS);
+}
+
 Test(future, wait_all_collects_values)
 {
     sr_future *fs[3];

@@ -345,13 +345,17 @@ struct nested_out {
 static int set_out(sr_future *parent, void *arg, sr_value **result)
 {
     struct nested_out *n = arg;
+    /* Our own reference: fn_nested_cb drops its one as soon as it sees out
+     * done, and n (on its stack) goes with it. */
+    sr_future *out = sr_future_ref(n->out);
     double x;
     int rc = parent_num(parent, &x);
     sr_value *v = rc ? NULL : sr_double(x);
     if (rc)
-        sr_future_set_error(n->out, rc, "%s", sr_last_error());
+        sr_future_set_error(out, rc, "%s", sr_last_error());
     else
-        sr_future_set_result(n->out, v);
+        sr_future_set_result(out, v);
+    sr_future_unref(out);
     sr_value_unref(v);
     *result = sr_none();
     return 0;

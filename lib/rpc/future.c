@@ -147,8 +147,14 @@ static void futex_wake_all(_Atomic uint32_t *w)
     syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Completion holds a reference of its own from before "done" is published
+ * to its last touch of f (the futex wake, the unlock, the callbacks): a
+ * waiter that sees DONE may drop the last other reference at once. Taking
+ * it is safe here: f is COMPLETING, not DONE, so whoever waits for it
+ * still holds theirs. */
 static void finish_complete(sr_future *f)
 {
+    sr_future_ref(f);
     pthread_mutex_lock(&f->lock);
     /* release: publishes value/err to the acquire loads in sr_future_done and sleepers */
     uint32_t old = atomic_exchange_explicit(&f->state, DONE, memory_order_acq_rel);
@@ -170,6 +176,7 @@ static void finish_complete(sr_future *f)
         free(cbs);
         cbs = n;
     }
+    sr_future_unref(f);
 }
 
 SR_API int sr_future_set_result(sr_future *f, sr_value *v)

@@ -13,6 +13,10 @@
  * Lifetime: futures are refcounted. A function that hands a future back
  * through **out gives the caller one reference; sr_future_unref() drops it.
  * A pending future stays alive while the runtime still has to complete it.
+ * Completing a future (set_result, set_error) needs a reference held until
+ * the call returns: the caller's own, or one its owner keeps until it sees
+ * the future done (a waiter). Completion never touches the future after the
+ * point where such a waiter may drop the last reference.
  */
 #ifndef SHMRPC_FUTURE_H
 #define SHMRPC_FUTURE_H
