@@ -40,6 +40,7 @@
 #include "error.h"
 #include "log.h"
 #include "heap_extent.h"
+#include "tsan.h"
 
 #define BLOCK_MAGIC 0x6b6c4273u /* "sBlk" */
 #define BLOCK_FREED 0x65657246u /* "Free": cleared before the arena gets it back */
@@ -430,6 +431,12 @@ static enum block_layout layout_for(size_t nbytes)
     return LAYOUT_INLINE;
 }
 
+/* ThreadSanitizer (tsan.h): jemalloc is not instrumented, so a block one
+ * thread frees into the arena and another gets back from it is a hand-off
+ * TSan cannot see. Every free releases this, every allocation from the arena
+ * acquires it, as a lock around the arena would. */
+static char arena_handoff;
+
 static void free_data(enum block_layout layout, void *data, size_t nbytes)
 {
     if (layout == LAYOUT_HUGE)
@@ -442,6 +449,7 @@ static sr_block *try_alloc(size_t nbytes, enum block_layout layout)
 {
     if (layout == LAYOUT_INLINE) {
         void *p = mallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS);
+        sr__tsan_acquire(&arena_handoff); /* after the allocation: see arena_handoff */
         return p ? init_header(p, NULL, nbytes, heap.rank, layout) : NULL;
     }
     void *data = layout == LAYOUT_HUGE ? sr__heap_huge_alloc(nbytes) : mallocx(nbytes, ARENA_FLAGS);
@@ -452,6 +460,7 @@ static sr_block *try_alloc(size_t nbytes, enum block_layout layout)
         free_data(layout, data, nbytes);
         return NULL;
     }
+    sr__tsan_acquire(&arena_handoff);
     return init_header(p, data, nbytes, heap.rank, layout);
 }
 
@@ -516,6 +525,7 @@ sr_block *sr_block_ref(sr_block *b)
 /* The owner returns a block to its arena; h is its checked header. */
 static void local_free(sr_block *b, const struct hdr *h)
 {
+    sr__tsan_release(&arena_handoff);
     b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
     free_data((enum block_layout)h->layout, (char *)b + h->delta, h->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
@@ -532,6 +542,7 @@ static _Atomic uint64_t *free_head_of(int rank)
 /* F1: push b onto its owner's remote-free list. */
 static void remote_free(sr_block *b, int owner)
 {
+    sr__tsan_release(b); /* our threads are done with b; a later receiver of it acquires (tsan.h) */
     _Atomic uint64_t *head = free_head_of(owner);
     uint64_t off = sr_seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
@@ -578,6 +589,10 @@ void sr_block_unref(sr_block *b)
 {
     if (!b)
         return;
+    /* This thread is done with b. When the last reference goes in another
+     * process, R1 runs through that process and b comes back to us by our
+     * remote-free list: the drain acquires this (tsan.h). */
+    sr__tsan_release(b);
     /* acquire: R1 for a sole holder: pairs with the release decrements of
      * every holder before us. Seeing 1, nobody else holds a reference, and
      * only a holder can take one: the read-modify-write is not needed. */
@@ -655,6 +670,10 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
     if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
         return *why = "is not a 64-byte aligned block header", NULL;
     sr_block *b = sr_seg_ptr(&heap.seg, off);
+    /* b arrived (in a message, or on our remote-free list): whoever sent or
+     * freed it released it first (tsan.h). Inside a heap area, so a valid
+     * address for TSan whatever the header says. */
+    sr__tsan_acquire(b);
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
     *h = hdr_read(b);

@@ -2,6 +2,7 @@
  * hook that lets a waiting caller poll for its own response, and sends with
  * local overflow (outq.c). See agent.h for the token states. */
 #include "agent.h"
+#include "marshal.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -158,6 +159,7 @@ static bool timers_moved(sr_agent *a)
 
 int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
 {
+    sr__marshal_handoff(m);
     if (a->reorder || sr__outq_busy(&a->outq, to))
         return sr__agent_send(a, to, m);
     int rc = a->tp[to]->ops->send_quiet(a->tp[to], to, m);
@@ -166,6 +168,7 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
 
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
+    sr__marshal_handoff(m);
     /* Keep this destination's order behind its queued messages (best effort, outq.h). */
     if (sr_likely(!sr__outq_busy(&a->outq, to))) {
         int rc = a->tp[to]->ops->send(a->tp[to], to, m);

@@ -153,6 +153,32 @@ static void m_sent(const sr_msg *m)
     sr__payload_done(m);
 }
 
+#ifdef SR_TSAN
+static int release_tensor(void *p, uint8_t *field)
+{
+    (void)p;
+    sr_block *b = sr_block_from_off(field_get(field));
+    if (b)
+        sr__tsan_release(b);
+    return 0;
+}
+
+void sr__marshal_handoff(const sr_msg *m)
+{
+    if (!has_wire(m->type))
+        return;
+    struct sr_wire w = sr_wire_get(m);
+    if (!(w.flags & SR_WIRE_BLOCK))
+        return;
+    sr_block *b = sr_block_from_off(w.p.block_off);
+    uint8_t *p = payload_block(m, w.p.block_off, w.len);
+    if (p)
+        each_tensor(m, p, w.len, release_tensor, NULL);
+    if (b)
+        sr__tsan_release(b); /* last: the walk above read the payload */
+}
+#endif
+
 struct rebind_walk {
     const uint64_t *blocks;
     size_t n, next;
