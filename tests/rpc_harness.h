@@ -76,6 +76,14 @@ static inline int srt_spawn(int world, int (*fn)(int, int, void *), void *arg, c
 #define _exit srt_exit
 #endif
 
+#ifdef SR_TEST_TSAN
+/* The ThreadSanitizer runner (tests/tsan): a worker that _exit()s on purpose
+ * dies as a killed one would, without TSan's end-of-process checks, which
+ * would report the threads a dying worker never joins (runner.c). */
+_Noreturn void srt_exit(int status);
+#define _exit srt_exit
+#endif
+
 #define RUN_JOB(name, world, ...)                                                   \
     do {                                                                            \
         struct harness h_ = {__VA_ARGS__};                                          \

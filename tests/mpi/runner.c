@@ -1,6 +1,6 @@
 /* The MPI suite runner: main() of each tests/mpi program, which is one of
  * the RPC, RRef or distributed-autograd Criterion suites compiled again
- * against tests/mpi/shim (see shim/criterion/criterion.h and srt.h).
+ * against tests/shim (see tests/shim/criterion/criterion.h and srt.h).
  *
  * Launched by `mpirun -n 4` (tests/mpi/run_suite.sh), every rank runs every
  * test, in registration (source) order, one at a time in this process:

@@ -1,23 +1,29 @@
-/* A stand-in for <criterion/criterion.h> under the MPI suite runner
- * (tests/mpi/runner.c): the RPC, RRef and distributed-autograd suites are
- * compiled a second time with tests/mpi/shim first on the include path and
- * SR_TEST_MPI defined, and run by every rank of an `mpirun -n 4` job, one
- * test after another in the same processes (MPI is initialised once per
- * process, so Criterion's process per test cannot run under mpirun).
+/* A stand-in for <criterion/criterion.h> for the suite runners that run
+ * Criterion suites without Criterion's process machinery:
+ * - the MPI suite runner (tests/mpi/runner.c, SR_TEST_MPI): the RPC, RRef
+ *   and distributed-autograd suites run by every rank of an `mpirun -n 4`
+ *   job, one test after another in the same processes (MPI is initialised
+ *   once per process, so Criterion's process per test cannot run there);
+ * - the ThreadSanitizer runner (tests/tsan/runner.c): Criterion's binaries
+ *   cannot start under TSan ("Could not initialize inheritable arena"), so
+ *   the concurrency suites are compiled again and run one test per forked
+ *   process, with each TSan report attributed to its test.
+ * Both define SR_TEST_SHIM and put tests/shim first on the include path.
  *
  * What the suites use of Criterion, and nothing more:
  * - Test(suite, name, .timeout, .disabled, .init, .fini, .description)
  *   registers the test in the runner's table (a constructor);
  * - TestSuite(suite, .init, .fini, .timeout) gives a suite's defaults
  *   (LEAK_CHECKED_SUITE's leak check runs after each test, as in Criterion);
- * - cr_assert* stops the test and fails it on this rank; cr_expect* fails it
- *   and goes on; cr_skip_test skips it; cr_log_* print on stderr.
- * The runner agrees on each test's outcome across ranks (tests/mpi/srt.h). */
-#ifndef SR_TESTS_MPI_SHIM_CRITERION_H
-#define SR_TESTS_MPI_SHIM_CRITERION_H
+ * - cr_assert* stops the test and fails it; cr_expect* fails it and goes
+ *   on; cr_skip_test skips it; cr_log_* print on stderr.
+ * The runner decides each test's outcome (under MPI: agreed across ranks,
+ * tests/mpi/srt.h). */
+#ifndef SR_TESTS_SHIM_CRITERION_H
+#define SR_TESTS_SHIM_CRITERION_H
 
-#ifndef SR_TEST_MPI
-#error "tests/mpi/shim is for the MPI suite runner only (SR_TEST_MPI)"
+#ifndef SR_TEST_SHIM
+#error "tests/shim is for the shim suite runners only (SR_TEST_SHIM): tests/mpi, tests/tsan"
 #endif
 
 #include <stdbool.h>
@@ -27,7 +33,9 @@
 #include <stdlib.h> /* Criterion's header brings these in; the suites rely on it */
 #include <string.h>
 
-#include "srt.h"
+#ifdef SR_TEST_MPI
+#include "srt.h" /* the harness routes its jobs through the MPI runner */
+#endif
 
 /* ---- registration ---- */
 
@@ -110,6 +118,12 @@ void srt_log(const char *level, const char *fmt, ...) __attribute__((format(prin
 #define cr_assert_str_neq(a, b, ...) SRT_CHECK_(true, strcmp((a), (b)) != 0, #a " != " #b, __VA_ARGS__)
 #define cr_expect_str_eq(a, b, ...) SRT_CHECK_(false, !strcmp((a), (b)), #a " == " #b, __VA_ARGS__)
 #define cr_expect_str_neq(a, b, ...) SRT_CHECK_(false, strcmp((a), (b)) != 0, #a " != " #b, __VA_ARGS__)
+
+#define cr_assert_float_eq(a, b, eps, ...) \
+    SRT_CHECK_(true, ((a) - (b) <= (eps)) && ((b) - (a) <= (eps)), #a " == " #b " (within " #eps ")", __VA_ARGS__)
+#define cr_expect_float_eq(a, b, eps, ...) \
+    SRT_CHECK_(false, ((a) - (b) <= (eps)) && ((b) - (a) <= (eps)), #a " == " #b " (within " #eps ")", __VA_ARGS__)
+#define cr_assert_arr_eq(a, b, size, ...) SRT_CHECK_(true, !memcmp((a), (b), (size)), #a " == " #b, __VA_ARGS__)
 
 #define cr_skip_test(...) srt_skip(" " __VA_ARGS__)
 #define cr_log_info(...) srt_log("info", __VA_ARGS__)
