@@ -161,6 +161,71 @@ Test(autograd, hooks_on_intermediates_and_failing_hooks)
     unref_all(ts, 5);
 }
 
+/* A hook that returns a tensor of another shape or dtype (PyTorch: "hook
+ * 'h' has changed the size of value"). */
+struct reshape_hook {
+    int calls;
+    int ndim;
+    int64_t shape[2];
+    sr_dtype dtype;
+};
+
+static int reshape_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    struct reshape_hook *h = arg;
+    h->calls++;
+    *replace = sr_ones(h->dtype, h->ndim, h->shape, 0);
+    return *replace ? 0 : -ENOMEM;
+}
+
+Test(autograd, a_leaf_hook_may_not_change_the_shape_or_dtype)
+{
+    sr_tensor *x = sr_ones(SR_F64, 2, SHAPE(3, 3), SR_REQUIRES_GRAD), *y = sr_mul_scalar(x, 2), *l = sr_sum(y);
+    struct hook_log first = {0};
+    struct reshape_hook h = {.ndim = 1, .shape = {2}, .dtype = SR_F64};
+    cr_assert_eq(sr_tensor_register_hook(x, log_hook, &first), 0);
+    cr_assert_eq(sr_tensor_register_hook(x, reshape_hook, &h), 0);
+    cr_assert_eq(sr_backward(l, true), -EINVAL, "a [3, 3] leaf given a [2] gradient by its hook");
+    tu_expect_error("size", "hook 2 on a leaf f64 [3, 3] has changed the size of value", "was [3, 3], got [2]");
+    cr_assert_eq(h.calls, 1);
+    cr_assert_null(sr_tensor_grad(x), "nothing accumulated after the failure");
+
+    /* With a .grad already there, a broadcastable [3] would have been added
+     * into every row. */
+    cr_assert_eq(sr_tensor_set_grad(x, NULL), 0);
+    h.shape[0] = 3;
+    sr_tensor *old = sr_zeros(SR_F64, 2, SHAPE(3, 3), 0);
+    cr_assert_eq(sr_tensor_set_grad(x, old), 0);
+    cr_assert_eq(sr_backward(l, true), -EINVAL, "a broadcastable [3]");
+    tu_expect_error("broadcastable", "has changed the size of value", "was [3, 3], got [3]");
+    tu_expect(sr_tensor_grad(x), VALS(0, 0, 0, 0, 0, 0, 0, 0, 0), 9, 0, 0, ".grad untouched");
+
+    h.ndim = 2;
+    h.shape[1] = 3;
+    h.dtype = SR_F32;
+    cr_assert_eq(sr_backward(l, false), -EINVAL, "an f32 gradient for an f64 leaf");
+    tu_expect_error("dtype", "hook 2 on a leaf f64 [3, 3] has changed the type of value", "was f64, got f32");
+    tu_expect(sr_tensor_grad(x), VALS(0, 0, 0, 0, 0, 0, 0, 0, 0), 9, 0, 0, ".grad untouched");
+    sr_tensor *ts[] = {x, y, l, old};
+    unref_all(ts, 4);
+}
+
+Test(autograd, a_hook_on_an_intermediate_may_not_change_the_shape)
+{
+    sr_tensor *x = sr_ones(SR_F64, 2, SHAPE(3, 3), SR_REQUIRES_GRAD), *y = sr_mul_scalar(x, 2);
+    sr_tensor *z = sr_mul_scalar(y, 3), *l = sr_sum(z);
+    struct reshape_hook h = {.ndim = 1, .shape = {3}, .dtype = SR_F64};
+    cr_assert_eq(sr_tensor_register_hook(y, reshape_hook, &h), 0);
+    cr_assert_eq(sr_backward(l, false), -EINVAL, "y's [3, 3] gradient replaced by a [3]");
+    tu_expect_error("intermediate", "hook 1 on input 0 of MulBackward1 has changed the size of value",
+                    "was [3, 3], got [3]");
+    cr_assert_eq(h.calls, 1);
+    cr_assert_null(sr_tensor_grad(x), "nothing accumulated after the failure");
+    sr_tensor *ts[] = {x, y, z, l};
+    unref_all(ts, 4);
+}
+
 Test(autograd, detach_and_no_grad_record_nothing)
 {
     sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *d = sr_detach(x);

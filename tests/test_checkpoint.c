@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -358,6 +359,95 @@ Test(ckpt, missing_file_is_enoent_naming_it)
     char p[192];
     snprintf(p, sizeof(p), "%s/nope.bin", g_dir);
     expect_load_fails(p, -ENOENT, "No such file");
+}
+
+/* ---- files that are not regular: answered at once, never a hang ---- */
+
+struct bounded {
+    int rc;
+    char err[512];
+};
+
+/* fn's result and error text, from a forked child: a child that has not
+ * answered within 5 s hangs (in an open, say) and is killed, failing the
+ * test instead of blocking it for ever. */
+static struct bounded run_bounded(int (*fn)(void), const char *what)
+{
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        close(p[0]);
+        struct bounded b = {.rc = fn()};
+        snprintf(b.err, sizeof(b.err), "%s", sr_last_error());
+        _exit(write(p[1], &b, sizeof(b)) == (ssize_t)sizeof(b) ? 0 : 1);
+    }
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    int ready;
+    while ((ready = poll(&pf, 1, 5000)) < 0 && errno == EINTR)
+        ;
+    struct bounded b = {0};
+    ssize_t got = ready == 1 ? read(p[0], &b, sizeof(b)) : -1;
+    if (ready != 1)
+        kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    close(p[0]);
+    cr_assert_eq(ready, 1, "%s hung: no answer within 5 s (killed)", what);
+    cr_assert_eq(got, (ssize_t)sizeof(b), "%s: the child died without answering", what);
+    return b;
+}
+
+static int load_g_path(void)
+{
+    sr_checkpoint *c = NULL;
+    int rc = sr_checkpoint_load(g_path, &c);
+    sr_checkpoint_destroy(c);
+    return rc;
+}
+
+Test(ckpt, load_of_a_fifo_is_refused_at_once)
+{
+    cr_assert_eq(mkfifo(g_path, 0600), 0, "mkfifo: %s", strerror(errno));
+    struct bounded b = run_bounded(load_g_path, "loading a FIFO");
+    cr_assert_eq(b.rc, -EINVAL, "load of a FIFO: %d: %s", b.rc, b.err);
+    cr_assert(strstr(b.err, g_path) && strstr(b.err, "is a FIFO, not a regular file"), "error: %s", b.err);
+    /* A directory too: refused by what it is, naming the path. */
+    cr_assert_eq(unlink(g_path), 0);
+    cr_assert_eq(mkdir(g_path, 0700), 0);
+    expect_load_fails(g_path, -EINVAL, "is a directory, not a regular file");
+    cr_assert_eq(rmdir(g_path), 0);
+}
+
+/* The temporary name carries the saver's pid: the child puts a FIFO there. */
+static int save_with_a_fifo_at_the_tmp_name(void)
+{
+    char tmp[192];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", g_path, (int)getpid());
+    if (mkfifo(tmp, 0600))
+        return sr_errorf(-errno, "mkfifo %s: %s", tmp, strerror(errno));
+    int rc = save_basic(g_path, 1);
+    char err[512];
+    snprintf(err, sizeof(err), "%s", sr_last_error());
+    struct stat st;
+    if (lstat(tmp, &st) || !S_ISFIFO(st.st_mode))
+        return sr_errorf(-EPROTO, "the FIFO at %s was replaced or removed (save gave %d: %s)", tmp, rc, err);
+    if (!rc || access(g_path, F_OK) == 0)
+        return sr_errorf(-EPROTO, "the save gave %d and left %s %s", rc, g_path,
+                         access(g_path, F_OK) ? "absent" : "present");
+    return sr_errorf(rc, "%s", err);
+}
+
+Test(ckpt, save_with_a_fifo_at_its_temporary_name_is_refused_at_once)
+{
+    struct bounded b = run_bounded(save_with_a_fifo_at_the_tmp_name, "saving past a FIFO");
+    cr_assert_eq(b.rc, -EINVAL, "save: %d: %s", b.rc, b.err);
+    cr_assert(strstr(b.err, ".tmp.") && strstr(b.err, "is a FIFO, not a regular file"), "error: %s", b.err);
+    /* This process's own temporary name is free: its save works. */
+    cr_assert_eq(save_basic(g_path, 2), 0, "%s", sr_last_error());
+    expect_basic_file(g_path, 2);
 }
 
 Test(ckpt, save_rejects_bad_arguments)

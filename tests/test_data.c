@@ -4,6 +4,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "shmrpc/data.h"
@@ -138,8 +141,10 @@ static void put_be32(uint8_t *p, uint32_t v)
 }
 
 /* An IDX file: magic, dims, then body_len bytes (sample i's bytes are i % 10),
- * gzip-compressed unless plain. */
-static void write_idx(const char *name, uint32_t magic, int ndim, const uint32_t *dims, size_t body_len, bool plain)
+ * through gzopen's mode ("wb": gzip, "wbT": plain, "wb0": stored blocks,
+ * "ab": one more gzip member; with split, the bytes go in two members). */
+static void write_idx_mode(const char *name, uint32_t magic, int ndim, const uint32_t *dims, size_t body_len,
+                           const char *mode, bool split)
 {
     uint8_t *buf = malloc(16 + body_len);
     put_be32(buf, magic);
@@ -148,11 +153,22 @@ static void write_idx(const char *name, uint32_t magic, int ndim, const uint32_t
     size_t h = 4 + 4 * (size_t)ndim, per = ndim == 3 ? (size_t)dims[1] * dims[2] : 1;
     for (size_t i = 0; i < body_len; i++)
         buf[h + i] = (uint8_t)((i / per) % 10);
-    gzFile f = gzopen(tmp_path(name), plain ? "wbT" : "wb");
+    size_t first = split ? (h + body_len) / 2 : h + body_len;
+    gzFile f = gzopen(tmp_path(name), mode);
     cr_assert(f, "gzopen %s", name);
-    cr_assert_eq(gzwrite(f, buf, (unsigned)(h + body_len)), (int)(h + body_len));
+    cr_assert_eq(gzwrite(f, buf, (unsigned)first), (int)first);
     cr_assert_eq(gzclose(f), Z_OK);
+    if (split) {
+        cr_assert(f = gzopen(tmp_path(name), "ab"), "gzopen %s for a second member", name);
+        cr_assert_eq(gzwrite(f, buf + first, (unsigned)(h + body_len - first)), (int)(h + body_len - first));
+        cr_assert_eq(gzclose(f), Z_OK);
+    }
     free(buf);
+}
+
+static void write_idx(const char *name, uint32_t magic, int ndim, const uint32_t *dims, size_t body_len, bool plain)
+{
+    write_idx_mode(name, magic, ndim, dims, body_len, plain ? "wbT" : "wb", false);
 }
 
 static void write_images(const char *name, uint32_t n, uint32_t rows, uint32_t cols)
@@ -242,6 +258,70 @@ BAD_FILE_TEST(truncated_body_header_and_stream)
     cr_assert_eq(ftruncate(fileno(f), len / 2), 0);
     fclose(f);
     expect_load_error(-EBADMSG, "train-images-idx3-ubyte.gz", "truncated");
+}
+
+/* The file name's size, less cut bytes. */
+static void cut_tail(const char *name, long cut)
+{
+    struct stat st;
+    cr_assert_eq(stat(tmp_path(name), &st), 0);
+    cr_assert_eq(truncate(tmp_path(name), st.st_size - cut), 0);
+}
+
+/* A gzip stream must end with its trailer (CRC-32 and length): without it
+ * nothing checks the data, and a flipped byte would load silently. */
+BAD_FILE_TEST(gzip_trailer_cut_anywhere_is_refused)
+{
+    for (long cut = 1; cut <= 8; cut++) {
+        write_good_pair(3);
+        cut_tail("train-images-idx3-ubyte.gz", cut);
+        expect_load_error(-EBADMSG, "train-images-idx3-ubyte.gz", "truncated: the gzip stream ends early");
+        write_good_pair(3);
+        cut_tail("train-labels-idx1-ubyte.gz", cut);
+        expect_load_error(-EBADMSG, "train-labels-idx1-ubyte.gz", "truncated: the gzip stream ends early");
+    }
+    write_good_pair(3);
+    sr_dataset *ds;
+    cr_assert_eq(sr_fashion_mnist_load(tmp, true, &ds), 0, "the uncut pair: %s", sr_last_error());
+    sr_dataset_destroy(ds);
+}
+
+/* Stored (uncompressed) deflate blocks put each pixel in the file as is. */
+BAD_FILE_TEST(flipped_pixel_is_caught_with_or_without_the_trailer)
+{
+    for (int cut = 0; cut <= 8; cut += 8) {
+        write_good_pair(3);
+        write_idx_mode("train-images-idx3-ubyte.gz", 0x803, 3, (uint32_t[]){3, 28, 28}, 3 * 784, "wb0", false);
+        size_t len;
+        FILE *f = fopen(tmp_path("train-images-idx3-ubyte.gz"), "r+b");
+        cr_assert(f);
+        uint8_t img[4096];
+        len = fread(img, 1, sizeof(img), f);
+        uint8_t *magic = memmem(img, len, (const uint8_t[]){0, 0, 8, 3, 0, 0, 0, 3}, 8);
+        cr_assert(magic, "the IDX header is not stored as is");
+        size_t at = (size_t)(magic - img) + 16 + 784 + 100; /* image 1, pixel 100 */
+        cr_assert_eq(img[at], 1);
+        img[at] ^= 0x80;
+        cr_assert_eq(fseek(f, 0, SEEK_SET), 0);
+        cr_assert_eq(fwrite(img, 1, len, f), len);
+        fclose(f);
+        cut_tail("train-images-idx3-ubyte.gz", cut);
+        expect_load_error(-EBADMSG, "train-images-idx3-ubyte.gz", cut ? "truncated" : "corrupt gzip data");
+    }
+}
+
+/* Several gzip members (as gzip itself concatenates them) make one file;
+ * the last one's trailer is checked like any other. */
+BAD_FILE_TEST(multi_member_gzip_loads_and_its_last_trailer_counts)
+{
+    write_good_pair(5);
+    write_idx_mode("train-images-idx3-ubyte.gz", 0x803, 3, (uint32_t[]){5, 28, 28}, 5 * 784, "wb", true);
+    sr_dataset *ds;
+    cr_assert_eq(sr_fashion_mnist_load(tmp, true, &ds), 0, "two members: %s", sr_last_error());
+    cr_assert_eq(sr_dataset_pixels(ds, 4)[783], 4);
+    sr_dataset_destroy(ds);
+    cut_tail("train-images-idx3-ubyte.gz", 4);
+    expect_load_error(-EBADMSG, "train-images-idx3-ubyte.gz", "truncated: the gzip stream ends early");
 }
 
 BAD_FILE_TEST(corrupt_gzip)

@@ -247,6 +247,63 @@ Test(dist_autograd_errors, worker_two_hops_away_dies_during_backward, .timeout =
     cr_assert_eq(sr_spawn(3, dying_worker, (void *)(intptr_t)2, &o), 0, "%s", sr_last_error());
 }
 
+/* ---- a leaf hook that changes the gradient's shape: PyTorch refuses ---- */
+
+/* Replaces the gradient by a [3] (broadcastable into the [3, 3] leaf). */
+static int shrink_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    _Atomic int *calls = arg;
+    atomic_fetch_add(calls, 1);
+    *replace = sr_ones(sr_tensor_dtype(grad), 1, DSHAPE(3), 0);
+    return *replace ? 0 : -ENOMEM;
+}
+
+/* The gradient of t comes back from the next worker and reaches t's hook,
+ * which returns a [3]: the pass fails with -EINVAL naming the hook and both
+ * shapes, and the context stores nothing for t (it stored the [3]). The same
+ * again for a pass that stays on this worker. */
+static int sc_hook_shape(int rank, int world)
+{
+    int next = (rank + 1) % world;
+    int64_t ctx;
+    _Atomic int calls = 0;
+    sr_tensor *t = t_rand(3, 3, true), *c = t_rand(3, 3, false);
+    WCHECK(sr_tensor_register_hook(t, shrink_hook, &calls) == 0, "hook: %s", sr_last_error());
+    CTX_BEGIN(ctx);
+    sr_tensor *ret = op_mode(RPC_SYNC, next, "add", t, c), *loss = ret ? sr_sum(ret) : NULL;
+    WCHECK(loss, "add: %s", sr_last_error());
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    /* The gradient reached t in the pass's part that the callee's gradient
+     * message started: reported as that node's error (docs/DIST_AUTOGRAD.md). */
+    char want[160];
+    snprintf(want, sizeof(want), "Error on Node %d: worker%d: sr_backward: hook 1 on a leaf f64 [3, 3] has changed the "
+             "size of value (was [3, 3], got [3])", rank, rank);
+    WEXPECT_ERR(rc, -SR_EREMOTE, want);
+    WCHECK(atomic_load(&calls) == 1, "the hook ran %d times", atomic_load(&calls));
+    if (expect_num_grads(ctx, 0, "after the hook's failure"))
+        return 1;
+    WCHECK(!sr_tensor_grad(t), "a distributed pass filled .grad");
+    CTX_END(ctx);
+    /* Without RPC: the same refusal, from the local part of a context. */
+    CTX_BEGIN(ctx);
+    sr_tensor *y = sr_mul_scalar(t, 2), *l2 = sr_sum(y);
+    rc = sr_dist_autograd_backward(ctx, &l2, 1, false);
+    WEXPECT_ERR(rc, -EINVAL, "has changed the size of value (was [3, 3], got [3])");
+    if (expect_num_grads(ctx, 0, "after the local hook's failure"))
+        return 1;
+    CTX_END(ctx);
+    sr_tensor *all[] = {t, c, ret, loss, y, l2};
+    unref_tensors(all, 6);
+    if (da_barrier())
+        return 1;
+    return rank == 0 ? expect_no_contexts_anywhere("after the hooks' failures") : 0;
+}
+
+Test(dist_autograd_errors, a_hook_that_changes_the_gradient_shape_fails_the_pass, .timeout = 120)
+{
+    DA_JOB("dahookshape", sc_hook_shape, .opts = {.rpc_timeout_s = 20});
+}
+
 /* ---- test_clean_context_during_backward: the context ends inside its own pass ---- */
 
 struct end_arg {

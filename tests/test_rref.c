@@ -557,6 +557,54 @@ Test(rref, function_given_a_user_rref_runs_before_the_owner_answers, .timeout = 
     close(release_pipe[1]);
 }
 
+/* sr_rref_confirmed_by_owner in a callee (docs/RREF.md, deviations).
+ * PyTorch's test_user_rrefs_confirmed passes a user's RRef to its owner,
+ * where the answer is true, as here. Passed to a third worker, PyTorch runs
+ * the function only once the owner confirmed the fork, so it is true there
+ * too; here the function runs at once and the fork is announced only when
+ * the call ends or someone asks for the confirmation: false inside the call
+ * even with the owner idle, true once the function asked and got it. */
+static int sc_confirmed_in_callees(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_value *v = NULL, *seed = sr_int(6), *len = sr_int(3);
+    sr_rref *r = NULL;
+    int rc = sr_remote(1, "make_list", SR_ARGS(len), WAIT_S, &r);
+    sr_value_unref(len);
+    WCHECK(rc == 0, "remote: %s", sr_last_error());
+    if (wait_confirmed(r))
+        return 1;
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_sync(1, "peek", SR_ARGS(rv), WAIT_S, &v) == 0, "peek on the owner: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 1, "on its owner the RRef is not confirmed_by_owner (PyTorch: true)");
+    sr_value_unref(v);
+    WCHECK(sr_rpc_sync(2, "peek", SR_ARGS(rv), WAIT_S, &v) == 0, "peek on worker2: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 0, "a user->user fork was confirmed inside its call without asking: the deviation "
+           "docs/RREF.md lists is gone; update it");
+    sr_value_unref(v);
+    WCHECK(sr_rpc_sync(2, "rref_info", SR_ARGS(rv), WAIT_S, &v) == 0, "rref_info: %s", sr_last_error());
+    WCHECK(sr_value_int(sr_value_list_at(v, 0)) == 0 && sr_value_int(sr_value_list_at(v, 1)) == 1,
+           "after asking for the confirmation: is_owner %lld, confirmed %lld",
+           (long long)sr_value_int(sr_value_list_at(v, 0)), (long long)sr_value_int(sr_value_list_at(v, 1)));
+    sr_value_unref(v);
+    sr_value_unref(rv);
+    sr_rref_unref(r);
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "worker2 idle: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value_unref(seed);
+    return expect_all_counters_zero("after the callees looked at confirmed_by_owner");
+}
+
+Test(rref, confirmed_by_owner_in_callees, .timeout = 120)
+{
+    rref_scenario = sc_confirmed_in_callees;
+    RUN_JOB("rrefconfirmed", WORLD, .scenario = fail_fast, .register_fns = register_release_fns,
+            .shutdown_timeout = 60);
+}
+
 /* A user->user fork that its function lets go never reaches the owner
  * (issue 11, 9b: the fork cost ~20x a no-op call, most of it waking the
  * owner). worker1, the owner, is blocked (as above) while worker0 passes

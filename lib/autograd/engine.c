@@ -1,6 +1,7 @@
 /* The autograd engine: graph tasks (see engine.h) and sr_backward. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -286,24 +287,29 @@ int sr__graph_task_feed_node(sr_graph_task *g, sr_node *fn, sr_tensor *const *gr
     return rc;
 }
 
+struct pre_hook {
+    const sr_node *n;
+    const struct sr_pre_hook *h;
+};
+
+/* "hook 1 on input 0 of MulBackward0": the hooks of one tensor count from 1. */
+static const char *pre_hook_name(const void *arg, char *buf)
+{
+    const struct pre_hook *w = arg;
+    unsigned nr = 1;
+    for (const struct sr_pre_hook *h = w->n->pre_hooks; h != w->h; h = h->next)
+        nr += h->input_nr == w->h->input_nr;
+    snprintf(buf, SR__HOOK_NAME_STR, "hook %u on input %u of %s", nr, w->h->input_nr, w->n->ops->name);
+    return buf;
+}
+
 static int run_pre_hooks(sr_node *n, sr_tensor **inputs)
 {
-    for (struct sr_pre_hook *h = n->pre_hooks; h; h = h->next) {
-        sr_tensor **slot = &inputs[h->input_nr];
-        if (!*slot)
-            continue;
-        sr_tensor *replace = NULL;
-        int rc = h->fn(*slot, &replace, h->arg);
-        if (rc) {
-            sr_tensor_unref(replace);
-            return rc;
-        }
-        if (replace) {
-            sr_tensor_unref(*slot);
-            *slot = replace;
-        }
-    }
-    return 0;
+    int rc = 0;
+    for (struct sr_pre_hook *h = n->pre_hooks; h && !rc; h = h->next)
+        if (inputs[h->input_nr])
+            rc = sr__run_grad_hook(h->fn, h->arg, &inputs[h->input_nr], pre_hook_name, &(struct pre_hook){n, h});
+    return rc;
 }
 
 static int apply_node(sr_graph_task *g, sr_node *n, sr_tensor **inputs, sr_tensor **outputs)

@@ -131,6 +131,15 @@ sr_tensor *sr__accumulate_grad_leaf(const sr_node *n);
  * it). */
 struct sr_grad_sink;
 int sr__accumulate_grad_run(sr_node *n, sr_tensor *grad, struct sr_grad_sink *sink);
+/* Run hook fn on *g (owned): a gradient it returns in place of *g replaces
+ * it, and must keep its dtype and shape, else -EINVAL naming the hook
+ * (name(name_arg, buf), called only then) and both shapes, as PyTorch's
+ * "hook 'h' has changed the size of value". On an error *g is kept. Every
+ * place that runs hooks (leaf hooks, tensor hooks on a node's inputs) runs
+ * them through here. */
+#define SR__HOOK_NAME_STR 224
+int sr__run_grad_hook(sr_tensor_hook_fn fn, void *arg, sr_tensor **g, const char *(*name)(const void *, char *),
+                      const void *name_arg);
 /* Serialises the creation of AccumulateGrad nodes (tensor->grad_acc). */
 void sr__acc_lock(void);
 void sr__acc_unlock(void);

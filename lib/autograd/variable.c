@@ -7,6 +7,7 @@
  * serialises updates of .grad by concurrent backward passes. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "autograd/engine.h"
@@ -53,21 +54,66 @@ static int accumulate_into_grad(sr_tensor *leaf, sr_tensor *g)
     return rc;
 }
 
-static int run_leaf_hooks(sr_tensor *leaf, sr_tensor **g)
+/* What a hook returned in place of was must keep its dtype and shape, or
+ * the gradient no longer fits its tensor (a [3] would even be broadcast into
+ * a [3, 3] .grad). hook names the hook. */
+static int check_hook_result(const sr_tensor *was, const sr_tensor *got, const char *hook)
 {
-    for (struct sr_hook *h = leaf->hooks; h; h = h->next) {
-        sr_tensor *replace = NULL;
-        int rc = h->fn(*g, &replace, h->arg);
-        if (rc) {
-            sr_tensor_unref(replace);
-            return rc;
-        }
-        if (replace) {
-            sr_tensor_unref(*g);
-            *g = replace;
-        }
+    bool same_dtype = got->dtype == was->dtype;
+    if (same_dtype && sr__same_shape(got, was))
+        return 0;
+    char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
+    if (!same_dtype)
+        return sr__fail(-EINVAL, "sr_backward", "%s has changed the type of value (was %s, got %s)", hook,
+                        sr_dtype_name(was->dtype), sr_dtype_name(got->dtype));
+    return sr__fail(-EINVAL, "sr_backward", "%s has changed the size of value (was %s, got %s)", hook,
+                    sr__shape_str(was->ndim, was->shape, b1), sr__shape_str(got->ndim, got->shape, b2));
+}
+
+int sr__run_grad_hook(sr_tensor_hook_fn fn, void *arg, sr_tensor **g, const char *(*name)(const void *, char *),
+                      const void *name_arg)
+{
+    sr_tensor *replace = NULL;
+    int rc = fn(*g, &replace, arg);
+    if (!rc && replace) {
+        char buf[SR__HOOK_NAME_STR];
+        rc = check_hook_result(*g, replace, name(name_arg, buf));
+    }
+    if (rc) {
+        sr_tensor_unref(replace);
+        return rc;
+    }
+    if (replace) {
+        sr_tensor_unref(*g);
+        *g = replace;
     }
     return 0;
+}
+
+struct leaf_hook {
+    const sr_tensor *leaf;
+    const struct sr_hook *h;
+};
+
+/* "hook 2 on a leaf f64 [3, 3]": hooks count from 1 in registration order. */
+static const char *leaf_hook_name(const void *arg, char *buf)
+{
+    const struct leaf_hook *w = arg;
+    unsigned nr = 1;
+    for (const struct sr_hook *h = w->leaf->hooks; h != w->h; h = h->next)
+        nr++;
+    char b[SR_SHAPE_STR];
+    snprintf(buf, SR__HOOK_NAME_STR, "hook %u on a leaf %s %s", nr, sr_dtype_name(w->leaf->dtype),
+             sr__shape_str(w->leaf->ndim, w->leaf->shape, b));
+    return buf;
+}
+
+static int run_leaf_hooks(sr_tensor *leaf, sr_tensor **g)
+{
+    int rc = 0;
+    for (struct sr_hook *h = leaf->hooks; h && !rc; h = h->next)
+        rc = sr__run_grad_hook(h->fn, h->arg, g, leaf_hook_name, &(struct leaf_hook){leaf, h});
+    return rc;
 }
 
 /* g is owned (consumed); sink NULL means .grad. */

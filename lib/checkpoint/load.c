@@ -71,14 +71,11 @@ static int read_at(reader *r, void *buf, size_t len, uint64_t off, const char *w
 
 static int open_file(reader *r)
 {
-    r->fd = open(r->path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0)
-        return sr__fail(-errno, "sr_checkpoint_load", "checkpoint %s: %s", r->path, strerror(errno));
+    /* Symbolic links are followed: "latest" pointing at a checkpoint is usual. */
     struct stat st;
-    if (fstat(r->fd, &st))
-        return sr__fail(-errno, "sr_checkpoint_load", "checkpoint %s: fstat: %s", r->path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return sr__fail(-EINVAL, "sr_checkpoint_load", "checkpoint %s: not a regular file", r->path);
+    r->fd = sr__ckpt_open_regular(AT_FDCWD, r->path, O_RDONLY, "sr_checkpoint_load", "checkpoint", r->path, &st);
+    if (r->fd < 0)
+        return r->fd;
     r->size = (uint64_t)st.st_size;
     return 0;
 }

@@ -60,9 +60,12 @@ static int lock_wait(int fd)
 int sr__ckpt_tmp_open(int dirfd, const char *name, const char *path)
 {
     for (;;) {
-        int fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        /* Something else at our name (a FIFO would block the open, or take
+         * the checkpoint's bytes) was not made by a save: refused, left alone. */
+        int fd = sr__ckpt_open_regular(dirfd, name, O_WRONLY | O_CREAT | O_NOFOLLOW, "sr_checkpoint_save",
+                                       "temporary file", path, NULL);
         if (fd < 0)
-            return sr__fail(-errno, "sr_checkpoint_save", "creating %s: %s", path, strerror(errno));
+            return fd;
         int rc = lock_wait(fd);
         if (rc) {
             close(fd);

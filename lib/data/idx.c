@@ -24,8 +24,22 @@ static int gz_fail(gzFile f, const char *path, int saved_errno)
         return sr__fail(saved_errno ? -saved_errno : -EIO, FN, "%s: read error: %s", path,
                         strerror(saved_errno ? saved_errno : EIO));
     if (zerr == Z_BUF_ERROR)
-        return sr__fail(-EBADMSG, FN, "%s: truncated: the gzip stream ends early (%s)", path, msg);
+        return sr__fail(-EBADMSG, FN, "%s: truncated: the gzip stream ends early, before its end and its "
+                        "CRC-32 and length trailer (%s)", path, msg);
     return sr__fail(-EBADMSG, FN, "%s: corrupt gzip data (%s)", path, msg);
+}
+
+/* gzread returned 0. zlib then takes a gzip stream cut short (before its
+ * final block, or anywhere in its CRC-32 and length trailer) for the end of
+ * the file, leaving only Z_BUF_ERROR behind: without this check the data
+ * of a file missing its trailer would load unchecked. A stream that ended
+ * with its trailer verified (every member's, for concatenated members) and
+ * a plain file leave Z_OK. */
+static int gz_end(gzFile f, const char *path)
+{
+    int zerr;
+    gzerror(f, &zerr);
+    return zerr == Z_OK ? 0 : gz_fail(f, path, 0);
 }
 
 /* Up to n bytes into buf; *got < n only at the end of the file. */
@@ -38,8 +52,8 @@ static int gz_fill(gzFile f, const char *path, uint8_t *buf, size_t n, size_t *g
         int r = gzread(f, buf + *got, (unsigned)ask);
         if (r < 0)
             return gz_fail(f, path, errno);
-        if (r == 0) /* the end, or a stream cut short (Z_BUF_ERROR): the caller sees *got < n */
-            return 0;
+        if (r == 0) /* the end; or a stream cut short, which zlib reports only through gzerror */
+            return gz_end(f, path);
         *got += (size_t)r;
     }
     return 0;

@@ -261,8 +261,10 @@ SR_API int sr_tensor_set_grad(sr_tensor *t, sr_tensor *grad);
 
 /* Gradient hook: sees the gradient flowing into t (for a leaf: the total,
  * before it is accumulated). Store a new reference in *replace to replace the
- * gradient (the hook keeps ownership of nothing else); leave it NULL to keep
- * it. A non-zero return aborts the backward pass with that error. */
+ * gradient (the hook keeps ownership of nothing else): it must have the
+ * gradient's shape and dtype, else the pass fails with -EINVAL ("hook N on
+ * ... has changed the size of value"); leave it NULL to keep it. A non-zero
+ * return aborts the backward pass with that error. */
 typedef int (*sr_tensor_hook_fn)(sr_tensor *grad, sr_tensor **replace, void *arg);
 /* t must require grad. Hooks run in registration order. arg must outlive t's
  * graph. Returns 0 or -EINVAL. */
