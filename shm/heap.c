@@ -199,8 +199,13 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
     b->owner = owner;
     b->check = header_check(&h);
     b->magic = BLOCK_MAGIC;
-    atomic_init(&b->refcount, 1);
-    atomic_init(&b->next_free, 0);
+    /* relaxed (both): published with the header by the ring (P1/C1) or,
+     * on the owner's threads, by the arena's hand-off. Atomic stores, not
+     * atomic_init: the last holder's decrement of the block that was here
+     * before may have been made by a thread whose hand-off came before it
+     * (sr_block_unref releases before it decrements). */
+    atomic_store_explicit(&b->refcount, 1, memory_order_relaxed);
+    atomic_store_explicit(&b->next_free, 0, memory_order_relaxed);
     return b;
 }
 
