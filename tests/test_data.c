@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "bounded.h"
 #include "shmrpc/data.h"
 #include "tensor_util.h"
 #include "common.h"
@@ -214,6 +215,26 @@ BAD_FILE_TEST(a_crafted_good_pair_loads)
                  sr_last_error());
     cr_assert_eq(sr_dataset_size(ds), 2);
     sr_dataset_destroy(ds);
+}
+
+/* A FIFO where a data file should be: refused at once, naming it (zlib's
+ * own open would block for ever waiting for a writer). */
+static int load_tmp(void)
+{
+    sr_dataset *ds = NULL;
+    int rc = sr_fashion_mnist_load(tmp, true, &ds);
+    sr_dataset_destroy(ds);
+    return rc;
+}
+
+BAD_FILE_TEST(fifo_instead_of_a_file_is_refused_at_once)
+{
+    write_labels("train-labels-idx1-ubyte.gz", 4);
+    const char *images = tmp_path("train-images-idx3-ubyte.gz");
+    cr_assert_eq(mkfifo(images, 0600), 0, "mkfifo: %s", strerror(errno));
+    struct bounded b = run_bounded(load_tmp, "loading a data set whose images file is a FIFO");
+    cr_assert_eq(b.rc, -EINVAL, "got %d: %s", b.rc, b.err);
+    cr_assert(strstr(b.err, images) && strstr(b.err, "is a FIFO, not a regular file"), "error: %s", b.err);
 }
 
 BAD_FILE_TEST(missing_file)

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "file.h"
 #include "shmrpc/checkpoint.h"
 
 /* A loaded checkpoint. Immutable after sr_checkpoint_load returns. Both
@@ -36,16 +37,6 @@ int sr__ckpt_cmp_items(const void *a, const void *b);
 int sr__ckpt_cmp_key(const void *key, const void *item);
 
 /* ---- opening files (checkpoint.c) ---- */
-/* openat(dirfd, name, flags) for a regular file only: the open itself is
- * O_NONBLOCK (and O_NOCTTY, O_CLOEXEC), so a FIFO or a device there cannot
- * block it, then fstat refuses anything else with -EINVAL, "<noun> <path>
- * is a FIFO, not a regular file"; O_NONBLOCK is cleared for the reads and
- * writes. A fd (and its fstat in *st unless NULL), or -errno after
- * sr__fail (fn names the API call). */
-struct stat;
-int sr__ckpt_open_regular(int dirfd, const char *name, int flags, const char *fn, const char *noun, const char *path,
-                          struct stat *st);
-
 /* ---- the phases of a save, and a test-only hook to stop at one ---- */
 enum sr__ckpt_phase {
     SR__CKPT_TMP_CREATED,  /* the temporary file exists, locked and empty */

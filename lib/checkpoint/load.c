@@ -73,7 +73,7 @@ static int open_file(reader *r)
 {
     /* Symbolic links are followed: "latest" pointing at a checkpoint is usual. */
     struct stat st;
-    r->fd = sr__ckpt_open_regular(AT_FDCWD, r->path, O_RDONLY, "sr_checkpoint_load", "checkpoint", r->path, &st);
+    r->fd = sr__open_regular(AT_FDCWD, r->path, O_RDONLY, "sr_checkpoint_load", "checkpoint", r->path, &st);
     if (r->fd < 0)
         return r->fd;
     r->size = (uint64_t)st.st_size;

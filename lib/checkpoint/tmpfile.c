@@ -62,7 +62,7 @@ int sr__ckpt_tmp_open(int dirfd, const char *name, const char *path)
     for (;;) {
         /* Something else at our name (a FIFO would block the open, or take
          * the checkpoint's bytes) was not made by a save: refused, left alone. */
-        int fd = sr__ckpt_open_regular(dirfd, name, O_WRONLY | O_CREAT | O_NOFOLLOW, "sr_checkpoint_save",
+        int fd = sr__open_regular(dirfd, name, O_WRONLY | O_CREAT | O_NOFOLLOW, "sr_checkpoint_save",
                                        "temporary file", path, NULL);
         if (fd < 0)
             return fd;

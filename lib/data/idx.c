@@ -2,12 +2,15 @@
  * a buffer that grows with what actually arrives, so a header that declares
  * a huge count costs memory only as far as the file really goes. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include "data/idx.h"
 #include "error.h"
+#include "file.h"
 
 #define FN "sr_mnist_load"
 #define CHUNK ((size_t)1 << 20)
@@ -59,13 +62,18 @@ static int gz_fill(gzFile f, const char *path, uint8_t *buf, size_t n, size_t *g
     return 0;
 }
 
+/* A regular file only: gzopen's own open would block on a FIFO. */
 static int open_gz(const char *path, gzFile *f)
 {
+    int fd = sr__open_regular(AT_FDCWD, path, O_RDONLY, FN, "data file", path, NULL);
+    if (fd < 0)
+        return fd;
     errno = 0;
-    *f = gzopen(path, "rb");
+    *f = gzdopen(fd, "rb"); /* owns fd from here, gzclose closes it */
     if (*f)
         return 0;
     int e = errno ? errno : ENOMEM;
+    close(fd);
     return sr__fail(-e, FN, "%s: cannot open: %s", path, strerror(e));
 }
 
