@@ -272,6 +272,7 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
         [SR_WORKER_DETACHED] = " after sr_shutdown",
         [SR_WORKER_LEFT] = " after a non-graceful sr_shutdown",
         [SR_WORKER_CLOSING] = " during sr_shutdown",
+        [SR_WORKER_TIMED_OUT] = " after its sr_shutdown timed out",
     };
     char how[80];
     /* relaxed: the caller saw exited = 1 (X1), which orders the worker's last store */
@@ -279,7 +280,7 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
     sr_exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
     /* A killed worker was not leaving: how it was attached says nothing more. */
     bool killed = w->exit_code != CLD_EXITED;
-    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_CLOSING ? "" : after[st]);
+    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_TIMED_OUT ? "" : after[st]);
     return buf;
 }
 

@@ -51,6 +51,8 @@ enum sr_worker_state {
     SR_WORKER_DETACHED = 2, /* the worker detached after a graceful shutdown */
     SR_WORKER_LEFT = 3,     /* the worker detached without one (sr_shutdown(false), a failed init) */
     SR_WORKER_CLOSING = 4,  /* attached, inside a graceful shutdown (for reports: it came to sr_shutdown) */
+    SR_WORKER_TIMED_OUT = 5, /* the worker detached after its graceful shutdown timed out: it came, gave up
+                                waiting, and left; no death (peers' shutdowns time out too, lib/rpc/shutdown.c) */
 };
 /* Attached: its inbox is served (ATTACHED or CLOSING). */
 static inline bool sr_worker_state_attached(uint32_t st)

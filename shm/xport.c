@@ -315,12 +315,15 @@ void sr_xport_detach(sr_xport *x)
         return;
     sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
     if (x->me)
-        sr_logf(SR_LOG_INFO, "detaching (%s)", x->graceful ? "after a graceful shutdown" : "without a graceful shutdown");
+        sr_logf(SR_LOG_INFO, "detaching (%s)",
+                x->graceful    ? "after a graceful shutdown"
+                : x->timed_out ? "after a graceful shutdown timed out"
+                               : "without a graceful shutdown");
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
+        uint32_t st = x->graceful ? SR_WORKER_DETACHED : x->timed_out ? SR_WORKER_TIMED_OUT : SR_WORKER_LEFT;
         /* release: our last sends are complete before peers see DETACHED */
-        atomic_store_explicit(&x->me->state, x->graceful ? SR_WORKER_DETACHED : SR_WORKER_LEFT,
-                              memory_order_release);
+        atomic_store_explicit(&x->me->state, st, memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
     if (x->inbox)
@@ -382,6 +385,12 @@ bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank)
 {
     /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
     return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_DETACHED;
+}
+
+bool sr_xport_peer_left_timed_out(const sr_xport *x, int rank)
+{
+    /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
+    return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_TIMED_OUT;
 }
 
 static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)
