@@ -115,8 +115,20 @@ static int run_job(sr_job *job, const struct args *a, int sigfd)
     return rc ? launcher_error(1, false) : status < 0 ? launcher_error(1, false) : status;
 }
 
+/* Started with fd 0, 1 or 2 closed (a daemon's habit), shmrun would get
+ * its own descriptors there (the signalfd, the segment, pipes, log files),
+ * and each worker's stdio would be copied over them. /dev/null takes those
+ * places first, as for a worker: nothing is read from or written to it. */
+static void fill_stdio(void)
+{
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+            (void)open("/dev/null", O_RDWR); /* the lowest free fd: this one, the lower ones are open */
+}
+
 int main(int argc, char **argv)
 {
+    fill_stdio();
     sr__log_set_role("shmrun"); /* the runtime's lines from this process say "shmrun: " */
     struct args a;
     int rc = parse_args(argc, argv, &a);

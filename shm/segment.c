@@ -109,10 +109,23 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
 #define MFD_NOEXEC_SEAL 0x0008U /* Linux 6.3 */
 #endif
 
+int sr__fd_above_stdio(int fd, const char *who)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int hi = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    int err = errno;
+    close(fd);
+    if (hi < 0)
+        return sr__fail(-err, who, "cannot move fd %d above the standard descriptors: %s", fd, strerror(err));
+    return hi;
+}
+
 /* The job's memfd: readable and writable by its owner only (mode 0600; a
  * memfd is born 0777), and never executable: MFD_NOEXEC_SEAL seals its exec
  * bits off where the kernel has it (6.3+); an older kernel refuses the
- * unknown flag with EINVAL, and then the chmod alone takes the exec bits. */
+ * unknown flag with EINVAL, and then the chmod alone takes the exec bits.
+ * Never on fds 0-2, where a launcher sets up each worker's stdio. */
 static int create_memfd(const char *name)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
@@ -120,6 +133,8 @@ static int create_memfd(const char *name)
         fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+    if ((fd = sr__fd_above_stdio(fd, "sr_segment_create")) < 0)
+        return fd;
     if (fchmod(fd, 0600) < 0) {
         int rc = sr__fail(-errno, "sr_segment_create", "fchmod(0600) of memfd \"%s\": %s", name, strerror(errno));
         close(fd);
