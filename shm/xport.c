@@ -256,6 +256,18 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     return 0;
 }
 
+/* shmrun passes the segment and the doorbell eventfds across one exec, the
+ * worker's own: a program the worker execs in turn (a command, a helper)
+ * must not hold the segment, which would outlive the job in it
+ * (docs/LAUNCHER.md). They stay open here, for a later attach. */
+static void inherited_once(sr_xport *x)
+{
+    fcntl(x->seg.fd, F_SETFD, FD_CLOEXEC);
+    for (int r = 0; r < x->world; r++)
+        if (x->peers[r].eventfd >= 0)
+            fcntl(x->peers[r].eventfd, F_SETFD, FD_CLOEXEC);
+}
+
 int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
 {
     static const sr_xport_opts defaults;
@@ -298,6 +310,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         sr_xport_detach(x);
         return rc;
     }
+    inherited_once(x);
     sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
     if (x->nlocal == x->world)
         sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world,
