@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "parse.h"
 #include "ring.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -318,10 +319,8 @@ static int env_int(const char *name, int lo, int hi, int *out)
     const char *s = getenv(name);
     if (!s)
         return -ENOENT;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    int64_t v;
+    if (sr__parse_int(s, lo, hi, &v))
         return sr__fail(-EINVAL, "sr_init", "environment %s=\"%s\" is not an integer in [%d, %d]",
                         name, s, lo, hi);
     *out = (int)v;

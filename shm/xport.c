@@ -19,6 +19,7 @@
 #include "error.h"
 #include "log.h"
 #include "heap.h"
+#include "parse.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
 #define SPIN_START_NS 20000
@@ -41,15 +42,19 @@ static int count_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
-static void spin_policy(sr_xport *x, const sr_xport_opts *o)
+static int spin_policy(sr_xport *x, const sr_xport_opts *o)
 {
-    const char *env = getenv("SHMRPC_SPIN_NS");
+    int64_t env = -1;
+    int rc = sr__env_int("sr_init", "SHMRPC_SPIN_NS", 0, INT64_MAX, &env);
+    if (rc)
+        return rc;
     x->ncpu = count_cpus();
-    x->fixed_spin = o->fixed_spin || env;
+    x->fixed_spin = o->fixed_spin || env >= 0;
     x->loadavg_fd = x->fixed_spin ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    x->spin_ns = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
+    x->spin_ns = env >= 0 ? env : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
     if (x->spin_ns < 0)
         x->spin_ns = 0;
+    return 0;
 }
 
 static int missing_ranks(sr_xport *x)
@@ -295,7 +300,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
                       env.world_size, x->seg.hdr->world_size);
-    spin_policy(x, o);
+    if (!rc)
+        rc = spin_policy(x, o);
     if (!rc)
         rc = local_ranks(x);
     if (!rc)

@@ -330,6 +330,33 @@ static void assert_bad_usage(char **args, const char *names)
 
 #define WORKER (char *)env_path("WORKER_PROG"), READY_FD, GO_FD, "1", "ok"
 
+/* One strict syntax for every number (shm/parse.h): " 3" and "+3" used to
+ * pass where "3 " did not, and --grace took "0x1" and "1e1" (strtod). */
+static void assert_bad_numbers(const char *opt, const char *what, const char *const *bad)
+{
+    char line[160];
+    for (; *bad; bad++) {
+        snprintf(line, sizeof(line), "%s takes %s, not '%s'", opt, what, *bad);
+        char *with_n[] = {"-n", "2", (char *)opt, (char *)*bad, WORKER, NULL};
+        assert_bad_usage(strcmp(opt, "-n") ? with_n : with_n + 2, line); /* -n alone: "-n BAD prog" */
+    }
+}
+
+Test(launcher_usage, n_numbers_are_strict)
+{
+    static const char *const bad[] = {" 3", "3 ", "", "+3", "-3", "0x10", "3.0", "99999999999999999999", NULL};
+    assert_bad_numbers("-n", "a number of workers in [1, 4096]", bad);
+}
+
+Test(launcher_usage, size_slots_and_seconds_are_strict)
+{
+    assert_bad_numbers("--shm-size", "a size like 512M or 4G",
+                       (const char *const[]){" 64M", "64M ", "+64M", "", "M", "0x40M", "99999999999999999999", NULL});
+    assert_bad_numbers("--ring-slots", "a power of two in [2, 2^24]", (const char *const[]){" 8", "8 ", "+8", NULL});
+    assert_bad_numbers("--grace", "seconds in [0, 86400]",
+                       (const char *const[]){" 1", "1 ", "+1", "", ".", "0x1", "1e1", "inf", "nan", NULL});
+}
+
 Test(launcher_usage, n_zero) { assert_bad_usage((char *[]){"-n", "0", WORKER, NULL}, "'0'"); }
 Test(launcher_usage, n_not_a_number) { assert_bad_usage((char *[]){"-n", "abc", WORKER, NULL}, "'abc'"); }
 Test(launcher_usage, n_too_large) { assert_bad_usage((char *[]){"-n", "5000", WORKER, NULL}, "'5000'"); }
