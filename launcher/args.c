@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "segment.h"
+#include "parse.h"
 
 #ifndef SHMRUN_VERSION
 #define SHMRUN_VERSION "unknown"
@@ -29,7 +30,8 @@ static const char usage[] =
     "  --fold-window SECONDS  with --tag-output: a stderr line waits this long for the same line from\n"
     "                         other ranks, printed once as [0-3,5] (default: 0.25; 0: no folding)\n"
     "  --grace SECONDS        after forwarding SIGTERM or SIGINT, SIGKILL the workers still running\n"
-    "                         this long after (default: 10)\n"
+    "                         this long after (default: 10); the same for the processes the workers\n"
+    "                         leave running when the job ends\n"
     "  --bind-to none|core|numa\n"
     "                         pin each worker to one core or NUMA node, round robin (default: none)\n"
     "  --report-bindings      print each rank's CPU binding on stderr\n"
@@ -47,43 +49,37 @@ static int bad_usage(const char *fmt, const char *val)
     return 2;
 }
 
+/* Bytes, with an optional K, M or G suffix ("64M"). */
 static int parse_size(const char *s, uint64_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
-        return -1;
+    size_t len = strlen(s);
     unsigned shift = 0;
-    switch (*end) {
-    case 'k': case 'K': shift = 10; end++; break;
-    case 'm': case 'M': shift = 20; end++; break;
-    case 'g': case 'G': shift = 30; end++; break;
+    switch (len ? s[len - 1] : 0) {
+    case 'k': case 'K': shift = 10; break;
+    case 'm': case 'M': shift = 20; break;
+    case 'g': case 'G': shift = 30; break;
     }
-    if (*end || (shift && v > (UINT64_MAX >> shift)))
+    uint64_t v;
+    if (sr__parse_digits(s, len - (shift != 0), UINT64_MAX >> shift, &v))
         return -1;
-    *out = (uint64_t)v << shift;
+    *out = v << shift;
     return 0;
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    int64_t v;
+    if (sr__parse_int(s, lo, hi, &v))
         return -1;
-    *out = v;
+    *out = (long)v;
     return 0;
 }
 
 /* Seconds in [0, max], fractions allowed: "10", "0.5". */
 static int parse_seconds(const char *s, double max, int64_t *ns)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < 0 || v > max)
+    double v;
+    if (sr__parse_seconds(s, max, &v))
         return -1;
     *ns = (int64_t)llround(v * 1e9);
     return 0;

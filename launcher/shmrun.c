@@ -6,7 +6,8 @@
  * SHMRPC_FD, SHMRPC_RANK and SHMRPC_WORLD_SIZE set (and torchrun's RANK,
  * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), forwards SIGHUP, SIGINT,
  * SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 to them and supervises them (failure
- * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h.
+ * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h;
+ * the processes the workers leave behind, ended with the job: sweep.h.
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
  * 128 + signal) otherwise; 2 for a bad command line; 1 for a launcher error.
  */
@@ -25,6 +26,7 @@
 #include "log.h"
 #include "job/job.h"
 #include "output.h"
+#include "sweep.h"
 #include "trace/trace.h"
 
 /* What every child needs; built before the first fork. */
@@ -112,11 +114,27 @@ static int run_job(sr_job *job, const struct args *a, int sigfd)
     }
     out_destroy(l.out);
     bind_plan_free(&l.bind);
-    return rc ? launcher_error(1, false) : status < 0 ? launcher_error(1, false) : status;
+    if (rc || status < 0)
+        rc = launcher_error(1, false);
+    /* Every worker is reaped: whatever runs below us now is what they left. */
+    sweep_leftovers(a->grace_ns, sigfd);
+    return rc ? rc : status;
+}
+
+/* Started with fd 0, 1 or 2 closed (a daemon's habit), shmrun would get
+ * its own descriptors there (the signalfd, the segment, pipes, log files),
+ * and each worker's stdio would be copied over them. /dev/null takes those
+ * places first, as for a worker: nothing is read from or written to it. */
+static void fill_stdio(void)
+{
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+            (void)open("/dev/null", O_RDWR); /* the lowest free fd: this one, the lower ones are open */
 }
 
 int main(int argc, char **argv)
 {
+    fill_stdio();
     sr__log_set_role("shmrun"); /* the runtime's lines from this process say "shmrun: " */
     struct args a;
     int rc = parse_args(argc, argv, &a);
@@ -126,6 +144,9 @@ int main(int argc, char **argv)
      * workers before we read their status; shmrun owns its process, so take
      * the default back (workers then inherit it, as from a shell). */
     signal(SIGCHLD, SIG_DFL);
+    /* What a worker starts and leaves comes back to us, not to init (sweep.h). */
+    if (sweep_become_subreaper())
+        return launcher_error(1, false);
     sigset_t old;
     int sigfd = make_sigfd(&old);
     if (sigfd < 0) /* without it the forwarded signals would stay blocked, unseen */

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "parse.h"
 #include "ring.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -109,10 +110,23 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
 #define MFD_NOEXEC_SEAL 0x0008U /* Linux 6.3 */
 #endif
 
+int sr__fd_above_stdio(int fd, const char *who)
+{
+    if (fd < 0 || fd > 2)
+        return fd;
+    int hi = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    int err = errno;
+    close(fd);
+    if (hi < 0)
+        return sr__fail(-err, who, "cannot move fd %d above the standard descriptors: %s", fd, strerror(err));
+    return hi;
+}
+
 /* The job's memfd: readable and writable by its owner only (mode 0600; a
  * memfd is born 0777), and never executable: MFD_NOEXEC_SEAL seals its exec
  * bits off where the kernel has it (6.3+); an older kernel refuses the
- * unknown flag with EINVAL, and then the chmod alone takes the exec bits. */
+ * unknown flag with EINVAL, and then the chmod alone takes the exec bits.
+ * Never on fds 0-2, where a launcher sets up each worker's stdio. */
 static int create_memfd(const char *name)
 {
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_NOEXEC_SEAL);
@@ -120,6 +134,8 @@ static int create_memfd(const char *name)
         fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+    if ((fd = sr__fd_above_stdio(fd, "sr_segment_create")) < 0)
+        return fd;
     if (fchmod(fd, 0600) < 0) {
         int rc = sr__fail(-errno, "sr_segment_create", "fchmod(0600) of memfd \"%s\": %s", name, strerror(errno));
         close(fd);
@@ -272,6 +288,7 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
         [SR_WORKER_DETACHED] = " after sr_shutdown",
         [SR_WORKER_LEFT] = " after a non-graceful sr_shutdown",
         [SR_WORKER_CLOSING] = " during sr_shutdown",
+        [SR_WORKER_TIMED_OUT] = " after its sr_shutdown timed out",
     };
     char how[80];
     /* relaxed: the caller saw exited = 1 (X1), which orders the worker's last store */
@@ -279,7 +296,7 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
     sr_exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
     /* A killed worker was not leaving: how it was attached says nothing more. */
     bool killed = w->exit_code != CLD_EXITED;
-    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_CLOSING ? "" : after[st]);
+    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_TIMED_OUT ? "" : after[st]);
     return buf;
 }
 
@@ -302,10 +319,8 @@ static int env_int(const char *name, int lo, int hi, int *out)
     const char *s = getenv(name);
     if (!s)
         return -ENOENT;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
+    int64_t v;
+    if (sr__parse_int(s, lo, hi, &v))
         return sr__fail(-EINVAL, "sr_init", "environment %s=\"%s\" is not an integer in [%d, %d]",
                         name, s, lo, hi);
     *out = (int)v;

@@ -51,6 +51,8 @@ enum sr_worker_state {
     SR_WORKER_DETACHED = 2, /* the worker detached after a graceful shutdown */
     SR_WORKER_LEFT = 3,     /* the worker detached without one (sr_shutdown(false), a failed init) */
     SR_WORKER_CLOSING = 4,  /* attached, inside a graceful shutdown (for reports: it came to sr_shutdown) */
+    SR_WORKER_TIMED_OUT = 5, /* the worker detached after its graceful shutdown timed out: it came, gave up
+                                waiting, and left; no death (peers' shutdowns time out too, lib/rpc/shutdown.c) */
 };
 /* Attached: its inbox is served (ATTACHED or CLOSING). */
 static inline bool sr_worker_state_attached(uint32_t st)
@@ -181,8 +183,15 @@ typedef struct sr_segment {
 /* Bytes needed for the header, table and inboxes of n workers. */
 uint64_t sr_segment_fixed_size(int world_size, uint32_t ring_slots);
 
-/* Create a segment (memfd, close-on-exec, mode 0600, exec-sealed where the
- * kernel has MFD_NOEXEC_SEAL; sealed against resizing) and write
+/* A descriptor that a launcher holds while it sets up a worker's standard
+ * fds must not be one of them: a launcher started with 0-2 closed gets its
+ * first descriptors there, and the worker's stdin, stdout or stderr would be
+ * copied over them. Returns fd itself when above 2 (or < 0); else a
+ * close-on-exec copy above 2, closing fd; -errno (the error names `who`). */
+int sr__fd_above_stdio(int fd, const char *who);
+
+/* Create a segment (memfd, close-on-exec, above fd 2, mode 0600,
+ * exec-sealed where the kernel has MFD_NOEXEC_SEAL; sealed against resizing) and write
  * its header. Errors: -EINVAL bad world size, ring size or a size too small
  * for world_size; -ENOMEM and other -errno from memfd_create/ftruncate/mmap. */
 int sr_segment_create(const sr_segment_opts *o, sr_segment *seg);

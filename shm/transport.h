@@ -60,7 +60,7 @@
  *
  * Liveness: peer_gone (published by the supervisor), exits (a generation that
  * moves with every published exit), exit_order (the order of departures),
- * gone_text / exit_text (how it ended), left_gracefully. Within a host these
+ * gone_text / exit_text (how it ended), left_gracefully, left_timed_out. Within a host these
  * are the supervisor's exit records; pidfds only wake sleeps.
  *
  * Several instances: the agent consumes `self` (the rings) and, when some
@@ -157,13 +157,18 @@ struct sr_tport_ops {
     const char *(*gone_text)(sr_tport *t, int rank, char *buf, size_t len);
     const char *(*exit_text)(sr_tport *t, int rank, char *buf, size_t len);
     bool (*left_gracefully)(sr_tport *t, int rank);
+    /* It left after its own graceful shutdown timed out: it had come to the
+     * shutdown and gave up waiting, so it is no peer that died. */
+    bool (*left_timed_out)(sr_tport *t, int rank);
     const char *(*name)(sr_tport *t, int rank);
     void (*stats)(sr_tport *t, struct sr_tport_stats *out);
 
     /* Our own departure as peers will see it: closing (a graceful shutdown
-     * began), graceful (it completed: a later exit is a clean one). */
+     * began), graceful (how it ended, rc: 0 it completed, a later exit is a
+     * clean one; -ETIMEDOUT it timed out, a later exit is a timeout's, not a
+     * death; any other error: a later exit is a non-graceful one). */
     void (*closing)(sr_tport *t);
-    void (*graceful)(sr_tport *t, bool done);
+    void (*graceful)(sr_tport *t, int rc);
 };
 
 /* An instance. Transports embed it in their own state. The three hint

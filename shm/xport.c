@@ -19,6 +19,7 @@
 #include "error.h"
 #include "log.h"
 #include "heap.h"
+#include "parse.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
 #define SPIN_START_NS 20000
@@ -41,14 +42,18 @@ static int count_cpus(void)
     return n > 0 ? (int)n : 1;
 }
 
-static void spin_policy(sr_xport *x, const sr_xport_opts *o)
+static int spin_policy(sr_xport *x, const sr_xport_opts *o)
 {
-    const char *env = getenv("SHMRPC_SPIN_NS");
+    int64_t env = -1;
+    int rc = sr__env_int("sr_init", "SHMRPC_SPIN_NS", 0, INT64_MAX, &env);
+    if (rc)
+        return rc;
     x->ncpu = count_cpus();
-    x->fixed_spin = o->fixed_spin || env;
+    x->fixed_spin = o->fixed_spin || env >= 0;
     x->loadavg_fd = x->fixed_spin ? -1 : open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-    int64_t spin = env ? atoll(env) : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
+    int64_t spin = env >= 0 ? env : (o->fixed_spin ? o->spin_ns : SPIN_START_NS);
     atomic_init(&x->spin_ns, spin < 0 ? 0 : spin); /* before any thread of the agent starts */
+    return 0;
 }
 
 static int missing_ranks(sr_xport *x)
@@ -255,6 +260,18 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     return 0;
 }
 
+/* shmrun passes the segment and the doorbell eventfds across one exec, the
+ * worker's own: a program the worker execs in turn (a command, a helper)
+ * must not hold the segment, which would outlive the job in it
+ * (docs/LAUNCHER.md). They stay open here, for a later attach. */
+static void inherited_once(sr_xport *x)
+{
+    fcntl(x->seg.fd, F_SETFD, FD_CLOEXEC);
+    for (int r = 0; r < x->world; r++)
+        if (x->peers[r].eventfd >= 0)
+            fcntl(x->peers[r].eventfd, F_SETFD, FD_CLOEXEC);
+}
+
 int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
 {
     static const sr_xport_opts defaults;
@@ -282,7 +299,8 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
                       env.world_size, x->seg.hdr->world_size);
-    spin_policy(x, o);
+    if (!rc)
+        rc = spin_policy(x, o);
     if (!rc)
         rc = local_ranks(x);
     if (!rc)
@@ -297,6 +315,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
         sr_xport_detach(x);
         return rc;
     }
+    inherited_once(x);
     sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
     if (x->nlocal == x->world)
         sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world,
@@ -314,12 +333,15 @@ void sr_xport_detach(sr_xport *x)
         return;
     sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
     if (x->me)
-        sr_logf(SR_LOG_INFO, "detaching (%s)", x->graceful ? "after a graceful shutdown" : "without a graceful shutdown");
+        sr_logf(SR_LOG_INFO, "detaching (%s)",
+                x->graceful    ? "after a graceful shutdown"
+                : x->timed_out ? "after a graceful shutdown timed out"
+                               : "without a graceful shutdown");
     sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
+        uint32_t st = x->graceful ? SR_WORKER_DETACHED : x->timed_out ? SR_WORKER_TIMED_OUT : SR_WORKER_LEFT;
         /* release: our last sends are complete before peers see DETACHED */
-        atomic_store_explicit(&x->me->state, x->graceful ? SR_WORKER_DETACHED : SR_WORKER_LEFT,
-                              memory_order_release);
+        atomic_store_explicit(&x->me->state, st, memory_order_release);
         sr_waiter_fini(&x->waiter);
     }
     if (x->inbox)
@@ -381,6 +403,12 @@ bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank)
 {
     /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
     return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_DETACHED;
+}
+
+bool sr_xport_peer_left_timed_out(const sr_xport *x, int rank)
+{
+    /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
+    return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_TIMED_OUT;
 }
 
 static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)

@@ -72,6 +72,7 @@ typedef struct sr_xport {
     _Atomic int64_t spin_ns;  /* current budget: written by adapt() after a sleep, read by any spinning thread */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
+    bool timed_out;           /* set before detach after a graceful shutdown timed out: peers see TIMED_OUT */
     bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
     sr_xport_stats st;
     sr_tport tp;              /* this transport's instance behind the seam (sr_xport_transport) */
@@ -209,6 +210,9 @@ const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t le
 /* The peer detached after a graceful shutdown before its process ended:
  * nothing of the job can still be waiting for it. */
 bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank);
+/* The peer detached after its own graceful shutdown timed out: it had come
+ * to the shutdown and gave up waiting (SR_WORKER_TIMED_OUT); no death. */
+bool sr_xport_peer_left_timed_out(const sr_xport *x, int rank);
 
 /* This worker has entered a graceful shutdown: if it dies now, peers say
  * "during sr_shutdown" rather than "without sr_shutdown". */

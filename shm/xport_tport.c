@@ -147,7 +147,11 @@ static void t_ring(sr_tport *t)
 }
 
 static void t_closing(sr_tport *t) { sr_xport_closing(X(t)); }
-static void t_graceful(sr_tport *t, bool done) { X(t)->graceful = done; }
+static void t_graceful(sr_tport *t, int rc)
+{
+    X(t)->graceful = rc == 0;
+    X(t)->timed_out = rc == -ETIMEDOUT;
+}
 
 static void t_stop(sr_tport *t) { sr_waiter_notify_shutdown(&X(t)->waiter); }
 
@@ -165,6 +169,7 @@ static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
     return sr_seg_exit_text(sr_seg_worker(&X(t)->seg, rank), buf, len);
 }
 static bool t_left_gracefully(sr_tport *t, int rank) { return sr_xport_peer_left_gracefully(X(t), rank); }
+static bool t_left_timed_out(sr_tport *t, int rank) { return sr_xport_peer_left_timed_out(X(t), rank); }
 static const char *t_name(sr_tport *t, int rank) { return X(t)->peers[rank].name; }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
@@ -213,6 +218,7 @@ static const struct sr_tport_ops shm_ops = {
     .gone_text = t_gone_text,
     .exit_text = t_exit_text,
     .left_gracefully = t_left_gracefully,
+    .left_timed_out = t_left_timed_out,
     .name = t_name,
     .stats = t_stats,
     .closing = t_closing,

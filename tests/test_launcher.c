@@ -219,6 +219,60 @@ Test(launcher, workers_die_with_shmrun)
     finish(&r);
 }
 
+static int count_nl(const char *s);
+
+static bool two_orphan_lines(struct run *r) { return count_nl(r->out) >= 2 || r->out_eof; }
+
+/* Regression: a worker's children outlived a clean job, and one forked
+ * after attach kept the segment mapped, contradicting "no segment can be
+ * left behind". Each rank leaves a forked child (blocked on a pipe) and an
+ * exec'd "sleep 1000". The exec'd one holds no segment fd (the worker's
+ * copy is close-on-exec); when shmrun has returned, none of them runs (it
+ * is their subreaper and ends them) and the segment is gone. */
+Test(launcher, processes_left_by_the_workers_end_with_the_job)
+{
+    struct run r;
+    start_job(&r, "orphans", 2, "orphans", NULL, NULL);
+    await_ready(&r, 2);
+    cr_assert(pump_until(&r, two_orphan_lines) && count_nl(r.out) == 2,
+              "the workers did not report their children within %d ms; stdout:\n%s\nstderr:\n%s", WATCH_WAIT_MS, r.out,
+              r.err);
+    pid_t pid[4];
+    int pidfd[4];
+    char want[128], num[16];
+    snprintf(want, sizeof(want), "/memfd:%s (deleted)", r.ns);
+    char *save = NULL, *line = strtok_r(r.out, "\n", &save);
+    for (int i = 0; i < 2; i++, line = strtok_r(NULL, "\n", &save)) {
+        int rank, forked, execed;
+        cr_assert(line && sscanf(line, "orphans %d %d %d", &rank, &forked, &execed) == 3, "bad line '%s'", line);
+        pid[2 * i] = forked, pid[2 * i + 1] = execed;
+        snprintf(num, sizeof(num), "%d", execed);
+        cr_assert(!fd_holder(num, want), "the exec'd child %d of rank %d inherited the segment's fd", execed, rank);
+    }
+    for (int i = 0; i < 4; i++) {
+        pidfd[i] = watch_pidfd_open(pid[i]);
+        cr_assert(pidfd[i] >= 0, "pidfd_open(%d): %s", pid[i], strerror(errno));
+    }
+    assert_segment_held(&r);
+    cr_assert_eq(write(r.go_fd, "gg", 2), 2, "write to the go pipe: %s", strerror(errno));
+    int st = await_exit(&r);
+    bool alive[4];
+    for (int i = 0; i < 4; i++) {
+        alive[i] = !pidfd_exited(pidfd[i], 0);
+        if (alive[i]) /* do not leave it to outlive the test either */
+            syscall(SYS_pidfd_send_signal, pidfd[i], SIGKILL, NULL, 0);
+        close(pidfd[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        cr_assert(!alive[i], "the %s child %d of rank %d still ran after shmrun had returned",
+                  i % 2 ? "exec'd" : "forked", pid[i], i / 2);
+    cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    cr_assert(strstr(r.err, "the workers left 4 processes running after the job ended"),
+              "shmrun did not report the processes left behind; stderr:\n%s", r.err);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
 Test(launcher, workers_see_their_rank_world_size_and_segment)
 {
     /* worker_prog checks SHMRPC_RANK/WORLD_SIZE/FD and its descriptors, and
@@ -275,6 +329,33 @@ static void assert_bad_usage(char **args, const char *names)
 }
 
 #define WORKER (char *)env_path("WORKER_PROG"), READY_FD, GO_FD, "1", "ok"
+
+/* One strict syntax for every number (shm/parse.h): " 3" and "+3" used to
+ * pass where "3 " did not, and --grace took "0x1" and "1e1" (strtod). */
+static void assert_bad_numbers(const char *opt, const char *what, const char *const *bad)
+{
+    char line[160];
+    for (; *bad; bad++) {
+        snprintf(line, sizeof(line), "%s takes %s, not '%s'", opt, what, *bad);
+        char *with_n[] = {"-n", "2", (char *)opt, (char *)*bad, WORKER, NULL};
+        assert_bad_usage(strcmp(opt, "-n") ? with_n : with_n + 2, line); /* -n alone: "-n BAD prog" */
+    }
+}
+
+Test(launcher_usage, n_numbers_are_strict)
+{
+    static const char *const bad[] = {" 3", "3 ", "", "+3", "-3", "0x10", "3.0", "99999999999999999999", NULL};
+    assert_bad_numbers("-n", "a number of workers in [1, 4096]", bad);
+}
+
+Test(launcher_usage, size_slots_and_seconds_are_strict)
+{
+    assert_bad_numbers("--shm-size", "a size like 512M or 4G",
+                       (const char *const[]){" 64M", "64M ", "+64M", "", "M", "0x40M", "99999999999999999999", NULL});
+    assert_bad_numbers("--ring-slots", "a power of two in [2, 2^24]", (const char *const[]){" 8", "8 ", "+8", NULL});
+    assert_bad_numbers("--grace", "seconds in [0, 86400]",
+                       (const char *const[]){" 1", "1 ", "+1", "", ".", "0x1", "1e1", "inf", "nan", NULL});
+}
 
 Test(launcher_usage, n_zero) { assert_bad_usage((char *[]){"-n", "0", WORKER, NULL}, "'0'"); }
 Test(launcher_usage, n_not_a_number) { assert_bad_usage((char *[]){"-n", "abc", WORKER, NULL}, "'abc'"); }

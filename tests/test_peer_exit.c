@@ -214,6 +214,41 @@ Test(peer_exit, shutdown_timeout_names_the_missing_worker, .timeout = 60)
     run_bounded("late", 2, late_to_shutdown, NULL, "worker0's sr_shutdown(true, 0.5) did not time out");
 }
 
+/* worker2 comes to the shutdown, gives up after its own short timeout and
+ * exits; worker1 does not come until both others have returned. worker2 is
+ * no peer that died: the leader's shutdown fails with -ETIMEDOUT naming
+ * worker1, the one that never arrived (it used to fail with -EPIPE naming
+ * worker2, "after a non-graceful sr_shutdown"). worker0's own timeout (30 s)
+ * is beyond the job's bound: only worker2's departure can end its wait. The
+ * late worker1 then finds both gone after their timeouts: its shutdown timed
+ * out too, whoever it names. */
+static int gives_up_at_shutdown(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 1) {
+        WCHECK(sem_wait_bounded(&board->shut) == 0 && sem_wait_bounded(&board->shut) == 0,
+               "worker0 and worker2 never returned from sr_shutdown");
+        int rc = sr_shutdown(true, 30);
+        WEXPECT_ERR(rc, -ETIMEDOUT, "after its sr_shutdown timed out");
+        return 0;
+    }
+    int rc = sr_shutdown(true, rank == 2 ? 0.3 : 30);
+    sem_post(&board->shut);
+    if (rank == 2)
+        WEXPECT_ERR(rc, -ETIMEDOUT, "the leader, worker0, had not released this worker");
+    else
+        WEXPECT_ERR(rc, -ETIMEDOUT, "1 worker never answered: worker1");
+    return 0;
+}
+
+Test(peer_exit, timed_out_departure_names_the_missing_worker, .timeout = 60)
+{
+    board_setup();
+    run_bounded("gaveup", 3, gives_up_at_shutdown, NULL,
+                "worker0's sr_shutdown(true, 30) did not end after worker2 timed out and left");
+}
+
 /* ---- a call in flight to a peer that shut down non-gracefully and left --------- */
 
 static int call_to_departed(int rank, int world, void *arg)

@@ -161,6 +161,49 @@ Test(shmrun, output_dir_writes_one_log_pair_per_rank)
     finish(&r);
 }
 
+/* shmrun started with its standard fds closed (a daemon's habit): the
+ * descriptors it opens must not land on 0-2, where each worker's output is
+ * set up, nor must the workers' output go over them. The segment used to
+ * sit on fd 1 or 2 and be overwritten by the worker's log file or pipe
+ * ("sr_segment_attach: fd 2: 0 bytes is too small", exit 3). */
+static void closed_stdio_job(unsigned closed, const char *tag)
+{
+    char dir[] = "/tmp/shmrun-closed-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    char sub[600], name[32];
+    snprintf(sub, sizeof(sub), "%s/job", dir);
+    snprintf(name, sizeof(name), "closed%x%s", closed, tag ? "t" : "");
+    struct run r;
+    closed_stdio = closed;
+    char *opts[] = {"--output-dir", sub, (char *)tag, NULL};
+    start_job_opts(&r, name, 2, opts, "say", NULL, NULL);
+    closed_stdio = 0;
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 0, "shmrun %s with fds 0x%x closed exited with status %d", tag ? tag : "", closed,
+                 exit_code(st));
+    char want[64];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "part of rank %d\n", rank);
+        assert_file(sub, rank, "stdout.log", want);
+        snprintf(want, sizeof(want), "error: same on every rank\nnote from rank %d\n", rank);
+        assert_file(sub, rank, "stderr.log", want);
+    }
+    rm_tree(dir);
+    finish(&r);
+}
+
+Test(shmrun, output_dir_works_with_stdout_and_stderr_closed)
+{
+    closed_stdio_job(0x6, NULL);
+    closed_stdio_job(0x7, NULL);
+}
+
+Test(shmrun, tag_output_works_with_stdout_and_stderr_closed)
+{
+    closed_stdio_job(0x6, "--tag-output");
+    closed_stdio_job(0x7, "--tag-output");
+}
+
 /* Rank 0 reads the test's pipe; the others read /dev/null. */
 Test(shmrun, stdin_goes_to_rank_0_only)
 {

@@ -29,6 +29,7 @@
 #include "common.h"
 #include "error.h"
 #include "helpers/watch.h"
+#include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "xport.h"
 
@@ -278,6 +279,35 @@ Test(spawn, a_worker_killed_by_sigkill_takes_the_job_down)
     cr_assert_eq(kill(j.seen.pid[1], SIGKILL), 0, "kill: %s", strerror(errno));
     assert_taken_down(&j, 1, "was killed by signal SIGKILL");
     finish(&j);
+}
+
+/* One strict syntax for numbers in the environment too (shm/parse.h): each
+ * bad SHMRPC_SPIN_NS makes sr_init fail, naming the variable and the value
+ * (it used to be read with atoll: " 3", "+3" and "" passed, "x" meant 0). */
+static int bad_spin_env(int rank, int n, void *arg)
+{
+    (void)rank, (void)n;
+    const char *v = arg;
+    setenv("SHMRPC_SPIN_NS", v, 1);
+    int rc = sr_init(NULL);
+    char want[96];
+    snprintf(want, sizeof(want), "environment SHMRPC_SPIN_NS=\"%s\" is not an integer in [0, ", v);
+    if (rc == -EINVAL && strstr(sr_last_error(), want))
+        return 0;
+    fprintf(stderr, "SHMRPC_SPIN_NS=\"%s\": sr_init gave %d: %s\n", v, rc, sr_last_error());
+    if (!rc)
+        sr_shutdown(false, 0);
+    return 1;
+}
+
+Test(spawn, bad_numbers_in_the_environment_are_refused_by_name)
+{
+    static const char *const bad[] = {" 3", "3 ", "", "+3", "-3", "0x10", "3k", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sr_spawn_opts o = {.name_prefix = test_ns("badenv"), .shm_size = 64u << 20};
+        int rc = sr_spawn(1, bad_spin_env, (void *)bad[i], &o);
+        cr_assert_eq(rc, 0, "SHMRPC_SPIN_NS=\"%s\" was not refused by name: %s", bad[i], sr_last_error());
+    }
 }
 
 Test(spawn, bad_arguments_are_einval)

@@ -55,10 +55,15 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
         return rc;
     }
     for (int r = 0; r < job->n; r++) {
-        /* Blocking on purpose: io_uring waits on it by arming a poll. */
+        /* Blocking on purpose: io_uring waits on it by arming a poll.
+         * Inherited by every worker: never on fds 0-2 (segment.h). */
         job->eventfds[r] = eventfd(0, EFD_CLOEXEC);
-        if (job->eventfds[r] < 0) {
+        if (job->eventfds[r] < 0)
             rc = sr__fail(-errno, who, "eventfd for rank %d: %s", r, strerror(errno));
+        else if ((job->eventfds[r] = sr__fd_above_stdio(job->eventfds[r], who)) < 0)
+            rc = job->eventfds[r];
+        if (rc) {
+            job->eventfds[r] = -1;
             sr__job_destroy(job);
             return rc;
         }
@@ -100,12 +105,13 @@ static void close_sibling_pidfds(sr_job *job)
 static void child_setup(sr_job *job, int rank)
 {
     if (rank > 0) {
-        int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        int fd = open("/dev/null", O_RDONLY); /* fd 0 itself when the caller had closed it */
         if (fd < 0 || dup2(fd, 0) < 0) {
             sr_logf(SR_LOG_ERROR, "rank %d: /dev/null as stdin: %s", rank, strerror(errno));
             _exit(127);
         }
-        close(fd);
+        if (fd != 0)
+            close(fd);
     }
     char buf[16];
     static const char *const names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};

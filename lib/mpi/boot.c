@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "parse.h"
 #include "segment.h"
 
 static const MPI_Comm *next_comm; /* sr__mpi_use_comm; sr_init's lock orders it */
@@ -109,10 +110,8 @@ static int pretend_hosts(int rank, int world, int *k)
     *k = 0;
     if (!s)
         return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > SR_MAX_WORKERS)
+    int64_t v;
+    if (sr__parse_int(s, 1, SR_MAX_WORKERS, &v))
         return sr__fail(-EINVAL, "sr_init",
                         "MPI bootstrap, rank %d: environment SHMRPC_HOSTS=\"%s\" is not an integer in [1, %d] "
                         "(the number of pretend hosts)", rank, s, SR_MAX_WORKERS);

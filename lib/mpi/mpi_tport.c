@@ -466,7 +466,8 @@ static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
     snprintf(buf, len, "ended the job (mpirun)");
     return buf;
 }
-static bool t_left_gracefully(sr_tport *t, int rank) { (void)t, (void)rank; return false; }
+/* Another host's exit ends the job (mpirun): no record says how it left. */
+static bool t_left_unrecorded(sr_tport *t, int rank) { (void)t, (void)rank; return false; }
 static const char *t_name(sr_tport *t, int rank) { return T(t)->names[rank]; }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
@@ -476,7 +477,7 @@ static void t_stats(sr_tport *t, struct sr_tport_stats *o)
         .received = atomic_load_explicit(&T(t)->received, memory_order_relaxed), /* relaxed: statistics */
     };
 }
-static void t_graceful(sr_tport *t, bool done) { (void)t, (void)done; }
+static void t_graceful(sr_tport *t, int rc) { (void)t, (void)rc; }
 
 static const struct sr_tport_ops mpi_ops = {
     .kind = "mpi",
@@ -504,7 +505,8 @@ static const struct sr_tport_ops mpi_ops = {
     .exit_order = t_exit_order,
     .gone_text = t_gone_text,
     .exit_text = t_exit_text,
-    .left_gracefully = t_left_gracefully,
+    .left_gracefully = t_left_unrecorded,
+    .left_timed_out = t_left_unrecorded,
     .name = t_name,
     .stats = t_stats,
     .closing = t_nop,

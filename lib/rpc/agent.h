@@ -198,6 +198,8 @@ typedef struct sr_agent {
     uint8_t *ctl_in;             /* leader: [world], who has arrived at this barrier / answered this wave */
     int ctl_gone_rank;           /* the first peer that left without a graceful shutdown; -1: none;
                                     our own rank: our inbox is corrupt */
+    int ctl_gone_err;            /* what it fails them with: -EPIPE, -ETIMEDOUT (it left after its own
+                                    shutdown timed out), -EPROTO (our inbox) */
     char ctl_gone[256];          /* how it left: fails every shutdown wait, now and later */
 
     sr_registry *reg;
@@ -336,9 +338,11 @@ void sr__exec_fini(sr_agent *a);
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m);
 /* A peer left without a graceful shutdown: every shutdown wait, armed now or
  * later, fails with -EPIPE and `text` ("worker2 exited with status 0 without
- * sr_shutdown"). The first departure is the one reported. rank == our own:
- * our inbox is corrupt, so no peer's message can reach us (text says so);
- * the waits fail with -EPROTO. */
+ * sr_shutdown"). The first departure is the one reported. One that left
+ * after its own graceful shutdown timed out did not die: the waits time out
+ * too (-ETIMEDOUT, naming who had not arrived). rank == our own: our inbox
+ * is corrupt, so no peer's message can reach us (text says so); the waits
+ * fail with -EPROTO. */
 void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text);
 int sr__graceful(sr_agent *a, int64_t deadline_ns);
 

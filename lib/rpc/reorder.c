@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "parse.h"
 
 struct held {
     struct held *next;
@@ -36,12 +37,15 @@ int sr__reorder_create(sr_agent *a)
     const char *seed = getenv("SHMRPC_REORDER_SEED");
     if (!seed || !*seed)
         return 0;
+    int64_t n = 0, max_us = 2000;
+    if (sr__env_int("sr_init", "SHMRPC_REORDER_SEED", 0, INT64_MAX, &n) ||
+        sr__env_int("sr_init", "SHMRPC_REORDER_MAX_US", 1, INT64_MAX / 1000, &max_us))
+        return -EINVAL;
     struct sr_reorder *r = calloc(1, sizeof(*r));
     if (!r)
         return sr__fail(-ENOMEM, "sr_init", "out of memory for the reordering mode");
-    const char *max = getenv("SHMRPC_REORDER_MAX_US");
-    r->max_ns = (max && atoll(max) > 0 ? atoll(max) : 2000) * 1000;
-    r->rng = strtoull(seed, NULL, 0) * UINT64_C(1000003) + (uint64_t)a->rank;
+    r->max_ns = max_us * 1000;
+    r->rng = (uint64_t)n * UINT64_C(1000003) + (uint64_t)a->rank;
     pthread_mutex_init(&r->lock, NULL);
     atomic_init(&r->next, -1);
     a->reorder = r;

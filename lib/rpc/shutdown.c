@@ -24,6 +24,10 @@
  * release a barrier, so there is no re-election; every survivor reports the
  * leader's departure. A peer that left after a graceful shutdown fails
  * nothing: the final barrier orders its departure after every wait here.
+ * A peer that came to the shutdown and left after its own timeout did not
+ * die: no wait here can complete without it, so every survivor's shutdown
+ * times out at once too (-ETIMEDOUT), and the leader names the workers that
+ * had not arrived, the cause, rather than the one that gave up waiting.
  * A worker whose own inbox is found corrupt can receive no release nor wave
  * either: its waits fail the same way, with -EPROTO naming it (agent.c,
  * inbox_lost). */
@@ -97,8 +101,8 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
 
 static void fail_gone(sr_agent *a, sr_future *f)
 {
-    if (f && !sr_future_done(f)) /* our own rank: our inbox is corrupt (sr__ctrl_peer_gone) */
-        sr_future_set_error(f, a->ctl_gone_rank == a->rank ? -EPROTO : -EPIPE, "%s", a->ctl_gone);
+    if (f && !sr_future_done(f))
+        sr_future_set_error(f, a->ctl_gone_err, "%s", a->ctl_gone);
 }
 
 /* The peer that left first without a graceful shutdown, by the
@@ -124,11 +128,13 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
     pthread_mutex_lock(&a->ctl_lock);
     if (a->ctl_gone_rank < 0) {
         int first = rank == a->rank ? rank : first_departure(a, rank);
+        sr_tport *t = a->tp[first];
         a->ctl_gone_rank = first;
+        a->ctl_gone_err = first == a->rank ? -EPROTO : t->ops->left_timed_out(t, first) ? -ETIMEDOUT : -EPIPE;
         if (first == rank)
             snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
         else
-            a->tp[first]->ops->gone_text(a->tp[first], first, a->ctl_gone, sizeof(a->ctl_gone));
+            t->ops->gone_text(t, first, a->ctl_gone, sizeof(a->ctl_gone));
     }
     fail_gone(a, a->barrier_fut);
     fail_gone(a, a->wave_fut);
@@ -167,24 +173,27 @@ static void disarm(sr_agent *a, sr_future **slot, sr_future *f)
 
 /* A timeout names who was missing: the leader knows who has not arrived
  * (or answered the wave); the others only know that the leader has not
- * released them. */
-static int timed_out(sr_agent *a, const char *what)
+ * released them. gave_up: the wait ended because a peer left after its own
+ * timeout (sr__ctrl_peer_gone), which is said too. */
+static int timed_out(sr_agent *a, const char *what, bool gave_up)
 {
-    char list[256] = "";
+    char list[256] = "", why[sizeof(a->ctl_gone) + 2] = "";
     size_t len = 0;
     int missing = 0;
     pthread_mutex_lock(&a->ctl_lock);
     for (int r = 0; a->rank == 0 && r < a->world; r++)
         if (!a->ctl_in[r] && ++missing && len < sizeof(list) - 16)
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%s", len ? ", " : "", a->names[r]);
+    if (gave_up)
+        snprintf(why, sizeof(why), "; %s", a->ctl_gone);
     pthread_mutex_unlock(&a->ctl_lock);
     if (len >= sizeof(list) - 16)
         snprintf(list + len, sizeof(list) - len, ", ...");
     if (missing)
-        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s: %d worker%s never answered: %s", what,
-                        missing, missing == 1 ? "" : "s", list);
-    return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s (the leader, %s, had not released this worker)",
-                    what, a->names[0]);
+        return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out waiting for %s: %d worker%s never answered: %s%s", what,
+                        missing, missing == 1 ? "" : "s", list, why);
+    return sr__fail(-ETIMEDOUT, "sr_shutdown",
+                    "timed out waiting for %s (the leader, %s, had not released this worker%s)", what, a->names[0], why);
 }
 
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
@@ -192,11 +201,12 @@ static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, 
     bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE, false); /* sr_shutdown's own thread: no reference */
     sr__dispatch_take_jobs(was);
-    if (!rc && (rc = sr_future_value(f, NULL)) < 0) /* failed by a departed peer */
+    bool gave_up = false; /* a peer left after its own timeout (sr__ctrl_peer_gone) */
+    if (!rc && (rc = sr_future_value(f, NULL)) < 0 && !(gave_up = rc == -ETIMEDOUT)) /* failed by a departed peer */
         sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);
     disarm(a, slot, f);
     if (rc == -ETIMEDOUT)
-        return timed_out(a, what);
+        return timed_out(a, what, gave_up);
     return rc;
 }
 
@@ -244,9 +254,10 @@ static int leader_drain(sr_agent *a, int64_t deadline)
     return 0;
 }
 
-int sr__graceful(sr_agent *a, int64_t deadline)
+/* The steps, up to and with the final barrier: 0 or its error. *leaks: the
+ * leak check's result, with its text in keep. */
+static int steps(sr_agent *a, int64_t deadline, int *leaks, char *keep, size_t len)
 {
-    a->self->ops->closing(a->self);
     /* Armed before the barrier: once the barrier releases, our poller may see
      * the leader's QUIESCENT before this thread runs again. */
     sr_future *q = arm(a, &a->quiescent_fut);
@@ -266,15 +277,24 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     rc = await(a, &a->quiescent_fut, q, deadline, "the leader to declare quiescence");
     if (rc)
         return rc;
-    int leaks = sr__modules_shutdown_check();
-    char keep[512];
-    snprintf(keep, sizeof(keep), "%s", sr_last_error());
+    *leaks = sr__modules_shutdown_check();
+    snprintf(keep, len, "%s", sr_last_error());
     /* Nobody sends after quiescence but this final barrier, so no worker
      * detaches while a peer still needs its inbox. */
-    rc = barrier(a, deadline);
+    return barrier(a, deadline);
+}
+
+int sr__graceful(sr_agent *a, int64_t deadline)
+{
+    a->self->ops->closing(a->self);
+    int leaks = 0;
+    char keep[512];
+    int rc = steps(a, deadline, &leaks, keep, sizeof(keep));
     /* Past the final barrier nobody waits for us: peers may take our exit
-     * for a graceful one (a failed shutdown detaches as LEFT, xport.h). */
-    a->self->ops->graceful(a->self, rc == 0);
+     * for a graceful one. A timed-out shutdown detaches as TIMED_OUT (we
+     * came and gave up: peers time out too, naming who had not arrived),
+     * any other failure as LEFT (xport.h). */
+    a->self->ops->graceful(a->self, rc);
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "parse.h"
 #include "log.h"
 #include "rpc/module.h"
 #include "rpc/probe.h"
@@ -36,10 +37,11 @@ static int profiler_init(const sr_init_opts *o)
     const char *name = sr_worker_name(rank);
     snprintf(worker, sizeof(worker), "%s", name ? name : "worker");
     const char *path = getenv("SHMRPC_TRACE");
-    const char *cap = getenv("SHMRPC_TRACE_MAX_EVENTS");
+    int64_t cap = (int64_t)sr__trace_cap;
+    if (sr__env_int("sr_init", "SHMRPC_TRACE_MAX_EVENTS", 0, INT64_MAX, &cap))
+        return -EINVAL;
+    sr__trace_cap = (uint64_t)cap;
     env_mask = (env_on("SHMRPC_STATS") ? SR_PROBE_STATS : 0) | (path && *path ? SR_PROBE_TRACE : 0);
-    if (cap && *cap)
-        sr__trace_cap = strtoull(cap, NULL, 10);
     snprintf(trace_path, sizeof(trace_path), "%s", path && *path ? path : "");
     if (sr__probes_prepare(rank))
         return sr__fail(-ENOMEM, "sr_init", "worker%d: out of memory for the profiler", rank);

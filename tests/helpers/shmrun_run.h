@@ -67,6 +67,7 @@ static inline void make_pipe(int p[2])
  * through exec); die with the test. */
 static bool ignore_sigchld;      /* start shmrun with SIGCHLD ignored */
 static cpu_set_t *shmrun_cpus;   /* start shmrun with this affinity (NULL: the test's) */
+static unsigned closed_stdio;    /* start shmrun with these standard fds closed (bit k: fd k) */
 
 static inline void exec_shmrun(int in, int out, int err, int ready, int go, char **argv)
 {
@@ -80,6 +81,9 @@ static inline void exec_shmrun(int in, int out, int err, int ready, int go, char
     if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0 || dup2(ready, 3) < 0 || dup2(go, 4) < 0)
         _exit(126);
     close_range(5, ~0u, 0);
+    for (int fd = 0; fd < 3; fd++)
+        if (closed_stdio & (1u << fd))
+            close(fd);
     execv(argv[0], argv);
     _exit(127);
 }

@@ -34,12 +34,19 @@
  *                 SIGUSR1 and SIGUSR2, prints "signals R" and exits 0
  *   term R        every rank ignores SIGTERM but R, which exits 0 on it; blocks
  *   affinity      prints "affinity R CPULIST" (its sched_getaffinity) and exits 0
+ *   orphans       forks a child that blocks (on a pipe nobody writes, for at
+ *                 most 10 minutes) and one that execs "sleep 1000", both with
+ *                 /dev/null as stdio; once the second has exec'd prints
+ *                 "orphans R FORKED EXECED" (their pids), reads one byte from
+ *                 GO_FD, detaches and exits 0, leaving both behind
  * Every other rank blocks: it waits for messages (sr_xport_wait, no deadline)
  * until it is killed. It never exits by itself, so a test that finds it gone
  * knows that the launcher killed it.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -282,6 +289,48 @@ static int print_affinity(sr_xport *x)
     return 0;
 }
 
+/* A child of the worker, its stdio on /dev/null and without the test's
+ * pipes: it holds nothing the test waits on, only what shmrpc gave it. */
+static pid_t orphan(bool exec, int exec_done)
+{
+    pid_t pid = fork();
+    if (pid)
+        return pid;
+    int null = open("/dev/null", O_RDWR);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0)
+        _exit(EXIT_IO);
+    close(ready_fd), close(go_fd);
+    if (exec) {
+        execlp("sleep", "sleep", "1000", (char *)NULL); /* success closes exec_done (close-on-exec) */
+        _exit(EXIT_IO);
+    }
+    close(exec_done);
+    int p[2];
+    if (pipe(p) == 0) /* nobody writes: only a signal ends this before its bound */
+        poll(&(struct pollfd){.fd = p[0], .events = POLLIN}, 1, 600000);
+    _exit(0);
+}
+
+static int orphans(sr_xport *x)
+{
+    int done[2];
+    if (pipe2(done, O_CLOEXEC))
+        die(EXIT_IO, "pipe2 failed");
+    pid_t forked = orphan(false, done[1]), execed = orphan(true, done[1]);
+    close(done[1]);
+    char c, line[64];
+    ssize_t n;
+    while ((n = read(done[0], &c, 1)) < 0 && errno == EINTR)
+        ;
+    if (forked < 0 || execed < 0 || n != 0)
+        die(EXIT_IO, "could not start both children");
+    snprintf(line, sizeof(line), "orphans %d %d %d\n", x->rank, (int)forked, (int)execed);
+    put(1, line);
+    wait_go();
+    sr_xport_detach(x);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5)
@@ -319,6 +368,8 @@ int main(int argc, char **argv)
         return say(x);
     if (!strcmp(mode, "affinity"))
         return print_affinity(x);
+    if (!strcmp(mode, "orphans"))
+        return orphans(x);
     if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
         int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
         sr_xport_detach(x);
