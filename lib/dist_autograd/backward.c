@@ -61,18 +61,11 @@ static void unref_fns(sr_node **fns, size_t n)
     free(fns);
 }
 
-/* A task for pass `pass` whose roots are roots[nroots] and every send
- * function; installed in c unless another thread installed one for the same
- * pass first. Returns 0; the installed task is c->task. */
-static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *roots, size_t nroots)
+/* Make the task of pass `pass` (c has none: begin_pass) and install it. */
+static int build_task(sr_dctx *c, bool retain, sr_tensor *const *roots, size_t nroots, int64_t pass)
 {
     sr_graph_task *g;
     size_t nfns;
-    pthread_mutex_lock(&c->lock);
-    bool current = c->pass == pass;
-    pthread_mutex_unlock(&c->lock);
-    if (current) /* the common case: another gradient of a pass already here */
-        return 0;
     int rc = sr__graph_task_create(retain, &c->sink, &g);
     if (rc)
         return rc;
@@ -88,23 +81,46 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
         rc = sr__graph_task_add_root(g, (sr_edge){fns[i], 0});
     if (fns)
         unref_fns(fns, nfns);
-    sr_graph_task *old = NULL;
+    if (rc) {
+        sr__graph_task_destroy(g);
+        return rc;
+    }
     pthread_mutex_lock(&c->lock);
-    if (!rc && c->pass != pass && c->task_users) /* two roots in one context at once */
-        rc = sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in context "
-                      "%lld; another pass cannot start in it until that one ends", sr__rpc_rank(), (long long)c->pass,
-                      (long long)c->id);
-    if (!rc && c->pass != pass) {
-        old = c->task;
-        c->task = g;
-        c->pass = pass;
-        c->retain = retain;
-        g = NULL;
+    c->task = g;
+    c->pass = pass;
+    c->retain = retain;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* A task for pass `pass` whose roots are roots[nroots] and every send
+ * function, installed in c. One thread at a time builds a context's task
+ * (begin_lock), so threads that bring the first gradients of one pass
+ * concurrently make one task: the others find it installed. The previous
+ * pass's task goes first, when nobody uses it, so that the nodes it held
+ * but never ran are free for this pass (engine.h, "Concurrent passes").
+ * Returns 0; the installed task is c->task. */
+static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *roots, size_t nroots)
+{
+    pthread_mutex_lock(&c->begin_lock);
+    pthread_mutex_lock(&c->lock);
+    bool current = c->pass == pass;
+    bool busy = !current && c->task_users; /* two roots in one context at once */
+    int64_t running = c->pass;
+    sr_graph_task *old = current || busy ? NULL : c->task;
+    if (old) {
+        c->task = NULL;
+        c->pass = SR_NO_CONTEXT;
     }
     pthread_mutex_unlock(&c->lock);
-    /* Nobody uses the old task: task_users was 0 under the lock. */
-    sr__graph_task_destroy(old);
-    sr__graph_task_destroy(g);
+    sr__graph_task_destroy(old); /* nobody uses it: task_users was 0 under the lock */
+    int rc = busy ? sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in "
+                             "context %lld; another pass cannot start in it until that one ends", sr__rpc_rank(),
+                             (long long)running, (long long)c->id)
+                  : 0;
+    if (!rc && !current) /* the common case is current: another gradient of a pass already here */
+        rc = build_task(c, retain, roots, nroots, pass);
+    pthread_mutex_unlock(&c->begin_lock);
     return rc;
 }
 
