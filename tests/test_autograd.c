@@ -3,6 +3,9 @@
  * (pluggable nodes, gradient sinks, extra roots fed later). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
 
 #include "autograd/engine.h"
 #include "tensor_util.h"
@@ -303,6 +306,257 @@ Test(autograd, concurrent_passes_accumulate_into_one_leaf)
     cr_assert(!ra && !rb);
     tu_expect(sr_tensor_grad(w), VALS(600, 600, 600, 600), 4, 0, 0, "200 * (1 + 2)");
     sr_tensor_unref(w);
+}
+
+/* A barrier for `parties` threads whose wait is bounded: false when the
+ * others did not arrive within 30 s (a hung pass). */
+struct tbarrier {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int parties, arrived;
+    unsigned gen;
+};
+
+static void tbarrier_init(struct tbarrier *b, int parties)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->cond, &a);
+    pthread_condattr_destroy(&a);
+    b->parties = parties;
+    b->arrived = 0;
+    b->gen = 0;
+}
+
+static bool tbarrier_wait(struct tbarrier *b)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += 30;
+    pthread_mutex_lock(&b->lock);
+    unsigned gen = b->gen;
+    bool ok = true;
+    if (++b->arrived == b->parties) {
+        b->arrived = 0;
+        b->gen++;
+        pthread_cond_broadcast(&b->cond);
+    }
+    while (ok && gen == b->gen)
+        ok = pthread_cond_timedwait(&b->cond, &b->lock, &dl) != ETIMEDOUT || gen != b->gen;
+    pthread_mutex_unlock(&b->lock);
+    return ok;
+}
+
+static void tbarrier_destroy(struct tbarrier *b)
+{
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->cond);
+}
+
+/* Two passes without retain_graph over one shared MulBackward (y = x * w):
+ * sum(y) and sum(2y), started together. */
+struct racer {
+    struct tbarrier *start, *end;
+    sr_tensor *volatile root; /* set by the main thread before start; NULL: stop */
+    int rc;
+    char err[512];
+    bool lost; /* a barrier timed out */
+};
+
+static void *racer_thread(void *arg)
+{
+    struct racer *r = arg;
+    for (;;) {
+        if (!tbarrier_wait(r->start)) {
+            r->lost = true;
+            return NULL;
+        }
+        if (!r->root)
+            return NULL;
+        r->rc = sr_backward(r->root, false);
+        snprintf(r->err, sizeof(r->err), "%s", r->rc ? sr_last_error() : "");
+        if (!tbarrier_wait(r->end)) {
+            r->lost = true;
+            return NULL;
+        }
+    }
+}
+
+enum { RN = 2048 }; /* elements: long enough applies for the passes to overlap */
+
+/* x.grad and w.grad after the pass from sum(k * x * w) alone: k w and k x. */
+static void expect_one_pass(sr_tensor *x, sr_tensor *w, double k, int iter)
+{
+    static double xv[RN], wv[RN], kx[RN], kw[RN];
+    sr_tensor_to_f64(x, xv, RN);
+    sr_tensor_to_f64(w, wv, RN);
+    for (int i = 0; i < RN; i++) {
+        kx[i] = k * xv[i];
+        kw[i] = k * wv[i];
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "iteration %d: x.grad = %g w", iter, k);
+    tu_expect(sr_tensor_grad(x), kw, RN, 0, 0, what);
+    snprintf(what, sizeof(what), "iteration %d: w.grad = %g x", iter, k);
+    tu_expect(sr_tensor_grad(w), kx, RN, 0, 0, what);
+}
+
+/* A leaf of RN small integers (exact sums) starting at `first`. */
+static sr_tensor *ramp(int first)
+{
+    static double v[RN];
+    for (int i = 0; i < RN; i++)
+        v[i] = (first + i) % 17 - 8;
+    return tu_tensor(SR_F64, 1, SHAPE(RN), v, SR_REQUIRES_GRAD);
+}
+
+Test(autograd, two_passes_racing_over_a_shared_graph_one_fails_cleanly, .timeout = 120)
+{
+    enum { ITERS = 2000 };
+    struct tbarrier start, end;
+    tbarrier_init(&start, 3);
+    tbarrier_init(&end, 3);
+    struct racer r[2] = {{.start = &start, .end = &end}, {.start = &start, .end = &end}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, racer_thread, &r[i]), 0);
+    for (int it = 0; it < ITERS; it++) {
+        sr_tensor *x = ramp(it), *w = ramp(3 * it + 5);
+        sr_tensor *y = sr_mul(x, w), *y2 = sr_mul_scalar(y, 2);
+        r[0].root = sr_sum(y);
+        r[1].root = sr_sum(y2);
+        cr_assert(tbarrier_wait(&start), "iteration %d: a racer never started", it);
+        cr_assert(tbarrier_wait(&end), "iteration %d: a backward pass hung (30 s)", it);
+        int won = r[0].rc == 0 ? 0 : 1, lost = 1 - won;
+        cr_assert(r[won].rc == 0 && r[lost].rc == -EPERM,
+                  "iteration %d: exactly one pass must succeed and the other fail with -EPERM; got %d (%s) and %d "
+                  "(%s)", it, r[0].rc, r[0].err, r[1].rc, r[1].err);
+        cr_assert(strstr(r[lost].err, "Trying to backward through the graph a second time") &&
+                      strstr(r[lost].err, "retain_graph"),
+                  "iteration %d: the losing pass's error: %s", it, r[lost].err);
+        expect_one_pass(x, w, won == 0 ? 1 : 2, it);
+        sr_tensor *ts[] = {x, w, y, y2, r[0].root, r[1].root};
+        unref_all(ts, 6);
+    }
+    r[0].root = r[1].root = NULL;
+    cr_assert(tbarrier_wait(&start), "a racer never stopped");
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    cr_assert(!r[0].lost && !r[1].lost, "a racer timed out at a barrier");
+    tbarrier_destroy(&start);
+    tbarrier_destroy(&end);
+}
+
+/* The training situation: every thread builds its own graph from the shared
+ * parameters w and b (MulBackward nodes saving them, one AccumulateGrad
+ * node each shared by all passes) and runs backward on it. */
+enum { PTHREADS = 4, PITERS = 300 };
+
+struct param_worker {
+    struct tbarrier *start;
+    sr_tensor *w, *b;
+    double k; /* this thread's input: x = [k, 2k, -k] */
+    int failed_at;
+    char err[512];
+};
+
+static void *param_thread(void *arg)
+{
+    struct param_worker *p = arg;
+    p->failed_at = -1;
+    if (!tbarrier_wait(p->start)) {
+        p->failed_at = 0;
+        snprintf(p->err, sizeof(p->err), "the start barrier timed out");
+        return NULL;
+    }
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(3), VALS(p->k, 2 * p->k, -p->k), 0);
+    for (int i = 0; i < PITERS && p->failed_at < 0; i++) {
+        /* loss = sum((w * x) * b + b): dw = x b, db = w x + 1 */
+        sr_tensor *wx = sr_mul(p->w, x), *wxb = wx ? sr_mul(wx, p->b) : NULL;
+        sr_tensor *z = wxb ? sr_add(wxb, p->b) : NULL, *l = z ? sr_sum(z) : NULL;
+        if (!l || sr_backward(l, false)) {
+            p->failed_at = i;
+            snprintf(p->err, sizeof(p->err), "%s", sr_last_error());
+        }
+        sr_tensor *ts[] = {wx, wxb, z, l};
+        unref_all(ts, 4);
+    }
+    sr_tensor_unref(x);
+    return NULL;
+}
+
+Test(autograd, threads_training_shared_parameters_sum_their_gradients_exactly, .timeout = 120)
+{
+    static const double wv[3] = {1, -2, 3}, bv[3] = {2, 1, -1};
+    sr_tensor *w = tu_tensor(SR_F64, 1, SHAPE(3), wv, SR_REQUIRES_GRAD);
+    sr_tensor *b = tu_tensor(SR_F64, 1, SHAPE(3), bv, SR_REQUIRES_GRAD);
+    struct tbarrier start;
+    tbarrier_init(&start, PTHREADS);
+    struct param_worker p[PTHREADS];
+    pthread_t th[PTHREADS];
+    double ksum = 0;
+    for (int t = 0; t < PTHREADS; t++) {
+        p[t] = (struct param_worker){.start = &start, .w = w, .b = b, .k = t + 1};
+        ksum += t + 1;
+        cr_assert_eq(pthread_create(&th[t], NULL, param_thread, &p[t]), 0);
+    }
+    for (int t = 0; t < PTHREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int t = 0; t < PTHREADS; t++)
+        cr_assert(p[t].failed_at < 0, "thread %d failed at iteration %d: %s", t, p[t].failed_at, p[t].err);
+    /* x = k [1, 2, -1]: sum over threads and iterations, exact in f64 */
+    double dw[3], db[3], sign[3] = {1, 2, -1};
+    for (int i = 0; i < 3; i++) {
+        dw[i] = PITERS * ksum * sign[i] * bv[i];
+        db[i] = PITERS * (ksum * sign[i] * wv[i] + PTHREADS);
+    }
+    tu_expect(sr_tensor_grad(w), dw, 3, 0, 0, "w.grad = sum of x b");
+    tu_expect(sr_tensor_grad(b), db, 3, 0, 0, "b.grad = sum of (w x + 1)");
+    tbarrier_destroy(&start);
+    sr_tensor_unref(w);
+    sr_tensor_unref(b);
+}
+
+/* Holds, step by step (engine.h, "Concurrent passes"): a pass keeps the
+ * saved tensors it reached until it ran them, even while a pass without
+ * retain_graph runs through them; and a pass that fails before running a
+ * node hands it back intact. */
+Test(engine, a_pass_holds_saved_state_until_it_ran_the_node)
+{
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD);
+    sr_tensor *w = tu_tensor(SR_F64, 1, SHAPE(2), VALS(3, 4), SR_REQUIRES_GRAD);
+    sr_tensor *y = sr_mul(x, w), *l = sr_sum(y), *one = sr_scalar_tensor(SR_F64, 1, 0);
+    sr_edge root = sr__tensor_gradient_edge(l);
+    sr_graph_task *held;
+    cr_assert_eq(sr__graph_task_create(true, NULL, &held), 0);
+    cr_assert_eq(sr__graph_task_add_root(held, root), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_backward(l, false), 0, "a releasing pass may run while another holds: %s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(3, 4), 2, 0, 0, "x.grad after the releasing pass");
+    cr_assert_eq(sr__graph_task_feed(held, root, one), 0);
+    cr_assert_eq(sr__graph_task_run(held), 0, "the holder still reads MulBackward0's saved tensors: %s",
+                 sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(6, 8), 2, 0, 0, "x.grad after the holding pass too");
+    sr__graph_task_destroy(held);
+    cr_assert_eq(sr_backward(l, true), -EPERM, "the last holder freed them");
+    tu_expect_error("third pass", "Trying to backward through the graph a second time", "MulBackward0");
+
+    /* A pass without retain_graph that never ran the node gives it back. */
+    sr_tensor *y2 = sr_mul(x, w), *l2 = sr_sum(y2);
+    sr_edge root2 = sr__tensor_gradient_edge(l2);
+    sr_graph_task *abandoned;
+    cr_assert_eq(sr__graph_task_create(false, NULL, &abandoned), 0);
+    cr_assert_eq(sr__graph_task_add_root(abandoned, root2), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_backward(l2, true), -EPERM, "held by a pass that will free it");
+    tu_expect_error("held", "Trying to backward through the graph a second time", NULL);
+    sr__graph_task_destroy(abandoned);
+    cr_assert_eq(sr_backward(l2, false), 0, "handed back intact: %s", sr_last_error());
+    tu_expect(sr_tensor_grad(x), VALS(9, 12), 2, 0, 0, "x.grad after the pass that ran");
+    sr__node_unref(root.fn);
+    sr__node_unref(root2.fn);
+    sr_tensor *ts[] = {x, w, y, l, one, y2, l2};
+    unref_all(ts, 7);
 }
 
 /* ---- extension points (engine.h) ---- */

@@ -182,3 +182,65 @@ Test(dist_autograd_core, root_waits_only_for_its_own_rpcs, .timeout = 120)
 {
     RUN_JOB("daroot", 2, .scenario = propagate_served_before_root_waits, .shutdown_timeout = 30);
 }
+
+/* More gradient requests in one run than calls can be in flight at once
+ * (65,536 per worker): the root's run reaches FAN_OUT RecvRpcBackward
+ * nodes, whose requests must be paced, not refused with -EBUSY.
+ * loss = sum_i add(x, x) computed on worker 1: dx = 2 FAN_OUT, exact. The
+ * forward goes in batches of async calls, so that it stays short when the
+ * reordering mode delays every message. */
+enum { FAN_OUT = 70000, BATCH = 1000 };
+
+/* *loss += the results of n calls add(x, x) to worker 1, made at once. */
+static int add_batch(sr_tensor **loss, sr_value *xv, int n)
+{
+    sr_future *f[BATCH];
+    for (int i = 0; i < n; i++)
+        WCHECK(sr_rpc_async(1, "add", SR_ARGS(xv, xv), -1, &f[i]) == 0, "rpc_async: %s", sr_last_error());
+    for (int i = 0; i < n; i++) {
+        sr_value *out = NULL;
+        int rc = sr_future_wait(f[i], &out);
+        sr_tensor *y = rc ? NULL : sr_value_tensor(out), *sum = !y ? NULL : *loss ? sr_add(*loss, y) : sr_sum(y);
+        WCHECK(sum, "call %d of a batch: %s", i, sr_last_error());
+        sr_tensor_unref(*loss);
+        sr_value_unref(out);
+        sr_future_unref(f[i]);
+        *loss = sum;
+    }
+    return 0;
+}
+
+static int many_rpcs_step(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
+    const double one = 1;
+    sr_tensor *x = vec(&one, 1, true), *loss = NULL;
+    sr_value *xv = sr_tensor_value(x);
+    for (int i = 0; i < FAN_OUT; i += BATCH)
+        if (add_batch(&loss, xv, FAN_OUT - i < BATCH ? FAN_OUT - i : BATCH))
+            return 1;
+    size_t nsend = 0;
+    WCHECK(sr_dist_autograd_functions(ctx, true, NULL, 0, &nsend) == 0 && nsend == FAN_OUT,
+           "%zu send functions recorded, want %d: %s", nsend, FAN_OUT, sr_last_error());
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    WCHECK(rc == 0, "backward over %d RPCs in one context: %d: %s", FAN_OUT, rc, sr_last_error());
+    sr_tensor *gx = NULL;
+    WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad: %s", sr_last_error());
+    const double want = 2.0 * FAN_OUT;
+    WCHECK(close_to(gx, &want, 1), "grad of x is %g, want %g", sr_tensor_item(gx), want);
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
+    sr_tensor_unref(gx);
+    sr_tensor_unref(loss);
+    sr_value_unref(xv);
+    sr_tensor_unref(x);
+    return 0;
+}
+
+Test(dist_autograd_core, more_gradient_requests_than_calls_in_flight, .timeout = 100)
+{
+    RUN_JOB("dafan", 2, .scenario = many_rpcs_step, .shutdown_timeout = 180);
+}

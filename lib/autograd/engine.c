@@ -13,6 +13,7 @@ struct entry {
     sr_node *node;      /* owned reference */
     int64_t deps;       /* gradients still to arrive */
     bool done;          /* executed */
+    bool held;          /* the pass holds node (sr__node_use) until it ran */
     sr_tensor **inputs; /* [node->num_inputs], accumulated gradients */
 };
 
@@ -65,18 +66,26 @@ static int grow(sr_graph_task *g)
     return 0;
 }
 
-static struct entry *insert(sr_graph_task *g, sr_node *n)
+/* A new entry for n (*out); -ENOMEM, or -EPERM when n has state that
+ * another pass released or will release: the pass fails here, before it
+ * ran anything (engine.h, "Concurrent passes"). */
+static int insert(sr_graph_task *g, sr_node *n, struct entry **out)
 {
-    if ((g->count + 1) * 2 > g->cap && grow(g))
-        return NULL;
+    int rc = (g->count + 1) * 2 > g->cap ? grow(g) : 0;
+    if (!rc && sr__node_has_state(n))
+        rc = sr__node_use(n, !g->retain_graph);
+    if (rc)
+        return rc;
     struct entry *e = calloc(1, sizeof(*e));
     sr_tensor **inputs = calloc(n->num_inputs ? n->num_inputs : 1, sizeof(*inputs));
     if (!e || !inputs) {
         free(e);
         free(inputs);
-        sr__fail(-ENOMEM, "sr_backward", "out of memory");
-        return NULL;
+        if (sr__node_has_state(n))
+            sr__node_unuse(n, !g->retain_graph, false);
+        return sr__fail(-ENOMEM, "sr_backward", "out of memory");
     }
+    e->held = sr__node_has_state(n);
     e->node = sr__node_ref(n);
     e->inputs = inputs;
     size_t i = slot_of(g, n);
@@ -84,7 +93,8 @@ static struct entry *insert(sr_graph_task *g, sr_node *n)
         i = (i + 1) & (g->cap - 1);
     g->slots[i] = e;
     g->count++;
-    return e;
+    *out = e;
+    return 0;
 }
 
 static int heap_push(sr_graph_task *g, struct entry *e)
@@ -151,6 +161,8 @@ void sr__graph_task_destroy(sr_graph_task *g)
         for (uint32_t k = 0; k < e->node->num_inputs; k++)
             sr_tensor_unref(e->inputs[k]);
         free(e->inputs);
+        if (e->held) /* never ran: a failed or abandoned pass */
+            sr__node_unuse(e->node, !g->retain_graph, false);
         sr__node_unref(e->node);
         free(e);
     }
@@ -180,18 +192,19 @@ static int discover(sr_graph_task *g, sr_node *root)
 {
     size_t len = 0, cap = 0;
     sr_node **stack = NULL;
-    int rc = insert(g, root) ? push(&stack, &len, &cap, root) : -ENOMEM;
+    struct entry *e;
+    int rc = insert(g, root, &e);
+    if (!rc)
+        rc = push(&stack, &len, &cap, root);
     while (!rc && len) {
         sr_node *n = stack[--len];
         for (uint32_t i = 0; !rc && i < n->num_next; i++) {
             sr_node *m = n->next[i].fn;
             if (!m)
                 continue;
-            struct entry *e = lookup(g, m);
-            if (!e) {
-                e = insert(g, m);
-                rc = e ? push(&stack, &len, &cap, m) : -ENOMEM;
-            }
+            e = lookup(g, m);
+            if (!e && !(rc = insert(g, m, &e)))
+                rc = push(&stack, &len, &cap, m);
             if (!rc)
                 e->deps++;
         }
@@ -358,8 +371,10 @@ static int execute(sr_graph_task *g, struct entry *e)
         sr_tensor_unref(e->inputs[i]);
         e->inputs[i] = NULL;
     }
-    if (!g->retain_graph)
-        sr__node_release(n);
+    if (e->held) { /* the last holder of a node without retain_graph frees its saved state */
+        e->held = false;
+        sr__node_unuse(n, !g->retain_graph, true);
+    }
     if (rc) {
         for (uint32_t i = 0; i < n->num_next; i++)
             sr_tensor_unref(outputs[i]);

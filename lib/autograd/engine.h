@@ -36,7 +36,37 @@
  * Lifetime. Tensors own their grad_fn; nodes own their next nodes, and
  * AccumulateGrad owns its leaf while the leaf points back weakly. A task holds
  * a reference on every node it reached until it is destroyed. Dropping the
- * last reference to a long chain is iterative, not recursive.
+ * last reference to a long chain is iterative, not recursive. A node's
+ * memory goes only with its last reference (no tensor, node or task holds
+ * it), never when its saved state is freed.
+ *
+ * Concurrent passes. Several threads may run passes whose graphs share
+ * nodes (two losses of one forward; every training thread's graph reaching
+ * the same parameters). What a node keeps and who may touch it:
+ *   - seq, edges, hooks, saved slots are written while the forward builds
+ *     the node, before any pass can reach it; passes only read them, except:
+ *   - the saved state (saved slots, ops->release) of a node that has some
+ *     (sr__node_has_state) is freed by exactly one thread: its `state` word
+ *     counts the passes holding the node, and every pass holds each such
+ *     node it reaches from discovery (sr__graph_task_add_root) until it ran
+ *     it or the task is destroyed. Taking the hold is one CAS; a pass without
+ *     retain_graph also marks the node doomed, and fails (PyTorch's "second
+ *     time" error, before it runs anything) if the node is already doomed or
+ *     released, as does any pass that reaches such a node. Whoever drops the
+ *     last hold of a doomed node that its pass ran frees the state and marks
+ *     it released; until then every holder reads it safely. Of two passes
+ *     without retain_graph over one node, exactly one runs. A doomed node
+ *     whose pass failed before running it is handed back intact.
+ *   - nodes without state (AccumulateGrad, most views and sums) are shared
+ *     freely and never written by a pass: any number of passes run them.
+ *   - AccumulateGrad's gradient goes into the leaf's .grad under
+ *     sr__acc_lock (variable.c), the lock of every leaf's grad and
+ *     grad_acc; with a sink, the sink serialises its own accumulation
+ *     (distributed autograd: the context lock).
+ *   - everything else a pass writes (dependencies, gradient buffers, the
+ *     ready queue) is the task's own, under the task lock.
+ * Lock order: task lock -> sr__acc_lock -> storage locks; the sink's lock
+ * after the task lock. No lock is held across passes.
  */
 #ifndef SR_LIB_AUTOGRAD_ENGINE_H
 #define SR_LIB_AUTOGRAD_ENGINE_H
@@ -89,7 +119,7 @@ struct sr_node {
     uint32_t num_inputs; /* gradients received (outputs of the forward op) */
     uint32_t num_next;   /* gradients produced (edges) */
     uint32_t num_saved;
-    bool released;       /* saved state freed: a second backward is an error */
+    _Atomic uint32_t state; /* passes holding it, "doomed", "released": see "Concurrent passes" */
     uint64_t seq;        /* creation order; execution priority */
     sr_edge *next;       /* [num_next], owned refs on next[i].fn */
     struct sr_saved *saved; /* [num_saved] */
@@ -112,8 +142,17 @@ void sr__node_save(sr_node *n, uint32_t i, const sr_tensor *t);
 /* The saved tensor (borrowed), checking it was not freed; -EPERM with
  * PyTorch's message otherwise. */
 int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out);
-/* Free saved state (sr__node_save slots and ops->release). */
-void sr__node_release(sr_node *n);
+/* Whether n keeps state that a pass without retain_graph frees (saved
+ * slots or ops->release): only such nodes are held by passes. */
+bool sr__node_has_state(const sr_node *n);
+/* Hold n (has state) for a pass: -EPERM with PyTorch's "backward through the
+ * graph a second time" if it was released, or is held by another pass that
+ * will release it; will_release: this pass will (retain_graph false). */
+int sr__node_use(sr_node *n, bool will_release);
+/* Drop the pass's hold; ran: the pass executed n. The last hold of a node
+ * that a pass without retain_graph ran frees its saved state; a pass that
+ * would have released n but did not run it gives it back unreleased. */
+void sr__node_unuse(sr_node *n, bool will_release, bool ran);
 int sr__node_add_pre_hook(sr_node *n, uint32_t input_nr, sr_tensor_hook_fn fn, void *arg);
 
 /* ---- tensors and the graph ---- */

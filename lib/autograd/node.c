@@ -105,20 +105,40 @@ void sr__node_save(sr_node *n, uint32_t i, const sr_tensor *t)
     n->saved[i].t = sr__tensor_snapshot(t);
 }
 
-int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out)
+/* The state word (engine.h, "Concurrent passes"): passes holding the node
+ * in the low bits, and two flags. */
+#define NODE_RELEASED (1u << 31) /* saved state freed: no pass may run it again */
+#define NODE_DOOMED (1u << 30)   /* a pass without retain_graph holds it */
+
+static int second_time(const sr_node *n)
 {
-    if (n->released)
-        return sr__fail(-EPERM, "sr_backward",
-                        "Trying to backward through the graph a second time (or directly access saved tensors "
-                        "after they have already been freed). Saved intermediate values of the graph are freed "
-                        "when you call sr_backward without retain_graph. Specify retain_graph=true if you need "
-                        "to backward through the graph a second time (node %s)",
-                        n->ops->name);
-    *out = n->saved[i].t;
+    return sr__fail(-EPERM, "sr_backward",
+                    "Trying to backward through the graph a second time (or directly access saved tensors after "
+                    "they have already been freed). Saved intermediate values of the graph are freed when you call "
+                    "sr_backward without retain_graph. Specify retain_graph=true if you need to backward through "
+                    "the graph a second time (node %s)",
+                    n->ops->name);
+}
+
+bool sr__node_has_state(const sr_node *n) { return n->num_saved > 0 || n->ops->release != NULL; }
+
+int sr__node_use(sr_node *n, bool will_release)
+{
+    /* acquire: pairs with the release store in node_release, so a pass that
+     * sees a node not released also sees its saved state intact */
+    uint32_t s = atomic_load_explicit(&n->state, memory_order_acquire), want;
+    do {
+        if (s & (NODE_RELEASED | NODE_DOOMED))
+            return second_time(n);
+        want = (s + 1) | (will_release ? NODE_DOOMED : 0);
+    } while (!atomic_compare_exchange_weak_explicit(&n->state, &s, want, memory_order_acquire,
+                                                    memory_order_acquire));
     return 0;
 }
 
-void sr__node_release(sr_node *n)
+/* Free the saved state: only the thread that dropped the last use of a
+ * doomed node gets here, so this has one owner. */
+static void node_release(sr_node *n)
 {
     bool had_state = n->ops->release != NULL;
     for (uint32_t i = 0; i < n->num_saved; i++) {
@@ -128,7 +148,33 @@ void sr__node_release(sr_node *n)
     }
     if (n->ops->release)
         n->ops->release(n);
-    n->released |= had_state;
+    /* release: pairs with the acquire in sr__node_use and sr__node_saved.
+     * Nothing was freed (every slot empty): the node stays runnable, as in
+     * PyTorch a node that saved nothing. */
+    atomic_store_explicit(&n->state, had_state ? NODE_RELEASED : 0, memory_order_release);
+}
+
+void sr__node_unuse(sr_node *n, bool will_release, bool ran)
+{
+    if (will_release && !ran) { /* give the node back unreleased: it may run again */
+        /* release: pairs with the next user's acquire (our reads of the saved state came first) */
+        atomic_fetch_sub_explicit(&n->state, NODE_DOOMED + 1, memory_order_release);
+        return;
+    }
+    /* acq_rel: the last user frees after every other user's reads (pairs
+     * with their decrements) */
+    uint32_t before = atomic_fetch_sub_explicit(&n->state, 1, memory_order_acq_rel);
+    if (before == (NODE_DOOMED | 1))
+        node_release(n);
+}
+
+int sr__node_saved(sr_node *n, uint32_t i, sr_tensor **out)
+{
+    /* acquire: pairs with the release store in node_release */
+    if (atomic_load_explicit(&n->state, memory_order_acquire) & NODE_RELEASED)
+        return second_time(n);
+    *out = n->saved[i].t;
+    return 0;
 }
 
 int sr__node_add_pre_hook(sr_node *n, uint32_t input_nr, sr_tensor_hook_fn fn, void *arg)

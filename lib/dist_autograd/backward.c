@@ -26,6 +26,12 @@
  * back the same way ("Error on Node N: ...", -EPIPE for a dead peer), and a
  * pass fails only after all its RPCs answered, so no stale gradient reaches
  * the next pass in the same context.
+ *
+ * A run paces its requests (below, "the RPCs of one run"), so one run may
+ * send any number of them. Known limit: each hop of a chain is a request
+ * awaited by the run before it, so a chain holds one call per hop on each
+ * worker until the pass ends, and a chain deeper than a worker's call table
+ * (65,536) fails when the table is full.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -61,18 +67,11 @@ static void unref_fns(sr_node **fns, size_t n)
     free(fns);
 }
 
-/* A task for pass `pass` whose roots are roots[nroots] and every send
- * function; installed in c unless another thread installed one for the same
- * pass first. Returns 0; the installed task is c->task. */
-static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *roots, size_t nroots)
+/* Make the task of pass `pass` (c has none: begin_pass) and install it. */
+static int build_task(sr_dctx *c, bool retain, sr_tensor *const *roots, size_t nroots, int64_t pass)
 {
     sr_graph_task *g;
     size_t nfns;
-    pthread_mutex_lock(&c->lock);
-    bool current = c->pass == pass;
-    pthread_mutex_unlock(&c->lock);
-    if (current) /* the common case: another gradient of a pass already here */
-        return 0;
     int rc = sr__graph_task_create(retain, &c->sink, &g);
     if (rc)
         return rc;
@@ -88,23 +87,46 @@ static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *r
         rc = sr__graph_task_add_root(g, (sr_edge){fns[i], 0});
     if (fns)
         unref_fns(fns, nfns);
-    sr_graph_task *old = NULL;
+    if (rc) {
+        sr__graph_task_destroy(g);
+        return rc;
+    }
     pthread_mutex_lock(&c->lock);
-    if (!rc && c->pass != pass && c->task_users) /* two roots in one context at once */
-        rc = sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in context "
-                      "%lld; another pass cannot start in it until that one ends", sr__rpc_rank(), (long long)c->pass,
-                      (long long)c->id);
-    if (!rc && c->pass != pass) {
-        old = c->task;
-        c->task = g;
-        c->pass = pass;
-        c->retain = retain;
-        g = NULL;
+    c->task = g;
+    c->pass = pass;
+    c->retain = retain;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* A task for pass `pass` whose roots are roots[nroots] and every send
+ * function, installed in c. One thread at a time builds a context's task
+ * (begin_lock), so threads that bring the first gradients of one pass
+ * concurrently make one task: the others find it installed. The previous
+ * pass's task goes first, when nobody uses it, so that the nodes it held
+ * but never ran are free for this pass (engine.h, "Concurrent passes").
+ * Returns 0; the installed task is c->task. */
+static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *roots, size_t nroots)
+{
+    pthread_mutex_lock(&c->begin_lock);
+    pthread_mutex_lock(&c->lock);
+    bool current = c->pass == pass;
+    bool busy = !current && c->task_users; /* two roots in one context at once */
+    int64_t running = c->pass;
+    sr_graph_task *old = current || busy ? NULL : c->task;
+    if (old) {
+        c->task = NULL;
+        c->pass = SR_NO_CONTEXT;
     }
     pthread_mutex_unlock(&c->lock);
-    /* Nobody uses the old task: task_users was 0 under the lock. */
-    sr__graph_task_destroy(old);
-    sr__graph_task_destroy(g);
+    sr__graph_task_destroy(old); /* nobody uses it: task_users was 0 under the lock */
+    int rc = busy ? sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in "
+                             "context %lld; another pass cannot start in it until that one ends", sr__rpc_rank(),
+                             (long long)running, (long long)c->id)
+                  : 0;
+    if (!rc && !current) /* the common case is current: another gradient of a pass already here */
+        rc = build_task(c, retain, roots, nroots, pass);
+    pthread_mutex_unlock(&c->begin_lock);
     return rc;
 }
 
@@ -143,42 +165,221 @@ static void release_task(sr_dctx *c)
 _Atomic uint64_t sr__dist_propagates_served;
 void (*sr__dist_root_hook)(void);
 
-/* ---- the RPCs of one run ---- */
+/* ---- the RPCs of one run, paced ----
+ *
+ * A run may reach more RecvRpcBackward nodes than calls can be in flight
+ * from one worker (the slot table of sr__call_begin, 65,536): it keeps at
+ * most RUN_WINDOW of its gradient requests in flight and queues the rest;
+ * each answer sends the next queued one, on the thread that completes the
+ * answer's future (chaining, as sr_rpc_async in a callback: no thread waits,
+ * nothing polls). The window belongs to the run, so a run never waits for
+ * another run's requests (the waits still follow the gradients: see the
+ * top). `done` completes once the run ended (run_end) and every request it
+ * made was answered; after an error the queued requests are dropped unsent
+ * (the pass fails anyway) and the ones in flight are still awaited.
+ *
+ * Who touches what: the fields under `lock`; a request belongs to whoever
+ * took it off the queue (or made it) until it is sent; the last count
+ * (open reaching 0) finishes and frees the run, exactly once. */
+enum { RUN_WINDOW = 1024 };
 
-struct run_rpcs {
-    sr_future **f;
-    size_t n, cap;
+struct req {
+    struct req *next;
+    struct run *run;
+    int peer;
+    int64_t ctx_id;
+    size_t n;
+    sr_value **vals; /* [n], owned */
+};
+
+struct run {
+    pthread_mutex_t lock;
+    size_t inflight;         /* sent and not answered: at most RUN_WINDOW */
+    size_t open;             /* requests not answered (queued too), + 1 until run_end */
+    struct req *head, *tail; /* queued, not sent */
+    int err;                 /* the first error */
+    char *text;
+    sr_future *done;
 };
 
 /* The run this thread is in (set around feed + run). */
-static _Thread_local struct run_rpcs *this_run;
+static _Thread_local struct run *this_run;
 
-static int run_add(sr_future *f)
+static struct run *run_new(sr_future *done)
 {
-    struct run_rpcs *r = this_run;
-    if (!r) {
-        sr_future_unref(f);
-        return sr__fail(-EINVAL, "sr_dist_autograd_backward", "a RecvRpcBackward ran outside a backward run");
-    }
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 8;
-        sr_future **g = realloc(r->f, cap * sizeof(*g));
-        if (!g) {
-            sr_future_unref(f); /* its answer is dropped; the pass fails */
-            return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-        }
-        r->f = g;
-        r->cap = cap;
-    }
-    r->f[r->n++] = f;
-    return 0;
+    struct run *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    pthread_mutex_init(&r->lock, NULL);
+    r->open = 1;
+    r->done = sr_future_ref(done);
+    return r;
 }
 
-/* Run g, collecting the RPCs the run sends into rr. */
-static int run_collecting(sr_graph_task *g, struct run_rpcs *rr)
+static void req_free(struct req *q)
 {
-    struct run_rpcs *outer = this_run;
-    this_run = rr;
+    for (size_t i = 0; q && i < q->n; i++)
+        sr_value_unref(q->vals[i]);
+    if (q)
+        free(q->vals);
+    free(q);
+}
+
+static void run_finish(struct run *r)
+{
+    if (r->err)
+        sr__future_fail_text(r->done, r->err, r->text);
+    else
+        sr_future_set_result(r->done, NULL);
+    sr_future_unref(r->done);
+    free(r->text);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+/* Under r->lock: record err (the first wins); after an error, drop what is
+ * queued. */
+static void note_error_locked(struct run *r, int err, const char *text)
+{
+    if (err && !r->err) {
+        r->err = err;
+        r->text = strdup(text ? text : "");
+    }
+    while (r->err && r->head) {
+        struct req *q = r->head;
+        r->head = q->next;
+        r->open--;
+        req_free(q);
+    }
+}
+
+/* One request of r answered (err: its error, 0 for none). Returns the next
+ * queued request, now counted in flight, for the caller to send; frees r
+ * if that was the last count. */
+static struct req *req_answered(struct run *r, int err, const char *text)
+{
+    pthread_mutex_lock(&r->lock);
+    note_error_locked(r, err, text);
+    r->inflight--;
+    r->open--;
+    struct req *next = r->head;
+    if (next) {
+        r->head = next->next;
+        r->inflight++;
+    }
+    bool last = r->open == 0;
+    pthread_mutex_unlock(&r->lock);
+    if (last)
+        run_finish(r);
+    return next;
+}
+
+static void req_pump(struct req *q);
+
+static void req_on_answer(sr_future *f, void *p)
+{
+    int rc = sr_future_value(f, NULL);
+    req_pump(req_answered(p, rc, rc ? sr_last_error() : NULL));
+}
+
+static void req_on_drop(void *p)
+{
+    req_pump(req_answered(p, -SR_ESHUTDOWN, "the RPC layer shut down during a backward pass"));
+}
+
+/* Send q (consumed); its answer comes to req_on_answer. 0 or -errno. */
+static int req_send(struct req *q)
+{
+    struct run *r = q->run;
+    sr_future *f = NULL;
+    int rc = sr__module_rpc(q->peer, SR_MOD_DIST_AUTOGRAD, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
+                            (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f);
+    req_free(q);
+    if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, r))
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory"); /* its answer is dropped */
+    sr_future_unref(f);
+    return rc;
+}
+
+/* Send queued requests, starting with q (may be NULL), from an answer's
+ * thread. Iterative: an answer that completes at once (inside
+ * sr__future_on_done) hands its successor to the loop already running on
+ * this thread instead of recursing. */
+static _Thread_local struct req *pump_list;
+static _Thread_local bool pumping;
+
+static void req_pump(struct req *q)
+{
+    if (q) {
+        q->next = pump_list;
+        pump_list = q;
+    }
+    if (pumping)
+        return;
+    pumping = true;
+    while ((q = pump_list)) {
+        pump_list = q->next;
+        struct run *r = q->run;
+        int rc = req_send(q);
+        if (rc) {
+            struct req *next = req_answered(r, rc, sr_last_error());
+            if (next) {
+                next->next = pump_list;
+                pump_list = next;
+            }
+        }
+    }
+    pumping = false;
+}
+
+/* A gradient request of the run in progress on this thread (q consumed):
+ * sent now if the window allows, else queued. A send that fails now fails
+ * the run (returned), as any node's error does. */
+static int run_submit(struct req *q)
+{
+    struct run *r = q->run;
+    pthread_mutex_lock(&r->lock);
+    bool failed = r->err != 0, now = !failed && r->inflight < RUN_WINDOW;
+    if (!failed) {
+        r->open++;
+        r->inflight += now;
+        if (!now) {
+            q->next = NULL;
+            if (r->head) /* tail is valid while the queue is not empty */
+                r->tail->next = q;
+            else
+                r->head = q;
+            r->tail = q;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (failed) /* an answer failed the pass: nothing more is sent */
+        req_free(q);
+    if (!now)
+        return 0;
+    int rc = req_send(q);
+    if (rc)
+        req_pump(req_answered(r, 0, NULL)); /* counted; the error goes back to the engine */
+    return rc;
+}
+
+/* The run ended (err: its own error, 0 for none): done completes once
+ * every request it made was answered. */
+static void run_end(struct run *r, int err, const char *text)
+{
+    pthread_mutex_lock(&r->lock);
+    note_error_locked(r, err, text);
+    bool last = --r->open == 0;
+    pthread_mutex_unlock(&r->lock);
+    if (last)
+        run_finish(r);
+}
+
+/* Run g, its gradient requests going through run. */
+static int run_collecting(sr_graph_task *g, struct run *run)
+{
+    struct run *outer = this_run;
+    this_run = run;
     int rc = sr__graph_task_run(g);
     this_run = outer;
     return rc;
@@ -188,6 +389,8 @@ static int run_collecting(sr_graph_task *g, struct run_rpcs *rr)
 
 int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *const *grads, size_t n)
 {
+    if (!this_run)
+        return sr__fail(-EINVAL, "sr_dist_autograd_backward", "a RecvRpcBackward ran outside a backward run");
     sr_dctx *c = sr__dctx_find(ctx_id);
     if (!c)
         return sr__dctx_not_found("sr_dist_autograd_backward", ctx_id);
@@ -195,94 +398,26 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
     int64_t pass = c->pass;
     bool retain = c->retain;
     pthread_mutex_unlock(&c->lock);
-    sr_value **vals = calloc(n + 3, sizeof(*vals));
-    int rc = vals ? 0 : -ENOMEM;
-    if (vals) {
-        vals[0] = sr_int(msg_id);
-        vals[1] = sr_int(pass);
-        vals[2] = sr_bool(retain);
-        for (size_t i = 0; i < n; i++)
-            vals[3 + i] = grads[i] ? sr_tensor_value(grads[i]) : sr_none();
-        for (size_t i = 0; i < n + 3; i++)
-            rc = vals[i] ? rc : -ENOMEM;
-    }
-    sr_future *f = NULL;
-    if (!rc)
-        rc = sr__module_rpc(peer, SR_MOD_DIST_AUTOGRAD, SR_DA_PROPAGATE, (uint64_t)ctx_id, (sr_args){n + 3, vals},
-                            sr__rpc_default_timeout_ms(), &f);
-    if (!rc)
-        rc = run_add(f);
-    for (size_t i = 0; vals && i < n + 3; i++)
-        sr_value_unref(vals[i]);
-    free(vals);
     sr__dctx_unref(c);
-    return rc == -ENOMEM ? sr__fail(rc, "sr_dist_autograd_backward", "out of memory") : rc;
-}
-
-/* ---- waiting for outstanding RPCs without a thread (PROPAGATE) ---- */
-
-struct agg {
-    pthread_mutex_t lock;
-    size_t pending;
-    int err;
-    char *text;
-    sr_future *done; /* completed when pending reaches 0 */
-};
-
-static void agg_finish(struct agg *a)
-{
-    if (a->err)
-        sr__future_fail_text(a->done, a->err, a->text);
-    else
-        sr_future_set_result(a->done, NULL);
-    sr_future_unref(a->done);
-    free(a->text);
-    pthread_mutex_destroy(&a->lock);
-    free(a);
-}
-
-/* Record an error (the first wins) and count one answer; the last finishes. */
-static void agg_count(struct agg *a, int err, const char *text)
-{
-    pthread_mutex_lock(&a->lock);
-    if (err && !a->err) {
-        a->err = err;
-        a->text = strdup(text ? text : "");
+    struct req *q = calloc(1, sizeof(*q));
+    sr_value **vals = q ? calloc(n + 3, sizeof(*vals)) : NULL;
+    if (!vals) {
+        free(q);
+        return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     }
-    bool last = --a->pending == 0;
-    pthread_mutex_unlock(&a->lock);
-    if (last)
-        agg_finish(a);
-}
-
-static void agg_one(sr_future *f, void *p)
-{
-    int rc = sr_future_value(f, NULL);
-    agg_count(p, rc, rc ? sr_last_error() : NULL);
-}
-
-static void agg_drop(void *p) { agg_count(p, -SR_ESHUTDOWN, "the RPC layer shut down during a backward pass"); }
-
-/* Complete `done` when every future of fs[n] has (consumes their
- * references), with local error err/text if set, else the first of theirs. */
-static void await_all(sr_future **fs, size_t n, int err, const char *text, sr_future *done)
-{
-    struct agg *a = calloc(1, sizeof(*a));
-    if (!a) {
-        sr__future_fail_text(done, -ENOMEM, "out of memory");
-        for (size_t i = 0; i < n; i++)
-            sr_future_unref(fs[i]);
-        return;
+    *q = (struct req){.run = this_run, .peer = peer, .ctx_id = ctx_id, .n = n + 3, .vals = vals};
+    vals[0] = sr_int(msg_id);
+    vals[1] = sr_int(pass);
+    vals[2] = sr_bool(retain);
+    for (size_t i = 0; i < n; i++)
+        vals[3 + i] = grads[i] ? sr_tensor_value(grads[i]) : sr_none();
+    for (size_t i = 0; i < n + 3; i++) {
+        if (!vals[i]) {
+            req_free(q);
+            return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+        }
     }
-    pthread_mutex_init(&a->lock, NULL);
-    a->pending = n + 1; /* + this function's own count, below */
-    a->done = sr_future_ref(done);
-    for (size_t i = 0; i < n; i++) {
-        if (sr__future_on_done(fs[i], agg_one, agg_drop, a))
-            agg_count(a, -ENOMEM, "out of memory");
-        sr_future_unref(fs[i]);
-    }
-    agg_count(a, err, text);
+    return run_submit(q);
 }
 
 /* ---- PROPAGATE: gradients for one of our send functions ---- */
@@ -301,7 +436,7 @@ static int node_error(int err, const char *text, char *buf, size_t len)
 }
 
 /* Feed send function msg_id of pass and run, collecting the run's RPCs. */
-static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args, struct run_rpcs *rr)
+static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args, struct run *run)
 {
     int rc = begin_pass(c, pass, retain, NULL, 0);
     sr_graph_task *g = rc ? NULL : acquire_task(c, pass);
@@ -320,7 +455,7 @@ static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr
     if (!rc)
         rc = sr__graph_task_feed_node(g, fn, grads);
     if (!rc)
-        rc = run_collecting(g, rr);
+        rc = run_collecting(g, run);
     if (g)
         release_task(c);
     free(grads);
@@ -333,23 +468,27 @@ static void job_run(void *p)
     struct job *j = p;
     char text[1024] = "";
     int err = 0;
-    struct run_rpcs rr = {0};
+    struct run *run = run_new(j->done);
     sr_dctx *c = sr__dctx_find(j->ctx_id);
     sr_value *a = j->args;
     bool well_formed = sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
                        sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
-    if (!c)
+    if (!run)
+        err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    else if (!c)
         err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
     else if (!well_formed)
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
     else
         err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), sr_value_int(sr_value_list_at(a, 1)),
-                          sr_value_bool(sr_value_list_at(a, 2)), a, &rr);
+                          sr_value_bool(sr_value_list_at(a, 2)), a, run);
     if (err)
         err = node_error(err, sr_last_error(), text, sizeof(text));
-    await_all(rr.f, rr.n, err, text, j->done); /* only this run's RPCs: see the top */
+    if (run)
+        run_end(run, err, text); /* answers once this run's RPCs have: see the top */
+    else
+        sr__future_fail_text(j->done, err, text);
     atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
-    free(rr.f);
     sr__dctx_unref(c);
     sr_value_unref(j->args);
     sr_future_unref(j->done);
@@ -437,7 +576,8 @@ static int feed_ones(sr_graph_task *g, sr_tensor *const *roots, size_t n)
 struct root {
     sr_dctx *c;
     sr_graph_task *g;
-    struct run_rpcs rr;
+    struct run *run;  /* the root's run: its RPCs complete `all` */
+    sr_future *all;
     int err;          /* the first error, local or remote */
     char text[1024];
     sr_future *done;
@@ -477,21 +617,13 @@ static void root_answered(sr_future *f, void *p)
  * worker they reached has finished). */
 static void root_wait(struct root *r)
 {
-    sr_future *all = r->rr.n ? sr_future_new() : NULL;
-    if (!all) {
-        if (r->rr.n && !r->err) {
-            r->err = -ENOMEM;
-            snprintf(r->text, sizeof(r->text), "out of memory");
-        }
-        for (size_t i = 0; i < r->rr.n; i++)
-            sr_future_unref(r->rr.f[i]);
-        free(r->rr.f);
+    sr_future *all = r->all;
+    if (!r->run) { /* out of memory before the run: nothing was sent */
+        sr_future_unref(all);
         root_finish(r);
         return;
     }
-    await_all(r->rr.f, r->rr.n, 0, NULL, all);
-    free(r->rr.f);
-    r->rr = (struct run_rpcs){0};
+    run_end(r->run, 0, NULL); /* the root's own error is r->err */
     /* Internal callback: the thread context is not the user's to keep. */
     if (sr__future_on_done(all, root_answered, NULL, r))
         root_answered(all, r);
@@ -517,13 +649,15 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
         return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     }
     *r = (struct root){.c = sr__dctx_ref(c), .done = sr_future_ref(done)};
+    r->all = sr_future_new();
+    r->run = r->all ? run_new(r->all) : NULL;
     int64_t pass;
-    int rc = sr__dctx_next_message_id(&pass);
+    int rc = r->run ? sr__dctx_next_message_id(&pass) : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     if (!rc)
         rc = begin_pass(c, pass, retain, roots, n);
     r->g = rc ? NULL : acquire_task(c, pass);
     if (!rc && !(rc = feed_ones(r->g, roots, n)))
-        rc = run_collecting(r->g, &r->rr);
+        rc = run_collecting(r->g, r->run);
     if (rc) {
         r->err = rc;
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());

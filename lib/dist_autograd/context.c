@@ -58,6 +58,7 @@ sr_dctx *sr__dctx_alloc(int64_t id, int world)
     c->sink.accumulate = sink_accumulate;
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->begin_lock, NULL);
     return c;
 }
 
@@ -94,6 +95,7 @@ void sr__dctx_unref(sr_dctx *c)
     sr__idmap_free(&c->grads);
     free(c->known);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->begin_lock);
     free(c);
 }
 

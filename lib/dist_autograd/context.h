@@ -12,7 +12,10 @@
  * -> grad, one reference each) and the graph task of the current pass (pass
  * id, retain flag, and how many threads use it).
  *
- * Lock order: engine task lock -> context lock -> (none). The engine calls
+ * begin_lock serialises the building of a pass's task (backward.c,
+ * begin_pass): it is held across the graph walk, never while a task runs.
+ *
+ * Lock order: begin_lock -> engine task lock -> context lock -> (none). The engine calls
  * into a context (the gradient sink, RecvRpcBackward sending its gradients)
  * while it holds its task lock, so no code may call the engine (feed, run,
  * add_root) while it holds a context lock. Shard locks are never held while
@@ -41,6 +44,7 @@ typedef struct sr_dctx {
     int64_t id;
     _Atomic uint32_t refs;
     pthread_mutex_t lock;
+    pthread_mutex_t begin_lock;  /* making the pass's task (see above) */
     uint64_t *known;             /* bitmap of ranks, [known_words] */
     size_t known_words;
     struct sr_idmap send, recv;  /* message id -> sr_node * */
