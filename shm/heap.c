@@ -544,10 +544,14 @@ static _Atomic uint64_t *free_head_of(int rank)
     return &((struct sr_worker_info *)info)->remote_free;
 }
 
-/* F1: push b onto its owner's remote-free list. */
-static void remote_free(sr_block *b, int owner)
+struct tsan_span;
+static void tsan_give(const struct tsan_span *s);
+
+/* F1: push b onto its owner's remote-free list. span: b's ThreadSanitizer
+ * hand-off, given again right before each CAS, the first point at which the
+ * owner may take b (after our last accesses to it, the link included). */
+static void remote_free(sr_block *b, int owner, const struct tsan_span *span)
 {
-    sr__tsan_release(b); /* our threads are done with b; a later receiver of it acquires (tsan.h) */
     _Atomic uint64_t *head = free_head_of(owner);
     uint64_t off = sr_seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
@@ -555,6 +559,7 @@ static void remote_free(sr_block *b, int owner)
     do {
         /* relaxed: published by the release CAS below */
         atomic_store_explicit(&b->next_free, old, memory_order_relaxed);
+        tsan_give(span);
         /* release: pairs with the acquire exchange in sr_heap_drain (F1) */
     } while (!atomic_compare_exchange_weak_explicit(head, &old, off, memory_order_release,
                                                     memory_order_relaxed));
@@ -590,14 +595,91 @@ static const char *block_fault(const sr_block *b, const struct hdr *h)
     return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
 
+/* ---- ThreadSanitizer hand-offs (tsan.h) ---- */
+
+/* What a hand-off of b pairs on. Our own block: its header's address; its
+ * memory comes back to us only through our arena (arena_handoff covers
+ * reuse there). Another worker's block: every page it covers, header and
+ * data; once its owner has freed and reused that memory, it may come back
+ * to us as a different block with other bounds, and our threads' accesses
+ * to the old one must come before our accesses to the new one. Read while
+ * the caller holds a reference. */
+#ifdef SR_TSAN
+#define TSAN_PAGE 4096u
+
+struct tsan_span {
+    const sr_block *b;
+    const char *data; /* NULL: our own block, or a header that fails its checks */
+    uint64_t len;
+    bool remote;
+};
+
+static struct tsan_span tsan_span_of(const sr_block *b)
+{
+    int area = area_of(b);
+    struct tsan_span s = {b, NULL, 0, area >= 0 && area != heap.rank};
+    struct hdr h = hdr_read(b);
+    if (s.remote && !block_fault(b, &h))
+        s.data = (const char *)b + h.delta, s.len = h.size;
+    return s;
+}
+
+static void tsan_pages(const char *p, uint64_t len, bool give)
+{
+    uintptr_t at = (uintptr_t)p & ~(uintptr_t)(TSAN_PAGE - 1), end = (uintptr_t)p + len;
+    for (; at < end; at += TSAN_PAGE)
+        give ? __tsan_release((void *)at) : __tsan_acquire((void *)at);
+}
+
+static void tsan_span_pass(const struct tsan_span *s, bool give)
+{
+    if (!s->remote) {
+        give ? __tsan_release((void *)s->b) : __tsan_acquire((void *)s->b);
+        return;
+    }
+    tsan_pages((const char *)s->b, sizeof(*s->b), give);
+    if (s->data)
+        tsan_pages(s->data, s->len, give);
+}
+
+static void tsan_give(const struct tsan_span *s) { tsan_span_pass(s, true); }
+
+void sr__block_handoff(const sr_block *b)
+{
+    struct tsan_span s = tsan_span_of(b);
+    tsan_give(&s);
+}
+
+/* b arrived: acquire its header's pairing first (the header is read next),
+ * then, for another worker's block, its data's. */
+static void tsan_take(const sr_block *b)
+{
+    int area = area_of(b);
+    struct tsan_span head = {b, NULL, 0, area >= 0 && area != heap.rank};
+    tsan_span_pass(&head, false);
+    if (head.remote) {
+        struct tsan_span s = tsan_span_of(b);
+        tsan_span_pass(&s, false);
+    }
+}
+#else
+struct tsan_span {
+    char unused;
+};
+static struct tsan_span tsan_span_of(const sr_block *b) { (void)b; return (struct tsan_span){0}; }
+static void tsan_give(const struct tsan_span *s) { (void)s; }
+static void tsan_take(const sr_block *b) { (void)b; }
+#endif
+
 void sr_block_unref(sr_block *b)
 {
     if (!b)
         return;
     /* This thread is done with b. When the last reference goes in another
-     * process, R1 runs through that process and b comes back to us by our
-     * remote-free list: the drain acquires this (tsan.h). */
-    sr__tsan_release(b);
+     * process, R1 runs through that process, and b's memory comes back to us
+     * by our remote-free list or in a later message (tsan.h). */
+    struct tsan_span span = tsan_span_of(b);
+    tsan_give(&span);
     /* acquire: R1 for a sole holder: pairs with the release decrements of
      * every holder before us. Seeing 1, nobody else holds a reference, and
      * only a holder can take one: the read-modify-write is not needed. */
@@ -606,8 +688,13 @@ void sr_block_unref(sr_block *b)
         atomic_store_explicit(&b->refcount, 0, memory_order_relaxed); /* relaxed: nobody else reads it now */
     else /* acq_rel: R1, release our accesses; the last holder acquires everyone's */
         old = atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel);
-    if (old > 1)
+    if (old > 1) {
+        /* Once more, now that the decrement is made: it too comes before
+         * whoever gets another worker's memory back (for our own blocks the
+         * drain's acquire load of refcount covers it: check_block). */
+        tsan_give(&span);
         return;
+    }
     if (old == 0) {
         sr_logf(SR_LOG_ERROR, "sr_block_unref: block of %llu bytes (owner %d) released more often than taken",
                 (unsigned long long)b->size, b->owner);
@@ -634,7 +721,7 @@ void sr_block_unref(sr_block *b)
                 tc_bump(&tc.st->local_frees, 1);
         }
     } else
-        remote_free(b, owner);
+        remote_free(b, owner, &span);
 }
 
 /* ---- offsets ---- */
@@ -676,9 +763,9 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
         return *why = "is not a 64-byte aligned block header", NULL;
     sr_block *b = sr_seg_ptr(&heap.seg, off);
     /* b arrived (in a message, or on our remote-free list): whoever sent or
-     * freed it released it first (tsan.h). Inside a heap area, so a valid
+     * freed it handed it off first (tsan.h). Inside a heap area, so a valid
      * address for TSan whatever the header says. */
-    sr__tsan_acquire(b);
+    tsan_take(b);
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
     *h = hdr_read(b);
@@ -688,9 +775,12 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
         return *why = "has a header whose owner is not the heap it lies in", NULL;
     if (!data_fits(h, off, area_end - heap.heap_stride, area_end))
         return *why = "has data that runs past the end of its heap area", NULL;
-    /* relaxed: a plausibility check; the caller's reference (or, in drain,
-     * the acquire exchange) orders the real accesses */
-    if ((atomic_load_explicit(&b->refcount, memory_order_relaxed) != 0) != live)
+    /* acquire: R1, pairs with every holder's release decrement in this
+     * process, so the drain frees b after them even where F1's chain runs
+     * through the peer that dropped the last reference (ThreadSanitizer
+     * sees only this process's half). For a live block, a plausibility
+     * check: the caller's reference orders its accesses. */
+    if ((atomic_load_explicit(&b->refcount, memory_order_acquire) != 0) != live)
         return *why = live ? "names a block with no reference left" : "is still referenced", NULL;
     return b;
 }

@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include "segment.h"
+#include "tsan.h"
 
 typedef struct sr_block sr_block;
 
@@ -85,6 +86,17 @@ sr_block *sr_block_ref(sr_block *b);
  * fails sr_block_check is not freed: the block is leaked, with -EPROTO in
  * sr_last_error() and a line on stderr. */
 void sr_block_unref(sr_block *b);
+
+/* ThreadSanitizer (tsan.h): the calling thread is done with b, which is
+ * about to leave this process (sent in a message, or its reference given up;
+ * sr_block_unref does this itself). Whoever gets b's memory back in this
+ * process later (sr_block_from_off, the drain) takes the hand-off over.
+ * Nothing outside a TSan build. */
+#ifdef SR_TSAN
+void sr__block_handoff(const sr_block *b);
+#else
+static inline void sr__block_handoff(const sr_block *b) { (void)b; }
+#endif
 
 /* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */
 uint64_t sr_block_to_off(const sr_block *b);

@@ -159,7 +159,7 @@ static int release_tensor(void *p, uint8_t *field)
     (void)p;
     sr_block *b = sr_block_from_off(field_get(field));
     if (b)
-        sr__tsan_release(b);
+        sr__block_handoff(b);
     return 0;
 }
 
@@ -175,7 +175,7 @@ void sr__marshal_handoff(const sr_msg *m)
     if (p)
         each_tensor(m, p, w.len, release_tensor, NULL);
     if (b)
-        sr__tsan_release(b); /* last: the walk above read the payload */
+        sr__block_handoff(b); /* last: the walk above read the payload */
 }
 #endif
 
