@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Sum every test that ran in the given meson build directories (./dev test:
-build, build-asan and build-fuzz, whose suite 'fuzz' is the decoder fuzzer's
-corpus replay and timed run: one test each).
+build, build-asan, build-fuzz, whose suite 'fuzz' is the decoder fuzzer's
+corpus replay and timed run: one test each, and build-tsan, whose suite
+runners of tests/tsan print Criterion-style lines).
 
 Each Criterion binary prints a 'Synthesis' line; its counts are added up
-(the MPI suite runners of tests/mpi print one too). An MPI suite runner
+(the suite runners of tests/mpi and tests/tsan print one too). An MPI suite runner
 whose job was ended early (a timeout, a worker that left, a crash) has none:
 its 'PASS suite/name' and 'FAIL suite/name' lines are counted instead, plus
 one failure for the end itself if no test was named failed. Another meson
