@@ -317,10 +317,12 @@ static int long_chain_step(int rank, int world)
 Test(dist_autograd_core, chain_deeper_than_the_call_table, .timeout = 300)
 {
     /* Under reordering every message waits up to 2 ms, and a chain's hops
-     * are sequential: 4 messages a hop would take minutes. Shorter delays
-     * (this test's process and its workers only) still reorder the
-     * requests and answers that a pass has in flight at once. */
+     * are sequential: 4 messages a hop would take minutes. Delays of up to
+     * 10 us (this test's process and its workers only) still reorder the
+     * requests and answers that a worker sends together (a run's request
+     * and the answer that follows it); with 50 us, ASan and reordering
+     * took 210 s of the 240 s bound on 2 busy cores, with 10 us half. */
     if (reordering_mode())
-        setenv("SHMRPC_REORDER_MAX_US", "50", 1);
+        setenv("SHMRPC_REORDER_MAX_US", "10", 1);
     RUN_JOB("dalong", 2, .scenario = long_chain_step, .shutdown_timeout = 600); /* worker1 waits there for it all */
 }
