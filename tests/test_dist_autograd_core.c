@@ -244,3 +244,86 @@ Test(dist_autograd_core, more_gradient_requests_than_calls_in_flight, .timeout =
 {
     RUN_JOB("dafan", 2, .scenario = many_rpcs_step, .shutdown_timeout = 180);
 }
+
+/* A chain of hops far deeper than a worker's call table (65,536 calls in
+ * flight): x = add(x, 1) on worker 1, chain_hops() times, then loss =
+ * sum(x * w) here. Each hop's gradient request used to be awaited by the run
+ * that sent it, so the pass held one call per hop on each worker until it
+ * ended and failed once the table was full. dx = w, exactly; x ends at
+ * x0 + hops. 200,000 hops in the plain build; under ASan, TSan, the MPI
+ * runner and the reordering mode (each message delayed) a hop costs several
+ * times more (200,000 hops took 200 s under the MPI runner), so
+ * those runs use 140,000: with the nested answers each worker held one
+ * call per hop (a hop sends one gradient request each way), more than
+ * twice its table. */
+static bool reordering_mode(void)
+{
+    const char *s = getenv("SHMRPC_REORDER_SEED");
+    return s && *s;
+}
+
+static int chain_hops(void)
+{
+    bool slow = reordering_mode();
+#if defined(__SANITIZE_ADDRESS__) || defined(SR_TEST_TSAN) || defined(SR_TEST_MPI)
+    slow = true;
+#endif
+    return slow ? 140000 : 200000;
+}
+
+static int long_chain_step(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    const int hops = chain_hops();
+    const double x0[2] = {0.5, -3}, wv[2] = {2, -0.25}, onev[2] = {1, 1};
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
+    sr_tensor *x = vec(x0, 2, true), *w = vec(wv, 2, false), *one = vec(onev, 2, false);
+    sr_value *onevv = sr_tensor_value(one), *cur = sr_tensor_value(x);
+    int64_t t0 = sr_now_ns();
+    for (int i = 0; i < hops; i++) {
+        sr_value *out = NULL;
+        int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), -1, &out);
+        WCHECK(rc == 0, "hop %d of the chain: %d: %s", i, rc, sr_last_error());
+        sr_value_unref(cur);
+        cur = out;
+    }
+    int64_t t1 = sr_now_ns();
+    sr_tensor *y = sr_value_tensor(cur), *yw = sr_mul(y, w), *loss = yw ? sr_sum(yw) : NULL;
+    const double want_y[2] = {x0[0] + hops, x0[1] + hops};
+    WCHECK(close_to(y, want_y, 2), "the chain's forward is wrong");
+    WCHECK(loss, "loss: %s", sr_last_error());
+    int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
+    WCHECK(rc == 0, "backward through a chain of %d hops: %d: %s", hops, rc, sr_last_error());
+    int64_t t2 = sr_now_ns();
+    sr_tensor *gx = NULL;
+    WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad: %s", sr_last_error());
+    WCHECK(close_to(gx, wv, 2), "grad of x is wrong after %d hops", hops);
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
+    fprintf(stderr, "chain of %d hops: forward %.2f s, backward %.2f s\n", hops, (double)(t1 - t0) / 1e9,
+            (double)(t2 - t1) / 1e9);
+    sr_tensor_unref(gx);
+    sr_tensor_unref(loss);
+    sr_tensor_unref(yw);
+    sr_value_unref(cur);
+    sr_value_unref(onevv);
+    sr_tensor_unref(one);
+    sr_tensor_unref(w);
+    sr_tensor_unref(x);
+    return 0;
+}
+
+Test(dist_autograd_core, chain_deeper_than_the_call_table, .timeout = 300)
+{
+    /* Under reordering every message waits up to 2 ms, and a chain's hops
+     * are sequential: 4 messages a hop would take minutes. Delays of up to
+     * 10 us (this test's process and its workers only) still reorder the
+     * requests and answers that a worker sends together (a run's request
+     * and the answer that follows it); with 50 us, ASan and reordering
+     * took 210 s of the 240 s bound on 2 busy cores, with 10 us half. */
+    if (reordering_mode())
+        setenv("SHMRPC_REORDER_MAX_US", "10", 1);
+    RUN_JOB("dalong", 2, .scenario = long_chain_step, .shutdown_timeout = 600); /* worker1 waits there for it all */
+}

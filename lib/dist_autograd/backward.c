@@ -6,32 +6,57 @@
  * (on the root worker only) plus every send function of the context, each of
  * which waits for one gradient by RPC.
  *
- *   root       feed 1 to every root, run; wait for the RPCs that run sent;
- *              then check that every send function of the context received
- *              its gradient.
+ *   root       feed 1 to every root, run; the pass is over when the root
+ *              disengages (below); then check that every send function of
+ *              the context received its gradient.
  *   PROPAGATE  {msg_id, pass, retain, grads...} to the worker that made
- *              send function msg_id: feed it, run, and answer when every RPC
- *              that run sent has answered. It runs on an executor; no
- *              thread waits while gradients are on their way.
+ *              send function msg_id: feed it and run. It runs on an
+ *              executor; no thread waits while gradients are on their way.
  *   RecvRpcBackward (run by the engine, on the thread that runs the graph)
- *              sends PROPAGATE to its peer; the future joins that run's list.
- * The engine runs a task's ready nodes on the thread that calls run, one run
- * at a time (its task lock), so every RPC belongs to exactly one run, and a
- * run waits only for RPCs it sent itself: the waits follow the causality of
- * the gradients and can never form a cycle. (Waiting for whatever is
- * outstanding in the context instead deadlocks: a PROPAGATE served on the
- * root can take the RPC the root's own run sent, whose answer waits for that
- * very PROPAGATE.) Each run is awaited by the RPC that caused it, up to the
- * root: when the root's wait ends, every worker has finished. Errors travel
- * back the same way ("Error on Node N: ...", -EPIPE for a dead peer), and a
- * pass fails only after all its RPCs answered, so no stale gradient reaches
- * the next pass in the same context.
+ *              sends PROPAGATE to its peer, counted in the pass's state on
+ *              this worker.
  *
- * A run paces its requests (below, "the RPCs of one run"), so one run may
- * send any number of them. Known limit: each hop of a chain is a request
- * awaited by the run before it, so a chain holds one call per hop on each
- * worker until the pass ends, and a chain deeper than a worker's call table
- * (65,536) fails when the table is full.
+ * When is a pass over? Dijkstra-Scholten termination detection. On each
+ * worker, the pass has a state while the worker is *engaged* in it:
+ *   - a PROPAGATE that finds the worker not engaged engages it and becomes
+ *     its *parent*: its answer is deferred. Any other PROPAGATE of the pass
+ *     is answered as soon as its own run ends here (with that run's error),
+ *     without waiting for the requests the run sent: they are the state's;
+ *   - `deficit` counts the requests the worker sent for the pass and that
+ *     have not answered (queued ones count once sent), `active` the runs in
+ *     progress; an answer records its error (the first one wins);
+ *   - when active == 0, deficit == 0 and nothing is queued, the worker
+ *     disengages: it answers its parent, with the first error it recorded,
+ *     and frees the state. A later PROPAGATE engages it again.
+ * The root is engaged from the start; its "parent" is the pass's own
+ * completion.
+ *
+ * Why it is right: a worker engages only from a request of an engaged worker
+ * (counted in the sender's deficit), so the engaged workers form a tree
+ * rooted at the root, each holding the edge to its parent open. A worker
+ * leaves the tree only when it has no work and no request outstanding, and
+ * only then answers its parent, which until that answer is itself engaged.
+ * So when the root disengages, every worker is idle and no gradient is in
+ * flight: the pass is over everywhere, and a failed pass fails only after
+ * all its RPCs answered (no stale gradient reaches the next pass in the same
+ * context). A worker appears at most once in the tree, so each worker has at
+ * most its parent call plus its own requests (at most WINDOW) open: a chain
+ * of hops, however long, no longer nests one call per hop (with two workers
+ * the tree has depth 2). A dead peer fails the RPC to it (-EPIPE), which is
+ * an answer with an error: deficits still reach 0. Errors climb the tree of
+ * parents to the root ("Error on Node N: ...", -EPIPE for a dead peer).
+ *
+ * Nothing waits on anything but answers, and the engine runs a task's ready
+ * nodes on the thread that calls run, one run at a time (its task lock): no
+ * run waits for a request, so no cycle of waits can form. (Waiting, in a
+ * run, for whatever is outstanding in the context deadlocked: a PROPAGATE
+ * served on the root could take the RPC the root's own run sent, whose
+ * answer waited for that very PROPAGATE.)
+ *
+ * Locks: begin_lock -> engine task lock -> context lock (context.h). The
+ * pass states of a context and all their fields are guarded by the context
+ * lock, which is never held across an RPC, a future's completion or a call
+ * into the engine.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -165,56 +190,55 @@ static void release_task(sr_dctx *c)
 _Atomic uint64_t sr__dist_propagates_served;
 void (*sr__dist_root_hook)(void);
 
-/* ---- the RPCs of one run, paced ----
+/* ---- the pass on this worker: termination detection ----
  *
- * A run may reach more RecvRpcBackward nodes than calls can be in flight
- * from one worker (the slot table of sr__call_begin, 65,536): it keeps at
- * most RUN_WINDOW of its gradient requests in flight and queues the rest;
- * each answer sends the next queued one, on the thread that completes the
- * answer's future (chaining, as sr_rpc_async in a callback: no thread waits,
- * nothing polls). The window belongs to the run, so a run never waits for
- * another run's requests (the waits still follow the gradients: see the
- * top). `done` completes once the run ended (run_end) and every request it
- * made was answered; after an error the queued requests are dropped unsent
- * (the pass fails anyway) and the ones in flight are still awaited.
+ * Dijkstra-Scholten (see the top). The state of pass `id` on this worker,
+ * `struct sr__dpass`, exists while the worker is engaged in the pass: made
+ * by the first PROPAGATE that finds none (or by the root), it is in c's
+ * list `engaged`, so that every later PROPAGATE of the pass finds it and
+ * is answered without waiting; it goes when the worker has no run in
+ * progress and no request unanswered or queued, and then answers `parent`.
  *
- * Who touches what: the fields under `lock`; a request belongs to whoever
- * took it off the queue (or made it) until it is sent; the last count
- * (open reaching 0) finishes and frees the run, exactly once. */
-enum { RUN_WINDOW = 1024 };
+ * Pacing: a worker can have 65,536 calls in flight (sr__call_begin's
+ * table). A pass keeps at most WINDOW of its gradient requests in flight
+ * from each worker and queues the rest; each answer sends the next queued
+ * one, on the thread that completes the answer's future (chaining, as
+ * sr_rpc_async in a callback: no thread waits, nothing polls). After an
+ * error the queued requests are dropped unsent (the pass fails anyway) and
+ * the ones in flight are still awaited.
+ *
+ * Who touches what: every field of the state is guarded by its context's
+ * lock (c->lock, taken last: lock order task -> context), and the lock is
+ * never held across an RPC or a future's completion. A request belongs to
+ * whoever took it off the queue (or made it) until it is sent. The thread
+ * whose count makes the state idle takes it out of the list under the lock,
+ * and only that thread answers the parent and frees it: exactly once. */
+enum { WINDOW = 1024 };
 
 struct req {
     struct req *next;
-    struct run *run;
+    struct sr__dpass *pass;
     int peer;
     int64_t ctx_id;
     size_t n;
     sr_value **vals; /* [n], owned */
 };
 
-struct run {
-    pthread_mutex_t lock;
-    size_t inflight;         /* sent and not answered: at most RUN_WINDOW */
-    size_t open;             /* requests not answered (queued too), + 1 until run_end */
+struct sr__dpass {
+    struct sr__dpass *next;  /* c->engaged */
+    sr_dctx *c;              /* a reference */
+    int64_t id;              /* the pass */
+    bool retain;
+    sr_future *parent;       /* the deferred answer (a reference): the engaging call's, or the root's */
+    size_t active;           /* runs of the pass in progress here */
+    size_t deficit;          /* requests sent and not answered: at most WINDOW */
     struct req *head, *tail; /* queued, not sent */
-    int err;                 /* the first error */
+    int err;                 /* the first error, local or from an answer */
     char *text;
-    sr_future *done;
 };
 
-/* The run this thread is in (set around feed + run). */
-static _Thread_local struct run *this_run;
-
-static struct run *run_new(sr_future *done)
-{
-    struct run *r = calloc(1, sizeof(*r));
-    if (!r)
-        return NULL;
-    pthread_mutex_init(&r->lock, NULL);
-    r->open = 1;
-    r->done = sr_future_ref(done);
-    return r;
-}
+/* The pass state of the run in progress on this thread (set around run). */
+static _Thread_local struct sr__dpass *this_pass;
 
 static void req_free(struct req *q)
 {
@@ -225,52 +249,100 @@ static void req_free(struct req *q)
     free(q);
 }
 
-static void run_finish(struct run *r)
-{
-    if (r->err)
-        sr__future_fail_text(r->done, r->err, r->text);
-    else
-        sr_future_set_result(r->done, NULL);
-    sr_future_unref(r->done);
-    free(r->text);
-    pthread_mutex_destroy(&r->lock);
-    free(r);
-}
-
-/* Under r->lock: record err (the first wins); after an error, drop what is
+/* Under c->lock: record err (the first wins); after an error, drop what is
  * queued. */
-static void note_error_locked(struct run *r, int err, const char *text)
+static void note_error_locked(struct sr__dpass *p, int err, const char *text)
 {
-    if (err && !r->err) {
-        r->err = err;
-        r->text = strdup(text ? text : "");
+    if (err && !p->err) {
+        p->err = err;
+        p->text = strdup(text ? text : "");
     }
-    while (r->err && r->head) {
-        struct req *q = r->head;
-        r->head = q->next;
-        r->open--;
+    while (p->err && p->head) {
+        struct req *q = p->head;
+        p->head = q->next;
         req_free(q);
     }
 }
 
-/* One request of r answered (err: its error, 0 for none). Returns the next
- * queued request, now counted in flight, for the caller to send; frees r
- * if that was the last count. */
-static struct req *req_answered(struct run *r, int err, const char *text)
+/* A run of pass `id` begins here, for the PROPAGATE answered by `call` (for
+ * the root: its completion). Engages the worker if it was not: `call`
+ * becomes the parent (*parent set), answered when the worker disengages;
+ * otherwise the caller answers `call` once its run ends. NULL: out of
+ * memory. */
+static struct sr__dpass *pass_enter(sr_dctx *c, int64_t id, bool retain, sr_future *call, bool *parent)
 {
-    pthread_mutex_lock(&r->lock);
-    note_error_locked(r, err, text);
-    r->inflight--;
-    r->open--;
-    struct req *next = r->head;
-    if (next) {
-        r->head = next->next;
-        r->inflight++;
+    pthread_mutex_lock(&c->lock);
+    struct sr__dpass *p = c->engaged;
+    while (p && p->id != id)
+        p = p->next;
+    *parent = !p;
+    if (!p && (p = calloc(1, sizeof(*p)))) {
+        *p = (struct sr__dpass){.next = c->engaged, .c = sr__dctx_ref(c), .id = id, .retain = retain,
+                                .parent = sr_future_ref(call)};
+        c->engaged = p;
     }
-    bool last = r->open == 0;
-    pthread_mutex_unlock(&r->lock);
-    if (last)
-        run_finish(r);
+    if (p)
+        p->active++;
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+/* Under c->lock: whether p is idle (no run, nothing in flight or queued);
+ * if so it leaves c's list, and the caller must call pass_end. */
+static bool pass_idle_locked(struct sr__dpass *p)
+{
+    if (p->active || p->deficit || p->head)
+        return false;
+    struct sr__dpass **at = &p->c->engaged;
+    while (*at != p)
+        at = &(*at)->next;
+    *at = p->next;
+    return true;
+}
+
+/* The worker disengages from the pass: answer the parent (with the first
+ * error) and free the state. No one else holds p any more. */
+static void pass_end(struct sr__dpass *p)
+{
+    if (p->err)
+        sr__future_fail_text(p->parent, p->err, p->text);
+    else
+        sr_future_set_result(p->parent, NULL);
+    sr_future_unref(p->parent);
+    sr__dctx_unref(p->c);
+    free(p->text);
+    free(p);
+}
+
+/* A run of p ended (err: its error, 0 for none). */
+static void pass_leave(struct sr__dpass *p, int err, const char *text)
+{
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err, text);
+    p->active--;
+    bool idle = pass_idle_locked(p);
+    pthread_mutex_unlock(&p->c->lock);
+    if (idle)
+        pass_end(p);
+}
+
+/* One request of p answered (err: its error, 0 for none). Returns the next
+ * queued request, now counted in flight, for the caller to send; ends p if
+ * it is idle now. */
+static struct req *req_answered(struct sr__dpass *p, int err, const char *text)
+{
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err, text);
+    p->deficit--;
+    struct req *next = p->head;
+    if (next) {
+        p->head = next->next;
+        p->deficit++;
+    }
+    bool idle = pass_idle_locked(p);
+    pthread_mutex_unlock(&p->c->lock);
+    if (idle)
+        pass_end(p);
     return next;
 }
 
@@ -290,12 +362,12 @@ static void req_on_drop(void *p)
 /* Send q (consumed); its answer comes to req_on_answer. 0 or -errno. */
 static int req_send(struct req *q)
 {
-    struct run *r = q->run;
+    struct sr__dpass *p = q->pass;
     sr_future *f = NULL;
     int rc = sr__module_rpc(q->peer, SR_MOD_DIST_AUTOGRAD, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
                             (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f);
     req_free(q);
-    if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, r))
+    if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, p))
         rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory"); /* its answer is dropped */
     sr_future_unref(f);
     return rc;
@@ -319,10 +391,10 @@ static void req_pump(struct req *q)
     pumping = true;
     while ((q = pump_list)) {
         pump_list = q->next;
-        struct run *r = q->run;
+        struct sr__dpass *p = q->pass;
         int rc = req_send(q);
         if (rc) {
-            struct req *next = req_answered(r, rc, sr_last_error());
+            struct req *next = req_answered(p, rc, sr_last_error());
             if (next) {
                 next->next = pump_list;
                 pump_list = next;
@@ -334,54 +406,40 @@ static void req_pump(struct req *q)
 
 /* A gradient request of the run in progress on this thread (q consumed):
  * sent now if the window allows, else queued. A send that fails now fails
- * the run (returned), as any node's error does. */
+ * the run (returned), as any node's error does. The run is active, so p
+ * stays engaged meanwhile. */
 static int run_submit(struct req *q)
 {
-    struct run *r = q->run;
-    pthread_mutex_lock(&r->lock);
-    bool failed = r->err != 0, now = !failed && r->inflight < RUN_WINDOW;
-    if (!failed) {
-        r->open++;
-        r->inflight += now;
-        if (!now) {
-            q->next = NULL;
-            if (r->head) /* tail is valid while the queue is not empty */
-                r->tail->next = q;
-            else
-                r->head = q;
-            r->tail = q;
-        }
+    struct sr__dpass *p = q->pass;
+    pthread_mutex_lock(&p->c->lock);
+    bool failed = p->err != 0, now = !failed && p->deficit < WINDOW;
+    p->deficit += now;
+    if (!failed && !now) {
+        q->next = NULL;
+        if (p->head) /* tail is valid while the queue is not empty */
+            p->tail->next = q;
+        else
+            p->head = q;
+        p->tail = q;
     }
-    pthread_mutex_unlock(&r->lock);
-    if (failed) /* an answer failed the pass: nothing more is sent */
+    pthread_mutex_unlock(&p->c->lock);
+    if (failed) /* the pass failed: nothing more is sent */
         req_free(q);
     if (!now)
         return 0;
     int rc = req_send(q);
     if (rc)
-        req_pump(req_answered(r, 0, NULL)); /* counted; the error goes back to the engine */
+        req_pump(req_answered(p, 0, NULL)); /* counted; the error goes back to the engine */
     return rc;
 }
 
-/* The run ended (err: its own error, 0 for none): done completes once
- * every request it made was answered. */
-static void run_end(struct run *r, int err, const char *text)
+/* Run g, its gradient requests counted in p. */
+static int run_counted(sr_graph_task *g, struct sr__dpass *p)
 {
-    pthread_mutex_lock(&r->lock);
-    note_error_locked(r, err, text);
-    bool last = --r->open == 0;
-    pthread_mutex_unlock(&r->lock);
-    if (last)
-        run_finish(r);
-}
-
-/* Run g, its gradient requests going through run. */
-static int run_collecting(sr_graph_task *g, struct run *run)
-{
-    struct run *outer = this_run;
-    this_run = run;
+    struct sr__dpass *outer = this_pass;
+    this_pass = p;
     int rc = sr__graph_task_run(g);
-    this_run = outer;
+    this_pass = outer;
     return rc;
 }
 
@@ -389,26 +447,19 @@ static int run_collecting(sr_graph_task *g, struct run *run)
 
 int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *const *grads, size_t n)
 {
-    if (!this_run)
+    struct sr__dpass *p = this_pass;
+    if (!p)
         return sr__fail(-EINVAL, "sr_dist_autograd_backward", "a RecvRpcBackward ran outside a backward run");
-    sr_dctx *c = sr__dctx_find(ctx_id);
-    if (!c)
-        return sr__dctx_not_found("sr_dist_autograd_backward", ctx_id);
-    pthread_mutex_lock(&c->lock);
-    int64_t pass = c->pass;
-    bool retain = c->retain;
-    pthread_mutex_unlock(&c->lock);
-    sr__dctx_unref(c);
     struct req *q = calloc(1, sizeof(*q));
     sr_value **vals = q ? calloc(n + 3, sizeof(*vals)) : NULL;
     if (!vals) {
         free(q);
         return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     }
-    *q = (struct req){.run = this_run, .peer = peer, .ctx_id = ctx_id, .n = n + 3, .vals = vals};
+    *q = (struct req){.pass = p, .peer = peer, .ctx_id = ctx_id, .n = n + 3, .vals = vals};
     vals[0] = sr_int(msg_id);
-    vals[1] = sr_int(pass);
-    vals[2] = sr_bool(retain);
+    vals[1] = sr_int(p->id);     /* id and retain are fixed while p lives */
+    vals[2] = sr_bool(p->retain);
     for (size_t i = 0; i < n; i++)
         vals[3 + i] = grads[i] ? sr_tensor_value(grads[i]) : sr_none();
     for (size_t i = 0; i < n + 3; i++) {
@@ -435,15 +486,15 @@ static int node_error(int err, const char *text, char *buf, size_t len)
     return err == -EPIPE || err == -ETIMEDOUT ? err : -SR_EREMOTE;
 }
 
-/* Feed send function msg_id of pass and run, collecting the run's RPCs. */
-static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr_value *args, struct run *run)
+/* Feed send function msg_id of pass p and run, counting the run's RPCs in p. */
+static int run_send_fn(sr_dctx *c, int64_t msg_id, struct sr__dpass *p, sr_value *args)
 {
-    int rc = begin_pass(c, pass, retain, NULL, 0);
-    sr_graph_task *g = rc ? NULL : acquire_task(c, pass);
+    int rc = begin_pass(c, p->id, p->retain, NULL, 0);
+    sr_graph_task *g = rc ? NULL : acquire_task(c, p->id);
     sr_node *fn = sr__dctx_send_fn(c, msg_id);
     size_t n = sr_value_list_len(args) - 3;
     if (!rc && !g)
-        rc = sr__fail(-EINVAL, "sr_dist_autograd_backward", "pass %lld was overtaken by another", (long long)pass);
+        rc = sr__fail(-EINVAL, "sr_dist_autograd_backward", "pass %lld was overtaken by another", (long long)p->id);
     if (!rc && (!fn || fn->num_inputs != n))
         rc = sr__fail(-EINVAL, "sr_dist_autograd_backward", "no send function with message id %lld and %zu inputs in "
                       "context %lld", (long long)msg_id, n, (long long)c->id);
@@ -455,7 +506,7 @@ static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr
     if (!rc)
         rc = sr__graph_task_feed_node(g, fn, grads);
     if (!rc)
-        rc = run_collecting(g, run);
+        rc = run_counted(g, p);
     if (g)
         release_task(c);
     free(grads);
@@ -463,31 +514,42 @@ static int run_send_fn(sr_dctx *c, int64_t msg_id, int64_t pass, bool retain, sr
     return rc;
 }
 
-static void job_run(void *p)
+static bool well_formed(sr_value *a)
 {
-    struct job *j = p;
+    return sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
+           sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
+}
+
+/* Serve one PROPAGATE: enter the pass (engaging this worker if it was not:
+ * then this call is the parent, answered when the worker disengages), run,
+ * and answer a call that is not the parent now, with this run's own error:
+ * the requests the run sent are the pass's, awaited by the parent. */
+static void job_run(void *arg)
+{
+    struct job *j = arg;
     char text[1024] = "";
     int err = 0;
-    struct run *run = run_new(j->done);
+    bool parent = false;
+    struct sr__dpass *p = NULL;
     sr_dctx *c = sr__dctx_find(j->ctx_id);
     sr_value *a = j->args;
-    bool well_formed = sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
-                       sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
-    if (!run)
-        err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-    else if (!c)
+    if (!c)
         err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
-    else if (!well_formed)
+    else if (!well_formed(a))
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
+    else if (!(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
+                              j->done, &parent)))
+        err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     else
-        err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), sr_value_int(sr_value_list_at(a, 1)),
-                          sr_value_bool(sr_value_list_at(a, 2)), a, run);
+        err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), p, a);
     if (err)
         err = node_error(err, sr_last_error(), text, sizeof(text));
-    if (run)
-        run_end(run, err, text); /* answers once this run's RPCs have: see the top */
-    else
+    if (!parent && err)
         sr__future_fail_text(j->done, err, text);
+    else if (!parent)
+        sr_future_set_result(j->done, NULL);
+    if (p)
+        pass_leave(p, err, text); /* may end the pass here: answers the parent */
     atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
     sr__dctx_unref(c);
     sr_value_unref(j->args);
@@ -571,13 +633,14 @@ static int feed_ones(sr_graph_task *g, sr_tensor *const *roots, size_t n)
 }
 
 /* A pass rooted here, run without holding a thread while other workers
- * compute: run locally, then wait with callbacks for the RPCs the run sent;
+ * compute: the root is engaged in the pass from the start, its parent being
+ * `all`, which completes when this worker disengages, i.e. when every
+ * worker the pass reached is idle with nothing in flight (see the top);
  * then check the send functions. */
 struct root {
     sr_dctx *c;
     sr_graph_task *g;
-    struct run *run;  /* the root's run: its RPCs complete `all` */
-    sr_future *all;
+    sr_future *all;   /* the root's parent: completes when the pass is over */
     int err;          /* the first error, local or remote */
     char text[1024];
     sr_future *done;
@@ -613,17 +676,16 @@ static void root_answered(sr_future *f, void *p)
     root_finish(r);
 }
 
-/* Wait for the RPCs the root's run sent (their answers come after every
- * worker they reached has finished). */
-static void root_wait(struct root *r)
+/* The root's run ended: the pass ends when the root disengages. */
+static void root_wait(struct root *r, struct sr__dpass *p)
 {
     sr_future *all = r->all;
-    if (!r->run) { /* out of memory before the run: nothing was sent */
+    if (!p) { /* out of memory before the run: nothing was sent */
         sr_future_unref(all);
         root_finish(r);
         return;
     }
-    run_end(r->run, 0, NULL); /* the root's own error is r->err */
+    pass_leave(p, 0, NULL); /* the root's own error is r->err */
     /* Internal callback: the thread context is not the user's to keep. */
     if (sr__future_on_done(all, root_answered, NULL, r))
         root_answered(all, r);
@@ -650,21 +712,24 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
     }
     *r = (struct root){.c = sr__dctx_ref(c), .done = sr_future_ref(done)};
     r->all = sr_future_new();
-    r->run = r->all ? run_new(r->all) : NULL;
     int64_t pass;
-    int rc = r->run ? sr__dctx_next_message_id(&pass) : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    bool engaged;
+    struct sr__dpass *p = NULL;
+    int rc = r->all ? sr__dctx_next_message_id(&pass) : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    if (!rc && !(p = pass_enter(c, pass, retain, r->all, &engaged))) /* a new id: engaged, parent `all` */
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     if (!rc)
         rc = begin_pass(c, pass, retain, roots, n);
     r->g = rc ? NULL : acquire_task(c, pass);
     if (!rc && !(rc = feed_ones(r->g, roots, n)))
-        rc = run_collecting(r->g, r->run);
+        rc = run_counted(r->g, p);
     if (rc) {
         r->err = rc;
         snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
     }
     if (sr__dist_root_hook)
         sr__dist_root_hook();
-    root_wait(r); /* always waits: no RPC of this pass may outlive it */
+    root_wait(r, p); /* always waits: no RPC of this pass may outlive it */
     return 0;
 }
 

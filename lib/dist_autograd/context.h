@@ -10,7 +10,9 @@
  * It holds the known workers, the send and recv functions by message id (one
  * reference each), the gradients accumulated for this worker's leaves (leaf
  * -> grad, one reference each) and the graph task of the current pass (pass
- * id, retain flag, and how many threads use it).
+ * id, retain flag, and how many threads use it), and the state of every
+ * pass this worker is engaged in (backward.c; each holds a reference to the
+ * context, so the list is empty when the context is freed).
  *
  * begin_lock serialises the building of a pass's task (backward.c,
  * begin_pass): it is held across the graph walk, never while a task runs.
@@ -40,6 +42,8 @@
 #include "shmrpc/future.h"
 #include "rpc/module.h"
 
+struct sr__dpass;
+
 typedef struct sr_dctx {
     int64_t id;
     _Atomic uint32_t refs;
@@ -54,6 +58,7 @@ typedef struct sr_dctx {
     bool retain;                 /* its retain_graph */
     bool root_busy;              /* a backward rooted here is running */
     uint32_t task_users;         /* threads using task (a root pass counts until it ends) */
+    struct sr__dpass *engaged;   /* the passes this worker is engaged in (backward.c) */
     sr_grad_sink sink;           /* accumulates into grads */
 } sr_dctx;
 
