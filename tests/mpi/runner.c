@@ -46,12 +46,12 @@
 #endif
 
 #include "criterion/criterion.h"
+#include "registry.h"
 #include "error.h"
 #include "mpi/mpi_job.h"
 #include "shmrpc/rpc.h"
 
 #define DEFAULT_TIMEOUT_S 120.0
-#define REASON_MAX 512
 
 /* ---- the exclusion table ---- */
 
@@ -90,50 +90,6 @@ static const char *exclusion(const char *id)
     return NULL;
 }
 
-/* ---- the registry (filled by constructors before main) ---- */
-
-static struct srt_test **tests;
-static size_t ntests, tests_cap;
-
-static struct suite {
-    const char *name;
-    struct srt_opts opts;
-} suites[64];
-static size_t nsuites;
-
-static void out_of_memory(void)
-{
-    fputs("srt: out of memory registering tests\n", stderr);
-    abort();
-}
-
-void srt_register_test(struct srt_test *t)
-{
-    if (ntests == tests_cap) {
-        tests_cap = tests_cap ? 2 * tests_cap : 64;
-        tests = realloc(tests, tests_cap * sizeof(*tests));
-        if (!tests)
-            out_of_memory();
-    }
-    tests[ntests++] = t;
-}
-
-void srt_register_suite(const char *suite, const struct srt_opts *opts)
-{
-    if (nsuites == sizeof(suites) / sizeof(suites[0]))
-        out_of_memory();
-    suites[nsuites++] = (struct suite){suite, *opts};
-}
-
-static const struct srt_opts *suite_opts(const char *name)
-{
-    static const struct srt_opts none;
-    for (size_t i = 0; i < nsuites; i++)
-        if (!strcmp(suites[i].name, name))
-            return &suites[i].opts;
-    return &none;
-}
-
 /* ---- the test in progress ---- */
 
 enum outcome { PASS, SKIP, FAIL }; /* agreement keeps the worst (MPI_MAX) */
@@ -145,7 +101,7 @@ static pthread_t main_thread;
 static struct {
     char id[256]; /* "suite/name" */
     enum outcome outcome;
-    char reason[REASON_MAX]; /* this rank's first failure or skip reason */
+    char reason[SRT_REASON_MAX]; /* this rank's first failure or skip reason */
     sigjmp_buf jmp;          /* where a fatal check or a skip returns to */
     _Atomic bool in_job;     /* this rank runs a worker of srt_run */
 } cur;
@@ -172,13 +128,11 @@ void srt_check(bool fatal, bool ok, const char *file, int line, const char *expr
 {
     if (ok)
         return;
-    char msg[REASON_MAX - 128] = "";
+    char why[SRT_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt + 1, ap); /* fmt starts with the shim's space */
+    srt_check_text(why, file, line, expr, fmt, ap);
     va_end(ap);
-    char why[REASON_MAX];
-    snprintf(why, sizeof(why), "%s:%d: %s%s%s", file, line, expr, *msg ? ": " : "", msg);
     fprintf(stderr, "rank %d: %s: check failed: %s\n", me, cur.id, why);
     set_outcome(FAIL, why);
     if (!fatal)
@@ -190,7 +144,7 @@ void srt_check(bool fatal, bool ok, const char *file, int line, const char *expr
 
 void srt_skip(const char *fmt, ...)
 {
-    char msg[REASON_MAX];
+    char msg[SRT_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt + 1, ap);
@@ -281,7 +235,7 @@ static int watchdog_start(void)
 
 /* ---- crashes: name the test before the process goes ---- */
 
-static char crash_line[REASON_MAX];
+static char crash_line[SRT_REASON_MAX];
 
 static void crash_handler(int sig)
 {
@@ -426,13 +380,6 @@ int srt_shared_pipe(int fds[2])
 
 /* ---- running the tests ---- */
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* Setup, body and fini on this rank; a fatal check or a skip jumps back
  * here, and the fini (the leak check) still runs, as under Criterion. */
 static void run_here(const struct srt_test *t, const struct srt_opts *s)
@@ -454,7 +401,7 @@ static void run_here(const struct srt_test *t, const struct srt_opts *s)
 
 /* The outcome every rank agrees on: the worst, with the reason of the
  * lowest rank that had it. */
-static enum outcome agree(char reason[REASON_MAX])
+static enum outcome agree(char reason[SRT_REASON_MAX])
 {
     int mine = (int)cur.outcome, all, who, first;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MAX, comm);
@@ -462,19 +409,19 @@ static enum outcome agree(char reason[REASON_MAX])
         return PASS;
     who = mine == all ? me : nranks;
     MPI_Allreduce(&who, &first, 1, MPI_INT, MPI_MIN, comm);
-    memcpy(reason, cur.reason, REASON_MAX);
-    MPI_Bcast(reason, REASON_MAX, MPI_CHAR, first, comm);
+    memcpy(reason, cur.reason, SRT_REASON_MAX);
+    MPI_Bcast(reason, SRT_REASON_MAX, MPI_CHAR, first, comm);
     if (all == FAIL && nranks > 1) {
         size_t n = strlen(reason);
-        snprintf(reason + n, REASON_MAX - n, " (rank %d)", first);
+        snprintf(reason + n, SRT_REASON_MAX - n, " (rank %d)", first);
     }
     return (enum outcome)all;
 }
 
-static enum outcome run_test(const struct srt_test *t, char reason[REASON_MAX])
+static enum outcome run_test(const struct srt_test *t, char reason[SRT_REASON_MAX])
 {
-    const struct srt_opts *s = suite_opts(t->suite);
-    double timeout = t->opts.timeout > 0 ? t->opts.timeout : s->timeout > 0 ? s->timeout : DEFAULT_TIMEOUT_S;
+    const struct srt_opts *s = srt_suite_opts(t->suite);
+    double timeout = srt_timeout_of(t, DEFAULT_TIMEOUT_S);
     snprintf(cur.id, sizeof(cur.id), "%s/%s", t->suite, t->name);
     snprintf(crash_line, sizeof(crash_line), "FAIL %s: rank %d crashed: ", cur.id, me);
     cur.outcome = PASS;
@@ -528,10 +475,10 @@ int main(int argc, char **argv)
     }
     crash_handlers();
     int passed = 0, failed = 0, skipped = 0, nexcluded = 0;
-    double t_all = now_s();
-    for (size_t i = 0; i < ntests; i++) {
-        const struct srt_test *t = tests[i];
-        char id[256], reason[REASON_MAX] = "";
+    double t_all = srt_now_s();
+    for (size_t i = 0; i < srt_ntests; i++) {
+        const struct srt_test *t = srt_tests[i];
+        char id[256], reason[SRT_REASON_MAX] = "";
         snprintf(id, sizeof(id), "%s/%s", t->suite, t->name);
         if (filter && fnmatch(filter, id, 0))
             continue;
@@ -548,14 +495,14 @@ int main(int argc, char **argv)
                 printf("SKIP %s: %s\n", id, why ? why : "disabled");
             continue;
         }
-        double t0 = now_s();
+        double t0 = srt_now_s();
         enum outcome o = run_test(t, reason);
         passed += o == PASS;
         failed += o == FAIL;
         skipped += o == SKIP;
         if (me == 0) {
             if (o == PASS)
-                printf("PASS %s (%.2f s)\n", id, now_s() - t0);
+                printf("PASS %s (%.2f s)\n", id, srt_now_s() - t0);
             else
                 printf("%s %s: %s\n", o == FAIL ? "FAIL" : "SKIP", id, reason);
             fflush(stdout);
@@ -563,7 +510,7 @@ int main(int argc, char **argv)
     }
     if (me == 0 && !list) {
         printf("%d passed, %d failed, %d skipped (%d excluded under MPI) on %d ranks in %.1f s\n", passed, failed,
-               skipped, nexcluded, nranks, now_s() - t_all);
+               skipped, nexcluded, nranks, srt_now_s() - t_all);
         /* the line tests/summarize.py counts, as it does Criterion's */
         printf("[====] Synthesis: Tested: %d | Passing: %d | Failing: %d | Crashing: 0\n", passed + failed, passed,
                failed);

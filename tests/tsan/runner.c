@@ -49,55 +49,11 @@
 #include <unistd.h>
 
 #include "criterion/criterion.h"
+#include "registry.h"
 
 #define DEFAULT_TIMEOUT_S 120.0
 #define TIMEOUT_SCALE 4.0
-#define REASON_MAX 512
 #define EXIT_SKIP 77
-
-/* ---- the registry (filled by constructors before main) ---- */
-
-static struct srt_test **tests;
-static size_t ntests, tests_cap;
-
-static struct suite {
-    const char *name;
-    struct srt_opts opts;
-} suites[64];
-static size_t nsuites;
-
-static void out_of_memory(void)
-{
-    fputs("srt: out of memory registering tests\n", stderr);
-    abort();
-}
-
-void srt_register_test(struct srt_test *t)
-{
-    if (ntests == tests_cap) {
-        tests_cap = tests_cap ? 2 * tests_cap : 64;
-        tests = realloc(tests, tests_cap * sizeof(*tests));
-        if (!tests)
-            out_of_memory();
-    }
-    tests[ntests++] = t;
-}
-
-void srt_register_suite(const char *suite, const struct srt_opts *opts)
-{
-    if (nsuites == sizeof(suites) / sizeof(suites[0]))
-        out_of_memory();
-    suites[nsuites++] = (struct suite){suite, *opts};
-}
-
-static const struct srt_opts *suite_opts(const char *name)
-{
-    static const struct srt_opts none;
-    for (size_t i = 0; i < nsuites; i++)
-        if (!strcmp(suites[i].name, name))
-            return &suites[i].opts;
-    return &none;
-}
 
 /* ---- the test in progress (in its child process) ---- */
 
@@ -107,7 +63,7 @@ enum outcome { PASS, SKIP, FAIL };
  * the runner after waitpid(): the exit is the hand-off. */
 static struct result {
     enum outcome outcome;
-    char reason[REASON_MAX];
+    char reason[SRT_REASON_MAX];
 } *res;
 
 static struct {
@@ -143,13 +99,11 @@ void srt_check(bool fatal, bool ok, const char *file, int line, const char *expr
 {
     if (ok)
         return;
-    char msg[REASON_MAX - 128] = "";
+    char why[SRT_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt + 1, ap); /* fmt starts with the shim's space */
+    srt_check_text(why, file, line, expr, fmt, ap);
     va_end(ap);
-    char why[REASON_MAX];
-    snprintf(why, sizeof(why), "%s:%d: %s%s%s", file, line, expr, *msg ? ": " : "", msg);
     fprintf(stderr, "%s: pid %d: check failed: %s\n", cur.id, (int)getpid(), why);
     set_outcome(FAIL, why);
     if (!fatal)
@@ -161,7 +115,7 @@ void srt_check(bool fatal, bool ok, const char *file, int line, const char *expr
 
 void srt_skip(const char *fmt, ...)
 {
-    char msg[REASON_MAX];
+    char msg[SRT_REASON_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt + 1, ap);
@@ -218,13 +172,6 @@ void srt_exit(int status)
 
 /* ---- the runner's side ---- */
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* Wait for the test's process for at most `timeout` seconds; its wait
  * status, or -1 when it ran past the bound (its group is then killed). */
 static int wait_child(pid_t pid, double timeout)
@@ -234,10 +181,10 @@ static int wait_child(pid_t pid, double timeout)
         fprintf(stderr, "srt: pidfd_open(%d): %s\n", (int)pid, strerror(errno));
         kill(-pid, SIGKILL);
     } else {
-        double end = now_s() + timeout;
+        double end = srt_now_s() + timeout;
         int n;
         do {
-            double left = end - now_s();
+            double left = end - srt_now_s();
             n = left > 0 ? poll(&(struct pollfd){.fd = pfd, .events = POLLIN}, 1, (int)(left * 1000) + 1) : 0;
         } while (n < 0 && errno == EINTR);
         close(pfd);
@@ -281,38 +228,37 @@ static int take_reports(const char *id)
     return n;
 }
 
-static enum outcome run_test(const struct srt_test *t, char reason[REASON_MAX])
+static enum outcome run_test(const struct srt_test *t, char reason[SRT_REASON_MAX])
 {
-    const struct srt_opts *s = suite_opts(t->suite);
-    double timeout =
-        TIMEOUT_SCALE * (t->opts.timeout > 0 ? t->opts.timeout : s->timeout > 0 ? s->timeout : DEFAULT_TIMEOUT_S);
+    const struct srt_opts *s = srt_suite_opts(t->suite);
+    double timeout = TIMEOUT_SCALE * srt_timeout_of(t, DEFAULT_TIMEOUT_S);
     *res = (struct result){PASS, ""};
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0)
         run_child(t, s);
     if (pid < 0) {
-        snprintf(reason, REASON_MAX, "fork: %s", strerror(errno));
+        snprintf(reason, SRT_REASON_MAX, "fork: %s", strerror(errno));
         return FAIL;
     }
     int status = wait_child(pid, timeout);
     enum outcome o = res->outcome;
-    snprintf(reason, REASON_MAX, "%s", res->reason);
+    snprintf(reason, SRT_REASON_MAX, "%s", res->reason);
     if (status == -1) {
-        snprintf(reason, REASON_MAX, "timed out after %.0f s (the test's bound times %.0f under TSan)", timeout,
+        snprintf(reason, SRT_REASON_MAX, "timed out after %.0f s (the test's bound times %.0f under TSan)", timeout,
                  TIMEOUT_SCALE);
         o = FAIL;
     } else if (WIFSIGNALED(status)) {
-        snprintf(reason, REASON_MAX, "killed by %s", sigabbrev_np(WTERMSIG(status)) ?: "a signal");
+        snprintf(reason, SRT_REASON_MAX, "killed by %s", sigabbrev_np(WTERMSIG(status)) ?: "a signal");
         o = FAIL;
     } else if (o == PASS && WEXITSTATUS(status) != 0) {
-        snprintf(reason, REASON_MAX, "its process exited with status %d", WEXITSTATUS(status));
+        snprintf(reason, SRT_REASON_MAX, "its process exited with status %d", WEXITSTATUS(status));
         o = FAIL;
     }
     int nrep = take_reports(cur.id);
     if (nrep) {
         size_t n = strlen(reason);
-        snprintf(reason + n, REASON_MAX - n, "%sThreadSanitizer reported in %d process(es) (reports above)",
+        snprintf(reason + n, SRT_REASON_MAX - n, "%sThreadSanitizer reported in %d process(es) (reports above)",
                  n ? "; " : "", nrep);
         o = FAIL;
     }
@@ -346,10 +292,10 @@ int main(int argc, char **argv)
         return 2;
     }
     int passed = 0, failed = 0, skipped = 0;
-    double t_all = now_s();
-    for (size_t i = 0; i < ntests; i++) {
-        const struct srt_test *t = tests[i];
-        char reason[REASON_MAX] = "";
+    double t_all = srt_now_s();
+    for (size_t i = 0; i < srt_ntests; i++) {
+        const struct srt_test *t = srt_tests[i];
+        char reason[SRT_REASON_MAX] = "";
         snprintf(cur.id, sizeof(cur.id), "%s/%s", t->suite, t->name);
         if (filter && fnmatch(filter, cur.id, 0))
             continue;
@@ -362,20 +308,20 @@ int main(int argc, char **argv)
             printf("SKIP %s: disabled\n", cur.id);
             continue;
         }
-        double t0 = now_s();
+        double t0 = srt_now_s();
         enum outcome o = run_test(t, reason);
         passed += o == PASS;
         failed += o == FAIL;
         skipped += o == SKIP;
         if (o == PASS)
-            printf("PASS %s (%.2f s)\n", cur.id, now_s() - t0);
+            printf("PASS %s (%.2f s)\n", cur.id, srt_now_s() - t0);
         else
             printf("%s %s: %s\n", o == FAIL ? "FAIL" : "SKIP", cur.id, reason);
         fflush(stdout);
     }
     if (!list) {
         printf("%d passed, %d failed, %d skipped under ThreadSanitizer in %.1f s\n", passed, failed, skipped,
-               now_s() - t_all);
+               srt_now_s() - t_all);
         /* the line tests/summarize.py counts, as it does Criterion's */
         printf("[====] Synthesis: Tested: %d | Passing: %d | Failing: %d | Crashing: 0\n", passed + failed, passed,
                failed);
