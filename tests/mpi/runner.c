@@ -380,25 +380,6 @@ int srt_shared_pipe(int fds[2])
 
 /* ---- running the tests ---- */
 
-/* Setup, body and fini on this rank; a fatal check or a skip jumps back
- * here, and the fini (the leak check) still runs, as under Criterion. */
-static void run_here(const struct srt_test *t, const struct srt_opts *s)
-{
-    if (!sigsetjmp(cur.jmp, 0)) {
-        if (s->init)
-            s->init();
-        if (t->opts.init)
-            t->opts.init();
-        t->fn();
-    }
-    if (!sigsetjmp(cur.jmp, 0)) {
-        if (t->opts.fini)
-            t->opts.fini();
-        if (s->fini)
-            s->fini();
-    }
-}
-
 /* The outcome every rank agrees on: the worst, with the reason of the
  * lowest rank that had it. */
 static enum outcome agree(char reason[SRT_REASON_MAX])
@@ -420,7 +401,6 @@ static enum outcome agree(char reason[SRT_REASON_MAX])
 
 static enum outcome run_test(const struct srt_test *t, char reason[SRT_REASON_MAX])
 {
-    const struct srt_opts *s = srt_suite_opts(t->suite);
     double timeout = srt_timeout_of(t, DEFAULT_TIMEOUT_S);
     snprintf(cur.id, sizeof(cur.id), "%s/%s", t->suite, t->name);
     snprintf(crash_line, sizeof(crash_line), "FAIL %s: rank %d crashed: ", cur.id, me);
@@ -428,7 +408,7 @@ static enum outcome run_test(const struct srt_test *t, char reason[SRT_REASON_MA
     cur.reason[0] = '\0';
     watchdog_arm(timeout);
     MPI_Barrier(comm);
-    run_here(t, s);
+    srt_run_body(t, &cur.jmp);
     fflush(NULL);
     enum outcome o = agree(reason);
     watchdog_disarm();

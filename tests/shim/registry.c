@@ -63,6 +63,24 @@ void srt_check_text(char why[SRT_REASON_MAX], const char *file, int line, const 
     snprintf(why, SRT_REASON_MAX, "%s:%d: %s%s%s", file, line, expr, *msg ? ": " : "", msg);
 }
 
+void srt_run_body(const struct srt_test *t, sigjmp_buf *jmp)
+{
+    const struct srt_opts *const volatile s = srt_suite_opts(t->suite); /* volatile: kept across the longjmp */
+    if (!sigsetjmp(*jmp, 0)) {
+        if (s->init)
+            s->init();
+        if (t->opts.init)
+            t->opts.init();
+        t->fn();
+    }
+    if (!sigsetjmp(*jmp, 0)) {
+        if (t->opts.fini)
+            t->opts.fini();
+        if (s->fini)
+            s->fini();
+    }
+}
+
 double srt_now_s(void)
 {
     struct timespec t;

@@ -5,6 +5,7 @@
 #ifndef SR_TESTS_SHIM_REGISTRY_H
 #define SR_TESTS_SHIM_REGISTRY_H
 
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 
@@ -25,6 +26,12 @@ const struct srt_opts *srt_suite_opts(const char *suite);
  * the shim's space (criterion.h, SRT_CHECK_). */
 void srt_check_text(char why[SRT_REASON_MAX], const char *file, int line, const char *expr, const char *fmt,
                     va_list ap);
+
+/* The suite's init, the test's init, its body, then the test's fini and the
+ * suite's fini, as under Criterion. A fatal check or a skip siglongjmps to
+ * *jmp (the runner's), which lands back here: the finis (the leak check)
+ * still run. */
+void srt_run_body(const struct srt_test *t, sigjmp_buf *jmp);
 
 double srt_now_s(void);
 

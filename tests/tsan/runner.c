@@ -138,24 +138,12 @@ void srt_log(const char *level, const char *fmt, ...)
 
 /* Setup, body and fini; a fatal check or a skip jumps back here, and the
  * finis still run, as under Criterion. */
-static _Noreturn void run_child(const struct srt_test *t, const struct srt_opts *s)
+static _Noreturn void run_child(const struct srt_test *t)
 {
     setpgid(0, 0); /* the runner ends the whole group on a timeout */
     cur.pid = getpid();
     cur.main_thread = pthread_self();
-    if (!sigsetjmp(cur.jmp, 0)) {
-        if (s->init)
-            s->init();
-        if (t->opts.init)
-            t->opts.init();
-        t->fn();
-    }
-    if (!sigsetjmp(cur.jmp, 0)) {
-        if (t->opts.fini)
-            t->opts.fini();
-        if (s->fini)
-            s->fini();
-    }
+    srt_run_body(t, &cur.jmp);
     leave(0); /* exit(), not _exit(): TSan's end-of-process checks run */
 }
 
@@ -230,13 +218,12 @@ static int take_reports(const char *id)
 
 static enum outcome run_test(const struct srt_test *t, char reason[SRT_REASON_MAX])
 {
-    const struct srt_opts *s = srt_suite_opts(t->suite);
     double timeout = TIMEOUT_SCALE * srt_timeout_of(t, DEFAULT_TIMEOUT_S);
     *res = (struct result){PASS, ""};
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0)
-        run_child(t, s);
+        run_child(t);
     if (pid < 0) {
         snprintf(reason, SRT_REASON_MAX, "fork: %s", strerror(errno));
         return FAIL;
