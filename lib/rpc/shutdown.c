@@ -1,6 +1,6 @@
 /* Graceful shutdown: a barrier, the RRef steps, then quiescence detection
  * (leader: rank 0), the RRef leak check, and a final barrier. The order is
- * ARCHITECTURE.md §6's (the modules' steps, e.g. RRefs', run through module.h):
+ * the one docs/API.md gives for sr_shutdown (the modules' steps, e.g. RRefs', run through module.h):
  *   barrier; no pending RRef user or child here, then delete every UserRRef
  *   on its owner; barrier (every delete has been sent); quiescence (every
  *   delete has been applied: RRef messages are counted like calls); the leak

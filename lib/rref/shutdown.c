@@ -1,6 +1,6 @@
 /* The RRef steps of graceful shutdown, the leak check, and local teardown.
  *
- * lib/rpc/shutdown.c runs, in order (ARCHITECTURE.md §6):
+ * lib/rpc/shutdown.c runs, in order (docs/API.md, sr_shutdown; docs/RREF.md):
  *   1. a barrier with every worker;
  *   2. sr__rref_shutdown_users: wait until this worker has no pending user,
  *      no pending child and no unacknowledged control message, then
