@@ -34,7 +34,7 @@
 #define BIG_BYTES (64u << 20)
 #define BIG_CALLS 12
 #define BIG_WARM 2
-#define FRAME_BYTES 64 /* a no-op request's frame: the head and no part (lib/mpi/mpi_tport.c) */
+#define FRAME_BYTES 64 /* a no-op request's frame: the head and no part (lib/transport/mpi/mpi_tport.c) */
 
 static int rank;
 

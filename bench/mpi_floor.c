@@ -6,7 +6,7 @@
  *          [--rounds R] [--big-iters N] [pingpong] [transfer]
  *
  * pingpong  round trip of --size bytes (default 64: a no-op request's frame
- *           across hosts, its 64-byte head and no part, lib/mpi/mpi_tport.c)
+ *           across hosts, its 64-byte head and no part, lib/transport/mpi/mpi_tport.c)
  *           and of 64 B, the ways a nonblocking transport can make it:
  *             isend+improbe  MPI_Isend completed by polling MPI_Test; the
  *                            receiver polls MPI_Improbe, then MPI_Mrecv

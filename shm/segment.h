@@ -14,7 +14,7 @@
  * are read-only. The memory is freed by the kernel when the last process
  * holding the fd or a mapping goes, so no file is ever left behind.
  *
- * Partial attach (MPI, lib/mpi/mpi_job.h): a segment is laid out for the
+ * Partial attach (MPI, lib/transport/mpi/mpi_job.h): a segment is laid out for the
  * whole world, but only the ranks of one host attach to it. The creator marks
  * each worker line (attaches = 1 for this host's ranks) and writes their
  * count in the header; the start barrier counts those ranks only, and the

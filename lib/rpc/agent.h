@@ -27,7 +27,7 @@
  * The token's states are the agent's (one token covers every transport's
  * inbox); the doorbell side of each step (announcing AWAKE, SLEEPING or
  * SLEEPING_USER, the D2 fence and re-check, the sleeps on segment words,
- * kicks) is the transport's, behind its ops (shm/transport.h: hold, park,
+ * kicks) is the transport's, behind its ops (lib/transport/transport.h: hold, park,
  * hold_sleep, sleep, sleep_aside, kick, poke, nudge).
  *
  * Nested waits. Completions run callbacks on the thread that completes the
@@ -109,7 +109,7 @@ struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
 #define BURST 32
 
-struct sr_mpi_job; /* lib/mpi/mpi_job.h: built with SR_HAVE_MPI only */
+struct sr_mpi_job; /* lib/transport/mpi/mpi_job.h: built with SR_HAVE_MPI only */
 
 typedef struct sr_agent {
     sr_xport *x;              /* the shared-memory transport (attach/detach, api.c; not used by agent.c) */

@@ -1,4 +1,4 @@
-/* The MPI bootstrap under mpirun (lib/mpi/boot.c, mpi_job.h). Run by
+/* The MPI bootstrap under mpirun (lib/transport/mpi/boot.c, mpi_job.h). Run by
  * tests/meson.build as `mpirun -n 4 boot_check MODE`:
  *
  *   rpc       sr_init as an ordinary program does, with SHMRPC_HOSTS=k

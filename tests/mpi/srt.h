@@ -3,7 +3,7 @@
  * instead of sr_spawn: every rank of the runner's job runs each test body;
  * a job of `world` workers is the runner's first `world` ranks, each
  * running its worker function in its own process (sr_init under mpirun,
- * on a sub-communicator: lib/mpi/mpi_job.h's sr__mpi_use_comm).
+ * on a sub-communicator: lib/transport/mpi/mpi_job.h's sr__mpi_use_comm).
  *
  * The collective calls below (srt_run, srt_shared_page, srt_shared_pipe)
  * are made by every rank in the same order, which holds because every rank

@@ -7,17 +7,17 @@
  * (sr_agent.self). A second transport (MPI, issue 13) is a new file that
  * fills an ops table; nothing of the agent changes but the choice per peer.
  *
- * The header lives in shm/ because the shared-memory transport (shm/
- * xport_tport.c, over shm/xport.c) implements it and shm/ must not depend on
- * lib/rpc; the interface names no shared-memory type but sr_msg (the 64-byte
- * slot framing, ring.h).
+ * The header lives in the transport layer (lib/transport), below lib/rpc:
+ * the shared-memory transport (shm/xport_tport.c, over shm/xport.c)
+ * implements it; the interface names no shared-memory type but sr_msg (the
+ * 64-byte slot framing, ring.h).
  *
  * Framing: a message is one sr_msg (its 64-byte head) and its parts: the
  * byte ranges outside the slot that it refers to (the payload's heap block,
  * and the blocks of the tensors the payload names, payload.h). Within a host
  * the parts travel by reference: the head carries heap offsets, valid for
  * every worker of the segment. A transport whose peers do not share our heap
- * (caps SR_TPORT_COPIES: MPI between hosts, lib/mpi/mpi_tport.c) carries a
+ * (caps SR_TPORT_COPIES: MPI between hosts, mpi/mpi_tport.c) carries a
  * message whole, the head and every part's bytes, whatever their length, and
  * the receiver materialises each part as a block of its own heap and
  * rebinds the head (and the payload) to those blocks, so that what it

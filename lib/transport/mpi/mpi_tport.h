@@ -1,5 +1,5 @@
 /* The MPI transport (internal; built with SR_HAVE_MPI): the seam's
- * (shm/transport.h) instance that reaches the ranks of other hosts.
+ * (lib/transport/transport.h) instance that reaches the ranks of other hosts.
  *
  * Wire: one message is a frame (tag SR_MPI_TAG_FRAME): the 64-byte head,
  * the count and lengths of its parts, and the bytes of the small parts; each
