@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "rpc/agent.h"
+#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rpc_harness.h"
 #include "segment.h"
 
@@ -151,7 +152,7 @@ Test(outq, full_destination_never_delays_another)
 /* Sends into a full inbox: every one counts (xport.c, st.full). */
 static uint64_t full_sends(void)
 {
-    return atomic_load_explicit(&sr__agent->x->st.full, memory_order_relaxed);
+    return atomic_load_explicit(&sr__transport_xport(sr__agent->tports)->st.full, memory_order_relaxed);
 }
 
 static int event_body(void)
@@ -211,7 +212,7 @@ static int queued_timeout_body(void)
     WEXPECT_ERR(rc, -ETIMEDOUT, "the inbox of worker1 has been full for");
     /* The ring is full and worker1 reads nothing: the slot at tail is its
      * head's, untouched meanwhile. Scrambled, the timeout says so. */
-    struct sr_ring *r = sr__agent->x->peers[1].inbox;
+    struct sr_ring *r = sr__transport_xport(sr__agent->tports)->peers[1].inbox;
     _Atomic uint32_t *seq = &r->slots[atomic_load(&r->tail) & r->mask].seq;
     uint32_t good = atomic_load(seq);
     atomic_store(seq, good + 5);
@@ -279,7 +280,7 @@ static int scenario_corrupt(int rank, int world)
         return 0;
     signal(SIGALRM, watchdog);
     alarm(EVENT_WAIT_S + 10); /* before worker1's shutdown gives up (60 s) */
-    struct sr_ring *r = sr__agent->x->peers[1].inbox;
+    struct sr_ring *r = sr__transport_xport(sr__agent->tports)->peers[1].inbox;
     sr_value *v = NULL;
     int rc = sr_rpc_sync(1, "seven", SR_NOARGS, EVENT_WAIT_S, &v);
     sr_value_unref(v);

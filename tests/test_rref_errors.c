@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "rpc/agent.h"
+#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rref/rref_internal.h"
 #include "rref_fns.h"
 
@@ -249,7 +250,7 @@ static int child_dies_parent(void)
     WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     if (expect_pair(r, 4)) /* confirmed: rank 0 is a user of rank 1's RRef */
         return 1;
-    pid_t owner = sr_seg_worker(&sr__agent->x->seg, 1)->pid;
+    pid_t owner = sr_seg_worker(&sr__transport_xport(sr__agent->tports)->seg, 1)->pid;
     WCHECK(kill(owner, SIGSTOP) == 0 && process_stopped(owner), "rank 1 (pid %d) did not stop", (int)owner);
     sr_value *rv = sr_rref_value(r);
     /* rank 2 decodes the RRef (unannounced: its call has not ended) and

@@ -200,7 +200,7 @@ Test(shm_trust, corrupt_sequence_in_own_inbox_is_reported_not_slept_on)
 
 static int fn_scribble_caller(sr_call *c)
 {
-    sr_xport *x = sr__agent->x; /* alive: this function runs inside the job */
+    sr_xport *x = sr__transport_xport(sr__agent->tports); /* alive: this function runs inside the job */
     struct sr_ring *r = sr_seg_inbox(&x->seg, sr_call_caller(c));
     for (uint32_t i = 0; i < x->seg.ring_slots; i++)
         atomic_fetch_add(&r->slots[i].seq, SCRIBBLE);

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "rpc/agent.h"
+#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(sleep_writes);
@@ -69,7 +70,7 @@ static int fn_noop(sr_call *c) { return sr_call_return(c, sr_none()); }
 /* The header page(s), read-only in this process (on), or writable again. */
 static int protect_header(bool on)
 {
-    sr_segment *s = &sr__agent->x->seg;
+    sr_segment *s = &sr__transport_xport(sr__agent->tports)->seg;
     header_lo = (uintptr_t)s->base;
     header_hi = header_lo + SR_SEG_HEADER_SIZE;
     if (on) {
@@ -82,7 +83,7 @@ static int protect_header(bool on)
 /* Wait (bounded) until the progress thread of `rank` sleeps on its doorbell. */
 static bool asleep(int rank)
 {
-    _Atomic uint32_t *bell = &sr_seg_worker(&sr__agent->x->seg, rank)->doorbell;
+    _Atomic uint32_t *bell = &sr_seg_worker(&sr__transport_xport(sr__agent->tports)->seg, rank)->doorbell;
     int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
     while (atomic_load(bell) != SR_DOORBELL_SLEEPING)
         if (now_ns() > deadline)
@@ -109,7 +110,8 @@ static int sleeper(int rank, int world, void *arg)
     setenv("SHMRPC_SPIN_NS", "0", 1); /* every wait sleeps */
     sr_register("noop", fn_noop);
     WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
-    WCHECK(sr__agent->x->seg.table_off >= SR_SEG_HEADER_SIZE, "the worker table starts inside the header page");
+    WCHECK(sr__transport_xport(sr__agent->tports)->seg.table_off >= SR_SEG_HEADER_SIZE,
+           "the worker table starts inside the header page");
     WCHECK(protect_header(true) == 0, "mprotect: %s", strerror(errno));
     int rc = 0;
     if (rank == 1) { /* worker0's progress thread and executor wake and sleep; so does this caller */

@@ -16,7 +16,6 @@
 
 #include "error.h"
 #include "futex.h"
-#include "heap.h"
 #include "payload.h"
 #include "reorder.h"
 #include "module.h"
@@ -127,7 +126,7 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !a->tp[to]->ops->peer_gone(a->tp[to], to))
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_tport_peer_gone(a->tp[to], to))
         return sr__reorder_hold(a, to, m);
     return sr__agent_send_now(a, to, m);
 }
@@ -146,7 +145,7 @@ void sr__agent_kick(sr_agent *a)
 {
     /* release: pairs with K3, so a generation seen means its deadline is seen */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    a->self->ops->kick(a->self);
+    a->wake->kick(a->self);
 }
 
 /* K2: the timers changed since the progress thread armed its sleep. */
@@ -162,7 +161,8 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
     sr__marshal_handoff(m);
     if (a->reorder || sr__outq_busy(&a->outq, to))
         return sr__agent_send(a, to, m);
-    int rc = a->tp[to]->ops->send_quiet(a->tp[to], to, m);
+    sr_tport *t = a->tp[to];
+    int rc = t->ops->wake ? t->ops->wake->send_quiet(t, to, m) : t->ops->send(t, to, m); /* no wake: none to spare */
     return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
 }
 
@@ -181,7 +181,7 @@ int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 
 bool sr__agent_shares_heap(const sr_agent *a, int rank)
 {
-    return rank >= 0 && rank < a->world && a->tp[rank] == a->self;
+    return rank >= 0 && rank < a->world && !(a->tp[rank]->caps & SR_TPORT_COPIES);
 }
 
 /* ---- polling ------------------------------------------------------------- */
@@ -194,7 +194,7 @@ static bool inbox_ready(const sr_agent *a)
            (a->remote && a->remote->ops->pending(a->remote));
 }
 
-/* The same, or a space event (xport.h): the spin loops' check. */
+/* The same, or a space event (transport.h, flow): the spin loops' check. */
 static bool poll_ready(const sr_agent *a)
 {
     return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self) ||
@@ -205,7 +205,7 @@ static bool poll_ready(const sr_agent *a)
  * idle the rings are (its producers ring no doorbell): -1 never. */
 static int64_t remote_due(const sr_agent *a)
 {
-    if (sr_likely(!a->remote))
+    if (sr_likely(!a->remote) || !a->remote->ops->poll_ns)
         return -1;
     int64_t ns = a->remote->ops->poll_ns(a->remote);
     return ns < 0 ? -1 : sr_now_ns() + ns;
@@ -233,8 +233,7 @@ static unsigned poll_burst(sr_agent *a, enum sr_poll_mode mode)
         a->burst_n = recv_all(a);
         if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
             inbox_lost(a);
-        if (!a->burst_n) { /* idle: take back the blocks peers released (one load when there are none) */
-            sr_heap_drain();
+        if (!a->burst_n) { /* idle (the transport took back the blocks peers released) */
             sr__outq_service(a); /* a full inbox we queue for freed slots: one load when none did */
             return 0;
         }
@@ -266,7 +265,7 @@ static bool user_take(sr_agent *a)
     /* relaxed: a heuristic read by the progress thread */
     atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
     /* We poll now: producers need not wake the parked progress thread. */
-    a->self->ops->hold(a->self);
+    a->wake->hold(a->self);
     return true;
 }
 
@@ -290,14 +289,14 @@ static bool user_release(sr_agent *a)
             /* seq_cst (a release at least): our consumption happens-before
              * the next holder's; T2 for token_freed */
             atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
-            a->self->ops->kick(a->self); /* the progress thread sleeps aside (progress_wait_token) */
+            a->wake->kick(a->self); /* the progress thread sleeps aside (progress_wait_token) */
             token_freed();
             break;
         }
         /* The progress thread is parked on the inbox: announce its sleep
          * again and re-check, after the transport's fence (D2), the inbox, a
          * space event, the rest of our burst and the departures (park_busy). */
-        if (!a->self->ops->park(a->self, park_busy, a)) {
+        if (!a->wake->park(a->self, park_busy, a)) {
             if (inbox_ready(a) || sr_tport_space_kicked(a->self))
                 return false;
             /* A departure published while we polled rang an AWAKE doorbell
@@ -375,7 +374,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             sr__agent_check_exits(a);
             continue;
         }
-        if (!spin_for(a, f, a->self->ops->spin_budget(a->self)))
+        if (!spin_for(a, f, a->wake->spin_budget(a->self)))
             return 1; /* idle: sleep on the future instead */
     }
 }
@@ -384,7 +383,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
  * token while it does (only while spinning is allowed). */
 static bool steal_from_progress(sr_agent *a, sr_future *f)
 {
-    if (!a->self->ops->spin_budget(a->self))
+    if (!a->wake->spin_budget(a->self))
         return false;
     /* relaxed: a hint for the spinning progress thread */
     atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
@@ -401,7 +400,7 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
  * on the inbox): the waiters re-check what they wait for (transport.h, poke). */
 static void agent_poke(sr_agent *a)
 {
-    a->self->ops->poke(a->self);
+    a->wake->poke(a->self);
 }
 
 /* The futures' wake hook: a future that a poller sleeps on completed. */
@@ -514,7 +513,7 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     _Atomic uint32_t *fw = NULL;
     uint32_t fv = 0;
     bool waitv = t->caps & SR_TPORT_SLEEP_WORD;
-    t->ops->recv_burst(t, NULL, 0); /* free held slots before sleeping (ring.h) */
+    t->ops->recv_burst(t, NULL, 0); /* free held slots before sleeping (transport.h, recv_burst) */
     if (waitv ? !sr__future_wait_word(f, &fw, &fv) : !sr__future_arm_wake(f))
         return true; /* done, or its state moved: poll again */
     /* relaxed: a lower bound; a deadline lowered after this read kicks the
@@ -522,11 +521,11 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     int64_t due = earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
     struct hold_ctx c = {a, f, earlier(due, remote_due(a))};
     /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
-    if (t->ops->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
+    if (a->wake->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
     /* A deadline that passed by the precise clock but not yet by the coarse
      * one of expire_due: expire now rather than poll until the tick. */
-    if (due >= 0 && sr_now_ns() >= due) /* not for the MPI poll's deadline: nothing is due then */
+    if (due >= 0 && sr_now_ns() >= due) /* not for the polled transport's deadline: nothing is due then */
         sr__calls_expire(a, sr_now_ns());
     return true;
 }
@@ -724,7 +723,7 @@ static int progress_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
         return 0;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    return a->self->ops->sleep_aside(a->self, earlier(next_deadline(a), deadline), token_back, &c);
+    return a->wake->sleep_aside(a->self, earlier(next_deadline(a), deadline), token_back, &c);
 }
 
 /* Called by the waiter after announcing sleep: park, unless there is work. */
@@ -756,8 +755,8 @@ static int claim_gone(sr_agent *a)
     int first = -1;
     uint32_t seq = 0;
     for (int r = 0; r < a->world; r++)
-        if (r != a->rank && !a->gone[r] && a->tp[r]->ops->peer_gone(a->tp[r], r)) {
-            uint32_t s = a->tp[r]->ops->exit_order(a->tp[r], r);
+        if (r != a->rank && !a->gone[r] && sr_tport_peer_gone(a->tp[r], r)) {
+            uint32_t s = a->tp[r]->ops->live->exit_order(a->tp[r], r);
             if (first < 0 || s < seq)
                 first = r, seq = s;
         }
@@ -774,17 +773,18 @@ static void peer_gone(sr_agent *a, int r)
 {
     char text[256], how[128];
     sr_tport *t = a->tp[r];
-    t->ops->gone_text(t, r, text, sizeof(text));
-    t->ops->exit_text(t, r, how, sizeof(how));
+    const struct sr_tport_live *l = t->ops->live; /* r's exit was published: the group exists */
+    l->gone_text(t, r, text, sizeof(text));
+    l->exit_text(t, r, how, sizeof(how));
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
     sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
-    if (t->ops->left_gracefully(t, r))
+    if (l->left_gracefully(t, r))
         return;
     sr__modules_peer_died(r, text);
     sr__ctrl_peer_gone(a, r, text);
 }
 
-/* Our own inbox is corrupt (xport.h): nothing can be read from it again,
+/* Our own inbox is corrupt (transport.h, inbox_text): nothing can be read from it again,
  * so no answer, acknowledgement or release sent to us can arrive. Fail at
  * once every wait that needs one, naming this worker and the corruption:
  * the calls in flight, and every later call at its begin (calls.c); the
@@ -841,7 +841,6 @@ static void handle_events(sr_agent *a)
         sr__calls_expire(a, now);
     if (a->reorder)
         sr__reorder_pump(a, now);
-    sr_heap_drain();
 }
 
 /* Spin only while no user thread polls: a user waiting for a response is
@@ -855,7 +854,7 @@ static int64_t progress_spin_budget(sr_agent *a)
         a->seen_user_polls = polls;
         return 0;
     }
-    return a->self->ops->spin_budget(a->self);
+    return a->wake->spin_budget(a->self);
 }
 
 /* f, deadline: a nested wait's (NULL, -1 at the top level). */
@@ -877,7 +876,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
         return;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    a->self->ops->sleep(a->self, earlier(earlier(next_deadline(a), deadline), remote_due(a)), park_ready, &c);
+    a->wake->sleep(a->self, earlier(earlier(next_deadline(a), deadline), remote_due(a)), park_ready, &c);
     handle_events(a);
 }
 
@@ -892,7 +891,7 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
         handle_events(a);
         /* Quiet messages (acknowledgements) ring nobody: wake a user
          * asleep on the inbox to read them (nothing if it polls). */
-        a->self->ops->nudge(a->self);
+        a->wake->nudge(a->self);
         sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
         return;
     }
@@ -973,6 +972,6 @@ void sr__agent_stop(sr_agent *a)
 {
     /* release: pairs with the progress thread's acquire load */
     atomic_store_explicit(&a->stopping, true, memory_order_release);
-    a->self->ops->stop(a->self); /* also ends an aside sleep */
+    a->wake->stop(a->self); /* also ends an aside sleep */
     pthread_join(a->progress, NULL);
 }

@@ -15,8 +15,8 @@
  *                 response wakes its caller directly.
  *   USER_WAITING  as USER, but the progress thread woke (a timer, a kick or a
  *                 peer's death) and now sleeps aside in its io_uring on those
- *                 alone (sr_waiter_sleep_aside), with no periodic timer: the
- *                 releasing user hands the token over with sr_waiter_kick.
+ *                 alone (the transport's sleep_aside), with no periodic timer:
+ *                 the releasing user hands the token over with a kick.
  *   FREE          transient.
  * Releasing a USER token re-announces SLEEPING on the doorbell, fences, and
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
@@ -27,7 +27,7 @@
  * The token's states are the agent's (one token covers every transport's
  * inbox); the doorbell side of each step (announcing AWAKE, SLEEPING or
  * SLEEPING_USER, the D2 fence and re-check, the sleeps on segment words,
- * kicks) is the transport's, behind its ops (lib/transport/transport.h: hold, park,
+ * kicks) is the transport's, behind its wake ops (transport.h: hold, park,
  * hold_sleep, sleep, sleep_aside, kick, poke, nudge).
  *
  * Nested waits. Completions run callbacks on the thread that completes the
@@ -81,8 +81,9 @@
 #include "module.h"
 #include "outq.h"
 #include "shmrpc/rpc.h"
+#include "transport.h"
+#include "waiter.h" /* the clocks: sr_now_ns, sr_now_coarse_ns */
 #include "wire.h"
-#include "xport.h"
 
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
 
@@ -109,20 +110,18 @@ struct sr_reorder; /* test-only delivery mode (reorder.h) */
 
 #define BURST 32
 
-struct sr_mpi_job; /* lib/transport/mpi/mpi_job.h: built with SR_HAVE_MPI only */
-
 typedef struct sr_agent {
-    sr_xport *x;              /* the shared-memory transport (attach/detach, api.c; not used by agent.c) */
-    struct sr_mpi_job *mpi;   /* launched by mpirun: the job (mpi_job.h), booted before x attached and
-                                 finished after it detached (api.c); NULL otherwise */
-    /* The transport seam (transport.h): the instance whose inbox the token
-     * holder consumes and whose waits it sleeps in, and per peer the
-     * instance that reaches it (today all are self). Set at init. */
+    /* The transports (transport.h), opened by sr_init and closed after the
+     * agent's threads stopped (api.c). self: the home instance, whose inbox
+     * the token holder consumes and whose sleeps it sleeps in; wake: its
+     * wake-up group (home always has one). tp: per peer the instance that
+     * reaches it. remote: the polled instance (a copying transport reaching
+     * the peers home does not), or NULL: the token holder polls it after
+     * self, and bounds its sleeps by its poll_ns. */
+    sr_transports *tports;
     sr_tport *self;
-    sr_tport **tp;            /* [world] */
-    /* The instance of a copying transport (SR_TPORT_COPIES: MPI) that
-     * reaches the peers on other hosts, or NULL: the token holder polls it
-     * after self, and bounds its sleeps by its poll_ns (transport.h). */
+    const struct sr_tport_wake *wake;
+    sr_tport *const *tp;      /* [world] */
     sr_tport *remote;
     int rank, world;
     uint64_t epoch;           /* set by sr__agent_publish: tells agents apart */
@@ -241,7 +240,7 @@ void sr__agent_stop(sr_agent *a);
 int sr__agent_send(sr_agent *a, int to, sr_msg *m);
 /* Send now, bypassing the reordering mode (it releases held messages here). */
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m);
-/* Send without waking the destination (sr_xport_send_quiet): for answers
+/* Send without waking the destination (the transport's send_quiet): for answers
  * nobody blocks on, read whenever the destination next polls. */
 int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m);
 /* Wake the progress thread so that it re-arms its timer (a deadline it does

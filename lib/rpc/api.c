@@ -5,13 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 
 #include "agent.h"
 #include "codec.h"
 #include "ext.h"
 #include "error.h"
-#include "heap.h"
 #include "payload.h"
 #include "probe.h"
 #include "registry.h"
@@ -19,10 +17,6 @@
 #include "timeout.h"
 #include "module.h"
 #include "marshal.h"
-#ifdef SR_HAVE_MPI
-#include "mpi/mpi_job.h"
-#include "mpi/mpi_tport.h"
-#endif
 
 #define CALL_SLOTS 65536
 
@@ -41,42 +35,21 @@ static int name_check(const char *n)
     return 0;
 }
 
-/* Launched by mpirun over several (pretend) hosts: the MPI transport
- * reaches the ranks of the other hosts (a collective: every rank of the job
- * creates it, or none). */
-static int remote_transport(sr_agent *a, const char *name)
-{
-#ifdef SR_HAVE_MPI
-    if (!a->mpi || a->mpi->nhosts < 2)
-        return 0;
-    int rc = sr__mpi_tport_create(a->mpi, name, &a->remote);
-    if (rc)
-        return rc;
-    a->remote->marshal = &sr__rpc_marshal;
-    /* The sleeps bounded by its poll interval (from 5 microseconds) must
-     * not be stretched by the default 50 us timer slack; the runtime's
-     * threads, created after this, inherit it. */
-    prctl(PR_SET_TIMERSLACK, 1000UL);
-    for (int r = 0; r < a->world; r++)
-        if (a->mpi->host_of[r] != a->mpi->host)
-            a->tp[r] = a->remote;
-#else
-    (void)a, (void)name;
-#endif
-    return 0;
-}
-
-/* The transport that reaches each peer (transport.h): the shared-memory
- * one within the host, the MPI one across hosts. */
+/* The transports (transport.h): which instance reaches each peer is the
+ * transport layer's choice. */
 static int transports(sr_agent *a, const char *name)
 {
-    a->self = sr_xport_transport(a->x);
-    a->tp = calloc((size_t)a->world, sizeof(*a->tp));
-    if (!a->tp)
-        return sr__fail(-ENOMEM, "sr_init", "out of memory");
-    for (int r = 0; r < a->world; r++)
-        a->tp[r] = a->self;
-    return remote_transport(a, name);
+    struct sr_transport_opts to = {.name = name, .marshal = &sr__rpc_marshal};
+    int rc = sr__transport_open(&to, &a->tports);
+    if (rc)
+        return rc;
+    a->rank = sr__transport_rank(a->tports);
+    a->world = sr__transport_world(a->tports);
+    a->self = sr__transport_home(a->tports);
+    a->wake = a->self->ops->wake;
+    a->tp = sr__transport_peers(a->tports);
+    a->remote = sr__transport_polled(a->tports);
+    return 0;
 }
 
 static int collect_names(sr_agent *a)
@@ -101,53 +74,14 @@ static void agent_free(sr_agent *a)
     sr__reorder_destroy(a);
     if (a->slots)
         sr__calls_fini(a);
-#ifdef SR_HAVE_MPI
-    sr__mpi_tport_destroy(a->remote); /* first: its sends still in flight drop their parts in the heap */
-#endif
-    if (a->x) {
-        sr_heap_detach();
-        sr_xport_detach(a->x);
-    }
-#ifdef SR_HAVE_MPI
-    if (a->mpi)
-        sr__mpi_job_fini(a->mpi);
-#endif
-    free(a->mpi);
+    sr__transport_close(a->tports);
     free(a->names);
-    free(a->tp);
     free(a->gone);
     free(a->ctl_in);
     pthread_mutex_destroy(&a->gone_lock);
     pthread_mutex_destroy(&a->ctl_lock);
     sr__outq_fini(a);
     free(a);
-}
-
-/* Not under shmrun or sr_spawn (env: -ENOENT): under mpirun, the MPI
- * bootstrap (mpi_job.h) makes this host's segment and sets the launch
- * environment, which then names it. */
-static int launch_env(sr_agent *a, struct sr_launch_env *env)
-{
-    int rc = sr__launch_env_get(env);
-#ifdef SR_HAVE_MPI
-    if (rc != -ENOENT || !sr__mpi_launched())
-        return rc;
-    if (!(a->mpi = calloc(1, sizeof(*a->mpi))))
-        return sr__fail(-ENOMEM, "sr_init", "out of memory");
-    if ((rc = sr__mpi_boot(a->mpi))) {
-        free(a->mpi);
-        a->mpi = NULL;
-        return rc;
-    }
-    return sr__launch_env_get(env);
-#else
-    (void)a;
-    if (rc == -ENOENT && (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK")))
-        return sr__fail(-ENOTSUP, "sr_init",
-                        "shmrpc was built without MPI support: rebuild it with Open MPI (libopenmpi-dev, meson "
-                        "-Dmpi=enabled) to run under mpirun, or launch the program with shmrun");
-    return rc;
-#endif
 }
 
 static int agent_create(const sr_init_opts *o, sr_agent **out)
@@ -159,10 +93,10 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     pthread_mutex_init(&a->ctl_lock, NULL);
     pthread_mutex_init(&a->gone_lock, NULL);
     a->ctl_gone_rank = -1;
-    struct sr_launch_env env;
     int rc = 0;
-    /* A name given is checked before anything else: under mpirun the
-     * bootstrap is collective, and a rank refused alone must not enter it. */
+    /* A name given is checked before anything else: the transports' opening
+     * may be collective (a launcher's bootstrap), and a rank refused alone
+     * must not enter it. */
     if (o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* before copying: never truncate */
         rc = sr__fail(-EINVAL, "sr_init", "Worker name must be shorter than %d characters, got %zu: '%.40s...'",
                       SR_NAME_MAX, strlen(o->name), o->name);
@@ -171,17 +105,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = name_check(name);
     }
     if (!rc)
-        rc = launch_env(a, &env);
-    if (!rc && !o->name)
-        snprintf(name, sizeof(name), "worker%d", env.rank);
-    sr_xport_opts xo = {.name = name, .publish_exits = a->mpi != NULL}; /* under mpirun no supervisor publishes exits */
-    if (!rc)
-        rc = sr_xport_attach(&xo, &a->x);
-    if (!rc) {
-        a->rank = a->x->rank;
-        a->world = a->x->world;
-        rc = transports(a, name);
-    }
+        rc = transports(a, o->name ? name : NULL);
     if (!rc)
         rc = collect_names(a);
     if (!rc && (!(a->gone = calloc((size_t)a->world, sizeof(bool))) ||

@@ -42,10 +42,10 @@ bool sr__rpc_reordering(void) { return atomic_load_explicit(&live_reorder, memor
 bool sr__rpc_peer_gone(int rank, char *why, size_t len)
 {
     sr_agent *a = sr__agent_peek();
-    if (!a || rank < 0 || rank >= a->world || !a->tp[rank]->ops->peer_gone(a->tp[rank], rank))
+    if (!a || rank < 0 || rank >= a->world || !sr_tport_peer_gone(a->tp[rank], rank))
         return false;
     if (why)
-        a->tp[rank]->ops->gone_text(a->tp[rank], rank, why, len);
+        a->tp[rank]->ops->live->gone_text(a->tp[rank], rank, why, len);
     return true;
 }
 

@@ -82,7 +82,7 @@ static int drain(sr_agent *a, int to, struct sr_outq_dest *d, bool armed)
             atomic_fetch_add_explicit(&q->full_retries, 1, memory_order_relaxed); /* relaxed: statistics */
             if (armed)
                 return -EAGAIN;
-            a->tp[to]->ops->space_arm(a->tp[to], to); /* W1 (ring.h), then one more try */
+            a->tp[to]->ops->flow->space_arm(a->tp[to], to); /* W1 (ring.h), then one more try; -EAGAIN: flow */
             armed = true;
             continue;
         }
@@ -145,7 +145,8 @@ int sr__outq_push(sr_agent *a, int to, const sr_msg *m)
         /* Register for the space event before the retry (W1): either the
          * retry finds room, or the consumer will kick us. No doorbell of our
          * own to ring, no timer to arm. */
-        a->tp[to]->ops->space_arm(a->tp[to], to);
+        if (a->tp[to]->ops->flow) /* without it the send that queued this never said full */
+            a->tp[to]->ops->flow->space_arm(a->tp[to], to);
         rc = drain(a, to, d, true);
         if (rc != -EAGAIN) {
             unlink_busy(q, d);
@@ -205,7 +206,7 @@ static void flush_all(sr_agent *a)
 
 void sr__outq_service(sr_agent *a)
 {
-    if (sr_likely(!sr_tport_space_kicked(a->self)) || !a->self->ops->space_take(a->self))
+    if (sr_likely(!sr_tport_space_kicked(a->self)) || !a->self->ops->flow->space_take(a->self)) /* kicked: flow */
         return;
     atomic_fetch_add_explicit(&a->outq.space_wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     flush_all(a);
@@ -237,7 +238,8 @@ size_t sr__outq_describe(sr_agent *a, int to, char *buf, size_t n)
     if (!queued)
         return 0;
     int len;
-    if (a->tp[to]->ops->probe(a->tp[to], to) == -EPROTO) /* never drains: say why */
+    const struct sr_tport_flow *fl = a->tp[to]->ops->flow;
+    if (fl && fl->probe(a->tp[to], to) == -EPROTO) /* never drains: say why */
         len = snprintf(buf, n, "; %u message%s for %s still wait on %s, because %s", queued, queued == 1 ? "" : "s",
                        a->names[to], a->names[a->rank], sr_last_error());
     else

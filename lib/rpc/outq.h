@@ -8,11 +8,12 @@
  * queueing; nothing in the protocols relies on more, see reorder.h).
  *
  * No timer. A queue waits for an event: when a send finds the inbox full, the
- * queue registers with that ring (sr_xport_space_arm) and retries once; the
- * ring's consumer, when it frees slots, kicks this worker (space_kick, then
- * its doorbell); whoever polls this worker's inbox sees the kick and calls
- * sr__outq_service, which retries every destination with queued messages.
- * (xport.h, space events, and ring.h, W1/W2, give the handshakes.) A queue
+ * queue registers for its space event (the transport's flow->space_arm) and
+ * retries once; the ring's consumer, when it frees slots, kicks this worker
+ * (space_kick, then its doorbell); whoever polls this worker's inbox sees the
+ * kick and calls sr__outq_service, which retries every destination with
+ * queued messages. (transport.h, flow, and ring.h, W1/W2, give the
+ * handshakes; only a transport with flow ever says full.) A queue
  * whose destination never drains keeps its messages; the calls they carry
  * fail at their deadline (sr__outq_describe adds why). A destination whose
  * inbox turns out corrupt (-EPROTO) or dead (-EPIPE) has its queue dropped
@@ -70,11 +71,11 @@ static inline bool sr__outq_busy(const sr_outq *q, int to)
 }
 
 /* Queue m for `to` (m->src already stamped) and try to send the queue's head
- * at once. 0, or -errno (-ENOMEM; the send errors of sr_xport_send other
+ * at once. 0, or -errno (-ENOMEM; the send errors of the transport's send other
  * than -EAGAIN when the message could not be queued). */
 int sr__outq_push(struct sr_agent *a, int to, const sr_msg *m);
 
-/* On a space kick (sr_xport_space_kicked): take it and retry every queue.
+/* On a space kick (sr_tport_space_kicked): take it and retry every queue.
  * One relaxed load when there is none. Calls no user code with the lock held. */
 void sr__outq_service(struct sr_agent *a);
 

@@ -6,7 +6,7 @@
  *     if (sr__probing()) ...;
  * one relaxed load of a word that is almost never written, and one branch
  * the CPU predicts: that is the whole cost while profiling is off. A build
- * with -Dprobes=false (SR_NO_PROBES) compiles every point out; bench_rpc
+ * with -Dprobes=false (SR_NO_PROBES) builds without any point; bench_rpc
  * measures both (docs/PERFORMANCE.md, "Profiling off").
  *
  * The ops run on the thread of the event, must not block and must not call

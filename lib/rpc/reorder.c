@@ -126,8 +126,8 @@ void sr__reorder_pump(sr_agent *a, int64_t now)
         if (sr__agent_send_now(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
             char how[128] = "could not be reached";
             sr_tport *t = a->tp[h->to];
-            if (t->ops->peer_gone(t, h->to))
-                t->ops->exit_text(t, h->to, how, sizeof(how));
+            if (sr_tport_peer_gone(t, h->to))
+                t->ops->live->exit_text(t, h->to, how, sizeof(how));
             sr__calls_fail_peer(a, h->to, how);
         }
         free(h);

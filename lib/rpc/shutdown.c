@@ -111,12 +111,12 @@ static void fail_gone(sr_agent *a, sr_future *f)
  * exit is published (X1) before that one's, so it is visible now. */
 static int first_departure(sr_agent *a, int rank)
 {
-    uint32_t seq = a->tp[rank]->ops->exit_order(a->tp[rank], rank);
+    uint32_t seq = a->tp[rank]->ops->live->exit_order(a->tp[rank], rank); /* rank's exit was published */
     for (int r = 0; r < a->world; r++) {
         sr_tport *t = a->tp[r];
-        if (r != a->rank && r != rank && t->ops->peer_gone(t, r) && !t->ops->left_gracefully(t, r) &&
-            t->ops->exit_order(t, r) < seq) {
-            seq = t->ops->exit_order(t, r);
+        if (r != a->rank && r != rank && sr_tport_peer_gone(t, r) && !t->ops->live->left_gracefully(t, r) &&
+            t->ops->live->exit_order(t, r) < seq) {
+            seq = t->ops->live->exit_order(t, r);
             rank = r;
         }
     }
@@ -130,11 +130,11 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
         int first = rank == a->rank ? rank : first_departure(a, rank);
         sr_tport *t = a->tp[first];
         a->ctl_gone_rank = first;
-        a->ctl_gone_err = first == a->rank ? -EPROTO : t->ops->left_timed_out(t, first) ? -ETIMEDOUT : -EPIPE;
+        a->ctl_gone_err = first == a->rank ? -EPROTO : t->ops->live->left_timed_out(t, first) ? -ETIMEDOUT : -EPIPE;
         if (first == rank)
             snprintf(a->ctl_gone, sizeof(a->ctl_gone), "%s", text);
         else
-            t->ops->gone_text(t, first, a->ctl_gone, sizeof(a->ctl_gone));
+            t->ops->live->gone_text(t, first, a->ctl_gone, sizeof(a->ctl_gone));
     }
     fail_gone(a, a->barrier_fut);
     fail_gone(a, a->wave_fut);
@@ -144,7 +144,7 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
      * the inbox (agent.c, holder_sleep; with futex_waitv on its future too),
      * and this may run on another thread: its D2 fence pairs with this ring's
      * D3, after the completion. */
-    a->self->ops->ring(a->self);
+    a->wake->ring(a->self);
 }
 
 /* Install a fresh future in *slot under ctl_lock (the dispatcher completes
@@ -286,15 +286,15 @@ static int steps(sr_agent *a, int64_t deadline, int *leaks, char *keep, size_t l
 
 int sr__graceful(sr_agent *a, int64_t deadline)
 {
-    a->self->ops->closing(a->self);
+    a->self->ops->live->closing(a->self); /* the home instance has every group */
     int leaks = 0;
     char keep[512];
     int rc = steps(a, deadline, &leaks, keep, sizeof(keep));
     /* Past the final barrier nobody waits for us: peers may take our exit
      * for a graceful one. A timed-out shutdown detaches as TIMED_OUT (we
      * came and gave up: peers time out too, naming who had not arrived),
-     * any other failure as LEFT (xport.h). */
-    a->self->ops->graceful(a->self, rc);
+     * any other failure as LEFT (transport.h, live->graceful). */
+    a->self->ops->live->graceful(a->self, rc);
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;

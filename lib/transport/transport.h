@@ -1,80 +1,87 @@
-/* The transport seam: how the RPC agent reaches its peers and its inbox.
+/* The transport seam: how the RPC layer reaches its peers and its inbox.
  *
- * The agent (lib/rpc/agent.c) sees a transport only through this header: an
- * instance (sr_tport) with an ops table. It keeps, per peer, the instance
- * that reaches it (sr_agent.tp[rank]; today always the shared-memory one),
- * and one instance whose inbox it consumes and whose waits it sleeps in
- * (sr_agent.self). A second transport (MPI, issue 13) is a new file that
- * fills an ops table; nothing of the agent changes but the choice per peer.
+ * The layer above sees a transport only through this header: instances
+ * (sr_tport), each with an ops table, and the set of them that one worker
+ * uses (sr_transports, opened and closed here, chosen per peer by the
+ * transport layer: lib/transport/select.c). Within a host peers are reached
+ * through the shared-memory transport (shm/: rings in the job's segment);
+ * under mpirun, ranks of other hosts through the MPI transport (mpi/).
  *
- * The header lives in the transport layer (lib/transport), below lib/rpc:
- * the shared-memory transport (shm/xport_tport.c, over shm/xport.c)
- * implements it; the interface names no shared-memory type but sr_msg (the
- * 64-byte slot framing, ring.h).
+ * The ops: a small required set that every transport has (send, recv_burst,
+ * pending, name, stats), and optional groups, each NULL where a transport
+ * has no such thing:
+ *   flow   a bounded inbox that can refuse a send (-EAGAIN) and announce
+ *          space again (space events): space_arm, probe, space_take.
+ *   wake   the consumer's sleep and the producers' wake-up handshake: quiet
+ *          sends, announcing who consumes the inbox, the sleeps, kicks.
+ *   live   peers' departures as records say how they ended, and our own.
+ *   poll_ns, inbox_text: single optional ops (below).
+ * The shared-memory transport has every group; the MPI transport has the
+ * required set and poll_ns only (its producers cannot wake our sleeps, a
+ * peer's death ends the job, and MPI never refuses a send).
  *
  * Framing: a message is one sr_msg (its 64-byte head) and its parts: the
  * byte ranges outside the slot that it refers to (the payload's heap block,
- * and the blocks of the tensors the payload names, payload.h). Within a host
- * the parts travel by reference: the head carries heap offsets, valid for
- * every worker of the segment. A transport whose peers do not share our heap
- * (caps SR_TPORT_COPIES: MPI between hosts, mpi/mpi_tport.c) carries a
- * message whole, the head and every part's bytes, whatever their length, and
- * the receiver materialises each part as a block of its own heap and
- * rebinds the head (and the payload) to those blocks, so that what it
- * decodes is exactly what a local peer would have sent. Only the agent
- * knows where a message names its parts; it hands the transport that
- * knowledge as a marshal table (struct sr_tport_marshal): the pluggable
- * tensor marshalling of issue 13.
+ * and the blocks of the tensors the payload names). Within a host the parts
+ * travel by reference: the head carries heap offsets, valid for every worker
+ * of the segment. A transport whose peers do not share our heap (caps
+ * SR_TPORT_COPIES: MPI between hosts) carries a message whole, the head and
+ * every part's bytes, whatever their length, and the receiver materialises
+ * each part as a block of its own heap and rebinds the head (and the
+ * payload) to those blocks, so that what it decodes is exactly what a local
+ * peer would have sent. Only the layer above knows where a message names
+ * its parts; it hands the transports that knowledge as a marshal table
+ * (struct sr_tport_marshal, given to sr__transport_open).
  *
- * Threads and the consumer token. Exactly one thread at a time consumes an
- * instance's inbox: the agent's token holder (agent.h). The consumer ops
- * (recv_burst, pending, inbox_text, the inbox_bad hint, hold, park,
- * hold_sleep, nudge when told "consumer") belong to it; everything else may
- * be called from any thread of the worker at once. The agent decides who
- * holds the token (its CAS states are the agent's: one token covers every
- * transport's inbox); the transport owns how the holder announces itself to
- * producers, the doorbell handshake:
- *   hold       a user thread took the inbox: producers need not wake the
- *              parked progress thread (shm: doorbell AWAKE).
- *   park       a user thread hands the inbox back to the sleeping progress
- *              thread: announce the sleep again, fence, and re-check both
- *              the inbox and the agent's busy(arg) (the Dekker handshake of
+ * Threads and the consumer. Exactly one thread at a time consumes an
+ * instance's inbox: the consumer. Who that is, and how it is handed on, is
+ * the caller's (one hand-off may cover several instances' inboxes); the
+ * consumer ops (recv_burst, pending, poll_ns, inbox_text, the inbox_bad
+ * hint, wake->hold, park, hold_sleep, sleep, sleep_aside) belong to it, and
+ * everything else may be called from any thread of the worker at once. The
+ * wake group is how a consumer announces itself to producers, the doorbell
+ * handshake:
+ *   hold       a thread other than the sleeping one (a user thread) took the
+ *              inbox and polls it: producers need not wake the sleeper
+ *              (shm: doorbell AWAKE).
+ *   park       that thread hands the inbox back to the sleeping thread:
+ *              announce the sleep again, fence, and re-check both the inbox
+ *              and the caller's busy(arg) (the Dekker handshake of
  *              doorbell.h, D2); false (announcement withdrawn) if either has
  *              work, and the caller polls again.
- *   hold_sleep the holding user thread sleeps on the inbox itself, and on one
- *              private futex word (its future's) when caps has
- *              SR_TPORT_SLEEP_WORD, until a producer wakes it, the word
- *              changes or `until` passes; busy(arg) is re-checked after D2.
- *   sleep      the progress thread (the holder) sleeps until a message, a
- *              peer's death, a kick, shutdown or the deadline; ready(arg) is
+ *   hold_sleep the holding thread sleeps on the inbox itself, and on one
+ *              private futex word when caps has SR_TPORT_SLEEP_WORD, until a
+ *              producer wakes it, the word changes or `until` passes;
+ *              busy(arg) is re-checked after D2.
+ *   sleep      the sleeping thread, consuming, sleeps until a message, a
+ *              peer's death, a kick, stop or the deadline; ready(arg) is
  *              re-checked after D2 and must report a ready inbox.
- *   sleep_aside the progress thread sleeps while a user holds the inbox, on
- *              kicks, peers' deaths, shutdown and the deadline only.
- *   kick       level-triggered: ends the progress thread's next or current
+ *   sleep_aside the sleeping thread sleeps while another holds the inbox, on
+ *              kicks, peers' deaths, stop and the deadline only.
+ *   kick       level-triggered: ends the sleeping thread's next or current
  *              sleep (either kind). poke: kick, and wake every sleeper on
- *              the inbox whatever it announced. nudge: wake a user asleep on
- *              the inbox if messages wait there (quiet sends ring nobody).
- *   stop       sticky shutdown of every sleep (sr__agent_stop).
+ *              the inbox whatever it announced. nudge: wake a holder asleep
+ *              on the inbox if messages wait there (quiet sends ring nobody).
+ *   stop       sticky: ends every sleep, now and later.
  * The memory-ordering arguments of each step are written next to its code
  * in the shared-memory implementation (shm/xport_tport.c).
  *
- * Liveness: peer_gone (published by the supervisor), exits (a generation that
- * moves with every published exit), exit_order (the order of departures),
- * gone_text / exit_text (how it ended), left_gracefully, left_timed_out. Within a host these
- * are the supervisor's exit records; pidfds only wake sleeps.
+ * Liveness (live): peer_gone (published by the supervisor), the exits hint
+ * (a generation that moves with every published exit), exit_order (the
+ * order of departures), gone_text / exit_text (how it ended),
+ * left_gracefully, left_timed_out. Within a host these are the supervisor's
+ * exit records; pidfds only wake sleeps. Without the group a peer's exit is
+ * the job's end (mpirun's abort): peer_gone is false for it.
  *
- * Several instances: the agent consumes `self` (the rings) and, when some
- * peers are on other hosts, one instance of a copying transport too
- * (sr_agent.remote): the token holder polls both, and sleeps in self's
- * sleeps. A transport whose producers cannot ring our doorbell says how soon
- * it must be polled again (poll_ns) and the agent bounds its sleeps by that.
+ * The shared heap: what a transport's messages hold or bring into the
+ * shared heap is the transport's to give back: a receive that finds the
+ * inbox empty, and a sleep that ends, take back the blocks peers released.
  *
- * Lifetime: an instance lives from its transport's attach to its detach
- * (for shm: sr_xport_attach .. sr_xport_detach; sr_xport_transport gives
- * its instance). The agent stops its threads before detaching.
+ * Lifetime: sr__transport_open .. sr__transport_close (below); the caller
+ * stops every thread that uses an instance before closing.
  */
-#ifndef SR_SHM_TRANSPORT_H
-#define SR_SHM_TRANSPORT_H
+#ifndef SR_TRANSPORT_H
+#define SR_TRANSPORT_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -90,12 +97,12 @@ struct sr_tport_stats {
     uint64_t sent, received, wakes, sleeps, full, spin_hits;
 };
 
-/* caps: what the instance's sleeps can do. */
-#define SR_TPORT_HOLD_SLEEP 0x1u /* hold_sleep exists: a holding user thread can be woken by producers */
+/* caps: what the instance's sleeps can do, and how its messages travel. */
+#define SR_TPORT_HOLD_SLEEP 0x1u /* wake->hold_sleep works: a holding thread can be woken by producers */
 #define SR_TPORT_SLEEP_WORD 0x2u /* hold_sleep also sleeps on one private futex word (futex_waitv) */
 #define SR_TPORT_COPIES 0x4u     /* peers do not share our heap: a message's parts travel as bytes (marshal) */
 
-/* Where a message's parts are (above, "Framing"); the agent's (lib/rpc/marshal.c). */
+/* Where a message's parts are (above, "Framing"); the layer above's. */
 struct sr_tport_marshal {
     /* Visit the parts of m in order: each(arg, data, len) for every byte
      * range outside the slot that m refers to; a nonzero return stops the
@@ -111,47 +118,39 @@ struct sr_tport_marshal {
     int (*rebind)(sr_msg *m, const uint64_t *blocks, size_t n);
 };
 
-struct sr_tport_ops {
-    const char *kind; /* "shm" */
-
-    /* Sending: any thread. 0; -EAGAIN full (retry after a space event:
-     * space_arm, then retry once); -EINVAL; -EPIPE the peer has gone;
-     * -EPROTO the peer's inbox is corrupt. m->src is stamped. */
-    int (*send)(sr_tport *t, int to, sr_msg *m);
-    int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* wakes nobody */
+/* flow: a bounded inbox. Without it, send never returns -EAGAIN. */
+struct sr_tport_flow {
+    /* Register for rank to's next space event (after a send's -EAGAIN),
+     * then retry once: either the retry finds room, or the space_kick hint
+     * of our instance is raised when to's consumer frees slots. */
     void (*space_arm)(sr_tport *t, int to);
     int (*probe)(sr_tport *t, int to); /* 0 room, -EAGAIN full, -EPROTO corrupt (the error says why), -EINVAL */
     bool (*space_take)(sr_tport *t);   /* the consumer: clear a kick (acquire); true if one was pending */
+};
 
-    /* Receiving: the consumer. recv_burst also frees what the last burst
-     * held (n = 0: only that). pending: a message, or a corrupt head not
-     * yet latched. */
-    unsigned (*recv_burst)(sr_tport *t, sr_msg *out, unsigned n);
-    bool (*pending)(sr_tport *t);
-    const char *(*inbox_text)(sr_tport *t, char *buf, size_t len);
-
-    /* The handshake (above). */
+/* wake: the consumer's sleeps and the producers' wake-ups (above, "Threads
+ * and the consumer"). */
+struct sr_tport_wake {
+    int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* as send, but wakes nobody */
     void (*hold)(sr_tport *t);
     bool (*park)(sr_tport *t, bool (*busy)(void *), void *arg);
     /* 0 woken or skipped (busy); 1: timed out while a message waited and the
-     * doorbell had been taken away without a wake (a lost wake, counted by
-     * the agent for tests/test_idle_wake.c); -EOPNOTSUPP without the cap. */
+     * doorbell had been taken away without a wake (a lost wake, which the
+     * caller may count); -EOPNOTSUPP without SR_TPORT_HOLD_SLEEP. */
     int (*hold_sleep)(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64_t until, bool (*busy)(void *),
                       void *arg);
     int (*sleep)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
     int (*sleep_aside)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
-    int64_t (*spin_budget)(sr_tport *t); /* any thread; 0: do not spin */
-    /* The consumer: how soon it must poll this instance again rather than
-     * sleep on; -1 never (its producers wake our sleeps), 0 now (a
-     * transfer in flight needs polling to progress). */
-    int64_t (*poll_ns)(sr_tport *t);
+    int64_t (*spin_budget)(sr_tport *t); /* any thread: how long to spin before a sleep; 0: do not spin */
     void (*kick)(sr_tport *t);
     void (*poke)(sr_tport *t);
     void (*nudge)(sr_tport *t);
     void (*ring)(sr_tport *t); /* as a producer would: wake a sleeper on our inbox unless it is awake */
     void (*stop)(sr_tport *t);
+};
 
-    /* Liveness and names: any thread. */
+/* live: departures (above, "Liveness"); any thread. */
+struct sr_tport_live {
     bool (*peer_gone)(sr_tport *t, int rank); /* seq_cst: pairs with the supervisor's X1 */
     uint32_t (*exit_order)(sr_tport *t, int rank); /* rank gone: 1 for the first departure, ... */
     const char *(*gone_text)(sr_tport *t, int rank, char *buf, size_t len);
@@ -160,9 +159,6 @@ struct sr_tport_ops {
     /* It left after its own graceful shutdown timed out: it had come to the
      * shutdown and gave up waiting, so it is no peer that died. */
     bool (*left_timed_out)(sr_tport *t, int rank);
-    const char *(*name)(sr_tport *t, int rank);
-    void (*stats)(sr_tport *t, struct sr_tport_stats *out);
-
     /* Our own departure as peers will see it: closing (a graceful shutdown
      * began), graceful (how it ended, rc: 0 it completed, a later exit is a
      * clean one; -ETIMEDOUT it timed out, a later exit is a timeout's, not a
@@ -171,18 +167,48 @@ struct sr_tport_ops {
     void (*graceful)(sr_tport *t, int rc);
 };
 
+struct sr_tport_ops {
+    const char *kind; /* "shm", "mpi" */
+
+    /* Required. Sending: any thread. 0; -EAGAIN full (flow only: arm, then
+     * retry once); -EINVAL; -EPIPE the peer has gone; -EPROTO the peer's
+     * inbox is corrupt. m->src is stamped. */
+    int (*send)(sr_tport *t, int to, sr_msg *m);
+    /* The consumer: up to n messages. It also gives back what the last
+     * burst held (n = 0: only that), and, finding nothing, takes back the
+     * blocks its peers released to our heap (peers that share it). */
+    unsigned (*recv_burst)(sr_tport *t, sr_msg *out, unsigned n);
+    bool (*pending)(sr_tport *t); /* the consumer: a message, or a corrupt head not yet latched */
+    const char *(*name)(sr_tport *t, int rank); /* any thread: the worker's name */
+    void (*stats)(sr_tport *t, struct sr_tport_stats *out);
+
+    /* Optional groups: NULL where the transport has no such thing. */
+    const struct sr_tport_flow *flow;
+    const struct sr_tport_wake *wake;
+    const struct sr_tport_live *live;
+    /* The consumer: how soon it must poll this instance again rather than
+     * sleep on; -1 never, 0 now (a transfer in flight needs polling to
+     * progress). NULL: producers wake our sleeps (wake), never poll on a
+     * timer. */
+    int64_t (*poll_ns)(sr_tport *t);
+    /* The consumer, once the inbox_bad hint is raised: why the inbox is
+     * corrupt. NULL: it cannot be (the hint stays zero). */
+    const char *(*inbox_text)(sr_tport *t, char *buf, size_t len);
+};
+
 /* An instance. Transports embed it in their own state. The three hint
  * words are read on every poll, so they are loads, not calls (an indirect
  * call on each of them cost the hot round trip about 30 ns); they stay
- * valid for the instance's lifetime. */
+ * valid for the instance's lifetime, and are never NULL: a transport
+ * without the group a word belongs to points it at a word that stays zero. */
 struct sr_tport {
     const struct sr_tport_ops *ops;
     uint32_t caps;
     int rank, world;
-    _Atomic uint32_t *space_kick; /* nonzero: a space event is pending (space_take clears it) */
-    _Atomic uint32_t *inbox_bad;  /* nonzero: the inbox was latched corrupt (the consumer latches it) */
-    _Atomic uint32_t *exits;      /* the count of published exits, a generation (segment.h X2) */
-    const struct sr_tport_marshal *marshal; /* SR_TPORT_COPIES: set by the agent before the first send */
+    _Atomic uint32_t *space_kick; /* flow: nonzero, a space event is pending (space_take clears it) */
+    _Atomic uint32_t *inbox_bad;  /* inbox_text: nonzero, the inbox was latched corrupt (the consumer latches it) */
+    _Atomic uint32_t *exits;      /* live: the count of published exits, a generation (segment.h X2) */
+    const struct sr_tport_marshal *marshal; /* SR_TPORT_COPIES: set when the instance is opened */
 };
 
 /* A space event is pending. relaxed: a hint; space_take synchronises. */
@@ -204,5 +230,51 @@ static inline uint32_t sr_tport_exits(const sr_tport *t)
 {
     return atomic_load_explicit(t->exits, memory_order_seq_cst);
 }
+
+/* rank has gone (live): false without the group (its exit ends the job). */
+static inline bool sr_tport_peer_gone(sr_tport *t, int rank)
+{
+    return t->ops->live && t->ops->live->peer_gone(t, rank);
+}
+
+/* ---- one worker's transports (select.c) --------------------------------- */
+
+/* The instances one worker uses, chosen per peer:
+ *   home    the instance whose inbox the consumer reads first and whose
+ *           sleeps it sleeps in: it has every optional group (flow, wake,
+ *           live, inbox_text) and never copies (its peers share our heap).
+ *           Within a host, the shared-memory transport.
+ *   polled  an instance of a copying transport (SR_TPORT_COPIES) that
+ *           reaches the peers home does not, or NULL when home reaches all:
+ *           the consumer polls it after home and bounds its sleeps by its
+ *           poll_ns (its producers cannot wake them); it has no optional
+ *           group but poll_ns. Under mpirun over several hosts, the MPI
+ *           transport.
+ *   peer    [world]: the instance that reaches each rank (home for our own).
+ * The hint words the consumer watches are home's. */
+typedef struct sr_transports sr_transports; /* opaque: select.c */
+
+struct sr_transport_opts {
+    const char *name; /* this worker's name (checked by the caller); NULL: "worker<rank>" */
+    const struct sr_tport_marshal *marshal; /* for the copying instances */
+};
+
+/* Open this worker's transports: the launch environment names the job's
+ * segment (shmrun, sr_spawn); without one, a transport whose launcher
+ * started the process (mpirun) boots the job first (a collective: every
+ * rank of the job opens, or none). 0, or -errno with sr_last_error naming
+ * the step (-ENOENT: not launched as a job; -ENOTSUP: launched by a
+ * launcher whose transport was not built). */
+int sr__transport_open(const struct sr_transport_opts *o, sr_transports **out);
+/* Close what open opened, in reverse; NULL is a no-op. */
+void sr__transport_close(sr_transports *s);
+int sr__transport_rank(const sr_transports *s);
+int sr__transport_world(const sr_transports *s);
+sr_tport *sr__transport_home(const sr_transports *s);
+sr_tport *sr__transport_polled(const sr_transports *s);
+sr_tport *const *sr__transport_peers(const sr_transports *s); /* [world] */
+/* The job state of the launcher's transport kind ("mpi") that booted the
+ * job, or NULL (tests). */
+void *sr__transport_job(const sr_transports *s, const char *kind);
 
 #endif

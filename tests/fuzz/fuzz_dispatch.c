@@ -24,6 +24,7 @@
 #include "error.h"
 #include "fuzz_env.h"
 #include "rpc/agent.h"
+#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rpc/wire.h"
 #include "shmrpc/rpc.h"
 
@@ -53,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t tail = size - 1 - FZ_SLOT_BYTES;
     memcpy(fz_payload(), buf + 1 + FZ_SLOT_BYTES, tail < FZ_PAYLOAD_BYTES ? tail : FZ_PAYLOAD_BYTES);
     free(buf);
-    if (sr_xport_send(sr__agent->x, 0, &m) == 0) {
+    if (sr_xport_send(sr__transport_xport(sr__agent->tports), 0, &m) == 0) {
         sr_value *out = NULL;
         sr_rpc_sync(0, "noop", SR_NOARGS, 10.0, &out); /* an error is the input's doing */
         sr_value_unref(out);

@@ -91,12 +91,14 @@ static void rpc_round(int k, int round)
     int rank = sr_rank(), world = sr_world_size();
     me = rank;
     sr_agent *a = sr__agent_get("boot_check");
-    CHECK(a && a->mpi, "round %d: the agent was not booted through MPI", round);
+    const struct sr_mpi_job *job = a ? sr__transport_job(a->tports, "mpi") : NULL;
+    const sr_xport *x = a ? sr__transport_xport(a->tports) : NULL;
+    CHECK(job, "round %d: the agent was not booted through MPI", round);
     int local = 0;
     for (int r = 0; r < world; r++)
         local += r * k / world == rank * k / world;
-    CHECK(a->mpi->nhosts == k && a->x->nlocal == local, "round %d: %d hosts (expected %d), %d of %d ranks local "
-          "(expected %d)", round, a->mpi->nhosts, k, a->x->nlocal, world, local);
+    CHECK(job->nhosts == k && x->nlocal == local, "round %d: %d hosts (expected %d), %d of %d ranks local "
+          "(expected %d)", round, job->nhosts, k, x->nlocal, world, local);
     sr__agent_put(a);
     for (int r = 0; r < world; r++) {
         sr_value *x = sr_int(100 * rank), *y = sr_int(r), *sum = NULL;

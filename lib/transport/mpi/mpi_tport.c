@@ -56,7 +56,7 @@ struct mpi_tport {
     _Atomic uint32_t ninflight; /* written under send_lock; read relaxed as a hint by the consumer */
     _Atomic int64_t last_ns;    /* the last message in or out (relaxed: a poll heuristic) */
     _Atomic uint64_t sent, received; /* relaxed: statistics */
-    _Atomic uint32_t zero;      /* the hint words this transport never raises */
+    _Atomic uint32_t zero;      /* the hint words of the groups it has not (transport.h): never raised */
     /* The consumer's: a frame matched by pending() and not yet received. */
     bool stashed;
     MPI_Message stash;
@@ -250,11 +250,6 @@ static void progress_sends(struct mpi_tport *x)
     }
 }
 
-static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return t_send(t, to, m); }
-static void t_space_arm(sr_tport *t, int to) { (void)t, (void)to; }
-static int t_probe(sr_tport *t, int to) { (void)t, (void)to; return 0; }
-static bool t_space_take(sr_tport *t) { (void)t; return false; }
-
 /* ---- receiving -------------------------------------------------------- */
 
 static bool match_frame(struct mpi_tport *x)
@@ -425,49 +420,8 @@ static int64_t t_poll_ns(sr_tport *t)
     return ns < SR_MPI_POLL_MIN_NS ? SR_MPI_POLL_MIN_NS : ns > SR_MPI_POLL_MAX_NS ? SR_MPI_POLL_MAX_NS : ns;
 }
 
-static const char *t_inbox_text(sr_tport *t, char *buf, size_t len)
-{
-    (void)t;
-    snprintf(buf, len, "no inbox to corrupt: messages from other hosts arrive through MPI");
-    return buf;
-}
+/* ---- names and statistics --------------------------------------------- */
 
-/* ---- what only the rings' instance does (never called on this one) ---- */
-
-static void t_hold(sr_tport *t) { (void)t; }
-static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg) { (void)t, (void)busy, (void)arg; return false; }
-static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64_t until, bool (*busy)(void *),
-                        void *arg)
-{
-    (void)t, (void)word, (void)val, (void)until, (void)busy, (void)arg;
-    return -EOPNOTSUPP;
-}
-static int t_sleep(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg)
-{
-    (void)t, (void)deadline_ns, (void)ready, (void)arg;
-    return -EOPNOTSUPP;
-}
-static int64_t t_spin_budget(sr_tport *t) { (void)t; return 0; }
-static void t_nop(sr_tport *t) { (void)t; }
-
-/* ---- liveness and names ----------------------------------------------- */
-
-static bool t_peer_gone(sr_tport *t, int rank) { (void)t, (void)rank; return false; }
-static uint32_t t_exit_order(sr_tport *t, int rank) { (void)t, (void)rank; return 0; }
-static const char *t_gone_text(sr_tport *t, int rank, char *buf, size_t len)
-{
-    snprintf(buf, len, "%s (rank %d, host %d) is on another host: its exit ends the job (mpirun)",
-             T(t)->names[rank], rank, T(t)->job->host_of[rank]);
-    return buf;
-}
-static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
-{
-    (void)t, (void)rank;
-    snprintf(buf, len, "ended the job (mpirun)");
-    return buf;
-}
-/* Another host's exit ends the job (mpirun): no record says how it left. */
-static bool t_left_unrecorded(sr_tport *t, int rank) { (void)t, (void)rank; return false; }
 static const char *t_name(sr_tport *t, int rank) { return T(t)->names[rank]; }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
@@ -477,40 +431,18 @@ static void t_stats(sr_tport *t, struct sr_tport_stats *o)
         .received = atomic_load_explicit(&T(t)->received, memory_order_relaxed), /* relaxed: statistics */
     };
 }
-static void t_graceful(sr_tport *t, int rc) { (void)t, (void)rc; }
 
+/* No flow (MPI never refuses a send), no wake (nothing rings a doorbell
+ * across hosts: the consumer polls, poll_ns), no live (a rank of another
+ * host that dies ends the job), no inbox to find corrupt. */
 static const struct sr_tport_ops mpi_ops = {
     .kind = "mpi",
     .send = t_send,
-    .send_quiet = t_send_quiet,
-    .space_arm = t_space_arm,
-    .probe = t_probe,
-    .space_take = t_space_take,
     .recv_burst = t_recv_burst,
     .pending = t_pending,
-    .inbox_text = t_inbox_text,
-    .hold = t_hold,
-    .park = t_park,
-    .hold_sleep = t_hold_sleep,
-    .sleep = t_sleep,
-    .sleep_aside = t_sleep,
-    .spin_budget = t_spin_budget,
-    .poll_ns = t_poll_ns,
-    .kick = t_nop,
-    .poke = t_nop,
-    .nudge = t_nop,
-    .ring = t_nop,
-    .stop = t_nop,
-    .peer_gone = t_peer_gone,
-    .exit_order = t_exit_order,
-    .gone_text = t_gone_text,
-    .exit_text = t_exit_text,
-    .left_gracefully = t_left_unrecorded,
-    .left_timed_out = t_left_unrecorded,
     .name = t_name,
     .stats = t_stats,
-    .closing = t_nop,
-    .graceful = t_graceful,
+    .poll_ns = t_poll_ns,
 };
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -545,7 +477,7 @@ int sr__mpi_tport_create(struct sr_mpi_job *job, const char *name, sr_tport **ou
     return 0;
 }
 
-/* The agent's threads have stopped. Sends still in flight complete (a
+/* The threads that used the instance have stopped. Sends still in flight complete (a
  * graceful shutdown's last barrier has been answered, so peers receive
  * them) within DRAIN_NS, else they are cancelled; frames nobody will read
  * are left to MPI. */

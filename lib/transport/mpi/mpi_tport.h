@@ -1,5 +1,5 @@
 /* The MPI transport (internal; built with SR_HAVE_MPI): the seam's
- * (lib/transport/transport.h) instance that reaches the ranks of other hosts.
+ * (transport.h) instance that reaches the ranks of other hosts.
  *
  * Wire: one message is a frame (tag SR_MPI_TAG_FRAME): the 64-byte head,
  * the count and lengths of its parts, and the bytes of the small parts; each
@@ -9,20 +9,20 @@
  * between two ranks with one tag; a message's frame and its large parts are
  * posted under one lock, so two senders' parts never interleave.
  *
- * Threads: any thread sends (MPI_THREAD_MULTIPLE); the agent's token holder
- * is the consumer (recv_burst, pending, poll_ns): it completes the sends in
- * flight, dropping their parts (marshal->sent), and receives. Nothing rings
- * a doorbell across hosts: poll_ns tells the agent how soon to poll again
+ * Threads: any thread sends (MPI_THREAD_MULTIPLE); the consumer (recv_burst,
+ * pending, poll_ns) completes the sends in flight, dropping their parts
+ * (marshal->sent), and receives. Nothing rings
+ * a doorbell across hosts: poll_ns tells the consumer how soon to poll again
  * (0 while a send is in flight or a frame waits; idle, it backs off from
  * SR_MPI_POLL_MIN_NS to SR_MPI_POLL_MAX_NS in proportion to the time since
  * the last message).
  *
  * Liveness: a rank on another host that dies ends the job (mpirun's abort,
- * docs/MULTIHOST.md): peer_gone stays false.
+ * docs/MULTIHOST.md): the instance has no liveness group.
  *
- * Lifetime: created in sr_init after the shared-memory transport attached
+ * Lifetime: created by the driver (driver.c) after the shared-memory transport attached
  * (a collective over the job's communicator: the names are exchanged),
- * destroyed in sr_shutdown after the agent's threads stopped, before the
+ * destroyed in sr_shutdown after the RPC layer's threads stopped, before the
  * job's communicator is freed.
  */
 #ifndef SR_MPI_TPORT_H

@@ -1,4 +1,4 @@
-/* The transport: a worker's view of the job's segment.
+/* The shared-memory transport: a worker's view of the job's segment.
  *
  * Minimal messaging for the layers above: attach, send to a rank, receive in
  * bursts, and wait (spin briefly, then sleep in io_uring).
@@ -11,8 +11,8 @@
  * launched with stays open, so a worker may attach again (every worker of
  * the job must then attach the same number of times).
  */
-#ifndef SR_SHM_XPORT_H
-#define SR_SHM_XPORT_H
+#ifndef SR_TRANSPORT_SHM_XPORT_H
+#define SR_TRANSPORT_SHM_XPORT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -94,9 +94,12 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
 void sr_xport_detach(sr_xport *x);
 
 /* The instance of the transport seam (transport.h) over x, valid until
- * sr_xport_detach: the RPC agent reaches x only through it. Call once,
+ * sr_xport_detach: the layer above reaches x only through it. Call once,
  * after attach (xport_tport.c). */
 sr_tport *sr_xport_transport(sr_xport *x);
+/* The shared-memory transport of a worker's set (select.c): white-box tests
+ * reach the segment and the rings through it. */
+sr_xport *sr__transport_xport(const sr_transports *s);
 
 /* Does `rank` attach to our segment (reachable through its inbox)? False
  * for a rank out of range. */

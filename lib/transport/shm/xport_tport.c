@@ -1,11 +1,12 @@
 /* The shared-memory transport behind the seam (transport.h): the ops over
- * xport.c, and the doorbell side of the agent's consumer token, moved here
- * from lib/rpc/agent.c with their memory-ordering arguments (doorbell.h
- * D1-D3; the token states are the agent's, agent.h). */
+ * xport.c, every optional group included, with the doorbell side of the
+ * consumer's hand-offs and their memory-ordering arguments (doorbell.h
+ * D1-D3). */
 #include <errno.h>
 #include <string.h>
 
 #include "futex.h"
+#include "heap.h"
 #include "xport.h"
 
 #define X(t) ((sr_xport *)((char *)(t) - offsetof(sr_xport, tp)))
@@ -16,20 +17,28 @@ static void t_space_arm(sr_tport *t, int to) { sr_xport_space_arm(X(t), to); }
 static int t_probe(sr_tport *t, int to) { return sr_xport_probe(X(t), to); }
 static bool t_space_take(sr_tport *t) { return sr_xport_space_take(X(t)); }
 
-static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n) { return sr_xport_recv_burst(X(t), out, n); }
+/* An empty inbox: take back the blocks peers released to our heap (one
+ * relaxed load when there are none). */
+static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n)
+{
+    unsigned k = sr_xport_recv_burst(X(t), out, n);
+    if (!k && n)
+        sr_heap_drain();
+    return k;
+}
 static bool t_pending(sr_tport *t) { return sr_ring_cons_pending(X(t)->inbox); }
 static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr_xport_inbox_text(X(t), buf, len); }
 
-/* A user thread took the inbox: it polls now, so producers need not wake
- * the parked progress thread. */
+/* Another thread took the inbox: it polls now, so producers need not wake
+ * the thread asleep on the doorbell. */
 static void t_hold(sr_tport *t)
 {
     /* relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
     atomic_store_explicit(&X(t)->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
 }
 
-/* The holding user thread hands the inbox back to the progress thread,
- * parked on the doorbell. It released the inbox before it slept, and will
+/* The holding thread hands the inbox back to the thread asleep on the
+ * doorbell. It released the inbox before it slept, and will
  * not again before its next read: free the slots the holder's last burst
  * still holds (a receive of nothing), or a ring full of them would refuse
  * every producer, which then rings no doorbell, while everyone sleeps. Then
@@ -52,12 +61,12 @@ static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
     return true;
 }
 
-/* The holding user thread has nothing to poll: sleep on the doorbell word
+/* The holding thread has nothing to poll: sleep on the doorbell word
  * itself (SLEEPING_USER, doorbell.h) and on `word` at once, so that the
  * message it waits for wakes it directly. Only with the futex doorbell
  * (eventfd producers never futex-wake). Without futex_waitv, on the doorbell
- * alone (FUTEX_WAIT_BITSET, BIT_USER); the caller then armed its future's
- * POLLER bit, so its completer rings the doorbell. */
+ * alone (FUTEX_WAIT_BITSET, BIT_USER); the caller then arranged for whoever
+ * changes what it waits for to ring the doorbell (wake->ring). */
 static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64_t until, bool (*busy)(void *),
                         void *arg)
 {
@@ -68,8 +77,8 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
     int lost = 0;
     atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
     /* D2 (doorbell.h): pairs with the producers' D3 fence, with the
-     * supervisor's X3 ring and with sr__agent_unpublish's store of closing
-     * (busy() reads the departures and closing) */
+     * supervisor's X3 ring, and with the caller's seq_cst stores of what
+     * busy() reads (the departures, the RPC layer's closing) */
     atomic_thread_fence(memory_order_seq_cst);
     if (!sr_ring_cons_pending(x->inbox) && !sr_xport_space_kicked(x) && !busy(arg)) {
         int rc;
@@ -92,29 +101,32 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
     return lost;
 }
 
-/* The progress thread's sleeps; one that ends on a local peer's pidfd
- * (SR_WAKE_PEER) publishes the exit when no supervisor does (mpirun, orphan.c). */
+/* After a sleep of the sleeping thread: one that ends on a local peer's
+ * pidfd (SR_WAKE_PEER) publishes the exit when no supervisor does (mpirun,
+ * orphan.c); then take back the blocks peers released to our heap. */
+static int woke(sr_xport *x, int rc)
+{
+    if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
+        sr_xport_publish_orphans(x);
+    sr_heap_drain();
+    return rc;
+}
+
 static int t_sleep(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    int rc = sr_xport_sleep(X(t), deadline, ready, arg);
-    if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
-        sr_xport_publish_orphans(X(t));
-    return rc;
+    return woke(X(t), sr_xport_sleep(X(t), deadline, ready, arg));
 }
 
 static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    int rc = sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg);
-    if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
-        sr_xport_publish_orphans(X(t));
-    return rc;
+    return woke(X(t), sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg));
 }
 
 static int64_t t_spin_budget(sr_tport *t) { return sr_xport_spin_budget(X(t)); }
 static void t_kick(sr_tport *t) { sr_waiter_kick(&X(t)->waiter); }
 
-/* Ring this worker's doorbell whatever it says, and kick the progress
- * thread (asleep aside while a user holds the inbox, or on the doorbell):
+/* Ring this worker's doorbell whatever it says, and kick the sleeping
+ * thread (asleep aside while another holds the inbox, or on the doorbell):
  * the waiters re-check what they wait for. The store of AWAKE makes a
  * sleeper that has not reached its futex wait yet return at once (its
  * expected value is SLEEPING or SLEEPING_USER); the wake reaches both kinds
@@ -128,8 +140,8 @@ static void t_poke(sr_tport *t)
     sr_waiter_kick(&x->waiter);
 }
 
-/* Quiet messages (acknowledgements) ring nobody: wake a user asleep on the
- * doorbell to read them (nothing if it polls: the doorbell says AWAKE). */
+/* Quiet messages (acknowledgements) ring nobody: wake a holder asleep on
+ * the doorbell to read them (nothing if it polls: the doorbell says AWAKE). */
 static void t_nudge(sr_tport *t)
 {
     sr_xport *x = X(t);
@@ -184,45 +196,50 @@ static void t_stats(sr_tport *t, struct sr_tport_stats *o)
     o->spin_hits = atomic_load_explicit(&s->spin_hits, memory_order_relaxed);
 }
 
-/* Producers ring our doorbell: never poll on a timer. */
-static int64_t t_poll_ns(sr_tport *t)
-{
-    (void)t;
-    return -1;
-}
-
-static const struct sr_tport_ops shm_ops = {
-    .kind = "shm",
-    .send = t_send,
-    .send_quiet = t_send_quiet,
+static const struct sr_tport_flow shm_flow = {
     .space_arm = t_space_arm,
     .probe = t_probe,
     .space_take = t_space_take,
-    .recv_burst = t_recv_burst,
-    .pending = t_pending,
-    .inbox_text = t_inbox_text,
+};
+
+static const struct sr_tport_wake shm_wake = {
+    .send_quiet = t_send_quiet,
     .hold = t_hold,
     .park = t_park,
     .hold_sleep = t_hold_sleep,
     .sleep = t_sleep,
     .sleep_aside = t_sleep_aside,
     .spin_budget = t_spin_budget,
-    .poll_ns = t_poll_ns,
     .kick = t_kick,
     .poke = t_poke,
     .nudge = t_nudge,
     .ring = t_ring,
     .stop = t_stop,
+};
+
+static const struct sr_tport_live shm_live = {
     .peer_gone = t_peer_gone,
     .exit_order = t_exit_order,
     .gone_text = t_gone_text,
     .exit_text = t_exit_text,
     .left_gracefully = t_left_gracefully,
     .left_timed_out = t_left_timed_out,
-    .name = t_name,
-    .stats = t_stats,
     .closing = t_closing,
     .graceful = t_graceful,
+};
+
+/* Producers ring our doorbell: no poll_ns, never poll on a timer. */
+static const struct sr_tport_ops shm_ops = {
+    .kind = "shm",
+    .send = t_send,
+    .recv_burst = t_recv_burst,
+    .pending = t_pending,
+    .name = t_name,
+    .stats = t_stats,
+    .flow = &shm_flow,
+    .wake = &shm_wake,
+    .live = &shm_live,
+    .inbox_text = t_inbox_text,
 };
 
 sr_tport *sr_xport_transport(sr_xport *x)
