@@ -330,7 +330,7 @@ static void assert_bad_usage(char **args, const char *names)
 
 #define WORKER (char *)env_path("WORKER_PROG"), READY_FD, GO_FD, "1", "ok"
 
-/* One strict syntax for every number (shm/parse.h): " 3" and "+3" used to
+/* One strict syntax for every number (shm/base/parse.h): " 3" and "+3" used to
  * pass where "3 " did not, and --grace took "0x1" and "1e1" (strtod). */
 static void assert_bad_numbers(const char *opt, const char *what, const char *const *bad)
 {

@@ -281,7 +281,7 @@ Test(spawn, a_worker_killed_by_sigkill_takes_the_job_down)
     finish(&j);
 }
 
-/* One strict syntax for numbers in the environment too (shm/parse.h): each
+/* One strict syntax for numbers in the environment too (shm/base/parse.h): each
  * bad SHMRPC_SPIN_NS makes sr_init fail, naming the variable and the value
  * (it used to be read with atoll: " 3", "+3" and "" passed, "x" meant 0). */
 static int bad_spin_env(int rank, int n, void *arg)
