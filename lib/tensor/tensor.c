@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "atomics.h"
 #include "error.h"
 #include "log.h"

@@ -1,4 +1,4 @@
-/* Tensor internals shared by lib/tensor and lib/autograd.
+/* Tensor internals shared by lib/tensor and lib/tensor/autograd.
  *
  * Storage and copy-on-write (see tensor.h for the contract):
  *   sr_tensor --(ref)--> sr_storage --(one block ref)--> sr_block (shared heap)
