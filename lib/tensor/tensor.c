@@ -418,6 +418,8 @@ SR_API size_t sr_tensor_numel(const sr_tensor *t)
     return null_tensor(t, "sr_tensor_numel") ? 0 : (size_t)sr__numel(t->ndim, t->shape);
 }
 
+char *sr__tensor_new_data(sr_tensor *t) { return sr__tensor_ptr(t); }
+
 SR_API const void *sr_tensor_data(const sr_tensor *t)
 {
     return null_tensor(t, "sr_tensor_data") ? NULL : sr__tensor_ptr(t);
