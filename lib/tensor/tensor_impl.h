@@ -26,11 +26,11 @@
  *     sr_add_ gradient accumulation into .grad); sr_tensor_mutable_data holds
  *     it only around the copy-on-write (the caller's writes come later);
  *   - block-reference takers: sr__tensor_to_desc (an RPC encode),
- *     sr__tensor_snapshot (a saved tensor), sr__storage_block_off (the
- *     codec's sendability check) read `block` and take their reference under
- *     it. If the reference is taken first, the writer then sees the block
- *     shared and copies; if the writer is first, the reader waits for the
- *     write to end.
+ *     sr__tensor_snapshot (a saved tensor), sr__storage_block_off
+ *     (sr__tensor_sendable, the codec's sendability check) read `block`
+ *     and take their reference under it. If the reference is taken
+ *     first, the writer then sees the block shared and copies; if the
+ *     writer is first, the reader waits for the write to end.
  *   - readers (pins, below) take it to reference the block they read.
  * Lock order: the storage lock is a leaf among the tensor layer's locks:
  * callers may hold a graph task's lock and sr__acc_lock (task -> acc ->
