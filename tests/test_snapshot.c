@@ -24,7 +24,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "common.h"
 #include "heap.h"
 #include "rpc/codec.h"

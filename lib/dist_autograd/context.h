@@ -36,7 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/engine.h"
+#include "tensor/seam.h"
 #include "dist_autograd/idmap.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"

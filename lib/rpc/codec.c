@@ -33,7 +33,6 @@
 #include "rpc/inflight.h"
 #include "rpc/value_internal.h"
 #include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
 #include "module.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps
@@ -102,8 +101,7 @@ static int64_t list_size(const sr_value *v, int self_call, const char *fn)
  * taking a reference: the storage must be a block of the shared heap. */
 static int64_t tensor_size(const sr_value *v, const char *fn)
 {
-    const sr_tensor *t = v->u.tensor;
-    if (sr__storage_block_off(t->storage) == (uint64_t)-1) {
+    if (!sr__tensor_sendable(v->u.tensor)) {
         char repr[96];
         return sr__fail(-EINVAL, fn, "%s cannot be sent: its storage is a private block, not in the shared "
                         "heap (was sr_heap_attach called before it was made?)", sr_value_repr(v, repr, sizeof(repr)));

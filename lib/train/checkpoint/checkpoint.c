@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint_impl.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 /* An item pointer converts to a pointer to its first member, the name. */
 static const char *item_name(const void *item)
@@ -102,13 +102,14 @@ static int check_pair(const sr_checkpoint *c, const char *name, const sr_tensor 
     if (!it)
         return sr__fail(-ENOENT, fn, "checkpoint %s has no tensor '%s'", c->path, name);
     const sr_tensor *s = it->t;
-    if (s->dtype != dst->dtype)
-        return sr__fail(-EINVAL, fn, "'%s' is %s in the checkpoint, %s in the model", name, sr_dtype_name(s->dtype),
-                        sr_dtype_name(dst->dtype));
+    sr_dtype sdt = sr_tensor_dtype(s), ddt = sr_tensor_dtype(dst);
+    if (sdt != ddt)
+        return sr__fail(-EINVAL, fn, "'%s' is %s in the checkpoint, %s in the model", name, sr_dtype_name(sdt),
+                        sr_dtype_name(ddt));
     if (!sr__same_shape(s, dst)) {
         char a[SR_SHAPE_STR], b[SR_SHAPE_STR];
         return sr__fail(-EINVAL, fn, "'%s' has shape %s in the checkpoint, %s in the model", name,
-                        sr__shape_str(s->ndim, s->shape, a), sr__shape_str(dst->ndim, dst->shape, b));
+                        sr__tensor_shape_str(s, a), sr__tensor_shape_str(dst, b));
     }
     if (sr_tensor_requires_grad(dst) && !sr_tensor_is_leaf(dst))
         return sr__fail(-EPERM, fn, "'%s' in the model is a non-leaf that requires grad; restore into its leaf",

@@ -22,7 +22,7 @@
 #include "checkpoint/format.h"
 #include "checkpoint/io.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 void (*sr__ckpt_test_hook)(int phase, const char *tmp_path);
 

@@ -6,8 +6,7 @@
 
 #include "error.h"
 #include "shmrpc/nn.h"
-#include "tensor/tensor_impl.h"
-#include "tensor/xoshiro.h"
+#include "tensor/seam.h"
 
 /* A NULL generator: -EINVAL in sr_last_error() and the documented "no value". */
 static bool null_gen(const sr_generator *g, const char *fn)
@@ -74,7 +73,7 @@ SR_API sr_tensor *sr_generator_uniform_tensor(sr_generator *g, sr_dtype dt, int 
     sr_tensor *t = sr_empty(dt, ndim, shape, 0);
     if (!t)
         return NULL;
-    char *p = sr__tensor_ptr(t);
+    char *p = sr__tensor_new_data(t);
     int64_t n = sr__numel(ndim, shape), es = (int64_t)sr_dtype_size(dt);
     for (int64_t i = 0; i < n; i++) {
         double v = lo + (hi - lo) * sr_generator_uniform(g);

@@ -13,18 +13,19 @@
 
 #include "error.h"
 #include "shmrpc/nn.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 static int check_linear(const sr_tensor *x, const sr_tensor *w, const sr_tensor *b)
 {
     char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
-    if (w->ndim != 2 || (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
+    const int64_t *ws = sr_tensor_shape(w), *xs = sr_tensor_shape(x);
+    int xd = sr_tensor_ndim(x);
+    if (sr_tensor_ndim(w) != 2 || (b && (sr_tensor_ndim(b) != 1 || sr_tensor_shape(b)[0] != ws[0])))
         return sr__fail(-EINVAL, "sr_linear", "weight %s must be [out, in] and bias %s [out]",
-                        sr__shape_str(w->ndim, w->shape, b1), b ? sr__shape_str(b->ndim, b->shape, b2) : "(none)");
-    if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+                        sr__tensor_shape_str(w, b1), b ? sr__tensor_shape_str(b, b2) : "(none)");
+    if (xd < 1 || xs[xd - 1] != ws[1])
         return sr__fail(-EINVAL, "sr_linear", "input %s does not end in the weight %s's %lld input features",
-                        sr__shape_str(x->ndim, x->shape, b1), sr__shape_str(w->ndim, w->shape, b2),
-                        (long long)w->shape[1]);
+                        sr__tensor_shape_str(x, b1), sr__tensor_shape_str(w, b2), (long long)ws[1]);
     if (sr__check_same_dtype("sr_linear", x, w) || (b && sr__check_same_dtype("sr_linear", w, b)))
         return -EINVAL;
     return sr__check_float("sr_linear", x);

@@ -5,7 +5,7 @@
 
 #include "error.h"
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 int sr__ox_end(struct sr__ox *x)
 {

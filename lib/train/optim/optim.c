@@ -6,7 +6,7 @@
 
 #include "error.h"
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 static int check_params(sr_tensor *const *params, size_t n)
 {
@@ -19,9 +19,10 @@ static int check_params(sr_tensor *const *params, size_t n)
         sr_tensor *p = params[i];
         if (!p)
             return sr__fail(-EINVAL, fn, "parameter %zu is NULL", i);
-        if (p->dtype != SR_F32 && p->dtype != SR_F64)
+        sr_dtype dt = sr_tensor_dtype(p);
+        if (dt != SR_F32 && dt != SR_F64)
             return sr__fail(-EINVAL, fn, "parameter %zu has dtype %s; optimizers need f32 or f64", i,
-                            sr_dtype_name(p->dtype));
+                            sr_dtype_name(dt));
         if (!sr_tensor_is_leaf(p))
             return sr__fail(-EINVAL, fn, "parameter %zu: can't optimize a non-leaf Tensor", i);
         for (size_t j = 0; j < i; j++)
@@ -102,10 +103,10 @@ static int check_grads(const sr_optim *o, sr_tensor *const *grads, const char *f
             continue;
         if (!sr__same_shape(g, p))
             return sr__fail(-EINVAL, fn, "gradient %zu has shape %s but its parameter has shape %s", i,
-                            sr__shape_str(g->ndim, g->shape, b1), sr__shape_str(p->ndim, p->shape, b2));
-        if (g->dtype != p->dtype)
+                            sr__tensor_shape_str(g, b1), sr__tensor_shape_str(p, b2));
+        if (sr_tensor_dtype(g) != sr_tensor_dtype(p))
             return sr__fail(-EINVAL, fn, "gradient %zu has dtype %s but its parameter has dtype %s", i,
-                            sr_dtype_name(g->dtype), sr_dtype_name(p->dtype));
+                            sr_dtype_name(sr_tensor_dtype(g)), sr_dtype_name(sr_tensor_dtype(p)));
     }
     return 0;
 }

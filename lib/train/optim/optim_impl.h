@@ -18,7 +18,7 @@
 #include <stddef.h>
 
 #include "shmrpc/optim.h"
-#include "tensor/kernels.h"
+#include "tensor/seam.h"
 
 #define SR__OPTIM_SLOTS 4
 #define SR__OX_TMPS 12

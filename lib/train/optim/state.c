@@ -7,7 +7,7 @@
 
 #include "error.h"
 #include "optim/optim_impl.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/seam.h"
 
 #define STEP_KEY "step"
 
@@ -28,7 +28,7 @@ int sr__optim_init_step(sr_optim *o, size_t i, int s)
 int sr__optim_init_full(sr_optim *o, size_t i, int s, double v)
 {
     const sr_tensor *p = o->params[i];
-    return set_slot(o, i, s, sr_full(p->dtype, p->ndim, p->shape, v, 0));
+    return set_slot(o, i, s, sr_full(sr_tensor_dtype(p), sr_tensor_ndim(p), sr_tensor_shape(p), v, 0));
 }
 
 int sr__optim_init_default(sr_optim *o, size_t i)
@@ -144,11 +144,11 @@ static int check_entry(const sr_optim *o, const char *name, size_t i, int s, con
         return sr_tensor_numel(t) == 1 ? 0
                                        : sr__fail(-EINVAL, fn, "%s: state \"%s\" has %zu elements, expected 1",
                                                   o->ops->name, name, sr_tensor_numel(t));
-    if (t->dtype == SR_I64)
+    if (sr_tensor_dtype(t) == SR_I64)
         return sr__fail(-EINVAL, fn, "%s: state \"%s\" has dtype i64", o->ops->name, name);
     if (!sr__same_shape(t, p))
         return sr__fail(-EINVAL, fn, "%s: state \"%s\" has shape %s but parameter %zu has shape %s", o->ops->name,
-                        name, sr__shape_str(t->ndim, t->shape, b1), i, sr__shape_str(p->ndim, p->shape, b2));
+                        name, sr__tensor_shape_str(t, b1), i, sr__tensor_shape_str(p, b2));
     return 0;
 }
 
@@ -182,7 +182,7 @@ static sr_tensor *import_copy(const sr_optim *o, int s, const sr_tensor *p, sr_t
 {
     if (!strcmp(o->ops->slots[s], STEP_KEY))
         return sr_scalar_tensor(SR_F64, sr_tensor_item(t), 0);
-    sr_tensor *c = sr_empty(p->dtype, p->ndim, p->shape, 0);
+    sr_tensor *c = sr_empty(sr_tensor_dtype(p), sr_tensor_ndim(p), sr_tensor_shape(p), 0);
     if (c && sr_copy_(c, t)) {
         sr_tensor_unref(c);
         return NULL;

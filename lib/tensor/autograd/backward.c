@@ -2,7 +2,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "error.h"
 #include "tensor/tensor_impl.h"
 

@@ -1,5 +1,5 @@
 /* Recording history: what every differentiable op does after its forward. */
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "tensor/tensor_impl.h"
 
 bool sr__any_requires_grad(sr_tensor *const *in, size_t n)

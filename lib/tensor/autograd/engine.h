@@ -1,4 +1,6 @@
-/* The local autograd engine and its extension points (internal).
+/* The local autograd engine and its extension points (internal). Part of
+ * the tensor layer (docs/TENSORS.md, "Layer"); tensor/seam.h exports this
+ * header whole to the layers above, for distributed autograd.
  *
  * Graph. A node is one backward function: it receives num_inputs gradients
  * (one per output of the forward op that made it) and produces num_next
