@@ -135,7 +135,7 @@ struct sr_tport_ops {
     bool (*park)(sr_tport *t, bool (*busy)(void *), void *arg);
     /* 0 woken or skipped (busy); 1: timed out while a message waited and the
      * doorbell had been taken away without a wake (a lost wake, counted by
-     * the agent for tests/test_idle_wake.c); -EOPNOTSUPP without the cap. */
+     * the agent for tests/rpc/test_idle_wake.c); -EOPNOTSUPP without the cap. */
     int (*hold_sleep)(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64_t until, bool (*busy)(void *),
                       void *arg);
     int (*sleep)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);

@@ -185,7 +185,7 @@ static void release_task(sr_dctx *c)
     pthread_mutex_unlock(&c->lock);
 }
 
-/* Test hooks (tests/test_dist_autograd_core.c): gradient requests served
+/* Test hooks (tests/dist_autograd/test_dist_autograd_core.c): gradient requests served
  * here so far, and a function the root calls between its run and its wait. */
 _Atomic uint64_t sr__dist_propagates_served;
 void (*sr__dist_root_hook)(void);

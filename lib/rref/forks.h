@@ -2,7 +2,7 @@
  * are alive, with tombstones for deletes that must cancel later adds.
  *
  * Pure bookkeeping with no locking and no messages, so the rules can be
- * tested on their own (tests/test_rref_forks.c). The RRef context calls it
+ * tested on their own (tests/rref/test_rref_forks.c). The RRef context calls it
  * under its lock.
  *
  * Delivery may reorder, delay and duplicate control messages (retries), so:

@@ -8,6 +8,7 @@
  * that dies in the middle of a pass (-EPIPE, never a hang). The 4-worker
  * jobs also run under the reordering mode (tests/meson.build). */
 #include "dist_autograd_fns.h"
+#include "waiter.h" /* sr_now_ns */
 
 LEAK_CHECKED_SUITE(dist_autograd_errors);
 

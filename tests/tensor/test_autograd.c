@@ -117,7 +117,7 @@ Test(autograd, gradients_of_two_leaves_do_not_alias)
 
 /* Not PyTorch's "modified by an inplace operation" error: a saved tensor is a
  * snapshot, so backward uses the forward's values (docs/TENSORS.md, "In-place
- * writes and saved tensors"; more in tests/test_snapshot.c). */
+ * writes and saved tensors"; more in tests/tensor/test_snapshot.c). */
 Test(autograd, in_place_change_of_a_saved_tensor_keeps_the_forward_values)
 {
     sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *w = sr_ones(SR_F64, 1, SHAPE(2), 0);

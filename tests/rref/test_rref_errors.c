@@ -9,8 +9,10 @@
 #include <string.h>
 
 #include "rpc/agent.h"
+#include "rpc/future_internal.h"
 #include "rref/rref_internal.h"
 #include "rref_fns.h"
+#include "waiter.h"
 
 #define EVENT_WAIT_S 30
 #include "shared_event.h"

@@ -186,7 +186,7 @@ static const sr_module watcher = {.name = "call_scan_watcher", .peer_died = on_p
 
 /* worker1 leaves (status 0, still attached) with worker0's calls in flight;
  * worker0, which cannot shut down gracefully with a peer gone, shuts down
- * non-gracefully (as tests/test_peer_exit.c does). */
+ * non-gracefully (as tests/rpc/test_peer_exit.c does). */
 static int peer_death(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
