@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "rpc/agent.h"
-#include "rref/rref_internal.h"
+#include "modules/rref/rref_internal.h"
 #include "rref_fns.h"
 
 #define EVENT_WAIT_S 30

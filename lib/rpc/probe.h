@@ -1,6 +1,6 @@
-/* Probes: where a profiler (lib/trace) sees the agent's calls (internal).
+/* Probes: where a profiler (lib/modules/trace) sees the agent's calls (internal).
  *
- * lib/rpc never names the profiler: lib/trace registers one ops table from a
+ * lib/rpc never names the profiler: lib/modules/trace registers one ops table from a
  * constructor (sr__probe_register) and turns it on and off with
  * sr__probe_set(mask). Each probe point in lib/rpc is
  *     if (sr__probing()) ...;

@@ -22,7 +22,7 @@
 #include "rpc/payload.h"
 #include "rpc/value_internal.h"
 #include "rpc/wire.h"
-#include "rref/hooks.h"
+#include "modules/rref/hooks.h"
 #include "heap.h"
 #include "tensor/tensor_impl.h"
 

@@ -6,13 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "heap.h"
 #include "job/job.h"
 #include "rpc/codec.h"
 #include "rpc/inflight.h"
-#include "rref/hooks.h"
+#include "modules/rref/hooks.h"
 #include "segment.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"

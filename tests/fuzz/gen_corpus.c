@@ -17,7 +17,7 @@
 #include "rpc/codec.h"
 #include "rpc/module.h"
 #include "rpc/wire.h"
-#include "rref/rref_internal.h"
+#include "modules/rref/rref_internal.h"
 
 static const char *dir, *dispatch_dir;
 

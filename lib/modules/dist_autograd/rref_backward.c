@@ -4,7 +4,7 @@
  * without holding a thread (backward.c). */
 #include <errno.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 

@@ -29,7 +29,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "trace/hist.h"
+#include "modules/trace/hist.h"
 
 #define SR_TRACE_FNS 256
 #define SR_TRACE_CHUNK 4096

@@ -1,5 +1,5 @@
 /* RRefs, internal side: the object, the per-worker context, and the helpers
- * shared by the files of lib/rref. The protocol is described in docs/RREF.md;
+ * shared by the files of lib/modules/rref. The protocol is described in docs/RREF.md;
  * the functions lib/rpc calls are in hooks.h.
  *
  * Locking: one mutex (ctx.lock) guards every map of the context and the

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 

@@ -7,7 +7,7 @@
 #include "rpc/module.h"
 #include "rpc/probe.h"
 #include "shmrpc/stats.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 int sr__probes_prepare(int rank);
 

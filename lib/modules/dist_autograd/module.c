@@ -3,7 +3,7 @@
  * (cleanup.c) and RRef.backward (rref_backward.c). */
 #include <errno.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 #include "rpc/wire.h"

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "rpc/probe.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 #define PENDING (1u << 16) /* the agent's call slots (api.c CALL_SLOTS) */
 

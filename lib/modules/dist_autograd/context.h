@@ -37,7 +37,7 @@
 #include <stdint.h>
 
 #include "autograd/engine.h"
-#include "dist_autograd/idmap.h"
+#include "modules/dist_autograd/idmap.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"
 #include "rpc/module.h"

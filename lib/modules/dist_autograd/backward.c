@@ -63,7 +63,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/probe.h"
 #include "rpc/future_internal.h"

@@ -14,7 +14,7 @@
 #include "rpc/probe.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/stats.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 int sr__probes_prepare(int rank);
 
