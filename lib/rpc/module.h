@@ -44,9 +44,7 @@
  * the caller's value around user callbacks of futures (then, done
  * callbacks), so continuations see the context they were made in.
  *
- * Timers and peers: next_deadline() (-1: none) is folded into the agent's
- * sleep; tick() runs after every poll that found the inbox empty and after
- * timer wake-ups (progress thread). peer_died(rank, why) runs once per peer
+ * Peers: peer_died(rank, why) runs once per peer
  * whose process ended without a graceful shutdown, on whichever polling
  * thread saw the supervisor's report first (it must not block); why says
  * how it ended, for error messages ("worker2 exited with status 0 without
@@ -172,9 +170,7 @@ typedef struct sr_module {
     /* thread context */
     int64_t (*tls_get)(void);
     int64_t (*tls_set)(int64_t v);
-    /* timers and peers */
-    int64_t (*next_deadline)(void);
-    void (*tick)(void);
+    /* peers */
     void (*peer_died)(int rank, const char *why);
     /* profiling (probe.h): a short name for a module request's sub-kind
      * (type SR_MSG_MOD_REQ) or for a raw message of `type` (sub: its wire
@@ -227,8 +223,6 @@ int sr__module_send(int to, sr_msg *m, bool quiet);
 /* Wait for f with the agent's polling wait; 0 when done, -ETIMEDOUT at the
  * deadline (< 0: none). */
 int sr__module_wait(sr_future *f, int64_t deadline_ns);
-/* Re-read next_deadline: a module's earliest deadline moved earlier. */
-void sr__module_kick(void);
 /* Run fn(arg) off the polling thread: on an executor, or, when the thread
  * that polls only waits (an idle waiter in sr_shutdown, a user thread inside
  * sr__module_wait; not the progress thread, which never hands the inbox
@@ -267,8 +261,6 @@ void sr__tls_swap(struct sr_tls_snap *s); /* set s, and store the previous value
 struct sr_agent;
 bool sr__module_msg(struct sr_agent *a, const sr_msg *m);
 /* The hooks of every module, in registration order (fini: reverse). */
-int64_t sr__modules_next_deadline(void);
-void sr__modules_tick(void);
 void sr__modules_peer_died(int rank, const char *why);
 int sr__modules_init(const sr_init_opts *o);
 int sr__modules_shutdown_users(int64_t deadline_ns);

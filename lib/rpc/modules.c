@@ -127,15 +127,6 @@ int sr__module_wait(sr_future *f, int64_t deadline_ns)
     return rc;
 }
 
-void sr__module_kick(void)
-{
-    sr_agent *a = sr__agent_get(NULL);
-    if (a) {
-        sr__agent_kick(a);
-        sr__agent_put(a);
-    }
-}
-
 void sr__tls_capture(struct sr_tls_snap *s)
 {
     s->mask = 0;
@@ -171,25 +162,6 @@ bool sr__module_msg(sr_agent *a, const sr_msg *m)
         }
     }
     return false;
-}
-
-int64_t sr__modules_next_deadline(void)
-{
-    int64_t d = -1;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int64_t e = m && m->next_deadline ? m->next_deadline() : -1;
-        if (e >= 0 && (d < 0 || e < d))
-            d = e;
-    }
-    return d;
-}
-
-void sr__modules_tick(void)
-{
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->tick)
-            sr__modules[id]->tick();
 }
 
 void sr__modules_peer_died(int rank, const char *why)
