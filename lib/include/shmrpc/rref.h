@@ -145,6 +145,12 @@ SR_API int sr_rref_debug_forks(uint64_t rref_id, uint64_t *out, size_t cap);
  * infinite -EINVAL). */
 SR_API int sr_rref_wait_idle(double timeout_s);
 
+/* Graceful shutdown's leak check: true only logs RRefs still forked after
+ * every user was deleted, instead of failing sr_shutdown with -EBUSY
+ * (PyTorch's _ignore_rref_leak; its library default is to ignore, ours is
+ * false). Process-wide; each sr_init reads it, so set it before sr_init. */
+SR_API void sr_rref_set_ignore_leak(bool ignore);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,6 @@
 /* The RRef layer as a protocol module of the agent (lib/rpc/module.h). */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "error.h"
@@ -178,11 +179,22 @@ static int rref_serve(int caller, uint8_t sub, uint64_t rid, sr_value *args, sr_
     return *out ? 0 : code;
 }
 
-/* ---- timers, peers, lifecycle ---- */
+/* ---- peers, lifecycle ---- */
+
+/* sr_rref_set_ignore_leak's flag, read by each sr_init. */
+static _Atomic bool ignore_leak;
+
+SR_API void sr_rref_set_ignore_leak(bool ignore)
+{
+    /* relaxed: set before sr_init, on its thread or ordered before it by the application */
+    atomic_store_explicit(&ignore_leak, ignore, memory_order_relaxed);
+}
 
 static int rref_init(const sr_init_opts *o)
 {
-    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak);
+    (void)o;
+    /* relaxed: see sr_rref_set_ignore_leak */
+    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), atomic_load_explicit(&ignore_leak, memory_order_relaxed));
 }
 
 /* Names for the profiler (probe.h): control messages and module requests. */
