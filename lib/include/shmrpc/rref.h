@@ -75,6 +75,12 @@ SR_API void sr_rref_unref(sr_rref *r); /* NULL is a no-op */
  * call forks the RRef. */
 SR_API sr_value *sr_rref_value(sr_rref *r);
 SR_API sr_rref *sr_value_rref(const sr_value *v);
+/* The kind of such a value (sr_value_type(v) == SR_KIND_RREF; sr_kind_name
+ * gives "rref"). The RRef layer's kind is numbered when the library loads,
+ * so SR_KIND_RREF is not a constant expression: compare with it, do not use
+ * it as a case label. */
+SR_API sr_kind sr_rref_kind(void);
+#define SR_KIND_RREF (sr_rref_kind())
 
 /* ---- using --------------------------------------------------------------- */
 

@@ -6,9 +6,8 @@
 #include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
-#include "rpc/wire.h"
 
-void sr__dist_record_hooks(sr_module *m);
+int sr__dist_module = -1;
 
 static int da_serve(int caller, uint8_t sub, uint64_t tag, sr_value *args, sr_future **out)
 {
@@ -25,26 +24,44 @@ static int da_init(const sr_init_opts *o)
     return sr__dctx_container_init(sr__rpc_rank(), sr__rpc_world());
 }
 
-/* Names for the profiler (probe.h). */
-static const char *da_describe(int type, uint8_t sub)
+/* Names for the profiler (module.h, "Probes"). */
+static const char *da_describe_msg(uint8_t type, const uint8_t *bytes, size_t len)
 {
-    if (type == SR_MSG_DA_CLEANUP)
-        return "cleanup";
-    return type != SR_MSG_MOD_REQ ? NULL : sub == SR_DA_PROPAGATE ? "backward" : sub == SR_DA_RREF_BACKWARD ? "rref_backward" : NULL;
+    (void)bytes, (void)len;
+    return type == SR_DA_MSG_CLEANUP ? "cleanup" : NULL;
 }
 
-static sr_module da_module = {
-    .name = "dist_autograd",
-    .types = {SR_MSG_DA_CLEANUP},
-    .on_msg = sr__dist_on_cleanup,
-    .serve = da_serve,
-    .describe = da_describe,
+static const char *da_describe_request(uint8_t sub)
+{
+    return sub == SR_DA_PROPAGATE ? "backward" : sub == SR_DA_RREF_BACKWARD ? "rref_backward" : NULL;
+}
+
+static const struct sr_module_life_ops da_life = {
     .init = da_init,
     .fini = sr__dctx_container_fini,
 };
 
+static const struct sr_module_request_ops da_request = {
+    .serve = da_serve,
+    .describe = da_describe_request,
+};
+
+static const struct sr_module_msg_ops da_msg = {
+    .ntypes = 1,
+    .on_msg = sr__dist_on_cleanup,
+    .describe = da_describe_msg,
+};
+
+static const sr_module da_module = {
+    .name = "dist_autograd",
+    .call = &sr__dist_call_ops,
+    .tls = &sr__dist_tls_ops,
+    .life = &da_life,
+    .request = &da_request,
+    .msg = &da_msg,
+};
+
 __attribute__((constructor)) static void da_register(void)
 {
-    sr__dist_record_hooks(&da_module);
-    sr__module_register(SR_MOD_DIST_AUTOGRAD, &da_module);
+    sr__dist_module = sr__module_register(&da_module, NULL);
 }

@@ -1,5 +1,5 @@
 /* The profiler (internal): per-thread tables behind the probes of lib/rpc
- * (rpc/probe.h), the statistics (shmrpc/stats.h) and the trace
+ * (rpc/module.h, "Probes"), the statistics (shmrpc/stats.h) and the trace
  * (SHMRPC_TRACE, docs/PROFILING.md).
  *
  * Names (names.c). Function names are interned once into small ids
