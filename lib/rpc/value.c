@@ -221,10 +221,9 @@ static void value_destroy(sr_value *v)
     case SR_KIND_TENSOR:
         sr_tensor_unref(v->u.tensor);
         break;
-    case SR_KIND_RREF:
-        sr__value_kind(v->kind)->release(v->u.mod); /* only a module makes values of its kind */
-        break;
     default:
+        if (v->kind >= SR_KIND_MODULE) /* only a module makes values of its kind */
+            sr__value_kind(v->kind)->release(v->u.mod);
         break;
     }
     free(v);
@@ -264,9 +263,10 @@ SR_API const char *sr_kind_name(sr_kind k)
     case SR_KIND_TENSOR: return "tensor";
     case SR_KIND_LIST: return "list";
     case SR_KIND_OBJECT: return "object";
-    case SR_KIND_RREF: return "rref";
+    case SR_KIND_MODULE: break;
     }
-    return "unknown";
+    const sr_value_kind_ops *m = sr__value_kind(k);
+    return m ? m->name : "unknown";
 }
 
 static bool is(const sr_value *v, sr_kind k) { return v && v->kind == k; }
@@ -330,9 +330,10 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
     case SR_KIND_TENSOR: return sr__tensor_equal(a->u.tensor, b->u.tensor);
-    case SR_KIND_RREF: return a->u.mod == b->u.mod; /* the same RRef object; a received copy is another fork */
+    default: break;
     }
-    return false;
+    /* a module's kind: the same object (an RRef's received copy is another fork) */
+    return a->kind >= SR_KIND_MODULE && a->u.mod == b->u.mod;
 }
 
 const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
@@ -358,13 +359,15 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
         snprintf(buf, len, "tensor %s", sr__tensor_repr(v->u.tensor, t));
         break;
     }
-    case SR_KIND_RREF: {
+    default: {
         char r[96];
         const sr_value_kind_ops *k = sr__value_kind(v->kind);
-        snprintf(buf, len, "rref %s", k && k->str ? k->str(v->u.mod, r, sizeof(r)) : "?");
+        if (k)
+            snprintf(buf, len, "%s %s", k->name, k->str ? k->str(v->u.mod, r, sizeof(r)) : "?");
+        else
+            snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind));
         break;
     }
-    default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;
     }
     return buf;
 }

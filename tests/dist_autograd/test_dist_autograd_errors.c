@@ -12,7 +12,7 @@
 
 LEAK_CHECKED_SUITE(dist_autograd_errors);
 
-/* Test hook of lib/dist_autograd: the counter of the next context id. */
+/* Test hook of lib/modules/dist_autograd: the counter of the next context id. */
 extern void sr__dist_autograd_set_next_counter(uint64_t counter);
 
 /* ---- errors in backward (test_backward_python_udf_error, test_multiple_backward_with_errors) ---- */

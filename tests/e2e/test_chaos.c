@@ -150,8 +150,8 @@ static int op_rref(int peer, int third, int64_t i)
 static int chaos_worker(int rank, int world, void *arg)
 {
     struct chaos_shared *sh = arg;
-    sr_init_opts o = {.ignore_rref_leak = true};
-    if (sr_init(&o))
+    sr_rref_set_ignore_leak(true);
+    if (sr_init(NULL))
         return failed(sh, rank, "sr_init");
     char line[32];
     int len = snprintf(line, sizeof(line), "%d %d\n", rank, (int)getpid());

@@ -171,8 +171,6 @@ Test(call_scan, expiry_looks_at_the_expired_calls_only, .timeout = 120)
 /* The agent handles a peer's death (agent.c, peer_gone) by failing the calls
  * to it, then telling the modules: a module's peer_died hook is the event
  * that says the failing, however far it looked, is over. */
-#define TEST_MODULE 3 /* a free id below SR_MOD_MAX */
-
 static _Atomic uint32_t died; /* peer_died(1) has run */
 
 static void on_peer_died(int rank, const char *why)
@@ -182,7 +180,8 @@ static void on_peer_died(int rank, const char *why)
         bump_word(&died);
 }
 
-static const sr_module watcher = {.name = "call_scan_watcher", .peer_died = on_peer_died};
+static const struct sr_module_life_ops watcher_life = {.peer_died = on_peer_died};
+static const sr_module watcher = {.name = "call_scan_watcher", .life = &watcher_life};
 
 /* worker1 leaves (status 0, still attached) with worker0's calls in flight;
  * worker0, which cannot shut down gracefully with a peer gone, shuts down
@@ -191,7 +190,8 @@ static int peer_death(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
     register_fns();
-    WCHECK(sr__module_register(TEST_MODULE, &watcher) == 0, "module id %d is taken", TEST_MODULE);
+    int id = sr__module_register(&watcher, NULL);
+    WCHECK(id >= 0, "registering the watcher module: %s", strerror(-id));
     WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
     if (rank == 1) {
         WCHECK(wait_word(&sh->sent, 1) >= 1, "worker0 never started its calls");

@@ -22,6 +22,7 @@
 #include "rpc/inflight.h"
 #include "rpc/value_internal.h"
 #include "segment.h"
+#include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
 #include "tensor/tensor_impl.h"
 
@@ -881,6 +882,8 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
     memset(b + 5, 0, 18); /* a whole RRef, but no RPC worker to own it */
     b[13] = 1;
     assert_bad(b, 23, "offset 4: an RRef can only be decoded by an initialised worker");
+    b[4] = SR_KIND_MODULE + 3; /* a module kind no module registered (only RRefs have one) */
+    assert_bad(b, 23, "offset 4: no module decodes kind tag 12");
 
     b[4] = SR_KIND_NONE;
     sr_value *out = NULL;

@@ -10,7 +10,7 @@
 
 #include "rpc/agent.h"
 #include "rpc/future_internal.h"
-#include "rref/rref_internal.h"
+#include "modules/rref/rref_internal.h"
 #include "rref_fns.h"
 #include "waiter.h"
 
@@ -478,13 +478,13 @@ Test(rref_errors, rref_use_after_shutdown_is_a_clear_error, .timeout = 60)
 
 /* The leak check: a fork the owner knows of that no user will ever delete
  * (forged here through the internal fork table) fails graceful shutdown with
- * one "Leaking RRef" line per leak; with ignore_rref_leak it is only logged. */
+ * one "Leaking RRef" line per leak; with sr_rref_set_ignore_leak(true) it is only logged. */
 static int leak_worker(int rank, int world, void *arg)
 {
     (void)world;
     bool ignore = arg != NULL;
-    sr_init_opts o = {.ignore_rref_leak = ignore};
-    WCHECK(sr_init(&o) == 0, "init: %s", sr_last_error());
+    sr_rref_set_ignore_leak(ignore);
+    WCHECK(sr_init(NULL) == 0, "init: %s", sr_last_error());
     if (rank == 1) {
         enum sr_fork_add res;
         sr__rref_lock();
@@ -504,7 +504,7 @@ Test(rref_errors, leak_check_names_each_leaking_rref, .timeout = 60)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("rrefleak"), .shm_size = 128 << 20};
     cr_assert_eq(sr_spawn(2, leak_worker, NULL, &o), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_spawn(2, leak_worker, (void *)1, &o), 0, "ignore_rref_leak: %s", sr_last_error());
+    cr_assert_eq(sr_spawn(2, leak_worker, (void *)1, &o), 0, "sr_rref_set_ignore_leak: %s", sr_last_error());
 }
 
 /* A user forked onwards while itself unannounced (found in review). Rank 0

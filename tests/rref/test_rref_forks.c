@@ -1,4 +1,4 @@
-/* Unit tests of the owner's fork table (lib/rref/forks.h) and the id map
+/* Unit tests of the owner's fork table (lib/modules/rref/forks.h) and the id map
  * under it: duplicates and reordering of adds and deletes, deterministically,
  * one message at a time. The reordering runs of test_rref show the same
  * rules at work between processes; here every interleaving that matters is
@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "common.h"
-#include "rref/forks.h"
-#include "rref/map.h"
+#include "modules/rref/forks.h"
+#include "modules/rref/map.h"
 
 LEAK_CHECKED_SUITE(rref_forks);
 

@@ -29,6 +29,7 @@
 #include "heap.h"
 #include "rpc/codec.h"
 #include "rpc/module.h"
+#include "shmrpc/rref.h"
 #include "segment.h"
 #include "shmrpc/value.h"
 #include "tensor/desc.h"
@@ -351,7 +352,7 @@ static void nothing(void *obj) { (void)obj; }
 static void nothing_unencode(void *obj, const uint8_t *wire) { (void)obj, (void)wire; }
 
 static const sr_value_kind_ops failing_kind = {
-    .kind = SR_KIND_RREF,
+    .name = "failing",
     .wire_size = 8,
     .encode = failing_encode,
     .unencode = nothing_unencode,
@@ -366,10 +367,15 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
     moved = sr_ones(SR_F32, 1, SHAPE(64), 0);
     sr_block *sent = moved->storage->block;
     /* This process is its own test: borrow the RRef kind's module slot. */
-    const sr_module *saved = sr__modules[SR_MOD_RREF];
-    sr__modules[SR_MOD_RREF] = &failing_module;
+    int kind = SR_KIND_RREF, slot = -1;
+    for (int id = 0; id < SR_MODULE_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->value_kind == sr__value_kind(kind))
+            slot = id;
+    cr_assert_geq(slot, 0, "no module has the RRef kind %d", kind);
+    const sr_module *saved = sr__modules[slot];
+    sr__modules[slot] = &failing_module;
     static int token;
-    sr_value *args[] = {sr_tensor_value(moved), sr__value_module(SR_KIND_RREF, &token)};
+    sr_value *args[] = {sr_tensor_value(moved), sr__value_module(kind, &token)};
     cr_assert(args[0] && args[1]);
     int64_t size = sr_codec_size(2, args, 0);
     cr_assert_gt(size, 0, "%s", sr_last_error());
@@ -390,7 +396,7 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
               64, 0, 0, "the write");
     sr_value_unref(args[0]);
     sr_value_unref(args[1]);
-    sr__modules[SR_MOD_RREF] = saved;
+    sr__modules[slot] = saved;
     sr_tensor_unref(moved);
     sr_heap_counters_get(&end);
     cr_assert_eq(end.allocs - start.allocs, end.local_frees - start.local_frees, "no block leaked");

@@ -12,7 +12,7 @@
  *
  * Pluggable nodes. Any module may define a node type: a struct whose first
  * member is `sr_node`, an `sr_node_ops` vtable, and sr__node_create(). That
- * is how lib/dist_autograd adds SendRpcBackward / RecvRpcBackward without
+ * is how lib/modules/dist_autograd adds SendRpcBackward / RecvRpcBackward without
  * touching this engine.
  *
  * Graph tasks. One backward pass is an sr_graph_task:

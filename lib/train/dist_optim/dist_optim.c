@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/seam.h"
 #include "dist_optim/dist_optim_impl.h"
 #include "error.h"
 

@@ -18,7 +18,6 @@
 
 #include "error.h"
 #include "hooks.h"
-#include "rpc/future_internal.h"
 #include "rref_internal.h"
 
 #define CREATION_TIMED_OUT \
@@ -79,7 +78,7 @@ static void owner_created(sr_future *f, void *p)
 /* A call's request: proxy calls carry the RRef module's extension byte. */
 static struct sr_req request(enum sr_req_kind kind, uint64_t rid, bool proxy)
 {
-    struct sr_req q = {.kind = kind, .module = SR_MOD_RREF, .tag = rid, .ext_len = proxy ? 1 : 0};
+    struct sr_req q = {.kind = kind, .module = sr__rref_module, .tag = rid, .ext_len = proxy ? 1 : 0};
     q.ext[0] = SR_RREF_EXT_PROXY;
     return q;
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 
@@ -113,16 +113,19 @@ static int record_recv(sr_dctx *c, int64_t msg, int peer, sr_value *v)
     return rc;
 }
 
+/* A call that carries the context even without tensors that require grad:
+ * user functions, remote() calls and other modules' requests (to_here's
+ * fetch), whose results may bring some back. */
 static bool forced(const struct sr_call_out *o)
 {
     enum sr_call_kind k = sr__call_out_kind(o);
-    return k == SR_CALL_USER || k == SR_CALL_KEEP || (k == SR_CALL_MODULE && o->module == SR_MOD_RREF);
+    return k == SR_CALL_USER || k == SR_CALL_KEEP || k == SR_CALL_MODULE;
 }
 
 static int da_request_out(const struct sr_call_out *o, uint8_t *ext, size_t *len)
 {
     int64_t cur = sr__dctx_current();
-    if (cur == SR_NO_CONTEXT || (o->kind == SR_CALL_MODULE && o->module == SR_MOD_DIST_AUTOGRAD))
+    if (cur == SR_NO_CONTEXT || (o->kind == SR_CALL_MODULE && o->module == sr__dist_module))
         return 0;
     sr_dctx *c = sr__dctx_find(cur);
     if (!c)
@@ -162,27 +165,27 @@ static int da_request_in(sr_call *call, const uint8_t *ext, size_t len)
         return rc ? rc : sr__fail(-ENOMEM, "sr_rpc", "out of memory");
     }
     *st = (struct call_state){.ctx = c, .prev = SR_NO_CONTEXT};
-    *sr__call_state(call, SR_MOD_DIST_AUTOGRAD) = st;
+    *sr__call_state(call, sr__dist_module) = st;
     return 0;
 }
 
 static void da_run_enter(sr_call *call)
 {
-    struct call_state *st = *sr__call_state(call, SR_MOD_DIST_AUTOGRAD);
+    struct call_state *st = *sr__call_state(call, sr__dist_module);
     if (st)
         st->prev = sr__dctx_set_current(st->ctx->id);
 }
 
 static void da_run_exit(sr_call *call)
 {
-    struct call_state *st = *sr__call_state(call, SR_MOD_DIST_AUTOGRAD);
+    struct call_state *st = *sr__call_state(call, sr__dist_module);
     if (st)
         sr__dctx_set_current(st->prev);
 }
 
 static void da_response_out(sr_call *call, sr_value *v, uint8_t *ext, size_t *len)
 {
-    struct call_state *st = *sr__call_state(call, SR_MOD_DIST_AUTOGRAD);
+    struct call_state *st = *sr__call_state(call, sr__dist_module);
     sr_tensor **ts = NULL;
     size_t n = 0;
     int64_t msg = 0;
@@ -197,7 +200,7 @@ static void da_response_out(sr_call *call, sr_value *v, uint8_t *ext, size_t *le
 
 static void da_call_done(sr_call *call)
 {
-    void **slot = sr__call_state(call, SR_MOD_DIST_AUTOGRAD);
+    void **slot = sr__call_state(call, sr__dist_module);
     struct call_state *st = *slot;
     if (st) {
         sr__dctx_unref(st->ctx);
@@ -219,16 +222,17 @@ static void da_response_in(int from, const uint8_t *ext, size_t len, sr_value *v
     sr__dctx_unref(c);
 }
 
-/* Filled into the module by module.c. */
-void sr__dist_record_hooks(sr_module *m)
-{
-    m->request_out = da_request_out;
-    m->request_in = da_request_in;
-    m->run_enter = da_run_enter;
-    m->run_exit = da_run_exit;
-    m->response_out = da_response_out;
-    m->call_done = da_call_done;
-    m->response_in = da_response_in;
-    m->tls_get = sr__dctx_current;
-    m->tls_set = sr__dctx_set_current;
-}
+const struct sr_module_call_ops sr__dist_call_ops = {
+    .request_out = da_request_out,
+    .response_in = da_response_in,
+    .request_in = da_request_in,
+    .run_enter = da_run_enter,
+    .run_exit = da_run_exit,
+    .response_out = da_response_out,
+    .call_done = da_call_done,
+};
+
+const struct sr_module_tls_ops sr__dist_tls_ops = {
+    .get = sr__dctx_current,
+    .set = sr__dctx_set_current,
+};

@@ -1,5 +1,5 @@
 /* The profiler (internal): per-thread tables behind the probes of lib/rpc
- * (rpc/probe.h), the statistics (shmrpc/stats.h) and the trace
+ * (rpc/module.h, "Probes"), the statistics (shmrpc/stats.h) and the trace
  * (SHMRPC_TRACE, docs/PROFILING.md).
  *
  * Names (names.c). Function names are interned once into small ids
@@ -29,7 +29,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "trace/hist.h"
+#include "modules/trace/hist.h"
+#include "modules/trace/seam.h" /* sr__trace_job_end */
 
 #define SR_TRACE_FNS 256
 #define SR_TRACE_CHUNK 4096
@@ -116,9 +117,5 @@ void sr__trace_part_name(const char *path, int r, char *buf, size_t len);
  * flows whose other end is missing (a crashed worker, a full buffer) are
  * left out. 0 or -errno (with sr_last_error); no part at all: -ENOENT. */
 int sr__trace_merge(const char *path, int world);
-/* What sr_spawn and shmrun call at the end of a job: merge if SHMRPC_TRACE
- * is set, logging a failure (SR_LOG_ERROR); sr_last_error() is left as it was
- * (it may hold the job's failure). */
-void sr__trace_job_end(int world);
 
 #endif

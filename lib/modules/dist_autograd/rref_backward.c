@@ -4,7 +4,7 @@
  * without holding a thread (backward.c). */
 #include <errno.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 
@@ -61,7 +61,7 @@ SR_API int sr_rref_backward(sr_rref *r, int64_t context_id, bool retain_graph)
         return sr__fail(-EINVAL, who, "User RRefs require 'dist_autograd_ctx_id' to be specified");
     } else {
         sr_value *args[2] = {sr_rref_value(r), sr_bool(retain_graph)};
-        rc = args[0] && args[1] ? sr__module_rpc(sr_rref_owner(r), SR_MOD_DIST_AUTOGRAD, SR_DA_RREF_BACKWARD,
+        rc = args[0] && args[1] ? sr__module_rpc(sr_rref_owner(r), sr__dist_module, SR_DA_RREF_BACKWARD,
                                                  (uint64_t)context_id, (sr_args){2, args},
                                                  sr__rpc_default_timeout_ms(), &f)
                                 : -ENOMEM;

@@ -1,5 +1,5 @@
 /* Log-linear histograms. See hist.h. */
-#include "trace/hist.h"
+#include "modules/trace/hist.h"
 
 #include <string.h>
 

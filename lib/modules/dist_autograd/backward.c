@@ -63,10 +63,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
-#include "rpc/probe.h"
-#include "rpc/future_internal.h"
 #include "rpc/module.h"
 
 /* ---- the pass's graph task ---- */
@@ -364,7 +362,7 @@ static int req_send(struct req *q)
 {
     struct sr__dpass *p = q->pass;
     sr_future *f = NULL;
-    int rc = sr__module_rpc(q->peer, SR_MOD_DIST_AUTOGRAD, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
+    int rc = sr__module_rpc(q->peer, sr__dist_module, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
                             (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f);
     req_free(q);
     if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, p))

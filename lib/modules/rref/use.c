@@ -15,8 +15,6 @@
 #include <string.h>
 
 #include "error.h"
-#include "rpc/timeout.h"
-#include "rpc/future_internal.h"
 #include "hooks.h"
 #include "rref_internal.h"
 
@@ -73,7 +71,7 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.kind = SR_REQ_MODULE, .module = SR_MOD_RREF, .tag = r->rref_id,
+    struct sr_req q = {.kind = SR_REQ_MODULE, .module = sr__rref_module, .tag = r->rref_id,
                        .sub = sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED : SR_RREF_FETCH};
     int rc = sr__module_call_start(r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
     if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT) {

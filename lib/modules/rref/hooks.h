@@ -13,7 +13,6 @@
 #include <stdint.h>
 
 #include "rpc/module.h"
-#include "rpc/wire.h"
 #include "shmrpc/rref.h"
 
 /* ---- codec ------------------------------------------------------------------
@@ -62,7 +61,7 @@ sr_future *sr__rref_gate(sr_value *args);
  * or -errno with sr_last_error() set. */
 int sr__rref_proxy_value(const sr_value *arg0, sr_value **out);
 /* An SR_MSG_RREF control message. */
-void sr__rref_ctrl(const sr_msg *m);
+void sr__rref_ctrl(int from, uint8_t type, const uint8_t *bytes, size_t len);
 
 /* ---- agent ------------------------------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /* The profiler as a module of the agent (rpc/module.h): it reads
  * SHMRPC_STATS and SHMRPC_TRACE at sr_init, and at sr_shutdown prints the
  * statistics and writes this worker's trace part. It adds no per-call hook:
- * the calls reach it through the probes (rpc/probe.h). */
+ * the calls reach it through its probe group (module.h, "Probes"). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,12 +11,12 @@
 #include "parse.h"
 #include "log.h"
 #include "rpc/module.h"
-#include "rpc/probe.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/stats.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 int sr__probes_prepare(int rank);
+extern const struct sr_probe_ops sr__trace_probe_ops;
 
 /* Set by init, read by fini (the thread of sr_init, then of sr_shutdown,
  * which life_lock orders). */
@@ -45,7 +45,7 @@ static int profiler_init(const sr_init_opts *o)
     snprintf(trace_path, sizeof(trace_path), "%s", path && *path ? path : "");
     if (sr__probes_prepare(rank))
         return sr__fail(-ENOMEM, "sr_init", "worker%d: out of memory for the profiler", rank);
-    /* relaxed: see probe.h */
+    /* relaxed: see module.h, "Probes" */
     if (env_mask)
         sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) | env_mask);
     return 0;
@@ -68,7 +68,7 @@ static void profiler_fini(void)
     env_mask = 0;
     if (!m)
         return;
-    /* relaxed: see probe.h; the trace stops here, statistics enabled by the API stay */
+    /* relaxed: see module.h, "Probes"; the trace stops here, statistics enabled by the API stay */
     sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) & ~m);
     if (m & SR_PROBE_TRACE && sr__trace_write_part(trace_path, sr__rpc_rank(), worker))
         sr__log_text(SR_LOG_ERROR, sr_last_error());
@@ -76,13 +76,18 @@ static void profiler_fini(void)
         print_stats();
 }
 
-static const sr_module profiler_module = {
-    .name = "profiler",
+static const struct sr_module_life_ops profiler_life = {
     .init = profiler_init,
     .fini = profiler_fini,
 };
 
+static const sr_module profiler_module = {
+    .name = "profiler",
+    .life = &profiler_life,
+    .probe = &sr__trace_probe_ops,
+};
+
 __attribute__((constructor)) static void profiler_register(void)
 {
-    sr__module_register(SR_MOD_PROFILER, &profiler_module);
+    sr__module_register(&profiler_module, NULL);
 }

@@ -52,6 +52,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
 #include "log.h"
@@ -64,15 +65,13 @@ struct unacked {
     uint64_t rid, fid;
 };
 
-static sr_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uint64_t fid, uint64_t extra)
+static struct sr_rref_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint64_t rid, uint64_t fid,
+                                   uint64_t extra)
 {
-    sr_msg m = {.type = SR_MSG_RREF_CTRL};
-    struct sr_wire w = {.call_id = token, .ctrl = (uint8_t)kind, .p.args = {rid, fid, extra}};
-    sr_wire_put(&m, &w, true);
-    return m;
+    return (struct sr_rref_msg){.token = token, .kind = (uint8_t)kind, .args = {rid, fid, extra}};
 }
 
-static void queue_send(struct after *d, int to, sr_msg m, bool quiet, bool nudge)
+static void queue_send(struct after *d, int to, struct sr_rref_msg m, bool quiet, bool nudge)
 {
     d->send[d->nsend].to = to;
     d->send[d->nsend].quiet = quiet;
@@ -110,11 +109,11 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
 
 /* Counted for graceful shutdown's quiescence waves by the agent; the
  * statistics leave out nudges and their answers (they depend on timing). */
-int sr__ctrl_send(int to, sr_msg *m, bool quiet)
+int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet)
 {
-    struct sr_wire w = sr_wire_get(m);
-    int rc = sr__module_send(to, m, quiet);
-    if (!rc && w.ctrl != SR_RREF_NUDGE && w.ctrl != SR_RREF_ANNOUNCE && (w.ctrl != SR_RREF_ACK || w.call_id))
+    struct sr_rref_msg w = *m;
+    int rc = sr__module_send(to, sr__rref_module, SR_RREF_MSG_CTRL, m, sizeof(*m), quiet);
+    if (!rc && w.kind != SR_RREF_NUDGE && w.kind != SR_RREF_ANNOUNCE && (w.kind != SR_RREF_ACK || w.token))
         /* relaxed: statistics */
         atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
     return rc;
@@ -122,13 +121,13 @@ int sr__ctrl_send(int to, sr_msg *m, bool quiet)
 
 void sr__ctrl_announce(int to, uint64_t upto)
 {
-    sr_msg m = ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0);
+    struct sr_rref_msg m = ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0);
     sr__ctrl_send(to, &m, false); /* a dead peer: the peer-death hook releases the children */
 }
 
 void sr__ctrl_nudge(int to)
 {
-    sr_msg m = ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0);
+    struct sr_rref_msg m = ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0);
     sr__ctrl_send(to, &m, false); /* a dead owner: its entries go with it (peer-death hook) */
 }
 
@@ -170,16 +169,16 @@ static void queue_ack(struct after *d, int to, uint64_t token, int err, bool qui
  * OwnerRRef is then created awaiting its value, as a fetch would, so that
  * the user it confirms finds it (a confirmed user's fetch for an unknown
  * RRef is answered "deleted"). */
-static void on_fork_request(const struct sr_wire *w, int src, struct after *d)
+static void on_fork_request(const struct sr_rref_msg *w, int src, struct after *d)
 {
     enum sr_fork_add res;
-    uint64_t rid = w->p.args.a;
+    uint64_t rid = w->args.a;
     int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
     if (!rc)
-        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->p.args.b, &res);
+        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, &res);
     if (rc)
         sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
-    queue_ack(d, src, w->call_id, rc, false);
+    queue_ack(d, src, w->token, rc, false);
 }
 
 void sr__child_accepted_locked(uint64_t fid, struct after *d)
@@ -191,19 +190,19 @@ void sr__child_accepted_locked(uint64_t fid, struct after *d)
 }
 
 /* Not acknowledged: the child tracks nothing (see the header comment). */
-static void on_child_accept(const struct sr_wire *w, struct after *d)
+static void on_child_accept(const struct sr_rref_msg *w, struct after *d)
 {
-    sr__child_accepted_locked(w->p.args.b, d);
+    sr__child_accepted_locked(w->args.b, d);
 }
 
-static void on_user_delete(const struct sr_wire *w, int src, struct after *d)
+static void on_user_delete(const struct sr_rref_msg *w, int src, struct after *d)
 {
     enum sr_fork_del res;
-    uint64_t rid = w->p.args.a, extra = w->p.args.c;
-    int rc = sr__forks_del(&sr__rref_ctx.forks, rid, w->p.args.b, (uint32_t)(extra >> 2), extra & 1, &res);
+    uint64_t rid = w->args.a, extra = w->args.c;
+    int rc = sr__forks_del(&sr__rref_ctx.forks, rid, w->args.b, (uint32_t)(extra >> 2), extra & 1, &res);
     if (!rc)
         sr__owner_maybe_erase_locked(rid, d);
-    queue_ack(d, src, w->call_id, rc, (extra & SR_DELETE_QUIET_ACK) != 0);
+    queue_ack(d, src, w->token, rc, (extra & SR_DELETE_QUIET_ACK) != 0);
 }
 
 /* The owner acknowledged a FORK_REQUEST: the user is confirmed, and tells
@@ -224,10 +223,10 @@ static void finish_fork_request(const struct unacked *e, int err, struct after *
     sr__user_resolve_locked(r, true, d);
 }
 
-static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **failed)
+static void on_ack(const struct sr_rref_msg *w, int src, struct after *d, sr_rref **failed)
 {
-    struct unacked *e = sr__map_del(&sr__rref_ctx.unacked, w->call_id);
-    int err = (int)(int64_t)w->p.args.a;
+    struct unacked *e = sr__map_del(&sr__rref_ctx.unacked, w->token);
+    int err = (int)(int64_t)w->args.a;
     if (!e)
         return; /* a duplicate ACK: nothing waits for it */
     if (e->kind == SR_RREF_FORK_REQUEST)
@@ -240,25 +239,27 @@ static void on_ack(const struct sr_wire *w, int src, struct after *d, sr_rref **
 /* A parent waits for idleness: its children here that are still
  * unannounced ask their owner now, and so do those up to fork id `upto`
  * decoded later (the ANNOUNCE overtook the request that carries them). */
-static void on_announce(const struct sr_wire *w, int src)
+static void on_announce(const struct sr_rref_msg *w, int src)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr__rref_lock();
     uintptr_t was = (uintptr_t)sr__map_get(&c->announce_upto, (uint64_t)src);
-    if (c->active && w->p.args.b + 1 > was) /* no memory: those decoded later wait for their call's end */
-        sr__map_put(&c->announce_upto, (uint64_t)src, (void *)(uintptr_t)(w->p.args.b + 1));
+    if (c->active && w->args.b + 1 > was) /* no memory: those decoded later wait for their call's end */
+        sr__map_put(&c->announce_upto, (uint64_t)src, (void *)(uintptr_t)(w->args.b + 1));
     sr__rref_unlock();
     sr__rref_announce_all(src);
 }
 
-void sr__rref_ctrl(const sr_msg *m)
+void sr__rref_ctrl(int src, uint8_t type, const uint8_t *bytes, size_t len)
 {
-    struct sr_wire w = sr_wire_get(m);
+    (void)type; /* the module has one */
+    struct sr_rref_msg w;
+    memcpy(&w, bytes, len < sizeof(w) ? len : sizeof(w));
     struct after d;
     sr__after_init(&d);
     sr_rref *failed = NULL;
-    if (w.ctrl == SR_RREF_ANNOUNCE) { /* no answer; its work may need many sends */
-        on_announce(&w, m->src);
+    if (w.kind == SR_RREF_ANNOUNCE) { /* no answer; its work may need many sends */
+        on_announce(&w, src);
         return;
     }
     sr__rref_lock();
@@ -266,22 +267,22 @@ void sr__rref_ctrl(const sr_msg *m)
         sr__rref_unlock();
         return;
     }
-    switch (w.ctrl) {
-    case SR_RREF_FORK_REQUEST: on_fork_request(&w, m->src, &d); break;
+    switch (w.kind) {
+    case SR_RREF_FORK_REQUEST: on_fork_request(&w, src, &d); break;
     case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, &d); break;
-    case SR_RREF_USER_DELETE: on_user_delete(&w, m->src, &d); break;
-    case SR_RREF_ACK: on_ack(&w, m->src, &d, &failed); break;
+    case SR_RREF_USER_DELETE: on_user_delete(&w, src, &d); break;
+    case SR_RREF_ACK: on_ack(&w, src, &d, &failed); break;
     case SR_RREF_NUDGE: /* loudly, after every ACK this worker sent the nudger before */
-        queue_send(&d, m->src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
+        queue_send(&d, src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
         break;
-    default: sr_logf(SR_LOG_WARN, "dropped an RRef message of unknown kind %u from worker%u", w.ctrl, m->src);
+    default: sr_logf(SR_LOG_WARN, "dropped an RRef message of unknown kind %u from worker%d", w.kind, src);
     }
     sr__idle_check_locked(&d);
     sr__rref_unlock();
     if (failed && failed->confirm)
-        sr_future_set_error(failed->confirm, (int)(int64_t)w.p.args.a,
-                            "worker%d: the owner worker%u could not register the fork: %s", sr__rref_ctx.rank, m->src,
-                            sr_strerror((int)(int64_t)w.p.args.a));
+        sr_future_set_error(failed->confirm, (int)(int64_t)w.args.a,
+                            "worker%d: the owner worker%d could not register the fork: %s", sr__rref_ctx.rank, src,
+                            sr_strerror((int)(int64_t)w.args.a));
     sr_rref_unref(failed);
     sr__after_run(&d);
 }
@@ -397,20 +398,20 @@ void sr__rref_peer_died(int rank, const char *why)
 /* A message that could not be sent (its destination is dead, or no memory
  * to queue it): what waits for its answer is settled now, as if the peer
  * had died, so no entry outlives a peer-death hook that already ran. */
-void sr__ctrl_unsent(int to, const sr_msg *m, int err)
+void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_rref_msg w = *m;
     struct after d;
     sr__after_init(&d);
     sr_rref *failed = NULL;
     if (err != -EPIPE) /* a dead peer's messages are dropped silently: its death is reported */
-        sr_logf(SR_LOG_WARN, "an RRef control message (kind %u) to worker%d could not be sent: %s", w.ctrl, to,
+        sr_logf(SR_LOG_WARN, "an RRef control message (kind %u) to worker%d could not be sent: %s", w.kind, to,
                sr_last_error());
-    if (!w.call_id || w.ctrl == SR_RREF_ACK)
+    if (!w.token || w.kind == SR_RREF_ACK)
         return; /* nothing here waits for it */
     sr__rref_lock();
     if (sr__rref_ctx.active)
-        drop_entry_locked(w.call_id, &d, &failed);
+        drop_entry_locked(w.token, &d, &failed);
     sr__idle_check_locked(&d);
     sr__rref_unlock();
     fail_confirm(failed, to, NULL);

@@ -1,5 +1,5 @@
 /* RRefs, internal side: the object, the per-worker context, and the helpers
- * shared by the files of lib/rref. The protocol is described in docs/RREF.md;
+ * shared by the files of lib/modules/rref. The protocol is described in docs/RREF.md;
  * the functions lib/rpc calls are in hooks.h.
  *
  * Locking: one mutex (ctx.lock) guards every map of the context and the
@@ -22,19 +22,25 @@
 #include "forks.h"
 #include "map.h"
 #include "rpc/module.h"
-#include "rpc/wire.h"
 #include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
 
-/* The RRef module's raw message: control messages, idempotent, each sent
- * once (protocol.c). struct sr_wire carries them: call_id = the sender's
- * token when it wants an ACK (echoed by the ACK; 0: none), ctrl = the kind,
- * p.args = {rref_id, fork_id, extra}. */
-#define SR_MSG_RREF_CTRL SR_MSG_MODULE_TYPE(SR_MOD_RREF, 0)
+/* The RRef module's id and value kind (module.c: sr__module_register). */
+extern int sr__rref_module;
+extern int sr__rref_kind;
+/* The RRef module's raw message (its type SR_RREF_MSG_CTRL): control
+ * messages, idempotent, each sent once (protocol.c), as these bytes. */
+enum { SR_RREF_MSG_CTRL = 0 };
+struct sr_rref_msg {
+    uint64_t token;   /* the sender's token when it wants an ACK (echoed by the ACK; 0: none) */
+    struct { uint64_t a, b, c; } args; /* rref_id, fork_id, extra */
+    uint8_t kind;     /* enum sr_rref_ctrl */
+    uint8_t pad[7];   /* zero: no byte of a message is left unset */
+};
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
     SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
     SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: SR_DELETE_QUIET_ACK below) */
-    SR_RREF_ACK = 4,          /* answer to a FORK_REQUEST or USER_DELETE: call_id = the token,
+    SR_RREF_ACK = 4,          /* answer to a FORK_REQUEST or USER_DELETE: token = the request's token,
                                  args.a = 0 or the -errno that kept the owner from applying it;
                                  token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
     SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
@@ -131,7 +137,7 @@ struct after {
         int to;
         bool quiet;  /* an ACK the deleter allowed to be quiet */
         bool nudge;  /* a delete whose ACK may come quietly: nudge if a waiter appeared meanwhile */
-        sr_msg m;
+        struct sr_rref_msg m;
     } send[AFTER_MAX];
     int nsend;
 };
@@ -185,7 +191,7 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
                           uint64_t extra);
 /* Send one message now, counted for quiescence (quiet: wakes nobody). */
-int sr__ctrl_send(int to, sr_msg *m, bool quiet);
+int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet);
 /* After a send (d->send[i]) that may get a quiet answer: if a thread began
  * waiting for idleness meanwhile, nudge the destination. */
 void sr__ctrl_after_send(int to, bool nudge);
@@ -196,7 +202,7 @@ void sr__ctrl_nudge(int to);
 /* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
 void sr__unacked_delete_owners_locked(bool *mark, int world);
 /* A message sr__ctrl_send refused (err): settle what waited for its answer. */
-void sr__ctrl_unsent(int to, const sr_msg *m, int err);
+void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 

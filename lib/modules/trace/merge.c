@@ -16,7 +16,7 @@
 
 #include "error.h"
 #include "log.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 struct ids {
     uint64_t *v;

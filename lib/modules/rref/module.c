@@ -1,10 +1,12 @@
 /* The RRef layer as a protocol module of the agent (lib/rpc/module.h). */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "error.h"
-#include "rref/hooks.h"
-#include "rref/rref_internal.h"
+#include "modules/rref/hooks.h"
+#include "modules/rref/rref_internal.h"
 
 /* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16 (LE) ---- */
 
@@ -58,8 +60,10 @@ static int kind_decode(const uint8_t *w, void **obj)
 static void kind_release(void *obj) { sr_rref_unref(obj); }
 static const char *kind_str(const void *obj, char *buf, size_t len) { return sr_rref_str(obj, buf, len); }
 
+int sr__rref_module = -1, sr__rref_kind = -1;
+
 static const sr_value_kind_ops rref_kind = {
-    .kind = SR_KIND_RREF,
+    .name = "rref",
     .wire_size = SR_RREF_WIRE_SIZE,
     .sendable = kind_sendable,
     .encode = kind_encode,
@@ -76,20 +80,22 @@ SR_API sr_value *sr_rref_value(sr_rref *r)
         sr__fail(-EINVAL, __func__, "the RRef is NULL");
         return NULL;
     }
-    sr_value *v = sr__value_module(SR_KIND_RREF, sr_rref_ref(r));
+    sr_value *v = sr__value_module(sr__rref_kind, sr_rref_ref(r));
     if (!v)
         sr_rref_unref(r);
     return v;
 }
 
-SR_API sr_rref *sr_value_rref(const sr_value *v) { return sr__value_module_obj(v, SR_KIND_RREF); }
+SR_API sr_rref *sr_value_rref(const sr_value *v) { return sr__value_module_obj(v, sr__rref_kind); }
+
+SR_API sr_kind sr_rref_kind(void) { return (sr_kind)sr__rref_kind; }
 
 /* ---- calls ---- */
 
 /* The call's state (struct rref_call), made when first needed. */
 static struct rref_call *call_state(sr_call *c)
 {
-    void **st = sr__call_state(c, SR_MOD_RREF);
+    void **st = sr__call_state(c, sr__rref_module);
     if (!*st)
         *st = calloc(1, sizeof(struct rref_call));
     return *st;
@@ -126,7 +132,7 @@ static int rref_request_in(sr_call *c, const uint8_t *ext, size_t len)
 /* A proxy call: argument 0 becomes the owner's local value. */
 static int rref_prepare(sr_call *c)
 {
-    struct rref_call *st = *sr__call_state(c, SR_MOD_RREF);
+    struct rref_call *st = *sr__call_state(c, sr__rref_module);
     if (!st || !st->proxy)
         return 0;
     st->proxy = false;
@@ -141,7 +147,7 @@ static int rref_prepare(sr_call *c)
  * (those its arguments took along were settled with their parents). */
 static void rref_call_done(sr_call *c)
 {
-    void **slot = sr__call_state(c, SR_MOD_RREF);
+    void **slot = sr__call_state(c, sr__rref_module);
     struct rref_call *st = *slot;
     if (!st)
         return;
@@ -178,47 +184,88 @@ static int rref_serve(int caller, uint8_t sub, uint64_t rid, sr_value *args, sr_
     return *out ? 0 : code;
 }
 
-/* ---- timers, peers, lifecycle ---- */
+/* ---- peers, lifecycle ---- */
+
+/* sr_rref_set_ignore_leak's flag, read by each sr_init. */
+static _Atomic bool ignore_leak;
+
+SR_API void sr_rref_set_ignore_leak(bool ignore)
+{
+    /* relaxed: set before sr_init, on its thread or ordered before it by the application */
+    atomic_store_explicit(&ignore_leak, ignore, memory_order_relaxed);
+}
 
 static int rref_init(const sr_init_opts *o)
 {
-    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), o->ignore_rref_leak);
+    (void)o;
+    /* relaxed: see sr_rref_set_ignore_leak */
+    return sr__rref_init(sr__rpc_rank(), sr__rpc_world(), atomic_load_explicit(&ignore_leak, memory_order_relaxed));
 }
 
-/* Names for the profiler (probe.h): control messages and module requests. */
-static const char *rref_describe(int type, uint8_t sub)
+/* Names for the profiler (module.h, "Probes"): control messages and module
+ * requests. */
+static const char *rref_describe_msg(uint8_t type, const uint8_t *bytes, size_t len)
 {
     static const char *const ctrl[] = {[SR_RREF_FORK_REQUEST] = "fork_request", [SR_RREF_CHILD_ACCEPT] = "child_accept",
                                        [SR_RREF_USER_DELETE] = "user_delete", [SR_RREF_ACK] = "ack",
                                        [SR_RREF_NUDGE] = "nudge"};
-    static const char *const req[] = {[SR_RREF_FETCH] = "to_here", [SR_RREF_FETCH_CONFIRMED] = "to_here"};
-    if (type == SR_MSG_RREF_CTRL)
-        return sub < sizeof(ctrl) / sizeof(ctrl[0]) ? ctrl[sub] : NULL;
-    return type == SR_MSG_MOD_REQ && sub < sizeof(req) / sizeof(req[0]) ? req[sub] : NULL;
+    uint8_t kind = len >= sizeof(struct sr_rref_msg) ? bytes[offsetof(struct sr_rref_msg, kind)] : 0;
+    return type == SR_RREF_MSG_CTRL && kind < sizeof(ctrl) / sizeof(ctrl[0]) ? ctrl[kind] : NULL;
 }
 
-static const sr_module rref_module = {
-    .name = "rref",
-    .value_kind = &rref_kind,
-    .types = {SR_MSG_RREF_CTRL},
-    .on_msg = sr__rref_ctrl,
-    .serve = rref_serve,
+static const char *rref_describe_request(uint8_t sub)
+{
+    static const char *const req[] = {[SR_RREF_FETCH] = "to_here", [SR_RREF_FETCH_CONFIRMED] = "to_here"};
+    return sub < sizeof(req) / sizeof(req[0]) ? req[sub] : NULL;
+}
+
+static const struct sr_module_call_ops rref_call = {
     .request_in = rref_request_in,
-    .prepare = rref_prepare,
     .call_done = rref_call_done,
+};
+
+static const struct sr_module_gate_ops rref_gate_ops = {
     .gate = rref_gate,
-    .describe = rref_describe,
-    .keep_open = rref_keep_open,
-    .keep_set = rref_keep_set,
-    .keep_drop = rref_keep_drop,
-    .peer_died = sr__rref_peer_died,
+    .prepare = rref_prepare,
+};
+
+static const struct sr_module_keep_ops rref_keep = {
+    .open = rref_keep_open,
+    .set = rref_keep_set,
+    .drop = rref_keep_drop,
+};
+
+static const struct sr_module_life_ops rref_life = {
     .init = rref_init,
     .shutdown_users = sr__rref_shutdown_users,
     .shutdown_check = sr__rref_shutdown_check,
     .fini = sr__rref_fini,
+    .peer_died = sr__rref_peer_died,
+};
+
+static const struct sr_module_request_ops rref_request = {
+    .serve = rref_serve,
+    .describe = rref_describe_request,
+};
+
+static const struct sr_module_msg_ops rref_msg = {
+    .ntypes = 1,
+    .on_msg = sr__rref_ctrl,
+    .describe = rref_describe_msg,
+};
+
+static const sr_module rref_module = {
+    .name = "rref",
+    .call = &rref_call,
+    .gate = &rref_gate_ops,
+    .keep = &rref_keep,
+    .life = &rref_life,
+    .request = &rref_request,
+    .msg = &rref_msg,
+    .value_kind = &rref_kind,
 };
 
 __attribute__((constructor)) static void rref_register(void)
 {
-    sr__module_register(SR_MOD_RREF, &rref_module);
+    sr__rref_module = sr__module_register(&rref_module, &sr__rref_kind);
 }

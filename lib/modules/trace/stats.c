@@ -5,9 +5,8 @@
 
 #include "error.h"
 #include "rpc/module.h"
-#include "rpc/probe.h"
 #include "shmrpc/stats.h"
-#include "trace/trace.h"
+#include "modules/trace/trace.h"
 
 int sr__probes_prepare(int rank);
 
@@ -27,7 +26,7 @@ SR_API bool sr_stats_enable(bool on)
 {
     if (on && sr__probes_prepare(sr__rpc_rank()))
         return sr_stats_enabled();
-    /* relaxed: the mask is a hint read at each probe (probe.h) */
+    /* relaxed: the mask is a hint read at each probe (rpc/module.h, "Probes") */
     uint32_t m = atomic_load_explicit(&sr__probe_mask, memory_order_relaxed);
     uint32_t was = sr__probe_set(on ? m | SR_PROBE_STATS : m & ~SR_PROBE_STATS);
     return was & SR_PROBE_STATS;

@@ -37,7 +37,8 @@
 #include <stdint.h>
 
 #include "tensor/seam.h"
-#include "dist_autograd/idmap.h"
+#include "modules/dist_autograd/idmap.h"
+#include "modules/dist_autograd/seam.h" /* current context, not-found error */
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"
 #include "rpc/module.h"
@@ -77,13 +78,8 @@ sr_dctx *sr__dctx_get_or_create(int64_t id, bool *released);
 sr_dctx *sr__dctx_remove(int64_t id);
 /* A fresh autograd message id; -EOVERFLOW past the counter's range. */
 int sr__dctx_next_message_id(int64_t *out);
-/* The thread's current context id (SR_NO_CONTEXT: none); set returns the old. */
-int64_t sr__dctx_current(void);
-int64_t sr__dctx_set_current(int64_t id);
 /* Backward passes in progress on this worker (debug info). */
 extern _Atomic int64_t sr__dctx_passes;
-/* An "unknown context" error, with PyTorch's text. */
-int sr__dctx_not_found(const char *who, int64_t id);
 
 /* ---- context.c ---- */
 sr_dctx *sr__dctx_alloc(int64_t id, int world);
@@ -123,10 +119,18 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
 /* A pass rooted here; *out completes when every worker has finished. */
 int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain, sr_future **out);
 
+/* ---- module.c ---- */
+/* The module's id (sr__module_register). */
+extern int sr__dist_module;
+/* record.c: the per-call hooks and the current context as the thread value. */
+extern const struct sr_module_call_ops sr__dist_call_ops;
+extern const struct sr_module_tls_ops sr__dist_tls_ops;
+
 /* ---- cleanup.c ---- */
-/* A cleanup message arrived (on the polling thread). */
-void sr__dist_on_cleanup(const sr_msg *m);
-#define SR_MSG_DA_CLEANUP SR_MSG_MODULE_TYPE(SR_MOD_DIST_AUTOGRAD, 0)
+/* A cleanup message (the module's raw message type SR_DA_MSG_CLEANUP: the
+ * context id, 8 bytes) arrived from `from` (on the polling thread). */
+enum { SR_DA_MSG_CLEANUP = 0 };
+void sr__dist_on_cleanup(int from, uint8_t type, const uint8_t *bytes, size_t len);
 /* Release c here and tell its known workers (except `except`, -1: none). */
 void sr__dist_release(sr_dctx *c, int except);
 

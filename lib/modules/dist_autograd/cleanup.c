@@ -10,15 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "rpc/module.h"
 
 static void send_cleanup(int64_t ctx_id, int to)
 {
-    sr_msg m = {.type = SR_MSG_DA_CLEANUP};
-    memcpy(m.data, &ctx_id, sizeof(ctx_id));
-    sr__module_send(to, &m, false); /* counted: graceful shutdown waits for it to be read */
+    sr__module_send(to, sr__dist_module, SR_DA_MSG_CLEANUP, &ctx_id, sizeof(ctx_id), false); /* counted: graceful shutdown waits for it to be read */
 }
 
 void sr__dist_release(sr_dctx *c, int except)
@@ -36,13 +34,14 @@ void sr__dist_release(sr_dctx *c, int except)
     sr__dctx_unref(mine);
 }
 
-void sr__dist_on_cleanup(const sr_msg *m)
+void sr__dist_on_cleanup(int from, uint8_t type, const uint8_t *bytes, size_t len)
 {
-    int64_t id;
-    memcpy(&id, m->data, sizeof(id));
+    (void)type; /* the module has one */
+    int64_t id = 0;
+    memcpy(&id, bytes, len < sizeof(id) ? len : sizeof(id));
     sr_dctx *c = sr__dctx_find(id);
     if (c)
-        sr__dist_release(c, (int)m->src);
+        sr__dist_release(c, from);
     else
         sr__dctx_unref(sr__dctx_remove(id)); /* remembers the id */
     sr__dctx_unref(c);

@@ -1,4 +1,4 @@
-/* The profiler's side of the probes (rpc/probe.h): statistics and trace
+/* The profiler's side of the probes (rpc/module.h, "Probes"): statistics and trace
  * records, on the thread of each event. See trace.h.
  *
  * The caller's view of a call is split between two threads: the one that
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "rpc/probe.h"
-#include "trace/trace.h"
+#include "rpc/module.h"
+#include "modules/trace/trace.h"
 
 #define PENDING (1u << 16) /* the agent's call slots (api.c CALL_SLOTS) */
 
@@ -53,7 +53,7 @@ static uint64_t flow_id(int rank, uint64_t call)
 
 static uint32_t mask(void)
 {
-    return atomic_load_explicit(&sr__probe_mask, memory_order_relaxed); /* relaxed: see probe.h */
+    return atomic_load_explicit(&sr__probe_mask, memory_order_relaxed); /* relaxed: see module.h, "Probes" */
 }
 
 static struct pending *slot_of(uint64_t id)
@@ -198,9 +198,8 @@ static void span(const char *cat, const char *name, int64_t t0, int64_t t1)
                                           .peer = -1, .tid = t->tid});
 }
 
-static const struct sr_probe_ops ops = {
+/* The profiler module's probe group (module.c). */
+const struct sr_probe_ops sr__trace_probe_ops = {
     .call_out = call_out, .call_sent = call_sent, .call_end = call_end, .serve_in = serve_in,
     .ran = ran, .served = served, .reply = reply, .msg = msg, .span = span,
 };
-
-__attribute__((constructor)) static void probes_register(void) { sr__probe_register(&ops); }
