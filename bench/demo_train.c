@@ -21,7 +21,7 @@
  * trainer's optimizer state and the training position every --save-every
  * steps, crash-safe (docs/CHECKPOINT.md); --resume continues from the last.
  * With one trainer a resumed run ends with the same parameters, bit for bit,
- * as an uninterrupted one (tests/test_train_resume.c). With several, the
+ * as an uninterrupted one (tests/e2e/test_train_resume.c). With several, the
  * order of their updates is not deterministic, and a checkpoint may count a
  * trainer's last step as not done while the parameters already hold it: on
  * resume that batch is trained again.

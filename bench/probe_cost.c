@@ -1,4 +1,4 @@
-/* bench_rpc probes: what the profiler's probes (lib/rpc/probe.h) cost on the
+/* bench_rpc probes: what the profiler's probes (lib/rpc/module.h, "Probes") cost on the
  * hot no-op round trip, side by side in one run.
  *
  * Compiled out vs compiled in and off cannot share a process: they are two
@@ -20,7 +20,7 @@
 
 #include "bench_util.h"
 #include "probe_cost.h"
-#include "rpc/probe.h"
+#include "rpc/module.h"
 #include "shmrpc/shmrpc.h"
 
 #define P_ROUNDS 7

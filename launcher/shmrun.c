@@ -27,7 +27,7 @@
 #include "job/job.h"
 #include "output.h"
 #include "sweep.h"
-#include "trace/trace.h"
+#include "modules/trace/seam.h"
 
 /* What every child needs; built before the first fork. */
 struct launch {

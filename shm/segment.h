@@ -78,7 +78,7 @@ static inline bool sr_worker_state_attached(uint32_t st)
  * that fails the calls to the departed peer. */
 
 /* exit_code of an exit published by a peer from its pidfd (no supervisor:
- * mpirun, orphan.c): the process ended, its status is the launcher's. */
+ * mpirun, lib/transport/shm/orphan.c): the process ended, its status is the launcher's. */
 #define SR_EXIT_SEEN 0
 
 struct sr_seg_header {

@@ -25,6 +25,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "clock.h" /* sr_now_ns: the deadlines of its sleeps */
+
 #define SR_WAKE_DOORBELL 0x1u /* the doorbell rang, or the ready() check saw work */
 #define SR_WAKE_TIMEOUT 0x2u  /* the deadline passed */
 #define SR_WAKE_PEER 0x4u     /* a watched peer exited; see sr_waiter.peer_dead */
@@ -87,10 +89,5 @@ void sr_waiter_notify_shutdown(sr_waiter *w);
 /* Does this kernel support io_uring FUTEX_WAIT on a shared word? */
 bool sr_waiter_futex_supported(void);
 
-int64_t sr_now_ns(void);
-/* A cheaper clock for deadlines: CLOCK_MONOTONIC_COARSE plus one tick of its
- * resolution, so it is never behind sr_now_ns() (a deadline computed from it
- * fires late by at most one tick, never early). */
-int64_t sr_now_coarse_ns(void);
 
 #endif

@@ -8,7 +8,7 @@
 #include "error.h"
 #include "job/job.h"
 #include "shmrpc/spawn.h"
-#include "trace/trace.h"
+#include "modules/trace/seam.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>

@@ -672,7 +672,6 @@ static bool progress_take(sr_agent *a)
 static int64_t next_deadline(sr_agent *a)
 {
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    d = earlier(d, sr__modules_next_deadline());
     return earlier(d, sr__reorder_next(a));
 }
 
@@ -892,7 +891,6 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
         /* Quiet messages (acknowledgements) ring nobody: wake a user
          * asleep on the inbox to read them (nothing if it polls). */
         a->wake->nudge(a->self);
-        sr__modules_tick(); /* the user reads the acknowledgements meanwhile */
         return;
     }
     if (poll_burst(a, SR_POLL_NESTED)) {
@@ -901,9 +899,6 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
             sr__agent_check_exits(a);
         return;
     }
-    /* Modules' ticks only after a poll found the inbox empty: acknowledgements
-     * are sent quietly (they wake nobody), so one may be waiting there. */
-    sr__modules_tick();
     progress_idle(a, f, deadline);
 }
 

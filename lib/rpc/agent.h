@@ -82,7 +82,7 @@
 #include "outq.h"
 #include "shmrpc/rpc.h"
 #include "transport.h"
-#include "waiter.h" /* the clocks: sr_now_ns, sr_now_coarse_ns */
+#include "clock.h" /* sr_now_ns, sr_now_coarse_ns */
 #include "wire.h"
 
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
@@ -161,7 +161,7 @@ typedef struct sr_agent {
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
-     * at, counted for tests/test_call_scan.c: proportional to the calls they
+     * at, counted for tests/rpc/test_call_scan.c: proportional to the calls they
      * end, never to the table. Relaxed: statistics for tests, nothing is
      * published with it. */
     _Atomic uint64_t calls_examined;
@@ -207,7 +207,7 @@ typedef struct sr_agent {
     struct sr_reorder *reorder; /* NULL unless SHMRPC_REORDER_SEED is set (tests only) */
 
     /* Lost wake-ups of a user thread asleep on the doorbell, counted for
-     * tests/test_idle_wake.c: doorbell sleeps (holder_sleep) that
+     * tests/rpc/test_idle_wake.c: doorbell sleeps (holder_sleep) that
      * slept until their deadline while a message waited in the inbox and the
      * doorbell no longer said SLEEPING_USER. Someone took it away without
      * waking us, so the producer saw AWAKE and rang nobody. (Not exactly zero

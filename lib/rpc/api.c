@@ -11,11 +11,10 @@
 #include "ext.h"
 #include "error.h"
 #include "payload.h"
-#include "probe.h"
+#include "module.h"
 #include "registry.h"
 #include "reorder.h"
 #include "timeout.h"
-#include "module.h"
 #include "marshal.h"
 
 #define CALL_SLOTS 65536
@@ -375,7 +374,7 @@ static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char
     char buf[96];
     int64_t t0 = sr_probe_now();
     if (!fn)
-        fn = sr__probe_module_name(q->module, SR_MSG_MOD_REQ, q->sub, buf, sizeof(buf));
+        fn = sr__probe_module_name(q->module, SR_MSG_MOD_REQ, q->sub, NULL, buf, sizeof(buf));
     sr__probe_ops->call_out(id, to, fn, t0);
     return t0;
 }

@@ -26,7 +26,7 @@
 #include "agent.h"
 #include "error.h"
 #include "log.h"
-#include "probe.h"
+#include "module.h"
 #include "timeout.h"
 
 #define BATCH 32

@@ -33,7 +33,6 @@
 #include "rpc/inflight.h"
 #include "rpc/value_internal.h"
 #include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
 #include "module.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps
@@ -102,8 +101,7 @@ static int64_t list_size(const sr_value *v, int self_call, const char *fn)
  * taking a reference: the storage must be a block of the shared heap. */
 static int64_t tensor_size(const sr_value *v, const char *fn)
 {
-    const sr_tensor *t = v->u.tensor;
-    if (sr__storage_block_off(t->storage) == (uint64_t)-1) {
+    if (!sr__tensor_sendable(v->u.tensor)) {
         char repr[96];
         return sr__fail(-EINVAL, fn, "%s cannot be sent: its storage is a private block, not in the shared "
                         "heap (was sr_heap_attach called before it was made?)", sr_value_repr(v, repr, sizeof(repr)));
@@ -136,11 +134,12 @@ static int64_t value_size(const sr_value *v, int self_call, const char *fn)
             return sr__fail(-EMSGSIZE, fn, "an object type name exceeds %u bytes", SR_CODEC_MAX_LEN);
         return 1 + 4 + 4 + 8 + 4 + (int64_t)strlen(v->u.obj.type);
     case SR_KIND_TENSOR: return tensor_size(v, fn);
-    case SR_KIND_RREF: { /* a module's kind (module.h) */
-        const sr_value_kind_ops *k = sr__value_kind(v->kind);
+    default: break;
+    }
+    const sr_value_kind_ops *k = sr__value_kind(v->kind); /* a module's kind (module.h) */
+    if (k) {
         int rc = k->sendable ? k->sendable(v->u.mod, fn) : 0; /* a failed remote(): "RRef creation ..." */
         return rc ? rc : 1 + k->wire_size;
-    }
     }
     return sr__fail(-EINVAL, fn, "a value has the unknown kind %d", v->kind);
 }
@@ -276,8 +275,7 @@ static int put_value(struct enc *e, sr_value *v)
     case SR_KIND_LIST: return put_items(e, v->u.n, sr__list_items(v));
     case SR_KIND_OBJECT: return put_object(e, v);
     case SR_KIND_TENSOR: return put_tensor(e, v);
-    case SR_KIND_RREF: return put_module(e, v);
-    default: break;
+    default: return v->kind >= SR_KIND_MODULE ? put_module(e, v) : 0;
     }
     return 0;
 }
@@ -329,7 +327,7 @@ static void unwind_mods(const uint8_t **cur, size_t n, sr_value *const *vals, si
 {
     for (size_t i = 0; i < n && *left; i++) {
         sr_value *v = vals[i];
-        const sr_value_kind_ops *k = v->kind == SR_KIND_RREF ? sr__value_kind(v->kind) : NULL;
+        const sr_value_kind_ops *k = sr__value_kind(v->kind);
         if (k) {
             k->unencode(v->u.mod, *cur + 1);
             --*left;
@@ -725,8 +723,10 @@ static int walk_value(struct dec *d, int depth, sr_value **out)
     case SR_KIND_LIST: return walk_list(d, at, depth, out);
     case SR_KIND_OBJECT: return walk_object(d, at, out);
     case SR_KIND_TENSOR: return walk_tensor(d, at, out);
-    case SR_KIND_RREF: return walk_module(d, at, tag, out);
-    default: return bad(d, at, "unknown kind tag %u", tag);
+    default:
+        if (tag >= SR_KIND_MODULE && tag < SR_KIND_MODULE + SR_MODULE_MAX)
+            return walk_module(d, at, tag, out);
+        return bad(d, at, "unknown kind tag %u", tag);
     }
 }
 

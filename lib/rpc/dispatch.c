@@ -23,7 +23,6 @@
 #include "ext.h"
 #include "module.h"
 #include "payload.h"
-#include "probe.h"
 #include "registry.h"
 
 struct sr_call {
@@ -42,9 +41,9 @@ struct sr_call {
     uint8_t sub;        /* MOD_REQ: its sub-kind */
     uint64_t tag;       /* KEEP_CALL, MOD_REQ: the module's word */
     void *kept;         /* KEEP_CALL: the keeper's handle for the result */
-    void *state[SR_MOD_MAX]; /* modules' per-call state (module.h) */
+    void *state[SR_MODULE_MAX]; /* modules' per-call state (module.h) */
     struct sr_call *next_deferred;
-    struct sr_probe_call probe; /* the profiler's times (probe.h); t_arrive 0: not profiled */
+    struct sr_probe_call probe; /* the profiler's times (rpc/module.h, "Probes"); t_arrive 0: not profiled */
     char probe_name[48];        /* a module request's name, for probe.name */
 };
 
@@ -196,9 +195,9 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
 
 static void modules_call_done(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->call_done)
-            sr__modules[id]->call_done(c);
+    for (int id = 0; id < SR_MODULE_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->call_done)
+            sr__modules[id]->call->call_done(c);
 }
 
 /* "Error on Node 1: in 'train_step': <the function's message>" (PyTorch's
@@ -247,7 +246,7 @@ static void finish_call(struct sr_call *c)
         char text[512] = "";
         if (c->err)
             remote_error_text(c, text, sizeof(text));
-        sr__modules[c->keeper]->keep_set(c->kept, c->err ? -SR_EREMOTE : 0, c->err ? c->cause : 0, text,
+        sr__modules[c->keeper]->keep->set(c->kept, c->err ? -SR_EREMOTE : 0, c->err ? c->cause : 0, text,
                                           c->result); /* NULL: None */
         c->kept = NULL;
         send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
@@ -284,26 +283,26 @@ static void on_async_done(sr_future *f, void *p)
 
 static void modules_enter(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->run_enter)
-            sr__modules[id]->run_enter(c);
+    for (int id = 0; id < SR_MODULE_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->run_enter)
+            sr__modules[id]->call->run_enter(c);
 }
 
 static void modules_exit(struct sr_call *c)
 {
-    for (int id = SR_MOD_MAX - 1; id >= 0; id--)
-        if (sr__modules[id] && sr__modules[id]->run_exit)
-            sr__modules[id]->run_exit(c);
+    for (int id = SR_MODULE_MAX - 1; id >= 0; id--)
+        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->run_exit)
+            sr__modules[id]->call->run_exit(c);
 }
 
 /* A module request: the module's serve gives the future of the answer. */
 static int serve_module(struct sr_call *c, sr_future **f)
 {
-    /* c->module is SR_MOD_MAX for a module id past the table (decode_request) */
-    const sr_module *m = c->module < SR_MOD_MAX ? sr__modules[c->module] : NULL;
-    if (!m || !m->serve)
+    /* c->module is SR_MODULE_MAX for a module id past the table (decode_request) */
+    const sr_module *m = c->module < SR_MODULE_MAX ? sr__modules[c->module] : NULL;
+    if (!m || !m->request || !m->request->serve)
         return sr_call_fail(c, -ENOENT, "worker%d has no module %d to serve a request", c->a->rank, c->module);
-    return m->serve(c->caller, c->sub, c->tag, c->args, f);
+    return m->request->serve(c->caller, c->sub, c->tag, c->args, f);
 }
 
 /* The profiler: the function ran on this thread from t_run0 until now. */
@@ -540,11 +539,11 @@ static int request_ext(const sr_msg *m, const uint8_t **p, size_t *len, struct s
 /* The module hooks of a request that carried their extension. */
 static int modules_request_in(struct sr_call *c, const struct sr_ext_view *v)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++) {
+    for (int id = 0; id < SR_MODULE_MAX; id++) {
         const sr_module *m = sr__modules[id];
-        if (!(v->mask & (1u << id)) || !m || !m->request_in)
+        if (!(v->mask & (1u << id)) || !m || !m->call || !m->call->request_in)
             continue;
-        int rc = m->request_in(c, v->data[id], v->len[id]);
+        int rc = m->call->request_in(c, v->data[id], v->len[id]);
         if (rc)
             return sr_call_fail(c, rc, "%s", sr_last_error());
     }
@@ -589,7 +588,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .module = -1, .keeper = -1,
                           .tag = w.tag};
     if (m->type == SR_MSG_MOD_REQ) {
-        c->module = (int8_t)(w.ctrl < SR_MOD_MAX ? w.ctrl : SR_MOD_MAX);
+        c->module = (int8_t)(w.ctrl < SR_MODULE_MAX ? w.ctrl : SR_MODULE_MAX);
         c->sub = (uint8_t)w.name_len;
         c->raw_error = true;
     }
@@ -653,9 +652,9 @@ sr_value *sr__call_args(sr_call *c) { return c->args; }
 /* The modules' last word before the function runs. */
 static int modules_prepare(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++) {
+    for (int id = 0; id < SR_MODULE_MAX; id++) {
         const sr_module *m = sr__modules[id];
-        int rc = m && m->prepare ? m->prepare(c) : 0;
+        int rc = m && m->gate && m->gate->prepare ? m->gate->prepare(c) : 0;
         if (rc)
             return sr_call_fail(c, rc, "%s", sr_last_error());
     }
@@ -749,7 +748,7 @@ static void drop_call(void *p)
     sr_agent *a = c->a;
     modules_call_done(c);
     if (c->kept)
-        sr__modules[c->keeper]->keep_drop(c->kept);
+        sr__modules[c->keeper]->keep->drop(c->kept);
     sr_value_unref(c->args);
     sr_value_unref(c->result);
     free(c->msg);
@@ -762,9 +761,9 @@ static void drop_call(void *p)
 static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
 {
     sr_future *gate = NULL;
-    for (int id = 0; !gate && id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->gate)
-            gate = sr__modules[id]->gate(c);
+    for (int id = 0; !gate && id < SR_MODULE_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->gate && sr__modules[id]->gate->gate)
+            gate = sr__modules[id]->gate->gate(c);
     if (!gate) {
         start_call(c, mode);
         return;
@@ -781,8 +780,8 @@ static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
 static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int code, char *text, size_t tl)
 {
     struct sr_wire w = sr_wire_get(m);
-    const sr_module *k = w.ctrl < SR_MOD_MAX ? sr__modules[w.ctrl] : NULL;
-    void *h = k && k->keep_open ? k->keep_open(w.tag, m->src) : NULL;
+    const sr_module *k = w.ctrl < SR_MODULE_MAX ? sr__modules[w.ctrl] : NULL;
+    void *h = k && k->keep && k->keep->open ? k->keep->open(w.tag, m->src) : NULL;
     if (!h) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, k ? sr_last_error() : "no module keeps this call");
         if (*pc) {
@@ -798,7 +797,7 @@ static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int cod
         (*pc)->keeper = (int8_t)w.ctrl;
         return true;
     }
-    k->keep_set(h, code, code, text, NULL); /* the kept value is the error */
+    k->keep->set(h, code, code, text, NULL); /* the kept value is the error */
     send_remote_ret(a, m->src, w.call_id, NULL);
     return true;
 }
@@ -836,7 +835,7 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
 static void probe_in(struct sr_call *c, const sr_msg *m, int64_t t0)
 {
     const char *name = c->fn ? c->fn->name
-                             : sr__probe_module_name(c->module, m->type, c->sub, c->probe_name, sizeof(c->probe_name));
+                             : sr__probe_module_name(c->module, m->type, c->sub, NULL, c->probe_name, sizeof(c->probe_name));
     c->probe = (struct sr_probe_call){.caller = c->caller, .call_id = c->call_id, .name = name, .t_arrive = t0,
                                       .t_decoded = sr_probe_now()};
     sr__probe_ops->serve_in(&c->probe);

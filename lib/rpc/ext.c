@@ -32,9 +32,9 @@ void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *by
 {
     e->len = 0;
     e->b[0] = 0;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
+    for (int id = 0; id < SR_MODULE_MAX; id++) {
         const sr_module *m = sr__modules[id];
-        if (!m || (!m->request_out && id != own))
+        if (!m || ((!m->call || !m->call->request_out) && id != own))
             continue;
         uint8_t *data;
         size_t n = 0;
@@ -42,7 +42,7 @@ void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *by
         if (id == own && len <= SR_EXT_MAX) {
             memcpy(data, bytes, len);
             n = len;
-        } else if (id != own && m->request_out(o, data, &n)) {
+        } else if (id != own && m->call->request_out(o, data, &n)) {
             n = 0;
         }
         end_record(e, n);
@@ -53,14 +53,14 @@ void sr__ext_response_out(sr_call *c, sr_value *v, struct sr_ext_buf *e)
 {
     e->len = 0;
     e->b[0] = 0;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
+    for (int id = 0; id < SR_MODULE_MAX; id++) {
         const sr_module *m = sr__modules[id];
-        if (!m || !m->response_out)
+        if (!m || !m->call || !m->call->response_out)
             continue;
         uint8_t *data;
         size_t n = 0;
         begin_record(e, id, &data);
-        m->response_out(c, v, data, &n);
+        m->call->response_out(c, v, data, &n);
         end_record(e, n);
     }
 }
@@ -75,7 +75,7 @@ int sr__ext_parse(const uint8_t *p, size_t len, int from, struct sr_ext_view *v,
         if (len - at < 2)
             return sr__fail(-EBADMSG, "sr_rpc", "extension record %u from worker%d is truncated", i, from);
         unsigned id = p[at], n = p[at + 1];
-        if (id >= SR_MOD_MAX || (v->mask & (1u << id)) || n > SR_EXT_MAX || len - at - 2 < n)
+        if (id >= SR_MODULE_MAX || (v->mask & (1u << id)) || n > SR_EXT_MAX || len - at - 2 < n)
             return sr__fail(-EBADMSG, "sr_rpc", "extension record %u from worker%d is malformed (module %u, %u bytes)",
                             i, from, id, n);
         v->data[id] = p + at + 2;
@@ -89,7 +89,7 @@ int sr__ext_parse(const uint8_t *p, size_t len, int from, struct sr_ext_view *v,
 
 void sr__ext_response_in(int from, const struct sr_ext_view *v, sr_value *result)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if ((v->mask & (1u << id)) && sr__modules[id] && sr__modules[id]->response_in)
-            sr__modules[id]->response_in(from, v->data[id], v->len[id], result);
+    for (int id = 0; id < SR_MODULE_MAX; id++)
+        if ((v->mask & (1u << id)) && sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->response_in)
+            sr__modules[id]->call->response_in(from, v->data[id], v->len[id], result);
 }

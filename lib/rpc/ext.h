@@ -15,12 +15,12 @@
 
 struct sr_ext_buf {
     size_t len; /* bytes used in b; 0: no extension */
-    uint8_t b[1 + SR_MOD_MAX * (2 + SR_EXT_MAX)];
+    uint8_t b[1 + SR_MODULE_MAX * (2 + SR_EXT_MAX)];
 };
 
 struct sr_ext_view {
-    const uint8_t *data[SR_MOD_MAX];
-    uint8_t len[SR_MOD_MAX];
+    const uint8_t *data[SR_MODULE_MAX];
+    uint8_t len[SR_MODULE_MAX];
     uint8_t mask; /* modules present */
 };
 

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "module.h" /* the part of the futures' internals that modules use */
 #include "shmrpc/future.h"
 
 /* How a thread waits for a future. The RPC agent installs a hook that polls
@@ -32,8 +33,6 @@ void sr__future_set_hooks(sr_wait_hook wait, void (*wake)(void));
 /* Ask the completer of f to call the wake hook. False if f is already done. */
 bool sr__future_arm_wake(sr_future *f);
 
-/* Wait on one future with a deadline; 0 when done, -ETIMEDOUT first. */
-int sr__future_wait_until(sr_future *f, int64_t deadline_ns);
 /* The same without the wait hook: sleep on the future's word only. */
 int sr__future_wait_plain(sr_future *f, int64_t deadline_ns);
 
@@ -46,19 +45,8 @@ void sr__future_sleep(sr_future *f, int64_t deadline_ns);
  * so re-check instead of sleeping. */
 bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val);
 
-/* Complete with an already formatted message (e.g. "Error on Node 1: ..."). */
-int sr__future_fail_text(sr_future *f, int err, const char *msg);
-/* The same with the error's cause (sr_future_error_code()): for -SR_EREMOTE,
- * the remote function's own code. */
-int sr__future_fail_cause(sr_future *f, int err, int cause, const char *msg);
-
-/* add_done_callback with a release hook: if f is destroyed before it
- * completes, release(arg) runs instead of cb, so arg is never leaked. */
-int sr__future_on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg);
 
 /* The stored error of a completed future (0 if it holds a value). */
 int sr__future_error(const sr_future *f);
-/* Borrowed result value of a completed future (NULL if it holds an error). */
-sr_value *sr__future_peek(const sr_future *f);
 
 #endif

@@ -2,22 +2,38 @@
  * module.h. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "agent.h"
 #include "error.h"
 #include "module.h"
-#include "probe.h"
+#include "wire.h"
 
-const sr_module *sr__modules[SR_MOD_MAX];
+const sr_module *sr__modules[SR_MODULE_MAX];
+/* How many were registered, and how many of them have a value kind: only
+ * the constructors write them, before main (see module.h, "Ids and kinds"). */
+static int nmodules, nkinds;
+/* The module of each value kind, by number - SR_KIND_MODULE. */
+static int8_t kind_module[SR_MODULE_MAX];
 
-int sr__module_register(int id, const sr_module *m)
+int sr__module_register(const sr_module *m, int *kind)
 {
-    if (id < 0 || id >= SR_MOD_MAX || !m)
+    if (!m || !m->name || (m->msg && (m->msg->ntypes > 4 || !m->msg->on_msg)))
         return -EINVAL;
-    if (sr__modules[id])
+    if (nmodules == SR_MODULE_MAX)
+        return -ENOSPC;
+    if (m->probe && sr__probe_ops)
         return -EEXIST;
-    sr__modules[id] = m;
-    return 0;
+    if (m->value_kind && !kind)
+        return -EINVAL;
+    if (m->value_kind) {
+        kind_module[nkinds] = (int8_t)nmodules;
+        *kind = SR_KIND_MODULE + nkinds++;
+    }
+    if (m->probe)
+        sr__probe_ops = m->probe;
+    sr__modules[nmodules] = m;
+    return nmodules++;
 }
 
 /* The identity of the running agent, for the modules: set by sr_init before
@@ -81,26 +97,25 @@ int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, 
 }
 
 /* The profiler: a raw message of module id went to or came from peer. */
-static void probe_msg(int dir, int peer, int id, const sr_msg *m)
+static void probe_msg(int dir, int peer, int id, uint8_t type, const uint8_t *bytes)
 {
     char name[64];
-    sr__probe_module_name(id, m->type, sr_wire_get(m).ctrl, name, sizeof(name));
+    sr__probe_module_name(id, SR_MSG_MODULE_BASE + 4 * id + type, type, bytes, name, sizeof(name));
     sr__probe_ops->msg(dir, peer, name, sr_probe_now());
 }
 
-static int msg_module(uint16_t type)
-{
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        for (int i = 0; sr__modules[id] && i < 4 && sr__modules[id]->types[i]; i++)
-            if (sr__modules[id]->types[i] == type)
-                return id;
-    return -1;
-}
+static_assert(SR_MODULE_MSG_MAX == SR_MSG_DATA, "a raw module message fills one slot");
 
-int sr__module_send(int to, sr_msg *m, bool quiet)
+int sr__module_send(int to, int module, uint8_t type, const void *bytes, size_t len, bool quiet)
 {
+    const sr_module *mod = module >= 0 && module < SR_MODULE_MAX ? sr__modules[module] : NULL;
+    if (!mod || !mod->msg || type >= mod->msg->ntypes || len > SR_MODULE_MSG_MAX)
+        return sr__fail(-EINVAL, "sr__module_send", "module %d: no raw message type %u of %zu bytes", module, type,
+                        len);
+    sr_msg m = {.type = (uint16_t)SR_MSG_MODULE_TYPE(module, type)};
+    memcpy(m.data, bytes, len);
     if (sr__probing())
-        probe_msg(0, to, msg_module(m->type), m);
+        probe_msg(0, to, module, type, m.data);
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return -SR_ESHUTDOWN;
@@ -109,7 +124,7 @@ int sr__module_send(int to, sr_msg *m, bool quiet)
     /* A message to a caller whose answer this thread sends next rides with
      * it: one doorbell, one wake-up (the answer follows it in the ring). */
     quiet = quiet || sr__dispatch_answer_follows(to);
-    int rc = quiet ? sr__agent_send_quiet(a, to, m) : sr__agent_send(a, to, m);
+    int rc = quiet ? sr__agent_send_quiet(a, to, &m) : sr__agent_send(a, to, &m);
     if (rc)
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above, it never arrives */
     sr__agent_put(a);
@@ -127,22 +142,13 @@ int sr__module_wait(sr_future *f, int64_t deadline_ns)
     return rc;
 }
 
-void sr__module_kick(void)
-{
-    sr_agent *a = sr__agent_get(NULL);
-    if (a) {
-        sr__agent_kick(a);
-        sr__agent_put(a);
-    }
-}
-
 void sr__tls_capture(struct sr_tls_snap *s)
 {
     s->mask = 0;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        if (m && m->tls_get) {
-            s->v[id] = m->tls_get();
+    for (int id = 0; id < nmodules; id++) {
+        const struct sr_module_tls_ops *t = sr__modules[id]->tls;
+        if (t && t->get) {
+            s->v[id] = t->get();
             s->mask |= (uint8_t)(1u << id);
         }
     }
@@ -150,60 +156,39 @@ void sr__tls_capture(struct sr_tls_snap *s)
 
 void sr__tls_swap(struct sr_tls_snap *s)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++)
+    for (int id = 0; id < nmodules; id++)
         if (s->mask & (1u << id))
-            s->v[id] = sr__modules[id]->tls_set(s->v[id]);
+            s->v[id] = sr__modules[id]->tls->set(s->v[id]);
 }
 
 bool sr__module_msg(sr_agent *a, const sr_msg *m)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *mod = sr__modules[id];
-        for (int i = 0; mod && i < 4 && mod->types[i]; i++) {
-            if (mod->types[i] != m->type)
-                continue;
-            if (sr__probing())
-                probe_msg(1, m->src, id, m);
-            mod->on_msg(m);
-            /* relaxed: after its answers were counted as sent */
-            atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
-            return true;
-        }
-    }
-    return false;
+    int id = (m->type - SR_MSG_MODULE_BASE) / 4, type = (m->type - SR_MSG_MODULE_BASE) % 4;
+    const sr_module *mod = m->type >= SR_MSG_MODULE_BASE && id < nmodules ? sr__modules[id] : NULL;
+    if (!mod || !mod->msg || type >= mod->msg->ntypes)
+        return false;
+    if (sr__probing())
+        probe_msg(1, m->src, id, (uint8_t)type, m->data);
+    mod->msg->on_msg(m->src, (uint8_t)type, m->data, SR_MODULE_MSG_MAX);
+    /* relaxed: after its answers were counted as sent */
+    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
+    return true;
 }
 
-int64_t sr__modules_next_deadline(void)
-{
-    int64_t d = -1;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int64_t e = m && m->next_deadline ? m->next_deadline() : -1;
-        if (e >= 0 && (d < 0 || e < d))
-            d = e;
-    }
-    return d;
-}
-
-void sr__modules_tick(void)
-{
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->tick)
-            sr__modules[id]->tick();
-}
+/* The life group of module id, or NULL. */
+static const struct sr_module_life_ops *life(int id) { return sr__modules[id]->life; }
 
 void sr__modules_peer_died(int rank, const char *why)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->peer_died)
-            sr__modules[id]->peer_died(rank, why);
+    for (int id = 0; id < nmodules; id++)
+        if (life(id) && life(id)->peer_died)
+            life(id)->peer_died(rank, why);
 }
 
 int sr__modules_init(const sr_init_opts *o)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int rc = m && m->init ? m->init(o) : 0;
+    for (int id = 0; id < nmodules; id++) {
+        int rc = life(id) && life(id)->init ? life(id)->init(o) : 0;
         if (rc)
             return rc;
     }
@@ -214,9 +199,8 @@ int sr__modules_init(const sr_init_opts *o)
 int sr__modules_shutdown_users(int64_t deadline_ns)
 {
     int first = 0;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int rc = m && m->shutdown_users ? m->shutdown_users(deadline_ns) : 0;
+    for (int id = 0; id < nmodules; id++) {
+        int rc = life(id) && life(id)->shutdown_users ? life(id)->shutdown_users(deadline_ns) : 0;
         first = first ? first : rc;
     }
     return first;
@@ -225,9 +209,8 @@ int sr__modules_shutdown_users(int64_t deadline_ns)
 int sr__modules_shutdown_check(void)
 {
     int first = 0;
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int rc = m && m->shutdown_check ? m->shutdown_check() : 0;
+    for (int id = 0; id < nmodules; id++) {
+        int rc = life(id) && life(id)->shutdown_check ? life(id)->shutdown_check() : 0;
         first = first ? first : rc;
     }
     return first;
@@ -235,9 +218,9 @@ int sr__modules_shutdown_check(void)
 
 void sr__modules_fini(void)
 {
-    for (int id = SR_MOD_MAX - 1; id >= 0; id--)
-        if (sr__modules[id] && sr__modules[id]->fini)
-            sr__modules[id]->fini();
+    for (int id = nmodules - 1; id >= 0; id--)
+        if (life(id) && life(id)->fini)
+            life(id)->fini();
 }
 
 int sr__module_call_check(int to, const char *fn, sr_args args, double timeout_s, int64_t *ms, const char *who)
@@ -262,10 +245,7 @@ int sr__module_call_start(int to, const struct sr_req *q, const char *fn, sr_arg
 
 const sr_value_kind_ops *sr__value_kind(int kind)
 {
-    for (int id = 0; id < SR_MOD_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        if (m && m->value_kind && m->value_kind->kind == kind)
-            return m->value_kind;
-    }
-    return NULL;
+    if (kind < SR_KIND_MODULE || kind >= SR_KIND_MODULE + nkinds)
+        return NULL;
+    return sr__modules[kind_module[kind - SR_KIND_MODULE]]->value_kind;
 }

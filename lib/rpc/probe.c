@@ -1,6 +1,5 @@
-/* Probes: the profiler's registration and the module names. See probe.h. */
-#include "probe.h"
-
+/* Probes: the profiler's switch and the module names. See module.h,
+ * "Probes". */
 #include <errno.h>
 #include <stdio.h>
 
@@ -8,34 +7,30 @@
 #include "wire.h"
 
 _Atomic uint32_t sr__probe_mask;
-const struct sr_probe_ops *sr__probe_ops;
-
-int sr__probe_register(const struct sr_probe_ops *ops)
-{
-    if (sr__probe_ops)
-        return -EEXIST;
-    sr__probe_ops = ops;
-    return 0;
-}
+const struct sr_probe_ops *sr__probe_ops; /* set by sr__module_register */
 
 uint32_t sr__probe_set(uint32_t mask)
 {
     if (!sr__probe_ops)
         return 0;
-    /* relaxed: see sr__probe_mask in probe.h */
+    /* relaxed: see sr__probe_mask in module.h */
     return atomic_exchange_explicit(&sr__probe_mask, mask, memory_order_relaxed);
 }
 
-const char *sr__probe_module_name(int module, int type, uint8_t sub, char *buf, size_t len)
+const char *sr__probe_module_name(int module, int type, uint8_t sub, const uint8_t *bytes, char *buf, size_t len)
 {
-    const sr_module *m = module >= 0 && module < SR_MOD_MAX ? sr__modules[module] : NULL;
-    const char *what = m && m->describe ? m->describe(type, sub) : NULL;
+    const sr_module *m = module >= 0 && module < SR_MODULE_MAX ? sr__modules[module] : NULL;
+    const char *what = NULL;
+    if (m && type == SR_MSG_MOD_REQ && m->request && m->request->describe)
+        what = m->request->describe(sub);
+    else if (m && type != SR_MSG_MOD_REQ && m->msg && m->msg->describe)
+        what = m->msg->describe(sub, bytes, SR_MODULE_MSG_MAX);
     if (what)
         snprintf(buf, len, "%s:%s", m->name, what);
     else if (type == SR_MSG_MOD_REQ)
         snprintf(buf, len, "%s:request%u", m ? m->name : "module", sub);
     else
-        snprintf(buf, len, "%s:msg%d.%u", m ? m->name : "module", type, sub);
+        snprintf(buf, len, "%s:msg%u", m ? m->name : "module", sub);
     return buf;
 }
 

@@ -16,16 +16,9 @@
 
 #include <stdint.h>
 
+#include "module.h" /* sr__timeout_ms, sr__deadline_ns: modules use them too */
 #include "shmrpc/rpc.h"
 
 #define SR__MAX_TIMEOUT_MS ((int64_t)SR_MAX_RPC_TIMEOUT * 1000)
-
-/* s seconds as whole ms in *ms (see above). -EINVAL naming fn and s for NaN,
- * an infinity or a negative s; *ms is then left alone. */
-int sr__timeout_ms(double s, const char *fn, int64_t *ms);
-
-/* The deadline ms after now_ns, in ns: -1 (none) when ms <= 0; INT64_MAX
- * when the sum would overflow. */
-int64_t sr__deadline_ns(int64_t now_ns, int64_t ms);
 
 #endif

@@ -20,7 +20,7 @@
 
 #include "error.h"
 #include "module.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/desc.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {
@@ -221,10 +221,9 @@ static void value_destroy(sr_value *v)
     case SR_KIND_TENSOR:
         sr_tensor_unref(v->u.tensor);
         break;
-    case SR_KIND_RREF:
-        sr__value_kind(v->kind)->release(v->u.mod); /* only a module makes values of its kind */
-        break;
     default:
+        if (v->kind >= SR_KIND_MODULE) /* only a module makes values of its kind */
+            sr__value_kind(v->kind)->release(v->u.mod);
         break;
     }
     free(v);
@@ -264,9 +263,10 @@ SR_API const char *sr_kind_name(sr_kind k)
     case SR_KIND_TENSOR: return "tensor";
     case SR_KIND_LIST: return "list";
     case SR_KIND_OBJECT: return "object";
-    case SR_KIND_RREF: return "rref";
+    case SR_KIND_MODULE: break;
     }
-    return "unknown";
+    const sr_value_kind_ops *m = sr__value_kind(k);
+    return m ? m->name : "unknown";
 }
 
 static bool is(const sr_value *v, sr_kind k) { return v && v->kind == k; }
@@ -305,47 +305,6 @@ SR_API sr_value *sr_value_list_at(const sr_value *v, size_t i)
 SR_API void *sr_value_object(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.p : NULL; }
 SR_API const char *sr_value_object_type(const sr_value *v) { return is(v, SR_KIND_OBJECT) ? v->u.obj.type : NULL; }
 
-struct elem_cmp {
-    sr_dtype dt;
-    bool equal;
-};
-
-/* Floats compare like double values (0.0 == -0.0, NaN == NaN). */
-static void compare_row(char **p, const int64_t *stride, int64_t n, void *arg)
-{
-    struct elem_cmp *c = arg;
-    for (int64_t i = 0; i < n && c->equal; i++) {
-        const char *x = p[0] + i * stride[0], *y = p[1] + i * stride[1];
-        if (c->dt == SR_I64) {
-            int64_t a, b;
-            memcpy(&a, x, 8);
-            memcpy(&b, y, 8);
-            c->equal = a == b;
-        } else {
-            double a, b;
-            sr__load_f64(&a, x, 0, 1, c->dt);
-            sr__load_f64(&b, y, 0, 1, c->dt);
-            c->equal = a == b || (isnan(a) && isnan(b));
-        }
-    }
-}
-
-/* Same dtype, shape and elements; strides, offsets and storage may differ. */
-static bool tensors_equal(const sr_tensor *a, const sr_tensor *b)
-{
-    if (a == b)
-        return true;
-    if (a->dtype != b->dtype || !sr__same_shape(a, b))
-        return false;
-    struct elem_cmp c = {.dt = a->dtype, .equal = true};
-    struct sr_loop L;
-    const sr_tensor *ops[2] = {a, b};
-    sr__loop_init(&L, a->ndim, a->shape, 2, 0, ops); /* both read, so both pinned */
-    sr__loop_run(&L, compare_row, &c);
-    sr__loop_done(&L);
-    return c.equal;
-}
-
 /* Doubles: equal as numbers (so 0.0 == -0.0), and NaN equals NaN, so that a
  * value always equals itself and its decoded copy. Objects and rrefs compare
  * by identity: they are handles, not data. */
@@ -370,10 +329,11 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
                 return false;
         return true;
     case SR_KIND_OBJECT: return a->u.obj.p == b->u.obj.p;
-    case SR_KIND_TENSOR: return tensors_equal(a->u.tensor, b->u.tensor);
-    case SR_KIND_RREF: return a->u.mod == b->u.mod; /* the same RRef object; a received copy is another fork */
+    case SR_KIND_TENSOR: return sr__tensor_equal(a->u.tensor, b->u.tensor);
+    default: break;
     }
-    return false;
+    /* a module's kind: the same object (an RRef's received copy is another fork) */
+    return a->kind >= SR_KIND_MODULE && a->u.mod == b->u.mod;
 }
 
 const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
@@ -395,18 +355,19 @@ const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
     case SR_KIND_LIST: snprintf(buf, len, "list of %zu", v->u.n); break;
     case SR_KIND_OBJECT: snprintf(buf, len, "object of type '%s'", v->u.obj.type); break;
     case SR_KIND_TENSOR: {
-        char shape[SR_SHAPE_STR];
-        const sr_tensor *t = v->u.tensor;
-        snprintf(buf, len, "tensor %s%s", sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, shape));
+        char t[SR_TENSOR_REPR];
+        snprintf(buf, len, "tensor %s", sr__tensor_repr(v->u.tensor, t));
         break;
     }
-    case SR_KIND_RREF: {
+    default: {
         char r[96];
         const sr_value_kind_ops *k = sr__value_kind(v->kind);
-        snprintf(buf, len, "rref %s", k && k->str ? k->str(v->u.mod, r, sizeof(r)) : "?");
+        if (k)
+            snprintf(buf, len, "%s %s", k->name, k->str ? k->str(v->u.mod, r, sizeof(r)) : "?");
+        else
+            snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind));
         break;
     }
-    default: snprintf(buf, len, "%s", sr_kind_name((sr_kind)v->kind)); break;
     }
     return buf;
 }

@@ -86,6 +86,11 @@ struct sr_wire {
 static_assert(sizeof(struct sr_wire) <= SR_MSG_DATA, "an RPC header fits one slot");
 static_assert(offsetof(struct sr_wire, p) == 24, "the inline payload starts after a 24-byte header");
 
+/* Raw module messages: module id owns the four types
+ * SR_MSG_MODULE_TYPE(id, 0..3), so no two modules can collide. */
+#define SR_MSG_MODULE_BASE 16
+#define SR_MSG_MODULE_TYPE(id, k) (SR_MSG_MODULE_BASE + 4 * (id) + (k))
+
 /* sr_msg.data is only 4-byte aligned, so the header is copied, never cast. */
 #define SR_WIRE_HDR offsetof(struct sr_wire, p)
 

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <math.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "error.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor_impl.h"

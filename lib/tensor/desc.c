@@ -11,6 +11,8 @@
 
 #define FN "sr__tensor_from_desc"
 
+bool sr__tensor_sendable(const sr_tensor *t) { return sr__storage_block_off(t->storage) != (uint64_t)-1; }
+
 int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
 {
     if (!t || !d)

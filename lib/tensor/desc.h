@@ -1,4 +1,7 @@
-/* Tensor descriptors: how a tensor travels in a message (internal).
+/* The tensor layer's seam for the RPC layer (internal): all that the codec
+ * and the values (lib/rpc/codec.c, value.c) see of a tensor. They never
+ * include tensor_impl.h; what they need of a tensor's insides is a function
+ * here. Mostly descriptors: how a tensor travels in a message.
  *
  * A descriptor is fixed-size plain data: geometry plus the storage block's
  * offset in the segment. It never holds a pointer, so any worker can read it.
@@ -23,6 +26,7 @@
 #ifndef SR_LIB_TENSOR_DESC_H
 #define SR_LIB_TENSOR_DESC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,6 +47,9 @@ struct sr_tensor_desc {
 };
 _Static_assert(sizeof(struct sr_tensor_desc) == 152, "descriptor layout is part of the message format");
 
+/* Whether sr__tensor_to_desc() could describe t: its storage is a block of
+ * the shared heap. Takes no reference (the codec's size pass). */
+bool sr__tensor_sendable(const sr_tensor *t);
 /* Errors: -EINVAL when t's storage is not in the shared heap (no
  * sr_heap_attach) or t is NULL. */
 int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d);
@@ -54,5 +61,13 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out);
 void sr__tensor_desc_release(const struct sr_tensor_desc *d);
 /* The checks of sr__tensor_from_desc against a block of block_bytes. */
 int sr__tensor_desc_check(const struct sr_tensor_desc *d, size_t block_bytes);
+
+/* For values (compare.c). Same dtype, shape and elements (strides, offsets
+ * and storage may differ); floats compare as doubles, so 0.0 == -0.0 and NaN
+ * equals NaN, and a tensor always equals itself and its decoded copy. */
+bool sr__tensor_equal(const sr_tensor *a, const sr_tensor *b);
+/* "f32[2, 3]": dtype and shape, in buf[SR_TENSOR_REPR]. */
+#define SR_TENSOR_REPR 176
+const char *sr__tensor_repr(const sr_tensor *t, char *buf);
 
 #endif

@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "error.h"
 #include "tensor/tensor_impl.h"
 #include "tensor/xoshiro.h"

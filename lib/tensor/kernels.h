@@ -4,15 +4,7 @@
 #define SR_LIB_TENSOR_KERNELS_H
 
 #include "shmrpc/tensor.h"
-
-/* y = f(x[0..nin)) per element, computed in double. */
-typedef double (*sr_map_fn)(const double *x, const void *arg);
-
-/* A new tensor of in[0]'s dtype and the broadcast shape of in[0..nin)
- * (nin <= 3); fn names the op in errors. */
-sr_tensor *sr__map(const char *fn, sr_tensor *const *in, int nin, sr_map_fn f, const void *arg);
-/* The same into out, whose shape every input broadcasts to. */
-void sr__map_into(sr_tensor *out, sr_tensor *const *in, int nin, sr_map_fn f, const void *arg);
+#include "tensor/seam.h" /* sr__map, sr__map_into */
 
 enum sr_binop { SR_BIN_ADD, SR_BIN_MUL, SR_BIN_DIV };
 /* out = a + alpha*b, a*b or a/b; one dtype for all three; a and b

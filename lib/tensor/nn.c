@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "error.h"
 #include "tensor/tensor_impl.h"
 

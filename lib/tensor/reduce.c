@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "error.h"
 #include "tensor/kernels.h"
 #include "tensor/tensor_impl.h"

@@ -18,6 +18,8 @@ const char *sr__shape_str(int ndim, const int64_t *shape, char *buf)
     return buf;
 }
 
+const char *sr__tensor_shape_str(const sr_tensor *t, char *buf) { return sr__shape_str(t->ndim, t->shape, buf); }
+
 int sr__check_dtype(const char *fn, sr_dtype dt)
 {
     if (dt != SR_F32 && dt != SR_F64 && dt != SR_I64)

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/engine.h"
+#include "tensor/autograd/engine.h"
 #include "atomics.h"
 #include "error.h"
 #include "log.h"
@@ -417,6 +417,8 @@ SR_API size_t sr_tensor_numel(const sr_tensor *t)
 {
     return null_tensor(t, "sr_tensor_numel") ? 0 : (size_t)sr__numel(t->ndim, t->shape);
 }
+
+char *sr__tensor_new_data(sr_tensor *t) { return sr__tensor_ptr(t); }
 
 SR_API const void *sr_tensor_data(const sr_tensor *t)
 {

@@ -1,4 +1,5 @@
-/* Tensor internals shared by lib/tensor and lib/autograd.
+/* Tensor internals shared by lib/tensor and lib/tensor/autograd; private to
+ * the tensor layer (the layers above see tensor/seam.h or tensor/desc.h).
  *
  * Storage and copy-on-write (see tensor.h for the contract):
  *   sr_tensor --(ref)--> sr_storage --(one block ref)--> sr_block (shared heap)
@@ -25,11 +26,11 @@
  *     sr_add_ gradient accumulation into .grad); sr_tensor_mutable_data holds
  *     it only around the copy-on-write (the caller's writes come later);
  *   - block-reference takers: sr__tensor_to_desc (an RPC encode),
- *     sr__tensor_snapshot (a saved tensor), sr__storage_block_off (the
- *     codec's sendability check) read `block` and take their reference under
- *     it. If the reference is taken first, the writer then sees the block
- *     shared and copies; if the writer is first, the reader waits for the
- *     write to end.
+ *     sr__tensor_snapshot (a saved tensor), sr__storage_block_off
+ *     (sr__tensor_sendable, the codec's sendability check) read `block`
+ *     and take their reference under it. If the reference is taken
+ *     first, the writer then sees the block shared and copies; if the
+ *     writer is first, the reader waits for the write to end.
  *   - readers (pins, below) take it to reference the block they read.
  * Lock order: the storage lock is a leaf among the tensor layer's locks:
  * callers may hold a graph task's lock and sr__acc_lock (task -> acc ->
@@ -93,6 +94,7 @@
 
 #include "heap.h"
 #include "shmrpc/tensor.h"
+#include "tensor/seam.h"
 
 typedef struct sr_node sr_node;
 struct sr_hook;
@@ -138,8 +140,6 @@ struct sr_hook {
 /* A tensor object over storage s (takes a storage ref), no autograd state. */
 sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset);
-/* A new contiguous tensor with fresh uninitialised storage; fn names the caller in errors. */
-sr_tensor *sr__tensor_new(const char *fn, sr_dtype dt, int ndim, const int64_t *shape);
 /* A view of t's storage with another geometry (shares storage, no history). */
 sr_tensor *sr__tensor_alias(const sr_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                             int64_t offset);
@@ -166,34 +166,15 @@ void sr__tensor_write_end(sr_tensor *t);
 /* write_begin + write_end: make t writable for writes that follow later
  * (sr_tensor_mutable_data), without holding the lock across them. */
 int sr__tensor_prepare_write(sr_tensor *t, const char *fn);
-/* Pins (see "Readers pin what they read" at the top): t's storage's current
- * block, referenced, and t's first element in it. A thread's pins of one
- * storage nest and share one block: the first takes the storage lock briefly
- * and a block reference, the others only count. Unpin each pin once (the last
- * drops the reference). The pointer is valid, and its bytes unchanged, until
- * then. */
-const char *sr__tensor_pin(const sr_tensor *t);
-void sr__tensor_unpin(const sr_tensor *t);
 /* The block this thread pinned for s, or NULL (not referenced again);
  * *data (if not NULL) gets its checked data pointer. */
 sr_block *sr__storage_pinned(const struct sr_storage *s, char **data);
-/* sr__tensor_write_begin / _end for a write of t that reads src[0..n) (NULL
- * entries skipped): pins the sources in other storages first, then takes t's
- * lock (so never one storage lock under another); end unpins them. Sources in
- * t's own storage are read under t's lock, from its writable block. */
-int sr__tensor_write_begin_from(sr_tensor *t, const char *fn, const sr_tensor *const *src, int n);
-void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n);
 /* An op that saves inputs for backward pins them from before its forward
  * reads them to after it saved them, so that what it saves is what it read
  * (sr__tensor_snapshot takes the pinned block). Pins in[0..n) (NULL entries
  * skipped) only if the op records history; pass the result to unpin. */
 bool sr__pin_saved(sr_tensor *const *in, int n);
 void sr__unpin_saved(bool pinned, sr_tensor *const *in, int n);
-/* A tensor with t's geometry over t's block, through its own new storage
- * object (its own block reference): no history, no grad. The block is the
- * one this thread pinned for t's storage if it did (sr__tensor_pin), else
- * t's current one. What autograd saves for backward. NULL on -ENOMEM. */
-sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
 /* Copy-on-write copies made by this process so far (a statistic for tests
  * and benchmarks). */
 uint64_t sr__tensor_cow_copies(void);
@@ -201,19 +182,10 @@ static inline char *sr__tensor_ptr(const sr_tensor *t)
 {
     return t->storage->data + t->offset * (int64_t)sr_dtype_size(t->dtype);
 }
-int64_t sr__numel(int ndim, const int64_t *shape);
 void sr__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 
-/* ---- shapes and errors (shape.c) ---- */
-#define SR_SHAPE_STR 160
-const char *sr__shape_str(int ndim, const int64_t *shape, char *buf);
+/* ---- shapes and errors (shape.c; the rest in seam.h) ---- */
 int sr__check_shape(const char *fn, int ndim, const int64_t *shape);
-int sr__check_dtype(const char *fn, sr_dtype dt);
-int sr__check_same_dtype(const char *fn, const sr_tensor *a, const sr_tensor *b);
-int sr__check_float(const char *fn, const sr_tensor *a);
-bool sr__same_shape(const sr_tensor *a, const sr_tensor *b);
-/* Normalise a possibly negative dim into [0, ndim); -EINVAL naming fn. */
-int sr__wrap_dim(const char *fn, int dim, int ndim);
 /* Broadcast two shapes into out (ndim *out_ndim); -EINVAL naming fn and both shapes. */
 int sr__broadcast_shapes(const char *fn, int na, const int64_t *sa, int nb, const int64_t *sb, int *out_ndim,
                          int64_t *out);
@@ -246,9 +218,7 @@ void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, 
                    const sr_tensor *const *ts);
 void sr__loop_run(struct sr_loop *L, sr_inner_fn fn, void *ctx);
 void sr__loop_done(struct sr_loop *L);
-/* Elements as doubles / int64 (n at a time, byte stride). */
-void sr__load_f64(double *dst, const char *src, int64_t stride, int64_t n, sr_dtype dt);
-void sr__store_f64(char *dst, int64_t stride, const double *src, int64_t n, sr_dtype dt);
+/* Elements as int64 (n at a time, byte stride; doubles: seam.h). */
 void sr__load_i64(int64_t *dst, const char *src, int64_t stride, int64_t n, sr_dtype dt);
 void sr__store_i64(char *dst, int64_t stride, const int64_t *src, int64_t n, sr_dtype dt);
 /* dst (written through COW by the caller) = src broadcast to dst's shape. */

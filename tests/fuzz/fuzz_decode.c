@@ -22,7 +22,7 @@
 #include "rpc/payload.h"
 #include "rpc/value_internal.h"
 #include "rpc/wire.h"
-#include "rref/hooks.h"
+#include "modules/rref/hooks.h"
 #include "heap.h"
 #include "tensor/tensor_impl.h"
 
@@ -198,9 +198,7 @@ static void rref_ctrl(const uint8_t *data, size_t size)
 {
     if (size < 1 + FZ_SLOT_BYTES)
         return;
-    sr_msg m = {.src = (uint16_t)(data[0] % FZ_WORLD), .type = SR_MSG_MODULE_BASE};
-    memcpy(m.data, data + 1, FZ_SLOT_BYTES);
-    sr__rref_ctrl(&m);
+    sr__rref_ctrl(data[0] % FZ_WORLD, 0, data + 1, FZ_SLOT_BYTES);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

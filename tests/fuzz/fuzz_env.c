@@ -6,13 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dist_autograd/context.h"
+#include "modules/dist_autograd/context.h"
 #include "error.h"
 #include "heap.h"
 #include "job/job.h"
 #include "rpc/codec.h"
 #include "rpc/inflight.h"
-#include "rref/hooks.h"
+#include "modules/rref/hooks.h"
 #include "segment.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"
@@ -123,8 +123,8 @@ void fz_env_init_agent(void)
     if (sr__job_create(&job, &o, "fuzz"))
         die("sr__job_create");
     sr__launch_env_set(&(struct sr_launch_env){.fd = job.seg.fd, .rank = 0, .world_size = 1});
-    sr_init_opts io = {.ignore_rref_leak = true};
-    if (sr_init(&io))
+    sr_rref_set_ignore_leak(true);
+    if (sr_init(NULL))
         die("sr_init");
     fixtures();
 }

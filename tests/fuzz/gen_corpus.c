@@ -17,7 +17,8 @@
 #include "rpc/codec.h"
 #include "rpc/module.h"
 #include "rpc/wire.h"
-#include "rref/rref_internal.h"
+#include "modules/dist_autograd/context.h"
+#include "modules/rref/rref_internal.h"
 
 static const char *dir, *dispatch_dir;
 
@@ -71,7 +72,7 @@ static sr_value *strv(const char *s) { return sr_str(s); }
 /* A raw RRef value: kind tag, rref id, fork id, owner (module.c's layout). */
 static size_t rref_wire(uint8_t *p, uint64_t rid, uint64_t fid, unsigned owner)
 {
-    p[0] = SR_KIND_RREF;
+    p[0] = (uint8_t)SR_KIND_RREF;
     for (int i = 0; i < 8; i++) {
         p[1 + i] = (uint8_t)(rid >> (8 * i));
         p[9 + i] = (uint8_t)(fid >> (8 * i));
@@ -222,11 +223,11 @@ static size_t payload(uint8_t *p, const uint8_t *ext, size_t elen, const char *f
 static void message_seeds(void)
 {
     uint8_t p[4096];
-    uint8_t da_ext[3 + 16] = {1, SR_MOD_DIST_AUTOGRAD, 16};
+    uint8_t da_ext[3 + 16] = {1, (uint8_t)sr__dist_module, 16};
     int64_t msg_id = 9;
     memcpy(da_ext + 3, &fz.dctx_id, 8); /* the context, then the message id */
     memcpy(da_ext + 11, &msg_id, 8);
-    static const uint8_t proxy_ext[] = {1, SR_MOD_RREF, 1, SR_RREF_EXT_PROXY};
+    const uint8_t proxy_ext[] = {1, (uint8_t)sr__rref_module, 1, SR_RREF_EXT_PROXY};
     size_t n;
 
     sr_value *five[] = {sr_int(5)};
@@ -252,12 +253,12 @@ static void message_seeds(void)
 
     n = payload(p, NULL, 0, "", 0, NULL, 0);
     msg_seed("msg-mod-req-fetch", SR_MSG_MOD_REQ,
-             (struct sr_wire){.call_id = 5, .ctrl = SR_MOD_RREF, .name_len = SR_RREF_FETCH, .tag = 0}, p, n);
+             (struct sr_wire){.call_id = 5, .ctrl = (uint8_t)sr__rref_module, .name_len = SR_RREF_FETCH, .tag = 0}, p, n);
 
     sr_value *kargs[] = {sr_int(9), strv("keep")};
     n = payload(p, NULL, 0, "make", 2, kargs, 0);
     msg_seed("msg-keep-call", SR_MSG_KEEP_CALL,
-             (struct sr_wire){.call_id = 6, .ctrl = SR_MOD_RREF, .name_len = 4, .tag = rid_of(0, 7)}, p, n);
+             (struct sr_wire){.call_id = 6, .ctrl = (uint8_t)sr__rref_module, .name_len = 4, .tag = rid_of(0, 7)}, p, n);
 
     sr_value *r42[] = {sr_int(42)};
     n = payload(p, NULL, 0, "", 1, r42, 0);
@@ -290,8 +291,7 @@ static void message_seeds(void)
 static void ctrl_seed(const char *name, uint8_t src, uint8_t kind, uint64_t token, uint64_t a, uint64_t b, uint64_t c)
 {
     uint8_t buf[1 + FZ_SLOT_BYTES] = {src};
-    struct sr_wire w = {.call_id = token, .ctrl = kind};
-    w.p.args.a = a, w.p.args.b = b, w.p.args.c = c;
+    struct sr_rref_msg w = {.token = token, .kind = kind, .args = {a, b, c}};
     memcpy(buf + 1, &w, sizeof(w));
     write_seed(name, FZ_RREF_CTRL, buf, sizeof(buf));
 }

@@ -9,7 +9,7 @@ Every case has inputs, an expression and the expected output(s) and input
 gradients. A case with one output backpropagates loss = sum(out * w), with
 w[j] = cos(0.37 j) in the output's dtype (so gradients are not all ones). A
 case with several outputs (multi-root) backpropagates all of them at once,
-each with gradient 1. tests/test_tensor_golden.c builds the same expressions
+each with gradient 1. tests/tensor/test_tensor_golden.c builds the same expressions
 in C, by case name, and compares.
 
 File format, one record per line:

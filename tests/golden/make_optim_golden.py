@@ -9,7 +9,7 @@ Every case builds one optimizer (torch's single-tensor implementations,
 foreach=False) over two parameters, p0 [2, 3] and p1 [4], and runs two steps
 with different gradients; a gradient may be missing (None) in a step. It
 records the parameters after each step and the state after the last one.
-tests/test_optim.c builds the same optimizer in C and compares.
+tests/train/test_optim.c builds the same optimizer in C and compares.
 
 File format, one record per line:
     case NAME

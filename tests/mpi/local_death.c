@@ -1,7 +1,7 @@
 /* A peer on the same (pretend) host dies in the middle of a call under
  * mpirun: the caller's wait fails at once with -EPIPE naming it, as under
  * shmrun, though no process of the host is the others' parent (the
- * survivors publish the exit from their pidfds: shm/orphan.c). Run by
+ * survivors publish the exit from their pidfds: lib/transport/shm/orphan.c). Run by
  * local_death.sh as mpirun -n 4 with SHMRPC_HOSTS=2: rank 0 calls "die" on
  * rank 1 with no timeout; rank 1 ends its process inside it. Rank 0 prints
  * what the call returned; the launcher then ends the job. */

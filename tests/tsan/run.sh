@@ -15,7 +15,7 @@ trap 'rm -rf "$dir"' EXIT
 # TSan still counts them held by the parent's thread ("double lock of a
 # mutex" on its first lock in a new thread). TSan cannot see inside these
 # libraries anyway; the hand-offs of memory through jemalloc are annotated
-# in our heap instead (shm/tsan.h). No report of our code is suppressed.
+# in our heap instead (shm/base/tsan.h). No report of our code is suppressed.
 # handle_segv=0: a worker that crashes on purpose (the crash-report tests)
 # gets the project's own crash report, as in the other builds.
 export TSAN_OPTIONS="log_path=$dir/tsan halt_on_error=0 second_deadlock_stack=1 ignore_noninstrumented_modules=1 handle_segv=0 ${TSAN_OPTIONS:-}"

@@ -54,9 +54,6 @@ typedef struct sr_init_opts {
                                 default timeout, call sr_set_rpc_timeout(0).)
                                 NaN, infinite or negative: -EINVAL */
     int num_worker_threads;  /* executor threads for user functions; 0: default */
-    bool ignore_rref_leak;   /* graceful shutdown: only log RRefs still forked
-                                after every user was deleted, instead of failing
-                                with -EBUSY (PyTorch's library default is to ignore) */
 } sr_init_opts;
 
 /* Attach to the job, start the progress thread and executors, exchange
@@ -75,7 +72,7 @@ SR_API int sr_init(const sr_init_opts *opts);
  * until no call or RRef message is in flight anywhere (fire-and-forget chains
  * included); then the RRef leak check: an RRef still forked is reported as
  * "Leaking RRef (0,3) with fork id (1,7)", and is -EBUSY unless
- * ignore_rref_leak; then tear down. timeout_s bounds the graceful part (0:
+ * sr_rref_set_ignore_leak(true) (shmrpc/rref.h); then tear down. timeout_s bounds the graceful part (0:
  * infinite); -ETIMEDOUT if it passes (the leader, rank 0, names the workers
  * that never arrived). -EPIPE at once when a worker leaves without a
  * graceful shutdown of its own (it returned from main without sr_shutdown,

@@ -75,6 +75,12 @@ SR_API void sr_rref_unref(sr_rref *r); /* NULL is a no-op */
  * call forks the RRef. */
 SR_API sr_value *sr_rref_value(sr_rref *r);
 SR_API sr_rref *sr_value_rref(const sr_value *v);
+/* The kind of such a value (sr_value_type(v) == SR_KIND_RREF; sr_kind_name
+ * gives "rref"). The RRef layer's kind is numbered when the library loads,
+ * so SR_KIND_RREF is not a constant expression: compare with it, do not use
+ * it as a case label. */
+SR_API sr_kind sr_rref_kind(void);
+#define SR_KIND_RREF (sr_rref_kind())
 
 /* ---- using --------------------------------------------------------------- */
 
@@ -144,6 +150,12 @@ SR_API int sr_rref_debug_forks(uint64_t rref_id, uint64_t *out, size_t cap);
  * applied by its receiver. -ETIMEDOUT (timeout_s: 0 or < 0 none; NaN or
  * infinite -EINVAL). */
 SR_API int sr_rref_wait_idle(double timeout_s);
+
+/* Graceful shutdown's leak check: true only logs RRefs still forked after
+ * every user was deleted, instead of failing sr_shutdown with -EBUSY
+ * (PyTorch's _ignore_rref_leak; its library default is to ignore, ours is
+ * false). Process-wide; each sr_init reads it, so set it before sr_init. */
+SR_API void sr_rref_set_ignore_leak(bool ignore);
 
 #ifdef __cplusplus
 }

@@ -38,7 +38,9 @@ typedef enum sr_kind {
     SR_KIND_TENSOR,
     SR_KIND_LIST,
     SR_KIND_OBJECT,
-    SR_KIND_RREF,
+    /* Kinds of the layers above RPC, numbered as they register (at most 4):
+     * each layer's header names its own (shmrpc/rref.h: SR_KIND_RREF). */
+    SR_KIND_MODULE,
 } sr_kind;
 
 SR_API sr_value *sr_none(void);

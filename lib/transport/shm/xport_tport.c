@@ -92,7 +92,7 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
             rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
                          SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
         }
-        /* relaxed: a statistic for tests/test_idle_wake.c */
+        /* relaxed: a statistic for tests/rpc/test_idle_wake.c */
         lost = rc == -ETIMEDOUT && sr_ring_ready(x->inbox) &&
                atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER;
     }

@@ -1,0 +1,766 @@
+/* Distributed backward, FAST mode.
+ *
+ * A pass has an id (a message id of the worker that roots it). On every
+ * worker it reaches, the pass has one graph task in the context, made when
+ * the pass first arrives there: its dependencies are computed from the roots
+ * (on the root worker only) plus every send function of the context, each of
+ * which waits for one gradient by RPC.
+ *
+ *   root       feed 1 to every root, run; the pass is over when the root
+ *              disengages (below); then check that every send function of
+ *              the context received its gradient.
+ *   PROPAGATE  {msg_id, pass, retain, grads...} to the worker that made
+ *              send function msg_id: feed it and run. It runs on an
+ *              executor; no thread waits while gradients are on their way.
+ *   RecvRpcBackward (run by the engine, on the thread that runs the graph)
+ *              sends PROPAGATE to its peer, counted in the pass's state on
+ *              this worker.
+ *
+ * When is a pass over? Dijkstra-Scholten termination detection. On each
+ * worker, the pass has a state while the worker is *engaged* in it:
+ *   - a PROPAGATE that finds the worker not engaged engages it and becomes
+ *     its *parent*: its answer is deferred. Any other PROPAGATE of the pass
+ *     is answered as soon as its own run ends here (with that run's error),
+ *     without waiting for the requests the run sent: they are the state's;
+ *   - `deficit` counts the requests the worker sent for the pass and that
+ *     have not answered (queued ones count once sent), `active` the runs in
+ *     progress; an answer records its error (the first one wins);
+ *   - when active == 0, deficit == 0 and nothing is queued, the worker
+ *     disengages: it answers its parent, with the first error it recorded,
+ *     and frees the state. A later PROPAGATE engages it again.
+ * The root is engaged from the start; its "parent" is the pass's own
+ * completion.
+ *
+ * Why it is right: a worker engages only from a request of an engaged worker
+ * (counted in the sender's deficit), so the engaged workers form a tree
+ * rooted at the root, each holding the edge to its parent open. A worker
+ * leaves the tree only when it has no work and no request outstanding, and
+ * only then answers its parent, which until that answer is itself engaged.
+ * So when the root disengages, every worker is idle and no gradient is in
+ * flight: the pass is over everywhere, and a failed pass fails only after
+ * all its RPCs answered (no stale gradient reaches the next pass in the same
+ * context). A worker appears at most once in the tree, so each worker has at
+ * most its parent call plus its own requests (at most WINDOW) open: a chain
+ * of hops, however long, no longer nests one call per hop (with two workers
+ * the tree has depth 2). A dead peer fails the RPC to it (-EPIPE), which is
+ * an answer with an error: deficits still reach 0. Errors climb the tree of
+ * parents to the root ("Error on Node N: ...", -EPIPE for a dead peer).
+ *
+ * Nothing waits on anything but answers, and the engine runs a task's ready
+ * nodes on the thread that calls run, one run at a time (its task lock): no
+ * run waits for a request, so no cycle of waits can form. (Waiting, in a
+ * run, for whatever is outstanding in the context deadlocked: a PROPAGATE
+ * served on the root could take the RPC the root's own run sent, whose
+ * answer waited for that very PROPAGATE.)
+ *
+ * Locks: begin_lock -> engine task lock -> context lock (context.h). The
+ * pass states of a context and all their fields are guarded by the context
+ * lock, which is never held across an RPC, a future's completion or a call
+ * into the engine.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "modules/dist_autograd/context.h"
+#include "error.h"
+#include "rpc/module.h"
+
+/* ---- the pass's graph task ---- */
+
+/* Send functions of c: *n references in a malloc'd array. */
+static sr_node **send_fns(sr_dctx *c, size_t *n)
+{
+    pthread_mutex_lock(&c->lock);
+    sr_node **fns = malloc((c->send.len ? c->send.len : 1) * sizeof(*fns));
+    size_t k = 0;
+    for (size_t i = 0; fns && i < c->send.cap; i++)
+        if (c->send.keys[i])
+            fns[k++] = sr__node_ref(c->send.vals[i]);
+    pthread_mutex_unlock(&c->lock);
+    *n = k;
+    return fns;
+}
+
+static void unref_fns(sr_node **fns, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sr__node_unref(fns[i]);
+    free(fns);
+}
+
+/* Make the task of pass `pass` (c has none: begin_pass) and install it. */
+static int build_task(sr_dctx *c, bool retain, sr_tensor *const *roots, size_t nroots, int64_t pass)
+{
+    sr_graph_task *g;
+    size_t nfns;
+    int rc = sr__graph_task_create(retain, &c->sink, &g);
+    if (rc)
+        return rc;
+    for (size_t i = 0; !rc && i < nroots; i++) {
+        sr_edge e = sr__tensor_gradient_edge(roots[i]); /* a reference */
+        rc = sr__graph_task_add_root(g, e);
+        sr__node_unref(e.fn);
+    }
+    sr_node **fns = rc ? NULL : send_fns(c, &nfns);
+    if (!rc && !fns)
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    for (size_t i = 0; !rc && i < nfns; i++)
+        rc = sr__graph_task_add_root(g, (sr_edge){fns[i], 0});
+    if (fns)
+        unref_fns(fns, nfns);
+    if (rc) {
+        sr__graph_task_destroy(g);
+        return rc;
+    }
+    pthread_mutex_lock(&c->lock);
+    c->task = g;
+    c->pass = pass;
+    c->retain = retain;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* A task for pass `pass` whose roots are roots[nroots] and every send
+ * function, installed in c. One thread at a time builds a context's task
+ * (begin_lock), so threads that bring the first gradients of one pass
+ * concurrently make one task: the others find it installed. The previous
+ * pass's task goes first, when nobody uses it, so that the nodes it held
+ * but never ran are free for this pass (engine.h, "Concurrent passes").
+ * Returns 0; the installed task is c->task. */
+static int begin_pass(sr_dctx *c, int64_t pass, bool retain, sr_tensor *const *roots, size_t nroots)
+{
+    pthread_mutex_lock(&c->begin_lock);
+    pthread_mutex_lock(&c->lock);
+    bool current = c->pass == pass;
+    bool busy = !current && c->task_users; /* two roots in one context at once */
+    int64_t running = c->pass;
+    sr_graph_task *old = current || busy ? NULL : c->task;
+    if (old) {
+        c->task = NULL;
+        c->pass = SR_NO_CONTEXT;
+    }
+    pthread_mutex_unlock(&c->lock);
+    sr__graph_task_destroy(old); /* nobody uses it: task_users was 0 under the lock */
+    int rc = busy ? sr__fail(-EBUSY, "sr_dist_autograd_backward", "worker%d: backward pass %lld is still running in "
+                             "context %lld; another pass cannot start in it until that one ends", sr__rpc_rank(),
+                             (long long)running, (long long)c->id)
+                  : 0;
+    if (!rc && !current) /* the common case is current: another gradient of a pass already here */
+        rc = build_task(c, retain, roots, nroots, pass);
+    pthread_mutex_unlock(&c->begin_lock);
+    return rc;
+}
+
+/* Count a thread in or out of c's task (under c's lock). A context whose
+ * task has users is a backward pass in progress here (debug info). */
+static void users_add_locked(sr_dctx *c, int d)
+{
+    uint32_t before = c->task_users;
+    c->task_users = (uint32_t)((int)before + d);
+    if (!before != !c->task_users) /* relaxed: statistics */
+        atomic_fetch_add_explicit(&sr__dctx_passes, before ? -1 : 1, memory_order_relaxed);
+}
+
+/* The current task if it belongs to pass, counted as used until
+ * release_task (the caller runs it without the context lock: lock order
+ * task -> context); no other pass can replace it meanwhile. */
+static sr_graph_task *acquire_task(sr_dctx *c, int64_t pass)
+{
+    pthread_mutex_lock(&c->lock);
+    sr_graph_task *g = c->pass == pass ? c->task : NULL;
+    if (g)
+        users_add_locked(c, 1);
+    pthread_mutex_unlock(&c->lock);
+    return g;
+}
+
+static void release_task(sr_dctx *c)
+{
+    pthread_mutex_lock(&c->lock);
+    users_add_locked(c, -1);
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Test hooks (tests/dist_autograd/test_dist_autograd_core.c): gradient requests served
+ * here so far, and a function the root calls between its run and its wait. */
+_Atomic uint64_t sr__dist_propagates_served;
+void (*sr__dist_root_hook)(void);
+
+/* ---- the pass on this worker: termination detection ----
+ *
+ * Dijkstra-Scholten (see the top). The state of pass `id` on this worker,
+ * `struct sr__dpass`, exists while the worker is engaged in the pass: made
+ * by the first PROPAGATE that finds none (or by the root), it is in c's
+ * list `engaged`, so that every later PROPAGATE of the pass finds it and
+ * is answered without waiting; it goes when the worker has no run in
+ * progress and no request unanswered or queued, and then answers `parent`.
+ *
+ * Pacing: a worker can have 65,536 calls in flight (sr__call_begin's
+ * table). A pass keeps at most WINDOW of its gradient requests in flight
+ * from each worker and queues the rest; each answer sends the next queued
+ * one, on the thread that completes the answer's future (chaining, as
+ * sr_rpc_async in a callback: no thread waits, nothing polls). After an
+ * error the queued requests are dropped unsent (the pass fails anyway) and
+ * the ones in flight are still awaited.
+ *
+ * Who touches what: every field of the state is guarded by its context's
+ * lock (c->lock, taken last: lock order task -> context), and the lock is
+ * never held across an RPC or a future's completion. A request belongs to
+ * whoever took it off the queue (or made it) until it is sent. The thread
+ * whose count makes the state idle takes it out of the list under the lock,
+ * and only that thread answers the parent and frees it: exactly once. */
+enum { WINDOW = 1024 };
+
+struct req {
+    struct req *next;
+    struct sr__dpass *pass;
+    int peer;
+    int64_t ctx_id;
+    size_t n;
+    sr_value **vals; /* [n], owned */
+};
+
+struct sr__dpass {
+    struct sr__dpass *next;  /* c->engaged */
+    sr_dctx *c;              /* a reference */
+    int64_t id;              /* the pass */
+    bool retain;
+    sr_future *parent;       /* the deferred answer (a reference): the engaging call's, or the root's */
+    size_t active;           /* runs of the pass in progress here */
+    size_t deficit;          /* requests sent and not answered: at most WINDOW */
+    struct req *head, *tail; /* queued, not sent */
+    int err;                 /* the first error, local or from an answer */
+    char *text;
+};
+
+/* The pass state of the run in progress on this thread (set around run). */
+static _Thread_local struct sr__dpass *this_pass;
+
+static void req_free(struct req *q)
+{
+    for (size_t i = 0; q && i < q->n; i++)
+        sr_value_unref(q->vals[i]);
+    if (q)
+        free(q->vals);
+    free(q);
+}
+
+/* Under c->lock: record err (the first wins); after an error, drop what is
+ * queued. */
+static void note_error_locked(struct sr__dpass *p, int err, const char *text)
+{
+    if (err && !p->err) {
+        p->err = err;
+        p->text = strdup(text ? text : "");
+    }
+    while (p->err && p->head) {
+        struct req *q = p->head;
+        p->head = q->next;
+        req_free(q);
+    }
+}
+
+/* A run of pass `id` begins here, for the PROPAGATE answered by `call` (for
+ * the root: its completion). Engages the worker if it was not: `call`
+ * becomes the parent (*parent set), answered when the worker disengages;
+ * otherwise the caller answers `call` once its run ends. NULL: out of
+ * memory. */
+static struct sr__dpass *pass_enter(sr_dctx *c, int64_t id, bool retain, sr_future *call, bool *parent)
+{
+    pthread_mutex_lock(&c->lock);
+    struct sr__dpass *p = c->engaged;
+    while (p && p->id != id)
+        p = p->next;
+    *parent = !p;
+    if (!p && (p = calloc(1, sizeof(*p)))) {
+        *p = (struct sr__dpass){.next = c->engaged, .c = sr__dctx_ref(c), .id = id, .retain = retain,
+                                .parent = sr_future_ref(call)};
+        c->engaged = p;
+    }
+    if (p)
+        p->active++;
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+/* Under c->lock: whether p is idle (no run, nothing in flight or queued);
+ * if so it leaves c's list, and the caller must call pass_end. */
+static bool pass_idle_locked(struct sr__dpass *p)
+{
+    if (p->active || p->deficit || p->head)
+        return false;
+    struct sr__dpass **at = &p->c->engaged;
+    while (*at != p)
+        at = &(*at)->next;
+    *at = p->next;
+    return true;
+}
+
+/* The worker disengages from the pass: answer the parent (with the first
+ * error) and free the state. No one else holds p any more. */
+static void pass_end(struct sr__dpass *p)
+{
+    if (p->err)
+        sr__future_fail_text(p->parent, p->err, p->text);
+    else
+        sr_future_set_result(p->parent, NULL);
+    sr_future_unref(p->parent);
+    sr__dctx_unref(p->c);
+    free(p->text);
+    free(p);
+}
+
+/* A run of p ended (err: its error, 0 for none). */
+static void pass_leave(struct sr__dpass *p, int err, const char *text)
+{
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err, text);
+    p->active--;
+    bool idle = pass_idle_locked(p);
+    pthread_mutex_unlock(&p->c->lock);
+    if (idle)
+        pass_end(p);
+}
+
+/* One request of p answered (err: its error, 0 for none). Returns the next
+ * queued request, now counted in flight, for the caller to send; ends p if
+ * it is idle now. */
+static struct req *req_answered(struct sr__dpass *p, int err, const char *text)
+{
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err, text);
+    p->deficit--;
+    struct req *next = p->head;
+    if (next) {
+        p->head = next->next;
+        p->deficit++;
+    }
+    bool idle = pass_idle_locked(p);
+    pthread_mutex_unlock(&p->c->lock);
+    if (idle)
+        pass_end(p);
+    return next;
+}
+
+static void req_pump(struct req *q);
+
+static void req_on_answer(sr_future *f, void *p)
+{
+    int rc = sr_future_value(f, NULL);
+    req_pump(req_answered(p, rc, rc ? sr_last_error() : NULL));
+}
+
+static void req_on_drop(void *p)
+{
+    req_pump(req_answered(p, -SR_ESHUTDOWN, "the RPC layer shut down during a backward pass"));
+}
+
+/* Send q (consumed); its answer comes to req_on_answer. 0 or -errno. */
+static int req_send(struct req *q)
+{
+    struct sr__dpass *p = q->pass;
+    sr_future *f = NULL;
+    int rc = sr__module_rpc(q->peer, sr__dist_module, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
+                            (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f);
+    req_free(q);
+    if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, p))
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory"); /* its answer is dropped */
+    sr_future_unref(f);
+    return rc;
+}
+
+/* Send queued requests, starting with q (may be NULL), from an answer's
+ * thread. Iterative: an answer that completes at once (inside
+ * sr__future_on_done) hands its successor to the loop already running on
+ * this thread instead of recursing. */
+static _Thread_local struct req *pump_list;
+static _Thread_local bool pumping;
+
+static void req_pump(struct req *q)
+{
+    if (q) {
+        q->next = pump_list;
+        pump_list = q;
+    }
+    if (pumping)
+        return;
+    pumping = true;
+    while ((q = pump_list)) {
+        pump_list = q->next;
+        struct sr__dpass *p = q->pass;
+        int rc = req_send(q);
+        if (rc) {
+            struct req *next = req_answered(p, rc, sr_last_error());
+            if (next) {
+                next->next = pump_list;
+                pump_list = next;
+            }
+        }
+    }
+    pumping = false;
+}
+
+/* A gradient request of the run in progress on this thread (q consumed):
+ * sent now if the window allows, else queued. A send that fails now fails
+ * the run (returned), as any node's error does. The run is active, so p
+ * stays engaged meanwhile. */
+static int run_submit(struct req *q)
+{
+    struct sr__dpass *p = q->pass;
+    pthread_mutex_lock(&p->c->lock);
+    bool failed = p->err != 0, now = !failed && p->deficit < WINDOW;
+    p->deficit += now;
+    if (!failed && !now) {
+        q->next = NULL;
+        if (p->head) /* tail is valid while the queue is not empty */
+            p->tail->next = q;
+        else
+            p->head = q;
+        p->tail = q;
+    }
+    pthread_mutex_unlock(&p->c->lock);
+    if (failed) /* the pass failed: nothing more is sent */
+        req_free(q);
+    if (!now)
+        return 0;
+    int rc = req_send(q);
+    if (rc)
+        req_pump(req_answered(p, 0, NULL)); /* counted; the error goes back to the engine */
+    return rc;
+}
+
+/* Run g, its gradient requests counted in p. */
+static int run_counted(sr_graph_task *g, struct sr__dpass *p)
+{
+    struct sr__dpass *outer = this_pass;
+    this_pass = p;
+    int rc = sr__graph_task_run(g);
+    this_pass = outer;
+    return rc;
+}
+
+/* ---- sending gradients (RecvRpcBackward) ---- */
+
+int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *const *grads, size_t n)
+{
+    struct sr__dpass *p = this_pass;
+    if (!p)
+        return sr__fail(-EINVAL, "sr_dist_autograd_backward", "a RecvRpcBackward ran outside a backward run");
+    struct req *q = calloc(1, sizeof(*q));
+    sr_value **vals = q ? calloc(n + 3, sizeof(*vals)) : NULL;
+    if (!vals) {
+        free(q);
+        return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    }
+    *q = (struct req){.pass = p, .peer = peer, .ctx_id = ctx_id, .n = n + 3, .vals = vals};
+    vals[0] = sr_int(msg_id);
+    vals[1] = sr_int(p->id);     /* id and retain are fixed while p lives */
+    vals[2] = sr_bool(p->retain);
+    for (size_t i = 0; i < n; i++)
+        vals[3 + i] = grads[i] ? sr_tensor_value(grads[i]) : sr_none();
+    for (size_t i = 0; i < n + 3; i++) {
+        if (!vals[i]) {
+            req_free(q);
+            return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+        }
+    }
+    return run_submit(q);
+}
+
+/* ---- PROPAGATE: gradients for one of our send functions ---- */
+
+struct job {
+    int caller;
+    int64_t ctx_id;
+    sr_value *args;
+    sr_future *done;
+};
+
+static int node_error(int err, const char *text, char *buf, size_t len)
+{
+    snprintf(buf, len, "Error on Node %d: %s", sr__rpc_rank(), text);
+    return err == -EPIPE || err == -ETIMEDOUT ? err : -SR_EREMOTE;
+}
+
+/* Feed send function msg_id of pass p and run, counting the run's RPCs in p. */
+static int run_send_fn(sr_dctx *c, int64_t msg_id, struct sr__dpass *p, sr_value *args)
+{
+    int rc = begin_pass(c, p->id, p->retain, NULL, 0);
+    sr_graph_task *g = rc ? NULL : acquire_task(c, p->id);
+    sr_node *fn = sr__dctx_send_fn(c, msg_id);
+    size_t n = sr_value_list_len(args) - 3;
+    if (!rc && !g)
+        rc = sr__fail(-EINVAL, "sr_dist_autograd_backward", "pass %lld was overtaken by another", (long long)p->id);
+    if (!rc && (!fn || fn->num_inputs != n))
+        rc = sr__fail(-EINVAL, "sr_dist_autograd_backward", "no send function with message id %lld and %zu inputs in "
+                      "context %lld", (long long)msg_id, n, (long long)c->id);
+    sr_tensor **grads = rc ? NULL : calloc(n ? n : 1, sizeof(*grads));
+    if (!rc && !grads)
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    for (size_t i = 0; !rc && i < n; i++)
+        grads[i] = sr_value_tensor(sr_value_list_at(args, 3 + i)); /* NULL for None */
+    if (!rc)
+        rc = sr__graph_task_feed_node(g, fn, grads);
+    if (!rc)
+        rc = run_counted(g, p);
+    if (g)
+        release_task(c);
+    free(grads);
+    sr__node_unref(fn);
+    return rc;
+}
+
+static bool well_formed(sr_value *a)
+{
+    return sr_value_list_len(a) >= 3 && sr_value_type(sr_value_list_at(a, 0)) == SR_KIND_INT &&
+           sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
+}
+
+/* Serve one PROPAGATE: enter the pass (engaging this worker if it was not:
+ * then this call is the parent, answered when the worker disengages), run,
+ * and answer a call that is not the parent now, with this run's own error:
+ * the requests the run sent are the pass's, awaited by the parent. */
+static void job_run(void *arg)
+{
+    struct job *j = arg;
+    char text[1024] = "";
+    int err = 0;
+    bool parent = false;
+    struct sr__dpass *p = NULL;
+    sr_dctx *c = sr__dctx_find(j->ctx_id);
+    sr_value *a = j->args;
+    if (!c)
+        err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
+    else if (!well_formed(a))
+        err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
+    else if (!(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
+                              j->done, &parent)))
+        err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    else
+        err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), p, a);
+    if (err)
+        err = node_error(err, sr_last_error(), text, sizeof(text));
+    if (!parent && err)
+        sr__future_fail_text(j->done, err, text);
+    else if (!parent)
+        sr_future_set_result(j->done, NULL);
+    if (p)
+        pass_leave(p, err, text); /* may end the pass here: answers the parent */
+    atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
+    sr__dctx_unref(c);
+    sr_value_unref(j->args);
+    sr_future_unref(j->done);
+    free(j);
+}
+
+int sr__dist_serve_propagate(int caller, uint64_t ctx_id, sr_value *args, sr_future **out)
+{
+    struct job *j = malloc(sizeof(*j));
+    sr_future *f = j ? sr_future_new() : NULL;
+    if (!f) {
+        free(j);
+        return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    }
+    *j = (struct job){.caller = caller, .ctx_id = (int64_t)ctx_id, .args = sr_value_ref(args),
+                      .done = sr_future_ref(f)};
+    int rc = sr__exec_submit(job_run, j);
+    if (rc) {
+        sr_value_unref(j->args);
+        sr_future_unref(j->done);
+        sr_future_unref(f);
+        free(j);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+/* ---- the root ---- */
+
+static int check_roots(sr_tensor *const *roots, size_t n)
+{
+    const char *who = "sr_dist_autograd_backward";
+    if (!roots || !n)
+        return sr__fail(-EINVAL, who, "No tensors provided for gradient computation.");
+    for (size_t i = 0; i < n; i++) {
+        if (!roots[i])
+            return sr__fail(-EINVAL, who, "root %zu is NULL", i);
+        if (!sr_tensor_requires_grad(roots[i]))
+            return sr__fail(-EINVAL, who, "requires_grad not set on root %zu", i);
+        if (sr_tensor_numel(roots[i]) != 1)
+            return sr__fail(-EINVAL, who, "Tensor %zu is not a scalar, all roots need to be scalar", i);
+        if (sr_tensor_is_leaf(roots[i]))
+            return sr__fail(-EINVAL, who, "Tensor %zu does not have a valid gradient function", i);
+    }
+    return 0;
+}
+
+/* FAST mode's limit: a send function still waiting when everything has
+ * answered would make PyTorch hang; here the pass fails naming the call. */
+static int check_send_fns(sr_dctx *c, sr_graph_task *g)
+{
+    size_t n;
+    sr_node **fns = send_fns(c, &n);
+    int rc = fns ? 0 : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!sr__graph_task_executed(g, fns[i]))
+            rc = sr__fail(-EDEADLK, "sr_dist_autograd_backward",
+                          "worker%d: the send function of the RPC '%s' to worker%d (autograd message id %lld) never "
+                          "received a gradient: that RPC's output is not used by any root of this pass, so the "
+                          "gradients of the tensors it sent cannot be completed (FAST mode; PyTorch would hang)",
+                          sr__rpc_rank(), sr__send_fn_call(fns[i]), sr__send_fn_peer(fns[i]),
+                          (long long)sr__fn_message_id(fns[i]));
+    if (fns)
+        unref_fns(fns, n);
+    return rc;
+}
+
+static int feed_ones(sr_graph_task *g, sr_tensor *const *roots, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        sr_tensor *one = sr_ones_like(roots[i]);
+        sr_edge e = sr__tensor_gradient_edge(roots[i]); /* a reference */
+        rc = one ? sr__graph_task_feed(g, e, one) : -ENOMEM;
+        sr__node_unref(e.fn);
+        sr_tensor_unref(one);
+    }
+    return rc;
+}
+
+/* A pass rooted here, run without holding a thread while other workers
+ * compute: the root is engaged in the pass from the start, its parent being
+ * `all`, which completes when this worker disengages, i.e. when every
+ * worker the pass reached is idle with nothing in flight (see the top);
+ * then check the send functions. */
+struct root {
+    sr_dctx *c;
+    sr_graph_task *g;
+    sr_future *all;   /* the root's parent: completes when the pass is over */
+    int err;          /* the first error, local or remote */
+    char text[1024];
+    sr_future *done;
+};
+
+static void root_finish(struct root *r)
+{
+    int rc = r->err;
+    if (!rc && (rc = check_send_fns(r->c, r->g)))
+        snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
+    pthread_mutex_lock(&r->c->lock);
+    r->c->root_busy = false;
+    if (r->g)
+        users_add_locked(r->c, -1);
+    pthread_mutex_unlock(&r->c->lock);
+    if (rc)
+        sr__future_fail_text(r->done, rc, r->text);
+    else
+        sr_future_set_result(r->done, NULL);
+    sr_future_unref(r->done);
+    sr__dctx_unref(r->c);
+    free(r);
+}
+
+static void root_answered(sr_future *f, void *p)
+{
+    struct root *r = p;
+    int rc = sr_future_value(f, NULL);
+    if (rc && !r->err) { /* the text is the failing node's: "Error on Node N: ..." */
+        r->err = rc == -EPIPE || rc == -ETIMEDOUT || rc == -SR_ESHUTDOWN ? rc : -SR_EREMOTE;
+        snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
+    }
+    root_finish(r);
+}
+
+/* The root's run ended: the pass ends when the root disengages. */
+static void root_wait(struct root *r, struct sr__dpass *p)
+{
+    sr_future *all = r->all;
+    if (!p) { /* out of memory before the run: nothing was sent */
+        sr_future_unref(all);
+        root_finish(r);
+        return;
+    }
+    pass_leave(p, 0, NULL); /* the root's own error is r->err */
+    /* Internal callback: the thread context is not the user's to keep. */
+    if (sr__future_on_done(all, root_answered, NULL, r))
+        root_answered(all, r);
+    sr_future_unref(all);
+}
+
+/* Start a pass rooted here in c; done completes when every worker involved
+ * has finished. Takes its own reference on c. */
+static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain, sr_future *done)
+{
+    pthread_mutex_lock(&c->lock);
+    bool busy = c->root_busy;
+    c->root_busy = true;
+    pthread_mutex_unlock(&c->lock);
+    if (busy)
+        return sr__fail(-EBUSY, "sr_dist_autograd_backward", "a backward pass is already running in context %lld",
+                        (long long)c->id);
+    struct root *r = calloc(1, sizeof(*r));
+    if (!r) {
+        pthread_mutex_lock(&c->lock);
+        c->root_busy = false;
+        pthread_mutex_unlock(&c->lock);
+        return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    }
+    *r = (struct root){.c = sr__dctx_ref(c), .done = sr_future_ref(done)};
+    r->all = sr_future_new();
+    int64_t pass;
+    bool engaged;
+    struct sr__dpass *p = NULL;
+    int rc = r->all ? sr__dctx_next_message_id(&pass) : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    if (!rc && !(p = pass_enter(c, pass, retain, r->all, &engaged))) /* a new id: engaged, parent `all` */
+        rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
+    if (!rc)
+        rc = begin_pass(c, pass, retain, roots, n);
+    r->g = rc ? NULL : acquire_task(c, pass);
+    if (!rc && !(rc = feed_ones(r->g, roots, n)))
+        rc = run_counted(r->g, p);
+    if (rc) {
+        r->err = rc;
+        snprintf(r->text, sizeof(r->text), "%s", sr_last_error());
+    }
+    if (sr__dist_root_hook)
+        sr__dist_root_hook();
+    root_wait(r, p); /* always waits: no RPC of this pass may outlive it */
+    return 0;
+}
+
+int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain, sr_future **out)
+{
+    int rc = check_roots(roots, n);
+    if (rc)
+        return rc;
+    sr_dctx *c = sr__dctx_find(context_id);
+    if (!c)
+        return sr__dctx_not_found("sr_dist_autograd_backward", context_id);
+    sr_future *f = sr_future_new();
+    rc = f ? root_start(c, roots, n, retain, f) : -ENOMEM;
+    sr__dctx_unref(c);
+    if (rc) {
+        sr_future_unref(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+SR_API int sr_dist_autograd_backward(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain_graph)
+{
+    sr_future *f;
+    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
+    int rc = sr__dist_backward_async(context_id, roots, n, retain_graph, &f);
+    if (rc)
+        return rc;
+    rc = sr__module_wait(f, -1); /* every RPC of the pass has its own timeout */
+    rc = rc ? rc : sr_future_value(f, NULL);
+    sr_future_unref(f);
+    if (t0)
+        sr__probe_span("autograd", "dist_autograd:backward_pass", t0);
+    return rc;
+}

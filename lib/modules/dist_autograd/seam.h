@@ -1,0 +1,17 @@
+/* Distributed autograd: what a layer above it (the distributed optimizer,
+ * lib/dist_optim) may use besides the public shmrpc/dist_autograd.h
+ * (internal). Everything else of lib/modules/dist_autograd is private to it. */
+#ifndef SR_DIST_AUTOGRAD_SEAM_H
+#define SR_DIST_AUTOGRAD_SEAM_H
+
+#include <stdint.h>
+
+#include "shmrpc/dist_autograd.h"
+
+/* The thread's current context id (SR_NO_CONTEXT: none); set returns the old. */
+int64_t sr__dctx_current(void);
+int64_t sr__dctx_set_current(int64_t id);
+/* An "unknown context" error, with PyTorch's text. */
+int sr__dctx_not_found(const char *who, int64_t id);
+
+#endif

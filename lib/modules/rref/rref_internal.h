@@ -1,0 +1,247 @@
+/* RRefs, internal side: the object, the per-worker context, and the helpers
+ * shared by the files of lib/modules/rref. The protocol is described in docs/RREF.md;
+ * the functions lib/rpc calls are in hooks.h.
+ *
+ * Locking: one mutex (ctx.lock) guards every map of the context and the
+ * fields of sr_rref marked "lock". It is a static mutex, so an RRef that
+ * outlives its context (after sr_shutdown) can still take it safely and
+ * learn from ctx.gen that its round is over. No future is completed, no
+ * message sent and no RRef unreffed while it is held (those may re-enter):
+ * handlers collect them in a struct after and run it after unlocking.
+ * The maps are all small per-operation updates; the hot paths take the lock
+ * once or twice per call (documented in docs/RREF.md).
+ */
+#ifndef SR_RREF_INTERNAL_H
+#define SR_RREF_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "forks.h"
+#include "map.h"
+#include "rpc/module.h"
+#include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
+
+/* The RRef module's id and value kind (module.c: sr__module_register). */
+extern int sr__rref_module;
+extern int sr__rref_kind;
+/* The RRef module's raw message (its type SR_RREF_MSG_CTRL): control
+ * messages, idempotent, each sent once (protocol.c), as these bytes. */
+enum { SR_RREF_MSG_CTRL = 0 };
+struct sr_rref_msg {
+    uint64_t token;   /* the sender's token when it wants an ACK (echoed by the ACK; 0: none) */
+    struct { uint64_t a, b, c; } args; /* rref_id, fork_id, extra */
+    uint8_t kind;     /* enum sr_rref_ctrl */
+    uint8_t pad[7];   /* zero: no byte of a message is left unset */
+};
+enum sr_rref_ctrl {
+    SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
+    SR_RREF_CHILD_ACCEPT = 2, /* child -> parent: the owner knows fork_id; release the parent */
+    SR_RREF_USER_DELETE = 3,  /* user -> owner: fork_id is gone (extra: SR_DELETE_QUIET_ACK below) */
+    SR_RREF_ACK = 4,          /* answer to a FORK_REQUEST or USER_DELETE: token = the request's token,
+                                 args.a = 0 or the -errno that kept the owner from applying it;
+                                 token 0: the answer to a NUDGE (wakes its receiver, nothing else) */
+    SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
+    SR_RREF_ANNOUNCE = 6,     /* waiting parent -> a child's worker: ask the owner now for my children
+                                 up to fork_id (unannounced users, fork.c); no answer */
+};
+/* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
+#define SR_DELETE_QUIET_ACK UINT64_C(2)
+/* Module requests (tag = the rref id): to_here's fetch; CONFIRMED says the
+ * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
+ * rather than not yet created. */
+enum { SR_RREF_FETCH = 1, SR_RREF_FETCH_CONFIRMED = 2 };
+/* The module's extension byte on a call: argument 0 is an RRef owned by the
+ * callee, and its local value replaces it before the function runs. */
+#define SR_RREF_EXT_PROXY 0x1u
+#include "shmrpc/rref.h"
+
+struct sr_rref {
+    _Atomic uint32_t refs;
+    /* Immutable after creation. */
+    bool is_owner;
+    uint16_t owner;       /* rank of the owner */
+    uint64_t rref_id;
+    uint64_t fork_id;     /* users; SR_RREF_NO_ID for an owner */
+    uint64_t gen;         /* the context round it belongs to */
+    sr_future *value;     /* owner: completed once, with the value or the error that replaced it */
+    /* user: completed once confirmed (or failed). A received user that must
+     * ask its owner gets it before it is published; a remote() user gets it
+     * lazily, under the lock, only if someone asks (sr_rref_confirmation). */
+    sr_future *confirm;
+    /* Owners. */
+    bool awaiting;        /* lock: created by a use (fork, fetch) before its REMOTE_CALL arrived */
+    /* Users. */
+    _Atomic bool confirmed;  /* release store under the lock, acquire loads anywhere */
+    _Atomic bool deleted;    /* set under the lock: the owner has been (or is being) told this fork is
+                                is gone; read without it as a hint (relaxed) */
+    bool registered;         /* lock: in pending_users, users or unannounced, or a remote() user awaiting
+                                its REMOTE_RET */
+    bool unannounced;        /* lock: received from another user by a call's arguments and not told to
+                                its owner yet (in unannounced; see fork.c) */
+    bool creating;           /* lock: a remote() user whose REMOTE_RET has not come (counted in pending_remote) */
+    uint32_t adds_sent;      /* lock: add messages made for this fork (see forks.h) */
+    sr_value *cached;        /* a remote() user: the small plain value its REMOTE_RET carried
+                                (written before its confirmation completes; immutable) */
+    /* remote() creation error: create_msg is written before the release store of create_err. */
+    _Atomic int create_err;
+    char *create_msg;
+};
+
+struct rref_ctx {
+    pthread_mutex_t lock;
+    bool active;             /* lock: between sr__rref_init and sr__rref_fini */
+    bool ignore_leaks;       /* written at init, before any other thread looks */
+    _Atomic uint64_t gen;    /* bumped by every init, under the lock (relaxed loads: see live_locked) */
+    _Atomic uint64_t live_gen; /* gen while active, 0 after fini: the lock-free liveness check */
+    int rank, world;         /* written at init */
+    _Atomic uint64_t next_id;    /* the GUID counter (RRef and fork ids) */
+    uint64_t next_token;         /* lock: ACK tokens */
+    sr_u64map owners;            /* rref_id -> OwnerRRef (a reference): forked, or awaiting its creating call */
+    sr_fork_table forks;         /* the owner's view of its users */
+    sr_u64map pending_users;     /* fork_id -> sr_rref * (reference): received users asking their owner */
+    uint32_t pending_remote;     /* lock: remote() users awaiting their REMOTE_RET (held by the call) */
+    sr_u64map users;             /* fork_id -> sr_rref * (weak: removed by the RRef's destroy) */
+    sr_u64map unannounced;       /* fork_id -> sr_rref * (weak: removed by the RRef's destroy or its
+                                  * announcement): user->user forks held by a running call, whose
+                                  * FORK_REQUEST waits for the call's end (fork.c) */
+    sr_u64map announce_upto;     /* parent rank -> (void *)(fork id + 1): that parent waits for its
+                                  * children up to this fork id, so they are not left unannounced */
+    sr_u64map children;          /* fork_id -> parent sr_rref * (reference, G2) */
+    sr_u64map child_to;          /* fork_id -> (void *)(rank + 2): where each child in children went
+                                  * (-1: not known); the same keys as children */
+    int lost_rank;               /* lock: -1, or a dead rank that took a pending child (reported once,
+                                  * by sr_rref_wait_idle) */
+    uint64_t lost_fid;           /* lock: that child's fork id */
+    char lost_how[256];          /* lock: how lost_rank left ("worker2 exited with status 0 ...") */
+    sr_u64map unacked;           /* token -> struct unacked * (protocol.c): messages awaiting their ACK */
+    uint32_t awaiting;           /* lock: owners with awaiting set */
+    sr_future *idle;             /* lock: completed when pending users, children and unacked are all gone */
+    _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
+    _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included, nudges not) */
+    _Atomic uint32_t idle_waiters; /* threads in sr_rref_wait_idle; ++ under the lock, -- anywhere */
+};
+
+extern struct rref_ctx sr__rref_ctx;
+
+/* Work collected under the lock, done after it (see the header comment). */
+#define AFTER_MAX 6
+struct after {
+    sr_rref *unref[AFTER_MAX];
+    int nunref;
+    sr_future *complete[AFTER_MAX]; /* completed with none, then unreffed */
+    int ncomplete;
+    struct {
+        int to;
+        bool quiet;  /* an ACK the deleter allowed to be quiet */
+        bool nudge;  /* a delete whose ACK may come quietly: nudge if a waiter appeared meanwhile */
+        struct sr_rref_msg m;
+    } send[AFTER_MAX];
+    int nsend;
+};
+/* Only the counts: zeroing the arrays would cost more than the work. */
+static inline void sr__after_init(struct after *d)
+{
+    d->nunref = d->ncomplete = d->nsend = 0;
+}
+void sr__after_run(struct after *d);
+
+/* context.c */
+void sr__rref_lock(void);
+void sr__rref_unlock(void);
+/* The caller's round is live (lock held). */
+bool sr__rref_live_locked(const sr_rref *r);
+/* The same without the lock, for checks that a racing shutdown may overtake anyway. */
+static inline bool sr__rref_live(const sr_rref *r)
+{
+    extern struct rref_ctx sr__rref_ctx;
+    /* acquire: pairs with the release store in sr__rref_init */
+    return r->gen == atomic_load_explicit(&sr__rref_ctx.live_gen, memory_order_acquire);
+}
+/* n consecutive new ids; the first, or SR_RREF_NO_ID when the counter is spent. */
+uint64_t sr__rref_new_ids(unsigned n);
+/* The registered OwnerRRef of rid (borrowed), created (awaiting its value)
+ * if absent; NULL on -ENOMEM. */
+sr_rref *sr__owner_get_or_create_locked(uint64_t rid, bool awaiting);
+/* Unregister the OwnerRRef once no fork is left and no creating call is awaited. */
+void sr__owner_maybe_erase_locked(uint64_t rid, struct after *d);
+/* Complete ctx.idle if the worker just became idle. */
+void sr__idle_check_locked(struct after *d);
+bool sr__idle_locked(void);
+/* "(rank,counter)" */
+const char *sr__id_str(uint64_t id, char *buf, size_t len);
+
+/* rref.c */
+sr_rref *sr__rref_alloc(bool is_owner, int owner, uint64_t rid, uint64_t fid);
+/* Fail the owner's value future (creation never happened, shutdown...). */
+void sr__rref_owner_fail(sr_rref *r, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Record a remote() creation failure on a user (first one wins). */
+void sr__rref_set_create_error(sr_rref *r, int err, const char *msg);
+/* A user stops pending (leaves pending_users, or its REMOTE_RET came): into
+ * users (weak), confirmed or not. Lock held; the caller runs
+ * sr__idle_check_locked once its own updates are done. */
+void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
+
+/* protocol.c: queue a control message (lock held), sent once by
+ * sr__after_run. A FORK_REQUEST or USER_DELETE is tracked until its ACK.
+ * 0, or -ENOMEM for a FORK_REQUEST that cannot be tracked (then not sent;
+ * a delete that cannot be tracked is sent untracked). */
+int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
+                          uint64_t extra);
+/* Send one message now, counted for quiescence (quiet: wakes nobody). */
+int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet);
+/* After a send (d->send[i]) that may get a quiet answer: if a thread began
+ * waiting for idleness meanwhile, nudge the destination. */
+void sr__ctrl_after_send(int to, bool nudge);
+/* ANNOUNCE to `to`: ask the owners for this worker's children there, up to fork id upto. */
+void sr__ctrl_announce(int to, uint64_t upto);
+/* A loud NUDGE: the owner answers it loudly after its earlier ACKs. */
+void sr__ctrl_nudge(int to);
+/* Mark (mark[rank] = true) the owners of unacknowledged deletes. Lock held. */
+void sr__unacked_delete_owners_locked(bool *mark, int world);
+/* A message sr__ctrl_send refused (err): settle what waited for its answer. */
+void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err);
+/* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
+void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* fork.c: user->user forks received by a call's arguments (see fork.c).
+ * Announce an unannounced user to its owner now (FORK_REQUEST): it becomes
+ * an ordinary pending user. Takes a reference of r for the pending table
+ * (given back through d on failure). Lock held; 0 or -ENOMEM (then it stays
+ * unannounced). */
+int sr__user_announce_locked(sr_rref *r, struct after *d);
+/* Take a reference of r unless its last one is already gone (its destroy
+ * is then on its way and will take the lock). */
+bool sr__rref_ref_live(sr_rref *r);
+/* Announce the users in fids that are still unannounced (a call ended). */
+void sr__rref_announce_forks(const uint64_t *fids, size_t n);
+/* Announce every unannounced user whose parent is `parent` (-1: all): a
+ * thread of this worker, or of the parent, waits for idleness. */
+void sr__rref_announce_all(int parent);
+/* A thread waits for idleness: ask the workers that hold this worker's
+ * pending children to announce them (ANNOUNCE). */
+void sr__rref_announce_children(void);
+/* The forks a call's arguments brought (its call state, module.c). */
+struct rref_call {
+    bool proxy;      /* argument 0 becomes the owner's local value */
+    uint32_t n, cap;
+    uint64_t *fids;  /* unannounced users decoded for the call */
+};
+/* Record fid in the state of the call being decoded; 0 or -ENOMEM. */
+int sr__rref_call_note(sr_call *c, uint64_t fid);
+
+/* protocol.c: a child fork is accepted (or gone): release its parent's hold
+ * (G2). Lock held. */
+void sr__child_accepted_locked(uint64_t fid, struct after *d);
+
+/* The confirmation future of r (a reference), made on demand. */
+int sr__rref_confirm_future(sr_rref *r, sr_future **out);
+
+/* Wait for a future with the agent's polling wait; 0 or -ETIMEDOUT. */
+int sr__rref_wait(sr_future *f, int64_t deadline_ns);
+/* An absolute deadline from a timeout in seconds (< 0 default, 0 none). */
+int sr__rref_deadline(double timeout_s, const char *fn, int64_t *ms, int64_t *deadline);
+
+#endif

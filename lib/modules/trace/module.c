@@ -1,0 +1,93 @@
+/* The profiler as a module of the agent (rpc/module.h): it reads
+ * SHMRPC_STATS and SHMRPC_TRACE at sr_init, and at sr_shutdown prints the
+ * statistics and writes this worker's trace part. It adds no per-call hook:
+ * the calls reach it through its probe group (module.h, "Probes"). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "parse.h"
+#include "log.h"
+#include "rpc/module.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/stats.h"
+#include "modules/trace/trace.h"
+
+int sr__probes_prepare(int rank);
+extern const struct sr_probe_ops sr__trace_probe_ops;
+
+/* Set by init, read by fini (the thread of sr_init, then of sr_shutdown,
+ * which life_lock orders). */
+static uint32_t env_mask;
+static char trace_path[4096];
+static char worker[128];
+
+static bool env_on(const char *var)
+{
+    const char *v = getenv(var);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static int profiler_init(const sr_init_opts *o)
+{
+    (void)o;
+    int rank = sr__rpc_rank();
+    const char *name = sr_worker_name(rank);
+    snprintf(worker, sizeof(worker), "%s", name ? name : "worker");
+    const char *path = getenv("SHMRPC_TRACE");
+    int64_t cap = (int64_t)sr__trace_cap;
+    if (sr__env_int("sr_init", "SHMRPC_TRACE_MAX_EVENTS", 0, INT64_MAX, &cap))
+        return -EINVAL;
+    sr__trace_cap = (uint64_t)cap;
+    env_mask = (env_on("SHMRPC_STATS") ? SR_PROBE_STATS : 0) | (path && *path ? SR_PROBE_TRACE : 0);
+    snprintf(trace_path, sizeof(trace_path), "%s", path && *path ? path : "");
+    if (sr__probes_prepare(rank))
+        return sr__fail(-ENOMEM, "sr_init", "worker%d: out of memory for the profiler", rank);
+    /* relaxed: see module.h, "Probes" */
+    if (env_mask)
+        sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) | env_mask);
+    return 0;
+}
+
+static void print_stats(void)
+{
+    sr_stats *s;
+    if (sr_stats_snapshot(&s))
+        return;
+    char who[160];
+    snprintf(who, sizeof(who), "%s (rank %d)", worker, sr__rpc_rank());
+    sr_stats_print(s, who, stderr);
+    sr_stats_free(s);
+}
+
+static void profiler_fini(void)
+{
+    uint32_t m = env_mask;
+    env_mask = 0;
+    if (!m)
+        return;
+    /* relaxed: see module.h, "Probes"; the trace stops here, statistics enabled by the API stay */
+    sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) & ~m);
+    if (m & SR_PROBE_TRACE && sr__trace_write_part(trace_path, sr__rpc_rank(), worker))
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
+    if (m & SR_PROBE_STATS)
+        print_stats();
+}
+
+static const struct sr_module_life_ops profiler_life = {
+    .init = profiler_init,
+    .fini = profiler_fini,
+};
+
+static const sr_module profiler_module = {
+    .name = "profiler",
+    .life = &profiler_life,
+    .probe = &sr__trace_probe_ops,
+};
+
+__attribute__((constructor)) static void profiler_register(void)
+{
+    sr__module_register(&profiler_module, NULL);
+}

@@ -1,0 +1,176 @@
+/* A worker's trace part: its records as Trace Event Format lines. See
+ * trace.h and docs/PROFILING.md for the events of a call.
+ *
+ * One event per line, no separators: merge.c joins the parts of a job into
+ * one JSON object. Flow lines begin with {"ph":"s","id": or {"ph":"f","id":
+ * exactly, so the merger can pair them without a JSON parser. Timestamps are
+ * µs with ns digits. The writer runs in sr_shutdown's teardown, when no
+ * thread of the runtime is left; the chunks are read with acquire loads (a
+ * user thread may still be recording its last events). */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "modules/trace/trace.h"
+
+static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER; /* the flushed marks of every table */
+
+/* ns as µs with three decimals */
+#define US "%" PRId64 ".%03d"
+#define USV(ns) (ns) / 1000, (int)((ns) % 1000)
+
+struct out {
+    FILE *f;
+    int pid;
+};
+
+/* name as a JSON string body (names are short; control bytes escaped) */
+static void put_name(FILE *f, const char *prefix, uint32_t id)
+{
+    const char *s = sr__trace_name(id);
+    fputs(prefix, f);
+    for (s = s ? s : "?"; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", (unsigned char)*s);
+        else
+            fputc(*s, f);
+    }
+}
+
+static void slice(const struct out *o, const struct sr_rec *r, const char *cat, const char *verb)
+{
+    fprintf(o->f, "{\"ph\":\"X\",\"cat\":\"%s\",\"name\":\"", cat);
+    put_name(o->f, verb, r->name);
+    fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"dur\":" US ",\"args\":{\"peer\":%d,\"err\":%d}}\n", o->pid,
+            r->tid, USV(r->t0), USV(r->t1 - r->t0), r->peer, r->err);
+}
+
+/* A flow end point: ph 's' or 'f' (bound to the enclosing slice). */
+static void flow(const struct out *o, const struct sr_rec *r, char ph, uint64_t id, const char *name)
+{
+    fprintf(o->f, "{\"ph\":\"%c\",\"id\":%" PRIu64 ",\"cat\":\"rpc\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":" US "%s}\n",
+            ph, id, name, o->pid, r->tid, USV(r->t0), ph == 'f' ? ",\"bp\":\"e\"" : "");
+}
+
+/* An async span from t0 to t1 on thread tid. */
+static void span(const struct out *o, const struct sr_rec *r, const char *cat, const char *verb, int tid, int64_t t0,
+                 int64_t t1)
+{
+    for (int k = 0; k < 2; k++) {
+        fprintf(o->f, "{\"ph\":\"%c\",\"cat\":\"%s\",\"id\":%" PRIu64 ",\"name\":\"", k ? 'e' : 'b', cat, r->flow);
+        put_name(o->f, verb, r->name);
+        fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"args\":{\"peer\":%d,\"err\":%d}}\n", o->pid, tid,
+                USV(k ? t1 : t0), r->peer, r->err);
+    }
+}
+
+static void instant(const struct out *o, const struct sr_rec *r, const char *verb)
+{
+    fprintf(o->f, "{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"msg\",\"name\":\"");
+    put_name(o->f, verb, r->name);
+    fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"args\":{\"peer\":%d}}\n", o->pid, r->tid, USV(r->t0), r->peer);
+}
+
+static void event(const struct out *o, const struct sr_rec *r)
+{
+    switch (r->kind) {
+    case SR_REC_SEND:
+        slice(o, r, "rpc", "send ");
+        flow(o, r, 's', r->flow, "request");
+        break;
+    case SR_REC_ANSWER:
+        slice(o, r, "rpc", "answer ");
+        flow(o, r, 'f', r->flow | 1, "response");
+        span(o, r, "rpc", "call ", r->tid2, r->t2, r->t0);
+        break;
+    case SR_REC_LOST:
+        span(o, r, "rpc", "call ", r->tid2, r->t2, r->t0);
+        break;
+    case SR_REC_RECV:
+        slice(o, r, "rpc", "recv ");
+        flow(o, r, 'f', r->flow, "request");
+        break;
+    case SR_REC_RUN:
+        span(o, r, "queue", "queue ", r->tid, r->t2, r->t0);
+        slice(o, r, "rpc", "run ");
+        break;
+    case SR_REC_REPLY:
+        slice(o, r, "rpc", "reply ");
+        flow(o, r, 's', r->flow | 1, "response");
+        break;
+    case SR_REC_MSG_OUT:
+    case SR_REC_MSG_IN:
+        instant(o, r, r->kind == SR_REC_MSG_OUT ? "send " : "recv ");
+        break;
+    case SR_REC_SPAN:
+        slice(o, r, "span", "");
+        break;
+    }
+}
+
+/* The table's records since its last flush. Under write_lock. */
+static uint64_t flush_table(const struct out *o, struct sr_ttable *t)
+{
+    uint64_t n = 0;
+    struct sr_chunk *c = t->flushed;
+    uint32_t at = t->flushed_n;
+    if (!c) {
+        c = atomic_load_explicit(&t->head, memory_order_acquire); /* pairs with sr__trace_add's release */
+        at = 0;
+    }
+    while (c) {
+        uint32_t end = atomic_load_explicit(&c->n, memory_order_acquire); /* pairs with sr__trace_add's release */
+        for (; at < end; at++, n++)
+            event(o, &c->r[at]);
+        t->flushed = c;
+        t->flushed_n = at;
+        struct sr_chunk *next = atomic_load_explicit(&c->next, memory_order_acquire); /* pairs with sr__trace_add */
+        if (!next || at < SR_TRACE_CHUNK)
+            break;
+        c = next;
+        at = 0;
+    }
+    return n;
+}
+
+static void metadata(const struct out *o, const char *worker)
+{
+    fprintf(o->f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"name\":\"", o->pid);
+    for (const char *s = worker; *s; s++) /* worker names are [A-Za-z0-9_:-] */
+        fputc(*s, o->f);
+    fprintf(o->f, "\"}}\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%d}}\n",
+            o->pid, o->pid);
+    fprintf(o->f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"main\"}}\n",
+            o->pid, (int)getpid());
+}
+
+int sr__trace_write_part(const char *path, int rank, const char *worker)
+{
+    char name[4096];
+    sr__trace_part_name(path, rank, name, sizeof(name));
+    struct out o = {.f = fopen(name, "w"), .pid = rank};
+    if (!o.f)
+        return sr__fail(-errno, "sr_shutdown", "worker%d: cannot write the trace part '%s': %s", rank, name,
+                        strerror(errno));
+    metadata(&o, worker);
+    uint64_t dropped = 0;
+    pthread_mutex_lock(&write_lock);
+    for (struct sr_ttable *t = sr__ttables(); t; t = t->next) {
+        flush_table(&o, t);
+        dropped += atomic_load_explicit(&t->dropped, memory_order_relaxed); /* relaxed: a statistic */
+    }
+    pthread_mutex_unlock(&write_lock);
+    if (dropped)
+        fprintf(o.f, "{\"ph\":\"M\",\"name\":\"shmrpc_dropped_events\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"count\":%" PRIu64 "}}\n",
+                rank, dropped);
+    int bad = ferror(o.f);
+    if (fclose(o.f) || bad)
+        return sr__fail(-EIO, "sr_shutdown", "worker%d: cannot write the trace part '%s'", rank, name);
+    return 0;
+}

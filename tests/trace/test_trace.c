@@ -1,0 +1,399 @@
+/* SHMRPC_TRACE end to end: a representative job (tests/helpers/trace_prog.c:
+ * RPC, RRefs passed between users, a distributed autograd pass) runs under
+ * the real shmrun (SHMRUN) with SHMRPC_TRACE set, and the one file it leaves
+ * is checked against the Trace Event Format:
+ *   - valid JSON, an object with a "traceEvents" array, nothing else left in
+ *     the directory (no part or temporary file);
+ *   - every event has ph, ts, pid (a rank) and tid, a name, and a cat (all
+ *     but metadata); X durations are >= 0, B/E nest per thread, b/e pair;
+ *   - every flow start has exactly one end and every end one start, the end
+ *     binds to its enclosing slice (bp "e"), never before its start, and both
+ *     points lie inside a slice of their own thread;
+ *   - caller-to-callee flows are there: requests from rank 0 to ranks 1 and
+ *     2, and responses back; RRef control messages and the autograd pass
+ *     appear; each process is named after its worker.
+ * And the merger alone: it drops a flow whose other end is missing; and
+ * sr_spawn merges a job inside the program the same way. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "helpers/watch.h"
+#include "json_check.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
+#include "modules/trace/trace.h"
+
+LEAK_CHECKED_SUITE(trace);
+
+#define WORLD 3
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "the trace '%s' was not written: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0, n = 0, got;
+    do {
+        if (n + 65536 > cap)
+            buf = realloc(buf, cap = 2 * cap + 65536);
+        got = fread(buf + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    *len = n;
+    return buf;
+}
+
+/* A trace file read and parsed; `evs` is its "traceEvents" array. */
+struct loaded {
+    char *text;
+    jv doc;
+    const jv *evs;
+};
+
+static void load_trace(const char *path, struct loaded *t)
+{
+    size_t len, at;
+    t->text = slurp(path, &len);
+    const char *why = j_parse(t->text, len, &t->doc, &at);
+    cr_assert_null(why, "the trace '%s' is not valid JSON: %s at byte %zu:\n%.2000s", path, why, at, t->text);
+    t->evs = j_get(&t->doc, "traceEvents");
+    cr_assert(t->doc.t == J_OBJ && t->evs && t->evs->t == J_ARR, "'%s' has no traceEvents array", path);
+}
+
+static void unload_trace(struct loaded *t)
+{
+    j_free(&t->doc);
+    free(t->text);
+}
+
+/* Run shmrun -n WORLD trace_prog with SHMRPC_TRACE=path; bounded wait. */
+static void run_job(const char *path)
+{
+    const char *shmrun = getenv("SHMRUN"), *prog = getenv("TRACE_PROG");
+    cr_assert(shmrun && prog, "SHMRUN and TRACE_PROG are not set: run this test through meson");
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        setenv("SHMRPC_TRACE", path, 1);
+        execl(shmrun, shmrun, "-n", "3", "--name-prefix", test_ns("trace"), prog, (char *)NULL);
+        _exit(127);
+    }
+    int pfd = watch_pidfd_open(pid);
+    cr_assert(pfd >= 0, "pidfd_open: %s", strerror(errno));
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    if (poll(&p, 1, 90000) != 1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cr_assert_fail("shmrun with the traced job did not finish within 90 s");
+    }
+    close(pfd);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the traced job failed (status %#x): see its stderr", st);
+}
+
+/* The directory holds exactly the one file. */
+static void only_file(const char *dir, const char *name)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        cr_expect_str_eq(e->d_name, name, "a file other than the trace was left behind: %s", e->d_name);
+        n++;
+    }
+    closedir(d);
+    cr_assert_eq(n, 1, "%d files in %s, expected the trace alone", n, dir);
+}
+
+static double num(const jv *ev, const char *key, size_t i)
+{
+    const jv *v = j_get(ev, key);
+    cr_assert(v && v->t == J_NUM, "event %zu has no numeric '%s'", i, key);
+    return v->num;
+}
+
+static bool encloses(const jv *x, double pid, double tid, double ts)
+{
+    const jv *p = j_get(x, "pid"), *t = j_get(x, "tid"), *s = j_get(x, "ts"), *d = j_get(x, "dur");
+    return p->num == pid && t->num == tid && s->num <= ts && ts <= s->num + d->num;
+}
+
+/* Some X slice on the flow point's thread encloses it. */
+static bool in_slice(const jv *evs, const jv *pt)
+{
+    double pid = j_get(pt, "pid")->num, tid = j_get(pt, "tid")->num, ts = j_get(pt, "ts")->num;
+    for (size_t i = 0; i < evs->n; i++) {
+        const char *ph = j_str(&evs->items[i], "ph");
+        if (ph && !strcmp(ph, "X") && encloses(&evs->items[i], pid, tid, ts))
+            return true;
+    }
+    return false;
+}
+
+/* Every event's common fields; returns ph. */
+static const char *check_common(const jv *ev, size_t i)
+{
+    cr_assert_eq(ev->t, J_OBJ, "event %zu is not an object", i);
+    const char *ph = j_str(ev, "ph");
+    cr_assert(ph && strlen(ph) == 1 && strchr("XBEbesfiM", ph[0]), "event %zu has a bad ph '%s'", i, ph ? ph : "(none)");
+    double pid = num(ev, "pid", i);
+    cr_assert(pid >= 0 && pid < WORLD && pid == (int)pid, "event %zu: pid %g is not a rank", i, pid);
+    cr_assert(num(ev, "tid", i) >= 0, "event %zu: bad tid", i);
+    cr_assert(num(ev, "ts", i) >= 0, "event %zu: negative ts", i);
+    cr_assert(j_str(ev, "name"), "event %zu has no name", i);
+    cr_assert(ph[0] == 'M' || j_str(ev, "cat"), "event %zu (%s) has no cat", i, ph);
+    if (ph[0] == 'X')
+        cr_assert(num(ev, "dur", i) >= 0, "event %zu: negative dur", i);
+    if (ph[0] == 'i')
+        cr_assert(j_str(ev, "s"), "instant event %zu has no scope", i);
+    return ph;
+}
+
+/* Flow points: id -> start and end. */
+struct flow {
+    double id;
+    const jv *s, *f;
+};
+
+static struct flow *flow_of(struct flow *fl, size_t *n, double id)
+{
+    for (size_t k = 0; k < *n; k++)
+        if (fl[k].id == id)
+            return &fl[k];
+    fl[*n] = (struct flow){.id = id};
+    return &fl[(*n)++];
+}
+
+/* b/e: every begin has its end (same pid, cat, id, name), not before it. */
+static void check_async(const jv *evs)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *b = &evs->items[i];
+        if (strcmp(j_str(b, "ph"), "b"))
+            continue;
+        int ends = 0;
+        for (size_t k = 0; k < evs->n; k++) {
+            const jv *e = &evs->items[k];
+            if (!strcmp(j_str(e, "ph"), "e") && j_get(e, "id")->num == j_get(b, "id")->num &&
+                j_get(e, "pid")->num == j_get(b, "pid")->num && !strcmp(j_str(e, "cat"), j_str(b, "cat")) &&
+                !strcmp(j_str(e, "name"), j_str(b, "name"))) {
+                ends++;
+                cr_assert_geq(j_get(e, "ts")->num, j_get(b, "ts")->num, "async span '%s' ends before it begins",
+                              j_str(b, "name"));
+            }
+        }
+        cr_assert_eq(ends, 1, "async span '%s' has %d ends", j_str(b, "name"), ends);
+    }
+}
+
+/* B/E nest per (pid, tid). */
+static void check_nesting(const jv *evs)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *b = &evs->items[i];
+        if (strcmp(j_str(b, "ph"), "B"))
+            continue;
+        int depth = 0;
+        bool closed = false;
+        for (size_t k = i; k < evs->n && !closed; k++) {
+            const jv *e = &evs->items[k];
+            if (j_get(e, "pid")->num != j_get(b, "pid")->num || j_get(e, "tid")->num != j_get(b, "tid")->num)
+                continue;
+            depth += !strcmp(j_str(e, "ph"), "B") - !strcmp(j_str(e, "ph"), "E");
+            closed = depth == 0;
+        }
+        cr_assert(closed, "B event '%s' is never closed", j_str(b, "name"));
+    }
+}
+
+/* Flows: paired, bound, ordered, inside slices; returns (caller, callee) counts. */
+static void check_flows(const jv *evs, int req[WORLD][WORLD], int resp[WORLD][WORLD])
+{
+    struct flow *fl = calloc(evs->n, sizeof(*fl));
+    size_t nf = 0;
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i];
+        const char *ph = j_str(ev, "ph");
+        if (strcmp(ph, "s") && strcmp(ph, "f"))
+            continue;
+        struct flow *f = flow_of(fl, &nf, num(ev, "id", i));
+        const jv **end = ph[0] == 's' ? &f->s : &f->f;
+        cr_assert_null(*end, "flow %.0f has two '%s' events", f->id, ph);
+        *end = ev;
+        if (ph[0] == 'f')
+            cr_assert(j_str(ev, "bp") && !strcmp(j_str(ev, "bp"), "e"), "flow end %.0f does not bind to its enclosing slice", f->id);
+        cr_assert(in_slice(evs, ev), "flow %s %.0f (%s) lies in no slice of its thread", ph, f->id, j_str(ev, "name"));
+    }
+    for (size_t k = 0; k < nf; k++) {
+        cr_assert(fl[k].s && fl[k].f, "flow %.0f has a %s but no %s", fl[k].id, fl[k].s ? "start" : "end",
+                  fl[k].s ? "end" : "start");
+        cr_assert_str_eq(j_str(fl[k].s, "name"), j_str(fl[k].f, "name"));
+        cr_assert_geq(j_get(fl[k].f, "ts")->num, j_get(fl[k].s, "ts")->num, "flow %.0f ends before it starts", fl[k].id);
+        int from = (int)j_get(fl[k].s, "pid")->num, to = (int)j_get(fl[k].f, "pid")->num;
+        (strcmp(j_str(fl[k].s, "name"), "request") ? resp : req)[from][to]++;
+    }
+    free(fl);
+}
+
+static bool has_name(const jv *evs, const char *prefix)
+{
+    for (size_t i = 0; i < evs->n; i++)
+        if (!strncmp(j_str(&evs->items[i], "name"), prefix, strlen(prefix)))
+            return true;
+    return false;
+}
+
+static void check_names(const jv *evs)
+{
+    bool named[WORLD] = {false};
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i];
+        if (strcmp(j_str(ev, "ph"), "M") || strcmp(j_str(ev, "name"), "process_name"))
+            continue;
+        int pid = (int)j_get(ev, "pid")->num;
+        char want[32];
+        snprintf(want, sizeof(want), "worker%d", pid);
+        const char *got = j_str(j_get(ev, "args"), "name");
+        cr_assert(got && !strcmp(got, want), "process %d is named '%s', expected '%s'", pid, got ? got : "", want);
+        named[pid] = true;
+    }
+    for (int r = 0; r < WORLD; r++)
+        cr_assert(named[r], "process %d has no process_name", r);
+    static const char *const want[] = {"send twice", "run twice", "reply fails", "answer add", "queue twice",
+                                       "recv rref:child_accept", "send rref:user_delete", "run rref:to_here",
+                                       "run dist_autograd:backward", "dist_autograd:backward_pass"};
+    for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++)
+        cr_assert(has_name(evs, want[k]), "no event named '%s...'", want[k]);
+}
+
+Test(trace, job_trace_is_valid_trace_event_format, .timeout = 180)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/job.json", dir);
+    run_job(path);
+    only_file(dir, "job.json");
+    struct loaded t;
+    load_trace(path, &t);
+    const jv *evs = t.evs;
+    cr_assert(evs->n > 0, "the traceEvents array is empty");
+    for (size_t i = 0; i < evs->n; i++)
+        check_common(&evs->items[i], i);
+    check_nesting(evs);
+    check_async(evs);
+    int req[WORLD][WORLD] = {{0}}, resp[WORLD][WORLD] = {{0}};
+    check_flows(evs, req, resp);
+    for (int to = 1; to < WORLD; to++) {
+        cr_assert(req[0][to] > 0, "no request flow from worker0 to worker%d", to);
+        cr_assert(resp[to][0] > 0, "no response flow from worker%d to worker0", to);
+    }
+    cr_assert(req[2][1] > 0, "no request flow from worker2 to the RRef's owner (to_here)");
+    check_names(evs);
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void write_part(const char *path, int r, const char *body)
+{
+    char name[128];
+    sr__trace_part_name(path, r, name, sizeof(name));
+    FILE *f = fopen(name, "w");
+    cr_assert(f);
+    fputs(body, f);
+    fclose(f);
+}
+
+Test(trace, merge_drops_half_flows_and_removes_parts)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/m.json", dir);
+    write_part(path, 0,
+               "{\"ph\":\"X\",\"cat\":\"rpc\",\"name\":\"send f\",\"pid\":0,\"tid\":1,\"ts\":1.000,\"dur\":1.000}\n"
+               "{\"ph\":\"s\",\"id\":7,\"cat\":\"rpc\",\"name\":\"request\",\"pid\":0,\"tid\":1,\"ts\":1.000}\n"
+               "{\"ph\":\"s\",\"id\":9,\"cat\":\"rpc\",\"name\":\"request\",\"pid\":0,\"tid\":1,\"ts\":1.500}\n");
+    write_part(path, 1,
+               "{\"ph\":\"X\",\"cat\":\"rpc\",\"name\":\"recv f\",\"pid\":1,\"tid\":2,\"ts\":3.000,\"dur\":1.000}\n"
+               "{\"ph\":\"f\",\"id\":7,\"cat\":\"rpc\",\"name\":\"request\",\"pid\":1,\"tid\":2,\"ts\":3.000,\"bp\":\"e\"}\n");
+    cr_assert_eq(sr__trace_merge(path, 3), 0, "%s", sr_last_error()); /* rank 2 wrote nothing: its calls died with it */
+    only_file(dir, "m.json");
+    struct loaded t;
+    load_trace(path, &t);
+    cr_assert_eq(t.evs->n, 4, "expected 2 slices and the one paired flow, got %zu events:\n%s", t.evs->n, t.text);
+    cr_assert_null(strstr(t.text, "\"id\":9"), "the half flow 9 was kept:\n%s", t.text);
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+    cr_assert_eq(sr__trace_merge(path, 2), -ENOENT, "merging no parts must fail");
+}
+
+/* sr_spawn merges too: a job inside this program leaves one valid file. */
+static int spawn_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    if (sr_init(NULL))
+        return 1;
+    int rc = rank == 0 ? sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL) : 0;
+    return sr_shutdown(true, 60) || rc;
+}
+
+Test(trace, sr_spawn_merges_the_job_trace, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/spawn.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-spawn"), .shm_size = 128u << 20};
+    int rc = sr_spawn(2, spawn_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
+    only_file(dir, "spawn.json");
+    struct loaded t;
+    load_trace(path, &t);
+    const jv *evs = t.evs;
+    int req[WORLD][WORLD] = {{0}}, resp[WORLD][WORLD] = {{0}};
+    check_flows(evs, req, resp);
+    cr_assert(req[0][1] == 1 && resp[1][0] == 1, "expected one request and one response flow, got %d and %d",
+              req[0][1], resp[1][0]);
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A failed job keeps its own report: the merge (nothing to merge here, the
+ * worker failed before writing) must not replace sr_spawn's last error. */
+static int failing_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    return rank == 1 ? 3 : 0;
+}
+
+Test(trace, failed_job_keeps_its_error_report, .timeout = 60)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/none.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-fail"), .shm_size = 64u << 20};
+    int rc = sr_spawn(2, failing_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert_eq(rc, -SR_EWORKER);
+    cr_assert(strstr(sr_last_error(), "rank 1"), "the job's report was replaced: '%s'", sr_last_error());
+    cr_assert_eq(rmdir(dir), 0, "something was left in %s", dir);
+}
