@@ -18,6 +18,7 @@
 #include "futex.h"
 #include "payload.h"
 #include "reorder.h"
+#include "thread.h"
 #include "module.h"
 
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
@@ -36,10 +37,6 @@ static _Atomic uint32_t users;    /* references taken by sr__agent_get and not y
 static _Atomic uint32_t draining; /* sr__agent_unpublish waits for users to reach 0 */
 static _Atomic uint64_t epochs;   /* numbers the published agents */
 
-/* The progress thread's agent (it takes no references: sr__agent_stop joins it). */
-static _Thread_local sr_agent *tls_progress;
-/* A user thread that holds the token (between user_take and user_release). */
-static _Thread_local bool tls_holder;
 
 sr_agent *sr__agent_get(const char *fn)
 {
@@ -261,7 +258,7 @@ static bool user_take(sr_agent *a)
                                                      memory_order_relaxed))
             return false;
     }
-    tls_holder = true;
+    sr__thr.holder = true;
     /* relaxed: a heuristic read by the progress thread */
     atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
     /* We poll now: producers need not wake the parked progress thread. */
@@ -313,7 +310,7 @@ static bool user_release(sr_agent *a)
             break;
         }
     }
-    tls_holder = false;
+    sr__thr.holder = false;
     return true;
 }
 
@@ -555,23 +552,21 @@ static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
     return rc;
 }
 
-/* The agent whose token this thread took ahead of its wait (sr__agent_pretake). */
-static _Thread_local sr_agent *pretaken;
 
 void sr__agent_pretake(sr_agent *a)
 {
     /* not on the progress thread, nor on a holder (a callback): they poll already */
-    if (!pretaken && tls_progress != a && !tls_holder && user_take(a))
-        pretaken = a;
+    if (!sr__thr.pretaken && sr__thr.progress != a && !sr__thr.holder && user_take(a))
+        sr__thr.pretaken = a;
 }
 
-bool sr__agent_polling_here(const sr_agent *a) { return tls_progress == a || tls_holder; }
+bool sr__agent_polling_here(const sr_agent *a) { return sr__thr.progress == a || sr__thr.holder; }
 
 void sr__agent_unhold(sr_agent *a)
 {
-    if (pretaken != a)
+    if (sr__thr.pretaken != a)
         return;
-    pretaken = NULL;
+    sr__thr.pretaken = NULL;
     while (!user_release(a))
         poll_burst(a, SR_POLL_NESTED);
 }
@@ -580,12 +575,12 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline);
 
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
 {
-    bool held = pretaken == a; /* taken before the request was sent: ours to poll with */
+    bool held = sr__thr.pretaken == a; /* taken before the request was sent: ours to poll with */
     if (held)
-        pretaken = NULL;
-    else if (tls_progress == a)
+        sr__thr.pretaken = NULL;
+    else if (sr__thr.progress == a)
         return progress_wait(a, f, deadline);
-    else if (tls_holder)
+    else if (sr__thr.holder)
         return holder_wait(a, f, deadline);
     for (;;) {
         if (sr_future_done(f) || (deadline >= 0 && sr_now_ns() >= deadline)) {
@@ -615,9 +610,9 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
              * polls next (this thread included). */
             sr__dispatch_run_deferred();
             /* The last call's answer went out with the inbox taken back (dispatch.c, run_call_then). */
-            held = pretaken == a;
+            held = sr__thr.pretaken == a;
             if (held)
-                pretaken = NULL;
+                sr__thr.pretaken = NULL;
             continue;
         }
         if (rc <= 0)
@@ -631,7 +626,7 @@ int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mod
 
 int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
-    if (tls_progress == a) { /* sr_shutdown joins this thread: it needs no reference, and must not hold one up */
+    if (sr__thr.progress == a) { /* sr_shutdown joins this thread: it needs no reference, and must not hold one up */
         sr__agent_put(a);
         return sr__agent_wait(a, f, deadline, mode, false);
     }
@@ -644,8 +639,8 @@ int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline, enum sr_
 
 static int wait_hook(sr_future *f, int64_t deadline)
 {
-    if (tls_progress)
-        return sr__agent_wait(tls_progress, f, deadline, SR_POLL_NESTED, false);
+    if (sr__thr.progress)
+        return sr__agent_wait(sr__thr.progress, f, deadline, SR_POLL_NESTED, false);
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return sr__future_wait_plain(f, deadline);
@@ -940,7 +935,7 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
 static void *progress_main(void *p)
 {
     sr_agent *a = p;
-    tls_progress = a;
+    sr__thr.progress = a;
     while (!stopping(a))
         progress_step(a, NULL, -1);
     /* release: a waiter still running (an executor finishing a nested call)
@@ -949,7 +944,7 @@ static void *progress_main(void *p)
     /* seq_cst: T2 for token_freed */
     if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_seq_cst, memory_order_relaxed))
         token_freed();
-    tls_progress = NULL;
+    sr__thr.progress = NULL;
     return NULL;
 }
 

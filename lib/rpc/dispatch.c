@@ -24,6 +24,7 @@
 #include "module.h"
 #include "payload.h"
 #include "registry.h"
+#include "thread.h"
 
 struct sr_call {
     sr_agent *a;
@@ -211,16 +212,11 @@ static void remote_error_text(const struct sr_call *c, char *text, size_t len)
         snprintf(text, len, "Error on Node %d: %s", c->a->rank, msg);
 }
 
-/* The caller whose answer this thread sends next (-1: none), while
- * finish_call drops the call's arguments. */
-static _Thread_local int answer_to = -1;
 
-bool sr__dispatch_answer_follows(int to) { return to >= 0 && to == answer_to; }
+bool sr__dispatch_answer_follows(int to) { return to >= 0 && to == sr__thr.answer_to; }
 
-/* The call whose arguments this thread is decoding (decode_request). */
-static _Thread_local struct sr_call *decoding;
 
-sr_call *sr__call_decoding(void) { return decoding; }
+sr_call *sr__call_decoding(void) { return sr__thr.decoding; }
 
 static void finish_call(struct sr_call *c)
 {
@@ -235,10 +231,10 @@ static void finish_call(struct sr_call *c)
      * Every branch below answers the caller, so the module messages to it
      * that this causes (an RRef child released) go quietly and are read
      * with the answer. */
-    int prev = answer_to;
-    answer_to = c->caller;
+    int prev = sr__thr.answer_to;
+    sr__thr.answer_to = c->caller;
     sr_value_unref(c->args);
-    answer_to = prev;
+    sr__thr.answer_to = prev;
     c->args = NULL;
     if (c->err && c->raw_error) {
         send_error(a, c->caller, c->call_id, c->err, c->cause, c->msg ? c->msg : sr_strerror(c->err));
@@ -387,15 +383,11 @@ static void enqueue(sr_agent *a, struct sr_call *c)
     push_item(a, it);
 }
 
-/* Module jobs a waiting thread took (see sr__dispatch_take_jobs): run by
- * that thread once it has handed the inbox back, FIFO. */
-static _Thread_local struct sr_job_item *jobs_head, *jobs_tail;
-static _Thread_local bool takes_jobs;
 
 bool sr__dispatch_take_jobs(bool on)
 {
-    bool was = takes_jobs;
-    takes_jobs = on;
+    bool was = sr__thr.takes_jobs;
+    sr__thr.takes_jobs = on;
     return was;
 }
 
@@ -405,12 +397,12 @@ int sr__exec_submit(void (*fn)(void *arg), void *arg)
     if (!it)
         return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
     *it = (struct sr_job_item){.fn = fn, .arg = arg};
-    if (takes_jobs) { /* this thread only waits: no executor hop, no wake */
-        if (jobs_tail)
-            jobs_tail->next = it;
+    if (sr__thr.takes_jobs) { /* this thread only waits: no executor hop, no wake */
+        if (sr__thr.jobs_tail)
+            sr__thr.jobs_tail->next = it;
         else
-            jobs_head = it;
-        jobs_tail = it;
+            sr__thr.jobs_head = it;
+        sr__thr.jobs_tail = it;
         return 0;
     }
     sr_agent *a = sr__agent_get("sr__exec_submit");
@@ -425,11 +417,11 @@ int sr__exec_submit(void (*fn)(void *arg), void *arg)
 
 static void run_jobs(void)
 {
-    while (jobs_head) {
-        struct sr_job_item *it = jobs_head;
-        jobs_head = it->next;
-        if (!jobs_head)
-            jobs_tail = NULL;
+    while (sr__thr.jobs_head) {
+        struct sr_job_item *it = sr__thr.jobs_head;
+        sr__thr.jobs_head = it->next;
+        if (!sr__thr.jobs_head)
+            sr__thr.jobs_tail = NULL;
         it->fn(it->arg);
         free(it);
     }
@@ -593,10 +585,10 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         c->raw_error = true;
     }
     /* Module value kinds may tie what they decode to the call (module.h). */
-    struct sr_call *prev = decoding;
-    decoding = c;
+    struct sr_call *prev = sr__thr.decoding;
+    sr__thr.decoding = c;
     int rc = sr_codec_decode(p + skip, len - skip, &c->args);
-    decoding = prev;
+    sr__thr.decoding = prev;
     if (rc) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
         *code = -EBADMSG;
@@ -667,46 +659,46 @@ static int modules_prepare(struct sr_call *c)
  * One at a time: the other plain calls of the same burst go to the
  * executors, since the kept one may block until one of them has run (a lock
  * that a later call releases: bench_train's serialised mode deadlocked with
- * both kept behind each other on one thread). Per thread. */
-static _Thread_local struct sr_call *deferred_head, *deferred_tail;
+ * both kept behind each other on one thread). Per thread: the list is
+ * sr__thr.deferred_head (thread.h). */
 
 static void defer(struct sr_call *c)
 {
     c->next_deferred = NULL;
-    if (deferred_tail)
-        deferred_tail->next_deferred = c;
+    if (sr__thr.deferred_tail)
+        sr__thr.deferred_tail->next_deferred = c;
     else
-        deferred_head = c;
-    deferred_tail = c;
+        sr__thr.deferred_head = c;
+    sr__thr.deferred_tail = c;
 }
 
-bool sr__dispatch_has_deferred(void) { return deferred_head != NULL || jobs_head != NULL; }
+bool sr__dispatch_has_deferred(void) { return sr__thr.deferred_head != NULL || sr__thr.jobs_head != NULL; }
 
 void sr__dispatch_hand_off(sr_agent *a)
 {
-    while (jobs_head) {
-        struct sr_job_item *it = jobs_head;
-        jobs_head = it->next;
+    while (sr__thr.jobs_head) {
+        struct sr_job_item *it = sr__thr.jobs_head;
+        sr__thr.jobs_head = it->next;
         push_item(a, it);
     }
-    jobs_tail = NULL;
-    while (deferred_head) {
-        struct sr_call *c = deferred_head;
-        deferred_head = c->next_deferred;
+    sr__thr.jobs_tail = NULL;
+    while (sr__thr.deferred_head) {
+        struct sr_call *c = sr__thr.deferred_head;
+        sr__thr.deferred_head = c->next_deferred;
         enqueue(a, c);
     }
-    deferred_tail = NULL;
+    sr__thr.deferred_tail = NULL;
 }
 
 void sr__dispatch_run_deferred(void)
 {
     run_jobs();
-    while (deferred_head) {
-        struct sr_call *c = deferred_head;
-        deferred_head = c->next_deferred;
-        if (!deferred_head)
-            deferred_tail = NULL;
-        run_call_then(c, !deferred_head); /* never hold the inbox across another call's function */
+    while (sr__thr.deferred_head) {
+        struct sr_call *c = sr__thr.deferred_head;
+        sr__thr.deferred_head = c->next_deferred;
+        if (!sr__thr.deferred_head)
+            sr__thr.deferred_tail = NULL;
+        run_call_then(c, !sr__thr.deferred_head); /* never hold the inbox across another call's function */
     }
 }
 
@@ -719,7 +711,7 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
-    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN && !deferred_head)
+    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN && !sr__thr.deferred_head)
         defer(c); /* one at a time: see defer */
     else
         enqueue(c->a, c);

@@ -1,0 +1,40 @@
+/* The RPC layer's per-thread state (internal): every thread-local of the
+ * layer, in one place. Each says what a thread of the worker is doing for
+ * the layer right now; none is shared, so none needs an ordering. */
+#ifndef SR_RPC_THREAD_H
+#define SR_RPC_THREAD_H
+
+#include <stdbool.h>
+
+struct sr_agent;
+struct sr_call;
+struct sr_job_item;
+
+struct sr_rpc_thread {
+    /* The agent whose progress thread this is (agent.c; it takes no
+     * references: sr__agent_stop joins it), or NULL. */
+    struct sr_agent *progress;
+    /* This user thread holds the consumer token (agent.c: between user_take
+     * and user_release). */
+    bool holder;
+    /* The agent whose token this thread took ahead of its wait
+     * (sr__agent_pretake), or NULL. */
+    struct sr_agent *pretaken;
+    /* The caller whose answer this thread sends next (-1: none), while
+     * finish_call drops the call's arguments (sr__dispatch_answer_follows). */
+    int answer_to;
+    /* The call whose arguments this thread is decoding (decode_request). */
+    struct sr_call *decoding;
+    /* Module jobs a waiting thread took (sr__dispatch_take_jobs, when
+     * takes_jobs): run by that thread once it has handed the inbox back,
+     * FIFO. */
+    struct sr_job_item *jobs_head, *jobs_tail;
+    bool takes_jobs;
+    /* The plain calls an idle poller kept to run itself once it has handed
+     * the inbox back (dispatch.c, defer): one at a time. */
+    struct sr_call *deferred_head, *deferred_tail;
+};
+
+extern _Thread_local struct sr_rpc_thread sr__thr;
+
+#endif
