@@ -3,7 +3,8 @@
 # transports only through instances' ops, and never opens, boots or frees
 # one itself, so that another transport is a new file of the transport
 # layer, not an edit of the RPC layer.
-#   - lib/rpc/agent.c names none of the shared-memory transport's types,
+#   - the agent's files (lib/rpc: life, send, poll, wait, progress, exits)
+#     name none of the shared-memory transport's types,
 #     fields or functions, nor the shared heap's (comments included: a
 #     comment that names them is a dependency waiting to happen);
 #   - no file of lib/rpc names the agent's shared-memory transport type
@@ -11,12 +12,16 @@
 #     booting and finishing a launcher's job are the transport layer's.
 # Usage: check_seam.sh SOURCE_ROOT
 root=${1:?usage: check_seam.sh SOURCE_ROOT}
-f="$root/lib/rpc/agent.c"
-[ -f "$f" ] || { echo "check_seam.sh: $f not found"; exit 1; }
+files=""
+for n in life send poll wait progress exits; do
+    f="$root/lib/rpc/$n.c"
+    [ -f "$f" ] || { echo "check_seam.sh: $f not found"; exit 1; }
+    files="$files $f"
+done
 rc=0
-hits=$(grep -nE -- '->x\b|sr_xport|sr_ring_|sr_seg_|sr_waiter_|sr_doorbell|sr__doorbell|SR_DOORBELL_|SR_WAKE_|FUTEX_WAIT_BITSET|struct sr_peer|sr_worker_info|sr_heap_' "$f")
+hits=$(grep -nE -- '->x\b|sr_xport|sr_ring_|sr_seg_|sr_waiter_|sr_doorbell|sr__doorbell|SR_DOORBELL_|SR_WAKE_|FUTEX_WAIT_BITSET|struct sr_peer|sr_worker_info|sr_heap_' $files)
 if [ -n "$hits" ]; then
-    echo "lib/rpc/agent.c uses the shared-memory transport or heap directly (go through its sr_tport ops, lib/transport/transport.h):"
+    echo "the agent uses the shared-memory transport or heap directly (go through its sr_tport ops, lib/transport/transport.h):"
     echo "$hits"
     rc=1
 fi

@@ -22,7 +22,7 @@
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
  * token back to the parked progress thread, so no message is stranded.
  * Whoever makes the token PARKED or FREE wakes the idle waiters sleeping for
- * it (token_freed, token_seq; agent.c T1/T2), so an idle waiter takes over
+ * it (token_freed, token_seq; wait.c T1/T2), so an idle waiter takes over
  * serving when the token is free, not on a timer.
  * The token's states are the agent's (one token covers every transport's
  * inbox); the doorbell side of each step (announcing AWAKE, SLEEPING or
@@ -131,7 +131,7 @@ typedef struct sr_agent {
      * has been dispatched (handed over with the token). */
     sr_msg burst[BURST];
     unsigned burst_n, burst_at;
-    bool inbox_failed;        /* our inbox was found corrupt and its waits failed (agent.c, inbox_lost) */
+    bool inbox_failed;        /* our inbox was found corrupt and its waits failed (exits.c, sr__agent_inbox_lost) */
     char (*names)[128];       /* [world], filled at init */
 
     _Atomic uint32_t token;   /* see above */
@@ -288,6 +288,52 @@ void sr__agent_pretake(sr_agent *a);
  * thread holding the token (a callback it runs waits: a nested wait). */
 bool sr__agent_polling_here(const sr_agent *a);
 void sr__agent_unhold(sr_agent *a);
+
+/* ---- between the agent's own files --------------------------------------
+ * life.c (lifetime), send.c (sending), poll.c (reading the inbox), wait.c
+ * (the consumer token and the waits), progress.c (the progress thread),
+ * exits.c (peer exits). Calls run one way: progress -> wait -> poll ->
+ * exits, and each of them -> send and life. */
+
+/* sr_shutdown has begun (sr__agent_unpublish): waiters leave. */
+static inline bool sr__agent_closing(sr_agent *a)
+{
+    return atomic_load_explicit(&a->closing, memory_order_relaxed); /* relaxed: a hint, re-checked after D2 before sleeping */
+}
+
+/* Messages for the token holder: the rest of the last burst, or the inbox
+ * (or a corrupt inbox not yet found: a poll finds it; transport.h, pending). */
+static inline bool sr__agent_inbox_ready(const sr_agent *a)
+{
+    return a->burst_at < a->burst_n || a->self->ops->pending(a->self) ||
+           (a->remote && a->remote->ops->pending(a->remote));
+}
+
+/* The same, or a space event (transport.h, flow): the spin loops' check. */
+static inline bool sr__agent_poll_ready(const sr_agent *a)
+{
+    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self) ||
+           (a->remote && a->remote->ops->pending(a->remote));
+}
+
+/* The earlier of two deadlines (-1: none). */
+static inline int64_t sr__earlier(int64_t d, int64_t e)
+{
+    return e >= 0 && (d < 0 || e < d) ? e : d;
+}
+
+/* poll.c: consume one burst (the caller holds the token); the count. */
+unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode);
+/* poll.c: when the token holder must poll the copying transport again, -1 never. */
+int64_t sr__agent_remote_due(const sr_agent *a);
+/* poll.c: expire overdue calls (one relaxed load on the busy path). */
+void sr__agent_expire_due(sr_agent *a);
+/* exits.c: our own inbox is corrupt: fail every wait that needs an answer. */
+void sr__agent_inbox_lost(sr_agent *a);
+/* wait.c: the token became PARKED or FREE: wake the idle waiters (T2). */
+void sr__token_freed(void);
+/* wait.c: sr__agent_wait on any thread but the progress thread. */
+int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted);
 
 /* Calls (calls.c) */
 int sr__calls_init(sr_agent *a, int32_t n);

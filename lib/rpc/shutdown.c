@@ -29,7 +29,7 @@
  * times out at once too (-ETIMEDOUT), and the leader names the workers that
  * had not arrived, the cause, rather than the one that gave up waiting.
  * A worker whose own inbox is found corrupt can receive no release nor wave
- * either: its waits fail the same way, with -EPROTO naming it (agent.c,
+ * either: its waits fail the same way, with -EPROTO naming it (exits.c,
  * inbox_lost). */
 #include <errno.h>
 #include <stdio.h>
@@ -106,7 +106,7 @@ static void fail_gone(sr_agent *a, sr_future *f)
 }
 
 /* The peer that left first without a graceful shutdown, by the
- * supervisor's exit order: threads handle departures concurrently (agent.c,
+ * supervisor's exit order: threads handle departures concurrently (exits.c,
  * sr__agent_check_exits), so the one reported here may have left later. Its
  * exit is published (X1) before that one's, so it is visible now. */
 static int first_departure(sr_agent *a, int rank)
@@ -141,7 +141,7 @@ void sr__ctrl_peer_gone(sr_agent *a, int rank, const char *text)
     fail_gone(a, a->quiescent_fut);
     pthread_mutex_unlock(&a->ctl_lock);
     /* The idle waiter of sr_shutdown may sleep on our doorbell while it holds
-     * the inbox (agent.c, holder_sleep; with futex_waitv on its future too),
+     * the inbox (wait.c, holder_sleep; with futex_waitv on its future too),
      * and this may run on another thread: its D2 fence pairs with this ring's
      * D3, after the completion. */
     a->wake->ring(a->self);

@@ -11,10 +11,10 @@ struct sr_call;
 struct sr_job_item;
 
 struct sr_rpc_thread {
-    /* The agent whose progress thread this is (agent.c; it takes no
+    /* The agent whose progress thread this is (progress.c; it takes no
      * references: sr__agent_stop joins it), or NULL. */
     struct sr_agent *progress;
-    /* This user thread holds the consumer token (agent.c: between user_take
+    /* This user thread holds the consumer token (wait.c: between user_take
      * and user_release). */
     bool holder;
     /* The agent whose token this thread took ahead of its wait

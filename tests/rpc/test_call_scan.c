@@ -168,7 +168,7 @@ Test(call_scan, expiry_looks_at_the_expired_calls_only, .timeout = 120)
 
 /* ---- peer death ------------------------------------------------------------- */
 
-/* The agent handles a peer's death (agent.c, peer_gone) by failing the calls
+/* The agent handles a peer's death (exits.c, peer_gone) by failing the calls
  * to it, then telling the modules: a module's peer_died hook is the event
  * that says the failing, however far it looked, is over. */
 static _Atomic uint32_t died; /* peer_died(1) has run */

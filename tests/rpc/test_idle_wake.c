@@ -1,6 +1,6 @@
 /* The idle waiter is never left deaf by the progress thread's timer wake-up.
  *
- * A worker inside sr_shutdown (the idle waiter, lib/rpc/agent.c) may take the
+ * A worker inside sr_shutdown (the idle waiter, lib/rpc/wait.c) may take the
  * inbox while the progress thread sleeps on the doorbell with a timer armed,
  * and then sleep on the same doorbell word itself. When the timer ends the
  * progress thread's sleep, it must not take the idle waiter's SLEEPING away
@@ -56,7 +56,7 @@ LEAK_CHECKED_SUITE(idle_wake);
 #define MAX_ROUNDS 24          /* rounds tried to get them */
 #define PINGS 3                /* requests worker0 sends after each expiry */
 /* The timeout of worker1's call: half an idle slice (IDLE_SLICE_NS, 100 ms,
- * lib/rpc/agent.c). The idle waiter's slice starts just after the call does,
+ * of the agent's waits before the fix). The idle waiter's slice starts just after the call does,
  * so before the fix it stays deaf for the other half after the expiry, ample
  * time for worker0's first request to land in it. */
 #define CALL_TIMEOUT_S 0.05

@@ -1,0 +1,90 @@
+/* Peer exits (agent.h, sr__agent_check_exits): the departures a transport
+ * publishes, handled once each, and our own inbox found corrupt. */
+#include <stdio.h>
+
+#include "agent.h"
+#include "module.h"
+
+/* Under gone_lock: claim the peer whose exit was published first among
+ * those not handled yet; -1 when none is left. In publication order, so
+ * that the worker that left first is the one a failed wait names, not a
+ * peer whose own shutdown failed because of it. */
+static int claim_gone(sr_agent *a)
+{
+    int first = -1;
+    uint32_t seq = 0;
+    for (int r = 0; r < a->world; r++)
+        if (r != a->rank && !a->gone[r] && sr_tport_peer_gone(a->tp[r], r)) {
+            uint32_t s = a->tp[r]->ops->live->exit_order(a->tp[r], r);
+            if (first < 0 || s < seq)
+                first = r, seq = s;
+        }
+    if (first >= 0)
+        a->gone[first] = true;
+    return first;
+}
+
+/* A peer's process ended. Calls to it fail whatever the reason; a peer
+ * that left after a graceful shutdown owes nothing else (the final barrier
+ * ordered it after every wait that involved it), so only the others fail
+ * the modules' waits and this worker's own shutdown. */
+static void peer_gone(sr_agent *a, int r)
+{
+    char text[256], how[128];
+    sr_tport *t = a->tp[r];
+    const struct sr_tport_live *l = t->ops->live; /* r's exit was published: the group exists */
+    l->gone_text(t, r, text, sizeof(text));
+    l->exit_text(t, r, how, sizeof(how));
+    sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
+    sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
+    if (l->left_gracefully(t, r))
+        return;
+    sr__modules_peer_died(r, text);
+    sr__ctrl_peer_gone(a, r, text);
+}
+
+/* Our own inbox is corrupt (transport.h, inbox_text): nothing can be read from it again,
+ * so no answer, acknowledgement or release sent to us can arrive. Fail at
+ * once every wait that needs one, naming this worker and the corruption:
+ * the calls in flight, and every later call at its begin (calls.c); the
+ * modules' waits on each peer not handled yet, as if it had left (its
+ * messages cannot reach us); the shutdown waits. Run once, by the token
+ * holder that found it (inbox_failed is handed over with the token). */
+void sr__agent_inbox_lost(sr_agent *a)
+{
+    if (a->inbox_failed)
+        return;
+    a->inbox_failed = true;
+    char corrupt[320], text[400];
+    a->self->ops->inbox_text(a->self, corrupt, sizeof(corrupt));
+    sr__calls_fail_all(a, corrupt);
+    snprintf(text, sizeof(text), "%s can no longer receive messages: %s", a->names[a->rank], corrupt);
+    for (int r = 0; r < a->world; r++) {
+        pthread_mutex_lock(&a->gone_lock);
+        bool mine = r != a->rank && !a->gone[r];
+        if (mine) /* a later exit of r is not handled again (claim_gone) */
+            a->gone[r] = true;
+        pthread_mutex_unlock(&a->gone_lock);
+        if (mine)
+            sr__modules_peer_died(r, text); /* outside the lock, as in peer_gone */
+    }
+    sr__ctrl_peer_gone(a, a->rank, text);
+}
+
+void sr__agent_check_exits(sr_agent *a)
+{
+    for (;;) {
+        uint32_t n = sr_tport_exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
+        /* relaxed: a hint, confirmed under the lock */
+        if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
+            return;
+        pthread_mutex_lock(&a->gone_lock);
+        int r = claim_gone(a);
+        if (r < 0) /* every exit counted in n is handled: published before X2 */
+            atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
+        pthread_mutex_unlock(&a->gone_lock);
+        if (r < 0)
+            return;
+        peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
+    }
+}

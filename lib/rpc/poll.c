@@ -1,0 +1,59 @@
+/* Polling the inbox (agent.h): what the token holder reads, a burst at a
+ * time, and hands to dispatch; whoever holds the token calls it. */
+#include "agent.h"
+
+/* When the token holder must poll the copying transport again, however
+ * idle the rings are (its producers ring no doorbell): -1 never. */
+int64_t sr__agent_remote_due(const sr_agent *a)
+{
+    if (sr_likely(!a->remote) || !a->remote->ops->poll_ns)
+        return -1;
+    int64_t ns = a->remote->ops->poll_ns(a->remote);
+    return ns < 0 ? -1 : sr_now_ns() + ns;
+}
+
+/* One burst from the rings, then what fits from the other hosts. */
+static unsigned recv_all(sr_agent *a)
+{
+    unsigned n = a->self->ops->recv_burst(a->self, a->burst, BURST);
+    if (a->remote && n < BURST)
+        n += a->remote->ops->recv_burst(a->remote, a->burst + n, BURST - n);
+    return n;
+}
+
+/* Consume one burst; the caller holds the token. Returns the count. The
+ * burst is the agent's, not this frame's: a callback that waits (a nested
+ * wait, agent.h) polls on, and the rest of the burst is what it reads first,
+ * so an answer that came in the same burst is never stranded behind it. */
+unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
+{
+    if (a->burst_at == a->burst_n) {
+        a->burst_at = 0;
+        a->burst_n = recv_all(a);
+        if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
+            sr__agent_inbox_lost(a);
+        if (!a->burst_n) { /* idle (the transport took back the blocks peers released) */
+            sr__outq_service(a); /* a full inbox we queue for freed slots: one load when none did */
+            return 0;
+        }
+    }
+    unsigned n = 0;
+    while (a->burst_at < a->burst_n) {
+        sr_msg m = a->burst[a->burst_at++]; /* a copy: a nested poll refills the burst */
+        sr__dispatch(a, &m, mode);
+        n++;
+    }
+    sr__outq_service(a);
+    return n;
+}
+
+/* Expire overdue calls; one relaxed load (and a coarse clock read when a
+ * deadline exists) on the busy path. Every holder of the token runs it, so
+ * calls time out whoever polls (a user thread may hold the inbox while the
+ * progress thread sleeps with an older timer). */
+void sr__agent_expire_due(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    if (d >= 0 && sr_now_coarse_ns() >= d)
+        sr__calls_expire(a, sr_now_ns());
+}

@@ -1,0 +1,297 @@
+/* The progress thread (agent.h): it polls the inbox while no user thread
+ * holds the token, sleeps in the transport when idle or aside while a user
+ * holds it, fires the timers, and runs nested waits of callbacks on it.
+ * The waits' entry points start here, because a wait on this thread runs
+ * the progress loop; every other wait is the token's (wait.c). */
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "agent.h"
+#include "error.h"
+#include "module.h"
+#include "reorder.h"
+#include "thread.h"
+
+/* K2: the timers changed since the progress thread armed its sleep. */
+static bool timers_moved(sr_agent *a)
+{
+    /* relaxed: both are hints; see sr__agent_kick */
+    return atomic_load_explicit(&a->timer_gen, memory_order_relaxed) !=
+           atomic_load_explicit(&a->armed_gen, memory_order_relaxed);
+}
+
+/* The futures' wake hook: a future that a poller sleeps on completed. */
+static void wake_hook(void)
+{
+    sr_agent *a = sr__agent_get(NULL);
+    if (a) {
+        a->wake->poke(a->self);
+        sr__agent_put(a);
+    }
+}
+
+static bool progress_take(sr_agent *a)
+{
+    uint32_t t = atomic_load_explicit(&a->token, memory_order_relaxed); /* relaxed: the CAS validates */
+    for (;;) {
+        if (t == TOKEN_PROGRESS)
+            return true;
+        if (t == TOKEN_USER || t == TOKEN_USER_WAITING)
+            return false;
+        /* acquire: pairs with the release that handed the token back */
+        if (atomic_compare_exchange_weak_explicit(&a->token, &t, TOKEN_PROGRESS, memory_order_acquire,
+                                                  memory_order_relaxed))
+            return true;
+    }
+}
+
+static int64_t next_deadline(sr_agent *a)
+{
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    return sr__earlier(d, sr__reorder_next(a));
+}
+
+/* K3 half of the kick protocol: record the timer generation our next sleep's
+ * deadline will include. */
+static void arm_timers(sr_agent *a)
+{
+    /* relaxed: the generation is read before the deadlines it vouches for (K3) */
+    atomic_store_explicit(&a->armed_gen, atomic_load_explicit(&a->timer_gen, memory_order_relaxed),
+                          memory_order_relaxed);
+    /* K3: pairs with the release bump in sr__agent_kick: the deadlines read
+     * after this include every kick up to the generation armed above */
+    atomic_thread_fence(memory_order_acquire);
+}
+
+struct park_ctx {
+    sr_agent *a;
+    sr_future *f; /* a nested wait's future, or NULL */
+};
+
+/* Checked by the aside sleep: the token came back, or there is work. */
+static bool token_back(void *p)
+{
+    struct park_ctx *c = p;
+    sr_agent *a = c->a;
+    /* relaxed (token, stopping): hints; progress_take's acquire CAS takes the token */
+    return atomic_load_explicit(&a->token, memory_order_relaxed) != TOKEN_USER_WAITING ||
+           atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
+           (c->f && sr_future_done(c->f)) || sr__agent_exits_pending(a);
+}
+
+/* A user thread holds the token (it polls, or sleeps on the doorbell): sleep
+ * aside on what still needs this thread, the timers, the peers' deaths,
+ * shutdown, and f (a nested wait's: its POLLER bit has the completer kick
+ * us through the wake hook), until the user hands the token back
+ * (user_release kicks us). Nothing periodic: with no deadline the sleep has
+ * no timeout, and kicks are level-triggered, so none made before the sleep
+ * is lost. Departures: the holder checks for them before it sleeps, and the
+ * check here is a hint. */
+static int progress_wait_token(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    uint32_t t = TOKEN_USER;
+    /* relaxed: the hand-back is a seq_cst store, taken by progress_take's acquire CAS */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER_WAITING, memory_order_relaxed,
+                                                 memory_order_relaxed) && t != TOKEN_USER_WAITING)
+        return 0;
+    if (f && !sr__future_arm_wake(f))
+        return 0;
+    arm_timers(a);
+    struct park_ctx c = {a, f};
+    return a->wake->sleep_aside(a->self, sr__earlier(next_deadline(a), deadline), token_back, &c);
+}
+
+/* Called by the waiter after announcing sleep: park, unless there is work. */
+static bool park_ready(void *p)
+{
+    struct park_ctx *c = p;
+    sr_agent *a = c->a;
+    /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
+    if (sr__agent_inbox_ready(a) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
+        sr_tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
+        sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
+        return true;
+    uint32_t t = TOKEN_PROGRESS;
+    /* seq_cst (a release at least): pairs with a stealer's acquire; our
+     * consumption happens-before its; T2 for token_freed */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
+                                                 memory_order_relaxed))
+        return true;
+    sr__token_freed();
+    return false;
+}
+
+/* After a sleep or a token wait. A peer's pidfd (a wake of the sleep) only wakes
+ * us: its exit counts once the supervisor has published how it ended. */
+static void handle_events(sr_agent *a)
+{
+    sr__agent_check_exits(a);
+    int64_t now = sr_now_ns();
+    int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
+    if (d >= 0 && now >= d)
+        sr__calls_expire(a, now);
+    if (a->reorder)
+        sr__reorder_pump(a, now);
+}
+
+/* Spin only while no user thread polls: a user waiting for a response is
+ * the better poller (no hop), and a spinning progress thread would only make
+ * it evict us, with syscalls, on every call. */
+static int64_t progress_spin_budget(sr_agent *a)
+{
+    /* relaxed: a heuristic; see user_take */
+    uint32_t polls = atomic_load_explicit(&a->user_polls, memory_order_relaxed);
+    if (polls != a->seen_user_polls) {
+        a->seen_user_polls = polls;
+        return 0;
+    }
+    return a->wake->spin_budget(a->self);
+}
+
+/* f, deadline: a nested wait's (NULL, -1 at the top level). */
+static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    int64_t budget = progress_spin_budget(a);
+    int64_t until = sr_now_ns() + budget;
+    while (budget > 0 && sr_now_ns() < until) {
+        for (int i = 0; i < 64; i++) {
+            if (sr__agent_poll_ready(a) || (f && sr_future_done(f)))
+                return;
+            sr_cpu_relax();
+        }
+        /* relaxed: a hint; a user thread wants to poll its own response */
+        if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
+            break;
+    }
+    if (f && !sr__future_arm_wake(f)) /* its completer rings the doorbell; the D2 inside the sleep orders this */
+        return;
+    arm_timers(a);
+    struct park_ctx c = {a, f};
+    a->wake->sleep(a->self, sr__earlier(sr__earlier(next_deadline(a), deadline), sr__agent_remote_due(a)), park_ready, &c);
+    handle_events(a);
+}
+
+/* One round of the progress loop. f, deadline: a nested wait's. */
+static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    if (!progress_take(a)) {
+        /* A user thread holds the inbox: timers (call deadlines, held
+         * messages of the reordering mode) and peers' deaths still need
+         * this thread. */
+        progress_wait_token(a, f, deadline);
+        handle_events(a);
+        /* Quiet messages (acknowledgements) ring nobody: wake a user
+         * asleep on the inbox to read them (nothing if it polls). */
+        a->wake->nudge(a->self);
+        return;
+    }
+    if (sr__agent_poll_burst(a, SR_POLL_NESTED)) {
+        sr__agent_expire_due(a); /* a busy inbox must not stop timeouts from firing, */
+        if (sr__agent_exits_pending(a)) /* nor a departure from being seen */
+            sr__agent_check_exits(a);
+        return;
+    }
+    progress_idle(a, f, deadline);
+}
+
+static bool stopping(sr_agent *a)
+{
+    return atomic_load_explicit(&a->stopping, memory_order_acquire); /* acquire: pairs with sr__agent_stop */
+}
+
+/* A callback on the progress thread waits (agent.h, nested waits): the
+ * thread goes on being the progress thread until f completes, then takes
+ * the token back for the frame that was dispatching when the callback ran. */
+static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    /* This thread polls: module jobs it reads go to the executors, as in
+     * holder_wait (a waiter that keeps them runs them only after handing the
+     * inbox back, which the progress thread never does). */
+    bool was = sr__dispatch_take_jobs(false);
+    int rc = 0;
+    while (!sr_future_done(f)) {
+        if (deadline >= 0 && sr_now_ns() >= deadline) {
+            rc = -ETIMEDOUT;
+            break;
+        }
+        if (stopping(a)) {
+            rc = sr__fail(-SR_ESHUTDOWN, "sr_future_wait",
+                          "worker%d: RPC shut down while a callback on the progress thread waited", a->rank);
+            break;
+        }
+        progress_step(a, f, deadline);
+    }
+    while (!progress_take(a) && !stopping(a)) {
+        progress_wait_token(a, NULL, -1);
+        handle_events(a);
+    }
+    sr__dispatch_take_jobs(was);
+    return rc;
+}
+
+int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
+{
+    /* a token taken before the request was sent is used even here (wait.c) */
+    if (sr__thr.pretaken != a && sr__thr.progress == a)
+        return progress_wait(a, f, deadline);
+    return sr__agent_wait_user(a, f, deadline, mode, counted);
+}
+
+int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
+{
+    if (sr__thr.progress == a) { /* sr_shutdown joins this thread: it needs no reference, and must not hold one up */
+        sr__agent_put(a);
+        return sr__agent_wait(a, f, deadline, mode, false);
+    }
+    int rc = sr__agent_wait(a, f, deadline, mode, true);
+    if (rc == SR__WAIT_DETACHED) /* the agent went away while we slept: f is ours to wait for alone */
+        return sr__future_wait_plain(f, deadline);
+    sr__agent_put(a);
+    return rc;
+}
+
+static int wait_hook(sr_future *f, int64_t deadline)
+{
+    if (sr__thr.progress)
+        return sr__agent_wait(sr__thr.progress, f, deadline, SR_POLL_NESTED, false);
+    sr_agent *a = sr__agent_get(NULL);
+    if (!a)
+        return sr__future_wait_plain(f, deadline);
+    return sr__agent_wait_counted(a, f, deadline, SR_POLL_NESTED);
+}
+
+static void *progress_main(void *p)
+{
+    sr_agent *a = p;
+    sr__thr.progress = a;
+    while (!stopping(a))
+        progress_step(a, NULL, -1);
+    /* release: a waiter still running (an executor finishing a nested call)
+     * may steal the token and poll for itself. */
+    uint32_t t = TOKEN_PROGRESS;
+    /* seq_cst: T2 for token_freed */
+    if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_FREE, memory_order_seq_cst, memory_order_relaxed))
+        sr__token_freed();
+    sr__thr.progress = NULL;
+    return NULL;
+}
+
+int sr__agent_start(sr_agent *a)
+{
+    atomic_init(&a->token, TOKEN_PROGRESS);
+    sr__future_set_hooks(wait_hook, wake_hook);
+    int rc = pthread_create(&a->progress, NULL, progress_main, a);
+    if (rc)
+        return sr__fail(-rc, "sr_init", "cannot start the progress thread: %s", strerror(rc));
+    return 0;
+}
+
+void sr__agent_stop(sr_agent *a)
+{
+    /* release: pairs with the progress thread's acquire load */
+    atomic_store_explicit(&a->stopping, true, memory_order_release);
+    a->wake->stop(a->self); /* also ends an aside sleep */
+    pthread_join(a->progress, NULL);
+}
+

@@ -1,0 +1,62 @@
+/* Sending (agent.h): through the transport that reaches the peer, with
+ * local overflow (outq.c) and the test-only reordering mode (reorder.h);
+ * and the kick that tells the progress thread a deadline moved earlier. */
+#include <errno.h>
+
+#include "agent.h"
+#include "marshal.h"
+#include "reorder.h"
+
+int sr__agent_send(sr_agent *a, int to, sr_msg *m)
+{
+    /* The shutdown control messages are never held: the barrier and the
+     * quiescence waves must see the held ones as in flight, not be held too. */
+    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_tport_peer_gone(a->tp[to], to))
+        return sr__reorder_hold(a, to, m);
+    return sr__agent_send_now(a, to, m);
+}
+
+/* A deadline moved earlier than the progress thread's armed timer may be.
+ * K1: bump timer_gen, then kick the waiter (an eventfd its every sleep
+ * reads, whether it sleeps on the doorbell or aside while a user thread
+ * holds the inbox). The kick is level-triggered, so it is not lost when the
+ * progress thread is between computing its deadline and falling asleep: the
+ * sleep then ends at once and the next one arms the new deadline. Kicks are
+ * rare (a deadline earlier than every one in flight), so the syscall is
+ * made unconditionally. A user thread asleep on the doorbell while holding
+ * the token is not kicked: the progress thread, awake for the new deadline,
+ * expires the call and so wakes it through its future (holder_sleep). */
+void sr__agent_kick(sr_agent *a)
+{
+    /* release: pairs with K3, so a generation seen means its deadline is seen */
+    atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
+    a->wake->kick(a->self);
+}
+
+int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
+{
+    sr__marshal_handoff(m);
+    if (a->reorder || sr__outq_busy(&a->outq, to))
+        return sr__agent_send(a, to, m);
+    sr_tport *t = a->tp[to];
+    int rc = t->ops->wake ? t->ops->wake->send_quiet(t, to, m) : t->ops->send(t, to, m); /* no wake: none to spare */
+    return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
+}
+
+int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
+{
+    sr__marshal_handoff(m);
+    /* Keep this destination's order behind its queued messages (best effort, outq.h). */
+    if (sr_likely(!sr__outq_busy(&a->outq, to))) {
+        int rc = a->tp[to]->ops->send(a->tp[to], to, m);
+        if (rc != -EAGAIN)
+            return rc;
+    }
+    m->src = (uint16_t)a->rank;
+    return sr__outq_push(a, to, m);
+}
+
+bool sr__agent_shares_heap(const sr_agent *a, int rank)
+{
+    return rank >= 0 && rank < a->world && !(a->tp[rank]->caps & SR_TPORT_COPIES);
+}

@@ -1,0 +1,388 @@
+/* The consumer token and the waits (agent.h, "Threads and the consumer
+ * token", "Nested waits"): a user thread takes the token to poll for its
+ * own response, hands it back, and sleeps on its future, on the inbox or
+ * on the token's hand-back. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "error.h"
+#include "futex.h"
+#include "reorder.h"
+#include "thread.h"
+
+#define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
+/* The two bounded slices left, each only where no event exists to sleep on:
+ * without futex_waitv (Linux < 5.16), an idle waiter that cannot take the
+ * token cannot sleep on the token and its future at once, so it retries;
+ * with the eventfd doorbell, producers never futex-wake, so a token holder
+ * waiting in a callback cannot sleep on the doorbell and re-polls. */
+#define IDLE_RETAKE_NS (2ll * 1000000)
+#define HOLDER_SLICE_NS (1ll * 1000000)
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Idle waiters that cannot take the token sleep on token_seq and their
+ * future (idle_wait_token). Both words are static, not the agent's: such a
+ * waiter lets go of its reference while it sleeps (as sleep_on does), so the
+ * agent may be freed under it. One agent is live at a time, so one pair
+ * serves; a stale count only costs a spurious wake. */
+static _Atomic uint32_t token_seq;      /* bumped whenever the token becomes PARKED or FREE */
+static _Atomic uint32_t token_sleepers; /* idle waiters between T1 and their wake */
+
+/* The token became PARKED or FREE: wake the idle waiters (idle_wait_token).
+ * T2: the caller's seq_cst store or CAS of the token, then our seq_cst bump
+ * and load, pair with the waiter's seq_cst increment and loads (T1). */
+void sr__token_freed(void)
+{
+    atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);          /* seq_cst: T2 */
+    if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst))         /* seq_cst: T2 */
+        futex_wake_all(&token_seq);
+}
+
+/* Steal the token for a user thread: from the parked progress thread, or free. */
+static bool user_take(sr_agent *a)
+{
+    uint32_t t = TOKEN_PARKED;
+    /* acquire: pairs with the release that handed the token back; the
+     * previous holder's consumption of the inbox happens-before ours */
+    if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER, memory_order_acquire,
+                                                 memory_order_relaxed)) {
+        t = TOKEN_FREE;
+        if (!atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_USER, memory_order_acquire,
+                                                     memory_order_relaxed))
+            return false;
+    }
+    sr__thr.holder = true;
+    /* relaxed: a heuristic read by the progress thread */
+    atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
+    /* We poll now: producers need not wake the parked progress thread. */
+    a->wake->hold(a->self);
+    return true;
+}
+
+/* The holder's part of the re-check before it parks the token (the
+ * transport checks its inbox and space events itself): the rest of the
+ * burst, and departures. */
+static bool park_busy(void *p)
+{
+    sr_agent *a = p;
+    return a->burst_at < a->burst_n || sr__agent_exits_pending(a);
+}
+
+/* Hand the token back. Returns false if messages arrived meanwhile: the
+ * caller keeps the token and must poll again. */
+static bool user_release(sr_agent *a)
+{
+    for (;;) {
+        /* acquire: pairs with the progress thread's CAS to USER_WAITING */
+        uint32_t t = atomic_load_explicit(&a->token, memory_order_acquire);
+        if (t == TOKEN_USER_WAITING) {
+            /* seq_cst (a release at least): our consumption happens-before
+             * the next holder's; T2 for token_freed */
+            atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
+            a->wake->kick(a->self); /* the progress thread sleeps aside (progress_wait_token) */
+            sr__token_freed();
+            break;
+        }
+        /* The progress thread is parked on the inbox: announce its sleep
+         * again and re-check, after the transport's fence (D2), the inbox, a
+         * space event, the rest of our burst and the departures (park_busy). */
+        if (!a->wake->park(a->self, park_busy, a)) {
+            if (sr__agent_inbox_ready(a) || sr_tport_space_kicked(a->self))
+                return false;
+            /* A departure published while we polled rang an AWAKE doorbell
+             * (X3) and may have woken nobody: handle it before parking the token. */
+            sr__agent_check_exits(a);
+            continue;
+        }
+        /* seq_cst (a release at least): pairs with the acquire CAS of the
+         * next holder; T2 for token_freed. A kick made while we polled is
+         * still pending on the parked thread's kick eventfd: its sleep ends. */
+        if (atomic_compare_exchange_strong_explicit(&a->token, &t, TOKEN_PARKED, memory_order_seq_cst,
+                                                    memory_order_relaxed)) {
+            sr__token_freed();
+            break;
+        }
+    }
+    sr__thr.holder = false;
+    return true;
+}
+
+/* Spin on the inbox and the future for up to budget ns. */
+static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
+{
+    if (budget <= 0) /* not even one round of pauses (64 of them: microseconds) */
+        return false;
+    int64_t until = sr_now_ns() + budget;
+    do {
+        for (int i = 0; i < 64; i++) {
+            if (sr__agent_poll_ready(a) || sr_future_done(f))
+                return true;
+            sr_cpu_relax();
+        }
+    } while (sr_now_ns() < until);
+    return false;
+}
+
+/* A user thread holds the token: poll until f is done or nothing comes. */
+static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
+{
+    for (;;) {
+        if (sr__agent_poll_burst(a, mode)) {
+            sr__agent_expire_due(a); /* a busy inbox must not stop timeouts from firing */
+            if (sr__dispatch_has_deferred())
+                return 2; /* a plain call to run here, once the token is handed back */
+            if (sr_future_done(f)) /* do not keep serving a busy inbox once our answer is in */
+                return 0;
+            continue;
+        }
+        sr__agent_expire_due(a);
+        if (sr_future_done(f))
+            return 0;
+        if (deadline >= 0 && sr_now_ns() >= deadline)
+            return -ETIMEDOUT;
+        if (sr__agent_closing(a))
+            return 1; /* sr_shutdown waits for this thread: hand the inbox back */
+        if (a->reorder)
+            sr__reorder_pump(a, sr_now_ns());
+        if (sr__agent_exits_pending(a)) { /* the supervisor rang: a peer left */
+            sr__agent_check_exits(a);
+            continue;
+        }
+        if (!spin_for(a, f, a->wake->spin_budget(a->self)))
+            return 1; /* idle: sleep on the future instead */
+    }
+}
+
+/* The progress thread is polling: ask it to park, and try to steal the
+ * token while it does (only while spinning is allowed). */
+static bool steal_from_progress(sr_agent *a, sr_future *f)
+{
+    if (!a->wake->spin_budget(a->self))
+        return false;
+    /* relaxed: a hint for the spinning progress thread */
+    atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
+    bool got = false;
+    int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
+    while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until)
+        sr_cpu_relax();
+    atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
+    return got;
+}
+
+/* Take back the reference a counted waiter let go of while it slept. False
+ * if the agent was unpublished meanwhile (a may be freed: not touched). */
+static bool retake(sr_agent *a, uint64_t epoch)
+{
+    sr_agent *b = sr__agent_get(NULL);
+    if (b != a || b->epoch != epoch) {
+        if (b)
+            sr__agent_put(b);
+        return false;
+    }
+    return true;
+}
+
+/* A counted waiter (one that holds a reference from sr__agent_get) lets go
+ * of it while it sleeps: sr_shutdown waits for references, never for
+ * futures. False if the agent was unpublished meanwhile: the reference is
+ * then gone. */
+static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
+{
+    if (!counted) {
+        sr__future_sleep(f, deadline);
+        return true;
+    }
+    uint64_t epoch = a->epoch;
+    sr__agent_put(a);
+    sr__future_sleep(f, deadline);
+    return retake(a, epoch);
+}
+
+/* An idle waiter (inside sr_shutdown) prefers to be the worker's server (no
+ * hop to the progress thread, plain functions run here). When it cannot take
+ * the token, it sleeps on its future and on token_seq until either is done
+ * or the token is handed back (token_freed), not on a timer. T1: the seq_cst
+ * increment and loads pair with the hander's seq_cst store and bump (T2):
+ * either it sees us counted, or we see the token free or token_seq moved.
+ * Lets go of a counted reference while asleep, as sleep_on does. */
+static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
+{
+    if (!sr_futex_waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
+        int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
+        return sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon, counted);
+    }
+    _Atomic uint32_t *fw;
+    uint32_t fv;
+    atomic_fetch_add_explicit(&token_sleepers, 1, memory_order_seq_cst);  /* seq_cst: T1 */
+    uint32_t seq = atomic_load_explicit(&token_seq, memory_order_seq_cst); /* seq_cst: T1 */
+    uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);    /* seq_cst: T1 */
+    bool ok = true;
+    if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
+        struct futex_waitv v[2] = {sr_futex_private_word(&token_seq, seq), sr_futex_private_word(fw, fv)};
+        uint64_t epoch = a->epoch;
+        if (counted)
+            sr__agent_put(a);
+        sr_futex_waitv(v, 2, deadline);
+        if (counted)
+            ok = retake(a, epoch);
+    }
+    atomic_fetch_sub_explicit(&token_sleepers, 1, memory_order_relaxed); /* relaxed: a spurious wake at most */
+    return ok;
+}
+
+struct hold_ctx {
+    sr_agent *a;
+    sr_future *f;
+    int64_t until;
+};
+
+/* Re-checked by the transport after its D2 fence (hold_sleep): the rest of
+ * the burst, f, closing (sr__agent_unpublish's store), the departures (the
+ * supervisor's X3 ring) and the deadline. */
+static bool hold_busy(void *p)
+{
+    struct hold_ctx *c = p;
+    return c->a->burst_at < c->a->burst_n || sr_future_done(c->f) || sr__agent_closing(c->a) ||
+           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr_now_ns());
+}
+
+/* A user thread that holds the token and has nothing to poll sleeps on the
+ * doorbell itself (SLEEPING_USER, doorbell.h) and on its future at once, so
+ * the message it waits for wakes it directly, with no hop through the
+ * progress thread, and so does a completion from elsewhere (an expiry by
+ * the progress thread, a peer's death, a local set_result). Nothing
+ * periodic: it also wakes for the earliest call deadline (every holder
+ * expires calls), for sr_shutdown's poke (closing), for a departure (the
+ * supervisor's X3 ring) and for a space kick; the progress thread meanwhile
+ * sleeps aside on timers, peers and kicks (progress_wait_token). It keeps
+ * its reference (if any) while it sleeps: it holds the token, and
+ * sr__agent_unpublish's poke wakes it to hand the token back first.
+ * Without futex_waitv (no SR_TPORT_SLEEP_WORD) it sleeps on the doorbell
+ * alone, and f's POLLER bit has its completer ring the doorbell. Only with
+ * the futex doorbell (SR_TPORT_HOLD_SLEEP: eventfd producers never
+ * futex-wake): returns false otherwise. */
+static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    sr_tport *t = a->self;
+    if (!(t->caps & SR_TPORT_HOLD_SLEEP))
+        return false;
+    _Atomic uint32_t *fw = NULL;
+    uint32_t fv = 0;
+    bool waitv = t->caps & SR_TPORT_SLEEP_WORD;
+    t->ops->recv_burst(t, NULL, 0); /* free held slots before sleeping (transport.h, recv_burst) */
+    if (waitv ? !sr__future_wait_word(f, &fw, &fv) : !sr__future_arm_wake(f))
+        return true; /* done, or its state moved: poll again */
+    /* relaxed: a lower bound; a deadline lowered after this read kicks the
+     * progress thread, which expires the call and so completes f */
+    int64_t due = sr__earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
+    struct hold_ctx c = {a, f, sr__earlier(due, sr__agent_remote_due(a))};
+    /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
+    if (a->wake->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
+        atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
+    /* A deadline that passed by the precise clock but not yet by the coarse
+     * one of expire_due: expire now rather than poll until the tick. */
+    if (due >= 0 && sr_now_ns() >= due) /* not for the polled transport's deadline: nothing is due then */
+        sr__calls_expire(a, sr_now_ns());
+    return true;
+}
+
+/* A user thread waits while it holds the token: a callback it runs (a
+ * completion it read, an expiry) blocks. Nobody else can read the inbox, so
+ * it goes on polling, in NESTED mode: plain functions, and what it had kept
+ * for itself, go to the executors (it cannot run them before it returns). */
+static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
+{
+    bool was = sr__dispatch_take_jobs(false);
+    sr__dispatch_hand_off(a);
+    int rc;
+    for (;;) {
+        rc = poll_as_user(a, f, deadline, SR_POLL_NESTED);
+        if (rc <= 0)
+            break;
+        if (sr__agent_closing(a)) {
+            rc = sr__fail(-SR_ESHUTDOWN, "sr_future_wait",
+                          "worker%d: RPC is shutting down while a callback waits on the thread that polls", a->rank);
+            break;
+        }
+        if (!holder_sleep(a, f, deadline)) /* eventfd doorbell: nobody can ring this thread (HOLDER_SLICE_NS) */
+            sr__future_sleep(f, sr__earlier(deadline, sr_now_ns() + HOLDER_SLICE_NS));
+    }
+    sr__dispatch_take_jobs(was);
+    return rc;
+}
+
+
+void sr__agent_pretake(sr_agent *a)
+{
+    /* not on the progress thread, nor on a holder (a callback): they poll already */
+    if (!sr__thr.pretaken && sr__thr.progress != a && !sr__thr.holder && user_take(a))
+        sr__thr.pretaken = a;
+}
+
+bool sr__agent_polling_here(const sr_agent *a) { return sr__thr.progress == a || sr__thr.holder; }
+
+void sr__agent_unhold(sr_agent *a)
+{
+    if (sr__thr.pretaken != a)
+        return;
+    sr__thr.pretaken = NULL;
+    while (!user_release(a))
+        sr__agent_poll_burst(a, SR_POLL_NESTED);
+}
+
+int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
+{
+    bool held = sr__thr.pretaken == a; /* taken before the request was sent: ours to poll with */
+    if (held)
+        sr__thr.pretaken = NULL;
+    else if (sr__thr.holder)
+        return holder_wait(a, f, deadline);
+    for (;;) {
+        if (sr_future_done(f) || (deadline >= 0 && sr_now_ns() >= deadline)) {
+            if (held) /* a held token is handed back on every way out */
+                while (!user_release(a))
+                    sr__agent_poll_burst(a, mode);
+            return sr_future_done(f) ? 0 : -ETIMEDOUT;
+        }
+        bool mine = held;
+        held = false;
+        if (!mine && (sr__agent_closing(a) || (!user_take(a) && !steal_from_progress(a, f)))) {
+            /* Someone else polls and will complete f. An idle waiter also
+             * wakes when the token is handed back, to take over serving. */
+            bool idle = mode == SR_POLL_IDLE && !sr__agent_closing(a);
+            if (!(idle ? idle_wait_token(a, f, deadline, counted) : sleep_on(a, f, deadline, counted)))
+                return SR__WAIT_DETACHED;
+            continue;
+        }
+        int rc = poll_as_user(a, f, deadline, mode);
+        while (rc == 1 && !sr__dispatch_has_deferred() && !sr__agent_closing(a) && holder_sleep(a, f, deadline))
+            rc = poll_as_user(a, f, deadline, mode);
+        /* Never leave holding the token: drain what slipped in, then hand back. */
+        while (!user_release(a))
+            sr__agent_poll_burst(a, mode);
+        if (sr__dispatch_has_deferred()) {
+            /* Token released: a nested call inside can be answered by whoever
+             * polls next (this thread included). */
+            sr__dispatch_run_deferred();
+            /* The last call's answer went out with the inbox taken back (dispatch.c, run_call_then). */
+            held = sr__thr.pretaken == a;
+            if (held)
+                sr__thr.pretaken = NULL;
+            continue;
+        }
+        if (rc <= 0)
+            return rc;
+        /* Idle without a doorbell sleep (the eventfd doorbell, or closing):
+         * new messages now wake the progress thread, which completes f. */
+        if (!sleep_on(a, f, deadline, counted))
+            return SR__WAIT_DETACHED;
+    }
+}
