@@ -354,14 +354,9 @@ void sr__calls_fail_all(sr_agent *a, const char *why);
 /* Dispatch (dispatch.c) */
 /* Plain calls an idle poller took: run them on this thread after handing the
  * token back (see start_call); before the last one's answer is sent, the
- * token is taken back (sr__agent_pretake), and the idle wait goes on with it. */
+ * token is taken back (sr__agent_pretake), and the idle wait goes on with it.
+ * has_deferred: such calls or kept module jobs wait to run here. */
 bool sr__dispatch_has_deferred(void);
-/* Whether module jobs (sr__exec_submit) that this thread's polling starts
- * are kept for this thread instead of the executors: on for threads that
- * only wait (an idle waiter in sr_shutdown, a module waiting for its own
- * request), which run them once they have handed the inbox back. Returns
- * the previous setting. */
-bool sr__dispatch_take_jobs(bool on);
 void sr__dispatch_run_deferred(void);
 /* This thread is about to wait while it holds the inbox (a nested wait):
  * what it kept to run itself goes to the executors instead. */
@@ -371,11 +366,26 @@ void sr__dispatch_hand_off(sr_agent *a);
  * the answer's doorbell wakes the caller for both (sr__module_send). */
 bool sr__dispatch_answer_follows(int to);
 void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
-void sr__exec_run_queued(sr_agent *a, struct sr_job_item *it);
+
+/* The executor pool (exec.c) */
 int sr__exec_start(sr_agent *a, int n);
+/* Queue fn(arg) for an executor; shut(arg) ends it unrun if the pool shuts
+ * down first (sr__exec_fini). 0, or -ENOMEM (nothing queued). */
+int sr__exec_push(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg);
+/* Whether module jobs (sr__exec_submit) that this thread's polling starts
+ * are kept for this thread instead of the executors: on for threads that
+ * only wait (an idle waiter in sr_shutdown, a module waiting for its own
+ * request), which run them once they have handed the inbox back. Returns
+ * the previous setting. */
+bool sr__exec_take_jobs(bool on);
+/* The jobs this thread kept: are there any; run them; give them to the executors. */
+bool sr__exec_has_kept(void);
+void sr__exec_run_kept(void);
+void sr__exec_hand_off_kept(sr_agent *a);
 /* Stop: the executors drain the queue and exit; the queue stays usable (a
  * polling thread may still queue a request) until sr__exec_fini, which
- * answers what came too late with -SR_ESHUTDOWN and destroys the queue. */
+ * ends what came too late (a call: answered with -SR_ESHUTDOWN) and
+ * destroys the queue. */
 void sr__exec_stop(sr_agent *a);
 void sr__exec_fini(sr_agent *a);
 

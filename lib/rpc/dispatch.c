@@ -48,14 +48,6 @@ struct sr_call {
     char probe_name[48];        /* a module request's name, for probe.name */
 };
 
-/* An executor's work: a call, or a module's function (sr__exec_submit). */
-struct sr_job_item {
-    struct sr_job_item *next;
-    struct sr_call *call;
-    void (*fn)(void *arg);
-    void *arg;
-};
-
 void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
 
 SR_API size_t sr_call_nargs(const sr_call *c)
@@ -360,158 +352,22 @@ static void run_call_then(struct sr_call *c, bool retake)
 
 static void run_call(struct sr_call *c) { run_call_then(c, false); }
 
-/* ---- executors -------------------------------------------------------------- */
+/* ---- to the executors (exec.c) ------------------------------------------ */
 
-static void push_item(sr_agent *a, struct sr_job_item *it)
+static void run_call_job(void *p) { run_call(p); }
+
+/* The pool shut down before the call ran (sr__exec_fini): answer with the error. */
+static void shut_call_job(void *p)
 {
-    it->next = NULL;
-    pthread_mutex_lock(&a->q_lock);
-    *a->q_tail = it;
-    a->q_tail = &it->next;
-    pthread_cond_signal(&a->q_cond);
-    pthread_mutex_unlock(&a->q_lock);
+    struct sr_call *c = p;
+    sr_call_fail(c, -SR_ESHUTDOWN, "worker%d shut down before the call ran", c->a->rank);
+    finish_call(c);
 }
 
 static void enqueue(sr_agent *a, struct sr_call *c)
 {
-    struct sr_job_item *it = malloc(sizeof(*it));
-    if (!it) { /* no memory for the queue item: run it here rather than drop it */
+    if (sr__exec_push(a, run_call_job, shut_call_job, c)) /* no memory for the item: run it here, not drop it */
         run_call(c);
-        return;
-    }
-    *it = (struct sr_job_item){.call = c};
-    push_item(a, it);
-}
-
-
-bool sr__dispatch_take_jobs(bool on)
-{
-    bool was = sr__thr.takes_jobs;
-    sr__thr.takes_jobs = on;
-    return was;
-}
-
-int sr__exec_submit(void (*fn)(void *arg), void *arg)
-{
-    struct sr_job_item *it = malloc(sizeof(*it));
-    if (!it)
-        return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
-    *it = (struct sr_job_item){.fn = fn, .arg = arg};
-    if (sr__thr.takes_jobs) { /* this thread only waits: no executor hop, no wake */
-        if (sr__thr.jobs_tail)
-            sr__thr.jobs_tail->next = it;
-        else
-            sr__thr.jobs_head = it;
-        sr__thr.jobs_tail = it;
-        return 0;
-    }
-    sr_agent *a = sr__agent_get("sr__exec_submit");
-    if (!a) {
-        free(it);
-        return -SR_ESHUTDOWN;
-    }
-    push_item(a, it);
-    sr__agent_put(a);
-    return 0;
-}
-
-static void run_jobs(void)
-{
-    while (sr__thr.jobs_head) {
-        struct sr_job_item *it = sr__thr.jobs_head;
-        sr__thr.jobs_head = it->next;
-        if (!sr__thr.jobs_head)
-            sr__thr.jobs_tail = NULL;
-        it->fn(it->arg);
-        free(it);
-    }
-}
-
-static void *executor_main(void *p)
-{
-    sr_agent *a = p;
-    pthread_mutex_lock(&a->q_lock);
-    for (;;) {
-        while (!a->q_head && !a->exec_stopping) {
-            atomic_fetch_add_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
-            pthread_cond_wait(&a->q_cond, &a->q_lock);
-            atomic_fetch_sub_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
-        }
-        if (!a->q_head)
-            break;
-        struct sr_job_item *it = a->q_head;
-        a->q_head = it->next;
-        if (!a->q_head)
-            a->q_tail = &a->q_head;
-        pthread_mutex_unlock(&a->q_lock);
-        if (it->call)
-            run_call(it->call);
-        else
-            it->fn(it->arg);
-        free(it);
-        pthread_mutex_lock(&a->q_lock);
-    }
-    pthread_mutex_unlock(&a->q_lock);
-    return NULL;
-}
-
-int sr__exec_start(sr_agent *a, int n)
-{
-    pthread_mutex_init(&a->q_lock, NULL);
-    pthread_cond_init(&a->q_cond, NULL);
-    a->q_head = NULL;
-    a->q_tail = &a->q_head;
-    a->executors = calloc((size_t)n, sizeof(pthread_t));
-    if (!a->executors)
-        return sr__fail(-ENOMEM, "sr_init", "no memory for %d executor threads", n);
-    for (a->nexec = 0; a->nexec < n; a->nexec++) {
-        int rc = pthread_create(&a->executors[a->nexec], NULL, executor_main, a);
-        if (rc)
-            return sr__fail(-rc, "sr_init", "cannot start executor thread %d: %s", a->nexec, strerror(rc));
-    }
-    return 0;
-}
-
-/* Executors finish the queue and the functions they run, then exit. Called
- * while the progress thread still serves the inbox, so a function finishing
- * a nested call is answered. */
-void sr__exec_stop(sr_agent *a)
-{
-    pthread_mutex_lock(&a->q_lock);
-    a->exec_stopping = true;
-    pthread_cond_broadcast(&a->q_cond);
-    pthread_mutex_unlock(&a->q_lock);
-    for (int i = 0; i < a->nexec; i++)
-        pthread_join(a->executors[i], NULL);
-    free(a->executors);
-    a->executors = NULL;
-    a->nexec = 0;
-}
-
-/* What the polling threads queued after the executors had gone (a request
- * that arrived during teardown): calls are answered with an error, module
- * jobs run here (they are protocol steps that release what they hold).
- * Called once no thread polls any more; the queue is then destroyed. */
-void sr__exec_fini(sr_agent *a)
-{
-    pthread_mutex_lock(&a->q_lock);
-    struct sr_job_item *it = a->q_head;
-    a->q_head = NULL;
-    a->q_tail = &a->q_head;
-    pthread_mutex_unlock(&a->q_lock);
-    while (it) {
-        struct sr_job_item *next = it->next;
-        if (it->call) {
-            sr_call_fail(it->call, -SR_ESHUTDOWN, "worker%d shut down before the call ran", a->rank);
-            finish_call(it->call);
-        } else {
-            it->fn(it->arg);
-        }
-        free(it);
-        it = next;
-    }
-    pthread_cond_destroy(&a->q_cond);
-    pthread_mutex_destroy(&a->q_lock);
 }
 
 /* ---- incoming messages ------------------------------------------------------- */
@@ -672,16 +528,11 @@ static void defer(struct sr_call *c)
     sr__thr.deferred_tail = c;
 }
 
-bool sr__dispatch_has_deferred(void) { return sr__thr.deferred_head != NULL || sr__thr.jobs_head != NULL; }
+bool sr__dispatch_has_deferred(void) { return sr__thr.deferred_head != NULL || sr__exec_has_kept(); }
 
 void sr__dispatch_hand_off(sr_agent *a)
 {
-    while (sr__thr.jobs_head) {
-        struct sr_job_item *it = sr__thr.jobs_head;
-        sr__thr.jobs_head = it->next;
-        push_item(a, it);
-    }
-    sr__thr.jobs_tail = NULL;
+    sr__exec_hand_off_kept(a);
     while (sr__thr.deferred_head) {
         struct sr_call *c = sr__thr.deferred_head;
         sr__thr.deferred_head = c->next_deferred;
@@ -692,7 +543,7 @@ void sr__dispatch_hand_off(sr_agent *a)
 
 void sr__dispatch_run_deferred(void)
 {
-    run_jobs();
+    sr__exec_run_kept();
     while (sr__thr.deferred_head) {
         struct sr_call *c = sr__thr.deferred_head;
         sr__thr.deferred_head = c->next_deferred;

@@ -136,9 +136,9 @@ int sr__module_wait(sr_future *f, int64_t deadline_ns)
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return sr__future_wait_plain(f, deadline_ns);
-    bool was = sr__dispatch_take_jobs(true); /* a module's waiter runs the module jobs it reads */
+    bool was = sr__exec_take_jobs(true); /* a module's waiter runs the module jobs it reads */
     int rc = sr__agent_wait_counted(a, f, deadline_ns, SR_POLL_NESTED);
-    sr__dispatch_take_jobs(was);
+    sr__exec_take_jobs(was);
     return rc;
 }
 

@@ -208,7 +208,7 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
     /* This thread polls: module jobs it reads go to the executors, as in
      * holder_wait (a waiter that keeps them runs them only after handing the
      * inbox back, which the progress thread never does). */
-    bool was = sr__dispatch_take_jobs(false);
+    bool was = sr__exec_take_jobs(false);
     int rc = 0;
     while (!sr_future_done(f)) {
         if (deadline >= 0 && sr_now_ns() >= deadline) {
@@ -226,7 +226,7 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
         progress_wait_token(a, NULL, -1);
         handle_events(a);
     }
-    sr__dispatch_take_jobs(was);
+    sr__exec_take_jobs(was);
     return rc;
 }
 

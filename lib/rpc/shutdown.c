@@ -198,9 +198,9 @@ static int timed_out(sr_agent *a, const char *what, bool gave_up)
 
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
-    bool was = sr__dispatch_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
+    bool was = sr__exec_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE, false); /* sr_shutdown's own thread: no reference */
-    sr__dispatch_take_jobs(was);
+    sr__exec_take_jobs(was);
     bool gave_up = false; /* a peer left after its own timeout (sr__ctrl_peer_gone) */
     if (!rc && (rc = sr_future_value(f, NULL)) < 0 && !(gave_up = rc == -ETIMEDOUT)) /* failed by a departed peer */
         sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);

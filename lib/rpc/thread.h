@@ -25,7 +25,7 @@ struct sr_rpc_thread {
     int answer_to;
     /* The call whose arguments this thread is decoding (decode_request). */
     struct sr_call *decoding;
-    /* Module jobs a waiting thread took (sr__dispatch_take_jobs, when
+    /* Module jobs a waiting thread took (sr__exec_take_jobs, when
      * takes_jobs): run by that thread once it has handed the inbox back,
      * FIFO. */
     struct sr_job_item *jobs_head, *jobs_tail;

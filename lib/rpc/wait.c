@@ -300,7 +300,7 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
  * for itself, go to the executors (it cannot run them before it returns). */
 static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
 {
-    bool was = sr__dispatch_take_jobs(false);
+    bool was = sr__exec_take_jobs(false);
     sr__dispatch_hand_off(a);
     int rc;
     for (;;) {
@@ -315,7 +315,7 @@ static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
         if (!holder_sleep(a, f, deadline)) /* eventfd doorbell: nobody can ring this thread (HOLDER_SLICE_NS) */
             sr__future_sleep(f, sr__earlier(deadline, sr_now_ns() + HOLDER_SLICE_NS));
     }
-    sr__dispatch_take_jobs(was);
+    sr__exec_take_jobs(was);
     return rc;
 }
 

@@ -1,0 +1,180 @@
+/* The executor pool (agent.h): threads that run what must not run on the
+ * polling thread (plain functions, which may block; module jobs), and the
+ * jobs a waiting thread keeps to run itself once it has handed the inbox
+ * back (sr__exec_take_jobs). A job is a function and its argument; the pool
+ * knows nothing of calls: whoever queues one says how to end it should the
+ * pool shut down first. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "error.h"
+#include "thread.h"
+
+/* An executor's work. shut: how to end it unrun at sr__exec_fini (NULL:
+ * run fn there: a module job is a protocol step that releases what it holds). */
+struct sr_job_item {
+    struct sr_job_item *next;
+    void (*fn)(void *arg);
+    void (*shut)(void *arg);
+    void *arg;
+};
+
+static void push_item(sr_agent *a, struct sr_job_item *it)
+{
+    it->next = NULL;
+    pthread_mutex_lock(&a->q_lock);
+    *a->q_tail = it;
+    a->q_tail = &it->next;
+    pthread_cond_signal(&a->q_cond);
+    pthread_mutex_unlock(&a->q_lock);
+}
+
+int sr__exec_push(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg)
+{
+    struct sr_job_item *it = malloc(sizeof(*it));
+    if (!it)
+        return -ENOMEM;
+    *it = (struct sr_job_item){.fn = fn, .shut = shut, .arg = arg};
+    push_item(a, it);
+    return 0;
+}
+
+bool sr__exec_take_jobs(bool on)
+{
+    bool was = sr__thr.takes_jobs;
+    sr__thr.takes_jobs = on;
+    return was;
+}
+
+int sr__exec_submit(void (*fn)(void *arg), void *arg)
+{
+    struct sr_job_item *it = malloc(sizeof(*it));
+    if (!it)
+        return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
+    *it = (struct sr_job_item){.fn = fn, .arg = arg};
+    if (sr__thr.takes_jobs) { /* this thread only waits: no executor hop, no wake */
+        if (sr__thr.jobs_tail)
+            sr__thr.jobs_tail->next = it;
+        else
+            sr__thr.jobs_head = it;
+        sr__thr.jobs_tail = it;
+        return 0;
+    }
+    sr_agent *a = sr__agent_get("sr__exec_submit");
+    if (!a) {
+        free(it);
+        return -SR_ESHUTDOWN;
+    }
+    push_item(a, it);
+    sr__agent_put(a);
+    return 0;
+}
+
+bool sr__exec_has_kept(void) { return sr__thr.jobs_head != NULL; }
+
+void sr__exec_run_kept(void)
+{
+    while (sr__thr.jobs_head) {
+        struct sr_job_item *it = sr__thr.jobs_head;
+        sr__thr.jobs_head = it->next;
+        if (!sr__thr.jobs_head)
+            sr__thr.jobs_tail = NULL;
+        it->fn(it->arg);
+        free(it);
+    }
+}
+
+void sr__exec_hand_off_kept(sr_agent *a)
+{
+    while (sr__thr.jobs_head) {
+        struct sr_job_item *it = sr__thr.jobs_head;
+        sr__thr.jobs_head = it->next;
+        push_item(a, it);
+    }
+    sr__thr.jobs_tail = NULL;
+}
+
+static void *executor_main(void *p)
+{
+    sr_agent *a = p;
+    pthread_mutex_lock(&a->q_lock);
+    for (;;) {
+        while (!a->q_head && !a->exec_stopping) {
+            atomic_fetch_add_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
+            pthread_cond_wait(&a->q_cond, &a->q_lock);
+            atomic_fetch_sub_explicit(&a->exec_idle, 1, memory_order_relaxed); /* relaxed: statistics */
+        }
+        if (!a->q_head)
+            break;
+        struct sr_job_item *it = a->q_head;
+        a->q_head = it->next;
+        if (!a->q_head)
+            a->q_tail = &a->q_head;
+        pthread_mutex_unlock(&a->q_lock);
+        it->fn(it->arg);
+        free(it);
+        pthread_mutex_lock(&a->q_lock);
+    }
+    pthread_mutex_unlock(&a->q_lock);
+    return NULL;
+}
+
+int sr__exec_start(sr_agent *a, int n)
+{
+    pthread_mutex_init(&a->q_lock, NULL);
+    pthread_cond_init(&a->q_cond, NULL);
+    a->q_head = NULL;
+    a->q_tail = &a->q_head;
+    a->executors = calloc((size_t)n, sizeof(pthread_t));
+    if (!a->executors)
+        return sr__fail(-ENOMEM, "sr_init", "no memory for %d executor threads", n);
+    for (a->nexec = 0; a->nexec < n; a->nexec++) {
+        int rc = pthread_create(&a->executors[a->nexec], NULL, executor_main, a);
+        if (rc)
+            return sr__fail(-rc, "sr_init", "cannot start executor thread %d: %s", a->nexec, strerror(rc));
+    }
+    return 0;
+}
+
+/* Executors finish the queue and the functions they run, then exit. Called
+ * while the progress thread still serves the inbox, so a function finishing
+ * a nested call is answered. */
+void sr__exec_stop(sr_agent *a)
+{
+    pthread_mutex_lock(&a->q_lock);
+    a->exec_stopping = true;
+    pthread_cond_broadcast(&a->q_cond);
+    pthread_mutex_unlock(&a->q_lock);
+    for (int i = 0; i < a->nexec; i++)
+        pthread_join(a->executors[i], NULL);
+    free(a->executors);
+    a->executors = NULL;
+    a->nexec = 0;
+}
+
+/* What the polling threads queued after the executors had gone (a request
+ * that arrived during teardown): calls are ended by their shut (answered
+ * with an error), module jobs run here (they are protocol steps that release what they hold).
+ * Called once no thread polls any more; the queue is then destroyed. */
+void sr__exec_fini(sr_agent *a)
+{
+    pthread_mutex_lock(&a->q_lock);
+    struct sr_job_item *it = a->q_head;
+    a->q_head = NULL;
+    a->q_tail = &a->q_head;
+    pthread_mutex_unlock(&a->q_lock);
+    while (it) {
+        struct sr_job_item *next = it->next;
+        if (it->shut)
+            it->shut(it->arg);
+        else
+            it->fn(it->arg);
+        free(it);
+        it = next;
+    }
+    pthread_cond_destroy(&a->q_cond);
+    pthread_mutex_destroy(&a->q_lock);
+}
