@@ -67,7 +67,7 @@
  * make a nested blocking call, which the polling thread could not serve;
  * except on an idle poller (sr_shutdown, sr_serve_until), which keeps one
  * plain call of a burst and runs it itself once it has handed the token back
- * (dispatch.c, defer).
+ * (serve.c, defer).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -350,8 +350,10 @@ void sr__calls_fail_peer(sr_agent *a, int rank, const char *why);
 /* No answer can reach this worker any more (why: its inbox is corrupt):
  * fail every call in flight with -EPROTO, and every later sr__call_begin. */
 void sr__calls_fail_all(sr_agent *a, const char *why);
+/* An answer (RESP, ERR, KEEP_RET) to one of our calls: complete its future. */
+void sr__calls_response(sr_agent *a, const sr_msg *m);
 
-/* Dispatch (dispatch.c) */
+/* Serving (serve.c) */
 /* Plain calls an idle poller took: run them on this thread after handing the
  * token back (see start_call); before the last one's answer is sent, the
  * token is taken back (sr__agent_pretake), and the idle wait goes on with it.
@@ -365,7 +367,8 @@ void sr__dispatch_hand_off(sr_agent *a);
  * sends next: a module message to `to` made meanwhile may go quietly, as
  * the answer's doorbell wakes the caller for both (sr__module_send). */
 bool sr__dispatch_answer_follows(int to);
-void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
+/* A request (REQ, KEEP_CALL, MOD_REQ): decode, gate and run it, and answer. */
+void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 
 /* The executor pool (exec.c) */
 int sr__exec_start(sr_agent *a, int n);

@@ -474,7 +474,7 @@ SR_API int sr_serve_until(sr_future *f, sr_value **out)
     }
     /* The IDLE poll of sr_shutdown's waits (agent.h): plain functions and
      * module jobs this thread reads run here once it has handed the inbox
-     * back (dispatch.c, start_call; exec.c, sr__exec_submit). */
+     * back (serve.c, start_call; exec.c, sr__exec_submit). */
     bool was = sr__exec_take_jobs(true);
     int rc = sr__agent_wait_counted(a, f, -1, SR_POLL_IDLE); /* lets go of the reference */
     sr__exec_take_jobs(was);

@@ -4,7 +4,7 @@
  *
  * Scalar calls run inline on the polling thread (they never block); a call
  * with a tensor argument computes, so the dispatcher sends it to the
- * executors like a plain function (dispatch.c). A tensor op that fails
+ * executors like a plain function (serve.c). A tensor op that fails
  * returns NULL with sr_last_error() naming the op and both shapes; that text
  * becomes the caller's "Error on Node N: ...". */
 #include <errno.h>

@@ -1,6 +1,8 @@
 /* Polling the inbox (agent.h): what the token holder reads, a burst at a
  * time, and hands to dispatch; whoever holds the token calls it. */
 #include "agent.h"
+#include "log.h"
+#include "module.h"
 
 /* When the token holder must poll the copying transport again, however
  * idle the rings are (its producers ring no doorbell): -1 never. */
@@ -19,6 +21,30 @@ static unsigned recv_all(sr_agent *a)
     if (a->remote && n < BURST)
         n += a->remote->ops->recv_burst(a->remote, a->burst + n, BURST - n);
     return n;
+}
+
+/* One message to whoever handles its type: the callee's side (serve.c),
+ * the caller's (calls.c), the shutdown protocol, or a module. */
+static void dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
+{
+    switch (m->type) {
+    case SR_MSG_REQ:
+    case SR_MSG_KEEP_CALL:
+    case SR_MSG_MOD_REQ:
+        sr__serve_request(a, m, mode);
+        break;
+    case SR_MSG_RESP:
+    case SR_MSG_ERR:
+    case SR_MSG_KEEP_RET:
+        sr__calls_response(a, m);
+        break;
+    case SR_MSG_CTRL:
+        sr__ctrl_dispatch(a, m);
+        break;
+    default:
+        if (!sr__module_msg(a, m))
+            sr_logf(SR_LOG_WARN, "dropped a message of unknown type %u from worker%u", m->type, m->src);
+    }
 }
 
 /* Consume one burst; the caller holds the token. Returns the count. The
@@ -40,7 +66,7 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
     unsigned n = 0;
     while (a->burst_at < a->burst_n) {
         sr_msg m = a->burst[a->burst_at++]; /* a copy: a nested poll refills the burst */
-        sr__dispatch(a, &m, mode);
+        dispatch(a, &m, mode);
         n++;
     }
     sr__outq_service(a);

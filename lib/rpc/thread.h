@@ -31,7 +31,7 @@ struct sr_rpc_thread {
     struct sr_job_item *jobs_head, *jobs_tail;
     bool takes_jobs;
     /* The plain calls an idle poller kept to run itself once it has handed
-     * the inbox back (dispatch.c, defer): one at a time. */
+     * the inbox back (serve.c, defer): one at a time. */
     struct sr_call *deferred_head, *deferred_tail;
 };
 

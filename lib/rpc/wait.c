@@ -372,7 +372,7 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             /* Token released: a nested call inside can be answered by whoever
              * polls next (this thread included). */
             sr__dispatch_run_deferred();
-            /* The last call's answer went out with the inbox taken back (dispatch.c, run_call_then). */
+            /* The last call's answer went out with the inbox taken back (serve.c, run_call_then). */
             held = sr__thr.pretaken == a;
             if (held)
                 sr__thr.pretaken = NULL;

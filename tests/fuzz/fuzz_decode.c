@@ -1,6 +1,6 @@
 /* libFuzzer harness for what a worker decodes from its peers: value lists
  * (lib/rpc/codec.c, value.c: every kind, tensors, objects and RRefs
- * included), RPC messages as dispatch.c takes them apart (wire.h, the
+ * included), RPC messages as serve.c and calls.c take them apart (wire.h, the
  * payload inline or in a heap block, the extension block of ext.c, the
  * function name, the arguments or the result), and the RRef layer's control
  * messages. fuzz_env.h describes the in-process world it runs in and the

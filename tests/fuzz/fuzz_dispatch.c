@@ -1,5 +1,5 @@
 /* libFuzzer harness for the agent's handling of incoming RPC messages
- * (lib/rpc/dispatch.c: requests, module requests, keep calls, responses,
+ * (lib/rpc/poll.c, serve.c, calls.c: requests, module requests, keep calls, responses,
  * errors, control and module messages), end to end: a one-worker job runs
  * its agent in this process (fz_env_init_agent), and each input is one
  * message that this worker sends to itself through its inbox, so the

@@ -93,7 +93,7 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
 }
 
 /* A remote() user still awaiting its REMOTE_RET waits for it: a small plain
- * value rides along (dispatch.c), and then no fetch is needed, which halves
+ * value rides along (lib/rpc/serve.c), and then no fetch is needed, which halves
  * the messages of remote() + to_here(). Otherwise, or afterwards, fetch.
  * (A value too big or not plain, e.g. a tensor, is fetched after the
  * REMOTE_RET, not alongside it: one more round trip, see docs/RREF.md.) */

@@ -684,7 +684,7 @@ static void probe_in(struct sr_call *c, const sr_msg *m, int64_t t0)
     sr__probe_ops->serve_in(&c->probe);
 }
 
-static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
+void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
     int code = -EBADMSG;
     char text[256];
@@ -708,92 +708,3 @@ static void handle_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 
 /* A result's payload: its extension block handed to the modules with the
  * decoded value. 0, or -EBADMSG (the reason in sr_last_error). */
-static int decode_result(const sr_msg *m, const uint8_t *p, size_t len, sr_value **list)
-{
-    struct sr_ext_view ext = {.mask = 0};
-    size_t used = 0;
-    if ((sr_wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
-        return -EBADMSG;
-    if (sr_codec_decode(p + used, len - used, list))
-        return -EBADMSG;
-    if (sr_value_list_len(*list) != 1)
-        return sr__fail(-EBADMSG, "sr_rpc", "a result from worker%d holds %zu values", m->src, sr_value_list_len(*list));
-    if (ext.mask)
-        sr__ext_response_in(m->src, &ext, sr_value_list_at(*list, 0));
-    return 0;
-}
-
-static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
-{
-    struct sr_ext_view ext;
-    size_t used = 0;
-    if (!(sr_wire_get(m).flags & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
-        sr_codec_release(p + used, len - used);
-}
-
-/* The profiler: the answer to call id from m->src arrived at t0 (before its
- * future completes, so that whoever it wakes sees the call counted). */
-static void probe_answer(uint64_t id, const sr_msg *m, int err, int64_t t0)
-{
-    if (t0 && sr__probing())
-        sr__probe_ops->call_end(id, m->src, err, t0, sr_probe_now());
-}
-
-static void handle_response(sr_agent *a, const sr_msg *m)
-{
-    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
-    struct sr_wire w = sr_wire_get(m);
-    sr_future *f = sr__call_answer(a, w.call_id, m->src); /* only the rank called may answer */
-    size_t len;
-    const uint8_t *p = sr__payload_get(m, &len);
-    sr_value *list = NULL;
-    if (!f) { /* late (timed out), duplicate or stray: drop, releasing what it carried */
-        if (p && m->type == SR_MSG_RESP)
-            release_result(m, p, len);
-    } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */
-        bool value = p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list);
-        probe_answer(w.call_id, m, 0, t0);
-        sr_future_set_result(f, value ? list : NULL);
-    } else if (!p) {
-        probe_answer(w.call_id, m, -EBADMSG, t0);
-        sr__future_fail_text(f, -EBADMSG, sr_last_error());
-    } else if (m->type == SR_MSG_ERR) {
-        char text[1024];
-        snprintf(text, sizeof(text), "%.*s", (int)(len < sizeof(text) ? len : sizeof(text) - 1), (const char *)p);
-        int code = w.code < 0 ? w.code : -SR_EREMOTE;
-        probe_answer(w.call_id, m, code, t0);
-        sr__future_fail_cause(f, code, w.cause < 0 ? w.cause : code, text);
-    } else if (decode_result(m, p, len, &list)) {
-        probe_answer(w.call_id, m, -EBADMSG, t0);
-        sr__future_fail_text(f, -EBADMSG, sr_last_error());
-    } else {
-        probe_answer(w.call_id, m, 0, t0);
-        sr_future_set_result(f, sr_value_list_at(list, 0));
-    }
-    sr_value_unref(list);
-    sr__payload_done(m);
-    sr_future_unref(f);
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
-}
-
-void sr__dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
-{
-    switch (m->type) {
-    case SR_MSG_REQ:
-    case SR_MSG_KEEP_CALL:
-    case SR_MSG_MOD_REQ:
-        handle_request(a, m, mode);
-        break;
-    case SR_MSG_RESP:
-    case SR_MSG_ERR:
-    case SR_MSG_KEEP_RET:
-        handle_response(a, m);
-        break;
-    case SR_MSG_CTRL:
-        sr__ctrl_dispatch(a, m);
-        break;
-    default:
-        if (!sr__module_msg(a, m))
-            sr_logf(SR_LOG_WARN, "dropped a message of unknown type %u from worker%u", m->type, m->src);
-    }
-}
