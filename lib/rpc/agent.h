@@ -250,7 +250,7 @@ void sr__agent_kick(sr_agent *a);
  * reference, zero-copy; across hosts they arrive as copies (transport.h). */
 bool sr__agent_shares_heap(const sr_agent *a, int rank);
 
-/* Requests (api.c): check a call's arguments and capture its timeout (ms, 0:
+/* Requests (calls.c): check a call's arguments and capture its timeout (ms, 0:
  * none), and start one (struct sr_req: module.h). The call completes f. */
 int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,

@@ -1,4 +1,8 @@
-/* Client calls in flight: a table of recycled slots (see agent.h).
+/* The caller's path: a call's checks and its request (sr__call_check,
+ * sr__rpc_start), the calls in flight, and their answers
+ * (sr__calls_response).
+ *
+ * Client calls in flight: a table of recycled slots (see agent.h).
  *
  * A call id is (generation << 32) | slot index. The generation is odd while
  * the slot is in use and bumped on every begin and end, so a response that
@@ -20,6 +24,7 @@
  * out of the table in small batches under the lock, then complete them. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -30,6 +35,7 @@
 #include "log.h"
 #include "module.h"
 #include "payload.h"
+#include "registry.h"
 #include "timeout.h"
 
 #define BATCH 32
@@ -380,6 +386,129 @@ void sr__calls_fini(sr_agent *a)
     free(a->heap);
     free(a->peer_head);
     pthread_mutex_destroy(&a->slots_lock);
+}
+
+/* ---- requests (the caller's side of a call) ------------------------------- */
+
+int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout, int64_t *ms)
+{
+    const char *who = "sr_rpc";
+    if (to < 0 || to >= a->world)
+        return sr__fail(-EINVAL, who, "destination rank %d is out of range [0, %d)", to, a->world);
+    int rc = sr__fn_name_check(fn, who);
+    if (rc)
+        return rc;
+    if (args.n && !args.v)
+        return sr__fail(-EINVAL, who, "%zu arguments but the array is NULL", args.n);
+    for (size_t i = 0; i < args.n; i++)
+        if (!args.v[i])
+            return sr__fail(-EINVAL, who, "argument %zu of '%s' is NULL", i, fn);
+    if (timeout < 0 && !isinf(timeout)) {
+        /* relaxed: the default is captured now, at send time */
+        *ms = atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed);
+        return 0;
+    }
+    return sr__timeout_ms(timeout, who, ms); /* NaN and the infinities: -EINVAL */
+}
+
+static enum sr_call_kind call_kind(const struct sr_req *q)
+{
+    return q->kind == SR_REQ_KEEP ? SR_CALL_KEEP : q->kind == SR_REQ_MODULE ? SR_CALL_MODULE : SR_CALL_UNKNOWN;
+}
+
+enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o)
+{
+    if (o->kind != SR_CALL_UNKNOWN)
+        return o->kind;
+    const struct sr_fn_entry *e = o->fn ? sr__registry_find(o->fn, strlen(o->fn)) : NULL;
+    return e && (e->kind == SR_FN_BUILTIN || e->kind == SR_FN_BUILTIN_CHEAP) ? SR_CALL_BUILTIN : SR_CALL_USER;
+}
+
+/* The modules' extension bytes for this request (ext.h). */
+static void request_ext(int to, const struct sr_req *q, const char *fn, sr_args args, struct sr_ext_buf *e)
+{
+    struct sr_call_out o = {.to = to, .kind = call_kind(q), .fn = fn, .args = args,
+                            .module = q->module, .sub = q->sub};
+    sr__ext_request_out(&o, q->ext_len ? q->module : -1, q->ext, q->ext_len, e);
+}
+
+/* Encode [extension block] + name + args into m's payload (no name for a
+ * module request); *enc and *enc_len locate the encoded args,
+ * whose references (objects, tensor blocks, RRef forks) are released if the
+ * request is never sent. */
+static int build_request(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, sr_msg *m,
+                         struct sr_wire *w, const uint8_t **enc, size_t *enc_len)
+{
+    struct sr_ext_buf ext;
+    request_ext(to, q, fn, args, &ext);
+    size_t nlen = fn ? strlen(fn) : 0;
+    int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
+    if (alen < 0)
+        return (int)alen;
+    static const uint16_t wire_type[] = {[SR_REQ_CALL] = SR_MSG_REQ, [SR_REQ_KEEP] = SR_MSG_KEEP_CALL,
+                                         [SR_REQ_MODULE] = SR_MSG_MOD_REQ};
+    m->type = wire_type[q->kind];
+    w->name_len = (uint16_t)(q->kind == SR_REQ_MODULE ? q->sub : nlen);
+    w->ctrl = q->kind == SR_REQ_CALL ? 0 : (uint8_t)q->module;
+    uint8_t *p = sr__payload_reserve(m, w, ext.len + nlen + (size_t)alen);
+    if (!p)
+        return -ENOMEM;
+    w->flags |= ext.len ? SR_WIRE_EXT : 0;
+    w->tag = q->tag;
+    memcpy(p, ext.b, ext.len);
+    p += ext.len;
+    memcpy(p, fn ? fn : "", nlen);
+    int64_t wrote = sr_codec_encode_to(args.n, args.v, to == a->rank, to, p + nlen, (size_t)alen);
+    if (wrote != alen) {
+        sr__payload_abandon(w);
+        return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
+    }
+    *enc = p + nlen;
+    *enc_len = (size_t)alen;
+    return 0;
+}
+
+/* The profiler learns of the call before its request can be answered. */
+static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char *fn)
+{
+    char buf[96];
+    int64_t t0 = sr_probe_now();
+    if (!fn)
+        fn = sr__probe_module_name(q->module, SR_MSG_MOD_REQ, q->sub, NULL, buf, sizeof(buf));
+    sr__probe_ops->call_out(id, to, fn, t0);
+    return t0;
+}
+
+int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
+                  sr_future *f)
+{
+    sr_msg m = {0};
+    struct sr_wire w = {0};
+    const uint8_t *enc = NULL;
+    size_t enc_len = 0;
+    int rc = build_request(a, to, q, fn, args, &m, &w, &enc, &enc_len);
+    if (rc)
+        return rc;
+    if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
+        if (enc_len)
+            sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
+        return rc;
+    }
+    int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
+    sr_wire_put(&m, &w, false);
+    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    if ((rc = sr__agent_send(a, to, &m))) {
+        sr_future *own = sr__call_end(a, w.call_id);
+        sr_future_unref(own);
+        if (enc_len)
+            sr_codec_release(enc, enc_len);
+        sr__payload_abandon(&w);
+        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+    }
+    if (t0 && sr__probing())
+        sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr_probe_now());
+    return rc;
 }
 
 /* ---- answers (the caller's side of a response) ---------------------------- */
