@@ -359,14 +359,12 @@ void sr__calls_response(sr_agent *a, const sr_msg *m);
  * token is taken back (sr__agent_pretake), and the idle wait goes on with it.
  * has_deferred: such calls or kept module jobs wait to run here. */
 bool sr__dispatch_has_deferred(void);
-void sr__dispatch_run_deferred(void);
+/* retake(a): called before the last deferred call's answer goes out
+ * (sr__agent_pretake: the waiter takes the token back). */
+void sr__dispatch_run_deferred(void (*retake)(sr_agent *a));
 /* This thread is about to wait while it holds the inbox (a nested wait):
  * what it kept to run itself goes to the executors instead. */
 void sr__dispatch_hand_off(sr_agent *a);
-/* This thread is dropping the arguments of a call whose answer to `to` it
- * sends next: a module message to `to` made meanwhile may go quietly, as
- * the answer's doorbell wakes the caller for both (sr__module_send). */
-bool sr__dispatch_answer_follows(int to);
 /* A request (REQ, KEEP_CALL, MOD_REQ): decode, gate and run it, and answer. */
 void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 

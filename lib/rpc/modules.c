@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "agent.h"
+#include "thread.h"
 #include "error.h"
 #include "module.h"
 #include "wire.h"
@@ -123,7 +124,7 @@ int sr__module_send(int to, int module, uint8_t type, const void *bytes, size_t 
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed);
     /* A message to a caller whose answer this thread sends next rides with
      * it: one doorbell, one wake-up (the answer follows it in the ring). */
-    quiet = quiet || sr__dispatch_answer_follows(to);
+    quiet = quiet || sr__answer_follows(to);
     int rc = quiet ? sr__agent_send_quiet(a, to, &m) : sr__agent_send(a, to, &m);
     if (rc)
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above, it never arrives */

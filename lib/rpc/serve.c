@@ -205,7 +205,6 @@ static void remote_error_text(const struct sr_call *c, char *text, size_t len)
 }
 
 
-bool sr__dispatch_answer_follows(int to) { return to >= 0 && to == sr__thr.answer_to; }
 
 
 sr_call *sr__call_decoding(void) { return sr__thr.decoding; }
@@ -302,13 +301,14 @@ static void probe_ran(struct sr_call *c)
     }
 }
 
-/* retake: a plain call that an idle waiter runs after handing the inbox
- * back (sr__dispatch_run_deferred), the last one it has: take the inbox
- * again before the answer goes out (sr__agent_pretake), so the caller's next
+/* retake (non-NULL): a plain call that an idle waiter runs after handing
+ * the inbox back (sr__dispatch_run_deferred), the last one it has: take the
+ * inbox again before the answer goes out (the waiter's retake is
+ * sr__agent_pretake, wait.c), so the caller's next
  * request finds it held (doorbell AWAKE) and wakes nobody, instead of
  * racing the waiter's return to its poll and waking the parked progress
  * thread, which would then serve in its place. */
-static void run_call_then(struct sr_call *c, bool retake)
+static void run_call_then(struct sr_call *c, void (*retake)(sr_agent *a))
 {
     if (c->probe.t_arrive && sr__probing())
         c->probe.t_run0 = sr_probe_now();
@@ -322,7 +322,7 @@ static void run_call_then(struct sr_call *c, bool retake)
         modules_exit(c);
         probe_ran(c);
         if (retake)
-            sr__agent_pretake(c->a);
+            retake(c->a);
         finish_call(c);
         return;
     }
@@ -350,7 +350,7 @@ static void run_call_then(struct sr_call *c, bool retake)
     }
 }
 
-static void run_call(struct sr_call *c) { run_call_then(c, false); }
+static void run_call(struct sr_call *c) { run_call_then(c, NULL); }
 
 /* ---- to the executors (exec.c) ------------------------------------------ */
 
@@ -541,7 +541,7 @@ void sr__dispatch_hand_off(sr_agent *a)
     sr__thr.deferred_tail = NULL;
 }
 
-void sr__dispatch_run_deferred(void)
+void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
 {
     sr__exec_run_kept();
     while (sr__thr.deferred_head) {
@@ -549,7 +549,8 @@ void sr__dispatch_run_deferred(void)
         sr__thr.deferred_head = c->next_deferred;
         if (!sr__thr.deferred_head)
             sr__thr.deferred_tail = NULL;
-        run_call_then(c, !sr__thr.deferred_head); /* never hold the inbox across another call's function */
+        /* never hold the inbox across another call's function */
+        run_call_then(c, sr__thr.deferred_head ? NULL : retake);
     }
 }
 

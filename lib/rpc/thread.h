@@ -21,7 +21,7 @@ struct sr_rpc_thread {
      * (sr__agent_pretake), or NULL. */
     struct sr_agent *pretaken;
     /* The caller whose answer this thread sends next (-1: none), while
-     * finish_call drops the call's arguments (sr__dispatch_answer_follows). */
+     * finish_call drops the call's arguments (sr__answer_follows). */
     int answer_to;
     /* The call whose arguments this thread is decoding (decode_request). */
     struct sr_call *decoding;
@@ -36,5 +36,11 @@ struct sr_rpc_thread {
 };
 
 extern _Thread_local struct sr_rpc_thread sr__thr;
+
+/* This thread is dropping the arguments of a call whose answer to `to` it
+ * sends next (serve.c, finish_call): a module message to `to` made
+ * meanwhile may go quietly, as the answer's doorbell wakes the caller for
+ * both (sr__module_send). */
+static inline bool sr__answer_follows(int to) { return to >= 0 && to == sr__thr.answer_to; }
 
 #endif

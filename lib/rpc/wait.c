@@ -371,7 +371,7 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         if (sr__dispatch_has_deferred()) {
             /* Token released: a nested call inside can be answered by whoever
              * polls next (this thread included). */
-            sr__dispatch_run_deferred();
+            sr__dispatch_run_deferred(sr__agent_pretake);
             /* The last call's answer went out with the inbox taken back (serve.c, run_call_then). */
             held = sr__thr.pretaken == a;
             if (held)
