@@ -319,32 +319,19 @@ static int builtin_echo(sr_call *c)
     return sr_call_return(c, sr_list(n, items));
 }
 
-static void register_all(void)
+const struct sr_builtin *sr__builtin_table(size_t *n)
 {
-    static const struct { const char *name; sr_fn fn; } table[] = {
-        {"add", builtin_add},         {"sub", builtin_sub},       {"mul", builtin_mul},
-        {"div", builtin_div},         {"pow", builtin_pow},       {"neg", builtin_neg},
-        {"exp", builtin_exp},         {"log", builtin_log},       {"sin", builtin_sin},
-        {"cos", builtin_cos},         {"tanh", builtin_tanh},     {"relu", builtin_relu},
-        {"sigmoid", builtin_sigmoid}, {"sqrt", builtin_sqrt},     {"t", builtin_t},
-        {"clone", builtin_clone},     {"matmul", builtin_matmul}, {"mm", builtin_mm},
-        {"bmm", builtin_bmm},         {"sum", builtin_sum},       {"mean", builtin_mean},
-        {"transpose", builtin_transpose}, {"reshape", builtin_reshape},
-        {"noop", builtin_noop},       {"echo", builtin_echo},
+    static const struct sr_builtin table[] = {
+        {"add", builtin_add, false},         {"sub", builtin_sub, false},       {"mul", builtin_mul, false},
+        {"div", builtin_div, false},         {"pow", builtin_pow, false},       {"neg", builtin_neg, false},
+        {"exp", builtin_exp, false},         {"log", builtin_log, false},       {"sin", builtin_sin, false},
+        {"cos", builtin_cos, false},         {"tanh", builtin_tanh, false},     {"relu", builtin_relu, false},
+        {"sigmoid", builtin_sigmoid, false}, {"sqrt", builtin_sqrt, false},     {"t", builtin_t, true},
+        {"clone", builtin_clone, false},     {"matmul", builtin_matmul, false}, {"mm", builtin_mm, false},
+        {"bmm", builtin_bmm, false},         {"sum", builtin_sum, false},       {"mean", builtin_mean, false},
+        {"transpose", builtin_transpose, true}, {"reshape", builtin_reshape, true},
+        {"noop", builtin_noop, true},        {"echo", builtin_echo, true},
     };
-    static const char *const cheap[] = {"noop", "echo", "t", "transpose", "reshape"};
-    for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++) {
-        enum sr_fn_kind kind = SR_FN_BUILTIN;
-        for (size_t k = 0; k < sizeof(cheap) / sizeof(cheap[0]); k++)
-            if (!strcmp(table[i].name, cheap[k]))
-                kind = SR_FN_BUILTIN_CHEAP;
-        if (sr__registry_add(table[i].name, kind, table[i].fn, NULL))
-            sr_logf(SR_LOG_ERROR, "cannot register built-in '%s': %s", table[i].name, sr_last_error());
-    }
-}
-
-void sr__builtins_init(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, register_all);
+    *n = sizeof(table) / sizeof(table[0]);
+    return table;
 }

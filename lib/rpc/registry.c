@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 
 #define TABLE 1024 /* power of two; at most TABLE/2 functions */
 
@@ -105,4 +106,19 @@ SR_API int sr_register(const char *name, sr_fn fn)
 SR_API int sr_register_async(const char *name, sr_async_fn fn)
 {
     return sr__registry_add(name, SR_FN_ASYNC, NULL, fn);
+}
+
+static void register_builtins(void)
+{
+    size_t n;
+    const struct sr_builtin *t = sr__builtin_table(&n);
+    for (size_t i = 0; i < n; i++)
+        if (sr__registry_add(t[i].name, t[i].cheap ? SR_FN_BUILTIN_CHEAP : SR_FN_BUILTIN, t[i].fn, NULL))
+            sr_logf(SR_LOG_ERROR, "cannot register built-in '%s': %s", t[i].name, sr_last_error());
+}
+
+void sr__builtins_init(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_builtins);
 }

@@ -27,6 +27,14 @@ const struct sr_fn_entry *sr__registry_find(const char *name, size_t len);
 int sr__registry_add(const char *name, enum sr_fn_kind kind, sr_fn fn, sr_async_fn afn);
 /* Register the built-ins (idempotent); done before any lookup or user registration. */
 void sr__builtins_init(void);
+/* The built-in functions (builtins.c), which sr__builtins_init registers.
+ * cheap: the same cost at any size (no-op, echo, views): SR_FN_BUILTIN_CHEAP. */
+struct sr_builtin {
+    const char *name;
+    sr_fn fn;
+    bool cheap;
+};
+const struct sr_builtin *sr__builtin_table(size_t *n);
 
 /* Validate a function name; 0 or -EINVAL with a message. */
 int sr__fn_name_check(const char *fn_name, const char *caller);
