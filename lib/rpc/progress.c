@@ -132,7 +132,7 @@ static void handle_events(sr_agent *a)
     if (d >= 0 && now >= d)
         sr__calls_expire(a, now);
     if (a->reorder)
-        sr__reorder_pump(a, now);
+        sr__reorder_pump(a, now, sr__agent_send_now);
 }
 
 /* Spin only while no user thread polls: a user waiting for a response is

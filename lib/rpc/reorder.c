@@ -98,12 +98,10 @@ int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
     /* relaxed: a hint; the list under the lock is the truth */
     atomic_store_explicit(&r->next, r->head->at, memory_order_relaxed);
     pthread_mutex_unlock(&r->lock);
-    if (first) /* the progress thread may sleep with a later timer */
-        sr__agent_kick(a);
-    return 0;
+    return first ? 1 : 0; /* first: the progress thread may sleep with a later timer (the caller kicks) */
 }
 
-void sr__reorder_pump(sr_agent *a, int64_t now)
+void sr__reorder_pump(sr_agent *a, int64_t now, int (*send)(sr_agent *a, int to, sr_msg *m))
 {
     struct sr_reorder *r = a->reorder;
     /* relaxed: a hint, re-checked under the lock */
@@ -123,7 +121,7 @@ void sr__reorder_pump(sr_agent *a, int64_t now)
     pthread_mutex_unlock(&r->lock);
     for (struct held *h = due, *n; h; h = n) {
         n = h->next;
-        if (sr__agent_send_now(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
+        if (send(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
             char how[128] = "could not be reached";
             sr_tport *t = a->tp[h->to];
             if (sr_tport_peer_gone(t, h->to))

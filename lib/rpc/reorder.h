@@ -24,10 +24,12 @@
 int sr__reorder_create(sr_agent *a);
 /* Drop what is still held (after the agent stopped) and free the mode. */
 void sr__reorder_destroy(sr_agent *a);
-/* Hold a copy of m for `to`. 0 or -ENOMEM. */
+/* Hold a copy of m for `to`. 0; 1 when it is now the first to go (the
+ * caller kicks the progress thread, which may sleep with a later timer);
+ * or -ENOMEM. */
 int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m);
-/* Send every held message whose time has come. */
-void sr__reorder_pump(sr_agent *a, int64_t now_ns);
+/* Send every held message whose time has come, with send (sr__agent_send_now). */
+void sr__reorder_pump(sr_agent *a, int64_t now_ns, int (*send)(sr_agent *a, int to, sr_msg *m));
 /* Release time of the next held message, or -1 if none. */
 int64_t sr__reorder_next(sr_agent *a);
 

@@ -11,9 +11,12 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_unlikely(a->reorder != NULL) && m->type != SR_MSG_CTRL && !sr_tport_peer_gone(a->tp[to], to))
-        return sr__reorder_hold(a, to, m);
-    return sr__agent_send_now(a, to, m);
+    if (sr_likely(a->reorder == NULL) || m->type == SR_MSG_CTRL || sr_tport_peer_gone(a->tp[to], to))
+        return sr__agent_send_now(a, to, m);
+    int rc = sr__reorder_hold(a, to, m);
+    if (rc > 0) /* the first to go: the progress thread may sleep with a later timer */
+        sr__agent_kick(a);
+    return rc > 0 ? 0 : rc;
 }
 
 /* A deadline moved earlier than the progress thread's armed timer may be.

@@ -151,7 +151,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         if (sr__agent_closing(a))
             return 1; /* sr_shutdown waits for this thread: hand the inbox back */
         if (a->reorder)
-            sr__reorder_pump(a, sr_now_ns());
+            sr__reorder_pump(a, sr_now_ns(), sr__agent_send_now);
         if (sr__agent_exits_pending(a)) { /* the supervisor rang: a peer left */
             sr__agent_check_exits(a);
             continue;
