@@ -113,7 +113,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
     if (!rc)
-        rc = sr__outq_init(a);
+        rc = sr__outq_init(a, sr__calls_fail_peer);
     if (!rc)
         rc = sr__reorder_create(a);
     int64_t ms = 0;

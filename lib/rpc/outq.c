@@ -15,13 +15,14 @@ struct sr_outq_msg {
     sr_msg m;
 };
 
-int sr__outq_init(sr_agent *a)
+int sr__outq_init(sr_agent *a, void (*fail_calls)(sr_agent *a, int to, const char *why))
 {
     sr_outq *q = &a->outq;
     q->dests = calloc((size_t)a->world, sizeof(*q->dests));
     if (!q->dests)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d outgoing queues", a->world);
     q->world = a->world;
+    q->fail_calls = fail_calls;
     pthread_mutex_init(&q->lock, NULL);
     return 0;
 }
@@ -168,7 +169,7 @@ static void give_up(sr_agent *a, int to, int rc, struct sr_outq_msg *list, const
         return; /* the peer watch fails its calls, with the exit status */
     char why[320];
     snprintf(why, sizeof(why), "cannot be sent to (%s)", detail);
-    sr__calls_fail_peer(a, to, why);
+    a->outq.fail_calls(a, to, why);
 }
 
 /* Retry every destination with queued messages; give up on those whose

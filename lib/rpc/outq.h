@@ -54,13 +54,17 @@ typedef struct sr_outq {
     struct sr_outq_dest *dests;      /* [world] */
     struct sr_outq_dest *busy;       /* under lock: destinations with queued messages */
     int world;
+    /* Fail the calls to `to` (why: how its messages could not be sent):
+     * the caller's path's (sr__calls_fail_peer), given at init, so that
+     * the queue calls up into the calls through it alone. */
+    void (*fail_calls)(struct sr_agent *a, int to, const char *why);
     /* Counters for tests (relaxed: statistics). space_wakes: flushes started
      * by a consumer's space event; full_retries: sends of a queued message
      * that found its inbox still full. */
     _Atomic uint64_t space_wakes, full_retries;
 } sr_outq;
 
-int sr__outq_init(struct sr_agent *a);
+int sr__outq_init(struct sr_agent *a, void (*fail_calls)(struct sr_agent *a, int to, const char *why));
 void sr__outq_fini(struct sr_agent *a);
 
 /* Does `to` have queued messages (a new one must queue behind them)? */
