@@ -26,6 +26,18 @@ struct callback {
     struct sr_tls_snap tls;     /* user callbacks: the modules' thread context they were made in */
 };
 
+/* The modules' thread context (sr__future_set_tls_hooks): NULL while no
+ * module keeps any, and then a user callback captures nothing. */
+static _Atomic(void (*)(struct sr_tls_snap *)) tls_capture;
+static void (*tls_swap)(struct sr_tls_snap *); /* set before tls_capture (its release store) */
+
+void sr__future_set_tls_hooks(void (*capture)(struct sr_tls_snap *s), void (*swap)(struct sr_tls_snap *s))
+{
+    tls_swap = swap;
+    /* release: pairs with the acquire load in on_done; tls_swap is set before */
+    atomic_store_explicit(&tls_capture, capture, memory_order_release);
+}
+
 /* Run a callback, in the thread context it was made in if it is a user's. */
 static void run_callback(sr_future *f, struct callback *c)
 {
@@ -33,9 +45,9 @@ static void run_callback(sr_future *f, struct callback *c)
         c->fn(f, c->arg);
         return;
     }
-    sr__tls_swap(&c->tls);
+    tls_swap(&c->tls); /* mask set: captured with the hooks, after on_done's acquire */
     c->fn(f, c->arg);
-    sr__tls_swap(&c->tls);
+    tls_swap(&c->tls);
 }
 
 struct sr_future {
@@ -337,8 +349,10 @@ static int on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release
     if (!c)
         return sr__fail(-ENOMEM, "sr_future_add_done_callback", "out of memory");
     *c = (struct callback){.fn = cb, .release = release, .arg = arg};
-    if (user)
-        sr__tls_capture(&c->tls);
+    /* acquire: pairs with sr__future_set_tls_hooks (tls_swap is set) */
+    void (*capture)(struct sr_tls_snap *) = user ? atomic_load_explicit(&tls_capture, memory_order_acquire) : NULL;
+    if (capture)
+        capture(&c->tls);
     pthread_mutex_lock(&f->lock);
     if (!sr_future_done(f)) {
         *f->tail = c;

@@ -29,6 +29,11 @@ typedef int (*sr_wait_hook)(sr_future *f, int64_t deadline_ns);
  * finds the live agent itself (agent.h, "Lifetime"), so a thread that read a
  * hook while another shuts down never calls into freed memory. */
 void sr__future_set_hooks(sr_wait_hook wait, void (*wake)(void));
+/* The modules' thread context around user callbacks (modules.c, when a
+ * module with a tls group registers): capture it when a user callback is
+ * added, swap it in and out around the callback. */
+struct sr_tls_snap;
+void sr__future_set_tls_hooks(void (*capture)(struct sr_tls_snap *s), void (*swap)(struct sr_tls_snap *s));
 
 /* Ask the completer of f to call the wake hook. False if f is already done. */
 bool sr__future_arm_wake(sr_future *f);

@@ -34,7 +34,10 @@ int sr__module_register(const sr_module *m, int *kind)
     if (m->probe)
         sr__probe_ops = m->probe;
     sr__modules[nmodules] = m;
-    return nmodules++;
+    nmodules++;
+    if (m->tls) /* user callbacks now carry the modules' thread context */
+        sr__future_set_tls_hooks(sr__tls_capture, sr__tls_swap);
+    return nmodules - 1;
 }
 
 /* The identity of the running agent, for the modules: set by sr_init before
