@@ -1,5 +1,24 @@
 /* The RPC agent: one per worker process (internal).
  *
+ * Files, one job each; no two of them call each other both ways:
+ *   api.c       the public entry points: init, shutdown, names, sync calls
+ *   shutdown.c  the graceful shutdown's barrier and quiescence waves
+ *   progress.c  the progress thread; the waits' entry points
+ *   wait.c      the consumer token and the waits of user threads
+ *   poll.c      reading the inbox and routing each message by type
+ *   exits.c     peer exits, our own corrupt inbox
+ *   serve.c     the callee: decoding, gating, running and answering requests
+ *   calls.c     the caller: checking and starting a call, the calls in
+ *               flight, their answers
+ *   exec.c      the executor pool and the jobs a waiting thread keeps
+ *   send.c, outq.c, reorder.c   sending, local overflow, test-only reordering
+ *   life.c      the agent's lifetime and references
+ *   thread.h    every thread-local of the layer
+ *   modules.c   the module seam's side in the core (module.h)
+ * Where a callee must reach back into its caller it is handed a function
+ * (the futures' hooks, the outgoing queues' fail_calls, the reordering
+ * pump's send, the deferred calls' retake), never a direct call.
+ *
  * Threads and the consumer token. Exactly one thread at a time consumes the
  * worker's inbox: the holder of `token`.
  *   PROGRESS      the progress thread polls (or spins).
