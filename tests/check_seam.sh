@@ -9,7 +9,9 @@
 #     comment that names them is a dependency waiting to happen);
 #   - no file of lib/rpc names the agent's shared-memory transport type
 #     (sr_xport) or MPI ("mpi", SR_HAVE_MPI): choosing a transport per peer,
-#     booting and finishing a launcher's job are the transport layer's.
+#     booting and finishing a launcher's job are the transport layer's;
+#   - no two files of lib/rpc call each other both ways
+#     (check_rpc_calls.py: each file has one job, calls run one way).
 # Usage: check_seam.sh SOURCE_ROOT
 root=${1:?usage: check_seam.sh SOURCE_ROOT}
 files=""
@@ -31,4 +33,5 @@ if [ -n "$hits" ]; then
     echo "$hits"
     rc=1
 fi
+python3 "$root/tests/check_rpc_calls.py" "$root" || rc=1
 exit $rc
