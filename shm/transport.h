@@ -76,6 +76,9 @@
 #ifndef SR_SHM_TRANSPORT_H
 #define SR_SHM_TRANSPORT_H
 
+#if !defined(SR__SEES_SHM)
+#error "transport.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -14,6 +14,9 @@
 #ifndef SR_SHM_XPORT_H
 #define SR_SHM_XPORT_H
 
+#if !defined(SR__SEES_SHM)
+#error "xport.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

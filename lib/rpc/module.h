@@ -118,6 +118,9 @@
 #ifndef SR_RPC_MODULE_H
 #define SR_RPC_MODULE_H
 
+#if !defined(SR__SEES_RPC)
+#error "module.h is the seam of the RPC core (rpc) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -6,8 +6,8 @@
 
 #include "error.h"
 #include "heap.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 
 #define FN "sr__tensor_from_desc"
 

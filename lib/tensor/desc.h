@@ -26,6 +26,9 @@
 #ifndef SR_LIB_TENSOR_DESC_H
 #define SR_LIB_TENSOR_DESC_H
 
+#if !defined(SR__SEES_TENSOR)
+#error "desc.h is the seam of the tensor layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -23,8 +23,8 @@
 
 #include "error.h"
 #include "fuzz_env.h"
-#include "rpc/agent.h"
-#include "rpc/wire.h"
+#include "agent.h"
+#include "wire.h"
 #include "shmrpc/rpc.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

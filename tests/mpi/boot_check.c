@@ -32,7 +32,7 @@
 #endif
 
 #include "mpi/mpi_job.h"
-#include "rpc/agent.h"
+#include "agent.h"
 #include "shmrpc/shmrpc.h"
 #include "xport.h"
 

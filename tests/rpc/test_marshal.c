@@ -6,14 +6,14 @@
  * decodes the same values, on blocks of its own; the sender's references go
  * when the bytes have left; a message whose parts do not match what it
  * names is refused with -EBADMSG, never decoded. */
-#include "rpc/codec.h"
+#include "codec.h"
 #include "heap.h"
-#include "rpc/marshal.h"
-#include "rpc/payload.h"
+#include "marshal.h"
+#include "payload.h"
 #include "rpc_harness.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
-#include "rpc/wire.h"
+#include "tensor_impl.h"
+#include "wire.h"
 
 LEAK_CHECKED_SUITE(marshal);
 

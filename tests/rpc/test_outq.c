@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
+#include "agent.h"
 #include "rpc_harness.h"
 #include "segment.h"
 

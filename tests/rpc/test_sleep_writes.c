@@ -28,7 +28,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
+#include "agent.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(sleep_writes);

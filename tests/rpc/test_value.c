@@ -18,13 +18,13 @@
 #include "common.h"
 #include "error.h"
 #include "heap.h"
-#include "rpc/codec.h"
-#include "rpc/inflight.h"
-#include "rpc/value_internal.h"
+#include "codec.h"
+#include "inflight.h"
+#include "value_internal.h"
 #include "segment.h"
 #include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 LEAK_CHECKED_SUITE(value);
 

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "rref_fns.h"
-#include "rpc/future_internal.h" /* sr__future_wait_until */
+#include "future_internal.h" /* sr__future_wait_until */
 #include "waiter.h"                /* sr_now_ns */
 
 LEAK_CHECKED_SUITE(rref);

@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rpc/agent.h"
-#include "rpc/future_internal.h"
-#include "modules/rref/rref_internal.h"
+#include "agent.h"
+#include "future_internal.h"
+#include "rref_internal.h"
 #include "rref_fns.h"
 #include "waiter.h"
 

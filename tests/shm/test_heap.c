@@ -31,8 +31,8 @@
 #include "segment.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 #include "worker_check.h"
 #include "xport.h"
 

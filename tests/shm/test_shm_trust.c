@@ -13,7 +13,7 @@
 
 #include "common.h"
 #include "error.h"
-#include "rpc/agent.h"
+#include "agent.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"

@@ -7,10 +7,10 @@
 #include <pthread.h>
 
 #include "heap.h"
-#include "rpc/agent.h"
+#include "agent.h"
 #include "rpc_harness.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 LEAK_CHECKED_SUITE(rpc_tensor);
 

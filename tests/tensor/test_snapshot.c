@@ -24,16 +24,16 @@
 #include <sched.h>
 #include <stdatomic.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "common.h"
 #include "heap.h"
-#include "rpc/codec.h"
-#include "rpc/module.h"
+#include "codec.h"
+#include "module.h"
 #include "shmrpc/rref.h"
 #include "segment.h"
 #include "shmrpc/value.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 #include "tensor_util.h"
 
 LEAK_CHECKED_SUITE(snapshot);

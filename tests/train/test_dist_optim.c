@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "dist_optim/dist_optim_impl.h"
 #include "rpc_harness.h"
 #include "shmrpc/dist_autograd.h"

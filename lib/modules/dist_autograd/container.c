@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
 
 #define MAX_SHARDS 128

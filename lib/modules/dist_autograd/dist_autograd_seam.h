@@ -4,6 +4,9 @@
 #ifndef SR_DIST_AUTOGRAD_SEAM_H
 #define SR_DIST_AUTOGRAD_SEAM_H
 
+#if !defined(SR__SEES_DIST_AUTOGRAD)
+#error "dist_autograd_seam.h is the seam of the dist_autograd module layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "shmrpc/dist_autograd.h"
