@@ -24,7 +24,7 @@
 #include "segment.h"
 #include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
-#include "tensor_impl.h"
+#include "desc.h" /* sr__tensor_block */
 
 LEAK_CHECKED_SUITE(value);
 
@@ -493,7 +493,7 @@ static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape)
     return t;
 }
 
-static sr_block *block_of(const sr_tensor *t) { return t->storage->block; }
+static sr_block *block_of(const sr_tensor *t) { return sr__tensor_block(t); }
 
 static sr_value *tensor_value_of(sr_tensor *t)
 {
