@@ -235,6 +235,19 @@ int sr__dctx_not_found(const char *who, int64_t id)
     return sr__fail(-EINVAL, who, "Could not find autograd context with id: %lld", (long long)id);
 }
 
+int sr__dctx_accumulate_grad(int64_t id, sr_tensor *leaf, sr_tensor *grad)
+{
+    bool released;
+    sr_dctx *c = sr__dctx_get_or_create(id, &released);
+    if (!c)
+        return released ? sr__dctx_not_found("sr__dctx_accumulate_grad", id)
+                        : sr__fail(-ENOMEM, "sr__dctx_accumulate_grad", "out of memory for autograd context %lld",
+                                   (long long)id);
+    int rc = c->sink.accumulate(&c->sink, leaf, grad);
+    sr__dctx_unref(c);
+    return rc;
+}
+
 /* ---- the public calls ---- */
 
 SR_API int sr_dist_autograd_context_begin(int64_t *context_id)

@@ -10,11 +10,20 @@
 #include <stdint.h>
 
 #include "shmrpc/dist_autograd.h"
+#include "shmrpc/tensor.h"
 
 /* The thread's current context id (SR_NO_CONTEXT: none); set returns the old. */
 int64_t sr__dctx_current(void);
 int64_t sr__dctx_set_current(int64_t id);
 /* An "unknown context" error, with PyTorch's text. */
 int sr__dctx_not_found(const char *who, int64_t id);
+/* Add grad to the gradient that context id holds for leaf on this worker,
+ * as a backward pass reaching leaf here does (the context is made here if
+ * this worker has not seen it yet): a layer above may add a gradient term
+ * of its own (a regulariser's) before a step. Like the pass's sink, it
+ * checks no shape: whoever reads the gradients does (the distributed
+ * optimizer). Errors: the "unknown context" error for a context already
+ * released here, -ENOMEM. */
+int sr__dctx_accumulate_grad(int64_t id, sr_tensor *leaf, sr_tensor *grad);
 
 #endif
