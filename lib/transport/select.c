@@ -12,7 +12,7 @@
 #include "heap.h"
 #include "segment.h" /* the launch environment */
 #include "transport.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 /* The launchers' transports, asked in order when no launch environment exists. */
 static const struct sr_tport_driver *const drivers[] = {&sr__mpi_driver};

@@ -83,6 +83,9 @@
 #ifndef SR_TRANSPORT_H
 #define SR_TRANSPORT_H
 
+#if !defined(SR__SEES_TRANSPORT)
+#error "transport.h is the seam of the transport layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>

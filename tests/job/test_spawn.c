@@ -31,7 +31,7 @@
 #include "helpers/watch.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 LEAK_CHECKED_SUITE(spawn);
 

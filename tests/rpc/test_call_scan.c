@@ -26,8 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "rpc/module.h"
+#include "agent.h"
+#include "module.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(call_scan);

@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "agent.h"
+#include "shm/xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rpc_harness.h"
 #include "segment.h"
 

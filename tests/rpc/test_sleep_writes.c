@@ -28,8 +28,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "agent.h"
+#include "shm/xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(sleep_writes);

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "rref_fns.h"
-#include "rpc/future_internal.h" /* sr__future_wait_until */
-#include "waiter.h"                /* sr_now_ns */
+#include "module.h" /* the RPC seam: sr__future_wait_until */
+#include "waiter.h" /* sr_now_ns */
 
 LEAK_CHECKED_SUITE(rref);
 

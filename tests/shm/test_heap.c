@@ -31,10 +31,9 @@
 #include "segment.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h" /* the tensor layer's seam: a tensor's descriptor and block */
 #include "worker_check.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 LEAK_CHECKED_SUITE(heap);
 LEAK_CHECKED_SUITE(heap_mp);
@@ -958,7 +957,7 @@ Test(heap, corrupt_data_offset_is_an_error_not_tensor_data)
     cr_assert_not_null(t, "%s", sr_last_error());
     struct sr_tensor_desc d;
     cr_assert_eq(sr__tensor_to_desc(t, &d), 0, "%s", sr_last_error());
-    sr_block *b = t->storage->block;
+    sr_block *b = sr__tensor_block(t);
     poke64(b, HDR_DATA_DELTA, peek64(b, HDR_DATA_DELTA) + (int64_t)(8 * MiB)); /* still inside the area */
     sr_tensor *sum = sr_sum(t);
     cr_assert_not_null(sum, "%s", sr_last_error());

@@ -16,7 +16,7 @@
 #include "common.h"
 #include "error.h"
 #include "segment.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 LEAK_CHECKED_SUITE(launch_env);
 LEAK_CHECKED_SUITE(segment_create);
