@@ -113,3 +113,4 @@ void *sr__transport_job(const sr_transports *s, const char *kind)
 }
 
 sr_xport *sr__transport_xport(const sr_transports *s) { return s->shm; }
+struct sr_segment *sr__transport_segment(const sr_transports *s) { return s->shm ? &s->shm->seg : NULL; }
