@@ -1,4 +1,4 @@
-/* Bad input that used to crash or lie (issue 11, items 5 and 10). Each test
+/* Bad input that used to crash or lie. Each test
  * is named after what broke:
  *   - NULL futures crashed every sr_future_* call;
  *   - sr_strerror(INT_MIN) negated INT_MIN;

@@ -1,5 +1,5 @@
-/* Expiry and peer death cost what they end, not the call table (issue 11,
- * item 8e). A worker has 65,536 call slots; every expiry and every peer's
+/* Expiry and peer death cost what they end, not the call table.
+ * A worker has 65,536 call slots; every expiry and every peer's
  * death used to scan all of them, in flight or not. Now expiry pops due
  * calls off a deadline heap and a peer's death walks that peer's list
  * (lib/rpc/calls.c). The agent counts the slots they look at

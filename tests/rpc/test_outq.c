@@ -28,7 +28,7 @@
 
 LEAK_CHECKED_SUITE(outq);
 
-#define FLOOD 1100          /* calls queued to the stopped worker (the count) */
+#define FLOOD 1100          /* calls queued to the stopped worker (as first reported) */
 #define HEALTHY_CALLS 20    /* round trips to the healthy worker meanwhile */
 #define EVENT_WAIT_S 30     /* bound on every wait for an event (none legitimately takes more than ms) */
 #define SHORT_TIMEOUT_S 0.2 /* a call that must expire while its request is still queued */

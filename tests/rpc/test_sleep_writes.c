@@ -1,4 +1,4 @@
-/* A worker's sleeps and wakes write no job-wide word (issue 11, item 8f).
+/* A worker's sleeps and wakes write no job-wide word.
  *
  * Every thread of every worker used to add to one segment-header counter
  * (`awake`, for the spin policy) on each sleep and each wake, bouncing its

@@ -463,7 +463,7 @@ Test(heap, exhaustion_is_enomem_not_a_crash)
     detach_single();
 }
 
-/* ---- fragmentation (issue 11, item 6) ---- */
+/* ---- fragmentation ---- */
 
 /* xorshift64*: the churn below is the same on every run. */
 static uint64_t churn_rand(uint64_t *s)
@@ -525,7 +525,7 @@ Test(heap, mixed_churn_does_not_fragment, .timeout = 120)
     detach_single();
 }
 
-/* ---- a header a peer scribbled on (issue 11, item 7) ---- */
+/* ---- a header a peer scribbled on ---- */
 
 /* Byte offsets of the block header's fields (struct sr_block in shm/heap.c). */
 #define HDR_OWNER 8

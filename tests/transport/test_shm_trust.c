@@ -1,4 +1,4 @@
-/* Shared memory is not trusted after attach (issue 11, item 7): a worker
+/* Shared memory is not trusted after attach: a worker
  * that scribbles on the segment must not make another crash, write out of
  * bounds or wait for ever. Each test corrupts words of its own job's segment
  * and expects a clean error naming the worker, or correct operation where
