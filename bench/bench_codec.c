@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "rpc/codec.h"
+#include "codec.h"
 #include "waiter.h"
 
 enum { WARMUP = 100000, BATCH = 1000, BATCHES = 2000 };

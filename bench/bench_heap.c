@@ -34,7 +34,7 @@
 #include "error.h"
 #include "heap.h"
 #include "shmrpc/spawn.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 #define MiB (UINT64_C(1) << 20)
 #define GiB (UINT64_C(1) << 30)

@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "shmrpc/tensor.h"
-#include "tensor/gemm.h"
+#include "gemm.h"
 
 static double now(void)
 {

@@ -15,7 +15,7 @@
  *     64 MiB tensor.
  * The line per figure: medians over rounds of each side's p50, and the
  * median of the per-round ratios (a round's two figures share its noise).
- * Targets (issue 13): no-op <= 1.5x the ping-pong, 64 MiB <= 1.2x. */
+ * Targets: no-op <= 1.5x the ping-pong, 64 MiB <= 1.2x. */
 #include <errno.h>
 #include <stdlib.h>
 #include <mpi.h>

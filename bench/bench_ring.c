@@ -35,7 +35,7 @@
 #include "error.h"
 #include "floor.h"
 #include "shmrpc/spawn.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 #define ROUNDS 7
 #define N_SPIN 20000      /* timed round trips per round, spin mode */

@@ -170,7 +170,7 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         report_latency("rpc_sync noop", "callee asleep, caller hot", "futex ping-pong", &sh->fx, 1.3);
         /* Like for like with the floor (both sides sleep): two wake-ups per
          * round trip, as the floor's, since the caller sleeps on its doorbell
-         * and the response wakes it directly (issue 11: <= 1.3x). */
+         * and the response wakes it directly (target <= 1.3x). */
         memset(&sh->fx, 0, sizeof(sh->fx));
         if (sr_spawn(2, run_latency, (void *)2, &o))
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;

@@ -12,8 +12,8 @@
  *                    callee's function runs at once and lets the RRef go, so
  *                    the owner never hears of the fork; the callee releases
  *                    the parent (CHILD_ACCEPT, read with the answer)
- *                    (docs/RREF.md, flow 4); next to the no-op (target <= 3x,
- *                    issue 11) and to:
+ *                    (docs/RREF.md, flow 4); next to the no-op (target <= 3x)
+ *                    and to:
  *   relay via owner  the fork's message path as plain calls, without RRefs:
  *                    rpc_sync to the second user, whose async function makes
  *                    a no-op rpc_async to the owner and answers when it

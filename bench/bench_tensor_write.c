@@ -22,7 +22,7 @@
 #include "heap.h"
 #include "segment.h"
 #include "shmrpc/tensor.h"
-#include "tensor/desc.h"
+#include "desc.h"
 
 enum { WARMUP = 20000, BATCH = 1000, BATCHES = 1000 };
 

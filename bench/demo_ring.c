@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 enum { MSG_TOKEN = 1, MSG_STOP = 2 };
 #define WAIT_NS (10ll * 1000000000)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Across hosts (issue 13): the raw Open MPI floor (mpi_floor) and shmrpc's
+# Across hosts: the raw Open MPI floor (mpi_floor) and shmrpc's
 # cross-host benches, 2 ranks on 2 pretend hosts of this machine, over each
 # BTL in turn, in one run (docs/PERFORMANCE.md, "Across hosts (Open MPI)").
 #

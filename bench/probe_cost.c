@@ -20,7 +20,7 @@
 
 #include "bench_util.h"
 #include "probe_cost.h"
-#include "rpc/module.h"
+#include "module.h"
 #include "shmrpc/shmrpc.h"
 
 #define P_ROUNDS 7

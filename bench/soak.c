@@ -1,5 +1,5 @@
 /* Soak: a mixed RPC / RRef / tensor workload on every worker for a while,
- * watching for growth (issue 11). Run it with ./dev soak [minutes] (under
+ * watching for growth. Run it with ./dev soak [minutes] (under
  * shmrun -n 4). Each worker drives its peers (chosen by a seeded generator):
  *   - rpc_sync of "bump" with a tensor of 64 B .. 16 MiB (log-uniform): the
  *     callee allocates the result, the caller frees both;

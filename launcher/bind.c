@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "error.h"
-#include "job/job.h"
+#include "job.h"
 #include "log.h"
 
 static const char *sysfs(void)

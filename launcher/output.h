@@ -32,7 +32,7 @@
 #define SR_LAUNCHER_OUTPUT_H
 
 #include "args.h"
-#include "job/job.h"
+#include "job.h"
 
 struct out;
 

@@ -24,10 +24,10 @@
 #include "bind.h"
 #include "error.h"
 #include "log.h"
-#include "job/job.h"
+#include "job.h"
 #include "output.h"
 #include "sweep.h"
-#include "modules/trace/seam.h"
+#include "trace_seam.h"
 
 /* What every child needs; built before the first fork. */
 struct launch {

@@ -19,6 +19,9 @@
 #ifndef SR_SHM_CRASH_H
 #define SR_SHM_CRASH_H
 
+#if !defined(SR__SEES_SHM)
+#error "crash.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 
 #include "segment.h"

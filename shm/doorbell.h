@@ -45,6 +45,9 @@
 #ifndef SR_SHM_DOORBELL_H
 #define SR_SHM_DOORBELL_H
 
+#if !defined(SR__SEES_SHM)
+#error "doorbell.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "atomics.h"

@@ -5,6 +5,9 @@
 #ifndef SR_SHM_FUTEX_H
 #define SR_SHM_FUTEX_H
 
+#if !defined(SR__SEES_SHM)
+#error "futex.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>

@@ -44,6 +44,9 @@
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H
 
+#if !defined(SR__SEES_SHM)
+#error "heap.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -95,7 +95,7 @@ static bool hook_merge(extent_hooks_t *, void *, size_t, void *, size_t, bool, u
  * set for good: address space of our area that only jemalloc's own extents
  * can reuse, scattered through the area. In a mixed workload that set grew to
  * hundreds of MiB in 8-16 MiB pieces, one per grow step, and a 16 MiB block
- * found no room with 48 MiB live (issue 11). Without retain, jemalloc hands
+ * found no room with 48 MiB live. Without retain, jemalloc hands
  * every extent it no longer uses back to the dalloc hook once decay (or a
  * purge) retires it, so the carver coalesces it with its neighbours. The
  * option is process-wide and read once at jemalloc's start, hence this

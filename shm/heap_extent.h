@@ -13,6 +13,9 @@
 #ifndef SR_SHM_HEAP_EXTENT_H
 #define SR_SHM_HEAP_EXTENT_H
 
+#if !defined(SR__IN_SHM)
+#error "heap_extent.h is private to the substrate (shm) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -79,6 +79,9 @@
 #ifndef SR_SHM_RING_H
 #define SR_SHM_RING_H
 
+#if !defined(SR__SEES_SHM)
+#error "ring.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <assert.h>
 #include <stdbool.h>
 #include <errno.h>

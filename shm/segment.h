@@ -24,6 +24,9 @@
 #ifndef SR_SHM_SEGMENT_H
 #define SR_SHM_SEGMENT_H
 
+#if !defined(SR__SEES_SHM)
+#error "segment.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -21,6 +21,9 @@
 #ifndef SR_SHM_WAITER_H
 #define SR_SHM_WAITER_H
 
+#if !defined(SR__SEES_SHM)
+#error "waiter.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <liburing.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every relative link in README.md and docs/ names a file of the repository,
-and no page points outside it (issue 12: the docs must stand alone).
+and no page points outside it (the docs must stand alone).
 
 usage: check_doc_links.py SOURCE_ROOT; exits 1 listing each broken link."""
 import glob

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "rpc/future_internal.h"
+#include "future_internal.h"
 #include "waiter.h"
 
 void sleep_ms(int64_t ms)

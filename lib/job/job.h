@@ -28,6 +28,9 @@
 #ifndef SR_LIB_JOB_H
 #define SR_LIB_JOB_H
 
+#if !defined(SR__SEES_JOB)
+#error "job.h is the seam of the job layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "job/job.h"
+#include "job.h"
 #include "shmrpc/spawn.h"
-#include "modules/trace/seam.h"
+#include "trace_seam.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>

@@ -91,6 +91,9 @@
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
 
+#if !defined(SR__IN_RPC)
+#error "agent.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>

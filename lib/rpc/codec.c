@@ -19,7 +19,7 @@
  * buffer), the walker switches to RELEASE for the rest, so after
  * sr_codec_decode() returns 0 or -ENOMEM the buffer holds no references.
  */
-#include "rpc/codec.h"
+#include "codec.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -30,9 +30,9 @@
 
 #include "error.h"
 #include "heap.h"
-#include "rpc/inflight.h"
-#include "rpc/value_internal.h"
-#include "tensor/desc.h"
+#include "inflight.h"
+#include "value_internal.h"
+#include "desc.h"
 #include "module.h"
 
 /* Beyond this an encoding could not be held in memory anyway; it also keeps

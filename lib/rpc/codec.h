@@ -31,6 +31,9 @@
 #ifndef SR_RPC_CODEC_H
 #define SR_RPC_CODEC_H
 
+#if !defined(SR__IN_RPC)
+#error "codec.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -8,6 +8,9 @@
 #ifndef SR_RPC_EXT_H
 #define SR_RPC_EXT_H
 
+#if !defined(SR__IN_RPC)
+#error "ext.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -13,6 +13,9 @@
 #ifndef SR_RPC_FUTURE_INTERNAL_H
 #define SR_RPC_FUTURE_INTERNAL_H
 
+#if !defined(SR__IN_RPC)
+#error "future_internal.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
  * the table stays a handful of entries long and a linear scan is enough. The
  * lock is taken only by buffers that hold objects.
  */
-#include "rpc/inflight.h"
+#include "inflight.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -10,6 +10,9 @@
 #ifndef SR_RPC_INFLIGHT_H
 #define SR_RPC_INFLIGHT_H
 
+#if !defined(SR__IN_RPC)
+#error "inflight.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -2,6 +2,9 @@
 #ifndef SR_RPC_MARSHAL_H
 #define SR_RPC_MARSHAL_H
 
+#if !defined(SR__IN_RPC)
+#error "marshal.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include "transport.h"
 #include "tsan.h"
 

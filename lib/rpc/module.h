@@ -118,6 +118,9 @@
 #ifndef SR_RPC_MODULE_H
 #define SR_RPC_MODULE_H
 
+#if !defined(SR__SEES_RPC)
+#error "module.h is the seam of the RPC core (rpc) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -300,6 +303,10 @@ int sr__rpc_world(void);
  * to it can never be answered. If so, why (len bytes, may be NULL) says how:
  * "worker2 exited with status 0 without sr_shutdown". */
 bool sr__rpc_peer_gone(int rank, char *why, size_t len);
+/* rank shares our heap (our host's segment): the tensors a message carries
+ * reach it by reference, zero-copy; across hosts they arrive as copies of
+ * the same values (transport.h). False when RPC is not initialised. */
+bool sr__rpc_shares_heap(int rank);
 /* The default RPC timeout in ms (0: none), captured now. */
 int64_t sr__rpc_default_timeout_ms(void);
 /* Start a module request to `to`: args are encoded like a call's; the

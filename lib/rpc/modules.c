@@ -69,6 +69,12 @@ bool sr__rpc_peer_gone(int rank, char *why, size_t len)
     return true;
 }
 
+bool sr__rpc_shares_heap(int rank)
+{
+    sr_agent *a = sr__agent_peek();
+    return a && sr__agent_shares_heap(a, rank);
+}
+
 int64_t sr__rpc_default_timeout_ms(void)
 {
     sr_agent *a = sr__agent_get(NULL);

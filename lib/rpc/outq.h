@@ -29,6 +29,9 @@
 #ifndef SR_RPC_OUTQ_H
 #define SR_RPC_OUTQ_H
 
+#if !defined(SR__IN_RPC)
+#error "outq.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>

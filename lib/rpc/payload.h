@@ -2,6 +2,9 @@
 #ifndef SR_RPC_PAYLOAD_H
 #define SR_RPC_PAYLOAD_H
 
+#if !defined(SR__IN_RPC)
+#error "payload.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -4,6 +4,9 @@
 #ifndef SR_RPC_REGISTRY_H
 #define SR_RPC_REGISTRY_H
 
+#if !defined(SR__IN_RPC)
+#error "registry.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 

@@ -16,6 +16,9 @@
 #ifndef SR_RPC_REORDER_H
 #define SR_RPC_REORDER_H
 
+#if !defined(SR__IN_RPC)
+#error "reorder.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "agent.h"

@@ -4,6 +4,10 @@
 #ifndef SR_RPC_THREAD_H
 #define SR_RPC_THREAD_H
 
+#if !defined(SR__IN_RPC)
+#error "thread.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
+
 #include <stdbool.h>
 
 struct sr_agent;

@@ -14,6 +14,9 @@
 #ifndef SR_RPC_TIMEOUT_H
 #define SR_RPC_TIMEOUT_H
 
+#if !defined(SR__IN_RPC)
+#error "timeout.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "module.h" /* sr__timeout_ms, sr__deadline_ns: modules use them too */

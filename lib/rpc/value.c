@@ -9,7 +9,7 @@
  * Objects: the destructor runs exactly once, when the last reference goes. If
  * sr_object() fails, it is never called and the caller still owns p.
  */
-#include "rpc/value_internal.h"
+#include "value_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -20,7 +20,7 @@
 
 #include "error.h"
 #include "module.h"
-#include "tensor/desc.h"
+#include "desc.h"
 
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {

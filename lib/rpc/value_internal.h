@@ -11,6 +11,9 @@
 #ifndef SR_RPC_VALUE_INTERNAL_H
 #define SR_RPC_VALUE_INTERNAL_H
 
+#if !defined(SR__IN_RPC)
+#error "value_internal.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>

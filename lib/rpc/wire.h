@@ -32,6 +32,9 @@
 #ifndef SR_RPC_WIRE_H
 #define SR_RPC_WIRE_H
 
+#if !defined(SR__IN_RPC)
+#error "wire.h is private to the RPC core (rpc) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>

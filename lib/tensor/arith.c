@@ -4,10 +4,10 @@
 #include <errno.h>
 #include <math.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "error.h"
-#include "tensor/kernels.h"
-#include "tensor/tensor_impl.h"
+#include "kernels.h"
+#include "tensor_impl.h"
 
 struct bin_node {
     sr_node base;

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 
 _Static_assert(SR_TENSOR_REPR >= 16 + SR_SHAPE_STR, "room for a dtype name and a shape");
 

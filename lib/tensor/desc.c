@@ -6,12 +6,21 @@
 
 #include "error.h"
 #include "heap.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 
 #define FN "sr__tensor_from_desc"
 
 bool sr__tensor_sendable(const sr_tensor *t) { return sr__storage_block_off(t->storage) != (uint64_t)-1; }
+
+sr_block *sr__tensor_block(const sr_tensor *t)
+{
+    struct sr_storage *st = t->storage;
+    sr__storage_lock(st);
+    sr_block *b = st->block;
+    sr__storage_unlock(st);
+    return b;
+}
 
 int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
 {

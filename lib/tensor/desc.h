@@ -26,10 +26,14 @@
 #ifndef SR_LIB_TENSOR_DESC_H
 #define SR_LIB_TENSOR_DESC_H
 
+#if !defined(SR__SEES_TENSOR)
+#error "desc.h is the seam of the tensor layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heap.h"
 #include "shmrpc/tensor.h"
 
 #define SR_TENSOR_DESC_MAGIC 0x54447253u /* "SrDT" */
@@ -57,6 +61,13 @@ int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d);
  * block. Errors: -EINVAL for any malformed field, an offset that is not a
  * block, or a view that reaches past the block, always with a message. */
 int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out);
+/* The block t's storage views now, shared or private, read under the
+ * storage's write lock; no reference is taken, so it stays valid while the
+ * caller holds t and no in-place write moves t to a copy. The block a
+ * descriptor of t would name: for the layers above that check a transfer
+ * was zero-copy (the receiver views the sender's block) or count the
+ * references a message holds on it. */
+sr_block *sr__tensor_block(const sr_tensor *t);
 /* Drop the descriptor's block reference (see above). */
 void sr__tensor_desc_release(const struct sr_tensor_desc *d);
 /* The checks of sr__tensor_from_desc against a block of block_bytes. */

@@ -4,10 +4,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
-#include "tensor/xoshiro.h"
+#include "tensor_impl.h"
+#include "xoshiro.h"
 
 /* xoshiro256** seeded through splitmix64; one per process (tensor.h). */
 static pthread_mutex_t rng_lock = PTHREAD_MUTEX_INITIALIZER;

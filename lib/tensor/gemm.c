@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "tensor/gemm.h"
+#include "gemm.h"
 #include "log.h"
 
 /* Relaxed: a test/bench switch, flipped while no gemm runs. */

@@ -3,6 +3,9 @@
 #ifndef SR_LIB_TENSOR_GEMM_H
 #define SR_LIB_TENSOR_GEMM_H
 
+#if !defined(SR__IN_TENSOR)
+#error "gemm.h is private to the tensor layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>

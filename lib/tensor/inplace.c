@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "error.h"
-#include "tensor/kernels.h"
-#include "tensor/tensor_impl.h"
+#include "kernels.h"
+#include "tensor_impl.h"
 
 /* other must broadcast to t's shape without changing it, in t's dtype. */
 static int check_operand(const char *fn, const sr_tensor *t, const sr_tensor *other)

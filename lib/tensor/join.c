@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 struct cat_node {
     sr_node base;

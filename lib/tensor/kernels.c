@@ -7,8 +7,8 @@
 #include <math.h>
 
 #include "error.h"
-#include "tensor/kernels.h"
-#include "tensor/tensor_impl.h"
+#include "kernels.h"
+#include "tensor_impl.h"
 
 #define CHUNK 256
 

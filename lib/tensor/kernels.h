@@ -3,8 +3,11 @@
 #ifndef SR_LIB_TENSOR_KERNELS_H
 #define SR_LIB_TENSOR_KERNELS_H
 
+#if !defined(SR__IN_TENSOR)
+#error "kernels.h is private to the tensor layer (docs/ARCHITECTURE.md)"
+#endif
 #include "shmrpc/tensor.h"
-#include "tensor/seam.h" /* sr__map, sr__map_into */
+#include "tensor_seam.h" /* sr__map, sr__map_into */
 
 enum sr_binop { SR_BIN_ADD, SR_BIN_MUL, SR_BIN_DIV };
 /* out = a + alpha*b, a*b or a/b; one dtype for all three; a and b

@@ -5,7 +5,7 @@
  * so contiguous operands become a single row. */
 #include <string.h>
 
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 static void coalesce(struct sr_loop *L)
 {

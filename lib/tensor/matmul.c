@@ -5,10 +5,10 @@
 #include <errno.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "error.h"
-#include "tensor/gemm.h"
-#include "tensor/tensor_impl.h"
+#include "gemm.h"
+#include "tensor_impl.h"
 
 /* The last two dims of t as a gemm operand without copying, if possible. */
 static bool as_operand(const sr_tensor *t, bool *trans, int64_t *ld)

@@ -3,7 +3,7 @@
 #include <stdio.h>
 
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 /* Element counts stay below 2^62 so that byte sizes and offsets cannot overflow. */
 #define MAX_NUMEL ((int64_t)1 << 50)

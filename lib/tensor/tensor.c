@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "atomics.h"
 #include "error.h"
 #include "log.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 SR_API const char *sr_dtype_name(sr_dtype dt)
 {

@@ -1,5 +1,5 @@
 /* Tensor internals shared by lib/tensor and lib/tensor/autograd; private to
- * the tensor layer (the layers above see tensor/seam.h or tensor/desc.h).
+ * the tensor layer (the layers above see tensor/tensor_seam.h or tensor/desc.h).
  *
  * Storage and copy-on-write (see tensor.h for the contract):
  *   sr_tensor --(ref)--> sr_storage --(one block ref)--> sr_block (shared heap)
@@ -88,13 +88,16 @@
 #ifndef SR_LIB_TENSOR_IMPL_H
 #define SR_LIB_TENSOR_IMPL_H
 
+#if !defined(SR__IN_TENSOR)
+#error "tensor_impl.h is private to the tensor layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "heap.h"
 #include "shmrpc/tensor.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 typedef struct sr_node sr_node;
 struct sr_hook;

@@ -4,9 +4,9 @@
 #include <errno.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 struct shape_node {
     sr_node base;

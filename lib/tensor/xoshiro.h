@@ -5,6 +5,9 @@
 #ifndef SR_LIB_TENSOR_XOSHIRO_H
 #define SR_LIB_TENSOR_XOSHIRO_H
 
+#if !defined(SR__SEES_TENSOR)
+#error "xoshiro.h is the seam of the tensor layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 static inline uint64_t sr__splitmix64(uint64_t *x)

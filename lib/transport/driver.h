@@ -12,6 +12,9 @@
 #ifndef SR_TRANSPORT_DRIVER_H
 #define SR_TRANSPORT_DRIVER_H
 
+#if !defined(SR__IN_TRANSPORT)
+#error "driver.h is private to the transport layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 
 #include "transport.h"

@@ -12,7 +12,7 @@
 #include "heap.h"
 #include "segment.h" /* the launch environment */
 #include "transport.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 /* The launchers' transports, asked in order when no launch environment exists. */
 static const struct sr_tport_driver *const drivers[] = {&sr__mpi_driver};
@@ -113,3 +113,4 @@ void *sr__transport_job(const sr_transports *s, const char *kind)
 }
 
 sr_xport *sr__transport_xport(const sr_transports *s) { return s->shm; }
+struct sr_segment *sr__transport_segment(const sr_transports *s) { return s->shm ? &s->shm->seg : NULL; }

@@ -83,6 +83,9 @@
 #ifndef SR_TRANSPORT_H
 #define SR_TRANSPORT_H
 
+#if !defined(SR__SEES_TRANSPORT)
+#error "transport.h is the seam of the transport layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -276,5 +279,11 @@ sr_tport *const *sr__transport_peers(const sr_transports *s); /* [world] */
 /* The job state of the launcher's transport kind ("mpi") that booted the
  * job, or NULL (tests). */
 void *sr__transport_job(const sr_transports *s, const char *kind);
+/* The job's segment (segment.h) as this worker's shared-memory transport
+ * maps it: the same addresses the transport reads and writes (a check that
+ * protects or inspects the mapping in use, such as the read-only header of
+ * a sleep test), or NULL where no shared-memory transport is open. A second
+ * sr_segment_attach maps the segment again, at other addresses. */
+struct sr_segment *sr__transport_segment(const sr_transports *s);
 
 #endif

@@ -7,6 +7,9 @@
 #ifndef SR_SHM_ATOMICS_H
 #define SR_SHM_ATOMICS_H
 
+#if !defined(SR__SEES_BASE)
+#error "atomics.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdint.h>
 

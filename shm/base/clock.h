@@ -5,6 +5,9 @@
 #ifndef SR_BASE_CLOCK_H
 #define SR_BASE_CLOCK_H
 
+#if !defined(SR__SEES_BASE)
+#error "clock.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 int64_t sr_now_ns(void);

@@ -6,6 +6,9 @@
 #ifndef SR_SHM_ERROR_H
 #define SR_SHM_ERROR_H
 
+#if !defined(SR__SEES_BASE)
+#error "error.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include "shmrpc/error.h"
 
 int sr__fail(int err, const char *fn, const char *fmt, ...)

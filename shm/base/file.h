@@ -11,6 +11,9 @@
 #ifndef SR_SHM_FILE_H
 #define SR_SHM_FILE_H
 
+#if !defined(SR__SEES_BASE)
+#error "file.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 struct stat;
 int sr__open_regular(int dirfd, const char *name, int flags, const char *fn, const char *noun, const char *path,
                      struct stat *st);

@@ -9,6 +9,9 @@
 #ifndef SR_SHM_LOG_H
 #define SR_SHM_LOG_H
 
+#if !defined(SR__SEES_BASE)
+#error "log.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include "shmrpc/log.h"
 
 /* Lines written from now on say "<name> (rank R)"; name NULL: "worker<R>".

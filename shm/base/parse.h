@@ -10,6 +10,9 @@
 #ifndef SR_SHM_PARSE_H
 #define SR_SHM_PARSE_H
 
+#if !defined(SR__SEES_BASE)
+#error "parse.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

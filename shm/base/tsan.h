@@ -20,6 +20,9 @@
 #ifndef SR_SHM_TSAN_H
 #define SR_SHM_TSAN_H
 
+#if !defined(SR__SEES_BASE)
+#error "tsan.h is the seam of the base layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #if defined(__SANITIZE_THREAD__)
 #define SR_TSAN 1
 #elif defined(__has_feature)

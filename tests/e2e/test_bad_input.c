@@ -1,4 +1,4 @@
-/* Bad input that used to crash or lie (issue 11, items 5 and 10). Each test
+/* Bad input that used to crash or lie. Each test
  * is named after what broke:
  *   - NULL futures crashed every sr_future_* call;
  *   - sr_strerror(INT_MIN) negated INT_MIN;
@@ -30,8 +30,8 @@
 
 #include "common.h"
 #include "heap.h"
-#include "rpc/agent.h"
-#include "rpc/payload.h"
+#include "agent.h"
+#include "payload.h"
 #include "rpc_harness.h"
 #include "segment.h"
 #include "shmrpc/data.h"
@@ -41,7 +41,7 @@
 #include "shmrpc/optim.h"
 #include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 #include "waiter.h"
 
 LEAK_CHECKED_SUITE(bad_input);

@@ -17,14 +17,14 @@
 
 #include "error.h"
 #include "fuzz_env.h"
-#include "rpc/codec.h"
-#include "rpc/ext.h"
-#include "rpc/payload.h"
-#include "rpc/value_internal.h"
-#include "rpc/wire.h"
-#include "modules/rref/hooks.h"
+#include "codec.h"
+#include "ext.h"
+#include "payload.h"
+#include "value_internal.h"
+#include "wire.h"
+#include "hooks.h"
 #include "heap.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -23,9 +23,9 @@
 
 #include "error.h"
 #include "fuzz_env.h"
-#include "rpc/agent.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
-#include "rpc/wire.h"
+#include "agent.h"
+#include "shm/xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "wire.h"
 #include "shmrpc/rpc.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -6,17 +6,17 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
 #include "heap.h"
-#include "job/job.h"
-#include "rpc/codec.h"
-#include "rpc/inflight.h"
-#include "modules/rref/hooks.h"
+#include "job.h"
+#include "codec.h"
+#include "inflight.h"
+#include "hooks.h"
 #include "segment.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 struct fz_env fz;
 

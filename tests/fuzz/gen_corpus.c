@@ -14,11 +14,11 @@
 
 #include "error.h"
 #include "fuzz_env.h"
-#include "rpc/codec.h"
-#include "rpc/module.h"
-#include "rpc/wire.h"
-#include "modules/dist_autograd/context.h"
-#include "modules/rref/rref_internal.h"
+#include "codec.h"
+#include "module.h"
+#include "wire.h"
+#include "context.h"
+#include "rref_internal.h"
 
 static const char *dir, *dispatch_dir;
 

@@ -59,7 +59,7 @@
 #include "crash.h"
 #include "error.h"
 #include "shmrpc/shmrpc.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 enum { EXIT_USAGE = 40, EXIT_ENV = 41, EXIT_FD = 42, EXIT_ATTACH = 43, EXIT_IO = 44 };
 

@@ -1,4 +1,4 @@
-/* shmrun's features, end to end (issue 12): --version, --tag-output,
+/* shmrun's features, end to end: --version, --tag-output,
  * --output-dir, the folding of identical stderr lines, torchrun's variables,
  * stdin to rank 0 only, the forwarded signals, the grace period after
  * SIGTERM, and CPU binding.

@@ -1,7 +1,7 @@
 /* sr_spawn: the launcher's failure policy from inside a program.
  *
  * Workers attach, report "RANK PID\n" on a pipe created before sr_spawn (it
- * is inherited through fork), then block in sr_xport_wait until killed,
+ * is inherited through fork), then sleep on their inbox until killed,
  * except the one chosen to fail, which first waits for a byte on the go
  * pipe. sr_spawn runs in its own thread, so that the test can watch the
  * workers while it blocks; it is the thread the workers' death signal is tied
@@ -31,7 +31,7 @@
 #include "helpers/watch.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
-#include "xport.h"
+#include "transport.h" /* the transport seam: workers join the job as sr_init would */
 
 LEAK_CHECKED_SUITE(spawn);
 
@@ -96,6 +96,13 @@ static bool env_as_torchrun(const struct job *j, int rank, int n)
     return st.st_dev == want->st_dev && st.st_ino == want->st_ino && st.st_rdev == want->st_rdev;
 }
 
+/* The sleep's check after its doorbell announcement: a message waits. */
+static bool inbox_pending(void *home)
+{
+    sr_tport *t = home;
+    return t->ops->pending(t);
+}
+
 static int worker(int rank, int n, void *arg)
 {
     struct job *j = arg;
@@ -103,15 +110,15 @@ static int worker(int rank, int n, void *arg)
         return EXIT_PIDFD;
     if (j->mode == ENV && !env_as_torchrun(j, rank, n))
         return EXIT_ENV;
-    sr_xport *x;
-    if (sr_xport_attach(NULL, &x))
+    sr_transports *x;
+    if (sr__transport_open(&(struct sr_transport_opts){0}, &x))
         return EXIT_ATTACH;
     char line[32];
     int len = snprintf(line, sizeof(line), "%d %d\n", rank, (int)getpid());
     if (write(j->ready[1], line, (size_t)len) != len)
         return EXIT_IO;
     if (j->mode == OK || j->mode == ENV) {
-        sr_xport_detach(x);
+        sr__transport_close(x);
         return 0;
     }
     if (rank == j->fail_rank && j->mode != BLOCK) {
@@ -122,8 +129,9 @@ static int worker(int rank, int n, void *arg)
         }
         return j->code; /* the transport stays attached, as in a crash */
     }
+    sr_tport *home = sr__transport_home(x);
     for (;;)
-        if (sr_xport_wait(x, -1) < 0)
+        if (home->ops->wake->sleep(home, -1, inbox_pending, home) < 0)
             return EXIT_IO;
 }
 

@@ -32,9 +32,9 @@
 #endif
 
 #include "mpi/mpi_job.h"
-#include "rpc/agent.h"
+#include "agent.h"
 #include "shmrpc/shmrpc.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 #define WAIT_NS (30ll * 1000000000)
 

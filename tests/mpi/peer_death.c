@@ -1,5 +1,5 @@
 /* A rank on another (pretend) host dies in the middle of a call: the job
- * must end, never hang (issue 13's failure policy across hosts: mpirun's
+ * must end, never hang (the failure policy across hosts: mpirun's
  * abort; docs/MULTIHOST.md). Run by peer_death.sh under mpirun -n 4 with
  * SHMRPC_HOSTS=2: rank 0 calls "die" on rank 3 (the other host) with no
  * timeout, and rank 3 kills itself with SIGKILL inside it; ranks 1 and 2

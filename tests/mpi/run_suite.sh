@@ -1,7 +1,7 @@
 #!/bin/bash
 # run_suite.sh HOSTS PROGRAM [ARGS...]: an MPI suite runner (tests/mpi) as
 # `mpirun -n 4` with every rank on this machine, split into HOSTS pretend
-# hosts (SHMRPC_HOSTS, issue 13), MPI over TCP on loopback, with CI's flags
+# hosts (SHMRPC_HOSTS), MPI over TCP on loopback, with CI's flags
 # and environment (mpirun_env.sh: root, 2 cores, the sanitizer's unwinder).
 # SRT_NP overrides the rank count.
 set -eu

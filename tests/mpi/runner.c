@@ -58,7 +58,8 @@
 /* Tests that rely on what only sr_spawn's forked workers give: a worker
  * that dies or crashes on purpose, whose death the peers must see as an
  * error naming it (under mpirun a rank's death is the job's abort, the
- * failure policy across hosts: issue 13), or a peer's pid in the segment.
+ * failure policy across hosts, docs/MULTIHOST.md), or a peer's pid in the
+ * segment.
  * Each is skipped with its reason; --run-excluded runs them anyway. */
 static const struct {
     const char *test, *reason;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training demo across 2 pretend hosts (issue 13): the parameter server
+# The training demo across 2 pretend hosts: the parameter server
 # on one, the trainer on the other, every forward, backward and optimizer
 # step crossing through MPI. With one trainer a run is deterministic, so the
 # run under mpirun must end with the parameters of the same run under

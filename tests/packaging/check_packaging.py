@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Packaging hygiene checks (issue 12, part 6), run by meson test.
+"""Packaging hygiene checks, run by meson test.
 
   check_packaging.py pkgconfig BUILD_DIR SOURCE_DIR HAVE_BLAS
       The generated shmrpc.pc (installed form, meson-private/) and

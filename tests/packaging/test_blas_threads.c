@@ -1,5 +1,5 @@
 /* OpenBLAS's thread count is the host application's unless SHMRPC_BLAS_THREADS
- * asks otherwise (issue 12, part 6; lib/tensor/gemm.c, docs/TENSORS.md).
+ * asks otherwise (lib/tensor/gemm.c, docs/TENSORS.md).
  * Each test runs in its own process (Criterion forks), so each sees gemm.c's
  * once-only decision fresh: the "host" sets a count, shmrpc runs a matmul,
  * and the count afterwards is what the variable promised. Without OpenBLAS

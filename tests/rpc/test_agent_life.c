@@ -1,4 +1,4 @@
-/* The agent's lifetime (issue 11, item 4): every entry point is safe to call
+/* The agent's lifetime: every entry point is safe to call
  * from any thread while another thread runs sr_shutdown. Before, the agent
  * was a plain global that sr_shutdown freed under the callers' feet (ASan:
  * heap-use-after-free; without it, a crash or garbage). Now a call either

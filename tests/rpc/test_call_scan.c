@@ -1,5 +1,5 @@
-/* Expiry and peer death cost what they end, not the call table (issue 11,
- * item 8e). A worker has 65,536 call slots; every expiry and every peer's
+/* Expiry and peer death cost what they end, not the call table.
+ * A worker has 65,536 call slots; every expiry and every peer's
  * death used to scan all of them, in flight or not. Now expiry pops due
  * calls off a deadline heap and a peer's death walks that peer's list
  * (lib/rpc/calls.c). The agent counts the slots they look at
@@ -26,8 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "rpc/module.h"
+#include "agent.h"
+#include "module.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(call_scan);

@@ -1,5 +1,5 @@
 /* A call's timeout fires while another thread of its worker waits in
- * sr_shutdown holding the inbox (issue 11, the suspected lost timer).
+ * sr_shutdown holding the inbox (where a timer was suspected of being lost).
  *
  * Worker 0's main thread enters sr_shutdown and, as its idle waiter, holds
  * the inbox (token USER). Worker 1 calls worker 0's async function "trap",

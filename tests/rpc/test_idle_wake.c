@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
+#include "agent.h"
 #include "helpers/held_futures.h"
 #include "rpc_harness.h"
 #include "waiter.h"

@@ -6,20 +6,20 @@
  * decodes the same values, on blocks of its own; the sender's references go
  * when the bytes have left; a message whose parts do not match what it
  * names is refused with -EBADMSG, never decoded. */
-#include "rpc/codec.h"
+#include "codec.h"
+#include "desc.h" /* sr__tensor_block */
 #include "heap.h"
-#include "rpc/marshal.h"
-#include "rpc/payload.h"
+#include "marshal.h"
+#include "payload.h"
 #include "rpc_harness.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
-#include "rpc/wire.h"
+#include "wire.h"
 
 LEAK_CHECKED_SUITE(marshal);
 
 #define NAME "fn"
 
-static uint64_t block_of(const sr_tensor *t) { return sr_block_to_off(t->storage->block); }
+static uint64_t block_of(const sr_tensor *t) { return sr_block_to_off(sr__tensor_block(t)); }
 
 static uint32_t refs(uint64_t off) { return sr_block_refcount(sr_block_from_off(off)); }
 

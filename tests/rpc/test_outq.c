@@ -22,14 +22,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "agent.h"
 #include "rpc_harness.h"
 #include "segment.h"
 
 LEAK_CHECKED_SUITE(outq);
 
-#define FLOOD 1100          /* calls queued to the stopped worker (the count) */
+#define FLOOD 1100          /* calls queued to the stopped worker (as first reported) */
 #define HEALTHY_CALLS 20    /* round trips to the healthy worker meanwhile */
 #define EVENT_WAIT_S 30     /* bound on every wait for an event (none legitimately takes more than ms) */
 #define SHORT_TIMEOUT_S 0.2 /* a call that must expire while its request is still queued */
@@ -149,10 +148,21 @@ Test(outq, full_destination_never_delays_another)
 
 /* ---- the blocked sender waits for the space event, not a timer -------- */
 
-/* Sends into a full inbox: every one counts (xport.c, st.full). */
+/* The inbox ring of `rank` in the job's segment as this worker's transport
+ * maps it (the ring its sends write). */
+static struct sr_ring *inbox_of(int rank)
+{
+    return sr_seg_inbox(sr__transport_segment(sr__agent->tports), rank);
+}
+
+/* Sends into a full inbox: every one counts (xport.c, st.full), read
+ * through the shared-memory transport's stats (transport.h). */
 static uint64_t full_sends(void)
 {
-    return atomic_load_explicit(&sr__transport_xport(sr__agent->tports)->st.full, memory_order_relaxed);
+    sr_tport *home = sr__transport_home(sr__agent->tports);
+    struct sr_tport_stats st;
+    home->ops->stats(home, &st);
+    return st.full;
 }
 
 static int event_body(void)
@@ -212,7 +222,7 @@ static int queued_timeout_body(void)
     WEXPECT_ERR(rc, -ETIMEDOUT, "the inbox of worker1 has been full for");
     /* The ring is full and worker1 reads nothing: the slot at tail is its
      * head's, untouched meanwhile. Scrambled, the timeout says so. */
-    struct sr_ring *r = sr__transport_xport(sr__agent->tports)->peers[1].inbox;
+    struct sr_ring *r = inbox_of(1);
     _Atomic uint32_t *seq = &r->slots[atomic_load(&r->tail) & r->mask].seq;
     uint32_t good = atomic_load(seq);
     atomic_store(seq, good + 5);
@@ -280,7 +290,7 @@ static int scenario_corrupt(int rank, int world)
         return 0;
     signal(SIGALRM, watchdog);
     alarm(EVENT_WAIT_S + 10); /* before worker1's shutdown gives up (60 s) */
-    struct sr_ring *r = sr__transport_xport(sr__agent->tports)->peers[1].inbox;
+    struct sr_ring *r = inbox_of(1);
     sr_value *v = NULL;
     int rc = sr_rpc_sync(1, "seven", SR_NOARGS, EVENT_WAIT_S, &v);
     sr_value_unref(v);

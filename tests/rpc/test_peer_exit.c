@@ -1,4 +1,4 @@
-/* Peers that leave (issue 11, item 2): every wait that involves a departed
+/* Peers that leave: every wait that involves a departed
  * worker fails at once with -EPIPE, naming the worker and how it left
  * ("worker2 exited with status 0 without sr_shutdown"): the start barrier of
  * sr_init, the barriers and quiescence waves of a graceful sr_shutdown (led

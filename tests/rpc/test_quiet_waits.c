@@ -1,4 +1,4 @@
-/* Waits are events: nothing wakes while nothing is due (issue 11, item 8b).
+/* Waits are events: nothing wakes while nothing is due.
  *
  * Each test puts a worker in a wait where nothing is due for a while and
  * counts the voluntary context switches (/proc/self/task/N/status) of its
@@ -44,7 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
+#include "agent.h"
 #include "helpers/held_futures.h"
 #include "rpc_harness.h"
 
@@ -256,7 +256,7 @@ static void register_no_spin(void)
  * its other threads (the progress thread, idle executors) must stay asleep:
  * each response wakes the caller directly. They used to wake once a call:
  * the response woke the parked progress thread, which completed the future
- * and woke the caller (issue 11, item 9a; bench_rpc's "both asleep"). A few
+ * and woke the caller (bench_rpc's "both asleep"). A few
  * wake-ups remain legitimate: a response that lands before the caller has
  * taken the inbox (it was preempted after sending) wakes the progress thread. */
 static int sc_direct(int rank, int world)

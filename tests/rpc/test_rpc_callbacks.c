@@ -4,8 +4,7 @@
  * runs on the thread that completes the future, here the thread that read
  * the response (the progress thread, or a caller polling for its own
  * answer), and may block on a nested sr_rpc_sync. Regression tests for
- * issue 11, item 3: a blocking call inside a callback hung the worker for
- * good.
+ * a blocking call inside a callback that hung the worker for good.
  *
  * Every wait in a worker is bounded: a worker whose callback does not finish
  * in EVENT_WAIT_S reports it and exits at once (a hung progress thread

@@ -1,4 +1,4 @@
-/* A worker's sleeps and wakes write no job-wide word (issue 11, item 8f).
+/* A worker's sleeps and wakes write no job-wide word.
  *
  * Every thread of every worker used to add to one segment-header counter
  * (`awake`, for the spin policy) on each sleep and each wake, bouncing its
@@ -28,8 +28,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "rpc/agent.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "agent.h"
+#include "doorbell.h" /* SR_DOORBELL_SLEEPING */
+#include "segment.h"
+#include "transport.h" /* sr__transport_segment: the segment as the agent's transport maps it */
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(sleep_writes);
@@ -70,7 +72,7 @@ static int fn_noop(sr_call *c) { return sr_call_return(c, sr_none()); }
 /* The header page(s), read-only in this process (on), or writable again. */
 static int protect_header(bool on)
 {
-    sr_segment *s = &sr__transport_xport(sr__agent->tports)->seg;
+    sr_segment *s = sr__transport_segment(sr__agent->tports);
     header_lo = (uintptr_t)s->base;
     header_hi = header_lo + SR_SEG_HEADER_SIZE;
     if (on) {
@@ -83,7 +85,7 @@ static int protect_header(bool on)
 /* Wait (bounded) until the progress thread of `rank` sleeps on its doorbell. */
 static bool asleep(int rank)
 {
-    _Atomic uint32_t *bell = &sr_seg_worker(&sr__transport_xport(sr__agent->tports)->seg, rank)->doorbell;
+    _Atomic uint32_t *bell = &sr_seg_worker(sr__transport_segment(sr__agent->tports), rank)->doorbell;
     int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
     while (atomic_load(bell) != SR_DOORBELL_SLEEPING)
         if (now_ns() > deadline)
@@ -110,7 +112,7 @@ static int sleeper(int rank, int world, void *arg)
     setenv("SHMRPC_SPIN_NS", "0", 1); /* every wait sleeps */
     sr_register("noop", fn_noop);
     WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
-    WCHECK(sr__transport_xport(sr__agent->tports)->seg.table_off >= SR_SEG_HEADER_SIZE,
+    WCHECK(sr__transport_segment(sr__agent->tports)->table_off >= SR_SEG_HEADER_SIZE,
            "the worker table starts inside the header page");
     WCHECK(protect_header(true) == 0, "mprotect: %s", strerror(errno));
     int rc = 0;

@@ -18,13 +18,15 @@
 #include "common.h"
 #include "error.h"
 #include "heap.h"
-#include "rpc/codec.h"
-#include "rpc/inflight.h"
-#include "rpc/value_internal.h"
+#include "codec.h"
+#include "inflight.h"
+#include "value_internal.h"
 #include "segment.h"
 #include "shmrpc/rref.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h" /* sr__tensor_block */
+#include "module.h" /* the module table, for codec_unwind */
+#include "tensor_util.h"
 
 LEAK_CHECKED_SUITE(value);
 
@@ -493,7 +495,7 @@ static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape)
     return t;
 }
 
-static sr_block *block_of(const sr_tensor *t) { return t->storage->block; }
+static sr_block *block_of(const sr_tensor *t) { return sr__tensor_block(t); }
 
 static sr_value *tensor_value_of(sr_tensor *t)
 {
@@ -1192,4 +1194,80 @@ Test(value, decoder_survives_random_buffers, .timeout = 120)
     struct fuzz g = {0};
     fuzz_structured(&g, 3000);
     fuzz_report(&g, "structured random buffers");
+}
+
+/* ---- a failed encode after the tensor moved ------------------------------ */
+
+/* Suite codec_unwind: an encode that fails after the tensor it encoded was
+ * written in place (so moved to a copy) releases the block its descriptor
+ * named, not the tensor's new one (fails with the old unwinding). */
+LEAK_CHECKED_SUITE(codec_unwind);
+
+/* A module value kind whose encode fails, after writing the tensor that was
+ * encoded just before it in place, as another thread may: the descriptor's
+ * block reference makes that write move the tensor to a copy, and the
+ * unwinding must then drop the reference through the descriptor's block,
+ * not through the tensor (whose block is now the copy). */
+static sr_tensor *moved;
+
+static int failing_encode(void *obj, int to, uint8_t *wire)
+{
+    (void)obj, (void)to;
+    (void)wire;
+    cr_assert_eq(sr_fill_(moved, 5), 0, "%s", sr_last_error());
+    return -EIO;
+}
+
+static void nothing(void *obj) { (void)obj; }
+static void nothing_unencode(void *obj, const uint8_t *wire) { (void)obj, (void)wire; }
+
+static const sr_value_kind_ops failing_kind = {
+    .name = "failing",
+    .wire_size = 8,
+    .encode = failing_encode,
+    .unencode = nothing_unencode,
+    .release = nothing,
+};
+static const sr_module failing_module = {.name = "failing", .value_kind = &failing_kind};
+
+Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = heap_up, .fini = heap_down)
+{
+    sr_heap_counters c0, c1, start, end;
+    sr_heap_counters_get(&start);
+    moved = sr_ones(SR_F32, 1, SHAPE(64), 0);
+    sr_block *sent = sr__tensor_block(moved);
+    /* This process is its own test: borrow the RRef kind's module slot. */
+    int kind = SR_KIND_RREF, slot = -1;
+    for (int id = 0; id < SR_MODULE_MAX; id++)
+        if (sr__modules[id] && sr__modules[id]->value_kind == sr__value_kind(kind))
+            slot = id;
+    cr_assert_geq(slot, 0, "no module has the RRef kind %d", kind);
+    const sr_module *saved = sr__modules[slot];
+    sr__modules[slot] = &failing_module;
+    static int token;
+    sr_value *args[] = {sr_tensor_value(moved), sr__value_module(kind, &token)};
+    cr_assert(args[0] && args[1]);
+    int64_t size = sr_codec_size(2, args, 0);
+    cr_assert_gt(size, 0, "%s", sr_last_error());
+    uint8_t buf[512];
+    cr_assert_leq(size, (int64_t)sizeof(buf));
+    sr_heap_counters_get(&c0);
+    cr_assert_eq(sr_codec_encode(2, args, 0, buf, sizeof(buf)), -EIO);
+    sr_heap_counters_get(&c1);
+    cr_assert_neq(sr__tensor_block(moved), sent, "the write moved the tensor to a copy");
+    /* Made: the copy and sr_fill_'s scalar. Freed: the scalar and the block
+     * that was sent (its last reference was the descriptor's). */
+    cr_assert_eq(c1.allocs - c0.allocs, 2);
+    cr_assert_eq(c1.local_frees - c0.local_frees, 2, "the unwinding freed the block that was sent");
+    cr_assert_eq(sr_block_refcount(sr__tensor_block(moved)), 1, "and left the copy alone");
+    tu_expect(moved, (double[64]){5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
+                                  5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
+                                  5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
+              64, 0, 0, "the write");
+    sr_value_unref(args[0]);
+    sr_value_unref(args[1]);
+    sr__modules[slot] = saved;
+    sr_tensor_unref(moved);
+    sr_heap_counters_get(&end);
+    cr_assert_eq(end.allocs - start.allocs, end.local_frees - start.local_frees, "no block leaked");
 }

@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "rref_fns.h"
-#include "rpc/future_internal.h" /* sr__future_wait_until */
-#include "waiter.h"                /* sr_now_ns */
+#include "module.h" /* the RPC seam: sr__future_wait_until */
+#include "waiter.h" /* sr_now_ns */
 
 LEAK_CHECKED_SUITE(rref);
 
@@ -375,7 +375,7 @@ Test(rref, remote_results_carried_or_fetched, .timeout = 120)
     RREF_JOB("rrefcarry", sc_carried, .shutdown_timeout = 60);
 }
 
-/* Control messages are sent once (issue 11, 8c): the rings never lose a
+/* Control messages are sent once: the rings never lose a
  * message, so a slow owner must not cause resends. worker0 makes FORKS
  * RRefs on worker1 and, while worker1's polling thread is stalled (an async
  * function that blocks it for STALL_MS, as a descheduled or overloaded peer
@@ -470,7 +470,7 @@ Test(rref, control_messages_sent_once_past_a_stalled_owner, .timeout = 120)
 }
 
 /* A function given a UserRRef by another user runs at once, without waiting
- * for the owner's ACK (issue 11, 9b: the ACK is bookkeeping, not on the
+ * for the owner's ACK (the ACK is bookkeeping, not on the
  * caller's path). worker1, the owner, is blocked (its polling thread waits
  * on a pipe that worker0 writes only after its call to worker2 returned):
  * the call must complete, and see the RRef unconfirmed; the confirmation
@@ -608,8 +608,8 @@ Test(rref, confirmed_by_owner_in_callees, .timeout = 120)
 }
 
 /* A user->user fork that its function lets go never reaches the owner
- * (issue 11, 9b: the fork cost ~20x a no-op call, most of it waking the
- * owner). worker1, the owner, is blocked (as above) while worker0 passes
+ * (it used to cost ~20x a no-op call, most of it waking the owner).
+ * worker1, the owner, is blocked (as above) while worker0 passes
  * its RRef to worker2 DROPS times; each call must return, and both worker0
  * (no pending child) and worker2 (no pending user) must be idle while the
  * owner still is blocked: each child was settled with its parent alone

@@ -8,11 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rpc/agent.h"
-#include "rpc/future_internal.h"
-#include "modules/rref/rref_internal.h"
-#include "xport.h" /* sr__transport_xport: the shared-memory transport under the agent */
+#include "module.h" /* the RPC seam: sr__future_wait_until */
+#include "rref_internal.h"
 #include "rref_fns.h"
+#include "segment.h"
 #include "waiter.h"
 
 #define EVENT_WAIT_S 30
@@ -244,6 +243,20 @@ static bool process_stopped(pid_t pid)
     return false;
 }
 
+/* The pid of `rank`, from the job's worker table, through a mapping of the
+ * segment of our own (the launch fd stays open while the job runs); -1
+ * with the error in sr_last_error(). */
+static pid_t worker_pid(int rank)
+{
+    struct sr_launch_env env;
+    sr_segment seg;
+    if (sr__launch_env_get(&env) || sr_segment_attach(env.fd, &seg))
+        return -1;
+    pid_t pid = sr_seg_worker(&seg, rank)->pid;
+    sr_segment_detach(&seg, false);
+    return pid;
+}
+
 static int child_dies_parent(void)
 {
     sr_value *n = sr_int(4), *v = NULL;
@@ -252,7 +265,8 @@ static int child_dies_parent(void)
     WCHECK(sr_remote(1, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
     if (expect_pair(r, 4)) /* confirmed: rank 0 is a user of rank 1's RRef */
         return 1;
-    pid_t owner = sr_seg_worker(&sr__transport_xport(sr__agent->tports)->seg, 1)->pid;
+    pid_t owner = worker_pid(1);
+    WCHECK(owner > 0, "rank 1's pid: %s", sr_last_error());
     WCHECK(kill(owner, SIGSTOP) == 0 && process_stopped(owner), "rank 1 (pid %d) did not stop", (int)owner);
     sr_value *rv = sr_rref_value(r);
     /* rank 2 decodes the RRef (unannounced: its call has not ended) and

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 
 #include "common.h"
-#include "modules/rref/forks.h"
-#include "modules/rref/map.h"
+#include "forks.h"
+#include "map.h"
 
 LEAK_CHECKED_SUITE(rref_forks);
 

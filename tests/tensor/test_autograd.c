@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "tensor_util.h"
 #include "common.h"
 

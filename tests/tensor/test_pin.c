@@ -38,7 +38,7 @@
 #include "heap.h"
 #include "segment.h"
 #include "shmrpc/nn.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 #include "tensor_util.h"
 
 LEAK_CHECKED_SUITE(pin);

@@ -7,10 +7,10 @@
 #include <pthread.h>
 
 #include "heap.h"
-#include "rpc/agent.h"
+#include "module.h" /* the RPC seam: sr__rpc_shares_heap */
 #include "rpc_harness.h"
 #include "shmrpc/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 LEAK_CHECKED_SUITE(rpc_tensor);
 
@@ -230,11 +230,7 @@ Test(rpc_tensor, add_of_two_tensors_to_another_worker_and_to_self, .timeout = 12
 
 /* `to` shares our heap: our tensors reach it by reference. Across hosts
  * (under mpirun, SHMRPC_HOSTS) they reach it as copies of the same values. */
-static bool shares_heap(int to)
-{
-    sr_agent *ag = sr__agent_peek();
-    return ag && sr__agent_shares_heap(ag, to);
-}
+static bool shares_heap(int to) { return sr__rpc_shares_heap(to); }
 
 static int expect_where(int to, sr_value *v, const sr_tensor *t, const char *what)
 {

@@ -15,30 +15,25 @@
  * with sr__storage_lock/unlock made no-ops, both tests fail in every run,
  * with a torn snapshot in 30 to 32 of the 32 rounds).
  *
- * Suite `codec_unwind`: an encode that fails after the tensor it encoded was
- * written in place (so moved to a copy) releases the block its descriptor
- * named, not the tensor's new one (fails with the old unwinding).
+ * (The codec's unwinding of a failed encode after such a write is the RPC
+ * layer's: tests/rpc/test_value.c, suite codec_unwind.)
  */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 
-#include "tensor/autograd/engine.h"
+#include "autograd/engine.h"
 #include "common.h"
 #include "heap.h"
-#include "rpc/codec.h"
-#include "rpc/module.h"
-#include "shmrpc/rref.h"
 #include "segment.h"
 #include "shmrpc/value.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 #include "tensor_util.h"
 
 LEAK_CHECKED_SUITE(snapshot);
 LEAK_CHECKED_SUITE(torn);
-LEAK_CHECKED_SUITE(codec_unwind);
 
 static sr_segment heap_seg; /* Criterion runs each test in its own process */
 
@@ -329,75 +324,4 @@ Test(torn, an_encode_never_sees_half_of_an_in_place_write, .init = heap_up, .fin
 Test(torn, a_snapshot_never_sees_half_of_an_in_place_write, .init = heap_up, .fini = heap_down, .timeout = 120)
 {
     run_torn(true);
-}
-
-/* ---- a failed encode after the tensor moved ------------------------------ */
-
-/* A module value kind whose encode fails, after writing the tensor that was
- * encoded just before it in place, as another thread may: the descriptor's
- * block reference makes that write move the tensor to a copy, and the
- * unwinding must then drop the reference through the descriptor's block,
- * not through the tensor (whose block is now the copy). */
-static sr_tensor *moved;
-
-static int failing_encode(void *obj, int to, uint8_t *wire)
-{
-    (void)obj, (void)to;
-    (void)wire;
-    cr_assert_eq(sr_fill_(moved, 5), 0, "%s", sr_last_error());
-    return -EIO;
-}
-
-static void nothing(void *obj) { (void)obj; }
-static void nothing_unencode(void *obj, const uint8_t *wire) { (void)obj, (void)wire; }
-
-static const sr_value_kind_ops failing_kind = {
-    .name = "failing",
-    .wire_size = 8,
-    .encode = failing_encode,
-    .unencode = nothing_unencode,
-    .release = nothing,
-};
-static const sr_module failing_module = {.name = "failing", .value_kind = &failing_kind};
-
-Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = heap_up, .fini = heap_down)
-{
-    sr_heap_counters c0, c1, start, end;
-    sr_heap_counters_get(&start);
-    moved = sr_ones(SR_F32, 1, SHAPE(64), 0);
-    sr_block *sent = moved->storage->block;
-    /* This process is its own test: borrow the RRef kind's module slot. */
-    int kind = SR_KIND_RREF, slot = -1;
-    for (int id = 0; id < SR_MODULE_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->value_kind == sr__value_kind(kind))
-            slot = id;
-    cr_assert_geq(slot, 0, "no module has the RRef kind %d", kind);
-    const sr_module *saved = sr__modules[slot];
-    sr__modules[slot] = &failing_module;
-    static int token;
-    sr_value *args[] = {sr_tensor_value(moved), sr__value_module(kind, &token)};
-    cr_assert(args[0] && args[1]);
-    int64_t size = sr_codec_size(2, args, 0);
-    cr_assert_gt(size, 0, "%s", sr_last_error());
-    uint8_t buf[512];
-    cr_assert_leq(size, (int64_t)sizeof(buf));
-    sr_heap_counters_get(&c0);
-    cr_assert_eq(sr_codec_encode(2, args, 0, buf, sizeof(buf)), -EIO);
-    sr_heap_counters_get(&c1);
-    cr_assert_neq(moved->storage->block, sent, "the write moved the tensor to a copy");
-    /* Made: the copy and sr_fill_'s scalar. Freed: the scalar and the block
-     * that was sent (its last reference was the descriptor's). */
-    cr_assert_eq(c1.allocs - c0.allocs, 2);
-    cr_assert_eq(c1.local_frees - c0.local_frees, 2, "the unwinding freed the block that was sent");
-    cr_assert_eq(sr_block_refcount(moved->storage->block), 1, "and left the copy alone");
-    tu_expect(moved, (double[64]){5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
-                                  5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
-                                  5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
-              64, 0, 0, "the write");
-    sr_value_unref(args[0]);
-    sr_value_unref(args[1]);
-    sr__modules[slot] = saved;
-    sr_tensor_unref(moved);
-    sr_heap_counters_get(&end);
-    cr_assert_eq(end.allocs - start.allocs, end.local_frees - start.local_frees, "no block leaked");
 }

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 
 #include "heap.h"
-#include "tensor/desc.h"
-#include "tensor/tensor_impl.h"
+#include "desc.h"
+#include "tensor_impl.h"
 #include "tensor_util.h"
 #include "common.h"
 

@@ -4,7 +4,7 @@
  * numerically hard softmax inputs. */
 #include <stdlib.h>
 
-#include "tensor/gemm.h"
+#include "gemm.h"
 #include "tensor_util.h"
 #include "common.h"
 

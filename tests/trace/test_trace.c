@@ -31,7 +31,7 @@
 #include "json_check.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 LEAK_CHECKED_SUITE(trace);
 

@@ -17,7 +17,7 @@
 #include "error.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
-#include "xport.h"
+#include "shm/xport.h"
 
 LEAK_CHECKED_SUITE(release);
 

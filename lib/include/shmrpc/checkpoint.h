@@ -33,6 +33,9 @@
 #ifndef SHMRPC_CHECKPOINT_H
 #define SHMRPC_CHECKPOINT_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRAIN)
+#error "shmrpc/checkpoint.h belongs to the training (train) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -29,6 +29,9 @@
 #ifndef SHMRPC_DATA_H
 #define SHMRPC_DATA_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRAIN)
+#error "shmrpc/data.h belongs to the training (train) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stdint.h>
 

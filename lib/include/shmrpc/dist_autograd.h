@@ -45,6 +45,9 @@
 #ifndef SHMRPC_DIST_AUTOGRAD_H
 #define SHMRPC_DIST_AUTOGRAD_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_DIST_AUTOGRAD)
+#error "shmrpc/dist_autograd.h belongs to the dist_autograd module layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -53,6 +53,9 @@
 #ifndef SHMRPC_DIST_OPTIM_H
 #define SHMRPC_DIST_OPTIM_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRAIN)
+#error "shmrpc/dist_optim.h belongs to the training (train) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

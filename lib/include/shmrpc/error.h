@@ -11,6 +11,9 @@
 #ifndef SHMRPC_ERROR_H
 #define SHMRPC_ERROR_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_BASE)
+#error "shmrpc/error.h belongs to the base layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #ifdef __cplusplus
 extern "C" {
 #endif

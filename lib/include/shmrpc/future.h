@@ -21,6 +21,9 @@
 #ifndef SHMRPC_FUTURE_H
 #define SHMRPC_FUTURE_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_RPC)
+#error "shmrpc/future.h belongs to the RPC core (rpc) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 

@@ -19,6 +19,9 @@
 #ifndef SHMRPC_LOG_H
 #define SHMRPC_LOG_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_BASE)
+#error "shmrpc/log.h belongs to the base layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 
 #include "error.h"

@@ -44,6 +44,9 @@
 #ifndef SHMRPC_NN_H
 #define SHMRPC_NN_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRAIN)
+#error "shmrpc/nn.h belongs to the training (train) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -32,6 +32,9 @@
 #ifndef SHMRPC_OPTIM_H
 #define SHMRPC_OPTIM_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRAIN)
+#error "shmrpc/optim.h belongs to the training (train) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 

@@ -31,6 +31,9 @@
 #ifndef SHMRPC_RPC_H
 #define SHMRPC_RPC_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_RPC)
+#error "shmrpc/rpc.h belongs to the RPC core (rpc) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -33,6 +33,9 @@
 #ifndef SHMRPC_RREF_H
 #define SHMRPC_RREF_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_RREF)
+#error "shmrpc/rref.h belongs to the rref module layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

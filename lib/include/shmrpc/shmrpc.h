@@ -3,6 +3,9 @@
 #ifndef SHMRPC_H
 #define SHMRPC_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_JOB)
+#error "shmrpc/shmrpc.h belongs to the job layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include "checkpoint.h"
 #include "error.h"
 #include "future.h"

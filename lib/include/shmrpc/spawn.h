@@ -14,6 +14,9 @@
 #ifndef SHMRPC_SPAWN_H
 #define SHMRPC_SPAWN_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_JOB)
+#error "shmrpc/spawn.h belongs to the job layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "error.h"

@@ -35,6 +35,9 @@
 #ifndef SHMRPC_STATS_H
 #define SHMRPC_STATS_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TRACE)
+#error "shmrpc/stats.h belongs to the trace module layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -72,6 +72,9 @@
 #ifndef SHMRPC_TENSOR_H
 #define SHMRPC_TENSOR_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_TENSOR)
+#error "shmrpc/tensor.h belongs to the tensor layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -14,6 +14,9 @@
 #ifndef SHMRPC_VALUE_H
 #define SHMRPC_VALUE_H
 
+#if defined(SR__BUILDING) && !defined(SR__SEES_RPC)
+#error "shmrpc/value.h belongs to the RPC core (rpc) layer, which this layer sits below (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -63,9 +63,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 
 /* ---- the pass's graph task ---- */
 

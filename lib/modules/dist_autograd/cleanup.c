@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 
 static void send_cleanup(int64_t ctx_id, int to)
 {

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
 
 #define MAX_SHARDS 128
@@ -233,6 +233,19 @@ int64_t sr__dctx_set_current(int64_t id)
 int sr__dctx_not_found(const char *who, int64_t id)
 {
     return sr__fail(-EINVAL, who, "Could not find autograd context with id: %lld", (long long)id);
+}
+
+int sr__dctx_accumulate_grad(int64_t id, sr_tensor *leaf, sr_tensor *grad)
+{
+    bool released;
+    sr_dctx *c = sr__dctx_get_or_create(id, &released);
+    if (!c)
+        return released ? sr__dctx_not_found("sr__dctx_accumulate_grad", id)
+                        : sr__fail(-ENOMEM, "sr__dctx_accumulate_grad", "out of memory for autograd context %lld",
+                                   (long long)id);
+    int rc = c->sink.accumulate(&c->sink, leaf, grad);
+    sr__dctx_unref(c);
+    return rc;
 }
 
 /* ---- the public calls ---- */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
 
 struct grad_slot {

@@ -31,17 +31,20 @@
 #ifndef SR_DIST_AUTOGRAD_CONTEXT_H
 #define SR_DIST_AUTOGRAD_CONTEXT_H
 
+#if !defined(SR__IN_DIST_AUTOGRAD)
+#error "context.h is private to the dist_autograd module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "tensor/seam.h"
-#include "modules/dist_autograd/idmap.h"
-#include "modules/dist_autograd/seam.h" /* current context, not-found error */
+#include "tensor_seam.h"
+#include "idmap.h"
+#include "dist_autograd_seam.h" /* current context, not-found error */
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/future.h"
-#include "rpc/module.h"
+#include "module.h"
 
 struct sr__dpass;
 

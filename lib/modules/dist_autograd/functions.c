@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
 
 struct send_fn {

@@ -4,6 +4,9 @@
 #ifndef SR_DIST_AUTOGRAD_IDMAP_H
 #define SR_DIST_AUTOGRAD_IDMAP_H
 
+#if !defined(SR__IN_DIST_AUTOGRAD)
+#error "idmap.h is private to the dist_autograd module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

@@ -3,9 +3,9 @@
  * (cleanup.c) and RRef.backward (rref_backward.c). */
 #include <errno.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 
 int sr__dist_module = -1;
 

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 
 #define EXT_LEN 16
 

@@ -4,9 +4,9 @@
  * without holding a thread (backward.c). */
 #include <errno.h>
 
-#include "modules/dist_autograd/context.h"
+#include "context.h"
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 
 static const char *who = "sr_rref_backward";
 

@@ -24,6 +24,9 @@
 #ifndef SR_RREF_FORKS_H
 #define SR_RREF_FORKS_H
 
+#if !defined(SR__IN_RREF)
+#error "forks.h is private to the rref module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

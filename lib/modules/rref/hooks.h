@@ -8,11 +8,14 @@
 #ifndef SR_RREF_HOOKS_H
 #define SR_RREF_HOOKS_H
 
+#if !defined(SR__IN_RREF)
+#error "hooks.h is private to the rref module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/module.h"
+#include "module.h"
 #include "shmrpc/rref.h"
 
 /* ---- codec ------------------------------------------------------------------

@@ -11,6 +11,9 @@
 #ifndef SR_RREF_MAP_H
 #define SR_RREF_MAP_H
 
+#if !defined(SR__IN_RREF)
+#error "map.h is private to the rref module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stddef.h>
 #include <stdint.h>
 

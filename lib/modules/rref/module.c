@@ -5,8 +5,8 @@
 #include <stdlib.h>
 
 #include "error.h"
-#include "modules/rref/hooks.h"
-#include "modules/rref/rref_internal.h"
+#include "hooks.h"
+#include "rref_internal.h"
 
 /* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16 (LE) ---- */
 

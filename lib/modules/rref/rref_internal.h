@@ -14,6 +14,9 @@
 #ifndef SR_RREF_INTERNAL_H
 #define SR_RREF_INTERNAL_H
 
+#if !defined(SR__IN_RREF)
+#error "rref_internal.h is private to the rref module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -21,7 +24,7 @@
 
 #include "forks.h"
 #include "map.h"
-#include "rpc/module.h"
+#include "module.h"
 #include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
 
 /* The RRef module's id and value kind (module.c: sr__module_register). */

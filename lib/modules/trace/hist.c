@@ -1,5 +1,5 @@
 /* Log-linear histograms. See hist.h. */
-#include "modules/trace/hist.h"
+#include "hist.h"
 
 #include <string.h>
 

@@ -13,6 +13,9 @@
 #ifndef SR_TRACE_HIST_H
 #define SR_TRACE_HIST_H
 
+#if !defined(SR__IN_TRACE)
+#error "hist.h is private to the trace module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdint.h>
 

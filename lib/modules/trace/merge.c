@@ -16,7 +16,7 @@
 
 #include "error.h"
 #include "log.h"
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 struct ids {
     uint64_t *v;

@@ -10,10 +10,10 @@
 #include "error.h"
 #include "parse.h"
 #include "log.h"
-#include "rpc/module.h"
+#include "module.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/stats.h"
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 int sr__probes_prepare(int rank);
 extern const struct sr_probe_ops sr__trace_probe_ops;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 #define SLOTS 1024 /* > 2 * SR_TRACE_FNS: probes stay short */
 

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "rpc/module.h"
-#include "modules/trace/trace.h"
+#include "module.h"
+#include "trace.h"
 
 #define PENDING (1u << 16) /* the agent's call slots (api.c CALL_SLOTS) */
 

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "error.h"
-#include "rpc/module.h"
+#include "module.h"
 #include "shmrpc/stats.h"
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 int sr__probes_prepare(int rank);
 

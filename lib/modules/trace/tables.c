@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 static _Atomic(struct sr_ttable *) tables; /* push-only list: release on push, acquire on read */
 static _Atomic uint32_t epoch;

@@ -24,13 +24,16 @@
 #ifndef SR_TRACE_TRACE_H
 #define SR_TRACE_TRACE_H
 
+#if !defined(SR__IN_TRACE)
+#error "trace.h is private to the trace module layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "modules/trace/hist.h"
-#include "modules/trace/seam.h" /* sr__trace_job_end */
+#include "hist.h"
+#include "trace_seam.h" /* sr__trace_job_end */
 
 #define SR_TRACE_FNS 256
 #define SR_TRACE_CHUNK 4096

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "modules/trace/trace.h"
+#include "trace.h"
 
 static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER; /* the flushed marks of every table */
 

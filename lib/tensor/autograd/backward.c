@@ -2,9 +2,9 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "tensor/autograd/engine.h"
+#include "engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 /* The gradient for root i: the caller's (checked) or an implicit 1. */
 static int root_grad(sr_tensor *root, sr_tensor *given, size_t i, sr_tensor **out)

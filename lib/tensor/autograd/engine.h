@@ -1,5 +1,5 @@
 /* The local autograd engine and its extension points (internal). Part of
- * the tensor layer (docs/TENSORS.md, "Layer"); tensor/seam.h exports this
+ * the tensor layer (docs/TENSORS.md, "Layer"); tensor/tensor_seam.h exports this
  * header whole to the layers above, for distributed autograd.
  *
  * Graph. A node is one backward function: it receives num_inputs gradients
@@ -73,6 +73,9 @@
 #ifndef SR_LIB_AUTOGRAD_ENGINE_H
 #define SR_LIB_AUTOGRAD_ENGINE_H
 
+#if !defined(SR__SEES_TENSOR)
+#error "engine.h is the seam of the tensor layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /* Recording history: what every differentiable op does after its forward. */
-#include "tensor/autograd/engine.h"
-#include "tensor/tensor_impl.h"
+#include "engine.h"
+#include "tensor_impl.h"
 
 bool sr__any_requires_grad(sr_tensor *const *in, size_t n)
 {

@@ -1,5 +1,5 @@
 /* Grad mode: per thread, like torch.no_grad / torch.set_grad_enabled. */
-#include "tensor/autograd/engine.h"
+#include "engine.h"
 
 /* Thread-local, so no synchronisation: each thread has its own mode. */
 static _Thread_local bool grad_disabled;

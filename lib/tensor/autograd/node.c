@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/autograd/engine.h"
+#include "engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 /* Sequence numbers order execution (newest first). One process-wide counter;
  * relaxed: only uniqueness and the order within one thread's forward pass

@@ -10,9 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tensor/autograd/engine.h"
+#include "engine.h"
 #include "error.h"
-#include "tensor/tensor_impl.h"
+#include "tensor_impl.h"
 
 static pthread_mutex_t acc_lock = PTHREAD_MUTEX_INITIALIZER;
 

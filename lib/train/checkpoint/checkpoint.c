@@ -6,9 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_impl.h"
+#include "checkpoint_impl.h"
 #include "error.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 /* An item pointer converts to a pointer to its first member, the name. */
 static const char *item_name(const void *item)

@@ -2,6 +2,9 @@
 #ifndef SR_LIB_CHECKPOINT_IMPL_H
 #define SR_LIB_CHECKPOINT_IMPL_H
 
+#if !defined(SR__IN_TRAIN)
+#error "checkpoint_impl.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* Encoding, decoding and the header check of the checkpoint format. */
-#include "checkpoint/format.h"
+#include "format.h"
 
 #include <errno.h>
 #include <stdarg.h>

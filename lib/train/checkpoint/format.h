@@ -16,6 +16,9 @@
 #ifndef SR_LIB_CHECKPOINT_FORMAT_H
 #define SR_LIB_CHECKPOINT_FORMAT_H
 
+#if !defined(SR__IN_TRAIN)
+#error "format.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -23,7 +23,7 @@
  * only where durability needs it, by waiting for every write before the
  * fsync, and for the fsync before the rename (save.c).
  */
-#include "checkpoint/io.h"
+#include "io.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -14,6 +14,9 @@
 #ifndef SR_LIB_CHECKPOINT_IO_H
 #define SR_LIB_CHECKPOINT_IO_H
 
+#if !defined(SR__IN_TRAIN)
+#error "io.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <liburing.h>
 #include <stdbool.h>
 #include <stddef.h>

@@ -25,8 +25,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/format.h"
+#include "checkpoint_impl.h"
+#include "format.h"
 #include "error.h"
 
 typedef struct reader {

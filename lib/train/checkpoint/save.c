@@ -18,11 +18,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_impl.h"
-#include "checkpoint/format.h"
-#include "checkpoint/io.h"
+#include "checkpoint_impl.h"
+#include "format.h"
+#include "io.h"
 #include "error.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 void (*sr__ckpt_test_hook)(int phase, const char *tmp_path);
 

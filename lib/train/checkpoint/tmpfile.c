@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint/checkpoint_impl.h"
+#include "checkpoint_impl.h"
 #include "error.h"
 
 bool sr__ckpt_is_tmp_name(const char *name, const char *base)

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "data/idx.h"
+#include "idx.h"
 #include "error.h"
 #include "shmrpc/data.h"
 

@@ -8,7 +8,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "data/idx.h"
+#include "idx.h"
 #include "error.h"
 #include "file.h"
 

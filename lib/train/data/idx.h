@@ -8,6 +8,9 @@
 #ifndef SR_LIB_DATA_IDX_H
 #define SR_LIB_DATA_IDX_H
 
+#if !defined(SR__IN_TRAIN)
+#error "idx.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #define SR__IDX_IMAGES_MAGIC 0x00000803u /* ubyte, 3 dims: count, rows, cols */

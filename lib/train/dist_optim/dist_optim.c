@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/dist_autograd/seam.h"
-#include "dist_optim/dist_optim_impl.h"
+#include "dist_autograd_seam.h"
+#include "dist_optim_impl.h"
 #include "error.h"
 
 struct sr_dist_optim {

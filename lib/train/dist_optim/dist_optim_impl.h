@@ -4,6 +4,9 @@
 #ifndef SR_DIST_OPTIM_IMPL_H
 #define SR_DIST_OPTIM_IMPL_H
 
+#if !defined(SR__IN_TRAIN)
+#error "dist_optim_impl.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdint.h>
 
 #include "shmrpc/dist_optim.h"

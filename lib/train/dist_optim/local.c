@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist_optim/dist_optim_impl.h"
+#include "dist_optim_impl.h"
 #include "error.h"
 #include "shmrpc/dist_autograd.h"
 

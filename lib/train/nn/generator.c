@@ -6,7 +6,7 @@
 
 #include "error.h"
 #include "shmrpc/nn.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 /* A NULL generator: -EINVAL in sr_last_error() and the documented "no value". */
 static bool null_gen(const sr_generator *g, const char *fn)

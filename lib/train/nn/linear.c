@@ -13,7 +13,7 @@
 
 #include "error.h"
 #include "shmrpc/nn.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 static int check_linear(const sr_tensor *x, const sr_tensor *w, const sr_tensor *b)
 {

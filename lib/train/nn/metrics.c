@@ -4,7 +4,7 @@
 
 #include "error.h"
 #include "shmrpc/nn.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 /* a > b for element indices of a contiguous tensor; NaN is the largest, and
  * the earlier of two NaNs wins (ties keep the first index). */

@@ -5,7 +5,7 @@
 #include <math.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 enum { STEP, SUM };
 

@@ -3,7 +3,7 @@
  * on the gradient, or decoupled on the parameter). */
 #include <math.h>
 
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 enum { STEP, EXP_AVG, EXP_AVG_SQ, MAX_EXP_AVG_SQ };
 

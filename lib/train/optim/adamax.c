@@ -2,7 +2,7 @@
  * moment is an exponentially weighted infinity norm. */
 #include <math.h>
 
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 enum { STEP, EXP_AVG, EXP_INF };
 

@@ -4,8 +4,8 @@
 #include <math.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
-#include "tensor/seam.h"
+#include "optim_impl.h"
+#include "tensor_seam.h"
 
 int sr__ox_end(struct sr__ox *x)
 {

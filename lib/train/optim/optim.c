@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
-#include "tensor/seam.h"
+#include "optim_impl.h"
+#include "tensor_seam.h"
 
 static int check_params(sr_tensor *const *params, size_t n)
 {

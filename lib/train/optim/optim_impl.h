@@ -14,11 +14,14 @@
 #ifndef SR_LIB_OPTIM_IMPL_H
 #define SR_LIB_OPTIM_IMPL_H
 
+#if !defined(SR__IN_TRAIN)
+#error "optim_impl.h is private to the training (train) layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "shmrpc/optim.h"
-#include "tensor/seam.h"
+#include "tensor_seam.h"
 
 #define SR__OPTIM_SLOTS 4
 #define SR__OX_TMPS 12

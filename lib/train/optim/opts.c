@@ -8,7 +8,7 @@
 #include <strings.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 static const struct sr__optim_ops *const kinds[SR_OPTIM_NKINDS] = {
     [SR_OPTIM_SGD] = &sr__optim_sgd,         [SR_OPTIM_ADAM] = &sr__optim_adam,

@@ -3,7 +3,7 @@
 #include <errno.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 enum { STEP, SQUARE_AVG, MOMENTUM_BUFFER, GRAD_AVG };
 

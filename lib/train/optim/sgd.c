@@ -4,7 +4,7 @@
 #include <math.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
+#include "optim_impl.h"
 
 enum { MOMENTUM_BUFFER };
 

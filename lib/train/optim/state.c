@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "error.h"
-#include "optim/optim_impl.h"
-#include "tensor/seam.h"
+#include "optim_impl.h"
+#include "tensor_seam.h"
 
 #define STEP_KEY "step"
 

@@ -32,6 +32,9 @@
 #ifndef SR_MPI_JOB_H
 #define SR_MPI_JOB_H
 
+#if !defined(SR__IN_TRANSPORT)
+#error "mpi_job.h is private to the transport layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 

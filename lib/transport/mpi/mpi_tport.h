@@ -28,6 +28,9 @@
 #ifndef SR_MPI_TPORT_H
 #define SR_MPI_TPORT_H
 
+#if !defined(SR__IN_TRANSPORT)
+#error "mpi_tport.h is private to the transport layer (docs/ARCHITECTURE.md)"
+#endif
 #include "mpi_job.h"
 #include "transport.h"
 

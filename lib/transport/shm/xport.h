@@ -14,6 +14,9 @@
 #ifndef SR_TRANSPORT_SHM_XPORT_H
 #define SR_TRANSPORT_SHM_XPORT_H
 
+#if !defined(SR__IN_TRANSPORT)
+#error "xport.h is private to the transport layer (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -35,12 +35,15 @@
 #ifndef SR_LIB_TENSOR_SEAM_H
 #define SR_LIB_TENSOR_SEAM_H
 
+#if !defined(SR__SEES_TENSOR)
+#error "tensor_seam.h is the seam of the tensor layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
+#endif
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "shmrpc/tensor.h"
-#include "tensor/autograd/engine.h"
-#include "tensor/xoshiro.h"
+#include "autograd/engine.h"
+#include "xoshiro.h"
 
 /* ---- making and reading tensors (tensor.c) ---- */
 /* A new contiguous tensor with fresh uninitialised storage; fn names the caller in errors. */
