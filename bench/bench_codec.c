@@ -27,10 +27,10 @@ static int cmp_double(const void *a, const void *b)
 static void encode_decode(sr_value *const *args)
 {
     uint8_t buf[64];
-    int64_t size = sr_codec_size(2, args, 0);
-    int64_t n = sr_codec_encode(2, args, 0, buf, (size_t)size);
+    int64_t size = sr__codec_size(2, args, 0);
+    int64_t n = sr__codec_encode(2, args, 0, buf, (size_t)size);
     sr_value *out = NULL;
-    if (n < 0 || sr_codec_decode(buf, (size_t)n, &out)) {
+    if (n < 0 || sr__codec_decode(buf, (size_t)n, &out)) {
         fprintf(stderr, "bench_codec: %s\n", sr_last_error());
         exit(1);
     }
@@ -55,10 +55,10 @@ static double time_batches(void (*op)(sr_value *const *), sr_value *const *args,
     for (int i = 0; i < WARMUP; i++)
         op(args);
     for (int b = 0; b < BATCHES; b++) {
-        int64_t t0 = sr_now_ns();
+        int64_t t0 = sr__now_ns();
         for (int i = 0; i < BATCH; i++)
             op(args);
-        ns[b] = (double)(sr_now_ns() - t0) / BATCH;
+        ns[b] = (double)(sr__now_ns() - t0) / BATCH;
     }
     qsort(ns, BATCHES, sizeof(double), cmp_double);
     *p99 = ns[BATCHES * 99 / 100];
@@ -77,9 +77,9 @@ int main(int argc, char **argv)
 
     /* Check the result after timing: the values survive the trip. */
     uint8_t buf[64];
-    int64_t n = sr_codec_encode(2, args, 0, buf, sizeof(buf));
+    int64_t n = sr__codec_encode(2, args, 0, buf, sizeof(buf));
     sr_value *out = NULL, *want = sr_list(2, args);
-    if (n < 0 || sr_codec_decode(buf, (size_t)n, &out) || !sr_value_equal(out, want)) {
+    if (n < 0 || sr__codec_decode(buf, (size_t)n, &out) || !sr_value_equal(out, want)) {
         fprintf(stderr, "bench_codec: the round trip changed the values: %s\n", sr_last_error());
         return 1;
     }

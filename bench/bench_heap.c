@@ -77,20 +77,20 @@ static const char *human(uint64_t n, char *buf, size_t len)
 
 static int64_t shared_batch(size_t size)
 {
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     for (int i = 0; i < BATCH; i++) {
-        sr_block *b = sr_block_alloc(size);
+        sr_block *b = sr__block_alloc(size);
         if (!b)
             return -1;
-        ((volatile uint8_t *)sr_block_data(b))[0] = (uint8_t)i;
-        sr_block_unref(b);
+        ((volatile uint8_t *)sr__block_data(b))[0] = (uint8_t)i;
+        sr__block_unref(b);
     }
-    return sr_now_ns() - t0;
+    return sr__now_ns() - t0;
 }
 
 static int64_t malloc_batch(size_t size)
 {
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     for (int i = 0; i < BATCH; i++) {
         volatile uint8_t *p = malloc(size);
         if (!p)
@@ -98,7 +98,7 @@ static int64_t malloc_batch(size_t size)
         p[0] = (uint8_t)i;
         free((void *)p);
     }
-    return sr_now_ns() - t0;
+    return sr__now_ns() - t0;
 }
 
 static int alloc_free_line(size_t size, int64_t *vs, int64_t *vm)
@@ -134,24 +134,24 @@ static int alloc_worker(int rank, int world, void *arg)
 {
     (void)rank, (void)world, (void)arg;
     sr_xport *x;
-    if (sr_xport_attach(NULL, &x)) {
+    if (sr__xport_attach(NULL, &x)) {
         fprintf(stderr, "bench_heap: %s\n", sr_last_error());
         return 1;
     }
     static const size_t sizes[] = {64, 4096, MiB};
     int64_t *vs = malloc((size_t)rounds * sizeof(*vs)), *vm = malloc((size_t)rounds * sizeof(*vm));
-    size_t base = sr_heap_allocated();
+    size_t base = sr__heap_allocated();
     int rc = vs && vm ? 0 : -1;
     for (size_t i = 0; !rc && i < sizeof(sizes) / sizeof(sizes[0]); i++)
         rc = alloc_free_line(sizes[i], vs, vm);
     if (rc)
         fprintf(stderr, "bench_heap: alloc+free failed: %s\n", sr_last_error());
-    else if (sr_heap_allocated() != base) {
-        fprintf(stderr, "bench_heap: the arena holds %zu bytes after the run, %zu before\n", sr_heap_allocated(), base);
+    else if (sr__heap_allocated() != base) {
+        fprintf(stderr, "bench_heap: the arena holds %zu bytes after the run, %zu before\n", sr__heap_allocated(), base);
         rc = -1;
     }
     free(vs), free(vm);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc ? 1 : 0;
 }
 
@@ -159,14 +159,14 @@ static int alloc_worker(int rank, int world, void *arg)
 
 static int next_msg(sr_xport *x, sr_msg *m)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
-    while (!sr_xport_recv_burst(x, m, 1)) {
-        int ev = sr_xport_wait(x, deadline);
+    int64_t deadline = sr__now_ns() + WAIT_NS;
+    while (!sr__xport_recv_burst(x, m, 1)) {
+        int ev = sr__xport_wait(x, deadline);
         if (ev < 0)
             return ev;
-        if ((ev & SR_WAKE_PEER) && !sr_ring_ready(x->inbox) && (ev = sr_xport_check_peers(x)))
+        if ((ev & SR_WAKE_PEER) && !sr__ring_ready(x->inbox) && (ev = sr__xport_check_peers(x)))
             return ev;
-        if ((ev & SR_WAKE_TIMEOUT) && !sr_ring_ready(x->inbox))
+        if ((ev & SR_WAKE_TIMEOUT) && !sr__ring_ready(x->inbox))
             return sr__fail(-ETIMEDOUT, "bench_heap", "rank %d: no message for 30 s", x->rank);
     }
     return 0;
@@ -176,7 +176,7 @@ static int send_u64(sr_xport *x, int to, uint16_t type, uint64_t v)
 {
     sr_msg m = {.type = type};
     memcpy(m.data, &v, sizeof(v));
-    return sr_xport_send_wait(x, to, &m, sr_now_ns() + WAIT_NS);
+    return sr__xport_send_wait(x, to, &m, sr__now_ns() + WAIT_NS);
 }
 
 static void set_spin(sr_xport *x, int64_t spin_ns)
@@ -201,13 +201,13 @@ static int echo(sr_xport *x)
                 return rc;
             continue;
         }
-        sr_block *b = sr_block_from_off(v);
+        sr_block *b = sr__block_from_off(v);
         if (!b)
             return -EINVAL;
-        sink = *(volatile uint8_t *)sr_block_data(b);
+        sink = *(volatile uint8_t *)sr__block_data(b);
         if ((rc = send_u64(x, 0, MSG_BACK, v)))
             return rc;
-        sr_block_unref(b); /* for MSG_GIVE the last reference: a remote free */
+        sr__block_unref(b); /* for MSG_GIVE the last reference: a remote free */
     }
 }
 
@@ -225,8 +225,8 @@ struct pass_run {
  * that its dallocx is timed in (3) and not in the next trip of (2). */
 static int drain_one(void)
 {
-    for (int64_t until = sr_now_ns() + WAIT_NS; sr_now_ns() < until;)
-        if (sr_heap_drain())
+    for (int64_t until = sr__now_ns() + WAIT_NS; sr__now_ns() < until;)
+        if (sr__heap_drain())
             return 0;
         else
             sched_yield();
@@ -237,18 +237,18 @@ static int drain_one(void)
  * drained back. */
 static int64_t trip(sr_xport *x, sr_block *b)
 {
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     uint16_t type = b ? MSG_PASS : MSG_GIVE;
-    if (!b && !(b = sr_block_alloc(64)))
+    if (!b && !(b = sr__block_alloc(64)))
         return -1;
     if (type == MSG_PASS)
-        sr_block_ref(b); /* rank 1's reference travels with the offset */
+        sr__block_ref(b); /* rank 1's reference travels with the offset */
     sr_msg m;
-    if (send_u64(x, 1, type, sr_block_to_off(b)) || next_msg(x, &m) || m.type != MSG_BACK)
+    if (send_u64(x, 1, type, sr__block_to_off(b)) || next_msg(x, &m) || m.type != MSG_BACK)
         return -1;
     if (type == MSG_GIVE && drain_one())
         return -1;
-    return sr_now_ns() - t0;
+    return sr__now_ns() - t0;
 }
 
 static int run_rounds(sr_xport *x, struct pass_run *r)
@@ -311,9 +311,9 @@ static int copy_time(size_t size, double *p50)
     memset(src, 0x33, size);
     memset(dst, 0, size);
     for (long i = 0; i < n; i++) {
-        int64_t t0 = sr_now_ns();
+        int64_t t0 = sr__now_ns();
         memcpy(dst, src, size);
-        v[i] = sr_now_ns() - t0;
+        v[i] = sr__now_ns() - t0;
         sink = dst[(size_t)i * 4099 % size];
     }
     int ok = dst[size - 1] == 0x33;
@@ -336,29 +336,29 @@ static int settle(struct pass_run *r, size_t base)
 {
     int ok = 1;
     for (size_t k = 0; k < NPASS; k++) {
-        for (int64_t until = sr_now_ns() + WAIT_NS; sr_block_refcount(r->blocks[k]) != 1 && sr_now_ns() < until;)
+        for (int64_t until = sr__now_ns() + WAIT_NS; sr__block_refcount(r->blocks[k]) != 1 && sr__now_ns() < until;)
             sched_yield();
-        ok &= sr_block_refcount(r->blocks[k]) == 1 && *(uint8_t *)sr_block_data(r->blocks[k]) == 0x5a;
-        sr_block_unref(r->blocks[k]);
+        ok &= sr__block_refcount(r->blocks[k]) == 1 && *(uint8_t *)sr__block_data(r->blocks[k]) == 0x5a;
+        sr__block_unref(r->blocks[k]);
     }
-    for (int64_t until = sr_now_ns() + WAIT_NS; sr_heap_allocated() != base && sr_now_ns() < until;)
-        if (!sr_heap_drain())
+    for (int64_t until = sr__now_ns() + WAIT_NS; sr__heap_allocated() != base && sr__now_ns() < until;)
+        if (!sr__heap_drain())
             sched_yield();
-    return ok && sr_heap_allocated() == base ? 0 : sr__fail(-EPROTO, "bench_heap", "blocks did not settle");
+    return ok && sr__heap_allocated() == base ? 0 : sr__fail(-EPROTO, "bench_heap", "blocks did not settle");
 }
 
 static int drive(sr_xport *x)
 {
     struct pass_run r = {0};
-    size_t base = sr_heap_allocated();
+    size_t base = sr__heap_allocated();
     int rc = 0;
     for (size_t k = 0; !rc && k <= NPASS; k++)
         rc = (r.v[k] = malloc((size_t)rounds * sizeof(int64_t))) ? 0 : -ENOMEM;
     for (size_t k = 0; !rc && k < NPASS; k++)
-        if (!(r.blocks[k] = sr_block_alloc(pass_sizes[k])) || copy_time(pass_sizes[k], &r.copy_p50[k]))
+        if (!(r.blocks[k] = sr__block_alloc(pass_sizes[k])) || copy_time(pass_sizes[k], &r.copy_p50[k]))
             rc = -1;
         else
-            *(uint8_t *)sr_block_data(r.blocks[k]) = 0x5a;
+            *(uint8_t *)sr__block_data(r.blocks[k]) = 0x5a;
     if (!rc && !(rc = set_mode(x, SPIN_NS)) && !(rc = run_rounds(x, &r)))
         report_mode("spin", &r);
     uint64_t hits = x->st.spin_hits;
@@ -379,14 +379,14 @@ static int pass_worker(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
     sr_xport *x;
-    if (sr_xport_attach(NULL, &x)) {
+    if (sr__xport_attach(NULL, &x)) {
         fprintf(stderr, "bench_heap: %s\n", sr_last_error());
         return 1;
     }
     int rc = rank == 0 ? drive(x) : echo(x);
     if (rc)
         fprintf(stderr, "bench_heap: rank %d failed (%d): %s\n", rank, rc, sr_last_error());
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc ? 1 : 0;
 }
 

@@ -87,12 +87,12 @@ static int fail(int rank, const char *what, int rc)
 /* Wait for the inbox; every wait is bounded by deadline. */
 static int wait_ready(sr_xport *x, int64_t deadline)
 {
-    int ev = sr_xport_wait(x, deadline);
+    int ev = sr__xport_wait(x, deadline);
     if (ev < 0)
         return ev;
-    if ((ev & SR_WAKE_PEER) && (ev = sr_xport_check_peers(x)))
+    if ((ev & SR_WAKE_PEER) && (ev = sr__xport_check_peers(x)))
         return ev;
-    if ((ev & SR_WAKE_TIMEOUT) && !sr_ring_ready(x->inbox))
+    if ((ev & SR_WAKE_TIMEOUT) && !sr__ring_ready(x->inbox))
         return sr__fail(-ETIMEDOUT, "bench_ring", "no message within %lld s", WAIT_NS / 1000000000);
     return 0;
 }
@@ -100,21 +100,21 @@ static int wait_ready(sr_xport *x, int64_t deadline)
 static int recv_one(sr_xport *x, sr_msg *m, int64_t deadline)
 {
     int rc = 0;
-    while (!rc && !sr_xport_recv_burst(x, m, 1))
+    while (!rc && !sr__xport_recv_burst(x, m, 1))
         rc = wait_ready(x, deadline);
     return rc;
 }
 
 static int send_one(sr_xport *x, int to, sr_msg *m, int64_t deadline)
 {
-    return sr_xport_send_wait(x, to, m, deadline);
+    return sr__xport_send_wait(x, to, m, deadline);
 }
 
 /* Rank 0 sends n pings and times each round trip into rtt[]; rank 1 echoes.
  * *bad counts wrong replies (checked by the caller after timing). */
 static int ring_pingpong(sr_xport *x, uint32_t n, int64_t *rtt, uint64_t *bad)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     sr_msg m = {0};
     int rc = 0;
     if (x->rank == 1) {
@@ -216,18 +216,18 @@ static int rtt_worker(int rank, int world, void *arg)
     const struct rtt_cfg *c = arg;
     sr_xport_opts o = {.doorbell = c->doorbell, .fixed_spin = true, .spin_ns = SPIN_BUDGET_NS};
     sr_xport *x;
-    int rc = sr_xport_attach(&o, &x);
+    int rc = sr__xport_attach(&o, &x);
     if (rc)
         return fail(rank, "attach", rc);
     if (x->waiter.kind != c->doorbell) {
-        sr_xport_detach(x);
+        sr__xport_detach(x);
         return fail(rank, "doorbell kind", -EOPNOTSUPP);
     }
     int64_t *s = malloc((N_SPIN > N_SLEEP ? N_SPIN : N_SLEEP) * sizeof(*s));
     for (int r = 0; r < ROUNDS && !rc; r++)
         rc = s ? rtt_round(x, c, s) : -ENOMEM;
     free(s);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc ? fail(rank, "round trip", rc) : 0;
 }
 
@@ -235,7 +235,7 @@ static int rtt_worker(int rank, int world, void *arg)
 
 static int produce(sr_xport *x, uint64_t count)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     sr_msg m = {.type = MSG_DATA};
     for (uint64_t i = 0; i < count; i++) {
         memcpy(m.data, &i, sizeof(i));
@@ -252,10 +252,10 @@ static int produce(sr_xport *x, uint64_t count)
  * order, exactly once (next[src] is the sequence number expected next). */
 static int consume(sr_xport *x, uint64_t total, uint64_t *next, uint64_t *bad)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     sr_msg m[BURST];
     for (uint64_t got = 0; got < total;) {
-        unsigned k = sr_xport_recv_burst(x, m, BURST);
+        unsigned k = sr__xport_recv_burst(x, m, BURST);
         for (unsigned i = 0; i < k; i++) {
             uint64_t v;
             memcpy(&v, m[i].data, sizeof(v));
@@ -332,7 +332,7 @@ static int tput_worker(int rank, int world, void *arg)
     (void)arg;
     uint64_t per_producer = BURST_MSGS / (uint64_t)(world - 1);
     sr_xport *x;
-    int rc = sr_xport_attach(NULL, &x); /* the default, adaptive spin policy */
+    int rc = sr__xport_attach(NULL, &x); /* the default, adaptive spin policy */
     if (rc)
         return fail(rank, "attach", rc);
     int64_t *s = malloc((N_SPIN + N_SPIN / WARMUP_DIV) * sizeof(*s));
@@ -344,7 +344,7 @@ static int tput_worker(int rank, int world, void *arg)
     if (!rc)
         rc = bench_barrier_wait(&sh->bar, (uint32_t)x->world, WAIT_NS); /* nobody detaches mid-round */
     free(s);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc ? fail(rank, "burst", rc) : 0;
 }
 
@@ -444,7 +444,7 @@ static int wanted(int argc, char **argv, const char *group)
 static int run_groups(int argc, char **argv, int *met)
 {
     int rc = 0;
-    if (wanted(argc, argv, "futex") && !sr_waiter_futex_supported())
+    if (wanted(argc, argv, "futex") && !sr__waiter_futex_supported())
         printf("ring rtt: io_uring FUTEX_WAIT unsupported by this kernel; futex doorbell skipped\n");
     else if (wanted(argc, argv, "futex"))
         rc = run_rtt(SR_DOORBELL_FUTEX, 1, met);

@@ -113,9 +113,9 @@ int main(int argc, char **argv)
     bench_cli cli = {.prog = "bench_tensor_write"};
     bench_cli_parse(&cli, argc, argv);
     sr_segment seg;
-    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (16u << 20),
+    sr_segment_opts o = {.world_size = 1, .size = sr__segment_fixed_size(1, 0) + (16u << 20),
                          .name = "bench_tensor_write"};
-    if (sr_segment_create(&o, &seg) || sr_heap_attach(&seg, 0))
+    if (sr__segment_create(&o, &seg) || sr__heap_attach(&seg, 0))
         die("segment");
     int64_t n = 16;
     t = sr_zeros(SR_F32, 1, &n, 0);
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
     sr_tensor_unref(w2);
     sr_tensor_unref(ma);
     sr_tensor_unref(mb);
-    sr_heap_detach();
-    sr_segment_detach(&seg, true);
+    sr__heap_detach();
+    sr__segment_detach(&seg, true);
     return 0;
 }

@@ -19,14 +19,14 @@ enum { MSG_TOKEN = 1, MSG_STOP = 2 };
 
 static int next_msg(sr_xport *x, sr_msg *m)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
-    while (!sr_xport_recv_burst(x, m, 1)) {
-        int ev = sr_xport_wait(x, deadline);
+    int64_t deadline = sr__now_ns() + WAIT_NS;
+    while (!sr__xport_recv_burst(x, m, 1)) {
+        int ev = sr__xport_wait(x, deadline);
         if (ev < 0)
             return ev;
-        if ((ev & SR_WAKE_PEER) && !sr_ring_ready(x->inbox) && (ev = sr_xport_check_peers(x)))
+        if ((ev & SR_WAKE_PEER) && !sr__ring_ready(x->inbox) && (ev = sr__xport_check_peers(x)))
             return ev;
-        if ((ev & SR_WAKE_TIMEOUT) && !sr_ring_ready(x->inbox))
+        if ((ev & SR_WAKE_TIMEOUT) && !sr__ring_ready(x->inbox))
             return sr__fail(-ETIMEDOUT, "demo_ring", "no token for 10 s");
     }
     return 0;
@@ -38,7 +38,7 @@ static int forward(sr_xport *x, sr_msg *m)
     memcpy(&lap, m->data, sizeof(lap));
     lap += x->rank == 0;
     memcpy(m->data, &lap, sizeof(lap));
-    return sr_xport_send_wait(x, (x->rank + 1) % x->world, m, sr_now_ns() + WAIT_NS);
+    return sr__xport_send_wait(x, (x->rank + 1) % x->world, m, sr__now_ns() + WAIT_NS);
 }
 
 int main(int argc, char **argv)
@@ -52,13 +52,13 @@ int main(int argc, char **argv)
         return 2;
     }
     sr_xport *x;
-    int rc = sr_xport_attach(NULL, &x);
+    int rc = sr__xport_attach(NULL, &x);
     if (rc) {
         fprintf(stderr, "demo_ring: %s\n", sr_last_error());
         return 1;
     }
     sr_msg m = {.type = MSG_TOKEN};
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     if (x->rank == 0)
         rc = sr_xport_send(x, 1 % x->world, &m);
     while (!rc && !(rc = next_msg(x, &m))) {
@@ -73,13 +73,13 @@ int main(int argc, char **argv)
             break;
     }
     if (!rc && x->rank == 0) {
-        double us = (double)(sr_now_ns() - t0) / 1e3 / (double)laps;
+        double us = (double)(sr__now_ns() - t0) / 1e3 / (double)laps;
         printf("demo_ring: %d workers, %ld laps, %.2f us per lap, %.2f us per hop (wakes %llu, sleeps %llu)\n",
                x->world, laps, us, us / x->world, (unsigned long long)x->st.wakes,
                (unsigned long long)x->st.sleeps);
     }
     if (rc)
         fprintf(stderr, "demo_ring: rank %d: %s\n", x->rank, sr_last_error());
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc ? 1 : 0;
 }

@@ -153,7 +153,7 @@ static int fn_stats(sr_call *c)
 {
     struct sr_heap_extent_stats st;
     sr__heap_extent_stats(&st);
-    sr_value *v[4] = {sr_int((int64_t)private_rss()), sr_int((int64_t)sr_heap_allocated()),
+    sr_value *v[4] = {sr_int((int64_t)private_rss()), sr_int((int64_t)sr__heap_allocated()),
                       sr_int((int64_t)st.largest_free),
                       sr_int((int64_t)atomic_load_explicit(&alloc_failures, memory_order_relaxed))};
     sr_value *l = sr_list(4, v);
@@ -233,10 +233,10 @@ static void op_rref(void)
 static void op_churn(sr_block **ring)
 {
     unsigned i = (unsigned)(rnd() % CHURN);
-    sr_block_unref(ring[i]);
+    sr__block_unref(ring[i]);
     size_t n = rnd_size();
     /* relaxed: a counter (see its declaration) */
-    if (!(ring[i] = sr_block_alloc(n)) && atomic_fetch_add_explicit(&alloc_failures, 1, memory_order_relaxed) < 3)
+    if (!(ring[i] = sr__block_alloc(n)) && atomic_fetch_add_explicit(&alloc_failures, 1, memory_order_relaxed) < 3)
         fprintf(stderr, "soak: worker%d: %s\n", sr_rank(), sr_last_error());
 }
 
@@ -306,8 +306,8 @@ static int final_check(void)
                 d.num_deferred_calls);
         bad = 1;
     }
-    sr_heap_drain();
-    size_t now = sr_heap_allocated();
+    sr__heap_drain();
+    size_t now = sr__heap_allocated();
     if (now > heap_base + MiB) {
         fprintf(stderr, "soak: worker%d: heap holds %zu bytes after the run, %zu at the start\n", sr_rank(), now,
                 heap_base);
@@ -380,7 +380,7 @@ int main(int argc, char **argv)
         return 1;
     }
     rng = 0x50a4ull * 2654435761u + (uint64_t)sr_rank() * 0x9e3779b97f4a7c15ull + 1;
-    heap_base = sr_heap_allocated();
+    heap_base = sr__heap_allocated();
     enum { ROWS_MAX = 1024 };
     static struct row rows[ROWS_MAX];
     int nrows = 0, bad = 0;
@@ -403,7 +403,7 @@ int main(int argc, char **argv)
         }
     }
     for (int i = 0; i < CHURN; i++)
-        sr_block_unref(ring[i]);
+        sr__block_unref(ring[i]);
     int rc = sr_rref_wait_idle(TIMEOUT_S);
     if (rc || (rc = meet()))
         fprintf(stderr, "soak: worker%d: quiescence: %s\n", sr_rank(), sr_last_error());

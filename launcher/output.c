@@ -64,7 +64,7 @@ static int64_t now_ns(void)
 static const char *tag_of(struct out *o, int rank, char *buf, size_t len)
 {
     if (o->tag == TAG_NAME && !o->names[rank][0]) {
-        struct sr_worker_info *w = sr_seg_worker(&o->job->seg, rank);
+        struct sr_worker_info *w = sr__seg_worker(&o->job->seg, rank);
         /* acquire: pairs with the worker's release store of ATTACHED, after it wrote its name */
         if (atomic_load_explicit(&w->state, memory_order_acquire) != SR_WORKER_EMPTY) {
             memcpy(o->names[rank], w->name, SR_NAME_MAX); /* read once, then kept */

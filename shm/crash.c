@@ -37,7 +37,7 @@ static void on_fatal(int sig, siginfo_t *si, void *uc)
         memcpy(w->crash_fn, now.fn, n);
         w->crash_fn[n] = 0;
         w->crash_caller = now.caller;
-        /* release: pairs with the supervisor's acquire load in sr_seg_crash_text */
+        /* release: pairs with the supervisor's acquire load in sr__seg_crash_text */
         atomic_store_explicit(&w->crashed, 1, memory_order_release);
     }
     int i = index_of(sig);

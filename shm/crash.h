@@ -8,7 +8,7 @@
  * worker's table slot in the segment (segment.h, crash line), then puts back
  * the handler it replaced (the default, or one the program or a sanitizer
  * had) and raises the signal again, so the process ends as it would have.
- * The supervisor prints the mark with its exit report (sr_seg_crash_text):
+ * The supervisor prints the mark with its exit report (sr__seg_crash_text):
  *   "rank 1 (pid 42) was killed by signal SIGSEGV while serving 'train_step' from worker0"
  * Only the first crashing thread writes the slot. A handler the program
  * installs after sr_init replaces ours (no report then); ours is removed at

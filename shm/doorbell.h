@@ -2,7 +2,7 @@
  *
  * Each worker owns one 32-bit word in the worker table (sr_worker_info.doorbell).
  *
- *   consumer (sr_waiter_sleep)             producer (sr_doorbell_ring)
+ *   consumer (sr__waiter_sleep)             producer (sr__doorbell_ring)
  *   D1 store word = SLEEPING               (message published in the ring)
  *   D2 fence(seq_cst)                      D3 fence(seq_cst)
  *      re-check the ring; if non-empty,       load word; if SLEEPING and our
@@ -71,7 +71,7 @@ int sr__doorbell_wake_user(_Atomic uint32_t *word);
 
 /* Producer side, called after publishing a message. Returns 1 if it woke the
  * consumer (a syscall), 0 if the consumer was awake (no syscall). */
-static inline int sr_doorbell_ring(_Atomic uint32_t *word, uint32_t kind, int eventfd)
+static inline int sr__doorbell_ring(_Atomic uint32_t *word, uint32_t kind, int eventfd)
 {
     /* D3: pairs with the consumer's D2 fence between announcing SLEEPING and re-checking its ring */
     atomic_thread_fence(memory_order_seq_cst);

@@ -27,12 +27,12 @@
  * vector is -EINVAL where the call exists. Racy init is harmless (same answer). */
 /* Wake every waiter on a word of the segment (a shared futex: the waiters
  * are other processes). */
-static inline void sr_futex_wake_all(_Atomic uint32_t *w)
+static inline void sr__futex_wake_all(_Atomic uint32_t *w)
 {
     syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static inline bool sr_futex_waitv_supported(void)
+static inline bool sr__futex_waitv_supported(void)
 {
     static int known = -1;
     if (known < 0)
@@ -43,13 +43,13 @@ static inline bool sr_futex_waitv_supported(void)
 /* Sleep until one of the n words changes from its value and is woken, or
  * the deadline (CLOCK_MONOTONIC, < 0: none). 0 when woken, else -errno
  * (-EAGAIN: a word had already changed; -ETIMEDOUT). */
-static inline int sr_futex_waitv(struct futex_waitv *v, unsigned n, int64_t deadline)
+static inline int sr__futex_waitv(struct futex_waitv *v, unsigned n, int64_t deadline)
 {
     struct timespec ts = {.tv_sec = deadline / 1000000000, .tv_nsec = deadline % 1000000000};
     return syscall(SYS_futex_waitv, v, n, 0, deadline >= 0 ? &ts : NULL, CLOCK_MONOTONIC) < 0 ? -errno : 0;
 }
 
-static inline struct futex_waitv sr_futex_private_word(_Atomic uint32_t *w, uint32_t val)
+static inline struct futex_waitv sr__futex_private_word(_Atomic uint32_t *w, uint32_t val)
 {
     return (struct futex_waitv){.val = val, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32 | FUTEX_PRIVATE_FLAG};
 }

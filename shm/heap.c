@@ -7,7 +7,7 @@
  *       holder's reads and writes of the block happen before it is freed.
  *   F1  a pusher's release CAS of the owner's remote-free head (after a
  *       relaxed store of the block's next_free)
- *       pairs with the owner's acquire exchange in sr_heap_drain -> the links
+ *       pairs with the owner's acquire exchange in sr__heap_drain -> the links
  *       and everything the pusher did before are visible to the owner. A later
  *       push's CAS is a read-modify-write of the same head, so it continues
  *       the release sequence of every earlier push: one acquire of the final
@@ -26,7 +26,7 @@
  *
  * Process-private state (struct heap) is written only by attach and detach,
  * which the caller must not run concurrently with any other heap call of the
- * process (sr_xport_attach/detach run them before/after the progress thread).
+ * process (sr__xport_attach/detach run them before/after the progress thread).
  */
 #include "heap.h"
 
@@ -98,11 +98,11 @@ static struct heap {
  * mallocx path and must be destroyed, on every thread, before the arena.
  *
  * A cached block is dead: magic BLOCK_FREED, so its offset fails
- * sr_block_from_off. Each bin keeps at most TC_DEPTH blocks (so at most
+ * sr__block_from_off. Each bin keeps at most TC_DEPTH blocks (so at most
  * 16 x 64 blocks up to 1 KiB: under 600 KiB a thread); past that, blocks go
  * back to jemalloc. The thread's cache is given back to jemalloc when the
  * thread exits (a key destructor), when an allocation finds no room, and by
- * sr_heap_purge() (the calling thread's). Detach destroys the arena under
+ * sr__heap_purge() (the calling thread's). Detach destroys the arena under
  * every cache; a cache whose gen is not heap.gen is then dropped unread.
  *
  * Counters are per thread too (struct tc_stats): written by their thread
@@ -155,7 +155,7 @@ static struct {
 /* relaxed: statistics; nothing is ordered by them */
 static void count(_Atomic uint64_t *c, uint64_t n) { atomic_fetch_add_explicit(c, n, memory_order_relaxed); }
 
-void sr_heap_counters_get(sr_heap_counters *out)
+void sr__heap_counters_get(sr_heap_counters *out)
 {
     uint64_t allocs, local_frees;
     tc_sum(&allocs, &local_frees, NULL);
@@ -203,7 +203,7 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
      * on the owner's threads, by the arena's hand-off. Atomic stores, not
      * atomic_init: the last holder's decrement of the block that was here
      * before may have been made by a thread whose hand-off came before it
-     * (sr_block_unref releases before it decrements). */
+     * (sr__block_unref releases before it decrements). */
     atomic_store_explicit(&b->refcount, 1, memory_order_relaxed);
     atomic_store_explicit(&b->next_free, 0, memory_order_relaxed);
     return b;
@@ -312,7 +312,7 @@ static bool tc_push(sr_block *b, const struct hdr *h)
     unsigned j = tc_bin_of(h->size);
     if (!j || j > TC_BINS || !tc_ready() || tc.n[j] == TC_DEPTH)
         return false;
-    b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
+    b->magic = BLOCK_FREED; /* a stale offset now fails sr__block_from_off */
     tc.slot[j][tc.n[j]++] = b;
     tc_bump(&tc.st->cached_bytes, (int64_t)(j * BLOCK_ALIGN));
     tc_bump(&tc.st->local_frees, 1);
@@ -323,7 +323,7 @@ static bool tc_push(sr_block *b, const struct hdr *h)
 
 /* A child forked by an attached worker shares the segment but has its own
  * copy of the arena: allocating from it would hand out the parent's pages
- * twice. The child forgets the heap (sr_block_alloc gives private blocks). */
+ * twice. The child forgets the heap (sr__block_alloc gives private blocks). */
 static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
 static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -339,33 +339,33 @@ static bool geometry_fits(const sr_segment *seg)
            n <= (size - h->heap_off) / h->heap_stride;
 }
 
-int sr_heap_attach(const sr_segment *seg, int rank)
+int sr__heap_attach(const sr_segment *seg, int rank)
 {
     if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank)
         return 0;
     if (heap.area)
-        return sr__fail(-EBUSY, "sr_heap_attach", "already attached as rank %d of segment '%s'; detach first",
+        return sr__fail(-EBUSY, "sr__heap_attach", "already attached as rank %d of segment '%s'; detach first",
                         heap.rank, heap.seg.hdr->name);
     if (!seg || !seg->hdr || rank < 0 || (uint32_t)rank >= seg->hdr->world_size)
-        return sr__fail(-EINVAL, "sr_heap_attach", "rank %d is out of range [0, %u)", rank,
+        return sr__fail(-EINVAL, "sr__heap_attach", "rank %d is out of range [0, %u)", rank,
                         seg && seg->hdr ? seg->hdr->world_size : 0);
     if (seg->hdr->heap_stride < SR_HEAP_MIN)
-        return sr__fail(-EINVAL, "sr_heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
+        return sr__fail(-EINVAL, "sr__heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
                         (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
     if (!geometry_fits(seg))
-        return sr__fail(-EPROTO, "sr_heap_attach", "segment '%s': the header's worker table or heap areas run "
+        return sr__fail(-EPROTO, "sr__heap_attach", "segment '%s': the header's worker table or heap areas run "
                         "past its %zu bytes", seg->hdr->name, seg->size);
     pthread_once(&atfork_once, register_atfork);
-    _Atomic uint64_t *head = &sr_seg_worker(seg, rank)->remote_free;
+    _Atomic uint64_t *head = &sr__seg_worker(seg, rank)->remote_free;
     /* relaxed: no peer holds one of our blocks before we allocate any; a list
      * left by an earlier attach names blocks of a destroyed arena: drop it */
     atomic_store_explicit(head, 0, memory_order_relaxed);
     unsigned arena;
-    int rc = sr__heap_arena_create(sr_seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
+    int rc = sr__heap_arena_create(sr__seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
     if (rc)
         return rc;
     const struct sr_seg_header *h = seg->hdr;
-    heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr_seg_heap(seg, rank),
+    heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr__seg_heap(seg, rank),
                          .area_len = h->heap_stride, .free_head = head, .heap_off = h->heap_off,
                          .heap_stride = h->heap_stride, .table_off = h->table_off,
                          .table_stride = h->table_stride, .world = h->world_size, .gen = tc_gen_next++};
@@ -377,30 +377,30 @@ int sr_heap_attach(const sr_segment *seg, int rank)
     return 0;
 }
 
-void sr_heap_detach(void)
+void sr__heap_detach(void)
 {
     if (!heap.area)
         return;
-    sr_heap_drain();
+    sr__heap_drain();
     sr__heap_arena_destroy(heap.arena); /* with every block the thread caches hold */
     heap = (struct heap){.rank = -1};
     tc_forget_all();
 }
 
-bool sr_heap_attached(void) { return heap.area != NULL; }
+bool sr__heap_attached(void) { return heap.area != NULL; }
 
 /* ---- blocks ---- */
 
 static sr_block *private_alloc(size_t nbytes)
 {
     if (nbytes > SIZE_MAX - 2 * BLOCK_ALIGN) {
-        sr__fail(-ENOMEM, "sr_block_alloc", "out of memory allocating %zu bytes", nbytes);
+        sr__fail(-ENOMEM, "sr__block_alloc", "out of memory allocating %zu bytes", nbytes);
         errno = ENOMEM;
         return NULL;
     }
     void *p = aligned_alloc(BLOCK_ALIGN, sizeof(sr_block) + ((nbytes + 63) & ~(size_t)63));
     if (!p) {
-        sr__fail(-ENOMEM, "sr_block_alloc", "out of memory allocating %zu bytes", nbytes);
+        sr__fail(-ENOMEM, "sr__block_alloc", "out of memory allocating %zu bytes", nbytes);
         errno = ENOMEM;
         return NULL;
     }
@@ -409,8 +409,8 @@ static sr_block *private_alloc(size_t nbytes)
 
 static sr_block *shared_oom(size_t nbytes)
 {
-    size_t used = sr_heap_allocated();
-    sr__fail(-ENOMEM, "sr_block_alloc",
+    size_t used = sr__heap_allocated();
+    sr__fail(-ENOMEM, "sr__block_alloc",
              "heap of worker %d is exhausted (ENOMEM): asked %zu bytes, the heap is %llu bytes "
              "(%zu allocated); raise --shm-size / sr_spawn_opts.shm_size",
              heap.rank, nbytes, (unsigned long long)heap.area_len, used);
@@ -473,7 +473,7 @@ static sr_block *shared_alloc(size_t nbytes)
 {
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
-    sr_heap_drain(); /* one relaxed load unless peers gave blocks back */
+    sr__heap_drain(); /* one relaxed load unless peers gave blocks back */
     sr_block *b = tc_pop(nbytes);
     if (b)
         return b;
@@ -490,37 +490,37 @@ static sr_block *shared_alloc(size_t nbytes)
     return b;
 }
 
-sr_block *sr_block_alloc(size_t nbytes)
+sr_block *sr__block_alloc(size_t nbytes)
 {
     return heap.area ? shared_alloc(nbytes) : private_alloc(nbytes);
 }
 
-void *sr_block_data(const sr_block *b) { return (char *)b + b->data_delta; }
+void *sr__block_data(const sr_block *b) { return (char *)b + b->data_delta; }
 
-int sr_block_check(const sr_block *b, void **data, size_t *size)
+int sr__block_check(const sr_block *b, void **data, size_t *size)
 {
     struct hdr h = hdr_read(b);
     const char *why = block_fault(b, &h);
     if (why) {
         int area = area_of(b);
-        return sr__fail(-EPROTO, "sr_block_check", "block header at offset %lld (heap of worker %d) %s",
-                        area < 0 ? -1ll : (long long)sr_seg_off(&heap.seg, b), area, why);
+        return sr__fail(-EPROTO, "sr__block_check", "block header at offset %lld (heap of worker %d) %s",
+                        area < 0 ? -1ll : (long long)sr__seg_off(&heap.seg, b), area, why);
     }
     *data = (char *)b + h.delta;
     *size = h.size;
     return 0;
 }
-size_t sr_block_size(const sr_block *b) { return b->size; }
-int sr_block_owner(const sr_block *b) { return b->owner; }
+size_t sr__block_size(const sr_block *b) { return b->size; }
+int sr__block_owner(const sr_block *b) { return b->owner; }
 
-uint32_t sr_block_refcount(const sr_block *b)
+uint32_t sr__block_refcount(const sr_block *b)
 {
-    /* acquire: pairs with the release decrement in sr_block_unref (R1), so a
+    /* acquire: pairs with the release decrement in sr__block_unref (R1), so a
      * caller that sees 1 also sees every other holder's writes finished */
     return atomic_load_explicit(&((sr_block *)b)->refcount, memory_order_acquire);
 }
 
-sr_block *sr_block_ref(sr_block *b)
+sr_block *sr__block_ref(sr_block *b)
 {
     /* relaxed: the caller already holds a reference, so the block cannot go */
     atomic_fetch_add_explicit(&b->refcount, 1, memory_order_relaxed);
@@ -531,7 +531,7 @@ sr_block *sr_block_ref(sr_block *b)
 static void local_free(sr_block *b, const struct hdr *h)
 {
     sr__tsan_release(&arena_handoff);
-    b->magic = BLOCK_FREED; /* a stale offset now fails sr_block_from_off */
+    b->magic = BLOCK_FREED; /* a stale offset now fails sr__block_from_off */
     free_data((enum block_layout)h->layout, (char *)b + h->delta, h->size);
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
@@ -553,14 +553,14 @@ static void tsan_give(const struct tsan_span *s);
 static void remote_free(sr_block *b, int owner, const struct tsan_span *span)
 {
     _Atomic uint64_t *head = free_head_of(owner);
-    uint64_t off = sr_seg_off(&heap.seg, b);
+    uint64_t off = sr__seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
     uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
     do {
         /* relaxed: published by the release CAS below */
         atomic_store_explicit(&b->next_free, old, memory_order_relaxed);
         tsan_give(span);
-        /* release: pairs with the acquire exchange in sr_heap_drain (F1) */
+        /* release: pairs with the acquire exchange in sr__heap_drain (F1) */
     } while (!atomic_compare_exchange_weak_explicit(head, &old, off, memory_order_release,
                                                     memory_order_relaxed));
     count(&counters.remote_pushes, 1);
@@ -591,7 +591,7 @@ static const char *block_fault(const sr_block *b, const struct hdr *h)
         return "has an owner that is not the heap area it lies in";
     if (area < 0)
         return h->delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
-    uint64_t off = sr_seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
+    uint64_t off = sr__seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
     return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
 
@@ -671,7 +671,7 @@ static void tsan_give(const struct tsan_span *s) { (void)s; }
 static void tsan_take(const sr_block *b) { (void)b; }
 #endif
 
-void sr_block_unref(sr_block *b)
+void sr__block_unref(sr_block *b)
 {
     if (!b)
         return;
@@ -696,7 +696,7 @@ void sr_block_unref(sr_block *b)
         return;
     }
     if (old == 0) {
-        sr_logf(SR_LOG_ERROR, "sr_block_unref: block of %llu bytes (owner %d) released more often than taken",
+        sr_logf(SR_LOG_ERROR, "sr__block_unref: block of %llu bytes (owner %d) released more often than taken",
                 (unsigned long long)b->size, b->owner);
         abort();
     }
@@ -706,14 +706,14 @@ void sr_block_unref(sr_block *b)
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
          * leak it instead, and say so. */
-        sr__fail(-EPROTO, "sr_block_unref", "block header at %p (owner field %d) %s; the block is leaked",
+        sr__fail(-EPROTO, "sr__block_unref", "block header at %p (owner field %d) %s; the block is leaked",
                  (void *)b, owner, why);
         sr__log_text(SR_LOG_ERROR, sr_last_error());
     } else if (owner < 0)
         free(b);
     else if (!heap.area)
-        sr_logf(SR_LOG_WARN, "sr_block_unref: last reference to a block of worker %d dropped after "
-                           "sr_heap_detach(); it is left to the segment", owner);
+        sr_logf(SR_LOG_WARN, "sr__block_unref: last reference to a block of worker %d dropped after "
+                           "sr__heap_detach(); it is left to the segment", owner);
     else if (owner == heap.rank) {
         if (!tc_push(b, &h)) {
             local_free(b, &h);
@@ -726,11 +726,11 @@ void sr_block_unref(sr_block *b)
 
 /* ---- offsets ---- */
 
-uint64_t sr_block_to_off(const sr_block *b)
+uint64_t sr__block_to_off(const sr_block *b)
 {
     if (b->owner < 0 || !heap.area)
         return UINT64_MAX;
-    return sr_seg_off(&heap.seg, b);
+    return sr__seg_off(&heap.seg, b);
 }
 
 /* The data of the block at off lies in [lo, hi) with the header's area, is
@@ -761,7 +761,7 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
     uint64_t area_end = heap.heap_off + (uint64_t)(*rank + 1) * heap.heap_stride;
     if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
         return *why = "is not a 64-byte aligned block header", NULL;
-    sr_block *b = sr_seg_ptr(&heap.seg, off);
+    sr_block *b = sr__seg_ptr(&heap.seg, off);
     /* b arrived (in a message, or on our remote-free list): whoever sent or
      * freed it handed it off first (tsan.h). Inside a heap area, so a valid
      * address for TSan whatever the header says. */
@@ -785,10 +785,10 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
     return b;
 }
 
-sr_block *sr_block_from_off(uint64_t off)
+sr_block *sr__block_from_off(uint64_t off)
 {
     if (!heap.area) {
-        sr__fail(-EINVAL, "sr_block_from_off", "offset %llu: no shared heap attached",
+        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu: no shared heap attached",
                  (unsigned long long)off);
         return NULL;
     }
@@ -797,7 +797,7 @@ sr_block *sr_block_from_off(uint64_t off)
     struct hdr h;
     sr_block *b = check_block(off, true, &why, &rank, &h);
     if (!b)
-        sr__fail(-EINVAL, "sr_block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
+        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
                  rank, why);
     return b;
 }
@@ -814,12 +814,12 @@ static sr_block *list_block(uint64_t off, struct hdr *h)
     sr_block *b = check_block(off, false, &why, &rank, h);
     if (b && rank == heap.rank)
         return b;
-    sr_logf(SR_LOG_ERROR, "sr_heap_drain: remote-free link %llu %s; dropping the rest of the list",
+    sr_logf(SR_LOG_ERROR, "sr__heap_drain: remote-free link %llu %s; dropping the rest of the list",
            (unsigned long long)off, b ? "is in another worker's heap" : why);
     return NULL;
 }
 
-unsigned sr_heap_drain(void)
+unsigned sr__heap_drain(void)
 {
     _Atomic uint64_t *head = heap.free_head;
     /* relaxed: a hint; a push we miss is drained next time */
@@ -842,7 +842,7 @@ unsigned sr_heap_drain(void)
     return n;
 }
 
-int sr_heap_purge(void)
+int sr__heap_purge(void)
 {
     if (!heap.area)
         return 0;
@@ -851,7 +851,7 @@ int sr_heap_purge(void)
     return sr__heap_arena_purge(heap.arena);
 }
 
-size_t sr_heap_allocated(void)
+size_t sr__heap_allocated(void)
 {
     if (!heap.area)
         return 0;

@@ -1,30 +1,30 @@
 /* The shared heap: refcounted blocks that any worker of the job can read.
  *
- * After sr_heap_attach(), each worker owns a jemalloc arena whose extents are
+ * After sr__heap_attach(), each worker owns a jemalloc arena whose extents are
  * carved from its own heap area of the segment. A block is a header in shared
  * memory followed by its data (64-byte aligned):
  *   - size and owner are written once by the allocating worker;
  *   - refcount is an atomic shared by every worker holding the block.
  * A block passes between workers as its offset in the segment, never as a
- * pointer (sr_block_to_off / sr_block_from_off).
+ * pointer (sr__block_to_off / sr__block_from_off).
  *
  * Freeing: whoever drops the last reference frees the block. If that is not
  * the owner, the block is pushed onto the owner's lock-free remote-free list,
- * and the owner returns it to its arena in sr_heap_drain() (called from its
+ * and the owner returns it to its arena in sr__heap_drain() (called from its
  * progress loop). Only the owner's jemalloc ever frees a block.
  *
- * Without sr_heap_attach() (a single process, unit tests), blocks come from
+ * Without sr__heap_attach() (a single process, unit tests), blocks come from
  * the process-private malloc heap with the same header and the same API;
- * sr_block_to_off() then fails. Blocks allocated before attach stay private.
+ * sr__block_to_off() then fails. Blocks allocated before attach stay private.
  *
- * Lifetime: a block lives while its refcount is above zero. sr_block_data()
+ * Lifetime: a block lives while its refcount is above zero. sr__block_data()
  * is valid for as long as the caller holds a reference. A block of a worker
  * that has detached stays readable (its pages are kept) until the segment
  * goes, but is never freed.
  *
  * Threads: every call may come from any thread of the worker, except
- * sr_heap_attach and sr_heap_detach, which must not overlap any other heap
- * call of the process (sr_xport_attach/detach call them).
+ * sr__heap_attach and sr__heap_detach, which must not overlap any other heap
+ * call of the process (sr__xport_attach/detach call them).
  *
  * Small blocks freed by their owner process are kept in a per-thread cache
  * (<= 1 KiB, 64 per size class) for the next allocation of the thread.
@@ -32,14 +32,14 @@
  * Nothing read from the segment is trusted: the geometry is copied at
  * attach, and a block header carries a check word over its write-once fields,
  * verified before any of them is used to free, index or read (a corrupt block
- * is an -EPROTO error naming the worker, and is leaked). See sr_block_check.
+ * is an -EPROTO error naming the worker, and is leaked). See sr__block_check.
  *
  * Limits (docs/HEAP.md): blocks below 8 MiB come from jemalloc and are
  * rounded up to its size classes (at most 25%, usually much less: the header
  * moves out of the way when it would cost a class); blocks of 8 MiB and more
  * take their size rounded up to a page. Only pages written cost memory. A
  * huge block's pages go back to the kernel when it is freed; jemalloc's when
- * its decay purges them (about 10 s), or at once with sr_heap_purge().
+ * its decay purges them (about 10 s), or at once with sr__heap_purge().
  */
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H
@@ -60,40 +60,40 @@ typedef struct sr_block sr_block;
  * block (it is emptied). Errors: -EINVAL bad rank, -EBUSY already attached
  * to another segment or rank, -ENOMEM / -errno from jemalloc's mallctl or
  * madvise. Idempotent per process (same segment and rank: 0). */
-int sr_heap_attach(const sr_segment *seg, int rank);
+int sr__heap_attach(const sr_segment *seg, int rank);
 /* Drain and forget the arena (its memory goes with the segment): the arena
  * is destroyed without touching its pages, so peers' references stay valid. */
-void sr_heap_detach(void);
-bool sr_heap_attached(void);
+void sr__heap_detach(void);
+bool sr__heap_attached(void);
 
 /* A new block of nbytes with refcount 1, data 64-byte aligned and, when
  * attached, inside this worker's heap area. NULL on failure, with errno =
  * ENOMEM and sr_last_error() naming the worker, the size asked and the heap's
  * size. Drains the remote-free list first (one load when it is empty). */
-sr_block *sr_block_alloc(size_t nbytes);
-void *sr_block_data(const sr_block *b);
+sr_block *sr__block_alloc(size_t nbytes);
+void *sr__block_data(const sr_block *b);
 /* The data and size of b, once its header is checked: the check word written
  * at allocation matches, the owner is the heap area the header lies in, and
  * the data lies in that area. -EPROTO and sr_last_error() (naming the worker
  * and what is wrong) if a peer corrupted it. Take them once and keep them:
  * what is kept in private memory cannot be changed under you by a peer
- * (sr_block_data and sr_block_size re-read the shared header). */
-int sr_block_check(const sr_block *b, void **data, size_t *size);
-size_t sr_block_size(const sr_block *b);
-int sr_block_owner(const sr_block *b);      /* rank, or -1 for a private block */
-uint32_t sr_block_refcount(const sr_block *b);
-sr_block *sr_block_ref(sr_block *b);
+ * (sr__block_data and sr__block_size re-read the shared header). */
+int sr__block_check(const sr_block *b, void **data, size_t *size);
+size_t sr__block_size(const sr_block *b);
+int sr__block_owner(const sr_block *b);      /* rank, or -1 for a private block */
+uint32_t sr__block_refcount(const sr_block *b);
+sr_block *sr__block_ref(sr_block *b);
 /* Drop a reference. The last one frees the block: at once if this worker owns
  * it (or it is private), else by pushing it onto the owner's remote-free
  * list. Releasing more references than were taken aborts. A header that
- * fails sr_block_check is not freed: the block is leaked, with -EPROTO in
+ * fails sr__block_check is not freed: the block is leaked, with -EPROTO in
  * sr_last_error() and a line on stderr. */
-void sr_block_unref(sr_block *b);
+void sr__block_unref(sr_block *b);
 
 /* ThreadSanitizer (tsan.h): the calling thread is done with b, which is
  * about to leave this process (sent in a message, or its reference given up;
- * sr_block_unref does this itself). Whoever gets b's memory back in this
- * process later (sr_block_from_off, the drain) takes the hand-off over.
+ * sr__block_unref does this itself). Whoever gets b's memory back in this
+ * process later (sr__block_from_off, the drain) takes the hand-off over.
  * Nothing outside a TSan build. */
 #ifdef SR_TSAN
 void sr__block_handoff(const sr_block *b);
@@ -102,35 +102,35 @@ static inline void sr__block_handoff(const sr_block *b) { (void)b; }
 #endif
 
 /* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */
-uint64_t sr_block_to_off(const sr_block *b);
+uint64_t sr__block_to_off(const sr_block *b);
 /* The block at off, validated (inside some worker's heap area, 64-byte
  * aligned, header magic, owner matching that area, size within it, a
  * reference left), or NULL with -EINVAL in sr_last_error(). Takes no
  * reference: the caller must already own one (sent with the offset). */
-sr_block *sr_block_from_off(uint64_t off);
+sr_block *sr__block_from_off(uint64_t off);
 
 /* Owner: free blocks that other workers released. Returns how many. Cheap
- * when there are none (one relaxed load); sr_xport_wait calls it. */
-unsigned sr_heap_drain(void);
+ * when there are none (one relaxed load); sr__xport_wait calls it. */
+unsigned sr__heap_drain(void);
 
 /* Give every free dirty page of this worker's arena back to the kernel now,
  * instead of after jemalloc's decay time. 0 (also when not attached) or
  * -errno from mallctl. */
-int sr_heap_purge(void);
+int sr__heap_purge(void);
 
 /* Bytes this worker's blocks hold: the arena's allocated bytes (jemalloc
  * stats, refreshed by an epoch bump) plus the pages of live huge blocks. For
  * leak checks: it returns to its value once every block is freed. */
-size_t sr_heap_allocated(void);
+size_t sr__heap_allocated(void);
 
-/* What happened to this worker's shared blocks since sr_heap_attach
+/* What happened to this worker's shared blocks since sr__heap_attach
  * (process-local counts; private blocks are not counted). */
 typedef struct sr_heap_counters {
     uint64_t allocs;        /* blocks allocated in our arena */
     uint64_t local_frees;   /* our blocks freed by our own last unref */
-    uint64_t drained;       /* our blocks freed by sr_heap_drain (a peer held the last reference) */
+    uint64_t drained;       /* our blocks freed by sr__heap_drain (a peer held the last reference) */
     uint64_t remote_pushes; /* peers' blocks we pushed onto their owner's list */
 } sr_heap_counters;
-void sr_heap_counters_get(sr_heap_counters *out);
+void sr__heap_counters_get(sr_heap_counters *out);
 
 #endif

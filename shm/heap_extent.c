@@ -439,7 +439,7 @@ static int arena_ctl(unsigned arena, const char *what, void *in, size_t in_len)
     char name[64];
     snprintf(name, sizeof(name), "arena.%u.%s", arena, what);
     int rc = mallctl(name, NULL, NULL, in, in_len);
-    return rc ? sr__fail(-rc, "sr_heap_attach", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
+    return rc ? sr__fail(-rc, "sr__heap_attach", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
 }
 
 /* jemalloc 5.3's arena_config_t, which its public header does not export:
@@ -471,13 +471,13 @@ static int make_arena(struct carver *c, unsigned *arena)
 {
     int rc = create_with_hooks(c, arena);
     if (rc)
-        return sr__fail(-rc, "sr_heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
+        return sr__fail(-rc, "sr__heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
     size_t lim = (size_t)grow_limit(c->len);
     bool retain = true;
     size_t bsz = sizeof(retain);
     if (mallctl("opt.retain", &retain, &bsz, NULL, 0) == 0 && !retain)
         return 0; /* no grow steps, nothing retained (see malloc_conf above) */
-    sr_logf(SR_LOG_WARN, "sr_heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
+    sr_logf(SR_LOG_WARN, "sr__heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
                        "in its retained set and the heap will fragment under churn (docs/HEAP.md)");
     rc = arena_ctl(*arena, "retain_grow_limit", &lim, sizeof(lim));
     if (rc)
@@ -489,10 +489,10 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
 {
     struct carver *c = &carver;
     if (c->base)
-        return sr__fail(-EBUSY, "sr_heap_attach", "this process already has a heap arena");
+        return sr__fail(-EBUSY, "sr__heap_attach", "this process already has a heap arena");
     /* Empty the area: the zero invariant holds even if it was used before. */
     if (madvise(area, len, MADV_REMOVE) != 0)
-        return sr__fail(-errno, "sr_heap_attach", "madvise(MADV_REMOVE) of the %llu-byte heap area: %s",
+        return sr__fail(-errno, "sr__heap_attach", "madvise(MADV_REMOVE) of the %llu-byte heap area: %s",
                         (unsigned long long)len, strerror(errno));
     pthread_mutex_lock(&c->lock);
     c->base = area;
@@ -522,7 +522,7 @@ void sr__heap_arena_destroy(unsigned arena)
     snprintf(name, sizeof(name), "arena.%u.destroy", arena);
     int rc = mallctl(name, NULL, NULL, NULL, 0);
     if (rc)
-        sr_logf(SR_LOG_WARN, "sr_heap_detach: mallctl(\"%s\"): %s", name, strerror(rc));
+        sr_logf(SR_LOG_WARN, "sr__heap_detach: mallctl(\"%s\"): %s", name, strerror(rc));
     pthread_mutex_lock(&c->lock);
     c->base = NULL;
     c->len = c->huge_live = 0;
@@ -538,7 +538,7 @@ int sr__heap_arena_purge(unsigned arena)
     char name[64];
     snprintf(name, sizeof(name), "arena.%u.purge", arena);
     int rc = mallctl(name, NULL, NULL, NULL, 0);
-    return rc ? sr__fail(-rc, "sr_heap_purge", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
+    return rc ? sr__fail(-rc, "sr__heap_purge", "mallctl(\"%s\"): %s", name, strerror(rc)) : 0;
 }
 
 static size_t stat_read(unsigned arena, const char *what)

@@ -3,7 +3,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-void sr_ring_init(struct sr_ring *r, uint32_t slots)
+void sr__ring_init(struct sr_ring *r, uint32_t slots)
 {
     r->size = slots;
     r->mask = slots - 1;
@@ -41,7 +41,7 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
         *pos = t;
         return 1;
     }
-    /* P0 acquire: as in sr_ring_enqueue */
+    /* P0 acquire: as in sr__ring_enqueue */
     uint32_t seq = atomic_load_explicit(&r->slots[p & (size - 1)].seq, memory_order_acquire);
     int32_t dif = (int32_t)(seq - p);
     if (!congruent(size, seq, p))
@@ -53,7 +53,7 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
     return -EPROTO; /* ahead of a tail that has not moved, or more than a lap behind it */
 }
 
-int sr_ring_probe(struct sr_ring *r, uint32_t size)
+int sr__ring_probe(struct sr_ring *r, uint32_t size)
 {
     /* relaxed: sr__ring_recheck re-reads it after a fence */
     uint32_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
@@ -69,7 +69,7 @@ int sr_ring_probe(struct sr_ring *r, uint32_t size)
     return -EAGAIN; /* tail keeps moving: other producers are sending, not a corrupt ring */
 }
 
-int sr_ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
+int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
 {
     /* relaxed: the consumer's own words, last written by its previous detach
      * (same process) or by the creator */
@@ -87,14 +87,14 @@ int sr_ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slot
     }
     /* the held slots were published and read; the one at head is free or published */
     for (uint32_t p = head - held; p != head; p++) {
-        /* acquire: C1, as in sr_ring_read_burst */
+        /* acquire: C1, as in sr__ring_read_burst */
         uint32_t seq = atomic_load_explicit(&r->slots[p & c->mask].seq, memory_order_acquire);
         if (seq != p + 1) {
             snprintf(why, len, "held position %u holds sequence %u (head %u, %u held)", p, seq, head, held);
             return -EPROTO;
         }
     }
-    /* acquire: C1, as in sr_ring_read_burst */
+    /* acquire: C1, as in sr__ring_read_burst */
     uint32_t seq = atomic_load_explicit(&r->slots[head & c->mask].seq, memory_order_acquire);
     if (held < slots && seq != head && seq != head + 1) {
         snprintf(why, len, "its head position %u holds sequence %u", head, seq);
@@ -105,7 +105,7 @@ int sr_ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slot
     return 0;
 }
 
-void sr_ring_cons_detach(struct sr_ring_cons *c)
+void sr__ring_cons_detach(struct sr_ring_cons *c)
 {
     if (!c->ring)
         return;

@@ -13,8 +13,8 @@
  *   A producer preempted between its CAS and its publish delays only the
  *   consumer at that slot; other producers keep claiming later slots.
  *
- * Reading and freeing are separate steps (sr_ring_read_burst, then
- * sr_ring_release), so that the transport can free a burst's slots at its
+ * Reading and freeing are separate steps (sr__ring_read_burst, then
+ * sr__ring_release), so that the transport can free a burst's slots at its
  * next call instead of at once. Why: a message moves one cache line, its
  * slot, to the consumer, whose read leaves the line shared. Freeing writes it
  * again, which needs the producer's copy invalidated first, and the
@@ -41,16 +41,16 @@
  *   live in its private struct sr_ring_cons while it is attached.
  *
  * Full ring: enqueue returns -EAGAIN. Nothing is dropped; the caller retries
- * (see sr_xport_send_wait) or queues locally. Slots the consumer holds (read,
+ * (see sr__xport_send_wait) or queues locally. Slots the consumer holds (read,
  * not yet released) count as full: a consumer must release before it waits
  * for more messages, or a producer waiting for space could wait forever.
  *
  * Waiting for space is an event, never a timed retry. A producer that found
- * the ring full registers (sr_ring_space_arm): it sets its bit in
+ * the ring full registers (sr__ring_space_arm): it sets its bit in
  * space_ranks (a worker's progress loop, woken through its doorbell) or
  * SR_SPACE_FUTEX in space_wait (a thread asleep on that word), then the
  * summary bits in space_wait, then retries. The consumer, after freeing
- * slots, reads space_wait and wakes whoever registered (sr_ring_space_take):
+ * slots, reads space_wait and wakes whoever registered (sr__ring_space_take):
  *   W1  producer: fetch_or of its bit, release fetch_or of space_wait, then a
  *       seq_cst fence, then the retry's P0 load of seq
  *   W2  consumer: C2 stores (free), then a seq_cst fence, then the load of
@@ -130,7 +130,7 @@ struct sr_ring {
 
     /* Line 3: back-pressure summary (SR_SPACE_*). Set by producers that found
      * the ring full (W1); exchanged to 0 by the consumer after freeing slots
-     * (W2). A thread of sr_xport_send_wait sleeps on it as a futex word. */
+     * (W2). A thread of sr__xport_send_wait sleeps on it as a futex word. */
     _Atomic uint32_t space_wait SR_ALIGNED_LINE;
 
     /* Lines 4-11: the producers waiting for space, one bit per worker rank.
@@ -144,13 +144,13 @@ static_assert(offsetof(struct sr_ring, head) == 2 * SR_CACHELINE, "ring layout")
 static_assert(offsetof(struct sr_ring, space_ranks) == 4 * SR_CACHELINE, "ring layout");
 static_assert(offsetof(struct sr_ring, slots) == 12 * SR_CACHELINE, "ring layout");
 
-static inline size_t sr_ring_bytes(uint32_t slots)
+static inline size_t sr__ring_bytes(uint32_t slots)
 {
     return sizeof(struct sr_ring) + (size_t)slots * sizeof(struct sr_slot);
 }
 
 /* Initialise a ring in caller-owned (shared) memory. slots: power of two >= 2. */
-void sr_ring_init(struct sr_ring *r, uint32_t slots);
+void sr__ring_init(struct sr_ring *r, uint32_t slots);
 
 /* Out of line, off the fast path: tail and seq (read at pos) looked illegal.
  * Re-reads them after a fence: 1 the state moved on (retry; *pos updated),
@@ -162,7 +162,7 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos);
  * mask words are never trusted, a scribbled mask would index outside the
  * ring). 0; -EAGAIN when full; -EPROTO when the ring's shared words hold
  * values no legal history can produce. */
-static inline int sr_ring_enqueue(struct sr_ring *r, uint32_t size, const sr_msg *m)
+static inline int sr__ring_enqueue(struct sr_ring *r, uint32_t size, const sr_msg *m)
 {
     uint32_t mask = size - 1;
     /* relaxed: a stale tail only makes the CAS below fail and retry */
@@ -207,12 +207,12 @@ static inline int sr_ring_enqueue(struct sr_ring *r, uint32_t size, const sr_msg
 
 /* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full
  * (or contended), -EPROTO corrupt. For diagnostics, off the fast path. */
-int sr_ring_probe(struct sr_ring *r, uint32_t size);
+int sr__ring_probe(struct sr_ring *r, uint32_t size);
 
 /* Producer `id` (< SR_RING_MAX_PRODUCERS) registers for a wake-up when the
  * consumer next frees slots (W1 in the contract above); it must retry its
  * enqueue afterwards. futex: wait on space_wait instead of being named. */
-static inline void sr_ring_space_arm(struct sr_ring *r, uint32_t id, bool futex)
+static inline void sr__ring_space_arm(struct sr_ring *r, uint32_t id, bool futex)
 {
     if (futex) {
         /* release: W1, pairs with the consumer's acquire exchange of space_wait */
@@ -229,20 +229,20 @@ static inline void sr_ring_space_arm(struct sr_ring *r, uint32_t id, bool futex)
 
 /* Consumer, after freeing slots (W2): the SR_SPACE_* bits of those waiting,
  * cleared; 0 (one load after the fence) when nobody waits. */
-static inline uint32_t sr_ring_space_take(struct sr_ring *r)
+static inline uint32_t sr__ring_space_take(struct sr_ring *r)
 {
     /* W2 fence: pairs with a producer's W1 fence */
     atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: ordered by the fence; the exchange below synchronises */
     if (!atomic_load_explicit(&r->space_wait, memory_order_relaxed))
         return 0;
-    /* acquire: pairs with the producers' release fetch_or in sr_ring_space_arm */
+    /* acquire: pairs with the producers' release fetch_or in sr__ring_space_arm */
     return atomic_exchange_explicit(&r->space_wait, 0, memory_order_acquire);
 }
 
-/* Consumer, after sr_ring_space_take returned SR_SPACE_RANKS: take the
+/* Consumer, after sr__ring_space_take returned SR_SPACE_RANKS: take the
  * waiting producers' bits of word w (ids 64w .. 64w+63), cleared. */
-static inline uint64_t sr_ring_space_ranks(struct sr_ring *r, uint32_t w)
+static inline uint64_t sr__ring_space_ranks(struct sr_ring *r, uint32_t w)
 {
     /* relaxed: the load is a filter; ordered after the acquire exchange of space_wait */
     if (!atomic_load_explicit(&r->space_ranks[w], memory_order_relaxed))
@@ -257,14 +257,14 @@ static inline uint64_t sr_ring_space_ranks(struct sr_ring *r, uint32_t w)
  * corrupt mask would index outside the slots, a corrupt held would make a
  * release walk billions of slots. So the consumer reads the geometry and its
  * position once, at attach, checks them against the segment layout
- * (sr_ring_cons_attach), and from then on trusts only this copy; the shared
+ * (sr__ring_cons_attach), and from then on trusts only this copy; the shared
  * head and held are written back at detach (a worker may attach again) and
  * are otherwise not read. The slots' seq words must still be read from the
  * segment: the slot at the consumer's position p can only hold p (free) or
  * p + 1 (published), the consumer's own store or a producer's after it, so
  * any other value is corruption, latched in `bad` (the consumer stops there;
- * sr_ring_cons_error reports it). head is atomic (relaxed) because threads
- * that do not hold the inbox may ask sr_ring_ready; everything else belongs
+ * sr__ring_cons_error reports it). head is atomic (relaxed) because threads
+ * that do not hold the inbox may ask sr__ring_ready; everything else belongs
  * to the thread that consumes (hand-overs order them, see agent.c). */
 struct sr_ring_cons {
     struct sr_ring *ring;
@@ -280,17 +280,17 @@ struct sr_ring_cons {
  * header's ring_slots, checked by the segment's attach): 0, or -EPROTO when
  * the ring's shared geometry or position words are not what the layout and a
  * legal history allow (*why says what; the caller names the worker). */
-int sr_ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
+int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
 
 /* Write the position back to the shared words (for the next attach). */
-void sr_ring_cons_detach(struct sr_ring_cons *c);
+void sr__ring_cons_detach(struct sr_ring_cons *c);
 
 /* Out of line: the slot at pos held seq, neither pos nor pos + 1. */
 void sr__ring_cons_corrupt(struct sr_ring_cons *c, uint32_t pos, uint32_t seq);
 
 /* 0, or -EPROTO once the consumer saw an illegal sequence word (then
  * pos and seq say where and what). */
-static inline int sr_ring_cons_error(const struct sr_ring_cons *c, uint32_t *pos, uint32_t *seq)
+static inline int sr__ring_cons_error(const struct sr_ring_cons *c, uint32_t *pos, uint32_t *seq)
 {
     /* relaxed: set and read by the consumer; other threads only peek */
     if (!atomic_load_explicit(&c->bad, memory_order_relaxed))
@@ -301,9 +301,9 @@ static inline int sr_ring_cons_error(const struct sr_ring_cons *c, uint32_t *pos
 }
 
 /* Consumer: look at the slot at head without reading it; latch a corrupt
- * one (sr_ring_cons_error). For a consumer about to sleep: a corrupt slot is
+ * one (sr__ring_cons_error). For a consumer about to sleep: a corrupt slot is
  * never ready, and must not be slept on. */
-static inline void sr_ring_cons_check(struct sr_ring_cons *c)
+static inline void sr__ring_cons_check(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
@@ -318,10 +318,10 @@ static inline void sr_ring_cons_check(struct sr_ring_cons *c)
 /* Consumer only: should it poll rather than sleep? True when a message is
  * ready at the head, or when the slot there holds a sequence no legal
  * history produces and the consumer has not latched it yet (its next read
- * latches it, sr_ring_cons_error). So a producer that finds the inbox corrupt
+ * latches it, sr__ring_cons_error). So a producer that finds the inbox corrupt
  * and rings its doorbell (xport.c) wakes the consumer once to find it
  * itself; once latched, the slot no longer keeps it awake. */
-static inline bool sr_ring_cons_pending(struct sr_ring_cons *c)
+static inline bool sr__ring_cons_pending(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
@@ -335,9 +335,9 @@ static inline bool sr_ring_cons_pending(struct sr_ring_cons *c)
 }
 
 /* Single-consumer: copy out up to n ready messages, in order, and keep their
- * slots held until sr_ring_release. Returns the count. Stops at a corrupt
- * slot (see sr_ring_cons_error). */
-static inline unsigned sr_ring_read_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
+ * slots held until sr__ring_release. Returns the count. Stops at a corrupt
+ * slot (see sr__ring_cons_error). */
+static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
@@ -356,7 +356,7 @@ static inline unsigned sr_ring_read_burst(struct sr_ring_cons *c, sr_msg *out, u
         out[i] = s->msg;
     }
     if (i) {
-        /* relaxed: only the consumer writes head; readers of sr_ring_ready want a recent value */
+        /* relaxed: only the consumer writes head; readers of sr__ring_ready want a recent value */
         atomic_store_explicit(&c->head, pos + i, memory_order_relaxed);
         c->held += i;
     }
@@ -365,7 +365,7 @@ static inline unsigned sr_ring_read_burst(struct sr_ring_cons *c, sr_msg *out, u
 
 /* Single-consumer: free every held slot for the producers' next lap.
  * Returns how many were freed. */
-static inline unsigned sr_ring_release(struct sr_ring_cons *c)
+static inline unsigned sr__ring_release(struct sr_ring_cons *c)
 {
     uint32_t held = c->held;
     if (!held)
@@ -381,16 +381,16 @@ static inline unsigned sr_ring_release(struct sr_ring_cons *c)
 
 /* Single-consumer: copy out up to n ready messages, in order, and free their
  * slots (and any still held). Returns the count. */
-static inline unsigned sr_ring_dequeue_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
+static inline unsigned sr__ring_dequeue_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
 {
-    unsigned got = sr_ring_read_burst(c, out, n);
-    sr_ring_release(c);
+    unsigned got = sr__ring_read_burst(c, out, n);
+    sr__ring_release(c);
     return got;
 }
 
 /* Is a message ready at the head? Any thread may ask (a hint to the one that
  * consumes). A corrupt slot is never ready. */
-static inline int sr_ring_ready(struct sr_ring_cons *c)
+static inline int sr__ring_ready(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);

@@ -22,9 +22,9 @@
 static_assert(SR_MAX_WORKERS <= SR_RING_MAX_PRODUCERS, "every rank has a space-waiter bit in each ring");
 
 static uint64_t table_stride(void) { return ALIGN_UP(sizeof(struct sr_worker_info), SR_CACHELINE); }
-static uint64_t inbox_stride(uint32_t slots) { return ALIGN_UP(sr_ring_bytes(slots), 4096); }
+static uint64_t inbox_stride(uint32_t slots) { return ALIGN_UP(sr__ring_bytes(slots), 4096); }
 
-uint64_t sr_segment_fixed_size(int n, uint32_t slots)
+uint64_t sr__segment_fixed_size(int n, uint32_t slots)
 {
     uint64_t table = SR_SEG_HEADER_SIZE + (uint64_t)n * table_stride();
     uint64_t inbox = ALIGN_UP(table, 4096) + (uint64_t)n * inbox_stride(slots);
@@ -34,16 +34,16 @@ uint64_t sr_segment_fixed_size(int n, uint32_t slots)
 static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
 {
     if (o->world_size < 1 || o->world_size > SR_MAX_WORKERS)
-        return sr__fail(-EINVAL, "sr_segment_create", "world size %d is out of range [1, %d]",
+        return sr__fail(-EINVAL, "sr__segment_create", "world size %d is out of range [1, %d]",
                         o->world_size, SR_MAX_WORKERS);
     if (slots < 2 || (slots & (slots - 1)) || slots > (1u << 24))
-        return sr__fail(-EINVAL, "sr_segment_create",
+        return sr__fail(-EINVAL, "sr__segment_create",
                         "ring size %u is not a power of two in [2, 2^24]", slots);
-    uint64_t fixed = sr_segment_fixed_size(o->world_size, slots);
+    uint64_t fixed = sr__segment_fixed_size(o->world_size, slots);
     uint64_t need = fixed + (uint64_t)o->world_size * SR_HEAP_MIN;
     *size = o->size ? o->size : fixed + (uint64_t)o->world_size * SR_HEAP_DEFAULT;
     if (*size < need)
-        return sr__fail(-EINVAL, "sr_segment_create",
+        return sr__fail(-EINVAL, "sr__segment_create",
                         "size %llu bytes is too small for %d workers (need at least %llu: %llu fixed + %u MiB of heap each)",
                         (unsigned long long)*size, o->world_size, (unsigned long long)need,
                         (unsigned long long)fixed, SR_HEAP_MIN >> 20);
@@ -52,7 +52,7 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
         for (int r = 0; r < o->world_size; r++)
             n += o->attaching[r] != 0;
         if (n == 0)
-            return sr__fail(-EINVAL, "sr_segment_create", "no rank of %d attaches to segment '%s'",
+            return sr__fail(-EINVAL, "sr__segment_create", "no rank of %d attaches to segment '%s'",
                             o->world_size, o->name ? o->name : "shmrpc");
     }
     return 0;
@@ -87,7 +87,7 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->table_stride = table_stride();
     h->inbox_off = ALIGN_UP(h->table_off + (uint64_t)n * h->table_stride, 4096);
     h->inbox_stride = inbox_stride(slots);
-    h->heap_off = sr_segment_fixed_size(n, slots);
+    h->heap_off = sr__segment_fixed_size(n, slots);
     h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
     snprintf(h->name, sizeof(h->name), "%s", name);
     h->attaching = 0;
@@ -98,11 +98,11 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
      * MPI bootstrap's barrier, orders it) */
     atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
     for (int r = 0; r < n; r++) {
-        struct sr_worker_info *w = sr_seg_worker(seg, r);
+        struct sr_worker_info *w = sr__seg_worker(seg, r);
         w->rank = (uint32_t)r;
         w->eventfd = -1;
         w->attaches = !o->attaching || o->attaching[r];
-        sr_ring_init(sr_seg_inbox(seg, r), slots);
+        sr__ring_init(sr__seg_inbox(seg, r), slots);
     }
 }
 
@@ -133,18 +133,18 @@ static int create_memfd(const char *name)
     if (fd < 0 && errno == EINVAL)
         fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
-        return sr__fail(-errno, "sr_segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
-    if ((fd = sr__fd_above_stdio(fd, "sr_segment_create")) < 0)
+        return sr__fail(-errno, "sr__segment_create", "memfd_create(\"%s\"): %s", name, strerror(errno));
+    if ((fd = sr__fd_above_stdio(fd, "sr__segment_create")) < 0)
         return fd;
     if (fchmod(fd, 0600) < 0) {
-        int rc = sr__fail(-errno, "sr_segment_create", "fchmod(0600) of memfd \"%s\": %s", name, strerror(errno));
+        int rc = sr__fail(-errno, "sr__segment_create", "fchmod(0600) of memfd \"%s\": %s", name, strerror(errno));
         close(fd);
         return rc;
     }
     return fd;
 }
 
-int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
+int sr__segment_create(const sr_segment_opts *o, sr_segment *seg)
 {
     uint32_t slots = o->ring_slots ? o->ring_slots : SR_RING_SLOTS_DEFAULT;
     uint64_t size = 0;
@@ -156,7 +156,7 @@ int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
     if (fd < 0)
         return fd;
     if (ftruncate(fd, (off_t)size) < 0) {
-        rc = sr__fail(-errno, "sr_segment_create", "ftruncate to %llu bytes: %s",
+        rc = sr__fail(-errno, "sr__segment_create", "ftruncate to %llu bytes: %s",
                       (unsigned long long)size, strerror(errno));
         close(fd);
         return rc;
@@ -165,7 +165,7 @@ int sr_segment_create(const sr_segment_opts *o, sr_segment *seg)
     (void)fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
     void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) {
-        rc = sr__fail(-errno, "sr_segment_create", "mmap of %llu bytes: %s",
+        rc = sr__fail(-errno, "sr__segment_create", "mmap of %llu bytes: %s",
                       (unsigned long long)size, strerror(errno));
         close(fd);
         return rc;
@@ -187,12 +187,12 @@ static int validate_attaching(const struct sr_seg_header *h)
             (const void *)((const char *)h + h->table_off + (uint64_t)r * h->table_stride);
         uint32_t a = w->attaches; /* one read: checked and counted alike */
         if (a > 1)
-            return sr__fail(-EINVAL, "sr_segment_attach", "segment '%.48s': the worker line of rank %u says attaches = %u",
+            return sr__fail(-EINVAL, "sr__segment_attach", "segment '%.48s': the worker line of rank %u says attaches = %u",
                             h->name, r, a);
         n += a;
     }
     if (n == 0 || n != h->attaching)
-        return sr__fail(-EINVAL, "sr_segment_attach",
+        return sr__fail(-EINVAL, "sr__segment_attach",
                         "segment '%.48s': the header says %u ranks attach, the worker lines say %u",
                         h->name, h->attaching, n);
     return 0;
@@ -200,7 +200,7 @@ static int validate_attaching(const struct sr_seg_header *h)
 
 static int validate(const struct sr_seg_header *h, uint64_t file_size)
 {
-    const char *fn = "sr_segment_attach";
+    const char *fn = "sr__segment_attach";
     if (h->magic != SR_SEG_MAGIC)
         return sr__fail(-EPROTO, fn, "not a shmrpc segment: magic 0x%016llx, expected 0x%016llx",
                         (unsigned long long)h->magic, (unsigned long long)SR_SEG_MAGIC);
@@ -219,7 +219,7 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
         h->ring_slots > (1u << 30) || h->table_off < SR_SEG_HEADER_SIZE ||
         h->table_stride < sizeof(struct sr_worker_info) || h->table_off > file_size ||
         n > (file_size - h->table_off) / h->table_stride || h->inbox_off < h->table_off + n * h->table_stride ||
-        h->inbox_stride < sr_ring_bytes(h->ring_slots) || h->inbox_off > file_size ||
+        h->inbox_stride < sr__ring_bytes(h->ring_slots) || h->inbox_off > file_size ||
         n > (file_size - h->inbox_off) / h->inbox_stride || h->heap_off < h->inbox_off + n * h->inbox_stride ||
         h->heap_off > file_size || (h->heap_stride && n > (file_size - h->heap_off) / h->heap_stride))
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
@@ -227,17 +227,17 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
     return validate_attaching(h);
 }
 
-int sr_segment_attach(int fd, sr_segment *seg)
+int sr__segment_attach(int fd, sr_segment *seg)
 {
     struct stat st;
     if (fd < 0 || fstat(fd, &st) < 0)
-        return sr__fail(-EBADF, "sr_segment_attach", "fd %d is not an open file", fd);
+        return sr__fail(-EBADF, "sr__segment_attach", "fd %d is not an open file", fd);
     if ((uint64_t)st.st_size < SR_SEG_HEADER_SIZE)
-        return sr__fail(-EPROTO, "sr_segment_attach", "fd %d: %lld bytes is too small to be a shmrpc segment",
+        return sr__fail(-EPROTO, "sr__segment_attach", "fd %d: %lld bytes is too small to be a shmrpc segment",
                         fd, (long long)st.st_size);
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)
-        return sr__fail(-errno, "sr_segment_attach", "mmap of fd %d: %s", fd, strerror(errno));
+        return sr__fail(-errno, "sr__segment_attach", "mmap of fd %d: %s", fd, strerror(errno));
     int rc = validate(base, (uint64_t)st.st_size);
     if (rc) {
         munmap(base, (size_t)st.st_size);
@@ -248,15 +248,15 @@ int sr_segment_attach(int fd, sr_segment *seg)
     return 0;
 }
 
-bool sr_seg_attaches(const sr_segment *s, int rank)
+bool sr__seg_attaches(const sr_segment *s, int rank)
 {
     if (!s->base || rank < 0 || (uint32_t)rank >= s->world)
         return false;
     /* plain: the creator's, read-only after creation (segment.h) */
-    return sr_seg_worker(s, rank)->attaches == 1;
+    return sr__seg_worker(s, rank)->attaches == 1;
 }
 
-void sr_segment_detach(sr_segment *seg, bool close_fd)
+void sr__segment_detach(sr_segment *seg, bool close_fd)
 {
     if (seg->base)
         munmap(seg->base, seg->size);
@@ -265,7 +265,7 @@ void sr_segment_detach(sr_segment *seg, bool close_fd)
     *seg = (sr_segment){.fd = -1};
 }
 
-const char *sr_exit_describe(int how, int status, char *buf, size_t len)
+const char *sr__exit_describe(int how, int status, char *buf, size_t len)
 {
     const char *name = sigabbrev_np(status); /* NULL for real-time signals */
     const char *core = how == CLD_DUMPED ? " (core dumped)" : "";
@@ -280,7 +280,7 @@ const char *sr_exit_describe(int how, int status, char *buf, size_t len)
     return buf;
 }
 
-const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len)
+const char *sr__seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len)
 {
     static const char *const after[] = {
         [SR_WORKER_EMPTY] = " before attaching",
@@ -293,7 +293,7 @@ const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t l
     char how[80];
     /* relaxed: the caller saw exited = 1 (X1), which orders the worker's last store */
     uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
-    sr_exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
+    sr__exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
     /* A killed worker was not leaving: how it was attached says nothing more. */
     bool killed = w->exit_code != CLD_EXITED;
     snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_TIMED_OUT ? "" : after[st]);
@@ -355,12 +355,12 @@ static bool printable_name(const char *n, size_t max)
     return true;
 }
 
-const char *sr_seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len)
+const char *sr__seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len)
 {
     buf[0] = 0;
     if (rank < 0 || (uint32_t)rank >= s->world)
         return buf;
-    const struct sr_worker_info *w = sr_seg_worker(s, rank);
+    const struct sr_worker_info *w = sr__seg_worker(s, rank);
     /* acquire: pairs with the crash handler's release store (crash.c) */
     if (atomic_load_explicit(&((struct sr_worker_info *)w)->crashed, memory_order_acquire) != 1)
         return buf;
@@ -374,7 +374,7 @@ const char *sr_seg_crash_text(const sr_segment *s, int rank, char *buf, size_t l
         return buf;
     }
     char name[SR_NAME_MAX];
-    memcpy(name, sr_seg_worker(s, caller)->name, sizeof(name));
+    memcpy(name, sr__seg_worker(s, caller)->name, sizeof(name));
     if (printable_name(name, sizeof(name)))
         snprintf(buf, len, " while serving '%s' from %s", fn, name);
     else

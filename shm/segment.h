@@ -58,7 +58,7 @@ enum sr_worker_state {
                                 waiting, and left; no death (peers' shutdowns time out too, lib/rpc/shutdown.c) */
 };
 /* Attached: its inbox is served (ATTACHED or CLOSING). */
-static inline bool sr_worker_state_attached(uint32_t st)
+static inline bool sr__worker_state_attached(uint32_t st)
 {
     return st == SR_WORKER_ATTACHED || st == SR_WORKER_CLOSING;
 }
@@ -184,7 +184,7 @@ typedef struct sr_segment {
 } sr_segment;
 
 /* Bytes needed for the header, table and inboxes of n workers. */
-uint64_t sr_segment_fixed_size(int world_size, uint32_t ring_slots);
+uint64_t sr__segment_fixed_size(int world_size, uint32_t ring_slots);
 
 /* A descriptor that a launcher holds while it sets up a worker's standard
  * fds must not be one of them: a launcher started with 0-2 closed gets its
@@ -197,44 +197,44 @@ int sr__fd_above_stdio(int fd, const char *who);
  * exec-sealed where the kernel has MFD_NOEXEC_SEAL; sealed against resizing) and write
  * its header. Errors: -EINVAL bad world size, ring size or a size too small
  * for world_size; -ENOMEM and other -errno from memfd_create/ftruncate/mmap. */
-int sr_segment_create(const sr_segment_opts *o, sr_segment *seg);
+int sr__segment_create(const sr_segment_opts *o, sr_segment *seg);
 
 /* Map an existing segment from fd and validate its header. Takes no
  * ownership of fd. Errors: -EPROTO wrong magic, layout format or version;
  * -EINVAL inconsistent sizes; other -errno from fstat/mmap. */
-int sr_segment_attach(int fd, sr_segment *seg);
+int sr__segment_attach(int fd, sr_segment *seg);
 
 /* Does `rank` attach to this segment (its line's attaches flag)? False for a
  * rank out of range. The flags are the creator's and read-only after
- * creation; sr_segment_attach checked them against the count. A transport
+ * creation; sr__segment_attach checked them against the count. A transport
  * that must not trust later scribbles keeps its own copy (xport.c). */
-bool sr_seg_attaches(const sr_segment *s, int rank);
+bool sr__seg_attaches(const sr_segment *s, int rank);
 
 /* Unmap; closes fd only if close_fd. */
-void sr_segment_detach(sr_segment *seg, bool close_fd);
+void sr__segment_detach(sr_segment *seg, bool close_fd);
 
 /* rank: in [0, s->world) (the callers check it). */
-static inline struct sr_worker_info *sr_seg_worker(const sr_segment *s, int rank)
+static inline struct sr_worker_info *sr__seg_worker(const sr_segment *s, int rank)
 {
     return (struct sr_worker_info *)((char *)s->base + s->table_off + (uint64_t)rank * s->table_stride);
 }
 
-static inline void *sr_seg_inbox(const sr_segment *s, int rank)
+static inline void *sr__seg_inbox(const sr_segment *s, int rank)
 {
     return (char *)s->base + s->inbox_off + (uint64_t)rank * s->inbox_stride;
 }
 
-static inline void *sr_seg_heap(const sr_segment *s, int rank)
+static inline void *sr__seg_heap(const sr_segment *s, int rank)
 {
     return (char *)s->base + s->heap_off + (uint64_t)rank * s->heap_stride;
 }
 
-static inline uint64_t sr_seg_off(const sr_segment *s, const void *p)
+static inline uint64_t sr__seg_off(const sr_segment *s, const void *p)
 {
     return (uint64_t)((const char *)p - (const char *)s->base);
 }
 
-static inline void *sr_seg_ptr(const sr_segment *s, uint64_t off)
+static inline void *sr__seg_ptr(const sr_segment *s, uint64_t off)
 {
     return (char *)s->base + off;
 }
@@ -243,16 +243,16 @@ static inline void *sr_seg_ptr(const sr_segment *s, uint64_t off)
  * sr_shutdown", "was killed by signal SIGKILL", "exited with status 3 before
  * attaching", "exited with status 0 after sr_shutdown". Only meaningful once
  * w->exited reads 1. Returns buf. */
-const char *sr_seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len);
+const char *sr__seg_exit_text(const struct sr_worker_info *w, char *buf, size_t len);
 /* how: a siginfo si_code (CLD_EXITED, CLD_KILLED, CLD_DUMPED); status: the
  * exit status or the signal. "exited with status N", "was killed by signal
  * SIGX (core dumped)". */
-const char *sr_exit_describe(int how, int status, char *buf, size_t len);
+const char *sr__exit_describe(int how, int status, char *buf, size_t len);
 /* " while serving 'train_step' from worker0" when rank's worker died of a
  * fatal signal while it ran a call (crash.h), else "". Only meaningful after
  * the worker's process was reaped. The fields are validated (the name's
  * bound and characters, the caller's rank and name). Returns buf. */
-const char *sr_seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len);
+const char *sr__seg_crash_text(const sr_segment *s, int rank, char *buf, size_t len);
 
 /* How a worker finds its segment: sr_spawn children get it from a
  * process-global set after fork; shmrun children from SHMRPC_FD,

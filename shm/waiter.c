@@ -80,7 +80,7 @@ static void prep_futex_wait(struct io_uring_sqe *sqe, _Atomic uint32_t *word, ui
     sqe->addr3 = mask;
 }
 
-bool sr_waiter_futex_supported(void)
+bool sr__waiter_futex_supported(void)
 {
     struct io_uring r;
     if (io_uring_queue_init(2, &r, 0) < 0)
@@ -120,7 +120,7 @@ static uint32_t choose_kind(uint32_t wanted, int eventfd)
     if (!wanted && env && !strcmp(env, "eventfd"))
         wanted = SR_DOORBELL_EVENTFD;
     if (!wanted)
-        wanted = sr_waiter_futex_supported() ? SR_DOORBELL_FUTEX : SR_DOORBELL_EVENTFD;
+        wanted = sr__waiter_futex_supported() ? SR_DOORBELL_FUTEX : SR_DOORBELL_EVENTFD;
     if (wanted == SR_DOORBELL_EVENTFD && eventfd < 0)
         return 0;
     return wanted;
@@ -135,23 +135,23 @@ static int ring_create(sr_waiter *w, unsigned flags)
         rc = io_uring_queue_init(RING_ENTRIES, &w->ring, 0);
     }
     if (rc < 0)
-        return sr__fail(rc, "sr_waiter_init", "io_uring_queue_init: %s", strerror(-rc));
+        return sr__fail(rc, "sr__waiter_init", "io_uring_queue_init: %s", strerror(-rc));
     w->setup_flags = flags;
     w->armed = w->wait_inflight = w->timer_armed = w->kick_inflight = false;
     return 0;
 }
 
-int sr_waiter_init(sr_waiter *w, _Atomic uint32_t *word, int efd, uint32_t kind_wanted)
+int sr__waiter_init(sr_waiter *w, _Atomic uint32_t *word, int efd, uint32_t kind_wanted)
 {
     memset(w, 0, sizeof(*w));
     w->word = word;
     w->eventfd = efd;
     w->kind = choose_kind(kind_wanted, efd);
     if (!w->kind)
-        return sr__fail(-EOPNOTSUPP, "sr_waiter_init", "no doorbell: io_uring futex unsupported and no eventfd given");
+        return sr__fail(-EOPNOTSUPP, "sr__waiter_init", "no doorbell: io_uring futex unsupported and no eventfd given");
     w->shutdown_fd = eventfd(0, EFD_CLOEXEC);
     w->kick_fd = w->shutdown_fd < 0 ? -1 : eventfd(0, EFD_CLOEXEC);
-    int rc = w->kick_fd < 0 ? sr__fail(-errno, "sr_waiter_init", "eventfd: %s", strerror(errno))
+    int rc = w->kick_fd < 0 ? sr__fail(-errno, "sr__waiter_init", "eventfd: %s", strerror(errno))
                             : ring_create(w, FAST_SETUP);
     if (rc) {
         if (w->shutdown_fd >= 0)
@@ -163,7 +163,7 @@ int sr_waiter_init(sr_waiter *w, _Atomic uint32_t *word, int efd, uint32_t kind_
     return rc;
 }
 
-void sr_waiter_fini(sr_waiter *w)
+void sr__waiter_fini(sr_waiter *w)
 {
     io_uring_queue_exit(&w->ring);
     if (w->shutdown_fd >= 0)
@@ -184,7 +184,7 @@ static int alloc_peers(sr_waiter *w, int n)
     w->pidfds = malloc((size_t)n * sizeof(int));
     w->peer_dead = calloc((size_t)n, sizeof(bool));
     if (!w->pidfds || !w->peer_dead)
-        return sr__fail(-ENOMEM, "sr_waiter_watch_peer", "no memory for %d peers", n);
+        return sr__fail(-ENOMEM, "sr__waiter_watch_peer", "no memory for %d peers", n);
     for (int i = 0; i < n; i++)
         w->pidfds[i] = -1;
     w->npeers = n;
@@ -200,20 +200,20 @@ static void queue_poll(sr_waiter *w, int fd, uint64_t ud)
     io_uring_sqe_set_data64(sqe, ud);
 }
 
-int sr_waiter_watch_peer(sr_waiter *w, int world_size, int rank, int pid)
+int sr__waiter_watch_peer(sr_waiter *w, int world_size, int rank, int pid)
 {
     int rc;
     if (!w->pidfds && (rc = alloc_peers(w, world_size)))
         return rc;
     if (rank < 0 || rank >= w->npeers)
-        return sr__fail(-EINVAL, "sr_waiter_watch_peer", "rank %d is out of range [0, %d)", rank, w->npeers);
+        return sr__fail(-EINVAL, "sr__waiter_watch_peer", "rank %d is out of range [0, %d)", rank, w->npeers);
     int fd = (int)syscall(SYS_pidfd_open, pid, 0);
     if (fd < 0) {
         if (errno == ESRCH) { /* already gone */
             w->peer_dead[rank] = true;
             return 0;
         }
-        return sr__fail(-errno, "sr_waiter_watch_peer", "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(errno));
+        return sr__fail(-errno, "sr__waiter_watch_peer", "pidfd_open(%d) for rank %d: %s", pid, rank, strerror(errno));
     }
     w->pidfds[rank] = fd;
     if (w->armed) /* else arm() polls it; either way the next sleep submits it */
@@ -221,14 +221,14 @@ int sr_waiter_watch_peer(sr_waiter *w, int world_size, int rank, int pid)
     return 0;
 }
 
-void sr_waiter_notify_shutdown(sr_waiter *w)
+void sr__waiter_notify_shutdown(sr_waiter *w)
 {
     uint64_t one = 1;
     if (write(w->shutdown_fd, &one, sizeof(one)) < 0)
         return; /* an eventfd write fails only on counter overflow: already notified */
 }
 
-void sr_waiter_kick(sr_waiter *w)
+void sr__waiter_kick(sr_waiter *w)
 {
     uint64_t one = 1;
     if (write(w->kick_fd, &one, sizeof(one)) < 0)
@@ -245,7 +245,7 @@ static int arm(sr_waiter *w)
         /* liburing 2.3 declares io_uring_enable_rings but does not export it */
         int rc = io_uring_register((unsigned)w->ring.ring_fd, IORING_REGISTER_ENABLE_RINGS, NULL, 0);
         if (rc < 0)
-            return sr__fail(rc, "sr_waiter_sleep", "IORING_REGISTER_ENABLE_RINGS: %s", strerror(-rc));
+            return sr__fail(rc, "sr__waiter_sleep", "IORING_REGISTER_ENABLE_RINGS: %s", strerror(-rc));
     }
     w->armed = true;
     queue_poll(w, w->shutdown_fd, UD(TAG_SHUTDOWN, 0));
@@ -270,7 +270,7 @@ static int queue_kick(sr_waiter *w)
 {
     struct io_uring_sqe *sqe = get_sqe(w);
     if (!sqe)
-        return sr__fail(-EBUSY, "sr_waiter_sleep", "no free submission entry for the kick read");
+        return sr__fail(-EBUSY, "sr__waiter_sleep", "no free submission entry for the kick read");
     io_uring_prep_read(sqe, w->kick_fd, &w->kick_buf, sizeof(w->kick_buf), 0);
     io_uring_sqe_set_data64(sqe, UD(TAG_KICK, 0));
     w->kick_inflight = true;
@@ -281,7 +281,7 @@ static int queue_wait(sr_waiter *w)
 {
     struct io_uring_sqe *sqe = get_sqe(w);
     if (!sqe)
-        return sr__fail(-EBUSY, "sr_waiter_sleep", "no free submission entry for the doorbell wait");
+        return sr__fail(-EBUSY, "sr__waiter_sleep", "no free submission entry for the doorbell wait");
     if (w->kind == SR_DOORBELL_FUTEX)
         prep_futex_wait(sqe, w->word, SR_DOORBELL_SLEEPING, SR_DOORBELL_BIT_PROGRESS);
     else
@@ -300,7 +300,7 @@ static int queue_timer(sr_waiter *w, int64_t deadline_ns)
         return 0;
     struct io_uring_sqe *sqe = get_sqe(w);
     if (!sqe)
-        return sr__fail(-EBUSY, "sr_waiter_sleep", "no free submission entry for the deadline");
+        return sr__fail(-EBUSY, "sr__waiter_sleep", "no free submission entry for the deadline");
     w->ts.tv_sec = deadline_ns / 1000000000;
     w->ts.tv_nsec = deadline_ns % 1000000000;
     if (w->timer_armed) {
@@ -364,7 +364,7 @@ static unsigned check_deadline(sr_waiter *w, int64_t deadline_ns)
     if (!w->timer_fired)
         return 0;
     w->timer_fired = false;
-    return deadline_ns >= 0 && sr_now_ns() >= deadline_ns ? SR_WAKE_TIMEOUT : 0;
+    return deadline_ns >= 0 && sr__now_ns() >= deadline_ns ? SR_WAKE_TIMEOUT : 0;
 }
 
 /* Sleep in io_uring_enter until an event for this sleep arrives. With
@@ -385,7 +385,7 @@ static int wait_events(sr_waiter *w, int64_t deadline_ns, bool bell, unsigned *e
         if (rc == -EEXIST && (w->setup_flags & IORING_SETUP_SINGLE_ISSUER) && (rc = rebuild_plain(w)) == 0)
             continue;
         if (rc < 0 && rc != -EINTR && rc != -ETIME && rc != -EAGAIN && rc != -EBUSY)
-            return sr__fail(rc, "sr_waiter_sleep", "io_uring_submit_and_wait: %s", strerror(-rc));
+            return sr__fail(rc, "sr__waiter_sleep", "io_uring_submit_and_wait: %s", strerror(-rc));
         if ((*ev |= reap(w)))
             return 0;
     }
@@ -405,7 +405,7 @@ static unsigned take_back_sleeping(sr_waiter *w)
     return 0;
 }
 
-int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
+int sr__waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     int rc = w->armed ? 0 : arm(w);
     if (rc)
@@ -416,7 +416,7 @@ int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), vo
         return (int)ev;
     /* relaxed: D2 below orders it before the ring re-check */
     atomic_store_explicit(w->word, SR_DOORBELL_SLEEPING, memory_order_relaxed);
-    /* D2: pairs with the producer's D3 fence in sr_doorbell_ring */
+    /* D2: pairs with the producer's D3 fence in sr__doorbell_ring */
     atomic_thread_fence(memory_order_seq_cst);
     if (ready(arg))
         ev = SR_WAKE_DOORBELL;
@@ -425,7 +425,7 @@ int sr_waiter_sleep(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), vo
     return rc ? rc : (int)(ev | take_back_sleeping(w));
 }
 
-int sr_waiter_sleep_aside(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
+int sr__waiter_sleep_aside(sr_waiter *w, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     int rc = w->armed ? 0 : arm(w);
     if (rc)

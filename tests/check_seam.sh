@@ -21,13 +21,13 @@ for n in life send poll wait progress exits; do
     files="$files $f"
 done
 rc=0
-hits=$(grep -nE -- '->x\b|sr_xport|sr_ring_|sr_seg_|sr_waiter_|sr_doorbell|sr__doorbell|SR_DOORBELL_|SR_WAKE_|FUTEX_WAIT_BITSET|struct sr_peer|sr_worker_info|sr_heap_' $files)
+hits=$(grep -nE -- '->x\b|sr__?xport|sr__?ring_|sr__?seg_|sr__?waiter_|sr__?doorbell|SR_DOORBELL_|SR_WAKE_|FUTEX_WAIT_BITSET|struct sr_peer|sr_worker_info|sr__?heap_' $files)
 if [ -n "$hits" ]; then
     echo "the agent uses the shared-memory transport or heap directly (go through its sr_tport ops, lib/transport/transport.h):"
     echo "$hits"
     rc=1
 fi
-hits=$(grep -rnE -- 'sr_xport|SR_HAVE_MPI|mpi' "$root/lib/rpc")
+hits=$(grep -rnE -- 'sr__?xport|SR_HAVE_MPI|mpi' "$root/lib/rpc")
 if [ -n "$hits" ]; then
     echo "lib/rpc names a transport (the choice per peer and the launchers' transports are lib/transport's):"
     echo "$hits"

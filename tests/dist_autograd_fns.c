@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "waiter.h" /* sr_now_ns */
+#include "waiter.h" /* sr__now_ns */
 
 /* ---- state shared by the job's processes (mapped before sr_spawn) ---- */
 struct da_shared *dash;
@@ -422,11 +422,11 @@ static int fn_da_debug(sr_call *c)
  * gone there; bounded by 10 s, like PyTorch's _all_contexts_cleaned_up. */
 int expect_gone_on(int w, int64_t id, const char *what)
 {
-    int64_t deadline = sr_now_ns() + INT64_C(10000000000);
+    int64_t deadline = sr__now_ns() + INT64_C(10000000000);
     sr_value *iv = sr_int(id);
     bool valid = true;
     long tries = 0;
-    while (valid && sr_now_ns() < deadline) {
+    while (valid && sr__now_ns() < deadline) {
         sr_value *v = NULL;
         int rc = noctx_rpc(w, "ctx_valid", SR_ARGS(iv), &v);
         if (rc) {
@@ -447,7 +447,7 @@ int expect_gone_on(int w, int64_t id, const char *what)
 int expect_no_contexts_anywhere(const char *what)
 {
     for (int w = 0; w < sr_world_size(); w++) {
-        int64_t deadline = sr_now_ns() + INT64_C(10000000000);
+        int64_t deadline = sr__now_ns() + INT64_C(10000000000);
         int64_t passes = -1, ctxs = -1;
         do {
             sr_value *v = NULL;
@@ -455,7 +455,7 @@ int expect_no_contexts_anywhere(const char *what)
             passes = sr_value_int(sr_value_list_at(v, 0));
             ctxs = sr_value_int(sr_value_list_at(v, 1));
             sr_value_unref(v);
-        } while ((passes || ctxs) && sr_now_ns() < deadline);
+        } while ((passes || ctxs) && sr__now_ns() < deadline);
         WCHECK(passes == 0 && ctxs == 0, "%s: worker%d still has %lld passes and %lld contexts after 10 s", what, w,
                (long long)passes, (long long)ctxs);
     }
@@ -782,14 +782,14 @@ void register_da_fns(void)
  * polls the local counters, bounded by 10 s. */
 static int expect_quiet(const char *what)
 {
-    int64_t deadline = sr_now_ns() + INT64_C(10000000000);
+    int64_t deadline = sr__now_ns() + INT64_C(10000000000);
     sr_debug_info d;
     do {
         WCHECK(sr_debug_info_get(&d) == 0, "debug_info: %s", sr_last_error());
         if (!d.client_active_calls && !d.server_active_calls)
             return 0;
         sched_yield();
-    } while (sr_now_ns() < deadline);
+    } while (sr__now_ns() < deadline);
     WCHECK(0, "%s: worker%d still has %llu calls awaiting an answer and %llu requests being served (%llu async) "
            "10 s after every pass ended",
            what, sr_rank(), (unsigned long long)d.client_active_calls, (unsigned long long)d.server_active_calls,

@@ -108,7 +108,7 @@ static int wait_confirmed_in_call(sr_call *c, sr_rref *r)
         return 0;
     int rc = sr_rref_confirmation(r, &f);
     if (!rc)
-        rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+        rc = sr__future_wait_until(f, sr__now_ns() + (int64_t)(WAIT_S * 1e9));
     if (!rc)
         rc = sr_future_value(f, NULL);
     sr_future_unref(f);
@@ -398,7 +398,7 @@ int wait_confirmed(sr_rref *r)
 {
     sr_future *f;
     WCHECK(sr_rref_confirmation(r, &f) == 0, "confirmation: %s", sr_last_error());
-    int rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    int rc = sr__future_wait_until(f, sr__now_ns() + (int64_t)(WAIT_S * 1e9));
     if (!rc)
         rc = sr_future_wait(f, NULL);
     sr_future_unref(f);

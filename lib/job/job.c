@@ -48,7 +48,7 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
     job->who = who;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
     int rc = check_sigchld(who);
-    if (rc || (rc = sr_segment_create(o, &job->seg)))
+    if (rc || (rc = sr__segment_create(o, &job->seg)))
         return rc;
     if ((rc = alloc_tables(job, o->world_size))) {
         sr__job_destroy(job);
@@ -67,7 +67,7 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
             sr__job_destroy(job);
             return rc;
         }
-        sr_seg_worker(&job->seg, r)->eventfd = job->eventfds[r];
+        sr__seg_worker(&job->seg, r)->eventfd = job->eventfds[r];
     }
     return 0;
 }
@@ -83,7 +83,7 @@ void sr__job_destroy(sr_job *job)
     free(job->pids);
     free(job->pidfds);
     free(job->eventfds);
-    sr_segment_detach(&job->seg, true);
+    sr__segment_detach(&job->seg, true);
     job->pids = NULL;
     job->pidfds = job->eventfds = NULL;
     job->n = 0;

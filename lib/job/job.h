@@ -70,7 +70,7 @@ typedef struct sr_job_hooks {
 } sr_job_hooks;
 
 /* Create the segment and one doorbell eventfd per rank. Errors: -EINVAL bad
- * options (see sr_segment_create) or SIGCHLD ignored (SIG_IGN/SA_NOCLDWAIT:
+ * options (see sr__segment_create) or SIGCHLD ignored (SIG_IGN/SA_NOCLDWAIT:
  * the kernel would reap the workers before the supervisor reads their
  * status); -ENOMEM; -errno of memfd/eventfd. On error nothing is left open. */
 int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who);

@@ -68,8 +68,8 @@ static int exit_code(const siginfo_t *si) { return si->si_code == CLD_EXITED ? s
 static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
 {
     char what[96], serving[256];
-    sr_exit_describe(si->si_code, si->si_status, what, sizeof(what));
-    sr_seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
+    sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr__seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(s->job);
     on_end(s);
     sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
@@ -99,8 +99,8 @@ static int report_stop(struct sup *s)
         return 0;
     if (!s->killed[s->first_rank]) {
         char what[96], serving[256];
-        sr_exit_describe(s->first_si.si_code, s->first_si.si_status, what, sizeof(what));
-        sr_seg_crash_text(&s->job->seg, s->first_rank, serving, sizeof(serving));
+        sr__exit_describe(s->first_si.si_code, s->first_si.si_status, what, sizeof(what));
+        sr__seg_crash_text(&s->job->seg, s->first_rank, serving, sizeof(serving));
         sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s after %s forwarded SIG%s", s->first_rank,
                  (int)s->first_pid, what, serving, s->job->who, sig);
         sr__log_text(SR_LOG_ERROR, sr_last_error());
@@ -113,14 +113,14 @@ static int report_stop(struct sup *s)
  * departed worker's full inbox. */
 static void wake_survivors(sr_job *job, int gone)
 {
-    sr_futex_wake_all(&job->seg.hdr->attached);
-    sr_futex_wake_all(&((struct sr_ring *)sr_seg_inbox(&job->seg, gone))->space_wait);
+    sr__futex_wake_all(&job->seg.hdr->attached);
+    sr__futex_wake_all(&((struct sr_ring *)sr__seg_inbox(&job->seg, gone))->space_wait);
     for (int r = 0; r < job->n; r++) {
-        struct sr_worker_info *w = sr_seg_worker(&job->seg, r);
+        struct sr_worker_info *w = sr__seg_worker(&job->seg, r);
         /* acquire: pairs with the worker's release store of ATTACHED (CLOSING comes later), after its doorbell_kind */
-        if (!job->pids[r] || !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
+        if (!job->pids[r] || !sr__worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
             continue; /* not attached: it waits in the start barrier, woken above */
-        sr_doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
+        sr__doorbell_ring(&w->doorbell, w->doorbell_kind, job->eventfds[r]);
     }
 }
 
@@ -129,7 +129,7 @@ static void wake_survivors(sr_job *job, int gone)
  * the worker had not left after a graceful shutdown (nobody waits for it). */
 static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
 {
-    struct sr_worker_info *w = sr_seg_worker(&job->seg, rank);
+    struct sr_worker_info *w = sr__seg_worker(&job->seg, rank);
     w->exit_code = si->si_code;
     w->exit_status = si->si_status;
     /* relaxed: only this thread writes the count */

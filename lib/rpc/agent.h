@@ -104,7 +104,7 @@
 #include "outq.h"
 #include "shmrpc/rpc.h"
 #include "transport.h"
-#include "clock.h" /* sr_now_ns, sr_now_coarse_ns */
+#include "clock.h" /* sr__now_ns, sr__now_coarse_ns */
 #include "wire.h"
 
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
@@ -285,7 +285,7 @@ void sr__agent_check_exits(sr_agent *a);
 static inline bool sr__agent_exits_pending(sr_agent *a)
 {
     /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */
-    return sr_tport_exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
+    return sr__tport_exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
 }
 
 /* Wait for f, polling the inbox when this thread can take the token.
@@ -334,7 +334,7 @@ static inline bool sr__agent_inbox_ready(const sr_agent *a)
 /* The same, or a space event (transport.h, flow): the spin loops' check. */
 static inline bool sr__agent_poll_ready(const sr_agent *a)
 {
-    return a->burst_at < a->burst_n || sr_tport_space_kicked(a->self) || a->self->ops->pending(a->self) ||
+    return a->burst_at < a->burst_n || sr__tport_space_kicked(a->self) || a->self->ops->pending(a->self) ||
            (a->remote && a->remote->ops->pending(a->remote));
 }
 

@@ -199,7 +199,7 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
         sr__agent_put(a);
     rc = a ? 0 : -SR_ESHUTDOWN;
     if (a && graceful)
-        rc = sr__graceful(a, sr__deadline_ns(sr_now_ns(), ms));
+        rc = sr__graceful(a, sr__deadline_ns(sr__now_ns(), ms));
     if (a) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", sr_last_error());

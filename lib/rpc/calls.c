@@ -142,7 +142,7 @@ static void peer_unlink(sr_agent *a, int32_t i)
 
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id)
 {
-    int64_t deadline = sr__deadline_ns(sr_now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
+    int64_t deadline = sr__deadline_ns(sr__now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
     bool kick = false;
     pthread_mutex_lock(&a->slots_lock);
     if (sr_unlikely(a->calls_lost[0])) {
@@ -264,7 +264,7 @@ static uint64_t slot_id(sr_agent *a, int32_t i)
 static void probe_end(const struct ended *e, int err)
 {
     if (sr__probing()) {
-        int64_t t = sr_probe_now();
+        int64_t t = sr__probe_now();
         sr__probe_ops->call_end(e->id, -1, err, t, t);
     }
 }
@@ -442,7 +442,7 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
     struct sr_ext_buf ext;
     request_ext(to, q, fn, args, &ext);
     size_t nlen = fn ? strlen(fn) : 0;
-    int64_t alen = sr_codec_size(args.n, args.v, to == a->rank);
+    int64_t alen = sr__codec_size(args.n, args.v, to == a->rank);
     if (alen < 0)
         return (int)alen;
     static const uint16_t wire_type[] = {[SR_REQ_CALL] = SR_MSG_REQ, [SR_REQ_KEEP] = SR_MSG_KEEP_CALL,
@@ -458,7 +458,7 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
     memcpy(p, ext.b, ext.len);
     p += ext.len;
     memcpy(p, fn ? fn : "", nlen);
-    int64_t wrote = sr_codec_encode_to(args.n, args.v, to == a->rank, to, p + nlen, (size_t)alen);
+    int64_t wrote = sr__codec_encode_to(args.n, args.v, to == a->rank, to, p + nlen, (size_t)alen);
     if (wrote != alen) {
         sr__payload_abandon(w);
         return wrote < 0 ? (int)wrote : sr__fail(-EINVAL, "sr_rpc", "cannot encode the arguments of '%s'", fn);
@@ -472,7 +472,7 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
 static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char *fn)
 {
     char buf[96];
-    int64_t t0 = sr_probe_now();
+    int64_t t0 = sr__probe_now();
     if (!fn)
         fn = sr__probe_module_name(q->module, SR_MSG_MOD_REQ, q->sub, NULL, buf, sizeof(buf));
     sr__probe_ops->call_out(id, to, fn, t0);
@@ -491,23 +491,23 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
         return rc;
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
         if (enc_len)
-            sr_codec_release(enc, enc_len);
+            sr__codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         return rc;
     }
     int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
-    sr_wire_put(&m, &w, false);
+    sr__wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
         if (enc_len)
-            sr_codec_release(enc, enc_len);
+            sr__codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
     }
     if (t0 && sr__probing())
-        sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr_probe_now());
+        sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr__probe_now());
     return rc;
 }
 
@@ -517,9 +517,9 @@ static int decode_result(const sr_msg *m, const uint8_t *p, size_t len, sr_value
 {
     struct sr_ext_view ext = {.mask = 0};
     size_t used = 0;
-    if ((sr_wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
+    if ((sr__wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
         return -EBADMSG;
-    if (sr_codec_decode(p + used, len - used, list))
+    if (sr__codec_decode(p + used, len - used, list))
         return -EBADMSG;
     if (sr_value_list_len(*list) != 1)
         return sr__fail(-EBADMSG, "sr_rpc", "a result from worker%d holds %zu values", m->src, sr_value_list_len(*list));
@@ -532,8 +532,8 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
 {
     struct sr_ext_view ext;
     size_t used = 0;
-    if (!(sr_wire_get(m).flags & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
-        sr_codec_release(p + used, len - used);
+    if (!(sr__wire_get(m).flags & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
+        sr__codec_release(p + used, len - used);
 }
 
 /* The profiler: the answer to call id from m->src arrived at t0 (before its
@@ -541,13 +541,13 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
 static void probe_answer(uint64_t id, const sr_msg *m, int err, int64_t t0)
 {
     if (t0 && sr__probing())
-        sr__probe_ops->call_end(id, m->src, err, t0, sr_probe_now());
+        sr__probe_ops->call_end(id, m->src, err, t0, sr__probe_now());
 }
 
 void sr__calls_response(sr_agent *a, const sr_msg *m)
 {
-    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
-    struct sr_wire w = sr_wire_get(m);
+    int64_t t0 = sr__probing() ? sr__probe_now() : 0;
+    struct sr_wire w = sr__wire_get(m);
     sr_future *f = sr__call_answer(a, w.call_id, m->src); /* only the rank called may answer */
     size_t len;
     const uint8_t *p = sr__payload_get(m, &len);

@@ -17,7 +17,7 @@
  * (a malformed buffer's references cannot be trusted, and are not dropped). If
  * BUILD fails part-way (-ENOMEM, or an object claimed twice by a forged
  * buffer), the walker switches to RELEASE for the rest, so after
- * sr_codec_decode() returns 0 or -ENOMEM the buffer holds no references.
+ * sr__codec_decode() returns 0 or -ENOMEM the buffer holds no references.
  */
 #include "codec.h"
 
@@ -104,7 +104,7 @@ static int64_t tensor_size(const sr_value *v, const char *fn)
     if (!sr__tensor_sendable(v->u.tensor)) {
         char repr[96];
         return sr__fail(-EINVAL, fn, "%s cannot be sent: its storage is a private block, not in the shared "
-                        "heap (was sr_heap_attach called before it was made?)", sr_value_repr(v, repr, sizeof(repr)));
+                        "heap (was sr__heap_attach called before it was made?)", sr__value_repr(v, repr, sizeof(repr)));
     }
     return 1 + TENSOR_DESC_BYTES;
 }
@@ -153,7 +153,7 @@ static int64_t encoded_size(size_t n, sr_value *const *vals, int self_call, cons
     return items_size(n, vals, self_call, fn);
 }
 
-int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call)
+int64_t sr__codec_size(size_t n, sr_value *const *vals, int self_call)
 {
     return encoded_size(n, vals, self_call, __func__);
 }
@@ -232,7 +232,7 @@ static int put_tensor(struct enc *e, sr_value *v)
 {
     struct sr_tensor_desc d;
     /* Takes the descriptor's block reference, dropped exactly once: by the
-     * decoder after the receiver's tensor took its own, by sr_codec_release()
+     * decoder after the receiver's tensor took its own, by sr__codec_release()
      * for a message never decoded, or by unwind_refs() if this encode fails. */
     int rc = sr__tensor_to_desc(v->u.tensor, &d);
     if (rc)
@@ -308,7 +308,7 @@ static void unwind_refs(const uint8_t **cur, size_t n, sr_value *const *vals, si
         } else if (v->kind == SR_KIND_TENSOR) {
             uint64_t off; /* tag, magic, dtype, ndim, flags, offset, then the block */
             memcpy(&off, *cur + 1 + 4 + 1 + 1 + 2 + 8, 8);
-            sr_block_unref(sr_block_from_off(to_le64(off)));
+            sr__block_unref(sr__block_from_off(to_le64(off)));
             --*left;
             *cur += 1 + TENSOR_DESC_BYTES;
         } else if (v->kind == SR_KIND_LIST) {
@@ -341,14 +341,14 @@ static void unwind_mods(const uint8_t **cur, size_t n, sr_value *const *vals, si
     }
 }
 
-int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap)
+int64_t sr__codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap)
 {
-    return sr_codec_encode_to(n, vals, self_call, -1, buf, cap);
+    return sr__codec_encode_to(n, vals, self_call, -1, buf, cap);
 }
 
-int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap)
+int64_t sr__codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap)
 {
-    static const char fn[] = "sr_codec_encode";
+    static const char fn[] = "sr__codec_encode";
     int64_t size = encoded_size(n, vals, self_call, fn);
     if (size < 0)
         return size;
@@ -371,7 +371,7 @@ int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int t
 
 /* VISIT: the structure only (bounds, tags, lengths), handing each tensor
  * descriptor's block field to a visitor; nothing is checked against the
- * heap (the marshalling of messages between hosts, sr_codec_visit_tensors). */
+ * heap (the marshalling of messages between hosts, sr__codec_visit_tensors). */
 enum walk_mode { CHECK, BUILD, RELEASE, VISIT };
 
 struct dec {
@@ -610,14 +610,14 @@ static int get_desc(struct dec *d, struct sr_tensor_desc *t)
 
 /* CHECK: the block offset names a live block of the shared heap, and the
  * descriptor describes a view inside it. Nothing is dereferenced before
- * sr_block_from_off() has validated the offset. */
+ * sr__block_from_off() has validated the offset. */
 static int tensor_check(struct dec *d, size_t at, const struct sr_tensor_desc *t)
 {
     char why[256]; /* bad() rewrites the buffer sr_last_error() points to */
-    sr_block *b = sr_block_from_off(t->block);
+    sr_block *b = sr__block_from_off(t->block);
     void *data;
     size_t size = 0;
-    int rc = !b ? -EINVAL : sr_block_check(b, &data, &size) ? -EPROTO : sr__tensor_desc_check(t, size);
+    int rc = !b ? -EINVAL : sr__block_check(b, &data, &size) ? -EPROTO : sr__tensor_desc_check(t, size);
     if (!rc)
         return 0;
     snprintf(why, sizeof(why), "%s", error_detail(sr_last_error()));
@@ -748,7 +748,7 @@ static int walk_top(struct dec *d, sr_value **out)
 
 static const uint8_t no_bytes[1];
 
-int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out)
+int sr__codec_decode(const uint8_t *buf, size_t len, sr_value **out)
 {
     if (!out)
         return sr__fail(-EINVAL, __func__, "out is NULL");
@@ -771,7 +771,7 @@ int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out)
     return 0;
 }
 
-void sr_codec_release(const uint8_t *buf, size_t len)
+void sr__codec_release(const uint8_t *buf, size_t len)
 {
     struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = CHECK, .fn = __func__};
     sr_value *unused = NULL;
@@ -782,7 +782,7 @@ void sr_codec_release(const uint8_t *buf, size_t len)
     walk_top(&d, &unused);
 }
 
-int sr_codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg)
+int sr__codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg)
 {
     struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = VISIT, .fn = "sr_rpc",
                     .visit = fn, .visit_arg = arg};

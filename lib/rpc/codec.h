@@ -17,11 +17,11 @@
  * was wrong. It never reads outside [buf, buf + len) and never crashes.
  *
  * Encoding tensors takes a block reference for the receiver (the descriptor
- * owns it until decoded); sr_codec_release() drops the references a buffer
+ * owns it until decoded); sr__codec_release() drops the references a buffer
  * holds when it will never be decoded (a send that failed, a timed-out reply).
  * Objects work the same way: the encoder takes a value reference for the
  * receiver. RRefs too: the encoder forks them; releasing a buffer (on either
- * side) decodes each RRef and drops it, which retires the fork. After sr_codec_decode() returns 0 or -ENOMEM the buffer holds no
+ * side) decodes each RRef and drops it, which retires the fork. After sr__codec_decode() returns 0 or -ENOMEM the buffer holds no
  * references (never release it then). -EBADMSG found the buffer malformed
  * before consuming anything, and a malformed buffer's references are never
  * dropped: they cannot be trusted. (One exception: a forged buffer naming an
@@ -45,26 +45,26 @@
 /* Exact encoded size of n values, or -errno (e.g. a private tensor block
  * that cannot be sent, an object bound for another process: -EINVAL naming
  * it). self_call: objects may be passed by reference. */
-int64_t sr_codec_size(size_t n, sr_value *const *vals, int self_call);
+int64_t sr__codec_size(size_t n, sr_value *const *vals, int self_call);
 
-/* Encode into buf (cap >= sr_codec_size). Returns bytes written or -errno. */
-int64_t sr_codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap);
-/* As sr_codec_encode, for a message bound for rank `to`: the module value
+/* Encode into buf (cap >= sr__codec_size). Returns bytes written or -errno. */
+int64_t sr__codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t *buf, size_t cap);
+/* As sr__codec_encode, for a message bound for rank `to`: the module value
  * kinds' encode hooks are told it (an RRef records where its child went). */
-int64_t sr_codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap);
+int64_t sr__codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap);
 
 /* Decode a list of values; *out is a new SR_KIND_LIST value. 0 or -EBADMSG
  * (-ENOMEM if memory runs out). */
-int sr_codec_decode(const uint8_t *buf, size_t len, sr_value **out);
+int sr__codec_decode(const uint8_t *buf, size_t len, sr_value **out);
 
 /* Drop the block references held by an encoded buffer that will not be decoded. */
-void sr_codec_release(const uint8_t *buf, size_t len);
+void sr__codec_release(const uint8_t *buf, size_t len);
 
 /* Walk an encoded list's structure (bounds, tags and lengths checked, nothing
  * else) and call fn with the position of each tensor descriptor's block
  * offset (8 bytes, little-endian), in encoding order; fn may rewrite it. 0,
  * fn's nonzero return, or -EBADMSG (malformed, the reason in sr_last_error).
  * The marshalling of messages between hosts (marshal.c) uses it. */
-int sr_codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg);
+int sr__codec_visit_tensors(uint8_t *buf, size_t len, int (*fn)(void *arg, uint8_t *block_field), void *arg);
 
 #endif

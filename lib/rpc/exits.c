@@ -14,7 +14,7 @@ static int claim_gone(sr_agent *a)
     int first = -1;
     uint32_t seq = 0;
     for (int r = 0; r < a->world; r++)
-        if (r != a->rank && !a->gone[r] && sr_tport_peer_gone(a->tp[r], r)) {
+        if (r != a->rank && !a->gone[r] && sr__tport_peer_gone(a->tp[r], r)) {
             uint32_t s = a->tp[r]->ops->live->exit_order(a->tp[r], r);
             if (first < 0 || s < seq)
                 first = r, seq = s;
@@ -74,7 +74,7 @@ void sr__agent_inbox_lost(sr_agent *a)
 void sr__agent_check_exits(sr_agent *a)
 {
     for (;;) {
-        uint32_t n = sr_tport_exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
+        uint32_t n = sr__tport_exits(a->self); /* seq_cst: pairs with the supervisor's X2 */
         /* relaxed: a hint, confirmed under the lock */
         if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
             return;

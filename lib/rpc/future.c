@@ -285,7 +285,7 @@ void sr__future_sleep(sr_future *f, int64_t deadline_ns)
         return;
     struct timespec ts, *tp = NULL;
     if (deadline_ns >= 0) {
-        int64_t left = deadline_ns - sr_now_ns();
+        int64_t left = deadline_ns - sr__now_ns();
         if (left <= 0)
             return;
         ts = (struct timespec){.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
@@ -308,7 +308,7 @@ int sr__future_wait_until(sr_future *f, int64_t deadline_ns)
 int sr__future_wait_plain(sr_future *f, int64_t deadline_ns)
 {
     while (!sr_future_done(f)) {
-        if (deadline_ns >= 0 && sr_now_ns() >= deadline_ns)
+        if (deadline_ns >= 0 && sr__now_ns() >= deadline_ns)
             return -ETIMEDOUT;
         sr__future_sleep(f, deadline_ns);
     }

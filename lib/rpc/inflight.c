@@ -45,7 +45,7 @@ int sr__inflight_add(sr_value *v)
             cap = ncap;
             table[len++] = (struct inflight){v, 1};
         } else {
-            rc = sr__fail(-ENOMEM, "sr_codec_encode", "out of memory recording object %p in flight", (void *)v);
+            rc = sr__fail(-ENOMEM, "sr__codec_encode", "out of memory recording object %p in flight", (void *)v);
         }
     } else {
         table[len++] = (struct inflight){v, 1};

@@ -41,7 +41,7 @@ static bool has_wire(uint16_t type)
  * 1: the payload holds no values; -EBADMSG. */
 static int values_at(const sr_msg *m, const uint8_t *p, size_t len, size_t *at)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     if (m->type == SR_MSG_ERR || (m->type == SR_MSG_KEEP_RET && !(w.flags & SR_WIRE_VALUE)))
         return 1;
     size_t used = 0;
@@ -61,10 +61,10 @@ static int values_at(const sr_msg *m, const uint8_t *p, size_t len, size_t *at)
 /* The payload block of m, checked: its data, or NULL (-EBADMSG). */
 static uint8_t *payload_block(const sr_msg *m, uint64_t off, uint32_t len)
 {
-    sr_block *b = sr_block_from_off(off);
+    sr_block *b = sr__block_from_off(off);
     void *data = NULL;
     size_t size = 0;
-    if (!b || sr_block_check(b, &data, &size) || size < len) {
+    if (!b || sr__block_check(b, &data, &size) || size < len) {
         sr__fail(-EBADMSG, "sr_rpc", "the payload block at offset %llu of a message from worker%u is invalid "
                                      "(%zu bytes for a %u-byte payload)",
                  (unsigned long long)off, m->src, size, len);
@@ -93,7 +93,7 @@ static int each_tensor(const sr_msg *m, uint8_t *p, size_t len, int (*fn)(void *
     int rc = values_at(m, p, len, &at);
     if (rc)
         return rc < 0 ? rc : 0;
-    return sr_codec_visit_tensors(p + at, len - at, fn, arg);
+    return sr__codec_visit_tensors(p + at, len - at, fn, arg);
 }
 
 struct parts_walk {
@@ -105,10 +105,10 @@ static int part_of_tensor(void *p, uint8_t *field)
 {
     struct parts_walk *w = p;
     uint64_t off = field_get(field);
-    sr_block *b = sr_block_from_off(off);
+    sr_block *b = sr__block_from_off(off);
     void *data = NULL;
     size_t size = 0;
-    if (!b || sr_block_check(b, &data, &size))
+    if (!b || sr__block_check(b, &data, &size))
         return sr__fail(-EBADMSG, "sr_rpc", "a tensor's block at offset %llu is invalid", (unsigned long long)off);
     return w->each(w->arg, data, size);
 }
@@ -117,7 +117,7 @@ static int m_parts(const sr_msg *m, int (*each)(void *arg, const void *data, uin
 {
     if (!has_wire(m->type))
         return 0;
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     if (!(w.flags & SR_WIRE_BLOCK))
         return 0; /* inline: no tensor descriptor fits in SR_WIRE_INLINE bytes */
     uint8_t *p = payload_block(m, w.p.block_off, w.len);
@@ -131,20 +131,20 @@ static int m_parts(const sr_msg *m, int (*each)(void *arg, const void *data, uin
 static int drop_tensor(void *p, uint8_t *field)
 {
     (void)p;
-    sr_block *b = sr_block_from_off(field_get(field));
+    sr_block *b = sr__block_from_off(field_get(field));
     if (b)
-        sr_block_unref(b);
+        sr__block_unref(b);
     return 0;
 }
 
 /* The bytes left: the references the encoder took (the payload's, and one
  * per tensor descriptor) go, and nothing else is undone (an RRef the values
- * carry now belongs to the receiver, unlike sr_codec_release's). */
+ * carry now belongs to the receiver, unlike sr__codec_release's). */
 static void m_sent(const sr_msg *m)
 {
     if (!has_wire(m->type))
         return;
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     if (!(w.flags & SR_WIRE_BLOCK))
         return;
     uint8_t *p = payload_block(m, w.p.block_off, w.len);
@@ -157,7 +157,7 @@ static void m_sent(const sr_msg *m)
 static int release_tensor(void *p, uint8_t *field)
 {
     (void)p;
-    sr_block *b = sr_block_from_off(field_get(field));
+    sr_block *b = sr__block_from_off(field_get(field));
     if (b)
         sr__block_handoff(b);
     return 0;
@@ -167,10 +167,10 @@ void sr__marshal_handoff(const sr_msg *m)
 {
     if (!has_wire(m->type))
         return;
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     if (!(w.flags & SR_WIRE_BLOCK))
         return;
-    sr_block *b = sr_block_from_off(w.p.block_off);
+    sr_block *b = sr__block_from_off(w.p.block_off);
     uint8_t *p = payload_block(m, w.p.block_off, w.len);
     if (p)
         each_tensor(m, p, w.len, release_tensor, NULL);
@@ -196,7 +196,7 @@ static int rebind_tensor(void *p, uint8_t *field)
 
 static int m_rebind(sr_msg *m, const uint64_t *blocks, size_t n)
 {
-    struct sr_wire w = has_wire(m->type) ? sr_wire_get(m) : (struct sr_wire){.flags = 0};
+    struct sr_wire w = has_wire(m->type) ? sr__wire_get(m) : (struct sr_wire){.flags = 0};
     if (!(w.flags & SR_WIRE_BLOCK))
         return n ? sr__fail(-EBADMSG, "sr_rpc", "a message of type %u from worker%u came with %zu parts and names none",
                             m->type, m->src, n)
@@ -204,7 +204,7 @@ static int m_rebind(sr_msg *m, const uint64_t *blocks, size_t n)
     if (!n)
         return sr__fail(-EBADMSG, "sr_rpc", "a message from worker%u names a payload block and came without it", m->src);
     w.p.block_off = blocks[0];
-    sr_wire_put(m, &w, true);
+    sr__wire_put(m, &w, true);
     uint8_t *p = payload_block(m, blocks[0], w.len);
     if (!p)
         return -EBADMSG;

@@ -13,7 +13,7 @@ extern const struct sr_tport_marshal sr__rpc_marshal;
 /* ThreadSanitizer (shm/base/tsan.h): m is about to leave this thread for another
  * process; the blocks it names (its payload, its tensors) are released, and
  * whoever receives or frees them in this process later acquires them in
- * sr_block_from_off or the drain of remote frees. Nothing outside a TSan
+ * sr__block_from_off or the drain of remote frees. Nothing outside a TSan
  * build. */
 #ifdef SR_TSAN
 void sr__marshal_handoff(const sr_msg *m);

@@ -98,7 +98,7 @@
  * with -Dprobes=false (SR_NO_PROBES) builds without any point; bench_rpc
  * measures both (docs/PERFORMANCE.md, "Profiling off"). The ops run on the
  * thread of the event, must not block and must not call back into RPC.
- * Times are CLOCK_MONOTONIC ns (sr_probe_now), the same clock in every
+ * Times are CLOCK_MONOTONIC ns (sr__probe_now), the same clock in every
  * process of the host.
  *   caller  call_out (before the request leaves: the id is now in flight),
  *           call_sent (it left, or failed to: rc), call_end (its answer
@@ -396,7 +396,7 @@ static inline bool sr__probing(void)
 #endif
 }
 
-static inline int64_t sr_probe_now(void)
+static inline int64_t sr__probe_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

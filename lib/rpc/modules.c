@@ -62,7 +62,7 @@ bool sr__rpc_reordering(void) { return atomic_load_explicit(&live_reorder, memor
 bool sr__rpc_peer_gone(int rank, char *why, size_t len)
 {
     sr_agent *a = sr__agent_peek();
-    if (!a || rank < 0 || rank >= a->world || !sr_tport_peer_gone(a->tp[rank], rank))
+    if (!a || rank < 0 || rank >= a->world || !sr__tport_peer_gone(a->tp[rank], rank))
         return false;
     if (why)
         a->tp[rank]->ops->live->gone_text(a->tp[rank], rank, why, len);
@@ -111,7 +111,7 @@ static void probe_msg(int dir, int peer, int id, uint8_t type, const uint8_t *by
 {
     char name[64];
     sr__probe_module_name(id, SR_MSG_MODULE_BASE + 4 * id + type, type, bytes, name, sizeof(name));
-    sr__probe_ops->msg(dir, peer, name, sr_probe_now());
+    sr__probe_ops->msg(dir, peer, name, sr__probe_now());
 }
 
 static_assert(SR_MODULE_MSG_MAX == SR_MSG_DATA, "a raw module message fills one slot");

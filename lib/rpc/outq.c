@@ -95,7 +95,7 @@ static int drain(sr_agent *a, int to, struct sr_outq_dest *d, bool armed)
         /* relaxed: under lock; see pending */
         atomic_store_explicit(&d->pending, atomic_load_explicit(&d->pending, memory_order_relaxed) - 1,
                               memory_order_relaxed);
-        d->since_ns = sr_now_ns();
+        d->since_ns = sr__now_ns();
         free(e);
     }
     return 0;
@@ -106,7 +106,7 @@ static void mark_busy(sr_outq *q, struct sr_outq_dest *d)
 {
     d->next_busy = q->busy;
     q->busy = d;
-    d->since_ns = sr_now_ns();
+    d->since_ns = sr__now_ns();
 }
 
 static void unlink_busy(sr_outq *q, struct sr_outq_dest *d)
@@ -207,7 +207,7 @@ static void flush_all(sr_agent *a)
 
 void sr__outq_service(sr_agent *a)
 {
-    if (sr_likely(!sr_tport_space_kicked(a->self)) || !a->self->ops->flow->space_take(a->self)) /* kicked: flow */
+    if (sr_likely(!sr__tport_space_kicked(a->self)) || !a->self->ops->flow->space_take(a->self)) /* kicked: flow */
         return;
     atomic_fetch_add_explicit(&a->outq.space_wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     flush_all(a);
@@ -234,7 +234,7 @@ size_t sr__outq_describe(sr_agent *a, int to, char *buf, size_t n)
     pthread_mutex_lock(&q->lock);
     struct sr_outq_dest *d = &q->dests[to];
     uint32_t queued = atomic_load_explicit(&d->pending, memory_order_relaxed); /* relaxed: under lock */
-    double idle_s = d->head ? (double)(sr_now_ns() - d->since_ns) / 1e9 : 0;
+    double idle_s = d->head ? (double)(sr__now_ns() - d->since_ns) / 1e9 : 0;
     pthread_mutex_unlock(&q->lock);
     if (!queued)
         return 0;

@@ -82,7 +82,7 @@ static inline bool sr__outq_busy(const sr_outq *q, int to)
  * than -EAGAIN when the message could not be queued). */
 int sr__outq_push(struct sr_agent *a, int to, const sr_msg *m);
 
-/* On a space kick (sr_tport_space_kicked): take it and retry every queue.
+/* On a space kick (sr__tport_space_kicked): take it and retry every queue.
  * One relaxed load when there is none. Calls no user code with the lock held. */
 void sr__outq_service(struct sr_agent *a);
 

@@ -11,7 +11,7 @@ int64_t sr__agent_remote_due(const sr_agent *a)
     if (sr_likely(!a->remote) || !a->remote->ops->poll_ns)
         return -1;
     int64_t ns = a->remote->ops->poll_ns(a->remote);
-    return ns < 0 ? -1 : sr_now_ns() + ns;
+    return ns < 0 ? -1 : sr__now_ns() + ns;
 }
 
 /* One burst from the rings, then what fits from the other hosts. */
@@ -56,7 +56,7 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
         a->burst_n = recv_all(a);
-        if (sr_unlikely(!a->burst_n && sr_tport_inbox_bad(a->self)))
+        if (sr_unlikely(!a->burst_n && sr__tport_inbox_bad(a->self)))
             sr__agent_inbox_lost(a);
         if (!a->burst_n) { /* idle (the transport took back the blocks peers released) */
             sr__outq_service(a); /* a full inbox we queue for freed slots: one load when none did */
@@ -80,6 +80,6 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
 void sr__agent_expire_due(sr_agent *a)
 {
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
-    if (d >= 0 && sr_now_coarse_ns() >= d)
-        sr__calls_expire(a, sr_now_ns());
+    if (d >= 0 && sr__now_coarse_ns() >= d)
+        sr__calls_expire(a, sr__now_ns());
 }

@@ -37,5 +37,5 @@ const char *sr__probe_module_name(int module, int type, uint8_t sub, const uint8
 void sr__probe_span(const char *cat, const char *name, int64_t t0)
 {
     if (sr__probing())
-        sr__probe_ops->span(cat, name, t0, sr_probe_now());
+        sr__probe_ops->span(cat, name, t0, sr__probe_now());
 }

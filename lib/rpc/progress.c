@@ -109,7 +109,7 @@ static bool park_ready(void *p)
     sr_agent *a = c->a;
     /* relaxed (stopping): a hint to skip the sleep; sr__agent_stop also notifies the waiter */
     if (sr__agent_inbox_ready(a) || atomic_load_explicit(&a->stopping, memory_order_relaxed) || timers_moved(a) ||
-        sr_tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
+        sr__tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
         sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
     uint32_t t = TOKEN_PROGRESS;
@@ -127,7 +127,7 @@ static bool park_ready(void *p)
 static void handle_events(sr_agent *a)
 {
     sr__agent_check_exits(a);
-    int64_t now = sr_now_ns();
+    int64_t now = sr__now_ns();
     int64_t d = atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed); /* relaxed: a hint */
     if (d >= 0 && now >= d)
         sr__calls_expire(a, now);
@@ -153,12 +153,12 @@ static int64_t progress_spin_budget(sr_agent *a)
 static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
 {
     int64_t budget = progress_spin_budget(a);
-    int64_t until = sr_now_ns() + budget;
-    while (budget > 0 && sr_now_ns() < until) {
+    int64_t until = sr__now_ns() + budget;
+    while (budget > 0 && sr__now_ns() < until) {
         for (int i = 0; i < 64; i++) {
             if (sr__agent_poll_ready(a) || (f && sr_future_done(f)))
                 return;
-            sr_cpu_relax();
+            sr__cpu_relax();
         }
         /* relaxed: a hint; a user thread wants to poll its own response */
         if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
@@ -211,7 +211,7 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
     bool was = sr__exec_take_jobs(false);
     int rc = 0;
     while (!sr_future_done(f)) {
-        if (deadline >= 0 && sr_now_ns() >= deadline) {
+        if (deadline >= 0 && sr__now_ns() >= deadline) {
             rc = -ETIMEDOUT;
             break;
         }

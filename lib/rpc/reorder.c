@@ -88,7 +88,7 @@ int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
     h->m = *m;
     h->m.src = (uint16_t)a->rank;
     pthread_mutex_lock(&r->lock);
-    h->at = sr_now_ns() + pick_delay(r);
+    h->at = sr__now_ns() + pick_delay(r);
     struct held **p = &r->head;
     while (*p && (*p)->at <= h->at)
         p = &(*p)->next;
@@ -124,7 +124,7 @@ void sr__reorder_pump(sr_agent *a, int64_t now, int (*send)(sr_agent *a, int to,
         if (send(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
             char how[128] = "could not be reached";
             sr_tport *t = a->tp[h->to];
-            if (sr_tport_peer_gone(t, h->to))
+            if (sr__tport_peer_gone(t, h->to))
                 t->ops->live->exit_text(t, h->to, how, sizeof(how));
             sr__calls_fail_peer(a, h->to, how);
         }

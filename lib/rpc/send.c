@@ -11,7 +11,7 @@ int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
     /* The shutdown control messages are never held: the barrier and the
      * quiescence waves must see the held ones as in flight, not be held too. */
-    if (sr_likely(a->reorder == NULL) || m->type == SR_MSG_CTRL || sr_tport_peer_gone(a->tp[to], to))
+    if (sr_likely(a->reorder == NULL) || m->type == SR_MSG_CTRL || sr__tport_peer_gone(a->tp[to], to))
         return sr__agent_send_now(a, to, m);
     int rc = sr__reorder_hold(a, to, m);
     if (rc > 0) /* the first to go: the progress thread may sleep with a later timer */

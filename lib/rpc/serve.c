@@ -108,7 +108,7 @@ static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, co
         p = sr__payload_reserve(&m, &w, len);
     }
     memcpy(p, text, len);
-    sr_wire_put(&m, &w, false);
+    sr__wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m)) {
         sr__payload_abandon(&w);
@@ -121,7 +121,7 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
 {
     sr_value *one[1] = {v};
     size_t elen = ext ? ext->len : 0;
-    int64_t len = sr_codec_size(1, one, to == a->rank);
+    int64_t len = sr__codec_size(1, one, to == a->rank);
     sr_msg m = {.type = SR_MSG_RESP};
     struct sr_wire w = {.call_id = id};
     uint8_t *p = len >= 0 ? sr__payload_reserve(&m, &w, elen + (size_t)len) : NULL;
@@ -129,7 +129,7 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         memcpy(p, ext->b, elen);
         w.flags |= SR_WIRE_EXT;
     }
-    if (!p || sr_codec_encode_to(1, one, to == a->rank, to, p + elen, (size_t)len) != len) {
+    if (!p || sr__codec_encode_to(1, one, to == a->rank, to, p + elen, (size_t)len) != len) {
         char text[512];
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
@@ -137,10 +137,10 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         send_error(a, to, id, -SR_EREMOTE, sr__error_cause(-SR_EREMOTE), text);
         return;
     }
-    sr_wire_put(&m, &w, false);
+    sr__wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m)) {
-        sr_codec_release(p + elen, (size_t)len);
+        sr__codec_release(p + elen, (size_t)len);
         sr__payload_abandon(&w);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: never arrives */
     }
@@ -170,9 +170,9 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
     sr_msg m = {.type = SR_MSG_KEEP_RET};
     struct sr_wire w = {.call_id = id};
     sr_value *one[1] = {v};
-    int64_t len = v && plain(v, 0) ? sr_codec_size(1, one, to == a->rank) : -1;
+    int64_t len = v && plain(v, 0) ? sr__codec_size(1, one, to == a->rank) : -1;
     uint8_t *p = len > 0 && len <= SR_REMOTE_RET_MAX ? sr__payload_reserve(&m, &w, (size_t)len) : NULL;
-    if (p && sr_codec_encode_to(1, one, to == a->rank, to, p, (size_t)len) == len) {
+    if (p && sr__codec_encode_to(1, one, to == a->rank, to, p, (size_t)len) == len) {
         w.flags |= SR_WIRE_VALUE;
     } else if (p) { /* cannot happen for plain data; send no value rather than none */
         sr__payload_abandon(&w);
@@ -180,7 +180,7 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
     } else {
         w.len = 0;
     }
-    sr_wire_put(&m, &w, false);
+    sr__wire_put(&m, &w, false);
     atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
     if (sr__agent_send(a, to, &m))
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
@@ -214,7 +214,7 @@ static void finish_call(struct sr_call *c)
     sr_agent *a = c->a;
     int64_t f0 = 0;
     if (c->probe.t_arrive && sr__probing()) { /* counted before the caller can see the answer */
-        f0 = sr_probe_now();
+        f0 = sr__probe_now();
         sr__probe_ops->served(&c->probe, c->err, f0);
     }
     /* The arguments go before the answer: RRefs among them are deleted (or
@@ -248,7 +248,7 @@ static void finish_call(struct sr_call *c)
     }
     modules_call_done(c);
     if (f0 && sr__probing())
-        sr__probe_ops->reply(&c->probe, c->err, f0, sr_probe_now());
+        sr__probe_ops->reply(&c->probe, c->err, f0, sr__probe_now());
     sr_value_unref(c->result);
     free(c->msg);
     free(c);
@@ -296,7 +296,7 @@ static int serve_module(struct sr_call *c, sr_future **f)
 static void probe_ran(struct sr_call *c)
 {
     if (c->probe.t_arrive && sr__probing()) {
-        c->probe.t_run1 = sr_probe_now();
+        c->probe.t_run1 = sr__probe_now();
         sr__probe_ops->ran(&c->probe);
     }
 }
@@ -311,7 +311,7 @@ static void probe_ran(struct sr_call *c)
 static void run_call_then(struct sr_call *c, void (*retake)(sr_agent *a))
 {
     if (c->probe.t_arrive && sr__probing())
-        c->probe.t_run0 = sr_probe_now();
+        c->probe.t_run0 = sr__probe_now();
     modules_enter(c);
     if (c->module < 0 && c->fn->kind != SR_FN_ASYNC) {
         struct sr__serving prev = sr__serving_enter(c->fn->name, c->caller);
@@ -376,8 +376,8 @@ static void enqueue(sr_agent *a, struct sr_call *c)
 static int request_ext(const sr_msg *m, const uint8_t **p, size_t *len, struct sr_ext_view *v)
 {
     size_t used = 0;
-    int rc = (sr_wire_get(m).flags & SR_WIRE_EXT) ? sr__ext_parse(*p, *len, m->src, v, &used) : 0;
-    if (!(sr_wire_get(m).flags & SR_WIRE_EXT))
+    int rc = (sr__wire_get(m).flags & SR_WIRE_EXT) ? sr__ext_parse(*p, *len, m->src, v, &used) : 0;
+    if (!(sr__wire_get(m).flags & SR_WIRE_EXT))
         v->mask = 0;
     *p += used;
     *len -= used;
@@ -401,7 +401,7 @@ static int modules_request_in(struct sr_call *c, const struct sr_ext_view *v)
 static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, char *text,
                                          size_t tl)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     if (m->type == SR_MSG_MOD_REQ)
         return NULL;
     const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
@@ -416,12 +416,12 @@ static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uin
 static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, int *code,
                                       char *text, size_t tl)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     bool named = m->type != SR_MSG_MOD_REQ;
     const struct sr_fn_entry *fn = find_fn(a, m, p, len, text, tl);
     if (named && !fn) {
         if (w.name_len <= len) /* what the arguments carry (tensor blocks, RRef forks) must still be let go */
-            sr_codec_release(p + w.name_len, len - w.name_len);
+            sr__codec_release(p + w.name_len, len - w.name_len);
         *code = -ENOENT;
         return NULL;
     }
@@ -430,7 +430,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     if (!c) {
         snprintf(text, tl, "Error on Node %d: out of memory", a->rank);
         *code = -ENOMEM;
-        sr_codec_release(p + skip, len - skip);
+        sr__codec_release(p + skip, len - skip);
         return NULL;
     }
     *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .module = -1, .keeper = -1,
@@ -443,7 +443,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
     /* Module value kinds may tie what they decode to the call (module.h). */
     struct sr_call *prev = sr__thr.decoding;
     sr__thr.decoding = c;
-    int rc = sr_codec_decode(p + skip, len - skip, &c->args);
+    int rc = sr__codec_decode(p + skip, len - skip, &c->args);
     sr__thr.decoding = prev;
     if (rc) {
         snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
@@ -623,7 +623,7 @@ static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
  * given the error as the kept value. False if the caller must get an ERR. */
 static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int code, char *text, size_t tl)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     const sr_module *k = w.ctrl < SR_MODULE_MAX ? sr__modules[w.ctrl] : NULL;
     void *h = k && k->keep && k->keep->open ? k->keep->open(w.tag, m->src) : NULL;
     if (!h) {
@@ -681,7 +681,7 @@ static void probe_in(struct sr_call *c, const sr_msg *m, int64_t t0)
     const char *name = c->fn ? c->fn->name
                              : sr__probe_module_name(c->module, m->type, c->sub, NULL, c->probe_name, sizeof(c->probe_name));
     c->probe = (struct sr_probe_call){.caller = c->caller, .call_id = c->call_id, .name = name, .t_arrive = t0,
-                                      .t_decoded = sr_probe_now()};
+                                      .t_decoded = sr__probe_now()};
     sr__probe_ops->serve_in(&c->probe);
 }
 
@@ -690,7 +690,7 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     int code = -EBADMSG;
     char text[256];
     bool answered;
-    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
+    int64_t t0 = sr__probing() ? sr__probe_now() : 0;
     struct sr_call *c = take_request(a, m, &code, text, sizeof(text), &answered);
     if (answered)
         return;
@@ -699,7 +699,7 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     answered = m->type == SR_MSG_KEEP_CALL && keep_open(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
-            send_error(a, m->src, sr_wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text);
+            send_error(a, m->src, sr__wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text);
         atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
         return;
     }

@@ -43,7 +43,7 @@ static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t 
 {
     sr_msg m = {.type = SR_MSG_CTRL};
     struct sr_wire w = {.ctrl = (uint8_t)c, .p.args = {x, y, z}};
-    sr_wire_put(&m, &w, true);
+    sr__wire_put(&m, &w, true);
     sr__agent_send(a, to, &m); /* a dead peer fails the wait instead */
 }
 
@@ -61,7 +61,7 @@ static void complete(sr_future *f)
 
 void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
 {
-    struct sr_wire wire = sr_wire_get(m);
+    struct sr_wire wire = sr__wire_get(m);
     const struct sr_wire *w = &wire;
     pthread_mutex_lock(&a->ctl_lock);
     switch (w->ctrl) {
@@ -114,7 +114,7 @@ static int first_departure(sr_agent *a, int rank)
     uint32_t seq = a->tp[rank]->ops->live->exit_order(a->tp[rank], rank); /* rank's exit was published */
     for (int r = 0; r < a->world; r++) {
         sr_tport *t = a->tp[r];
-        if (r != a->rank && r != rank && sr_tport_peer_gone(t, r) && !t->ops->live->left_gracefully(t, r) &&
+        if (r != a->rank && r != rank && sr__tport_peer_gone(t, r) && !t->ops->live->left_gracefully(t, r) &&
             t->ops->live->exit_order(t, r) < seq) {
             seq = t->ops->live->exit_order(t, r);
             rank = r;

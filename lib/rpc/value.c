@@ -336,7 +336,7 @@ SR_API bool sr_value_equal(const sr_value *a, const sr_value *b)
     return a->kind >= SR_KIND_MODULE && a->u.mod == b->u.mod;
 }
 
-const char *sr_value_repr(const sr_value *v, char *buf, size_t len)
+const char *sr__value_repr(const sr_value *v, char *buf, size_t len)
 {
     if (!len)
         return buf;

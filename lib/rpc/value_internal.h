@@ -64,6 +64,6 @@ sr_value *sr__str_n(const char *s, size_t n);
 
 /* A short description for error messages: "int 5", "str 'abc'", "list of 3",
  * "object of type 'Net'". Always NUL-terminates (len > 0); returns buf. */
-const char *sr_value_repr(const sr_value *v, char *buf, size_t len);
+const char *sr__value_repr(const sr_value *v, char *buf, size_t len);
 
 #endif

@@ -95,7 +95,7 @@ static bool user_release(sr_agent *a)
          * again and re-check, after the transport's fence (D2), the inbox, a
          * space event, the rest of our burst and the departures (park_busy). */
         if (!a->wake->park(a->self, park_busy, a)) {
-            if (sr__agent_inbox_ready(a) || sr_tport_space_kicked(a->self))
+            if (sr__agent_inbox_ready(a) || sr__tport_space_kicked(a->self))
                 return false;
             /* A departure published while we polled rang an AWAKE doorbell
              * (X3) and may have woken nobody: handle it before parking the token. */
@@ -120,14 +120,14 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 {
     if (budget <= 0) /* not even one round of pauses (64 of them: microseconds) */
         return false;
-    int64_t until = sr_now_ns() + budget;
+    int64_t until = sr__now_ns() + budget;
     do {
         for (int i = 0; i < 64; i++) {
             if (sr__agent_poll_ready(a) || sr_future_done(f))
                 return true;
-            sr_cpu_relax();
+            sr__cpu_relax();
         }
-    } while (sr_now_ns() < until);
+    } while (sr__now_ns() < until);
     return false;
 }
 
@@ -146,12 +146,12 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         sr__agent_expire_due(a);
         if (sr_future_done(f))
             return 0;
-        if (deadline >= 0 && sr_now_ns() >= deadline)
+        if (deadline >= 0 && sr__now_ns() >= deadline)
             return -ETIMEDOUT;
         if (sr__agent_closing(a))
             return 1; /* sr_shutdown waits for this thread: hand the inbox back */
         if (a->reorder)
-            sr__reorder_pump(a, sr_now_ns(), sr__agent_send_now);
+            sr__reorder_pump(a, sr__now_ns(), sr__agent_send_now);
         if (sr__agent_exits_pending(a)) { /* the supervisor rang: a peer left */
             sr__agent_check_exits(a);
             continue;
@@ -170,9 +170,9 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     /* relaxed: a hint for the spinning progress thread */
     atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
     bool got = false;
-    int64_t until = sr_now_ns() + USER_STEAL_SPIN_NS;
-    while (!sr_future_done(f) && !(got = user_take(a)) && sr_now_ns() < until)
-        sr_cpu_relax();
+    int64_t until = sr__now_ns() + USER_STEAL_SPIN_NS;
+    while (!sr_future_done(f) && !(got = user_take(a)) && sr__now_ns() < until)
+        sr__cpu_relax();
     atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
     return got;
 }
@@ -215,8 +215,8 @@ static bool sleep_on(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
  * Lets go of a counted reference while asleep, as sleep_on does. */
 static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool counted)
 {
-    if (!sr_futex_waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
-        int64_t soon = sr_now_ns() + IDLE_RETAKE_NS;
+    if (!sr__futex_waitv_supported()) { /* no event to sleep on: retry now and then (who serves never decides correctness) */
+        int64_t soon = sr__now_ns() + IDLE_RETAKE_NS;
         return sleep_on(a, f, deadline >= 0 && deadline < soon ? deadline : soon, counted);
     }
     _Atomic uint32_t *fw;
@@ -226,11 +226,11 @@ static bool idle_wait_token(sr_agent *a, sr_future *f, int64_t deadline, bool co
     uint32_t t = atomic_load_explicit(&a->token, memory_order_seq_cst);    /* seq_cst: T1 */
     bool ok = true;
     if (t != TOKEN_PARKED && t != TOKEN_FREE && sr__future_wait_word(f, &fw, &fv)) {
-        struct futex_waitv v[2] = {sr_futex_private_word(&token_seq, seq), sr_futex_private_word(fw, fv)};
+        struct futex_waitv v[2] = {sr__futex_private_word(&token_seq, seq), sr__futex_private_word(fw, fv)};
         uint64_t epoch = a->epoch;
         if (counted)
             sr__agent_put(a);
-        sr_futex_waitv(v, 2, deadline);
+        sr__futex_waitv(v, 2, deadline);
         if (counted)
             ok = retake(a, epoch);
     }
@@ -251,7 +251,7 @@ static bool hold_busy(void *p)
 {
     struct hold_ctx *c = p;
     return c->a->burst_at < c->a->burst_n || sr_future_done(c->f) || sr__agent_closing(c->a) ||
-           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr_now_ns());
+           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr__now_ns());
 }
 
 /* A user thread that holds the token and has nothing to poll sleeps on the
@@ -289,8 +289,8 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
     /* A deadline that passed by the precise clock but not yet by the coarse
      * one of expire_due: expire now rather than poll until the tick. */
-    if (due >= 0 && sr_now_ns() >= due) /* not for the polled transport's deadline: nothing is due then */
-        sr__calls_expire(a, sr_now_ns());
+    if (due >= 0 && sr__now_ns() >= due) /* not for the polled transport's deadline: nothing is due then */
+        sr__calls_expire(a, sr__now_ns());
     return true;
 }
 
@@ -313,7 +313,7 @@ static int holder_wait(sr_agent *a, sr_future *f, int64_t deadline)
             break;
         }
         if (!holder_sleep(a, f, deadline)) /* eventfd doorbell: nobody can ring this thread (HOLDER_SLICE_NS) */
-            sr__future_sleep(f, sr__earlier(deadline, sr_now_ns() + HOLDER_SLICE_NS));
+            sr__future_sleep(f, sr__earlier(deadline, sr__now_ns() + HOLDER_SLICE_NS));
     }
     sr__exec_take_jobs(was);
     return rc;
@@ -346,7 +346,7 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
     else if (sr__thr.holder)
         return holder_wait(a, f, deadline);
     for (;;) {
-        if (sr_future_done(f) || (deadline >= 0 && sr_now_ns() >= deadline)) {
+        if (sr_future_done(f) || (deadline >= 0 && sr__now_ns() >= deadline)) {
             if (held) /* a held token is handed back on every way out */
                 while (!user_release(a))
                     sr__agent_poll_burst(a, mode);

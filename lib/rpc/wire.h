@@ -97,7 +97,7 @@ static_assert(offsetof(struct sr_wire, p) == 24, "the inline payload starts afte
 /* sr_msg.data is only 4-byte aligned, so the header is copied, never cast. */
 #define SR_WIRE_HDR offsetof(struct sr_wire, p)
 
-static inline struct sr_wire sr_wire_get(const sr_msg *m)
+static inline struct sr_wire sr__wire_get(const sr_msg *m)
 {
     struct sr_wire w;
     memcpy(&w, m->data, sizeof(w));
@@ -106,12 +106,12 @@ static inline struct sr_wire sr_wire_get(const sr_msg *m)
 
 /* Write the header; the payload union is written only for block and control
  * messages (an inline payload is already in place). */
-static inline void sr_wire_put(sr_msg *m, const struct sr_wire *w, bool with_union)
+static inline void sr__wire_put(sr_msg *m, const struct sr_wire *w, bool with_union)
 {
     memcpy(m->data, w, with_union || (w->flags & SR_WIRE_BLOCK) ? sizeof(*w) : SR_WIRE_HDR);
 }
 
-static inline uint8_t *sr_wire_inline(sr_msg *m) { return m->data + SR_WIRE_HDR; }
-static inline const uint8_t *sr_wire_inline_c(const sr_msg *m) { return m->data + SR_WIRE_HDR; }
+static inline uint8_t *sr__wire_inline(sr_msg *m) { return m->data + SR_WIRE_HDR; }
+static inline const uint8_t *sr__wire_inline_c(const sr_msg *m) { return m->data + SR_WIRE_HDR; }
 
 #endif

@@ -33,13 +33,13 @@ int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
     struct sr_storage *st = t->storage;
     sr__storage_lock(st);
     sr_block *b = st->block;
-    uint64_t off = sr_block_to_off(b);
+    uint64_t off = sr__block_to_off(b);
     if (off != (uint64_t)-1)
-        sr_block_ref(b);
+        sr__block_ref(b);
     sr__storage_unlock(st);
     if (off == (uint64_t)-1)
         return sr__fail(-EINVAL, "sr__tensor_to_desc", "the tensor's storage is a private block, not in the "
-                        "shared heap (was sr_heap_attach called before it was made?)");
+                        "shared heap (was sr__heap_attach called before it was made?)");
     memset(d, 0, sizeof(*d));
     d->magic = SR_TENSOR_DESC_MAGIC;
     d->dtype = (uint8_t)t->dtype;
@@ -110,7 +110,7 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out)
     int rc = check_fields(d);
     if (rc)
         return rc;
-    sr_block *b = sr_block_from_off(d->block);
+    sr_block *b = sr__block_from_off(d->block);
     if (!b) {
         char why[256]; /* sr__fail rewrites the buffer sr_last_error() points to */
         snprintf(why, sizeof(why), "%s", sr_last_error());
@@ -118,11 +118,11 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out)
     }
     void *data;
     size_t size;
-    if ((rc = sr_block_check(b, &data, &size)) || (rc = check_extent(d, size)))
+    if ((rc = sr__block_check(b, &data, &size)) || (rc = check_extent(d, size)))
         return rc;
-    struct sr_storage *s = sr__storage_new(sr_block_ref(b));
+    struct sr_storage *s = sr__storage_new(sr__block_ref(b));
     if (!s) {
-        sr_block_unref(b);
+        sr__block_unref(b);
         return -ENOMEM;
     }
     sr_tensor *t = sr__tensor_wrap(s, (sr_dtype)d->dtype, d->ndim, d->shape, d->strides, d->offset);
@@ -136,6 +136,6 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out)
 
 void sr__tensor_desc_release(const struct sr_tensor_desc *d)
 {
-    sr_block *b = d ? sr_block_from_off(d->block) : NULL;
-    sr_block_unref(b);
+    sr_block *b = d ? sr__block_from_off(d->block) : NULL;
+    sr__block_unref(b);
 }

@@ -45,7 +45,7 @@ struct sr_tensor_desc {
     uint8_t ndim;    /* <= SR_MAX_DIMS; entries past ndim are zero */
     uint16_t flags;  /* SR_DESC_REQUIRES_GRAD */
     int64_t offset;  /* first element, in elements from the block's data */
-    uint64_t block;  /* sr_block_to_off() of the storage */
+    uint64_t block;  /* sr__block_to_off() of the storage */
     int64_t shape[SR_MAX_DIMS];
     int64_t strides[SR_MAX_DIMS]; /* in elements, >= 0 */
 };
@@ -55,7 +55,7 @@ _Static_assert(sizeof(struct sr_tensor_desc) == 152, "descriptor layout is part 
  * the shared heap. Takes no reference (the codec's size pass). */
 bool sr__tensor_sendable(const sr_tensor *t);
 /* Errors: -EINVAL when t's storage is not in the shared heap (no
- * sr_heap_attach) or t is NULL. */
+ * sr__heap_attach) or t is NULL. */
 int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d);
 /* A leaf tensor (requires_grad from the flags, no history) viewing the
  * block. Errors: -EINVAL for any malformed field, an offset that is not a

@@ -74,7 +74,7 @@ void sr__loop_init(struct sr_loop *L, int ndim, const int64_t *shape, int nops, 
 void sr__loop_done(struct sr_loop *L)
 {
     for (int j = 0; j < L->nheld; j++)
-        sr_block_unref(L->held[j]);
+        sr__block_unref(L->held[j]);
     L->nheld = 0;
 }
 

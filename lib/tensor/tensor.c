@@ -53,7 +53,7 @@ struct sr_storage *sr__storage_new(sr_block *block)
 {
     void *data;
     size_t nbytes;
-    if (sr_block_check(block, &data, &nbytes))
+    if (sr__block_check(block, &data, &nbytes))
         return NULL;
     struct sr_storage *s = malloc(sizeof(*s));
     if (!s) {
@@ -73,7 +73,7 @@ void sr__storage_unref(struct sr_storage *s)
     /* acq_rel: the last tensor object of this process frees the storage after
      * every other thread's use of it (pairs with the other decrements) */
     if (s && atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
-        sr_block_unref(s->block);
+        sr__block_unref(s->block);
         free(s);
     }
 }
@@ -89,7 +89,7 @@ void sr__storage_lock(struct sr_storage *s)
          * synchronises */
         while (atomic_load_explicit(&s->lock, memory_order_relaxed)) {
             if (++spins < 128)
-                sr_cpu_relax();
+                sr__cpu_relax();
             else
                 sched_yield(); /* a long write (a big tensor) or a preempted holder */
         }
@@ -109,14 +109,14 @@ uint64_t sr__tensor_cow_copies(void) { return atomic_load_explicit(&cow_copies, 
 
 int sr__storage_make_writable(struct sr_storage *s, const char *fn)
 {
-    if (sr_block_refcount(s->block) <= 1)
+    if (sr__block_refcount(s->block) <= 1)
         return 0; /* acquire inside: we see every former holder's writes */
     size_t n = s->nbytes;
-    sr_block *copy = sr_block_alloc(n);
+    sr_block *copy = sr__block_alloc(n);
     void *data;
     size_t copy_n;
-    if (copy && sr_block_check(copy, &data, &copy_n)) {
-        sr_block_unref(copy);
+    if (copy && sr__block_check(copy, &data, &copy_n)) {
+        sr__block_unref(copy);
         return sr__fail(-EPROTO, fn, "copy-on-write of a %zu-byte storage: a new block's header is corrupt", n);
     }
     if (!copy) {
@@ -128,7 +128,7 @@ int sr__storage_make_writable(struct sr_storage *s, const char *fn)
     sr_block *old = s->block;
     s->block = copy;
     s->data = data;
-    sr_block_unref(old);
+    sr__block_unref(old);
     /* relaxed: see cow_copies */
     atomic_fetch_add_explicit(&cow_copies, 1, memory_order_relaxed);
     return 0;
@@ -137,7 +137,7 @@ int sr__storage_make_writable(struct sr_storage *s, const char *fn)
 sr_block *sr__storage_block_ref(struct sr_storage *s, char **data)
 {
     sr__storage_lock(s);
-    sr_block *b = sr_block_ref(s->block);
+    sr_block *b = sr__block_ref(s->block);
     if (data)
         *data = s->data;
     sr__storage_unlock(s);
@@ -147,7 +147,7 @@ sr_block *sr__storage_block_ref(struct sr_storage *s, char **data)
 uint64_t sr__storage_block_off(struct sr_storage *s)
 {
     sr__storage_lock(s);
-    uint64_t off = sr_block_to_off(s->block);
+    uint64_t off = sr__block_to_off(s->block);
     sr__storage_unlock(s);
     return off;
 }
@@ -240,7 +240,7 @@ void sr__tensor_unpin(const sr_tensor *t)
     }
     if (--e->n)
         return;
-    sr_block_unref(e->b);
+    sr__block_unref(e->b);
     *e = pins.e[--pins.n];
 }
 
@@ -293,10 +293,10 @@ sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
     /* the block this thread read t from, if it pinned t (the op saving what
      * its forward read), else t's current one */
     sr_block *b = sr__storage_pinned(t->storage, NULL);
-    b = b ? sr_block_ref(b) : sr__storage_block_ref(t->storage, NULL);
+    b = b ? sr__block_ref(b) : sr__storage_block_ref(t->storage, NULL);
     struct sr_storage *s = sr__storage_new(b);
     if (!s) {
-        sr_block_unref(b);
+        sr__block_unref(b);
         return NULL;
     }
     sr_tensor *u = sr__tensor_wrap(s, t->dtype, t->ndim, t->shape, t->strides, t->offset);
@@ -331,7 +331,7 @@ sr_tensor *sr__tensor_new(const char *fn, sr_dtype dt, int ndim, const int64_t *
     if (sr__check_dtype(fn, dt) || sr__check_shape(fn, ndim, shape))
         return NULL;
     int64_t numel = sr__numel(ndim, shape);
-    sr_block *b = sr_block_alloc((size_t)numel * sr_dtype_size(dt));
+    sr_block *b = sr__block_alloc((size_t)numel * sr_dtype_size(dt));
     if (!b) {
         char why[256]; /* sr__fail rewrites the buffer sr_last_error() points to */
         snprintf(why, sizeof(why), "%s", sr_last_error());
@@ -340,7 +340,7 @@ sr_tensor *sr__tensor_new(const char *fn, sr_dtype dt, int ndim, const int64_t *
     }
     struct sr_storage *s = sr__storage_new(b);
     if (!s) {
-        sr_block_unref(b);
+        sr__block_unref(b);
         return NULL;
     }
     int64_t strides[SR_MAX_DIMS];

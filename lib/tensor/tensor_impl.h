@@ -8,7 +8,7 @@
  * local view follows. `storage->refs` counts local tensor objects; the
  * block's own refcount counts storages and in-flight descriptors across all
  * processes. A write needs the block to ourselves: sr__storage_make_writable()
- * clones it when sr_block_refcount(block) > 1.
+ * clones it when sr__block_refcount(block) > 1.
  *
  * Saved tensors (docs/TENSORS.md, "In-place writes and saved tensors"): a
  * tensor saved for backward gets its OWN storage object over the same block
@@ -35,7 +35,7 @@
  * Lock order: the storage lock is a leaf among the tensor layer's locks:
  * callers may hold a graph task's lock and sr__acc_lock (task -> acc ->
  * storage), but nothing is acquired under it except the heap's internal
- * locks (sr_block_alloc / sr_block_unref in the copy-on-write) and malloc.
+ * locks (sr__block_alloc / sr__block_unref in the copy-on-write) and malloc.
  * Never hold two storage locks at once (an in-place op pins its other
  * operands BEFORE it takes its destination's lock, see below), and never
  * call back into user code under it. Critical sections are one elementwise
@@ -106,7 +106,7 @@ struct sr_storage {
     _Atomic uint32_t refs; /* local tensor objects viewing this storage */
     _Atomic uint32_t lock; /* the write lock: 0 free, 1 held (see the top of this file) */
     sr_block *block;       /* holds one block reference; swapped under the lock */
-    /* block's data and size, checked (sr_block_check) when block is set and
+    /* block's data and size, checked (sr__block_check) when block is set and
      * written with it. The block header is shared memory that a faulty peer
      * could scribble on; these private copies are what every read and write
      * of the tensor layer uses, so a corrupted header is an error when a
@@ -147,7 +147,7 @@ sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const in
 sr_tensor *sr__tensor_alias(const sr_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                             int64_t offset);
 /* Adopts one block ref. NULL on -ENOMEM, or -EPROTO if the block's header
- * fails sr_block_check (the caller keeps its reference then). */
+ * fails sr__block_check (the caller keeps its reference then). */
 struct sr_storage *sr__storage_new(sr_block *block);
 void sr__storage_unref(struct sr_storage *s);
 /* The write lock (see the top of this file). */
@@ -159,7 +159,7 @@ int sr__storage_make_writable(struct sr_storage *s, const char *fn);
 /* A new reference on s's current block, taken under the lock; *data (if
  * not NULL) gets its checked data pointer, read under the same lock. */
 sr_block *sr__storage_block_ref(struct sr_storage *s, char **data);
-/* sr_block_to_off of s's current block, read under the lock. */
+/* sr__block_to_off of s's current block, read under the lock. */
 uint64_t sr__storage_block_off(struct sr_storage *s);
 /* An in-place write of t: check grad mode (-EPERM), take the storage lock,
  * make the storage writable. On 0 the caller writes, then calls

@@ -45,7 +45,7 @@ static int launch(sr_transports *s, struct sr_launch_env *env)
 /* Per peer: home, or the driver's instance for the ranks it reaches. */
 static int choose(sr_transports *s, const struct sr_transport_opts *o, const char *name)
 {
-    s->home = sr_xport_transport(s->shm);
+    s->home = sr__xport_transport(s->shm);
     s->rank = s->shm->rank;
     s->world = s->shm->world;
     s->peer = calloc((size_t)s->world, sizeof(*s->peer));
@@ -74,7 +74,7 @@ int sr__transport_open(const struct sr_transport_opts *o, sr_transports **out)
     /* under another launcher no supervisor publishes the local peers' exits */
     sr_xport_opts xo = {.name = name, .publish_exits = s->driver != NULL};
     if (!rc)
-        rc = sr_xport_attach(&xo, &s->shm);
+        rc = sr__xport_attach(&xo, &s->shm);
     if (!rc)
         rc = choose(s, o, name);
     if (rc) {
@@ -92,8 +92,8 @@ void sr__transport_close(sr_transports *s)
     if (s->polled && s->driver->close)
         s->driver->close(s->polled); /* first: its sends still in flight drop their parts in the heap */
     if (s->shm) {
-        sr_heap_detach();
-        sr_xport_detach(s->shm);
+        sr__heap_detach();
+        sr__xport_detach(s->shm);
     }
     if (s->driver && s->driver->fini)
         s->driver->fini(s->job);

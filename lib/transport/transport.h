@@ -215,27 +215,27 @@ struct sr_tport {
 };
 
 /* A space event is pending. relaxed: a hint; space_take synchronises. */
-static inline bool sr_tport_space_kicked(const sr_tport *t)
+static inline bool sr__tport_space_kicked(const sr_tport *t)
 {
     return atomic_load_explicit(t->space_kick, memory_order_relaxed) != 0;
 }
 
 /* The consumer's: has it latched a corrupt inbox? relaxed: latched by the
  * consumer (the thread asking, or one that handed it the inbox). */
-static inline bool sr_tport_inbox_bad(const sr_tport *t)
+static inline bool sr__tport_inbox_bad(const sr_tport *t)
 {
     return atomic_load_explicit(t->inbox_bad, memory_order_relaxed) != 0;
 }
 
 /* The exit generation: a change means some peer's exit is new to whoever
  * last read it. seq_cst (acquire at least): pairs with the supervisor's X2. */
-static inline uint32_t sr_tport_exits(const sr_tport *t)
+static inline uint32_t sr__tport_exits(const sr_tport *t)
 {
     return atomic_load_explicit(t->exits, memory_order_seq_cst);
 }
 
 /* rank has gone (live): false without the group (its exit ends the job). */
-static inline bool sr_tport_peer_gone(sr_tport *t, int rank)
+static inline bool sr__tport_peer_gone(sr_tport *t, int rank)
 {
     return t->ops->live && t->ops->live->peer_gone(t, rank);
 }
@@ -283,7 +283,7 @@ void *sr__transport_job(const sr_transports *s, const char *kind);
  * maps it: the same addresses the transport reads and writes (a check that
  * protects or inspects the mapping in use, such as the read-only header of
  * a sleep test), or NULL where no shared-memory transport is open. A second
- * sr_segment_attach maps the segment again, at other addresses. */
+ * sr__segment_attach maps the segment again, at other addresses. */
 struct sr_segment *sr__transport_segment(const sr_transports *s);
 
 #endif

@@ -17,7 +17,7 @@
 #define SR_ALIGNED_LINE __attribute__((aligned(SR_CACHELINE)))
 
 /* Politely burn a few cycles in a spin loop. */
-static inline void sr_cpu_relax(void)
+static inline void sr__cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();

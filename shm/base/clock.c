@@ -4,14 +4,14 @@
 #include <stdatomic.h>
 #include <time.h>
 
-int64_t sr_now_ns(void)
+int64_t sr__now_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-int64_t sr_now_coarse_ns(void)
+int64_t sr__now_coarse_ns(void)
 {
     /* Set by the first callers, any thread. Relaxed (both): every thread
      * computes the same value from the kernel, so a thread that reads -1
@@ -25,7 +25,7 @@ int64_t sr_now_coarse_ns(void)
     }
     struct timespec t;
     if (res_ns == 0 || clock_gettime(CLOCK_MONOTONIC_COARSE, &t))
-        return sr_now_ns();
+        return sr__now_ns();
     /* Round up by one tick, so a deadline computed from it never fires early. */
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec + res_ns;
 }

@@ -1,6 +1,6 @@
 /* Clocks: CLOCK_MONOTONIC in nanoseconds, for deadlines and durations.
  *
- * Any thread. Deadlines everywhere in shmrpc are absolute sr_now_ns()
+ * Any thread. Deadlines everywhere in shmrpc are absolute sr__now_ns()
  * values; -1 means none. */
 #ifndef SR_BASE_CLOCK_H
 #define SR_BASE_CLOCK_H
@@ -10,10 +10,10 @@
 #endif
 #include <stdint.h>
 
-int64_t sr_now_ns(void);
+int64_t sr__now_ns(void);
 /* A cheaper clock for deadlines: CLOCK_MONOTONIC_COARSE plus one tick of its
- * resolution, so it is never behind sr_now_ns() (a deadline computed from it
+ * resolution, so it is never behind sr__now_ns() (a deadline computed from it
  * fires late by at most one tick, never early). */
-int64_t sr_now_coarse_ns(void);
+int64_t sr__now_coarse_ns(void);
 
 #endif

@@ -7,7 +7,7 @@
 #include "rpc_harness.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/tensor.h"
-#include "waiter.h" /* sr_now_ns */
+#include "waiter.h" /* sr__now_ns */
 
 LEAK_CHECKED_SUITE(dist_autograd_core);
 
@@ -158,9 +158,9 @@ static uint64_t served_at_start;
 
 static void wait_for_served_propagate(void)
 {
-    int64_t deadline = sr_now_ns() + 10 * INT64_C(1000000000);
+    int64_t deadline = sr__now_ns() + 10 * INT64_C(1000000000);
     while (atomic_load_explicit(&sr__dist_propagates_served, memory_order_acquire) == served_at_start &&
-           sr_now_ns() < deadline)
+           sr__now_ns() < deadline)
         sched_yield(); /* an event (the counter moves), bounded by the deadline */
 }
 
@@ -277,7 +277,7 @@ static int long_chain_step(int rank, int world)
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_tensor *x = vec(x0, 2, true), *w = vec(wv, 2, false), *one = vec(onev, 2, false);
     sr_value *onevv = sr_tensor_value(one), *cur = sr_tensor_value(x);
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     for (int i = 0; i < hops; i++) {
         sr_value *out = NULL;
         int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), -1, &out);
@@ -285,14 +285,14 @@ static int long_chain_step(int rank, int world)
         sr_value_unref(cur);
         cur = out;
     }
-    int64_t t1 = sr_now_ns();
+    int64_t t1 = sr__now_ns();
     sr_tensor *y = sr_value_tensor(cur), *yw = sr_mul(y, w), *loss = yw ? sr_sum(yw) : NULL;
     const double want_y[2] = {x0[0] + hops, x0[1] + hops};
     WCHECK(close_to(y, want_y, 2), "the chain's forward is wrong");
     WCHECK(loss, "loss: %s", sr_last_error());
     int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
     WCHECK(rc == 0, "backward through a chain of %d hops: %d: %s", hops, rc, sr_last_error());
-    int64_t t2 = sr_now_ns();
+    int64_t t2 = sr__now_ns();
     sr_tensor *gx = NULL;
     WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad: %s", sr_last_error());
     WCHECK(close_to(gx, wv, 2), "grad of x is wrong after %d hops", hops);

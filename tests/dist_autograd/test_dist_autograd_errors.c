@@ -8,7 +8,7 @@
  * that dies in the middle of a pass (-EPIPE, never a hang). The 4-worker
  * jobs also run under the reordering mode (tests/meson.build). */
 #include "dist_autograd_fns.h"
-#include "waiter.h" /* sr_now_ns */
+#include "waiter.h" /* sr__now_ns */
 
 LEAK_CHECKED_SUITE(dist_autograd_errors);
 
@@ -469,9 +469,9 @@ static int sc_pass_timeout(int rank, int world)
     sr_tensor *y = chain(RPC_SYNC, 1, t, 0, CHAIN_GATE), *loss = y ? sr_sum(y) : NULL;
     WCHECK(y, "chain: %s", sr_last_error());
     sr_set_rpc_timeout(0.3);
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     int rc = sr_dist_autograd_backward(ctx, &loss, 1, false);
-    double took = (double)(sr_now_ns() - t0) / 1e9;
+    double took = (double)(sr__now_ns() - t0) / 1e9;
     sr_set_rpc_timeout(WAIT_S);
     sem_post(&dash->gate[1]);
     WCHECK(rc == -ETIMEDOUT, "a pass whose remote part outlived the timeout gave %d after %.2f s: %s", rc, took,

@@ -229,13 +229,13 @@ Test(bad_input, segment_is_mode_0600_and_exec_sealed)
 {
     sr_segment seg;
     sr_segment_opts o = {.world_size = 1, .ring_slots = 64, .name = test_ns("mode")};
-    o.size = sr_segment_fixed_size(1, 64) + SR_HEAP_MIN;
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+    o.size = sr__segment_fixed_size(1, 64) + SR_HEAP_MIN;
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
     struct stat st;
     cr_assert_eq(fstat(seg.fd, &st), 0);
     unsigned mode = st.st_mode & 07777;
     int seals = fcntl(seg.fd, F_GET_SEALS);
-    sr_segment_detach(&seg, true);
+    sr__segment_detach(&seg, true);
     cr_assert_eq(mode, 0600, "the segment's memfd has mode %04o, want 0600", mode);
     if (kernel_has_noexec_seal())
         cr_assert(seals >= 0 && (seals & F_SEAL_EXEC), "the segment has seals %#x, without F_SEAL_EXEC", seals);
@@ -399,7 +399,7 @@ Test(bad_input_mp, a_worker_name_of_128_characters_is_refused_not_truncated, .ti
 static uint64_t live_blocks(void)
 {
     sr_heap_counters c;
-    sr_heap_counters_get(&c);
+    sr__heap_counters_get(&c);
     return c.allocs - c.local_frees - c.drained;
 }
 
@@ -410,9 +410,9 @@ static int callee_leaks_nothing(void)
     uint64_t base = live_blocks();
     flag_set(&sh->ready);
     WCHECK(flag_wait(&sh->done, 60), "rank 0 never finished");
-    int64_t end = sr_now_ns() + 30 * INT64_C(1000000000);
-    while (live_blocks() > base && sr_now_ns() < end) {
-        sr_heap_drain();
+    int64_t end = sr__now_ns() + 30 * INT64_C(1000000000);
+    while (live_blocks() > base && sr__now_ns() < end) {
+        sr__heap_drain();
         sched_yield();
     }
     WCHECK(live_blocks() == base, "the failed remote reshape leaked %llu of worker1's heap blocks",
@@ -429,7 +429,7 @@ static int sc_remote_reshape(int rank, int world)
     sr_tensor *t = sr_zeros(SR_F32, 1, SHAPE(6), 0);
     WCHECK(t, "%s", sr_last_error());
     sr_block *b = t->storage->block;
-    uint32_t before = sr_block_refcount(b);
+    uint32_t before = sr__block_refcount(b);
     sr_value *x = sr_tensor_value(t), *shape[2] = {sr_int(8589934595LL), sr_int(6148914685509894146LL)};
     sr_value *list = sr_list(2, shape), *v = NULL;
     int rc = sr_rpc_sync(1, "reshape", SR_ARGS(x, list), 0, &v);
@@ -437,10 +437,10 @@ static int sc_remote_reshape(int rank, int world)
     snprintf(msg, sizeof(msg), "%s", sr_last_error());
     /* The callee drops its reference to our block after it answers: wait
      * for that (bounded), then only ours must be left. */
-    int64_t end = sr_now_ns() + 30 * INT64_C(1000000000);
-    while (sr_block_refcount(b) > before && sr_now_ns() < end)
+    int64_t end = sr__now_ns() + 30 * INT64_C(1000000000);
+    while (sr__block_refcount(b) > before && sr__now_ns() < end)
         sched_yield();
-    uint32_t left = sr_block_refcount(b);
+    uint32_t left = sr__block_refcount(b);
     sr_value_unref(x);
     sr_tensor_unref(t);
     sr_value_unref(list);
@@ -484,7 +484,7 @@ static int forge_response(int to, uint64_t id)
     uint8_t *p = sr__payload_reserve(&m, &w, sizeof(text) - 1);
     WCHECK(p, "no room for the forged text");
     memcpy(p, text, sizeof(text) - 1);
-    sr_wire_put(&m, &w, false);
+    sr__wire_put(&m, &w, false);
     /* relaxed: quiescence counter, as dispatch counts a sent answer */
     atomic_fetch_add_explicit(&sr__agent->user_sent, 1, memory_order_relaxed);
     WCHECK(sr__agent_send(sr__agent, to, &m) == 0, "forged send: %s", sr_last_error());

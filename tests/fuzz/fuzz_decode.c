@@ -66,9 +66,9 @@ static void check_round_trip(const sr_value *list, const uint8_t *buf, size_t le
 {
     size_t n = sr_value_list_len(list);
     sr_value **items = sr__list_items(list);
-    int64_t size = sr_codec_size(n, items, 0);
+    int64_t size = sr__codec_size(n, items, 0);
     uint8_t *out = size > 0 ? malloc((size_t)size) : NULL;
-    if (size != (int64_t)len || !out || sr_codec_encode(n, items, 0, out, (size_t)size) != size ||
+    if (size != (int64_t)len || !out || sr__codec_encode(n, items, 0, out, (size_t)size) != size ||
         memcmp(out, buf, len)) {
         fprintf(report, "fuzz_decode: a plain list of %zu bytes re-encodes to %lld different bytes (%s)\n", len,
                 (long long)size, sr_last_error());
@@ -90,10 +90,10 @@ static void check_tensor(sr_tensor *t)
     for (int i = 0; i < t->ndim; i++)
         last += (__int128)(t->shape[i] - 1) * t->strides[i];
     __int128 end = (last + 1) * (__int128)sr_dtype_size(t->dtype);
-    if (t->offset < 0 || end > (__int128)sr_block_size(t->storage->block)) {
+    if (t->offset < 0 || end > (__int128)sr__block_size(t->storage->block)) {
         fprintf(report, "fuzz_decode: a decoded tensor %s%s reaches byte %lld of its %zu-byte block\n",
                 sr_dtype_name(t->dtype), sr__shape_str(t->ndim, t->shape, repr), (long long)end,
-                sr_block_size(t->storage->block));
+                sr__block_size(t->storage->block));
         abort();
     }
     if (sr_tensor_numel(t) <= 4096)
@@ -104,7 +104,7 @@ static void check_tensor(sr_tensor *t)
 static void inspect(const sr_value *v)
 {
     char repr[128];
-    sr_value_repr(v, repr, sizeof(repr));
+    sr__value_repr(v, repr, sizeof(repr));
     if (sr_value_type(v) == SR_KIND_TENSOR)
         check_tensor(sr_value_tensor(v));
     for (size_t i = 0; i < sr_value_list_len(v); i++)
@@ -114,14 +114,14 @@ static void inspect(const sr_value *v)
 static void values(const uint8_t *buf, size_t len)
 {
     sr_value *list = NULL;
-    int rc = sr_codec_decode(buf, len, &list);
+    int rc = sr__codec_decode(buf, len, &list);
     if (trace) {
         char repr[96];
         fprintf(report, "fuzz_decode: %zu bytes: %d %s\n", len, rc,
-                rc ? sr_last_error() : sr_value_repr(sr_value_list_at(list, 0), repr, sizeof(repr)));
+                rc ? sr_last_error() : sr__value_repr(sr_value_list_at(list, 0), repr, sizeof(repr)));
     }
     if (rc && rc != -EBADMSG && rc != -ENOMEM) {
-        fprintf(report, "fuzz_decode: sr_codec_decode returned %d (%s)\n", rc, sr_last_error());
+        fprintf(report, "fuzz_decode: sr__codec_decode returned %d (%s)\n", rc, sr_last_error());
         abort();
     }
     if (!rc)
@@ -136,10 +136,10 @@ static void result(const sr_msg *m, const uint8_t *p, size_t len)
 {
     struct sr_ext_view ext = {.mask = 0};
     size_t used = 0;
-    if ((sr_wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
+    if ((sr__wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
         return;
     sr_value *list = NULL;
-    if (sr_codec_decode(p + used, len - used, &list))
+    if (sr__codec_decode(p + used, len - used, &list))
         return;
     inspect(list);
     if (sr_value_list_len(list) == 1 && ext.mask)
@@ -150,7 +150,7 @@ static void result(const sr_msg *m, const uint8_t *p, size_t len)
 /* A request (REQ, KEEP_CALL, MOD_REQ): extensions, the name, the arguments. */
 static void request(const sr_msg *m, const uint8_t *p, size_t len)
 {
-    struct sr_wire w = sr_wire_get(m);
+    struct sr_wire w = sr__wire_get(m);
     struct sr_ext_view ext;
     size_t used = 0;
     if ((w.flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
@@ -163,7 +163,7 @@ static void request(const sr_msg *m, const uint8_t *p, size_t len)
     /* An unknown function's arguments are released, a known one's decoded:
      * the name's first byte picks which, so both paths are reached. */
     if (skip && p[0] == '?')
-        sr_codec_release(p + skip, len - skip);
+        sr__codec_release(p + skip, len - skip);
     else
         values(p + skip, len - skip);
 }
@@ -186,7 +186,7 @@ static void message(const uint8_t *data, size_t size)
     case SR_MSG_MOD_REQ: request(&m, p, len); break;
     case SR_MSG_RESP: result(&m, p, len); break;
     case SR_MSG_KEEP_RET:
-        if (sr_wire_get(&m).flags & SR_WIRE_VALUE)
+        if (sr__wire_get(&m).flags & SR_WIRE_VALUE)
             result(&m, p, len);
         break;
     default: break;
@@ -213,7 +213,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fz_iter_begin();
     switch ((enum fz_mode)(data[0] & 3)) {
     case FZ_VALUES: values(buf, size - 1); break;
-    case FZ_RELEASE: sr_codec_release(buf, size - 1); break;
+    case FZ_RELEASE: sr__codec_release(buf, size - 1); break;
     case FZ_MSG: message(buf, size - 1); break;
     case FZ_RREF_CTRL: rref_ctrl(buf, size - 1); break;
     }

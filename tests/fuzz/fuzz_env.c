@@ -65,14 +65,14 @@ static void add_block(sr_block *b)
         if (blocks[i] == b)
             return;
     blocks[nblocks] = b;
-    offs[nblocks++] = sr_block_to_off(b);
+    offs[nblocks++] = sr__block_to_off(b);
 }
 
 static void top_up(void)
 {
     for (int i = 0; i < nblocks; i++)
-        while (sr_block_refcount(blocks[i]) < FZ_BLOCK_REFS)
-            sr_block_ref(blocks[i]);
+        while (sr__block_refcount(blocks[i]) < FZ_BLOCK_REFS)
+            sr__block_ref(blocks[i]);
 }
 
 static void nop_destroy(void *p) { (void)p; }
@@ -91,11 +91,11 @@ static void fixtures(void)
             die("a fixture tensor");
         add_block(fz.tensors[i]->storage->block);
     }
-    sr_block *p = sr_block_alloc(FZ_PAYLOAD_BYTES);
+    sr_block *p = sr__block_alloc(FZ_PAYLOAD_BYTES);
     if (!p)
-        die("sr_block_alloc");
+        die("sr__block_alloc");
     add_block(p);
-    fz.payload_off = sr_block_to_off(p);
+    fz.payload_off = sr__block_to_off(p);
     top_up();
     fz.object = sr_object(&fz, nop_destroy, "Net");
     if (!fz.object)
@@ -106,11 +106,11 @@ void fz_env_init(void)
 {
     char name[40];
     snprintf(name, sizeof(name), "fuzz-%d", (int)getpid());
-    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
-    if (sr_segment_create(&o, &seg))
-        die("sr_segment_create");
-    if (sr_heap_attach(&seg, 0))
-        die("sr_heap_attach");
+    sr_segment_opts o = {.world_size = 1, .size = sr__segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    if (sr__segment_create(&o, &seg))
+        die("sr__segment_create");
+    if (sr__heap_attach(&seg, 0))
+        die("sr__heap_attach");
     fixtures();
 }
 
@@ -119,7 +119,7 @@ void fz_env_init_agent(void)
     static sr_job job;
     char name[40];
     snprintf(name, sizeof(name), "fuzz-agent-%d", (int)getpid());
-    sr_segment_opts o = {.world_size = 1, .size = sr_segment_fixed_size(1, 0) + (64u << 20), .name = name};
+    sr_segment_opts o = {.world_size = 1, .size = sr__segment_fixed_size(1, 0) + (64u << 20), .name = name};
     if (sr__job_create(&job, &o, "fuzz"))
         die("sr__job_create");
     sr__launch_env_set(&(struct sr_launch_env){.fd = job.seg.fd, .rank = 0, .world_size = 1});
@@ -137,14 +137,14 @@ void fz_objects_in_flight(void)
 
 void fz_top_up(void) { top_up(); }
 
-uint8_t *fz_payload(void) { return sr_block_data(blocks[nblocks - 1]); }
+uint8_t *fz_payload(void) { return sr__block_data(blocks[nblocks - 1]); }
 
 /* Fork r once, as an encode for a send does. */
 static void fork_once(sr_rref *r)
 {
     sr_value *v = sr_rref_value(r), *one[1] = {v};
     uint8_t buf[64];
-    if (!v || sr_codec_encode(1, one, 0, buf, sizeof(buf)) < 0)
+    if (!v || sr__codec_encode(1, one, 0, buf, sizeof(buf)) < 0)
         die("encoding a fixture RRef");
     sr_value_unref(v);
 }

@@ -40,8 +40,8 @@
 
 /* Input selector (the first byte of an input, low 2 bits). */
 enum fz_mode {
-    FZ_VALUES = 0,  /* the rest is a value list: sr_codec_decode */
-    FZ_RELEASE = 1, /* the rest is a value list: sr_codec_release */
+    FZ_VALUES = 0,  /* the rest is a value list: sr__codec_decode */
+    FZ_RELEASE = 1, /* the rest is a value list: sr__codec_release */
     FZ_MSG = 2,     /* u8 type, 56 slot bytes, then the payload block's bytes */
     FZ_RREF_CTRL = 3, /* u8 source rank, 56 slot bytes: an RRef control message */
 };

@@ -1,5 +1,5 @@
 /* Writes the decoder fuzzer's seed corpus (tests/fuzz/corpus/) from real
- * encodings: values encoded by sr_codec_encode in the fuzzer's own world
+ * encodings: values encoded by sr__codec_encode in the fuzzer's own world
  * (fuzz_env.h), wrapped in the input format of fuzz_decode.c, with what
  * varies between runs replaced by markers (fz_mark). Run by hand after a
  * change of the wire format:
@@ -52,13 +52,13 @@ static void write_seed(const char *name, uint8_t mode, const uint8_t *body, size
  * world stays as it was. */
 static uint8_t *encode(size_t n, sr_value **vals, int self_call, size_t *len)
 {
-    int64_t size = sr_codec_size(n, vals, self_call);
+    int64_t size = sr__codec_size(n, vals, self_call);
     uint8_t *buf = size > 0 ? malloc((size_t)size) : NULL;
-    if (!buf || sr_codec_encode(n, vals, self_call, buf, (size_t)size) != size) {
+    if (!buf || sr__codec_encode(n, vals, self_call, buf, (size_t)size) != size) {
         fprintf(stderr, "gen_corpus: encode: %s\n", sr_last_error());
         exit(1);
     }
-    sr_codec_release(buf, (size_t)size);
+    sr__codec_release(buf, (size_t)size);
     for (size_t i = 0; i < n; i++)
         sr_value_unref(vals[i]);
     *len = (size_t)size;

@@ -12,7 +12,7 @@
  *     (signalfd, pidfds, io_uring) leaks into a worker.
  * A broken contract prints one line and exits EXIT_ENV / EXIT_FD.
  *
- * Then it attaches with sr_xport_attach (whose start barrier means every
+ * Then it attaches with sr__xport_attach (whose start barrier means every
  * worker is up) and reports readiness as an event: one write of
  * "RANK PID\n" to READY_FD. Then, by MODE:
  *   ok            detach and exit 0
@@ -39,7 +39,7 @@
  *                 /dev/null as stdio; once the second has exec'd prints
  *                 "orphans R FORKED EXECED" (their pids), reads one byte from
  *                 GO_FD, detaches and exits 0, leaving both behind
- * Every other rank blocks: it waits for messages (sr_xport_wait, no deadline)
+ * Every other rank blocks: it waits for messages (sr__xport_wait, no deadline)
  * until it is killed. It never exits by itself, so a test that finds it gone
  * knows that the launcher killed it.
  */
@@ -89,7 +89,7 @@ static bool fd_expected(int fd, const sr_segment *seg, int seg_fd)
     if (fd <= 2 || fd == ready_fd || fd == go_fd || fd == seg_fd)
         return true;
     for (int r = 0; r < world; r++)
-        if (sr_seg_worker(seg, r)->eventfd == fd)
+        if (sr__seg_worker(seg, r)->eventfd == fd)
             return true;
     return false;
 }
@@ -141,20 +141,20 @@ static void check_launch_contract(void)
             _exit(EXIT_ENV);
         }
     sr_segment seg;
-    if (sr_segment_attach(fd, &seg) || seg.hdr->world_size != (uint32_t)n)
+    if (sr__segment_attach(fd, &seg) || seg.hdr->world_size != (uint32_t)n)
         die(EXIT_ENV, "SHMRPC_FD is not a segment for this world size");
     check_fds(&seg, fd);
-    sr_segment_detach(&seg, false);
+    sr__segment_detach(&seg, false);
 }
 
 static _Noreturn void block_forever(sr_xport *x)
 {
     sr_msg m;
     for (;;) {
-        int ev = sr_xport_wait(x, -1);
+        int ev = sr__xport_wait(x, -1);
         if (ev < 0)
             die(EXIT_IO, sr_last_error());
-        while (sr_xport_recv_burst(x, &m, 1))
+        while (sr__xport_recv_burst(x, &m, 1))
             ; /* nobody sends: tolerated, not expected */
     }
 }
@@ -175,7 +175,7 @@ static int early(int chosen, bool api)
     if (env_num("SHMRPC_RANK") == chosen)
         return 0; /* gone before attaching */
     sr_xport *x;
-    int rc = api ? sr_init(NULL) : sr_xport_attach(NULL, &x);
+    int rc = api ? sr_init(NULL) : sr__xport_attach(NULL, &x);
     char want[64];
     snprintf(want, sizeof(want), "rank %d exited with status 0 before attaching", chosen);
     if (rc == -EPIPE && strstr(sr_last_error(), want))
@@ -183,7 +183,7 @@ static int early(int chosen, bool api)
     if (!rc && api)
         sr_shutdown(false, 0);
     else if (!rc)
-        sr_xport_detach(x);
+        sr__xport_detach(x);
     fprintf(stderr, "worker_prog: attach gave %d (%s), expected -EPIPE with '%s'\n", rc, sr_last_error(), want);
     return EXIT_ATTACH;
 }
@@ -203,7 +203,7 @@ static int say(sr_xport *x)
     put(2, "error: same on every rank\n");
     snprintf(line, sizeof(line), "note from rank %d\n", x->rank);
     put(2, line);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -285,7 +285,7 @@ static int print_affinity(sr_xport *x)
         }
     snprintf(line + len, sizeof(line) - (size_t)len, "\n");
     put(1, line);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -327,7 +327,7 @@ static int orphans(sr_xport *x)
     snprintf(line, sizeof(line), "orphans %d %d %d\n", x->rank, (int)forked, (int)execed);
     put(1, line);
     wait_go();
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -354,14 +354,14 @@ int main(int argc, char **argv)
     char name[32];
     snprintf(name, sizeof(name), "trainer%d", env_num("SHMRPC_RANK"));
     sr_xport *x;
-    if (sr_xport_attach(&(sr_xport_opts){.name = strcmp(mode, "say") ? NULL : name}, &x))
+    if (sr__xport_attach(&(sr_xport_opts){.name = strcmp(mode, "say") ? NULL : name}, &x))
         die(EXIT_ATTACH, sr_last_error());
     char line[32];
     int len = snprintf(line, sizeof(line), "%d %d\n", x->rank, (int)getpid());
     if (write(ready_fd, line, (size_t)len) != len) /* one write: lines never interleave */
         die(EXIT_IO, "cannot write the readiness line");
     if (!strcmp(mode, "ok")) {
-        sr_xport_detach(x);
+        sr__xport_detach(x);
         return 0;
     }
     if (!strcmp(mode, "say"))
@@ -372,7 +372,7 @@ int main(int argc, char **argv)
         return orphans(x);
     if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
         int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
-        sr_xport_detach(x);
+        sr__xport_detach(x);
         return rc;
     }
     if (x->rank == chosen && !strcmp(mode, "exit") && argc > 6) {

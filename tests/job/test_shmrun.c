@@ -165,7 +165,7 @@ Test(shmrun, output_dir_writes_one_log_pair_per_rank)
  * descriptors it opens must not land on 0-2, where each worker's output is
  * set up, nor must the workers' output go over them. The segment used to
  * sit on fd 1 or 2 and be overwritten by the worker's log file or pipe
- * ("sr_segment_attach: fd 2: 0 bytes is too small", exit 3). */
+ * ("sr__segment_attach: fd 2: 0 bytes is too small", exit 3). */
 static void closed_stdio_job(unsigned closed, const char *tag)
 {
     char dir[] = "/tmp/shmrun-closed-XXXXXX";

@@ -127,16 +127,16 @@ static void check_segments(const struct sr_mpi_job *job, const sr_xport *x, cons
         bool same = job->host_of[r] == job->host;
         CHECK(same == (all[r].ino == all[job->rank].ino), "rank %d (host %d) has segment inode %llu, we (host %d) %llu",
               r, job->host_of[r], all[r].ino, job->host, all[job->rank].ino);
-        CHECK(sr_xport_local(x, r) == same && sr_seg_attaches(&x->seg, r) == same,
-              "rank %d (host %d): local %d, attaches %d; our host is %d", r, job->host_of[r], sr_xport_local(x, r),
-              sr_seg_attaches(&x->seg, r), job->host);
-        const struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+        CHECK(sr__xport_local(x, r) == same && sr__seg_attaches(&x->seg, r) == same,
+              "rank %d (host %d): local %d, attaches %d; our host is %d", r, job->host_of[r], sr__xport_local(x, r),
+              sr__seg_attaches(&x->seg, r), job->host);
+        const struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
         /* acquire: the start barrier ordered the peers' lines before us */
         uint32_t st = atomic_load_explicit(&((struct sr_worker_info *)w)->state, memory_order_acquire);
         char want[32];
         snprintf(want, sizeof(want), "worker%d", r);
         if (same)
-            CHECK(w->pid == all[r].pid && sr_worker_state_attached(st) && !strcmp(x->peers[r].name, want),
+            CHECK(w->pid == all[r].pid && sr__worker_state_attached(st) && !strcmp(x->peers[r].name, want),
                   "rank %d's line in our segment: pid %d (it is %d), state %u, name '%s'", r, w->pid, all[r].pid, st,
                   x->peers[r].name);
         else
@@ -156,17 +156,17 @@ static void exchange(const struct sr_mpi_job *job, sr_xport *x)
     sr_msg m = {.type = 7};
     for (int r = 0; r < job->world; r++) {
         memcpy(m.data, &job->rank, sizeof(int));
-        int rc = sr_xport_send_wait(x, r, &m, sr_now_ns() + WAIT_NS);
+        int rc = sr__xport_send_wait(x, r, &m, sr__now_ns() + WAIT_NS);
         if (job->host_of[r] == job->host)
             CHECK(rc == 0, "send to local rank %d: %s", r, sr_last_error());
         else
             CHECK(rc == -EINVAL && strstr(sr_last_error(), "does not attach"),
                   "send to rank %d of another host returned %d (%s)", r, rc, sr_last_error());
     }
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     for (int got = 0; got < x->nlocal;) {
         sr_msg in[8];
-        unsigned n = sr_xport_recv_burst(x, in, 8);
+        unsigned n = sr__xport_recv_burst(x, in, 8);
         for (unsigned i = 0; i < n; i++) {
             int from;
             memcpy(&from, in[i].data, sizeof(int));
@@ -175,9 +175,9 @@ static void exchange(const struct sr_mpi_job *job, sr_xport *x)
         }
         got += (int)n;
         if (!n) {
-            CHECK(sr_now_ns() < deadline, "received %d of %d messages in 30 s", got, x->nlocal);
-            int ev = sr_xport_wait(x, deadline);
-            CHECK(ev >= 0, "sr_xport_wait: %d (%s)", ev, sr_last_error());
+            CHECK(sr__now_ns() < deadline, "received %d of %d messages in 30 s", got, x->nlocal);
+            int ev = sr__xport_wait(x, deadline);
+            CHECK(ev >= 0, "sr__xport_wait: %d (%s)", ev, sr_last_error());
         }
     }
 }
@@ -198,8 +198,8 @@ static void boot_round(int k, int round)
         CHECK(job.host_of[r] == r * k / job.world, "round %d: host_of[%d] = %d, expected %d", round, r, job.host_of[r],
               r * k / job.world);
     sr_xport *x = NULL;
-    rc = sr_xport_attach(NULL, &x);
-    CHECK(rc == 0, "round %d: sr_xport_attach: %s", round, sr_last_error());
+    rc = sr__xport_attach(NULL, &x);
+    CHECK(rc == 0, "round %d: sr__xport_attach: %s", round, sr_last_error());
     int local = 0;
     for (int r = 0; r < job.world; r++)
         local += job.host_of[r] == job.host;
@@ -214,7 +214,7 @@ static void boot_round(int k, int round)
     exchange(&job, x);
     MPI_Barrier(job.comm); /* every rank has read its messages before anyone detaches */
     x->graceful = true;
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     sr__mpi_job_fini(&job);
     assert_nothing_left("after sr__mpi_job_fini");
 }

@@ -239,7 +239,7 @@ static int sc_idle_wake(int rank, int world)
 Test(idle_wake, timer_wake_keeps_idle_waiter_awake_to_the_doorbell, .timeout = 300)
 {
     const char *kind = getenv("SHMRPC_DOORBELL");
-    if ((kind && !strcmp(kind, "eventfd")) || !sr_waiter_futex_supported())
+    if ((kind && !strcmp(kind, "eventfd")) || !sr__waiter_futex_supported())
         cr_skip_test("the idle waiter sleeps on the doorbell only with the futex doorbell");
     pg = shared_page(sizeof(*pg));
     RUN_JOB("idlewake", 2, .scenario = sc_idle_wake, .register_fns = register_fns);

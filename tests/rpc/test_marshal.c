@@ -19,9 +19,9 @@ LEAK_CHECKED_SUITE(marshal);
 
 #define NAME "fn"
 
-static uint64_t block_of(const sr_tensor *t) { return sr_block_to_off(sr__tensor_block(t)); }
+static uint64_t block_of(const sr_tensor *t) { return sr__block_to_off(sr__tensor_block(t)); }
 
-static uint32_t refs(uint64_t off) { return sr_block_refcount(sr_block_from_off(off)); }
+static uint32_t refs(uint64_t off) { return sr__block_refcount(sr__block_from_off(off)); }
 
 struct seen {
     const void *data[8];
@@ -42,8 +42,8 @@ static int note_part(void *arg, const void *data, uint64_t len)
 /* A request to NAME with vals, as calls.c frames one (no envelope). */
 static int frame_request(sr_msg *m, size_t n, sr_value *const *vals)
 {
-    int64_t size = sr_codec_size(n, vals, 0);
-    WCHECK(size > 0, "sr_codec_size: %s", sr_last_error());
+    int64_t size = sr__codec_size(n, vals, 0);
+    WCHECK(size > 0, "sr__codec_size: %s", sr_last_error());
     struct sr_wire w = {.call_id = 42, .name_len = (uint16_t)strlen(NAME)};
     memset(m, 0, sizeof(*m));
     m->type = SR_MSG_REQ;
@@ -51,8 +51,8 @@ static int frame_request(sr_msg *m, size_t n, sr_value *const *vals)
     uint8_t *p = sr__payload_reserve(m, &w, (size_t)size + w.name_len);
     WCHECK(p && (w.flags & SR_WIRE_BLOCK), "a payload block for %lld bytes: %s", (long long)size, sr_last_error());
     memcpy(p, NAME, w.name_len);
-    WCHECK(sr_codec_encode(n, vals, 0, p + w.name_len, (size_t)size) == size, "encode: %s", sr_last_error());
-    sr_wire_put(m, &w, true);
+    WCHECK(sr__codec_encode(n, vals, 0, p + w.name_len, (size_t)size) == size, "encode: %s", sr_last_error());
+    sr__wire_put(m, &w, true);
     return 0;
 }
 
@@ -61,10 +61,10 @@ static int frame_request(sr_msg *m, size_t n, sr_value *const *vals)
 static int copy_parts(const struct seen *s, uint64_t *blocks)
 {
     for (int i = 0; i < s->n; i++) {
-        sr_block *b = sr_block_alloc(s->len[i]);
-        WCHECK(b, "sr_block_alloc(%llu): %s", (unsigned long long)s->len[i], sr_last_error());
-        memcpy(sr_block_data(b), s->data[i], s->len[i]);
-        blocks[i] = sr_block_to_off(b);
+        sr_block *b = sr__block_alloc(s->len[i]);
+        WCHECK(b, "sr__block_alloc(%llu): %s", (unsigned long long)s->len[i], sr_last_error());
+        memcpy(sr__block_data(b), s->data[i], s->len[i]);
+        blocks[i] = sr__block_to_off(b);
     }
     return 0;
 }
@@ -72,7 +72,7 @@ static int copy_parts(const struct seen *s, uint64_t *blocks)
 static void drop_blocks(const uint64_t *blocks, int n)
 {
     for (int i = 0; i < n; i++)
-        sr_block_unref(sr_block_from_off(blocks[i]));
+        sr__block_unref(sr__block_from_off(blocks[i]));
 }
 
 static int decode_args(const sr_msg *m, sr_value **args)
@@ -80,8 +80,8 @@ static int decode_args(const sr_msg *m, sr_value **args)
     size_t len = 0;
     const uint8_t *p = sr__payload_get(m, &len);
     WCHECK(p, "payload: %s", sr_last_error());
-    struct sr_wire w = sr_wire_get(m);
-    int rc = sr_codec_decode(p + w.name_len, len - w.name_len, args);
+    struct sr_wire w = sr__wire_get(m);
+    int rc = sr__codec_decode(p + w.name_len, len - w.name_len, args);
     sr__payload_done(m);
     WCHECK(rc == 0, "decode: %s", sr_last_error());
     return 0;
@@ -170,10 +170,10 @@ static int mismatched_parts(int rank, int world)
     sr_msg ctrl = {.type = SR_MSG_CTRL};
     WEXPECT_ERR(sr__rpc_marshal.rebind(&ctrl, blocks, 1), -EBADMSG, "came with 1 parts and names none");
     /* a payload whose bytes were cut: its values cannot be walked */
-    struct sr_wire w = sr_wire_get(&in);
+    struct sr_wire w = sr__wire_get(&in);
     in = m;
     w.len -= 9;
-    sr_wire_put(&in, &w, true);
+    sr__wire_put(&in, &w, true);
     WEXPECT_ERR(sr__rpc_marshal.rebind(&in, blocks, 2), -EBADMSG, "tensor descriptor needs");
     drop_blocks(blocks, 2);
     sr__rpc_marshal.sent(&m);

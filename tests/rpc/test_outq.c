@@ -152,7 +152,7 @@ Test(outq, full_destination_never_delays_another)
  * maps it (the ring its sends write). */
 static struct sr_ring *inbox_of(int rank)
 {
-    return sr_seg_inbox(sr__transport_segment(sr__agent->tports), rank);
+    return sr__seg_inbox(sr__transport_segment(sr__agent->tports), rank);
 }
 
 /* Sends into a full inbox: every one counts (xport.c, st.full), read

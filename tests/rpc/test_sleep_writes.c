@@ -85,7 +85,7 @@ static int protect_header(bool on)
 /* Wait (bounded) until the progress thread of `rank` sleeps on its doorbell. */
 static bool asleep(int rank)
 {
-    _Atomic uint32_t *bell = &sr_seg_worker(sr__transport_segment(sr__agent->tports), rank)->doorbell;
+    _Atomic uint32_t *bell = &sr__seg_worker(sr__transport_segment(sr__agent->tports), rank)->doorbell;
     int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
     while (atomic_load(bell) != SR_DOORBELL_SLEEPING)
         if (now_ns() > deadline)

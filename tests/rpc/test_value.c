@@ -34,11 +34,11 @@ LEAK_CHECKED_SUITE(value);
 
 static uint8_t *encode(size_t n, sr_value *const *vals, int self_call, size_t *len)
 {
-    int64_t size = sr_codec_size(n, vals, self_call);
-    cr_assert_gt(size, 0, "sr_codec_size: %s", sr_last_error());
+    int64_t size = sr__codec_size(n, vals, self_call);
+    cr_assert_gt(size, 0, "sr__codec_size: %s", sr_last_error());
     uint8_t *buf = malloc((size_t)size);
     cr_assert_not_null(buf);
-    int64_t wrote = sr_codec_encode(n, vals, self_call, buf, (size_t)size);
+    int64_t wrote = sr__codec_encode(n, vals, self_call, buf, (size_t)size);
     cr_assert_eq(wrote, size, "encode wrote %lld bytes, size said %lld (%s)", (long long)wrote,
                  (long long)size, sr_last_error());
     *len = (size_t)size;
@@ -51,7 +51,7 @@ static sr_value *round_trip(sr_value *v, int self_call)
     size_t len;
     uint8_t *buf = encode(1, &v, self_call, &len);
     sr_value *list = NULL;
-    int rc = sr_codec_decode(buf, len, &list);
+    int rc = sr__codec_decode(buf, len, &list);
     cr_assert_eq(rc, 0, "decode of an encoded %s failed: %s", sr_kind_name(sr_value_type(v)), sr_last_error());
     free(buf);
     cr_assert_eq(sr_value_type(list), SR_KIND_LIST);
@@ -67,7 +67,7 @@ static void assert_round_trips(sr_value *v)
     cr_assert_not_null(v, "constructor failed: %s", sr_last_error());
     sr_value *back = round_trip(v, 0);
     cr_assert(sr_value_equal(v, back), "%s did not survive the round trip (got %s)",
-              sr_value_repr(v, repr, sizeof(repr)), sr_value_repr(back, (char[96]){0}, 96));
+              sr__value_repr(v, repr, sizeof(repr)), sr__value_repr(back, (char[96]){0}, 96));
     sr_value_unref(back);
     sr_value_unref(v);
 }
@@ -201,7 +201,7 @@ Test(value, empty_argument_list_round_trips)
     uint8_t *buf = encode(0, NULL, 0, &len);
     cr_assert_eq(len, 4);
     sr_value *list = NULL;
-    cr_assert_eq(sr_codec_decode(buf, len, &list), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__codec_decode(buf, len, &list), 0, "%s", sr_last_error());
     cr_assert_eq(sr_value_list_len(list), 0);
     sr_value_unref(list);
     free(buf);
@@ -302,18 +302,18 @@ Test(value, repr_describes_the_value)
         {sr_double(1.5), "double 1.5"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        cr_assert_str_eq(sr_value_repr(cases[i].v, buf, sizeof(buf)), cases[i].want);
+        cr_assert_str_eq(sr__value_repr(cases[i].v, buf, sizeof(buf)), cases[i].want);
         sr_value_unref(cases[i].v);
     }
     sr_value *items[] = {sr_none(), sr_none(), sr_none()};
     sr_value *l = sr_list(3, items);
-    cr_assert_str_eq(sr_value_repr(l, buf, sizeof(buf)), "list of 3");
+    cr_assert_str_eq(sr__value_repr(l, buf, sizeof(buf)), "list of 3");
     sr_value_unref(l);
     for (int i = 0; i < 3; i++)
         sr_value_unref(items[i]);
     char tiny[6];
     sr_value *s = sr_str("a long string");
-    cr_assert_str_eq(sr_value_repr(s, tiny, sizeof(tiny)), "str '", "repr truncates to the buffer");
+    cr_assert_str_eq(sr__value_repr(s, tiny, sizeof(tiny)), "str '", "repr truncates to the buffer");
     sr_value_unref(s);
 }
 
@@ -388,12 +388,12 @@ Test(value, self_call_passes_an_object_by_reference)
     cr_assert_eq(destroyed, 0, "the encoded buffer keeps the object alive");
 
     sr_value *out = NULL;
-    cr_assert_eq(sr_codec_decode(buf, len, &out), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__codec_decode(buf, len, &out), 0, "%s", sr_last_error());
     cr_assert_eq(sr_value_list_at(out, 1), obj, "a self-call hands over the same object, not a copy");
     cr_assert_eq(sr_value_list_at(sr_value_list_at(out, 2), 0), obj);
     cr_assert_eq(sr__inflight_count(obj), 0, "decoding claimed every reference the buffer held");
     sr_value *again = NULL;
-    cr_assert_eq(sr_codec_decode(buf, len, &again), -EBADMSG, "a buffer's objects can be claimed only once");
+    cr_assert_eq(sr__codec_decode(buf, len, &again), -EBADMSG, "a buffer's objects can be claimed only once");
     assert_error_mentions("not in flight");
     cr_assert_eq(destroyed, 0);
     sr_value_unref(out);
@@ -410,9 +410,9 @@ Test(value, release_drops_the_references_of_an_undecoded_buffer)
     uint8_t *buf = encode(2, args, 1, &len);
     sr_value_unref(obj);
     cr_assert_eq(destroyed, 0);
-    sr_codec_release(buf, len - 1); /* malformed: nothing is trusted, nothing dropped */
+    sr__codec_release(buf, len - 1); /* malformed: nothing is trusted, nothing dropped */
     cr_assert_eq(sr__inflight_count(obj), 2);
-    sr_codec_release(buf, len);
+    sr__codec_release(buf, len);
     cr_assert_eq(destroyed, 1, "release dropped both references the buffer held");
     free(buf);
 }
@@ -424,10 +424,10 @@ Test(value, object_cannot_be_sent_to_another_worker)
     sr_value *inner = sr_list(1, &obj);
     sr_value *args[] = {sr_int(1), inner};
     uint8_t buf[128];
-    cr_assert_eq(sr_codec_size(2, args, 0), -EINVAL);
+    cr_assert_eq(sr__codec_size(2, args, 0), -EINVAL);
     assert_error_mentions("'ParameterServer' is owner-local");
-    cr_assert_eq(sr_codec_encode(2, args, 0, buf, sizeof(buf)), -EINVAL);
-    assert_error_mentions("sr_codec_encode");
+    cr_assert_eq(sr__codec_encode(2, args, 0, buf, sizeof(buf)), -EINVAL);
+    assert_error_mentions("sr__codec_encode");
     cr_assert_eq(sr__inflight_count(obj), 0, "a failed encode holds no reference");
     sr_value_unref(args[0]);
     sr_value_unref(inner);
@@ -440,7 +440,7 @@ Test(value, failed_encode_gives_its_object_references_back)
     destroyed = 0;
     sr_value *obj = sr_object(NULL, count_destroy, "Net");
     uint8_t small[8];
-    cr_assert_eq(sr_codec_encode(1, &obj, 1, small, sizeof(small)), -ENOSPC);
+    cr_assert_eq(sr__codec_encode(1, &obj, 1, small, sizeof(small)), -ENOSPC);
     assert_error_mentions("cannot hold");
     cr_assert_eq(sr__inflight_count(obj), 0);
     sr_value_unref(obj);
@@ -452,7 +452,7 @@ Test(value, failed_encode_gives_its_object_references_back)
 static void assert_bad(const uint8_t *buf, size_t len, const char *what)
 {
     sr_value *out = (sr_value *)1;
-    cr_assert_eq(sr_codec_decode(buf, len, &out), -EBADMSG, "expected -EBADMSG for: %s", what);
+    cr_assert_eq(sr__codec_decode(buf, len, &out), -EBADMSG, "expected -EBADMSG for: %s", what);
     cr_assert_null(out, "a failed decode leaves *out NULL");
     assert_error_mentions(what);
 }
@@ -465,16 +465,16 @@ static sr_segment heap_seg; /* Criterion runs each test in its own process */
 static void heap_up(void)
 {
     sr_segment_opts o = {.world_size = 1,
-                         .size = sr_segment_fixed_size(1, SR_RING_SLOTS_DEFAULT) + (64u << 20),
+                         .size = sr__segment_fixed_size(1, SR_RING_SLOTS_DEFAULT) + (64u << 20),
                          .name = test_ns("value")};
-    cr_assert_eq(sr_segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_heap_attach(&heap_seg, 0), 0, "sr_heap_attach: %s", sr_last_error());
+    cr_assert_eq(sr__segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_attach(&heap_seg, 0), 0, "sr__heap_attach: %s", sr_last_error());
 }
 
 static void heap_down(void)
 {
-    sr_heap_detach();
-    sr_segment_detach(&heap_seg, true);
+    sr__heap_detach();
+    sr__segment_detach(&heap_seg, true);
 }
 
 /* A tensor of dt and shape holding 0.5, 1.5, 2.5, ... (i64: 0, 1, 2, ...). */
@@ -533,10 +533,10 @@ Test(value, tensor_equality_and_repr)
     cr_assert(sr_value_equal(i1, i2));
 
     char buf[96];
-    cr_assert_str_eq(sr_value_repr(va, buf, sizeof(buf)), "tensor f32[2, 3]");
-    cr_assert_str_eq(sr_value_repr(i1, buf, sizeof(buf)), "tensor i64[4]");
+    cr_assert_str_eq(sr__value_repr(va, buf, sizeof(buf)), "tensor f32[2, 3]");
+    cr_assert_str_eq(sr__value_repr(i1, buf, sizeof(buf)), "tensor i64[4]");
     sr_value *scalar = tensor_value_of(sr_scalar_tensor(SR_F64, 1.0, 0));
-    cr_assert_str_eq(sr_value_repr(scalar, buf, sizeof(buf)), "tensor f64[]");
+    cr_assert_str_eq(sr__value_repr(scalar, buf, sizeof(buf)), "tensor f64[]");
     cr_assert_eq(sr_value_tensor(va), a, "the value holds the very tensor");
     sr_value *num = sr_int(1);
     cr_assert_null(sr_value_tensor(num), "an int is not a tensor");
@@ -544,25 +544,25 @@ Test(value, tensor_equality_and_repr)
     sr_value *all[] = {va, vt, other_dtype, other_shape, vc, n1, n2, i1, i2, scalar};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         sr_value_unref(all[i]);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1, "the values dropped their tensor references");
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1, "the values dropped their tensor references");
     sr_tensor_unref(a);
 }
 
 Test(value, private_tensor_cannot_be_encoded)
 {
-    cr_assert_not(sr_heap_attached());
+    cr_assert_not(sr__heap_attached());
     destroyed = 0;
     sr_tensor *t = counting(SR_F32, 2, (int64_t[]){2, 3});
     sr_value *obj = sr_object(NULL, count_destroy, "Net");
     sr_value *args[] = {obj, tensor_value_of(sr_tensor_ref(t))};
     uint8_t buf[512];
-    cr_assert_eq(sr_codec_size(2, args, 1), -EINVAL);
-    assert_error_mentions("sr_codec_size: tensor f32[2, 3] cannot be sent: its storage is a private block, "
+    cr_assert_eq(sr__codec_size(2, args, 1), -EINVAL);
+    assert_error_mentions("sr__codec_size: tensor f32[2, 3] cannot be sent: its storage is a private block, "
                           "not in the shared heap");
-    cr_assert_eq(sr_codec_encode(2, args, 1, buf, sizeof(buf)), -EINVAL);
-    assert_error_mentions("sr_codec_encode: tensor f32[2, 3] cannot be sent");
+    cr_assert_eq(sr__codec_encode(2, args, 1, buf, sizeof(buf)), -EINVAL);
+    assert_error_mentions("sr__codec_encode: tensor f32[2, 3] cannot be sent");
     cr_assert_eq(sr__inflight_count(obj), 0, "a failed encode holds no object reference");
-    cr_assert_eq(sr_block_refcount(block_of(t)), 1, "a failed encode holds no block reference");
+    cr_assert_eq(sr__block_refcount(block_of(t)), 1, "a failed encode holds no block reference");
     sr_value_unref(args[0]);
     sr_value_unref(args[1]);
     sr_tensor_unref(t);
@@ -574,7 +574,7 @@ Test(value, private_tensor_cannot_be_encoded)
 static void assert_tensor_round_trips(sr_tensor *t, const char *what)
 {
     cr_assert_not_null(t, "%s: %s", what, sr_last_error());
-    uint32_t refs = sr_block_refcount(block_of(t));
+    uint32_t refs = sr__block_refcount(block_of(t));
     sr_value *v = tensor_value_of(sr_tensor_ref(t));
     sr_value *back = round_trip(v, 0);
     sr_tensor *b = sr_value_tensor(back);
@@ -587,11 +587,11 @@ static void assert_tensor_round_trips(sr_tensor *t, const char *what)
                  "%s: strides changed", what);
     cr_assert_eq(sr_tensor_requires_grad(b), sr_tensor_requires_grad(t), "%s: requires_grad changed", what);
     cr_assert(sr_tensor_is_leaf(b), "%s: a decoded tensor is a leaf", what);
-    cr_assert_eq(sr_block_refcount(block_of(t)), refs + 1, "%s: the receiver holds exactly one more reference",
+    cr_assert_eq(sr__block_refcount(block_of(t)), refs + 1, "%s: the receiver holds exactly one more reference",
                  what);
     sr_value_unref(back);
     sr_value_unref(v);
-    cr_assert_eq(sr_block_refcount(block_of(t)), refs, "%s: a reference leaked", what);
+    cr_assert_eq(sr__block_refcount(block_of(t)), refs, "%s: a reference leaked", what);
     sr_tensor_unref(t);
 }
 
@@ -599,7 +599,7 @@ Test(value, tensor_values_round_trip_through_the_shared_heap)
 {
     heap_up();
     sr_tensor *a = counting(SR_F32, 2, (int64_t[]){2, 3});
-    cr_assert_neq(sr_block_to_off(block_of(a)), (uint64_t)-1, "a tensor made after attach is shared");
+    cr_assert_neq(sr__block_to_off(block_of(a)), (uint64_t)-1, "a tensor made after attach is shared");
     assert_tensor_round_trips(sr_tensor_ref(a), "f32 [2, 3]");
     assert_tensor_round_trips(sr_t(a), "a transposed view");
     assert_tensor_round_trips(sr_narrow(a, 1, 1, 2), "a narrowed view with an offset");
@@ -620,7 +620,7 @@ Test(value, tensor_values_round_trip_through_the_shared_heap)
     sr_value_unref(items[0]);
     sr_value_unref(items[2]);
     sr_value_unref(ta);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1, "every reference taken in transit was dropped");
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1, "every reference taken in transit was dropped");
     sr_tensor_unref(a);
     heap_down();
 }
@@ -634,18 +634,18 @@ Test(value, decoded_tensor_shares_bytes_until_either_side_writes)
     size_t len;
     uint8_t *buf = encode(1, &va, 0, &len);
     sr_value_unref(va);
-    cr_assert_eq(sr_block_refcount(blk), 2, "the descriptor holds the receiver's reference");
+    cr_assert_eq(sr__block_refcount(blk), 2, "the descriptor holds the receiver's reference");
     sr_value *list = NULL;
-    cr_assert_eq(sr_codec_decode(buf, len, &list), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__codec_decode(buf, len, &list), 0, "%s", sr_last_error());
     free(buf);
     sr_tensor *b = sr_value_tensor(sr_value_list_at(list, 0));
-    cr_assert_eq(sr_block_refcount(blk), 2, "decoding swapped the descriptor's reference for the tensor's");
+    cr_assert_eq(sr__block_refcount(blk), 2, "decoding swapped the descriptor's reference for the tensor's");
     cr_assert_eq(sr_tensor_data(b), sr_tensor_data(a), "zero-copy: both view the same bytes");
 
     cr_assert_eq(sr_fill_(b, 7.0), 0, "%s", sr_last_error());
     cr_assert_neq(sr_tensor_data(b), sr_tensor_data(a), "the receiver's write moved it to a private copy");
     cr_assert_eq(((const float *)sr_tensor_data(a))[3], 3.5f, "the sender's tensor is unchanged");
-    cr_assert_eq(sr_block_refcount(blk), 1, "the receiver let go of the shared block");
+    cr_assert_eq(sr__block_refcount(blk), 1, "the receiver let go of the shared block");
     const void *before = sr_tensor_data(a);
     cr_assert_eq(sr_fill_(a, 1.0), 0, "%s", sr_last_error());
     cr_assert_eq(sr_tensor_data(a), before, "with the block to itself, the sender writes in place");
@@ -663,15 +663,15 @@ Test(value, tensor_references_of_a_released_buffer_are_dropped_once)
     sr_value *args[] = {va, vt, sr_int(5)};
     size_t len;
     uint8_t *buf = encode(3, args, 0, &len);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 3, "one reference per descriptor");
-    sr_codec_release(buf, len - 1); /* malformed: its references cannot be trusted, nothing is dropped */
-    cr_assert_eq(sr_block_refcount(block_of(a)), 3);
-    sr_codec_release(buf, len);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1, "release dropped each descriptor's reference");
+    cr_assert_eq(sr__block_refcount(block_of(a)), 3, "one reference per descriptor");
+    sr__codec_release(buf, len - 1); /* malformed: its references cannot be trusted, nothing is dropped */
+    cr_assert_eq(sr__block_refcount(block_of(a)), 3);
+    sr__codec_release(buf, len);
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1, "release dropped each descriptor's reference");
 
     uint8_t small[100];
-    cr_assert_eq(sr_codec_encode(3, args, 0, small, sizeof(small)), -ENOSPC);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1, "a failed encode holds no block reference");
+    cr_assert_eq(sr__codec_encode(3, args, 0, small, sizeof(small)), -ENOSPC);
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1, "a failed encode holds no block reference");
     for (int i = 0; i < 3; i++)
         sr_value_unref(args[i]);
     free(buf);
@@ -698,7 +698,7 @@ Test(value, corrupted_tensor_descriptors_are_rejected_by_name)
     size_t len;
     uint8_t *buf = encode(1, &va, 0, &len);
     cr_assert_eq(len, 4 + 1 + 152);
-    uint64_t off = sr_block_to_off(block_of(a));
+    uint64_t off = sr__block_to_off(block_of(a));
     uint8_t *bad = malloc(len);
     struct {
         size_t at;
@@ -707,9 +707,9 @@ Test(value, corrupted_tensor_descriptors_are_rejected_by_name)
         const char *want;
     } cases[] = {
         {D_BLOCK, off + 64, 8, "offset 4: tensor descriptor (block offset"},
-        {D_BLOCK, off + 1, 8, "sr_block_from_off"},
-        {D_BLOCK, 0, 8, "sr_block_from_off"},
-        {D_BLOCK, UINT64_MAX, 8, "sr_block_from_off"},
+        {D_BLOCK, off + 1, 8, "sr__block_from_off"},
+        {D_BLOCK, 0, 8, "sr__block_from_off"},
+        {D_BLOCK, UINT64_MAX, 8, "sr__block_from_off"},
         {D_MAGIC, 0x12345678, 4, "bad magic 0x12345678"},
         {D_DTYPE, 7, 1, "dtype"},
         {D_NDIM, 9, 1, "ndim 9 exceeds 8"},
@@ -730,13 +730,13 @@ Test(value, corrupted_tensor_descriptors_are_rejected_by_name)
         else
             bad[cases[i].at] = (uint8_t)cases[i].value;
         assert_bad(bad, len, cases[i].want);
-        cr_assert_eq(sr_block_refcount(block_of(a)), 2, "case %zu: a rejected buffer dropped a reference", i);
+        cr_assert_eq(sr__block_refcount(block_of(a)), 2, "case %zu: a rejected buffer dropped a reference", i);
     }
     free(bad);
-    sr_codec_release(buf, len);
+    sr__codec_release(buf, len);
     free(buf);
     sr_value_unref(va);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1);
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1);
     sr_tensor_unref(a);
     heap_down();
 }
@@ -745,7 +745,7 @@ Test(value, corrupted_tensor_descriptors_are_rejected_by_name)
 static void decode_in_child(int wfd, const uint8_t *buf, size_t len)
 {
     sr_value *out = NULL;
-    int rc = sr_codec_decode(buf, len, &out);
+    int rc = sr__codec_decode(buf, len, &out);
     char msg[600];
     int n = snprintf(msg, sizeof(msg), "%d %s", rc, sr_last_error());
     ssize_t w = write(wfd, msg, (size_t)n);
@@ -776,7 +776,7 @@ Test(value, object_decoded_in_another_process_is_rejected)
     cr_assert(strstr(msg, "object of type 'Net' is owner-local and cannot leave worker 3"), "child: %s", msg);
     cr_assert(strstr(msg, "offset 4:"), "child: %s", msg);
     close(p[0]);
-    sr_codec_release(buf, len);
+    sr__codec_release(buf, len);
     cr_assert_eq(sr__inflight_count(obj), 0);
     sr_value_unref(obj);
     free(buf);
@@ -813,7 +813,7 @@ Test(value, constructors_reject_bad_arguments)
 Test(value, depth_over_the_codec_limit_is_refused_both_ways)
 {
     sr_value *v = nest(SR_CODEC_MAX_DEPTH + 1, sr_int(1));
-    cr_assert_eq(sr_codec_size(1, &v, 0), -EINVAL);
+    cr_assert_eq(sr__codec_size(1, &v, 0), -EINVAL);
     assert_error_mentions("nested 33 deep");
     sr_value_unref(v);
 
@@ -827,7 +827,7 @@ Test(value, depth_over_the_codec_limit_is_refused_both_ways)
     }
     buf[sizeof(buf) - 1] = SR_KIND_NONE;
     sr_value *out = NULL;
-    cr_assert_eq(sr_codec_decode(buf, sizeof(buf), &out), -EBADMSG);
+    cr_assert_eq(sr__codec_decode(buf, sizeof(buf), &out), -EBADMSG);
     char want[64];
     snprintf(want, sizeof(want), "offset %d: lists nested deeper than %d", 4 + SR_CODEC_MAX_DEPTH * 5,
              SR_CODEC_MAX_DEPTH);
@@ -835,7 +835,7 @@ Test(value, depth_over_the_codec_limit_is_refused_both_ways)
     cr_assert_null(out);
     /* One level less decodes. */
     buf[4 + (LISTS - 1) * 5] = SR_KIND_NONE;
-    cr_assert_eq(sr_codec_decode(buf, 4 + (LISTS - 1) * 5 + 1, &out), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__codec_decode(buf, 4 + (LISTS - 1) * 5 + 1, &out), 0, "%s", sr_last_error());
     sr_value_unref(out);
 }
 
@@ -846,7 +846,7 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
     b[4] = SR_KIND_STR;
     put32(b + 5, 4000000);
     memcpy(b + 9, "abc", 3);
-    assert_bad(b, 12, "sr_codec_decode: offset 5: string length 4000000 runs past the end (3 bytes left)");
+    assert_bad(b, 12, "sr__codec_decode: offset 5: string length 4000000 runs past the end (3 bytes left)");
 
     b[4] = 42;
     assert_bad(b, 12, "offset 4: unknown kind tag 42");
@@ -889,7 +889,7 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
 
     b[4] = SR_KIND_NONE;
     sr_value *out = NULL;
-    cr_assert_eq(sr_codec_decode(b, 5, &out), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__codec_decode(b, 5, &out), 0, "%s", sr_last_error());
     cr_assert_eq(sr_value_type(sr_value_list_at(out, 0)), SR_KIND_NONE);
     sr_value_unref(out);
 }
@@ -897,13 +897,13 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
 Test(value, encode_rejects_null_values_and_small_buffers)
 {
     sr_value *args[] = {sr_int(1), NULL};
-    cr_assert_eq(sr_codec_size(2, args, 0), -EINVAL);
+    cr_assert_eq(sr__codec_size(2, args, 0), -EINVAL);
     assert_error_mentions("value 1 of 2 is NULL");
-    cr_assert_eq(sr_codec_size(2, NULL, 0), -EINVAL);
+    cr_assert_eq(sr__codec_size(2, NULL, 0), -EINVAL);
     uint8_t buf[13];
-    cr_assert_eq(sr_codec_encode(1, args, 0, buf, 12), -ENOSPC);
+    cr_assert_eq(sr__codec_encode(1, args, 0, buf, 12), -ENOSPC);
     assert_error_mentions("a buffer of 12 bytes cannot hold the 13-byte encoding");
-    cr_assert_eq(sr_codec_encode(1, args, 0, buf, 13), 13);
+    cr_assert_eq(sr__codec_encode(1, args, 0, buf, 13), 13);
     sr_value_unref(args[0]);
 }
 
@@ -930,12 +930,12 @@ static void fuzz_fail(struct fuzz *f, const char *fmt, size_t a, size_t b, int r
 static void restore_block_refs(struct fuzz *f, size_t at, size_t val)
 {
     for (int i = 0; i < 2 && f->blocks[i]; i++) {
-        uint32_t now = sr_block_refcount(f->blocks[i]);
+        uint32_t now = sr__block_refcount(f->blocks[i]);
         if (now > f->block_refs[i])
             fuzz_fail(f, "candidate (%zu, %zu) left a tensor block with an extra reference (%d)", at, val,
                       (int)(now - f->block_refs[i]));
         for (; now < f->block_refs[i]; now++)
-            sr_block_ref(f->blocks[i]);
+            sr__block_ref(f->blocks[i]);
     }
 }
 
@@ -945,7 +945,7 @@ static void restore_block_refs(struct fuzz *f, size_t at, size_t val)
 static void fuzz_one(struct fuzz *f, const uint8_t *buf, size_t len, size_t at, size_t val)
 {
     sr_value *out = NULL;
-    int rc = sr_codec_decode(buf, len, &out);
+    int rc = sr__codec_decode(buf, len, &out);
     f->runs++;
     if (rc == -EBADMSG) {
         f->rejected++;
@@ -955,11 +955,11 @@ static void fuzz_one(struct fuzz *f, const uint8_t *buf, size_t len, size_t at, 
         f->decoded++;
         size_t n = sr_value_list_len(out);
         uint8_t *again = malloc(len + 1);
-        int64_t w = sr_codec_encode(n, n ? sr__list_items(out) : NULL, 1, again, len + 1);
+        int64_t w = sr__codec_encode(n, n ? sr__list_items(out) : NULL, 1, again, len + 1);
         if (w != (int64_t)len || memcmp(again, buf, len) != 0)
             fuzz_fail(f, "candidate (%zu, %zu) decoded but re-encoded differently (rc %d): %s", at, val, (int)w);
         if (w > 0)
-            sr_codec_release(again, (size_t)w);
+            sr__codec_release(again, (size_t)w);
         free(again);
         sr_value_unref(out);
     }
@@ -1130,7 +1130,7 @@ Test(value, decoder_survives_corrupted_object_buffers, .timeout = 120)
     fuzz_flips(&f, buf, len);
     fuzz_report(&f, "object corpus");
     cr_assert_eq(sr__inflight_count(obj), 2, "fuzzing changed the pristine buffer's references");
-    sr_codec_release(buf, len);
+    sr__codec_release(buf, len);
     free(buf);
     sr_value_unref(args[0]);
     sr_value_unref(args[2]);
@@ -1158,29 +1158,29 @@ Test(value, decoder_survives_corrupted_tensor_buffers, .timeout = 120)
         sr_value_unref(args[i]);
     sr_value_unref(tt);
     sr_value_unref(inner[1]);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 3, "a's storage and two descriptors");
-    cr_assert_eq(sr_block_refcount(block_of(b)), 2, "b's storage and one descriptor");
+    cr_assert_eq(sr__block_refcount(block_of(a)), 3, "a's storage and two descriptors");
+    cr_assert_eq(sr__block_refcount(block_of(b)), 2, "b's storage and one descriptor");
     /* A corrupted offset may name the other block, so one candidate can
      * consume up to three references of either block: hold three more, so
      * that no candidate frees a block that later ones still name. */
     struct fuzz f = {.blocks = {block_of(a), block_of(b)}};
     for (int i = 0; i < 2; i++) {
         for (int k = 0; k < 3; k++)
-            sr_block_ref(f.blocks[i]);
-        f.block_refs[i] = sr_block_refcount(f.blocks[i]);
+            sr__block_ref(f.blocks[i]);
+        f.block_refs[i] = sr__block_refcount(f.blocks[i]);
     }
     fuzz_truncations(&f, buf, len);
     fuzz_flips(&f, buf, len);
     fuzz_report(&f, "tensor corpus");
     for (int i = 0; i < 2; i++)
         for (int k = 0; k < 3; k++)
-            sr_block_unref(f.blocks[i]);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 3, "fuzzing changed the pristine buffer's references");
-    sr_codec_release(buf, len);
+            sr__block_unref(f.blocks[i]);
+    cr_assert_eq(sr__block_refcount(block_of(a)), 3, "fuzzing changed the pristine buffer's references");
+    sr__codec_release(buf, len);
     free(buf);
-    cr_assert_eq(sr_block_refcount(block_of(a)), 1, "release left %u references: %s",
-                 sr_block_refcount(block_of(a)), sr_last_error());
-    cr_assert_eq(sr_block_refcount(block_of(b)), 1);
+    cr_assert_eq(sr__block_refcount(block_of(a)), 1, "release left %u references: %s",
+                 sr__block_refcount(block_of(a)), sr_last_error());
+    cr_assert_eq(sr__block_refcount(block_of(b)), 1);
     sr_tensor_unref(a);
     sr_tensor_unref(b);
     heap_down();
@@ -1233,7 +1233,7 @@ static const sr_module failing_module = {.name = "failing", .value_kind = &faili
 Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = heap_up, .fini = heap_down)
 {
     sr_heap_counters c0, c1, start, end;
-    sr_heap_counters_get(&start);
+    sr__heap_counters_get(&start);
     moved = sr_ones(SR_F32, 1, SHAPE(64), 0);
     sr_block *sent = sr__tensor_block(moved);
     /* This process is its own test: borrow the RRef kind's module slot. */
@@ -1247,19 +1247,19 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
     static int token;
     sr_value *args[] = {sr_tensor_value(moved), sr__value_module(kind, &token)};
     cr_assert(args[0] && args[1]);
-    int64_t size = sr_codec_size(2, args, 0);
+    int64_t size = sr__codec_size(2, args, 0);
     cr_assert_gt(size, 0, "%s", sr_last_error());
     uint8_t buf[512];
     cr_assert_leq(size, (int64_t)sizeof(buf));
-    sr_heap_counters_get(&c0);
-    cr_assert_eq(sr_codec_encode(2, args, 0, buf, sizeof(buf)), -EIO);
-    sr_heap_counters_get(&c1);
+    sr__heap_counters_get(&c0);
+    cr_assert_eq(sr__codec_encode(2, args, 0, buf, sizeof(buf)), -EIO);
+    sr__heap_counters_get(&c1);
     cr_assert_neq(sr__tensor_block(moved), sent, "the write moved the tensor to a copy");
     /* Made: the copy and sr_fill_'s scalar. Freed: the scalar and the block
      * that was sent (its last reference was the descriptor's). */
     cr_assert_eq(c1.allocs - c0.allocs, 2);
     cr_assert_eq(c1.local_frees - c0.local_frees, 2, "the unwinding freed the block that was sent");
-    cr_assert_eq(sr_block_refcount(sr__tensor_block(moved)), 1, "and left the copy alone");
+    cr_assert_eq(sr__block_refcount(sr__tensor_block(moved)), 1, "and left the copy alone");
     tu_expect(moved, (double[64]){5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
                                   5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5,
                                   5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5},
@@ -1268,6 +1268,6 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
     sr_value_unref(args[1]);
     sr__modules[slot] = saved;
     sr_tensor_unref(moved);
-    sr_heap_counters_get(&end);
+    sr__heap_counters_get(&end);
     cr_assert_eq(end.allocs - start.allocs, end.local_frees - start.local_frees, "no block leaked");
 }

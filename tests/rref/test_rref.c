@@ -14,7 +14,7 @@
 
 #include "rref_fns.h"
 #include "module.h" /* the RPC seam: sr__future_wait_until */
-#include "waiter.h" /* sr_now_ns */
+#include "waiter.h" /* sr__now_ns */
 
 LEAK_CHECKED_SUITE(rref);
 
@@ -795,7 +795,7 @@ static int fn_to_here_when_told(sr_call *c)
 {
     sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
     sr_value *v = NULL;
-    int rc = r ? sr__future_wait_until(told, sr_now_ns() + (int64_t)(WAIT_S * 1e9)) : -EINVAL;
+    int rc = r ? sr__future_wait_until(told, sr__now_ns() + (int64_t)(WAIT_S * 1e9)) : -EINVAL;
     if (!rc)
         rc = sr_rref_to_here(r, WAIT_S, &v);
     if (rc)
@@ -828,8 +828,8 @@ static int sc_parent_waits(int rank, int world)
     sr_value *rv = sr_rref_value(r);
     WCHECK(sr_rpc_async(2, "hold_until_told", SR_ARGS(rv), WAIT_S, &held) == 0, "hold: %s", sr_last_error());
     sr_value_unref(rv);
-    int64_t pending = 0, until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
-    while (pending == 0 && sr_now_ns() < until) { /* until worker2 decoded it */
+    int64_t pending = 0, until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (pending == 0 && sr__now_ns() < until) { /* until worker2 decoded it */
         WCHECK(sr_rpc_sync(2, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
         pending = sr_value_int(sr_value_list_at(v, 3));
         sr_value_unref(v);

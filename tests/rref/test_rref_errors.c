@@ -228,7 +228,7 @@ static bool process_stopped(pid_t pid)
 {
     char path[64], buf[256];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
+    int64_t until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
     do {
         FILE *f = fopen(path, "r");
         size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
@@ -239,7 +239,7 @@ static bool process_stopped(pid_t pid)
         if (st && st[1] == ' ' && st[2] == 'T')
             return true;
         sched_yield();
-    } while (sr_now_ns() < until);
+    } while (sr__now_ns() < until);
     return false;
 }
 
@@ -250,10 +250,10 @@ static pid_t worker_pid(int rank)
 {
     struct sr_launch_env env;
     sr_segment seg;
-    if (sr__launch_env_get(&env) || sr_segment_attach(env.fd, &seg))
+    if (sr__launch_env_get(&env) || sr__segment_attach(env.fd, &seg))
         return -1;
-    pid_t pid = sr_seg_worker(&seg, rank)->pid;
-    sr_segment_detach(&seg, false);
+    pid_t pid = sr__seg_worker(&seg, rank)->pid;
+    sr__segment_detach(&seg, false);
     return pid;
 }
 
@@ -276,9 +276,9 @@ static int child_dies_parent(void)
     sr_value *out = NULL;
     int died = sent ? 0 : sr_future_wait(send, &out);
     /* Still stopped: only rank 2's death can release the parent now */
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     int rc = died ? sr_rref_wait_idle(WAIT_S / 3) : 0;
-    double took = (double)(sr_now_ns() - t0) / 1e9;
+    double took = (double)(sr__now_ns() - t0) / 1e9;
     WCHECK(kill(owner, SIGCONT) == 0, "SIGCONT to rank 1: %s", strerror(errno));
     WCHECK(sent == 0, "send: %s", sr_last_error());
     WCHECK(died != 0, "exit_now on rank 2 returned");
@@ -355,7 +355,7 @@ static int fn_held_confirmation(sr_call *c)
     sr_future *f = NULL;
     int rc = r ? sr_rref_confirmation(r, &f) : -EINVAL;
     if (!rc)
-        rc = sr__future_wait_until(f, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+        rc = sr__future_wait_until(f, sr__now_ns() + (int64_t)(WAIT_S * 1e9));
     if (!rc)
         rc = sr_future_value(f, NULL);
     sr_value *items[2] = {sr_int(rc), sr_str(rc ? sr_last_error() : "")};
@@ -388,8 +388,8 @@ static int owner_dies_before_announce(void)
     sr_value_unref(rv);
     /* Until keep_until_told's arguments were decoded (the reordering mode
      * may deliver counters first): then its fork is pending, unannounced. */
-    int64_t pending = 0, unacked = 0, until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
-    while (pending == 0 && sr_now_ns() < until) {
+    int64_t pending = 0, unacked = 0, until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (pending == 0 && sr__now_ns() < until) {
         WCHECK(sr_rpc_sync(2, "counters", SR_NOARGS, WAIT_S, &v) == 0, "counters: %s", sr_last_error());
         pending = sr_value_int(sr_value_list_at(v, 3));
         unacked = sr_value_int(sr_value_list_at(v, 6));
@@ -447,7 +447,7 @@ static int announce_dead_worker(int rank, int world, void *arg)
         sr_shutdown(true, 60); /* serves until exit_now ends the process */
         return 1;
     }
-    int rc = sr__future_wait_until(all_done, sr_now_ns() + (int64_t)(WAIT_S * 1e9));
+    int rc = sr__future_wait_until(all_done, sr__now_ns() + (int64_t)(WAIT_S * 1e9));
     held_drop_all(0);
     sr_shutdown(false, 0);
     return rc ? 1 : 0;
@@ -556,8 +556,8 @@ static int fn_relay_and_die(sr_call *c)
      * message still in a dying sender's queue is lost with it, which the
      * reordering mode, holding messages up to 2 ms, would otherwise cause. */
     sr_rref_debug_info d = {0};
-    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
-    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_futures && sr_now_ns() < until)
+    int64_t until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_futures && sr__now_ns() < until)
         sched_yield();
     _exit(0); /* leaves without detaching, its call to Z still running */
 }
@@ -578,8 +578,8 @@ static int relay_dies_driver(void)
     /* Until the death released the hold on R (the peer-death hook). Not
      * sr_rref_wait_idle: it would announce C, and the owner count it. */
     sr_rref_debug_info d = {0};
-    int64_t until = sr_now_ns() + (int64_t)(WAIT_S * 1e9);
-    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_children && sr_now_ns() < until)
+    int64_t until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
+    while (sr_rref_debug_info_get(&d) == 0 && d.num_pending_children && sr__now_ns() < until)
         sched_yield();
     WCHECK(d.num_pending_children == 0, "worker0 still holds R %g s after its worker died", (double)WAIT_S);
     sr_rref_unref(r); /* Z's own fork: its delete goes to the owner now */
@@ -611,7 +611,7 @@ static int relay_dies_worker(int rank, int world, void *arg)
     WCHECK(told && all_done && sr_init(NULL) == 0, "init: %s", sr_last_error());
     if (rank == 0)
         return relay_dies_driver();
-    int rc = sr__future_wait_until(all_done, sr_now_ns() + (int64_t)(WAIT_S * 1e9)); /* rank 1, the owner */
+    int rc = sr__future_wait_until(all_done, sr__now_ns() + (int64_t)(WAIT_S * 1e9)); /* rank 1, the owner */
     sr_shutdown(false, 0);
     return rc ? 1 : 0;
 }

@@ -44,8 +44,8 @@ static uint8_t pattern(uint64_t stamp, uint64_t i) { return (uint8_t)((stamp * 0
 /* Stamp both ends of the block (the whole block when it is small). */
 static void fill(sr_block *b, uint64_t stamp)
 {
-    uint8_t *d = sr_block_data(b);
-    uint64_t n = sr_block_size(b), edge = n < EDGE ? n : EDGE;
+    uint8_t *d = sr__block_data(b);
+    uint64_t n = sr__block_size(b), edge = n < EDGE ? n : EDGE;
     for (uint64_t i = 0; i < edge; i++) {
         d[i] = pattern(stamp, i);
         d[n - 1 - i] = pattern(stamp, n - 1 - i);
@@ -55,8 +55,8 @@ static void fill(sr_block *b, uint64_t stamp)
 /* The first index whose byte is not the stamp's, or -1. */
 static int64_t first_bad(const sr_block *b, uint64_t stamp)
 {
-    const uint8_t *d = sr_block_data(b);
-    uint64_t n = sr_block_size(b), edge = n < EDGE ? n : EDGE;
+    const uint8_t *d = sr__block_data(b);
+    uint64_t n = sr__block_size(b), edge = n < EDGE ? n : EDGE;
     for (uint64_t i = 0; i < edge; i++) {
         if (d[i] != pattern(stamp, i))
             return (int64_t)i;
@@ -75,7 +75,7 @@ static uint64_t memfd_bytes(int fd)
 
 static uint64_t seg_size_for(int world, uint64_t heap_each)
 {
-    return sr_segment_fixed_size(world, SR_RING_SLOTS_DEFAULT) + (uint64_t)world * heap_each;
+    return sr__segment_fixed_size(world, SR_RING_SLOTS_DEFAULT) + (uint64_t)world * heap_each;
 }
 
 /* ---- single process ---- */
@@ -85,43 +85,43 @@ static sr_segment seg; /* Criterion runs each test in its own process */
 static void attach_single(int world, uint64_t heap_each)
 {
     sr_segment_opts o = {.world_size = world, .size = seg_size_for(world, heap_each), .name = test_ns("heap")};
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_heap_attach(&seg, 0), 0, "%s", sr_last_error());
-    cr_assert(sr_heap_attached());
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_attach(&seg, 0), 0, "%s", sr_last_error());
+    cr_assert(sr__heap_attached());
 }
 
 static void detach_single(void)
 {
-    sr_heap_detach();
-    cr_assert(!sr_heap_attached());
-    sr_segment_detach(&seg, true);
+    sr__heap_detach();
+    cr_assert(!sr__heap_attached());
+    sr__segment_detach(&seg, true);
 }
 
 /* Header and data both lie in rank's heap area. */
 static bool inside_area(const sr_block *b, int rank)
 {
-    const char *lo = sr_seg_heap(&seg, rank), *hi = lo + seg.hdr->heap_stride;
-    const char *d = sr_block_data(b);
-    return (const char *)b >= lo && (const char *)b + 64 <= hi && d >= lo && d + sr_block_size(b) <= hi;
+    const char *lo = sr__seg_heap(&seg, rank), *hi = lo + seg.hdr->heap_stride;
+    const char *d = sr__block_data(b);
+    return (const char *)b >= lo && (const char *)b + 64 <= hi && d >= lo && d + sr__block_size(b) <= hi;
 }
 
 Test(heap, private_blocks_before_attach)
 {
-    cr_assert(!sr_heap_attached());
-    sr_block *b = sr_block_alloc(100);
+    cr_assert(!sr__heap_attached());
+    sr_block *b = sr__block_alloc(100);
     cr_assert_not_null(b, "%s", sr_last_error());
-    cr_assert_eq(sr_block_owner(b), -1);
-    cr_assert_eq(sr_block_size(b), 100);
-    cr_assert_eq((uintptr_t)sr_block_data(b) % 64, 0);
-    cr_assert_eq(sr_block_to_off(b), UINT64_MAX, "a private block has no offset");
-    cr_assert_null(sr_block_from_off(4096));
+    cr_assert_eq(sr__block_owner(b), -1);
+    cr_assert_eq(sr__block_size(b), 100);
+    cr_assert_eq((uintptr_t)sr__block_data(b) % 64, 0);
+    cr_assert_eq(sr__block_to_off(b), UINT64_MAX, "a private block has no offset");
+    cr_assert_null(sr__block_from_off(4096));
     cr_assert(strstr(sr_last_error(), "no shared heap attached"), "%s", sr_last_error());
-    cr_assert_eq(sr_block_refcount(sr_block_ref(b)), 2);
-    sr_block_unref(b);
-    cr_assert_eq(sr_block_refcount(b), 1);
-    sr_block_unref(b); /* frees it: ASan reports a leak otherwise */
-    cr_assert_eq(sr_heap_allocated(), 0);
-    cr_assert_eq(sr_heap_drain(), 0);
+    cr_assert_eq(sr__block_refcount(sr__block_ref(b)), 2);
+    sr__block_unref(b);
+    cr_assert_eq(sr__block_refcount(b), 1);
+    sr__block_unref(b); /* frees it: ASan reports a leak otherwise */
+    cr_assert_eq(sr__heap_allocated(), 0);
+    cr_assert_eq(sr__heap_drain(), 0);
 }
 
 static const size_t sizes[] = {1,        7,         63,          64,       65,       100,     4095,
@@ -144,9 +144,9 @@ static void assert_disjoint(sr_block **blocks, size_t n)
 {
     struct span sp[2 * NSIZES];
     for (size_t i = 0; i < n; i++) {
-        uintptr_t d = (uintptr_t)sr_block_data(blocks[i]);
+        uintptr_t d = (uintptr_t)sr__block_data(blocks[i]);
         sp[2 * i] = (struct span){(uintptr_t)blocks[i], (uintptr_t)blocks[i] + 64};
-        sp[2 * i + 1] = (struct span){d, d + sr_block_size(blocks[i])};
+        sp[2 * i + 1] = (struct span){d, d + sr__block_size(blocks[i])};
     }
     qsort(sp, 2 * n, sizeof(sp[0]), by_address);
     for (size_t i = 0; i + 1 < 2 * n; i++)
@@ -157,33 +157,33 @@ static void assert_disjoint(sr_block **blocks, size_t n)
 Test(heap, sizes_alignment_placement_and_round_trip_offsets, .timeout = 60)
 {
     attach_single(1, 768 * MiB);
-    size_t base = sr_heap_allocated(), total = 0;
+    size_t base = sr__heap_allocated(), total = 0;
     sr_block *blocks[NSIZES];
     for (size_t i = 0; i < NSIZES; i++) {
-        sr_block *b = blocks[i] = sr_block_alloc(sizes[i]);
+        sr_block *b = blocks[i] = sr__block_alloc(sizes[i]);
         cr_assert_not_null(b, "size %zu: %s", sizes[i], sr_last_error());
-        cr_assert_eq(sr_block_size(b), sizes[i]);
-        cr_assert_eq(sr_block_owner(b), 0);
-        cr_assert_eq(sr_block_refcount(b), 1);
-        cr_assert_eq((uintptr_t)sr_block_data(b) % 64, 0, "size %zu: data %p is not 64-byte aligned", sizes[i],
-                     sr_block_data(b));
+        cr_assert_eq(sr__block_size(b), sizes[i]);
+        cr_assert_eq(sr__block_owner(b), 0);
+        cr_assert_eq(sr__block_refcount(b), 1);
+        cr_assert_eq((uintptr_t)sr__block_data(b) % 64, 0, "size %zu: data %p is not 64-byte aligned", sizes[i],
+                     sr__block_data(b));
         cr_assert(inside_area(b, 0), "size %zu: block %p is not inside the heap area", sizes[i], (void *)b);
-        uint64_t off = sr_block_to_off(b);
-        cr_assert_eq(sr_seg_ptr(&seg, off), (void *)b);
-        cr_assert_eq(sr_block_from_off(off), b, "size %zu: %s", sizes[i], sr_last_error());
+        uint64_t off = sr__block_to_off(b);
+        cr_assert_eq(sr__seg_ptr(&seg, off), (void *)b);
+        cr_assert_eq(sr__block_from_off(off), b, "size %zu: %s", sizes[i], sr_last_error());
         fill(b, i);
         total += sizes[i];
     }
     assert_disjoint(blocks, NSIZES);
-    cr_assert_geq(sr_heap_allocated(), base + total, "jemalloc counts %zu bytes for %zu asked",
-                  sr_heap_allocated() - base, total);
+    cr_assert_geq(sr__heap_allocated(), base + total, "jemalloc counts %zu bytes for %zu asked",
+                  sr__heap_allocated() - base, total);
     for (size_t i = 0; i < NSIZES; i++) {
         cr_assert_eq(first_bad(blocks[i], i), -1, "size %zu: data was overwritten", sizes[i]);
-        sr_block_unref(blocks[i]);
+        sr__block_unref(blocks[i]);
     }
-    cr_assert_eq(sr_heap_allocated(), base, "the arena did not return to its baseline");
+    cr_assert_eq(sr__heap_allocated(), base, "the arena did not return to its baseline");
     sr_heap_counters c;
-    sr_heap_counters_get(&c);
+    sr__heap_counters_get(&c);
     cr_assert_eq(c.allocs, NSIZES);
     cr_assert_eq(c.local_frees, NSIZES);
     detach_single();
@@ -196,15 +196,15 @@ Test(heap, power_of_two_blocks_waste_little, .timeout = 60)
     attach_single(1, 512 * MiB);
     static const size_t pow2[] = {4096, 64 << 10, 1 << 20, 256 << 20};
     for (size_t i = 0; i < sizeof(pow2) / sizeof(pow2[0]); i++) {
-        size_t before = sr_heap_allocated();
-        sr_block *b = sr_block_alloc(pow2[i]);
+        size_t before = sr__heap_allocated();
+        sr_block *b = sr__block_alloc(pow2[i]);
         cr_assert_not_null(b, "%s", sr_last_error());
-        size_t cost = sr_heap_allocated() - before;
+        size_t cost = sr__heap_allocated() - before;
         cr_assert_lt(cost, pow2[i] + pow2[i] / 8, "a %zu-byte block costs %zu bytes of the arena", pow2[i], cost);
         cr_assert(inside_area(b, 0));
-        cr_assert_eq(sr_block_from_off(sr_block_to_off(b)), b, "%s", sr_last_error());
-        sr_block_unref(b);
-        cr_assert_eq(sr_heap_allocated(), before);
+        cr_assert_eq(sr__block_from_off(sr__block_to_off(b)), b, "%s", sr_last_error());
+        sr__block_unref(b);
+        cr_assert_eq(sr__heap_allocated(), before);
     }
     detach_single();
 }
@@ -212,29 +212,29 @@ Test(heap, power_of_two_blocks_waste_little, .timeout = 60)
 Test(heap, refcounts_free_on_last_unref)
 {
     attach_single(1, 16 * MiB);
-    size_t base = sr_heap_allocated();
-    sr_block *b = sr_block_alloc(1000);
+    size_t base = sr__heap_allocated();
+    sr_block *b = sr__block_alloc(1000);
     cr_assert_not_null(b, "%s", sr_last_error());
-    uint64_t off = sr_block_to_off(b);
-    cr_assert_eq(sr_block_ref(b), b);
-    cr_assert_eq(sr_block_ref(b), b);
-    cr_assert_eq(sr_block_refcount(b), 3);
-    sr_block_unref(b);
-    sr_block_unref(b);
-    cr_assert_eq(sr_block_refcount(b), 1);
-    cr_assert_gt(sr_heap_allocated(), base, "still held");
-    sr_block_unref(b);
-    cr_assert_eq(sr_heap_allocated(), base, "the last unref frees");
-    cr_assert_null(sr_block_from_off(off), "a freed block's offset is rejected");
+    uint64_t off = sr__block_to_off(b);
+    cr_assert_eq(sr__block_ref(b), b);
+    cr_assert_eq(sr__block_ref(b), b);
+    cr_assert_eq(sr__block_refcount(b), 3);
+    sr__block_unref(b);
+    sr__block_unref(b);
+    cr_assert_eq(sr__block_refcount(b), 1);
+    cr_assert_gt(sr__heap_allocated(), base, "still held");
+    sr__block_unref(b);
+    cr_assert_eq(sr__heap_allocated(), base, "the last unref frees");
+    cr_assert_null(sr__block_from_off(off), "a freed block's offset is rejected");
     cr_assert(strstr(sr_last_error(), "freed"), "%s", sr_last_error());
-    sr_block_unref(NULL);
+    sr__block_unref(NULL);
     detach_single();
 }
 
 static void assert_rejected(uint64_t off, const char *why)
 {
-    cr_assert_null(sr_block_from_off(off), "offset %llu was accepted", (unsigned long long)off);
-    cr_assert(strstr(sr_last_error(), "sr_block_from_off"), "%s", sr_last_error());
+    cr_assert_null(sr__block_from_off(off), "offset %llu was accepted", (unsigned long long)off);
+    cr_assert(strstr(sr_last_error(), "sr__block_from_off"), "%s", sr_last_error());
     cr_assert(strstr(sr_last_error(), why), "offset %llu: expected '%s' in: %s", (unsigned long long)off, why,
               sr_last_error());
 }
@@ -243,10 +243,10 @@ Test(heap, bad_offsets_are_rejected)
 {
     attach_single(2, 16 * MiB);
     const struct sr_seg_header *h = seg.hdr;
-    sr_block *a = sr_block_alloc(100), *freed = sr_block_alloc(64); /* small: data follows the header */
+    sr_block *a = sr__block_alloc(100), *freed = sr__block_alloc(64); /* small: data follows the header */
     cr_assert(a && freed, "%s", sr_last_error());
-    uint64_t a_off = sr_block_to_off(a), freed_off = sr_block_to_off(freed);
-    sr_block_unref(freed);
+    uint64_t a_off = sr__block_to_off(a), freed_off = sr__block_to_off(freed);
+    sr__block_unref(freed);
     uint64_t end = h->heap_off + h->world_size * h->heap_stride;
 
     assert_rejected(0, "outside every heap area");              /* the segment header */
@@ -262,17 +262,17 @@ Test(heap, bad_offsets_are_rejected)
     assert_rejected(freed_off, "freed");
 
     /* Forged headers, copied from a real one so the test needs no layout. */
-    char *rank1 = sr_seg_heap(&seg, 1);
+    char *rank1 = sr__seg_heap(&seg, 1);
     memcpy(rank1, a, 64);
-    assert_rejected(sr_seg_off(&seg, rank1), "owner");
-    char *last = (char *)sr_seg_heap(&seg, 0) + h->heap_stride - 64; /* never carved in a 16 MiB heap */
+    assert_rejected(sr__seg_off(&seg, rank1), "owner");
+    char *last = (char *)sr__seg_heap(&seg, 0) + h->heap_stride - 64; /* never carved in a 16 MiB heap */
     memcpy(last, a, 64);
-    assert_rejected(sr_seg_off(&seg, last), "runs past the end");
+    assert_rejected(sr__seg_off(&seg, last), "runs past the end");
     memset(rank1, 0, 64);
     memset(last, 0, 64);
 
-    cr_assert_eq(sr_block_from_off(a_off), a, "the real block is still accepted: %s", sr_last_error());
-    sr_block_unref(a);
+    cr_assert_eq(sr__block_from_off(a_off), a, "the real block is still accepted: %s", sr_last_error());
+    sr__block_unref(a);
     detach_single();
 }
 
@@ -281,37 +281,37 @@ Test(heap, bad_offsets_are_rejected)
 static void check_pages_given_back(size_t size, bool purge)
 {
     uint64_t before = memfd_bytes(seg.fd);
-    sr_block *b = sr_block_alloc(size);
+    sr_block *b = sr__block_alloc(size);
     cr_assert_not_null(b, "%s", sr_last_error());
-    memset(sr_block_data(b), 0xa5, sr_block_size(b));
+    memset(sr__block_data(b), 0xa5, sr__block_size(b));
     uint64_t full = memfd_bytes(seg.fd);
     cr_assert_geq(full, before + size, "writing %zu bytes grew the memfd by only %llu", size,
                   (unsigned long long)(full - before));
     struct sr_heap_extent_stats s0, s1;
     sr__heap_extent_stats(&s0);
-    sr_block_unref(b);
+    sr__block_unref(b);
     if (purge)
-        cr_assert_eq(sr_heap_purge(), 0, "%s", sr_last_error());
+        cr_assert_eq(sr__heap_purge(), 0, "%s", sr_last_error());
     sr__heap_extent_stats(&s1);
     uint64_t after = memfd_bytes(seg.fd);
     cr_assert_geq(s1.punched - s0.punched, size, "%zu bytes: free%s punched only %llu bytes", size,
                   purge ? " + purge" : "", (unsigned long long)(s1.punched - s0.punched));
     cr_assert_leq(after, before + 64 * 1024, "%zu bytes: the memfd holds %llu bytes after the free, %llu before",
                   size, (unsigned long long)after, (unsigned long long)before);
-    b = sr_block_alloc(size);
+    b = sr__block_alloc(size);
     cr_assert_not_null(b, "%s", sr_last_error());
-    const uint8_t *d = sr_block_data(b);
+    const uint8_t *d = sr__block_data(b);
     cr_assert(d[0] == 0 && d[size / 2] == 0 && d[size - 1] == 0, "%zu bytes: a punched page came back dirty", size);
-    sr_block_unref(b);
+    sr__block_unref(b);
 }
 
 Test(heap, freed_pages_go_back_to_the_memfd, .timeout = 60)
 {
     attach_single(1, 128 * MiB);
-    sr_block *warm = sr_block_alloc(64); /* the arena's metadata pages are touched by now */
+    sr_block *warm = sr__block_alloc(64); /* the arena's metadata pages are touched by now */
     check_pages_given_back(32 * MiB, true); /* huge: kept for reuse, punched when purged */
     check_pages_given_back(4 * MiB, true);  /* jemalloc's: punched when purged */
-    sr_block_unref(warm);
+    sr__block_unref(warm);
     detach_single();
 }
 
@@ -320,27 +320,27 @@ Test(heap, freed_pages_go_back_to_the_memfd, .timeout = 60)
 Test(heap, freed_huge_block_is_reused_for_the_same_size, .timeout = 60)
 {
     attach_single(1, 256 * MiB);
-    sr_block *b = sr_block_alloc(32 * MiB);
+    sr_block *b = sr__block_alloc(32 * MiB);
     cr_assert_not_null(b, "%s", sr_last_error());
-    memset(sr_block_data(b), 0x5a, 32 * MiB);
-    void *first = sr_block_data(b);
-    sr_block_unref(b);
+    memset(sr__block_data(b), 0x5a, 32 * MiB);
+    void *first = sr__block_data(b);
+    sr__block_unref(b);
     uint64_t held = memfd_bytes(seg.fd);
     struct sr_heap_extent_stats s0, s1;
     sr__heap_extent_stats(&s0);
-    b = sr_block_alloc(32 * MiB);
+    b = sr__block_alloc(32 * MiB);
     cr_assert_not_null(b, "%s", sr_last_error());
-    cr_assert_eq(sr_block_data(b), first, "the same range comes back");
-    memset(sr_block_data(b), 0x11, 32 * MiB);
+    cr_assert_eq(sr__block_data(b), first, "the same range comes back");
+    memset(sr__block_data(b), 0x11, 32 * MiB);
     sr__heap_extent_stats(&s1);
     cr_assert_eq(s1.punched, s0.punched, "reuse punched %llu bytes", (unsigned long long)(s1.punched - s0.punched));
     cr_assert_leq(memfd_bytes(seg.fd), held + 64 * 1024, "reuse faulted new pages in");
-    sr_block *other = sr_block_alloc(16 * MiB);
+    sr_block *other = sr__block_alloc(16 * MiB);
     cr_assert_not_null(other, "%s", sr_last_error());
-    cr_assert_neq(sr_block_data(other), first, "a different size is carved anew");
-    sr_block_unref(other);
-    sr_block_unref(b);
-    cr_assert_eq(sr_heap_allocated(), 0, "cached ranges are not counted as allocated");
+    cr_assert_neq(sr__block_data(other), first, "a different size is carved anew");
+    sr__block_unref(other);
+    sr__block_unref(b);
+    cr_assert_eq(sr__heap_allocated(), 0, "cached ranges are not counted as allocated");
     detach_single();
 }
 
@@ -351,34 +351,34 @@ Test(heap, freed_huge_blocks_leave_room_for_a_bigger_one, .timeout = 60)
     attach_single(1, GiB + 32 * MiB);
     static const size_t seq[] = {MiB, 64 * MiB, 256 * MiB, 16 * MiB, GiB, 300 * MiB, GiB};
     for (size_t i = 0; i < sizeof(seq) / sizeof(seq[0]); i++) {
-        sr_block *b = sr_block_alloc(seq[i]);
+        sr_block *b = sr__block_alloc(seq[i]);
         cr_assert_not_null(b, "block %zu (%zu bytes): %s", i, seq[i], sr_last_error());
-        ((uint8_t *)sr_block_data(b))[seq[i] - 1] = 1;
-        sr_block_unref(b);
+        ((uint8_t *)sr__block_data(b))[seq[i] - 1] = 1;
+        sr__block_unref(b);
     }
-    cr_assert_eq(sr_heap_allocated(), 0);
+    cr_assert_eq(sr__heap_allocated(), 0);
     detach_single();
 }
 
 Test(heap, attach_is_idempotent_and_exclusive)
 {
     attach_single(2, 8 * MiB);
-    cr_assert_eq(sr_heap_attach(&seg, 0), 0, "same segment and rank: a no-op");
-    cr_assert_eq(sr_heap_attach(&seg, 1), -EBUSY);
+    cr_assert_eq(sr__heap_attach(&seg, 0), 0, "same segment and rank: a no-op");
+    cr_assert_eq(sr__heap_attach(&seg, 1), -EBUSY);
     cr_assert(strstr(sr_last_error(), "already attached"), "%s", sr_last_error());
-    sr_block *b = sr_block_alloc(100);
+    sr_block *b = sr__block_alloc(100);
     cr_assert_not_null(b, "%s", sr_last_error());
-    sr_block_unref(b);
-    sr_heap_detach();
-    cr_assert_eq(sr_heap_attach(&seg, 2), -EINVAL, "rank out of range");
-    cr_assert_eq(sr_heap_attach(&seg, -1), -EINVAL);
+    sr__block_unref(b);
+    sr__heap_detach();
+    cr_assert_eq(sr__heap_attach(&seg, 2), -EINVAL, "rank out of range");
+    cr_assert_eq(sr__heap_attach(&seg, -1), -EINVAL);
     /* Re-attach as the other rank: a fresh arena in a fresh area. */
-    cr_assert_eq(sr_heap_attach(&seg, 1), 0, "%s", sr_last_error());
-    b = sr_block_alloc(100);
+    cr_assert_eq(sr__heap_attach(&seg, 1), 0, "%s", sr_last_error());
+    b = sr__block_alloc(100);
     cr_assert_not_null(b, "%s", sr_last_error());
-    cr_assert_eq(sr_block_owner(b), 1);
+    cr_assert_eq(sr__block_owner(b), 1);
     cr_assert(inside_area(b, 1));
-    sr_block_unref(b);
+    sr__block_unref(b);
     detach_single();
 }
 
@@ -391,11 +391,11 @@ Test(heap, arena_metadata_stays_out_of_the_area)
     sr__heap_extent_stats(&st);
     cr_assert_eq(st.area, seg.hdr->heap_stride);
     cr_assert_eq(st.used, 0, "attach carved %llu bytes of the area", (unsigned long long)st.used);
-    sr_block *b = sr_block_alloc(64);
+    sr_block *b = sr__block_alloc(64);
     cr_assert_not_null(b, "%s", sr_last_error());
     sr__heap_extent_stats(&st);
     cr_assert_gt(st.used, 0);
-    sr_block_unref(b);
+    sr__block_unref(b);
     detach_single();
 }
 
@@ -404,22 +404,22 @@ Test(heap, arena_metadata_stays_out_of_the_area)
 Test(heap, forked_child_forgets_the_heap)
 {
     attach_single(1, 16 * MiB);
-    sr_block *b = sr_block_alloc(100);
+    sr_block *b = sr__block_alloc(100);
     cr_assert_not_null(b, "%s", sr_last_error());
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
-        sr_block *c = sr_block_alloc(100);
-        int ok = !sr_heap_attached() && c && sr_block_owner(c) == -1;
-        sr_block_unref(c);
+        sr_block *c = sr__block_alloc(100);
+        int ok = !sr__heap_attached() && c && sr__block_owner(c) == -1;
+        sr__block_unref(c);
         _exit(ok ? 0 : 1);
     }
     int status = 0;
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child still allocated from the shared heap");
-    cr_assert(sr_heap_attached());
-    sr_block_unref(b);
-    cr_assert_eq(sr_heap_allocated(), 0);
+    cr_assert(sr__heap_attached());
+    sr__block_unref(b);
+    cr_assert_eq(sr__heap_allocated(), 0);
     detach_single();
 }
 
@@ -427,7 +427,7 @@ Test(heap, forked_child_forgets_the_heap)
 static size_t exhaust(sr_block **held, size_t max, size_t chunk)
 {
     size_t n = 0;
-    while (n < max && (held[n] = sr_block_alloc(chunk)))
+    while (n < max && (held[n] = sr__block_alloc(chunk)))
         n++;
     return n;
 }
@@ -442,24 +442,24 @@ static bool error_names(const char *fmt, unsigned long long v)
 Test(heap, exhaustion_is_enomem_not_a_crash)
 {
     attach_single(1, 8 * MiB);
-    size_t base = sr_heap_allocated(), chunk = 256 << 10;
+    size_t base = sr__heap_allocated(), chunk = 256 << 10;
     sr_block *held[64];
     errno = 0;
     size_t n = exhaust(held, 64, chunk);
     cr_assert(n > 0 && n < 64, "%zu blocks of %zu bytes from an 8 MiB heap", n, chunk);
     cr_assert_eq(errno, ENOMEM);
-    cr_assert(strstr(sr_last_error(), "sr_block_alloc") && error_names("worker %llu", 0) &&
+    cr_assert(strstr(sr_last_error(), "sr__block_alloc") && error_names("worker %llu", 0) &&
                   error_names("%llu bytes", chunk) && error_names("%llu bytes", seg.hdr->heap_stride),
               "the error must name the worker, the size and the heap: %s", sr_last_error());
-    cr_assert_null(sr_block_alloc((size_t)seg.hdr->heap_stride), "larger than the heap");
-    cr_assert_null(sr_block_alloc(SIZE_MAX - 8), "no overflow");
+    cr_assert_null(sr__block_alloc((size_t)seg.hdr->heap_stride), "larger than the heap");
+    cr_assert_null(sr__block_alloc(SIZE_MAX - 8), "no overflow");
     for (size_t i = 0; i < n; i++)
-        sr_block_unref(held[i]);
-    cr_assert_eq(sr_heap_allocated(), base);
+        sr__block_unref(held[i]);
+    cr_assert_eq(sr__heap_allocated(), base);
     size_t again = exhaust(held, 64, chunk);
     cr_assert_eq(again, n, "after freeing everything the heap holds %zu blocks again, not %zu", again, n);
     for (size_t i = 0; i < again; i++)
-        sr_block_unref(held[i]);
+        sr__block_unref(held[i]);
     detach_single();
 }
 
@@ -503,10 +503,10 @@ Test(heap, mixed_churn_does_not_fragment, .timeout = 120)
     int first_step = -1;
     for (int step = 0; step < CHURN_STEPS; step++) {
         unsigned i = (unsigned)(churn_rand(&s) % CHURN_SLOTS);
-        live -= slot[i] ? sr_block_size(slot[i]) : 0;
-        sr_block_unref(slot[i]);
+        live -= slot[i] ? sr__block_size(slot[i]) : 0;
+        sr__block_unref(slot[i]);
         size_t n = churn_size(&s);
-        slot[i] = live + n <= CHURN_LIVE_MAX ? sr_block_alloc(n) : NULL;
+        slot[i] = live + n <= CHURN_LIVE_MAX ? sr__block_alloc(n) : NULL;
         if (slot[i])
             live += n;
         else if (live + n <= CHURN_LIVE_MAX && failures++ == 0)
@@ -515,13 +515,13 @@ Test(heap, mixed_churn_does_not_fragment, .timeout = 120)
     struct sr_heap_extent_stats st;
     sr__heap_extent_stats(&st);
     for (unsigned i = 0; i < CHURN_SLOTS; i++)
-        sr_block_unref(slot[i]);
+        sr__block_unref(slot[i]);
     cr_assert_eq(failures, 0,
                  "%u allocations failed, the first of %zu bytes at step %d with %zu bytes live; at the end "
                  "%llu bytes free in %u ranges, %llu dropped",
                  failures, first_failed, first_step, live_at_fail, (unsigned long long)st.free_bytes, st.nfree,
                  (unsigned long long)st.dropped);
-    cr_assert_eq(sr_heap_allocated(), 0);
+    cr_assert_eq(sr__heap_allocated(), 0);
     detach_single();
 }
 
@@ -545,16 +545,16 @@ static int64_t peek64(const sr_block *b, size_t at)
 Test(heap, zero_heap_stride_in_the_header_is_not_a_division_by_zero)
 {
     attach_single(2, 16 * MiB);
-    sr_block *b = sr_block_alloc(64);
+    sr_block *b = sr__block_alloc(64);
     cr_assert_not_null(b, "%s", sr_last_error());
-    uint64_t off = sr_block_to_off(b), stride = seg.hdr->heap_stride;
+    uint64_t off = sr__block_to_off(b), stride = seg.hdr->heap_stride;
     seg.hdr->heap_stride = 0; /* what a peer's stray write did */
-    cr_assert_eq(sr_block_from_off(off), b, "%s", sr_last_error());
-    cr_assert_null(sr_block_from_off(off + 64 * MiB));
+    cr_assert_eq(sr__block_from_off(off), b, "%s", sr_last_error());
+    cr_assert_null(sr__block_from_off(off + 64 * MiB));
     cr_assert(strstr(sr_last_error(), "outside every heap area"), "%s", sr_last_error());
-    sr_block_unref(b);
+    sr__block_unref(b);
     seg.hdr->heap_stride = stride;
-    cr_assert_eq(sr_heap_allocated(), 0);
+    cr_assert_eq(sr__heap_allocated(), 0);
     detach_single();
 }
 
@@ -566,22 +566,22 @@ Test(heap, zero_heap_stride_in_the_header_is_not_a_division_by_zero)
 Test(heap, corrupt_owner_is_an_error_not_a_wild_write)
 {
     attach_single(2, 16 * MiB);
-    sr__error_set_rank(0); /* as sr_xport_attach does: errors name the worker */
-    _Atomic uint64_t *peer_list = &sr_seg_worker(&seg, 1)->remote_free;
-    sr_block *b = sr_block_alloc(64);
+    sr__error_set_rank(0); /* as sr__xport_attach does: errors name the worker */
+    _Atomic uint64_t *peer_list = &sr__seg_worker(&seg, 1)->remote_free;
+    sr_block *b = sr__block_alloc(64);
     cr_assert_not_null(b, "%s", sr_last_error());
     poke32(b, HDR_OWNER, 1);
-    sr_block_unref(b);
+    sr__block_unref(b);
     cr_assert_eq(atomic_load(peer_list), 0, "our block was pushed onto worker 1's remote-free list");
-    cr_assert(strstr(sr_last_error(), "worker0: sr_block_unref") && strstr(sr_last_error(), "leaked"), "%s",
+    cr_assert(strstr(sr_last_error(), "worker0: sr__block_unref") && strstr(sr_last_error(), "leaked"), "%s",
               sr_last_error());
-    sr_block *c = sr_block_alloc(64);
+    sr_block *c = sr__block_alloc(64);
     cr_assert_not_null(c, "%s", sr_last_error());
-    uint64_t off = sr_block_to_off(c);
+    uint64_t off = sr__block_to_off(c);
     poke32(c, HDR_OWNER, 1 << 30);
-    cr_assert_null(sr_block_from_off(off), "a corrupt header passed as a block");
-    sr_block_unref(c); /* used to write 1 << 30 worker-table entries past the table */
-    cr_assert(strstr(sr_last_error(), "worker0: sr_block_unref"), "%s", sr_last_error());
+    cr_assert_null(sr__block_from_off(off), "a corrupt header passed as a block");
+    sr__block_unref(c); /* used to write 1 << 30 worker-table entries past the table */
+    cr_assert(strstr(sr_last_error(), "worker0: sr__block_unref"), "%s", sr_last_error());
     detach_single();
 }
 
@@ -622,18 +622,18 @@ Test(heap, corrupt_data_offset_is_an_error_not_tensor_data)
 Test(heap, cached_small_block_is_dead_until_reused)
 {
     attach_single(1, 16 * MiB);
-    sr_block *b = sr_block_alloc(100);
+    sr_block *b = sr__block_alloc(100);
     cr_assert_not_null(b, "%s", sr_last_error());
-    uint64_t off = sr_block_to_off(b);
-    sr_block_unref(b);
-    cr_assert_null(sr_block_from_off(off), "a cached block's offset was accepted");
+    uint64_t off = sr__block_to_off(b);
+    sr__block_unref(b);
+    cr_assert_null(sr__block_from_off(off), "a cached block's offset was accepted");
     cr_assert(strstr(sr_last_error(), "freed block"), "%s", sr_last_error());
-    cr_assert_eq(sr_heap_allocated(), 0, "cached blocks count as allocated");
-    sr_block *c = sr_block_alloc(90); /* the same 192-byte class */
+    cr_assert_eq(sr__heap_allocated(), 0, "cached blocks count as allocated");
+    sr_block *c = sr__block_alloc(90); /* the same 192-byte class */
     cr_assert_eq(c, b, "the cached block was not reused");
-    cr_assert_eq(sr_block_size(c), 90);
-    cr_assert_eq(sr_block_from_off(off), c, "%s", sr_last_error());
-    sr_block_unref(c);
+    cr_assert_eq(sr__block_size(c), 90);
+    cr_assert_eq(sr__block_from_off(off), c, "%s", sr_last_error());
+    sr__block_unref(c);
     detach_single();
 }
 
@@ -648,12 +648,12 @@ static void *cache_thread_main(void *arg)
     struct cache_thread *ct = arg;
     sr_block *b[8];
     for (int i = 0; i < 8; i++)
-        b[i] = sr_block_alloc(64);
+        b[i] = sr__block_alloc(64);
     for (int i = 0; i < 8; i++)
-        sr_block_unref(b[i]);
+        sr__block_unref(b[i]);
     pthread_barrier_wait(&ct->go);   /* main detaches and attaches again */
     pthread_barrier_wait(&ct->done);
-    ct->got = sr_block_alloc(64);
+    ct->got = sr__block_alloc(64);
     return NULL;
 }
 
@@ -669,20 +669,20 @@ Test(heap, thread_cache_of_an_earlier_attach_is_dropped, .timeout = 30)
     pthread_t th;
     cr_assert_eq(pthread_create(&th, NULL, cache_thread_main, &ct), 0);
     pthread_barrier_wait(&ct.go);
-    sr_heap_detach();
-    cr_assert_eq(sr_heap_attach(&seg, 0), 0, "%s", sr_last_error());
+    sr__heap_detach();
+    cr_assert_eq(sr__heap_attach(&seg, 0), 0, "%s", sr_last_error());
     sr_block *mine[8];
     for (int i = 0; i < 8; i++)
-        mine[i] = sr_block_alloc(64);
+        mine[i] = sr__block_alloc(64);
     pthread_barrier_wait(&ct.done);
     pthread_join(th, NULL);
     cr_assert_not_null(ct.got, "%s", sr_last_error());
     for (int i = 0; i < 8; i++)
         cr_assert_neq(ct.got, mine[i], "the thread handed out a block of the destroyed arena");
-    sr_block_unref(ct.got);
+    sr__block_unref(ct.got);
     for (int i = 0; i < 8; i++)
-        sr_block_unref(mine[i]);
-    cr_assert_eq(sr_heap_allocated(), 0);
+        sr__block_unref(mine[i]);
+    cr_assert_eq(sr__heap_allocated(), 0);
     pthread_barrier_destroy(&ct.go);
     pthread_barrier_destroy(&ct.done);
     detach_single();

@@ -30,14 +30,14 @@ static sr_segment seg;
 static void make_segment(void)
 {
     sr_segment_opts o = {.world_size = 2, .ring_slots = 64, .name = test_ns("seg")};
-    o.size = sr_segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+    o.size = sr__segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
 }
 
 static void drop_segment(void)
 {
     if (seg.base)
-        sr_segment_detach(&seg, true);
+        sr__segment_detach(&seg, true);
     sr_test_no_leaks();
 }
 
@@ -50,10 +50,10 @@ static void assert_msg(const char *want)
 static void assert_attach_fails(int err, const char *want)
 {
     sr_segment other = {.fd = -1};
-    int rc = sr_segment_attach(seg.fd, &other);
+    int rc = sr__segment_attach(seg.fd, &other);
     cr_assert_eq(rc, err, "attach returned %d (%s), expected %d", rc, sr_last_error(), err);
     cr_assert_null(other.base, "a failed attach left a mapping");
-    assert_msg("sr_segment_attach");
+    assert_msg("sr__segment_attach");
     assert_msg(want);
 }
 
@@ -62,10 +62,10 @@ TestSuite(segment_attach, .init = make_segment, .fini = drop_segment);
 Test(segment_attach, a_valid_segment_attaches)
 {
     sr_segment other;
-    cr_assert_eq(sr_segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
     cr_assert_eq(other.hdr->world_size, 2);
     cr_assert_eq(other.size, seg.size);
-    sr_segment_detach(&other, false);
+    sr__segment_detach(&other, false);
 }
 
 Test(segment_attach, wrong_magic_is_eproto)
@@ -128,7 +128,7 @@ static void assert_copy_fails(uint64_t size, int err, const char *want)
 {
     int fd = copy_header(size);
     sr_segment other = {.fd = -1};
-    int rc = sr_segment_attach(fd, &other);
+    int rc = sr__segment_attach(fd, &other);
     cr_assert_eq(rc, err, "attach of %llu bytes returned %d (%s)", (unsigned long long)size, rc, sr_last_error());
     assert_msg(want);
     close(fd);
@@ -156,7 +156,7 @@ Test(segment_attach, a_file_smaller_than_a_header_is_eproto)
     cr_assert(fd >= 0);
     cr_assert_eq(ftruncate(fd, 100), 0);
     sr_segment other;
-    cr_assert_eq(sr_segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
     assert_msg("100 bytes is too small");
     close(fd);
 }
@@ -166,7 +166,7 @@ Test(segment_attach, an_empty_file_is_eproto)
     int fd = memfd_create(test_ns("empty"), MFD_CLOEXEC);
     cr_assert(fd >= 0);
     sr_segment other;
-    cr_assert_eq(sr_segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(fd, &other), -EPROTO, "%s", sr_last_error());
     assert_msg("0 bytes is too small");
     close(fd);
 }
@@ -176,23 +176,23 @@ Test(segment_attach, a_closed_fd_is_ebadf)
     int fd = dup(seg.fd);
     close(fd);
     sr_segment other;
-    cr_assert_eq(sr_segment_attach(fd, &other), -EBADF, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(fd, &other), -EBADF, "%s", sr_last_error());
     char want[32];
     snprintf(want, sizeof(want), "fd %d", fd);
     assert_msg(want);
-    cr_assert_eq(sr_segment_attach(-1, &other), -EBADF, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(-1, &other), -EBADF, "%s", sr_last_error());
     assert_msg("fd -1");
 }
 
-/* sr_segment_create's option checks. */
+/* sr__segment_create's option checks. */
 static void assert_create_fails(sr_segment_opts o, const char *want)
 {
     sr_segment s = {.fd = -1};
     o.name = test_ns("bad");
-    int rc = sr_segment_create(&o, &s);
-    cr_assert_eq(rc, -EINVAL, "sr_segment_create returned %d (%s), expected -EINVAL", rc, sr_last_error());
+    int rc = sr__segment_create(&o, &s);
+    cr_assert_eq(rc, -EINVAL, "sr__segment_create returned %d (%s), expected -EINVAL", rc, sr_last_error());
     cr_assert_null(s.base, "a failed create left a mapping");
-    assert_msg("sr_segment_create");
+    assert_msg("sr__segment_create");
     assert_msg(want);
 }
 
@@ -209,7 +209,7 @@ Test(segment_create, ring_slots_not_a_power_of_two)
 Test(segment_create, ring_slots_1) { assert_create_fails((sr_segment_opts){.world_size = 2, .ring_slots = 1}, "ring size 1"); }
 Test(segment_create, size_too_small_for_the_workers)
 {
-    uint64_t need = sr_segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
+    uint64_t need = sr__segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
     char want[96];
     snprintf(want, sizeof(want), "size %llu bytes is too small for 3 workers (need at least %llu",
              (unsigned long long)(need - 1), (unsigned long long)need);
@@ -218,12 +218,12 @@ Test(segment_create, size_too_small_for_the_workers)
 
 Test(segment_create, the_smallest_size_is_accepted)
 {
-    uint64_t need = sr_segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
+    uint64_t need = sr__segment_fixed_size(3, 64) + 3 * SR_HEAP_MIN;
     sr_segment s;
     sr_segment_opts o = {.world_size = 3, .ring_slots = 64, .size = need, .name = test_ns("min")};
-    cr_assert_eq(sr_segment_create(&o, &s), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_create(&o, &s), 0, "%s", sr_last_error());
     cr_assert_geq(s.hdr->heap_stride, SR_HEAP_MIN, "heap stride %llu", (unsigned long long)s.hdr->heap_stride);
-    sr_segment_detach(&s, true);
+    sr__segment_detach(&s, true);
 }
 
 /* sr__launch_env_get: the variables shmrun sets. */
@@ -311,8 +311,8 @@ LEAK_CHECKED_SUITE(partial_attach);
 static void make_partial(int world, const uint8_t *mask)
 {
     sr_segment_opts o = {.world_size = world, .ring_slots = 64, .name = test_ns("part"), .attaching = mask};
-    o.size = sr_segment_fixed_size(world, 64) + (uint64_t)world * SR_HEAP_MIN;
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+    o.size = sr__segment_fixed_size(world, 64) + (uint64_t)world * SR_HEAP_MIN;
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
 }
 
 Test(partial_attach, the_header_counts_and_the_lines_mark_the_attaching_ranks, .fini = drop_segment)
@@ -320,18 +320,18 @@ Test(partial_attach, the_header_counts_and_the_lines_mark_the_attaching_ranks, .
     make_partial(5, (const uint8_t[]){0, 1, 0, 1, 1});
     cr_assert_eq(seg.hdr->attaching, 3, "header count %u", seg.hdr->attaching);
     for (int r = 0; r < 5; r++)
-        cr_assert_eq(sr_seg_attaches(&seg, r), r == 1 || r >= 3, "rank %d", r);
-    cr_assert(!sr_seg_attaches(&seg, -1) && !sr_seg_attaches(&seg, 5), "out of range ranks attach nowhere");
+        cr_assert_eq(sr__seg_attaches(&seg, r), r == 1 || r >= 3, "rank %d", r);
+    cr_assert(!sr__seg_attaches(&seg, -1) && !sr__seg_attaches(&seg, 5), "out of range ranks attach nowhere");
     sr_segment other;
-    cr_assert_eq(sr_segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
     cr_assert_eq(other.attaching, 3);
-    sr_segment_detach(&other, false);
+    sr__segment_detach(&other, false);
 }
 
 Test(partial_attach, without_a_mask_every_rank_attaches, .init = make_segment, .fini = drop_segment)
 {
     cr_assert_eq(seg.hdr->attaching, 2);
-    cr_assert(sr_seg_attaches(&seg, 0) && sr_seg_attaches(&seg, 1));
+    cr_assert(sr__seg_attaches(&seg, 0) && sr__seg_attaches(&seg, 1));
 }
 
 Test(partial_attach, a_mask_with_no_rank_is_einval)
@@ -343,7 +343,7 @@ Test(partial_attach, a_mask_with_no_rank_is_einval)
 Test(partial_attach, a_flag_other_than_0_or_1_is_einval, .fini = drop_segment)
 {
     make_partial(3, (const uint8_t[]){1, 0, 1});
-    sr_seg_worker(&seg, 1)->attaches = 2;
+    sr__seg_worker(&seg, 1)->attaches = 2;
     assert_attach_fails(-EINVAL, "the worker line of rank 1 says attaches = 2");
 }
 

@@ -34,12 +34,12 @@ static void fixture_init(struct fixture *f)
     atomic_init(&f->word, SR_DOORBELL_AWAKE);
     f->efd = eventfd(0, EFD_CLOEXEC);
     cr_assert_geq(f->efd, 0);
-    cr_assert_eq(sr_waiter_init(&f->w, &f->word, f->efd, 0), 0, "init: %s", sr_last_error());
+    cr_assert_eq(sr__waiter_init(&f->w, &f->word, f->efd, 0), 0, "init: %s", sr_last_error());
 }
 
 static void fixture_fini(struct fixture *f)
 {
-    sr_waiter_fini(&f->w);
+    sr__waiter_fini(&f->w);
     close(f->efd);
 }
 
@@ -53,12 +53,12 @@ static bool never_ready(void *arg)
 static void *ringer(void *p)
 {
     struct fixture *f = p;
-    int64_t until = sr_now_ns() + BOUND_NS;
-    /* relaxed: we only watch for the announcement; sr_doorbell_ring's D3
+    int64_t until = sr__now_ns() + BOUND_NS;
+    /* relaxed: we only watch for the announcement; sr__doorbell_ring's D3
      * fence does the ordering that matters */
-    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr_now_ns() < until)
+    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr__now_ns() < until)
         sched_yield();
-    sr_doorbell_ring(&f->word, f->w.kind, f->efd);
+    sr__doorbell_ring(&f->word, f->w.kind, f->efd);
     return NULL;
 }
 
@@ -66,7 +66,7 @@ static int sleep_rung(struct fixture *f, int64_t deadline_ns)
 {
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, ringer, f), 0);
-    int ev = sr_waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
+    int ev = sr__waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
     pthread_join(t, NULL);
     return ev;
 }
@@ -74,9 +74,9 @@ static int sleep_rung(struct fixture *f, int64_t deadline_ns)
 /* Sleep with nothing to wake us; returns the events and the time slept. */
 static int sleep_idle(struct fixture *f, int64_t deadline_ns, int64_t *slept_ns)
 {
-    int64_t t0 = sr_now_ns();
-    int ev = sr_waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
-    *slept_ns = sr_now_ns() - t0;
+    int64_t t0 = sr__now_ns();
+    int ev = sr__waiter_sleep(&f->w, deadline_ns, never_ready, NULL);
+    *slept_ns = sr__now_ns() - t0;
     return ev;
 }
 
@@ -85,7 +85,7 @@ Test(waiter, deadline_passes_with_nothing_to_wake)
     struct fixture f;
     fixture_init(&f);
     int64_t slept;
-    int ev = sleep_idle(&f, sr_now_ns() + 20 * MS, &slept);
+    int ev = sleep_idle(&f, sr__now_ns() + 20 * MS, &slept);
     cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d (%s)", ev, ev < 0 ? sr_last_error() : "");
     cr_assert_geq(slept, 20 * MS, "woke %lld ns early", (long long)(20 * MS - slept));
     cr_assert_lt(slept, BOUND_NS);
@@ -111,9 +111,9 @@ Test(waiter, an_earlier_deadline_moves_the_armed_timer)
 {
     struct fixture f;
     fixture_init(&f);
-    cr_assert_eq(sleep_rung(&f, sr_now_ns() + 10000 * MS), (int)SR_WAKE_DOORBELL);
+    cr_assert_eq(sleep_rung(&f, sr__now_ns() + 10000 * MS), (int)SR_WAKE_DOORBELL);
     int64_t slept;
-    int ev = sleep_idle(&f, sr_now_ns() + 20 * MS, &slept);
+    int ev = sleep_idle(&f, sr__now_ns() + 20 * MS, &slept);
     cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d", ev);
     cr_assert_geq(slept, 20 * MS);
     cr_assert_lt(slept, 5000 * MS, "slept %lld ms: the 10 s timer was not moved", (long long)(slept / MS));
@@ -126,9 +126,9 @@ Test(waiter, an_old_timer_firing_early_is_not_a_timeout)
 {
     struct fixture f;
     fixture_init(&f);
-    cr_assert_eq(sleep_rung(&f, sr_now_ns() + 30 * MS), (int)SR_WAKE_DOORBELL);
+    cr_assert_eq(sleep_rung(&f, sr__now_ns() + 30 * MS), (int)SR_WAKE_DOORBELL);
     int64_t slept;
-    int ev = sleep_idle(&f, sr_now_ns() + 150 * MS, &slept);
+    int ev = sleep_idle(&f, sr__now_ns() + 150 * MS, &slept);
     cr_assert_eq(ev, (int)SR_WAKE_TIMEOUT, "events %d", ev);
     cr_assert_geq(slept, 150 * MS, "returned after %lld ms, at the old timer", (long long)(slept / MS));
     fixture_fini(&f);
@@ -138,7 +138,7 @@ static void *sleep_in_thread(void *p)
 {
     struct fixture *f = p;
     int64_t slept;
-    int ev = sleep_idle(f, sr_now_ns() + 5 * MS, &slept);
+    int ev = sleep_idle(f, sr__now_ns() + 5 * MS, &slept);
     return (void *)(intptr_t)ev;
 }
 
@@ -149,25 +149,25 @@ Test(waiter, a_second_thread_can_sleep)
     struct fixture f;
     fixture_init(&f);
     int64_t slept;
-    cr_assert_eq(sleep_idle(&f, sr_now_ns() + 5 * MS, &slept), (int)SR_WAKE_TIMEOUT);
+    cr_assert_eq(sleep_idle(&f, sr__now_ns() + 5 * MS, &slept), (int)SR_WAKE_TIMEOUT);
     pthread_t t;
     void *ev;
     cr_assert_eq(pthread_create(&t, NULL, sleep_in_thread, &f), 0);
     pthread_join(t, &ev);
     cr_assert_eq((int)(intptr_t)ev, (int)SR_WAKE_TIMEOUT, "second thread: events %d (%s)", (int)(intptr_t)ev,
                  sr_last_error());
-    cr_assert_eq(sleep_rung(&f, sr_now_ns() + BOUND_NS), (int)SR_WAKE_DOORBELL, "the doorbell after the switch");
+    cr_assert_eq(sleep_rung(&f, sr__now_ns() + BOUND_NS), (int)SR_WAKE_DOORBELL, "the doorbell after the switch");
     fixture_fini(&f);
 }
 
 static void *notify(void *p)
 {
     struct fixture *f = p;
-    int64_t until = sr_now_ns() + BOUND_NS;
+    int64_t until = sr__now_ns() + BOUND_NS;
     /* relaxed: we only watch for the announcement; the eventfd write wakes */
-    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr_now_ns() < until)
+    while (atomic_load_explicit(&f->word, memory_order_relaxed) != SR_DOORBELL_SLEEPING && sr__now_ns() < until)
         sched_yield();
-    sr_waiter_notify_shutdown(&f->w);
+    sr__waiter_notify_shutdown(&f->w);
     return NULL;
 }
 
@@ -177,17 +177,17 @@ Test(waiter, shutdown_from_another_thread_wakes_and_sticks)
     fixture_init(&f);
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, notify, &f), 0);
-    int ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+    int ev = sr__waiter_sleep(&f.w, sr__now_ns() + BOUND_NS, never_ready, NULL);
     pthread_join(t, NULL);
     cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "events %d", ev);
-    ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+    ev = sr__waiter_sleep(&f.w, sr__now_ns() + BOUND_NS, never_ready, NULL);
     cr_assert(ev > 0 && (ev & SR_WAKE_SHUTDOWN), "shutdown is sticky: events %d", ev);
     fixture_fini(&f);
 }
 
 static void *kicker(void *p)
 {
-    sr_waiter_kick(p);
+    sr__waiter_kick(p);
     return NULL;
 }
 
@@ -205,7 +205,7 @@ Test(waiter, a_kick_ends_an_aside_sleep_and_the_word_is_left_alone)
         cr_assert_eq(pthread_create(&t, NULL, kicker, &f.w), 0);
         if (i == 1) /* a kick made before the sleep is not lost (the eventfd keeps it) */
             pthread_join(t, NULL);
-        int ev = sr_waiter_sleep_aside(&f.w, sr_now_ns() + BOUND_NS, never_ready, NULL);
+        int ev = sr__waiter_sleep_aside(&f.w, sr__now_ns() + BOUND_NS, never_ready, NULL);
         if (i != 1)
             pthread_join(t, NULL);
         cr_assert(ev > 0 && (ev & SR_WAKE_KICK) && !(ev & SR_WAKE_TIMEOUT), "round %d: events %d", i, ev);
@@ -224,7 +224,7 @@ static bool user_announces(void *p)
     struct fixture *f = p;
     /* relaxed: the same thread reads it back after the sleep */
     atomic_store_explicit(&f->word, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed);
-    sr_waiter_kick(&f->w);
+    sr__waiter_kick(&f->w);
     return false;
 }
 
@@ -236,7 +236,7 @@ Test(waiter, a_sleep_leaves_a_user_sleepers_announcement_alone)
     struct fixture f;
     fixture_init(&f);
     for (int i = 0; i < 3; i++) {
-        int ev = sr_waiter_sleep(&f.w, sr_now_ns() + BOUND_NS, user_announces, &f);
+        int ev = sr__waiter_sleep(&f.w, sr__now_ns() + BOUND_NS, user_announces, &f);
         cr_assert(ev > 0 && (ev & SR_WAKE_KICK) && !(ev & SR_WAKE_TIMEOUT), "round %d: events %d", i, ev);
         /* relaxed: written by this thread */
         cr_assert_eq(atomic_load_explicit(&f.word, memory_order_relaxed), SR_DOORBELL_SLEEPING_USER,

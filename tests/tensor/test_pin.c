@@ -50,19 +50,19 @@ static sr_segment heap_seg; /* Criterion runs each test in its own process */
 static void heap_up(void)
 {
     sr_segment_opts o = {.world_size = 1,
-                         .size = sr_segment_fixed_size(1, 0) + (256u << 20),
+                         .size = sr__segment_fixed_size(1, 0) + (256u << 20),
                          .name = test_ns("pin")};
-    cr_assert_eq(sr_segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_heap_attach(&heap_seg, 0), 0, "sr_heap_attach: %s", sr_last_error());
+    cr_assert_eq(sr__segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_attach(&heap_seg, 0), 0, "sr__heap_attach: %s", sr_last_error());
 }
 
 static void heap_down(void)
 {
-    sr_heap_detach();
-    sr_segment_detach(&heap_seg, true);
+    sr__heap_detach();
+    sr__segment_detach(&heap_seg, true);
 }
 
-static uint32_t refs(const sr_tensor *t) { return sr_block_refcount(t->storage->block); }
+static uint32_t refs(const sr_tensor *t) { return sr__block_refcount(t->storage->block); }
 
 /* ---- mechanics ------------------------------------------------------------ */
 

@@ -19,7 +19,7 @@ LEAK_CHECKED_SUITE(rpc_tensor);
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t block_off(const sr_tensor *t) { return sr_block_to_off(t->storage->block); }
+static uint64_t block_off(const sr_tensor *t) { return sr__block_to_off(t->storage->block); }
 
 /* A tensor of dt and shape holding base, base + 1, ... */
 static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape, double base)
@@ -530,8 +530,8 @@ static int dead_peer_worker(int rank, int world, void *arg)
     sr_tensor *t = sr_ones(SR_F32, 1, (int64_t[]){1000}, 0);
     sr_value *v = tv(sr_tensor_ref(t));
     WEXPECT_ERR(sr_rpc_sync(1, "echo", SR_ARGS(v, v), 30, NULL), -EPIPE, "destination rank 1 is gone: worker1 exited with status 0");
-    WCHECK(sr_block_refcount(t->storage->block) == 1, "the unsent request still holds %u references",
-           sr_block_refcount(t->storage->block) - 1);
+    WCHECK(sr__block_refcount(t->storage->block) == 1, "the unsent request still holds %u references",
+           sr__block_refcount(t->storage->block) - 1);
     sr_value_unref(v);
     sr_tensor_unref(t);
     sr_shutdown(false, 0);

@@ -43,16 +43,16 @@ static sr_segment heap_seg; /* Criterion runs each test in its own process */
 static void heap_up(void)
 {
     sr_segment_opts o = {.world_size = 1,
-                         .size = sr_segment_fixed_size(1, 0) + (256u << 20),
+                         .size = sr__segment_fixed_size(1, 0) + (256u << 20),
                          .name = test_ns("snapshot")};
-    cr_assert_eq(sr_segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_heap_attach(&heap_seg, 0), 0, "sr_heap_attach: %s", sr_last_error());
+    cr_assert_eq(sr__segment_create(&o, &heap_seg), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_attach(&heap_seg, 0), 0, "sr__heap_attach: %s", sr_last_error());
 }
 
 static void heap_down(void)
 {
-    sr_heap_detach();
-    sr_segment_detach(&heap_seg, true);
+    sr__heap_detach();
+    sr__segment_detach(&heap_seg, true);
 }
 
 static void unref_all(sr_tensor **ts, int n)
@@ -184,28 +184,28 @@ Test(snapshot, no_copy_when_nothing_is_saved)
 Test(snapshot, the_old_block_is_freed_with_the_graph, .init = heap_up, .fini = heap_down)
 {
     sr_tensor *x = sr_ones(SR_F32, 1, SHAPE(1024), SR_REQUIRES_GRAD), *w = sr_ones(SR_F32, 1, SHAPE(1024), 0);
-    cr_assert_neq(sr_block_to_off(w->storage->block), (uint64_t)-1, "in the shared heap");
+    cr_assert_neq(sr__block_to_off(w->storage->block), (uint64_t)-1, "in the shared heap");
     sr_heap_counters c0, c1, c2, c3;
     for (int round = 0; round < 2; round++) {
         /* round 0: the graph is dropped unused; round 1: backward frees it */
         sr_tensor *y = sr_mul(x, w), *l = sr_sum(y);
         sr_block *forward_block = w->storage->block;
-        cr_assert_eq(sr_block_refcount(forward_block), 2, "w and its snapshot");
-        sr_heap_counters_get(&c0);
+        cr_assert_eq(sr__block_refcount(forward_block), 2, "w and its snapshot");
+        sr__heap_counters_get(&c0);
         no_grad_add_(w, x, 1.0);
-        sr_heap_counters_get(&c1);
+        sr__heap_counters_get(&c1);
         cr_assert_eq(c1.allocs, c0.allocs + 1, "one copy");
         cr_assert_eq(c1.local_frees, c0.local_frees, "the forward's block is still saved");
-        cr_assert_eq(sr_block_refcount(forward_block), 1, "held by the snapshot alone");
+        cr_assert_eq(sr__block_refcount(forward_block), 1, "held by the snapshot alone");
         if (round == 0) {
             sr_tensor_unref(l);
             sr_tensor_unref(y);
-            sr_heap_counters_get(&c2);
+            sr__heap_counters_get(&c2);
             cr_assert_eq(c2.local_frees, c1.local_frees + 1 + 1 + 1,
                          "the snapshot's block, y's and l's (x's snapshot only dropped a reference)");
         } else {
             cr_assert_eq(sr_backward(l, false), 0, "%s", sr_last_error());
-            sr_heap_counters_get(&c2);
+            sr__heap_counters_get(&c2);
             cr_assert_geq(c2.local_frees, c1.local_frees + 1, "backward released the snapshot's block");
             sr_tensor_unref(l);
             sr_tensor_unref(y);
@@ -213,7 +213,7 @@ Test(snapshot, the_old_block_is_freed_with_the_graph, .init = heap_up, .fini = h
     }
     sr_tensor_unref(x);
     sr_tensor_unref(w);
-    sr_heap_counters_get(&c3);
+    sr__heap_counters_get(&c3);
     cr_assert_eq(c3.allocs, c3.local_frees, "every block of the test was freed");
 }
 

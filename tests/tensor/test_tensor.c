@@ -187,7 +187,7 @@ Test(view, to_f64_reads_any_layout_and_dtype)
  * one more storage object adopting one more block reference. */
 static sr_tensor *second_holder(sr_tensor *t)
 {
-    struct sr_storage *s = sr__storage_new(sr_block_ref(t->storage->block));
+    struct sr_storage *s = sr__storage_new(sr__block_ref(t->storage->block));
     sr_tensor *u = sr__tensor_wrap(s, t->dtype, t->ndim, t->shape, t->strides, t->offset);
     sr__storage_unref(s);
     return u;
@@ -198,12 +198,12 @@ Test(cow, write_with_two_holders_copies_first)
     sr_tensor *t = sr_ones(SR_F64, 1, SHAPE(4), 0);
     sr_tensor *u = second_holder(t);
     sr_block *shared = t->storage->block;
-    cr_assert_eq(sr_block_refcount(shared), 2);
+    cr_assert_eq(sr__block_refcount(shared), 2);
     cr_assert_eq(sr_add_scalar_(t, 1), 0, "%s", sr_last_error());
     cr_assert_neq(t->storage->block, shared, "the writer moved to a private copy");
     tu_expect(t, VALS(2, 2, 2, 2), 4, 0, 0, "writer sees its write");
     tu_expect(u, VALS(1, 1, 1, 1), 4, 0, 0, "the other holder does not");
-    cr_assert_eq(sr_block_refcount(shared), 1);
+    cr_assert_eq(sr__block_refcount(shared), 1);
     cr_assert_eq(sr_fill_(u, 5), 0);
     cr_assert_eq(u->storage->block, shared, "a sole holder writes in place");
     tu_expect(t, VALS(2, 2, 2, 2), 4, 0, 0, "and the first one does not see that");
@@ -342,7 +342,7 @@ Test(desc, private_storage_cannot_travel)
     struct sr_tensor_desc d;
     cr_assert_eq(sr__tensor_to_desc(t, &d), -EINVAL);
     tu_expect_error("to_desc", "sr__tensor_to_desc", "shared heap");
-    cr_assert_eq(sr_block_refcount(t->storage->block), 1, "a failed to_desc takes no reference");
+    cr_assert_eq(sr__block_refcount(t->storage->block), 1, "a failed to_desc takes no reference");
     sr_tensor_unref(t);
 }
 

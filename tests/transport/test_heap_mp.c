@@ -39,8 +39,8 @@ static uint8_t pattern(uint64_t stamp, uint64_t i) { return (uint8_t)((stamp * 0
 /* Stamp both ends of the block (the whole block when it is small). */
 static void fill(sr_block *b, uint64_t stamp)
 {
-    uint8_t *d = sr_block_data(b);
-    uint64_t n = sr_block_size(b), edge = n < EDGE ? n : EDGE;
+    uint8_t *d = sr__block_data(b);
+    uint64_t n = sr__block_size(b), edge = n < EDGE ? n : EDGE;
     for (uint64_t i = 0; i < edge; i++) {
         d[i] = pattern(stamp, i);
         d[n - 1 - i] = pattern(stamp, n - 1 - i);
@@ -50,8 +50,8 @@ static void fill(sr_block *b, uint64_t stamp)
 /* The first index whose byte is not the stamp's, or -1. */
 static int64_t first_bad(const sr_block *b, uint64_t stamp)
 {
-    const uint8_t *d = sr_block_data(b);
-    uint64_t n = sr_block_size(b), edge = n < EDGE ? n : EDGE;
+    const uint8_t *d = sr__block_data(b);
+    uint64_t n = sr__block_size(b), edge = n < EDGE ? n : EDGE;
     for (uint64_t i = 0; i < edge; i++) {
         if (d[i] != pattern(stamp, i))
             return (int64_t)i;
@@ -70,14 +70,14 @@ static uint64_t memfd_bytes(int fd)
 
 static uint64_t seg_size_for(int world, uint64_t heap_each)
 {
-    return sr_segment_fixed_size(world, SR_RING_SLOTS_DEFAULT) + (uint64_t)world * heap_each;
+    return sr__segment_fixed_size(world, SR_RING_SLOTS_DEFAULT) + (uint64_t)world * heap_each;
 }
 
 /* Allocate chunk-sized blocks until the heap says no; returns how many. */
 static size_t exhaust(sr_block **held, size_t max, size_t chunk)
 {
     size_t n = 0;
-    while (n < max && (held[n] = sr_block_alloc(chunk)))
+    while (n < max && (held[n] = sr__block_alloc(chunk)))
         n++;
     return n;
 }
@@ -101,13 +101,13 @@ struct block_msg {
 
 static int next_msg(sr_xport *x, sr_msg *m, const char *waiting_for)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
-    while (!sr_xport_recv_burst(x, m, 1)) {
-        int ev = sr_xport_wait(x, deadline);
+    int64_t deadline = sr__now_ns() + WAIT_NS;
+    while (!sr__xport_recv_burst(x, m, 1)) {
+        int ev = sr__xport_wait(x, deadline);
         WCHECK(ev >= 0, "rank %d: wait: %s", x->rank, sr_last_error());
-        WCHECK(!(ev & SR_WAKE_PEER) || sr_ring_ready(x->inbox) || sr_xport_check_peers(x) == 0, "rank %d: %s",
+        WCHECK(!(ev & SR_WAKE_PEER) || sr__ring_ready(x->inbox) || sr__xport_check_peers(x) == 0, "rank %d: %s",
                x->rank, sr_last_error());
-        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr_ring_ready(x->inbox), "rank %d: nothing for 20 s while waiting for %s",
+        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr__ring_ready(x->inbox), "rank %d: nothing for 20 s while waiting for %s",
                x->rank, waiting_for);
     }
     return 0;
@@ -117,16 +117,16 @@ static int send_msg(sr_xport *x, int to, uint16_t type, const void *data, size_t
 {
     sr_msg m = {.type = type};
     memcpy(m.data, data, len);
-    int rc = sr_xport_send_wait(x, to, &m, sr_now_ns() + WAIT_NS);
+    int rc = sr__xport_send_wait(x, to, &m, sr__now_ns() + WAIT_NS);
     WCHECK(rc == 0, "rank %d: send to %d: %s", x->rank, to, sr_last_error());
     return 0;
 }
 
 static int attach(sr_xport **x)
 {
-    WCHECK(sr_xport_attach(NULL, x) == 0, "attach: %s", sr_last_error());
-    WCHECK(sr_heap_attached(), "sr_xport_attach did not attach the heap");
-    WCHECK(sr_heap_attach(&(*x)->seg, (*x)->rank) == 0, "a second attach is a no-op: %s", sr_last_error());
+    WCHECK(sr__xport_attach(NULL, x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__heap_attached(), "sr__xport_attach did not attach the heap");
+    WCHECK(sr__heap_attach(&(*x)->seg, (*x)->rank) == 0, "a second attach is a no-op: %s", sr_last_error());
     return 0;
 }
 
@@ -135,15 +135,15 @@ static int consume(sr_xport *x, const sr_msg *m, uint64_t *transfers)
 {
     struct block_msg bm;
     memcpy(&bm, m->data, sizeof(bm));
-    sr_block *b = sr_block_from_off(bm.off);
+    sr_block *b = sr__block_from_off(bm.off);
     WCHECK(b, "rank %d: block from rank %d: %s", x->rank, m->src, sr_last_error());
-    WCHECK(sr_block_owner(b) == m->src && sr_block_size(b) == bm.size, "rank %d: owner %d size %zu, sent %d %llu",
-           x->rank, sr_block_owner(b), sr_block_size(b), m->src, (unsigned long long)bm.size);
+    WCHECK(sr__block_owner(b) == m->src && sr__block_size(b) == bm.size, "rank %d: owner %d size %zu, sent %d %llu",
+           x->rank, sr__block_owner(b), sr__block_size(b), m->src, (unsigned long long)bm.size);
     int64_t bad = first_bad(b, bm.stamp);
     WCHECK(bad < 0, "rank %d: block %llu of rank %d differs at byte %lld", x->rank, (unsigned long long)bm.stamp,
            m->src, (long long)bad);
     *transfers += bm.mode == MODE_TRANSFER;
-    sr_block_unref(b);
+    sr__block_unref(b);
     return 0;
 }
 
@@ -153,16 +153,16 @@ static const size_t mp_sizes[] = {1, 24, 64, 200, 1000, 4096, 10000, 65536, 3000
 static int send_block(sr_xport *x, int to, uint64_t stamp, uint32_t mode, unsigned *seed, sr_block **kept)
 {
     size_t size = mp_sizes[(unsigned)rand_r(seed) % (sizeof(mp_sizes) / sizeof(mp_sizes[0]))];
-    sr_block *b = sr_block_alloc(size);
+    sr_block *b = sr__block_alloc(size);
     WCHECK(b, "rank %d: %s", x->rank, sr_last_error());
     fill(b, stamp);
     if (mode != MODE_TRANSFER)
-        sr_block_ref(b); /* one reference travels, one stays */
-    struct block_msg bm = {sr_block_to_off(b), stamp, size, mode};
+        sr__block_ref(b); /* one reference travels, one stays */
+    struct block_msg bm = {sr__block_to_off(b), stamp, size, mode};
     if (send_msg(x, to, MSG_BLOCK, &bm, sizeof(bm)))
         return 1;
     if (mode == MODE_RACE)
-        sr_block_unref(b); /* races with the receiver's unref */
+        sr__block_unref(b); /* races with the receiver's unref */
     *kept = mode == MODE_SHARED ? b : NULL;
     return 0;
 }
@@ -179,7 +179,7 @@ static int ring_worker(int rank, int world, void *arg)
     if (attach(&x))
         return 1;
     int next = (rank + 1) % world, prev = (rank + world - 1) % world;
-    size_t base = sr_heap_allocated();
+    size_t base = sr__heap_allocated();
     sr_block *kept[RING_K];
     unsigned seed = 17u * (unsigned)rank + 1, nkept = 0;
     for (unsigned i = 0; i < RING_K; i++) {
@@ -202,13 +202,13 @@ static int ring_worker(int rank, int world, void *arg)
     }
     /* next sent DONE after its last unref: every push it made is on our list */
     for (unsigned i = 0; i < nkept; i++) {
-        WCHECK(sr_block_refcount(kept[i]) == 1, "rank %d: a shared block still has %u references", rank,
-               sr_block_refcount(kept[i]));
-        sr_block_unref(kept[i]);
+        WCHECK(sr__block_refcount(kept[i]) == 1, "rank %d: a shared block still has %u references", rank,
+               sr__block_refcount(kept[i]));
+        sr__block_unref(kept[i]);
     }
-    sr_heap_drain();
+    sr__heap_drain();
     sr_heap_counters c;
-    sr_heap_counters_get(&c);
+    sr__heap_counters_get(&c);
     uint64_t transfers_out = (RING_K + 2) / 3;
     WCHECK(c.allocs == RING_K && c.local_frees + c.drained == RING_K, "rank %d: %llu allocs, %llu local + %llu drained",
            rank, (unsigned long long)c.allocs, (unsigned long long)c.local_frees, (unsigned long long)c.drained);
@@ -216,9 +216,9 @@ static int ring_worker(int rank, int world, void *arg)
            rank, (unsigned long long)c.drained);
     WCHECK(c.remote_pushes >= transfers_in, "rank %d: %llu pushes for %llu transferred blocks", rank,
            (unsigned long long)c.remote_pushes, (unsigned long long)transfers_in);
-    WCHECK(sr_heap_allocated() == base, "rank %d: arena holds %zu bytes, baseline %zu", rank, sr_heap_allocated(),
+    WCHECK(sr__heap_allocated() == base, "rank %d: arena holds %zu bytes, baseline %zu", rank, sr__heap_allocated(),
            base);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -239,7 +239,7 @@ static int fan_worker(int rank, int world, void *arg)
     sr_xport *x;
     if (attach(&x))
         return 1;
-    size_t base = sr_heap_allocated();
+    size_t base = sr__heap_allocated();
     unsigned seed = 5;
     if (rank == 0) {
         for (unsigned i = 0; i < FAN_K * (unsigned)(world - 1); i++) {
@@ -253,12 +253,12 @@ static int fan_worker(int rank, int world, void *arg)
                 return 1;
             WCHECK(m.type == MSG_DONE, "rank 0: message type %u", m.type);
         }
-        sr_heap_drain();
+        sr__heap_drain();
         sr_heap_counters c;
-        sr_heap_counters_get(&c);
+        sr__heap_counters_get(&c);
         WCHECK(c.drained == c.allocs && c.allocs == FAN_K * (uint64_t)(world - 1),
                "rank 0: %llu allocated, %llu came back", (unsigned long long)c.allocs, (unsigned long long)c.drained);
-        WCHECK(sr_heap_allocated() == base, "rank 0: arena holds %zu bytes, baseline %zu", sr_heap_allocated(), base);
+        WCHECK(sr__heap_allocated() == base, "rank 0: arena holds %zu bytes, baseline %zu", sr__heap_allocated(), base);
     } else {
         uint64_t transfers = 0;
         for (unsigned i = 0; i < FAN_K; i++) {
@@ -267,12 +267,12 @@ static int fan_worker(int rank, int world, void *arg)
                 return 1;
         }
         sr_heap_counters c;
-        sr_heap_counters_get(&c);
+        sr__heap_counters_get(&c);
         WCHECK(c.remote_pushes == FAN_K, "rank %d: %llu pushes", rank, (unsigned long long)c.remote_pushes);
         if (send_msg(x, 0, MSG_DONE, "", 0))
             return 1;
     }
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -313,10 +313,10 @@ static int exhaust_worker(int rank, int world, void *arg)
         return 1;
     if (rank == 1) {
         int rc = free_all_received(x);
-        sr_xport_detach(x);
+        sr__xport_detach(x);
         return rc;
     }
-    size_t base = sr_heap_allocated();
+    size_t base = sr__heap_allocated();
     sr_block *held[128];
     errno = 0;
     size_t n = exhaust(held, 128, CHUNK);
@@ -325,7 +325,7 @@ static int exhaust_worker(int rank, int world, void *arg)
                error_names("%llu bytes", x->seg.hdr->heap_stride),
            "the error must name the worker, the size and the heap: %s", sr_last_error());
     for (size_t i = 0; i < n; i++) {
-        struct block_msg bm = {sr_block_to_off(held[i]), i, CHUNK, MODE_TRANSFER};
+        struct block_msg bm = {sr__block_to_off(held[i]), i, CHUNK, MODE_TRANSFER};
         fill(held[i], i);
         if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)))
             return 1;
@@ -336,12 +336,12 @@ static int exhaust_worker(int rank, int world, void *arg)
         return 1;
     memcpy(&freed, m.data, sizeof(freed));
     WCHECK(freed == n, "rank 1 freed %llu of %zu blocks", (unsigned long long)freed, n);
-    size_t again = exhaust(held, 128, CHUNK); /* sr_block_alloc drains first */
+    size_t again = exhaust(held, 128, CHUNK); /* sr__block_alloc drains first */
     WCHECK(again == n, "rank 0: %zu blocks fit after the remote frees, %zu before", again, n);
     for (size_t i = 0; i < again; i++)
-        sr_block_unref(held[i]);
-    WCHECK(sr_heap_allocated() == base, "rank 0: %zu bytes still allocated", sr_heap_allocated());
-    sr_xport_detach(x);
+        sr__block_unref(held[i]);
+    WCHECK(sr__heap_allocated() == base, "rank 0: %zu bytes still allocated", sr__heap_allocated());
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -367,31 +367,31 @@ static int gig_worker(int rank, int world, void *arg)
             return 1;
         struct block_msg bm;
         memcpy(&bm, m.data, sizeof(bm));
-        sr_block *b = sr_block_from_off(bm.off);
-        WCHECK(b && sr_block_size(b) == GiB, "rank 1: %s", b ? "wrong size" : sr_last_error());
-        sr_block_ref(b);
+        sr_block *b = sr__block_from_off(bm.off);
+        WCHECK(b && sr__block_size(b) == GiB, "rank 1: %s", b ? "wrong size" : sr_last_error());
+        sr__block_ref(b);
         WCHECK(first_bad(b, bm.stamp) < 0, "rank 1: the stamps at the ends differ");
-        ((uint8_t *)sr_block_data(b))[GiB / 2] = 0x5a;
-        sr_block_unref(b);
+        ((uint8_t *)sr__block_data(b))[GiB / 2] = 0x5a;
+        sr__block_unref(b);
         if (send_msg(x, 0, MSG_ACK, "", 0))
             return 1;
     } else {
         uint64_t before = memfd_bytes(x->seg.fd);
-        sr_block *b = sr_block_alloc(GiB);
+        sr_block *b = sr__block_alloc(GiB);
         WCHECK(b, "rank 0: %s", sr_last_error());
         fill(b, 42);
-        struct block_msg bm = {sr_block_to_off(b), 42, GiB, MODE_SHARED};
+        struct block_msg bm = {sr__block_to_off(b), 42, GiB, MODE_SHARED};
         if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)) || next_msg(x, &m, "the ACK"))
             return 1;
-        WCHECK(((uint8_t *)sr_block_data(b))[GiB / 2] == 0x5a, "rank 0: rank 1's write is not visible");
+        WCHECK(((uint8_t *)sr__block_data(b))[GiB / 2] == 0x5a, "rank 0: rank 1's write is not visible");
         uint64_t grown = memfd_bytes(x->seg.fd) - before;
         WCHECK(grown < 4 * MiB, "a 1 GiB block that is touched in 3 places cost %llu bytes of memory",
                (unsigned long long)grown);
-        WCHECK(sr_block_refcount(b) == 1, "rank 0: rank 1 kept a reference");
-        sr_block_unref(b);
-        WCHECK(sr_heap_allocated() == 0, "rank 0: %zu bytes still allocated", sr_heap_allocated());
+        WCHECK(sr__block_refcount(b) == 1, "rank 0: rank 1 kept a reference");
+        sr__block_unref(b);
+        WCHECK(sr__heap_allocated() == 0, "rank 0: %zu bytes still allocated", sr__heap_allocated());
     }
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return 0;
 }
 
@@ -412,24 +412,24 @@ static int reattach_worker(int rank, int world, void *arg)
         sr_xport *x;
         if (attach(&x))
             return 1;
-        size_t base = sr_heap_allocated();
+        size_t base = sr__heap_allocated();
         if (rank == 1) {
             if (free_all_received(x))
                 return 1;
         } else {
-            sr_block *b = sr_block_alloc(3 * MiB);
+            sr_block *b = sr__block_alloc(3 * MiB);
             WCHECK(b, "round %d: %s", round, sr_last_error());
             fill(b, (uint64_t)round);
-            struct block_msg bm = {sr_block_to_off(b), (uint64_t)round, 3 * MiB, MODE_TRANSFER};
+            struct block_msg bm = {sr__block_to_off(b), (uint64_t)round, 3 * MiB, MODE_TRANSFER};
             sr_msg m;
             if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)) || send_msg(x, 1, MSG_DONE, "", 0) ||
                 next_msg(x, &m, "DONE from rank 1"))
                 return 1;
-            sr_heap_drain();
-            WCHECK(sr_heap_allocated() == base, "round %d: %zu bytes still allocated", round, sr_heap_allocated());
+            sr__heap_drain();
+            WCHECK(sr__heap_allocated() == base, "round %d: %zu bytes still allocated", round, sr__heap_allocated());
         }
-        sr_xport_detach(x);
-        WCHECK(!sr_heap_attached(), "round %d: detach left the heap attached", round);
+        sr__xport_detach(x);
+        WCHECK(!sr__heap_attached(), "round %d: detach left the heap attached", round);
     }
     return 0;
 }

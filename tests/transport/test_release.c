@@ -5,7 +5,7 @@
  *
  * Rank 1 fills rank 0's inbox; rank 0 reads it in one burst (every slot now
  * held) and waits at once. Rank 1 then sends one more message with
- * sr_xport_send_wait into that full inbox. If the wait did not release first, rank 1 would wait
+ * sr__xport_send_wait into that full inbox. If the wait did not release first, rank 1 would wait
  * for space and rank 0 for a message: both bounded waits expire and name the
  * failure. */
 #include <criterion/criterion.h>
@@ -34,10 +34,10 @@ static sr_msg msg_of(uint32_t v)
 /* Wait (bounded) until the other rank moves the shared stage to `want`. */
 static int await_stage(_Atomic uint32_t *stage, uint32_t want)
 {
-    int64_t until = sr_now_ns() + WAIT_NS;
+    int64_t until = sr__now_ns() + WAIT_NS;
     /* acquire: pairs with the other rank's release store of the stage, after
      * its sends (or its reads) */
-    while (atomic_load_explicit(stage, memory_order_acquire) != want && sr_now_ns() < until)
+    while (atomic_load_explicit(stage, memory_order_acquire) != want && sr__now_ns() < until)
         sched_yield();
     return atomic_load_explicit(stage, memory_order_acquire) == want; /* acquire: as above */
 }
@@ -52,7 +52,7 @@ static int producer(sr_xport *x, _Atomic uint32_t *stage)
     atomic_store_explicit(stage, 1, memory_order_release);
     WCHECK(await_stage(stage, 2), "rank 0 never read the burst");
     sr_msg m = msg_of(SLOTS);
-    int rc = sr_xport_send_wait(x, 0, &m, sr_now_ns() + WAIT_NS);
+    int rc = sr__xport_send_wait(x, 0, &m, sr__now_ns() + WAIT_NS);
     WCHECK(rc == 0, "the last send found the inbox full for 5 s: %s", sr_last_error());
     return 0;
 }
@@ -61,18 +61,18 @@ static int consumer(sr_xport *x, _Atomic uint32_t *stage)
 {
     sr_msg out[SLOTS];
     WCHECK(await_stage(stage, 1), "rank 1 never filled the inbox");
-    unsigned got = sr_xport_recv_burst(x, out, SLOTS);
+    unsigned got = sr__xport_recv_burst(x, out, SLOTS);
     WCHECK(got == SLOTS, "one burst read %u of %d messages", got, SLOTS);
     /* release: pairs with await_stage; every slot is read and held by us now */
     atomic_store_explicit(stage, 2, memory_order_release);
     /* Wait straight away, with no receive in between to free the burst. */
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     do {
-        int ev = sr_xport_wait(x, deadline);
+        int ev = sr__xport_wait(x, deadline);
         WCHECK(ev >= 0, "wait: %s", sr_last_error());
-        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr_ring_ready(x->inbox),
+        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr__ring_ready(x->inbox),
                "the last message never came: the wait kept the inbox full");
-    } while (!sr_xport_recv_burst(x, out, 1));
+    } while (!sr__xport_recv_burst(x, out, 1));
     uint32_t v;
     memcpy(&v, out[0].data, sizeof(v));
     WCHECK(v == SLOTS, "got message %u, expected %d", v, SLOTS);
@@ -84,9 +84,9 @@ static int worker(int rank, int world, void *arg)
     (void)world;
     sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
     sr_xport *x;
-    WCHECK(sr_xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
     int rc = rank == 0 ? consumer(x, arg) : producer(x, arg);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc;
 }
 

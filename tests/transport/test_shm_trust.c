@@ -44,9 +44,9 @@ static void watchdog(int sig)
 /* Wait (bounded) until the other rank moves the shared stage to `want`. */
 static bool await_stage(_Atomic uint32_t *stage, uint32_t want)
 {
-    int64_t until = sr_now_ns() + WAIT_NS;
+    int64_t until = sr__now_ns() + WAIT_NS;
     /* acquire: pairs with the other rank's release store of the stage */
-    while (atomic_load_explicit(stage, memory_order_acquire) != want && sr_now_ns() < until)
+    while (atomic_load_explicit(stage, memory_order_acquire) != want && sr__now_ns() < until)
         sched_yield();
     return atomic_load_explicit(stage, memory_order_acquire) == want; /* acquire: as above */
 }
@@ -62,7 +62,7 @@ static bool scribble_geometry; /* size and mask too, or only the consumer's head
 
 static int geometry_consumer(sr_xport *x, _Atomic uint32_t *stage)
 {
-    struct sr_ring *r = sr_seg_inbox(&x->seg, x->rank);
+    struct sr_ring *r = sr__seg_inbox(&x->seg, x->rank);
     if (scribble_geometry) {
         r->size = 0x40000000u;
         r->mask = 0xffffffffu;
@@ -72,19 +72,19 @@ static int geometry_consumer(sr_xport *x, _Atomic uint32_t *stage)
     /* release: pairs with await_stage; the scribbles come first */
     atomic_store_explicit(stage, 1, memory_order_release);
     uint32_t next = 0;
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     while (next < MSGS) {
         sr_msg m;
-        if (sr_xport_recv_burst(x, &m, 1)) {
+        if (sr__xport_recv_burst(x, &m, 1)) {
             uint32_t v;
             memcpy(&v, m.data, sizeof(v));
             WCHECK(v == next, "got message %u, expected %u", v, next);
             next++;
             continue;
         }
-        int ev = sr_xport_wait(x, deadline);
+        int ev = sr__xport_wait(x, deadline);
         WCHECK(ev >= 0, "wait after %u messages: %s", next, sr_last_error());
-        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr_ring_ready(x->inbox), "only %u of %d messages arrived in 5 s", next,
+        WCHECK(!(ev & SR_WAKE_TIMEOUT) || sr__ring_ready(x->inbox), "only %u of %d messages arrived in 5 s", next,
                MSGS);
     }
     return 0;
@@ -95,7 +95,7 @@ static int geometry_producer(sr_xport *x, _Atomic uint32_t *stage)
     WCHECK(await_stage(stage, 1), "rank 0 never scribbled on its inbox");
     for (uint32_t i = 0; i < MSGS; i++) {
         sr_msg m = msg_of(i);
-        int rc = sr_xport_send_wait(x, 0, &m, sr_now_ns() + WAIT_NS);
+        int rc = sr__xport_send_wait(x, 0, &m, sr__now_ns() + WAIT_NS);
         WCHECK(rc == 0, "send %u: %s", i, sr_last_error());
     }
     return 0;
@@ -108,9 +108,9 @@ static int geometry_worker(int rank, int world, void *arg)
     alarm(20);
     sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
     sr_xport *x;
-    WCHECK(sr_xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
     int rc = rank == 0 ? geometry_consumer(x, arg) : geometry_producer(x, arg);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc;
 }
 
@@ -150,17 +150,17 @@ static int corrupt_seq_worker(int rank, int world, void *arg)
     _Atomic uint32_t *stage = arg;
     sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
     sr_xport *x;
-    WCHECK(sr_xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
     int rc = 0;
     if (rank == 0) {
-        struct sr_ring *r = sr_seg_inbox(&x->seg, 0);
+        struct sr_ring *r = sr__seg_inbox(&x->seg, 0);
         atomic_store(&r->slots[0].seq, 5); /* fresh ring: head 0 */
         sr_msg m;
-        WCHECK(sr_xport_recv_burst(x, &m, 1) == 0, "a message was read from a corrupt slot");
-        int64_t t0 = sr_now_ns();
-        int ev = sr_xport_wait(x, t0 + WAIT_NS);
+        WCHECK(sr__xport_recv_burst(x, &m, 1) == 0, "a message was read from a corrupt slot");
+        int64_t t0 = sr__now_ns();
+        int ev = sr__xport_wait(x, t0 + WAIT_NS);
         WCHECK(ev == -EPROTO, "wait on a corrupt inbox returned %d after %.1f s, want -EPROTO (%s)", ev,
-               (double)(sr_now_ns() - t0) / 1e9, ev < 0 ? sr_last_error() : "no error");
+               (double)(sr__now_ns() - t0) / 1e9, ev < 0 ? sr_last_error() : "no error");
         WCHECK(strstr(sr_last_error(), "inbox ring of worker0 (rank 0) is corrupt") &&
                    strstr(sr_last_error(), "sequence 5"),
                "the error does not name the worker and the value: %s", sr_last_error());
@@ -177,7 +177,7 @@ static int corrupt_seq_worker(int rank, int world, void *arg)
         WCHECK(rc == -EPROTO, "a send into rank 0's corrupt inbox: %s", sr_last_error());
         rc = 0;
     }
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc;
 }
 
@@ -205,12 +205,12 @@ static int fn_scribble_caller(sr_call *c)
      * agents' transports use. */
     struct sr_launch_env env;
     sr_segment seg;
-    if (sr__launch_env_get(&env) || sr_segment_attach(env.fd, &seg))
+    if (sr__launch_env_get(&env) || sr__segment_attach(env.fd, &seg))
         return sr_call_fail(c, -EIO, "worker0 could not map the segment: %s", sr_last_error());
-    struct sr_ring *r = sr_seg_inbox(&seg, sr_call_caller(c));
+    struct sr_ring *r = sr__seg_inbox(&seg, sr_call_caller(c));
     for (uint32_t i = 0; i < seg.ring_slots; i++)
         atomic_fetch_add(&r->slots[i].seq, SCRIBBLE);
-    sr_segment_detach(&seg, false);
+    sr__segment_detach(&seg, false);
     return sr_call_return(c, sr_int(1));
 }
 
@@ -227,12 +227,12 @@ static int lost_inbox_caller(void)
 {
     signal(SIGALRM, watchdog_call);
     alarm(CALL_BOUND_S);
-    int64_t t0 = sr_now_ns();
+    int64_t t0 = sr__now_ns();
     int rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
     alarm(0);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt") &&
                strstr(sr_last_error(), "RPC to worker0 failed"),
-           "the call returned %d after %.3f s: %s", rc, (double)(sr_now_ns() - t0) / 1e9, sr_last_error());
+           "the call returned %d after %.3f s: %s", rc, (double)(sr__now_ns() - t0) / 1e9, sr_last_error());
     rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt"),
            "a later call returned %d: %s", rc, sr_last_error());
@@ -278,14 +278,14 @@ static int bad_eventfd_worker(int rank, int world, void *arg)
     struct sr_launch_env env;
     sr_segment seg;
     WCHECK(sr__launch_env_get(&env) == 0, "launch env: %s", sr_last_error());
-    WCHECK(sr_segment_attach(env.fd, &seg) == 0, "segment: %s", sr_last_error());
-    sr_seg_worker(&seg, 0)->eventfd = 1;
-    sr_segment_detach(&seg, false);
+    WCHECK(sr__segment_attach(env.fd, &seg) == 0, "segment: %s", sr_last_error());
+    sr__seg_worker(&seg, 0)->eventfd = 1;
+    sr__segment_detach(&seg, false);
     sr_xport_opts o = {.start_timeout_ns = WAIT_NS};
     sr_xport *x = NULL;
-    int rc = sr_xport_attach(&o, &x);
+    int rc = sr__xport_attach(&o, &x);
     if (!rc)
-        sr_xport_detach(x);
+        sr__xport_detach(x);
     WCHECK(rc == -EPROTO, "attach with eventfd 1 in the worker table returned %d, want -EPROTO", rc);
     WCHECK(strstr(sr_last_error(), "rank 0") && strstr(sr_last_error(), "eventfd 1"),
            "the error does not name the rank and the value: %s", sr_last_error());

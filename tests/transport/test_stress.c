@@ -43,7 +43,7 @@ static int produce(sr_xport *x, long n)
         struct item it = {(uint32_t)x->rank, seq, stamp_of((uint32_t)x->rank, seq)};
         memcpy(m.data, &it, sizeof(it));
         memset(m.data + sizeof(it), x->rank, SR_MSG_DATA - sizeof(it));
-        int rc = sr_xport_send_wait(x, 0, &m, sr_now_ns() + WAIT_NS);
+        int rc = sr__xport_send_wait(x, 0, &m, sr__now_ns() + WAIT_NS);
         WCHECK(rc == 0, "producer %d: send %u failed: %s", x->rank, seq, sr_last_error());
         if (rand_r(&seed) % 64 == 0) /* vary the interleaving */
             sched_yield();
@@ -73,19 +73,19 @@ static int consume(sr_xport *x, long n)
     unsigned seed = 12345;
     sr_msg burst[32];
     while (total < want) {
-        unsigned got = sr_xport_recv_burst(x, burst, 1 + (unsigned)rand_r(&seed) % 32);
+        unsigned got = sr__xport_recv_burst(x, burst, 1 + (unsigned)rand_r(&seed) % 32);
         for (unsigned i = 0; i < got; i++)
             if (check_item(&burst[i], next))
                 return 1;
         total += got;
         if (!got) {
-            int ev = sr_xport_wait(x, sr_now_ns() + WAIT_NS);
+            int ev = sr__xport_wait(x, sr__now_ns() + WAIT_NS);
             WCHECK(ev >= 0 && !(ev & SR_WAKE_TIMEOUT), "consumer slept 20 s at %ld of %ld messages (%s)", total,
-                   want, sr_ring_ready(x->inbox) ? "lost wake-up" : "nothing arrived");
+                   want, sr__ring_ready(x->inbox) ? "lost wake-up" : "nothing arrived");
         }
     }
     sr_msg extra;
-    WCHECK(sr_xport_recv_burst(x, &extra, 1) == 0, "a message beyond the expected %ld arrived", want);
+    WCHECK(sr__xport_recv_burst(x, &extra, 1) == 0, "a message beyond the expected %ld arrived", want);
     return 0;
 }
 
@@ -94,9 +94,9 @@ static int stress_worker(int rank, int world, void *arg)
     (void)world;
     (void)arg;
     sr_xport *x;
-    WCHECK(sr_xport_attach(NULL, &x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__xport_attach(NULL, &x) == 0, "attach: %s", sr_last_error());
     int rc = rank == 0 ? consume(x, per_producer()) : produce(x, per_producer());
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc;
 }
 

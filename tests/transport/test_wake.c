@@ -38,15 +38,15 @@ static void random_delay(unsigned *seed)
 
 static int receive(sr_xport *x, uint64_t want)
 {
-    int64_t deadline = sr_now_ns() + WAIT_NS;
+    int64_t deadline = sr__now_ns() + WAIT_NS;
     sr_msg m;
-    while (!sr_xport_recv_burst(x, &m, 1)) {
-        int ev = sr_xport_wait(x, deadline);
+    while (!sr__xport_recv_burst(x, &m, 1)) {
+        int ev = sr__xport_wait(x, deadline);
         WCHECK(ev >= 0, "wait failed: %s", sr_last_error());
         /* No handoff legitimately takes 10 s, so any timeout is a lost
          * wake-up, even if the message turns out to be in the ring by now. */
         WCHECK(!(ev & SR_WAKE_TIMEOUT), "rank %d: lost wake-up: slept 10 s waiting for handoff %llu (%s)",
-               x->rank, (unsigned long long)want, sr_ring_ready(x->inbox) ? "it was in the ring" : "never arrived");
+               x->rank, (unsigned long long)want, sr__ring_ready(x->inbox) ? "it was in the ring" : "never arrived");
     }
     uint64_t got;
     memcpy(&got, m.data, sizeof(got));
@@ -61,7 +61,7 @@ static int wake_worker(int rank, int world, void *arg)
     (void)arg;
     sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
     sr_xport *x;
-    WCHECK(sr_xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
     unsigned seed = 99u + (unsigned)rank;
     long n = handoffs();
     int rc = 0;
@@ -82,7 +82,7 @@ static int wake_worker(int rank, int world, void *arg)
     if (!rc && rank == 0)
         fprintf(stderr, "wake: %ld handoffs, %llu sleeps, %llu wakes issued by rank 0\n", n,
                 (unsigned long long)x->st.sleeps, (unsigned long long)x->st.wakes);
-    sr_xport_detach(x);
+    sr__xport_detach(x);
     return rc;
 }
 

@@ -26,14 +26,14 @@ static sr_segment seg;
 static void make_segment(void)
 {
     sr_segment_opts o = {.world_size = 2, .ring_slots = 64, .name = test_ns("seg")};
-    o.size = sr_segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+    o.size = sr__segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
 }
 
 static void drop_segment(void)
 {
     if (seg.base)
-        sr_segment_detach(&seg, true);
+        sr__segment_detach(&seg, true);
     sr_test_no_leaks();
 }
 
@@ -58,7 +58,7 @@ Test(xport_attach, a_segment_with_a_wrong_version_is_eproto, .init = make_segmen
     snprintf(fd, sizeof(fd), "%d", dup(seg.fd)); /* the transport closes it on failure */
     set_env(fd, "0", "2");
     sr_xport *x = NULL;
-    cr_assert_eq(sr_xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
+    cr_assert_eq(sr__xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
     cr_assert_null(x);
     assert_msg("version 99");
 }
@@ -69,14 +69,14 @@ Test(xport_attach, a_world_size_that_differs_from_the_segment_is_einval, .init =
     snprintf(fd, sizeof(fd), "%d", dup(seg.fd));
     set_env(fd, "0", "3");
     sr_xport *x = NULL;
-    cr_assert_eq(sr_xport_attach(NULL, &x), -EINVAL, "%s", sr_last_error());
+    cr_assert_eq(sr__xport_attach(NULL, &x), -EINVAL, "%s", sr_last_error());
     assert_msg("SHMRPC_WORLD_SIZE is 3 but the segment was made for 2 workers");
 }
 
 Test(xport_attach, a_failed_attach_closes_no_unrelated_fd)
 {
     /* Regression: the transport closed fd 0 (its zeroed segment fd) when
-     * sr_segment_attach failed. */
+     * sr__segment_attach failed. */
     int keep = open("/dev/null", O_RDONLY);
     cr_assert(keep >= 0);
     cr_assert_eq(dup2(keep, 0), 0);
@@ -86,9 +86,9 @@ Test(xport_attach, a_failed_attach_closes_no_unrelated_fd)
     snprintf(fds, sizeof(fds), "%d", fd);
     set_env(fds, "0", "1");
     sr_xport *x = NULL;
-    cr_assert_eq(sr_xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
+    cr_assert_eq(sr__xport_attach(NULL, &x), -EPROTO, "%s", sr_last_error());
     assert_msg("not a shmrpc segment");
-    cr_assert_neq(fcntl(0, F_GETFD), -1, "sr_xport_attach closed fd 0");
+    cr_assert_neq(fcntl(0, F_GETFD), -1, "sr__xport_attach closed fd 0");
     close(keep);
 }
 
@@ -100,8 +100,8 @@ Test(xport_attach, a_failed_attach_closes_no_unrelated_fd)
 static void make_partial(int world, const uint8_t *mask)
 {
     sr_segment_opts o = {.world_size = world, .ring_slots = 64, .name = test_ns("part"), .attaching = mask};
-    o.size = sr_segment_fixed_size(world, 64) + (uint64_t)world * SR_HEAP_MIN;
-    cr_assert_eq(sr_segment_create(&o, &seg), 0, "sr_segment_create: %s", sr_last_error());
+    o.size = sr__segment_fixed_size(world, 64) + (uint64_t)world * SR_HEAP_MIN;
+    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
 }
 
 /* Attach as `rank` of seg; 0 or the error. */
@@ -113,7 +113,7 @@ static int attach_as(int rank, int64_t start_ns, sr_xport **x)
     snprintf(w, sizeof(w), "%u", seg.world);
     set_env(fd, r, w);
     *x = NULL;
-    return sr_xport_attach(&(sr_xport_opts){.start_timeout_ns = start_ns}, x);
+    return sr__xport_attach(&(sr_xport_opts){.start_timeout_ns = start_ns}, x);
 }
 
 Test(partial_attach, a_rank_that_is_not_marked_cannot_attach, .fini = drop_segment)
@@ -132,7 +132,7 @@ Test(partial_attach, the_start_barrier_counts_only_attaching_ranks_and_ignores_t
 {
     make_partial(4, (const uint8_t[]){0, 0, 1, 0});
     for (int r = 0; r < 4; r += r == 1 ? 2 : 1) {
-        struct sr_worker_info *w = sr_seg_worker(&seg, r);
+        struct sr_worker_info *w = sr__seg_worker(&seg, r);
         w->doorbell_kind = 77;
         w->eventfd = 1;
         w->pid = 1;
@@ -142,7 +142,7 @@ Test(partial_attach, the_start_barrier_counts_only_attaching_ranks_and_ignores_t
     cr_assert_eq(attach_as(2, START_NS, &x), 0, "%s", sr_last_error());
     cr_assert_eq(x->nlocal, 1);
     for (int r = 0; r < 4; r++) {
-        cr_assert_eq(sr_xport_local(x, r), r == 2, "rank %d", r);
+        cr_assert_eq(sr__xport_local(x, r), r == 2, "rank %d", r);
         if (r != 2)
             cr_assert(!x->peers[r].inbox && !x->peers[r].name[0], "rank %d's line was read", r);
     }
@@ -150,10 +150,10 @@ Test(partial_attach, the_start_barrier_counts_only_attaching_ranks_and_ignores_t
     sr_msg m = {.type = 3};
     cr_assert_eq(sr_xport_send(x, 0, &m), -EINVAL);
     assert_msg("destination rank 0 does not attach");
-    cr_assert_eq(sr_xport_probe(x, 3), -EINVAL);
+    cr_assert_eq(sr__xport_probe(x, 3), -EINVAL);
     cr_assert_eq(sr_xport_send(x, 2, &m), 0, "%s", sr_last_error());
-    cr_assert_eq(sr_xport_recv_burst(x, &m, 1), 1);
-    sr_xport_detach(x);
+    cr_assert_eq(sr__xport_recv_burst(x, &m, 1), 1);
+    sr__xport_detach(x);
 }
 
 /* Attach as `rank` `times` times, in a child process; its exit status says
@@ -169,7 +169,7 @@ static pid_t attach_in_child(int rank, int times)
                 fprintf(stderr, "child rank %d: %s\n", rank, sr_last_error());
                 _exit(1);
             }
-            sr_xport_detach(x);
+            sr__xport_detach(x);
         }
         _exit(0);
     }
@@ -185,7 +185,7 @@ Test(partial_attach, re_attach_rounds_count_attaching_ranks_only, .fini = drop_s
     for (int i = 0; i < 2; i++) {
         sr_xport *x;
         cr_assert_eq(attach_as(1, START_NS, &x), 0, "attach %d: %s", i + 1, sr_last_error());
-        sr_xport_detach(x);
+        sr__xport_detach(x);
     }
     int st;
     cr_assert_eq(waitpid(child, &st, 0), child);
@@ -210,8 +210,8 @@ Test(partial_attach, an_attach_to_a_new_segment_starts_a_new_round)
         make_partial(2, (const uint8_t[]){1, 0});
         sr_xport *x;
         cr_assert_eq(attach_as(0, START_NS, &x), 0, "segment %d: %s", i + 1, sr_last_error());
-        sr_xport_detach(x);
-        sr_segment_detach(&seg, true);
+        sr__xport_detach(x);
+        sr__segment_detach(&seg, true);
     }
     sr_test_no_leaks();
 }

@@ -753,7 +753,7 @@ int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t 
 SR_API int sr_dist_autograd_backward(int64_t context_id, sr_tensor *const *roots, size_t n, bool retain_graph)
 {
     sr_future *f;
-    int64_t t0 = sr__probing() ? sr_probe_now() : 0;
+    int64_t t0 = sr__probing() ? sr__probe_now() : 0;
     int rc = sr__dist_backward_async(context_id, roots, n, retain_graph, &f);
     if (rc)
         return rc;

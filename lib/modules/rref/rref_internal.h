@@ -25,7 +25,7 @@
 #include "forks.h"
 #include "map.h"
 #include "module.h"
-#include "waiter.h" /* sr_now_ns, sr_now_coarse_ns */
+#include "waiter.h" /* sr__now_ns, sr__now_coarse_ns */
 
 /* The RRef module's id and value kind (module.c: sr__module_register). */
 extern int sr__rref_module;

@@ -48,7 +48,7 @@ static bool delete_some_users(struct after *d)
 int sr__rref_shutdown_users(int64_t deadline)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    double left = deadline < 0 ? 0 : (double)(deadline - sr_now_ns()) / 1e9;
+    double left = deadline < 0 ? 0 : (double)(deadline - sr__now_ns()) / 1e9;
     int rc = sr_rref_wait_idle(deadline < 0 ? 0 : (left > 0 ? left : 1e-9));
     if (rc)
         return sr__fail(rc, "sr_shutdown", "waiting for pending RRef users and children: %s", sr_last_error());

@@ -26,7 +26,7 @@ int sr__rref_deadline(double timeout_s, const char *fn, int64_t *ms, int64_t *de
     else
         rc = sr__timeout_ms(timeout_s, fn, ms); /* NaN and the infinities: -EINVAL */
     if (!rc)
-        *deadline = sr__deadline_ns(sr_now_ns(), *ms);
+        *deadline = sr__deadline_ns(sr__now_ns(), *ms);
     return rc;
 }
 

@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-uint64_t sr_hist_upper(unsigned i)
+uint64_t sr__hist_upper(unsigned i)
 {
     if (i < 16)
         return i;
@@ -11,7 +11,7 @@ uint64_t sr_hist_upper(unsigned i)
     return ((uint64_t)(8 + sub + 1) << (e - 3)) - 1;
 }
 
-void sr_hist_read(const struct sr_hist *h, struct sr_hist_sum *s)
+void sr__hist_read(const struct sr_hist *h, struct sr_hist_sum *s)
 {
     /* relaxed (all): statistics, see hist.h */
     for (unsigned i = 0; i < SR_HIST_N; i++)
@@ -22,7 +22,7 @@ void sr_hist_read(const struct sr_hist *h, struct sr_hist_sum *s)
     s->max = m > s->max ? m : s->max;
 }
 
-void sr_hist_zero(struct sr_hist *h)
+void sr__hist_zero(struct sr_hist *h)
 {
     /* relaxed (all): the writer's own words */
     for (unsigned i = 0; i < SR_HIST_N; i++)
@@ -39,12 +39,12 @@ static uint64_t at_rank(const struct sr_hist_sum *s, uint64_t rank)
     for (unsigned i = 0; i < SR_HIST_N; i++) {
         seen += s->b[i];
         if (seen >= rank)
-            return sr_hist_upper(i) < s->max ? sr_hist_upper(i) : s->max;
+            return sr__hist_upper(i) < s->max ? sr__hist_upper(i) : s->max;
     }
     return s->max;
 }
 
-void sr_hist_latency(const struct sr_hist_sum *s, sr_latency *out)
+void sr__hist_latency(const struct sr_hist_sum *s, sr_latency *out)
 {
     uint64_t n = 0;
     for (unsigned i = 0; i < SR_HIST_N; i++)

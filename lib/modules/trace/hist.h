@@ -4,10 +4,10 @@
  * into 8 equal buckets (relative error < 12.5 %), up to 2^43 ns (about 2.4
  * hours; longer values land in the last bucket). Fixed size, no allocation.
  *
- * Ordering: one thread writes (sr_hist_add, with plain load + store of each
- * relaxed atomic: no read-modify-write), any thread reads (sr_hist_read).
+ * Ordering: one thread writes (sr__hist_add, with plain load + store of each
+ * relaxed atomic: no read-modify-write), any thread reads (sr__hist_read).
  * Relaxed is enough: nothing else is published with a count, and a reader
- * racing the writer sees a sample or not, never a torn word. sr_hist_zero is
+ * racing the writer sees a sample or not, never a torn word. sr__hist_zero is
  * the writer's too (a reset is applied by the writer, tables.c).
  */
 #ifndef SR_TRACE_HIST_H
@@ -28,7 +28,7 @@ struct sr_hist {
     _Atomic uint64_t b[SR_HIST_N];
 };
 
-static inline unsigned sr_hist_index(uint64_t v)
+static inline unsigned sr__hist_index(uint64_t v)
 {
     if (v < 16)
         return (unsigned)v;
@@ -43,10 +43,10 @@ static inline void sr__bump(_Atomic uint64_t *c, uint64_t by)
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + by, memory_order_relaxed);
 }
 
-static inline void sr_hist_add(struct sr_hist *h, int64_t ns)
+static inline void sr__hist_add(struct sr_hist *h, int64_t ns)
 {
     uint64_t v = ns > 0 ? (uint64_t)ns : 0;
-    sr__bump(&h->b[sr_hist_index(v)], 1);
+    sr__bump(&h->b[sr__hist_index(v)], 1);
     sr__bump(&h->n, 1);
     sr__bump(&h->sum, v);
     /* relaxed: single writer, read only by snapshots (see above) */
@@ -55,15 +55,15 @@ static inline void sr_hist_add(struct sr_hist *h, int64_t ns)
 }
 
 /* The largest value of bucket i. */
-uint64_t sr_hist_upper(unsigned i);
+uint64_t sr__hist_upper(unsigned i);
 /* Add h's samples into the plain sum (counts[SR_HIST_N], n, sum, max). */
 struct sr_hist_sum {
     uint64_t b[SR_HIST_N];
     uint64_t n, sum, max;
 };
-void sr_hist_read(const struct sr_hist *h, struct sr_hist_sum *s);
-void sr_hist_zero(struct sr_hist *h);
+void sr__hist_read(const struct sr_hist *h, struct sr_hist_sum *s);
+void sr__hist_zero(struct sr_hist *h);
 /* p50, p99, max of a sum. */
-void sr_hist_latency(const struct sr_hist_sum *s, sr_latency *out);
+void sr__hist_latency(const struct sr_hist_sum *s, sr_latency *out);
 
 #endif

@@ -131,7 +131,7 @@ static void call_end(uint64_t id, int from, int err, int64_t t0, int64_t t1)
         if (b) {
             sr__bump(&b->calls, 1);
             sr__bump(&b->errors, err != 0);
-            sr_hist_add(&b->rtt, t0 - st.t0); /* until the answer arrived: callbacks are not the call's */
+            sr__hist_add(&b->rtt, t0 - st.t0); /* until the answer arrived: callbacks are not the call's */
         }
     }
     if (mask() & SR_PROBE_TRACE)
@@ -167,8 +167,8 @@ static void served(const struct sr_probe_call *c, int err, int64_t at)
     sr__bump(&b->served, 1);
     sr__bump(&b->serve_errors, err != 0);
     if (c->t_run0) { /* 0: it never ran (refused before it started) */
-        sr_hist_add(&b->queue, c->t_run0 - c->t_decoded);
-        sr_hist_add(&b->run, at - c->t_run0);
+        sr__hist_add(&b->queue, c->t_run0 - c->t_decoded);
+        sr__hist_add(&b->run, at - c->t_run0);
     }
 }
 

@@ -46,9 +46,9 @@ static void add_block(struct fn_sum *s, const struct sr_fn_block *b)
     s->errors += atomic_load_explicit(&b->errors, memory_order_relaxed);
     s->served += atomic_load_explicit(&b->served, memory_order_relaxed);
     s->serve_errors += atomic_load_explicit(&b->serve_errors, memory_order_relaxed);
-    sr_hist_read(&b->rtt, &s->rtt);
-    sr_hist_read(&b->queue, &s->queue);
-    sr_hist_read(&b->run, &s->run);
+    sr__hist_read(&b->rtt, &s->rtt);
+    sr__hist_read(&b->queue, &s->queue);
+    sr__hist_read(&b->run, &s->run);
     s->seen = true;
 }
 
@@ -89,9 +89,9 @@ SR_API int sr_stats_snapshot(sr_stats **out)
         sr_fn_stats *e = &s->e[s->n++];
         *e = (sr_fn_stats){.name = sr__trace_name(i), .calls = f->calls, .errors = f->errors, .served = f->served,
                            .serve_errors = f->serve_errors};
-        sr_hist_latency(&f->rtt, &e->round_trip);
-        sr_hist_latency(&f->queue, &e->queue);
-        sr_hist_latency(&f->run, &e->run);
+        sr__hist_latency(&f->rtt, &e->round_trip);
+        sr__hist_latency(&f->queue, &e->queue);
+        sr__hist_latency(&f->run, &e->run);
     }
     free(sum);
     *out = s;

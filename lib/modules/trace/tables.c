@@ -88,9 +88,9 @@ static void catch_up(struct sr_ttable *t, uint32_t e)
         atomic_store_explicit(&b->errors, 0, memory_order_relaxed);
         atomic_store_explicit(&b->served, 0, memory_order_relaxed);
         atomic_store_explicit(&b->serve_errors, 0, memory_order_relaxed);
-        sr_hist_zero(&b->rtt);
-        sr_hist_zero(&b->queue);
-        sr_hist_zero(&b->run);
+        sr__hist_zero(&b->rtt);
+        sr__hist_zero(&b->queue);
+        sr__hist_zero(&b->run);
     }
     /* release: a reader that sees the new epoch (acquire in stats.c) sees the zeros */
     atomic_store_explicit(&t->epoch, e, memory_order_release);

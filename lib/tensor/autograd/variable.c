@@ -35,7 +35,7 @@ static bool can_steal(sr_tensor *g, const sr_tensor *leaf)
     /* acquire: pairs with the release side of other holders' unrefs */
     return atomic_load_explicit(&g->refcount, memory_order_acquire) == 1 &&
            atomic_load_explicit(&g->storage->refs, memory_order_acquire) == 1 &&
-           sr_block_refcount(g->storage->block) == 1 && !g->requires_grad && g->dtype == leaf->dtype &&
+           sr__block_refcount(g->storage->block) == 1 && !g->requires_grad && g->dtype == leaf->dtype &&
            sr_tensor_is_contiguous(g);
 }
 

@@ -12,7 +12,7 @@
  *      open /proc/<pid>/fd/<fd> (a memfd: nothing exists in any file system);
  *   6. an allreduce of every rank's outcome: after it every rank holds its
  *      own fd (the creator's mapping and fd may go), or every rank fails.
- * The launch environment (segment.h) then names the fd, and sr_xport_attach
+ * The launch environment (segment.h) then names the fd, and sr__xport_attach
  * follows as under shmrun.
  */
 #include "mpi_job.h"
@@ -191,12 +191,12 @@ static int create_segment(struct sr_mpi_job *job)
     char name[48];
     snprintf(name, sizeof(name), "shmrpc-mpi-%d-h%d-%u", (int)getpid(), job->host, boots++);
     sr_segment seg;
-    int rc = sr_segment_create(&(sr_segment_opts){.world_size = job->world, .name = name, .attaching = mask}, &seg);
+    int rc = sr__segment_create(&(sr_segment_opts){.world_size = job->world, .name = name, .attaching = mask}, &seg);
     free(mask);
     if (rc)
         return rc;
     job->fd = seg.fd;
-    sr_segment_detach(&seg, false); /* the fd keeps the memory: the peers open it through /proc */
+    sr__segment_detach(&seg, false); /* the fd keeps the memory: the peers open it through /proc */
     return 0;
 }
 

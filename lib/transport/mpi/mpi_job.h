@@ -23,7 +23,7 @@
  * bootstrap every rank holds its own fd (job.fd), closed by
  * sr__mpi_job_fini: no file exists in any file system, and the memory goes
  * with the last rank of the host. Its worker lines of other hosts' ranks stay
- * empty: sr_seg_attaches / sr_xport_local say which ranks are local, and the
+ * empty: sr__seg_attaches / sr__xport_local say which ranks are local, and the
  * shared-memory transport has no inbox, name or pidfd for the others.
  *
  * Errors of MPI calls on comm (and communicators made from it) return

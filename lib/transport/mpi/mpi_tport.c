@@ -14,7 +14,7 @@
 #include "heap.h"
 #include "log.h"
 #include "segment.h" /* SR_NAME_MAX */
-#include "waiter.h"  /* sr_now_ns */
+#include "waiter.h"  /* sr__now_ns */
 
 #define INLINE_MAX (8u << 10)      /* a part up to this size rides in the frame (copied) */
 #define FRAME_INLINE_MAX (64u << 10) /* and the frame carries at most this much of them */
@@ -204,7 +204,7 @@ static int t_send(sr_tport *t, int to, sr_msg *m)
         MPI_Abort(x->job->comm, 1);
     }
     atomic_fetch_add_explicit(&x->sent, 1, memory_order_relaxed);        /* relaxed: statistics */
-    atomic_store_explicit(&x->last_ns, sr_now_ns(), memory_order_relaxed); /* relaxed: a heuristic */
+    atomic_store_explicit(&x->last_ns, sr__now_ns(), memory_order_relaxed); /* relaxed: a heuristic */
     int done = 0;
     MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE);
     if (done) { /* an eager frame is usually out at once */
@@ -297,12 +297,12 @@ static int take_part(struct mpi_tport *x, struct incoming *g, uint32_t i, uint64
 {
     bool apart = w & PART_APART;
     uint64_t len = w & ~PART_APART;
-    sr_block *b = rc ? NULL : sr_block_alloc(len ? len : 1);
+    sr_block *b = rc ? NULL : sr__block_alloc(len ? len : 1);
     if (!rc && !b)
         rc = -ENOMEM;
-    void *data = b ? sr_block_data(b) : NULL;
+    void *data = b ? sr__block_data(b) : NULL;
     if (b)
-        g->blocks[i] = sr_block_to_off(b); /* b implies !rc: blocks exists */
+        g->blocks[i] = sr__block_to_off(b); /* b implies !rc: blocks exists */
     if (!apart) {
         if (data)
             memcpy(data, *in, len);
@@ -352,9 +352,9 @@ static int check_frame(const uint8_t *f, int64_t size, int src, struct frame_hea
 static void drop_blocks(const struct incoming *g)
 {
     for (uint32_t i = 0; i < g->n; i++) {
-        sr_block *b = g->blocks[i] ? sr_block_from_off(g->blocks[i]) : NULL;
+        sr_block *b = g->blocks[i] ? sr__block_from_off(g->blocks[i]) : NULL;
         if (b)
-            sr_block_unref(b);
+            sr__block_unref(b);
     }
 }
 
@@ -403,7 +403,7 @@ static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n)
     }
     if (k) {
         atomic_fetch_add_explicit(&x->received, k, memory_order_relaxed);    /* relaxed: statistics */
-        atomic_store_explicit(&x->last_ns, sr_now_ns(), memory_order_relaxed); /* relaxed: a heuristic */
+        atomic_store_explicit(&x->last_ns, sr__now_ns(), memory_order_relaxed); /* relaxed: a heuristic */
     }
     return k;
 }
@@ -415,7 +415,7 @@ static int64_t t_poll_ns(sr_tport *t)
     struct mpi_tport *x = T(t);
     if (x->stashed || atomic_load_explicit(&x->ninflight, memory_order_relaxed)) /* relaxed: a hint */
         return 0;
-    int64_t idle = sr_now_ns() - atomic_load_explicit(&x->last_ns, memory_order_relaxed); /* relaxed: a hint */
+    int64_t idle = sr__now_ns() - atomic_load_explicit(&x->last_ns, memory_order_relaxed); /* relaxed: a hint */
     int64_t ns = idle / 4;
     return ns < SR_MPI_POLL_MIN_NS ? SR_MPI_POLL_MIN_NS : ns > SR_MPI_POLL_MAX_NS ? SR_MPI_POLL_MAX_NS : ns;
 }
@@ -472,7 +472,7 @@ int sr__mpi_tport_create(struct sr_mpi_job *job, const char *name, sr_tport **ou
     pthread_mutex_init(&x->send_lock, NULL);
     x->tp = (sr_tport){.ops = &mpi_ops, .caps = SR_TPORT_COPIES, .rank = job->rank, .world = job->world,
                        .space_kick = &x->zero, .inbox_bad = &x->zero, .exits = &x->zero};
-    atomic_init(&x->last_ns, sr_now_ns());
+    atomic_init(&x->last_ns, sr__now_ns());
     *out = &x->tp;
     return 0;
 }
@@ -486,7 +486,7 @@ int sr__mpi_tport_create(struct sr_mpi_job *job, const char *name, sr_tport **ou
 static void drain_op(struct mpi_tport *x, struct send_op *op, int64_t deadline)
 {
     int done = 0;
-    while (!done && sr_now_ns() < deadline)
+    while (!done && sr__now_ns() < deadline)
         MPI_Testall(op->nreq, op->req, &done, MPI_STATUSES_IGNORE);
     if (!done) {
         for (int i = 0; i < op->nreq; i++)
@@ -507,7 +507,7 @@ void sr__mpi_tport_destroy(sr_tport *t)
     if (!t)
         return;
     struct mpi_tport *x = T(t);
-    int64_t deadline = sr_now_ns() + DRAIN_NS;
+    int64_t deadline = sr__now_ns() + DRAIN_NS;
     while (x->inflight) {
         struct send_op *op = x->inflight;
         x->inflight = op->next;

@@ -1,4 +1,4 @@
-/* Exits no supervisor publishes (xport.h, sr_xport_publish_orphans).
+/* Exits no supervisor publishes (xport.h, sr__xport_publish_orphans).
  *
  * Under shmrun or sr_spawn the launcher is every worker's parent: it reaps
  * a worker that ends and publishes how (segment.h, "Peer exit", X1-X3).
@@ -26,7 +26,7 @@
 static int lowest_alive(const sr_xport *x)
 {
     for (int r = 0; r < x->world; r++)
-        if (x->peers[r].local && (r == x->rank || !sr_xport_peer_dead(x, r)))
+        if (x->peers[r].local && (r == x->rank || !sr__xport_peer_dead(x, r)))
             return r;
     return x->rank;
 }
@@ -35,20 +35,20 @@ static int lowest_alive(const sr_xport *x)
  * generation after its D2), and the start barrier's sleepers. */
 static void wake_local(sr_xport *x, int gone)
 {
-    sr_futex_wake_all(&x->seg.hdr->attached);
+    sr__futex_wake_all(&x->seg.hdr->attached);
     for (int r = 0; r < x->world; r++) {
-        struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+        struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
         /* acquire: pairs with the worker's release store of ATTACHED (its doorbell kind before it) */
         if (r == gone || !x->peers[r].local ||
-            !sr_worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
+            !sr__worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
             continue;
-        sr_doorbell_ring(&w->doorbell, x->peers[r].kind, x->peers[r].eventfd);
+        sr__doorbell_ring(&w->doorbell, x->peers[r].kind, x->peers[r].eventfd);
     }
 }
 
 static void publish(sr_xport *x, int r)
 {
-    struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+    struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
     w->exit_code = SR_EXIT_SEEN;
     w->exit_status = 0;
     /* relaxed: publishers of one segment are serialised by the rule above */
@@ -60,13 +60,13 @@ static void publish(sr_xport *x, int r)
     wake_local(x, r);
 }
 
-void sr_xport_publish_orphans(sr_xport *x)
+void sr__xport_publish_orphans(sr_xport *x)
 {
     if (!x->publish_exits || lowest_alive(x) != x->rank)
         return;
     for (int r = 0; r < x->world; r++)
         /* seq_cst: as the readers of exited (X1) */
-        if (r != x->rank && x->peers[r].local && sr_xport_peer_dead(x, r) &&
+        if (r != x->rank && x->peers[r].local && sr__xport_peer_dead(x, r) &&
             !atomic_load_explicit(x->peers[r].exited, memory_order_seq_cst))
             publish(x, r);
 }

@@ -62,7 +62,7 @@ static int missing_ranks(sr_xport *x)
     size_t len = 0;
     for (int r = 0; r < x->world && len < sizeof(list) - 16; r++)
         /* acquire: pairs with the worker's release store of ATTACHED */
-        if (x->peers[r].local && !sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
+        if (x->peers[r].local && !sr__worker_state_attached(atomic_load_explicit(&sr__seg_worker(&x->seg, r)->state, memory_order_acquire)))
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
     return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
 }
@@ -74,7 +74,7 @@ static int first_exited(sr_xport *x)
     int first = -1;
     uint32_t seq = 0;
     for (int r = 0; r < x->world; r++) {
-        const struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+        const struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
         /* seq_cst: after the generation read by the caller (X2 pairs with it) */
         if (x->peers[r].local && atomic_load_explicit(&w->exited, memory_order_seq_cst) &&
             (first < 0 || w->exit_seq < seq))
@@ -86,7 +86,7 @@ static int first_exited(sr_xport *x)
 static int exited_before_start(sr_xport *x, int r)
 {
     char how[128];
-    sr_seg_exit_text(sr_seg_worker(&x->seg, r), how, sizeof(how));
+    sr__seg_exit_text(sr__seg_worker(&x->seg, r), how, sizeof(how));
     return sr__fail(-EPIPE, "sr_init", "rank %d %s, while rank %d waited for every worker to attach to segment '%s'",
                     r, how, x->rank, x->seg.hdr->name);
 }
@@ -103,7 +103,7 @@ static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t 
             {.val = n, .uaddr = (uintptr_t)&h->attached, .flags = FUTEX_32},
             {.val = e, .uaddr = (uintptr_t)&h->exits, .flags = FUTEX_32},
         };
-        int64_t at = sr_now_ns() + ns;
+        int64_t at = sr__now_ns() + ns;
         struct timespec ts = {.tv_sec = at / 1000000000, .tv_nsec = at % 1000000000};
         if (syscall(SYS_futex_waitv, v, 2, 0, &ts, CLOCK_MONOTONIC) >= 0 || errno != ENOSYS)
             return;
@@ -130,8 +130,8 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     uint32_t want = ++round * (uint32_t)x->nlocal;
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
-    sr_futex_wake_all(&h->attached);
-    int64_t deadline = sr_now_ns() + timeout_ns;
+    sr__futex_wake_all(&h->attached);
+    int64_t deadline = sr__now_ns() + timeout_ns;
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
          * that an exit published after it changes the word we sleep on */
@@ -143,7 +143,7 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
         int r = e ? first_exited(x) : -1;
         if (r >= 0)
             return exited_before_start(x, r);
-        int64_t left = deadline - sr_now_ns();
+        int64_t left = deadline - sr__now_ns();
         if (left <= 0)
             return missing_ranks(x);
         wait_start(h, n, e, left);
@@ -168,13 +168,13 @@ static bool is_eventfd(int fd)
  * is not read: its name is the MPI transport's. */
 static int resolve_peer(sr_xport *x, int r)
 {
-    struct sr_worker_info *w = sr_seg_worker(&x->seg, r);
+    struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
     struct sr_peer *p = &x->peers[r];
     if (!p->local) {
         *p = (struct sr_peer){.exited = &w->exited, .eventfd = -1};
         return 0;
     }
-    *p = (struct sr_peer){.inbox = sr_seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
+    *p = (struct sr_peer){.inbox = sr__seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
                           .doorbell = &w->doorbell};
     memcpy(p->name, w->name, sizeof(p->name));
     p->name[sizeof(p->name) - 1] = '\0';
@@ -200,7 +200,7 @@ static int local_ranks(sr_xport *x)
     if (!x->peers)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d peers", x->world);
     for (int r = 0; r < x->world; r++) {
-        x->peers[r].local = sr_seg_attaches(&x->seg, r);
+        x->peers[r].local = sr__seg_attaches(&x->seg, r);
         x->nlocal += x->peers[r].local;
     }
     if (!x->peers[x->rank].local)
@@ -218,7 +218,7 @@ static int resolve_peers(sr_xport *x)
         if (r == x->rank || !x->peers[r].local)
             continue;
         /* relaxed: written before the peer's release increment that our barrier acquired */
-        rc = sr_waiter_watch_peer(&x->waiter, x->world, r, sr_seg_worker(&x->seg, r)->pid);
+        rc = sr__waiter_watch_peer(&x->waiter, x->world, r, sr__seg_worker(&x->seg, r)->pid);
         if (rc)
             return rc;
     }
@@ -231,14 +231,14 @@ static int attach_inbox(sr_xport *x)
 {
     char why[160];
     x->inbox = &x->inbox_view;
-    if (sr_ring_cons_attach(x->inbox, sr_seg_inbox(&x->seg, x->rank), x->seg.ring_slots, why, sizeof(why)))
+    if (sr__ring_cons_attach(x->inbox, sr__seg_inbox(&x->seg, x->rank), x->seg.ring_slots, why, sizeof(why)))
         return sr__fail(-EPROTO, "sr_init", "the inbox ring of rank %d is corrupt: %s", x->rank, why);
     return 0;
 }
 
 static int publish_self(sr_xport *x, const sr_xport_opts *o)
 {
-    x->me = sr_seg_worker(&x->seg, x->rank);
+    x->me = sr__seg_worker(&x->seg, x->rank);
     int rc = attach_inbox(x);
     if (rc)
         return rc;
@@ -246,7 +246,7 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     if (efd != -1 && !is_eventfd(efd))
         return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d is corrupt: eventfd %d is not one",
                         x->rank, efd);
-    rc = sr_waiter_init(&x->waiter, &x->me->doorbell, efd, o->doorbell);
+    rc = sr__waiter_init(&x->waiter, &x->me->doorbell, efd, o->doorbell);
     if (rc)
         return rc;
     x->me->pid = getpid();
@@ -272,14 +272,14 @@ static void inherited_once(sr_xport *x)
             fcntl(x->peers[r].eventfd, F_SETFD, FD_CLOEXEC);
 }
 
-int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
+int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
 {
     static const sr_xport_opts defaults;
     struct sr_launch_env env;
     if (!o)
         o = &defaults;
     if (o->name && strnlen(o->name, SR_NAME_MAX) >= SR_NAME_MAX) /* refused, never truncated */
-        return sr__fail(-EINVAL, "sr_xport_attach", "worker name must be shorter than %d characters, got %zu",
+        return sr__fail(-EINVAL, "sr__xport_attach", "worker name must be shorter than %d characters, got %zu",
                         SR_NAME_MAX, strlen(o->name));
     int rc = sr__launch_env_get(&env);
     if (rc)
@@ -295,7 +295,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     x->publish_exits = o->publish_exits;
     sr__error_set_rank(env.rank);
     sr__log_set_worker(o->name, env.rank);
-    rc = sr_segment_attach(env.fd, &x->seg);
+    rc = sr__segment_attach(env.fd, &x->seg);
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
                       env.world_size, x->seg.hdr->world_size);
@@ -310,9 +310,9 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     if (!rc)
         rc = resolve_peers(x);
     if (!rc)
-        rc = sr_heap_attach(&x->seg, x->rank);
+        rc = sr__heap_attach(&x->seg, x->rank);
     if (rc) {
-        sr_xport_detach(x);
+        sr__xport_detach(x);
         return rc;
     }
     inherited_once(x);
@@ -327,7 +327,7 @@ int sr_xport_attach(const sr_xport_opts *o, sr_xport **out)
     return 0;
 }
 
-void sr_xport_detach(sr_xport *x)
+void sr__xport_detach(sr_xport *x)
 {
     if (!x)
         return;
@@ -337,16 +337,16 @@ void sr_xport_detach(sr_xport *x)
                 x->graceful    ? "after a graceful shutdown"
                 : x->timed_out ? "after a graceful shutdown timed out"
                                : "without a graceful shutdown");
-    sr_heap_detach(); /* before the segment is unmapped: the arena's extents live there */
+    sr__heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
         uint32_t st = x->graceful ? SR_WORKER_DETACHED : x->timed_out ? SR_WORKER_TIMED_OUT : SR_WORKER_LEFT;
         /* release: our last sends are complete before peers see DETACHED */
         atomic_store_explicit(&x->me->state, st, memory_order_release);
-        sr_waiter_fini(&x->waiter);
+        sr__waiter_fini(&x->waiter);
     }
     if (x->inbox)
-        sr_ring_cons_detach(x->inbox); /* our position, for the next attach */
-    sr_segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
+        sr__ring_cons_detach(x->inbox); /* our position, for the next attach */
+    sr__segment_detach(&x->seg, false); /* the launch fd stays: the worker may attach again */
     if (x->loadavg_fd >= 0)
         close(x->loadavg_fd);
     free(x->peers);
@@ -354,14 +354,14 @@ void sr_xport_detach(sr_xport *x)
     sr__log_set_worker(NULL, -1); /* lines from now on name the process, not the worker */
 }
 
-int sr_xport_check_peers(sr_xport *x)
+int sr__xport_check_peers(sr_xport *x)
 {
     for (int r = 0; r < x->world; r++) {
-        /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr_xport_detach */
-        if (sr_xport_peer_dead(x, r) &&
-            sr_worker_state_attached(atomic_load_explicit(&sr_seg_worker(&x->seg, r)->state, memory_order_acquire)))
-            return sr__fail(-EPIPE, "sr_xport_check_peers", "rank %d (pid %d) died without detaching", r,
-                            sr_seg_worker(&x->seg, r)->pid);
+        /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr__xport_detach */
+        if (sr__xport_peer_dead(x, r) &&
+            sr__worker_state_attached(atomic_load_explicit(&sr__seg_worker(&x->seg, r)->state, memory_order_acquire)))
+            return sr__fail(-EPIPE, "sr__xport_check_peers", "rank %d (pid %d) died without detaching", r,
+                            sr__seg_worker(&x->seg, r)->pid);
     }
     return 0;
 }
@@ -379,11 +379,11 @@ static int corrupt_inbox(sr_xport *x, int to, const char *fn)
                     x->peers[to].name, to, tail & mask, seq, tail, x->seg.ring_slots);
 }
 
-const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len)
+const char *sr__xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len)
 {
-    const struct sr_worker_info *w = sr_seg_worker(&x->seg, rank);
+    const struct sr_worker_info *w = sr__seg_worker(&x->seg, rank);
     char how[128], dflt[24];
-    sr_seg_exit_text(w, how, sizeof(how));
+    sr__seg_exit_text(w, how, sizeof(how));
     snprintf(dflt, sizeof(dflt), "worker%d", rank);
     /* the name was written before the peer's start-barrier increment, read after ours */
     if (!w->name[0] || !strncmp(w->name, dflt, sizeof(w->name)))
@@ -393,29 +393,29 @@ const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t le
     return buf;
 }
 
-void sr_xport_closing(sr_xport *x)
+void sr__xport_closing(sr_xport *x)
 {
     /* release: as the store of ATTACHED (the supervisor's acquire reads it) */
     atomic_store_explicit(&x->me->state, SR_WORKER_CLOSING, memory_order_release);
 }
 
-bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank)
+bool sr__xport_peer_left_gracefully(const sr_xport *x, int rank)
 {
     /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
-    return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_DETACHED;
+    return atomic_load_explicit(&sr__seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_DETACHED;
 }
 
-bool sr_xport_peer_left_timed_out(const sr_xport *x, int rank)
+bool sr__xport_peer_left_timed_out(const sr_xport *x, int rank)
 {
     /* relaxed: read after the peer's exit was seen (X1 orders its last store) */
-    return atomic_load_explicit(&sr_seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_TIMED_OUT;
+    return atomic_load_explicit(&sr__seg_worker(&x->seg, rank)->state, memory_order_relaxed) == SR_WORKER_TIMED_OUT;
 }
 
 static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)
 {
     char text[256];
     return sr__fail(-EPIPE, "sr_xport_send", "destination rank %d is gone: %s", to,
-                    sr_xport_gone_text(x, to, text, sizeof(text)));
+                    sr__xport_gone_text(x, to, text, sizeof(text)));
 }
 
 /* A rank of another host: the MPI transport's, never the rings'. */
@@ -429,64 +429,64 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
         return sr__fail(-EINVAL, "sr_xport_send", "destination rank %d is out of range [0, %d)", to, x->world);
-    if (sr_unlikely(sr_xport_peer_gone(x, to)))
+    if (sr_unlikely(sr__xport_peer_gone(x, to)))
         return gone_error(x, to);
     struct sr_peer *p = &x->peers[to];
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr_xport_send");
     m->src = (uint16_t)x->rank;
-    int rc = sr_ring_enqueue(p->inbox, x->seg.ring_slots, m);
+    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {
             /* Its consumer may be asleep with nothing ready, waiting for an
              * answer that can no longer arrive: wake it, so it finds the
-             * corruption itself (sr_ring_cons_pending) and fails what waits on
+             * corruption itself (sr__ring_cons_pending) and fails what waits on
              * its inbox. Only a corrupt head slot is seen that way (ring.h). */
-            sr_doorbell_ring(p->doorbell, p->kind, p->eventfd);
+            sr__doorbell_ring(p->doorbell, p->kind, p->eventfd);
             return corrupt_inbox(x, to, "sr_xport_send");
         }
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
     atomic_fetch_add_explicit(&x->st.sent, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (ring && sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
+    if (ring && sr__doorbell_ring(p->doorbell, p->kind, p->eventfd))
         atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     return 0;
 }
 
 int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
-int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
+int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
 
-int sr_xport_probe(sr_xport *x, int to)
+int sr__xport_probe(sr_xport *x, int to)
 {
     if ((unsigned)to >= (unsigned)x->world)
-        return sr__fail(-EINVAL, "sr_xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
+        return sr__fail(-EINVAL, "sr__xport_probe", "destination rank %d is out of range [0, %d)", to, x->world);
     if (!x->peers[to].inbox)
-        return not_local_error(x, to, "sr_xport_probe");
-    int rc = sr_ring_probe(x->peers[to].inbox, x->seg.ring_slots);
-    return rc == -EPROTO ? corrupt_inbox(x, to, "sr_xport_probe") : rc;
+        return not_local_error(x, to, "sr__xport_probe");
+    int rc = sr__ring_probe(x->peers[to].inbox, x->seg.ring_slots);
+    return rc == -EPROTO ? corrupt_inbox(x, to, "sr__xport_probe") : rc;
 }
 
-void sr_xport_space_arm(sr_xport *x, int to)
+void sr__xport_space_arm(sr_xport *x, int to)
 {
-    if (!sr_xport_local(x, to)) /* nothing to wait for: its sends fail with -EINVAL */
+    if (!sr__xport_local(x, to)) /* nothing to wait for: its sends fail with -EINVAL */
         return;
-    sr_ring_space_arm(x->peers[to].inbox, (uint32_t)x->rank, false);
+    sr__ring_space_arm(x->peers[to].inbox, (uint32_t)x->rank, false);
 }
 
-int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
+int sr__xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns)
 {
     for (;;) {
         int rc = sr_xport_send(x, to, m);
         if (rc != -EAGAIN)
             return rc;
         struct sr_ring *r = x->peers[to].inbox;
-        sr_ring_space_arm(r, (uint32_t)x->rank, true); /* W1 (ring.h) */
+        sr__ring_space_arm(r, (uint32_t)x->rank, true); /* W1 (ring.h) */
         if ((rc = sr_xport_send(x, to, m)) != -EAGAIN)
             return rc;
-        int64_t left = deadline_ns < 0 ? SLICE_NS : deadline_ns - sr_now_ns();
+        int64_t left = deadline_ns < 0 ? SLICE_NS : deadline_ns - sr__now_ns();
         if (left <= 0)
-            return sr__fail(-ETIMEDOUT, "sr_xport_send_wait", "the inbox of %s (rank %d) stayed full (%u slots)",
+            return sr__fail(-ETIMEDOUT, "sr__xport_send_wait", "the inbox of %s (rank %d) stayed full (%u slots)",
                             x->peers[to].name, to, x->seg.ring_slots);
         /* relaxed: the futex compares it again; any change (the consumer's exchange) ends the wait */
         uint32_t v = atomic_load_explicit(&r->space_wait, memory_order_relaxed);
@@ -513,7 +513,7 @@ static void kick_space_waiters(sr_xport *x)
 {
     uint32_t words = ((uint32_t)x->world + 63) / 64;
     for (uint32_t w = 0; w < words; w++) {
-        uint64_t bits = sr_ring_space_ranks(x->inbox->ring, w);
+        uint64_t bits = sr__ring_space_ranks(x->inbox->ring, w);
         while (bits) {
             int rank = (int)(w * 64 + (uint32_t)__builtin_ctzll(bits));
             bits &= bits - 1;
@@ -522,9 +522,9 @@ static void kick_space_waiters(sr_xport *x)
             struct sr_peer *p = &x->peers[rank];
             if (!p->local) /* only a local rank can have armed it: a foreign write */
                 continue;
-            /* release: pairs with the sender's acquire exchange in sr_xport_space_take; our freed slots are visible */
-            atomic_store_explicit(&sr_seg_worker(&x->seg, rank)->space_kick, 1, memory_order_release);
-            if (sr_doorbell_ring(p->doorbell, p->kind, p->eventfd))
+            /* release: pairs with the sender's acquire exchange in sr__xport_space_take; our freed slots are visible */
+            atomic_store_explicit(&sr__seg_worker(&x->seg, rank)->space_kick, 1, memory_order_release);
+            if (sr__doorbell_ring(p->doorbell, p->kind, p->eventfd))
                 atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
         }
     }
@@ -535,21 +535,21 @@ static void kick_space_waiters(sr_xport *x)
  * a reply), and wake the producers that found the inbox full (W2). */
 static void release_inbox(sr_xport *x)
 {
-    if (!sr_ring_release(x->inbox))
+    if (!sr__ring_release(x->inbox))
         return;
-    uint32_t w = sr_ring_space_take(x->inbox->ring);
+    uint32_t w = sr__ring_space_take(x->inbox->ring);
     if (sr_likely(!w))
         return;
     if (w & SR_SPACE_FUTEX)
-        sr_futex_wake_all(&x->inbox->ring->space_wait);
+        sr__futex_wake_all(&x->inbox->ring->space_wait);
     if (w & SR_SPACE_RANKS)
         kick_space_waiters(x);
 }
 
-const char *sr_xport_inbox_text(sr_xport *x, char *buf, size_t len)
+const char *sr__xport_inbox_text(sr_xport *x, char *buf, size_t len)
 {
     uint32_t pos, seq;
-    if (!sr_ring_cons_error(x->inbox, &pos, &seq))
+    if (!sr__ring_cons_error(x->inbox, &pos, &seq))
         snprintf(buf, len, "the inbox ring of %s (rank %d) is not corrupt", x->peers[x->rank].name, x->rank);
     else
         snprintf(buf, len,
@@ -559,51 +559,51 @@ const char *sr_xport_inbox_text(sr_xport *x, char *buf, size_t len)
     return buf;
 }
 
-int sr_xport_inbox_error(sr_xport *x)
+int sr__xport_inbox_error(sr_xport *x)
 {
-    if (!sr_xport_inbox_bad(x))
+    if (!sr__xport_inbox_bad(x))
         return 0;
     char text[320];
-    return sr__fail(-EPROTO, "sr_xport_recv_burst", "%s", sr_xport_inbox_text(x, text, sizeof(text)));
+    return sr__fail(-EPROTO, "sr__xport_recv_burst", "%s", sr__xport_inbox_text(x, text, sizeof(text)));
 }
 
 /* The consumer just latched a corrupt inbox: say so once, naming us (the
- * callers of recv_burst see an empty inbox; sr_xport_wait fails). */
+ * callers of recv_burst see an empty inbox; sr__xport_wait fails). */
 static void report_corrupt_inbox(sr_xport *x)
 {
     if (x->inbox_reported)
         return;
     x->inbox_reported = true;
-    sr_xport_inbox_error(x);
+    sr__xport_inbox_error(x);
     sr__log_text(SR_LOG_ERROR, sr_last_error());
 }
 
-unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
+unsigned sr__xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
 {
     release_inbox(x);
-    unsigned got = sr_ring_read_burst(x->inbox, out, n);
+    unsigned got = sr__ring_read_burst(x->inbox, out, n);
     if (got)
         consumer_count(&x->st.received, got);
-    else if (sr_unlikely(sr_xport_inbox_bad(x)))
+    else if (sr_unlikely(sr__xport_inbox_bad(x)))
         report_corrupt_inbox(x);
     return got;
 }
 
 /* After the doorbell announcement: a message, or a corrupt head not yet
  * latched (the wake of a producer that found it, xport.h). */
-static bool inbox_ready(void *arg) { return sr_ring_cons_pending(arg); }
+static bool inbox_ready(void *arg) { return sr__ring_cons_pending(arg); }
 
 /* Spin on the inbox for up to budget_ns; true if a message arrived. */
 static bool spin(sr_xport *x, int64_t budget_ns)
 {
-    int64_t until = sr_now_ns() + budget_ns;
+    int64_t until = sr__now_ns() + budget_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (sr_ring_ready(x->inbox))
+            if (sr__ring_ready(x->inbox))
                 return true;
-            sr_cpu_relax();
+            sr__cpu_relax();
         }
-        if (sr_now_ns() >= until)
+        if (sr__now_ns() >= until)
             return false;
     }
 }
@@ -626,11 +626,11 @@ static int runnable_threads(int fd)
  * most once per LOAD_SAMPLE_NS per worker, from the kernel's own count of
  * runnable threads (those of other jobs included), so no counter is written
  * on a sleep or a wake, and no line is shared between workers. */
-int64_t sr_xport_spin_budget(sr_xport *x)
+int64_t sr__xport_spin_budget(sr_xport *x)
 {
     if (x->fixed_spin)
         return atomic_load_explicit(&x->spin_ns, memory_order_relaxed); /* never written after attach */
-    int64_t now = sr_now_coarse_ns();
+    int64_t now = sr__now_coarse_ns();
     /* relaxed (both): a heuristic; threads sampling at once only repeat the read */
     if (now >= atomic_load_explicit(&x->load_next, memory_order_relaxed)) {
         atomic_store_explicit(&x->load_next, now + LOAD_SAMPLE_NS, memory_order_relaxed);
@@ -657,33 +657,33 @@ static void adapt(sr_xport *x, int64_t slept_ns)
     atomic_store_explicit(&x->spin_ns, spin > SPIN_MAX_NS ? SPIN_MAX_NS : spin, memory_order_relaxed);
 }
 
-int sr_xport_wait(sr_xport *x, int64_t deadline_ns)
+int sr__xport_wait(sr_xport *x, int64_t deadline_ns)
 {
     release_inbox(x); /* a producer waiting for space must not wait for our wait */
-    sr_heap_drain(); /* blocks peers gave back; one relaxed load when none */
-    if (sr_ring_ready(x->inbox))
+    sr__heap_drain(); /* blocks peers gave back; one relaxed load when none */
+    if (sr__ring_ready(x->inbox))
         return SR_WAKE_DOORBELL;
     /* a corrupt slot is never ready: fail instead of sleeping on it */
-    sr_ring_cons_check(x->inbox);
-    if (sr_unlikely(sr_xport_inbox_error(x))) {
+    sr__ring_cons_check(x->inbox);
+    if (sr_unlikely(sr__xport_inbox_error(x))) {
         report_corrupt_inbox(x);
         return -EPROTO;
     }
-    int64_t budget = sr_xport_spin_budget(x);
+    int64_t budget = sr__xport_spin_budget(x);
     if (budget > 0 && spin(x, budget)) {
         consumer_count(&x->st.spin_hits, 1);
         return SR_WAKE_DOORBELL;
     }
-    return sr_xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
+    return sr__xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
 }
 
-int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
+int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     release_inbox(x); /* never sleep holding slots a blocked producer waits for */
     consumer_count(&x->st.sleeps, 1);
-    int64_t t0 = x->fixed_spin ? 0 : sr_now_ns(); /* the clock only feeds the adaptive budget */
-    int ev = sr_waiter_sleep(&x->waiter, deadline_ns, ready, arg);
+    int64_t t0 = x->fixed_spin ? 0 : sr__now_ns(); /* the clock only feeds the adaptive budget */
+    int ev = sr__waiter_sleep(&x->waiter, deadline_ns, ready, arg);
     if (!x->fixed_spin)
-        adapt(x, sr_now_ns() - t0);
+        adapt(x, sr__now_ns() - t0);
     return ev;
 }

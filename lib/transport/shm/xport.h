@@ -3,11 +3,11 @@
  * Minimal messaging for the layers above: attach, send to a rank, receive in
  * bursts, and wait (spin briefly, then sleep in io_uring).
  *
- * Threads: sr_xport_send / sr_xport_send_wait may be called by any thread of
- * the worker at once. sr_xport_recv_burst and sr_xport_wait belong to the one
+ * Threads: sr_xport_send / sr__xport_send_wait may be called by any thread of
+ * the worker at once. sr__xport_recv_burst and sr__xport_wait belong to the one
  * thread that consumes the inbox (the progress thread).
  *
- * Lifetime: sr_xport_attach .. sr_xport_detach. The segment fd the worker was
+ * Lifetime: sr__xport_attach .. sr__xport_detach. The segment fd the worker was
  * launched with stays open, so a worker may attach again (every worker of
  * the job must then attach the same number of times).
  */
@@ -78,7 +78,7 @@ typedef struct sr_xport {
     bool timed_out;           /* set before detach after a graceful shutdown timed out: peers see TIMED_OUT */
     bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
     sr_xport_stats st;
-    sr_tport tp;              /* this transport's instance behind the seam (sr_xport_transport) */
+    sr_tport tp;              /* this transport's instance behind the seam (sr__xport_transport) */
     /* Own lines: the consumer writes head on every burst; the fields above
      * are read by every sending thread (the struct is allocated aligned). */
     struct sr_ring_cons inbox_view SR_ALIGNED_LINE;
@@ -93,62 +93,62 @@ typedef struct sr_xport {
  * attached; -EPIPE a worker's process ended before every worker had
  * attached (at once: the supervisor publishes it; the message names the rank
  * and its exit status); -ENOMEM. */
-int sr_xport_attach(const sr_xport_opts *o, sr_xport **out);
-void sr_xport_detach(sr_xport *x);
+int sr__xport_attach(const sr_xport_opts *o, sr_xport **out);
+void sr__xport_detach(sr_xport *x);
 
 /* The instance of the transport seam (transport.h) over x, valid until
- * sr_xport_detach: the layer above reaches x only through it. Call once,
+ * sr__xport_detach: the layer above reaches x only through it. Call once,
  * after attach (xport_tport.c). */
-sr_tport *sr_xport_transport(sr_xport *x);
+sr_tport *sr__xport_transport(sr_xport *x);
 /* The shared-memory transport of a worker's set (select.c): white-box tests
  * reach the segment and the rings through it. */
 sr_xport *sr__transport_xport(const sr_transports *s);
 
 /* Does `rank` attach to our segment (reachable through its inbox)? False
  * for a rank out of range. */
-static inline bool sr_xport_local(const sr_xport *x, int rank)
+static inline bool sr__xport_local(const sr_xport *x, int rank)
 {
     return (unsigned)rank < (unsigned)x->world && x->peers[rank].local;
 }
 
 /* Send one message (m->src is stamped with our rank). 0; -EAGAIN the
  * destination inbox is full (back-pressure: nothing was sent, retry: see
- * space events below); -EINVAL bad rank, or one not local (sr_xport_local); -EPIPE the destination's process
+ * space events below); -EINVAL bad rank, or one not local (sr__xport_local); -EPIPE the destination's process
  * has ended (published by the supervisor; the message says how); -EPROTO the
  * destination's inbox is corrupt (the error names its worker). */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 
 /* As sr_xport_send, but never wakes the destination: the message waits in
  * its inbox until the destination next polls (for messages nobody waits on). */
-int sr_xport_send_quiet(sr_xport *x, int to, sr_msg *m);
+int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m);
 
 /* As sr_xport_send, but wait for space until deadline_ns (absolute
  * CLOCK_MONOTONIC, < 0: none). -ETIMEDOUT when it passes. Must not be used
  * by a thread that is itself the only consumer the destination waits on. */
-int sr_xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
+int sr__xport_send_wait(sr_xport *x, int to, sr_msg *m, int64_t deadline_ns);
 
 /* Check `to`'s inbox without sending: 0 room, -EAGAIN full, -EPROTO corrupt
  * (reported as sr_xport_send does), -EINVAL bad rank. For error reports. */
-int sr_xport_probe(sr_xport *x, int to);
+int sr__xport_probe(sr_xport *x, int to);
 
 /* Space events: waiting for room in a full inbox without a timer.
- * A sender that got -EAGAIN calls sr_xport_space_arm(x, to) and then retries
+ * A sender that got -EAGAIN calls sr__xport_space_arm(x, to) and then retries
  * its send once (the W1/W2 handshake of ring.h); if that fails too, the
  * destination's consumer, when it next frees slots, sets our worker's
  * space_kick and rings our doorbell. Whoever polls our inbox checks
- * sr_xport_space_kicked (also after announcing SLEEPING, with D2 before it:
+ * sr__xport_space_kicked (also after announcing SLEEPING, with D2 before it:
  * the consumer's doorbell ring has D3 after its kick), and on a kick calls
- * sr_xport_space_take, then retries everything it queued. */
-void sr_xport_space_arm(sr_xport *x, int to);
+ * sr__xport_space_take, then retries everything it queued. */
+void sr__xport_space_arm(sr_xport *x, int to);
 
-static inline bool sr_xport_space_kicked(const sr_xport *x)
+static inline bool sr__xport_space_kicked(const sr_xport *x)
 {
-    /* relaxed: a hint; sr_xport_space_take synchronises */
+    /* relaxed: a hint; sr__xport_space_take synchronises */
     return atomic_load_explicit(&x->me->space_kick, memory_order_relaxed) != 0;
 }
 
 /* Clear our space kick; true if one was pending. */
-static inline bool sr_xport_space_take(sr_xport *x)
+static inline bool sr__xport_space_take(sr_xport *x)
 {
     /* acquire: pairs with the consumer's release store in kick_space_waiters
      * (xport.c): the slots it freed before are visible to our retries */
@@ -157,22 +157,22 @@ static inline bool sr_xport_space_take(sr_xport *x)
 
 /* Copy out up to n messages from our inbox. Returns the count (0: empty,
  * or the inbox is corrupt: then the first call reports it on stderr, naming
- * this worker, and sr_xport_inbox_error says so).
- * Their slots are freed by the next sr_xport_recv_burst, sr_xport_wait or
- * sr_xport_sleep, not at once (ring.h says why); until then they count
+ * this worker, and sr__xport_inbox_error says so).
+ * Their slots are freed by the next sr__xport_recv_burst, sr__xport_wait or
+ * sr__xport_sleep, not at once (ring.h says why); until then they count
  * against the inbox's capacity. */
-unsigned sr_xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
+unsigned sr__xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n);
 
 /* 0, or -EPROTO (with the error naming this worker and what was read) once
  * the consumer found a sequence word in its own inbox that no legal history
  * produces: no message can be read past it. A producer that finds an inbox
  * corrupt rings its owner's doorbell, and a corrupt head slot not yet latched
- * keeps the consumer from sleeping (sr_ring_cons_pending), so a consumer
+ * keeps the consumer from sleeping (sr__ring_cons_pending), so a consumer
  * asleep when its inbox is scribbled on learns of it from the next send. */
-int sr_xport_inbox_error(sr_xport *x);
+int sr__xport_inbox_error(sr_xport *x);
 
 /* The consumer's: has it latched a corrupt inbox? One relaxed load. */
-static inline bool sr_xport_inbox_bad(const sr_xport *x)
+static inline bool sr__xport_inbox_bad(const sr_xport *x)
 {
     /* relaxed: latched by the consumer (the thread asking, or one that
      * handed it the inbox); other threads only peek */
@@ -181,65 +181,65 @@ static inline bool sr_xport_inbox_bad(const sr_xport *x)
 
 /* "the inbox ring of worker1 (rank 1) is corrupt: position ... holds
  * sequence ..." for a latched corrupt inbox, without the error prefix. */
-const char *sr_xport_inbox_text(sr_xport *x, char *buf, size_t len);
+const char *sr__xport_inbox_text(sr_xport *x, char *buf, size_t len);
 
 /* Wait until the inbox has a message, deadline_ns passes, a peer dies or
  * shutdown is notified: spin for the adaptive budget (zero when the machine
  * has more runnable threads than we have cores), then sleep. Returns SR_WAKE_*
- * or -errno (-EPROTO: our inbox is corrupt, see sr_xport_inbox_error). */
-int sr_xport_wait(sr_xport *x, int64_t deadline_ns);
+ * or -errno (-EPROTO: our inbox is corrupt, see sr__xport_inbox_error). */
+int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
 
-/* The two halves of sr_xport_wait, for callers that run their own spin loop:
+/* The two halves of sr__xport_wait, for callers that run their own spin loop:
  * the current spin budget (0 when oversubscribed), and the sleep, where
  * ready(arg) is checked after the doorbell announcement (return true to
  * cancel the sleep; it must at least report a ready inbox). */
-int64_t sr_xport_spin_budget(sr_xport *x);
-int sr_xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+int64_t sr__xport_spin_budget(sr_xport *x);
+int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
 /* The supervisor has published that the process of `rank` ended (segment.h,
  * "Peer exit"). seq_cst: pairs with the supervisor's X1 store. */
-static inline bool sr_xport_peer_gone(const sr_xport *x, int rank)
+static inline bool sr__xport_peer_gone(const sr_xport *x, int rank)
 {
     return atomic_load_explicit(x->peers[rank].exited, memory_order_seq_cst) != 0;
 }
 
 /* The count of published exits, a generation: a change means some peer's
  * exit is new to whoever last read it. seq_cst (acquire at least): pairs with X2. */
-static inline uint32_t sr_xport_exits(const sr_xport *x)
+static inline uint32_t sr__xport_exits(const sr_xport *x)
 {
     return atomic_load_explicit(&x->seg.hdr->exits, memory_order_seq_cst);
 }
 
 /* "worker2 exited with status 0 without sr_shutdown", or for a named worker
  * "'ps' (rank 2) was killed by signal SIGKILL"; `rank` must be gone. */
-const char *sr_xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len);
+const char *sr__xport_gone_text(const sr_xport *x, int rank, char *buf, size_t len);
 /* The peer detached after a graceful shutdown before its process ended:
  * nothing of the job can still be waiting for it. */
-bool sr_xport_peer_left_gracefully(const sr_xport *x, int rank);
+bool sr__xport_peer_left_gracefully(const sr_xport *x, int rank);
 /* The peer detached after its own graceful shutdown timed out: it had come
  * to the shutdown and gave up waiting (SR_WORKER_TIMED_OUT); no death. */
-bool sr_xport_peer_left_timed_out(const sr_xport *x, int rank);
+bool sr__xport_peer_left_timed_out(const sr_xport *x, int rank);
 
 /* This worker has entered a graceful shutdown: if it dies now, peers say
  * "during sr_shutdown" rather than "without sr_shutdown". */
-void sr_xport_closing(sr_xport *x);
+void sr__xport_closing(sr_xport *x);
 
 /* Without a supervisor (sr_xport_opts.publish_exits: under mpirun), publish
  * the exits of the local peers whose pidfds fired, when this worker is the
  * lowest-ranked local one alive (orphan.c): X1-X3 of segment.h, with the
  * status unknown (SR_EXIT_SEEN). The thread that sleeps on the waiter
  * calls it after each sleep. */
-void sr_xport_publish_orphans(sr_xport *x);
+void sr__xport_publish_orphans(sr_xport *x);
 
 /* The process of `rank` has exited (cleanly or not), seen through its pidfd
- * by this worker's waiter; says nothing of how (sr_xport_peer_gone does). */
-static inline bool sr_xport_peer_dead(const sr_xport *x, int rank)
+ * by this worker's waiter; says nothing of how (sr__xport_peer_gone does). */
+static inline bool sr__xport_peer_dead(const sr_xport *x, int rank)
 {
     return x->waiter.peer_dead && x->waiter.peer_dead[rank];
 }
 
 /* 0, or -EPIPE naming the first peer whose process exited without
  * detaching (a crash; under shmrun the launcher is already stopping the job). */
-int sr_xport_check_peers(sr_xport *x);
+int sr__xport_check_peers(sr_xport *x);
 
 #endif

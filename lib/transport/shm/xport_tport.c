@@ -12,22 +12,22 @@
 #define X(t) ((sr_xport *)((char *)(t) - offsetof(sr_xport, tp)))
 
 static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), to, m); }
-static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr_xport_send_quiet(X(t), to, m); }
-static void t_space_arm(sr_tport *t, int to) { sr_xport_space_arm(X(t), to); }
-static int t_probe(sr_tport *t, int to) { return sr_xport_probe(X(t), to); }
-static bool t_space_take(sr_tport *t) { return sr_xport_space_take(X(t)); }
+static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr__xport_send_quiet(X(t), to, m); }
+static void t_space_arm(sr_tport *t, int to) { sr__xport_space_arm(X(t), to); }
+static int t_probe(sr_tport *t, int to) { return sr__xport_probe(X(t), to); }
+static bool t_space_take(sr_tport *t) { return sr__xport_space_take(X(t)); }
 
 /* An empty inbox: take back the blocks peers released to our heap (one
  * relaxed load when there are none). */
 static unsigned t_recv_burst(sr_tport *t, sr_msg *out, unsigned n)
 {
-    unsigned k = sr_xport_recv_burst(X(t), out, n);
+    unsigned k = sr__xport_recv_burst(X(t), out, n);
     if (!k && n)
-        sr_heap_drain();
+        sr__heap_drain();
     return k;
 }
-static bool t_pending(sr_tport *t) { return sr_ring_cons_pending(X(t)->inbox); }
-static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr_xport_inbox_text(X(t), buf, len); }
+static bool t_pending(sr_tport *t) { return sr__ring_cons_pending(X(t)->inbox); }
+static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr__xport_inbox_text(X(t), buf, len); }
 
 /* Another thread took the inbox: it polls now, so producers need not wake
  * the thread asleep on the doorbell. */
@@ -47,13 +47,13 @@ static void t_hold(sr_tport *t)
 static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
 {
     sr_xport *x = X(t);
-    sr_xport_recv_burst(x, NULL, 0);
+    sr__xport_recv_burst(x, NULL, 0);
     /* relaxed: the D2 fence below orders it before the ring re-check */
     atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
     /* D2 (doorbell.h): pairs with the producers' D3 fence (and with the
      * supervisor's X3 ring: busy() checks the departures) */
     atomic_thread_fence(memory_order_seq_cst);
-    if (sr_ring_cons_pending(x->inbox) || sr_xport_space_kicked(x) || busy(arg)) {
+    if (sr__ring_cons_pending(x->inbox) || sr__xport_space_kicked(x) || busy(arg)) {
         /* relaxed: only the holder writes a sleep announcement; a producer's exchange also writes AWAKE */
         atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
         return false;
@@ -80,20 +80,20 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
      * supervisor's X3 ring, and with the caller's seq_cst stores of what
      * busy() reads (the departures, the RPC layer's closing) */
     atomic_thread_fence(memory_order_seq_cst);
-    if (!sr_ring_cons_pending(x->inbox) && !sr_xport_space_kicked(x) && !busy(arg)) {
+    if (!sr__ring_cons_pending(x->inbox) && !sr__xport_space_kicked(x) && !busy(arg)) {
         int rc;
         if (word) {
             struct futex_waitv v[2] = {
                 {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
-                sr_futex_private_word(word, val)};
-            rc = sr_futex_waitv(v, 2, until);
+                sr__futex_private_word(word, val)};
+            rc = sr__futex_waitv(v, 2, until);
         } else { /* FUTEX_WAIT_BITSET: an absolute CLOCK_MONOTONIC deadline; shared word */
             struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
             rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
                          SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
         }
         /* relaxed: a statistic for tests/rpc/test_idle_wake.c */
-        lost = rc == -ETIMEDOUT && sr_ring_ready(x->inbox) &&
+        lost = rc == -ETIMEDOUT && sr__ring_ready(x->inbox) &&
                atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER;
     }
     /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
@@ -107,23 +107,23 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
 static int woke(sr_xport *x, int rc)
 {
     if (rc < 0 || (rc & SR_WAKE_PEER)) /* an error may have consumed a pidfd too */
-        sr_xport_publish_orphans(x);
-    sr_heap_drain();
+        sr__xport_publish_orphans(x);
+    sr__heap_drain();
     return rc;
 }
 
 static int t_sleep(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    return woke(X(t), sr_xport_sleep(X(t), deadline, ready, arg));
+    return woke(X(t), sr__xport_sleep(X(t), deadline, ready, arg));
 }
 
 static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), void *arg)
 {
-    return woke(X(t), sr_waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg));
+    return woke(X(t), sr__waiter_sleep_aside(&X(t)->waiter, deadline, ready, arg));
 }
 
-static int64_t t_spin_budget(sr_tport *t) { return sr_xport_spin_budget(X(t)); }
-static void t_kick(sr_tport *t) { sr_waiter_kick(&X(t)->waiter); }
+static int64_t t_spin_budget(sr_tport *t) { return sr__xport_spin_budget(X(t)); }
+static void t_kick(sr_tport *t) { sr__waiter_kick(&X(t)->waiter); }
 
 /* Ring this worker's doorbell whatever it says, and kick the sleeping
  * thread (asleep aside while another holds the inbox, or on the doorbell):
@@ -137,7 +137,7 @@ static void t_poke(sr_tport *t)
     /* relaxed: the futex wake below carries the event; sleepers re-check after D2 */
     atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
     sr__doorbell_wake(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
-    sr_waiter_kick(&x->waiter);
+    sr__waiter_kick(&x->waiter);
 }
 
 /* Quiet messages (acknowledgements) ring nobody: wake a holder asleep on
@@ -145,8 +145,8 @@ static void t_poke(sr_tport *t)
 static void t_nudge(sr_tport *t)
 {
     sr_xport *x = X(t);
-    if (sr_ring_ready(x->inbox))
-        sr_doorbell_ring(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
+    if (sr__ring_ready(x->inbox))
+        sr__doorbell_ring(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
 }
 
 /* As a producer's ring after a publish: the D3 fence inside pairs with the
@@ -155,33 +155,33 @@ static void t_nudge(sr_tport *t)
 static void t_ring(sr_tport *t)
 {
     sr_xport *x = X(t);
-    sr_doorbell_ring(&x->me->doorbell, x->me->doorbell_kind, x->me->eventfd);
+    sr__doorbell_ring(&x->me->doorbell, x->me->doorbell_kind, x->me->eventfd);
 }
 
-static void t_closing(sr_tport *t) { sr_xport_closing(X(t)); }
+static void t_closing(sr_tport *t) { sr__xport_closing(X(t)); }
 static void t_graceful(sr_tport *t, int rc)
 {
     X(t)->graceful = rc == 0;
     X(t)->timed_out = rc == -ETIMEDOUT;
 }
 
-static void t_stop(sr_tport *t) { sr_waiter_notify_shutdown(&X(t)->waiter); }
+static void t_stop(sr_tport *t) { sr__waiter_notify_shutdown(&X(t)->waiter); }
 
-static bool t_peer_gone(sr_tport *t, int rank) { return sr_xport_peer_gone(X(t), rank); }
+static bool t_peer_gone(sr_tport *t, int rank) { return sr__xport_peer_gone(X(t), rank); }
 static uint32_t t_exit_order(sr_tport *t, int rank)
 {
-    return sr_seg_worker(&X(t)->seg, rank)->exit_seq; /* written before X1, read after it */
+    return sr__seg_worker(&X(t)->seg, rank)->exit_seq; /* written before X1, read after it */
 }
 static const char *t_gone_text(sr_tport *t, int rank, char *buf, size_t len)
 {
-    return sr_xport_gone_text(X(t), rank, buf, len);
+    return sr__xport_gone_text(X(t), rank, buf, len);
 }
 static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
 {
-    return sr_seg_exit_text(sr_seg_worker(&X(t)->seg, rank), buf, len);
+    return sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), buf, len);
 }
-static bool t_left_gracefully(sr_tport *t, int rank) { return sr_xport_peer_left_gracefully(X(t), rank); }
-static bool t_left_timed_out(sr_tport *t, int rank) { return sr_xport_peer_left_timed_out(X(t), rank); }
+static bool t_left_gracefully(sr_tport *t, int rank) { return sr__xport_peer_left_gracefully(X(t), rank); }
+static bool t_left_timed_out(sr_tport *t, int rank) { return sr__xport_peer_left_timed_out(X(t), rank); }
 static const char *t_name(sr_tport *t, int rank) { return X(t)->peers[rank].name; }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
@@ -242,7 +242,7 @@ static const struct sr_tport_ops shm_ops = {
     .inbox_text = t_inbox_text,
 };
 
-sr_tport *sr_xport_transport(sr_xport *x)
+sr_tport *sr__xport_transport(sr_xport *x)
 {
     x->tp.ops = &shm_ops;
     x->tp.rank = x->rank;
@@ -253,6 +253,6 @@ sr_tport *sr_xport_transport(sr_xport *x)
     x->tp.exits = &x->seg.hdr->exits;
     x->tp.marshal = NULL; /* parts travel by reference */
     if (x->waiter.kind == SR_DOORBELL_FUTEX)
-        x->tp.caps |= SR_TPORT_HOLD_SLEEP | (sr_futex_waitv_supported() ? SR_TPORT_SLEEP_WORD : 0);
+        x->tp.caps |= SR_TPORT_HOLD_SLEEP | (sr__futex_waitv_supported() ? SR_TPORT_SLEEP_WORD : 0);
     return &x->tp;
 }
