@@ -2,8 +2,8 @@
  *
  * The tensor layer is lib/tensor with its autograd engine,
  * lib/tensor/autograd: autograd is part of the tensor layer, as in PyTorch
- * (docs/TENSORS.md, "Layer"). Above it, the training code (lib/optim,
- * lib/nn, lib/checkpoint) and the distributed-autograd module include this
+ * (docs/TENSORS.md, "Layer"). Above it, the training code (lib/train/optim,
+ * lib/train/nn, lib/train/checkpoint) and the distributed-autograd module include this
  * header and the public shmrpc/tensor.h, nothing else of lib/tensor; the RPC
  * layer's codec and values see tensors through tensor/desc.h only.
  * tensor_impl.h, kernels.h, gemm.h and the struct sr_tensor they define stay
@@ -12,15 +12,15 @@
  * sr_tensor_shape).
  *
  * What each layer above uses:
- *   lib/optim        sr__map / sr__map_into (an elementwise update computed
+ *   lib/train/optim        sr__map / sr__map_into (an elementwise update computed
  *                    in double), sr__tensor_write_begin_from / _end_from (an
  *                    in-place update under the parameter's write lock),
  *                    shape checks and messages;
- *   lib/nn           sr__tensor_new + sr__tensor_new_data (a fresh tensor
+ *   lib/train/nn           sr__tensor_new + sr__tensor_new_data (a fresh tensor
  *                    filled in place), sr__tensor_pin / _unpin (reading a
  *                    tensor without a loop), sr__load_f64 / sr__store_f64,
  *                    the checks, the xoshiro generator (tensor/xoshiro.h);
- *   lib/checkpoint   sr__tensor_snapshot (the values at save time, whatever
+ *   lib/train/checkpoint   sr__tensor_snapshot (the values at save time, whatever
  *                    in-place writes follow), shape checks and messages;
  *   dist_autograd    the engine's extension points, tensor/autograd/engine.h
  *                    as a whole: node types, edges, graph tasks, sinks.

@@ -64,7 +64,7 @@
  *              on the inbox if messages wait there (quiet sends ring nobody).
  *   stop       sticky: ends every sleep, now and later.
  * The memory-ordering arguments of each step are written next to its code
- * in the shared-memory implementation (shm/xport_tport.c).
+ * in the shared-memory implementation (lib/transport/shm/xport_tport.c).
  *
  * Liveness (live): peer_gone (published by the supervisor), the exits hint
  * (a generation that moves with every published exit), exit_order (the

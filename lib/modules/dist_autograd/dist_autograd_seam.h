@@ -1,5 +1,5 @@
 /* Distributed autograd: what a layer above it (the distributed optimizer,
- * lib/dist_optim) may use besides the public shmrpc/dist_autograd.h
+ * lib/train/dist_optim) may use besides the public shmrpc/dist_autograd.h
  * (internal). Everything else of lib/modules/dist_autograd is private to it. */
 #ifndef SR_DIST_AUTOGRAD_SEAM_H
 #define SR_DIST_AUTOGRAD_SEAM_H

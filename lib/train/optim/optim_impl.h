@@ -1,4 +1,4 @@
-/* Optimizer internals shared by lib/optim.
+/* Optimizer internals shared by lib/train/optim.
  *
  * One sr_optim holds the parameters and a fixed table of state slots per
  * parameter (SR__OPTIM_SLOTS, NULL = absent). Each kind is a table of
