@@ -24,27 +24,7 @@ LEAK_CHECKED_SUITE(segment_create);
 
 #define MIB (UINT64_C(1) << 20)
 
-static sr_segment seg;
-
-/* The smallest valid segment for two workers. */
-static void make_segment(void)
-{
-    sr_segment_opts o = {.world_size = 2, .ring_slots = 64, .name = test_ns("seg")};
-    o.size = sr__segment_fixed_size(2, 64) + 2 * SR_HEAP_MIN;
-    cr_assert_eq(sr__segment_create(&o, &seg), 0, "sr__segment_create: %s", sr_last_error());
-}
-
-static void drop_segment(void)
-{
-    if (seg.base)
-        sr__segment_detach(&seg, true);
-    sr_test_no_leaks();
-}
-
-static void assert_msg(const char *want)
-{
-    cr_assert(strstr(sr_last_error(), want), "sr_last_error() is '%s'; it should name '%s'", sr_last_error(), want);
-}
+#include "segment_fixture.h"
 
 /* Attach to seg.fd must fail with err and a message naming want. */
 static void assert_attach_fails(int err, const char *want)
@@ -224,14 +204,6 @@ Test(segment_create, the_smallest_size_is_accepted)
     cr_assert_eq(sr__segment_create(&o, &s), 0, "%s", sr_last_error());
     cr_assert_geq(s.hdr->heap_stride, SR_HEAP_MIN, "heap stride %llu", (unsigned long long)s.hdr->heap_stride);
     sr__segment_detach(&s, true);
-}
-
-/* sr__launch_env_get: the variables shmrun sets. */
-static void set_env(const char *fd, const char *rank, const char *world)
-{
-    fd ? setenv("SHMRPC_FD", fd, 1) : unsetenv("SHMRPC_FD");
-    rank ? setenv("SHMRPC_RANK", rank, 1) : unsetenv("SHMRPC_RANK");
-    world ? setenv("SHMRPC_WORLD_SIZE", world, 1) : unsetenv("SHMRPC_WORLD_SIZE");
 }
 
 static void assert_env_fails(int err, const char *want)
