@@ -890,6 +890,16 @@ static int sc_parent_dropped_first(int rank, int world)
     sr_value_unref(v);
     sr_future_unref(f);
     WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "idle: %s", sr_last_error());
+    /* worker2 let the child go with the call's arguments: that delete is
+     * worker2's own control message, which our idleness does not cover, and
+     * its answer to us may overtake it (the reordering mode delays each
+     * message on its own). drop_held, with nothing held, returns once
+     * worker2's deletes were applied by their owner. */
+    sr_value *seed = sr_int(0);
+    WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "drop_held: %s", sr_last_error());
+    WCHECK(sr_value_int(v) == 0, "worker2 held %lld RRefs, want 0", (long long)sr_value_int(v));
+    sr_value_unref(v);
+    sr_value_unref(seed);
     sr_value *id = sr_int((int64_t)rid);
     WCHECK(sr_rpc_sync(1, "forks_of", SR_ARGS(id), WAIT_S, &v) == 0, "forks_of: %s", sr_last_error());
     WCHECK(sr_value_list_len(v) == 0, "the owner still has %zu forks", sr_value_list_len(v));
