@@ -13,7 +13,12 @@
  *     2, and responses back; RRef control messages and the autograd pass
  *     appear; each process is named after its worker.
  * And the merger alone: it drops a flow whose other end is missing; and
- * sr_spawn merges a job inside the program the same way. */
+ * sr_spawn merges a job inside the program the same way.
+ * Jobs that end badly (docs/PROFILING.md): a worker SIGKILLed mid-run, and
+ * a SIGINT to shmrun, each leave a valid trace holding the dead worker's
+ * last call, and every worker's statistics on stderr; an unwritable trace
+ * path is refused before any worker starts (shmrun, sr_spawn); a second
+ * attempt's trace moves the first one's aside. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -574,4 +579,48 @@ Test(trace, unwritable_trace_path_is_refused_at_start, .timeout = 60)
     cr_assert(rc < 0 && rc != -SR_EWORKER, "sr_spawn returned %d, expected a refusal before the workers", rc);
     cr_assert(strstr(sr_last_error(), "/nonexistent/dir/x.json"), "the error does not name the path: '%s'",
               sr_last_error());
+}
+
+/* A restarted job's attempts (trace_seam.h): attempt 1's trace is the path,
+ * attempt 0's moves aside to <path>.attempt0; the worker here records one
+ * span into its slot and is SIGKILLed, as a crash would end it. */
+Test(trace, second_attempt_keeps_the_first_attempts_trace, .timeout = 60)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64], old[80];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/r.json", dir);
+    snprintf(old, sizeof(old), "%s.attempt0", path);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("attempt 0\n", f);
+    fclose(f);
+    setenv("SHMRPC_TRACE", path, 1);
+    struct sr_trace_job *tj;
+    int rc = sr__trace_job_begin(&tj, 1, 1, "test");
+    unsetenv("SHMRPC_TRACE");
+    cr_assert(rc == 0 && tj, "sr__trace_job_begin: %s", sr_last_error());
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        sr__trace_job_child(tj, 0, false);
+        struct sr_ttable *t = sr__ttable();
+        if (t)
+            sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_SPAN, .t0 = 1000, .t1 = 2000, .peer = -1, .tid = t->tid,
+                                              .name = sr__trace_name_id("the_last_span")});
+        raise(SIGKILL);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    sr__trace_job_end(tj);
+    struct loaded t;
+    load_trace(path, &t);
+    cr_assert(has_event(t.evs, 0, "the_last_span"), "the killed worker's span is not in the trace:\n%s", t.text);
+    unload_trace(&t);
+    size_t len;
+    char *text = slurp(old, &len);
+    cr_assert(len == 10 && !memcmp(text, "attempt 0\n", 10), "'%s' does not hold the first attempt's trace", old);
+    free(text);
+    unlink(old);
+    unlink(path);
+    cr_assert_eq(rmdir(dir), 0, "something else was left in %s", dir);
 }

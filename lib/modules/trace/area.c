@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "trace.h"
@@ -36,6 +37,11 @@ void sr__area_init(struct sr_area *a, int rank, uint32_t flags)
 /* Slot rank of the memfd fd; the fd is closed (the mapping keeps it). */
 static struct sr_area *attach(int fd, int rank)
 {
+    struct stat st; /* a stale variable may name another file now: too short, it would fault */
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < ((uint64_t)rank + 1) * SR_AREA_SIZE) {
+        close(fd);
+        return NULL;
+    }
     void *p = mmap(NULL, SR_AREA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd,
                    (off_t)rank * (off_t)SR_AREA_SIZE);
     close(fd);

@@ -108,8 +108,11 @@ int sr__trace_job_begin(struct sr_trace_job **out, int world, int attempt, const
 
 void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec)
 {
-    if (!tj)
+    if (!tj) {
+        if (exec) /* a launcher's variable from further up names nothing of this job */
+            unsetenv("SHMRPC_TRACE_AREA");
         return;
+    }
     if (!exec) {
         sr__area_give(tj->fd, rank);
         return;
@@ -126,12 +129,12 @@ static void print_stats(const struct sr_trace_job *tj, const struct sr_area *a, 
     sr_stats *s;
     if (sr__stats_of(a, &s))
         return;
-    char who[SR_AREA_WORKER + 160];
-    snprintf(who, sizeof(who), "%.*s (rank %d, printed by %s: the worker ended before sr_shutdown)",
-             a->worker[0] ? SR_AREA_WORKER - 1 : 0, a->worker[0] ? a->worker : "", rank, tj->who);
-    if (!a->worker[0]) /* it died before sr_init named it */
-        snprintf(who, sizeof(who), "worker%d (rank %d, printed by %s: the worker ended before sr_shutdown)", rank,
-                 rank, tj->who);
+    char name[SR_AREA_WORKER], who[SR_AREA_WORKER + 160];
+    if (a->worker[0])
+        snprintf(name, sizeof(name), "%.*s", SR_AREA_WORKER - 1, a->worker);
+    else /* it died before sr_init named it */
+        snprintf(name, sizeof(name), "worker%d", rank);
+    snprintf(who, sizeof(who), "%s (rank %d, printed by %s: the worker ended before sr_shutdown)", name, rank, tj->who);
     sr_stats_print(s, who, stderr);
     sr_stats_free(s);
 }

@@ -30,8 +30,9 @@ struct sr_trace_job;
  * -EISDIR when the path is a directory; -errno of memfd_create/ftruncate/mmap. */
 int sr__trace_job_begin(struct sr_trace_job **tj, int world, int attempt, const char *who);
 /* In worker rank's child (tj may be NULL): exec: it will exec (the area's fd
- * stays open across it and SHMRPC_TRACE_AREA names it); else the child
- * keeps running this program (the area is handed over in memory). */
+ * stays open across it and SHMRPC_TRACE_AREA names it; with no tj, the
+ * variable is removed); else the child keeps running this program (the
+ * area is handed over in memory). */
 void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec);
 /* The attempt's end (tj may be NULL): write the trace, print the statistics
  * of the workers that did not, free tj. Failures are logged (SR_LOG_ERROR);
