@@ -45,10 +45,15 @@ static int profiler_init(const sr_init_opts *o)
     sr__trace_cap = (uint64_t)cap;
     env_mask = (env_on("SHMRPC_STATS") ? SR_PROBE_STATS : 0) | (path && *path ? SR_PROBE_TRACE : 0);
     snprintf(trace_path, sizeof(trace_path), "%s", path && *path ? path : "");
-    struct sr_area *a = sr__area();
+    /* The launcher's area, attached now (its fd is closed); else made at the first record.
+     * NULL (no address space for it): nothing is recorded. */
+    struct sr_area *a = env_mask || getenv("SHMRPC_TRACE_AREA") ? sr__area() : NULL;
     if (a) /* written before anything else reads it: the launcher, after this process ended */
         snprintf(a->worker, sizeof(a->worker), "%s", worker);
-    if (!a || sr__probes_prepare(rank))
+    else if (env_mask)
+        sr_logf(SR_LOG_WARN, "no memory for the profiler's records: %s is off",
+                env_mask & SR_PROBE_TRACE ? "SHMRPC_TRACE" : "SHMRPC_STATS");
+    if (sr__probes_prepare(rank))
         return sr__fail(-ENOMEM, "sr_init", "worker%d: out of memory for the profiler", rank);
     /* relaxed: see module.h, "Probes" */
     if (env_mask)
@@ -79,6 +84,8 @@ static void profiler_fini(void)
     /* relaxed: see module.h, "Probes"; the trace stops here, statistics enabled by the API stay */
     sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) & ~m);
     struct sr_area *a = sr__area(); /* made at init */
+    if (!a)
+        return;
     /* relaxed: set before the fork by the launcher */
     bool launcher_writes = atomic_load_explicit(&a->flags, memory_order_relaxed) & SR_AREA_JOB_TRACE;
     if (m & SR_PROBE_TRACE && !launcher_writes && sr__trace_write_part(a, trace_path, sr__rpc_rank(), "sr_shutdown"))
