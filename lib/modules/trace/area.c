@@ -124,12 +124,13 @@ uint64_t sr__area_alloc(struct sr_area *a, uint64_t bytes)
     bytes = round_up(bytes);
     /* relaxed: the bytes are zero (fresh pages) and published by their user's own release */
     uint64_t at = atomic_fetch_add_explicit(&a->used, bytes, memory_order_relaxed);
-    return at + bytes <= a->size ? at : 0;
+    return at + bytes <= SR_AREA_SIZE ? at : 0;
 }
 
 const void *sr__area_get(const struct sr_area *a, uint64_t off, uint64_t bytes)
 {
-    return off >= sizeof(*a) && off < a->size && bytes <= a->size - off ? SR_AT(a, off) : NULL;
+    /* the constant, not a->size: a crashed worker may have scribbled anywhere in its area */
+    return off >= sizeof(*a) && off < SR_AREA_SIZE && bytes <= SR_AREA_SIZE - off ? SR_AT(a, off) : NULL;
 }
 
 const char *sr__area_name(const struct sr_area *a, uint32_t id)
@@ -137,8 +138,8 @@ const char *sr__area_name(const struct sr_area *a, uint32_t id)
     if (id == SR_TRACE_FNS - 1)
         return "(other)";
     /* acquire: pairs with the release in sr__trace_name_id: name[< n] is set */
-    if (id >= atomic_load_explicit(&a->nnames, memory_order_acquire))
+    if (id >= SR_TRACE_FNS || id >= atomic_load_explicit(&((struct sr_area *)a)->nnames, memory_order_acquire))
         return "?";
     const char *s = sr__area_get(a, a->name[id], 1);
-    return s && memchr(s, '\0', a->size - a->name[id]) ? s : "?";
+    return s && memchr(s, '\0', SR_AREA_SIZE - a->name[id]) ? s : "?";
 }
