@@ -34,6 +34,7 @@ struct launch {
     char **argv;
     struct out *out;
     struct bind_plan bind;
+    struct sr_trace_job *trace; /* the profiler's record areas; NULL: none */
 };
 
 static void exec_worker(sr_job *job, int rank, void *p)
@@ -56,6 +57,7 @@ static void exec_worker(sr_job *job, int rank, void *p)
     setenv("SHMRPC_RANK", buf, 1);
     snprintf(buf, sizeof(buf), "%d", job->n);
     setenv("SHMRPC_WORLD_SIZE", buf, 1);
+    sr__trace_job_child(l->trace, rank, true);
     execvp(l->argv[0], l->argv);
     fprintf(stderr, "shmrun: rank %d: exec %s: %s\n", rank, l->argv[0], strerror(errno));
     _exit(127);
@@ -98,9 +100,9 @@ static int start_workers(sr_job *job, struct launch *l, const struct args *a)
     return rc;
 }
 
-static int run_job(sr_job *job, const struct args *a, int sigfd)
+static int run_job(sr_job *job, const struct args *a, int sigfd, struct sr_trace_job *trace)
 {
-    struct launch l = {.argv = a->argv};
+    struct launch l = {.argv = a->argv, .trace = trace};
     int rc = bind_plan_make(&l.bind, a->bind, a->n);
     if (!rc)
         rc = out_create(&l.out, a, job);
@@ -156,8 +158,14 @@ int main(int argc, char **argv)
     if ((rc = sr__job_create(&job, &so, "shmrun")))
         return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     job.child_mask = old; /* workers start with the caller's mask, not ours */
-    int status = run_job(&job, &a, sigfd);
+    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
+    struct sr_trace_job *trace;
+    if (sr__trace_job_begin(&trace, a.n, 0, "shmrun")) {
+        sr__job_destroy(&job);
+        return launcher_error(1, false);
+    }
+    int status = run_job(&job, &a, sigfd, trace);
+    sr__trace_job_end(trace); /* however the job ended: the trace and the statistics it left */
     sr__job_destroy(&job);
-    sr__trace_job_end(a.n); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
     return status;
 }

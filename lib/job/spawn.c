@@ -28,6 +28,7 @@ static bool forked_from_main; /* set in the parent before fork; read in the chil
 struct spawn_call {
     int (*fn)(int, int, void *);
     void *arg;
+    struct sr_trace_job *trace;
 };
 
 static void run_worker(sr_job *job, int rank, void *p)
@@ -35,6 +36,7 @@ static void run_worker(sr_job *job, int rank, void *p)
     leak_roots(job);
     struct spawn_call *c = p;
     sr__launch_env_set(&(struct sr_launch_env){.fd = job->seg.fd, .rank = rank, .world_size = job->n});
+    sr__trace_job_child(c->trace, rank, false);
     int rc = c->fn(rank, job->n, c->arg);
     fflush(NULL);
     /* A failing worker is going down anyway: its leaks are noise. And in a
@@ -60,17 +62,21 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
     int rc = sr__job_create(&job, &so, "sr_spawn");
     if (rc)
         return rc;
-    struct spawn_call call = {fn, arg};
-    forked_from_main = gettid() == getpid();
-    for (int r = 0; r < world_size && !rc; r++)
-        rc = sr__job_fork(&job, r, run_worker, &call);
-    if (rc) {
-        sr__job_stop(&job);
+    struct spawn_call call = {fn, arg, NULL};
+    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
+    if ((rc = sr__trace_job_begin(&call.trace, world_size, 0, "sr_spawn"))) {
         sr__job_destroy(&job);
         return rc;
     }
-    int status = sr__job_supervise(&job, NULL);
+    forked_from_main = gettid() == getpid();
+    for (int r = 0; r < world_size && !rc; r++)
+        rc = sr__job_fork(&job, r, run_worker, &call);
+    if (rc)
+        sr__job_stop(&job);
+    int status = rc ? rc : sr__job_supervise(&job, NULL);
+    sr__trace_job_end(call.trace); /* however the job ended: the trace and the statistics it left */
     sr__job_destroy(&job);
-    sr__trace_job_end(world_size); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
+    if (rc)
+        return rc;
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

@@ -4,10 +4,20 @@
  * parent gets, with no fork request since the function drops the child
  * (docs/RREF.md, flow 4), user deletes) and a distributed autograd pass (forward through
  * RPC, backward on two workers). Rank 0 drives; the others serve from
- * sr_shutdown. Exits non-zero, saying why, if anything fails. */
+ * sr_shutdown. Exits non-zero, saying why, if anything fails.
+ *
+ * With an argument, a job that never reaches a graceful end
+ * (tests/trace/test_trace.c checks that its trace and statistics survive):
+ *   kill  rank 1 calls twice on rank 0, last_words on rank 2, then SIGKILLs itself;
+ *   hang  rank 1 calls twice on rank 0, last_words on rank 2, writes "ready" on stdout and
+ *         waits for a signal (the test then sends SIGINT to shmrun).
+ * The other ranks wait in sr_shutdown. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "shmrpc/shmrpc.h"
 
@@ -20,6 +30,8 @@
     } while (0)
 
 static int twice(sr_call *c) { return sr_call_return(c, sr_int(2 * sr_value_int(sr_call_arg(c, 0)))); }
+
+static int last_words(sr_call *c) { return sr_call_return(c, sr_int(1)); }
 
 static int fails(sr_call *c) { return sr_call_fail(c, -EINVAL, "fails on purpose"); }
 
@@ -67,13 +79,35 @@ static void autograd(void)
     CHECK(sr_dist_autograd_context_end(ctx) == 0, "context_end");
 }
 
-int main(void)
+/* rank 1 in the modes that end badly: a call to rank 0 (every worker is
+ * then recording), its last call, then its end */
+static void end_badly(const char *mode)
+{
+    sr_value *x = sr_int(1), *out = NULL;
+    CHECK(sr_rpc_sync(0, "twice", SR_ARGS(x), -1, &out) == 0, "twice on rank 0");
+    sr_value_unref(out);
+    sr_value_unref(x);
+    CHECK(sr_rpc_sync(2, "last_words", SR_NOARGS, -1, &out) == 0, "last_words");
+    sr_value_unref(out);
+    if (!strcmp(mode, "kill"))
+        raise(SIGKILL);
+    printf("ready\n");
+    fflush(stdout);
+    for (;;)
+        pause();
+}
+
+int main(int argc, char **argv)
 {
     sr_register("twice", twice);
     sr_register("fails", fails);
     sr_register("fetch", fetch);
+    sr_register("last_words", last_words);
     CHECK(sr_init(NULL) == 0, "sr_init");
-    if (sr_rank() == 0) {
+    if (argc > 1) {
+        if (sr_rank() == 1)
+            end_badly(argv[1]);
+    } else if (sr_rank() == 0) {
         rpc_and_rrefs();
         autograd();
     }

@@ -13,7 +13,12 @@
  *     2, and responses back; RRef control messages and the autograd pass
  *     appear; each process is named after its worker.
  * And the merger alone: it drops a flow whose other end is missing; and
- * sr_spawn merges a job inside the program the same way. */
+ * sr_spawn merges a job inside the program the same way.
+ * Jobs that end badly (docs/PROFILING.md): a worker SIGKILLed mid-run, and
+ * a SIGINT to shmrun, each leave a valid trace holding the dead worker's
+ * last call, and every worker's statistics on stderr; an unwritable trace
+ * path is refused before any worker starts (shmrun, sr_spawn); a second
+ * attempt's trace moves the first one's aside. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -396,4 +401,226 @@ Test(trace, failed_job_keeps_its_error_report, .timeout = 60)
     cr_assert_eq(rc, -SR_EWORKER);
     cr_assert(strstr(sr_last_error(), "rank 1"), "the job's report was replaced: '%s'", sr_last_error());
     cr_assert_eq(rmdir(dir), 0, "something was left in %s", dir);
+}
+
+/* ---- jobs that end badly: the trace and the statistics survive them ---- */
+
+/* shmrun -n WORLD trace_prog <mode> with SHMRPC_TRACE=path and
+ * SHMRPC_STATS=1; its stdout is a pipe (*out), its stderr the file err. */
+static pid_t start_bad_job(const char *path, const char *mode, const char *err, int *out)
+{
+    const char *shmrun = getenv("SHMRUN"), *prog = getenv("TRACE_PROG");
+    cr_assert(shmrun && prog, "SHMRUN and TRACE_PROG are not set: run this test through meson");
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) < 0 || dup2(p[1], 1) < 0)
+            _exit(126);
+        close(p[0]);
+        setenv("SHMRPC_TRACE", path, 1);
+        setenv("SHMRPC_STATS", "1", 1);
+        execl(shmrun, shmrun, "-n", "3", "--name-prefix", test_ns("trace-bad"), prog, mode, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    *out = p[0];
+    return pid;
+}
+
+/* The status shmrun exited with; bounded wait. */
+static int wait_job(pid_t pid, int ms)
+{
+    int pfd = watch_pidfd_open(pid);
+    cr_assert(pfd >= 0, "pidfd_open: %s", strerror(errno));
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    if (poll(&p, 1, ms) != 1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        cr_assert_fail("shmrun did not end within %d ms", ms);
+    }
+    close(pfd);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return st;
+}
+
+/* Some event of pid is named name. */
+static bool has_event(const jv *evs, int pid, const char *name)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i], *p = j_get(ev, "pid");
+        const char *n = j_str(ev, "name");
+        if (p && p->num == pid && n && !strcmp(n, name))
+            return true;
+    }
+    return false;
+}
+
+/* The trace of a job that ended badly: valid, consistent, with worker1's
+ * last call on both sides; the statistics of every worker on stderr. */
+static void check_bad_job(const char *dir, const char *path, const char *err)
+{
+    only_file(dir, "job.json");
+    struct loaded t;
+    load_trace(path, &t);
+    for (size_t i = 0; i < t.evs->n; i++)
+        check_common(&t.evs->items[i], i);
+    check_nesting(t.evs);
+    check_async(t.evs);
+    int req[WORLD][WORLD] = {{0}}, resp[WORLD][WORLD] = {{0}};
+    check_flows(t.evs, req, resp);
+    cr_assert(has_event(t.evs, 1, "send last_words") && has_event(t.evs, 1, "answer last_words"),
+              "worker1's last call is not in the trace");
+    cr_assert(has_event(t.evs, 2, "run last_words"), "worker2's side of worker1's last call is not in the trace");
+    cr_assert(req[1][2] == 1 && resp[2][1] == 1, "expected the request and response flows of last_words");
+    cr_assert(has_event(t.evs, 0, "run twice"), "worker0's side of worker1's first call is not in the trace");
+    unload_trace(&t);
+    size_t len;
+    char *text = slurp(err, &len);
+    text = realloc(text, len + 1);
+    text[len] = '\0';
+    for (int r = 0; r < WORLD; r++) {
+        char want[64];
+        snprintf(want, sizeof(want), "shmrpc stats for worker%d (rank %d", r, r);
+        cr_assert(strstr(text, want), "no statistics table for worker%d on stderr:\n%s", r, text);
+    }
+    cr_assert(strstr(text, "last_words"), "the statistics do not count last_words:\n%s", text);
+    free(text);
+}
+
+static void bad_job_paths(char *dir, char *path, size_t plen, char *err, size_t elen)
+{
+    cr_assert(mkdtemp(dir));
+    snprintf(path, plen, "%s/job.json", dir);
+    snprintf(err, elen, "%s.stderr", dir);
+}
+
+Test(trace, worker_killed_mid_run_leaves_its_trace_and_stats, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64], err[64];
+    bad_job_paths(dir, path, sizeof(path), err, sizeof(err));
+    int out;
+    pid_t pid = start_bad_job(path, "kill", err, &out);
+    int st = wait_job(pid, 90000);
+    close(out);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGKILL, "shmrun exited with status %#x, expected 137", st);
+    check_bad_job(dir, path, err);
+    unlink(path);
+    unlink(err);
+    rmdir(dir);
+}
+
+Test(trace, ctrl_c_leaves_the_trace_and_stats, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64], err[64];
+    bad_job_paths(dir, path, sizeof(path), err, sizeof(err));
+    int out;
+    pid_t pid = start_bad_job(path, "hang", err, &out);
+    char buf[256];
+    size_t n = 0;
+    struct pollfd p = {.fd = out, .events = POLLIN};
+    while (!memmem(buf, n, "ready\n", 6)) {
+        cr_assert(n < sizeof(buf) && poll(&p, 1, 60000) == 1, "worker1 never said ready");
+        ssize_t got = read(out, buf + n, sizeof(buf) - n);
+        cr_assert(got > 0, "shmrun's stdout closed before worker1 said ready");
+        n += (size_t)got;
+    }
+    kill(pid, SIGINT);
+    int st = wait_job(pid, 90000);
+    close(out);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGINT, "shmrun exited with status %#x, expected 130", st);
+    check_bad_job(dir, path, err);
+    unlink(path);
+    unlink(err);
+    rmdir(dir);
+}
+
+/* A trace that could not be written is refused before any worker starts:
+ * the job's program would leave a file in the directory. */
+Test(trace, unwritable_trace_path_is_refused_at_start, .timeout = 60)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", marker[64], err[64], cmd[160];
+    cr_assert(mkdtemp(dir));
+    snprintf(marker, sizeof(marker), "%s/started", dir);
+    snprintf(err, sizeof(err), "%s/stderr", dir);
+    snprintf(cmd, sizeof(cmd), "touch %s", marker);
+    const char *shmrun = getenv("SHMRUN");
+    cr_assert(shmrun);
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        setenv("SHMRPC_TRACE", "/nonexistent/dir/x.json", 1);
+        execl(shmrun, shmrun, "-n", "2", "--name-prefix", test_ns("trace-badpath"), "/bin/sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st = wait_job(pid, 30000);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "shmrun exited with status %#x, expected 1", st);
+    cr_assert_neq(access(marker, F_OK), 0, "the workers ran although the trace path is unwritable");
+    size_t len;
+    char *text = slurp(err, &len);
+    text = realloc(text, len + 1);
+    text[len] = '\0';
+    cr_assert(strstr(text, "/nonexistent/dir/x.json"), "the error does not name the trace path:\n%s", text);
+    free(text);
+    unlink(err);
+    cr_assert_eq(rmdir(dir), 0, "something was left in %s", dir);
+
+    /* sr_spawn the same, before it forks */
+    setenv("SHMRPC_TRACE", "/nonexistent/dir/x.json", 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-badpath-spawn"), .shm_size = 64u << 20};
+    int rc = sr_spawn(2, failing_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert(rc < 0 && rc != -SR_EWORKER, "sr_spawn returned %d, expected a refusal before the workers", rc);
+    cr_assert(strstr(sr_last_error(), "/nonexistent/dir/x.json"), "the error does not name the path: '%s'",
+              sr_last_error());
+}
+
+/* A restarted job's attempts (trace_seam.h): attempt 1's trace is the path,
+ * attempt 0's moves aside to <path>.attempt0; the worker here records one
+ * span into its slot and is SIGKILLed, as a crash would end it. */
+Test(trace, second_attempt_keeps_the_first_attempts_trace, .timeout = 60)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64], old[80];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/r.json", dir);
+    snprintf(old, sizeof(old), "%s.attempt0", path);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs("attempt 0\n", f);
+    fclose(f);
+    setenv("SHMRPC_TRACE", path, 1);
+    struct sr_trace_job *tj;
+    int rc = sr__trace_job_begin(&tj, 1, 1, "test");
+    unsetenv("SHMRPC_TRACE");
+    cr_assert(rc == 0 && tj, "sr__trace_job_begin: %s", sr_last_error());
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        sr__trace_job_child(tj, 0, false);
+        struct sr_ttable *t = sr__ttable();
+        if (t)
+            sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_SPAN, .t0 = 1000, .t1 = 2000, .peer = -1, .tid = t->tid,
+                                              .name = sr__trace_name_id("the_last_span")});
+        raise(SIGKILL);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    sr__trace_job_end(tj);
+    struct loaded t;
+    load_trace(path, &t);
+    cr_assert(has_event(t.evs, 0, "the_last_span"), "the killed worker's span is not in the trace:\n%s", t.text);
+    unload_trace(&t);
+    size_t len;
+    char *text = slurp(old, &len);
+    cr_assert(len == 10 && !memcmp(text, "attempt 0\n", 10), "'%s' does not hold the first attempt's trace", old);
+    free(text);
+    unlink(old);
+    unlink(path);
+    cr_assert_eq(rmdir(dir), 0, "something else was left in %s", dir);
 }

@@ -1,8 +1,9 @@
 /* Merging a job's trace parts into one Trace Event Format file. See
  * trace.h.
  *
- * Each worker wrote "<path>.<rank>.part" at sr_shutdown: one event per line
- * (write.c). The merger reads them all, keeps only the flow events whose
+ * "<path>.<rank>.part" holds a worker's events, one per line (write.c),
+ * written by the launcher from the worker's record area (job.c), or by a
+ * worker without one at sr_shutdown. The merger reads them all, keeps only the flow events whose
  * other end is there too (a worker that crashed, or whose buffer filled,
  * leaves half-flows behind), and writes {"traceEvents":[...]} to a
  * temporary file beside path, renamed over path once complete; the parts
@@ -15,7 +16,6 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "log.h"
 #include "trace.h"
 
 struct ids {
@@ -156,16 +156,4 @@ int sr__trace_merge(const char *path, int world)
     free(st.v);
     free(fn.v);
     return rc;
-}
-
-void sr__trace_job_end(int world)
-{
-    const char *path = getenv("SHMRPC_TRACE");
-    if (!path || !*path)
-        return;
-    char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
-    snprintf(keep, sizeof(keep), "%s", sr_last_error());
-    if (sr__trace_merge(path, world))
-        sr__log_text(SR_LOG_ERROR, sr_last_error());
-    sr__error_set_text(keep);
 }

@@ -1,7 +1,9 @@
 /* The profiler as a module of the agent (rpc/module.h): it reads
- * SHMRPC_STATS and SHMRPC_TRACE at sr_init, and at sr_shutdown prints the
- * statistics and writes this worker's trace part. It adds no per-call hook:
- * the calls reach it through its probe group (module.h, "Probes"). */
+ * SHMRPC_STATS and SHMRPC_TRACE at sr_init (and attaches the record area its
+ * launcher made, trace.h), and at sr_shutdown prints the statistics and,
+ * without a launcher that writes the trace from the area (job.c), writes
+ * this worker's trace part. It adds no per-call hook: the calls reach it
+ * through its probe group (module.h, "Probes"). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,14 @@ static int profiler_init(const sr_init_opts *o)
     sr__trace_cap = (uint64_t)cap;
     env_mask = (env_on("SHMRPC_STATS") ? SR_PROBE_STATS : 0) | (path && *path ? SR_PROBE_TRACE : 0);
     snprintf(trace_path, sizeof(trace_path), "%s", path && *path ? path : "");
+    /* The launcher's area, attached now (its fd is closed); else made at the first record.
+     * NULL (no address space for it): nothing is recorded. */
+    struct sr_area *a = env_mask || getenv("SHMRPC_TRACE_AREA") ? sr__area() : NULL;
+    if (a) /* written before anything else reads it: the launcher, after this process ended */
+        snprintf(a->worker, sizeof(a->worker), "%s", worker);
+    else if (env_mask)
+        sr_logf(SR_LOG_WARN, "no memory for the profiler's records: %s is off",
+                env_mask & SR_PROBE_TRACE ? "SHMRPC_TRACE" : "SHMRPC_STATS");
     if (sr__probes_prepare(rank))
         return sr__fail(-ENOMEM, "sr_init", "worker%d: out of memory for the profiler", rank);
     /* relaxed: see module.h, "Probes" */
@@ -51,7 +61,7 @@ static int profiler_init(const sr_init_opts *o)
     return 0;
 }
 
-static void print_stats(void)
+static void print_stats(struct sr_area *a)
 {
     sr_stats *s;
     if (sr_stats_snapshot(&s))
@@ -59,7 +69,10 @@ static void print_stats(void)
     char who[160];
     snprintf(who, sizeof(who), "%s (rank %d)", worker, sr__rpc_rank());
     sr_stats_print(s, who, stderr);
+    fflush(stderr);
     sr_stats_free(s);
+    /* relaxed: the launcher reads it after this process is reaped */
+    atomic_fetch_or_explicit(&a->flags, SR_AREA_STATS_PRINTED, memory_order_relaxed);
 }
 
 static void profiler_fini(void)
@@ -70,10 +83,15 @@ static void profiler_fini(void)
         return;
     /* relaxed: see module.h, "Probes"; the trace stops here, statistics enabled by the API stay */
     sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) & ~m);
-    if (m & SR_PROBE_TRACE && sr__trace_write_part(trace_path, sr__rpc_rank(), worker))
+    struct sr_area *a = sr__area(); /* made at init */
+    if (!a)
+        return;
+    /* relaxed: set before the fork by the launcher */
+    bool launcher_writes = atomic_load_explicit(&a->flags, memory_order_relaxed) & SR_AREA_JOB_TRACE;
+    if (m & SR_PROBE_TRACE && !launcher_writes && sr__trace_write_part(a, trace_path, sr__rpc_rank(), "sr_shutdown"))
         sr__log_text(SR_LOG_ERROR, sr_last_error());
     if (m & SR_PROBE_STATS)
-        print_stats();
+        print_stats(a);
 }
 
 static const struct sr_module_life_ops profiler_life = {

@@ -52,26 +52,27 @@ static void add_block(struct fn_sum *s, const struct sr_fn_block *b)
     s->seen = true;
 }
 
-/* Sum every table that belongs to the current epoch. */
-static void sum_tables(struct fn_sum *sum)
+/* Sum every table of a that belongs to its current epoch. */
+static void sum_tables(const struct sr_area *a, struct fn_sum *sum)
 {
-    uint32_t e = sr__stats_epoch();
-    for (struct sr_ttable *t = sr__ttables(); t; t = t->next) {
-        if (atomic_load_explicit(&t->epoch, memory_order_acquire) != e) /* pairs with catch_up's release */
+    /* acquire: pairs with the release in sr__stats_bump_epoch */
+    uint32_t e = atomic_load_explicit(&((struct sr_area *)a)->epoch, memory_order_acquire);
+    for (const struct sr_ttable *t = sr__area_tables(a); t; t = sr__area_next(a, t)) {
+        /* acquire: pairs with catch_up's release */
+        if (atomic_load_explicit(&((struct sr_ttable *)t)->epoch, memory_order_acquire) != e)
             continue;
         for (unsigned i = 0; i < SR_TRACE_FNS; i++) {
             /* acquire: pairs with sr__fn_block's release: the block is initialised */
-            const struct sr_fn_block *b = atomic_load_explicit(&t->fn[i], memory_order_acquire);
+            uint64_t off = atomic_load_explicit(&((struct sr_ttable *)t)->fn[i], memory_order_acquire);
+            const struct sr_fn_block *b = off ? sr__area_get(a, off, sizeof(*b)) : NULL;
             if (b)
                 add_block(&sum[i], b);
         }
     }
 }
 
-SR_API int sr_stats_snapshot(sr_stats **out)
+int sr__stats_of(const struct sr_area *a, sr_stats **out)
 {
-    if (!out)
-        return sr__fail(-EINVAL, "sr_stats_snapshot", "out is NULL");
     struct fn_sum *sum = calloc(SR_TRACE_FNS, sizeof(*sum));
     sr_stats *s = calloc(1, sizeof(*s));
     if (s)
@@ -79,15 +80,16 @@ SR_API int sr_stats_snapshot(sr_stats **out)
     if (!sum || !s || !s->e) {
         free(sum);
         sr_stats_free(s);
-        return sr__fail(-ENOMEM, "sr_stats_snapshot", "out of memory");
+        return -ENOMEM;
     }
-    sum_tables(sum);
+    if (a)
+        sum_tables(a, sum);
     for (unsigned i = 0; i < SR_TRACE_FNS; i++) {
         struct fn_sum *f = &sum[i];
         if (!f->seen || (!f->calls && !f->served))
             continue;
         sr_fn_stats *e = &s->e[s->n++];
-        *e = (sr_fn_stats){.name = sr__trace_name(i), .calls = f->calls, .errors = f->errors, .served = f->served,
+        *e = (sr_fn_stats){.name = sr__area_name(a, i), .calls = f->calls, .errors = f->errors, .served = f->served,
                            .serve_errors = f->serve_errors};
         sr__hist_latency(&f->rtt, &e->round_trip);
         sr__hist_latency(&f->queue, &e->queue);
@@ -95,6 +97,15 @@ SR_API int sr_stats_snapshot(sr_stats **out)
     }
     free(sum);
     *out = s;
+    return 0;
+}
+
+SR_API int sr_stats_snapshot(sr_stats **out)
+{
+    if (!out)
+        return sr__fail(-EINVAL, "sr_stats_snapshot", "out is NULL");
+    if (sr__stats_of(sr__area(), out))
+        return sr__fail(-ENOMEM, "sr_stats_snapshot", "out of memory");
     return 0;
 }
 

@@ -6,18 +6,28 @@
  * (SR_TRACE_FNS of them; later names share the last id, "(other)"). Lookups
  * take no lock; insertions serialise on a mutex.
  *
- * Thread tables (tables.c). Every thread that records owns one table: its
- * per-function statistics (allocated the first time it records a function)
- * and its trace records (chunks of fixed records). It is the only writer of
- * both; readers (a snapshot, the trace writer at sr_shutdown) read without
- * locks, as hist.h and the chunk counters say. A table outlives its thread:
- * when the thread exits, the table is released and the next new thread
- * adopts it, data and all, so the memory is bounded by the most threads
- * alive at once (and, for the trace, by the cap on records). Tables are
- * never freed: they stay reachable for the life of the process. A forked
- * child starts with them free and empty (tables.c, atfork_child).
+ * The record area (area.c). Everything the profiler records lives in one
+ * area per process: the interned names, the thread tables, their statistics
+ * blocks and trace chunks, all handed out by a bump allocator and never
+ * freed, linked by offsets from the area's start (0: none), never by
+ * pointers. A worker of shmrun or sr_spawn records into its slot of a memfd
+ * that the launcher made before the fork (job.c), so that the launcher can
+ * still read it after the worker died however it died; any other process
+ * records into a private anonymous mapping of the same layout. The memory is
+ * reserved, not committed: pages are touched as records arrive.
  *
- * Resets. sr_stats_reset bumps a global epoch; a writer that sees its
+ * Thread tables (tables.c). Every thread that records owns one table: its
+ * per-function statistics (made the first time it records a function)
+ * and its trace records (chunks of fixed records). It is the only writer of
+ * both; readers (a snapshot, the trace writer, the launcher after the
+ * worker's end) read without locks, as hist.h and the chunk counters say. A
+ * table outlives its thread: when the thread exits, the table is released
+ * and the next new thread adopts it, data and all, so the memory is bounded
+ * by the most threads alive at once (and, for the trace, by the cap on
+ * records and the area's size). A forked child starts with a new area
+ * (tables.c, atfork_child).
+ *
+ * Resets. sr_stats_reset bumps the area's epoch; a writer that sees its
  * table's epoch behind zeroes its own statistics first, and a reader skips a
  * table whose epoch is behind (it is zero by definition).
  */
@@ -38,12 +48,62 @@
 #define SR_TRACE_FNS 256
 #define SR_TRACE_CHUNK 4096
 
+/* ---- the record area (area.c) ---- */
+#define SR_AREA_MAGIC 0x3141455241525453ull /* "STRAREA1" */
+#define SR_AREA_SIZE ((uint64_t)1 << 30)    /* reserved per worker; touched as used */
+#define SR_AREA_WORKER 128
+
+/* flags: what the launcher does at the job's end (set before the fork), and
+ * what the worker did (set by it) */
+enum {
+    SR_AREA_JOB_TRACE = 1,     /* the launcher writes the trace: the worker writes no part */
+    SR_AREA_JOB_STATS = 2,     /* the launcher prints the statistics the worker did not print */
+    SR_AREA_ATTACHED = 4,      /* a worker records here */
+    SR_AREA_STATS_PRINTED = 8, /* the worker printed its statistics (sr_shutdown) */
+};
+
+struct sr_area {
+    uint64_t magic;            /* written before the fork, read-only after */
+    uint64_t size;
+    int32_t rank;              /* the slot's rank; -1: a private area */
+    int32_t pid;               /* the process recording here (its main thread's tid), written when it attaches */
+    _Atomic uint32_t flags;    /* fetch_or by the worker; read by the launcher after the worker's end */
+    _Atomic uint64_t used;     /* the bump allocator's end (relaxed: it publishes nothing) */
+    _Atomic uint64_t tables;   /* the newest thread table: push-only list, release on push, acquire on read */
+    _Atomic uint32_t epoch;    /* statistics reset epoch: release by a reset, acquire by readers */
+    _Atomic uint32_t nnames;   /* interned names: release after name[n] is written */
+    uint64_t name[SR_TRACE_FNS]; /* offsets of the names' text (NUL-terminated) */
+    char worker[SR_AREA_WORKER]; /* the worker's name, written at sr_init, before ATTACHED */
+};
+
+#define SR_AT(a, off) ((void *)((char *)(a) + (off)))
+
+/* This process's area, attached or made now (NULL: no memory). */
+struct sr_area *sr__area(void);
+/* Zeroed bytes from a (64-byte aligned), as an offset; 0 when it is full. */
+uint64_t sr__area_alloc(struct sr_area *a, uint64_t bytes);
+/* The text of name id in a, bounds-checked ("?" if bad), "(other)" for the last id. */
+const char *sr__area_name(const struct sr_area *a, uint32_t id);
+/* The object of `bytes` at off in a, or NULL if it does not fit (a reader's check). */
+const void *sr__area_get(const struct sr_area *a, uint64_t off, uint64_t bytes);
+/* A forked worker's area (job.c, sr_spawn's child): slot rank of the memfd
+ * fd, attached at the next use. An exec'd worker finds it in
+ * SHMRPC_TRACE_AREA ("fd:rank") instead. */
+void sr__area_give(int fd, int rank);
+/* Forget this process's area (a forked child, tables.c): the next use makes
+ * a private one, or attaches the one sr__area_give names. */
+void sr__area_forget(void);
+/* The header of a worker's slot, written by the launcher before the fork. */
+void sr__area_init(struct sr_area *a, int rank, uint32_t flags);
+
 /* ---- names ---- */
 /* The id of name (interned now if new). */
 uint32_t sr__trace_name_id(const char *name);
 /* The name of id (valid for the process), or NULL past the interned ones. */
 const char *sr__trace_name(uint32_t id);
 uint32_t sr__trace_names(void);
+/* A forked child: no name is interned. */
+void sr__trace_names_forget(void);
 
 /* ---- per-function statistics of one thread ---- */
 struct sr_fn_block {
@@ -76,30 +136,28 @@ struct sr_rec {
     uint8_t kind;
 };
 
+/* In the area. */
 struct sr_chunk {
-    _Atomic(struct sr_chunk *) next; /* written once: release by the writer, acquire by the reader */
+    _Atomic uint64_t next;  /* offset, written once: release by the writer, acquire by the reader */
     _Atomic uint32_t n;     /* records written: release by the writer, acquire by the reader */
     struct sr_rec r[SR_TRACE_CHUNK];
 };
 
+/* In the area. */
 struct sr_ttable {
-    struct sr_ttable *next;    /* the list of every table; written before publication */
+    _Atomic uint64_t next;     /* offset of the next table in the list; written before publication */
     _Atomic bool owned;        /* a live thread writes it */
     _Atomic uint32_t epoch;    /* the reset epoch its statistics belong to */
-    pid_t tid;                 /* the owner's thread id (writer's) */
-    _Atomic(struct sr_fn_block *) fn[SR_TRACE_FNS]; /* release by the writer when allocated */
-    _Atomic(struct sr_chunk *) head; /* release by the writer when the first chunk is made */
-    struct sr_chunk *tail;     /* writer only */
+    int32_t tid;               /* the owner's thread id (writer's) */
+    _Atomic uint64_t fn[SR_TRACE_FNS]; /* offsets of the blocks: release by the writer when made */
+    _Atomic uint64_t head;     /* offset of the first chunk: release by the writer when made */
+    struct sr_chunk *tail;     /* writer only (a pointer of the writer's process) */
     uint64_t nrec;             /* writer only: records made, against the cap */
-    _Atomic uint64_t dropped;  /* records refused at the cap (relaxed: a statistic) */
-    struct sr_chunk *flushed;  /* reader (the trace writer, under its lock) only */
-    uint32_t flushed_n;
+    _Atomic uint64_t dropped;  /* records refused at the cap or with the area full (relaxed: a statistic) */
 };
 
 /* This thread's table (adopted or made now), or NULL without memory. */
 struct sr_ttable *sr__ttable(void);
-/* Every table, for readers: the head of the list (acquire). */
-struct sr_ttable *sr__ttables(void);
 /* The statistics block of function id in this thread's table (made now). */
 struct sr_fn_block *sr__fn_block(struct sr_ttable *t, uint32_t id);
 /* The current reset epoch, and a reset. */
@@ -110,10 +168,20 @@ void sr__trace_add(struct sr_ttable *t, const struct sr_rec *r);
 /* The cap on records per thread (SHMRPC_TRACE_MAX_EVENTS). */
 extern uint64_t sr__trace_cap;
 
+/* Readers of an area (this process's, or a worker's after its end): the
+ * tables in order, NULL after the last; every offset is bounds-checked. */
+const struct sr_ttable *sr__area_tables(const struct sr_area *a);
+const struct sr_ttable *sr__area_next(const struct sr_area *a, const struct sr_ttable *t);
+
+/* ---- statistics of an area (stats.c) ---- */
+struct sr_stats;
+/* A snapshot of a's statistics; its names point into a. 0 or -ENOMEM. */
+int sr__stats_of(const struct sr_area *a, struct sr_stats **out);
+
 /* ---- the trace file (write.c, merge.c) ---- */
-/* Write this worker's records since the last flush as the part file of
- * `path` for `rank` (merge.c names it). 0 or -errno. */
-int sr__trace_write_part(const char *path, int rank, const char *worker);
+/* Write every record of area a as the part file of `path` for rank (merge.c
+ * names it). who: the function for the error. 0 or -errno. */
+int sr__trace_write_part(const struct sr_area *a, const char *path, int rank, const char *who);
 /* The part file of rank r of path in buf. */
 void sr__trace_part_name(const char *path, int r, char *buf, size_t len);
 /* Merge the part files of ranks [0, world) into path (then remove them):

@@ -4,20 +4,20 @@
  * One event per line, no separators: merge.c joins the parts of a job into
  * one JSON object. Flow lines begin with {"ph":"s","id": or {"ph":"f","id":
  * exactly, so the merger can pair them without a JSON parser. Timestamps are
- * µs with ns digits. The writer runs in sr_shutdown's teardown, when no
- * thread of the runtime is left; the chunks are read with acquire loads (a
- * user thread may still be recording its last events). */
+ * µs with ns digits. The writer reads a record area: the launcher's copy of
+ * a worker's slot after the worker's end (job.c), or, for a worker that has
+ * no launcher's area, its own at sr_shutdown, when no thread of the runtime
+ * is left; the chunks are read with acquire loads (a user thread may still
+ * be recording its last events), every offset bounds-checked (a worker that
+ * crashed may have left anything). */
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "error.h"
 #include "trace.h"
-
-static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER; /* the flushed marks of every table */
 
 /* ns as µs with three decimals */
 #define US "%" PRId64 ".%03d"
@@ -26,14 +26,15 @@ static pthread_mutex_t write_lock = PTHREAD_MUTEX_INITIALIZER; /* the flushed ma
 struct out {
     FILE *f;
     int pid;
+    const struct sr_area *a;
 };
 
 /* name as a JSON string body (names are short; control bytes escaped) */
-static void put_name(FILE *f, const char *prefix, uint32_t id)
+static void put_name(const struct out *o, const char *prefix, uint32_t id)
 {
-    const char *s = sr__trace_name(id);
+    FILE *f = o->f;
     fputs(prefix, f);
-    for (s = s ? s : "?"; *s; s++) {
+    for (const char *s = sr__area_name(o->a, id); *s; s++) {
         if (*s == '"' || *s == '\\')
             fprintf(f, "\\%c", *s);
         else if ((unsigned char)*s < 0x20)
@@ -46,7 +47,7 @@ static void put_name(FILE *f, const char *prefix, uint32_t id)
 static void slice(const struct out *o, const struct sr_rec *r, const char *cat, const char *verb)
 {
     fprintf(o->f, "{\"ph\":\"X\",\"cat\":\"%s\",\"name\":\"", cat);
-    put_name(o->f, verb, r->name);
+    put_name(o, verb, r->name);
     fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"dur\":" US ",\"args\":{\"peer\":%d,\"err\":%d}}\n", o->pid,
             r->tid, USV(r->t0), USV(r->t1 - r->t0), r->peer, r->err);
 }
@@ -64,7 +65,7 @@ static void span(const struct out *o, const struct sr_rec *r, const char *cat, c
 {
     for (int k = 0; k < 2; k++) {
         fprintf(o->f, "{\"ph\":\"%c\",\"cat\":\"%s\",\"id\":%" PRIu64 ",\"name\":\"", k ? 'e' : 'b', cat, r->flow);
-        put_name(o->f, verb, r->name);
+        put_name(o, verb, r->name);
         fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"args\":{\"peer\":%d,\"err\":%d}}\n", o->pid, tid,
                 USV(k ? t1 : t0), r->peer, r->err);
     }
@@ -73,7 +74,7 @@ static void span(const struct out *o, const struct sr_rec *r, const char *cat, c
 static void instant(const struct out *o, const struct sr_rec *r, const char *verb)
 {
     fprintf(o->f, "{\"ph\":\"i\",\"s\":\"t\",\"cat\":\"msg\",\"name\":\"");
-    put_name(o->f, verb, r->name);
+    put_name(o, verb, r->name);
     fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"args\":{\"peer\":%d}}\n", o->pid, r->tid, USV(r->t0), r->peer);
 }
 
@@ -114,63 +115,57 @@ static void event(const struct out *o, const struct sr_rec *r)
     }
 }
 
-/* The table's records since its last flush. Under write_lock. */
-static uint64_t flush_table(const struct out *o, struct sr_ttable *t)
+/* Every record of table t. */
+static uint64_t write_table(const struct out *o, const struct sr_ttable *t)
 {
     uint64_t n = 0;
-    struct sr_chunk *c = t->flushed;
-    uint32_t at = t->flushed_n;
-    if (!c) {
-        c = atomic_load_explicit(&t->head, memory_order_acquire); /* pairs with sr__trace_add's release */
-        at = 0;
-    }
-    while (c) {
-        uint32_t end = atomic_load_explicit(&c->n, memory_order_acquire); /* pairs with sr__trace_add's release */
-        for (; at < end; at++, n++)
+    /* acquire: pairs with sr__trace_add's release */
+    uint64_t off = atomic_load_explicit(&((struct sr_ttable *)t)->head, memory_order_acquire);
+    for (const struct sr_chunk *c; off && (c = sr__area_get(o->a, off, sizeof(*c)));) {
+        uint32_t end = atomic_load_explicit(&((struct sr_chunk *)c)->n, memory_order_acquire); /* pairs with sr__trace_add */
+        for (uint32_t at = 0; at < end && at < SR_TRACE_CHUNK; at++, n++)
             event(o, &c->r[at]);
-        t->flushed = c;
-        t->flushed_n = at;
-        struct sr_chunk *next = atomic_load_explicit(&c->next, memory_order_acquire); /* pairs with sr__trace_add */
-        if (!next || at < SR_TRACE_CHUNK)
-            break;
-        c = next;
-        at = 0;
+        uint64_t next = atomic_load_explicit(&((struct sr_chunk *)c)->next, memory_order_acquire); /* pairs with grow */
+        off = next > off ? next : 0; /* chunks are made in order: a bad offset cannot loop */
     }
     return n;
 }
 
-static void metadata(const struct out *o, const char *worker)
+static void metadata(const struct out *o)
 {
+    char worker[SR_AREA_WORKER];
+    snprintf(worker, sizeof(worker), "%.*s", SR_AREA_WORKER - 1, o->a->worker);
+    for (char *s = worker; *s; s++) /* worker names are [A-Za-z0-9_:-]: a crashed worker's bytes may not be */
+        if (!strchr("_:-", *s) && !(*s >= 'a' && *s <= 'z') && !(*s >= 'A' && *s <= 'Z') && !(*s >= '0' && *s <= '9'))
+            *s = '_';
+    if (!*worker)
+        snprintf(worker, sizeof(worker), "worker%d", o->pid);
     fprintf(o->f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"name\":\"", o->pid);
-    for (const char *s = worker; *s; s++) /* worker names are [A-Za-z0-9_:-] */
-        fputc(*s, o->f);
+    fputs(worker, o->f);
     fprintf(o->f, "\"}}\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%d}}\n",
             o->pid, o->pid);
     fprintf(o->f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"main\"}}\n",
-            o->pid, (int)getpid());
+            o->pid, (int)o->a->pid);
 }
 
-int sr__trace_write_part(const char *path, int rank, const char *worker)
+int sr__trace_write_part(const struct sr_area *a, const char *path, int rank, const char *who)
 {
     char name[4096];
     sr__trace_part_name(path, rank, name, sizeof(name));
-    struct out o = {.f = fopen(name, "w"), .pid = rank};
+    struct out o = {.f = fopen(name, "w"), .pid = rank, .a = a};
     if (!o.f)
-        return sr__fail(-errno, "sr_shutdown", "worker%d: cannot write the trace part '%s': %s", rank, name,
-                        strerror(errno));
-    metadata(&o, worker);
+        return sr__fail(-errno, who, "worker%d: cannot write the trace part '%s': %s", rank, name, strerror(errno));
+    metadata(&o);
     uint64_t dropped = 0;
-    pthread_mutex_lock(&write_lock);
-    for (struct sr_ttable *t = sr__ttables(); t; t = t->next) {
-        flush_table(&o, t);
-        dropped += atomic_load_explicit(&t->dropped, memory_order_relaxed); /* relaxed: a statistic */
+    for (const struct sr_ttable *t = sr__area_tables(a); t; t = sr__area_next(a, t)) {
+        write_table(&o, t);
+        dropped += atomic_load_explicit(&((struct sr_ttable *)t)->dropped, memory_order_relaxed); /* relaxed: a statistic */
     }
-    pthread_mutex_unlock(&write_lock);
     if (dropped)
         fprintf(o.f, "{\"ph\":\"M\",\"name\":\"shmrpc_dropped_events\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"count\":%" PRIu64 "}}\n",
                 rank, dropped);
     int bad = ferror(o.f);
     if (fclose(o.f) || bad)
-        return sr__fail(-EIO, "sr_shutdown", "worker%d: cannot write the trace part '%s'", rank, name);
+        return sr__fail(-EIO, who, "worker%d: cannot write the trace part '%s'", rank, name);
     return 0;
 }

@@ -1,0 +1,188 @@
+/* The launcher's side of the profiler (trace_seam.h): the workers' record
+ * areas, and what is written from them at the end of each job attempt.
+ *
+ * One memfd holds every worker's area (rank r's at r * SR_AREA_SIZE, sparse:
+ * only what the workers record takes memory). It is made before the first
+ * fork and inherited: a forked worker (sr_spawn) is handed its slot in
+ * memory, an exec'd one (shmrun) finds it in SHMRPC_TRACE_AREA. After every
+ * worker is reaped, whatever their end, the launcher maps each slot and
+ * writes the trace part and the statistics from it: the records are in the
+ * memfd, not in the dead process. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "log.h"
+#include "shmrpc/stats.h"
+#include "trace.h"
+
+struct sr_trace_job {
+    int fd;
+    int world, attempt;
+    uint32_t flags; /* SR_AREA_JOB_TRACE, SR_AREA_JOB_STATS */
+    const char *who;
+    char path[4096];
+};
+
+static bool env_on(const char *var)
+{
+    const char *v = getenv(var);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* The trace file can be made: its directory takes a new file (the name the
+ * merger's temporary file will have), and it is not a directory. */
+static int check_path(const char *path, const char *who)
+{
+    struct stat st;
+    char probe[4200];
+    if (strlen(path) >= 4000)
+        return sr__fail(-ENAMETOOLONG, who, "SHMRPC_TRACE='%.64s...': the path is too long", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return sr__fail(-EISDIR, who, "SHMRPC_TRACE='%s' is a directory, not a file to write", path);
+    snprintf(probe, sizeof(probe), "%s.%d.tmp", path, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return sr__fail(-errno, who, "cannot write the trace SHMRPC_TRACE='%s' (a file beside it: '%s'): %s", path,
+                        probe, strerror(errno));
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/* The memfd of every slot, each slot's header written; never on fds 0-2
+ * (a worker's stdio is set up over them). */
+static int make_areas(struct sr_trace_job *tj)
+{
+    int fd = memfd_create("shmrpc-trace", MFD_CLOEXEC);
+    if (fd >= 0 && fd < 3) {
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+        close(fd);
+        fd = high;
+    }
+    if (fd < 0)
+        return sr__fail(-errno, tj->who, "the profiler's record areas: memfd_create: %s", strerror(errno));
+    tj->fd = fd;
+    if (ftruncate(fd, (off_t)tj->world * (off_t)SR_AREA_SIZE))
+        return sr__fail(-errno, tj->who, "the profiler's record areas: ftruncate to %d x %llu bytes: %s", tj->world,
+                        (unsigned long long)SR_AREA_SIZE, strerror(errno));
+    for (int r = 0; r < tj->world; r++) {
+        size_t len = sizeof(struct sr_area);
+        struct sr_area *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)r * (off_t)SR_AREA_SIZE);
+        if (a == MAP_FAILED)
+            return sr__fail(-errno, tj->who, "the profiler's record area of rank %d: mmap: %s", r, strerror(errno));
+        sr__area_init(a, r, tj->flags);
+        munmap(a, len);
+    }
+    return 0;
+}
+
+int sr__trace_job_begin(struct sr_trace_job **out, int world, int attempt, const char *who)
+{
+    *out = NULL;
+    const char *path = getenv("SHMRPC_TRACE");
+    uint32_t flags = (path && *path ? SR_AREA_JOB_TRACE : 0) | (env_on("SHMRPC_STATS") ? SR_AREA_JOB_STATS : 0);
+    if (!flags)
+        return 0;
+    int rc = flags & SR_AREA_JOB_TRACE ? check_path(path, who) : 0;
+    struct sr_trace_job *tj = rc ? NULL : calloc(1, sizeof(*tj));
+    if (rc || !tj)
+        return rc ? rc : sr__fail(-ENOMEM, who, "no memory for the profiler");
+    *tj = (struct sr_trace_job){.fd = -1, .world = world, .attempt = attempt, .flags = flags, .who = who};
+    snprintf(tj->path, sizeof(tj->path), "%s", flags & SR_AREA_JOB_TRACE ? path : "");
+    if ((rc = make_areas(tj))) {
+        if (tj->fd >= 0)
+            close(tj->fd);
+        free(tj);
+        return rc;
+    }
+    *out = tj;
+    return 0;
+}
+
+void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec)
+{
+    if (!tj) {
+        if (exec) /* a launcher's variable from further up names nothing of this job */
+            unsetenv("SHMRPC_TRACE_AREA");
+        return;
+    }
+    if (!exec) {
+        sr__area_give(tj->fd, rank);
+        return;
+    }
+    char v[32];
+    snprintf(v, sizeof(v), "%d:%d", tj->fd, rank);
+    fcntl(tj->fd, F_SETFD, 0); /* across the exec; the worker closes it once mapped */
+    setenv("SHMRPC_TRACE_AREA", v, 1);
+}
+
+/* The statistics of a worker that did not print them itself. */
+static void print_stats(const struct sr_trace_job *tj, const struct sr_area *a, int rank)
+{
+    sr_stats *s;
+    if (sr__stats_of(a, &s))
+        return;
+    char name[SR_AREA_WORKER], who[SR_AREA_WORKER + 160];
+    if (a->worker[0])
+        snprintf(name, sizeof(name), "%.*s", SR_AREA_WORKER - 1, a->worker);
+    else /* it died before sr_init named it */
+        snprintf(name, sizeof(name), "worker%d", rank);
+    snprintf(who, sizeof(who), "%s (rank %d, printed by %s: the worker ended before sr_shutdown)", name, rank, tj->who);
+    sr_stats_print(s, who, stderr);
+    sr_stats_free(s);
+}
+
+/* What rank's slot holds: its trace part, its statistics if it did not print them. */
+static void read_slot(const struct sr_trace_job *tj, int rank)
+{
+    struct sr_area *a = mmap(NULL, SR_AREA_SIZE, PROT_READ, MAP_SHARED, tj->fd, (off_t)rank * (off_t)SR_AREA_SIZE);
+    if (a == MAP_FAILED) {
+        sr_logf(SR_LOG_ERROR, "the record area of rank %d: mmap: %s", rank, strerror(errno));
+        return;
+    }
+    /* relaxed: the worker is reaped, its writes are all visible */
+    uint32_t f = atomic_load_explicit(&a->flags, memory_order_relaxed);
+    if (a->magic == SR_AREA_MAGIC && (f & SR_AREA_ATTACHED)) {
+        if ((tj->flags & SR_AREA_JOB_TRACE) && sr__trace_write_part(a, tj->path, rank, tj->who))
+            sr__log_text(SR_LOG_ERROR, sr_last_error());
+        if ((tj->flags & SR_AREA_JOB_STATS) && !(f & SR_AREA_STATS_PRINTED))
+            print_stats(tj, a, rank);
+    }
+    munmap(a, SR_AREA_SIZE);
+}
+
+/* A restart's trace goes to path; the one before it moves to path.attempt<k-1>. */
+static void keep_previous(const struct sr_trace_job *tj)
+{
+    char old[4200];
+    snprintf(old, sizeof(old), "%s.attempt%d", tj->path, tj->attempt - 1);
+    if (tj->attempt > 0 && rename(tj->path, old) && errno != ENOENT)
+        sr_logf(SR_LOG_ERROR, "cannot keep the previous attempt's trace as '%s': %s", old,
+                strerror(errno));
+}
+
+void sr__trace_job_end(struct sr_trace_job *tj)
+{
+    if (!tj)
+        return;
+    char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
+    snprintf(keep, sizeof(keep), "%s", sr_last_error());
+    fflush(stderr);
+    for (int r = 0; r < tj->world; r++)
+        read_slot(tj, r);
+    if (tj->flags & SR_AREA_JOB_TRACE) {
+        keep_previous(tj);
+        if (sr__trace_merge(tj->path, tj->world))
+            sr__log_text(SR_LOG_ERROR, sr_last_error());
+    }
+    sr__error_set_text(keep);
+    close(tj->fd);
+    free(tj);
+}
