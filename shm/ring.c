@@ -69,6 +69,25 @@ int sr__ring_probe(struct sr_ring *r, uint32_t size)
     return -EAGAIN; /* tail keeps moving: other producers are sending, not a corrupt ring */
 }
 
+int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
+{
+    /* relaxed: a snapshot; positions claimed after it are read later */
+    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    uint32_t head = tail;
+    for (uint32_t p = tail - slots; p != tail; p++) {
+        /* acquire: C1, as in sr__ring_read_burst */
+        uint32_t seq = atomic_load_explicit(&r->slots[p & (slots - 1)].seq, memory_order_acquire);
+        if (seq != p + slots) { /* not freed for the next lap: the first position left to read */
+            head = p;
+            break;
+        }
+    }
+    /* relaxed: the words of a consumer that is gone; ours until we detach */
+    atomic_store_explicit(&r->head, head, memory_order_relaxed);
+    atomic_store_explicit(&r->held, 0, memory_order_relaxed); /* relaxed: as above */
+    return sr__ring_cons_attach(c, r, slots, why, len);
+}
+
 int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
 {
     /* relaxed: the consumer's own words, last written by its previous detach

@@ -101,7 +101,11 @@
  * sequence word a slot is exactly one cache line. */
 typedef struct sr_msg {
     uint16_t src;               /* sender rank, filled by sr_xport_send */
-    uint16_t type;              /* meaning belongs to the layer above */
+    uint8_t type;               /* meaning belongs to the layer above */
+    /* Generations modulo 16 (segment.h, "Replacement in place"), filled by
+     * sr_xport_send: the sender's in the low nibble, the destination's as
+     * the sender knows it in the high one. 0 where ranks are never replaced. */
+    uint8_t gens;
     uint8_t data[SR_MSG_DATA];  /* inline payload */
 } sr_msg;
 
@@ -281,6 +285,13 @@ struct sr_ring_cons {
  * the ring's shared geometry or position words are not what the layout and a
  * legal history allow (*why says what; the caller names the worker). */
 int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
+
+/* As sr__ring_cons_attach, for a consumer whose predecessor ended without
+ * detaching (segment.h, "Replacement in place"): the position is found from
+ * the slots, as the first one from tail - slots on that was not freed; what
+ * it read but had not released is read again (the layer above refuses what
+ * was meant for the old consumer). Producers may enqueue meanwhile. */
+int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
 
 /* Write the position back to the shared words (for the next attach). */
 void sr__ring_cons_detach(struct sr_ring_cons *c);

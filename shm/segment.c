@@ -90,6 +90,7 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->heap_off = sr__segment_fixed_size(n, slots);
     h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
     snprintf(h->name, sizeof(h->name), "%s", name);
+    h->flags = o->flags;
     h->attaching = 0;
     for (int r = 0; r < n; r++)
         h->attaching += !o->attaching || o->attaching[r];

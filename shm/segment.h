@@ -35,9 +35,10 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 6u                   /* bump when any offset below changes (2: remote_free;
+#define SR_SEG_LAYOUT_FORMAT 7u                   /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
-                                                     5: crash lines; 6: attaching count, attaches flags) */
+                                                     5: crash lines; 6: attaching count, attaches flags;
+                                                     7: flags, generations) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -80,6 +81,34 @@ static inline bool sr__worker_state_attached(uint32_t st)
  * bump: a call either sees the exit at send time or is seen by the scan
  * that fails the calls to the departed peer. */
 
+/* Replacement in place (header.flags & SR_SEG_F_REPLACE: shmrun --restart
+ * rank, sr_spawn's restart option). A rank whose process failed gets a new
+ * process, a new generation of the rank, while the others keep running:
+ *   R1 the supervisor reaps the dead process and publishes its exit (X1-X3):
+ *      the survivors fail what was in flight with it, as for any exit;
+ *   R2 it readies the rank's line for the next process: crashed = 0, state =
+ *      EMPTY, then a seq_cst store of generation + 1, then a seq_cst store
+ *      of exited = 0 (a survivor that reads exited = 0 and the old
+ *      generation saw the line before the death; one that reads the new
+ *      generation knows the old one is gone, whatever exited says);
+ *   R3 it forks the new process, which attaches without the start barrier
+ *      (its peers are past it), publishes its line as any worker does (pid,
+ *      doorbell kind, name, then a release store of ATTACHED), then
+ *      increments header.exits (seq_cst, as X2: the word every sleeper
+ *      re-checks) and rings every attached worker's doorbell (as X3).
+ * A survivor that sees header.exits move scans the lines: a rank whose
+ * generation differs from the one it knows has died (handled once) and,
+ * once its line says ATTACHED, has come back (its peer is resolved again).
+ * Messages carry the generations of their sender and destination (sr_msg
+ * gens, modulo 16); the layer above refuses one whose stamps do not match
+ * the generations it knows, so nothing of a dead generation is ever taken
+ * for the new one's, nor anything meant for it delivered to its successor.
+ * A rank is replaced only once every worker has attached, and only if it
+ * had not entered sr_shutdown itself (it may have arrived at the shutdown
+ * barrier) nor, for rank 0, the leader of that barrier, had any other; a
+ * failure outside those times ends the job as without the policy. */
+#define SR_SEG_F_REPLACE 0x1u
+
 /* exit_code of an exit published by a peer from its pidfd (no supervisor:
  * mpirun, lib/transport/shm/orphan.c): the process ended, its status is the launcher's. */
 #define SR_EXIT_SEEN 0
@@ -97,6 +126,7 @@ struct sr_seg_header {
     uint64_t heap_off, heap_stride;
     char name[48];          /* memfd name, for reports */
     uint32_t attaching;     /* ranks that attach here (lines with attaches = 1): world_size unless partial */
+    uint32_t flags;         /* SR_SEG_F_*: the job's policies */
 
     /* Line 3: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
@@ -142,6 +172,11 @@ struct sr_worker_info {
     int32_t exit_code;      /* siginfo si_code: CLD_EXITED, CLD_KILLED, CLD_DUMPED; SR_EXIT_SEEN */
     int32_t exit_status;    /* the exit status, or the signal */
     uint32_t exit_seq;      /* 1 for the job's first published exit, 2 for the next...: the order of departures */
+    /* The rank's generation: 0 for the process the job started with, then
+     * one more for each replacement (R2 above). Written by the supervisor
+     * only while no process of the rank runs; read by the rank's new
+     * process at attach and by peers after a load of header.exits. */
+    _Atomic uint32_t generation;
 
     /* Own line: the call the worker was serving when it died of a fatal
      * signal (crash.h). Written once, by the worker's signal handler, just
@@ -166,6 +201,7 @@ typedef struct sr_segment_opts {
     const char *name;       /* memfd name, "shmrpc" if NULL */
     const uint8_t *attaching; /* [world_size], nonzero: that rank attaches here; NULL: every rank
                                  (at least one must; the caller keeps it until create returns) */
+    uint32_t flags;         /* SR_SEG_F_*: written to the header */
 } sr_segment_opts;
 
 /* A process's view of a segment. The geometry below is copied from the

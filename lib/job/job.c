@@ -119,11 +119,17 @@ static void child_setup(sr_job *job, int rank)
         snprintf(buf, sizeof(buf), "%d", i < 2 ? rank : job->n);
         setenv(names[i], buf, 1);
     }
+    /* relaxed: written by the supervisor before this fork */
+    snprintf(buf, sizeof(buf), "%u",
+             atomic_load_explicit(&sr__seg_worker(&job->seg, rank)->generation, memory_order_relaxed));
+    setenv("SHMRPC_GENERATION", buf, 1);
 }
 
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
 {
     pid_t parent = getpid();
+    if (!job->run)
+        job->run = run, job->run_arg = arg;
     fflush(NULL); /* do not duplicate buffered output into the child */
     pid_t pid = fork();
     if (pid < 0)

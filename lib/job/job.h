@@ -2,7 +2,15 @@
  * Shared by the shmrun launcher (fork + exec) and sr_spawn (fork only).
  *
  * Failure policy: the first worker that exits non-zero or is killed by a
- * signal takes the job down. Every other worker is sent SIGKILL at once, all
+ * signal takes the job down, unless the job replaces ranks (segment.h,
+ * "Replacement in place": job->replace_left > 0 and the segment's
+ * SR_SEG_F_REPLACE). Then a worker killed by a signal once every worker
+ * attached, and before it entered sr_shutdown (rank 0: before any did), is
+ * replaced by a new process of its rank while the others run on, with one
+ * line:
+ *   "<who>: rank 1 (pid 4710) was killed by signal SIGKILL; replaced by pid 4720 (generation 1, replacement 1 of 3)"
+ * A worker that exits non-zero, or dies outside those times, or once
+ * replace_left is spent, still takes the job down. Every other worker is sent SIGKILL at once, all
  * are reaped, and one report line is printed:
  *   "<who>: rank 2 (pid 4711) exited with status 3; stopped the other 3 workers"
  *   "<who>: rank 1 (pid 4710) was killed by signal SIGKILL; stopped the other 3 workers"
@@ -46,6 +54,13 @@ typedef struct sr_job {
     int *eventfds;    /* [n]: doorbell fallback fds, inherited by the workers */
     const char *who;  /* report prefix: "shmrun" or "sr_spawn" */
     sigset_t child_mask; /* signal mask the workers start with */
+    /* Replacement in place (segment.h, SR_SEG_F_REPLACE): how many more
+     * failed ranks may be replaced (0: none, the job ends as without the
+     * policy), and what a replacement runs: the first sr__job_fork's. */
+    int replace_left;
+    int replaced;     /* replacements so far */
+    void (*run)(struct sr_job *, int, void *);
+    void *run_arg;
 } sr_job;
 
 /* What a launcher adds to the supervision; every field optional ({0} and
@@ -79,7 +94,10 @@ void sr__job_destroy(sr_job *job);
 /* Fork worker `rank`. In the child, run(job, rank, arg) is called after the
  * death signal is armed, the signal mask restored and the supervisor's
  * pidfds closed; it must not return (exec or _exit). If no pidfd can be
- * opened on the child, it is killed and reaped before the error returns. */
+ * opened on the child, it is killed and reaped before the error returns.
+ * The child's environment also says its generation (SHMRPC_GENERATION: 0,
+ * or the count of the rank's replacements). run and arg are kept for the
+ * replacements (the first call's). */
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg);
 
 /* waitid(P_PIDFD) on rank's pidfd, retried on EINTR: 0 or -1 with errno. */

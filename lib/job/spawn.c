@@ -56,12 +56,17 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
         return sr__fail(-EINVAL, "sr_spawn", "fn is NULL");
     char name[40];
     snprintf(name, sizeof(name), "%s", opts->name_prefix ? opts->name_prefix : "shmrpc");
+    if (opts->max_restarts < 0 || (opts->restart != SR_RESTART_JOB && opts->restart != SR_RESTART_RANK))
+        return sr__fail(-EINVAL, "sr_spawn", "max_restarts %d / restart policy %d: want >= 0 and SR_RESTART_JOB or "
+                        "SR_RESTART_RANK", opts->max_restarts, (int)opts->restart);
+    bool replace = opts->restart == SR_RESTART_RANK && opts->max_restarts > 0;
     sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
-                          .name = name};
+                          .name = name, .flags = replace ? SR_SEG_F_REPLACE : 0};
     sr_job job;
     int rc = sr__job_create(&job, &so, "sr_spawn");
     if (rc)
         return rc;
+    job.replace_left = replace ? opts->max_restarts : 0;
     struct spawn_call call = {fn, arg, NULL};
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
     if ((rc = sr__trace_job_begin(&call.trace, world_size, 0, "sr_spawn"))) {

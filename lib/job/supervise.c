@@ -144,7 +144,91 @@ static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
         wake_survivors(job, rank);
 }
 
-/* A worker's pidfd became readable: reap it. Returns 0, or the job's exit code. */
+/* ---- replacement in place (segment.h, "Replacement in place") ---- */
+
+/* May `rank`, whose process ended as si says, be replaced now? Killed by a
+ * signal, budget left, no stop under way, every worker attached once, the
+ * dead one not inside sr_shutdown (it may have arrived at the shutdown
+ * barrier, and its successor would arrive again), and every other rank
+ * attached or starting as a replacement. Others may wait in sr_shutdown's
+ * first barrier (the dead one never arrived, so it cannot have completed),
+ * unless the dead one is the leader, rank 0, which their arrivals went to. */
+static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
+{
+    sr_job *job = s->job;
+    if (job->replace_left <= 0 || s->stop_sig || si->si_code == CLD_EXITED ||
+        !(job->seg.hdr->flags & SR_SEG_F_REPLACE)) /* flags: the creator's, read-only */
+        return false;
+    /* acquire: pairs with each worker's release increment at its first attach */
+    if (atomic_load_explicit(&job->seg.hdr->attached, memory_order_acquire) < (uint32_t)job->n)
+        return false;
+    for (int r = 0; r < job->n; r++) {
+        struct sr_worker_info *w = sr__seg_worker(&job->seg, r);
+        /* acquire: pairs with the worker's release stores of its state */
+        uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
+        /* relaxed: only this thread writes it */
+        bool starting = st == SR_WORKER_EMPTY && atomic_load_explicit(&w->generation, memory_order_relaxed) > 0;
+        bool closing = st == SR_WORKER_CLOSING && r != rank && rank != 0;
+        if (st != SR_WORKER_ATTACHED && !starting && !closing)
+            return false;
+    }
+    return true;
+}
+
+/* R2: rank's line as a new process of it must find it. The dead one was
+ * reaped, so nothing else writes the line now. */
+static void ready_line(sr_job *job, int rank)
+{
+    struct sr_worker_info *w = sr__seg_worker(&job->seg, rank);
+    /* relaxed: the next process reads them after its fork, which orders them */
+    atomic_store_explicit(&w->crashed, 0, memory_order_relaxed);
+    atomic_store_explicit(&w->space_kick, 0, memory_order_relaxed);
+    atomic_store_explicit(&w->state, SR_WORKER_EMPTY, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&w->generation, memory_order_relaxed) + 1; /* relaxed: ours alone */
+    /* seq_cst: pairs with the peers' loads after header.exits (R2) */
+    atomic_store_explicit(&w->generation, g, memory_order_seq_cst);
+    atomic_store_explicit(&w->exited, 0, memory_order_seq_cst);
+}
+
+static void arm(struct io_uring *ring, int fd, uint64_t tag);
+
+/* R1-R3 for a rank that died: publish, ready its line, start its next
+ * process. Returns 0, or the job's exit code if no process could start. */
+static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+{
+    sr_job *job = s->job;
+    char what[96], serving[256];
+    sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr__seg_crash_text(&job->seg, rank, serving, sizeof(serving));
+    publish_exit(job, rank, si); /* X1, X2 */
+    wake_survivors(job, rank);   /* X3: the survivors fail what was in flight with it */
+    ready_line(job, rank);
+    close(job->pidfds[rank]);
+    job->pidfds[rank] = -1;
+    job->replace_left--;
+    job->replaced++;
+    int rc = sr__job_fork(job, rank, job->run, job->run_arg);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof(why), "%s", sr_last_error());
+        int others = sr__job_stop(job);
+        on_end(s);
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; its replacement could not start (%s); stopped the other %d worker%s",
+                 rank, (int)pid, what, serving, why, others, others == 1 ? "" : "s");
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
+        return exit_code(si);
+    }
+    arm(&s->ring, job->pidfds[rank], (uint64_t)rank);
+    /* relaxed: only this thread writes it */
+    uint32_t g = atomic_load_explicit(&sr__seg_worker(&job->seg, rank)->generation, memory_order_relaxed);
+    char line[512];
+    snprintf(line, sizeof(line), "%s: rank %d (pid %d) %s%s; replaced by pid %d (generation %u, replacement %d of %d)",
+             job->who, rank, (int)pid, what, serving, (int)job->pids[rank], g, job->replaced,
+             job->replaced + job->replace_left);
+    sr__log_text(SR_LOG_WARN, line);
+    return 0;
+}
+
 /* A worker's pidfd became readable: reap it. Returns 0, or the job's exit
  * code after a failure outside a stop. */
 static int on_exit_event(struct sup *s, int rank)
@@ -161,6 +245,8 @@ static int on_exit_event(struct sup *s, int rank)
         return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
     }
     job->pids[rank] = 0;
+    if (replaceable(s, rank, &si))
+        return replace_rank(s, rank, pid, &si);
     publish_exit(job, rank, &si);
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;

@@ -111,6 +111,9 @@ enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOK
 
 /* Who is polling: decides whether plain functions may run inline. */
 enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
+/* A peer's departure (agent.gone): handled once; a rank whose new
+ * generation attached is known again only once its old one's is done. */
+enum sr_gone { SR_GONE_NO = 0, SR_GONE_HANDLING = 1, SR_GONE_DONE = 2 };
 
 /* A client call in flight. Slots are recycled; the id's high half is a
  * generation, so a late response to a recycled slot is recognised and dropped.
@@ -182,6 +185,7 @@ typedef struct sr_agent {
     char calls_lost[320];
     _Atomic uint64_t client_active;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
+    _Atomic uint64_t refused;         /* messages refused for their generation stamps (refuse.c) */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
      * at, counted for tests/rpc/test_call_scan.c: proportional to the calls they
      * end, never to the table. Relaxed: statistics for tests, nothing is
@@ -204,11 +208,26 @@ typedef struct sr_agent {
     /* departed peers (segment.h, "Peer exit"): handled once each, by
      * whichever polling thread first sees the exit generation move */
     pthread_mutex_t gone_lock;   /* gone[] and the scan; never held across the handling */
-    bool *gone;                  /* [world], under gone_lock */
+    uint8_t *gone;               /* [world], enum sr_gone, under gone_lock */
+    /* Replacement in place (transport.h, SR_TPORT_REPLACES; segment.h):
+     * what sr_msg.gens must say for a message from each rank to be taken:
+     * its generation as we know it (low nibble) and ours (high nibble), or
+     * -1 while the rank is gone (its messages are refused). Written under
+     * gone_lock by the thread that handles exits; read by dispatch. */
+    _Atomic int16_t *expect;     /* [world] */
+    uint32_t gen;                /* our own generation; set at init */
+    bool replaces;               /* the job replaces ranks that die; set at init */
     _Atomic uint32_t exits_seen; /* written under gone_lock after a full scan; read relaxed as a hint */
 
-    /* quiescence counters: user messages sent, and fully processed */
-    _Atomic uint64_t user_sent, user_done;
+    /* Quiescence counters (shutdown.c, the wave), per peer: user messages
+     * sent to each rank and fully processed from it, each counted under
+     * the parity of that rank's generation (slot 2: a rank that is gone).
+     * The wave sums the slots of the generations alive now, so what a dead
+     * generation sent or was sent drops out of both sums together (it is
+     * refused or failed, never processed by its successor). Relaxed adds
+     * by any thread; a slot is zeroed when a generation of that parity
+     * comes back (exits.c). [world] */
+    struct sr_quiesce *quiesce;
 
     /* shutdown coordination (leader = rank 0) */
     pthread_mutex_t ctl_lock;
@@ -282,6 +301,63 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
  * calls to them, tell the modules and the shutdown protocol (once per peer).
  * Any polling thread; one relaxed load when nothing changed. */
 void sr__agent_check_exits(sr_agent *a);
+
+/* Does m carry the generations we expect of its sender and of us
+ * (agent.h, expect)? One load and a compare; the rest out of line. */
+bool sr__agent_stamp_slow(sr_agent *a, const sr_msg *m);
+static inline bool sr__agent_stamp_ok(sr_agent *a, const sr_msg *m)
+{
+    return sr_likely(m->src < (unsigned)a->world &&
+                     /* relaxed: see expect */
+                     (int16_t)m->gens == atomic_load_explicit(&a->expect[m->src], memory_order_relaxed)) ||
+           sr__agent_stamp_slow(a, m);
+}
+/* expect's value for rank r while it is alive: its generation as the
+ * transport knows it, and ours. */
+static inline int16_t sr__agent_stamp_for(sr_agent *a, int r)
+{
+    sr_tport *t = a->tp[r];
+    uint32_t g = (t->caps & SR_TPORT_REPLACES) ? t->ops->live->generation(t, r) : 0;
+    return (int16_t)((g & 0xfu) | (a->gen & 0xfu) << 4);
+}
+/* Fill expect for every rank (init). */
+void sr__agent_stamps_init(sr_agent *a);
+
+struct sr_quiesce {
+    _Atomic uint64_t sent[3], done[3];
+};
+
+/* Which of rank r's quiescence slots counts now (agent.quiesce). */
+static inline unsigned sr__quiesce_slot(sr_agent *a, int r)
+{
+    int16_t e = atomic_load_explicit(&a->expect[r], memory_order_relaxed); /* relaxed: see expect */
+    return e < 0 ? 2u : (unsigned)e & 1u;
+}
+/* A user message to `to` is about to be sent: counted before it can
+ * arrive. Returns the slot, for sr__quiesce_unsent. */
+static inline unsigned sr__quiesce_sent(sr_agent *a, int to)
+{
+    if ((unsigned)to >= (unsigned)a->world)
+        return 3; /* the send fails: nothing counted */
+    unsigned s = sr__quiesce_slot(a, to);
+    atomic_fetch_add_explicit(&a->quiesce[to].sent[s], 1, memory_order_relaxed); /* relaxed: the wave argument */
+    return s;
+}
+/* It was never sent after all: counted as done in the same slot, so that
+ * both sums only ever grow (the wave argument, shutdown.c). */
+static inline void sr__quiesce_unsent(sr_agent *a, int to, unsigned slot)
+{
+    if (slot < 3)
+        atomic_fetch_add_explicit(&a->quiesce[to].done[slot], 1, memory_order_relaxed); /* relaxed: as above */
+}
+/* A user message from `from`, stamped gens, is fully processed. */
+static inline void sr__quiesce_done(sr_agent *a, int from, uint8_t gens)
+{
+    if ((unsigned)from < (unsigned)a->world) /* relaxed: as above */
+        atomic_fetch_add_explicit(&a->quiesce[from].done[gens & 1u], 1, memory_order_relaxed);
+}
+/* The sums the wave reports: the slots of the generations alive now. */
+void sr__quiesce_totals(sr_agent *a, uint64_t *sent, uint64_t *done);
 static inline bool sr__agent_exits_pending(sr_agent *a)
 {
     /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */

@@ -76,6 +76,8 @@ static void agent_free(sr_agent *a)
     sr__transport_close(a->tports);
     free(a->names);
     free(a->gone);
+    free(a->expect);
+    free(a->quiesce);
     free(a->ctl_in);
     pthread_mutex_destroy(&a->gone_lock);
     pthread_mutex_destroy(&a->ctl_lock);
@@ -107,9 +109,12 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = transports(a, o->name ? name : NULL);
     if (!rc)
         rc = collect_names(a);
-    if (!rc && (!(a->gone = calloc((size_t)a->world, sizeof(bool))) ||
-                !(a->ctl_in = calloc((size_t)a->world, 1))))
+    if (!rc && (!(a->gone = calloc((size_t)a->world, 1)) || !(a->ctl_in = calloc((size_t)a->world, 1)) ||
+                !(a->expect = calloc((size_t)a->world, sizeof(*a->expect))) ||
+                !(a->quiesce = calloc((size_t)a->world, sizeof(*a->quiesce)))))
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
+    if (!rc)
+        sr__agent_stamps_init(a);
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
     if (!rc)
@@ -298,6 +303,11 @@ static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double t
     int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
     if (rc)
         return rc;
+    /* A rank replaced since this worker last polled is known before the
+     * call goes: its old generation's death handled, its new one taken
+     * (one relaxed load when nothing changed). */
+    if (a->replaces)
+        sr__agent_check_exits(a);
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;

@@ -497,14 +497,14 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     }
     int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
     sr__wire_put(&m, &w, false);
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    unsigned slot = sr__quiesce_sent(a, to);
     if ((rc = sr__agent_send(a, to, &m))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
         if (enc_len)
             sr__codec_release(enc, enc_len);
         sr__payload_abandon(&w);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+        sr__quiesce_unsent(a, to, slot);
     }
     if (t0 && sr__probing())
         sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr__probe_now());
@@ -578,5 +578,5 @@ void sr__calls_response(sr_agent *a, const sr_msg *m)
     sr_value_unref(list);
     sr__payload_done(m);
     sr_future_unref(f);
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
+    sr__quiesce_done(a, m->src, m->gens);
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "agent.h"
+#include "log.h"
 #include "module.h"
 
 /* Under gone_lock: claim the peer whose exit was published first among
@@ -14,14 +15,35 @@ static int claim_gone(sr_agent *a)
     int first = -1;
     uint32_t seq = 0;
     for (int r = 0; r < a->world; r++)
-        if (r != a->rank && !a->gone[r] && sr__tport_peer_gone(a->tp[r], r)) {
+        if (r != a->rank && a->gone[r] == SR_GONE_NO && sr__tport_peer_gone(a->tp[r], r)) {
             uint32_t s = a->tp[r]->ops->live->exit_order(a->tp[r], r);
             if (first < 0 || s < seq)
                 first = r, seq = s;
         }
     if (first >= 0)
-        a->gone[first] = true;
+        a->gone[first] = SR_GONE_HANDLING;
     return first;
+}
+
+/* Under gone_lock: the ranks whose old generation is handled and whose new
+ * one has attached are known again (segment.h, "Replacement in place"):
+ * their quiescence slot of that parity starts from zero, then messages
+ * stamped with the new generation are taken. */
+static void rejoin_returned(sr_agent *a)
+{
+    for (int r = 0; r < a->world; r++) {
+        sr_tport *t = a->tp[r];
+        if (a->gone[r] != SR_GONE_DONE || !(t->caps & SR_TPORT_REPLACES) || t->ops->live->rejoin(t, r))
+            continue;
+        unsigned s = t->ops->live->generation(t, r) & 1u;
+        /* relaxed (all): see agent.h, quiesce; expect's store is what makes them count */
+        atomic_store_explicit(&a->quiesce[r].sent[s], 0, memory_order_relaxed);
+        atomic_store_explicit(&a->quiesce[r].done[s], 0, memory_order_relaxed);
+        atomic_store_explicit(&a->expect[r], sr__agent_stamp_for(a, r), memory_order_relaxed);
+        a->gone[r] = SR_GONE_NO;
+        sr_logf(SR_LOG_INFO, "%s (rank %d) is back: generation %u", a->names[r], r,
+                t->ops->live->generation(t, r));
+    }
 }
 
 /* A peer's process ended. Calls to it fail whatever the reason; a peer
@@ -35,12 +57,19 @@ static void peer_gone(sr_agent *a, int r)
     const struct sr_tport_live *l = t->ops->live; /* r's exit was published: the group exists */
     l->gone_text(t, r, text, sizeof(text));
     l->exit_text(t, r, how, sizeof(how));
+    bool graceful = l->left_gracefully(t, r);
+    if (a->replaces && !graceful) /* relaxed: see agent.h, expect; what it still sends is refused */
+        atomic_store_explicit(&a->expect[r], -1, memory_order_relaxed);
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
     sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
-    if (l->left_gracefully(t, r))
+    if (graceful)
         return;
     sr__modules_peer_died(r, text);
-    sr__ctrl_peer_gone(a, r, text);
+    /* A rank that is replaced comes back for the shutdown (the supervisor
+     * replaces none once a worker entered it, and stops the job when it
+     * cannot replace one): its death fails no shutdown wait. */
+    if (!a->replaces)
+        sr__ctrl_peer_gone(a, r, text);
 }
 
 /* Our own inbox is corrupt (transport.h, inbox_text): nothing can be read from it again,
@@ -61,9 +90,9 @@ void sr__agent_inbox_lost(sr_agent *a)
     snprintf(text, sizeof(text), "%s can no longer receive messages: %s", a->names[a->rank], corrupt);
     for (int r = 0; r < a->world; r++) {
         pthread_mutex_lock(&a->gone_lock);
-        bool mine = r != a->rank && !a->gone[r];
-        if (mine) /* a later exit of r is not handled again (claim_gone) */
-            a->gone[r] = true;
+        bool mine = r != a->rank && a->gone[r] == SR_GONE_NO;
+        if (mine) /* a later exit of r is not handled again (claim_gone), nor a return (rejoin_returned) */
+            a->gone[r] = SR_GONE_HANDLING;
         pthread_mutex_unlock(&a->gone_lock);
         if (mine)
             sr__modules_peer_died(r, text); /* outside the lock, as in peer_gone */
@@ -80,11 +109,16 @@ void sr__agent_check_exits(sr_agent *a)
             return;
         pthread_mutex_lock(&a->gone_lock);
         int r = claim_gone(a);
+        if (r < 0 && a->replaces)
+            rejoin_returned(a);
         if (r < 0) /* every exit counted in n is handled: published before X2 */
             atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
         pthread_mutex_unlock(&a->gone_lock);
         if (r < 0)
             return;
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
+        pthread_mutex_lock(&a->gone_lock);
+        a->gone[r] = SR_GONE_DONE; /* a new generation of it may be known from now on */
+        pthread_mutex_unlock(&a->gone_lock);
     }
 }

@@ -122,21 +122,20 @@ int sr__module_send(int to, int module, uint8_t type, const void *bytes, size_t 
     if (!mod || !mod->msg || type >= mod->msg->ntypes || len > SR_MODULE_MSG_MAX)
         return sr__fail(-EINVAL, "sr__module_send", "module %d: no raw message type %u of %zu bytes", module, type,
                         len);
-    sr_msg m = {.type = (uint16_t)SR_MSG_MODULE_TYPE(module, type)};
+    sr_msg m = {.type = (uint8_t)SR_MSG_MODULE_TYPE(module, type)};
     memcpy(m.data, bytes, len);
     if (sr__probing())
         probe_msg(0, to, module, type, m.data);
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return -SR_ESHUTDOWN;
-    /* relaxed: counted before it can arrive; quiescence compares sums */
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed);
+    unsigned slot = sr__quiesce_sent(a, to); /* before it can arrive */
     /* A message to a caller whose answer this thread sends next rides with
      * it: one doorbell, one wake-up (the answer follows it in the ring). */
     quiet = quiet || sr__answer_follows(to);
     int rc = quiet ? sr__agent_send_quiet(a, to, &m) : sr__agent_send(a, to, &m);
     if (rc)
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: as above, it never arrives */
+        sr__quiesce_unsent(a, to, slot);
     sr__agent_put(a);
     return rc;
 }
@@ -180,8 +179,7 @@ bool sr__module_msg(sr_agent *a, const sr_msg *m)
     if (sr__probing())
         probe_msg(1, m->src, id, (uint8_t)type, m->data);
     mod->msg->on_msg(m->src, (uint8_t)type, m->data, SR_MODULE_MSG_MAX);
-    /* relaxed: after its answers were counted as sent */
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
+    sr__quiesce_done(a, m->src, m->gens); /* after its answers were counted as sent */
     return true;
 }
 

@@ -27,22 +27,26 @@ int sr__outq_init(sr_agent *a, void (*fail_calls)(sr_agent *a, int to, const cha
     return 0;
 }
 
-/* A queued message that will never be sent: give back its payload and count
- * it as done, so the quiescence counters stay balanced. */
-static void drop_unsent(sr_agent *a, const sr_msg *m)
+/* A queued message that will never be sent: give back its payload and take
+ * it off the quiescence count of sent messages, so the sums stay balanced. */
+static void drop_unsent(sr_agent *a, int to, const sr_msg *m)
 {
     if (m->type == SR_MSG_CTRL)
         return;
     sr__payload_done(m);
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: quiescence counter */
+    /* Counted in the slot of the generation of `to` it was queued for: the
+     * one of now, unless that generation is gone (its slot no longer counts) */
+    unsigned slot = sr__quiesce_slot(a, to);
+    if (slot != 2)
+        sr__quiesce_unsent(a, to, slot);
 }
 
-static void drop_list(sr_agent *a, struct sr_outq_msg *e)
+static void drop_list(sr_agent *a, int to, struct sr_outq_msg *e)
 {
     while (e) {
         struct sr_outq_msg *next = e->next;
         if (a)
-            drop_unsent(a, &e->m);
+            drop_unsent(a, to, &e->m);
         free(e);
         e = next;
     }
@@ -54,7 +58,7 @@ void sr__outq_fini(sr_agent *a)
     if (!q->dests)
         return;
     for (int r = 0; r < q->world; r++)
-        drop_list(NULL, q->dests[r].head); /* the job is over: nobody counts them any more */
+        drop_list(NULL, r, q->dests[r].head); /* the job is over: nobody counts them any more */
     free(q->dests);
     q->dests = NULL;
     pthread_mutex_destroy(&q->lock);
@@ -164,7 +168,7 @@ int sr__outq_push(sr_agent *a, int to, const sr_msg *m)
  * to `to`: their requests may be among them. Called without the lock. */
 static void give_up(sr_agent *a, int to, int rc, struct sr_outq_msg *list, const char *detail)
 {
-    drop_list(a, list);
+    drop_list(a, to, list);
     if (rc == -EPIPE)
         return; /* the peer watch fails its calls, with the exit status */
     char why[320];
@@ -223,7 +227,7 @@ void sr__outq_drop_peer(sr_agent *a, int to)
     unlink_busy(q, d);
     struct sr_outq_msg *lost = take_all(d);
     pthread_mutex_unlock(&q->lock);
-    drop_list(a, lost);
+    drop_list(a, to, lost);
 }
 
 size_t sr__outq_describe(sr_agent *a, int to, char *buf, size_t n)

@@ -27,6 +27,8 @@ static unsigned recv_all(sr_agent *a)
  * the caller's (calls.c), the shutdown protocol, or a module. */
 static void dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
 {
+    if (!sr__agent_stamp_ok(a, m)) /* another generation's, or its sender's rank is out of range */
+        return;
     switch (m->type) {
     case SR_MSG_REQ:
     case SR_MSG_KEEP_CALL:

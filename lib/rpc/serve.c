@@ -29,6 +29,7 @@
 struct sr_call {
     sr_agent *a;
     int caller;
+    uint8_t caller_gens; /* the request's sr_msg.gens: whose generation it came from, for the quiescence count */
     uint64_t call_id;
     const struct sr_fn_entry *fn;
     sr_value *args;     /* a list */
@@ -109,10 +110,10 @@ static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, co
     }
     memcpy(p, text, len);
     sr__wire_put(&m, &w, false);
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    unsigned slot = sr__quiesce_sent(a, to);
     if (sr__agent_send(a, to, &m)) {
         sr__payload_abandon(&w);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+        sr__quiesce_unsent(a, to, slot);
     }
 }
 
@@ -138,11 +139,11 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         return;
     }
     sr__wire_put(&m, &w, false);
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    unsigned slot = sr__quiesce_sent(a, to);
     if (sr__agent_send(a, to, &m)) {
         sr__codec_release(p + elen, (size_t)len);
         sr__payload_abandon(&w);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: never arrives */
+        sr__quiesce_unsent(a, to, slot);
     }
 }
 
@@ -181,9 +182,9 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
         w.len = 0;
     }
     sr__wire_put(&m, &w, false);
-    atomic_fetch_add_explicit(&a->user_sent, 1, memory_order_relaxed); /* relaxed: counted before it can arrive */
+    unsigned slot = sr__quiesce_sent(a, to);
     if (sr__agent_send(a, to, &m))
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: it never arrives */
+        sr__quiesce_unsent(a, to, slot);
 }
 
 static void modules_call_done(struct sr_call *c)
@@ -250,11 +251,12 @@ static void finish_call(struct sr_call *c)
     if (f0 && sr__probing())
         sr__probe_ops->reply(&c->probe, c->err, f0, sr__probe_now());
     sr_value_unref(c->result);
+    int caller = c->caller;
+    uint8_t gens = c->caller_gens;
     free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    /* relaxed: the response was counted as sent before this, so the sum stays balanced */
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);
+    sr__quiesce_done(a, caller, gens); /* the response was counted as sent before this: the sums stay balanced */
 }
 
 static void on_async_done(sr_future *f, void *p)
@@ -433,8 +435,8 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         sr__codec_release(p + skip, len - skip);
         return NULL;
     }
-    *c = (struct sr_call){.a = a, .caller = m->src, .call_id = w.call_id, .fn = fn, .module = -1, .keeper = -1,
-                          .tag = w.tag};
+    *c = (struct sr_call){.a = a, .caller = m->src, .caller_gens = m->gens, .call_id = w.call_id, .fn = fn,
+                          .module = -1, .keeper = -1, .tag = w.tag};
     if (m->type == SR_MSG_MOD_REQ) {
         c->module = (int8_t)(w.ctrl < SR_MODULE_MAX ? w.ctrl : SR_MODULE_MAX);
         c->sub = (uint8_t)w.name_len;
@@ -595,10 +597,12 @@ static void drop_call(void *p)
         sr__modules[c->keeper]->keep->drop(c->kept);
     sr_value_unref(c->args);
     sr_value_unref(c->result);
+    int caller = c->caller;
+    uint8_t gens = c->caller_gens;
     free(c->msg);
     free(c);
     atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed);   /* relaxed: quiescence counter */
+    sr__quiesce_done(a, caller, gens);
 }
 
 /* Run c now, or once its RRef arguments are usable (no thread waits). */
@@ -700,7 +704,7 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     if (!c) {
         if (!answered)
             send_error(a, m->src, sr__wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text);
-        atomic_fetch_add_explicit(&a->user_done, 1, memory_order_relaxed); /* relaxed: after the answer was counted */
+        sr__quiesce_done(a, m->src, m->gens); /* after the answer was counted */
         return;
     }
     atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */

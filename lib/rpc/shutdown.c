@@ -77,11 +77,12 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     case SR_CTRL_RELEASE:
         complete(a->barrier_fut);
         break;
-    case SR_CTRL_COUNT_REQ:
-        send_ctrl(a, m->src, SR_CTRL_COUNT_RESP, w->p.args.a,
-                  atomic_load_explicit(&a->user_sent, memory_order_relaxed), /* relaxed: see the wave argument */
-                  atomic_load_explicit(&a->user_done, memory_order_relaxed));
+    case SR_CTRL_COUNT_REQ: {
+        uint64_t sent, done;
+        sr__quiesce_totals(a, &sent, &done);
+        send_ctrl(a, m->src, SR_CTRL_COUNT_RESP, w->p.args.a, sent, done);
         break;
+    }
     case SR_CTRL_COUNT_RESP: /* leader */
         if (w->p.args.a == a->wave) {
             if (m->src < a->world)
@@ -298,4 +299,18 @@ int sr__graceful(sr_agent *a, int64_t deadline)
     if (!rc && leaks)
         sr__error_set_text(keep);
     return rc ? rc : leaks;
+}
+
+/* The sums a wave reports (agent.h, quiesce). */
+void sr__quiesce_totals(sr_agent *a, uint64_t *sent, uint64_t *done)
+{
+    *sent = *done = 0;
+    for (int r = 0; r < a->world; r++) {
+        unsigned s = sr__quiesce_slot(a, r);
+        if (s == 2)
+            continue; /* a rank that is gone: what it was sent and sent is refused or failed */
+        /* relaxed (both): the wave argument (two equal waves in a row) */
+        *sent += atomic_load_explicit(&a->quiesce[r].sent[s], memory_order_relaxed);
+        *done += atomic_load_explicit(&a->quiesce[r].done[s], memory_order_relaxed);
+    }
 }

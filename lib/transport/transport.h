@@ -104,6 +104,7 @@ struct sr_tport_stats {
 #define SR_TPORT_HOLD_SLEEP 0x1u /* wake->hold_sleep works: a holding thread can be woken by producers */
 #define SR_TPORT_SLEEP_WORD 0x2u /* hold_sleep also sleeps on one private futex word (futex_waitv) */
 #define SR_TPORT_COPIES 0x4u     /* peers do not share our heap: a message's parts travel as bytes (marshal) */
+#define SR_TPORT_REPLACES 0x8u   /* live: a rank that died may come back as a new generation (live->rejoin) */
 
 /* Where a message's parts are (above, "Framing"); the layer above's. */
 struct sr_tport_marshal {
@@ -168,6 +169,13 @@ struct sr_tport_live {
      * death; any other error: a later exit is a non-graceful one). */
     void (*closing)(sr_tport *t);
     void (*graceful)(sr_tport *t, int rc);
+    /* Replacement (SR_TPORT_REPLACES; NULL without it). generation: the
+     * rank's generation as we know it (ours for t->rank; messages carry
+     * both modulo 16 in sr_msg.gens). rejoin: a gone rank's new process
+     * has attached: know it from now on (0), or -EAGAIN not yet; called by
+     * the thread that handles exits, after the old one's exit. */
+    uint32_t (*generation)(sr_tport *t, int rank);
+    int (*rejoin)(sr_tport *t, int rank);
 };
 
 struct sr_tport_ops {

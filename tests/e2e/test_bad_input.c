@@ -485,8 +485,7 @@ static int forge_response(int to, uint64_t id)
     WCHECK(p, "no room for the forged text");
     memcpy(p, text, sizeof(text) - 1);
     sr__wire_put(&m, &w, false);
-    /* relaxed: quiescence counter, as dispatch counts a sent answer */
-    atomic_fetch_add_explicit(&sr__agent->user_sent, 1, memory_order_relaxed);
+    sr__quiesce_sent(sr__agent, to); /* as dispatch counts a sent answer */
     WCHECK(sr__agent_send(sr__agent, to, &m) == 0, "forged send: %s", sr_last_error());
     return 0;
 }

@@ -25,10 +25,18 @@
 extern "C" {
 #endif
 
+/* What happens when a worker dies (docs/LAUNCHER.md, "Surviving a worker's death"). */
+typedef enum sr_restart_policy {
+    SR_RESTART_JOB = 0,  /* the job ends (and, with max_restarts, starts again) */
+    SR_RESTART_RANK = 1, /* a new process replaces the failed rank; the others keep running */
+} sr_restart_policy;
+
 typedef struct sr_spawn_opts {
     uint64_t shm_size;       /* total segment bytes; 0: 1 GiB of heap per worker (sparse) */
     uint32_t ring_slots;     /* inbox slots per worker, a power of two; 0: 1024 */
     const char *name_prefix; /* segment name prefix, for reports and leak checks; NULL: "shmrpc" */
+    int max_restarts;        /* restarts (SR_RESTART_JOB) or replacements (SR_RESTART_RANK) allowed; 0: none */
+    sr_restart_policy restart;
 } sr_spawn_opts;
 
 /* 0 when every worker returned 0. Errors: -EINVAL bad world size or options,

@@ -180,6 +180,7 @@ static int t_send(sr_tport *t, int to, sr_msg *m)
     if (to < 0 || to >= t->world || x->job->host_of[to] == x->job->host)
         return sr__fail(-EINVAL, "sr_rpc", "rank %d is not on another host (world %d)", to, t->world);
     m->src = (uint16_t)t->rank;
+    m->gens = 0; /* no rank of an MPI job is ever replaced */
     struct collect c;
     collect_init(&c);
     int rc = t->marshal ? t->marshal->parts(m, collect_part, &c) : 0;
@@ -380,6 +381,7 @@ static int take_message(struct mpi_tport *x, sr_msg *m)
     }
     *m = h.m;
     m->src = (uint16_t)src; /* who sent it is MPI's word, not the frame's */
+    m->gens = 0;            /* as the sender stamped it: nothing is replaced across hosts */
     if (!rc)
         rc = x->tp.marshal ? x->tp.marshal->rebind(m, g.blocks, g.n) : (g.n ? -EBADMSG : 0);
     if (rc && g.blocks)

@@ -171,11 +171,23 @@ static int resolve_peer(sr_xport *x, int r)
     struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
     struct sr_peer *p = &x->peers[r];
     if (!p->local) {
-        *p = (struct sr_peer){.exited = &w->exited, .eventfd = -1};
+        *p = (struct sr_peer){.exited = &w->exited, .generation = &w->generation, .eventfd = -1};
         return 0;
     }
     *p = (struct sr_peer){.inbox = sr__seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
-                          .doorbell = &w->doorbell};
+                          .generation = &w->generation, .doorbell = &w->doorbell};
+    /* acquire: pairs with the supervisor's R2 store; the line's state after it */
+    uint32_t gen = atomic_load_explicit(&w->generation, memory_order_acquire);
+    /* acquire: pairs with the peer's release store of ATTACHED, after its line */
+    if (r != x->rank && !sr__worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire))) {
+        /* A replacement of it is starting (we are one too: two ranks died
+         * close together): unknown until it attaches (sr__xport_rejoin). */
+        atomic_init(&p->gen, UINT32_MAX);
+        p->kind = SR_DOORBELL_FUTEX;
+        p->eventfd = w->eventfd;
+        return 0;
+    }
+    atomic_init(&p->gen, r == x->rank ? x->gen : gen);
     memcpy(p->name, w->name, sizeof(p->name));
     p->name[sizeof(p->name) - 1] = '\0';
     if (r == x->rank) {
@@ -215,8 +227,8 @@ static int resolve_peers(sr_xport *x)
         int rc = resolve_peer(x, r);
         if (rc)
             return rc;
-        if (r == x->rank || !x->peers[r].local)
-            continue;
+        if (r == x->rank || !x->peers[r].local || x->replaces)
+            continue; /* replaced ranks: the supervisor publishes every exit, no pidfd is needed */
         /* relaxed: written before the peer's release increment that our barrier acquired */
         rc = sr__waiter_watch_peer(&x->waiter, x->world, r, sr__seg_worker(&x->seg, r)->pid);
         if (rc)
@@ -231,7 +243,9 @@ static int attach_inbox(sr_xport *x)
 {
     char why[160];
     x->inbox = &x->inbox_view;
-    if (sr__ring_cons_attach(x->inbox, sr__seg_inbox(&x->seg, x->rank), x->seg.ring_slots, why, sizeof(why)))
+    struct sr_ring *r = sr__seg_inbox(&x->seg, x->rank);
+    /* A replacement's predecessor died without writing its position back. */
+    if ((x->gen ? sr__ring_cons_recover : sr__ring_cons_attach)(x->inbox, r, x->seg.ring_slots, why, sizeof(why)))
         return sr__fail(-EPROTO, "sr_init", "the inbox ring of rank %d is corrupt: %s", x->rank, why);
     return 0;
 }
@@ -246,7 +260,10 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     if (efd != -1 && !is_eventfd(efd))
         return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d is corrupt: eventfd %d is not one",
                         x->rank, efd);
-    rc = sr__waiter_init(&x->waiter, &x->me->doorbell, efd, o->doorbell);
+    /* A replacement keeps its rank's doorbell kind: peers resolved it once
+     * (relaxed: its predecessor's, ordered by the supervisor's fork). */
+    uint32_t kind = x->gen ? x->me->doorbell_kind : o->doorbell;
+    rc = sr__waiter_init(&x->waiter, &x->me->doorbell, efd, kind);
     if (rc)
         return rc;
     x->me->pid = getpid();
@@ -257,6 +274,66 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     x->me->doorbell_kind = x->waiter.kind;
     /* release: pairs with missing_ranks()' acquire; the barrier increment publishes the rest */
     atomic_store_explicit(&x->me->state, SR_WORKER_ATTACHED, memory_order_release);
+    return 0;
+}
+
+/* Our generation (segment.h, "Replacement in place"). A replacement must
+ * keep its rank's name: its peers know the rank by it (their tables of
+ * names are not written again). */
+static int take_generation(sr_xport *x, const sr_xport_opts *o)
+{
+    struct sr_worker_info *w = sr__seg_worker(&x->seg, x->rank);
+    x->replaces = (x->seg.hdr->flags & SR_SEG_F_REPLACE) != 0; /* the creator's, read-only */
+    /* acquire: pairs with the supervisor's R2 store (its fork of us orders it anyway) */
+    x->gen = atomic_load_explicit(&w->generation, memory_order_acquire);
+    if (!x->gen)
+        return 0;
+    if (!x->replaces)
+        return sr__fail(-EPROTO, "sr_init", "rank %d has generation %u in segment '%.48s', whose job replaces no rank",
+                        x->rank, x->gen, x->seg.hdr->name);
+    char had[SR_NAME_MAX], want[SR_NAME_MAX];
+    memcpy(had, w->name, sizeof(had)); /* the predecessor's, written at its attach */
+    had[sizeof(had) - 1] = '\0';
+    if (o->name)
+        snprintf(want, sizeof(want), "%s", o->name);
+    else
+        snprintf(want, sizeof(want), "worker%d", x->rank);
+    if (strcmp(had, want))
+        return sr__fail(-EINVAL, "sr_init", "rank %d is a replacement (generation %u) and must keep its name '%s', not '%s'",
+                        x->rank, x->gen, had, want);
+    return 0;
+}
+
+/* R3 of a replacement: tell every worker that we are here. The increment
+ * of header.exits makes their next scan find our generation (they re-check
+ * it after announcing a sleep), the doorbells wake the sleepers. */
+static void announce_return(sr_xport *x)
+{
+    /* seq_cst: as X2, after our release store of ATTACHED */
+    atomic_fetch_add_explicit(&x->seg.hdr->exits, 1, memory_order_seq_cst);
+    for (int r = 0; r < x->world; r++)
+        if (r != x->rank && x->peers[r].local)
+            sr__doorbell_ring(x->peers[r].doorbell, x->peers[r].kind, x->peers[r].eventfd);
+}
+
+int sr__xport_rejoin(sr_xport *x, int rank)
+{
+    struct sr_worker_info *w = sr__seg_worker(&x->seg, rank);
+    struct sr_peer *p = &x->peers[rank];
+    /* acquire (both): pair with the supervisor's R2 stores and the new
+     * process's release store of ATTACHED (its line before it) */
+    uint32_t gen = atomic_load_explicit(&w->generation, memory_order_acquire);
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
+    if (!p->local || !sr__worker_state_attached(st) || atomic_load_explicit(&w->exited, memory_order_seq_cst) ||
+        atomic_load_explicit(&w->generation, memory_order_seq_cst) != gen)
+        return -EAGAIN;
+    uint32_t kind = w->doorbell_kind;
+    if (kind != SR_DOORBELL_FUTEX && kind != SR_DOORBELL_EVENTFD)
+        return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d (generation %u) is corrupt: doorbell kind %u",
+                        rank, gen, kind);
+    p->kind = kind; /* its own line's: unchanged unless we never knew it (resolve_peer) */
+    /* relaxed: senders read it with the exit word, which they check first */
+    atomic_store_explicit(&p->gen, gen, memory_order_relaxed);
     return 0;
 }
 
@@ -304,13 +381,17 @@ int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
     if (!rc)
         rc = local_ranks(x);
     if (!rc)
-        rc = publish_self(x, o);
+        rc = take_generation(x, o);
     if (!rc)
+        rc = publish_self(x, o);
+    if (!rc && !x->gen) /* a replacement's peers are past the barrier */
         rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
     if (!rc)
         rc = resolve_peers(x);
     if (!rc)
         rc = sr__heap_attach(&x->seg, x->rank);
+    if (!rc && x->gen)
+        announce_return(x);
     if (rc) {
         sr__xport_detach(x);
         return rc;
@@ -385,11 +466,14 @@ const char *sr__xport_gone_text(const sr_xport *x, int rank, char *buf, size_t l
     char how[128], dflt[24];
     sr__seg_exit_text(w, how, sizeof(how));
     snprintf(dflt, sizeof(dflt), "worker%d", rank);
+    char gen[32] = "";
+    if (x->replaces) /* relaxed: our own view: the generation that died */
+        snprintf(gen, sizeof(gen), "generation %u", atomic_load_explicit(&x->peers[rank].gen, memory_order_relaxed));
     /* the name was written before the peer's start-barrier increment, read after ours */
     if (!w->name[0] || !strncmp(w->name, dflt, sizeof(w->name)))
-        snprintf(buf, len, "worker%d %s", rank, how);
+        snprintf(buf, len, "worker%d%s%s%s %s", rank, *gen ? " (" : "", gen, *gen ? ")" : "", how);
     else
-        snprintf(buf, len, "'%.*s' (rank %d) %s", SR_NAME_MAX, w->name, rank, how);
+        snprintf(buf, len, "'%.*s' (rank %d%s%s) %s", SR_NAME_MAX, w->name, rank, *gen ? ", " : "", gen, how);
     return buf;
 }
 
@@ -435,6 +519,8 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr_xport_send");
     m->src = (uint16_t)x->rank;
+    /* relaxed: our view of its generation (sr__xport_peer_gone checked it) */
+    m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_relaxed) & 0xfu) << 4);
     int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {

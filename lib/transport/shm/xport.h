@@ -54,6 +54,12 @@ struct sr_peer {
     struct sr_ring *inbox;      /* NULL: not local */
     bool local;                 /* attaches to our segment: a private copy of its line's flag, taken at attach */
     _Atomic uint32_t *exited;   /* its worker table's exit word (segment.h) */
+    _Atomic uint32_t *generation; /* its worker table's generation word (same line as exited) */
+    /* The generation we know (segment.h, "Replacement in place"): taken
+     * after the start barrier, then by sr__xport_rejoin (the thread that
+     * handles exits) once a new process of the rank attached; read by every
+     * sending thread. UINT32_MAX: none known (not attached when we looked). */
+    _Atomic uint32_t gen;
     _Atomic uint32_t *doorbell;
     uint32_t kind;
     int eventfd;
@@ -77,6 +83,8 @@ typedef struct sr_xport {
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     bool timed_out;           /* set before detach after a graceful shutdown timed out: peers see TIMED_OUT */
     bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
+    bool replaces;            /* the job replaces failed ranks (header flags SR_SEG_F_REPLACE); set at attach */
+    uint32_t gen;             /* our own generation, read at attach */
     sr_xport_stats st;
     sr_tport tp;              /* this transport's instance behind the seam (sr__xport_transport) */
     /* Own lines: the consumer writes head on every burst; the fields above
@@ -196,12 +204,24 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
 int64_t sr__xport_spin_budget(sr_xport *x);
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
-/* The supervisor has published that the process of `rank` ended (segment.h,
- * "Peer exit"). seq_cst: pairs with the supervisor's X1 store. */
+/* The process of `rank` we know has ended: the supervisor published its
+ * exit (segment.h, "Peer exit"), or the rank has another generation now
+ * ("Replacement in place"). seq_cst: pairs with the supervisor's X1 and R2
+ * stores. Both words share a line. */
 static inline bool sr__xport_peer_gone(const sr_xport *x, int rank)
 {
-    return atomic_load_explicit(x->peers[rank].exited, memory_order_seq_cst) != 0;
+    const struct sr_peer *p = &x->peers[rank];
+    return atomic_load_explicit(p->exited, memory_order_seq_cst) != 0 ||
+           /* relaxed: our own view, written by the thread that handles exits */
+           atomic_load_explicit(p->generation, memory_order_seq_cst) !=
+               atomic_load_explicit(&p->gen, memory_order_relaxed);
 }
+
+/* A gone rank's new process has attached: take its generation as the one
+ * we know (messages to it carry it from now on). 0; -EAGAIN none has
+ * attached yet (or it ended too); -EPROTO its line is corrupt. Called by
+ * the thread that handles exits, after it handled the old one's. */
+int sr__xport_rejoin(sr_xport *x, int rank);
 
 /* The count of published exits, a generation: a change means some peer's
  * exit is new to whoever last read it. seq_cst (acquire at least): pairs with X2. */

@@ -3,6 +3,7 @@
  * consumer's hand-offs and their memory-ordering arguments (doorbell.h
  * D1-D3). */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "futex.h"
@@ -178,11 +179,22 @@ static const char *t_gone_text(sr_tport *t, int rank, char *buf, size_t len)
 }
 static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
 {
-    return sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), buf, len);
+    if (!X(t)->replaces)
+        return sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), buf, len);
+    char how[128]; /* the generation that ended: the one we know (relaxed: our own view) */
+    sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), how, sizeof(how));
+    snprintf(buf, len, "(generation %u) %s", atomic_load_explicit(&X(t)->peers[rank].gen, memory_order_relaxed), how);
+    return buf;
 }
 static bool t_left_gracefully(sr_tport *t, int rank) { return sr__xport_peer_left_gracefully(X(t), rank); }
 static bool t_left_timed_out(sr_tport *t, int rank) { return sr__xport_peer_left_timed_out(X(t), rank); }
 static const char *t_name(sr_tport *t, int rank) { return X(t)->peers[rank].name; }
+static uint32_t t_generation(sr_tport *t, int rank)
+{
+    /* relaxed: our own view (xport.h, struct sr_peer) */
+    return rank == X(t)->rank ? X(t)->gen : atomic_load_explicit(&X(t)->peers[rank].gen, memory_order_relaxed);
+}
+static int t_rejoin(sr_tport *t, int rank) { return sr__xport_rejoin(X(t), rank); }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
 {
@@ -226,6 +238,8 @@ static const struct sr_tport_live shm_live = {
     .left_timed_out = t_left_timed_out,
     .closing = t_closing,
     .graceful = t_graceful,
+    .generation = t_generation,
+    .rejoin = t_rejoin,
 };
 
 /* Producers ring our doorbell: no poll_ns, never poll on a timer. */
@@ -247,7 +261,7 @@ sr_tport *sr__xport_transport(sr_xport *x)
     x->tp.ops = &shm_ops;
     x->tp.rank = x->rank;
     x->tp.world = x->world;
-    x->tp.caps = 0;
+    x->tp.caps = x->replaces ? SR_TPORT_REPLACES : 0;
     x->tp.space_kick = &x->me->space_kick;
     x->tp.inbox_bad = &x->inbox->bad;
     x->tp.exits = &x->seg.hdr->exits;

@@ -1,0 +1,259 @@
+/* Replacement in place (sr_spawn's SR_RESTART_RANK; segment.h, "Replacement
+ * in place"): a rank killed while the others run gets a new process, a new
+ * generation, and the others keep their state and call it again.
+ *
+ * Three workers: rank 0 drives, rank 1 is the victim, rank 2 a bystander
+ * that waits in sr_shutdown (a worker waiting there does not stop its peers
+ * from being replaced). Every step waits for an event: the victim's
+ * replacement announces itself with a call ("hello") that rank 0's function
+ * turns into a futex wake; each wait has a bound and a message.
+ *
+ * Workers are forked copies of this test process: no Criterion call in them.
+ */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "common.h"
+#include "error.h"
+#include "rpc_harness.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
+
+LEAK_CHECKED_SUITE(replace);
+
+#define WAIT_S 20
+#define WORLD 3
+
+/* Shared by the job's processes (created before sr_spawn). */
+struct shared {
+    _Atomic int victim_pid;    /* rank 1's current process */
+    _Atomic int frozen;        /* rank 1 generation 0 is about to stop itself */
+    _Atomic int refused_seen;  /* rank 1 generation 1: refused what was sent to generation 0 */
+    char log[256];             /* where rank 1 generation 1 writes its stderr */
+};
+static struct shared *sh;
+
+static unsigned my_gen(void)
+{
+    const char *g = getenv("SHMRPC_GENERATION");
+    return g ? (unsigned)atoi(g) : 0;
+}
+
+/* ---- rank 0's side: the hello event ---- */
+static _Atomic uint32_t hellos; /* rank 0's process: calls of "hello" so far (a futex word) */
+
+static int fn_hello(sr_call *c)
+{
+    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
+    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    return sr_call_return(c, NULL);
+}
+
+static int wait_hello(uint32_t want)
+{
+    struct timespec end;
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += WAIT_S;
+    for (uint32_t h; (h = atomic_load_explicit(&hellos, memory_order_acquire)) < want;) {
+        struct timespec now, left;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t ns = (end.tv_sec - now.tv_sec) * 1000000000ll + end.tv_nsec - now.tv_nsec;
+        if (ns <= 0)
+            return -ETIMEDOUT;
+        left = (struct timespec){ns / 1000000000, ns % 1000000000};
+        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, h, &left, NULL, 0);
+    }
+    return 0;
+}
+
+/* ---- functions every rank registers ---- */
+static int fn_gen(sr_call *c) { return sr_call_return(c, sr_int(my_gen())); }
+
+static int fn_die(sr_call *c)
+{
+    (void)c;
+    raise(SIGKILL);
+    return 0;
+}
+
+static int fn_freeze(sr_call *c)
+{
+    (void)c;
+    atomic_store_explicit(&sh->frozen, 1, memory_order_release); /* release: pairs with wait_stopped's load */
+    raise(SIGSTOP);
+    return sr_call_return(c, NULL); /* never: rank 0 kills it while stopped */
+}
+
+/* rank 2: send rank 1 a call and return without waiting for it. */
+static int fn_call_victim(sr_call *c)
+{
+    sr_future *f = NULL;
+    int rc = sr_rpc_async(1, "gen", SR_ARGS(), WAIT_S, &f);
+    if (rc)
+        return sr_call_fail(c, rc, "rank 2 could not call rank 1: %s", sr_last_error());
+    sr_future_unref(f); /* its answer, or its failure, is nobody's business */
+    return sr_call_return(c, NULL);
+}
+
+static void register_fns(void)
+{
+    sr_register("hello", fn_hello);
+    sr_register("gen", fn_gen);
+    sr_register("die", fn_die);
+    sr_register("freeze", fn_freeze);
+    sr_register("call_victim", fn_call_victim);
+}
+
+static int call_int(int to, const char *fn, int64_t *out)
+{
+    sr_value *v = NULL;
+    int rc = sr_rpc_sync(to, fn, SR_ARGS(), WAIT_S, &v);
+    if (!rc)
+        *out = sr_value_int(v);
+    sr_value_unref(v);
+    return rc;
+}
+
+/* Rank 1 generation 0 stays out of sr_shutdown (where it could not be
+ * replaced) until it is killed; the bound fails the job if it never is. */
+static int victim_wait(void)
+{
+    poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation: rank 0's kill ends this process */
+    return 99;
+}
+
+/* ---- scenario 1: killed, replaced, called again ---- */
+static int driver_kill(void)
+{
+    int64_t g = -1;
+    WCHECK(call_int(1, "gen", &g) == 0 && g == 0, "rank 1 before the kill: %s", sr_last_error());
+    sr_value *v = NULL;
+    int rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, &v);
+    WCHECK(rc == -EPIPE && strstr(sr_last_error(), "(generation 0) was killed by signal SIGKILL"),
+           "the call rank 1 died in: %d '%s'", rc, sr_last_error());
+    WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
+    return 0;
+}
+
+static int worker(int rank, int world, void *arg)
+{
+    (void)world;
+    int (*driver)(void) = arg;
+    register_fns();
+    if (rank == 1 && my_gen() > 0 && sh->log[0]) { /* the replacement's lines, for the test to read */
+        int fd = open(sh->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        WCHECK(fd >= 0 && dup2(fd, 2) == 2, "stderr to %s", sh->log);
+        close(fd);
+    }
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
+    if (rank == 1) {
+        atomic_store_explicit(&sh->victim_pid, getpid(), memory_order_release); /* release: pairs with the driver */
+        if (my_gen() == 0)
+            return victim_wait();
+        WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+        /* relaxed: read by this process only, after the hello's answer,
+         * which came after anything older in this inbox */
+        atomic_store(&sh->refused_seen, (int)atomic_load_explicit(&sr__agent->refused, memory_order_relaxed));
+    }
+    if (rank == 0) {
+        int rc = driver();
+        if (rc)
+            return rc;
+    }
+    int sd = sr_shutdown(true, 3 * WAIT_S);
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, my_gen(), sr_last_error());
+    return 0;
+}
+
+static int spawn(const char *name, int (*driver)(void), int max)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = WORLD * (64u << 20), .restart = SR_RESTART_RANK,
+                       .max_restarts = max};
+    return sr_spawn(WORLD, worker, (void *)driver, &o);
+}
+
+Test(replace, a_killed_rank_is_replaced_and_called_again, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    int rc = spawn("replace1", driver_kill, 1);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+/* Without budget the same kill ends the job, as without the policy. */
+Test(replace, no_budget_no_replacement, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    int rc = spawn("replace0", driver_kill, 0);
+    cr_assert_eq(rc, -SR_EWORKER, "job: %d: %s", rc, sr_last_error());
+    cr_assert(strstr(sr_last_error(), "rank 1") && strstr(sr_last_error(), "SIGKILL"), "%s", sr_last_error());
+}
+
+/* ---- scenario 2: what was sent to the dead generation is refused by the next ---- */
+static int wait_stopped(void)
+{
+    int64_t end = time(NULL) + WAIT_S;
+    /* acquire: pairs with fn_freeze's release store */
+    while (!atomic_load_explicit(&sh->frozen, memory_order_acquire) && time(NULL) < end)
+        sched_yield();
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", atomic_load(&sh->victim_pid));
+    while (time(NULL) < end) { /* stopped: state T, a few microseconds after the flag */
+        FILE *f = fopen(path, "r");
+        char *close_paren = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+        if (f)
+            fclose(f);
+        if (close_paren && close_paren[2] == 'T')
+            return 0;
+        sched_yield();
+    }
+    return -ETIMEDOUT;
+}
+
+static int driver_refuse(void)
+{
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(1, "freeze", SR_ARGS(), WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
+    WCHECK(wait_stopped() == 0, "rank 1 did not stop within %d s", WAIT_S);
+    /* rank 2's call waits in the stopped rank's inbox, stamped for generation 0 */
+    WCHECK(sr_rpc_sync(2, "call_victim", SR_ARGS(), WAIT_S, NULL) == 0, "call_victim: %s", sr_last_error());
+    WCHECK(kill(atomic_load(&sh->victim_pid), SIGKILL) == 0, "kill: %s", strerror(errno));
+    int rc = sr_future_wait(f, NULL); /* bounded: the call has a timeout of WAIT_S */
+    WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
+    sr_future_unref(f);
+    WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    int64_t g = -1;
+    WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
+    return 0;
+}
+
+Test(replace, a_message_to_the_dead_generation_is_refused_by_the_next, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    snprintf(sh->log, sizeof(sh->log), "/tmp/%s.log", test_ns("replace2"));
+    int rc = spawn("replace2", driver_refuse, 1);
+    char text[4096] = "";
+    FILE *f = fopen(sh->log, "r");
+    size_t n = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+    text[n] = 0;
+    if (f)
+        fclose(f);
+    unlink(sh->log);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    cr_assert_geq(atomic_load(&sh->refused_seen), 1, "the replacement refused nothing; its stderr:\n%s", text);
+    cr_assert(strstr(text, "refused a message (type 1) from worker2 generation 0 to worker1 generation 0: it was "
+                           "sent to an older generation: this is generation 1"),
+              "the replacement's stderr:\n%s", text);
+}
