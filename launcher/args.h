@@ -19,6 +19,7 @@ struct args {
     int64_t grace_ns;       /* --grace: after a forwarded SIGTERM/SIGINT */
     enum bind_kind bind;    /* --bind-to */
     bool report_bindings;
+    int max_restarts;       /* --max-restarts: whole-job restarts after a worker is killed by a signal */
     char **argv;            /* the program and its arguments */
 };
 

@@ -8,8 +8,10 @@
  * SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 to them and supervises them (failure
  * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h;
  * the processes the workers leave behind, ended with the job: sweep.h.
+ * With --max-restarts, a worker killed by a signal starts the whole job
+ * again (restart policy: lib/job/job.h).
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
- * 128 + signal) otherwise; 2 for a bad command line; 1 for a launcher error.
+ * 128 + signal) otherwise, of the last attempt; 2 for a bad command line; 1 for a launcher error.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -132,6 +134,20 @@ static void fill_stdio(void)
             (void)open("/dev/null", O_RDWR); /* the lowest free fd: this one, the lower ones are open */
 }
 
+/* What every attempt of the job needs (sr__job_run). */
+struct attempt_ctx {
+    const struct args *a;
+    int sigfd;
+    sigset_t child_mask; /* the caller's: workers start with it, not ours */
+};
+
+static int attempt(sr_job *job, void *p)
+{
+    struct attempt_ctx *c = p;
+    job->child_mask = c->child_mask;
+    return run_job(job, c->a, c->sigfd);
+}
+
 int main(int argc, char **argv)
 {
     fill_stdio();
@@ -152,12 +168,10 @@ int main(int argc, char **argv)
     if (sigfd < 0) /* without it the forwarded signals would stay blocked, unseen */
         return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
     sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
-    sr_job job;
-    if ((rc = sr__job_create(&job, &so, "shmrun")))
-        return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
-    job.child_mask = old; /* workers start with the caller's mask, not ours */
-    int status = run_job(&job, &a, sigfd);
-    sr__job_destroy(&job);
+    struct attempt_ctx c = {.a = &a, .sigfd = sigfd, .child_mask = old};
+    int status = sr__job_run(&so, "shmrun", a.max_restarts, attempt, &c);
+    if (status < 0) /* the job could not be created */
+        return status == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     sr__trace_job_end(a.n); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
     return status;
 }

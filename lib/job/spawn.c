@@ -45,6 +45,19 @@ static void run_worker(sr_job *job, int rank, void *p)
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 256) ? rc : 1);
 }
 
+/* One attempt (sr__job_run): fork every rank, supervise them. */
+static int attempt(sr_job *job, void *p)
+{
+    int rc = 0;
+    for (int r = 0; r < job->n && !rc; r++)
+        rc = sr__job_fork(job, r, run_worker, p);
+    if (rc) {
+        sr__job_stop(job);
+        return rc;
+    }
+    return sr__job_supervise(job, NULL);
+}
+
 SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, const sr_spawn_opts *opts)
 {
     static const sr_spawn_opts defaults;
@@ -52,25 +65,16 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
         opts = &defaults;
     if (!fn)
         return sr__fail(-EINVAL, "sr_spawn", "fn is NULL");
+    if (opts->max_restarts < 0)
+        return sr__fail(-EINVAL, "sr_spawn", "max_restarts is %d, not >= 0", opts->max_restarts);
     char name[40];
     snprintf(name, sizeof(name), "%s", opts->name_prefix ? opts->name_prefix : "shmrpc");
     sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
                           .name = name};
-    sr_job job;
-    int rc = sr__job_create(&job, &so, "sr_spawn");
-    if (rc)
-        return rc;
     struct spawn_call call = {fn, arg};
     forked_from_main = gettid() == getpid();
-    for (int r = 0; r < world_size && !rc; r++)
-        rc = sr__job_fork(&job, r, run_worker, &call);
-    if (rc) {
-        sr__job_stop(&job);
-        sr__job_destroy(&job);
-        return rc;
-    }
-    int status = sr__job_supervise(&job, NULL);
-    sr__job_destroy(&job);
-    sr__trace_job_end(world_size); /* SHMRPC_TRACE: one file for the job (docs/PROFILING.md) */
+    int status = sr__job_run(&so, "sr_spawn", opts->max_restarts, attempt, &call);
+    if (status >= 0) /* the job ran: its trace, one file (docs/PROFILING.md) */
+        sr__trace_job_end(world_size);
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

@@ -65,6 +65,13 @@ static void on_end(struct sup *s)
 
 static int exit_code(const siginfo_t *si) { return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status; }
 
+/* The restart policy (job.h, "Restarts"): a worker killed by a signal,
+ * outside a requested stop (the caller checks), while restarts are left. */
+static bool restartable(const sr_job *job, const siginfo_t *si)
+{
+    return si->si_code != CLD_EXITED && job->restart < job->max_restarts;
+}
+
 static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
 {
     char what[96], serving[256];
@@ -72,8 +79,14 @@ static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *s
     sr__seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(s->job);
     on_end(s);
-    sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
-             serving, others, others == 1 ? "" : "s");
+    sr_job *job = s->job;
+    job->restart_due = restartable(job, si);
+    if (job->restart_due)
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; restarting the job (restart %d of %d)", rank,
+                 (int)pid, what, serving, job->restart + 1, job->max_restarts);
+    else
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid,
+                 what, serving, others, others == 1 ? "" : "s");
     sr__log_text(SR_LOG_ERROR, sr_last_error());
     return exit_code(si);
 }
