@@ -336,12 +336,13 @@ static int ps_save(void)
             job.rank[n] = r;
             optims[n++] = ps.optim[r];
         }
+    double t0 = now_s();
     int rc = sr_dist_optim_with_locals(optims, n, save_locked, &job);
     if (rc)
         return fail(rc, "saving the checkpoint");
     ps.saved = ps.step;
-    if (!ps.tty) {
-        printf("checkpoint: step %" PRId64 " saved to %s\n", ps.step, path);
+    if (!ps.tty) { /* the time: what a save costs the training, which waits for it */
+        printf("checkpoint: step %" PRId64 " saved to %s (%.1f ms)\n", ps.step, path, (now_s() - t0) * 1e3);
         fflush(stdout);
     }
     return 0;
