@@ -399,6 +399,26 @@ Test(shmrun, the_last_attempts_failure_ends_the_job_with_its_status)
     finish(&r);
 }
 
+/* The failed attempt's lines say why it failed: a restart appends. */
+Test(shmrun, a_restarted_attempt_appends_to_the_output_dir_logs)
+{
+    char dir[] = "/tmp/shmrun-logs-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    struct run r;
+    start_job_opts(&r, "restartlogs", 2, (char *[]){"--max-restarts", "1", "--output-dir", dir, NULL}, "restart", "1",
+                   "1");
+    failed_attempt(&r, 2, 1);
+    await_ready(&r, 2);
+    run_to_exit_0(&r);
+    char want[64];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "attempt %d 0 0\nattempt %d 1 1\n", rank, rank);
+        assert_file(dir, rank, "stdout.log", want);
+    }
+    rm_tree(dir);
+    finish(&r);
+}
+
 /* A stop the user asked for is not a failure to recover from: the workers
  * the forwarded SIGTERM kills are not restarted. */
 Test(shmrun, sigterm_during_a_run_is_not_restarted)
