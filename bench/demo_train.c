@@ -19,7 +19,9 @@
  * 10k test images, the time, and the loss curve written as an SVG.
  * Checkpoints (--checkpoint-dir): the server saves the parameters, each
  * trainer's optimizer state and the training position every --save-every
- * steps, crash-safe (docs/CHECKPOINT.md); --resume continues from the last.
+ * steps, crash-safe (docs/CHECKPOINT.md); --resume continues from the last,
+ * and so does a run restarted by shmrun --max-restarts (SHMRPC_RESTART_COUNT
+ * above 0) when the directory holds a checkpoint.
  * With one trainer a resumed run ends with the same parameters, bit for bit,
  * as an uninterrupted one (tests/e2e/test_train_resume.c). With several, the
  * order of their updates is not deterministic, and a checkpoint may count a
@@ -334,12 +336,13 @@ static int ps_save(void)
             job.rank[n] = r;
             optims[n++] = ps.optim[r];
         }
+    double t0 = now_s();
     int rc = sr_dist_optim_with_locals(optims, n, save_locked, &job);
     if (rc)
         return fail(rc, "saving the checkpoint");
     ps.saved = ps.step;
-    if (!ps.tty) {
-        printf("checkpoint: step %" PRId64 " saved to %s\n", ps.step, path);
+    if (!ps.tty) { /* the time: what a save costs the training, which waits for it */
+        printf("checkpoint: step %" PRId64 " saved to %s (%.1f ms)\n", ps.step, path, (now_s() - t0) * 1e3);
         fflush(stdout);
     }
     return 0;
@@ -523,6 +526,19 @@ static int ps_resume(void)
     return 0;
 }
 
+/* Restarted by shmrun --max-restarts (SHMRPC_RESTART_COUNT > 0) with a
+ * checkpoint in --checkpoint-dir: resume from it, as --resume would. A
+ * restart before the first save starts from the beginning again. */
+static bool restarted_with_checkpoint(void)
+{
+    const char *n = getenv("SHMRPC_RESTART_COUNT");
+    char path[4096];
+    if (!opt.ckpt_dir || !n || atoi(n) <= 0)
+        return false;
+    ckpt_path(path, sizeof(path));
+    return access(path, F_OK) == 0;
+}
+
 static int ps_setup(int64_t train_samples)
 {
     sr_generator g;
@@ -543,7 +559,7 @@ static int ps_setup(int64_t train_samples)
     ps.total = ps.nb * opt.epochs;
     if (!(ps.loss = calloc((size_t)ps.total + 1, sizeof(*ps.loss))))
         return fail(-ENOMEM, "the loss curve");
-    rc = opt.resume ? ps_resume() : 0;
+    rc = opt.resume || restarted_with_checkpoint() ? ps_resume() : 0;
     ps.first_step = ps.step;
     return rc;
 }
@@ -778,7 +794,8 @@ static const char usage[] =
     "  --seed S              seed of the initial weights and of the data order (default 0)\n"
     "  --checkpoint-dir DIR  save checkpoints to DIR/" CKPT_NAME "\n"
     "  --save-every N        save every N steps (default 100, with --checkpoint-dir)\n"
-    "  --resume              continue from the checkpoint in --checkpoint-dir\n"
+    "  --resume              continue from the checkpoint in --checkpoint-dir (implied when\n"
+    "                        shmrun --max-restarts restarted the job and a checkpoint exists)\n"
     "  --limit-batches K     train only the first K batches of each epoch (short runs, tests)\n"
     "  --dump-params FILE    write the final parameters to FILE (a checkpoint file)\n"
     "  --plot FILE           the loss curve, SVG (default train_loss.svg)\n"

@@ -35,10 +35,15 @@ static const char usage[] =
     "  --bind-to none|core|numa\n"
     "                         pin each worker to one core or NUMA node, round robin (default: none)\n"
     "  --report-bindings      print each rank's CPU binding on stderr\n"
+    "  --max-restarts N       when a worker is killed by a signal, start the whole job again, at most\n"
+    "                         N times (default: 0); a worker that exits non-zero is not restarted\n"
+    "  --restart job|rank     with --max-restarts: restart the whole job (default), or start a new\n"
+    "                         process for the failed rank only while the others keep running\n"
     "  --version              print the version and exit\n"
     "  -h, --help             print this help and exit\n"
-    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, and RANK, WORLD_SIZE, LOCAL_RANK,\n"
-    "LOCAL_WORLD_SIZE as torchrun sets them. stdin goes to rank 0; the others read /dev/null.\n"
+    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, and RANK,\n"
+    "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun sets them.\n"
+    "stdin goes to rank 0; the others read /dev/null.\n"
     "SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every worker.\n";
 
 static int bad_usage(const char *fmt, const char *val)
@@ -119,7 +124,7 @@ static const char *bad_option(char **argv, char buf[3])
     return buf;
 }
 
-enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_VERSION };
+enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_RESTARTS, OPT_POLICY, OPT_VERSION };
 
 static const struct option opts[] = {
     {"nproc", required_argument, NULL, 'n'},        {"shm-size", required_argument, NULL, OPT_SHM},
@@ -127,6 +132,7 @@ static const struct option opts[] = {
     {"tag-output", optional_argument, NULL, OPT_TAG}, {"output-dir", required_argument, NULL, OPT_DIR},
     {"fold-window", required_argument, NULL, OPT_FOLD}, {"grace", required_argument, NULL, OPT_GRACE},
     {"bind-to", required_argument, NULL, OPT_BIND},  {"report-bindings", no_argument, NULL, OPT_REPORT},
+    {"max-restarts", required_argument, NULL, OPT_RESTARTS}, {"restart", required_argument, NULL, OPT_POLICY},
     {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0}};
 
@@ -160,6 +166,7 @@ static int job_option(int c, const char *v, struct args *a)
 /* The options of shmrun's own behaviour. 0, or 2 (printed). */
 static int launcher_option(int c, const char *v, struct args *a)
 {
+    long l;
     switch (c) {
     case OPT_TAG:
         if (!v || !strcmp(v, "rank"))
@@ -187,6 +194,16 @@ static int launcher_option(int c, const char *v, struct args *a)
             a->bind = v[0] == 'n' ? (v[1] == 'o' ? BIND_NONE : BIND_NUMA) : BIND_CORE;
         else
             return bad_usage("--bind-to takes none, core or numa, not '%s'", v);
+        return 0;
+    case OPT_RESTARTS:
+        if (parse_int(v, 0, 1000000, &l))
+            return bad_usage("--max-restarts takes a number of restarts in [0, 1000000], not '%s'", v);
+        a->max_restarts = (int)l;
+        return 0;
+    case OPT_POLICY:
+        if (strcmp(v, "job") && strcmp(v, "rank"))
+            return bad_usage("--restart takes job or rank, not '%s'", v);
+        a->restart_rank = v[0] == 'r';
         return 0;
     default: /* OPT_REPORT */
         a->report_bindings = true;

@@ -19,6 +19,8 @@ struct args {
     int64_t grace_ns;       /* --grace: after a forwarded SIGTERM/SIGINT */
     enum bind_kind bind;    /* --bind-to */
     bool report_bindings;
+    int max_restarts;       /* --max-restarts: restarts after a worker is killed by a signal */
+    bool restart_rank;      /* --restart rank: a new process for the failed rank only (lib/job/job.h) */
     char **argv;            /* the program and its arguments */
 };
 

@@ -290,8 +290,9 @@ static void on_end(void *ctx)
     flush_sinks(o);
 }
 
-/* DIR/RANK/{stdout,stderr}.log, truncated. */
-static int open_logs(const char *dir, int rank, int fd[2])
+/* DIR/RANK/{stdout,stderr}.log, truncated; appended to after a restart
+ * (the failed attempt's lines are what says why). */
+static int open_logs(const char *dir, int rank, bool append, int fd[2])
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%d", dir, rank);
@@ -299,7 +300,7 @@ static int open_logs(const char *dir, int rank, int fd[2])
         return sr__fail(-errno, "shmrun", "--output-dir: cannot create %s: %s", path, strerror(errno));
     for (int k = 0; k < 2; k++) {
         snprintf(path, sizeof(path), "%s/%d/%s.log", dir, rank, k ? "stderr" : "stdout");
-        fd[k] = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        fd[k] = open(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0666);
         if (fd[k] < 0)
             return sr__fail(-errno, "shmrun", "--output-dir: cannot open %s: %s", path, strerror(errno));
     }
@@ -307,9 +308,9 @@ static int open_logs(const char *dir, int rank, int fd[2])
 }
 
 /* Rank's pipes (piped) and/or log files. */
-static int open_rank(struct out *o, const char *dir, int rank)
+static int open_rank(struct out *o, const char *dir, int rank, bool append)
 {
-    int logs[2] = {-1, -1}, rc = dir ? open_logs(dir, rank, logs) : 0;
+    int logs[2] = {-1, -1}, rc = dir ? open_logs(dir, rank, append, logs) : 0;
     for (int k = 0; k < 2 && !rc; k++) {
         struct stream *s = &o->s[2 * rank + k];
         if (!o->piped) {
@@ -381,7 +382,7 @@ int out_create(struct out **po, const struct args *a, sr_job *job)
     if (!rc)
         raise_nofile(o);
     for (int r = 0; r < job->n && !rc; r++)
-        rc = open_rank(o, a->output_dir, r);
+        rc = open_rank(o, a->output_dir, r, job->restart > 0);
     if (rc) {
         out_destroy(o);
         return rc;

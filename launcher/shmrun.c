@@ -8,8 +8,10 @@
  * SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 to them and supervises them (failure
  * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h;
  * the processes the workers leave behind, ended with the job: sweep.h.
+ * With --max-restarts, a worker killed by a signal starts the whole job
+ * again (restart policy: lib/job/job.h).
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
- * 128 + signal) otherwise; 2 for a bad command line; 1 for a launcher error.
+ * 128 + signal) otherwise, of the last attempt; 2 for a bad command line; 1 for a launcher error.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -134,6 +136,27 @@ static void fill_stdio(void)
             (void)open("/dev/null", O_RDWR); /* the lowest free fd: this one, the lower ones are open */
 }
 
+/* What every attempt of the job needs (sr__job_run). */
+struct attempt_ctx {
+    const struct args *a;
+    int sigfd;
+    sigset_t child_mask; /* the caller's: workers start with it, not ours */
+};
+
+static int attempt(sr_job *job, void *p)
+{
+    struct attempt_ctx *c = p;
+    job->child_mask = c->child_mask;
+    job->replace_left = c->a->restart_rank ? c->a->max_restarts : 0;
+    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
+    struct sr_trace_job *trace;
+    if (sr__trace_job_begin(&trace, job->n, job->restart, "shmrun"))
+        return launcher_error(1, false);
+    int status = run_job(job, c->a, c->sigfd, trace);
+    sr__trace_job_end(trace); /* however the attempt ended: the trace and the statistics it left */
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     fill_stdio();
@@ -153,19 +176,11 @@ int main(int argc, char **argv)
     int sigfd = make_sigfd(&old);
     if (sigfd < 0) /* without it the forwarded signals would stay blocked, unseen */
         return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
-    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix};
-    sr_job job;
-    if ((rc = sr__job_create(&job, &so, "shmrun")))
-        return rc == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
-    job.child_mask = old; /* workers start with the caller's mask, not ours */
-    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
-    struct sr_trace_job *trace;
-    if (sr__trace_job_begin(&trace, a.n, 0, "shmrun")) {
-        sr__job_destroy(&job);
-        return launcher_error(1, false);
-    }
-    int status = run_job(&job, &a, sigfd, trace);
-    sr__trace_job_end(trace); /* however the job ended: the trace and the statistics it left */
-    sr__job_destroy(&job);
+    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix,
+                          .flags = a.restart_rank ? SR_SEG_F_REPLACE : 0};
+    struct attempt_ctx c = {.a = &a, .sigfd = sigfd, .child_mask = old};
+    int status = sr__job_run(&so, "shmrun", a.restart_rank ? 0 : a.max_restarts, attempt, &c);
+    if (status < 0) /* the job could not be created */
+        return status == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     return status;
 }

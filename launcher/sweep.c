@@ -158,7 +158,7 @@ static int report(const struct seen *s, int survivors, bool killed, int64_t term
 
 int sweep_leftovers(int64_t grace_ns, int sigfd)
 {
-    static struct seen s; /* shmrun sweeps once */
+    static struct seen s; /* one sweep at a time: after each attempt of the job */
     struct child c[BATCH];
     memset(&s, 0, sizeof(s));
     int64_t t0 = now_ns(), kill_at = t0 + grace_ns, give_up = kill_at + KILL_BOUND_NS;

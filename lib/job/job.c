@@ -114,9 +114,10 @@ static void child_setup(sr_job *job, int rank)
             close(fd);
     }
     char buf[16];
-    static const char *const names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(buf, sizeof(buf), "%d", i < 2 ? rank : job->n);
+    static const char *const names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                        "SHMRPC_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"};
+    for (int i = 0; i < 6; i++) {
+        snprintf(buf, sizeof(buf), "%d", i < 2 ? rank : i < 4 ? job->n : job->restart);
         setenv(names[i], buf, 1);
     }
     /* relaxed: written by the supervisor before this fork */
@@ -184,6 +185,23 @@ int sr__job_stop(sr_job *job)
     return n;
 }
 
+
+int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_job_attempt attempt, void *ctx)
+{
+    int rc;
+    for (int restart = 0;; restart++) {
+        sr_job job;
+        if ((rc = sr__job_create(&job, o, who)))
+            return rc;
+        job.restart = restart;
+        job.max_restarts = max_restarts;
+        rc = attempt(&job, ctx);
+        bool again = job.restart_due;
+        sr__job_destroy(&job); /* every worker is reaped: the segment goes with it */
+        if (!again)
+            return rc;
+    }
+}
 
 const char *sr__rank_list(const bool *mask, int n, char *buf, size_t len)
 {

@@ -26,9 +26,21 @@
  *   "shmrun: rank 1 (pid 4710) was killed by signal SIGTERM after shmrun forwarded SIGTERM"
  * Other forwarded signals (HUP, QUIT, USR1, USR2) change nothing.
  *
+ * Restarts (sr__job_run; shmrun --max-restarts, sr_spawn_opts.max_restarts):
+ * a worker killed by a signal (a crash, the OOM killer, a SIGKILL) while
+ * restarts are left ends the attempt with, instead of the line above,
+ *   "<who>: rank 2 (pid 4711) was killed by signal SIGKILL; restarting the job (restart 1 of 3)"
+ * and the whole job starts again: every worker stopped and reaped, a fresh
+ * segment, every rank forked anew. Not restarted: a worker that exits
+ * non-zero (it chose to fail: the same input fails the same way again),
+ * any failure during a requested stop (SIGTERM/SIGINT forwarded), and a
+ * failure of the last attempt; those end the job as above.
+ *
  * In every child, before run(): ranks > 0 get /dev/null as stdin (rank 0
  * keeps the launcher's, as mpirun does), and RANK, WORLD_SIZE, LOCAL_RANK
- * and LOCAL_WORLD_SIZE are set as torchrun sets them (one host: local = global).
+ * and LOCAL_WORLD_SIZE are set as torchrun sets them (one host: local = global),
+ * and SHMRPC_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT to the attempt's
+ * number (0 on the first).
  *
  * Lifetime: sr__job_create .. sr__job_destroy; sr__job_supervise reaps every
  * worker before it returns.
@@ -54,6 +66,9 @@ typedef struct sr_job {
     int *eventfds;    /* [n]: doorbell fallback fds, inherited by the workers */
     const char *who;  /* report prefix: "shmrun" or "sr_spawn" */
     sigset_t child_mask; /* signal mask the workers start with */
+    int restart;      /* this attempt's number: 0 first, k after the k-th restart */
+    int max_restarts; /* restarts allowed (sr__job_run) */
+    bool restart_due; /* set by the supervisor: the attempt ended in a failure that is restarted */
     /* Replacement in place (segment.h, SR_SEG_F_REPLACE): how many more
      * failed ranks may be replaced (0: none, the job ends as without the
      * policy), and what a replacement runs: the first sr__job_fork's. */
@@ -111,6 +126,16 @@ int sr__job_stop(sr_job *job);
  * signal) after printing the report and copying it to sr_last_error().
  * Negative: -errno of the supervisor itself (every worker is stopped). */
 int sr__job_supervise(sr_job *job, const sr_job_hooks *hooks);
+
+/* One attempt of a job (sr__job_run): fork every worker and supervise
+ * them. Returns what sr__job_supervise returns, or a negative error. */
+typedef int (*sr_job_attempt)(sr_job *job, void *ctx);
+
+/* Create the job, run attempt(job, ctx), destroy the job; again, with the
+ * next restart number, while the supervisor set job.restart_due (the
+ * restart policy above: at most max_restarts times). Returns the last
+ * attempt's result, or sr__job_create's error. */
+int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_job_attempt attempt, void *ctx);
 
 /* "3", "0-3,5": the ranks set in mask[0..n), written into buf. Returns buf. */
 const char *sr__rank_list(const bool *mask, int n, char *buf, size_t len);

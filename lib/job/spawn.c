@@ -28,7 +28,8 @@ static bool forked_from_main; /* set in the parent before fork; read in the chil
 struct spawn_call {
     int (*fn)(int, int, void *);
     void *arg;
-    struct sr_trace_job *trace;
+    struct sr_trace_job *trace; /* this attempt's */
+    int replace;                /* replacements allowed (SR_RESTART_RANK) */
 };
 
 static void run_worker(sr_job *job, int rank, void *p)
@@ -47,6 +48,25 @@ static void run_worker(sr_job *job, int rank, void *p)
     _exit(rc == 0 ? 0 : (rc > 0 && rc < 256) ? rc : 1);
 }
 
+/* One attempt (sr__job_run): fork every rank, supervise them. */
+static int attempt(sr_job *job, void *p)
+{
+    struct spawn_call *c = p;
+    job->replace_left = c->replace;
+    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
+    int rc = sr__trace_job_begin(&c->trace, job->n, job->restart, "sr_spawn");
+    if (rc)
+        return rc;
+    for (int r = 0; r < job->n && !rc; r++)
+        rc = sr__job_fork(job, r, run_worker, p);
+    if (rc)
+        sr__job_stop(job);
+    int status = rc ? rc : sr__job_supervise(job, NULL);
+    sr__trace_job_end(c->trace); /* however the attempt ended: the trace and the statistics it left */
+    c->trace = NULL;
+    return status;
+}
+
 SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, const sr_spawn_opts *opts)
 {
     static const sr_spawn_opts defaults;
@@ -62,26 +82,8 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
     bool replace = opts->restart == SR_RESTART_RANK && opts->max_restarts > 0;
     sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
                           .name = name, .flags = replace ? SR_SEG_F_REPLACE : 0};
-    sr_job job;
-    int rc = sr__job_create(&job, &so, "sr_spawn");
-    if (rc)
-        return rc;
-    job.replace_left = replace ? opts->max_restarts : 0;
-    struct spawn_call call = {fn, arg, NULL};
-    /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
-    if ((rc = sr__trace_job_begin(&call.trace, world_size, 0, "sr_spawn"))) {
-        sr__job_destroy(&job);
-        return rc;
-    }
+    struct spawn_call call = {fn, arg, NULL, replace ? opts->max_restarts : 0};
     forked_from_main = gettid() == getpid();
-    for (int r = 0; r < world_size && !rc; r++)
-        rc = sr__job_fork(&job, r, run_worker, &call);
-    if (rc)
-        sr__job_stop(&job);
-    int status = rc ? rc : sr__job_supervise(&job, NULL);
-    sr__trace_job_end(call.trace); /* however the job ended: the trace and the statistics it left */
-    sr__job_destroy(&job);
-    if (rc)
-        return rc;
+    int status = sr__job_run(&so, "sr_spawn", replace ? 0 : opts->max_restarts, attempt, &call);
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

@@ -65,6 +65,23 @@ static void on_end(struct sup *s)
 
 static int exit_code(const siginfo_t *si) { return si->si_code == CLD_EXITED ? si->si_status : 128 + si->si_status; }
 
+/* A SIGTERM or SIGINT for us not yet read from the sigfd (blocked, so
+ * pending until read). A Ctrl-C reaches the whole foreground process group
+ * at once: a worker it killed can be reaped before our copy is read. */
+static bool stop_pending(const struct sup *s)
+{
+    sigset_t p;
+    return s->h->sigfd >= 0 && sigpending(&p) == 0 && (sigismember(&p, SIGTERM) || sigismember(&p, SIGINT));
+}
+
+/* The restart policy (job.h, "Restarts"): a worker killed by a signal,
+ * outside a requested stop (the caller checks stop_sig; a stop signal
+ * still pending counts too), while restarts are left. */
+static bool restartable(const struct sup *s, const siginfo_t *si)
+{
+    return si->si_code != CLD_EXITED && s->job->restart < s->job->max_restarts && !stop_pending(s);
+}
+
 static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
 {
     char what[96], serving[256];
@@ -72,8 +89,14 @@ static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *s
     sr__seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(s->job);
     on_end(s);
-    sr__fail(-SR_EWORKER, s->job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid, what,
-             serving, others, others == 1 ? "" : "s");
+    sr_job *job = s->job;
+    job->restart_due = restartable(s, si);
+    if (job->restart_due)
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; restarting the job (restart %d of %d)", rank,
+                 (int)pid, what, serving, job->restart + 1, job->max_restarts);
+    else
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid,
+                 what, serving, others, others == 1 ? "" : "s");
     sr__log_text(SR_LOG_ERROR, sr_last_error());
     return exit_code(si);
 }

@@ -20,6 +20,10 @@
  *   abort R       rank R reads one byte from GO_FD, then abort()
  *   serving R     as abort, while marked as serving a call to 'train_step'
  *                 from rank 0 (crash.h): the report must name them
+ *   restart R F   prints "attempt RANK N T" (N: SHMRPC_RESTART_COUNT, T:
+ *                 TORCHELASTIC_RESTART_COUNT) before its readiness line; on attempts N < F rank R reads
+ *                 one byte from GO_FD, then kills itself with SIGKILL; on
+ *                 attempt F every rank detaches and exits 0
  *   block         nothing more
  *   early R       rank R exits 0 before attaching; every other rank's attach
  *                 must fail at once with -EPIPE naming it (then it exits 0;
@@ -331,6 +335,28 @@ static int orphans(sr_xport *x)
     return 0;
 }
 
+/* Before the readiness line: a test that saw every rank ready has its line. */
+static void put_attempt(int rank)
+{
+    char line[64];
+    snprintf(line, sizeof(line), "attempt %d %d %d\n", rank, env_num("SHMRPC_RESTART_COUNT"),
+             env_num("TORCHELASTIC_RESTART_COUNT"));
+    put(1, line);
+}
+
+static int restart_mode(sr_xport *x, int chosen, int fails)
+{
+    if (env_num("SHMRPC_RESTART_COUNT") >= fails) {
+        sr__xport_detach(x);
+        return 0;
+    }
+    if (x->rank == chosen) {
+        wait_go();
+        raise(SIGKILL);
+    }
+    block_forever(x);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5)
@@ -356,6 +382,8 @@ int main(int argc, char **argv)
     sr_xport *x;
     if (sr__xport_attach(&(sr_xport_opts){.name = strcmp(mode, "say") ? NULL : name}, &x))
         die(EXIT_ATTACH, sr_last_error());
+    if (!strcmp(mode, "restart"))
+        put_attempt(x->rank);
     char line[32];
     int len = snprintf(line, sizeof(line), "%d %d\n", x->rank, (int)getpid());
     if (write(ready_fd, line, (size_t)len) != len) /* one write: lines never interleave */
@@ -370,6 +398,8 @@ int main(int argc, char **argv)
         return print_affinity(x);
     if (!strcmp(mode, "orphans"))
         return orphans(x);
+    if (!strcmp(mode, "restart"))
+        return restart_mode(x, chosen, argc > 6 ? atoi(argv[6]) : 1);
     if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
         int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
         sr__xport_detach(x);

@@ -283,6 +283,160 @@ Test(shmrun, a_second_sigterm_ends_the_grace_period_at_once)
     finish(&r);
 }
 
+/* --- restarts ----------------------------------------------------------- */
+
+/* One failing attempt of worker_prog's "restart" mode: its n workers
+ * report ready, the chosen rank is let go (it SIGKILLs itself), and every
+ * worker of the attempt is gone; their readiness is then forgotten, so the
+ * next attempt's lines count afresh. Returns the pid the rank had. */
+static pid_t failed_attempt(struct run *r, int n, int chosen)
+{
+    await_ready(r, n);
+    go(r);
+    pid_t pid = r->ready.pid[chosen];
+    for (int rank = 0; rank < n; rank++) {
+        int fd = r->ready.pidfd[rank];
+        cr_assert(fd < 0 || pidfd_exited(fd, WATCH_WAIT_MS), "rank %d (pid %d) still runs %d ms after rank %d died",
+                  rank, r->ready.pid[rank], WATCH_WAIT_MS, chosen);
+        if (fd >= 0)
+            close(fd);
+        r->ready.pidfd[rank] = -1;
+        r->ready.pid[rank] = 0;
+    }
+    r->ready.n = 0;
+    return pid;
+}
+
+static void assert_attempt_lines(const char *out, int n, int attempts)
+{
+    char want[64];
+    for (int k = 0; k < attempts; k++)
+        for (int rank = 0; rank < n; rank++) {
+            snprintf(want, sizeof(want), "attempt %d %d %d", rank, k, k);
+            assert_line_once(out, want, "stdout");
+        }
+    cr_assert_eq(count_lines(out), n * attempts, "stdout:\n%s", out);
+}
+
+Test(shmrun, a_worker_killed_by_a_signal_restarts_the_job)
+{
+    struct run r;
+    start_job_opts(&r, "restart", 3, (char *[]){"--max-restarts", "1", NULL}, "restart", "1", "1");
+    pid_t dead = failed_attempt(&r, 3, 1);
+    await_ready(&r, 3);
+    run_to_exit_0(&r);
+    char want[160];
+    snprintf(want, sizeof(want),
+             "shmrun: rank 1 (pid %d) was killed by signal SIGKILL; restarting the job (restart 1 of 1)\n", (int)dead);
+    cr_assert_str_eq(r.err, want, "unexpected report");
+    assert_attempt_lines(r.out, 3, 2); /* SHMRPC_ and TORCHELASTIC_RESTART_COUNT: 0, then 1 */
+    assert_workers_gone(&r.ready, 3);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+Test(shmrun, max_restarts_0_stops_the_job_as_without_it)
+{
+    struct run r;
+    start_job_opts(&r, "norestart", 3, (char *[]){"--max-restarts", "0", NULL}, "restart", "1", "1");
+    await_ready(&r, 3);
+    pid_t dead = r.ready.pid[1];
+    go(&r);
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGKILL, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    char want[160];
+    snprintf(want, sizeof(want), "shmrun: rank 1 (pid %d) was killed by signal SIGKILL; stopped the other 2 workers\n",
+             (int)dead);
+    cr_assert_str_eq(r.err, want, "unexpected report");
+    assert_attempt_lines(r.out, 3, 1);
+    assert_workers_gone(&r.ready, 3);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+/* A worker that exits non-zero chose to fail: not restarted. (A second
+ * attempt would report ready again: ready_line fails on "ready twice".) */
+Test(shmrun, a_clean_non_zero_exit_is_not_restarted)
+{
+    struct run r;
+    start_job_opts(&r, "exit3", 3, (char *[]){"--max-restarts", "2", NULL}, "exit", "2", "3");
+    await_ready(&r, 3);
+    pid_t pid = r.ready.pid[2];
+    go(&r);
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 3, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    char want[160];
+    snprintf(want, sizeof(want), "shmrun: rank 2 (pid %d) exited with status 3; stopped the other 2 workers\n", (int)pid);
+    cr_assert_str_eq(r.err, want, "unexpected report");
+    cr_assert_eq(r.ready.n, 3);
+    assert_workers_gone(&r.ready, 3);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+Test(shmrun, the_last_attempts_failure_ends_the_job_with_its_status)
+{
+    struct run r;
+    start_job_opts(&r, "exhaust", 2, (char *[]){"--max-restarts", "2", NULL}, "restart", "0", "5");
+    pid_t dead[3];
+    dead[0] = failed_attempt(&r, 2, 0);
+    dead[1] = failed_attempt(&r, 2, 0);
+    await_ready(&r, 2);
+    dead[2] = r.ready.pid[0];
+    go(&r);
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGKILL, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    char want[512];
+    snprintf(want, sizeof(want),
+             "shmrun: rank 0 (pid %d) was killed by signal SIGKILL; restarting the job (restart 1 of 2)\n"
+             "shmrun: rank 0 (pid %d) was killed by signal SIGKILL; restarting the job (restart 2 of 2)\n"
+             "shmrun: rank 0 (pid %d) was killed by signal SIGKILL; stopped the other 1 worker\n",
+             (int)dead[0], (int)dead[1], (int)dead[2]);
+    cr_assert_str_eq(r.err, want, "unexpected report");
+    assert_attempt_lines(r.out, 2, 3);
+    assert_workers_gone(&r.ready, 2);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
+/* The failed attempt's lines say why it failed: a restart appends. */
+Test(shmrun, a_restarted_attempt_appends_to_the_output_dir_logs)
+{
+    char dir[] = "/tmp/shmrun-logs-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    struct run r;
+    start_job_opts(&r, "restartlogs", 2, (char *[]){"--max-restarts", "1", "--output-dir", dir, NULL}, "restart", "1",
+                   "1");
+    failed_attempt(&r, 2, 1);
+    await_ready(&r, 2);
+    run_to_exit_0(&r);
+    char want[64];
+    for (int rank = 0; rank < 2; rank++) {
+        snprintf(want, sizeof(want), "attempt %d 0 0\nattempt %d 1 1\n", rank, rank);
+        assert_file(dir, rank, "stdout.log", want);
+    }
+    rm_tree(dir);
+    finish(&r);
+}
+
+/* A stop the user asked for is not a failure to recover from: the workers
+ * the forwarded SIGTERM kills are not restarted. */
+Test(shmrun, sigterm_during_a_run_is_not_restarted)
+{
+    struct run r;
+    start_job_opts(&r, "termrestart", 2, (char *[]){"--max-restarts", "2", NULL}, "restart", "1", "5");
+    await_ready(&r, 2);
+    cr_assert_eq(kill(r.pid, SIGTERM), 0, "kill(shmrun): %s", strerror(errno));
+    int st = await_exit(&r);
+    cr_assert_eq(exit_code(st), 128 + SIGTERM, "shmrun exit status %d; stderr:\n%s", exit_code(st), r.err);
+    cr_assert_null(strstr(r.err, "restarting"), "stderr:\n%s", r.err);
+    cr_assert_eq(r.ready.n, 2);
+    assert_attempt_lines(r.out, 2, 1);
+    assert_workers_gone(&r.ready, 2);
+    assert_segment_gone(r.ns);
+    finish(&r);
+}
+
 /* --- binding ------------------------------------------------------------ */
 
 static int allowed_cpus(int *cpu, int max)

@@ -35,12 +35,13 @@
 
 LEAK_CHECKED_SUITE(spawn);
 
-enum mode { OK, EXIT, ABORT, BLOCK, ENV };
+enum mode { OK, EXIT, ABORT, BLOCK, ENV, RESTART };
 enum { EXIT_ATTACH = 43, EXIT_IO = 44, EXIT_PIDFD = 45, EXIT_ENV = 46 };
 
 struct job {
     enum mode mode;
     int fail_rank, code, n;
+    int max_restarts;   /* sr_spawn_opts.max_restarts */
     int ready[2], go[2], done[2], err[2];
     int saved_stderr;
     struct stat stdin_st; /* the caller's stdin, which rank 0 keeps */
@@ -106,7 +107,16 @@ static bool inbox_pending(void *home)
 static int worker(int rank, int n, void *arg)
 {
     struct job *j = arg;
-    if (count_pidfds())
+    /* RESTART: attempts 0 .. code-1 fail (fail_rank kills itself), attempt
+     * `code` returns 0; both counts name the attempt. */
+    const char *count = getenv("SHMRPC_RESTART_COUNT");
+    int attempt = count ? atoi(count) : -1;
+    if (attempt < 0 || !env_is("SHMRPC_RESTART_COUNT", attempt) || !env_is("TORCHELASTIC_RESTART_COUNT", attempt) ||
+        (j->mode != RESTART && attempt != 0))
+        return EXIT_ENV;
+    /* After a restart the test's own pidfds on the last attempt's workers
+     * (helpers/watch.h) may still be open when this one is forked. */
+    if (attempt == 0 && count_pidfds())
         return EXIT_PIDFD;
     if (j->mode == ENV && !env_as_torchrun(j, rank, n))
         return EXIT_ENV;
@@ -117,7 +127,7 @@ static int worker(int rank, int n, void *arg)
     int len = snprintf(line, sizeof(line), "%d %d\n", rank, (int)getpid());
     if (write(j->ready[1], line, (size_t)len) != len)
         return EXIT_IO;
-    if (j->mode == OK || j->mode == ENV) {
+    if (j->mode == OK || j->mode == ENV || (j->mode == RESTART && attempt >= j->code)) {
         sr__transport_close(x);
         return 0;
     }
@@ -127,6 +137,8 @@ static int worker(int rank, int n, void *arg)
             prctl(PR_SET_DUMPABLE, 0); /* no core file */
             abort();
         }
+        if (j->mode == RESTART)
+            raise(SIGKILL);
         return j->code; /* the transport stays attached, as in a crash */
     }
     sr_tport *home = sr__transport_home(x);
@@ -138,7 +150,7 @@ static int worker(int rank, int n, void *arg)
 static void *spawn_thread(void *p)
 {
     struct job *j = p;
-    sr_spawn_opts o = {.shm_size = 64u << 20, .ring_slots = 64, .name_prefix = j->ns};
+    sr_spawn_opts o = {.shm_size = 64u << 20, .ring_slots = 64, .name_prefix = j->ns, .max_restarts = j->max_restarts};
     j->rc = sr_spawn(j->n, worker, j, &o);
     snprintf(j->error, sizeof(j->error), "%s", sr_last_error());
     close(j->done[1]);
@@ -148,9 +160,9 @@ static void *spawn_thread(void *p)
 static void make_pipe(int p[2]) { cr_assert_eq(pipe2(p, O_CLOEXEC), 0, "pipe2: %s", strerror(errno)); }
 
 /* Start sr_spawn in a thread with stderr captured. */
-static void start(struct job *j, const char *test, int n, enum mode mode, int fail_rank, int code)
+static void start_max(struct job *j, const char *test, int n, enum mode mode, int fail_rank, int code, int max_restarts)
 {
-    *j = (struct job){.mode = mode, .fail_rank = fail_rank, .code = code, .n = n};
+    *j = (struct job){.mode = mode, .fail_rank = fail_rank, .code = code, .n = n, .max_restarts = max_restarts};
     cr_assert_eq(fstat(0, &j->stdin_st), 0, "fstat(stdin): %s", strerror(errno));
     snprintf(j->ns, sizeof(j->ns), "%s", test_ns(test));
     make_pipe(j->ready), make_pipe(j->go), make_pipe(j->done), make_pipe(j->err);
@@ -161,6 +173,25 @@ static void start(struct job *j, const char *test, int n, enum mode mode, int fa
     j->saved_stderr = dup(2);
     cr_assert_eq(dup2(j->err[1], 2), 2, "dup2: %s", strerror(errno));
     cr_assert_eq(pthread_create(&j->thread, NULL, spawn_thread, j), 0);
+}
+
+static void start(struct job *j, const char *test, int n, enum mode mode, int fail_rank, int code)
+{
+    start_max(j, test, n, mode, fail_rank, code, 0);
+}
+
+/* RESTART mode: rank 1 fails `fails` times; sr_spawn may restart max times. */
+static void start_restarting(struct job *j, const char *test, int n, int max, int fails)
+{
+    start_max(j, test, n, RESTART, 1, fails, max);
+}
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
 }
 
 static bool returned(struct job *j)
@@ -286,6 +317,72 @@ Test(spawn, a_worker_killed_by_sigkill_takes_the_job_down)
     await_ready(&j);
     cr_assert_eq(kill(j.seen.pid[1], SIGKILL), 0, "kill: %s", strerror(errno));
     assert_taken_down(&j, 1, "was killed by signal SIGKILL");
+    finish(&j);
+}
+
+/* An attempt that fails: every worker reported ready, fail_rank is let go
+ * (it SIGKILLs itself), every worker of the attempt is gone; the readiness
+ * table is cleared for the next attempt. Returns the failed worker's pid. */
+static pid_t failed_attempt(struct job *j)
+{
+    await_ready(j);
+    pid_t pid = j->seen.pid[j->fail_rank];
+    cr_assert_eq(write(j->go[1], "g", 1), 1);
+    for (int rank = 0; rank < j->n; rank++) {
+        int fd = j->seen.pidfd[rank];
+        cr_assert(fd < 0 || pidfd_exited(fd, WATCH_WAIT_MS), "rank %d still runs %d ms after rank %d died", rank,
+                  WATCH_WAIT_MS, j->fail_rank);
+        if (fd >= 0)
+            close(fd);
+        j->seen.pidfd[rank] = -1;
+        j->seen.pid[rank] = 0;
+    }
+    j->seen.n = 0;
+    return pid;
+}
+
+Test(spawn, max_restarts_starts_the_job_again_after_a_worker_is_killed)
+{
+    struct job j;
+    start_restarting(&j, "restarts", 3, 2, 2);
+    pid_t dead[2] = {failed_attempt(&j), failed_attempt(&j)};
+    await_ready(&j);
+    await_return(&j);
+    cr_assert_eq(j.rc, 0, "sr_spawn returned %d: %s", j.rc, j.error);
+    char want[400];
+    snprintf(want, sizeof(want),
+             "pid %d: sr_spawn: rank 1 (pid %d) was killed by signal SIGKILL; restarting the job (restart 1 of 2)\n"
+             "pid %d: sr_spawn: rank 1 (pid %d) was killed by signal SIGKILL; restarting the job (restart 2 of 2)\n",
+             (int)getpid(), (int)dead[0], (int)getpid(), (int)dead[1]);
+    cr_assert_str_eq(j.report, want);
+    assert_workers_gone(&j.seen, 3);
+    assert_segment_gone(j.ns);
+    finish(&j);
+}
+
+Test(spawn, max_restarts_spent_the_last_failure_takes_the_job_down)
+{
+    struct job j;
+    start_restarting(&j, "spent", 3, 1, 2);
+    failed_attempt(&j);
+    await_ready(&j);
+    cr_assert_eq(write(j.go[1], "g", 1), 1);
+    await_return(&j);
+    cr_assert_eq(j.rc, -SR_EWORKER, "sr_spawn returned %d (%s)", j.rc, j.error);
+    cr_assert(strstr(j.error, "was killed by signal SIGKILL; stopped the other 2 workers"), "%s", j.error);
+    cr_assert_eq(count_lines(j.report), 2, "one restart line, one report: %s", j.report);
+    assert_workers_gone(&j.seen, 3);
+    assert_segment_gone(j.ns);
+    finish(&j);
+}
+
+Test(spawn, a_worker_returning_3_is_not_restarted)
+{
+    struct job j;
+    start_max(&j, "ret3restart", 4, EXIT, 2, 3, 2);
+    await_ready(&j);
+    cr_assert_eq(write(j.go[1], "g", 1), 1);
+    assert_taken_down(&j, 2, "exited with status 3");
     finish(&j);
 }
 

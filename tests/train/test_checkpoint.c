@@ -885,6 +885,36 @@ Test(ckpt_crash, a_live_writers_file_is_left_alone)
     cr_assert_str_eq(dir_listing(), "ck.bin");
 }
 
+/* A restarted job loads before it saves: the load removes what a writer
+ * killed mid-save left (its pid exited and was reaped), and keeps the file
+ * of a writer still filling it (its lock). */
+Test(ckpt_crash, a_load_removes_a_dead_writers_file_and_keeps_a_live_ones)
+{
+    cr_assert_eq(save_basic(g_path, 1), 0, "%s", sr_last_error());
+    /* The live one first: the dead one's save would clean its file up. */
+    pid_t live = writer_stopped_at(SR__CKPT_HALF_WRITTEN, 3);
+    pid_t dead = writer_stopped_at(SR__CKPT_HALF_WRITTEN, 2);
+    kill_writer(dead);
+    char names[2][32], before[96], after[96], last[96];
+    snprintf(names[0], sizeof(names[0]), "ck.bin.tmp.%d", (int)dead);
+    snprintf(names[1], sizeof(names[1]), "ck.bin.tmp.%d", (int)live);
+    int first = strcmp(names[0], names[1]) > 0; /* dir_listing sorts */
+    snprintf(before, sizeof(before), "ck.bin %s %s", names[first], names[!first]);
+    snprintf(last, sizeof(last), "%s", dir_listing());
+    sr_checkpoint *c = NULL;
+    int rc = sr_checkpoint_load(g_path, &c);
+    sr_checkpoint_destroy(c);
+    snprintf(after, sizeof(after), "%s", dir_listing());
+    kill_writer(live); /* before any assertion: it would outlive the test */
+    cr_assert_str_eq(last, before);
+    cr_assert_eq(rc, 0, "%s", sr_last_error());
+    snprintf(before, sizeof(before), "ck.bin %s", names[1]);
+    cr_assert_str_eq(after, before, "the load left the dead writer's file (pid %d), or removed the live one's",
+                     (int)dead);
+    expect_basic_file(g_path, 1);
+    cr_assert_str_eq(dir_listing(), "ck.bin", "the load left the file of the writer killed last");
+}
+
 Test(ckpt_crash, stale_files_of_a_reused_pid_and_others)
 {
     char p[192];

@@ -8,7 +8,13 @@
  * when a worker exits non-zero or is killed by a signal, the others are
  * killed at once, one line naming the rank, pid and status is printed to
  * stderr, and sr_spawn returns -SR_EWORKER with the same line in
- * sr_last_error(). Workers die with the calling thread (PR_SET_PDEATHSIG), so
+ * sr_last_error(). With opts->max_restarts, a worker killed by a signal
+ * (not one that returns non-zero) instead stops the others and starts all
+ * world_size workers again, fn from the start in fresh processes on a fresh
+ * segment, with SHMRPC_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) set to
+ * the restart's number in their environment (0 on the first attempt); one
+ * line per restart names the rank and signal (docs/API.md).
+ * Workers die with the calling thread (PR_SET_PDEATHSIG), so
  * call it from a thread that outlives the job; it blocks until then anyway.
  */
 #ifndef SHMRPC_SPAWN_H
@@ -35,7 +41,9 @@ typedef struct sr_spawn_opts {
     uint64_t shm_size;       /* total segment bytes; 0: 1 GiB of heap per worker (sparse) */
     uint32_t ring_slots;     /* inbox slots per worker, a power of two; 0: 1024 */
     const char *name_prefix; /* segment name prefix, for reports and leak checks; NULL: "shmrpc" */
-    int max_restarts;        /* restarts (SR_RESTART_JOB) or replacements (SR_RESTART_RANK) allowed; 0: none */
+    int max_restarts;        /* restarts allowed: a worker killed by a signal starts the whole job again
+                              * (SR_RESTART_JOB, shmrun --max-restarts) or its rank again
+                              * (SR_RESTART_RANK, shmrun --restart rank), at most this many times; 0: never */
     sr_restart_policy restart;
 } sr_spawn_opts;
 

@@ -65,5 +65,7 @@ int sr__ckpt_tmp_open(int dirfd, const char *name, const char *path);
 /* Remove the temporary files of base that no live writer holds locked
  * (left by a writer that crashed). Best effort: errors are ignored. */
 void sr__ckpt_tmp_clean(int dirfd, const char *base);
+/* The same for the temporary files beside path (a load's cleanup). */
+void sr__ckpt_tmp_clean_path(const char *path);
 
 #endif

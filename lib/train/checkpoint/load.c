@@ -293,6 +293,9 @@ SR_API int sr_checkpoint_load(const char *path, sr_checkpoint **out)
         *out = NULL;
     if (!path || !out)
         return sr__fail(-EINVAL, "sr_checkpoint_load", "%s is NULL", !path ? "path" : "out");
+    /* A restarted job loads before it saves: what a writer killed mid-save
+     * left beside path goes now (tmpfile.c; a live writer's file stays). */
+    sr__ckpt_tmp_clean_path(path);
     reader r = {.path = path, .fd = -1};
     int rc = load(&r);
     if (r.fd >= 0)

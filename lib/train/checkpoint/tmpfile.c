@@ -111,3 +111,16 @@ void sr__ckpt_tmp_clean(int dirfd, const char *base)
             clean_one(dirfd, de->d_name);
     closedir(d);
 }
+
+void sr__ckpt_tmp_clean_path(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char *dir = !slash ? strdup(".") : slash == path ? strdup("/") : strndup(path, (size_t)(slash - path));
+    int dirfd = dir && *base ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    if (dirfd >= 0) {
+        sr__ckpt_tmp_clean(dirfd, base);
+        close(dirfd);
+    }
+    free(dir);
+}

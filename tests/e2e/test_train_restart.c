@@ -1,0 +1,297 @@
+/* The training demo (bench/demo_train) under the real shmrun --max-restarts
+ * (SHMRUN, DEMO_TRAIN), losing workers to SIGKILL: seeded trials
+ * (SHMRPC_RESTART_TRIALS, default 2: seed 1 kills a trainer then the server,
+ * seed 2 the server twice; SHMRPC_RESTART_SEED, the first seed),
+ * each killing one or two random ranks — the parameter server included —
+ * each after a random number of the demo's checkpoints. The job restarts
+ * by itself, resumes from its checkpoint without --resume, and ends:
+ *   - exit 0, one "restarting the job" line per kill naming the rank and pid;
+ *   - the final parameters equal, bit for bit, those of an uninterrupted run
+ *     (one trainer: the order of updates is deterministic, as in
+ *     test_train_resume.c);
+ *   - no process of the job, no segment, and nothing in the checkpoint
+ *     directory but the checkpoint and the parameter dump (no temporary
+ *     file of a save the kill interrupted).
+ * Nothing sleeps: kills follow the "checkpoint: step N saved" lines, read
+ * through a pipe; the end is end-of-file of the pipes every worker holds and
+ * shmrun's pidfd, each wait bounded. Reads the real Fashion-MNIST (skipped
+ * without the package).
+ */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "helpers/watch.h"
+#include "shmrpc/checkpoint.h"
+#include "shmrpc/data.h"
+
+LEAK_CHECKED_SUITE(train_restart);
+
+/* 6 checkpoints (every 40 of 240 steps): kills follow one of the first 4. */
+#define STEPS "240"
+#define SAVE_EVERY "40"
+#define RECIPE "--limit-batches", STEPS, "--seed", "7", "--momentum", "0.9"
+#define MAX_KILLS 2
+
+struct job {
+    pid_t pid;
+    int pidfd, out_fd, err_fd;
+    char out[65536], err[16384];
+    size_t out_len, err_len;
+    bool out_eof, err_eof;
+    char ns[40];
+};
+
+static const char *env_path(const char *var)
+{
+    const char *p = getenv(var);
+    cr_assert(p && *p, "%s is not set: run this test through meson", var);
+    return p;
+}
+
+static long env_long(const char *name, long def)
+{
+    const char *s = getenv(name);
+    return s && *s ? atol(s) : def;
+}
+
+/* In the child: stdout and stderr to the pipes, nothing else open. */
+static void exec_job(int out, int err, char **argv)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL);
+    if (dup2(out, 1) < 0 || dup2(err, 2) < 0)
+        _exit(126);
+    close_range(3, ~0u, 0);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+/* shmrun -n 2 --name-prefix NS --max-restarts 3 -- demo_train --plot DIR/NAME.svg RECIPE args... */
+static void start(struct job *j, const char *name, const char *dir, char **args)
+{
+    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
+    static char plot[512];
+    snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
+    char *argv[32] = {(char *)env_path("SHMRUN"), "-n", "2", "--name-prefix", j->ns, "--max-restarts", "3", "--",
+                      (char *)env_path("DEMO_TRAIN"), "--plot", plot, RECIPE};
+    int n = 17;
+    for (int i = 0; args[i]; i++) {
+        cr_assert_lt(n, 31, "too many arguments");
+        argv[n++] = args[i];
+    }
+    int out[2], err[2];
+    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(err, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    if (pid == 0)
+        exec_job(out[1], err[1], argv);
+    cr_assert(pid > 0, "fork: %s", strerror(errno));
+    close(out[1]), close(err[1]);
+    *j = (struct job){.pid = pid, .out_fd = out[0], .err_fd = err[0]};
+    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
+    fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
+    fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
+    j->pidfd = watch_pidfd_open(pid);
+    cr_assert(j->pidfd >= 0, "pidfd_open: %s", strerror(errno));
+}
+
+static void pump(struct job *j, int ms)
+{
+    struct pollfd p[2] = {{.fd = j->out_eof ? -1 : j->out_fd, .events = POLLIN},
+                          {.fd = j->err_eof ? -1 : j->err_fd, .events = POLLIN}};
+    poll(p, 2, ms);
+    if (!j->out_eof)
+        watch_drain(j->out_fd, j->out, sizeof(j->out), &j->out_len, &j->out_eof);
+    if (!j->err_eof)
+        watch_drain(j->err_fd, j->err, sizeof(j->err), &j->err_len, &j->err_eof);
+}
+
+static int want_saves;
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (; (s = strstr(s, what)); s += strlen(what))
+        n++;
+    return n;
+}
+static bool saves_seen(struct job *j) { return count(j->out, "checkpoint: step ") >= want_saves || j->out_eof; }
+static bool pipes_closed(struct job *j) { return j->out_eof && j->err_eof; }
+
+static bool pump_until(struct job *j, bool (*done)(struct job *))
+{
+    int64_t deadline = watch_now_ms() + 6 * WATCH_WAIT_MS;
+    while (!done(j)) {
+        int64_t left = deadline - watch_now_ms();
+        if (left <= 0)
+            return false;
+        pump(j, (int)left);
+    }
+    return true;
+}
+
+/* The pid of shmrun's child that runs `rank` of the current attempt (its
+ * exec'd environment says so); 0 if none. */
+static pid_t rank_pid(pid_t shmrun, int rank)
+{
+    char path[64], kids[512], want[32];
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)shmrun, (int)shmrun);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(kids, 1, sizeof(kids) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    kids[n] = 0;
+    snprintf(want, sizeof(want), "SHMRPC_RANK=%d", rank);
+    for (char *save = NULL, *t = strtok_r(kids, " \n", &save); t; t = strtok_r(NULL, " \n", &save)) {
+        char env[8192];
+        snprintf(path, sizeof(path), "/proc/%s/environ", t);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        ssize_t len = fd >= 0 ? read(fd, env, sizeof(env) - 1) : -1;
+        if (fd >= 0)
+            close(fd);
+        for (ssize_t i = 0; i < len; i += (ssize_t)strlen(env + i) + 1) {
+            env[len] = 0;
+            if (!strcmp(env + i, want))
+                return (pid_t)atoi(t);
+        }
+    }
+    return 0;
+}
+
+static int finish(struct job *j)
+{
+    cr_assert(pump_until(j, pipes_closed), "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
+              j->pid, 6 * WATCH_WAIT_MS, j->err);
+    int st;
+    cr_assert_eq(waitpid(j->pid, &st, 0), j->pid, "waitpid(shmrun): %s", strerror(errno));
+    close(j->out_fd), close(j->err_fd), close(j->pidfd);
+    return st;
+}
+
+static void assert_same_params(const char *a, const char *b, uint32_t seed)
+{
+    sr_checkpoint *ca, *cb;
+    cr_assert_eq(sr_checkpoint_load(a, &ca), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_checkpoint_load(b, &cb), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_checkpoint_count(ca), sr_checkpoint_count(cb));
+    for (size_t i = 0; i < sr_checkpoint_count(ca); i++) {
+        const char *name = sr_checkpoint_name(ca, i);
+        sr_tensor *x = sr_checkpoint_get(ca, name), *y = sr_checkpoint_get(cb, name);
+        cr_assert(x && y, "'%s' is missing: %s", name, sr_last_error());
+        size_t n = sr_tensor_numel(x);
+        cr_assert_eq(n, sr_tensor_numel(y));
+        const float *px = sr_tensor_data(x), *py = sr_tensor_data(y);
+        for (size_t k = 0; k < n; k++)
+            cr_assert(!memcmp(&px[k], &py[k], sizeof(float)), "seed %u: '%s'[%zu]: %.9g uninterrupted, %.9g restarted",
+                      seed, name, k, (double)px[k], (double)py[k]);
+        sr_tensor_unref(x);
+        sr_tensor_unref(y);
+    }
+    sr_checkpoint_destroy(ca);
+    sr_checkpoint_destroy(cb);
+}
+
+/* Names in dir, sorted, joined with spaces. */
+static const char *listing(const char *dir)
+{
+    static char buf[1024];
+    struct dirent **list;
+    int n = scandir(dir, &list, NULL, alphasort);
+    cr_assert(n >= 0);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (list[i]->d_name[0] != '.')
+            snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s", buf[0] ? " " : "", list[i]->d_name);
+        free(list[i]);
+    }
+    free(list);
+    return buf;
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static uint32_t next(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+static void run_trial(uint32_t seed, const char *ref)
+{
+    char dir[] = "/tmp/sr-train-restart-XXXXXX", dump[600], name[32];
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    snprintf(dump, sizeof(dump), "%s/restarted.params", dir);
+    snprintf(name, sizeof(name), "rs%u", seed);
+    uint32_t rng = seed;
+    int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS], after[MAX_KILLS];
+    pid_t victim[MAX_KILLS];
+    struct job j;
+    start(&j, name, dir, (char *[]){"--checkpoint-dir", dir, "--save-every", SAVE_EVERY, "--dump-params", dump, NULL});
+    for (int k = 0; k < kills; k++) {
+        rank[k] = (int)(next(&rng) % 2);
+        /* the k-th kill follows one of the first 4 saves, later than the last kill's */
+        after[k] = (k ? after[k - 1] : 0) + 1 + (int)(next(&rng) % 2);
+        want_saves = after[k];
+        cr_assert(pump_until(&j, saves_seen) && !j.out_eof, "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
+                  seed, after[k], j.out, j.err);
+        victim[k] = rank_pid(j.pid, rank[k]);
+        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
+        cr_assert_eq(kill(victim[k], SIGKILL), 0, "kill: %s", strerror(errno));
+    }
+    int st = finish(&j);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "seed %u: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", seed,
+              st, j.out, j.err);
+    char line[200];
+    for (int k = 0; k < kills; k++) {
+        snprintf(line, sizeof(line),
+                 "shmrun: rank %d (pid %d) was killed by signal SIGKILL; restarting the job (restart %d of 3)\n",
+                 rank[k], (int)victim[k], k + 1);
+        cr_assert(strstr(j.err, line), "seed %u: no line '%s' in stderr:\n%s", seed, line, j.err);
+    }
+    cr_assert_eq(count(j.err, "restarting the job"), kills, "seed %u: stderr:\n%s", seed, j.err);
+    cr_assert_eq(count(j.out, "resumed from"), kills, "seed %u: each restart resumes; stdout:\n%s", seed, j.out);
+    assert_same_params(ref, dump, seed);
+    assert_segment_gone(j.ns);
+    for (int k = 0; k < kills; k++)
+        cr_assert(kill(victim[k], 0) == -1 && errno == ESRCH, "seed %u: pid %d still exists", seed, (int)victim[k]);
+    /* PR_SET_CHILD_SUBREAPER: every process of the job came back to us. */
+    cr_assert(waitpid(-1, NULL, WNOHANG) == -1 && errno == ECHILD, "seed %u: a process of the job is left", seed);
+    snprintf(line, sizeof(line), "restarted.params %s.svg train.ckpt", name); /* sorted: "re" < "rs" */
+    const char *left = listing(dir);
+    cr_assert_str_eq(left, line, "seed %u: the checkpoint directory holds '%s', not '%s'", seed, left, line);
+    remove_dir(dir);
+}
+
+Test(train_restart, killed_ranks_restart_the_job_which_ends_as_an_uninterrupted_run, .timeout = 600)
+{
+    char path[256];
+    snprintf(path, sizeof(path), "%s/train-images-idx3-ubyte.gz", SR_FASHION_MNIST_DIR);
+    if (access(path, R_OK))
+        cr_skip_test("dataset-fashion-mnist is not installed (%s)", path);
+    cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+    char dir[] = "/tmp/sr-train-restart-ref-XXXXXX", ref[600];
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    snprintf(ref, sizeof(ref), "%s/uninterrupted.params", dir);
+    struct job j;
+    start(&j, "rsref", dir, (char *[]){"--dump-params", ref, NULL});
+    int st = finish(&j);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reference run: wait status 0x%x; stderr:\n%s", st, j.err);
+    long trials = env_long("SHMRPC_RESTART_TRIALS", 2);
+    uint32_t first = (uint32_t)env_long("SHMRPC_RESTART_SEED", 1);
+    for (long i = 0; i < trials; i++)
+        run_trial(first + (uint32_t)i, ref);
+    remove_dir(dir);
+}
