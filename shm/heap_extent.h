@@ -44,6 +44,11 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
  * goes; the area is then forgotten. */
 void sr__heap_arena_destroy(unsigned arena);
 
+/* In a child forked by an attached process: forget the parent's area (the
+ * child's copy of the parent's arena is never used again), so that the child
+ * may create an arena of its own. Async-signal-safe (an atfork handler). */
+void sr__heap_arena_forget_in_child(void);
+
 /* Give every unused dirty page of the arena back to the kernel now
  * (arena.<i>.purge). 0 or -errno. */
 int sr__heap_arena_purge(unsigned arena);
