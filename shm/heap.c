@@ -5,7 +5,7 @@
  *   R1  a holder's release in the acq_rel decrement of refcount
  *       pairs with the last holder's acquire in the same decrement -> every
  *       holder's reads and writes of the block happen before it is freed.
- *   F1  a pusher's release CAS of the owner's remote-free head (after a
+ *   F1  a pusher's release CAS of the area's remote-free head (after a
  *       relaxed store of the block's next_free)
  *       pairs with the owner's acquire exchange in sr__heap_drain -> the links
  *       and everything the pusher did before are visible to the owner. A later
