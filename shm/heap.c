@@ -131,6 +131,7 @@ struct tcache {
 static _Thread_local struct tcache tc;
 
 static pthread_mutex_t tc_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic bool counts_lost; /* an allocation or free went uncounted: detach cannot prove none is live */
 static struct tc_stats *tc_all;    /* every thread's stats this attach; under tc_lock */
 static uint64_t tc_gen_next = 1;   /* written by attach only */
 static pthread_key_t tc_key;
@@ -271,8 +272,11 @@ static bool tc_ready(void)
     if (tc.gen == heap.gen)
         return true;
     struct tc_stats *st = calloc(1, sizeof(*st));
-    if (!st)
+    if (!st) {
+        /* relaxed: read by detach, after every thread of ours is quiet */
+        atomic_store_explicit(&counts_lost, true, memory_order_relaxed);
         return false;
+    }
     pthread_once(&tc_key_once, tc_make_key);
     (void)pthread_setspecific(tc_key, st); /* non-NULL: the destructor runs at exit */
     pthread_mutex_lock(&tc_lock);
@@ -458,6 +462,7 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
     /* relaxed: statistics; no other heap call runs during attach */
     atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
+    atomic_store_explicit(&counts_lost, false, memory_order_relaxed);
     return 0;
 }
 
@@ -470,7 +475,9 @@ static uint64_t live_blocks(void)
 {
     uint64_t allocs, local_frees;
     tc_sum(&allocs, &local_frees, NULL);
-    /* relaxed: statistics, written by this process's threads, all quiet */
+    /* relaxed (both): written by this process's threads, all quiet now */
+    if (atomic_load_explicit(&counts_lost, memory_order_relaxed))
+        return UINT64_MAX;
     return allocs - local_frees - atomic_load_explicit(&counters.drained, memory_order_relaxed);
 }
 
@@ -484,6 +491,7 @@ static int area_empty(const sr_segment *seg, int a, const char *fn)
                       (unsigned long long)seg->heap_stride, strerror(errno));
     /* relaxed: published by the release store below */
     atomic_store_explicit(&sr__seg_area(seg, a)->remote_free, 0, memory_order_relaxed);
+    /* release: A2, pairs with the acq_rel CAS of the next attach (area_take) */
     atomic_store_explicit(&sr__seg_area(seg, a)->state, sr__area_word(SR_AREA_FREE, 0, 0), memory_order_release);
     return rc;
 }
