@@ -182,9 +182,10 @@ void sr__heap_counters_get(sr_heap_counters *out)
 static uint64_t header_check(const struct hdr *f)
 {
     uint64_t h = f->size * 0x9e3779b97f4a7c15ull;
-    h ^= ((uint64_t)(uint32_t)f->owner << 32 | f->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    /* area shares owner's round: a change of either field alone changes the word */
+    h ^= (((uint64_t)(uint32_t)f->owner << 32 | f->layout) ^ (uint64_t)(uint32_t)f->area << 8) +
+         0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
     h ^= (uint64_t)f->delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
-    h ^= (uint64_t)(uint32_t)f->area * 0xd6e8feb86659fd93ull + (h << 6) + (h >> 2);
     h ^= h >> 33;
     return h * 0xc4ceb9fe1a85ec53ull;
 }
@@ -795,16 +796,15 @@ static int area_of(const void *p)
 }
 
 /* NULL if b's header is intact: its check word matches, its area is the one
- * it lies in (-1 for a private block, outside every area, owner -1 too), its
- * owner a rank, and its data lies in that area without overlapping it. Else
- * what is wrong. */
+ * it lies in (-1 for a private block, outside every area), and its data lies
+ * in that area without overlapping it. Else what is wrong. */
 static const char *block_fault(const sr_block *b, const struct hdr *h)
 {
     if (h->check != header_check(h))
         return "is corrupt (its check word does not match size, owner, area, layout and data offset)";
     int area = area_of(b);
-    if (h->area != area || (area < 0) != (h->owner < 0) || (h->owner >= 0 && (uint32_t)h->owner >= heap.world))
-        return "has an owner or area that is not the heap area it lies in";
+    if (h->area != area) /* the owner rank is the allocator's own, covered by the check word */
+        return "has an area that is not the heap area it lies in";
     if (area < 0)
         return h->delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
     uint64_t off = sr__seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;

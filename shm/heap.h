@@ -20,8 +20,8 @@
  *
  * Lifetime: a block lives while its refcount is above zero. sr__block_data()
  * is valid for as long as the caller holds a reference. A block of a worker
- * that has detached stays readable (its pages are kept) until the segment
- * goes, but is never freed.
+ * that has detached or died stays readable (its pages are kept) until its
+ * area is reclaimed (see "Areas"), but is never freed one by one.
  *
  * Threads: every call may come from any thread of the worker, except
  * sr__heap_attach and sr__heap_detach, which must not overlap any other heap
