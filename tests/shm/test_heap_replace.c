@@ -8,8 +8,9 @@
  * dead area, the parent's blocks keep their contents, and the parent's last
  * unrefs of dead-area blocks go onto the dead area's list (no dead arena is
  * touched). Then: a full pool is -ENOSPC naming the rank and the quarantined
- * areas; 100 replacements with reclaim leave the memfd no bigger; a detach
- * with live blocks quarantines, one without frees the area.
+ * areas; two replacements racing for one spare never share it; 100
+ * replacements with reclaim leave the memfd no bigger; a detach with live
+ * blocks quarantines, one without frees the area.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -247,7 +248,13 @@ Test(heap_replace, hundred_replacements_do_not_grow, .timeout = 120)
         cr_assert_eq(dead_area(gen), a);
         for (int i = 0; i < NBLK; i++)
             sr__block_unref(b[i]);
+        sr_heap_area st;
+        cr_assert_eq(sr__heap_area_get(&seg, a, &st), 0);
+        cr_assert_neq(st.remote_free, 0, "generation %u: the parent's last unrefs are on the dead area's list", gen);
         cr_assert_eq(sr__heap_area_reclaim(&seg, a), 0, "%s", sr_last_error());
+        cr_assert_eq(sr__heap_area_get(&seg, a, &st), 0);
+        cr_assert(st.state == SR_AREA_FREE && st.remote_free == 0, "generation %u: area %d reclaimed to state %u, "
+                  "list %llu", gen, a, st.state, (unsigned long long)st.remote_free);
         cr_assert_eq(areas_not_free(), 1u, "generation %u: only the parent's area is in use", gen);
         uint64_t bytes = memfd_bytes(seg.fd);
         if (gen == 1)
@@ -256,6 +263,65 @@ Test(heap_replace, hundred_replacements_do_not_grow, .timeout = 120)
                       (unsigned long long)bytes, (unsigned long long)first);
     }
     cr_assert_eq(sr__heap_area_reclaim(&seg, 1), -EBUSY, "a FREE area is not reclaimed twice");
+    teardown();
+}
+
+/* Two replacements race for the one spare: exactly one gets it, the other
+ * is -ENOSPC; neither takes area 1, whose dead owner nobody quarantined yet
+ * (still OWNED: its blocks may be held). */
+Test(heap_replace, two_attachers_never_share_an_area, .timeout = 60)
+{
+    setup(1);
+    sr_block *b[NBLK];
+    pid_t pid = spawn(1, 100);
+    take(b, 1);
+    kill_child(pid); /* not quarantined */
+    struct handover *res = mmap(NULL, 2 * sizeof(*res), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(res, MAP_FAILED);
+    int go[2], done[2];
+    cr_assert(pipe(go) == 0 && pipe(done) == 0);
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        cr_assert_geq(kids[k], 0);
+        if (kids[k] == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            close(go[1]); /* else our own copy keeps go open */
+            char c;
+            struct pollfd pf = {.fd = go[0], .events = POLLIN};
+            if (poll(&pf, 1, WAIT_MS) != 1) /* both start together when the parent closes go */
+                _exit(4);
+            res[k].rc = sr__heap_attach_gen(&seg, 1, 2 + (uint32_t)k);
+            snprintf(res[k].err, sizeof(res[k].err), "%s", res[k].rc ? sr_last_error() : "");
+            c = 1;
+            if (write(done[1], &c, 1) != 1)
+                _exit(3);
+            for (;;)
+                pause();
+        }
+    }
+    close(go[1]); /* POLLHUP wakes both */
+    for (int k = 0; k < 2; k++) {
+        struct pollfd pf = {.fd = done[0], .events = POLLIN};
+        char c;
+        cr_assert(poll(&pf, 1, WAIT_MS) == 1 && read(done[0], &c, 1) == 1, "attacher %d did not finish", k);
+    }
+    int won = (res[0].rc == 0) + (res[1].rc == 0);
+    cr_assert_eq(won, 1, "attach results %d (%s), %d (%s)", res[0].rc, res[0].err, res[1].rc, res[1].err);
+    int winner = res[0].rc == 0 ? 0 : 1;
+    cr_assert_eq(res[1 - winner].rc, -ENOSPC, "%s", res[1 - winner].err);
+    cr_assert_eq(sr__heap_area_find(&seg, 1, 2 + (uint32_t)winner), 2, "the winner took the spare");
+    cr_assert_eq(sr__heap_area_find(&seg, 1, 1), 1, "the dead owner's area is still its own");
+    for (int i = 0; i < NBLK; i++) {
+        cr_assert_eq(first_bad(b[i], 100 + (uint64_t)i), -1, "block %d was wiped", i);
+        sr__block_unref(b[i]);
+    }
+    for (int k = 0; k < 2; k++)
+        kill_child(kids[k]);
+    close(go[0]);
+    close(done[0]);
+    close(done[1]);
+    munmap(res, 2 * sizeof(*res));
     teardown();
 }
 
