@@ -5,13 +5,16 @@
  *   R1  a holder's release in the acq_rel decrement of refcount
  *       pairs with the last holder's acquire in the same decrement -> every
  *       holder's reads and writes of the block happen before it is freed.
- *   F1  a pusher's release CAS of the owner's remote-free head (after a
+ *   F1  a pusher's release CAS of the area's remote-free head (after a
  *       relaxed store of the block's next_free)
  *       pairs with the owner's acquire exchange in sr__heap_drain -> the links
  *       and everything the pusher did before are visible to the owner. A later
  *       push's CAS is a read-modify-write of the same head, so it continues
  *       the release sequence of every earlier push: one acquire of the final
  *       value covers the whole list.
+ *   A1, A2  the area table's state word (heap.h, "Areas"): CAS changes in
+ *       one order; the release store of FREE after a punch pairs with the
+ *       acq_rel CAS of the next attach.
  *   Offsets travel between workers through the inbox rings, whose P1/C1 pair
  *   (ring.h) publishes the block header written at allocation.
  *
@@ -36,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "error.h"
 #include "log.h"
@@ -59,14 +63,15 @@ enum block_layout {
 
 struct sr_block {
     uint64_t size;            /* data bytes; written once by the allocator */
-    int32_t owner;            /* rank, -1 private; written once by the allocator */
+    int32_t owner;            /* rank of the allocating process, -1 private; written once by the allocator */
     uint32_t magic;           /* written by the allocator, and by the owner when freeing */
     _Atomic uint32_t refcount; /* every holder */
     uint32_t layout;          /* enum block_layout; written once by the allocator */
     _Atomic uint64_t next_free; /* remote-free list link (offset), written by the releasing worker */
     int64_t data_delta;       /* data address minus header address; written once by the allocator */
-    uint64_t check;           /* header_check() of the fields above; written once by the allocator */
-    char reserved[16];
+    uint64_t check;           /* header_check() of the fields above and area; written once by the allocator */
+    int32_t area;             /* heap area it lies in (segment.h), -1 private; written once by the allocator */
+    char reserved[12];
 };
 _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 
@@ -77,15 +82,17 @@ _Static_assert(sizeof(struct sr_block) == 64, "block header is one cache line");
 static struct heap {
     sr_segment seg;              /* a copy of the caller's mapping; not owned */
     int rank;
+    uint32_t rank_gen;           /* our rank's generation (sr__heap_attach_gen) */
+    int area_idx;                /* the heap area we own */
     unsigned arena;
     char *area;                  /* our heap area; NULL: not attached */
     uint64_t area_len;
-    _Atomic uint64_t *free_head; /* our remote-free list head (worker table) */
-    uint64_t heap_off, heap_stride, table_off, table_stride; /* copied at attach, validated */
-    uint32_t world;
+    _Atomic uint64_t *free_head; /* our area's remote-free list head (area table) */
+    uint64_t heap_off, heap_stride, area_off, area_stride; /* copied at attach, validated */
+    uint32_t world, nareas;
     uint64_t gen;                /* which attach this is (never 0 while attached): thread caches check it */
     uint32_t tc_bin[TC_BINS + 1]; /* thread-cache bin of a 64 * k byte request: its size class / 64 */
-} heap;
+} heap = {.rank = -1, .area_idx = -1};
 
 /* ---- the thread cache of small blocks ----
  *
@@ -124,6 +131,7 @@ struct tcache {
 static _Thread_local struct tcache tc;
 
 static pthread_mutex_t tc_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic bool counts_lost; /* an allocation or free went uncounted: detach cannot prove none is live */
 static struct tc_stats *tc_all;    /* every thread's stats this attach; under tc_lock */
 static uint64_t tc_gen_next = 1;   /* written by attach only */
 static pthread_key_t tc_key;
@@ -136,7 +144,7 @@ static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
  * between. */
 struct hdr {
     uint64_t size;
-    int32_t owner;
+    int32_t owner, area;
     uint32_t layout;
     int64_t delta;
     uint64_t check;
@@ -174,7 +182,9 @@ void sr__heap_counters_get(sr_heap_counters *out)
 static uint64_t header_check(const struct hdr *f)
 {
     uint64_t h = f->size * 0x9e3779b97f4a7c15ull;
-    h ^= ((uint64_t)(uint32_t)f->owner << 32 | f->layout) + 0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
+    /* area shares owner's round: a change of either field alone changes the word */
+    h ^= (((uint64_t)(uint32_t)f->owner << 32 | f->layout) ^ (uint64_t)(uint32_t)f->area << 8) +
+         0x632be59bd9b4e019ull + (h << 6) + (h >> 2);
     h ^= (uint64_t)f->delta * 0xff51afd7ed558ccdull + (h << 6) + (h >> 2);
     h ^= h >> 33;
     return h * 0xc4ceb9fe1a85ec53ull;
@@ -183,16 +193,19 @@ static uint64_t header_check(const struct hdr *f)
 static struct hdr hdr_read(const sr_block *b)
 {
     const volatile sr_block *v = b;
-    return (struct hdr){.size = v->size, .owner = v->owner, .layout = v->layout, .delta = v->data_delta,
-                        .check = v->check};
+    return (struct hdr){.size = v->size, .owner = v->owner, .area = v->area, .layout = v->layout,
+                        .delta = v->data_delta, .check = v->check};
 }
 
-/* data == NULL: LAYOUT_INLINE, the data follows the header. */
+/* data == NULL: LAYOUT_INLINE, the data follows the header. owner < 0: a
+ * private block (area -1), else ours (heap.rank, heap.area_idx). */
 static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
 {
     sr_block *b = p;
-    struct hdr h = {.size = nbytes, .owner = owner, .layout = layout,
+    int area = owner < 0 ? -1 : heap.area_idx;
+    struct hdr h = {.size = nbytes, .owner = owner, .area = area, .layout = layout,
                     .delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b)};
+    b->area = area;
     b->data_delta = h.delta;
     b->layout = layout;
     b->size = nbytes;
@@ -260,8 +273,11 @@ static bool tc_ready(void)
     if (tc.gen == heap.gen)
         return true;
     struct tc_stats *st = calloc(1, sizeof(*st));
-    if (!st)
+    if (!st) {
+        /* relaxed: read by detach, after every thread of ours is quiet */
+        atomic_store_explicit(&counts_lost, true, memory_order_relaxed);
         return false;
+    }
     pthread_once(&tc_key_once, tc_make_key);
     (void)pthread_setspecific(tc_key, st); /* non-NULL: the destructor runs at exit */
     pthread_mutex_lock(&tc_lock);
@@ -283,6 +299,15 @@ static void tc_forget_all(void)
     }
     pthread_mutex_unlock(&tc_lock);
     tc = (struct tcache){0};
+}
+
+/* In a child forked by an attached process: the parent's caches and
+ * counters are not ours (our counts of live blocks start again at attach).
+ * fork() copied tc_lock as some parent thread may have held it. */
+static void tc_forget_all_in_child(void)
+{
+    pthread_mutex_init(&tc_lock, NULL);
+    tc_forget_all();
 }
 
 /* The bin of an inline block of nbytes of data, or 0 if not cached. */
@@ -324,57 +349,152 @@ static bool tc_push(sr_block *b, const struct hdr *h)
 /* A child forked by an attached worker shares the segment but has its own
  * copy of the arena: allocating from it would hand out the parent's pages
  * twice. The child forgets the heap (sr__block_alloc gives private blocks). */
-static void forget_in_child(void) { heap = (struct heap){.rank = -1}; }
+static void forget_in_child(void)
+{
+    heap = (struct heap){.rank = -1, .area_idx = -1};
+    sr__heap_arena_forget_in_child();
+    tc_forget_all_in_child();
+}
 static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* The header's geometry (copied at attach, then never read again) lies in
- * the mapping. */
+ * the mapping: the worker table, the heap areas and the area table. */
 static bool geometry_fits(const sr_segment *seg)
 {
     const struct sr_seg_header *h = seg->hdr;
-    uint64_t n = h->world_size, size = seg->size;
+    uint64_t n = h->world_size, a = h->heap_areas, size = seg->size;
     return h->table_stride >= sizeof(struct sr_worker_info) && h->table_off <= size &&
-           n <= (size - h->table_off) / h->table_stride && h->heap_off <= size &&
-           n <= (size - h->heap_off) / h->heap_stride;
+           n <= (size - h->table_off) / h->table_stride && h->heap_off <= size && a >= n &&
+           a <= (size - h->heap_off) / h->heap_stride && h->area_stride >= sizeof(struct sr_heap_area_info) &&
+           h->area_stride % SR_CACHELINE == 0 && h->area_off <= size && a <= (size - h->area_off) / h->area_stride;
 }
 
-int sr__heap_attach(const sr_segment *seg, int rank)
+static int check_segment(const sr_segment *seg, int rank, uint32_t gen, const char *fn)
 {
-    if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank)
-        return 0;
-    if (heap.area)
-        return sr__fail(-EBUSY, "sr__heap_attach", "already attached as rank %d of segment '%s'; detach first",
-                        heap.rank, heap.seg.hdr->name);
     if (!seg || !seg->hdr || rank < 0 || (uint32_t)rank >= seg->hdr->world_size)
-        return sr__fail(-EINVAL, "sr__heap_attach", "rank %d is out of range [0, %u)", rank,
-                        seg && seg->hdr ? seg->hdr->world_size : 0);
+        return sr__fail(-EINVAL, fn, "rank %d is out of range [0, %u)", rank, seg && seg->hdr ? seg->hdr->world_size : 0);
+    if (gen == 0)
+        return sr__fail(-EINVAL, fn, "rank %d: generation 0 (generations start at 1)", rank);
     if (seg->hdr->heap_stride < SR_HEAP_MIN)
-        return sr__fail(-EINVAL, "sr__heap_attach", "heap areas of %llu bytes are below the %u-byte minimum",
+        return sr__fail(-EINVAL, fn, "heap areas of %llu bytes are below the %u-byte minimum",
                         (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
     if (!geometry_fits(seg))
-        return sr__fail(-EPROTO, "sr__heap_attach", "segment '%s': the header's worker table or heap areas run "
-                        "past its %zu bytes", seg->hdr->name, seg->size);
-    pthread_once(&atfork_once, register_atfork);
-    _Atomic uint64_t *head = &sr__seg_worker(seg, rank)->remote_free;
-    /* relaxed: no peer holds one of our blocks before we allocate any; a list
-     * left by an earlier attach names blocks of a destroyed arena: drop it */
-    atomic_store_explicit(head, 0, memory_order_relaxed);
-    unsigned arena;
-    int rc = sr__heap_arena_create(sr__seg_heap(seg, rank), seg->hdr->heap_stride, &arena);
+        return sr__fail(-EPROTO, fn, "segment '%s': the header's worker table or heap areas run past its %zu bytes",
+                        seg->hdr->name, seg->size);
+    return 0;
+}
+
+/* Take FREE area a for (rank, gen): acq_rel CAS, pairs with the release
+ * store of FREE by a reclaimer or a detaching owner (A2), so that their
+ * punch and list reset come before our first use; and with any later CAS
+ * of the word (quarantine). */
+static bool area_take(const sr_segment *seg, uint32_t a, int rank, uint32_t gen)
+{
+    uint64_t want = sr__area_word(SR_AREA_FREE, 0, 0);
+    return atomic_compare_exchange_strong_explicit(&sr__seg_area(seg, (int)a)->state, &want,
+                                                   sr__area_word(SR_AREA_OWNED, (uint32_t)rank, gen),
+                                                   memory_order_acq_rel, memory_order_relaxed);
+}
+
+/* The area rank's generation gen takes: area rank if FREE (a normal job's
+ * first attach), else the first FREE spare. -ENOSPC naming what holds them. */
+static int area_pick(const sr_segment *seg, int rank, uint32_t gen)
+{
+    uint32_t n = seg->hdr->heap_areas, world = seg->hdr->world_size;
+    if (area_take(seg, (uint32_t)rank, rank, gen))
+        return rank;
+    for (uint32_t a = world; a < n; a++)
+        if (area_take(seg, a, rank, gen))
+            return (int)a;
+    uint32_t quarantined = 0, reclaiming = 0;
+    for (uint32_t a = 0; a < n; a++) {
+        /* relaxed: for the message only */
+        uint32_t st = sr__area_word_state(atomic_load_explicit(&sr__seg_area(seg, (int)a)->state, memory_order_relaxed));
+        quarantined += st == SR_AREA_QUARANTINED;
+        reclaiming += st == SR_AREA_RECLAIMING;
+    }
+    return sr__fail(-ENOSPC, "sr__heap_attach", "rank %d generation %u: no free heap area in segment '%s' "
+                    "(%u areas: %u for the ranks, %u spares; %u quarantined, %u being reclaimed); a quarantined "
+                    "area comes back once no survivor holds its blocks (sr__heap_area_reclaim), or raise the spares",
+                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming);
+}
+
+/* Give a taken area back (attach failed after the CAS): it was FREE. */
+static void area_untake(const sr_segment *seg, int a)
+{
+    /* release: A2, nothing was written to the area */
+    atomic_store_explicit(&sr__seg_area(seg, a)->state, sr__area_word(SR_AREA_FREE, 0, 0), memory_order_release);
+}
+
+int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
+{
+    if (heap.area && seg && seg->base == heap.seg.base && rank == heap.rank && gen == heap.rank_gen)
+        return 0;
+    if (heap.area)
+        return sr__fail(-EBUSY, "sr__heap_attach", "already attached as rank %d (generation %u) of segment '%s'; "
+                        "detach first", heap.rank, heap.rank_gen, heap.seg.hdr->name);
+    int rc = check_segment(seg, rank, gen, "sr__heap_attach");
     if (rc)
         return rc;
+    pthread_once(&atfork_once, register_atfork);
+    int a = area_pick(seg, rank, gen);
+    if (a < 0)
+        return a;
     const struct sr_seg_header *h = seg->hdr;
-    heap = (struct heap){.seg = *seg, .rank = rank, .arena = arena, .area = sr__seg_heap(seg, rank),
+    _Atomic uint64_t *head = &((struct sr_heap_area_info *)((char *)seg->base + h->area_off +
+                                                             (uint64_t)a * h->area_stride))->remote_free;
+    /* relaxed: the area was FREE, so no block of it is live and nobody pushes;
+     * a list left by an earlier owner names blocks of a destroyed arena */
+    atomic_store_explicit(head, 0, memory_order_relaxed);
+    unsigned arena;
+    char *area = (char *)seg->base + h->heap_off + (uint64_t)a * h->heap_stride;
+    rc = sr__heap_arena_create(area, h->heap_stride, &arena); /* empties it: it is FREE, nobody reads it */
+    if (rc) {
+        area_untake(seg, a);
+        return rc;
+    }
+    heap = (struct heap){.seg = *seg, .rank = rank, .rank_gen = gen, .area_idx = a, .arena = arena, .area = area,
                          .area_len = h->heap_stride, .free_head = head, .heap_off = h->heap_off,
-                         .heap_stride = h->heap_stride, .table_off = h->table_off,
-                         .table_stride = h->table_stride, .world = h->world_size, .gen = tc_gen_next++};
+                         .heap_stride = h->heap_stride, .area_off = h->area_off, .area_stride = h->area_stride,
+                         .world = h->world_size, .nareas = h->heap_areas, .gen = tc_gen_next++};
     for (unsigned k = 1; k <= TC_BINS; k++)
         heap.tc_bin[k] = (uint32_t)(nallocx(k * BLOCK_ALIGN, ARENA_FLAGS) / BLOCK_ALIGN);
     /* relaxed: statistics; no other heap call runs during attach */
     atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
+    atomic_store_explicit(&counts_lost, false, memory_order_relaxed);
     return 0;
+}
+
+int sr__heap_attach(const sr_segment *seg, int rank) { return sr__heap_attach_gen(seg, rank, 1); }
+
+/* Our blocks still live: allocated and neither freed by us nor drained
+ * (blocks in thread caches count as freed). Exact once the drain that
+ * precedes it has run and no thread of ours allocates. */
+static uint64_t live_blocks(void)
+{
+    uint64_t allocs, local_frees;
+    tc_sum(&allocs, &local_frees, NULL);
+    /* relaxed (both): written by this process's threads, all quiet now */
+    if (atomic_load_explicit(&counts_lost, memory_order_relaxed))
+        return UINT64_MAX;
+    return allocs - local_frees - atomic_load_explicit(&counters.drained, memory_order_relaxed);
+}
+
+/* Empty area a (every page punched: it reads as zero again) and make it
+ * FREE (A2: the release store pairs with the acq_rel CAS of area_take). */
+static int area_empty(const sr_segment *seg, int a, const char *fn)
+{
+    int rc = 0;
+    if (madvise(sr__seg_heap(seg, a), seg->heap_stride, MADV_REMOVE) != 0)
+        rc = sr__fail(-errno, fn, "heap area %d: madvise(MADV_REMOVE) of %llu bytes: %s", a,
+                      (unsigned long long)seg->heap_stride, strerror(errno));
+    /* relaxed: published by the release store below */
+    atomic_store_explicit(&sr__seg_area(seg, a)->remote_free, 0, memory_order_relaxed);
+    /* release: A2, pairs with the acq_rel CAS of the next attach (area_take) */
+    atomic_store_explicit(&sr__seg_area(seg, a)->state, sr__area_word(SR_AREA_FREE, 0, 0), memory_order_release);
+    return rc;
 }
 
 void sr__heap_detach(void)
@@ -382,9 +502,103 @@ void sr__heap_detach(void)
     if (!heap.area)
         return;
     sr__heap_drain();
+    uint64_t live = live_blocks();
     sr__heap_arena_destroy(heap.arena); /* with every block the thread caches hold */
-    heap = (struct heap){.rank = -1};
+    sr_segment seg = heap.seg;
+    int a = heap.area_idx;
+    uint64_t owned = sr__area_word(SR_AREA_OWNED, (uint32_t)heap.rank, heap.rank_gen);
+    heap = (struct heap){.rank = -1, .area_idx = -1};
     tc_forget_all();
+    if (live == 0) {
+        /* Nobody holds a block of ours, nor can get one: the area is free. A
+         * quarantine that came first (a supervisor that saw us as dead) wins. */
+        uint64_t w = owned;
+        /* acq_rel: as area_take; RECLAIMING keeps attachers off while we punch */
+        if (atomic_compare_exchange_strong_explicit(&sr__seg_area(&seg, a)->state, &w,
+                                                    sr__area_word(SR_AREA_RECLAIMING, 0, 0),
+                                                    memory_order_acq_rel, memory_order_relaxed))
+            (void)area_empty(&seg, a, "sr__heap_detach");
+        return;
+    }
+    /* Blocks of ours are still held: they stay valid, the area quarantined. */
+    uint64_t w = owned;
+    /* acq_rel: as area_take */
+    (void)atomic_compare_exchange_strong_explicit(&sr__seg_area(&seg, a)->state, &w,
+                                                  sr__area_word(SR_AREA_QUARANTINED, (uint32_t)sr__area_word_rank(owned),
+                                                                sr__area_word_gen(owned)),
+                                                  memory_order_acq_rel, memory_order_relaxed);
+}
+
+/* ---- the area table (whoever handles a death) ---- */
+
+static int check_area(const sr_segment *seg, int a, const char *fn)
+{
+    if (!seg || !seg->base || a < 0 || (uint32_t)a >= seg->heap_areas)
+        return sr__fail(-EINVAL, fn, "heap area %d is out of range [0, %u)", a, seg && seg->base ? seg->heap_areas : 0);
+    return 0;
+}
+
+int sr__heap_area_get(const sr_segment *seg, int a, sr_heap_area *out)
+{
+    int rc = check_area(seg, a, "sr__heap_area_get");
+    if (rc)
+        return rc;
+    /* acquire: pairs with the CAS and stores of the word (A1, A2) */
+    uint64_t w = atomic_load_explicit(&sr__seg_area(seg, a)->state, memory_order_acquire);
+    *out = (sr_heap_area){.state = sr__area_word_state(w), .rank = (int)sr__area_word_rank(w),
+                          .gen = sr__area_word_gen(w),
+                          /* relaxed: a snapshot for reports and tests */
+                          .remote_free = atomic_load_explicit(&sr__seg_area(seg, a)->remote_free, memory_order_relaxed)};
+    return 0;
+}
+
+int sr__heap_area_find(const sr_segment *seg, int rank, uint32_t gen)
+{
+    for (uint32_t a = 0; seg && seg->base && a < seg->heap_areas; a++) {
+        /* relaxed: the caller (who handles rank's death) orders it by reaping the process */
+        uint64_t w = atomic_load_explicit(&sr__seg_area(seg, (int)a)->state, memory_order_relaxed);
+        if (sr__area_word_state(w) == SR_AREA_OWNED && sr__area_word_rank(w) == (uint32_t)rank &&
+            sr__area_word_gen(w) == gen)
+            return (int)a;
+    }
+    return sr__fail(-ENOENT, "sr__heap_area_find", "rank %d generation %u owns no heap area", rank, gen);
+}
+
+int sr__heap_area_quarantine(const sr_segment *seg, int a)
+{
+    int rc = check_area(seg, a, "sr__heap_area_quarantine");
+    if (rc)
+        return rc;
+    _Atomic uint64_t *state = &sr__seg_area(seg, a)->state;
+    /* relaxed: the CAS below checks it */
+    uint64_t w = atomic_load_explicit(state, memory_order_relaxed);
+    while (sr__area_word_state(w) == SR_AREA_OWNED) {
+        uint64_t q = sr__area_word(SR_AREA_QUARANTINED, sr__area_word_rank(w), sr__area_word_gen(w));
+        /* acq_rel: A1, one order with the owner's detach and the attachers */
+        if (atomic_compare_exchange_weak_explicit(state, &w, q, memory_order_acq_rel, memory_order_relaxed))
+            return 0;
+    }
+    return 0; /* FREE (its owner left cleanly), QUARANTINED or RECLAIMING already */
+}
+
+int sr__heap_area_reclaim(const sr_segment *seg, int a)
+{
+    int rc = check_area(seg, a, "sr__heap_area_reclaim");
+    if (rc)
+        return rc;
+    if (heap.area && seg->base == heap.seg.base && a == heap.area_idx)
+        return sr__fail(-EBUSY, "sr__heap_area_reclaim", "heap area %d is this process's own", a);
+    _Atomic uint64_t *state = &sr__seg_area(seg, a)->state;
+    /* relaxed: the CAS below checks it */
+    uint64_t w = atomic_load_explicit(state, memory_order_relaxed);
+    do {
+        if (sr__area_word_state(w) != SR_AREA_QUARANTINED)
+            return sr__fail(-EBUSY, "sr__heap_area_reclaim", "heap area %d is not quarantined (state %u, rank %u "
+                            "generation %u)", a, sr__area_word_state(w), sr__area_word_rank(w), sr__area_word_gen(w));
+        /* acq_rel: A1; RECLAIMING keeps attachers and other reclaimers off */
+    } while (!atomic_compare_exchange_weak_explicit(state, &w, sr__area_word(SR_AREA_RECLAIMING, 0, 0),
+                                                    memory_order_acq_rel, memory_order_relaxed));
+    return area_empty(seg, a, "sr__heap_area_reclaim");
 }
 
 bool sr__heap_attached(void) { return heap.area != NULL; }
@@ -503,7 +717,7 @@ int sr__block_check(const sr_block *b, void **data, size_t *size)
     const char *why = block_fault(b, &h);
     if (why) {
         int area = area_of(b);
-        return sr__fail(-EPROTO, "sr__block_check", "block header at offset %lld (heap of worker %d) %s",
+        return sr__fail(-EPROTO, "sr__block_check", "block header at offset %lld (heap area %d) %s",
                         area < 0 ? -1ll : (long long)sr__seg_off(&heap.seg, b), area, why);
     }
     *data = (char *)b + h.delta;
@@ -536,23 +750,25 @@ static void local_free(sr_block *b, const struct hdr *h)
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
-/* Owner rank's remote-free head, from the geometry copied at attach (the
- * rank was checked against the area the block lies in: block_fault). */
-static _Atomic uint64_t *free_head_of(int rank)
+/* Area a's remote-free head, from the geometry copied at attach (a was
+ * checked against the area the block lies in: block_fault). */
+static _Atomic uint64_t *free_head_of(int a)
 {
-    char *info = (char *)heap.seg.base + heap.table_off + (uint64_t)rank * heap.table_stride;
-    return &((struct sr_worker_info *)info)->remote_free;
+    char *info = (char *)heap.seg.base + heap.area_off + (uint64_t)a * heap.area_stride;
+    return &((struct sr_heap_area_info *)info)->remote_free;
 }
 
 struct tsan_span;
 static void tsan_give(const struct tsan_span *s);
 
-/* F1: push b onto its owner's remote-free list. span: b's ThreadSanitizer
- * hand-off, given again right before each CAS, the first point at which the
- * owner may take b (after our last accesses to it, the link included). */
-static void remote_free(sr_block *b, int owner, const struct tsan_span *span)
+/* F1: push b onto its area's remote-free list (drained by the area's owner
+ * process; a quarantined area's list waits for its reclaim). span: b's
+ * ThreadSanitizer hand-off, given again right before each CAS, the first
+ * point at which the owner may take b (after our last accesses to it, the
+ * link included). */
+static void remote_free(sr_block *b, int area, const struct tsan_span *span)
 {
-    _Atomic uint64_t *head = free_head_of(owner);
+    _Atomic uint64_t *head = free_head_of(area);
     uint64_t off = sr__seg_off(&heap.seg, b);
     /* relaxed: only a guess; the CAS checks it */
     uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
@@ -571,24 +787,24 @@ static void remote_free(sr_block *b, int owner, const struct tsan_span *span)
 static int area_of(const void *p)
 {
     if ((const char *)p >= heap.area && (const char *)p < heap.area + heap.area_len)
-        return heap.rank; /* ours: no division on the owner's free path */
+        return heap.area_idx; /* ours: no division on the owner's free path */
     uint64_t off = (uint64_t)((const char *)p - (const char *)heap.seg.base);
     if (!heap.area || (const char *)p < (const char *)heap.seg.base || off < heap.heap_off)
         return -1;
     uint64_t r = (off - heap.heap_off) / heap.heap_stride;
-    return r < heap.world ? (int)r : -1;
+    return r < heap.nareas ? (int)r : -1;
 }
 
-/* NULL if b's header is intact: its check word matches, and its owner is the
- * area it lies in (-1 for a private block, outside every area), and its data
- * lies in that area without overlapping it. Else what is wrong. */
+/* NULL if b's header is intact: its check word matches, its area is the one
+ * it lies in (-1 for a private block, outside every area), and its data lies
+ * in that area without overlapping it. Else what is wrong. */
 static const char *block_fault(const sr_block *b, const struct hdr *h)
 {
     if (h->check != header_check(h))
-        return "is corrupt (its check word does not match size, owner, layout and data offset)";
+        return "is corrupt (its check word does not match size, owner, area, layout and data offset)";
     int area = area_of(b);
-    if (h->owner != area)
-        return "has an owner that is not the heap area it lies in";
+    if (h->area != area) /* the owner rank is the allocator's own, covered by the check word */
+        return "has an area that is not the heap area it lies in";
     if (area < 0)
         return h->delta == (int64_t)sizeof(*b) ? NULL : "is a private block whose data is not inline";
     uint64_t off = sr__seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
@@ -617,7 +833,7 @@ struct tsan_span {
 static struct tsan_span tsan_span_of(const sr_block *b)
 {
     int area = area_of(b);
-    struct tsan_span s = {b, NULL, 0, area >= 0 && area != heap.rank};
+    struct tsan_span s = {b, NULL, 0, area >= 0 && area != heap.area_idx};
     struct hdr h = hdr_read(b);
     if (s.remote && !block_fault(b, &h))
         s.data = (const char *)b + h.delta, s.len = h.size;
@@ -655,7 +871,7 @@ void sr__block_handoff(const sr_block *b)
 static void tsan_take(const sr_block *b)
 {
     int area = area_of(b);
-    struct tsan_span head = {b, NULL, 0, area >= 0 && area != heap.rank};
+    struct tsan_span head = {b, NULL, 0, area >= 0 && area != heap.area_idx};
     tsan_span_pass(&head, false);
     if (head.remote) {
         struct tsan_span s = tsan_span_of(b);
@@ -701,7 +917,7 @@ void sr__block_unref(sr_block *b)
         abort();
     }
     struct hdr h = hdr_read(b);
-    int owner = h.owner;
+    int owner = h.owner, area = h.area;
     const char *why = block_fault(b, &h);
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
@@ -714,14 +930,14 @@ void sr__block_unref(sr_block *b)
     else if (!heap.area)
         sr_logf(SR_LOG_WARN, "sr__block_unref: last reference to a block of worker %d dropped after "
                            "sr__heap_detach(); it is left to the segment", owner);
-    else if (owner == heap.rank) {
+    else if (area == heap.area_idx) {
         if (!tc_push(b, &h)) {
             local_free(b, &h);
             if (tc_ready())
                 tc_bump(&tc.st->local_frees, 1);
         }
     } else
-        remote_free(b, owner, &span);
+        remote_free(b, area, &span);
 }
 
 /* ---- offsets ---- */
@@ -751,14 +967,14 @@ static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t h
 }
 
 /* The block at off if its header is plausible: inside one heap area,
- * aligned, right magic and owner, a size that fits; live (a reference left)
- * or, for links of the remote-free list, dead. NULL and *why otherwise. */
-static sr_block *check_block(uint64_t off, bool live, const char **why, int *rank, struct hdr *h)
+ * aligned, right magic, area and owner, a size that fits; live (a reference
+ * left) or, for links of the remote-free list, dead. NULL and *why otherwise. */
+static sr_block *check_block(uint64_t off, bool live, const char **why, int *area, struct hdr *h)
 {
-    if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.world)
+    if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.nareas)
         return *why = "is outside every heap area", NULL;
-    *rank = (int)((off - heap.heap_off) / heap.heap_stride);
-    uint64_t area_end = heap.heap_off + (uint64_t)(*rank + 1) * heap.heap_stride;
+    *area = (int)((off - heap.heap_off) / heap.heap_stride);
+    uint64_t area_end = heap.heap_off + (uint64_t)(*area + 1) * heap.heap_stride;
     if (off % BLOCK_ALIGN || area_end - off < sizeof(sr_block))
         return *why = "is not a 64-byte aligned block header", NULL;
     sr_block *b = sr__seg_ptr(&heap.seg, off);
@@ -771,8 +987,8 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *ran
     *h = hdr_read(b);
     if (h->check != header_check(h))
         return *why = "has a corrupt header (check word mismatch)", NULL;
-    if (h->owner != *rank)
-        return *why = "has a header whose owner is not the heap it lies in", NULL;
+    if (h->area != *area || h->owner < 0 || (uint32_t)h->owner >= heap.world)
+        return *why = "has a header whose owner or area is not the heap area it lies in", NULL;
     if (!data_fits(h, off, area_end - heap.heap_stride, area_end))
         return *why = "has data that runs past the end of its heap area", NULL;
     /* acquire: R1, pairs with every holder's release decrement in this
@@ -793,12 +1009,12 @@ sr_block *sr__block_from_off(uint64_t off)
         return NULL;
     }
     const char *why = "";
-    int rank = -1;
+    int area = -1;
     struct hdr h;
-    sr_block *b = check_block(off, true, &why, &rank, &h);
+    sr_block *b = check_block(off, true, &why, &area, &h);
     if (!b)
-        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap of worker %d) %s", (unsigned long long)off,
-                 rank, why);
+        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap area %d) %s", (unsigned long long)off,
+                 area, why);
     return b;
 }
 
@@ -810,12 +1026,12 @@ sr_block *sr__block_from_off(uint64_t off)
 static sr_block *list_block(uint64_t off, struct hdr *h)
 {
     const char *why = "";
-    int rank = -1;
-    sr_block *b = check_block(off, false, &why, &rank, h);
-    if (b && rank == heap.rank)
+    int area = -1;
+    sr_block *b = check_block(off, false, &why, &area, h);
+    if (b && area == heap.area_idx)
         return b;
     sr_logf(SR_LOG_ERROR, "sr__heap_drain: remote-free link %llu %s; dropping the rest of the list",
-           (unsigned long long)off, b ? "is in another worker's heap" : why);
+           (unsigned long long)off, b ? "is in another heap area" : why);
     return NULL;
 }
 

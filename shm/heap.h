@@ -1,17 +1,18 @@
 /* The shared heap: refcounted blocks that any worker of the job can read.
  *
  * After sr__heap_attach(), each worker owns a jemalloc arena whose extents are
- * carved from its own heap area of the segment. A block is a header in shared
- * memory followed by its data (64-byte aligned):
- *   - size and owner are written once by the allocating worker;
+ * carved from a heap area of the segment it owns (see "Areas" below). A block
+ * is a header in shared memory followed by its data (64-byte aligned):
+ *   - size, owner (rank) and area are written once by the allocating worker;
  *   - refcount is an atomic shared by every worker holding the block.
  * A block passes between workers as its offset in the segment, never as a
  * pointer (sr__block_to_off / sr__block_from_off).
  *
  * Freeing: whoever drops the last reference frees the block. If that is not
- * the owner, the block is pushed onto the owner's lock-free remote-free list,
+ * the owner, the block is pushed onto its area's lock-free remote-free list,
  * and the owner returns it to its arena in sr__heap_drain() (called from its
- * progress loop). Only the owner's jemalloc ever frees a block.
+ * progress loop). Only the owner's jemalloc ever frees a block; the blocks
+ * of a dead owner's (quarantined) area are never freed one by one.
  *
  * Without sr__heap_attach() (a single process, unit tests), blocks come from
  * the process-private malloc heap with the same header and the same API;
@@ -19,8 +20,8 @@
  *
  * Lifetime: a block lives while its refcount is above zero. sr__block_data()
  * is valid for as long as the caller holds a reference. A block of a worker
- * that has detached stays readable (its pages are kept) until the segment
- * goes, but is never freed.
+ * that has detached or died stays readable (its pages are kept) until its
+ * area is reclaimed (see "Areas"), but is never freed one by one.
  *
  * Threads: every call may come from any thread of the worker, except
  * sr__heap_attach and sr__heap_detach, which must not overlap any other heap
@@ -56,14 +57,72 @@
 
 typedef struct sr_block sr_block;
 
-/* Create this worker's arena over its heap area. The area must hold no live
- * block (it is emptied). Errors: -EINVAL bad rank, -EBUSY already attached
- * to another segment or rank, -ENOMEM / -errno from jemalloc's mallctl or
- * madvise. Idempotent per process (same segment and rank: 0). */
+/* Areas. The segment holds world_size + spares heap areas (segment.h), and
+ * its area table says, for each, FREE, OWNED by (rank, generation),
+ * QUARANTINED or RECLAIMING. A block's header names its area, and the last
+ * unref of a block by a process that does not own its area pushes it onto
+ * the area's remote-free list, which the area's owner process drains.
+ *
+ * Attach takes a FREE area by compare-and-swap (rank r's first choice is
+ * area r, so a job without replacements is laid out as before; then the
+ * spares), and empties it: a FREE area holds no live block. Detach makes the
+ * area FREE again when none of its blocks is live (exact: the process counts
+ * what it allocated and what came back), else QUARANTINED. A process that
+ * dies leaves its area OWNED: whoever handles the death quarantines it
+ * (sr__heap_area_quarantine, after the process was reaped). A quarantined
+ * area's blocks stay valid and readable; their last unrefs go onto its list,
+ * which nobody drains (no dead jemalloc is ever touched). It becomes FREE
+ * again by sr__heap_area_reclaim, once no surviving process holds or will
+ * receive a reference to any of its blocks (docs/HEAP.md, "Replacement":
+ * what the caller must know, and why the heap cannot know it alone).
+ *
+ * Ordering of the state word (segment.h, struct sr_heap_area_info):
+ *   A1  every change is an acq_rel CAS: attach (FREE -> OWNED), detach and
+ *       quarantine (OWNED -> QUARANTINED or RECLAIMING), reclaim
+ *       (QUARANTINED -> RECLAIMING); one total order per area.
+ *   A2  the way back to FREE: punch the pages, reset the list, release
+ *       store of FREE; pairs with the acq_rel CAS of the next attach, so the
+ *       new owner sees an empty area and an empty list. */
+
+/* Create this worker's arena over a FREE heap area (area rank first, then
+ * the spares), emptied first; the area becomes OWNED by (rank, gen).
+ * sr__heap_attach is generation 1 (a worker's first process);
+ * a replacement of a dead process passes its rank's next generation (the
+ * layer above counts them). Errors: -EINVAL bad rank or generation 0,
+ * -EBUSY already attached to another segment, rank or generation, -ENOSPC no
+ * FREE area (the message names the rank and how many areas are
+ * quarantined), -ENOMEM / -errno from jemalloc's mallctl or madvise.
+ * Idempotent per process (same segment, rank and generation: 0). */
 int sr__heap_attach(const sr_segment *seg, int rank);
-/* Drain and forget the arena (its memory goes with the segment): the arena
- * is destroyed without touching its pages, so peers' references stay valid. */
+int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen);
+/* Drain and forget the arena: the arena is destroyed without touching its
+ * pages, so peers' references stay valid. The area becomes FREE (its pages
+ * punched) when none of our blocks is live any more, else QUARANTINED. */
 void sr__heap_detach(void);
+
+/* A snapshot of area a's line of the area table. */
+typedef struct sr_heap_area {
+    uint32_t state;        /* enum sr_heap_area_state */
+    int rank;              /* owner (OWNED, QUARANTINED) */
+    uint32_t gen;          /* its generation */
+    uint64_t remote_free;  /* head of its remote-free list (0: empty) */
+} sr_heap_area;
+/* 0, or -EINVAL for an area out of [0, seg->heap_areas). */
+int sr__heap_area_get(const sr_segment *seg, int a, sr_heap_area *out);
+/* The area rank's generation gen owns, or -ENOENT. */
+int sr__heap_area_find(const sr_segment *seg, int rank, uint32_t gen);
+/* For whoever handles a death, once the dead process is reaped (nothing
+ * allocates in the area any more): OWNED -> QUARANTINED. 0 also when the
+ * area is FREE (its owner detached with no block live), QUARANTINED or
+ * RECLAIMING already; -EINVAL bad area. Any process. */
+int sr__heap_area_quarantine(const sr_segment *seg, int a);
+/* QUARANTINED -> FREE: punch every page of the area, empty its list. The
+ * caller guarantees that no living process holds a reference to a block of
+ * the area, and that none is in flight to one (docs/HEAP.md, "Replacement").
+ * -EBUSY if the area is not QUARANTINED (or is ours), -EINVAL bad area,
+ * -errno from madvise (the area is FREE anyway: its pages read as before,
+ * and the next attach empties it again). Any process. */
+int sr__heap_area_reclaim(const sr_segment *seg, int a);
 bool sr__heap_attached(void);
 
 /* A new block of nbytes with refcount 1, data 64-byte aligned and, when
@@ -73,19 +132,19 @@ bool sr__heap_attached(void);
 sr_block *sr__block_alloc(size_t nbytes);
 void *sr__block_data(const sr_block *b);
 /* The data and size of b, once its header is checked: the check word written
- * at allocation matches, the owner is the heap area the header lies in, and
+ * at allocation matches, its area is the heap area the header lies in, and
  * the data lies in that area. -EPROTO and sr_last_error() (naming the worker
  * and what is wrong) if a peer corrupted it. Take them once and keep them:
  * what is kept in private memory cannot be changed under you by a peer
  * (sr__block_data and sr__block_size re-read the shared header). */
 int sr__block_check(const sr_block *b, void **data, size_t *size);
 size_t sr__block_size(const sr_block *b);
-int sr__block_owner(const sr_block *b);      /* rank, or -1 for a private block */
+int sr__block_owner(const sr_block *b);      /* rank that allocated it, or -1 for a private block */
 uint32_t sr__block_refcount(const sr_block *b);
 sr_block *sr__block_ref(sr_block *b);
-/* Drop a reference. The last one frees the block: at once if this worker owns
- * it (or it is private), else by pushing it onto the owner's remote-free
- * list. Releasing more references than were taken aborts. A header that
+/* Drop a reference. The last one frees the block: at once if this process
+ * owns its area (or it is private), else by pushing it onto the area's
+ * remote-free list. Releasing more references than were taken aborts. A header that
  * fails sr__block_check is not freed: the block is leaked, with -EPROTO in
  * sr_last_error() and a line on stderr. */
 void sr__block_unref(sr_block *b);
@@ -103,13 +162,13 @@ static inline void sr__block_handoff(const sr_block *b) { (void)b; }
 
 /* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */
 uint64_t sr__block_to_off(const sr_block *b);
-/* The block at off, validated (inside some worker's heap area, 64-byte
- * aligned, header magic, owner matching that area, size within it, a
+/* The block at off, validated (inside some heap area, 64-byte
+ * aligned, header magic, its area field that area, size within it, a
  * reference left), or NULL with -EINVAL in sr_last_error(). Takes no
  * reference: the caller must already own one (sent with the offset). */
 sr_block *sr__block_from_off(uint64_t off);
 
-/* Owner: free blocks that other workers released. Returns how many. Cheap
+/* Owner: free blocks of our area that other processes released. Returns how many. Cheap
  * when there are none (one relaxed load); sr__xport_wait calls it. */
 unsigned sr__heap_drain(void);
 

@@ -533,6 +533,19 @@ void sr__heap_arena_destroy(unsigned arena)
     pthread_mutex_unlock(&c->lock);
 }
 
+void sr__heap_arena_forget_in_child(void)
+{
+    struct carver *c = &carver;
+    /* fork() copied the lock as the forking thread saw it; only this thread
+     * runs in the child */
+    pthread_mutex_init(&c->lock, NULL);
+    c->base = NULL;
+    c->len = c->huge_live = 0;
+    c->nfree = 0;
+    c->ncached = 0;
+    c->cached_bytes = 0;
+}
+
 int sr__heap_arena_purge(unsigned arena)
 {
     char name[64];

@@ -40,9 +40,15 @@ struct sr_heap_extent_stats {
 int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
 
 /* Destroy the arena (arena.<i>.destroy). Every page is left as it is, so a
- * peer still holding one of its blocks reads valid data until the segment
- * goes; the area is then forgotten. */
+ * peer still holding one of its blocks reads valid data until the area is
+ * emptied (heap.c: a detach with no block live, or a reclaim); the area is
+ * then forgotten here. */
 void sr__heap_arena_destroy(unsigned arena);
+
+/* In a child forked by an attached process: forget the parent's area (the
+ * child's copy of the parent's arena is never used again), so that the child
+ * may create an arena of its own. Async-signal-safe (an atfork handler). */
+void sr__heap_arena_forget_in_child(void);
 
 /* Give every unused dirty page of the arena back to the kernel now
  * (arena.<i>.purge). 0 or -errno. */

@@ -31,6 +31,34 @@ uint64_t sr__segment_fixed_size(int n, uint32_t slots)
     return ALIGN_UP(inbox, SR_HEAP_ALIGN);
 }
 
+static uint64_t area_stride(void) { return ALIGN_UP(sizeof(struct sr_heap_area_info), SR_CACHELINE); }
+
+static uint32_t spares_of(const sr_segment_opts *o)
+{
+    if (o->heap_spares < 0)
+        return 0;
+    if (o->heap_spares > 0)
+        return (uint32_t)o->heap_spares;
+    return (uint32_t)o->world_size < SR_HEAP_SPARES_DEFAULT_MAX ? (uint32_t)o->world_size : SR_HEAP_SPARES_DEFAULT_MAX;
+}
+
+/* The geometry of the heap areas and their table for a segment whose fixed
+ * parts and per-rank heaps take size bytes (the spares come on top). */
+struct heap_geometry {
+    uint64_t heap_off, heap_stride, area_off, file_size;
+    uint32_t areas;
+};
+
+static struct heap_geometry heap_geometry(const sr_segment_opts *o, uint32_t slots, uint64_t size)
+{
+    struct heap_geometry g = {.heap_off = sr__segment_fixed_size(o->world_size, slots)};
+    g.heap_stride = (size - g.heap_off) / (uint64_t)o->world_size / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
+    g.areas = (uint32_t)o->world_size + spares_of(o);
+    g.area_off = g.heap_off + (uint64_t)g.areas * g.heap_stride;
+    g.file_size = g.area_off + ALIGN_UP((uint64_t)g.areas * area_stride(), 4096);
+    return g;
+}
+
 static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
 {
     if (o->world_size < 1 || o->world_size > SR_MAX_WORKERS)
@@ -47,6 +75,14 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
                         "size %llu bytes is too small for %d workers (need at least %llu: %llu fixed + %u MiB of heap each)",
                         (unsigned long long)*size, o->world_size, (unsigned long long)need,
                         (unsigned long long)fixed, SR_HEAP_MIN >> 20);
+    if (o->heap_spares > SR_MAX_WORKERS)
+        return sr__fail(-EINVAL, "sr__segment_create", "%d spare heap areas is out of range [0, %d]",
+                        o->heap_spares, SR_MAX_WORKERS);
+    /* the spares come on top of size: the whole file must stay addressable */
+    if ((*size - fixed) / (uint64_t)o->world_size > (UINT64_MAX / 4) / ((uint64_t)o->world_size + spares_of(o)))
+        return sr__fail(-EINVAL, "sr__segment_create", "size %llu bytes with %u spare heap areas of %llu bytes "
+                        "overflows", (unsigned long long)*size, spares_of(o),
+                        (unsigned long long)((*size - fixed) / (uint64_t)o->world_size));
     if (o->attaching) {
         int n = 0;
         for (int r = 0; r < o->world_size; r++)
@@ -71,9 +107,13 @@ static void take_geometry(sr_segment *seg)
     seg->inbox_stride = h->inbox_stride;
     seg->heap_off = h->heap_off;
     seg->heap_stride = h->heap_stride;
+    seg->heap_areas = h->heap_areas;
+    seg->area_off = h->area_off;
+    seg->area_stride = h->area_stride;
 }
 
-static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slots, const char *name)
+static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slots, const char *name,
+                         const struct heap_geometry *g)
 {
     struct sr_seg_header *h = seg->hdr;
     int n = o->world_size;
@@ -87,8 +127,11 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->table_stride = table_stride();
     h->inbox_off = ALIGN_UP(h->table_off + (uint64_t)n * h->table_stride, 4096);
     h->inbox_stride = inbox_stride(slots);
-    h->heap_off = sr__segment_fixed_size(n, slots);
-    h->heap_stride = (seg->size - h->heap_off) / (uint64_t)n / SR_HEAP_ALIGN * SR_HEAP_ALIGN;
+    h->heap_off = g->heap_off;
+    h->heap_stride = g->heap_stride;
+    h->heap_areas = g->areas;
+    h->area_off = g->area_off;
+    h->area_stride = area_stride(); /* the lines read as zero: every area FREE */
     snprintf(h->name, sizeof(h->name), "%s", name);
     h->flags = o->flags;
     h->attaching = 0;
@@ -152,6 +195,8 @@ int sr__segment_create(const sr_segment_opts *o, sr_segment *seg)
     int rc = check_opts(o, slots, &size);
     if (rc)
         return rc;
+    struct heap_geometry g = heap_geometry(o, slots, size);
+    size = g.file_size;
     const char *name = o->name ? o->name : "shmrpc";
     int fd = create_memfd(name);
     if (fd < 0)
@@ -174,7 +219,7 @@ int sr__segment_create(const sr_segment_opts *o, sr_segment *seg)
     struct stat st;
     *seg = (sr_segment){.fd = fd, .base = base, .size = size, .hdr = base,
                         .ino = fstat(fd, &st) == 0 ? (uint64_t)st.st_ino : 0};
-    write_header(seg, o, slots, name);
+    write_header(seg, o, slots, name, &g);
     return 0;
 }
 
@@ -222,7 +267,11 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
         n > (file_size - h->table_off) / h->table_stride || h->inbox_off < h->table_off + n * h->table_stride ||
         h->inbox_stride < sr__ring_bytes(h->ring_slots) || h->inbox_off > file_size ||
         n > (file_size - h->inbox_off) / h->inbox_stride || h->heap_off < h->inbox_off + n * h->inbox_stride ||
-        h->heap_off > file_size || (h->heap_stride && n > (file_size - h->heap_off) / h->heap_stride))
+        h->heap_off > file_size || h->heap_areas < n || h->heap_areas > n + SR_MAX_WORKERS ||
+        (h->heap_stride && h->heap_areas > (file_size - h->heap_off) / h->heap_stride) ||
+        h->area_off < h->heap_off + (uint64_t)h->heap_areas * h->heap_stride ||
+        h->area_stride < sizeof(struct sr_heap_area_info) || h->area_stride % SR_CACHELINE ||
+        h->area_off > file_size || h->heap_areas > (file_size - h->area_off) / h->area_stride)
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
                         (unsigned long long)h->seg_size, (unsigned long long)file_size);
     return validate_attaching(h);

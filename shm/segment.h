@@ -6,7 +6,13 @@
  *   0                 struct sr_seg_header            (SR_SEG_HEADER_SIZE)
  *   table_off         world_size x struct sr_worker_info
  *   inbox_off         world_size x inbox ring          (inbox_stride each)
- *   heap_off          world_size x heap area            (heap_stride each)
+ *   heap_off          heap_areas x heap area            (heap_stride each)
+ *   area_off          heap_areas x struct sr_heap_area_info (area_stride each)
+ *
+ * Heap areas are not ranks: there are heap_areas = world_size + spares of
+ * them, and the area table says who owns each (heap.h, "Areas"). Rank r
+ * takes area r at its first attach; a process that replaces a dead one (a
+ * new generation of its rank) takes a FREE area, most often a spare.
  *
  * Lifetime: the creator (shmrun, sr_spawn, or a host's lowest MPI rank)
  * makes the memfd and writes the header and the creator-owned fields of the
@@ -38,7 +44,8 @@
 #define SR_SEG_LAYOUT_FORMAT 7u                   /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
                                                      5: crash lines; 6: attaching count, attaches flags;
-                                                     7: flags, generations) */
+                                                     7: flags, generations, heap areas apart from ranks,
+                                                     the area table) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -46,6 +53,7 @@
 #define SR_HEAP_ALIGN (2u << 20)
 #define SR_HEAP_MIN (4u << 20)                    /* smallest per-worker heap accepted */
 #define SR_HEAP_DEFAULT (UINT64_C(1) << 30)       /* per worker; memfd pages cost nothing until touched */
+#define SR_HEAP_SPARES_DEFAULT_MAX 64u             /* default spares: world_size, at most this */
 #define SR_RING_SLOTS_DEFAULT 1024u
 #define SR_CRASH_FN_MAX 64u                       /* function names are < 64 bytes (rpc/registry.h) */
 
@@ -127,6 +135,8 @@ struct sr_seg_header {
     char name[48];          /* memfd name, for reports */
     uint32_t attaching;     /* ranks that attach here (lines with attaches = 1): world_size unless partial */
     uint32_t flags;         /* SR_SEG_F_*: the job's policies */
+    uint32_t heap_areas;    /* world_size + spares: heap areas, and lines of the area table */
+    uint64_t area_off, area_stride; /* the area table (struct sr_heap_area_info), after the heap areas */
 
     /* Line 3: written by every worker with atomic read-modify-writes. */
     _Atomic uint32_t attached SR_ALIGNED_LINE; /* workers past attach; futex word of the start barrier */
@@ -161,11 +171,6 @@ struct sr_worker_info {
      * to sleep, so a kick is never lost (xport.h, space events). */
     _Atomic uint32_t space_kick;
 
-    /* Own line: head of the worker's remote-free list (segment offset of the
-     * first block, 0 = empty). Pushed by peers (release CAS), taken whole by
-     * the worker (acquire exchange); see heap.c. */
-    _Atomic uint64_t remote_free SR_ALIGNED_LINE;
-
     /* Own line: written by the supervisor once, after it reaped the worker's
      * process (X1 above); read by peers. */
     _Atomic uint32_t exited SR_ALIGNED_LINE; /* 0: running (or never started); 1: ended */
@@ -190,9 +195,42 @@ struct sr_worker_info {
 };
 static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
 static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
-static_assert(offsetof(struct sr_worker_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
 static_assert(offsetof(struct sr_worker_info, exited) % SR_CACHELINE == 0, "exit line on its own line");
 static_assert(offsetof(struct sr_worker_info, crashed) % SR_CACHELINE == 0, "crash line on its own line");
+
+/* One line of the area table per heap area (heap.h, "Areas"). */
+enum sr_heap_area_state {
+    SR_AREA_FREE = 0,        /* nobody's: holds no live block, reads as zero; taken by CAS at attach */
+    SR_AREA_OWNED = 1,       /* a process allocates from it (its rank and generation in the word) */
+    SR_AREA_QUARANTINED = 2, /* its owner died or left while blocks may still be held: they stay
+                                valid and readable, nobody allocates or drains */
+    SR_AREA_RECLAIMING = 3,  /* being emptied on its way back to FREE (sr__heap_area_reclaim) */
+};
+/* The state word: state | rank << 8 | generation << 32. */
+static inline uint64_t sr__area_word(uint32_t state, uint32_t rank, uint32_t gen)
+{
+    return (uint64_t)state | (uint64_t)(rank & 0xffffffu) << 8 | (uint64_t)gen << 32;
+}
+static inline uint32_t sr__area_word_state(uint64_t w) { return (uint32_t)(w & 0xff); }
+static inline uint32_t sr__area_word_rank(uint64_t w) { return (uint32_t)(w >> 8) & 0xffffffu; }
+static inline uint32_t sr__area_word_gen(uint64_t w) { return (uint32_t)(w >> 32); }
+
+struct sr_heap_area_info {
+    /* Own line: the state word (above). Zero (FREE) from the creator.
+     * Changed only by compare-and-swap (acq_rel), by: the attaching process
+     * (FREE -> OWNED), its owner at detach (OWNED -> FREE when none of its
+     * blocks is live, else -> QUARANTINED), whoever handles a death
+     * (OWNED -> QUARANTINED, sr__heap_area_quarantine), and a reclaimer
+     * (QUARANTINED -> RECLAIMING, then a release store of FREE). Read by anyone. */
+    _Atomic uint64_t state SR_ALIGNED_LINE;
+    /* Own line: head of the area's remote-free list (segment offset of the
+     * first block, 0 = empty). Pushed by any process that drops the last
+     * reference to a block of the area it does not own (release CAS), taken
+     * whole by the area's owner process (acquire exchange); reset by the
+     * attaching process and by a reclaimer (no pusher can exist then). See heap.c. */
+    _Atomic uint64_t remote_free SR_ALIGNED_LINE;
+};
+static_assert(offsetof(struct sr_heap_area_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */
@@ -202,6 +240,9 @@ typedef struct sr_segment_opts {
     const uint8_t *attaching; /* [world_size], nonzero: that rank attaches here; NULL: every rank
                                  (at least one must; the caller keeps it until create returns) */
     uint32_t flags;         /* SR_SEG_F_*: written to the header */
+    int heap_spares;        /* heap areas beyond one per rank, for replacement processes (heap.h);
+                               0: min(world_size, SR_HEAP_SPARES_DEFAULT_MAX); < 0: none. They come
+                               on top of size, heap_stride bytes each (untouched pages cost nothing) */
 } sr_segment_opts;
 
 /* A process's view of a segment. The geometry below is copied from the
@@ -217,6 +258,8 @@ typedef struct sr_segment {
     uint32_t attaching;     /* ranks that attach (validated against the flags at attach) */
     uint64_t ino;           /* the memfd's inode: tells segments apart (xport.c, start barrier) */
     uint64_t table_off, table_stride, inbox_off, inbox_stride, heap_off, heap_stride;
+    uint32_t heap_areas;
+    uint64_t area_off, area_stride;
 } sr_segment;
 
 /* Bytes needed for the header, table and inboxes of n workers. */
@@ -230,6 +273,8 @@ uint64_t sr__segment_fixed_size(int world_size, uint32_t ring_slots);
 int sr__fd_above_stdio(int fd, const char *who);
 
 /* Create a segment (memfd, close-on-exec, above fd 2, mode 0600,
+ * size bytes for the fixed parts and one heap area per rank, plus the spare
+ * areas and the area table on top,
  * exec-sealed where the kernel has MFD_NOEXEC_SEAL; sealed against resizing) and write
  * its header. Errors: -EINVAL bad world size, ring size or a size too small
  * for world_size; -ENOMEM and other -errno from memfd_create/ftruncate/mmap. */
@@ -260,9 +305,15 @@ static inline void *sr__seg_inbox(const sr_segment *s, int rank)
     return (char *)s->base + s->inbox_off + (uint64_t)rank * s->inbox_stride;
 }
 
-static inline void *sr__seg_heap(const sr_segment *s, int rank)
+/* Heap area a: rank r's first area is area r. a in [0, s->heap_areas). */
+static inline void *sr__seg_heap(const sr_segment *s, int a)
 {
-    return (char *)s->base + s->heap_off + (uint64_t)rank * s->heap_stride;
+    return (char *)s->base + s->heap_off + (uint64_t)a * s->heap_stride;
+}
+
+static inline struct sr_heap_area_info *sr__seg_area(const sr_segment *s, int a)
+{
+    return (struct sr_heap_area_info *)((char *)s->base + s->area_off + (uint64_t)a * s->area_stride);
 }
 
 static inline uint64_t sr__seg_off(const sr_segment *s, const void *p)

@@ -16,9 +16,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "futex.h"
 #include "doorbell.h"
 #include "error.h"
+#include "futex.h"
+#include "heap.h"
 #include "job.h"
 #include "log.h"
 #include "ring.h"
@@ -223,6 +224,13 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     char what[96], serving[256];
     sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
     sr__seg_crash_text(&job->seg, rank, serving, sizeof(serving));
+    /* Its heap area's blocks stay valid for the survivors holding them, and
+     * no dead arena is ever touched (heap.h, "Areas"; the heap counts
+     * generations from 1). relaxed: only this thread writes the generation */
+    uint32_t gen = atomic_load_explicit(&sr__seg_worker(&job->seg, rank)->generation, memory_order_relaxed);
+    int area = sr__heap_area_find(&job->seg, rank, gen + 1);
+    if (area >= 0)
+        sr__heap_area_quarantine(&job->seg, area);
     publish_exit(job, rank, si); /* X1, X2 */
     wake_survivors(job, rank);   /* X3: the survivors fail what was in flight with it */
     ready_line(job, rank);

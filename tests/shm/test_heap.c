@@ -203,7 +203,7 @@ Test(heap, bad_offsets_are_rejected)
     cr_assert(a && freed, "%s", sr_last_error());
     uint64_t a_off = sr__block_to_off(a), freed_off = sr__block_to_off(freed);
     sr__block_unref(freed);
-    uint64_t end = h->heap_off + h->world_size * h->heap_stride;
+    uint64_t end = h->heap_off + h->heap_areas * h->heap_stride; /* the spares included */
 
     assert_rejected(0, "outside every heap area");              /* the segment header */
     assert_rejected(h->inbox_off, "outside every heap area");   /* an inbox */
@@ -523,7 +523,7 @@ Test(heap, corrupt_owner_is_an_error_not_a_wild_write)
 {
     attach_single(2, 16 * MiB);
     sr__error_set_rank(0); /* as sr__xport_attach does: errors name the worker */
-    _Atomic uint64_t *peer_list = &sr__seg_worker(&seg, 1)->remote_free;
+    _Atomic uint64_t *peer_list = &sr__seg_area(&seg, 1)->remote_free;
     sr_block *b = sr__block_alloc(64);
     cr_assert_not_null(b, "%s", sr_last_error());
     poke32(b, HDR_OWNER, 1);

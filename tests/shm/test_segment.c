@@ -94,6 +94,18 @@ Test(segment_attach, heap_past_the_end_of_the_file_is_einval)
     assert_attach_fails(-EINVAL, "inconsistent");
 }
 
+Test(segment_attach, fewer_heap_areas_than_ranks_is_einval)
+{
+    seg.hdr->heap_areas = seg.hdr->world_size - 1;
+    assert_attach_fails(-EINVAL, "inconsistent");
+}
+
+Test(segment_attach, area_table_past_the_end_of_the_file_is_einval)
+{
+    seg.hdr->area_off = seg.size - seg.hdr->area_stride;
+    assert_attach_fails(-EINVAL, "inconsistent");
+}
+
 /* A plain memfd holding a copy of seg's header page, `size` bytes long. */
 static int copy_header(uint64_t size)
 {
@@ -204,6 +216,37 @@ Test(segment_create, the_smallest_size_is_accepted)
     cr_assert_eq(sr__segment_create(&o, &s), 0, "%s", sr_last_error());
     cr_assert_geq(s.hdr->heap_stride, SR_HEAP_MIN, "heap stride %llu", (unsigned long long)s.hdr->heap_stride);
     sr__segment_detach(&s, true);
+}
+
+/* The spare heap areas come on top of size, heap_stride bytes each, and the
+ * area table after them; every area starts FREE. */
+static void assert_spares(int world, int spares, uint32_t want)
+{
+    uint64_t need = sr__segment_fixed_size(world, 64) + (uint64_t)world * SR_HEAP_MIN;
+    sr_segment s;
+    sr_segment_opts o = {.world_size = world, .ring_slots = 64, .size = need, .name = test_ns("spares"),
+                         .heap_spares = spares};
+    cr_assert_eq(sr__segment_create(&o, &s), 0, "%s", sr_last_error());
+    cr_assert_eq(s.heap_areas, (uint32_t)world + want, "spares %d: %u areas", spares, s.heap_areas);
+    cr_assert_eq(s.heap_stride, SR_HEAP_MIN, "the ranks' heaps keep their size");
+    cr_assert_geq(s.area_off, s.heap_off + s.heap_areas * s.heap_stride);
+    cr_assert_geq(s.size, s.area_off + s.heap_areas * s.area_stride);
+    for (uint32_t a = 0; a < s.heap_areas; a++)
+        cr_assert_eq(atomic_load(&sr__seg_area(&s, (int)a)->state), 0, "area %u not FREE", a);
+    sr_segment other;
+    cr_assert_eq(sr__segment_attach(s.fd, &other), 0, "%s", sr_last_error());
+    cr_assert_eq(other.heap_areas, s.heap_areas);
+    sr__segment_detach(&other, false);
+    sr__segment_detach(&s, true);
+}
+
+Test(segment_create, spare_heap_areas)
+{
+    assert_spares(3, 0, 3);   /* default: one per rank */
+    assert_spares(3, -1, 0);  /* none */
+    assert_spares(2, 5, 5);
+    assert_spares(100, 0, SR_HEAP_SPARES_DEFAULT_MAX);
+    assert_create_fails((sr_segment_opts){.world_size = 2, .heap_spares = SR_MAX_WORKERS + 1}, "spare heap areas");
 }
 
 static void assert_env_fails(int err, const char *want)

@@ -388,8 +388,8 @@ int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
         rc = start_barrier(x, o->start_timeout_ns > 0 ? o->start_timeout_ns : START_TIMEOUT_NS);
     if (!rc)
         rc = resolve_peers(x);
-    if (!rc)
-        rc = sr__heap_attach(&x->seg, x->rank);
+    if (!rc) /* a replacement takes a fresh area: survivors may hold blocks of its predecessor's */
+        rc = x->gen ? sr__heap_attach_gen(&x->seg, x->rank, x->gen + 1) : sr__heap_attach(&x->seg, x->rank);
     if (!rc && x->gen)
         announce_return(x);
     if (rc) {
