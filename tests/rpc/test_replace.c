@@ -30,6 +30,7 @@
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
+#include "shmrpc/tensor.h"
 
 LEAK_CHECKED_SUITE(replace);
 
@@ -107,8 +108,23 @@ static int fn_call_victim(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
+/* A tensor of 64 Ki floats (a shared-heap block of the caller's... of the
+ * callee's: it is allocated here and travels by reference), filled with
+ * the value given. */
+static int fn_make(sr_call *c)
+{
+    int64_t shape[1] = {1 << 16};
+    sr_tensor *t = sr_full(SR_F32, 1, shape, (double)sr_value_int(sr_call_arg(c, 0)), 0);
+    if (!t)
+        return sr_call_fail(c, -ENOMEM, "no tensor: %s", sr_last_error());
+    sr_value *v = sr_tensor_value(t);
+    sr_tensor_unref(t);
+    return sr_call_return(c, v);
+}
+
 static void register_fns(void)
 {
+    sr_register("make", fn_make);
     sr_register("hello", fn_hello);
     sr_register("gen", fn_gen);
     sr_register("die", fn_die);
@@ -134,17 +150,50 @@ static int victim_wait(void)
     return 99;
 }
 
+/* A tensor made by rank 1, filled with `value`; NULL on failure. */
+static sr_tensor *make_on_victim(int value)
+{
+    sr_value *v = NULL;
+    if (sr_rpc_sync(1, "make", SR_ARGS(sr_int(value)), WAIT_S, &v))
+        return NULL;
+    sr_tensor *t = sr_value_tensor(v);
+    if (t)
+        sr_tensor_ref(t);
+    sr_value_unref(v);
+    return t;
+}
+
+static bool all_equal(const sr_tensor *t, float want)
+{
+    const float *p = sr_tensor_data(t);
+    for (size_t i = 0; i < sr_tensor_numel(t); i++)
+        if (p[i] != want)
+            return false;
+    return true;
+}
+
 /* ---- scenario 1: killed, replaced, called again ---- */
 static int driver_kill(void)
 {
     int64_t g = -1;
     WCHECK(call_int(1, "gen", &g) == 0 && g == 0, "rank 1 before the kill: %s", sr_last_error());
+    /* a block the dead process allocated, held past its death: it stays as
+     * it was, however much its successor allocates */
+    sr_tensor *kept = make_on_victim(7);
+    WCHECK(kept && all_equal(kept, 7.0f), "the tensor from generation 0: %s", sr_last_error());
     sr_value *v = NULL;
     int rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, &v);
     WCHECK(rc == -EPIPE && strstr(sr_last_error(), "(generation 0) was killed by signal SIGKILL"),
            "the call rank 1 died in: %d '%s'", rc, sr_last_error());
     WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
+    for (int i = 0; i < 4; i++) {
+        sr_tensor *t = make_on_victim(9);
+        WCHECK(t && all_equal(t, 9.0f), "a tensor from generation 1: %s", sr_last_error());
+        WCHECK(all_equal(kept, 7.0f), "the tensor generation 0 made changed after generation 1 made %d", i + 1);
+        sr_tensor_unref(t);
+    }
+    sr_tensor_unref(kept); /* the last reference to a block of a dead process's area */
     return 0;
 }
 
