@@ -216,6 +216,10 @@ typedef struct sr_agent {
      * gone_lock by the thread that handles exits; read by dispatch. */
     _Atomic int16_t *expect;     /* [world] */
     uint32_t gen;                /* our own generation; set at init */
+    /* Completed, and replaced by a fresh one, whenever a gone rank's new
+     * generation is taken (exits.c): what sr_wait_for_worker waits on.
+     * Under gone_lock; waiters hold their own reference. */
+    sr_future *returns;
     bool replaces;               /* the job replaces ranks that die; set at init */
     _Atomic uint32_t exits_seen; /* written under gone_lock after a full scan; read relaxed as a hint */
 
@@ -320,6 +324,10 @@ static inline int16_t sr__agent_stamp_for(sr_agent *a, int r)
     uint32_t g = (t->caps & SR_TPORT_REPLACES) ? t->ops->live->generation(t, r) : 0;
     return (int16_t)((g & 0xfu) | (a->gen & 0xfu) << 4);
 }
+/* NULL when rank is known alive (its messages are taken); else a reference
+ * to the future completed at the next return of a rank (agent.returns).
+ * Handles the exits published so far first. */
+sr_future *sr__agent_await_rank(sr_agent *a, int rank);
 /* Fill expect for every rank (init). */
 void sr__agent_stamps_init(sr_agent *a);
 

@@ -77,6 +77,7 @@ static void agent_free(sr_agent *a)
     free(a->names);
     free(a->gone);
     free(a->expect);
+    sr_future_unref(a->returns);
     free(a->quiesce);
     free(a->ctl_in);
     pthread_mutex_destroy(&a->gone_lock);
@@ -115,6 +116,8 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         sr__agent_stamps_init(a);
+    if (!rc && a->replaces && !(a->returns = sr_future_new()))
+        rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
     if (!rc)
@@ -212,6 +215,32 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
         sr__error_set_text(keep);
     }
     pthread_mutex_unlock(&life_lock);
+    return rc;
+}
+
+SR_API int sr_wait_for_worker(int rank, double timeout_s)
+{
+    int64_t ms = 0;
+    int rc = sr__timeout_ms(timeout_s, "sr_wait_for_worker", &ms);
+    if (rc)
+        return rc;
+    sr_agent *a = sr__agent_get("sr_wait_for_worker");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int64_t deadline = sr__deadline_ns(sr__now_ns(), ms);
+    if (rank < 0 || rank >= a->world)
+        rc = sr__fail(-EINVAL, "sr_wait_for_worker", "rank %d is out of range [0, %d)", rank, a->world);
+    for (sr_future *f; !rc && (f = sr__agent_await_rank(a, rank));) {
+        char how[256];
+        if (!a->replaces) /* gone for good */
+            rc = sr__fail(-EPIPE, "sr_wait_for_worker", "%s is gone and this job replaces no rank: %s",
+                          a->names[rank], a->tp[rank]->ops->live->gone_text(a->tp[rank], rank, how, sizeof(how)));
+        else if (sr__future_wait_until(f, deadline))
+            rc = sr__fail(-ETIMEDOUT, "sr_wait_for_worker", "%s (rank %d) did not come back within %g s",
+                          a->names[rank], rank, timeout_s);
+        sr_future_unref(f);
+    }
+    sr__agent_put(a);
     return rc;
 }
 

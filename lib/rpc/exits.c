@@ -29,8 +29,9 @@ static int claim_gone(sr_agent *a)
  * one has attached are known again (segment.h, "Replacement in place"):
  * their quiescence slot of that parity starts from zero, then messages
  * stamped with the new generation are taken. */
-static void rejoin_returned(sr_agent *a)
+static sr_future *rejoin_returned(sr_agent *a)
 {
+    sr_future *back = NULL;
     for (int r = 0; r < a->world; r++) {
         sr_tport *t = a->tp[r];
         if (a->gone[r] != SR_GONE_DONE || !(t->caps & SR_TPORT_REPLACES) || t->ops->live->rejoin(t, r))
@@ -43,7 +44,22 @@ static void rejoin_returned(sr_agent *a)
         a->gone[r] = SR_GONE_NO;
         sr_logf(SR_LOG_INFO, "%s (rank %d) is back: generation %u", a->names[r], r,
                 t->ops->live->generation(t, r));
+        sr_future *next = back ? NULL : sr_future_new();
+        if (next) { /* without memory the waiters wake at their own deadline */
+            back = a->returns;
+            a->returns = next;
+        }
     }
+    return back; /* the caller completes it, outside the lock */
+}
+
+sr_future *sr__agent_await_rank(sr_agent *a, int rank)
+{
+    sr__agent_check_exits(a);
+    pthread_mutex_lock(&a->gone_lock);
+    sr_future *f = a->gone[rank] == SR_GONE_NO || !a->returns ? NULL : sr_future_ref(a->returns);
+    pthread_mutex_unlock(&a->gone_lock);
+    return f;
 }
 
 /* A peer's process ended. Calls to it fail whatever the reason; a peer
@@ -109,11 +125,14 @@ void sr__agent_check_exits(sr_agent *a)
             return;
         pthread_mutex_lock(&a->gone_lock);
         int r = claim_gone(a);
-        if (r < 0 && a->replaces)
-            rejoin_returned(a);
+        sr_future *back = r < 0 && a->replaces ? rejoin_returned(a) : NULL;
         if (r < 0) /* every exit counted in n is handled: published before X2 */
             atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
         pthread_mutex_unlock(&a->gone_lock);
+        if (back) { /* sr_wait_for_worker's waiters look again */
+            sr_future_set_result(back, NULL);
+            sr_future_unref(back);
+        }
         if (r < 0)
             return;
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */

@@ -122,8 +122,21 @@ static int fn_make(sr_call *c)
     return sr_call_return(c, v);
 }
 
+/* rank 2: wait for rank 1 to be alive here, then ask its generation */
+static int fn_ask_victim(sr_call *c)
+{
+    int rc = sr_wait_for_worker(1, WAIT_S);
+    sr_value *v = NULL;
+    if (!rc)
+        rc = sr_rpc_sync(1, "gen", SR_ARGS(), WAIT_S, &v);
+    if (rc)
+        return sr_call_fail(c, rc, "rank 2 asking rank 1: %s", sr_last_error());
+    return sr_call_return(c, v);
+}
+
 static void register_fns(void)
 {
+    sr_register("ask_victim", fn_ask_victim);
     sr_register("make", fn_make);
     sr_register("hello", fn_hello);
     sr_register("gen", fn_gen);
@@ -179,6 +192,8 @@ static int driver_kill(void)
     WCHECK(call_int(1, "gen", &g) == 0 && g == 0, "rank 1 before the kill: %s", sr_last_error());
     /* a block the dead process allocated, held past its death: it stays as
      * it was, however much its successor allocates */
+    WCHECK(sr_wait_for_worker(1, WAIT_S) == 0, "a live rank: %s", sr_last_error());
+    WCHECK(sr_wait_for_worker(WORLD, WAIT_S) == -EINVAL, "rank %d: %s", WORLD, sr_last_error());
     sr_tensor *kept = make_on_victim(7);
     WCHECK(kept && all_equal(kept, 7.0f), "the tensor from generation 0: %s", sr_last_error());
     sr_value *v = NULL;
@@ -187,6 +202,7 @@ static int driver_kill(void)
            "the call rank 1 died in: %d '%s'", rc, sr_last_error());
     WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
+    WCHECK(call_int(2, "ask_victim", &g) == 0 && g == 1, "rank 2 about rank 1: %d: %s", (int)g, sr_last_error());
     for (int i = 0; i < 4; i++) {
         sr_tensor *t = make_on_victim(9);
         WCHECK(t && all_equal(t, 9.0f), "a tensor from generation 1: %s", sr_last_error());

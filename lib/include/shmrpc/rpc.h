@@ -92,6 +92,12 @@ SR_API int sr_world_size(void);
 SR_API const char *sr_worker_name(int rank);
 /* Rank of a name, or -EINVAL ("could not find destination 'x'"). */
 SR_API int sr_worker_rank(const char *name);
+/* Wait until `rank` is alive as this worker sees it: at once for a worker
+ * running, or, in a job that replaces ranks (shmrun --restart rank), once
+ * a dead rank's new generation has attached and its old one's death is
+ * handled here; a call made then reaches it. timeout_s 0: no bound. 0;
+ * -ETIMEDOUT; -EPIPE the rank is gone and the job replaces none; -EINVAL. */
+SR_API int sr_wait_for_worker(int rank, double timeout_s);
 
 /* Default timeout for calls sent from now on; 0 = infinite. 0, or -EINVAL
  * for NaN, an infinity or a negative value (the default is then unchanged),
