@@ -435,7 +435,7 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr_xport_send");
     m->src = (uint16_t)x->rank;
-    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, m);
+    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {
             /* Its consumer may be asleep with nothing ready, waiting for an
