@@ -1,7 +1,11 @@
 /* Ring semantics on a single thread: FIFO, capacity and back-pressure,
  * bursts, wrap-around of the 32-bit indices, a claimed-but-unpublished
  * slot holding back the consumer (a preempted producer), and slots held by
- * a read until they are released. */
+ * a read until they are released. Then process death, with forked children
+ * on a ring in MAP_SHARED memory: a producer killed between its claim and
+ * its publish (reaped: its slot skipped; a slow live one's never), a
+ * consumer killed holding slots (recovered by a successor), and both under
+ * load with every message counted. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
