@@ -19,21 +19,17 @@ void sr__ring_init(struct sr_ring *r, uint32_t slots)
         atomic_store_explicit(&r->space_ranks[w], 0, memory_order_relaxed); /* relaxed: as above */
 }
 
-/* A value congruent to neither pos nor pos + 1 modulo size was never stored
- * in the slot of pos by any legal history (ring.h, Validation). */
-static bool congruent(uint32_t size, uint32_t seq, uint32_t pos)
-{
-    uint32_t d = (seq - pos) & (size - 1);
-    return d == 0 || d == 1;
-}
-
 int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
 {
     uint32_t p = *pos;
     /* seq_cst: the re-reads below see stores at least as recent as those
      * the caller's reads missed; a stale value must not look corrupt */
     atomic_thread_fence(memory_order_seq_cst);
-    /* relaxed: ordered by the fence above */
+    /* P0 acquire: as in sr__ring_claim. Read before tail: a publish or a void
+     * seen here happens after the T1 that moved tail past p, so the load of
+     * tail below sees it moved */
+    uint32_t seq = atomic_load_explicit(&r->slots[p & (size - 1)].seq, memory_order_acquire);
+    /* relaxed: ordered after the acquire above */
     uint32_t t = atomic_load_explicit(&r->tail, memory_order_relaxed);
     if (t != p) {
         if ((int32_t)(t - p) < 0)
@@ -41,16 +37,25 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
         *pos = t;
         return 1;
     }
-    /* P0 acquire: as in sr__ring_enqueue */
-    uint32_t seq = atomic_load_explicit(&r->slots[p & (size - 1)].seq, memory_order_acquire);
-    int32_t dif = (int32_t)(seq - p);
-    if (!congruent(size, seq, p))
-        return -EPROTO;
-    if (dif == 0)
+    if (seq == p)
+        return 1; /* free: claim it */
+    if (seq == p + 1 - size)
+        return -EAGAIN; /* last lap's message, unread: full */
+    if (sr__ring_mark_id(size, seq, p) < SR_RING_VOID) {
+        /* claimed, and its claimer has not moved tail on yet (preempted, or
+         * dead and not reaped yet): T1 on its behalf, so that producers are
+         * never held up by one. acq_rel: as T1. */
+        if (atomic_compare_exchange_strong_explicit(&r->tail, &t, p + 1, memory_order_acq_rel,
+                                                    memory_order_relaxed))
+            t = p + 1;
+        *pos = t;
         return 1;
-    if (dif == 1 - (int32_t)size || dif == -(int32_t)size)
-        return -EAGAIN;
-    return -EPROTO; /* ahead of a tail that has not moved, or more than a lap behind it */
+    }
+    if (sr__ring_mark_id(size, seq, p - size) != UINT32_MAX)
+        return -EAGAIN; /* last lap's claim (or void), not yet read: full */
+    /* a publish or void of p with tail not past p, a later lap, or a value no
+     * state of slot p can hold */
+    return -EPROTO;
 }
 
 int sr__ring_probe(struct sr_ring *r, uint32_t size)
@@ -69,23 +74,13 @@ int sr__ring_probe(struct sr_ring *r, uint32_t size)
     return -EAGAIN; /* tail keeps moving: other producers are sending, not a corrupt ring */
 }
 
-int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
+/* The ring's own geometry words against the segment's layout. */
+static int check_geometry(const struct sr_ring *r, uint32_t slots, char *why, size_t len)
 {
-    /* relaxed: a snapshot; positions claimed after it are read later */
-    uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    uint32_t head = tail;
-    for (uint32_t p = tail - slots; p != tail; p++) {
-        /* acquire: C1, as in sr__ring_read_burst */
-        uint32_t seq = atomic_load_explicit(&r->slots[p & (slots - 1)].seq, memory_order_acquire);
-        if (seq != p + slots) { /* not freed for the next lap: the first position left to read */
-            head = p;
-            break;
-        }
-    }
-    /* relaxed: the words of a consumer that is gone; ours until we detach */
-    atomic_store_explicit(&r->head, head, memory_order_relaxed);
-    atomic_store_explicit(&r->held, 0, memory_order_relaxed); /* relaxed: as above */
-    return sr__ring_cons_attach(c, r, slots, why, len);
+    if (r->size == slots && r->mask == slots - 1)
+        return 0;
+    snprintf(why, len, "its size/mask words are %u/%#x, the segment's layout says %u slots", r->size, r->mask, slots);
+    return -EPROTO;
 }
 
 int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len)
@@ -95,27 +90,25 @@ int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slo
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     uint32_t held = atomic_load_explicit(&r->held, memory_order_relaxed); /* relaxed: as above */
     *c = (struct sr_ring_cons){.ring = r, .slots = r->slots, .size = slots, .mask = slots - 1};
-    if (r->size != slots || r->mask != slots - 1) {
-        snprintf(why, len, "its size/mask words are %u/%#x, the segment's layout says %u slots", r->size, r->mask,
-                 slots);
+    if (check_geometry(r, slots, why, len))
         return -EPROTO;
-    }
     if (held > slots) {
         snprintf(why, len, "it claims %u held slots of %u", held, slots);
         return -EPROTO;
     }
-    /* the held slots were published and read; the one at head is free or published */
+    /* the held slots were published (or voided) and read; the one at head is
+     * free, claimed, published or void */
     for (uint32_t p = head - held; p != head; p++) {
         /* acquire: C1, as in sr__ring_read_burst */
         uint32_t seq = atomic_load_explicit(&r->slots[p & c->mask].seq, memory_order_acquire);
-        if (seq != p + 1) {
+        if (seq != p + 1 && seq != sr__ring_mark(slots, p, SR_RING_VOID)) {
             snprintf(why, len, "held position %u holds sequence %u (head %u, %u held)", p, seq, head, held);
             return -EPROTO;
         }
     }
     /* acquire: C1, as in sr__ring_read_burst */
     uint32_t seq = atomic_load_explicit(&r->slots[head & c->mask].seq, memory_order_acquire);
-    if (held < slots && seq != head && seq != head + 1) {
+    if (held < slots && seq != head && seq != head + 1 && sr__ring_mark_id(slots, seq, head) == UINT32_MAX) {
         snprintf(why, len, "its head position %u holds sequence %u", head, seq);
         return -EPROTO;
     }
@@ -142,4 +135,116 @@ void sr__ring_cons_corrupt(struct sr_ring_cons *c, uint32_t pos, uint32_t seq)
     c->bad_pos = pos;
     c->bad_seq = seq;
     atomic_store_explicit(&c->bad, 1, memory_order_relaxed); /* relaxed: as above */
+}
+
+bool sr__ring_cons_skip(struct sr_ring_cons *c, uint32_t pos, uint32_t seq)
+{
+    uint32_t id = sr__ring_mark_id(c->size, seq, pos);
+    if (id == SR_RING_VOID)
+        return true;
+    if (id == UINT32_MAX)
+        sr__ring_cons_corrupt(c, pos, seq);
+    return false; /* claimed: its producer publishes it later */
+}
+
+int sr__ring_reap_producer(struct sr_ring *r, uint32_t size, uint32_t id)
+{
+    if (id >= SR_RING_VOID)
+        return -EINVAL;
+    /* T2 acquire: pairs with T1. Every claim the dead producer made is at a
+     * position not yet freed, so within a lap behind this tail (the claim of
+     * tail - 1 found the slot free: the consumer had freed tail - 1 - size),
+     * or at tail itself when it died before its T1. */
+    uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
+    int voided = 0;
+    for (uint32_t q = t - size; q != t + 1; q++) {
+        _Atomic uint32_t *seq = &r->slots[q & (size - 1)].seq;
+        uint32_t mark = sr__ring_mark(size, q, id);
+        /* relaxed: the dead producer's mark landed before it was reaped, and
+         * nobody else writes a claimed slot */
+        if (atomic_load_explicit(seq, memory_order_relaxed) != mark)
+            continue;
+        uint32_t e = q;
+        /* T1 on the dead claimer's behalf (acq_rel: as T1), before V1: who
+         * sees the void sees tail past q. Fails when a producer did it. */
+        atomic_compare_exchange_strong_explicit(&r->tail, &e, q + 1, memory_order_acq_rel, memory_order_relaxed);
+        /* V1 release: pairs with the consumer's C1 and the producers' P0 acquire */
+        if (!atomic_compare_exchange_strong_explicit(seq, &mark, sr__ring_mark(size, q, SR_RING_VOID),
+                                                     memory_order_release, memory_order_relaxed))
+            return -EPROTO;
+        voided++;
+    }
+    return voided;
+}
+
+/* The state of the slot of position p < tail, seen by a consumer that
+ * recovers: 1 not freed (claimed, published or void at p), 0 freed (the slot
+ * has moved on to p + size: free, claimed, published or void there), -1 no
+ * legal state (free at p: tail moved past p, so p was claimed). */
+static int recover_state(uint32_t size, uint32_t seq, uint32_t p)
+{
+    if (seq == p + 1 || sr__ring_mark_id(size, seq, p) != UINT32_MAX)
+        return 1;
+    if (seq == p + size || seq == p + size + 1 || sr__ring_mark_id(size, seq, p + size) != UINT32_MAX)
+        return 0;
+    return -1;
+}
+
+/* The first position not freed by the dead consumer, in [t - size, t]: the
+ * positions before it are freed, those from it to t are not (the consumer
+ * freed in order). -EPROTO when the slots say otherwise. */
+static int first_unfreed(struct sr_ring *r, uint32_t size, uint32_t t, uint32_t *first, char *why, size_t len)
+{
+    uint32_t f = t;
+    for (uint32_t p = t - size; p != t; p++) {
+        /* C1 acquire: pairs with P1 and V1 */
+        uint32_t seq = atomic_load_explicit(&r->slots[p & (size - 1)].seq, memory_order_acquire);
+        int st = recover_state(size, seq, p);
+        if (st < 0 || (st == 0 && f != t)) {
+            snprintf(why, len, "position %u holds sequence %u (tail %u%s)", p, seq, t,
+                     st < 0 ? "" : ", after a position not freed");
+            return -EPROTO;
+        }
+        if (st == 1 && f == t)
+            f = p;
+    }
+    *first = f;
+    return 0;
+}
+
+int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, enum sr_ring_recover mode,
+                          char *why, size_t len)
+{
+    *c = (struct sr_ring_cons){.ring = r, .slots = r->slots, .size = slots, .mask = slots - 1};
+    if (check_geometry(r, slots, why, len))
+        return -EPROTO;
+    /* relaxed (R1): the dead consumer's last store landed before it was reaped */
+    uint32_t h = atomic_load_explicit(&r->head, memory_order_relaxed);
+    /* T2 acquire: pairs with T1; every position below t was claimed */
+    uint32_t t = atomic_load_explicit(&r->tail, memory_order_acquire);
+    uint32_t f;
+    if (first_unfreed(r, slots, t, &f, why, len))
+        return -EPROTO;
+    if ((int32_t)(h - f) < 0 || (int32_t)(t - h) < 0) {
+        snprintf(why, len, "its head word %u is outside [%u, %u], the positions not freed", h, f, t);
+        return -EPROTO;
+    }
+    for (uint32_t p = f; p != h; p++) {
+        /* C1 acquire: as above */
+        uint32_t seq = atomic_load_explicit(&r->slots[p & c->mask].seq, memory_order_acquire);
+        if (seq != p + 1 && seq != sr__ring_mark(slots, p, SR_RING_VOID)) {
+            snprintf(why, len, "read position %u holds sequence %u (head %u, tail %u)", p, seq, h, t);
+            return -EPROTO;
+        }
+    }
+    for (uint32_t p = h; mode == SR_RING_RECOVER_DISCARD && p != t; p++) {
+        _Atomic uint32_t *seq = &c->slots[p & c->mask].seq;
+        /* C1 acquire: as above. Only the consumer writes a published slot, and
+         * it reads the void back itself: relaxed store */
+        if (atomic_load_explicit(seq, memory_order_acquire) == p + 1)
+            atomic_store_explicit(seq, sr__ring_mark(slots, p, SR_RING_VOID), memory_order_relaxed);
+    }
+    atomic_store_explicit(&c->head, h, memory_order_relaxed); /* relaxed: not yet shared */
+    c->held = h - f;
+    return 0;
 }

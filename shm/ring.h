@@ -4,14 +4,17 @@
  * the owning worker's progress thread dequeues. The ring lives in the segment,
  * so it holds indices only, never pointers.
  *
- * Algorithm: per-slot sequence numbers (D. Vyukov's bounded queue).
+ * Algorithm: per-slot sequence numbers (after D. Vyukov's bounded queue).
  *   - slot[i].seq starts at i.
- *   - A producer claims position p when slot[p & mask].seq == p by a CAS on
- *     tail, copies its message in, then publishes seq = p + 1.
+ *   - A producer claims position p when slot[p & mask].seq == p by a CAS of
+ *     that word to its mark, sr__ring_mark(size, p, id) (id: its rank), then
+ *     moves tail from p to p + 1 by a second CAS, copies its message in, then
+ *     publishes seq = p + 1.
  *   - The consumer reads position p when seq == p + 1, copies the message out,
  *     then frees the slot for the next lap with seq = p + size.
- *   A producer preempted between its CAS and its publish delays only the
- *   consumer at that slot; other producers keep claiming later slots.
+ *   A producer preempted between its claim and its publish delays only the
+ *   consumer at that slot; other producers keep claiming later slots (one
+ *   that finds a mark at tail moves tail on for its claimer).
  *
  * Reading and freeing are separate steps (sr__ring_read_burst, then
  * sr__ring_release), so that the transport can free a burst's slots at its
@@ -28,17 +31,31 @@
  *
  * Indices are free-running 32-bit counters, masked on access. Comparisons use
  * the signed difference (int32_t)(a - b), which is exact while the ring holds
- * fewer than 2^31 slots, so wrap-around at 2^32 is harmless.
+ * fewer than 2^31 slots, so wrap-around at 2^32 is harmless. A mark lies
+ * 2^31 (plus at most 2 SR_RING_VOID + 1) past its position, so marks and
+ * sequence values of the laps a reader can see are told apart exactly while
+ * the ring has at most 2^30 slots (the segment's limit).
  *
  * Ordering contract (barrier pairs):
  *   P1  producer: release store of seq = p + 1 (publish)
  *       pairs with consumer: acquire load of seq (C1) -> the message bytes are visible.
  *   C2  consumer: release store of seq = p + size (free)
- *       pairs with producer: acquire load of seq before claiming (P0) -> the
- *       consumer's copy-out is complete before the producer overwrites.
- *   tail is only a claim counter: the CAS is relaxed because seq, not tail,
- *   carries the data. head and held are the consumer's alone (relaxed), and
- *   live in its private struct sr_ring_cons while it is attached.
+ *       pairs with producer: acquire load of seq before claiming (P0, and the
+ *       claiming CAS P0') -> the consumer's copy-out is complete before the
+ *       producer overwrites.
+ *   T1  the CAS of tail from p to p + 1, by the claimer after P0', or by
+ *       whoever saw p's mark first (a producer, the reaper): acq_rel, so
+ *       that the claims of all positions below a tail value happen before
+ *       an acquire load of tail that reads it (T2: the reaper and a
+ *       recovering consumer rely on it; free on x86). seq, not tail,
+ *       carries the data.
+ *   V1  reaper: release CAS of a dead claimer's mark to the void mark, after
+ *       its T1; pairs with C1 and P0 -> who sees the void sees tail past it.
+ *   R1  consumer: relaxed store of its head to the shared head word after
+ *       each read; read only by a successor's recovery, after the consumer
+ *       died and was reaped (its stores have landed). Otherwise head and
+ *       held are the consumer's alone, in its private struct sr_ring_cons
+ *       while it is attached (written back in full at detach).
  *
  * Full ring: enqueue returns -EAGAIN. Nothing is dropped; the caller retries
  * (see sr__xport_send_wait) or queues locally. Slots the consumer holds (read,
@@ -62,19 +79,41 @@
  *   release finds it. Spurious wake-ups (a stale bit) are harmless.
  *
  * Validation. The segment is shared with peers that may be buggy, so tail
- * and seq, read from it, are checked before they are trusted: slot i only
- * ever holds sequence values congruent to i or i + 1 modulo size, a full
- * slot is exactly one lap behind (seq - pos is -size: claimed, unpublished;
- * or 1 - size: published, unread), and a sequence ahead of pos means another
- * producer claimed pos, so tail has moved. Anything else is a corrupt ring:
- * enqueue returns -EPROTO instead of spinning or reporting a full ring for
- * ever. A value that looks illegal is re-read after a fence first (a stale
- * read must not be taken for corruption); this is off the fast path.
+ * and seq, read from it, are checked before they are trusted. The slot of
+ * position q only ever holds q (free), a mark of q (claimed by id <
+ * SR_RING_VOID, or void), q + 1 (published), then the same for q + size. At
+ * tail pos a producer accepts: free (claim it), a mark of pos (move tail on
+ * for its claimer), last lap's message or mark (full: -EAGAIN), or a later
+ * state with tail moved past pos (re-read tail). Everything else, including
+ * marks with an id past SR_RING_VOID, a void or publish of pos with tail not
+ * past it, and free a lap behind (the old protocol's claimed slot, which the
+ * mark replaced), is a corrupt ring: -EPROTO instead of spinning or
+ * reporting a full ring for ever. A value that looks illegal is re-read
+ * after a fence first (seq before tail, so that a publish seen implies its
+ * T1 seen: a stale read must not be taken for corruption); this is off the
+ * fast path. The consumer at head accepts free, a mark of head, or published
+ * (and skips a void); anything else is latched (sr__ring_cons_error). Marks
+ * are decoded relative to the position expected, never used to index.
  *
- * Process death: a producer that dies between claim and publish leaves its
- * slot unpublished, and the consumer stops at it. The launcher's policy is to
- * take the whole job down when any worker dies, so this state is never
- * observed by a surviving job.
+ * Claims and process death. The claim is atomic with the claimer's identity
+ * (the mark names its rank), so a claim whose producer died is recognisable
+ * and a slow live one never mistaken for it:
+ *   - A producer dies between claim and publish: its slot holds its mark for
+ *     ever (and tail may not have moved past it: producers do T1 for it).
+ *     Once its process is reaped, sr__ring_reap_producer(r, size, rank)
+ *     turns its marks into void marks (V1), and the consumer skips them
+ *     (freeing them with its next release) instead of stopping there. Marks
+ *     of other ranks are left alone: a slow producer publishes when it
+ *     resumes, and the consumer waits for it as before.
+ *   - The consumer dies without detaching: its head and held were private.
+ *     A successor calls sr__ring_cons_recover, which finds the first slot
+ *     not freed from the slots themselves (positions [tail - size, tail):
+ *     freed ones, then not freed ones), and the dead consumer's head from R1;
+ *     what it had read becomes held (freed by the successor's first
+ *     release), what it had not is delivered or discarded (voided).
+ *   A producer that dies in a burst of enqueues has at most one claim per
+ *   sending thread outstanding; a dead consumer's held slots are bounded by
+ *   size. Both repairs are O(size) scans, off every fast path.
  */
 #ifndef SR_SHM_RING_H
 #define SR_SHM_RING_H
@@ -91,7 +130,7 @@
 #include "atomics.h"
 
 #define SR_MSG_DATA 56
-#define SR_RING_MAX_PRODUCERS 4096 /* producer ids (worker ranks) that can wait for space */
+#define SR_RING_MAX_PRODUCERS 4096 /* producer ids (worker ranks) that can claim and wait for space */
 
 /* space_wait bits */
 #define SR_SPACE_FUTEX 0x1u /* a thread sleeps on space_wait (futex) */
@@ -126,9 +165,10 @@ struct sr_ring {
     _Atomic uint32_t tail SR_ALIGNED_LINE;
 
     /* Line 2: the consumer alone, written at its detach and read at its
-     * attach (its live copy is private: struct sr_ring_cons). head: the next
-     * position to read. held: the positions [head - held, head) are read but
-     * their slots not yet freed. */
+     * attach (its live copy is private: struct sr_ring_cons); head is also
+     * stored after each read (R1), for a successor's recovery if the
+     * consumer dies. head: the next position to read. held: the positions
+     * [head - held, head) are read but their slots not yet freed. */
     _Atomic uint32_t head SR_ALIGNED_LINE;
     _Atomic uint32_t held;
 
@@ -156,62 +196,147 @@ static inline size_t sr__ring_bytes(uint32_t slots)
 /* Initialise a ring in caller-owned (shared) memory. slots: power of two >= 2. */
 void sr__ring_init(struct sr_ring *r, uint32_t slots);
 
-/* Out of line, off the fast path: tail and seq (read at pos) looked illegal.
- * Re-reads them after a fence: 1 the state moved on (retry; *pos updated),
- * -EAGAIN a legal full slot after all, -EPROTO a corrupt ring. */
+/* Out of line, off the fast path: tail and seq (read at pos) looked illegal,
+ * or seq is a mark. Re-reads them after a fence: 1 the state moved on, or
+ * pos was claimed and tail is now moved past it for its claimer (retry;
+ * *pos updated), -EAGAIN a legal full slot after all, -EPROTO a corrupt
+ * ring. */
 int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos);
 
-/* Multi-producer enqueue of one message. size: the ring's slot count as the
+/* Slot markers (see "Claims and process death" above). A claimed slot of
+ * position q holds sr__ring_mark(size, q, id): q + SR_RING_MARK + 2 id +
+ * lap(q), where lap(q) is bit log2(size) of q (the parity of q's lap, so
+ * that a mark of q and one of q - size never look alike). id < SR_RING_VOID
+ * names the claiming producer; id SR_RING_VOID marks a slot whose claimer
+ * died and was reaped: the consumer skips it. */
+#define SR_RING_MARK 0x80000000u
+#define SR_RING_VOID SR_RING_MAX_PRODUCERS
+
+static inline uint32_t sr__ring_lap(uint32_t size, uint32_t pos) { return (pos & size) ? 1u : 0u; }
+
+static inline uint32_t sr__ring_mark(uint32_t size, uint32_t pos, uint32_t id)
+{
+    return pos + SR_RING_MARK + 2 * id + sr__ring_lap(size, pos);
+}
+
+/* The id of the mark that seq is for position pos, or UINT32_MAX when seq
+ * is no mark of pos. */
+static inline uint32_t sr__ring_mark_id(uint32_t size, uint32_t seq, uint32_t pos)
+{
+    uint32_t u = seq - pos - SR_RING_MARK;
+    if (u > 2 * SR_RING_VOID + 1 || (u & 1) != sr__ring_lap(size, pos))
+        return UINT32_MAX;
+    return u >> 1;
+}
+
+/* Producer `id` (< SR_RING_VOID: the sender's rank) claims a position: 0 and
+ * *at set, -EAGAIN when full, -EPROTO when the ring's shared words hold
+ * values no legal history can produce. size: the ring's slot count as the
  * segment's layout says (the caller's private copy: the ring's own size and
  * mask words are never trusted, a scribbled mask would index outside the
- * ring). 0; -EAGAIN when full; -EPROTO when the ring's shared words hold
- * values no legal history can produce. */
-static inline int sr__ring_enqueue(struct sr_ring *r, uint32_t size, const sr_msg *m)
+ * ring). The claim is the CAS of the slot's sequence word from free to the
+ * claimer's mark (P0'), then tail moves on (T1); the caller copies its
+ * message in and publishes it (sr__ring_publish). */
+static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, uint32_t *at)
 {
     uint32_t mask = size - 1;
-    /* relaxed: a stale tail only makes the CAS below fail and retry */
+    /* relaxed: a stale tail only makes the claim below fail and retry */
     uint32_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
     for (;;) {
         struct sr_slot *s = &r->slots[pos & mask];
         /* P0 acquire: pairs with the consumer's C2 release that freed this slot */
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        int32_t dif = (int32_t)(seq - pos);
-        if (dif == 0) {
-            /* relaxed: the claim needs atomicity only; seq publishes the data */
-            if (atomic_compare_exchange_weak_explicit(&r->tail, &pos, pos + 1,
-                                                      memory_order_relaxed,
-                                                      memory_order_relaxed)) {
-                s->msg = *m;
-                /* P1 release: pairs with the consumer's C1 acquire */
-                atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+        if (seq == pos) {
+            /* P0' acquire on success: as P0 (the value replaced is the C2
+             * store); relaxed on failure: seq is classified below */
+            if (sr_likely(atomic_compare_exchange_strong_explicit(&s->seq, &seq, sr__ring_mark(size, pos, id),
+                                                                  memory_order_acquire, memory_order_relaxed))) {
+                uint32_t expect = pos;
+                /* T1 acq_rel: pairs with the acquire loads of tail (T2) and
+                 * with the previous T1, so that every claim below a tail
+                 * value happens before a T2 that reads it (free on x86: a
+                 * locked instruction either way). It fails when a producer
+                 * that saw our mark moved tail on for us; relaxed then. */
+                atomic_compare_exchange_strong_explicit(&r->tail, &expect, pos + 1, memory_order_acq_rel,
+                                                        memory_order_relaxed);
+                *at = pos;
                 return 0;
             }
-        } else if (dif < 0) {
-            /* the slot still holds last lap's message: full */
-            if (sr_likely(dif == 1 - (int32_t)size || dif == -(int32_t)size))
-                return -EAGAIN;
-            int rc = sr__ring_recheck(r, size, &pos);
-            if (rc <= 0)
-                return rc;
-        } else {
-            /* Another producer claimed pos. Its claim happens-before our P0
-             * acquire saw its publish (or the free after it), so tail has
-             * moved past pos: if not, seq was never legally written. */
+        }
+        int32_t dif = (int32_t)(seq - pos);
+        if (dif == 1 - (int32_t)size)
+            return -EAGAIN; /* the slot still holds last lap's message: full */
+        if (sr__ring_mark_id(size, seq, pos) < SR_RING_VOID) {
+            /* Another producer claimed pos (typically: it won the CAS above)
+             * and has not moved tail yet: T1 on its behalf (acq_rel: as
+             * T1), then the next position. */
+            uint32_t t = pos;
+            if (atomic_compare_exchange_strong_explicit(&r->tail, &t, pos + 1, memory_order_acq_rel,
+                                                        memory_order_relaxed))
+                t = pos + 1;
+            pos = t;
+            continue;
+        }
+        if (dif > 0) {
+            /* Another producer claimed pos and published it (or it was freed
+             * since). Its T1 happens-before our P0 acquire saw that, so tail
+             * has moved past pos: if not, seq is last lap's mark (full) or
+             * was never legally written. */
             uint32_t t = atomic_load_explicit(&r->tail, memory_order_relaxed); /* relaxed: as above */
-            if (sr_unlikely(t == pos)) {
-                int rc = sr__ring_recheck(r, size, &pos);
-                if (rc <= 0)
-                    return rc;
-            } else {
+            if (sr_likely(t != pos)) {
                 pos = t;
+                continue;
             }
         }
+        /* last lap's mark (full), or corrupt: off the fast path */
+        int rc = sr__ring_recheck(r, size, &pos);
+        if (rc <= 0)
+            return rc;
     }
+}
+
+/* The claimer of pos copies its message in and publishes it. */
+static inline void sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t pos, const sr_msg *m)
+{
+    struct sr_slot *s = &r->slots[pos & (size - 1)];
+    s->msg = *m;
+    /* P1 release: pairs with the consumer's C1 acquire */
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+}
+
+/* Multi-producer enqueue of one message by producer `id` (the sender's
+ * rank, < SR_RING_VOID): sr__ring_claim, then sr__ring_publish. 0; -EAGAIN
+ * when full; -EPROTO when the ring is corrupt. */
+static inline int sr__ring_enqueue(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m)
+{
+    uint32_t pos = 0; /* set by a claim that succeeds; gcc cannot tell */
+    int rc = sr__ring_claim(r, size, id, &pos);
+    if (sr_likely(rc == 0))
+        sr__ring_publish(r, size, pos, m);
+    return rc;
 }
 
 /* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full
  * (or contended), -EPROTO corrupt. For diagnostics, off the fast path. */
 int sr__ring_probe(struct sr_ring *r, uint32_t size);
+
+/* After producer `id`'s process died: void every slot it claimed and never
+ * published (positions [tail - size, tail], marked with its id), so that the
+ * consumer skips them instead of waiting for ever; a dead claimer that had
+ * not moved tail on yet has it moved (T1 on its behalf). Returns how many
+ * slots were voided (then wake the consumer: its doorbell), -EINVAL for an
+ * id >= SR_RING_VOID, or -EPROTO when a slot changed under the reaper
+ * (another writer of a dead producer's claim: a corrupt ring).
+ *
+ * Call it only once the dead process is reaped (waitpid returned: none of its
+ * stores is in flight, and it will never publish), from one thread at a time
+ * per ring, for every ring the process could have sent to, before the exit
+ * is published (which wakes the consumers) and before a replacement process
+ * with the same rank may send: the id is the rank, so reaping it then would
+ * void the replacement's live claims. Producers and the consumer may run
+ * meanwhile. Marks of live producers (other ids) are left alone, however
+ * long they take: a slow producer is never skipped. */
+int sr__ring_reap_producer(struct sr_ring *r, uint32_t size, uint32_t id);
 
 /* Producer `id` (< SR_RING_MAX_PRODUCERS) registers for a wake-up when the
  * consumer next frees slots (W1 in the contract above); it must retry its
@@ -262,12 +387,14 @@ static inline uint64_t sr__ring_space_ranks(struct sr_ring *r, uint32_t w)
  * release walk billions of slots. So the consumer reads the geometry and its
  * position once, at attach, checks them against the segment layout
  * (sr__ring_cons_attach), and from then on trusts only this copy; the shared
- * head and held are written back at detach (a worker may attach again) and
- * are otherwise not read. The slots' seq words must still be read from the
- * segment: the slot at the consumer's position p can only hold p (free) or
- * p + 1 (published), the consumer's own store or a producer's after it, so
- * any other value is corruption, latched in `bad` (the consumer stops there;
- * sr__ring_cons_error reports it). head is atomic (relaxed) because threads
+ * head and held are written back at detach (a worker may attach again), head
+ * also after each read (R1, for sr__ring_cons_recover), and are otherwise not
+ * read. The slots' seq words must still be read from the segment: the slot
+ * at the consumer's position p can only hold p (free), a mark of p (claimed,
+ * or void: skipped) or p + 1 (published), the consumer's own store or a
+ * producer's or the reaper's after it, so any other value is corruption,
+ * latched in `bad` (the consumer stops there; sr__ring_cons_error reports
+ * it). head is atomic (relaxed) because threads
  * that do not hold the inbox may ask sr__ring_ready; everything else belongs
  * to the thread that consumes (hand-overs order them, see agent.c). */
 struct sr_ring_cons {
@@ -286,18 +413,44 @@ struct sr_ring_cons {
  * legal history allow (*why says what; the caller names the worker). */
 int sr__ring_cons_attach(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
 
-/* As sr__ring_cons_attach, for a consumer whose predecessor ended without
- * detaching (segment.h, "Replacement in place"): the position is found from
- * the slots, as the first one from tail - slots on that was not freed; what
- * it read but had not released is read again (the layer above refuses what
- * was meant for the old consumer). Producers may enqueue meanwhile. */
-int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, char *why, size_t len);
-
 /* Write the position back to the shared words (for the next attach). */
 void sr__ring_cons_detach(struct sr_ring_cons *c);
 
+/* What sr__ring_cons_recover does with the messages its dead predecessor had
+ * not read yet (published, positions [its head, tail)). */
+enum sr_ring_recover {
+    SR_RING_RECOVER_DELIVER, /* read them, in order, as if nothing happened */
+    SR_RING_RECOVER_DISCARD, /* void the published ones (skipped, freed) */
+};
+
+/* Take the consumer's view of r after its previous consumer died without
+ * detaching (its head and held lived in its private memory): the first
+ * position not freed is found from the slots themselves, relative to tail,
+ * and the dead consumer's head from the shared head word (R1, stored by each
+ * read). The slots it had read but not freed become held: the new
+ * consumer's first sr__ring_release frees them (and, as after any release,
+ * it then wakes producers waiting for space: sr__ring_space_take). The
+ * unread ones are delivered or discarded as `mode` says; DISCARD voids the
+ * messages already published when recover looks at them, and a message
+ * whose producer is still copying it in then (claimed before the recovery,
+ * published after) is delivered: a caller that must drop every message
+ * addressed to the dead consumer tells them apart by a stamp of its own.
+ * Producers may enqueue meanwhile; nothing they send is lost or duplicated.
+ *
+ * Call it only once the previous consumer's process is reaped (its stores
+ * all landed), and never while another consumer is attached. 0, or -EPROTO
+ * when the ring's words are not what a legal history leaves (*why says what;
+ * the caller names the worker). */
+int sr__ring_cons_recover(struct sr_ring_cons *c, struct sr_ring *r, uint32_t slots, enum sr_ring_recover mode,
+                          char *why, size_t len);
+
 /* Out of line: the slot at pos held seq, neither pos nor pos + 1. */
 void sr__ring_cons_corrupt(struct sr_ring_cons *c, uint32_t pos, uint32_t seq);
+
+/* Out of line, the consumer reading pos found seq, neither pos nor pos + 1:
+ * true when the slot is void (skip it); false when it is claimed (wait for
+ * its publish) or corrupt (latched, sr__ring_cons_error). */
+bool sr__ring_cons_skip(struct sr_ring_cons *c, uint32_t pos, uint32_t seq);
 
 /* 0, or -EPROTO once the consumer saw an illegal sequence word (then
  * pos and seq say where and what). */
@@ -322,7 +475,7 @@ static inline void sr__ring_cons_check(struct sr_ring_cons *c)
         return; /* the slot at head is a held one */
     /* C1 acquire: pairs with the producer's P1 release */
     uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
-    if (sr_unlikely(seq != pos && seq != pos + 1))
+    if (sr_unlikely(seq != pos && seq != pos + 1 && sr__ring_mark_id(c->size, seq, pos) == UINT32_MAX))
         sr__ring_cons_corrupt(c, pos, seq);
 }
 
@@ -336,42 +489,53 @@ static inline bool sr__ring_cons_pending(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    /* C1 acquire: pairs with the producer's P1 release */
+    /* C1 acquire: pairs with the producer's P1 release (or the reaper's V1) */
     uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
     if (sr_likely(seq == pos + 1 || seq == pos))
         return seq == pos + 1;
-    /* relaxed: the consumer's own latch. With every slot held, the one at
-     * head is a held one: not pending. */
-    return c->held < c->size && !atomic_load_explicit(&c->bad, memory_order_relaxed);
+    /* With every slot held, the one at head is a held one: not pending. */
+    if (c->held == c->size)
+        return false;
+    uint32_t id = sr__ring_mark_id(c->size, seq, pos);
+    if (id != UINT32_MAX)
+        return id == SR_RING_VOID; /* void: skip it; claimed: wait for the publish */
+    /* relaxed: the consumer's own latch */
+    return !atomic_load_explicit(&c->bad, memory_order_relaxed);
 }
 
 /* Single-consumer: copy out up to n ready messages, in order, and keep their
- * slots held until sr__ring_release. Returns the count. Stops at a corrupt
- * slot (see sr__ring_cons_error). */
+ * slots held until sr__ring_release. Returns the count. Skips void slots
+ * (their claimer died: sr__ring_reap_producer), which are held like read
+ * ones. Stops at a corrupt slot (see sr__ring_cons_error). */
 static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, unsigned n)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    if (n > c->size - c->held) /* past that, the slots are the held ones */
-        n = c->size - c->held;
-    unsigned i;
-    for (i = 0; i < n; i++) {
-        struct sr_slot *s = &c->slots[(pos + i) & c->mask];
-        /* C1 acquire: pairs with the producer's P1 release */
+    uint32_t room = c->size - c->held; /* past that, the slots are the held ones */
+    uint32_t p = pos;
+    unsigned got = 0;
+    while (got < n && p - pos < room) {
+        struct sr_slot *s = &c->slots[p & c->mask];
+        /* C1 acquire: pairs with the producer's P1 release (or the reaper's V1) */
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        if (seq != pos + i + 1) {
-            if (sr_unlikely(seq != pos + i))
-                sr__ring_cons_corrupt(c, pos + i, seq);
-            break;
+        if (seq != p + 1) {
+            if (seq == p || !sr__ring_cons_skip(c, p, seq))
+                break;
+            p++;
+            continue;
         }
-        out[i] = s->msg;
+        out[got++] = s->msg;
+        p++;
     }
-    if (i) {
+    if (p != pos) {
         /* relaxed: only the consumer writes head; readers of sr__ring_ready want a recent value */
-        atomic_store_explicit(&c->head, pos + i, memory_order_relaxed);
-        c->held += i;
+        atomic_store_explicit(&c->head, p, memory_order_relaxed);
+        /* relaxed (R1): read by a successor's sr__ring_cons_recover only
+         * after this process was reaped */
+        atomic_store_explicit(&c->ring->head, p, memory_order_relaxed);
+        c->held += p - pos;
     }
-    return i;
+    return got;
 }
 
 /* Single-consumer: free every held slot for the producers' next lap.
@@ -399,14 +563,15 @@ static inline unsigned sr__ring_dequeue_burst(struct sr_ring_cons *c, sr_msg *ou
     return got;
 }
 
-/* Is a message ready at the head? Any thread may ask (a hint to the one that
- * consumes). A corrupt slot is never ready. */
+/* Is a message ready at the head (or a void slot to skip)? Any thread may ask
+ * (a hint to the one that consumes). A corrupt slot is never ready. */
 static inline int sr__ring_ready(struct sr_ring_cons *c)
 {
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    /* C1 acquire: pairs with the producer's P1 release */
-    return atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire) == pos + 1;
+    /* C1 acquire: pairs with the producer's P1 release (or the reaper's V1) */
+    uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
+    return seq == pos + 1 || (seq != pos && seq == sr__ring_mark(c->size, pos, SR_RING_VOID));
 }
 
 #endif

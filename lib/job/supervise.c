@@ -216,6 +216,16 @@ static void ready_line(sr_job *job, int rank)
 
 static void arm(struct io_uring *ring, int fd, uint64_t tag);
 
+/* The slots the dead process claimed in its peers' inboxes and never
+ * published: voided, so that their consumers do not stop there (ring.h; it
+ * is reaped, and its successor does not exist yet). The wake comes with the
+ * exit's publication. A corrupt inbox is its consumer's to find. */
+static void reap_claims(sr_job *job, int rank)
+{
+    for (int r = 0; r < job->n; r++) /* its own inbox too: it may have been sending to itself */
+        (void)sr__ring_reap_producer(sr__seg_inbox(&job->seg, r), job->seg.ring_slots, (uint32_t)rank);
+}
+
 /* R1-R3 for a rank that died: publish, ready its line, start its next
  * process. Returns 0, or the job's exit code if no process could start. */
 static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
@@ -231,6 +241,7 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     int area = sr__heap_area_find(&job->seg, rank, gen + 1);
     if (area >= 0)
         sr__heap_area_quarantine(&job->seg, area);
+    reap_claims(job, rank);
     publish_exit(job, rank, si); /* X1, X2 */
     wake_survivors(job, rank);   /* X3: the survivors fail what was in flight with it */
     ready_line(job, rank);

@@ -244,8 +244,12 @@ static int attach_inbox(sr_xport *x)
     char why[160];
     x->inbox = &x->inbox_view;
     struct sr_ring *r = sr__seg_inbox(&x->seg, x->rank);
-    /* A replacement's predecessor died without writing its position back. */
-    if ((x->gen ? sr__ring_cons_recover : sr__ring_cons_attach)(x->inbox, r, x->seg.ring_slots, why, sizeof(why)))
+    /* A replacement's predecessor died without writing its position back.
+     * What it left unread is delivered: the stamps refuse it above, and the
+     * refusal lets go of what it carries (discarded here, it would leak). */
+    int rc = x->gen ? sr__ring_cons_recover(x->inbox, r, x->seg.ring_slots, SR_RING_RECOVER_DELIVER, why, sizeof(why))
+                    : sr__ring_cons_attach(x->inbox, r, x->seg.ring_slots, why, sizeof(why));
+    if (rc)
         return sr__fail(-EPROTO, "sr_init", "the inbox ring of rank %d is corrupt: %s", x->rank, why);
     return 0;
 }
@@ -521,7 +525,7 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     m->src = (uint16_t)x->rank;
     /* relaxed: our view of its generation (sr__xport_peer_gone checked it) */
     m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_relaxed) & 0xfu) << 4);
-    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, m);
+    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {
             /* Its consumer may be asleep with nothing ready, waiting for an
