@@ -328,6 +328,9 @@ static inline int16_t sr__agent_stamp_for(sr_agent *a, int r)
  * to the future completed at the next return of a rank (agent.returns).
  * Handles the exits published so far first. */
 sr_future *sr__agent_await_rank(sr_agent *a, int rank);
+/* rank's generation as this worker knows it, or -EPIPE while it is gone
+ * (rank in range). Handles the exits published so far first. */
+int64_t sr__agent_generation(sr_agent *a, int rank);
 /* Fill expect for every rank (init). */
 void sr__agent_stamps_init(sr_agent *a);
 

@@ -244,6 +244,20 @@ SR_API int sr_wait_for_worker(int rank, double timeout_s)
     return rc;
 }
 
+SR_API int64_t sr_worker_generation(int rank)
+{
+    sr_agent *a = sr__agent_get("sr_worker_generation");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int64_t g = rank < 0 || rank >= a->world
+                    ? sr__fail(-EINVAL, "sr_worker_generation", "rank %d is out of range [0, %d)", rank, a->world)
+                    : sr__agent_generation(a, rank);
+    if (g == -EPIPE)
+        sr__fail(-EPIPE, "sr_worker_generation", "%s (rank %d) is gone and not back yet", a->names[rank], rank);
+    sr__agent_put(a);
+    return g;
+}
+
 SR_API int sr_rank(void)
 {
     sr_agent *a = sr__agent_get("sr_rank");

@@ -53,6 +53,17 @@ static sr_future *rejoin_returned(sr_agent *a)
     return back; /* the caller completes it, outside the lock */
 }
 
+int64_t sr__agent_generation(sr_agent *a, int rank)
+{
+    sr__agent_check_exits(a);
+    sr_tport *t = a->tp[rank];
+    pthread_mutex_lock(&a->gone_lock);
+    int64_t g = a->gone[rank] != SR_GONE_NO ? -EPIPE
+                : (t->caps & SR_TPORT_REPLACES) ? (int64_t)t->ops->live->generation(t, rank) : 0;
+    pthread_mutex_unlock(&a->gone_lock);
+    return g;
+}
+
 sr_future *sr__agent_await_rank(sr_agent *a, int rank)
 {
     sr__agent_check_exits(a);

@@ -12,6 +12,7 @@
  */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
@@ -194,6 +195,8 @@ static int driver_kill(void)
      * it was, however much its successor allocates */
     WCHECK(sr_wait_for_worker(1, WAIT_S) == 0, "a live rank: %s", sr_last_error());
     WCHECK(sr_wait_for_worker(WORLD, WAIT_S) == -EINVAL, "rank %d: %s", WORLD, sr_last_error());
+    WCHECK(sr_worker_generation(1) == 0 && sr_worker_generation(-1) == -EINVAL, "generations before: %s",
+           sr_last_error());
     sr_tensor *kept = make_on_victim(7);
     WCHECK(kept && all_equal(kept, 7.0f), "the tensor from generation 0: %s", sr_last_error());
     sr_value *v = NULL;
@@ -203,6 +206,8 @@ static int driver_kill(void)
     WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
     WCHECK(call_int(2, "ask_victim", &g) == 0 && g == 1, "rank 2 about rank 1: %d: %s", (int)g, sr_last_error());
+    WCHECK(sr_worker_generation(1) == 1, "rank 1's generation here: %" PRId64 ": %s", sr_worker_generation(1),
+           sr_last_error());
     for (int i = 0; i < 4; i++) {
         sr_tensor *t = make_on_victim(9);
         WCHECK(t && all_equal(t, 9.0f), "a tensor from generation 1: %s", sr_last_error());

@@ -98,6 +98,11 @@ SR_API int sr_worker_rank(const char *name);
  * handled here; a call made then reaches it. timeout_s 0: no bound. 0;
  * -ETIMEDOUT; -EPIPE the rank is gone and the job replaces none; -EINVAL. */
 SR_API int sr_wait_for_worker(int rank, double timeout_s);
+/* rank's generation as this worker knows it: 0 for the process the job
+ * started with, one more for each replacement (shmrun --restart rank);
+ * -EPIPE while it is gone and not back; -EINVAL; -SR_ESHUTDOWN. A change
+ * between two calls means the rank was replaced in between. */
+SR_API int64_t sr_worker_generation(int rank);
 
 /* Default timeout for calls sent from now on; 0 = infinite. 0, or -EINVAL
  * for NaN, an infinity or a negative value (the default is then unchanged),
