@@ -113,6 +113,8 @@ static struct ps {
     int64_t step, first_step;
     int64_t pos[MAX_WORKERS]; /* steps done by each trainer, by rank */
     sr_rref *optim[MAX_WORKERS]; /* each trainer's local optimizer, kept here */
+    int64_t optim_gen[MAX_WORKERS]; /* the trainer's generation that said hello with it */
+    bool greeted[MAX_WORKERS];   /* the trainer said hello once (a replacement says it again) */
     double *loss;            /* loss[i]: the loss of step i + 1 */
     int64_t samples;         /* trained in this run */
     int hellos, done;
@@ -323,11 +325,28 @@ static void ckpt_path(char *buf, size_t n)
     snprintf(buf, n, "%s/%s", opt.ckpt_dir, CKPT_NAME);
 }
 
-/* Save a checkpoint now (ps.mu held). */
+/* A trainer replaced since it said hello (shmrun --restart rank): its
+ * optimizer's state is not here until its successor says hello; 0: none. */
+static int replaced_trainer(void)
+{
+    for (int r = 1; r <= opt.trainers; r++)
+        if (ps.optim[r] && sr_worker_generation(r) != ps.optim_gen[r])
+            return r;
+    return 0;
+}
+
+/* Save a checkpoint now (ps.mu held); skipped while a trainer is being
+ * replaced (the next save point tries again). */
 static int ps_save(void)
 {
     char path[4096];
     ckpt_path(path, sizeof(path));
+    int gone = replaced_trainer();
+    if (gone) {
+        printf("checkpoint: step %" PRId64 " skipped: worker%d is being replaced\n", ps.step, gone);
+        fflush(stdout);
+        return 0;
+    }
     struct save_job job = {.path = path};
     sr_rref *optims[MAX_WORKERS];
     size_t n = 0;
@@ -437,13 +456,16 @@ static int ps_hello(sr_call *c)
     if (!rc && ps.resume)
         rc = sr_dist_optim_with_locals(&r, 1, import_locked, &rank);
     if (!rc) {
+        sr_rref_unref(ps.optim[rank]); /* a replaced trainer's: its owner is gone */
         ps.optim[rank] = sr_rref_ref(r);
-        if (ps.hellos++ == 0)
+        ps.optim_gen[rank] = sr_worker_generation(rank);
+        if (!ps.greeted[rank] && ps.hellos++ == 0)
             ps.t_train = now_s();
-        if (ps.hellos == opt.trainers) {
+        if (!ps.greeted[rank] && ps.hellos == opt.trainers) {
             sr_checkpoint_destroy(ps.resume);
             ps.resume = NULL;
         }
+        ps.greeted[rank] = true;
     }
     int64_t pos = ps.pos[rank];
     pthread_mutex_unlock(&ps.mu);
@@ -526,14 +548,15 @@ static int ps_resume(void)
     return 0;
 }
 
-/* Restarted by shmrun --max-restarts (SHMRPC_RESTART_COUNT > 0) with a
+/* Restarted by shmrun --max-restarts (SHMRPC_RESTART_COUNT > 0), or this
+ * server replaced by shmrun --restart rank (SHMRPC_GENERATION > 0), with a
  * checkpoint in --checkpoint-dir: resume from it, as --resume would. A
  * restart before the first save starts from the beginning again. */
 static bool restarted_with_checkpoint(void)
 {
-    const char *n = getenv("SHMRPC_RESTART_COUNT");
+    const char *n = getenv("SHMRPC_RESTART_COUNT"), *g = getenv("SHMRPC_GENERATION");
     char path[4096];
-    if (!opt.ckpt_dir || !n || atoi(n) <= 0)
+    if (!opt.ckpt_dir || ((!n || atoi(n) <= 0) && (!g || atoi(g) <= 0)))
         return false;
     ckpt_path(path, sizeof(path));
     return access(path, F_OK) == 0;
@@ -671,6 +694,7 @@ struct trainer {
     sr_rref *params[NPARAMS];
     sr_dist_optim *optim;
     int64_t *perm;
+    int64_t server_gen; /* the server's generation the parameters above are from */
 };
 
 /* One step on the samples idx[0..n): forward on the server, backward, step. */
@@ -748,6 +772,45 @@ static int hello(struct trainer *t, int64_t *from)
     return rc ? fail(rc, "ps_hello") : 0;
 }
 
+/* The parameters from the server, a DistributedOptimizer over them, and
+ * hello: the step this trainer resumes from. */
+static int join_server(struct trainer *t, const sr_optim_opts *o, int64_t *from)
+{
+    t->server_gen = sr_worker_generation(0);
+    int rc = get_params(t);
+    if (!rc && (rc = sr_dist_optim_create(SR_OPTIM_SGD, o, t->params, NPARAMS, &t->optim)))
+        fail(rc, "sr_dist_optim_create");
+    return rc ? rc : hello(t, from);
+}
+
+static void leave_server(struct trainer *t)
+{
+    sr_dist_optim_destroy(t->optim);
+    t->optim = NULL;
+    for (int i = 0; i < NPARAMS; i++) {
+        sr_rref_unref(t->params[i]);
+        t->params[i] = NULL;
+    }
+}
+
+/* After a failed step: was the server replaced (shmrun --restart rank)?
+ * Then wait for its successor, which resumed from the last checkpoint,
+ * and join it again: true. Else the failure is the trainer's: false. */
+static bool server_replaced(struct trainer *t, const sr_optim_opts *o, int64_t *from)
+{
+    if (sr_worker_generation(0) == t->server_gen && t->server_gen >= 0)
+        return false;
+    if (sr_wait_for_worker(0, WAIT_S)) {
+        fail(-ETIMEDOUT, "waiting for the parameter server's replacement");
+        return false;
+    }
+    printf("worker%d: the parameter server was replaced (generation %" PRId64 "): joining it again\n", sr_rank(),
+           sr_worker_generation(0));
+    fflush(stdout);
+    leave_server(t);
+    return join_server(t, o, from) == 0;
+}
+
 static int trainer(void)
 {
     struct trainer t = {0};
@@ -768,15 +831,14 @@ static int trainer(void)
     int64_t from = 0;
     if (!(t.perm = malloc((size_t)sr_dataset_size(ds) * sizeof(*t.perm))))
         rc = fail(-ENOMEM, "the data order");
-    if (!rc && !(rc = get_params(&t)) &&
-        (rc = sr_dist_optim_create(SR_OPTIM_SGD, &o, t.params, NPARAMS, &t.optim)))
-        fail(rc, "sr_dist_optim_create");
-    if (!rc && !(rc = hello(&t, &from)) && !(rc = train_loop(&t, from)) &&
-        (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, -1, NULL)))
-        fail(rc, "ps_done");
-    sr_dist_optim_destroy(t.optim);
-    for (int i = 0; i < NPARAMS; i++)
-        sr_rref_unref(t.params[i]);
+    if (!rc)
+        rc = join_server(&t, &o, &from);
+    for (bool again = !rc; again;) { /* again after the server was replaced */
+        if (!(rc = train_loop(&t, from)) && (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, -1, NULL)))
+            fail(rc, "ps_done");
+        again = rc && server_replaced(&t, &o, &from);
+    }
+    leave_server(&t);
     free(t.perm);
     sr_dataset_destroy(ds);
     return rc;
