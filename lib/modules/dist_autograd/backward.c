@@ -533,6 +533,8 @@ static void job_run(void *arg)
     sr_value *a = j->args;
     if (!c)
         err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
+    else if ((err = sr__dctx_check_alive(c, "sr_dist_autograd_backward")))
+        ;
     else if (!well_formed(a))
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
     else if (!(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
@@ -739,6 +741,10 @@ int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t 
     sr_dctx *c = sr__dctx_find(context_id);
     if (!c)
         return sr__dctx_not_found("sr_dist_autograd_backward", context_id);
+    if ((rc = sr__dctx_check_alive(c, "sr_dist_autograd_backward"))) {
+        sr__dctx_unref(c);
+        return rc;
+    }
     sr_future *f = sr_future_new();
     rc = f ? root_start(c, roots, n, retain, f) : -ENOMEM;
     sr__dctx_unref(c);
