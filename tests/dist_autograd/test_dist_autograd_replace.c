@@ -11,6 +11,8 @@
  *   - a pass in A fails at once with the death ("worker1 (generation 0) was
  *     killed by signal SIGKILL"), where it reached the new generation;
  *   - B's passes succeed, before and after;
+ *   - a distributed optimizer (its parameter on rank 2) steps with B, and
+ *     fails with the death when it steps with A;
  *   - V is gone from ranks 0 and 2 (nothing would ever release it);
  *   - generation 1 makes a context whose id differs from V's, runs a pass
  *     in it with ranks 0 and 2, and its release reaches them;
@@ -43,6 +45,7 @@
 #include "error.h"
 #include "rpc_harness.h"
 #include "shmrpc/dist_autograd.h"
+#include "shmrpc/dist_optim.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
@@ -201,6 +204,15 @@ static int fn_make_ctx(sr_call *c)
     return sr_call_return(c, sr_int(m.id));
 }
 
+/* A parameter (a leaf of all ones) for the distributed optimizer. */
+static int fn_param(sr_call *c)
+{
+    sr_tensor *p = ones(true);
+    sr_value *v = p ? tval(p) : NULL;
+    sr_tensor_unref(p);
+    return v ? sr_call_return(c, v) : sr_call_fail(c, -ENOMEM, "param: out of memory");
+}
+
 static int fn_end_ctx(sr_call *c)
 {
     int rc = sr_dist_autograd_context_end(sr_value_int(sr_call_arg(c, 0)));
@@ -226,6 +238,7 @@ static void register_fns(void)
     sr_register("kill_on_grad", fn_kill_on_grad);
     sr_register("make_ctx", fn_make_ctx);
     sr_register("end_ctx", fn_end_ctx);
+    sr_register("param", fn_param);
     sr_register("has_ctx", fn_has_ctx);
     sr_register("nctx", fn_nctx);
 }
@@ -343,6 +356,17 @@ static int driver(void)
     WCHECK(sr_dist_autograd_backward(b.id, &b.loss, 1, false) == 0, "B after the replacement: %s", sr_last_error());
     if (expect_grad(b.id, b.leaf, 4, "B after the replacement"))
         return 1;
+    /* the distributed optimizer: A's step fails with the death, B's works */
+    sr_rref *p = NULL;
+    sr_dist_optim *d = NULL;
+    WCHECK(sr_remote(2, "param", SR_ARGS(), WAIT_S, &p) == 0, "remote param: %s", sr_last_error());
+    WCHECK(sr_dist_optim_create(SR_OPTIM_SGD, &(sr_optim_opts){.lr = 0.1}, &p, 1, &d) == 0, "optimizer: %s",
+           sr_last_error());
+    rc = sr_dist_optim_step(d, a.id);
+    WCHECK(rc == -EPIPE && strstr(sr_last_error(), DEATH), "a step with A gave %d: %s", rc, sr_last_error());
+    WCHECK(sr_dist_optim_step(d, b.id) == 0, "a step with B: %s", sr_last_error());
+    sr_dist_optim_destroy(d);
+    sr_rref_unref(p);
     /* V is gone: nothing would ever release it */
     WCHECK(!sr_dist_autograd_is_valid_context(v), "V (%#llx), rank 1 generation 0's, is still here",
            (unsigned long long)v);

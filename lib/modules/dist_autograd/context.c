@@ -135,8 +135,8 @@ int sr__dctx_check_alive(sr_dctx *c, const char *who)
     pthread_mutex_unlock(&c->lock);
     if (!err)
         return 0;
-    return sr__fail(err, who, "worker%d: autograd context %lld recorded RPCs with a worker that died since: %s",
-                    sr__rpc_rank(), (long long)c->id, text);
+    return sr__fail(err, who, "autograd context %lld recorded RPCs with a worker that died since: %s",
+                    (long long)c->id, text);
 }
 
 size_t sr__dctx_known(sr_dctx *c, int *ranks, size_t cap)
