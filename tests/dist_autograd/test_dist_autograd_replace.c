@@ -243,8 +243,9 @@ static void register_fns(void)
     sr_register("nctx", fn_nctx);
 }
 
-/* fn(arg) on `to`, made from a thread with no context (this driver's
- * calls below are all made outside any context: it never makes one current). */
+/* fn(arg) on `to`, from the driver's thread, which never has a current
+ * context (build() makes each context on a thread of its own): these calls
+ * record nothing. */
 static int call_i64(int to, const char *fn, int64_t arg, bool with_arg, int64_t *out)
 {
     sr_value *a = sr_int(arg), *v = NULL;
