@@ -299,6 +299,9 @@ enum sr_call_kind sr__call_out_kind(const struct sr_call_out *o);
 
 int sr__rpc_rank(void);  /* -1 when RPC is not initialised */
 int sr__rpc_world(void);
+/* This process's generation of its rank (segment.h, "Replacement in
+ * place"): 0 for the first process, and whenever RPC is not initialised. */
+uint32_t sr__rpc_generation(void);
 /* The process of `rank` has ended (the supervisor published it): a message
  * to it can never be answered. If so, why (len bytes, may be NULL) says how:
  * "worker2 exited with status 0 without sr_shutdown". */

@@ -59,6 +59,12 @@ int sr__rpc_rank(void) { return atomic_load_explicit(&live_rank, memory_order_re
 int sr__rpc_world(void) { return atomic_load_explicit(&live_world, memory_order_relaxed); }
 bool sr__rpc_reordering(void) { return atomic_load_explicit(&live_reorder, memory_order_relaxed); }
 
+uint32_t sr__rpc_generation(void)
+{
+    sr_agent *a = sr__agent_peek();
+    return a ? a->gen : 0; /* fixed before the agent is published */
+}
+
 bool sr__rpc_peer_gone(int rank, char *why, size_t len)
 {
     sr_agent *a = sr__agent_peek();

@@ -526,19 +526,19 @@ static void job_run(void *arg)
 {
     struct job *j = arg;
     char text[1024] = "";
-    int err = 0;
     bool parent = false;
     struct sr__dpass *p = NULL;
     sr_dctx *c = sr__dctx_find(j->ctx_id);
     sr_value *a = j->args;
-    if (!c)
-        err = sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
-    else if (!well_formed(a))
+    /* a context that involved a worker that died since: its death (sr__dctx_peer_died) */
+    int err = c ? sr__dctx_check_alive(c, "sr_dist_autograd_backward")
+                : sr__dctx_not_found("sr_dist_autograd_backward", j->ctx_id);
+    if (!err && !well_formed(a))
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
-    else if (!(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
-                              j->done, &parent)))
+    else if (!err && !(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
+                                      j->done, &parent)))
         err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-    else
+    else if (!err)
         err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), p, a);
     if (err)
         err = node_error(err, sr_last_error(), text, sizeof(text));
@@ -739,6 +739,10 @@ int sr__dist_backward_async(int64_t context_id, sr_tensor *const *roots, size_t 
     sr_dctx *c = sr__dctx_find(context_id);
     if (!c)
         return sr__dctx_not_found("sr_dist_autograd_backward", context_id);
+    if ((rc = sr__dctx_check_alive(c, "sr_dist_autograd_backward"))) {
+        sr__dctx_unref(c);
+        return rc;
+    }
     sr_future *f = sr_future_new();
     rc = f ? root_start(c, roots, n, retain, f) : -ENOMEM;
     sr__dctx_unref(c);

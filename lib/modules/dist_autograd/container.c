@@ -24,6 +24,7 @@
 #define TOMBSTONES 64
 #define COUNTER_BITS 48
 #define COUNTER_MAX ((UINT64_C(1) << COUNTER_BITS) - 1)
+#define GEN_SHIFT 40 /* a generation's first counter: (generation mod 256) << GEN_SHIFT */
 
 struct shard {
     pthread_mutex_t lock;
@@ -80,9 +81,10 @@ int sr__dctx_container_init(int rank, int world)
     box.nshards = n;
     box.rank = rank;
     box.world = world;
+    uint64_t first = (uint64_t)(sr__rpc_generation() & 0xffu) << GEN_SHIFT;
     /* relaxed: before any RPC thread exists */
-    atomic_store_explicit(&box.next_ctx, 0, memory_order_relaxed);
-    atomic_store_explicit(&box.next_msg, 0, memory_order_relaxed);
+    atomic_store_explicit(&box.next_ctx, first, memory_order_relaxed);
+    atomic_store_explicit(&box.next_msg, first, memory_order_relaxed);
     atomic_store_explicit(&box.count, 0, memory_order_relaxed);
     atomic_store_explicit(&sr__dctx_passes, 0, memory_order_relaxed);
     return 0;
@@ -221,6 +223,44 @@ sr_dctx *sr__dctx_remove(int64_t id)
     return c; /* the container's reference, now the caller's */
 }
 
+/* ---- a worker died ---- */
+
+/* References to every context of shard s, in a malloc'd array (*n). */
+static sr_dctx **shard_contexts(struct shard *s, size_t *n)
+{
+    pthread_mutex_lock(&s->lock);
+    sr_dctx **cs = malloc((s->map.len ? s->map.len : 1) * sizeof(*cs));
+    size_t k = 0;
+    for (size_t i = 0; cs && i < s->map.cap; i++)
+        if (s->map.keys[i])
+            cs[k++] = sr__dctx_ref(s->map.vals[i]);
+    pthread_mutex_unlock(&s->lock);
+    *n = k;
+    return cs;
+}
+
+/* Runs before any message of the rank's next generation is taken (the
+ * agent handles a death before the return), so every context of the rank
+ * here was created by a generation that is gone: nothing will ever release
+ * it, and the next generation's ids differ (see the top). No cleanup is
+ * sent for those: every survivor releases them the same way. The shard lock
+ * is not held while a context's lock is taken (context.h). */
+void sr__dist_peer_died(int rank, const char *why)
+{
+    for (unsigned i = 0; box.shards && i < box.nshards; i++) {
+        size_t n = 0;
+        sr_dctx **cs = shard_contexts(&box.shards[i], &n);
+        for (size_t k = 0; k < n; k++) {
+            sr_dctx *c = cs[k];
+            sr__dctx_peer_died(c, rank, why);
+            if ((int)((uint64_t)c->id >> COUNTER_BITS) == rank) /* theirs, even if it reached us through others */
+                sr__dctx_unref(sr__dctx_remove(c->id)); /* remembers the id, for late messages */
+            sr__dctx_unref(c);
+        }
+        free(cs);
+    }
+}
+
 int64_t sr__dctx_current(void) { return current; }
 
 int64_t sr__dctx_set_current(int64_t id)
@@ -233,6 +273,14 @@ int64_t sr__dctx_set_current(int64_t id)
 int sr__dctx_not_found(const char *who, int64_t id)
 {
     return sr__fail(-EINVAL, who, "Could not find autograd context with id: %lld", (long long)id);
+}
+
+int sr__dctx_check(const char *who, int64_t id)
+{
+    sr_dctx *c = sr__dctx_find(id);
+    int rc = c ? sr__dctx_check_alive(c, who) : sr__dctx_not_found(who, id);
+    sr__dctx_unref(c);
+    return rc;
 }
 
 int sr__dctx_accumulate_grad(int64_t id, sr_tensor *leaf, sr_tensor *grad)

@@ -1,6 +1,7 @@
 /* A distributed autograd context: known workers, send and recv functions,
  * accumulated gradients, the current pass's graph task. See context.h. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,7 @@ void sr__dctx_unref(sr_dctx *c)
         }
     }
     sr__idmap_free(&c->grads);
+    free(c->dead_text);
     free(c->known);
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->begin_lock);
@@ -106,6 +108,35 @@ void sr__dctx_add_known(sr_dctx *c, int rank)
     pthread_mutex_lock(&c->lock);
     c->known[rank / 64] |= UINT64_C(1) << (rank % 64);
     pthread_mutex_unlock(&c->lock);
+}
+
+bool sr__dctx_peer_died(sr_dctx *c, int rank, const char *why)
+{
+    if (rank < 0 || (size_t)rank / 64 >= c->known_words)
+        return false;
+    uint64_t bit = UINT64_C(1) << (rank % 64);
+    pthread_mutex_lock(&c->lock);
+    bool involved = (c->known[rank / 64] & bit) != 0;
+    c->known[rank / 64] &= ~bit;
+    if (involved && !c->dead_err) {
+        c->dead_text = strdup(why ? why : "");
+        c->dead_err = -EPIPE;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return involved;
+}
+
+int sr__dctx_check_alive(sr_dctx *c, const char *who)
+{
+    pthread_mutex_lock(&c->lock);
+    int err = c->dead_err;
+    char text[256];
+    snprintf(text, sizeof(text), "%s", err && c->dead_text ? c->dead_text : "out of memory for its text");
+    pthread_mutex_unlock(&c->lock);
+    if (!err)
+        return 0;
+    return sr__fail(err, who, "autograd context %lld recorded RPCs with a worker that died since: %s",
+                    (long long)c->id, text);
 }
 
 size_t sr__dctx_known(sr_dctx *c, int *ranks, size_t cap)
@@ -162,6 +193,11 @@ SR_API int sr_dist_autograd_get_gradients(int64_t context_id, size_t *n, sr_tens
     sr_dctx *c = sr__dctx_find(context_id);
     if (!c)
         return sr__dctx_not_found("sr_dist_autograd_get_gradients", context_id);
+    int rc = sr__dctx_check_alive(c, "sr_dist_autograd_get_gradients");
+    if (rc) {
+        sr__dctx_unref(c);
+        return rc;
+    }
     pthread_mutex_lock(&c->lock);
     size_t k = 0, len = c->grads.len;
     sr_tensor **ts = malloc((len ? len : 1) * sizeof(*ts)), **gs = malloc((len ? len : 1) * sizeof(*gs));
@@ -203,6 +239,11 @@ SR_API int sr_dist_autograd_get_gradient(int64_t context_id, const sr_tensor *le
     sr_dctx *c = sr__dctx_find(context_id);
     if (!c)
         return sr__dctx_not_found("sr_dist_autograd_get_gradient", context_id);
+    int rc = sr__dctx_check_alive(c, "sr_dist_autograd_get_gradient");
+    if (rc) {
+        sr__dctx_unref(c);
+        return rc;
+    }
     pthread_mutex_lock(&c->lock);
     struct grad_slot *g = sr__idmap_get(&c->grads, (uintptr_t)leaf);
     *grad = g ? sr_tensor_ref(g->grad) : NULL;

@@ -64,6 +64,8 @@ typedef struct sr_dctx {
     uint32_t task_users;         /* threads using task (a root pass counts until it ends) */
     struct sr__dpass *engaged;   /* the passes this worker is engaged in (backward.c) */
     sr_grad_sink sink;           /* accumulates into grads */
+    int dead_err;                /* -EPIPE once a worker it involved died (sr__dctx_peer_died), else 0 */
+    char *dead_text;             /* then: how that worker ended */
 } sr_dctx;
 
 /* ---- container.c ---- */
@@ -79,6 +81,11 @@ sr_dctx *sr__dctx_get_or_create(int64_t id, bool *released);
 /* Take the context out of the container (its reference is dropped); the
  * context or NULL if it was not there. A reference for the caller. */
 sr_dctx *sr__dctx_remove(int64_t id);
+/* A worker died (the module's peer_died hook): every context that involves
+ * it fails its backward passes from now on and forgets it (no cleanup goes
+ * to the rank's next generation); the contexts it created are released
+ * here, without cleanup messages (every survivor does the same). */
+void sr__dist_peer_died(int rank, const char *why);
 /* A fresh autograd message id; -EOVERFLOW past the counter's range. */
 int sr__dctx_next_message_id(int64_t *out);
 /* Backward passes in progress on this worker (debug info). */
@@ -92,6 +99,11 @@ void sr__dctx_add_known(sr_dctx *c, int rank);          /* takes the lock */
 int sr__dctx_add_fn(sr_dctx *c, bool send, int64_t msg_id, sr_node *fn); /* takes the lock */
 /* The send function for msg_id (a reference), or NULL. */
 sr_node *sr__dctx_send_fn(sr_dctx *c, int64_t msg_id);
+/* rank died (why: how): if c involves it, c forgets it and is marked dead
+ * (the first death wins); returns whether it did. Takes the lock. */
+bool sr__dctx_peer_died(sr_dctx *c, int rank, const char *why);
+/* 0, or -EPIPE naming the dead worker if c involved one that died. */
+int sr__dctx_check_alive(sr_dctx *c, const char *who);
 /* The known workers, sorted ascending, into ranks[cap]; returns the count. */
 size_t sr__dctx_known(sr_dctx *c, int *ranks, size_t cap);
 

@@ -17,6 +17,10 @@ int64_t sr__dctx_current(void);
 int64_t sr__dctx_set_current(int64_t id);
 /* An "unknown context" error, with PyTorch's text. */
 int sr__dctx_not_found(const char *who, int64_t id);
+/* 0 if context id is here and usable: else the "unknown context" error, or
+ * -EPIPE naming the worker that died after the context recorded RPCs with
+ * it (its gradients can no longer be complete). */
+int sr__dctx_check(const char *who, int64_t id);
 /* Add grad to the gradient that context id holds for leaf on this worker,
  * as a backward pass reaching leaf here does (the context is made here if
  * this worker has not seen it yet): a layer above may add a gradient term

@@ -39,6 +39,7 @@ static const char *da_describe_request(uint8_t sub)
 static const struct sr_module_life_ops da_life = {
     .init = da_init,
     .fini = sr__dctx_container_fini,
+    .peer_died = sr__dist_peer_died,
 };
 
 static const struct sr_module_request_ops da_request = {

@@ -169,8 +169,9 @@ SR_API int sr_dist_optim_step(sr_dist_optim *o, int64_t context_id)
     const char *fn = "sr_dist_optim_step";
     if (!o)
         return sr__fail(-EINVAL, fn, "the optimizer is NULL");
-    if (!sr_dist_autograd_is_valid_context(context_id))
-        return sr__dctx_not_found(fn, context_id);
+    int rc = sr__dctx_check(fn, context_id); /* a context whose worker died: -EPIPE, naming it */
+    if (rc)
+        return rc;
     if (!o->n)
         return 0;
     sr_future **fs = calloc(o->n, sizeof(*fs));
