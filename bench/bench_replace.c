@@ -159,11 +159,12 @@ static int drive_latency(int fd, int victim, int kills)
         int rc = sr_rpc_sync(victim, "round", SR_NOARGS, CALL_S, &v);
         int64_t t = now_ns();
         if (rc) {
-            if (rc != -EPIPE) {
-                fprintf(stderr, "bench_replace: rank 0: call to rank %d: %s\n", victim, sr_last_error());
+            t_fail = t_fail ? t_fail : t;
+            if (rc != -EPIPE || t - t_fail > (int64_t)WAIT_MS * 1000000) {
+                fprintf(stderr, "bench_replace: rank 0: call to rank %d (failing for %lld ms): %s\n", victim,
+                        (long long)((t - t_fail) / 1000000), sr_last_error());
                 return -1;
             }
-            t_fail = t_fail ? t_fail : t;
             sched_yield(); /* the replacement needs the CPU more than we do */
             continue;
         }
