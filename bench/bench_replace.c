@@ -408,10 +408,11 @@ static int end_job(struct job *j, int rc)
     if (rc)
         kill(j->pid, SIGKILL);
     waitpid(j->pid, &st, 0);
-    if (!rc && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-        fprintf(stderr, "bench_replace: shmrun ended with wait status 0x%x\n", st);
-        rc = -1;
-    }
+    if (WIFEXITED(st) && WEXITSTATUS(st)) /* 127: shmrun could not be run */
+        fprintf(stderr, "bench_replace: %s exited with status %d\n", j->shmrun, WEXITSTATUS(st));
+    else if (!rc && WIFSIGNALED(st))
+        fprintf(stderr, "bench_replace: %s was killed by signal %d\n", j->shmrun, WTERMSIG(st));
+    rc = rc || !WIFEXITED(st) || WEXITSTATUS(st) ? -1 : 0;
     if (rc)
         print_log(j);
     close(j->fd), close(j->log);
