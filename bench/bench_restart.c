@@ -182,7 +182,8 @@ int main(int argc, char **argv)
     char self[PATH_MAX], shmrun[PATH_MAX + 32] = "";
     ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[len > 0 ? len : 0] = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    int i = 1;
+    for (; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-n"))
             n = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--trials"))
@@ -192,7 +193,7 @@ int main(int argc, char **argv)
         else
             break;
     }
-    if (argc % 2 == 0 || n < 2 || n > MAX_N || trials < 1 || trials > 1000) {
+    if (i < argc || n < 2 || n > MAX_N || trials < 1 || trials > 1000) {
         fprintf(stderr, "usage: bench_restart [-n 2..%d] [--trials 1..1000] [--shmrun PATH]\n", MAX_N);
         return 2;
     }
