@@ -167,8 +167,10 @@ static int victim_wait(void)
 /* A tensor made by rank 1, filled with `value`; NULL on failure. */
 static sr_tensor *make_on_victim(int value)
 {
-    sr_value *v = NULL;
-    if (sr_rpc_sync(1, "make", SR_ARGS(sr_int(value)), WAIT_S, &v))
+    sr_value *v = NULL, *arg = sr_int(value);
+    int rc = sr_rpc_sync(1, "make", SR_ARGS(arg), WAIT_S, &v);
+    sr_value_unref(arg);
+    if (rc)
         return NULL;
     sr_tensor *t = sr_value_tensor(v);
     if (t)
