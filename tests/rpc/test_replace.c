@@ -40,7 +40,7 @@ LEAK_CHECKED_SUITE(replace);
 
 /* Shared by the job's processes (created before sr_spawn). */
 struct shared {
-    _Atomic int victim_pid;    /* rank 1's current process */
+    _Atomic int victim_pid;    /* rank 1's process, written by it when asked to freeze */
     _Atomic int frozen;        /* rank 1 generation 0 is about to stop itself */
     _Atomic int refused_seen;  /* rank 1 generation 1: refused what was sent to generation 0 */
     char log[256];             /* where rank 1 generation 1 writes its stderr */
@@ -93,7 +93,11 @@ static int fn_die(sr_call *c)
 static int fn_freeze(sr_call *c)
 {
     (void)c;
-    atomic_store_explicit(&sh->frozen, 1, memory_order_release); /* release: pairs with wait_stopped's load */
+    /* this very process (rank 1's main thread may not have published its
+     * pid yet: the call can come first), then the flag: release, pairs with
+     * wait_stopped's acquire load */
+    atomic_store_explicit(&sh->victim_pid, getpid(), memory_order_relaxed);
+    atomic_store_explicit(&sh->frozen, 1, memory_order_release);
     raise(SIGSTOP);
     return sr_call_return(c, NULL); /* never: rank 0 kills it while stopped */
 }
@@ -232,7 +236,6 @@ static int worker(int rank, int world, void *arg)
     }
     WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
     if (rank == 1) {
-        atomic_store_explicit(&sh->victim_pid, getpid(), memory_order_release); /* release: pairs with the driver */
         if (my_gen() == 0)
             return victim_wait();
         WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
