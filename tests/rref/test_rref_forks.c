@@ -19,7 +19,7 @@ LEAK_CHECKED_SUITE(rref_forks);
 static enum sr_fork_add add(sr_fork_table *t, uint64_t r, uint64_t f)
 {
     enum sr_fork_add res;
-    cr_assert_eq(sr__forks_add(t, r, f, &res), 0);
+    cr_assert_eq(sr__forks_add(t, r, f, -1, &res), 0);
     return res;
 }
 

@@ -57,8 +57,13 @@ int sr__rref_sendable(const sr_rref *r, const char *fn)
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
                         sr_rref_str(r, s, sizeof(s)));
+    int rc = sr__rref_check_owner(r, fn);
+    if (rc) /* its owner died: the value is gone */
+        return rc;
     /* acquire: pairs with the release store in sr__rref_set_create_error */
     int err = atomic_load_explicit(&((sr_rref *)r)->create_err, memory_order_acquire);
+    if (err == -EPIPE) /* the owner died before its REMOTE_RET */
+        return sr__rref_fail_lost(r, fn);
     if (err)
         return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
     if (deleted)
@@ -118,15 +123,15 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
         return -EOVERFLOW;
     int rc = 0;
     char why[256];
-    if (!r->is_owner && sr__rpc_peer_gone(r->owner, why, sizeof(why))) /* the fork could never be accepted */
-        return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef whose owner is gone: %s", why);
+    if (!r->is_owner && (sr__rref_check_owner(r, "sr_rref") || sr__rpc_peer_gone(r->owner, why, sizeof(why))))
+        return sr__rref_fail_lost(r, "sr_rref"); /* the fork could never be accepted */
     sr__rref_lock();
     if (!sr__rref_live_locked(r))
         rc = sr__fail(-SR_ESHUTDOWN, "sr_rref", "the RRef belongs to an RPC round that has shut down");
     else if (r->is_owner && !own_record_locked(r))
         rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
     else if (r->is_owner)
-        rc = sr__forks_add(&c->forks, r->rref_id, fid, &res);
+        rc = sr__forks_add(&c->forks, r->rref_id, fid, to, &res);
     else if (!(rc = announce_before_fork_locked(r, &d)))
         rc = child_record_locked(r, fid, to);
     if (rc && r->is_owner)
@@ -137,7 +142,7 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
     /* Checked after the child is recorded: a destination that left before
      * may have had its peer-death hook run already, which would never
      * release this parent (a later death finds the record). */
-    if (!rc && !r->is_owner && to >= 0 && sr__rpc_peer_gone(to, why, sizeof(why))) {
+    if (!rc && to >= 0 && sr__rpc_peer_gone(to, why, sizeof(why))) { /* an owner's early registration too */
         sr__rref_unfork(r, fid);
         return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef to worker%d, which is gone: %s", to, why);
     }
@@ -229,13 +234,30 @@ static bool arrive_unannounced_locked(sr_rref *r)
     return true;
 }
 
+/* A user of a dead owner generation (lost.c): every use fails, no owner is
+ * asked (its rank's new generation never had the value) and the parent, if
+ * alive, is released (G2 protects nothing now). Lock held. */
+static sr_rref *arrive_lost_locked(sr_rref *r, struct after *d)
+{
+    atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: not yet shared */
+    int parent = SR_RREF_ID_RANK(r->fork_id);
+    if (parent == sr__rref_ctx.rank)
+        sr__child_accepted_locked(r->fork_id, d);
+    else if (parent != r->owner)
+        sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, r->rref_id, r->fork_id, 0);
+    return r;
+}
+
 /* X != O: a new UserRRef (one reference for the caller). */
-static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct after *d)
+static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, uint32_t owner_gen, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr_rref *r = sr__rref_alloc(false, owner, rid, fid);
     if (!r)
         return NULL;
+    r->owner_gen = owner_gen;
+    if (sr__rref_owner_lost_locked(r)) /* sent before its owner died: lost, nothing to register */
+        return arrive_lost_locked(r, d);
     r->registered = true;
     if (SR_RREF_ID_RANK(fid) == owner) { /* from the owner, which registered it already */
         r->adds_sent = 1;
@@ -258,7 +280,7 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
     return r;
 }
 
-int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out)
+int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, uint32_t owner_gen, sr_rref **out)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     struct after d;
@@ -266,8 +288,8 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out
     char s[32];
     sr__rref_lock();
     sr_rref *r = !c->active ? NULL
-                 : owner == (unsigned)c->rank ? arrive_at_owner(rid, fid, &d)
-                                              : arrive_at_user(rid, fid, (int)owner, &d);
+                 : owner == (unsigned)c->rank && owner_gen == c->my_gen ? arrive_at_owner(rid, fid, &d)
+                                              : arrive_at_user(rid, fid, (int)owner, owner_gen, &d);
     bool active = c->active;
     sr__rref_unlock();
     sr__after_run(&d);

@@ -8,7 +8,7 @@
 #include "hooks.h"
 #include "rref_internal.h"
 
-/* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16 (LE) ---- */
+/* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16, owner_gen u32 (LE) ---- */
 
 static void put64(uint8_t *p, uint64_t x)
 {
@@ -25,6 +25,10 @@ static uint64_t get64(const uint8_t *p)
 }
 
 static unsigned owner_of(const uint8_t *w) { return (unsigned)w[16] | (unsigned)w[17] << 8; }
+static uint32_t owner_gen_of(const uint8_t *w)
+{
+    return (uint32_t)w[18] | (uint32_t)w[19] << 8 | (uint32_t)w[20] << 16 | (uint32_t)w[21] << 24;
+}
 
 static int kind_sendable(void *obj, const char *fn) { return sr__rref_sendable(obj, fn); }
 
@@ -39,6 +43,9 @@ static int kind_encode(void *obj, int to, uint8_t *w)
     put64(w + 8, fid);
     w[16] = (uint8_t)owner;
     w[17] = (uint8_t)(owner >> 8);
+    uint32_t gen = ((const sr_rref *)obj)->owner_gen;
+    for (int i = 0; i < 4; i++)
+        w[18 + i] = (uint8_t)(gen >> (8 * i));
     return 0;
 }
 
@@ -52,7 +59,7 @@ static int kind_check(const uint8_t *w, char *why, size_t len)
 static int kind_decode(const uint8_t *w, void **obj)
 {
     sr_rref *r = NULL;
-    int rc = sr__rref_from_wire(get64(w), get64(w + 8), owner_of(w), &r);
+    int rc = sr__rref_from_wire(get64(w), get64(w + 8), owner_of(w), owner_gen_of(w), &r);
     *obj = r;
     return rc;
 }

@@ -175,7 +175,7 @@ static void on_fork_request(const struct sr_rref_msg *w, int src, struct after *
     uint64_t rid = w->args.a;
     int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
     if (!rc)
-        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, &res);
+        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, src, &res);
     if (rc)
         sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
     queue_ack(d, src, w->token, rc, false);
@@ -313,8 +313,10 @@ static void fail_confirm(sr_rref *r, int rank, const char *why)
     if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
         snprintf(how, sizeof(how), "worker%d died", rank);
     if (r && r->confirm)
-        sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner of %s is gone before confirming it: %s",
-                            sr__rref_ctx.rank, sr_rref_str(r, s, sizeof(s)), why ? why : how);
+        sr_future_set_error(r->confirm, -SR_EOWNERLOST,
+                            "worker%d: the owner %s (rank %d, generation %u) of %s is gone before confirming it: %s",
+                            sr__rref_ctx.rank, sr_worker_name(rank), rank, r->owner_gen, sr_rref_str(r, s, sizeof(s)),
+                            why ? why : how);
     sr_rref_unref(r);
 }
 
@@ -388,11 +390,46 @@ static void drop_children_for(int rank, const char *why)
     }
 }
 
+/* The dead generation of rank is lost (lost.c): note it, so every use of its
+ * values fails from now on and no delete goes to its successor. */
+static void note_lost(int rank, const char *why)
+{
+    char how[256];
+    if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
+        snprintf(how, sizeof(how), "worker%d died", rank);
+    uint32_t gen = sr__rpc_peer_generation(rank); /* the one that died: its successor is not known yet */
+    sr__rref_lock();
+    if (sr__rref_ctx.active)
+        sr__rref_lost_note_locked(rank, gen, why ? why : how);
+    sr__rref_unlock();
+}
+
+/* Owner side: the forks the dead rank held go, and the OwnerRRefs left
+ * with none are unregistered (their values freed once no local reference is
+ * left), so nothing it held leaks, or is reported as a leak at shutdown. */
+static void drop_holder_forks(int rank)
+{
+    bool done = false;
+    while (!done) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        done = !sr__rref_ctx.active || sr__rref_drop_holder_locked(rank, &d);
+        sr__rref_unlock();
+        sr__after_run(&d);
+    }
+}
+
 void sr__rref_peer_died(int rank, const char *why)
 {
+    note_lost(rank, why);
     while (drop_one_for(rank, why))
         ;
     drop_children_for(rank, why);
+    drop_holder_forks(rank);
+    /* its children here that wait for their call's end ask their owners now:
+       the dead parent's hold (G2) is gone with it */
+    sr__rref_announce_all(rank);
 }
 
 /* A message that could not be sent (its destination is dead, or no memory

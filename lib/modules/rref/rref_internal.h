@@ -66,6 +66,8 @@ struct sr_rref {
     /* Immutable after creation. */
     bool is_owner;
     uint16_t owner;       /* rank of the owner */
+    uint32_t owner_gen;   /* the owner's generation (segment.h, "Replacement in place"): the value
+                             lives in that process only; once it died, every use fails (lost.c) */
     uint64_t rref_id;
     uint64_t fork_id;     /* users; SR_RREF_NO_ID for an owner */
     uint64_t gen;         /* the context round it belongs to */
@@ -125,6 +127,10 @@ struct rref_ctx {
     _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
     _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included, nudges not) */
     _Atomic uint32_t idle_waiters; /* threads in sr_rref_wait_idle; ++ under the lock, -- anywhere */
+    uint32_t my_gen;             /* this process's generation; written at init */
+    sr_u64map lost;              /* rank -> struct sr_rref_lost * (lost.c): the generations of that
+                                  * rank that died, and how the last one did */
+    _Atomic uint32_t deaths;     /* peers that died this round: 0 lets uses skip the lock (lost.c) */
 };
 
 extern struct rref_ctx sr__rref_ctx;
@@ -208,6 +214,25 @@ void sr__unacked_delete_owners_locked(bool *mark, int world);
 void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* lost.c: owners that died (docs/RREF.md, "A dead owner, a replaced rank"). */
+struct sr_rref_lost {
+    uint32_t floor;   /* generations below it are dead */
+    char how[200];    /* how the last of them died ("worker1 (generation 0) was killed by signal SIGKILL") */
+};
+/* r is a user whose owner's generation has died (lock held). */
+bool sr__rref_owner_lost_locked(const sr_rref *r);
+/* The same, taking the lock only after some peer died; if lost, fails with
+ * -SR_EOWNERLOST for fn naming the owner, its rank and generation. */
+int sr__rref_check_owner(const sr_rref *r, const char *fn);
+/* That failure, for r known to be lost or its owner gone (lock not held). */
+int sr__rref_fail_lost(const sr_rref *r, const char *fn);
+/* Record that rank's generation gen died (why: how); lock held. 0 or -ENOMEM. */
+int sr__rref_lost_note_locked(int rank, uint32_t gen, const char *why);
+/* Owner side: forget every fork the dead rank held or was being given, and
+ * unregister the OwnerRRefs left with none. Lock held; false when more remain
+ * (the caller runs d and calls again). */
+bool sr__rref_drop_holder_locked(int rank, struct after *d);
 
 /* fork.c: user->user forks received by a call's arguments (see fork.c).
  * Announce an unannounced user to its owner now (FORK_REQUEST): it becomes

@@ -186,6 +186,12 @@ void sr__rref_fini(void)
     sr__map_free(&c->unannounced); /* weak too: their RRefs see the round is over */
     sr__map_free(&c->announce_upto); /* fork ids, not references */
     sr__map_free(&c->child_to); /* ranks, not references */
+    size_t lpos = 0;
+    uint64_t lrank;
+    void *lp;
+    while (sr__map_next(&c->lost, &lpos, &lrank, &lp))
+        free(lp); /* the dead generations of this round (lost.c) */
+    sr__map_free(&c->lost);
     c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};
     c->idle = NULL;

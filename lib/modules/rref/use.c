@@ -46,8 +46,13 @@ static int usable(sr_rref *r, const char *fn, bool *deleted)
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
                         sr_rref_str(r, s, sizeof(s)));
+    int rc = sr__rref_check_owner(r, fn); /* its owner died: lost, whatever else happened */
+    if (rc)
+        return rc;
     /* acquire: pairs with the release store in sr__rref_set_create_error; create_msg is complete */
     int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+    if (err == -EPIPE) /* the owner died before its REMOTE_RET (its hook may not have run yet) */
+        return sr__rref_fail_lost(r, fn);
     if (err)
         return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
     return 0;
@@ -82,12 +87,8 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     } else if (!rc) {
         rc = sr_future_value(f, out);
     }
-    if (rc == -EPIPE) {
-        char s[96], why[400];
-        snprintf(why, sizeof(why), "%s", sr_last_error());
-        sr__fail(rc, "sr_rref_to_here", "the owner worker%d of %s is gone (%s)", r->owner,
-                 sr_rref_str(r, s, sizeof(s)), why);
-    }
+    if (rc == -EPIPE) /* the owner died: its value with it */
+        rc = sr__rref_fail_lost(r, "sr_rref_to_here");
     sr_future_unref(f);
     return rc;
 }
@@ -115,6 +116,8 @@ static int to_here_user(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out
                             ms);
         /* acquire: pairs with the release store in sr__rref_set_create_error */
         int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+        if (err == -EPIPE) /* the owner died before its REMOTE_RET */
+            return sr__rref_fail_lost(r, "sr_rref_to_here");
         if (err)
             return sr__fail(err, "sr_rref_to_here", "%s", r->create_msg ? r->create_msg : "RRef creation failed");
     }
