@@ -171,6 +171,20 @@ static int fn_hold_survivors(sr_call *c)
     return rc ? sr_call_fail(c, rc, "hold_survivors: %s", sr_last_error()) : sr_call_return(c, NULL);
 }
 
+/* The id of an RRef this process creates now. */
+static int fn_new_id(sr_call *c)
+{
+    sr_rref *r = NULL;
+    sr_value *v = sr_int(0);
+    int rc = sr_rref_create(v, &r);
+    sr_value_unref(v);
+    if (rc)
+        return sr_call_fail(c, rc, "new_id: %s", sr_last_error());
+    uint64_t id = sr_rref_id(r);
+    sr_rref_unref(r);
+    return sr_call_return(c, sr_int((int64_t)id));
+}
+
 static void register_fns(void)
 {
     sr_register("hello", fn_hello);
@@ -182,6 +196,7 @@ static void register_fns(void)
     sr_register("info", fn_info);
     sr_register("make_owned", fn_make_owned);
     sr_register("hold_survivors", fn_hold_survivors);
+    sr_register("new_id", fn_new_id);
 }
 
 /* ---- checks ---- */
@@ -263,6 +278,14 @@ static int driver_owner_dies(void)
     rc = sr_rpc_sync(2, "ident", SR_ARGS(rv), WAIT_S, NULL);
     sr_value_unref(rv);
     WCHECK(rc == -SR_EOWNERLOST, "passing a lost RRef on gave %d: %s", rc, sr_last_error());
+    /* the replacement's ids are its own: generation 1 in bits 40-47 (docs/RREF.md, "Ids") */
+    v = NULL;
+    WCHECK(sr_rpc_sync(1, "new_id", SR_NOARGS, WAIT_S, &v) == 0, "new_id: %s", sr_last_error());
+    uint64_t id = (uint64_t)sr_value_int(v);
+    sr_value_unref(v);
+    WCHECK(SR_RREF_ID_RANK(id) == 1 && SR_RREF_ID_LOCAL(id) >> 40 == 1,
+           "an id made by rank 1's replacement is %#llx: want rank 1, generation 1 in bits 40-47",
+           (unsigned long long)id);
     sr_rref *fresh = NULL;
     seven = sr_int(8);
     WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &fresh) == 0, "remote after: %s", sr_last_error());

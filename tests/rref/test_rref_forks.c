@@ -143,3 +143,34 @@ Test(rref_forks, every_order_of_two_adds_and_a_delete_ends_empty)
         sr__forks_free(&t);
     }
 }
+
+/* A holder dies (docs/RREF.md, "A dead owner, a replaced rank"): exactly its
+ * live forks go, in batches, each with its rref id; tombstones and other
+ * holders' forks stay; a later delete of a dropped fork changes nothing. */
+Test(rref_forks, a_dead_holders_forks_are_dropped_and_nothing_else)
+{
+    sr_fork_table t = {0};
+    enum sr_fork_add a;
+    enum { N = 10 };
+    for (uint64_t i = 0; i < N; i++) /* holder 2: N forks of R1 */
+        cr_assert_eq(sr__forks_add(&t, R1, F1 + 2 * i, 2, &a), 0);
+    cr_assert_eq(sr__forks_add(&t, R1, F2, 3, &a), 0);              /* holder 3 */
+    cr_assert_eq(del(&t, R1, F2 + 1, 1, false), SR_FORK_TOMBSTONE); /* a tombstone (holder unknown) */
+    uint64_t rids[4];
+    size_t got = 0, n;
+    while ((n = sr__forks_drop_holder(&t, 2, rids, 4)) > 0) {
+        cr_assert_leq(n, 4);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(rids[i], R1);
+        got += n;
+    }
+    cr_assert_eq(got, N);
+    cr_assert_eq(sr__forks_count(&t, R1), 1, "holder 3's fork stays");
+    cr_assert_eq(t.live, 1);
+    cr_assert_eq(t.tombs, 1, "the tombstone stays");
+    cr_assert_eq(sr__forks_drop_holder(&t, -1, rids, 4), 0, "unknown holders are never dropped");
+    cr_assert_eq(del(&t, R1, F1, 1, true), SR_FORK_IGNORED, "a late delete of a dropped fork");
+    cr_assert_eq(del(&t, R1, F2, 1, true), SR_FORK_REMOVED);
+    cr_assert_eq(sr__forks_count(&t, R1), 0);
+    sr__forks_free(&t);
+}

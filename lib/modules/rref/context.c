@@ -10,8 +10,7 @@
 #include "rref_internal.h"
 
 #define LOCAL_ID_MAX ((UINT64_C(1) << 48) - 1)
-/* Ids: rank << 48 | (generation mod 256) << GEN_SHIFT | counter (docs/RREF.md, "Ids"). */
-#define GEN_SHIFT 40
+#define GEN_SHIFT SR_RREF_GEN_SHIFT
 
 struct rref_ctx sr__rref_ctx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -119,11 +118,12 @@ int sr__rref_init(int rank, int world, bool ignore_leaks)
     c->ignore_leaks = ignore_leaks;
     c->rank = rank;
     c->world = world;
-    c->next_token = 1;
+    c->my_gen = sr__rpc_peer_generation(rank);
+    /* a generation's tokens are its own too: a late ACK meant for its predecessor matches nothing */
+    c->next_token = ((uint64_t)(c->my_gen & 0xffu) << GEN_SHIFT) + 1;
     c->awaiting = 0;
     c->pending_remote = 0;
     c->lost_rank = -1;
-    c->my_gen = sr__rpc_peer_generation(rank);
     /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
     atomic_store_explicit(&c->deaths, 0, memory_order_relaxed);
     atomic_store_explicit(&c->next_id, (uint64_t)(c->my_gen & 0xffu) << GEN_SHIFT, memory_order_relaxed);

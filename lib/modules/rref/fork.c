@@ -138,6 +138,8 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
     sr__rref_unlock();
     sr__after_run(&d);
+    if (rc == -SR_EOWNERLOST) /* found lost by its announcement */
+        return sr__rref_fail_lost(r, "sr_rref");
     *fork_id = fid;
     /* Checked after the child is recorded: a destination that left before
      * may have had its peer-death hook run already, which would never
@@ -317,6 +319,12 @@ bool sr__rref_ref_live(sr_rref *r)
 int sr__user_announce_locked(sr_rref *r, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
+    if (sr__rref_owner_lost_locked(r)) { /* its owner died: no one to ask, and its rank's new generation
+                                            must not hear of it; it goes as if let go, releasing its parent */
+        sr__unannounced_gone_locked(r, d);
+        d->unref[d->nunref++] = r;
+        return -SR_EOWNERLOST;
+    }
     if ((r->confirm || (r->confirm = sr_future_new())) && !sr__map_put(&c->pending_users, r->fork_id, r)) {
         if (!sr__ctrl_queue_locked(d, r->owner, SR_RREF_FORK_REQUEST, r->rref_id, r->fork_id, 0)) {
             sr__map_del(&c->unannounced, r->fork_id);
@@ -337,7 +345,7 @@ void sr__rref_announce_forks(const uint64_t *fids, size_t n)
         struct after d;
         sr__after_init(&d);
         sr__rref_lock();
-        for (int k = 0; k < AFTER_MAX && i < n; i++) {
+        for (int k = 0; k < AFTER_MAX / 2 && i < n; i++) { /* each may use two unrefs or sends of d */
             sr_rref *r = c->active ? sr__map_get(&c->unannounced, fids[i]) : NULL;
             if (r && sr__rref_ref_live(r)) { /* else gone with the arguments, or going: no one asks */
                 sr__user_announce_locked(r, &d);
@@ -354,19 +362,20 @@ void sr__rref_announce_all(int parent)
     struct rref_ctx *c = &sr__rref_ctx;
     for (bool more = true; more;) {
         struct after d;
-        sr_rref *got[AFTER_MAX];
+        sr_rref *got[AFTER_MAX / 2];
         int n = 0;
         size_t pos = 0;
         uint64_t fid;
         void *p;
         sr__after_init(&d);
         sr__rref_lock();
-        while (c->active && n < AFTER_MAX && sr__map_next(&c->unannounced, &pos, &fid, &p))
+        /* each announcement may use two unrefs or sends of d (a lost owner's) */
+        while (c->active && n < AFTER_MAX / 2 && sr__map_next(&c->unannounced, &pos, &fid, &p))
             if ((parent < 0 || SR_RREF_ID_RANK(fid) == parent) && sr__rref_ref_live(p))
                 got[n++] = p;
-        more = n == AFTER_MAX;
+        more = n == AFTER_MAX / 2;
         for (int i = 0; i < n; i++) /* after the walk: announcing edits the map */
-            more &= !sr__user_announce_locked(got[i], &d);
+            more &= sr__user_announce_locked(got[i], &d) != -ENOMEM; /* no memory: stop, not loop */
         sr__rref_unlock();
         sr__after_run(&d);
     }

@@ -77,6 +77,33 @@ int sr__rref_lost_note_locked(int rank, uint32_t gen, const char *why)
     return 0;
 }
 
+/* An OwnerRRef awaiting the REMOTE_CALL of a remote() that the dead
+ * generation made (a use overtook the call): the call never comes now (what
+ * the dead sent is refused). Lock held; the first one (borrowed), or NULL. */
+static sr_rref *awaiting_of_locked(int rank, uint32_t gen)
+{
+    size_t pos = 0;
+    uint64_t rid;
+    void *p;
+    while (sr__map_next(&sr__rref_ctx.owners, &pos, &rid, &p))
+        if (((sr_rref *)p)->awaiting && SR_RREF_ID_RANK(rid) == rank && SR_RREF_ID_GEN(rid) == (gen & 0xffu))
+            return p;
+    return NULL;
+}
+
+sr_rref *sr__rref_drop_awaiting_locked(int rank, uint32_t gen, struct after *d)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    sr_rref *r = awaiting_of_locked(rank, gen);
+    if (!r)
+        return NULL;
+    r->awaiting = false;
+    c->awaiting--;
+    sr_rref_ref(r); /* for the caller, which fails its value outside the lock */
+    sr__owner_maybe_erase_locked(r->rref_id, d);
+    return r;
+}
+
 bool sr__rref_drop_holder_locked(int rank, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;

@@ -420,9 +420,32 @@ static void drop_holder_forks(int rank)
     }
 }
 
+/* Owner side: OwnerRRefs awaiting a REMOTE_CALL the dead generation made
+ * fail their waiters (a to_here that overtook the call) instead of waiting
+ * for ever, and go once no fork holds them. */
+static void drop_awaiting(int rank, const char *why)
+{
+    uint32_t gen = sr__rpc_peer_generation(rank);
+    for (sr_rref *r = (sr_rref *)1; r;) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        r = sr__rref_ctx.active ? sr__rref_drop_awaiting_locked(rank, gen, &d) : NULL;
+        sr__rref_unlock();
+        sr__after_run(&d);
+        if (r) {
+            char s[96];
+            sr__rref_owner_fail(r, -EPIPE, "the remote() that was to create %s never arrived: its caller died (%s)",
+                                sr_rref_str(r, s, sizeof(s)), why ? why : "");
+        }
+        sr_rref_unref(r);
+    }
+}
+
 void sr__rref_peer_died(int rank, const char *why)
 {
     note_lost(rank, why);
+    drop_awaiting(rank, why);
     while (drop_one_for(rank, why))
         ;
     drop_children_for(rank, why);

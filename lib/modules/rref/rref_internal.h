@@ -27,6 +27,12 @@
 #include "module.h"
 #include "waiter.h" /* sr__now_ns, sr__now_coarse_ns */
 
+/* Ids: rank << 48 | (the creating generation mod 256) << SR_RREF_GEN_SHIFT |
+ * counter (docs/RREF.md, "Ids"); ACK tokens start at their generation's
+ * slice too. */
+#define SR_RREF_GEN_SHIFT 40
+#define SR_RREF_ID_GEN(id) ((uint32_t)(SR_RREF_ID_LOCAL(id) >> SR_RREF_GEN_SHIFT) & 0xffu)
+
 /* The RRef module's id and value kind (module.c: sr__module_register). */
 extern int sr__rref_module;
 extern int sr__rref_kind;
@@ -212,6 +218,9 @@ void sr__ctrl_nudge(int to);
 void sr__unacked_delete_owners_locked(bool *mark, int world);
 /* A message sr__ctrl_send refused (err): settle what waited for its answer. */
 void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err);
+/* rref.c: an unannounced user goes (let go, or its owner died): its parent
+ * is told to drop its hold (G2). Lock held; one unref or one send of d. */
+void sr__unannounced_gone_locked(sr_rref *r, struct after *d);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 
@@ -233,6 +242,10 @@ int sr__rref_lost_note_locked(int rank, uint32_t gen, const char *why);
  * unregister the OwnerRRefs left with none. Lock held; false when more remain
  * (the caller runs d and calls again). */
 bool sr__rref_drop_holder_locked(int rank, struct after *d);
+/* An OwnerRRef awaiting the creating REMOTE_CALL of the dead generation gen
+ * of rank, which never comes: no longer awaiting (unregistered if no fork is
+ * left); a reference for the caller to fail its value, or NULL if none. */
+sr_rref *sr__rref_drop_awaiting_locked(int rank, uint32_t gen, struct after *d);
 
 /* fork.c: user->user forks received by a call's arguments (see fork.c).
  * Announce an unannounced user to its owner now (FORK_REQUEST): it becomes
