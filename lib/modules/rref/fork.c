@@ -204,7 +204,10 @@ static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
         sr__owner_maybe_erase_locked(rid, d);
         return r;
     }
-    sr_rref *r = sr__owner_get_or_create_locked(rid, true);
+    bool gone = !sr__map_get(&c->owners, rid) && sr__rref_gone_for_good_locked(rid);
+    sr_rref *r = gone ? NULL : sr__owner_get_or_create_locked(rid, true);
+    if (gone) /* deleted already: the parent's hold is of no use now */
+        sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0);
     if (!r)
         return NULL;
     sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0);
@@ -293,8 +296,13 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, uint32_t owne
                  : owner == (unsigned)c->rank && owner_gen == c->my_gen ? arrive_at_owner(rid, fid, &d)
                                               : arrive_at_user(rid, fid, (int)owner, owner_gen, &d);
     bool active = c->active;
+    bool gone = !r && active && owner == (unsigned)c->rank && owner_gen == c->my_gen &&
+                SR_RREF_ID_RANK(fid) != c->rank && sr__rref_gone_for_good_locked(rid);
     sr__rref_unlock();
     sr__after_run(&d);
+    if (!r && gone)
+        return sr__fail(-EIDRM, "sr_rref", "worker%d: the received RRef %s has been deleted on its owner", c->rank,
+                        sr__id_str(rid, s, sizeof(s)));
     if (!r)
         return sr__fail(active ? -ENOMEM : -SR_ESHUTDOWN, "sr_rref",
                         "cannot materialise the received RRef %s (fork %" PRIx64 ")", sr__id_str(rid, s, sizeof(s)),

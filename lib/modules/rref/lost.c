@@ -21,6 +21,16 @@
 #include "hooks.h"
 #include "rref_internal.h"
 
+bool sr__rref_gone_for_good_locked(uint64_t rid)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    int rank = SR_RREF_ID_RANK(rid);
+    if (rank == c->rank) /* made here, registered before any fork of it left; or by a predecessor */
+        return true;
+    const struct sr_rref_lost *l = sr__map_get(&c->lost, (uint64_t)rank);
+    return l && SR_RREF_ID_GEN(rid) != (l->floor & 0xffu); /* made by a dead generation: its calls are refused */
+}
+
 bool sr__rref_owner_lost_locked(const sr_rref *r)
 {
     struct rref_ctx *c = &sr__rref_ctx;

@@ -173,6 +173,10 @@ static void on_fork_request(const struct sr_rref_msg *w, int src, struct after *
 {
     enum sr_fork_add res;
     uint64_t rid = w->args.a;
+    if (!sr__map_get(&sr__rref_ctx.owners, rid) && sr__rref_gone_for_good_locked(rid)) {
+        queue_ack(d, src, w->token, -EIDRM, false); /* deleted: its user fails instead of awaiting for ever */
+        return;
+    }
     int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
     if (!rc)
         rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, src, &res);

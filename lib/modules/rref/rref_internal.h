@@ -229,6 +229,12 @@ struct sr_rref_lost {
     uint32_t floor;   /* generations below it are dead */
     char how[200];    /* how the last of them died ("worker1 (generation 0) was killed by signal SIGKILL") */
 };
+/* rid is not registered on this owner and no REMOTE_CALL can create it any
+ * more: it was made here (an OwnerRRef is registered before its first fork
+ * leaves) or by an earlier generation of this rank, or by a generation of
+ * its creator that died. A use of it then finds it deleted instead of
+ * creating an OwnerRRef that would await a call that never comes. Lock held. */
+bool sr__rref_gone_for_good_locked(uint64_t rid);
 /* r is a user whose owner's generation has died (lock held). */
 bool sr__rref_owner_lost_locked(const sr_rref *r);
 /* The same, taking the lock only after some peer died; if lost, fails with

@@ -184,13 +184,15 @@ sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *t
     sr_future *f = NULL;
     sr__rref_lock();
     sr_rref *o = c->active ? sr__map_get(&c->owners, rid) : NULL;
-    if (!o && c->active && !confirmed) /* the fetch overtook the creating REMOTE_CALL */
+    bool gone = !o && c->active && sr__rref_gone_for_good_locked(rid); /* deleted, whatever the flag says */
+    if (!o && c->active && !confirmed && !gone) /* the fetch overtook the creating REMOTE_CALL */
         o = sr__owner_get_or_create_locked(rid, true);
     if (o)
         f = sr_future_ref(o->value);
     sr__rref_unlock();
     if (f)
         return f;
+    confirmed |= gone;
     *code = confirmed ? -EINVAL : -ENOMEM;
     snprintf(text, len, confirmed ? "Error on Node %d: RRef %s has been deleted. Cannot call to_here() on it after deletion."
                                   : "Error on Node %d: out of memory for the OwnerRRef of %s",
