@@ -503,7 +503,7 @@ static int leak_worker(int rank, int world, void *arg)
     if (rank == 1) {
         enum sr_fork_add res;
         sr__rref_lock();
-        int rc = sr__forks_add(&sr__rref_ctx.forks, UINT64_C(0x0001000000000000), UINT64_C(0x0000000000000063), -1, &res);
+        int rc = sr__forks_add(&sr__rref_ctx.forks, UINT64_C(0x0001000000000000), UINT64_C(0x0000000000000063), -1, 0, &res);
         sr__rref_unlock();
         WCHECK(rc == 0, "forging a fork");
     }

@@ -131,7 +131,7 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
     else if (r->is_owner && !own_record_locked(r))
         rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
     else if (r->is_owner)
-        rc = sr__forks_add(&c->forks, r->rref_id, fid, to, &res);
+        rc = sr__forks_add(&c->forks, r->rref_id, fid, to, sr__rpc_peer_generation(to), &res);
     else if (!(rc = announce_before_fork_locked(r, &d)))
         rc = child_record_locked(r, fid, to);
     if (rc && r->is_owner)

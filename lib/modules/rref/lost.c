@@ -114,12 +114,100 @@ sr_rref *sr__rref_drop_awaiting_locked(int rank, uint32_t gen, struct after *d)
     return r;
 }
 
-bool sr__rref_drop_holder_locked(int rank, struct after *d)
+/* ---- the dead generation's forks on this owner ----------------------------------- *
+ *
+ * A fork held by the dead process may have been passed on by it, to a
+ * worker that has not announced it yet (flow 4: a call still running): the
+ * dead fork is what kept the value alive for that child (G2). So the owner
+ * drops the dead generation's forks only once every live worker has said
+ * (ORPHANS_DONE) that it announced its children of the dead and that the
+ * owners acknowledged every fork request it had made until then: those
+ * forks are counted before the dead ones go. */
+
+struct sr_rref_drop {
+    bool armed;      /* this owner handled the death itself */
+    uint32_t left;   /* workers whose ORPHANS_DONE is still awaited */
+    uint8_t wait[];  /* [world]: 1 while awaited */
+};
+
+static uint64_t death_key(int rank, uint32_t gen) { return (uint64_t)rank << 32 | gen; }
+
+/* The record of (rank, gen), made on first sight (an ORPHANS_DONE may come
+ * before this owner handles the death); NULL without memory. */
+static struct sr_rref_drop *drop_get_locked(int rank, uint32_t gen)
 {
     struct rref_ctx *c = &sr__rref_ctx;
-    uint64_t rids[AFTER_MAX];
-    size_t n = sr__forks_drop_holder(&c->forks, rank, rids, AFTER_MAX - d->nunref);
-    for (size_t i = 0; i < n; i++)
-        sr__owner_maybe_erase_locked(rids[i], d); /* at most one unref each */
-    return n == 0;
+    struct sr_rref_drop *r = sr__map_get(&c->drops, death_key(rank, gen));
+    if (r || !(r = calloc(1, sizeof(*r) + (size_t)c->world)))
+        return r;
+    for (int w = 0; w < c->world; w++) {
+        r->wait[w] = w != c->rank && w != rank && !sr__rpc_peer_gone(w, NULL, 0);
+        r->left += r->wait[w];
+    }
+    if (sr__map_put(&c->drops, death_key(rank, gen), r)) {
+        free(r);
+        return NULL; /* without memory the forks stay until shutdown (sr__rref_drops_run(true)) */
+    }
+    return r;
+}
+
+static void unwait(struct sr_rref_drop *r, int w)
+{
+    if (r->wait[w]) {
+        r->wait[w] = 0;
+        r->left--;
+    }
+}
+
+void sr__rref_death_armed_locked(int rank, uint32_t gen)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    struct sr_rref_drop *r = drop_get_locked(rank, gen);
+    if (r)
+        r->armed = true;
+    size_t pos = 0;
+    uint64_t k;
+    void *p;
+    while (sr__map_next(&c->drops, &pos, &k, &p)) /* the dead owes nothing now: its own forks go */
+        unwait(p, rank);
+}
+
+void sr__rref_orphans_done_locked(int from, int rank, uint32_t gen)
+{
+    struct sr_rref_drop *r = rank >= 0 && rank < sr__rref_ctx.world ? drop_get_locked(rank, gen) : NULL;
+    if (r && from >= 0 && from < sr__rref_ctx.world)
+        unwait(r, from);
+}
+
+/* One batch of a ready record's forks; false when none is ready. */
+static bool drop_batch_locked(struct after *d, bool force)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    size_t pos = 0;
+    uint64_t k, rids[AFTER_MAX];
+    void *p;
+    while (sr__map_next(&c->drops, &pos, &k, &p)) {
+        struct sr_rref_drop *r = p;
+        if (!r->armed || (r->left && !force))
+            continue;
+        size_t n = sr__forks_drop_holder(&c->forks, (int)(k >> 32), (uint32_t)k, rids, AFTER_MAX - d->nunref);
+        for (size_t i = 0; i < n; i++)
+            sr__owner_maybe_erase_locked(rids[i], d); /* at most one unref each */
+        if (!n)
+            free(sr__map_del(&c->drops, k));
+        return true;
+    }
+    return false;
+}
+
+void sr__rref_drops_run(bool force)
+{
+    for (bool more = true; more;) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        more = sr__rref_ctx.active && sr__rref_ctx.drops.n && drop_batch_locked(&d, force);
+        sr__rref_unlock();
+        sr__after_run(&d);
+    }
 }

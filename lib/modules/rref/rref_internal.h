@@ -43,7 +43,9 @@ struct sr_rref_msg {
     uint64_t token;   /* the sender's token when it wants an ACK (echoed by the ACK; 0: none) */
     struct { uint64_t a, b, c; } args; /* rref_id, fork_id, extra */
     uint8_t kind;     /* enum sr_rref_ctrl */
-    uint8_t pad[7];   /* zero: no byte of a message is left unset */
+    uint8_t pad[3];   /* zero: no byte of a message is left unset */
+    uint32_t to_gen;  /* the generation of the destination rank it is meant for (lost.c): another
+                         generation of that rank ignores it */
 };
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
@@ -55,6 +57,8 @@ enum sr_rref_ctrl {
     SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
     SR_RREF_ANNOUNCE = 6,     /* waiting parent -> a child's worker: ask the owner now for my children
                                  up to fork_id (unannounced users, fork.c); no answer */
+    SR_RREF_ORPHANS_DONE = 7, /* survivor -> every worker: the fork requests it made for children of
+                                 the dead generation (rank a, generation b) are applied; no answer (lost.c) */
 };
 /* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
 #define SR_DELETE_QUIET_ACK UINT64_C(2)
@@ -62,6 +66,11 @@ enum sr_rref_ctrl {
  * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
  * rather than not yet created. */
 enum { SR_RREF_FETCH = 1, SR_RREF_FETCH_CONFIRMED = 2 };
+/* The request's sub byte: the kind above, and the owner generation the
+ * fetch is meant for (mod 64) << 2; another generation answers "lost". */
+#define SR_RREF_FETCH_KIND(sub) ((sub) & 3u)
+#define SR_RREF_FETCH_GEN(sub) ((uint32_t)(sub) >> 2)
+#define SR_RREF_FETCH_SUB(kind, gen) ((uint8_t)((kind) | ((gen) & 0x3fu) << 2))
 /* The module's extension byte on a call: argument 0 is an RRef owned by the
  * callee, and its local value replaces it before the function runs. */
 #define SR_RREF_EXT_PROXY 0x1u
@@ -137,6 +146,11 @@ struct rref_ctx {
     sr_u64map lost;              /* rank -> struct sr_rref_lost * (lost.c): the generations of that
                                   * rank that died, and how the last one did */
     _Atomic uint32_t deaths;     /* peers that died this round: 0 lets uses skip the lock (lost.c) */
+    sr_u64map drops;             /* rank << 32 | gen -> struct sr_rref_drop * (lost.c): a dead generation's
+                                  * forks on this owner, dropped once the survivors announced its orphans */
+    sr_u64map orphans;           /* rank << 32 | gen -> (void *)token: this worker's fork requests below
+                                  * that token must be acknowledged before it sends ORPHANS_DONE */
+    _Atomic uint32_t orphans_pending; /* orphans.n, for a lock-free look (++/-- under the lock) */
 };
 
 extern struct rref_ctx sr__rref_ctx;
@@ -244,10 +258,20 @@ int sr__rref_check_owner(const sr_rref *r, const char *fn);
 int sr__rref_fail_lost(const sr_rref *r, const char *fn);
 /* Record that rank's generation gen died (why: how); lock held. 0 or -ENOMEM. */
 int sr__rref_lost_note_locked(int rank, uint32_t gen, const char *why);
-/* Owner side: forget every fork the dead rank held or was being given, and
- * unregister the OwnerRRefs left with none. Lock held; false when more remain
- * (the caller runs d and calls again). */
-bool sr__rref_drop_holder_locked(int rank, struct after *d);
+/* Owner side, the dead generation (rank, gen): this owner handled its death
+ * (its forks may go once every survivor sent ORPHANS_DONE; a dead rank owes
+ * no ORPHANS_DONE for other deaths); `from` sent ORPHANS_DONE for it. Lock held. */
+void sr__rref_death_armed_locked(int rank, uint32_t gen);
+void sr__rref_orphans_done_locked(int from, int rank, uint32_t gen);
+/* Drop the forks of the dead generations that are ready (force: every one
+ * this owner handled; graceful shutdown, after quiescence), unregistering
+ * the OwnerRRefs left with none. Lock not held. */
+void sr__rref_drops_run(bool force);
+/* Worker side (protocol.c): remember that ORPHANS_DONE for (rank, gen) is
+ * owed once this worker's fork requests made so far are acknowledged
+ * (lock held); send those that are owed now (lock not held). */
+void sr__rref_orphans_note_locked(int rank, uint32_t gen);
+void sr__rref_orphans_flush(void);
 /* An OwnerRRef awaiting the creating REMOTE_CALL of the dead generation gen
  * of rank, which never comes: no longer awaiting (unregistered if no fork is
  * left); a reference for the caller to fail its value, or NULL if none. */

@@ -77,7 +77,8 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     if (!f)
         return -ENOMEM;
     struct sr_req q = {.kind = SR_REQ_MODULE, .module = sr__rref_module, .tag = r->rref_id,
-                       .sub = sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED : SR_RREF_FETCH};
+                       .sub = SR_RREF_FETCH_SUB(sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED
+                                                                               : SR_RREF_FETCH, r->owner_gen)};
     int rc = sr__module_call_start(r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
     if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT) {
         if (sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r)))
@@ -89,6 +90,8 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     }
     if (rc == -EPIPE) /* the owner died: its value with it */
         rc = sr__rref_fail_lost(r, "sr_rref_to_here");
+    else if (rc && rc != -ETIMEDOUT && sr__rref_check_owner(r, "sr_rref_to_here"))
+        rc = -SR_EOWNERLOST; /* answered by its owner's successor (a fetch sent as it died) */
     sr_future_unref(f);
     return rc;
 }
