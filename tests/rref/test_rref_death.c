@@ -1,5 +1,5 @@
 /* RRefs when a worker dies and its rank is replaced (sr_spawn's
- * SR_RESTART_RANK; docs/RREF.md, "A dead owner, a replaced rank").
+ * SR_RESTART_RANK; docs/RREF.md, "A dead worker, a replaced rank").
  *
  * Three workers: rank 0 drives, rank 1 is the victim (killed by SIGKILL
  * inside a call, replaced by generation 1, which says "hello" to rank 0),

@@ -144,7 +144,7 @@ Test(rref_forks, every_order_of_two_adds_and_a_delete_ends_empty)
     }
 }
 
-/* A holder dies (docs/RREF.md, "A dead owner, a replaced rank"): exactly its
+/* A holder dies (docs/RREF.md, "A dead worker, a replaced rank"): exactly its
  * live forks go, in batches, each with its rref id; tombstones and other
  * holders' forks stay; a later delete of a dropped fork changes nothing. */
 Test(rref_forks, a_dead_holders_forks_are_dropped_and_nothing_else)

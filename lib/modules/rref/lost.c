@@ -1,4 +1,4 @@
-/* Owners that died (docs/RREF.md, "A dead owner, a replaced rank").
+/* Owners that died (docs/RREF.md, "A dead worker, a replaced rank").
  *
  * A UserRRef carries its owner's generation (owner_gen: the wire says it,
  * a remote() user takes the generation its REMOTE_CALL goes to). When the
@@ -8,9 +8,10 @@
  * value lived in the dead process only, and the rank's replacement (a new
  * generation, with ids of its own) never had it.
  *
- * On the owner side the dead rank's forks go: every fork it held (a
+ * On the owner side the dead generation's forks go: every fork it held (a
  * REMOTE_CALL or FORK_REQUEST it sent, an early registration sent to it) is
- * removed from the fork table, so an OwnerRRef that no live user holds is
+ * removed from the fork table once the survivors announced the children it
+ * had passed on (below), so an OwnerRRef that no live user holds is
  * unregistered, and the leak check at shutdown sees only the live forks. */
 #include <errno.h>
 #include <inttypes.h>

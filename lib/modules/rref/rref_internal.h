@@ -238,7 +238,7 @@ void sr__unannounced_gone_locked(sr_rref *r, struct after *d);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
 
-/* lost.c: owners that died (docs/RREF.md, "A dead owner, a replaced rank"). */
+/* lost.c: owners that died (docs/RREF.md, "A dead worker, a replaced rank"). */
 struct sr_rref_lost {
     uint32_t floor;   /* generations below it are dead */
     char how[200];    /* how the last of them died ("worker1 (generation 0) was killed by signal SIGKILL") */
