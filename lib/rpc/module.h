@@ -306,6 +306,10 @@ uint32_t sr__rpc_generation(void);
  * to it can never be answered. If so, why (len bytes, may be NULL) says how:
  * "worker2 exited with status 0 without sr_shutdown". */
 bool sr__rpc_peer_gone(int rank, char *why, size_t len);
+/* rank's generation as this worker knows it (ours for our own rank; 0 when
+ * the job replaces no rank, or RPC is not initialised). During the
+ * peer-death hook for rank, the generation that died. */
+uint32_t sr__rpc_peer_generation(int rank);
 /* rank shares our heap (our host's segment): the tensors a message carries
  * reach it by reference, zero-copy; across hosts they arrive as copies of
  * the same values (transport.h). False when RPC is not initialised. */

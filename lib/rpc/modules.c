@@ -75,6 +75,18 @@ bool sr__rpc_peer_gone(int rank, char *why, size_t len)
     return true;
 }
 
+uint32_t sr__rpc_peer_generation(int rank)
+{
+    sr_agent *a = sr__agent_peek();
+    if (!a || rank < 0 || rank >= a->world)
+        return 0;
+    if (rank == a->rank)
+        return a->gen;
+    if (!(a->tp[rank]->caps & SR_TPORT_REPLACES))
+        return 0;
+    return a->tp[rank]->ops->live->generation(a->tp[rank], rank);
+}
+
 bool sr__rpc_shares_heap(int rank)
 {
     sr_agent *a = sr__agent_peek();

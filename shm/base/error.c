@@ -70,6 +70,7 @@ SR_API const char *sr_strerror(int err)
     case SR_EWORKER: return "a worker of the job failed";
     case SR_EREMOTE: return "the remote function failed";
     case SR_ESHUTDOWN: return "shmrpc is not initialised or has shut down";
+    case SR_EOWNERLOST: return "the owner of the RRef died: its value is lost";
     default: return strerror(e);
     }
 }

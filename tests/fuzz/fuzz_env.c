@@ -160,7 +160,7 @@ void fz_iter_begin(void)
     fork_once(owner_rref); /* fork id (0,1) */
     /* A user received from its owner (confirmed at once), then passed on:
      * a child (0,2) waiting for the owner's CHILD_ACCEPT. */
-    if (sr__rref_from_wire(FZ_USER_RID, FZ_USER_FID, 1, &user_rref))
+    if (sr__rref_from_wire(FZ_USER_RID, FZ_USER_FID, 1, 0, &user_rref)) /* owner worker1, generation 0 */
         die("sr__rref_from_wire");
     fork_once(user_rref);
     if (sr__dctx_container_init(0, FZ_WORLD) || sr__dctx_new(&dctx))

@@ -18,6 +18,7 @@
 #include "module.h"
 #include "wire.h"
 #include "context.h"
+#include "hooks.h"
 #include "rref_internal.h"
 
 static const char *dir, *dispatch_dir;
@@ -69,7 +70,8 @@ static sr_value *tensor(int i) { return sr_tensor_value(fz.tensors[i]); }
 
 static sr_value *strv(const char *s) { return sr_str(s); }
 
-/* A raw RRef value: kind tag, rref id, fork id, owner (module.c's layout). */
+/* A raw RRef value: kind tag, rref id, fork id, owner, the owner's
+ * generation (0) (module.c's layout). */
 static size_t rref_wire(uint8_t *p, uint64_t rid, uint64_t fid, unsigned owner)
 {
     p[0] = (uint8_t)SR_KIND_RREF;
@@ -79,7 +81,8 @@ static size_t rref_wire(uint8_t *p, uint64_t rid, uint64_t fid, unsigned owner)
     }
     p[17] = (uint8_t)owner;
     p[18] = (uint8_t)(owner >> 8);
-    return 19;
+    memset(p + 19, 0, 4);
+    return 1 + SR_RREF_WIRE_SIZE;
 }
 
 static uint64_t rid_of(int rank, uint64_t local) { return (uint64_t)rank << 48 | local; }
@@ -171,7 +174,7 @@ static void rref_seeds(void)
         {"child-at-owner", 0, 2, 0, 3, 0},
     };
     for (size_t i = 0; i < sizeof(rrefs) / sizeof(rrefs[0]); i++) {
-        uint8_t b[4 + 19 + 9] = {2, 0, 0, 0};
+        uint8_t b[4 + 1 + SR_RREF_WIRE_SIZE + 9] = {2, 0, 0, 0};
         size_t n = 4 + rref_wire(b + 4, rid_of(rrefs[i].rid_rank, rrefs[i].rid_local),
                                  rid_of(rrefs[i].fid_rank, rrefs[i].fid_local), rrefs[i].owner);
         b[n++] = SR_KIND_INT;
@@ -243,7 +246,7 @@ static void message_seeds(void)
     n = payload(p, NULL, 0, "?nosuch", 2, targs, 0);
     msg_seed("msg-req-unknown-fn", SR_MSG_REQ, (struct sr_wire){.call_id = 3, .name_len = 7}, p, n);
 
-    uint8_t rb[4 + 19] = {1, 0, 0, 0};
+    uint8_t rb[4 + 1 + SR_RREF_WIRE_SIZE] = {1, 0, 0, 0};
     size_t rn = 4 + rref_wire(rb + 4, rid_of(0, 0), rid_of(0, 1), 0);
     memcpy(p, proxy_ext, sizeof(proxy_ext));
     memcpy(p + sizeof(proxy_ext), "method", 6);

@@ -342,7 +342,7 @@ static int owner_gone(int rank, int world, void *arg)
     WEXPECT_ERR(sr_rpc_sync(0, "exit_now", SR_NOARGS, 0, NULL), -EPIPE, "RPC to worker0 failed");
     sr_value *rv = sr_rref_value(r); /* borrowed */
     int rc = sr_rpc_sync(2, "hold", SR_ARGS(rv), 0, NULL);
-    WEXPECT_ERR(rc, -EPIPE, "owner is gone: worker0 exited with status 0 without sr_shutdown");
+    WEXPECT_ERR(rc, -SR_EOWNERLOST, "is lost: worker0 exited with status 0 without sr_shutdown");
     WCHECK(sr_rref_wait_idle(0) == 0, "RRef state still pending: %s", sr_last_error());
     sr_value_unref(v);
     sr_rref_unref(r);

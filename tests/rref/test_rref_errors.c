@@ -200,7 +200,7 @@ static int owner_dies_worker(int rank, int world, void *arg)
     if (expect_pair(r, 8))
         return 1;
     WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, WAIT_S, NULL), -EPIPE, "the worker exited with status 0");
-    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -EPIPE, "worker1");
+    WEXPECT_ERR(sr_rref_to_here(r, WAIT_S, &v), -SR_EOWNERLOST, "the owner worker1 (rank 1, generation 0)");
     sr_rref_unref(r);
     sr_value_unref(n);
     sr_shutdown(false, 0);
@@ -409,8 +409,8 @@ static int owner_dies_before_announce(void)
     const char *t = sr_value_str(sr_value_list_at(v, 1));
     snprintf(text, sizeof(text), "%s", t ? t : "");
     sr_value_unref(v);
-    WCHECK(code == -EPIPE && strstr(text, "worker1") && strstr(text, "gone before confirming"),
-           "the kept RRef's confirmation gave %lld \"%s\", want -EPIPE naming worker1", (long long)code, text);
+    WCHECK(code == -SR_EOWNERLOST && strstr(text, "the owner worker1 (rank 1, generation 0)"),
+           "the kept RRef's confirmation gave %lld \"%s\", want -SR_EOWNERLOST naming worker1", (long long)code, text);
     sr_value *seed = sr_int(1);
     WCHECK(sr_rpc_sync(2, "drop_held", SR_ARGS(seed), WAIT_S, &v) == 0, "worker2 not idle: %s", sr_last_error());
     sr_value_unref(v);
@@ -503,7 +503,7 @@ static int leak_worker(int rank, int world, void *arg)
     if (rank == 1) {
         enum sr_fork_add res;
         sr__rref_lock();
-        int rc = sr__forks_add(&sr__rref_ctx.forks, UINT64_C(0x0001000000000000), UINT64_C(0x0000000000000063), &res);
+        int rc = sr__forks_add(&sr__rref_ctx.forks, UINT64_C(0x0001000000000000), UINT64_C(0x0000000000000063), -1, 0, &res);
         sr__rref_unlock();
         WCHECK(rc == 0, "forging a fork");
     }

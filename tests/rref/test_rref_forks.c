@@ -19,7 +19,7 @@ LEAK_CHECKED_SUITE(rref_forks);
 static enum sr_fork_add add(sr_fork_table *t, uint64_t r, uint64_t f)
 {
     enum sr_fork_add res;
-    cr_assert_eq(sr__forks_add(t, r, f, &res), 0);
+    cr_assert_eq(sr__forks_add(t, r, f, -1, 0, &res), 0);
     return res;
 }
 
@@ -142,4 +142,37 @@ Test(rref_forks, every_order_of_two_adds_and_a_delete_ends_empty)
         cr_assert(t.live == 0 && t.tombs == 0, "order %d leaves %zu live, %zu tombstones", o, t.live, t.tombs);
         sr__forks_free(&t);
     }
+}
+
+/* A holder dies (docs/RREF.md, "A dead worker, a replaced rank"): exactly its
+ * live forks go, in batches, each with its rref id; tombstones and other
+ * holders' forks stay; a later delete of a dropped fork changes nothing. */
+Test(rref_forks, a_dead_holders_forks_are_dropped_and_nothing_else)
+{
+    sr_fork_table t = {0};
+    enum sr_fork_add a;
+    enum { N = 10 };
+    for (uint64_t i = 0; i < N; i++) /* holder 2: N forks of R1 */
+        cr_assert_eq(sr__forks_add(&t, R1, F1 + 2 * i, 2, 0, &a), 0);
+    cr_assert_eq(sr__forks_add(&t, R1, F2, 3, 0, &a), 0);              /* holder 3 */
+    cr_assert_eq(sr__forks_add(&t, R1, F2 + 2, 2, 1, &a), 0);          /* holder 2's next generation */
+    cr_assert_eq(del(&t, R1, F2 + 1, 1, false), SR_FORK_TOMBSTONE); /* a tombstone (holder unknown) */
+    uint64_t rids[4];
+    size_t got = 0, n;
+    while ((n = sr__forks_drop_holder(&t, 2, 0, rids, 4)) > 0) {
+        cr_assert_leq(n, 4);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(rids[i], R1);
+        got += n;
+    }
+    cr_assert_eq(got, N);
+    cr_assert_eq(sr__forks_count(&t, R1), 2, "holder 3's fork and holder 2 generation 1's stay");
+    cr_assert_eq(t.live, 2);
+    cr_assert_eq(t.tombs, 1, "the tombstone stays");
+    cr_assert_eq(sr__forks_drop_holder(&t, -1, 0, rids, 4), 0, "unknown holders are never dropped");
+    cr_assert_eq(sr__forks_drop_holder(&t, 2, 1, rids, 4), 1, "generation 1 of holder 2");
+    cr_assert_eq(del(&t, R1, F1, 1, true), SR_FORK_IGNORED, "a late delete of a dropped fork");
+    cr_assert_eq(del(&t, R1, F2, 1, true), SR_FORK_REMOVED);
+    cr_assert_eq(sr__forks_count(&t, R1), 0);
+    sr__forks_free(&t);
 }

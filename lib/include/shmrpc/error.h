@@ -29,6 +29,7 @@ extern "C" {
 #define SR_EWORKER (SR_EBASE + 1) /* a worker of the job failed (exit status or signal) */
 #define SR_EREMOTE (SR_EBASE + 2) /* the remote function failed; see sr_last_error() */
 #define SR_ESHUTDOWN (SR_EBASE + 3) /* the runtime is not initialised or has shut down */
+#define SR_EOWNERLOST (SR_EBASE + 4) /* an RRef's owner died: its value is lost (the message names the owner) */
 
 /* Detail of the last failure on this thread; "" if none. Never NULL. */
 SR_API const char *sr_last_error(void);

@@ -27,7 +27,8 @@
  *                  remote(), raised on the RRef's next use), or a to_here /
  *                  proxy call that ran past its own timeout
  *   -SR_EREMOTE    the function that made the value failed: "Error on Node 1: ..."
- *   -EPIPE         the owner died
+ *   -SR_EOWNERLOST the owner died (or its rank was replaced): the value is lost;
+ *                  every use fails at once, naming the owner, its rank and generation
  *   plus the errors of the calls in rpc.h
  */
 #ifndef SHMRPC_RREF_H

@@ -10,6 +10,7 @@
 #include "rref_internal.h"
 
 #define LOCAL_ID_MAX ((UINT64_C(1) << 48) - 1)
+#define GEN_SHIFT SR_RREF_GEN_SHIFT
 
 struct rref_ctx sr__rref_ctx = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -27,7 +28,8 @@ uint64_t sr__rref_new_ids(unsigned n)
     struct rref_ctx *c = &sr__rref_ctx;
     /* relaxed: the counter only has to hand out distinct values */
     uint64_t first = atomic_fetch_add_explicit(&c->next_id, n, memory_order_relaxed);
-    if (first + n - 1 > LOCAL_ID_MAX) {
+    /* a generation's ids start at its GEN_SHIFT slice: a replacement never reuses its predecessor's */
+    if (first + n - 1 > LOCAL_ID_MAX || (first + n - 1) >> GEN_SHIFT != first >> GEN_SHIFT) {
         sr__fail(-EOVERFLOW, "sr_rref", "worker%d has used up its 2^48 RRef ids", c->rank);
         return SR_RREF_NO_ID;
     }
@@ -36,7 +38,12 @@ uint64_t sr__rref_new_ids(unsigned n)
 
 const char *sr__id_str(uint64_t id, char *buf, size_t len)
 {
-    snprintf(buf, len, "(%d,%" PRIu64 ")", SR_RREF_ID_RANK(id), SR_RREF_ID_LOCAL(id));
+    uint64_t local = SR_RREF_ID_LOCAL(id), gen = local >> GEN_SHIFT;
+    if (gen) /* made by a replacement: "(1,g2:5)" */
+        snprintf(buf, len, "(%d,g%" PRIu64 ":%" PRIu64 ")", SR_RREF_ID_RANK(id), gen,
+                 local & ((UINT64_C(1) << GEN_SHIFT) - 1));
+    else
+        snprintf(buf, len, "(%d,%" PRIu64 ")", SR_RREF_ID_RANK(id), local);
     return buf;
 }
 
@@ -111,12 +118,15 @@ int sr__rref_init(int rank, int world, bool ignore_leaks)
     c->ignore_leaks = ignore_leaks;
     c->rank = rank;
     c->world = world;
-    c->next_token = 1;
+    c->my_gen = sr__rpc_peer_generation(rank);
+    /* a generation's tokens are its own too: a late ACK meant for its predecessor matches nothing */
+    c->next_token = ((uint64_t)(c->my_gen & 0xffu) << GEN_SHIFT) + 1;
     c->awaiting = 0;
     c->pending_remote = 0;
     c->lost_rank = -1;
     /* relaxed: no other thread of this worker uses RRefs before sr_init returns */
-    atomic_store_explicit(&c->next_id, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->deaths, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->next_id, (uint64_t)(c->my_gen & 0xffu) << GEN_SHIFT, memory_order_relaxed);
     atomic_store_explicit(&c->deferred, 0, memory_order_relaxed);
     atomic_store_explicit(&c->sent, 0, memory_order_relaxed);
     /* release: pairs with sr__rref_live's acquire; the fields above are set */

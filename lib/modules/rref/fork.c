@@ -57,8 +57,13 @@ int sr__rref_sendable(const sr_rref *r, const char *fn)
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
                         sr_rref_str(r, s, sizeof(s)));
+    int rc = sr__rref_check_owner(r, fn);
+    if (rc) /* its owner died: the value is gone */
+        return rc;
     /* acquire: pairs with the release store in sr__rref_set_create_error */
     int err = atomic_load_explicit(&((sr_rref *)r)->create_err, memory_order_acquire);
+    if (err == -EPIPE) /* the owner died before its REMOTE_RET */
+        return sr__rref_fail_lost(r, fn);
     if (err)
         return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
     if (deleted)
@@ -118,26 +123,28 @@ int sr__rref_fork(sr_rref *r, int to, uint64_t *fork_id)
         return -EOVERFLOW;
     int rc = 0;
     char why[256];
-    if (!r->is_owner && sr__rpc_peer_gone(r->owner, why, sizeof(why))) /* the fork could never be accepted */
-        return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef whose owner is gone: %s", why);
+    if (!r->is_owner && (sr__rref_check_owner(r, "sr_rref") || sr__rpc_peer_gone(r->owner, why, sizeof(why))))
+        return sr__rref_fail_lost(r, "sr_rref"); /* the fork could never be accepted */
     sr__rref_lock();
     if (!sr__rref_live_locked(r))
         rc = sr__fail(-SR_ESHUTDOWN, "sr_rref", "the RRef belongs to an RPC round that has shut down");
     else if (r->is_owner && !own_record_locked(r))
         rc = sr__fail(-ENOMEM, "sr_rref", "cannot register the OwnerRRef for its fork");
     else if (r->is_owner)
-        rc = sr__forks_add(&c->forks, r->rref_id, fid, &res);
+        rc = sr__forks_add(&c->forks, r->rref_id, fid, to, sr__rpc_peer_generation(to), &res);
     else if (!(rc = announce_before_fork_locked(r, &d)))
         rc = child_record_locked(r, fid, to);
     if (rc && r->is_owner)
         sr__owner_maybe_erase_locked(r->rref_id, &d);
     sr__rref_unlock();
     sr__after_run(&d);
+    if (rc == -SR_EOWNERLOST) /* found lost by its announcement */
+        return sr__rref_fail_lost(r, "sr_rref");
     *fork_id = fid;
     /* Checked after the child is recorded: a destination that left before
      * may have had its peer-death hook run already, which would never
      * release this parent (a later death finds the record). */
-    if (!rc && !r->is_owner && to >= 0 && sr__rpc_peer_gone(to, why, sizeof(why))) {
+    if (!rc && to >= 0 && sr__rpc_peer_gone(to, why, sizeof(why))) { /* an owner's early registration too */
         sr__rref_unfork(r, fid);
         return sr__fail(-EPIPE, "sr_rref", "cannot pass on an RRef to worker%d, which is gone: %s", to, why);
     }
@@ -197,7 +204,10 @@ static sr_rref *arrive_at_owner(uint64_t rid, uint64_t fid, struct after *d)
         sr__owner_maybe_erase_locked(rid, d);
         return r;
     }
-    sr_rref *r = sr__owner_get_or_create_locked(rid, true);
+    bool gone = !sr__map_get(&c->owners, rid) && sr__rref_gone_for_good_locked(rid);
+    sr_rref *r = gone ? NULL : sr__owner_get_or_create_locked(rid, true);
+    if (gone) /* deleted already: the parent's hold is of no use now */
+        sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0);
     if (!r)
         return NULL;
     sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, rid, fid, 0);
@@ -229,13 +239,30 @@ static bool arrive_unannounced_locked(sr_rref *r)
     return true;
 }
 
+/* A user of a dead owner generation (lost.c): every use fails, no owner is
+ * asked (its rank's new generation never had the value) and the parent, if
+ * alive, is released (G2 protects nothing now). Lock held. */
+static sr_rref *arrive_lost_locked(sr_rref *r, struct after *d)
+{
+    atomic_store_explicit(&r->deleted, true, memory_order_relaxed); /* relaxed: not yet shared */
+    int parent = SR_RREF_ID_RANK(r->fork_id);
+    if (parent == sr__rref_ctx.rank)
+        sr__child_accepted_locked(r->fork_id, d);
+    else if (parent != r->owner)
+        sr__ctrl_queue_locked(d, parent, SR_RREF_CHILD_ACCEPT, r->rref_id, r->fork_id, 0);
+    return r;
+}
+
 /* X != O: a new UserRRef (one reference for the caller). */
-static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct after *d)
+static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, uint32_t owner_gen, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     sr_rref *r = sr__rref_alloc(false, owner, rid, fid);
     if (!r)
         return NULL;
+    r->owner_gen = owner_gen;
+    if (sr__rref_owner_lost_locked(r)) /* sent before its owner died: lost, nothing to register */
+        return arrive_lost_locked(r, d);
     r->registered = true;
     if (SR_RREF_ID_RANK(fid) == owner) { /* from the owner, which registered it already */
         r->adds_sent = 1;
@@ -258,7 +285,7 @@ static sr_rref *arrive_at_user(uint64_t rid, uint64_t fid, int owner, struct aft
     return r;
 }
 
-int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out)
+int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, uint32_t owner_gen, sr_rref **out)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     struct after d;
@@ -266,11 +293,16 @@ int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out
     char s[32];
     sr__rref_lock();
     sr_rref *r = !c->active ? NULL
-                 : owner == (unsigned)c->rank ? arrive_at_owner(rid, fid, &d)
-                                              : arrive_at_user(rid, fid, (int)owner, &d);
+                 : owner == (unsigned)c->rank && owner_gen == c->my_gen ? arrive_at_owner(rid, fid, &d)
+                                              : arrive_at_user(rid, fid, (int)owner, owner_gen, &d);
     bool active = c->active;
+    bool gone = !r && active && owner == (unsigned)c->rank && owner_gen == c->my_gen &&
+                SR_RREF_ID_RANK(fid) != c->rank && sr__rref_gone_for_good_locked(rid);
     sr__rref_unlock();
     sr__after_run(&d);
+    if (!r && gone)
+        return sr__fail(-EIDRM, "sr_rref", "worker%d: the received RRef %s has been deleted on its owner", c->rank,
+                        sr__id_str(rid, s, sizeof(s)));
     if (!r)
         return sr__fail(active ? -ENOMEM : -SR_ESHUTDOWN, "sr_rref",
                         "cannot materialise the received RRef %s (fork %" PRIx64 ")", sr__id_str(rid, s, sizeof(s)),
@@ -295,6 +327,12 @@ bool sr__rref_ref_live(sr_rref *r)
 int sr__user_announce_locked(sr_rref *r, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
+    if (sr__rref_owner_lost_locked(r)) { /* its owner died: no one to ask, and its rank's new generation
+                                            must not hear of it; it goes as if let go, releasing its parent */
+        sr__unannounced_gone_locked(r, d);
+        d->unref[d->nunref++] = r;
+        return -SR_EOWNERLOST;
+    }
     if ((r->confirm || (r->confirm = sr_future_new())) && !sr__map_put(&c->pending_users, r->fork_id, r)) {
         if (!sr__ctrl_queue_locked(d, r->owner, SR_RREF_FORK_REQUEST, r->rref_id, r->fork_id, 0)) {
             sr__map_del(&c->unannounced, r->fork_id);
@@ -315,7 +353,7 @@ void sr__rref_announce_forks(const uint64_t *fids, size_t n)
         struct after d;
         sr__after_init(&d);
         sr__rref_lock();
-        for (int k = 0; k < AFTER_MAX && i < n; i++) {
+        for (int k = 0; k < AFTER_MAX / 2 && i < n; i++) { /* each may use two unrefs or sends of d */
             sr_rref *r = c->active ? sr__map_get(&c->unannounced, fids[i]) : NULL;
             if (r && sr__rref_ref_live(r)) { /* else gone with the arguments, or going: no one asks */
                 sr__user_announce_locked(r, &d);
@@ -332,19 +370,20 @@ void sr__rref_announce_all(int parent)
     struct rref_ctx *c = &sr__rref_ctx;
     for (bool more = true; more;) {
         struct after d;
-        sr_rref *got[AFTER_MAX];
+        sr_rref *got[AFTER_MAX / 2];
         int n = 0;
         size_t pos = 0;
         uint64_t fid;
         void *p;
         sr__after_init(&d);
         sr__rref_lock();
-        while (c->active && n < AFTER_MAX && sr__map_next(&c->unannounced, &pos, &fid, &p))
+        /* each announcement may use two unrefs or sends of d (a lost owner's) */
+        while (c->active && n < AFTER_MAX / 2 && sr__map_next(&c->unannounced, &pos, &fid, &p))
             if ((parent < 0 || SR_RREF_ID_RANK(fid) == parent) && sr__rref_ref_live(p))
                 got[n++] = p;
-        more = n == AFTER_MAX;
+        more = n == AFTER_MAX / 2;
         for (int i = 0; i < n; i++) /* after the walk: announcing edits the map */
-            more &= !sr__user_announce_locked(got[i], &d);
+            more &= sr__user_announce_locked(got[i], &d) != -ENOMEM; /* no memory: stop, not loop */
         sr__rref_unlock();
         sr__after_run(&d);
     }

@@ -10,6 +10,8 @@ struct sr_fork {
     uint64_t rref_id;
     uint32_t adds;      /* live: add messages received */
     uint32_t tomb_left; /* > 0: a tombstone; this many adds are still to be cancelled */
+    int32_t holder;     /* the rank that holds the fork (-1: not known) */
+    uint32_t holder_gen; /* and its generation */
 };
 
 static int count_change(sr_fork_table *t, uint64_t rid, int delta)
@@ -28,12 +30,14 @@ size_t sr__forks_count(const sr_fork_table *t, uint64_t rid)
     return (size_t)(uintptr_t)sr__map_get(&t->counts, rid);
 }
 
-static int new_entry(sr_fork_table *t, uint64_t rid, uint64_t fid, uint32_t adds, uint32_t tomb_left)
+static int new_entry(sr_fork_table *t, uint64_t rid, uint64_t fid, uint32_t adds, uint32_t tomb_left, int holder,
+                     uint32_t holder_gen)
 {
     struct sr_fork *f = malloc(sizeof(*f));
     if (!f)
         return sr__fail(-ENOMEM, "sr_rref", "out of memory for a fork entry");
-    *f = (struct sr_fork){.rref_id = rid, .adds = adds, .tomb_left = tomb_left};
+    *f = (struct sr_fork){.rref_id = rid, .adds = adds, .tomb_left = tomb_left, .holder = holder,
+                            .holder_gen = holder_gen};
     int rc = sr__map_put(&t->forks, fid, f);
     if (rc) {
         free(f);
@@ -50,7 +54,8 @@ static int new_entry(sr_fork_table *t, uint64_t rid, uint64_t fid, uint32_t adds
     return 0;
 }
 
-int sr__forks_add(sr_fork_table *t, uint64_t rid, uint64_t fid, enum sr_fork_add *res)
+int sr__forks_add(sr_fork_table *t, uint64_t rid, uint64_t fid, int holder, uint32_t holder_gen,
+                  enum sr_fork_add *res)
 {
     struct sr_fork *f = sr__map_get(&t->forks, fid);
     if (f && f->tomb_left) {
@@ -67,7 +72,7 @@ int sr__forks_add(sr_fork_table *t, uint64_t rid, uint64_t fid, enum sr_fork_add
         return 0;
     }
     *res = SR_FORK_ADDED;
-    return new_entry(t, rid, fid, 1, 0);
+    return new_entry(t, rid, fid, 1, 0, holder, holder_gen);
 }
 
 int sr__forks_del(sr_fork_table *t, uint64_t rid, uint64_t fid, uint32_t adds_sent, bool confirmed,
@@ -92,7 +97,25 @@ int sr__forks_del(sr_fork_table *t, uint64_t rid, uint64_t fid, uint32_t adds_se
     if (confirmed || !adds_sent)
         return 0; /* its add arrived long ago: a duplicate */
     *res = SR_FORK_TOMBSTONE;
-    return new_entry(t, rid, fid, 0, adds_sent);
+    return new_entry(t, rid, fid, 0, adds_sent, -1, 0);
+}
+
+size_t sr__forks_drop_holder(sr_fork_table *t, int holder, uint32_t holder_gen, uint64_t *rids, size_t cap)
+{
+    size_t pos = 0, n = 0;
+    uint64_t fid;
+    void *p;
+    while (n < cap && sr__map_next(&t->forks, &pos, &fid, &p)) {
+        struct sr_fork *f = p;
+        if (f->tomb_left || f->holder != holder || f->holder_gen != holder_gen || holder < 0)
+            continue;
+        rids[n++] = f->rref_id;
+        count_change(t, f->rref_id, -1); /* a decrement never allocates */
+        t->live--;
+        free(sr__map_del(&t->forks, fid));
+        pos = 0; /* the map changed under the walk: start again (the dropped ones are gone) */
+    }
+    return n;
 }
 
 static void sort_u64(uint64_t *v, size_t n)

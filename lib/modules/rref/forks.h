@@ -51,8 +51,11 @@ enum sr_fork_del {
     SR_FORK_IGNORED,   /* a duplicate: nothing changed */
 };
 
-/* 0 or -ENOMEM (then nothing changed). */
-int sr__forks_add(sr_fork_table *t, uint64_t rref_id, uint64_t fork_id, enum sr_fork_add *res);
+/* 0 or -ENOMEM (then nothing changed). holder: the rank that holds the
+ * fork (the sender of a REMOTE_CALL or FORK_REQUEST, the destination of an
+ * early registration), -1 when not known; holder_gen its generation. */
+int sr__forks_add(sr_fork_table *t, uint64_t rref_id, uint64_t fork_id, int holder, uint32_t holder_gen,
+                  enum sr_fork_add *res);
 int sr__forks_del(sr_fork_table *t, uint64_t rref_id, uint64_t fork_id, uint32_t adds_sent, bool confirmed,
                   enum sr_fork_del *res);
 
@@ -62,6 +65,10 @@ size_t sr__forks_count(const sr_fork_table *t, uint64_t rref_id);
 size_t sr__forks_list(const sr_fork_table *t, uint64_t rref_id, uint64_t *out, size_t cap);
 /* Every live fork as (rref_id, fork_id) pairs, up to cap; returns the total. */
 size_t sr__forks_all(const sr_fork_table *t, uint64_t (*out)[2], size_t cap);
+/* The holder's generation died: remove up to cap of the live forks it held (no
+ * tombstone: nothing it sent is taken any more), their rref ids in rids
+ * (one per fork); returns how many. */
+size_t sr__forks_drop_holder(sr_fork_table *t, int holder, uint32_t holder_gen, uint64_t *rids, size_t cap);
 void sr__forks_free(sr_fork_table *t);
 
 #endif

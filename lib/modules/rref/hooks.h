@@ -20,10 +20,10 @@
 
 /* ---- codec ------------------------------------------------------------------
  * An RRef travels as its ids and owner: SR_RREF_WIRE_SIZE bytes after the
- * kind tag (rref_id u64, fork_id u64, owner u16). The fork id is new for every
- * send, made by the sender (the parent), so the parent's rank is the fork
- * id's rank. */
-#define SR_RREF_WIRE_SIZE 18
+ * kind tag (rref_id u64, fork_id u64, owner u16, the owner's generation
+ * u32). The fork id is new for every send, made by the sender (the parent),
+ * so the parent's rank is the fork id's rank. */
+#define SR_RREF_WIRE_SIZE 22
 
 /* 0 if r can be sent now, else -errno naming why (a failed or timed-out
  * remote(): "RRef creation ..."; deleted; another round). */
@@ -41,7 +41,7 @@ int sr__rref_wire_check(uint64_t rid, uint64_t fid, unsigned owner, char *why, s
 /* Materialise a received RRef and tell its owner and parent what they need
  * (notifyOwnerAndParentOfFork). Also how a buffer that will never be decoded
  * is released: decoding it and dropping the result is always right. */
-int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, sr_rref **out);
+int sr__rref_from_wire(uint64_t rid, uint64_t fid, unsigned owner, uint32_t owner_gen, sr_rref **out);
 
 /* ---- dispatch ---------------------------------------------------------------- */
 

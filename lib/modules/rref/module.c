@@ -8,7 +8,7 @@
 #include "hooks.h"
 #include "rref_internal.h"
 
-/* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16 (LE) ---- */
+/* ---- RRef values in messages: rref_id u64, fork_id u64, owner u16, owner_gen u32 (LE) ---- */
 
 static void put64(uint8_t *p, uint64_t x)
 {
@@ -25,6 +25,10 @@ static uint64_t get64(const uint8_t *p)
 }
 
 static unsigned owner_of(const uint8_t *w) { return (unsigned)w[16] | (unsigned)w[17] << 8; }
+static uint32_t owner_gen_of(const uint8_t *w)
+{
+    return (uint32_t)w[18] | (uint32_t)w[19] << 8 | (uint32_t)w[20] << 16 | (uint32_t)w[21] << 24;
+}
 
 static int kind_sendable(void *obj, const char *fn) { return sr__rref_sendable(obj, fn); }
 
@@ -39,6 +43,9 @@ static int kind_encode(void *obj, int to, uint8_t *w)
     put64(w + 8, fid);
     w[16] = (uint8_t)owner;
     w[17] = (uint8_t)(owner >> 8);
+    uint32_t gen = ((const sr_rref *)obj)->owner_gen;
+    for (int i = 0; i < 4; i++)
+        w[18 + i] = (uint8_t)(gen >> (8 * i));
     return 0;
 }
 
@@ -52,7 +59,7 @@ static int kind_check(const uint8_t *w, char *why, size_t len)
 static int kind_decode(const uint8_t *w, void **obj)
 {
     sr_rref *r = NULL;
-    int rc = sr__rref_from_wire(get64(w), get64(w + 8), owner_of(w), &r);
+    int rc = sr__rref_from_wire(get64(w), get64(w + 8), owner_of(w), owner_gen_of(w), &r);
     *obj = r;
     return rc;
 }
@@ -176,9 +183,14 @@ static int rref_serve(int caller, uint8_t sub, uint64_t rid, sr_value *args, sr_
     (void)args;
     char text[256];
     int code = -EINVAL;
-    if (sub != SR_RREF_FETCH && sub != SR_RREF_FETCH_CONFIRMED)
+    unsigned kind = SR_RREF_FETCH_KIND(sub);
+    if (kind != SR_RREF_FETCH && kind != SR_RREF_FETCH_CONFIRMED)
         return sr__fail(-EBADMSG, "sr_rref", "unknown RRef request kind %u", sub);
-    *out = sr__rref_fetch_value(rid, sub == SR_RREF_FETCH_CONFIRMED, &code, text, sizeof(text));
+    if (SR_RREF_FETCH_GEN(sub) != (sr__rref_ctx.my_gen & 0x3fu)) /* meant for another generation of this rank */
+        return sr__fail(-SR_EOWNERLOST, "sr_rref",
+                        "worker%d generation %u does not have RRef %llx: it was fetched from generation %u (mod 64)",
+                        sr__rref_ctx.rank, sr__rref_ctx.my_gen, (unsigned long long)rid, SR_RREF_FETCH_GEN(sub));
+    *out = sr__rref_fetch_value(rid, kind == SR_RREF_FETCH_CONFIRMED, &code, text, sizeof(text));
     if (!*out)
         sr__error_set_text(text);
     return *out ? 0 : code;
@@ -208,7 +220,7 @@ static const char *rref_describe_msg(uint8_t type, const uint8_t *bytes, size_t 
 {
     static const char *const ctrl[] = {[SR_RREF_FORK_REQUEST] = "fork_request", [SR_RREF_CHILD_ACCEPT] = "child_accept",
                                        [SR_RREF_USER_DELETE] = "user_delete", [SR_RREF_ACK] = "ack",
-                                       [SR_RREF_NUDGE] = "nudge"};
+                                       [SR_RREF_NUDGE] = "nudge", [SR_RREF_ORPHANS_DONE] = "orphans_done"};
     uint8_t kind = len >= sizeof(struct sr_rref_msg) ? bytes[offsetof(struct sr_rref_msg, kind)] : 0;
     return type == SR_RREF_MSG_CTRL && kind < sizeof(ctrl) / sizeof(ctrl[0]) ? ctrl[kind] : NULL;
 }
@@ -216,6 +228,7 @@ static const char *rref_describe_msg(uint8_t type, const uint8_t *bytes, size_t 
 static const char *rref_describe_request(uint8_t sub)
 {
     static const char *const req[] = {[SR_RREF_FETCH] = "to_here", [SR_RREF_FETCH_CONFIRMED] = "to_here"};
+    sub = SR_RREF_FETCH_KIND(sub);
     return sub < sizeof(req) / sizeof(req[0]) ? req[sub] : NULL;
 }
 

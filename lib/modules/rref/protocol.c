@@ -112,8 +112,13 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
 int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet)
 {
     struct sr_rref_msg w = *m;
-    int rc = sr__module_send(to, sr__rref_module, SR_RREF_MSG_CTRL, m, sizeof(*m), quiet);
-    if (!rc && w.kind != SR_RREF_NUDGE && w.kind != SR_RREF_ANNOUNCE && (w.kind != SR_RREF_ACK || w.token))
+    /* the generation of `to` this worker knows now: if it dies before the
+       message is taken, its successor ignores it (a delayed send must not
+       act on the new process's state) */
+    w.to_gen = sr__rpc_peer_generation(to);
+    int rc = sr__module_send(to, sr__rref_module, SR_RREF_MSG_CTRL, &w, sizeof(w), quiet);
+    if (!rc && w.kind != SR_RREF_NUDGE && w.kind != SR_RREF_ANNOUNCE && w.kind != SR_RREF_ORPHANS_DONE &&
+        (w.kind != SR_RREF_ACK || w.token))
         /* relaxed: statistics */
         atomic_fetch_add_explicit(&sr__rref_ctx.sent, 1, memory_order_relaxed);
     return rc;
@@ -173,9 +178,13 @@ static void on_fork_request(const struct sr_rref_msg *w, int src, struct after *
 {
     enum sr_fork_add res;
     uint64_t rid = w->args.a;
+    if (!sr__map_get(&sr__rref_ctx.owners, rid) && sr__rref_gone_for_good_locked(rid)) {
+        queue_ack(d, src, w->token, -EIDRM, false); /* deleted: its user fails instead of awaiting for ever */
+        return;
+    }
     int rc = sr__owner_get_or_create_locked(rid, true) ? 0 : -ENOMEM;
     if (!rc)
-        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, &res);
+        rc = sr__forks_add(&sr__rref_ctx.forks, rid, w->args.b, src, sr__rpc_peer_generation(src), &res);
     if (rc)
         sr__owner_maybe_erase_locked(rid, d); /* a record made for nothing goes again */
     queue_ack(d, src, w->token, rc, false);
@@ -258,6 +267,8 @@ void sr__rref_ctrl(int src, uint8_t type, const uint8_t *bytes, size_t len)
     struct after d;
     sr__after_init(&d);
     sr_rref *failed = NULL;
+    if (w.to_gen != sr__rref_ctx.my_gen) /* meant for another generation of this rank (sr__ctrl_send) */
+        return;
     if (w.kind == SR_RREF_ANNOUNCE) { /* no answer; its work may need many sends */
         on_announce(&w, src);
         return;
@@ -272,6 +283,7 @@ void sr__rref_ctrl(int src, uint8_t type, const uint8_t *bytes, size_t len)
     case SR_RREF_CHILD_ACCEPT: on_child_accept(&w, &d); break;
     case SR_RREF_USER_DELETE: on_user_delete(&w, src, &d); break;
     case SR_RREF_ACK: on_ack(&w, src, &d, &failed); break;
+    case SR_RREF_ORPHANS_DONE: sr__rref_orphans_done_locked(src, (int)w.args.a, (uint32_t)w.args.b); break;
     case SR_RREF_NUDGE: /* loudly, after every ACK this worker sent the nudger before */
         queue_send(&d, src, ctrl_msg(SR_RREF_ACK, 0, 0, 0, 0), false, false);
         break;
@@ -285,6 +297,10 @@ void sr__rref_ctrl(int src, uint8_t type, const uint8_t *bytes, size_t len)
                             sr_strerror((int)(int64_t)w.args.a));
     sr_rref_unref(failed);
     sr__after_run(&d);
+    if (w.kind == SR_RREF_ACK)
+        sr__rref_orphans_flush(); /* a fork request settled: an ORPHANS_DONE may be owed now */
+    else if (w.kind == SR_RREF_ORPHANS_DONE)
+        sr__rref_drops_run(false);
 }
 
 /* ---- peers that die ----------------------------------------------------------------- */
@@ -313,8 +329,10 @@ static void fail_confirm(sr_rref *r, int rank, const char *why)
     if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
         snprintf(how, sizeof(how), "worker%d died", rank);
     if (r && r->confirm)
-        sr_future_set_error(r->confirm, -EPIPE, "worker%d: the owner of %s is gone before confirming it: %s",
-                            sr__rref_ctx.rank, sr_rref_str(r, s, sizeof(s)), why ? why : how);
+        sr_future_set_error(r->confirm, -SR_EOWNERLOST,
+                            "worker%d: the owner %s (rank %d, generation %u) of %s is gone before confirming it: %s",
+                            sr__rref_ctx.rank, sr_worker_name(rank), rank, r->owner_gen, sr_rref_str(r, s, sizeof(s)),
+                            why ? why : how);
     sr_rref_unref(r);
 }
 
@@ -388,11 +406,114 @@ static void drop_children_for(int rank, const char *why)
     }
 }
 
+/* The dead generation of rank is lost (lost.c): note it, so every use of its
+ * values fails from now on and no delete goes to its successor. */
+static void note_lost(int rank, const char *why)
+{
+    char how[256];
+    if (!why && !sr__rpc_peer_gone(rank, how, sizeof(how)))
+        snprintf(how, sizeof(how), "worker%d died", rank);
+    uint32_t gen = sr__rpc_peer_generation(rank); /* the one that died: its successor is not known yet */
+    sr__rref_lock();
+    if (sr__rref_ctx.active)
+        sr__rref_lost_note_locked(rank, gen, why ? why : how);
+    sr__rref_unlock();
+}
+
+/* ---- orphans: children of a dead parent (lost.c, "the dead generation's forks") ---- */
+
+void sr__rref_orphans_note_locked(int rank, uint32_t gen)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    uint64_t key = (uint64_t)rank << 32 | gen;
+    if (sr__map_get(&c->orphans, key) || sr__map_put(&c->orphans, key, (void *)(uintptr_t)c->next_token))
+        return; /* without memory no ORPHANS_DONE: the owners drop the dead forks at shutdown */
+    /* relaxed: a hint for sr__rref_orphans_flush; the map is read under the lock */
+    atomic_fetch_add_explicit(&c->orphans_pending, 1, memory_order_relaxed);
+}
+
+/* Up to cap deaths whose orphans' fork requests are all acknowledged, taken
+ * out of the table (lock held). */
+static size_t orphans_settled_locked(uint64_t *keys, size_t cap)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    uint64_t min = UINT64_MAX, k;
+    size_t pos = 0, n = 0;
+    void *p;
+    while (sr__map_next(&c->unacked, &pos, &k, &p))
+        if (((struct unacked *)p)->kind == SR_RREF_FORK_REQUEST && k < min)
+            min = k;
+    for (pos = 0; n < cap && sr__map_next(&c->orphans, &pos, &k, &p);)
+        if ((uintptr_t)p <= min)
+            keys[n++] = k;
+    for (size_t i = 0; i < n; i++)
+        sr__map_del(&c->orphans, keys[i]);
+    /* relaxed: see sr__rref_orphans_note_locked */
+    atomic_fetch_sub_explicit(&c->orphans_pending, (uint32_t)n, memory_order_relaxed);
+    return n;
+}
+
+void sr__rref_orphans_flush(void)
+{
+    struct rref_ctx *c = &sr__rref_ctx;
+    /* relaxed: a hint; every change of the table is followed by a flush */
+    for (size_t n = 4; n == 4 && atomic_load_explicit(&c->orphans_pending, memory_order_relaxed);) {
+        uint64_t keys[4];
+        sr__rref_lock();
+        n = c->active ? orphans_settled_locked(keys, 4) : 0;
+        int world = c->world, self = c->rank;
+        sr__rref_unlock();
+        for (size_t i = 0; i < n; i++)
+            for (int w = 0; w < world; w++)
+                if (w != self && w != (int)(keys[i] >> 32)) { /* a dead one refuses it: nothing to settle */
+                    struct sr_rref_msg m = ctrl_msg(SR_RREF_ORPHANS_DONE, 0, keys[i] >> 32, (uint32_t)keys[i], 0);
+                    sr__ctrl_send(w, &m, false);
+                }
+    }
+}
+
+/* Owner side: OwnerRRefs awaiting a REMOTE_CALL the dead generation made
+ * fail their waiters (a to_here that overtook the call) instead of waiting
+ * for ever, and go once no fork holds them. */
+static void drop_awaiting(int rank, const char *why)
+{
+    uint32_t gen = sr__rpc_peer_generation(rank);
+    for (sr_rref *r = (sr_rref *)1; r;) {
+        struct after d;
+        sr__after_init(&d);
+        sr__rref_lock();
+        r = sr__rref_ctx.active ? sr__rref_drop_awaiting_locked(rank, gen, &d) : NULL;
+        sr__rref_unlock();
+        sr__after_run(&d);
+        if (r) {
+            char s[96];
+            sr__rref_owner_fail(r, -EPIPE, "the remote() that was to create %s never arrived: its caller died (%s)",
+                                sr_rref_str(r, s, sizeof(s)), why ? why : "");
+        }
+        sr_rref_unref(r);
+    }
+}
+
 void sr__rref_peer_died(int rank, const char *why)
 {
+    uint32_t gen = sr__rpc_peer_generation(rank); /* the one that died: its successor is not known yet */
+    note_lost(rank, why);
+    drop_awaiting(rank, why);
     while (drop_one_for(rank, why))
         ;
     drop_children_for(rank, why);
+    /* its children here that wait for their call's end ask their owners now:
+       the dead parent's hold (G2) is gone with it; once every fork request
+       made until now is acknowledged, the owners may drop the dead's forks */
+    sr__rref_announce_all(rank);
+    sr__rref_lock();
+    if (sr__rref_ctx.active) {
+        sr__rref_death_armed_locked(rank, gen);
+        sr__rref_orphans_note_locked(rank, gen);
+    }
+    sr__rref_unlock();
+    sr__rref_orphans_flush();
+    sr__rref_drops_run(false);
 }
 
 /* A message that could not be sent (its destination is dead, or no memory
@@ -416,4 +537,5 @@ void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err)
     sr__rref_unlock();
     fail_confirm(failed, to, NULL);
     sr__after_run(&d);
+    sr__rref_orphans_flush();
 }

@@ -274,7 +274,7 @@ sr_rref *sr__rref_remote_owner(uint64_t rid, int caller)
     enum sr_fork_add res;
     sr__rref_lock();
     sr_rref *o = c->active && SR_RREF_ID_RANK(rid) == caller ? sr__owner_get_or_create_locked(rid, false) : NULL;
-    if (o && !sr__forks_add(&c->forks, rid, rid + 1, &res)) {
+    if (o && !sr__forks_add(&c->forks, rid, rid + 1, caller, sr__rpc_peer_generation(caller), &res)) {
         if (o->awaiting) { /* uses overtook their creating call; it is here now */
             o->awaiting = false;
             c->awaiting--;

@@ -23,6 +23,9 @@ sr_rref *sr__rref_alloc(bool is_owner, int owner, uint64_t rid, uint64_t fid)
     r->owner = (uint16_t)owner;
     r->rref_id = rid;
     r->fork_id = is_owner ? SR_RREF_NO_ID : fid;
+    /* an owner is this process; a remote() user's owner is the generation its call goes to
+       (a received user's comes with it: sr__rref_from_wire) */
+    r->owner_gen = is_owner ? sr__rref_ctx.my_gen : sr__rpc_peer_generation(owner);
     /* relaxed: the round changes only at init and fini, never under a live RRef's feet */
     r->gen = atomic_load_explicit(&sr__rref_ctx.gen, memory_order_relaxed);
     atomic_init(&r->confirmed, is_owner);
@@ -41,7 +44,7 @@ SR_API sr_rref *sr_rref_ref(sr_rref *r)
 
 /* An unannounced user (fork.c) is gone: its owner never counted it, so
  * only its parent is told, to drop its hold (G2). Lock held. */
-static void unannounced_gone_locked(sr_rref *r, struct after *d)
+void sr__unannounced_gone_locked(sr_rref *r, struct after *d)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     int parent = SR_RREF_ID_RANK(r->fork_id);
@@ -64,7 +67,7 @@ static void user_gone(sr_rref *r)
     sr__after_init(&d);
     sr__rref_lock();
     if (r->unannounced && sr__rref_live_locked(r)) {
-        unannounced_gone_locked(r, &d);
+        sr__unannounced_gone_locked(r, &d);
     } else if (r->registered && sr__rref_live_locked(r)) {
         if (sr__map_get(&c->users, r->fork_id) == r)
             sr__map_del(&c->users, r->fork_id);
@@ -95,6 +98,8 @@ void sr__user_delete_locked(sr_rref *r, struct after *d)
     if (atomic_load_explicit(&r->deleted, memory_order_relaxed))
         return;
     atomic_store_explicit(&r->deleted, true, memory_order_relaxed);
+    if (sr__rref_owner_lost_locked(r))
+        return; /* its owner died with the value: nothing to delete, and its rank's new generation never had it */
     /* relaxed: written under the lock we hold */
     bool confirmed = atomic_load_explicit(&r->confirmed, memory_order_relaxed);
     sr__ctrl_queue_locked(d, r->owner, SR_RREF_USER_DELETE, r->rref_id, r->fork_id,
@@ -209,11 +214,23 @@ SR_API int sr_rref_confirmation(sr_rref *r, sr_future **out)
     return sr__rref_confirm_future(r, out);
 }
 
+/* A confirmation failed at once: r's owner died (lost.c). */
+static int lost_future(sr_rref *r, sr_future **out)
+{
+    int rc = sr__rref_fail_lost(r, "sr_rref_confirmation");
+    if (!(*out = sr_future_new()))
+        return -ENOMEM;
+    sr_future_set_error(*out, rc, "%s", sr_last_error());
+    return 0;
+}
+
 int sr__rref_confirm_future(sr_rref *r, sr_future **out)
 {
     struct after d;
     sr__after_init(&d);
-    int rc = 0;
+    int rc = sr__rref_check_owner(r, "sr_rref_confirmation");
+    if (rc) /* its owner died */
+        return lost_future(r, out);
     sr__rref_lock();
     bool live = sr__rref_live_locked(r), pending = r->creating && live;
     if (!r->confirm && pending) /* a remote() user: made on demand, completed by its REMOTE_RET */
@@ -223,6 +240,8 @@ int sr__rref_confirm_future(sr_rref *r, sr_future **out)
     sr_future *f = !rc && r->confirm ? sr_future_ref(r->confirm) : NULL;
     sr__rref_unlock();
     sr__after_run(&d);
+    if (rc == -SR_EOWNERLOST) /* found lost by its announcement */
+        return lost_future(r, out);
     if (rc)
         return rc;
     if (f) {

@@ -27,6 +27,12 @@
 #include "module.h"
 #include "waiter.h" /* sr__now_ns, sr__now_coarse_ns */
 
+/* Ids: rank << 48 | (the creating generation mod 256) << SR_RREF_GEN_SHIFT |
+ * counter (docs/RREF.md, "Ids"); ACK tokens start at their generation's
+ * slice too. */
+#define SR_RREF_GEN_SHIFT 40
+#define SR_RREF_ID_GEN(id) ((uint32_t)(SR_RREF_ID_LOCAL(id) >> SR_RREF_GEN_SHIFT) & 0xffu)
+
 /* The RRef module's id and value kind (module.c: sr__module_register). */
 extern int sr__rref_module;
 extern int sr__rref_kind;
@@ -37,7 +43,9 @@ struct sr_rref_msg {
     uint64_t token;   /* the sender's token when it wants an ACK (echoed by the ACK; 0: none) */
     struct { uint64_t a, b, c; } args; /* rref_id, fork_id, extra */
     uint8_t kind;     /* enum sr_rref_ctrl */
-    uint8_t pad[7];   /* zero: no byte of a message is left unset */
+    uint8_t pad[3];   /* zero: no byte of a message is left unset */
+    uint32_t to_gen;  /* the generation of the destination rank it is meant for (lost.c): another
+                         generation of that rank ignores it */
 };
 enum sr_rref_ctrl {
     SR_RREF_FORK_REQUEST = 1, /* user -> owner: register fork_id (args: rref_id, fork_id) */
@@ -49,6 +57,8 @@ enum sr_rref_ctrl {
     SR_RREF_NUDGE = 5,        /* waiter -> owner: answer me loudly (see protocol.c, quiet ACKs) */
     SR_RREF_ANNOUNCE = 6,     /* waiting parent -> a child's worker: ask the owner now for my children
                                  up to fork_id (unannounced users, fork.c); no answer */
+    SR_RREF_ORPHANS_DONE = 7, /* survivor -> every worker: the fork requests it made for children of
+                                 the dead generation (rank a, generation b) are applied; no answer (lost.c) */
 };
 /* USER_DELETE's extra word: adds_sent << 2 | SR_DELETE_QUIET_ACK? | confirmed. */
 #define SR_DELETE_QUIET_ACK UINT64_C(2)
@@ -56,6 +66,11 @@ enum sr_rref_ctrl {
  * sender's UserRRef is confirmed, so a missing OwnerRRef has been deleted
  * rather than not yet created. */
 enum { SR_RREF_FETCH = 1, SR_RREF_FETCH_CONFIRMED = 2 };
+/* The request's sub byte: the kind above, and the owner generation the
+ * fetch is meant for (mod 64) << 2; another generation answers "lost". */
+#define SR_RREF_FETCH_KIND(sub) ((sub) & 3u)
+#define SR_RREF_FETCH_GEN(sub) ((uint32_t)(sub) >> 2)
+#define SR_RREF_FETCH_SUB(kind, gen) ((uint8_t)((kind) | ((gen) & 0x3fu) << 2))
 /* The module's extension byte on a call: argument 0 is an RRef owned by the
  * callee, and its local value replaces it before the function runs. */
 #define SR_RREF_EXT_PROXY 0x1u
@@ -66,6 +81,8 @@ struct sr_rref {
     /* Immutable after creation. */
     bool is_owner;
     uint16_t owner;       /* rank of the owner */
+    uint32_t owner_gen;   /* the owner's generation (segment.h, "Replacement in place"): the value
+                             lives in that process only; once it died, every use fails (lost.c) */
     uint64_t rref_id;
     uint64_t fork_id;     /* users; SR_RREF_NO_ID for an owner */
     uint64_t gen;         /* the context round it belongs to */
@@ -125,6 +142,15 @@ struct rref_ctx {
     _Atomic uint64_t deferred;   /* statistics: calls waiting on their RRef arguments */
     _Atomic uint64_t sent;       /* statistics: control messages sent (ACKs included, nudges not) */
     _Atomic uint32_t idle_waiters; /* threads in sr_rref_wait_idle; ++ under the lock, -- anywhere */
+    uint32_t my_gen;             /* this process's generation; written at init */
+    sr_u64map lost;              /* rank -> struct sr_rref_lost * (lost.c): the generations of that
+                                  * rank that died, and how the last one did */
+    _Atomic uint32_t deaths;     /* peers that died this round: 0 lets uses skip the lock (lost.c) */
+    sr_u64map drops;             /* rank << 32 | gen -> struct sr_rref_drop * (lost.c): a dead generation's
+                                  * forks on this owner, dropped once the survivors announced its orphans */
+    sr_u64map orphans;           /* rank << 32 | gen -> (void *)token: this worker's fork requests below
+                                  * that token must be acknowledged before it sends ORPHANS_DONE */
+    _Atomic uint32_t orphans_pending; /* orphans.n, for a lock-free look (++/-- under the lock) */
 };
 
 extern struct rref_ctx sr__rref_ctx;
@@ -206,8 +232,50 @@ void sr__ctrl_nudge(int to);
 void sr__unacked_delete_owners_locked(bool *mark, int world);
 /* A message sr__ctrl_send refused (err): settle what waited for its answer. */
 void sr__ctrl_unsent(int to, const struct sr_rref_msg *m, int err);
+/* rref.c: an unannounced user goes (let go, or its owner died): its parent
+ * is told to drop its hold (G2). Lock held; one unref or one send of d. */
+void sr__unannounced_gone_locked(sr_rref *r, struct after *d);
 /* Tell the owner that a user is gone (G1), if not done yet. Lock held. */
 void sr__user_delete_locked(sr_rref *r, struct after *d);
+
+/* lost.c: owners that died (docs/RREF.md, "A dead worker, a replaced rank"). */
+struct sr_rref_lost {
+    uint32_t floor;   /* generations below it are dead */
+    char how[200];    /* how the last of them died ("worker1 (generation 0) was killed by signal SIGKILL") */
+};
+/* rid is not registered on this owner and no REMOTE_CALL can create it any
+ * more: it was made here (an OwnerRRef is registered before its first fork
+ * leaves) or by an earlier generation of this rank, or by a generation of
+ * its creator that died. A use of it then finds it deleted instead of
+ * creating an OwnerRRef that would await a call that never comes. Lock held. */
+bool sr__rref_gone_for_good_locked(uint64_t rid);
+/* r is a user whose owner's generation has died (lock held). */
+bool sr__rref_owner_lost_locked(const sr_rref *r);
+/* The same, taking the lock only after some peer died; if lost, fails with
+ * -SR_EOWNERLOST for fn naming the owner, its rank and generation. */
+int sr__rref_check_owner(const sr_rref *r, const char *fn);
+/* That failure, for r known to be lost or its owner gone (lock not held). */
+int sr__rref_fail_lost(const sr_rref *r, const char *fn);
+/* Record that rank's generation gen died (why: how); lock held. 0 or -ENOMEM. */
+int sr__rref_lost_note_locked(int rank, uint32_t gen, const char *why);
+/* Owner side, the dead generation (rank, gen): this owner handled its death
+ * (its forks may go once every survivor sent ORPHANS_DONE; a dead rank owes
+ * no ORPHANS_DONE for other deaths); `from` sent ORPHANS_DONE for it. Lock held. */
+void sr__rref_death_armed_locked(int rank, uint32_t gen);
+void sr__rref_orphans_done_locked(int from, int rank, uint32_t gen);
+/* Drop the forks of the dead generations that are ready (force: every one
+ * this owner handled; graceful shutdown, after quiescence), unregistering
+ * the OwnerRRefs left with none. Lock not held. */
+void sr__rref_drops_run(bool force);
+/* Worker side (protocol.c): remember that ORPHANS_DONE for (rank, gen) is
+ * owed once this worker's fork requests made so far are acknowledged
+ * (lock held); send those that are owed now (lock not held). */
+void sr__rref_orphans_note_locked(int rank, uint32_t gen);
+void sr__rref_orphans_flush(void);
+/* An OwnerRRef awaiting the creating REMOTE_CALL of the dead generation gen
+ * of rank, which never comes: no longer awaiting (unregistered if no fork is
+ * left); a reference for the caller to fail its value, or NULL if none. */
+sr_rref *sr__rref_drop_awaiting_locked(int rank, uint32_t gen, struct after *d);
 
 /* fork.c: user->user forks received by a call's arguments (see fork.c).
  * Announce an unannounced user to its owner now (FORK_REQUEST): it becomes

@@ -130,6 +130,9 @@ static size_t report_leaks(char *msg, size_t len)
 int sr__rref_shutdown_check(void)
 {
     struct rref_ctx *c = &sr__rref_ctx;
+    /* after quiescence every announcement has landed: the dead generations'
+       forks go now even where an ORPHANS_DONE never came */
+    sr__rref_drops_run(true);
     drop_unforked();
     char msg[480];
     size_t leaks = report_leaks(msg, sizeof(msg));
@@ -186,6 +189,17 @@ void sr__rref_fini(void)
     sr__map_free(&c->unannounced); /* weak too: their RRefs see the round is over */
     sr__map_free(&c->announce_upto); /* fork ids, not references */
     sr__map_free(&c->child_to); /* ranks, not references */
+    size_t lpos = 0;
+    uint64_t lrank;
+    void *lp;
+    while (sr__map_next(&c->lost, &lpos, &lrank, &lp))
+        free(lp); /* the dead generations of this round (lost.c) */
+    sr__map_free(&c->lost);
+    for (lpos = 0; sr__map_next(&c->drops, &lpos, &lrank, &lp);)
+        free(lp);
+    sr__map_free(&c->drops);
+    sr__map_free(&c->orphans); /* tokens, not references */
+    atomic_store_explicit(&c->orphans_pending, 0, memory_order_relaxed); /* relaxed: under the lock */
     c->owners = c->pending_users = c->children = c->unacked = (sr_u64map){0};
     c->forks = (sr_fork_table){0};
     c->idle = NULL;

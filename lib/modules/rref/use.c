@@ -46,8 +46,13 @@ static int usable(sr_rref *r, const char *fn, bool *deleted)
     if (!live)
         return sr__fail(-SR_ESHUTDOWN, fn, "%s belongs to an RPC round that has shut down",
                         sr_rref_str(r, s, sizeof(s)));
+    int rc = sr__rref_check_owner(r, fn); /* its owner died: lost, whatever else happened */
+    if (rc)
+        return rc;
     /* acquire: pairs with the release store in sr__rref_set_create_error; create_msg is complete */
     int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+    if (err == -EPIPE) /* the owner died before its REMOTE_RET (its hook may not have run yet) */
+        return sr__rref_fail_lost(r, fn);
     if (err)
         return sr__fail(err, fn, "%s", r->create_msg ? r->create_msg : "RRef creation via rpc.remote() failed");
     return 0;
@@ -72,7 +77,8 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     if (!f)
         return -ENOMEM;
     struct sr_req q = {.kind = SR_REQ_MODULE, .module = sr__rref_module, .tag = r->rref_id,
-                       .sub = sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED : SR_RREF_FETCH};
+                       .sub = SR_RREF_FETCH_SUB(sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED
+                                                                               : SR_RREF_FETCH, r->owner_gen)};
     int rc = sr__module_call_start(r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
     if (!rc && (rc = sr__rref_wait(f, deadline)) == -ETIMEDOUT) {
         if (sr__future_on_done(f, hold_done, hold_drop, sr_rref_ref(r)))
@@ -82,12 +88,10 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     } else if (!rc) {
         rc = sr_future_value(f, out);
     }
-    if (rc == -EPIPE) {
-        char s[96], why[400];
-        snprintf(why, sizeof(why), "%s", sr_last_error());
-        sr__fail(rc, "sr_rref_to_here", "the owner worker%d of %s is gone (%s)", r->owner,
-                 sr_rref_str(r, s, sizeof(s)), why);
-    }
+    if (rc == -EPIPE) /* the owner died: its value with it */
+        rc = sr__rref_fail_lost(r, "sr_rref_to_here");
+    else if (rc && rc != -ETIMEDOUT && sr__rref_check_owner(r, "sr_rref_to_here"))
+        rc = -SR_EOWNERLOST; /* answered by its owner's successor (a fetch sent as it died) */
     sr_future_unref(f);
     return rc;
 }
@@ -115,6 +119,8 @@ static int to_here_user(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out
                             ms);
         /* acquire: pairs with the release store in sr__rref_set_create_error */
         int err = atomic_load_explicit(&r->create_err, memory_order_acquire);
+        if (err == -EPIPE) /* the owner died before its REMOTE_RET */
+            return sr__rref_fail_lost(r, "sr_rref_to_here");
         if (err)
             return sr__fail(err, "sr_rref_to_here", "%s", r->create_msg ? r->create_msg : "RRef creation failed");
     }
@@ -181,13 +187,15 @@ sr_future *sr__rref_fetch_value(uint64_t rid, bool confirmed, int *code, char *t
     sr_future *f = NULL;
     sr__rref_lock();
     sr_rref *o = c->active ? sr__map_get(&c->owners, rid) : NULL;
-    if (!o && c->active && !confirmed) /* the fetch overtook the creating REMOTE_CALL */
+    bool gone = !o && c->active && sr__rref_gone_for_good_locked(rid); /* deleted, whatever the flag says */
+    if (!o && c->active && !confirmed && !gone) /* the fetch overtook the creating REMOTE_CALL */
         o = sr__owner_get_or_create_locked(rid, true);
     if (o)
         f = sr_future_ref(o->value);
     sr__rref_unlock();
     if (f)
         return f;
+    confirmed |= gone;
     *code = confirmed ? -EINVAL : -ENOMEM;
     snprintf(text, len, confirmed ? "Error on Node %d: RRef %s has been deleted. Cannot call to_here() on it after deletion."
                                   : "Error on Node %d: out of memory for the OwnerRRef of %s",

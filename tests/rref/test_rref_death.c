@@ -1,0 +1,391 @@
+/* RRefs when a worker dies and its rank is replaced (sr_spawn's
+ * SR_RESTART_RANK; docs/RREF.md, "A dead worker, a replaced rank").
+ *
+ * Three workers: rank 0 drives, rank 1 is the victim (killed by SIGKILL
+ * inside a call, replaced by generation 1, which says "hello" to rank 0),
+ * rank 2 a survivor. Every job ends with a graceful shutdown whose RRef
+ * leak check is on. Also run under the reordering seeds (meson.build).
+ *
+ * Workers are forked copies of this test process: no Criterion call in them.
+ */
+#include <criterion/criterion.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "error.h"
+#include "rpc_harness.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/rref.h"
+#include "shmrpc/spawn.h"
+
+LEAK_CHECKED_SUITE(rref_death);
+
+#define WAIT_S 20
+#define WORLD 3
+/* "At once": far below WAIT_S, the bound a use that waited would hit. */
+#define PROMPT_MS 5000
+
+static unsigned my_gen(void)
+{
+    const char *g = getenv("SHMRPC_GENERATION");
+    return g ? (unsigned)atoi(g) : 0;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* ---- rank 0: the replacement's hello, as a futex event ---- */
+static _Atomic uint32_t hellos;
+
+static int fn_hello(sr_call *c)
+{
+    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
+    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    return sr_call_return(c, NULL);
+}
+
+static int wait_hello(void)
+{
+    int64_t end = now_ms() + WAIT_S * 1000;
+    for (uint32_t h; (h = atomic_load_explicit(&hellos, memory_order_acquire)) < 1;) { /* acquire: fn_hello */
+        int64_t ms = end - now_ms();
+        if (ms <= 0)
+            return -ETIMEDOUT;
+        struct timespec left = {ms / 1000, (ms % 1000) * 1000000};
+        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, h, &left, NULL, 0);
+    }
+    return 0;
+}
+
+/* ---- functions every rank registers ---- */
+static sr_rref *kept, *kept2; /* this process's RRefs kept between calls */
+
+static int fn_ident(sr_call *c) { return sr_call_return(c, sr_value_ref(sr_call_arg(c, 0))); }
+
+static int fn_die(sr_call *c)
+{
+    (void)c;
+    raise(SIGKILL);
+    return 0;
+}
+
+/* Keep argument 0 and wait until its owner confirmed it (a stable point). */
+static int fn_keep(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    sr_future *f = NULL;
+    if (!r || sr_rref_confirmation(r, &f))
+        return sr_call_fail(c, -EINVAL, "keep: no RRef: %s", sr_last_error());
+    int rc = sr_future_wait(f, NULL);
+    sr_future_unref(f);
+    if (rc)
+        return sr_call_fail(c, rc, "keep: not confirmed: %s", sr_last_error());
+    kept = sr_rref_ref(r);
+    return sr_call_return(c, NULL);
+}
+
+/* to_here on the kept RRef: [rc, ms it took, the error text]. */
+static int fn_try_kept(sr_call *c)
+{
+    sr_value *v = NULL;
+    int64_t t0 = now_ms();
+    int rc = sr_rref_to_here(kept, WAIT_S, &v);
+    sr_value *items[3] = {sr_int(rc), sr_int(now_ms() - t0), sr_str(rc ? sr_last_error() : "")};
+    sr_value_unref(v);
+    sr_value *l = sr_list(3, items);
+    for (int i = 0; i < 3; i++)
+        sr_value_unref(items[i]);
+    return sr_call_return(c, l);
+}
+
+static int fn_drop_kept(sr_call *c)
+{
+    sr_rref_unref(kept);
+    sr_rref_unref(kept2);
+    kept = kept2 = NULL;
+    int rc = sr_rref_wait_idle(WAIT_S); /* its deletes applied (or, to a lost owner, never sent) */
+    if (rc == -EPIPE) /* once, if a death released a hold on a child (sr_rref_wait_idle) */
+        rc = sr_rref_wait_idle(WAIT_S);
+    return rc ? sr_call_fail(c, rc, "drop_kept: %s", sr_last_error()) : sr_call_return(c, NULL);
+}
+
+/* [owner RRefs, live forks] of this worker (the owner's tables). */
+static int fn_info(sr_call *c)
+{
+    sr_rref_debug_info d;
+    if (sr_rref_debug_info_get(&d))
+        return sr_call_fail(c, -EINVAL, "info: %s", sr_last_error());
+    sr_value *items[2] = {sr_int((int64_t)d.num_owner_rrefs), sr_int((int64_t)d.num_forks)};
+    sr_value *l = sr_list(2, items);
+    sr_value_unref(items[0]);
+    sr_value_unref(items[1]);
+    return sr_call_return(c, l);
+}
+
+/* rank 2: an RRef it creates and owns, returned (forked) to the caller. */
+static int fn_make_owned(sr_call *c)
+{
+    sr_rref *r = NULL;
+    sr_value *v = sr_int(6);
+    int rc = sr_rref_create(v, &r);
+    sr_value_unref(v);
+    if (rc)
+        return sr_call_fail(c, rc, "make_owned: %s", sr_last_error());
+    sr_value *out = sr_rref_value(r);
+    sr_rref_unref(r);
+    return sr_call_return(c, out);
+}
+
+/* The victim (test b): hold an RRef owned by rank 2 made by remote(), fork it
+ * onwards to rank 0 (which keeps it), and hold one that rank 2 created. */
+static int fn_hold_survivors(sr_call *c)
+{
+    sr_value *five = sr_int(5), *v = NULL;
+    int rc = sr_remote(2, "ident", SR_ARGS(five), WAIT_S, &kept);
+    sr_value_unref(five);
+    if (!rc)
+        rc = sr_rref_to_here(kept, WAIT_S, &v); /* confirmed */
+    sr_value_unref(v);
+    sr_value *rv = rc ? NULL : sr_rref_value(kept);
+    if (!rc)
+        rc = sr_rpc_sync(0, "keep", SR_ARGS(rv), WAIT_S, NULL);
+    sr_value_unref(rv);
+    v = NULL;
+    if (!rc)
+        rc = sr_rpc_sync(2, "make_owned", SR_NOARGS, WAIT_S, &v);
+    if (!rc)
+        kept2 = sr_rref_ref(sr_value_rref(v));
+    sr_value_unref(v);
+    return rc ? sr_call_fail(c, rc, "hold_survivors: %s", sr_last_error()) : sr_call_return(c, NULL);
+}
+
+/* The id of an RRef this process creates now. */
+static int fn_new_id(sr_call *c)
+{
+    sr_rref *r = NULL;
+    sr_value *v = sr_int(0);
+    int rc = sr_rref_create(v, &r);
+    sr_value_unref(v);
+    if (rc)
+        return sr_call_fail(c, rc, "new_id: %s", sr_last_error());
+    uint64_t id = sr_rref_id(r);
+    sr_rref_unref(r);
+    return sr_call_return(c, sr_int((int64_t)id));
+}
+
+static void register_fns(void)
+{
+    sr_register("hello", fn_hello);
+    sr_register("ident", fn_ident);
+    sr_register("die", fn_die);
+    sr_register("keep", fn_keep);
+    sr_register("try_kept", fn_try_kept);
+    sr_register("drop_kept", fn_drop_kept);
+    sr_register("info", fn_info);
+    sr_register("make_owned", fn_make_owned);
+    sr_register("hold_survivors", fn_hold_survivors);
+    sr_register("new_id", fn_new_id);
+}
+
+/* ---- checks ---- */
+
+/* A use failed at once with -SR_EOWNERLOST naming rank 1's generation 0. */
+static int lost_ok(const char *who, int rc, int64_t ms, const char *text)
+{
+    WCHECK(rc == -SR_EOWNERLOST && strstr(text, "worker1 (rank 1, generation 0)") && strstr(text, "SIGKILL"),
+           "%s: to_here gave %d (want -SR_EOWNERLOST naming worker1, rank 1, generation 0, SIGKILL): %s", who, rc,
+           text);
+    WCHECK(ms < PROMPT_MS, "%s: the failing to_here took %lld ms", who, (long long)ms);
+    return 0;
+}
+
+static int driver_try(sr_rref *r, const char *who)
+{
+    sr_value *v = NULL;
+    int64_t t0 = now_ms();
+    int rc = sr_rref_to_here(r, WAIT_S, &v);
+    sr_value_unref(v);
+    return lost_ok(who, rc, now_ms() - t0, rc ? sr_last_error() : "");
+}
+
+static int remote_try(int rank, const char *who)
+{
+    sr_value *v = NULL;
+    WCHECK(sr_rpc_sync(rank, "try_kept", SR_NOARGS, WAIT_S, &v) == 0, "%s: try_kept: %s", who, sr_last_error());
+    int rc = lost_ok(who, (int)sr_value_int(sr_value_list_at(v, 0)), sr_value_int(sr_value_list_at(v, 1)),
+                     sr_value_str(sr_value_list_at(v, 2)));
+    sr_value_unref(v);
+    return rc;
+}
+
+static int info(int rank, int64_t *owners, int64_t *forks)
+{
+    sr_value *v = NULL;
+    WCHECK(sr_rpc_sync(rank, "info", SR_NOARGS, WAIT_S, &v) == 0, "info: %s", sr_last_error());
+    *owners = sr_value_int(sr_value_list_at(v, 0));
+    *forks = sr_value_int(sr_value_list_at(v, 1));
+    sr_value_unref(v);
+    return 0;
+}
+
+static int kill_victim(void)
+{
+    int rc = sr_rpc_sync(1, "die", SR_NOARGS, WAIT_S, NULL);
+    WCHECK(rc == -EPIPE && strstr(sr_last_error(), "(generation 0) was killed by signal SIGKILL"),
+           "the call rank 1 died in: %d '%s'", rc, sr_last_error());
+    return 0;
+}
+
+/* (a) An RRef owned by the victim, held by rank 0 and rank 2: after the
+ * kill every to_here fails at once with -SR_EOWNERLOST naming the owner,
+ * also once the replacement is there (which never had the value); a fresh
+ * remote() to the replacement works; the handles' deletes go nowhere. */
+static int driver_owner_dies(void)
+{
+    sr_value *seven = sr_int(7), *v = NULL;
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(seven);
+    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_int(v) == 7, "to_here before: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_sync(2, "keep", SR_ARGS(rv), WAIT_S, NULL) == 0, "keep on rank 2: %s", sr_last_error());
+    sr_value_unref(rv);
+    if (kill_victim() || driver_try(r, "rank 0 after the kill") || remote_try(2, "rank 2 after the kill"))
+        return 1;
+    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    /* the replacement is known now: the old handles must not reach it */
+    if (driver_try(r, "rank 0 after the replacement") || remote_try(2, "rank 2 after the replacement"))
+        return 1;
+    sr_future *f = NULL;
+    WCHECK(sr_rref_confirmation(r, &f) == 0, "confirmation: %s", sr_last_error());
+    int rc = sr_future_wait(f, NULL);
+    sr_future_unref(f);
+    WCHECK(rc == -SR_EOWNERLOST, "the confirmation of a lost RRef gave %d: %s", rc, sr_last_error());
+    rv = sr_rref_value(r);
+    rc = sr_rpc_sync(2, "ident", SR_ARGS(rv), WAIT_S, NULL);
+    sr_value_unref(rv);
+    WCHECK(rc == -SR_EOWNERLOST, "passing a lost RRef on gave %d: %s", rc, sr_last_error());
+    /* the replacement's ids are its own: generation 1 in bits 40-47 (docs/RREF.md, "Ids") */
+    v = NULL;
+    WCHECK(sr_rpc_sync(1, "new_id", SR_NOARGS, WAIT_S, &v) == 0, "new_id: %s", sr_last_error());
+    uint64_t id = (uint64_t)sr_value_int(v);
+    sr_value_unref(v);
+    WCHECK(SR_RREF_ID_RANK(id) == 1 && SR_RREF_ID_LOCAL(id) >> 40 == 1,
+           "an id made by rank 1's replacement is %#llx: want rank 1, generation 1 in bits 40-47",
+           (unsigned long long)id);
+    sr_rref *fresh = NULL;
+    seven = sr_int(8);
+    WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &fresh) == 0, "remote after: %s", sr_last_error());
+    sr_value_unref(seven);
+    v = NULL;
+    WCHECK(sr_rref_to_here(fresh, WAIT_S, &v) == 0 && sr_value_int(v) == 8, "to_here of the fresh one: %s",
+           sr_last_error());
+    sr_value_unref(v);
+    sr_rref_unref(fresh);
+    sr_rref_unref(r); /* no delete for the lost one: nothing of it is on rank 1 now */
+    WCHECK(sr_rpc_sync(2, "drop_kept", SR_NOARGS, WAIT_S, NULL) == 0, "drop_kept: %s", sr_last_error());
+    /* -EPIPE once if the death released rank 0's hold on the child it gave
+       rank 2 (its CHILD_ACCEPT still on its way: reordering) */
+    rc = sr_rref_wait_idle(WAIT_S);
+    WCHECK(rc == 0 || (rc == -EPIPE && sr_rref_wait_idle(WAIT_S) == 0), "rank 0 idle: %s", sr_last_error());
+    int64_t owners = -1, forks = -1;
+    if (info(1, &owners, &forks))
+        return 1;
+    WCHECK(owners == 0 && forks == 0, "the replacement has %lld owner RRefs and %lld forks, want none",
+           (long long)owners, (long long)forks);
+    return 0;
+}
+
+/* (b) RRefs owned by rank 2 and held by the victim (one made by its
+ * remote() and forked onwards to rank 0, one made by rank 2 and returned to
+ * it): after the kill, rank 2 drops the victim's forks, frees the RRef that
+ * only the victim held, keeps the one rank 0 holds, and the leak check at
+ * shutdown is exact. */
+static int driver_holder_dies(void)
+{
+    int64_t owners = -1, forks = -1;
+    WCHECK(sr_rpc_sync(1, "hold_survivors", SR_NOARGS, WAIT_S, NULL) == 0, "hold_survivors: %s", sr_last_error());
+    if (info(2, &owners, &forks))
+        return 1;
+    WCHECK(owners == 2 && forks == 3, "rank 2 before the kill: %lld owners, %lld forks, want 2 and 3",
+           (long long)owners, (long long)forks);
+    if (kill_victim())
+        return 1;
+    int64_t end = now_ms() + WAIT_S * 1000;
+    do { /* rank 2 handles the death on its own polling thread: ask until it did, bounded */
+        if (info(2, &owners, &forks))
+            return 1;
+    } while ((owners != 1 || forks != 1) && now_ms() < end && sched_yield() == 0);
+    WCHECK(owners == 1 && forks == 1,
+           "rank 2 after the kill: %lld owners, %lld forks, want 1 and 1 (the victim's forks released)",
+           (long long)owners, (long long)forks);
+    sr_value *v = NULL;
+    WCHECK(sr_rref_to_here(kept, WAIT_S, &v) == 0 && sr_value_int(v) == 5, "rank 0's fork after the kill: %s",
+           sr_last_error());
+    sr_value_unref(v);
+    sr_rref_unref(kept);
+    kept = NULL;
+    WCHECK(sr_rref_wait_idle(WAIT_S) == 0, "rank 0 idle: %s", sr_last_error());
+    if (info(2, &owners, &forks))
+        return 1;
+    WCHECK(owners == 0 && forks == 0, "rank 2 at the end: %lld owners, %lld forks", (long long)owners,
+           (long long)forks);
+    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    return 0;
+}
+
+static int worker(int rank, int world, void *arg)
+{
+    (void)world;
+    int (*driver)(void) = arg;
+    register_fns();
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
+    if (rank == 1 && my_gen() > 0)
+        WCHECK(sr_rpc_sync(0, "hello", SR_NOARGS, WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+    if (rank == 1 && my_gen() == 0) {
+        poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation: rank 0 has it killed */
+        return 99;
+    }
+    if (rank == 0) {
+        int rc = driver();
+        if (rc)
+            return rc;
+    }
+    int sd = sr_shutdown(true, 3 * WAIT_S); /* the leak check is on */
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, my_gen(), sr_last_error());
+    return 0;
+}
+
+static int spawn(const char *name, int (*driver)(void))
+{
+    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = WORLD * (64u << 20), .restart = SR_RESTART_RANK,
+                       .max_restarts = 1};
+    return sr_spawn(WORLD, worker, (void *)driver, &o);
+}
+
+Test(rref_death, an_owner_dies_its_rrefs_fail_at_once_and_its_replacement_is_fresh, .timeout = 120)
+{
+    int rc = spawn("rrefdeath_a", driver_owner_dies);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+Test(rref_death, a_holder_dies_its_forks_are_released_on_the_owner, .timeout = 120)
+{
+    int rc = spawn("rrefdeath_b", driver_holder_dies);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
