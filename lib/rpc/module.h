@@ -302,6 +302,9 @@ int sr__rpc_world(void);
 /* This process's generation of its rank (segment.h, "Replacement in
  * place"): 0 for the first process, and whenever RPC is not initialised. */
 uint32_t sr__rpc_generation(void);
+/* Does the job replace a rank that dies (so that a death is not the end of
+ * it)? false whenever RPC is not initialised. */
+bool sr__rpc_replaces(void);
 /* The process of `rank` has ended (the supervisor published it): a message
  * to it can never be answered. If so, why (len bytes, may be NULL) says how:
  * "worker2 exited with status 0 without sr_shutdown". */

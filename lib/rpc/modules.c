@@ -65,6 +65,12 @@ uint32_t sr__rpc_generation(void)
     return a ? a->gen : 0; /* fixed before the agent is published */
 }
 
+bool sr__rpc_replaces(void)
+{
+    sr_agent *a = sr__agent_peek();
+    return a && a->replaces; /* fixed before the agent is published */
+}
+
 bool sr__rpc_peer_gone(int rank, char *why, size_t len)
 {
     sr_agent *a = sr__agent_peek();

@@ -187,8 +187,36 @@ static int fn_new_id(sr_call *c)
     return sr_call_return(c, sr_int((int64_t)id));
 }
 
+/* (c)'s: shared by the job's processes, made before sr_spawn */
+struct freeze {
+    _Atomic int pid;    /* the process that stopped itself */
+    _Atomic int frozen; /* it is about to */
+};
+static struct freeze *fz;
+
+/* Stop this process (rank 1): its answers cannot come until it is killed. */
+static int fn_freeze(sr_call *c)
+{
+    atomic_store_explicit(&fz->pid, getpid(), memory_order_relaxed);
+    atomic_store_explicit(&fz->frozen, 1, memory_order_release); /* release: pairs with wait_stopped */
+    raise(SIGSTOP);
+    return sr_call_return(c, NULL); /* never: it is killed while stopped */
+}
+
+/* Keep argument 0 without waiting for its owner. */
+static int fn_hold(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "hold: no RRef");
+    kept = sr_rref_ref(r);
+    return sr_call_return(c, NULL);
+}
+
 static void register_fns(void)
 {
+    sr_register("freeze", fn_freeze);
+    sr_register("hold", fn_hold);
     sr_register("hello", fn_hello);
     sr_register("ident", fn_ident);
     sr_register("die", fn_die);
@@ -349,6 +377,57 @@ static int driver_holder_dies(void)
     return 0;
 }
 
+/* Bounded: fz->frozen, then /proc says the process is stopped (T). */
+static int wait_stopped(void)
+{
+    int64_t end = now_ms() + WAIT_S * 1000;
+    /* acquire: pairs with fn_freeze's release store */
+    while (!atomic_load_explicit(&fz->frozen, memory_order_acquire) && now_ms() < end)
+        sched_yield();
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", atomic_load_explicit(&fz->pid, memory_order_relaxed));
+    while (now_ms() < end) {
+        FILE *f = fopen(path, "r");
+        char *paren = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+        if (f)
+            fclose(f);
+        if (paren && paren[2] == 'T')
+            return 0;
+        sched_yield();
+    }
+    return -ETIMEDOUT;
+}
+
+/* (c) rank 0 passes an RRef owned by the victim to rank 2 while the victim
+ * is stopped, so the child fork waits for an acceptance that cannot come;
+ * the victim is killed and replaced. The death releases rank 0's hold on
+ * the child (reported once to a caller of sr_rref_wait_idle), and rank 0's
+ * graceful shutdown, which waits for its pending children, must not fail
+ * for a death the job went on after. */
+static int driver_child_lost(void)
+{
+    sr_value *seven = sr_int(7), *v = NULL;
+    sr_rref *r = NULL;
+    WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
+    sr_value_unref(seven);
+    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_int(v) == 7, "to_here before: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(1, "freeze", SR_NOARGS, WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
+    WCHECK(wait_stopped() == 0, "rank 1 did not stop within %d s", WAIT_S);
+    sr_value *rv = sr_rref_value(r);
+    WCHECK(sr_rpc_sync(2, "hold", SR_ARGS(rv), WAIT_S, NULL) == 0, "hold on rank 2: %s", sr_last_error());
+    sr_value_unref(rv);
+    sr_rref_unref(r); /* the child's parent: held by the pending child now */
+    WCHECK(kill(atomic_load_explicit(&fz->pid, memory_order_relaxed), SIGKILL) == 0, "kill: %s", strerror(errno));
+    int rc = sr_future_wait(f, NULL);
+    sr_future_unref(f);
+    WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
+    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(sr_rpc_sync(2, "drop_kept", SR_NOARGS, WAIT_S, NULL) == 0, "drop_kept: %s", sr_last_error());
+    return 0; /* no sr_rref_wait_idle here: the graceful shutdown waits for the children */
+}
+
 static int worker(int rank, int world, void *arg)
 {
     (void)world;
@@ -381,6 +460,13 @@ static int spawn(const char *name, int (*driver)(void))
 Test(rref_death, an_owner_dies_its_rrefs_fail_at_once_and_its_replacement_is_fresh, .timeout = 120)
 {
     int rc = spawn("rrefdeath_a", driver_owner_dies);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+Test(rref_death, a_child_lost_with_its_owner_does_not_fail_the_shutdown, .timeout = 120)
+{
+    fz = shared_page(sizeof(*fz));
+    int rc = spawn("rdchild", driver_child_lost);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
 

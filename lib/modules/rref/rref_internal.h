@@ -294,6 +294,10 @@ void sr__rref_announce_all(int parent);
 /* A thread waits for idleness: ask the workers that hold this worker's
  * pending children to announce them (ANNOUNCE). */
 void sr__rref_announce_children(void);
+/* sr_rref_wait_idle, with the one-time report of a child lost to a dead
+ * worker (-EPIPE) or without it (report_lost false: graceful shutdown in a
+ * job that replaces ranks). use.c. */
+int sr__rref_wait_idle(double timeout_s, bool report_lost);
 /* The forks a call's arguments brought (its call state, module.c). */
 struct rref_call {
     bool proxy;      /* argument 0 becomes the owner's local value */

@@ -49,7 +49,11 @@ int sr__rref_shutdown_users(int64_t deadline)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     double left = deadline < 0 ? 0 : (double)(deadline - sr__now_ns()) / 1e9;
-    int rc = sr_rref_wait_idle(deadline < 0 ? 0 : (left > 0 ? left : 1e-9));
+    /* A child lost with a worker that died is reported once to a caller of
+     * sr_rref_wait_idle; where the job replaces ranks that death was not
+     * the end of the job, and does not fail its shutdown (its parent was
+     * released when the death was handled). */
+    int rc = sr__rref_wait_idle(deadline < 0 ? 0 : (left > 0 ? left : 1e-9), !sr__rpc_replaces());
     if (rc)
         return sr__fail(rc, "sr_shutdown", "waiting for pending RRef users and children: %s", sr_last_error());
     for (bool more = true; more;) {

@@ -371,7 +371,9 @@ static int report_lost_child(void)
                     rank, fid, how);
 }
 
-SR_API int sr_rref_wait_idle(double timeout_s)
+SR_API int sr_rref_wait_idle(double timeout_s) { return sr__rref_wait_idle(timeout_s, true); }
+
+int sr__rref_wait_idle(double timeout_s, bool report_lost)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     int64_t ms, deadline;
@@ -396,7 +398,7 @@ SR_API int sr_rref_wait_idle(double timeout_s)
         ;
     /* relaxed: only counted; a waiter that went makes later ACKs quiet again */
     atomic_fetch_sub_explicit(&c->idle_waiters, 1, memory_order_relaxed);
-    if (!rc)
+    if (!rc && report_lost)
         rc = report_lost_child();
     if (rc == -ETIMEDOUT) {
         sr__rref_lock();
