@@ -43,6 +43,7 @@
 
 #include "common.h"
 #include "error.h"
+#include "helpers/replace_events.h"
 #include "rpc_harness.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/dist_optim.h"
@@ -57,39 +58,6 @@ LEAK_CHECKED_SUITE(dist_autograd_replace);
 
 /* Test hook of lib/modules/dist_autograd (cleanup.c): cleanups that found no context. */
 extern _Atomic uint64_t sr__dist_cleanups_unknown;
-
-static unsigned my_gen(void)
-{
-    const char *g = getenv("SHMRPC_GENERATION");
-    return g ? (unsigned)atoi(g) : 0;
-}
-
-/* ---- rank 0: the hello event (as tests/rpc/test_replace.c) ---- */
-static _Atomic uint32_t hellos;
-
-static int fn_hello(sr_call *c)
-{
-    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
-    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-    return sr_call_return(c, NULL);
-}
-
-static int wait_hello(uint32_t want)
-{
-    struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += WAIT_S;
-    for (uint32_t h; (h = atomic_load_explicit(&hellos, memory_order_acquire)) < want;) {
-        struct timespec now, left;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t ns = (end.tv_sec - now.tv_sec) * 1000000000ll + end.tv_nsec - now.tv_nsec;
-        if (ns <= 0)
-            return -ETIMEDOUT;
-        left = (struct timespec){ns / 1000000000, ns % 1000000000};
-        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, h, &left, NULL, 0);
-    }
-    return 0;
-}
 
 /* ---- tensors ---- */
 static sr_tensor *ones(bool rg) { return sr_full(SR_F64, 2, (const int64_t[]){2, 2}, 1.0, rg ? SR_REQUIRES_GRAD : 0); }
@@ -177,11 +145,11 @@ static void *make_ctx_thread(void *arg)
         snprintf(m->err, sizeof(m->err), "the calls in context %lld: %s", (long long)m->id, sr_last_error());
         goto out;
     }
-    if (my_gen() > 0) {
+    if (replace_my_gen() > 0) {
         int rc = sr_dist_autograd_backward(m->id, &loss, 1, false);
         sr_tensor *g = NULL;
         if (rc || sr_dist_autograd_get_gradient(m->id, t, &g) || ((const double *)sr_tensor_data(g))[0] != 4.0)
-            snprintf(m->err, sizeof(m->err), "generation %u's pass in context %lld: %d: %s", my_gen(),
+            snprintf(m->err, sizeof(m->err), "generation %u's pass in context %lld: %d: %s", replace_my_gen(),
                      (long long)m->id, rc, rc ? sr_last_error() : "a wrong gradient");
         sr_tensor_unref(g);
     }
@@ -200,7 +168,7 @@ static int fn_make_ctx(sr_call *c)
         return sr_call_fail(c, -EAGAIN, "make_ctx: pthread_create");
     pthread_join(th, NULL);
     if (m.err[0])
-        return sr_call_fail(c, -EINVAL, "rank %d generation %u: %s", sr_rank(), my_gen(), m.err);
+        return sr_call_fail(c, -EINVAL, "rank %d generation %u: %s", sr_rank(), replace_my_gen(), m.err);
     return sr_call_return(c, sr_int(m.id));
 }
 
@@ -233,7 +201,7 @@ static int fn_nctx(sr_call *c)
 
 static void register_fns(void)
 {
-    sr_register("hello", fn_hello);
+    sr_register("hello", replace_fn_hello);
     sr_register("add", fn_add);
     sr_register("kill_on_grad", fn_kill_on_grad);
     sr_register("make_ctx", fn_make_ctx);
@@ -343,7 +311,7 @@ static int driver(void)
     int rc = sr_dist_autograd_backward(k.id, &k.loss, 1, false);
     WCHECK(rc == -EPIPE && strstr(sr_last_error(), "worker1") && strstr(sr_last_error(), "generation 0"),
            "the pass rank 1 died in gave %d: %s", rc, sr_last_error());
-    WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     /* Its death was handled here before its return was (lib/rpc/exits.c). */
 
     /* A involved rank 1: it fails at once, naming the dead generation, not the new one */
@@ -403,8 +371,8 @@ static int worker(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
     register_fns();
-    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
-    if (rank == 1 && my_gen() == 0) { /* serve until the pass in K kills this process */
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
+    if (rank == 1 && replace_my_gen() == 0) { /* serve until the pass in K kills this process */
         poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation */
         return 99;
     }
@@ -413,11 +381,11 @@ static int worker(int rank, int world, void *arg)
     if (rank == 0 && driver())
         return 1;
     int sd = sr_shutdown(true, 3 * WAIT_S);
-    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, my_gen(), sr_last_error());
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, replace_my_gen(), sr_last_error());
     /* relaxed: this process's own counter, every cleanup read before the shutdown's end */
     uint64_t stray = atomic_load_explicit(&sr__dist_cleanups_unknown, memory_order_relaxed);
     WCHECK(rank != 1 || stray == 0, "rank 1 generation %u received %llu cleanups for contexts it never had",
-           my_gen(), (unsigned long long)stray);
+           replace_my_gen(), (unsigned long long)stray);
     return 0;
 }
 

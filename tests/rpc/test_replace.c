@@ -28,6 +28,7 @@
 #include "agent.h"
 #include "common.h"
 #include "error.h"
+#include "helpers/replace_events.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
@@ -40,48 +41,14 @@ LEAK_CHECKED_SUITE(replace);
 
 /* Shared by the job's processes (created before sr_spawn). */
 struct shared {
-    _Atomic int victim_pid;    /* rank 1's process, written by it when asked to freeze */
-    _Atomic int frozen;        /* rank 1 generation 0 is about to stop itself */
+    struct replace_freeze fz;  /* rank 1 generation 0, when it stops itself */
     _Atomic int refused_seen;  /* rank 1 generation 1: refused what was sent to generation 0 */
     char log[256];             /* where rank 1 generation 1 writes its stderr */
 };
 static struct shared *sh;
 
-static unsigned my_gen(void)
-{
-    const char *g = getenv("SHMRPC_GENERATION");
-    return g ? (unsigned)atoi(g) : 0;
-}
-
-/* ---- rank 0's side: the hello event ---- */
-static _Atomic uint32_t hellos; /* rank 0's process: calls of "hello" so far (a futex word) */
-
-static int fn_hello(sr_call *c)
-{
-    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
-    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-    return sr_call_return(c, NULL);
-}
-
-static int wait_hello(uint32_t want)
-{
-    struct timespec end;
-    clock_gettime(CLOCK_MONOTONIC, &end);
-    end.tv_sec += WAIT_S;
-    for (uint32_t h; (h = atomic_load_explicit(&hellos, memory_order_acquire)) < want;) {
-        struct timespec now, left;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t ns = (end.tv_sec - now.tv_sec) * 1000000000ll + end.tv_nsec - now.tv_nsec;
-        if (ns <= 0)
-            return -ETIMEDOUT;
-        left = (struct timespec){ns / 1000000000, ns % 1000000000};
-        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, h, &left, NULL, 0);
-    }
-    return 0;
-}
-
 /* ---- functions every rank registers ---- */
-static int fn_gen(sr_call *c) { return sr_call_return(c, sr_int(my_gen())); }
+static int fn_gen(sr_call *c) { return sr_call_return(c, sr_int(replace_my_gen())); }
 
 static int fn_die(sr_call *c)
 {
@@ -92,13 +59,7 @@ static int fn_die(sr_call *c)
 
 static int fn_freeze(sr_call *c)
 {
-    (void)c;
-    /* this very process (rank 1's main thread may not have published its
-     * pid yet: the call can come first), then the flag: release, pairs with
-     * wait_stopped's acquire load */
-    atomic_store_explicit(&sh->victim_pid, getpid(), memory_order_relaxed);
-    atomic_store_explicit(&sh->frozen, 1, memory_order_release);
-    raise(SIGSTOP);
+    replace_freeze_self(&sh->fz);
     return sr_call_return(c, NULL); /* never: rank 0 kills it while stopped */
 }
 
@@ -143,7 +104,7 @@ static void register_fns(void)
 {
     sr_register("ask_victim", fn_ask_victim);
     sr_register("make", fn_make);
-    sr_register("hello", fn_hello);
+    sr_register("hello", replace_fn_hello);
     sr_register("gen", fn_gen);
     sr_register("die", fn_die);
     sr_register("freeze", fn_freeze);
@@ -209,7 +170,7 @@ static int driver_kill(void)
     int rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, &v);
     WCHECK(rc == -EPIPE && strstr(sr_last_error(), "(generation 0) was killed by signal SIGKILL"),
            "the call rank 1 died in: %d '%s'", rc, sr_last_error());
-    WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
     WCHECK(call_int(2, "ask_victim", &g) == 0 && g == 1, "rank 2 about rank 1: %d: %s", (int)g, sr_last_error());
     WCHECK(sr_worker_generation(1) == 1, "rank 1's generation here: %" PRId64 ": %s", sr_worker_generation(1),
@@ -229,14 +190,14 @@ static int worker(int rank, int world, void *arg)
     (void)world;
     int (*driver)(void) = arg;
     register_fns();
-    if (rank == 1 && my_gen() > 0 && sh->log[0]) { /* the replacement's lines, for the test to read */
+    if (rank == 1 && replace_my_gen() > 0 && sh->log[0]) { /* the replacement's lines, for the test to read */
         int fd = open(sh->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         WCHECK(fd >= 0 && dup2(fd, 2) == 2, "stderr to %s", sh->log);
         close(fd);
     }
-    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
     if (rank == 1) {
-        if (my_gen() == 0)
+        if (replace_my_gen() == 0)
             return victim_wait();
         WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
         /* relaxed: read by this process only, after the hello's answer,
@@ -249,7 +210,7 @@ static int worker(int rank, int world, void *arg)
             return rc;
     }
     int sd = sr_shutdown(true, 3 * WAIT_S);
-    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, my_gen(), sr_last_error());
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, replace_my_gen(), sr_last_error());
     return 0;
 }
 
@@ -276,39 +237,18 @@ Test(replace, no_budget_no_replacement, .timeout = 120)
     cr_assert(strstr(sr_last_error(), "rank 1") && strstr(sr_last_error(), "SIGKILL"), "%s", sr_last_error());
 }
 
-/* ---- scenario 2: what was sent to the dead generation is refused by the next ---- */
-static int wait_stopped(void)
-{
-    int64_t end = time(NULL) + WAIT_S;
-    /* acquire: pairs with fn_freeze's release store */
-    while (!atomic_load_explicit(&sh->frozen, memory_order_acquire) && time(NULL) < end)
-        sched_yield();
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/%d/stat", atomic_load(&sh->victim_pid));
-    while (time(NULL) < end) { /* stopped: state T, a few microseconds after the flag */
-        FILE *f = fopen(path, "r");
-        char *close_paren = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
-        if (f)
-            fclose(f);
-        if (close_paren && close_paren[2] == 'T')
-            return 0;
-        sched_yield();
-    }
-    return -ETIMEDOUT;
-}
-
 static int driver_refuse(void)
 {
     sr_future *f = NULL;
     WCHECK(sr_rpc_async(1, "freeze", SR_ARGS(), WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
-    WCHECK(wait_stopped() == 0, "rank 1 did not stop within %d s", WAIT_S);
+    WCHECK(replace_wait_stopped(&sh->fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
     /* rank 2's call waits in the stopped rank's inbox, stamped for generation 0 */
     WCHECK(sr_rpc_sync(2, "call_victim", SR_ARGS(), WAIT_S, NULL) == 0, "call_victim: %s", sr_last_error());
-    WCHECK(kill(atomic_load(&sh->victim_pid), SIGKILL) == 0, "kill: %s", strerror(errno));
+    WCHECK(kill(atomic_load(&sh->fz.pid), SIGKILL) == 0, "kill: %s", strerror(errno));
     int rc = sr_future_wait(f, NULL); /* bounded: the call has a timeout of WAIT_S */
     WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
     sr_future_unref(f);
-    WCHECK(wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     int64_t g = -1;
     WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
     return 0;

@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "error.h"
+#include "helpers/replace_events.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"
@@ -35,40 +36,11 @@ LEAK_CHECKED_SUITE(rref_death);
 /* "At once": far below WAIT_S, the bound a use that waited would hit. */
 #define PROMPT_MS 5000
 
-static unsigned my_gen(void)
-{
-    const char *g = getenv("SHMRPC_GENERATION");
-    return g ? (unsigned)atoi(g) : 0;
-}
-
 static int64_t now_ms(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
-
-/* ---- rank 0: the replacement's hello, as a futex event ---- */
-static _Atomic uint32_t hellos;
-
-static int fn_hello(sr_call *c)
-{
-    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
-    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
-    return sr_call_return(c, NULL);
-}
-
-static int wait_hello(void)
-{
-    int64_t end = now_ms() + WAIT_S * 1000;
-    for (uint32_t h; (h = atomic_load_explicit(&hellos, memory_order_acquire)) < 1;) { /* acquire: fn_hello */
-        int64_t ms = end - now_ms();
-        if (ms <= 0)
-            return -ETIMEDOUT;
-        struct timespec left = {ms / 1000, (ms % 1000) * 1000000};
-        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, h, &left, NULL, 0);
-    }
-    return 0;
 }
 
 /* ---- functions every rank registers ---- */
@@ -187,19 +159,12 @@ static int fn_new_id(sr_call *c)
     return sr_call_return(c, sr_int((int64_t)id));
 }
 
-/* (c)'s: shared by the job's processes, made before sr_spawn */
-struct freeze {
-    _Atomic int pid;    /* the process that stopped itself */
-    _Atomic int frozen; /* it is about to */
-};
-static struct freeze *fz;
+static struct replace_freeze *fz; /* (c)'s: shared by the job's processes, made before sr_spawn */
 
 /* Stop this process (rank 1): its answers cannot come until it is killed. */
 static int fn_freeze(sr_call *c)
 {
-    atomic_store_explicit(&fz->pid, getpid(), memory_order_relaxed);
-    atomic_store_explicit(&fz->frozen, 1, memory_order_release); /* release: pairs with wait_stopped */
-    raise(SIGSTOP);
+    replace_freeze_self(fz);
     return sr_call_return(c, NULL); /* never: it is killed while stopped */
 }
 
@@ -217,7 +182,7 @@ static void register_fns(void)
 {
     sr_register("freeze", fn_freeze);
     sr_register("hold", fn_hold);
-    sr_register("hello", fn_hello);
+    sr_register("hello", replace_fn_hello);
     sr_register("ident", fn_ident);
     sr_register("die", fn_die);
     sr_register("keep", fn_keep);
@@ -295,7 +260,7 @@ static int driver_owner_dies(void)
     sr_value_unref(rv);
     if (kill_victim() || driver_try(r, "rank 0 after the kill") || remote_try(2, "rank 2 after the kill"))
         return 1;
-    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     /* the replacement is known now: the old handles must not reach it */
     if (driver_try(r, "rank 0 after the replacement") || remote_try(2, "rank 2 after the replacement"))
         return 1;
@@ -373,29 +338,8 @@ static int driver_holder_dies(void)
         return 1;
     WCHECK(owners == 0 && forks == 0, "rank 2 at the end: %lld owners, %lld forks", (long long)owners,
            (long long)forks);
-    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     return 0;
-}
-
-/* Bounded: fz->frozen, then /proc says the process is stopped (T). */
-static int wait_stopped(void)
-{
-    int64_t end = now_ms() + WAIT_S * 1000;
-    /* acquire: pairs with fn_freeze's release store */
-    while (!atomic_load_explicit(&fz->frozen, memory_order_acquire) && now_ms() < end)
-        sched_yield();
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/%d/stat", atomic_load_explicit(&fz->pid, memory_order_relaxed));
-    while (now_ms() < end) {
-        FILE *f = fopen(path, "r");
-        char *paren = f && fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
-        if (f)
-            fclose(f);
-        if (paren && paren[2] == 'T')
-            return 0;
-        sched_yield();
-    }
-    return -ETIMEDOUT;
 }
 
 /* (c) rank 0 passes an RRef owned by the victim to rank 2 while the victim
@@ -414,7 +358,7 @@ static int driver_child_lost(void)
     sr_value_unref(v);
     sr_future *f = NULL;
     WCHECK(sr_rpc_async(1, "freeze", SR_NOARGS, WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
-    WCHECK(wait_stopped() == 0, "rank 1 did not stop within %d s", WAIT_S);
+    WCHECK(replace_wait_stopped(fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
     sr_value *rv = sr_rref_value(r);
     WCHECK(sr_rpc_sync(2, "hold", SR_ARGS(rv), WAIT_S, NULL) == 0, "hold on rank 2: %s", sr_last_error());
     sr_value_unref(rv);
@@ -423,7 +367,7 @@ static int driver_child_lost(void)
     int rc = sr_future_wait(f, NULL);
     sr_future_unref(f);
     WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
-    WCHECK(wait_hello() == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
     WCHECK(sr_rpc_sync(2, "drop_kept", SR_NOARGS, WAIT_S, NULL) == 0, "drop_kept: %s", sr_last_error());
     return 0; /* no sr_rref_wait_idle here: the graceful shutdown waits for the children */
 }
@@ -433,10 +377,10 @@ static int worker(int rank, int world, void *arg)
     (void)world;
     int (*driver)(void) = arg;
     register_fns();
-    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, my_gen(), sr_last_error());
-    if (rank == 1 && my_gen() > 0)
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
+    if (rank == 1 && replace_my_gen() > 0)
         WCHECK(sr_rpc_sync(0, "hello", SR_NOARGS, WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
-    if (rank == 1 && my_gen() == 0) {
+    if (rank == 1 && replace_my_gen() == 0) {
         poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation: rank 0 has it killed */
         return 99;
     }
@@ -446,7 +390,7 @@ static int worker(int rank, int world, void *arg)
             return rc;
     }
     int sd = sr_shutdown(true, 3 * WAIT_S); /* the leak check is on */
-    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, my_gen(), sr_last_error());
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, replace_my_gen(), sr_last_error());
     return 0;
 }
 
