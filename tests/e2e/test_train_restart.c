@@ -258,6 +258,27 @@ static uint32_t next(uint32_t *s)
     return *s >> 8;
 }
 
+/* The seed's kills: `kills` random ranks of `world`, the k-th after one of
+ * the first saves, later than the last kill's; then the job's end, which
+ * must be exit 0. */
+static void kill_and_finish(struct job *j, uint32_t seed, uint32_t *rng, int kills, int world, int *rank, pid_t *victim)
+{
+    int after = 0;
+    for (int k = 0; k < kills; k++) {
+        rank[k] = (int)(next(rng) % (uint32_t)world);
+        after += 1 + (int)(next(rng) % 2);
+        want_saves = after;
+        cr_assert(pump_until(j, saves_seen) && !j->out_eof, "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
+                  seed, after, j->out, j->err);
+        victim[k] = rank_pid(j->pid, rank[k]);
+        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
+        cr_assert_eq(kill(victim[k], SIGKILL), 0, "kill: %s", strerror(errno));
+    }
+    int st = finish(j);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "seed %u: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", seed,
+              st, j->out, j->err);
+}
+
 static void run_trial(uint32_t seed, const char *ref)
 {
     char dir[] = "/tmp/sr-train-restart-XXXXXX", dump[600], name[32];
@@ -265,24 +286,11 @@ static void run_trial(uint32_t seed, const char *ref)
     snprintf(dump, sizeof(dump), "%s/restarted.params", dir);
     snprintf(name, sizeof(name), "rs%u", seed);
     uint32_t rng = seed;
-    int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS], after[MAX_KILLS];
+    int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS];
     pid_t victim[MAX_KILLS];
     struct job j;
     start(&j, name, dir, (char *[]){"--checkpoint-dir", dir, "--save-every", SAVE_EVERY, "--dump-params", dump, NULL});
-    for (int k = 0; k < kills; k++) {
-        rank[k] = (int)(next(&rng) % 2);
-        /* the k-th kill follows one of the first 4 saves, later than the last kill's */
-        after[k] = (k ? after[k - 1] : 0) + 1 + (int)(next(&rng) % 2);
-        want_saves = after[k];
-        cr_assert(pump_until(&j, saves_seen) && !j.out_eof, "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
-                  seed, after[k], j.out, j.err);
-        victim[k] = rank_pid(j.pid, rank[k]);
-        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
-        cr_assert_eq(kill(victim[k], SIGKILL), 0, "kill: %s", strerror(errno));
-    }
-    int st = finish(&j);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "seed %u: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", seed,
-              st, j.out, j.err);
+    kill_and_finish(&j, seed, &rng, kills, 2, rank, victim);
     char line[200];
     for (int k = 0; k < kills; k++) {
         snprintf(line, sizeof(line),
@@ -346,24 +354,12 @@ static void run_replace_trial(uint32_t seed, double ref)
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     snprintf(name, sizeof(name), "rp%u", seed);
     uint32_t rng = seed;
-    int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS], after[MAX_KILLS];
+    int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS];
     pid_t victim[MAX_KILLS];
     struct job j;
     start_with(&j, name, dir, (char *[]){"-n", "4", "--max-restarts", "3", "--restart", "rank", NULL},
                (char *[]){REPLACE_RECIPE, NULL}, (char *[]){"--checkpoint-dir", dir, "--save-every", "80", NULL});
-    for (int k = 0; k < kills; k++) {
-        rank[k] = (int)(next(&rng) % REPLACE_WORLD);
-        after[k] = (k ? after[k - 1] : 0) + 1 + (int)(next(&rng) % 2);
-        want_saves = after[k];
-        cr_assert(pump_until(&j, saves_seen) && !j.out_eof, "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
-                  seed, after[k], j.out, j.err);
-        victim[k] = rank_pid(j.pid, rank[k]);
-        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
-        cr_assert_eq(kill(victim[k], SIGKILL), 0, "kill: %s", strerror(errno));
-    }
-    int st = finish(&j);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "seed %u: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", seed,
-              st, j.out, j.err);
+    kill_and_finish(&j, seed, &rng, kills, REPLACE_WORLD, rank, victim);
     char line[200];
     for (int k = 0; k < kills; k++) {
         snprintf(line, sizeof(line), "rank %d (pid %d) was killed by signal SIGKILL; replaced by pid", rank[k],
