@@ -880,12 +880,12 @@ Test(value, decode_errors_name_the_offset_and_the_problem)
     b[4] = SR_KIND_TENSOR;
     assert_bad(b, 5, "offset 5: tensor descriptor needs 152 bytes, 0 left");
     b[4] = SR_KIND_RREF;
-    assert_bad(b, 5, "offset 5: rref value needs 18 bytes, 0 left");
-    memset(b + 5, 0, 18); /* a whole RRef, but no RPC worker to own it */
+    assert_bad(b, 5, "offset 5: rref value needs 22 bytes, 0 left");
+    memset(b + 5, 0, 22); /* a whole RRef (with its owner's generation), but no RPC worker to own it */
     b[13] = 1;
-    assert_bad(b, 23, "offset 4: an RRef can only be decoded by an initialised worker");
+    assert_bad(b, 27, "offset 4: an RRef can only be decoded by an initialised worker");
     b[4] = SR_KIND_MODULE + 3; /* a module kind no module registered (only RRefs have one) */
-    assert_bad(b, 23, "offset 4: no module decodes kind tag 12");
+    assert_bad(b, 27, "offset 4: no module decodes kind tag 12");
 
     b[4] = SR_KIND_NONE;
     sr_value *out = NULL;
