@@ -187,6 +187,18 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
         sr__quiesce_unsent(a, to, slot);
 }
 
+/* The end of a served call: c is freed, and counted as fully processed
+ * under its caller's generation (agent.h, quiesce). */
+static void call_free(sr_agent *a, struct sr_call *c)
+{
+    int caller = c->caller;
+    uint8_t gens = c->caller_gens;
+    free(c->msg);
+    free(c);
+    atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    sr__quiesce_done(a, caller, gens);
+}
+
 static void modules_call_done(struct sr_call *c)
 {
     for (int id = 0; id < SR_MODULE_MAX; id++)
@@ -251,12 +263,7 @@ static void finish_call(struct sr_call *c)
     if (f0 && sr__probing())
         sr__probe_ops->reply(&c->probe, c->err, f0, sr__probe_now());
     sr_value_unref(c->result);
-    int caller = c->caller;
-    uint8_t gens = c->caller_gens;
-    free(c->msg);
-    free(c);
-    atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    sr__quiesce_done(a, caller, gens); /* the response was counted as sent before this: the sums stay balanced */
+    call_free(a, c); /* the response was counted as sent before this: the sums stay balanced */
 }
 
 static void on_async_done(sr_future *f, void *p)
@@ -597,12 +604,7 @@ static void drop_call(void *p)
         sr__modules[c->keeper]->keep->drop(c->kept);
     sr_value_unref(c->args);
     sr_value_unref(c->result);
-    int caller = c->caller;
-    uint8_t gens = c->caller_gens;
-    free(c->msg);
-    free(c);
-    atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
-    sr__quiesce_done(a, caller, gens);
+    call_free(a, c);
 }
 
 /* Run c now, or once its RRef arguments are usable (no thread waits). */
