@@ -176,10 +176,13 @@ static int resolve_peer(sr_xport *x, int r)
     }
     *p = (struct sr_peer){.inbox = sr__seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
                           .generation = &w->generation, .doorbell = &w->doorbell};
+    memcpy(p->name, w->name, sizeof(p->name)); /* also a peer's that left since: sr_init checks them all */
+    p->name[sizeof(p->name) - 1] = '\0';
     /* acquire: pairs with the supervisor's R2 store; the line's state after it */
     uint32_t gen = atomic_load_explicit(&w->generation, memory_order_acquire);
     /* acquire: pairs with the peer's release store of ATTACHED, after its line */
-    if (r != x->rank && !sr__worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire))) {
+    if (x->replaces && r != x->rank &&
+        atomic_load_explicit(&w->state, memory_order_acquire) == SR_WORKER_EMPTY) {
         /* A replacement of it is starting (we are one too: two ranks died
          * close together): unknown until it attaches (sr__xport_rejoin). */
         atomic_init(&p->gen, UINT32_MAX);
@@ -188,8 +191,6 @@ static int resolve_peer(sr_xport *x, int r)
         return 0;
     }
     atomic_init(&p->gen, r == x->rank ? x->gen : gen);
-    memcpy(p->name, w->name, sizeof(p->name));
-    p->name[sizeof(p->name) - 1] = '\0';
     if (r == x->rank) {
         p->kind = x->waiter.kind;
         p->eventfd = x->waiter.eventfd;
