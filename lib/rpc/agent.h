@@ -112,8 +112,9 @@ enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOK
 /* Who is polling: decides whether plain functions may run inline. */
 enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
 /* A peer's departure (agent.gone): handled once; a rank whose new
- * generation attached is known again only once its old one's is done. */
-enum sr_gone { SR_GONE_NO = 0, SR_GONE_HANDLING = 1, SR_GONE_DONE = 2 };
+ * generation attached is known again only once its old one's is done.
+ * CUT: our own inbox is lost (sr__agent_inbox_lost): neither again. */
+enum sr_gone { SR_GONE_NO = 0, SR_GONE_HANDLING = 1, SR_GONE_DONE = 2, SR_GONE_CUT = 3 };
 
 /* A client call in flight. Slots are recycled; the id's high half is a
  * generation, so a late response to a recycled slot is recognised and dropped.
@@ -296,7 +297,8 @@ void sr__agent_kick(sr_agent *a);
 bool sr__agent_shares_heap(const sr_agent *a, int rank);
 
 /* Requests (calls.c): check a call's arguments and capture its timeout (ms, 0:
- * none), and start one (struct sr_req: module.h). The call completes f. */
+ * none), and start one (struct sr_req: module.h). The call completes f.
+ * Both take a replaced rank's new generation first (sr__agent_refresh). */
 int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f);
@@ -373,6 +375,18 @@ static inline bool sr__agent_exits_pending(sr_agent *a)
 {
     /* relaxed (exits_seen): a hint; sr__agent_check_exits re-reads under its lock */
     return sr__tport_exits(a->self) != atomic_load_explicit(&a->exits_seen, memory_order_relaxed);
+}
+
+/* Before a call: a rank replaced since this worker last polled is known,
+ * whoever calls (sr_rpc_*, a module's request: remote(), distributed
+ * autograd) and whether or not any thread polled since: its old
+ * generation's death handled, its new one taken, so that the call is
+ * stamped for the new one (not failed with -EPIPE as sent to the dead one)
+ * and a module reads the new generation. Two loads when nothing changed. */
+static inline void sr__agent_refresh(sr_agent *a)
+{
+    if (a->replaces && sr__agent_exits_pending(a))
+        sr__agent_check_exits(a);
 }
 
 /* Wait for f, polling the inbox when this thread can take the token.

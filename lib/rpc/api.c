@@ -346,11 +346,6 @@ static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double t
     int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
     if (rc)
         return rc;
-    /* A rank replaced since this worker last polled is known before the
-     * call goes: its old generation's death handled, its new one taken
-     * (one relaxed load when nothing changed). */
-    if (a->replaces)
-        sr__agent_check_exits(a);
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;

@@ -395,6 +395,7 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     const char *who = "sr_rpc";
     if (to < 0 || to >= a->world)
         return sr__fail(-EINVAL, who, "destination rank %d is out of range [0, %d)", to, a->world);
+    sr__agent_refresh(a); /* what the caller learns of `to` from now on (a module: its generation) is current */
     int rc = sr__fn_name_check(fn, who);
     if (rc)
         return rc;
@@ -482,6 +483,7 @@ static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f)
 {
+    sr__agent_refresh(a); /* the request is stamped with the generation of `to` known now */
     sr_msg m = {0};
     struct sr_wire w = {0};
     const uint8_t *enc = NULL;

@@ -9,13 +9,17 @@
 /* Under gone_lock: claim the peer whose exit was published first among
  * those not handled yet; -1 when none is left. In publication order, so
  * that the worker that left first is the one a failed wait names, not a
- * peer whose own shutdown failed because of it. */
-static int claim_gone(sr_agent *a)
+ * peer whose own shutdown failed because of it. *busy: another call is
+ * still handling one (its return must not be counted as seen before). */
+static int claim_gone(sr_agent *a, bool *busy)
 {
     int first = -1;
     uint32_t seq = 0;
+    *busy = false;
     for (int r = 0; r < a->world; r++)
-        if (r != a->rank && a->gone[r] == SR_GONE_NO && sr__tport_peer_gone(a->tp[r], r)) {
+        if (a->gone[r] == SR_GONE_HANDLING)
+            *busy = true;
+        else if (r != a->rank && a->gone[r] == SR_GONE_NO && sr__tport_peer_gone(a->tp[r], r)) {
             uint32_t s = a->tp[r]->ops->live->exit_order(a->tp[r], r);
             if (first < 0 || s < seq)
                 first = r, seq = s;
@@ -119,7 +123,7 @@ void sr__agent_inbox_lost(sr_agent *a)
         pthread_mutex_lock(&a->gone_lock);
         bool mine = r != a->rank && a->gone[r] == SR_GONE_NO;
         if (mine) /* a later exit of r is not handled again (claim_gone), nor a return (rejoin_returned) */
-            a->gone[r] = SR_GONE_HANDLING;
+            a->gone[r] = SR_GONE_CUT;
         pthread_mutex_unlock(&a->gone_lock);
         if (mine)
             sr__modules_peer_died(r, text); /* outside the lock, as in peer_gone */
@@ -135,9 +139,15 @@ void sr__agent_check_exits(sr_agent *a)
         if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
             return;
         pthread_mutex_lock(&a->gone_lock);
-        int r = claim_gone(a);
+        bool busy;
+        int r = claim_gone(a, &busy);
         sr_future *back = r < 0 && a->replaces ? rejoin_returned(a) : NULL;
-        if (r < 0) /* every exit counted in n is handled: published before X2 */
+        /* Every exit counted in n is handled (published before X2), unless
+         * a death is still being handled (by another thread, or by this one
+         * further up: a call made from a callback its peer_gone completes):
+         * that one's return may be counted in n too, and its handler, which
+         * comes back here, takes it then. */
+        if (r < 0 && !busy)
             atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
         pthread_mutex_unlock(&a->gone_lock);
         if (back) { /* sr_wait_for_worker's waiters look again */

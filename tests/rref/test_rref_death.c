@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -178,8 +179,47 @@ static int fn_hold(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
+/* (d)'s events, in a page shared by the job's processes (made before
+ * sr_spawn): each a word set once, with a futex wake, and waited for with
+ * a bound. */
+struct stale_view {
+    _Atomic uint32_t armed; /* rank 0: the callback that holds its polling thread is registered */
+    _Atomic uint32_t held;  /* rank 0: its polling thread is inside that callback */
+    _Atomic uint32_t up;    /* rank 1 generation 1: its sr_init returned (its return is published) */
+    _Atomic uint32_t go;    /* rank 0: the callback may return */
+};
+static struct stale_view *sv;
+
+static void flag_set(_Atomic uint32_t *w)
+{
+    atomic_store_explicit(w, 1, memory_order_release); /* release: pairs with flag_wait's acquire */
+    syscall(SYS_futex, w, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0); /* shared: the page crosses processes */
+}
+
+/* 0 once *w is set; -ETIMEDOUT after WAIT_S. */
+static int flag_wait(_Atomic uint32_t *w)
+{
+    int64_t end = now_ms() + WAIT_S * 1000;
+    while (!atomic_load_explicit(w, memory_order_acquire)) { /* acquire: pairs with flag_set */
+        int64_t ms = end - now_ms();
+        if (ms <= 0)
+            return -ETIMEDOUT;
+        struct timespec left = {ms / 1000, ms % 1000 * 1000000};
+        syscall(SYS_futex, w, FUTEX_WAIT, 0, &left, NULL, 0);
+    }
+    return 0;
+}
+
+/* rank 2: answer once rank 0 registered its callback on this call. */
+static int fn_gate(sr_call *c)
+{
+    int rc = flag_wait(&sv->armed);
+    return rc ? sr_call_fail(c, rc, "gate: rank 0 never armed its callback") : sr_call_return(c, NULL);
+}
+
 static void register_fns(void)
 {
+    sr_register("gate", fn_gate);
     sr_register("freeze", fn_freeze);
     sr_register("hold", fn_hold);
     sr_register("hello", replace_fn_hello);
@@ -372,12 +412,62 @@ static int driver_child_lost(void)
     return 0; /* no sr_rref_wait_idle here: the graceful shutdown waits for the children */
 }
 
+/* (d) A module call (remote()) to a replaced rank from a worker that has
+ * not polled since the replacement: the call itself must take the new
+ * generation, not fail with -EPIPE against the old one. Rank 0's polling
+ * thread is held inside a call's done callback from before the replacement
+ * attaches until remote() returned, and rank 0's own thread makes no other
+ * call meanwhile, so nothing but remote() can refresh rank 0's view. */
+static pthread_t driver_thread;
+
+static void hold_poller(sr_future *f, void *arg)
+{
+    (void)f;
+    (void)arg;
+    if (pthread_equal(pthread_self(), driver_thread))
+        return; /* never: the response cannot come before the callback is armed (fn_gate) */
+    flag_set(&sv->held);
+    (void)flag_wait(&sv->go); /* a bound; the driver sets it even when remote() failed */
+}
+
+static int driver_stale_view(void)
+{
+    driver_thread = pthread_self();
+    if (kill_victim())
+        return 1;
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(2, "gate", SR_NOARGS, WAIT_S, &f) == 0, "gate: %s", sr_last_error());
+    WCHECK(sr_future_add_done_callback(f, hold_poller, NULL) == 0, "callback: %s", sr_last_error());
+    flag_set(&sv->armed);
+    WCHECK(flag_wait(&sv->held) == 0, "rank 0's polling thread never ran the gate's callback within %d s", WAIT_S);
+    WCHECK(flag_wait(&sv->up) == 0, "rank 1's replacement did not start within %d s", WAIT_S);
+    sr_value *nine = sr_int(9), *v = NULL;
+    sr_rref *r = NULL;
+    int rc = sr_remote(1, "ident", SR_ARGS(nine), WAIT_S, &r);
+    char text[512];
+    snprintf(text, sizeof(text), "%s", rc ? sr_last_error() : "");
+    flag_set(&sv->go);
+    sr_value_unref(nine);
+    WCHECK(sr_future_wait(f, NULL) == 0, "gate: %s", sr_last_error());
+    sr_future_unref(f);
+    WCHECK(rc == 0, "remote() to rank 1's replacement before this worker polled: %d: %s", rc, text);
+    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_int(v) == 9, "to_here: %s", sr_last_error());
+    sr_value_unref(v);
+    sr_rref_unref(r);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    return 0;
+}
+
 static int worker(int rank, int world, void *arg)
 {
     (void)world;
     int (*driver)(void) = arg;
     register_fns();
+    if (rank == 1 && replace_my_gen() > 0 && sv) /* (d): attach only once rank 0 stopped polling */
+        WCHECK(flag_wait(&sv->held) == 0, "rank 0's polling thread was not held within %d s", WAIT_S);
     WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
+    if (rank == 1 && replace_my_gen() > 0 && sv)
+        flag_set(&sv->up);
     if (rank == 1 && replace_my_gen() > 0)
         WCHECK(sr_rpc_sync(0, "hello", SR_NOARGS, WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
     if (rank == 1 && replace_my_gen() == 0) {
@@ -417,5 +507,12 @@ Test(rref_death, a_child_lost_with_its_owner_does_not_fail_the_shutdown, .timeou
 Test(rref_death, a_holder_dies_its_forks_are_released_on_the_owner, .timeout = 120)
 {
     int rc = spawn("rrefdeath_b", driver_holder_dies);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+Test(rref_death, a_remote_to_a_replaced_rank_takes_its_new_generation_without_a_poll, .timeout = 120)
+{
+    sv = shared_page(sizeof(*sv));
+    int rc = spawn("rrefdeath_d", driver_stale_view);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
