@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -100,8 +101,58 @@ static int fn_ask_victim(sr_call *c)
     return sr_call_return(c, v);
 }
 
+/* rank 2 (scenario 3): threads that call rank 1 without pause while it is
+ * killed and replaced, each until generation 1 answered it SENDER_ANSWERS
+ * times (or REPLACE_WAIT_S passed): the sends race with this worker's
+ * taking of the new generation (its peer's doorbell, sr__xport_rejoin). */
+#define SENDERS 3
+#define SENDER_ANSWERS 8
+static pthread_t senders[SENDERS];
+
+static void *sender(void *arg)
+{
+    (void)arg;
+    int64_t end = replace_now_ns() + (int64_t)REPLACE_WAIT_S * 1000000000;
+    intptr_t answers = 0;
+    while (answers < SENDER_ANSWERS && replace_now_ns() < end) {
+        sr_future *f = NULL;
+        sr_value *v = NULL;
+        if (sr_rpc_async(1, "gen", SR_ARGS(), WAIT_S, &f)) { /* -EPIPE while rank 1 is gone */
+            sched_yield();
+            continue;
+        }
+        if (!sr_future_wait(f, &v) && sr_value_int(v) == 1)
+            answers++;
+        sr_value_unref(v);
+        sr_future_unref(f);
+    }
+    return (void *)answers;
+}
+
+static int fn_senders_start(sr_call *c)
+{
+    for (int i = 0; i < SENDERS; i++)
+        if (pthread_create(&senders[i], NULL, sender, NULL))
+            return sr_call_fail(c, -EAGAIN, "rank 2: no thread %d", i);
+    return sr_call_return(c, NULL);
+}
+
+/* How many senders got their answers from generation 1. */
+static int fn_senders_join(sr_call *c)
+{
+    int64_t done = 0;
+    for (int i = 0; i < SENDERS; i++) {
+        void *answers = NULL;
+        pthread_join(senders[i], &answers);
+        done += (intptr_t)answers == SENDER_ANSWERS;
+    }
+    return sr_call_return(c, sr_int(done));
+}
+
 static void register_fns(void)
 {
+    sr_register("senders_start", fn_senders_start);
+    sr_register("senders_join", fn_senders_join);
     sr_register("ask_victim", fn_ask_victim);
     sr_register("make", fn_make);
     sr_register("hello", replace_fn_hello);
@@ -271,4 +322,27 @@ Test(replace, a_message_to_the_dead_generation_is_refused_by_the_next, .timeout 
     cr_assert(strstr(text, "refused a message (type 1) from worker2 generation 0 to worker1 generation 0: it was "
                            "sent to an older generation: this is generation 1"),
               "the replacement's stderr:\n%s", text);
+}
+
+/* ---- scenario 3: replaced while a peer's threads call it ---- */
+static int driver_senders(void)
+{
+    WCHECK(sr_rpc_sync(2, "senders_start", SR_ARGS(), WAIT_S, NULL) == 0, "senders_start: %s", sr_last_error());
+    int rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, NULL);
+    WCHECK(rc == -EPIPE, "the call rank 1 died in: %d '%s'", rc, sr_last_error());
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    sr_value *v = NULL; /* the senders' own bound is REPLACE_WAIT_S: the join's is above it */
+    rc = sr_rpc_sync(2, "senders_join", SR_ARGS(), 2 * WAIT_S, &v);
+    int64_t n = rc ? -1 : sr_value_int(v);
+    sr_value_unref(v);
+    WCHECK(n == SENDERS, "rank 2's senders answered by generation 1: %d of %d: %s", (int)n, SENDERS,
+           rc ? sr_last_error() : "");
+    return 0;
+}
+
+Test(replace, a_rank_is_replaced_while_a_peers_threads_call_it, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    int rc = spawn("replace3", driver_senders, 1);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }

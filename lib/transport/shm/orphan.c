@@ -42,7 +42,7 @@ static void wake_local(sr_xport *x, int gone)
         if (r == gone || !x->peers[r].local ||
             !sr__worker_state_attached(atomic_load_explicit(&w->state, memory_order_acquire)))
             continue;
-        sr__doorbell_ring(&w->doorbell, x->peers[r].kind, x->peers[r].eventfd);
+        sr__doorbell_ring(&w->doorbell, sr__xport_peer_kind(&x->peers[r]), x->peers[r].eventfd);
     }
 }
 

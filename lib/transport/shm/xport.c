@@ -186,22 +186,23 @@ static int resolve_peer(sr_xport *x, int r)
         /* A replacement of it is starting (we are one too: two ranks died
          * close together): unknown until it attaches (sr__xport_rejoin). */
         atomic_init(&p->gen, UINT32_MAX);
-        p->kind = SR_DOORBELL_FUTEX;
+        atomic_init(&p->kind, SR_DOORBELL_FUTEX);
         p->eventfd = w->eventfd;
         return 0;
     }
     atomic_init(&p->gen, r == x->rank ? x->gen : gen);
     if (r == x->rank) {
-        p->kind = x->waiter.kind;
+        atomic_init(&p->kind, x->waiter.kind);
         p->eventfd = x->waiter.eventfd;
         return 0;
     }
-    p->kind = w->doorbell_kind;
+    uint32_t kind = w->doorbell_kind;
+    atomic_init(&p->kind, kind);
     p->eventfd = w->eventfd;
-    if (p->kind == SR_DOORBELL_FUTEX || (p->kind == SR_DOORBELL_EVENTFD && is_eventfd(p->eventfd)))
+    if (kind == SR_DOORBELL_FUTEX || (kind == SR_DOORBELL_EVENTFD && is_eventfd(p->eventfd)))
         return 0;
     return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d is corrupt: doorbell kind %u, eventfd %d",
-                    r, p->kind, p->eventfd);
+                    r, kind, p->eventfd);
 }
 
 /* Which ranks attach to our segment: a private copy of the creator's flags,
@@ -318,7 +319,7 @@ static void announce_return(sr_xport *x)
     atomic_fetch_add_explicit(&x->seg.hdr->exits, 1, memory_order_seq_cst);
     for (int r = 0; r < x->world; r++)
         if (r != x->rank && x->peers[r].local)
-            sr__doorbell_ring(x->peers[r].doorbell, x->peers[r].kind, x->peers[r].eventfd);
+            sr__doorbell_ring(x->peers[r].doorbell, sr__xport_peer_kind(&x->peers[r]), x->peers[r].eventfd);
 }
 
 int sr__xport_rejoin(sr_xport *x, int rank)
@@ -336,9 +337,15 @@ int sr__xport_rejoin(sr_xport *x, int rank)
     if (kind != SR_DOORBELL_FUTEX && kind != SR_DOORBELL_EVENTFD)
         return sr__fail(-EPROTO, "sr_init", "the worker table line of rank %d (generation %u) is corrupt: doorbell kind %u",
                         rank, gen, kind);
-    p->kind = kind; /* its own line's: unchanged unless we never knew it (resolve_peer) */
-    /* relaxed: senders read it with the exit word, which they check first */
-    atomic_store_explicit(&p->gen, gen, memory_order_relaxed);
+    /* Its own line's: unchanged unless we never knew it (resolve_peer).
+     * Sending threads ring with it meanwhile, so it is an atomic (relaxed:
+     * a word whole in itself), and the release store of the generation
+     * publishes it to a sender that stamps that generation (enqueue_to's
+     * acquire load): it rings the doorbell the new process sleeps on. */
+    atomic_store_explicit(&p->kind, kind, memory_order_relaxed);
+    /* release: pairs with enqueue_to's acquire load; peer_gone's relaxed
+     * one only compares it with the line's (which it loads seq_cst) */
+    atomic_store_explicit(&p->gen, gen, memory_order_release);
     return 0;
 }
 
@@ -524,8 +531,9 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr_xport_send");
     m->src = (uint16_t)x->rank;
-    /* relaxed: our view of its generation (sr__xport_peer_gone checked it) */
-    m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_relaxed) & 0xfu) << 4);
+    /* acquire: pairs with sr__xport_rejoin's release store: the doorbell
+     * kind rung below is at least the one taken with this generation */
+    m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_acquire) & 0xfu) << 4);
     int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {
@@ -533,14 +541,14 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
              * answer that can no longer arrive: wake it, so it finds the
              * corruption itself (sr__ring_cons_pending) and fails what waits on
              * its inbox. Only a corrupt head slot is seen that way (ring.h). */
-            sr__doorbell_ring(p->doorbell, p->kind, p->eventfd);
+            sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd);
             return corrupt_inbox(x, to, "sr_xport_send");
         }
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
     atomic_fetch_add_explicit(&x->st.sent, 1, memory_order_relaxed); /* relaxed: statistics */
-    if (ring && sr__doorbell_ring(p->doorbell, p->kind, p->eventfd))
+    if (ring && sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
         atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     return 0;
 }
@@ -615,7 +623,7 @@ static void kick_space_waiters(sr_xport *x)
                 continue;
             /* release: pairs with the sender's acquire exchange in sr__xport_space_take; our freed slots are visible */
             atomic_store_explicit(&sr__seg_worker(&x->seg, rank)->space_kick, 1, memory_order_release);
-            if (sr__doorbell_ring(p->doorbell, p->kind, p->eventfd))
+            if (sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
                 atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
         }
     }

@@ -61,7 +61,10 @@ struct sr_peer {
      * sending thread. UINT32_MAX: none known (not attached when we looked). */
     _Atomic uint32_t gen;
     _Atomic uint32_t *doorbell;
-    uint32_t kind;
+    /* Its doorbell's kind (enum sr_doorbell_kind): set before the peers are
+     * shared, then by sr__xport_rejoin while sending threads ring with it:
+     * an atomic, read with sr__xport_peer_kind. */
+    _Atomic uint32_t kind;
     int eventfd;
     char name[SR_NAME_MAX];
 };
@@ -215,6 +218,15 @@ static inline bool sr__xport_peer_gone(const sr_xport *x, int rank)
            /* relaxed: our own view, written by the thread that handles exits */
            atomic_load_explicit(p->generation, memory_order_seq_cst) !=
                atomic_load_explicit(&p->gen, memory_order_relaxed);
+}
+
+/* The doorbell kind to ring rank's with. relaxed: a word whole in itself
+ * (any value read is one sr__xport_rejoin or resolve_peer checked); a
+ * sender that stamps the generation taken with it reads it after that
+ * generation's acquire load (enqueue_to), which its release store orders. */
+static inline uint32_t sr__xport_peer_kind(const struct sr_peer *p)
+{
+    return atomic_load_explicit(&p->kind, memory_order_relaxed);
 }
 
 /* A gone rank's new process has attached: take its generation as the one
