@@ -338,18 +338,20 @@ SR_API double sr_get_rpc_timeout(void)
 
 /* ---- calls (the caller's path: calls.c) ----------------------------------- */
 
-static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, sr_future **out)
+/* who: sr_rpc_async or sr_rpc_sync, for errors. */
+static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, sr_future **out,
+                     const char *who)
 {
     int64_t ms = 0;
     if (!out)
-        return sr__fail(-EINVAL, "sr_rpc_async", "out is NULL");
+        return sr__fail(-EINVAL, who, "out is NULL");
     int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
     if (rc)
         return rc;
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.kind = SR_REQ_CALL};
+    struct sr_req q = {.kind = SR_REQ_CALL, .who = who};
     if ((rc = sr__rpc_start(a, to, &q, fn, args, ms, f))) {
         sr_future_unref(f);
         return rc;
@@ -363,7 +365,7 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
     sr_agent *a = sr__agent_get("sr_rpc_async");
     if (!a)
         return -SR_ESHUTDOWN;
-    int rc = rpc_async(a, to, fn, args, timeout_s, out);
+    int rc = rpc_async(a, to, fn, args, timeout_s, out, "sr_rpc_async");
     sr__agent_put(a);
     return rc;
 }
@@ -375,7 +377,7 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
         return -SR_ESHUTDOWN;
     sr_future *f;
     sr__agent_pretake(a); /* hold the inbox across the send: the response then wakes no other thread */
-    int rc = rpc_async(a, to, fn, args, timeout_s, &f);
+    int rc = rpc_async(a, to, fn, args, timeout_s, &f, "sr_rpc_sync");
     if (rc) {
         sr__agent_unhold(a);
         sr__agent_put(a);

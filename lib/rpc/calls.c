@@ -480,6 +480,18 @@ static int64_t probe_out(uint64_t id, int to, const struct sr_req *q, const char
     return t0;
 }
 
+/* A request found its destination gone at send time: say so as the public
+ * function the user called (q->who), not as the transport's. */
+static int __attribute__((noinline, cold)) gone_at_send(sr_agent *a, int to, const struct sr_req *q, int rc)
+{
+    sr_tport *t = a->tp[to];
+    if (rc != -EPIPE || !sr__tport_peer_gone(t, to)) /* not a departure: the transport's own text */
+        return rc;
+    char how[256];
+    return sr__fail(-EPIPE, q->who ? q->who : "sr_rpc", "destination rank %d is gone: %s", to,
+                    t->ops->live->gone_text(t, to, how, sizeof(how)));
+}
+
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f)
 {
@@ -501,6 +513,7 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     sr__wire_put(&m, &w, false);
     unsigned slot = sr__quiesce_sent(a, to);
     if ((rc = sr__agent_send(a, to, &m))) {
+        rc = gone_at_send(a, to, q, rc);
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
         if (enc_len)

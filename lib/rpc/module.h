@@ -172,6 +172,7 @@ enum sr_req_kind {
 
 struct sr_req {
     enum sr_req_kind kind;
+    const char *who;      /* the public function the user called, for errors (NULL: "sr_rpc") */
     int module;           /* KEEP, MODULE: the module; CALL with ext_len: whose ext */
     uint8_t sub;          /* MODULE: its sub-kind */
     uint64_t tag;         /* KEEP, MODULE: the module's word */
@@ -321,9 +322,9 @@ bool sr__rpc_shares_heap(int rank);
 int64_t sr__rpc_default_timeout_ms(void);
 /* Start a module request to `to`: args are encoded like a call's; the
  * future completes with serve's value or error ("Error on Node N: ...").
- * timeout_ms 0: none. */
+ * timeout_ms 0: none. who: the public function the user called, for errors. */
 int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
-                   sr_future **out);
+                   sr_future **out, const char *who);
 /* Check a call's arguments as sr_rpc_async does, capturing its timeout in ms
  * (0: none); who names the public function in errors. */
 int sr__module_call_check(int to, const char *fn, sr_args args, double timeout_s, int64_t *ms, const char *who);

@@ -110,18 +110,18 @@ int64_t sr__rpc_default_timeout_ms(void)
 }
 
 int sr__module_rpc(int to, int module, uint8_t sub, uint64_t tag, sr_args args, int64_t timeout_ms,
-                   sr_future **out)
+                   sr_future **out, const char *who)
 {
-    sr_agent *a = sr__agent_get("sr_rpc");
+    sr_agent *a = sr__agent_get(who);
     if (!a)
         return -SR_ESHUTDOWN;
     int rc = 0;
     sr_future *f = NULL;
     if (to < 0 || to >= a->world)
-        rc = sr__fail(-EINVAL, "sr_rpc", "worker%d: destination %d is out of range [0, %d)", a->rank, to, a->world);
+        rc = sr__fail(-EINVAL, who, "destination rank %d is out of range [0, %d)", to, a->world);
     else if (!(f = sr_future_new()))
         rc = -ENOMEM;
-    struct sr_req q = {.kind = SR_REQ_MODULE, .module = module, .sub = sub, .tag = tag};
+    struct sr_req q = {.kind = SR_REQ_MODULE, .who = who, .module = module, .sub = sub, .tag = tag};
     if (!rc && (rc = sr__rpc_start(a, to, &q, NULL, args, timeout_ms, f)))
         sr_future_unref(f);
     sr__agent_put(a);

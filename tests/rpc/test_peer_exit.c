@@ -270,7 +270,9 @@ static int call_to_departed(int rank, int world, void *arg)
     sr_future_unref(f);
     /* A later call fails at send time, saying the same. */
     rc = sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL);
-    WEXPECT_ERR(rc, -EPIPE, "destination rank 1 is gone: worker1 exited with status 0 after a non-graceful sr_shutdown");
+    WEXPECT_ERR(rc, -EPIPE,
+                "worker0: sr_rpc_sync: destination rank 1 is gone: worker1 exited with status 0 after a non-graceful "
+                "sr_shutdown");
     sr_shutdown(false, 0);
     return 0;
 }

@@ -291,8 +291,12 @@ static int dead_peer_worker(int rank, int world, void *arg)
     }
     int rc = sr_rpc_sync(1, "exit_now", SR_NOARGS, 30, NULL);
     WEXPECT_ERR(rc, -EPIPE, "worker1 failed: the worker exited with status 0");
+    /* later calls fail at send time, as the function called (not the transport's) */
     rc = sr_rpc_sync(1, "noop", SR_NOARGS, 30, NULL);
-    WEXPECT_ERR(rc, -EPIPE, "destination rank 1 is gone: worker1 exited with status 0");
+    WEXPECT_ERR(rc, -EPIPE, "worker0: sr_rpc_sync: destination rank 1 is gone: worker1 exited with status 0");
+    sr_future *f = NULL;
+    rc = sr_rpc_async(1, "noop", SR_NOARGS, 30, &f);
+    WEXPECT_ERR(rc, -EPIPE, "worker0: sr_rpc_async: destination rank 1 is gone: worker1 exited with status 0");
     sr_shutdown(false, 0);
     return 0;
 }

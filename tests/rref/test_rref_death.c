@@ -435,15 +435,21 @@ static int driver_stale_view(void)
     driver_thread = pthread_self();
     if (kill_victim())
         return 1;
+    /* rank 1 is gone, its replacement not attached yet (it waits for `held`):
+     * a call fails at once, named as the function called */
+    sr_value *v = NULL, *nine = sr_int(9);
+    sr_rref *r = NULL;
+    int rc = sr_remote(1, "ident", SR_ARGS(nine), WAIT_S, &r);
+    WCHECK(rc == -EPIPE && strstr(sr_last_error(), "worker0: sr_remote: destination rank 1 is gone: worker1 "
+                                                   "(generation 0) was killed by signal SIGKILL"),
+           "remote() to the dead rank: %d: %s", rc, sr_last_error());
     sr_future *f = NULL;
     WCHECK(sr_rpc_async(2, "gate", SR_NOARGS, WAIT_S, &f) == 0, "gate: %s", sr_last_error());
     WCHECK(sr_future_add_done_callback(f, hold_poller, NULL) == 0, "callback: %s", sr_last_error());
     flag_set(&sv->armed);
     WCHECK(flag_wait(&sv->held) == 0, "rank 0's polling thread never ran the gate's callback within %d s", WAIT_S);
     WCHECK(flag_wait(&sv->up) == 0, "rank 1's replacement did not start within %d s", WAIT_S);
-    sr_value *nine = sr_int(9), *v = NULL;
-    sr_rref *r = NULL;
-    int rc = sr_remote(1, "ident", SR_ARGS(nine), WAIT_S, &r);
+    rc = sr_remote(1, "ident", SR_ARGS(nine), WAIT_S, &r);
     char text[512];
     snprintf(text, sizeof(text), "%s", rc ? sr_last_error() : "");
     flag_set(&sv->go);

@@ -529,7 +529,8 @@ static int dead_peer_worker(int rank, int world, void *arg)
     WEXPECT_ERR(sr_rpc_sync(1, "exit_now", SR_NOARGS, 30, NULL), -EPIPE, "the worker exited with status 0");
     sr_tensor *t = sr_ones(SR_F32, 1, (int64_t[]){1000}, 0);
     sr_value *v = tv(sr_tensor_ref(t));
-    WEXPECT_ERR(sr_rpc_sync(1, "echo", SR_ARGS(v, v), 30, NULL), -EPIPE, "destination rank 1 is gone: worker1 exited with status 0");
+    WEXPECT_ERR(sr_rpc_sync(1, "echo", SR_ARGS(v, v), 30, NULL), -EPIPE,
+                "sr_rpc_sync: destination rank 1 is gone: worker1 exited with status 0");
     WCHECK(sr__block_refcount(t->storage->block) == 1, "the unsent request still holds %u references",
            sr__block_refcount(t->storage->block) - 1);
     sr_value_unref(v);

@@ -363,7 +363,7 @@ static int req_send(struct req *q)
     struct sr__dpass *p = q->pass;
     sr_future *f = NULL;
     int rc = sr__module_rpc(q->peer, sr__dist_module, SR_DA_PROPAGATE, (uint64_t)q->ctx_id,
-                            (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f);
+                            (sr_args){q->n, q->vals}, sr__rpc_default_timeout_ms(), &f, "sr_dist_autograd_backward");
     req_free(q);
     if (!rc && sr__future_on_done(f, req_on_answer, req_on_drop, p))
         rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory"); /* its answer is dropped */

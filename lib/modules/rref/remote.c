@@ -76,9 +76,10 @@ static void owner_created(sr_future *f, void *p)
 }
 
 /* A call's request: proxy calls carry the RRef module's extension byte. */
-static struct sr_req request(enum sr_req_kind kind, uint64_t rid, bool proxy)
+/* who: the public function the user called, for errors */
+static struct sr_req request(enum sr_req_kind kind, uint64_t rid, bool proxy, const char *who)
 {
-    struct sr_req q = {.kind = kind, .module = sr__rref_module, .tag = rid, .ext_len = proxy ? 1 : 0};
+    struct sr_req q = {.kind = kind, .who = who, .module = sr__rref_module, .tag = rid, .ext_len = proxy ? 1 : 0};
     q.ext[0] = SR_RREF_EXT_PROXY;
     return q;
 }
@@ -94,7 +95,7 @@ static int remote_self(const char *fn, sr_args args, int64_t ms, bool proxy, sr_
         sr_rref_unref(r);
         return -ENOMEM;
     }
-    struct sr_req q = request(SR_REQ_CALL, 0, proxy);
+    struct sr_req q = request(SR_REQ_CALL, 0, proxy, proxy ? "sr_rref_remote" : "sr_remote");
     int rc = sr__future_on_done(f, owner_created, drop_rref, sr_rref_ref(r));
     if (rc)
         sr_rref_unref(r); /* the callback's reference: it will never run */
@@ -154,7 +155,7 @@ static int remote_user(int to, const char *fn, sr_args args, int64_t ms, bool pr
     if ((rc = sr__future_on_done(f, user_created, drop_rref, sr_rref_ref(r)))) {
         sr_rref_unref(r); /* the callback's reference: it will never run */
     } else {
-        struct sr_req q = request(SR_REQ_KEEP, rid, proxy);
+        struct sr_req q = request(SR_REQ_KEEP, rid, proxy, proxy ? "sr_rref_remote" : "sr_remote");
         rc = sr__module_call_start(to, &q, fn, args, ms, f);
     }
     if (rc)
@@ -228,22 +229,23 @@ SR_API int sr_rref_remote(sr_rref *r, const char *fn, sr_args extra, double time
     return rc;
 }
 
-SR_API int sr_rref_rpc_async(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_future **out)
+/* who: sr_rref_rpc_async or sr_rref_rpc_sync, for errors. */
+static int rref_rpc(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_future **out, const char *who)
 {
     int64_t ms;
     if (!r || !out)
-        return sr__fail(-EINVAL, "sr_rref_rpc_async", "%s is NULL", r ? "out" : "the RRef");
+        return sr__fail(-EINVAL, who, "%s is NULL", r ? "out" : "the RRef");
     if (sr__rpc_rank() < 0)
-        return sr__fail(-SR_ESHUTDOWN, "sr_rref_rpc_async", "RPC has not been initialized. Call sr_init first.");
+        return sr__fail(-SR_ESHUTDOWN, who, "RPC has not been initialized. Call sr_init first.");
     sr_args args;
     sr_value **v = proxy_args(r, extra, &args);
     if (!v)
         return -ENOMEM;
     sr_future *f = NULL;
-    int rc = sr__module_call_check(r->owner, fn, args, timeout_s, &ms, "sr_rref_rpc_async");
+    int rc = sr__module_call_check(r->owner, fn, args, timeout_s, &ms, who);
     if (!rc && !(f = sr_future_new()))
         rc = -ENOMEM;
-    struct sr_req q = request(SR_REQ_CALL, 0, true);
+    struct sr_req q = request(SR_REQ_CALL, 0, true, who);
     if (!rc && (rc = sr__module_call_start(r->owner, &q, fn, args, ms, f)))
         f = (sr_future_unref(f), NULL);
     proxy_args_free(v);
@@ -252,10 +254,15 @@ SR_API int sr_rref_rpc_async(sr_rref *r, const char *fn, sr_args extra, double t
     return rc;
 }
 
+SR_API int sr_rref_rpc_async(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_future **out)
+{
+    return rref_rpc(r, fn, extra, timeout_s, out, "sr_rref_rpc_async");
+}
+
 SR_API int sr_rref_rpc_sync(sr_rref *r, const char *fn, sr_args extra, double timeout_s, sr_value **out)
 {
-    sr_future *f;
-    int rc = sr_rref_rpc_async(r, fn, extra, timeout_s, &f);
+    sr_future *f = NULL;
+    int rc = rref_rpc(r, fn, extra, timeout_s, &f, "sr_rref_rpc_sync");
     if (rc)
         return rc;
     rc = sr_future_wait(f, out);

@@ -76,7 +76,7 @@ static int fetch(sr_rref *r, int64_t deadline, int64_t ms, sr_value **out)
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
-    struct sr_req q = {.kind = SR_REQ_MODULE, .module = sr__rref_module, .tag = r->rref_id,
+    struct sr_req q = {.kind = SR_REQ_MODULE, .who = "sr_rref_to_here", .module = sr__rref_module, .tag = r->rref_id,
                        .sub = SR_RREF_FETCH_SUB(sr_rref_confirmed_by_owner(r) ? SR_RREF_FETCH_CONFIRMED
                                                                                : SR_RREF_FETCH, r->owner_gen)};
     int rc = sr__module_call_start(r->owner, &q, NULL, (sr_args){0, NULL}, 0, f);
