@@ -150,7 +150,7 @@ static int attempt(sr_job *job, void *p)
     job->replace_left = c->a->restart_rank ? c->a->max_restarts : 0;
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
     struct sr_trace_job *trace;
-    if (sr__trace_job_begin(&trace, job->n, job->restart, "shmrun"))
+    if (sr__trace_job_begin(&trace, job->n, job->replace_left, job->restart, "shmrun"))
         return launcher_error(1, false);
     int status = run_job(job, c->a, c->sigfd, trace);
     sr__trace_job_end(trace); /* however the attempt ended: the trace and the statistics it left */

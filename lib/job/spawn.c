@@ -54,7 +54,7 @@ static int attempt(sr_job *job, void *p)
     struct spawn_call *c = p;
     job->replace_left = c->replace;
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
-    int rc = sr__trace_job_begin(&c->trace, job->n, job->restart, "sr_spawn");
+    int rc = sr__trace_job_begin(&c->trace, job->n, job->replace_left, job->restart, "sr_spawn");
     if (rc)
         return rc;
     for (int r = 0; r < job->n && !rc; r++)

@@ -18,7 +18,9 @@
  * a SIGINT to shmrun, each leave a valid trace holding the dead worker's
  * last call, and every worker's statistics on stderr; an unwritable trace
  * path is refused before any worker starts (shmrun, sr_spawn); a second
- * attempt's trace moves the first one's aside. */
+ * attempt's trace moves the first one's aside; a rank replaced in place
+ * leaves each generation's events under a process of its own, named with
+ * its generation. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -32,6 +34,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "helpers/replace_events.h"
 #include "helpers/watch.h"
 #include "json_check.h"
 #include "shmrpc/rpc.h"
@@ -336,7 +339,7 @@ Test(trace, merge_drops_half_flows_and_removes_parts)
     write_part(path, 1,
                "{\"ph\":\"X\",\"cat\":\"rpc\",\"name\":\"recv f\",\"pid\":1,\"tid\":2,\"ts\":3.000,\"dur\":1.000}\n"
                "{\"ph\":\"f\",\"id\":7,\"cat\":\"rpc\",\"name\":\"request\",\"pid\":1,\"tid\":2,\"ts\":3.000,\"bp\":\"e\"}\n");
-    cr_assert_eq(sr__trace_merge(path, 3), 0, "%s", sr_last_error()); /* rank 2 wrote nothing: its calls died with it */
+    cr_assert_eq(sr__trace_merge(path, 3, 3), 0, "%s", sr_last_error()); /* rank 2 wrote nothing: its calls died with it */
     only_file(dir, "m.json");
     struct loaded t;
     load_trace(path, &t);
@@ -345,7 +348,7 @@ Test(trace, merge_drops_half_flows_and_removes_parts)
     unload_trace(&t);
     unlink(path);
     rmdir(dir);
-    cr_assert_eq(sr__trace_merge(path, 2), -ENOENT, "merging no parts must fail");
+    cr_assert_eq(sr__trace_merge(path, 2, 2), -ENOENT, "merging no parts must fail");
 }
 
 /* sr_spawn merges too: a job inside this program leaves one valid file. */
@@ -596,7 +599,7 @@ Test(trace, second_attempt_keeps_the_first_attempts_trace, .timeout = 60)
     fclose(f);
     setenv("SHMRPC_TRACE", path, 1);
     struct sr_trace_job *tj;
-    int rc = sr__trace_job_begin(&tj, 1, 1, "test");
+    int rc = sr__trace_job_begin(&tj, 1, 0, 1, "test");
     unsetenv("SHMRPC_TRACE");
     cr_assert(rc == 0 && tj, "sr__trace_job_begin: %s", sr_last_error());
     pid_t pid = fork();
@@ -623,4 +626,92 @@ Test(trace, second_attempt_keeps_the_first_attempts_trace, .timeout = 60)
     unlink(old);
     unlink(path);
     cr_assert_eq(rmdir(dir), 0, "something else was left in %s", dir);
+}
+
+/* A rank replaced in place (sr_spawn's SR_RESTART_RANK): rank 0 calls rank
+ * 1, has it killed inside a call, waits for its replacement's hello and
+ * calls it again. The dead generation's records and the new one's are in
+ * the trace, each under a process of its own named with its generation. */
+static int fn_die(sr_call *c)
+{
+    (void)c;
+    raise(SIGKILL);
+    return 0;
+}
+
+static int replaced_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    sr_register("die", fn_die);
+    sr_register("hello", replace_fn_hello);
+    if (sr_init(NULL))
+        return 1;
+    if (rank == 1 && replace_my_gen() == 0) {
+        poll(NULL, 0, 3 * REPLACE_WAIT_S * 1000); /* a bound: rank 0 has it killed (no shutdown: not replaceable) */
+        return 99;
+    }
+    int rc = 0;
+    if (rank == 1)
+        rc = sr_rpc_sync(0, "hello", SR_NOARGS, REPLACE_WAIT_S, NULL);
+    if (rank == 0) {
+        rc = sr_rpc_sync(1, "noop", SR_NOARGS, REPLACE_WAIT_S, NULL);
+        rc = rc ? rc : sr_rpc_sync(1, "die", SR_NOARGS, REPLACE_WAIT_S, NULL) == -EPIPE ? 0 : 1;
+        rc = rc ? rc : replace_wait_hello(1);
+        rc = rc ? rc : sr_rpc_sync(1, "noop", SR_NOARGS, REPLACE_WAIT_S, NULL);
+    }
+    return sr_shutdown(true, 60) || rc;
+}
+
+/* The pid of the process named `name` in the trace; -1 if none. */
+static int pid_named(const jv *evs, const char *name)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i], *args = j_get(ev, "args");
+        const char *ph = j_str(ev, "ph"), *what = j_str(ev, "name"), *n = j_str(args, "name");
+        if (ph && !strcmp(ph, "M") && what && !strcmp(what, "process_name") && n && !strcmp(n, name))
+            return (int)num(ev, "pid", i);
+    }
+    return -1;
+}
+
+/* Events named `name` on process pid. */
+static int count_on(const jv *evs, int pid, const char *name)
+{
+    int n = 0;
+    for (size_t i = 0; i < evs->n; i++) {
+        const char *what = j_str(&evs->items[i], "name");
+        const jv *p = j_get(&evs->items[i], "pid");
+        n += what && !strcmp(what, name) && p && p->t == J_NUM && (int)p->num == pid;
+    }
+    return n;
+}
+
+Test(trace, a_replaced_ranks_generations_are_told_apart, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/replaced.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-repl"), .shm_size = 128u << 20, .restart = SR_RESTART_RANK,
+                       .max_restarts = 1};
+    int rc = sr_spawn(2, replaced_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
+    only_file(dir, "replaced.json");
+    struct loaded t;
+    load_trace(path, &t);
+    int g0 = pid_named(t.evs, "worker1 (generation 0)"), g1 = pid_named(t.evs, "worker1 (generation 1)");
+    cr_assert(g0 >= 0 && g1 >= 0 && g0 != g1,
+              "rank 1's generations are not two processes of the trace: 'worker1 (generation 0)' pid %d, "
+              "'worker1 (generation 1)' pid %d", g0, g1);
+    cr_assert(pid_named(t.evs, "worker0 (generation 0)") == 0, "rank 0 is not the process 'worker0 (generation 0)'");
+    /* each generation ran one noop; the dead one also began to run "die" */
+    cr_assert_eq(count_on(t.evs, g0, "run noop"), 1, "generation 0's noop");
+    cr_assert_eq(count_on(t.evs, g0, "recv die"), 1, "generation 0's die");
+    cr_assert_eq(count_on(t.evs, g1, "run noop"), 1, "generation 1's noop");
+    cr_assert_eq(count_on(t.evs, g1, "recv die"), 0, "generation 1 ran no die");
+    cr_assert_eq(count_on(t.evs, 0, "send noop"), 2, "rank 0's two calls of noop");
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
 }

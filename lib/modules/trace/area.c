@@ -20,35 +20,37 @@
 
 static _Atomic(struct sr_area *) mine; /* release when attached, acquire by users */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int given_fd = -1, given_rank = -1; /* sr__area_give; under lock */
+static int given_fd = -1, given_slot = -1; /* sr__area_give; under lock */
 static bool env_read; /* SHMRPC_TRACE_AREA is read once per program image; under lock */
 
 static uint64_t round_up(uint64_t n) { return (n + ALIGN - 1) & ~(uint64_t)(ALIGN - 1); }
 
-void sr__area_init(struct sr_area *a, int rank, uint32_t flags)
+void sr__area_init(struct sr_area *a, int rank, int slot, uint32_t generation, uint32_t flags)
 {
     a->magic = SR_AREA_MAGIC;
     a->size = SR_AREA_SIZE;
     a->rank = rank;
+    a->slot = slot;
+    a->generation = generation;
     atomic_init(&a->flags, flags);
     atomic_init(&a->used, round_up(sizeof(*a)));
 }
 
-/* Slot rank of the memfd fd; the fd is closed (the mapping keeps it). */
-static struct sr_area *attach(int fd, int rank)
+/* Slot `slot` of the memfd fd; the fd is closed (the mapping keeps it). */
+static struct sr_area *attach(int fd, int slot)
 {
     struct stat st; /* a stale variable may name another file now: too short, it would fault */
-    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < ((uint64_t)rank + 1) * SR_AREA_SIZE) {
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < ((uint64_t)slot + 1) * SR_AREA_SIZE) {
         close(fd);
         return NULL;
     }
     void *p = mmap(NULL, SR_AREA_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd,
-                   (off_t)rank * (off_t)SR_AREA_SIZE);
+                   (off_t)slot * (off_t)SR_AREA_SIZE);
     close(fd);
     if (p == MAP_FAILED)
         return NULL;
     struct sr_area *a = p;
-    if (a->magic != SR_AREA_MAGIC || a->size != SR_AREA_SIZE || a->rank != rank) {
+    if (a->magic != SR_AREA_MAGIC || a->size != SR_AREA_SIZE || a->slot != slot) {
         munmap(p, SR_AREA_SIZE);
         return NULL;
     }
@@ -64,21 +66,21 @@ static struct sr_area *make_private(void)
     if (p == MAP_FAILED)
         return NULL;
     struct sr_area *a = p;
-    sr__area_init(a, -1, SR_AREA_ATTACHED);
+    sr__area_init(a, -1, -1, 0, SR_AREA_ATTACHED);
     a->pid = getpid();
     return a;
 }
 
-/* "fd:rank" from the launcher (job.c), once. Under lock. */
+/* "fd:slot" from the launcher (job.c), once. Under lock. */
 static void read_env(void)
 {
     const char *v = getenv("SHMRPC_TRACE_AREA");
-    int fd, rank;
+    int fd, slot;
     char end;
     env_read = true;
-    if (given_fd < 0 && v && sscanf(v, "%d:%d%c", &fd, &rank, &end) == 2 && fd > 2 && rank >= 0) {
+    if (given_fd < 0 && v && sscanf(v, "%d:%d%c", &fd, &slot, &end) == 2 && fd > 2 && slot >= 0) {
         given_fd = fd;
-        given_rank = rank;
+        given_slot = slot;
     }
 }
 
@@ -92,7 +94,7 @@ struct sr_area *sr__area(void)
         if (!env_read)
             read_env();
         if (given_fd >= 0)
-            a = attach(given_fd, given_rank);
+            a = attach(given_fd, given_slot);
         given_fd = -1;
         if (!a)
             a = make_private();
@@ -102,11 +104,11 @@ struct sr_area *sr__area(void)
     return a;
 }
 
-void sr__area_give(int fd, int rank)
+void sr__area_give(int fd, int slot)
 {
     pthread_mutex_lock(&lock);
     given_fd = fd;
-    given_rank = rank;
+    given_slot = slot;
     pthread_mutex_unlock(&lock);
 }
 

@@ -2,7 +2,12 @@
  * areas, and what is written from them at the end of each job attempt.
  *
  * One memfd holds every worker's area (rank r's at r * SR_AREA_SIZE, sparse:
- * only what the workers record takes memory). It is made before the first
+ * only what the workers record takes memory). An attempt that replaces
+ * ranks in place has room for each later generation g of rank r too, in
+ * slot r + world * g (g <= the replacements it may make): a generation's
+ * records, names and threads are its own, and it is a process of its own in
+ * the trace, named with its generation. Its process writes its slot's
+ * header before it attaches (sr__trace_job_child). It is made before the first
  * fork and inherited: a forked worker (sr_spawn) is handed its slot in
  * memory, an exec'd one (shmrun) finds it in SHMRPC_TRACE_AREA. After every
  * worker is reaped, whatever their end, the launcher maps each slot and
@@ -25,6 +30,7 @@
 struct sr_trace_job {
     int fd;
     int world, attempt;
+    int gens; /* generations a rank may have: 1 + the replacements the attempt may make */
     uint32_t flags; /* SR_AREA_JOB_TRACE, SR_AREA_JOB_STATS */
     const char *who;
     char path[4096];
@@ -56,8 +62,21 @@ static int check_path(const char *path, const char *who)
     return 0;
 }
 
-/* The memfd of every slot, each slot's header written; never on fds 0-2
- * (a worker's stdio is set up over them). */
+/* Write the header of the slot of rank's generation gen. 0 or -errno. */
+static int init_slot(const struct sr_trace_job *tj, int rank, uint32_t gen)
+{
+    size_t len = sizeof(struct sr_area);
+    int slot = rank + tj->world * (int)gen;
+    struct sr_area *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, tj->fd, (off_t)slot * (off_t)SR_AREA_SIZE);
+    if (a == MAP_FAILED)
+        return -errno;
+    sr__area_init(a, rank, slot, gen, tj->flags);
+    munmap(a, len);
+    return 0;
+}
+
+/* The memfd of every slot, the first generation's headers written; never
+ * on fds 0-2 (a worker's stdio is set up over them). */
 static int make_areas(struct sr_trace_job *tj)
 {
     int fd = memfd_create("shmrpc-trace", MFD_CLOEXEC);
@@ -69,32 +88,33 @@ static int make_areas(struct sr_trace_job *tj)
     if (fd < 0)
         return sr__fail(-errno, tj->who, "the profiler's record areas: memfd_create: %s", strerror(errno));
     tj->fd = fd;
-    if (ftruncate(fd, (off_t)tj->world * (off_t)SR_AREA_SIZE))
-        return sr__fail(-errno, tj->who, "the profiler's record areas: ftruncate to %d x %llu bytes: %s", tj->world,
-                        (unsigned long long)SR_AREA_SIZE, strerror(errno));
+    off_t slots = (off_t)tj->world * tj->gens;
+    if (ftruncate(fd, slots * (off_t)SR_AREA_SIZE))
+        return sr__fail(-errno, tj->who, "the profiler's record areas: ftruncate to %lld x %llu bytes: %s",
+                        (long long)slots, (unsigned long long)SR_AREA_SIZE, strerror(errno));
     for (int r = 0; r < tj->world; r++) {
-        size_t len = sizeof(struct sr_area);
-        struct sr_area *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)r * (off_t)SR_AREA_SIZE);
-        if (a == MAP_FAILED)
-            return sr__fail(-errno, tj->who, "the profiler's record area of rank %d: mmap: %s", r, strerror(errno));
-        sr__area_init(a, r, tj->flags);
-        munmap(a, len);
+        int rc = init_slot(tj, r, 0);
+        if (rc)
+            return sr__fail(rc, tj->who, "the profiler's record area of rank %d: mmap: %s", r, strerror(-rc));
     }
     return 0;
 }
 
-int sr__trace_job_begin(struct sr_trace_job **out, int world, int attempt, const char *who)
+int sr__trace_job_begin(struct sr_trace_job **out, int world, int replacements, int attempt, const char *who)
 {
     *out = NULL;
     const char *path = getenv("SHMRPC_TRACE");
     uint32_t flags = (path && *path ? SR_AREA_JOB_TRACE : 0) | (env_on("SHMRPC_STATS") ? SR_AREA_JOB_STATS : 0);
     if (!flags)
         return 0;
+    if (replacements > 0)
+        flags |= SR_AREA_JOB_REPLACES;
     int rc = flags & SR_AREA_JOB_TRACE ? check_path(path, who) : 0;
     struct sr_trace_job *tj = rc ? NULL : calloc(1, sizeof(*tj));
     if (rc || !tj)
         return rc ? rc : sr__fail(-ENOMEM, who, "no memory for the profiler");
-    *tj = (struct sr_trace_job){.fd = -1, .world = world, .attempt = attempt, .flags = flags, .who = who};
+    *tj = (struct sr_trace_job){.fd = -1, .world = world, .attempt = attempt, .gens = 1 + (replacements > 0 ? replacements : 0),
+                                .flags = flags, .who = who};
     snprintf(tj->path, sizeof(tj->path), "%s", flags & SR_AREA_JOB_TRACE ? path : "");
     if ((rc = make_areas(tj))) {
         if (tj->fd >= 0)
@@ -113,12 +133,24 @@ void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec)
             unsetenv("SHMRPC_TRACE_AREA");
         return;
     }
+    const char *g = getenv("SHMRPC_GENERATION"); /* lib/job's, in every worker's child */
+    uint32_t gen = g ? (uint32_t)strtoul(g, NULL, 10) : 0;
+    int slot = rank;
+    if (gen > 0 && gen < (uint32_t)tj->gens && !init_slot(tj, rank, gen))
+        slot = rank + tj->world * (int)gen;
+    else if (gen > 0) /* never (a generation past the budget), or no mapping: no records */
+        slot = -1;
+    if (slot < 0) {
+        if (exec)
+            unsetenv("SHMRPC_TRACE_AREA");
+        return;
+    }
     if (!exec) {
-        sr__area_give(tj->fd, rank);
+        sr__area_give(tj->fd, slot);
         return;
     }
     char v[32];
-    snprintf(v, sizeof(v), "%d:%d", tj->fd, rank);
+    snprintf(v, sizeof(v), "%d:%d", tj->fd, slot);
     fcntl(tj->fd, F_SETFD, 0); /* across the exec; the worker closes it once mapped */
     setenv("SHMRPC_TRACE_AREA", v, 1);
 }
@@ -134,26 +166,36 @@ static void print_stats(const struct sr_trace_job *tj, const struct sr_area *a, 
         snprintf(name, sizeof(name), "%.*s", SR_AREA_WORKER - 1, a->worker);
     else /* it died before sr_init named it */
         snprintf(name, sizeof(name), "worker%d", rank);
-    snprintf(who, sizeof(who), "%s (rank %d, printed by %s: the worker ended before sr_shutdown)", name, rank, tj->who);
+    char gen[32] = "";
+    if (tj->flags & SR_AREA_JOB_REPLACES)
+        snprintf(gen, sizeof(gen), ", generation %u", a->generation);
+    snprintf(who, sizeof(who), "%s (rank %d%s, printed by %s: the worker ended before sr_shutdown)", name, rank, gen,
+             tj->who);
     sr_stats_print(s, who, stderr);
     sr_stats_free(s);
 }
 
-/* What rank's slot holds: its trace part, its statistics if it did not print them. */
-static void read_slot(const struct sr_trace_job *tj, int rank)
+/* What a slot holds: its trace part, its statistics if its worker did not
+ * print them. A later generation's slot that no process took is a hole:
+ * its header is read without mapping (nor allocating) a page of it. */
+static void read_slot(const struct sr_trace_job *tj, int slot)
 {
-    struct sr_area *a = mmap(NULL, SR_AREA_SIZE, PROT_READ, MAP_SHARED, tj->fd, (off_t)rank * (off_t)SR_AREA_SIZE);
+    uint64_t magic = 0;
+    off_t off = (off_t)slot * (off_t)SR_AREA_SIZE;
+    if (slot >= tj->world && (pread(tj->fd, &magic, sizeof(magic), off) != sizeof(magic) || magic != SR_AREA_MAGIC))
+        return;
+    struct sr_area *a = mmap(NULL, SR_AREA_SIZE, PROT_READ, MAP_SHARED, tj->fd, off);
     if (a == MAP_FAILED) {
-        sr_logf(SR_LOG_ERROR, "the record area of rank %d: mmap: %s", rank, strerror(errno));
+        sr_logf(SR_LOG_ERROR, "the record area of slot %d: mmap: %s", slot, strerror(errno));
         return;
     }
     /* relaxed: the worker is reaped, its writes are all visible */
     uint32_t f = atomic_load_explicit(&a->flags, memory_order_relaxed);
     if (a->magic == SR_AREA_MAGIC && (f & SR_AREA_ATTACHED)) {
-        if ((tj->flags & SR_AREA_JOB_TRACE) && sr__trace_write_part(a, tj->path, rank, tj->who))
+        if ((tj->flags & SR_AREA_JOB_TRACE) && sr__trace_write_part(a, tj->path, slot, tj->who))
             sr__log_text(SR_LOG_ERROR, sr_last_error());
         if ((tj->flags & SR_AREA_JOB_STATS) && !(f & SR_AREA_STATS_PRINTED))
-            print_stats(tj, a, rank);
+            print_stats(tj, a, slot % tj->world);
     }
     munmap(a, SR_AREA_SIZE);
 }
@@ -175,11 +217,11 @@ void sr__trace_job_end(struct sr_trace_job *tj)
     char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
     snprintf(keep, sizeof(keep), "%s", sr_last_error());
     fflush(stderr);
-    for (int r = 0; r < tj->world; r++)
-        read_slot(tj, r);
+    for (int s = 0; s < tj->world * tj->gens; s++)
+        read_slot(tj, s);
     if (tj->flags & SR_AREA_JOB_TRACE) {
         keep_previous(tj);
-        if (sr__trace_merge(tj->path, tj->world))
+        if (sr__trace_merge(tj->path, tj->world, tj->world * tj->gens))
             sr__log_text(SR_LOG_ERROR, sr_last_error());
     }
     sr__error_set_text(keep);

@@ -128,10 +128,10 @@ static void remove_parts(const char *path, int world)
     }
 }
 
-int sr__trace_merge(const char *path, int world)
+int sr__trace_merge(const char *path, int world, int parts)
 {
     struct ids st = {0}, fn = {0};
-    int found = 0, rc = collect(path, world, &st, &fn, &found);
+    int found = 0, rc = collect(path, parts, &st, &fn, &found);
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s.%d.tmp", path, (int)getpid());
     FILE *out = NULL;
@@ -141,7 +141,7 @@ int sr__trace_merge(const char *path, int world)
         rc = sr__fail(-errno, "trace merge", "cannot create '%s': %s", tmp, strerror(errno));
     if (out) {
         fputs("{\"traceEvents\":[\n", out);
-        uint64_t dropped = copy_parts(path, world, &st, &fn, out);
+        uint64_t dropped = copy_parts(path, parts, &st, &fn, out);
         fprintf(out, "\n],\"displayTimeUnit\":\"ns\",\"otherData\":{\"workers\":%d,\"parts\":%d,\"unpaired_flows_dropped\":%" PRIu64 "}}\n",
                 world, found, dropped);
         int bad = ferror(out);
@@ -152,7 +152,7 @@ int sr__trace_merge(const char *path, int world)
         if (rc)
             unlink(tmp);
     }
-    remove_parts(path, world);
+    remove_parts(path, parts);
     free(st.v);
     free(fn.v);
     return rc;

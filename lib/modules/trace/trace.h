@@ -49,7 +49,7 @@
 #define SR_TRACE_CHUNK 4096
 
 /* ---- the record area (area.c) ---- */
-#define SR_AREA_MAGIC 0x3141455241525453ull /* "STRAREA1" */
+#define SR_AREA_MAGIC 0x3241455241525453ull /* "STRAREA2" */
 #define SR_AREA_SIZE ((uint64_t)1 << 30)    /* reserved per worker; touched as used */
 #define SR_AREA_WORKER 128
 
@@ -60,12 +60,15 @@ enum {
     SR_AREA_JOB_STATS = 2,     /* the launcher prints the statistics the worker did not print */
     SR_AREA_ATTACHED = 4,      /* a worker records here */
     SR_AREA_STATS_PRINTED = 8, /* the worker printed its statistics (sr_shutdown) */
+    SR_AREA_JOB_REPLACES = 16, /* the job replaces ranks in place: the trace names each generation */
 };
 
 struct sr_area {
     uint64_t magic;            /* written before the fork, read-only after */
     uint64_t size;
     int32_t rank;              /* the slot's rank; -1: a private area */
+    int32_t slot;              /* the slot: rank + world * generation (job.c); -1: a private area */
+    uint32_t generation;       /* the generation of the rank that records here */
     int32_t pid;               /* the process recording here (its main thread's tid), written when it attaches */
     _Atomic uint32_t flags;    /* fetch_or by the worker; read by the launcher after the worker's end */
     _Atomic uint64_t used;     /* the bump allocator's end (relaxed: it publishes nothing) */
@@ -86,15 +89,16 @@ uint64_t sr__area_alloc(struct sr_area *a, uint64_t bytes);
 const char *sr__area_name(const struct sr_area *a, uint32_t id);
 /* The object of `bytes` at off in a, or NULL if it does not fit (a reader's check). */
 const void *sr__area_get(const struct sr_area *a, uint64_t off, uint64_t bytes);
-/* A forked worker's area (job.c, sr_spawn's child): slot rank of the memfd
- * fd, attached at the next use. An exec'd worker finds it in
- * SHMRPC_TRACE_AREA ("fd:rank") instead. */
-void sr__area_give(int fd, int rank);
+/* A forked worker's area (job.c, sr_spawn's child): slot `slot` of the
+ * memfd fd, attached at the next use. An exec'd worker finds it in
+ * SHMRPC_TRACE_AREA ("fd:slot") instead. */
+void sr__area_give(int fd, int slot);
 /* Forget this process's area (a forked child, tables.c): the next use makes
  * a private one, or attaches the one sr__area_give names. */
 void sr__area_forget(void);
-/* The header of a worker's slot, written by the launcher before the fork. */
-void sr__area_init(struct sr_area *a, int rank, uint32_t flags);
+/* The header of a worker's slot, written by the launcher before the fork
+ * (a later generation's: by its process, before it attaches). */
+void sr__area_init(struct sr_area *a, int rank, int slot, uint32_t generation, uint32_t flags);
 
 /* ---- names ---- */
 /* The id of name (interned now if new). */
@@ -179,14 +183,16 @@ struct sr_stats;
 int sr__stats_of(const struct sr_area *a, struct sr_stats **out);
 
 /* ---- the trace file (write.c, merge.c) ---- */
-/* Write every record of area a as the part file of `path` for rank (merge.c
- * names it). who: the function for the error. 0 or -errno. */
-int sr__trace_write_part(const struct sr_area *a, const char *path, int rank, const char *who);
-/* The part file of rank r of path in buf. */
+/* Write every record of area a as part file `part` of `path` (merge.c
+ * names it), as the trace's process `part` (a rank, or a later generation's
+ * slot). who: the function for the error. 0 or -errno. */
+int sr__trace_write_part(const struct sr_area *a, const char *path, int part, const char *who);
+/* The part file r of path in buf. */
 void sr__trace_part_name(const char *path, int r, char *buf, size_t len);
-/* Merge the part files of ranks [0, world) into path (then remove them):
- * flows whose other end is missing (a crashed worker, a full buffer) are
- * left out. 0 or -errno (with sr_last_error); no part at all: -ENOENT. */
-int sr__trace_merge(const char *path, int world);
+/* Merge the part files [0, parts) of a job of `world` workers into path
+ * (then remove them): flows whose other end is missing (a crashed worker, a
+ * full buffer) are left out. 0 or -errno (with sr_last_error); no part at
+ * all: -ENOENT. */
+int sr__trace_merge(const char *path, int world, int parts);
 
 #endif

@@ -6,7 +6,10 @@
  * environment (docs/PROFILING.md, "Jobs that end badly"):
  *
  *   sr__trace_job_begin   before the first fork: checks the trace path, makes
- *                         the workers' record areas (one memfd);
+ *                         the workers' record areas (one memfd; with room
+ *                         for a rank's later generations when the attempt
+ *                         replaces ranks in place: each has an area of its
+ *                         own, and its own process in the trace);
  *   sr__trace_job_child   in each worker's process, before exec or run;
  *   sr__trace_job_end     after every worker is reaped, however the attempt
  *                         ended: writes the merged trace and prints the
@@ -24,13 +27,15 @@
 
 struct sr_trace_job;
 
-/* *tj = NULL (and 0) when neither variable is set. Errors, with
+/* replacements: how many ranks the attempt may replace in place (0: none).
+ * *tj = NULL (and 0) when neither variable is set. Errors, with
  * sr_last_error() naming `who` and the path: -errno when the trace file's
  * directory does not take a new file (checked by making and removing one),
  * -EISDIR when the path is a directory; -errno of memfd_create/ftruncate/mmap. */
-int sr__trace_job_begin(struct sr_trace_job **tj, int world, int attempt, const char *who);
-/* In worker rank's child (tj may be NULL): exec: it will exec (the area's fd
- * stays open across it and SHMRPC_TRACE_AREA names it; with no tj, the
+int sr__trace_job_begin(struct sr_trace_job **tj, int world, int replacements, int attempt, const char *who);
+/* In worker rank's child (tj may be NULL), once its environment says its
+ * generation (SHMRPC_GENERATION, lib/job): exec: it will exec (the area's
+ * fd stays open across it and SHMRPC_TRACE_AREA names it; with no tj, the
  * variable is removed); else the child keeps running this program (the
  * area is handed over in memory). */
 void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec);

@@ -131,6 +131,9 @@ static uint64_t write_table(const struct out *o, const struct sr_ttable *t)
     return n;
 }
 
+/* The process of a part: named after its worker; in a job that replaces
+ * ranks in place, with its generation too ("worker1 (generation 1)": each
+ * generation of a rank is a process of its own, sorted after the one before). */
 static void metadata(const struct out *o)
 {
     char worker[SR_AREA_WORKER];
@@ -138,21 +141,28 @@ static void metadata(const struct out *o)
     for (char *s = worker; *s; s++) /* worker names are [A-Za-z0-9_:-]: a crashed worker's bytes may not be */
         if (!strchr("_:-", *s) && !(*s >= 'a' && *s <= 'z') && !(*s >= 'A' && *s <= 'Z') && !(*s >= '0' && *s <= '9'))
             *s = '_';
+    int rank = o->a->rank >= 0 ? o->a->rank : o->pid;
     if (!*worker)
-        snprintf(worker, sizeof(worker), "worker%d", o->pid);
+        snprintf(worker, sizeof(worker), "worker%d", rank);
+    /* relaxed: set before the fork by the launcher */
+    bool gens = atomic_load_explicit(&((struct sr_area *)o->a)->flags, memory_order_relaxed) & SR_AREA_JOB_REPLACES;
+    uint32_t gen = gens ? o->a->generation % 1000000 : 0; /* a crashed worker's header may hold anything */
     fprintf(o->f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"name\":\"", o->pid);
     fputs(worker, o->f);
-    fprintf(o->f, "\"}}\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%d}}\n",
-            o->pid, o->pid);
+    if (gens)
+        fprintf(o->f, " (generation %u)", gen);
+    fprintf(o->f, "\"}}\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"sort_index\":%lld}}\n",
+            o->pid, (long long)rank * 1000000 + gen);
     fprintf(o->f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"main\"}}\n",
             o->pid, (int)o->a->pid);
 }
 
-int sr__trace_write_part(const struct sr_area *a, const char *path, int rank, const char *who)
+int sr__trace_write_part(const struct sr_area *a, const char *path, int part, const char *who)
 {
     char name[4096];
-    sr__trace_part_name(path, rank, name, sizeof(name));
-    struct out o = {.f = fopen(name, "w"), .pid = rank, .a = a};
+    sr__trace_part_name(path, part, name, sizeof(name));
+    struct out o = {.f = fopen(name, "w"), .pid = part, .a = a};
+    int rank = a->rank >= 0 ? a->rank : part;
     if (!o.f)
         return sr__fail(-errno, who, "worker%d: cannot write the trace part '%s': %s", rank, name, strerror(errno));
     metadata(&o);
@@ -163,7 +173,7 @@ int sr__trace_write_part(const struct sr_area *a, const char *path, int rank, co
     }
     if (dropped)
         fprintf(o.f, "{\"ph\":\"M\",\"name\":\"shmrpc_dropped_events\",\"pid\":%d,\"tid\":0,\"ts\":0,\"args\":{\"count\":%" PRIu64 "}}\n",
-                rank, dropped);
+                part, dropped);
     int bad = ferror(o.f);
     if (fclose(o.f) || bad)
         return sr__fail(-EIO, who, "worker%d: cannot write the trace part '%s'", rank, name);
