@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "helpers/piped_job.h"
 #include "helpers/watch.h"
 #include "shmrpc/checkpoint.h"
 #include "shmrpc/data.h"
@@ -53,15 +54,6 @@ LEAK_CHECKED_SUITE(train_restart);
 #define SANITIZED 0
 #endif
 
-struct job {
-    pid_t pid;
-    int pidfd, out_fd, err_fd;
-    char out[65536], err[16384];
-    size_t out_len, err_len;
-    bool out_eof, err_eof;
-    char ns[40];
-};
-
 static const char *env_path(const char *var)
 {
     const char *p = getenv(var);
@@ -75,30 +67,19 @@ static long env_long(const char *name, long def)
     return s && *s ? atol(s) : def;
 }
 
-/* In the child: stdout and stderr to the pipes, nothing else open. */
-static void exec_job(int out, int err, char **argv)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL);
-    if (dup2(out, 1) < 0 || dup2(err, 2) < 0)
-        _exit(126);
-    close_range(3, ~0u, 0);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
-static void start_with(struct job *j, const char *name, const char *dir, char **shmrun_args, char **recipe,
+static void start_with(struct piped_job *j, const char *name, const char *dir, char **shmrun_args, char **recipe,
                        char **args);
 
 /* shmrun -n 2 --name-prefix NS --max-restarts 3 -- demo_train --plot DIR/NAME.svg RECIPE args... */
-static void start(struct job *j, const char *name, const char *dir, char **args)
+static void start(struct piped_job *j, const char *name, const char *dir, char **args)
 {
     start_with(j, name, dir, (char *[]){"-n", "2", "--max-restarts", "3", NULL},
                (char *[]){RECIPE, NULL}, args);
 }
 
 /* shmrun SHMRUN_ARGS --name-prefix NS -- demo_train --plot DIR/NAME.svg RECIPE args... */
-static void start_with(struct job *j, const char *name, const char *dir, char **shmrun_args, char **recipe, char **args)
+static void start_with(struct piped_job *j, const char *name, const char *dir, char **shmrun_args, char **recipe,
+                       char **args)
 {
     snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
     static char plot[512];
@@ -117,31 +98,7 @@ static void start_with(struct job *j, const char *name, const char *dir, char **
         cr_assert_lt(n, 39, "too many arguments");
         argv[n++] = args[i];
     }
-    int out[2], err[2];
-    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(err, O_CLOEXEC), 0);
-    pid_t pid = fork();
-    if (pid == 0)
-        exec_job(out[1], err[1], argv);
-    cr_assert(pid > 0, "fork: %s", strerror(errno));
-    close(out[1]), close(err[1]);
-    *j = (struct job){.pid = pid, .out_fd = out[0], .err_fd = err[0]};
-    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
-    fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
-    j->pidfd = watch_pidfd_open(pid);
-    cr_assert(j->pidfd >= 0, "pidfd_open: %s", strerror(errno));
-}
-
-static void pump(struct job *j, int ms)
-{
-    struct pollfd p[2] = {{.fd = j->out_eof ? -1 : j->out_fd, .events = POLLIN},
-                          {.fd = j->err_eof ? -1 : j->err_fd, .events = POLLIN}};
-    poll(p, 2, ms);
-    if (!j->out_eof)
-        watch_drain(j->out_fd, j->out, sizeof(j->out), &j->out_len, &j->out_eof);
-    if (!j->err_eof)
-        watch_drain(j->err_fd, j->err, sizeof(j->err), &j->err_len, &j->err_eof);
+    piped_job_start(j, argv, false);
 }
 
 static int want_saves;
@@ -152,20 +109,7 @@ static int count(const char *s, const char *what)
         n++;
     return n;
 }
-static bool saves_seen(struct job *j) { return count(j->out, "checkpoint: step ") >= want_saves || j->out_eof; }
-static bool pipes_closed(struct job *j) { return j->out_eof && j->err_eof; }
-
-static bool pump_until(struct job *j, bool (*done)(struct job *))
-{
-    int64_t deadline = watch_now_ms() + 6 * WATCH_WAIT_MS;
-    while (!done(j)) {
-        int64_t left = deadline - watch_now_ms();
-        if (left <= 0)
-            return false;
-        pump(j, (int)left);
-    }
-    return true;
-}
+static bool saves_seen(struct piped_job *j) { return count(j->out, "checkpoint: step ") >= want_saves || j->out_eof; }
 
 /* The pid of shmrun's child that runs `rank` of the current attempt (its
  * exec'd environment says so); 0 if none. */
@@ -195,9 +139,10 @@ static pid_t rank_pid(pid_t shmrun, int rank)
     return 0;
 }
 
-static int finish(struct job *j)
+static int finish(struct piped_job *j)
 {
-    cr_assert(pump_until(j, pipes_closed), "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
+    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
+              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
               j->pid, 6 * WATCH_WAIT_MS, j->err);
     int st;
     cr_assert_eq(waitpid(j->pid, &st, 0), j->pid, "waitpid(shmrun): %s", strerror(errno));
@@ -261,14 +206,16 @@ static uint32_t next(uint32_t *s)
 /* The seed's kills: `kills` random ranks of `world`, the k-th after one of
  * the first saves, later than the last kill's; then the job's end, which
  * must be exit 0. */
-static void kill_and_finish(struct job *j, uint32_t seed, uint32_t *rng, int kills, int world, int *rank, pid_t *victim)
+static void kill_and_finish(struct piped_job *j, uint32_t seed, uint32_t *rng, int kills, int world, int *rank,
+                            pid_t *victim)
 {
     int after = 0;
     for (int k = 0; k < kills; k++) {
         rank[k] = (int)(next(rng) % (uint32_t)world);
         after += 1 + (int)(next(rng) % 2);
         want_saves = after;
-        cr_assert(pump_until(j, saves_seen) && !j->out_eof, "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
+        cr_assert(piped_job_pump_until(j, saves_seen, 6 * WATCH_WAIT_MS) && !j->out_eof,
+                  "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
                   seed, after, j->out, j->err);
         victim[k] = rank_pid(j->pid, rank[k]);
         cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
@@ -288,7 +235,7 @@ static void run_trial(uint32_t seed, const char *ref)
     uint32_t rng = seed;
     int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS];
     pid_t victim[MAX_KILLS];
-    struct job j;
+    struct piped_job j;
     start(&j, name, dir, (char *[]){"--checkpoint-dir", dir, "--save-every", SAVE_EVERY, "--dump-params", dump, NULL});
     kill_and_finish(&j, seed, &rng, kills, 2, rank, victim);
     char line[200];
@@ -322,7 +269,7 @@ Test(train_restart, killed_ranks_restart_the_job_which_ends_as_an_uninterrupted_
     char dir[] = "/tmp/sr-train-restart-ref-XXXXXX", ref[600];
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     snprintf(ref, sizeof(ref), "%s/uninterrupted.params", dir);
-    struct job j;
+    struct piped_job j;
     start(&j, "rsref", dir, (char *[]){"--dump-params", ref, NULL});
     int st = finish(&j);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reference run: wait status 0x%x; stderr:\n%s", st, j.err);
@@ -342,7 +289,7 @@ Test(train_restart, killed_ranks_restart_the_job_which_ends_as_an_uninterrupted_
 #define REPLACE_WORLD 4
 #define REPLACE_RECIPE "--limit-batches", "600", "--seed", "7"
 
-static double accuracy(const struct job *j)
+static double accuracy(const struct piped_job *j)
 {
     const char *p = strstr(j->out, "test accuracy: ");
     return p ? atof(p + strlen("test accuracy: ")) : -1.0;
@@ -356,7 +303,7 @@ static void run_replace_trial(uint32_t seed, double ref)
     uint32_t rng = seed;
     int kills = 1 + (int)(next(&rng) % MAX_KILLS), rank[MAX_KILLS];
     pid_t victim[MAX_KILLS];
-    struct job j;
+    struct piped_job j;
     start_with(&j, name, dir, (char *[]){"-n", "4", "--max-restarts", "3", "--restart", "rank", NULL},
                (char *[]){REPLACE_RECIPE, NULL}, (char *[]){"--checkpoint-dir", dir, "--save-every", "80", NULL});
     kill_and_finish(&j, seed, &rng, kills, REPLACE_WORLD, rank, victim);
@@ -395,7 +342,7 @@ Test(train_restart, killed_ranks_are_replaced_and_the_run_ends_as_accurate, .tim
     cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
     char dir[] = "/tmp/sr-train-replace-ref-XXXXXX";
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    struct job j;
+    struct piped_job j;
     start_with(&j, "rpref", dir, (char *[]){"-n", "4", NULL}, (char *[]){REPLACE_RECIPE, NULL}, (char *[]){NULL});
     int st = finish(&j);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "reference run: wait status 0x%x; stderr:\n%s", st, j.err);

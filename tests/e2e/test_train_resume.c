@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "helpers/piped_job.h"
 #include "helpers/watch.h"
 #include "shmrpc/checkpoint.h"
 #include "shmrpc/data.h"
@@ -38,16 +39,6 @@ LEAK_CHECKED_SUITE(train_resume);
 #define SAVE_EVERY "40"
 /* The short run of the resume test: one trainer, momentum for a state. */
 #define RECIPE "--limit-batches", STEPS, "--seed", "7", "--momentum", "0.9"
-
-struct job {
-    pid_t pid; /* also the process group of the whole job */
-    int pidfd, out_fd, err_fd;
-    char out[32768], err[16384];
-    size_t out_len, err_len;
-    bool out_eof, err_eof;
-    int status;
-    char ns[40];
-};
 
 static const char *env_path(const char *var)
 {
@@ -64,22 +55,8 @@ static void skip_without_data(void)
         cr_skip_test("dataset-fashion-mnist is not installed (%s)", path);
 }
 
-/* In the child: its own process group (the job, to kill as one), stdout and
- * stderr to the pipes, nothing else open; no Criterion call here. */
-static void exec_job(int out, int err, char **argv)
-{
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    setpgid(0, 0);
-    signal(SIGINT, SIG_DFL), signal(SIGTERM, SIG_DFL), signal(SIGPIPE, SIG_DFL);
-    if (dup2(out, 1) < 0 || dup2(err, 2) < 0)
-        _exit(126);
-    close_range(3, ~0u, 0);
-    execv(argv[0], argv);
-    _exit(127);
-}
-
 /* shmrun -n WORLD --name-prefix NS -- demo_train --plot DIR/NAME.svg args... */
-static void start(struct job *j, const char *name, const char *dir, const char *world, char **args)
+static void start(struct piped_job *j, const char *name, const char *dir, const char *world, char **args)
 {
     snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
     static char plot[512];
@@ -91,54 +68,16 @@ static void start(struct job *j, const char *name, const char *dir, const char *
         cr_assert_lt(n, 31, "too many arguments");
         argv[n++] = args[i];
     }
-    int out[2], err[2];
-    cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(err, O_CLOEXEC), 0);
-    pid_t pid = fork();
-    if (pid == 0)
-        exec_job(out[1], err[1], argv);
-    cr_assert(pid > 0, "fork: %s", strerror(errno));
-    setpgid(pid, pid); /* as the child does: whichever runs first */
-    close(out[1]), close(err[1]);
-    j->pid = pid, j->out_fd = out[0], j->err_fd = err[0];
-    j->out_len = j->err_len = 0, j->out_eof = j->err_eof = false;
-    fcntl(j->out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(j->err_fd, F_SETFL, O_NONBLOCK);
-    j->pidfd = watch_pidfd_open(pid);
-    cr_assert(j->pidfd >= 0, "pidfd_open: %s", strerror(errno));
+    piped_job_start(j, argv, true); /* its own process group: the whole job */
 }
 
-static void pump(struct job *j, int ms)
-{
-    struct pollfd p[2] = {{.fd = j->out_eof ? -1 : j->out_fd, .events = POLLIN},
-                          {.fd = j->err_eof ? -1 : j->err_fd, .events = POLLIN}};
-    poll(p, 2, ms);
-    if (!j->out_eof)
-        watch_drain(j->out_fd, j->out, sizeof(j->out), &j->out_len, &j->out_eof);
-    if (!j->err_eof)
-        watch_drain(j->err_fd, j->err, sizeof(j->err), &j->err_len, &j->err_eof);
-}
-
-/* Pump until done(j) or the bound passes. */
-static bool pump_until(struct job *j, bool (*done)(struct job *))
-{
-    int64_t deadline = watch_now_ms() + 6 * WATCH_WAIT_MS;
-    while (!done(j)) {
-        int64_t left = deadline - watch_now_ms();
-        if (left <= 0)
-            return false;
-        pump(j, (int)left);
-    }
-    return true;
-}
-
-static bool saved_once(struct job *j) { return strstr(j->out, "checkpoint: step ") || j->out_eof; }
-static bool pipes_closed(struct job *j) { return j->out_eof && j->err_eof; }
+static bool saved_once(struct piped_job *j) { return strstr(j->out, "checkpoint: step ") || j->out_eof; }
 
 /* Every worker holds the pipes: end-of-file on both means the job is gone. */
-static int finish(struct job *j)
+static int finish(struct piped_job *j)
 {
-    cr_assert(pump_until(j, pipes_closed), "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
+    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
+              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
               j->pid, 6 * WATCH_WAIT_MS, j->err);
     cr_assert(pidfd_exited(j->pidfd, WATCH_WAIT_MS), "shmrun (pid %d) did not exit", j->pid);
     /* Reap shmrun and, as the subreaper, the workers it left when killed:
@@ -153,7 +92,7 @@ static int finish(struct job *j)
     return j->status;
 }
 
-static void run_to_end(struct job *j, const char *name, const char *dir, const char *world, char **args)
+static void run_to_end(struct piped_job *j, const char *name, const char *dir, const char *world, char **args)
 {
     start(j, name, dir, world, args);
     int st = finish(j);
@@ -234,13 +173,14 @@ Test(train_resume, sigkill_mid_training_then_resume_equals_an_uninterrupted_run,
     snprintf(ref, sizeof(ref), "%s/uninterrupted.params", dir);
     snprintf(resumed, sizeof(resumed), "%s/resumed.params", dir);
     snprintf(ck, sizeof(ck), "%s/train.ckpt", dir);
-    struct job j;
+    struct piped_job j;
 
     run_to_end(&j, "ref", dir, "2", (char *[]){RECIPE, "--dump-params", ref, NULL});
 
     /* Killed once the first checkpoint is on disk. */
     start(&j, "killed", dir, "2", (char *[]){RECIPE, "--checkpoint-dir", dir, "--save-every", SAVE_EVERY, NULL});
-    cr_assert(pump_until(&j, saved_once) && !j.out_eof, "no checkpoint was saved; stdout:\n%s\nstderr:\n%s", j.out,
+    cr_assert(piped_job_pump_until(&j, saved_once, 6 * WATCH_WAIT_MS) && !j.out_eof,
+              "no checkpoint was saved; stdout:\n%s\nstderr:\n%s", j.out,
               j.err);
     cr_assert_eq(kill(-j.pid, SIGKILL), 0, "kill(job): %s", strerror(errno));
     int st = finish(&j);
@@ -266,7 +206,7 @@ Test(train_resume, the_demo_reaches_80_percent_in_one_epoch_with_3_trainers, .ti
     skip_without_data();
     char dir[] = "/tmp/sr-train-demo-XXXXXX";
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    struct job j;
+    struct piped_job j;
     run_to_end(&j, "demo", dir, "4", (char *[]){NULL});
     const char *acc = strstr(j.out, "test accuracy: ");
     double pct = 0;
