@@ -283,18 +283,31 @@ static int kill_victim(void)
     return 0;
 }
 
+/* *out: an RRef owned by the victim (rank 1) holding `value`, confirmed by
+ * a to_here. */
+static int victim_owned(int value, sr_rref **out)
+{
+    sr_value *arg = sr_int(value), *v = NULL;
+    int rc = sr_remote(1, "ident", SR_ARGS(arg), WAIT_S, out);
+    sr_value_unref(arg);
+    WCHECK(rc == 0, "remote: %s", sr_last_error());
+    rc = sr_rref_to_here(*out, WAIT_S, &v);
+    int64_t got = rc ? -1 : sr_value_int(v);
+    sr_value_unref(v);
+    WCHECK(rc == 0 && got == value, "to_here before: %d (%lld): %s", rc, (long long)got, sr_last_error());
+    return 0;
+}
+
 /* (a) An RRef owned by the victim, held by rank 0 and rank 2: after the
  * kill every to_here fails at once with -SR_EOWNERLOST naming the owner,
  * also once the replacement is there (which never had the value); a fresh
  * remote() to the replacement works; the handles' deletes go nowhere. */
 static int driver_owner_dies(void)
 {
-    sr_value *seven = sr_int(7), *v = NULL;
+    sr_value *seven = NULL, *v = NULL;
     sr_rref *r = NULL;
-    WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value_unref(seven);
-    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_int(v) == 7, "to_here before: %s", sr_last_error());
-    sr_value_unref(v);
+    if (victim_owned(7, &r))
+        return 1;
     sr_value *rv = sr_rref_value(r);
     WCHECK(sr_rpc_sync(2, "keep", SR_ARGS(rv), WAIT_S, NULL) == 0, "keep on rank 2: %s", sr_last_error());
     sr_value_unref(rv);
@@ -390,12 +403,9 @@ static int driver_holder_dies(void)
  * for a death the job went on after. */
 static int driver_child_lost(void)
 {
-    sr_value *seven = sr_int(7), *v = NULL;
     sr_rref *r = NULL;
-    WCHECK(sr_remote(1, "ident", SR_ARGS(seven), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value_unref(seven);
-    WCHECK(sr_rref_to_here(r, WAIT_S, &v) == 0 && sr_value_int(v) == 7, "to_here before: %s", sr_last_error());
-    sr_value_unref(v);
+    if (victim_owned(7, &r))
+        return 1;
     sr_future *f = NULL;
     WCHECK(sr_rpc_async(1, "freeze", SR_NOARGS, WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
     WCHECK(replace_wait_stopped(fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
@@ -497,28 +507,31 @@ static int spawn(const char *name, int (*driver)(void))
     return sr_spawn(WORLD, worker, (void *)driver, &o);
 }
 
+/* The job of one test (in the test's process): it must end well. */
+static void run_death_job(const char *name, int (*driver)(void))
+{
+    int rc = spawn(name, driver);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
 Test(rref_death, an_owner_dies_its_rrefs_fail_at_once_and_its_replacement_is_fresh, .timeout = 120)
 {
-    int rc = spawn("rrefdeath_a", driver_owner_dies);
-    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    run_death_job("rrefdeath_a", driver_owner_dies);
 }
 
 Test(rref_death, a_child_lost_with_its_owner_does_not_fail_the_shutdown, .timeout = 120)
 {
     fz = shared_page(sizeof(*fz));
-    int rc = spawn("rdchild", driver_child_lost);
-    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    run_death_job("rdchild", driver_child_lost);
 }
 
 Test(rref_death, a_holder_dies_its_forks_are_released_on_the_owner, .timeout = 120)
 {
-    int rc = spawn("rrefdeath_b", driver_holder_dies);
-    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    run_death_job("rrefdeath_b", driver_holder_dies);
 }
 
 Test(rref_death, a_remote_to_a_replaced_rank_takes_its_new_generation_without_a_poll, .timeout = 120)
 {
     sv = shared_page(sizeof(*sv));
-    int rc = spawn("rrefdeath_d", driver_stale_view);
-    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    run_death_job("rrefdeath_d", driver_stale_view);
 }
