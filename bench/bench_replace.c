@@ -2,7 +2,7 @@
  * rank|job; docs/PERFORMANCE.md, "Replacement in place against a whole-job
  * restart").
  *
- *   bench_replace [-n N] [--kills K] [--trials T] [--settle-ms MS] [--shmrun PATH]
+ *   bench_replace [--json] [-n N] [--kills K] [--trials T] [--settle-ms MS] [--shmrun PATH] [latency] [dip]
  *
  * Two measures, each under both policies, on CLOCK_MONOTONIC (one clock for
  * every process):
@@ -62,7 +62,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "shmrpc/shmrpc.h"
+#include "shmrun_job.h"
 
 #define MAX_N 16
 #define MAX_KILLS 200
@@ -286,19 +288,20 @@ struct round {
 };
 
 struct job {
-    const char *shmrun, *self, *mode;
-    int n, kills, fd, log;
+    bench_job bj; /* shmrun, the report pipe, the log */
+    const char *self, *mode;
+    int n, kills;
     bool rank_policy;
-    pid_t pid;
     struct page *pg;
     int pg_fd;
+    int want_k;     /* await_round's round */
+    bool want_served;
     struct round r[MAX_KILLS + 1];
-    char buf[4096];
-    size_t len;
 };
 
-static int take_line(struct job *j, const char *line)
+static int take_line(void *ctx, const char *line)
 {
+    struct job *j = ctx;
     int rank, round, pid;
     long long a, b;
     if (sscanf(line, "up %d %d %d %lld %lld", &rank, &round, &pid, &a, &b) == 5 && rank >= 0 && rank < j->n &&
@@ -317,107 +320,42 @@ static int take_line(struct job *j, const char *line)
     return -1;
 }
 
-static int read_lines(struct job *j)
+/* Round want_k has every worker up (all: the job policy's attempt, or round
+ * 0) or its victim up (the rank policy), and, if want_served, rank 0 was
+ * served by it. */
+static bool round_done(void *ctx)
 {
-    ssize_t got = read(j->fd, j->buf + j->len, sizeof(j->buf) - 1 - j->len);
-    if (got <= 0) {
-        fprintf(stderr, "bench_replace: the workers closed the report pipe\n");
-        return -1;
-    }
-    j->len += (size_t)got;
-    j->buf[j->len] = 0;
-    for (char *nl; (nl = strchr(j->buf, '\n'));) {
-        *nl = 0;
-        if (take_line(j, j->buf))
-            return -1;
-        j->len -= (size_t)(nl + 1 - j->buf);
-        memmove(j->buf, nl + 1, j->len + 1);
-    }
-    return 0;
+    struct job *j = ctx;
+    struct round *r = &j->r[j->want_k];
+    int want = j->want_k == 0 || !j->rank_policy ? j->n : 1;
+    return r->up >= want && (!j->want_served || r->served);
 }
 
-/* Read reports until round k has every worker up (all: the job policy's
- * attempt, or round 0) or its victim up (the rank policy), and, when
- * `served`, rank 0 served by it. Bounded. */
 static int await_round(struct job *j, int k, bool served)
 {
-    int want = k == 0 || !j->rank_policy ? j->n : 1;
-    int64_t deadline = now_ns() + (int64_t)WAIT_MS * 1000000;
-    while (j->r[k].up < want || (served && !j->r[k].served)) {
-        int left = (int)((deadline - now_ns()) / 1000000);
-        struct pollfd p = {.fd = j->fd, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, left) <= 0) {
-            fprintf(stderr, "bench_replace: round %d: %d of %d workers up%s within %d ms\n", k, j->r[k].up, want,
-                    served && !j->r[k].served ? ", rank 0 not served" : "", WAIT_MS);
-            return -1;
-        }
-        if (read_lines(j))
-            return -1;
-    }
-    return 0;
-}
-
-static void print_log(struct job *j)
-{
-    char buf[4096];
-    lseek(j->log, 0, SEEK_SET);
-    for (ssize_t got; (got = read(j->log, buf, sizeof(buf))) > 0;)
-        fwrite(buf, 1, (size_t)got, stderr);
+    char what[96];
+    j->want_k = k, j->want_served = served;
+    snprintf(what, sizeof(what), "round %d: not every worker up%s", k, served ? ", or rank 0 not served" : "");
+    return bench_job_await(&j->bj, round_done, WAIT_MS, what);
 }
 
 static int launch(struct job *j)
 {
-    int p[2];
-    char tmpl[] = "/tmp/bench_replace.XXXXXX";
-    j->log = mkstemp(tmpl);
-    if (j->log < 0 || pipe(p))
+    int w = bench_job_pipe(&j->bj);
+    if (w < 0)
         return -1;
-    unlink(tmpl);
-    fcntl(p[0], F_SETFD, FD_CLOEXEC);
-    char nb[16], fdb[16], pgb[16], kb[16], restarts[16], prefix[48];
+    char nb[16], fdb[16], pgb[16], kb[16], prefix[48];
     snprintf(nb, sizeof(nb), "%d", j->n);
-    snprintf(fdb, sizeof(fdb), "%d", p[1]);
+    snprintf(fdb, sizeof(fdb), "%d", w);
     snprintf(pgb, sizeof(pgb), "%d", j->pg_fd);
     snprintf(kb, sizeof(kb), "%d", j->kills);
-    snprintf(restarts, sizeof(restarts), "%d", j->kills);
     snprintf(prefix, sizeof(prefix), "bench_replace%d", (int)getpid());
-    j->pid = fork();
-    if (j->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(j->log, 2);
-        execl(j->shmrun, j->shmrun, "-n", nb, "--restart", j->rank_policy ? "rank" : "job", "--max-restarts",
-              restarts, "--name-prefix", prefix, "--", j->self, "--worker", j->mode, fdb, pgb, kb, (char *)NULL);
-        _exit(127);
-    }
-    close(p[1]);
-    j->fd = p[0];
-    return j->pid > 0 ? 0 : -1;
+    char *argv[] = {(char *)j->bj.shmrun, "-n", nb, "--restart", j->rank_policy ? "rank" : "job", "--max-restarts", kb,
+                    "--name-prefix", prefix, "--", (char *)j->self, "--worker", (char *)j->mode, fdb, pgb, kb, NULL};
+    return bench_job_start(&j->bj, argv, w);
 }
 
-/* shmrun's exit, bounded; 0 if it exited 0. */
-static int end_job(struct job *j, int rc)
-{
-    int st = 0, pidfd = (int)syscall(SYS_pidfd_open, j->pid, 0);
-    struct pollfd p = {.fd = pidfd, .events = POLLIN};
-    if (!rc && (pidfd < 0 || poll(&p, 1, WAIT_MS) != 1)) {
-        fprintf(stderr, "bench_replace: shmrun did not end within %d ms\n", WAIT_MS);
-        rc = -1;
-    }
-    if (pidfd >= 0)
-        close(pidfd);
-    if (rc)
-        kill(j->pid, SIGKILL);
-    waitpid(j->pid, &st, 0);
-    if (WIFEXITED(st) && WEXITSTATUS(st)) /* 127: shmrun could not be run */
-        fprintf(stderr, "bench_replace: %s exited with status %d\n", j->shmrun, WEXITSTATUS(st));
-    else if (!rc && WIFSIGNALED(st))
-        fprintf(stderr, "bench_replace: %s was killed by signal %d\n", j->shmrun, WTERMSIG(st));
-    rc = rc || !WIFEXITED(st) || WEXITSTATUS(st) ? -1 : 0;
-    if (rc)
-        print_log(j);
-    close(j->fd), close(j->log);
-    return rc;
-}
+static int end_job(struct job *j, int rc) { return bench_job_end(&j->bj, rc, WAIT_MS); }
 
 struct latency {
     double detect[MAX_KILLS], to_main[MAX_KILLS], startup[MAX_KILLS], to_call[MAX_KILLS], served[MAX_KILLS],
@@ -520,51 +458,55 @@ static double exec_cost(const char *self)
     return (double)(t1 - t0) / 1e6;
 }
 
-static int cmp(const void *a, const void *b)
+#define EXECS 15 /* bare fork + exec of this program: the latency figures' floor */
+
+/* The latency figures of one policy, in ns, each next to a bare fork + exec
+ * of this program (round-robin over the EXECS measured). */
+static void print_latency(const struct job *j, const struct latency *l, const double *ex)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    static const char *what[] = {"kill -> rank 0's first failed call", "kill -> the new victim's main()",
+                                 "its own start-up (main -> past sr_init)", "past sr_init -> rank 0 served by it",
+                                 "kill -> rank 0 served by the new one", "served - own start-up"};
+    const double *fig[] = {l->detect, l->to_main, l->startup, l->to_call, l->served, l->own};
+    double ours[MAX_KILLS], floor_[MAX_KILLS];
+    for (int f = j->rank_policy ? 0 : 1; f < 6; f++) { /* detect: rank policy only (job: rank 0 is stopped too) */
+        char config[96];
+        snprintf(config, sizeof(config), "--restart %s: %s", j->rank_policy ? "rank" : "job", what[f]);
+        for (int k = 0; k < j->kills; k++)
+            ours[k] = fig[f][k] * 1e6, floor_[k] = ex[k % EXECS] * 1e6;
+        bench_job_print("replace latency", config, "fork+exec", ours, floor_, j->kills);
+    }
 }
 
-static void report(const char *what, double *v, int k, const char *unit)
+static int bench_latency(struct job *j, int settle_ms, const double *ex, struct latency *l)
 {
-    qsort(v, (size_t)k, sizeof(*v), cmp);
-    printf("  %-42s p50 %8.1f %s  min %8.1f %s  max %8.1f %s\n", what, v[k / 2], unit, v[0], unit, v[k - 1], unit);
-}
-
-static int bench_latency(struct job *j, int settle_ms)
-{
-    struct latency *l = calloc(1, sizeof(*l));
     j->mode = "latency";
     memset(j->r, 0, sizeof(j->r));
-    if (!l || run_latency(j, settle_ms, l)) {
-        free(l);
+    if (run_latency(j, settle_ms, l))
         return -1;
-    }
     printf("latency, --restart %s: %d workers, %d kills of rank %d in one job\n", j->rank_policy ? "rank" : "job",
            j->n, j->kills, j->n - 1);
-    /* drift: the last third against the first, before the sort */
+    print_latency(j, l, ex);
+    /* drift: the last third against the first */
     int third = j->kills / 3;
     double first = 0, last = 0;
     for (int k = 0; k < third; k++)
         first += l->served[k], last += l->served[j->kills - 1 - k];
-    if (j->rank_policy)
-        report("kill -> rank 0's first failed call", l->detect, j->kills, "ms");
-    report("kill -> the new victim's main()", l->to_main, j->kills, "ms");
-    report("its own start-up (main -> past sr_init)", l->startup, j->kills, "ms");
-    report("past sr_init -> rank 0 served by it", l->to_call, j->kills, "ms");
-    report("kill -> rank 0 served by the new one", l->served, j->kills, "ms");
-    report("served - own start-up", l->own, j->kills, "ms");
     if (third)
         printf("  served, mean of the first %d kills %.1f ms, of the last %d %.1f ms\n", third, first / third, third,
                last / third);
-    free(l);
     return 0;
 }
 
-static int bench_dip(struct job *j, int trials)
+/* The dip's figures of `trials` trials under one policy, in ns: the time a
+ * call took (rank 0's steps, one call to each other rank) before and after
+ * the kill, the stall, the time lost, and the same estimate with no kill. */
+struct dips {
+    double before[64], after[64], stall[64], lost[64], control[64];
+};
+
+static int bench_dip(struct job *j, int trials, struct dips *out)
 {
-    double rate[64], after[64], stall[64], lost[64], control[64];
     j->mode = "dip";
     j->kills = 1;
     for (int t = 0; t < trials; t++) {
@@ -575,16 +517,17 @@ static int bench_dip(struct job *j, int trials)
         if (getenv("BENCH_REPLACE_VERBOSE"))
             fprintf(stderr, "  trial %d: %.0f steps/s before, %.0f after, stall %.1f ms, lost %.1f ms (%.1f)\n", t,
                     d.rate, d.after, d.stall_ms, d.lost_ms, d.control_ms);
-        rate[t] = d.rate * (j->n - 1), after[t] = d.after * (j->n - 1), stall[t] = d.stall_ms, lost[t] = d.lost_ms;
-        control[t] = d.control_ms;
+        out->before[t] = 1e9 / (d.rate * (j->n - 1)), out->after[t] = 1e9 / (d.after * (j->n - 1));
+        out->stall[t] = d.stall_ms * 1e6, out->lost[t] = d.lost_ms * 1e6, out->control[t] = d.control_ms * 1e6;
     }
     printf("dip, --restart %s: %d workers (rank 0 steps: a call to each of the %d others), one kill of rank %d, "
            "%d trials\n", j->rank_policy ? "rank" : "job", j->n, j->n - 1, j->n - 1, trials);
-    report("calls/s, the 500 ms before the kill", rate, trials, "/s");
-    report("calls/s, from kill + 600 ms to the stop", after, trials, "/s");
-    report("stall (longest time between two steps)", stall, trials, "ms");
-    report("lost in the 300 ms from the kill", lost, trials, "ms");
-    report("the same estimate, 300 ms without a kill", control, trials, "ms");
+    const char *pol = j->rank_policy ? "rank" : "job";
+    char config[96];
+    snprintf(config, sizeof(config), "--restart %s: ns per call, kill + 600 ms on", pol);
+    bench_job_print("replace dip", config, "before", out->after, out->before, trials);
+    double control = bench_median(out->control, (size_t)trials) / 1e6;
+    printf("  (the lost-time estimate over 300 ms without a kill, its noise: p50 %.1f ms)\n", control);
     return 0;
 }
 
@@ -597,59 +540,59 @@ int main(int argc, char **argv)
         int fd = atoi(argv[2]);
         return write(fd, &t_main, sizeof(t_main)) == sizeof(t_main) ? 0 : 1;
     }
-    int n = 4, kills = 30, trials = 5, settle = 20;
+    bench_cli cli = {.prog = "bench_replace", .names = {"latency", "dip"},
+                     .opts = {"-n", "--kills", "--trials", "--settle-ms", "--shmrun"},
+                     .usage = "  -n N           workers (2..16, default 4)\n"
+                              "  --kills K      latency: kills in one job (1..200, default 30)\n"
+                              "  --trials T     dip: trials (1..64, default 5)\n"
+                              "  --settle-ms MS latency: from rank 0 served to the next kill (0..10000, default 20)\n"
+                              "  --shmrun PATH  shmrun (default: beside this program in the build)\n"};
+    bench_cli_parse(&cli, argc, argv);
+    int n = cli.opt[0] ? (int)bench_cli_int(&cli, "-n", cli.opt[0], 2, MAX_N) : 4;
+    int kills = cli.opt[1] ? (int)bench_cli_int(&cli, "--kills", cli.opt[1], 1, MAX_KILLS) : 30;
+    int trials = cli.opt[2] ? (int)bench_cli_int(&cli, "--trials", cli.opt[2], 1, 64) : 5;
+    int settle = cli.opt[3] ? (int)bench_cli_int(&cli, "--settle-ms", cli.opt[3], 0, 10000) : 20;
     char self[PATH_MAX], shmrun[PATH_MAX + 32] = "";
-    ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    self[len > 0 ? len : 0] = 0;
-    int i = 1;
-    for (; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-n"))
-            n = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--kills"))
-            kills = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--trials"))
-            trials = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--settle-ms"))
-            settle = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--shmrun"))
-            snprintf(shmrun, sizeof(shmrun), "%s", argv[i + 1]);
-        else
-            break;
-    }
-    if (i < argc || n < 2 || n > MAX_N || kills < 1 || kills > MAX_KILLS || trials < 1 || trials > 64 ||
-        settle < 0 || settle > 10000) {
-        fprintf(stderr, "usage: bench_replace [-n 2..%d] [--kills 1..%d] [--trials 1..64] [--settle-ms 0..10000] "
-                        "[--shmrun PATH]\n", MAX_N, MAX_KILLS);
-        return 2;
-    }
-    if (!*shmrun) { /* beside us in the build: bench/../launcher/shmrun */
-        char *slash = strrchr(self, '/');
-        snprintf(shmrun, sizeof(shmrun), "%.*s/../launcher/shmrun", slash ? (int)(slash - self) : 1,
-                 slash ? self : ".");
-    }
+    snprintf(shmrun, sizeof(shmrun), "%s", cli.opt[4] ? cli.opt[4] : "");
+    bench_job_paths(self, sizeof(self), shmrun, sizeof(shmrun));
     struct job *j = calloc(1, sizeof(*j));
+    struct latency *l = calloc(2, sizeof(*l));
+    struct dips *d = calloc(2, sizeof(*d));
     int pg_fd = memfd_create("bench_replace", 0); /* inherited by shmrun and every worker */
-    if (!j || pg_fd < 0 || ftruncate(pg_fd, sizeof(struct page)))
+    if (!j || !l || !d || pg_fd < 0 || ftruncate(pg_fd, sizeof(struct page)))
         return 1;
-    *j = (struct job){.shmrun = shmrun, .self = self, .n = n, .pg_fd = pg_fd,
+    *j = (struct job){.bj = {.who = "bench_replace", .shmrun = shmrun, .take = take_line, .ctx = j}, .self = self,
+                      .n = n, .pg_fd = pg_fd,
                       .pg = mmap(NULL, sizeof(struct page), PROT_READ | PROT_WRITE, MAP_SHARED, pg_fd, 0)};
     if (j->pg == MAP_FAILED)
         return 1;
-    double ex[15];
-    for (int i = 0; i < 15; i++)
+    double ex[EXECS];
+    for (int i = 0; i < EXECS; i++)
         ex[i] = exec_cost(self);
-    printf("bench_replace: %d workers\n", n);
-    report("fork + exec of this program -> its main()", ex, 15, "ms");
+    printf("bench_replace: %d workers; floor of the latency figures: a bare fork + exec of this program\n", n);
     int rc = 0;
-    for (int policy = 1; policy >= 0 && !rc; policy--) {
+    for (int policy = 1; policy >= 0 && !rc && bench_cli_wants(&cli, "latency"); policy--) {
         j->rank_policy = policy;
         j->kills = kills;
-        rc = bench_latency(j, settle);
+        rc = bench_latency(j, settle, ex, &l[policy]);
     }
-    for (int policy = 1; policy >= 0 && !rc; policy--) {
+    if (!rc && bench_cli_wants(&cli, "latency")) { /* each kill against the same kill under the whole-job restart */
+        double ours[MAX_KILLS], floor_[MAX_KILLS];
+        for (int k = 0; k < kills; k++)
+            ours[k] = l[1].served[k] * 1e6, floor_[k] = l[0].served[k] * 1e6;
+        bench_job_print("replace latency", "kill -> rank 0 served, --restart rank", "--restart job", ours, floor_,
+                        kills);
+    }
+    for (int policy = 1; policy >= 0 && !rc && bench_cli_wants(&cli, "dip"); policy--) {
         j->rank_policy = policy;
-        rc = bench_dip(j, trials);
+        rc = bench_dip(j, trials, &d[policy]);
     }
-    free(j);
+    if (!rc && bench_cli_wants(&cli, "dip"))
+    {
+        bench_job_print("replace dip", "stall, --restart rank", "--restart job", d[1].stall, d[0].stall, trials);
+        bench_job_print("replace dip", "lost in the 300 ms from the kill, --restart rank", "--restart job", d[1].lost,
+                        d[0].lost, trials);
+    }
+    free(j), free(l), free(d);
     return rc ? 1 : 0;
 }

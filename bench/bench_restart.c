@@ -1,13 +1,14 @@
 /* What a whole-job restart costs (shmrun --max-restarts; docs/PERFORMANCE.md).
  *
- *   bench_restart [-n N] [--trials T] [--shmrun PATH]
+ *   bench_restart [--json] [-n N] [--trials T] [--shmrun PATH]
  *
  * Each trial starts `shmrun -n N --max-restarts 1 -- bench_restart --worker FD`
  * and measures, on CLOCK_MONOTONIC (one clock for every process):
  *   start-up: from the fork of shmrun to the last worker of attempt 0 past sr_init;
  *   restart:  from the SIGKILL of rank N-1 (sent once every worker of attempt 0
  *             is past sr_init) to the last worker of attempt 1 past sr_init.
- * restart - start-up is what the restart adds to a fresh launch: the
+ * One line: the restart next to its floor, the same trial's start-up (the
+ * launch), and their ratio: what the restart adds to a fresh launch is the
  * supervisor's stop, reap and sweep of the old attempt and its new segment.
  * Workers report "RANK ATTEMPT PID NS" on the pipe FD once past sr_init;
  * attempt 0 then waits to be killed, attempt 1 shuts down and exits 0.
@@ -26,7 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "shmrpc/shmrpc.h"
+#include "shmrun_job.h"
 
 #define MAX_N 64
 #define WAIT_MS 30000
@@ -60,15 +63,15 @@ static int worker(int fd)
 }
 
 struct trial {
-    int n, fd, got[2];
+    int n, got[2];
     pid_t pid[MAX_N];
     int64_t last[2]; /* per attempt: the latest time past sr_init */
-    char buf[4096];
-    size_t len;
+    int want;        /* the attempt await_attempt waits for */
 };
 
-static int take_line(struct trial *t, const char *line)
+static int take_line(void *ctx, const char *line)
 {
+    struct trial *t = ctx;
     int rank, attempt, pid;
     long long ns;
     if (sscanf(line, "%d %d %d %lld", &rank, &attempt, &pid, &ns) != 4 || rank < 0 || rank >= t->n || attempt < 0 ||
@@ -83,136 +86,71 @@ static int take_line(struct trial *t, const char *line)
     return 0;
 }
 
-/* Read reports until `attempt` has all n, bounded. */
-static int await_attempt(struct trial *t, int attempt)
+static bool attempt_up(void *ctx)
 {
-    int64_t deadline = now_ns() + (int64_t)WAIT_MS * 1000000;
-    while (t->got[attempt] < t->n) {
-        int left = (int)((deadline - now_ns()) / 1000000);
-        struct pollfd p = {.fd = t->fd, .events = POLLIN};
-        if (left <= 0 || poll(&p, 1, left) <= 0) {
-            fprintf(stderr, "bench_restart: %d of %d workers of attempt %d past sr_init within %d ms\n",
-                    t->got[attempt], t->n, attempt, WAIT_MS);
-            return -1;
-        }
-        ssize_t got = read(t->fd, t->buf + t->len, sizeof(t->buf) - 1 - t->len);
-        if (got <= 0) {
-            fprintf(stderr, "bench_restart: the workers closed the report pipe\n");
-            return -1;
-        }
-        t->len += (size_t)got;
-        t->buf[t->len] = 0;
-        char *nl;
-        while ((nl = strchr(t->buf, '\n'))) {
-            *nl = 0;
-            if (take_line(t, t->buf))
-                return -1;
-            t->len -= (size_t)(nl + 1 - t->buf);
-            memmove(t->buf, nl + 1, t->len + 1);
-        }
-    }
-    return 0;
+    struct trial *t = ctx;
+    return t->got[t->want] >= t->n;
 }
 
-static pid_t launch(const char *shmrun, const char *self, int n, int fd)
+/* Read reports until `attempt` has all n, bounded. */
+static int await_attempt(bench_job *j, struct trial *t, int attempt)
 {
+    char what[96];
+    t->want = attempt;
+    snprintf(what, sizeof(what), "not every worker of attempt %d was past sr_init", attempt);
+    return bench_job_await(j, attempt_up, WAIT_MS, what);
+}
+
+/* One trial: start-up and restart in ns; 0 or -1. */
+static int run_trial(const char *shmrun, const char *self, int n, double *startup_ns, double *restart_ns)
+{
+    struct trial t = {.n = n};
+    bench_job j = {.who = "bench_restart", .shmrun = shmrun, .take = take_line, .ctx = &t};
+    int w = bench_job_pipe(&j);
+    if (w < 0)
+        return -1;
     char nb[16], fdb[16];
     snprintf(nb, sizeof(nb), "%d", n);
-    snprintf(fdb, sizeof(fdb), "%d", fd);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        execl(shmrun, shmrun, "-n", nb, "--max-restarts", "1", "--name-prefix", "bench_restart", "--", self,
-              "--worker", fdb, (char *)NULL);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* One trial: start-up and restart in ms; 0 or -1. */
-static int run_trial(const char *shmrun, const char *self, int n, double *startup_ms, double *restart_ms)
-{
-    int p[2];
-    if (pipe(p))
-        return -1;
-    fcntl(p[0], F_SETFD, FD_CLOEXEC);
-    struct trial t = {.n = n, .fd = p[0]};
+    snprintf(fdb, sizeof(fdb), "%d", w);
+    char *argv[] = {(char *)shmrun, "-n", nb, "--max-restarts", "1", "--name-prefix", "bench_restart", "--",
+                    (char *)self, "--worker", fdb, NULL};
     int64_t t0 = now_ns();
-    pid_t pid = launch(shmrun, self, n, p[1]);
-    close(p[1]);
-    int rc = pid > 0 ? await_attempt(&t, 0) : -1;
+    int rc = bench_job_start(&j, argv, w);
+    rc = rc ? rc : await_attempt(&j, &t, 0);
     int64_t t_kill = now_ns();
-    if (!rc)
-        rc = kill(t.pid[n - 1], SIGKILL);
-    if (!rc)
-        rc = await_attempt(&t, 1);
-    int st = 0;
-    if (pid > 0) {
-        if (rc)
-            kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-    }
-    close(p[0]);
-    if (!rc && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-        fprintf(stderr, "bench_restart: shmrun ended with wait status 0x%x\n", st);
-        rc = -1;
-    }
-    *startup_ms = (double)(t.last[0] - t0) / 1e6;
-    *restart_ms = (double)(t.last[1] - t_kill) / 1e6;
+    rc = rc ? rc : kill(t.pid[n - 1], SIGKILL);
+    rc = rc ? rc : await_attempt(&j, &t, 1);
+    rc = bench_job_end(&j, rc, WAIT_MS);
+    *startup_ns = (double)(t.last[0] - t0);
+    *restart_ns = (double)(t.last[1] - t_kill);
     return rc;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void report(const char *what, double *v, int k)
-{
-    qsort(v, (size_t)k, sizeof(*v), cmp);
-    printf("%-40s p50 %7.1f ms   min %7.1f ms   max %7.1f ms\n", what, v[k / 2], v[0], v[k - 1]);
 }
 
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--worker"))
         return worker(atoi(argv[2]));
-    int n = 4, trials = 10;
+    bench_cli cli = {.prog = "bench_restart", .opts = {"-n", "--trials", "--shmrun"},
+                     .usage = "  -n N          workers (2..64, default 4)\n"
+                              "  --trials T    trials (1..100, default 10)\n"
+                              "  --shmrun PATH shmrun (default: beside this program in the build)\n"};
+    bench_cli_parse(&cli, argc, argv);
+    int n = cli.opt[0] ? (int)bench_cli_int(&cli, "-n", cli.opt[0], 2, MAX_N) : 4;
+    int trials = cli.opt[1] ? (int)bench_cli_int(&cli, "--trials", cli.opt[1], 1, 100) : 10;
     char self[PATH_MAX], shmrun[PATH_MAX + 32] = "";
-    ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    self[len > 0 ? len : 0] = 0;
-    int i = 1;
-    for (; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "-n"))
-            n = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--trials"))
-            trials = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--shmrun"))
-            snprintf(shmrun, sizeof(shmrun), "%s", argv[i + 1]);
-        else
-            break;
-    }
-    if (i < argc || n < 2 || n > MAX_N || trials < 1 || trials > 1000) {
-        fprintf(stderr, "usage: bench_restart [-n 2..%d] [--trials 1..1000] [--shmrun PATH]\n", MAX_N);
-        return 2;
-    }
-    if (!*shmrun) { /* beside us in the build: bench/../launcher/shmrun */
-        char *slash = strrchr(self, '/');
-        snprintf(shmrun, sizeof(shmrun), "%.*s/../launcher/shmrun", slash ? (int)(slash - self) : 1,
-                 slash ? self : ".");
-    }
-    double *up = calloc((size_t)trials, sizeof(double)), *re = calloc((size_t)trials, sizeof(double)),
-           *diff = calloc((size_t)trials, sizeof(double));
-    for (int i = 0; i < trials; i++) {
+    snprintf(shmrun, sizeof(shmrun), "%s", cli.opt[2] ? cli.opt[2] : "");
+    bench_job_paths(self, sizeof(self), shmrun, sizeof(shmrun));
+    double *up = calloc((size_t)trials, sizeof(double)), *re = calloc((size_t)trials, sizeof(double));
+    for (int i = 0; up && re && i < trials; i++)
         if (run_trial(shmrun, self, n, &up[i], &re[i]))
             return 1;
-        diff[i] = re[i] - up[i];
-    }
-    printf("bench_restart: %d workers, %d trials (shmrun --max-restarts 1)\n", n, trials);
-    report("start-up (launch -> all past sr_init)", up, trials);
-    report("restart (SIGKILL -> all past sr_init)", re, trials);
-    report("restart - start-up (same trial)", diff, trials);
-    free(up), free(re), free(diff);
+    if (!up || !re)
+        return 1;
+    char config[96];
+    snprintf(config, sizeof(config), "%d workers, SIGKILL -> all past sr_init", n);
+    printf("bench_restart: %d workers, %d trials (shmrun --max-restarts 1); floor: the same job's launch\n", n,
+           trials);
+    bench_job_print("whole-job restart", config, "launch", re, up, trials);
+    free(up), free(re);
     return 0;
 }

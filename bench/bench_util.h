@@ -82,7 +82,7 @@ int bench_print(const char *name, const char *config, const char *floor_name, co
  * An unknown option or name is refused: "PROG: unknown argument 'x' (names:
  * ...; options: ...)" on stderr, exit status 2. */
 #define BENCH_MAX_NAMES 16
-#define BENCH_MAX_OPTS 4
+#define BENCH_MAX_OPTS 6
 typedef struct bench_cli {
     const char *prog;                       /* in: the program's name */
     const char *names[BENCH_MAX_NAMES + 1]; /* in: accepted workload names, NULL-terminated */
