@@ -448,6 +448,13 @@ static int custom_function_step(int rank, int world)
     WCHECK(!strcmp(sr_tensor_grad_fn_name(y), "CubeBackward"), "y's grad_fn is %s", sr_tensor_grad_fn_name(y));
     sr_value *yy[2] = {sr_tensor_value(y), sr_tensor_value(y)}, *out = NULL;
     WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), -1, &out) == 0, "rpc mul: %s", sr_last_error());
+    sr_dist_fn_info send[2];
+    size_t nsend;
+    WCHECK(sr_dist_autograd_functions(ctx, true, send, 2, &nsend) == 0 && nsend == 1, "send functions: %zu",
+           nsend);
+    WCHECK(send[0].num_next == 2 && !strcmp(send[0].next_names[0], "CubeBackward") &&
+               !strcmp(send[0].next_names[1], "CubeBackward"),
+           "the send function's edges lead to %s", send[0].next_names[0] ? send[0].next_names[0] : "nothing");
     sr_tensor *loss = sr_sum(sr_value_tensor(out)), *gx = NULL;
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
     WCHECK(cube_backwards == 1, "CubeBackward ran %d times on worker 0", cube_backwards);

@@ -10,6 +10,7 @@
  * inputs' and outputs' dtypes and shapes; the inputs themselves are not
  * kept, as no built-in node keeps them). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,8 +47,35 @@ struct fn_node {
     sr_node base;
     sr_node_ops ops; /* fn_ops, named after the definition */
     sr_function_ctx *ctx; /* owned */
+    const char *name; /* ops.name */
+};
+
+/* Node names are static strings to their readers (sr_tensor_grad_fn_name,
+ * sr_dist_fn_info.next_names, which outlive the node), so each distinct
+ * "<name>Backward" is made once and kept for the life of the process. */
+struct interned {
+    struct interned *next;
     char name[SR_FUNCTION_NAME_MAX + sizeof "Backward"];
 };
+static pthread_mutex_t names_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct interned *names;
+
+static const char *node_name(const char *def_name)
+{
+    char want[SR_FUNCTION_NAME_MAX + sizeof "Backward"];
+    snprintf(want, sizeof(want), "%sBackward", def_name);
+    pthread_mutex_lock(&names_lock);
+    struct interned *i = names;
+    while (i && strcmp(i->name, want))
+        i = i->next;
+    if (!i && (i = malloc(sizeof(*i)))) {
+        memcpy(i->name, want, sizeof(want));
+        i->next = names;
+        names = i;
+    }
+    pthread_mutex_unlock(&names_lock);
+    return i ? i->name : NULL;
+}
 
 static void drop_saved(sr_function_ctx *ctx)
 {
@@ -286,13 +314,15 @@ static int attach_output(struct fn_node *fn, sr_tensor *const *in, sr_tensor **o
 /* Make the node (it adopts ctx, also on failure) and attach the outputs. */
 static int record(sr_function_ctx *ctx, sr_tensor *const *in, sr_tensor **out)
 {
-    struct fn_node *fn = (struct fn_node *)sr__node_for_inputs(&fn_ops, sizeof(*fn), in, ctx->n,
-                                                               (uint32_t)ctx->nout, (uint32_t)ctx->n_saved);
+    const char *name = node_name(ctx->def->name);
+    struct fn_node *fn = !name ? NULL
+                               : (struct fn_node *)sr__node_for_inputs(&fn_ops, sizeof(*fn), in, ctx->n,
+                                                                       (uint32_t)ctx->nout, (uint32_t)ctx->n_saved);
     if (!fn) {
         ctx_free(ctx);
-        return -ENOMEM;
+        return name ? -ENOMEM : sr__fail(-ENOMEM, "sr_function_apply", "%s: out of memory", ctx->def->name);
     }
-    snprintf(fn->name, sizeof(fn->name), "%sBackward", ctx->def->name);
+    fn->name = name;
     fn->ops = fn_ops;
     fn->ops.name = fn->name;
     fn->base.ops = &fn->ops;
