@@ -474,3 +474,56 @@ Test(function, forward_errors_name_the_function)
     sr_tensor_unref(out[0]);
     sr_tensor_unref(x);
 }
+
+/* ---- NoGrad: saves NULL beside x, and returns no gradient (PyTorch's
+ * test_save_none_for_backward and test_function_returns_undefined_tensor) ---- */
+
+static int nograd_fwd(sr_function_ctx *ctx, sr_tensor *const *in, size_t n, sr_tensor **out, size_t nout)
+{
+    (void)n;
+    (void)nout;
+    sr_tensor *save[2] = {NULL, in[0]};
+    int rc = sr_function_ctx_save_for_backward(ctx, save, 2);
+    out[0] = rc ? NULL : sr_mul_scalar(in[0], 2);
+    return out[0] ? 0 : -EINVAL;
+}
+
+static int nograd_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
+{
+    log_backward(ctx, gout, nout, n);
+    sr_tensor *a = (sr_tensor *)1, *b = NULL;
+    int rc = sr_function_ctx_saved_tensor(ctx, 0, &a);
+    if (!rc)
+        rc = sr_function_ctx_saved_tensor(ctx, 1, &b);
+    if (!rc && (a || !b || sr_function_ctx_num_saved(ctx) != 2))
+        rc = -EINVAL; /* NULL saved, then x */
+    if (!rc && sr_function_ctx_saved_tensor(ctx, 2, &a) != -EINVAL)
+        rc = -EINVAL; /* out of range */
+    (void)gin; /* gin[0] stays NULL: no gradient */
+    return rc;
+}
+
+static int count_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)replace;
+    *(double *)arg += sum_of(grad);
+    return 0;
+}
+
+Test(function, saved_null_no_gradient_returned_and_hooks)
+{
+    struct log l = {0};
+    const sr_autograd_function nograd = {"NoGrad", nograd_fwd, nograd_bwd, &l};
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(3), VALS(1, 2, 3), SR_REQUIRES_GRAD), *y;
+    cr_assert_eq(sr_function_apply(&nograd, &x, 1, &y, 1), 0, "%s", sr_last_error());
+    double seen = 0;
+    cr_assert_eq(sr_tensor_register_hook(y, count_hook, &seen), 0, "%s", sr_last_error());
+    sr_tensor *loss = sr_sum(y);
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    cr_assert_eq(l.backwards, 1);
+    cr_assert_eq(seen, 3, "the hook on the output saw the gradient (sum %g)", seen);
+    cr_assert_null(sr_tensor_grad(x), "backward returned no gradient");
+    sr_tensor_unref(loss);
+    sr_tensor_unref(y);
+    sr_tensor_unref(x);
+}
