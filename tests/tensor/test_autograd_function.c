@@ -394,6 +394,29 @@ Test(function, backward_error_names_the_function_and_keeps_the_detail)
     tu_expect_error("failing backward", "BadBackward: backward failed", "sr_add: shapes [2] and [5]");
 }
 
+/* A successful apply and pass leave the thread's last error as it was
+ * (docs/API.md): clearing it for the callbacks is undone. */
+Test(function, success_keeps_the_last_error)
+{
+    struct log l = {.mode = 2};
+    const sr_autograd_function scale = {"Scale", scale_fwd, scale_bwd, &l};
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD), *y;
+    sr_tensor *z3 = sr_zeros(SR_F64, 1, SHAPE(3), 0);
+    cr_assert_null(sr_mul(x, z3));
+    sr_tensor_unref(z3);
+    char before[512];
+    snprintf(before, sizeof(before), "%s", sr_last_error());
+    cr_assert(strstr(before, "sr_mul"), "a failed sr_mul left its error: %s", before);
+    cr_assert_eq(sr_function_apply(&scale, &x, 1, &y, 1), 0, "%s", sr_last_error());
+    cr_assert_str_eq(sr_last_error(), before, "after apply");
+    sr_tensor *loss = sr_sum(y);
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    cr_assert_str_eq(sr_last_error(), before, "after backward");
+    sr_tensor_unref(loss);
+    sr_tensor_unref(y);
+    sr_tensor_unref(x);
+}
+
 Test(function, double_backward_is_refused)
 {
     sr_tensor *w = tu_tensor(SR_F64, 1, SHAPE(2), VALS(2, 2), SR_REQUIRES_GRAD);

@@ -131,6 +131,24 @@ static sr_function_ctx *ctx_new(const sr_autograd_function *def, sr_tensor *cons
     return ctx;
 }
 
+/* Around a callback: the thread's last error is cleared, so that a failing
+ * callback's own detail (or none) is what callback_failed reports, and put
+ * back when the callback succeeds (a successful call leaves the last error
+ * as it was, docs/API.md "Errors"). */
+struct prior_error {
+    int code;
+    char text[512];
+};
+
+static void error_clear(struct prior_error *p)
+{
+    p->code = sr_last_error_code();
+    snprintf(p->text, sizeof(p->text), "%s", sr_last_error());
+    sr__error_set(0, "");
+}
+
+static void error_restore(const struct prior_error *p) { sr__error_set(p->code, p->text); }
+
 /* A callback returned rc: keep its detail, name the function. */
 static int callback_failed(int rc, const char *api, const char *name, const char *what)
 {
@@ -199,11 +217,13 @@ static int run_backward(struct fn_node *fn, sr_tensor *const *gout, sr_tensor **
 {
     sr_function_ctx *ctx = fn->ctx;
     bool grad_mode = sr__grad_mode(); /* off: the engine's; restored whatever backward does */
-    sr__error_set(0, "");
+    struct prior_error prior;
+    error_clear(&prior);
     int rc = ctx->def->backward(ctx, gout, ctx->nout, gin, ctx->n);
     sr_set_grad_enabled(grad_mode);
     if (rc)
         return callback_failed(rc, "sr_backward", fn->name, "backward");
+    error_restore(&prior);
     for (size_t i = 0; i < ctx->n && !rc; i++)
         rc = check_grad(fn, i, &gin[i]);
     return rc;
@@ -262,12 +282,14 @@ static int run_forward(sr_function_ctx *ctx, sr_tensor *const *in, sr_tensor **o
     const char *name = ctx->def->name;
     bool prev = sr_no_grad_enter();
     ctx->in_forward = true;
-    sr__error_set(0, "");
+    struct prior_error prior;
+    error_clear(&prior);
     int rc = ctx->def->forward(ctx, in, ctx->n, out, ctx->nout);
     ctx->in_forward = false;
     sr_set_grad_enabled(prev);
     if (rc)
         return callback_failed(rc, "sr_function_apply", name, "forward");
+    error_restore(&prior);
     for (size_t i = 0; i < ctx->nout; i++)
         if (!out[i])
             return sr__fail(-EINVAL, "sr_function_apply", "%s: forward returned no tensor for output %zu of %zu",
