@@ -4,6 +4,8 @@
  * returned as an output, once-differentiable misuse, the checks of what
  * backward returns) and the errors that name the function. */
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -548,5 +550,56 @@ Test(function, saved_null_no_gradient_returned_and_hooks)
     cr_assert_null(sr_tensor_grad(x), "backward returned no gradient");
     sr_tensor_unref(loss);
     sr_tensor_unref(y);
+    sr_tensor_unref(x);
+}
+
+/* ---- two threads' passes through one retained custom node at once: its
+ * backward only reads the context ---- */
+
+static _Atomic int shared_backwards; /* relaxed: a count read after the joins */
+
+static int shared_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
+{
+    (void)nout;
+    (void)n;
+    atomic_fetch_add_explicit(&shared_backwards, 1, memory_order_relaxed);
+    sr_tensor *y;
+    int rc = sr_function_ctx_saved_tensor(ctx, 1, &y);
+    if (!rc && sr_function_ctx_needs_input_grad(ctx, 0))
+        gin[0] = sr_mul(gout[0], y);
+    return rc ? rc : gin[0] ? 0 : -EINVAL;
+}
+
+#define SHARED_PASSES 50
+
+static void *shared_passes(void *loss)
+{
+    for (int i = 0; i < SHARED_PASSES; i++)
+        if (sr_backward(loss, true))
+            return loss; /* non-NULL: failed (the detail is this thread's) */
+    return NULL;
+}
+
+Test(function, concurrent_passes_through_one_node)
+{
+    struct log l = {0};
+    const sr_autograd_function shared = {"Shared", mul_fwd, shared_bwd, &l};
+    sr_tensor *x = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD);
+    sr_tensor *w = tu_tensor(SR_F64, 1, SHAPE(2), VALS(3, -4), 0), *y, *in[2] = {x, w};
+    cr_assert_eq(sr_function_apply(&shared, in, 2, &y, 1), 0, "%s", sr_last_error());
+    sr_tensor *loss = sr_sum(y);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, shared_passes, loss), 0);
+    for (int i = 0; i < 2; i++) {
+        void *failed;
+        pthread_join(t[i], &failed);
+        cr_assert_null(failed, "thread %d: a pass failed", i);
+    }
+    cr_assert_eq(atomic_load_explicit(&shared_backwards, memory_order_relaxed), 2 * SHARED_PASSES);
+    tu_expect(sr_tensor_grad(x), VALS(300, -400), 2, 0, 0, "100 passes of dx = w");
+    sr_tensor_unref(loss);
+    sr_tensor_unref(y);
+    sr_tensor_unref(w);
     sr_tensor_unref(x);
 }
