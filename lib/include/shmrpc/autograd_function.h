@@ -58,8 +58,9 @@
  *
  * Errors of forward and backward: a non-zero return aborts the apply (or
  * the pass) with that code; sr_last_error() then reads "...: Cube: forward
- * failed: <the detail forward left>" or "...: CubeBackward: backward
- * failed: <detail>".
+ * failed (-33): <the detail forward left>" or "...: CubeBackward: backward
+ * failed (-33): <detail>". A callback that succeeds leaves the thread's
+ * last error as it was.
  *
  * Ownership. sr_function_apply borrows the inputs and stores nout new
  * references in outputs (all NULL on failure). forward stores new references
