@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include "rpc_harness.h"
+#include "shmrpc/autograd_function.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/tensor.h"
 #include "waiter.h" /* sr__now_ns */
@@ -352,4 +353,131 @@ Test(dist_autograd_core, chain_of_hops_in_any_order_and_transport, .timeout = 20
     if (reordering_mode())
         chain_len = 500;
     RUN_JOB("dachain", 2, .scenario = long_chain_step, .shutdown_timeout = 180);
+}
+
+/* A user-defined autograd function (shmrpc/autograd_function.h), Cube(x) =
+ * x^3 saving x, crossing RPC in both directions:
+ *   on the caller: y = Cube(x) on worker 0, z = y * y on worker 1 (the
+ *     builtin "mul"), loss = sum(z) back on worker 0: dx = 6 x^5, and the
+ *     pass ran CubeBackward on worker 0 exactly once;
+ *   on the callee: worker 1's "cube" applies it to the tensor it received
+ *     (whose grad_fn is RecvRpcBackward) and returns y, loss = sum(y) on
+ *     worker 0: dx = 3 x^2, which only worker 1's CubeBackward computes. */
+static int cube_backwards; /* in this process */
+
+static int cube_fwd(sr_function_ctx *ctx, sr_tensor *const *in, size_t n, sr_tensor **out, size_t nout)
+{
+    (void)n;
+    (void)nout;
+    int rc = sr_function_ctx_save_for_backward(ctx, in, 1);
+    out[0] = rc ? NULL : sr_pow_scalar(in[0], 3);
+    return out[0] ? 0 : -EINVAL;
+}
+
+static int cube_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
+{
+    (void)nout;
+    (void)n;
+    sr_tensor *x;
+    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
+    if (rc)
+        return rc;
+    cube_backwards++;
+    sr_tensor *x2 = sr_pow_scalar(x, 2), *d = sr_mul_scalar(x2, 3);
+    gin[0] = sr_mul(gout[0], d);
+    sr_tensor_unref(x2);
+    sr_tensor_unref(d);
+    return gin[0] ? 0 : -EINVAL;
+}
+
+static const sr_autograd_function cube_fn = {"Cube", cube_fwd, cube_bwd, NULL};
+
+static int cube_remote(sr_call *c)
+{
+    sr_tensor *x = sr_value_tensor(sr_call_arg(c, 0)), *y;
+    if (!x || strcmp(sr_tensor_grad_fn_name(x) ? sr_tensor_grad_fn_name(x) : "", "RecvRpcBackward"))
+        return -EINVAL; /* not a received tensor that requires grad */
+    int rc = sr_function_apply(&cube_fn, &x, 1, &y, 1);
+    if (rc)
+        return rc;
+    if (strcmp(sr_tensor_grad_fn_name(y), "CubeBackward")) {
+        sr_tensor_unref(y);
+        return -EINVAL;
+    }
+    sr_value *v = sr_tensor_value(y);
+    sr_tensor_unref(y);
+    return sr_call_return(c, v);
+}
+
+static void register_cube(void) { sr_register("cube", cube_remote); }
+
+/* One distributed pass from sum(out of `fn` on worker 1 with args); dx
+ * checked against want. */
+static int cube_pass(sr_tensor *x, const char *fn, sr_value **args, size_t nargs, const double *want)
+{
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
+    sr_value *out = NULL;
+    WCHECK(sr_rpc_sync(1, fn, (sr_args){nargs, args}, -1, &out) == 0, "rpc %s: %s", fn, sr_last_error());
+    sr_tensor *loss = sr_sum(sr_value_tensor(out)), *gx = NULL;
+    WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
+    WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad x: %s", sr_last_error());
+    WCHECK(close_to(gx, want, 2), "wrong gradient through %s", fn);
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
+    sr_tensor_unref(gx);
+    sr_tensor_unref(loss);
+    sr_value_unref(out);
+    return 0;
+}
+
+static int custom_function_step(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    const double xv[2] = {1.5, -2};
+    double d6[2], d3[2];
+    for (int i = 0; i < 2; i++) {
+        d6[i] = 6 * pow(xv[i], 5);
+        d3[i] = 3 * pow(xv[i], 2);
+    }
+    sr_tensor *x = vec(xv, 2, true), *y;
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
+    WCHECK(sr_function_apply(&cube_fn, &x, 1, &y, 1) == 0, "apply: %s", sr_last_error());
+    WCHECK(!strcmp(sr_tensor_grad_fn_name(y), "CubeBackward"), "y's grad_fn is %s", sr_tensor_grad_fn_name(y));
+    sr_value *yy[2] = {sr_tensor_value(y), sr_tensor_value(y)}, *out = NULL;
+    WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), -1, &out) == 0, "rpc mul: %s", sr_last_error());
+    sr_dist_fn_info send[2];
+    size_t nsend;
+    WCHECK(sr_dist_autograd_functions(ctx, true, send, 2, &nsend) == 0 && nsend == 1, "send functions: %zu",
+           nsend);
+    WCHECK(send[0].num_next == 2 && !strcmp(send[0].next_names[0], "CubeBackward") &&
+               !strcmp(send[0].next_names[1], "CubeBackward"),
+           "the send function's edges lead to %s", send[0].next_names[0] ? send[0].next_names[0] : "nothing");
+    sr_tensor *loss = sr_sum(sr_value_tensor(out)), *gx = NULL;
+    WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
+    WCHECK(cube_backwards == 1, "CubeBackward ran %d times on worker 0", cube_backwards);
+    WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad x: %s", sr_last_error());
+    WCHECK(close_to(gx, d6, 2), "wrong gradient through Cube then mul");
+    WCHECK(!sr_tensor_grad(x), ".grad was written");
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
+    sr_tensor_unref(gx);
+    sr_tensor_unref(loss);
+    sr_value_unref(out);
+    sr_value_unref(yy[0]);
+    sr_value_unref(yy[1]);
+    sr_tensor_unref(y);
+
+    sr_value *xa = sr_tensor_value(x);
+    int rc = cube_pass(x, "cube", &xa, 1, d3);
+    WCHECK(cube_backwards == 1, "CubeBackward ran on worker 0 for worker 1's Cube");
+    sr_value_unref(xa);
+    sr_tensor_unref(x);
+    return rc;
+}
+
+Test(dist_autograd_core, custom_function_on_either_side_of_an_rpc, .timeout = 120)
+{
+    RUN_JOB("dacube", 2, .scenario = custom_function_step, .register_fns = register_cube, .shutdown_timeout = 30);
 }

@@ -3,8 +3,10 @@
  * seeds, kept away from the points where an op is not differentiable (relu
  * at 0) or not defined (log, sqrt, pow of a non-positive base). */
 #include <criterion/criterion.h>
+#include <errno.h>
 
 #include "gradcheck.h"
+#include "shmrpc/autograd_function.h"
 #include "common.h"
 
 LEAK_CHECKED_SUITE(gradcheck);
@@ -244,4 +246,49 @@ Test(gradcheck, mlp_composition)
     struct gc_input in[5] = {IN(-1, 1, 2, 4, 3), IN(-1, 1, 2, 3, 5), IN(-1, 1, 1, 5), IN(-1, 1, 2, 5, 2),
                              TARGET(2, 1, 4)};
     gradcheck("mlp", mlp, NULL, 5, in);
+}
+
+/* A user-defined function (shmrpc/autograd_function.h), x * sin(y), whose
+ * backward is written by hand: its gradients against the numeric ones. */
+static int xsin_fwd(sr_function_ctx *ctx, sr_tensor *const *in, size_t n, sr_tensor **out, size_t nout)
+{
+    (void)n;
+    (void)nout;
+    int rc = sr_function_ctx_save_for_backward(ctx, in, 2);
+    sr_tensor *s = rc ? NULL : sr_sin(in[1]);
+    out[0] = sr_mul(in[0], s);
+    sr_tensor_unref(s);
+    return out[0] ? 0 : -EINVAL;
+}
+
+static int xsin_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
+{
+    (void)nout;
+    (void)n;
+    sr_tensor *x, *y;
+    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
+    if (rc || (rc = sr_function_ctx_saved_tensor(ctx, 1, &y)))
+        return rc;
+    sr_tensor *s = sr_sin(y), *c = sr_cos(y), *xc = sr_mul(x, c);
+    gin[0] = sr_mul(gout[0], s);
+    gin[1] = sr_mul(gout[0], xc);
+    sr_tensor_unref(s);
+    sr_tensor_unref(c);
+    sr_tensor_unref(xc);
+    return gin[0] && gin[1] ? 0 : -EINVAL;
+}
+
+static const sr_autograd_function xsin = {"XSin", xsin_fwd, xsin_bwd, NULL};
+
+static sr_tensor *apply_xsin(sr_tensor *const *in, const void *arg)
+{
+    (void)arg;
+    sr_tensor *out;
+    return sr_function_apply(&xsin, in, 2, &out, 1) ? NULL : out;
+}
+
+Test(gradcheck, custom_function)
+{
+    struct gc_input in[2] = {IN(-1, 1, 2, 2, 3), IN(-3, 3, 2, 2, 3)};
+    gradcheck("custom XSin", apply_xsin, NULL, 2, in);
 }

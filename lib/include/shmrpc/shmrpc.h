@@ -16,6 +16,7 @@
 #include "spawn.h"
 #include "stats.h"
 #include "tensor.h"
+#include "autograd_function.h"
 #include "dist_autograd.h"
 #include "optim.h"
 #include "dist_optim.h"

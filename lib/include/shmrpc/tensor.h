@@ -248,7 +248,8 @@ SR_API sr_tensor *sr_cross_entropy(sr_tensor *logits, sr_tensor *target);
 /* ---- local autograd ----
  * A tensor that requires grad records the op that made it (its grad_fn);
  * sr_backward walks that graph from the roots and accumulates gradients into
- * the .grad of the leaves. See docs/TENSORS.md. */
+ * the .grad of the leaves. See docs/TENSORS.md. User-defined functions
+ * (torch.autograd.Function) are in autograd_function.h. */
 SR_API bool sr_tensor_requires_grad(const sr_tensor *t);
 /* Leaves only ("you can only change requires_grad flags of leaf
  * variables"), floating dtypes only. */
