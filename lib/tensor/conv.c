@@ -33,9 +33,40 @@ static int64_t geom_og(const struct conv_geom *g) { return g->o / g->groups; }
 static int64_t geom_k(const struct conv_geom *g) { return geom_cg(g) * g->kh * g->kw; }
 static int64_t geom_l(const struct conv_geom *g) { return g->oh * g->ow; }
 
+/* The output columns ox whose input column ix = ox * stride + off falls
+ * inside [0, w): [*lo, *hi). */
+static void inside(int64_t off, int64_t stride, int64_t w, int64_t ow, int64_t *lo, int64_t *hi)
+{
+    int64_t a = off >= 0 ? 0 : (-off + stride - 1) / stride, b = w - 1 - off < 0 ? 0 : (w - 1 - off) / stride + 1;
+    *lo = a < ow ? a : ow;
+    *hi = b < ow ? b : ow;
+    *hi = *hi > *lo ? *hi : *lo;
+}
+
 /* im2col / col2im of one group of one sample: x [cg, h, w], col [cg*kh*kw, oh*ow].
- * to_col: col = unfold(x); else x += fold(col). */
+ * to_col: col = unfold(x) (zeros where a window reads the padding); else
+ * x += fold(col). The valid columns of each row are found once, so the
+ * inner loops have no bounds checks (a copy when the stride is 1). */
 #define DEFINE_UNFOLD(T, SUFFIX)                                                                               \
+    static void unfold_row_##SUFFIX(const struct conv_geom *g, T *restrict src, T *restrict r, int64_t lo, int64_t hi, \
+                                    bool to_col)                                                               \
+    {                                                                                                          \
+        if (to_col) {                                                                                          \
+            memset(r, 0, (size_t)lo * sizeof(T));                                                              \
+            memset(r + hi, 0, (size_t)(g->ow - hi) * sizeof(T));                                               \
+            if (g->sw == 1)                                                                                    \
+                memcpy(r + lo, src, (size_t)(hi - lo) * sizeof(T));                                            \
+            else                                                                                               \
+                for (int64_t ox = lo; ox < hi; ox++, src += g->sw)                                             \
+                    r[ox] = *src;                                                                              \
+        } else if (g->sw == 1) {                                                                               \
+            for (int64_t ox = lo; ox < hi; ox++)                                                               \
+                src[ox - lo] += r[ox];                                                                         \
+        } else {                                                                                               \
+            for (int64_t ox = lo; ox < hi; ox++, src += g->sw)                                                 \
+                *src += r[ox];                                                                                 \
+        }                                                                                                      \
+    }                                                                                                          \
     static void unfold_##SUFFIX(const struct conv_geom *g, T *x, T *col, bool to_col)                          \
     {                                                                                                          \
         int64_t cg = geom_cg(g), l = geom_l(g);                                                                \
@@ -43,23 +74,15 @@ static int64_t geom_l(const struct conv_geom *g) { return g->oh * g->ow; }
             for (int64_t ki = 0; ki < g->kh; ki++)                                                             \
                 for (int64_t kj = 0; kj < g->kw; kj++) {                                                       \
                     T *row = col + ((c * g->kh + ki) * g->kw + kj) * l, *plane = x + c * g->h * g->w;          \
+                    int64_t off = kj * g->dw - g->pw, lo, hi;                                                  \
+                    inside(off, g->sw, g->w, g->ow, &lo, &hi);                                                 \
                     for (int64_t oy = 0; oy < g->oh; oy++) {                                                   \
                         int64_t iy = oy * g->sh - g->ph + ki * g->dh;                                          \
                         T *r = row + oy * g->ow;                                                               \
-                        if (iy < 0 || iy >= g->h) {                                                            \
-                            if (to_col)                                                                        \
-                                memset(r, 0, (size_t)g->ow * sizeof(T));                                       \
-                            continue;                                                                          \
-                        }                                                                                      \
-                        T *in = plane + iy * g->w;                                                             \
-                        int64_t ix = kj * g->dw - g->pw;                                                       \
-                        for (int64_t ox = 0; ox < g->ow; ox++, ix += g->sw) {                                  \
-                            bool inside = ix >= 0 && ix < g->w;                                                \
-                            if (to_col)                                                                        \
-                                r[ox] = inside ? in[ix] : (T)0;                                                \
-                            else if (inside)                                                                   \
-                                in[ix] += r[ox];                                                               \
-                        }                                                                                      \
+                        if (iy >= 0 && iy < g->h)                                                              \
+                            unfold_row_##SUFFIX(g, plane + iy * g->w + off + lo * g->sw, r, lo, hi, to_col);   \
+                        else if (to_col)                                                                       \
+                            memset(r, 0, (size_t)g->ow * sizeof(T));                                           \
                     }                                                                                          \
                 }                                                                                              \
     }
@@ -240,7 +263,9 @@ static sr_tensor *grad_buffer(sr_node *node, uint32_t i, const sr_tensor *t, int
 {
     if (*rc || !sr__node_needs_grad(node, i))
         return NULL;
-    sr_tensor *z = sr_zeros(t->dtype, t->ndim, t->shape, 0);
+    sr_tensor *z = sr__tensor_new("sr_conv2d", t->dtype, t->ndim, t->shape);
+    if (z)
+        memset(sr__tensor_new_data(z), 0, sr_tensor_numel(z) * sr_dtype_size(z->dtype));
     *rc = z ? 0 : -ENOMEM;
     return z;
 }

@@ -227,7 +227,10 @@ static int multi_root(sr_tensor **in, sr_tensor **out)
 }
 
 /* ---- convolution layers ---- */
-static int conv2d_basic(sr_tensor **in, sr_tensor **out) { ONE(sr_conv2d(in[0], in[1], in[2], NULL, NULL, NULL, 1)); }
+static int conv2d_basic(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], NULL, NULL, NULL, 1));
+}
 static int conv2d_stride2_pad1(sr_tensor **in, sr_tensor **out)
 {
     ONE(sr_conv2d(in[0], in[1], in[2], SHAPE(2, 2), SHAPE(1, 1), NULL, 1));
@@ -244,7 +247,10 @@ static int conv2d_nobias_odd(sr_tensor **in, sr_tensor **out)
 {
     ONE(sr_conv2d(in[0], in[1], NULL, SHAPE(1, 2), NULL, NULL, 1));
 }
-static int f32_conv2d(sr_tensor **in, sr_tensor **out) { ONE(sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 1), NULL, 1)); }
+static int f32_conv2d(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 1), NULL, 1));
+}
 static int max_pool2d(sr_tensor **in, sr_tensor **out) { ONE(sr_max_pool2d(in[0], SHAPE(2, 2), NULL, NULL)); }
 static int max_pool2d_pad(sr_tensor **in, sr_tensor **out)
 {
@@ -272,7 +278,10 @@ static int layer_norm_chw(sr_tensor **in, sr_tensor **out)
 {
     ONE(sr_layer_norm(in[0], 3, SHAPE(3, 4, 5), NULL, NULL, 1e-5));
 }
-static int f32_layer_norm(sr_tensor **in, sr_tensor **out) { ONE(sr_layer_norm(in[0], 1, SHAPE(8), in[1], in[2], 1e-5)); }
+static int f32_layer_norm(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_layer_norm(in[0], 1, SHAPE(8), in[1], in[2], 1e-5));
+}
 static int cnn(sr_tensor **in, sr_tensor **out)
 {
     struct scratch s = {0};
