@@ -68,6 +68,20 @@ static void window(const struct pool_geom *g, int64_t oy, int64_t ox, int64_t *y
 }
 
 #define DEFINE_POOL(T, SUFFIX)                                                                                 \
+    /* First NaN of the window at index *best, or false. */                                                \
+    static bool first_nan_##SUFFIX(const struct pool_geom *g, const T *x, int64_t y0, int64_t y1, int64_t x0,  \
+                                   int64_t x1, int64_t *best)                                                  \
+    {                                                                                                          \
+        for (int64_t iy = y0; iy < y1; iy++)                                                                   \
+            for (int64_t ix = x0; ix < x1; ix++)                                                               \
+                if (isnan(x[iy * g->w + ix])) {                                                                \
+                    *best = iy * g->w + ix;                                                                    \
+                    return true;                                                                               \
+                }                                                                                              \
+        return false;                                                                                          \
+    }                                                                                                          \
+    /* The window's maximum without branches on the data (a compare and two                                  \
+     * selects per element); a NaN seen sends the window to first_nan. */                                     \
     static void max_fwd_##SUFFIX(const struct pool_geom *g, const T *x, T *out, int64_t *idx)                  \
     {                                                                                                          \
         for (int64_t p = 0; p < g->planes; p++, x += g->h * g->w)                                              \
@@ -77,16 +91,17 @@ static void window(const struct pool_geom *g, int64_t oy, int64_t ox, int64_t *y
                     window(g, oy, ox, &y0, &y1, &x0, &x1);                                                     \
                     int64_t best = y0 * g->w + x0;                                                             \
                     T m = x[best];                                                                             \
-                    for (int64_t iy = y0; iy < y1 && !isnan(m); iy++)                                          \
+                    bool nan = false;                                                                          \
+                    for (int64_t iy = y0; iy < y1; iy++)                                                       \
                         for (int64_t ix = x0; ix < x1; ix++) {                                                 \
                             T v = x[iy * g->w + ix];                                                           \
-                            if (v > m || isnan(v)) {                                                           \
-                                m = v;                                                                         \
-                                best = iy * g->w + ix;                                                         \
-                                if (isnan(v))                                                                  \
-                                    break;                                                                     \
-                            }                                                                                  \
+                            bool gt = v > m;                                                                   \
+                            best = gt ? iy * g->w + ix : best;                                                 \
+                            m = gt ? v : m;                                                                    \
+                            nan |= v != v;                                                                     \
                         }                                                                                      \
+                    if (nan && first_nan_##SUFFIX(g, x, y0, y1, x0, x1, &best))                                \
+                        m = x[best];                                                                           \
                     *out = m;                                                                                  \
                     *idx = best;                                                                               \
                 }                                                                                              \

@@ -295,3 +295,33 @@ Test(nn, max_pool2d_nan_and_ties)
     sr_tensor_unref(y);
     sr_tensor_unref(s);
 }
+
+/* relu's typed rows, on contiguous and transposed f32/f64 inputs: max(x, 0)
+ * (a NaN gives 0, as the double path does) and the gradient where x > 0. */
+Test(elementwise, relu_typed_rows_match_the_definition)
+{
+    for (int d = 0; d < 2; d++)
+        for (int tr = 0; tr < 2; tr++) {
+            sr_dtype dt = d ? SR_F64 : SR_F32;
+            sr_manual_seed(21);
+            sr_tensor *xs = sr_randn(dt, 2, SHAPE(5, 7), SR_REQUIRES_GRAD);
+            sr_tensor *x = tr ? sr_t(xs) : sr_tensor_ref(xs), *y = sr_relu(x), *s = sr_sum(y);
+            cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+            double *xv = values(x), *yv = values(y), *gv = values(sr_tensor_grad(xs)), *xsv = values(xs);
+            for (int i = 0; i < 35; i++) {
+                cr_assert_eq(yv[i], xv[i] > 0 ? xv[i] : 0.0, "%s tr %d: relu[%d]", sr_dtype_name(dt), tr, i);
+                cr_assert_eq(gv[i], xsv[i] > 0 ? 1.0 : 0.0, "%s tr %d: grad[%d]", sr_dtype_name(dt), tr, i);
+            }
+            free(xv), free(yv), free(gv), free(xsv);
+            sr_tensor *ts[] = {xs, x, y, s};
+            for (int i = 0; i < 4; i++)
+                sr_tensor_unref(ts[i]);
+        }
+    double v[2] = {NAN, -1};
+    sr_tensor *n = tu_tensor(SR_F32, 1, SHAPE(2), v, 0), *r = sr_relu(n);
+    double got[2];
+    sr_tensor_to_f64(r, got, 2);
+    cr_assert(got[0] == 0.0 && got[1] == 0.0, "relu(NaN, -1) = (%g, %g)", got[0], got[1]);
+    sr_tensor_unref(n);
+    sr_tensor_unref(r);
+}
