@@ -51,11 +51,14 @@ static void inside(int64_t off, int64_t stride, int64_t w, int64_t ow, int64_t *
     static void unfold_row_##SUFFIX(const struct conv_geom *g, T *restrict src, T *restrict r, int64_t lo, int64_t hi, \
                                     bool to_col)                                                               \
     {                                                                                                          \
-        if (to_col) {                                                                                          \
-            memset(r, 0, (size_t)lo * sizeof(T));                                                              \
-            memset(r + hi, 0, (size_t)(g->ow - hi) * sizeof(T));                                               \
+        if (to_col) { /* rows are short (a plane's width): loops, not memcpy/memset calls */                  \
+            for (int64_t ox = 0; ox < lo; ox++)                                                                \
+                r[ox] = 0;                                                                                     \
+            for (int64_t ox = hi; ox < g->ow; ox++)                                                            \
+                r[ox] = 0;                                                                                     \
             if (g->sw == 1)                                                                                    \
-                memcpy(r + lo, src, (size_t)(hi - lo) * sizeof(T));                                            \
+                for (int64_t ox = lo; ox < hi; ox++)                                                           \
+                    r[ox] = src[ox - lo];                                                                      \
             else                                                                                               \
                 for (int64_t ox = lo; ox < hi; ox++, src += g->sw)                                             \
                     r[ox] = *src;                                                                              \
@@ -239,22 +242,38 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
     return rc;
 }
 
+/* Sum of a row of n elements, in 8 independent partial sums (so the
+ * compiler can vectorise it), then in double. */
+#define DEFINE_ROW_SUM(T, SUFFIX)                                                                              \
+    static double row_sum_##SUFFIX(const T *p, int64_t n)                                                      \
+    {                                                                                                          \
+        T part[8] = {0};                                                                                       \
+        int64_t i = 0;                                                                                         \
+        for (; i + 8 <= n; i += 8)                                                                             \
+            for (int j = 0; j < 8; j++)                                                                        \
+                part[j] += p[i + j];                                                                           \
+        double s = 0.0;                                                                                        \
+        for (int j = 0; j < 8; j++)                                                                            \
+            s += part[j];                                                                                      \
+        for (; i < n; i++)                                                                                     \
+            s += p[i];                                                                                         \
+        return s;                                                                                              \
+    }
+DEFINE_ROW_SUM(float, f32)
+DEFINE_ROW_SUM(double, f64)
+
 static void bias_grad(const struct conv_geom *g, sr_dtype dt, const char *dy, char *db)
 {
     int64_t l = geom_l(g);
+    size_t es = sr_dtype_size(dt);
     for (int64_t o = 0; o < g->o; o++) {
         double s = 0.0;
         for (int64_t n = 0; n < g->n; n++) {
-            const char *p = dy + (n * g->o + o) * l * (int64_t)sr_dtype_size(dt);
-            if (dt == SR_F64)
-                for (int64_t i = 0; i < l; i++)
-                    s += ((const double *)p)[i];
-            else
-                for (int64_t i = 0; i < l; i++)
-                    s += ((const float *)p)[i];
+            const char *p = dy + (n * g->o + o) * l * (int64_t)es;
+            s += dt == SR_F64 ? row_sum_f64((const double *)p, l) : row_sum_f32((const float *)p, l);
         }
         sr__store_f64(db, 0, &s, 1, dt);
-        db += sr_dtype_size(dt);
+        db += es;
     }
 }
 
