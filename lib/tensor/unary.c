@@ -42,8 +42,10 @@ static double d_sqrt(double g, double y) { return g / (2.0 * y); }
         if (s[0] == sizeof(T) && s[1] == sizeof(T)) {                                                          \
             T *restrict y = (T *)p[0];                                                                         \
             const T *restrict x = (const T *)p[1];                                                             \
-            for (int64_t k = 0; k < n; k++)                                                                    \
-                y[k] = x[k] > 0 ? x[k] : (T)0;                                                                 \
+            for (int64_t k = 0; k < n; k++) {                                                                  \
+                T xk = x[k];                                                                                   \
+                y[k] = xk > 0 ? xk : (T)0;                                                                     \
+            }                                                                                                  \
             return;                                                                                            \
         }                                                                                                      \
         for (int64_t k = 0; k < n; k++) {                                                                      \
@@ -56,8 +58,10 @@ static double d_sqrt(double g, double y) { return g / (2.0 * y); }
         if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T)) {                                     \
             T *restrict o = (T *)p[0];                                                                         \
             const T *restrict g = (const T *)p[1], *restrict y = (const T *)p[2];                              \
-            for (int64_t k = 0; k < n; k++)                                                                    \
-                o[k] = y[k] > 0 ? g[k] : (T)0;                                                                 \
+            for (int64_t k = 0; k < n; k++) { /* both loaded: a select, no branch (signs are random) */      \
+                T gk = g[k], yk = y[k];                                                                        \
+                o[k] = yk > 0 ? gk : (T)0;                                                                     \
+            }                                                                                                  \
             return;                                                                                            \
         }                                                                                                      \
         for (int64_t k = 0; k < n; k++) {                                                                      \
