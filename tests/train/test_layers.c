@@ -220,6 +220,42 @@ Test(sequential, bad_specs_name_the_layer)
     sr_module_destroy(m);
 }
 
+/* A lone layer is nn.Conv2d: "weight" and "bias", the same draws as the
+ * same layer first in a sequential model. */
+Test(sequential, a_lone_layer_is_a_module)
+{
+    sr_layer_spec conv = SR_CONV2D(2, 4, 3, 2, 1);
+    conv.groups = 2;
+    sr_generator g1, g2;
+    sr_generator_init(&g1, 6);
+    sr_generator_init(&g2, 6);
+    sr_module *lone, *seq;
+    cr_assert_eq(sr_layer_create(&conv, SR_F64, &g1, &lone), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_sequential_create(&conv, 1, SR_F64, &g2, &seq), 0, "%s", sr_last_error());
+    size_t n;
+    const char *const *names;
+    sr_module_params(lone, &n, NULL, &names);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(names[0], "weight");
+    cr_assert_str_eq(names[1], "bias");
+    sr_tensor *w = sr_module_param(lone, "weight"), *w0 = sr_module_param(seq, "0.weight");
+    tu_expect_shape(w, 4, SHAPE(4, 1, 3, 3), "weight"); /* in / groups channels */
+    double *a = values(w), *b = values(w0);
+    cr_assert_arr_eq(a, b, 36 * sizeof(double));
+    free(a), free(b);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(1, 2, 5, 5), 0), *y = sr_module_forward(lone, x);
+    tu_expect_shape(y, 4, SHAPE(1, 4, 3, 3), "output");
+    sr_layer_spec bad = SR_DROPOUT(-1);
+    sr_module *none = seq;
+    cr_assert_eq(sr_layer_create(&bad, SR_F32, &g1, &none), -EINVAL);
+    cr_assert_null(none, "a failed create leaves *m NULL");
+    cr_assert(strstr(sr_last_error(), "sr_layer_create: layer 0 (dropout)"), "%s", sr_last_error());
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_module_destroy(seq);
+    sr_module_destroy(lone);
+}
+
 /* The CNN with Adam fits one batch of 16 random images to random labels:
  * conv2d, pooling, layer norm, dropout and linear all learn through the
  * module. */

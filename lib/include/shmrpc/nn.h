@@ -163,8 +163,12 @@ SR_API int sr_mlp_create(const int64_t *sizes, int nlayers, sr_generator *g, sr_
  * seeds the model's own dropout generator (sr_module_seed replaces it). The
  * model starts in training mode. Shapes between layers are checked when the
  * forward runs (errors name the layer's op). -EINVAL naming the layer for a
- * bad spec; -ENOMEM. */
+ * bad spec; -ENOMEM; *m is NULL after any error. */
 SR_API int sr_sequential_create(const sr_layer_spec *layers, int n, sr_dtype dt, sr_generator *g, sr_module **m);
+/* One layer as a module of its own (nn.Conv2d(...), nn.LayerNorm(...), ...):
+ * initialised as in a sequential model, its parameters named "weight" and
+ * "bias" as that layer's state_dict; the same modes and forward. */
+SR_API int sr_layer_create(const sr_layer_spec *layer, sr_dtype dt, sr_generator *g, sr_module **m);
 /* Layers [from, to) of a sequential model only (a pipeline stage of a model
  * built whole on every stage: the same seed gives every stage the same
  * parameters and the names of the whole model). NULL with -EINVAL when m is

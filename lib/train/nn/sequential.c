@@ -18,46 +18,46 @@ static const char *kind_name(sr_layer_kind k)
     return k >= SR_LAYER_LINEAR && k <= SR_LAYER_LAYER_NORM ? names[k] : names[0];
 }
 
-static int bad(int i, const sr_layer_spec *s, const char *what)
+static int bad(const char *fn, int i, const sr_layer_spec *s, const char *what)
 {
-    return sr__fail(-EINVAL, "sr_sequential_create", "layer %d (%s): %s", i, kind_name(s->kind), what);
+    return sr__fail(-EINVAL, fn, "layer %d (%s): %s", i, kind_name(s->kind), what);
 }
 
-static int check_conv(int i, const sr_layer_spec *s)
+static int check_conv(const char *fn, int i, const sr_layer_spec *s)
 {
     int64_t groups = s->groups ? s->groups : 1;
     if (s->in < 1 || s->out < 1 || groups < 1 || s->in % groups || s->out % groups)
-        return bad(i, s, "in and out channels must be >= 1 and divisible by groups");
+        return bad(fn, i, s, "in and out channels must be >= 1 and divisible by groups");
     for (int d = 0; d < 2; d++)
         if (s->kernel[d] < 1 || s->stride[d] < 0 || s->padding[d] < 0 || s->dilation[d] < 0)
-            return bad(i, s, "kernel must be >= 1, stride, padding and dilation >= 0 (0: the default)");
+            return bad(fn, i, s, "kernel must be >= 1, stride, padding and dilation >= 0 (0: the default)");
     return 0;
 }
 
-static int check_spec(int i, const sr_layer_spec *s)
+static int check_spec(const char *fn, int i, const sr_layer_spec *s)
 {
     switch (s->kind) {
     case SR_LAYER_LINEAR:
-        return s->in < 1 || s->out < 1 ? bad(i, s, "in and out features must be >= 1") : 0;
+        return s->in < 1 || s->out < 1 ? bad(fn, i, s, "in and out features must be >= 1") : 0;
     case SR_LAYER_CONV2D:
-        return check_conv(i, s);
+        return check_conv(fn, i, s);
     case SR_LAYER_MAX_POOL2D:
     case SR_LAYER_AVG_POOL2D:
-        return s->kernel[0] < 1 || s->kernel[1] < 1 ? bad(i, s, "kernel must be >= 1") : 0;
+        return s->kernel[0] < 1 || s->kernel[1] < 1 ? bad(fn, i, s, "kernel must be >= 1") : 0;
     case SR_LAYER_DROPOUT:
-        return !(s->p >= 0.0 && s->p <= 1.0) ? bad(i, s, "p must be between 0 and 1") : 0;
+        return !(s->p >= 0.0 && s->p <= 1.0) ? bad(fn, i, s, "p must be between 0 and 1") : 0;
     case SR_LAYER_LAYER_NORM:
         if (s->norm_ndim < 1 || s->norm_ndim > 4)
-            return bad(i, s, "norm_ndim must be 1 to 4");
+            return bad(fn, i, s, "norm_ndim must be 1 to 4");
         for (int d = 0; d < s->norm_ndim; d++)
             if (s->norm_shape[d] < 1)
-                return bad(i, s, "norm_shape entries must be >= 1");
+                return bad(fn, i, s, "norm_shape entries must be >= 1");
         return 0;
     case SR_LAYER_RELU:
     case SR_LAYER_FLATTEN:
         return 0;
     }
-    return sr__fail(-EINVAL, "sr_sequential_create", "layer %d: unknown kind %d", i, (int)s->kind);
+    return sr__fail(-EINVAL, fn, "layer %d: unknown kind %d", i, (int)s->kind);
 }
 
 /* Fills PyTorch's defaults into the zero fields of the copy the model keeps. */
@@ -79,11 +79,13 @@ static void fill_defaults(sr_layer_spec *s)
         s->eps = 1e-5;
 }
 
-/* Layer i's parameters, appended in PyTorch's order (weight, then bias). */
+/* Layer i's parameters, appended in PyTorch's order (weight, then bias),
+ * named "<i>.weight" in a sequential model, "weight" in a lone layer (i < 0). */
 static int add_layer_params(sr_module *m, int i, const sr_layer_spec *s, sr_dtype dt, sr_generator *g)
 {
-    char prefix[16];
-    snprintf(prefix, sizeof(prefix), "%d.", i);
+    char prefix[16] = "";
+    if (i >= 0)
+        snprintf(prefix, sizeof(prefix), "%d.", i);
     if (s->kind == SR_LAYER_LAYER_NORM) {
         int rc = sr__module_add(m, prefix, "weight", sr_ones(dt, s->norm_ndim, s->norm_shape, SR_REQUIRES_GRAD));
         return rc ? rc : sr__module_add(m, prefix, "bias", sr_zeros(dt, s->norm_ndim, s->norm_shape, SR_REQUIRES_GRAD));
@@ -98,7 +100,7 @@ static int add_layer_params(sr_module *m, int i, const sr_layer_spec *s, sr_dtyp
     return rc || s->no_bias ? rc : sr__module_add_uniform(m, prefix, "bias", 1, &s->out, bound, dt, g);
 }
 
-static int build(sr_module *m, const sr_layer_spec *layers, sr_dtype dt, sr_generator *g)
+static int build(sr_module *m, const sr_layer_spec *layers, bool lone, sr_dtype dt, sr_generator *g)
 {
     int rc = 0;
     for (int i = 0; !rc && i < m->nlayers; i++) {
@@ -106,7 +108,7 @@ static int build(sr_module *m, const sr_layer_spec *layers, sr_dtype dt, sr_gene
         l->spec = layers[i];
         fill_defaults(&l->spec);
         l->first = m->n;
-        rc = add_layer_params(m, i, &l->spec, dt, g);
+        rc = add_layer_params(m, lone ? -1 : i, &l->spec, dt, g);
         l->nparams = m->n - l->first;
     }
     if (!rc)
@@ -114,23 +116,34 @@ static int build(sr_module *m, const sr_layer_spec *layers, sr_dtype dt, sr_gene
     return rc;
 }
 
-SR_API int sr_sequential_create(const sr_layer_spec *layers, int n, sr_dtype dt, sr_generator *g, sr_module **m)
+static int create(const char *fn, const sr_layer_spec *layers, int n, bool lone, sr_dtype dt, sr_generator *g,
+                  sr_module **m)
 {
     if (!m || !layers || n < 1)
-        return sr__fail(-EINVAL, "sr_sequential_create", "needs %d >= 1 layer specs and an out pointer", n);
-    int rc = sr__module_check_dtype("sr_sequential_create", dt, g);
+        return sr__fail(-EINVAL, fn, "needs %d >= 1 layer specs and an out pointer", n);
+    *m = NULL;
+    int rc = sr__module_check_dtype(fn, dt, g);
     for (int i = 0; !rc && i < n; i++)
-        rc = check_spec(i, &layers[i]);
+        rc = check_spec(fn, i, &layers[i]);
     if (rc || (rc = sr__module_new(SR__MODULE_SEQUENTIAL, n, 2 * (size_t)n, m)))
         return rc;
     (*m)->layers = calloc((size_t)n, sizeof(*(*m)->layers));
-    rc = (*m)->layers ? build(*m, layers, dt, g)
-                      : sr__fail(-ENOMEM, "sr_sequential_create", "out of memory for %d layers", n);
+    rc = (*m)->layers ? build(*m, layers, lone, dt, g) : sr__fail(-ENOMEM, fn, "out of memory for %d layers", n);
     if (rc) {
         sr_module_destroy(*m);
         *m = NULL;
     }
     return rc;
+}
+
+SR_API int sr_sequential_create(const sr_layer_spec *layers, int n, sr_dtype dt, sr_generator *g, sr_module **m)
+{
+    return create("sr_sequential_create", layers, n, false, dt, g, m);
+}
+
+SR_API int sr_layer_create(const sr_layer_spec *layer, sr_dtype dt, sr_generator *g, sr_module **m)
+{
+    return create("sr_layer_create", layer, 1, true, dt, g, m);
 }
 
 static sr_tensor *layer_forward(sr_module *m, const struct sr__seq_layer *l, sr_tensor *x)
