@@ -220,6 +220,57 @@ Test(sequential, bad_specs_name_the_layer)
     sr_module_destroy(m);
 }
 
+/* Why layer norm (docs/TENSORS.md): each sample is normalised alone, so
+ * the gradient of a batch equals the mean of its micro-batches' gradients,
+ * as a pipeline with micro-batches computes it. */
+static void grads_of(sr_module *m, sr_tensor *x, sr_tensor *y, double scale, double *acc, size_t total)
+{
+    sr_module_zero_grad(m);
+    sr_tensor *logits = sr_module_forward(m, x), *loss = logits ? sr_cross_entropy(logits, y) : NULL;
+    cr_assert(loss, "%s", sr_last_error());
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    size_t n, off = 0;
+    sr_tensor *const *p;
+    sr_module_params(m, &n, &p, NULL);
+    for (size_t i = 0; i < n; i++) {
+        double *g = values(sr_tensor_grad(p[i]));
+        for (size_t j = 0; j < sr_tensor_numel(p[i]); j++)
+            acc[off + j] += scale * g[j];
+        off += sr_tensor_numel(p[i]);
+        free(g);
+    }
+    cr_assert_eq(off, total);
+    sr_tensor_unref(logits);
+    sr_tensor_unref(loss);
+}
+
+Test(sequential, micro_batches_sum_to_the_batch_with_layer_norm)
+{
+    sr_module *m = make_cnn(SR_F64, 11);
+    sr_module_train(m, false); /* dropout off: the rest is the same in both modes */
+    sr_manual_seed(12);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(6, 1, 28, 28), 0);
+    int64_t labels[6] = {3, 1, 4, 1, 5, 9};
+    sr_tensor *y = sr_from_data(SR_I64, 1, SHAPE(6), labels, 0);
+    size_t total = sr_module_numel(m);
+    double *whole = calloc(total, sizeof(double)), *micro = calloc(total, sizeof(double));
+    grads_of(m, x, y, 1.0, whole, total);
+    for (int k = 0; k < 3; k++) { /* three micro-batches of two: the mean of their means */
+        sr_tensor *xk = sr_narrow(x, 0, 2 * k, 2), *yk = sr_narrow(y, 0, 2 * k, 2);
+        grads_of(m, xk, yk, 1.0 / 3, micro, total);
+        sr_tensor_unref(xk);
+        sr_tensor_unref(yk);
+    }
+    for (size_t i = 0; i < total; i++)
+        if (fabs(whole[i] - micro[i]) > 1e-12 + 1e-9 * fabs(whole[i]))
+            cr_assert_fail("gradient element %zu: batch %.17g, micro-batches %.17g", i, whole[i], micro[i]);
+    free(whole);
+    free(micro);
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_module_destroy(m);
+}
+
 /* A lone layer is nn.Conv2d: "weight" and "bias", the same draws as the
  * same layer first in a sequential model. */
 Test(sequential, a_lone_layer_is_a_module)
