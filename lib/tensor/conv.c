@@ -110,9 +110,12 @@ static void fold_add(const struct conv_geom *g, sr_dtype dt, void *x, void *col)
 
 /* ---- checks ---- */
 
+/* Output positions along one dim; 0 when the dilated kernel does not fit
+ * (C's division rounds a small negative span towards zero, to a position). */
 static int64_t out_size(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d)
 {
-    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+    int64_t span = in + 2 * p - d * (k - 1) - 1;
+    return span < 0 ? 0 : span / s + 1;
 }
 
 static int check_params(const int64_t *st, const int64_t *pad, const int64_t *dil, int64_t groups)

@@ -265,6 +265,10 @@ Test(nn, convolution_layers_name_the_op_and_the_bad_value)
     expect_error(sr_conv2d(x, w3, NULL, SHAPE(0, 1), NULL, NULL, 1), "stride (0, 1)");
     expect_error(sr_conv2d(x, w3, NULL, NULL, NULL, NULL, 0), "groups 0");
     expect_error(sr_conv2d(x, wbig, NULL, NULL, NULL, NULL, 1), "is smaller than the dilated kernel");
+    /* H + 2 padding - dilated kernel = -1: with stride 2, C's division rounds that to 0 (one output row) */
+    sr_tensor *w6 = sr_zeros(SR_F64, 4, SHAPE(4, 3, 6, 3), 0); /* 5 - 5 - 1 = -1 */
+    expect_error(sr_conv2d(x, w6, NULL, SHAPE(2, 2), NULL, NULL, 1), "is smaller than the dilated kernel");
+    sr_tensor_unref(w6);
     expect_error(sr_max_pool2d(x, SHAPE(2, 2), NULL, SHAPE(2, 0)), "sr_max_pool2d: kernel (2, 2)");
     expect_error(sr_avg_pool2d(x3, SHAPE(2, 2), NULL, NULL), "sr_avg_pool2d: input [3, 5, 5]");
     expect_error(sr_max_pool2d(x, SHAPE(6, 6), NULL, NULL), "smaller than the kernel (6, 6)");
