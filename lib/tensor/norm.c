@@ -1,9 +1,17 @@
-/* layer_norm, built from recorded ops (reshape, means, sub, mul, pow), so its
- * backward comes from theirs. It normalises each sample over its trailing
- * dims alone, so a sample's output does not depend on the others in its
- * batch: a batch split into micro-batches gives the same outputs and the
- * same summed gradients (docs/TENSORS.md, "Convolution layers"). */
+/* layer_norm with its backward, one pass per row in the tensor's dtype
+ * (sums in double). It normalises each sample over its trailing dims alone,
+ * so a sample's output does not depend on the others in its batch: a batch
+ * split into micro-batches gives the same outputs and the same summed
+ * gradients (docs/TENSORS.md, "Convolution layers").
+ *
+ * Rows: x viewed as [M, D], D the normalized shape's size. Forward keeps
+ * each row's mean and rstd = 1 / sqrt(var + eps) (biased variance). With
+ * xhat = (x - mean) rstd and dxhat = dy * weight (dy without a weight):
+ *   dx      = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   per row
+ *   dweight = sum over rows of dy xhat,   dbias = sum over rows of dy. */
 #include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/engine.h"
@@ -35,26 +43,164 @@ static int check_norm(const sr_tensor *x, int nd, const int64_t *shape, const sr
     return 0;
 }
 
-/* Replace *t by next (owning both); false when next is NULL. */
-static bool step(sr_tensor **t, sr_tensor *next)
+struct ln_rows {
+    int64_t m, d;
+};
+
+#define DEFINE_LN(T, SUFFIX)                                                                                   \
+    /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                 \
+    static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *w, const T *b, T *y,        \
+                                double *stats)                                                                 \
+    {                                                                                                          \
+        for (int64_t i = 0; i < r.m; i++, x += r.d, y += r.d) {                                                \
+            double s = 0.0, q = 0.0;                                                                           \
+            for (int64_t j = 0; j < r.d; j++)                                                                  \
+                s += x[j];                                                                                     \
+            double mean = s / (double)r.d;                                                                     \
+            for (int64_t j = 0; j < r.d; j++)                                                                  \
+                q += ((double)x[j] - mean) * ((double)x[j] - mean);                                            \
+            double rstd = 1.0 / sqrt(q / (double)r.d + eps);                                                   \
+            stats[2 * i] = mean;                                                                               \
+            stats[2 * i + 1] = rstd;                                                                           \
+            for (int64_t j = 0; j < r.d; j++) {                                                                \
+                double v = ((double)x[j] - mean) * rstd;                                                       \
+                y[j] = (T)(w ? v * w[j] + (b ? b[j] : 0) : v + (b ? b[j] : 0));                                \
+            }                                                                                                  \
+        }                                                                                                      \
+    }                                                                                                          \
+    /* dx (if not NULL) per row; dw, db (if not NULL, zeroed) summed in double acc[2 d]. */                  \
+    static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const double *stats,   \
+                                T *dx, double *dw, double *db)                                                 \
+    {                                                                                                          \
+        for (int64_t i = 0; i < r.m; i++, x += r.d, dy += r.d) {                                               \
+            double mean = stats[2 * i], rstd = stats[2 * i + 1], a = 0.0, c = 0.0;                             \
+            for (int64_t j = 0; j < r.d; j++) {                                                                \
+                double xh = ((double)x[j] - mean) * rstd, g = w ? (double)dy[j] * w[j] : (double)dy[j];        \
+                a += g;                                                                                        \
+                c += g * xh;                                                                                   \
+                if (dw)                                                                                        \
+                    dw[j] += (double)dy[j] * xh;                                                               \
+                if (db)                                                                                        \
+                    db[j] += dy[j];                                                                            \
+            }                                                                                                  \
+            a /= (double)r.d;                                                                                  \
+            c /= (double)r.d;                                                                                  \
+            for (int64_t j = 0; dx && j < r.d; j++) {                                                          \
+                double xh = ((double)x[j] - mean) * rstd, g = w ? (double)dy[j] * w[j] : (double)dy[j];        \
+                dx[i * r.d + j] = (T)(rstd * (g - a - xh * c));                                                \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+DEFINE_LN(float, f32)
+DEFINE_LN(double, f64)
+
+struct ln_node {
+    sr_node base;
+    struct ln_rows r;
+    int nd;                     /* the normalized shape: weight's and bias's */
+    int64_t shape[SR_MAX_DIMS];
+};
+
+/* Contiguous tensors to read (new references, pinned); NULL entries stay NULL. */
+static int open_inputs(sr_tensor *const *in, sr_tensor **c, const char **p, int n)
 {
-    sr_tensor_unref(*t);
-    *t = next;
-    return next != NULL;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        c[i] = in[i] && !rc ? sr_contiguous(in[i]) : NULL;
+        p[i] = c[i] ? sr__tensor_pin(c[i]) : NULL;
+        rc = in[i] && !c[i] ? -ENOMEM : rc;
+    }
+    return rc;
 }
 
-/* (x - mean) / sqrt(var + eps) over the last dim of x2 [M, D]. */
-static sr_tensor *normalise_rows(sr_tensor *x2, double eps)
+static void close_inputs(sr_tensor **c, int n)
 {
-    sr_tensor *mu = sr_mean_dim(x2, 1, true), *xc = mu ? sr_sub(x2, mu) : NULL;
-    sr_tensor *var = xc ? sr_mul(xc, xc) : NULL, *y = NULL;
-    if (var && step(&var, sr_mean_dim(var, 1, true)) && step(&var, sr_add_scalar(var, eps)) &&
-        step(&var, sr_pow_scalar(var, -0.5)))
-        y = sr_mul(xc, var);
-    sr_tensor_unref(mu);
-    sr_tensor_unref(xc);
-    sr_tensor_unref(var);
-    return y;
+    for (int i = 0; i < n; i++)
+        if (c[i]) {
+            sr__tensor_unpin(c[i]);
+            sr_tensor_unref(c[i]);
+        }
+}
+
+/* A new tensor of the normalized shape from the double sums. */
+static sr_tensor *param_grad(const struct ln_node *n, sr_dtype dt, const double *acc)
+{
+    sr_tensor *t = sr__tensor_new("sr_layer_norm", dt, n->nd, n->shape);
+    if (t)
+        sr__store_f64(sr__tensor_new_data(t), (int64_t)sr_dtype_size(t->dtype), acc,
+                      (int64_t)sr_tensor_numel(t), t->dtype);
+    return t;
+}
+
+static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *const *p, sr_tensor **out)
+{
+    struct ln_rows r = n->r;
+    bool need[3] = {sr__node_needs_grad(&n->base, 0), sr__node_needs_grad(&n->base, 1),
+                    sr__node_needs_grad(&n->base, 2)};
+    double *acc = calloc(2 * (size_t)r.d + 1, sizeof(double));
+    sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", saved[0]->dtype, saved[0]->ndim, saved[0]->shape) : NULL;
+    if (!acc || (need[0] && !dx)) {
+        free(acc);
+        sr_tensor_unref(dx);
+        return -ENOMEM;
+    }
+    const double *stats = (const double *)p[2];
+    double *dw = need[1] ? acc : NULL, *db = need[2] ? acc + r.d : NULL;
+    if (saved[0]->dtype == SR_F64)
+        ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], stats,
+                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db);
+    else
+        ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], stats,
+                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db);
+    out[0] = dx;
+    out[1] = dw ? param_grad(n, saved[0]->dtype, dw) : NULL;
+    out[2] = db ? param_grad(n, saved[0]->dtype, db) : NULL;
+    free(acc);
+    return (dw && !out[1]) || (db && !out[2]) ? -ENOMEM : 0;
+}
+
+/* saved: 0 x, 1 weight (or none), 2 stats [M, 2] f64. */
+static int ln_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
+{
+    sr_tensor *saved[3] = {NULL};
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < 3; i++)
+        rc = sr__node_saved(node, i, &saved[i]);
+    if (rc)
+        return rc;
+    sr_tensor *c[4] = {NULL}, *src[4] = {saved[0], saved[1], saved[2], in[0]};
+    const char *p[4];
+    rc = open_inputs(src, c, p, 4);
+    if (!rc)
+        rc = ln_grads((struct ln_node *)node, saved, p, out);
+    close_inputs(c, 4);
+    return rc;
+}
+
+static const sr_node_ops ln_ops = {.name = "NativeLayerNormBackward0", .apply = ln_apply};
+
+static sr_tensor *ln_forward(sr_tensor *x, struct ln_rows r, sr_tensor *w, sr_tensor *b, double eps,
+                             sr_tensor **stats)
+{
+    sr_tensor *out = sr__tensor_new("sr_layer_norm", x->dtype, x->ndim, x->shape);
+    *stats = out ? sr__tensor_new("sr_layer_norm", SR_F64, 2, (const int64_t[]){r.m, 2}) : NULL;
+    sr_tensor *c[3] = {NULL}, *src[3] = {x, w, b};
+    const char *p[3];
+    if (!*stats || open_inputs(src, c, p, 3)) {
+        close_inputs(c, 3);
+        sr_tensor_unref(out);
+        sr_tensor_unref(*stats);
+        return *stats = NULL;
+    }
+    double *st = (double *)sr__tensor_new_data(*stats);
+    if (x->dtype == SR_F64)
+        ln_fwd_f64(r, eps, (const double *)p[0], (const double *)p[1], (const double *)p[2],
+                   (double *)sr__tensor_new_data(out), st);
+    else
+        ln_fwd_f32(r, eps, (const float *)p[0], (const float *)p[1], (const float *)p[2],
+                   (float *)sr__tensor_new_data(out), st);
+    close_inputs(c, 3);
+    return out;
 }
 
 SR_API sr_tensor *sr_layer_norm(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
@@ -62,11 +208,24 @@ SR_API sr_tensor *sr_layer_norm(sr_tensor *x, int ndim, const int64_t *normalize
 {
     if (!x || check_norm(x, ndim, normalized_shape, weight, bias))
         return NULL;
-    int64_t d = sr__numel(ndim, normalized_shape), m = sr__numel(x->ndim - ndim, x->shape);
-    sr_tensor *y = sr_reshape(x, 2, (const int64_t[]){m, d});
-    if (y && step(&y, normalise_rows(y, eps)) && step(&y, sr_reshape(y, x->ndim, x->shape)) && weight)
-        step(&y, sr_mul(y, weight));
-    if (y && bias)
-        step(&y, sr_add(y, bias));
-    return y;
+    struct ln_rows r = {.d = sr__numel(ndim, normalized_shape)};
+    r.m = r.d ? sr__numel(x->ndim, x->shape) / r.d : 0;
+    sr_tensor *in[3] = {x, weight, bias}, *stats;
+    bool pinned = sr__pin_saved(in, 3); /* saves what it reads */
+    sr_tensor *out = ln_forward(x, r, weight, bias, eps, &stats);
+    if (out && sr__any_requires_grad(in, 3)) {
+        struct ln_node *n = (struct ln_node *)sr__node_for_inputs(&ln_ops, sizeof(*n), in, 3, 1, 3);
+        if (n) {
+            n->r = r;
+            n->nd = ndim;
+            memcpy(n->shape, normalized_shape, (size_t)ndim * sizeof(int64_t));
+            sr__node_save(&n->base, 0, x);
+            sr__node_save(&n->base, 1, weight);
+            sr__node_save(&n->base, 2, stats);
+        }
+        out = sr__attach(out, (sr_node *)n);
+    }
+    sr_tensor_unref(stats);
+    sr__unpin_saved(pinned, in, 3);
+    return out;
 }

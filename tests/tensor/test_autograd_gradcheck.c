@@ -292,6 +292,12 @@ static sr_tensor *norm_op(sr_tensor *const *in, const void *arg)
     return sr_layer_norm(in[0], 2, (const int64_t[]){3, 4}, in[1], in[2], 1e-5);
 }
 
+static sr_tensor *norm_bias_only(sr_tensor *const *in, const void *arg)
+{
+    (void)arg;
+    return sr_layer_norm(in[0], 1, (const int64_t[]){5}, NULL, in[1], 1e-3);
+}
+
 static sr_tensor *flatten_op(sr_tensor *const *in, const void *arg)
 {
     (void)arg;
@@ -304,6 +310,8 @@ Test(gradcheck, layer_norm_and_flatten)
 {
     struct gc_input in[3] = {IN(-2, 2, 3, 2, 3, 4), IN(-1, 1, 2, 3, 4), IN(-1, 1, 2, 3, 4)};
     gradcheck("layer_norm", norm_op, NULL, 3, in);
+    struct gc_input b[2] = {IN(-2, 2, 3, 2, 3, 5), IN(-1, 1, 1, 5)};
+    gradcheck("layer_norm, bias only", norm_bias_only, NULL, 2, b);
     struct gc_input x = IN(-1, 1, 4, 2, 2, 3, 2);
     gradcheck("flatten", flatten_op, NULL, 1, &x);
 }
