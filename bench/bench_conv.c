@@ -4,6 +4,7 @@
  *   conv1  conv2d [64, 1, 28, 28] * [32, 1, 3, 3], padding 1, forward + backward
  *   conv2  conv2d [64, 32, 14, 14] * [64, 32, 3, 3], padding 1, forward + backward
  *   pool   max_pool2d 2 x 2 of [64, 32, 28, 28], forward + backward
+ *   norm   layer_norm of [64, 32, 28, 28] over [32, 28, 28] with weight and bias, forward + backward
  *   step   the CNN Conv2d(1, 32, 3, p 1)-ReLU-MaxPool2d(2)-Conv2d(32, 64, 3, p 1)-
  *          ReLU-MaxPool2d(2)-Flatten-Linear(3136, 10) as an sr_sequential
  *          model: forward, cross_entropy, backward
@@ -67,6 +68,12 @@ static int run_pool(struct work *w)
 {
     clear_grads(w);
     return backward_ones(w, sr_max_pool2d(w->x, (const int64_t[]){2, 2}, NULL, NULL));
+}
+
+static int run_norm(struct work *w)
+{
+    clear_grads(w);
+    return backward_ones(w, sr_layer_norm(w->x, 3, (const int64_t[]){32, 28, 28}, w->w, w->b, 1e-5));
 }
 
 static int run_step(struct work *w)
@@ -146,6 +153,10 @@ static void setup(const char *name, struct work *w)
         w->b = sr_randn(SR_F32, 1, &o, SR_REQUIRES_GRAD);
     } else if (!strcmp(name, "pool")) {
         w->x = sr_randn(SR_F32, 4, (const int64_t[]){BATCH, 32, 28, 28}, SR_REQUIRES_GRAD);
+    } else if (!strcmp(name, "norm")) {
+        w->x = sr_randn(SR_F32, 4, (const int64_t[]){BATCH, 32, 28, 28}, SR_REQUIRES_GRAD);
+        w->w = sr_randn(SR_F32, 3, (const int64_t[]){32, 28, 28}, SR_REQUIRES_GRAD);
+        w->b = sr_randn(SR_F32, 3, (const int64_t[]){32, 28, 28}, SR_REQUIRES_GRAD);
     } else {
         static const sr_layer_spec spec[] = {SR_CONV2D(1, 32, 3, 1, 1), SR_RELU(), SR_MAX_POOL2D(2, 2),
                                              SR_CONV2D(32, 64, 3, 1, 1), SR_RELU(), SR_MAX_POOL2D(2, 2),
@@ -174,8 +185,9 @@ static void teardown(struct work *w)
 
 int main(int argc, char **argv)
 {
-    static const char *names[] = {"conv1", "conv2", "pool", "step", NULL};
-    bench_cli cli = {.prog = "bench_conv", .names = {"conv1", "conv2", "pool", "step"}, .flags = {"--no-torch"},
+    static const char *names[] = {"conv1", "conv2", "pool", "norm", "step", NULL};
+    bench_cli cli = {.prog = "bench_conv", .names = {"conv1", "conv2", "pool", "norm", "step"},
+                     .flags = {"--no-torch"},
                      .usage = "  --no-torch  skip PyTorch (bench/compare/torch_conv.py, run first otherwise)"};
     bench_cli_parse(&cli, argc, argv);
     bench_torch pt;
@@ -187,7 +199,8 @@ int main(int argc, char **argv)
             continue;
         struct work w;
         setup(names[i], &w);
-        run_fn f = !strcmp(names[i], "pool") ? run_pool : !strcmp(names[i], "step") ? run_step : run_conv;
+        run_fn f = !strcmp(names[i], "pool") ? run_pool : !strcmp(names[i], "step") ? run_step
+                 : !strcmp(names[i], "norm") ? run_norm : run_conv;
         double p99, cpu, p50 = measure(f, &w, getenv("BENCH_TORCH_QUICK") ? 5 : 30, &p99, &cpu);
         teardown(&w);
         if (isnan(p50)) {

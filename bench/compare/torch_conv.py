@@ -8,6 +8,7 @@ dependency of shmrpc. The same shapes as bench/bench_conv.c, f32, batch 64:
   conv1  F.conv2d([64, 1, 28, 28], [32, 1, 3, 3], padding=1), forward + backward
   conv2  F.conv2d([64, 32, 14, 14], [64, 32, 3, 3], padding=1), forward + backward
   pool   F.max_pool2d([64, 32, 28, 28], 2), forward + backward
+  norm   F.layer_norm([64, 32, 28, 28], [32, 28, 28], weight, bias), forward + backward
   step   the CNN's forward, cross_entropy and backward: Conv2d(1, 32, 3, p=1),
          ReLU, MaxPool2d(2), Conv2d(32, 64, 3, p=1), ReLU, MaxPool2d(2),
          Flatten, Linear(3136, 10)
@@ -65,6 +66,18 @@ def pool_case():
     return run
 
 
+def norm_case():
+    x = torch.randn(64, 32, 28, 28, requires_grad=True)
+    w = torch.randn(32, 28, 28, requires_grad=True)
+    b = torch.randn(32, 28, 28, requires_grad=True)
+    gy = torch.ones_like(x)
+
+    def run():
+        x.grad = w.grad = b.grad = None
+        F.layer_norm(x, (32, 28, 28), w, b).backward(gy)
+    return run
+
+
 def step_case():
     m = torch.nn.Sequential(torch.nn.Conv2d(1, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                             torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
@@ -88,7 +101,7 @@ def main():
     print(f"# PyTorch {torch.__version__} one thread, f32, batch 64, this machine")
     cases = {"conv1": conv_case((64, 1, 28, 28), (32, 1, 3, 3)),
              "conv2": conv_case((64, 32, 14, 14), (64, 32, 3, 3)),
-             "pool": pool_case(), "step": step_case()}
+             "pool": pool_case(), "norm": norm_case(), "step": step_case()}
     for key, fn in cases.items():
         p50, p99, cpu = timed(fn, n, warmup=3)
         print(f"torch {key}: p50 {p50 / 1e6:.2f} ms p99 {p99 / 1e6:.2f} ms, CPU p50 {cpu / 1e6:.2f} ms")
