@@ -137,11 +137,18 @@ DEFINE_POOL(double, f64)
 
 /* ---- backward ---- */
 
+/* dy contiguous and a zeroed dx of the input's shape (both new), or
+ * -ENOMEM with neither. */
 static int pool_grad_buffer(const struct pool_node *pn, sr_tensor *dy_in, sr_tensor **dy, sr_tensor **dx)
 {
     *dy = sr_contiguous(dy_in);
-    *dx = *dy ? sr_zeros(dy_in->dtype, 4, pn->shape, 0) : NULL;
-    return *dx ? 0 : -ENOMEM;
+    *dx = *dy ? sr__tensor_new(pn->base.ops->name, dy_in->dtype, 4, pn->shape) : NULL;
+    if (!*dx) {
+        sr_tensor_unref(*dy);
+        return -ENOMEM;
+    }
+    memset(sr__tensor_new_data(*dx), 0, sr_tensor_numel(*dx) * sr_dtype_size((*dx)->dtype));
+    return 0;
 }
 
 static int max_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
@@ -149,10 +156,8 @@ static int max_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     struct pool_node *pn = (struct pool_node *)node;
     sr_tensor *idx, *dy, *dx;
     int rc = sr__node_saved(node, 0, &idx);
-    if (rc || (rc = pool_grad_buffer(pn, in[0], &dy, &dx))) {
-        sr_tensor_unref(rc ? NULL : dy);
+    if (rc || (rc = pool_grad_buffer(pn, in[0], &dy, &dx)))
         return rc;
-    }
     const char *py = sr__tensor_pin(dy);
     const int64_t *pi = (const int64_t *)sr__tensor_ptr(idx); /* a snapshot: nobody writes it */
     if (dx->dtype == SR_F64)
@@ -170,10 +175,8 @@ static int avg_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     struct pool_node *pn = (struct pool_node *)node;
     sr_tensor *dy, *dx;
     int rc = pool_grad_buffer(pn, in[0], &dy, &dx);
-    if (rc) {
-        sr_tensor_unref(dy);
+    if (rc)
         return rc;
-    }
     char *py = (char *)sr__tensor_pin(dy); /* only read: avg_* reads y when backward */
     if (dx->dtype == SR_F64)
         avg_f64(&pn->g, (double *)sr__tensor_ptr(dx), (double *)py, true);
