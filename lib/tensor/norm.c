@@ -47,48 +47,86 @@ struct ln_rows {
     int64_t m, d;
 };
 
+/* Row sums run in 8 independent partial sums (so they vectorise and do not
+ * wait on one another); loop-invariant choices (weight or not) are made
+ * outside the loops. */
 #define DEFINE_LN(T, SUFFIX)                                                                                   \
+    /* sum over n of x[j] - shift, or of its square: a row's sum, or its squared deviations */          \
+    static double row_dot_##SUFFIX(const T *x, double shift, bool square, int64_t n)                           \
+    {                                                                                                          \
+        double part[8] = {0};                                                                                  \
+        int64_t j = 0;                                                                                         \
+        for (; j + 8 <= n; j += 8)                                                                             \
+            for (int k = 0; k < 8; k++) {                                                                      \
+                double v = (double)x[j + k] - shift;                                                           \
+                part[k] += square ? v * v : v;                                                                 \
+            }                                                                                                  \
+        double s = 0.0;                                                                                        \
+        for (int k = 0; k < 8; k++)                                                                            \
+            s += part[k];                                                                                      \
+        for (; j < n; j++) {                                                                                   \
+            double v = (double)x[j] - shift;                                                                   \
+            s += square ? v * v : v;                                                                           \
+        }                                                                                                      \
+        return s;                                                                                              \
+    }                                                                                                          \
     /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                 \
     static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *w, const T *b, T *y,        \
                                 double *stats)                                                                 \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, y += r.d) {                                                \
-            double s = 0.0, q = 0.0;                                                                           \
-            for (int64_t j = 0; j < r.d; j++)                                                                  \
-                s += x[j];                                                                                     \
-            double mean = s / (double)r.d;                                                                     \
-            for (int64_t j = 0; j < r.d; j++)                                                                  \
-                q += ((double)x[j] - mean) * ((double)x[j] - mean);                                            \
-            double rstd = 1.0 / sqrt(q / (double)r.d + eps);                                                   \
+            double mean = row_dot_##SUFFIX(x, 0.0, false, r.d) / (double)r.d;                                  \
+            double rstd = 1.0 / sqrt(row_dot_##SUFFIX(x, mean, true, r.d) / (double)r.d + eps);                \
             stats[2 * i] = mean;                                                                               \
             stats[2 * i + 1] = rstd;                                                                           \
-            for (int64_t j = 0; j < r.d; j++) {                                                                \
-                double v = ((double)x[j] - mean) * rstd;                                                       \
-                y[j] = (T)(w ? v * w[j] + (b ? b[j] : 0) : v + (b ? b[j] : 0));                                \
-            }                                                                                                  \
+            if (w && b)                                                                                        \
+                for (int64_t j = 0; j < r.d; j++)                                                              \
+                    y[j] = (T)(((double)x[j] - mean) * rstd * w[j] + b[j]);                                    \
+            else if (w)                                                                                        \
+                for (int64_t j = 0; j < r.d; j++)                                                              \
+                    y[j] = (T)(((double)x[j] - mean) * rstd * w[j]);                                           \
+            else                                                                                               \
+                for (int64_t j = 0; j < r.d; j++)                                                              \
+                    y[j] = (T)(((double)x[j] - mean) * rstd + (b ? (double)b[j] : 0.0));                       \
         }                                                                                                      \
     }                                                                                                          \
-    /* dx (if not NULL) per row; dw, db (if not NULL, zeroed) summed in double acc[2 d]. */                  \
+    /* g = dy * w (dy without w) into gbuf; returns mean(g) and *c = mean(g xhat). */                        \
+    static double ln_row_means_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, double mean,    \
+                                        double rstd, double *gbuf, double *c)                                  \
+    {                                                                                                          \
+        double pa[8] = {0}, pc[8] = {0}, a = 0.0, cc = 0.0;                                                    \
+        for (int64_t j = 0; j < r.d; j++)                                                                      \
+            gbuf[j] = w ? (double)dy[j] * w[j] : (double)dy[j];                                                \
+        int64_t j = 0;                                                                                         \
+        for (; j + 8 <= r.d; j += 8)                                                                           \
+            for (int k = 0; k < 8; k++) {                                                                      \
+                pa[k] += gbuf[j + k];                                                                          \
+                pc[k] += gbuf[j + k] * (((double)x[j + k] - mean) * rstd);                                     \
+            }                                                                                                  \
+        for (int k = 0; k < 8; k++)                                                                            \
+            a += pa[k], cc += pc[k];                                                                           \
+        for (; j < r.d; j++) {                                                                                 \
+            a += gbuf[j];                                                                                      \
+            cc += gbuf[j] * (((double)x[j] - mean) * rstd);                                                    \
+        }                                                                                                      \
+        *c = cc / (double)r.d;                                                                                 \
+        return a / (double)r.d;                                                                                \
+    }                                                                                                          \
+    /* dx (if not NULL) per row; dw, db (if not NULL, zeroed) summed in double. gbuf: r.d doubles. */        \
     static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const double *stats,   \
-                                T *dx, double *dw, double *db)                                                 \
+                                T *dx, double *dw, double *db, double *gbuf)                                   \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, dy += r.d) {                                               \
-            double mean = stats[2 * i], rstd = stats[2 * i + 1], a = 0.0, c = 0.0;                             \
-            for (int64_t j = 0; j < r.d; j++) {                                                                \
-                double xh = ((double)x[j] - mean) * rstd, g = w ? (double)dy[j] * w[j] : (double)dy[j];        \
-                a += g;                                                                                        \
-                c += g * xh;                                                                                   \
-                if (dw)                                                                                        \
-                    dw[j] += (double)dy[j] * xh;                                                               \
-                if (db)                                                                                        \
-                    db[j] += dy[j];                                                                            \
-            }                                                                                                  \
-            a /= (double)r.d;                                                                                  \
-            c /= (double)r.d;                                                                                  \
-            for (int64_t j = 0; dx && j < r.d; j++) {                                                          \
-                double xh = ((double)x[j] - mean) * rstd, g = w ? (double)dy[j] * w[j] : (double)dy[j];        \
-                dx[i * r.d + j] = (T)(rstd * (g - a - xh * c));                                                \
-            }                                                                                                  \
+            double mean = stats[2 * i], rstd = stats[2 * i + 1], c;                                            \
+            for (int64_t j = 0; dw && j < r.d; j++)                                                            \
+                dw[j] += (double)dy[j] * (((double)x[j] - mean) * rstd);                                       \
+            for (int64_t j = 0; db && j < r.d; j++)                                                            \
+                db[j] += dy[j];                                                                                \
+            if (!dx)                                                                                           \
+                continue;                                                                                      \
+            double a = ln_row_means_##SUFFIX(r, x, w, dy, mean, rstd, gbuf, &c);                               \
+            for (int64_t j = 0; j < r.d; j++)                                                                  \
+                dx[i * r.d + j] = (T)(rstd * (gbuf[j] - a - (((double)x[j] - mean) * rstd) * c));              \
         }                                                                                                      \
     }
 DEFINE_LN(float, f32)
@@ -137,7 +175,7 @@ static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *cons
     struct ln_rows r = n->r;
     bool need[3] = {sr__node_needs_grad(&n->base, 0), sr__node_needs_grad(&n->base, 1),
                     sr__node_needs_grad(&n->base, 2)};
-    double *acc = calloc(2 * (size_t)r.d + 1, sizeof(double));
+    double *acc = calloc(3 * (size_t)r.d + 1, sizeof(double)); /* dw, db, one row of g */
     sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", saved[0]->dtype, saved[0]->ndim, saved[0]->shape) : NULL;
     if (!acc || (need[0] && !dx)) {
         free(acc);
@@ -148,10 +186,10 @@ static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *cons
     double *dw = need[1] ? acc : NULL, *db = need[2] ? acc + r.d : NULL;
     if (saved[0]->dtype == SR_F64)
         ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], stats,
-                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db);
+                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, acc + 2 * r.d);
     else
         ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], stats,
-                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db);
+                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db, acc + 2 * r.d);
     out[0] = dx;
     out[1] = dw ? param_grad(n, saved[0]->dtype, dw) : NULL;
     out[2] = db ? param_grad(n, saved[0]->dtype, db) : NULL;
