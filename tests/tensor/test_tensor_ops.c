@@ -225,9 +225,10 @@ static void check_conv(sr_dtype dt, const struct conv_ref *r, int mode)
         sr_tensor_unref(ts[i]);
 }
 
-/* Sizes past the blocked gemm's panels (K = 8 * 5 * 5 = 200 > a 128-deep
- * panel on some builds) and a batch, so the weight gradient accumulates
- * across samples through every kernel. */
+/* Sizes past the blocked gemm's panels (the second case's K = 8 * 5 * 5 =
+ * 200 rows and L = 12 * 12 = 144 columns cross its 64-row and 128-column
+ * blocks) and a batch, so the weight gradient accumulates across samples
+ * through every kernel. */
 Test(nn, conv2d_agrees_with_a_direct_loop_on_every_kernel)
 {
     struct conv_ref cases[] = {
