@@ -12,9 +12,10 @@ dependency of shmrpc. The same shapes as bench/bench_conv.c, f32, batch 64:
   step   the CNN's forward, cross_entropy and backward: Conv2d(1, 32, 3, p=1),
          ReLU, MaxPool2d(2), Conv2d(32, 64, 3, p=1), ReLU, MaxPool2d(2),
          Flatten, Linear(3136, 10)
-Each figure is the wall-clock p50/p99 and the p50 of the process's CPU time
-(KEY_cpu), which a loaded machine distorts least. Backward gets a gradient of ones (conv1, conv2, pool), made once, and the
-inputs' .grad are cleared before each run (as bench_conv does). Besides its human
+Each figure is the wall-clock p50/p99 and the p50 of the process's CPU
+time (KEY_cpu), which a loaded machine distorts least. Backward gets a
+gradient of ones (conv1, conv2, pool, norm), made once, and the inputs'
+.grad are cleared before each run (as bench_conv does). Besides its human
 lines it prints one "torch-fig KEY p50_ns X p99_ns Y" line per figure, which
 bench_conv reads when it runs this script (bench_util.h).
 """
