@@ -14,7 +14,7 @@
  * is PyTorch's time over ours (above 1, ours is faster). e.g.
  *   conv conv2 (openblas): p50 38.1 ms p99 41.0 ms, 1680 samples/s (PyTorch 45.9 ms, x1.20); CPU p50 37.3 ms
  *   (PyTorch 32.3 ms, x0.87)
- * Backward gets a gradient of ones (conv1, conv2, pool), made once. */
+ * Backward gets a gradient of ones (conv1, conv2, pool, norm), made once. */
 #include <math.h>
 #include <stdio.h>
 #include <time.h>
