@@ -309,7 +309,7 @@ static int blocked(const struct sr_gemm *g, const struct blocked_ops *o)
         return -1;
     }
     char *c = g->c;
-    for (int64_t i = 0; i < g->m; i++)
+    for (int64_t i = 0; !g->accumulate && i < g->m; i++)
         memset(c + (size_t)(i * g->ldc) * o->elem, 0, (size_t)g->n * o->elem);
     for (int64_t jc = 0; jc < g->n; jc += NC) {
         int64_t nc = g->n - jc < NC ? g->n - jc : NC;
@@ -344,10 +344,10 @@ static void blas(const struct sr_gemm *g)
     enum CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
     if (g->dt == SR_F64)
         cblas_dgemm(CblasRowMajor, ta, tb, (int)g->m, (int)g->n, (int)g->k, 1.0, g->a, (int)g->lda, g->b,
-                    (int)g->ldb, 0.0, g->c, (int)g->ldc);
+                    (int)g->ldb, g->accumulate ? 1.0 : 0.0, g->c, (int)g->ldc);
     else
         cblas_sgemm(CblasRowMajor, ta, tb, (int)g->m, (int)g->n, (int)g->k, 1.0f, g->a, (int)g->lda, g->b,
-                    (int)g->ldb, 0.0f, g->c, (int)g->ldc);
+                    (int)g->ldb, g->accumulate ? 1.0f : 0.0f, g->c, (int)g->ldc);
 }
 #endif
 

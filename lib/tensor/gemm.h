@@ -1,5 +1,7 @@
 /* Matrix multiply kernel (internal): C[m x n] = op(A)[m x k] op(B)[k x n],
- * row-major, op = transpose when ta/tb. C is overwritten. */
+ * row-major, op = transpose when ta/tb. C is overwritten, or added to when
+ * `accumulate` (BLAS's beta = 1: a convolution's weight gradient summed over
+ * the samples of a batch). */
 #ifndef SR_LIB_TENSOR_GEMM_H
 #define SR_LIB_TENSOR_GEMM_H
 
@@ -22,6 +24,7 @@ struct sr_gemm {
     int64_t ldb;
     void *c;
     int64_t ldc;
+    bool accumulate; /* C += op(A) op(B) */
 };
 
 /* 0, or -1 when the blocked path could not allocate its panels. */

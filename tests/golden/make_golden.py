@@ -162,6 +162,33 @@ case("mlp", [rnd((4, 3)), rnd((3, 5)), rnd((5,)), rnd((5, 2)), rnd((2,)), tgt([0
 case("multi_root", [rnd((3, 3), 0.2, 1.0), rnd((3, 3), 0.2, 1.0)],
      lambda t1, t2: [(t1 + t2).sum(), (t1 * t2).sum(), torch.cos(t1).sum(), (t1 / t2).sum()])
 
+# convolution layers (appended, so the cases above keep their inputs)
+F = torch.nn.functional
+case("conv2d_basic", [rnd((2, 3, 5, 6)), rnd((4, 3, 3, 3)), rnd((4,))], F.conv2d)
+case("conv2d_stride2_pad1", [rnd((2, 2, 7, 6)), rnd((3, 2, 3, 3)), rnd((3,))],
+     lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1))
+case("conv2d_dilation2", [rnd((1, 2, 7, 7)), rnd((2, 2, 3, 2)), rnd((2,))],
+     lambda x, w, b: F.conv2d(x, w, b, padding=(1, 2), dilation=2))
+case("conv2d_groups2", [rnd((2, 4, 5, 5)), rnd((6, 2, 3, 3)), rnd((6,))],
+     lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2))
+case("conv2d_nobias_odd", [rnd((3, 1, 5, 7)), rnd((2, 1, 2, 3))], lambda x, w: F.conv2d(x, w, stride=(1, 2)))
+case("f32_conv2d", [rnd((2, 3, 6, 6), dt=torch.float32), rnd((4, 3, 3, 3), dt=torch.float32),
+                    rnd((4,), dt=torch.float32)], lambda x, w, b: F.conv2d(x, w, b, padding=1))
+case("max_pool2d", [rnd((2, 3, 6, 7))], lambda x: F.max_pool2d(x, 2))
+case("max_pool2d_pad", [rnd((1, 2, 7, 5))], lambda x: F.max_pool2d(x, 3, stride=2, padding=1))
+case("avg_pool2d", [rnd((2, 2, 6, 6))], lambda x: F.avg_pool2d(x, 2))
+case("avg_pool2d_pad", [rnd((1, 2, 7, 5))], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1))
+case("f32_max_pool2d", [rnd((2, 2, 5, 5), dt=torch.float32)], lambda x: F.max_pool2d(x, 2))
+case("f32_avg_pool2d", [rnd((2, 2, 5, 5), dt=torch.float32)], lambda x: F.avg_pool2d(x, 3, stride=2, padding=1))
+case("flatten", [rnd((2, 3, 4, 5))], lambda x: torch.flatten(x, 1) * torch.flatten(x, 1, 2).reshape(2, 60))
+case("layer_norm", [rnd((2, 3, 4, 5)), rnd((4, 5)), rnd((4, 5))], lambda x, w, b: F.layer_norm(x, (4, 5), w, b))
+case("layer_norm_chw", [rnd((2, 3, 4, 5), -3, 3)], lambda x: F.layer_norm(x, (3, 4, 5)))
+case("f32_layer_norm", [rnd((3, 8), dt=torch.float32), rnd((8,), dt=torch.float32), rnd((8,), dt=torch.float32)],
+     lambda x, w, b: F.layer_norm(x, (8,), w, b))
+case("cnn", [rnd((2, 1, 8, 8)), rnd((4, 1, 3, 3)), rnd((4,)), rnd((3, 64)), rnd((3,)), tgt([2, 0])],
+     lambda x, w1, b1, w2, b2, t: F.cross_entropy(
+         F.linear(torch.flatten(F.max_pool2d(torch.relu(F.conv2d(x, w1, b1, padding=1)), 2), 1), w2, b2), t))
+
 
 def main():
     w = sys.stdout.write

@@ -292,3 +292,73 @@ Test(gradcheck, custom_function)
     struct gc_input in[2] = {IN(-1, 1, 2, 2, 3), IN(-3, 3, 2, 2, 3)};
     gradcheck("custom XSin", apply_xsin, NULL, 2, in);
 }
+
+/* ---- convolution layers ---- */
+struct conv_case {
+    int64_t stride[2], padding[2], dilation[2], groups;
+    bool bias;
+};
+
+static sr_tensor *conv_op(sr_tensor *const *in, const void *arg)
+{
+    const struct conv_case *c = arg;
+    return sr_conv2d(in[0], in[1], c->bias ? in[2] : NULL, c->stride, c->padding, c->dilation, c->groups);
+}
+
+Test(gradcheck, conv2d)
+{
+    struct conv_case plain = {{1, 1}, {0, 0}, {1, 1}, 1, true}, strided = {{2, 1}, {1, 2}, {1, 1}, 1, true},
+                     dilated = {{1, 2}, {1, 0}, {2, 1}, 1, false}, grouped = {{2, 2}, {1, 1}, {1, 1}, 2, true};
+    struct gc_input a[3] = {IN(-1, 1, 4, 2, 2, 4, 5), IN(-1, 1, 4, 3, 2, 2, 3), IN(-1, 1, 1, 3)};
+    gradcheck("conv2d", conv_op, &plain, 3, a);
+    gradcheck("conv2d stride (2, 1) padding (1, 2)", conv_op, &strided, 3, a);
+    struct gc_input d[2] = {IN(-1, 1, 4, 1, 2, 6, 5), IN(-1, 1, 4, 2, 2, 3, 2)};
+    gradcheck("conv2d dilation (2, 1), no bias", conv_op, &dilated, 2, d);
+    struct gc_input g[3] = {IN(-1, 1, 4, 2, 4, 5, 5), IN(-1, 1, 4, 4, 2, 3, 3), IN(-1, 1, 1, 4)};
+    gradcheck("conv2d groups 2", conv_op, &grouped, 3, g);
+}
+
+static sr_tensor *pool_op(sr_tensor *const *in, const void *arg)
+{
+    const int64_t *k = arg; /* kernel, stride, padding, max? */
+    return k[6] ? sr_max_pool2d(in[0], k, k + 2, k + 4) : sr_avg_pool2d(in[0], k, k + 2, k + 4);
+}
+
+Test(gradcheck, pooling)
+{
+    struct gc_input x = IN(-1, 1, 4, 2, 2, 5, 6);
+    static const int64_t cfg[][7] = {{2, 2, 2, 2, 0, 0, 1}, {3, 2, 2, 1, 1, 1, 1}, {2, 2, 2, 2, 0, 0, 0},
+                                     {3, 3, 2, 1, 1, 1, 0}};
+    for (size_t i = 0; i < sizeof(cfg) / sizeof(cfg[0]); i++)
+        gradcheck(cfg[i][6] ? "max_pool2d" : "avg_pool2d", pool_op, cfg[i], 1, &x);
+}
+
+static sr_tensor *norm_op(sr_tensor *const *in, const void *arg)
+{
+    (void)arg;
+    return sr_layer_norm(in[0], 2, (const int64_t[]){3, 4}, in[1], in[2], 1e-5);
+}
+
+static sr_tensor *norm_bias_only(sr_tensor *const *in, const void *arg)
+{
+    (void)arg;
+    return sr_layer_norm(in[0], 1, (const int64_t[]){5}, NULL, in[1], 1e-3);
+}
+
+static sr_tensor *flatten_op(sr_tensor *const *in, const void *arg)
+{
+    (void)arg;
+    sr_tensor *f = sr_flatten(in[0], 1, 2), *out = f ? sr_mul(f, f) : NULL;
+    sr_tensor_unref(f);
+    return out;
+}
+
+Test(gradcheck, layer_norm_and_flatten)
+{
+    struct gc_input in[3] = {IN(-2, 2, 3, 2, 3, 4), IN(-1, 1, 2, 3, 4), IN(-1, 1, 2, 3, 4)};
+    gradcheck("layer_norm", norm_op, NULL, 3, in);
+    struct gc_input b[2] = {IN(-2, 2, 3, 2, 3, 5), IN(-1, 1, 1, 5)};
+    gradcheck("layer_norm, bias only", norm_bias_only, NULL, 2, b);
+    struct gc_input x = IN(-1, 1, 4, 2, 2, 3, 2);
+    gradcheck("flatten", flatten_op, NULL, 1, &x);
+}

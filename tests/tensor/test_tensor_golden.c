@@ -226,6 +226,74 @@ static int multi_root(sr_tensor **in, sr_tensor **out)
     return 4;
 }
 
+/* ---- convolution layers ---- */
+static int conv2d_basic(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], NULL, NULL, NULL, 1));
+}
+static int conv2d_stride2_pad1(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], SHAPE(2, 2), SHAPE(1, 1), NULL, 1));
+}
+static int conv2d_dilation2(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 2), SHAPE(2, 2), 1));
+}
+static int conv2d_groups2(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], SHAPE(2, 1), SHAPE(1, 1), NULL, 2));
+}
+static int conv2d_nobias_odd(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], NULL, SHAPE(1, 2), NULL, NULL, 1));
+}
+static int f32_conv2d(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 1), NULL, 1));
+}
+static int max_pool2d(sr_tensor **in, sr_tensor **out) { ONE(sr_max_pool2d(in[0], SHAPE(2, 2), NULL, NULL)); }
+static int max_pool2d_pad(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_max_pool2d(in[0], SHAPE(3, 3), SHAPE(2, 2), SHAPE(1, 1)));
+}
+static int avg_pool2d(sr_tensor **in, sr_tensor **out) { ONE(sr_avg_pool2d(in[0], SHAPE(2, 2), NULL, NULL)); }
+static int avg_pool2d_pad(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_avg_pool2d(in[0], SHAPE(3, 3), SHAPE(2, 2), SHAPE(1, 1)));
+}
+static int flatten(sr_tensor **in, sr_tensor **out)
+{
+    struct scratch s = {0};
+    sr_tensor *a = keep(&s, sr_flatten(in[0], 1, -1));
+    sr_tensor *b = keep(&s, sr_reshape(keep(&s, sr_flatten(in[0], 1, 2)), 2, SHAPE(2, 60)));
+    out[0] = sr_mul(a, b);
+    drop(&s);
+    return 1;
+}
+static int layer_norm(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_layer_norm(in[0], 2, SHAPE(4, 5), in[1], in[2], 1e-5));
+}
+static int layer_norm_chw(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_layer_norm(in[0], 3, SHAPE(3, 4, 5), NULL, NULL, 1e-5));
+}
+static int f32_layer_norm(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_layer_norm(in[0], 1, SHAPE(8), in[1], in[2], 1e-5));
+}
+static int cnn(sr_tensor **in, sr_tensor **out)
+{
+    struct scratch s = {0};
+    sr_tensor *c = keep(&s, sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 1), NULL, 1));
+    sr_tensor *p = keep(&s, sr_max_pool2d(keep(&s, sr_relu(c)), SHAPE(2, 2), NULL, NULL));
+    sr_tensor *f = keep(&s, sr_flatten(p, 1, -1));
+    sr_tensor *l = keep(&s, sr_add(keep(&s, sr_matmul(f, keep(&s, sr_t(in[3])))), in[4]));
+    out[0] = sr_cross_entropy(l, in[5]);
+    drop(&s);
+    return 1;
+}
+
 static const struct {
     const char *name;
     build_fn build;
@@ -252,6 +320,13 @@ static const struct {
     {"cross_entropy", cross_entropy}, {"cross_entropy_1d", cross_entropy},
     {"f32_add_bcast", add_bcast},   {"f32_matmul", matmul},          {"f32_log_softmax", log_softmax_1},
     {"f32_mse_loss", mse_loss},     {"mlp", mlp},                    {"multi_root", multi_root},
+    {"conv2d_basic", conv2d_basic}, {"conv2d_stride2_pad1", conv2d_stride2_pad1},
+    {"conv2d_dilation2", conv2d_dilation2}, {"conv2d_groups2", conv2d_groups2},
+    {"conv2d_nobias_odd", conv2d_nobias_odd}, {"f32_conv2d", f32_conv2d}, {"max_pool2d", max_pool2d},
+    {"max_pool2d_pad", max_pool2d_pad}, {"avg_pool2d", avg_pool2d}, {"avg_pool2d_pad", avg_pool2d_pad},
+    {"f32_max_pool2d", max_pool2d}, {"f32_avg_pool2d", avg_pool2d_pad}, {"flatten", flatten},
+    {"layer_norm", layer_norm},     {"layer_norm_chw", layer_norm_chw}, {"f32_layer_norm", f32_layer_norm},
+    {"cnn", cnn},
 };
 
 /* ---- the golden file ---- */

@@ -147,3 +147,186 @@ Test(nn, softmax_is_stable_and_nll_ignores_targets)
     for (int i = 0; i < 7; i++)
         sr_tensor_unref(ts[i]);
 }
+
+/* ---- conv2d against a direct loop, with every gemm kernel ---- */
+struct conv_ref {
+    int64_t n, c, h, w, o, kh, kw, oh, ow, s, p, d, groups;
+};
+
+/* The direct convolution and, for loss = sum(out * gy), its gradients. */
+static void naive_conv(const struct conv_ref *r, const double *x, const double *w, const double *b,
+                       const double *gy, double *out, double *dx, double *dw, double *db)
+{
+    int64_t cg = r->c / r->groups, og = r->o / r->groups;
+    memset(dx, 0, (size_t)(r->n * r->c * r->h * r->w) * sizeof(double));
+    memset(dw, 0, (size_t)(r->o * cg * r->kh * r->kw) * sizeof(double));
+    memset(db, 0, (size_t)r->o * sizeof(double));
+    for (int64_t n = 0; n < r->n; n++)
+        for (int64_t o = 0; o < r->o; o++)
+            for (int64_t y = 0; y < r->oh; y++)
+                for (int64_t xo = 0; xo < r->ow; xo++) {
+                    int64_t oi = ((n * r->o + o) * r->oh + y) * r->ow + xo;
+                    double s = b[o];
+                    db[o] += gy[oi];
+                    for (int64_t c = 0; c < cg; c++)
+                        for (int64_t i = 0; i < r->kh; i++)
+                            for (int64_t j = 0; j < r->kw; j++) {
+                                int64_t iy = y * r->s - r->p + i * r->d, ix = xo * r->s - r->p + j * r->d;
+                                if (iy < 0 || iy >= r->h || ix < 0 || ix >= r->w)
+                                    continue;
+                                int64_t xi = ((n * r->c + (o / og) * cg + c) * r->h + iy) * r->w + ix;
+                                int64_t wi = ((o * cg + c) * r->kh + i) * r->kw + j;
+                                s += w[wi] * x[xi];
+                                dx[xi] += w[wi] * gy[oi];
+                                dw[wi] += x[xi] * gy[oi];
+                            }
+                    out[oi] = s;
+                }
+}
+
+static void expect_close(sr_tensor *t, const double *want, const char *what, int mode)
+{
+    cr_assert(t, "%s: no tensor (%s)", what, sr_last_error());
+    double *v = values(t), tol = sr_tensor_dtype(t) == SR_F32 ? 1e-4 : 1e-11;
+    for (size_t i = 0; i < sr_tensor_numel(t); i++)
+        if (!(fabs(v[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            cr_assert_fail("%s, gemm mode %d: [%zu] %g vs %g", what, mode, i, v[i], want[i]);
+    free(v);
+}
+
+/* x is made [N, H, W, C] and permuted to [N, C, H, W]: a non-contiguous input. */
+static void check_conv(sr_dtype dt, const struct conv_ref *r, int mode)
+{
+    sr_manual_seed(11);
+    sr_tensor *xs = sr_randn(dt, 4, SHAPE(r->n, r->h, r->w, r->c), SR_REQUIRES_GRAD);
+    sr_tensor *w = sr_randn(dt, 4, SHAPE(r->o, r->c / r->groups, r->kh, r->kw), SR_REQUIRES_GRAD);
+    sr_tensor *b = sr_randn(dt, 1, SHAPE(r->o), SR_REQUIRES_GRAD);
+    sr_tensor *gy = sr_randn(dt, 4, SHAPE(r->n, r->o, r->oh, r->ow), 0);
+    sr_tensor *x = sr_permute(xs, (const int[]){0, 3, 1, 2});
+    sr__gemm_set_mode((enum sr_gemm_mode)mode);
+    sr_tensor *y = sr_conv2d(x, w, b, SHAPE(r->s, r->s), SHAPE(r->p, r->p), SHAPE(r->d, r->d), r->groups);
+    cr_assert(y, "%s", sr_last_error());
+    sr_tensor *yg = sr_mul(y, gy), *loss = sr_sum(yg);
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    sr__gemm_set_mode(SR_GEMM_AUTO);
+    double *xv = values(x), *wv = values(w), *bv = values(b), *gv = values(gy);
+    size_t nx = sr_tensor_numel(x), ny = sr_tensor_numel(y);
+    double *out = malloc(ny * sizeof(double)), *dx = malloc(nx * sizeof(double));
+    double *dw = malloc(sr_tensor_numel(w) * sizeof(double)), *db = malloc((size_t)r->o * sizeof(double));
+    naive_conv(r, xv, wv, bv, gv, out, dx, dw, db);
+    expect_close(y, out, "conv2d output", mode);
+    sr_tensor *gx = sr_permute(sr_tensor_grad(xs), (const int[]){0, 3, 1, 2});
+    expect_close(gx, dx, "conv2d grad input", mode);
+    expect_close(sr_tensor_grad(w), dw, "conv2d grad weight", mode);
+    expect_close(sr_tensor_grad(b), db, "conv2d grad bias", mode);
+    free(xv), free(wv), free(bv), free(gv), free(out), free(dx), free(dw), free(db);
+    sr_tensor *ts[] = {xs, x, w, b, gy, y, yg, loss, gx};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        sr_tensor_unref(ts[i]);
+}
+
+/* Sizes past the blocked gemm's panels (the second case's K = 8 * 5 * 5 =
+ * 200 rows and L = 12 * 12 = 144 columns cross its 64-row and 128-column
+ * blocks) and a batch, so the weight gradient accumulates across samples
+ * through every kernel. */
+Test(nn, conv2d_agrees_with_a_direct_loop_on_every_kernel)
+{
+    struct conv_ref cases[] = {
+        {.n = 3, .c = 4, .h = 9, .w = 8, .o = 6, .kh = 3, .kw = 3, .s = 2, .p = 1, .d = 1, .groups = 2},
+        {.n = 2, .c = 8, .h = 12, .w = 12, .o = 5, .kh = 5, .kw = 5, .s = 1, .p = 2, .d = 1, .groups = 1},
+        {.n = 2, .c = 3, .h = 10, .w = 9, .o = 3, .kh = 3, .kw = 3, .s = 1, .p = 0, .d = 2, .groups = 3},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct conv_ref *r = &cases[i];
+        r->oh = (r->h + 2 * r->p - r->d * (r->kh - 1) - 1) / r->s + 1;
+        r->ow = (r->w + 2 * r->p - r->d * (r->kw - 1) - 1) / r->s + 1;
+        for (int mode = SR_GEMM_AUTO; mode <= SR_GEMM_PORTABLE; mode++) {
+            check_conv(SR_F64, r, mode);
+            check_conv(SR_F32, r, mode);
+        }
+    }
+}
+
+static void expect_error(sr_tensor *t, const char *needle)
+{
+    cr_assert_null(t, "expected an error containing \"%s\"", needle);
+    cr_assert(strstr(sr_last_error(), needle), "error \"%s\" lacks \"%s\"", sr_last_error(), needle);
+}
+
+Test(nn, convolution_layers_name_the_op_and_the_bad_value)
+{
+    sr_tensor *x = sr_zeros(SR_F64, 4, SHAPE(2, 3, 5, 5), 0), *w = sr_zeros(SR_F64, 4, SHAPE(4, 2, 3, 3), 0);
+    sr_tensor *w3 = sr_zeros(SR_F64, 4, SHAPE(4, 3, 3, 3), 0), *x3 = sr_zeros(SR_F64, 3, SHAPE(3, 5, 5), 0);
+    sr_tensor *wf = sr_zeros(SR_F32, 4, SHAPE(4, 3, 3, 3), 0), *b5 = sr_zeros(SR_F64, 1, SHAPE(5), 0);
+    sr_tensor *wbig = sr_zeros(SR_F64, 4, SHAPE(4, 3, 7, 3), 0);
+    expect_error(sr_conv2d(x, w, NULL, NULL, NULL, NULL, 1), "sr_conv2d: input [2, 3, 5, 5] and weight [4, 2, 3, 3]");
+    expect_error(sr_conv2d(x3, w3, NULL, NULL, NULL, NULL, 1), "sr_conv2d: input [3, 5, 5] must be [N, C, H, W]");
+    expect_error(sr_conv2d(x, w3, b5, NULL, NULL, NULL, 1), "bias [5] must be [4]");
+    expect_error(sr_conv2d(x, wf, NULL, NULL, NULL, NULL, 1), "sr_conv2d: dtypes f64 and f32");
+    expect_error(sr_conv2d(x, w3, NULL, SHAPE(0, 1), NULL, NULL, 1), "stride (0, 1)");
+    expect_error(sr_conv2d(x, w3, NULL, NULL, NULL, NULL, 0), "groups 0");
+    expect_error(sr_conv2d(x, wbig, NULL, NULL, NULL, NULL, 1), "is smaller than the dilated kernel");
+    /* H + 2 padding - dilated kernel = -1: with stride 2, C's division rounds that to 0 (one output row) */
+    sr_tensor *w6 = sr_zeros(SR_F64, 4, SHAPE(4, 3, 6, 3), 0); /* 5 - 5 - 1 = -1 */
+    expect_error(sr_conv2d(x, w6, NULL, SHAPE(2, 2), NULL, NULL, 1), "is smaller than the dilated kernel");
+    sr_tensor_unref(w6);
+    expect_error(sr_max_pool2d(x, SHAPE(2, 2), NULL, SHAPE(2, 0)), "sr_max_pool2d: kernel (2, 2)");
+    expect_error(sr_avg_pool2d(x3, SHAPE(2, 2), NULL, NULL), "sr_avg_pool2d: input [3, 5, 5]");
+    expect_error(sr_max_pool2d(x, SHAPE(6, 6), NULL, NULL), "smaller than the kernel (6, 6)");
+    expect_error(sr_flatten(x, 2, 1), "sr_flatten: start_dim 2 cannot come after end_dim 1");
+    expect_error(sr_layer_norm(x, 2, SHAPE(4, 5), NULL, NULL, 1e-5), "sr_layer_norm: input [2, 3, 5, 5]");
+    sr_tensor *ts[] = {x, w, w3, x3, wf, b5, wbig};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        sr_tensor_unref(ts[i]);
+}
+
+/* A NaN in a window wins, as in PyTorch; ties go to the first maximum, and
+ * backward sends the gradient there only. */
+Test(nn, max_pool2d_nan_and_ties)
+{
+    double v[8] = {3, 1, 4, 0, 3, 2, NAN, 1}; /* windows {3, 1, 3, 2} and {4, 0, NaN, 1} */
+    sr_tensor *x = tu_tensor(SR_F64, 4, SHAPE(1, 1, 2, 4), v, SR_REQUIRES_GRAD);
+    sr_tensor *y = sr_max_pool2d(x, SHAPE(2, 2), NULL, NULL), *s = sr_sum(y);
+    double got[2];
+    sr_tensor_to_f64(y, got, 2);
+    cr_assert_float_eq(got[0], 3.0, 0);
+    cr_assert(isnan(got[1]));
+    cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+    double g[8], want[8] = {1, 0, 0, 0, 0, 0, 1, 0};
+    sr_tensor_to_f64(sr_tensor_grad(x), g, 8);
+    for (int i = 0; i < 8; i++)
+        cr_assert_float_eq(g[i], want[i], 0, "grad[%d] = %g", i, g[i]);
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_tensor_unref(s);
+}
+
+/* relu's typed rows, on contiguous and transposed f32/f64 inputs: max(x, 0)
+ * (a NaN gives 0, as the double path does) and the gradient where x > 0. */
+Test(elementwise, relu_typed_rows_match_the_definition)
+{
+    for (int d = 0; d < 2; d++)
+        for (int tr = 0; tr < 2; tr++) {
+            sr_dtype dt = d ? SR_F64 : SR_F32;
+            sr_manual_seed(21);
+            sr_tensor *xs = sr_randn(dt, 2, SHAPE(5, 7), SR_REQUIRES_GRAD);
+            sr_tensor *x = tr ? sr_t(xs) : sr_tensor_ref(xs), *y = sr_relu(x), *s = sr_sum(y);
+            cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+            double *xv = values(x), *yv = values(y), *gv = values(sr_tensor_grad(xs)), *xsv = values(xs);
+            for (int i = 0; i < 35; i++) {
+                cr_assert_eq(yv[i], xv[i] > 0 ? xv[i] : 0.0, "%s tr %d: relu[%d]", sr_dtype_name(dt), tr, i);
+                cr_assert_eq(gv[i], xsv[i] > 0 ? 1.0 : 0.0, "%s tr %d: grad[%d]", sr_dtype_name(dt), tr, i);
+            }
+            free(xv), free(yv), free(gv), free(xsv);
+            sr_tensor *ts[] = {xs, x, y, s};
+            for (int i = 0; i < 4; i++)
+                sr_tensor_unref(ts[i]);
+        }
+    double v[2] = {NAN, -1};
+    sr_tensor *n = tu_tensor(SR_F32, 1, SHAPE(2), v, 0), *r = sr_relu(n);
+    double got[2];
+    sr_tensor_to_f64(r, got, 2);
+    cr_assert(got[0] == 0.0 && got[1] == 0.0, "relu(NaN, -1) = (%g, %g)", got[0], got[1]);
+    sr_tensor_unref(n);
+    sr_tensor_unref(r);
+}

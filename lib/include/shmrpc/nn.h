@@ -10,11 +10,12 @@
  * The streams differ from PyTorch's.
  *
  * Modules. An sr_module is an ordered list of named parameters plus the
- * forward function that uses them: a Linear layer ("weight", "bias") or an
- * MLP, Linear-ReLU-...-Linear, whose names are those of PyTorch's
- * nn.Sequential(nn.Linear, nn.ReLU, ..., nn.Linear) state_dict: "0.weight",
- * "0.bias", "2.weight", "2.bias", ... Parameters are plain leaf tensors that
- * require grad; sr_backward accumulates into their .grad.
+ * forward function that uses them: a Linear layer ("weight", "bias"), an
+ * MLP, Linear-ReLU-...-Linear, or a sequential model of layer specs (conv2d,
+ * pooling, flatten, dropout, relu, linear, layer norm), whose names are
+ * those of PyTorch's nn.Sequential state_dict: "0.weight", "0.bias",
+ * "2.weight", "2.bias", ... Parameters are plain leaf tensors that require
+ * grad; sr_backward accumulates into their .grad.
  *
  * Lifetime rule. The module holds one reference on each parameter and drops
  * it in sr_module_destroy(). Pointers handed out by sr_module_params() and
@@ -89,9 +90,59 @@ SR_API sr_tensor *sr_linear(sr_tensor *x, sr_tensor *weight, sr_tensor *bias);
  * params = {W0, b0, W1, b1, ...} (2 * nlayers tensors), ReLU between layers,
  * none after the last. For parameters fetched from elsewhere (RRefs). */
 SR_API sr_tensor *sr_mlp_apply(sr_tensor *x, sr_tensor *const *params, int nlayers);
+/* torch.nn.functional.dropout: training and p > 0, each element is kept with
+ * probability 1 - p and scaled by 1 / (1 - p), else zeroed (all zeroed for
+ * p = 1); the mask takes one sr_generator_uniform draw per element, in
+ * row-major order, so the same seed gives the same mask. Backward: the
+ * gradient times the same mask. Not training, or p = 0: x itself (a new
+ * reference), and g is not used (it may be NULL). -EINVAL for p outside
+ * [0, 1], a NULL g when a mask is drawn, an integer dtype. */
+SR_API sr_tensor *sr_dropout(sr_tensor *x, double p, bool training, sr_generator *g);
 
 /* ---- modules ---- */
 typedef struct sr_module sr_module;
+
+/* Layers of a sequential model (torch.nn.Sequential), one spec each. Zero
+ * fields take PyTorch's defaults, as noted; the SR_* macros below fill the
+ * common cases, and a compound literal sets the rest. */
+typedef enum sr_layer_kind {
+    SR_LAYER_LINEAR = 1, /* in -> out features, bias unless no_bias */
+    SR_LAYER_CONV2D,     /* in -> out channels, kernel, stride (0: 1), padding, dilation (0: 1), groups (0: 1) */
+    SR_LAYER_RELU,
+    SR_LAYER_MAX_POOL2D, /* kernel, stride (0: the kernel), padding */
+    SR_LAYER_AVG_POOL2D, /* the same */
+    SR_LAYER_FLATTEN,    /* start_dim..end_dim; both 0: nn.Flatten()'s 1..-1 */
+    SR_LAYER_DROPOUT,    /* p; off in eval mode */
+    SR_LAYER_LAYER_NORM, /* norm_shape[norm_ndim] (nn.LayerNorm), eps (0: 1e-5) */
+} sr_layer_kind;
+
+typedef struct sr_layer_spec {
+    sr_layer_kind kind;
+    int64_t in, out;
+    int64_t kernel[2], stride[2], padding[2], dilation[2];
+    int64_t groups;
+    bool no_bias;
+    double p;
+    int start_dim, end_dim;
+    int norm_ndim;
+    int64_t norm_shape[4];
+    double eps;
+} sr_layer_spec;
+
+#define SR_LINEAR(in_, out_) ((sr_layer_spec){.kind = SR_LAYER_LINEAR, .in = (in_), .out = (out_)})
+#define SR_CONV2D(in_, out_, k_, stride_, pad_)                                                                \
+    ((sr_layer_spec){.kind = SR_LAYER_CONV2D, .in = (in_), .out = (out_), .kernel = {(k_), (k_)},             \
+                     .stride = {(stride_), (stride_)}, .padding = {(pad_), (pad_)}})
+#define SR_RELU() ((sr_layer_spec){.kind = SR_LAYER_RELU})
+#define SR_MAX_POOL2D(k_, stride_)                                                                             \
+    ((sr_layer_spec){.kind = SR_LAYER_MAX_POOL2D, .kernel = {(k_), (k_)}, .stride = {(stride_), (stride_)}})
+#define SR_AVG_POOL2D(k_, stride_)                                                                             \
+    ((sr_layer_spec){.kind = SR_LAYER_AVG_POOL2D, .kernel = {(k_), (k_)}, .stride = {(stride_), (stride_)}})
+#define SR_FLATTEN() ((sr_layer_spec){.kind = SR_LAYER_FLATTEN})
+#define SR_DROPOUT(p_) ((sr_layer_spec){.kind = SR_LAYER_DROPOUT, .p = (p_)})
+/* nn.LayerNorm([c, h, w]): over a sample's channels and plane. */
+#define SR_LAYER_NORM_CHW(c_, h_, w_)                                                                          \
+    ((sr_layer_spec){.kind = SR_LAYER_LAYER_NORM, .norm_ndim = 3, .norm_shape = {(c_), (h_), (w_)}})
 
 /* A Linear layer initialised as torch.nn.Linear: weight [out, in] and bias
  * [out] both ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_ with a =
@@ -103,10 +154,42 @@ SR_API int sr_linear_create(int64_t in, int64_t out, bool bias, sr_dtype dt, sr_
  * sizes[nlayers] (e.g. {784, 128, 10}, nlayers 2), ReLU between layers.
  * Layers are initialised in order as sr_linear_create does. */
 SR_API int sr_mlp_create(const int64_t *sizes, int nlayers, sr_generator *g, sr_dtype dt, sr_module **m);
+/* A sequential model of n layers, initialised in order from g as PyTorch
+ * does: conv2d and linear weights kaiming_uniform_(a = sqrt(5)), i.e.
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = in * kH * kW / groups
+ * (in for linear), then the bias from the same bound; layer norm weight 1,
+ * bias 0. Parameters are named as nn.Sequential's state_dict: "<i>.weight",
+ * "<i>.bias" with i the layer's index. After the parameters, one draw of g
+ * seeds the model's own dropout generator (sr_module_seed replaces it). The
+ * model starts in training mode. Shapes between layers are checked when the
+ * forward runs (errors name the layer's op). -EINVAL naming the layer for a
+ * bad spec; -ENOMEM; *m is NULL after any error. */
+SR_API int sr_sequential_create(const sr_layer_spec *layers, int n, sr_dtype dt, sr_generator *g, sr_module **m);
+/* One layer as a module of its own (nn.Conv2d(...), nn.LayerNorm(...), ...):
+ * initialised as in a sequential model, its parameters named "weight" and
+ * "bias" as that layer's state_dict; the same modes and forward. */
+SR_API int sr_layer_create(const sr_layer_spec *layer, sr_dtype dt, sr_generator *g, sr_module **m);
+/* Layers [from, to) of a sequential model only (a pipeline stage of a model
+ * built whole on every stage: the same seed gives every stage the same
+ * parameters and the names of the whole model). NULL with -EINVAL when m is
+ * not sequential or the range is not within 0 <= from <= to <= n. */
+SR_API sr_tensor *sr_sequential_forward_range(sr_module *m, sr_tensor *x, int from, int to);
+/* The parameters of layers [from, to) are params[*first .. *first + *count)
+ * of sr_module_params. 0 or -EINVAL as above. */
+SR_API int sr_sequential_param_range(const sr_module *m, int from, int to, size_t *first, size_t *count);
+/* Training (true, the default) or eval mode (model.train() / model.eval()):
+ * dropout is on only in training. A Linear layer or MLP has no mode-dependent
+ * layer; its mode is recorded all the same. */
+SR_API void sr_module_train(sr_module *m, bool training);
+SR_API bool sr_module_is_training(const sr_module *m);
+/* Reseeds a sequential model's dropout generator. */
+SR_API void sr_module_seed(sr_module *m, uint64_t seed);
 /* NULL is ignored. Drops the module's references on its parameters. */
 SR_API void sr_module_destroy(sr_module *m);
 
-/* The forward pass (a new tensor, NULL on error): logits for an MLP. */
+/* The forward pass (a new tensor, NULL on error): logits for an MLP; every
+ * layer in order for a sequential model (its dropout layers draw from its
+ * generator, so the module's forward is not for concurrent threads). */
 SR_API sr_tensor *sr_module_forward(sr_module *m, sr_tensor *x);
 /* Borrowed arrays of the n parameters and their names, in creation order
  * (weight before bias, layer by layer). Any out pointer may be NULL. */

@@ -245,6 +245,34 @@ SR_API sr_tensor *sr_softmax(sr_tensor *a, int dim);
 SR_API sr_tensor *sr_nll_loss(sr_tensor *logp, sr_tensor *target);
 SR_API sr_tensor *sr_cross_entropy(sr_tensor *logits, sr_tensor *target);
 
+/* ---- convolution layers (torch.nn.functional), f32/f64, with backward ----
+ * Inputs are batches [N, C, H, W] (4-D only); the pair arguments are
+ * (height, width) and NULL means PyTorch's default. Errors name the op and
+ * the bad shape or value ("sr_conv2d: input [2, 3, 5, 5] and weight
+ * [4, 2, 3, 3] with groups 1: ..."). */
+/* torch.nn.functional.conv2d: weight [O, C/groups, kH, kW], bias [O] or
+ * NULL; stride (NULL: 1, 1), padding (NULL: 0, 0, zeros), dilation (NULL:
+ * 1, 1), groups >= 1 dividing C and O. Out [N, O, OH, OW] with OH = (H + 2
+ * padding - dilation (kH - 1) - 1) / stride + 1. Computed as im2col and one
+ * gemm per sample and group (BLAS when built with it), and so is backward
+ * (docs/TENSORS.md, "Convolution layers"). */
+SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, const int64_t *stride,
+                            const int64_t *padding, const int64_t *dilation, int64_t groups);
+/* max_pool2d / avg_pool2d: kernel (kH, kW) required; stride NULL: the
+ * kernel; padding NULL: 0, at most half the kernel. Floor mode, no dilation.
+ * max keeps the argmax (first on ties, a NaN wins) for backward; avg counts
+ * the padding in the divisor (count_include_pad=True). */
+SR_API sr_tensor *sr_max_pool2d(sr_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding);
+SR_API sr_tensor *sr_avg_pool2d(sr_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding);
+/* torch.flatten: dims start_dim..end_dim (negative from the end) merged into
+ * one; a view when strides allow (sr_reshape), any dtype. */
+SR_API sr_tensor *sr_flatten(sr_tensor *x, int start_dim, int end_dim);
+/* torch.nn.functional.layer_norm: normalises over the last ndim dims, which
+ * must equal normalized_shape, with the biased variance and eps (PyTorch:
+ * 1e-5); then * weight and + bias (each of normalized_shape, or NULL). */
+SR_API sr_tensor *sr_layer_norm(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
+                                sr_tensor *bias, double eps);
+
 /* ---- local autograd ----
  * A tensor that requires grad records the op that made it (its grad_fn);
  * sr_backward walks that graph from the roots and accumulates gradients into

@@ -1,5 +1,5 @@
 /* Modules: an ordered list of named leaf parameters and the forward function
- * that uses them (nn.h states the lifetime rule). */
+ * that uses them (nn.h states the lifetime rule; module_impl.h the layout). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -7,19 +7,10 @@
 #include <string.h>
 
 #include "error.h"
+#include "module_impl.h"
 #include "shmrpc/nn.h"
 
-enum module_kind { MODULE_LINEAR, MODULE_MLP };
-
-struct sr_module {
-    enum module_kind kind;
-    int nlayers;
-    size_t n;            /* parameters so far */
-    sr_tensor **params;  /* one reference each */
-    char **names;        /* malloc'd */
-};
-
-static int module_new(enum module_kind kind, int nlayers, size_t cap, sr_module **out)
+int sr__module_new(enum sr__module_kind kind, int nlayers, size_t cap, sr_module **out)
 {
     sr_module *m = calloc(1, sizeof(*m));
     if (m) {
@@ -32,17 +23,15 @@ static int module_new(enum module_kind kind, int nlayers, size_t cap, sr_module 
     }
     m->kind = kind;
     m->nlayers = nlayers;
+    m->training = true;
     *out = m;
     return 0;
 }
 
-/* Appends U(-bound, bound) of shape as parameter "<prefix><what>". */
-static int add_param(sr_module *m, const char *prefix, const char *what, int ndim, const int64_t *shape,
-                     double bound, sr_dtype dt, sr_generator *g)
+int sr__module_add(sr_module *m, const char *prefix, const char *what, sr_tensor *t)
 {
     char name[64];
     snprintf(name, sizeof(name), "%s%s", prefix, what);
-    sr_tensor *t = sr_generator_uniform_tensor(g, dt, ndim, shape, -bound, bound, SR_REQUIRES_GRAD);
     if (!t)
         return -EINVAL; /* the detail is already set */
     char *copy = strdup(name);
@@ -55,6 +44,20 @@ static int add_param(sr_module *m, const char *prefix, const char *what, int ndi
     return 0;
 }
 
+int sr__module_add_uniform(sr_module *m, const char *prefix, const char *what, int ndim, const int64_t *shape,
+                           double bound, sr_dtype dt, sr_generator *g)
+{
+    return sr__module_add(m, prefix, what,
+                          sr_generator_uniform_tensor(g, dt, ndim, shape, -bound, bound, SR_REQUIRES_GRAD));
+}
+
+int sr__module_check_dtype(const char *fn, sr_dtype dt, const sr_generator *g)
+{
+    if (dt != SR_F32 && dt != SR_F64)
+        return sr__fail(-EINVAL, fn, "dtype %s: parameters must be f32 or f64", sr_dtype_name(dt));
+    return g ? 0 : sr__fail(-EINVAL, fn, "no generator given");
+}
+
 /* torch.nn.Linear.reset_parameters: kaiming_uniform_(a=sqrt(5)) on the
  * weight has bound gain * sqrt(3 / fan_in) with gain sqrt(2 / (1 + 5)),
  * i.e. 1/sqrt(in), the same bound as the bias. Weight first, then bias. */
@@ -62,8 +65,8 @@ static int add_linear(sr_module *m, const char *prefix, int64_t in, int64_t out,
                       sr_generator *g)
 {
     double bound = 1.0 / sqrt((double)in);
-    int rc = add_param(m, prefix, "weight", 2, (const int64_t[]){out, in}, bound, dt, g);
-    return rc || !bias ? rc : add_param(m, prefix, "bias", 1, &out, bound, dt, g);
+    int rc = sr__module_add_uniform(m, prefix, "weight", 2, (const int64_t[]){out, in}, bound, dt, g);
+    return rc || !bias ? rc : sr__module_add_uniform(m, prefix, "bias", 1, &out, bound, dt, g);
 }
 
 static int check_layer(const char *fn, int64_t in, int64_t out, sr_dtype dt, const sr_generator *g)
@@ -71,15 +74,13 @@ static int check_layer(const char *fn, int64_t in, int64_t out, sr_dtype dt, con
     if (in < 1 || out < 1)
         return sr__fail(-EINVAL, fn, "a layer of %lld -> %lld features: both must be >= 1", (long long)in,
                         (long long)out);
-    if (dt != SR_F32 && dt != SR_F64)
-        return sr__fail(-EINVAL, fn, "dtype %s: parameters must be f32 or f64", sr_dtype_name(dt));
-    return g ? 0 : sr__fail(-EINVAL, fn, "no generator given");
+    return sr__module_check_dtype(fn, dt, g);
 }
 
 SR_API int sr_linear_create(int64_t in, int64_t out, bool bias, sr_dtype dt, sr_generator *g, sr_module **m)
 {
     int rc = check_layer("sr_linear_create", in, out, dt, g);
-    if (rc || (rc = module_new(MODULE_LINEAR, 1, 2, m)))
+    if (rc || (rc = sr__module_new(SR__MODULE_LINEAR, 1, 2, m)))
         return rc;
     if ((rc = add_linear(*m, "", in, out, bias, dt, g))) {
         sr_module_destroy(*m);
@@ -95,7 +96,7 @@ SR_API int sr_mlp_create(const int64_t *sizes, int nlayers, sr_generator *g, sr_
     int rc = 0;
     for (int i = 0; !rc && i < nlayers; i++)
         rc = check_layer("sr_mlp_create", sizes[i], sizes[i + 1], dt, g);
-    if (rc || (rc = module_new(MODULE_MLP, nlayers, 2 * (size_t)nlayers, m)))
+    if (rc || (rc = sr__module_new(SR__MODULE_MLP, nlayers, 2 * (size_t)nlayers, m)))
         return rc;
     for (int i = 0; !rc && i < nlayers; i++) {
         char prefix[16];
@@ -119,6 +120,7 @@ SR_API void sr_module_destroy(sr_module *m)
     }
     free(m->params);
     free(m->names);
+    free(m->layers);
     free(m);
 }
 
@@ -129,7 +131,9 @@ SR_API sr_tensor *sr_module_forward(sr_module *m, sr_tensor *x)
             sr__fail(-EINVAL, "sr_module_forward", "no module given");
         return NULL;
     }
-    if (m->kind == MODULE_MLP)
+    if (m->kind == SR__MODULE_SEQUENTIAL)
+        return sr__sequential_forward(m, x, 0, m->nlayers);
+    if (m->kind == SR__MODULE_MLP)
         return sr_mlp_apply(x, m->params, m->nlayers);
     return sr_linear(x, m->params[0], m->n > 1 ? m->params[1] : NULL);
 }

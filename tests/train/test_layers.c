@@ -1,0 +1,349 @@
+/* nn.h's convolution-era layers: dropout (seeded masks, eval mode,
+ * backward), sequential models of layer specs (PyTorch's state_dict names
+ * and initialisation bounds, train/eval, ranges of layers as pipeline
+ * stages), and a small CNN that learns. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "shmrpc/nn.h"
+#include "shmrpc/optim.h"
+#include "tensor_util.h"
+#include "common.h"
+
+LEAK_CHECKED_SUITE(dropout);
+LEAK_CHECKED_SUITE(sequential);
+
+static double *values(sr_tensor *t)
+{
+    size_t n = sr_tensor_numel(t);
+    double *v = malloc((n + 1) * sizeof(double));
+    cr_assert_eq(sr_tensor_to_f64(t, v, n), 0);
+    return v;
+}
+
+/* ---- dropout ---- */
+
+static sr_tensor *dropped(sr_tensor *x, double p, uint64_t seed)
+{
+    sr_generator g;
+    sr_generator_init(&g, seed);
+    sr_tensor *y = sr_dropout(x, p, true, &g);
+    cr_assert(y, "%s", sr_last_error());
+    return y;
+}
+
+Test(dropout, same_seed_same_mask_scaled_by_the_kept_fraction)
+{
+    enum { N = 4000 };
+    sr_tensor *x = sr_ones(SR_F32, 2, SHAPE(40, 100), SR_REQUIRES_GRAD);
+    sr_tensor *a = dropped(x, 0.25, 9), *b = dropped(x, 0.25, 9), *c = dropped(x, 0.25, 10);
+    double *va = values(a), *vb = values(b), *vc = values(c);
+    int kept = 0, differ = 0;
+    for (int i = 0; i < N; i++) {
+        if (va[i] != vb[i] || (va[i] != 0 && fabs(va[i] - 1 / 0.75) > 1e-6))
+            cr_assert_fail("element %d: %g and %g (want 0 or %g, the same for one seed)", i, va[i], vb[i], 1 / 0.75);
+        kept += va[i] != 0;
+        differ += va[i] != vc[i];
+    }
+    cr_assert(kept > 2850 && kept < 3150, "kept %d of %d with p = 0.25", kept, N);
+    cr_assert_gt(differ, 500, "seeds 9 and 10 gave nearly the same mask");
+    /* backward: the gradient through the same mask */
+    sr_tensor *s = sr_sum(a);
+    cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+    double *g = values(sr_tensor_grad(x));
+    for (int i = 0; i < N; i++)
+        if (fabs(g[i] - va[i]) > 1e-6)
+            cr_assert_fail("grad[%d] = %g, the mask has %g", i, g[i], va[i]);
+    free(va), free(vb), free(vc), free(g);
+    sr_tensor *ts[] = {x, a, b, c, s};
+    for (size_t i = 0; i < 5; i++)
+        sr_tensor_unref(ts[i]);
+}
+
+Test(dropout, off_in_eval_and_at_zero_all_dropped_at_one)
+{
+    sr_tensor *x = sr_randn(SR_F64, 1, SHAPE(50), 0);
+    sr_tensor *e = sr_dropout(x, 0.5, false, NULL), *z = dropped(x, 0.0, 1), *one = dropped(x, 1.0, 1);
+    cr_assert(e && sr_tensor_shares_storage(e, x), "eval mode must give x itself");
+    cr_assert(sr_tensor_shares_storage(z, x), "p = 0 must give x itself");
+    double *v = values(one);
+    for (int i = 0; i < 50; i++)
+        cr_assert_eq(v[i], 0.0, "p = 1: element %d is %g", i, v[i]);
+    free(v);
+    sr_generator g;
+    sr_generator_init(&g, 1);
+    cr_assert_null(sr_dropout(x, 1.5, true, &g));
+    cr_assert(strstr(sr_last_error(), "sr_dropout: dropout probability has to be between 0 and 1, but got 1.5"),
+              "%s", sr_last_error());
+    cr_assert_null(sr_dropout(x, 0.5, true, NULL));
+    cr_assert(strstr(sr_last_error(), "sr_dropout: no generator"), "%s", sr_last_error());
+    sr_tensor *ts[] = {x, e, z, one};
+    for (size_t i = 0; i < 4; i++)
+        sr_tensor_unref(ts[i]);
+}
+
+/* ---- sequential ---- */
+
+/* The later demo's kind of model: nn.Sequential(Conv2d(1, 8, 3, padding=1),
+ * ReLU, MaxPool2d(2), Conv2d(8, 16, 3, padding=1), LayerNorm([16, 14, 14]),
+ * ReLU, MaxPool2d(2), Flatten, Dropout(0.5), Linear(16*7*7, 10)), on
+ * 28 x 28 images. */
+static const sr_layer_spec cnn_spec[] = {
+    SR_CONV2D(1, 8, 3, 1, 1), SR_RELU(), SR_MAX_POOL2D(2, 2), SR_CONV2D(8, 16, 3, 1, 1),
+    SR_LAYER_NORM_CHW(16, 14, 14), SR_RELU(), SR_MAX_POOL2D(2, 0), SR_FLATTEN(), SR_DROPOUT(0.5),
+    SR_LINEAR(16 * 7 * 7, 10),
+};
+#define CNN_LAYERS ((int)(sizeof(cnn_spec) / sizeof(cnn_spec[0])))
+
+static sr_module *make_cnn(sr_dtype dt, uint64_t seed)
+{
+    sr_generator g;
+    sr_generator_init(&g, seed);
+    sr_module *m = NULL;
+    cr_assert_eq(sr_sequential_create(cnn_spec, CNN_LAYERS, dt, &g, &m), 0, "%s", sr_last_error());
+    return m;
+}
+
+Test(sequential, names_shapes_and_bounds_are_pytorchs)
+{
+    sr_module *m = make_cnn(SR_F32, 1);
+    size_t n;
+    sr_tensor *const *p;
+    const char *const *names;
+    sr_module_params(m, &n, &p, &names);
+    static const char *want[] = {"0.weight", "0.bias", "3.weight", "3.bias", "4.weight", "4.bias", "9.weight",
+                                 "9.bias"};
+    static const int64_t fan_in[] = {9, 9, 72, 72, 0, 0, 784, 784};
+    cr_assert_eq(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_str_eq(names[i], want[i]);
+        cr_assert(sr_tensor_requires_grad(p[i]) && sr_tensor_dtype(p[i]) == SR_F32);
+        double *v = values(p[i]), lo = INFINITY, hi = -INFINITY;
+        for (size_t j = 0; j < sr_tensor_numel(p[i]); j++)
+            lo = fmin(lo, v[j]), hi = fmax(hi, v[j]);
+        free(v);
+        if (!fan_in[i]) { /* layer norm: weight 1, bias 0 */
+            cr_assert(lo == hi && lo == (i == 4 ? 1.0 : 0.0), "%s in [%g, %g]", names[i], lo, hi);
+            continue;
+        }
+        double bound = 1 / sqrt((double)fan_in[i]);
+        cr_assert(lo >= -bound && hi <= bound && hi - lo > bound / 2, "%s in [%g, %g], bound %g", names[i], lo, hi,
+                  bound);
+    }
+    tu_expect_shape(p[2], 4, SHAPE(16, 8, 3, 3), "3.weight");
+    tu_expect_shape(p[4], 3, SHAPE(16, 14, 14), "4.weight");
+    tu_expect_shape(p[6], 2, SHAPE(10, 784), "9.weight");
+    cr_assert_eq(sr_module_numel(m), 80 + 1168 + 2 * 3136 + 7850);
+    sr_module_destroy(m);
+}
+
+Test(sequential, same_seed_same_model_and_eval_is_deterministic)
+{
+    sr_module *a = make_cnn(SR_F64, 5), *b = make_cnn(SR_F64, 5);
+    sr_manual_seed(2);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(3, 1, 28, 28), 0);
+    cr_assert(sr_module_is_training(a));
+    sr_tensor *ya = sr_module_forward(a, x), *yb = sr_module_forward(b, x);
+    cr_assert(ya && yb, "%s", sr_last_error());
+    tu_expect_shape(ya, 2, SHAPE(3, 10), "logits");
+    double *va = values(ya), *vb = values(yb);
+    cr_assert_arr_eq(va, vb, 30 * sizeof(double), "one seed, one model, one dropout stream");
+    /* eval: no dropout, so two forwards agree and differ from training's */
+    sr_module_train(a, false);
+    cr_assert(!sr_module_is_training(a));
+    sr_tensor *e1 = sr_module_forward(a, x), *e2 = sr_module_forward(a, x);
+    double *v1 = values(e1), *v2 = values(e2);
+    cr_assert_arr_eq(v1, v2, 30 * sizeof(double));
+    cr_assert(memcmp(v1, va, 30 * sizeof(double)), "eval mode gave training's output");
+    free(va), free(vb), free(v1), free(v2);
+    sr_tensor *ts[] = {x, ya, yb, e1, e2};
+    for (size_t i = 0; i < 5; i++)
+        sr_tensor_unref(ts[i]);
+    sr_module_destroy(a);
+    sr_module_destroy(b);
+}
+
+/* Stages [0, 4), [4, 8), [8, 10) run one after another give the whole
+ * model's output, and their parameter runs tile the list. */
+Test(sequential, ranges_compose_to_the_whole_model)
+{
+    sr_module *m = make_cnn(SR_F64, 3);
+    sr_module_train(m, false);
+    sr_manual_seed(4);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(2, 1, 28, 28), 0), *whole = sr_module_forward(m, x);
+    int cut[] = {0, 4, 8, CNN_LAYERS};
+    sr_tensor *h = sr_tensor_ref(x);
+    size_t next = 0, first, count;
+    for (int s = 0; s < 3; s++) {
+        sr_tensor *y = sr_sequential_forward_range(m, h, cut[s], cut[s + 1]);
+        cr_assert(y, "%s", sr_last_error());
+        sr_tensor_unref(h);
+        h = y;
+        cr_assert_eq(sr_sequential_param_range(m, cut[s], cut[s + 1], &first, &count), 0);
+        cr_assert_eq(first, next, "stage %d starts at parameter %zu", s, first);
+        next += count;
+    }
+    cr_assert_eq(next, 8);
+    double *a = values(whole), *b = values(h);
+    cr_assert_arr_eq(a, b, 20 * sizeof(double));
+    free(a), free(b);
+    cr_assert_null(sr_sequential_forward_range(m, x, 3, 11));
+    cr_assert(strstr(sr_last_error(), "layers [3, 11) are not within the model's 10"), "%s", sr_last_error());
+    sr_tensor_unref(x);
+    sr_tensor_unref(whole);
+    sr_tensor_unref(h);
+    sr_module_destroy(m);
+}
+
+Test(sequential, bad_specs_name_the_layer)
+{
+    sr_generator g;
+    sr_generator_init(&g, 1);
+    sr_module *m = NULL;
+    sr_layer_spec bad_groups[] = {SR_CONV2D(3, 4, 3, 1, 0)};
+    bad_groups[0].groups = 2;
+    cr_assert_eq(sr_sequential_create(bad_groups, 1, SR_F32, &g, &m), -EINVAL);
+    cr_assert(strstr(sr_last_error(), "layer 0 (conv2d): in and out channels"), "%s", sr_last_error());
+    sr_layer_spec bad_p[] = {SR_RELU(), SR_DROPOUT(2.0)};
+    cr_assert_eq(sr_sequential_create(bad_p, 2, SR_F32, &g, &m), -EINVAL);
+    cr_assert(strstr(sr_last_error(), "layer 1 (dropout): p must be between 0 and 1"), "%s", sr_last_error());
+    cr_assert_eq(sr_sequential_create(cnn_spec, CNN_LAYERS, SR_I64, &g, &m), -EINVAL);
+    cr_assert_null(m);
+    /* a shape error between layers names the op when the forward runs */
+    sr_layer_spec two[] = {SR_FLATTEN(), SR_LINEAR(5, 2)};
+    cr_assert_eq(sr_sequential_create(two, 2, SR_F32, &g, &m), 0, "%s", sr_last_error());
+    sr_tensor *x = sr_zeros(SR_F32, 3, SHAPE(2, 2, 3), 0);
+    cr_assert_null(sr_module_forward(m, x));
+    cr_assert(strstr(sr_last_error(), "sr_linear: input [2, 6]"), "%s", sr_last_error());
+    sr_tensor_unref(x);
+    sr_module_destroy(m);
+}
+
+/* Why layer norm (docs/TENSORS.md): each sample is normalised alone, so
+ * the gradient of a batch equals the mean of its micro-batches' gradients,
+ * as a pipeline with micro-batches computes it. */
+static void grads_of(sr_module *m, sr_tensor *x, sr_tensor *y, double scale, double *acc, size_t total)
+{
+    sr_module_zero_grad(m);
+    sr_tensor *logits = sr_module_forward(m, x), *loss = logits ? sr_cross_entropy(logits, y) : NULL;
+    cr_assert(loss, "%s", sr_last_error());
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    size_t n, off = 0;
+    sr_tensor *const *p;
+    sr_module_params(m, &n, &p, NULL);
+    for (size_t i = 0; i < n; i++) {
+        double *g = values(sr_tensor_grad(p[i]));
+        for (size_t j = 0; j < sr_tensor_numel(p[i]); j++)
+            acc[off + j] += scale * g[j];
+        off += sr_tensor_numel(p[i]);
+        free(g);
+    }
+    cr_assert_eq(off, total);
+    sr_tensor_unref(logits);
+    sr_tensor_unref(loss);
+}
+
+Test(sequential, micro_batches_sum_to_the_batch_with_layer_norm)
+{
+    sr_module *m = make_cnn(SR_F64, 11);
+    sr_module_train(m, false); /* dropout off: the rest is the same in both modes */
+    sr_manual_seed(12);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(6, 1, 28, 28), 0);
+    int64_t labels[6] = {3, 1, 4, 1, 5, 9};
+    sr_tensor *y = sr_from_data(SR_I64, 1, SHAPE(6), labels, 0);
+    size_t total = sr_module_numel(m);
+    double *whole = calloc(total, sizeof(double)), *micro = calloc(total, sizeof(double));
+    grads_of(m, x, y, 1.0, whole, total);
+    for (int k = 0; k < 3; k++) { /* three micro-batches of two: the mean of their means */
+        sr_tensor *xk = sr_narrow(x, 0, 2 * k, 2), *yk = sr_narrow(y, 0, 2 * k, 2);
+        grads_of(m, xk, yk, 1.0 / 3, micro, total);
+        sr_tensor_unref(xk);
+        sr_tensor_unref(yk);
+    }
+    for (size_t i = 0; i < total; i++)
+        if (fabs(whole[i] - micro[i]) > 1e-12 + 1e-9 * fabs(whole[i]))
+            cr_assert_fail("gradient element %zu: batch %.17g, micro-batches %.17g", i, whole[i], micro[i]);
+    free(whole);
+    free(micro);
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_module_destroy(m);
+}
+
+/* A lone layer is nn.Conv2d: "weight" and "bias", the same draws as the
+ * same layer first in a sequential model. */
+Test(sequential, a_lone_layer_is_a_module)
+{
+    sr_layer_spec conv = SR_CONV2D(2, 4, 3, 2, 1);
+    conv.groups = 2;
+    sr_generator g1, g2;
+    sr_generator_init(&g1, 6);
+    sr_generator_init(&g2, 6);
+    sr_module *lone, *seq;
+    cr_assert_eq(sr_layer_create(&conv, SR_F64, &g1, &lone), 0, "%s", sr_last_error());
+    cr_assert_eq(sr_sequential_create(&conv, 1, SR_F64, &g2, &seq), 0, "%s", sr_last_error());
+    size_t n;
+    const char *const *names;
+    sr_module_params(lone, &n, NULL, &names);
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(names[0], "weight");
+    cr_assert_str_eq(names[1], "bias");
+    sr_tensor *w = sr_module_param(lone, "weight"), *w0 = sr_module_param(seq, "0.weight");
+    tu_expect_shape(w, 4, SHAPE(4, 1, 3, 3), "weight"); /* in / groups channels */
+    double *a = values(w), *b = values(w0);
+    cr_assert_arr_eq(a, b, 36 * sizeof(double));
+    free(a), free(b);
+    sr_tensor *x = sr_randn(SR_F64, 4, SHAPE(1, 2, 5, 5), 0), *y = sr_module_forward(lone, x);
+    tu_expect_shape(y, 4, SHAPE(1, 4, 3, 3), "output");
+    sr_layer_spec bad = SR_DROPOUT(-1);
+    sr_module *none = seq;
+    cr_assert_eq(sr_layer_create(&bad, SR_F32, &g1, &none), -EINVAL);
+    cr_assert_null(none, "a failed create leaves *m NULL");
+    cr_assert(strstr(sr_last_error(), "sr_layer_create: layer 0 (dropout)"), "%s", sr_last_error());
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_module_destroy(seq);
+    sr_module_destroy(lone);
+}
+
+/* The CNN with Adam fits one batch of 16 random images to random labels:
+ * conv2d, pooling, layer norm, dropout and linear all learn through the
+ * module. */
+Test(sequential, a_cnn_learns_a_batch)
+{
+    sr_module *m = make_cnn(SR_F32, 7);
+    sr_manual_seed(8);
+    sr_tensor *x = sr_randn(SR_F32, 4, SHAPE(16, 1, 28, 28), 0);
+    int64_t labels[16];
+    for (int i = 0; i < 16; i++)
+        labels[i] = (i * 7) % 10;
+    sr_tensor *y = sr_from_data(SR_I64, 1, SHAPE(16), labels, 0);
+    size_t n;
+    sr_tensor *const *p;
+    sr_module_params(m, &n, &p, NULL);
+    sr_optim_opts o;
+    sr_optim_opts_default(SR_OPTIM_ADAM, &o);
+    o.lr = 3e-3;
+    sr_optim *opt;
+    cr_assert_eq(sr_optim_create(SR_OPTIM_ADAM, &o, p, n, &opt), 0, "%s", sr_last_error());
+    double first = 0, last = 0;
+    for (int step = 0; step < 25; step++) {
+        sr_module_zero_grad(m);
+        sr_tensor *logits = sr_module_forward(m, x), *loss = logits ? sr_cross_entropy(logits, y) : NULL;
+        cr_assert(loss, "%s", sr_last_error());
+        last = sr_tensor_item(loss);
+        first = step ? first : last;
+        cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+        for (size_t i = 0; i < n; i++)
+            cr_assert(sr_tensor_grad(p[i]), "parameter %zu got no gradient", i);
+        cr_assert_eq(sr_optim_step(opt), 0, "%s", sr_last_error());
+        sr_tensor_unref(logits);
+        sr_tensor_unref(loss);
+    }
+    cr_assert_lt(last, first / 4, "loss went from %g to %g", first, last);
+    sr_optim_destroy(opt);
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    sr_module_destroy(m);
+}
