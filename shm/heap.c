@@ -630,9 +630,12 @@ static int area_pick(const sr_segment *seg, int rank, uint32_t gen)
         reclaiming += st == SR_AREA_RECLAIMING;
     }
     return sr__fail(-ENOSPC, "sr__heap_attach", "rank %d generation %u: no free heap area in segment '%s' "
-                    "(%u areas: %u for the ranks, %u spares; %u quarantined, %u being reclaimed); a quarantined "
-                    "area comes back once no survivor holds its blocks (sr__heap_area_reclaim), or raise the spares",
-                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming);
+                    "(%u areas: %u for the ranks, %u spares; %u quarantined, %u being reclaimed): the survivors "
+                    "still hold blocks of that many dead processes' areas. An area comes back by itself once "
+                    "nobody holds its blocks: drop the dead generations' tensors and RRefs when their death is "
+                    "handled; or make the segment with more spares (sr_segment_opts.heap_spares; sr_spawn and "
+                    "shmrun give a replace job min(max_restarts, %u))",
+                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming, SR_HEAP_SPARES_DEFAULT_MAX);
 }
 
 /* Give a taken area back (attach failed after the CAS): it was FREE. */

@@ -54,7 +54,8 @@
 #define SR_HEAP_ALIGN (2u << 20)
 #define SR_HEAP_MIN (4u << 20)                    /* smallest per-worker heap accepted */
 #define SR_HEAP_DEFAULT (UINT64_C(1) << 30)       /* per worker; memfd pages cost nothing until touched */
-#define SR_HEAP_SPARES_DEFAULT_MAX 64u             /* default spares: world_size, at most this */
+#define SR_HEAP_SPARES_DEFAULT_MAX 64u             /* default spares: world_size, at most this; and a replace
+                                                     job's: max_restarts, at most this (sr__seg_replace_spares) */
 #define SR_RING_SLOTS_DEFAULT 1024u
 #define SR_CRASH_FN_MAX 64u                       /* function names are < 64 bytes (rpc/registry.h) */
 
@@ -244,6 +245,16 @@ struct sr_heap_area_info {
 };
 static_assert(offsetof(struct sr_heap_area_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
 static_assert(offsetof(struct sr_heap_area_info, foreign) % SR_CACHELINE == 0, "foreign count on its own line");
+
+/* The spare heap areas of a job that may replace ranks max_restarts times:
+ * one per area quarantined at the same time, not one per replacement, since
+ * a dead process's area is reclaimed once no survivor holds its blocks
+ * (heap.h, "Areas"): min(max_restarts, SR_HEAP_SPARES_DEFAULT_MAX), at
+ * least 1 for a positive max_restarts. */
+static inline int sr__seg_replace_spares(int max_restarts)
+{
+    return max_restarts < (int)SR_HEAP_SPARES_DEFAULT_MAX ? max_restarts : (int)SR_HEAP_SPARES_DEFAULT_MAX;
+}
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */

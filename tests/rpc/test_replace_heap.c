@@ -1,0 +1,204 @@
+/* The shared heap across replacements in place (docs/HEAP.md §11): a
+ * victim that holds a tensor of the survivor's (a block in the survivor's
+ * heap area) and whose tensor the survivor holds (a block in the victim's
+ * area) is killed and replaced again and again. After each death:
+ *   - the survivor's block the dead process held is freed (the supervisor's
+ *     quarantine drops what the dead listed): the survivor's heap is back at
+ *     its baseline once it drained;
+ *   - the dead process's block the survivor holds stays readable until the
+ *     survivor drops it, and that unref reclaims the dead area: only the
+ *     survivor's and the current victim's areas are ever not FREE;
+ *   - the memory the memfd holds does not grow across the replacements.
+ * The figures are printed (docs/PERFORMANCE.md).
+ *
+ * Rank 0 drives and survives, rank 1 is the victim. Every step waits for an
+ * event (a call's answer, the replacement's "hello"), each with a bound.
+ * Workers are forked copies of this test process: no Criterion call in them.
+ */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common.h"
+#include "error.h"
+#include "heap.h"
+#include "heap_stamp.h"
+#include "helpers/replace_events.h"
+#include "rpc_harness.h"
+#include "segment.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
+#include "shmrpc/tensor.h"
+
+LEAK_CHECKED_SUITE(replace_heap);
+
+#define WAIT_S REPLACE_WAIT_S
+#define NREPL 100
+#define NUMEL (1 << 14) /* 64 KiB of floats: a block of its own, not an inline value */
+
+/* What rank 0 measured, for the test process to print (shared page). */
+struct figures {
+    uint64_t heap_base, heap_last;          /* rank 0's sr__heap_allocated after the first and last round */
+    uint64_t memfd_first, memfd_max10, memfd_last; /* bytes the memfd holds: round 1, max of rounds 1-10, last */
+    uint32_t areas;                         /* heap areas in the segment */
+    uint32_t busy_max;                      /* most areas not FREE after a round */
+    double seconds;
+};
+static struct figures *fig;
+
+/* ---- the victim's functions ---- */
+static sr_tensor *kept; /* the survivor's tensor, held by this generation until it dies */
+
+static int fn_keep(sr_call *c)
+{
+    sr_tensor *t = sr_value_tensor(sr_call_arg(c, 0));
+    if (!t)
+        return sr_call_fail(c, -EINVAL, "keep: not a tensor");
+    kept = sr_tensor_ref(t);
+    return sr_call_return(c, NULL);
+}
+
+static int fn_make(sr_call *c)
+{
+    int64_t shape[1] = {NUMEL};
+    sr_tensor *t = sr_full(SR_F32, 1, shape, (double)sr_value_int(sr_call_arg(c, 0)), 0);
+    if (!t)
+        return sr_call_fail(c, -ENOMEM, "no tensor: %s", sr_last_error());
+    sr_value *v = sr_tensor_value(t);
+    sr_tensor_unref(t);
+    return sr_call_return(c, v);
+}
+
+static int fn_die(sr_call *c)
+{
+    (void)c;
+    raise(SIGKILL);
+    return 0;
+}
+
+static void register_fns(void)
+{
+    sr_register("keep", fn_keep);
+    sr_register("make", fn_make);
+    sr_register("die", fn_die);
+    sr_register("hello", replace_fn_hello);
+}
+
+/* ---- the driver ---- */
+static bool all_equal(const sr_tensor *t, float want)
+{
+    const float *p = sr_tensor_data(t);
+    for (size_t i = 0; i < sr_tensor_numel(t); i++)
+        if (p[i] != want)
+            return false;
+    return true;
+}
+
+static uint32_t areas_busy(const sr_segment *seg)
+{
+    uint32_t n = 0;
+    for (uint32_t a = 0; a < seg->heap_areas; a++) {
+        sr_heap_area st;
+        n += sr__heap_area_get(seg, (int)a, &st) == 0 && st.state != SR_AREA_FREE;
+    }
+    return n;
+}
+
+/* One generation g of the victim: give it a tensor of ours (it keeps the
+ * only reference), take one of its, kill it, wait for generation g + 1. */
+static int one_round(unsigned g, sr_tensor **theirs)
+{
+    int64_t shape[1] = {NUMEL};
+    sr_tensor *mine = sr_full(SR_F32, 1, shape, 1000.0 + g, 0);
+    WCHECK(mine, "round %u: %s", g, sr_last_error());
+    sr_value *arg = sr_tensor_value(mine), *v = NULL;
+    sr_tensor_unref(mine);
+    int rc = sr_rpc_sync(1, "keep", SR_ARGS(arg), WAIT_S, NULL);
+    sr_value_unref(arg);
+    WCHECK(rc == 0, "round %u: keep: %s", g, sr_last_error());
+    sr_value *n = sr_int((int64_t)g);
+    rc = sr_rpc_sync(1, "make", SR_ARGS(n), WAIT_S, &v);
+    sr_value_unref(n);
+    WCHECK(rc == 0 && sr_value_tensor(v), "round %u: make: %s", g, sr_last_error());
+    *theirs = sr_tensor_ref(sr_value_tensor(v));
+    sr_value_unref(v);
+    rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, NULL);
+    WCHECK(rc == -EPIPE, "round %u: the call rank 1 died in: %d %s", g, rc, sr_last_error());
+    WCHECK(replace_wait_hello(g + 1) == 0, "round %u: generation %u never said hello within %d s", g, g + 1, WAIT_S);
+    return 0;
+}
+
+static int driver(void)
+{
+    struct sr_launch_env env;
+    sr_segment seg;
+    WCHECK(sr__launch_env_get(&env) == 0 && sr__segment_attach(env.fd, &seg) == 0, "the segment: %s",
+           sr_last_error());
+    fig->areas = seg.heap_areas;
+    int64_t t0 = replace_now_ns();
+    for (unsigned g = 0; g < NREPL; g++) {
+        sr_tensor *theirs = NULL;
+        if (one_round(g, &theirs))
+            return 1;
+        /* The dead generation's block: still as it made it. Our unref is the
+         * last reference to its area: it is reclaimed here. */
+        WCHECK(all_equal(theirs, (float)g), "round %u: the dead generation's tensor changed", g);
+        sr_tensor_unref(theirs);
+        sr__heap_drain(); /* our block the dead held: freed by the supervisor onto our list */
+        uint32_t busy = areas_busy(&seg);
+        fig->busy_max = busy > fig->busy_max ? busy : fig->busy_max;
+        WCHECK(busy == 2, "round %u: %u heap areas are not FREE (ours and the victim's: 2)", g, busy);
+        uint64_t used = sr__heap_allocated(), bytes = memfd_bytes(seg.fd);
+        if (g == 0)
+            fig->heap_base = used, fig->memfd_first = bytes;
+        if (g < 10)
+            fig->memfd_max10 = bytes > fig->memfd_max10 ? bytes : fig->memfd_max10;
+        WCHECK(used == fig->heap_base, "round %u: rank 0's heap holds %" PRIu64 " bytes, %" PRIu64 " after the first",
+               g, used, fig->heap_base);
+        WCHECK(g < 10 || bytes <= fig->memfd_max10, "round %u: the memfd holds %" PRIu64 " bytes, at most %" PRIu64
+               " in the first 10 rounds", g, bytes, fig->memfd_max10);
+        fig->heap_last = used, fig->memfd_last = bytes;
+    }
+    fig->seconds = (double)(replace_now_ns() - t0) / 1e9;
+    sr__segment_detach(&seg, false);
+    return 0;
+}
+
+static int worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    register_fns();
+    WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
+    if (rank == 1) {
+        if (replace_my_gen() > 0)
+            WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+        if (replace_my_gen() < NREPL) {
+            poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation: rank 0's "die" ends us */
+            return 99;
+        }
+    }
+    if (rank == 0 && driver())
+        return 1;
+    int sd = sr_shutdown(true, 3 * WAIT_S);
+    WCHECK(sd == 0, "rank %d generation %u: graceful shutdown: %s", rank, replace_my_gen(), sr_last_error());
+    return 0;
+}
+
+/* 100 replacements: nothing grows (the measurement). */
+Test(replace_heap, hundred_replacements_leak_nothing, .timeout = 300)
+{
+    fig = shared_page(sizeof(*fig));
+    sr_spawn_opts o = {.name_prefix = test_ns("replheap"), .shm_size = 2 * (64u << 20), .restart = SR_RESTART_RANK,
+                       .max_restarts = NREPL};
+    int rc = sr_spawn(2, worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    printf("replace_heap: %d replacements in %.2f s; %u heap areas, at most %u not FREE; rank 0's heap %" PRIu64
+           " bytes after the first round, %" PRIu64 " after the last; memfd %" PRIu64 " bytes after the first, "
+           "at most %" PRIu64 " in the first 10, %" PRIu64 " after the last\n",
+           NREPL, fig->seconds, fig->areas, fig->busy_max, fig->heap_base, fig->heap_last, fig->memfd_first,
+           fig->memfd_max10, fig->memfd_last);
+}
