@@ -1,10 +1,12 @@
 /* The shared heap across replacements in place (docs/HEAP.md §11): a
  * victim that holds a tensor of the survivor's (a block in the survivor's
- * heap area) and whose tensor the survivor holds (a block in the victim's
- * area) is killed and replaced again and again. After each death:
- *   - the survivor's block the dead process held is freed (the supervisor's
- *     quarantine drops what the dead listed): the survivor's heap is back at
- *     its baseline once it drained;
+ * heap area), an RRef the survivor owns and the value it fetched from it,
+ * and whose tensor the survivor holds (a block in the victim's area) is
+ * killed and replaced again and again. After each death:
+ *   - the survivor's blocks the dead process held are freed (the
+ *     supervisor's quarantine drops what the dead listed; the RRef layer
+ *     drops the dead's fork, so the OwnerRRef's value goes too): the
+ *     survivor's heap is back at its baseline once it drained;
  *   - the dead process's block the survivor holds stays readable until the
  *     survivor drops it, and that unref reclaims the dead area: only the
  *     survivor's and the current victim's areas are ever not FREE;
@@ -31,6 +33,7 @@
 #include "rpc_harness.h"
 #include "segment.h"
 #include "shmrpc/rpc.h"
+#include "shmrpc/rref.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
 
@@ -52,6 +55,8 @@ static struct figures *fig;
 
 /* ---- the victim's functions ---- */
 static sr_tensor *kept; /* the survivor's tensor, held by this generation until it dies */
+static sr_rref *kept_rref;   /* an RRef the survivor owns */
+static sr_value *kept_value; /* its value, fetched */
 
 static int fn_keep(sr_call *c)
 {
@@ -59,6 +64,18 @@ static int fn_keep(sr_call *c)
     if (!t)
         return sr_call_fail(c, -EINVAL, "keep: not a tensor");
     kept = sr_tensor_ref(t);
+    return sr_call_return(c, NULL);
+}
+
+static int fn_keep_rref(sr_call *c)
+{
+    sr_rref *r = sr_value_rref(sr_call_arg(c, 0));
+    if (!r)
+        return sr_call_fail(c, -EINVAL, "keep_rref: not an RRef");
+    kept_rref = sr_rref_ref(r);
+    int rc = sr_rref_to_here(kept_rref, WAIT_S, &kept_value);
+    if (rc)
+        return sr_call_fail(c, rc, "keep_rref: to_here: %s", sr_last_error());
     return sr_call_return(c, NULL);
 }
 
@@ -83,6 +100,7 @@ static int fn_die(sr_call *c)
 static void register_fns(void)
 {
     sr_register("keep", fn_keep);
+    sr_register("keep_rref", fn_keep_rref);
     sr_register("make", fn_make);
     sr_register("die", fn_die);
     sr_register("hello", replace_fn_hello);
@@ -120,6 +138,20 @@ static int one_round(unsigned g, sr_tensor **theirs)
     int rc = sr_rpc_sync(1, "keep", SR_ARGS(arg), WAIT_S, NULL);
     sr_value_unref(arg);
     WCHECK(rc == 0, "round %u: keep: %s", g, sr_last_error());
+    /* an RRef of ours whose only fork the victim holds, and whose value it fetched */
+    sr_tensor *owned = sr_full(SR_F32, 1, shape, 2000.0 + g, 0);
+    WCHECK(owned, "round %u: %s", g, sr_last_error());
+    sr_value *ov = sr_tensor_value(owned);
+    sr_tensor_unref(owned);
+    sr_rref *r = NULL;
+    rc = sr_rref_create(ov, &r);
+    sr_value_unref(ov);
+    WCHECK(rc == 0, "round %u: sr_rref_create: %s", g, sr_last_error());
+    arg = sr_rref_value(r);
+    sr_rref_unref(r);
+    rc = sr_rpc_sync(1, "keep_rref", SR_ARGS(arg), WAIT_S, NULL);
+    sr_value_unref(arg);
+    WCHECK(rc == 0, "round %u: keep_rref: %s", g, sr_last_error());
     sr_value *n = sr_int((int64_t)g);
     rc = sr_rpc_sync(1, "make", SR_ARGS(n), WAIT_S, &v);
     sr_value_unref(n);
