@@ -15,6 +15,9 @@
  *   A1, A2  the area table's state word (heap.h, "Areas"): CAS changes in
  *       one order; the release store of FREE after a punch pairs with the
  *       acq_rel CAS of the next attach.
+ *   H1-H3  who holds what: the tables of held references, and the foreign
+ *       count whose last decrement races the quarantine (section "who holds
+ *       what" below).
  *   Offsets travel between workers through the inbox rings, whose P1/C1 pair
  *   (ring.h) publishes the block header written at allocation.
  *

@@ -69,17 +69,22 @@ typedef struct sr_block sr_block;
  * area FREE again when none of its blocks is live (exact: the process counts
  * what it allocated and what came back), else QUARANTINED. A process that
  * dies leaves its area OWNED: whoever handles the death quarantines it
- * (sr__heap_area_quarantine, after the process was reaped). A quarantined
- * area's blocks stay valid and readable; their last unrefs go onto its list,
- * which nobody drains (no dead jemalloc is ever touched). It becomes FREE
- * again by sr__heap_area_reclaim, once no surviving process holds or will
- * receive a reference to any of its blocks (docs/HEAP.md, "Replacement":
- * what the caller must know, and why the heap cannot know it alone).
+ * (sr__heap_area_quarantine, after the process was reaped), which also
+ * drops the references the dead process held to other areas' blocks. A
+ * quarantined area's blocks stay valid and readable; their last unrefs go
+ * onto its list, which nobody drains (no dead jemalloc is ever touched). It
+ * becomes FREE again by itself once no living process holds, and no message
+ * carries, a reference to any of its blocks: each area counts those
+ * (foreign), each process lists what it holds of other areas (its table),
+ * and references cross messages through sr__block_send_off and
+ * sr__block_recv_off (docs/HEAP.md §11, "Who holds what").
  *
  * Ordering of the state word (segment.h, struct sr_heap_area_info):
- *   A1  every change is an acq_rel CAS: attach (FREE -> OWNED), detach and
- *       quarantine (OWNED -> QUARANTINED or RECLAIMING), reclaim
- *       (QUARANTINED -> RECLAIMING); one total order per area.
+ *   A1  every change is an acq_rel CAS: attach (FREE -> OWNED), detach
+ *       (OWNED -> QUARANTINED or RECLAIMING), quarantine (OWNED ->
+ *       QUARANTINING; the walker's seq_cst store of QUARANTINED is the one
+ *       plain store, H2 in heap.c), reclaim (QUARANTINED -> RECLAIMING); one
+ *       total order per area.
  *   A2  the way back to FREE: punch the pages, reset the list, release
  *       store of FREE; pairs with the acq_rel CAS of the next attach, so the
  *       new owner sees an empty area and an empty list. */
