@@ -156,7 +156,7 @@ struct hdr {
 
 static const char *block_fault(const sr_block *b, const struct hdr *h);
 struct tsan_span;
-static void free_last(sr_block *b, const struct hdr *h, const sr_segment *s, const struct tsan_span *span);
+static inline void free_last(sr_block *b, const struct hdr *h, const sr_segment *s, const struct tsan_span *span);
 static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached);
 static int area_of(const void *p);
 static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi);
@@ -336,7 +336,7 @@ static sr_block *tc_pop(size_t nbytes)
 
 /* Keep our (checked, dead) block b in this thread's cache; false if it
  * does not belong there. */
-static bool tc_push(sr_block *b, const struct hdr *h)
+__attribute__((always_inline)) static inline bool tc_push(sr_block *b, const struct hdr *h)
 {
     if (h->layout != LAYOUT_INLINE)
         return false;
@@ -989,9 +989,16 @@ uint32_t sr__block_refcount(const sr_block *b)
     return atomic_load_explicit(&((sr_block *)b)->refcount, memory_order_acquire);
 }
 
+/* Is b in our own area? The one check an owner's ref and unref pay for the
+ * counting (heap.c, "Who holds what"). */
+static inline bool ours(const sr_block *b)
+{
+    return (const char *)b >= heap.area && (const char *)b < heap.area + heap.area_len;
+}
+
 sr_block *sr__block_ref(sr_block *b)
 {
-    int a = area_of(b); /* ours: one compare */
+    int a = ours(b) ? heap.area_idx : area_of(b);
     bool other = a != heap.area_idx && counted(a);
     if (other) /* foreign first, the table last: a death in between leaks (heap.c, "Who holds what") */
         foreign_get(&heap.seg, a, 1);
@@ -1049,13 +1056,12 @@ static int area_of(const void *p)
 }
 
 /* NULL if b's header is intact: its check word matches, its area is the one
- * it lies in (-1 for a private block, outside every area), and its data lies
- * in that area without overlapping it. Else what is wrong. */
-static const char *block_fault(const sr_block *b, const struct hdr *h)
+ * it lies in (area: area_of(b); -1 for a private block, outside every area),
+ * and its data lies in that area without overlapping it. Else what is wrong. */
+static const char *block_fault_at(const sr_block *b, const struct hdr *h, int area)
 {
     if (h->check != header_check(h))
         return "is corrupt (its check word does not match size, owner, area, layout and data offset)";
-    int area = area_of(b);
     if (h->area != area) /* the owner rank is the allocator's own, covered by the check word */
         return "has an area that is not the heap area it lies in";
     if (area < 0)
@@ -1063,6 +1069,8 @@ static const char *block_fault(const sr_block *b, const struct hdr *h)
     uint64_t off = sr__seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
     return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
+
+static const char *block_fault(const sr_block *b, const struct hdr *h) { return block_fault_at(b, h, area_of(b)); }
 
 /* ---- ThreadSanitizer hand-offs (tsan.h) ---- */
 
@@ -1143,7 +1151,8 @@ static void tsan_take(const sr_block *b) { (void)b; }
 /* The last reference to b (its header h checked) went: free it. Ours (or a
  * private one): at once; another area's: onto its list (its owner drains
  * it; a dead owner's waits for the reclaim). s: the segment's geometry. */
-static void free_last(sr_block *b, const struct hdr *h, const sr_segment *s, const struct tsan_span *span)
+__attribute__((always_inline)) static inline void free_last(sr_block *b, const struct hdr *h, const sr_segment *s,
+                                                            const struct tsan_span *span)
 {
     if (h->owner < 0)
         free(b);
@@ -1166,7 +1175,7 @@ void sr__block_unref(sr_block *b)
      * by our remote-free list or in a later message (tsan.h). */
     struct tsan_span span = tsan_span_of(b);
     tsan_give(&span);
-    int a = area_of(b); /* ours: one compare */
+    int a = ours(b) ? heap.area_idx : area_of(b);
     bool other = a != heap.area_idx && counted(a);
     if (other) /* the table first, foreign last: a death in between leaks (heap.c, "Who holds what") */
         held_del(heap.held, sr__seg_off(&heap.seg, b));
@@ -1194,7 +1203,7 @@ void sr__block_unref(sr_block *b)
     }
     struct hdr h = hdr_read(b);
     int owner = h.owner;
-    const char *why = block_fault(b, &h);
+    const char *why = block_fault_at(b, &h, a);
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
          * leak it instead, and say so. */
