@@ -54,6 +54,10 @@ struct figures {
 };
 static struct figures *fig;
 
+/* The second scenario's freeze record (shared page). */
+static struct replace_freeze *fz;
+static int last_gen = NREPL; /* the victim's generation that shuts down instead of waiting to be killed */
+
 /* ---- the victim's functions ---- */
 static sr_tensor *kept; /* the survivor's tensor, held by this generation until it dies */
 static sr_rref *kept_rref;   /* an RRef the survivor owns */
@@ -91,6 +95,14 @@ static int fn_make(sr_call *c)
     return sr_call_return(c, v);
 }
 
+static int fn_freeze(sr_call *c)
+{
+    replace_freeze_self(fz);
+    return sr_call_return(c, NULL); /* never: rank 0 kills it while stopped */
+}
+
+static int fn_noop(sr_call *c) { return sr_call_return(c, NULL); }
+
 static int fn_die(sr_call *c)
 {
     (void)c;
@@ -104,6 +116,8 @@ static void register_fns(void)
     sr_register("keep_rref", fn_keep_rref);
     sr_register("make", fn_make);
     sr_register("die", fn_die);
+    sr_register("freeze", fn_freeze);
+    sr_register("noop", fn_noop);
 }
 
 /* ---- the driver ---- */
@@ -169,7 +183,7 @@ static int one_round(unsigned g, sr_tensor **theirs)
     return 0;
 }
 
-static int driver(void)
+static int driver_hundred(void)
 {
     struct sr_launch_env env;
     sr_segment seg;
@@ -207,11 +221,12 @@ static int driver(void)
 
 static int worker(int rank, int world, void *arg)
 {
-    (void)world, (void)arg;
+    (void)world;
+    int (*driver)(void) = arg;
     register_fns();
     WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
     if (rank == 1) {
-        if (replace_my_gen() < NREPL) {
+        if (replace_my_gen() < (unsigned)last_gen) {
             poll(NULL, 0, 3 * WAIT_S * 1000); /* a bound, not a synchronisation: rank 0's "die" ends us */
             return 99;
         }
@@ -229,11 +244,65 @@ Test(replace_heap, hundred_replacements_leak_nothing, .timeout = 300)
     fig = shared_page(sizeof(*fig));
     sr_spawn_opts o = {.name_prefix = test_ns("replheap"), .shm_size = 2 * (64u << 20), .restart = SR_RESTART_RANK,
                        .max_restarts = NREPL};
-    int rc = sr_spawn(2, worker, NULL, &o);
+    int rc = sr_spawn(2, worker, (void *)driver_hundred, &o);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
     printf("replace_heap: %d replacements in %.2f s; %u heap areas, at most %u not FREE; rank 0's heap %" PRIu64
            " bytes after the first round, %" PRIu64 " after the last; memfd %" PRIu64 " bytes after the first, "
            "at most %" PRIu64 " in the first 10, %" PRIu64 " after the last\n",
            NREPL, fig->seconds, fig->areas, fig->busy_max, fig->heap_base, fig->heap_last, fig->memfd_first,
            fig->memfd_max10, fig->memfd_last);
+}
+
+/* ---- calls queued for a victim that dies ---- */
+
+#define NQUEUED 8
+
+/* Rank 0: the victim stops itself; calls with tensors of ours fill its
+ * 2-slot inbox and wait in our outgoing queue; it is killed. What the
+ * queued calls carried is let go when the queue is dropped, what was in its
+ * inbox when its successor refuses it: our heap is back where it was. */
+static int driver_queued(void)
+{
+    int64_t shape[1] = {NUMEL};
+    WCHECK(sr_rpc_sync(1, "noop", SR_ARGS(), WAIT_S, NULL) == 0, "noop: %s", sr_last_error());
+    sr__heap_drain();
+    size_t base = sr__heap_allocated();
+    sr_future *frozen = NULL, *f[NQUEUED];
+    WCHECK(sr_rpc_async(1, "freeze", SR_ARGS(), WAIT_S, &frozen) == 0, "freeze: %s", sr_last_error());
+    WCHECK(replace_wait_stopped(fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
+    for (int i = 0; i < NQUEUED; i++) {
+        sr_tensor *t = sr_full(SR_F32, 1, shape, 3000.0 + i, 0);
+        WCHECK(t, "%s", sr_last_error());
+        sr_value *v = sr_tensor_value(t);
+        sr_tensor_unref(t);
+        int rc = sr_rpc_async(1, "keep", SR_ARGS(v), WAIT_S, &f[i]);
+        sr_value_unref(v);
+        WCHECK(rc == 0, "call %d: %s", i, sr_last_error());
+    }
+    WCHECK(sr__heap_allocated() >= base + NQUEUED * NUMEL * sizeof(float), "the queued calls' tensors are live");
+    WCHECK(kill(atomic_load(&fz->pid), SIGKILL) == 0, "kill: %s", strerror(errno));
+    for (int i = 0; i < NQUEUED; i++) {
+        int rc = sr_future_wait(f[i], NULL);
+        WCHECK(rc == -EPIPE, "call %d to the dead victim ended with %d: %s", i, rc, sr_last_error());
+        sr_future_unref(f[i]);
+    }
+    WCHECK(sr_future_wait(frozen, NULL) == -EPIPE, "the freeze call: %s", sr_last_error());
+    sr_future_unref(frozen);
+    WCHECK(sr_wait_for_worker(1, WAIT_S) == 0, "generation 1 did not come within %d s: %s", WAIT_S, sr_last_error());
+    /* its answer comes after it refused what was left in its inbox */
+    WCHECK(sr_rpc_sync(1, "noop", SR_ARGS(), WAIT_S, NULL) == 0, "noop after: %s", sr_last_error());
+    sr__heap_drain();
+    size_t used = sr__heap_allocated();
+    WCHECK(used == base, "rank 0's heap holds %zu bytes, %zu before the calls to the victim that died", used, base);
+    return 0;
+}
+
+Test(replace_heap, calls_queued_for_a_victim_that_dies_let_go_of_their_tensors, .timeout = 120)
+{
+    fz = shared_page(sizeof(*fz));
+    last_gen = 1;
+    sr_spawn_opts o = {.name_prefix = test_ns("replq"), .shm_size = 2 * (64u << 20), .ring_slots = 2,
+                       .restart = SR_RESTART_RANK, .max_restarts = 1};
+    int rc = sr_spawn(2, worker, (void *)driver_queued, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
