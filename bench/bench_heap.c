@@ -201,7 +201,7 @@ static int echo(sr_xport *x)
                 return rc;
             continue;
         }
-        sr_block *b = sr__block_from_off(v);
+        sr_block *b = sr__block_recv_off(v); /* the reference that came with the offset */
         if (!b)
             return -EINVAL;
         sink = *(volatile uint8_t *)sr__block_data(b);
@@ -244,7 +244,7 @@ static int64_t trip(sr_xport *x, sr_block *b)
     if (type == MSG_PASS)
         sr__block_ref(b); /* rank 1's reference travels with the offset */
     sr_msg m;
-    if (send_u64(x, 1, type, sr__block_to_off(b)) || next_msg(x, &m) || m.type != MSG_BACK)
+    if (send_u64(x, 1, type, sr__block_send_off(b)) || next_msg(x, &m) || m.type != MSG_BACK)
         return -1;
     if (type == MSG_GIVE && drain_one())
         return -1;

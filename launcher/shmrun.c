@@ -178,7 +178,7 @@ int main(int argc, char **argv)
         return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
     sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix,
                           .flags = a.restart_rank ? SR_SEG_F_REPLACE : 0,
-                          .heap_spares = a.restart_rank ? (a.max_restarts < SR_MAX_WORKERS ? a.max_restarts : SR_MAX_WORKERS) : 0};
+                          .heap_spares = a.restart_rank ? sr__seg_replace_spares(a.max_restarts) : 0};
     struct attempt_ctx c = {.a = &a, .sigfd = sigfd, .child_mask = old};
     int status = sr__job_run(&so, "shmrun", a.restart_rank ? 0 : a.max_restarts, attempt, &c);
     if (status < 0) /* the job could not be created */

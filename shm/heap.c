@@ -15,6 +15,9 @@
  *   A1, A2  the area table's state word (heap.h, "Areas"): CAS changes in
  *       one order; the release store of FREE after a punch pairs with the
  *       acq_rel CAS of the next attach.
+ *   H1-H3  who holds what: the tables of held references, and the foreign
+ *       count whose last decrement races the quarantine (section "who holds
+ *       what" below).
  *   Offsets travel between workers through the inbox rings, whose P1/C1 pair
  *   (ring.h) publishes the block header written at allocation.
  *
@@ -86,8 +89,9 @@ static struct heap {
     int area_idx;                /* the heap area we own */
     unsigned arena;
     char *area;                  /* our heap area; NULL: not attached */
-    uint64_t area_len;
+    uint64_t area_len;           /* the part of the area blocks may use: heap_stride - SR_HEAP_HELD_BYTES */
     _Atomic uint64_t *free_head; /* our area's remote-free list head (area table) */
+    struct held_table *held;     /* our table of references to other areas' blocks (end of our area) */
     uint64_t heap_off, heap_stride, area_off, area_stride; /* copied at attach, validated */
     uint32_t world, nareas;
     uint64_t gen;                /* which attach this is (never 0 while attached): thread caches check it */
@@ -151,6 +155,8 @@ struct hdr {
 };
 
 static const char *block_fault(const sr_block *b, const struct hdr *h);
+struct tsan_span;
+static inline void free_last(sr_block *b, const struct hdr *h, const sr_segment *s, const struct tsan_span *span);
 static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached);
 static int area_of(const void *p);
 static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi);
@@ -330,7 +336,7 @@ static sr_block *tc_pop(size_t nbytes)
 
 /* Keep our (checked, dead) block b in this thread's cache; false if it
  * does not belong there. */
-static bool tc_push(sr_block *b, const struct hdr *h)
+__attribute__((always_inline)) static inline bool tc_push(sr_block *b, const struct hdr *h)
 {
     if (h->layout != LAYOUT_INLINE)
         return false;
@@ -344,6 +350,217 @@ static bool tc_push(sr_block *b, const struct hdr *h)
     return true;
 }
 
+/* ---- who holds what (docs/HEAP.md, §11) ----
+ *
+ * Per heap area, `foreign` (area table) counts the references to its blocks
+ * held by processes other than its owner, and those inside messages. It
+ * changes only where a reference crosses the owner's boundary:
+ *   a non-owner's ref +1, its unref -1;
+ *   the owner's sr__block_send_off +1, its sr__block_recv_off -1;
+ *   a non-owner's send and receive move a reference it counts already: 0.
+ * So once the owner is dead, foreign == 0 means that no living process and
+ * no message holds a block of the area (the dead's own references do not
+ * matter), and the area is reclaimed.
+ *
+ * Each process also lists, in a table at the end of its own area that only
+ * it writes, the references it holds to other areas' blocks (non-owner
+ * refs and receives +1, unrefs and sends -1). Whoever quarantines a dead
+ * area walks the dead's table and drops what it lists: survivors' blocks the
+ * dead held are freed to their owners, and earlier dead areas may reach
+ * foreign == 0.
+ *
+ * Order of the steps, so that a process killed between two of them only
+ * leaks (a count too high), never frees a block still held (too low):
+ *   ref:    foreign +1, refcount +1, table +1
+ *   unref:  table -1, refcount -1 (free or push if last), foreign -1
+ *   send:   owner: foreign +1 | non-owner: table -1; then the offset is published
+ *   recv:   owner: foreign -1 | non-owner: table +1; after the message was taken
+ * A death after a table -1 and before the reference left loses that
+ * reference (its block leaks, and its area's foreign count stays above 0);
+ * a table +1 that did not happen yet leaves the reference out of the walk
+ * (the same leak). Never the other way round.
+ *
+ * Ordering:
+ *   H1  the table's words are changed by its owner's threads only (CAS,
+ *       relaxed: one word per entry, so a reader sees each entry whole), and
+ *       read by the quarantiner after the owner is dead and reaped (the
+ *       reaper's waitid orders the dead's writes before it).
+ *   H2  the decrement of foreign that reaches 0 and the quarantiner's store
+ *       of QUARANTINED are seq_cst, and so are the loads each makes next (the
+ *       state, resp. foreign): in the single total order one of the two sees
+ *       the other, so the area is reclaimed by at least one of them, and the
+ *       CAS QUARANTINED -> RECLAIMING (A1) lets exactly one do it. An
+ *       increment of foreign is relaxed: it is made by a process that holds
+ *       a counted reference already (foreign > 0) or by the living owner
+ *       (the area is OWNED), so it cannot race a reclaim.
+ *   H3  everything a dropper did to the area (a push onto its list) comes
+ *       before its decrement of foreign (seq_cst is a release), and the
+ *       reclaimer's CAS of the state after seeing 0 follows every decrement
+ *       (they are read-modify-writes of one word): the reclaim's list reset
+ *       and punch come after every push. */
+
+#define HELD_COUNT_BITS 24
+#define HELD_COUNT_MAX ((UINT64_C(1) << HELD_COUNT_BITS) - 1)
+#define HELD_KEY_MAX (UINT64_C(1) << (64 - HELD_COUNT_BITS)) /* offsets >> 6 below this: 64 TiB */
+#define HELD_MASK (SR_HEAP_HELD_SLOTS - 1)
+_Static_assert((SR_HEAP_HELD_SLOTS & HELD_MASK) == 0, "the table's size is a power of two");
+
+/* An open-addressing table of one-word entries: (offset >> 6) << 24 | count.
+ * 0 is an empty slot (no block lies at offset 0); an entry whose count fell
+ * to 0 stays as a tombstone that any key may take again, so a probe chain
+ * never breaks. One key may have several entries: the sum counts. */
+struct held_table {
+    _Atomic uint64_t lost SR_ALIGNED_LINE; /* references not listed: the table was full */
+    char pad[4096 - SR_CACHELINE];
+    _Atomic uint64_t slot[SR_HEAP_HELD_SLOTS];
+};
+_Static_assert(sizeof(struct held_table) == SR_HEAP_HELD_BYTES, "the table fills the area's tail");
+
+static uint64_t held_key(uint64_t w) { return w >> HELD_COUNT_BITS; }
+static uint64_t held_count(uint64_t w) { return w & HELD_COUNT_MAX; }
+
+static uint32_t held_hash(uint64_t key)
+{
+    return (uint32_t)((key * 0x9e3779b97f4a7c15ull) >> 40) & HELD_MASK;
+}
+
+static struct held_table *held_of(const sr_segment *s, int a)
+{
+    return (struct held_table *)((char *)sr__seg_heap(s, a) + s->heap_stride - SR_HEAP_HELD_BYTES);
+}
+
+/* relaxed (lost, here and below): H1, read only once the owner is dead */
+static void held_lose(struct held_table *t, uint64_t n) { atomic_fetch_add_explicit(&t->lost, n, memory_order_relaxed); }
+
+/* +1 for the block at off: the first entry of its key with room, or the
+ * first empty slot or tombstone on its probe chain. */
+static void held_add(struct held_table *t, uint64_t off)
+{
+    uint64_t key = off >> 6;
+    if (key >= HELD_KEY_MAX)
+        return held_lose(t, 1);
+    uint32_t i = held_hash(key);
+    for (uint32_t probe = 0; probe < SR_HEAP_HELD_SLOTS; probe++, i = (i + 1) & HELD_MASK) {
+        /* relaxed: H1 */
+        uint64_t w = atomic_load_explicit(&t->slot[i], memory_order_relaxed);
+        for (;;) {
+            bool mine = w && held_key(w) == key && held_count(w) < HELD_COUNT_MAX;
+            if (!mine && w && held_count(w))
+                break; /* another key's live entry, or ours full: probe on */
+            uint64_t nw = mine ? w + 1 : key << HELD_COUNT_BITS | 1;
+            /* relaxed: H1; a failure reloads w and looks at this slot again */
+            if (atomic_compare_exchange_weak_explicit(&t->slot[i], &w, nw, memory_order_relaxed, memory_order_relaxed))
+                return;
+        }
+    }
+    held_lose(t, 1);
+}
+
+/* One pass for -1 on the block at off: true if an entry of its key had
+ * one. The chain from its hash to the first empty slot holds every entry
+ * of the key (slots never become empty again). */
+static bool held_del_pass(struct held_table *t, uint64_t key)
+{
+    uint32_t i = held_hash(key);
+    for (uint32_t probe = 0; probe < SR_HEAP_HELD_SLOTS; probe++, i = (i + 1) & HELD_MASK) {
+        uint64_t w = atomic_load_explicit(&t->slot[i], memory_order_relaxed); /* relaxed: H1 */
+        if (!w)
+            return false;
+        while (held_key(w) == key && held_count(w))
+            /* relaxed: H1 */
+            if (atomic_compare_exchange_weak_explicit(&t->slot[i], &w, w - 1, memory_order_relaxed,
+                                                      memory_order_relaxed))
+                return true;
+    }
+    return false;
+}
+
+/* -1 for the block at off. A second pass covers an entry another thread of
+ * ours made behind us meanwhile; a reference never listed (the table was
+ * full) comes off the lost count. Not found at all: the reference was never
+ * listed, and nothing would have dropped it at our death (a leak, not more). */
+static void held_del(struct held_table *t, uint64_t off)
+{
+    uint64_t key = off >> 6;
+    if (key < HELD_KEY_MAX && (held_del_pass(t, key) || held_del_pass(t, key)))
+        return;
+    uint64_t n = atomic_load_explicit(&t->lost, memory_order_relaxed); /* relaxed: H1 */
+    while (n && !atomic_compare_exchange_weak_explicit(&t->lost, &n, n - 1, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+static uint64_t held_sum(const struct held_table *t)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < SR_HEAP_HELD_SLOTS; i++)
+        /* relaxed: a snapshot for reports and tests */
+        n += held_count(atomic_load_explicit(&((struct held_table *)t)->slot[i], memory_order_relaxed));
+    return n;
+}
+
+static _Atomic uint64_t *foreign_of(const sr_segment *s, int a) { return &sr__seg_area(s, a)->foreign; }
+
+/* relaxed: H2, the caller holds a counted reference or owns the area */
+static void foreign_get(const sr_segment *s, int a, uint64_t n)
+{
+    atomic_fetch_add_explicit(foreign_of(s, a), n, memory_order_relaxed);
+}
+
+static int area_empty(const sr_segment *seg, int a, const char *fn);
+
+/* QUARANTINED -> RECLAIMING -> FREE, by whoever wins the CAS (A1). */
+static void try_reclaim(const sr_segment *s, int a)
+{
+    _Atomic uint64_t *state = &sr__seg_area(s, a)->state;
+    /* seq_cst: H2, after the decrement (or the store of QUARANTINED) */
+    uint64_t w = atomic_load_explicit(state, memory_order_seq_cst);
+    if (sr__area_word_state(w) != SR_AREA_QUARANTINED)
+        return; /* its owner lives, or its dead's table is being walked (that walker checks), or done */
+    /* acq_rel: A1; exactly one process reclaims */
+    if (atomic_compare_exchange_strong_explicit(state, &w, sr__area_word(SR_AREA_RECLAIMING, 0, 0),
+                                                memory_order_acq_rel, memory_order_relaxed))
+        (void)area_empty(s, a, "sr__heap_area_quarantine");
+}
+
+static _Atomic bool foreign_wrong; /* said once per process */
+
+/* n counted references to area a's blocks are gone. seq_cst: H2, H3. */
+static void foreign_put(const sr_segment *s, int a, uint64_t n)
+{
+    uint64_t old = atomic_fetch_sub_explicit(foreign_of(s, a), n, memory_order_seq_cst);
+    if (old == n)
+        try_reclaim(s, a);
+    else if (old < n && !atomic_exchange_explicit(&foreign_wrong, true, memory_order_relaxed)) /* relaxed: once */
+        sr_logf(SR_LOG_ERROR, "heap area %d: %llu references to its blocks released, %llu counted (a reference "
+                "put into a message without sr__block_send_off?); the area will not be reclaimed", a,
+                (unsigned long long)n, (unsigned long long)old);
+}
+
+/* Areas this process owned before (detached with blocks live, then
+ * attached again): its references to their blocks are an owner's, never
+ * counted, as long as the area is still the one it left (the state word). */
+#define FORMER_MAX 8
+static struct {
+    int area;
+    uint64_t word;
+} former[FORMER_MAX];
+static unsigned nformer;
+
+static bool was_ours(int a)
+{
+    for (unsigned i = 0; i < nformer; i++)
+        /* acquire: A1, as sr__heap_area_get */
+        if (former[i].area == a && atomic_load_explicit(&sr__seg_area(&heap.seg, a)->state, memory_order_acquire) ==
+                                       former[i].word)
+            return true;
+    return false;
+}
+
+/* Is a reference of ours to a block of area a counted (we do not own a)? */
+static bool counted(int a) { return a >= 0 && a != heap.area_idx && !was_ours(a); }
+
+static void drop_what_it_held(const sr_segment *s, int a);
+
 /* ---- attach / detach ---- */
 
 /* A child forked by an attached worker shares the segment but has its own
@@ -352,6 +569,7 @@ static bool tc_push(sr_block *b, const struct hdr *h)
 static void forget_in_child(void)
 {
     heap = (struct heap){.rank = -1, .area_idx = -1};
+    nformer = 0; /* the parent's */
     sr__heap_arena_forget_in_child();
     tc_forget_all_in_child();
 }
@@ -415,9 +633,12 @@ static int area_pick(const sr_segment *seg, int rank, uint32_t gen)
         reclaiming += st == SR_AREA_RECLAIMING;
     }
     return sr__fail(-ENOSPC, "sr__heap_attach", "rank %d generation %u: no free heap area in segment '%s' "
-                    "(%u areas: %u for the ranks, %u spares; %u quarantined, %u being reclaimed); a quarantined "
-                    "area comes back once no survivor holds its blocks (sr__heap_area_reclaim), or raise the spares",
-                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming);
+                    "(%u areas: %u for the ranks, %u spares; %u quarantined, %u being reclaimed): the survivors "
+                    "still hold blocks of that many dead processes' areas. An area comes back by itself once "
+                    "nobody holds its blocks: drop the dead generations' tensors and RRefs when their death is "
+                    "handled; or make the segment with more spares (sr_segment_opts.heap_spares; sr_spawn and "
+                    "shmrun give a replace job min(max_restarts, %u))",
+                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming, SR_HEAP_SPARES_DEFAULT_MAX);
 }
 
 /* Give a taken area back (attach failed after the CAS): it was FREE. */
@@ -447,15 +668,25 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
     /* relaxed: the area was FREE, so no block of it is live and nobody pushes;
      * a list left by an earlier owner names blocks of a destroyed arena */
     atomic_store_explicit(head, 0, memory_order_relaxed);
+    /* relaxed: nobody holds a block of a FREE area (a count a crash left is
+     * not ours); published with the area by our first message */
+    atomic_store_explicit(foreign_of(seg, a), 0, memory_order_relaxed);
     unsigned arena;
     char *area = (char *)seg->base + h->heap_off + (uint64_t)a * h->heap_stride;
-    rc = sr__heap_arena_create(area, h->heap_stride, &arena); /* empties it: it is FREE, nobody reads it */
+    uint64_t len = h->heap_stride - SR_HEAP_HELD_BYTES; /* the table of what we hold takes the tail */
+    if (madvise(area + len, SR_HEAP_HELD_BYTES, MADV_REMOVE) != 0) {
+        rc = sr__fail(-errno, "sr__heap_attach", "madvise(MADV_REMOVE) of heap area %d's table: %s", a, strerror(errno));
+        area_untake(seg, a);
+        return rc;
+    }
+    rc = sr__heap_arena_create(area, len, &arena); /* empties it: it is FREE, nobody reads it */
     if (rc) {
         area_untake(seg, a);
         return rc;
     }
     heap = (struct heap){.seg = *seg, .rank = rank, .rank_gen = gen, .area_idx = a, .arena = arena, .area = area,
-                         .area_len = h->heap_stride, .free_head = head, .heap_off = h->heap_off,
+                         .area_len = len, .held = (struct held_table *)(area + len), .free_head = head,
+                         .heap_off = h->heap_off,
                          .heap_stride = h->heap_stride, .area_off = h->area_off, .area_stride = h->area_stride,
                          .world = h->world_size, .nareas = h->heap_areas, .gen = tc_gen_next++};
     for (unsigned k = 1; k <= TC_BINS; k++)
@@ -520,13 +751,14 @@ void sr__heap_detach(void)
             (void)area_empty(&seg, a, "sr__heap_detach");
         return;
     }
-    /* Blocks of ours are still held: they stay valid, the area quarantined. */
-    uint64_t w = owned;
+    /* Blocks of ours are still held: they stay valid, the area quarantined.
+     * Our own references to them stay an owner's, uncounted (was_ours). */
+    uint64_t w = owned, q = sr__area_word(SR_AREA_QUARANTINED, (uint32_t)sr__area_word_rank(owned),
+                                          sr__area_word_gen(owned));
     /* acq_rel: as area_take */
-    (void)atomic_compare_exchange_strong_explicit(&sr__seg_area(&seg, a)->state, &w,
-                                                  sr__area_word(SR_AREA_QUARANTINED, (uint32_t)sr__area_word_rank(owned),
-                                                                sr__area_word_gen(owned)),
-                                                  memory_order_acq_rel, memory_order_relaxed);
+    if (atomic_compare_exchange_strong_explicit(&sr__seg_area(&seg, a)->state, &w, q, memory_order_acq_rel,
+                                                memory_order_relaxed) && nformer < FORMER_MAX)
+        former[nformer++] = (__typeof__(former[0])){a, q};
 }
 
 /* ---- the area table (whoever handles a death) ---- */
@@ -547,8 +779,20 @@ int sr__heap_area_get(const sr_segment *seg, int a, sr_heap_area *out)
     uint64_t w = atomic_load_explicit(&sr__seg_area(seg, a)->state, memory_order_acquire);
     *out = (sr_heap_area){.state = sr__area_word_state(w), .rank = (int)sr__area_word_rank(w),
                           .gen = sr__area_word_gen(w),
-                          /* relaxed: a snapshot for reports and tests */
-                          .remote_free = atomic_load_explicit(&sr__seg_area(seg, a)->remote_free, memory_order_relaxed)};
+                          /* relaxed (both): a snapshot for reports and tests */
+                          .remote_free = atomic_load_explicit(&sr__seg_area(seg, a)->remote_free, memory_order_relaxed),
+                          .foreign = atomic_load_explicit(foreign_of(seg, a), memory_order_relaxed)};
+    return 0;
+}
+
+int sr__heap_area_held(const sr_segment *seg, int a, uint64_t *held, uint64_t *lost)
+{
+    int rc = check_area(seg, a, "sr__heap_area_held");
+    if (rc)
+        return rc;
+    struct held_table *t = held_of(seg, a);
+    *held = held_sum(t);
+    *lost = atomic_load_explicit(&t->lost, memory_order_relaxed); /* relaxed: a snapshot */
     return 0;
 }
 
@@ -569,16 +813,27 @@ int sr__heap_area_quarantine(const sr_segment *seg, int a)
     int rc = check_area(seg, a, "sr__heap_area_quarantine");
     if (rc)
         return rc;
+    if (heap.area && seg->base == heap.seg.base && a == heap.area_idx)
+        return sr__fail(-EBUSY, "sr__heap_area_quarantine", "heap area %d is this process's own", a);
     _Atomic uint64_t *state = &sr__seg_area(seg, a)->state;
     /* relaxed: the CAS below checks it */
     uint64_t w = atomic_load_explicit(state, memory_order_relaxed);
     while (sr__area_word_state(w) == SR_AREA_OWNED) {
-        uint64_t q = sr__area_word(SR_AREA_QUARANTINED, sr__area_word_rank(w), sr__area_word_gen(w));
-        /* acq_rel: A1, one order with the owner's detach and the attachers */
-        if (atomic_compare_exchange_weak_explicit(state, &w, q, memory_order_acq_rel, memory_order_relaxed))
+        uint32_t rank = sr__area_word_rank(w), gen = sr__area_word_gen(w);
+        /* acq_rel: A1, one order with the owner's detach and the attachers;
+         * QUARANTINING: exactly one process walks the dead's table, and no
+         * reclaim (which would punch the table) starts before it is done */
+        if (atomic_compare_exchange_weak_explicit(state, &w, sr__area_word(SR_AREA_QUARANTINING, rank, gen),
+                                                  memory_order_acq_rel, memory_order_relaxed)) {
+            drop_what_it_held(seg, a);
+            /* seq_cst (the store and the load): H2, against the last decrement of foreign */
+            atomic_store_explicit(state, sr__area_word(SR_AREA_QUARANTINED, rank, gen), memory_order_seq_cst);
+            if (atomic_load_explicit(foreign_of(seg, a), memory_order_seq_cst) == 0)
+                try_reclaim(seg, a);
             return 0;
+        }
     }
-    return 0; /* FREE (its owner left cleanly), QUARANTINED or RECLAIMING already */
+    return 0; /* FREE (its owner left cleanly), QUARANTINED, QUARANTINING or RECLAIMING already */
 }
 
 int sr__heap_area_reclaim(const sr_segment *seg, int a)
@@ -627,7 +882,7 @@ static sr_block *shared_oom(size_t nbytes)
     sr__fail(-ENOMEM, "sr__block_alloc",
              "heap of worker %d is exhausted (ENOMEM): asked %zu bytes, the heap is %llu bytes "
              "(%zu allocated); raise --shm-size / sr_spawn_opts.shm_size",
-             heap.rank, nbytes, (unsigned long long)heap.area_len, used);
+             heap.rank, nbytes, (unsigned long long)heap.heap_stride, used);
     errno = ENOMEM;
     return NULL;
 }
@@ -734,10 +989,23 @@ uint32_t sr__block_refcount(const sr_block *b)
     return atomic_load_explicit(&((sr_block *)b)->refcount, memory_order_acquire);
 }
 
+/* Is b in our own area? The one check an owner's ref and unref pay for the
+ * counting (heap.c, "Who holds what"). */
+static inline bool ours(const sr_block *b)
+{
+    return (const char *)b >= heap.area && (const char *)b < heap.area + heap.area_len;
+}
+
 sr_block *sr__block_ref(sr_block *b)
 {
+    int a = ours(b) ? heap.area_idx : area_of(b);
+    bool other = a != heap.area_idx && counted(a);
+    if (other) /* foreign first, the table last: a death in between leaks (heap.c, "Who holds what") */
+        foreign_get(&heap.seg, a, 1);
     /* relaxed: the caller already holds a reference, so the block cannot go */
     atomic_fetch_add_explicit(&b->refcount, 1, memory_order_relaxed);
+    if (other)
+        held_add(heap.held, sr__seg_off(&heap.seg, b));
     return b;
 }
 
@@ -750,15 +1018,6 @@ static void local_free(sr_block *b, const struct hdr *h)
     dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
-/* Area a's remote-free head, from the geometry copied at attach (a was
- * checked against the area the block lies in: block_fault). */
-static _Atomic uint64_t *free_head_of(int a)
-{
-    char *info = (char *)heap.seg.base + heap.area_off + (uint64_t)a * heap.area_stride;
-    return &((struct sr_heap_area_info *)info)->remote_free;
-}
-
-struct tsan_span;
 static void tsan_give(const struct tsan_span *s);
 
 /* F1: push b onto its area's remote-free list (drained by the area's owner
@@ -766,10 +1025,11 @@ static void tsan_give(const struct tsan_span *s);
  * ThreadSanitizer hand-off, given again right before each CAS, the first
  * point at which the owner may take b (after our last accesses to it, the
  * link included). */
-static void remote_free(sr_block *b, int area, const struct tsan_span *span)
+static void remote_free(const sr_segment *s, sr_block *b, int area, const struct tsan_span *span)
 {
-    _Atomic uint64_t *head = free_head_of(area);
-    uint64_t off = sr__seg_off(&heap.seg, b);
+    /* s: our copy of the geometry (a was checked against the area b lies in) */
+    _Atomic uint64_t *head = &sr__seg_area(s, area)->remote_free;
+    uint64_t off = sr__seg_off(s, b);
     /* relaxed: only a guess; the CAS checks it */
     uint64_t old = atomic_load_explicit(head, memory_order_relaxed);
     do {
@@ -796,13 +1056,12 @@ static int area_of(const void *p)
 }
 
 /* NULL if b's header is intact: its check word matches, its area is the one
- * it lies in (-1 for a private block, outside every area), and its data lies
- * in that area without overlapping it. Else what is wrong. */
-static const char *block_fault(const sr_block *b, const struct hdr *h)
+ * it lies in (area: area_of(b); -1 for a private block, outside every area),
+ * and its data lies in that area without overlapping it. Else what is wrong. */
+static const char *block_fault_at(const sr_block *b, const struct hdr *h, int area)
 {
     if (h->check != header_check(h))
         return "is corrupt (its check word does not match size, owner, area, layout and data offset)";
-    int area = area_of(b);
     if (h->area != area) /* the owner rank is the allocator's own, covered by the check word */
         return "has an area that is not the heap area it lies in";
     if (area < 0)
@@ -810,6 +1069,8 @@ static const char *block_fault(const sr_block *b, const struct hdr *h)
     uint64_t off = sr__seg_off(&heap.seg, b), lo = heap.heap_off + (uint64_t)area * heap.heap_stride;
     return data_fits(h, off, lo, lo + heap.heap_stride) ? NULL : "has data that runs past its heap area";
 }
+
+static const char *block_fault(const sr_block *b, const struct hdr *h) { return block_fault_at(b, h, area_of(b)); }
 
 /* ---- ThreadSanitizer hand-offs (tsan.h) ---- */
 
@@ -887,6 +1148,24 @@ static void tsan_give(const struct tsan_span *s) { (void)s; }
 static void tsan_take(const sr_block *b) { (void)b; }
 #endif
 
+/* The last reference to b (its header h checked) went: free it. Ours (or a
+ * private one): at once; another area's: onto its list (its owner drains
+ * it; a dead owner's waits for the reclaim). s: the segment's geometry. */
+__attribute__((always_inline)) static inline void free_last(sr_block *b, const struct hdr *h, const sr_segment *s,
+                                                            const struct tsan_span *span)
+{
+    if (h->owner < 0)
+        free(b);
+    else if (heap.area && h->area == heap.area_idx) {
+        if (!tc_push(b, h)) {
+            local_free(b, h);
+            if (tc_ready())
+                tc_bump(&tc.st->local_frees, 1);
+        }
+    } else
+        remote_free(s, b, h->area, span);
+}
+
 void sr__block_unref(sr_block *b)
 {
     if (!b)
@@ -896,6 +1175,10 @@ void sr__block_unref(sr_block *b)
      * by our remote-free list or in a later message (tsan.h). */
     struct tsan_span span = tsan_span_of(b);
     tsan_give(&span);
+    int a = ours(b) ? heap.area_idx : area_of(b);
+    bool other = a != heap.area_idx && counted(a);
+    if (other) /* the table first, foreign last: a death in between leaks (heap.c, "Who holds what") */
+        held_del(heap.held, sr__seg_off(&heap.seg, b));
     /* acquire: R1 for a sole holder: pairs with the release decrements of
      * every holder before us. Seeing 1, nobody else holds a reference, and
      * only a holder can take one: the read-modify-write is not needed. */
@@ -909,6 +1192,8 @@ void sr__block_unref(sr_block *b)
          * whoever gets another worker's memory back (for our own blocks the
          * drain's acquire load of refcount covers it: check_block). */
         tsan_give(&span);
+        if (other)
+            foreign_put(&heap.seg, a, 1);
         return;
     }
     if (old == 0) {
@@ -917,27 +1202,78 @@ void sr__block_unref(sr_block *b)
         abort();
     }
     struct hdr h = hdr_read(b);
-    int owner = h.owner, area = h.area;
-    const char *why = block_fault(b, &h);
+    int owner = h.owner;
+    const char *why = block_fault_at(b, &h, a);
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
          * leak it instead, and say so. */
         sr__fail(-EPROTO, "sr__block_unref", "block header at %p (owner field %d) %s; the block is leaked",
                  (void *)b, owner, why);
         sr__log_text(SR_LOG_ERROR, sr_last_error());
-    } else if (owner < 0)
-        free(b);
-    else if (!heap.area)
+    } else if (owner >= 0 && !heap.area)
         sr_logf(SR_LOG_WARN, "sr__block_unref: last reference to a block of worker %d dropped after "
                            "sr__heap_detach(); it is left to the segment", owner);
-    else if (area == heap.area_idx) {
-        if (!tc_push(b, &h)) {
-            local_free(b, &h);
-            if (tc_ready())
-                tc_bump(&tc.st->local_frees, 1);
-        }
-    } else
-        remote_free(b, area, &span);
+    else {
+        free_last(b, &h, &heap.seg, &span);
+        if (other) /* after the push: H3 */
+            foreign_put(&heap.seg, a, 1);
+    }
+}
+
+/* The dead owner of area a held n references to the block at off: drop
+ * them (the walk of its table). The header is checked first (segment
+ * geometry only: this process may not be attached); a bad one is leaked. */
+static uint64_t drop_held(const sr_segment *s, uint64_t off, uint64_t n, int dead)
+{
+    const char *why = NULL;
+    uint64_t rel = off - s->heap_off, a = rel / s->heap_stride;
+    sr_block *b = sr__seg_ptr(s, off);
+    struct hdr h = {0};
+    if (off < s->heap_off || a >= s->heap_areas || off % BLOCK_ALIGN ||
+        rel % s->heap_stride > s->heap_stride - SR_HEAP_HELD_BYTES - sizeof(sr_block))
+        why = "is not a block header in a heap area";
+    else if (b->magic != BLOCK_MAGIC)
+        why = "names no live block (bad magic)";
+    else if (h = hdr_read(b), h.check != header_check(&h) || h.area != (int32_t)a)
+        why = "has a corrupt header";
+    else if ((int)a == dead)
+        why = "lies in the dead process's own area";
+    uint32_t refs = why ? 0 : atomic_load_explicit(&b->refcount, memory_order_relaxed); /* relaxed: the CAS checks it */
+    /* acq_rel: R1, as sr__block_unref (the dead's accesses are long done) */
+    while (!why && !atomic_compare_exchange_weak_explicit(&b->refcount, &refs, refs - (refs >= n ? (uint32_t)n : 0),
+                                                          memory_order_acq_rel, memory_order_relaxed))
+        ;
+    if (!why && refs < n)
+        why = "has fewer references left than the table lists";
+    if (why) {
+        sr_logf(SR_LOG_ERROR, "sr__heap_area_quarantine: heap area %d's table lists %llu references to offset %llu, "
+                "which %s; they are left alone", dead, (unsigned long long)n, (unsigned long long)off, why);
+        return 0;
+    }
+    if (refs == n) {
+        struct tsan_span span = tsan_span_of(b);
+        free_last(b, &h, s, &span);
+    }
+    foreign_put(s, (int)a, n);
+    return n;
+}
+
+/* Drop every reference dead area a's owner listed; warn about those it
+ * could not list. */
+static void drop_what_it_held(const sr_segment *s, int a)
+{
+    struct held_table *t = held_of(s, a);
+    uint64_t dropped = 0;
+    for (uint32_t i = 0; i < SR_HEAP_HELD_SLOTS; i++) {
+        uint64_t w = atomic_load_explicit(&t->slot[i], memory_order_relaxed); /* relaxed: H1 */
+        if (held_count(w))
+            dropped += drop_held(s, held_key(w) << 6, held_count(w), a);
+    }
+    uint64_t lost = atomic_load_explicit(&t->lost, memory_order_relaxed); /* relaxed: H1 */
+    if (lost)
+        sr_logf(SR_LOG_WARN, "sr__heap_area_quarantine: the dead owner of heap area %d held %llu references it could "
+                "not list (its table of %u entries was full); the blocks they name leak (dropped %llu listed ones)",
+                a, (unsigned long long)lost, SR_HEAP_HELD_SLOTS, (unsigned long long)dropped);
 }
 
 /* ---- offsets ---- */
@@ -1015,6 +1351,32 @@ sr_block *sr__block_from_off(uint64_t off)
     if (!b)
         sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap area %d) %s", (unsigned long long)off,
                  area, why);
+    return b;
+}
+
+uint64_t sr__block_send_off(sr_block *b)
+{
+    uint64_t off = sr__block_to_off(b);
+    if (off == UINT64_MAX)
+        return off;
+    int a = area_of(b);
+    if (counted(a)) /* ours to move: it leaves our table before anyone can see it (a death leaks it) */
+        held_del(heap.held, off);
+    else /* an owner's reference becomes one in a message: counted from now on */
+        foreign_get(&heap.seg, a, 1);
+    return off;
+}
+
+sr_block *sr__block_recv_off(uint64_t off)
+{
+    sr_block *b = sr__block_from_off(off);
+    if (!b)
+        return NULL;
+    int a = area_of(b);
+    if (counted(a))
+        held_add(heap.held, off);
+    else /* back with its owner: no longer counted */
+        foreign_put(&heap.seg, a, 1);
     return b;
 }
 

@@ -69,17 +69,22 @@ typedef struct sr_block sr_block;
  * area FREE again when none of its blocks is live (exact: the process counts
  * what it allocated and what came back), else QUARANTINED. A process that
  * dies leaves its area OWNED: whoever handles the death quarantines it
- * (sr__heap_area_quarantine, after the process was reaped). A quarantined
- * area's blocks stay valid and readable; their last unrefs go onto its list,
- * which nobody drains (no dead jemalloc is ever touched). It becomes FREE
- * again by sr__heap_area_reclaim, once no surviving process holds or will
- * receive a reference to any of its blocks (docs/HEAP.md, "Replacement":
- * what the caller must know, and why the heap cannot know it alone).
+ * (sr__heap_area_quarantine, after the process was reaped), which also
+ * drops the references the dead process held to other areas' blocks. A
+ * quarantined area's blocks stay valid and readable; their last unrefs go
+ * onto its list, which nobody drains (no dead jemalloc is ever touched). It
+ * becomes FREE again by itself once no living process holds, and no message
+ * carries, a reference to any of its blocks: each area counts those
+ * (foreign), each process lists what it holds of other areas (its table),
+ * and references cross messages through sr__block_send_off and
+ * sr__block_recv_off (docs/HEAP.md §11, "Who holds what").
  *
  * Ordering of the state word (segment.h, struct sr_heap_area_info):
- *   A1  every change is an acq_rel CAS: attach (FREE -> OWNED), detach and
- *       quarantine (OWNED -> QUARANTINED or RECLAIMING), reclaim
- *       (QUARANTINED -> RECLAIMING); one total order per area.
+ *   A1  every change is an acq_rel CAS: attach (FREE -> OWNED), detach
+ *       (OWNED -> QUARANTINED or RECLAIMING), quarantine (OWNED ->
+ *       QUARANTINING; the walker's seq_cst store of QUARANTINED is the one
+ *       plain store, H2 in heap.c), reclaim (QUARANTINED -> RECLAIMING); one
+ *       total order per area.
  *   A2  the way back to FREE: punch the pages, reset the list, release
  *       store of FREE; pairs with the acq_rel CAS of the next attach, so the
  *       new owner sees an empty area and an empty list. */
@@ -106,23 +111,43 @@ typedef struct sr_heap_area {
     int rank;              /* owner (OWNED, QUARANTINED) */
     uint32_t gen;          /* its generation */
     uint64_t remote_free;  /* head of its remote-free list (0: empty) */
+    uint64_t foreign;      /* references to its blocks held outside its owner, or in messages */
 } sr_heap_area;
 /* 0, or -EINVAL for an area out of [0, seg->heap_areas). */
 int sr__heap_area_get(const sr_segment *seg, int a, sr_heap_area *out);
+/* The references area a's owner lists in its table (to other areas'
+ * blocks: *held) and those it could not list (*lost). Reads the table
+ * (64 KiB: its untouched pages get allocated). 0 or -EINVAL. */
+int sr__heap_area_held(const sr_segment *seg, int a, uint64_t *held, uint64_t *lost);
 /* The area rank's generation gen owns, or -ENOENT. */
 int sr__heap_area_find(const sr_segment *seg, int rank, uint32_t gen);
 /* For whoever handles a death, once the dead process is reaped (nothing
- * allocates in the area any more): OWNED -> QUARANTINED. 0 also when the
- * area is FREE (its owner detached with no block live), QUARANTINED or
- * RECLAIMING already; -EINVAL bad area. Any process. */
+ * allocates in the area, nor changes its table, any more): OWNED ->
+ * QUARANTINING; every reference the dead process held to other areas'
+ * blocks (its table) is dropped, which frees survivors' blocks and may
+ * reclaim other dead areas; then QUARANTINED, and FREE at once (reclaimed)
+ * if no other process nor message holds a block of the area (its foreign
+ * count is 0). Else the last such reference to go reclaims it, in whichever
+ * process drops it. 0 also when the area is FREE (its owner detached with
+ * no block live), QUARANTINED, QUARANTINING or RECLAIMING already; -EINVAL
+ * bad area. Any process, attached or not (the supervisor). */
 int sr__heap_area_quarantine(const sr_segment *seg, int a);
 /* QUARANTINED -> FREE: punch every page of the area, empty its list. The
  * caller guarantees that no living process holds a reference to a block of
- * the area, and that none is in flight to one (docs/HEAP.md, "Replacement").
- * -EBUSY if the area is not QUARANTINED (or is ours), -EINVAL bad area,
+ * the area, and that none is in flight to one. Rarely needed now: the heap
+ * reclaims a dead owner's area itself once its foreign count is 0; this is
+ * for an area whose count a crash left too high (a leak the caller knows is
+ * one). -EBUSY if the area is not QUARANTINED (or is ours), -EINVAL bad area,
  * -errno from madvise (the area is FREE anyway: its pages read as before,
  * and the next attach empties it again). Any process. */
 int sr__heap_area_reclaim(const sr_segment *seg, int a);
+
+/* The last SR_HEAP_HELD_BYTES of each heap area are not for blocks: they
+ * hold its owner's table of the references it holds to other areas' blocks
+ * (SR_HEAP_HELD_SLOTS entries; more distinct blocks at once are counted,
+ * not listed, and leak if the owner dies). */
+#define SR_HEAP_HELD_SLOTS 8192u
+#define SR_HEAP_HELD_BYTES (4096u + 8u * SR_HEAP_HELD_SLOTS)
 bool sr__heap_attached(void);
 
 /* A new block of nbytes with refcount 1, data 64-byte aligned and, when
@@ -160,13 +185,34 @@ void sr__block_handoff(const sr_block *b);
 static inline void sr__block_handoff(const sr_block *b) { (void)b; }
 #endif
 
-/* Offset of a shared block in the segment; (uint64_t)-1 for a private one. */
+/* Offset of a shared block in the segment; (uint64_t)-1 for a private one.
+ * Only a name: to put a reference into a message, use sr__block_send_off. */
 uint64_t sr__block_to_off(const sr_block *b);
 /* The block at off, validated (inside some heap area, 64-byte
  * aligned, header magic, its area field that area, size within it, a
  * reference left), or NULL with -EINVAL in sr_last_error(). Takes no
- * reference: the caller must already own one (sent with the offset). */
+ * reference and moves none: a look at a block whose reference someone
+ * holds (a message's, until sr__block_recv_off takes it). */
 sr_block *sr__block_from_off(uint64_t off);
+
+/* Moving a reference through a message (docs/HEAP.md, "Who holds what").
+ * A reference inside a message belongs to no process, so the heap must see
+ * it go in and come out, or a death could not tell who holds what:
+ *   sr__block_send_off: the caller's reference to b goes into a message
+ *     (the caller forgets it); returns b's offset, (uint64_t)-1 for a
+ *     private block or when not attached (nothing moves then). Call it
+ *     before the offset is published.
+ *   sr__block_recv_off: take the reference a message carried at off: the
+ *     block (validated as sr__block_from_off) now held by the caller, who
+ *     drops it with sr__block_unref as any other; NULL with -EINVAL if off
+ *     is not a live block (the reference is then lost: it leaks).
+ * Every reference put in with send_off must come out exactly once with
+ * recv_off, by the receiver or by whoever drops the message (a sender that
+ * could not send it, a refusal). A missed recv_off only leaks; a missed
+ * send_off could free a block still held, so every path that puts a
+ * reference into a message goes through it. */
+uint64_t sr__block_send_off(sr_block *b);
+sr_block *sr__block_recv_off(uint64_t off);
 
 /* Owner: free blocks of our area that other processes released. Returns how many. Cheap
  * when there are none (one relaxed load); sr__xport_wait calls it. */

@@ -41,11 +41,12 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 7u                   /* bump when any offset below changes (2: remote_free;
+#define SR_SEG_LAYOUT_FORMAT 8u                   /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
                                                      5: crash lines; 6: attaching count, attaches flags;
                                                      7: flags, generations, heap areas apart from ranks,
-                                                     the area table) */
+                                                     the area table; 8: the area's foreign count and
+                                                     its owner's table of held references) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -53,7 +54,8 @@
 #define SR_HEAP_ALIGN (2u << 20)
 #define SR_HEAP_MIN (4u << 20)                    /* smallest per-worker heap accepted */
 #define SR_HEAP_DEFAULT (UINT64_C(1) << 30)       /* per worker; memfd pages cost nothing until touched */
-#define SR_HEAP_SPARES_DEFAULT_MAX 64u             /* default spares: world_size, at most this */
+#define SR_HEAP_SPARES_DEFAULT_MAX 64u             /* default spares: world_size, at most this; and a replace
+                                                     job's: max_restarts, at most this (sr__seg_replace_spares) */
 #define SR_RING_SLOTS_DEFAULT 1024u
 #define SR_CRASH_FN_MAX 64u                       /* function names are < 64 bytes (rpc/registry.h) */
 
@@ -205,6 +207,8 @@ enum sr_heap_area_state {
     SR_AREA_QUARANTINED = 2, /* its owner died or left while blocks may still be held: they stay
                                 valid and readable, nobody allocates or drains */
     SR_AREA_RECLAIMING = 3,  /* being emptied on its way back to FREE (sr__heap_area_reclaim) */
+    SR_AREA_QUARANTINING = 4, /* its owner died: what it held of other areas is being let go (one
+                                 process walks its table), then QUARANTINED */
 };
 /* The state word: state | rank << 8 | generation << 32. */
 static inline uint64_t sr__area_word(uint32_t state, uint32_t rank, uint32_t gen)
@@ -229,8 +233,28 @@ struct sr_heap_area_info {
      * whole by the area's owner process (acquire exchange); reset by the
      * attaching process and by a reclaimer (no pusher can exist then). See heap.c. */
     _Atomic uint64_t remote_free SR_ALIGNED_LINE;
+    /* Own line: references to the area's blocks held by processes other
+     * than its owner, or inside messages (heap.c, "Who holds what"). Added
+     * to and subtracted from by any process where a reference crosses the
+     * owner's boundary; zero from the creator, reset by the attaching process.
+     * Once the owner is dead, zero means no living process and no message
+     * holds a block of the area: it is reclaimed. The owner's table of the
+     * references it holds to other areas' blocks lies at the end of its
+     * heap area (SR_HEAP_HELD_BYTES, heap.h). */
+    _Atomic uint64_t foreign SR_ALIGNED_LINE;
 };
 static_assert(offsetof(struct sr_heap_area_info, remote_free) % SR_CACHELINE == 0, "remote-free head on its own line");
+static_assert(offsetof(struct sr_heap_area_info, foreign) % SR_CACHELINE == 0, "foreign count on its own line");
+
+/* The spare heap areas of a job that may replace ranks max_restarts times:
+ * one per area quarantined at the same time, not one per replacement, since
+ * a dead process's area is reclaimed once no survivor holds its blocks
+ * (heap.h, "Areas"): min(max_restarts, SR_HEAP_SPARES_DEFAULT_MAX), at
+ * least 1 for a positive max_restarts. */
+static inline int sr__seg_replace_spares(int max_restarts)
+{
+    return max_restarts < (int)SR_HEAP_SPARES_DEFAULT_MAX ? max_restarts : (int)SR_HEAP_SPARES_DEFAULT_MAX;
+}
 
 typedef struct sr_segment_opts {
     int world_size;         /* 1..SR_MAX_WORKERS */

@@ -82,7 +82,7 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
     bool replace = opts->restart == SR_RESTART_RANK && opts->max_restarts > 0;
     sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
                           .name = name, .flags = replace ? SR_SEG_F_REPLACE : 0,
-                          .heap_spares = replace ? (opts->max_restarts < SR_MAX_WORKERS ? opts->max_restarts : SR_MAX_WORKERS) : 0};
+                          .heap_spares = replace ? sr__seg_replace_spares(opts->max_restarts) : 0};
     struct spawn_call call = {fn, arg, NULL, replace ? opts->max_restarts : 0};
     forked_from_main = gettid() == getpid();
     int status = sr__job_run(&so, "sr_spawn", replace ? 0 : opts->max_restarts, attempt, &call);

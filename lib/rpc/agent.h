@@ -335,6 +335,10 @@ sr_future *sr__agent_await_rank(sr_agent *a, int rank);
 int64_t sr__agent_generation(sr_agent *a, int rank);
 /* Fill expect for every rank (init). */
 void sr__agent_stamps_init(sr_agent *a);
+/* refuse.c: let go of everything m carries (each tensor's block reference,
+ * each RRef fork, then its payload block): a message refused, or queued and
+ * never sent. */
+void sr__msg_release(const sr_msg *m);
 
 struct sr_quiesce {
     _Atomic uint64_t sent[3], done[3];

@@ -308,7 +308,7 @@ static void unwind_refs(const uint8_t **cur, size_t n, sr_value *const *vals, si
         } else if (v->kind == SR_KIND_TENSOR) {
             uint64_t off; /* tag, magic, dtype, ndim, flags, offset, then the block */
             memcpy(&off, *cur + 1 + 4 + 1 + 1 + 2 + 8, 8);
-            sr__block_unref(sr__block_from_off(to_le64(off)));
+            sr__block_unref(sr__block_recv_off(to_le64(off))); /* back out of the unsent message */
             --*left;
             *cur += 1 + TENSOR_DESC_BYTES;
         } else if (v->kind == SR_KIND_LIST) {

@@ -131,7 +131,7 @@ static int m_parts(const sr_msg *m, int (*each)(void *arg, const void *data, uin
 static int drop_tensor(void *p, uint8_t *field)
 {
     (void)p;
-    sr_block *b = sr__block_from_off(field_get(field));
+    sr_block *b = sr__block_recv_off(field_get(field)); /* the descriptor's reference, out of the message */
     if (b)
         sr__block_unref(b);
     return 0;

@@ -27,13 +27,15 @@ int sr__outq_init(sr_agent *a, void (*fail_calls)(sr_agent *a, int to, const cha
     return 0;
 }
 
-/* A queued message that will never be sent: give back its payload and take
- * it off the quiescence count of sent messages, so the sums stay balanced. */
+/* A queued message that will never be sent: let go of what it carries (its
+ * tensors' references and RRef forks, then its payload: heap.h, the
+ * references a message holds) and take it off the quiescence count of sent
+ * messages, so the sums stay balanced. */
 static void drop_unsent(sr_agent *a, int to, const sr_msg *m)
 {
     if (m->type == SR_MSG_CTRL)
         return;
-    sr__payload_done(m);
+    sr__msg_release(m);
     /* Counted in the slot of the generation of `to` it was queued for: the
      * one of now, unless that generation is gone (its slot no longer counts) */
     unsigned slot = sr__quiesce_slot(a, to);

@@ -6,9 +6,10 @@
 
 #include "error.h"
 
+/* The message's reference to the block at off: taken out of it, dropped. */
 static void drop_block(uint64_t off)
 {
-    sr_block *b = sr__block_from_off(off);
+    sr_block *b = sr__block_recv_off(off);
     if (b)
         sr__block_unref(b);
 }
@@ -27,7 +28,7 @@ uint8_t *sr__payload_reserve(sr_msg *m, struct sr_wire *w, size_t len)
     sr_block *b = sr__block_alloc(len);
     if (!b)
         return NULL;
-    uint64_t off = sr__block_to_off(b);
+    uint64_t off = sr__block_send_off(b); /* our reference becomes the message's (heap.h) */
     if (off == (uint64_t)-1) {
         sr__block_unref(b);
         sr__fail(-EMSGSIZE, "sr_rpc", "a %zu-byte message needs the shared heap, which is not attached", len);

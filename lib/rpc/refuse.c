@@ -21,9 +21,9 @@ void sr__agent_stamps_init(sr_agent *a)
         atomic_store_explicit(&a->expect[r], sr__agent_stamp_for(a, r), memory_order_relaxed);
 }
 
-/* What a refused message carried: the payload's references (tensor blocks,
- * RRef forks: the codec lets them go), then its block. */
-static void release(const sr_msg *m)
+/* What a message that will never be read carried: the payload's references
+ * (tensor blocks, RRef forks: the codec lets them go), then its block. */
+void sr__msg_release(const sr_msg *m)
 {
     size_t len, used = 0;
     const uint8_t *p = sr__payload_get(m, &len);
@@ -65,7 +65,7 @@ static void refuse(sr_agent *a, const sr_msg *m)
     if (n <= 8 || !(n & (n - 1))) /* the first few, then at powers of two: a flood must not flood stderr */
         sr_logf(SR_LOG_WARN, "refused a message (type %u) from %s generation %u to %s generation %u: %s (%" PRIu64
                 " refused so far)", m->type, a->names[from], src_gen, a->names[a->rank], dst_gen, why, n);
-    release(m);
+    sr__msg_release(m);
 }
 
 bool sr__agent_stamp_slow(sr_agent *a, const sr_msg *m)

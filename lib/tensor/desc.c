@@ -34,8 +34,8 @@ int sr__tensor_to_desc(const sr_tensor *t, struct sr_tensor_desc *d)
     sr__storage_lock(st);
     sr_block *b = st->block;
     uint64_t off = sr__block_to_off(b);
-    if (off != (uint64_t)-1)
-        sr__block_ref(b);
+    if (off != (uint64_t)-1) /* the descriptor's reference, moved into the message (heap.h) */
+        off = sr__block_send_off(sr__block_ref(b));
     sr__storage_unlock(st);
     if (off == (uint64_t)-1)
         return sr__fail(-EINVAL, "sr__tensor_to_desc", "the tensor's storage is a private block, not in the "
@@ -136,6 +136,6 @@ int sr__tensor_from_desc(const struct sr_tensor_desc *d, sr_tensor **out)
 
 void sr__tensor_desc_release(const struct sr_tensor_desc *d)
 {
-    sr_block *b = d ? sr__block_from_off(d->block) : NULL;
+    sr_block *b = d ? sr__block_recv_off(d->block) : NULL; /* the descriptor's reference, out of the message */
     sr__block_unref(b);
 }

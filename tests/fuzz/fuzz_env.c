@@ -71,8 +71,8 @@ static void add_block(sr_block *b)
 static void top_up(void)
 {
     for (int i = 0; i < nblocks; i++)
-        while (sr__block_refcount(blocks[i]) < FZ_BLOCK_REFS)
-            sr__block_ref(blocks[i]);
+        while (sr__block_refcount(blocks[i]) < FZ_BLOCK_REFS) /* references messages carry (heap.h) */
+            sr__block_send_off(sr__block_ref(blocks[i]));
 }
 
 static void nop_destroy(void *p) { (void)p; }

@@ -64,7 +64,7 @@ static int copy_parts(const struct seen *s, uint64_t *blocks)
         sr_block *b = sr__block_alloc(s->len[i]);
         WCHECK(b, "sr__block_alloc(%llu): %s", (unsigned long long)s->len[i], sr_last_error());
         memcpy(sr__block_data(b), s->data[i], s->len[i]);
-        blocks[i] = sr__block_to_off(b);
+        blocks[i] = sr__block_send_off(b); /* the message's reference, as the MPI transport makes it */
     }
     return 0;
 }
@@ -72,7 +72,7 @@ static int copy_parts(const struct seen *s, uint64_t *blocks)
 static void drop_blocks(const uint64_t *blocks, int n)
 {
     for (int i = 0; i < n; i++)
-        sr__block_unref(sr__block_from_off(blocks[i]));
+        sr__block_unref(sr__block_recv_off(blocks[i]));
 }
 
 static int decode_args(const sr_msg *m, sr_value **args)

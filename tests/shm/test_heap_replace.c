@@ -48,6 +48,7 @@ static const size_t sizes[NBLK] = {64, 1000, 100000, 3 * MiB + 5, 9 * MiB, 200};
 
 static sr_segment seg;
 static struct handover *ho;
+static void (*child_extra)(uint32_t gen); /* run by the child right after its attach */
 
 static void setup(int spares)
 {
@@ -72,6 +73,8 @@ static void child(uint32_t gen, int fd, uint64_t stamp)
 {
     memset(ho, 0, sizeof(*ho));
     ho->rc = sr__heap_attach_gen(&seg, 1, gen);
+    if (ho->rc == 0 && child_extra)
+        child_extra(gen);
     if (ho->rc == 0) {
         ho->stamp = stamp;
         ho->kept = NBLK / 2;
@@ -84,7 +87,7 @@ static void child(uint32_t gen, int fd, uint64_t stamp)
             fill(b, stamp + (uint64_t)i);
             if ((uint32_t)i < ho->kept)
                 sr__block_ref(b); /* one for us, one for the parent */
-            ho->off[i] = sr__block_to_off(b);
+            ho->off[i] = sr__block_send_off(b); /* the parent's, moved as through a message */
         }
     }
     if (ho->rc < 0)
@@ -136,7 +139,7 @@ static void take(sr_block **b, int area)
 {
     cr_assert_eq(ho->rc, 0, "child attach: %s", ho->err);
     for (int i = 0; i < NBLK; i++) {
-        b[i] = sr__block_from_off(ho->off[i]);
+        b[i] = sr__block_recv_off(ho->off[i]);
         cr_assert_not_null(b[i], "block %d: %s", i, sr_last_error());
         cr_assert(in_area(ho->off[i], area), "block %d at %llu is not in area %d", i,
                   (unsigned long long)ho->off[i], area);
@@ -179,43 +182,57 @@ Test(heap_replace, replacement_gets_a_fresh_area_and_old_blocks_survive, .timeou
         cr_assert(!in_area(ho->off[i], dead), "generation 2 allocated inside the dead area");
     }
     /* The last references to the dead area's blocks: onto its list, never
-     * into its (dead) arena. The ones the dead process kept stay live. */
+     * into its (dead) arena. The ones the dead process kept stay live (they
+     * do not count: it is gone). */
     uint64_t last = 0;
-    for (int i = 0; i < NBLK; i++) {
+    sr_heap_area st;
+    for (int i = 0; i < NBLK - 1; i++) {
         uint32_t refs = sr__block_refcount(old[i]);
         cr_assert_eq(refs, (uint32_t)i < ho->kept ? 0u + 2 : 1u, "block %d: refcount %u", i, refs);
         if (refs == 1)
             last = sr__block_to_off(old[i]);
         sr__block_unref(old[i]);
+        cr_assert_eq(sr__heap_area_get(&seg, dead, &st), 0);
+        cr_assert_eq(st.foreign, (uint64_t)(NBLK - 1 - i), "the parent's references to the dead area are counted");
     }
-    sr_heap_area st;
-    cr_assert_eq(sr__heap_area_get(&seg, dead, &st), 0);
-    cr_assert_eq(st.state, SR_AREA_QUARANTINED);
+    cr_assert_eq(st.state, SR_AREA_QUARANTINED, "the parent still holds block %d", NBLK - 1);
     cr_assert_eq(st.remote_free, last, "the last unref went onto the dead area's list");
     cr_assert_eq(sr__heap_drain(), 0, "the parent drains only its own area");
+    /* The parent's last reference to the area: it is reclaimed by that unref. */
+    sr__block_unref(old[NBLK - 1]);
+    cr_assert_eq(sr__heap_area_get(&seg, dead, &st), 0);
+    cr_assert(st.state == SR_AREA_FREE && st.remote_free == 0 && st.foreign == 0,
+              "area %d after the last foreign reference went: state %u, list %llu, foreign %llu", dead, st.state,
+              (unsigned long long)st.remote_free, (unsigned long long)st.foreign);
     for (int i = 0; i < NBLK; i++)
         sr__block_unref(fresh[i]); /* generation 2's blocks: onto area 2's list */
     kill_child(pid);
     teardown();
 }
 
-/* A full pool: no FREE area is -ENOSPC naming the rank and the quarantine. */
+/* A full pool: no FREE area is -ENOSPC naming the rank and the quarantine
+ * (the parent holds blocks of both dead areas); once it lets them go, the
+ * areas are FREE again and the next attach succeeds. */
 Test(heap_replace, full_pool_is_enospc_naming_the_rank, .timeout = 60)
 {
     setup(1);
     cr_assert_eq(seg.heap_areas, 3u);
-    sr_block *b[NBLK];
+    sr_block *b[2][NBLK];
     for (uint32_t gen = 1; gen <= 2; gen++) {
         pid_t pid = spawn(gen, gen * 100);
-        take(b, gen == 1 ? 1 : 2);
-        for (int i = 0; i < NBLK; i++)
-            sr__block_unref(b[i]);
+        take(b[gen - 1], gen == 1 ? 1 : 2);
         kill_child(pid);
         dead_area(gen);
     }
     pid_t pid = spawn(3, 300);
     cr_assert_eq(ho->rc, -ENOSPC, "attach with every area quarantined returned %d", ho->rc);
     cr_assert(strstr(ho->err, "rank 1 generation 3") && strstr(ho->err, "2 quarantined"), "%s", ho->err);
+    kill_child(pid);
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < NBLK; i++)
+            sr__block_unref(b[g][i]);
+    pid = spawn(4, 400);
+    cr_assert_eq(ho->rc, 0, "attach once the dead areas' blocks were let go: %s", ho->err);
     kill_child(pid);
     teardown();
 }
@@ -231,9 +248,10 @@ static uint32_t areas_not_free(void)
     return n;
 }
 
-/* 100 replacements: the dead area is reclaimed once the parent (the only
- * survivor) released its references, so neither the areas in use nor the
- * memory the memfd holds grow. */
+/* 100 replacements: the dead area is reclaimed by the parent's (the only
+ * survivor's) last unref of its blocks, with no call to reclaim, so neither
+ * the areas in use nor the memory the memfd holds grow. One spare: without
+ * the reclaim, generation 3 has no area. */
 Test(heap_replace, hundred_replacements_do_not_grow, .timeout = 120)
 {
     setup(1);
@@ -246,12 +264,14 @@ Test(heap_replace, hundred_replacements_do_not_grow, .timeout = 120)
         take(b, a);
         kill_child(pid);
         cr_assert_eq(dead_area(gen), a);
-        for (int i = 0; i < NBLK; i++)
-            sr__block_unref(b[i]);
         sr_heap_area st;
+        for (int i = 0; i < NBLK - 1; i++)
+            sr__block_unref(b[i]);
         cr_assert_eq(sr__heap_area_get(&seg, a, &st), 0);
+        cr_assert(st.state == SR_AREA_QUARANTINED && st.foreign == 1, "generation %u: with one block still held, "
+                  "area %d is in state %u, foreign %llu", gen, a, st.state, (unsigned long long)st.foreign);
         cr_assert_neq(st.remote_free, 0, "generation %u: the parent's last unrefs are on the dead area's list", gen);
-        cr_assert_eq(sr__heap_area_reclaim(&seg, a), 0, "%s", sr_last_error());
+        sr__block_unref(b[NBLK - 1]);
         cr_assert_eq(sr__heap_area_get(&seg, a, &st), 0);
         cr_assert(st.state == SR_AREA_FREE && st.remote_free == 0, "generation %u: area %d reclaimed to state %u, "
                   "list %llu", gen, a, st.state, (unsigned long long)st.remote_free);
@@ -401,4 +421,178 @@ Test(heap_replace, second_attach_as_a_rank_keeps_the_first_ones_blocks, .timeout
     }
     sr__segment_detach(&seg, true);
     munmap(ho, sizeof(*ho));
+}
+
+
+/* ---- who holds what: the foreign count and the table of held references ---- */
+
+#define NGIVE 4
+
+/* What the parent gives a child, and what comes back (MAP_SHARED). */
+struct holding {
+    uint64_t in[NGIVE];   /* the parent's blocks, one reference each moved to the child */
+    uint64_t back;        /* in[NGIVE - 1], moved back to the parent by the child */
+    uint64_t held, lost;  /* the child's table, as it sees it */
+    uint32_t nmany;       /* the child also takes a reference to each of many[0, nmany) */
+    uint64_t many[];      /* offsets of the parent's blocks */
+};
+static struct holding *hd;
+static size_t hd_len;
+
+/* Child (child_extra): take the parent's references, one more of in[0],
+ * move in[NGIVE - 1] back, take one of each of many[]. */
+static void hold_parents(uint32_t gen)
+{
+    sr_block *in[NGIVE];
+    for (int i = 0; i < NGIVE; i++)
+        in[i] = sr__block_recv_off(hd->in[i]);
+    sr__block_ref(in[0]);
+    hd->back = sr__block_send_off(in[NGIVE - 1]);
+    for (uint32_t i = 0; i < hd->nmany; i++)
+        sr__block_ref(sr__block_from_off(hd->many[i])); /* a look, then a reference of our own */
+    (void)sr__heap_area_held(&seg, sr__heap_area_find(&seg, 1, gen), &hd->held, &hd->lost);
+}
+
+static void holding_setup(uint32_t nmany)
+{
+    setup(0);
+    hd_len = sizeof(*hd) + nmany * sizeof(uint64_t);
+    hd = mmap(NULL, hd_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(hd, MAP_FAILED);
+    hd->nmany = nmany;
+    child_extra = hold_parents;
+}
+
+static void holding_teardown(void)
+{
+    child_extra = NULL;
+    munmap(hd, hd_len);
+    teardown();
+}
+
+static uint64_t foreign_of_area(int a)
+{
+    sr_heap_area st;
+    cr_assert_eq(sr__heap_area_get(&seg, a, &st), 0);
+    return st.foreign;
+}
+
+/* The parent's blocks a child held are counted (area 0's foreign count:
+ * the child's references and those in messages) and listed (the child's
+ * table); the child's death drops them, so the parent's blocks are freed
+ * to the parent when it lets its own go, and its heap returns to its
+ * baseline. Regression: the dead's references were never dropped. */
+Test(heap_replace, what_the_dead_held_of_a_survivor_is_let_go, .timeout = 60)
+{
+    holding_setup(0);
+    size_t base = sr__heap_allocated();
+    sr_block *mine[NGIVE];
+    for (int i = 0; i < NGIVE; i++) {
+        mine[i] = sr__block_alloc(sizes[i]);
+        cr_assert_not_null(mine[i]);
+        fill(mine[i], 70 + (uint64_t)i);
+        hd->in[i] = sr__block_send_off(sr__block_ref(mine[i])); /* one for the child, in "a message" */
+    }
+    cr_assert_eq(foreign_of_area(0), NGIVE, "references in messages count");
+    pid_t pid = spawn(1, 100);
+    cr_assert_eq(ho->rc, 0, "%s", ho->err);
+    /* The child holds in[0] twice, in[1], in[2]; in[3] is in a message back. */
+    cr_assert_eq(foreign_of_area(0), NGIVE + 1, "the child's references and the one in flight back");
+    cr_assert_eq(hd->held, NGIVE, "the child's table lists what it holds of ours, not what it sent");
+    cr_assert_eq(hd->lost, 0);
+    sr_block *back = sr__block_recv_off(hd->back);
+    cr_assert_eq(back, mine[NGIVE - 1]);
+    cr_assert_eq(foreign_of_area(0), NGIVE, "back with its owner: no longer counted");
+    sr__block_unref(back);
+    sr_block *theirs[NBLK];
+    take(theirs, 1);
+    cr_assert_eq(foreign_of_area(1), NBLK, "the parent's references to the child's blocks");
+    kill_child(pid);
+    int dead = dead_area(1);
+    cr_assert_eq(foreign_of_area(0), 0, "the dead's references to our blocks were dropped");
+    for (int i = 0; i < NGIVE; i++) {
+        cr_assert_eq(sr__block_refcount(mine[i]), 1u, "block %d: only our own reference is left", i);
+        sr__block_unref(mine[i]);
+    }
+    cr_assert_eq(sr__heap_allocated(), base, "our heap is back at its baseline");
+    for (int i = 0; i < NBLK; i++) {
+        cr_assert_eq(first_bad(theirs[i], ho->stamp + (uint64_t)i), -1, "the dead's block %d is still readable", i);
+        sr__block_unref(theirs[i]);
+    }
+    sr_heap_area st;
+    cr_assert_eq(sr__heap_area_get(&seg, dead, &st), 0);
+    cr_assert_eq(st.state, SR_AREA_FREE, "the dead area once nobody holds its blocks");
+    holding_teardown();
+}
+
+/* The other order: every foreign reference went while the owner lived, so
+ * the quarantine itself finds the count at 0 and reclaims, once. The next
+ * generation takes the area again and its blocks are never punched by a
+ * second reclaim. */
+Test(heap_replace, quarantine_after_the_last_unref_reclaims_at_once, .timeout = 60)
+{
+    setup(0);
+    sr_block *b[NBLK];
+    pid_t pid = spawn(1, 100);
+    take(b, 1);
+    for (int i = 0; i < NBLK; i++)
+        sr__block_unref(b[i]);
+    cr_assert_eq(foreign_of_area(1), 0);
+    sr_heap_area st;
+    cr_assert_eq(sr__heap_area_get(&seg, 1, &st), 0);
+    cr_assert_eq(st.state, SR_AREA_OWNED, "a living owner's area is never reclaimed");
+    kill_child(pid);
+    cr_assert_eq(sr__heap_area_quarantine(&seg, 1), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_area_get(&seg, 1, &st), 0);
+    cr_assert(st.state == SR_AREA_FREE && st.remote_free == 0, "state %u list %llu", st.state,
+              (unsigned long long)st.remote_free);
+    pid = spawn(2, 200);
+    take(b, 1); /* area 1 again: FREE, rank 1's first choice */
+    cr_assert_eq(sr__heap_area_reclaim(&seg, 1), -EBUSY, "generation 2's area is OWNED, not reclaimed again");
+    for (int i = 0; i < NBLK; i++) {
+        cr_assert_eq(first_bad(b[i], 200 + (uint64_t)i), -1, "generation 2's block %d was punched", i);
+        sr__block_unref(b[i]);
+    }
+    kill_child(pid);
+    teardown();
+}
+
+/* More distinct blocks than the table has entries: the rest are counted as
+ * lost; at the death the listed ones are dropped and the lost ones leak,
+ * with a warning (bounded and said, never a wrong free). */
+Test(heap_replace, full_table_counts_what_it_cannot_list, .timeout = 60)
+{
+    enum { EXTRA = 5 };
+    uint32_t n = SR_HEAP_HELD_SLOTS + EXTRA;
+    holding_setup(n);
+    sr_block **blk = malloc(n * sizeof(*blk));
+    cr_assert_not_null(blk);
+    for (uint32_t i = 0; i < n; i++) {
+        blk[i] = sr__block_alloc(64);
+        cr_assert_not_null(blk[i]);
+        hd->many[i] = sr__block_to_off(blk[i]);
+    }
+    for (int i = 0; i < NGIVE; i++)
+        hd->in[i] = sr__block_send_off(sr__block_alloc(64));
+    pid_t pid = spawn(1, 100);
+    cr_assert_eq(ho->rc, 0, "%s", ho->err);
+    cr_assert_eq(hd->held + hd->lost, (uint64_t)n + NGIVE, "listed %llu, lost %llu", (unsigned long long)hd->held,
+                 (unsigned long long)hd->lost);
+    cr_assert_geq(hd->lost, EXTRA, "a full table counts the rest");
+    sr__block_unref(sr__block_recv_off(hd->back));
+    kill_child(pid);
+    int dead = dead_area(1);
+    uint32_t still = 0;
+    for (uint32_t i = 0; i < n; i++)
+        still += sr__block_refcount(blk[i]) == 2;
+    cr_assert_eq(still, hd->lost, "%u blocks still held twice: the unlisted references leak, no more", still);
+    cr_assert_eq(foreign_of_area(0), hd->lost, "area 0's count keeps exactly the leaked references");
+    for (uint32_t i = 0; i < n; i++)
+        sr__block_unref(blk[i]);
+    free(blk);
+    sr_block *theirs[NBLK];
+    take(theirs, dead);
+    for (int i = 0; i < NBLK; i++)
+        sr__block_unref(theirs[i]);
+    holding_teardown();
 }

@@ -91,7 +91,7 @@ static int consume(sr_xport *x, const sr_msg *m, uint64_t *transfers)
 {
     struct block_msg bm;
     memcpy(&bm, m->data, sizeof(bm));
-    sr_block *b = sr__block_from_off(bm.off);
+    sr_block *b = sr__block_recv_off(bm.off); /* the reference that came with it */
     WCHECK(b, "rank %d: block from rank %d: %s", x->rank, m->src, sr_last_error());
     WCHECK(sr__block_owner(b) == m->src && sr__block_size(b) == bm.size, "rank %d: owner %d size %zu, sent %d %llu",
            x->rank, sr__block_owner(b), sr__block_size(b), m->src, (unsigned long long)bm.size);
@@ -114,7 +114,7 @@ static int send_block(sr_xport *x, int to, uint64_t stamp, uint32_t mode, unsign
     fill(b, stamp);
     if (mode != MODE_TRANSFER)
         sr__block_ref(b); /* one reference travels, one stays */
-    struct block_msg bm = {sr__block_to_off(b), stamp, size, mode};
+    struct block_msg bm = {sr__block_send_off(b), stamp, size, mode};
     if (send_msg(x, to, MSG_BLOCK, &bm, sizeof(bm)))
         return 1;
     if (mode == MODE_RACE)
@@ -281,7 +281,7 @@ static int exhaust_worker(int rank, int world, void *arg)
                error_names("%llu bytes", x->seg.hdr->heap_stride),
            "the error must name the worker, the size and the heap: %s", sr_last_error());
     for (size_t i = 0; i < n; i++) {
-        struct block_msg bm = {sr__block_to_off(held[i]), i, CHUNK, MODE_TRANSFER};
+        struct block_msg bm = {sr__block_send_off(held[i]), i, CHUNK, MODE_TRANSFER};
         fill(held[i], i);
         if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)))
             return 1;
@@ -376,7 +376,7 @@ static int reattach_worker(int rank, int world, void *arg)
             sr_block *b = sr__block_alloc(3 * MiB);
             WCHECK(b, "round %d: %s", round, sr_last_error());
             fill(b, (uint64_t)round);
-            struct block_msg bm = {sr__block_to_off(b), (uint64_t)round, 3 * MiB, MODE_TRANSFER};
+            struct block_msg bm = {sr__block_send_off(b), (uint64_t)round, 3 * MiB, MODE_TRANSFER};
             sr_msg m;
             if (send_msg(x, 1, MSG_BLOCK, &bm, sizeof(bm)) || send_msg(x, 1, MSG_DONE, "", 0) ||
                 next_msg(x, &m, "DONE from rank 1"))

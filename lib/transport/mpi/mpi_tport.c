@@ -303,7 +303,7 @@ static int take_part(struct mpi_tport *x, struct incoming *g, uint32_t i, uint64
         rc = -ENOMEM;
     void *data = b ? sr__block_data(b) : NULL;
     if (b)
-        g->blocks[i] = sr__block_to_off(b); /* b implies !rc: blocks exists */
+        g->blocks[i] = sr__block_send_off(b); /* b implies !rc: blocks exists; the message's reference (heap.h) */
     if (!apart) {
         if (data)
             memcpy(data, *in, len);
@@ -353,7 +353,7 @@ static int check_frame(const uint8_t *f, int64_t size, int src, struct frame_hea
 static void drop_blocks(const struct incoming *g)
 {
     for (uint32_t i = 0; i < g->n; i++) {
-        sr_block *b = g->blocks[i] ? sr__block_from_off(g->blocks[i]) : NULL;
+        sr_block *b = g->blocks[i] ? sr__block_recv_off(g->blocks[i]) : NULL;
         if (b)
             sr__block_unref(b);
     }
