@@ -29,6 +29,16 @@ static int claim_gone(sr_agent *a)
  * one has attached are known again (segment.h, "Replacement in place"):
  * their quiescence slot of that parity starts from zero, then messages
  * stamped with the new generation are taken. */
+static sr_future *renew_returns(sr_agent *a)
+{
+    sr_future *next = sr_future_new(), *back = NULL;
+    if (next) { /* without memory the waiters wake at their own deadline */
+        back = a->returns;
+        a->returns = next;
+    }
+    return back;
+}
+
 static sr_future *rejoin_returned(sr_agent *a)
 {
     sr_future *back = NULL;
@@ -41,14 +51,15 @@ static sr_future *rejoin_returned(sr_agent *a)
         atomic_store_explicit(&a->quiesce[r].sent[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->quiesce[r].done[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->expect[r], sr__agent_stamp_for(a, r), memory_order_relaxed);
+        if (a->elastic) { /* a joiner names itself (segment.h, E4); sr_worker_rank reads it under this lock */
+            memcpy(a->names[r], t->ops->name(t, r), sizeof(a->names[r]));
+            a->names[r][sizeof(a->names[r]) - 1] = '\0';
+        }
         a->gone[r] = SR_GONE_NO;
         sr_logf(SR_LOG_INFO, "%s (rank %d) is back: generation %u", a->names[r], r,
                 t->ops->live->generation(t, r));
-        sr_future *next = back ? NULL : sr_future_new();
-        if (next) { /* without memory the waiters wake at their own deadline */
-            back = a->returns;
-            a->returns = next;
-        }
+        if (!back)
+            back = renew_returns(a);
     }
     return back; /* the caller completes it, outside the lock */
 }
@@ -62,6 +73,15 @@ int64_t sr__agent_generation(sr_agent *a, int rank)
                 : (t->caps & SR_TPORT_REPLACES) ? (int64_t)t->ops->live->generation(t, rank) : 0;
     pthread_mutex_unlock(&a->gone_lock);
     return g;
+}
+
+sr_future *sr__agent_await_departure(sr_agent *a, int rank)
+{
+    sr__agent_check_exits(a);
+    pthread_mutex_lock(&a->gone_lock);
+    sr_future *f = a->gone[rank] != SR_GONE_NO || !a->returns ? NULL : sr_future_ref(a->returns);
+    pthread_mutex_unlock(&a->gone_lock);
+    return f;
 }
 
 sr_future *sr__agent_await_rank(sr_agent *a, int rank)
@@ -89,6 +109,8 @@ static void peer_gone(sr_agent *a, int r)
         atomic_store_explicit(&a->expect[r], -1, memory_order_relaxed);
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
     sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
+    if (a->elastic) /* a leave of ours waiting for its answer asks those present instead */
+        sr__leave_peer_gone(a, r);
     if (graceful)
         return;
     sr__modules_peer_died(r, text);
@@ -149,6 +171,11 @@ void sr__agent_check_exits(sr_agent *a)
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
         pthread_mutex_lock(&a->gone_lock);
         a->gone[r] = SR_GONE_DONE; /* a new generation of it may be known from now on */
+        back = renew_returns(a); /* sr_wait_for_departure's waiters look again */
         pthread_mutex_unlock(&a->gone_lock);
+        if (back) {
+            sr_future_set_result(back, NULL);
+            sr_future_unref(back);
+        }
     }
 }
