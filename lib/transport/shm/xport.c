@@ -282,6 +282,31 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     return 0;
 }
 
+/* A joiner of an elastic job checks its name against the workers present
+ * before it publishes itself, so that no peer ever sees two of them with one
+ * name (two joiners racing with the same name are caught by sr_init's check
+ * of the names it collects). */
+static int name_free(sr_xport *x, const sr_xport_opts *o)
+{
+    char want[SR_NAME_MAX];
+    if (o->name)
+        snprintf(want, sizeof(want), "%s", o->name);
+    else
+        snprintf(want, sizeof(want), "worker%d", x->rank);
+    for (int r = 0; r < x->world; r++) {
+        struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
+        /* acquire: pairs with the peer's release store of ATTACHED, after its name */
+        uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
+        /* seq_cst: pairs with X1 */
+        if (r == x->rank || !sr__worker_state_attached(st) || atomic_load_explicit(&w->exited, memory_order_seq_cst) ||
+            strncmp(w->name, want, sizeof(want)))
+            continue;
+        return sr__fail(-EEXIST, "sr_init", "Worker name '%s' of rank %d is taken: rank %d, present in the job, has it",
+                        want, x->rank, r);
+    }
+    return 0;
+}
+
 /* Our generation (segment.h, "Replacement in place"). A replacement must
  * keep its rank's name: its peers know the rank by it (their tables of
  * names are not written again). */
@@ -297,8 +322,8 @@ static int take_generation(sr_xport *x, const sr_xport_opts *o)
     if (!x->replaces)
         return sr__fail(-EPROTO, "sr_init", "rank %d has generation %u in segment '%.48s', whose job replaces no rank",
                         x->rank, x->gen, x->seg.hdr->name);
-    if (x->elastic) /* a worker that joins a free rank names itself (E4) */
-        return 0;
+    if (x->elastic) /* a worker that joins a free rank names itself (E4), one no worker present has */
+        return name_free(x, o);
     char had[SR_NAME_MAX], want[SR_NAME_MAX];
     memcpy(had, w->name, sizeof(had)); /* the predecessor's, written at its attach */
     had[sizeof(had) - 1] = '\0';
