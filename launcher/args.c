@@ -48,8 +48,9 @@ static const char usage[] =
     "                         process for the failed rank only while the others keep running\n"
     "  --version              print the version and exit\n"
     "  -h, --help             print this help and exit\n"
-    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, and RANK,\n"
-    "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun sets them.\n"
+    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, SHMRPC_JOB (elastic\n"
+    "jobs), and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun\n"
+    "sets them.\n"
     "stdin goes to rank 0; the others read /dev/null.\n"
     "SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every worker.\n";
 
