@@ -3,9 +3,13 @@
  * program joins a free rank, is called by rank and by name, leaves; a join
  * to a full job and a joiner with a name already taken are refused; rank 0
  * leaves too) and the job must end with status 0. And the client's own
- * refusals: a job that does not exist, a job that is not elastic.
+ * refusals: a job that does not exist, bad command lines. And the same
+ * supervisor in sr_spawn: shmrun --join adds a worker to its elastic job.
  * Each shmrun is waited for on its pidfd, with a bound. */
 #include <criterion/criterion.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -18,6 +22,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
+#include "worker_check.h"
 
 LEAK_CHECKED_SUITE(join);
 
@@ -97,4 +104,64 @@ Test(join, bad_command_lines, .timeout = 30)
     char *a3[] = {(char *)shmrun, "-n", "1", "--rank", "1", "--", "/bin/true", NULL};
     cr_assert_eq(run(a3, err, sizeof(err)), 2, "%s", err);
     cr_assert(strstr(err, "--rank goes with --join"), "%s", err);
+}
+
+/* ---- sr_spawn runs the same supervisor: shmrun --join works for its jobs ---- */
+static _Atomic uint32_t hellos; /* in rank 0's process: the joiner said hello */
+
+static int fn_hello(sr_call *c)
+{
+    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
+    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    return sr_call_return(c, NULL);
+}
+
+static int wait_hello(void)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!atomic_load_explicit(&hellos, memory_order_acquire)) { /* acquire: pairs with fn_hello */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > WAIT_S)
+            return -ETIMEDOUT;
+        struct timespec slice = {1, 0}; /* a bound per futex wait; the wake ends it at once */
+        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, 0, &slice, NULL, 0);
+    }
+    return 0;
+}
+
+static int spawn_worker(int rank, int world, void *arg)
+{
+    const char **paths = arg;
+    sr_register("hello", fn_hello);
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        const char *id = sr_job_id();
+        WCHECK(id, "no job id in an elastic sr_spawn job");
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl(paths[0], paths[0], "--join", id, "--rank", "2", "--", paths[1], "joiner", "bob", (char *)NULL);
+            _exit(127);
+        }
+        WCHECK(pid > 0 && wait_hello() == 0, "the joiner never said hello");
+        WCHECK(sr_worker_rank("bob") == 2, "bob: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
+        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
+        struct pollfd p = {.fd = pfd, .events = POLLIN};
+        WCHECK(pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+                   WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
+        close(pfd);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, shmrun_joins_an_sr_spawn_job, .timeout = 120)
+{
+    const char *paths[2] = {env_path("SHMRUN"), env_path("ELASTIC_PROG")};
+    sr_spawn_opts o = {.name_prefix = test_ns("join2"), .shm_size = 3 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, spawn_worker, paths, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
