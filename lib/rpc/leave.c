@@ -114,6 +114,8 @@ static sr_future *start_round(sr_agent *a, uint64_t *round)
     sr_future *f = sr_future_new();
     if (!f)
         return NULL;
+    /* gone_lock, then ctl_lock: nothing takes them the other way round
+     * (exits.c and shutdown.c take ctl_lock outside gone_lock) */
     pthread_mutex_lock(&a->gone_lock);
     pthread_mutex_lock(&a->ctl_lock);
     a->leave_pending = 0;

@@ -52,6 +52,7 @@ struct shared {
     _Atomic uint32_t unblock;   /* rank 1's blocked call returns once it reads 1 */
     _Atomic uint32_t blocked;   /* rank 1's call is running */
     _Atomic uint32_t notes;     /* rank 0 ran rank 1's fire-and-forget calls ("note") */
+    _Atomic uint32_t started;   /* every_worker_leaves_at_once: notes whose call started */
 };
 static struct shared *sh;
 
@@ -275,4 +276,42 @@ Test(elastic, max_workers_below_the_world_size_is_refused, .timeout = 30)
     int rc = sr_spawn(2, worker, NULL, &o);
     cr_assert_eq(rc, -EINVAL, "%d: %s", rc, sr_last_error());
     cr_assert(strstr(sr_last_error(), "max_workers 1 is below the world size 2"), "%s", sr_last_error());
+}
+
+/* Every worker leaves at once, rank 0 included: each one's rounds ask the
+ * others, who answer while leaving themselves; a round that a departure
+ * ends early is asked again of those still present. */
+static int leave_at_once(int rank, int world, void *arg)
+{
+    (void)arg;
+    register_fns();
+    WCHECK(world == ROOM && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    /* a call nobody waits for to every launched rank first, so that there is
+     * something to drain; one to a rank already leaving fails at once */
+    for (int r = 0; r < LAUNCHED; r++) {
+        sr_future *f = NULL;
+        int rc = sr_rpc_async(r, "note", SR_ARGS(), WAIT_S, &f);
+        WCHECK(rc == 0 || (rc == -EPIPE && (strstr(sr_last_error(), "is leaving the job") ||
+                                            strstr(sr_last_error(), "left the job"))),
+               "note to %d: %d %s", r, rc, sr_last_error());
+        if (!rc) /* relaxed: read after every worker exited */
+            atomic_fetch_add_explicit(&sh->started, 1, memory_order_relaxed);
+        sr_future_unref(f);
+    }
+    int rc = sr_shutdown(true, 3 * WAIT_S);
+    WCHECK(rc == 0, "rank %d: leave: %d: %s", rank, rc, sr_last_error());
+    return 0;
+}
+
+Test(elastic, every_worker_leaves_at_once, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    sr_spawn_opts o = {.name_prefix = test_ns("elastic3"), .shm_size = ROOM * (64u << 20), .max_workers = ROOM};
+    int rc = sr_spawn(LAUNCHED, leave_at_once, NULL, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    /* relaxed: the workers have exited */
+    uint32_t started = atomic_load_explicit(&sh->started, memory_order_relaxed);
+    cr_assert_geq(started, LAUNCHED, "each worker's own note, at least, started");
+    cr_assert_eq(atomic_load_explicit(&sh->notes, memory_order_relaxed), started,
+                 "every note that started ran before its worker left");
 }
