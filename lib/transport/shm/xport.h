@@ -210,8 +210,10 @@ int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), voi
 
 /* The process of `rank` we know has ended: the supervisor published its
  * exit (segment.h, "Peer exit"), or the rank has another generation now
- * ("Replacement in place"). seq_cst: pairs with the supervisor's X1 and R2
- * stores. Both words share a line. */
+ * ("Replacement in place"), or, in an elastic job, it detached ("Elastic
+ * jobs", E3: a free rank reads as an exit, E1). seq_cst: pairs with the
+ * supervisor's X1 and R2 stores and the detaching worker's E3. The exit
+ * and generation words share a line. */
 static inline bool sr__xport_peer_gone(const sr_xport *x, int rank)
 {
     const struct sr_peer *p = &x->peers[rank];
