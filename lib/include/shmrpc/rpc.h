@@ -98,7 +98,8 @@ SR_API int sr_worker_rank(const char *name);
 /* Wait until `rank` is alive as this worker sees it: at once for a worker
  * running, or, in a job that replaces ranks (shmrun --restart rank), once
  * a dead rank's new generation has attached and its old one's death is
- * handled here; a call made then reaches it. timeout_s 0: no bound. 0;
+ * handled here, or, in an elastic job (shmrun --max-workers), once a worker
+ * has joined the rank; a call made then reaches it. timeout_s 0: no bound. 0;
  * -ETIMEDOUT; -EPIPE the rank is gone and the job replaces none; -EINVAL. */
 SR_API int sr_wait_for_worker(int rank, double timeout_s);
 /* rank's generation as this worker knows it: 0 for the process the job
