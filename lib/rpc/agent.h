@@ -3,6 +3,7 @@
  * Files, one job each; no two of them call each other both ways:
  *   api.c       the public entry points: init, shutdown, names, sync calls
  *   shutdown.c  the graceful shutdown's barrier and quiescence waves
+ *   leave.c     an elastic job's shutdown: one worker leaves, draining pairwise
  *   progress.c  the progress thread; the waits' entry points
  *   wait.c      the consumer token and the waits of user threads
  *   poll.c      reading the inbox and routing each message by type
