@@ -106,36 +106,38 @@ void sr__leave_peer_gone(sr_agent *a, int rank)
     a->wake->ring(a->self); /* the leaver may sleep on our doorbell (shutdown.c, sr__ctrl_peer_gone) */
 }
 
-/* Start a round: ask every peer present. Returns its future, or NULL when
- * no peer is present (nothing to drain). */
-static sr_future *start_round(sr_agent *a, uint64_t *round)
+/* Start a round: ask every peer present. 0 with *out its future, or NULL
+ * when no peer is present (nothing to drain); -ENOMEM. */
+static int start_round(sr_agent *a, uint64_t *round, sr_future **out)
 {
     sr__agent_check_exits(a); /* after our store of LEAVING: every joiner that could miss it is known */
     sr_future *f = sr_future_new();
     if (!f)
-        return NULL;
+        return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
     /* gone_lock, then ctl_lock: nothing takes them the other way round
      * (exits.c and shutdown.c take ctl_lock outside gone_lock) */
     pthread_mutex_lock(&a->gone_lock);
     pthread_mutex_lock(&a->ctl_lock);
-    a->leave_pending = 0;
+    uint32_t pending = 0;
     for (int r = 0; r < a->world; r++) {
         a->leave_want[r] = r != a->rank && a->gone[r] == SR_GONE_NO;
-        a->leave_pending += a->leave_want[r];
+        pending += a->leave_want[r];
         a->ctl_in[r] = 0;
     }
+    a->leave_pending = pending;
     *round = ++a->leave_round;
-    a->leave_fut = a->leave_pending ? sr_future_ref(f) : NULL;
+    a->leave_fut = pending ? sr_future_ref(f) : NULL;
     pthread_mutex_unlock(&a->ctl_lock);
     pthread_mutex_unlock(&a->gone_lock);
-    if (!a->leave_pending) {
+    if (!pending) {
         sr_future_unref(f);
-        return NULL;
+        f = NULL;
     }
-    for (int r = 0; r < a->world; r++)
-        if (a->leave_want[r]) /* written above by this thread only */
+    for (int r = 0; f && r < a->world; r++)
+        if (a->leave_want[r]) /* written above by this thread only; the dispatcher only reads it */
             send_ctrl(a, r, SR_CTRL_LEAVE_REQ, *round, 0, 0);
-    return f;
+    *out = f;
+    return 0;
 }
 
 static void end_round(sr_agent *a, sr_future *f)
@@ -181,10 +183,11 @@ static int drain(sr_agent *a, int64_t deadline)
     char why[400] = "no round completed";
     for (;;) {
         uint64_t round, t0 = own_total(a);
-        sr_future *f = start_round(a, &round);
-        if (!f)
-            return 0; /* nobody left to drain with */
-        int rc = wait_round(a, f, deadline);
+        sr_future *f = NULL;
+        int rc = start_round(a, &round, &f);
+        if (rc || !f)
+            return rc; /* 0: nobody left to drain with */
+        rc = wait_round(a, f, deadline);
         end_round(a, f);
         if (rc == -ETIMEDOUT)
             return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out leaving the job (round %llu): %s",
