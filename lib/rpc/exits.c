@@ -1,6 +1,7 @@
 /* Peer exits (agent.h, sr__agent_check_exits): the departures a transport
  * publishes, handled once each, and our own inbox found corrupt. */
 #include <stdio.h>
+#include <string.h>
 
 #include "agent.h"
 #include "log.h"
@@ -51,7 +52,10 @@ static sr_future *rejoin_returned(sr_agent *a)
         atomic_store_explicit(&a->quiesce[r].sent[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->quiesce[r].done[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->expect[r], sr__agent_stamp_for(a, r), memory_order_relaxed);
-        if (a->elastic) { /* a joiner names itself (segment.h, E4); sr_worker_rank reads it under this lock */
+        /* A joiner names itself (segment.h, E4); sr_worker_rank reads the
+         * names under this lock. Written only when it differs: other
+         * readers (messages about the rank) read it unlocked. */
+        if (a->elastic && strncmp(a->names[r], t->ops->name(t, r), sizeof(a->names[r]) - 1)) {
             memcpy(a->names[r], t->ops->name(t, r), sizeof(a->names[r]));
             a->names[r][sizeof(a->names[r]) - 1] = '\0';
         }

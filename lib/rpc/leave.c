@@ -26,6 +26,10 @@
  * and takes it back. No message of P's can be on its way to us once the
  * round succeeded, nor one of ours to P.
  *
+ * Our own inbox is one of the pairs: a call this worker made to itself
+ * (counted in quiesce[rank] both ways) runs before it goes, and our answer
+ * to our own question orders the round after what the inbox held.
+ *
  * A peer that leaves or dies during a round fails it with -EAGAIN
  * (sr__leave_peer_gone): the next round asks the peers present then. A
  * peer that joins after our store of LEAVING sees it before its first call.
@@ -106,8 +110,9 @@ void sr__leave_peer_gone(sr_agent *a, int rank)
     a->wake->ring(a->self); /* the leaver may sleep on our doorbell (shutdown.c, sr__ctrl_peer_gone) */
 }
 
-/* Start a round: ask every peer present. 0 with *out its future, or NULL
- * when no peer is present (nothing to drain); -ENOMEM. */
+/* Start a round: ask every peer present, and ourselves (a call to
+ * ourselves is drained like any other: the question goes through our own
+ * inbox). 0 with *out its future; -ENOMEM. */
 static int start_round(sr_agent *a, uint64_t *round, sr_future **out)
 {
     sr__agent_check_exits(a); /* after our store of LEAVING: every joiner that could miss it is known */
@@ -119,21 +124,17 @@ static int start_round(sr_agent *a, uint64_t *round, sr_future **out)
     pthread_mutex_lock(&a->gone_lock);
     pthread_mutex_lock(&a->ctl_lock);
     uint32_t pending = 0;
-    for (int r = 0; r < a->world; r++) {
-        a->leave_want[r] = r != a->rank && a->gone[r] == SR_GONE_NO;
+    for (int r = 0; r < a->world; r++) { /* ourselves too: what we sent ourselves must run before we go */
+        a->leave_want[r] = r == a->rank || a->gone[r] == SR_GONE_NO;
         pending += a->leave_want[r];
         a->ctl_in[r] = 0;
     }
     a->leave_pending = pending;
     *round = ++a->leave_round;
-    a->leave_fut = pending ? sr_future_ref(f) : NULL;
+    a->leave_fut = sr_future_ref(f); /* pending >= 1: ourselves */
     pthread_mutex_unlock(&a->ctl_lock);
     pthread_mutex_unlock(&a->gone_lock);
-    if (!pending) {
-        sr_future_unref(f);
-        f = NULL;
-    }
-    for (int r = 0; f && r < a->world; r++)
+    for (int r = 0; r < a->world; r++)
         if (a->leave_want[r]) /* written above by this thread only; the dispatcher only reads it */
             send_ctrl(a, r, SR_CTRL_LEAVE_REQ, *round, 0, 0);
     *out = f;
@@ -182,11 +183,11 @@ static int drain(sr_agent *a, int64_t deadline)
 {
     char why[400] = "no round completed";
     for (;;) {
-        uint64_t round, t0 = own_total(a);
+        uint64_t round = 0, t0 = own_total(a);
         sr_future *f = NULL;
         int rc = start_round(a, &round, &f);
-        if (rc || !f)
-            return rc; /* 0: nobody left to drain with */
+        if (rc)
+            return rc;
         rc = wait_round(a, f, deadline);
         end_round(a, f);
         if (rc == -ETIMEDOUT)
