@@ -179,6 +179,18 @@ static int wait_round(sr_agent *a, sr_future *f, int64_t deadline)
     return rc ? rc : sr_future_value(f, NULL);
 }
 
+/* A round that timed out: who had not answered it (else why keeps the
+ * last mismatch of counts). */
+static void unanswered(sr_agent *a, char *why, size_t len)
+{
+    size_t at = 0;
+    pthread_mutex_lock(&a->ctl_lock);
+    for (int r = 0; r < a->world && at + 16 < len; r++)
+        if (a->leave_want[r] && !a->ctl_in[r])
+            at += (size_t)snprintf(why + at, len - at, "%s%s (rank %d)", at ? ", " : "no answer from ", a->names[r], r);
+    pthread_mutex_unlock(&a->ctl_lock);
+}
+
 static int drain(sr_agent *a, int64_t deadline)
 {
     char why[400] = "no round completed";
@@ -190,9 +202,11 @@ static int drain(sr_agent *a, int64_t deadline)
             return rc;
         rc = wait_round(a, f, deadline);
         end_round(a, f);
-        if (rc == -ETIMEDOUT)
+        if (rc == -ETIMEDOUT) {
+            unanswered(a, why, sizeof(why));
             return sr__fail(-ETIMEDOUT, "sr_shutdown", "timed out leaving the job (round %llu): %s",
                             (unsigned long long)round, why);
+        }
         if (rc == -EAGAIN)
             continue; /* a peer of the round left: ask those present now */
         if (rc)
@@ -204,9 +218,13 @@ static int drain(sr_agent *a, int64_t deadline)
 
 int sr__leave(sr_agent *a, int64_t deadline)
 {
-    if (!a->leave_want && (!(a->leave_want = calloc((size_t)a->world, 1)) ||
-                           !(a->leave_sent = calloc((size_t)a->world, sizeof(uint64_t))) ||
-                           !(a->leave_done = calloc((size_t)a->world, sizeof(uint64_t)))))
+    if (!a->leave_want)
+        a->leave_want = calloc((size_t)a->world, 1);
+    if (!a->leave_sent)
+        a->leave_sent = calloc((size_t)a->world, sizeof(uint64_t));
+    if (!a->leave_done)
+        a->leave_done = calloc((size_t)a->world, sizeof(uint64_t));
+    if (!a->leave_want || !a->leave_sent || !a->leave_done) /* freed with the agent */
         return sr__fail(-ENOMEM, "sr_shutdown", "out of memory");
     a->self->ops->live->closing(a->self); /* E2: LEAVING, before any count is read */
     int rc = sr__modules_shutdown_users(deadline);
