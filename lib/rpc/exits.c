@@ -175,7 +175,13 @@ void sr__agent_check_exits(sr_agent *a)
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
         pthread_mutex_lock(&a->gone_lock);
         a->gone[r] = SR_GONE_DONE; /* a new generation of it may be known from now on */
-        back = renew_returns(a); /* sr_wait_for_departure's waiters look again */
+        /* Its new generation may have attached while we handled the old
+         * one: another thread's scan then found nothing to claim and marked
+         * that exit count seen, so no later scan of ours would take the
+         * return until some other exit. Take it now. */
+        back = a->replaces ? rejoin_returned(a) : NULL;
+        if (!back)
+            back = renew_returns(a); /* sr_wait_for_departure's waiters look again */
         pthread_mutex_unlock(&a->gone_lock);
         if (back) {
             sr_future_set_result(back, NULL);
