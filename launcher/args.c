@@ -20,7 +20,14 @@
 
 static const char usage[] =
     "usage: shmrun -n N [options] [--] prog [args...]\n"
+    "       shmrun --join JOB [--rank R] [--] prog [args...]\n"
     "  -n, --nproc N          number of workers (1..4096)\n"
+    "  --max-workers M        an elastic job with room for M ranks (M > N): ranks N..M-1 start free,\n"
+    "                         a worker's sr_shutdown is a leave, others join with --join; its job id\n"
+    "                         is in each worker's SHMRPC_JOB (default: N, not elastic)\n"
+    "  --join JOB             run prog as a new worker of the running elastic job JOB, on its lowest\n"
+    "                         free rank, with this terminal's stdin, stdout and stderr; exit as it does\n"
+    "  --rank R               with --join: take rank R, which must be free\n"
     "  --shm-size SIZE        segment size in bytes, or with a K, M, G suffix (default: 1G of heap per worker, sparse)\n"
     "  --name-prefix P        segment name, shown in reports and /proc (default: shmrpc)\n"
     "  --ring-slots S         inbox slots per worker, a power of two (default: 1024)\n"
@@ -41,8 +48,9 @@ static const char usage[] =
     "                         process for the failed rank only while the others keep running\n"
     "  --version              print the version and exit\n"
     "  -h, --help             print this help and exit\n"
-    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, and RANK,\n"
-    "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun sets them.\n"
+    "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, SHMRPC_JOB (elastic\n"
+    "jobs), and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun\n"
+    "sets them.\n"
     "stdin goes to rank 0; the others read /dev/null.\n"
     "SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1 and SIGUSR2 are forwarded to every worker.\n";
 
@@ -124,7 +132,8 @@ static const char *bad_option(char **argv, char buf[3])
     return buf;
 }
 
-enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_RESTARTS, OPT_POLICY, OPT_VERSION };
+enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_RESTARTS, OPT_POLICY,
+       OPT_VERSION, OPT_MAXW, OPT_JOIN, OPT_RANK };
 
 static const struct option opts[] = {
     {"nproc", required_argument, NULL, 'n'},        {"shm-size", required_argument, NULL, OPT_SHM},
@@ -134,6 +143,8 @@ static const struct option opts[] = {
     {"bind-to", required_argument, NULL, OPT_BIND},  {"report-bindings", no_argument, NULL, OPT_REPORT},
     {"max-restarts", required_argument, NULL, OPT_RESTARTS}, {"restart", required_argument, NULL, OPT_POLICY},
     {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
+    {"max-workers", required_argument, NULL, OPT_MAXW}, {"join", required_argument, NULL, OPT_JOIN},
+    {"rank", required_argument, NULL, OPT_RANK},
     {0, 0, 0, 0}};
 
 /* The options of the job itself. 0, or 2 (printed). */
@@ -159,6 +170,32 @@ static int job_option(int c, const char *v, struct args *a)
         if (parse_int(v, 2, 1 << 24, &l) || (l & (l - 1)))
             return bad_usage("--ring-slots takes a power of two in [2, 2^24], not '%s'", v);
         a->ring_slots = (uint32_t)l;
+        return 0;
+    }
+}
+
+/* Elastic jobs, and joining one. 0, or 2 (printed). */
+static int elastic_option(int c, const char *v, struct args *a)
+{
+    long l;
+    switch (c) {
+    case OPT_MAXW:
+        if (parse_int(v, 1, SR_MAX_WORKERS, &l))
+            return bad_usage("--max-workers takes a number of ranks in [1, 4096], not '%s'", v);
+        a->max_workers = (int)l;
+        return 0;
+    case OPT_JOIN:
+        if (!*v || strlen(v) > 24 || strspn(v, "0123456789.") != strlen(v))
+            return bad_usage("--join takes a job id like 4710 (a worker's SHMRPC_JOB), not '%s'", v);
+        a->join = v;
+        return 0;
+    case OPT_RANK:
+        if (parse_int(v, 0, SR_MAX_WORKERS - 1, &l))
+            return bad_usage("--rank takes a rank in [0, 4095], not '%s'", v);
+        a->join_rank = (int)l;
+        return 0;
+    default: /* OPT_REPORT */
+        a->report_bindings = true;
         return 0;
     }
 }
@@ -205,16 +242,24 @@ static int launcher_option(int c, const char *v, struct args *a)
             return bad_usage("--restart takes job or rank, not '%s'", v);
         a->restart_rank = v[0] == 'r';
         return 0;
-    default: /* OPT_REPORT */
-        a->report_bindings = true;
-        return 0;
+    default:
+        return elastic_option(c, v, a);
     }
 }
 
 static int finish_args(int argc, char **argv, struct args *a)
 {
-    if (!a->n)
+    if (a->join && a->n)
+        return bad_usage("%s", "--join runs one worker in a job that exists: -n is not for it");
+    if (!a->join && a->join_rank >= 0)
+        return bad_usage("%s", "--rank goes with --join");
+    if (!a->n && !a->join)
         return bad_usage("%s", "-n N is required");
+    if (a->max_workers && a->max_workers < a->n) {
+        char v[16];
+        snprintf(v, sizeof(v), "%d", a->max_workers);
+        return bad_usage("--max-workers must be at least -n, not %s", v);
+    }
     if (optind >= argc)
         return bad_usage("%s", "no program to run");
     a->argv = argv + optind;
@@ -227,7 +272,7 @@ int parse_args(int argc, char **argv, struct args *a)
 {
     int c, rc = 0;
     char optbuf[3];
-    *a = (struct args){.prefix = "shmrpc", .fold_ns = FOLD_DEFAULT_NS, .grace_ns = GRACE_DEFAULT_NS};
+    *a = (struct args){.prefix = "shmrpc", .fold_ns = FOLD_DEFAULT_NS, .grace_ns = GRACE_DEFAULT_NS, .join_rank = -1};
     opterr = 0; /* getopt's own messages would make the error two lines */
     while (!rc && (c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
         if (c == 'h' || c == OPT_VERSION) {

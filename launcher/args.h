@@ -21,6 +21,9 @@ struct args {
     bool report_bindings;
     int max_restarts;       /* --max-restarts: restarts after a worker is killed by a signal */
     bool restart_rank;      /* --restart rank: a new process for the failed rank only (lib/job/job.h) */
+    int max_workers;        /* --max-workers: an elastic job's rank space (0: n) */
+    const char *join;       /* --join JOB: join that job instead of starting one (join.c) */
+    int join_rank;          /* --rank with --join; -1: the lowest free */
     char **argv;            /* the program and its arguments */
 };
 

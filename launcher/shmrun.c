@@ -9,7 +9,9 @@
  * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h;
  * the processes the workers leave behind, ended with the job: sweep.h.
  * With --max-restarts, a worker killed by a signal starts the whole job
- * again (restart policy: lib/job/job.h).
+ * again (restart policy: lib/job/job.h). With --max-workers M the job is
+ * elastic (M ranks, N launched), and shmrun --join JOB adds a worker to a
+ * running one (join.h; lib/job/job.h, "Joining").
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
  * 128 + signal) otherwise, of the last attempt; 2 for a bad command line; 1 for a launcher error.
  */
@@ -27,6 +29,7 @@
 #include "error.h"
 #include "log.h"
 #include "job.h"
+#include "join.h"
 #include "output.h"
 #include "sweep.h"
 #include "trace_seam.h"
@@ -97,6 +100,8 @@ static int start_workers(sr_job *job, struct launch *l, const struct args *a)
         if (!rc && a->report_bindings)
             bind_report(&l->bind, r, job->pids[r]);
     }
+    for (int r = a->n; r < job->n; r++) /* an elastic job's free ranks: nobody writes their pipes */
+        out_forked(l->out, r);
     if (rc)
         sr__job_stop(job);
     return rc;
@@ -165,6 +170,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &a);
     if (rc)
         return rc == 1 ? 0 : rc;
+    if (a.join) /* a worker for a job that runs: no segment, no supervision of our own */
+        return join_job(&a);
     /* A SIGCHLD ignored by whoever started us would let the kernel reap the
      * workers before we read their status; shmrun owns its process, so take
      * the default back (workers then inherit it, as from a shell). */
@@ -176,8 +183,10 @@ int main(int argc, char **argv)
     int sigfd = make_sigfd(&old);
     if (sigfd < 0) /* without it the forwarded signals would stay blocked, unseen */
         return launcher_error(sr__fail(1, "shmrun", "signalfd: %s", strerror(errno)), false);
-    sr_segment_opts so = {.world_size = a.n, .size = a.shm_size, .ring_slots = a.ring_slots, .name = a.prefix,
-                          .flags = a.restart_rank ? SR_SEG_F_REPLACE : 0,
+    bool elastic = a.max_workers > a.n;
+    sr_segment_opts so = {.world_size = elastic ? a.max_workers : a.n, .launched = a.n, .size = a.shm_size,
+                          .ring_slots = a.ring_slots, .name = a.prefix,
+                          .flags = (a.restart_rank ? SR_SEG_F_REPLACE : 0) | (elastic ? SR_SEG_F_ELASTIC : 0),
                           .heap_spares = a.restart_rank ? sr__seg_replace_spares(a.max_restarts) : 0};
     struct attempt_ctx c = {.a = &a, .sigfd = sigfd, .child_mask = old};
     int status = sr__job_run(&so, "shmrun", a.restart_rank ? 0 : a.max_restarts, attempt, &c);

@@ -83,6 +83,15 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
         return sr__fail(-EINVAL, "sr__segment_create", "size %llu bytes with %u spare heap areas of %llu bytes "
                         "overflows", (unsigned long long)*size, spares_of(o),
                         (unsigned long long)((*size - fixed) / (uint64_t)o->world_size));
+    if (o->flags & SR_SEG_F_ELASTIC) {
+        if (o->launched < 0 || o->launched > o->world_size || o->attaching)
+            return sr__fail(-EINVAL, "sr__segment_create", "elastic segment '%s': %d ranks launched of %d (want "
+                            "1..%d, every rank attaching)", o->name ? o->name : "shmrpc", o->launched,
+                            o->world_size, o->world_size);
+    } else if (o->launched && o->launched != o->world_size) {
+        return sr__fail(-EINVAL, "sr__segment_create", "segment '%s': %d ranks launched of %d, but the job is not "
+                        "elastic", o->name ? o->name : "shmrpc", o->launched, o->world_size);
+    }
     if (o->attaching) {
         int n = 0;
         for (int r = 0; r < o->world_size; r++)
@@ -101,6 +110,7 @@ static void take_geometry(sr_segment *seg)
     seg->world = h->world_size;
     seg->ring_slots = h->ring_slots;
     seg->attaching = h->attaching;
+    seg->launched = h->launched;
     seg->table_off = h->table_off;
     seg->table_stride = h->table_stride;
     seg->inbox_off = h->inbox_off;
@@ -110,6 +120,17 @@ static void take_geometry(sr_segment *seg)
     seg->heap_areas = h->heap_areas;
     seg->area_off = h->area_off;
     seg->area_stride = h->area_stride;
+}
+
+/* E1 (segment.h, "Elastic jobs"): a rank no process holds reads as one
+ * whose process ended. relaxed: workers start after the creator returns. */
+static void free_rank(struct sr_seg_header *h, struct sr_worker_info *w)
+{
+    w->exit_code = SR_EXIT_FREE;
+    w->exit_status = 0;
+    w->exit_seq = 0;
+    atomic_store_explicit(&w->exited, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->exits, 1, memory_order_relaxed);
 }
 
 static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slots, const char *name,
@@ -137,6 +158,7 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     h->attaching = 0;
     for (int r = 0; r < n; r++)
         h->attaching += !o->attaching || o->attaching[r];
+    h->launched = (uint32_t)(o->launched ? o->launched : n);
     take_geometry(seg);
     /* relaxed: workers start after the creator returns (fork/exec, or the
      * MPI bootstrap's barrier, orders it) */
@@ -147,6 +169,8 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
         w->eventfd = -1;
         w->attaches = !o->attaching || o->attaching[r];
         sr__ring_init(sr__seg_inbox(seg, r), slots);
+        if ((uint32_t)r >= h->launched)
+            free_rank(h, w);
     }
 }
 
@@ -241,6 +265,11 @@ static int validate_attaching(const struct sr_seg_header *h)
         return sr__fail(-EINVAL, "sr__segment_attach",
                         "segment '%.48s': the header says %u ranks attach, the worker lines say %u",
                         h->name, h->attaching, n);
+    bool elastic = h->flags & SR_SEG_F_ELASTIC;
+    if (h->launched < 1 || h->launched > h->world_size || (!elastic && h->launched != h->world_size) ||
+        (elastic && h->attaching != h->world_size))
+        return sr__fail(-EINVAL, "sr__segment_attach", "segment '%.48s': %u ranks launched of %u (%u attaching) in a%s job",
+                        h->name, h->launched, h->world_size, h->attaching, elastic ? "n elastic" : " non-elastic");
     return 0;
 }
 
@@ -339,14 +368,36 @@ const char *sr__seg_exit_text(const struct sr_worker_info *w, char *buf, size_t 
         [SR_WORKER_LEFT] = " after a non-graceful sr_shutdown",
         [SR_WORKER_CLOSING] = " during sr_shutdown",
         [SR_WORKER_TIMED_OUT] = " after its sr_shutdown timed out",
+        [SR_WORKER_LEAVING] = " while leaving the job",
+        [SR_WORKER_LEFT_JOB] = " after leaving the job",
     };
     char how[80];
     /* relaxed: the caller saw exited = 1 (X1), which orders the worker's last store */
     uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    /* seq_cst: pairs with X1; a worker of an elastic job that detached is
+     * gone before its exit is published (E3): its state says how it left */
+    if (!atomic_load_explicit(&w->exited, memory_order_seq_cst) && sr__worker_state_detached(st)) {
+        static const char *const left[] = {
+            [SR_WORKER_DETACHED] = "detached after sr_shutdown",
+            [SR_WORKER_LEFT] = "detached without a graceful sr_shutdown",
+            [SR_WORKER_TIMED_OUT] = "detached after its sr_shutdown timed out",
+            [SR_WORKER_LEFT_JOB] = "left the job",
+        };
+        snprintf(buf, len, "%s", left[st]);
+        return buf;
+    }
+    if (w->exit_code == SR_EXIT_FREE) {
+        snprintf(buf, len, "is free: no worker has joined it");
+        return buf;
+    }
+    if (st == SR_WORKER_LEFT_JOB && w->exit_code == CLD_EXITED && w->exit_status == 0) {
+        snprintf(buf, len, "left the job");
+        return buf;
+    }
     sr__exit_describe(w->exit_code, w->exit_status, how, sizeof(how));
     /* A killed worker was not leaving: how it was attached says nothing more. */
     bool killed = w->exit_code != CLD_EXITED;
-    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_TIMED_OUT ? "" : after[st]);
+    snprintf(buf, len, "%s%s", how, killed || st > SR_WORKER_LEFT_JOB ? "" : after[st]);
     return buf;
 }
 

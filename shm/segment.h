@@ -41,12 +41,13 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 8u                   /* bump when any offset below changes (2: remote_free;
+#define SR_SEG_LAYOUT_FORMAT 9u                   /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
                                                      5: crash lines; 6: attaching count, attaches flags;
                                                      7: flags, generations, heap areas apart from ranks,
                                                      the area table; 8: the area's foreign count and
-                                                     its owner's table of held references) */
+                                                     its owner's table of held references; 9: launched,
+                                                     elastic jobs' free ranks and leaves) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -67,11 +68,19 @@ enum sr_worker_state {
     SR_WORKER_CLOSING = 4,  /* attached, inside a graceful shutdown (for reports: it came to sr_shutdown) */
     SR_WORKER_TIMED_OUT = 5, /* the worker detached after its graceful shutdown timed out: it came, gave up
                                 waiting, and left; no death (peers' shutdowns time out too, lib/rpc/shutdown.c) */
+    SR_WORKER_LEAVING = 6,  /* elastic job: attached, leaving the job (peers start no new call to it) */
+    SR_WORKER_LEFT_JOB = 7, /* elastic job: the worker detached after it left the job (sr_shutdown) */
 };
-/* Attached: its inbox is served (ATTACHED or CLOSING). */
+/* Attached: its inbox is served (ATTACHED, CLOSING or LEAVING). */
 static inline bool sr__worker_state_attached(uint32_t st)
 {
-    return st == SR_WORKER_ATTACHED || st == SR_WORKER_CLOSING;
+    return st == SR_WORKER_ATTACHED || st == SR_WORKER_CLOSING || st == SR_WORKER_LEAVING;
+}
+/* Detached, its process maybe still running: in an elastic job its peers
+ * take it as gone from then on (see "Elastic jobs" below). */
+static inline bool sr__worker_state_detached(uint32_t st)
+{
+    return st == SR_WORKER_DETACHED || st == SR_WORKER_LEFT || st == SR_WORKER_TIMED_OUT || st == SR_WORKER_LEFT_JOB;
 }
 
 /* Peer exit (ordering contract). The supervisor (shmrun or sr_spawn: the
@@ -119,9 +128,39 @@ static inline bool sr__worker_state_attached(uint32_t st)
  * failure outside those times ends the job as without the policy. */
 #define SR_SEG_F_REPLACE 0x1u
 
+/* Elastic jobs (header.flags & SR_SEG_F_ELASTIC: shmrun --max-workers,
+ * sr_spawn's max_workers). The segment is laid out for world_size ranks,
+ * header.launched of them (0..launched-1) start with the job, the others
+ * are free. Workers behave as in a job that replaces ranks (messages carry
+ * generations, a rank that comes back is taken again), and:
+ *   E1 the creator writes each free rank's line as an exit (exit_code
+ *      SR_EXIT_FREE, exited = 1) and counts them in header.exits before any
+ *      worker starts; the start barrier counts the launched ranks only and
+ *      never takes a free rank's exit for a failure;
+ *   E2 a worker that leaves (sr_shutdown(graceful=true)) stores LEAVING
+ *      (seq_cst) in its state before it counts what its peers sent it; a
+ *      peer starting a call counts it (seq_cst add) before it loads the
+ *      destination's state (seq_cst), and fails the call at once if it
+ *      reads LEAVING or a detached state: either the leaver's count holds
+ *      the call, or the caller saw it leaving (lib/rpc/leave.c);
+ *   E3 any worker that detaches (after a leave: LEFT_JOB; or any other way)
+ *      stores its state (release), then increments header.exits (seq_cst,
+ *      as X2) and rings every attached peer's doorbell: from then on peers
+ *      take it as gone, before the supervisor reaps its process;
+ *   E4 the supervisor publishes its exit later (X1, X2): a rank whose
+ *      process ended is free, and a worker that joins the job gets the
+ *      lowest free one (or the one it asks for) as a new generation (R2,
+ *      R3: readied, forked, attached without the start barrier). Its name
+ *      may differ from its predecessor's: peers read it again at its return.
+ * A leaver's exit with status 0 is no failure; any other failure ends the
+ * job as in any job (or replaces the rank, with SR_SEG_F_REPLACE too). */
+#define SR_SEG_F_ELASTIC 0x2u
+
 /* exit_code of an exit published by a peer from its pidfd (no supervisor:
  * mpirun, lib/transport/shm/orphan.c): the process ended, its status is the launcher's. */
 #define SR_EXIT_SEEN 0
+/* exit_code of a free rank of an elastic job that no process has held yet (E1). */
+#define SR_EXIT_FREE 100
 
 struct sr_seg_header {
     /* Lines 0-2: written once by the creator before any worker starts; read-only after. */
@@ -138,6 +177,7 @@ struct sr_seg_header {
     uint32_t attaching;     /* ranks that attach here (lines with attaches = 1): world_size unless partial */
     uint32_t flags;         /* SR_SEG_F_*: the job's policies */
     uint32_t heap_areas;    /* world_size + spares: heap areas, and lines of the area table */
+    uint32_t launched;      /* ranks started with the job: world_size, or fewer in an elastic job (E1) */
     uint64_t area_off, area_stride; /* the area table (struct sr_heap_area_info), after the heap areas */
 
     /* Line 3: written by every worker with atomic read-modify-writes. */
@@ -264,6 +304,8 @@ typedef struct sr_segment_opts {
     const uint8_t *attaching; /* [world_size], nonzero: that rank attaches here; NULL: every rank
                                  (at least one must; the caller keeps it until create returns) */
     uint32_t flags;         /* SR_SEG_F_*: written to the header */
+    int launched;           /* SR_SEG_F_ELASTIC: ranks started with the job, 1..world_size (the others
+                               are free, E1); 0: world_size */
     int heap_spares;        /* heap areas beyond one per rank, for replacement processes (heap.h);
                                0: min(world_size, SR_HEAP_SPARES_DEFAULT_MAX); < 0: none. They come
                                on top of size, heap_stride bytes each (untouched pages cost nothing) */
@@ -280,6 +322,7 @@ typedef struct sr_segment {
     struct sr_seg_header *hdr;
     uint32_t world, ring_slots;
     uint32_t attaching;     /* ranks that attach (validated against the flags at attach) */
+    uint32_t launched;      /* ranks started with the job (E1); the start barrier counts them */
     uint64_t ino;           /* the memfd's inode: tells segments apart (xport.c, start barrier) */
     uint64_t table_off, table_stride, inbox_off, inbox_stride, heap_off, heap_stride;
     uint32_t heap_areas;

@@ -34,10 +34,11 @@ static int alloc_tables(sr_job *job, int n)
     job->pids = calloc((size_t)n, sizeof(pid_t));
     job->pidfds = malloc((size_t)n * sizeof(int));
     job->eventfds = malloc((size_t)n * sizeof(int));
-    if (!job->pids || !job->pidfds || !job->eventfds)
+    job->join_conns = malloc((size_t)n * sizeof(int));
+    if (!job->pids || !job->pidfds || !job->eventfds || !job->join_conns)
         return sr__fail(-ENOMEM, job->who, "no memory for %d workers", n);
     for (int r = 0; r < n; r++)
-        job->pidfds[r] = job->eventfds[r] = -1;
+        job->pidfds[r] = job->eventfds[r] = job->join_conns[r] = -1;
     job->n = n;
     return 0;
 }
@@ -46,11 +47,12 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
 {
     memset(job, 0, sizeof(*job));
     job->who = who;
+    job->listen_fd = -1;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
     int rc = check_sigchld(who);
     if (rc || (rc = sr__segment_create(o, &job->seg)))
         return rc;
-    if ((rc = alloc_tables(job, o->world_size))) {
+    if ((rc = alloc_tables(job, o->world_size)) || ((o->flags & SR_SEG_F_ELASTIC) && (rc = sr__job_listen(job)))) {
         sr__job_destroy(job);
         return rc;
     }
@@ -79,7 +81,14 @@ void sr__job_destroy(sr_job *job)
             close(job->pidfds[r]);
         if (job->eventfds && job->eventfds[r] >= 0)
             close(job->eventfds[r]);
+        if (job->join_conns && job->join_conns[r] >= 0) /* the client sees the job end without a status */
+            close(job->join_conns[r]);
     }
+    if (job->listen_fd >= 0)
+        close(job->listen_fd);
+    job->listen_fd = -1;
+    free(job->join_conns);
+    job->join_conns = NULL;
     free(job->pids);
     free(job->pidfds);
     free(job->eventfds);
@@ -94,9 +103,14 @@ void sr__job_destroy(sr_job *job)
  * not exec; the waiter opens its own pidfds on every peer after attach. */
 static void close_sibling_pidfds(sr_job *job)
 {
-    for (int r = 0; r < job->n; r++)
+    for (int r = 0; r < job->n; r++) {
         if (job->pidfds[r] >= 0)
             close(job->pidfds[r]);
+        if (job->join_conns[r] >= 0) /* another joiner's connection: only the supervisor talks on it */
+            close(job->join_conns[r]);
+    }
+    if (job->listen_fd >= 0)
+        close(job->listen_fd);
 }
 
 /* In a child: stdin for rank 0 only (mpirun's rule: one reader, and a
@@ -124,6 +138,8 @@ static void child_setup(sr_job *job, int rank)
     snprintf(buf, sizeof(buf), "%u",
              atomic_load_explicit(&sr__seg_worker(&job->seg, rank)->generation, memory_order_relaxed));
     setenv("SHMRPC_GENERATION", buf, 1);
+    if (job->id[0]) /* an elastic job: what shmrun --join names it by (sr_job_id) */
+        setenv("SHMRPC_JOB", job->id, 1);
 }
 
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
@@ -178,9 +194,10 @@ int sr__job_stop(sr_job *job)
         }
     for (int r = 0; r < job->n; r++)
         if (job->pids[r]) {
-            siginfo_t si;
+            siginfo_t si = {0};
             sr__job_reap(job, r, &si);
             job->pids[r] = 0;
+            sr__job_joined_exit(job, r, si.si_code == CLD_EXITED ? si.si_status : 128 + si.si_status);
         }
     return n;
 }

@@ -76,7 +76,23 @@ typedef struct sr_job {
     int replaced;     /* replacements so far */
     void (*run)(struct sr_job *, int, void *);
     void *run_arg;
+    /* Elastic jobs (segment.h, SR_SEG_F_ELASTIC; "Joining" below): the job
+     * id (SHMRPC_JOB in every worker), the join socket (-1: none) and, per
+     * rank, the connection of the shmrun --join that started its process
+     * (-1: none), told how it ends. */
+    char id[32];
+    int listen_fd;
+    int *join_conns;  /* [n] */
 } sr_job;
+
+/* A request to join (join.c): the rank wanted (-1: the lowest free), the
+ * client's stdin, stdout and stderr, its directory and the program. */
+struct sr_join_req {
+    int want;
+    int fds[3];
+    const char *cwd;
+    char **argv;
+};
 
 /* What a launcher adds to the supervision; every field optional ({0} and
  * sigfd -1 for none, as sr_spawn does). All callbacks run on the
@@ -136,6 +152,32 @@ typedef int (*sr_job_attempt)(sr_job *job, void *ctx);
  * restart policy above: at most max_restarts times). Returns the last
  * attempt's result, or sr__job_create's error. */
 int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_job_attempt attempt, void *ctx);
+
+/* Joining an elastic job (join.c). The supervisor listens on an abstract
+ * unix socket named from the job id ("<pid>" of the supervisor, "<pid>.<k>"
+ * for the k-th elastic job of one process), for its own user only
+ * (SO_PEERCRED). A request (shmrun --join) gets the lowest free rank, or the
+ * one asked for, readied as a new generation (segment.h, E4); the program
+ * is forked and exec'd with the client's stdin, stdout and stderr, in the
+ * client's directory, with the job's environment and launch variables (it
+ * is the supervisor's child: exits, crash lines and the failure policy
+ * apply as to any worker; its output is not prefixed nor collected by
+ * --output-dir, nor traced). The client is told the rank and pid, or why
+ * not ("the job is full: all 4 ranks are held", "rank 2 is held by a
+ * worker"), and later the worker's exit code.
+ * In an elastic job a worker's process that ends after it detached (a
+ * leave, a failed sr_init of a joiner) or, for a joiner, before it
+ * attached, fails nothing: its rank is free again. A worker that fails
+ * while attached takes the job down as in any job. The job ends when no
+ * worker runs. */
+int sr__job_listen(sr_job *job);
+/* Accept one join request: the rank started, or -1 (none pending, or
+ * refused: the client was told why). */
+int sr__job_accept(sr_job *job);
+/* rank's process ended with exit code `code`: tell its join client, if any. */
+void sr__job_joined_exit(sr_job *job, int rank, int code);
+/* R2 (segment.h): rank's line as a new process of it must find it. */
+void sr__job_ready_line(sr_job *job, int rank);
 
 /* "3", "0-3,5": the ranks set in mask[0..n), written into buf. Returns buf. */
 const char *sr__rank_list(const bool *mask, int n, char *buf, size_t len);

@@ -57,7 +57,7 @@ static int attempt(sr_job *job, void *p)
     int rc = sr__trace_job_begin(&c->trace, job->n, job->replace_left, job->restart, "sr_spawn");
     if (rc)
         return rc;
-    for (int r = 0; r < job->n && !rc; r++)
+    for (int r = 0; r < (int)job->seg.launched && !rc; r++) /* an elastic job's other ranks start free */
         rc = sr__job_fork(job, r, run_worker, p);
     if (rc)
         sr__job_stop(job);
@@ -79,9 +79,14 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
     if (opts->max_restarts < 0 || (opts->restart != SR_RESTART_JOB && opts->restart != SR_RESTART_RANK))
         return sr__fail(-EINVAL, "sr_spawn", "max_restarts %d / restart policy %d: want >= 0 and SR_RESTART_JOB or "
                         "SR_RESTART_RANK", opts->max_restarts, (int)opts->restart);
+    if (opts->max_workers && opts->max_workers < world_size)
+        return sr__fail(-EINVAL, "sr_spawn", "max_workers %d is below the world size %d", opts->max_workers,
+                        world_size);
     bool replace = opts->restart == SR_RESTART_RANK && opts->max_restarts > 0;
-    sr_segment_opts so = {.world_size = world_size, .size = opts->shm_size, .ring_slots = opts->ring_slots,
-                          .name = name, .flags = replace ? SR_SEG_F_REPLACE : 0,
+    bool elastic = opts->max_workers > world_size;
+    sr_segment_opts so = {.world_size = elastic ? opts->max_workers : world_size, .launched = world_size,
+                          .size = opts->shm_size, .ring_slots = opts->ring_slots,
+                          .name = name, .flags = (replace ? SR_SEG_F_REPLACE : 0) | (elastic ? SR_SEG_F_ELASTIC : 0),
                           .heap_spares = replace ? sr__seg_replace_spares(opts->max_restarts) : 0};
     struct spawn_call call = {fn, arg, NULL, replace ? opts->max_restarts : 0};
     forked_from_main = gettid() == getpid();

@@ -27,6 +27,7 @@
 /* user_data: a rank (< 2^32), the signalfd, or an input fd's index. */
 #define TAG_SIGNAL (UINT64_C(1) << 32)
 #define TAG_INPUT (UINT64_C(2) << 32)
+#define TAG_JOIN (UINT64_C(1) << 31) /* the join socket (join.c): above any rank */
 
 struct sup {
     sr_job *job;
@@ -184,7 +185,7 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
         !(job->seg.hdr->flags & SR_SEG_F_REPLACE)) /* flags: the creator's, read-only */
         return false;
     /* acquire: pairs with each worker's release increment at its first attach */
-    if (atomic_load_explicit(&job->seg.hdr->attached, memory_order_acquire) < (uint32_t)job->n)
+    if (atomic_load_explicit(&job->seg.hdr->attached, memory_order_acquire) < job->seg.launched)
         return false;
     for (int r = 0; r < job->n; r++) {
         struct sr_worker_info *w = sr__seg_worker(&job->seg, r);
@@ -193,7 +194,10 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
         /* relaxed: only this thread writes it */
         bool starting = st == SR_WORKER_EMPTY && atomic_load_explicit(&w->generation, memory_order_relaxed) > 0;
         bool closing = st == SR_WORKER_CLOSING && r != rank && rank != 0;
-        if (st != SR_WORKER_ATTACHED && !starting && !closing)
+        /* elastic: a rank nobody holds (free, or its worker left), or one leaving (it shuts down alone) */
+        bool elastic = (job->seg.hdr->flags & SR_SEG_F_ELASTIC) && r != rank &&
+                       (!job->pids[r] || st == SR_WORKER_LEAVING || sr__worker_state_detached(st));
+        if (st != SR_WORKER_ATTACHED && !starting && !closing && !elastic)
             return false;
     }
     return true;
@@ -201,7 +205,7 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
 
 /* R2: rank's line as a new process of it must find it. The dead one was
  * reaped, so nothing else writes the line now. */
-static void ready_line(sr_job *job, int rank)
+void sr__job_ready_line(sr_job *job, int rank)
 {
     struct sr_worker_info *w = sr__seg_worker(&job->seg, rank);
     /* relaxed: the next process reads them after its fork, which orders them */
@@ -244,7 +248,7 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     reap_claims(job, rank);
     publish_exit(job, rank, si); /* X1, X2 */
     wake_survivors(job, rank);   /* X3: the survivors fail what was in flight with it */
-    ready_line(job, rank);
+    sr__job_ready_line(job, rank);
     close(job->pidfds[rank]);
     job->pidfds[rank] = -1;
     job->replace_left--;
@@ -271,6 +275,19 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     return 0;
 }
 
+/* Elastic jobs (job.h, "Joining"): the worker had left the job (it
+ * detached), or was a joiner that never attached: its process's end fails
+ * nothing, and its rank is free again. */
+static bool departed(sr_job *job, int rank)
+{
+    struct sr_worker_info *w = sr__seg_worker(&job->seg, rank);
+    /* relaxed (all): its last stores, ordered by its exit and waitid; the generation is ours */
+    uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    return (job->seg.hdr->flags & SR_SEG_F_ELASTIC) && /* flags: the creator's, read-only */
+           (sr__worker_state_detached(st) ||
+            (st == SR_WORKER_EMPTY && atomic_load_explicit(&w->generation, memory_order_relaxed) > 0));
+}
+
 /* A worker's pidfd became readable: reap it. Returns 0, or the job's exit
  * code after a failure outside a stop. */
 static int on_exit_event(struct sup *s, int rank)
@@ -287,6 +304,11 @@ static int on_exit_event(struct sup *s, int rank)
         return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
     }
     job->pids[rank] = 0;
+    sr__job_joined_exit(job, rank, exit_code(&si)); /* its shmrun --join exits with it */
+    if (departed(job, rank)) { /* elastic: no longer part of the job, however it ends */
+        publish_exit(job, rank, &si);
+        return 0;
+    }
     if (replaceable(s, rank, &si))
         return replace_rank(s, rank, pid, &si);
     publish_exit(job, rank, &si);
@@ -376,6 +398,11 @@ static int on_event(struct sup *s, uint64_t tag)
     if (tag == TAG_SIGNAL) {
         forward_signal(s);
         arm(&s->ring, s->h->sigfd, TAG_SIGNAL);
+    } else if (tag == TAG_JOIN) {
+        int rank = sr__job_accept(s->job);
+        if (rank >= 0)
+            arm(&s->ring, s->job->pidfds[rank], (uint64_t)rank);
+        arm(&s->ring, s->job->listen_fd, TAG_JOIN);
     } else if (tag >= TAG_INPUT) {
         int i = (int)(tag - TAG_INPUT);
         if (s->h->on_input(s->h->ctx, i))
@@ -425,6 +452,8 @@ static void arm_all(struct sup *s)
         arm(&s->ring, s->h->sigfd, TAG_SIGNAL);
     for (int i = 0; i < s->h->nfds; i++)
         arm(&s->ring, s->h->fds[i], TAG_INPUT + (uint64_t)i);
+    if (s->job->listen_fd >= 0)
+        arm(&s->ring, s->job->listen_fd, TAG_JOIN);
 }
 
 int sr__job_supervise(sr_job *job, const sr_job_hooks *hooks)

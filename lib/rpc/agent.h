@@ -3,6 +3,7 @@
  * Files, one job each; no two of them call each other both ways:
  *   api.c       the public entry points: init, shutdown, names, sync calls
  *   shutdown.c  the graceful shutdown's barrier and quiescence waves
+ *   leave.c     an elastic job's shutdown: one worker leaves, draining pairwise
  *   progress.c  the progress thread; the waits' entry points
  *   wait.c      the consumer token and the waits of user threads
  *   poll.c      reading the inbox and routing each message by type
@@ -218,10 +219,12 @@ typedef struct sr_agent {
     _Atomic int16_t *expect;     /* [world] */
     uint32_t gen;                /* our own generation; set at init */
     /* Completed, and replaced by a fresh one, whenever a gone rank's new
-     * generation is taken (exits.c): what sr_wait_for_worker waits on.
+     * generation is taken or a departure is handled (exits.c): what
+     * sr_wait_for_worker and sr_wait_for_departure wait on.
      * Under gone_lock; waiters hold their own reference. */
     sr_future *returns;
-    bool replaces;               /* the job replaces ranks that die; set at init */
+    bool replaces;               /* the job replaces ranks that die, or is elastic; set at init */
+    bool elastic;                /* workers leave and join (transport.h, SR_TPORT_ELASTIC); set at init */
     _Atomic uint32_t exits_seen; /* written under gone_lock after a full scan; read relaxed as a hint */
 
     /* Quiescence counters (shutdown.c, the wave), per peer: user messages
@@ -246,6 +249,15 @@ typedef struct sr_agent {
     int ctl_gone_err;            /* what it fails them with: -EPIPE, -ETIMEDOUT (it left after its own
                                     shutdown timed out), -EPROTO (our inbox) */
     char ctl_gone[256];          /* how it left: fails every shutdown wait, now and later */
+    /* A leave (leave.c), under ctl_lock: the round's number, its future
+     * (completed when every peer asked has answered, failed with -EAGAIN
+     * when one of them left meanwhile), who was asked (leave_want) and has
+     * answered (ctl_in), and what each answered. [world] each. */
+    uint64_t leave_round;
+    sr_future *leave_fut;
+    uint32_t leave_pending;
+    uint8_t *leave_want;
+    uint64_t *leave_sent, *leave_done;
 
     sr_registry *reg;
     _Atomic int64_t default_timeout_ms; /* 0: infinite */
@@ -330,6 +342,9 @@ static inline int16_t sr__agent_stamp_for(sr_agent *a, int r)
  * to the future completed at the next return of a rank (agent.returns).
  * Handles the exits published so far first. */
 sr_future *sr__agent_await_rank(sr_agent *a, int rank);
+/* NULL when rank is gone; else a reference to the future completed at the
+ * next departure or return of a rank (agent.returns). */
+sr_future *sr__agent_await_departure(sr_agent *a, int rank);
 /* rank's generation as this worker knows it, or -EPIPE while it is gone
  * (rank in range). Handles the exits published so far first. */
 int64_t sr__agent_generation(sr_agent *a, int rank);
@@ -357,14 +372,22 @@ static inline unsigned sr__quiesce_sent(sr_agent *a, int to)
     if ((unsigned)to >= (unsigned)a->world)
         return 3; /* the send fails: nothing counted */
     unsigned s = sr__quiesce_slot(a, to);
-    atomic_fetch_add_explicit(&a->quiesce[to].sent[s], 1, memory_order_relaxed); /* relaxed: the wave argument */
+    /* seq_cst: the leave's pairing (segment.h, E2: counted, then the
+     * destination's state loaded); else relaxed would do (the wave argument).
+     * The same locked add on x86. */
+    atomic_fetch_add_explicit(&a->quiesce[to].sent[s], 1, memory_order_seq_cst);
     return s;
 }
 /* It was never sent after all: counted as done in the same slot, so that
- * both sums only ever grow (the wave argument, shutdown.c). */
+ * both sums only ever grow (the wave argument, shutdown.c); in an elastic
+ * job, taken back. */
 static inline void sr__quiesce_unsent(sr_agent *a, int to, unsigned slot)
 {
-    if (slot < 3)
+    if (slot >= 3)
+        return;
+    if (a->elastic) /* the counts pair up per peer and no wave sums them (leave.c): taken back. seq_cst: as the count */
+        atomic_fetch_sub_explicit(&a->quiesce[to].sent[slot], 1, memory_order_seq_cst);
+    else
         atomic_fetch_add_explicit(&a->quiesce[to].done[slot], 1, memory_order_relaxed); /* relaxed: as above */
 }
 /* A user message from `from`, stamped gens, is fully processed. */
@@ -373,6 +396,16 @@ static inline void sr__quiesce_done(sr_agent *a, int from, uint8_t gens)
     if ((unsigned)from < (unsigned)a->world) /* relaxed: as above */
         atomic_fetch_add_explicit(&a->quiesce[from].done[gens & 1u], 1, memory_order_relaxed);
 }
+/* Elastic jobs (leave.c): a leave, instead of the collective graceful
+ * shutdown; the peer's side of its rounds (under ctl_lock, from
+ * sr__ctrl_dispatch); and the refusal
+ * of a call to a peer that is leaving (after the call was counted). A
+ * departure that ends a round early is exits.c's (leave_round_peer_gone). */
+int sr__leave(sr_agent *a, int64_t deadline);
+void sr__leave_report(sr_agent *a, int from, uint64_t round);
+void sr__leave_answer(sr_agent *a, int from, const uint64_t args[3]);
+int sr__leave_refuse(sr_agent *a, int to, const char *who);
+
 /* The sums the wave reports: the slots of the generations alive now. */
 void sr__quiesce_totals(sr_agent *a, uint64_t *sent, uint64_t *done);
 static inline bool sr__agent_exits_pending(sr_agent *a)

@@ -51,6 +51,15 @@ static int transports(sr_agent *a, const char *name)
     return 0;
 }
 
+/* In an elastic job only the workers present count: a free rank has no
+ * name, one that left leaves its name free (a joiner may take it), and a
+ * joiner whose name a present worker has is refused, naming both. */
+static bool absent(sr_agent *a, int r)
+{
+    sr_tport *t = a->tp[r];
+    return (t->caps & SR_TPORT_ELASTIC) && r != a->rank && sr__tport_peer_gone(t, r);
+}
+
 static int collect_names(sr_agent *a)
 {
     a->names = a->world > 0 ? calloc((size_t)a->world, sizeof(*a->names)) : NULL; /* world >= 1: the segment's */
@@ -59,10 +68,17 @@ static int collect_names(sr_agent *a)
     for (int r = 0; r < a->world; r++) {
         memcpy(a->names[r], a->tp[r]->ops->name(a->tp[r], r), SR_NAME_MAX);
         a->names[r][SR_NAME_MAX - 1] = '\0';
-        for (int q = 0; q < r; q++)
-            if (!strcmp(a->names[q], a->names[r]))
-                return sr__fail(-EINVAL, "sr_init", "Worker name '%s' is not unique (workers %d and %d)",
-                                a->names[r], q, r);
+        if (!a->names[r][0]) /* a free rank nobody held: its default, for messages (sr_worker_rank skips it) */
+            snprintf(a->names[r], sizeof(a->names[r]), "worker%d", r);
+        for (int q = 0; q < r && !absent(a, r); q++) {
+            if (absent(a, q) || strcmp(a->names[q], a->names[r]))
+                continue;
+            if ((a->tp[r]->caps & SR_TPORT_ELASTIC) && (q == a->rank || r == a->rank))
+                return sr__fail(-EEXIST, "sr_init", "Worker name '%s' of rank %d is taken: rank %d, present in "
+                                "the job, has it", a->names[r], a->rank, q == a->rank ? r : q);
+            return sr__fail(-EINVAL, "sr_init", "Worker name '%s' is not unique (workers %d and %d)",
+                            a->names[r], q, r);
+        }
     }
     return 0;
 }
@@ -80,6 +96,9 @@ static void agent_free(sr_agent *a)
     sr_future_unref(a->returns);
     free(a->quiesce);
     free(a->ctl_in);
+    free(a->leave_want);
+    free(a->leave_sent);
+    free(a->leave_done);
     pthread_mutex_destroy(&a->gone_lock);
     pthread_mutex_destroy(&a->ctl_lock);
     sr__outq_fini(a);
@@ -116,7 +135,7 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         sr__agent_stamps_init(a);
-    if (!rc && a->replaces && !(a->returns = sr_future_new()))
+    if (!rc && !(a->returns = sr_future_new()))
         rc = sr__fail(-ENOMEM, "sr_init", "out of memory");
     if (!rc)
         rc = sr__calls_init(a, CALL_SLOTS);
@@ -206,8 +225,9 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
     if (a) /* life_lock keeps it: no other sr_shutdown can free it */
         sr__agent_put(a);
     rc = a ? 0 : -SR_ESHUTDOWN;
-    if (a && graceful)
-        rc = sr__graceful(a, sr__deadline_ns(sr__now_ns(), ms));
+    if (a && graceful) /* an elastic job: this worker leaves, nobody else waits (leave.c) */
+        rc = a->elastic ? sr__leave(a, sr__deadline_ns(sr__now_ns(), ms))
+                        : sr__graceful(a, sr__deadline_ns(sr__now_ns(), ms));
     if (a) {
         char keep[512];
         snprintf(keep, sizeof(keep), "%s", sr_last_error());
@@ -237,6 +257,41 @@ SR_API int sr_wait_for_worker(int rank, double timeout_s)
                           a->names[rank], a->tp[rank]->ops->live->gone_text(a->tp[rank], rank, how, sizeof(how)));
         else if (sr__future_wait_until(f, deadline))
             rc = sr__fail(-ETIMEDOUT, "sr_wait_for_worker", "%s (rank %d) did not come back within %g s",
+                          a->names[rank], rank, timeout_s);
+        sr_future_unref(f);
+    }
+    sr__agent_put(a);
+    return rc;
+}
+
+SR_API int sr_worker_present(int rank)
+{
+    sr_agent *a = sr__agent_get("sr_worker_present");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int rc = rank < 0 || rank >= a->world
+                 ? sr__fail(-EINVAL, "sr_worker_present", "rank %d is out of range [0, %d)", rank, a->world)
+                 : sr__agent_generation(a, rank) >= 0;
+    sr__agent_put(a);
+    return rc;
+}
+
+SR_API int sr_wait_for_departure(int rank, double timeout_s)
+{
+    int64_t ms = 0;
+    int rc = sr__timeout_ms(timeout_s, "sr_wait_for_departure", &ms);
+    if (rc)
+        return rc;
+    sr_agent *a = sr__agent_get("sr_wait_for_departure");
+    if (!a)
+        return -SR_ESHUTDOWN;
+    int64_t deadline = sr__deadline_ns(sr__now_ns(), ms);
+    if (rank < 0 || rank >= a->world || rank == a->rank)
+        rc = sr__fail(-EINVAL, "sr_wait_for_departure", "rank %d is out of range [0, %d) or this worker's own", rank,
+                      a->world);
+    for (sr_future *f; !rc && (f = sr__agent_await_departure(a, rank));) {
+        if (sr__future_wait_until(f, deadline))
+            rc = sr__fail(-ETIMEDOUT, "sr_wait_for_departure", "%s (rank %d) was still present after %g s",
                           a->names[rank], rank, timeout_s);
         sr_future_unref(f);
     }
@@ -301,9 +356,13 @@ SR_API int sr_worker_rank(const char *name)
     if (!a)
         return -SR_ESHUTDOWN;
     int found = -1;
+    if (a->elastic) /* only the workers present have names (their exits handled first) */
+        sr__agent_check_exits(a);
+    pthread_mutex_lock(&a->gone_lock); /* names of ranks that come back are written under it (exits.c) */
     for (int r = 0; name && r < a->world && found < 0; r++)
-        if (!strcmp(a->names[r], name))
+        if (!strcmp(a->names[r], name) && (!a->elastic || a->gone[r] == SR_GONE_NO))
             found = r;
+    pthread_mutex_unlock(&a->gone_lock);
     sr__agent_put(a);
     if (found >= 0)
         return found;

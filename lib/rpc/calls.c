@@ -512,8 +512,9 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
     sr__wire_put(&m, &w, false);
     unsigned slot = sr__quiesce_sent(a, to);
-    if ((rc = sr__agent_send(a, to, &m))) {
-        rc = gone_at_send(a, to, q, rc);
+    /* elastic jobs: counted, then the destination's state (segment.h, E2) */
+    if ((a->elastic && (rc = sr__leave_refuse(a, to, q->who))) ||
+        ((rc = sr__agent_send(a, to, &m)) && (rc = gone_at_send(a, to, q, rc)))) {
         sr_future *own = sr__call_end(a, w.call_id);
         sr_future_unref(own);
         if (enc_len)

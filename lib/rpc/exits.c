@@ -1,6 +1,7 @@
 /* Peer exits (agent.h, sr__agent_check_exits): the departures a transport
  * publishes, handled once each, and our own inbox found corrupt. */
 #include <stdio.h>
+#include <string.h>
 
 #include "agent.h"
 #include "log.h"
@@ -33,6 +34,16 @@ static int claim_gone(sr_agent *a, bool *busy)
  * one has attached are known again (segment.h, "Replacement in place"):
  * their quiescence slot of that parity starts from zero, then messages
  * stamped with the new generation are taken. */
+static sr_future *renew_returns(sr_agent *a)
+{
+    sr_future *next = sr_future_new(), *back = NULL;
+    if (next) { /* without memory the waiters wake at their own deadline */
+        back = a->returns;
+        a->returns = next;
+    }
+    return back;
+}
+
 static sr_future *rejoin_returned(sr_agent *a)
 {
     sr_future *back = NULL;
@@ -45,14 +56,18 @@ static sr_future *rejoin_returned(sr_agent *a)
         atomic_store_explicit(&a->quiesce[r].sent[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->quiesce[r].done[s], 0, memory_order_relaxed);
         atomic_store_explicit(&a->expect[r], sr__agent_stamp_for(a, r), memory_order_relaxed);
+        /* A joiner names itself (segment.h, E4); sr_worker_rank reads the
+         * names under this lock. Written only when it differs: other
+         * readers (messages about the rank) read it unlocked. */
+        if (a->elastic && strncmp(a->names[r], t->ops->name(t, r), sizeof(a->names[r]) - 1)) {
+            memcpy(a->names[r], t->ops->name(t, r), sizeof(a->names[r]));
+            a->names[r][sizeof(a->names[r]) - 1] = '\0';
+        }
         a->gone[r] = SR_GONE_NO;
         sr_logf(SR_LOG_INFO, "%s (rank %d) is back: generation %u", a->names[r], r,
                 t->ops->live->generation(t, r));
-        sr_future *next = back ? NULL : sr_future_new();
-        if (next) { /* without memory the waiters wake at their own deadline */
-            back = a->returns;
-            a->returns = next;
-        }
+        if (!back)
+            back = renew_returns(a);
     }
     return back; /* the caller completes it, outside the lock */
 }
@@ -68,6 +83,15 @@ int64_t sr__agent_generation(sr_agent *a, int rank)
     return g;
 }
 
+sr_future *sr__agent_await_departure(sr_agent *a, int rank)
+{
+    sr__agent_check_exits(a);
+    pthread_mutex_lock(&a->gone_lock);
+    sr_future *f = a->gone[rank] != SR_GONE_NO || !a->returns ? NULL : sr_future_ref(a->returns);
+    pthread_mutex_unlock(&a->gone_lock);
+    return f;
+}
+
 sr_future *sr__agent_await_rank(sr_agent *a, int rank)
 {
     sr__agent_check_exits(a);
@@ -75,6 +99,18 @@ sr_future *sr__agent_await_rank(sr_agent *a, int rank)
     sr_future *f = a->gone[rank] == SR_GONE_NO || !a->returns ? NULL : sr_future_ref(a->returns);
     pthread_mutex_unlock(&a->gone_lock);
     return f;
+}
+
+/* Elastic jobs: a leave of ours waiting for r's answer (leave.c) fails
+ * its round, and the next round asks those present. Here, not in leave.c:
+ * the leave looks at exits, and exits end its rounds, one way each. */
+static void leave_round_peer_gone(sr_agent *a, int rank)
+{
+    pthread_mutex_lock(&a->ctl_lock);
+    if (a->leave_fut && a->leave_want && a->leave_want[rank] && !sr_future_done(a->leave_fut))
+        sr_future_set_error(a->leave_fut, -EAGAIN, "%s (rank %d) left during the round", a->names[rank], rank);
+    pthread_mutex_unlock(&a->ctl_lock);
+    a->wake->ring(a->self); /* the leaver may sleep on our doorbell (shutdown.c, sr__ctrl_peer_gone) */
 }
 
 /* A peer's process ended. Calls to it fail whatever the reason; a peer
@@ -93,6 +129,8 @@ static void peer_gone(sr_agent *a, int r)
         atomic_store_explicit(&a->expect[r], -1, memory_order_relaxed);
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */
     sr__calls_fail_peer(a, r, how); /* "RPC to worker2 failed: the worker exited with ..." */
+    if (a->elastic) /* a leave of ours waiting for its answer asks those present instead */
+        leave_round_peer_gone(a, r);
     if (graceful)
         return;
     sr__modules_peer_died(r, text);
@@ -159,6 +197,17 @@ void sr__agent_check_exits(sr_agent *a)
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
         pthread_mutex_lock(&a->gone_lock);
         a->gone[r] = SR_GONE_DONE; /* a new generation of it may be known from now on */
+        /* Its new generation may have attached while we handled the old
+         * one: another thread's scan then found nothing to claim and marked
+         * that exit count seen, so no later scan of ours would take the
+         * return until some other exit. Take it now. */
+        back = a->replaces ? rejoin_returned(a) : NULL;
+        if (!back)
+            back = renew_returns(a); /* sr_wait_for_departure's waiters look again */
         pthread_mutex_unlock(&a->gone_lock);
+        if (back) {
+            sr_future_set_result(back, NULL);
+            sr_future_unref(back);
+        }
     }
 }

@@ -15,6 +15,7 @@
 void sr__agent_stamps_init(sr_agent *a)
 {
     a->replaces = (a->self->caps & SR_TPORT_REPLACES) != 0;
+    a->elastic = (a->self->caps & SR_TPORT_ELASTIC) != 0;
     a->gen = a->replaces ? a->self->ops->live->generation(a->self, a->rank) : 0;
     for (int r = 0; r < a->world; r++)
         /* relaxed: before any thread of the agent starts */

@@ -96,6 +96,12 @@ void sr__ctrl_dispatch(sr_agent *a, const sr_msg *m)
     case SR_CTRL_QUIESCENT:
         complete(a->quiescent_fut);
         break;
+    case SR_CTRL_LEAVE_REQ: /* a peer leaves an elastic job (leave.c) */
+        sr__leave_report(a, m->src, w->p.args.a);
+        break;
+    case SR_CTRL_LEAVE_RESP:
+        sr__leave_answer(a, m->src, (const uint64_t[3]){w->p.args.a, w->p.args.b, w->p.args.c});
+        break;
     }
     pthread_mutex_unlock(&a->ctl_lock);
 }

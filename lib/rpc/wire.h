@@ -60,6 +60,8 @@ enum sr_ctrl {
     SR_CTRL_COUNT_RESP = 4,   /* worker -> leader: a = wave, b = sent, c = done */
     SR_CTRL_QUIESCENT = 5,    /* leader -> all: no user message in flight anywhere */
     SR_CTRL_NAME = 6,         /* worker -> all: my name is in my worker-table entry */
+    SR_CTRL_LEAVE_REQ = 7,    /* leaver -> peer (elastic jobs): report your counts for me (a = round) */
+    SR_CTRL_LEAVE_RESP = 8,   /* peer -> leaver: a = round, b = sent to it, c = done from it (leave.c) */
 };
 
 #define SR_WIRE_INLINE 32

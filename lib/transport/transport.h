@@ -105,6 +105,7 @@ struct sr_tport_stats {
 #define SR_TPORT_SLEEP_WORD 0x2u /* hold_sleep also sleeps on one private futex word (futex_waitv) */
 #define SR_TPORT_COPIES 0x4u     /* peers do not share our heap: a message's parts travel as bytes (marshal) */
 #define SR_TPORT_REPLACES 0x8u   /* live: a rank that died may come back as a new generation (live->rejoin) */
+#define SR_TPORT_ELASTIC 0x10u   /* live: workers leave and join (live->leaving; with SR_TPORT_REPLACES) */
 
 /* Where a message's parts are (above, "Framing"); the layer above's. */
 struct sr_tport_marshal {
@@ -176,6 +177,11 @@ struct sr_tport_live {
      * the thread that handles exits, after the old one's exit. */
     uint32_t (*generation)(sr_tport *t, int rank);
     int (*rejoin)(sr_tport *t, int rank);
+    /* Elastic jobs (SR_TPORT_ELASTIC; NULL without it): rank is leaving
+     * the job or has left it, so no call may start to it. seq_cst: the
+     * caller counts the call first (segment.h, E2). In such a job closing
+     * says that we leave, and a graceful end that we left. */
+    bool (*leaving)(sr_tport *t, int rank);
 };
 
 struct sr_tport_ops {

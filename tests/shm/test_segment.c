@@ -249,6 +249,42 @@ Test(segment_create, spare_heap_areas)
     assert_create_fails((sr_segment_opts){.world_size = 2, .heap_spares = SR_MAX_WORKERS + 1}, "spare heap areas");
 }
 
+/* An elastic segment (segment.h, "Elastic jobs", E1): the ranks past the
+ * launched ones read as exits of free ranks, counted in header.exits, and
+ * the header's launched count is checked at attach. */
+Test(segment_create, elastic_free_ranks)
+{
+    uint64_t need = sr__segment_fixed_size(4, 64) + 4 * SR_HEAP_MIN;
+    sr_segment s;
+    sr_segment_opts o = {.world_size = 4, .ring_slots = 64, .size = need, .name = test_ns("elastic"),
+                         .flags = SR_SEG_F_ELASTIC, .launched = 2};
+    cr_assert_eq(sr__segment_create(&o, &s), 0, "%s", sr_last_error());
+    cr_assert_eq(s.launched, 2);
+    cr_assert_eq(atomic_load(&s.hdr->exits), 2, "the free ranks' exits are counted");
+    char how[128];
+    for (int r = 0; r < 4; r++) {
+        struct sr_worker_info *w = sr__seg_worker(&s, r);
+        cr_assert_eq(atomic_load(&w->exited), r >= 2, "rank %d exited %u", r, atomic_load(&w->exited));
+        if (r >= 2)
+            cr_assert_str_eq(sr__seg_exit_text(w, how, sizeof(how)), "is free: no worker has joined it");
+    }
+    sr_segment other;
+    cr_assert_eq(sr__segment_attach(s.fd, &other), 0, "%s", sr_last_error());
+    cr_assert_eq(other.launched, 2);
+    sr__segment_detach(&other, false);
+    s.hdr->launched = 5; /* more than the world */
+    cr_assert_eq(sr__segment_attach(s.fd, &other), -EINVAL);
+    assert_msg("5 ranks launched of 4");
+    s.hdr->launched = 2;
+    s.hdr->flags = 0; /* fewer launched than the world, in a job that is not elastic */
+    cr_assert_eq(sr__segment_attach(s.fd, &other), -EINVAL);
+    assert_msg("in a non-elastic job");
+    sr__segment_detach(&s, true);
+    assert_create_fails((sr_segment_opts){.world_size = 4, .launched = 2}, "but the job is not elastic");
+    assert_create_fails((sr_segment_opts){.world_size = 4, .launched = 5, .flags = SR_SEG_F_ELASTIC},
+                        "5 ranks launched of 4");
+}
+
 static void assert_env_fails(int err, const char *want)
 {
     struct sr_launch_env e;

@@ -88,14 +88,18 @@ SR_API int sr_shutdown(bool graceful, double timeout_s);
 
 SR_API int sr_rank(void);
 SR_API int sr_world_size(void);
-/* Name of rank, or NULL (-EINVAL) if out of range. */
+/* Name of rank, or NULL (-EINVAL) if out of range. In an elastic job
+ * (shmrun --max-workers) a rank not present has the name of the worker
+ * that held it last, or "worker<rank>" if none did (for messages). */
 SR_API const char *sr_worker_name(int rank);
-/* Rank of a name, or -EINVAL ("could not find destination 'x'"). */
+/* Rank of a name, or -EINVAL ("could not find destination 'x'"). In an
+ * elastic job only the workers present are found. */
 SR_API int sr_worker_rank(const char *name);
 /* Wait until `rank` is alive as this worker sees it: at once for a worker
  * running, or, in a job that replaces ranks (shmrun --restart rank), once
  * a dead rank's new generation has attached and its old one's death is
- * handled here; a call made then reaches it. timeout_s 0: no bound. 0;
+ * handled here, or, in an elastic job (shmrun --max-workers), once a worker
+ * has joined the rank; a call made then reaches it. timeout_s 0: no bound. 0;
  * -ETIMEDOUT; -EPIPE the rank is gone and the job replaces none; -EINVAL. */
 SR_API int sr_wait_for_worker(int rank, double timeout_s);
 /* rank's generation as this worker knows it: 0 for the process the job
@@ -103,6 +107,16 @@ SR_API int sr_wait_for_worker(int rank, double timeout_s);
  * -EPIPE while it is gone and not back; -EINVAL; -SR_ESHUTDOWN. A change
  * between two calls means the rank was replaced in between. */
 SR_API int64_t sr_worker_generation(int rank);
+/* Is `rank` held by a running worker, as this worker sees it? 1 yes (it
+ * may be leaving), 0 no: in an elastic job (shmrun --max-workers) a free
+ * rank, or one whose worker left or died; in any job a rank whose worker
+ * ended. -EINVAL out of range; -SR_ESHUTDOWN. */
+SR_API int sr_worker_present(int rank);
+/* Wait until `rank` is not present (above): its worker left the job,
+ * detached or ended, and this worker has handled it (its RRefs and
+ * distributed-autograd contexts failed). timeout_s 0: no bound. 0;
+ * -ETIMEDOUT; -EINVAL out of range or our own rank; -SR_ESHUTDOWN. */
+SR_API int sr_wait_for_departure(int rank, double timeout_s);
 
 /* Default timeout for calls sent from now on; 0 = infinite. 0, or -EINVAL
  * for NaN, an infinity or a negative value (the default is then unchanged),

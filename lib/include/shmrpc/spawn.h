@@ -45,6 +45,10 @@ typedef struct sr_spawn_opts {
                               * (SR_RESTART_JOB, shmrun --max-restarts) or its rank again
                               * (SR_RESTART_RANK, shmrun --restart rank), at most this many times; 0: never */
     sr_restart_policy restart;
+    int max_workers;         /* > world_size: an elastic job (shmrun --max-workers; docs/LAUNCHER.md): ranks
+                              * world_size..max_workers-1 start free, workers leave with sr_shutdown and
+                              * others join (shmrun --join); fn gets max_workers as its world size.
+                              * 0: world_size (not elastic) */
 } sr_spawn_opts;
 
 /* 0 when every worker returned 0. Errors: -EINVAL bad world size or options,
@@ -53,6 +57,10 @@ typedef struct sr_spawn_opts {
  * -SR_EWORKER a worker failed (see above); other -errno from fork/memfd. */
 SR_API int sr_spawn(int world_size, int (*fn)(int rank, int world_size, void *arg), void *arg,
                     const sr_spawn_opts *opts);
+
+/* In a worker of an elastic job: the job's id, for `shmrun --join ID prog`
+ * (SHMRPC_JOB; docs/LAUNCHER.md, "Elastic jobs"); NULL in any other. */
+SR_API const char *sr_job_id(void);
 
 #ifdef __cplusplus
 }

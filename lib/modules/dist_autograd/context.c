@@ -135,7 +135,7 @@ int sr__dctx_check_alive(sr_dctx *c, const char *who)
     pthread_mutex_unlock(&c->lock);
     if (!err)
         return 0;
-    return sr__fail(err, who, "autograd context %lld recorded RPCs with a worker that died since: %s",
+    return sr__fail(err, who, "autograd context %lld recorded RPCs with a worker that is gone since: %s",
                     (long long)c->id, text);
 }
 

@@ -77,7 +77,7 @@ static int first_exited(sr_xport *x)
         const struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
         /* seq_cst: after the generation read by the caller (X2 pairs with it) */
         if (x->peers[r].local && atomic_load_explicit(&w->exited, memory_order_seq_cst) &&
-            (first < 0 || w->exit_seq < seq))
+            w->exit_code != SR_EXIT_FREE && (first < 0 || w->exit_seq < seq)) /* a free rank never started (E1) */
             first = r, seq = w->exit_seq; /* exit_seq: written before X1 */
     }
     return first;
@@ -127,7 +127,7 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     if (x->seg.ino != round_ino)
         round = 0, round_ino = x->seg.ino;
     struct sr_seg_header *h = x->seg.hdr;
-    uint32_t want = ++round * (uint32_t)x->nlocal;
+    uint32_t want = ++round * (x->elastic ? x->seg.launched : (uint32_t)x->nlocal); /* E1: the launched ranks */
     /* release: pairs with peers' acquire loads below; publishes our table line */
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
     sr__futex_wake_all(&h->attached);
@@ -171,11 +171,11 @@ static int resolve_peer(sr_xport *x, int r)
     struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
     struct sr_peer *p = &x->peers[r];
     if (!p->local) {
-        *p = (struct sr_peer){.exited = &w->exited, .generation = &w->generation, .eventfd = -1};
+        *p = (struct sr_peer){.exited = &w->exited, .generation = &w->generation, .state = &w->state, .eventfd = -1};
         return 0;
     }
     *p = (struct sr_peer){.inbox = sr__seg_inbox(&x->seg, r), .local = true, .exited = &w->exited,
-                          .generation = &w->generation, .doorbell = &w->doorbell};
+                          .generation = &w->generation, .state = &w->state, .doorbell = &w->doorbell};
     memcpy(p->name, w->name, sizeof(p->name)); /* also a peer's that left since: sr_init checks them all */
     p->name[sizeof(p->name) - 1] = '\0';
     /* acquire: pairs with the supervisor's R2 store; the line's state after it */
@@ -283,13 +283,39 @@ static int publish_self(sr_xport *x, const sr_xport_opts *o)
     return 0;
 }
 
+/* A joiner of an elastic job checks its name against the workers present
+ * before it publishes itself, so that no peer ever sees two of them with one
+ * name (two joiners racing with the same name are caught by sr_init's check
+ * of the names it collects). */
+static int name_free(sr_xport *x, const sr_xport_opts *o)
+{
+    char want[SR_NAME_MAX];
+    if (o->name)
+        snprintf(want, sizeof(want), "%s", o->name);
+    else
+        snprintf(want, sizeof(want), "worker%d", x->rank);
+    for (int r = 0; r < x->world; r++) {
+        struct sr_worker_info *w = sr__seg_worker(&x->seg, r);
+        /* acquire: pairs with the peer's release store of ATTACHED, after its name */
+        uint32_t st = atomic_load_explicit(&w->state, memory_order_acquire);
+        /* seq_cst: pairs with X1 */
+        if (r == x->rank || !sr__worker_state_attached(st) || atomic_load_explicit(&w->exited, memory_order_seq_cst) ||
+            strncmp(w->name, want, sizeof(want)))
+            continue;
+        return sr__fail(-EEXIST, "sr_init", "Worker name '%s' of rank %d is taken: rank %d, present in the job, has it",
+                        want, x->rank, r);
+    }
+    return 0;
+}
+
 /* Our generation (segment.h, "Replacement in place"). A replacement must
  * keep its rank's name: its peers know the rank by it (their tables of
  * names are not written again). */
 static int take_generation(sr_xport *x, const sr_xport_opts *o)
 {
     struct sr_worker_info *w = sr__seg_worker(&x->seg, x->rank);
-    x->replaces = (x->seg.hdr->flags & SR_SEG_F_REPLACE) != 0; /* the creator's, read-only */
+    x->elastic = (x->seg.hdr->flags & SR_SEG_F_ELASTIC) != 0; /* the creator's, read-only */
+    x->replaces = x->elastic || (x->seg.hdr->flags & SR_SEG_F_REPLACE) != 0;
     /* acquire: pairs with the supervisor's R2 store (its fork of us orders it anyway) */
     x->gen = atomic_load_explicit(&w->generation, memory_order_acquire);
     if (!x->gen)
@@ -297,6 +323,8 @@ static int take_generation(sr_xport *x, const sr_xport_opts *o)
     if (!x->replaces)
         return sr__fail(-EPROTO, "sr_init", "rank %d has generation %u in segment '%.48s', whose job replaces no rank",
                         x->rank, x->gen, x->seg.hdr->name);
+    if (x->elastic) /* a worker that joins a free rank names itself (E4), one no worker present has */
+        return name_free(x, o);
     char had[SR_NAME_MAX], want[SR_NAME_MAX];
     memcpy(had, w->name, sizeof(had)); /* the predecessor's, written at its attach */
     had[sizeof(had) - 1] = '\0';
@@ -322,6 +350,20 @@ static void announce_return(sr_xport *x)
             sr__doorbell_ring(x->peers[r].doorbell, sr__xport_peer_kind(&x->peers[r]), x->peers[r].eventfd);
 }
 
+/* E3 (segment.h, "Elastic jobs"): we detached; every peer takes us as gone
+ * from its next scan, before the supervisor reaps our process. */
+static uint64_t left_ino; /* the segment this process left (E3): it may not attach to it again */
+
+static void announce_departure(sr_xport *x)
+{
+    left_ino = x->seg.ino;
+    /* seq_cst: as X2, after our store of the state */
+    atomic_fetch_add_explicit(&x->seg.hdr->exits, 1, memory_order_seq_cst);
+    for (int r = 0; r < x->world; r++)
+        if (r != x->rank && x->peers[r].local && x->peers[r].doorbell)
+            sr__doorbell_ring(x->peers[r].doorbell, x->peers[r].kind, x->peers[r].eventfd);
+}
+
 int sr__xport_rejoin(sr_xport *x, int rank)
 {
     struct sr_worker_info *w = sr__seg_worker(&x->seg, rank);
@@ -343,6 +385,11 @@ int sr__xport_rejoin(sr_xport *x, int rank)
      * publishes it to a sender that stamps that generation (enqueue_to's
      * acquire load): it rings the doorbell the new process sleeps on. */
     atomic_store_explicit(&p->kind, kind, memory_order_relaxed);
+    /* Written before its release store of ATTACHED, acquired above; a
+     * joiner of an elastic job may have a name of its own (E4). Only this
+     * thread writes it, while the rank is gone (no sender reads it). */
+    memcpy(p->name, w->name, sizeof(p->name));
+    p->name[sizeof(p->name) - 1] = '\0';
     /* release: pairs with enqueue_to's acquire load; peer_gone's relaxed
      * one only compares it with the line's (which it loads seq_cst) */
     atomic_store_explicit(&p->gen, gen, memory_order_release);
@@ -388,6 +435,10 @@ int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
     if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
                       env.world_size, x->seg.hdr->world_size);
+    if (!rc && (x->seg.hdr->flags & SR_SEG_F_ELASTIC) && left_ino == x->seg.ino)
+        rc = sr__fail(-EPIPE, "sr_init", "rank %d left the elastic job of segment '%.48s': its rank may go to another "
+                      "worker, so this process cannot attach again (a new one joins: shmrun --join)",
+                      env.rank, x->seg.hdr->name);
     if (!rc)
         rc = spin_policy(x, o);
     if (!rc)
@@ -427,14 +478,17 @@ void sr__xport_detach(sr_xport *x)
     sr__crash_uninstall(); /* before the segment is unmapped: the handler writes into it */
     if (x->me)
         sr_logf(SR_LOG_INFO, "detaching (%s)",
-                x->graceful    ? "after a graceful shutdown"
+                x->graceful    ? (x->leaving ? "after leaving the job" : "after a graceful shutdown")
                 : x->timed_out ? "after a graceful shutdown timed out"
                                : "without a graceful shutdown");
     sr__heap_detach(); /* before the segment is unmapped: the arena's extents live there */
     if (x->me) {
-        uint32_t st = x->graceful ? SR_WORKER_DETACHED : x->timed_out ? SR_WORKER_TIMED_OUT : SR_WORKER_LEFT;
+        uint32_t st = x->graceful ? (x->leaving ? SR_WORKER_LEFT_JOB : SR_WORKER_DETACHED)
+                      : x->timed_out ? SR_WORKER_TIMED_OUT : SR_WORKER_LEFT;
         /* release: our last sends are complete before peers see DETACHED */
         atomic_store_explicit(&x->me->state, st, memory_order_release);
+        if (x->elastic && x->peers)
+            announce_departure(x);
         sr__waiter_fini(&x->waiter);
     }
     if (x->inbox)
@@ -479,7 +533,8 @@ const char *sr__xport_gone_text(const sr_xport *x, int rank, char *buf, size_t l
     sr__seg_exit_text(w, how, sizeof(how));
     snprintf(dflt, sizeof(dflt), "worker%d", rank);
     char gen[32] = "";
-    if (x->replaces) /* relaxed: our own view: the generation that died */
+    /* relaxed: our own view: the generation that died (UINT32_MAX: none known, a free rank) */
+    if (x->replaces && atomic_load_explicit(&x->peers[rank].gen, memory_order_relaxed) != UINT32_MAX)
         snprintf(gen, sizeof(gen), "generation %u", atomic_load_explicit(&x->peers[rank].gen, memory_order_relaxed));
     /* the name was written before the peer's start-barrier increment, read after ours */
     if (!w->name[0] || !strncmp(w->name, dflt, sizeof(w->name)))
@@ -491,6 +546,11 @@ const char *sr__xport_gone_text(const sr_xport *x, int rank, char *buf, size_t l
 
 void sr__xport_closing(sr_xport *x)
 {
+    if (x->elastic) { /* E2: seq_cst, before the leaver reads its peers' counts */
+        x->leaving = true;
+        atomic_store_explicit(&x->me->state, SR_WORKER_LEAVING, memory_order_seq_cst);
+        return;
+    }
     /* release: as the store of ATTACHED (the supervisor's acquire reads it) */
     atomic_store_explicit(&x->me->state, SR_WORKER_CLOSING, memory_order_release);
 }

@@ -55,6 +55,7 @@ struct sr_peer {
     bool local;                 /* attaches to our segment: a private copy of its line's flag, taken at attach */
     _Atomic uint32_t *exited;   /* its worker table's exit word (segment.h) */
     _Atomic uint32_t *generation; /* its worker table's generation word (same line as exited) */
+    _Atomic uint32_t *state;    /* its worker table's state word (elastic jobs: a detached peer is gone, E3) */
     /* The generation we know (segment.h, "Replacement in place"): taken
      * after the start barrier, then by sr__xport_rejoin (the thread that
      * handles exits) once a new process of the rank attached; read by every
@@ -86,7 +87,10 @@ typedef struct sr_xport {
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
     bool timed_out;           /* set before detach after a graceful shutdown timed out: peers see TIMED_OUT */
     bool publish_exits;       /* no supervisor (mpirun): local peers' exits are ours to publish (orphan.c); set at attach */
-    bool replaces;            /* the job replaces failed ranks (header flags SR_SEG_F_REPLACE); set at attach */
+    bool replaces;            /* the job replaces failed ranks (header flags SR_SEG_F_REPLACE), or is
+                                 elastic (ranks come back as new generations); set at attach */
+    bool elastic;             /* SR_SEG_F_ELASTIC (segment.h, "Elastic jobs"); set at attach */
+    bool leaving;             /* we left the job (sr_shutdown in an elastic job): detach as LEFT_JOB */
     uint32_t gen;             /* our own generation, read at attach */
     sr_xport_stats st;
     sr_tport tp;              /* this transport's instance behind the seam (sr__xport_transport) */
@@ -209,15 +213,28 @@ int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), voi
 
 /* The process of `rank` we know has ended: the supervisor published its
  * exit (segment.h, "Peer exit"), or the rank has another generation now
- * ("Replacement in place"). seq_cst: pairs with the supervisor's X1 and R2
- * stores. Both words share a line. */
+ * ("Replacement in place"), or, in an elastic job, it detached ("Elastic
+ * jobs", E3: a free rank reads as an exit, E1). seq_cst: pairs with the
+ * supervisor's X1 and R2 stores and the detaching worker's E3. The exit
+ * and generation words share a line. */
 static inline bool sr__xport_peer_gone(const sr_xport *x, int rank)
 {
     const struct sr_peer *p = &x->peers[rank];
     return atomic_load_explicit(p->exited, memory_order_seq_cst) != 0 ||
            /* relaxed: our own view, written by the thread that handles exits */
            atomic_load_explicit(p->generation, memory_order_seq_cst) !=
-               atomic_load_explicit(&p->gen, memory_order_relaxed);
+               atomic_load_explicit(&p->gen, memory_order_relaxed) ||
+           /* seq_cst: pairs with the detaching peer's E3 store and increment */
+           (x->elastic && sr__worker_state_detached(atomic_load_explicit(p->state, memory_order_seq_cst)));
+}
+
+/* Elastic jobs (segment.h, E2): rank is leaving the job or has left it, so
+ * no call may start to it. seq_cst: pairs with the leaver's store of
+ * LEAVING, after the caller's seq_cst count of the call. */
+static inline bool sr__xport_peer_leaving(const sr_xport *x, int rank)
+{
+    uint32_t st = atomic_load_explicit(x->peers[rank].state, memory_order_seq_cst);
+    return st == SR_WORKER_LEAVING || sr__worker_state_detached(st);
 }
 
 /* The doorbell kind to ring rank's with. relaxed: a word whole in itself

@@ -179,7 +179,8 @@ static const char *t_gone_text(sr_tport *t, int rank, char *buf, size_t len)
 }
 static const char *t_exit_text(sr_tport *t, int rank, char *buf, size_t len)
 {
-    if (!X(t)->replaces)
+    /* relaxed: our own view; UINT32_MAX: no process of it known (a free rank) */
+    if (!X(t)->replaces || atomic_load_explicit(&X(t)->peers[rank].gen, memory_order_relaxed) == UINT32_MAX)
         return sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), buf, len);
     char how[128]; /* the generation that ended: the one we know (relaxed: our own view) */
     sr__seg_exit_text(sr__seg_worker(&X(t)->seg, rank), how, sizeof(how));
@@ -195,6 +196,7 @@ static uint32_t t_generation(sr_tport *t, int rank)
     return rank == X(t)->rank ? X(t)->gen : atomic_load_explicit(&X(t)->peers[rank].gen, memory_order_relaxed);
 }
 static int t_rejoin(sr_tport *t, int rank) { return sr__xport_rejoin(X(t), rank); }
+static bool t_leaving(sr_tport *t, int rank) { return sr__xport_peer_leaving(X(t), rank); }
 
 static void t_stats(sr_tport *t, struct sr_tport_stats *o)
 {
@@ -240,6 +242,7 @@ static const struct sr_tport_live shm_live = {
     .graceful = t_graceful,
     .generation = t_generation,
     .rejoin = t_rejoin,
+    .leaving = t_leaving,
 };
 
 /* Producers ring our doorbell: no poll_ns, never poll on a timer. */
@@ -261,7 +264,7 @@ sr_tport *sr__xport_transport(sr_xport *x)
     x->tp.ops = &shm_ops;
     x->tp.rank = x->rank;
     x->tp.world = x->world;
-    x->tp.caps = x->replaces ? SR_TPORT_REPLACES : 0;
+    x->tp.caps = (x->replaces ? SR_TPORT_REPLACES : 0) | (x->elastic ? SR_TPORT_ELASTIC : 0);
     x->tp.space_kick = &x->me->space_kick;
     x->tp.inbox_bad = &x->inbox->bad;
     x->tp.exits = &x->seg.hdr->exits;

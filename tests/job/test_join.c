@@ -1,0 +1,167 @@
+/* Elastic jobs under the real shmrun (shmrun --max-workers, --join):
+ * tests/helpers/elastic_prog.c drives the scenario from inside the job (a
+ * program joins a free rank, is called by rank and by name, leaves; a join
+ * to a full job and a joiner with a name already taken are refused; rank 0
+ * leaves too) and the job must end with status 0. And the client's own
+ * refusals: a job that does not exist, bad command lines. And the same
+ * supervisor in sr_spawn: shmrun --join adds a worker to its elastic job.
+ * Each shmrun is waited for on its pidfd, with a bound. */
+#include <criterion/criterion.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "shmrpc/rpc.h"
+#include "shmrpc/spawn.h"
+#include "worker_check.h"
+
+LEAK_CHECKED_SUITE(join);
+
+#define WAIT_S 60
+
+static const char *env_path(const char *var)
+{
+    const char *p = getenv(var);
+    cr_assert(p && *p, "%s is not set: run this test through meson", var);
+    return p;
+}
+
+/* Run argv with stderr to `err` (NUL-terminated, up to len); its exit code. */
+static int run(char *const argv[], char *err, size_t len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/%s.err", test_ns("join"));
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) != 2)
+            _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    cr_assert_eq(poll(&p, 1, WAIT_S * 1000), 1, "%s did not end within %d s", argv[0], WAIT_S);
+    close(pfd);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(err, 1, len - 1, f) : 0;
+    err[n] = 0;
+    if (f)
+        fclose(f);
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+Test(join, a_program_joins_a_free_rank_and_leaves, .timeout = 120)
+{
+    char dir[64], err[16384];
+    snprintf(dir, sizeof(dir), "/tmp/%s", test_ns("joindir"));
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    const char *shmrun = env_path("SHMRUN"), *prog = env_path("ELASTIC_PROG");
+    char *argv[] = {(char *)shmrun, "-n", "2", "--max-workers", "3", "--name-prefix", (char *)test_ns("join1"),
+                    "--shm-size", "256M", "--", (char *)prog, "host", (char *)shmrun, dir, NULL};
+    int st = run(argv, err, sizeof(err));
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(st, 0, "the elastic job: %d; its stderr:\n%s", st, err);
+}
+
+Test(join, no_such_job, .timeout = 30)
+{
+    char err[4096];
+    char *argv[] = {(char *)env_path("SHMRUN"), "--join", "999999999", "--", (char *)env_path("ELASTIC_PROG"),
+                    "joiner", "x", NULL};
+    int st = run(argv, err, sizeof(err));
+    cr_assert_eq(st, 1, "%d: %s", st, err);
+    cr_assert(strstr(err, "shmrun: --join 999999999: no such job"), "%s", err);
+}
+
+Test(join, bad_command_lines, .timeout = 30)
+{
+    char err[4096];
+    const char *shmrun = env_path("SHMRUN");
+    char *a1[] = {(char *)shmrun, "-n", "2", "--join", "1", "--", "/bin/true", NULL};
+    cr_assert_eq(run(a1, err, sizeof(err)), 2, "%s", err);
+    cr_assert(strstr(err, "--join runs one worker in a job that exists: -n is not for it"), "%s", err);
+    char *a2[] = {(char *)shmrun, "-n", "3", "--max-workers", "2", "--", "/bin/true", NULL};
+    cr_assert_eq(run(a2, err, sizeof(err)), 2, "%s", err);
+    cr_assert(strstr(err, "--max-workers must be at least -n, not 2"), "%s", err);
+    char *a3[] = {(char *)shmrun, "-n", "1", "--rank", "1", "--", "/bin/true", NULL};
+    cr_assert_eq(run(a3, err, sizeof(err)), 2, "%s", err);
+    cr_assert(strstr(err, "--rank goes with --join"), "%s", err);
+}
+
+/* ---- sr_spawn runs the same supervisor: shmrun --join works for its jobs ---- */
+static _Atomic uint32_t hellos; /* in rank 0's process: the joiner said hello */
+
+static int fn_hello(sr_call *c)
+{
+    atomic_fetch_add_explicit(&hellos, 1, memory_order_release); /* release: pairs with wait_hello */
+    syscall(SYS_futex, &hellos, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+    return sr_call_return(c, NULL);
+}
+
+static int wait_hello(void)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (!atomic_load_explicit(&hellos, memory_order_acquire)) { /* acquire: pairs with fn_hello */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > WAIT_S)
+            return -ETIMEDOUT;
+        struct timespec slice = {1, 0}; /* a bound per futex wait; the wake ends it at once */
+        syscall(SYS_futex, &hellos, FUTEX_WAIT_PRIVATE, 0, &slice, NULL, 0);
+    }
+    return 0;
+}
+
+static int spawn_worker(int rank, int world, void *arg)
+{
+    const char **paths = arg;
+    sr_register("hello", fn_hello);
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        const char *id = sr_job_id();
+        WCHECK(id, "no job id in an elastic sr_spawn job");
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl(paths[0], paths[0], "--join", id, "--rank", "2", "--", paths[1], "joiner", "bob", (char *)NULL);
+            _exit(127);
+        }
+        WCHECK(pid > 0 && wait_hello() == 0, "the joiner never said hello");
+        WCHECK(sr_worker_rank("bob") == 2, "bob: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
+        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
+        struct pollfd p = {.fd = pfd, .events = POLLIN};
+        WCHECK(pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+                   WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
+        close(pfd);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, shmrun_joins_an_sr_spawn_job, .timeout = 120)
+{
+    const char *paths[2] = {env_path("SHMRUN"), env_path("ELASTIC_PROG")};
+    sr_spawn_opts o = {.name_prefix = test_ns("join2"), .shm_size = 3 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, spawn_worker, paths, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
