@@ -278,9 +278,20 @@ static int pp_state(sr_call *c)
     return out ? sr_call_return(c, out) : sr_call_fail(c, rc ? rc : -ENOMEM, "pp_state: %s", sr_last_error());
 }
 
-/* Under the step lock: load the entries "param.<name>" into the module
- * (its own layers: every one of them must be there) and "optim.<name>"
- * into the optimizer. */
+/* name is a parameter of the stage's own layers. */
+static bool own_param(const struct stage *st, const char *name)
+{
+    const char *const *names;
+    sr_module_params(st->m, NULL, NULL, &names);
+    for (size_t i = st->first; i < st->first + st->n; i++)
+        if (!strcmp(names[i], name))
+            return true;
+    return false;
+}
+
+/* Under the step lock: load the entries "param.<name>" of its own layers
+ * into the module (every one of them must be there; the other stages'
+ * are skipped) and "optim.<name>" into the optimizer. */
 static int import_locked(sr_optim *const *optims, size_t n, void *arg)
 {
     (void)n;
@@ -294,7 +305,7 @@ static int import_locked(sr_optim *const *optims, size_t n, void *arg)
         sr_tensor *t = sr_value_tensor(sr_value_list_at(job->tensors, i));
         if (!nm || !t)
             rc = sr_errorf(-EINVAL, "entry %zu is not a name and a tensor", i);
-        else if (!strncmp(nm, "param.", 6))
+        else if (!strncmp(nm, "param.", 6) && own_param(job->st, nm + 6))
             pn[np] = nm + 6, pt[np++] = t;
         else if (!strncmp(nm, "optim.", 6))
             on[no] = nm + 6, ot[no++] = t;
