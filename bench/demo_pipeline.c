@@ -449,12 +449,15 @@ static int add_stage_state(struct entries *e, int s)
     for (size_t i = 0; !rc && i < sr_value_list_len(names) && e->n < 1024; i++) {
         const char *nm = sr_value_str(sr_value_list_at(names, i));
         char buf[256];
-        if (!strncmp(nm, "optim.", 6))
+        if (nm && !strncmp(nm, "optim.", 6))
             snprintf(buf, sizeof(buf), "optim.%d.%s", s, nm + 6);
         else
-            snprintf(buf, sizeof(buf), "%s", nm);
-        e->names[e->n] = strdup(buf);
-        e->ts[e->n++] = sr_tensor_ref(sr_value_tensor(sr_value_list_at(ts, i)));
+            snprintf(buf, sizeof(buf), "%s", nm ? nm : "");
+        sr_tensor *t = sr_value_tensor(sr_value_list_at(ts, i));
+        if (!nm || !t || !(e->names[e->n] = strdup(buf)))
+            rc = sr_errorf(-EPROTO, "pp_state's entry %zu is not a name and a tensor", i);
+        else
+            e->ts[e->n++] = sr_tensor_ref(t);
     }
     sr_value_unref(out);
     return rc;
@@ -648,7 +651,9 @@ static double test_accuracy(const sr_dataset *test, int64_t n)
 {
     int64_t chunk = 1000, correct = 0;
     int64_t *idx = malloc((size_t)chunk * sizeof(*idx));
-    for (int64_t at = 0; idx && at < n; at += chunk) {
+    if (!idx)
+        return NAN;
+    for (int64_t at = 0; at < n; at += chunk) {
         int64_t m = n - at < chunk ? n - at : chunk;
         for (int64_t i = 0; i < m; i++)
             idx[i] = at + i;
@@ -664,7 +669,7 @@ static double test_accuracy(const sr_dataset *test, int64_t n)
         correct += llround(acc * (double)m);
     }
     free(idx);
-    return idx ? (double)correct / (double)n : NAN;
+    return (double)correct / (double)n;
 }
 
 static int finish(const sr_dataset *test, double t0)
