@@ -27,6 +27,10 @@
  * their module state), each stage's Adam state and the position every
  * --save-every steps; --resume sends them back (each stage loads its own
  * layers by name) and continues: the same steps as an uninterrupted run.
+ * With one micro-batch it ends with the same parameters, bit for bit
+ * (tests/e2e/test_pipeline.c); with several, a stage sums the
+ * micro-batches' gradients in the order their backward messages arrive, so
+ * any two runs, resumed or not, differ in the last bits.
  */
 #include <errno.h>
 #include <getopt.h>
