@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "nn.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -112,6 +113,19 @@ SR_API int sr_checkpoint_meta(const sr_checkpoint *c, const char *name, int64_t 
  *            have been copied (the only partial outcome). */
 SR_API int sr_checkpoint_restore_into(const sr_checkpoint *c, size_t n, const char *const *names,
                                       sr_tensor *const *dst);
+
+/* ---- a module by name ----
+ * Save module m's parameters as the tensors "<prefix><name>" (prefix NULL:
+ * ""; sr_module_state_dict names them), with nmeta metadata values as in
+ * sr_checkpoint_save. Errors as sr_checkpoint_save's. Several modules in one
+ * file: concatenate their sr_module_state_dict lists, one prefix each. */
+SR_API int sr_checkpoint_save_module(const char *path, const char *prefix, const sr_module *m, size_t nmeta,
+                                     const char *const *meta_names, const int64_t *meta_values);
+/* Load every parameter of m from the checkpoint's tensor "<prefix><name>",
+ * as sr_checkpoint_restore_into (all checked first; the errors name the
+ * tensor: -ENOENT for one the checkpoint lacks, -EINVAL for a dtype or
+ * shape that differs). The checkpoint may hold other tensors too. */
+SR_API int sr_checkpoint_load_module(const sr_checkpoint *c, const char *prefix, sr_module *m);
 
 #ifdef __cplusplus
 }

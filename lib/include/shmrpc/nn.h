@@ -203,6 +203,42 @@ SR_API size_t sr_module_numel(const sr_module *m);
 /* Clears every parameter's .grad (zero_grad(set_to_none=True)). */
 SR_API void sr_module_zero_grad(sr_module *m);
 
+/* ---- module state (state_dict / load_state_dict) ----
+ * The state of a module is its parameters as a named list, in
+ * sr_module_params order, named "<prefix><name>" (prefix NULL or "": the
+ * names themselves, "0.weight", ...; "stage1." gives "stage1.0.weight", as
+ * torch's state_dict(prefix=...)).
+ *
+ * Ownership rule. sr_module_state_dict() hands back two malloc'd arrays of
+ * *n entries: names[i], malloc'd copies, and tensors[i], one new reference
+ * each to the module's parameter itself (not a copy, as torch's state_dict
+ * shares the parameters' storage; sr_clone one for a snapshot that later
+ * steps do not change). They are the caller's, valid after the module is
+ * destroyed, and go with one sr_module_state_free(n, names, tensors), which
+ * takes any of them NULL. Send the tensors (sr_tensor_value) to load them on
+ * another worker, or save them (sr_checkpoint_save).
+ *
+ * Loading copies tensors[k] into the parameter called names[k] (grad mode
+ * off, so a parameter that requires grad takes the values in place without
+ * history, as load_state_dict does). The tensors and names are borrowed.
+ * Everything is checked before anything is copied, so on an error no
+ * parameter has changed; the errors name the parameter:
+ *   -ENOENT  "unexpected key '3.weight': the module has no such parameter";
+ *            strict, "missing key '0.bias': the state has no value ...";
+ *   -EINVAL  a NULL argument, a name given twice, a dtype or shape that
+ *            differs: "'0.weight' has shape [8, 1, 3, 3] in the state,
+ *            [16, 1, 3, 3] in the module";
+ *   -ENOMEM  copy-on-write of a shared parameter failed; the parameters
+ *            before it have been copied (the only partial outcome).
+ * strict false leaves the parameters the state does not name as they are
+ * (a pipeline stage loading its own layers), but, unlike torch's, still
+ * refuses an unexpected key: a name that matches nothing is a mistake. */
+SR_API int sr_module_state_dict(const sr_module *m, const char *prefix, size_t *n, char ***names,
+                                sr_tensor ***tensors);
+SR_API void sr_module_state_free(size_t n, char **names, sr_tensor **tensors);
+SR_API int sr_module_load_state_dict(sr_module *m, size_t n, const char *const *names, sr_tensor *const *tensors,
+                                     bool strict);
+
 /* ---- metrics ---- */
 /* Index of the largest value along dim (the first one on ties; a NaN counts
  * as the largest, as in PyTorch), dim removed: an i64 tensor that records no

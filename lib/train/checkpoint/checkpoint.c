@@ -139,3 +139,32 @@ SR_API int sr_checkpoint_restore_into(const sr_checkpoint *c, size_t n, const ch
     free(src);
     return rc;
 }
+
+SR_API int sr_checkpoint_save_module(const char *path, const char *prefix, const sr_module *m, size_t nmeta,
+                                     const char *const *meta_names, const int64_t *meta_values)
+{
+    size_t n;
+    char **names;
+    sr_tensor **ts;
+    int rc = sr_module_state_dict(m, prefix, &n, &names, &ts);
+    if (rc)
+        return rc;
+    rc = sr_checkpoint_save(path, n, (const char *const *)names, ts, nmeta, meta_names, meta_values);
+    sr_module_state_free(n, names, ts);
+    return rc;
+}
+
+SR_API int sr_checkpoint_load_module(const sr_checkpoint *c, const char *prefix, sr_module *m)
+{
+    if (!c || !m)
+        return sr__fail(-EINVAL, "sr_checkpoint_load_module", "%s is NULL", !c ? "checkpoint" : "module");
+    size_t n;
+    char **names;
+    sr_tensor **ts;
+    int rc = sr_module_state_dict(m, prefix, &n, &names, &ts);
+    if (rc)
+        return rc;
+    rc = sr_checkpoint_restore_into(c, n, (const char *const *)names, ts);
+    sr_module_state_free(n, names, ts);
+    return rc;
+}
