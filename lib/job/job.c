@@ -161,6 +161,8 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         run(job, rank, arg);
         _exit(127);
     }
+    if (job->pidfds[rank] >= 0) /* the rank's last process, reaped (a free rank of an elastic job, joined again) */
+        close(job->pidfds[rank]);
     job->pidfds[rank] = (int)syscall(SYS_pidfd_open, pid, 0);
     if (job->pidfds[rank] < 0) {
         /* Untracked, it would outlive the job. Its pid cannot be reused

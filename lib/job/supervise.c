@@ -230,14 +230,10 @@ static void reap_claims(sr_job *job, int rank)
         (void)sr__ring_reap_producer(sr__seg_inbox(&job->seg, r), job->seg.ring_slots, (uint32_t)rank);
 }
 
-/* R1-R3 for a rank that died: publish, ready its line, start its next
- * process. Returns 0, or the job's exit code if no process could start. */
-static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+/* R1 for a rank that died while the job goes on: its heap area
+ * quarantined, its claims voided, its exit published, the survivors woken. */
+static void bury_rank(sr_job *job, int rank, const siginfo_t *si)
 {
-    sr_job *job = s->job;
-    char what[96], serving[256];
-    sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
-    sr__seg_crash_text(&job->seg, rank, serving, sizeof(serving));
     /* Its heap area's blocks stay valid for the survivors holding them, and
      * no dead arena is ever touched (heap.h, "Areas"; the heap counts
      * generations from 1). relaxed: only this thread writes the generation */
@@ -248,6 +244,34 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     reap_claims(job, rank);
     publish_exit(job, rank, si); /* X1, X2 */
     wake_survivors(job, rank);   /* X3: the survivors fail what was in flight with it */
+}
+
+/* A process that joined an elastic job (shmrun --join) and died while the
+ * job replaces ranks: its program is its client's, which the supervisor
+ * does not keep, so its rank becomes free (segment.h, "Elastic jobs") and
+ * the job goes on; a new process may join it. */
+static int free_joined_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+{
+    sr_job *job = s->job;
+    char what[96], serving[256], line[512];
+    sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr__seg_crash_text(&job->seg, rank, serving, sizeof(serving));
+    bury_rank(job, rank, si);
+    snprintf(line, sizeof(line), "%s: rank %d (pid %d, joined with --join) %s%s; not replaced (its program is its "
+             "client's): rank %d is free", job->who, rank, (int)pid, what, serving, rank);
+    sr__log_text(SR_LOG_WARN, line);
+    return 0;
+}
+
+/* R1-R3 for a rank that died: publish, ready its line, start its next
+ * process. Returns 0, or the job's exit code if no process could start. */
+static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+{
+    sr_job *job = s->job;
+    char what[96], serving[256];
+    sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
+    sr__seg_crash_text(&job->seg, rank, serving, sizeof(serving));
+    bury_rank(job, rank, si);
     sr__job_ready_line(job, rank);
     close(job->pidfds[rank]);
     job->pidfds[rank] = -1;
@@ -304,13 +328,14 @@ static int on_exit_event(struct sup *s, int rank)
         return sr__fail(-err, job->who, "waitid for rank %d (pid %d): %s", rank, (int)pid, strerror(err));
     }
     job->pids[rank] = 0;
+    bool joined = job->join_conns && job->join_conns[rank] >= 0;
     sr__job_joined_exit(job, rank, exit_code(&si)); /* its shmrun --join exits with it */
     if (departed(job, rank)) { /* elastic: no longer part of the job, however it ends */
         publish_exit(job, rank, &si);
         return 0;
     }
     if (replaceable(s, rank, &si))
-        return replace_rank(s, rank, pid, &si);
+        return joined ? free_joined_rank(s, rank, pid, &si) : replace_rank(s, rank, pid, &si);
     publish_exit(job, rank, &si);
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;

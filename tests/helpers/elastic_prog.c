@@ -14,6 +14,13 @@
  *      with -EEXIST naming both ranks; its shmrun --join exits 3; the job
  *      goes on, and rank 2 is free again;
  *   6. rank 1 and rank 0 leave; the job ends with status 0.
+ *
+ *   shmrun -n 2 --max-workers 3 --restart rank --max-restarts 1 elastic_prog host-kill SHMRUN LOGDIR
+ *
+ * host-kill: a joiner ("bob") is killed by SIGKILL in a job that replaces
+ * ranks: its program is its client's, so it is not replaced; its shmrun
+ * --join exits 137, rank 2 is free again (a call to it fails at once), and
+ * the job goes on and ends with status 0 once ranks 1 and 0 have left.
  * Every wait is on an event (a call's answer, a futex word set by a
  * function, a child's pidfd) with a bound.
  */
@@ -85,6 +92,13 @@ static int fn_leave(sr_call *c)
 {
     bump(&told_to_leave);
     return sr_call_return(c, NULL);
+}
+
+static int fn_die(sr_call *c)
+{
+    (void)c;
+    raise(SIGKILL);
+    return 0;
 }
 
 static int fn_gen(sr_call *c)
@@ -191,16 +205,37 @@ static int drive(const char *shmrun, const char *self, const char *logdir)
     return 0;
 }
 
+/* host-kill's scenario (the header). */
+static int drive_killed_joiner(const char *shmrun, const char *self, const char *logdir)
+{
+    pid_t bob = start_join(shmrun, self, logdir, "bob");
+    CHECK(bob > 0 && wait_word(&hellos, 1) == 0, "bob never said hello");
+    CHECK(sr_wait_for_worker(2, WAIT_S) == 0, "rank 2: %s", sr_last_error());
+    int rc = sr_rpc_sync(2, "die", SR_ARGS(), WAIT_S, NULL);
+    CHECK(rc == -EPIPE, "die: %d '%s'", rc, sr_last_error());
+    int st = join_status(bob);
+    CHECK(st == 128 + SIGKILL, "bob's shmrun --join: %d", st);
+    CHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob's death is not a departure: %s", sr_last_error());
+    rc = sr_rpc_sync(2, "gen", SR_ARGS(), WAIT_S, NULL);
+    CHECK(rc == -EPIPE && strstr(sr_last_error(), "rank 2 is gone"), "a call to rank 2 after bob died: %d '%s'", rc,
+          sr_last_error());
+    CHECK(sr_rpc_sync(1, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave rank 1: %s", sr_last_error());
+    CHECK(sr_wait_for_departure(1, WAIT_S) == 0, "rank 1 never left: %s", sr_last_error());
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     bool joiner = argc == 3 && !strcmp(argv[1], "joiner");
-    if (!joiner && (argc != 4 || strcmp(argv[1], "host"))) {
-        fprintf(stderr, "usage: elastic_prog host SHMRUN LOGDIR | elastic_prog joiner NAME\n");
+    bool kill_joiner = argc == 4 && !strcmp(argv[1], "host-kill");
+    if (!joiner && !kill_joiner && (argc != 4 || strcmp(argv[1], "host"))) {
+        fprintf(stderr, "usage: elastic_prog host|host-kill SHMRUN LOGDIR | elastic_prog joiner NAME\n");
         return 2;
     }
     sr_register("hello", fn_hello);
     sr_register("leave", fn_leave);
     sr_register("gen", fn_gen);
+    sr_register("die", fn_die);
     int rc = sr_init(&(sr_init_opts){.name = joiner ? argv[2] : NULL});
     if (rc) {
         fprintf(stderr, "elastic_prog: sr_init: %s\n", sr_last_error());
@@ -210,7 +245,7 @@ int main(int argc, char **argv)
         CHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
         CHECK(wait_word(&told_to_leave, 1) == 0, "%s was never told to leave", argv[2]);
     } else if (sr_rank() == 0) {
-        if (drive(argv[2], argv[0], argv[3]))
+        if ((kill_joiner ? drive_killed_joiner : drive)(argv[2], argv[0], argv[3]))
             return 1;
     } else {
         CHECK(wait_word(&told_to_leave, 1) == 0, "rank %d was never told to leave", sr_rank());

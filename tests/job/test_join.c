@@ -81,6 +81,28 @@ Test(join, a_program_joins_a_free_rank_and_leaves, .timeout = 120)
     cr_assert_eq(st, 0, "the elastic job: %d; its stderr:\n%s", st, err);
 }
 
+/* A joined worker killed in a job that replaces ranks is not replaced by
+ * the job's own program (the supervisor keeps no joiner's program): its
+ * rank is freed and the job goes on (elastic_prog host-kill). */
+Test(join, a_killed_joiner_frees_its_rank_under_rank_restarts, .timeout = 120)
+{
+    char dir[64], err[16384];
+    snprintf(dir, sizeof(dir), "/tmp/%s", test_ns("joinkdir"));
+    cr_assert(mkdir(dir, 0700) == 0 || errno == EEXIST);
+    const char *shmrun = env_path("SHMRUN"), *prog = env_path("ELASTIC_PROG");
+    char *argv[] = {(char *)shmrun, "-n", "2", "--max-workers", "3", "--restart", "rank", "--max-restarts", "1",
+                    "--name-prefix", (char *)test_ns("joink"), "--shm-size", "256M", "--", (char *)prog,
+                    "host-kill", (char *)shmrun, dir, NULL};
+    int st = run(argv, err, sizeof(err));
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(st, 0, "the elastic job: %d; its stderr:\n%s", st, err);
+    cr_assert(strstr(err, "joined with --join) was killed by signal SIGKILL") && strstr(err, "rank 2 is free") &&
+                  !strstr(err, "replaced by pid"),
+              "shmrun's report of the killed joiner:\n%s", err);
+}
+
 Test(join, no_such_job, .timeout = 30)
 {
     char err[4096];
