@@ -3,11 +3,14 @@
  * each view is appended (a header, then one line per worker, no escape
  * sequence), a view shows rank 0's calls once it has made them (the test
  * then lets the job end through rank 0's stdin: an event, not a sleep), and
- * the job's end adds the totals; bad intervals are refused. Every wait is
- * bounded. */
+ * the job's end adds the totals; on a terminal (a pty) each view is drawn
+ * over the last one and the final one below it; bad intervals are refused.
+ * Every wait is bounded. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,4 +209,79 @@ Test(monitor, bad_intervals_are_refused, .timeout = 60)
         cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: status %#x, expected 2; stderr:\n%s", bad[i], st, out);
         cr_assert(strstr(out, "--monitor takes seconds"), "%s: no error naming --monitor:\n%s", bad[i], out);
     }
+}
+
+/* text without its escape sequences (ESC [ ... letter) and carriage returns, in out */
+static void strip_escapes(const char *text, char *out)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '\033' && p[1] == '[') {
+            for (p += 2; *p && !((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z')); p++)
+                ;
+            if (!*p)
+                break;
+        } else if (*p != '\r') {
+            *out++ = *p;
+        }
+    }
+    *out = 0;
+}
+
+Test(monitor, views_are_redrawn_on_a_terminal, .timeout = 120)
+{
+    const char *shmrun = getenv("SHMRUN"), *prog = getenv("MONITOR_PROG");
+    cr_assert(shmrun && prog, "SHMRUN and MONITOR_PROG are not set: run this test through meson");
+    char calls[16];
+    snprintf(calls, sizeof(calls), "%d", CALLS);
+    int master;
+    pid_t pid = forkpty(&master, NULL, NULL, NULL);
+    cr_assert(pid >= 0, "forkpty: %s", strerror(errno));
+    if (pid == 0) {
+        execl(shmrun, shmrun, "--monitor=0.02", "-n", "2", "--name-prefix", test_ns("monitor-tty"), prog, calls,
+              (char *)NULL);
+        _exit(127);
+    }
+    fcntl(master, F_SETFL, O_NONBLOCK);
+    char *out = calloc(1, OUT_MAX), *plain = calloc(1, OUT_MAX);
+    size_t len = 0;
+    bool eof = false, released = false;
+    int64_t deadline = watch_now_ms() + 90000;
+    while (!eof && watch_now_ms() < deadline) {
+        struct pollfd p = {.fd = master, .events = POLLIN};
+        poll(&p, 1, (int)(deadline - watch_now_ms()));
+        ssize_t got = read(master, out + len, OUT_MAX - 1 - len);
+        if (got > 0)
+            len += (size_t)got;
+        else if (got == 0 || (got < 0 && errno == EIO)) /* every holder of the terminal closed it */
+            eof = true;
+        out[len] = 0;
+        strip_escapes(out, plain);
+        if (!released && calls_shown(plain) && strstr(out, "\033[4A")) { /* a redraw happened */
+            cr_assert_eq(write(master, "x\n", 2), 2); /* rank 0's stdin is the terminal */
+            released = true;
+        }
+    }
+    close(master);
+    if (!eof) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    cr_assert(eof && released, "shmrun --monitor on a terminal did not %s; output:\n%s",
+              released ? "end within 90 s" : "redraw a view showing the calls", plain);
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "shmrun failed (status %#x); output:\n%s", st, plain);
+    /* every view but the first starts by going back up over the last one's 4 lines; the final one does not */
+    const char *final = strstr(out, "the job ended");
+    cr_assert(final, "no final view:\n%s", plain);
+    const char *last_up = NULL;
+    for (const char *p = strstr(out, "\033[4A"); p; p = strstr(p + 1, "\033[4A"))
+        last_up = p;
+    cr_assert(last_up && last_up < final, "the final view was drawn over the live one (or none was redrawn)");
+    static struct mview v[4096];
+    int nv = parse_views(plain, v, 4096);
+    cr_assert(nv >= 2 && v[nv - 1].end && v[nv - 1].n == 2 && v[nv - 1].row[0].made == CALLS,
+              "the final view does not say rank 0 made %d calls:\n%s", CALLS, plain);
+    free(out);
+    free(plain);
 }
