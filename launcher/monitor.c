@@ -15,7 +15,8 @@
 struct seen {
     uint64_t made, served;
     uint64_t cpu;     /* the process's utime + stime at `at`, clock ticks */
-    int64_t at;       /* when (0: never); cpu_ok: cpu was read then */
+    int64_t at;       /* when (0: never) */
+    int64_t cpu_at;   /* when cpu was read (cpu_ok) */
     bool cpu_ok;
     pid_t pid;        /* whose cpu it is */
 };
@@ -116,14 +117,20 @@ static void read_row(struct monitor *m, int r, int64_t now, bool end, struct row
     uint64_t cpu = 0;
     bool cpu_ok = pid > 0 && cpu_ticks(pid, &cpu);
     o->cpu = -1;
-    if (end && s->cpu_ok && s->at > m->start) /* the process is gone: its use up to the last view */
-        o->cpu = 100.0 * (double)s->cpu / (double)m->hz / ((double)(s->at - m->start) / 1e9);
-    else if (!end && cpu_ok && s->cpu_ok && s->pid == pid && dt > 0)
-        o->cpu = 100.0 * (double)since(cpu, s->cpu) / (double)m->hz / dt;
+    if (end && s->cpu_ok && s->cpu_at > m->start) /* the process is gone: its use up to its last reading */
+        o->cpu = 100.0 * (double)s->cpu / (double)m->hz / ((double)(s->cpu_at - m->start) / 1e9);
+    else if (!end && cpu_ok && s->cpu_ok && s->pid == pid && now > s->cpu_at)
+        o->cpu = 100.0 * (double)since(cpu, s->cpu) / (double)m->hz / ((double)(now - s->cpu_at) / 1e9);
     else if (!end && cpu_ok && dt > 0) /* first view of this process: since the job's start */
         o->cpu = 100.0 * (double)cpu / (double)m->hz / ((double)(now - m->start) / 1e9);
-    if (!end)
-        *s = (struct seen){.made = o->made, .served = o->served, .cpu = cpu, .cpu_ok = cpu_ok, .at = now, .pid = pid};
+    if (end)
+        return;
+    s->made = o->made;
+    s->served = o->served;
+    s->at = now;
+    if (cpu_ok) /* a process gone keeps its last reading, for the final view's average */
+        *s = (struct seen){.made = o->made, .served = o->served, .cpu = cpu, .cpu_ok = true, .at = now, .pid = pid,
+                           .cpu_at = now};
 }
 
 /* A rank with a process, or one that had one (an elastic job's free ranks have neither). */
