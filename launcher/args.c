@@ -46,6 +46,9 @@ static const char usage[] =
     "                         N times (default: 0); a worker that exits non-zero is not restarted\n"
     "  --restart job|rank     with --max-restarts: restart the whole job (default), or start a new\n"
     "                         process for the failed rank only while the others keep running\n"
+    "  --monitor[=SECONDS]    a live view on stderr, every SECONDS (default: 1): per worker, calls served\n"
+    "                         and made per second and in all, inbox depth, calls in flight, heap in use\n"
+    "                         and CPU %; redrawn in place on a terminal, appended otherwise; totals at the end\n"
     "  --version              print the version and exit\n"
     "  -h, --help             print this help and exit\n"
     "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, SHMRPC_JOB (elastic\n"
@@ -133,7 +136,7 @@ static const char *bad_option(char **argv, char buf[3])
 }
 
 enum { OPT_SHM = 256, OPT_PREFIX, OPT_RING, OPT_TAG, OPT_DIR, OPT_FOLD, OPT_GRACE, OPT_BIND, OPT_REPORT, OPT_RESTARTS, OPT_POLICY,
-       OPT_VERSION, OPT_MAXW, OPT_JOIN, OPT_RANK };
+       OPT_VERSION, OPT_MAXW, OPT_JOIN, OPT_RANK, OPT_MONITOR };
 
 static const struct option opts[] = {
     {"nproc", required_argument, NULL, 'n'},        {"shm-size", required_argument, NULL, OPT_SHM},
@@ -144,7 +147,7 @@ static const struct option opts[] = {
     {"max-restarts", required_argument, NULL, OPT_RESTARTS}, {"restart", required_argument, NULL, OPT_POLICY},
     {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
     {"max-workers", required_argument, NULL, OPT_MAXW}, {"join", required_argument, NULL, OPT_JOIN},
-    {"rank", required_argument, NULL, OPT_RANK},
+    {"rank", required_argument, NULL, OPT_RANK},     {"monitor", optional_argument, NULL, OPT_MONITOR},
     {0, 0, 0, 0}};
 
 /* The options of the job itself. 0, or 2 (printed). */
@@ -193,6 +196,11 @@ static int elastic_option(int c, const char *v, struct args *a)
         if (parse_int(v, 0, SR_MAX_WORKERS - 1, &l))
             return bad_usage("--rank takes a rank in [0, 4095], not '%s'", v);
         a->join_rank = (int)l;
+        return 0;
+    case OPT_MONITOR:
+        a->monitor_ns = MONITOR_DEFAULT_NS;
+        if (v && (parse_seconds(v, 3600, &a->monitor_ns) || a->monitor_ns < 1000000))
+            return bad_usage("--monitor takes seconds in [0.001, 3600], not '%s'", v);
         return 0;
     default: /* OPT_REPORT */
         a->report_bindings = true;

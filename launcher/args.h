@@ -24,11 +24,13 @@ struct args {
     int max_workers;        /* --max-workers: an elastic job's rank space (0: n) */
     const char *join;       /* --join JOB: join that job instead of starting one (join.c) */
     int join_rank;          /* --rank with --join; -1: the lowest free */
+    int64_t monitor_ns;     /* --monitor[=SECONDS]: the live view's interval (monitor.h); 0: off */
     char **argv;            /* the program and its arguments */
 };
 
 #define GRACE_DEFAULT_NS (INT64_C(10) * 1000000000)
 #define FOLD_DEFAULT_NS (INT64_C(250) * 1000000)
+#define MONITOR_DEFAULT_NS (INT64_C(1000) * 1000000)
 
 /* 0 to run, 1 after --help or --version (printed), 2 for a bad command line
  * (one error line and the usage hint printed on stderr). */

@@ -9,7 +9,7 @@
  * policy and grace period: lib/job/job.h). Output: output.h; CPU binding: bind.h;
  * the processes the workers leave behind, ended with the job: sweep.h.
  * With --max-restarts, a worker killed by a signal starts the whole job
- * again (restart policy: lib/job/job.h). With --max-workers M the job is
+ * again (restart policy: lib/job/job.h). --monitor: a live view (monitor.h). With --max-workers M the job is
  * elastic (M ranks, N launched), and shmrun --join JOB adds a worker to a
  * running one (join.h; lib/job/job.h, "Joining").
  * Exit status: 0 when every worker exited 0; the failed worker's status (or
@@ -30,6 +30,7 @@
 #include "log.h"
 #include "job.h"
 #include "join.h"
+#include "monitor.h"
 #include "output.h"
 #include "sweep.h"
 #include "trace_seam.h"
@@ -38,6 +39,7 @@
 struct launch {
     char **argv;
     struct out *out;
+    struct monitor *mon; /* --monitor; NULL: off */
     struct bind_plan bind;
     struct sr_trace_job *trace; /* the profiler's record areas; NULL: none */
 };
@@ -63,6 +65,7 @@ static void exec_worker(sr_job *job, int rank, void *p)
     snprintf(buf, sizeof(buf), "%d", job->n);
     setenv("SHMRPC_WORLD_SIZE", buf, 1);
     sr__trace_job_child(l->trace, rank, true);
+    mon_child(l->mon);
     execvp(l->argv[0], l->argv);
     fprintf(stderr, "shmrun: rank %d: exec %s: %s\n", rank, l->argv[0], strerror(errno));
     _exit(127);
@@ -113,14 +116,18 @@ static int run_job(sr_job *job, const struct args *a, int sigfd, struct sr_trace
     int rc = bind_plan_make(&l.bind, a->bind, a->n);
     if (!rc)
         rc = out_create(&l.out, a, job);
+    if (!rc && (rc = mon_create(&l.mon, a, job)))
+        sr__fail(rc, "shmrun", "no memory for --monitor");
     if (!rc)
         rc = start_workers(job, &l, a);
     int status = -1;
     if (!rc) {
         sr_job_hooks h = {.sigfd = sigfd, .grace_ns = a->grace_ns};
         out_hooks(l.out, &h);
+        mon_hooks(l.mon, &h);
         status = sr__job_supervise(job, &h);
     }
+    mon_destroy(l.mon);
     out_destroy(l.out);
     bind_plan_free(&l.bind);
     if (rc || status < 0)

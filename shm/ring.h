@@ -188,6 +188,17 @@ static_assert(offsetof(struct sr_ring, head) == 2 * SR_CACHELINE, "ring layout")
 static_assert(offsetof(struct sr_ring, space_ranks) == 4 * SR_CACHELINE, "ring layout");
 static_assert(offsetof(struct sr_ring, slots) == 12 * SR_CACHELINE, "ring layout");
 
+/* Messages in r that its consumer has not read yet (tail - head: the
+ * producers' claims count), for reports and gauges: two relaxed loads, not
+ * a snapshot, clamped to [0, size]. Any process, any thread. */
+static inline uint32_t sr__ring_depth(struct sr_ring *r, uint32_t size)
+{
+    /* relaxed: a statistic; head is the consumer's R1 store, tail the producers' claims */
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t d = atomic_load_explicit(&r->tail, memory_order_relaxed) - head;
+    return d > size ? (d > UINT32_MAX / 2 ? 0 : size) : d;
+}
+
 static inline size_t sr__ring_bytes(uint32_t slots)
 {
     return sizeof(struct sr_ring) + (size_t)slots * sizeof(struct sr_slot);

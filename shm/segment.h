@@ -41,13 +41,14 @@
 #include "atomics.h"
 
 #define SR_SEG_MAGIC UINT64_C(0x0143505252484d53) /* "SHMRRPC\1", little-endian */
-#define SR_SEG_LAYOUT_FORMAT 9u                   /* bump when any offset below changes (2: remote_free;
+#define SR_SEG_LAYOUT_FORMAT 10u                  /* bump when any offset below changes (2: remote_free;
                                                      3: ring space_ranks, worker space_kick; 4: exit lines;
                                                      5: crash lines; 6: attaching count, attaches flags;
                                                      7: flags, generations, heap areas apart from ranks,
                                                      the area table; 8: the area's foreign count and
                                                      its owner's table of held references; 9: launched,
-                                                     elastic jobs' free ranks and leaves) */
+                                                     elastic jobs' free ranks and leaves; 10: the
+                                                     worker's counters) */
 #define SR_SEG_VERSION 1u                         /* bump when the protocol changes */
 #define SR_SEG_HEADER_SIZE 4096u
 #define SR_MAX_WORKERS 4096                       /* RRef ids carry a 16-bit worker id */
@@ -190,6 +191,28 @@ static_assert(sizeof(struct sr_seg_header) <= SR_SEG_HEADER_SIZE, "header fits i
 static_assert(offsetof(struct sr_seg_header, attached) % SR_CACHELINE == 0, "shared counters on their own line");
 static_assert(offsetof(struct sr_seg_header, exits) % SR_CACHELINE == 0, "the supervisor's counter on its own line");
 
+/* A worker's running counters, in its line of the worker table: what the
+ * launcher's live view shows (shmrun --monitor, docs/LAUNCHER.md) and the
+ * profiler's counter tracks read (docs/PROFILING.md). Written only by the
+ * worker's own process (lib/rpc), which zeroes them at sr_init (a rank's
+ * next generation starts from zero), with relaxed read-modify-writes by
+ * whichever of its threads counts, as it counted its calls in flight before
+ * they were published here: no read-modify-write more than that per call.
+ * Read by anyone with relaxed loads: each is a statistic, nothing is
+ * published with it, and a reader takes in flight = made - ended (never
+ * below 0: the two loads are not one snapshot). */
+struct sr_worker_counters {
+    _Atomic uint64_t calls_made;  /* calls this worker started (its threads, at the call's start) */
+    _Atomic uint64_t calls_ended; /* those that ended: answered, failed, timed out, their peer gone */
+    _Atomic uint64_t served_in;   /* requests it took to serve (the polling thread that decoded them) */
+    _Atomic uint64_t served_out;  /* those it answered (the thread that finished them) */
+    /* The worker's heap in use, bytes (sr__heap_allocated), sampled only
+     * while SHMRPC_MONITOR_INTERVAL is set (shmrun --monitor): at most once
+     * per interval, by a thread that starts or serves a call then (the one
+     * that wins the agent's sample time, so one writer at a time). */
+    _Atomic uint64_t heap_bytes;
+};
+
 struct sr_worker_info {
     /* Line 0: written by the creator before the worker starts; read-only after. */
     int32_t eventfd;        /* doorbell for the eventfd fallback (inherited fd number) */
@@ -234,11 +257,15 @@ struct sr_worker_info {
     _Atomic uint32_t crashed SR_ALIGNED_LINE; /* 0: no report; 1: the fields below are set */
     int32_t crash_caller;   /* rank of the caller of the call being served */
     char crash_fn[SR_CRASH_FN_MAX]; /* its function's name, NUL-terminated */
+
+    /* Own line: the worker's counters (struct sr_worker_counters above). */
+    struct sr_worker_counters counters SR_ALIGNED_LINE;
 };
 static_assert(offsetof(struct sr_worker_info, pid) == SR_CACHELINE, "worker line");
 static_assert(offsetof(struct sr_worker_info, doorbell) % SR_CACHELINE == 0, "doorbell on its own line");
 static_assert(offsetof(struct sr_worker_info, exited) % SR_CACHELINE == 0, "exit line on its own line");
 static_assert(offsetof(struct sr_worker_info, crashed) % SR_CACHELINE == 0, "crash line on its own line");
+static_assert(offsetof(struct sr_worker_info, counters) % SR_CACHELINE == 0, "counters on their own line");
 
 /* One line of the area table per heap area (heap.h, "Areas"). */
 enum sr_heap_area_state {

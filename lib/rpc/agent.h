@@ -106,6 +106,7 @@
 #include "shmrpc/rpc.h"
 #include "transport.h"
 #include "clock.h" /* sr__now_ns, sr__now_coarse_ns */
+#include "segment.h" /* struct sr_worker_counters */
 #include "wire.h"
 
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
@@ -185,7 +186,16 @@ typedef struct sr_agent {
      * or empty: set once under slots_lock by sr__calls_fail_all, which
      * fails the calls in flight; every later begin fails with it. */
     char calls_lost[320];
-    _Atomic uint64_t client_active;
+    /* This worker's counters (segment.h, struct sr_worker_counters: calls
+     * made and ended, served in and out, heap in use): its line of the
+     * segment's worker table, where the launcher reads them, or own_ctr
+     * without a segment. Set at init (counters.c). mon_ns: the heap's
+     * sampling interval (SHMRPC_MONITOR_INTERVAL; 0: not sampled), mon_due:
+     * when the next sample is due (coarse ns; CAS by the thread that takes it). */
+    struct sr_worker_counters *ctr;
+    struct sr_worker_counters own_ctr;
+    int64_t mon_ns;
+    _Atomic int64_t mon_due;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
     _Atomic uint64_t refused;         /* messages refused for their generation stamps (refuse.c) */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
@@ -202,7 +212,7 @@ typedef struct sr_agent {
     pthread_t *executors;
     int nexec;
     _Atomic uint32_t exec_idle;
-    _Atomic uint64_t server_active, server_async;
+    _Atomic uint64_t server_async;
 
     /* messages waiting for space in full peer inboxes, per destination (outq.h) */
     sr_outq outq;
@@ -273,6 +283,22 @@ typedef struct sr_agent {
      * its wake syscall counts too, a window of about a microsecond.) */
     _Atomic uint64_t idle_missed_wakes;
 } sr_agent;
+
+/* Count one event in a counter of ctr (relaxed: a statistic, see segment.h). */
+static inline void sr__count(_Atomic uint64_t *c) { atomic_fetch_add_explicit(c, 1, memory_order_relaxed); }
+/* counters.c: point ctr at our line of the segment (or own_ctr), zeroed;
+ * read SHMRPC_MONITOR_INTERVAL. 0, or -EINVAL for a bad value. */
+int sr__counters_init(sr_agent *a);
+/* A call starts or is served: sample the heap if the monitor wants it now. */
+void sr__counters_sample_slow(sr_agent *a);
+static inline void sr__counters_sample(sr_agent *a)
+{
+    if (sr_unlikely(a->mon_ns))
+        sr__counters_sample_slow(a);
+}
+/* made - ended, served_in - served_out: never below 0 */
+uint64_t sr__counters_in_flight(const struct sr_worker_counters *c);
+uint64_t sr__counters_serving(const struct sr_worker_counters *c);
 
 /* A reference to the published agent, or NULL (and, if fn is not NULL, an
  * -SR_ESHUTDOWN error naming fn) before sr_init and from sr_shutdown on. */

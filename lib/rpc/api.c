@@ -129,6 +129,8 @@ static int agent_create(const sr_init_opts *o, sr_agent **out)
         rc = transports(a, o->name ? name : NULL);
     if (!rc)
         rc = collect_names(a);
+    if (!rc)
+        rc = sr__counters_init(a);
     if (!rc && (!(a->gone = calloc((size_t)a->world, 1)) || !(a->ctl_in = calloc((size_t)a->world, 1)) ||
                 !(a->expect = calloc((size_t)a->world, sizeof(*a->expect))) ||
                 !(a->quiesce = calloc((size_t)a->world, sizeof(*a->quiesce)))))
@@ -478,8 +480,8 @@ SR_API int sr_debug_info_get(sr_debug_info *o)
         return -SR_ESHUTDOWN;
     /* relaxed throughout: a snapshot of statistics */
     *o = (sr_debug_info){
-        .client_active_calls = atomic_load_explicit(&a->client_active, memory_order_relaxed),
-        .server_active_calls = atomic_load_explicit(&a->server_active, memory_order_relaxed),
+        .client_active_calls = sr__counters_in_flight(a->ctr),
+        .server_active_calls = sr__counters_serving(a->ctr),
         .server_async_calls = atomic_load_explicit(&a->server_async, memory_order_relaxed),
         .thread_pool_size = (uint32_t)a->nexec,
         .num_idle_threads = atomic_load_explicit(&a->exec_idle, memory_order_relaxed),

@@ -180,7 +180,8 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, gen, memory_order_relaxed);
     pthread_mutex_unlock(&a->slots_lock);
-    atomic_fetch_add_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    sr__count(&a->ctr->calls_made);
+    sr__counters_sample(a);
     *id = (uint64_t)gen << 32 | (uint32_t)i;
     if (kick) /* the progress thread may be asleep with a later timer: wake it to re-arm */
         sr__agent_kick(a);
@@ -200,7 +201,7 @@ static sr_future *end_locked(sr_agent *a, int32_t i)
     atomic_store_explicit(&s->gen, atomic_load_explicit(&s->gen, memory_order_relaxed) + 1, memory_order_relaxed);
     s->next_free = a->free_head;
     a->free_head = i;
-    atomic_fetch_sub_explicit(&a->client_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    sr__count(&a->ctr->calls_ended);
     return f;
 }
 

@@ -6,6 +6,7 @@
  * pool shut down first. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,9 +98,22 @@ void sr__exec_hand_off_kept(sr_agent *a)
     sr__thr.jobs_tail = NULL;
 }
 
+/* What an executor is started with: its agent and its index, for its name. */
+struct exec_start {
+    sr_agent *a;
+    int index;
+};
+
 static void *executor_main(void *p)
 {
-    sr_agent *a = p;
+    struct exec_start st = *(struct exec_start *)p;
+    free(p);
+    sr_agent *a = st.a;
+    /* Its name in top -H, gdb and the profiler's traces (docs/PROFILING.md),
+     * set before it can record anything: "shmrpc-exec0", ... (15 bytes at most) */
+    char name[16];
+    snprintf(name, sizeof(name), "shmrpc-exec%d", st.index);
+    pthread_setname_np(pthread_self(), name);
     pthread_mutex_lock(&a->q_lock);
     for (;;) {
         while (!a->q_head && !a->exec_stopping) {
@@ -132,9 +146,14 @@ int sr__exec_start(sr_agent *a, int n)
     if (!a->executors)
         return sr__fail(-ENOMEM, "sr_init", "no memory for %d executor threads", n);
     for (a->nexec = 0; a->nexec < n; a->nexec++) {
-        int rc = pthread_create(&a->executors[a->nexec], NULL, executor_main, a);
-        if (rc)
+        struct exec_start *st = malloc(sizeof(*st)); /* the thread frees it */
+        if (st)
+            *st = (struct exec_start){.a = a, .index = a->nexec};
+        int rc = st ? pthread_create(&a->executors[a->nexec], NULL, executor_main, st) : ENOMEM;
+        if (rc) {
+            free(st);
             return sr__fail(-rc, "sr_init", "cannot start executor thread %d: %s", a->nexec, strerror(rc));
+        }
     }
     return 0;
 }

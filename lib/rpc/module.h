@@ -414,6 +414,14 @@ static inline int64_t sr__probe_now(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The agent's gauges, for the profiler's counter tracks (docs/PROFILING.md):
+ * this worker's calls in flight and the messages waiting in its inbox
+ * (relaxed reads of statistics; zeros without an agent). Any thread. */
+struct sr_rpc_gauges {
+    uint64_t in_flight, inbox;
+};
+void sr__rpc_gauges(struct sr_rpc_gauges *g);
+
 /* Turn probes on (mask != 0) or off; returns the previous mask (0, and
  * nothing changes, without a profiler). */
 uint32_t sr__probe_set(uint32_t mask);

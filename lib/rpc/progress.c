@@ -265,6 +265,9 @@ static void *progress_main(void *p)
 {
     sr_agent *a = p;
     sr__thr.progress = a;
+    /* Its name in top -H, gdb and the profiler's traces (docs/PROFILING.md),
+     * set before it can record anything */
+    pthread_setname_np(pthread_self(), "shmrpc-progress");
     while (!stopping(a))
         progress_step(a, NULL, -1);
     /* release: a waiter still running (an executor finishing a nested call)

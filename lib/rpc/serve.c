@@ -195,7 +195,7 @@ static void call_free(sr_agent *a, struct sr_call *c)
     uint8_t gens = c->caller_gens;
     free(c->msg);
     free(c);
-    atomic_fetch_sub_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    sr__count(&a->ctr->served_out);
     sr__quiesce_done(a, caller, gens);
 }
 
@@ -672,7 +672,7 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
     bool refused = c && modules_request_in(c, &ext);
     sr__payload_done(m);
     if (refused) {
-        atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+        sr__count(&a->ctr->served_in);
         c->raw_error = false;
         finish_call(c); /* answered with the module's error; the hooks' state is dropped */
         *answered = true;
@@ -709,7 +709,8 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         sr__quiesce_done(a, m->src, m->gens); /* after the answer was counted */
         return;
     }
-    atomic_fetch_add_explicit(&a->server_active, 1, memory_order_relaxed); /* relaxed: statistics */
+    sr__count(&a->ctr->served_in);
+    sr__counters_sample(a);
     gate_call(c, mode);
 }
 

@@ -155,11 +155,20 @@ static sr_tensor *add_like(const char *fn, const sr_node_ops *ops, sr_tensor *a,
     return record_binary(out, ops, a, b, alpha, false);
 }
 
-SR_API sr_tensor *sr_add(sr_tensor *a, sr_tensor *b) { return add_like("sr_add", &add_ops, a, b, 1.0); }
-SR_API sr_tensor *sr_sub(sr_tensor *a, sr_tensor *b) { return add_like("sr_sub", &sub_ops, a, b, -1.0); }
+SR_API sr_tensor *sr_add(sr_tensor *a, sr_tensor *b)
+{
+    SR_OP_SPAN("add");
+    return add_like("sr_add", &add_ops, a, b, 1.0);
+}
+SR_API sr_tensor *sr_sub(sr_tensor *a, sr_tensor *b)
+{
+    SR_OP_SPAN("sub");
+    return add_like("sr_sub", &sub_ops, a, b, -1.0);
+}
 
 SR_API sr_tensor *sr_mul(sr_tensor *a, sr_tensor *b)
 {
+    SR_OP_SPAN("mul");
     sr_tensor *in[2] = {a, b};
     bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_mul", a, b, false);
@@ -172,6 +181,7 @@ SR_API sr_tensor *sr_mul(sr_tensor *a, sr_tensor *b)
 
 SR_API sr_tensor *sr_div(sr_tensor *a, sr_tensor *b)
 {
+    SR_OP_SPAN("div");
     sr_tensor *in[2] = {a, b};
     bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_div", a, b, true);
@@ -190,6 +200,7 @@ static double pow_fn(const double *x, const void *arg)
 
 SR_API sr_tensor *sr_pow(sr_tensor *a, sr_tensor *b)
 {
+    SR_OP_SPAN("pow");
     sr_tensor *in[2] = {a, b};
     bool pinned = sr__pin_saved(in, 2); /* saves what it reads */
     sr_tensor *out = binary_out("sr_pow", a, b, true);
@@ -272,31 +283,37 @@ static sr_tensor *scalar_op(const char *fn, sr_tensor *a, double s, enum sr_bino
 
 SR_API sr_tensor *sr_add_scalar(sr_tensor *a, double s)
 {
+    SR_OP_SPAN("add_scalar");
     return record_scalar(scalar_op("sr_add_scalar", a, s, SR_BIN_ADD, 1.0, false), &add_scalar_ops, a, s, false);
 }
 
 SR_API sr_tensor *sr_sub_scalar(sr_tensor *a, double s)
 {
+    SR_OP_SPAN("sub_scalar");
     return record_scalar(scalar_op("sr_sub_scalar", a, s, SR_BIN_ADD, -1.0, false), &sub_scalar_ops, a, s, false);
 }
 
 SR_API sr_tensor *sr_mul_scalar(sr_tensor *a, double s)
 {
+    SR_OP_SPAN("mul_scalar");
     return record_scalar(scalar_op("sr_mul_scalar", a, s, SR_BIN_MUL, 1.0, false), &mul_scalar_ops, a, s, false);
 }
 
 SR_API sr_tensor *sr_neg(sr_tensor *a)
 {
+    SR_OP_SPAN("neg");
     return record_scalar(scalar_op("sr_neg", a, -1.0, SR_BIN_MUL, 1.0, false), &neg_ops, a, -1.0, false);
 }
 
 SR_API sr_tensor *sr_div_scalar(sr_tensor *a, double s)
 {
+    SR_OP_SPAN("div_scalar");
     return record_scalar(scalar_op("sr_div_scalar", a, s, SR_BIN_DIV, 1.0, true), &div_scalar_ops, a, s, false);
 }
 
 SR_API sr_tensor *sr_pow_scalar(sr_tensor *a, double p)
 {
+    SR_OP_SPAN("pow_scalar");
     if (!a || sr__check_float("sr_pow_scalar", a))
         return NULL;
     bool pinned = sr__pin_saved(&a, 1); /* saves what it reads */

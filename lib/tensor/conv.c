@@ -362,6 +362,7 @@ static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w
 SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, const int64_t *stride,
                             const int64_t *padding, const int64_t *dilation, int64_t groups)
 {
+    SR_OP_SPAN("conv2d");
     static const int64_t ones[2] = {1, 1}, zeros[2] = {0, 0};
     const int64_t *st = stride ? stride : ones, *pad = padding ? padding : zeros, *dil = dilation ? dilation : ones;
     struct conv_geom g;

@@ -40,6 +40,7 @@ static int start(const char *fn, sr_tensor *t, const sr_tensor *const *src, int 
 
 SR_API int sr_fill_(sr_tensor *t, double value)
 {
+    SR_OP_SPAN("fill_");
     if (!t)
         return start("sr_fill_", t, NULL, 0);
     int rc = sr__check_scalar("sr_fill_", t, value);
@@ -57,10 +58,15 @@ SR_API int sr_fill_(sr_tensor *t, double value)
     return rc;
 }
 
-SR_API int sr_zero_(sr_tensor *t) { return sr_fill_(t, 0.0); }
+SR_API int sr_zero_(sr_tensor *t)
+{
+    SR_OP_SPAN("zero_");
+    return sr_fill_(t, 0.0);
+}
 
 SR_API int sr_copy_(sr_tensor *dst, const sr_tensor *src)
 {
+    SR_OP_SPAN("copy_");
     int nd;
     int64_t shape[SR_MAX_DIMS];
     char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];
@@ -94,10 +100,15 @@ static int binary_(const char *fn, sr_tensor *t, const sr_tensor *other, enum sr
 
 SR_API int sr_add_(sr_tensor *t, const sr_tensor *other, double alpha)
 {
+    SR_OP_SPAN("add_");
     return binary_("sr_add_", t, other, SR_BIN_ADD, alpha);
 }
 
-SR_API int sr_mul_(sr_tensor *t, const sr_tensor *other) { return binary_("sr_mul_", t, other, SR_BIN_MUL, 1.0); }
+SR_API int sr_mul_(sr_tensor *t, const sr_tensor *other)
+{
+    SR_OP_SPAN("mul_");
+    return binary_("sr_mul_", t, other, SR_BIN_MUL, 1.0);
+}
 
 static int scalar_(const char *fn, sr_tensor *t, double s, enum sr_binop op)
 {
@@ -113,8 +124,16 @@ static int scalar_(const char *fn, sr_tensor *t, double s, enum sr_binop op)
     return rc;
 }
 
-SR_API int sr_add_scalar_(sr_tensor *t, double s) { return scalar_("sr_add_scalar_", t, s, SR_BIN_ADD); }
-SR_API int sr_mul_scalar_(sr_tensor *t, double s) { return scalar_("sr_mul_scalar_", t, s, SR_BIN_MUL); }
+SR_API int sr_add_scalar_(sr_tensor *t, double s)
+{
+    SR_OP_SPAN("add_scalar_");
+    return scalar_("sr_add_scalar_", t, s, SR_BIN_ADD);
+}
+SR_API int sr_mul_scalar_(sr_tensor *t, double s)
+{
+    SR_OP_SPAN("mul_scalar_");
+    return scalar_("sr_mul_scalar_", t, s, SR_BIN_MUL);
+}
 
 static double addcmul_fn(const double *x, const void *arg) { return x[0] + *(const double *)arg * x[1] * x[2]; }
 static double addcdiv_fn(const double *x, const void *arg) { return x[0] + *(const double *)arg * x[1] / x[2]; }
@@ -136,10 +155,12 @@ static int ternary_(const char *fn, sr_tensor *t, const sr_tensor *a, const sr_t
 
 SR_API int sr_addcmul_(sr_tensor *t, const sr_tensor *a, const sr_tensor *b, double value)
 {
+    SR_OP_SPAN("addcmul_");
     return ternary_("sr_addcmul_", t, a, b, addcmul_fn, value);
 }
 
 SR_API int sr_addcdiv_(sr_tensor *t, const sr_tensor *a, const sr_tensor *b, double value)
 {
+    SR_OP_SPAN("addcdiv_");
     return ternary_("sr_addcdiv_", t, a, b, addcdiv_fn, value);
 }

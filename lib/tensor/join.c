@@ -73,6 +73,7 @@ static sr_tensor *record_cat(sr_tensor *out, sr_tensor *const *ts, size_t n, int
 
 SR_API sr_tensor *sr_cat(sr_tensor *const *ts, size_t n, int dim)
 {
+    SR_OP_SPAN("cat");
     if (check_list("sr_cat", ts, n))
         return NULL;
     if (ts[0]->ndim == 0) {
@@ -107,6 +108,7 @@ SR_API sr_tensor *sr_cat(sr_tensor *const *ts, size_t n, int dim)
 
 SR_API sr_tensor *sr_stack(sr_tensor *const *ts, size_t n, int dim)
 {
+    SR_OP_SPAN("stack");
     if (check_list("sr_stack", ts, n))
         return NULL;
     char b1[SR_SHAPE_STR], b2[SR_SHAPE_STR];

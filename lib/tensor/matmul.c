@@ -146,8 +146,16 @@ static sr_tensor *mm_like(const char *fn, const sr_node_ops *ops, sr_tensor *a, 
     return out;
 }
 
-SR_API sr_tensor *sr_mm(sr_tensor *a, sr_tensor *b) { return mm_like("sr_mm", &mm_ops, a, b, 2); }
-SR_API sr_tensor *sr_bmm(sr_tensor *a, sr_tensor *b) { return mm_like("sr_bmm", &bmm_ops, a, b, 3); }
+SR_API sr_tensor *sr_mm(sr_tensor *a, sr_tensor *b)
+{
+    SR_OP_SPAN("mm");
+    return mm_like("sr_mm", &mm_ops, a, b, 2);
+}
+SR_API sr_tensor *sr_bmm(sr_tensor *a, sr_tensor *b)
+{
+    SR_OP_SPAN("bmm");
+    return mm_like("sr_bmm", &bmm_ops, a, b, 3);
+}
 
 /* Replace *t by f(*t) (owning both). */
 static bool step(sr_tensor **t, sr_tensor *next)
@@ -194,6 +202,7 @@ static int check_matmul(const sr_tensor *a, const sr_tensor *b, int64_t *batch, 
 
 SR_API sr_tensor *sr_matmul(sr_tensor *a, sr_tensor *b)
 {
+    SR_OP_SPAN("matmul");
     int64_t batch[SR_MAX_DIMS];
     int nb;
     if (!a || !b || check_matmul(a, b, batch, &nb))

@@ -54,6 +54,7 @@ static const sr_node_ops log_softmax_ops = {.name = "LogSoftmaxBackward0", .appl
 
 SR_API sr_tensor *sr_log_softmax(sr_tensor *a, int dim)
 {
+    SR_OP_SPAN("log_softmax");
     int d = a && !sr__check_float("sr_log_softmax", a) ? sr__wrap_dim("sr_log_softmax", dim, a->ndim) : -1;
     if (d < 0)
         return NULL;
@@ -84,6 +85,7 @@ SR_API sr_tensor *sr_log_softmax(sr_tensor *a, int dim)
 
 SR_API sr_tensor *sr_softmax(sr_tensor *a, int dim)
 {
+    SR_OP_SPAN("softmax");
     sr_tensor *l = sr_log_softmax(a, dim);
     sr_tensor *out = l ? sr_exp(l) : NULL;
     sr_tensor_unref(l);
@@ -167,6 +169,7 @@ static int nll_sum(const sr_tensor *lp, const char *p, const int64_t *tg, double
 
 SR_API sr_tensor *sr_nll_loss(sr_tensor *logp, sr_tensor *target)
 {
+    SR_OP_SPAN("nll_loss");
     if (!logp || !target || check_nll(logp, target))
         return NULL;
     sr_tensor *lp = sr_contiguous(logp), *tg = lp ? sr_contiguous(target) : NULL;
@@ -197,6 +200,7 @@ SR_API sr_tensor *sr_nll_loss(sr_tensor *logp, sr_tensor *target)
 
 SR_API sr_tensor *sr_cross_entropy(sr_tensor *logits, sr_tensor *target)
 {
+    SR_OP_SPAN("cross_entropy");
     if (!logits || !target)
         return NULL;
     sr_tensor *l = sr_log_softmax(logits, logits->ndim >= 2 ? 1 : 0);
@@ -207,6 +211,7 @@ SR_API sr_tensor *sr_cross_entropy(sr_tensor *logits, sr_tensor *target)
 
 SR_API sr_tensor *sr_mse_loss(sr_tensor *input, sr_tensor *target)
 {
+    SR_OP_SPAN("mse_loss");
     if (!input || !target)
         return NULL;
     int nd;

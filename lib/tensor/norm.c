@@ -244,6 +244,7 @@ static sr_tensor *ln_forward(sr_tensor *x, struct ln_rows r, sr_tensor *w, sr_te
 SR_API sr_tensor *sr_layer_norm(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
                                 sr_tensor *bias, double eps)
 {
+    SR_OP_SPAN("layer_norm");
     if (!x || check_norm(x, ndim, normalized_shape, weight, bias))
         return NULL;
     struct ln_rows r = {.d = sr__numel(ndim, normalized_shape)};

@@ -210,6 +210,7 @@ static sr_tensor *record(sr_tensor *x, sr_tensor *out, const sr_node_ops *ops, c
 
 SR_API sr_tensor *sr_max_pool2d(sr_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding)
 {
+    SR_OP_SPAN("max_pool2d");
     struct pool_geom g;
     if (!x || pool_geom("sr_max_pool2d", x, kernel, stride, padding, &g))
         return NULL;
@@ -236,6 +237,7 @@ SR_API sr_tensor *sr_max_pool2d(sr_tensor *x, const int64_t *kernel, const int64
 
 SR_API sr_tensor *sr_avg_pool2d(sr_tensor *x, const int64_t *kernel, const int64_t *stride, const int64_t *padding)
 {
+    SR_OP_SPAN("avg_pool2d");
     struct pool_geom g;
     if (!x || pool_geom("sr_avg_pool2d", x, kernel, stride, padding, &g))
         return NULL;

@@ -155,6 +155,7 @@ static sr_tensor *sum_forward(const char *fn, sr_tensor *a, int dim, bool all, b
 
 SR_API sr_tensor *sr_sum(sr_tensor *a)
 {
+    SR_OP_SPAN("sum");
     if (!a)
         return NULL;
     return record(sum_forward("sr_sum", a, -1, true, false), &sum_ops, a, -1, false, 1.0);
@@ -162,6 +163,7 @@ SR_API sr_tensor *sr_sum(sr_tensor *a)
 
 SR_API sr_tensor *sr_sum_dim(sr_tensor *a, int dim, bool keepdim)
 {
+    SR_OP_SPAN("sum_dim");
     int d = a ? sr__wrap_dim("sr_sum_dim", dim, a->ndim) : -1;
     if (d < 0)
         return NULL;
@@ -185,6 +187,7 @@ static sr_tensor *divided(sr_tensor *t, double count)
 
 SR_API sr_tensor *sr_mean(sr_tensor *a)
 {
+    SR_OP_SPAN("mean");
     if (!a || sr__check_float("sr_mean", a))
         return NULL;
     double count = (double)sr__numel(a->ndim, a->shape);
@@ -194,6 +197,7 @@ SR_API sr_tensor *sr_mean(sr_tensor *a)
 
 SR_API sr_tensor *sr_mean_dim(sr_tensor *a, int dim, bool keepdim)
 {
+    SR_OP_SPAN("mean_dim");
     int d = a && !sr__check_float("sr_mean_dim", a) ? sr__wrap_dim("sr_mean_dim", dim, a->ndim) : -1;
     if (d < 0)
         return NULL;

@@ -233,4 +233,29 @@ sr_tensor *sr__sum_to(sr_tensor *g, int ndim, const int64_t *shape);
 /* Tensors with the same dtype as t: filled with v. */
 sr_tensor *sr__full_like(const sr_tensor *t, double v);
 
+/* Op spans (tensor_seam.h, "op spans"): SR_OP_SPAN("matmul"); as the first
+ * statement of a public op's body calls the registered begin hook now and
+ * its end hook when the body returns (a cleanup attribute). */
+extern _Atomic(const sr_op_hooks *) sr__op_hooks;
+struct sr_op_scope {
+    const sr_op_hooks *h; /* NULL: no span */
+    const char *op;
+    int64_t token;
+};
+static inline struct sr_op_scope sr__op_scope_begin(const char *op)
+{
+    /* acquire: pairs with the release in sr__tensor_op_hooks_set (the hooks' table is complete) */
+    const sr_op_hooks *h = atomic_load_explicit(&sr__op_hooks, memory_order_acquire);
+    if (__builtin_expect(h == NULL, 1))
+        return (struct sr_op_scope){0};
+    return (struct sr_op_scope){.h = h, .op = op, .token = h->begin(op)};
+}
+static inline void sr__op_scope_end(struct sr_op_scope *s)
+{
+    if (__builtin_expect(s->h != NULL, 0))
+        s->h->end(s->op, s->token);
+}
+#define SR_OP_SPAN(name) \
+    __attribute__((cleanup(sr__op_scope_end))) struct sr_op_scope sr__op_scope_ = sr__op_scope_begin(name)
+
 #endif

@@ -101,4 +101,22 @@ sr_tensor *sr__map(const char *fn, sr_tensor *const *in, int nin, sr_map_fn f, c
  * whose shape every input broadcasts to. */
 void sr__map_into(sr_tensor *out, sr_tensor *const *in, int nin, sr_map_fn f, const void *arg);
 
+/* ---- op spans (ops_hook.c) ----
+ * A layer above (the profiler, SHMRPC_TRACE_OPS: docs/PROFILING.md) sees
+ * every compute op of the layer (matmul, conv2d, the arithmetic, the
+ * reductions, the losses, ...; not views, factories or accessors) by
+ * registering hooks: begin(op) when an op starts, on its thread, returning
+ * a token; end(op, token) when it returns (a nested op, such as the mm
+ * inside a matmul, is a span inside its caller's). op is the public
+ * function's name without "sr_" ("matmul", "add_"), a string literal. Both
+ * must not block and must not call tensor ops. NULL turns them off; while
+ * off an op pays one relaxed load and a predicted branch. Registration is
+ * process-wide; an op that started before the hooks changed ends with the
+ * hooks it began with. */
+typedef struct sr_op_hooks {
+    int64_t (*begin)(const char *op);
+    void (*end)(const char *op, int64_t token);
+} sr_op_hooks;
+void sr__tensor_op_hooks_set(const sr_op_hooks *h);
+
 #endif

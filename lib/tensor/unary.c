@@ -167,11 +167,43 @@ static sr_tensor *unary(int which, sr_tensor *a)
     return out;
 }
 
-SR_API sr_tensor *sr_exp(sr_tensor *a) { return unary(U_EXP, a); }
-SR_API sr_tensor *sr_log(sr_tensor *a) { return unary(U_LOG, a); }
-SR_API sr_tensor *sr_sin(sr_tensor *a) { return unary(U_SIN, a); }
-SR_API sr_tensor *sr_cos(sr_tensor *a) { return unary(U_COS, a); }
-SR_API sr_tensor *sr_tanh(sr_tensor *a) { return unary(U_TANH, a); }
-SR_API sr_tensor *sr_relu(sr_tensor *a) { return unary(U_RELU, a); }
-SR_API sr_tensor *sr_sigmoid(sr_tensor *a) { return unary(U_SIGMOID, a); }
-SR_API sr_tensor *sr_sqrt(sr_tensor *a) { return unary(U_SQRT, a); }
+SR_API sr_tensor *sr_exp(sr_tensor *a)
+{
+    SR_OP_SPAN("exp");
+    return unary(U_EXP, a);
+}
+SR_API sr_tensor *sr_log(sr_tensor *a)
+{
+    SR_OP_SPAN("log");
+    return unary(U_LOG, a);
+}
+SR_API sr_tensor *sr_sin(sr_tensor *a)
+{
+    SR_OP_SPAN("sin");
+    return unary(U_SIN, a);
+}
+SR_API sr_tensor *sr_cos(sr_tensor *a)
+{
+    SR_OP_SPAN("cos");
+    return unary(U_COS, a);
+}
+SR_API sr_tensor *sr_tanh(sr_tensor *a)
+{
+    SR_OP_SPAN("tanh");
+    return unary(U_TANH, a);
+}
+SR_API sr_tensor *sr_relu(sr_tensor *a)
+{
+    SR_OP_SPAN("relu");
+    return unary(U_RELU, a);
+}
+SR_API sr_tensor *sr_sigmoid(sr_tensor *a)
+{
+    SR_OP_SPAN("sigmoid");
+    return unary(U_SIGMOID, a);
+}
+SR_API sr_tensor *sr_sqrt(sr_tensor *a)
+{
+    SR_OP_SPAN("sqrt");
+    return unary(U_SQRT, a);
+}

@@ -352,6 +352,7 @@ SR_API sr_tensor *sr_detach(sr_tensor *a)
 
 SR_API sr_tensor *sr_clone(sr_tensor *a)
 {
+    SR_OP_SPAN("clone");
     if (!a)
         return NULL;
     sr_tensor *out = sr__tensor_new("sr_clone", a->dtype, a->ndim, a->shape);
@@ -362,6 +363,7 @@ SR_API sr_tensor *sr_clone(sr_tensor *a)
 
 SR_API sr_tensor *sr_contiguous(sr_tensor *a)
 {
+    SR_OP_SPAN("contiguous");
     if (a && sr_tensor_is_contiguous(a))
         return sr_tensor_ref(a);
     return sr_clone(a);

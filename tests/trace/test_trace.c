@@ -39,6 +39,7 @@
 #include "json_check.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
+#include "shmrpc/tensor.h"
 #include "trace.h"
 
 LEAK_CHECKED_SUITE(trace);
@@ -158,7 +159,7 @@ static const char *check_common(const jv *ev, size_t i)
 {
     cr_assert_eq(ev->t, J_OBJ, "event %zu is not an object", i);
     const char *ph = j_str(ev, "ph");
-    cr_assert(ph && strlen(ph) == 1 && strchr("XBEbesfiM", ph[0]), "event %zu has a bad ph '%s'", i, ph ? ph : "(none)");
+    cr_assert(ph && strlen(ph) == 1 && strchr("XBEbesfiMC", ph[0]), "event %zu has a bad ph '%s'", i, ph ? ph : "(none)");
     double pid = num(ev, "pid", i);
     cr_assert(pid >= 0 && pid < WORLD && pid == (int)pid, "event %zu: pid %g is not a rank", i, pid);
     cr_assert(num(ev, "tid", i) >= 0, "event %zu: bad tid", i);
@@ -711,6 +712,152 @@ Test(trace, a_replaced_ranks_generations_are_told_apart, .timeout = 120)
     cr_assert_eq(count_on(t.evs, g1, "run noop"), 1, "generation 1's noop");
     cr_assert_eq(count_on(t.evs, g1, "recv die"), 0, "generation 1 ran no die");
     cr_assert_eq(count_on(t.evs, 0, "send noop"), 2, "rank 0's two calls of noop");
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* ---- the runtime's threads by name, the gauges as counters, tensor op spans ---- */
+
+/* Rank 1's main thread waits on this pipe (neither polling nor serving), so
+ * its progress thread takes rank 0's calls and an executor runs them. */
+static int gate_pipe[2];
+
+static int fn_matmul(sr_call *c)
+{
+    int64_t shape[2] = {4, 4};
+    sr_tensor *a = sr_ones(SR_F64, 2, shape, 0), *p = a ? sr_matmul(a, a) : NULL, *s = p ? sr_sum(p) : NULL;
+    bool ok = s && sr_tensor_item(s) == 64.0;
+    sr_tensor_unref(s);
+    sr_tensor_unref(p);
+    sr_tensor_unref(a);
+    return ok ? sr_call_return(c, sr_int(1)) : sr_call_fail(c, -EINVAL, "matmul failed");
+}
+
+static int fn_release(sr_call *c)
+{
+    return write(gate_pipe[1], "x", 1) == 1 ? sr_call_return(c, sr_int(1)) : sr_call_fail(c, -EIO, "write failed");
+}
+
+static int threads_worker(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    sr_register("ops_fn", fn_matmul);
+    sr_register("release", fn_release);
+    if (sr_init(NULL))
+        return 1;
+    int rc = 0;
+    if (rank == 0) {
+        rc = sr_rpc_sync(1, "ops_fn", SR_NOARGS, 30, NULL) || sr_rpc_sync(1, "release", SR_NOARGS, 30, NULL);
+        if (rc)
+            fprintf(stderr, "worker0: %s\n", sr_last_error());
+    } else {
+        struct pollfd p = {.fd = gate_pipe[0], .events = POLLIN};
+        rc = poll(&p, 1, 60000) != 1; /* rank 0's release, run by an executor */
+        if (rc)
+            fprintf(stderr, "worker1: rank 0's 'release' did not come within 60 s\n");
+    }
+    return sr_shutdown(true, 60) || rc;
+}
+
+/* A job of threads_worker under sr_spawn, traced into path (ops: SHMRPC_TRACE_OPS=1). */
+static void run_threads_job(const char *path, bool ops)
+{
+    cr_assert_eq(pipe(gate_pipe), 0);
+    setenv("SHMRPC_TRACE", path, 1);
+    if (ops)
+        setenv("SHMRPC_TRACE_OPS", "1", 1);
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-threads"), .shm_size = 128u << 20};
+    int rc = sr_spawn(2, threads_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    unsetenv("SHMRPC_TRACE_OPS");
+    close(gate_pipe[0]);
+    close(gate_pipe[1]);
+    cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
+}
+
+/* The thread_name process pid gives thread tid, or "". */
+static const char *thread_named(const jv *evs, int pid, double tid)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i];
+        const char *name = j_str(j_get(ev, "args"), "name");
+        if (!strcmp(j_str(ev, "ph"), "M") && !strcmp(j_str(ev, "name"), "thread_name") &&
+            j_get(ev, "pid")->num == pid && j_get(ev, "tid")->num == tid && name)
+            return name;
+    }
+    return "";
+}
+
+/* The thread of the first event of phase ph named `name` in process pid. */
+static double tid_of(const jv *evs, int pid, const char *ph, const char *name)
+{
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i];
+        if (!strcmp(j_str(ev, "ph"), ph) && j_get(ev, "pid")->num == pid && !strcmp(j_str(ev, "name"), name))
+            return j_get(ev, "tid")->num;
+    }
+    cr_assert_fail("no '%s' event named '%s' in process %d", ph, name, pid);
+    return -1;
+}
+
+/* Events of phase ph on (pid, tid) whose name starts with prefix (tid < 0: any thread). */
+static int count_events(const jv *evs, const char *ph, int pid, double tid, const char *prefix)
+{
+    int n = 0;
+    for (size_t i = 0; i < evs->n; i++) {
+        const jv *ev = &evs->items[i];
+        n += !strcmp(j_str(ev, "ph"), ph) && j_get(ev, "pid")->num == pid && (tid < 0 || j_get(ev, "tid")->num == tid) &&
+             !strncmp(j_str(ev, "name"), prefix, strlen(prefix));
+    }
+    return n;
+}
+
+/* Worker1's main thread waited aside: its progress thread took the call
+ * and an executor ran it, each named; both workers recorded their gauges. */
+static void check_runtime_threads(const jv *evs)
+{
+    const char *progress = thread_named(evs, 1, tid_of(evs, 1, "X", "recv ops_fn"));
+    const char *exec = thread_named(evs, 1, tid_of(evs, 1, "X", "run ops_fn"));
+    cr_assert_str_eq(progress, "shmrpc-progress", "the thread that took the call is named '%s'", progress);
+    cr_assert(!strncmp(exec, "shmrpc-exec", 11), "the thread that ran the call is named '%s'", exec);
+    for (int pid = 0; pid < 2; pid++)
+        for (size_t k = 0; k < 3; k++) {
+            static const char *const counter[] = {"heap in use", "inbox depth", "calls in flight"};
+            cr_assert_gt(count_events(evs, "C", pid, -1, counter[k]), 0, "worker%d has no '%s' counter", pid, counter[k]);
+        }
+}
+
+Test(trace, runtime_threads_are_named_and_gauges_are_counters, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/threads.json", dir);
+    run_threads_job(path, false);
+    struct loaded t;
+    load_trace(path, &t);
+    check_runtime_threads(t.evs);
+    for (int pid = 0; pid < 2; pid++)
+        cr_assert_eq(count_events(t.evs, "X", pid, -1, "matmul"), 0, "op spans without SHMRPC_TRACE_OPS");
+    unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+}
+
+Test(trace, tensor_ops_are_spans_with_trace_ops, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/ops.json", dir);
+    run_threads_job(path, true);
+    struct loaded t;
+    load_trace(path, &t);
+    check_runtime_threads(t.evs);
+    double exec = tid_of(t.evs, 1, "X", "run ops_fn");
+    /* on the executor that ran the call: matmul, the mm inside it, the sum */
+    static const char *const op[] = {"matmul", "mm", "sum"};
+    for (size_t k = 0; k < 3; k++)
+        cr_assert_gt(count_events(t.evs, "X", 1, exec, op[k]), 0, "no '%s' op span on worker1's executor", op[k]);
     unload_trace(&t);
     unlink(path);
     rmdir(dir);

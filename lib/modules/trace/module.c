@@ -18,11 +18,13 @@
 #include "trace.h"
 
 int sr__probes_prepare(int rank);
+void sr__probes_ops(bool on);
 extern const struct sr_probe_ops sr__trace_probe_ops;
 
 /* Set by init, read by fini (the thread of sr_init, then of sr_shutdown,
  * which life_lock orders). */
 static uint32_t env_mask;
+static bool ops_on; /* SHMRPC_TRACE_OPS: the tensor layer's op hooks are ours */
 static char trace_path[4096];
 static char worker[128];
 
@@ -58,6 +60,10 @@ static int profiler_init(const sr_init_opts *o)
     /* relaxed: see module.h, "Probes" */
     if (env_mask)
         sr__probe_set(atomic_load_explicit(&sr__probe_mask, memory_order_relaxed) | env_mask);
+    /* tensor ops as spans: asked for, and only with the trace on */
+    ops_on = (env_mask & SR_PROBE_TRACE) && env_on("SHMRPC_TRACE_OPS");
+    if (ops_on)
+        sr__probes_ops(true);
     return 0;
 }
 
@@ -79,6 +85,9 @@ static void profiler_fini(void)
 {
     uint32_t m = env_mask;
     env_mask = 0;
+    if (ops_on)
+        sr__probes_ops(false);
+    ops_on = false;
     if (!m)
         return;
     /* relaxed: see module.h, "Probes"; the trace stops here, statistics enabled by the API stay */

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "heap.h"
 #include "module.h"
+#include "tensor_seam.h"
 #include "trace.h"
 
 #define PENDING (1u << 16) /* the agent's call slots (api.c CALL_SLOTS) */
@@ -28,9 +30,22 @@ struct pending {
 static _Atomic(struct pending *) pending; /* made once, kept for the process */
 static int my_rank;
 
+/* Counters (SR_REC_COUNTER): the worker's gauges, sampled at the trace's
+ * own events, at most once per SAMPLE_NS, and recorded only when one of
+ * them changed: nothing ticks while nothing happens. next_sample elects the
+ * sampling thread (relaxed CAS: it orders nothing); `last` is the values of
+ * the last record (relaxed: one sampler at a time, and a stale value costs
+ * one record at most). */
+#define SAMPLE_NS 1000000
+static _Atomic int64_t next_sample;
+static _Atomic uint64_t last[3];
+
 int sr__probes_prepare(int rank)
 {
     my_rank = rank;
+    atomic_store_explicit(&next_sample, 0, memory_order_relaxed); /* relaxed: see next_sample */
+    for (int k = 0; k < 3; k++)
+        atomic_store_explicit(&last[k], UINT64_MAX, memory_order_relaxed); /* the first sample is recorded */
     /* acquire: pairs with the release CAS below */
     if (atomic_load_explicit(&pending, memory_order_acquire))
         return 0;
@@ -54,6 +69,31 @@ static uint64_t flow_id(int rank, uint64_t call)
 static uint32_t mask(void)
 {
     return atomic_load_explicit(&sr__probe_mask, memory_order_relaxed); /* relaxed: see module.h, "Probes" */
+}
+
+/* The gauges now, on t's thread, if a sample is due and one changed. */
+static void sample(struct sr_ttable *t, int64_t now)
+{
+    int64_t due = atomic_load_explicit(&next_sample, memory_order_relaxed); /* relaxed: see next_sample */
+    if (now < due || !atomic_compare_exchange_strong_explicit(&next_sample, &due, now + SAMPLE_NS,
+                                                              memory_order_relaxed, memory_order_relaxed))
+        return;
+    struct sr_rpc_gauges g;
+    sr__rpc_gauges(&g);
+    const uint64_t v[3] = {sr__heap_allocated(), g.inbox, g.in_flight};
+    bool changed = false;
+    for (int k = 0; k < 3; k++) /* relaxed: see last */
+        changed |= atomic_exchange_explicit(&last[k], v[k], memory_order_relaxed) != v[k];
+    if (changed)
+        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_COUNTER, .t0 = now, .t1 = (int64_t)v[0], .t2 = (int64_t)v[1],
+                                          .flow = v[2], .peer = -1, .tid = t->tid});
+}
+
+/* A trace record of this thread, then the gauges if due (as of the record's end). */
+static void record(struct sr_ttable *t, const struct sr_rec *r)
+{
+    sr__trace_add(t, r);
+    sample(t, r->t1);
 }
 
 static struct pending *slot_of(uint64_t id)
@@ -116,7 +156,7 @@ static void call_sent(uint64_t id, int to, int rc, int64_t t0, int64_t t1)
         return;
     }
     if (mask() & SR_PROBE_TRACE)
-        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_SEND, .t0 = t0, .t1 = t1, .flow = flow_id(my_rank, id),
+        record(t, &(struct sr_rec){.kind = SR_REC_SEND, .t0 = t0, .t1 = t1, .flow = flow_id(my_rank, id),
                                           .name = st.name, .peer = to, .tid = t->tid});
 }
 
@@ -135,7 +175,7 @@ static void call_end(uint64_t id, int from, int err, int64_t t0, int64_t t1)
         }
     }
     if (mask() & SR_PROBE_TRACE)
-        sr__trace_add(t, &(struct sr_rec){.kind = from >= 0 ? SR_REC_ANSWER : SR_REC_LOST, .t0 = t0, .t1 = t1,
+        record(t, &(struct sr_rec){.kind = from >= 0 ? SR_REC_ANSWER : SR_REC_LOST, .t0 = t0, .t1 = t1,
                                           .t2 = st.t0, .flow = flow_id(my_rank, id), .name = st.name, .peer = from,
                                           .err = err, .tid = t->tid, .tid2 = st.tid});
 }
@@ -144,7 +184,7 @@ static void serve_in(const struct sr_probe_call *c)
 {
     struct sr_ttable *t = sr__ttable();
     if (t && (mask() & SR_PROBE_TRACE))
-        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_RECV, .t0 = c->t_arrive, .t1 = c->t_decoded,
+        record(t, &(struct sr_rec){.kind = SR_REC_RECV, .t0 = c->t_arrive, .t1 = c->t_decoded,
                                           .flow = flow_id(c->caller, c->call_id), .name = sr__trace_name_id(c->name),
                                           .peer = c->caller, .tid = t->tid});
 }
@@ -153,7 +193,7 @@ static void ran(const struct sr_probe_call *c)
 {
     struct sr_ttable *t = sr__ttable();
     if (t && (mask() & SR_PROBE_TRACE))
-        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_RUN, .t0 = c->t_run0, .t1 = c->t_run1, .t2 = c->t_decoded,
+        record(t, &(struct sr_rec){.kind = SR_REC_RUN, .t0 = c->t_run0, .t1 = c->t_run1, .t2 = c->t_decoded,
                                           .flow = flow_id(c->caller, c->call_id), .name = sr__trace_name_id(c->name),
                                           .peer = c->caller, .tid = t->tid});
 }
@@ -176,7 +216,7 @@ static void reply(const struct sr_probe_call *c, int err, int64_t t0, int64_t t1
 {
     struct sr_ttable *t = sr__ttable();
     if (t && (mask() & SR_PROBE_TRACE))
-        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_REPLY, .t0 = t0, .t1 = t1, .flow = flow_id(c->caller, c->call_id),
+        record(t, &(struct sr_rec){.kind = SR_REC_REPLY, .t0 = t0, .t1 = t1, .flow = flow_id(c->caller, c->call_id),
                                           .name = sr__trace_name_id(c->name), .peer = c->caller, .err = err,
                                           .tid = t->tid});
 }
@@ -185,7 +225,7 @@ static void msg(int dir, int peer, const char *name, int64_t at)
 {
     struct sr_ttable *t = sr__ttable();
     if (t && (mask() & SR_PROBE_TRACE))
-        sr__trace_add(t, &(struct sr_rec){.kind = dir ? SR_REC_MSG_IN : SR_REC_MSG_OUT, .t0 = at, .t1 = at,
+        record(t, &(struct sr_rec){.kind = dir ? SR_REC_MSG_IN : SR_REC_MSG_OUT, .t0 = at, .t1 = at,
                                           .name = sr__trace_name_id(name), .peer = peer, .tid = t->tid});
 }
 
@@ -194,9 +234,29 @@ static void span(const char *cat, const char *name, int64_t t0, int64_t t1)
     (void)cat;
     struct sr_ttable *t = sr__ttable();
     if (t && (mask() & SR_PROBE_TRACE))
-        sr__trace_add(t, &(struct sr_rec){.kind = SR_REC_SPAN, .t0 = t0, .t1 = t1, .name = sr__trace_name_id(name),
+        record(t, &(struct sr_rec){.kind = SR_REC_SPAN, .t0 = t0, .t1 = t1, .name = sr__trace_name_id(name),
                                           .peer = -1, .tid = t->tid});
 }
+
+/* Tensor op spans (SHMRPC_TRACE_OPS; tensor_seam.h, "op spans"): the
+ * start time is the token. */
+static int64_t op_begin(const char *op)
+{
+    (void)op;
+    return sr__probe_now();
+}
+
+static void op_end(const char *op, int64_t t0)
+{
+    struct sr_ttable *t = sr__ttable();
+    if (t && (mask() & SR_PROBE_TRACE))
+        record(t, &(struct sr_rec){.kind = SR_REC_SPAN, .t0 = t0, .t1 = sr__probe_now(), .name = sr__trace_name_id(op),
+                                   .peer = SR_SPAN_OP, .tid = t->tid});
+}
+
+static const sr_op_hooks op_hooks = {.begin = op_begin, .end = op_end};
+
+void sr__probes_ops(bool on) { sr__tensor_op_hooks_set(on ? &op_hooks : NULL); }
 
 /* The profiler module's probe group (module.c). */
 const struct sr_probe_ops sr__trace_probe_ops = {

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "trace.h"
@@ -73,6 +74,7 @@ struct sr_ttable *sr__ttable(void)
     if (!a || !(mine = adopt(a)))
         return NULL;
     mine->tid = gettid();
+    mine->named = false; /* the next trace record says who the new owner is first */
     pthread_setspecific(key, mine);
     return mine;
 }
@@ -142,7 +144,29 @@ static struct sr_chunk *grow(struct sr_ttable *t)
     return t->tail = SR_AT(a, off);
 }
 
+static void add(struct sr_ttable *t, const struct sr_rec *r);
+
+/* The owner's name, once per owner, before its first trace record: the
+ * runtime's threads name themselves (lib/rpc: shmrpc-progress,
+ * shmrpc-exec<i>) before they record anything. */
+static void add_name(struct sr_ttable *t)
+{
+    struct sr_rec r = {.kind = SR_REC_THREAD, .tid = t->tid, .peer = -1};
+    t->named = true;
+    if (prctl(PR_GET_NAME, r.text) == 0) {
+        r.text[sizeof(r.text) - 1] = '\0';
+        add(t, &r);
+    }
+}
+
 void sr__trace_add(struct sr_ttable *t, const struct sr_rec *r)
+{
+    if (!t->named)
+        add_name(t);
+    add(t, r);
+}
+
+static void add(struct sr_ttable *t, const struct sr_rec *r)
 {
     if (t->nrec >= sr__trace_cap) {
         atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed); /* relaxed: a statistic */

@@ -125,12 +125,23 @@ enum sr_rec_kind {
     SR_REC_REPLY,    /* callee: the answer went out (X) + response flow start */
     SR_REC_MSG_OUT,  /* a raw module message sent (instant) */
     SR_REC_MSG_IN,   /* one received */
-    SR_REC_SPAN,     /* a module's phase (X) */
+    SR_REC_SPAN,     /* a module's phase, or a tensor op (X) */
+    SR_REC_THREAD,   /* the thread's name (M thread_name): the first record of each thread in a table */
+    SR_REC_COUNTER,  /* the worker's gauges at t0 (C events): t1 heap bytes, t2 inbox depth, flow calls in flight */
 };
 
+/* SR_REC_SPAN: peer of a tensor op's span (cat "op"); -1: a module's phase (cat "span"). */
+#define SR_SPAN_OP (-2)
+
 struct sr_rec {
-    int64_t t0, t1;     /* ns; t1 == t0 for instants */
-    int64_t t2;         /* ANSWER, LOST: the call's start; RUN: the queue span's start */
+    int64_t t0;         /* ns */
+    union {
+        struct {
+            int64_t t1; /* ns; t1 == t0 for instants */
+            int64_t t2; /* ANSWER, LOST: the call's start; RUN: the queue span's start */
+        };
+        char text[16];  /* THREAD: the thread's name (as prctl PR_GET_NAME gives it; NUL-terminated) */
+    };
     uint64_t flow;      /* the call's flow id (caller rank, call id) */
     uint32_t name;      /* interned */
     int32_t peer;       /* the other side's rank */
@@ -157,6 +168,7 @@ struct sr_ttable {
     _Atomic uint64_t head;     /* offset of the first chunk: release by the writer when made */
     struct sr_chunk *tail;     /* writer only (a pointer of the writer's process) */
     uint64_t nrec;             /* writer only: records made, against the cap */
+    bool named;                /* writer only: the owner's THREAD record is made (cleared at adoption) */
     _Atomic uint64_t dropped;  /* records refused at the cap or with the area full (relaxed: a statistic) */
 };
 

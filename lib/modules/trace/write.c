@@ -12,6 +12,7 @@
  * crashed may have left anything). */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -29,19 +30,24 @@ struct out {
     const struct sr_area *a;
 };
 
-/* name as a JSON string body (names are short; control bytes escaped) */
+/* The first max bytes of s (up to its NUL) as a JSON string body (control bytes escaped) */
+static void put_text(FILE *f, const char *s, size_t max)
+{
+    for (size_t i = 0; i < max && s[i]; i++) {
+        if (s[i] == '"' || s[i] == '\\')
+            fprintf(f, "\\%c", s[i]);
+        else if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] >= 0x80) /* a thread's name may be cut mid-character */
+            fprintf(f, "\\u%04x", (unsigned char)s[i]);
+        else
+            fputc(s[i], f);
+    }
+}
+
+/* name as a JSON string body (names are short) */
 static void put_name(const struct out *o, const char *prefix, uint32_t id)
 {
-    FILE *f = o->f;
-    fputs(prefix, f);
-    for (const char *s = sr__area_name(o->a, id); *s; s++) {
-        if (*s == '"' || *s == '\\')
-            fprintf(f, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            fprintf(f, "\\u%04x", (unsigned char)*s);
-        else
-            fputc(*s, f);
-    }
+    fputs(prefix, o->f);
+    put_text(o->f, sr__area_name(o->a, id), SIZE_MAX);
 }
 
 static void slice(const struct out *o, const struct sr_rec *r, const char *cat, const char *verb)
@@ -78,6 +84,29 @@ static void instant(const struct out *o, const struct sr_rec *r, const char *ver
     fprintf(o->f, "\",\"pid\":%d,\"tid\":%d,\"ts\":" US ",\"args\":{\"peer\":%d}}\n", o->pid, r->tid, USV(r->t0), r->peer);
 }
 
+/* A thread's name: the main thread's is "main" (metadata), any other's the
+ * one it had when it first recorded (shmrpc-progress, shmrpc-exec0, ...). */
+static void thread_name(const struct out *o, const struct sr_rec *r)
+{
+    if (r->tid == o->a->pid)
+        return;
+    fprintf(o->f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"ts\":0,\"args\":{\"name\":\"",
+            o->pid, r->tid);
+    put_text(o->f, r->text, sizeof(r->text));
+    fputs("\"}}\n", o->f);
+}
+
+/* The worker's gauges (SR_REC_COUNTER): one counter track each. */
+static void counters(const struct out *o, const struct sr_rec *r)
+{
+    static const char *const name[] = {"heap in use", "inbox depth", "calls in flight"};
+    static const char *const unit[] = {"bytes", "messages", "calls"};
+    const uint64_t v[] = {(uint64_t)r->t1, (uint64_t)r->t2, r->flow};
+    for (int k = 0; k < 3; k++)
+        fprintf(o->f, "{\"ph\":\"C\",\"cat\":\"counter\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":" US
+                ",\"args\":{\"%s\":%" PRIu64 "}}\n", name[k], o->pid, r->tid, USV(r->t0), unit[k], v[k]);
+}
+
 static void event(const struct out *o, const struct sr_rec *r)
 {
     switch (r->kind) {
@@ -110,7 +139,13 @@ static void event(const struct out *o, const struct sr_rec *r)
         instant(o, r, r->kind == SR_REC_MSG_OUT ? "send " : "recv ");
         break;
     case SR_REC_SPAN:
-        slice(o, r, "span", "");
+        slice(o, r, r->peer == SR_SPAN_OP ? "op" : "span", "");
+        break;
+    case SR_REC_THREAD:
+        thread_name(o, r);
+        break;
+    case SR_REC_COUNTER:
+        counters(o, r);
         break;
     }
 }
