@@ -46,7 +46,7 @@ static const char usage[] =
     "                         N times (default: 0); a worker that exits non-zero is not restarted\n"
     "  --restart job|rank     with --max-restarts: restart the whole job (default), or start a new\n"
     "                         process for the failed rank only while the others keep running\n"
-    "  --version              print the version and exit\n"
+    "  -V, --version          print the version and exit\n"
     "  -h, --help             print this help and exit\n"
     "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, SHMRPC_JOB (elastic\n"
     "jobs), and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun\n"
@@ -142,7 +142,7 @@ static const struct option opts[] = {
     {"fold-window", required_argument, NULL, OPT_FOLD}, {"grace", required_argument, NULL, OPT_GRACE},
     {"bind-to", required_argument, NULL, OPT_BIND},  {"report-bindings", no_argument, NULL, OPT_REPORT},
     {"max-restarts", required_argument, NULL, OPT_RESTARTS}, {"restart", required_argument, NULL, OPT_POLICY},
-    {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},     {"help", no_argument, NULL, 'h'},
     {"max-workers", required_argument, NULL, OPT_MAXW}, {"join", required_argument, NULL, OPT_JOIN},
     {"rank", required_argument, NULL, OPT_RANK},
     {0, 0, 0, 0}};
@@ -274,8 +274,8 @@ int parse_args(int argc, char **argv, struct args *a)
     char optbuf[3];
     *a = (struct args){.prefix = "shmrpc", .fold_ns = FOLD_DEFAULT_NS, .grace_ns = GRACE_DEFAULT_NS, .join_rank = -1};
     opterr = 0; /* getopt's own messages would make the error two lines */
-    while (!rc && (c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
-        if (c == 'h' || c == OPT_VERSION) {
+    while (!rc && (c = getopt_long(argc, argv, "+:n:hV", opts, NULL)) != -1) {
+        if (c == 'h' || c == 'V') {
             fputs(c == 'h' ? usage : "shmrun (shmrpc) " SHMRUN_VERSION "\n", stdout);
             return 1;
         }
