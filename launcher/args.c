@@ -49,7 +49,7 @@ static const char usage[] =
     "  --monitor[=SECONDS]    a live view on stderr, every SECONDS (default: 1): per worker, calls served\n"
     "                         and made per second and in all, inbox depth, calls in flight, heap in use\n"
     "                         and CPU %; redrawn in place on a terminal, appended otherwise; totals at the end\n"
-    "  --version              print the version and exit\n"
+    "  -V, --version          print the version and exit\n"
     "  -h, --help             print this help and exit\n"
     "Workers get SHMRPC_FD, SHMRPC_RANK, SHMRPC_WORLD_SIZE, SHMRPC_RESTART_COUNT, SHMRPC_JOB (elastic\n"
     "jobs), and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT as torchrun\n"
@@ -145,7 +145,7 @@ static const struct option opts[] = {
     {"fold-window", required_argument, NULL, OPT_FOLD}, {"grace", required_argument, NULL, OPT_GRACE},
     {"bind-to", required_argument, NULL, OPT_BIND},  {"report-bindings", no_argument, NULL, OPT_REPORT},
     {"max-restarts", required_argument, NULL, OPT_RESTARTS}, {"restart", required_argument, NULL, OPT_POLICY},
-    {"version", no_argument, NULL, OPT_VERSION},     {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},     {"help", no_argument, NULL, 'h'},
     {"max-workers", required_argument, NULL, OPT_MAXW}, {"join", required_argument, NULL, OPT_JOIN},
     {"rank", required_argument, NULL, OPT_RANK},     {"monitor", optional_argument, NULL, OPT_MONITOR},
     {0, 0, 0, 0}};
@@ -282,8 +282,8 @@ int parse_args(int argc, char **argv, struct args *a)
     char optbuf[3];
     *a = (struct args){.prefix = "shmrpc", .fold_ns = FOLD_DEFAULT_NS, .grace_ns = GRACE_DEFAULT_NS, .join_rank = -1};
     opterr = 0; /* getopt's own messages would make the error two lines */
-    while (!rc && (c = getopt_long(argc, argv, "+:n:h", opts, NULL)) != -1) {
-        if (c == 'h' || c == OPT_VERSION) {
+    while (!rc && (c = getopt_long(argc, argv, "+:n:hV", opts, NULL)) != -1) {
+        if (c == 'h' || c == 'V') {
             fputs(c == 'h' ? usage : "shmrun (shmrpc) " SHMRUN_VERSION "\n", stdout);
             return 1;
         }

@@ -173,6 +173,7 @@ int main(int argc, char **argv)
 {
     fill_stdio();
     sr__log_set_role("shmrun"); /* the runtime's lines from this process say "shmrun: " */
+    sr__log_pass_on();          /* a bad SHMRPC_LOG_LEVEL: warned here, once for the job */
     struct args a;
     int rc = parse_args(argc, argv, &a);
     if (rc)

@@ -169,8 +169,8 @@ static int trainer(int64_t max_steps)
             rc = sr_dist_optim_step(opt, ctx);                                       /* 4 */
         if (rc)
             fprintf(stderr, "trainer %d, step %lld: %s\n", rank, (long long)step, sr_last_error());
-        else if (step % 100 == 0)
-            printf("trainer %d: step %lld, loss %.3f\n", rank, (long long)step, sr_tensor_item(loss));
+        else if (step % 100 == 0) /* flushed: before the server's line, which it prints after our done() */
+            printf("trainer %d: step %lld, loss %.3f\n", rank, (long long)step, sr_tensor_item(loss)), fflush(stdout);
         sr_dist_autograd_context_end(ctx);
         sr_tensor_unref(loss);
         sr_value_unref(logits);

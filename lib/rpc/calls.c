@@ -299,6 +299,8 @@ void sr__calls_expire(sr_agent *a, int64_t now)
         for (int k = 0; k < n; k++) {
             char why[512] = "";
             sr__outq_describe(a, e[k].to, why, sizeof(why)); /* its request may never have left */
+            sr_logf(SR_LOG_DEBUG, "call %#" PRIx64 " to %s (rank %d) timed out after %" PRId64 " ms%s", e[k].id,
+                    a->names[e[k].to], e[k].to, e[k].ms, why);
             probe_end(&e[k], -ETIMEDOUT); /* before the future wakes anyone: counted by then */
             sr_future_set_error(e[k].f, -ETIMEDOUT,
                                 "RPC ran for more than set timeout (%" PRId64 " ms) and will now be marked with an error%s",

@@ -125,6 +125,8 @@ static void peer_gone(sr_agent *a, int r)
     l->gone_text(t, r, text, sizeof(text));
     l->exit_text(t, r, how, sizeof(how));
     bool graceful = l->left_gracefully(t, r);
+    sr_logf(SR_LOG_DEBUG, "%s (rank %d) is gone: the worker %s%s", a->names[r], r, how,
+            graceful ? " (a graceful exit)" : "; failing the waits that involve it");
     if (a->replaces && !graceful) /* relaxed: see agent.h, expect; what it still sends is refused */
         atomic_store_explicit(&a->expect[r], -1, memory_order_relaxed);
     sr__outq_drop_peer(a, r); /* nothing queued for it can be delivered now */

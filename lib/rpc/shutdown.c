@@ -32,11 +32,13 @@
  * either: its waits fail the same way, with -EPROTO naming it (exits.c,
  * inbox_lost). */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "agent.h"
 #include "error.h"
+#include "log.h"
 #include "module.h"
 
 static void send_ctrl(sr_agent *a, int to, enum sr_ctrl c, uint64_t x, uint64_t y, uint64_t z)
@@ -205,6 +207,7 @@ static int timed_out(sr_agent *a, const char *what, bool gave_up)
 
 static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, const char *what)
 {
+    sr_logf(SR_LOG_DEBUG, "sr_shutdown: waiting for %s", what);
     bool was = sr__exec_take_jobs(true); /* an idle waiter runs module jobs itself, like plain functions */
     int rc = sr__agent_wait(a, f, deadline, SR_POLL_IDLE, false); /* sr_shutdown's own thread: no reference */
     sr__exec_take_jobs(was);
@@ -212,8 +215,13 @@ static int await(sr_agent *a, sr_future **slot, sr_future *f, int64_t deadline, 
     if (!rc && (rc = sr_future_value(f, NULL)) < 0 && !(gave_up = rc == -ETIMEDOUT)) /* failed by a departed peer */
         sr__fail(rc, "sr_shutdown", "cannot wait for %s: %s", what, a->ctl_gone);
     disarm(a, slot, f);
-    if (rc == -ETIMEDOUT)
-        return timed_out(a, what, gave_up);
+    if (rc == -ETIMEDOUT) {
+        rc = timed_out(a, what, gave_up);
+        sr__log_text(SR_LOG_DEBUG, sr_last_error());
+        return rc;
+    }
+    if (rc)
+        sr_logf(SR_LOG_DEBUG, "sr_shutdown: waiting for %s failed (%d)", what, rc);
     return rc;
 }
 
@@ -242,6 +250,9 @@ static int wave(sr_agent *a, int64_t deadline, uint64_t *sent, uint64_t *done)
     int rc = await(a, &a->wave_fut, f, deadline, "in-flight calls to drain");
     *sent = a->wave_sent;
     *done = a->wave_done;
+    if (!rc)
+        sr_logf(SR_LOG_DEBUG, "sr_shutdown: wave %" PRIu64 ": %" PRIu64 " messages sent, %" PRIu64 " handled, job-wide",
+                id, *sent, *done);
     return rc;
 }
 
@@ -257,6 +268,7 @@ static int leader_drain(sr_agent *a, int64_t deadline)
         s0 = s1;
         d0 = d1;
     }
+    sr_logf(SR_LOG_DEBUG, "sr_shutdown: two equal waves: the job is quiescent");
     broadcast(a, SR_CTRL_QUIESCENT, 0);
     return 0;
 }

@@ -40,5 +40,6 @@ struct sr_tport_driver {
 };
 
 extern const struct sr_tport_driver sr__mpi_driver; /* mpi/driver.c, or mpi/absent.c without Open MPI */
+extern const struct sr_tport_driver sr__solo_driver; /* solo.c: no launcher, a one-worker job */
 
 #endif

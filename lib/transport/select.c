@@ -14,8 +14,9 @@
 #include "transport.h"
 #include "shm/xport.h"
 
-/* The launchers' transports, asked in order when no launch environment exists. */
-static const struct sr_tport_driver *const drivers[] = {&sr__mpi_driver};
+/* The launchers' transports, asked in order when no launch environment
+ * exists; last, the one-worker job of a program started by none (solo.c). */
+static const struct sr_tport_driver *const drivers[] = {&sr__mpi_driver, &sr__solo_driver};
 
 struct sr_transports {
     int rank, world;

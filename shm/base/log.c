@@ -28,10 +28,15 @@ static char role[32];       /* written by the launcher's main thread before any 
 /* relaxed everywhere: an int read whole; parsing again races only with the
  * same result. */
 static _Atomic int level = LEVEL_UNSET;
-static _Atomic int bad_value_reported;
+static _Atomic int bad_value;          /* the level in force replaces a bad value */
+static _Atomic int bad_value_reported; /* by this process (inherited by an sr_spawn child) */
+static _Atomic int ident_rank = -1;    /* the rank sr__log_set_worker set; -1: none */
+
+static void report_bad_value(void);
 
 void sr__log_set_worker(const char *name, int rank)
 {
+    atomic_store_explicit(&ident_rank, rank < 0 ? -1 : rank, memory_order_relaxed); /* relaxed: report_bad_value */
     if (rank < 0) {
         /* release: pairs with the acquire load in prefix() */
         atomic_store_explicit(&ident, NULL, memory_order_release);
@@ -45,12 +50,14 @@ void sr__log_set_worker(const char *name, int rank)
     /* release: the buffer's bytes are visible to whoever loads the pointer (prefix()) */
     atomic_store_explicit(&ident, b, memory_order_release);
     sr_log_enabled(SR_LOG_ERROR); /* reads SHMRPC_LOG_LEVEL now: a bad value is reported at sr_init */
+    report_bad_value();           /* read before, by a line of this process's that had no rank yet */
 }
 
 void sr__log_set_role(const char *r)
 {
     snprintf(role, sizeof(role), "%s", r ? r : "");
     sr_log_enabled(SR_LOG_ERROR); /* as above: a launcher reports a bad value at its start */
+    report_bad_value();
 }
 
 static const char *const names[] = {"error", "warn", "info", "debug"};
@@ -69,16 +76,39 @@ static int parse(const char *v, bool *bad)
     return SR_LOG_WARN;
 }
 
+/* One warning per job: by a launcher (shmrun, which then passes the level
+ * in force to its workers: sr__log_pass_on), or by the worker of rank 0
+ * where no launcher reads the variable (sr_spawn's children, mpirun's ranks,
+ * a one-worker job). A process with neither role nor rank yet reports when
+ * it gets one. */
+static void report_bad_value(void)
+{
+    /* relaxed (all): ints read whole; only the exchange's atomicity matters */
+    if (!atomic_load_explicit(&bad_value, memory_order_relaxed) ||
+        (!role[0] && atomic_load_explicit(&ident_rank, memory_order_relaxed) != 0))
+        return;
+    if (atomic_exchange_explicit(&bad_value_reported, 1, memory_order_relaxed))
+        return;
+    const char *v = getenv("SHMRPC_LOG_LEVEL");
+    sr_logf(SR_LOG_WARN, "SHMRPC_LOG_LEVEL='%.64s' is not one of error, warn, info, debug; using warn", v ? v : "");
+}
+
 sr_log_level sr__log_reload(void)
 {
-    const char *v = getenv("SHMRPC_LOG_LEVEL");
     bool bad;
-    int l = parse(v, &bad);
-    atomic_store_explicit(&level, l, memory_order_relaxed); /* relaxed: see the declaration */
-    /* relaxed: only the exchange's atomicity matters (one report per process) */
-    if (bad && !atomic_exchange_explicit(&bad_value_reported, 1, memory_order_relaxed))
-        sr_logf(SR_LOG_WARN, "SHMRPC_LOG_LEVEL='%.64s' is not one of error, warn, info, debug; using warn", v);
+    int l = parse(getenv("SHMRPC_LOG_LEVEL"), &bad);
+    atomic_store_explicit(&level, l, memory_order_relaxed);    /* relaxed: see the declaration */
+    atomic_store_explicit(&bad_value, bad, memory_order_relaxed); /* relaxed: see report_bad_value */
+    report_bad_value();
     return (sr_log_level)l;
+}
+
+void sr__log_pass_on(void)
+{
+    sr_log_enabled(SR_LOG_ERROR); /* parsed, and reported if bad */
+    /* relaxed: see report_bad_value */
+    if (atomic_load_explicit(&bad_value, memory_order_relaxed))
+        setenv("SHMRPC_LOG_LEVEL", names[atomic_load_explicit(&level, memory_order_relaxed)], 1);
 }
 
 static int normalise(int l) { return l < SR_LOG_ERROR || l > SR_LOG_DEBUG ? SR_LOG_ERROR : l; }

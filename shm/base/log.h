@@ -27,6 +27,12 @@ void sr__log_set_role(const char *role);
  * "worker<R>: " or "<role>: " it may start with: the line's prefix says it. */
 void sr__log_text(sr_log_level level, const char *text);
 
+/* A launcher, before it starts workers: a bad SHMRPC_LOG_LEVEL, which it
+ * reported, is replaced in its environment by the name of the level in
+ * force, so that no worker reports it again (one warning per job; without
+ * a launcher, rank 0 reports it). */
+void sr__log_pass_on(void);
+
 /* Read SHMRPC_LOG_LEVEL again (tests); returns the level now in force. */
 sr_log_level sr__log_reload(void);
 

@@ -222,3 +222,39 @@ Test(log, worker_lines_name_the_worker, .timeout = 120)
     int rc = sr_spawn(2, named_worker, NULL, &o);
     cr_assert_eq(rc, 0, "%s", sr_last_error());
 }
+
+/* One warning per job: a worker without a launcher's role reports a bad
+ * value only as rank 0 (sr_spawn's children, mpirun's ranks); a launcher
+ * reports it and passes the level in force on to its workers. */
+Test(log, bad_value_is_reported_by_rank_0_only)
+{
+    sr__log_set_role(NULL);
+    setenv("SHMRPC_LOG_LEVEL", "loud", 1);
+    capture_start();
+    cr_assert_eq(sr__log_reload(), SR_LOG_WARN);
+    sr__log_set_worker(NULL, 1);
+    sr__log_set_worker(NULL, -1);
+    cr_assert_str_eq(capture_end(), "", "rank 1 reported the bad value");
+    capture_start();
+    sr__log_set_worker(NULL, 0);
+    sr__log_set_worker(NULL, 0);
+    sr__log_set_worker(NULL, -1);
+    cr_assert_str_eq(capture_end(),
+                     "worker0 (rank 0): warning: SHMRPC_LOG_LEVEL='loud' is not one of error, warn, info, debug; using warn\n");
+}
+
+Test(log, launcher_reports_and_passes_the_level_in_force_on)
+{
+    setenv("SHMRPC_LOG_LEVEL", "loud", 1);
+    capture_start();
+    sr__log_reload();
+    sr__log_set_role("launcher");
+    sr__log_pass_on();
+    cr_assert_str_eq(capture_end(),
+                     "launcher: warning: SHMRPC_LOG_LEVEL='loud' is not one of error, warn, info, debug; using warn\n");
+    cr_assert_str_eq(getenv("SHMRPC_LOG_LEVEL"), "warn", "the workers' SHMRPC_LOG_LEVEL");
+    setenv("SHMRPC_LOG_LEVEL", "Info", 1);
+    sr__log_reload();
+    sr__log_pass_on();
+    cr_assert_str_eq(getenv("SHMRPC_LOG_LEVEL"), "Info", "a good value is passed on as it is");
+}

@@ -1,4 +1,4 @@
-/* shmrun's features, end to end: --version, --tag-output,
+/* shmrun's features, end to end: --version (-V), --tag-output,
  * --output-dir, the folding of identical stderr lines, torchrun's variables,
  * stdin to rank 0 only, the forwarded signals, the grace period after
  * SIGTERM, and CPU binding.
@@ -53,16 +53,20 @@ static void run_to_exit_0(struct run *r)
     cr_assert_eq(exit_code(st), 0, "shmrun exit status %d; stderr:\n%s", exit_code(st), r->err);
 }
 
+/* -V as mpirun spells it, and --version. */
 Test(shmrun, version_prints_the_version)
 {
-    struct run r;
-    start(&r, test_ns("version"), (char *[]){"--version", NULL});
-    run_to_exit_0(&r);
     char want[64];
     snprintf(want, sizeof(want), "shmrun (shmrpc) %s\n", env_path("SHMRPC_VERSION"));
-    cr_assert_str_eq(r.out, want, "--version printed '%s'", r.out);
-    cr_assert_eq(r.err_len, 0, "--version printed on stderr:\n%s", r.err);
-    finish(&r);
+    for (int i = 0; i < 2; i++) {
+        char *opt = i ? "-V" : "--version";
+        struct run r;
+        start(&r, test_ns("version"), (char *[]){opt, NULL});
+        run_to_exit_0(&r);
+        cr_assert_str_eq(r.out, want, "%s printed '%s'", opt, r.out);
+        cr_assert_eq(r.err_len, 0, "%s printed on stderr:\n%s", opt, r.err);
+        finish(&r);
+    }
 }
 
 /* worker_prog "say" writes half of its stdout line before the start barrier

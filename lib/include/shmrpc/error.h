@@ -14,6 +14,9 @@
 #if defined(SR__BUILDING) && !defined(SR__SEES_BASE)
 #error "shmrpc/error.h belongs to the base layer, which this layer sits below (docs/ARCHITECTURE.md)"
 #endif
+/* The API returns -errno: the codes' names (EINVAL, ETIMEDOUT, ...) come with it. */
+#include <errno.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif

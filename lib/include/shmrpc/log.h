@@ -12,7 +12,8 @@
  *
  * SHMRPC_LOG_LEVEL selects what is written: error, warn (the default),
  * info or debug (case-insensitive; "warning" is accepted for warn). Any other
- * value is reported once, as a warning, and the default applies. The
+ * value is reported once per job, as a warning (by shmrun, or by the worker
+ * of rank 0 where no launcher reads it), and the default applies. The
  * variable is read once per process: at sr_init (a launcher: at its start)
  * or at the first log line, whichever comes first.
  */

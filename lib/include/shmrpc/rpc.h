@@ -62,7 +62,9 @@ typedef struct sr_init_opts {
 /* Attach to the job, start the progress thread and executors, exchange
  * names. The job is shmrun's, sr_spawn's, or mpirun's (docs/MULTIHOST.md:
  * there sr_init is collective, every rank calls it, and a build without
- * Open MPI refuses with -ENOTSUP). Errors: -EALREADY "RPC is already initialized"; -EINVAL bad or
+ * Open MPI refuses with -ENOTSUP); started by none of them, the process is
+ * a one-worker job of its own (docs/LAUNCHER.md, "Without a launcher").
+ * Errors: -EALREADY "RPC is already initialized"; -EINVAL bad or
  * duplicate name ("is not unique"), a name of 128 characters or more
  * (refused, never truncated), or a bad rpc_timeout_s; -EPIPE a worker's
  * process ended before every worker had attached, at once ("rank 2 exited

@@ -15,7 +15,9 @@
  * "dist_autograd:backward").
  *
  * Recording is off by default; SHMRPC_STATS=1 in the environment turns it on
- * at sr_init and prints the table to stderr at sr_shutdown; sr_stats_enable()
+ * at sr_init, and the job's tables go to stderr: printed by shmrun or
+ * sr_spawn when the job ends, in rank order, or by a worker started
+ * without them at its sr_shutdown; sr_stats_enable()
  * turns it on or off at any time. Off, each probe point in the RPC layer costs
  * one load and one predicted branch (docs/PERFORMANCE.md, "Profiling off").
  * On, recording takes no lock and allocates only the first time a thread
@@ -81,7 +83,8 @@ SR_API const sr_fn_stats *sr_stats_at(const sr_stats *s, size_t i);
 /* The entry of function name, or NULL (never called). */
 SR_API const sr_fn_stats *sr_stats_find(const sr_stats *s, const char *name);
 SR_API void sr_stats_free(sr_stats *s);
-/* Print s as a table to f, headed by `who` (e.g. the worker's name).
+/* Print s as a table to f, headed by `who` (e.g. the worker's name); each
+ * latency column in one unit, chosen for its values (docs/PROFILING.md).
  * 0, or -EINVAL. */
 SR_API int sr_stats_print(const sr_stats *s, const char *who, FILE *f);
 

@@ -155,48 +155,82 @@ void sr__trace_job_child(struct sr_trace_job *tj, int rank, bool exec)
     setenv("SHMRPC_TRACE_AREA", v, 1);
 }
 
-/* The statistics of a worker that did not print them itself. */
-static void print_stats(const struct sr_trace_job *tj, const struct sr_area *a, int rank)
+/* A worker's statistics: widened into c (print NULL), or printed with c's
+ * units, marked if the worker did not reach sr_shutdown. */
+static void slot_stats(const struct sr_trace_job *tj, const struct sr_area *a, int rank, struct sr_stats_cols *c,
+                       bool print)
 {
     sr_stats *s;
     if (sr__stats_of(a, &s))
         return;
-    char name[SR_AREA_WORKER], who[SR_AREA_WORKER + 160];
+    if (!print) {
+        sr__stats_widen(s, c);
+        sr_stats_free(s);
+        return;
+    }
+    char name[SR_AREA_WORKER], who[SR_AREA_WORKER + 320];
     if (a->worker[0])
         snprintf(name, sizeof(name), "%.*s", SR_AREA_WORKER - 1, a->worker);
     else /* it died before sr_init named it */
         snprintf(name, sizeof(name), "worker%d", rank);
-    char gen[32] = "";
+    char gen[32] = "", ended[128] = "";
     if (tj->flags & SR_AREA_JOB_REPLACES)
         snprintf(gen, sizeof(gen), ", generation %u", a->generation);
-    snprintf(who, sizeof(who), "%s (rank %d%s, printed by %s: the worker ended before sr_shutdown)", name, rank, gen,
-             tj->who);
-    sr_stats_print(s, who, stderr);
+    /* relaxed: the worker is reaped, its writes are all visible */
+    if (!(atomic_load_explicit(&((struct sr_area *)a)->flags, memory_order_relaxed) & SR_AREA_STATS_FINAL))
+        snprintf(ended, sizeof(ended), ", printed by %s: the worker ended before sr_shutdown", tj->who);
+    snprintf(who, sizeof(who), "%s (rank %d%s%s)", name, rank, gen, ended);
+    sr__stats_print_cols(s, who, c, stderr);
     sr_stats_free(s);
 }
 
-/* What a slot holds: its trace part, its statistics if its worker did not
- * print them. A later generation's slot that no process took is a hole:
- * its header is read without mapping (nor allocating) a page of it. */
-static void read_slot(const struct sr_trace_job *tj, int slot)
+/* Map a slot's area read-only: NULL for a hole (a later generation's slot
+ * that no process took: its header is read without mapping, nor
+ * allocating, a page of it) or an area no worker recorded in. */
+static struct sr_area *map_slot(const struct sr_trace_job *tj, int slot)
 {
     uint64_t magic = 0;
     off_t off = (off_t)slot * (off_t)SR_AREA_SIZE;
     if (slot >= tj->world && (pread(tj->fd, &magic, sizeof(magic), off) != sizeof(magic) || magic != SR_AREA_MAGIC))
-        return;
+        return NULL;
     struct sr_area *a = mmap(NULL, SR_AREA_SIZE, PROT_READ, MAP_SHARED, tj->fd, off);
     if (a == MAP_FAILED) {
         sr_logf(SR_LOG_ERROR, "the record area of slot %d: mmap: %s", slot, strerror(errno));
-        return;
+        return NULL;
     }
     /* relaxed: the worker is reaped, its writes are all visible */
-    uint32_t f = atomic_load_explicit(&a->flags, memory_order_relaxed);
-    if (a->magic == SR_AREA_MAGIC && (f & SR_AREA_ATTACHED)) {
-        if ((tj->flags & SR_AREA_JOB_TRACE) && sr__trace_write_part(a, tj->path, slot, tj->who))
-            sr__log_text(SR_LOG_ERROR, sr_last_error());
-        if ((tj->flags & SR_AREA_JOB_STATS) && !(f & SR_AREA_STATS_PRINTED))
-            print_stats(tj, a, slot % tj->world);
+    if (a->magic != SR_AREA_MAGIC || !(atomic_load_explicit(&a->flags, memory_order_relaxed) & SR_AREA_ATTACHED)) {
+        munmap(a, SR_AREA_SIZE);
+        return NULL;
     }
+    return a;
+}
+
+/* Every worker's statistics, by rank (each rank's generations in order),
+ * each latency column in one unit across the job: a first pass finds the
+ * columns' largest values. */
+static void print_job_stats(const struct sr_trace_job *tj)
+{
+    struct sr_stats_cols c = SR_STATS_COLS_EMPTY;
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < tj->world; r++)
+            for (int g = 0; g < tj->gens; g++) {
+                struct sr_area *a = map_slot(tj, r + tj->world * g);
+                if (!a)
+                    continue;
+                slot_stats(tj, a, r, &c, pass == 1);
+                munmap(a, SR_AREA_SIZE);
+            }
+}
+
+/* A slot's trace part. */
+static void read_slot(const struct sr_trace_job *tj, int slot)
+{
+    struct sr_area *a = map_slot(tj, slot);
+    if (!a)
+        return;
+    if (sr__trace_write_part(a, tj->path, slot, tj->who))
+        sr__log_text(SR_LOG_ERROR, sr_last_error());
     munmap(a, SR_AREA_SIZE);
 }
 
@@ -217,8 +251,10 @@ void sr__trace_job_end(struct sr_trace_job *tj)
     char keep[1024]; /* the job's own report (sr_spawn's failure) stays the last error */
     snprintf(keep, sizeof(keep), "%s", sr_last_error());
     fflush(stderr);
-    for (int s = 0; s < tj->world * tj->gens; s++)
+    for (int s = 0; (tj->flags & SR_AREA_JOB_TRACE) && s < tj->world * tj->gens; s++)
         read_slot(tj, s);
+    if (tj->flags & SR_AREA_JOB_STATS)
+        print_job_stats(tj);
     if (tj->flags & SR_AREA_JOB_TRACE) {
         keep_previous(tj);
         if (sr__trace_merge(tj->path, tj->world, tj->world * tj->gens))

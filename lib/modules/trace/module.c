@@ -67,8 +67,15 @@ static int profiler_init(const sr_init_opts *o)
     return 0;
 }
 
+/* Under a launcher that prints the job's statistics (in rank order, at its
+ * end), say that ours are complete; else print them now. */
 static void print_stats(struct sr_area *a)
 {
+    /* relaxed (both): set before the fork by the launcher; read by it after this process is reaped */
+    if (atomic_load_explicit(&a->flags, memory_order_relaxed) & SR_AREA_JOB_STATS) {
+        atomic_fetch_or_explicit(&a->flags, SR_AREA_STATS_FINAL, memory_order_relaxed);
+        return;
+    }
     sr_stats *s;
     if (sr_stats_snapshot(&s))
         return;
@@ -77,8 +84,6 @@ static void print_stats(struct sr_area *a)
     sr_stats_print(s, who, stderr);
     fflush(stderr);
     sr_stats_free(s);
-    /* relaxed: the launcher reads it after this process is reaped */
-    atomic_fetch_or_explicit(&a->flags, SR_AREA_STATS_PRINTED, memory_order_relaxed);
 }
 
 static void profiler_fini(void)

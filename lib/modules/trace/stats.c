@@ -128,40 +128,85 @@ SR_API void sr_stats_free(sr_stats *s)
     free(s);
 }
 
-/* ns in a short human unit */
-static const char *dur(uint64_t ns, char *buf, size_t len)
+/* The rows of a table: each function's call side, then its served sides
+ * (queue and run); row k of s is function k / 3, side k % 3. */
+struct row {
+    const char *name, *side;
+    uint64_t n, err;
+    const sr_latency *lat;
+};
+
+static bool row_at(const sr_stats *s, size_t k, struct row *r)
 {
-    if (ns < 10000)
+    const sr_fn_stats *e = &s->e[k / 3];
+    int side = (int)(k % 3);
+    if (side == 0 ? !e->calls : !e->served)
+        return false;
+    *r = (struct row){.name = e->name, .side = side == 0 ? "call" : side == 1 ? "queue" : "run",
+                      .n = side == 0 ? e->calls : e->served, .err = side == 0 ? e->errors : e->serve_errors,
+                      .lat = side == 0 ? &e->round_trip : side == 1 ? &e->queue : &e->run};
+    return true;
+}
+
+static void widen(struct sr_stats_cols *c, int col, uint64_t v)
+{
+    c->min_ns[col] = v < c->min_ns[col] ? v : c->min_ns[col];
+    c->max_ns[col] = v > c->max_ns[col] ? v : c->max_ns[col];
+}
+
+void sr__stats_widen(const sr_stats *s, struct sr_stats_cols *c)
+{
+    struct row r;
+    for (size_t k = 0; k < 3 * s->n; k++)
+        if (row_at(s, k, &r)) {
+            widen(c, 0, r.lat->p50_ns);
+            widen(c, 1, r.lat->p99_ns);
+            widen(c, 2, r.lat->max_ns);
+        }
+}
+
+/* A column's unit, so that it reads in one unit and its values compare at a
+ * glance, none rounded to nothing: ns when all are below 10 us, ms when all
+ * are 10 ms or more, else us (from 0.01us, with as many digits as the
+ * largest needs). */
+static int unit_of(const struct sr_stats_cols *c, int col)
+{
+    return c->max_ns[col] < 10000 ? 0 : c->min_ns[col] >= 10000000 ? 2 : 1;
+}
+
+static const char *in_unit(uint64_t ns, int unit, char *buf, size_t len)
+{
+    if (unit == 0)
         snprintf(buf, len, "%lluns", (unsigned long long)ns);
-    else if (ns < 10000000)
-        snprintf(buf, len, "%.1fus", (double)ns / 1e3);
+    else if (unit == 1)
+        snprintf(buf, len, "%.2fus", (double)ns / 1e3);
     else
-        snprintf(buf, len, "%.1fms", (double)ns / 1e6);
+        snprintf(buf, len, "%.3fms", (double)ns / 1e6);
     return buf;
 }
 
-static void row(FILE *f, const char *name, const char *side, uint64_t n, uint64_t err, const sr_latency *l)
+int sr__stats_print_cols(const sr_stats *s, const char *who, const struct sr_stats_cols *c, FILE *f)
 {
-    char a[24], b[24], c[24];
-    fprintf(f, "  %-32.32s %-6s %10llu %7llu %10s %10s %10s\n", name, side, (unsigned long long)n,
-            (unsigned long long)err, dur(l->p50_ns, a, sizeof(a)), dur(l->p99_ns, b, sizeof(b)),
-            dur(l->max_ns, c, sizeof(c)));
+    if (!s || !f)
+        return sr__fail(-EINVAL, "sr_stats_print", "%s is NULL", s ? "the stream" : "the snapshot");
+    int u[3] = {unit_of(c, 0), unit_of(c, 1), unit_of(c, 2)};
+    fprintf(f, "shmrpc stats for %s: %zu functions\n  %-32s %-6s %10s %7s %11s %11s %11s\n", who ? who : "this worker",
+            s->n, "function", "side", "calls", "errors", "p50", "p99", "max");
+    struct row r;
+    for (size_t k = 0; k < 3 * s->n; k++) {
+        char a[32], b[32], d[32];
+        if (row_at(s, k, &r))
+            fprintf(f, "  %-32.32s %-6s %10llu %7llu %11s %11s %11s\n", r.name, r.side, (unsigned long long)r.n,
+                    (unsigned long long)r.err, in_unit(r.lat->p50_ns, u[0], a, sizeof(a)),
+                    in_unit(r.lat->p99_ns, u[1], b, sizeof(b)), in_unit(r.lat->max_ns, u[2], d, sizeof(d)));
+    }
+    return 0;
 }
 
 SR_API int sr_stats_print(const sr_stats *s, const char *who, FILE *f)
 {
-    if (!s || !f)
-        return sr__fail(-EINVAL, "sr_stats_print", "%s is NULL", s ? "the stream" : "the snapshot");
-    fprintf(f, "shmrpc stats for %s: %zu functions\n  %-32s %-6s %10s %7s %10s %10s %10s\n", who ? who : "this worker",
-            s->n, "function", "side", "calls", "errors", "p50", "p99", "max");
-    for (size_t i = 0; i < s->n; i++) {
-        const sr_fn_stats *e = &s->e[i];
-        if (e->calls)
-            row(f, e->name, "call", e->calls, e->errors, &e->round_trip);
-        if (e->served) {
-            row(f, e->name, "queue", e->served, e->serve_errors, &e->queue);
-            row(f, e->name, "run", e->served, e->serve_errors, &e->run);
-        }
-    }
-    return 0;
+    struct sr_stats_cols c = SR_STATS_COLS_EMPTY;
+    if (s)
+        sr__stats_widen(s, &c);
+    return sr__stats_print_cols(s, who, &c, f);
 }

@@ -40,6 +40,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "hist.h"
@@ -57,9 +58,9 @@
  * what the worker did (set by it) */
 enum {
     SR_AREA_JOB_TRACE = 1,     /* the launcher writes the trace: the worker writes no part */
-    SR_AREA_JOB_STATS = 2,     /* the launcher prints the statistics the worker did not print */
+    SR_AREA_JOB_STATS = 2,     /* the launcher prints every worker's statistics, in rank order */
     SR_AREA_ATTACHED = 4,      /* a worker records here */
-    SR_AREA_STATS_PRINTED = 8, /* the worker printed its statistics (sr_shutdown) */
+    SR_AREA_STATS_FINAL = 8,   /* the worker reached sr_shutdown: its statistics are complete */
     SR_AREA_JOB_REPLACES = 16, /* the job replaces ranks in place: the trace names each generation */
 };
 
@@ -193,6 +194,16 @@ const struct sr_ttable *sr__area_next(const struct sr_area *a, const struct sr_t
 struct sr_stats;
 /* A snapshot of a's statistics; its names point into a. 0 or -ENOMEM. */
 int sr__stats_of(const struct sr_area *a, struct sr_stats **out);
+/* The range of p50, p99 and max in the tables to print together: each
+ * latency column is printed in one unit, chosen for its range. Start from
+ * SR_STATS_COLS_EMPTY. */
+struct sr_stats_cols {
+    uint64_t min_ns[3], max_ns[3];
+};
+#define SR_STATS_COLS_EMPTY {{UINT64_MAX, UINT64_MAX, UINT64_MAX}, {0, 0, 0}}
+void sr__stats_widen(const struct sr_stats *s, struct sr_stats_cols *c);
+/* sr_stats_print with the columns' units chosen from c. */
+int sr__stats_print_cols(const struct sr_stats *s, const char *who, const struct sr_stats_cols *c, FILE *f);
 
 /* ---- the trace file (write.c, merge.c) ---- */
 /* Write every record of area a as part file `part` of `path` (merge.c

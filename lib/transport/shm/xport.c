@@ -132,14 +132,18 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
     sr__futex_wake_all(&h->attached);
     int64_t deadline = sr__now_ns() + timeout_ns;
+    sr_logf(SR_LOG_DEBUG, "attach: rank %d is in segment '%.48s'; waiting up to %.0f s for the other workers (%u arrivals)",
+            x->rank, h->name, (double)timeout_ns / 1e9, want);
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
          * that an exit published after it changes the word we sleep on */
         uint32_t e = atomic_load_explicit(&h->exits, memory_order_seq_cst);
         /* acquire: pairs with each peer's release increment above */
         uint32_t n = atomic_load_explicit(&h->attached, memory_order_acquire);
-        if (n >= want)
+        if (n >= want) {
+            sr_logf(SR_LOG_DEBUG, "attach: every worker is in segment '%.48s'", h->name);
             return 0;
+        }
         int r = e ? first_exited(x) : -1;
         if (r >= 0)
             return exited_before_start(x, r);
