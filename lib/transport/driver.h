@@ -7,7 +7,8 @@
  * segment; the shared-memory transport then attaches to it, and the driver
  * opens the instance that reaches the ranks of other hosts. select.c lists
  * the drivers; each is built whether or not its library was found (without
- * it, boot explains how to rebuild).
+ * it, boot explains how to rebuild), and a driver whose library is large
+ * loads it only in boot (the MPI transport: a plug-in, mpi/plugin.h).
  */
 #ifndef SR_TRANSPORT_DRIVER_H
 #define SR_TRANSPORT_DRIVER_H
@@ -39,7 +40,7 @@ struct sr_tport_driver {
     void (*fini)(void *job);
 };
 
-extern const struct sr_tport_driver sr__mpi_driver; /* mpi/driver.c, or mpi/absent.c without Open MPI */
+extern const struct sr_tport_driver sr__mpi_driver; /* mpi/load.c: loads the MPI transport under mpirun */
 extern const struct sr_tport_driver sr__solo_driver; /* solo.c: no launcher, a one-worker job */
 
 #endif

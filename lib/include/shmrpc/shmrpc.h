@@ -13,6 +13,7 @@
 #include "rpc.h"
 #include "rref.h"
 #include "value.h"
+#include "version.h"
 #include "spawn.h"
 #include "stats.h"
 #include "tensor.h"

@@ -1,5 +1,7 @@
 /* The MPI transport's driver (driver.h): boot the job (mpi_job.h), open the
- * instance that reaches the other hosts (mpi_tport.h), finish the job. */
+ * instance that reaches the other hosts (mpi_tport.h), finish the job. In
+ * the plug-in (plugin.h), or linked into a program that uses the transport
+ * itself. */
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -8,6 +10,7 @@
 #include "error.h"
 #include "mpi_job.h"
 #include "mpi_tport.h"
+#include "plugin.h"
 
 static int boot(void **out)
 {
@@ -51,7 +54,7 @@ static void fini(void *p)
     free(p);
 }
 
-const struct sr_tport_driver sr__mpi_driver = {
+const struct sr_tport_driver sr__mpi_builtin_driver = {
     .kind = "mpi",
     .launched = sr__mpi_launched,
     .boot = boot,

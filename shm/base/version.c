@@ -1,0 +1,4 @@
+/* sr_version (shmrpc/version.h): the version this library was built as. */
+#include "shmrpc/version.h"
+
+const char *sr_version(void) { return SR_VERSION_STRING; }
