@@ -956,6 +956,8 @@ static sr_block *shared_alloc(size_t nbytes)
         return shared_oom(nbytes);
     if (tc_ready())
         tc_bump(&tc.st->allocs, 1);
+    if (sr__heap_extent_pressed()) /* the area passed its mark: give the dirty pages back now */
+        (void)sr__heap_purge();
     return b;
 }
 
@@ -1426,7 +1428,9 @@ int sr__heap_purge(void)
         return 0;
     tc_flush();
     sr__heap_huge_flush();
-    return sr__heap_arena_purge(heap.arena);
+    int rc = sr__heap_arena_purge(heap.arena);
+    sr__heap_extent_relieved();
+    return rc;
 }
 
 size_t sr__heap_allocated(void)

@@ -39,8 +39,9 @@
  * rounded up to its size classes (at most 25%, usually much less: the header
  * moves out of the way when it would cost a class); blocks of 8 MiB and more
  * take their size rounded up to a page. Only pages written cost memory. A
- * huge block's pages go back to the kernel when it is freed; jemalloc's when
- * its decay purges them (about 10 s), or at once with sr__heap_purge().
+ * huge block's pages go back to the kernel when it leaves the huge cache;
+ * jemalloc's when its decay purges them (about 10 s), when the area passes
+ * three quarters in use, or at once with sr__heap_purge() (docs/HEAP.md, 5).
  */
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H
