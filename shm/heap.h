@@ -27,8 +27,9 @@
  * sr__heap_attach and sr__heap_detach, which must not overlap any other heap
  * call of the process (sr__xport_attach/detach call them).
  *
- * Small blocks freed by their owner process are kept in a per-thread cache
- * (<= 1 KiB, 64 per size class) for the next allocation of the thread.
+ * Blocks below 8 MiB freed by their owner process are kept in a per-thread
+ * cache (bins up to 16 KiB, a few large slots) for the next allocation of
+ * the thread (docs/HEAP.md, section 9).
  *
  * Nothing read from the segment is trusted: the geometry is copied at
  * attach, and a block header carries a check word over its write-once fields,

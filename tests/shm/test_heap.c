@@ -679,6 +679,41 @@ static void *cache_thread_main(void *arg)
     return NULL;
 }
 
+/* The thread cache holds split blocks (header and data kept together) and
+ * large ones too: 4 KiB, 16 KiB and 1 MiB come back from it, dead while
+ * cached (their offsets refused, not counted as allocated), and a size of
+ * another class does not take them. */
+Test(heap, cached_split_and_large_blocks_are_reused)
+{
+    attach_single(1, 256 * MiB);
+    static const size_t sizes[] = {4096, 16384, MiB};
+    for (unsigned i = 0; i < 3; i++) {
+        size_t n = sizes[i];
+        sr_block *b = sr__block_alloc(n);
+        cr_assert_not_null(b, "%s", sr_last_error());
+        void *data = sr__block_data(b);
+        memset(data, 0x77, n);
+        uint64_t off = sr__block_to_off(b);
+        sr__block_unref(b);
+        cr_assert_null(sr__block_from_off(off), "%zu bytes: a cached block's offset was accepted", n);
+        cr_assert_eq(sr__heap_allocated(), 0, "%zu bytes: cached blocks count as allocated", n);
+        sr_block *other = sr__block_alloc(2 * n + 4096); /* another class */
+        cr_assert_neq(other, b, "%zu bytes: a block of another class took the cached one", n);
+        sr_block *c = sr__block_alloc(n - 1);
+        cr_assert_eq(c, b, "%zu bytes: the cached block was not reused", n);
+        cr_assert_eq(sr__block_data(c), data, "%zu bytes: its data moved", n);
+        cr_assert_eq(sr__block_size(c), n - 1);
+        cr_assert_eq(sr__block_from_off(off), c, "%s", sr_last_error());
+        sr__block_unref(other);
+        sr__block_unref(c);
+    }
+    cr_assert_eq(sr__heap_purge(), 0, "%s", sr_last_error());
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    cr_assert_eq(st.used, 0, "the purge left %llu bytes out: the cache was not flushed", (unsigned long long)st.used);
+    detach_single();
+}
+
 /* Detach destroys the arena under every thread's cache: a thread that cached
  * blocks before must not hand them out after the next attach, where the new
  * arena gives the same addresses to others. */
