@@ -143,19 +143,24 @@ static struct heap {
  * race), summed by readers. cached_bytes is what jemalloc counts allocated
  * for the cached blocks, which sr__heap_allocated takes off: a cached block
  * is free for leak checks, and live_blocks counts it freed. */
-struct tc_slot {
+struct tc_pair {
     sr_block *b;
-    void *data;   /* split blocks: their data; NULL inline */
-    size_t cls;   /* large slots: the size class of the data (inline: with the header) */
-    uint32_t bytes; /* large slots: what jemalloc counts for the block */
-    uint32_t layout; /* large slots */
+    void *data; /* split blocks: their data; NULL inline */
+};
+
+struct tc_slot { /* a large slot */
+    sr_block *b;
+    void *data;
+    size_t cls;      /* the size class of the data (inline: with the header) */
+    uint32_t bytes;  /* what jemalloc counts for the block */
+    uint32_t layout;
 };
 
 struct tcache {
     _Atomic uint64_t allocs, local_frees, cached_bytes; /* written by the owning thread only */
     struct tcache *next;                                /* tc_all list; under tc_lock */
-    struct tc_slot slot[TC_BINS + 1][TC_DEPTH];
     unsigned n[TC_BINS + 1];
+    struct tc_pair slot[TC_BINS + 1][TC_DEPTH];
     struct tc_slot large[TC_LARGE_SLOTS]; /* oldest first */
     unsigned nlarge;
     uint64_t large_bytes;
@@ -291,12 +296,12 @@ static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached)
 static inline bool tc_mine(void) { return tc_gen && tc_gen == heap.gen; }
 
 /* A cached block goes back to the arena. */
-static void tc_slot_free(const struct tc_slot *s, enum block_layout layout)
+static void tc_slot_free(sr_block *b, void *data, enum block_layout layout)
 {
     sr__tsan_release(&arena_handoff); /* as local_free */
     if (layout == LAYOUT_SPLIT)
-        dallocx(s->data, MALLOCX_TCACHE_NONE);
-    dallocx(s->b, MALLOCX_TCACHE_NONE);
+        dallocx(data, MALLOCX_TCACHE_NONE);
+    dallocx(b, MALLOCX_TCACHE_NONE);
 }
 
 /* Give this thread's cached blocks back to the arena (still attached). */
@@ -305,10 +310,12 @@ static void tc_flush(void)
     if (!tc_mine() || !heap.area)
         return;
     for (unsigned j = 1; j <= TC_BINS; j++)
-        while (tc->n[j])
-            tc_slot_free(&tc->slot[j][--tc->n[j]], (enum block_layout)heap.tc_layout[j]);
+        while (tc->n[j]) {
+            struct tc_pair p = tc->slot[j][--tc->n[j]];
+            tc_slot_free(p.b, p.data, (enum block_layout)heap.tc_layout[j]);
+        }
     for (unsigned i = 0; i < tc->nlarge; i++)
-        tc_slot_free(&tc->large[i], (enum block_layout)tc->large[i].layout);
+        tc_slot_free(tc->large[i].b, tc->large[i].data, (enum block_layout)tc->large[i].layout);
     tc->nlarge = 0;
     tc->large_bytes = 0;
     tc_bump(&tc->cached_bytes, -(int64_t)atomic_load_explicit(&tc->cached_bytes, memory_order_relaxed));
@@ -431,21 +438,21 @@ static sr_block *tc_pop(size_t nbytes, unsigned j, enum block_layout layout, siz
 {
     if (!tc_mine() || layout == LAYOUT_HUGE)
         return NULL;
-    struct tc_slot s;
+    struct tc_pair p;
     if (j) {
         if (!tc->n[j])
             return NULL;
-        s = tc->slot[j][--tc->n[j]];
+        p = tc->slot[j][--tc->n[j]];
         tc_bump(&tc->cached_bytes, -(int64_t)heap.tc_bytes[j]);
     } else {
         struct tc_slot *f = tc_large_find(layout, cls);
         if (!f)
             return NULL;
-        s = *f;
+        p = (struct tc_pair){f->b, f->data};
         tc_large_remove(f);
     }
     tc_bump(&tc->allocs, 1);
-    return init_header(s.b, s.data, nbytes, heap.rank, layout);
+    return init_header(p.b, p.data, nbytes, heap.rank, layout);
 }
 
 /* Keep a large block (above TC_SMALL_MAX) in this thread's slots, the
@@ -459,7 +466,7 @@ static bool tc_push_large(sr_block *b, const struct hdr *h, void *data)
     while (tc->nlarge == TC_LARGE_SLOTS || tc->large_bytes + bytes > heap.tc_large_max) {
         struct tc_slot old = tc->large[0];
         tc_large_remove(&tc->large[0]);
-        tc_slot_free(&old, (enum block_layout)old.layout);
+        tc_slot_free(old.b, old.data, (enum block_layout)old.layout);
     }
     tc->large[tc->nlarge++] = (struct tc_slot){.b = b, .data = data, .cls = cls, .bytes = (uint32_t)bytes,
                                                .layout = h->layout};
@@ -479,7 +486,7 @@ __attribute__((always_inline)) static inline bool tc_push(sr_block *b, const str
     if (j) {
         if (heap.tc_layout[j] != h->layout || !tc_ready() || tc->n[j] >= heap.tc_depth[j])
             return false;
-        tc->slot[j][tc->n[j]++] = (struct tc_slot){.b = b, .data = data};
+        tc->slot[j][tc->n[j]++] = (struct tc_pair){b, data};
         tc_bump(&tc->cached_bytes, (int64_t)heap.tc_bytes[j]);
     } else if (h->size <= TC_SMALL_MAX || !tc_push_large(b, h, data)) {
         return false;
@@ -1076,7 +1083,9 @@ static sr_block *shared_alloc(size_t nbytes)
 {
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
-    sr__heap_drain(); /* one relaxed load unless peers gave blocks back */
+    /* relaxed: a hint, as in sr__heap_drain (which a push we miss waits for) */
+    if (atomic_load_explicit(heap.free_head, memory_order_relaxed))
+        sr__heap_drain(); /* peers gave blocks back */
     size_t cls = 0;
     unsigned j = tc_bin_of(nbytes); /* small: the bin says the layout */
     enum block_layout layout = j ? (enum block_layout)heap.tc_layout[j] : layout_for(nbytes, &cls);
