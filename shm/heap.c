@@ -54,8 +54,14 @@
 #define BLOCK_ALIGN 64
 #define SPLIT_MIN 4096       /* smallest block whose header may live apart from its data */
 #define HUGE_MIN (8u << 20)  /* from here on the data bypasses jemalloc (its oversize threshold) */
-#define TC_BINS 16           /* thread-cached sizes: 64 * 1 .. 64 * 16 bytes, header included */
-#define TC_DEPTH 64          /* blocks kept per bin */
+#define TC_SMALL_MAX 16384u  /* thread-cached in bins: blocks of up to 16 KiB of data */
+#define TC_K (TC_SMALL_MAX / BLOCK_ALIGN + 1) /* requests of 64 * k data bytes, k = 0 .. 256 */
+#define TC_BINS 48           /* bins: one per (layout, size class) of those; 1-based, 0 = none */
+#define TC_DEPTH 64          /* blocks kept per bin at most */
+#define TC_BIN_BYTES 65536u  /* ... and at most this many bytes, but at least TC_DEPTH_MIN blocks */
+#define TC_DEPTH_MIN 4
+#define TC_LARGE_SLOTS 4     /* larger blocks (below HUGE_MIN) kept per thread */
+#define TC_LARGE_BYTES (UINT64_C(4) << 20) /* ... holding at most this much (or area / 64) */
 
 /* Where a block's data lives. */
 enum block_layout {
@@ -95,51 +101,85 @@ static struct heap {
     uint64_t heap_off, heap_stride, area_off, area_stride; /* copied at attach, validated */
     uint32_t world, nareas;
     uint64_t gen;                /* which attach this is (never 0 while attached): thread caches check it */
-    uint32_t tc_bin[TC_BINS + 1]; /* thread-cache bin of a 64 * k byte request: its size class / 64 */
+    uint8_t tc_bin[TC_K];         /* thread-cache bin of a request of 64 * k data bytes (k rounded up) */
+    uint8_t tc_layout[TC_BINS + 1];  /* enum block_layout of the bin's blocks */
+    uint32_t tc_bytes[TC_BINS + 1];  /* what jemalloc counts allocated for one of them */
+    uint32_t tc_depth[TC_BINS + 1];  /* blocks the bin keeps at most */
+    uint64_t tc_large_max;        /* bytes a thread's large slots hold at most */
 } heap = {.rank = -1, .area_idx = -1};
 
-/* ---- the thread cache of small blocks ----
+/* ---- the thread cache ----
  *
- * Small blocks freed by their owner process go onto a per-thread LIFO (a
- * private array), one per size class up to 1 KiB, and the next allocation of that class pops one:
- * no lock, no read-modify-write. jemalloc's own tcache cannot serve here: the
- * automatic one hands out whatever the thread cached from any arena (private
- * memory), so every call passes MALLOCX_TCACHE_NONE and takes the arena's bin
- * lock (about 130 ns a pair); an explicit one (tcache.create) costs a slow
- * mallocx path and must be destroyed, on every thread, before the arena.
+ * Blocks freed by their owner process (any of its threads) go into the
+ * freeing thread's cache, a private array, and that thread's next
+ * allocation of the same shape pops one: no lock, no read-modify-write.
+ *   - Bins: blocks of up to 16 KiB of data, one bin per (layout, jemalloc
+ *     size class), inline and split alike (a split block is kept whole,
+ *     header and data). A request of n bytes maps to its bin through a table
+ *     of 64-byte steps made at attach (heap.tc_bin). A bin keeps at most
+ *     TC_DEPTH blocks and TC_BIN_BYTES bytes, but TC_DEPTH_MIN at least.
+ *   - Large slots: TC_LARGE_SLOTS blocks above 16 KiB and below the huge
+ *     threshold, at most TC_LARGE_BYTES (or a 64th of the area) in all,
+ *     matched on the same (layout, size class); the oldest goes back to
+ *     jemalloc to make room.
+ * jemalloc's own tcache cannot serve here: the automatic one hands out
+ * whatever the thread cached from any arena (private memory), so every call
+ * passes MALLOCX_TCACHE_NONE and takes the arena's bin lock or its extent
+ * locks (130 ns to 1 us a pair); an explicit one (tcache.create) costs a
+ * slow mallocx path and must be destroyed, on every thread, before the
+ * arena.
  *
  * A cached block is dead: magic BLOCK_FREED, so its offset fails
- * sr__block_from_off. Each bin keeps at most TC_DEPTH blocks (so at most
- * 16 x 64 blocks up to 1 KiB: under 600 KiB a thread); past that, blocks go
- * back to jemalloc. The thread's cache is given back to jemalloc when the
- * thread exits (a key destructor), when an allocation finds no room, and by
- * sr__heap_purge() (the calling thread's). Detach destroys the arena under
- * every cache; a cache whose gen is not heap.gen is then dropped unread.
+ * sr__block_from_off. Its header and data pointers are kept here, not read
+ * back from the (shared) header, so a peer scribbling on a cached block
+ * cannot steer the next allocation. The thread's cache goes back to jemalloc
+ * when the thread exits (a key destructor), when an allocation finds no
+ * room or the heap is pressed, and on sr__heap_purge() (the calling
+ * thread's). Detach destroys the arena under every cache; a thread whose
+ * tc_gen is not heap.gen has no cache (its old one was freed, unread).
  *
- * Counters are per thread too (struct tc_stats): written by their thread
- * with plain load + store (relaxed atomics, so that readers' loads are not a
- * data race), summed by readers. */
-struct tc_stats {
-    _Atomic uint64_t allocs, local_frees, cached_bytes; /* written by the owning thread only */
-    struct tc_stats *next;                              /* tc_all list; under tc_lock */
+ * Counters are per thread (in struct tcache): written by their thread with
+ * plain load + store (relaxed atomics, so that readers' loads are not a data
+ * race), summed by readers. cached_bytes is what jemalloc counts allocated
+ * for the cached blocks, which sr__heap_allocated takes off: a cached block
+ * is free for leak checks, and live_blocks counts it freed. */
+struct tc_pair {
+    sr_block *b;
+    void *data; /* split blocks: their data; NULL inline */
+};
+
+struct tc_slot { /* a large slot */
+    sr_block *b;
+    void *data;
+    size_t cls;      /* the size class of the data (inline: with the header) */
+    uint32_t bytes;  /* what jemalloc counts for the block */
+    uint32_t layout;
 };
 
 struct tcache {
-    uint64_t gen; /* heap.gen when made; 0: no cache */
-    struct tc_stats *st;
-    /* private arrays, not links in the (shared) blocks: a peer scribbling on
-     * a cached block cannot steer the next allocation */
-    sr_block *slot[TC_BINS + 1][TC_DEPTH];
+    _Atomic uint64_t allocs, local_frees, cached_bytes; /* written by the owning thread only */
+    struct tcache *next;                                /* tc_all list; under tc_lock */
     unsigned n[TC_BINS + 1];
+    struct tc_pair slot[TC_BINS + 1][TC_DEPTH];
+    struct tc_slot large[TC_LARGE_SLOTS]; /* oldest first */
+    unsigned nlarge;
+    uint64_t large_bytes;
 };
-static _Thread_local struct tcache tc;
+static _Thread_local uint64_t tc_gen;     /* heap.gen when this thread's cache was made; 0: none */
+static _Thread_local struct tcache *tc;   /* valid only while tc_gen == heap.gen */
 
 static pthread_mutex_t tc_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic bool counts_lost; /* an allocation or free went uncounted: detach cannot prove none is live */
-static struct tc_stats *tc_all;    /* every thread's stats this attach; under tc_lock */
+static struct tcache *tc_all;      /* every thread's cache this attach; under tc_lock */
 static uint64_t tc_gen_next = 1;   /* written by attach only */
 static pthread_key_t tc_key;
 static pthread_once_t tc_key_once = PTHREAD_ONCE_INIT;
+
+/* ThreadSanitizer (tsan.h): jemalloc is not instrumented, so a block one
+ * thread frees into the arena and another gets back from it is a hand-off
+ * TSan cannot see. Every free releases this, every allocation from the arena
+ * acquires it, as a lock around the arena would. */
+static char arena_handoff;
 
 #define ARENA_FLAGS (MALLOCX_ARENA(heap.arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(BLOCK_ALIGN))
 
@@ -240,11 +280,11 @@ static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached)
 {
     uint64_t a = 0, f = 0, c = 0;
     pthread_mutex_lock(&tc_lock);
-    for (struct tc_stats *st = tc_all; st; st = st->next) {
+    for (struct tcache *t = tc_all; t; t = t->next) {
         /* relaxed: counters, see tc_bump */
-        a += atomic_load_explicit(&st->allocs, memory_order_relaxed);
-        f += atomic_load_explicit(&st->local_frees, memory_order_relaxed);
-        c += atomic_load_explicit(&st->cached_bytes, memory_order_relaxed);
+        a += atomic_load_explicit(&t->allocs, memory_order_relaxed);
+        f += atomic_load_explicit(&t->local_frees, memory_order_relaxed);
+        c += atomic_load_explicit(&t->cached_bytes, memory_order_relaxed);
     }
     pthread_mutex_unlock(&tc_lock);
     *allocs = a, *local_frees = f;
@@ -252,16 +292,33 @@ static void tc_sum(uint64_t *allocs, uint64_t *local_frees, uint64_t *cached)
         *cached = c;
 }
 
+/* This thread has a cache for the current attach. */
+static inline bool tc_mine(void) { return tc_gen && tc_gen == heap.gen; }
+
+/* A cached block goes back to the arena. */
+static void tc_slot_free(sr_block *b, void *data, enum block_layout layout)
+{
+    sr__tsan_release(&arena_handoff); /* as local_free */
+    if (layout == LAYOUT_SPLIT)
+        dallocx(data, MALLOCX_TCACHE_NONE);
+    dallocx(b, MALLOCX_TCACHE_NONE);
+}
+
 /* Give this thread's cached blocks back to the arena (still attached). */
 static void tc_flush(void)
 {
-    if (tc.gen != heap.gen || !heap.area)
+    if (!tc_mine() || !heap.area)
         return;
-    for (unsigned j = 1; j <= TC_BINS; j++) {
-        while (tc.n[j])
-            dallocx(tc.slot[j][--tc.n[j]], MALLOCX_TCACHE_NONE);
-    }
-    tc_bump(&tc.st->cached_bytes, -(int64_t)atomic_load_explicit(&tc.st->cached_bytes, memory_order_relaxed));
+    for (unsigned j = 1; j <= TC_BINS; j++)
+        while (tc->n[j]) {
+            struct tc_pair p = tc->slot[j][--tc->n[j]];
+            tc_slot_free(p.b, p.data, (enum block_layout)heap.tc_layout[j]);
+        }
+    for (unsigned i = 0; i < tc->nlarge; i++)
+        tc_slot_free(tc->large[i].b, tc->large[i].data, (enum block_layout)tc->large[i].layout);
+    tc->nlarge = 0;
+    tc->large_bytes = 0;
+    tc_bump(&tc->cached_bytes, -(int64_t)atomic_load_explicit(&tc->cached_bytes, memory_order_relaxed));
 }
 
 static void tc_thread_exit(void *unused)
@@ -273,38 +330,41 @@ static void tc_thread_exit(void *unused)
 static void tc_make_key(void) { (void)pthread_key_create(&tc_key, tc_thread_exit); }
 
 /* This thread's cache for the current attach, made on first use; false if
- * its counters cannot be allocated (the caller then goes to jemalloc). */
+ * it cannot be allocated (the caller then goes to jemalloc). */
 static bool tc_ready(void)
 {
-    if (tc.gen == heap.gen)
+    if (tc_mine())
         return true;
-    struct tc_stats *st = calloc(1, sizeof(*st));
-    if (!st) {
+    struct tcache *t = calloc(1, sizeof(*t));
+    if (!t) {
         /* relaxed: read by detach, after every thread of ours is quiet */
         atomic_store_explicit(&counts_lost, true, memory_order_relaxed);
         return false;
     }
     pthread_once(&tc_key_once, tc_make_key);
-    (void)pthread_setspecific(tc_key, st); /* non-NULL: the destructor runs at exit */
+    (void)pthread_setspecific(tc_key, t); /* non-NULL: the destructor runs at exit */
     pthread_mutex_lock(&tc_lock);
-    st->next = tc_all;
-    tc_all = st;
+    t->next = tc_all;
+    tc_all = t;
     pthread_mutex_unlock(&tc_lock);
-    tc = (struct tcache){.gen = heap.gen, .st = st};
+    tc = t;
+    tc_gen = heap.gen;
     return true;
 }
 
-/* After detach: every cache's blocks went with the arena. */
+/* After detach: every cache's blocks went with the arena. Other threads'
+ * tc pointers dangle, but their tc_gen no longer matches. */
 static void tc_forget_all(void)
 {
     pthread_mutex_lock(&tc_lock);
     while (tc_all) {
-        struct tc_stats *st = tc_all;
-        tc_all = st->next;
-        free(st);
+        struct tcache *t = tc_all;
+        tc_all = t->next;
+        free(t);
     }
     pthread_mutex_unlock(&tc_lock);
-    tc = (struct tcache){0};
+    tc = NULL;
+    tc_gen = 0;
 }
 
 /* In a child forked by an attached process: the parent's caches and
@@ -316,37 +376,123 @@ static void tc_forget_all_in_child(void)
     tc_forget_all();
 }
 
-/* The bin of an inline block of nbytes of data, or 0 if not cached. */
-static unsigned tc_bin_of(size_t nbytes)
+static enum block_layout layout_for(size_t nbytes, size_t *cls);
+
+/* The bins (at attach): every request of up to TC_SMALL_MAX bytes, in
+ * 64-byte steps, gets the layout layout_for gives its step's upper end, and
+ * the bin of that (layout, size class). */
+static void tc_setup(void)
 {
-    size_t k = (sizeof(sr_block) + nbytes + BLOCK_ALIGN - 1) / BLOCK_ALIGN;
-    return nbytes <= TC_BINS * BLOCK_ALIGN - sizeof(sr_block) ? heap.tc_bin[k] : 0;
+    unsigned nb = 0;
+    size_t hdr_cls = nallocx(sizeof(sr_block), ARENA_FLAGS);
+    for (unsigned k = 0; k < TC_K; k++) {
+        size_t cls;
+        enum block_layout l = layout_for((size_t)k * BLOCK_ALIGN, &cls);
+        uint32_t bytes = (uint32_t)(l == LAYOUT_SPLIT ? cls + hdr_cls : cls);
+        unsigned j = 1;
+        while (j <= nb && !(heap.tc_layout[j] == l && heap.tc_bytes[j] == bytes))
+            j++;
+        if (j > nb && nb == TC_BINS) {
+            heap.tc_bin[k] = 0; /* not cached: never with jemalloc's 5.3 classes */
+            continue;
+        }
+        if (j > nb) {
+            nb = j;
+            uint32_t depth = TC_BIN_BYTES / bytes;
+            heap.tc_layout[j] = (uint8_t)l;
+            heap.tc_bytes[j] = bytes;
+            heap.tc_depth[j] = depth > TC_DEPTH ? TC_DEPTH : depth < TC_DEPTH_MIN ? TC_DEPTH_MIN : depth;
+        }
+        heap.tc_bin[k] = (uint8_t)j;
+    }
+    heap.tc_large_max = heap.area_len / 64 < TC_LARGE_BYTES ? heap.area_len / 64 : TC_LARGE_BYTES;
 }
 
-static sr_block *tc_pop(size_t nbytes)
+/* The small bin of a request of nbytes (0: none, or not small). */
+static inline unsigned tc_bin_of(size_t nbytes)
 {
-    unsigned j = tc_bin_of(nbytes);
-    if (!j || j > TC_BINS || tc.gen != heap.gen || !tc.n[j])
+    return nbytes <= TC_SMALL_MAX ? heap.tc_bin[(nbytes + BLOCK_ALIGN - 1) / BLOCK_ALIGN] : 0;
+}
+
+static struct tc_slot *tc_large_find(enum block_layout layout, size_t cls)
+{
+    for (unsigned i = tc->nlarge; i-- > 0;) /* newest first */
+        if (tc->large[i].cls == cls && tc->large[i].layout == (uint32_t)layout)
+            return &tc->large[i];
+    return NULL;
+}
+
+static void tc_large_remove(struct tc_slot *s)
+{
+    tc->large_bytes -= s->bytes;
+    tc_bump(&tc->cached_bytes, -(int64_t)s->bytes);
+    unsigned i = (unsigned)(s - tc->large);
+    memmove(&tc->large[i], &tc->large[i + 1], (tc->nlarge - i - 1) * sizeof(tc->large[0]));
+    tc->nlarge--;
+}
+
+/* A cached block of the shape of nbytes (its bin j, or for larger blocks
+ * its layout and size class), its header made anew; NULL if the thread has
+ * none. */
+static sr_block *tc_pop(size_t nbytes, unsigned j, enum block_layout layout, size_t cls)
+{
+    if (!tc_mine() || layout == LAYOUT_HUGE)
         return NULL;
-    sr_block *b = tc.slot[j][--tc.n[j]];
-    tc_bump(&tc.st->cached_bytes, -(int64_t)(j * BLOCK_ALIGN));
-    tc_bump(&tc.st->allocs, 1);
-    return init_header(b, NULL, nbytes, heap.rank, LAYOUT_INLINE);
+    struct tc_pair p;
+    if (j) {
+        if (!tc->n[j])
+            return NULL;
+        p = tc->slot[j][--tc->n[j]];
+        tc_bump(&tc->cached_bytes, -(int64_t)heap.tc_bytes[j]);
+    } else {
+        struct tc_slot *f = tc_large_find(layout, cls);
+        if (!f)
+            return NULL;
+        p = (struct tc_pair){f->b, f->data};
+        tc_large_remove(f);
+    }
+    tc_bump(&tc->allocs, 1);
+    return init_header(p.b, p.data, nbytes, heap.rank, layout);
+}
+
+/* Keep a large block (above TC_SMALL_MAX) in this thread's slots, the
+ * oldest going back to the arena to make room; false if it is too big. */
+static bool tc_push_large(sr_block *b, const struct hdr *h, void *data)
+{
+    size_t cls = nallocx(h->layout == LAYOUT_SPLIT ? h->size : sizeof(sr_block) + h->size, ARENA_FLAGS);
+    uint64_t bytes = h->layout == LAYOUT_SPLIT ? cls + nallocx(sizeof(sr_block), ARENA_FLAGS) : cls;
+    if (bytes > heap.tc_large_max || !tc_ready())
+        return false;
+    while (tc->nlarge == TC_LARGE_SLOTS || tc->large_bytes + bytes > heap.tc_large_max) {
+        struct tc_slot old = tc->large[0];
+        tc_large_remove(&tc->large[0]);
+        tc_slot_free(old.b, old.data, (enum block_layout)old.layout);
+    }
+    tc->large[tc->nlarge++] = (struct tc_slot){.b = b, .data = data, .cls = cls, .bytes = (uint32_t)bytes,
+                                               .layout = h->layout};
+    tc->large_bytes += bytes;
+    tc_bump(&tc->cached_bytes, (int64_t)bytes);
+    return true;
 }
 
 /* Keep our (checked, dead) block b in this thread's cache; false if it
  * does not belong there. */
 __attribute__((always_inline)) static inline bool tc_push(sr_block *b, const struct hdr *h)
 {
-    if (h->layout != LAYOUT_INLINE)
+    if (h->layout == LAYOUT_HUGE)
         return false;
+    void *data = h->layout == LAYOUT_SPLIT ? (char *)b + h->delta : NULL;
     unsigned j = tc_bin_of(h->size);
-    if (!j || j > TC_BINS || !tc_ready() || tc.n[j] == TC_DEPTH)
+    if (j) {
+        if (heap.tc_layout[j] != h->layout || !tc_ready() || tc->n[j] >= heap.tc_depth[j])
+            return false;
+        tc->slot[j][tc->n[j]++] = (struct tc_pair){b, data};
+        tc_bump(&tc->cached_bytes, (int64_t)heap.tc_bytes[j]);
+    } else if (h->size <= TC_SMALL_MAX || !tc_push_large(b, h, data)) {
         return false;
+    }
     b->magic = BLOCK_FREED; /* a stale offset now fails sr__block_from_off */
-    tc.slot[j][tc.n[j]++] = b;
-    tc_bump(&tc.st->cached_bytes, (int64_t)(j * BLOCK_ALIGN));
-    tc_bump(&tc.st->local_frees, 1);
+    tc_bump(&tc->local_frees, 1);
     return true;
 }
 
@@ -689,8 +835,7 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
                          .heap_off = h->heap_off,
                          .heap_stride = h->heap_stride, .area_off = h->area_off, .area_stride = h->area_stride,
                          .world = h->world_size, .nareas = h->heap_areas, .gen = tc_gen_next++};
-    for (unsigned k = 1; k <= TC_BINS; k++)
-        heap.tc_bin[k] = (uint32_t)(nallocx(k * BLOCK_ALIGN, ARENA_FLAGS) / BLOCK_ALIGN);
+    tc_setup();
     /* relaxed: statistics; no other heap call runs during attach */
     atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);
     atomic_store_explicit(&counters.remote_pushes, 0, memory_order_relaxed);
@@ -896,20 +1041,16 @@ static sr_block *shared_oom(size_t nbytes)
  * the next size class: a power-of-two tensor would otherwise waste up to a
  * quarter (jemalloc spaces its classes four per doubling). Small blocks stay
  * in one allocation: one mallocx is cheaper than saving a few bytes. */
-static enum block_layout layout_for(size_t nbytes)
+static enum block_layout layout_for(size_t nbytes, size_t *cls)
 {
     if (nbytes >= HUGE_MIN)
-        return LAYOUT_HUGE;
-    if (nbytes >= SPLIT_MIN && nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS) > nallocx(nbytes, ARENA_FLAGS))
-        return LAYOUT_SPLIT;
-    return LAYOUT_INLINE;
+        return *cls = 0, LAYOUT_HUGE;
+    size_t with = nallocx(sizeof(sr_block) + nbytes, ARENA_FLAGS), alone = nallocx(nbytes, ARENA_FLAGS);
+    if (nbytes >= SPLIT_MIN && with > alone)
+        return *cls = alone, LAYOUT_SPLIT;
+    return *cls = with, LAYOUT_INLINE;
 }
 
-/* ThreadSanitizer (tsan.h): jemalloc is not instrumented, so a block one
- * thread frees into the arena and another gets back from it is a hand-off
- * TSan cannot see. Every free releases this, every allocation from the arena
- * acquires it, as a lock around the arena would. */
-static char arena_handoff;
 
 static void free_data(enum block_layout layout, void *data, size_t nbytes)
 {
@@ -942,11 +1083,15 @@ static sr_block *shared_alloc(size_t nbytes)
 {
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
-    sr__heap_drain(); /* one relaxed load unless peers gave blocks back */
-    sr_block *b = tc_pop(nbytes);
+    /* relaxed: a hint, as in sr__heap_drain (which a push we miss waits for) */
+    if (atomic_load_explicit(heap.free_head, memory_order_relaxed))
+        sr__heap_drain(); /* peers gave blocks back */
+    size_t cls = 0;
+    unsigned j = tc_bin_of(nbytes); /* small: the bin says the layout */
+    enum block_layout layout = j ? (enum block_layout)heap.tc_layout[j] : layout_for(nbytes, &cls);
+    sr_block *b = tc_pop(nbytes, j, layout, cls);
     if (b)
         return b;
-    enum block_layout layout = layout_for(nbytes);
     b = try_alloc(nbytes, layout);
     /* Out of room: extents jemalloc still holds dirty go back to the carve
      * allocator when purged, where a huge block (or a new extent) can use them. */
@@ -955,7 +1100,9 @@ static sr_block *shared_alloc(size_t nbytes)
     if (!b)
         return shared_oom(nbytes);
     if (tc_ready())
-        tc_bump(&tc.st->allocs, 1);
+        tc_bump(&tc->allocs, 1);
+    if (sr__heap_extent_pressed()) /* the area passed its mark: give the dirty pages back now */
+        (void)sr__heap_purge();
     return b;
 }
 
@@ -1160,7 +1307,7 @@ __attribute__((always_inline)) static inline void free_last(sr_block *b, const s
         if (!tc_push(b, h)) {
             local_free(b, h);
             if (tc_ready())
-                tc_bump(&tc.st->local_frees, 1);
+                tc_bump(&tc->local_frees, 1);
         }
     } else
         remote_free(s, b, h->area, span);
@@ -1426,7 +1573,9 @@ int sr__heap_purge(void)
         return 0;
     tc_flush();
     sr__heap_huge_flush();
-    return sr__heap_arena_purge(heap.arena);
+    int rc = sr__heap_arena_purge(heap.arena);
+    sr__heap_extent_relieved();
+    return rc;
 }
 
 size_t sr__heap_allocated(void)

@@ -27,8 +27,9 @@
  * sr__heap_attach and sr__heap_detach, which must not overlap any other heap
  * call of the process (sr__xport_attach/detach call them).
  *
- * Small blocks freed by their owner process are kept in a per-thread cache
- * (<= 1 KiB, 64 per size class) for the next allocation of the thread.
+ * Blocks below 8 MiB freed by their owner process are kept in a per-thread
+ * cache (bins up to 16 KiB, a few large slots) for the next allocation of
+ * the thread (docs/HEAP.md, section 9).
  *
  * Nothing read from the segment is trusted: the geometry is copied at
  * attach, and a block header carries a check word over its write-once fields,
@@ -39,8 +40,9 @@
  * rounded up to its size classes (at most 25%, usually much less: the header
  * moves out of the way when it would cost a class); blocks of 8 MiB and more
  * take their size rounded up to a page. Only pages written cost memory. A
- * huge block's pages go back to the kernel when it is freed; jemalloc's when
- * its decay purges them (about 10 s), or at once with sr__heap_purge().
+ * huge block's pages go back to the kernel when it leaves the huge cache;
+ * jemalloc's when its decay purges them (about 10 s), when the area passes
+ * three quarters in use, or at once with sr__heap_purge() (docs/HEAP.md, 5).
  */
 #ifndef SR_SHM_HEAP_H
 #define SR_SHM_HEAP_H

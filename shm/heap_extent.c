@@ -33,9 +33,9 @@
  *   destroy        as dalloc, for the retained extents of a destroyed arena.
  *   split, merge   always succeed: an extent is only an address range of one
  *                  contiguous area, nothing per extent lives here.
- * jemalloc runs without retain (malloc_conf below), so it has no grow steps
- * and gives back through dalloc every extent it retires. If MALLOC_CONF turns
- * retain back on, arena.<i>.retain_grow_limit at least bounds each step.
+ * Grow steps are refused (see grow_refused below), so jemalloc asks for each
+ * extent it needs and gives back through dalloc every extent it retires,
+ * whether or not it runs with retain (a process-wide option we leave alone).
  * While the arena is destroyed at detach, punching is switched off: a peer
  * may still be reading one of our blocks, and its pages must stay.
  */
@@ -50,14 +50,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 
 #include "error.h"
 #include "log.h"
 
 #define HUGE_ALIGN 4096u               /* pages of huge blocks */
 #define FREE_MAX 4096                 /* free ranges kept; see the header comment */
-#define GROW_LIMIT_MAX (UINT64_C(16) << 20)
-#define GROW_LIMIT_MIN (UINT64_C(2) << 20)
 
 struct range {
     uint64_t off, len; /* from the area's start */
@@ -72,10 +71,14 @@ struct carver {
     uint64_t len;
     unsigned nfree;
     _Atomic bool keep_pages; /* set while the arena is destroyed at detach */
+    bool refuse_grow;     /* jemalloc runs with retain: refuse its grow steps (grow_refused) */
     struct range free[FREE_MAX]; /* sorted by off; disjoint, never adjacent */
     _Atomic uint64_t punched; /* statistics */
     uint64_t dropped;
     uint64_t huge_live;   /* bytes of huge blocks handed out and not yet freed */
+    uint64_t used;        /* bytes not on the free table: extents, huge blocks, the huge cache */
+    uint64_t purge_at;    /* used above this: the heap is pressed (see note_use) */
+    _Atomic bool pressed; /* set by note_use, cleared by sr__heap_extent_relieved */
     /* Huge ranges freed recently and kept with their pages (see huge_cache_put). */
     struct range cached[HUGE_CACHE_SLOTS];
     unsigned ncached;
@@ -90,20 +93,24 @@ static bool hook_punch(extent_hooks_t *, void *, size_t, size_t, size_t, unsigne
 static bool hook_split(extent_hooks_t *, void *, size_t, size_t, size_t, bool, unsigned);
 static bool hook_merge(extent_hooks_t *, void *, size_t, void *, size_t, bool, unsigned);
 
-/* jemalloc's retain (on by default on 64-bit Linux) keeps the tail of every
- * geometric grow step, and every extent it purges, in the arena's retained
- * set for good: address space of our area that only jemalloc's own extents
- * can reuse, scattered through the area. In a mixed workload that set grew to
- * hundreds of MiB in 8-16 MiB pieces, one per grow step, and a 16 MiB block
- * found no room with 48 MiB live. Without retain, jemalloc hands
- * every extent it no longer uses back to the dalloc hook once decay (or a
- * purge) retires it, so the carver coalesces it with its neighbours. The
- * option is process-wide and read once at jemalloc's start, hence this
- * definition (it overrides libjemalloc's weak one; MALLOC_CONF still wins, and
- * sr__heap_arena_create warns if retain ends up on). For the process's
- * private malloc the cost is munmap instead of keeping address space mapped
- * (jemalloc's default on every platform but 64-bit Linux). */
-__attribute__((visibility("default"))) const char *malloc_conf = "retain:false";
+/* jemalloc's retain (on by default on 64-bit Linux; a process-wide option
+ * we leave alone) makes the arena grow in geometric steps: it asks the alloc
+ * hook for a step (2 MiB, then more) and keeps whatever the step's first
+ * extent does not use in its retained set, for good: address space of our
+ * area that only jemalloc's own extents can reuse, scattered through the
+ * area. In a mixed workload that set grew to hundreds of MiB in 8-16 MiB
+ * pieces, and a 16 MiB block found no room with 48 MiB live (docs/HEAP.md,
+ * "Fragmentation"). So the alloc hook refuses grow steps: when a grow step
+ * fails, jemalloc (5.x, ecache_alloc_grow) asks the hook again at once, on
+ * the same thread, for exactly the extent it needs (extent_alloc_wrapper),
+ * and that one is carved. Nothing then enters the retained set, and every
+ * extent decay or a purge retires comes back through dalloc, as with
+ * retain:false, for our arena only. The two calls look alike (no address,
+ * page alignment), so the hook tells them apart by order: with retain on, a
+ * thread's first call is refused and the next one served (grow_refused).
+ * Should a jemalloc not ask again, the allocation fails, and sr__block_alloc
+ * retries it after a purge: the second call is then served. */
+static _Thread_local bool grow_refused;
 
 /* Static storage: jemalloc reads the hook table for the whole life of the
  * arena, and the arena lives until sr__heap_arena_destroy(). */
@@ -163,6 +170,7 @@ static bool table_insert(struct carver *c, unsigned i, struct range r)
 /* Return [off, off + len) to the allocator, merging with its neighbours. */
 static void release(struct carver *c, uint64_t off, uint64_t len)
 {
+    c->used -= len;
     unsigned i = table_find(c, off);
     bool join_prev = i > 0 && c->free[i - 1].off + c->free[i - 1].len == off;
     bool join_next = i < c->nfree && off + len == c->free[i].off;
@@ -214,6 +222,19 @@ static bool place(const struct carver *c, struct range r, uint64_t size, uint64_
     return *at - r.off <= r.len - size;
 }
 
+/* size more bytes are in use. Past purge_at the heap is pressed: the next
+ * allocation purges (sr__heap_relieve in heap.c; not here: a hook may not
+ * call back into jemalloc). The flag is an event, raised by the carve that
+ * crosses the mark; nothing polls the area's use. */
+static void note_use(struct carver *c, uint64_t size)
+{
+    c->used += size;
+    if (c->used > c->purge_at)
+        /* relaxed: a hint for this process's next allocation; the purge
+         * takes the locks it needs */
+        atomic_store_explicit(&c->pressed, true, memory_order_relaxed);
+}
+
 /* The exact range [at, at + size), or false if any of it is in use. */
 static bool carve_at(struct carver *c, uint64_t at, uint64_t size)
 {
@@ -238,7 +259,10 @@ static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t ali
     if (new_addr) {
         uint64_t at = (uint64_t)((char *)new_addr - c->base);
         bool inside = (char *)new_addr >= c->base && at < c->len;
-        return inside && carve_at(c, at, size) ? new_addr : NULL;
+        if (!inside || !carve_at(c, at, size))
+            return NULL;
+        note_use(c, size);
+        return new_addr;
     }
     unsigned best = UINT_MAX;
     uint64_t best_at = 0, at;
@@ -251,6 +275,7 @@ static void *carve(struct carver *c, void *new_addr, uint64_t size, uint64_t ali
     if (best == UINT_MAX)
         return NULL;
     take(c, best, best_at, size);
+    note_use(c, size);
     return c->base + best_at;
 }
 
@@ -275,6 +300,11 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t a
 {
     (void)arena;
     struct carver *c = of(h);
+    if (!new_addr && c->refuse_grow && !grow_refused) {
+        grow_refused = true; /* a grow step: the exact extent is asked for next */
+        return NULL;
+    }
+    grow_refused = false;
     pthread_mutex_lock(&c->lock);
     void *p = carve(c, new_addr, size, align, false);
     pthread_mutex_unlock(&c->lock);
@@ -424,15 +454,28 @@ void sr__heap_huge_free(void *p, size_t len)
         sr_logf(SR_LOG_WARN, "sr_heap: could not punch a freed %zu-byte block; its address space is lost", len);
 }
 
-/* ---- the arena ---- */
+/* ---- pressure (docs/HEAP.md, "Giving pages back") ---- */
 
-static uint64_t grow_limit(uint64_t len)
+bool sr__heap_extent_pressed(void)
 {
-    uint64_t lim = GROW_LIMIT_MAX;
-    while (lim > GROW_LIMIT_MIN && lim > len / 8)
-        lim >>= 1;
-    return lim;
+    /* relaxed: a hint, see note_use */
+    return atomic_load_explicit(&carver.pressed, memory_order_relaxed);
 }
+
+/* After a purge: pressed again only once the use has grown by another
+ * sixteenth of the area beyond what the purge left (or passed the mark),
+ * so live data above the mark does not make every allocation purge. */
+void sr__heap_extent_relieved(void)
+{
+    struct carver *c = &carver;
+    pthread_mutex_lock(&c->lock);
+    uint64_t mark = c->len / 4 * 3, again = c->used + c->len / 16;
+    c->purge_at = again > mark ? again : mark;
+    atomic_store_explicit(&c->pressed, false, memory_order_relaxed); /* relaxed: as note_use */
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* ---- the arena ---- */
 
 static int arena_ctl(unsigned arena, const char *what, void *in, size_t in_len)
 {
@@ -455,31 +498,58 @@ struct je_arena_config {
  * every arena mutex after fork(): our parent's mutexes. It would also take a
  * 2 MiB-aligned block of the area. arenas.create (metadata from the hooks)
  * is the fallback for a jemalloc without the experimental call. */
-static int create_with_hooks(struct carver *c, unsigned *arena)
+static int create_with_hooks(struct carver *c, unsigned *arena, bool *private_meta)
 {
     extent_hooks_t *hooks = &c->hooks;
     size_t sz = sizeof(*arena);
 #if JEMALLOC_VERSION_MAJOR == 5 && JEMALLOC_VERSION_MINOR == 3
     struct je_arena_config cfg = {.extent_hooks = hooks, .metadata_use_hooks = false};
     if (mallctl("experimental.arenas_create_ext", arena, &sz, &cfg, sizeof(cfg)) == 0)
-        return 0;
+        return *private_meta = true, 0;
 #endif
     return mallctl("arenas.create", arena, &sz, &hooks, sizeof(hooks));
 }
 
+/* The purge policy of the arena (docs/HEAP.md, "Giving pages back").
+ *   dirty_decay_ms  freed extents stay dirty (pages kept, reused at once by
+ *                   the next allocation that fits) and are retired (dalloc:
+ *                   punched, back to the carver) over SR_HEAP_DIRTY_DECAY_MS.
+ *                   jemalloc ticks decay on the arena's own activity: no
+ *                   timer, no background thread.
+ *   muzzy_decay_ms  -1. We have no lazy purge (MADV_FREE is refused on
+ *                   shared mappings), so nothing ever is muzzy; what -1
+ *                   changes is that jemalloc no longer purges a freed extent
+ *                   at once when it coalesces with its dirty neighbours into
+ *                   8 MiB or more (its oversize shortcut, taken only while
+ *                   both decays are >= 0). Activations and gradients of a
+ *                   micro-batch, freed side by side, did exactly that: every
+ *                   step punched them and faulted them in again.
+ * Set per arena, so the process's own malloc keeps whatever it has. */
+static int set_purge_policy(unsigned arena)
+{
+    ssize_t dirty = SR_HEAP_DIRTY_DECAY_MS, muzzy = -1;
+    int rc = arena_ctl(arena, "dirty_decay_ms", &dirty, sizeof(dirty));
+    return rc ? rc : arena_ctl(arena, "muzzy_decay_ms", &muzzy, sizeof(muzzy));
+}
+
 static int make_arena(struct carver *c, unsigned *arena)
 {
-    int rc = create_with_hooks(c, arena);
+    bool private_meta = false;
+    int rc = create_with_hooks(c, arena, &private_meta);
     if (rc)
         return sr__fail(-rc, "sr__heap_attach", "mallctl(\"arenas.create\") with extent hooks: %s", strerror(rc));
-    size_t lim = (size_t)grow_limit(c->len);
     bool retain = true;
     size_t bsz = sizeof(retain);
-    if (mallctl("opt.retain", &retain, &bsz, NULL, 0) == 0 && !retain)
-        return 0; /* no grow steps, nothing retained (see malloc_conf above) */
-    sr_logf(SR_LOG_WARN, "sr__heap_attach: jemalloc runs with retain:true (MALLOC_CONF?); freed extents stay "
-                       "in its retained set and the heap will fragment under churn (docs/HEAP.md)");
-    rc = arena_ctl(*arena, "retain_grow_limit", &lim, sizeof(lim));
+    if (mallctl("opt.retain", &retain, &bsz, NULL, 0) != 0)
+        retain = true; /* the 64-bit Linux default */
+    /* Only with private metadata: otherwise jemalloc's own metadata blocks
+     * come from the alloc hook too, and refusing one would fail them. */
+    c->refuse_grow = retain && private_meta;
+    if (retain && !private_meta)
+        sr_logf(SR_LOG_WARN, "sr__heap_attach: jemalloc keeps its arena metadata in the heap area and runs with "
+                           "retain; its grow steps stay in its retained set and the heap may fragment under churn "
+                           "(docs/HEAP.md)");
+    rc = set_purge_policy(*arena);
     if (rc)
         sr__heap_arena_destroy(*arena);
     return rc;
@@ -497,7 +567,9 @@ int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena)
     pthread_mutex_lock(&c->lock);
     c->base = area;
     c->len = len;
-    c->huge_live = c->dropped = 0;
+    c->huge_live = c->dropped = c->used = 0;
+    c->purge_at = len / 4 * 3;
+    atomic_store_explicit(&c->pressed, false, memory_order_relaxed); /* relaxed: no hook runs yet */
     c->free[0] = (struct range){0, len}; /* all of it, emptied above */
     c->nfree = 1;
     /* relaxed: no hook runs before the arena exists */
@@ -525,7 +597,7 @@ void sr__heap_arena_destroy(unsigned arena)
         sr_logf(SR_LOG_WARN, "sr__heap_detach: mallctl(\"%s\"): %s", name, strerror(rc));
     pthread_mutex_lock(&c->lock);
     c->base = NULL;
-    c->len = c->huge_live = 0;
+    c->len = c->huge_live = c->used = 0;
     c->nfree = 0;
     c->ncached = 0; /* their pages stay, like every other page at detach */
     c->cached_bytes = 0;
@@ -540,7 +612,7 @@ void sr__heap_arena_forget_in_child(void)
      * runs in the child */
     pthread_mutex_init(&c->lock, NULL);
     c->base = NULL;
-    c->len = c->huge_live = 0;
+    c->len = c->huge_live = c->used = 0;
     c->nfree = 0;
     c->ncached = 0;
     c->cached_bytes = 0;

@@ -16,6 +16,7 @@
 #if !defined(SR__IN_SHM)
 #error "heap_extent.h is private to the substrate (shm) layer (docs/ARCHITECTURE.md)"
 #endif
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,10 +33,16 @@ struct sr_heap_extent_stats {
     unsigned nfree;      /* free ranges */
 };
 
+/* How long jemalloc keeps freed extents of the arena dirty (pages kept for
+ * reuse) before it punches them (arena.<i>.dirty_decay_ms). */
+#define SR_HEAP_DIRTY_DECAY_MS 10000
+
 /* Create the process's arena over [area, area + len): the area is emptied
  * first (every page given back, so all of it reads as zero), then
- * arenas.create installs the hooks (and, only if jemalloc runs with retain,
- * arena.<i>.retain_grow_limit caps each grow step). area must be page-aligned; only one arena may exist per process.
+ * arenas.create installs the hooks, and the purge policy is set (dirty decay
+ * SR_HEAP_DIRTY_DECAY_MS, no muzzy state, no eager purge of coalesced
+ * oversize extents). area must be page-aligned; only one arena may exist per
+ * process.
  * Errors: -EBUSY one exists; -EINVAL/-errno madvise failed; -errno from mallctl. */
 int sr__heap_arena_create(void *area, uint64_t len, unsigned *arena);
 
@@ -58,6 +65,13 @@ int sr__heap_arena_purge(unsigned arena);
 size_t sr__heap_arena_allocated(unsigned arena);
 
 void sr__heap_extent_stats(struct sr_heap_extent_stats *out);
+
+/* Pressure: true once the bytes handed out of the area (extents, huge
+ * blocks, the huge cache) passed three quarters of it, or, after a purge,
+ * grew by another sixteenth of it. The allocator then purges
+ * (sr__heap_purge) and calls sr__heap_extent_relieved. Any thread. */
+bool sr__heap_extent_pressed(void);
+void sr__heap_extent_relieved(void);
 
 /* Pages for a huge block's data, cut straight from the area, bypassing
  * jemalloc (len rounded up to pages; page-aligned; reads as zero). NULL if

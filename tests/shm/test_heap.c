@@ -481,6 +481,72 @@ Test(heap, mixed_churn_does_not_fragment, .timeout = 120)
     detach_single();
 }
 
+/* Regression: the library no longer sets jemalloc's retain:false for the
+ * whole process (malloc_conf); with jemalloc's default, retain, its arena
+ * would grow in geometric steps (2 MiB, 2.5, 3, ... 32 MiB) and keep their
+ * unused tails in its retained set for good, where no huge block can go.
+ * The extent hooks refuse those steps. After a churn of jemalloc-sized
+ * blocks (64 B .. 7 MiB) and a purge, every byte of the area must be back
+ * on the carve allocator's table, in one range. */
+Test(heap, every_freed_extent_comes_back_to_the_area, .timeout = 60)
+{
+    attach_single(1, 256 * MiB);
+    uint64_t s = 0x7e7a1115ull;
+    sr_block *b[96];
+    for (int round = 0; round < 4; round++) {
+        for (unsigned i = 0; i < 96; i++) {
+            size_t n = (size_t)64 << (churn_rand(&s) % 17); /* 64 B .. 4 MiB */
+            n += (size_t)(churn_rand(&s) % 3) * (n / 2);     /* .. 6 MiB: no huge block */
+            b[i] = sr__block_alloc(n);
+            cr_assert_not_null(b[i], "round %d block %u (%zu bytes): %s", round, i, n, sr_last_error());
+        }
+        for (unsigned i = 0; i < 96; i++)
+            sr__block_unref(b[i]);
+    }
+    cr_assert_eq(sr__heap_purge(), 0, "%s", sr_last_error());
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    cr_assert(st.used == 0 && st.nfree == 1 && st.largest_free == st.area,
+              "after the purge %llu bytes of the %llu-byte area are still out (%u free ranges, the largest %llu "
+              "bytes): jemalloc kept them (grow steps in its retained set?)", (unsigned long long)st.used,
+              (unsigned long long)st.area, st.nfree, (unsigned long long)st.largest_free);
+    cr_assert_eq(sr__heap_allocated(), 0);
+    detach_single();
+}
+
+/* The purge policy: freed extents stay dirty (no punch at free), and the
+ * allocation that takes the area past three quarters in use purges them,
+ * so a big block still finds room. 40 MiB of 1 MiB blocks freed in a
+ * 64 MiB heap stay out (dirty); a 16 MiB huge block then crosses the mark
+ * and its allocation gives the 40 MiB back. */
+Test(heap, dirty_extents_stay_until_the_heap_is_pressed, .timeout = 60)
+{
+    attach_single(1, 64 * MiB + SR_HEAP_HELD_BYTES);
+    sr_block *b[40];
+    for (unsigned i = 0; i < 40; i++) {
+        b[i] = sr__block_alloc(MiB);
+        cr_assert_not_null(b[i], "block %u: %s", i, sr_last_error());
+        memset(sr__block_data(b[i]), 0x3c, MiB);
+    }
+    struct sr_heap_extent_stats s0, s1, s2;
+    sr__heap_extent_stats(&s0);
+    for (unsigned i = 0; i < 40; i++)
+        sr__block_unref(b[i]);
+    sr__heap_extent_stats(&s1);
+    cr_assert_lt(s1.punched - s0.punched, 4 * MiB, "freeing 40 MiB punched %llu bytes at once",
+                 (unsigned long long)(s1.punched - s0.punched));
+    cr_assert_geq(s1.used, 40 * MiB, "the freed extents stay dirty: %llu bytes out", (unsigned long long)s1.used);
+    sr_block *big = sr__block_alloc(16 * MiB); /* 56 MiB out: past the 48 MiB mark */
+    cr_assert_not_null(big, "%s", sr_last_error());
+    sr__heap_extent_stats(&s2);
+    cr_assert_geq(s2.punched - s1.punched, 36 * MiB, "the pressed allocation punched only %llu bytes",
+                  (unsigned long long)(s2.punched - s1.punched));
+    cr_assert_leq(s2.used, 17 * MiB, "%llu bytes still out after the purge", (unsigned long long)s2.used);
+    sr__block_unref(big);
+    cr_assert_eq(sr__heap_allocated(), 0);
+    detach_single();
+}
+
 /* ---- a header a peer scribbled on ---- */
 
 /* Byte offsets of the block header's fields (struct sr_block in shm/heap.c). */
@@ -611,6 +677,41 @@ static void *cache_thread_main(void *arg)
     pthread_barrier_wait(&ct->done);
     ct->got = sr__block_alloc(64);
     return NULL;
+}
+
+/* The thread cache holds split blocks (header and data kept together) and
+ * large ones too: 4 KiB, 16 KiB and 1 MiB come back from it, dead while
+ * cached (their offsets refused, not counted as allocated), and a size of
+ * another class does not take them. */
+Test(heap, cached_split_and_large_blocks_are_reused)
+{
+    attach_single(1, 256 * MiB);
+    static const size_t sizes[] = {4096, 16384, MiB};
+    for (unsigned i = 0; i < 3; i++) {
+        size_t n = sizes[i];
+        sr_block *b = sr__block_alloc(n);
+        cr_assert_not_null(b, "%s", sr_last_error());
+        void *data = sr__block_data(b);
+        memset(data, 0x77, n);
+        uint64_t off = sr__block_to_off(b);
+        sr__block_unref(b);
+        cr_assert_null(sr__block_from_off(off), "%zu bytes: a cached block's offset was accepted", n);
+        cr_assert_eq(sr__heap_allocated(), 0, "%zu bytes: cached blocks count as allocated", n);
+        sr_block *other = sr__block_alloc(2 * n + 4096); /* another class */
+        cr_assert_neq(other, b, "%zu bytes: a block of another class took the cached one", n);
+        sr_block *c = sr__block_alloc(n - 1);
+        cr_assert_eq(c, b, "%zu bytes: the cached block was not reused", n);
+        cr_assert_eq(sr__block_data(c), data, "%zu bytes: its data moved", n);
+        cr_assert_eq(sr__block_size(c), n - 1);
+        cr_assert_eq(sr__block_from_off(off), c, "%s", sr_last_error());
+        sr__block_unref(other);
+        sr__block_unref(c);
+    }
+    cr_assert_eq(sr__heap_purge(), 0, "%s", sr_last_error());
+    struct sr_heap_extent_stats st;
+    sr__heap_extent_stats(&st);
+    cr_assert_eq(st.used, 0, "the purge left %llu bytes out: the cache was not flushed", (unsigned long long)st.used);
+    detach_single();
 }
 
 /* Detach destroys the arena under every thread's cache: a thread that cached
