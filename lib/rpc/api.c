@@ -442,7 +442,7 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
         sr__agent_put(a);
         return rc;
     }
-    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* uses the held token; lets go of the reference */
+    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_WAIT); /* uses the held token; serves; lets go of the reference */
     if (!rc)
         rc = sr_future_value(f, out);
     sr_future_unref(f);

@@ -258,7 +258,7 @@ static int wait_hook(sr_future *f, int64_t deadline)
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return sr__future_wait_plain(f, deadline);
-    return sr__agent_wait_counted(a, f, deadline, SR_POLL_NESTED);
+    return sr__agent_wait_counted(a, f, deadline, SR_POLL_WAIT); /* a serving waiter (agent.h) */
 }
 
 static void *progress_main(void *p)

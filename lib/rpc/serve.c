@@ -25,6 +25,7 @@
 #include "payload.h"
 #include "registry.h"
 #include "thread.h"
+#include "shmrpc/tensor.h"
 
 struct sr_call {
     sr_agent *a;
@@ -519,7 +520,8 @@ static int modules_prepare(struct sr_call *c)
 }
 
 /* The plain call taken by an idle poller (a thread inside sr_shutdown or
- * sr_serve_until): that same thread runs it once it has handed the inbox
+ * sr_serve_until) or a serving waiter (sr_future_wait, sr_rpc_sync; agent.h,
+ * "Serving waiters"): that same thread runs it once it has handed the inbox
  * back, so a nested call inside can be answered, and no thread hop is paid.
  * One at a time: the other plain calls of the same burst go to the
  * executors, since the kept one may block until one of them has run (a lock
@@ -550,8 +552,18 @@ void sr__dispatch_hand_off(sr_agent *a)
     sr__thr.deferred_tail = NULL;
 }
 
+/* Run what this waiting thread kept, as an executor would: grad mode on,
+ * the modules' thread context cleared (agent.h, "Serving waiters"), and
+ * module jobs that the functions submit sent to the executors, since this
+ * thread does not poll while it runs them. One level deeper for the waits
+ * inside (SR_SERVE_DEPTH_MAX). */
 void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
 {
+    struct sr_tls_snap tls;
+    bool grad = sr_set_grad_enabled(true);
+    sr__tls_clear(&tls);
+    bool was = sr__exec_take_jobs(false);
+    sr__thr.serve_depth++;
     sr__exec_run_kept();
     while (sr__thr.deferred_head) {
         struct sr_call *c = sr__thr.deferred_head;
@@ -561,6 +573,10 @@ void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
         /* never hold the inbox across another call's function */
         run_call_then(c, sr__thr.deferred_head ? NULL : retake);
     }
+    sr__thr.serve_depth--;
+    sr__exec_take_jobs(was);
+    sr__tls_swap(&tls);
+    sr_set_grad_enabled(grad);
 }
 
 /* Every RRef argument is usable: run per the inline policy. */
@@ -572,8 +588,8 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
-    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN && !sr__thr.deferred_head)
-        defer(c); /* one at a time: see defer */
+    else if (mode != SR_POLL_NESTED && c->fn && !sr__thr.deferred_head)
+        defer(c); /* a plain function, or (WAIT) a built-in given a tensor; one at a time: see defer */
     else
         enqueue(c->a, c);
 }
