@@ -468,8 +468,9 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
 /* Inline on the polling thread: async functions (they must not block),
  * cheap built-ins (no-op, echo, views: the same cost at any size), and
  * computing built-ins on scalars. A computing built-in given a tensor (a
- * 64 MiB add, a matmul) goes to the executors like a plain function, and the
- * polling thread keeps serving. When the poller is idle (sr_shutdown's
+ * 64 MiB add, a matmul) is handled like a plain function (a serving waiter
+ * keeps it, else the executors run it), and the polling thread keeps
+ * serving. When the poller is idle (sr_shutdown's
  * waits) built-ins run inline whatever their arguments. A plain function
  * never does: it may make a nested blocking call, and the thread that holds
  * the inbox cannot wait for an answer that only it could read (a worker in
