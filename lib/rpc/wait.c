@@ -23,9 +23,9 @@
 #define IDLE_RETAKE_NS (2ll * 1000000)
 #define HOLDER_SLICE_NS (1ll * 1000000)
 
-static void futex_wake_all(_Atomic uint32_t *w)
+static void futex_wake_one(_Atomic uint32_t *w)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* Idle waiters that cannot take the token sleep on token_seq and their
@@ -36,14 +36,18 @@ static void futex_wake_all(_Atomic uint32_t *w)
 static _Atomic uint32_t token_seq;      /* bumped whenever the token becomes PARKED or FREE */
 static _Atomic uint32_t token_sleepers; /* idle waiters between T1 and their wake */
 
-/* The token became PARKED or FREE: wake the idle waiters (idle_wait_token).
+/* The token became PARKED or FREE: wake one idle waiter (idle_wait_token)
+ * to take over serving. One is enough: every serving waiter (each thread
+ * of a pool in sr_rpc_sync) sleeps here, and only one can take the token;
+ * who serves never decides correctness (the parked progress thread serves
+ * otherwise), so a woken waiter that returns instead loses nothing.
  * T2: the caller's seq_cst store or CAS of the token, then our seq_cst bump
  * and load, pair with the waiter's seq_cst increment and loads (T1). */
 void sr__token_freed(void)
 {
     atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);          /* seq_cst: T2 */
     if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst))         /* seq_cst: T2 */
-        futex_wake_all(&token_seq);
+        futex_wake_one(&token_seq);
 }
 
 /* Steal the token for a user thread: from the parked progress thread, or free. */
