@@ -56,8 +56,10 @@
  * and only the blocked thread can read the answer. So a wait on a thread
  * that holds the token polls on instead of sleeping on the future:
  *   - on the progress thread, it runs the progress loop (progress_step) until
- *     the future completes, parking and letting users steal the token as
- *     usual, and takes the token back before it returns;
+ *     the future completes, sleeping on the doorbell without parking the
+ *     token: a user that took it would hold it until its own future
+ *     completed, which may wait for this callback to return (progress.c,
+ *     progress_wait);
  *   - on a user thread that holds the token (USER), it keeps the token and
  *     polls and sleeps on the doorbell (holder_wait), in NESTED mode.
  * The unread rest of a burst belongs to the agent (burst, burst_at), so a
@@ -89,9 +91,10 @@
  * waiter, which keeps one plain call of a burst and runs it itself once it
  * has handed the token back (serve.c, defer).
  *
- * Serving waiters (leader/follower). A user thread that waits for a future
- * (sr_future_wait, sr_rpc_sync, WAIT mode) and holds the token is the
- * worker's leader: it polls, runs async functions and cheap built-ins
+ * Serving waiters (leader/follower). A user thread that waits in
+ * sr_future_wait for a future that is not an RPC call's own (a local future
+ * that a call completes, a `then`, an aggregate: WAIT mode) and holds the
+ * token is the worker's leader: it polls, runs async functions and cheap built-ins
  * inline as any poller does, and keeps one plain call (or a computing
  * built-in given a tensor) of a burst, and the module jobs its polling
  * starts, to run itself, so no executor is woken for them. Before it runs
@@ -110,10 +113,14 @@
  * deeper, up to SR_SERVE_DEPTH_MAX levels, past which its thread's waits
  * send plain calls to the executors; the waiter below is suspended
  * meanwhile, which is safe because it holds no token and its future is
- * completed by whoever polls. What never runs on a waiting thread: nothing
- * while it holds the token inside a callback (holder_wait: NESTED), and
- * nothing on the progress thread or in a module's wait (sr__module_wait:
- * module code may hold its own locks there).
+ * completed by whoever polls. A caller (sr_rpc_sync, or sr_future_wait on
+ * the future sr_rpc_async gave: sr__future_is_call) serves no plain call:
+ * its answer is due at once, and its thread is the caller's to go on with
+ * (a function run there could not finish before the caller's continuation,
+ * e.g. a pthread_join of the caller's own thread; test_replace's senders).
+ * Nor does a callback that waits while it holds the token (holder_wait:
+ * NESTED), the progress thread, or a module's wait (sr__module_wait: module
+ * code may hold its own locks there).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -140,7 +147,7 @@ enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOK
  * NESTED: the progress thread, a callback that waits while it holds the
  * token, a module's wait: plain functions go to the executors. IDLE:
  * sr_shutdown, sr_serve_until. WAIT: a user thread waiting in
- * sr_future_wait or sr_rpc_sync ("Serving waiters" above). */
+ * sr_future_wait for a future that is not a call's ("Serving waiters"). */
 enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1, SR_POLL_WAIT = 2 };
 /* How deep a waiting thread stacks calls it serves (a function run on a
  * waiting thread that waits, and serves the next...): past it, that

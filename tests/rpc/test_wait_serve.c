@@ -1,5 +1,6 @@
-/* A thread that waits on a future (sr_future_wait, sr_rpc_sync) serves the
- * calls its own polling finds (lib/rpc/agent.h, "Serving waiters"):
+/* A thread that waits in sr_future_wait on a future that is not an RPC
+ * call's own serves the calls its own polling finds (lib/rpc/agent.h,
+ * "Serving waiters"):
  *
  *   waiting_thread_runs_plain_calls   the hop it exists to remove: a plain
  *       function called by a peer runs on the thread waiting in
@@ -50,7 +51,8 @@ static struct board *board;
 
 static pthread_t waiter;         /* the worker's thread that waits (the harness's) */
 static sr_future *stop;          /* completed by ws.stop */
-static sr_future *own;           /* worker 0: the waiter's own future this round */
+static sr_future *own;           /* worker 0: the waiter's call this round */
+static sr_future *ev;            /* worker 0: completed when own is (what the waiter waits on) */
 static sem_t own_done, u_done;   /* worker 0: own completed; the other thread's call returned */
 static sem_t u_go;               /* worker 0: the other thread may call */
 static _Thread_local unsigned nest;
@@ -76,7 +78,15 @@ static int fn_stop(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
-/* ws.bounce(n): 0 when n is 0, else 1 + ws.bounce(n - 1) on the next worker. */
+static int pass_on(sr_future *parent, void *arg, sr_value **result)
+{
+    (void)arg;
+    return sr_future_value(parent, result);
+}
+
+/* ws.bounce(n): 0 when n is 0, else 1 + ws.bounce(n - 1) on the next
+ * worker, waited for through a `then` (a wait on a call's own future serves
+ * no plain call: agent.h, "Serving waiters"). */
 static int fn_bounce(sr_call *c)
 {
     int64_t n = sr_value_int(sr_call_arg(c, 0));
@@ -88,8 +98,15 @@ static int fn_bounce(sr_call *c)
     while (nest > seen && !atomic_compare_exchange_weak(&board->max_nest[me], &seen, nest))
         ;
     sr_value *arg = sr_int(n - 1), *out = NULL;
-    int rc = sr_rpc_sync((me + 1) % world, "ws.bounce", SR_ARGS(arg), -1, &out);
+    sr_future *f = NULL, *g = NULL;
+    int rc = sr_rpc_async((me + 1) % world, "ws.bounce", SR_ARGS(arg), -1, &f);
     sr_value_unref(arg);
+    if (!rc)
+        rc = sr_future_then(f, pass_on, NULL, &g);
+    if (!rc)
+        rc = sr_future_wait(g, &out); /* not the call's own future: this wait serves */
+    sr_future_unref(f);
+    sr_future_unref(g);
     nest--;
     if (rc)
         return sr_call_fail(c, rc, "%s", sr_last_error());
@@ -138,7 +155,12 @@ static int fn_hold(sr_call *c)
 
 static void own_completed(sr_future *f, void *arg)
 {
-    (void)f, (void)arg;
+    (void)arg;
+    int rc = sr_future_wait(f, NULL); /* done: its error and message, at once */
+    if (rc)
+        sr_future_set_error(ev, rc, "%s", sr_last_error());
+    else
+        sr_future_set_result(ev, NULL);
     sem_post(&own_done);
 }
 
@@ -275,9 +297,13 @@ static int block_round(uint32_t round, bool die)
     WCHECK(sr_rpc_async(1, "ws.hold", SR_ARGS(args[0], args[1]), -1, &own) == 0, "ws.hold: %s", sr_last_error());
     sr_value_unref(args[0]);
     sr_value_unref(args[1]);
+    WCHECK((ev = sr_future_new()) != NULL, "sr_future_new");
     WCHECK(sr_future_add_done_callback(own, own_completed, NULL) == 0, "add_done_callback: %s", sr_last_error());
-    int rc = sr_future_wait(own, NULL);
+    int rc = sr_future_wait(ev, NULL); /* an event, not the call's own future: this wait serves */
+    if (rc)
+        rc = sr_future_error_code(own);
     sr_future_unref(own);
+    sr_future_unref(ev);
     void *why = NULL;
     pthread_join(u, &why);
     WCHECK(!why, "round %u: %s", round, (const char *)why);
