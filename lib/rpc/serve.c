@@ -554,16 +554,17 @@ void sr__dispatch_hand_off(sr_agent *a)
 }
 
 /* Run what this waiting thread kept, as an executor would: grad mode on,
- * the modules' thread context cleared (agent.h, "Serving waiters"), and
- * module jobs that the functions submit sent to the executors, since this
- * thread does not poll while it runs them. One level deeper for the waits
- * inside (SR_SERVE_DEPTH_MAX). */
+ * the modules' thread context cleared (agent.h, "Serving waiters"). Module
+ * jobs that the jobs submit are kept too and run in the same loop (a
+ * backward pass hop by hop, with no executor wake); what a plain function
+ * submits is run by the wait's next round, or handed to the executors
+ * when the wait ends (wait.c). One level deeper for the waits inside
+ * (SR_SERVE_DEPTH_MAX). */
 void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
 {
     struct sr_tls_snap tls;
     bool grad = sr_set_grad_enabled(true);
     sr__tls_clear(&tls);
-    bool was = sr__exec_take_jobs(false);
     sr__thr.serve_depth++;
     sr__exec_run_kept();
     while (sr__thr.deferred_head) {
@@ -575,7 +576,6 @@ void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
         run_call_then(c, sr__thr.deferred_head ? NULL : retake);
     }
     sr__thr.serve_depth--;
-    sr__exec_take_jobs(was);
     sr__tls_swap(&tls);
     sr_set_grad_enabled(grad);
 }

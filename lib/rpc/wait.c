@@ -358,6 +358,8 @@ static int wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_m
         if (sr_future_done(f) || (deadline >= 0 && sr__now_ns() >= deadline)) {
             if (held) /* a held token is handed back on every way out */
                 leave_token(a, mode);
+            else if (sr__dispatch_has_deferred()) /* jobs a function run here submitted */
+                sr__dispatch_hand_off(a);
             return sr_future_done(f) ? 0 : -ETIMEDOUT;
         }
         bool mine = held;
