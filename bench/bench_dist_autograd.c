@@ -39,8 +39,8 @@
  *
  * Method: the callees sit in sr_shutdown (as PyTorch's sit in
  * rpc.shutdown()), where they poll their inbox and run plain functions on
- * their own thread, or wait in sr_future_wait, where plain functions and
- * the backward's messages go to an executor; each is its own line. 7
+ * their own thread, or wait in sr_future_wait, where they serve the same
+ * way (a serving waiter, lib/rpc/agent.h); each is its own line. 7
  * rounds; each round times the reference and then ours; lines report the
  * medians over rounds of p50 and p99, and the median of per-round ratios.
  * The step's forward and context end are also timed alone, so the lines
@@ -478,8 +478,9 @@ struct job_arg {
 /* Rank 0 drives. The others serve either from sr_shutdown, as PyTorch's
  * callees do from rpc.shutdown() in bench/compare (idle there, a worker
  * keeps its inbox and runs a plain function on its own thread), or while
- * waiting in sr_future_wait (plain functions then go to an executor, and a
- * sleeping executor costs a wake-up). */
+ * waiting in sr_future_wait (a serving waiter: it runs what its polling
+ * finds itself, as the idle thread does; before, each plain function and
+ * backward job went to an executor, and each hop cost a wake-up). */
 static int job(int rank, int world, void *arg)
 {
     const struct job_arg *ja = arg;

@@ -12,7 +12,9 @@
  * asleep    the same, but the callee never spins: every request wakes it;
  *           and with neither side spinning (both asleep)
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
- * fanin     N callers (1, 2, 4, 8) -> one callee: latency and throughput
+ * fanin     N callers (1, 2, 4, 8) -> one callee idle in sr_shutdown, for a
+ *           fixed window after a common start: total calls/s against one
+ *           caller's, per-caller counts (starvation shows), worst p50/p99
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
  * executors plain functions under concurrent callers, by executor pool size
  * probes    the hot no-op round trip with the profiler's probes compiled out,
@@ -286,41 +288,48 @@ static int run_pipeline(int rank, int world, void *arg)
 
 /* ---- N callers -> one callee ---- */
 
-#define FANIN_CALLS 5000
+/* Each caller calls for FANIN_WINDOW_NS after a common start (a barrier of
+ * the callers); the total is every caller's calls in the window over the
+ * window, so a caller that starts late or starves shows in the per-caller
+ * minimum and maximum, not in a caller-1-only extrapolation. */
+#define FANIN_MAX 8
+#define FANIN_WINDOW_NS (400ll * 1000000)
+#define FANIN_SAMPLES 200000
+
+struct fanin_caller {
+    uint64_t calls, wakes, sleeps; /* wakes: doorbells this caller rang (the callee asleep) */
+    int64_t p50, p99;
+};
+static struct fanin_caller *fan; /* [FANIN_MAX + 1], shared with the job */
+static bench_barrier *fan_bar;
 
 static int run_fanin(int rank, int world, void *arg)
 {
     (void)arg;
-    static int64_t lat[FANIN_CALLS];
+    static int64_t lat[FANIN_SAMPLES];
     if (sr_init(NULL))
         return 1;
     if (rank > 0) {
-        int64_t t0 = bench_now_ns();
-        for (int i = 0; i < FANIN_CALLS; i++) {
-            int64_t t = bench_now_ns();
+        if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL)) /* warm: the path and the rings */
+            sh->errors++;
+        bench_barrier_wait(fan_bar, (uint32_t)(world - 1), 60ll * 1000000000);
+        sr_debug_info d0 = {0}, d1 = {0};
+        sr_debug_info_get(&d0);
+        int64_t t0 = bench_now_ns(), end = t0 + FANIN_WINDOW_NS, t = t0;
+        uint64_t n = 0;
+        while (t < end) {
             if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL))
                 sh->errors++;
-            lat[i] = bench_now_ns() - t;
+            int64_t t1 = bench_now_ns();
+            if (n < FANIN_SAMPLES)
+                lat[n] = t1 - t;
+            n++;
+            t = t1;
         }
-        double secs = (double)(bench_now_ns() - t0) / 1e9;
-        bench_lat l = bench_lat_of(lat, FANIN_CALLS);
-        if (rank == 1) {
-            char key[32], vs[320];
-            snprintf(key, sizeof(key), "fanin%d", world - 1);
-            printf("rpc_sync noop fan-in | %d callers -> 1 | caller 1: p50 %.2f us p99 %.2f us | %.0f calls/s per caller, ~%.0f total | %s\n",
-                   world - 1, (double)l.p50 / 1e3, (double)l.p99 / 1e3, FANIN_CALLS / secs,
-                   (world - 1) * FANIN_CALLS / secs, bench_torch_vs(&pt, key, (double)l.p50, vs, sizeof(vs)));
-            bench_rec r;
-            bench_rec_begin(&r, "rpc_sync noop fan-in");
-            bench_rec_num(&r, "callers", world - 1);
-            bench_rec_num(&r, "p50_ns", (double)l.p50);
-            bench_rec_num(&r, "p99_ns", (double)l.p99);
-            bench_rec_num(&r, "per_s_per_caller", FANIN_CALLS / secs);
-            bench_rec_num(&r, "per_s", (world - 1) * FANIN_CALLS / secs);
-            bench_rec_torch(&r, &pt, key);
-            bench_rec_emit(&r);
-        }
-        fflush(stdout);
+        sr_debug_info_get(&d1);
+        bench_lat l = bench_lat_of(lat, n < FANIN_SAMPLES ? n : FANIN_SAMPLES);
+        fan[rank] = (struct fanin_caller){.calls = n, .wakes = d1.wakes_issued - d0.wakes_issued,
+                                          .sleeps = d1.sleeps_taken - d0.sleeps_taken, .p50 = l.p50, .p99 = l.p99};
     }
     sr_shutdown(true, 120);
     return 0;
@@ -329,10 +338,50 @@ static int run_fanin(int rank, int world, void *arg)
 static int bench_fanin(void)
 {
     static const int ns[] = {1, 2, 4, 8};
+    fan = bench_shared_alloc(sizeof(*fan) * (FANIN_MAX + 1));
+    fan_bar = bench_shared_alloc(sizeof(*fan_bar));
+    double one = 0;
     for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+        memset(fan, 0, sizeof(*fan) * (FANIN_MAX + 1));
+        memset(fan_bar, 0, sizeof(*fan_bar));
         sr_spawn_opts o = {.name_prefix = "bench-fanin", .shm_size = (uint64_t)(ns[i] + 1) * (64u << 20)};
         if (sr_spawn(ns[i] + 1, run_fanin, NULL, &o))
             return fprintf(stderr, "bench_rpc fanin: %s\n", sr_last_error()), 1;
+        uint64_t total = 0, lo = UINT64_MAX, hi = 0, wakes = 0, sleeps = 0;
+        int64_t p50 = 0, p99 = 0; /* the worst caller's */
+        for (int r = 1; r <= ns[i]; r++) {
+            total += fan[r].calls;
+            wakes += fan[r].wakes;
+            sleeps += fan[r].sleeps;
+            lo = fan[r].calls < lo ? fan[r].calls : lo;
+            hi = fan[r].calls > hi ? fan[r].calls : hi;
+            p50 = fan[r].p50 > p50 ? fan[r].p50 : p50;
+            p99 = fan[r].p99 > p99 ? fan[r].p99 : p99;
+        }
+        double per_s = (double)total / ((double)FANIN_WINDOW_NS / 1e9);
+        if (ns[i] == 1)
+            one = per_s;
+        char key[32], vs[320];
+        snprintf(key, sizeof(key), "fanin%d", ns[i]);
+        printf("rpc_sync noop fan-in | %d callers -> 1 | %.0f calls/s total, %.2fx one caller | per caller %llu..%llu "
+               "calls in %.1f s | worst caller p50 %.2f us p99 %.2f us | per call: %.2f callee wakes, %.2f caller "
+               "sleeps | %s\n",
+               ns[i], per_s, one > 0 ? per_s / one : 0, (unsigned long long)lo, (unsigned long long)hi,
+               (double)FANIN_WINDOW_NS / 1e9, (double)p50 / 1e3, (double)p99 / 1e3,
+               total ? (double)wakes / (double)total : 0, total ? (double)sleeps / (double)total : 0,
+               bench_torch_vs(&pt, key, (double)p50, vs, sizeof(vs)));
+        fflush(stdout);
+        bench_rec r;
+        bench_rec_begin(&r, "rpc_sync noop fan-in");
+        bench_rec_num(&r, "callers", ns[i]);
+        bench_rec_num(&r, "p50_ns", (double)p50);
+        bench_rec_num(&r, "p99_ns", (double)p99);
+        bench_rec_num(&r, "per_s", per_s);
+        bench_rec_num(&r, "ratio_to_one_caller", one > 0 ? per_s / one : 0);
+        bench_rec_num(&r, "min_caller_calls", (double)lo);
+        bench_rec_num(&r, "max_caller_calls", (double)hi);
+        bench_rec_torch(&r, &pt, key);
+        bench_rec_emit(&r);
     }
     return 0;
 }

@@ -24,7 +24,7 @@
 #endif
 
 /* Does the kernel have futex_waitv (5.16+)? Probed once per file: an empty
- * vector is -EINVAL where the call exists. Racy init is harmless (same answer). */
+ * vector is -EINVAL where the call exists; threads probing at once store the same answer. */
 /* Wake every waiter on a word of the segment (a shared futex: the waiters
  * are other processes). */
 static inline void sr__futex_wake_all(_Atomic uint32_t *w)
@@ -34,10 +34,14 @@ static inline void sr__futex_wake_all(_Atomic uint32_t *w)
 
 static inline bool sr__futex_waitv_supported(void)
 {
-    static int known = -1;
-    if (known < 0)
-        known = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS ? 0 : 1;
-    return known;
+    static _Atomic int known = -1;
+    /* relaxed (both): threads probing at once store the same answer, and nothing is published with it */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
+        k = syscall(SYS_futex_waitv, NULL, 0, 0, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS ? 0 : 1;
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k;
 }
 
 /* Sleep until one of the n words changes from its value and is woken, or

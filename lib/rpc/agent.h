@@ -56,8 +56,10 @@
  * and only the blocked thread can read the answer. So a wait on a thread
  * that holds the token polls on instead of sleeping on the future:
  *   - on the progress thread, it runs the progress loop (progress_step) until
- *     the future completes, parking and letting users steal the token as
- *     usual, and takes the token back before it returns;
+ *     the future completes, sleeping on the doorbell without parking the
+ *     token: a user that took it would hold it until its own future
+ *     completed, which may wait for this callback to return (progress.c,
+ *     progress_wait);
  *   - on a user thread that holds the token (USER), it keeps the token and
  *     polls and sleeps on the doorbell (holder_wait), in NESTED mode.
  * The unread rest of a burst belongs to the agent (burst, burst_at), so a
@@ -85,9 +87,40 @@
  * block); built-ins given a tensor (they compute) when the poller is idle
  * (sr_shutdown's waits). Plain functions go to the executor pool: one may
  * make a nested blocking call, which the polling thread could not serve;
- * except on an idle poller (sr_shutdown, sr_serve_until), which keeps one
- * plain call of a burst and runs it itself once it has handed the token back
- * (serve.c, defer).
+ * except on an idle poller (sr_shutdown, sr_serve_until) or a serving
+ * waiter, which keeps one plain call of a burst and runs it itself once it
+ * has handed the token back (serve.c, defer).
+ *
+ * Serving waiters (leader/follower). A user thread that waits in
+ * sr_future_wait for a future that is not an RPC call's own (a local future
+ * that a call completes, a `then`, an aggregate: WAIT mode) and holds the
+ * token is the worker's leader: it polls, runs async functions and cheap built-ins
+ * inline as any poller does, and keeps one plain call (or a computing
+ * built-in given a tensor) of a burst, and the module jobs its polling
+ * starts, to run itself, so no executor is woken for them. Before it runs
+ * one it hands the token back (user_release: the doorbell re-armed, the
+ * progress thread parked on it), so leadership passes to whoever polls
+ * next: the progress thread, woken by the next message's doorbell, or
+ * another waiter. Its own answer is therefore read, and its future
+ * completed, while it runs the call; the wait returns as soon as that call
+ * (and the kept jobs before it) has finished, never later, and never takes
+ * another call once its future is done. Before the call's answer goes out it
+ * takes the token back if it is free (sr__agent_pretake), so the caller's
+ * next request finds a poller awake. The call runs as on an executor: grad
+ * mode on and every module's thread context (distributed autograd's current
+ * context) cleared, then restored (serve.c, run_here). A function run so
+ * may wait itself (a nested sr_rpc_sync): that wait serves too, one level
+ * deeper, up to SR_SERVE_DEPTH_MAX levels, past which its thread's waits
+ * send plain calls to the executors; the waiter below is suspended
+ * meanwhile, which is safe because it holds no token and its future is
+ * completed by whoever polls. A caller (sr_rpc_sync, or sr_future_wait on
+ * the future sr_rpc_async gave: sr__future_is_call) serves no plain call:
+ * its answer is due at once, and its thread is the caller's to go on with
+ * (a function run there could not finish before the caller's continuation,
+ * e.g. a pthread_join of the caller's own thread; test_replace's senders).
+ * Nor does a callback that waits while it holds the token (holder_wait:
+ * NESTED), the progress thread, or a module's wait (sr__module_wait: module
+ * code may hold its own locks there).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -111,8 +144,16 @@
 
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
 
-/* Who is polling: decides whether plain functions may run inline. */
-enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1 };
+/* Who is polling: decides where plain functions run (serve.c, start_call).
+ * NESTED: the progress thread, a callback that waits while it holds the
+ * token, a module's wait: plain functions go to the executors. IDLE:
+ * sr_shutdown, sr_serve_until. WAIT: a user thread waiting in
+ * sr_future_wait for a future that is not a call's ("Serving waiters"). */
+enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1, SR_POLL_WAIT = 2 };
+/* How deep a waiting thread stacks calls it serves (a function run on a
+ * waiting thread that waits, and serves the next...): past it, that
+ * thread's waits poll in NESTED mode. */
+#define SR_SERVE_DEPTH_MAX 4
 /* A peer's departure (agent.gone): handled once; a rank whose new
  * generation attached is known again only once its old one's is done.
  * CUT: our own inbox is lost (sr__agent_inbox_lost): neither again. */

@@ -412,6 +412,7 @@ static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double t
     sr_future *f = sr_future_new();
     if (!f)
         return -ENOMEM;
+    sr__future_mark_call(f);
     struct sr_req q = {.kind = SR_REQ_CALL, .who = who};
     if ((rc = sr__rpc_start(a, to, &q, fn, args, ms, f))) {
         sr_future_unref(f);
@@ -444,7 +445,7 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
         sr__agent_put(a);
         return rc;
     }
-    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* uses the held token; lets go of the reference */
+    rc = sr__agent_wait_counted(a, f, -1, SR_POLL_NESTED); /* uses the held token; a caller: serves no plain call; lets go of the reference */
     if (!rc)
         rc = sr_future_value(f, out);
     sr_future_unref(f);

@@ -59,7 +59,11 @@ struct sr_future {
     int err;
     int cause;                   /* err's cause: for -SR_EREMOTE, the remote function's own code */
     char *msg;
+    bool call; /* an RPC call's own future (sr__future_mark_call): set before it is shared */
 };
+
+void sr__future_mark_call(sr_future *f) { f->call = true; }
+bool sr__future_is_call(const sr_future *f) { return f->call; }
 
 /* Set by sr_init, never cleared (see sr__future_set_hooks). */
 static _Atomic(sr_wait_hook) wait_hook;

@@ -57,4 +57,10 @@ bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val);
 /* The stored error of a completed future (0 if it holds a value). */
 int sr__future_error(const sr_future *f);
 
+/* f is the future of an RPC call (sr_rpc_async, sr_rpc_sync): its waiter is
+ * a caller, which serves no plain call while it waits (agent.h, "Serving
+ * waiters"). Marked by its creator before anyone else sees it. */
+void sr__future_mark_call(sr_future *f);
+bool sr__future_is_call(const sr_future *f);
+
 #endif

@@ -69,7 +69,9 @@
  * Thread context (tls): get()/set(v) read and replace a module's
  * per-thread value (distributed autograd's current context). The agent sets
  * the caller's value around user callbacks of futures (then, done
- * callbacks), so continuations see the context they were made in.
+ * callbacks), so continuations see the context they were made in, and
+ * `none` around a call served on a waiting thread, so it runs as on an
+ * executor.
  *
  * Peers (life): peer_died(rank, why) runs once per peer
  * whose process ended without a graceful shutdown, on whichever polling
@@ -224,6 +226,7 @@ struct sr_module_keep_ops {
 struct sr_module_tls_ops {
     int64_t (*get)(void);
     int64_t (*set)(int64_t v);
+    int64_t none; /* the value of a thread that never set it (an executor's) */
 };
 
 /* Lifecycle and peers. */
@@ -440,6 +443,10 @@ struct sr_tls_snap {
 };
 void sr__tls_capture(struct sr_tls_snap *s);
 void sr__tls_swap(struct sr_tls_snap *s); /* set s, and store the previous values in s */
+/* Set every module's value to its none, and store the previous ones in s
+ * (undone by sr__tls_swap(s)): a served call on a waiting thread runs as on
+ * an executor (agent.h, "Serving waiters"). */
+void sr__tls_clear(struct sr_tls_snap *s);
 /* A module's name for a module request's sub-kind (type SR_MSG_MOD_REQ) or
  * for a raw message, as "<module>:<what>" in buf. */
 const char *sr__probe_module_name(int module, int type, uint8_t sub, const uint8_t *bytes, char *buf, size_t len);

@@ -194,6 +194,18 @@ void sr__tls_swap(struct sr_tls_snap *s)
             s->v[id] = sr__modules[id]->tls->set(s->v[id]);
 }
 
+void sr__tls_clear(struct sr_tls_snap *s)
+{
+    s->mask = 0;
+    for (int id = 0; id < nmodules; id++) {
+        const struct sr_module_tls_ops *t = sr__modules[id]->tls;
+        if (t && t->set) {
+            s->v[id] = t->set(t->none);
+            s->mask |= (uint8_t)(1u << id);
+        }
+    }
+}
+
 bool sr__module_msg(sr_agent *a, const sr_msg *m)
 {
     int id = (m->type - SR_MSG_MODULE_BASE) / 4, type = (m->type - SR_MSG_MODULE_BASE) % 4;

@@ -112,6 +112,8 @@ static bool park_ready(void *p)
         sr__tport_space_kicked(a->self) || (c->f && sr_future_done(c->f)) ||
         sr__agent_exits_pending(a)) /* after D2: the supervisor's X3 ring pairs with it */
         return true;
+    if (c->f) /* a nested wait sleeps holding the token (progress_wait) */
+        return false;
     uint32_t t = TOKEN_PROGRESS;
     /* seq_cst (a release at least): pairs with a stealer's acquire; our
      * consumption happens-before its; T2 for token_freed */
@@ -201,8 +203,13 @@ static bool stopping(sr_agent *a)
 }
 
 /* A callback on the progress thread waits (agent.h, nested waits): the
- * thread goes on being the progress thread until f completes, then takes
- * the token back for the frame that was dispatching when the callback ran. */
+ * thread goes on being the progress thread until f completes, for the frame
+ * that was dispatching when the callback ran. It never parks the token
+ * meanwhile (park_ready): a user thread that took it would keep it until
+ * its own future completed, and that future may be the one this callback
+ * completes once it returns (a `then` whose callback waits, with the user
+ * waiting on its result): neither would ever go on. A user that waits
+ * meanwhile sleeps on its future and on the token's hand-back. */
 static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
 {
     /* This thread polls: module jobs it reads go to the executors, as in
@@ -258,7 +265,8 @@ static int wait_hook(sr_future *f, int64_t deadline)
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
         return sr__future_wait_plain(f, deadline);
-    return sr__agent_wait_counted(a, f, deadline, SR_POLL_NESTED);
+    /* a caller waits for its answer; any other waiter serves (agent.h, "Serving waiters") */
+    return sr__agent_wait_counted(a, f, deadline, sr__future_is_call(f) ? SR_POLL_NESTED : SR_POLL_WAIT);
 }
 
 static void *progress_main(void *p)

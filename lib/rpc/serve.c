@@ -25,6 +25,7 @@
 #include "payload.h"
 #include "registry.h"
 #include "thread.h"
+#include "shmrpc/tensor.h"
 
 struct sr_call {
     sr_agent *a;
@@ -467,8 +468,9 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
 /* Inline on the polling thread: async functions (they must not block),
  * cheap built-ins (no-op, echo, views: the same cost at any size), and
  * computing built-ins on scalars. A computing built-in given a tensor (a
- * 64 MiB add, a matmul) goes to the executors like a plain function, and the
- * polling thread keeps serving. When the poller is idle (sr_shutdown's
+ * 64 MiB add, a matmul) is handled like a plain function (a serving waiter
+ * keeps it, else the executors run it), and the polling thread keeps
+ * serving. When the poller is idle (sr_shutdown's
  * waits) built-ins run inline whatever their arguments. A plain function
  * never does: it may make a nested blocking call, and the thread that holds
  * the inbox cannot wait for an answer that only it could read (a worker in
@@ -519,7 +521,8 @@ static int modules_prepare(struct sr_call *c)
 }
 
 /* The plain call taken by an idle poller (a thread inside sr_shutdown or
- * sr_serve_until): that same thread runs it once it has handed the inbox
+ * sr_serve_until) or a serving waiter (sr_future_wait, sr_rpc_sync; agent.h,
+ * "Serving waiters"): that same thread runs it once it has handed the inbox
  * back, so a nested call inside can be answered, and no thread hop is paid.
  * One at a time: the other plain calls of the same burst go to the
  * executors, since the kept one may block until one of them has run (a lock
@@ -550,8 +553,19 @@ void sr__dispatch_hand_off(sr_agent *a)
     sr__thr.deferred_tail = NULL;
 }
 
+/* Run what this waiting thread kept, as an executor would: grad mode on,
+ * the modules' thread context cleared (agent.h, "Serving waiters"). Module
+ * jobs that the jobs submit are kept too and run in the same loop (a
+ * backward pass hop by hop, with no executor wake); what a plain function
+ * submits is run by the wait's next round, or handed to the executors
+ * when the wait ends (wait.c). One level deeper for the waits inside
+ * (SR_SERVE_DEPTH_MAX). */
 void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
 {
+    struct sr_tls_snap tls;
+    bool grad = sr_set_grad_enabled(true);
+    sr__tls_clear(&tls);
+    sr__thr.serve_depth++;
     sr__exec_run_kept();
     while (sr__thr.deferred_head) {
         struct sr_call *c = sr__thr.deferred_head;
@@ -561,6 +575,9 @@ void sr__dispatch_run_deferred(void (*retake)(sr_agent *a))
         /* never hold the inbox across another call's function */
         run_call_then(c, sr__thr.deferred_head ? NULL : retake);
     }
+    sr__thr.serve_depth--;
+    sr__tls_swap(&tls);
+    sr_set_grad_enabled(grad);
 }
 
 /* Every RRef argument is usable: run per the inline policy. */
@@ -572,8 +589,8 @@ static void start_call(struct sr_call *c, enum sr_poll_mode mode)
     }
     if (runs_inline(c, mode))
         run_call(c);
-    else if (mode == SR_POLL_IDLE && c->fn && c->fn->kind == SR_FN_PLAIN && !sr__thr.deferred_head)
-        defer(c); /* one at a time: see defer */
+    else if (mode != SR_POLL_NESTED && c->fn && !sr__thr.deferred_head)
+        defer(c); /* a plain function, or (WAIT) a built-in given a tensor; one at a time: see defer */
     else
         enqueue(c->a, c);
 }

@@ -37,6 +37,9 @@ struct sr_rpc_thread {
     /* The plain calls an idle poller kept to run itself once it has handed
      * the inbox back (serve.c, defer): one at a time. */
     struct sr_call *deferred_head, *deferred_tail;
+    /* How many served calls this thread runs now, one inside another's
+     * wait (serve.c, run_here; agent.h, SR_SERVE_DEPTH_MAX). */
+    int serve_depth;
 };
 
 extern _Thread_local struct sr_rpc_thread sr__thr;

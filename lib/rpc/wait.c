@@ -23,9 +23,9 @@
 #define IDLE_RETAKE_NS (2ll * 1000000)
 #define HOLDER_SLICE_NS (1ll * 1000000)
 
-static void futex_wake_all(_Atomic uint32_t *w)
+static void futex_wake_one(_Atomic uint32_t *w)
 {
-    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* Idle waiters that cannot take the token sleep on token_seq and their
@@ -36,14 +36,18 @@ static void futex_wake_all(_Atomic uint32_t *w)
 static _Atomic uint32_t token_seq;      /* bumped whenever the token becomes PARKED or FREE */
 static _Atomic uint32_t token_sleepers; /* idle waiters between T1 and their wake */
 
-/* The token became PARKED or FREE: wake the idle waiters (idle_wait_token).
+/* The token became PARKED or FREE: wake one idle waiter (idle_wait_token)
+ * to take over serving. One is enough: every serving waiter (each thread
+ * of a pool in sr_rpc_sync) sleeps here, and only one can take the token;
+ * who serves never decides correctness (the parked progress thread serves
+ * otherwise), so a woken waiter that returns instead loses nothing.
  * T2: the caller's seq_cst store or CAS of the token, then our seq_cst bump
  * and load, pair with the waiter's seq_cst increment and loads (T1). */
 void sr__token_freed(void)
 {
     atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);          /* seq_cst: T2 */
     if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst))         /* seq_cst: T2 */
-        futex_wake_all(&token_seq);
+        futex_wake_one(&token_seq);
 }
 
 /* Steal the token for a user thread: from the parked progress thread, or free. */
@@ -338,26 +342,33 @@ void sr__agent_unhold(sr_agent *a)
         sr__agent_poll_burst(a, SR_POLL_NESTED);
 }
 
-int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
+/* Hand a held token back on the way out of a wait. What the last polls
+ * kept for this thread goes to the executors: the wait is over. */
+static void leave_token(sr_agent *a, enum sr_poll_mode mode)
 {
-    bool held = sr__thr.pretaken == a; /* taken before the request was sent: ours to poll with */
-    if (held)
-        sr__thr.pretaken = NULL;
-    else if (sr__thr.holder)
-        return holder_wait(a, f, deadline);
+    while (!user_release(a))
+        sr__agent_poll_burst(a, mode);
+    if (sr__dispatch_has_deferred())
+        sr__dispatch_hand_off(a);
+}
+
+static int wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted, bool held)
+{
     for (;;) {
         if (sr_future_done(f) || (deadline >= 0 && sr__now_ns() >= deadline)) {
             if (held) /* a held token is handed back on every way out */
-                while (!user_release(a))
-                    sr__agent_poll_burst(a, mode);
+                leave_token(a, mode);
+            else if (sr__dispatch_has_deferred()) /* jobs a function run here submitted */
+                sr__dispatch_hand_off(a);
             return sr_future_done(f) ? 0 : -ETIMEDOUT;
         }
         bool mine = held;
         held = false;
         if (!mine && (sr__agent_closing(a) || (!user_take(a) && !steal_from_progress(a, f)))) {
-            /* Someone else polls and will complete f. An idle waiter also
-             * wakes when the token is handed back, to take over serving. */
-            bool idle = mode == SR_POLL_IDLE && !sr__agent_closing(a);
+            /* Someone else polls and will complete f. An idle or serving
+             * waiter also wakes when the token is handed back, to take over
+             * serving (agent.h, "Serving waiters"). */
+            bool idle = mode != SR_POLL_NESTED && !sr__agent_closing(a);
             if (!(idle ? idle_wait_token(a, f, deadline, counted) : sleep_on(a, f, deadline, counted)))
                 return SR__WAIT_DETACHED;
             continue;
@@ -365,9 +376,13 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         int rc = poll_as_user(a, f, deadline, mode);
         while (rc == 1 && !sr__dispatch_has_deferred() && !sr__agent_closing(a) && holder_sleep(a, f, deadline))
             rc = poll_as_user(a, f, deadline, mode);
-        /* Never leave holding the token: drain what slipped in, then hand back. */
+        /* Never leave holding the token: drain what slipped in, then hand
+         * back. A call kept in the burst that completed f is the
+         * executors': the wait is over (agent.h, "Serving waiters"). */
         while (!user_release(a))
             sr__agent_poll_burst(a, mode);
+        if (sr__dispatch_has_deferred() && mode == SR_POLL_WAIT && sr_future_done(f))
+            sr__dispatch_hand_off(a);
         if (sr__dispatch_has_deferred()) {
             /* Token released: a nested call inside can be answered by whoever
              * polls next (this thread included). */
@@ -385,4 +400,22 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         if (!sleep_on(a, f, deadline, counted))
             return SR__WAIT_DETACHED;
     }
+}
+
+int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
+{
+    bool held = sr__thr.pretaken == a; /* taken before the request was sent: ours to poll with */
+    if (held)
+        sr__thr.pretaken = NULL;
+    else if (sr__thr.holder)
+        return holder_wait(a, f, deadline);
+    if (mode != SR_POLL_WAIT)
+        return wait_user(a, f, deadline, mode, counted, held);
+    if (sr__thr.serve_depth >= SR_SERVE_DEPTH_MAX) /* deep enough: the executors serve */
+        return wait_user(a, f, deadline, SR_POLL_NESTED, counted, held);
+    /* A serving waiter keeps the module jobs its polling starts, as an idle one does. */
+    bool was = sr__exec_take_jobs(true);
+    int rc = wait_user(a, f, deadline, mode, counted, held);
+    sr__exec_take_jobs(was);
+    return rc;
 }

@@ -44,7 +44,11 @@ SR_API void sr_future_unref(sr_future *f);
 SR_API bool sr_future_done(const sr_future *f);
 
 /* Block until complete. 0 with *out = a new reference to the value (out may
- * be NULL), or the stored error code with its message in sr_last_error(). */
+ * be NULL), or the stored error code with its message in sr_last_error().
+ * On a thread of an initialised worker, a wait for a future that is not an
+ * RPC call's own (one sr_rpc_async gave) may run the worker's incoming plain
+ * calls on this thread meanwhile, as an executor would (docs/API.md,
+ * "Serving while waiting"). */
 SR_API int sr_future_wait(sr_future *f, sr_value **out);
 
 /* Non-blocking: as wait if complete, else -EAGAIN. */

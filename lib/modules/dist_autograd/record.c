@@ -235,4 +235,5 @@ const struct sr_module_call_ops sr__dist_call_ops = {
 const struct sr_module_tls_ops sr__dist_tls_ops = {
     .get = sr__dctx_current,
     .set = sr__dctx_set_current,
+    .none = SR_NO_CONTEXT,
 };
