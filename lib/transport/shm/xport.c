@@ -117,7 +117,15 @@ static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t 
  * detaching (init -> shutdown -> init), so its r-th attach to the same
  * segment waits for r * nlocal arrivals; an attach to another segment (the
  * MPI bootstrap makes one per sr_init) starts again at round 1. A worker
- * that has ended can never arrive: the barrier fails at once, naming it. */
+ * that has ended can never arrive: the barrier fails at once, naming it.
+ *
+ * Only the arrival that completes a round wakes the sleepers: the others
+ * change the count without a wake, so each waiter sleeps once (a futex wait
+ * on a count that has moved returns at once and reads it again). Rounds
+ * never overlap: a round-r+1 arrival comes after its own round-r barrier
+ * passed, i.e. after every round-r arrival. Waking at every arrival woke
+ * every waiter N times: O(N^2) wake-ups for a job, which on 2 cores held
+ * back the last arrivals behind the woken. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
     /* attaches by this process to the segment whose memfd inode is round_ino;
@@ -129,8 +137,8 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     struct sr_seg_header *h = x->seg.hdr;
     uint32_t want = ++round * (x->elastic ? x->seg.launched : (uint32_t)x->nlocal); /* E1: the launched ranks */
     /* release: pairs with peers' acquire loads below; publishes our table line */
-    atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
-    sr__futex_wake_all(&h->attached);
+    if (atomic_fetch_add_explicit(&h->attached, 1, memory_order_release) + 1 >= want)
+        sr__futex_wake_all(&h->attached); /* the round is complete: everyone in it waits for this count */
     int64_t deadline = sr__now_ns() + timeout_ns;
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
