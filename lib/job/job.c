@@ -100,7 +100,8 @@ void sr__job_destroy(sr_job *job)
 
 /* In a child: the pidfds of the ranks forked before it are the supervisor's
  * handles, not the worker's. They are close-on-exec, but sr_spawn workers do
- * not exec; the waiter opens its own pidfds on every peer after attach. */
+ * not exec. (A worker learns of its peers' exits from the supervisor's
+ * publication, segment.h "Peer exit": it holds no pidfd.) */
 static void close_sibling_pidfds(sr_job *job)
 {
     for (int r = 0; r < job->n; r++) {

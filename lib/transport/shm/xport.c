@@ -237,8 +237,13 @@ static int resolve_peers(sr_xport *x)
         int rc = resolve_peer(x, r);
         if (rc)
             return rc;
-        if (r == x->rank || !x->peers[r].local || x->replaces)
-            continue; /* replaced ranks: the supervisor publishes every exit, no pidfd is needed */
+        /* Under shmrun or sr_spawn the supervisor publishes every exit and
+         * wakes whoever it concerns (segment.h, "Peer exit"): a pidfd per
+         * peer would only wake us first, at the cost of N pidfds, N polls
+         * and N wake-ups per exit in every worker. Only without one (mpirun)
+         * do we watch the local peers, to publish their exits (orphan.c). */
+        if (!x->publish_exits || r == x->rank || !x->peers[r].local)
+            continue;
         /* relaxed: written before the peer's release increment that our barrier acquired */
         rc = sr__waiter_watch_peer(&x->waiter, x->world, r, sr__seg_worker(&x->seg, r)->pid);
         if (rc)
@@ -512,8 +517,10 @@ void sr__xport_detach(sr_xport *x)
 int sr__xport_check_peers(sr_xport *x)
 {
     for (int r = 0; r < x->world; r++) {
-        /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr__xport_detach */
-        if (sr__xport_peer_dead(x, r) &&
+        /* dead: its pidfd fired (mpirun), or its exit is published (a
+         * supervisor's, X1; seq_cst inside). acquire: pairs with the peer's
+         * release store of DETACHED/LEFT in sr__xport_detach */
+        if (r != x->rank && x->peers[r].local && (sr__xport_peer_dead(x, r) || sr__xport_peer_gone(x, r)) &&
             sr__worker_state_attached(atomic_load_explicit(&sr__seg_worker(&x->seg, r)->state, memory_order_acquire)))
             return sr__fail(-EPIPE, "sr__xport_check_peers", "rank %d (pid %d) died without detaching", r,
                             sr__seg_worker(&x->seg, r)->pid);
