@@ -157,7 +157,8 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         if (getppid() != parent) /* the launcher died before the signal was armed */
             _exit(1);
         sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
-        close_sibling_pidfds(job);
+        if (!job->children_exec)
+            close_sibling_pidfds(job);
         child_setup(job, rank);
         run(job, rank, arg);
         _exit(127);

@@ -409,13 +409,42 @@ int sr__xport_rejoin(sr_xport *x, int rank)
     return 0;
 }
 
+/* The eventfds of the local ranks are exactly the fds lo..hi, each once:
+ * no other descriptor lies among them (the launcher makes them in a row). */
+static bool eventfds_in_a_row(const sr_xport *x, int *lo, int *hi)
+{
+    int n = 0;
+    *lo = INT_MAX, *hi = -1;
+    for (int r = 0; r < x->world; r++) {
+        int fd = x->peers[r].eventfd;
+        if (fd >= 0)
+            n++, *lo = fd < *lo ? fd : *lo, *hi = fd > *hi ? fd : *hi;
+    }
+    if (!n || *hi - *lo + 1 != n)
+        return false;
+    bool *seen = calloc((size_t)n, sizeof(*seen)), row = seen != NULL;
+    for (int r = 0; row && r < x->world; r++) {
+        int fd = x->peers[r].eventfd;
+        if (fd >= 0)
+            row = !seen[fd - *lo], seen[fd - *lo] = true;
+    }
+    free(seen);
+    return row;
+}
+
 /* shmrun passes the segment and the doorbell eventfds across one exec, the
  * worker's own: a program the worker execs in turn (a command, a helper)
  * must not hold the segment, which would outlive the job in it
- * (docs/LAUNCHER.md). They stay open here, for a later attach. */
+ * (docs/LAUNCHER.md). They stay open here, for a later attach. One
+ * close_range for the eventfds when they lie in a row, as the launchers
+ * make them: not one fcntl per rank in every worker (kernels before 5.11
+ * refuse the flag: then one by one). */
 static void inherited_once(sr_xport *x)
 {
     fcntl(x->seg.fd, F_SETFD, FD_CLOEXEC);
+    int lo, hi;
+    if (eventfds_in_a_row(x, &lo, &hi) && close_range((unsigned)lo, (unsigned)hi, CLOSE_RANGE_CLOEXEC) == 0)
+        return;
     for (int r = 0; r < x->world; r++)
         if (x->peers[r].eventfd >= 0)
             fcntl(x->peers[r].eventfd, F_SETFD, FD_CLOEXEC);
