@@ -125,7 +125,13 @@ static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t 
  * never overlap: a round-r+1 arrival comes after its own round-r barrier
  * passed, i.e. after every round-r arrival. Waking at every arrival woke
  * every waiter N times: O(N^2) wake-ups for a job, which on 2 cores held
- * back the last arrivals behind the woken. */
+ * back the last arrivals behind the woken.
+ *
+ * The bound counts from the latest arrival this waiter has seen, not from
+ * its own: a job of a thousand workers takes longer than any fixed bound to
+ * start on a busy machine, while a rank that never comes leaves the count
+ * still for the whole bound. A waiter wakes at its deadline, finds the
+ * count moved and sleeps again: one wake per bound. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
     /* attaches by this process to the segment whose memfd inode is round_ino;
@@ -139,7 +145,8 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     /* release: pairs with peers' acquire loads below; publishes our table line */
     if (atomic_fetch_add_explicit(&h->attached, 1, memory_order_release) + 1 >= want)
         sr__futex_wake_all(&h->attached); /* the round is complete: everyone in it waits for this count */
-    int64_t deadline = sr__now_ns() + timeout_ns;
+    int64_t deadline = 0;
+    uint32_t seen = 0; /* the count the deadline was set at; ours is at least 1 */
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
          * that an exit published after it changes the word we sleep on */
@@ -151,7 +158,10 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
         int r = e ? first_exited(x) : -1;
         if (r >= 0)
             return exited_before_start(x, r);
-        int64_t left = deadline - sr__now_ns();
+        int64_t now = sr__now_ns();
+        if (n != seen) /* an arrival since we last looked (or our own): the bound starts again */
+            seen = n, deadline = now + timeout_ns;
+        int64_t left = deadline - now;
         if (left <= 0)
             return missing_ranks(x);
         wait_start(h, n, e, left);

@@ -28,7 +28,7 @@
 #include "waiter.h"
 
 typedef struct sr_xport_opts {
-    int64_t start_timeout_ns; /* attach barrier bound; 0: 60 s */
+    int64_t start_timeout_ns; /* attach barrier bound, from the latest arrival; 0: 60 s */
     uint32_t doorbell;        /* 0: probe (SHMRPC_DOORBELL=eventfd forces the fallback) */
     int64_t spin_ns;          /* < 0 or unset (0 with adaptive=true): adaptive; see below */
     bool fixed_spin;          /* use spin_ns as a fixed budget (0 = never spin) */
