@@ -54,10 +54,7 @@ static void exec_worker(sr_job *job, int rank, void *p)
                 strerror(-rc));
         _exit(127);
     }
-    /* The child inherits the segment and every doorbell eventfd across exec. */
-    fcntl(job->seg.fd, F_SETFD, 0);
-    for (int r = 0; r < job->n; r++)
-        fcntl(job->eventfds[r], F_SETFD, 0);
+    /* The segment and every doorbell eventfd cross the exec (inherit_across_exec). */
     snprintf(buf, sizeof(buf), "%d", job->seg.fd);
     setenv("SHMRPC_FD", buf, 1);
     snprintf(buf, sizeof(buf), "%d", rank);
@@ -148,6 +145,19 @@ static void fill_stdio(void)
             (void)open("/dev/null", O_RDWR); /* the lowest free fd: this one, the lower ones are open */
 }
 
+/* The segment and every doorbell eventfd reach the workers across their
+ * exec: close-on-exec is cleared once per attempt, here, before the first
+ * fork, not in each child (N calls in each of N children). shmrun execs
+ * nothing but workers (and joiners, which get them too), and each worker
+ * sets it again once attached (docs/LAUNCHER.md). */
+static void inherit_across_exec(sr_job *job)
+{
+    job->children_exec = true;
+    fcntl(job->seg.fd, F_SETFD, 0);
+    for (int r = 0; r < job->n; r++)
+        fcntl(job->eventfds[r], F_SETFD, 0);
+}
+
 /* What every attempt of the job needs (sr__job_run). */
 struct attempt_ctx {
     const struct args *a;
@@ -160,6 +170,7 @@ static int attempt(sr_job *job, void *p)
     struct attempt_ctx *c = p;
     job->child_mask = c->child_mask;
     job->replace_left = c->a->restart_rank ? c->a->max_restarts : 0;
+    inherit_across_exec(job);
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
     struct sr_trace_job *trace;
     if (sr__trace_job_begin(&trace, job->n, job->replace_left, job->restart, "shmrun"))

@@ -100,7 +100,8 @@ void sr__job_destroy(sr_job *job)
 
 /* In a child: the pidfds of the ranks forked before it are the supervisor's
  * handles, not the worker's. They are close-on-exec, but sr_spawn workers do
- * not exec; the waiter opens its own pidfds on every peer after attach. */
+ * not exec. (A worker learns of its peers' exits from the supervisor's
+ * publication, segment.h "Peer exit": it holds no pidfd.) */
 static void close_sibling_pidfds(sr_job *job)
 {
     for (int r = 0; r < job->n; r++) {
@@ -156,7 +157,8 @@ int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void
         if (getppid() != parent) /* the launcher died before the signal was armed */
             _exit(1);
         sigprocmask(SIG_SETMASK, &job->child_mask, NULL);
-        close_sibling_pidfds(job);
+        if (!job->children_exec)
+            close_sibling_pidfds(job);
         child_setup(job, rank);
         run(job, rank, arg);
         _exit(127);

@@ -83,6 +83,10 @@ typedef struct sr_job {
     char id[32];
     int listen_fd;
     int *join_conns;  /* [n] */
+    /* Every child execs (shmrun): the supervisor's own descriptors, all
+     * close-on-exec, go at the exec, so a child does not close them one by
+     * one (O(N) calls in each of N children). false: sr_spawn. */
+    bool children_exec;
 } sr_job;
 
 /* A request to join (join.c): the rank wanted (-1: the lowest free), the

@@ -60,27 +60,55 @@ static bool absent(sr_agent *a, int r)
     return (t->caps & SR_TPORT_ELASTIC) && r != a->rank && sr__tport_peer_gone(t, r);
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Two workers present with one name: the first pair in rank order, q < r. */
+static int name_clash(sr_agent *a, int q, int r)
+{
+    if ((a->tp[r]->caps & SR_TPORT_ELASTIC) && (q == a->rank || r == a->rank))
+        return sr__fail(-EEXIST, "sr_init", "Worker name '%s' of rank %d is taken: rank %d, present in "
+                        "the job, has it", a->names[r], a->rank, q == a->rank ? r : q);
+    return sr__fail(-EINVAL, "sr_init", "Worker name '%s' is not unique (workers %d and %d)", a->names[r], q, r);
+}
+
+/* Copy every rank's name and check that the workers present have distinct
+ * ones: a hash table of ranks by name, so that each worker's check is O(N)
+ * and not N^2 / 2 comparisons (a millisecond per worker at 1024 workers,
+ * and every worker does it). The table keeps the first rank with a name, so
+ * a clash names the same pair as a scan in rank order would. */
 static int collect_names(sr_agent *a)
 {
     a->names = a->world > 0 ? calloc((size_t)a->world, sizeof(*a->names)) : NULL; /* world >= 1: the segment's */
-    if (!a->names)
-        return sr__fail(-ENOMEM, "sr_init", "out of memory");
-    for (int r = 0; r < a->world; r++) {
+    size_t cap = 2;
+    while (cap < 2 * (size_t)a->world)
+        cap *= 2;
+    int *table = malloc(cap * sizeof(*table)); /* rank + 1; 0: empty */
+    int rc = a->names && table ? 0 : sr__fail(-ENOMEM, "sr_init", "out of memory");
+    if (table)
+        memset(table, 0, cap * sizeof(*table));
+    for (int r = 0; !rc && r < a->world; r++) {
         memcpy(a->names[r], a->tp[r]->ops->name(a->tp[r], r), SR_NAME_MAX);
         a->names[r][SR_NAME_MAX - 1] = '\0';
         if (!a->names[r][0]) /* a free rank nobody held: its default, for messages (sr_worker_rank skips it) */
             snprintf(a->names[r], sizeof(a->names[r]), "worker%d", r);
-        for (int q = 0; q < r && !absent(a, r); q++) {
-            if (absent(a, q) || strcmp(a->names[q], a->names[r]))
-                continue;
-            if ((a->tp[r]->caps & SR_TPORT_ELASTIC) && (q == a->rank || r == a->rank))
-                return sr__fail(-EEXIST, "sr_init", "Worker name '%s' of rank %d is taken: rank %d, present in "
-                                "the job, has it", a->names[r], a->rank, q == a->rank ? r : q);
-            return sr__fail(-EINVAL, "sr_init", "Worker name '%s' is not unique (workers %d and %d)",
-                            a->names[r], q, r);
-        }
+        if (absent(a, r))
+            continue;
+        size_t i = (size_t)name_hash(a->names[r]) & (cap - 1);
+        for (; table[i] && strcmp(a->names[table[i] - 1], a->names[r]); i = (i + 1) & (cap - 1))
+            ;
+        if (table[i])
+            rc = name_clash(a, table[i] - 1, r);
+        else
+            table[i] = r + 1;
     }
-    return 0;
+    free(table);
+    return rc;
 }
 
 static void agent_free(sr_agent *a)

@@ -47,7 +47,7 @@ def main():
     err = run(plain, "debug")
     for r in (0, 1):
         who = r"^worker%d \(rank %d\): debug: " % (r, r)
-        want(err, who + r"attach: rank %d is in segment '.*'; waiting up to 60 s" % r, "attach")
+        want(err, who + r"attach: rank %d is in segment '.*'; waiting for the other workers" % r, "attach")
         want(err, who + r"attach: every worker is in segment", "start barrier")
         want(err, who + r"sr_shutdown: waiting for the other workers to reach shutdown$", "shutdown barrier")
         want(err, who + r"sr_shutdown: waiting for the leader to declare quiescence$", "quiescence")

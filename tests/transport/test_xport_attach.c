@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -186,4 +187,47 @@ Test(partial_attach, an_attach_to_a_new_segment_starts_a_new_round)
         sr__segment_detach(&seg, true);
     }
     sr_test_no_leaks();
+}
+
+/* Attach as `rank` after delay_ms, in a child process, and detach; its exit
+ * status says how it went. */
+static pid_t attach_later(int rank, int delay_ms)
+{
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        struct timespec d = {.tv_sec = delay_ms / 1000, .tv_nsec = (long)(delay_ms % 1000) * 1000000};
+        while (nanosleep(&d, &d) && errno == EINTR)
+            ;
+        sr_xport *x;
+        if (attach_as(rank, START_NS, &x)) {
+            fprintf(stderr, "child rank %d: %s\n", rank, sr_last_error());
+            _exit(1);
+        }
+        sr__xport_detach(x);
+        _exit(0);
+    }
+    return pid;
+}
+
+/* A large job starts slowly: the start barrier's bound counts from the
+ * latest arrival, not from the waiter's own. Rank 0 waits with a 3 s bound;
+ * rank 1 comes about 1.5 s later, rank 2 about 3.1 s later (more than the
+ * bound after rank 0, less after rank 1). This is the one test here that
+ * must let time pass: what it checks is a timeout. */
+Test(start_barrier, its_bound_counts_from_the_latest_arrival, .fini = drop_segment)
+{
+    make_partial(3, (const uint8_t[]){1, 1, 1});
+    pid_t one = attach_later(1, 1500), two = attach_later(2, 3100);
+    sr_xport *x;
+    int rc = attach_as(0, 3000ll * 1000000, &x);
+    cr_expect_eq(rc, 0, "rank 0: %s", sr_last_error());
+    if (!rc)
+        sr__xport_detach(x);
+    for (int i = 0; i < 2; i++) {
+        int st;
+        pid_t child = i ? two : one;
+        cr_assert_eq(waitpid(child, &st, 0), child);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d's attach failed (status 0x%x)", i + 1, st);
+    }
 }

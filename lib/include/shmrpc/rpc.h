@@ -69,7 +69,7 @@ typedef struct sr_init_opts {
  * (refused, never truncated), or a bad rpc_timeout_s; -EPIPE a worker's
  * process ended before every worker had attached, at once ("rank 2 exited
  * with status 0 before attaching"); -ETIMEDOUT ranks that never attached
- * within 60 s; other errors of the transport. */
+ * while none arrived for 60 s; other errors of the transport. */
 SR_API int sr_init(const sr_init_opts *opts);
 
 /* graceful: barrier with every worker; wait until this worker has no

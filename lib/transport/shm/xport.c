@@ -117,7 +117,21 @@ static void wait_start(struct sr_seg_header *h, uint32_t n, uint32_t e, int64_t 
  * detaching (init -> shutdown -> init), so its r-th attach to the same
  * segment waits for r * nlocal arrivals; an attach to another segment (the
  * MPI bootstrap makes one per sr_init) starts again at round 1. A worker
- * that has ended can never arrive: the barrier fails at once, naming it. */
+ * that has ended can never arrive: the barrier fails at once, naming it.
+ *
+ * Only the arrival that completes a round wakes the sleepers: the others
+ * change the count without a wake, so each waiter sleeps once (a futex wait
+ * on a count that has moved returns at once and reads it again). Rounds
+ * never overlap: a round-r+1 arrival comes after its own round-r barrier
+ * passed, i.e. after every round-r arrival. Waking at every arrival woke
+ * every waiter N times: O(N^2) wake-ups for a job, which on 2 cores held
+ * back the last arrivals behind the woken.
+ *
+ * The bound counts from the latest arrival this waiter has seen, not from
+ * its own: a job of a thousand workers takes longer than any fixed bound to
+ * start on a busy machine, while a rank that never comes leaves the count
+ * still for the whole bound. A waiter wakes at its deadline, finds the
+ * count moved and sleeps again: one wake per bound. */
 static int start_barrier(sr_xport *x, int64_t timeout_ns)
 {
     /* attaches by this process to the segment whose memfd inode is round_ino;
@@ -129,11 +143,12 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
     struct sr_seg_header *h = x->seg.hdr;
     uint32_t want = ++round * (x->elastic ? x->seg.launched : (uint32_t)x->nlocal); /* E1: the launched ranks */
     /* release: pairs with peers' acquire loads below; publishes our table line */
-    atomic_fetch_add_explicit(&h->attached, 1, memory_order_release);
-    sr__futex_wake_all(&h->attached);
-    int64_t deadline = sr__now_ns() + timeout_ns;
-    sr_logf(SR_LOG_DEBUG, "attach: rank %d is in segment '%.48s'; waiting up to %.0f s for the other workers (%u arrivals)",
-            x->rank, h->name, (double)timeout_ns / 1e9, want);
+    if (atomic_fetch_add_explicit(&h->attached, 1, memory_order_release) + 1 >= want)
+        sr__futex_wake_all(&h->attached); /* the round is complete: everyone in it waits for this count */
+    int64_t deadline = 0;
+    uint32_t seen = 0; /* the count the deadline was set at; ours is at least 1 */
+    sr_logf(SR_LOG_DEBUG, "attach: rank %d is in segment '%.48s'; waiting for the other workers (%u arrivals), up to %.0f s after each arrival",
+            x->rank, h->name, want, (double)timeout_ns / 1e9);
     for (;;) {
         /* seq_cst: pairs with the supervisor's X2; read before the count, so
          * that an exit published after it changes the word we sleep on */
@@ -147,7 +162,10 @@ static int start_barrier(sr_xport *x, int64_t timeout_ns)
         int r = e ? first_exited(x) : -1;
         if (r >= 0)
             return exited_before_start(x, r);
-        int64_t left = deadline - sr__now_ns();
+        int64_t now = sr__now_ns();
+        if (n != seen) /* an arrival since we last looked (or our own): the bound starts again */
+            seen = n, deadline = now + timeout_ns;
+        int64_t left = deadline - now;
         if (left <= 0)
             return missing_ranks(x);
         wait_start(h, n, e, left);
@@ -233,8 +251,13 @@ static int resolve_peers(sr_xport *x)
         int rc = resolve_peer(x, r);
         if (rc)
             return rc;
-        if (r == x->rank || !x->peers[r].local || x->replaces)
-            continue; /* replaced ranks: the supervisor publishes every exit, no pidfd is needed */
+        /* Under shmrun or sr_spawn the supervisor publishes every exit and
+         * wakes whoever it concerns (segment.h, "Peer exit"): a pidfd per
+         * peer would only wake us first, at the cost of N pidfds, N polls
+         * and N wake-ups per exit in every worker. Only without one (mpirun)
+         * do we watch the local peers, to publish their exits (orphan.c). */
+        if (!x->publish_exits || r == x->rank || !x->peers[r].local)
+            continue;
         /* relaxed: written before the peer's release increment that our barrier acquired */
         rc = sr__waiter_watch_peer(&x->waiter, x->world, r, sr__seg_worker(&x->seg, r)->pid);
         if (rc)
@@ -400,13 +423,42 @@ int sr__xport_rejoin(sr_xport *x, int rank)
     return 0;
 }
 
+/* The eventfds of the local ranks are exactly the fds lo..hi, each once:
+ * no other descriptor lies among them (the launcher makes them in a row). */
+static bool eventfds_in_a_row(const sr_xport *x, int *lo, int *hi)
+{
+    int n = 0;
+    *lo = INT_MAX, *hi = -1;
+    for (int r = 0; r < x->world; r++) {
+        int fd = x->peers[r].eventfd;
+        if (fd >= 0)
+            n++, *lo = fd < *lo ? fd : *lo, *hi = fd > *hi ? fd : *hi;
+    }
+    if (!n || *hi - *lo + 1 != n)
+        return false;
+    bool *seen = calloc((size_t)n, sizeof(*seen)), row = seen != NULL;
+    for (int r = 0; row && r < x->world; r++) {
+        int fd = x->peers[r].eventfd;
+        if (fd >= 0)
+            row = !seen[fd - *lo], seen[fd - *lo] = true;
+    }
+    free(seen);
+    return row;
+}
+
 /* shmrun passes the segment and the doorbell eventfds across one exec, the
  * worker's own: a program the worker execs in turn (a command, a helper)
  * must not hold the segment, which would outlive the job in it
- * (docs/LAUNCHER.md). They stay open here, for a later attach. */
+ * (docs/LAUNCHER.md). They stay open here, for a later attach. One
+ * close_range for the eventfds when they lie in a row, as the launchers
+ * make them: not one fcntl per rank in every worker (kernels before 5.11
+ * refuse the flag: then one by one). */
 static void inherited_once(sr_xport *x)
 {
     fcntl(x->seg.fd, F_SETFD, FD_CLOEXEC);
+    int lo, hi;
+    if (eventfds_in_a_row(x, &lo, &hi) && close_range((unsigned)lo, (unsigned)hi, CLOSE_RANGE_CLOEXEC) == 0)
+        return;
     for (int r = 0; r < x->world; r++)
         if (x->peers[r].eventfd >= 0)
             fcntl(x->peers[r].eventfd, F_SETFD, FD_CLOEXEC);
@@ -508,8 +560,10 @@ void sr__xport_detach(sr_xport *x)
 int sr__xport_check_peers(sr_xport *x)
 {
     for (int r = 0; r < x->world; r++) {
-        /* acquire: pairs with the peer's release store of DETACHED/LEFT in sr__xport_detach */
-        if (sr__xport_peer_dead(x, r) &&
+        /* dead: its pidfd fired (mpirun), or its exit is published (a
+         * supervisor's, X1; seq_cst inside). acquire: pairs with the peer's
+         * release store of DETACHED/LEFT in sr__xport_detach */
+        if (r != x->rank && x->peers[r].local && (sr__xport_peer_dead(x, r) || sr__xport_peer_gone(x, r)) &&
             sr__worker_state_attached(atomic_load_explicit(&sr__seg_worker(&x->seg, r)->state, memory_order_acquire)))
             return sr__fail(-EPIPE, "sr__xport_check_peers", "rank %d (pid %d) died without detaching", r,
                             sr__seg_worker(&x->seg, r)->pid);

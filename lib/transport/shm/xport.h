@@ -28,7 +28,7 @@
 #include "waiter.h"
 
 typedef struct sr_xport_opts {
-    int64_t start_timeout_ns; /* attach barrier bound; 0: 60 s */
+    int64_t start_timeout_ns; /* attach barrier bound, from the latest arrival; 0: 60 s */
     uint32_t doorbell;        /* 0: probe (SHMRPC_DOORBELL=eventfd forces the fallback) */
     int64_t spin_ns;          /* < 0 or unset (0 with adaptive=true): adaptive; see below */
     bool fixed_spin;          /* use spin_ns as a fixed budget (0 = never spin) */
@@ -281,14 +281,18 @@ void sr__xport_closing(sr_xport *x);
 void sr__xport_publish_orphans(sr_xport *x);
 
 /* The process of `rank` has exited (cleanly or not), seen through its pidfd
- * by this worker's waiter; says nothing of how (sr__xport_peer_gone does). */
+ * by this worker's waiter; says nothing of how (sr__xport_peer_gone does).
+ * Only without a supervisor (publish_exits: mpirun) are pidfds watched;
+ * under shmrun and sr_spawn this is always false and the supervisor's
+ * publication (sr__xport_peer_gone) says it. */
 static inline bool sr__xport_peer_dead(const sr_xport *x, int rank)
 {
     return x->waiter.peer_dead && x->waiter.peer_dead[rank];
 }
 
 /* 0, or -EPIPE naming the first peer whose process exited without
- * detaching (a crash; under shmrun the launcher is already stopping the job). */
+ * detaching (a crash; under shmrun the launcher is already stopping the job):
+ * seen through its pidfd, or its exit as published. */
 int sr__xport_check_peers(sr_xport *x);
 
 #endif
