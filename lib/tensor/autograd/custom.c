@@ -341,8 +341,9 @@ static int record(sr_function_ctx *ctx, sr_tensor *const *in, sr_tensor **out)
                                : (struct fn_node *)sr__node_for_inputs(&fn_ops, sizeof(*fn), in, ctx->n,
                                                                        (uint32_t)ctx->nout, (uint32_t)ctx->n_saved);
     if (!fn) {
+        const char *def_name = ctx->def->name; /* the caller's definition: outlives ctx */
         ctx_free(ctx);
-        return name ? -ENOMEM : sr__fail(-ENOMEM, "sr_function_apply", "%s: out of memory", ctx->def->name);
+        return name ? -ENOMEM : sr__fail(-ENOMEM, "sr_function_apply", "%s: out of memory", def_name);
     }
     fn->name = name;
     fn->ops = fn_ops;
