@@ -36,13 +36,6 @@ LEAK_CHECKED_SUITE(pipeline);
 #define RECIPE "--limit-batches", "12", "--batch", "32", "--splits", "4", "--epochs", "1", "--seed", "5", \
                "--test-limit", "300", "--lr", "0.002"
 
-static const char *env_path(const char *var)
-{
-    const char *p = getenv(var);
-    cr_assert(p && *p, "%s is not set: run this test through meson", var);
-    return p;
-}
-
 static void skip_without_data(void)
 {
     char path[256];
@@ -55,44 +48,18 @@ static void skip_without_data(void)
  * --checkpoint-dir DIR/NAME args... */
 static void start(struct piped_job *j, const char *name, const char *dir, char **args)
 {
-    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
     static char plot[512], ck[512];
     snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
     snprintf(ck, sizeof(ck), "%s/%s", dir, strcmp(name, "resumed") ? name : "killed");
     mkdir(ck, 0700);
-    char *argv[40] = {(char *)env_path("SHMRUN"), "-n", "3", "--name-prefix", j->ns, "--",
-                      (char *)env_path("DEMO_PIPELINE"), "--loss-curve", plot, "--checkpoint-dir", ck};
-    int n = 11;
-    for (int i = 0; args[i]; i++) {
-        cr_assert_lt(n, 39, "too many arguments");
-        argv[n++] = args[i];
-    }
-    piped_job_start(j, argv, true); /* its own process group: the whole job */
-}
-
-static int finish(struct piped_job *j)
-{
-    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
-              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s", j->pid, 6 * WATCH_WAIT_MS,
-              j->err);
-    cr_assert(pidfd_exited(j->pidfd, WATCH_WAIT_MS), "shmrun (pid %d) did not exit", j->pid);
-    pid_t p;
-    int st;
-    while ((p = waitpid(-j->pid, &st, 0)) > 0)
-        if (p == j->pid)
-            j->status = st;
-    cr_assert_eq(errno, ECHILD, "waitpid: %s", strerror(errno));
-    close(j->out_fd), close(j->err_fd), close(j->pidfd);
-    return j->status;
+    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, NULL};
+    piped_job_shmrun(j, name, "3", "DEMO_PIPELINE", head, args);
 }
 
 static void run_to_end(struct piped_job *j, const char *name, const char *dir, char **args)
 {
     start(j, name, dir, args);
-    int st = finish(j);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", name, st,
-              j->out, j->err);
-    assert_segment_gone(j->ns);
+    piped_job_expect_success(j, name);
 }
 
 static sr_checkpoint *load_ck(const char *dir, const char *name)
@@ -182,7 +149,7 @@ Test(pipeline, sigkill_after_a_checkpoint_then_resume_equals_an_uninterrupted_ru
     cr_assert(piped_job_pump_until(&j, saved_once, 6 * WATCH_WAIT_MS) && !j.out_eof,
               "no checkpoint was saved; stdout:\n%s\nstderr:\n%s", j.out, j.err);
     cr_assert_eq(kill(-j.pid, SIGKILL), 0, "kill(job): %s", strerror(errno));
-    int st = finish(&j);
+    int st = piped_job_finish(&j);
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "shmrun wait status 0x%x", st);
     assert_segment_gone(j.ns);
     sr_checkpoint *mid = load_ck(dir, "killed");
