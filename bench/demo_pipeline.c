@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "demo_cli.h"
 #include "loss_svg.h"
 #include "shmrpc/shmrpc.h"
 
@@ -80,13 +81,6 @@ static struct opts {
     const char *ckpt_dir, *plot, *data;
     bool resume, local;
 } opt = {.epochs = 2, .splits = 4, .batch = 64, .lr = 1e-3, .plot = "pipeline_loss.svg"};
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int fail(int rc, const char *what)
 {
@@ -649,25 +643,16 @@ static int setup_local(void)
     return 0;
 }
 
-static double running_loss(void)
-{
-    int64_t k = M.step < 50 ? M.step : 50;
-    double s = 0;
-    for (int64_t i = M.step - k; i < M.step; i++)
-        s += M.loss[i];
-    return k ? s / (double)k : NAN;
-}
-
 static void progress(void)
 {
-    double t = now_s();
+    double t = demo_now_s();
     bool last = M.step == M.total;
-    if (M.tty ? t - M.t_print < 0.1 && !last : M.step % (M.total / 10 > 0 ? M.total / 10 : 1) && !last)
+    if (!demo_progress_due(M.tty, t, M.t_print, M.step, M.total))
         return;
     M.t_print = t;
     int64_t epoch = last ? M.step / M.nb : M.step / M.nb + 1, in_epoch = M.step - (epoch - 1) * M.nb;
     printf("%sepoch %" PRId64 "/%d   batch %5" PRId64 "/%" PRId64 "   loss %.4f   %6.0f samples/s%s",
-           M.tty ? "\r" : "", epoch, opt.epochs, in_epoch, M.nb, running_loss(),
+           M.tty ? "\r" : "", epoch, opt.epochs, in_epoch, M.nb, demo_running_loss(M.loss, M.step),
            M.samples / (t - M.t_train > 1e-9 ? t - M.t_train : 1e-9), M.tty && !last ? "" : "\n");
     fflush(stdout);
 }
@@ -684,7 +669,7 @@ static int train(const sr_dataset *ds)
 {
     int64_t N = sr_dataset_size(ds), epoch = -1, *perm = malloc((size_t)N * sizeof(*perm));
     int rc = perm ? 0 : fail(-ENOMEM, "the data order");
-    M.t_train = now_s();
+    M.t_train = demo_now_s();
     while (!rc && M.step < M.total) {
         if (M.step / M.nb != epoch && epoch_order(epoch = M.step / M.nb, N, perm))
             return free(perm), fail(-EINVAL, "the data order");
@@ -695,7 +680,7 @@ static int train(const sr_dataset *ds)
         M.loss[M.step++] = loss;
         M.samples += n;
         progress();
-        if (opt.ckpt_dir && M.step % opt.save_every == 0 && M.step < M.total)
+        if (demo_ckpt_due(opt.ckpt_dir, M.step, opt.save_every, M.total))
             rc = save();
     }
     free(perm);
@@ -730,13 +715,13 @@ static double test_accuracy(const sr_dataset *test, int64_t n)
 static int finish(const sr_dataset *test, double t0)
 {
     int rc = opt.ckpt_dir && M.saved != M.step ? save() : 0;
-    double train_s = now_s() - M.t_train;
+    double train_s = demo_now_s() - M.t_train;
     int64_t n = opt.test_limit > 0 && opt.test_limit < sr_dataset_size(test) ? opt.test_limit : sr_dataset_size(test);
     double acc = rc ? NAN : test_accuracy(test, n);
     if (isnan(acc))
         return rc ? rc : fail(-EINVAL, "test accuracy");
     printf("test accuracy: %.2f %% (%" PRId64 " test images)\n", 100 * acc, n);
-    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", now_s() - t0, train_s,
+    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", demo_now_s() - t0, train_s,
            M.step - M.first_step, (double)M.samples / train_s);
     char title[160];
     if (opt.local)
@@ -823,20 +808,10 @@ static const char usage[] =
     "  --local               train the same model in this one process, no RPC (without shmrun;\n"
     "                        the baseline of a step's overhead; no checkpoints)\n";
 
-static int bad(const char *what, const char *val)
-{
-    fprintf(stderr, "demo_pipeline: %s: '%s'\n%s", what, val ? val : "", usage);
-    return 2;
-}
+static const struct demo_cli CLI = {"demo_pipeline", usage};
 
-static bool num(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    *out = v;
-    return !errno && end != s && !*end && v >= lo && v <= hi;
-}
+static int bad(const char *what, const char *val) { return demo_bad(&CLI, what, val); }
+static bool num(const char *s, double lo, double hi, double *out) { return demo_num(s, lo, hi, out); }
 
 enum { O_STAGES = 256, O_SPLITS, O_EPOCHS, O_BATCH, O_LR, O_SEED, O_DIR, O_EVERY, O_RESUME, O_LIMIT, O_TEST,
        O_PLOT, O_DATA, O_LOCAL };
@@ -879,34 +854,18 @@ static int parse(int argc, char **argv, int world)
         {"checkpoint-dir", 1, 0, O_DIR}, {"save-every", 1, 0, O_EVERY}, {"resume", 0, 0, O_RESUME},
         {"limit-batches", 1, 0, O_LIMIT}, {"test-limit", 1, 0, O_TEST}, {"loss-curve", 1, 0, O_PLOT},
         {"data", 1, 0, O_DATA}, {"local", 0, 0, O_LOCAL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1)
-        if ((rc = set_opt(c, c == '?' ? argv[optind - 1] : optarg, world)))
-            return rc;
-    if (optind < argc)
-        return bad("unexpected argument", argv[optind]);
-    if (opt.resume && !opt.ckpt_dir)
-        return bad("--resume needs --checkpoint-dir", "");
+    int rc = demo_parse(&CLI, argc, argv, "h", longs, set_opt, world);
+    if (rc || (rc = demo_ckpt_opts(&CLI, opt.resume, opt.ckpt_dir, &opt.save_every)))
+        return rc;
     if (opt.local && (opt.ckpt_dir || world > 1))
         return bad("--local runs alone, without shmrun and checkpoints", opt.ckpt_dir ? opt.ckpt_dir : "shmrun");
-    if (opt.ckpt_dir && !opt.save_every)
-        opt.save_every = 100;
     return 0;
-}
-
-static int world_from_env(void)
-{
-    const char *s = getenv("SHMRPC_WORLD_SIZE");
-    if (!s)
-        s = getenv("OMPI_COMM_WORLD_SIZE");
-    return s ? atoi(s) : 0;
 }
 
 int main(int argc, char **argv)
 {
-    double t0 = now_s();
-    int world = world_from_env();
+    double t0 = demo_now_s();
+    int world = demo_world_from_env();
     int rc = parse(argc, argv, world);
     if (rc)
         return rc == 1 ? 0 : rc;
