@@ -31,6 +31,11 @@
  * (tests/e2e/test_pipeline.c); with several, a stage sums the
  * micro-batches' gradients in the order their backward messages arrive, so
  * any two runs, resumed or not, differ in the last bits.
+ *
+ * --local trains the same model in this one process instead, without RPC
+ * (run it without shmrun): the whole model, a local Adam, the batch in one
+ * piece, the same data order and the same output. It is the baseline of a
+ * step's overhead (bench/pipeline_compare.sh).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -43,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "demo_cli.h"
 #include "loss_svg.h"
 #include "shmrpc/shmrpc.h"
 
@@ -73,15 +79,8 @@ static struct opts {
     double lr;
     uint64_t seed;
     const char *ckpt_dir, *plot, *data;
-    bool resume;
+    bool resume, local;
 } opt = {.epochs = 2, .splits = 4, .batch = 64, .lr = 1e-3, .plot = "pipeline_loss.svg"};
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int fail(int rc, const char *what)
 {
@@ -191,27 +190,19 @@ struct state_job {
     sr_value *names, *tensors; /* pp_load: in; pp_state: out */
 };
 
-static sr_value *str_list(size_t n, char *const *names, size_t from)
+/* A list of n values made from items[from..from + n): strings from names
+ * (char *const *), or tensor values from tensors (sr_tensor *const *). */
+static sr_value *value_list(size_t n, const void *items, bool tensors, size_t from)
 {
     sr_value **v = calloc(n ? n : 1, sizeof(*v)), *list = NULL;
-    for (size_t i = 0; v && i < n; i++)
-        v[i] = sr_str(names[from + i]);
-    if (v)
+    size_t made = 0;
+    for (; v && made < n; made++)
+        if (!(v[made] = tensors ? sr_tensor_value(((sr_tensor *const *)items)[from + made])
+                                : sr_str(((char *const *)items)[from + made])))
+            break;
+    if (v && made == n)
         list = sr_list(n, v);
-    for (size_t i = 0; v && i < n; i++)
-        sr_value_unref(v[i]);
-    free(v);
-    return list;
-}
-
-static sr_value *tensor_list(size_t n, sr_tensor *const *ts, size_t from)
-{
-    sr_value **v = calloc(n ? n : 1, sizeof(*v)), *list = NULL;
-    for (size_t i = 0; v && i < n; i++)
-        v[i] = sr_tensor_value(ts[from + i]);
-    if (v)
-        list = sr_list(n, v);
-    for (size_t i = 0; v && i < n; i++)
+    for (size_t i = 0; v && i < made; i++)
         sr_value_unref(v[i]);
     free(v);
     return list;
@@ -256,8 +247,8 @@ static int export_locked(sr_optim *const *optims, size_t n, void *arg)
             free(on[i]);
             on[i] = p;
         }
-        sr_value *a = str_list(job->st->n, pn, job->st->first), *b = str_list(no, on, 0);
-        sr_value *c = tensor_list(job->st->n, pt, job->st->first), *d = tensor_list(no, ot, 0);
+        sr_value *a = value_list(job->st->n, pn, false, job->st->first), *b = value_list(no, on, false, 0);
+        sr_value *c = value_list(job->st->n, pt, true, job->st->first), *d = value_list(no, ot, true, 0);
         job->names = a && b ? list_cat(a, b) : NULL;
         job->tensors = c && d ? list_cat(c, d) : NULL;
         rc = job->names && job->tensors ? 0 : -ENOMEM;
@@ -345,6 +336,8 @@ static struct master {
     sr_rref **params;
     size_t nparams;
     sr_dist_optim *optim;
+    sr_module *model;     /* --local: the whole model, here */
+    sr_optim *local_optim; /* --local: its Adam */
     double *loss;
     int64_t nb, total, step, first_step, samples, saved;
     double t_train, t_print;
@@ -393,6 +386,23 @@ static sr_tensor *pipeline_forward(sr_tensor *x, bool train)
     return y;
 }
 
+/* --local: the whole model's output for x, in this process. */
+static sr_tensor *local_forward(sr_tensor *x, bool train)
+{
+    bool prev = train ? false : sr_no_grad_enter();
+    sr_tensor *y = sr_module_forward(M.model, x);
+    if (!train)
+        sr_no_grad_exit(prev);
+    if (!y)
+        fail(-EINVAL, "the model's forward");
+    return y;
+}
+
+static sr_tensor *model_forward(sr_tensor *x, bool train)
+{
+    return opt.local ? local_forward(x, train) : pipeline_forward(x, train);
+}
+
 static int batch_images(const sr_dataset *ds, const int64_t *idx, int64_t n, sr_tensor **x, sr_tensor **y)
 {
     sr_tensor *flat = NULL;
@@ -402,12 +412,27 @@ static int batch_images(const sr_dataset *ds, const int64_t *idx, int64_t n, sr_
     return rc ? rc : *x ? 0 : -EINVAL;
 }
 
+/* --local: forward, loss, backward and Adam's step, all here. */
+static int local_step(sr_tensor *x, sr_tensor *y, sr_tensor **loss)
+{
+    sr_tensor *logits = local_forward(x, true);
+    *loss = logits ? sr_cross_entropy(logits, y) : NULL;
+    sr_tensor_unref(logits);
+    int rc = *loss ? sr_backward(*loss, false) : -EINVAL;
+    if (!rc)
+        rc = sr_optim_step(M.local_optim);
+    sr_module_zero_grad(M.model);
+    return rc;
+}
+
 static int train_step(const sr_dataset *ds, const int64_t *idx, int64_t n, double *loss_out)
 {
     sr_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
     int64_t ctx = SR_NO_CONTEXT;
     int rc = batch_images(ds, idx, n, &x, &y);
-    if (!rc && !(rc = sr_dist_autograd_context_begin(&ctx))) {
+    if (!rc && opt.local) {
+        rc = local_step(x, y, &loss);
+    } else if (!rc && !(rc = sr_dist_autograd_context_begin(&ctx))) {
         logits = pipeline_forward(x, true);
         loss = logits ? sr_cross_entropy(logits, y) : NULL;
         rc = loss ? sr_dist_autograd_backward(ctx, &loss, 1, false) : -EINVAL;
@@ -598,25 +623,36 @@ static int setup(void)
     return rc;
 }
 
-static double running_loss(void)
+/* --local: the whole model and a local Adam over its parameters. */
+static int setup_local(void)
 {
-    int64_t k = M.step < 50 ? M.step : 50;
-    double s = 0;
-    for (int64_t i = M.step - k; i < M.step; i++)
-        s += M.loss[i];
-    return k ? s / (double)k : NAN;
+    int rc = model_create(opt.seed, &M.model);
+    sr_tensor *const *params = NULL;
+    size_t n = 0;
+    if (rc)
+        return fail(rc, "the model");
+    sr_module_params(M.model, &n, &params, NULL);
+    sr_optim_opts o;
+    sr_optim_opts_default(SR_OPTIM_ADAM, &o);
+    o.lr = opt.lr;
+    if ((rc = sr_optim_create(SR_OPTIM_ADAM, &o, params, n, &M.local_optim)))
+        return fail(rc, "sr_optim_create");
+    M.total = M.nb * opt.epochs;
+    if (!(M.loss = calloc((size_t)M.total + 1, sizeof(*M.loss))))
+        return fail(-ENOMEM, "the loss curve");
+    return 0;
 }
 
 static void progress(void)
 {
-    double t = now_s();
+    double t = demo_now_s();
     bool last = M.step == M.total;
-    if (M.tty ? t - M.t_print < 0.1 && !last : M.step % (M.total / 10 > 0 ? M.total / 10 : 1) && !last)
+    if (!demo_progress_due(M.tty, t, M.t_print, M.step, M.total))
         return;
     M.t_print = t;
     int64_t epoch = last ? M.step / M.nb : M.step / M.nb + 1, in_epoch = M.step - (epoch - 1) * M.nb;
     printf("%sepoch %" PRId64 "/%d   batch %5" PRId64 "/%" PRId64 "   loss %.4f   %6.0f samples/s%s",
-           M.tty ? "\r" : "", epoch, opt.epochs, in_epoch, M.nb, running_loss(),
+           M.tty ? "\r" : "", epoch, opt.epochs, in_epoch, M.nb, demo_running_loss(M.loss, M.step),
            M.samples / (t - M.t_train > 1e-9 ? t - M.t_train : 1e-9), M.tty && !last ? "" : "\n");
     fflush(stdout);
 }
@@ -633,7 +669,7 @@ static int train(const sr_dataset *ds)
 {
     int64_t N = sr_dataset_size(ds), epoch = -1, *perm = malloc((size_t)N * sizeof(*perm));
     int rc = perm ? 0 : fail(-ENOMEM, "the data order");
-    M.t_train = now_s();
+    M.t_train = demo_now_s();
     while (!rc && M.step < M.total) {
         if (M.step / M.nb != epoch && epoch_order(epoch = M.step / M.nb, N, perm))
             return free(perm), fail(-EINVAL, "the data order");
@@ -644,7 +680,7 @@ static int train(const sr_dataset *ds)
         M.loss[M.step++] = loss;
         M.samples += n;
         progress();
-        if (opt.ckpt_dir && M.step % opt.save_every == 0 && M.step < M.total)
+        if (demo_ckpt_due(opt.ckpt_dir, M.step, opt.save_every, M.total))
             rc = save();
     }
     free(perm);
@@ -663,7 +699,7 @@ static double test_accuracy(const sr_dataset *test, int64_t n)
             idx[i] = at + i;
         sr_tensor *x = NULL, *y = NULL, *logits = NULL;
         if (!batch_images(test, idx, m, &x, &y))
-            logits = pipeline_forward(x, false);
+            logits = model_forward(x, false);
         double acc = logits ? sr_accuracy(logits, y) : NAN;
         sr_tensor_unref(x), sr_tensor_unref(y), sr_tensor_unref(logits);
         if (isnan(acc)) {
@@ -679,17 +715,21 @@ static double test_accuracy(const sr_dataset *test, int64_t n)
 static int finish(const sr_dataset *test, double t0)
 {
     int rc = opt.ckpt_dir && M.saved != M.step ? save() : 0;
-    double train_s = now_s() - M.t_train;
+    double train_s = demo_now_s() - M.t_train;
     int64_t n = opt.test_limit > 0 && opt.test_limit < sr_dataset_size(test) ? opt.test_limit : sr_dataset_size(test);
     double acc = rc ? NAN : test_accuracy(test, n);
     if (isnan(acc))
         return rc ? rc : fail(-EINVAL, "test accuracy");
     printf("test accuracy: %.2f %% (%" PRId64 " test images)\n", 100 * acc, n);
-    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", now_s() - t0, train_s,
+    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", demo_now_s() - t0, train_s,
            M.step - M.first_step, (double)M.samples / train_s);
     char title[160];
-    snprintf(title, sizeof(title), "CNN on Fashion-MNIST: %d stages, %d micro-batches of a batch of %" PRId64
-             ", Adam lr %g", opt.stages, opt.splits, opt.batch, opt.lr);
+    if (opt.local)
+        snprintf(title, sizeof(title), "CNN on Fashion-MNIST: one process, batch %" PRId64 ", Adam lr %g", opt.batch,
+                 opt.lr);
+    else
+        snprintf(title, sizeof(title), "CNN on Fashion-MNIST: %d stages, %d micro-batches of a batch of %" PRId64
+                 ", Adam lr %g", opt.stages, opt.splits, opt.batch, opt.lr);
     if (!(rc = loss_svg_write(opt.plot, title, M.loss, (size_t)M.step))) {
         char *abs = realpath(opt.plot, NULL);
         printf("loss curve: %s\n", abs ? abs : opt.plot);
@@ -700,6 +740,8 @@ static int finish(const sr_dataset *test, double t0)
 
 static void release(void)
 {
+    sr_optim_destroy(M.local_optim);
+    sr_module_destroy(M.model);
     sr_dist_optim_destroy(M.optim);
     for (size_t i = 0; i < M.nparams; i++)
         sr_rref_unref(M.params[i]);
@@ -719,16 +761,20 @@ static int master(double t0)
     if (!rc) {
         int64_t nb = (sr_dataset_size(train_ds) + opt.batch - 1) / opt.batch;
         M.nb = opt.limit > 0 && opt.limit < nb ? opt.limit : nb;
-        rc = setup();
+        rc = opt.local ? setup_local() : setup();
     }
     if (!rc) {
         sr_module *whole = NULL;
         size_t numel = model_create(opt.seed, &whole) ? 0 : sr_module_numel(whole);
         sr_module_destroy(whole);
-        printf("pipeline: CNN (%zu parameters) in %d stages, batch %" PRId64 " in %d micro-batch%s, %" PRId64
-               " batches per epoch, %d epoch%s\n", numel, opt.stages, opt.batch, opt.splits,
-               opt.splits > 1 ? "es" : "", M.nb, opt.epochs, opt.epochs > 1 ? "s" : "");
-        for (int s = 0; s < opt.stages; s++)
+        if (opt.local)
+            printf("local: CNN (%zu parameters) in this process, batch %" PRId64 ", %" PRId64
+                   " batches per epoch, %d epoch%s\n", numel, opt.batch, M.nb, opt.epochs, opt.epochs > 1 ? "s" : "");
+        else
+            printf("pipeline: CNN (%zu parameters) in %d stages, batch %" PRId64 " in %d micro-batch%s, %" PRId64
+                   " batches per epoch, %d epoch%s\n", numel, opt.stages, opt.batch, opt.splits,
+                   opt.splits > 1 ? "es" : "", M.nb, opt.epochs, opt.epochs > 1 ? "s" : "");
+        for (int s = 0; !opt.local && s < opt.stages; s++)
             printf("  stage %d on worker%d: layers %d..%d\n", s + 1, s + 1, BOUNDS[opt.stages][s],
                    BOUNDS[opt.stages][s + 1] - 1);
         fflush(stdout);
@@ -758,25 +804,17 @@ static const char usage[] =
     "  --limit-batches K     train only the first K batches of each epoch (short runs, tests)\n"
     "  --test-limit N        measure the accuracy on the first N test images only\n"
     "  --loss-curve FILE     the loss curve, SVG (default pipeline_loss.svg)\n"
-    "  --data DIR            Fashion-MNIST directory (default " SR_FASHION_MNIST_DIR ")\n";
+    "  --data DIR            Fashion-MNIST directory (default " SR_FASHION_MNIST_DIR ")\n"
+    "  --local               train the same model in this one process, no RPC (without shmrun;\n"
+    "                        the baseline of a step's overhead; no checkpoints)\n";
 
-static int bad(const char *what, const char *val)
-{
-    fprintf(stderr, "demo_pipeline: %s: '%s'\n%s", what, val ? val : "", usage);
-    return 2;
-}
+static const struct demo_cli CLI = {"demo_pipeline", usage};
 
-static bool num(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    *out = v;
-    return !errno && end != s && !*end && v >= lo && v <= hi;
-}
+static int bad(const char *what, const char *val) { return demo_bad(&CLI, what, val); }
+static bool num(const char *s, double lo, double hi, double *out) { return demo_num(s, lo, hi, out); }
 
 enum { O_STAGES = 256, O_SPLITS, O_EPOCHS, O_BATCH, O_LR, O_SEED, O_DIR, O_EVERY, O_RESUME, O_LIMIT, O_TEST,
-       O_PLOT, O_DATA };
+       O_PLOT, O_DATA, O_LOCAL };
 
 static int set_opt(int c, const char *arg, int world)
 {
@@ -797,6 +835,7 @@ static int set_opt(int c, const char *arg, int world)
     case O_TEST: return num(arg, 1, 1e12, &v) ? (opt.test_limit = (int64_t)v, 0) : bad("--test-limit takes N >= 1", arg);
     case O_PLOT: return opt.plot = arg, 0;
     case O_DATA: return opt.data = arg, 0;
+    case O_LOCAL: return opt.local = true, 0;
     case 'h': {
         const char *rank = getenv("SHMRPC_RANK");
         if (!rank || !strcmp(rank, "0"))
@@ -814,36 +853,24 @@ static int parse(int argc, char **argv, int world)
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"seed", 1, 0, O_SEED},
         {"checkpoint-dir", 1, 0, O_DIR}, {"save-every", 1, 0, O_EVERY}, {"resume", 0, 0, O_RESUME},
         {"limit-batches", 1, 0, O_LIMIT}, {"test-limit", 1, 0, O_TEST}, {"loss-curve", 1, 0, O_PLOT},
-        {"data", 1, 0, O_DATA}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1)
-        if ((rc = set_opt(c, c == '?' ? argv[optind - 1] : optarg, world)))
-            return rc;
-    if (optind < argc)
-        return bad("unexpected argument", argv[optind]);
-    if (opt.resume && !opt.ckpt_dir)
-        return bad("--resume needs --checkpoint-dir", "");
-    if (opt.ckpt_dir && !opt.save_every)
-        opt.save_every = 100;
+        {"data", 1, 0, O_DATA}, {"local", 0, 0, O_LOCAL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int rc = demo_parse(&CLI, argc, argv, "h", longs, set_opt, world);
+    if (rc || (rc = demo_ckpt_opts(&CLI, opt.resume, opt.ckpt_dir, &opt.save_every)))
+        return rc;
+    if (opt.local && (opt.ckpt_dir || world > 1))
+        return bad("--local runs alone, without shmrun and checkpoints", opt.ckpt_dir ? opt.ckpt_dir : "shmrun");
     return 0;
-}
-
-static int world_from_env(void)
-{
-    const char *s = getenv("SHMRPC_WORLD_SIZE");
-    if (!s)
-        s = getenv("OMPI_COMM_WORLD_SIZE");
-    return s ? atoi(s) : 0;
 }
 
 int main(int argc, char **argv)
 {
-    double t0 = now_s();
-    int world = world_from_env();
+    double t0 = demo_now_s();
+    int world = demo_world_from_env();
     int rc = parse(argc, argv, world);
     if (rc)
         return rc == 1 ? 0 : rc;
+    if (opt.local)
+        return master(t0) ? 1 : 0;
     if (world < 3 || world > MAX_STAGES + 1) {
         fprintf(stderr, "demo_pipeline: run it under shmrun with 3 to %d workers (a master and 2 to %d stages): "
                         "shmrun -n 3 %s\n", MAX_STAGES + 1, MAX_STAGES, argv[0]);

@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "demo_cli.h"
 #include "loss_svg.h"
 #include "shmrpc/shmrpc.h"
 
@@ -61,13 +62,6 @@ static struct opts {
     const char *ckpt_dir, *plot, *dump, *data;
     bool resume;
 } opt = {.epochs = 1, .batch = 64, .lr = 0.05, .plot = "train_loss.svg"};
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int fail(int rc, const char *what)
 {
@@ -355,13 +349,13 @@ static int ps_save(void)
             job.rank[n] = r;
             optims[n++] = ps.optim[r];
         }
-    double t0 = now_s();
+    double t0 = demo_now_s();
     int rc = sr_dist_optim_with_locals(optims, n, save_locked, &job);
     if (rc)
         return fail(rc, "saving the checkpoint");
     ps.saved = ps.step;
     if (!ps.tty) { /* the time: what a save costs the training, which waits for it */
-        printf("checkpoint: step %" PRId64 " saved to %s (%.1f ms)\n", ps.step, path, (now_s() - t0) * 1e3);
+        printf("checkpoint: step %" PRId64 " saved to %s (%.1f ms)\n", ps.step, path, (demo_now_s() - t0) * 1e3);
         fflush(stdout);
     }
     return 0;
@@ -369,20 +363,11 @@ static int ps_save(void)
 
 /* ---- progress ---- */
 
-static double running_loss(void)
-{
-    int64_t k = ps.step < 50 ? ps.step : 50;
-    double s = 0;
-    for (int64_t i = ps.step - k; i < ps.step; i++)
-        s += ps.loss[i];
-    return k ? s / (double)k : NAN;
-}
-
 static void progress(void)
 {
-    double t = now_s();
+    double t = demo_now_s();
     bool last = ps.step == ps.total;
-    if (ps.tty ? t - ps.t_print < 0.1 && !last : ps.step % (ps.total / 10 > 0 ? ps.total / 10 : 1) && !last)
+    if (!demo_progress_due(ps.tty, t, ps.t_print, ps.step, ps.total))
         return;
     ps.t_print = t;
     int64_t epoch = ps.step == ps.total ? ps.step / ps.nb : ps.step / ps.nb + 1;
@@ -392,7 +377,7 @@ static void progress(void)
     if (opt.ckpt_dir && ps.tty)
         snprintf(ck, sizeof(ck), "   checkpoint @ %" PRId64, ps.saved);
     printf("%sepoch %" PRId64 "/%d   batch %5" PRId64 "/%" PRId64 "   loss %.4f   %6.0f samples/s%s%s",
-           ps.tty ? "\r" : "", epoch, opt.epochs, in_epoch, ps.nb, running_loss(), rate, ck,
+           ps.tty ? "\r" : "", epoch, opt.epochs, in_epoch, ps.nb, demo_running_loss(ps.loss, ps.step), rate, ck,
            ps.tty ? (last ? "\n" : "") : "\n");
     fflush(stdout);
 }
@@ -410,7 +395,7 @@ static int ps_report(sr_call *c)
         ps.loss[ps.step++] = sr_value_double(sr_call_arg(c, 1));
         ps.samples += sr_value_int(sr_call_arg(c, 2));
         progress();
-        if (opt.ckpt_dir && ps.step % opt.save_every == 0 && ps.step < ps.total)
+        if (demo_ckpt_due(opt.ckpt_dir, ps.step, opt.save_every, ps.total))
             rc = ps_save();
     }
     pthread_mutex_unlock(&ps.mu);
@@ -460,7 +445,7 @@ static int ps_hello(sr_call *c)
         ps.optim[rank] = sr_rref_ref(r);
         ps.optim_gen[rank] = sr_worker_generation(rank);
         if (!ps.greeted[rank] && ps.hellos++ == 0)
-            ps.t_train = now_s();
+            ps.t_train = demo_now_s();
         if (!ps.greeted[rank] && ps.hellos == opt.trainers) {
             sr_checkpoint_destroy(ps.resume);
             ps.resume = NULL;
@@ -620,11 +605,11 @@ static int ps_finish(const sr_dataset *test, double t0)
         rc = ps_save();
     if (!rc && opt.dump)
         rc = dump_params(opt.dump);
-    double train_s = now_s() - ps.t_train, acc = test_accuracy(test);
+    double train_s = demo_now_s() - ps.t_train, acc = test_accuracy(test);
     if (isnan(acc))
         return fail(-EINVAL, "test accuracy");
     printf("test accuracy: %.2f %% (%" PRId64 " test images)\n", 100 * acc, sr_dataset_size(test));
-    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", now_s() - t0, train_s,
+    printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", demo_now_s() - t0, train_s,
            ps.step - ps.first_step, (double)ps.samples / train_s);
     char title[160];
     snprintf(title, sizeof(title), "MLP 784-128-10 on Fashion-MNIST: %d trainer%s, batch %" PRId64 ", SGD lr %g",
@@ -863,20 +848,10 @@ static const char usage[] =
     "  --plot FILE           the loss curve, SVG (default train_loss.svg)\n"
     "  --data DIR            Fashion-MNIST directory (default " SR_FASHION_MNIST_DIR ")\n";
 
-static int bad(const char *what, const char *val)
-{
-    fprintf(stderr, "demo_train: %s: '%s'\n%s", what, val ? val : "", usage);
-    return 2;
-}
+static const struct demo_cli CLI = {"demo_train", usage};
 
-static bool num(const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    *out = v;
-    return !errno && end != s && !*end && v >= lo && v <= hi;
-}
+static int bad(const char *what, const char *val) { return demo_bad(&CLI, what, val); }
+static bool num(const char *s, double lo, double hi, double *out) { return demo_num(s, lo, hi, out); }
 
 enum { O_EPOCHS = 256, O_BATCH, O_LR, O_MOM, O_SEED, O_DIR, O_EVERY, O_RESUME, O_LIMIT, O_DUMP, O_PLOT, O_DATA };
 
@@ -917,33 +892,16 @@ static int parse(int argc, char **argv, int world)
         {"checkpoint-dir", 1, 0, O_DIR}, {"save-every", 1, 0, O_EVERY}, {"resume", 0, 0, O_RESUME},
         {"limit-batches", 1, 0, O_LIMIT}, {"dump-params", 1, 0, O_DUMP}, {"plot", 1, 0, O_PLOT},
         {"data", 1, 0, O_DATA}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c, rc;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "n:h", longs, NULL)) != -1)
-        if ((rc = set_opt(c, c == '?' ? argv[optind - 1] : optarg, world)))
-            return rc;
-    if (optind < argc)
-        return bad("unexpected argument", argv[optind]);
-    if (opt.resume && !opt.ckpt_dir)
-        return bad("--resume needs --checkpoint-dir", "");
-    if (opt.ckpt_dir && !opt.save_every)
-        opt.save_every = 100;
+    int rc = demo_parse(&CLI, argc, argv, "n:h", longs, set_opt, world);
+    if (rc || (rc = demo_ckpt_opts(&CLI, opt.resume, opt.ckpt_dir, &opt.save_every)))
+        return rc;
     return 0;
-}
-
-/* The job's size before sr_init: shmrun's, or mpirun's (docs/MULTIHOST.md). */
-static int world_from_env(void)
-{
-    const char *s = getenv("SHMRPC_WORLD_SIZE");
-    if (!s)
-        s = getenv("OMPI_COMM_WORLD_SIZE");
-    return s ? atoi(s) : 0;
 }
 
 int main(int argc, char **argv)
 {
-    double t0 = now_s();
-    int world = world_from_env();
+    double t0 = demo_now_s();
+    int world = demo_world_from_env();
     int rc = parse(argc, argv, world);
     if (rc)
         return rc == 1 ? 0 : rc;

@@ -2,31 +2,94 @@
 # Pipeline parallelism side by side with PyTorch, in the same run: samples/s
 # of demo_pipeline (under shmrun) and of bench/compare/torch_pipeline.py
 # (Debian's python3-torch), the same CNN, split and batch, for 1, 2, 4 and 8
-# micro-batches per batch (docs/PERFORMANCE.md, "Pipeline parallelism").
+# micro-batches per batch, and of the same model trained in one process
+# without RPC (demo_pipeline --local) (docs/PERFORMANCE.md, "Pipeline
+# parallelism").
 #
-#   bench/pipeline_compare.sh [BUILD_DIR [STAGES [BATCHES]]]   (defaults: build 2 30)
+#   bench/pipeline_compare.sh [--json] [BUILD_DIR [STAGES [BATCHES]]]   (defaults: build 2 30)
 #
 # Ours: BATCHES batches timed from the first (its warm-up included); PyTorch:
-# BATCHES batches after 3 warm-up ones. One line per number of splits:
+# BATCHES batches after 3 warm-up ones. One line per number of splits, then
+# one for the best:
 #   pipeline stages=2 splits=4 batch=64 batches=30 ours_samples_per_s=190 torch_samples_per_s=213 ratio=0.89
+#   pipeline stages=2 best_splits=8 ours_samples_per_s=545 speedup_over_1_split=1.34 local_samples_per_s=600 overhead_over_local=1.10 (target <= 1.3: met)
+# overhead_over_local is a step's time in the pipeline over its time in one
+# process (local samples/s over ours). --json: the same figures as JSON Lines
+# on stdout (docs/PERFORMANCE.md, "Machine-readable output"), the lines above
+# on stderr. Without python3-torch, PyTorch's figures are null and "torch"
+# says why.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+json=0
+[ "${1:-}" = --json ] && { json=1; shift; }
 build=${1:-build} stages=${2:-2} batches=${3:-30}
+target=1.3
 ninja -C "$build" launcher/shmrun bench/demo_pipeline >/dev/null
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-declare -A ours
+
+# samples/s from a demo_pipeline output file
+rate() { sed -n 's/^time: .* steps, \([0-9]*\) samples\/s)$/\1/p' "$1"; }
+run_ours() { # run_ours OUT ARGS...: demo_pipeline with the short-run options
+  local out=$1; shift
+  "$@" --epochs 1 --limit-batches "$batches" --test-limit 1000 --loss-curve "$tmp/loss.svg" >"$out" 2>&1 ||
+    { cat "$out" >&2; exit 1; }
+}
+
+declare -A ours torch
 for k in 1 2 4 8; do
-  "$build/launcher/shmrun" -n $((stages + 1)) -- "$build/bench/demo_pipeline" --splits "$k" --epochs 1 \
-    --limit-batches "$batches" --test-limit 1000 --loss-curve "$tmp/loss.svg" >"$tmp/ours.$k" 2>&1 ||
-    { cat "$tmp/ours.$k" >&2; exit 1; }
-  ours[$k]=$(sed -n 's/^time: .* steps, \([0-9]*\) samples\/s)$/\1/p' "$tmp/ours.$k")
+  run_ours "$tmp/ours.$k" "$build/launcher/shmrun" -n $((stages + 1)) -- "$build/bench/demo_pipeline" --splits "$k"
+  ours[$k]=$(rate "$tmp/ours.$k")
 done
-/usr/bin/python3 "$here/compare/torch_pipeline.py" --stages "$stages" --splits 1,2,4,8 --batches "$batches" \
-  >"$tmp/torch" 2>"$tmp/torch.err" || { cat "$tmp/torch.err" >&2; exit 1; }
+run_ours "$tmp/local" "$build/bench/demo_pipeline" --local
+local_rate=$(rate "$tmp/local")
+
+torch_why=
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  torch_why="torch not installed (apt-get install python3-torch)"
+elif ! /usr/bin/python3 "$here/compare/torch_pipeline.py" --stages "$stages" --splits 1,2,4,8 --batches "$batches" \
+    >"$tmp/torch" 2>"$tmp/torch.err"; then
+  cat "$tmp/torch.err" >&2
+  torch_why="torch_pipeline.py failed"
+fi
 for k in 1 2 4 8; do
-  t=$(sed -n "s/^torch_pipeline stages=$stages splits=$k .*samples_per_s=\([0-9]*\)$/\1/p" "$tmp/torch")
-  awk -v s="$stages" -v k="$k" -v b="$batches" -v o="${ours[$k]}" -v t="$t" 'BEGIN {
-    printf "pipeline stages=%s splits=%s batch=64 batches=%s ours_samples_per_s=%s torch_samples_per_s=%s ratio=%.2f\n",
-      s, k, b, o, t, (t > 0 ? o / t : 0) }'
+  torch[$k]=
+  [ -n "$torch_why" ] || torch[$k]=$(sed -n "s/^torch_pipeline stages=$stages splits=$k .*samples_per_s=\([0-9]*\)$/\1/p" "$tmp/torch")
 done
+
+report() { # the human-readable lines, on stdout (stderr with --json)
+  for k in 1 2 4 8; do
+    awk -v s="$stages" -v k="$k" -v b="$batches" -v o="${ours[$k]}" -v t="${torch[$k]:-0}" -v w="$torch_why" 'BEGIN {
+      printf "pipeline stages=%s splits=%s batch=64 batches=%s ours_samples_per_s=%s ", s, k, b, o
+      if (w != "") printf "torch_samples_per_s=- (%s)\n", w
+      else printf "torch_samples_per_s=%s ratio=%.2f\n", t, (t > 0 ? o / t : 0) }'
+  done
+  awk -v s="$stages" -v bk="$best" -v o="${ours[$best]}" -v o1="${ours[1]}" -v l="$local_rate" -v tg="$target" 'BEGIN {
+    ov = o > 0 ? l / o : 0
+    printf "pipeline stages=%s best_splits=%s ours_samples_per_s=%s speedup_over_1_split=%.2f local_samples_per_s=%s overhead_over_local=%.2f (target <= %s: %s)\n",
+      s, bk, o, (o1 > 0 ? o / o1 : 0), l, ov, tg, (ov <= tg ? "met" : "not met") }'
+}
+
+json_lines() { # one object per number of splits, then the best split's
+  for k in 1 2 4 8; do
+    awk -v s="$stages" -v k="$k" -v b="$batches" -v o="${ours[$k]}" -v t="${torch[$k]:-0}" -v w="$torch_why" 'BEGIN {
+      printf "{\"bench\":\"pipeline_compare\",\"name\":\"pipeline splits=%s\",\"config\":\"stages=%s batch=64 batches=%s\",", k, s, b
+      printf "\"stages\":%s,\"splits\":%s,\"batch\":64,\"batches\":%s,\"samples_per_s\":%s,", s, k, b, o
+      if (w != "") printf "\"torch_per_s\":null,\"ratio\":null,\"torch\":\"%s\"}\n", w
+      else printf "\"torch_per_s\":%s,\"ratio\":%.3f}\n", t, (t > 0 ? o / t : 0) }'
+  done
+  awk -v s="$stages" -v b="$batches" -v bk="$best" -v o="${ours[$best]}" -v o1="${ours[1]}" -v l="$local_rate" -v tg="$target" 'BEGIN {
+    ov = o > 0 ? l / o : 0
+    printf "{\"bench\":\"pipeline_compare\",\"name\":\"pipeline best split\",\"config\":\"stages=%s batch=64 batches=%s\",", s, b
+    printf "\"stages\":%s,\"splits\":%s,\"samples_per_s\":%s,\"speedup_over_1_split\":%.3f,", s, bk, o, (o1 > 0 ? o / o1 : 0)
+    printf "\"local_samples_per_s\":%s,\"overhead_over_local\":%.3f,\"target_ratio\":%s,\"target_met\":%s}\n", l, ov, tg, (ov <= tg ? "true" : "false") }'
+}
+
+best=1
+for k in 2 4 8; do [ "${ours[$k]}" -gt "${ours[$best]}" ] && best=$k; done
+if [ $json = 1 ]; then
+  report >&2
+  json_lines
+else
+  report
+fi

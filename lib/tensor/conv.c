@@ -169,37 +169,46 @@ static int make_geom(const sr_tensor *x, const sr_tensor *w, const int64_t *st, 
 
 /* ---- forward ---- */
 
-/* out [n, o, oh, ow] = conv(x, w) (+ bias): x, w, b contiguous and readable. */
+/* Adds b[o] to each of the og rows of l elements of one sample's group. */
+static void add_bias(sr_dtype dt, char *out, const char *b, int64_t og, int64_t l)
+{
+    for (int64_t o = 0; o < og; o++)
+        if (dt == SR_F64)
+            for (int64_t i = 0; i < l; i++)
+                ((double *)out)[o * l + i] += ((const double *)b)[o];
+        else
+            for (int64_t i = 0; i < l; i++)
+                ((float *)out)[o * l + i] += ((const float *)b)[o];
+}
+
+/* out [n, o, oh, ow] = conv(x, w) (+ bias): x, w, b contiguous and readable.
+ * cols: NULL, or room for every sample's and group's columns, [n, groups,
+ * K, L], which it fills and the backward reuses for the weight gradient;
+ * else one sample's buffer is reused. The bias is added to each sample's
+ * output while the gemm has just left it in cache. */
 static int conv_forward(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w, const char *b,
-                        char *out)
+                        char *out, char *cols)
 {
     size_t es = sr_dtype_size(dt);
     int64_t k = geom_k(g), l = geom_l(g), og = geom_og(g), cg = geom_cg(g);
-    char *col = malloc((size_t)(k * l) * es);
-    if (!col)
+    char *col = cols ? NULL : malloc((size_t)(k * l) * es);
+    if (!cols && !col)
         return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for a %lld x %lld column buffer", (long long)k,
                         (long long)l);
     int rc = 0;
     for (int64_t n = 0; !rc && n < g->n; n++)
         for (int64_t gi = 0; !rc && gi < g->groups; gi++) {
-            unfold(g, dt, x + ((n * g->c + gi * cg) * g->h * g->w) * (int64_t)es, col);
+            char *c = cols ? cols + (n * g->groups + gi) * k * l * (int64_t)es : col;
+            char *o = out + (n * g->o + gi * og) * l * (int64_t)es;
+            unfold(g, dt, x + ((n * g->c + gi * cg) * g->h * g->w) * (int64_t)es, c);
             struct sr_gemm mm = {.dt = dt, .m = og, .n = l, .k = k, .a = w + gi * og * k * (int64_t)es,
-                                 .lda = k, .b = col, .ldb = l, .c = out + (n * g->o + gi * og) * l * (int64_t)es,
-                                 .ldc = l};
+                                 .lda = k, .b = c, .ldb = l, .c = o, .ldc = l};
             if (sr__gemm(&mm))
                 rc = sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
+            else if (b)
+                add_bias(dt, o, b + gi * og * (int64_t)es, og, l);
         }
     free(col);
-    for (int64_t n = 0; !rc && b && n < g->n; n++)
-        for (int64_t o = 0; o < g->o; o++) {
-            char *p = out + (n * g->o + o) * l * (int64_t)es;
-            if (dt == SR_F64)
-                for (int64_t i = 0; i < l; i++)
-                    ((double *)p)[i] += ((const double *)b)[o];
-            else
-                for (int64_t i = 0; i < l; i++)
-                    ((float *)p)[i] += ((const float *)b)[o];
-        }
     return rc;
 }
 
@@ -208,26 +217,46 @@ static int conv_forward(const struct conv_geom *g, sr_dtype dt, const char *x, c
 struct conv_node {
     sr_node base;
     struct conv_geom g;
+    char *cols; /* the forward's columns [n, groups, K, L], or NULL: unfolded again */
 };
 
-/* grad input (if dx) and grad weight (if dw), both zeroed, from dy. */
+/* The forward keeps its columns for the weight gradient up to this size;
+ * beyond it the backward unfolds the input again. */
+#define SR_CONV_KEEP_COLS_MAX ((size_t)4 << 20)
+
+static void conv_release(sr_node *node)
+{
+    struct conv_node *cn = (struct conv_node *)node;
+    free(cn->cols);
+    cn->cols = NULL;
+}
+
+static void bias_grad_add(const struct conv_geom *g, sr_dtype dt, const char *dy, double *db);
+
+/* grad input (if dx) and grad weight (if dw), both zeroed, and the bias's
+ * sums (if db, zeroed), from dy; cols: the forward's columns, or NULL. The
+ * samples go one by one, each sample's dY read by all three while it is in
+ * cache. */
 static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w,
-                              const char *dy, char *dx, char *dw)
+                              const char *dy, const char *cols, char *dx, char *dw, double *db)
 {
     size_t es = sr_dtype_size(dt);
     int64_t k = geom_k(g), l = geom_l(g), og = geom_og(g), cg = geom_cg(g), plane = g->h * g->w;
-    char *col = malloc((size_t)(k * l) * es);
-    if (!col)
+    char *col = (cols && !dx) || (!dw && !dx) ? NULL : malloc((size_t)(k * l) * es);
+    if (!col && !((cols && !dx) || (!dw && !dx)))
         return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld column buffer",
                         (long long)k, (long long)l);
     int rc = 0;
-    for (int64_t n = 0; !rc && n < g->n; n++)
+    for (int64_t n = 0; !rc && n < g->n; n++) {
         for (int64_t gi = 0; !rc && gi < g->groups; gi++) {
             int64_t xoff = (n * g->c + gi * cg) * plane * (int64_t)es;
-            const char *dyg = dy + (n * g->o + gi * og) * l * (int64_t)es;
+            const char *dyg = dy + (n * g->o + gi * og) * l * (int64_t)es, *c = col;
             if (dw) { /* dW_g += dY_g col^T */
-                unfold(g, dt, x + xoff, col);
-                struct sr_gemm mm = {.dt = dt, .m = og, .n = k, .k = l, .a = dyg, .lda = l, .b = col, .tb = true,
+                if (cols)
+                    c = cols + (n * g->groups + gi) * k * l * (int64_t)es;
+                else
+                    unfold(g, dt, x + xoff, col);
+                struct sr_gemm mm = {.dt = dt, .m = og, .n = k, .k = l, .a = dyg, .lda = l, .b = c, .tb = true,
                                      .ldb = l, .c = dw + gi * og * k * (int64_t)es, .ldc = k, .accumulate = true};
                 rc = sr__gemm(&mm);
             }
@@ -241,6 +270,9 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
             if (rc)
                 rc = sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the blocked matmul");
         }
+        if (db)
+            bias_grad_add(g, dt, dy + n * g->o * l * (int64_t)es, db);
+    }
     free(col);
     return rc;
 }
@@ -265,18 +297,14 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
 DEFINE_ROW_SUM(float, f32)
 DEFINE_ROW_SUM(double, f64)
 
-static void bias_grad(const struct conv_geom *g, sr_dtype dt, const char *dy, char *db)
+/* db[o] += the sum of one sample's dY[o] (db in double, over the batch). */
+static void bias_grad_add(const struct conv_geom *g, sr_dtype dt, const char *dy, double *db)
 {
     int64_t l = geom_l(g);
     size_t es = sr_dtype_size(dt);
     for (int64_t o = 0; o < g->o; o++) {
-        double s = 0.0;
-        for (int64_t n = 0; n < g->n; n++) {
-            const char *p = dy + (n * g->o + o) * l * (int64_t)es;
-            s += dt == SR_F64 ? row_sum_f64((const double *)p, l) : row_sum_f32((const float *)p, l);
-        }
-        sr__store_f64(db, 0, &s, 1, dt);
-        db += es;
+        const char *p = dy + o * l * (int64_t)es;
+        db[o] += dt == SR_F64 ? row_sum_f64((const double *)p, l) : row_sum_f32((const float *)p, l);
     }
 }
 
@@ -305,13 +333,15 @@ static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     sr_tensor *db = rc || !sr__node_needs_grad(node, 2) ? NULL : sr__tensor_new("sr_conv2d", x->dtype, 1, &cn->g.o);
     if (!rc && sr__node_needs_grad(node, 2) && !db)
         rc = -ENOMEM;
+    double *sums = db ? calloc((size_t)cn->g.o, sizeof(double)) : NULL;
+    if (db && !sums)
+        rc = sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the bias's sums");
     if (!rc) {
         const char *py = sr__tensor_pin(dy), *px = sr__tensor_pin(xc), *pw = sr__tensor_pin(wc);
-        if (dx || dw)
-            rc = conv_backward_data(&cn->g, x->dtype, px, pw, py, dx ? sr__tensor_ptr(dx) : NULL,
-                                    dw ? sr__tensor_ptr(dw) : NULL);
+        rc = conv_backward_data(&cn->g, x->dtype, px, pw, py, cn->cols, dx ? sr__tensor_ptr(dx) : NULL,
+                                dw ? sr__tensor_ptr(dw) : NULL, sums);
         if (!rc && db)
-            bias_grad(&cn->g, x->dtype, py, sr__tensor_ptr(db));
+            sr__store_f64(sr__tensor_ptr(db), (int64_t)sr_dtype_size(x->dtype), sums, cn->g.o, x->dtype);
         sr__tensor_unpin(dy);
         sr__tensor_unpin(xc);
         sr__tensor_unpin(wc);
@@ -319,6 +349,7 @@ static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     sr_tensor_unref(dy);
     sr_tensor_unref(xc);
     sr_tensor_unref(wc);
+    free(sums);
     out[0] = rc ? NULL : dx;
     out[1] = rc ? NULL : dw;
     out[2] = rc ? NULL : db;
@@ -330,11 +361,12 @@ static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     return rc;
 }
 
-static const sr_node_ops conv_ops = {.name = "ConvolutionBackward0", .apply = conv_apply};
+static const sr_node_ops conv_ops = {.name = "ConvolutionBackward0", .apply = conv_apply, .release = conv_release,
+                                     .destroy = conv_release};
 
 /* ---- the op ---- */
 
-static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w, sr_tensor *b)
+static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w, sr_tensor *b, char *cols)
 {
     int64_t shape[4] = {g->n, g->o, g->oh, g->ow};
     sr_tensor *out = sr__tensor_new("sr_conv2d", x->dtype, 4, shape);
@@ -343,7 +375,7 @@ static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w
     int rc = !wc || (b && !bc) ? -ENOMEM : 0;
     if (!rc) {
         const char *px = sr__tensor_pin(xc), *pw = sr__tensor_pin(wc), *pb = bc ? sr__tensor_pin(bc) : NULL;
-        rc = conv_forward(g, x->dtype, px, pw, pb, sr__tensor_ptr(out));
+        rc = conv_forward(g, x->dtype, px, pw, pb, sr__tensor_ptr(out), cols);
         sr__tensor_unpin(xc);
         sr__tensor_unpin(wc);
         if (bc)
@@ -359,6 +391,14 @@ static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w
     return out;
 }
 
+/* Room for the forward's columns when the weight's gradient will need them
+ * and they are not too large; else NULL (the backward unfolds again). */
+static char *cols_to_keep(const struct conv_geom *g, const sr_tensor *w, bool record)
+{
+    size_t bytes = (size_t)(g->n * g->groups * geom_k(g) * geom_l(g)) * sr_dtype_size(w->dtype);
+    return record && w->requires_grad && bytes <= SR_CONV_KEEP_COLS_MAX ? malloc(bytes) : NULL;
+}
+
 SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, const int64_t *stride,
                             const int64_t *padding, const int64_t *dilation, int64_t groups)
 {
@@ -370,17 +410,21 @@ SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, co
         make_geom(x, weight, st, pad, dil, groups, &g))
         return NULL;
     sr_tensor *in[3] = {x, weight, bias};
-    bool pinned = sr__pin_saved(in, 3); /* saves what it reads */
-    sr_tensor *out = conv_run(&g, x, weight, bias);
-    if (out && sr__any_requires_grad(in, 3)) {
+    bool pinned = sr__pin_saved(in, 3), record = sr__any_requires_grad(in, 3); /* saves what it reads */
+    char *cols = cols_to_keep(&g, weight, record);
+    sr_tensor *out = conv_run(&g, x, weight, bias, cols);
+    if (out && record) {
         struct conv_node *n = (struct conv_node *)sr__node_for_inputs(&conv_ops, sizeof(*n), in, 3, 1, 2);
         if (n) {
             n->g = g;
+            n->cols = cols; /* the node's now: freed with its saved tensors */
+            cols = NULL;
             sr__node_save(&n->base, 0, x);
             sr__node_save(&n->base, 1, weight);
         }
         out = sr__attach(out, (sr_node *)n);
     }
+    free(cols);
     sr__unpin_saved(pinned, in, 3);
     return out;
 }

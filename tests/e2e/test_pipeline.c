@@ -36,13 +36,6 @@ LEAK_CHECKED_SUITE(pipeline);
 #define RECIPE "--limit-batches", "12", "--batch", "32", "--splits", "4", "--epochs", "1", "--seed", "5", \
                "--test-limit", "300", "--lr", "0.002"
 
-static const char *env_path(const char *var)
-{
-    const char *p = getenv(var);
-    cr_assert(p && *p, "%s is not set: run this test through meson", var);
-    return p;
-}
-
 static void skip_without_data(void)
 {
     char path[256];
@@ -55,44 +48,18 @@ static void skip_without_data(void)
  * --checkpoint-dir DIR/NAME args... */
 static void start(struct piped_job *j, const char *name, const char *dir, char **args)
 {
-    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
     static char plot[512], ck[512];
     snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
     snprintf(ck, sizeof(ck), "%s/%s", dir, strcmp(name, "resumed") ? name : "killed");
     mkdir(ck, 0700);
-    char *argv[40] = {(char *)env_path("SHMRUN"), "-n", "3", "--name-prefix", j->ns, "--",
-                      (char *)env_path("DEMO_PIPELINE"), "--loss-curve", plot, "--checkpoint-dir", ck};
-    int n = 11;
-    for (int i = 0; args[i]; i++) {
-        cr_assert_lt(n, 39, "too many arguments");
-        argv[n++] = args[i];
-    }
-    piped_job_start(j, argv, true); /* its own process group: the whole job */
-}
-
-static int finish(struct piped_job *j)
-{
-    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
-              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s", j->pid, 6 * WATCH_WAIT_MS,
-              j->err);
-    cr_assert(pidfd_exited(j->pidfd, WATCH_WAIT_MS), "shmrun (pid %d) did not exit", j->pid);
-    pid_t p;
-    int st;
-    while ((p = waitpid(-j->pid, &st, 0)) > 0)
-        if (p == j->pid)
-            j->status = st;
-    cr_assert_eq(errno, ECHILD, "waitpid: %s", strerror(errno));
-    close(j->out_fd), close(j->err_fd), close(j->pidfd);
-    return j->status;
+    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, NULL};
+    piped_job_shmrun(j, name, "3", "DEMO_PIPELINE", head, args);
 }
 
 static void run_to_end(struct piped_job *j, const char *name, const char *dir, char **args)
 {
     start(j, name, dir, args);
-    int st = finish(j);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", name, st,
-              j->out, j->err);
-    assert_segment_gone(j->ns);
+    piped_job_expect_success(j, name);
 }
 
 static sr_checkpoint *load_ck(const char *dir, const char *name)
@@ -165,6 +132,45 @@ static void assert_same_params(sr_checkpoint *a, sr_checkpoint *b)
     cr_assert_eq(nparam, 10, "the checkpoint holds %zu parameters, the CNN has 10", nparam);
 }
 
+/* The losses of the first steps of a run's progress lines ("loss 2.1884",
+ * one line per step of a short run without a terminal), into buf. */
+static void first_losses(const char *out, int steps, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (const char *p = out; *p && steps > 0 && len < n;) {
+        const char *e = strchr(p, '\n'), *l = strstr(p, "loss ");
+        int ll = e ? (int)(e - p) : (int)strlen(p);
+        if (!strncmp(p, "epoch ", 6) && l && l < p + ll)
+            len += (size_t)snprintf(buf + len, n - len, "%.11s\n", l), steps--;
+        p = e ? e + 1 : p + ll;
+    }
+}
+
+/* demo_pipeline --local (the one-process baseline of pipeline_compare.sh)
+ * trains the same model as the pipeline: with one micro-batch, the same
+ * loss at each of its first LOCAL_STEPS steps as ref_out's run (a short
+ * run, to keep this test's time). */
+#define LOCAL_STEPS 4
+#define LOCAL_STEPS_ARG "4" /* LOCAL_STEPS, as an argument */
+static void assert_local_matches(const char *dir, const char *ref_out)
+{
+    static char want[1024], got[1024], plot[512];
+    first_losses(ref_out, LOCAL_STEPS, want, sizeof(want));
+    cr_assert_eq(strlen(want), LOCAL_STEPS * 12, "the pipeline's output has no losses:\n%s", ref_out);
+    snprintf(plot, sizeof(plot), "%s/local.svg", dir);
+    char *argv[] = {(char *)piped_job_env_path("DEMO_PIPELINE"), "--local", RECIPE, "--splits", "1",
+                    "--limit-batches", LOCAL_STEPS_ARG, "--test-limit", "32", "--loss-curve", plot, NULL};
+    struct piped_job j = {0};
+    snprintf(j.ns, sizeof(j.ns), "%s", test_ns("local"));
+    piped_job_start(&j, argv, true);
+    int st = piped_job_finish(&j);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "--local: wait status 0x%x; stdout:\n%s\nstderr:\n%s", st,
+              j.out, j.err);
+    first_losses(j.out, LOCAL_STEPS, got, sizeof(got));
+    cr_assert_str_eq(got, want, "--local trained otherwise than the 1-split pipeline");
+}
+
 Test(pipeline, sigkill_after_a_checkpoint_then_resume_equals_an_uninterrupted_run, .timeout = 280)
 {
     skip_without_data();
@@ -177,12 +183,13 @@ Test(pipeline, sigkill_after_a_checkpoint_then_resume_equals_an_uninterrupted_ru
      * order their backward messages arrive, so two runs differ in the last
      * bits, resumed or not. */
     run_to_end(&j, "ref", dir, (char *[]){RECIPE, "--splits", "1", NULL});
+    assert_local_matches(dir, j.out);
 
     start(&j, "killed", dir, (char *[]){RECIPE, "--splits", "1", "--save-every", "4", NULL});
     cr_assert(piped_job_pump_until(&j, saved_once, 6 * WATCH_WAIT_MS) && !j.out_eof,
               "no checkpoint was saved; stdout:\n%s\nstderr:\n%s", j.out, j.err);
     cr_assert_eq(kill(-j.pid, SIGKILL), 0, "kill(job): %s", strerror(errno));
-    int st = finish(&j);
+    int st = piped_job_finish(&j);
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "shmrun wait status 0x%x", st);
     assert_segment_gone(j.ns);
     sr_checkpoint *mid = load_ck(dir, "killed");

@@ -40,13 +40,6 @@ LEAK_CHECKED_SUITE(train_resume);
 /* The short run of the resume test: one trainer, momentum for a state. */
 #define RECIPE "--limit-batches", STEPS, "--seed", "7", "--momentum", "0.9"
 
-static const char *env_path(const char *var)
-{
-    const char *p = getenv(var);
-    cr_assert(p && *p, "%s is not set: run this test through meson", var);
-    return p;
-}
-
 static void skip_without_data(void)
 {
     char path[256];
@@ -58,47 +51,18 @@ static void skip_without_data(void)
 /* shmrun -n WORLD --name-prefix NS -- demo_train --plot DIR/NAME.svg args... */
 static void start(struct piped_job *j, const char *name, const char *dir, const char *world, char **args)
 {
-    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
     static char plot[512];
     snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
-    char *argv[32] = {(char *)env_path("SHMRUN"), "-n", (char *)world, "--name-prefix", j->ns, "--",
-                      (char *)env_path("DEMO_TRAIN"), "--plot", plot};
-    int n = 9;
-    for (int i = 0; args[i]; i++) {
-        cr_assert_lt(n, 31, "too many arguments");
-        argv[n++] = args[i];
-    }
-    piped_job_start(j, argv, true); /* its own process group: the whole job */
+    char *head[] = {"--plot", plot, NULL};
+    piped_job_shmrun(j, name, world, "DEMO_TRAIN", head, args);
 }
 
 static bool saved_once(struct piped_job *j) { return strstr(j->out, "checkpoint: step ") || j->out_eof; }
 
-/* Every worker holds the pipes: end-of-file on both means the job is gone. */
-static int finish(struct piped_job *j)
-{
-    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
-              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s",
-              j->pid, 6 * WATCH_WAIT_MS, j->err);
-    cr_assert(pidfd_exited(j->pidfd, WATCH_WAIT_MS), "shmrun (pid %d) did not exit", j->pid);
-    /* Reap shmrun and, as the subreaper, the workers it left when killed:
-     * they have exited (the pipes are closed), so no wait blocks for long. */
-    pid_t p;
-    int st;
-    while ((p = waitpid(-j->pid, &st, 0)) > 0)
-        if (p == j->pid)
-            j->status = st;
-    cr_assert_eq(errno, ECHILD, "waitpid: %s", strerror(errno));
-    close(j->out_fd), close(j->err_fd), close(j->pidfd);
-    return j->status;
-}
-
 static void run_to_end(struct piped_job *j, const char *name, const char *dir, const char *world, char **args)
 {
     start(j, name, dir, world, args);
-    int st = finish(j);
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", name, st,
-              j->out, j->err);
-    assert_segment_gone(j->ns);
+    piped_job_expect_success(j, name);
 }
 
 /* No process of the process group pgid is left (a zombie counts). */
@@ -183,7 +147,7 @@ Test(train_resume, sigkill_mid_training_then_resume_equals_an_uninterrupted_run,
               "no checkpoint was saved; stdout:\n%s\nstderr:\n%s", j.out,
               j.err);
     cr_assert_eq(kill(-j.pid, SIGKILL), 0, "kill(job): %s", strerror(errno));
-    int st = finish(&j);
+    int st = piped_job_finish(&j);
     cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "shmrun wait status 0x%x", st);
     assert_group_gone(j.pid);
     assert_segment_gone(j.ns);

@@ -12,10 +12,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "helpers/watch.h"
 
 struct piped_job {
@@ -92,5 +95,58 @@ static inline bool piped_job_pump_until(struct piped_job *j, bool (*done)(struct
 
 /* Every worker holds the pipes: end-of-file on both means the job is gone. */
 static inline bool piped_job_closed(struct piped_job *j) { return j->out_eof && j->err_eof; }
+
+/* The path in the environment variable var (meson's test env sets it). */
+static inline const char *piped_job_env_path(const char *var)
+{
+    const char *p = getenv(var);
+    cr_assert(p && *p, "%s is not set: run this test through meson", var);
+    return p;
+}
+
+/* SHMRUN -n world --name-prefix test_ns(name) -- $prog_var head... args...
+ * (head and args NULL-terminated), in its own process group. */
+static inline void piped_job_shmrun(struct piped_job *j, const char *name, const char *world, const char *prog_var,
+                                    char *const *head, char *const *args)
+{
+    snprintf(j->ns, sizeof(j->ns), "%s", test_ns(name));
+    char *argv[48] = {(char *)piped_job_env_path("SHMRUN"), "-n", (char *)world, "--name-prefix", j->ns, "--",
+                      (char *)piped_job_env_path(prog_var)};
+    int n = 7;
+    for (char *const *part[2] = {head, args}, *const **p = part; p < part + 2; p++)
+        for (int i = 0; *p && (*p)[i]; i++) {
+            cr_assert_lt(n, 47, "too many arguments");
+            argv[n++] = (*p)[i];
+        }
+    piped_job_start(j, argv, true); /* its own process group: the whole job */
+}
+
+/* Wait until the job has closed its pipes and shmrun has exited; reap it
+ * and, as the subreaper, the workers it left when killed (they have exited:
+ * the pipes are closed, so no wait blocks for long). Its wait status. */
+static inline int piped_job_finish(struct piped_job *j)
+{
+    cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
+              "the job (shmrun pid %d) still holds its pipes after %d ms; stderr:\n%s", j->pid, 6 * WATCH_WAIT_MS,
+              j->err);
+    cr_assert(pidfd_exited(j->pidfd, WATCH_WAIT_MS), "shmrun (pid %d) did not exit", j->pid);
+    pid_t p;
+    int st;
+    while ((p = waitpid(-j->pid, &st, 0)) > 0)
+        if (p == j->pid)
+            j->status = st;
+    cr_assert_eq(errno, ECHILD, "waitpid: %s", strerror(errno));
+    close(j->out_fd), close(j->err_fd), close(j->pidfd);
+    return j->status;
+}
+
+/* Finish a job that must exit 0 and leave no segment behind. */
+static inline void piped_job_expect_success(struct piped_job *j, const char *name)
+{
+    int st = piped_job_finish(j);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: shmrun wait status 0x%x; stdout:\n%s\nstderr:\n%s", name,
+              st, j->out, j->err);
+    assert_segment_gone(j->ns);
+}
 
 #endif
