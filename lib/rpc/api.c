@@ -15,6 +15,7 @@
 #include "registry.h"
 #include "reorder.h"
 #include "timeout.h"
+#include "leaks.h"
 #include "marshal.h"
 
 #define CALL_SLOTS 65536
@@ -197,6 +198,8 @@ SR_API int sr_init(const sr_init_opts *opts)
             sr__modules_identity(-1, 0, false);
         }
     }
+    if (!rc)
+        sr__leaks_baseline();
     pthread_mutex_unlock(&life_lock);
     return rc;
 }
@@ -229,10 +232,13 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
         rc = a->elastic ? sr__leave(a, sr__deadline_ns(sr__now_ns(), ms))
                         : sr__graceful(a, sr__deadline_ns(sr__now_ns(), ms));
     if (a) {
-        char keep[512];
+        char keep[512], who[160];
         snprintf(keep, sizeof(keep), "%s", sr_last_error());
+        snprintf(who, sizeof(who), "%s (rank %d)", a->names[a->rank], a->rank);
         teardown(a); /* always, even after an error */
         sr__error_set_text(keep);
+        if (!rc && graceful) /* after teardown: the runtime holds nothing of the user's */
+            rc = sr__leaks_check(who);
     }
     pthread_mutex_unlock(&life_lock);
     return rc;
