@@ -194,7 +194,7 @@ int main(int argc, char **argv)
             bench_lat small = ours_noop(lat);
             bench_rounds_add(&noop_hot, hot, raw_small);
             sr_tensor *t = sr_full(SR_F32, 1, (int64_t[]){BIG_BYTES / 4}, 1.0, 0);
-            sr_value *v = t ? sr_tensor_value(t) : NULL;
+            sr_value *v = t ? sr_value_from_tensor(t) : NULL;
             if (!v)
                 die("a 64 MiB tensor");
             bench_lat large = ours_big(v, lat);

@@ -382,7 +382,7 @@ static int run_tensor(int rank, int world, void *arg)
             sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
             if (!t)
                 return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
-            sr_value *v = sr_tensor_value(t);
+            sr_value *v = sr_value_from_tensor(t);
             if (pass == 0) {
                 time_call("echo", v, NULL, 10);
                 tres[i].pass = time_call("echo", v, NULL, tensor_bytes[i] >= (64 << 20) ? 20 : 200);

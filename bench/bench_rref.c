@@ -181,7 +181,7 @@ static int driver(void)
     if (sr_remote(1, "echo", SR_ARGS(n), -1, &r) || sr_rref_to_here(r, -1, &v) || sr_value_int(v) != 1)
         return 1;
     sr_value_unref(v);
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     big = sr_bytes("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64);
     for (int w = 0; w < NWORK; w++)
         for (int i = 0; wanted[w] && i < WARM; i++)

@@ -135,7 +135,7 @@ static int ps_forward(sr_call *c)
     sr_tensor *y = sr_module_forward(ps_model, sr_value_tensor(sr_call_arg(c, 0)));
     if (!y)
         return sr_call_fail(c, -EINVAL, "ps.forward: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -163,7 +163,7 @@ static int ps_params(sr_call *c)
 {
     sr_value *items[4];
     for (int i = 0; i < 4; i++)
-        items[i] = sr_rref_value(ps_param_rrefs[i]);
+        items[i] = sr_value_from_rref(ps_param_rrefs[i]);
     sr_value *l = sr_list(4, items);
     for (int i = 0; i < 4; i++)
         sr_value_unref(items[i]);
@@ -222,7 +222,7 @@ static int run_server(int world)
     sr_tensor *const *p;
     sr_module_params(ps_model, &n, &p, NULL);
     for (size_t i = 0; i < 4; i++) {
-        sr_value *v = sr_tensor_value(p[i]);
+        sr_value *v = sr_value_from_tensor(p[i]);
         if (sr_rref_create(v, &ps_param_rrefs[i]))
             FAIL("rref of parameter %zu", i);
         sr_value_unref(v);
@@ -310,7 +310,7 @@ static void phases_print(const char *who)
 static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
 {
     int64_t ctx, tp = bench_now_ns();
-    sr_value *xv = sr_tensor_value(x), *out = NULL;
+    sr_value *xv = sr_value_from_tensor(x), *out = NULL;
     if (sr_dist_autograd_context_begin(&ctx))
         FAIL("context");
     static const char *const fwd[] = {"ps.forward", "ps.forward_locked"};

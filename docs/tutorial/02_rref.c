@@ -19,7 +19,7 @@ static int make_ones(sr_call *c)
     sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
     if (!t)
         return sr_call_fail(c, -EINVAL, "make_ones: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(t); /* takes its own reference */
+    sr_value *v = sr_value_from_tensor(t); /* takes its own reference */
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }
@@ -76,7 +76,7 @@ static int driver(void)
            sum(before));
 
     /* Passing the RRef to worker 2 forks it: worker 2 gets its own UserRRef. */
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     if (sr_rpc_sync(2, "sum_of", SR_ARGS(rv), -1, &elsewhere))
         return fprintf(stderr, "sum_of: %s\n", sr_last_error()), 1;
     printf("sum seen from %s: %.0f\n", sr_worker_name(2), sr_value_double(elsewhere));

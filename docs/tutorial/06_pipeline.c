@@ -78,7 +78,7 @@ static int stage_forward(sr_call *c)
     struct stage *st = stage_of(c);
     sr_tensor *y = sr_sequential_forward_range(st->m, sr_value_tensor(fetched ? fetched : in), st->from, st->to);
     sr_value_unref(fetched);
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -93,10 +93,10 @@ static int stage_params(sr_call *c)
     sr_module_params(st->m, NULL, &p, NULL);
     sr_value *items[4];
     for (size_t i = 0; i < n; i++) {
-        sr_value *t = sr_tensor_value(p[first + i]);
+        sr_value *t = sr_value_from_tensor(p[first + i]);
         sr_rref *r;
         sr_rref_create(t, &r);
-        items[i] = sr_rref_value(r);
+        items[i] = sr_value_from_rref(r);
         sr_rref_unref(r);
         sr_value_unref(t);
     }
@@ -118,7 +118,7 @@ static int stage_state(sr_call *c)
     sr_value *items[8];
     for (size_t i = 0; i < count; i++) {
         items[2 * i] = sr_str(names[first + i]);
-        items[2 * i + 1] = sr_tensor_value(ts[first + i]);
+        items[2 * i + 1] = sr_value_from_tensor(ts[first + i]);
     }
     sr_value *list = sr_list(2 * count, items);
     for (size_t i = 0; i < 2 * count; i++)
@@ -135,10 +135,10 @@ static sr_tensor *pipeline(sr_rref *const *stages, sr_tensor *x)
     sr_future *futs[SPLITS];
     for (int k = 0; k < SPLITS; k++) {
         sr_tensor *xk = sr_narrow(x, 0, k * (N / SPLITS), N / SPLITS);
-        sr_value *xv = sr_tensor_value(xk), *yv;
+        sr_value *xv = sr_value_from_tensor(xk), *yv;
         sr_rref *y1;
         sr_rref_remote(stages[0], "stage_forward", SR_ARGS(xv), -1, &y1); /* stays on worker 1 */
-        yv = sr_rref_value(y1);
+        yv = sr_value_from_rref(y1);
         sr_rref_rpc_async(stages[1], "stage_forward", SR_ARGS(yv), -1, &futs[k]);
         sr_value_unref(yv), sr_value_unref(xv), sr_rref_unref(y1), sr_tensor_unref(xk);
     }

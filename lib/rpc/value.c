@@ -120,7 +120,7 @@ SR_API sr_value *sr_bytes(const void *p, size_t n)
     return blob_new(SR_KIND_BYTES, p, n, __func__);
 }
 
-SR_API sr_value *sr_tensor_value(sr_tensor *t)
+SR_API sr_value *sr_value_from_tensor(sr_tensor *t)
 {
     if (!t) {
         sr__fail(-EINVAL, __func__, "the tensor is NULL");
@@ -131,6 +131,8 @@ SR_API sr_value *sr_tensor_value(sr_tensor *t)
         v->u.tensor = sr_tensor_ref(t);
     return v;
 }
+
+SR_API sr_value *sr_tensor_value(sr_tensor *t) { return sr_value_from_tensor(t); }
 
 sr_value *sr__value_module(int kind, void *obj)
 {

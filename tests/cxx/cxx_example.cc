@@ -61,7 +61,7 @@ int axpy(sr_call *c)
     tensor_ptr r(ax ? sr_add(ax.get(), y) : nullptr);
     if (!r)
         return sr_call_fail(c, -EINVAL, "axpy: %s", sr_last_error());
-    return sr_call_return(c, sr_tensor_value(r.get()));
+    return sr_call_return(c, sr_value_from_tensor(r.get()));
 }
 
 // greet(name) = "hello <name> from <worker>"
@@ -88,7 +88,7 @@ void drive()
     const int64_t shape[] = {4};
     const float xs[] = {1, 2, 3, 4}, ys[] = {10, 20, 30, 40};
     tensor_ptr xt(sr_from_data(SR_F32, 1, shape, xs, 0)), yt(sr_from_data(SR_F32, 1, shape, ys, 0));
-    value_ptr a(sr_double(2.0)), x(sr_tensor_value(xt.get())), y(sr_tensor_value(yt.get()));
+    value_ptr a(sr_double(2.0)), x(sr_value_from_tensor(xt.get())), y(sr_value_from_tensor(yt.get()));
 
     // rpc_sync with tensors: 2 * x + y on worker 1.
     sr_value *out = nullptr;

@@ -430,7 +430,7 @@ static int sc_remote_reshape(int rank, int world)
     WCHECK(t, "%s", sr_last_error());
     sr_block *b = t->storage->block;
     uint32_t before = sr__block_refcount(b);
-    sr_value *x = sr_tensor_value(t), *shape[2] = {sr_int(8589934595LL), sr_int(6148914685509894146LL)};
+    sr_value *x = sr_value_from_tensor(t), *shape[2] = {sr_int(8589934595LL), sr_int(6148914685509894146LL)};
     sr_value *list = sr_list(2, shape), *v = NULL;
     int rc = sr_rpc_sync(1, "reshape", SR_ARGS(x, list), 0, &v);
     char msg[512];

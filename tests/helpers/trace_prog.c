@@ -55,7 +55,7 @@ static void rpc_and_rrefs(void)
     CHECK(sr_remote(1, "twice", SR_ARGS(x), -1, &r) == 0, "remote");
     CHECK(sr_rref_to_here(r, -1, &out) == 0 && sr_value_int(out) == 42, "to_here");
     sr_value_unref(out);
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     CHECK(sr_rpc_sync(2, "fetch", SR_ARGS(rv), -1, &out) == 0 && sr_value_int(out) == 42, "fetch on a user");
     sr_value_unref(out);
     sr_value_unref(rv);
@@ -68,7 +68,7 @@ static void autograd(void)
     int64_t ctx, shape = 4;
     CHECK(sr_dist_autograd_context_begin(&ctx) == 0, "context_begin");
     sr_tensor *w = sr_ones(SR_F64, 1, &shape, SR_REQUIRES_GRAD);
-    sr_value *wv = sr_tensor_value(w), *out = NULL;
+    sr_value *wv = sr_value_from_tensor(w), *out = NULL;
     CHECK(sr_rpc_sync(1, "mul", SR_ARGS(wv, wv), -1, &out) == 0, "mul");
     sr_tensor *loss = sr_sum(sr_value_tensor(out));
     CHECK(loss && sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward");

@@ -342,7 +342,7 @@ static int owner_gone(int rank, int world, void *arg)
     sr_future_unref(conf);
     /* the owner leaves, still attached; its departure is seen here when the call fails */
     WEXPECT_ERR(sr_rpc_sync(0, "exit_now", SR_NOARGS, 0, NULL), -EPIPE, "RPC to worker0 failed");
-    sr_value *rv = sr_rref_value(r); /* borrowed */
+    sr_value *rv = sr_value_from_rref(r); /* borrowed */
     int rc = sr_rpc_sync(2, "hold", SR_ARGS(rv), 0, NULL);
     WEXPECT_ERR(rc, -SR_EOWNERLOST, "is lost: worker0 exited with status 0 without sr_shutdown");
     WCHECK(sr_rref_wait_idle(0) == 0, "RRef state still pending: %s", sr_last_error());

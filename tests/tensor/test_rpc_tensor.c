@@ -36,7 +36,7 @@ static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape, double bas
 /* A value holding t (the value takes its own reference; t's is dropped). */
 static sr_value *tv(sr_tensor *t)
 {
-    sr_value *v = t ? sr_tensor_value(t) : NULL;
+    sr_value *v = t ? sr_value_from_tensor(t) : NULL;
     sr_tensor_unref(t);
     return v;
 }
@@ -132,7 +132,7 @@ static int fn_keep(sr_call *c)
 static int fn_kept(sr_call *c)
 {
     pthread_mutex_lock(&kept_lock);
-    sr_value *v = kept ? sr_tensor_value(kept) : sr_none();
+    sr_value *v = kept ? sr_value_from_tensor(kept) : sr_none();
     pthread_mutex_unlock(&kept_lock);
     return sr_call_return(c, v);
 }

@@ -74,11 +74,13 @@ SR_API int sr_rref_create(sr_value *v, sr_rref **out);
 SR_API sr_rref *sr_rref_ref(sr_rref *r);
 SR_API void sr_rref_unref(sr_rref *r); /* NULL is a no-op */
 
-/* A value that holds an RRef (takes its own reference), and the RRef inside
- * a value (borrowed; NULL if v is not an RRef). Passing such a value in a
- * call forks the RRef. */
-SR_API sr_value *sr_rref_value(sr_rref *r);
+/* A new value that holds an RRef (it takes its own reference to r), and
+ * the RRef inside a value (an accessor: borrowed; NULL if v is not an
+ * RRef). Passing such a value in a call forks the RRef. */
+SR_API sr_value *sr_value_from_rref(sr_rref *r);
 SR_API sr_rref *sr_value_rref(const sr_value *v);
+/* The old name of sr_value_from_rref, kept for one release. */
+SR_API sr_value *sr_rref_value(sr_rref *r) __attribute__((deprecated("use sr_value_from_rref")));
 /* The kind of such a value (sr_value_type(v) == SR_KIND_RREF; sr_kind_name
  * gives "rref"). The RRef layer's kind is numbered when the library loads,
  * so SR_KIND_RREF is not a constant expression: compare with it, do not use

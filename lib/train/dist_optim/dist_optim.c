@@ -79,7 +79,7 @@ static sr_future *send_new(sr_optim_kind kind, const sr_optim_opts *opts, sr_rre
     bool ok = items != NULL;
     for (size_t i = 0; ok && i < n; i++)
         if (group[i] == k)
-            ok = (items[m++] = sr_rref_value(params[i])) != NULL;
+            ok = (items[m++] = sr_value_from_rref(params[i])) != NULL;
     sr_value *list = ok ? sr_list(m, items) : NULL;
     sr_value *kv = sr_int(kind), *ov = opts ? sr_bytes(opts, sizeof(*opts)) : sr_none();
     sr_future *f = NULL;
