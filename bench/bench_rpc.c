@@ -88,7 +88,7 @@ static bench_lat time_noop(int n, int64_t *lat)
 {
     for (int i = 0; i < n; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL))
             sh->errors++;
         lat[i] = bench_now_ns() - t0;
     }
@@ -114,7 +114,7 @@ static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
         }
         bench_lat floor = bench_lat_of(fl, nfl);
         bench_lat ours = time_noop(futex_floor ? CALLS / 10 : CALLS, lat);
-        sr_rpc_sync(1, "round_done", SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, "round_done", SR_NOARGS, 0, NULL);
         bench_rounds_add(out, ours, floor);
     }
     return 0;
@@ -133,7 +133,7 @@ static int run_latency(int rank, int world, void *arg)
     if (sr_init(NULL))
         return 1;
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
-        sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
     sr_debug_info d;
     if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
@@ -203,7 +203,7 @@ static int run_udf(int rank, int world, void *arg)
     if (rank == 0) {
         noop_fn = "udf_noop";
         for (int i = 0; i < 2000; i++)
-            sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
+            sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
         for (int r = 0; r < ROUNDS; r++)
             bench_rounds_add(&sh->cl, time_noop(CALLS, lat), floors[r]);
         sr_debug_info d;
@@ -253,7 +253,7 @@ static int run_pipeline(int rank, int world, void *arg)
                 sr_future_unref(*slot);
             }
             if (!rc)
-                rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, slot);
+                rc = sr_rpc_async(1, "noop", SR_NOARGS, 0, slot);
         }
         for (int i = 0; i < WINDOW; i++)
             if (win[i]) {
@@ -298,7 +298,7 @@ static int run_fanin(int rank, int world, void *arg)
         int64_t t0 = bench_now_ns();
         for (int i = 0; i < FANIN_CALLS; i++) {
             int64_t t = bench_now_ns();
-            if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL))
+            if (sr_rpc_sync(0, "noop", SR_NOARGS, 0, NULL))
                 sh->errors++;
             lat[i] = bench_now_ns() - t;
         }
@@ -354,7 +354,7 @@ static bench_lat time_call(const char *fn, sr_value *a, sr_value *b, int reps)
     for (int i = 0; i < reps; i++) {
         sr_value *out = NULL;
         int64_t t0 = bench_now_ns();
-        int rc = b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), 0, &out) : sr_rpc_sync(1, fn, SR_ARGS(a), 0, &out);
+        int rc = b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), SR_TIMEOUT_NONE, &out) : sr_rpc_sync(1, fn, SR_ARGS(a), SR_TIMEOUT_NONE, &out);
         lat[i] = bench_now_ns() - t0;
         if (rc)
             sh->errors++, fprintf(stderr, "%s: %s\n", fn, sr_last_error());
@@ -464,7 +464,7 @@ static void *exec_caller(void *p)
     int rank = sr_rank(), world = sr_world_size();
     for (int i = 0; i < 100; i++) {
         sr_value *x = sr_int(i + (intptr_t)p), *v = NULL;
-        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), -1, &v) || sr_value_int(v) != i + (intptr_t)p)
+        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), 0, &v) || sr_value_int(v) != i + (intptr_t)p)
             sh->errors++;
         sr_value_unref(v);
         sr_value_unref(x);

@@ -314,7 +314,7 @@ static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
     if (sr_dist_autograd_context_begin(&ctx))
         FAIL("context");
     static const char *const fwd[] = {"ps.forward", "ps.forward_locked"};
-    if (sr_rpc_sync(0, fwd[sh->mode], SR_ARGS(xv), -1, &out))
+    if (sr_rpc_sync(0, fwd[sh->mode], SR_ARGS(xv), 0, &out))
         FAIL("forward");
     phase_mark(0, PH_FWD, &tp);
     sr_tensor *loss = sr_cross_entropy(sr_value_tensor(out), y);
@@ -324,7 +324,7 @@ static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
     phase_mark(0, PH_BWD, &tp);
     if (sr_dist_optim_step(t->opt, ctx))
         FAIL("step");
-    if (sh->mode == SERIALISED && sr_rpc_sync(0, "ps.release", SR_NOARGS, -1, NULL))
+    if (sh->mode == SERIALISED && sr_rpc_sync(0, "ps.release", SR_NOARGS, 0, NULL))
         FAIL("release");
     phase_mark(0, PH_STEP, &tp);
     if (sr_dist_autograd_context_end(ctx))
@@ -445,7 +445,7 @@ static int run_trainer(int rank, int world)
     t.count = rank * total / t.ntrainers - t.first;
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS);
     sr_value *pl = NULL;
-    if (sr_rpc_sync(0, "ps.params", SR_NOARGS, -1, &pl) || sr_value_list_len(pl) != 4)
+    if (sr_rpc_sync(0, "ps.params", SR_NOARGS, 0, &pl) || sr_value_list_len(pl) != 4)
         FAIL("params");
     sr_rref *prefs[4];
     for (size_t i = 0; i < 4; i++)
@@ -467,7 +467,7 @@ static int run_trainer(int rank, int world)
     sr_debug_info_get(&d1);
     debug_delta(&sh->dbg[rank], &d0, &d1);
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* all done */
-    if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, -1, NULL))
+    if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, 0, NULL))
         FAIL("done");
     sr_dist_optim_destroy(t.opt);
     sr_value_unref(pl);

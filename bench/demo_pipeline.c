@@ -144,7 +144,7 @@ static int pp_forward(sr_call *c)
         return sr_call_fail(c, -EINVAL, "pp_forward takes (stage, x, train)");
     sr_value *in = sr_call_arg(c, 1), *fetched = NULL;
     sr_rref *r = sr_value_rref(in);
-    int rc = r ? sr_rref_to_here(r, -1, &fetched) : 0;
+    int rc = r ? sr_rref_to_here(r, 0, &fetched) : 0;
     sr_tensor *x = rc ? NULL : sr_value_tensor(r ? fetched : in), *y = NULL;
     if (x) {
         bool train = sr_value_bool(sr_call_arg(c, 2)), prev = train ? false : sr_no_grad_enter();
@@ -367,13 +367,13 @@ static sr_tensor *pipeline_forward(sr_tensor *x, bool train)
         rc = cur ? 0 : -ENOMEM;
         for (int s = 0; !rc && s < opt.stages - 1; s++) {
             sr_rref *r = NULL;
-            rc = sr_rref_remote(M.stage[s], "pp_forward", SR_ARGS(cur, tr), -1, &r);
+            rc = sr_rref_remote(M.stage[s], "pp_forward", SR_ARGS(cur, tr), 0, &r);
             sr_value_unref(cur);
             cur = r ? sr_value_from_rref(r) : NULL;
             sr_rref_unref(r);
         }
         if (!rc)
-            rc = sr_rref_rpc_async(M.stage[opt.stages - 1], "pp_forward", SR_ARGS(cur, tr), -1, &futs[k]);
+            rc = sr_rref_rpc_async(M.stage[opt.stages - 1], "pp_forward", SR_ARGS(cur, tr), 0, &futs[k]);
         sr_value_unref(cur);
     }
     sr_value_unref(tr);
@@ -447,7 +447,7 @@ static void entries_free(struct entries *e)
 static int add_stage_state(struct entries *e, int s)
 {
     sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1)), *out = NULL;
-    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), -1, &out);
+    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), 0, &out);
     sr_value_unref(o);
     sr_value *names = rc ? NULL : sr_value_list_at(out, 0), *ts = rc ? NULL : sr_value_list_at(out, 1);
     for (size_t i = 0; !rc && i < sr_value_list_len(names) && e->n < 1024; i++) {
@@ -525,7 +525,7 @@ static int load_stage(const sr_checkpoint *ck, int s)
     sr_value *names = rc ? NULL : sr_list(k, nv), *ts = rc ? NULL : sr_list(k, tv);
     sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1));
     if (!rc)
-        rc = names && ts && o ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, names, ts), -1, NULL) : -ENOMEM;
+        rc = names && ts && o ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, names, ts), 0, NULL) : -ENOMEM;
     for (size_t i = 0; i < k; i++)
         sr_value_unref(nv[i]), sr_value_unref(tv[i]);
     free(nv), free(tv);
@@ -568,7 +568,7 @@ static int setup(void)
     for (int s = 0; s < opt.stages && !rc; s++) {
         sr_value *seed = sr_int((int64_t)opt.seed), *from = sr_int(BOUNDS[opt.stages][s]),
                  *to = sr_int(BOUNDS[opt.stages][s + 1]);
-        rc = sr_remote(s + 1, "pp_stage_new", SR_ARGS(seed, from, to), -1, &M.stage[s]);
+        rc = sr_remote(s + 1, "pp_stage_new", SR_ARGS(seed, from, to), 0, &M.stage[s]);
         sr_value_unref(seed), sr_value_unref(from), sr_value_unref(to);
     }
     if (rc)
@@ -576,7 +576,7 @@ static int setup(void)
     M.params = calloc(64, sizeof(*M.params));
     for (int s = 0; s < opt.stages && !rc; s++) {
         sr_value *list = NULL;
-        if ((rc = sr_rref_rpc_sync(M.stage[s], "pp_params", SR_NOARGS, -1, &list)))
+        if ((rc = sr_rref_rpc_sync(M.stage[s], "pp_params", SR_NOARGS, 0, &list)))
             return fail(rc, "pp_params");
         for (size_t i = 0; i < sr_value_list_len(list) && M.nparams < 64; i++)
             M.params[M.nparams++] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, i)));

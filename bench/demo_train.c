@@ -699,7 +699,7 @@ static int train_step(struct trainer *t, const int64_t *idx, int64_t n, double *
     int rc = sr_dataset_batch(t->data, idx, n, &x, &y);
     if (!rc && !(rc = sr_dist_autograd_context_begin(&ctx))) {
         xv = sr_value_from_tensor(x);
-        if (!(rc = sr_rpc_sync(0, "ps_forward", SR_ARGS(xv), -1, &out))) {
+        if (!(rc = sr_rpc_sync(0, "ps_forward", SR_ARGS(xv), 0, &out))) {
             loss = sr_cross_entropy(sr_value_tensor(out), y);
             rc = loss ? sr_dist_autograd_backward(ctx, &loss, 1, false) : -EINVAL;
         }
@@ -718,7 +718,7 @@ static int train_step(struct trainer *t, const int64_t *idx, int64_t n, double *
 static int report(double loss, int64_t n)
 {
     sr_value *r = sr_int(sr_rank()), *l = sr_double(loss), *s = sr_int(n);
-    int rc = sr_rpc_sync(0, "ps_report", SR_ARGS(r, l, s), -1, NULL);
+    int rc = sr_rpc_sync(0, "ps_report", SR_ARGS(r, l, s), 0, NULL);
     sr_value_unref(r), sr_value_unref(l), sr_value_unref(s);
     return rc ? fail(rc, "ps_report") : 0;
 }
@@ -744,7 +744,7 @@ static int train_loop(struct trainer *t, int64_t from)
 static int get_params(struct trainer *t)
 {
     sr_value *list = NULL;
-    int rc = sr_rpc_sync(0, "ps_params", SR_NOARGS, -1, &list);
+    int rc = sr_rpc_sync(0, "ps_params", SR_NOARGS, 0, &list);
     if (rc)
         return fail(rc, "ps_params");
     for (int i = 0; i < NPARAMS; i++) {
@@ -759,7 +759,7 @@ static int get_params(struct trainer *t)
 static int hello(struct trainer *t, int64_t *from)
 {
     sr_value *r = sr_int(sr_rank()), *o = sr_value_from_rref(sr_dist_optim_local_rref(t->optim, 0)), *out = NULL;
-    int rc = sr_rpc_sync(0, "ps_hello", SR_ARGS(r, o), -1, &out);
+    int rc = sr_rpc_sync(0, "ps_hello", SR_ARGS(r, o), 0, &out);
     *from = sr_value_int(out);
     sr_value_unref(r), sr_value_unref(o), sr_value_unref(out);
     return rc ? fail(rc, "ps_hello") : 0;
@@ -827,7 +827,7 @@ static int trainer(void)
     if (!rc)
         rc = join_server(&t, &o, &from);
     for (bool again = !rc; again;) { /* again after the server was replaced */
-        if (!(rc = train_loop(&t, from)) && (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, -1, NULL)))
+        if (!(rc = train_loop(&t, from)) && (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, 0, NULL)))
             fail(rc, "ps_done");
         again = rc && server_replaced(&t, &o, &from);
     }

@@ -138,7 +138,7 @@ static int trainer(int64_t max_steps)
 
     /* The DistributedOptimizer over the server's parameters. */
     sr_value *params = NULL;
-    if (sr_rpc_sync(0, "parameters", SR_NOARGS, -1, &params))
+    if (sr_rpc_sync(0, "parameters", SR_NOARGS, 0, &params))
         return fprintf(stderr, "parameters: %s\n", sr_last_error()), 1;
     size_t np = sr_value_list_len(params);
     sr_rref *rrefs[8];
@@ -160,7 +160,7 @@ static int trainer(int64_t max_steps)
         sr_tensor *loss = NULL;
         rc = sr_dist_autograd_context_begin(&ctx);
         if (!rc)
-            rc = sr_rpc_sync(0, "forward", SR_ARGS(xv), -1, &logits);                 /* 1 */
+            rc = sr_rpc_sync(0, "forward", SR_ARGS(xv), 0, &logits);                 /* 1 */
         if (!rc && !(loss = sr_cross_entropy(sr_value_tensor(logits), y)))         /* 2 */
             rc = -EINVAL;
         if (!rc)
@@ -179,7 +179,7 @@ static int trainer(int64_t max_steps)
         sr_tensor_unref(y);
     }
     if (!rc)
-        rc = sr_rpc_sync(0, "done", SR_NOARGS, -1, NULL);
+        rc = sr_rpc_sync(0, "done", SR_NOARGS, 0, NULL);
     sr_dist_optim_destroy(opt);
     sr_value_unref(params);
     free(perm);

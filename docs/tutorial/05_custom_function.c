@@ -129,7 +129,7 @@ static int driver(void)
     if (sr_dist_autograd_context_begin(&ctx))
         return fprintf(stderr, "context: %s\n", sr_last_error()), 1;
     sr_value *a = sr_value_from_tensor(x), *out = NULL;
-    if (sr_rpc_sync(1, "softsign", SR_ARGS(a), -1, &out))
+    if (sr_rpc_sync(1, "softsign", SR_ARGS(a), 0, &out))
         return fprintf(stderr, "softsign: %s\n", sr_last_error()), 1;
     loss = sr_sum(sr_value_tensor(out));
     sr_tensor *g = NULL;

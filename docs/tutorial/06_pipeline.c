@@ -73,7 +73,7 @@ static int stage_new(sr_call *c)
 static int stage_forward(sr_call *c)
 {
     sr_value *in = sr_call_arg(c, 1), *fetched = NULL;
-    if (sr_value_rref(in) && sr_rref_to_here(sr_value_rref(in), -1, &fetched))
+    if (sr_value_rref(in) && sr_rref_to_here(sr_value_rref(in), 0, &fetched))
         return sr_call_fail(c, -EIO, "to_here: %s", sr_last_error());
     struct stage *st = stage_of(c);
     sr_tensor *y = sr_sequential_forward_range(st->m, sr_value_tensor(fetched ? fetched : in), st->from, st->to);
@@ -137,9 +137,9 @@ static sr_tensor *pipeline(sr_rref *const *stages, sr_tensor *x)
         sr_tensor *xk = sr_narrow(x, 0, k * (N / SPLITS), N / SPLITS);
         sr_value *xv = sr_value_from_tensor(xk), *yv;
         sr_rref *y1;
-        sr_rref_remote(stages[0], "stage_forward", SR_ARGS(xv), -1, &y1); /* stays on worker 1 */
+        sr_rref_remote(stages[0], "stage_forward", SR_ARGS(xv), 0, &y1); /* stays on worker 1 */
         yv = sr_value_from_rref(y1);
-        sr_rref_rpc_async(stages[1], "stage_forward", SR_ARGS(yv), -1, &futs[k]);
+        sr_rref_rpc_async(stages[1], "stage_forward", SR_ARGS(yv), 0, &futs[k]);
         sr_value_unref(yv), sr_value_unref(xv), sr_rref_unref(y1), sr_tensor_unref(xk);
     }
     sr_value *outs = NULL;
@@ -176,7 +176,7 @@ static sr_module *gather(sr_rref *const *stages)
     sr_value *states[2];
     size_t n = 0;
     for (int s = 0; s < 2; s++) {
-        sr_rref_rpc_sync(stages[s], "stage_state", SR_NOARGS, -1, &states[s]);
+        sr_rref_rpc_sync(stages[s], "stage_state", SR_NOARGS, 0, &states[s]);
         for (size_t i = 0; i + 1 < sr_value_list_len(states[s]); i += 2, n++) {
             names[n] = sr_value_str(sr_value_list_at(states[s], i));
             ts[n] = sr_value_tensor(sr_value_list_at(states[s], i + 1));
@@ -209,8 +209,8 @@ static int master(void)
     size_t np = 0;
     for (int s = 0; s < 2; s++) {
         sr_value *from = sr_int(s == 0 ? 0 : 2), *to = sr_int(s == 0 ? 2 : 3), *list = NULL;
-        sr_remote(s + 1, "stage_new", SR_ARGS(from, to), -1, &stages[s]); /* rpc.remote("workerN", Stage) */
-        sr_rref_rpc_sync(stages[s], "stage_params", SR_NOARGS, -1, &list);
+        sr_remote(s + 1, "stage_new", SR_ARGS(from, to), 0, &stages[s]); /* rpc.remote("workerN", Stage) */
+        sr_rref_rpc_sync(stages[s], "stage_params", SR_NOARGS, 0, &list);
         for (size_t i = 0; i < sr_value_list_len(list); i++)
             params[np++] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, i)));
         sr_value_unref(from), sr_value_unref(to), sr_value_unref(list);

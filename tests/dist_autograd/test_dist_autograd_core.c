@@ -44,7 +44,7 @@ static int seed_step(int rank, int world)
         WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
         sr_tensor *t1 = vec(a, 3, true), *t2 = vec(b, 3, true);
         sr_value *args[2] = {sr_value_from_tensor(t1), sr_value_from_tensor(t2)}, *out = NULL;
-        WCHECK(sr_rpc_sync(1, "add", SR_ARGS(args[0], args[1]), -1, &out) == 0, "rpc: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(1, "add", SR_ARGS(args[0], args[1]), 0, &out) == 0, "rpc: %s", sr_last_error());
         sr_tensor *t3 = sr_value_tensor(out);
         WCHECK(t3 && !strcmp(sr_tensor_grad_fn_name(t3), "RecvRpcBackward"), "t3's grad_fn is %s",
                t3 ? sr_tensor_grad_fn_name(t3) : "none");
@@ -94,7 +94,7 @@ static int chain(sr_call *c)
         return sr_call_return(c, v);
     }
     sr_value *args[3] = {sr_value_from_tensor(y), sr_call_arg(c, 1), sr_int(next)}, *out = NULL;
-    int rc = sr_rpc_sync((int)next, "chain", SR_ARGS(args[0], args[1], args[2]), -1, &out);
+    int rc = sr_rpc_sync((int)next, "chain", SR_ARGS(args[0], args[1], args[2]), 0, &out);
     sr_value_unref(args[0]);
     sr_value_unref(args[2]);
     sr_tensor_unref(y);
@@ -115,7 +115,7 @@ static int chain_step(int rank, int world)
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_tensor *x = vec(xv, 2, true), *w = vec(wv, 2, true);
     sr_value *args[3] = {sr_value_from_tensor(x), sr_value_from_tensor(w), sr_int(1)}, *out = NULL;
-    WCHECK(sr_rpc_sync(1, "chain", SR_ARGS(args[0], args[1], args[2]), -1, &out) == 0, "rpc: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "chain", SR_ARGS(args[0], args[1], args[2]), 0, &out) == 0, "rpc: %s", sr_last_error());
     sr_tensor *loss = sr_sum(sr_value_tensor(out));
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
     sr_tensor *gx = NULL, *gw = NULL;
@@ -197,7 +197,7 @@ static int add_batch(sr_tensor **loss, sr_value *xv, int n)
 {
     sr_future *f[BATCH];
     for (int i = 0; i < n; i++)
-        WCHECK(sr_rpc_async(1, "add", SR_ARGS(xv, xv), -1, &f[i]) == 0, "rpc_async: %s", sr_last_error());
+        WCHECK(sr_rpc_async(1, "add", SR_ARGS(xv, xv), 0, &f[i]) == 0, "rpc_async: %s", sr_last_error());
     for (int i = 0; i < n; i++) {
         sr_value *out = NULL;
         int rc = sr_future_wait(f[i], &out);
@@ -281,7 +281,7 @@ static int long_chain_step(int rank, int world)
     int64_t t0 = sr__now_ns();
     for (int i = 0; i < hops; i++) {
         sr_value *out = NULL;
-        int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), -1, &out);
+        int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), 0, &out);
         WCHECK(rc == 0, "hop %d of the chain: %d: %s", i, rc, sr_last_error());
         sr_value_unref(cur);
         cur = out;
@@ -419,7 +419,7 @@ static int cube_pass(sr_tensor *x, const char *fn, sr_value **args, size_t nargs
     int64_t ctx;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_value *out = NULL;
-    WCHECK(sr_rpc_sync(1, fn, (sr_args){nargs, args}, -1, &out) == 0, "rpc %s: %s", fn, sr_last_error());
+    WCHECK(sr_rpc_sync(1, fn, (sr_args){nargs, args}, 0, &out) == 0, "rpc %s: %s", fn, sr_last_error());
     sr_tensor *loss = sr_sum(sr_value_tensor(out)), *gx = NULL;
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
     WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad x: %s", sr_last_error());
@@ -448,7 +448,7 @@ static int custom_function_step(int rank, int world)
     WCHECK(sr_function_apply(&cube_fn, &x, 1, &y, 1) == 0, "apply: %s", sr_last_error());
     WCHECK(!strcmp(sr_tensor_grad_fn_name(y), "CubeBackward"), "y's grad_fn is %s", sr_tensor_grad_fn_name(y));
     sr_value *yy[2] = {sr_value_from_tensor(y), sr_value_from_tensor(y)}, *out = NULL;
-    WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), -1, &out) == 0, "rpc mul: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), 0, &out) == 0, "rpc mul: %s", sr_last_error());
     sr_dist_fn_info send[2];
     size_t nsend;
     WCHECK(sr_dist_autograd_functions(ctx, true, send, 2, &nsend) == 0 && nsend == 1, "send functions: %zu",

@@ -141,9 +141,9 @@ static int sc_errors(int rank, int world)
         return 0;
     sr_value *ms = sr_int(200), *v = NULL, *three = sr_int(3);
     sr_rref *r = NULL;
-    WCHECK(sr_remote(3, "sleep_ms", SR_ARGS(ms), 0, &r) == 0, "remote: %s", sr_last_error());
+    WCHECK(sr_remote(3, "sleep_ms", SR_ARGS(ms), SR_TIMEOUT_NONE, &r) == 0, "remote: %s", sr_last_error());
     WEXPECT_ERR(sr_rref_to_here(r, 0.02, &v), -ETIMEDOUT, "RPC ran for more than set timeout (20 ms)");
-    WCHECK(sr_rref_to_here(r, 0, &v) == 0 && sr_value_int(v) == 200, "to_here without timeout: %s", sr_last_error());
+    WCHECK(sr_rref_to_here(r, SR_TIMEOUT_NONE, &v) == 0 && sr_value_int(v) == 200, "to_here without timeout: %s", sr_last_error());
     sr_value_unref(v);
     char want[256], s[96];
     snprintf(want, sizeof(want),

@@ -215,7 +215,7 @@ struct trainer {
 static int call_int(const char *fn, int64_t v)
 {
     sr_value *a = sr_int(v);
-    int rc = sr_rpc_sync(0, fn, SR_ARGS(a), -1, NULL);
+    int rc = sr_rpc_sync(0, fn, SR_ARGS(a), 0, NULL);
     sr_value_unref(a);
     WCHECK(rc == 0, "%s(%lld): %s", fn, (long long)v, sr_last_error());
     return 0;
@@ -270,7 +270,7 @@ static int backward_checked(int64_t ctx, sr_value *fwd, sr_tensor *x, sr_tensor 
     WCHECK(expected_grads(fwd, x, y, want) == 0, "expected gradients");
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "round %d: backward: %s", round, sr_last_error());
     sr_value *c = sr_int(ctx), *got = NULL;
-    WCHECK(sr_rpc_sync(0, "sv_grads", SR_ARGS(c), -1, &got) == 0, "sv_grads: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_grads", SR_ARGS(c), 0, &got) == 0, "sv_grads: %s", sr_last_error());
     for (int i = 0; i < NPARAMS; i++) {
         WCHECK(same_bits(sr_value_tensor(sr_value_list_at(got, (size_t)i)), want[i]),
                "round %d, trainer %d: the gradient of parameter %d is not the one of the weights its forward used",
@@ -293,7 +293,7 @@ static int scheduled_round(struct trainer *t, int round)
     sr_value *xv = sr_value_from_tensor(x), *fwd = NULL;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     WCHECK(call_int("sv_turn", base + k) == 0, "turn");
-    WCHECK(sr_rpc_sync(0, "sv_forward", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_forward", SR_ARGS(xv), 0, &fwd) == 0, "forward: %s", sr_last_error());
     WCHECK(call_int("sv_next", base + k) == 0 && call_int("sv_turn", base + TRAINERS + k) == 0, "turn");
     WCHECK(backward_checked(ctx, fwd, x, y, round) == 0, "backward");
     WCHECK(sr_dist_optim_step(t->optim, ctx) == 0, "step: %s", sr_last_error());
@@ -314,7 +314,7 @@ static int free_step(struct trainer *t, int i)
     batch(t, &x, &y);
     sr_value *xv = sr_value_from_tensor(x), *fwd = NULL;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(0, "sv_forward_copy", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_forward_copy", SR_ARGS(xv), 0, &fwd) == 0, "forward: %s", sr_last_error());
     sr_tensor *loss = sr_cross_entropy(sr_value_tensor(fwd), y);
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "step %d: backward: %s", i, sr_last_error());
     WCHECK(sr_dist_optim_step(t->optim, ctx) == 0, "step %d: %s", i, sr_last_error());
@@ -330,7 +330,7 @@ static int free_step(struct trainer *t, int i)
 static int trainer_setup(struct trainer *t)
 {
     sr_value *list = NULL;
-    WCHECK(sr_rpc_sync(0, "sv_params", SR_NOARGS, -1, &list) == 0, "sv_params: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_params", SR_NOARGS, 0, &list) == 0, "sv_params: %s", sr_last_error());
     for (int i = 0; i < NPARAMS; i++)
         t->params[i] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, (size_t)i)));
     sr_value_unref(list);
