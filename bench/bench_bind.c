@@ -46,7 +46,7 @@ static int timed_round(bench_lat *out)
 {
     for (int i = 0; i < CALLS; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL))
             return -1;
         samples[i] = bench_now_ns() - t0;
     }
@@ -66,7 +66,7 @@ static int drive(void)
         p50[r] = (double)l.p50, p99[r] = (double)l.p99;
     }
     sr_value *peer = NULL;
-    if (sr_rpc_sync(1, "cpus_of", SR_NOARGS, -1, &peer))
+    if (sr_rpc_sync(1, "cpus_of", SR_NOARGS, 0, &peer))
         return 1;
     char mine[256], config[600];
     my_cpus(mine, sizeof(mine));

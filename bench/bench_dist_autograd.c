@@ -145,7 +145,7 @@ static int return_tensor(sr_call *c, sr_tensor *t)
 {
     if (!t)
         return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     if (!v)
         return sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
@@ -171,9 +171,9 @@ static int fn_chain(sr_call *c)
     int me = sr_rank();
     if (!y || me == sr_world_size() - 1)
         return return_tensor(c, y);
-    sr_value *v = sr_tensor_value(y), *out = NULL;
+    sr_value *v = sr_value_from_tensor(y), *out = NULL;
     sr_tensor_unref(y);
-    int rc = v ? sr_rpc_sync(me + 1, "chain", SR_ARGS(v), -1, &out) : -ENOMEM;
+    int rc = v ? sr_rpc_sync(me + 1, "chain", SR_ARGS(v), 0, &out) : -ENOMEM;
     sr_value_unref(v);
     if (rc)
         return sr_call_fail(c, rc, "%s", sr_last_error());
@@ -182,7 +182,7 @@ static int fn_chain(sr_call *c)
 
 static int fn_param(sr_call *c)
 {
-    return sr_call_return(c, sr_tensor_value(W));
+    return sr_call_return(c, sr_value_from_tensor(W));
 }
 
 /* Contexts alive on this worker. */
@@ -219,8 +219,8 @@ static const int64_t shape33[2] = {3, 3};
 static int rpc_once(const char *fn)
 {
     sr_tensor *t1 = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD), *t2 = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD);
-    sr_value *a = sr_tensor_value(t1), *b = sr_tensor_value(t2), *out = NULL;
-    int rc = a && b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), -1, &out) : -ENOMEM;
+    sr_value *a = sr_value_from_tensor(t1), *b = sr_value_from_tensor(t2), *out = NULL;
+    int rc = a && b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), 0, &out) : -ENOMEM;
     if (rc)
         fail("rpc_sync(my_add)", rc);
     sr_value_unref(out);
@@ -242,10 +242,10 @@ static int step_once(const char *fn, bool check, bool backward)
         return fail("context_begin", rc), rc;
     sr_tensor *t1 = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD), *t2 = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD);
     sr_tensor *t4 = NULL, *t5 = NULL, *loss = NULL, **ts = NULL, **gs = NULL;
-    sr_value *a = sr_tensor_value(t1), *b = sr_tensor_value(t2), *out = NULL;
+    sr_value *a = sr_value_from_tensor(t1), *b = sr_value_from_tensor(t2), *out = NULL;
     size_t n = 0;
     const char *what = "rpc_sync";
-    rc = a && b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), -1, &out) : -ENOMEM;
+    rc = a && b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), 0, &out) : -ENOMEM;
     if (!rc) {
         what = "forward";
         t4 = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD);
@@ -324,8 +324,8 @@ static sr_tensor *X; /* rank 0's input */
 static int chain_fwd_once(void)
 {
     sr_tensor *y = sr_mul(X, W);
-    sr_value *v = y ? sr_tensor_value(y) : NULL, *out = NULL;
-    int rc = v ? sr_rpc_sync(1, "chain", SR_ARGS(v), -1, &out) : -ENOMEM;
+    sr_value *v = y ? sr_value_from_tensor(y) : NULL, *out = NULL;
+    int rc = v ? sr_rpc_sync(1, "chain", SR_ARGS(v), 0, &out) : -ENOMEM;
     if (rc)
         fail("chain forward", rc);
     sr_value_unref(out);
@@ -342,10 +342,10 @@ static int chain_once(const double *want)
     if (rc)
         return fail("context_begin", rc), rc;
     sr_tensor *y = sr_mul(X, W), *loss = NULL, **ts = NULL, **gs = NULL;
-    sr_value *v = y ? sr_tensor_value(y) : NULL, *out = NULL;
+    sr_value *v = y ? sr_value_from_tensor(y) : NULL, *out = NULL;
     size_t n = 0;
     const char *what = "chain rpc_sync";
-    rc = v ? sr_rpc_sync(1, "chain", SR_ARGS(v), -1, &out) : -ENOMEM;
+    rc = v ? sr_rpc_sync(1, "chain", SR_ARGS(v), 0, &out) : -ENOMEM;
     if (!rc) {
         what = "backward";
         loss = sr_sum(sr_value_tensor(out));
@@ -384,7 +384,7 @@ static int chain_expected(double *want)
         return -EINVAL;
     for (int k = 1; k < sr_world_size(); k++) {
         sr_value *p = NULL;
-        int rc = sr_rpc_sync(k, "param", SR_NOARGS, -1, &p);
+        int rc = sr_rpc_sync(k, "param", SR_NOARGS, 0, &p);
         if (rc || sr_tensor_to_f64(sr_value_tensor(p), w, 9))
             return sr_value_unref(p), fail("param", rc), -EINVAL;
         sr_value_unref(p);
@@ -462,7 +462,7 @@ static int64_t contexts_left(int rank)
         sr_value *v = NULL;
         if (i)
             usleep(10000);
-        if (sr_rpc_sync(rank, "contexts", SR_NOARGS, -1, &v))
+        if (sr_rpc_sync(rank, "contexts", SR_NOARGS, 0, &v))
             return fail("contexts", -EIO), -1;
         n = sr_value_int(v);
         sr_value_unref(v);
@@ -511,7 +511,7 @@ static int job(int rank, int world, void *arg)
             }
         }
         for (int k = 1; mode == IDLE_FUTURE && k < world; k++)
-            sr_rpc_sync(k, "done", SR_NOARGS, -1, NULL);
+            sr_rpc_sync(k, "done", SR_NOARGS, 0, NULL);
     } else if (mode == IDLE_FUTURE) {
         sr_future_wait(done_fut, NULL);
     }

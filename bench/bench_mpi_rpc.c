@@ -120,7 +120,7 @@ static bench_lat ours_noop(int64_t *lat)
 {
     for (int i = 0; i < NOOP_WARM + NOOP_CALLS; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL))
             die("rpc_sync noop");
         if (i >= NOOP_WARM)
             lat[i - NOOP_WARM] = bench_now_ns() - t0;
@@ -132,7 +132,7 @@ static bench_lat ours_big(sr_value *t, int64_t *lat)
 {
     for (int i = 0; i < BIG_WARM + BIG_CALLS; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, "consume", SR_ARGS(t), -1, NULL))
+        if (sr_rpc_sync(1, "consume", SR_ARGS(t), 0, NULL))
             die("rpc_sync consume(64 MiB)");
         if (i >= BIG_WARM)
             lat[i - BIG_WARM] = bench_now_ns() - t0;
@@ -194,7 +194,7 @@ int main(int argc, char **argv)
             bench_lat small = ours_noop(lat);
             bench_rounds_add(&noop_hot, hot, raw_small);
             sr_tensor *t = sr_full(SR_F32, 1, (int64_t[]){BIG_BYTES / 4}, 1.0, 0);
-            sr_value *v = t ? sr_tensor_value(t) : NULL;
+            sr_value *v = t ? sr_value_from_tensor(t) : NULL;
             if (!v)
                 die("a 64 MiB tensor");
             bench_lat large = ours_big(v, lat);

@@ -90,7 +90,7 @@ static bench_lat time_noop(int n, int64_t *lat)
 {
     for (int i = 0; i < n; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL))
             sh->errors++;
         lat[i] = bench_now_ns() - t0;
     }
@@ -116,7 +116,7 @@ static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
         }
         bench_lat floor = bench_lat_of(fl, nfl);
         bench_lat ours = time_noop(futex_floor ? CALLS / 10 : CALLS, lat);
-        sr_rpc_sync(1, "round_done", SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, "round_done", SR_NOARGS, 0, NULL);
         bench_rounds_add(out, ours, floor);
     }
     return 0;
@@ -135,7 +135,7 @@ static int run_latency(int rank, int world, void *arg)
     if (sr_init(NULL))
         return 1;
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
-        sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
     sr_debug_info d;
     if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
@@ -205,7 +205,7 @@ static int run_udf(int rank, int world, void *arg)
     if (rank == 0) {
         noop_fn = "udf_noop";
         for (int i = 0; i < 2000; i++)
-            sr_rpc_sync(1, noop_fn, SR_NOARGS, -1, NULL);
+            sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
         for (int r = 0; r < ROUNDS; r++)
             bench_rounds_add(&sh->cl, time_noop(CALLS, lat), floors[r]);
         sr_debug_info d;
@@ -255,7 +255,7 @@ static int run_pipeline(int rank, int world, void *arg)
                 sr_future_unref(*slot);
             }
             if (!rc)
-                rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, slot);
+                rc = sr_rpc_async(1, "noop", SR_NOARGS, 0, slot);
         }
         for (int i = 0; i < WINDOW; i++)
             if (win[i]) {
@@ -310,7 +310,7 @@ static int run_fanin(int rank, int world, void *arg)
     if (sr_init(NULL))
         return 1;
     if (rank > 0) {
-        if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL)) /* warm: the path and the rings */
+        if (sr_rpc_sync(0, "noop", SR_NOARGS, 0, NULL)) /* warm: the path and the rings */
             sh->errors++;
         bench_barrier_wait(fan_bar, (uint32_t)(world - 1), 60ll * 1000000000);
         sr_debug_info d0 = {0}, d1 = {0};
@@ -318,7 +318,7 @@ static int run_fanin(int rank, int world, void *arg)
         int64_t t0 = bench_now_ns(), end = t0 + FANIN_WINDOW_NS, t = t0;
         uint64_t n = 0;
         while (t < end) {
-            if (sr_rpc_sync(0, "noop", SR_NOARGS, -1, NULL))
+            if (sr_rpc_sync(0, "noop", SR_NOARGS, 0, NULL))
                 sh->errors++;
             int64_t t1 = bench_now_ns();
             if (n < FANIN_SAMPLES)
@@ -403,7 +403,7 @@ static bench_lat time_call(const char *fn, sr_value *a, sr_value *b, int reps)
     for (int i = 0; i < reps; i++) {
         sr_value *out = NULL;
         int64_t t0 = bench_now_ns();
-        int rc = b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), 0, &out) : sr_rpc_sync(1, fn, SR_ARGS(a), 0, &out);
+        int rc = b ? sr_rpc_sync(1, fn, SR_ARGS(a, b), SR_TIMEOUT_NONE, &out) : sr_rpc_sync(1, fn, SR_ARGS(a), SR_TIMEOUT_NONE, &out);
         lat[i] = bench_now_ns() - t0;
         if (rc)
             sh->errors++, fprintf(stderr, "%s: %s\n", fn, sr_last_error());
@@ -431,7 +431,7 @@ static int run_tensor(int rank, int world, void *arg)
             sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
             if (!t)
                 return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
-            sr_value *v = sr_tensor_value(t);
+            sr_value *v = sr_value_from_tensor(t);
             if (pass == 0) {
                 time_call("echo", v, NULL, 10);
                 tres[i].pass = time_call("echo", v, NULL, tensor_bytes[i] >= (64 << 20) ? 20 : 200);
@@ -513,7 +513,7 @@ static void *exec_caller(void *p)
     int rank = sr_rank(), world = sr_world_size();
     for (int i = 0; i < 100; i++) {
         sr_value *x = sr_int(i + (intptr_t)p), *v = NULL;
-        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), -1, &v) || sr_value_int(v) != i + (intptr_t)p)
+        if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), 0, &v) || sr_value_int(v) != i + (intptr_t)p)
             sh->errors++;
         sr_value_unref(v);
         sr_value_unref(x);

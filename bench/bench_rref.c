@@ -102,7 +102,7 @@ static int fn_relay(sr_call *c, sr_future **out)
 {
     (void)c;
     sr_future *f = NULL;
-    int rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, &f);
+    int rc = sr_rpc_async(1, "noop", SR_NOARGS, 0, &f);
     if (!rc)
         rc = sr_future_then(f, relay_done, NULL, out);
     sr_future_unref(f);
@@ -118,40 +118,40 @@ static int once(int w, sr_rref *r, sr_value *rv)
     sr_rref *made = NULL;
     int rc;
     switch (w) {
-    case NOOP: return sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
+    case NOOP: return sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL);
     case REMOTE:
-        rc = sr_remote(1, "noop", SR_NOARGS, -1, &made);
+        rc = sr_remote(1, "noop", SR_NOARGS, 0, &made);
         if (!rc)
-            rc = sr_rref_to_here(made, -1, &v);
+            rc = sr_rref_to_here(made, 0, &v);
         rc = rc ? rc : sr_value_type(v) != SR_KIND_NONE;
         sr_value_unref(v);
         sr_rref_unref(made);
         return rc;
     case ECHO_BIG:
-        rc = sr_rpc_sync(1, "echo", SR_ARGS(big), -1, &v);
+        rc = sr_rpc_sync(1, "echo", SR_ARGS(big), 0, &v);
         rc = rc ? rc : !sr_value_equal(v, big);
         sr_value_unref(v);
         return rc;
     case REMOTE_BIG:
-        rc = sr_remote(1, "echo", SR_ARGS(big), -1, &made);
+        rc = sr_remote(1, "echo", SR_ARGS(big), 0, &made);
         if (!rc)
-            rc = sr_rref_to_here(made, -1, &v);
+            rc = sr_rref_to_here(made, 0, &v);
         rc = rc ? rc : !sr_value_equal(v, big);
         sr_value_unref(v);
         sr_rref_unref(made);
         return rc;
-    case FORK: return sr_rpc_sync(2, "take", SR_ARGS(rv), -1, NULL);
-    case RELAY: return sr_rpc_sync(2, "relay", SR_NOARGS, -1, NULL);
-    case PROXY: return sr_rref_rpc_sync(r, "noop", SR_NOARGS, -1, NULL);
+    case FORK: return sr_rpc_sync(2, "take", SR_ARGS(rv), 0, NULL);
+    case RELAY: return sr_rpc_sync(2, "relay", SR_NOARGS, 0, NULL);
+    case PROXY: return sr_rref_rpc_sync(r, "noop", SR_NOARGS, 0, NULL);
     case PAIR: { /* what remote+to_here does on the wire: two requests in flight at once */
         sr_future *a = NULL, *b = NULL;
-        rc = sr_rpc_async(1, "noop", SR_NOARGS, -1, &a) || sr_rpc_async(1, "noop", SR_NOARGS, -1, &b);
+        rc = sr_rpc_async(1, "noop", SR_NOARGS, 0, &a) || sr_rpc_async(1, "noop", SR_NOARGS, 0, &b);
         rc = rc || sr_future_wait(b, NULL) || sr_future_wait(a, NULL);
         sr_future_unref(a);
         sr_future_unref(b);
         return rc;
     }
-    case NOOP2: return sr_rpc_sync(2, "noop", SR_NOARGS, -1, NULL);
+    case NOOP2: return sr_rpc_sync(2, "noop", SR_NOARGS, 0, NULL);
     }
     return -EINVAL;
 }
@@ -178,10 +178,10 @@ static int driver(void)
 {
     sr_value *n = sr_int(1), *v = NULL;
     sr_rref *r = NULL;
-    if (sr_remote(1, "echo", SR_ARGS(n), -1, &r) || sr_rref_to_here(r, -1, &v) || sr_value_int(v) != 1)
+    if (sr_remote(1, "echo", SR_ARGS(n), 0, &r) || sr_rref_to_here(r, 0, &v) || sr_value_int(v) != 1)
         return 1;
     sr_value_unref(v);
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     big = sr_bytes("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64);
     for (int w = 0; w < NWORK; w++)
         for (int i = 0; wanted[w] && i < WARM; i++)
@@ -195,8 +195,8 @@ static int driver(void)
     sr_rref_debug_info d;
     if (sr_rref_wait_idle(60) || sr_rref_debug_info_get(&d) || d.num_pending_children || d.num_pending_users)
         sh->errors++;
-    sr_rpc_sync(1, "done", SR_NOARGS, -1, NULL);
-    sr_rpc_sync(2, "done", SR_NOARGS, -1, NULL);
+    sr_rpc_sync(1, "done", SR_NOARGS, 0, NULL);
+    sr_rpc_sync(2, "done", SR_NOARGS, 0, NULL);
     return 0;
 }
 

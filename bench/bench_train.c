@@ -135,7 +135,7 @@ static int ps_forward(sr_call *c)
     sr_tensor *y = sr_module_forward(ps_model, sr_value_tensor(sr_call_arg(c, 0)));
     if (!y)
         return sr_call_fail(c, -EINVAL, "ps.forward: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -163,7 +163,7 @@ static int ps_params(sr_call *c)
 {
     sr_value *items[4];
     for (int i = 0; i < 4; i++)
-        items[i] = sr_rref_value(ps_param_rrefs[i]);
+        items[i] = sr_value_from_rref(ps_param_rrefs[i]);
     sr_value *l = sr_list(4, items);
     for (int i = 0; i < 4; i++)
         sr_value_unref(items[i]);
@@ -222,7 +222,7 @@ static int run_server(int world)
     sr_tensor *const *p;
     sr_module_params(ps_model, &n, &p, NULL);
     for (size_t i = 0; i < 4; i++) {
-        sr_value *v = sr_tensor_value(p[i]);
+        sr_value *v = sr_value_from_tensor(p[i]);
         if (sr_rref_create(v, &ps_param_rrefs[i]))
             FAIL("rref of parameter %zu", i);
         sr_value_unref(v);
@@ -310,11 +310,11 @@ static void phases_print(const char *who)
 static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
 {
     int64_t ctx, tp = bench_now_ns();
-    sr_value *xv = sr_tensor_value(x), *out = NULL;
+    sr_value *xv = sr_value_from_tensor(x), *out = NULL;
     if (sr_dist_autograd_context_begin(&ctx))
         FAIL("context");
     static const char *const fwd[] = {"ps.forward", "ps.forward_locked"};
-    if (sr_rpc_sync(0, fwd[sh->mode], SR_ARGS(xv), -1, &out))
+    if (sr_rpc_sync(0, fwd[sh->mode], SR_ARGS(xv), 0, &out))
         FAIL("forward");
     phase_mark(0, PH_FWD, &tp);
     sr_tensor *loss = sr_cross_entropy(sr_value_tensor(out), y);
@@ -324,7 +324,7 @@ static double dist_step(struct trainer *t, sr_tensor *x, sr_tensor *y)
     phase_mark(0, PH_BWD, &tp);
     if (sr_dist_optim_step(t->opt, ctx))
         FAIL("step");
-    if (sh->mode == SERIALISED && sr_rpc_sync(0, "ps.release", SR_NOARGS, -1, NULL))
+    if (sh->mode == SERIALISED && sr_rpc_sync(0, "ps.release", SR_NOARGS, 0, NULL))
         FAIL("release");
     phase_mark(0, PH_STEP, &tp);
     if (sr_dist_autograd_context_end(ctx))
@@ -445,7 +445,7 @@ static int run_trainer(int rank, int world)
     t.count = rank * total / t.ntrainers - t.first;
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS);
     sr_value *pl = NULL;
-    if (sr_rpc_sync(0, "ps.params", SR_NOARGS, -1, &pl) || sr_value_list_len(pl) != 4)
+    if (sr_rpc_sync(0, "ps.params", SR_NOARGS, 0, &pl) || sr_value_list_len(pl) != 4)
         FAIL("params");
     sr_rref *prefs[4];
     for (size_t i = 0; i < 4; i++)
@@ -467,7 +467,7 @@ static int run_trainer(int rank, int world)
     sr_debug_info_get(&d1);
     debug_delta(&sh->dbg[rank], &d0, &d1);
     bench_barrier_wait(&sh->trainers, (uint32_t)t.ntrainers, WAIT_NS); /* all done */
-    if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, -1, NULL))
+    if (rank == 1 && sr_rpc_sync(0, "ps.done", SR_NOARGS, 0, NULL))
         FAIL("done");
     sr_dist_optim_destroy(t.opt);
     sr_value_unref(pl);

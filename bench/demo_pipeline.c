@@ -143,7 +143,7 @@ static int pp_forward(sr_call *c)
         return sr_call_fail(c, -EINVAL, "pp_forward takes (stage, x, train)");
     sr_value *in = sr_call_arg(c, 1), *fetched = NULL;
     sr_rref *r = sr_value_rref(in);
-    int rc = r ? sr_rref_to_here(r, -1, &fetched) : 0;
+    int rc = r ? sr_rref_to_here(r, 0, &fetched) : 0;
     sr_tensor *x = rc ? NULL : sr_value_tensor(r ? fetched : in), *y = NULL;
     if (x) {
         bool train = sr_value_bool(sr_call_arg(c, 2)), prev = train ? false : sr_no_grad_enter();
@@ -154,7 +154,7 @@ static int pp_forward(sr_call *c)
             sr_no_grad_exit(prev);
     }
     sr_value_unref(fetched);
-    sr_value *v = y ? sr_tensor_value(y) : NULL;
+    sr_value *v = y ? sr_value_from_tensor(y) : NULL;
     sr_tensor_unref(y);
     return v ? sr_call_return(c, v) : sr_call_fail(c, rc ? rc : -EINVAL, "pp_forward: %s", sr_last_error());
 }
@@ -170,10 +170,10 @@ static int pp_params(sr_call *c)
     sr_value *items[16] = {0}, *list = NULL;
     int rc = st->n <= 16 ? 0 : -E2BIG;
     for (size_t i = 0; !rc && i < st->n; i++) {
-        sr_value *t = sr_tensor_value(params[st->first + i]);
+        sr_value *t = sr_value_from_tensor(params[st->first + i]);
         sr_rref *r = NULL;
         rc = t ? sr_rref_create(t, &r) : -ENOMEM;
-        items[i] = r ? sr_rref_value(r) : NULL;
+        items[i] = r ? sr_value_from_rref(r) : NULL;
         sr_rref_unref(r);
         sr_value_unref(t);
     }
@@ -197,7 +197,7 @@ static sr_value *value_list(size_t n, const void *items, bool tensors, size_t fr
     sr_value **v = calloc(n ? n : 1, sizeof(*v)), *list = NULL;
     size_t made = 0;
     for (; v && made < n; made++)
-        if (!(v[made] = tensors ? sr_tensor_value(((sr_tensor *const *)items)[from + made])
+        if (!(v[made] = tensors ? sr_value_from_tensor(((sr_tensor *const *)items)[from + made])
                                 : sr_str(((char *const *)items)[from + made])))
             break;
     if (v && made == n)
@@ -355,18 +355,18 @@ static sr_tensor *pipeline_forward(sr_tensor *x, bool train)
     sr_value *tr = sr_bool(train);
     for (int64_t at = 0; !rc && at < n; at += per, k++) {
         sr_tensor *xk = sr_narrow(x, 0, at, n - at < per ? n - at : per);
-        sr_value *cur = xk ? sr_tensor_value(xk) : NULL;
+        sr_value *cur = xk ? sr_value_from_tensor(xk) : NULL;
         sr_tensor_unref(xk);
         rc = cur ? 0 : -ENOMEM;
         for (int s = 0; !rc && s < opt.stages - 1; s++) {
             sr_rref *r = NULL;
-            rc = sr_rref_remote(M.stage[s], "pp_forward", SR_ARGS(cur, tr), -1, &r);
+            rc = sr_rref_remote(M.stage[s], "pp_forward", SR_ARGS(cur, tr), 0, &r);
             sr_value_unref(cur);
-            cur = r ? sr_rref_value(r) : NULL;
+            cur = r ? sr_value_from_rref(r) : NULL;
             sr_rref_unref(r);
         }
         if (!rc)
-            rc = sr_rref_rpc_async(M.stage[opt.stages - 1], "pp_forward", SR_ARGS(cur, tr), -1, &futs[k]);
+            rc = sr_rref_rpc_async(M.stage[opt.stages - 1], "pp_forward", SR_ARGS(cur, tr), 0, &futs[k]);
         sr_value_unref(cur);
     }
     sr_value_unref(tr);
@@ -471,8 +471,8 @@ static void entries_free(struct entries *e)
 /* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". */
 static int add_stage_state(struct entries *e, int s)
 {
-    sr_value *o = sr_rref_value(sr_dist_optim_local_rref(M.optim, s + 1)), *out = NULL;
-    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), -1, &out);
+    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1)), *out = NULL;
+    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), 0, &out);
     sr_value_unref(o);
     sr_value *names = rc ? NULL : sr_value_list_at(out, 0), *ts = rc ? NULL : sr_value_list_at(out, 1);
     for (size_t i = 0; !rc && i < sr_value_list_len(names) && e->n < 1024; i++) {
@@ -544,15 +544,13 @@ static int load_stage(const sr_checkpoint *ck, int s)
             snprintf(buf, sizeof(buf), "%s", nm);
         else
             continue;
-        sr_tensor *t = sr_checkpoint_get(ck, nm);
         nv[k] = sr_str(buf);
-        tv[k++] = sr_tensor_value(t);
-        sr_tensor_unref(t);
+        tv[k++] = sr_value_from_tensor(sr_checkpoint_tensor(ck, nm));
     }
     sr_value *names = rc ? NULL : sr_list(k, nv), *ts = rc ? NULL : sr_list(k, tv);
-    sr_value *o = sr_rref_value(sr_dist_optim_local_rref(M.optim, s + 1));
+    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1));
     if (!rc)
-        rc = names && ts && o ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, names, ts), -1, NULL) : -ENOMEM;
+        rc = names && ts && o ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, names, ts), 0, NULL) : -ENOMEM;
     for (size_t i = 0; i < k; i++)
         sr_value_unref(nv[i]), sr_value_unref(tv[i]);
     free(nv), free(tv);
@@ -573,11 +571,10 @@ static int resume(void)
         rc = sr_checkpoint_meta(ck, "step", &M.step);
     if (!rc && M.step > M.total)
         rc = sr_errorf(-EINVAL, "the checkpoint is at step %" PRId64 ", past this run's %" PRId64, M.step, M.total);
-    sr_tensor *curve = !rc && M.step ? sr_checkpoint_get(ck, "loss_curve") : NULL;
+    sr_tensor *curve = !rc && M.step ? sr_checkpoint_tensor(ck, "loss_curve") : NULL;
     if (curve)
         rc = (int64_t)sr_tensor_numel(curve) == M.step ? sr_tensor_to_f64(curve, M.loss, (size_t)M.step)
                                                          : sr_errorf(-EBADMSG, "the loss curve's length");
-    sr_tensor_unref(curve);
     for (int s = 0; !rc && s < opt.stages; s++)
         rc = load_stage(ck, s);
     sr_checkpoint_destroy(ck);
@@ -596,7 +593,7 @@ static int setup(void)
     for (int s = 0; s < opt.stages && !rc; s++) {
         sr_value *seed = sr_int((int64_t)opt.seed), *from = sr_int(BOUNDS[opt.stages][s]),
                  *to = sr_int(BOUNDS[opt.stages][s + 1]);
-        rc = sr_remote(s + 1, "pp_stage_new", SR_ARGS(seed, from, to), -1, &M.stage[s]);
+        rc = sr_remote(s + 1, "pp_stage_new", SR_ARGS(seed, from, to), 0, &M.stage[s]);
         sr_value_unref(seed), sr_value_unref(from), sr_value_unref(to);
     }
     if (rc)
@@ -604,7 +601,7 @@ static int setup(void)
     M.params = calloc(64, sizeof(*M.params));
     for (int s = 0; s < opt.stages && !rc; s++) {
         sr_value *list = NULL;
-        if ((rc = sr_rref_rpc_sync(M.stage[s], "pp_params", SR_NOARGS, -1, &list)))
+        if ((rc = sr_rref_rpc_sync(M.stage[s], "pp_params", SR_NOARGS, 0, &list)))
             return fail(rc, "pp_params");
         for (size_t i = 0; i < sr_value_list_len(list) && M.nparams < 64; i++)
             M.params[M.nparams++] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, i)));

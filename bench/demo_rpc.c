@@ -48,8 +48,8 @@ static int drive(int world)
 {
     for (int r = 0; r < world; r++) {
         sr_value *a = sr_int(20), *b = sr_int(r), *x = sr_int(7), *sum = NULL, *sq = NULL;
-        if (check(sr_rpc_sync(r, "add", SR_ARGS(a, b), -1, &sum), "add") ||
-            check(sr_rpc_sync(r, "square_plus", SR_ARGS(x), -1, &sq), "square_plus"))
+        if (check(sr_rpc_sync(r, "add", SR_ARGS(a, b), 0, &sum), "add") ||
+            check(sr_rpc_sync(r, "square_plus", SR_ARGS(x), 0, &sq), "square_plus"))
             return 1;
         printf("%-8s add(20, %d) = %lld   square_plus(7) = %lld\n", sr_worker_name(r), r,
                (long long)sr_value_int(sum), (long long)sr_value_int(sq));
@@ -60,7 +60,7 @@ static int drive(int world)
     sr_value *xs[FAN], *all = NULL;
     for (int i = 0; i < FAN; i++) {
         xs[i] = sr_int(i);
-        if (check(sr_rpc_async(i % world, "square_plus", SR_ARGS(xs[i]), -1, &fs[i]), "rpc_async"))
+        if (check(sr_rpc_async(i % world, "square_plus", SR_ARGS(xs[i]), 0, &fs[i]), "rpc_async"))
             return 1;
     }
     if (check(sr_future_wait_all(fs, FAN, &all), "wait_all"))
@@ -77,13 +77,13 @@ static int drive(int world)
     enum { N = 20000 };
     double t0 = now_ns();
     for (int i = 0; i < N; i++)
-        if (check(sr_rpc_sync(1 % world, "noop", SR_NOARGS, -1, NULL), "noop"))
+        if (check(sr_rpc_sync(1 % world, "noop", SR_NOARGS, 0, NULL), "noop"))
             return 1;
     printf("no-op rpc_sync to %s: %.2f us per round trip (%d calls)\n", sr_worker_name(1 % world),
            (now_ns() - t0) / 1e3 / N, N);
 
     sr_value *v = NULL;
-    int rc = sr_rpc_sync(world - 1, "fail_loudly", SR_NOARGS, -1, &v);
+    int rc = sr_rpc_sync(world - 1, "fail_loudly", SR_NOARGS, 0, &v);
     printf("remote error (rc %d): %s\n", rc, sr_last_error());
     return rc == -SR_EREMOTE ? 0 : 1;
 }

@@ -155,7 +155,7 @@ static int ps_forward(sr_call *c)
     sr_tensor *logits = sr_mlp_apply(x, ps.params, NLAYERS);
     if (!logits)
         return sr_call_fail(c, -EINVAL, "ps_forward: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(logits);
+    sr_value *v = sr_value_from_tensor(logits);
     sr_tensor_unref(logits);
     return v ? sr_call_return(c, v) : sr_call_fail(c, -ENOMEM, "ps_forward: %s", sr_last_error());
 }
@@ -168,7 +168,7 @@ static int ps_params(sr_call *c)
         return sr_call_fail(c, rc, "%s", sr_last_error());
     sr_value *items[NPARAMS] = {0}, *list = NULL;
     for (int i = 0; i < NPARAMS; i++)
-        items[i] = sr_rref_value(ps.rrefs[i]);
+        items[i] = sr_value_from_rref(ps.rrefs[i]);
     list = sr_list(NPARAMS, items);
     for (int i = 0; i < NPARAMS; i++)
         sr_value_unref(items[i]);
@@ -286,9 +286,8 @@ static int add_resumed_state(struct entries *e, int rank)
     int rc = 0;
     for (size_t i = 0; ps.resume && i < sr_checkpoint_count(ps.resume) && !rc; i++) {
         const char *nm = sr_checkpoint_name(ps.resume, i);
-        sr_tensor *t = strncmp(nm, prefix, plen) ? NULL : sr_checkpoint_get(ps.resume, nm);
+        sr_tensor *t = strncmp(nm, prefix, plen) ? NULL : sr_checkpoint_tensor(ps.resume, nm);
         rc = t ? entries_add(e, "", nm, t) : 0;
-        sr_tensor_unref(t);
     }
     return rc;
 }
@@ -417,13 +416,11 @@ static int import_locked(sr_optim *const *optims, size_t n, void *arg)
         const char *nm = sr_checkpoint_name(ps.resume, i);
         if (!strncmp(nm, prefix, (size_t)plen)) {
             names[k] = nm + plen;
-            ts[k++] = sr_checkpoint_get(ps.resume, nm);
+            ts[k++] = sr_checkpoint_tensor(ps.resume, nm);
         }
     }
     if (!rc)
         rc = sr_optim_state_import(optims[0], k, names, ts);
-    for (size_t i = 0; i < k; i++)
-        sr_tensor_unref(ts[i]);
     free(names);
     free(ts);
     return rc;
@@ -494,14 +491,10 @@ static int restore_position(const sr_checkpoint *ck)
     if (ps.step > ps.total)
         return sr_errorf(-EINVAL, "the checkpoint is at step %" PRId64 ", past this run's %" PRId64, ps.step,
                          ps.total);
-    sr_tensor *curve = ps.step ? sr_checkpoint_get(ck, "loss_curve") : NULL;
-    if (ps.step && (!curve || (int64_t)sr_tensor_numel(curve) != ps.step)) {
-        sr_tensor_unref(curve);
+    sr_tensor *curve = ps.step ? sr_checkpoint_tensor(ck, "loss_curve") : NULL;
+    if (ps.step && (!curve || (int64_t)sr_tensor_numel(curve) != ps.step))
         return sr_errorf(-EBADMSG, "the checkpoint's loss curve does not have %" PRId64 " steps", ps.step);
-    }
-    int rc = curve ? sr_tensor_to_f64(curve, ps.loss, (size_t)ps.step) : 0;
-    sr_tensor_unref(curve);
-    return rc;
+    return curve ? sr_tensor_to_f64(curve, ps.loss, (size_t)ps.step) : 0;
 }
 
 static int ps_resume(void)
@@ -557,7 +550,7 @@ static int ps_setup(int64_t train_samples)
     size_t n;
     sr_module_params(ps.model, &n, &ps.params, &ps.names);
     for (int i = 0; i < NPARAMS; i++) {
-        sr_value *v = sr_tensor_value(ps.params[i]);
+        sr_value *v = sr_value_from_tensor(ps.params[i]);
         rc = v ? sr_rref_create(v, &ps.rrefs[i]) : -ENOMEM;
         sr_value_unref(v);
         if (rc)
@@ -690,8 +683,8 @@ static int train_step(struct trainer *t, const int64_t *idx, int64_t n, double *
     int64_t ctx = SR_NO_CONTEXT;
     int rc = sr_dataset_batch(t->data, idx, n, &x, &y);
     if (!rc && !(rc = sr_dist_autograd_context_begin(&ctx))) {
-        xv = sr_tensor_value(x);
-        if (!(rc = sr_rpc_sync(0, "ps_forward", SR_ARGS(xv), -1, &out))) {
+        xv = sr_value_from_tensor(x);
+        if (!(rc = sr_rpc_sync(0, "ps_forward", SR_ARGS(xv), 0, &out))) {
             loss = sr_cross_entropy(sr_value_tensor(out), y);
             rc = loss ? sr_dist_autograd_backward(ctx, &loss, 1, false) : -EINVAL;
         }
@@ -710,7 +703,7 @@ static int train_step(struct trainer *t, const int64_t *idx, int64_t n, double *
 static int report(double loss, int64_t n)
 {
     sr_value *r = sr_int(sr_rank()), *l = sr_double(loss), *s = sr_int(n);
-    int rc = sr_rpc_sync(0, "ps_report", SR_ARGS(r, l, s), -1, NULL);
+    int rc = sr_rpc_sync(0, "ps_report", SR_ARGS(r, l, s), 0, NULL);
     sr_value_unref(r), sr_value_unref(l), sr_value_unref(s);
     return rc ? fail(rc, "ps_report") : 0;
 }
@@ -736,7 +729,7 @@ static int train_loop(struct trainer *t, int64_t from)
 static int get_params(struct trainer *t)
 {
     sr_value *list = NULL;
-    int rc = sr_rpc_sync(0, "ps_params", SR_NOARGS, -1, &list);
+    int rc = sr_rpc_sync(0, "ps_params", SR_NOARGS, 0, &list);
     if (rc)
         return fail(rc, "ps_params");
     for (int i = 0; i < NPARAMS; i++) {
@@ -750,8 +743,8 @@ static int get_params(struct trainer *t)
 
 static int hello(struct trainer *t, int64_t *from)
 {
-    sr_value *r = sr_int(sr_rank()), *o = sr_rref_value(sr_dist_optim_local_rref(t->optim, 0)), *out = NULL;
-    int rc = sr_rpc_sync(0, "ps_hello", SR_ARGS(r, o), -1, &out);
+    sr_value *r = sr_int(sr_rank()), *o = sr_value_from_rref(sr_dist_optim_local_rref(t->optim, 0)), *out = NULL;
+    int rc = sr_rpc_sync(0, "ps_hello", SR_ARGS(r, o), 0, &out);
     *from = sr_value_int(out);
     sr_value_unref(r), sr_value_unref(o), sr_value_unref(out);
     return rc ? fail(rc, "ps_hello") : 0;
@@ -819,7 +812,7 @@ static int trainer(void)
     if (!rc)
         rc = join_server(&t, &o, &from);
     for (bool again = !rc; again;) { /* again after the server was replaced */
-        if (!(rc = train_loop(&t, from)) && (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, -1, NULL)))
+        if (!(rc = train_loop(&t, from)) && (rc = sr_rpc_sync(0, "ps_done", SR_NOARGS, 0, NULL)))
             fail(rc, "ps_done");
         again = rc && server_replaced(&t, &o, &from);
     }

@@ -46,7 +46,7 @@ static int set_probes(sr_call *c)
 static int set_both(uint32_t m)
 {
     sr_value *v = sr_int(m);
-    int rc = sr_rpc_sync(1, "set_probes", SR_ARGS(v), -1, NULL);
+    int rc = sr_rpc_sync(1, "set_probes", SR_ARGS(v), 0, NULL);
     sr_value_unref(v);
     sr__probe_set(m);
     return rc;
@@ -56,7 +56,7 @@ static int64_t time_hot(int64_t *lat)
 {
     for (int i = 0; i < P_CALLS; i++) {
         int64_t t0 = bench_now_ns();
-        if (sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL))
             ps->errors++;
         lat[i] = bench_now_ns() - t0;
     }
@@ -71,7 +71,7 @@ static int run_one(int rank, int world, void *arg)
     if (sr_init(NULL))
         return 1;
     for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
-        sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL);
+        sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL);
     for (int s = 0; rank == 0 && s < P_SUBS; s++)
         for (int m = 0; m < P_MODES; m++) {
             if (set_both(mode_mask[m]))

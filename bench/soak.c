@@ -121,7 +121,7 @@ static int fn_bump(sr_call *c)
     sr_tensor *r = sr_add_scalar(t, 1.0);
     if (!r)
         return sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
-    sr_value *v = sr_tensor_value(r);
+    sr_value *v = sr_value_from_tensor(r);
     sr_tensor_unref(r);
     return sr_call_return(c, v);
 }
@@ -131,7 +131,7 @@ static int fn_make(sr_call *c)
     sr_tensor *t = tensor_of((size_t)sr_value_int(sr_call_arg(c, 0)));
     if (!t)
         return sr_call_fail(c, -ENOMEM, "%s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }
@@ -184,7 +184,7 @@ static int peer(int not)
 static void op_sync(void)
 {
     sr_tensor *t = tensor_of(rnd_size());
-    sr_value *a = t ? sr_tensor_value(t) : NULL, *out = NULL;
+    sr_value *a = t ? sr_value_from_tensor(t) : NULL, *out = NULL;
     sr_tensor_unref(t);
     int rc = a ? sr_rpc_sync(peer(-1), "bump", SR_ARGS(a), TIMEOUT_S, &out) : -ENOMEM;
     if (rc)
@@ -200,7 +200,7 @@ static void op_async(void)
     int n = 0, rc = 0;
     for (; n < FAN && !rc; n++) {
         sr_tensor *t = tensor_of(rnd_size() / 4);
-        a[n] = t ? sr_tensor_value(t) : NULL;
+        a[n] = t ? sr_value_from_tensor(t) : NULL;
         sr_tensor_unref(t);
         rc = a[n] ? sr_rpc_async(peer(-1), "bump", SR_ARGS(a[n]), TIMEOUT_S, &f[n]) : -ENOMEM;
     }
@@ -221,7 +221,7 @@ static void op_rref(void)
     sr_rref *r = NULL;
     int rc = sr_remote(owner, "make", SR_ARGS(n), TIMEOUT_S, &r);
     if (!rc && (rc = sr_rref_to_here(r, TIMEOUT_S, &v)) == 0 && third != owner) {
-        rv = sr_rref_value(r);
+        rv = sr_value_from_rref(r);
         rc = rv ? sr_rpc_sync(third, "fetch", SR_ARGS(rv), TIMEOUT_S, &got) : -ENOMEM;
     }
     if (rc)

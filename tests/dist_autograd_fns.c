@@ -32,7 +32,7 @@ static int fn_gate_add(sr_call *c)
     sr_tensor *r = sr_add(sr_value_tensor(sr_call_arg(c, 0)), sr_value_tensor(sr_call_arg(c, 1)));
     if (!r)
         return sr_call_fail(c, -EINVAL, "gate_add: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(r);
+    sr_value *v = sr_value_from_tensor(r);
     sr_tensor_unref(r);
     return sr_call_return(c, v);
 }
@@ -145,7 +145,7 @@ int expect_num_grads(int64_t ctx, size_t want, const char *what)
 
 /* ---- values ---- */
 
-sr_value *tv(sr_tensor *t) { return sr_tensor_value(t); }
+sr_value *tv(sr_tensor *t) { return sr_value_from_tensor(t); }
 
 void unref_values(sr_value **v, size_t n)
 {
@@ -593,6 +593,16 @@ static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static sr_tensor *global_rg;
 static void make_global(void) { global_rg = t_full(3, 3, 1, true); }
 
+/* The global tensor lives in the job's segment: drop it before sr_shutdown
+ * (every worker is past its last call then). */
+static void drop_global(void)
+{
+    static const pthread_once_t once_init = PTHREAD_ONCE_INIT;
+    sr_tensor_unref(global_rg);
+    global_rg = NULL;
+    global_once = once_init;
+}
+
 /* ret_rg(): requires_grad_tensor itself. */
 static int fn_ret_rg(sr_call *c)
 {
@@ -803,6 +813,7 @@ int da_then_quiet(int rank, int world)
 {
     if (da_scenario(rank, world) || da_barrier())
         return 1;
+    drop_global();
     return expect_quiet("at the end of the test");
 }
 

@@ -254,7 +254,7 @@ static int fn_remote_of(sr_call *c)
     int rc = sr_remote((int)sr_value_int(sr_call_arg(c, 0)), "make_list", SR_ARGS(n), WAIT_S, &r);
     if (rc)
         return sr_call_fail(c, rc, "remote_of: %s", sr_last_error());
-    sr_value *v = sr_rref_value(r);
+    sr_value *v = sr_value_from_rref(r);
     sr_rref_unref(r);
     return sr_call_return(c, v);
 }
@@ -276,7 +276,7 @@ static int fn_rref_list(sr_call *c)
                 sr_value_unref(items[i]);
             return sr_call_fail(c, rc, "rref_list: %s", sr_last_error());
         }
-        items[i] = sr_rref_value(r);
+        items[i] = sr_value_from_rref(r);
         sr_rref_unref(r);
     }
     sr_value *l = sr_list((size_t)n, items);

@@ -20,18 +20,18 @@ static int caller(void)
 {
     sr_value *x = sr_int(7), *y = NULL, *z = NULL;
     /* rpc_sync: blocks until worker 1 has answered. -1: the default timeout. */
-    if (sr_rpc_sync(1, "square", SR_ARGS(x), -1, &y))
+    if (sr_rpc_sync(1, "square", SR_ARGS(x), 0, &y))
         return fprintf(stderr, "rpc_sync: %s\n", sr_last_error()), 1;
     printf("square(7) on %s = %lld\n", sr_worker_name(1), (long long)sr_value_int(y));
 
     /* rpc_async: the call is on its way; the future holds its result. */
     sr_future *f = NULL;
-    if (sr_rpc_async(1, "square", SR_ARGS(y), -1, &f) || sr_future_wait(f, &z))
+    if (sr_rpc_async(1, "square", SR_ARGS(y), 0, &f) || sr_future_wait(f, &z))
         return fprintf(stderr, "rpc_async: %s\n", sr_last_error()), 1;
     printf("square(49) = %lld\n", (long long)sr_value_int(z));
 
     /* An error on the callee comes back as an error here, with its text. */
-    if (sr_rpc_sync(1, "no_such_function", SR_NOARGS, -1, NULL) == 0)
+    if (sr_rpc_sync(1, "no_such_function", SR_NOARGS, 0, NULL) == 0)
         return fprintf(stderr, "an unknown function did not fail\n"), 1;
     printf("unknown function: %s\n", sr_last_error());
 

@@ -19,7 +19,7 @@ static int make_ones(sr_call *c)
     sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
     if (!t)
         return sr_call_fail(c, -EINVAL, "make_ones: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(t); /* takes its own reference */
+    sr_value *v = sr_value_from_tensor(t); /* takes its own reference */
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }
@@ -38,7 +38,7 @@ static int scale_(sr_call *c)
 static int sum_of(sr_call *c)
 {
     sr_value *v = NULL;
-    if (sr_rref_to_here(sr_value_rref(sr_call_arg(c, 0)), -1, &v))
+    if (sr_rref_to_here(sr_value_rref(sr_call_arg(c, 0)), 0, &v))
         return sr_call_fail(c, -EINVAL, "sum_of: %s", sr_last_error());
     sr_tensor *s = sr_sum(sr_value_tensor(v));
     double total = sr_tensor_item(s);
@@ -60,24 +60,24 @@ static int driver(void)
     sr_value *n = sr_int(4), *two = sr_double(2.0), *before = NULL, *after = NULL, *elsewhere = NULL;
     sr_rref *r = NULL;
     /* remote(): returns at once; the tensor is made on worker 1 and stays there. */
-    if (sr_remote(1, "make_ones", SR_ARGS(n), -1, &r))
+    if (sr_remote(1, "make_ones", SR_ARGS(n), 0, &r))
         return fprintf(stderr, "remote: %s\n", sr_last_error()), 1;
     char name[96];
     printf("%s, owned by %s\n", sr_rref_str(r, name, sizeof(name)), sr_rref_owner_name(r));
 
     /* to_here(): a copy of the value (a tensor is not copied: its block is
      * shared, copy-on-write). */
-    if (sr_rref_to_here(r, -1, &before))
+    if (sr_rref_to_here(r, 0, &before))
         return fprintf(stderr, "to_here: %s\n", sr_last_error()), 1;
     /* A proxy call runs scale_ on the owner, on the owner's tensor. */
-    if (sr_rref_rpc_sync(r, "scale_", SR_ARGS(two), -1, NULL) || sr_rref_to_here(r, -1, &after))
+    if (sr_rref_rpc_sync(r, "scale_", SR_ARGS(two), 0, NULL) || sr_rref_to_here(r, 0, &after))
         return fprintf(stderr, "proxy: %s\n", sr_last_error()), 1;
     printf("sum before %.0f, after scale_(2) %.0f (our first copy still says %.0f)\n", sum(before), sum(after),
            sum(before));
 
     /* Passing the RRef to worker 2 forks it: worker 2 gets its own UserRRef. */
-    sr_value *rv = sr_rref_value(r);
-    if (sr_rpc_sync(2, "sum_of", SR_ARGS(rv), -1, &elsewhere))
+    sr_value *rv = sr_value_from_rref(r);
+    if (sr_rpc_sync(2, "sum_of", SR_ARGS(rv), 0, &elsewhere))
         return fprintf(stderr, "sum_of: %s\n", sr_last_error()), 1;
     printf("sum seen from %s: %.0f\n", sr_worker_name(2), sr_value_double(elsewhere));
 

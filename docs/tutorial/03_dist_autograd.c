@@ -51,8 +51,8 @@ static int driver(void)
 
     /* "add" is a built-in: t1 + t2 computed on worker 1. The call records a
      * send function here and a recv function there, in context ctx. */
-    sr_value *a = sr_tensor_value(t1), *b = sr_tensor_value(t2), *out = NULL;
-    if (sr_rpc_sync(1, "add", SR_ARGS(a, b), -1, &out))
+    sr_value *a = sr_value_from_tensor(t1), *b = sr_value_from_tensor(t2), *out = NULL;
+    if (sr_rpc_sync(1, "add", SR_ARGS(a, b), 0, &out))
         return fprintf(stderr, "add: %s\n", sr_last_error()), 1;
     sr_tensor *t3 = sr_value_tensor(out); /* borrowed from out */
     sr_tensor *t5 = sr_mul(t3, t4), *loss = sr_sum(t5);

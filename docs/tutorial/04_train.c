@@ -60,7 +60,7 @@ static int forward(sr_call *c)
     sr_tensor *y = the_model() ? sr_module_forward(model, sr_value_tensor(sr_call_arg(c, 0))) : NULL;
     if (!y)
         return sr_call_fail(c, -EINVAL, "forward: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -76,9 +76,9 @@ static int parameters(sr_call *c)
     sr_value *items[8];
     for (size_t i = 0; i < n; i++) {
         sr_rref *r = NULL;
-        sr_value *t = sr_tensor_value(p[i]);
+        sr_value *t = sr_value_from_tensor(p[i]);
         sr_rref_create(t, &r); /* an RRef owned here, holding the parameter itself */
-        items[i] = sr_rref_value(r);
+        items[i] = sr_value_from_rref(r);
         sr_rref_unref(r);
         sr_value_unref(t);
     }
@@ -138,7 +138,7 @@ static int trainer(int64_t max_steps)
 
     /* The DistributedOptimizer over the server's parameters. */
     sr_value *params = NULL;
-    if (sr_rpc_sync(0, "parameters", SR_NOARGS, -1, &params))
+    if (sr_rpc_sync(0, "parameters", SR_NOARGS, 0, &params))
         return fprintf(stderr, "parameters: %s\n", sr_last_error()), 1;
     size_t np = sr_value_list_len(params);
     sr_rref *rrefs[8];
@@ -156,11 +156,11 @@ static int trainer(int64_t max_steps)
         sr_tensor *x, *y;
         sr_dataset_batch(train, perm + first + at, count - at < BATCH ? count - at : BATCH, &x, &y);
         int64_t ctx;
-        sr_value *xv = sr_tensor_value(x), *logits = NULL;
+        sr_value *xv = sr_value_from_tensor(x), *logits = NULL;
         sr_tensor *loss = NULL;
         rc = sr_dist_autograd_context_begin(&ctx);
         if (!rc)
-            rc = sr_rpc_sync(0, "forward", SR_ARGS(xv), -1, &logits);                 /* 1 */
+            rc = sr_rpc_sync(0, "forward", SR_ARGS(xv), 0, &logits);                 /* 1 */
         if (!rc && !(loss = sr_cross_entropy(sr_value_tensor(logits), y)))         /* 2 */
             rc = -EINVAL;
         if (!rc)
@@ -179,7 +179,7 @@ static int trainer(int64_t max_steps)
         sr_tensor_unref(y);
     }
     if (!rc)
-        rc = sr_rpc_sync(0, "done", SR_NOARGS, -1, NULL);
+        rc = sr_rpc_sync(0, "done", SR_NOARGS, 0, NULL);
     sr_dist_optim_destroy(opt);
     sr_value_unref(params);
     free(perm);

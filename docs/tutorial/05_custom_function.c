@@ -73,11 +73,12 @@ static int softsign_backward(sr_function_ctx *ctx, sr_tensor *const *dy, size_t 
 {
     (void)nout;
     (void)n;
-    sr_tensor *x; /* borrowed: the values x had in forward */
-    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
+    sr_tensor *x; /* a new reference: the values x had in forward */
+    int rc = sr_function_ctx_saved(ctx, 0, &x);
     if (rc)
         return rc;
     dx[0] = kernel(softsign_grad, x, dy[0]); /* the engine takes this reference over */
+    sr_tensor_unref(x);
     return dx[0] ? 0 : -ENOMEM;
 }
 
@@ -90,7 +91,7 @@ static int remote_softsign(sr_call *c)
     int rc = sr_function_apply(&SOFTSIGN, &x, 1, &y, 1);
     if (rc)
         return rc;
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -127,8 +128,8 @@ static int driver(void)
     int64_t ctx;
     if (sr_dist_autograd_context_begin(&ctx))
         return fprintf(stderr, "context: %s\n", sr_last_error()), 1;
-    sr_value *a = sr_tensor_value(x), *out = NULL;
-    if (sr_rpc_sync(1, "softsign", SR_ARGS(a), -1, &out))
+    sr_value *a = sr_value_from_tensor(x), *out = NULL;
+    if (sr_rpc_sync(1, "softsign", SR_ARGS(a), 0, &out))
         return fprintf(stderr, "softsign: %s\n", sr_last_error()), 1;
     loss = sr_sum(sr_value_tensor(out));
     sr_tensor *g = NULL;

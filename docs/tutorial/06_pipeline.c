@@ -73,12 +73,12 @@ static int stage_new(sr_call *c)
 static int stage_forward(sr_call *c)
 {
     sr_value *in = sr_call_arg(c, 1), *fetched = NULL;
-    if (sr_value_rref(in) && sr_rref_to_here(sr_value_rref(in), -1, &fetched))
+    if (sr_value_rref(in) && sr_rref_to_here(sr_value_rref(in), 0, &fetched))
         return sr_call_fail(c, -EIO, "to_here: %s", sr_last_error());
     struct stage *st = stage_of(c);
     sr_tensor *y = sr_sequential_forward_range(st->m, sr_value_tensor(fetched ? fetched : in), st->from, st->to);
     sr_value_unref(fetched);
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -93,10 +93,10 @@ static int stage_params(sr_call *c)
     sr_module_params(st->m, NULL, &p, NULL);
     sr_value *items[4];
     for (size_t i = 0; i < n; i++) {
-        sr_value *t = sr_tensor_value(p[first + i]);
+        sr_value *t = sr_value_from_tensor(p[first + i]);
         sr_rref *r;
         sr_rref_create(t, &r);
-        items[i] = sr_rref_value(r);
+        items[i] = sr_value_from_rref(r);
         sr_rref_unref(r);
         sr_value_unref(t);
     }
@@ -118,7 +118,7 @@ static int stage_state(sr_call *c)
     sr_value *items[8];
     for (size_t i = 0; i < count; i++) {
         items[2 * i] = sr_str(names[first + i]);
-        items[2 * i + 1] = sr_tensor_value(ts[first + i]);
+        items[2 * i + 1] = sr_value_from_tensor(ts[first + i]);
     }
     sr_value *list = sr_list(2 * count, items);
     for (size_t i = 0; i < 2 * count; i++)
@@ -135,11 +135,11 @@ static sr_tensor *pipeline(sr_rref *const *stages, sr_tensor *x)
     sr_future *futs[SPLITS];
     for (int k = 0; k < SPLITS; k++) {
         sr_tensor *xk = sr_narrow(x, 0, k * (N / SPLITS), N / SPLITS);
-        sr_value *xv = sr_tensor_value(xk), *yv;
+        sr_value *xv = sr_value_from_tensor(xk), *yv;
         sr_rref *y1;
-        sr_rref_remote(stages[0], "stage_forward", SR_ARGS(xv), -1, &y1); /* stays on worker 1 */
-        yv = sr_rref_value(y1);
-        sr_rref_rpc_async(stages[1], "stage_forward", SR_ARGS(yv), -1, &futs[k]);
+        sr_rref_remote(stages[0], "stage_forward", SR_ARGS(xv), 0, &y1); /* stays on worker 1 */
+        yv = sr_value_from_rref(y1);
+        sr_rref_rpc_async(stages[1], "stage_forward", SR_ARGS(yv), 0, &futs[k]);
         sr_value_unref(yv), sr_value_unref(xv), sr_rref_unref(y1), sr_tensor_unref(xk);
     }
     sr_value *outs = NULL;
@@ -176,7 +176,7 @@ static sr_module *gather(sr_rref *const *stages)
     sr_value *states[2];
     size_t n = 0;
     for (int s = 0; s < 2; s++) {
-        sr_rref_rpc_sync(stages[s], "stage_state", SR_NOARGS, -1, &states[s]);
+        sr_rref_rpc_sync(stages[s], "stage_state", SR_NOARGS, 0, &states[s]);
         for (size_t i = 0; i + 1 < sr_value_list_len(states[s]); i += 2, n++) {
             names[n] = sr_value_str(sr_value_list_at(states[s], i));
             ts[n] = sr_value_tensor(sr_value_list_at(states[s], i + 1));
@@ -209,8 +209,8 @@ static int master(void)
     size_t np = 0;
     for (int s = 0; s < 2; s++) {
         sr_value *from = sr_int(s == 0 ? 0 : 2), *to = sr_int(s == 0 ? 2 : 3), *list = NULL;
-        sr_remote(s + 1, "stage_new", SR_ARGS(from, to), -1, &stages[s]); /* rpc.remote("workerN", Stage) */
-        sr_rref_rpc_sync(stages[s], "stage_params", SR_NOARGS, -1, &list);
+        sr_remote(s + 1, "stage_new", SR_ARGS(from, to), 0, &stages[s]); /* rpc.remote("workerN", Stage) */
+        sr_rref_rpc_sync(stages[s], "stage_params", SR_NOARGS, 0, &list);
         for (size_t i = 0; i < sr_value_list_len(list); i++)
             params[np++] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, i)));
         sr_value_unref(from), sr_value_unref(to), sr_value_unref(list);

@@ -190,7 +190,7 @@ static int trainer(void)
 {
     sr_tensor *x = NULL, *y = NULL;
     sr_value *model = NULL;
-    if (make_data(&x, &y) || sr_rpc_sync(0, "get_model", SR_NOARGS, -1, &model))
+    if (make_data(&x, &y) || sr_rpc_sync(0, "get_model", SR_NOARGS, 0, &model))
         return fprintf(stderr, "trainer %d: %s\n", sr_rank(), sr_last_error()), 1;
     double first = NAN, last = NAN;
     int rc = 0;
@@ -201,7 +201,7 @@ static int trainer(void)
             first = last;
         sr_value *gv = grad ? sr_tensor_value(grad) : NULL, *next = NULL;
         /* Returns once every trainer's gradient of this step is in. */
-        rc = gv ? sr_rpc_sync(0, "update_and_fetch_model", SR_ARGS(gv), -1, &next) : -ENOMEM;
+        rc = gv ? sr_rpc_sync(0, "update_and_fetch_model", SR_ARGS(gv), 0, &next) : -ENOMEM;
         if (rc)
             fprintf(stderr, "trainer %d, step %d: %s\n", sr_rank(), s, sr_last_error());
         else if (sr_value_int(sr_value_list_at(next, 0)) != s + 1) {
@@ -229,7 +229,7 @@ static int trainer(void)
     sr_value_unref(model);
     sr_tensor_unref(x);
     sr_tensor_unref(y);
-    if (sr_rpc_sync(0, "done", SR_NOARGS, -1, NULL))
+    if (sr_rpc_sync(0, "done", SR_NOARGS, 0, NULL))
         rc = -EPIPE;
     return rc ? 1 : 0;
 }

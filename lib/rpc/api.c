@@ -15,6 +15,7 @@
 #include "registry.h"
 #include "reorder.h"
 #include "timeout.h"
+#include "leaks.h"
 #include "marshal.h"
 
 #define CALL_SLOTS 65536
@@ -200,9 +201,9 @@ SR_API int sr_init(const sr_init_opts *opts)
         opts = &defaults;
     if (opts->num_worker_threads < 0 || opts->num_worker_threads > 1024)
         return sr__fail(-EINVAL, "sr_init", "num_worker_threads %d is out of range [0, 1024]", opts->num_worker_threads);
-    if (!(opts->rpc_timeout_s >= 0) || isinf(opts->rpc_timeout_s)) /* NaN too */
-        return sr__fail(-EINVAL, "sr_init", "rpc_timeout_s %g is not a finite number of seconds >= 0",
-                        opts->rpc_timeout_s);
+    if (!(opts->rpc_timeout_s >= 0)) /* NaN too */
+        return sr__fail(-EINVAL, "sr_init", "rpc_timeout_s %g is not a number of seconds >= 0 (0: the default, "
+                        "SR_TIMEOUT_NONE: none)", opts->rpc_timeout_s);
     sr__builtins_init();
     pthread_mutex_lock(&life_lock);
     int rc = 0;
@@ -227,6 +228,8 @@ SR_API int sr_init(const sr_init_opts *opts)
             sr__modules_identity(-1, 0, false);
         }
     }
+    if (!rc)
+        sr__leaks_baseline();
     pthread_mutex_unlock(&life_lock);
     return rc;
 }
@@ -259,10 +262,13 @@ SR_API int sr_shutdown(bool graceful, double timeout_s)
         rc = a->elastic ? sr__leave(a, sr__deadline_ns(sr__now_ns(), ms))
                         : sr__graceful(a, sr__deadline_ns(sr__now_ns(), ms));
     if (a) {
-        char keep[512];
+        char keep[512], who[160];
         snprintf(keep, sizeof(keep), "%s", sr_last_error());
+        snprintf(who, sizeof(who), "%s (rank %d)", a->names[a->rank], a->rank);
         teardown(a); /* always, even after an error */
         sr__error_set_text(keep);
+        if (!rc && graceful) /* after teardown: the runtime holds nothing of the user's */
+            rc = sr__leaks_check(who);
     }
     pthread_mutex_unlock(&life_lock);
     return rc;
@@ -402,7 +408,7 @@ SR_API int sr_worker_rank(const char *name)
 SR_API int sr_set_rpc_timeout(double s)
 {
     int64_t ms = 0;
-    int rc = sr__timeout_ms(s, "sr_set_rpc_timeout", &ms);
+    int rc = sr__timeout_ms(s == 0 ? SR_DEFAULT_RPC_TIMEOUT : s, "sr_set_rpc_timeout", &ms);
     if (rc)
         return rc;
     sr_agent *a = sr__agent_get("sr_set_rpc_timeout");
@@ -420,7 +426,8 @@ SR_API double sr_get_rpc_timeout(void)
     if (!a)
         return -1.0;
     /* relaxed: see sr_set_rpc_timeout */
-    double s = (double)atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed) / 1000.0;
+    int64_t ms = atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed);
+    double s = ms ? (double)ms / 1000.0 : SR_TIMEOUT_NONE;
     sr__agent_put(a);
     return s;
 }

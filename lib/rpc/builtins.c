@@ -92,7 +92,7 @@ static int return_tensor(sr_call *c, sr_tensor *t)
 {
     if (!t)
         return sr_call_fail(c, -EINVAL, "%s", error_detail());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     if (!v)
         return sr_call_fail(c, -ENOMEM, "%s", error_detail());

@@ -407,12 +407,12 @@ int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double tim
     for (size_t i = 0; i < args.n; i++)
         if (!args.v[i])
             return sr__fail(-EINVAL, who, "argument %zu of '%s' is NULL", i, fn);
-    if (timeout < 0 && !isinf(timeout)) {
+    if (timeout == 0) { /* SR_TIMEOUT_DEFAULT */
         /* relaxed: the default is captured now, at send time */
         *ms = atomic_load_explicit(&a->default_timeout_ms, memory_order_relaxed);
         return 0;
     }
-    return sr__timeout_ms(timeout, who, ms); /* NaN and the infinities: -EINVAL */
+    return sr__timeout_ms(timeout, who, ms); /* NaN and negative values: -EINVAL */
 }
 
 static enum sr_call_kind call_kind(const struct sr_req *q)

@@ -643,7 +643,7 @@ static int walk_tensor(struct dec *d, size_t at, sr_value **out)
             d->err = rc;
             d->mode = RELEASE;
         } else {
-            built(d, sr_tensor_value(x), out);
+            built(d, sr_value_from_tensor(x), out);
             sr_tensor_unref(x);
         }
     }

@@ -8,8 +8,13 @@
 
 int sr__timeout_ms(double s, const char *fn, int64_t *ms)
 {
-    if (isnan(s) || isinf(s) || s < 0)
-        return sr__fail(-EINVAL, fn, "timeout %g is not a number of seconds (finite and >= 0; 0 means no timeout)", s);
+    if (isnan(s) || s < 0)
+        return sr__fail(-EINVAL, fn, "timeout %g is not a number of seconds (>= 0: 0 is the default, "
+                                     "SR_TIMEOUT_NONE no timeout)", s);
+    if (isinf(s)) { /* SR_TIMEOUT_NONE */
+        *ms = 0;
+        return 0;
+    }
     if (s >= SR_MAX_RPC_TIMEOUT) { /* checked before any conversion: a double too large for int64 is UB */
         *ms = SR__MAX_TIMEOUT_MS;
         return 0;

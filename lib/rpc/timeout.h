@@ -5,12 +5,13 @@
  * before it is converted to an integer (a conversion out of range is
  * undefined behaviour), and a deadline is now + ms computed with an overflow
  * check. The rules (docs/API.md, "Timeouts"):
- *   - NaN and +-infinity are refused (-EINVAL): 0 already means "none";
- *   - 0 is "none" (ms 0, deadline -1);
+ *   - NaN and negative values are refused (-EINVAL);
+ *   - +infinity (SR_TIMEOUT_NONE) is "none" (ms 0, deadline -1);
+ *   - 0 is the function's default: callers whose default is a timeout (a
+ *     call: the current default) replace it before they convert; converted,
+ *     0 is "none", the default of the waits (sr_shutdown, sr_wait_for_*);
  *   - any s > 0 is at least 1 ms: a tiny timeout is never rounded to "none";
- *   - s above SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it.
- * Callers decide what a negative value means (the default, for calls) before
- * they convert; sr__timeout_ms refuses one. */
+ *   - s above SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it. */
 #ifndef SR_RPC_TIMEOUT_H
 #define SR_RPC_TIMEOUT_H
 

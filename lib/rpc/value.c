@@ -22,6 +22,17 @@
 #include "module.h"
 #include "desc.h"
 
+/* Live values of this process by kind, for the shutdown leak check.
+ * relaxed (every access): a count, ordered with nothing; the check reads it
+ * after the runtime's threads are joined. */
+static _Atomic int64_t live_values[SR__VALUE_KINDS];
+
+void sr__value_live_counts(int64_t out[SR__VALUE_KINDS])
+{
+    for (int i = 0; i < SR__VALUE_KINDS; i++)
+        out[i] = atomic_load_explicit(&live_values[i], memory_order_relaxed);
+}
+
 static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 {
     if (tail > SIZE_MAX - sizeof(sr_value)) {
@@ -37,6 +48,7 @@ static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
     atomic_init(&v->refs, 1);
     v->kind = (uint8_t)kind;
     v->depth = 0;
+    atomic_fetch_add_explicit(&live_values[kind], 1, memory_order_relaxed); /* relaxed: see live_values */
     return v;
 }
 
@@ -108,7 +120,7 @@ SR_API sr_value *sr_bytes(const void *p, size_t n)
     return blob_new(SR_KIND_BYTES, p, n, __func__);
 }
 
-SR_API sr_value *sr_tensor_value(sr_tensor *t)
+SR_API sr_value *sr_value_from_tensor(sr_tensor *t)
 {
     if (!t) {
         sr__fail(-EINVAL, __func__, "the tensor is NULL");
@@ -119,6 +131,8 @@ SR_API sr_value *sr_tensor_value(sr_tensor *t)
         v->u.tensor = sr_tensor_ref(t);
     return v;
 }
+
+SR_API sr_value *sr_tensor_value(sr_tensor *t) { return sr_value_from_tensor(t); }
 
 sr_value *sr__value_module(int kind, void *obj)
 {
@@ -226,6 +240,7 @@ static void value_destroy(sr_value *v)
             sr__value_kind(v->kind)->release(v->u.mod);
         break;
     }
+    atomic_fetch_sub_explicit(&live_values[v->kind], 1, memory_order_relaxed); /* relaxed: see live_values */
     free(v);
 }
 

@@ -51,6 +51,11 @@ static inline sr_value **sr__list_items(const sr_value *v)
     return (sr_value **)(uintptr_t)v->tail;
 }
 
+/* Value kinds: the built-in ones and at most SR_MODULE_MAX (4) of modules. */
+#define SR__VALUE_KINDS (SR_KIND_MODULE + 4)
+/* Values of this process alive now, by kind. */
+void sr__value_live_counts(int64_t out[SR__VALUE_KINDS]);
+
 /* A list of n NULL items with refcount 1, for a decoder that fills it in
  * place; NULL (-ENOMEM, -EINVAL) on failure. Destroying a list skips NULL
  * items, so a partly filled list may be unreffed. */

@@ -304,6 +304,17 @@ sr_tensor *sr__tensor_snapshot(const sr_tensor *t)
     return u;
 }
 
+/* Live tensors of this process by dtype, for the shutdown leak check.
+ * relaxed (every access): a count, ordered with nothing; the check reads it
+ * after the runtime's threads are joined. */
+static _Atomic int64_t live_tensors[3];
+
+void sr__tensor_live_counts(int64_t out[3])
+{
+    for (int i = 0; i < 3; i++)
+        out[i] = atomic_load_explicit(&live_tensors[i], memory_order_relaxed);
+}
+
 sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset)
 {
@@ -323,6 +334,7 @@ sr_tensor *sr__tensor_wrap(struct sr_storage *s, sr_dtype dt, int ndim, const in
     /* relaxed: the caller holds a reference to s through another tensor */
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     t->storage = s;
+    atomic_fetch_add_explicit(&live_tensors[dt], 1, memory_order_relaxed); /* relaxed: see live_tensors */
     return t;
 }
 
@@ -383,6 +395,7 @@ SR_API void sr_tensor_unref(sr_tensor *t)
     sr_tensor_unref(t->grad);
     free_hooks(t->hooks);
     sr__storage_unref(t->storage);
+    atomic_fetch_sub_explicit(&live_tensors[t->dtype], 1, memory_order_relaxed); /* relaxed: see live_tensors */
     free(t);
 }
 

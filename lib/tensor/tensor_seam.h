@@ -73,6 +73,8 @@ void sr__tensor_write_end_from(sr_tensor *t, const sr_tensor *const *src, int n)
  * t's current one. What autograd saves for backward. NULL on -ENOMEM. */
 sr_tensor *sr__tensor_snapshot(const sr_tensor *t);
 int64_t sr__numel(int ndim, const int64_t *shape);
+/* Tensors of this process alive now, by dtype (SR_F32, SR_F64, SR_I64). */
+void sr__tensor_live_counts(int64_t out[3]);
 
 /* ---- shapes and errors (shape.c) ---- */
 #define SR_SHAPE_STR 160

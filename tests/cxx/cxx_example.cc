@@ -61,7 +61,7 @@ int axpy(sr_call *c)
     tensor_ptr r(ax ? sr_add(ax.get(), y) : nullptr);
     if (!r)
         return sr_call_fail(c, -EINVAL, "axpy: %s", sr_last_error());
-    return sr_call_return(c, sr_tensor_value(r.get()));
+    return sr_call_return(c, sr_value_from_tensor(r.get()));
 }
 
 // greet(name) = "hello <name> from <worker>"
@@ -88,11 +88,11 @@ void drive()
     const int64_t shape[] = {4};
     const float xs[] = {1, 2, 3, 4}, ys[] = {10, 20, 30, 40};
     tensor_ptr xt(sr_from_data(SR_F32, 1, shape, xs, 0)), yt(sr_from_data(SR_F32, 1, shape, ys, 0));
-    value_ptr a(sr_double(2.0)), x(sr_tensor_value(xt.get())), y(sr_tensor_value(yt.get()));
+    value_ptr a(sr_double(2.0)), x(sr_value_from_tensor(xt.get())), y(sr_value_from_tensor(yt.get()));
 
     // rpc_sync with tensors: 2 * x + y on worker 1.
     sr_value *out = nullptr;
-    if (check(sr_rpc_sync(1, "axpy", SR_ARGS(x.get(), a.get(), y.get()), -1, &out) == 0, "rpc_sync axpy")) {
+    if (check(sr_rpc_sync(1, "axpy", SR_ARGS(x.get(), a.get(), y.get()), 0, &out) == 0, "rpc_sync axpy")) {
         value_ptr r(out);
         check(values_of(r.get()) == std::vector<double>{12, 24, 36, 48}, "rpc_sync axpy result");
     }
@@ -102,7 +102,7 @@ void drive()
     std::vector<future_ptr> fs;
     for (int to = 1; to <= 2; to++) {
         sr_future *f = nullptr;
-        check(sr_rpc_async(to, "greet", SR_ARGS(name.get()), -1, &f) == 0, "rpc_async greet");
+        check(sr_rpc_async(to, "greet", SR_ARGS(name.get()), 0, &f) == 0, "rpc_async greet");
         fs.emplace_back(f);
     }
     for (int to = 1; to <= 2; to++) {
@@ -115,7 +115,7 @@ void drive()
     }
 
     // No arguments, and a lambda as the function.
-    if (check(sr_rpc_sync(2, "rank_of_callee", SR_NOARGS, -1, &out) == 0, "rpc_sync with SR_NOARGS")) {
+    if (check(sr_rpc_sync(2, "rank_of_callee", SR_NOARGS, 0, &out) == 0, "rpc_sync with SR_NOARGS")) {
         value_ptr r(out);
         check(sr_value_int(r.get()) == 2, "rank_of_callee on worker 2");
     }
@@ -123,15 +123,15 @@ void drive()
     // remote: the result stays on worker 2; to_here fetches it, and a call
     // through the RRef runs on its owner with the RRef's value as argument 0.
     sr_rref *rr = nullptr;
-    if (check(sr_remote(2, "axpy", SR_ARGS(x.get(), a.get(), y.get()), -1, &rr) == 0, "remote axpy")) {
+    if (check(sr_remote(2, "axpy", SR_ARGS(x.get(), a.get(), y.get()), 0, &rr) == 0, "remote axpy")) {
         rref_ptr r(rr);
         check(sr_rref_owner(r.get()) == 2, "RRef owner is worker 2");
-        if (check(sr_rref_to_here(r.get(), -1, &out) == 0, "to_here")) {
+        if (check(sr_rref_to_here(r.get(), 0, &out) == 0, "to_here")) {
             value_ptr v(out);
             check(values_of(v.get()) == std::vector<double>{12, 24, 36, 48}, "to_here value");
         }
         value_ptr one(sr_double(1.0));
-        if (check(sr_rref_rpc_sync(r.get(), "axpy", SR_ARGS(one.get(), y.get()), -1, &out) == 0,
+        if (check(sr_rref_rpc_sync(r.get(), "axpy", SR_ARGS(one.get(), y.get()), 0, &out) == 0,
                   "rref_rpc_sync axpy")) {
             value_ptr v(out);
             check(values_of(v.get()) == std::vector<double>{22, 44, 66, 88}, "axpy(1, rref, y)");
@@ -139,7 +139,7 @@ void drive()
     }
 
     // An error on the callee comes back with its text.
-    check(sr_rpc_sync(1, "axpy", SR_ARGS(x.get()), -1, nullptr) == -SR_EREMOTE, "a failing remote call fails");
+    check(sr_rpc_sync(1, "axpy", SR_ARGS(x.get()), 0, nullptr) == -SR_EREMOTE, "a failing remote call fails");
     check(std::string(sr_last_error()).find("axpy takes 3 arguments, got 1") != std::string::npos,
           "the remote error's text");
 }

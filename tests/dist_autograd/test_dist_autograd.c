@@ -401,7 +401,7 @@ static int rref_pass(int callee, int owner, const char *what)
     WCHECK(sr_remote(owner, "ones_rg", SR_ARGS(three, three), WAIT_S, &rt1) == 0, "%s: remote: %s", what,
            sr_last_error());
     sr_tensor *t2 = t_full(3, 3, 0, true);
-    sr_value *rv = sr_rref_value(rt1), *t2v = tv(t2);
+    sr_value *rv = sr_value_from_rref(rt1), *t2v = tv(t2);
     int rc = callee == owner ? sr_remote(callee, "rref_add", SR_ARGS(rv, t2v), WAIT_S, &res)
                              : sr_remote(callee, "nested_rref_add", SR_ARGS(ov, rv, t2v), WAIT_S, &res);
     WCHECK(rc == 0, "%s: remote: %s", what, sr_last_error());
@@ -505,7 +505,7 @@ static int sc_continuations(int rank, int world)
     sr_tensor *loss = sr_sum(sr_value_tensor(v));
     if (da_backward(ctx, &loss, 1, false, "an RRef made outside the context"))
         return 1;
-    sr_value *cv = sr_int(ctx), *rv = sr_rref_value(r);
+    sr_value *cv = sr_int(ctx), *rv = sr_value_from_rref(r);
     WCHECK(noctx_rpc(next, "owner_grad", SR_ARGS(cv, rv), &g) == 0, "owner_grad: %s", sr_last_error());
     if (expect_all(sr_value_tensor(g), 1, "the owner's leaf, in our context"))
         return 1;
@@ -698,7 +698,7 @@ static int sc_relay(int rank, int world)
     sr_rref *p1 = NULL, *p2 = NULL;
     WCHECK(sr_remote(o1, "param", SR_ARGS(s1), WAIT_S, &p1) == 0 && sr_remote(o2, "param", SR_ARGS(s2), WAIT_S, &p2) == 0,
            "remote param: %s", sr_last_error());
-    sr_value *r1 = sr_rref_value(p1), *r2 = sr_rref_value(p2);
+    sr_value *r1 = sr_value_from_rref(p1), *r2 = sr_value_from_rref(p2);
     sr_tensor *t1 = t_rand(3, 3, true), *t2 = t_rand(3, 3, true);
     /* The same, locally. */
     sr_tensor *w1 = param_matrix(10 + rank, true), *w2 = param_matrix(20 + rank, true);
@@ -801,7 +801,7 @@ static int sc_trainer_ps(int rank, int world)
             sr_rref *rt1 = NULL;
             sr_value *three = sr_int(3), *psv = sr_int(ps), *out = NULL;
             WCHECK(sr_remote(ps, "ones_rg", SR_ARGS(three, three), WAIT_S, &rt1) == 0, "remote: %s", sr_last_error());
-            sr_value *rv = sr_rref_value(rt1);
+            sr_value *rv = sr_value_from_rref(rt1);
             sr_future *fs[WORLD - 1];
             for (int i = 0, tr = 0; tr < world; tr++)
                 if (tr != ps)

@@ -43,8 +43,8 @@ static int seed_step(int rank, int world)
         int64_t ctx;
         WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
         sr_tensor *t1 = vec(a, 3, true), *t2 = vec(b, 3, true);
-        sr_value *args[2] = {sr_tensor_value(t1), sr_tensor_value(t2)}, *out = NULL;
-        WCHECK(sr_rpc_sync(1, "add", SR_ARGS(args[0], args[1]), -1, &out) == 0, "rpc: %s", sr_last_error());
+        sr_value *args[2] = {sr_value_from_tensor(t1), sr_value_from_tensor(t2)}, *out = NULL;
+        WCHECK(sr_rpc_sync(1, "add", SR_ARGS(args[0], args[1]), 0, &out) == 0, "rpc: %s", sr_last_error());
         sr_tensor *t3 = sr_value_tensor(out);
         WCHECK(t3 && !strcmp(sr_tensor_grad_fn_name(t3), "RecvRpcBackward"), "t3's grad_fn is %s",
                t3 ? sr_tensor_grad_fn_name(t3) : "none");
@@ -89,12 +89,12 @@ static int chain(sr_call *c)
     if (!y)
         return -EINVAL;
     if (next >= sr_world_size()) {
-        sr_value *v = sr_tensor_value(y);
+        sr_value *v = sr_value_from_tensor(y);
         sr_tensor_unref(y);
         return sr_call_return(c, v);
     }
-    sr_value *args[3] = {sr_tensor_value(y), sr_call_arg(c, 1), sr_int(next)}, *out = NULL;
-    int rc = sr_rpc_sync((int)next, "chain", SR_ARGS(args[0], args[1], args[2]), -1, &out);
+    sr_value *args[3] = {sr_value_from_tensor(y), sr_call_arg(c, 1), sr_int(next)}, *out = NULL;
+    int rc = sr_rpc_sync((int)next, "chain", SR_ARGS(args[0], args[1], args[2]), 0, &out);
     sr_value_unref(args[0]);
     sr_value_unref(args[2]);
     sr_tensor_unref(y);
@@ -114,8 +114,8 @@ static int chain_step(int rank, int world)
     int64_t ctx;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_tensor *x = vec(xv, 2, true), *w = vec(wv, 2, true);
-    sr_value *args[3] = {sr_tensor_value(x), sr_tensor_value(w), sr_int(1)}, *out = NULL;
-    WCHECK(sr_rpc_sync(1, "chain", SR_ARGS(args[0], args[1], args[2]), -1, &out) == 0, "rpc: %s", sr_last_error());
+    sr_value *args[3] = {sr_value_from_tensor(x), sr_value_from_tensor(w), sr_int(1)}, *out = NULL;
+    WCHECK(sr_rpc_sync(1, "chain", SR_ARGS(args[0], args[1], args[2]), 0, &out) == 0, "rpc: %s", sr_last_error());
     sr_tensor *loss = sr_sum(sr_value_tensor(out));
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
     sr_tensor *gx = NULL, *gw = NULL;
@@ -197,7 +197,7 @@ static int add_batch(sr_tensor **loss, sr_value *xv, int n)
 {
     sr_future *f[BATCH];
     for (int i = 0; i < n; i++)
-        WCHECK(sr_rpc_async(1, "add", SR_ARGS(xv, xv), -1, &f[i]) == 0, "rpc_async: %s", sr_last_error());
+        WCHECK(sr_rpc_async(1, "add", SR_ARGS(xv, xv), 0, &f[i]) == 0, "rpc_async: %s", sr_last_error());
     for (int i = 0; i < n; i++) {
         sr_value *out = NULL;
         int rc = sr_future_wait(f[i], &out);
@@ -220,7 +220,7 @@ static int many_rpcs_step(int rank, int world)
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     const double one = 1;
     sr_tensor *x = vec(&one, 1, true), *loss = NULL;
-    sr_value *xv = sr_tensor_value(x);
+    sr_value *xv = sr_value_from_tensor(x);
     for (int i = 0; i < FAN_OUT; i += BATCH)
         if (add_batch(&loss, xv, FAN_OUT - i < BATCH ? FAN_OUT - i : BATCH))
             return 1;
@@ -277,11 +277,11 @@ static int long_chain_step(int rank, int world)
     int64_t ctx;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_tensor *x = vec(x0, 2, true), *w = vec(wv, 2, false), *one = vec(onev, 2, false);
-    sr_value *onevv = sr_tensor_value(one), *cur = sr_tensor_value(x);
+    sr_value *onevv = sr_value_from_tensor(one), *cur = sr_value_from_tensor(x);
     int64_t t0 = sr__now_ns();
     for (int i = 0; i < hops; i++) {
         sr_value *out = NULL;
-        int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), -1, &out);
+        int rc = sr_rpc_sync(1, "add", SR_ARGS(cur, onevv), 0, &out);
         WCHECK(rc == 0, "hop %d of the chain: %d: %s", i, rc, sr_last_error());
         sr_value_unref(cur);
         cur = out;
@@ -379,12 +379,13 @@ static int cube_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, s
     (void)nout;
     (void)n;
     sr_tensor *x;
-    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
+    int rc = sr_function_ctx_saved(ctx, 0, &x);
     if (rc)
         return rc;
     cube_backwards++;
     sr_tensor *x2 = sr_pow_scalar(x, 2), *d = sr_mul_scalar(x2, 3);
     gin[0] = sr_mul(gout[0], d);
+    sr_tensor_unref(x);
     sr_tensor_unref(x2);
     sr_tensor_unref(d);
     return gin[0] ? 0 : -EINVAL;
@@ -404,7 +405,7 @@ static int cube_remote(sr_call *c)
         sr_tensor_unref(y);
         return -EINVAL;
     }
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -418,7 +419,7 @@ static int cube_pass(sr_tensor *x, const char *fn, sr_value **args, size_t nargs
     int64_t ctx;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     sr_value *out = NULL;
-    WCHECK(sr_rpc_sync(1, fn, (sr_args){nargs, args}, -1, &out) == 0, "rpc %s: %s", fn, sr_last_error());
+    WCHECK(sr_rpc_sync(1, fn, (sr_args){nargs, args}, 0, &out) == 0, "rpc %s: %s", fn, sr_last_error());
     sr_tensor *loss = sr_sum(sr_value_tensor(out)), *gx = NULL;
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
     WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad x: %s", sr_last_error());
@@ -446,8 +447,8 @@ static int custom_function_step(int rank, int world)
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     WCHECK(sr_function_apply(&cube_fn, &x, 1, &y, 1) == 0, "apply: %s", sr_last_error());
     WCHECK(!strcmp(sr_tensor_grad_fn_name(y), "CubeBackward"), "y's grad_fn is %s", sr_tensor_grad_fn_name(y));
-    sr_value *yy[2] = {sr_tensor_value(y), sr_tensor_value(y)}, *out = NULL;
-    WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), -1, &out) == 0, "rpc mul: %s", sr_last_error());
+    sr_value *yy[2] = {sr_value_from_tensor(y), sr_value_from_tensor(y)}, *out = NULL;
+    WCHECK(sr_rpc_sync(1, "mul", SR_ARGS(yy[0], yy[1]), 0, &out) == 0, "rpc mul: %s", sr_last_error());
     sr_dist_fn_info send[2];
     size_t nsend;
     WCHECK(sr_dist_autograd_functions(ctx, true, send, 2, &nsend) == 0 && nsend == 1, "send functions: %zu",
@@ -469,7 +470,7 @@ static int custom_function_step(int rank, int world)
     sr_value_unref(yy[1]);
     sr_tensor_unref(y);
 
-    sr_value *xa = sr_tensor_value(x);
+    sr_value *xa = sr_value_from_tensor(x);
     int rc = cube_pass(x, "cube", &xa, 1, d3);
     WCHECK(cube_backwards == 1, "CubeBackward ran on worker 0 for worker 1's Cube");
     sr_value_unref(xa);

@@ -62,7 +62,7 @@ extern _Atomic uint64_t sr__dist_cleanups_unknown;
 /* ---- tensors ---- */
 static sr_tensor *ones(bool rg) { return sr_full(SR_F64, 2, (const int64_t[]){2, 2}, 1.0, rg ? SR_REQUIRES_GRAD : 0); }
 
-static sr_value *tval(sr_tensor *t) { return sr_tensor_value(t); }
+static sr_value *tval(sr_tensor *t) { return sr_value_from_tensor(t); }
 
 /* sum(fn(a, a) on `to`): the result is reduced here at once, so this worker
  * keeps no block of `to`'s; NULL with the error. */

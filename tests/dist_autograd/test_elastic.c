@@ -91,7 +91,7 @@ static int fn_add(sr_call *c)
     sr_tensor *s = sr_add(sr_value_tensor(sr_call_arg(c, 0)), sr_value_tensor(sr_call_arg(c, 1)));
     if (!s)
         return sr_call_fail(c, -EINVAL, "add: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(s);
+    sr_value *v = sr_value_from_tensor(s);
     sr_tensor_unref(s);
     return sr_call_return(c, v);
 }
@@ -134,7 +134,7 @@ static void register_fns(void)
 /* sum(add(a, a)) on `to`, in the current context; NULL with the error. */
 static sr_tensor *remote_sum(int to, sr_tensor *a)
 {
-    sr_value *va = sr_tensor_value(a), *r = NULL;
+    sr_value *va = sr_value_from_tensor(a), *r = NULL;
     int rc = sr_rpc_sync(to, "add", SR_ARGS(va, va), WAIT_S, &r);
     sr_value_unref(va);
     sr_tensor *t = rc ? NULL : sr_value_tensor(r), *s = t ? sr_sum(t) : NULL;

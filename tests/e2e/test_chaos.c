@@ -119,7 +119,7 @@ static int op_call(int peer, int64_t i)
 static int op_tensor(int peer, int64_t i)
 {
     sr_tensor *t = sr_full(SR_F32, 1, (int64_t[]){TENSOR_N}, (double)(i % 1000), 0);
-    sr_value *tv = t ? sr_tensor_value(t) : NULL, *out = NULL;
+    sr_value *tv = t ? sr_value_from_tensor(t) : NULL, *out = NULL;
     sr_tensor_unref(t);
     int rc = tv ? sr_rpc_sync(peer, "add", SR_ARGS(tv, tv), CALL_TIMEOUT_S, &out) : -ENOMEM;
     sr_tensor *r = rc ? NULL : sr_value_tensor(out);
@@ -137,7 +137,7 @@ static int op_rref(int peer, int third, int64_t i)
     sr_rref *r = NULL;
     int rc = sr_remote(peer, "echo", SR_ARGS(arg), CALL_TIMEOUT_S, &r);
     if (!rc)
-        rc = (rv = sr_rref_value(r)) ? sr_rpc_sync(third, "echo", SR_ARGS(rv), CALL_TIMEOUT_S, &back) : -ENOMEM;
+        rc = (rv = sr_value_from_rref(r)) ? sr_rpc_sync(third, "echo", SR_ARGS(rv), CALL_TIMEOUT_S, &back) : -ENOMEM;
     if (!rc)
         rc = sr_rref_to_here(r, CALL_TIMEOUT_S, &here);
     if (!rc && (sr_value_int(here) != i || sr_value_type(back) != SR_KIND_RREF))

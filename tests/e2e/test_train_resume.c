@@ -105,7 +105,7 @@ static void assert_same_params(const char *a, const char *b)
     cr_assert_eq(sr_checkpoint_count(cb), 4);
     for (size_t i = 0; i < 4; i++) {
         const char *name = sr_checkpoint_name(ca, i);
-        sr_tensor *x = sr_checkpoint_get(ca, name), *y = sr_checkpoint_get(cb, name);
+        sr_tensor *x = sr_checkpoint_tensor(ca, name), *y = sr_checkpoint_tensor(cb, name);
         cr_assert(x && y, "'%s' is missing: %s", name, sr_last_error());
         size_t n = sr_tensor_numel(x);
         cr_assert_eq(n, sr_tensor_numel(y), "'%s' has %zu and %zu elements", name, n, sr_tensor_numel(y));
@@ -113,8 +113,6 @@ static void assert_same_params(const char *a, const char *b)
         for (size_t k = 0; k < n; k++)
             cr_assert(!memcmp(&px[k], &py[k], sizeof(float)), "'%s'[%zu]: %.9g uninterrupted, %.9g resumed", name,
                       k, (double)px[k], (double)py[k]);
-        sr_tensor_unref(x);
-        sr_tensor_unref(y);
     }
     sr_checkpoint_destroy(ca);
     sr_checkpoint_destroy(cb);

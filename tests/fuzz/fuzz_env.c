@@ -142,7 +142,7 @@ uint8_t *fz_payload(void) { return sr__block_data(blocks[nblocks - 1]); }
 /* Fork r once, as an encode for a send does. */
 static void fork_once(sr_rref *r)
 {
-    sr_value *v = sr_rref_value(r), *one[1] = {v};
+    sr_value *v = sr_value_from_rref(r), *one[1] = {v};
     uint8_t buf[64];
     if (!v || sr__codec_encode(1, one, 0, buf, sizeof(buf)) < 0)
         die("encoding a fixture RRef");

@@ -66,7 +66,7 @@ static uint8_t *encode(size_t n, sr_value **vals, int self_call, size_t *len)
     return buf;
 }
 
-static sr_value *tensor(int i) { return sr_tensor_value(fz.tensors[i]); }
+static sr_value *tensor(int i) { return sr_value_from_tensor(fz.tensors[i]); }
 
 static sr_value *strv(const char *s) { return sr_str(s); }
 

@@ -50,7 +50,7 @@ static int fn_make_ones(sr_call *c)
     sr_tensor *t = sr_ones(SR_F32, 1, &n, 0);
     if (!t)
         return sr_call_fail(c, -EINVAL, "make_ones: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }
@@ -67,7 +67,7 @@ static int fn_scale(sr_call *c)
     sr_tensor *y = sr_mul(sr_value_tensor(sr_call_arg(c, 0)), w_param);
     if (!y)
         return sr_call_fail(c, -EINVAL, "scale: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -143,7 +143,7 @@ static int step_rref(struct who *w)
     else if (sum_of(sr_value_tensor(got)) != (double)n)
         bad = FAIL(w, "remote make_ones, to_here", "sum %g, expected %lld", sum_of(sr_value_tensor(got)),
                    (long long)n);
-    else if (!(rv = sr_rref_value(r)) || sr_rpc_sync(0, "h_is_mine", SR_ARGS(rv), CALL_TIMEOUT_S, &mine))
+    else if (!(rv = sr_value_from_rref(r)) || sr_rpc_sync(0, "h_is_mine", SR_ARGS(rv), CALL_TIMEOUT_S, &mine))
         bad = FAIL(w, "the RRef passed back to its owner", "%s", sr_last_error());
     else if (!sr_value_bool(mine))
         bad = FAIL(w, "the RRef passed back to its owner", "the owner does not see its own RRef");
@@ -171,7 +171,7 @@ static int step_dist_autograd(struct who *w)
     for (int i = 0; i < LEN; i++)
         xv[i] = (float)(w->thread + 1);
     sr_tensor *x = sr_from_data(SR_F32, 1, &shape, xv, SR_REQUIRES_GRAD), *loss = NULL, *gx = NULL;
-    sr_value *xv_ = x ? sr_tensor_value(x) : NULL, *y = NULL;
+    sr_value *xv_ = x ? sr_value_from_tensor(x) : NULL, *y = NULL;
     int bad = 0;
     if (!x || sr_dist_autograd_context_begin(&ctx))
         bad = FAIL(w, "dist autograd context", "%s", sr_last_error());

@@ -18,10 +18,10 @@ int main(void)
         return fprintf(stderr, "%s\n", sr_last_error()), 1;
     printf("rank %d of %d\n", sr_rank(), sr_world_size());
     sr_value *x = sr_int(7), *y = NULL;
-    int rc = sr_rpc_sync(0, "square", SR_ARGS(x), -1, &y);
+    int rc = sr_rpc_sync(0, "square", SR_ARGS(x), 0, &y);
     if (rc == 0)
         printf("square(7) on %s = %lld\n", sr_worker_name(0), (long long)sr_value_int(y));
-    int bad = sr_rpc_sync(1, "square", SR_ARGS(x), -1, NULL);
+    int bad = sr_rpc_sync(1, "square", SR_ARGS(x), 0, NULL);
     printf("a call to rank 1: %s\n", bad == -EINVAL ? "-EINVAL" : "not refused");
     sr_value_unref(x);
     sr_value_unref(y);

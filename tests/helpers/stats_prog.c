@@ -23,10 +23,10 @@ static int calls(void)
     int world = sr_world_size();
     for (int r = 0; r < world; r++)
         for (int i = 0; i < 200; i++)
-            if (sr_rpc_sync(r, "noop", SR_NOARGS, -1, NULL))
+            if (sr_rpc_sync(r, "noop", SR_NOARGS, 0, NULL))
                 return fprintf(stderr, "noop: %s\n", sr_last_error()), 1;
     for (int i = 0; i < 3; i++)
-        if (sr_rpc_sync(world - 1, "nap", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(world - 1, "nap", SR_NOARGS, 0, NULL))
             return fprintf(stderr, "nap: %s\n", sr_last_error()), 1;
     return 0;
 }

@@ -39,24 +39,24 @@ static int fails(sr_call *c) { return sr_call_fail(c, -EINVAL, "fails on purpose
 static int fetch(sr_call *c)
 {
     sr_value *v = NULL;
-    int rc = sr_rref_to_here(sr_value_rref(sr_call_arg(c, 0)), -1, &v);
+    int rc = sr_rref_to_here(sr_value_rref(sr_call_arg(c, 0)), 0, &v);
     return rc ? rc : sr_call_return(c, v);
 }
 
 static void rpc_and_rrefs(void)
 {
     sr_value *x = sr_int(21), *out = NULL;
-    CHECK(sr_rpc_sync(1, "add", SR_ARGS(x, x), -1, &out) == 0, "add");
+    CHECK(sr_rpc_sync(1, "add", SR_ARGS(x, x), 0, &out) == 0, "add");
     sr_value_unref(out);
-    CHECK(sr_rpc_sync(2, "twice", SR_ARGS(x), -1, &out) == 0 && sr_value_int(out) == 42, "twice");
+    CHECK(sr_rpc_sync(2, "twice", SR_ARGS(x), 0, &out) == 0 && sr_value_int(out) == 42, "twice");
     sr_value_unref(out);
-    CHECK(sr_rpc_sync(1, "fails", SR_NOARGS, -1, NULL) == -SR_EREMOTE, "fails");
+    CHECK(sr_rpc_sync(1, "fails", SR_NOARGS, 0, NULL) == -SR_EREMOTE, "fails");
     sr_rref *r = NULL;
-    CHECK(sr_remote(1, "twice", SR_ARGS(x), -1, &r) == 0, "remote");
-    CHECK(sr_rref_to_here(r, -1, &out) == 0 && sr_value_int(out) == 42, "to_here");
+    CHECK(sr_remote(1, "twice", SR_ARGS(x), 0, &r) == 0, "remote");
+    CHECK(sr_rref_to_here(r, 0, &out) == 0 && sr_value_int(out) == 42, "to_here");
     sr_value_unref(out);
-    sr_value *rv = sr_rref_value(r);
-    CHECK(sr_rpc_sync(2, "fetch", SR_ARGS(rv), -1, &out) == 0 && sr_value_int(out) == 42, "fetch on a user");
+    sr_value *rv = sr_value_from_rref(r);
+    CHECK(sr_rpc_sync(2, "fetch", SR_ARGS(rv), 0, &out) == 0 && sr_value_int(out) == 42, "fetch on a user");
     sr_value_unref(out);
     sr_value_unref(rv);
     sr_rref_unref(r);
@@ -68,8 +68,8 @@ static void autograd(void)
     int64_t ctx, shape = 4;
     CHECK(sr_dist_autograd_context_begin(&ctx) == 0, "context_begin");
     sr_tensor *w = sr_ones(SR_F64, 1, &shape, SR_REQUIRES_GRAD);
-    sr_value *wv = sr_tensor_value(w), *out = NULL;
-    CHECK(sr_rpc_sync(1, "mul", SR_ARGS(wv, wv), -1, &out) == 0, "mul");
+    sr_value *wv = sr_value_from_tensor(w), *out = NULL;
+    CHECK(sr_rpc_sync(1, "mul", SR_ARGS(wv, wv), 0, &out) == 0, "mul");
     sr_tensor *loss = sr_sum(sr_value_tensor(out));
     CHECK(loss && sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward");
     sr_tensor_unref(loss);
@@ -84,10 +84,10 @@ static void autograd(void)
 static void end_badly(const char *mode)
 {
     sr_value *x = sr_int(1), *out = NULL;
-    CHECK(sr_rpc_sync(0, "twice", SR_ARGS(x), -1, &out) == 0, "twice on rank 0");
+    CHECK(sr_rpc_sync(0, "twice", SR_ARGS(x), 0, &out) == 0, "twice on rank 0");
     sr_value_unref(out);
     sr_value_unref(x);
-    CHECK(sr_rpc_sync(2, "last_words", SR_NOARGS, -1, &out) == 0, "last_words");
+    CHECK(sr_rpc_sync(2, "last_words", SR_NOARGS, 0, &out) == 0, "last_words");
     sr_value_unref(out);
     if (!strcmp(mode, "kill"))
         raise(SIGKILL);

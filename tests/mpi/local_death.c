@@ -27,7 +27,7 @@ int main(void)
         return 1;
     }
     if (sr_rank() == 0) {
-        int rc = sr_rpc_sync(1, "die", SR_NOARGS, 0, NULL); /* 0: no timeout */
+        int rc = sr_rpc_sync(1, "die", SR_NOARGS, SR_TIMEOUT_NONE, NULL); /* 0: no timeout */
         printf("local_death: rank 0: the call to rank 1 returned %d (%s): %s\n", rc,
                rc == -EPIPE ? "EPIPE" : "not EPIPE", sr_last_error());
         fflush(stdout);

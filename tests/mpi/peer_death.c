@@ -29,7 +29,7 @@ int main(void)
     }
     int rank = sr_rank();
     if (rank == 0) {
-        int rc = sr_rpc_sync(3, "die", SR_NOARGS, 0, NULL); /* 0: no timeout */
+        int rc = sr_rpc_sync(3, "die", SR_NOARGS, SR_TIMEOUT_NONE, NULL); /* 0: no timeout */
         fprintf(stderr, "peer_death: rank 0: the call returned %d: %s\n", rc, sr_last_error());
     }
     sr_shutdown(true, 0); /* waits for rank 0, which waits for rank 3 */

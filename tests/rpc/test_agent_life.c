@@ -53,12 +53,12 @@ static int one_call(int kind, const char **fn)
         return sr_debug_info_get(&d);
     case 4:
         *fn = "sr_rpc_sync";
-        rc = sr_rpc_sync(0, "noop", SR_NOARGS, -1, &v);
+        rc = sr_rpc_sync(0, "noop", SR_NOARGS, 0, &v);
         sr_value_unref(v);
         return rc;
     default:
         *fn = "sr_rpc_async";
-        rc = sr_rpc_async(0, "noop", SR_NOARGS, -1, &f);
+        rc = sr_rpc_async(0, "noop", SR_NOARGS, 0, &f);
         if (!rc) {
             rc = sr_future_wait(f, NULL);
             sr_future_unref(f);

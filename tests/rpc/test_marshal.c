@@ -101,11 +101,11 @@ static int round_trip(int rank, int world)
     sr_tensor *big = sr_full(SR_F32, 1, (int64_t[]){1000}, 2.5, 0);
     sr_tensor *small = sr_arange(SR_F32, 0, 3, 1, 0);
     WCHECK(big && small, "tensors: %s", sr_last_error());
-    sr_value *items[] = {sr_str("x"), sr_tensor_value(small)};
+    sr_value *items[] = {sr_str("x"), sr_value_from_tensor(small)};
     sr_value *inner = sr_list(2, items);
     sr_value_unref(items[0]);
     sr_value_unref(items[1]);
-    sr_value *vals[] = {sr_int(7), sr_tensor_value(big), inner};
+    sr_value *vals[] = {sr_int(7), sr_value_from_tensor(big), inner};
     uint32_t before = refs(block_of(big));
     sr_msg m;
     if (frame_request(&m, 3, vals))
@@ -150,7 +150,7 @@ static int mismatched_parts(int rank, int world)
     if (rank != 0)
         return 0;
     sr_tensor *t = sr_full(SR_F32, 1, (int64_t[]){100}, 1.0, 0);
-    sr_value *vals[] = {sr_tensor_value(t)};
+    sr_value *vals[] = {sr_value_from_tensor(t)};
     sr_msg m;
     if (frame_request(&m, 1, vals))
         return 1;

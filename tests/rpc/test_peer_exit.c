@@ -171,7 +171,7 @@ static int dies_during_shutdown(int rank, int world, void *arg)
     WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
     if (rank == 0) {
         sr_future *f = NULL;
-        WCHECK(sr_rpc_async(2, "exit_now", SR_NOARGS, 0, &f) == 0, "rpc_async: %s", sr_last_error());
+        WCHECK(sr_rpc_async(2, "exit_now", SR_NOARGS, SR_TIMEOUT_NONE, &f) == 0, "rpc_async: %s", sr_last_error());
         sr_future_unref(f);
     }
     int rc = sr_shutdown(true, 0);
@@ -263,13 +263,13 @@ static int call_to_departed(int rank, int world, void *arg)
     }
     WCHECK(sem_wait_bounded(&board->shut) == 0, "worker1 never shut down");
     sr_future *f = NULL;
-    WCHECK(sr_rpc_async(1, "noop", SR_NOARGS, 0, &f) == 0, "rpc_async: %s", sr_last_error());
+    WCHECK(sr_rpc_async(1, "noop", SR_NOARGS, SR_TIMEOUT_NONE, &f) == 0, "rpc_async: %s", sr_last_error());
     sem_post(&board->sent);
     int rc = sr_future_wait(f, NULL); /* no timeout: only worker1's departure can end it */
     WEXPECT_ERR(rc, -EPIPE, "RPC to worker1 failed: the worker exited with status 0 after a non-graceful sr_shutdown");
     sr_future_unref(f);
     /* A later call fails at send time, saying the same. */
-    rc = sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL);
+    rc = sr_rpc_sync(1, "noop", SR_NOARGS, SR_TIMEOUT_NONE, NULL);
     WEXPECT_ERR(rc, -EPIPE,
                 "worker0: sr_rpc_sync: destination rank 1 is gone: worker1 exited with status 0 after a non-graceful "
                 "sr_shutdown");
@@ -335,15 +335,15 @@ static int owner_gone(int rank, int world, void *arg)
     }
     sr_value *v = sr_int(7);
     sr_rref *r = NULL;
-    WCHECK(sr_remote(0, "echo", SR_ARGS(v), 0, &r) == 0, "remote: %s", sr_last_error());
+    WCHECK(sr_remote(0, "echo", SR_ARGS(v), SR_TIMEOUT_NONE, &r) == 0, "remote: %s", sr_last_error());
     sr_future *conf = NULL;
     WCHECK(sr_rref_confirmation(r, &conf) == 0 && sr_future_wait(conf, NULL) == 0, "confirmation: %s",
            sr_last_error());
     sr_future_unref(conf);
     /* the owner leaves, still attached; its departure is seen here when the call fails */
-    WEXPECT_ERR(sr_rpc_sync(0, "exit_now", SR_NOARGS, 0, NULL), -EPIPE, "RPC to worker0 failed");
-    sr_value *rv = sr_rref_value(r); /* borrowed */
-    int rc = sr_rpc_sync(2, "hold", SR_ARGS(rv), 0, NULL);
+    WEXPECT_ERR(sr_rpc_sync(0, "exit_now", SR_NOARGS, SR_TIMEOUT_NONE, NULL), -EPIPE, "RPC to worker0 failed");
+    sr_value *rv = sr_value_from_rref(r); /* borrowed */
+    int rc = sr_rpc_sync(2, "hold", SR_ARGS(rv), SR_TIMEOUT_NONE, NULL);
     WEXPECT_ERR(rc, -SR_EOWNERLOST, "is lost: worker0 exited with status 0 without sr_shutdown");
     WCHECK(sr_rref_wait_idle(0) == 0, "RRef state still pending: %s", sr_last_error());
     sr_value_unref(v);

@@ -84,7 +84,7 @@ static int fn_make(sr_call *c)
     sr_tensor *t = sr_full(SR_F32, 1, shape, (double)sr_value_int(sr_call_arg(c, 0)), 0);
     if (!t)
         return sr_call_fail(c, -ENOMEM, "no tensor: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }

@@ -92,7 +92,7 @@ static int fn_make(sr_call *c)
     sr_tensor *t = sr_full(SR_F32, 1, shape, (double)sr_value_int(sr_call_arg(c, 0)), 0);
     if (!t)
         return sr_call_fail(c, -ENOMEM, "no tensor: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     sr_tensor_unref(t);
     return sr_call_return(c, v);
 }
@@ -170,7 +170,7 @@ static int one_round(unsigned g, sr_tensor **theirs)
     int64_t shape[1] = {NUMEL};
     sr_tensor *mine = sr_full(SR_F32, 1, shape, 1000.0 + g, 0);
     WCHECK(mine, "round %u: %s", g, sr_last_error());
-    sr_value *arg = sr_tensor_value(mine), *v = NULL;
+    sr_value *arg = sr_value_from_tensor(mine), *v = NULL;
     sr_tensor_unref(mine);
     int rc = sr_rpc_sync(1, "keep", SR_ARGS(arg), WAIT_S, NULL);
     sr_value_unref(arg);
@@ -178,13 +178,13 @@ static int one_round(unsigned g, sr_tensor **theirs)
     /* an RRef of ours whose only fork the victim holds, and whose value it fetched */
     sr_tensor *owned = sr_full(SR_F32, 1, shape, 2000.0 + g, 0);
     WCHECK(owned, "round %u: %s", g, sr_last_error());
-    sr_value *ov = sr_tensor_value(owned);
+    sr_value *ov = sr_value_from_tensor(owned);
     sr_tensor_unref(owned);
     sr_rref *r = NULL;
     rc = sr_rref_create(ov, &r);
     sr_value_unref(ov);
     WCHECK(rc == 0, "round %u: sr_rref_create: %s", g, sr_last_error());
-    arg = sr_rref_value(r);
+    arg = sr_value_from_rref(r);
     sr_rref_unref(r);
     rc = sr_rpc_sync(1, "keep_rref", SR_ARGS(arg), WAIT_S, NULL);
     sr_value_unref(arg);
@@ -311,7 +311,7 @@ static int driver_queued(void)
     for (int i = 0; i < NQUEUED; i++) {
         sr_tensor *t = sr_full(SR_F32, 1, shape, 3000.0 + i, 0);
         WCHECK(t, "%s", sr_last_error());
-        sr_value *v = sr_tensor_value(t);
+        sr_value *v = sr_value_from_tensor(t);
         sr_tensor_unref(t);
         int rc = sr_rpc_async(1, "keep", SR_ARGS(v), WAIT_S, &f[i]);
         sr_value_unref(v);

@@ -39,7 +39,7 @@ static int fn_nested(sr_call *c)
     if (depth == 0)
         return sr_call_return(c, sr_int(me));
     sr_value *d = sr_int(depth - 1), *inner = NULL;
-    int rc = sr_rpc_sync((me + 1) % sr_world_size(), "nested", SR_ARGS(d), -1, &inner);
+    int rc = sr_rpc_sync((me + 1) % sr_world_size(), "nested", SR_ARGS(d), 0, &inner);
     sr_value_unref(d);
     if (rc)
         return sr_call_fail(c, rc, "nested hop from %d failed: %s", me, sr_last_error());
@@ -67,7 +67,7 @@ static int fn_chain(sr_call *c)
     if (left > 0) {
         sr_value *n = sr_int(left - 1);
         sr_future *f;
-        int rc = sr_rpc_async((sr_rank() + 1) % sr_world_size(), "chain", SR_ARGS(n), -1, &f);
+        int rc = sr_rpc_async((sr_rank() + 1) % sr_world_size(), "chain", SR_ARGS(n), 0, &f);
         sr_value_unref(n);
         if (rc)
             return sr_call_fail(c, rc, "chain hop failed: %s", sr_last_error());
@@ -79,7 +79,7 @@ static int fn_chain(sr_call *c)
 /* async relay: forward to the next worker and answer with that future. */
 static int fn_async_relay(sr_call *c, sr_future **out)
 {
-    return sr_rpc_async((sr_rank() + 1) % sr_world_size(), "udf_scalar", SR_ARGS(sr_call_arg(c, 0)), -1, out);
+    return sr_rpc_async((sr_rank() + 1) % sr_world_size(), "udf_scalar", SR_ARGS(sr_call_arg(c, 0)), 0, out);
 }
 
 static void register_fns(void)
@@ -110,23 +110,23 @@ static int sc_add(int rank, int world)
 {
     sr_value *a = sr_int(rank), *b = sr_int(40), *v = NULL;
     int to = (rank + 1) % world;
-    if (expect_int(sr_rpc_sync(to, "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add by rank"))
+    if (expect_int(sr_rpc_sync(to, "add", SR_ARGS(a, b), 0, &v), &v, rank + 40, "add by rank"))
         return 1;
     char name[32];
     snprintf(name, sizeof(name), "worker%d", to);
     WCHECK(sr_worker_rank(name) == to, "worker_rank(%s)", name);
     WCHECK(!strcmp(sr_worker_name(to), name), "worker_name(%d) = %s", to, sr_worker_name(to));
-    if (expect_int(sr_rpc_sync(sr_worker_rank(name), "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add by name"))
+    if (expect_int(sr_rpc_sync(sr_worker_rank(name), "add", SR_ARGS(a, b), 0, &v), &v, rank + 40, "add by name"))
         return 1;
-    if (expect_int(sr_rpc_sync(rank, "add", SR_ARGS(a, b), -1, &v), &v, rank + 40, "add to self"))
+    if (expect_int(sr_rpc_sync(rank, "add", SR_ARGS(a, b), 0, &v), &v, rank + 40, "add to self"))
         return 1;
     sr_future *f;
-    WCHECK(sr_rpc_async(to, "add", SR_ARGS(a, b), -1, &f) == 0, "rpc_async: %s", sr_last_error());
+    WCHECK(sr_rpc_async(to, "add", SR_ARGS(a, b), 0, &f) == 0, "rpc_async: %s", sr_last_error());
     if (expect_int(sr_future_wait(f, &v), &v, rank + 40, "add async"))
         return 1;
     sr_future_unref(f);
     sr_value *x = sr_double(1.5);
-    WCHECK(sr_rpc_sync(to, "add", SR_ARGS(a, x), -1, &v) == 0 && sr_value_double(v) == rank + 1.5, "add double");
+    WCHECK(sr_rpc_sync(to, "add", SR_ARGS(a, x), 0, &v) == 0 && sr_value_double(v) == rank + 1.5, "add double");
     sr_value_unref(v);
     sr_value_unref(x);
     sr_value_unref(a);
@@ -142,7 +142,7 @@ Test(rpc, add_sync_async_self_by_name_and_rank, .timeout = 120)
 static int sc_scalar_udf(int rank, int world)
 {
     sr_value *x = sr_int(rank + 7), *v;
-    int rc = expect_int(sr_rpc_sync((rank + 1) % world, "udf_scalar", SR_ARGS(x), -1, &v), &v, 2 * (rank + 7) + 1,
+    int rc = expect_int(sr_rpc_sync((rank + 1) % world, "udf_scalar", SR_ARGS(x), 0, &v), &v, 2 * (rank + 7) + 1,
                         "udf_scalar");
     sr_value_unref(x);
     return rc;
@@ -160,7 +160,7 @@ static int sc_nested(int rank, int world)
     (void)world;
     sr_value *d = sr_int(3), *v;
     /* 0 -> 1 -> 2 -> 3: 3 returns 3; 2 returns 32; 1 returns 321 */
-    int rc = expect_int(sr_rpc_sync(1, "nested", SR_ARGS(d), -1, &v), &v, 3 * 100 + 2 * 10 + 1, "three hops");
+    int rc = expect_int(sr_rpc_sync(1, "nested", SR_ARGS(d), 0, &v), &v, 3 * 100 + 2 * 10 + 1, "three hops");
     sr_value_unref(d);
     return rc;
 }
@@ -179,7 +179,7 @@ static int sc_async_concurrent(int rank, int world)
     sr_value *xs[20];
     for (int i = 0; i < 20; i++) {
         xs[i] = sr_int(i);
-        WCHECK(sr_rpc_async(1, "async_relay", SR_ARGS(xs[i]), -1, &fs[i]) == 0, "rpc_async %d", i);
+        WCHECK(sr_rpc_async(1, "async_relay", SR_ARGS(xs[i]), 0, &fs[i]) == 0, "rpc_async %d", i);
     }
     sr_value *all;
     WCHECK(sr_future_wait_all(fs, 20, &all) == 0, "wait_all: %s", sr_last_error());
@@ -205,7 +205,7 @@ static int sc_chain(int rank, int world)
         return 0;
     sr_value *n = sr_int(20);
     sr_future *f;
-    WCHECK(sr_rpc_async(1, "chain", SR_ARGS(n), -1, &f) == 0, "start chain: %s", sr_last_error());
+    WCHECK(sr_rpc_async(1, "chain", SR_ARGS(n), 0, &f) == 0, "start chain: %s", sr_last_error());
     sr_future_unref(f); /* nobody waits: shutdown must drain it */
     sr_value_unref(n);
     return 0;
@@ -225,7 +225,7 @@ static int sc_uneven(int rank, int world)
         return 0; /* the others go straight into shutdown and serve from there */
     for (int i = 0; i < 300; i++) {
         sr_value *x = sr_int(i), *v;
-        if (expect_int(sr_rpc_sync(1 + i % (world - 1), "udf_scalar", SR_ARGS(x), -1, &v), &v, 2 * i + 1, "uneven"))
+        if (expect_int(sr_rpc_sync(1 + i % (world - 1), "udf_scalar", SR_ARGS(x), 0, &v), &v, 2 * i + 1, "uneven"))
             return 1;
         sr_value_unref(x);
     }
@@ -251,7 +251,7 @@ static void *caller_thread(void *p)
     for (int i = 0; i < 100; i++) {
         int to = (int)(rand_r(&t->seed) % (unsigned)t->world);
         sr_value *x = sr_int(i * 1000 + t->rank), *v = NULL;
-        int rc = sr_rpc_sync(to, "udf_scalar", SR_ARGS(x), -1, &v);
+        int rc = sr_rpc_sync(to, "udf_scalar", SR_ARGS(x), 0, &v);
         if (rc || sr_value_int(v) != 2 * (i * 1000 + t->rank) + 1) {
             fprintf(stderr, "thread call %d to %d: rc %d %s\n", i, to, rc, sr_last_error());
             t->failures++;

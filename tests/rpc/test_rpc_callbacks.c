@@ -48,7 +48,7 @@ static int parent_num(sr_future *parent, double *x)
 static int add_async(int to, double x, double y, sr_future **out)
 {
     sr_value *a = sr_double(x), *b = sr_double(y);
-    int rc = sr_rpc_async(to, "add", SR_ARGS(a, b), -1, out);
+    int rc = sr_rpc_async(to, "add", SR_ARGS(a, b), 0, out);
     sr_value_unref(a);
     sr_value_unref(b);
     return rc;
@@ -262,7 +262,7 @@ static int link_sync(sr_future *parent, void *arg, sr_value **result)
     sr_value *a = NULL, *b = NULL, *v = NULL;
     if (!rc) {
         a = sr_double(x), b = sr_double(1);
-        rc = sr_rpc_sync((int)(intptr_t)arg, "add", SR_ARGS(a, b), -1, &v);
+        rc = sr_rpc_sync((int)(intptr_t)arg, "add", SR_ARGS(a, b), 0, &v);
     }
     if (!rc)
         *result = sr_double(num(v));
@@ -317,7 +317,7 @@ static int scenario_with_error(int rank, int world)
 {
     (void)world;
     sr_future *f, *g;
-    WCHECK(sr_rpc_async(dst_of(rank), "raise", SR_NOARGS, -1, &f) == 0, "rpc_async: %s", sr_last_error());
+    WCHECK(sr_rpc_async(dst_of(rank), "raise", SR_NOARGS, 0, &f) == 0, "rpc_async: %s", sr_last_error());
     WCHECK(sr_future_then(f, rethrow, NULL, &g) == 0, "then: %s", sr_last_error());
     int rc = sr_future_wait(g, NULL);
     sr_future_unref(f);
@@ -403,7 +403,7 @@ static int scenario_in_rpc(int rank, int world)
 {
     (void)world;
     sr_value *to = sr_int((rank + 2) % WORLD), *x = sr_double(1), *y = sr_double(1), *z = sr_double(2), *v = NULL;
-    int rc = sr_rpc_sync(dst_of(rank), "nested_cb", SR_ARGS(to, x, y, z), -1, &v);
+    int rc = sr_rpc_sync(dst_of(rank), "nested_cb", SR_ARGS(to, x, y, z), 0, &v);
     double got = rc ? 0 : num(v);
     sr_value_unref(to), sr_value_unref(x), sr_value_unref(y), sr_value_unref(z), sr_value_unref(v);
     WCHECK(rc == 0 && got == 4, "rank %d: add_use_future_nested_cb gave %d %g: %s", rank, rc, got, sr_last_error());

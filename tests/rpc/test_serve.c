@@ -108,7 +108,7 @@ static int serve_or(int rank, int (*client)(void))
     }
     release_state();
     int rc = client();
-    WCHECK(sr_rpc_sync(0, "serve.stop", SR_NOARGS, -1, NULL) == 0, "serve.stop: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "serve.stop", SR_NOARGS, 0, NULL) == 0, "serve.stop: %s", sr_last_error());
     return rc;
 }
 
@@ -119,7 +119,7 @@ static int where_client(void)
     long calls = 0;
     for (bool there = false; !there; calls++) {
         sr_value *v = NULL;
-        WCHECK(sr_rpc_sync(0, "serve.where", SR_NOARGS, -1, &v) == 0, "serve.where: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(0, "serve.where", SR_NOARGS, 0, &v) == 0, "serve.where: %s", sr_last_error());
         there = sr_value_bool(v);
         sr_value_unref(v);
         WCHECK(there || now_ns() < until,
@@ -146,8 +146,8 @@ static int pairs_client(void)
 {
     for (int i = 0; i < PAIRS; i++) {
         sr_future *t = NULL, *g = NULL;
-        WCHECK(sr_rpc_async(0, "serve.take", SR_NOARGS, -1, &t) == 0, "serve.take: %s", sr_last_error());
-        WCHECK(sr_rpc_async(0, "serve.give", SR_NOARGS, -1, &g) == 0, "serve.give: %s", sr_last_error());
+        WCHECK(sr_rpc_async(0, "serve.take", SR_NOARGS, 0, &t) == 0, "serve.take: %s", sr_last_error());
+        WCHECK(sr_rpc_async(0, "serve.give", SR_NOARGS, 0, &g) == 0, "serve.give: %s", sr_last_error());
         int rt = sr_future_wait(t, NULL);
         int rg = sr_future_wait(g, NULL);
         sr_future_unref(t);

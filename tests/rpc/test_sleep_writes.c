@@ -100,7 +100,7 @@ static int cycles(int to)
 {
     for (int i = 0; i < CYCLES; i++) {
         WCHECK(asleep(to), "worker%d's progress thread never went to sleep (cycle %d)", to, i);
-        int rc = sr_rpc_sync(to, "noop", SR_NOARGS, 0, NULL);
+        int rc = sr_rpc_sync(to, "noop", SR_NOARGS, SR_TIMEOUT_NONE, NULL);
         WCHECK(rc == 0, "call %d to worker%d: %s", i, to, sr_last_error());
     }
     return 0;

@@ -81,21 +81,21 @@ static int make_calls(void)
 {
     sr_value *v = sr_int(7), *out = NULL;
     for (int i = 0; i < OK_N; i++) {
-        WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(v), -1, &out) == 0, "ok_fn: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(v), 0, &out) == 0, "ok_fn: %s", sr_last_error());
         sr_value_unref(out);
     }
     WCHECK(sr_stats_enable(false), "statistics were not on");
     for (int i = 0; i < OFF_N; i++) /* not counted here; counted on the callee, where recording is on */
-        WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(v), -1, NULL) == 0, "ok_fn: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(v), 0, NULL) == 0, "ok_fn: %s", sr_last_error());
     WCHECK(!sr_stats_enable(true), "statistics were not off");
     sr_value_unref(v);
     for (int i = 0; i < BAD_N; i++)
-        WCHECK(sr_rpc_sync(1, "bad_fn", SR_NOARGS, -1, NULL) == -SR_EREMOTE, "bad_fn: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(1, "bad_fn", SR_NOARGS, 0, NULL) == -SR_EREMOTE, "bad_fn: %s", sr_last_error());
     for (int i = 0; i < NOPE_N; i++)
-        WCHECK(sr_rpc_sync(1, "nope", SR_NOARGS, -1, NULL) == -ENOENT, "nope: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(1, "nope", SR_NOARGS, 0, NULL) == -ENOENT, "nope: %s", sr_last_error());
     /* expiry counts as an error: block waits until release, long after its 20 ms */
     WCHECK(sr_rpc_sync(1, "block", SR_NOARGS, 0.02, NULL) == -ETIMEDOUT, "block: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(1, "release", SR_NOARGS, -1, NULL) == 0, "release: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "release", SR_NOARGS, 0, NULL) == 0, "release: %s", sr_last_error());
     return 0;
 }
 
@@ -112,12 +112,12 @@ static int scenario(int rank, int world)
               called_ok(s, "nope", NOPE_N, NOPE_N) || called_ok(s, "block", 1, 1) || called_ok(s, "release", 1, 0);
     WCHECK(!bad && sr_stats_print(s, "worker0", stderr) == 0, "caller statistics are wrong (above)");
     sr_stats_free(s);
-    WCHECK(sr_rpc_sync(1, "check_callee", SR_NOARGS, -1, NULL) == 0, "%s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "check_callee", SR_NOARGS, 0, NULL) == 0, "%s", sr_last_error());
     sr_stats_reset();
     WCHECK(sr_stats_snapshot(&s) == 0 && sr_stats_len(s) == 0, "after a reset: %zu functions", sr_stats_len(s));
     sr_stats_free(s);
     sr_value *one = sr_int(1);
-    WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(one), -1, NULL) == 0, "ok_fn: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "ok_fn", SR_ARGS(one), 0, NULL) == 0, "ok_fn: %s", sr_last_error());
     sr_value_unref(one);
     WCHECK(sr_stats_snapshot(&s) == 0, "snapshot: %s", sr_last_error());
     bad = called_ok(s, "ok_fn", 1, 0) || sr_stats_len(s) != 1;

@@ -500,7 +500,7 @@ static sr_block *block_of(const sr_tensor *t) { return sr__tensor_block(t); }
 static sr_value *tensor_value_of(sr_tensor *t)
 {
     cr_assert_not_null(t, "%s", sr_last_error());
-    sr_value *v = sr_tensor_value(t);
+    sr_value *v = sr_value_from_tensor(t);
     cr_assert_not_null(v, "%s", sr_last_error());
     sr_tensor_unref(t);
     return v;
@@ -800,8 +800,8 @@ Test(value, constructors_reject_bad_arguments)
     sr_value_unref(one);
     cr_assert_null(sr_object(NULL, NULL, NULL));
     assert_error_mentions("sr_object");
-    cr_assert_null(sr_tensor_value(NULL));
-    assert_error_mentions("sr_tensor_value");
+    cr_assert_null(sr_value_from_tensor(NULL));
+    assert_error_mentions("sr_value_from_tensor");
 
     sr_value *deep = nest(SR_VALUE_MAX_DEPTH, sr_none());
     cr_assert_null(sr_list(1, &deep), "a list may not nest deeper than %d", SR_VALUE_MAX_DEPTH);
@@ -1245,7 +1245,7 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
     const sr_module *saved = sr__modules[slot];
     sr__modules[slot] = &failing_module;
     static int token;
-    sr_value *args[] = {sr_tensor_value(moved), sr__value_module(kind, &token)};
+    sr_value *args[] = {sr_value_from_tensor(moved), sr__value_module(kind, &token)};
     cr_assert(args[0] && args[1]);
     int64_t size = sr__codec_size(2, args, 0);
     cr_assert_gt(size, 0, "%s", sr_last_error());
@@ -1271,3 +1271,18 @@ Test(codec_unwind, a_failed_encode_releases_the_block_it_referenced, .init = hea
     sr__heap_counters_get(&end);
     cr_assert_eq(end.allocs - start.allocs, end.local_frees - start.local_frees, "no block leaked");
 }
+
+/* The names renamed by the ownership convention (docs/API.md, "Ownership")
+ * still work for one release, with their old ownership. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+Test(value, deprecated_names_keep_working)
+{
+    sr_tensor *t = sr_zeros(SR_F64, 1, (const int64_t[]){3}, 0);
+    sr_value *a = sr_tensor_value(t), *b = sr_value_from_tensor(t);
+    cr_assert(a && b && sr_value_tensor(a) == t && sr_value_equal(a, b), "%s", sr_last_error());
+    sr_value_unref(a);
+    sr_value_unref(b);
+    sr_tensor_unref(t);
+}
+#pragma GCC diagnostic pop

@@ -99,7 +99,7 @@ static int fn_bounce(sr_call *c)
         ;
     sr_value *arg = sr_int(n - 1), *out = NULL;
     sr_future *f = NULL, *g = NULL;
-    int rc = sr_rpc_async((me + 1) % world, "ws.bounce", SR_ARGS(arg), -1, &f);
+    int rc = sr_rpc_async((me + 1) % world, "ws.bounce", SR_ARGS(arg), 0, &f);
     sr_value_unref(arg);
     if (!rc)
         rc = sr_future_then(f, pass_on, NULL, &g);
@@ -141,7 +141,7 @@ static int fn_hold(sr_call *c)
     bool die = sr_value_bool(sr_call_arg(c, 1));
     sr_future *b = NULL;
     sr_value *r = sr_int(round);
-    int rc = sr_rpc_async(0, "ws.block", SR_ARGS(r), -1, &b);
+    int rc = sr_rpc_async(0, "ws.block", SR_ARGS(r), 0, &b);
     sr_value_unref(r);
     if (rc)
         return sr_call_fail(c, rc, "%s", sr_last_error());
@@ -204,7 +204,7 @@ static int stop_all(int world, int except)
 {
     for (int r = 0; r < world; r++)
         if (r != except)
-            WCHECK(sr_rpc_sync(r, "ws.stop", SR_NOARGS, -1, NULL) == 0, "ws.stop on worker%d: %s", r, sr_last_error());
+            WCHECK(sr_rpc_sync(r, "ws.stop", SR_NOARGS, 0, NULL) == 0, "ws.stop on worker%d: %s", r, sr_last_error());
     return 0;
 }
 
@@ -220,7 +220,7 @@ static int where_scenario(int rank, int world)
         long calls = 0;
         for (bool there = false; !there; calls++) {
             sr_value *v = NULL;
-            WCHECK(sr_rpc_sync(0, "ws.where", SR_NOARGS, -1, &v) == 0, "ws.where: %s", sr_last_error());
+            WCHECK(sr_rpc_sync(0, "ws.where", SR_NOARGS, 0, &v) == 0, "ws.where: %s", sr_last_error());
             there = sr_value_bool(v);
             sr_value_unref(v);
             WCHECK(there || now_ns() < until,
@@ -248,7 +248,7 @@ static int nest_scenario(int rank, int world)
         rc = wait_for_stop();
     } else {
         sr_value *arg = sr_int(NEST), *out = NULL;
-        int r = sr_rpc_sync(1, "ws.bounce", SR_ARGS(arg), -1, &out);
+        int r = sr_rpc_sync(1, "ws.bounce", SR_ARGS(arg), 0, &out);
         sr_value_unref(arg);
         WCHECK(r == 0, "ws.bounce(%d) around %d workers: %s", NEST, world, sr_last_error());
         WCHECK(sr_value_int(out) == NEST, "ws.bounce(%d) returned %lld", NEST, (long long)sr_value_int(out));
@@ -280,7 +280,7 @@ static void *other_thread(void *p)
     (void)p;
     if (sem_wait_bounded(&u_go))
         return "ws.block never let the other thread call";
-    if (sr_rpc_sync(u_target, "ws.where", SR_NOARGS, -1, NULL))
+    if (sr_rpc_sync(u_target, "ws.where", SR_NOARGS, 0, NULL))
         return "the other thread's sr_rpc_sync failed";
     sem_post(&u_done);
     return NULL;
@@ -294,7 +294,7 @@ static int block_round(uint32_t round, bool die)
     pthread_t u;
     WCHECK(pthread_create(&u, NULL, other_thread, NULL) == 0, "pthread_create");
     sr_value *args[2] = {sr_int(round), sr_bool(die)};
-    WCHECK(sr_rpc_async(1, "ws.hold", SR_ARGS(args[0], args[1]), -1, &own) == 0, "ws.hold: %s", sr_last_error());
+    WCHECK(sr_rpc_async(1, "ws.hold", SR_ARGS(args[0], args[1]), 0, &own) == 0, "ws.hold: %s", sr_last_error());
     sr_value_unref(args[0]);
     sr_value_unref(args[1]);
     WCHECK((ev = sr_future_new()) != NULL, "sr_future_new");
@@ -363,7 +363,7 @@ static int die_worker(int rank, int world, void *arg)
         int rc = block_round((uint32_t)round, true);
         WEXPECT_ERR(rc, -EPIPE, "worker1");
         /* worker 2 shuts down as soon as stop is set: its answer may not come */
-        rc = sr_rpc_sync(2, "ws.stop", SR_NOARGS, -1, NULL);
+        rc = sr_rpc_sync(2, "ws.stop", SR_NOARGS, 0, NULL);
         WCHECK(rc == 0 || rc == -EPIPE, "ws.stop on worker2: %s", sr_last_error());
     }
     (void)world;

@@ -65,7 +65,7 @@ static int sc_user_to_owner(int rank, int world)
     sr_value *n = sr_int(7), *info = NULL;
     sr_rref *r = NULL;
     WCHECK(sr_remote(3, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_sync(3, "rref_info", SR_ARGS(rv), WAIT_S, &info) == 0, "rref_info: %s", sr_last_error());
     WCHECK(sr_value_int(sr_value_list_at(info, 0)) == 1 && sr_value_int(sr_value_list_at(info, 3)) == 7,
            "the owner did not get its OwnerRRef with the value");
@@ -103,7 +103,7 @@ static int sc_owner_to_user(int rank, int world)
     WCHECK(!strncmp(sr_rref_str(r, s, sizeof(s)), "OwnerRRef(rref_id=(1,", 21), "str: %s", s);
     sr_rref_debug_info d;
     WCHECK(sr_rref_debug_info_get(&d) == 0 && d.num_owner_rrefs == 0, "RRef(x) is registered before any fork");
-    sr_value *rv = sr_rref_value(r), *rv2 = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r), *rv2 = sr_value_from_rref(r);
     WCHECK(sr_value_equal(rv, rv2) && sr_value_rref(rv2) == r && sr_value_type(rv) == SR_KIND_RREF,
            "two values of one RRef");
     sr_value_unref(rv2);
@@ -152,7 +152,7 @@ static int sc_user_to_user(int rank, int world)
     sr_value *n = sr_int(9), *v = NULL, *zero = sr_int(0), *seed = sr_int(3);
     sr_rref *r = NULL;
     WCHECK(sr_remote(2, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     /* Sent at once, before the owner may even have the RRef. */
     WCHECK(sr_rpc_sync(1, "hold", SR_ARGS(rv), WAIT_S, &v) == 0, "hold: %s", sr_last_error());
     uint64_t forks[2] = {sr_rref_fork_id(r), (uint64_t)sr_value_int(v)};
@@ -204,7 +204,7 @@ static int sc_self(int rank, int world)
     WCHECK(sr_rref_is_owner(own) && sr_rref_confirmed_by_owner(own), "remote() to self is an OwnerRRef");
     if (expect_pair(own, 4))
         return 1;
-    sr_value *ov = sr_rref_value(own);
+    sr_value *ov = sr_value_from_rref(own);
     WCHECK(sr_rpc_sync(2, "rref_info", SR_ARGS(ov), WAIT_S, &info) == 0, "owner to self: %s", sr_last_error());
     WCHECK(sr_value_int(sr_value_list_at(info, 0)) == 1 && sr_value_int(sr_value_list_at(info, 3)) == 4,
            "the owner did not get its own OwnerRRef back");
@@ -212,7 +212,7 @@ static int sc_self(int rank, int world)
     if (expect_forks(own, NULL, 0, "after the self-fork"))
         return 1;
     WCHECK(sr_remote(0, "make_list", SR_ARGS(n), WAIT_S, &user) == 0, "remote: %s", sr_last_error());
-    sr_value *uv = sr_rref_value(user);
+    sr_value *uv = sr_value_from_rref(user);
     WCHECK(sr_rpc_sync(2, "rref_info", SR_ARGS(uv), WAIT_S, &info) == 0, "user to self: %s", sr_last_error());
     WCHECK(sr_value_int(sr_value_list_at(info, 0)) == 0 && sr_value_int(sr_value_list_at(info, 1)) == 1 &&
                (uint64_t)sr_value_int(sr_value_list_at(info, 2)) != sr_rref_fork_id(user),
@@ -309,7 +309,7 @@ static int sc_chain(int rank, int world)
     if (rank == 0) {
         sr_value *n = sr_int(42), *hops = sr_int(8), *v = NULL;
         WCHECK(sr_remote(2, "make_list", SR_ARGS(n), WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-        sr_value *rv = sr_rref_value(r);
+        sr_value *rv = sr_value_from_rref(r);
         WCHECK(sr_rpc_sync(1, "forward", SR_ARGS(rv, hops), WAIT_S, &v) == 0, "chain: %s", sr_last_error());
         WCHECK(sr_value_int(sr_value_list_at(v, 0)) == 42, "the value at the end of the chain");
         sr_value_unref(v);
@@ -434,7 +434,7 @@ static int sc_sent_once(int rank, int world)
     WCHECK(sr_rpc_async(1, "stall", SR_ARGS(ms), WAIT_S, &stall) == 0, "stall: %s", sr_last_error());
     sr_value_unref(ms);
     for (int i = 0; i < FORKS; i++) {
-        sr_value *rv = sr_rref_value(r[i]);
+        sr_value *rv = sr_value_from_rref(r[i]);
         WCHECK(sr_rpc_async(2, "hold", SR_ARGS(rv), WAIT_S, &fs[2 * i]) == 0 &&
                    sr_rpc_async(3, "hold", SR_ARGS(rv), WAIT_S, &fs[2 * i + 1]) == 0,
                "hold: %s", sr_last_error());
@@ -533,7 +533,7 @@ static int sc_runs_unconfirmed(int rank, int world)
     sr_future *blocked = NULL;
     if (rref_with_owner_blocked(4, &r, &blocked))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     int rc = sr_rpc_sync(2, "peek", SR_ARGS(rv), 5.0, &v);
     WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
     WCHECK(rc == 0, "a call given a user->user RRef waited for its blocked owner: %s", sr_last_error());
@@ -578,7 +578,7 @@ static int sc_confirmed_in_callees(int rank, int world)
     WCHECK(rc == 0, "remote: %s", sr_last_error());
     if (wait_confirmed(r))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_sync(1, "peek", SR_ARGS(rv), WAIT_S, &v) == 0, "peek on the owner: %s", sr_last_error());
     WCHECK(sr_value_int(v) == 1, "on its owner the RRef is not confirmed_by_owner (PyTorch: true)");
     sr_value_unref(v);
@@ -629,7 +629,7 @@ static int sc_dropped_forks(int rank, int world)
     sr_future *blocked = NULL;
     if (rref_with_owner_blocked(6, &r, &blocked))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     int rc = 0;
     for (int i = 0; i < DROPS && !rc; i++) {
         rc = sr_rpc_sync(2, "peek", SR_ARGS(rv), 5.0, &v);
@@ -729,7 +729,7 @@ static int sc_kept_fork(int rank, int world)
     sr_future *blocked = NULL;
     if (rref_with_owner_blocked(9, &r, &blocked))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     int rc = sr_rpc_sync(2, "keep", SR_ARGS(rv), 5.0, &v);
     WCHECK(write(release_pipe[1], "x", 1) == 1, "cannot release the owner");
     WCHECK(rc == 0, "keep waited for the blocked owner: %s", sr_last_error());
@@ -825,7 +825,7 @@ static int sc_parent_waits(int rank, int world)
     sr_value_unref(n);
     if (wait_confirmed(r))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_async(2, "hold_until_told", SR_ARGS(rv), WAIT_S, &held) == 0, "hold: %s", sr_last_error());
     sr_value_unref(rv);
     int64_t pending = 0, until = sr__now_ns() + (int64_t)(WAIT_S * 1e9);
@@ -877,7 +877,7 @@ static int sc_parent_dropped_first(int rank, int world)
     if (wait_confirmed(r))
         return 1;
     uint64_t rid = sr_rref_id(r);
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_async(2, "to_here_when_told", SR_ARGS(rv), WAIT_S, &f) == 0, "call: %s", sr_last_error());
     sr_value_unref(rv);
     sr_rref_unref(r); /* only the pending child's hold keeps worker0's fork now */

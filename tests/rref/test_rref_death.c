@@ -118,7 +118,7 @@ static int fn_make_owned(sr_call *c)
     sr_value_unref(v);
     if (rc)
         return sr_call_fail(c, rc, "make_owned: %s", sr_last_error());
-    sr_value *out = sr_rref_value(r);
+    sr_value *out = sr_value_from_rref(r);
     sr_rref_unref(r);
     return sr_call_return(c, out);
 }
@@ -133,7 +133,7 @@ static int fn_hold_survivors(sr_call *c)
     if (!rc)
         rc = sr_rref_to_here(kept, WAIT_S, &v); /* confirmed */
     sr_value_unref(v);
-    sr_value *rv = rc ? NULL : sr_rref_value(kept);
+    sr_value *rv = rc ? NULL : sr_value_from_rref(kept);
     if (!rc)
         rc = sr_rpc_sync(0, "keep", SR_ARGS(rv), WAIT_S, NULL);
     sr_value_unref(rv);
@@ -308,7 +308,7 @@ static int driver_owner_dies(void)
     sr_rref *r = NULL;
     if (victim_owned(7, &r))
         return 1;
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_sync(2, "keep", SR_ARGS(rv), WAIT_S, NULL) == 0, "keep on rank 2: %s", sr_last_error());
     sr_value_unref(rv);
     if (kill_victim() || driver_try(r, "rank 0 after the kill") || remote_try(2, "rank 2 after the kill"))
@@ -322,7 +322,7 @@ static int driver_owner_dies(void)
     int rc = sr_future_wait(f, NULL);
     sr_future_unref(f);
     WCHECK(rc == -SR_EOWNERLOST, "the confirmation of a lost RRef gave %d: %s", rc, sr_last_error());
-    rv = sr_rref_value(r);
+    rv = sr_value_from_rref(r);
     rc = sr_rpc_sync(2, "ident", SR_ARGS(rv), WAIT_S, NULL);
     sr_value_unref(rv);
     WCHECK(rc == -SR_EOWNERLOST, "passing a lost RRef on gave %d: %s", rc, sr_last_error());
@@ -409,7 +409,7 @@ static int driver_child_lost(void)
     sr_future *f = NULL;
     WCHECK(sr_rpc_async(1, "freeze", SR_NOARGS, WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
     WCHECK(replace_wait_stopped(fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
-    sr_value *rv = sr_rref_value(r);
+    sr_value *rv = sr_value_from_rref(r);
     WCHECK(sr_rpc_sync(2, "hold", SR_ARGS(rv), WAIT_S, NULL) == 0, "hold on rank 2: %s", sr_last_error());
     sr_value_unref(rv);
     sr_rref_unref(r); /* the child's parent: held by the pending child now */

@@ -178,7 +178,7 @@ static int sc_proxies(int rank, int world)
     enum { N = 25 };
     sr_rref *r = NULL;
     WCHECK(sr_remote(1, "ctr_new", SR_NOARGS, WAIT_S, &r) == 0, "remote: %s", sr_last_error());
-    sr_value *rv = sr_rref_value(r), *n = sr_int(N), *v = NULL;
+    sr_value *rv = sr_value_from_rref(r), *n = sr_int(N), *v = NULL;
     sr_future *fs[WORLD];
     for (int w = 0; w < world; w++)
         WCHECK(sr_rpc_async(w, "bump", SR_ARGS(rv, n), WAIT_S, &fs[w]) == 0, "bump on %d: %s", w,
@@ -265,7 +265,7 @@ static int sc_param_server(int rank, int world)
     sr_value *obj = sr_object(s, ps_free, "ParameterServer");
     sr_rref *r = NULL;
     WCHECK(sr_rref_create(obj, &r) == 0, "create: %s", sr_last_error());
-    sr_value *rv = sr_rref_value(r), *v = NULL;
+    sr_value *rv = sr_value_from_rref(r), *v = NULL;
     sr_future *fs[PS_USERS];
     for (int u = 0; u < PS_USERS; u++)
         WCHECK(sr_rpc_async(u + 1, "ps_user", SR_ARGS(rv), WAIT_S, &fs[u]) == 0, "ps_user: %s", sr_last_error());
@@ -309,7 +309,7 @@ static int sc_many(int rank, int world)
     for (int i = 0; i < MANY; i++) {
         if (rand_r(&seed) % 2)
             continue;
-        sr_value *rv = sr_rref_value(mine[i]);
+        sr_value *rv = sr_value_from_rref(mine[i]);
         WCHECK(sr_rpc_async(rand_r(&seed) % world, "hold", SR_ARGS(rv), WAIT_S, &fs[nf++]) == 0, "hold: %s",
                sr_last_error());
         sr_value_unref(rv);

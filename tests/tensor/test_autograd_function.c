@@ -66,17 +66,17 @@ static int mul_fwd(sr_function_ctx *ctx, sr_tensor *const *in, size_t n, sr_tens
 static int mul_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
 {
     log_backward(ctx, gout, nout, n);
-    sr_tensor *x, *y;
-    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
+    sr_tensor *x = NULL, *y = NULL;
+    int rc = sr_function_ctx_saved(ctx, 0, &x);
     if (!rc)
-        rc = sr_function_ctx_saved_tensor(ctx, 1, &y);
-    if (rc)
-        return rc;
-    if (sr_function_ctx_needs_input_grad(ctx, 0))
+        rc = sr_function_ctx_saved(ctx, 1, &y);
+    if (!rc && sr_function_ctx_needs_input_grad(ctx, 0))
         gin[0] = sr_mul(gout[0], y);
-    if (sr_function_ctx_needs_input_grad(ctx, 1))
+    if (!rc && sr_function_ctx_needs_input_grad(ctx, 1))
         gin[1] = sr_mul(gout[0], x);
-    return 0;
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
+    return rc;
 }
 
 Test(function, saved_tensors_and_needs_input_grad)
@@ -517,13 +517,14 @@ static int nograd_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout,
 {
     log_backward(ctx, gout, nout, n);
     sr_tensor *a = (sr_tensor *)1, *b = NULL;
-    int rc = sr_function_ctx_saved_tensor(ctx, 0, &a);
+    int rc = sr_function_ctx_saved(ctx, 0, &a);
     if (!rc)
-        rc = sr_function_ctx_saved_tensor(ctx, 1, &b);
+        rc = sr_function_ctx_saved(ctx, 1, &b);
     if (!rc && (a || !b || sr_function_ctx_num_saved(ctx) != 2))
         rc = -EINVAL; /* NULL saved, then x */
-    if (!rc && sr_function_ctx_saved_tensor(ctx, 2, &a) != -EINVAL)
+    if (!rc && sr_function_ctx_saved(ctx, 2, &a) != -EINVAL)
         rc = -EINVAL; /* out of range */
+    sr_tensor_unref(b);
     (void)gin; /* gin[0] stays NULL: no gradient */
     return rc;
 }
@@ -563,10 +564,11 @@ static int shared_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout,
     (void)nout;
     (void)n;
     atomic_fetch_add_explicit(&shared_backwards, 1, memory_order_relaxed);
-    sr_tensor *y;
-    int rc = sr_function_ctx_saved_tensor(ctx, 1, &y);
+    sr_tensor *y = NULL;
+    int rc = sr_function_ctx_saved(ctx, 1, &y);
     if (!rc && sr_function_ctx_needs_input_grad(ctx, 0))
         gin[0] = sr_mul(gout[0], y);
+    sr_tensor_unref(y);
     return rc ? rc : gin[0] ? 0 : -EINVAL;
 }
 

@@ -265,13 +265,17 @@ static int xsin_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, s
 {
     (void)nout;
     (void)n;
-    sr_tensor *x, *y;
-    int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);
-    if (rc || (rc = sr_function_ctx_saved_tensor(ctx, 1, &y)))
+    sr_tensor *x = NULL, *y = NULL;
+    int rc = sr_function_ctx_saved(ctx, 0, &x);
+    if (rc || (rc = sr_function_ctx_saved(ctx, 1, &y))) {
+        sr_tensor_unref(x);
         return rc;
+    }
     sr_tensor *s = sr_sin(y), *c = sr_cos(y), *xc = sr_mul(x, c);
     gin[0] = sr_mul(gout[0], s);
     gin[1] = sr_mul(gout[0], xc);
+    sr_tensor_unref(x);
+    sr_tensor_unref(y);
     sr_tensor_unref(s);
     sr_tensor_unref(c);
     sr_tensor_unref(xc);

@@ -36,7 +36,7 @@ static sr_tensor *counting(sr_dtype dt, int nd, const int64_t *shape, double bas
 /* A value holding t (the value takes its own reference; t's is dropped). */
 static sr_value *tv(sr_tensor *t)
 {
-    sr_value *v = t ? sr_tensor_value(t) : NULL;
+    sr_value *v = t ? sr_value_from_tensor(t) : NULL;
     sr_tensor_unref(t);
     return v;
 }
@@ -132,7 +132,7 @@ static int fn_keep(sr_call *c)
 static int fn_kept(sr_call *c)
 {
     pthread_mutex_lock(&kept_lock);
-    sr_value *v = kept ? sr_tensor_value(kept) : sr_none();
+    sr_value *v = kept ? sr_value_from_tensor(kept) : sr_none();
     pthread_mutex_unlock(&kept_lock);
     return sr_call_return(c, v);
 }
@@ -186,7 +186,7 @@ static void drop_private(void)
 static int remote_matches(int to, const char *fn, sr_value *a, sr_value *b, sr_tensor *local, const char *what)
 {
     sr_value *v = NULL;
-    int rc = b ? sr_rpc_sync(to, fn, SR_ARGS(a, b), -1, &v) : sr_rpc_sync(to, fn, SR_ARGS(a), -1, &v);
+    int rc = b ? sr_rpc_sync(to, fn, SR_ARGS(a, b), 0, &v) : sr_rpc_sync(to, fn, SR_ARGS(a), 0, &v);
     if (rc) {
         sr_tensor_unref(local);
         WCHECK(0, "%s on worker %d failed: %s", what, to, sr_last_error());
@@ -236,13 +236,13 @@ static int expect_where(int to, sr_value *v, const sr_tensor *t, const char *wha
 {
     if (!shares_heap(to)) { /* a copy: the same values come back */
         sr_value *back = NULL;
-        WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(v), -1, &back) == 0, "%s: %s", what, sr_last_error());
+        WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(v), 0, &back) == 0, "%s: %s", what, sr_last_error());
         int rc = expect_tensor(back, t, what);
         sr_value_unref(back);
         return rc;
     }
     sr_value *w = NULL;
-    WCHECK(sr_rpc_sync(to, "where", SR_ARGS(v), -1, &w) == 0, "%s: %s", what, sr_last_error());
+    WCHECK(sr_rpc_sync(to, "where", SR_ARGS(v), 0, &w) == 0, "%s: %s", what, sr_last_error());
     int64_t blk = sr_value_int(sr_value_list_at(w, 0)), off = sr_value_int(sr_value_list_at(w, 1));
     sr_value_unref(w);
     WCHECK((uint64_t)blk == block_off(t) && off == t->offset,
@@ -261,7 +261,7 @@ static int sc_zero_copy(int rank, int world)
         expect_where(to, vv, view, "narrowed view to a peer"))
         return 1;
     /* echo hands the callee's tensor back: the caller gets its own bytes. */
-    WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(va), -1, &back) == 0, "echo: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(va), 0, &back) == 0, "echo: %s", sr_last_error());
     sr_tensor *b = sr_value_tensor(back);
     bool local = shares_heap(to);
     WCHECK(b && (local ? sr_tensor_data(b) == sr_tensor_data(a) && block_off(b) == block_off(a)
@@ -270,7 +270,7 @@ static int sc_zero_copy(int rank, int world)
     sr_value_unref(back);
     /* A view computed remotely (t) still views the caller's block (across
      * hosts: a view of the storage that came back with it). */
-    WCHECK(sr_rpc_sync(to, "t", SR_ARGS(va), -1, &back) == 0, "t: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "t", SR_ARGS(va), 0, &back) == 0, "t: %s", sr_last_error());
     b = sr_value_tensor(back);
     WCHECK(b && (!local || block_off(b) == block_off(a)) && sr_tensor_strides(b)[0] == 1 &&
                sr_tensor_shape(b)[0] == 5,
@@ -296,7 +296,7 @@ static int scribble_leaves_mine_alone(int dst, sr_tensor *a, sr_value *va, const
     sr_tensor *before = sr_clone(a);
     const void *data = sr_tensor_data(a);
     sr_value *v = NULL;
-    WCHECK(sr_rpc_sync(dst, "scribble", SR_ARGS(va), -1, &v) == 0, "%s: %s", what, sr_last_error());
+    WCHECK(sr_rpc_sync(dst, "scribble", SR_ARGS(va), 0, &v) == 0, "%s: %s", what, sr_last_error());
     double total = sr_value_double(v);
     sr_value_unref(v);
     WCHECK(total == -(double)sr_tensor_numel(a), "%s: the callee's write did not happen (sum %g)", what, total);
@@ -318,15 +318,15 @@ static int sc_cow(int rank, int world)
 
     /* The peer keeps the tensor; the caller's later write is not seen there. */
     sr_tensor *sent = sr_clone(a);
-    WCHECK(sr_rpc_sync(to, "keep", SR_ARGS(va), -1, NULL) == 0, "keep: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "keep", SR_ARGS(va), 0, NULL) == 0, "keep: %s", sr_last_error());
     WCHECK(sr_fill_(a, 42.0) == 0, "fill: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(to, "kept", SR_NOARGS, -1, &v) == 0, "kept: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "kept", SR_NOARGS, 0, &v) == 0, "kept: %s", sr_last_error());
     int rc = expect_tensor(v, sent, "the kept tensor after the caller's write");
     sr_value_unref(v);
     sr_tensor *fortytwo = sr_full(SR_F32, 1, (int64_t[]){6}, 42.0, 0);
     if (!rc)
         rc = expect_tensor(va, fortytwo, "the caller's own write");
-    WCHECK(sr_rpc_sync(to, "drop", SR_NOARGS, -1, NULL) == 0, "drop: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "drop", SR_NOARGS, 0, NULL) == 0, "drop: %s", sr_last_error());
     sr_tensor_unref(fortytwo);
     sr_tensor_unref(sent);
     sr_value_unref(va);
@@ -353,7 +353,7 @@ static int sc_large(int rank, int world)
     sr_tensor *a = sr_arange(SR_F32, 0, (double)BIG, 1, 0), *one = sr_ones(SR_F32, 1, (int64_t[]){BIG}, 0);
     WCHECK(a && one, "64 MiB tensors: %s", sr_last_error());
     sr_value *va = tv(sr_tensor_ref(a)), *vo = tv(one), *v = NULL;
-    WCHECK(sr_rpc_sync(1, "add", SR_ARGS(va, vo), -1, &v) == 0, "add of 64 MiB tensors: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(1, "add", SR_ARGS(va, vo), 0, &v) == 0, "add of 64 MiB tensors: %s", sr_last_error());
     sr_tensor *r = sr_value_tensor(v);
     WCHECK(r && sr_tensor_numel(r) == (size_t)BIG && sr_tensor_dtype(r) == SR_F32, "64 MiB add: wrong result");
     const float *p = sr_tensor_data(r);
@@ -390,31 +390,31 @@ static int sc_errors(int rank, int world)
     sr_value *a = tv(sr_ones(SR_F32, 2, (int64_t[]){2, 3}, 0)), *b = tv(sr_ones(SR_F32, 1, (int64_t[]){4}, 0));
     sr_value *d = tv(sr_ones(SR_F64, 2, (int64_t[]){2, 3}, 0)), *i = tv(sr_ones(SR_I64, 1, (int64_t[]){2}, 0));
     sr_value *s = sr_str("x"), *n = sr_int(2), *v = NULL, *priv = tv(p);
-    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, b), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, b), 0, &v), -SR_EREMOTE,
                 "Error on Node 1: in 'add': sr_add: shapes [2, 3] and [4] cannot be broadcast");
-    WEXPECT_ERR(sr_rpc_sync(1, "mul", SR_ARGS(a, d), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "mul", SR_ARGS(a, d), 0, &v), -SR_EREMOTE,
                 "Error on Node 1: in 'mul': sr_mul: dtypes f32 and f64 do not match");
-    WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, a), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, a), 0, &v), -SR_EREMOTE,
                 "Error on Node 1: in 'matmul': sr_matmul: shapes [2, 3] and [2, 3] cannot be multiplied");
-    WEXPECT_ERR(sr_rpc_sync(0, "exp", SR_ARGS(i), -1, &v), -SR_EREMOTE, "Error on Node 0: in 'exp': sr_exp:");
-    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(0, "exp", SR_ARGS(i), 0, &v), -SR_EREMOTE, "Error on Node 0: in 'exp': sr_exp:");
+    WEXPECT_ERR(sr_rpc_sync(1, "add", SR_ARGS(a, s), 0, &v), -SR_EREMOTE,
                 "Error on Node 1: in 'add': add() argument 2 must be a number or a tensor, not str");
-    WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, n), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "matmul", SR_ARGS(a, n), 0, &v), -SR_EREMOTE,
                 "matmul() argument 2 must be a tensor, not int");
-    WEXPECT_ERR(sr_rpc_sync(1, "exp", SR_ARGS(a, a), -1, &v), -SR_EREMOTE, "exp() expects 1 argument, got 2");
-    WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "exp", SR_ARGS(a, a), 0, &v), -SR_EREMOTE, "exp() expects 1 argument, got 2");
+    WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, s), 0, &v), -SR_EREMOTE,
                 "sum() argument 2 must be an int (a dim), not str");
     sr_value *five = sr_int(5);
-    WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, five), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "sum", SR_ARGS(a, five), 0, &v), -SR_EREMOTE,
                 "Error on Node 1: in 'sum': sr_sum_dim: dimension 5 is out of range for a 2-d tensor");
     sr_value_unref(five);
-    WEXPECT_ERR(sr_rpc_sync(1, "transpose", SR_ARGS(a, n), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "transpose", SR_ARGS(a, n), 0, &v), -SR_EREMOTE,
                 "transpose() expects 3 arguments, got 2");
-    WEXPECT_ERR(sr_rpc_sync(1, "reshape", SR_ARGS(a, s), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "reshape", SR_ARGS(a, s), 0, &v), -SR_EREMOTE,
                 "reshape() shape entry 0 must be an int, not str");
-    WEXPECT_ERR(sr_rpc_sync(1, "neg", SR_ARGS(s), -1, &v), -SR_EREMOTE,
+    WEXPECT_ERR(sr_rpc_sync(1, "neg", SR_ARGS(s), 0, &v), -SR_EREMOTE,
                 "neg() argument 1 must be a number or a tensor, not str");
-    WEXPECT_ERR(sr_rpc_sync(1, "echo", SR_ARGS(priv), -1, &v), -EINVAL,
+    WEXPECT_ERR(sr_rpc_sync(1, "echo", SR_ARGS(priv), 0, &v), -EINVAL,
                 "tensor f32[3] cannot be sent: its storage is a private block");
     sr_value *all[] = {a, b, d, i, s, n, priv};
     for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
@@ -463,10 +463,10 @@ static int sc_builtins(int rank, int world)
              remote_matches(to, "reshape", vx, shape, sr_reshape(x, 2, (int64_t[]){7, -1}), "reshape");
     if (!rc) {
         sr_value *v = NULL;
-        WCHECK(sr_rpc_sync(to, "sum", SR_ARGS(vx, zero, yes), -1, &v) == 0, "sum keepdim: %s", sr_last_error());
+        WCHECK(sr_rpc_sync(to, "sum", SR_ARGS(vx, zero, yes), 0, &v) == 0, "sum keepdim: %s", sr_last_error());
         rc = expect_tensor_drop(v, sr_sum_dim(x, 0, true), "sum along dim 0, keepdim");
         sr_value_unref(v);
-        WCHECK(sr_rpc_sync(to, "transpose", SR_ARGS(vbx, zero, one), -1, &v) == 0, "%s", sr_last_error());
+        WCHECK(sr_rpc_sync(to, "transpose", SR_ARGS(vbx, zero, one), 0, &v) == 0, "%s", sr_last_error());
         rc |= expect_tensor_drop(v, sr_transpose(bx, 0, 1), "transpose 0 1");
         sr_value_unref(v);
     }
@@ -490,16 +490,16 @@ static int sc_grad_flag(int rank, int world)
     sr_tensor *w = sr_ones(SR_F32, 1, (int64_t[]){3}, SR_REQUIRES_GRAD), *c = sr_ones(SR_F32, 1, (int64_t[]){3}, 0);
     sr_value *vw = tv(w), *vc = tv(c), *v = NULL;
     int to = (rank + 1) % world;
-    WCHECK(sr_rpc_sync(to, "requires_grad", SR_ARGS(vw), -1, &v) == 0 && sr_value_bool(v),
+    WCHECK(sr_rpc_sync(to, "requires_grad", SR_ARGS(vw), 0, &v) == 0 && sr_value_bool(v),
            "requires_grad did not travel: %s", sr_last_error());
     sr_value_unref(v);
-    WCHECK(sr_rpc_sync(to, "requires_grad", SR_ARGS(vc), -1, &v) == 0 && !sr_value_bool(v),
+    WCHECK(sr_rpc_sync(to, "requires_grad", SR_ARGS(vc), 0, &v) == 0 && !sr_value_bool(v),
            "a plain tensor arrived requiring grad");
     sr_value_unref(v);
     /* Two descriptors in one message: a list of the same tensor twice. */
     sr_value *pair[] = {vc, vc};
     sr_value *l = sr_list(2, pair);
-    WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(l), -1, &v) == 0, "echo list: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(to, "echo", SR_ARGS(l), 0, &v) == 0, "echo list: %s", sr_last_error());
     WCHECK(sr_value_equal(v, l), "a list of tensors came back different");
     sr_value_unref(v);
     sr_value_unref(l);

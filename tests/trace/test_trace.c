@@ -358,7 +358,7 @@ static int spawn_worker(int rank, int world, void *arg)
     (void)world, (void)arg;
     if (sr_init(NULL))
         return 1;
-    int rc = rank == 0 ? sr_rpc_sync(1, "noop", SR_NOARGS, -1, NULL) : 0;
+    int rc = rank == 0 ? sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL) : 0;
     return sr_shutdown(true, 60) || rc;
 }
 

@@ -140,8 +140,8 @@ static void expect_basic(const sr_checkpoint *c, int g)
     cr_assert_eq(sr_checkpoint_count(c), 3);
     for (size_t i = 0; i < 3; i++)
         cr_assert_str_eq(sr_checkpoint_name(c, i), basic_names[i]);
-    sr_tensor *w = sr_checkpoint_get(c, "fc1.weight"), *b = sr_checkpoint_get(c, "fc1.bias"),
-              *s = sr_checkpoint_get(c, "optim.step_counts");
+    sr_tensor *w = sr_checkpoint_tensor(c, "fc1.weight"), *b = sr_checkpoint_tensor(c, "fc1.bias"),
+              *s = sr_checkpoint_tensor(c, "optim.step_counts");
     tu_expect_shape(w, 2, SHAPE(2, 3), "weight");
     cr_assert_eq(sr_tensor_dtype(w), SR_F32);
     tu_expect(w, VALS(g, g + 1, g + 2, g + 3, g + 4, g + 5), 6, 0, 0, "weight");
@@ -154,9 +154,6 @@ static void expect_basic(const sr_checkpoint *c, int g)
     cr_assert_eq(v, 1000 * g);
     cr_assert_eq(sr_checkpoint_meta(c, "epoch", &v), 0);
     cr_assert_eq(v, g);
-    sr_tensor_unref(w);
-    sr_tensor_unref(b);
-    sr_tensor_unref(s);
 }
 
 static void expect_basic_file(const char *path, int g)
@@ -194,7 +191,7 @@ Test(ckpt, round_trip_dtypes_and_shapes)
     cr_assert_null(sr_checkpoint_name(c, 8));
     for (size_t i = 0; i < 8; i++) {
         cr_assert_str_eq(sr_checkpoint_name(c, i), names[i], "saved order is kept");
-        sr_tensor *t = sr_checkpoint_get(c, names[i]);
+        sr_tensor *t = sr_checkpoint_tensor(c, names[i]);
         cr_assert(t, "%s", sr_last_error());
         cr_assert_eq(sr_tensor_dtype(t), sr_tensor_dtype(ts[i]), "%s dtype", names[i]);
         tu_expect_shape(t, sr_tensor_ndim(ts[i]), sr_tensor_shape(ts[i]), names[i]);
@@ -204,13 +201,12 @@ Test(ckpt, round_trip_dtypes_and_shapes)
         cr_assert_eq(sr_tensor_to_f64(t, got, 16), 0);
         cr_assert_arr_eq(got, want, n * sizeof(double), "%s values", names[i]);
         cr_assert(!sr_tensor_requires_grad(t));
-        sr_tensor_unref(t);
     }
-    sr_tensor *sc = sr_checkpoint_get(c, "scalar");
+    sr_tensor *sc = sr_tensor_ref(sr_checkpoint_tensor(c, "scalar"));
     cr_assert_eq(sr_tensor_ndim(sc), 0);
     cr_assert_eq(sr_tensor_item(sc), 42.5);
     sr_checkpoint_destroy(c);
-    cr_assert_eq(sr_tensor_item(sc), 42.5, "a tensor from get outlives its checkpoint");
+    cr_assert_eq(sr_tensor_item(sc), 42.5, "a tensor referenced outlives its checkpoint");
     sr_tensor_unref(sc);
     for (size_t i = 0; i < 8; i++)
         sr_tensor_unref(ts[i]);
@@ -228,14 +224,12 @@ Test(ckpt, non_contiguous_views_are_saved_row_major)
 
     sr_checkpoint *c;
     cr_assert_eq(sr_checkpoint_load(g_path, &c), 0, "%s", sr_last_error());
-    sr_tensor *a = sr_checkpoint_get(c, "t"), *b = sr_checkpoint_get(c, "narrow");
+    sr_tensor *a = sr_checkpoint_tensor(c, "t"), *b = sr_checkpoint_tensor(c, "narrow");
     tu_expect_shape(a, 2, SHAPE(4, 3), "t");
     tu_expect(a, VALS(0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11), 12, 0, 0, "t");
     tu_expect_shape(b, 2, SHAPE(3, 2), "narrow");
     tu_expect(b, VALS(1, 2, 5, 6, 9, 10), 6, 0, 0, "narrow");
     cr_assert(sr_tensor_is_contiguous(a) && sr_tensor_is_contiguous(b));
-    sr_tensor_unref(a);
-    sr_tensor_unref(b);
     sr_checkpoint_destroy(c);
     sr_tensor_unref(tr);
     sr_tensor_unref(nar);
@@ -262,8 +256,8 @@ Test(ckpt, metadata)
     cr_assert_eq(sr_checkpoint_meta(c, "lr", &v), -ENOENT);
     expect_error("sr_checkpoint_meta", "no metadata 'lr'");
     cr_assert_eq(v, 99);
-    cr_assert_null(sr_checkpoint_get(c, "step"), "tensors and metadata are separate namespaces");
-    expect_error("sr_checkpoint_get", "no tensor 'step'");
+    cr_assert_null(sr_checkpoint_tensor(c, "step"), "tensors and metadata are separate namespaces");
+    expect_error("sr_checkpoint_tensor", "no tensor 'step'");
     sr_checkpoint_destroy(c);
 }
 
@@ -318,17 +312,15 @@ Test(ckpt, many_tensors_and_a_large_one)
     sr_checkpoint *c;
     cr_assert_eq(sr_checkpoint_load(g_path, &c), 0, "%s", sr_last_error());
     for (int i = 0; i < N - 1; i++) {
-        sr_tensor *t = sr_checkpoint_get(c, nm[i]);
+        sr_tensor *t = sr_checkpoint_tensor(c, nm[i]);
         cr_assert_eq(sr_tensor_numel(t), (size_t)(i % 7 + 1));
         cr_assert_eq(((const double *)sr_tensor_data(t))[0], i);
-        sr_tensor_unref(t);
     }
-    sr_tensor *t = sr_checkpoint_get(c, "big");
+    sr_tensor *t = sr_checkpoint_tensor(c, "big");
     const double *d = sr_tensor_data(t);
     for (int64_t i = 0; i < big; i++)
         if (d[i] != (double)i)
             cr_assert_fail("big[%lld] = %g", (long long)i, d[i]);
-    sr_tensor_unref(t);
     sr_checkpoint_destroy(c);
     for (int i = 0; i < N; i++)
         sr_tensor_unref(ts[i]);

@@ -75,7 +75,7 @@ static int fn_mod_new(sr_call *c)
 static int fn_mod_get_w(sr_call *c)
 {
     struct module *m = module_of(c);
-    return m ? sr_call_return(c, sr_tensor_value(m->w)) : sr_call_fail(c, -EINVAL, "not a MyModule");
+    return m ? sr_call_return(c, sr_value_from_tensor(m->w)) : sr_call_fail(c, -EINVAL, "not a MyModule");
 }
 
 /* call_get_w(module RRef): as PyTorch's remote_method(MyModule.get_w, rref). */
@@ -86,7 +86,7 @@ static int fn_call_get_w(sr_call *c)
     int rc = r ? sr_rref_local_value(r, &v) : -EINVAL;
     struct module *m = rc ? NULL : sr_value_object(v);
     sr_value_unref(v); /* the RRef keeps the module */
-    return m ? sr_call_return(c, sr_tensor_value(m->w)) : sr_call_fail(c, -EINVAL, "no module: %s", sr_last_error());
+    return m ? sr_call_return(c, sr_value_from_tensor(m->w)) : sr_call_fail(c, -EINVAL, "no module: %s", sr_last_error());
 }
 
 /* mod_forward(module, x), a proxy call: w @ x. */
@@ -96,7 +96,7 @@ static int fn_mod_forward(sr_call *c)
     sr_tensor *y = m ? sr_mm(m->w, sr_value_tensor(sr_call_arg(c, 1))) : NULL;
     if (!y)
         return sr_call_fail(c, -EINVAL, "forward: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -136,7 +136,7 @@ struct remote_modules {
 static int make_modules(struct remote_modules *rm, bool grad2, bool by_proxy)
 {
     sr_tensor *w0 = mat33(W0, false);
-    sr_value *wv = sr_tensor_value(w0);
+    sr_value *wv = sr_value_from_tensor(w0);
     for (int k = 0; k < 2; k++) {
         sr_value *rg = sr_bool(k == 0 || grad2);
         WCHECK(sr_remote(k + 1, "mod_new", SR_ARGS(wv, rg), WAIT_S, &rm->m[k]) == 0, "remote: %s", sr_last_error());
@@ -145,7 +145,7 @@ static int make_modules(struct remote_modules *rm, bool grad2, bool by_proxy)
             WCHECK(sr_rref_remote(rm->m[k], "mod_get_w", SR_NOARGS, WAIT_S, &rm->p[k]) == 0, "get_w: %s",
                    sr_last_error());
         } else { /* remote_method(MyModule.get_w, remote_module) */
-            sr_value *mv = sr_rref_value(rm->m[k]);
+            sr_value *mv = sr_value_from_rref(rm->m[k]);
             WCHECK(sr_remote(k + 1, "call_get_w", SR_ARGS(mv), WAIT_S, &rm->p[k]) == 0, "remote_method: %s",
                    sr_last_error());
             sr_value_unref(mv);
@@ -177,7 +177,7 @@ static int read_w(struct remote_modules *rm, int k, double *out)
 /* A remote proxy call forward(x) on module k, waited for. */
 static sr_tensor *remote_forward(struct remote_modules *rm, int k, sr_tensor *x)
 {
-    sr_value *xv = sr_tensor_value(x), *out = NULL;
+    sr_value *xv = sr_value_from_tensor(x), *out = NULL;
     sr_future *f = NULL;
     int rc = sr_rref_rpc_async(rm->m[k], "mod_forward", SR_ARGS(xv), WAIT_S, &f);
     if (!rc)
@@ -345,7 +345,7 @@ static int one_config(int i)
     if (make_modules(&rm, true, i % 2))
         return 1;
     sr_tensor *t1 = mat33(T1, true), *t2 = mat33(T2, true);
-    sr_value *t1v = sr_tensor_value(t1);
+    sr_value *t1v = sr_value_from_tensor(t1);
     sr_rref *p0 = NULL;
     WCHECK(sr_rref_create(t1v, &p0) == 0, "RRef(t1): %s", sr_last_error());
     sr_dist_optim *d = NULL;
@@ -575,7 +575,7 @@ static int fn_add_x(sr_call *c)
     sr_tensor *y = sr_add(sr_value_tensor(sr_call_arg(c, 0)), sr_value_tensor(sr_call_arg(c, 1)));
     if (!y)
         return sr_call_fail(c, -EINVAL, "add_x: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(y);
+    sr_value *v = sr_value_from_tensor(y);
     sr_tensor_unref(y);
     return sr_call_return(c, v);
 }
@@ -587,7 +587,7 @@ static int train_once(sr_rref *w, sr_dist_optim *d, int it)
     double xv[6] = {1, 2, 3, 4, 5, 6}, cv[6];
     coeffs(sr_rank(), it, cv);
     sr_tensor *x = sr_from_data(SR_F64, 2, PS_SHAPE, xv, 0), *c = sr_from_data(SR_F64, 2, PS_SHAPE, cv, 0);
-    sr_value *xval = sr_tensor_value(x), *y = NULL;
+    sr_value *xval = sr_value_from_tensor(x), *y = NULL;
     int64_t ctx;
     int rc = sr_dist_autograd_context_begin(&ctx);
     if (!rc)
@@ -636,10 +636,10 @@ static int sc_trainers(int rank, int world)
                 want[i] -= PS_LR * cv[i];
         }
     sr_tensor *w = sr_from_data(SR_F64, 2, PS_SHAPE, w0, SR_REQUIRES_GRAD);
-    sr_value *wv = sr_tensor_value(w);
+    sr_value *wv = sr_value_from_tensor(w);
     sr_rref *r = NULL;
     WCHECK(sr_rref_create(wv, &r) == 0, "RRef(W): %s", sr_last_error());
-    sr_value *rv = sr_rref_value(r), *v = NULL;
+    sr_value *rv = sr_value_from_rref(r), *v = NULL;
     sr_future *fs[TRAINERS];
     for (int t = 0; t < TRAINERS; t++)
         WCHECK(sr_rpc_async(t + 1, "trainer", SR_ARGS(rv), WAIT_S * 4, &fs[t]) == 0, "trainer: %s", sr_last_error());

@@ -19,19 +19,19 @@ static int own_param(sr_call *c)
 {
     if (!w_ref) {
         w = sr_from_data(SR_F64, 1, (const int64_t[]){2}, (const double[]){1, -2}, SR_REQUIRES_GRAD);
-        sr_value *v = sr_tensor_value(w);
+        sr_value *v = sr_value_from_tensor(w);
         if (sr_rref_create(v, &w_ref))
             return sr_call_fail(c, -EINVAL, "%s", sr_last_error());
         sr_value_unref(v);
     }
-    return sr_call_return(c, sr_rref_value(w_ref));
+    return sr_call_return(c, sr_value_from_rref(w_ref));
 }
 
 /* loss() -> sum(w * w): its gradient is 2 w. */
 static int loss(sr_call *c)
 {
     sr_tensor *sq = sr_mul(w, w), *s = sr_sum(sq);
-    sr_value *v = sr_tensor_value(s);
+    sr_value *v = sr_value_from_tensor(s);
     sr_tensor_unref(sq);
     sr_tensor_unref(s);
     return sr_call_return(c, v);
@@ -106,7 +106,7 @@ static int scenario(int rank, int world)
     if (rank == 0)
         return 0; /* serves from sr_shutdown */
     sr_value *pv = NULL, *lv = NULL;
-    WCHECK(sr_rpc_sync(0, "own_param", SR_NOARGS, -1, &pv) == 0, "own_param: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "own_param", SR_NOARGS, 0, &pv) == 0, "own_param: %s", sr_last_error());
     sr_rref *p = sr_value_rref(pv);
     sr_optim_opts o;
     sr_optim_opts_default(SR_OPTIM_SGD, &o);
@@ -117,18 +117,18 @@ static int scenario(int rank, int world)
            "local_rref names the wrong owners");
     int64_t ctx;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(0, "loss", SR_NOARGS, -1, &lv) == 0, "loss: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "loss", SR_NOARGS, 0, &lv) == 0, "loss: %s", sr_last_error());
     sr_tensor *l = sr_value_tensor(lv);
     WCHECK(sr_dist_autograd_backward(ctx, &l, 1, false) == 0, "backward: %s", sr_last_error());
     WCHECK(sr_dist_optim_step(d, ctx) == 0, "step: %s", sr_last_error());
     WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
-    sr_value *rv = sr_rref_value(sr_dist_optim_local_rref(d, 0));
-    WCHECK(sr_rpc_sync(0, "check", SR_ARGS(rv), -1, NULL) == 0, "check: %s", sr_last_error());
+    sr_value *rv = sr_value_from_rref(sr_dist_optim_local_rref(d, 0));
+    WCHECK(sr_rpc_sync(0, "check", SR_ARGS(rv), 0, NULL) == 0, "check: %s", sr_last_error());
     sr_value_unref(rv);
     sr_value_unref(lv);
     sr_dist_optim_destroy(d);
     sr_value_unref(pv);
-    WCHECK(sr_rpc_sync(0, "release", SR_NOARGS, -1, NULL) == 0, "release: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "release", SR_NOARGS, 0, NULL) == 0, "release: %s", sr_last_error());
     return 0;
 }
 

@@ -331,7 +331,7 @@ Test(optim, defaults_match_torch)
 {
     sr_optim_opts o;
     cr_assert_eq(sr_optim_opts_default(SR_OPTIM_SGD, &o), 0);
-    cr_assert(isnan(o.lr) && o.momentum == 0 && o.dampening == 0 && o.weight_decay == 0 && !o.nesterov &&
+    cr_assert(o.lr == 0 && o.momentum == 0 && o.dampening == 0 && o.weight_decay == 0 && !o.nesterov &&
               !o.maximize);
     cr_assert_eq(sr_optim_opts_default(SR_OPTIM_ADAM, &o), 0);
     cr_assert(o.lr == 1e-3 && o.betas[0] == 0.9 && o.betas[1] == 0.999 && o.eps == 1e-8 && o.weight_decay == 0 &&
@@ -394,6 +394,61 @@ Test(optim, null_options_are_the_defaults)
     unref_all((sr_tensor *[]){p, q, g}, 3);
 }
 
+/* The natural C initialiser names only what it changes: the other fields
+ * are torch's defaults, not zeros (eps 0 would turn a zero gradient into
+ * 0/0 = NaN at the first step). */
+Test(optim, zero_fields_take_the_defaults)
+{
+    sr_tensor *p = tu_tensor(SR_F64, 1, SHAPE(3), VALS(1, -2, 3), 0), *q = sr_clone(p);
+    sr_tensor *g = sr_zeros(SR_F64, 1, SHAPE(3), 0);
+    sr_optim *a, *b;
+    sr_optim_opts d;
+    cr_assert_eq(sr_optim_create(SR_OPTIM_ADAM, &(sr_optim_opts){.lr = 0.01}, &p, 1, &a), 0, "%s", sr_last_error());
+    const sr_optim_opts *in_force = sr_optim_options(a);
+    cr_assert(in_force->lr == 0.01 && in_force->betas[0] == 0.9 && in_force->betas[1] == 0.999 &&
+                  in_force->eps == 1e-8 && in_force->weight_decay == 0,
+              "Adam {.lr = 0.01}: betas (%g, %g), eps %g", in_force->betas[0], in_force->betas[1], in_force->eps);
+    cr_assert_eq(sr_optim_opts_default(SR_OPTIM_ADAM, &d), 0);
+    d.lr = 0.01;
+    cr_assert_eq(sr_optim_create(SR_OPTIM_ADAM, &d, &q, 1, &b), 0);
+    for (int s = 0; s < 2; s++) {
+        cr_assert_eq(sr_optim_step_grads(a, &g), 0);
+        cr_assert_eq(sr_optim_step_grads(b, &g), 0);
+    }
+    tu_expect(p, VALS(1, -2, 3), 3, 0, 0, "a zero gradient leaves Adam's parameters as they were");
+    double x[3], y[3];
+    cr_assert(!sr_tensor_to_f64(p, x, 3) && !sr_tensor_to_f64(q, y, 3));
+    cr_assert(!memcmp(x, y, sizeof(x)), "{.lr = 0.01} and the defaults with lr 0.01 differ");
+    sr_optim_destroy(a);
+    sr_optim_destroy(b);
+    unref_all((sr_tensor *[]){p, q, g}, 3);
+}
+
+/* SR_OPTIM_ZERO is an explicit 0 where the default is not: AdamW without
+ * weight decay steps as Adam does. */
+Test(optim, explicit_zero_overrides_a_default)
+{
+    sr_tensor *p = tu_tensor(SR_F64, 1, SHAPE(3), VALS(1, -2, 3), 0), *q = sr_clone(p);
+    sr_tensor *g = tu_tensor(SR_F64, 1, SHAPE(3), VALS(0.5, 0.25, -1), 0);
+    sr_optim *a, *b;
+    sr_optim_opts r;
+    cr_assert_eq(sr_optim_create(SR_OPTIM_ADAMW, &(sr_optim_opts){.weight_decay = SR_OPTIM_ZERO}, &p, 1, &a), 0);
+    cr_assert_eq(sr_optim_create(SR_OPTIM_ADAM, NULL, &q, 1, &b), 0);
+    cr_assert(sr_optim_options(a)->weight_decay == 0 && !signbit(sr_optim_options(a)->weight_decay));
+    cr_assert_eq(sr_optim_step_grads(a, &g), 0);
+    cr_assert_eq(sr_optim_step_grads(b, &g), 0);
+    double x[3], y[3];
+    cr_assert(!sr_tensor_to_f64(p, x, 3) && !sr_tensor_to_f64(q, y, 3));
+    cr_assert(!memcmp(x, y, sizeof(x)), "AdamW with weight_decay SR_OPTIM_ZERO differs from Adam");
+    cr_assert_eq(sr_optim_opts_resolve(SR_OPTIM_ADAMW, NULL, &r), 0);
+    cr_assert(r.weight_decay == 1e-2 && r.lr == 1e-3, "AdamW's defaults: wd %g lr %g", r.weight_decay, r.lr);
+    cr_assert_eq(sr_optim_opts_resolve(SR_OPTIM_SGD, &(sr_optim_opts){.momentum = 0.9}, &r), -EINVAL);
+    tu_expect_error("SGD without lr", "sr_optim_opts_resolve: ", "SGD: parameter group didn't specify");
+    sr_optim_destroy(a);
+    sr_optim_destroy(b);
+    unref_all((sr_tensor *[]){p, q, g}, 3);
+}
+
 struct bad_case {
     sr_optim_kind kind;
     void (*mutate)(sr_optim_opts *);
@@ -418,6 +473,12 @@ static void mom_neg_only(sr_optim_opts *o) { o->momentum = -1; }
 static void rho_big(sr_optim_opts *o) { o->rho = 1.5; }
 static void etas_bad(sr_optim_opts *o) { o->etas[0] = 1.0; }
 static void etas_plus_bad(sr_optim_opts *o) { o->etas[1] = 0.9; }
+static void sgd_mom_nan(sr_optim_opts *o) { o->lr = 0.1, o->momentum = NAN; }
+static void sgd_lr_nan(sr_optim_opts *o) { o->lr = NAN; }
+static void eps_inf(sr_optim_opts *o) { o->eps = INFINITY; }
+static void beta1_one(sr_optim_opts *o) { o->betas[1] = 1.0; }
+static void dampening_nan(sr_optim_opts *o) { o->dampening = NAN; }
+static void steps_reversed(sr_optim_opts *o) { o->step_sizes[0] = 10, o->step_sizes[1] = 1; }
 
 Test(optim, invalid_options_fail_with_torch_messages)
 {
@@ -447,6 +508,12 @@ Test(optim, invalid_options_fail_with_torch_messages)
         {SR_OPTIM_RPROP, etas_bad, "Rprop: Invalid eta values: 1.0, 1.2"},
         {SR_OPTIM_RPROP, etas_plus_bad, "Rprop: Invalid eta values: 0.5, 0.9"},
         {SR_OPTIM_RPROP, lr_neg, "Rprop: Invalid learning rate: -1.0"},
+        {SR_OPTIM_SGD, sgd_mom_nan, "SGD: Invalid momentum value: nan"},
+        {SR_OPTIM_SGD, sgd_lr_nan, "SGD: Invalid learning rate: nan"},
+        {SR_OPTIM_ADAM, eps_inf, "Adam: Invalid eps value: inf"},
+        {SR_OPTIM_ADAM, beta1_one, "Adam: Invalid beta parameter at index 1: 1.0"},
+        {SR_OPTIM_ADAGRAD, dampening_nan, "Adagrad: Invalid dampening value: nan"},
+        {SR_OPTIM_RPROP, steps_reversed, "Rprop: Invalid step_sizes values: 10.0, 1.0"},
     };
     sr_tensor *p = tu_tensor(SR_F64, 1, SHAPE(2), VALS(1, 2), SR_REQUIRES_GRAD);
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {

@@ -79,7 +79,7 @@ static int sv_params(sr_call *c)
         return sr_call_fail(c, rc, "%s", sr_last_error());
     sr_value *items[NPARAMS];
     for (int i = 0; i < NPARAMS; i++)
-        items[i] = sr_rref_value(sv.rrefs[i]);
+        items[i] = sr_value_from_rref(sv.rrefs[i]);
     sr_value *list = sr_list(NPARAMS, items);
     for (int i = 0; i < NPARAMS; i++)
         sr_value_unref(items[i]);
@@ -93,10 +93,10 @@ static int sv_forward(sr_call *c)
     sr_tensor *logits = sr_mlp_apply(sr_value_tensor(sr_call_arg(c, 0)), sv.params, 2);
     if (!logits)
         return sr_call_fail(c, -EINVAL, "sv_forward: %s", sr_last_error());
-    sr_value *items[1 + NPARAMS] = {sr_tensor_value(logits)};
+    sr_value *items[1 + NPARAMS] = {sr_value_from_tensor(logits)};
     for (int i = 0; i < NPARAMS; i++) {
         sr_tensor *d = sr_detach(sv.params[i]);
-        items[1 + i] = sr_tensor_value(d);
+        items[1 + i] = sr_value_from_tensor(d);
         sr_tensor_unref(d);
     }
     sr_value *list = sr_list(1 + NPARAMS, items);
@@ -120,7 +120,7 @@ static int sv_forward_copy(sr_call *c)
         sr_tensor_unref(w[i]);
     if (!logits)
         return sr_call_fail(c, -EINVAL, "sv_forward_copy: %s", sr_last_error());
-    sr_value *v = sr_tensor_value(logits);
+    sr_value *v = sr_value_from_tensor(logits);
     sr_tensor_unref(logits);
     return sr_call_return(c, v);
 }
@@ -134,7 +134,7 @@ static int sv_grads(sr_call *c)
     for (int i = 0; i < NPARAMS && !rc; i++) {
         sr_tensor *g = NULL;
         if (!(rc = sr_dist_autograd_get_gradient(ctx, sv.params[i], &g)))
-            items[i] = sr_tensor_value(g);
+            items[i] = sr_value_from_tensor(g);
         sr_tensor_unref(g);
     }
     sr_value *list = rc ? NULL : sr_list(NPARAMS, items);
@@ -188,7 +188,7 @@ static int server(void)
     WCHECK(sr_mlp_create(SIZES, 2, &g, SR_F64, &sv.model) == 0, "mlp: %s", sr_last_error());
     sr_module_params(sv.model, NULL, &sv.params, NULL);
     for (int i = 0; i < NPARAMS; i++) {
-        sr_value *v = sr_tensor_value(sv.params[i]);
+        sr_value *v = sr_value_from_tensor(sv.params[i]);
         WCHECK(sr_rref_create(v, &sv.rrefs[i]) == 0, "rref: %s", sr_last_error());
         sr_value_unref(v);
     }
@@ -215,7 +215,7 @@ struct trainer {
 static int call_int(const char *fn, int64_t v)
 {
     sr_value *a = sr_int(v);
-    int rc = sr_rpc_sync(0, fn, SR_ARGS(a), -1, NULL);
+    int rc = sr_rpc_sync(0, fn, SR_ARGS(a), 0, NULL);
     sr_value_unref(a);
     WCHECK(rc == 0, "%s(%lld): %s", fn, (long long)v, sr_last_error());
     return 0;
@@ -270,7 +270,7 @@ static int backward_checked(int64_t ctx, sr_value *fwd, sr_tensor *x, sr_tensor 
     WCHECK(expected_grads(fwd, x, y, want) == 0, "expected gradients");
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "round %d: backward: %s", round, sr_last_error());
     sr_value *c = sr_int(ctx), *got = NULL;
-    WCHECK(sr_rpc_sync(0, "sv_grads", SR_ARGS(c), -1, &got) == 0, "sv_grads: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_grads", SR_ARGS(c), 0, &got) == 0, "sv_grads: %s", sr_last_error());
     for (int i = 0; i < NPARAMS; i++) {
         WCHECK(same_bits(sr_value_tensor(sr_value_list_at(got, (size_t)i)), want[i]),
                "round %d, trainer %d: the gradient of parameter %d is not the one of the weights its forward used",
@@ -290,10 +290,10 @@ static int scheduled_round(struct trainer *t, int round)
     int64_t k = sr_rank() - 1, base = (int64_t)round * 2 * TRAINERS, ctx;
     sr_tensor *x, *y;
     batch(t, &x, &y);
-    sr_value *xv = sr_tensor_value(x), *fwd = NULL;
+    sr_value *xv = sr_value_from_tensor(x), *fwd = NULL;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
     WCHECK(call_int("sv_turn", base + k) == 0, "turn");
-    WCHECK(sr_rpc_sync(0, "sv_forward", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_forward", SR_ARGS(xv), 0, &fwd) == 0, "forward: %s", sr_last_error());
     WCHECK(call_int("sv_next", base + k) == 0 && call_int("sv_turn", base + TRAINERS + k) == 0, "turn");
     WCHECK(backward_checked(ctx, fwd, x, y, round) == 0, "backward");
     WCHECK(sr_dist_optim_step(t->optim, ctx) == 0, "step: %s", sr_last_error());
@@ -312,9 +312,9 @@ static int free_step(struct trainer *t, int i)
     int64_t ctx;
     sr_tensor *x, *y;
     batch(t, &x, &y);
-    sr_value *xv = sr_tensor_value(x), *fwd = NULL;
+    sr_value *xv = sr_value_from_tensor(x), *fwd = NULL;
     WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
-    WCHECK(sr_rpc_sync(0, "sv_forward_copy", SR_ARGS(xv), -1, &fwd) == 0, "forward: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_forward_copy", SR_ARGS(xv), 0, &fwd) == 0, "forward: %s", sr_last_error());
     sr_tensor *loss = sr_cross_entropy(sr_value_tensor(fwd), y);
     WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "step %d: backward: %s", i, sr_last_error());
     WCHECK(sr_dist_optim_step(t->optim, ctx) == 0, "step %d: %s", i, sr_last_error());
@@ -330,7 +330,7 @@ static int free_step(struct trainer *t, int i)
 static int trainer_setup(struct trainer *t)
 {
     sr_value *list = NULL;
-    WCHECK(sr_rpc_sync(0, "sv_params", SR_NOARGS, -1, &list) == 0, "sv_params: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(0, "sv_params", SR_NOARGS, 0, &list) == 0, "sv_params: %s", sr_last_error());
     for (int i = 0; i < NPARAMS; i++)
         t->params[i] = sr_rref_ref(sr_value_rref(sr_value_list_at(list, (size_t)i)));
     sr_value_unref(list);

@@ -228,12 +228,12 @@ static int lost_inbox_caller(void)
     signal(SIGALRM, watchdog_call);
     alarm(CALL_BOUND_S);
     int64_t t0 = sr__now_ns();
-    int rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
+    int rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, SR_TIMEOUT_NONE, NULL);
     alarm(0);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt") &&
                strstr(sr_last_error(), "RPC to worker0 failed"),
            "the call returned %d after %.3f s: %s", rc, (double)(sr__now_ns() - t0) / 1e9, sr_last_error());
-    rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, 0, NULL);
+    rc = sr_rpc_sync(0, "scribble_caller", SR_NOARGS, SR_TIMEOUT_NONE, NULL);
     WCHECK(rc == -EPROTO && strstr(sr_last_error(), "inbox ring of worker1 (rank 1) is corrupt"),
            "a later call returned %d: %s", rc, sr_last_error());
     alarm(CALL_BOUND_S);

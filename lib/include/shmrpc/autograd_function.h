@@ -12,8 +12,9 @@
  *   static int cube_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
  *   {
  *       sr_tensor *x;
- *       int rc = sr_function_ctx_saved_tensor(ctx, 0, &x);   // borrowed
+ *       int rc = sr_function_ctx_saved(ctx, 0, &x);   // a new reference
  *       ...gin[0] = 3 x^2 * gout[0] (a new reference)...
+ *       sr_tensor_unref(x);
  *   }
  *   static const sr_autograd_function cube = {"Cube", cube_fwd, cube_bwd, NULL};
  *   sr_tensor *y;
@@ -65,8 +66,9 @@
  * Ownership. sr_function_apply borrows the inputs and stores nout new
  * references in outputs (all NULL on failure). forward stores new references
  * in out[] (apply takes them over, also on failure); backward stores new
- * references in gin[] (the engine takes them over). grad_outputs and saved
- * tensors are borrowed, valid during the callback. The definition, and what
+ * references in gin[] (the engine takes them over). grad_outputs are
+ * borrowed, valid during the callback; sr_function_ctx_saved hands out a
+ * new reference, as every out-pointer does. The definition, and what
  * its `user` points to, must outlive every graph recorded with it. The
  * context is valid only during forward and backward.
  */
@@ -128,9 +130,12 @@ SR_API void *sr_function_ctx_state(sr_function_ctx *ctx, size_t size);
 /* Whether input i requires grad through this node (false when nothing is
  * recorded, for a NULL input, or i out of range). */
 SR_API bool sr_function_ctx_needs_input_grad(const sr_function_ctx *ctx, size_t i);
-/* Saved tensor i (borrowed; NULL where NULL was saved). -EINVAL out of
- * range; -EPERM when a backward without retain_graph freed it. */
-SR_API int sr_function_ctx_saved_tensor(sr_function_ctx *ctx, size_t i, sr_tensor **out);
+/* Saved tensor i: a new reference (NULL where NULL was saved). -EINVAL out
+ * of range; -EPERM when a backward without retain_graph freed it. */
+SR_API int sr_function_ctx_saved(sr_function_ctx *ctx, size_t i, sr_tensor **out);
+/* The old form, kept for one release: the same, but *out is borrowed. */
+SR_API int sr_function_ctx_saved_tensor(sr_function_ctx *ctx, size_t i, sr_tensor **out)
+    __attribute__((deprecated("use sr_function_ctx_saved, which hands out a new reference")));
 SR_API size_t sr_function_ctx_num_saved(const sr_function_ctx *ctx);
 /* The definition's `user`. */
 SR_API void *sr_function_ctx_user(const sr_function_ctx *ctx);

@@ -79,18 +79,23 @@ SR_API int sr_checkpoint_save(const char *path, size_t n, const char *const *nam
  *   -ENOMEM. */
 SR_API int sr_checkpoint_load(const char *path, sr_checkpoint **out);
 
-/* NULL is ignored. Tensors handed out by sr_checkpoint_get stay valid. */
+/* NULL is ignored. Tensors from sr_checkpoint_tensor go with it unless
+ * the caller took its own reference (sr_tensor_ref). */
 SR_API void sr_checkpoint_destroy(sr_checkpoint *c);
 
 /* Tensors, in the order they were saved. */
 SR_API size_t sr_checkpoint_count(const sr_checkpoint *c);
 /* Borrowed name of tensor i; NULL if i >= count. */
 SR_API const char *sr_checkpoint_name(const sr_checkpoint *c, size_t i);
-/* A new reference to the checkpoint's tensor called name, or NULL with
- * -ENOENT in sr_last_error() when absent. It is the checkpoint's own
- * tensor: sr_clone it before writing to it if later gets must see the saved
- * values. */
-SR_API sr_tensor *sr_checkpoint_get(const sr_checkpoint *c, const char *name);
+/* Borrowed (an accessor, as sr_module_param): the checkpoint's tensor
+ * called name, valid until sr_checkpoint_destroy (sr_tensor_ref it to keep
+ * it longer), or NULL with -ENOENT in sr_last_error() when absent. It is
+ * the checkpoint's own tensor: sr_clone it before writing to it if later
+ * lookups must see the saved values. */
+SR_API sr_tensor *sr_checkpoint_tensor(const sr_checkpoint *c, const char *name);
+/* The old form, kept for one release: the same tensor as a new reference. */
+SR_API sr_tensor *sr_checkpoint_get(const sr_checkpoint *c, const char *name)
+    __attribute__((deprecated("use sr_checkpoint_tensor, which lends the tensor (borrowed)")));
 
 /* Metadata entries, in the order they were saved. */
 SR_API size_t sr_checkpoint_meta_count(const sr_checkpoint *c);

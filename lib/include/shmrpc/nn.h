@@ -215,7 +215,7 @@ SR_API void sr_module_zero_grad(sr_module *m);
  * shares the parameters' storage; sr_clone one for a snapshot that later
  * steps do not change). They are the caller's, valid after the module is
  * destroyed, and go with one sr_module_state_free(n, names, tensors), which
- * takes any of them NULL. Send the tensors (sr_tensor_value) to load them on
+ * takes any of them NULL. Send the tensors (sr_value_from_tensor) to load them on
  * another worker, or save them (sr_checkpoint_save).
  *
  * Loading copies tensors[k] into the parameter called names[k] (grad mode

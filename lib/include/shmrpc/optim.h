@@ -68,7 +68,13 @@ typedef enum sr_optim_kind {
  *   Adadelta  lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, maximize
  *   Adamax    lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, maximize
  *   Rprop     lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), maximize
- * Start from sr_optim_opts_default() and change what you need. */
+ * A field left 0 takes the kind's default, so a designated initialiser
+ * sets only what it names: (sr_optim_opts){.lr = 0.01} is Adam with
+ * lr 0.01 and betas (0.9, 0.999), eps 1e-8. SGD's lr is required: 0 there
+ * is "not specified" and refused. For an explicit 0 where the default is
+ * not 0 (AdamW without weight decay, beta1 0, eps 0), write SR_OPTIM_ZERO.
+ * Bools default to false. NaN, an infinity or a value out of range in any
+ * field is -EINVAL naming the kind, the field and the value. */
 typedef struct sr_optim_opts {
     double lr;
     double momentum, dampening, weight_decay;
@@ -82,13 +88,22 @@ typedef struct sr_optim_opts {
     bool nesterov, amsgrad, centered, maximize;
 } sr_optim_opts;
 
+/* An explicit 0 in a field whose default is not 0 (a plain 0 means "the
+ * default"). It is -0.0: it compares equal to 0, and the sign tells it apart. */
+#define SR_OPTIM_ZERO (-0.0)
+
 typedef struct sr_optim sr_optim;
 
 /* torch's defaults for kind k into *o; fields that k does not read are 0 or
  * false. SGD has no default learning rate (torch's `required`): its lr is
- * NaN, which sr_optim_create() rejects until it is set. -EINVAL for a bad
- * kind or a NULL o. */
+ * 0, "not specified", which sr_optim_create() rejects until it is set.
+ * -EINVAL for a bad kind or a NULL o. */
 SR_API int sr_optim_opts_default(sr_optim_kind k, sr_optim_opts *o);
+/* The options sr_optim_create(k, in, ...) would use, into *out: in (NULL:
+ * all zero) with its zero fields replaced by k's defaults, SR_OPTIM_ZERO
+ * fields as 0, then checked as sr_optim_create checks them. 0 or -EINVAL
+ * (*out untouched). */
+SR_API int sr_optim_opts_resolve(sr_optim_kind k, const sr_optim_opts *in, sr_optim_opts *out);
 
 /* torch's class name ("SGD", "Adam", "AdamW", "Adagrad", "RMSprop",
  * "Adadelta", "Adamax", "Rprop"); "?" for a bad value. */
@@ -96,14 +111,16 @@ SR_API const char *sr_optim_kind_name(sr_optim_kind k);
 /* The kind named (case-insensitive), into *k. -EINVAL for an unknown name. */
 SR_API int sr_optim_kind_parse(const char *name, sr_optim_kind *k);
 
-/* An optimizer of kind k over params[0..n) with options o (NULL: the
- * defaults), into *out. The parameters are referenced, not copied.
+/* An optimizer of kind k over params[0..n) with options o (NULL or zero
+ * fields: the defaults, see sr_optim_opts), into *out. The parameters are referenced, not copied.
  * Errors (-EINVAL), with torch's texts where torch has one:
  *   an option out of range: "Invalid learning rate: -1.0", "Invalid momentum
  *     value: ...", "Invalid beta parameter at index 0: ...", "Invalid eta
  *     values: ...", "Nesterov momentum requires a momentum and zero
- *     dampening", ...; SGD without lr: "parameter group didn't specify a value
- *     of required optimization parameter lr";
+ *     dampening", "Invalid step_sizes values: ...", and for NaN or an
+ *     infinity in any field "Invalid <field> value: nan"; SGD without lr:
+ *     "parameter group didn't specify a value of required optimization
+ *     parameter lr";
  *   n == 0: "optimizer got an empty parameter list";
  *   a NULL, non-floating or non-leaf parameter ("can't optimize a non-leaf
  *     Tensor"), or one listed twice (torch only warns);

@@ -9,11 +9,14 @@
  * "RPC agent shut down before the response arrived".
  *
  * Destinations are ranks (0..world_size-1); sr_worker_rank() maps a name.
- * Timeouts are in seconds: < 0 (SR_UNSET_RPC_TIMEOUT) means the current
- * default, captured when the call is sent; 0 means infinite. Any timeout > 0
- * is at least 1 ms (a tiny one is rounded up, never to "infinite"); one above
- * SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it. NaN and the
- * infinities are -EINVAL everywhere (use 0 for no timeout).
+ * Timeouts are in seconds, the same everywhere (calls, sr_init_opts,
+ * sr_set_rpc_timeout, sr_shutdown, the waits): 0 (SR_TIMEOUT_DEFAULT) is
+ * the function's default (for a call, the current default, captured when
+ * the call is sent; for sr_shutdown and the waits, no bound);
+ * SR_TIMEOUT_NONE (+infinity) is no timeout; a negative value or NaN is
+ * -EINVAL naming the function and the value. Any timeout > 0 is at least
+ * 1 ms (a tiny one is rounded up, never to "none"); one above
+ * SR_MAX_RPC_TIMEOUT (about 31.7 years) is clamped to it.
  *
  * Errors (returned as -errno / -SR_E*, detail in sr_last_error()):
  *   -SR_ESHUTDOWN  before sr_init or after sr_shutdown
@@ -47,15 +50,18 @@ extern "C" {
 #endif
 
 #define SR_DEFAULT_RPC_TIMEOUT 60.0
-#define SR_UNSET_RPC_TIMEOUT (-1.0)
+/* A timeout argument or field: the default, or no timeout at all. */
+#define SR_TIMEOUT_DEFAULT 0.0
+#define SR_TIMEOUT_NONE (__builtin_inf())
+/* The old name of SR_TIMEOUT_DEFAULT (it was -1, which is now -EINVAL). */
+#define SR_UNSET_RPC_TIMEOUT SR_TIMEOUT_DEFAULT
 #define SR_MAX_RPC_TIMEOUT 1e9 /* seconds; larger timeouts are clamped to it */
 #define SR_DEFAULT_NUM_WORKER_THREADS 16
 
 typedef struct sr_init_opts {
     const char *name;        /* NULL: "worker<rank>"; [A-Za-z0-9_:-]{1,127}, unique */
-    double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s. (For no
-                                default timeout, call sr_set_rpc_timeout(0).)
-                                NaN, infinite or negative: -EINVAL */
+    double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s;
+                                SR_TIMEOUT_NONE: none. NaN or negative: -EINVAL */
     int num_worker_threads;  /* executor threads for user functions; 0: default */
 } sr_init_opts;
 
@@ -77,16 +83,24 @@ SR_API int sr_init(const sr_init_opts *opts);
  * until no call or RRef message is in flight anywhere (fire-and-forget chains
  * included); then the RRef leak check: an RRef still forked is reported as
  * "Leaking RRef (0,3) with fork id (1,7)", and is -EBUSY unless
- * sr_rref_set_ignore_leak(true) (shmrpc/rref.h); then tear down. timeout_s bounds the graceful part (0:
- * infinite); -ETIMEDOUT if it passes (the leader, rank 0, names the workers
+ * sr_rref_set_ignore_leak(true) (shmrpc/rref.h); then tear down. timeout_s bounds the graceful part (0,
+ * the default, or SR_TIMEOUT_NONE: no bound); -ETIMEDOUT if it passes (the leader, rank 0, names the workers
  * that never arrived). -EPIPE at once when a worker leaves without a
  * graceful shutdown of its own (it returned from main without sr_shutdown,
  * called sr_shutdown(false), or was killed), or had left before: "worker2
  * exited with status 0 without sr_shutdown"; also when that worker is the
  * leader. Local teardown always runs, even after an error, except for
- * -EINVAL: a NaN, infinite or negative timeout_s is refused before anything
- * is done. */
+ * -EINVAL: a NaN or negative timeout_s is refused before anything is
+ * done. */
 SR_API int sr_shutdown(bool graceful, double timeout_s);
+/* The tensor and value leak check of a graceful sr_shutdown: after the
+ * teardown, tensors and values this process made since sr_init and still
+ * holds are reported, "Detected tensor and value leaks during shutdown:
+ * worker1 (rank 1) still holds 2 tensors (2 f32) and 1 value (1 object)
+ * ...", and sr_shutdown returns -EBUSY (after a teardown that did
+ * complete). true only logs the report. Process-wide, read by each
+ * sr_shutdown. */
+SR_API void sr_set_ignore_leak(bool ignore);
 
 SR_API int sr_rank(void);
 SR_API int sr_world_size(void);
@@ -101,7 +115,8 @@ SR_API int sr_worker_rank(const char *name);
  * running, or, in a job that replaces ranks (shmrun --restart rank), once
  * a dead rank's new generation has attached and its old one's death is
  * handled here, or, in an elastic job (shmrun --max-workers), once a worker
- * has joined the rank; a call made then reaches it. timeout_s 0: no bound. 0;
+ * has joined the rank; a call made then reaches it. timeout_s 0 (the
+ * default) or SR_TIMEOUT_NONE: no bound. 0;
  * -ETIMEDOUT; -EPIPE the rank is gone and the job replaces none; -EINVAL. */
 SR_API int sr_wait_for_worker(int rank, double timeout_s);
 /* rank's generation as this worker knows it: 0 for the process the job
@@ -116,15 +131,19 @@ SR_API int64_t sr_worker_generation(int rank);
 SR_API int sr_worker_present(int rank);
 /* Wait until `rank` is not present (above): its worker left the job,
  * detached or ended, and this worker has handled it (its RRefs and
- * distributed-autograd contexts failed). timeout_s 0: no bound. 0;
+ * distributed-autograd contexts failed). timeout_s 0 or SR_TIMEOUT_NONE:
+ * no bound. 0;
  * -ETIMEDOUT; -EINVAL out of range or our own rank; -SR_ESHUTDOWN. */
 SR_API int sr_wait_for_departure(int rank, double timeout_s);
 
-/* Default timeout for calls sent from now on; 0 = infinite. 0, or -EINVAL
- * for NaN, an infinity or a negative value (the default is then unchanged),
- * or -SR_ESHUTDOWN. Values above SR_MAX_RPC_TIMEOUT are clamped to it; any
- * value > 0 is at least 1 ms. */
+/* Default timeout for calls sent from now on: seconds, 0 back to
+ * SR_DEFAULT_RPC_TIMEOUT, SR_TIMEOUT_NONE none. 0, or -EINVAL for NaN or a
+ * negative value (the default is then unchanged), or -SR_ESHUTDOWN. Values
+ * above SR_MAX_RPC_TIMEOUT are clamped to it; any value > 0 is at least
+ * 1 ms. */
 SR_API int sr_set_rpc_timeout(double seconds);
+/* The default in seconds, SR_TIMEOUT_NONE when there is none; -1 before
+ * sr_init. */
 SR_API double sr_get_rpc_timeout(void);
 
 /* ---- functions ---------------------------------------------------------- */
@@ -157,7 +176,7 @@ typedef struct sr_args {
     sr_value *const *v;
 } sr_args;
 /* SR_ARGS(a, b, ...): the arguments of one call, written in the call:
- *     sr_rpc_sync(1, "add", SR_ARGS(x, y), -1, &out);
+ *     sr_rpc_sync(1, "add", SR_ARGS(x, y), SR_TIMEOUT_DEFAULT, &out);
  * In C the array is a compound literal, alive until the end of the enclosing
  * block. In C++ (which has no compound literals) it is the array of a
  * std::initializer_list, alive until the end of the full expression that

@@ -60,7 +60,7 @@ extern "C" {
 /* Run fn(args) on worker `to` and keep its result there: *out is at once a
  * UserRRef to it, or an OwnerRRef when `to` is this worker. Arguments are
  * borrowed, as in sr_rpc_async. timeout_s bounds the creation (the function's
- * run included; < 0 the default, 0 none): a creation that fails or times out
+ * run included; 0 the default, SR_TIMEOUT_NONE none): a creation that fails or times out
  * is stored on the RRef and raised by its next use (to_here, a fork, a
  * proxy), e.g. "RRef creation via rpc.remote() timed out, ...". An error of
  * the function itself is the RRef's value: to_here() raises it. Errors
@@ -74,11 +74,13 @@ SR_API int sr_rref_create(sr_value *v, sr_rref **out);
 SR_API sr_rref *sr_rref_ref(sr_rref *r);
 SR_API void sr_rref_unref(sr_rref *r); /* NULL is a no-op */
 
-/* A value that holds an RRef (takes its own reference), and the RRef inside
- * a value (borrowed; NULL if v is not an RRef). Passing such a value in a
- * call forks the RRef. */
-SR_API sr_value *sr_rref_value(sr_rref *r);
+/* A new value that holds an RRef (it takes its own reference to r), and
+ * the RRef inside a value (an accessor: borrowed; NULL if v is not an
+ * RRef). Passing such a value in a call forks the RRef. */
+SR_API sr_value *sr_value_from_rref(sr_rref *r);
 SR_API sr_rref *sr_value_rref(const sr_value *v);
+/* The old name of sr_value_from_rref, kept for one release. */
+SR_API sr_value *sr_rref_value(sr_rref *r) __attribute__((deprecated("use sr_value_from_rref")));
 /* The kind of such a value (sr_value_type(v) == SR_KIND_RREF; sr_kind_name
  * gives "rref"). The RRef layer's kind is numbered when the library loads,
  * so SR_KIND_RREF is not a constant expression: compare with it, do not use
@@ -90,8 +92,8 @@ SR_API sr_kind sr_rref_kind(void);
 
 /* The value. On a user: fetched from the owner (a copy; tensors share
  * storage, copy-on-write). On the owner: the value itself, once it is set.
- * timeout_s: < 0 the default, 0 none, NaN or infinite -EINVAL (rpc.h,
- * "Timeouts"). "... has been deleted. Cannot call
+ * timeout_s: 0 the default, SR_TIMEOUT_NONE none, negative or NaN -EINVAL
+ * (rpc.h). "... has been deleted. Cannot call
  * to_here() on it after deletion." after the RRef was deleted on its owner. */
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out);
 
@@ -151,8 +153,8 @@ SR_API int sr_rref_debug_forks(uint64_t rref_id, uint64_t *out, size_t cap);
 
 /* Wait until this worker has no pending user, no pending child and no
  * unacknowledged control message: every fork and delete it sent has been
- * applied by its receiver. -ETIMEDOUT (timeout_s: 0 or < 0 none; NaN or
- * infinite -EINVAL). */
+ * applied by its receiver. -ETIMEDOUT (timeout_s: 0, the default, or
+ * SR_TIMEOUT_NONE: no bound; negative or NaN -EINVAL). */
 SR_API int sr_rref_wait_idle(double timeout_s);
 
 /* Graceful shutdown's leak check: true only logs RRefs still forked after

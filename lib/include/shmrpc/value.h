@@ -52,9 +52,12 @@ SR_API sr_value *sr_int(int64_t i);
 SR_API sr_value *sr_double(double d);
 SR_API sr_value *sr_str(const char *s);                  /* copies; NULL s is -EINVAL */
 SR_API sr_value *sr_bytes(const void *p, size_t n);      /* copies */
-SR_API sr_value *sr_tensor_value(sr_tensor *t);          /* takes its own tensor reference */
+SR_API sr_value *sr_value_from_tensor(sr_tensor *t);     /* takes its own reference to t */
 SR_API sr_value *sr_list(size_t n, sr_value *const *items); /* takes its own item references */
 SR_API sr_value *sr_object(void *p, void (*destroy)(void *), const char *type_name);
+
+/* The old name of sr_value_from_tensor, kept for one release. */
+SR_API sr_value *sr_tensor_value(sr_tensor *t) __attribute__((deprecated("use sr_value_from_tensor")));
 
 SR_API sr_value *sr_value_ref(sr_value *v);
 SR_API void sr_value_unref(sr_value *v);

@@ -459,7 +459,7 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
     vals[1] = sr_int(p->id);     /* id and retain are fixed while p lives */
     vals[2] = sr_bool(p->retain);
     for (size_t i = 0; i < n; i++)
-        vals[3 + i] = grads[i] ? sr_tensor_value(grads[i]) : sr_none();
+        vals[3 + i] = grads[i] ? sr_value_from_tensor(grads[i]) : sr_none();
     for (size_t i = 0; i < n + 3; i++) {
         if (!vals[i]) {
             req_free(q);

@@ -60,7 +60,7 @@ SR_API int sr_rref_backward(sr_rref *r, int64_t context_id, bool retain_graph)
     } else if (context_id == SR_NO_CONTEXT) {
         return sr__fail(-EINVAL, who, "User RRefs require 'dist_autograd_ctx_id' to be specified");
     } else {
-        sr_value *args[2] = {sr_rref_value(r), sr_bool(retain_graph)};
+        sr_value *args[2] = {sr_value_from_rref(r), sr_bool(retain_graph)};
         rc = args[0] && args[1] ? sr__module_rpc(sr_rref_owner(r), sr__dist_module, SR_DA_RREF_BACKWARD,
                                                  (uint64_t)context_id, (sr_args){2, args},
                                                  sr__rpc_default_timeout_ms(), &f, who)

@@ -81,7 +81,7 @@ static const sr_value_kind_ops rref_kind = {
     .str = kind_str,
 };
 
-SR_API sr_value *sr_rref_value(sr_rref *r)
+SR_API sr_value *sr_value_from_rref(sr_rref *r)
 {
     if (!r) {
         sr__fail(-EINVAL, __func__, "the RRef is NULL");
@@ -92,6 +92,8 @@ SR_API sr_value *sr_rref_value(sr_rref *r)
         sr_rref_unref(r);
     return v;
 }
+
+SR_API sr_value *sr_rref_value(sr_rref *r) { return sr_value_from_rref(r); }
 
 SR_API sr_rref *sr_value_rref(const sr_value *v) { return sr__value_module_obj(v, sr__rref_kind); }
 

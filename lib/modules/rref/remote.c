@@ -197,7 +197,7 @@ static sr_value **proxy_args(sr_rref *r, sr_args extra, sr_args *out)
         return NULL;
     }
     sr_value **v = malloc((extra.n + 1) * sizeof(*v));
-    if (!v || !(v[0] = sr_rref_value(r))) {
+    if (!v || !(v[0] = sr_value_from_rref(r))) {
         free(v);
         sr__fail(-ENOMEM, "sr_rref_rpc", "out of memory");
         return NULL;

@@ -21,10 +21,10 @@
 int sr__rref_deadline(double timeout_s, const char *fn, int64_t *ms, int64_t *deadline)
 {
     int rc = 0;
-    if (timeout_s < 0 && !isinf(timeout_s))
+    if (timeout_s == 0) /* SR_TIMEOUT_DEFAULT */
         *ms = sr__rpc_default_timeout_ms(); /* the default is captured now, as for calls */
     else
-        rc = sr__timeout_ms(timeout_s, fn, ms); /* NaN and the infinities: -EINVAL */
+        rc = sr__timeout_ms(timeout_s, fn, ms); /* NaN and negative values: -EINVAL */
     if (!rc)
         *deadline = sr__deadline_ns(sr__now_ns(), *ms);
     return rc;
@@ -169,7 +169,7 @@ SR_API int sr_rref_local_value(sr_rref *r, sr_value **out)
     int64_t ms, deadline;
     int rc = usable(r, "sr_rref_local_value", &deleted);
     if (!rc)
-        rc = sr__rref_deadline(-1, "sr_rref_local_value", &ms, &deadline);
+        rc = sr__rref_deadline(SR_TIMEOUT_DEFAULT, "sr_rref_local_value", &ms, &deadline);
     if (rc)
         return rc;
     if (sr__rref_wait(r->value, deadline))
@@ -377,8 +377,8 @@ int sr__rref_wait_idle(double timeout_s, bool report_lost)
 {
     struct rref_ctx *c = &sr__rref_ctx;
     int64_t ms, deadline;
-    int rc = sr__rref_deadline(timeout_s < 0 && !isinf(timeout_s) ? 0 : timeout_s, "sr_rref_wait_idle", &ms,
-                               &deadline);
+    /* its default is no timeout */
+    int rc = sr__rref_deadline(timeout_s == 0 ? SR_TIMEOUT_NONE : timeout_s, "sr_rref_wait_idle", &ms, &deadline);
     if (rc)
         return rc;
     /* Again after each completion: the idle future is completed from a

@@ -484,19 +484,32 @@ SR_API size_t sr_function_ctx_num_saved(const sr_function_ctx *ctx)
     return ctx->node ? ctx->node->num_saved : ctx->n_saved;
 }
 
-SR_API int sr_function_ctx_saved_tensor(sr_function_ctx *ctx, size_t i, sr_tensor **out)
+/* Saved tensor i, borrowed, into *out; fn names the caller in errors. */
+static int saved_borrowed(sr_function_ctx *ctx, size_t i, sr_tensor **out, const char *fn)
 {
     if (!ctx || !out)
-        return sr__fail(-EINVAL, "sr_function_ctx_saved_tensor", "ctx or out is NULL");
+        return sr__fail(-EINVAL, fn, "ctx or out is NULL");
     size_t n = sr_function_ctx_num_saved(ctx);
     if (i >= n)
-        return sr__fail(-EINVAL, "sr_function_ctx_saved_tensor", "%s: saved tensor %zu of %zu", ctx->def->name, i,
-                        n);
+        return sr__fail(-EINVAL, fn, "%s: saved tensor %zu of %zu", ctx->def->name, i, n);
     if (!ctx->node) {
         *out = ctx->saved[i];
         return 0;
     }
     return sr__node_saved(ctx->node, (uint32_t)i, out);
+}
+
+SR_API int sr_function_ctx_saved(sr_function_ctx *ctx, size_t i, sr_tensor **out)
+{
+    int rc = saved_borrowed(ctx, i, out, "sr_function_ctx_saved");
+    if (!rc)
+        sr_tensor_ref(*out);
+    return rc;
+}
+
+SR_API int sr_function_ctx_saved_tensor(sr_function_ctx *ctx, size_t i, sr_tensor **out)
+{
+    return saved_borrowed(ctx, i, out, "sr_function_ctx_saved_tensor");
 }
 
 SR_API void *sr_function_ctx_user(const sr_function_ctx *ctx) { return ctx ? ctx->def->user : NULL; }

@@ -57,18 +57,29 @@ SR_API const char *sr_checkpoint_name(const sr_checkpoint *c, size_t i)
     return c && i < c->n ? c->items[i].name : NULL;
 }
 
-SR_API sr_tensor *sr_checkpoint_get(const sr_checkpoint *c, const char *name)
+/* The tensor called name, borrowed; fn names the caller in errors. */
+static sr_tensor *lookup(const sr_checkpoint *c, const char *name, const char *fn)
 {
     if (!c || !name) {
-        sr__fail(-EINVAL, "sr_checkpoint_get", "%s is NULL", !c ? "checkpoint" : "name");
+        sr__fail(-EINVAL, fn, "%s is NULL", !c ? "checkpoint" : "name");
         return NULL;
     }
     struct sr__ckpt_item *it = find(c, name);
     if (!it) {
-        sr__fail(-ENOENT, "sr_checkpoint_get", "checkpoint %s has no tensor '%s'", c->path, name);
+        sr__fail(-ENOENT, fn, "checkpoint %s has no tensor '%s'", c->path, name);
         return NULL;
     }
-    return sr_tensor_ref(it->t);
+    return it->t;
+}
+
+SR_API sr_tensor *sr_checkpoint_tensor(const sr_checkpoint *c, const char *name)
+{
+    return lookup(c, name, "sr_checkpoint_tensor");
+}
+
+SR_API sr_tensor *sr_checkpoint_get(const sr_checkpoint *c, const char *name)
+{
+    return sr_tensor_ref(lookup(c, name, "sr_checkpoint_get"));
 }
 
 SR_API size_t sr_checkpoint_meta_count(const sr_checkpoint *c)

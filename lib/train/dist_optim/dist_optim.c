@@ -79,11 +79,11 @@ static sr_future *send_new(sr_optim_kind kind, const sr_optim_opts *opts, sr_rre
     bool ok = items != NULL;
     for (size_t i = 0; ok && i < n; i++)
         if (group[i] == k)
-            ok = (items[m++] = sr_rref_value(params[i])) != NULL;
+            ok = (items[m++] = sr_value_from_rref(params[i])) != NULL;
     sr_value *list = ok ? sr_list(m, items) : NULL;
     sr_value *kv = sr_int(kind), *ov = opts ? sr_bytes(opts, sizeof(*opts)) : sr_none();
     sr_future *f = NULL;
-    int rc = list && kv && ov ? sr_rpc_async(owner, SR_DIST_OPTIM_NEW, SR_ARGS(kv, ov, list), -1, &f)
+    int rc = list && kv && ov ? sr_rpc_async(owner, SR_DIST_OPTIM_NEW, SR_ARGS(kv, ov, list), 0, &f)
                               : sr__fail(-ENOMEM, "sr_dist_optim_create", "out of memory for the arguments");
     for (size_t i = 0; i < m; i++)
         sr_value_unref(items[i]);
@@ -183,7 +183,7 @@ SR_API int sr_dist_optim_step(sr_dist_optim *o, int64_t context_id)
     }
     int64_t cur = sr__dctx_set_current(SR_NO_CONTEXT); /* outside_context, above */
     for (size_t k = 0; k < o->n; k++) { /* every owner at once ... */
-        int rc = sr_rref_rpc_async(o->optim[k], SR_DIST_OPTIM_STEP, SR_ARGS(ctx), -1, &fs[k]);
+        int rc = sr_rref_rpc_async(o->optim[k], SR_DIST_OPTIM_STEP, SR_ARGS(ctx), 0, &fs[k]);
         if (rc)
             fs[k] = failed_call(rc);
     }

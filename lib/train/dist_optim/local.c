@@ -83,7 +83,7 @@ static int keep_in_rref(sr_call *c, sr_optim *o)
     sr_value_unref(obj); /* the RRef holds its own reference (or, on failure, o goes here) */
     if (rc)
         return sr_call_fail(c, rc, "%s", detail());
-    sr_value *v = sr_rref_value(r);
+    sr_value *v = sr_value_from_rref(r);
     sr_rref_unref(r);
     return v ? sr_call_return(c, v) : sr_call_fail(c, -ENOMEM, "%s", detail());
 }

@@ -52,9 +52,8 @@ SR_API int sr_optim_create(sr_optim_kind k, const sr_optim_opts *opts, sr_tensor
     sr_optim_opts def;
     if (!ops || !out)
         return sr__fail(-EINVAL, "sr_optim_create", "bad kind %d or NULL result", (int)k);
-    if (!opts && sr_optim_opts_default(k, &def) == 0)
-        opts = &def;
-    int rc = ops->check(opts, "sr_optim_create", ops->name);
+    int rc = sr__optim_resolve(k, opts, &def, "sr_optim_create");
+    opts = &def;
     if (rc || (rc = check_params(params, n)))
         return rc;
     sr_optim *o = calloc(1, sizeof(*o));

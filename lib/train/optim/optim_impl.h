@@ -60,6 +60,11 @@ extern const struct sr__optim_ops sr__optim_sgd, sr__optim_adam, sr__optim_adamw
     sr__optim_rmsprop, sr__optim_adadelta, sr__optim_adamax, sr__optim_rprop;
 const struct sr__optim_ops *sr__optim_ops_of(sr_optim_kind k);
 
+/* The options in force: in (NULL: all zero) with its zero fields replaced
+ * by kind k's defaults, then checked. 0 or -EINVAL naming fn, the kind, the
+ * field and the value. */
+int sr__optim_resolve(sr_optim_kind k, const sr_optim_opts *in, sr_optim_opts *out, const char *fn);
+
 /* ---- option checks (opts.c): 0, or -EINVAL with "fn: kind: <torch text>" ---- */
 int sr__optim_check_lr(const sr_optim_opts *o, const char *fn, const char *kind);
 int sr__optim_check_eps(const sr_optim_opts *o, const char *fn, const char *kind);

@@ -2,6 +2,7 @@
  * Defaults and messages are torch 1.13's (torch/optim/<kind>.py). */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +51,9 @@ static void adam_like(sr_optim_opts *o, double lr, double wd)
     o->weight_decay = wd;
 }
 
-SR_API int sr_optim_opts_default(sr_optim_kind k, sr_optim_opts *o)
+/* torch's defaults of kind k (a valid kind); NaN marks a required option. */
+static void defaults(sr_optim_kind k, sr_optim_opts *o)
 {
-    if (!o || !sr__optim_ops_of(k))
-        return sr__fail(-EINVAL, "sr_optim_opts_default", "bad kind %d or NULL options", (int)k);
     memset(o, 0, sizeof(*o));
     switch (k) {
     case SR_OPTIM_SGD: o->lr = NAN; break; /* torch: lr=required */
@@ -69,7 +69,83 @@ SR_API int sr_optim_opts_default(sr_optim_kind k, sr_optim_opts *o)
         o->step_sizes[0] = 1e-6, o->step_sizes[1] = 50;
         break;
     }
+}
+
+SR_API int sr_optim_opts_default(sr_optim_kind k, sr_optim_opts *o)
+{
+    if (!o || !sr__optim_ops_of(k))
+        return sr__fail(-EINVAL, "sr_optim_opts_default", "bad kind %d or NULL options", (int)k);
+    defaults(k, o);
+    if (isnan(o->lr))
+        o->lr = 0; /* SGD's required lr: unset, refused until it is set */
     return 0;
+}
+
+/* The floating-point fields, named as in messages. */
+#define FIELD(f) {#f, offsetof(sr_optim_opts, f)}
+static const struct {
+    const char *name;
+    size_t off;
+} fields[] = {
+    FIELD(lr),       FIELD(momentum), FIELD(dampening), FIELD(weight_decay), FIELD(betas[0]),
+    FIELD(betas[1]), FIELD(eps),      FIELD(alpha),     FIELD(rho),          FIELD(lr_decay),
+    FIELD(initial_accumulator_value), FIELD(etas[0]),   FIELD(etas[1]),      FIELD(step_sizes[0]),
+    FIELD(step_sizes[1]),
+};
+#undef FIELD
+#define NFIELDS (sizeof(fields) / sizeof(fields[0]))
+
+static double *field(sr_optim_opts *o, size_t i) { return (double *)((char *)o + fields[i].off); }
+
+/* A +0.0 field takes the default; SR_OPTIM_ZERO (-0.0) is an explicit 0. */
+static int fill_defaults(sr_optim_kind k, const sr_optim_opts *in, sr_optim_opts *out, const char *fn)
+{
+    sr_optim_opts def;
+    defaults(k, &def);
+    *out = *in;
+    for (size_t i = 0; i < NFIELDS; i++) {
+        double *v = field(out, i);
+        if (*v != 0)
+            continue;
+        if (!signbit(*v) && isnan(*field(&def, i)))
+            return sr__fail(-EINVAL, fn, "%s: parameter group didn't specify a value of required optimization "
+                                         "parameter %s", sr_optim_kind_name(k), fields[i].name);
+        *v = signbit(*v) ? 0.0 : *field(&def, i);
+    }
+    return 0;
+}
+
+/* NaN and the infinities make no sense in any field, read or not. */
+static int check_finite(sr_optim_kind k, sr_optim_opts *o, const char *fn)
+{
+    char b[40];
+    for (size_t i = 0; i < NFIELDS; i++)
+        if (!isfinite(*field(o, i)))
+            return sr__fail(-EINVAL, fn, "%s: Invalid %s value: %s", sr_optim_kind_name(k), fields[i].name,
+                            sr__optim_repr(*field(o, i), b, sizeof(b)));
+    return 0;
+}
+
+int sr__optim_resolve(sr_optim_kind k, const sr_optim_opts *in, sr_optim_opts *out, const char *fn)
+{
+    const struct sr__optim_ops *ops = sr__optim_ops_of(k);
+    if (!ops || !out)
+        return sr__fail(-EINVAL, fn, "bad kind %d or NULL options", (int)k);
+    int rc = fill_defaults(k, in ? in : &(sr_optim_opts){0}, out, fn);
+    if (!rc)
+        rc = ops->check(out, fn, ops->name);
+    if (!rc)
+        rc = check_finite(k, out, fn);
+    return rc;
+}
+
+SR_API int sr_optim_opts_resolve(sr_optim_kind k, const sr_optim_opts *in, sr_optim_opts *out)
+{
+    sr_optim_opts o;
+    int rc = sr__optim_resolve(k, in, &o, "sr_optim_opts_resolve");
+    if (!rc)
+        *out = o;
+    return rc;
 }
 
 /* Python's repr() of a float: the shortest digits that read back exactly,
@@ -80,11 +156,16 @@ const char *sr__optim_repr(double v, char *buf, size_t len)
         snprintf(buf, len, "%s", isnan(v) ? "nan" : v > 0 ? "inf" : "-inf");
         return buf;
     }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, len, "%.*g", prec, v);
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(buf, len, "%.*e", prec - 1, v);
         if (strtod(buf, NULL) == v)
             break;
     }
+    snprintf(buf, len, "%.*e", prec - 1, v);
+    int exp = atoi(strchr(buf, 'e') + 1);
+    if (-4 <= exp && exp < 16) /* Python writes these without an exponent: 10.0, not 1e+01 */
+        snprintf(buf, len, "%.*f", prec - 1 - exp > 0 ? prec - 1 - exp : 0, v);
     if (!strpbrk(buf, ".e"))
         strncat(buf, ".0", len - strlen(buf) - 1);
     return buf;

@@ -24,6 +24,9 @@ static int check(const sr_optim_opts *o, const char *fn, const char *kind)
     if (!rc && !(0.0 < o->etas[0] && o->etas[0] < 1.0 && 1.0 < o->etas[1]))
         rc = sr__fail(-EINVAL, fn, "%s: Invalid eta values: %s, %s", kind, sr__optim_repr(o->etas[0], b1, sizeof(b1)),
                       sr__optim_repr(o->etas[1], b2, sizeof(b2)));
+    if (!rc && !(0.0 <= o->step_sizes[0] && o->step_sizes[0] <= o->step_sizes[1]))
+        rc = sr__fail(-EINVAL, fn, "%s: Invalid step_sizes values: %s, %s", kind,
+                      sr__optim_repr(o->step_sizes[0], b1, sizeof(b1)), sr__optim_repr(o->step_sizes[1], b2, sizeof(b2)));
     return rc;
 }
 

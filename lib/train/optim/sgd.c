@@ -11,10 +11,7 @@ enum { MOMENTUM_BUFFER };
 static int check(const sr_optim_opts *o, const char *fn, const char *kind)
 {
     char b[40];
-    if (isnan(o->lr))
-        return sr__fail(-EINVAL, fn, "%s: parameter group didn't specify a value of required optimization "
-                                     "parameter lr", kind);
-    if (o->lr < 0.0)
+    if (!(o->lr >= 0.0))
         return sr__fail(-EINVAL, fn, "%s: Invalid learning rate: %s", kind, sr__optim_repr(o->lr, b, sizeof(b)));
     if (o->momentum < 0.0)
         return sr__fail(-EINVAL, fn, "%s: Invalid momentum value: %s", kind,
