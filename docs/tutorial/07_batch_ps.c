@@ -56,7 +56,7 @@ static int ps_ready(void)
 /* [version, weights]: a new value; the tensor in it is shared, not copied. */
 static sr_value *model_value(void)
 {
-    sr_value *items[2] = {sr_int(ps.version), sr_tensor_value(ps.weights)};
+    sr_value *items[2] = {sr_int(ps.version), sr_value_from_tensor(ps.weights)};
     sr_value *v = items[0] && items[1] ? sr_list(2, items) : NULL;
     sr_value_unref(items[0]);
     sr_value_unref(items[1]);
@@ -199,7 +199,7 @@ static int trainer(void)
         last = loss_and_grad(model, x, y, &grad);
         if (s == 0)
             first = last;
-        sr_value *gv = grad ? sr_tensor_value(grad) : NULL, *next = NULL;
+        sr_value *gv = grad ? sr_value_from_tensor(grad) : NULL, *next = NULL;
         /* Returns once every trainer's gradient of this step is in. */
         rc = gv ? sr_rpc_sync(0, "update_and_fetch_model", SR_ARGS(gv), 0, &next) : -ENOMEM;
         if (rc)
