@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What CPU binding does to the hot no-op round trip, under the real shmrun.
  *
  *   shmrun -n 2 [--bind-to none|core] build-release/bench/bench_bind [--json] [hot]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Cost of the wire codec on the commonest call: an argument list of two ints.
  *
  * One op = size + encode into a stack buffer, decode, drop the decoded list.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The convolution layers at the shapes of the Fashion-MNIST CNN, f32,
  * batch 64, one thread (OpenBLAS's, when built with it), against PyTorch's
  * one-thread figures measured in the same run (bench/compare/torch_conv.py):

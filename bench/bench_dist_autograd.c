@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd benchmarks, each printed next to a reference measured
  * in the same rounds of the same run, and next to PyTorch's figure, measured
  * in the same run too: bench/compare/torch_dist_autograd.py is spawned first

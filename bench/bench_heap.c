@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shared-heap benchmarks (sr_spawn; no shmrun needed).
  *
  *   bench_heap [--json] [--rounds N]   (N >= 100; default below)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_mm throughput: square n x n products for n = 64, 256, 1024 in f32 and
  * f64, with OpenBLAS (one thread, when built with it) and the cache-blocked
  * fallback (with the CPU's micro-kernel, and the portable one), side by side.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Across hosts: shmrpc over the MPI transport next to raw MPI, in one run.
  *
  *   mpirun -n 2 -x SHMRPC_HOSTS=2 --mca btl self,tcp bench_mpi_rpc [--rounds R]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A rank replaced in place against a whole-job restart (shmrun --restart
  * rank|job; docs/PERFORMANCE.md, "Replacement in place against a whole-job
  * restart").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What a whole-job restart costs (shmrun --max-restarts; docs/PERFORMANCE.md).
  *
  *   bench_restart [--json] [-n N] [--trials T] [--shmrun PATH]

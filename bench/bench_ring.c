@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The transport benchmark: inbox rings and doorbells, side by side with the
  * machine's floor measured in the same run (PERFORMANCE.md, "ring alone" and
  * the round-trip targets).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RPC benchmarks, each printed next to the floor measured in the same run
  * and next to PyTorch's figure, measured in the same run too:
  * bench/compare/torch_rpc.py runs first (--no-torch or BENCH_NO_TORCH=1 skip

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRef benchmarks, each printed next to the no-op rpc_sync measured in the
  * same run (the ratio is the median of per-round ratios, so that a round's
  * two figures share its noise) and next to PyTorch's figure.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Start-up at scale: from the launch of a job to every worker's first
  * completed call (docs/PERFORMANCE.md, "Start-up at scale").
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Cost of the tensor layer's write and encode paths on small tensors, where
  * any fixed cost (the per-storage write lock, a saved tensor's own storage)
  * shows most. One process, a one-worker segment with an attached heap.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Training benchmark: the parameter-server pattern of PyTorch's RPC tutorial
  * on Fashion-MNIST, next to the local compute floor and to PyTorch, all in
  * one run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Benchmark helpers. See bench_util.h. */
 #include "bench_util.h"
 

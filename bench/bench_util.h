@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers shared by the benchmarks: time, percentiles, medians over rounds,
  * memory shared with forked children, a sleeping cross-process barrier and
  * the self-describing result line.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the training demos (demo_train, demo_pipeline) share around their
  * training: the clock, the job's size before sr_init, and the command line
  * (a getopt_long loop over the demo's own options, number checks, errors

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Demo: pipeline parallelism over RPC, the pattern of PyTorch's tutorial
  * "Distributed Pipeline Parallelism Using RPC", on Fashion-MNIST.
  *

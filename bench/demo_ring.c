@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Demo: a token travels around a ring of workers, under shmrun.
  *
  *   shmrun -n 4 ./demo_ring [laps]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Demo: the RPC layer under shmrun.
  *
  *   shmrun -n 4 ./demo_rpc

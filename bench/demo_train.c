@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Demo: train a real model with a parameter server, the pattern of PyTorch's
  * official RPC tutorial ("Implementing a Parameter Server Using Distributed
  * RPC Framework"), on Fashion-MNIST.

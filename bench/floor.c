@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The machine's floor. See floor.h.
  *
  * Ordering: every store of a ping-pong word is a release that pairs with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The machine's floor, measured in the same run as the thing compared to it
  * (the design notes' floor.c, made reusable):
  *   - cache-line ping-pong round trip between two processes, both spinning:

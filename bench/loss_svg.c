@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The loss curve of demo_train as an SVG: see loss_svg.h. */
 #include "loss_svg.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A loss curve as an SVG picture: the raw per-step losses in light grey, a
  * moving mean over them in blue, axes with ticks and labels. No library. */
 #ifndef SR_BENCH_LOSS_SVG_H

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Across hosts: the raw Open MPI floor (mpi_floor) and shmrpc's
 # cross-host benches, 2 ranks on 2 pretend hosts of this machine, over each
 # BTL in turn, in one run (docs/PERFORMANCE.md, "Across hosts (Open MPI)").

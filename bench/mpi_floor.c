@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The raw Open MPI floor of shmrpc across hosts: what MPI alone
  * costs over the BTL mpirun was given, measured in the same run as our
  * figures (bench/mpi_bench.sh runs it next to bench_mpi_rpc).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Pipeline parallelism side by side with PyTorch, in the same run: samples/s
 # of demo_pipeline (under shmrun) and of bench/compare/torch_pipeline.py
 # (Debian's python3-torch), the same CNN, split and batch, for 1, 2, 4 and 8

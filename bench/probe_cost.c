@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_rpc probes: what the profiler's probes (lib/rpc/module.h, "Probes") cost on the
  * hot no-op round trip, side by side in one run.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench_rpc probes: the profiler's cost on the hot round trip (probe_cost.c). */
 #ifndef SR_BENCH_PROBE_COST_H
 #define SR_BENCH_PROBE_COST_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* See shmrun_job.h. */
 #include <errno.h>
 #include <fcntl.h>

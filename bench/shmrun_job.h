@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Benches that drive whole jobs under the real shmrun (bench_restart,
  * bench_replace): the program's own path and shmrun's beside it in the
  * build, a job started with a report pipe its workers write lines to, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Soak: a mixed RPC / RRef / tensor workload on every worker for a while,
  * watching for growth. Run it with ./dev soak [minutes] (under
  * shmrun -n 4). Each worker drives its peers (chosen by a seeded generator):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun's command line: getopt_long, every value checked, one error line. */
 #include "args.h"
 

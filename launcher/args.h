@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun's command line. */
 #ifndef SR_LAUNCHER_ARGS_H
 #define SR_LAUNCHER_ARGS_H

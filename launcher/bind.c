@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CPU binding from the sysfs topology. See bind.h. */
 #include "bind.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* CPU binding of the workers (--bind-to, --report-bindings), like mpirun's.
  *
  * The units are cores (the allowed hardware threads of one core, from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun --join JOB [--rank R] prog [args...]: run prog as a new worker of
  * a running elastic job (lib/job/job.h, "Joining"). The protocol: connect
  * to the supervisor's abstract socket "\0shmrpc-job-JOB", send our stdin,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun --join: a new worker for a running elastic job (join.c). */
 #ifndef SR_LAUNCHER_JOIN_H
 #define SR_LAUNCHER_JOIN_H

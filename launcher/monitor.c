@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun --monitor: see monitor.h. */
 #include "monitor.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun --monitor[=SECONDS]: a live view of a running job, on stderr.
  *
  * Every interval, one line per worker: calls served and made per second

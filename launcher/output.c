@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Worker output relay, tags, log files and folding. See output.h. */
 #include "output.h"
 

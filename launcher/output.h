@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Worker output: --tag-output, --output-dir and the folding of identical
  * stderr lines.
  *

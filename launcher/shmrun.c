@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun: launch a shmrpc job.
  *
  *   shmrun -n N [options] [--] prog [args...]     (options: args.c, docs/LAUNCHER.md, shmrun.1)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The processes a job's workers leave behind. See sweep.h. */
 #include "sweep.h"
 

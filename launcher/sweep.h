@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The processes a job's workers leave behind.
  *
  * A worker may start processes of its own (a helper it forks, a command it

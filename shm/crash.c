@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Crash reports: see crash.h. */
 #include "crash.h"
 

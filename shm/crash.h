@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Crash reports: which call a worker was serving when it died of a fatal
  * signal (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Doorbells: how a producer wakes a sleeping consumer.
  *
  * Each worker owns one 32-bit word in the worker table (sr_worker_info.doorbell).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* futex_waitv (Linux 5.16+) and its probe, shared by the transport's holder
  * sleep (a segment word and a private word at once) and the agent's idle
  * waiters (private words only).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared heap, block side. See heap.h; the arena and its extent hooks
  * are in heap_extent.c; docs/HEAP.md has the whole picture.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared heap: refcounted blocks that any worker of the job can read.
  *
  * After sr__heap_attach(), each worker owns a jemalloc arena whose extents are

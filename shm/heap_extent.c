@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Extent hooks over one worker's heap area. See heap_extent.h and docs/HEAP.md.
  *
  * The carve allocator. jemalloc asks for extents (page multiples, aligned to

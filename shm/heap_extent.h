@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The extent side of the shared heap: one jemalloc arena per process whose
  * extents are carved from that worker's heap area of the segment.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 #include "ring.h"
 
 #include <stdbool.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Bounded multi-producer / single-consumer ring of cache-line slots.
  *
  * One ring is a worker's inbox. Any thread of any process may enqueue; only

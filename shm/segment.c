@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Segment creation, attach and header validation. See segment.h. */
 #include "segment.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared-memory segment: one memfd, mapped by every worker of a job.
  *
  * Layout (offsets from the segment base; the base differs per process, so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The io_uring waiter. See waiter.h and the handshake in doorbell.h.
  *
  * Where the time of a wake-up goes, and what is done about it (measured

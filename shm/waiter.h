@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The waiter: the single place where a worker sleeps.
  *
  * One io_uring per worker watches, at the same time:

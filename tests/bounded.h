@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A call that must answer at once (an open of a FIFO, say): run it in a
  * forked child and wait at most 5 s for its answer; a child that has not
  * answered by then is killed and the test fails, naming what hung, instead

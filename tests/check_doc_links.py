@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Every relative link in README.md and docs/ names a file of the repository,
 and no page points outside it (the docs must stand alone).
 

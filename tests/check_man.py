@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """The shmrun man page is installed and complete.
 
     check_man.py MESON BUILD_DIR SHMRUN

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # lib/ and shm/ write to stderr only through the log (shm/base/log.c): one line,
 # one write(2), prefixed with the worker. A bare fprintf(stderr, ...) would
 # interleave with other threads' lines and name nobody.

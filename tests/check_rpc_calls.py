@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """No two files of lib/rpc call each other both ways (run by check_seam.sh).
 
 Each file of the RPC core has one job; where a callee must reach back into

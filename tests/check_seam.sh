@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # The transport seam (lib/transport/transport.h): the RPC layer reaches its
 # transports only through instances' ops, and never opens, boots or frees
 # one itself, so that another transport is a new file of the transport

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """The tutorial's printed outputs, checked against its programs.
 
   check_tutorial.py SHMRUN BUILD_TESTS_DIR DOC STEP    one step: run it, compare

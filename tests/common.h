@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shared helpers for the Criterion suites. */
 #ifndef SR_TESTS_COMMON_H
 #define SR_TESTS_COMMON_H

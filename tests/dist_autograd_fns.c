@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Functions and helpers shared by the distributed autograd suites
  * (test_dist_autograd*.c), declared in dist_autograd_fns.h: the user
  * functions every worker registers (ports of the helpers of PyTorch's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Functions and helpers shared by the distributed autograd suites
  * (test_dist_autograd*.c), defined in dist_autograd_fns.c: the user functions every worker registers (ports
  * of the helpers of PyTorch's dist_autograd_test.py), calls in each of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* See gradcheck.h. */
 #include "gradcheck.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Gradient check against central finite differences (f64).
  *
  * For an op f with inputs x (random, from a fixed seed, in [lo, hi]) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the heap's tests share (tests/shm/test_heap.c, the single-process
  * suite; tests/transport/test_heap_mp.c, the heap across processes): sizes,
  * stamping the ends of a block and checking them, and the memory a segment

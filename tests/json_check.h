@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A small strict JSON reader for tests (RFC 8259: objects, arrays, strings
  * with escapes, numbers, true, false, null). It builds a tree; j_get finds an
  * object's member. Enough to validate a trace file without python. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The leak checks themselves: a leak made by our code under Criterion is
  * reported, both in a test process (the LEAK_CHECKED_SUITE check) and in an
  * sr_spawn worker (its check before _exit). Both run with the suppressions of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Harness for RPC tests: run a scenario on every worker of an sr_spawn job.
  * Each worker registers the test functions, sr_init()s, runs the scenario,
  * and shuts down gracefully with a bound; any failure makes the worker exit

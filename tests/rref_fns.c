@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Functions and helpers shared by the RRef suites (test_rref*.c) and the
  * distributed autograd ones (dist_autograd_fns.c): the remote functions every
  * worker registers, a barrier over RPC, and checks of an owner's fork set at

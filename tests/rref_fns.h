@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Functions and helpers shared by the RRef suites (test_rref*.c) and the
  * distributed autograd ones (dist_autograd_fns.h), defined in rref_fns.c:
  * the remote functions every worker registers (register_rref_fns), a barrier

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the segment's tests share (tests/shm/test_segment.c, the substrate's
  * checks; tests/transport/test_xport_attach.c, the transport's attach to the
  * same segments): one small segment per test, the error text it expects,

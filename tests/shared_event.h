@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Events between the processes of a test job: 32-bit words in MAP_SHARED
  * memory (tests/rpc_harness.h's shared_page), set by one process and waited
  * for by another with a shared futex, always with a bound. A test that

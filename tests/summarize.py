@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Sum every test that ran in the given meson build directories (./dev test:
 build, build-asan, build-fuzz, whose suite 'fuzz' is the decoder fuzzer's
 corpus replay and timed run: one test each, and build-tsan, whose suite

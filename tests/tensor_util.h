@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Helpers for the tensor and autograd suites. */
 #ifndef SR_TESTS_TENSOR_UTIL_H
 #define SR_TESTS_TENSOR_UTIL_H

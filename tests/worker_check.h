@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checks inside sr_spawn workers. A worker is a forked child, not a Criterion
  * test: it reports a failure on stderr and returns non-zero, which makes
  * sr_spawn() fail with -SR_EWORKER naming the rank; the test asserts on that. */

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """Shared by the torch comparison scripts: importing torch, timing loops."""
 import sys
 import time

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench_conv's workloads in PyTorch, one thread, on this machine.
 
     /usr/bin/python3 bench/compare/torch_conv.py [--quick]

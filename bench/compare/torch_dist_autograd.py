@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Run bench_dist_autograd's workloads with torch.distributed.autograd over
 torch.distributed.rpc (TensorPipe) on this machine.
 

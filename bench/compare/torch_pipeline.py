@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """demo_pipeline's training with PyTorch RPC: the pattern of PyTorch's
 tutorial "Distributed Pipeline Parallelism Using RPC", on CPU, on
 Fashion-MNIST.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """bench_train's training with PyTorch RPC: the parameter-server pattern of
 PyTorch's official RPC tutorial (rpc_param_server_tutorial), on Fashion-MNIST.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Run bench_rpc's workloads with torch.distributed.rpc (TensorPipe) on this
 machine, and print the ratios to shmrpc when bench_rpc's output is given.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Run bench_rref's workloads with torch.distributed.rpc (TensorPipe) on this
 machine, and print the ratios to shmrpc when bench_rref's output is given.
 

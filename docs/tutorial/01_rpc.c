@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 1: a first RPC (docs/TUTORIAL.md).
  *
  *     shmrun -n 2 ./tutorial_01_rpc

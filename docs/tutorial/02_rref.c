@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 2: a first RRef (docs/TUTORIAL.md).
  *
  *     shmrun -n 3 ./tutorial_02_rref

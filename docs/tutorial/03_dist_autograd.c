@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 3: distributed autograd (docs/TUTORIAL.md).
  *
  *     shmrun -n 2 ./tutorial_03_dist_autograd

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 4: training with a parameter server (docs/TUTORIAL.md).
  *
  *     shmrun -n 4 ./tutorial_04_train [--steps N] [--min-accuracy A]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 5: your own kernel in autograd (docs/TUTORIAL.md).
  *
  *     shmrun -n 2 ./tutorial_05_custom_function

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 6: model parallelism, a pipeline of stages (docs/TUTORIAL.md).
  *
  *     shmrun -n 3 ./tutorial_06_pipeline

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tutorial, step 7: an asynchronous function, a batch-updating parameter
  * server (docs/TUTORIAL.md).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Job creation and supervision. See job.h for the failure policy. */
 #include "job.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A job: the segment plus its N worker processes, and their supervision.
  * Shared by the shmrun launcher (fork + exec) and sr_spawn (fork only).
  *

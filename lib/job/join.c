@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Joining an elastic job (job.h, "Joining"; segment.h, "Elastic jobs").
  *
  * The supervisor listens on an abstract unix socket named after the job id

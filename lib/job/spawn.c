@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_spawn: a job inside the calling program. See shmrpc/spawn.h. */
 #include <errno.h>
 #include <stdbool.h>

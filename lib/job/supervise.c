@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Supervision of a job's workers: the failure policy, signal forwarding and
  * the grace period of a requested stop (job.h). One io_uring watches every
  * worker's pidfd, the signalfd and the launcher's input fds; the only timed

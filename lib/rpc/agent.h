@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RPC agent: one per worker process (internal).
  *
  * Files, one job each; no two of them call each other both ways:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The public RPC entry points: lifecycle, names, timeouts, calls, debug. */
 #include <errno.h>
 #include <math.h>

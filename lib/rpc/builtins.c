@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Built-in functions: callable by name on every worker without registration,
  * like torch.add through RPC. Arithmetic works on ints and doubles, and on
  * tensors through the tensor library (the table is in docs/API.md).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The caller's path: a call's checks and its request (sr__call_check,
  * sr__rpc_start), the calls in flight, and their answers
  * (sr__calls_response).

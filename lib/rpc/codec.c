@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Wire codec for value lists (format and contract in codec.h).
  *
  * Encoding is two steps: size (validates every value: kinds that cannot be

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Wire encoding of values (internal).
  *
  * A value list is encoded as a byte string: a count, then each value as a

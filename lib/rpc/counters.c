@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The worker's counters (agent.h, ctr; segment.h, struct sr_worker_counters):
  * where they live, the heap's sampling for the launcher's live view
  * (shmrun --monitor, docs/LAUNCHER.md), and the gauges the profiler's

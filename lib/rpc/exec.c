@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The executor pool (agent.h): threads that run what must not run on the
  * polling thread (plain functions, which may block; module jobs), and the
  * jobs a waiting thread keeps to run itself once it has handed the inbox

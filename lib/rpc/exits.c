@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Peer exits (agent.h, sr__agent_check_exits): the departures a transport
  * publishes, handled once each, and our own inbox found corrupt. */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The envelope's extension block. See ext.h. */
 #include "ext.h"
 

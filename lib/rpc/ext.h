@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The envelope's extension block (internal; layout in wire.h).
  *
  * Outgoing: the sending side's module hooks write their bytes into an

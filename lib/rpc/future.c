@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Futures. See shmrpc/future.h and future_internal.h. */
 #include <errno.h>
 #include <limits.h>

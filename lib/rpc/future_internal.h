@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Futures, internal side: how the runtime waits on and completes them.
  *
  * The state word is also the futex word of sleepers:

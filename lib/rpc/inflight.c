@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Objects in flight (see inflight.h): a small mutex-protected table.
  *
  * Only self-calls put objects in buffers and each is decoded soon after, so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Objects in flight: owner-local values passed by reference inside encoded
  * buffers (self-calls).
  *

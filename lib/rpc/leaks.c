@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shutdown leak check of tensors and values. See leaks.h. */
 #include "leaks.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shutdown leak check of tensors and values (internal; docs/API.md,
  * "Leak checks"): what this process made since sr_init and still holds
  * when sr_shutdown has torn the runtime down is a leak. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A worker leaves an elastic job (segment.h, "Elastic jobs"): sr_shutdown
  * with graceful = true, by one worker, without waiting for the others.
  *

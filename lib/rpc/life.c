@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The agent's lifetime (agent.h, "Lifetime"): publishing it, the
  * references every entry point takes, and unpublishing it for sr_shutdown. */
 #include <limits.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The marshal table of RPC messages (transport.h, "Framing"): where a
  * message's parts are, for a transport whose peers do not share our heap.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RPC layer's marshal table (transport.h, "Framing"; marshal.c). */
 #ifndef SR_RPC_MARSHAL_H
 #define SR_RPC_MARSHAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Protocol modules: how a layer above RPC plugs into the agent (internal).
  *
  * This is the one header of lib/rpc that a layer above it (lib/modules/...)

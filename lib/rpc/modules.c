@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Protocol modules: the registry and the agent's side of the seam. See
  * module.h. */
 #include <errno.h>

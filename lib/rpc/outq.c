@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Outgoing queues, one per destination, retried on space events. See outq.h. */
 #include "outq.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Outgoing queues: messages waiting for space in a full inbox (internal).
  *
  * One FIFO per destination rank, so a destination that stops reading delays

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Message payloads. See payload.h. */
 #include "payload.h"
 

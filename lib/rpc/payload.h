@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Message payloads (internal): inline in the slot, or in a shared-heap block. */
 #ifndef SR_RPC_PAYLOAD_H
 #define SR_RPC_PAYLOAD_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Polling the inbox (agent.h): what the token holder reads, a burst at a
  * time, and hands to dispatch; whoever holds the token calls it. */
 #include "agent.h"

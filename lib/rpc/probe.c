@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Probes: the profiler's switch and the module names. See module.h,
  * "Probes". */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The progress thread (agent.h): it polls the inbox while no user thread
  * holds the token, sleeps in the transport when idle or aside while a user
  * holds it, fires the timers, and runs nested waits of callbacks on it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Generation stamps (agent.h, expect; segment.h, "Replacement in place"):
  * a message whose sr_msg.gens does not say the generations this worker
  * knows, of its sender and of itself, is refused: what it carries is let

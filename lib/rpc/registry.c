@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Function registry. See registry.h. */
 #include "registry.h"
 

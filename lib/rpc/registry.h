@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Function registry (internal): name -> function, per process.
  * Append-only: lookups are lock-free (acquire loads of published entries);
  * registrations serialise on a mutex. Entries live until the process ends. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The test-only reordering mode. See reorder.h. */
 #include "reorder.h"
 

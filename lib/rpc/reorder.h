@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Test-only delivery mode: seeded reordering and delay of messages (internal).
  *
  * With SHMRPC_REORDER_SEED=<n> set when sr_init runs, every message this

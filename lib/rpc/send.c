@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sending (agent.h): through the transport that reaches the peer, with
  * local overflow (outq.c) and the test-only reordering mode (reorder.h);
  * and the kick that tells the progress thread a deadline moved earlier. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Dispatch of incoming RPC messages: requests run a function (inline or on
  * an executor) and answer; responses complete the caller's future.
  * See agent.h for the inline policy.

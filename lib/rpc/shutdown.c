@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Graceful shutdown: a barrier, the RRef steps, then quiescence detection
  * (leader: rank 0), the RRef leak check, and a final barrier. The order is
  * the one docs/API.md gives for sr_shutdown (the modules' steps, e.g. RRefs', run through module.h):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RPC layer's per-thread state (thread.h). */
 #include "thread.h"
 

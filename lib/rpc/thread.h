@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RPC layer's per-thread state (internal): every thread-local of the
  * layer, in one place. Each says what a thread of the worker is doing for
  * the layer right now; none is shared, so none needs an ordering. */

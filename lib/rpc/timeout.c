@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timeout conversion. See timeout.h. */
 #include "timeout.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Timeouts (internal): the one place where a timeout in seconds, as the
  * public API takes it, becomes whole milliseconds and then a deadline.
  *

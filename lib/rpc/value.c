@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Values: refcounted, immutable, one allocation each (see value_internal.h).
  *
  * Refcount contract: a reference is only ever created from a reference the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Values, internal side: the layout shared with the codec, and helpers that
  * build lists in place.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The consumer token and the waits (agent.h, "Threads and the consumer
  * token", "Nested waits"): a user thread takes the token to poll for its
  * own response, hands it back, and sleeps on its future, on the inbox or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RPC messages on the inbox rings (internal).
  *
  * Every RPC message is one ring slot: sr_msg.type says what it is, and its 56

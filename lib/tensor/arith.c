@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* add, sub, mul, div, pow, neg (tensor-tensor with broadcasting, and
  * tensor-scalar), each with its backward. A broadcast input's gradient is
  * summed back to the input's shape (sr__sum_to). */

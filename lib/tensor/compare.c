@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the RPC layer's values (lib/rpc/value.c) ask of a tensor: equality
  * and a short description. See desc.h. */
 #include <math.h>

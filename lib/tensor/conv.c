@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* conv2d as im2col + gemm, with its backward.
  *
  * Forward, per sample n and group g: the input planes of the group are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tensor descriptors. See desc.h. */
 #include <errno.h>
 #include <stdio.h>

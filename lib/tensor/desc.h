@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The tensor layer's seam for the RPC layer (internal): all that the codec
  * and the values (lib/rpc/codec.c, value.c) see of a tensor. They never
  * include tensor_impl.h; what they need of a tensor's insides is a function

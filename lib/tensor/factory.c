@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Factories and the process-wide random generator. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* C = op(A) op(B) for f32/f64: cblas_?gemm when built with OpenBLAS
  * (SR_HAVE_CBLAS), a packed cache-blocked loop otherwise (or when forced,
  * for tests and the benchmark).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Matrix multiply kernel (internal): C[m x n] = op(A)[m x k] op(B)[k x n],
  * row-major, op = transpose when ta/tb. C is overwritten, or added to when
  * `accumulate` (BLAS's beta = 1: a convolution's weight gradient summed over

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* In-place writes. Each one checks its operands and allocates what it needs,
  * pins the operands it reads from other storages, then holds the storage's
  * write lock from the copy-on-write check to the end of the write

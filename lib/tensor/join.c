@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cat and stack (copies) and split / chunk (views), with backward. split is
  * one node with one output per piece, so the pieces' gradients meet in a
  * single buffer instead of one zero-padded tensor per piece. */

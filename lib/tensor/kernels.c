@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Elementwise kernels with broadcasting.
  *
  * Floating-point arithmetic is carried out in double a row chunk at a time

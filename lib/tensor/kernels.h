@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Elementwise kernels shared by the ops (internal). Callers check shapes and
  * dtypes, and make the output writable, before calling these. */
 #ifndef SR_LIB_TENSOR_KERNELS_H

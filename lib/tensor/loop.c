@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Strided N-d loops over up to four operands, and typed loads and stores.
  * Elementwise kernels work on the innermost dimension a row at a time; the
  * loop walks the outer dimensions with an odometer. Dims of size 1 are

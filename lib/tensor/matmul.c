@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mm, bmm and matmul. mm and bmm call the gemm kernel directly on row- or
  * column-major operands (a transposed view costs nothing); other layouts are
  * copied first. matmul is built from views, expand and bmm, so its backward

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Neural-network functions: log_softmax (and softmax), nll_loss,
  * cross_entropy and mse_loss. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* layer_norm with its backward, one pass per row in the tensor's dtype
  * (sums in double). It normalises each sample over its trailing dims alone,
  * so a sample's output does not depend on the others in its batch: a batch

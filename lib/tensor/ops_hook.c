@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Op spans: the hooks a layer above registers (tensor_seam.h, "op spans"). */
 #include "tensor_impl.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* max_pool2d and avg_pool2d over [N, C, H, W], with their backward.
  *
  * Windows: kernel (kH, kW), stride, zero or positive padding (at most half

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sums and means. One kernel reduces a tensor into any shape it broadcasts
  * from (sr__sum_to): sum over all dims, over one dim, and the gradient of a
  * broadcast input are all that. Floating sums accumulate in double, i64 sums

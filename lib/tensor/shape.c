@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shape checks, broadcasting, and the shape text used in error messages. */
 #include <errno.h>
 #include <stdio.h>

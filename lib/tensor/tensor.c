@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tensor objects, storages and copy-on-write. See tensor_impl.h. */
 #include <errno.h>
 #include <math.h>

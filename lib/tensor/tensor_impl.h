@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tensor internals shared by lib/tensor and lib/tensor/autograd; private to
  * the tensor layer (the layers above see tensor/tensor_seam.h or tensor/desc.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The tensor layer's seam for the layers above it (internal).
  *
  * The tensor layer is lib/tensor with its autograd engine,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Unary maths with backward: exp, log, sin, cos, tanh, relu, sigmoid, sqrt.
  * Each op is a row of a table: the forward function and the derivative in
  * terms of the incoming gradient and either the input or the output,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shape ops: views that share storage (view, reshape when possible,
  * transpose, t, permute, narrow, squeeze, unsqueeze, expand, detach) and the
  * copies clone / contiguous, each with its backward. */

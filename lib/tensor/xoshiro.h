@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* xoshiro256** (Blackman and Vigna) seeded through splitmix64 (internal):
  * the one generator behind sr_rand/sr_randn (factory.c, process-wide) and
  * nn.h's seeded sr_generator. Integer arithmetic only, so a seed gives the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* How a launcher's transport joins the selection (select.c; internal to the
  * transport layer, not part of the seam).
  *

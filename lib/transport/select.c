@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* One worker's transports (transport.h, sr_transports): the shared-memory
  * transport within the host, and, when a launcher's transport booted the
  * job over several hosts (driver.h), its instance for the ranks of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The driver of a program started by no launcher (driver.h), asked after
  * the launchers' drivers: the process makes a one-worker job of its own, as
  * PyTorch's init_rpc(world_size=1) does, instead of failing. Without any

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The transport seam: how the RPC layer reaches its peers and its inbox.
  *
  * The layer above sees a transport only through this header: instances

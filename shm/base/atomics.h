@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The barrier vocabulary of shm/.
  *
  * All synchronisation is C11 <stdatomic.h>; `volatile` is never used for it.

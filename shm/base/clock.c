@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Clocks (clock.h). */
 #include "clock.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Clocks: CLOCK_MONOTONIC in nanoseconds, for deadlines and durations.
  *
  * Any thread. Deadlines everywhere in shmrpc are absolute sr__now_ns()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Internal error helpers: record the detail behind a -errno return.
  * sr__fail(err, fn, fmt, ...) stores "worker<R>: fn: <message>" in the calling
  * thread's buffer (see sr_last_error()) and returns err, so a call site reads

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Opening files that must be regular files, never with a blocking open.
  * See file.h. */
 #include "file.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Opening a file that must be a regular file (checkpoints, data sets),
  * never with an open that can block.
  *

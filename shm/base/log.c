@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Logging: see shmrpc/log.h and log.h. The only writer to stderr in lib/ and
  * shm/ (tests/check_no_stderr.sh keeps it that way). */
 #include "log.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Logging, internal side (the public half is shmrpc/log.h).
  *
  * The log identity (the "who" of each line) is set by the transport at

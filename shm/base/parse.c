@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Numbers from the command line and the environment. See parse.h. */
 #include "parse.h"
 

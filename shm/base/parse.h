@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Numbers from the command line and the environment: one strict syntax.
  *
  * The whole string is the number, in decimal: no leading or trailing

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* ThreadSanitizer annotations at the hand-offs it cannot see.
  *
  * TSan follows happens-before inside one process. Two kinds of edge in

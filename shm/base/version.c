@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_version (shmrpc/version.h): the version this library was built as. */
 #include "shmrpc/version.h"
 

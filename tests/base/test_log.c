@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The log (shmrpc/log.h): level filtering, SHMRPC_LOG_LEVEL parsing, the
  * "who" prefix of every line, one write per line, and a worker's identity
  * between sr_init and sr_shutdown. stderr is captured in a memfd. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The version (shmrpc/version.h): the library's sr_version() is the version
  * of the headers, and both are the project's (meson.build passes it in
  * SR_TEST_PROJECT_VERSION). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 // The C API used from C++: this program is compiled with
 // g++ and with clang++ (-std=c++17 -Wall -Wextra -Wpedantic -Werror, see
 // tests/meson.build) and run under shmrun with 3 workers by ./dev test.

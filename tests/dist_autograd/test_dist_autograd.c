@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd on 4 workers: context ids and their errors, simple
  * backward passes (without RPC, to another worker, to self, through
  * remote()), invalid roots, .grad left alone, gradients on returned tensors

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd: the seed-002 step and a 4-worker chain, checked
  * against the same computation done with local autograd. The full port of
  * PyTorch's dist_autograd_test.py is in test_dist_autograd*.c. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd failures: a node that fails in backward 2, 3 and 4
  * hops away, and one on the caller behind 4 round trips (the caller gets
  * "Error on Node N: ..." and the same context then runs successful passes);

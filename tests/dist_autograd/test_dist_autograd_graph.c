@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd graphs on 4 workers, seen through the context's send
  * and recv functions (PyTorch's ctx._send_functions() / _recv_functions()):
  * one call (built-in or user function, rpc_sync or remote), three nested

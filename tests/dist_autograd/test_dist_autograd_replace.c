@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd when a worker dies and its rank is replaced
  * (sr_spawn's SR_RESTART_RANK; docs/DIST_AUTOGRAD.md, "A worker dies and
  * is replaced").

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Elastic jobs (sr_spawn's max_workers; segment.h, "Elastic jobs"): free
  * ranks, and workers that leave with sr_shutdown while the others go on.
  *

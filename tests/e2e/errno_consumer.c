@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A consumer of the public API that includes nothing but shmrpc/shmrpc.h:
  * the -errno values the API returns are named with errno.h's constants, so
  * the header brings them (this file does not compile otherwise). A timeout

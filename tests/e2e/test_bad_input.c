@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Bad input that used to crash or lie. Each test
  * is named after what broke:
  *   - NULL futures crashed every sr_future_* call;

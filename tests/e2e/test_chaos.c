@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Chaos: a job under RPC, RRef and tensor traffic loses a random worker to
  * SIGKILL at a random moment, 20 seeded trials (SHMRPC_CHAOS_TRIALS to
  * change the count, SHMRPC_CHAOS_SEED the first seed).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The pipeline-parallel demo, bench/demo_pipeline, under the real shmrun
  * (SHMRUN, DEMO_PIPELINE), on a short run (a few hundred samples):
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The training demo (bench/demo_train) under the real shmrun --max-restarts
  * (SHMRUN, DEMO_TRAIN), losing workers to SIGKILL: seeded trials
  * (SHMRPC_RESTART_TRIALS, default 2 (1 under ASan): seed 1 kills a trainer then the server,

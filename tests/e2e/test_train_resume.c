@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The training demo, bench/demo_train, under the real shmrun (SHMRUN,
  * DEMO_TRAIN).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer harness for what a worker decodes from its peers: value lists
  * (lib/rpc/codec.c, value.c: every kind, tensors, objects and RRefs
  * included), RPC messages as serve.c and calls.c take them apart (wire.h, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* libFuzzer harness for the agent's handling of incoming RPC messages
  * (lib/rpc/poll.c, serve.c, calls.c: requests, module requests, keep calls, responses,
  * errors, control and module messages), end to end: a one-worker job runs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The fuzzer's in-process world. See fuzz_env.h. */
 #include "fuzz_env.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The in-process world the decoder fuzzer (fuzz_decode.c) and its corpus
  * generator (gen_corpus.c) share: no job, no agent, no other process.
  *

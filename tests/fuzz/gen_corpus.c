@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Writes the decoder fuzzer's seed corpus (tests/fuzz/corpus/) from real
  * encodings: values encoded by sr__codec_encode in the fuzzer's own world
  * (fuzz_env.h), wrapped in the input format of fuzz_decode.c, with what

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run_fuzz.sh HARNESS CORPUS [SECONDS]
 #   SECONDS 0: replay every input of CORPUS once (each must pass);
 #   otherwise fuzz for SECONDS (default: $FUZZ_SECONDS, else 60) starting

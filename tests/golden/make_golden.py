@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: MIT
 """Golden values for the tensor/autograd tests, computed with PyTorch.
 
 Run by hand with Debian's python3-torch (not needed by the C tests):

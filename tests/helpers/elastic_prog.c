@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The program of tests/job/test_join.c, under the real shmrun:
  *
  *   shmrun -n 2 --max-workers 3 elastic_prog host SHMRUN LOGDIR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Many threads hammering one worker (the ThreadSanitizer suite's stress
  * program, and an integration test of the plain and sanitizer builds):
  *

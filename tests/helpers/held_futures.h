@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Futures that a test's async function hands out and answers later, all at
  * once (release_holds): the "hold" functions of test_idle_wake.c and
  * test_quiet_waits.c, which keep a call in flight while the test measures.

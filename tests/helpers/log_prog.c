@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The program of tests/job/check_log.py: what SHMRPC_LOG_LEVEL=debug says
  * about a job, and how often a bad level is reported.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A job for tests/job/test_monitor.c, under shmrun --monitor:
  *
  *   monitor_prog CALLS

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A job under the real shmrun whose stdout and stderr a test reads through
  * pipes (test_train_resume.c, test_train_restart.c): start it, pump its
  * output into buffers, wait until the output says enough or both pipes are

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Events of the replacement tests (sr_spawn with SR_RESTART_RANK): a
  * worker's generation, the replacement's "hello" to the driver as a futex
  * event, and a victim that stops itself (SIGSTOP) so that what is sent to

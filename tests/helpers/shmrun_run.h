@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Running the real shmrun from a test (test_launcher.c, test_shmrun.c).
  *
  * shmrun gets exactly six descriptors: a stdin pipe, a stdout pipe, a stderr

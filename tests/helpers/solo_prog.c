@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A program run with no launcher at all (tests/job/check_solo.py): sr_init
  * makes a one-worker job, a call to itself works, a call to a rank that
  * does not exist fails naming it, and the exit status is sr_shutdown's. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The program of tests/trace/check_stats.py, under SHMRPC_STATS=1: rank 0
  * calls "noop" 200 times on every rank (itself included) and "nap", which
  * sleeps 15 ms, 3 times on the last rank, so that a latency column holds

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A representative job for tests/trace/test_trace.c, run under shmrun with
  * SHMRPC_TRACE: RPC (a built-in, a user function, an error), RRefs (remote(),
  * to_here, a user passing its RRef to another user: the child accept its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Watching a job's processes from a test: readiness lines, pidfds, and
  * whether a segment is still held by anyone.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A worker for test_launcher.c, run under shmrun.
  *
  *   worker_prog READY_FD GO_FD WORLD_SIZE MODE [ARGS...]

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """SHMRPC_LOG_LEVEL on whole jobs (shmrpc/log.h, docs/API.md "Logging").
 
   check_log.py SHMRUN LOG_PROG

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """A program started without a launcher (docs/LAUNCHER.md, "Without a launcher").
 
   check_solo.py SOLO_PROG

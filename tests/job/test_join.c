@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Elastic jobs under the real shmrun (shmrun --max-workers, --join):
  * tests/helpers/elastic_prog.c drives the scenario from inside the job (a
  * program joins a free rank, is called by rank and by name, leaves; a join

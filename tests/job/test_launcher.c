@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun, end to end: the launch contract, the failure policy, signals and
  * the command line (its features, tags, logs, binding...: test_shmrun.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun --monitor, end to end on the real shmrun (SHMRUN) and
  * tests/helpers/monitor_prog.c (MONITOR_PROG): with stderr not a terminal,
  * each view is appended (a header, then one line per worker, no escape

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A build without Open MPI, started by mpirun: sr_init refuses with a
  * message that says so, instead of the shmrun advice (registered only when
  * the build has no MPI, tests/meson.build). mpirun is not needed to see it:

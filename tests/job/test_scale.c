@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Start-up at scale: a job of SCALE_N workers under sr_spawn, each of which
  * attaches, finds its neighbour by name and completes a call to it.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrun's features, end to end: --version (-V), --tag-output,
  * --output-dir, the folding of identical stderr lines, torchrun's variables,
  * stdin to rank 0 only, the forwarded signals, the grace period after

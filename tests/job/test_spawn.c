@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_spawn: the launcher's failure policy from inside a program.
  *
  * Workers attach, report "RANK PID\n" on a pipe created before sr_spawn (it

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """The layering, proved by the compiler in the real build configuration.
 
 Every header under shm/ and lib/ says which layer owns it and who may

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI bootstrap under mpirun (lib/transport/mpi/boot.c, mpi_job.h). Run by
  * tests/meson.build as `mpirun -n 4 boot_check MODE`:
  *

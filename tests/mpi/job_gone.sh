@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # Sourced by tests/mpi/*.sh: job_gone PROGRAM waits, at most 20 s, for the
 # job's processes (by command name) to end after mpirun returned. mpirun
 # signals its ranks as it ends the job; a rank may still be running its exit

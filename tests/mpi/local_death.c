@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A peer on the same (pretend) host dies in the middle of a call under
  * mpirun: the caller's wait fails at once with -EPIPE naming it, as under
  * shmrun, though no process of the host is the others' parent (the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # local_death.sh PROGRAM: a peer on the same pretend host ends its process
 # in a call (tests/mpi/local_death.c); the caller's wait must fail with
 # -EPIPE naming it, before the launcher ends the job; the job must end

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The leak check under mpirun (tests/mpi/lsan_mpi.sh; sanitizer build
  * only): a program that makes the MPI calls shmrpc makes across hosts, as
  * shmrpc makes them, must end without a leak report under tests/lsan.supp,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The leak check under mpirun (sanitizer build): lsan_mpi makes shmrpc's MPI
 # calls over TCP and over shared memory with 4 ranks; under tests/lsan.supp
 # (LSAN_OPTIONS, set for every test) Open MPI's own leaks must be suppressed,

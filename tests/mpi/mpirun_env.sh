@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # mpirun on one machine as CI runs it: root, no hostfile, 2 cores, maybe
 # no network but loopback. Sourced by bash scripts (tests/mpi, bench/mpi_bench.sh):
 #   . tests/mpi/mpirun_env.sh

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A rank on another (pretend) host dies in the middle of a call: the job
  * must end, never hang (the failure policy across hosts: mpirun's
  * abort; docs/MULTIHOST.md). Run by peer_death.sh under mpirun -n 4 with

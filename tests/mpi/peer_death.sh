@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # peer_death.sh PROGRAM: a rank of another (pretend) host dies in a call
 # (tests/mpi/peer_death.c). mpirun must end the job, non-zero, within 60 s,
 # naming the rank that died, and leave none of the job's processes behind.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: MIT
 # run_suite.sh HOSTS PROGRAM [ARGS...]: an MPI suite runner (tests/mpi) as
 # `mpirun -n 4` with every rank on this machine, split into HOSTS pretend
 # hosts (SHMRPC_HOSTS), MPI over TCP on loopback, with CI's flags

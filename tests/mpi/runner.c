@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI suite runner: main() of each tests/mpi program, which is one of
  * the RPC, RRef or distributed-autograd Criterion suites compiled again
  * against tests/shim (see tests/shim/criterion/criterion.h and srt.h).

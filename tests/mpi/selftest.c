@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI suite runner's own tests (tests/mpi/selftest.sh checks the lines
  * it prints): checks, skips, agreement across ranks, jobs on the first
  * ranks, the shared page and pipe, and the bounds (a hung test, a worker

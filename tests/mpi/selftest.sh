@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # selftest.sh PROGRAM: the MPI suite runner's lines for its own tests
 # (selftest.c) under mpirun -n 4 are the expected ones, a hung test and a
 # worker that leaves its job each end the MPI job with a line naming the

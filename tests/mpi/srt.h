@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI suite runner's side of the test harness (tests/mpi/runner.c).
  * Under SR_TEST_MPI, tests/rpc_harness.h runs its jobs through these
  * instead of sr_spawn: every rank of the runner's job runs each test body;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The training demo across 2 pretend hosts: the parameter server
 # on one, the trainer on the other, every forward, backward and optimizer
 # step crossing through MPI. With one trainer a run is deterministic, so the

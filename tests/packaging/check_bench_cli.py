@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Every benchmark's command line (bench/bench_util.h, bench_cli_parse):
 an unknown option or workload name is refused with exit status 2 and a
 message naming it, before anything runs; --help succeeds and mentions

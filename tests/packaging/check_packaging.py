@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """Packaging hygiene checks, run by meson test.
 
   check_packaging.py pkgconfig BUILD_DIR SOURCE_DIR HAVE_BLAS

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A single-host program linked with libshmrpc.so (tests/packaging):
  *
  *   single_host maps      a worker of a 2-worker sr_spawn job makes an RPC;

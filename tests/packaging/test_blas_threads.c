@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* OpenBLAS's thread count is the host application's unless SHMRPC_BLAS_THREADS
  * asks otherwise (lib/tensor/gemm.c, docs/TENSORS.md).
  * Each test runs in its own process (Criterion forks), so each sees gemm.c's

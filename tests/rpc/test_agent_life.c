@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The agent's lifetime: every entry point is safe to call
  * from any thread while another thread runs sr_shutdown. Before, the agent
  * was a plain global that sr_shutdown freed under the callers' feet (ASan:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Expiry and peer death cost what they end, not the call table.
  * A worker has 65,536 call slots; every expiry and every peer's
  * death used to scan all of them, in flight or not. Now expiry pops due

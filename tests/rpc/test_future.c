@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Futures on their own (no RPC agent): completion, re-raised errors,
  * then-chains, callbacks, double completion, wait_all failing fast. */
 #include <criterion/criterion.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A call's timeout fires while another thread of its worker waits in
  * sr_shutdown holding the inbox (where a timer was suspected of being lost).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The idle waiter is never left deaf by the progress thread's timer wake-up.
  *
  * A worker inside sr_shutdown (the idle waiter, lib/rpc/wait.c) may take the

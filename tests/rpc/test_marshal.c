@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RPC layer's marshal table (lib/rpc/marshal.c, transport.h "Framing"):
  * what a copying transport (MPI between hosts) asks of a message, checked
  * here without one. A request carrying tensors names its parts (the payload

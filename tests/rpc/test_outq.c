@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Outgoing queues (lib/rpc/outq.c): a full inbox delays only the messages for
  * it, a sender blocked on it wakes from the consumer's space event and never
  * from a timer, a call whose request never left says so when it times out,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Peers that leave: every wait that involves a departed
  * worker fails at once with -EPIPE, naming the worker and how it left
  * ("worker2 exited with status 0 without sr_shutdown"): the start barrier of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Waits are events: nothing wakes while nothing is due.
  *
  * Each test puts a worker in a wait where nothing is due for a while and

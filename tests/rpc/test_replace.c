@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Replacement in place (sr_spawn's SR_RESTART_RANK; segment.h, "Replacement
  * in place"): a rank killed while the others run gets a new process, a new
  * generation, and the others keep their state and call it again.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared heap across replacements in place (docs/HEAP.md §11): a
  * victim that holds a tensor of the survivor's (a block in the survivor's
  * heap area), an RRef the survivor owns and the value it fetched from it,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RPC layer tests, after PyTorch's rpc_test.py: calls by rank and name,
  * self-calls, UDFs, nested calls, async functions, fire-and-forget chains
  * drained by graceful shutdown, many threads, futures, timeouts, errors. */

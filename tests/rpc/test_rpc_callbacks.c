@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Future callbacks that call out, after PyTorch's rpc_test.py
  * (test_callback_with_ret, test_callback_chain, test_callback_in_rpc,
  * test_callback_with_error, add_use_future_nested_cb): a `then` callback

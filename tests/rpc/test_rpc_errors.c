@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RPC timeouts, error propagation, bad input, lifecycle and dead peers. */
 #include <math.h>
 #include <sched.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_serve_until: a thread with nothing else to do serves its worker's calls
  * while it waits, as sr_shutdown does (a parameter server's main thread).
  *

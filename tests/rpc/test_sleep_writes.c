@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A worker's sleeps and wakes write no job-wide word.
  *
  * Every thread of every worker used to add to one segment-header counter

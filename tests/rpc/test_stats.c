@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Per-function statistics (shmrpc/stats.h): exact counts and error counts on
  * both sides of a call, latencies ordered p50 <= p99 <= max, recording off
  * when disabled, reset. Two workers: rank 0 calls, rank 1 serves and checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Values and their wire codec, in one process: round trips of every kind,
  * refcounts and object destructors, equality, the error paths with their
  * messages, and the decoder's robustness against truncated, corrupted and

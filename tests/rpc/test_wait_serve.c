@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A thread that waits in sr_future_wait on a future that is not an RPC
  * call's own serves the calls its own polling finds (lib/rpc/agent.h,
  * "Serving waiters"):

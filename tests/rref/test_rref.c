@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRef protocol tests on 4 workers: the four sharing scenarios of the RRef
  * protocol note (seed 000), each with the owner's fork set checked at the
  * protocol's stable points; the RRef-to-self cases; RRefs nested in lists,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRefs when a worker dies and its rank is replaced (sr_spawn's
  * SR_RESTART_RANK; docs/RREF.md, "A dead worker, a replaced rank").
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRef timeouts and errors: a remote() whose creation times out (raised on
  * the RRef's next use as "RRef creation ..."), a to_here() timeout, local_value
  * on a user, failing and unknown functions, an owner that dies, use after

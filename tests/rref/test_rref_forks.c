@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Unit tests of the owner's fork table (lib/modules/rref/forks.h) and the id map
  * under it: duplicates and reordering of adds and deletes, deterministically,
  * one message at a time. The reordering runs of test_rref show the same

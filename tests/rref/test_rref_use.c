@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRefs in use, on 4 workers: owner-local objects mutated through the
  * proxies from several workers (the same object on every call); a parameter
  * server whose async function completes when all 3 users have reported;

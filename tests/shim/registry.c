@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shim runners' shared part. See registry.h. */
 #include "registry.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the shim's suite runners share (tests/mpi/runner.c, tests/tsan/runner.c):
  * the table the Test and TestSuite constructors fill before main, a test's
  * bound, and the text of a failed check. Each runner decides how a test

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # libshmrpc.so must not configure nor replace the allocator of the program
 # that links it: no jemalloc configuration symbol (malloc_conf and the like,
 # which jemalloc reads process-wide from whoever defines them first) and no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared heap.
  *
  * Suite heap (unit, one process): private blocks before attach; sizes from

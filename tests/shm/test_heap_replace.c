@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The heap when a worker's process is replaced (heap.h, "Areas").
  *
  * Suite heap_replace: the parent attaches as rank 0 of a two-rank segment;

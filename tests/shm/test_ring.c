@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Ring semantics on a single thread: FIFO, capacity and back-pressure,
  * bursts, wrap-around of the 32-bit indices, a claimed-but-unpublished
  * slot holding back the consumer (a preempted producer), and slots held by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Segment creation and attach: every way a segment or a launch environment
  * can be wrong gives the documented -errno and a message naming the value.
  *

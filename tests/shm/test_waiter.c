@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The waiter alone, in one process: deadlines (the standalone timer that
  * stays armed across sleeps), a sleep from a second thread (the first sleep
  * binds a single-issuer ring to its thread), shutdown from another thread,

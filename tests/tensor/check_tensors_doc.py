@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """docs/TENSORS.md lists every public tensor and nn function.
 
     check_tensors_doc.py SOURCE_ROOT [DOC]

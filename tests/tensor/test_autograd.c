@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The local autograd engine: accumulation, retain_graph, hooks, grad mode,
  * PyTorch's error texts, and the extension points distributed autograd uses
  * (pluggable nodes, gradient sinks, extra roots fed later). */

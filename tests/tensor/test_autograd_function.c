@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* User-defined autograd functions (shmrpc/autograd_function.h): ports of the
  * custom Function cases of PyTorch's test_autograd.py (saved tensors,
  * needs_input_grad, mark_non_differentiable, materialize_grads, an input

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Every op's backward against central finite differences, in f64 (see
  * gradcheck.h for the method and tolerances). Inputs are random from fixed
  * seeds, kept away from the points where an op is not differentiable (relu

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Readers pin what they read (lib/tensor/tensor_impl.h, "Readers pin what
  * they read"; docs/TENSORS.md, "In-place writes and saved tensors").
  *

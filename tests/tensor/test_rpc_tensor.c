@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tensors through RPC, between the four workers of a job and to self:
  * built-in arithmetic on tensors, zero-copy (the callee views the caller's
  * very block), copy-on-write isolation in both directions, 64 MiB tensors,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* In-place writes and saved tensors (docs/TENSORS.md, "In-place writes and
  * saved tensors"), and in-place writes against concurrent encodes.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Tensors: factories, views, copy-on-write, descriptors, in-place ops, errors. */
 #include <errno.h>
 #include <stdlib.h>

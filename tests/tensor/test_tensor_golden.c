@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Outputs and gradients against PyTorch's, for expressions covering every op.
  * tests/golden/golden.txt comes from tests/golden/make_golden.py (see there
  * for the format and the loss each case backpropagates). This file builds the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Forward kernels against naive references, at sizes and layouts the golden
  * cases do not reach: matmul across block boundaries (BLAS and the blocked
  * loop), strided broadcasting, reductions of non-contiguous tensors, and

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
 """SHMRPC_STATS=1 tables of a job (docs/PROFILING.md, "Statistics").
 
   check_stats.py SHMRUN STATS_PROG

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* SHMRPC_TRACE end to end: a representative job (tests/helpers/trace_prog.c:
  * RPC, RRefs passed between users, a distributed autograd pass) runs under
  * the real shmrun (SHMRUN) with SHMRPC_TRACE set, and the one file it leaves

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoints: round trips, metadata, restore_into, every kind of damage,
  * and crashes of a writer at each phase of a save.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* data.h: the IDX reader on the real Fashion-MNIST files (skipped when the
  * dataset-fashion-mnist package is absent) and on crafted bad files, each
  * written to a temporary directory of the test's own that .fini removes. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The distributed optimizer: PyTorch's dist_optimizer_test.py ported (two
  * modules on two other workers, one step in a context, equal to the same
  * computation done locally), every optimizer kind over two steps, missing

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The two dist_optim accessors a parameter server's checkpoint uses:
  * a trainer hands its local optimizer's RRef to the owner
  * (sr_dist_optim_local_rref), and the owner reaches that optimizer under the

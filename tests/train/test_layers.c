@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* nn.h's convolution-era layers: dropout (seeded masks, eval mode,
  * backward), sequential models of layer specs (PyTorch's state_dict names
  * and initialisation bounds, train/eval, ranges of layers as pipeline

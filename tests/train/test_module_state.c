@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* nn.h module state (state_dict / load_state_dict) and checkpoint.h's save
  * and load of a module by name: names, ownership, the checks before any copy
  * and the errors naming the parameter. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* nn.h: the seeded generator, Linear/MLP modules (initialisation, forward,
  * backward), argmax, accuracy, and cross_entropy's reduction; a forward
  * running while another thread steps the weight in place. */

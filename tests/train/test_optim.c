@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Local optimizers against torch.optim. tests/golden/optim_golden.txt comes
  * from tests/golden/make_optim_golden.py (see there for the format): every
  * case is rebuilt here by name and option, run for two steps, and compared

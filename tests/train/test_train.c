@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A sanity run of everything training needs together: the 784-128-10 MLP
  * learns Fashion-MNIST with plain SGD from a fixed seed. 200 steps of 64
  * samples drawn from the first 4096 training images must take the accuracy

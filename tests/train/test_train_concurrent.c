@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Concurrent trainers need no lock: the parameter-server pattern of
  * bench/demo_train with 3 trainers that update the server's parameters in
  * place while the others' backward passes still need the values their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared heap across processes: suite heap_mp (integration, sr_spawn),
  * the workers joined and their block offsets passed by the shared-memory
  * transport (xport.h, private to the transport layer; the heap's

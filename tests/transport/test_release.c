@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The transport frees a burst's slots at the consumer's next receive or wait
  * (not as they are read). The rule that keeps this safe: the consumer
  * releases before it waits, so a producer blocked on a full inbox can never

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Shared memory is not trusted after attach: a worker
  * that scribbles on the segment must not make another crash, write out of
  * bounds or wait for ever. Each test corrupts words of its own job's segment

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Many producers, one consumer, across processes, oversubscribed on purpose:
  * 8 producer processes feed rank 0 through a small inbox (back-pressure on
  * every lap). Every message carries (producer, sequence, stamp). The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sleep/wake: no lost wake-up. Two workers hand a counter back and forth
  * SHMRPC_WAKE_N times (default 100k) with no spinning at all, so every
  * handoff goes through the doorbell handshake, and with random delays before

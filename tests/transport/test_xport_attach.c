@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared-memory transport's attach (lib/transport/shm/xport.c) on a bad
  * or partial segment: the worker's view of the substrate's checks
  * (tests/shm/test_segment.c), and partial attach as the transport does it:

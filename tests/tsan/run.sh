@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # run.sh COMMAND [ARGS...]: run a program of the ThreadSanitizer build (a
 # tests/tsan suite runner, or shmrun with a program) with every TSan report
 # of every process it starts written to a fresh folder; the test fails if

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The ThreadSanitizer suite runner: main() of each tests/tsan program, which
  * is one of the concurrency suites (RPC, RRef, distributed autograd, tensors
  * and autograd, the distributed optimizer, ...) compiled again against

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: user-defined autograd functions, the counterpart of PyTorch's
  * torch.autograd.Function (docs/TENSORS.md, "Custom autograd functions").
  *

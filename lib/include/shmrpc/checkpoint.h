@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: crash-safe checkpoints of named tensors and integer metadata.
  *
  * A checkpoint is one file holding named tensors (parameters, or an

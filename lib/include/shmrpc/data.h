@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: data sets for training — MNIST-format IDX files (Fashion-MNIST
  * from Debian's dataset-fashion-mnist package, or the original MNIST).
  *

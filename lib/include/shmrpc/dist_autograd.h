@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: distributed autograd (torch.distributed.autograd), FAST mode.
  *
  * A context collects one training step's distributed graph. Inside a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: the distributed optimizer (torch.distributed.optim.DistributedOptimizer).
  *
  * A distributed optimizer takes RRefs to parameters (leaf f32/f64 tensors)

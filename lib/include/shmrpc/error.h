@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: error reporting.
  *
  * Every fallible call returns 0 (or a count) on success and -errno on failure.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: futures (torch.futures.Future).
  *
  * A future completes exactly once, with a value or with an error (an -errno

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: logging.
  *
  * Every line the runtime writes to stderr goes through sr_logf(): one line,

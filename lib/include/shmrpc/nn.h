@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: what training needs on top of tensor.h — a seeded generator,
  * Linear layers and MLPs with PyTorch's initialisation, and metrics.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: local optimizers, as torch.optim (1.13) computes them.
  *
  * An optimizer holds references to a list of parameters (leaf f32/f64

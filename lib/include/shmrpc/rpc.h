@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: remote procedure calls (torch.distributed.rpc).
  *
  * A worker calls sr_init() once, under shmrun or inside sr_spawn(); then any

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: remote references (torch.distributed.rpc.RRef).
  *
  * An RRef names a value that lives on one worker, its owner. The owner holds

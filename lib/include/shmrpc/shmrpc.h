@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: PyTorch-style distributed RPC between the processes of one host,
  * over shared memory. This umbrella header includes every public header. */
 #ifndef SHMRPC_H

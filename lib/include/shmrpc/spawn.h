@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: starting a job from inside a program (the C counterpart of
  * torch.multiprocessing.spawn).
  *

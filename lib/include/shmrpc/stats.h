@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: per-function RPC statistics (the profiler's numbers).
  *
  * Every worker keeps, per function name, what it saw on both sides of a call:

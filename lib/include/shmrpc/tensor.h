@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: tensors, their maths, and local autograd.
  *
  * A tensor is a strided N-d view (ndim <= SR_MAX_DIMS) of a storage whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: values, the arguments and results of remote calls.
  *
  * A value is immutable and refcounted. Kinds: none, bool, int (int64),

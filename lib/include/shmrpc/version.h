@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc: the library's version.
  *
  * The macros are the version of the headers a program was compiled against;

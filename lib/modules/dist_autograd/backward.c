@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed backward, FAST mode.
  *
  * A pass has an id (a message id of the worker that roots it). On every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Releasing a context: locally, then on every worker it knows, which do the
  * same with the workers they know (transitive). A cleanup is a one-way
  * module message (nobody waits for it, so it has no answer to wait for):

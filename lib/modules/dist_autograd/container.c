@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The per-worker container of distributed autograd contexts: a sharded map
  * context_id -> context, the id counters and the thread's current context.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A distributed autograd context: known workers, send and recv functions,
  * accumulated gradients, the current pass's graph task. See context.h. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd contexts and the per-worker container (internal).
  *
  * Container. Contexts live in a map context_id -> context split into shards

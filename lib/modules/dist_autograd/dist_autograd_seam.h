@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd: what a layer above it (the distributed optimizer,
  * lib/train/dist_optim) may use besides the public shmrpc/dist_autograd.h
  * (internal). Everything else of lib/modules/dist_autograd is private to it. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* SendRpcBackward and RecvRpcBackward: the graph's ends at an RPC.
  *
  * A send function stands on the sender for the tensors a message carried:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A map from 64-bit keys to pointers. See idmap.h. */
 #include "idmap.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A map from 64-bit keys to pointers (internal): open addressing with
  * linear probing and backward-shift deletion, so it never holds tombstones.
  * Not thread-safe: its owner's lock guards it. Key 0 is reserved (empty). */

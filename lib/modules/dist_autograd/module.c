@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Distributed autograd as a protocol module of the agent (lib/rpc/module.h):
  * forward recording (record.c), backward requests (backward.c), cleanup
  * (cleanup.c) and RRef.backward (rref_backward.c). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Forward recording: the module hooks that attach SendRpcBackward and
  * RecvRpcBackward to RPCs made inside a context (lib/rpc/module.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRef.backward: a backward pass from the scalar tensor an RRef holds, run
  * on its owner: distributed in a context, or local into .grad (owner only).
  * A user asks the owner with a module request; the owner roots the pass

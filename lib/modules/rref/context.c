@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The per-worker RRef context: ids, the owner records, idleness, the work
  * deferred past the lock, and the debug views. See rref_internal.h. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Forking: what the codec calls when an RRef value is sent and received.
  *
  * Sending (prepareChildFork): every send makes a new fork id, on the sender.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The owner's fork table. See forks.h for the rules. */
 #include "forks.h"
 

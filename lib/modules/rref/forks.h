@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The owner's fork table (internal): which forks (users) of each owned RRef
  * are alive, with tombstones for deletes that must cancel later adds.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* What the RRef module (module.c) plugs into the agent's hooks (internal;
  * lib/rpc/module.h): RRef values in the codec (forks), remote()'s kept
  * results, to_here's fetch, the gate that defers calls on an owner until its

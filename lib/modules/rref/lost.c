@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Owners that died (docs/RREF.md, "A dead worker, a replaced rank").
  *
  * A UserRRef carries its owner's generation (owner_gen: the wire says it,

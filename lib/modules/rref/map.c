@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The id map. See map.h. */
 #include "map.h"
 

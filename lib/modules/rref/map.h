@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A small hash map from 64-bit ids to non-NULL pointers (internal).
  *
  * Open addressing with linear probing and backward-shift deletion, so there

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RRef layer as a protocol module of the agent (lib/rpc/module.h). */
 #include <errno.h>
 #include <stdatomic.h>

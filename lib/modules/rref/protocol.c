@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRef control messages: FORK_REQUEST, CHILD_ACCEPT, USER_DELETE, the ACK
  * that answers the first and the last, and the NUDGE and ANNOUNCE that a
  * thread waiting for idleness sends.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* remote(): creating an RRef on another worker or on this one, the callee's
  * side of REMOTE_CALL, and the proxy remote().
  *

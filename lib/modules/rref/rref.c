@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RRef object: creation, references and the delete it triggers (G1),
  * accessors and the string form. See rref_internal.h for the fields. */
 #include <errno.h>

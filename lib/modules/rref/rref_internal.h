@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RRefs, internal side: the object, the per-worker context, and the helpers
  * shared by the files of lib/modules/rref. The protocol is described in docs/RREF.md;
  * the functions lib/rpc calls are in hooks.h.

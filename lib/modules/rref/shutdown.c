@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The RRef steps of graceful shutdown, the leak check, and local teardown.
  *
  * lib/rpc/shutdown.c runs, in order (docs/API.md, sr_shutdown; docs/RREF.md):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Using RRefs: to_here and its owner side (RREF_FETCH), local_value, the
  * gate that defers a call on the owner until the values of its own RRef
  * arguments are set, and waiting for the worker's RRef traffic to settle.

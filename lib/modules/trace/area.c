@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* This process's record area: attached from the launcher's memfd, or
  * private. See trace.h.
  *

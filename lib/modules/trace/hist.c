@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Log-linear histograms. See hist.h. */
 #include "hist.h"
 

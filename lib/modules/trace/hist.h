@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A log-linear latency histogram with a single writer (internal).
  *
  * Values are ns. 0..15 have a bucket each; above, every power of two is cut

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The launcher's side of the profiler (trace_seam.h): the workers' record
  * areas, and what is written from them at the end of each job attempt.
  *

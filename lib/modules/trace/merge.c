@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Merging a job's trace parts into one Trace Event Format file. See
  * trace.h.
  *

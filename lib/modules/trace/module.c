@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The profiler as a module of the agent (rpc/module.h): it reads
  * SHMRPC_STATS and SHMRPC_TRACE at sr_init (and attaches the record area its
  * launcher made, trace.h), and at sr_shutdown prints the statistics and,

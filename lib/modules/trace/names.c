@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Interned function names. See trace.h.
  *
  * An open-addressing table of ids (id + 1; 0: empty) hashed by name, and the

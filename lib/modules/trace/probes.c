@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The profiler's side of the probes (rpc/module.h, "Probes"): statistics and trace
  * records, on the thread of each event. See trace.h.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Per-function statistics: the public API (shmrpc/stats.h). See trace.h. */
 #include <errno.h>
 #include <stdlib.h>

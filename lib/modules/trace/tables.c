@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Per-thread tables: adoption, statistics blocks, trace records. See
  * trace.h. Everything is made in the record area and never freed: a table
  * stays reachable from the area's list for the life of the process (a

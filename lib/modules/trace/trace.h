@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The profiler (internal): per-thread tables behind the probes of lib/rpc
  * (rpc/module.h, "Probes"), the statistics (shmrpc/stats.h) and the trace
  * (SHMRPC_TRACE, docs/PROFILING.md).

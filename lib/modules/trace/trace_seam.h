@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The profiler: what the job layers (lib/job's sr_spawn, the shmrun
  * launcher) may use (internal). Everything else of lib/modules/trace is
  * private to it.

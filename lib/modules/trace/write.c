@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A worker's trace part: its records as Trace Event Format lines. See
  * trace.h and docs/PROFILING.md for the events of a call.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_backward / sr_backward_multi: a local graph task from tensor roots. */
 #include <errno.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* User-defined autograd functions (shmrpc/autograd_function.h): a node type
  * whose apply calls the definition's backward, named after the definition.
  *

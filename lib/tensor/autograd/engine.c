@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The autograd engine: graph tasks (see engine.h) and sr_backward. */
 #include <errno.h>
 #include <pthread.h>

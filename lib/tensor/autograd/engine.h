@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The local autograd engine and its extension points (internal). Part of
  * the tensor layer (docs/TENSORS.md, "Layer"); tensor/tensor_seam.h exports this
  * header whole to the layers above, for distributed autograd.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Recording history: what every differentiable op does after its forward. */
 #include "engine.h"
 #include "tensor_impl.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Grad mode: per thread, like torch.no_grad / torch.set_grad_enabled. */
 #include "engine.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Graph nodes: creation, edges, saved tensors, and iterative destruction. */
 #include <errno.h>
 #include <stdlib.h>

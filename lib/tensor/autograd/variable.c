@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Autograd state of a tensor: requires_grad, grad, grad_fn, hooks, and the
  * AccumulateGrad node that feeds a leaf's gradient into .grad or a sink.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A loaded checkpoint: lookups, restore into a model, destroy. */
 #include <errno.h>
 #include <fcntl.h>

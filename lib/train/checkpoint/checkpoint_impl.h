@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Checkpoint internals shared by save.c, tmpfile.c, load.c and checkpoint.c. */
 #ifndef SR_LIB_CHECKPOINT_IMPL_H
 #define SR_LIB_CHECKPOINT_IMPL_H

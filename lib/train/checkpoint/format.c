@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Encoding, decoding and the header check of the checkpoint format. */
 #include "format.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The on-disk layout of a checkpoint file (docs/CHECKPOINT.md has the
  * picture). Integers are little-endian and are encoded and decoded byte by
  * byte, so the layout never depends on struct padding or host byte order.

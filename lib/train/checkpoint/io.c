@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* io_uring writes for checkpoints. See io.h.
  *
  * Nothing is registered with the ring, on purpose:

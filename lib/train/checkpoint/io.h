@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The writes and fsyncs of one checkpoint save, submitted through io_uring.
  *
  * One ring per save: creating it costs tens of microseconds against the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_checkpoint_load: read a checkpoint and check every part of it.
  *
  * Nothing read from the file is used before it is checked: a size or an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* sr_checkpoint_save: lay the file out, then write it crash-safely.
  *
  * The steps, and what a crash after each leaves at `path`

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Temporary files of a save, and the cleanup of those a crash left behind.
  *
  * A writer holds an exclusive flock on its temporary file from creation to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Data sets of MNIST-format samples (data.h): loading and batches. */
 #include <errno.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* IDX files through zlib's gz* interface (see idx.h). The body is read into
  * a buffer that grows with what actually arrives, so a header that declares
  * a huge count costs memory only as far as the file really goes. */

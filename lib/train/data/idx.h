@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Reading MNIST-format IDX files (http://yann.lecun.com/exdb/mnist/): a
  * big-endian header of a magic number 0x0000TTDD (TT the element type, 08
  * for unsigned bytes; DD the number of dims) and DD 32-bit sizes, then the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The caller's side of the distributed optimizer (torch's
  * DistributedOptimizer): one local optimizer per parameter owner, built and
  * stepped by calls to every owner at once. See shmrpc/dist_optim.h. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The distributed optimizer's two sides (internal): the caller's object
  * (dist_optim.c) and the owner's functions (local.c), which every program
  * registers before main(). */

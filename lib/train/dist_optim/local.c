@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The owner's side of the distributed optimizer: build a local optimizer
  * over the local values of parameter RRefs, and step it with a context's
  * gradients under the worker's one lock (torch's _LocalOptimizer). */

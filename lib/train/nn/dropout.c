@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* torch.nn.functional.dropout: a mask drawn from an sr_generator, applied
  * with the recorded sr_mul, so backward multiplies by the same mask. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The seeded generator of nn.h: xoshiro256** (Blackman and Vigna) seeded
  * through splitmix64, and what is drawn from it. Only integer arithmetic
  * and exact conversions, so a seed gives the same stream on every machine. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* torch.nn.functional.linear and the MLP forward, built from recorded ops
  * (matmul of a transposed view, broadcast add, relu), so their backward comes
  * from those ops'.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Metrics: argmax and classification accuracy. Neither records history. */
 #include <errno.h>
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Modules: an ordered list of named leaf parameters and the forward function
  * that uses them (nn.h states the lifetime rule; module_impl.h the layout). */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Module internals shared by lib/train/nn (module.c, sequential.c).
  *
  * An sr_module is an ordered list of named leaf parameters plus what its

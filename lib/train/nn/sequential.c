@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Sequential models: a list of layer specs (nn.h), their parameters
  * initialised as PyTorch's layers initialise theirs, and the forward that
  * runs the layers in order (or a range of them, a pipeline stage). */

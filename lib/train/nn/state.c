@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Module state: the parameters as a named list (state_dict) and loading one
  * back (load_state_dict); nn.h states the ownership rule. */
 #include <errno.h>

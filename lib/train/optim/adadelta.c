@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Adadelta, as torch.optim.Adadelta / _single_tensor_adadelta (1.13). */
 #include <errno.h>
 

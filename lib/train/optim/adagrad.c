@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Adagrad, as torch.optim.Adagrad / _single_tensor_adagrad (1.13, dense
  * gradients). Its state exists from construction: the sum starts at
  * initial_accumulator_value. */

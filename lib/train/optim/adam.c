@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Adam and AdamW, as torch's _single_tensor_adam / _single_tensor_adamw
  * (1.13, not capturable): they differ only in how weight decay applies (L2
  * on the gradient, or decoupled on the parameter). */

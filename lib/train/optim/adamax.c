@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Adamax, as torch.optim.Adamax / _single_tensor_adamax (1.13): the second
  * moment is an exponentially weighted infinity norm. */
 #include <math.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Expression helpers for the update rules (see optim_impl.h): thin wrappers
  * of the tensor ops that stop at the first failure and keep temporaries. */
 #include <errno.h>

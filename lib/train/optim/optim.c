@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The optimizer object: creation (checks like torch's constructors), steps,
  * zero_grad and accessors. The kinds' update rules live in one file each. */
 #include <errno.h>

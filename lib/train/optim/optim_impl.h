@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Optimizer internals shared by lib/train/optim.
  *
  * One sr_optim holds the parameters and a fixed table of state slots per

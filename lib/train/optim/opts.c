@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Kinds, their names, default options, and the option checks they share.
  * Defaults and messages are torch 1.13's (torch/optim/<kind>.py). */
 #include <errno.h>

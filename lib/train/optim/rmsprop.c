@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* RMSprop, as torch.optim.RMSprop / _single_tensor_rmsprop (1.13). The
  * momentum buffer and the centred gradient average start at zero. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Rprop, as torch.optim.Rprop / _single_tensor_rprop (1.13). Per element:
  * where the gradient kept its sign the step size grows by etaplus, where it
  * flipped it shrinks by etaminus and that element does not move this step

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* SGD, as torch.optim.SGD / _single_tensor_sgd (1.13). The momentum buffer
  * starts as a copy of the first gradient, not as zeros. */
 #include <errno.h>

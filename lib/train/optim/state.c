@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Per-parameter state: how it starts, and its export and import under
  * torch's key names ("<param index>.<key>"). */
 #include <errno.h>

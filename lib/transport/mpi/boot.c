@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI bootstrap: from mpirun's ranks to one shared-memory segment per
  * host (mpi_job.h). The steps, each collective over the job's communicator:
  *   1. MPI_Init_thread(MPI_THREAD_MULTIPLE), once per process;

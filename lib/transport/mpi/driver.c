@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI transport's driver (driver.h): boot the job (mpi_job.h), open the
  * instance that reaches the other hosts (mpi_tport.h), finish the job. In
  * the plug-in (plugin.h), or linked into a program that uses the transport

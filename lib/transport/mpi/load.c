@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI driver that select.c lists (driver.h): it recognises mpirun's
  * environment, and only then loads the MPI transport, from the plug-in
  * (plugin.h) or, in a program that links the transport in, from itself.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* shmrpc across hosts over Open MPI (internal; built with SR_HAVE_MPI).
  *
  * A job launched by mpirun: shmrpc ranks are the ranks of the job's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI transport (mpi_tport.h). */
 #include "mpi_tport.h"
 

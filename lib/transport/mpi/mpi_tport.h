@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI transport (internal; built with SR_HAVE_MPI): the seam's
  * (transport.h) instance that reaches the ranks of other hosts.
  *

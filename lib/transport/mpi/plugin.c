@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The plug-in's side of plugin.h: its entry point, and the internal
  * functions the MPI transport calls, forwarded to the library that loaded
  * it. Linked into libshmrpc-mpi.so only (its version script exports the

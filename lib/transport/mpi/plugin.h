@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The MPI transport as a plug-in (internal to the transport layer).
  *
  * Open MPI is loaded only by a program that runs under mpirun: the MPI

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Exits no supervisor publishes (xport.h, sr__xport_publish_orphans).
  *
  * Under shmrun or sr_spawn the launcher is every worker's parent: it reaps

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The transport. See xport.h; the ring and doorbell contracts are in ring.h
  * and doorbell.h. */
 #include "futex.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared-memory transport: a worker's view of the job's segment.
  *
  * Minimal messaging for the layers above: attach, send to a rank, receive in

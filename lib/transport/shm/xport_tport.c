@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* The shared-memory transport behind the seam (transport.h): the ops over
  * xport.c, every optional group included, with the doorbell side of the
  * consumer's hand-offs and their memory-ordering arguments (doorbell.h

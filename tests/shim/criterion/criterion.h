@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* A stand-in for <criterion/criterion.h> for the suite runners that run
  * Criterion suites without Criterion's process machinery:
  * - the MPI suite runner (tests/mpi/runner.c, SR_TEST_MPI): the RPC, RRef
