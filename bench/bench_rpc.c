@@ -12,7 +12,13 @@
  *           sr_shutdown (PyTorch's anchor is a Python UDF answered so)
  * asleep    the same, but the callee never spins: every request wakes it;
  *           and with neither side spinning (both asleep)
- * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s
+ * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s, against
+ *           the ring's own per-message cost measured first in the same run
+ *           (one producer, one consumer in bursts of 32, as bench_ring burst)
+ * self      the RPC layer's own work, no transfer: one thread calls its own
+ *           worker (both sides of every call on one core), rpc_sync and
+ *           rpc_async in windows of 64; ns per call, median of 256-call batches,
+ *           in this thread's CPU time (so a loaded machine's preemption is left out)
  * fanin     N callers (1, 2, 4, 8) -> one callee idle in sr_shutdown, for a
  *           fixed window after a common start: total calls/s against one
  *           caller's, per-caller counts (starvation shows), worst p50/p99
@@ -38,6 +44,7 @@
 #include "probe_cost.h"
 #include "shmrpc/shmrpc.h"
 #include "shmrpc/tensor.h"
+#include "shm/xport.h"
 
 #ifndef BENCH_COMPARE_DIR
 #define BENCH_COMPARE_DIR "bench/compare"
@@ -56,6 +63,8 @@ struct shared {
     bench_rounds cl, fx;
     int errors;
     uint64_t udf_hops; /* bench udf: calls the callee's idle thread left to an executor */
+    double ring_ns[ROUNDS]; /* bench pipeline: the ring's ns per message, per round */
+    int ring_rounds;
 };
 
 static struct shared *sh;
@@ -236,8 +245,78 @@ static int bench_udf(void)
 
 #define PIPE_CALLS 200000
 #define WINDOW 1024
+#define RING_MSGS 200000
+#define RING_BURST 32
+#define RING_WAIT_NS (30ll * 1000000000)
 
 static double pipe_cps;
+
+/* The ring's own cost in this run: rank 1 sends RING_MSGS messages through
+ * sr_xport, rank 0 takes them in bursts (bench_ring burst 1->1, here so that
+ * the pipeline's figure has it to compare with). Order is checked after timing. */
+static int ring_consume(sr_xport *x, uint64_t *bad)
+{
+    int64_t deadline = sr__now_ns() + RING_WAIT_NS;
+    sr_msg m[RING_BURST];
+    uint64_t next = 0;
+    while (next < RING_MSGS) {
+        unsigned k = sr__xport_recv_burst(x, m, RING_BURST);
+        for (unsigned i = 0; i < k; i++, next++) {
+            uint64_t v;
+            memcpy(&v, m[i].data, sizeof(v));
+            *bad += v != next || m[i].src != 1;
+        }
+        int ev = k ? 0 : sr__xport_wait(x, deadline);
+        if (ev < 0 || ((ev & SR_WAKE_TIMEOUT) && !sr__ring_ready(x->inbox)))
+            return ev < 0 ? ev : -ETIMEDOUT;
+    }
+    return 0;
+}
+
+static int ring_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_xport *x = NULL;
+    int rc = sr__xport_attach(NULL, &x);
+    for (int r = 0; !rc && r < ROUNDS; r++) {
+        rc = bench_barrier_wait(&sh->bar, 2, RING_WAIT_NS);
+        if (!rc && rank == 1) {
+            sr_msg m = {.type = 0};
+            for (uint64_t i = 0; i < RING_MSGS && !rc; i++) {
+                memcpy(m.data, &i, sizeof(i));
+                rc = sr__xport_send_wait(x, 0, &m, sr__now_ns() + RING_WAIT_NS);
+            }
+        } else if (!rc) {
+            uint64_t bad = 0;
+            int64_t t = bench_now_ns();
+            rc = ring_consume(x, &bad);
+            t = bench_now_ns() - t;
+            if (!rc && bad)
+                rc = -EBADMSG;
+            sh->ring_ns[sh->ring_rounds++] = (double)t / RING_MSGS;
+        }
+    }
+    if (!rc)
+        rc = bench_barrier_wait(&sh->bar, 2, RING_WAIT_NS); /* nobody detaches mid-round */
+    if (x)
+        sr__xport_detach(x);
+    if (rc)
+        fprintf(stderr, "bench_rpc pipeline: ring, rank %d: %s\n", rank, sr_last_error());
+    return rc ? 1 : 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double ring_median_ns(void)
+{
+    qsort(sh->ring_ns, (size_t)sh->ring_rounds, sizeof(double), cmp_double);
+    return sh->ring_rounds ? sh->ring_ns[sh->ring_rounds / 2] : 0;
+}
 
 static int run_pipeline(int rank, int world, void *arg)
 {
@@ -270,8 +349,11 @@ static int run_pipeline(int rank, int world, void *arg)
             snprintf(vs, sizeof(vs), "vs PyTorch %.0f calls/s (this run): %.0fx", f->per_s, pipe_cps / f->per_s);
         else
             snprintf(vs, sizeof(vs), "PyTorch: %s", pt.measured ? "no figure" : pt.why);
-        printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | %s\n",
-               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", vs);
+        double ring = ring_median_ns(), per_call = 1e9 / pipe_cps;
+        printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | %s"
+               " | %.1f ns/call, ring %.1f ns/msg in this run: %.2fx\n",
+               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", vs, per_call, ring,
+               ring > 0 ? per_call / ring : 0);
         fflush(stdout);
         bench_rec r;
         bench_rec_begin(&r, "rpc_async noop pipelined");
@@ -279,12 +361,94 @@ static int run_pipeline(int rank, int world, void *arg)
         bench_rec_num(&r, "window", WINDOW);
         bench_rec_num(&r, "per_s", pipe_cps);
         bench_rec_num(&r, "target_per_s", 1e6);
+        bench_rec_num(&r, "ring_ns_per_msg", ring);
+        bench_rec_num(&r, "ratio_to_ring", ring > 0 ? per_call / ring : 0);
         bench_rec_bool(&r, "target_met", pipe_cps >= 1e6);
         bench_rec_torch(&r, &pt, "pipeline");
         bench_rec_emit(&r);
     }
     sr_shutdown(true, 60);
     return rc ? 1 : 0;
+}
+
+/* ---- the RPC layer's own work: calls to this worker itself ----
+ * One thread makes the call, polls its own inbox, runs the built-in inline,
+ * answers itself and completes its future: every per-call step of both
+ * sides, with no cache line crossing cores and no scheduler in the loop, so
+ * that a change to that work shows even on a loaded machine. */
+
+#define SELF_BATCH 256
+#define SELF_BATCHES 800
+#define SELF_WINDOW 64
+
+/* This thread's CPU time: a batch preempted by other work on the machine
+ * does not count the time it was off the CPU. */
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int self_sync_batch(int self, int64_t *ns)
+{
+    int64_t t0 = thread_cpu_ns();
+    for (int i = 0; i < SELF_BATCH; i++)
+        if (sr_rpc_sync(self, "noop", SR_NOARGS, -1, NULL))
+            return 1;
+    *ns = thread_cpu_ns() - t0;
+    return 0;
+}
+
+static int self_async_batch(int self, int64_t *ns)
+{
+    sr_future *win[SELF_WINDOW];
+    int rc = 0;
+    int64_t t0 = thread_cpu_ns();
+    for (int i = 0; i < SELF_BATCH && !rc; i += SELF_WINDOW) {
+        int n = 0;
+        for (; n < SELF_WINDOW && !rc; n++)
+            rc = sr_rpc_async(self, "noop", SR_NOARGS, -1, &win[n]);
+        n -= rc != 0;
+        for (int k = 0; k < n; k++) {
+            rc |= sr_future_wait(win[k], NULL);
+            sr_future_unref(win[k]);
+        }
+    }
+    *ns = thread_cpu_ns() - t0;
+    return rc ? 1 : 0;
+}
+
+static int run_self(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    static int64_t sync_ns[SELF_BATCHES], async_ns[SELF_BATCHES];
+    if (sr_init(NULL))
+        return 1;
+    int rc = 0;
+    for (int b = 0; b < SELF_BATCHES / 4 && !rc; b++) /* warm-up */
+        rc = self_sync_batch(rank, &sync_ns[0]) || self_async_batch(rank, &async_ns[0]);
+    for (int b = 0; b < SELF_BATCHES && !rc; b++) /* interleaved, so both see the same load */
+        rc = self_sync_batch(rank, &sync_ns[b]) || self_async_batch(rank, &async_ns[b]);
+    sr_shutdown(true, 60);
+    if (rc)
+        return fprintf(stderr, "bench_rpc self: %s\n", sr_last_error()), 1;
+    bench_lat s = bench_lat_of(sync_ns, SELF_BATCHES), a = bench_lat_of(async_ns, SELF_BATCHES);
+    /* bench_lat_of sorted the batches: [SELF_BATCHES / 10] is the p10, the
+     * least disturbed by other work on the machine (its cache misses, steal) */
+    printf("rpc_sync noop self  | one thread, both sides of each call | %.1f ns/call of CPU time (median of %d batches "
+           "of %d; p10 %.1f p99 %.1f)\n", (double)s.p50 / SELF_BATCH, SELF_BATCHES, SELF_BATCH,
+           (double)sync_ns[SELF_BATCHES / 10] / SELF_BATCH, (double)s.p99 / SELF_BATCH);
+    printf("rpc_async noop self | one thread, windows of %d           | %.1f ns/call of CPU time (p10 %.1f p99 %.1f)\n",
+           SELF_WINDOW, (double)a.p50 / SELF_BATCH, (double)async_ns[SELF_BATCHES / 10] / SELF_BATCH,
+           (double)a.p99 / SELF_BATCH);
+    bench_rec r;
+    bench_rec_begin(&r, "rpc noop self");
+    bench_rec_num(&r, "sync_ns_per_call", (double)s.p50 / SELF_BATCH);
+    bench_rec_num(&r, "async_ns_per_call", (double)a.p50 / SELF_BATCH);
+    bench_rec_emit(&r);
+    return 0;
 }
 
 /* ---- N callers -> one callee ---- */
@@ -567,7 +731,7 @@ static int bench_executors(void)
 
 static bench_cli cli = {
     .prog = "bench_rpc",
-    .names = {"hot", "udf", "asleep", "pipeline", "fanin", "tensor", "executors", "probes"},
+    .names = {"hot", "udf", "asleep", "pipeline", "self", "fanin", "tensor", "executors", "probes"},
     .flags = {"--no-torch"},
     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rpc.py, run first otherwise)",
 };
@@ -600,7 +764,14 @@ int main(int argc, char **argv)
         rc = bench_udf();
     if (!rc && want("pipeline")) {
         sr_spawn_opts o = {.name_prefix = "bench-pipe", .shm_size = 512u << 20};
-        rc = sr_spawn(2, run_pipeline, NULL, &o) ? 1 : 0;
+        sh->ring_rounds = 0;
+        rc = sr_spawn(2, ring_worker, NULL, &o) ? 1 : 0;
+        if (!rc)
+            rc = sr_spawn(2, run_pipeline, NULL, &o) ? 1 : 0;
+    }
+    if (!rc && want("self")) {
+        sr_spawn_opts o = {.name_prefix = "bench-self", .shm_size = 512u << 20};
+        rc = sr_spawn(1, run_self, NULL, &o) ? 1 : 0;
     }
     if (!rc && want("fanin"))
         rc = bench_fanin();

@@ -328,6 +328,13 @@ typedef struct sr_agent {
 
 /* Count one event in a counter of ctr (relaxed: a statistic, see segment.h). */
 static inline void sr__count(_Atomic uint64_t *c) { atomic_fetch_add_explicit(c, 1, memory_order_relaxed); }
+/* The same for a counter whose every writer holds one lock (calls_made and
+ * calls_ended: slots_lock): a load and a store, no locked instruction. The
+ * lock orders the writers; readers only load (relaxed: a statistic). */
+static inline void sr__count_locked(_Atomic uint64_t *c)
+{
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
 /* counters.c: point ctr at our line of the segment (or own_ctr), zeroed;
  * read SHMRPC_MONITOR_INTERVAL. 0, or -EINVAL for a bad value. */
 int sr__counters_init(sr_agent *a);

@@ -180,8 +180,8 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
      * lock publishes the fields above to whoever matches this generation */
     uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, gen, memory_order_relaxed);
+    sr__count_locked(&a->ctr->calls_made);
     pthread_mutex_unlock(&a->slots_lock);
-    sr__count(&a->ctr->calls_made);
     sr__counters_sample(a);
     *id = (uint64_t)gen << 32 | (uint32_t)i;
     if (kick) /* the progress thread may be asleep with a later timer: wake it to re-arm */
@@ -202,7 +202,7 @@ static sr_future *end_locked(sr_agent *a, int32_t i)
     atomic_store_explicit(&s->gen, atomic_load_explicit(&s->gen, memory_order_relaxed) + 1, memory_order_relaxed);
     s->next_free = a->free_head;
     a->free_head = i;
-    sr__count(&a->ctr->calls_ended);
+    sr__count_locked(&a->ctr->calls_ended);
     return f;
 }
 
@@ -533,19 +533,39 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
 
 /* ---- answers (the caller's side of a response) ---------------------------- */
 
-static int decode_result(const sr_msg *m, const uint8_t *p, size_t len, sr_value **list)
+/* Where the encoded values of result m start, past its extension block. */
+static int result_ext(const sr_msg *m, const uint8_t *p, size_t len, struct sr_ext_view *ext, size_t *used)
 {
-    struct sr_ext_view ext = {.mask = 0};
-    size_t used = 0;
-    if ((sr__wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, &ext, &used))
+    ext->mask = 0;
+    *used = 0;
+    if ((sr__wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, ext, used))
         return -EBADMSG;
-    if (sr__codec_decode(p + used, len - used, list))
-        return -EBADMSG;
-    if (sr_value_list_len(*list) != 1)
-        return sr__fail(-EBADMSG, "sr_rpc", "a result from worker%d holds %zu values", m->src, sr_value_list_len(*list));
-    if (ext.mask)
-        sr__ext_response_in(m->src, &ext, sr_value_list_at(*list, 0));
     return 0;
+}
+
+/* The one value of result m (a reference), given to the modules' hooks. */
+static int decode_result(const sr_msg *m, const uint8_t *p, size_t len, sr_value **out)
+{
+    struct sr_ext_view ext;
+    size_t used, n = 0;
+    if (result_ext(m, p, len, &ext, &used) || sr__codec_decode_one(p + used, len - used, out, &n))
+        return -EBADMSG;
+    if (n != 1)
+        return sr__fail(-EBADMSG, "sr_rpc", "a result from worker%d holds %zu values", m->src, n);
+    if (ext.mask)
+        sr__ext_response_in(m->src, &ext, *out);
+    return 0;
+}
+
+/* The same, kept as the list of that one value (KEEP_RET). */
+static int decode_result_list(const sr_msg *m, const uint8_t *p, size_t len, sr_value **list)
+{
+    sr_value *v = NULL;
+    int rc = decode_result(m, p, len, &v);
+    if (!rc && !(*list = sr_list(1, &v)))
+        rc = -ENOMEM;
+    sr_value_unref(v);
+    return rc;
 }
 
 static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
@@ -576,9 +596,9 @@ void sr__calls_response(sr_agent *a, const sr_msg *m)
         if (p && m->type == SR_MSG_RESP)
             release_result(m, p, len);
     } else if (m->type == SR_MSG_KEEP_RET) { /* none, or the list of the value that rode along */
-        bool value = p && (w.flags & SR_WIRE_VALUE) && !decode_result(m, p, len, &list);
+        bool value = p && (w.flags & SR_WIRE_VALUE) && !decode_result_list(m, p, len, &list);
         probe_answer(w.call_id, m, 0, t0);
-        sr_future_set_result(f, value ? list : NULL);
+        sr__future_complete_held(f, value ? list : NULL); /* adopts the list */
     } else if (!p) {
         probe_answer(w.call_id, m, -EBADMSG, t0);
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
@@ -593,9 +613,8 @@ void sr__calls_response(sr_agent *a, const sr_msg *m)
         sr__future_fail_text(f, -EBADMSG, sr_last_error());
     } else {
         probe_answer(w.call_id, m, 0, t0);
-        sr_future_set_result(f, sr_value_list_at(list, 0));
+        sr__future_complete_held(f, list); /* adopts the value; we hold f (the slot's reference) */
     }
-    sr_value_unref(list);
     sr__payload_done(m);
     sr_future_unref(f);
     sr__quiesce_done(a, m->src, m->gens);

@@ -772,6 +772,24 @@ int sr__codec_decode(const uint8_t *buf, size_t len, sr_value **out)
     return 0;
 }
 
+int sr__codec_decode_one(const uint8_t *buf, size_t len, sr_value **out, size_t *n)
+{
+    /* [count 1][NONE]: nothing to check, build or release */
+    if (out && buf && len == 5 && rd32(buf) == 1 && buf[4] == SR_KIND_NONE) {
+        *out = sr_none();
+        *n = 1;
+        return 0;
+    }
+    sr_value *list = NULL;
+    int rc = sr__codec_decode(buf, len, out ? &list : NULL);
+    if (rc)
+        return rc;
+    *n = sr_value_list_len(list);
+    *out = *n == 1 ? sr_value_ref(sr_value_list_at(list, 0)) : NULL;
+    sr_value_unref(list);
+    return 0;
+}
+
 void sr__codec_release(const uint8_t *buf, size_t len)
 {
     struct dec d = {.buf = buf ? buf : no_bytes, .len = buf ? len : 0, .mode = CHECK, .fn = __func__};

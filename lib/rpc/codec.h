@@ -57,6 +57,11 @@ int64_t sr__codec_encode_to(size_t n, sr_value *const *vals, int self_call, int 
 /* Decode a list of values; *out is a new SR_KIND_LIST value. 0 or -EBADMSG
  * (-ENOMEM if memory runs out). */
 int sr__codec_decode(const uint8_t *buf, size_t len, sr_value **out);
+/* Decode a list that should hold one value (a result): *out is that value
+ * (a reference) and *n the list's length; a list of another length is
+ * decoded and dropped (*out NULL, *n its length). A lone None, the most
+ * common result, is recognised without a list. Returns as sr__codec_decode. */
+int sr__codec_decode_one(const uint8_t *buf, size_t len, sr_value **out, size_t *n);
 
 /* Drop the block references held by an encoded buffer that will not be decoded. */
 void sr__codec_release(const uint8_t *buf, size_t len);

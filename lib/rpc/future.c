@@ -17,7 +17,9 @@
 #include "module.h"
 #include "waiter.h"
 
-enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, POLLER = 0x200, STATE = 0xff };
+/* CALLBACKS: a callback was added (under lock, before completion); only then
+ * does the completer take the lock to collect the list. */
+enum { PENDING = 0, COMPLETING = 1, DONE = 2, WAITERS = 0x100, POLLER = 0x200, CALLBACKS = 0x400, STATE = 0xff };
 
 struct callback {
     struct callback *next;
@@ -51,16 +53,18 @@ static void run_callback(sr_future *f, struct callback *c)
     tls_swap(&c->tls);
 }
 
+/* What a call touches (refs to msg, 48 bytes) is in the first cache line;
+ * the lock, taken only around callbacks, is in the second (aligned_alloc). */
 struct sr_future {
     _Atomic uint32_t refs;
     _Atomic uint32_t state;      /* see future_internal.h */
-    pthread_mutex_t lock;        /* guards cbs against a racing completion */
     struct callback *cbs, **tail;
     sr_value *value;             /* written by the completer before DONE */
     int err;
     int cause;                   /* err's cause: for -SR_EREMOTE, the remote function's own code */
     char *msg;
     bool call; /* an RPC call's own future (sr__future_mark_call): set before it is shared */
+    pthread_mutex_t lock;        /* guards cbs between on_done and a completer that saw CALLBACKS */
 };
 
 void sr__future_mark_call(sr_future *f) { f->call = true; }
@@ -91,17 +95,84 @@ bool sr__future_arm_wake(sr_future *f)
     return false;
 }
 
+/* Freed futures kept by the thread that freed them, for its next
+ * sr_future_new: a call's future costs no allocation in the steady state
+ * (a caller frees the previous call's future just before the next call).
+ * The cache holds only futures whose last reference this thread dropped
+ * (the acq_rel decrement, or the sole-owner acquire load, orders every
+ * other holder's use before the reuse). At thread exit the key's destructor
+ * frees them. Under AddressSanitizer there is no cache, so that a use after
+ * the last unref is still caught. */
+#define FUTURE_CACHE 8
+
+struct future_cache {
+    unsigned n;
+    bool registered, gone; /* gone: the destructor ran; free from now on */
+    sr_future *f[FUTURE_CACHE];
+};
+static _Thread_local struct future_cache cache;
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+static bool cache_key_ok;
+
+static void future_free(sr_future *f)
+{
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+static void cache_drain(void *p)
+{
+    struct future_cache *c = p;
+    while (c->n)
+        future_free(c->f[--c->n]);
+    c->gone = true;
+}
+
+static void cache_key_make(void) { cache_key_ok = pthread_key_create(&cache_key, cache_drain) == 0; }
+
+/* f's last reference is gone: keep it for this thread's next future, or free it. */
+static void future_recycle(sr_future *f)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    future_free(f);
+    return;
+#endif
+    struct future_cache *c = &cache;
+    if (c->n < FUTURE_CACHE && !c->gone) {
+        if (!c->registered) {
+            pthread_once(&cache_once, cache_key_make);
+            c->registered = cache_key_ok && pthread_setspecific(cache_key, c) == 0;
+        }
+        if (c->registered) {
+            c->f[c->n++] = f;
+            return;
+        }
+    }
+    future_free(f);
+}
+
 SR_API sr_future *sr_future_new(void)
 {
-    sr_future *f = calloc(1, sizeof(*f));
+    sr_future *f = cache.n ? cache.f[--cache.n] : NULL;
     if (!f) {
-        sr__fail(-ENOMEM, "sr_future_new", "out of memory");
-        return NULL;
+        f = aligned_alloc(64, (sizeof(*f) + 63) & ~(size_t)63);
+        if (!f) {
+            sr__fail(-ENOMEM, "sr_future_new", "out of memory");
+            return NULL;
+        }
+        pthread_mutex_init(&f->lock, NULL);
     }
+    /* not shared yet: plain initialisation (the lock is unlocked either way) */
     atomic_init(&f->refs, 1);
     atomic_init(&f->state, PENDING);
-    pthread_mutex_init(&f->lock, NULL);
+    f->cbs = NULL;
     f->tail = &f->cbs;
+    f->value = NULL;
+    f->err = 0;
+    f->cause = 0;
+    f->msg = NULL;
+    f->call = false; /* a cached future may have been a call's */
     return f;
 }
 
@@ -118,8 +189,14 @@ SR_API sr_future *sr_future_ref(sr_future *f)
 
 SR_API void sr_future_unref(sr_future *f)
 {
-    /* acq_rel: the last holder must see every other holder's writes */
-    if (!f || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
+    if (!f)
+        return;
+    /* Sole owner (as sr_value_unref): a count of 1 is our own reference and
+     * nobody can take one without holding one, so skip the read-modify-write.
+     * acquire: pairs with the release half of the decrements that brought it
+     * to 1. Else acq_rel: the last holder must see every other holder's writes. */
+    if (atomic_load_explicit(&f->refs, memory_order_acquire) != 1 &&
+        atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
         return;
     sr_value_unref(f->value);
     free(f->msg);
@@ -129,8 +206,7 @@ SR_API void sr_future_unref(sr_future *f)
             c->release(c->arg);
         free(c);
     }
-    pthread_mutex_destroy(&f->lock);
-    free(f);
+    future_recycle(f);
 }
 
 SR_API bool sr_future_done(const sr_future *f)
@@ -164,21 +240,30 @@ static void futex_wake_all(_Atomic uint32_t *w)
     syscall(SYS_futex, w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Completion holds a reference of its own from before "done" is published
- * to its last touch of f (the futex wake, the unlock, the callbacks): a
- * waiter that sees DONE may drop the last other reference at once. Taking
- * it is safe here: f is COMPLETING, not DONE, so whoever waits for it
- * still holds theirs. */
-static void finish_complete(sr_future *f)
+/* Completion holds a reference from before "done" is published to its last
+ * touch of f (the futex wake, the unlock, the callbacks): a waiter that sees
+ * DONE may drop the last other reference at once. held: the completer's
+ * caller holds one for the whole completion (sr__future_complete_held);
+ * else one is taken here, which is safe: f is COMPLETING, not DONE, so
+ * whoever waits for it still holds theirs. The lock is taken only when a
+ * callback was added (CALLBACKS; see on_done), so a plain completion is one
+ * exchange. */
+static void finish_complete(sr_future *f, bool held)
 {
-    sr_future_ref(f);
-    pthread_mutex_lock(&f->lock);
-    /* release: publishes value/err to the acquire loads in sr_future_done and sleepers */
+    if (!held)
+        sr_future_ref(f);
+    /* acq_rel: release publishes value/err to the acquire loads in
+     * sr_future_done, sleepers and on_done; acquire: on_done's CAS that set
+     * CALLBACKS (under lock) is seen */
     uint32_t old = atomic_exchange_explicit(&f->state, DONE, memory_order_acq_rel);
-    struct callback *cbs = f->cbs;
-    f->cbs = NULL;
-    f->tail = &f->cbs;
-    pthread_mutex_unlock(&f->lock);
+    struct callback *cbs = NULL;
+    if (old & CALLBACKS) {
+        pthread_mutex_lock(&f->lock); /* an on_done that set the bit may still be appending */
+        cbs = f->cbs;
+        f->cbs = NULL;
+        f->tail = &f->cbs;
+        pthread_mutex_unlock(&f->lock);
+    }
     if (old & WAITERS)
         futex_wake_all(&f->state);
     if (old & POLLER) {
@@ -193,7 +278,8 @@ static void finish_complete(sr_future *f)
         free(cbs);
         cbs = n;
     }
-    sr_future_unref(f);
+    if (!held)
+        sr_future_unref(f);
 }
 
 SR_API int sr_future_set_result(sr_future *f, sr_value *v)
@@ -204,7 +290,19 @@ SR_API int sr_future_set_result(sr_future *f, sr_value *v)
     if (rc)
         return rc;
     f->value = v ? sr_value_ref(v) : sr_none();
-    finish_complete(f);
+    finish_complete(f, false);
+    return 0;
+}
+
+int sr__future_complete_held(sr_future *f, sr_value *v)
+{
+    int rc = begin_complete(f);
+    if (rc) {
+        sr_value_unref(v);
+        return rc;
+    }
+    f->value = v ? v : sr_none(); /* adopted */
+    finish_complete(f, true);
     return 0;
 }
 
@@ -218,7 +316,7 @@ int sr__future_fail_cause(sr_future *f, int err, int cause, const char *msg)
     f->err = err < 0 ? err : -EINVAL;
     f->cause = cause < 0 ? cause : f->err;
     f->msg = strdup(msg ? msg : "");
-    finish_complete(f);
+    finish_complete(f, false);
     return 0;
 }
 
@@ -332,6 +430,34 @@ SR_API int sr_future_wait(sr_future *f, sr_value **out)
 
 static int on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release)(void *), void *arg, bool user);
 
+/* Queue c for the completer, or false if f is done (the caller runs c). The
+ * first callback sets CALLBACKS with a CAS that fails only against the
+ * completer's exchange to DONE: then the completer did not see the bit and
+ * will not touch the list, and c is not queued. A later one finds the bit
+ * set, so the completer (whose exchange returns it) takes the list under
+ * the lock, after this append. */
+static bool add_callback(sr_future *f, struct callback *c)
+{
+    bool queued = false;
+    pthread_mutex_lock(&f->lock);
+    /* acquire: pairs with the completer's exchange to DONE (the result is
+     * visible to a callback run here) */
+    uint32_t v = atomic_load_explicit(&f->state, memory_order_acquire);
+    /* acq_rel on success: pairs with the completer's exchange (it sees the bit);
+     * acquire on failure: as the load */
+    while ((v & STATE) != DONE && !(v & CALLBACKS) &&
+           !atomic_compare_exchange_weak_explicit(&f->state, &v, v | CALLBACKS, memory_order_acq_rel,
+                                                  memory_order_acquire))
+        ;
+    if ((v & STATE) != DONE) {
+        *f->tail = c;
+        f->tail = &c->next;
+        queued = true;
+    }
+    pthread_mutex_unlock(&f->lock);
+    return queued;
+}
+
 SR_API int sr_future_add_done_callback(sr_future *f, void (*cb)(sr_future *, void *), void *arg)
 {
     return on_done(f, cb, NULL, arg, true);
@@ -358,14 +484,8 @@ static int on_done(sr_future *f, void (*cb)(sr_future *, void *), void (*release
     void (*capture)(struct sr_tls_snap *) = user ? atomic_load_explicit(&tls_capture, memory_order_acquire) : NULL;
     if (capture)
         capture(&c->tls);
-    pthread_mutex_lock(&f->lock);
-    if (!sr_future_done(f)) {
-        *f->tail = c;
-        f->tail = &c->next;
-        pthread_mutex_unlock(&f->lock);
+    if (add_callback(f, c))
         return 0;
-    }
-    pthread_mutex_unlock(&f->lock);
     run_callback(f, c);
     free(c);
     return 0;

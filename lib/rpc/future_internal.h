@@ -55,6 +55,11 @@ void sr__future_sleep(sr_future *f, int64_t deadline_ns);
 bool sr__future_wait_word(sr_future *f, _Atomic uint32_t **word, uint32_t *val);
 
 
+/* sr_future_set_result for a completer that holds a reference to f for the
+ * whole call (no reference of its own is taken): adopts v (NULL: None),
+ * which is dropped if f is already complete (-EALREADY). */
+int sr__future_complete_held(sr_future *f, sr_value *v);
+
 /* The stored error of a completed future (0 if it holds a value). */
 int sr__future_error(const sr_future *f);
 

@@ -56,6 +56,11 @@ static sr_value *value_alloc(sr_kind kind, size_t tail, const char *fn)
 /* None is immortal: one static value shared by everybody; ref and unref
  * leave it alone, so no call ever allocates or frees it. */
 static sr_value none_value = {.kind = SR_KIND_NONE};
+/* So is the empty list (values are immutable): a call without arguments
+ * decodes its argument list without allocating, on every call. */
+static sr_value empty_list = {.kind = SR_KIND_LIST, .depth = 1};
+
+static bool immortal(const sr_value *v) { return v == &none_value || v == &empty_list; }
 
 SR_API sr_value *sr_none(void) { return &none_value; }
 
@@ -147,6 +152,8 @@ void *sr__value_module_obj(const sr_value *v, int kind) { return v && v->kind ==
 
 sr_value *sr__list_alloc(size_t n)
 {
+    if (n == 0)
+        return &empty_list;
     if (n > (SIZE_MAX - sizeof(sr_value)) / sizeof(sr_value *)) {
         sr__fail(-ENOMEM, "sr_list", "a list of %zu items does not fit in memory", n);
         return NULL;
@@ -215,7 +222,7 @@ SR_API sr_value *sr_value_ref(sr_value *v)
 {
     /* Relaxed: the caller already holds a reference, so v cannot be freed
      * concurrently; the new reference needs no ordering of its own. */
-    if (v && v != &none_value)
+    if (v && !immortal(v))
         atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed);
     return v;
 }
@@ -247,7 +254,7 @@ static void value_destroy(sr_value *v)
 
 SR_API void sr_value_unref(sr_value *v)
 {
-    if (!v || v == &none_value)
+    if (!v || immortal(v))
         return;
     /* Sole owner: a count of 1 is our own reference, and nobody can take a
      * new one without holding one, so it cannot change under us; skip the

@@ -220,3 +220,26 @@ Test(future, wait_all_fails_fast_without_waiting_for_the_rest)
     for (int i = 0; i < 3; i++)
         sr_future_unref(fs[i]);
 }
+
+/* Futures are reused by the thread that freed them (future.c): a new one is
+ * pending and holds nothing of the one before, whatever that one held. */
+Test(future, a_new_future_holds_nothing_of_a_freed_one)
+{
+    for (int i = 0; i < 32; i++) {
+        sr_future *f = sr_future_new();
+        if (i % 2)
+            sr_future_set_error(f, -EIO, "round %d failed", i);
+        else
+            cr_assert_eq(sr_future_add_done_callback(f, record, (int[8]){0}), 0); /* never runs: never completed */
+        sr_future_unref(f);
+        sr_future *g = sr_future_new();
+        cr_assert(!sr_future_done(g), "round %d: a new future is done", i);
+        cr_assert_eq(sr_future_error_code(g), -EAGAIN);
+        cr_assert_eq(sr_future_set_result(g, NULL), 0);
+        sr_value *v = NULL;
+        cr_assert_eq(sr_future_wait(g, &v), 0, "round %d: %s", i, sr_last_error());
+        cr_assert_eq(sr_value_type(v), SR_KIND_NONE);
+        sr_value_unref(v);
+        sr_future_unref(g);
+    }
+}
