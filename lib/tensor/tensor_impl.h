@@ -257,6 +257,6 @@ static inline void sr__op_scope_end(struct sr_op_scope *s)
         s->h->end(s->op, s->token);
 }
 #define SR_OP_SPAN(name) \
-    __attribute__((cleanup(sr__op_scope_end))) struct sr_op_scope sr__op_scope_ = sr__op_scope_begin(name)
+    __attribute__((cleanup(sr__op_scope_end), unused)) struct sr_op_scope sr__op_scope_ = sr__op_scope_begin(name)
 
 #endif
