@@ -20,7 +20,7 @@ static int square(sr_call *c)
 static int caller(void)
 {
     sr_value *x = sr_int(7), *y = NULL, *z = NULL;
-    /* rpc_sync: blocks until worker 1 has answered. -1: the default timeout. */
+    /* rpc_sync: blocks until worker 1 has answered. 0: the default timeout. */
     if (sr_rpc_sync(1, "square", SR_ARGS(x), 0, &y))
         return fprintf(stderr, "rpc_sync: %s\n", sr_last_error()), 1;
     printf("square(7) on %s = %lld\n", sr_worker_name(1), (long long)sr_value_int(y));

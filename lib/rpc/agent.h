@@ -17,6 +17,8 @@
  *   life.c      the agent's lifetime and references
  *   thread.h    every thread-local of the layer
  *   modules.c   the module seam's side in the core (module.h)
+ *   counters.c  the worker's counters in the segment, the profiler's gauges
+ *   leaks.c     the tensors and values still held after sr_shutdown (leaks.h)
  * Where a callee must reach back into its caller it is handed a function
  * (the futures' hooks, the outgoing queues' fail_calls, the reordering
  * pump's send, the deferred calls' retake), never a direct call.

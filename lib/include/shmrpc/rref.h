@@ -98,8 +98,9 @@ SR_API sr_kind sr_rref_kind(void);
  * to_here() on it after deletion." after the RRef was deleted on its owner. */
 SR_API int sr_rref_to_here(sr_rref *r, double timeout_s, sr_value **out);
 
-/* Owner only: the value itself (the same object on every call), waiting for
- * it if the creating call has not finished. On a user: -EINVAL "For
+/* Owner only: a new reference in *out to the value itself (the same object
+ * on every call), waiting for it, within the default call timeout, if the
+ * creating call has not finished. On a user: -EINVAL "For
  * UserRRef(rref_id=(1,5), fork_id=(1,6)), can't call localValue() on user
  * WorkerInfo(id=2, name=worker2). Call it on owner WorkerInfo(id=1, name=worker1)". */
 SR_API int sr_rref_local_value(sr_rref *r, sr_value **out);

@@ -289,7 +289,8 @@ SR_API const char *sr_tensor_grad_fn_name(const sr_tensor *t);
 /* Borrowed: the accumulated gradient, or NULL. Valid until the next
  * backward, sr_tensor_set_grad or unref of t; sr_tensor_ref it to keep it. */
 SR_API sr_tensor *sr_tensor_grad(const sr_tensor *t);
-/* Replace .grad (NULL clears it, like zero_grad(set_to_none=True)). */
+/* Replace .grad (NULL clears it, like zero_grad(set_to_none=True)). grad is
+ * borrowed: t takes its own reference; the old .grad is released. */
 SR_API int sr_tensor_set_grad(sr_tensor *t, sr_tensor *grad);
 
 /* Gradient hook: sees the gradient flowing into t (for a leaf: the total,
