@@ -35,17 +35,10 @@
 #define MAX_N 64
 #define WAIT_MS 30000
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static int worker(int fd)
 {
     int rc = sr_init(NULL);
-    int64_t t = now_ns();
+    int64_t t = bench_now_ns();
     if (rc) {
         fprintf(stderr, "bench_restart: sr_init: %s\n", sr_last_error());
         return 1;
@@ -115,10 +108,10 @@ static int run_trial(const char *shmrun, const char *self, int n, double *startu
     snprintf(fdb, sizeof(fdb), "%d", w);
     char *argv[] = {(char *)shmrun, "-n", nb, "--max-restarts", "1", "--name-prefix", "bench_restart", "--",
                     (char *)self, "--worker", fdb, NULL};
-    int64_t t0 = now_ns();
+    int64_t t0 = bench_now_ns();
     int rc = bench_job_start(&j, argv, w);
     rc = rc ? rc : await_attempt(&j, &t, 0);
-    int64_t t_kill = now_ns();
+    int64_t t_kill = bench_now_ns();
     rc = rc ? rc : kill(t.pid[n - 1], SIGKILL);
     rc = rc ? rc : await_attempt(&j, &t, 1);
     rc = bench_job_end(&j, rc, WAIT_MS);

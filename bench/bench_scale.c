@@ -44,13 +44,6 @@
 #define TARGET_BASE 64
 #define TARGET_TOP 1024
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static int report(int fd, int64_t t_main, int64_t t_init, int64_t t_call)
 {
     char line[128];
@@ -61,14 +54,14 @@ static int report(int fd, int64_t t_main, int64_t t_init, int64_t t_call)
 
 static int worker(int fd, bool bare)
 {
-    int64_t t_main = now_ns();
+    int64_t t_main = bench_now_ns();
     if (bare)
         return report(fd, t_main, 0, 0) ? 1 : 0;
     if (sr_init(NULL)) {
         fprintf(stderr, "bench_scale: sr_init: %s\n", sr_last_error());
         return 1;
     }
-    int64_t t_init = now_ns();
+    int64_t t_init = bench_now_ns();
     int rank = atoi(getenv("SHMRPC_RANK")), n = atoi(getenv("SHMRPC_WORLD_SIZE"));
     sr_value *v = NULL;
     if (sr_rpc_sync((rank + 1) % n, "noop", SR_NOARGS, 120, &v)) {
@@ -77,7 +70,7 @@ static int worker(int fd, bool bare)
         return 1;
     }
     sr_value_unref(v);
-    int64_t t_call = now_ns();
+    int64_t t_call = bench_now_ns();
     int rc = report(fd, t_main, t_init, t_call);
     return sr_shutdown(true, 300) || rc ? 1 : 0;
 }
@@ -123,7 +116,7 @@ static int run_job(const char *shmrun, const char *self, int n, bool bare, doubl
     snprintf(fdb, sizeof(fdb), "%d", w);
     char *argv[] = {(char *)shmrun, "-n", nb, "--name-prefix", "bench_scale", "--", (char *)self,
                     bare ? "--bare" : "--worker", fdb, NULL};
-    int64_t t0 = now_ns();
+    int64_t t0 = bench_now_ns();
     int rc = bench_job_start(&j, argv, w);
     rc = rc ? rc : bench_job_await(&j, all_in, WAIT_MS, "not every worker reported its first call");
     rc = bench_job_end(&j, rc, WAIT_MS);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "helpers/pidfds.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/value.h"
@@ -42,23 +43,6 @@ struct worker_seen {
     long switches;       /* voluntary context switches of its thread inside sr_init */
     int pidfds;          /* pidfds it holds once past sr_init */
 };
-
-static int count_pidfds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    struct dirent *e;
-    char path[64], target[64];
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof(path), "/proc/self/fd/%.20s", e->d_name);
-        ssize_t len = readlink(path, target, sizeof(target) - 1);
-        target[len > 0 ? len : 0] = 0;
-        n += !strcmp(target, "anon_inode:[pidfd]");
-    }
-    if (d)
-        closedir(d);
-    return n;
-}
 
 static long switches_now(void)
 {

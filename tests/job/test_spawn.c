@@ -30,6 +30,7 @@
 #include "common.h"
 #include "error.h"
 #include "helpers/watch.h"
+#include "helpers/pidfds.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "transport.h" /* the transport seam: workers join the job as sr_init would */
@@ -59,24 +60,6 @@ static void wait_go(struct job *j)
     char c;
     if (read(j->go[0], &c, 1) != 1)
         _exit(EXIT_IO); /* the test went away */
-}
-
-/* Inherited pidfds would be another process's handle on our siblings. */
-static int count_pidfds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    struct dirent *e;
-    char path[64], target[64];
-    while (d && (e = readdir(d))) {
-        snprintf(path, sizeof(path), "/proc/self/fd/%.20s", e->d_name);
-        ssize_t len = readlink(path, target, sizeof(target) - 1);
-        target[len > 0 ? len : 0] = 0;
-        n += !strcmp(target, "anon_inode:[pidfd]");
-    }
-    if (d)
-        closedir(d);
-    return n;
 }
 
 static bool env_is(const char *name, int want)

@@ -130,13 +130,17 @@ Test(partial_attach, the_start_barrier_counts_only_attaching_ranks_and_ignores_t
     sr__xport_detach(x);
 }
 
-/* Attach as `rank` `times` times, in a child process; its exit status says
- * how it went (0: every attach worked). */
-static pid_t attach_in_child(int rank, int times)
+/* Attach as `rank` `times` times, after delay_ms, in a child process, and
+ * detach each time; its exit status says how it went (0: every attach
+ * worked). */
+static pid_t attach_in_child(int rank, int times, int delay_ms)
 {
     pid_t pid = fork();
     cr_assert(pid >= 0, "fork: %s", strerror(errno));
     if (pid == 0) {
+        struct timespec d = {.tv_sec = delay_ms / 1000, .tv_nsec = (long)(delay_ms % 1000) * 1000000};
+        while (delay_ms && nanosleep(&d, &d) && errno == EINTR)
+            ;
         for (int i = 0; i < times; i++) {
             sr_xport *x;
             if (attach_as(rank, START_NS, &x)) {
@@ -155,7 +159,7 @@ static pid_t attach_in_child(int rank, int times)
 Test(partial_attach, re_attach_rounds_count_attaching_ranks_only, .fini = drop_segment)
 {
     make_partial(4, (const uint8_t[]){0, 1, 0, 1});
-    pid_t child = attach_in_child(3, 2);
+    pid_t child = attach_in_child(3, 2, 0);
     for (int i = 0; i < 2; i++) {
         sr_xport *x;
         cr_assert_eq(attach_as(1, START_NS, &x), 0, "attach %d: %s", i + 1, sr_last_error());
@@ -190,27 +194,6 @@ Test(partial_attach, an_attach_to_a_new_segment_starts_a_new_round)
     sr_test_no_leaks();
 }
 
-/* Attach as `rank` after delay_ms, in a child process, and detach; its exit
- * status says how it went. */
-static pid_t attach_later(int rank, int delay_ms)
-{
-    pid_t pid = fork();
-    cr_assert(pid >= 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        struct timespec d = {.tv_sec = delay_ms / 1000, .tv_nsec = (long)(delay_ms % 1000) * 1000000};
-        while (nanosleep(&d, &d) && errno == EINTR)
-            ;
-        sr_xport *x;
-        if (attach_as(rank, START_NS, &x)) {
-            fprintf(stderr, "child rank %d: %s\n", rank, sr_last_error());
-            _exit(1);
-        }
-        sr__xport_detach(x);
-        _exit(0);
-    }
-    return pid;
-}
-
 /* A large job starts slowly: the start barrier's bound counts from the
  * latest arrival, not from the waiter's own. Rank 0 waits with a 3 s bound;
  * rank 1 comes about 1.5 s later, rank 2 about 3.1 s later (more than the
@@ -219,7 +202,7 @@ static pid_t attach_later(int rank, int delay_ms)
 Test(start_barrier, its_bound_counts_from_the_latest_arrival, .fini = drop_segment)
 {
     make_partial(3, (const uint8_t[]){1, 1, 1});
-    pid_t one = attach_later(1, 1500), two = attach_later(2, 3100);
+    pid_t one = attach_in_child(1, 1, 1500), two = attach_in_child(2, 1, 3100);
     sr_xport *x;
     int rc = attach_as(0, 3000ll * 1000000, &x);
     cr_expect_eq(rc, 0, "rank 0: %s", sr_last_error());
