@@ -144,7 +144,7 @@ static int drive(pid_t pid, int in, int err, char *out, size_t cap)
 /* A row of rank's worker; its name is "-" only until it attached (then it had made and served nothing). */
 static void check_row(const struct mrow *r, int rank, const char *text)
 {
-    char want[16];
+    char want[24];
     snprintf(want, sizeof(want), "worker%d", rank);
     cr_assert_eq(r->rank, rank, "rows out of rank order:\n%s", text);
     cr_assert(!strcmp(r->worker, want) || (!strcmp(r->worker, "-") && !r->made && !r->served),
