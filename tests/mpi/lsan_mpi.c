@@ -89,7 +89,7 @@ static int exchange(void)
 
 /* A block reachable only through a disguised pointer, which LSan cannot
  * follow: a leak as LSan sees it (lsan_canary.c does the same). */
-static uintptr_t hidden;
+static volatile uintptr_t hidden; /* volatile: a store never read must not be dropped (-O1 dropped it, and the malloc with it) */
 #define HIDE ((uintptr_t)0x5a5a5a5a5a5a5a5a)
 
 __attribute__((noinline)) static void leaked_by_lsan_mpi(void)
