@@ -394,7 +394,7 @@ static int self_sync_batch(int self, int64_t *ns)
 {
     int64_t t0 = thread_cpu_ns();
     for (int i = 0; i < SELF_BATCH; i++)
-        if (sr_rpc_sync(self, "noop", SR_NOARGS, -1, NULL))
+        if (sr_rpc_sync(self, "noop", SR_NOARGS, SR_TIMEOUT_NONE, NULL))
             return 1;
     *ns = thread_cpu_ns() - t0;
     return 0;
@@ -408,7 +408,7 @@ static int self_async_batch(int self, int64_t *ns)
     for (int i = 0; i < SELF_BATCH && !rc; i += SELF_WINDOW) {
         int n = 0;
         for (; n < SELF_WINDOW && !rc; n++)
-            rc = sr_rpc_async(self, "noop", SR_NOARGS, -1, &win[n]);
+            rc = sr_rpc_async(self, "noop", SR_NOARGS, SR_TIMEOUT_NONE, &win[n]);
         n -= rc != 0;
         for (int k = 0; k < n; k++) {
             rc |= sr_future_wait(win[k], NULL);
