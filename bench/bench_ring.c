@@ -55,6 +55,8 @@ enum { MSG_PING = 1, MSG_PONG = 2, MSG_DATA = 3 };
 static int rounds = ROUNDS, n_spin = N_SPIN, n_sleep = N_SLEEP;
 static uint64_t burst_msgs = BURST_MSGS;
 static size_t memcpy_bytes = 256u << 20;
+static int64_t spin_budget_ns = SPIN_BUDGET_NS; /* --smoke: 1 ms, so that a peer preempted on a busy
+                                                 * machine costs little spinning */
 
 struct rtt_cfg {
     uint32_t doorbell; /* enum sr_doorbell_kind */
@@ -196,7 +198,7 @@ static int rtt_round(sr_xport *x, const struct rtt_cfg *c, int64_t *s)
     bench_lat fl = {0}, fl2 = {0}, ours = {0};
     int rc = 0;
     if (c->spin_phase) {
-        set_spin(x, SPIN_BUDGET_NS);
+        set_spin(x, spin_budget_ns);
         uint64_t sleeps = stat_of(&x->st.sleeps);
         if (!(rc = timed_floor(x->rank, FLOOR_CACHELINE, n_spin, s, &fl)) &&
             !(rc = timed_floor(x->rank, FLOOR_TWOLINE, n_spin, s, &fl2)) &&
@@ -220,7 +222,7 @@ static int rtt_worker(int rank, int world, void *arg)
 {
     (void)world;
     const struct rtt_cfg *c = arg;
-    sr_xport_opts o = {.doorbell = c->doorbell, .fixed_spin = true, .spin_ns = SPIN_BUDGET_NS};
+    sr_xport_opts o = {.doorbell = c->doorbell, .fixed_spin = true, .spin_ns = spin_budget_ns};
     sr_xport *x;
     int rc = sr__xport_attach(&o, &x);
     if (rc)
@@ -386,7 +388,7 @@ static int run_rtt(uint32_t doorbell, int spin_phase, int *met)
     char cfg[64], extra[128];
     if (spin_phase) {
         bench_summary s = bench_summarize(&sh->spin), s2 = bench_summarize(&sh->twoline);
-        snprintf(cfg, sizeof(cfg), "2 procs, fixed spin %lld ms", SPIN_BUDGET_NS / 1000000);
+        snprintf(cfg, sizeof(cfg), "2 procs, fixed spin %lld ms", (long long)(spin_budget_ns / 1000000));
         snprintf(extra, sizeof(extra), "two-line floor p50 %.0f ns, ours %.2fx it | sleeps/rt %.2f", s2.floor50,
                  s2.ratio50, sh->spin_sleeps_per_rt / sh->spin.n);
         *met &= bench_print("ring rtt spin", cfg, "cacheline", &s, 2.0, extra);
@@ -439,7 +441,7 @@ static int run_tput(int producers, int *met)
 }
 
 static bench_cli cli = {.prog = "bench_ring", .names = {"futex", "eventfd", "burst", "memcpy"},
-                        .smoke_what = "1 round of 100 round trips, 2000 burst messages, memcpy of 16 MiB"};
+                        .smoke_what = "1 round of 20 round trips (spin 1 ms), 2000 burst messages, memcpy of 16 MiB"};
 
 /* Groups: the command line names the ones to run (default: all). */
 static int wanted(int argc, char **argv, const char *group)
@@ -478,7 +480,7 @@ int main(int argc, char **argv)
 {
     bench_cli_parse(&cli, argc, argv);
     if (cli.smoke)
-        rounds = 1, n_spin = 100, n_sleep = 50, burst_msgs = 2000, memcpy_bytes = 16u << 20;
+        rounds = 1, n_spin = 20, n_sleep = 20, burst_msgs = 2000, memcpy_bytes = 16u << 20, spin_budget_ns = 1000000;
     int met = 1;
     print_machine();
     sh = bench_shared_alloc(sizeof(*sh));
