@@ -16,6 +16,8 @@
 #include "waiter.h"
 
 enum { WARMUP = 100000, BATCH = 1000, BATCHES = 2000 };
+/* The counts, or --smoke's (main). */
+static int warmup = WARMUP, batch = BATCH, batches = BATCHES;
 
 static volatile int64_t sink; /* defeats dead-code elimination */
 
@@ -53,23 +55,25 @@ static void malloc_floor(sr_value *const *args)
 /* Fills ns[] with per-op means; returns the p50 and sets *p99. */
 static double time_batches(void (*op)(sr_value *const *), sr_value *const *args, double *ns, double *p99)
 {
-    for (int i = 0; i < WARMUP; i++)
+    for (int i = 0; i < warmup; i++)
         op(args);
-    for (int b = 0; b < BATCHES; b++) {
+    for (int b = 0; b < batches; b++) {
         int64_t t0 = sr__now_ns();
-        for (int i = 0; i < BATCH; i++)
+        for (int i = 0; i < batch; i++)
             op(args);
-        ns[b] = (double)(sr__now_ns() - t0) / BATCH;
+        ns[b] = (double)(sr__now_ns() - t0) / batch;
     }
-    qsort(ns, BATCHES, sizeof(double), cmp_double);
-    *p99 = ns[BATCHES * 99 / 100];
-    return ns[BATCHES / 2];
+    qsort(ns, (size_t)batches, sizeof(double), cmp_double);
+    *p99 = ns[batches * 99 / 100];
+    return ns[batches / 2];
 }
 
 int main(int argc, char **argv)
 {
-    bench_cli cli = {.prog = "bench_codec"};
+    bench_cli cli = {.prog = "bench_codec", .smoke_what = "100 batches of 100 ops"};
     bench_cli_parse(&cli, argc, argv);
+    if (cli.smoke)
+        warmup = 1000, batch = 100, batches = 100;
     sr_value *args[] = {sr_int(1), sr_int(2)};
     static double ns[BATCHES];
     double p99, floor99;

@@ -113,13 +113,13 @@ static int64_t cpu_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* p50 and p99 (ns) of reps runs after 3 warm-ups, and the p50 of the
+/* p50 and p99 (ns) of reps runs after 3 warm-ups (--smoke: 1), and the p50 of the
  * process's CPU time per run in *cpu (what a loaded machine distorts
  * least); NaN on a failed run. */
 static double measure(run_fn f, struct work *w, int reps, double *p99, double *cpu)
 {
     double *t = malloc(2 * (size_t)reps * sizeof(double)), *c = t + reps;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < (bench_smoke_on() ? 1 : 3); i++)
         if (f(w)) {
             free(t);
             return *p99 = *cpu = NAN;
@@ -189,7 +189,8 @@ int main(int argc, char **argv)
     static const char *names[] = {"conv1", "conv2", "pool", "norm", "step", NULL};
     bench_cli cli = {.prog = "bench_conv", .names = {"conv1", "conv2", "pool", "norm", "step"},
                      .flags = {"--no-torch"},
-                     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_conv.py, run first otherwise)"};
+                     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_conv.py, run first otherwise)",
+                     .smoke_what = "1 warm-up and 1 timed run per workload"};
     bench_cli_parse(&cli, argc, argv);
     bench_torch pt;
     bench_torch_run(&pt, BENCH_COMPARE_DIR "/torch_conv.py", getenv("BENCH_TORCH_QUICK") ? "--quick" : "",
@@ -202,7 +203,7 @@ int main(int argc, char **argv)
         setup(names[i], &w);
         run_fn f = !strcmp(names[i], "pool") ? run_pool : !strcmp(names[i], "step") ? run_step
                  : !strcmp(names[i], "norm") ? run_norm : run_conv;
-        double p99, cpu, p50 = measure(f, &w, getenv("BENCH_TORCH_QUICK") ? 5 : 30, &p99, &cpu);
+        double p99, cpu, p50 = measure(f, &w, cli.smoke ? 1 : getenv("BENCH_TORCH_QUICK") ? 5 : 30, &p99, &cpu);
         teardown(&w);
         if (isnan(p50)) {
             fprintf(stderr, "bench_conv: %s failed: %s\n", names[i], sr_last_error());

@@ -120,7 +120,7 @@ static int alloc_free_line(size_t size, int64_t *vs, int64_t *vm)
     printf("heap alloc+free %-7s shared arena p50 %7.1f ns p99 %7.1f ns | malloc p50 %6.1f ns p99 %6.1f ns | "
            "%.1fx malloc (target <= %.0fx: %s)\n",
            human(size, h, sizeof(h)), s50 / BATCH, s99 / BATCH, m50 / BATCH, m99 / BATCH, s50 / m50, ALLOC_TARGET,
-           s50 / m50 <= ALLOC_TARGET ? "met" : "NOT met");
+           bench_verdict(s50 / m50 <= ALLOC_TARGET));
     bench_rec rec;
     bench_rec_begin(&rec, "heap alloc+free");
     bench_rec_num(&rec, "bytes", (double)size);
@@ -218,7 +218,8 @@ static int echo(sr_xport *x)
 
 static const size_t pass_sizes[] = {4, 4096, MiB, 64 * MiB, 256 * MiB, GiB};
 #define NPASS (sizeof(pass_sizes) / sizeof(pass_sizes[0]))
-#define GIVE NPASS /* the column of (3) */
+static size_t npass = NPASS; /* the sizes passed: all, or --smoke's first 3 (up to 1 MiB) */
+#define GIVE npass /* the column of (3) */
 
 struct pass_run {
     sr_block *blocks[NPASS];
@@ -259,8 +260,8 @@ static int64_t trip(sr_xport *x, sr_block *b)
 static int run_rounds(sr_xport *x, struct pass_run *r)
 {
     for (long i = -(rounds / 10 + 10); i < rounds; i++)
-        for (size_t k = 0; k <= NPASS; k++) {
-            int64_t t = trip(x, k < NPASS ? r->blocks[k] : NULL);
+        for (size_t k = 0; k <= npass; k++) {
+            int64_t t = trip(x, k < npass ? r->blocks[k] : NULL);
             if (t < 0)
                 return -1;
             if (i >= 0)
@@ -273,15 +274,15 @@ static void report_mode(const char *mode, struct pass_run *r)
 {
     double p50[NPASS + 1], p99[NPASS + 1];
     char h[32];
-    for (size_t k = 0; k <= NPASS; k++)
+    for (size_t k = 0; k <= npass; k++)
         percentiles(r->v[k], rounds, &p50[k], &p99[k]);
-    for (size_t k = 0; k < NPASS; k++)
+    for (size_t k = 0; k < npass; k++)
         printf("heap pass [%s] %-7s round trip p50 %7.2f us p99 %7.2f us = %.2fx the 4 B trip | memcpy p50 "
                "%10.1f us (%5.2f GiB/s) = %.0fx the trip\n",
                mode, human(pass_sizes[k], h, sizeof(h)), p50[k] / 1e3, p99[k] / 1e3, p50[k] / p50[0],
                r->copy_p50[k] / 1e3, (double)pass_sizes[k] / (double)GiB / (r->copy_p50[k] / 1e9),
                r->copy_p50[k] / p50[k]);
-    for (size_t k = 0; k < NPASS; k++) {
+    for (size_t k = 0; k < npass; k++) {
         bench_rec rec;
         bench_rec_begin(&rec, "heap pass");
         bench_rec_str(&rec, "mode", mode);
@@ -340,7 +341,7 @@ static int set_mode(sr_xport *x, int64_t spin_ns)
 static int settle(struct pass_run *r, size_t base)
 {
     int ok = 1;
-    for (size_t k = 0; k < NPASS; k++) {
+    for (size_t k = 0; k < npass; k++) {
         for (int64_t until = sr__now_ns() + WAIT_NS; sr__block_refcount(r->blocks[k]) != 1 && sr__now_ns() < until;)
             sched_yield();
         ok &= sr__block_refcount(r->blocks[k]) == 1 && *(uint8_t *)sr__block_data(r->blocks[k]) == 0x5a;
@@ -357,9 +358,9 @@ static int drive(sr_xport *x)
     struct pass_run r = {0};
     size_t base = sr__heap_allocated();
     int rc = 0;
-    for (size_t k = 0; !rc && k <= NPASS; k++)
+    for (size_t k = 0; !rc && k <= npass; k++)
         rc = (r.v[k] = malloc((size_t)rounds * sizeof(int64_t))) ? 0 : -ENOMEM;
-    for (size_t k = 0; !rc && k < NPASS; k++)
+    for (size_t k = 0; !rc && k < npass; k++)
         if (!(r.blocks[k] = sr__block_alloc(pass_sizes[k])) || copy_time(pass_sizes[k], &r.copy_p50[k]))
             rc = -1;
         else
@@ -374,7 +375,7 @@ static int drive(sr_xport *x)
                (unsigned long long)hits, (unsigned long long)x->st.sleeps);
     if (!rc)
         rc = settle(&r, base);
-    for (size_t k = 0; k <= NPASS; k++)
+    for (size_t k = 0; k <= npass; k++)
         free(r.v[k]);
     int stop = send_u64(x, 1, MSG_STOP, 0);
     return rc ? rc : stop;
@@ -397,8 +398,11 @@ static int pass_worker(int rank, int world, void *arg)
 
 int main(int argc, char **argv)
 {
-    bench_cli cli = {.prog = "bench_heap", .opts = {"--rounds"}, .usage = "  --rounds N  timed rounds per configuration (>= 100)"};
+    bench_cli cli = {.prog = "bench_heap", .opts = {"--rounds"}, .usage = "  --rounds N  timed rounds per configuration (>= 100)",
+                     .smoke_what = "20 rounds, blocks passed up to 1 MiB"};
     bench_cli_parse(&cli, argc, argv);
+    if (cli.smoke)
+        rounds = 20, npass = 3;
     if (cli.opt[0])
         rounds = (long)bench_cli_int(&cli, "--rounds", cli.opt[0], 100, 100000000);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -406,7 +410,7 @@ int main(int argc, char **argv)
     sr_spawn_opts small = {.name_prefix = "bench_heap"};
     int rc = sr_spawn(1, alloc_worker, NULL, &small);
     /* every block of (2) at once: 1.3 GiB of data per worker, sparse */
-    sr_spawn_opts big = {.name_prefix = "bench_heap", .shm_size = 2 * (GiB + 512 * MiB) + 64 * MiB};
+    sr_spawn_opts big = {.name_prefix = "bench_heap", .shm_size = cli.smoke ? 0 : 2 * (GiB + 512 * MiB) + 64 * MiB};
     if (!rc)
         rc = sr_spawn(2, pass_worker, NULL, &big);
     if (rc)

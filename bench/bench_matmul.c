@@ -62,7 +62,7 @@ static double run(sr_dtype dt, int64_t n, enum sr_gemm_mode mode, double *p99, i
     sr_manual_seed((uint64_t)n);
     sr_tensor *a = sr_randn(dt, 2, shape, 0), *b = sr_randn(dt, 2, shape, 0), *c = NULL;
     double flops = 2.0 * (double)n * (double)n * (double)n;
-    int reps = (int)(3e8 / flops);
+    int reps = (int)((bench_smoke_on() ? 3e6 : 3e8) / flops);
     reps = reps < 3 ? 3 : reps > 2000 ? 2000 : reps;
     double *t = malloc((size_t)reps * sizeof(double));
     sr__gemm_set_mode(mode);
@@ -112,9 +112,10 @@ static void rec(sr_dtype dt, int64_t n, const char *backend, const char *kernel,
 
 int main(int argc, char **argv)
 {
-    bench_cli cli = {.prog = "bench_matmul"};
+    bench_cli cli = {.prog = "bench_matmul", .smoke_what = "n = 33, 64, 128, 3 runs each"};
     bench_cli_parse(&cli, argc, argv);
-    static const int64_t sizes[] = {64, 256, 1024};
+    static const int64_t full[] = {64, 256, 1024}, smoke[] = {33, 64, 128};
+    const int64_t *sizes = cli.smoke ? smoke : full;
     static const sr_dtype dts[] = {SR_F32, SR_F64};
     bool have_blas = !strcmp(sr_matmul_backend(), "openblas");
     int failed = 0;

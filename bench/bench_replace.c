@@ -29,7 +29,8 @@
  *   served. Steps are counted in a page shared with the bench (a memfd the
  *   workers inherit), which a restarted attempt keeps counting in, with the
  *   count at the start of every 5 ms window. PRE_MS after every worker is up
- *   the bench SIGKILLs rank N-1 once; rank 0 stops POST_MS after the kill.
+ *   the bench SIGKILLs rank N-1 once; rank 0 stops POST_MS after the kill (a
+ *   rank 0 restarted later than that makes one step first).
  *     calls/s: over the 500 ms before the kill, and over the last 500 ms
  *              (from 600 ms after the kill to rank 0's stop);
  *     stall:   the longest time between two steps (the one across the kill);
@@ -78,6 +79,9 @@
 #define DIP_WIN 60        /* dip: windows of the interval whose lost time is estimated (300 ms) */
 #define PRE_MS 1200       /* dip: from every worker up to the kill */
 #define POST_MS 1100      /* dip: from the kill to rank 0's stop */
+/* The dip's windows and pacing, or --smoke's (main): shorter intervals, and
+ * figures that are not measurements. */
+static int rate_win = RATE_WIN, dip_win = DIP_WIN, pre_ms = PRE_MS, post_ms = POST_MS;
 
 static int64_t now_ns(void)
 {
@@ -220,8 +224,10 @@ static void count_step(struct page *pg)
 static int drive_dip(struct page *pg, int world)
 {
     sr_future *f[MAX_N];
-    /* relaxed: stop_at is a deadline, read again every step */
-    for (int64_t s = 0; now_ns() < atomic_load_explicit(&pg->stop_at, memory_order_relaxed); s++) {
+    /* relaxed: stop_at is a deadline, read again every step. Every attempt's
+     * rank 0 makes one step at least: after a whole-job restart slower than
+     * the deadline, that step still fills the windows up to its end. */
+    for (int64_t s = 0; s == 0 || now_ns() < atomic_load_explicit(&pg->stop_at, memory_order_relaxed); s++) {
         sr_value *arg = sr_int(s);
         for (int r = 1; r < world; r++)
             if (sr_rpc_async(r, "step", SR_ARGS(arg), CALL_S, &f[r]))
@@ -398,8 +404,8 @@ static int64_t win(struct job *j, int64_t i) { return atomic_load_explicit(&j->p
  * the rate of the RATE_WIN windows before it: ms. */
 static double lost_at(struct job *j, int64_t at)
 {
-    double rate = (double)(win(j, at) - win(j, at - RATE_WIN)) / RATE_WIN; /* steps per window */
-    return ((double)DIP_WIN - (double)(win(j, at + DIP_WIN) - win(j, at)) / rate) * WIN_NS / 1e6;
+    double rate = (double)(win(j, at) - win(j, at - rate_win)) / rate_win; /* steps per window */
+    return ((double)dip_win - (double)(win(j, at + dip_win) - win(j, at)) / rate) * WIN_NS / 1e6;
 }
 
 static double rate_over(struct job *j, int64_t from, int64_t to) /* steps/s */
@@ -416,24 +422,24 @@ static int run_dip(struct job *j, struct dip *out)
     rc = rc ? rc : await_round(j, 0, false);
     if (rc)
         return end_job(j, rc);
-    sleep_ms(PRE_MS);
+    sleep_ms(pre_ms);
     int64_t t_kill = now_ns();
     rc = kill(j->r[0].victim, SIGKILL);
     /* relaxed: a deadline rank 0 reads every step */
-    atomic_store_explicit(&j->pg->stop_at, t_kill + (int64_t)POST_MS * 1000000, memory_order_relaxed);
+    atomic_store_explicit(&j->pg->stop_at, t_kill + (int64_t)post_ms * 1000000, memory_order_relaxed);
     rc = end_job(j, rc);
     /* relaxed: after shmrun's exit, as win() */
     int64_t k = (t_kill - j->pg->t0) / WIN_NS + 1, last = atomic_load_explicit(&j->pg->filled, memory_order_relaxed) - 1;
-    if (rc || k - RATE_WIN - DIP_WIN < 0 || last < k + DIP_WIN + RATE_WIN) {
+    if (rc || k - rate_win - dip_win < 0 || last < k + dip_win + rate_win) {
         fprintf(stderr, "bench_replace: dip: windows %lld to %lld, the kill in %lld\n", 0ll, (long long)last,
                 (long long)k);
         return -1;
     }
-    out->rate = rate_over(j, k - RATE_WIN, k);
-    out->after = rate_over(j, last - RATE_WIN, last);
+    out->rate = rate_over(j, k - rate_win, k);
+    out->after = rate_over(j, last - rate_win, last);
     out->stall_ms = (double)atomic_load_explicit(&j->pg->stall, memory_order_relaxed) / 1e6; /* relaxed: as win() */
     out->lost_ms = lost_at(j, k);
-    out->control_ms = lost_at(j, k - DIP_WIN); /* the same estimate where nothing happened: its noise */
+    out->control_ms = lost_at(j, k - dip_win); /* the same estimate where nothing happened: its noise */
     return 0;
 }
 
@@ -547,12 +553,16 @@ int main(int argc, char **argv)
                               "  --kills K      latency: kills in one job (1..200, default 30)\n"
                               "  --trials T     dip: trials (1..64, default 5)\n"
                               "  --settle-ms MS latency: from rank 0 served to the next kill (0..10000, default 20)\n"
-                              "  --shmrun PATH  shmrun (default: beside this program in the build)\n"};
+                              "  --shmrun PATH  shmrun (default: beside this program in the build)\n",
+                     .smoke_what = "3 workers, 2 kills, 1 dip trial of a 150 ms lead and 300 ms on (options may say otherwise)"};
     bench_cli_parse(&cli, argc, argv);
-    int n = cli.opt[0] ? (int)bench_cli_int(&cli, "-n", cli.opt[0], 2, MAX_N) : 4;
-    int kills = cli.opt[1] ? (int)bench_cli_int(&cli, "--kills", cli.opt[1], 1, MAX_KILLS) : 30;
-    int trials = cli.opt[2] ? (int)bench_cli_int(&cli, "--trials", cli.opt[2], 1, 64) : 5;
-    int settle = cli.opt[3] ? (int)bench_cli_int(&cli, "--settle-ms", cli.opt[3], 0, 10000) : 20;
+    bool smoke = cli.smoke;
+    if (smoke)
+        rate_win = 10, dip_win = 6, pre_ms = 150, post_ms = 300;
+    int n = cli.opt[0] ? (int)bench_cli_int(&cli, "-n", cli.opt[0], 2, MAX_N) : smoke ? 3 : 4;
+    int kills = cli.opt[1] ? (int)bench_cli_int(&cli, "--kills", cli.opt[1], 1, MAX_KILLS) : smoke ? 2 : 30;
+    int trials = cli.opt[2] ? (int)bench_cli_int(&cli, "--trials", cli.opt[2], 1, 64) : smoke ? 1 : 5;
+    int settle = cli.opt[3] ? (int)bench_cli_int(&cli, "--settle-ms", cli.opt[3], 0, 10000) : smoke ? 0 : 20;
     char self[PATH_MAX], shmrun[PATH_MAX + 32] = "";
     snprintf(shmrun, sizeof(shmrun), "%s", cli.opt[4] ? cli.opt[4] : "");
     bench_job_paths(self, sizeof(self), shmrun, sizeof(shmrun));

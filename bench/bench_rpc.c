@@ -57,6 +57,10 @@ static bench_torch pt; /* PyTorch's figures (torch_rpc.py), measured before ours
 #define CL_N 20000
 #define FX_N 2000
 
+/* The counts above, or --smoke's (smoke_counts): a smoke run's figures are
+ * not measurements. So are those of each workload below. */
+static int rounds = ROUNDS, calls = CALLS, cl_n = CL_N, fx_n = FX_N, warm = 2000;
+
 struct shared {
     bench_floor_area floor;
     bench_barrier bar;
@@ -111,8 +115,8 @@ static bench_lat time_noop(int n, int64_t *lat)
 static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
 {
     static int64_t lat[CALLS], fl[CL_N];
-    uint32_t nfl = futex_floor ? FX_N : CL_N;
-    for (int r = 0; r < ROUNDS; r++) {
+    uint32_t nfl = futex_floor ? fx_n : cl_n;
+    for (int r = 0; r < rounds; r++) {
         enum bench_role role = rank == 0 ? BENCH_INITIATOR : BENCH_ECHO;
         bench_barrier_wait(&sh->bar, 2, 30ll * 1000000000);
         int rc = futex_floor ? bench_floor_futex(&sh->floor, role, nfl, fl)
@@ -125,7 +129,7 @@ static int latency_rounds(int rank, bool futex_floor, bench_rounds *out)
             continue;
         }
         bench_lat floor = bench_lat_of(fl, nfl);
-        bench_lat ours = time_noop(futex_floor ? CALLS / 10 : CALLS, lat);
+        bench_lat ours = time_noop(futex_floor ? calls / 10 : calls, lat);
         sr_rpc_sync(1, "round_done", SR_NOARGS, 0, NULL);
         bench_rounds_add(out, ours, floor);
     }
@@ -144,7 +148,7 @@ static int run_latency(int rank, int world, void *arg)
     round_fut = sr_future_new();
     if (sr_init(NULL))
         return 1;
-    for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
+    for (int i = 0; rank == 0 && i < warm; i++) /* warm up */
         sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
     sr_debug_info d;
@@ -202,11 +206,11 @@ static int run_udf(int rank, int world, void *arg)
     (void)arg;
     static int64_t lat[CALLS], fl[CL_N];
     bench_lat floors[ROUNDS];
-    for (int r = 0; r < ROUNDS; r++) {
-        if (bench_floor_cacheline(&sh->floor, rank == 0 ? BENCH_INITIATOR : BENCH_ECHO, CL_N, fl))
+    for (int r = 0; r < rounds; r++) {
+        if (bench_floor_cacheline(&sh->floor, rank == 0 ? BENCH_INITIATOR : BENCH_ECHO, cl_n, fl))
             return 1;
         if (rank == 0)
-            floors[r] = bench_lat_of(fl, CL_N);
+            floors[r] = bench_lat_of(fl, cl_n);
     }
     sr_register("udf_noop", udf_noop);
     udf_idle_thread = pthread_self(); /* before sr_init starts the threads that read it */
@@ -214,14 +218,14 @@ static int run_udf(int rank, int world, void *arg)
         return 1;
     if (rank == 0) {
         noop_fn = "udf_noop";
-        for (int i = 0; i < 2000; i++)
+        for (int i = 0; i < warm; i++)
             sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
-        for (int r = 0; r < ROUNDS; r++)
-            bench_rounds_add(&sh->cl, time_noop(CALLS, lat), floors[r]);
+        for (int r = 0; r < rounds; r++)
+            bench_rounds_add(&sh->cl, time_noop(calls, lat), floors[r]);
         sr_debug_info d;
         if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
             fprintf(stderr, "udf caller: %.3f wakes issued and %.3f sleeps taken per call\n",
-                    (double)d.wakes_issued / (ROUNDS * CALLS + 2000), (double)d.sleeps_taken / (ROUNDS * CALLS + 2000));
+                    (double)d.wakes_issued / (rounds * calls + warm), (double)d.sleeps_taken / (rounds * calls + warm));
     }
     sr_shutdown(true, 60);
     if (rank == 1) /* relaxed: the executors are joined */
@@ -237,7 +241,7 @@ static int bench_udf(void)
         return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
     report_latency("rpc_sync udf noop", "callee idle in sr_shutdown", "cache-line ping-pong", &sh->cl, 4.0);
     printf("rpc_sync udf noop | calls the idle callee left to an executor (a thread hop): %llu of %d\n",
-           (unsigned long long)sh->udf_hops, ROUNDS * CALLS + 2000);
+           (unsigned long long)sh->udf_hops, rounds * calls + warm);
     return 0;
 }
 
@@ -248,6 +252,8 @@ static int bench_udf(void)
 #define RING_MSGS 200000
 #define RING_BURST 32
 #define RING_WAIT_NS (30ll * 1000000000)
+static int pipe_calls = PIPE_CALLS;
+static uint64_t ring_msgs = RING_MSGS;
 
 static double pipe_cps;
 
@@ -259,7 +265,7 @@ static int ring_consume(sr_xport *x, uint64_t *bad)
     int64_t deadline = sr__now_ns() + RING_WAIT_NS;
     sr_msg m[RING_BURST];
     uint64_t next = 0;
-    while (next < RING_MSGS) {
+    while (next < ring_msgs) {
         unsigned k = sr__xport_recv_burst(x, m, RING_BURST);
         for (unsigned i = 0; i < k; i++, next++) {
             uint64_t v;
@@ -279,11 +285,11 @@ static int ring_worker(int rank, int world, void *arg)
     (void)arg;
     sr_xport *x = NULL;
     int rc = sr__xport_attach(NULL, &x);
-    for (int r = 0; !rc && r < ROUNDS; r++) {
+    for (int r = 0; !rc && r < rounds; r++) {
         rc = bench_barrier_wait(&sh->bar, 2, RING_WAIT_NS);
         if (!rc && rank == 1) {
             sr_msg m = {.type = 0};
-            for (uint64_t i = 0; i < RING_MSGS && !rc; i++) {
+            for (uint64_t i = 0; i < ring_msgs && !rc; i++) {
                 memcpy(m.data, &i, sizeof(i));
                 rc = sr__xport_send_wait(x, 0, &m, sr__now_ns() + RING_WAIT_NS);
             }
@@ -294,7 +300,7 @@ static int ring_worker(int rank, int world, void *arg)
             t = bench_now_ns() - t;
             if (!rc && bad)
                 rc = -EBADMSG;
-            sh->ring_ns[sh->ring_rounds++] = (double)t / RING_MSGS;
+            sh->ring_ns[sh->ring_rounds++] = (double)t / ring_msgs;
         }
     }
     if (!rc)
@@ -328,7 +334,7 @@ static int run_pipeline(int rank, int world, void *arg)
     if (rank == 0) {
         static sr_future *win[WINDOW];
         int64_t t0 = bench_now_ns();
-        for (int i = 0; i < PIPE_CALLS && !rc; i++) {
+        for (int i = 0; i < pipe_calls && !rc; i++) {
             sr_future **slot = &win[i % WINDOW];
             if (*slot) {
                 rc = sr_future_wait(*slot, NULL);
@@ -342,7 +348,7 @@ static int run_pipeline(int rank, int world, void *arg)
                 rc |= sr_future_wait(win[i], NULL);
                 sr_future_unref(win[i]);
             }
-        pipe_cps = PIPE_CALLS / ((double)(bench_now_ns() - t0) / 1e9);
+        pipe_cps = pipe_calls / ((double)(bench_now_ns() - t0) / 1e9);
         const bench_torch_fig *f = bench_torch_get(&pt, "pipeline");
         char vs[320];
         if (f && f->per_s > 0)
@@ -352,12 +358,12 @@ static int run_pipeline(int rank, int world, void *arg)
         double ring = ring_median_ns(), per_call = 1e9 / pipe_cps;
         printf("rpc_async noop pipelined | %d calls, window %d | %.0f calls/s | target >= 1000000 (%s) | %s"
                " | %.1f ns/call, ring %.1f ns/msg in this run: %.2fx\n",
-               PIPE_CALLS, WINDOW, pipe_cps, pipe_cps >= 1e6 ? "met" : "NOT met", vs, per_call, ring,
+               pipe_calls, WINDOW, pipe_cps, bench_verdict(pipe_cps >= 1e6), vs, per_call, ring,
                ring > 0 ? per_call / ring : 0);
         fflush(stdout);
         bench_rec r;
         bench_rec_begin(&r, "rpc_async noop pipelined");
-        bench_rec_num(&r, "calls", PIPE_CALLS);
+        bench_rec_num(&r, "calls", pipe_calls);
         bench_rec_num(&r, "window", WINDOW);
         bench_rec_num(&r, "per_s", pipe_cps);
         bench_rec_num(&r, "target_per_s", 1e6);
@@ -380,6 +386,7 @@ static int run_pipeline(int rank, int world, void *arg)
 #define SELF_BATCH 256
 #define SELF_BATCHES 800
 #define SELF_WINDOW 64
+static int self_batches = SELF_BATCHES;
 
 /* This thread's CPU time: a batch preempted by other work on the machine
  * does not count the time it was off the CPU. */
@@ -427,21 +434,21 @@ static int run_self(int rank, int world, void *arg)
     if (sr_init(NULL))
         return 1;
     int rc = 0;
-    for (int b = 0; b < SELF_BATCHES / 4 && !rc; b++) /* warm-up */
+    for (int b = 0; b < self_batches / 4 && !rc; b++) /* warm-up */
         rc = self_sync_batch(rank, &sync_ns[0]) || self_async_batch(rank, &async_ns[0]);
-    for (int b = 0; b < SELF_BATCHES && !rc; b++) /* interleaved, so both see the same load */
+    for (int b = 0; b < self_batches && !rc; b++) /* interleaved, so both see the same load */
         rc = self_sync_batch(rank, &sync_ns[b]) || self_async_batch(rank, &async_ns[b]);
     sr_shutdown(true, 60);
     if (rc)
         return fprintf(stderr, "bench_rpc self: %s\n", sr_last_error()), 1;
-    bench_lat s = bench_lat_of(sync_ns, SELF_BATCHES), a = bench_lat_of(async_ns, SELF_BATCHES);
+    bench_lat s = bench_lat_of(sync_ns, self_batches), a = bench_lat_of(async_ns, self_batches);
     /* bench_lat_of sorted the batches: [SELF_BATCHES / 10] is the p10, the
      * least disturbed by other work on the machine (its cache misses, steal) */
     printf("rpc_sync noop self  | one thread, both sides of each call | %.1f ns/call of CPU time (median of %d batches "
-           "of %d; p10 %.1f p99 %.1f)\n", (double)s.p50 / SELF_BATCH, SELF_BATCHES, SELF_BATCH,
-           (double)sync_ns[SELF_BATCHES / 10] / SELF_BATCH, (double)s.p99 / SELF_BATCH);
+           "of %d; p10 %.1f p99 %.1f)\n", (double)s.p50 / SELF_BATCH, self_batches, SELF_BATCH,
+           (double)sync_ns[self_batches / 10] / SELF_BATCH, (double)s.p99 / SELF_BATCH);
     printf("rpc_async noop self | one thread, windows of %d           | %.1f ns/call of CPU time (p10 %.1f p99 %.1f)\n",
-           SELF_WINDOW, (double)a.p50 / SELF_BATCH, (double)async_ns[SELF_BATCHES / 10] / SELF_BATCH,
+           SELF_WINDOW, (double)a.p50 / SELF_BATCH, (double)async_ns[self_batches / 10] / SELF_BATCH,
            (double)a.p99 / SELF_BATCH);
     bench_rec r;
     bench_rec_begin(&r, "rpc noop self");
@@ -460,6 +467,7 @@ static int run_self(int rank, int world, void *arg)
 #define FANIN_MAX 8
 #define FANIN_WINDOW_NS (400ll * 1000000)
 #define FANIN_SAMPLES 200000
+static int64_t fanin_window_ns = FANIN_WINDOW_NS;
 
 struct fanin_caller {
     uint64_t calls, wakes, sleeps; /* wakes: doorbells this caller rang (the callee asleep) */
@@ -480,7 +488,7 @@ static int run_fanin(int rank, int world, void *arg)
         bench_barrier_wait(fan_bar, (uint32_t)(world - 1), 60ll * 1000000000);
         sr_debug_info d0 = {0}, d1 = {0};
         sr_debug_info_get(&d0);
-        int64_t t0 = bench_now_ns(), end = t0 + FANIN_WINDOW_NS, t = t0;
+        int64_t t0 = bench_now_ns(), end = t0 + fanin_window_ns, t = t0;
         uint64_t n = 0;
         while (t < end) {
             if (sr_rpc_sync(0, "noop", SR_NOARGS, 0, NULL))
@@ -502,11 +510,13 @@ static int run_fanin(int rank, int world, void *arg)
 
 static int bench_fanin(void)
 {
-    static const int ns[] = {1, 2, 4, 8};
+    static const int all[] = {1, 2, 4, 8}, smoke[] = {1, 4};
+    const int *ns = bench_smoke_on() ? smoke : all;
+    size_t runs = bench_smoke_on() ? sizeof(smoke) / sizeof(smoke[0]) : sizeof(all) / sizeof(all[0]);
     fan = bench_shared_alloc(sizeof(*fan) * (FANIN_MAX + 1));
     fan_bar = bench_shared_alloc(sizeof(*fan_bar));
     double one = 0;
-    for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++) {
+    for (size_t i = 0; i < runs; i++) {
         memset(fan, 0, sizeof(*fan) * (FANIN_MAX + 1));
         memset(fan_bar, 0, sizeof(*fan_bar));
         sr_spawn_opts o = {.name_prefix = "bench-fanin", .shm_size = (uint64_t)(ns[i] + 1) * (64u << 20)};
@@ -523,7 +533,7 @@ static int bench_fanin(void)
             p50 = fan[r].p50 > p50 ? fan[r].p50 : p50;
             p99 = fan[r].p99 > p99 ? fan[r].p99 : p99;
         }
-        double per_s = (double)total / ((double)FANIN_WINDOW_NS / 1e9);
+        double per_s = (double)total / ((double)fanin_window_ns / 1e9);
         if (ns[i] == 1)
             one = per_s;
         char key[32], vs[320];
@@ -532,7 +542,7 @@ static int bench_fanin(void)
                "calls in %.1f s | worst caller p50 %.2f us p99 %.2f us | per call: %.2f callee wakes, %.2f caller "
                "sleeps | %s\n",
                ns[i], per_s, one > 0 ? per_s / one : 0, (unsigned long long)lo, (unsigned long long)hi,
-               (double)FANIN_WINDOW_NS / 1e9, (double)p50 / 1e3, (double)p99 / 1e3,
+               (double)fanin_window_ns / 1e9, (double)p50 / 1e3, (double)p99 / 1e3,
                total ? (double)wakes / (double)total : 0, total ? (double)sleeps / (double)total : 0,
                bench_torch_vs(&pt, key, (double)p50, vs, sizeof(vs)));
         fflush(stdout);
@@ -555,6 +565,8 @@ static int bench_fanin(void)
 
 static const int64_t tensor_bytes[] = {4, 4 << 10, 1 << 20, 64 << 20, 256 << 20, 1ll << 30};
 #define NSIZES (int)(sizeof(tensor_bytes) / sizeof(tensor_bytes[0]))
+static int tensor_sizes = NSIZES; /* the first ones: all, or --smoke's 3 (up to 1 MiB) */
+static int tensor_reps = 1;       /* divides the calls per size: 1, or --smoke's 10 */
 
 struct tensor_result {
     bench_lat pass, add;
@@ -589,7 +601,7 @@ static int run_tensor(int rank, int world, void *arg)
      * back on the owner's poller (MADV_REMOVE, milliseconds per 64 MiB), which
      * would land inside the next size's echoes. */
     for (int pass = 0; rank == 0 && pass < 2; pass++)
-        for (int i = 0; i < NSIZES; i++) {
+        for (int i = 0; i < tensor_sizes; i++) {
             if (pass == 1 && tensor_bytes[i] > (256 << 20))
                 continue;
             int64_t n = tensor_bytes[i] / 4;
@@ -598,10 +610,10 @@ static int run_tensor(int rank, int world, void *arg)
                 return fprintf(stderr, "tensor of %lld bytes: %s\n", (long long)tensor_bytes[i], sr_last_error()), 1;
             sr_value *v = sr_value_from_tensor(t);
             if (pass == 0) {
-                time_call("echo", v, NULL, 10);
-                tres[i].pass = time_call("echo", v, NULL, tensor_bytes[i] >= (64 << 20) ? 20 : 200);
+                time_call("echo", v, NULL, 10 / tensor_reps);
+                tres[i].pass = time_call("echo", v, NULL, (tensor_bytes[i] >= (64 << 20) ? 20 : 200) / tensor_reps);
             } else {
-                tres[i].add = time_call("add", v, v, tensor_bytes[i] >= (64 << 20) ? 3 : 50);
+                tres[i].add = time_call("add", v, v, tensor_bytes[i] >= (64 << 20) ? 3 : 50 / tensor_reps);
             }
             sr_value_unref(v);
             sr_tensor_unref(t);
@@ -613,11 +625,11 @@ static int run_tensor(int rank, int world, void *arg)
 static int bench_tensor(void)
 {
     tres = bench_shared_alloc(sizeof(*tres) * NSIZES);
-    sr_spawn_opts o = {.name_prefix = "bench-tensor", .shm_size = 5ull << 30};
+    sr_spawn_opts o = {.name_prefix = "bench-tensor", .shm_size = tensor_sizes == NSIZES ? 5ull << 30 : 0};
     if (!tres || sr_spawn(2, run_tensor, NULL, &o))
         return fprintf(stderr, "bench_rpc tensor: %s\n", sr_last_error()), 1;
     double base = (double)tres[0].pass.p50;
-    for (int i = 0; i < NSIZES; i++) {
+    for (int i = 0; i < tensor_sizes; i++) {
         double gibs = bench_floor_memcpy_gibs((size_t)tensor_bytes[i], tensor_bytes[i] >= (256 << 20) ? 2 : 5);
         double memcpy_ns = (double)tensor_bytes[i] / (gibs * (1u << 30)) * 1e9;
         double ratio = (double)tres[i].pass.p50 / base;
@@ -668,6 +680,8 @@ static int work_fn(sr_call *c)
     return sr_call_return(c, sr_int(x));
 }
 
+static int exec_calls = 100; /* per caller thread; --smoke: 10 */
+
 struct exec_arg {
     int threads;
     double secs[4];
@@ -676,7 +690,7 @@ struct exec_arg {
 static void *exec_caller(void *p)
 {
     int rank = sr_rank(), world = sr_world_size();
-    for (int i = 0; i < 100; i++) {
+    for (int i = 0; i < exec_calls; i++) {
         sr_value *x = sr_int(i + (intptr_t)p), *v = NULL;
         if (sr_rpc_sync((rank + 1 + i) % world, "work", SR_ARGS(x), 0, &v) || sr_value_int(v) != i + (intptr_t)p)
             sh->errors++;
@@ -707,9 +721,12 @@ static int run_exec(int rank, int world, void *arg)
 
 static int bench_executors(void)
 {
-    static const int counts[] = {1, 2, 4, 8, 16};
+    static const int all[] = {1, 2, 4, 8, 16}, smoke[] = {1, 16};
+    const int *counts = bench_smoke_on() ? smoke : all;
+    size_t runs = bench_smoke_on() ? sizeof(smoke) / sizeof(smoke[0]) : sizeof(all) / sizeof(all[0]);
+    double calls_all = 4 * 8 * exec_calls;
     struct exec_arg *e = bench_shared_alloc(sizeof(*e));
-    for (size_t i = 0; e && i < sizeof(counts) / sizeof(counts[0]); i++) {
+    for (size_t i = 0; e && i < runs; i++) {
         e->threads = counts[i];
         sr_spawn_opts o = {.name_prefix = "bench-exec", .shm_size = 4u * (64u << 20)};
         if (sr_spawn(4, run_exec, e, &o))
@@ -717,13 +734,13 @@ static int bench_executors(void)
         double worst = 0;
         for (int r = 0; r < 4; r++)
             worst = e->secs[r] > worst ? e->secs[r] : worst;
-        printf("rpc_sync plain fn, 4 workers x 8 caller threads x 100 calls (1/4 block 1 ms) | %2d executors | "
-               "%.0f calls/s\n", counts[i], 3200 / worst);
+        printf("rpc_sync plain fn, 4 workers x 8 caller threads x %d calls (1/4 block 1 ms) | %2d executors | "
+               "%.0f calls/s\n", exec_calls, counts[i], calls_all / worst);
         fflush(stdout);
         bench_rec r;
         bench_rec_begin(&r, "rpc_sync plain fn, 4 workers x 8 caller threads, 1/4 block 1 ms");
         bench_rec_num(&r, "executors", counts[i]);
-        bench_rec_num(&r, "per_s", 3200 / worst);
+        bench_rec_num(&r, "per_s", calls_all / worst);
         bench_rec_emit(&r);
     }
     return 0;
@@ -734,15 +751,29 @@ static bench_cli cli = {
     .names = {"hot", "udf", "asleep", "pipeline", "self", "fanin", "tensor", "executors", "probes"},
     .flags = {"--no-torch"},
     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rpc.py, run first otherwise)",
+    .smoke_what = "1 round of 200 calls per workload, sizes up to 1 MiB, fewer callers and pools",
 };
+
+/* --smoke: every workload with tiny counts. */
+static void smoke_counts(void)
+{
+    rounds = 1, calls = 200, cl_n = 200, fx_n = 50, warm = 100;
+    pipe_calls = 4096, ring_msgs = 2000, self_batches = 8;
+    fanin_window_ns = 20ll * 1000000;
+    tensor_sizes = 3, tensor_reps = 10;
+    exec_calls = 10;
+    bench_probe_smoke();
+}
 
 static bool want(const char *what) { return bench_cli_wants(&cli, what); }
 
 int main(int argc, char **argv)
 {
-    if (argc == 2 && !strcmp(argv[1], "probe-one")) /* a child of "probes" */
-        return bench_probe_one();
+    if (argc >= 2 && !strcmp(argv[1], "probe-one")) /* a child of "probes" */
+        return bench_probe_one(argc == 3 && !strcmp(argv[2], "--smoke"));
     bench_cli_parse(&cli, argc, argv);
+    if (cli.smoke)
+        smoke_counts();
     sh = bench_shared_alloc(sizeof(*sh));
     if (!sh)
         return 1;
@@ -756,9 +787,9 @@ int main(int argc, char **argv)
     }
     if (pt.measured)
         printf("# bench_rpc: %d rounds; PyTorch %s figures measured in this run (bench/compare/torch_rpc.py)\n",
-               ROUNDS, pt.version[0] ? pt.version : "?");
+               rounds, pt.version[0] ? pt.version : "?");
     else
-        printf("# bench_rpc: %d rounds; PyTorch not measured: %s\n", ROUNDS, pt.why[0] ? pt.why : "no workload needs it");
+        printf("# bench_rpc: %d rounds; PyTorch not measured: %s\n", rounds, pt.why[0] ? pt.why : "no workload needs it");
     int rc = bench_hot_and_asleep(want("hot"), want("asleep"));
     if (!rc && want("udf"))
         rc = bench_udf();

@@ -26,6 +26,8 @@
 #include "desc.h"
 
 enum { WARMUP = 20000, BATCH = 1000, BATCHES = 1000 };
+/* The counts, or --smoke's (main). */
+static int warmup = WARMUP, batch = BATCH, batches = BATCHES;
 
 static sr_tensor *x, *w, *w2, *t, *ma, *mb;
 
@@ -86,24 +88,25 @@ static void op_mm(void)
     sr_tensor_unref(y);
 }
 
-/* scale: batches of BATCH / scale ops and WARMUP / scale warm-up ops (a slow op) */
+/* scale: batches of batch / scale ops and warmup / scale warm-up ops (a slow op) */
 static void run_scaled(const char *name, void (*op)(void), int scale)
 {
     static double per_op[BATCHES];
-    for (int i = 0; i < WARMUP / scale; i++)
+    int per_batch = batch / scale > 0 ? batch / scale : 1;
+    for (int i = 0; i < warmup / scale; i++)
         op();
-    for (int b = 0; b < BATCHES; b++) {
+    for (int b = 0; b < batches; b++) {
         double t0 = now_ns();
-        for (int i = 0; i < BATCH / scale; i++)
+        for (int i = 0; i < per_batch; i++)
             op();
-        per_op[b] = (now_ns() - t0) / (BATCH / scale);
+        per_op[b] = (now_ns() - t0) / per_batch;
     }
-    qsort(per_op, BATCHES, sizeof(double), cmp_double);
-    printf("%-9s p50 %9.1f ns  p99 %9.1f ns\n", name, per_op[BATCHES / 2], per_op[BATCHES * 99 / 100]);
+    qsort(per_op, (size_t)batches, sizeof(double), cmp_double);
+    printf("%-9s p50 %9.1f ns  p99 %9.1f ns\n", name, per_op[batches / 2], per_op[batches * 99 / 100]);
     bench_rec r;
     bench_rec_begin(&r, name);
-    bench_rec_num(&r, "p50_ns", per_op[BATCHES / 2]);
-    bench_rec_num(&r, "p99_ns", per_op[BATCHES * 99 / 100]);
+    bench_rec_num(&r, "p50_ns", per_op[batches / 2]);
+    bench_rec_num(&r, "p99_ns", per_op[batches * 99 / 100]);
     bench_rec_emit(&r);
 }
 
@@ -111,8 +114,10 @@ static void run(const char *name, void (*op)(void)) { run_scaled(name, op, 1); }
 
 int main(int argc, char **argv)
 {
-    bench_cli cli = {.prog = "bench_tensor_write"};
+    bench_cli cli = {.prog = "bench_tensor_write", .smoke_what = "20 batches of 200 ops (mm: of 1)"};
     bench_cli_parse(&cli, argc, argv);
+    if (cli.smoke)
+        warmup = 200, batch = 200, batches = 20;
     sr_segment seg;
     sr_segment_opts o = {.world_size = 1, .size = sr__segment_fixed_size(1, 0) + (16u << 20),
                          .name = "bench_tensor_write"};

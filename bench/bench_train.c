@@ -66,6 +66,11 @@
 #define MAX_STEPS 1024 /* steps of one trainer: ceil(60000 / 64) = 938 */
 #define WAIT_NS (300ll * 1000000000)
 
+/* The counts, or --smoke's (main): a few batches per trainer, and figures
+ * that are not measurements. */
+static int rounds = ROUNDS, floor_steps = FLOOR_STEPS, pairs = PAIRS;
+static int64_t share_cap = INT64_MAX; /* samples of a trainer's share */
+
 static const int64_t SIZES[3] = {784, HIDDEN, 10};
 
 /* How the trainers' steps are ordered on the server. */
@@ -373,9 +378,9 @@ static void epoch_with_floor(struct trainer *t)
     if (sr_optim_create(SR_OPTIM_SGD, &oo, p, np, &lo))
         FAIL("floor optimizer");
     int64_t n = nsteps(t), done = 0, train_ns = 0;
-    for (int r = 0; r < ROUNDS; r++) {
-        int64_t end = n * (r + 1) / ROUNDS, k = 0;
-        for (int i = 0; i < FLOOR_STEPS + (r == 0 ? 10 : 0); i++) { /* round 0 warms up first */
+    for (int r = 0; r < rounds; r++) {
+        int64_t end = n * (r + 1) / rounds, k = 0;
+        for (int i = 0; i < floor_steps + (r == 0 ? 10 : 0); i++) { /* round 0 warms up first */
             sr_tensor *x, *y;
             make_batch(t, done + i % (end - done), &x, &y);
             int64_t t0 = bench_now_ns();
@@ -444,6 +449,7 @@ static int run_trainer(int rank, int world)
         FAIL("permutation");
     t.first = (rank - 1) * total / t.ntrainers;
     t.count = rank * total / t.ntrainers - t.first;
+    t.count = t.count < share_cap ? t.count : share_cap;
     bench_barrier_wait(&sh->all, (uint32_t)world, WAIT_NS);
     sr_value *pl = NULL;
     if (sr_rpc_sync(0, "ps.params", SR_NOARGS, 0, &pl) || sr_value_list_len(pl) != 4)
@@ -524,6 +530,14 @@ static void cpu_note(char *buf, size_t n, int ntrainers, double wall_s)
     snprintf(buf, n, " | CPU: server %.2f cores, trainers %.2f", sh->cpu_s[0] / wall_s, tr / wall_s);
 }
 
+/* The samples one epoch of ntrainers trains on: the whole set, or their
+ * shares as --smoke cut them. */
+static double epoch_samples(int ntrainers)
+{
+    int64_t n = sr_dataset_size(train_set);
+    return share_cap < n / ntrainers ? (double)share_cap * ntrainers : (double)n;
+}
+
 /* samples/s of a multi-trainer job, its slowest trainer's step p50 */
 static double job_sps(int ntrainers, int64_t *p50)
 {
@@ -534,7 +548,7 @@ static double job_sps(int ntrainers, int64_t *p50)
         t1 = sh->end_ns[r] > t1 ? sh->end_ns[r] : t1;
         *p50 = sh->step_p50[r] > *p50 ? sh->step_p50[r] : *p50;
     }
-    return (double)sr_dataset_size(train_set) / ((double)(t1 - t0) / 1e9);
+    return epoch_samples(ntrainers) / ((double)(t1 - t0) / 1e9);
 }
 
 /* ---- PyTorch: bench/compare/torch_ps_fashion.py, run after ours ---- */
@@ -602,10 +616,7 @@ static void run_torch(struct torch_res *tr)
         snprintf(tr->why, sizeof(tr->why), "%s exited with status %d", TORCH_PS_SCRIPT, st);
 }
 
-static const char *verdict(bool met)
-{
-    return met ? "met" : "NOT met";
-}
+static const char *verdict(bool met) { return bench_verdict(met); }
 
 /* One JSON object (--json) for a line of the summary. */
 static void rec_train(const char *name, const char *config, double step_p50_ns, double ratio, double target,
@@ -629,9 +640,12 @@ int main(int argc, char **argv)
 {
     bench_cli cli = {.prog = "bench_train", .flags = {"--no-torch"}, .opts = {"--seed"},
                      .usage = "  --no-torch  skip PyTorch (bench/compare/torch_ps_fashion.py, run after ours)\n"
-                              "  --seed S    the data order and initial weights (default 1)"};
+                              "  --seed S    the data order and initial weights (default 1)",
+                     .smoke_what = "6 batches per trainer, 1 round"};
     bench_cli_parse(&cli, argc, argv);
-    bool torch = !cli.flag[0];
+    bool torch = !cli.flag[0] && !cli.smoke;
+    if (cli.smoke)
+        rounds = 2, floor_steps = 3, pairs = 1, share_cap = 6 * BATCH;
     if (cli.opt[0])
         seed = (uint64_t)bench_cli_int(&cli, "--seed", cli.opt[0], 0, INT64_MAX);
     sh = bench_shared_alloc(sizeof(*sh));
@@ -659,7 +673,7 @@ int main(int argc, char **argv)
     int failed = 0, n3 = 0;
     char first_error[sizeof(sh->error)] = "", cpu3[96] = "";
     int64_t p50_3 = 0;
-    for (int r = 0; r < PAIRS; r++) {
+    for (int r = 0; r < pairs; r++) {
         if (run_job(1, FREE)) {
             printf("train 1 trainer  | FAILED: %s\n", sh->error);
             return 1;
@@ -668,7 +682,7 @@ int main(int argc, char **argv)
         r_floor[r] = s.ratio50;
         fl50[r] = s.floor50;
         p50s1[r] = (double)sh->step_p50[1];
-        sps1s[r] = (double)sr_dataset_size(train_set) / sh->train_s;
+        sps1s[r] = epoch_samples(1) / sh->train_s;
         acc1 = sh->acc;
         loss1 = sh->last_loss[1];
         printf("  round %d: 1 trainer  | step p50 %.0f us p99 %.0f us | floor p50 %.0f us p99 %.0f us | ratio p50 %.2f | "
@@ -705,18 +719,18 @@ int main(int argc, char **argv)
         sps3s_[n3++] = sps;
         r_scale[r] = sps / sps1s[r];
         acc3 = sh->acc;
-        cpu_note(cpu3, sizeof(cpu3), MAX_TRAINERS, (double)sr_dataset_size(train_set) / sps);
+        cpu_note(cpu3, sizeof(cpu3), MAX_TRAINERS, epoch_samples(MAX_TRAINERS) / sps);
         printf("  round %d: 3 trainers | step p50 %.0f us (slowest trainer) | %.0f samples/s = %.2fx the 1 trainer "
                "before%s\n",
                r + 1, (double)p50_3 / 1e3, sps, r_scale[r], cpu3);
         fflush(stdout);
     }
-    double ratio1 = bench_median(r_floor, PAIRS), p50_1 = bench_median(p50s1, PAIRS);
-    double floor50 = bench_median(fl50, PAIRS), sps1 = bench_median(sps1s, PAIRS);
-    double scale = bench_median(r_scale, PAIRS), sps3 = n3 ? bench_median(sps3s_, (size_t)n3) : NAN;
+    double ratio1 = bench_median(r_floor, (size_t)pairs), p50_1 = bench_median(p50s1, (size_t)pairs);
+    double floor50 = bench_median(fl50, (size_t)pairs), sps1 = bench_median(sps1s, (size_t)pairs);
+    double scale = bench_median(r_scale, (size_t)pairs), sps3 = n3 ? bench_median(sps3s_, (size_t)n3) : NAN;
     printf("train 1 trainer  | step p50 %.0f us | floor local fwd+bwd+SGD, no RPC: p50 %.0f us | ratio p50 %.2f "
            "(median of %d rounds) | target p50 <= 1.3x %s | %.0f samples/s | test acc %.2f %% | loss %.3f\n",
-           p50_1 / 1e3, floor50 / 1e3, ratio1, PAIRS, verdict(ratio1 <= 1.3), sps1, acc1 * 100, loss1);
+           p50_1 / 1e3, floor50 / 1e3, ratio1, pairs, verdict(ratio1 <= 1.3), sps1, acc1 * 100, loss1);
     rec_train("train 1 trainer", "step vs floor local fwd+bwd+SGD, no RPC", p50_1, ratio1, 1.3, ratio1 <= 1.3, sps1,
               acc1);
     rec_train("train 3 trainers", "concurrent, no lock; ratio: samples/s vs 1 trainer", (double)p50_3, scale, 1.5,
@@ -740,7 +754,7 @@ int main(int argc, char **argv)
         sps3s = job_sps(MAX_TRAINERS, &p50_3s);
         acc3s = sh->acc;
         char cpu[96];
-        cpu_note(cpu, sizeof(cpu), MAX_TRAINERS, (double)sr_dataset_size(train_set) / sps3s);
+        cpu_note(cpu, sizeof(cpu), MAX_TRAINERS, epoch_samples(MAX_TRAINERS) / sps3s);
         printf("train 3 trainers | serialised by a lock on the server (informational) | step p50 %.0f us | %.0f "
                "samples/s = %.2fx 1 trainer | test acc %.2f %%%s\n",
                (double)p50_3s / 1e3, sps3s, sps3s / sps1, acc3s * 100, cpu);
@@ -753,7 +767,7 @@ int main(int argc, char **argv)
     if (torch)
         run_torch(&tr);
     else
-        snprintf(tr.why, sizeof(tr.why), "--no-torch");
+        snprintf(tr.why, sizeof(tr.why), "%s", cli.smoke ? "--smoke" : "--no-torch");
     if (!tr.ran) {
         printf("PyTorch: not measured (%s); ours only\n", tr.why);
         bench_rec r;

@@ -90,6 +90,8 @@ typedef struct bench_cli {
     const char *flags[BENCH_MAX_OPTS + 1];  /* in: extra flags (e.g. "--no-torch"), NULL-terminated */
     const char *opts[BENCH_MAX_OPTS + 1];   /* in: extra options taking a value (e.g. "--seed") */
     const char *usage;                      /* in: what follows the usage line (NAMEs, options), or NULL */
+    const char *smoke_what;                 /* in: what --smoke shrinks, or NULL: the bench takes no --smoke */
+    bool smoke;                             /* out: --smoke given (bench_smoke_on) */
     bool json;                              /* out: --json given */
     bool any_name;                          /* out: at least one NAME given */
     bool named[BENCH_MAX_NAMES];            /* out: names[i] given */
@@ -98,8 +100,19 @@ typedef struct bench_cli {
 } bench_cli;
 
 /* Parses argv into c (exits 2 on an unknown argument, 0 after --help) and,
- * with --json, moves the human-readable output to stderr. */
+ * with --json, moves the human-readable output to stderr. With --smoke
+ * (benches that set smoke_what), prints a line saying that the figures to
+ * come are not measurements. */
 void bench_cli_parse(bench_cli *c, int argc, char **argv);
+
+/* --smoke: the quick run of the smoke tests (meson test --suite bench,
+ * bench/smoke.py). Every workload runs with tiny counts and its checks,
+ * PyTorch is not run (bench_torch_run says "--smoke") and no target is
+ * judged (bench_print prints no verdict): the figures are not measurements. */
+bool bench_smoke_on(void);
+/* A target's verdict for a bench's own line: "met", "NOT met", or under
+ * --smoke "not judged (--smoke)". */
+const char *bench_verdict(bool met);
 
 /* Whether workload `name` runs: named on the command line, or no name given. */
 bool bench_cli_wants(const bench_cli *c, const char *name);

@@ -29,6 +29,14 @@
 #define P_CALLS 10000
 #define P_MODES 3 /* off, stats, trace */
 
+/* The counts, or --smoke's (bench_probe_smoke, bench_probe_one). */
+static int p_rounds = P_ROUNDS, p_calls = P_CALLS, p_warm = 2000;
+static bool p_smoke;
+
+static void smoke_counts(void) { p_rounds = 1, p_calls = 100, p_warm = 100, p_smoke = true; }
+
+void bench_probe_smoke(void) { smoke_counts(); }
+
 static const uint32_t mode_mask[P_MODES] = {0, SR_PROBE_STATS, SR_PROBE_TRACE};
 static const char *const mode_name[P_MODES] = {"off", "stats on", "trace on"};
 
@@ -55,13 +63,13 @@ static int set_both(uint32_t m)
 
 static int64_t time_hot(int64_t *lat)
 {
-    for (int i = 0; i < P_CALLS; i++) {
+    for (int i = 0; i < p_calls; i++) {
         int64_t t0 = bench_now_ns();
         if (sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL))
             ps->errors++;
         lat[i] = bench_now_ns() - t0;
     }
-    return bench_lat_of(lat, P_CALLS).p50;
+    return bench_lat_of(lat, (size_t)p_calls).p50;
 }
 
 static int run_one(int rank, int world, void *arg)
@@ -71,7 +79,7 @@ static int run_one(int rank, int world, void *arg)
     sr_register("set_probes", set_probes);
     if (sr_init(NULL))
         return 1;
-    for (int i = 0; rank == 0 && i < 2000; i++) /* warm up */
+    for (int i = 0; rank == 0 && i < p_warm; i++) /* warm up */
         sr_rpc_sync(1, "noop", SR_NOARGS, 0, NULL);
     for (int s = 0; rank == 0 && s < P_SUBS; s++)
         for (int m = 0; m < P_MODES; m++) {
@@ -85,8 +93,10 @@ static int run_one(int rank, int world, void *arg)
     return 0;
 }
 
-int bench_probe_one(void)
+int bench_probe_one(bool smoke)
 {
+    if (smoke)
+        smoke_counts();
     ps = bench_shared_alloc(sizeof(*ps));
     sr_spawn_opts o = {.name_prefix = "bench-probes", .shm_size = 512u << 20};
     if (!ps || sr_spawn(2, run_one, NULL, &o))
@@ -113,7 +123,7 @@ static int child(const char *bin, double out[P_MODES])
         dup2(p[1], 1);
         close(p[0]);
         close(p[1]);
-        execl(bin, bin, "probe-one", (char *)NULL);
+        execl(bin, bin, "probe-one", p_smoke ? "--smoke" : NULL, (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -147,29 +157,29 @@ static void line(const char *config, double ours, double ref, const char *ref_na
 int bench_probe_cost(const char *self)
 {
     double in[P_ROUNDS][P_MODES], out[P_ROUNDS][P_MODES];
-    for (int r = 0; r < P_ROUNDS; r++) {
+    for (int r = 0; r < p_rounds; r++) {
         bool out_first = r % 2 == 0;
         if (child(out_first ? BENCH_NOPROBE_BIN : self, out_first ? out[r] : in[r]) ||
             child(out_first ? self : BENCH_NOPROBE_BIN, out_first ? in[r] : out[r]))
             return fprintf(stderr, "bench_rpc probes: a child failed (%s, %s)\n", self, BENCH_NOPROBE_BIN), 1;
     }
     double v[P_MODES + 1][P_ROUNDS], ratio[P_MODES][P_ROUNDS];
-    for (int r = 0; r < P_ROUNDS; r++) {
+    for (int r = 0; r < p_rounds; r++) {
         v[0][r] = out[r][0];
         for (int m = 0; m < P_MODES; m++) {
             v[m + 1][r] = in[r][m];
             ratio[m][r] = in[r][m] / (m ? in[r][0] : out[r][0]);
         }
     }
-    double base = bench_median(v[0], P_ROUNDS), off = bench_median(v[1], P_ROUNDS);
-    double r_off = bench_median(ratio[0], P_ROUNDS);
+    double base = bench_median(v[0], (size_t)p_rounds), off = bench_median(v[1], (size_t)p_rounds);
+    double r_off = bench_median(ratio[0], (size_t)p_rounds);
     char target[64];
-    snprintf(target, sizeof(target), " | target <= 1.02 (%s)", r_off <= 1.02 ? "met" : "NOT met");
+    snprintf(target, sizeof(target), " | target <= 1.02 (%s)", bench_verdict(r_off <= 1.02));
     line("probes compiled in, off", off, base, "compiled out", r_off, target);
     for (int m = 1; m < P_MODES; m++) {
         char config[64];
         snprintf(config, sizeof(config), "probes %s (both workers)", mode_name[m]);
-        line(config, bench_median(v[m + 1], P_ROUNDS), off, "probes off", bench_median(ratio[m], P_ROUNDS), "");
+        line(config, bench_median(v[m + 1], (size_t)p_rounds), off, "probes off", bench_median(ratio[m], (size_t)p_rounds), "");
     }
     fflush(stdout);
     return 0;
