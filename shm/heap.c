@@ -107,6 +107,7 @@ static struct heap {
     uint32_t tc_bytes[TC_BINS + 1];  /* what jemalloc counts allocated for one of them */
     uint32_t tc_depth[TC_BINS + 1];  /* blocks the bin keeps at most */
     uint64_t tc_large_max;        /* bytes a thread's large slots hold at most */
+    uint64_t hdr_cls;             /* what jemalloc counts for a split block's header */
 } heap = {.rank = -1, .area_idx = -1};
 
 /* ---- the thread cache ----
@@ -166,6 +167,12 @@ struct tcache {
      * owner, area, layout and data offset as every other, so the word
      * depends on its size alone. UINT64_MAX: none yet. */
     uint64_t memo_size[TC_BINS + 1], memo_check[TC_BINS + 1];
+    /* The shape of the last size above the bins this thread met (large_shape);
+     * n = UINT64_MAX: none yet. */
+    struct tc_shape {
+        uint64_t n, cls, bytes;
+        uint32_t layout;
+    } shape;
     struct tc_pair slot[TC_BINS + 1][TC_DEPTH];
     struct tc_slot large[TC_LARGE_SLOTS]; /* oldest first */
     unsigned nlarge;
@@ -369,6 +376,7 @@ static bool tc_ready(void)
     pthread_mutex_unlock(&tc_lock);
     for (unsigned j = 0; j <= TC_BINS; j++)
         t->memo_size[j] = UINT64_MAX;
+    t->shape.n = UINT64_MAX;
     tc = t;
     tc_gen = heap.gen;
     return true;
@@ -407,6 +415,7 @@ static void tc_setup(void)
 {
     unsigned nb = 0;
     size_t hdr_cls = nallocx(sizeof(sr_block), ARENA_FLAGS);
+    heap.hdr_cls = hdr_cls;
     for (unsigned k = 0; k < TC_K; k++) {
         size_t cls;
         enum block_layout l = layout_for((size_t)k * BLOCK_ALIGN, &cls);
@@ -510,13 +519,32 @@ static sr_block *tc_pop(size_t nbytes, unsigned j, enum block_layout layout, siz
     return init_header(p.b, p.data, nbytes, heap.rank, layout);
 }
 
+/* The layout of a block of nbytes (above TC_SMALL_MAX), the size class of
+ * its data (inline: with the header) in *cls and what jemalloc counts for
+ * it in *bytes: layout_for, kept for the last size this thread met (two
+ * nallocx calls cost a few hundred instructions). */
+static enum block_layout large_shape(size_t nbytes, size_t *cls, uint64_t *bytes)
+{
+    bool mine = tc_mine();
+    if (mine && tc->shape.n == nbytes) {
+        *cls = tc->shape.cls, *bytes = tc->shape.bytes;
+        return (enum block_layout)tc->shape.layout;
+    }
+    enum block_layout l = layout_for(nbytes, cls);
+    *bytes = l == LAYOUT_SPLIT ? *cls + heap.hdr_cls : *cls;
+    if (mine)
+        tc->shape = (struct tc_shape){.n = nbytes, .cls = *cls, .bytes = *bytes, .layout = l};
+    return l;
+}
+
 /* Keep a large block (above TC_SMALL_MAX) in this thread's slots, the
  * oldest going back to the arena to make room; false if it is too big. */
 static bool tc_push_large(sr_block *b, const struct hdr *h, void *data)
 {
-    size_t cls = nallocx(h->layout == LAYOUT_SPLIT ? h->size : sizeof(sr_block) + h->size, ARENA_FLAGS);
-    uint64_t bytes = h->layout == LAYOUT_SPLIT ? cls + nallocx(sizeof(sr_block), ARENA_FLAGS) : cls;
-    if (bytes > heap.tc_large_max || !tc_ready())
+    size_t cls;
+    uint64_t bytes;
+    if (!tc_ready() || large_shape(h->size, &cls, &bytes) != (enum block_layout)h->layout ||
+        bytes > heap.tc_large_max)
         return false;
     while (tc->nlarge == TC_LARGE_SLOTS || tc->large_bytes + bytes > heap.tc_large_max) {
         struct tc_slot old = tc->large[0];
@@ -1187,8 +1215,11 @@ static __attribute__((noinline)) sr_block *shared_alloc(size_t nbytes)
     if (atomic_load_explicit(heap.free_head, memory_order_relaxed))
         sr__heap_drain(); /* peers gave blocks back */
     size_t cls = 0;
+    uint64_t bytes;
     unsigned j = tc_bin_of(nbytes); /* small: the bin says the layout */
-    enum block_layout layout = j ? (enum block_layout)heap.tc_layout[j] : layout_for(nbytes, &cls);
+    enum block_layout layout = j                         ? (enum block_layout)heap.tc_layout[j]
+                               : nbytes <= TC_SMALL_MAX ? layout_for(nbytes, &cls)
+                                                        : large_shape(nbytes, &cls, &bytes);
     sr_block *b = tc_pop(nbytes, j, layout, cls);
     if (b)
         return b;
