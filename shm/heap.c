@@ -131,6 +131,13 @@ static struct heap {
  * slow mallocx path and must be destroyed, on every thread, before the
  * arena.
  *
+ * The short path (tc_pop_small, tc_push_own) serves the bins before
+ * anything else is looked at. The free checks the header as the long way
+ * does (block_fault_at), but an inline block's check word depends on its
+ * size alone (owner, area, layout and data offset are the same for all of
+ * ours), so each bin keeps the last size's word per thread: a header whose
+ * fields equal it passes without hashing, and the pop writes it.
+ *
  * A cached block is dead: magic BLOCK_FREED, so its offset fails
  * sr__block_from_off. Its header and data pointers are kept here, not read
  * back from the (shared) header, so a peer scribbling on a cached block
