@@ -107,6 +107,7 @@ static struct heap {
     uint32_t tc_bytes[TC_BINS + 1];  /* what jemalloc counts allocated for one of them */
     uint32_t tc_depth[TC_BINS + 1];  /* blocks the bin keeps at most */
     uint64_t tc_large_max;        /* bytes a thread's large slots hold at most */
+    uint64_t hdr_cls;             /* what jemalloc counts for a split block's header */
 } heap = {.rank = -1, .area_idx = -1};
 
 /* ---- the thread cache ----
@@ -129,6 +130,13 @@ static struct heap {
  * locks (130 ns to 1 us a pair); an explicit one (tcache.create) costs a
  * slow mallocx path and must be destroyed, on every thread, before the
  * arena.
+ *
+ * The short path (tc_pop_small, tc_push_own) serves the bins before
+ * anything else is looked at. The free checks the header as the long way
+ * does (block_fault_at), but an inline block's check word depends on its
+ * size alone (owner, area, layout and data offset are the same for all of
+ * ours), so each bin keeps the last size's word per thread: a header whose
+ * fields equal it passes without hashing, and the pop writes it.
  *
  * A cached block is dead: magic BLOCK_FREED, so its offset fails
  * sr__block_from_off. Its header and data pointers are kept here, not read
@@ -161,6 +169,17 @@ struct tcache {
     _Atomic uint64_t allocs, local_frees, cached_bytes; /* written by the owning thread only */
     struct tcache *next;                                /* tc_all list; under tc_lock */
     unsigned n[TC_BINS + 1];
+    /* Per inline bin, the last size whose header this thread checked or
+     * made, and its check word: an inline block of ours has the same
+     * owner, area, layout and data offset as every other, so the word
+     * depends on its size alone. UINT64_MAX: none yet. */
+    uint64_t memo_size[TC_BINS + 1], memo_check[TC_BINS + 1];
+    /* The shape of the last size above the bins this thread met (large_shape);
+     * n = UINT64_MAX: none yet. */
+    struct tc_shape {
+        uint64_t n, cls, bytes;
+        uint32_t layout;
+    } shape;
     struct tc_pair slot[TC_BINS + 1][TC_DEPTH];
     struct tc_slot large[TC_LARGE_SLOTS]; /* oldest first */
     unsigned nlarge;
@@ -244,20 +263,15 @@ static struct hdr hdr_read(const sr_block *b)
                         .delta = v->data_delta, .check = v->check};
 }
 
-/* data == NULL: LAYOUT_INLINE, the data follows the header. owner < 0: a
- * private block (area -1), else ours (heap.rank, heap.area_idx). */
-static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
+/* Write the header h (its check word made) at b, live with one reference. */
+static inline sr_block *header_write(sr_block *b, const struct hdr *h)
 {
-    sr_block *b = p;
-    int area = owner < 0 ? -1 : heap.area_idx;
-    struct hdr h = {.size = nbytes, .owner = owner, .area = area, .layout = layout,
-                    .delta = data ? (char *)data - (char *)p : (int64_t)sizeof(*b)};
-    b->area = area;
-    b->data_delta = h.delta;
-    b->layout = layout;
-    b->size = nbytes;
-    b->owner = owner;
-    b->check = header_check(&h);
+    b->area = h->area;
+    b->data_delta = h->delta;
+    b->layout = h->layout;
+    b->size = h->size;
+    b->owner = h->owner;
+    b->check = h->check;
     b->magic = BLOCK_MAGIC;
     /* relaxed (both): published with the header by the ring (P1/C1) or,
      * on the owner's threads, by the arena's hand-off. Atomic stores, not
@@ -267,6 +281,25 @@ static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum
     atomic_store_explicit(&b->refcount, 1, memory_order_relaxed);
     atomic_store_explicit(&b->next_free, 0, memory_order_relaxed);
     return b;
+}
+
+/* The header of an inline block of ours (LAYOUT_INLINE) of nbytes, all
+ * but its check word. */
+static inline struct hdr own_inline_hdr(size_t nbytes)
+{
+    return (struct hdr){.size = nbytes, .owner = heap.rank, .area = heap.area_idx, .layout = LAYOUT_INLINE,
+                        .delta = (int64_t)sizeof(sr_block)};
+}
+
+/* data == NULL: LAYOUT_INLINE, the data follows the header. owner < 0: a
+ * private block (area -1), else ours (heap.rank, heap.area_idx). */
+static sr_block *init_header(void *p, void *data, size_t nbytes, int owner, enum block_layout layout)
+{
+    int area = owner < 0 ? -1 : heap.area_idx;
+    struct hdr h = {.size = nbytes, .owner = owner, .area = area, .layout = layout,
+                    .delta = data ? (char *)data - (char *)p : (int64_t)sizeof(sr_block)};
+    h.check = header_check(&h);
+    return header_write(p, &h);
 }
 
 /* ---- the thread cache (see struct tcache) ---- */
@@ -348,6 +381,9 @@ static bool tc_ready(void)
     t->next = tc_all;
     tc_all = t;
     pthread_mutex_unlock(&tc_lock);
+    for (unsigned j = 0; j <= TC_BINS; j++)
+        t->memo_size[j] = UINT64_MAX;
+    t->shape.n = UINT64_MAX;
     tc = t;
     tc_gen = heap.gen;
     return true;
@@ -386,6 +422,7 @@ static void tc_setup(void)
 {
     unsigned nb = 0;
     size_t hdr_cls = nallocx(sizeof(sr_block), ARENA_FLAGS);
+    heap.hdr_cls = hdr_cls;
     for (unsigned k = 0; k < TC_K; k++) {
         size_t cls;
         enum block_layout l = layout_for((size_t)k * BLOCK_ALIGN, &cls);
@@ -432,6 +469,45 @@ static void tc_large_remove(struct tc_slot *s)
     tc->nlarge--;
 }
 
+/* The check word of an inline block of ours of nbytes in bin j of cache t:
+ * the bin's memo, made anew when the size changed. */
+static inline uint64_t tc_inline_check(struct tcache *t, unsigned j, size_t nbytes)
+{
+    if (t->memo_size[j] != nbytes) {
+        struct hdr h = own_inline_hdr(nbytes);
+        t->memo_check[j] = header_check(&h);
+        t->memo_size[j] = nbytes;
+    }
+    return t->memo_check[j];
+}
+
+/* Pop a block of bin j (this thread's cache, not empty) for nbytes, its
+ * header made anew. */
+static inline sr_block *tc_pop_bin(size_t nbytes, unsigned j)
+{
+    struct tcache *t = tc;
+    struct tc_pair p = t->slot[j][--t->n[j]];
+    tc_bump(&t->cached_bytes, -(int64_t)heap.tc_bytes[j]);
+    tc_bump(&t->allocs, 1);
+    if (heap.tc_layout[j] != LAYOUT_INLINE)
+        return init_header(p.b, p.data, nbytes, heap.rank, (enum block_layout)heap.tc_layout[j]);
+    struct hdr h = own_inline_hdr(nbytes);
+    h.check = tc_inline_check(t, j, nbytes);
+    return header_write(p.b, &h);
+}
+
+/* The fast path of sr__block_alloc (attached, nbytes <= TC_SMALL_MAX): a
+ * block of this thread's bin, or NULL (shared_alloc then drains first,
+ * and goes to jemalloc). */
+static inline sr_block *tc_pop_small(size_t nbytes)
+{
+    /* relaxed: a hint, as in shared_alloc */
+    if (atomic_load_explicit(heap.free_head, memory_order_relaxed) || !tc_mine())
+        return NULL;
+    unsigned j = heap.tc_bin[(nbytes + BLOCK_ALIGN - 1) / BLOCK_ALIGN];
+    return j && tc->n[j] ? tc_pop_bin(nbytes, j) : NULL;
+}
+
 /* A cached block of the shape of nbytes (its bin j, or for larger blocks
  * its layout and size class), its header made anew; NULL if the thread has
  * none. */
@@ -439,30 +515,43 @@ static sr_block *tc_pop(size_t nbytes, unsigned j, enum block_layout layout, siz
 {
     if (!tc_mine() || layout == LAYOUT_HUGE)
         return NULL;
-    struct tc_pair p;
-    if (j) {
-        if (!tc->n[j])
-            return NULL;
-        p = tc->slot[j][--tc->n[j]];
-        tc_bump(&tc->cached_bytes, -(int64_t)heap.tc_bytes[j]);
-    } else {
-        struct tc_slot *f = tc_large_find(layout, cls);
-        if (!f)
-            return NULL;
-        p = (struct tc_pair){f->b, f->data};
-        tc_large_remove(f);
-    }
+    if (j)
+        return tc->n[j] ? tc_pop_bin(nbytes, j) : NULL;
+    struct tc_slot *f = tc_large_find(layout, cls);
+    if (!f)
+        return NULL;
+    struct tc_pair p = {f->b, f->data};
+    tc_large_remove(f);
     tc_bump(&tc->allocs, 1);
     return init_header(p.b, p.data, nbytes, heap.rank, layout);
+}
+
+/* The layout of a block of nbytes (above TC_SMALL_MAX), the size class of
+ * its data (inline: with the header) in *cls and what jemalloc counts for
+ * it in *bytes: layout_for, kept for the last size this thread met (two
+ * nallocx calls cost a few hundred instructions). */
+static enum block_layout large_shape(size_t nbytes, size_t *cls, uint64_t *bytes)
+{
+    bool mine = tc_mine();
+    if (mine && tc->shape.n == nbytes) {
+        *cls = tc->shape.cls, *bytes = tc->shape.bytes;
+        return (enum block_layout)tc->shape.layout;
+    }
+    enum block_layout l = layout_for(nbytes, cls);
+    *bytes = l == LAYOUT_SPLIT ? *cls + heap.hdr_cls : *cls;
+    if (mine)
+        tc->shape = (struct tc_shape){.n = nbytes, .cls = *cls, .bytes = *bytes, .layout = l};
+    return l;
 }
 
 /* Keep a large block (above TC_SMALL_MAX) in this thread's slots, the
  * oldest going back to the arena to make room; false if it is too big. */
 static bool tc_push_large(sr_block *b, const struct hdr *h, void *data)
 {
-    size_t cls = nallocx(h->layout == LAYOUT_SPLIT ? h->size : sizeof(sr_block) + h->size, ARENA_FLAGS);
-    uint64_t bytes = h->layout == LAYOUT_SPLIT ? cls + nallocx(sizeof(sr_block), ARENA_FLAGS) : cls;
-    if (bytes > heap.tc_large_max || !tc_ready())
+    size_t cls;
+    uint64_t bytes;
+    if (!tc_ready() || large_shape(h->size, &cls, &bytes) != (enum block_layout)h->layout ||
+        bytes > heap.tc_large_max)
         return false;
     while (tc->nlarge == TC_LARGE_SLOTS || tc->large_bytes + bytes > heap.tc_large_max) {
         struct tc_slot old = tc->large[0];
@@ -494,6 +583,57 @@ __attribute__((always_inline)) static inline bool tc_push(sr_block *b, const str
     }
     b->magic = BLOCK_FREED; /* a stale offset now fails sr__block_from_off */
     tc_bump(&tc->local_frees, 1);
+    return true;
+}
+
+/* An inline block inside our area's block part has room for TC_SMALL_MAX
+ * bytes of data before the area ends (the held table comes after it). */
+_Static_assert(SR_HEAP_HELD_BYTES >= sizeof(struct sr_block) + TC_SMALL_MAX, "inline bin blocks fit by position");
+
+/* The header of our block b (bin j; owner and area ours, the other fields
+ * as read) without the memo: its check word and data_fits; an inline
+ * one's word becomes the bin's memo. Fields in registers, not a struct:
+ * one built on the stack was read back wider than it was written, which
+ * stalled the store-to-load forwarding (4 KiB alloc+free 20% slower). */
+static __attribute__((noinline)) bool tc_own_header_ok(const sr_block *b, unsigned j, uint64_t size, uint32_t layout,
+                                                       int64_t delta, uint64_t check)
+{
+    struct hdr h = {.size = size, .owner = heap.rank, .area = heap.area_idx, .layout = layout, .delta = delta,
+                    .check = check};
+    uint64_t lo = sr__seg_off(&heap.seg, heap.area);
+    if (h.check != header_check(&h) || !data_fits(&h, sr__seg_off(&heap.seg, b), lo, lo + heap.heap_stride))
+        return false;
+    if (h.layout == LAYOUT_INLINE)
+        tc->memo_size[j] = h.size, tc->memo_check[j] = h.check;
+    return true;
+}
+
+/* Our block b (in our area: ours(b)), its last reference gone, into this
+ * thread's bin: the fast path of sr__block_unref. Its header is checked as
+ * block_fault_at does: for an inline block whose size is the bin's memo,
+ * by comparing its fields with the memo's (the word was made from the same
+ * values); else by its check word and data_fits. False: not done (no bin,
+ * a full one, no cache yet, or a header to look at closer); the caller
+ * takes the long way, which says what is wrong. */
+static inline bool tc_push_own(sr_block *b)
+{
+    struct hdr h = hdr_read(b);
+    if (h.size > TC_SMALL_MAX || !tc_mine())
+        return false;
+    struct tcache *t = tc;
+    unsigned j = heap.tc_bin[(h.size + BLOCK_ALIGN - 1) / BLOCK_ALIGN], n = t->n[j];
+    if (!j || heap.tc_layout[j] != h.layout || n >= heap.tc_depth[j] || h.owner != heap.rank ||
+        h.area != heap.area_idx)
+        return false;
+    bool inl = h.layout == LAYOUT_INLINE;
+    if (!(inl && h.size == t->memo_size[j] && h.check == t->memo_check[j] && h.delta == (int64_t)sizeof(sr_block)) &&
+        !tc_own_header_ok(b, j, h.size, h.layout, h.delta, h.check))
+        return false;
+    t->slot[j][n] = (struct tc_pair){b, inl ? NULL : (char *)b + h.delta};
+    t->n[j] = n + 1;
+    tc_bump(&t->cached_bytes, (int64_t)heap.tc_bytes[j]);
+    b->magic = BLOCK_FREED; /* a stale offset now fails sr__block_from_off */
+    tc_bump(&t->local_frees, 1);
     return true;
 }
 
@@ -1080,7 +1220,7 @@ static sr_block *try_alloc(size_t nbytes, enum block_layout layout)
     return init_header(p, data, nbytes, heap.rank, layout);
 }
 
-static sr_block *shared_alloc(size_t nbytes)
+static __attribute__((noinline)) sr_block *shared_alloc(size_t nbytes)
 {
     if (nbytes > heap.area_len - sizeof(sr_block))
         return shared_oom(nbytes);
@@ -1088,8 +1228,11 @@ static sr_block *shared_alloc(size_t nbytes)
     if (atomic_load_explicit(heap.free_head, memory_order_relaxed))
         sr__heap_drain(); /* peers gave blocks back */
     size_t cls = 0;
+    uint64_t bytes;
     unsigned j = tc_bin_of(nbytes); /* small: the bin says the layout */
-    enum block_layout layout = j ? (enum block_layout)heap.tc_layout[j] : layout_for(nbytes, &cls);
+    enum block_layout layout = j                         ? (enum block_layout)heap.tc_layout[j]
+                               : nbytes <= TC_SMALL_MAX ? layout_for(nbytes, &cls)
+                                                        : large_shape(nbytes, &cls, &bytes);
     sr_block *b = tc_pop(nbytes, j, layout, cls);
     if (b)
         return b;
@@ -1109,7 +1252,10 @@ static sr_block *shared_alloc(size_t nbytes)
 
 sr_block *sr__block_alloc(size_t nbytes)
 {
-    return heap.area ? shared_alloc(nbytes) : private_alloc(nbytes);
+    if (!heap.area)
+        return private_alloc(nbytes);
+    sr_block *b = nbytes <= TC_SMALL_MAX ? tc_pop_small(nbytes) : NULL;
+    return b ? b : shared_alloc(nbytes);
 }
 
 void *sr__block_data(const sr_block *b) { return (char *)b + b->data_delta; }
@@ -1314,41 +1460,33 @@ __attribute__((always_inline)) static inline void free_last(sr_block *b, const s
         remote_free(s, b, h->area, span);
 }
 
-void sr__block_unref(sr_block *b)
+static __attribute__((noreturn, cold)) void released_too_often(const sr_block *b)
 {
-    if (!b)
-        return;
-    /* This thread is done with b. When the last reference goes in another
-     * process, R1 runs through that process, and b's memory comes back to us
-     * by our remote-free list or in a later message (tsan.h). */
-    struct tsan_span span = tsan_span_of(b);
-    tsan_give(&span);
-    int a = ours(b) ? heap.area_idx : area_of(b);
-    bool other = a != heap.area_idx && counted(a);
-    if (other) /* the table first, foreign last: a death in between leaks (heap.c, "Who holds what") */
-        held_del(heap.held, sr__seg_off(&heap.seg, b));
-    /* acquire: R1 for a sole holder: pairs with the release decrements of
-     * every holder before us. Seeing 1, nobody else holds a reference, and
-     * only a holder can take one: the read-modify-write is not needed. */
+    sr_logf(SR_LOG_ERROR, "sr__block_unref: block of %llu bytes (owner %d) released more often than taken",
+            (unsigned long long)b->size, b->owner);
+    abort();
+}
+
+/* Drop one reference to b: the count before. acquire: R1 for a sole
+ * holder: pairs with the release decrements of every holder before us.
+ * Seeing 1, nobody else holds a reference, and only a holder can take
+ * one: the read-modify-write is not needed. */
+static inline uint32_t ref_drop(sr_block *b)
+{
     uint32_t old = atomic_load_explicit(&b->refcount, memory_order_acquire);
     if (old == 1)
         atomic_store_explicit(&b->refcount, 0, memory_order_relaxed); /* relaxed: nobody else reads it now */
     else /* acq_rel: R1, release our accesses; the last holder acquires everyone's */
         old = atomic_fetch_sub_explicit(&b->refcount, 1, memory_order_acq_rel);
-    if (old > 1) {
-        /* Once more, now that the decrement is made: it too comes before
-         * whoever gets another worker's memory back (for our own blocks the
-         * drain's acquire load of refcount covers it: check_block). */
-        tsan_give(&span);
-        if (other)
-            foreign_put(&heap.seg, a, 1);
-        return;
-    }
-    if (old == 0) {
-        sr_logf(SR_LOG_ERROR, "sr__block_unref: block of %llu bytes (owner %d) released more often than taken",
-                (unsigned long long)b->size, b->owner);
-        abort();
-    }
+    if (old == 0)
+        released_too_often(b);
+    return old;
+}
+
+/* The last reference to b (in area a; other: a reference we counted) went:
+ * check its header, then free it (free_last), or leak it if it is corrupt. */
+static __attribute__((noinline)) void unref_last(sr_block *b, int a, bool other, const struct tsan_span *span)
+{
     struct hdr h = hdr_read(b);
     int owner = h.owner;
     const char *why = block_fault_at(b, &h, a);
@@ -1362,10 +1500,51 @@ void sr__block_unref(sr_block *b)
         sr_logf(SR_LOG_WARN, "sr__block_unref: last reference to a block of worker %d dropped after "
                            "sr__heap_detach(); it is left to the segment", owner);
     else {
-        free_last(b, &h, &heap.seg, &span);
+        free_last(b, &h, &heap.seg, span);
         if (other) /* after the push: H3 */
             foreign_put(&heap.seg, a, 1);
     }
+}
+
+static void unref_other(sr_block *b, const struct tsan_span *span);
+
+void sr__block_unref(sr_block *b)
+{
+    if (!b)
+        return;
+    /* This thread is done with b. When the last reference goes in another
+     * process, R1 runs through that process, and b's memory comes back to us
+     * by our remote-free list or in a later message (tsan.h). */
+    struct tsan_span span = tsan_span_of(b);
+    tsan_give(&span);
+    if (!ours(b)) {
+        unref_other(b, &span);
+        return;
+    }
+    /* the owner's: nothing counted; the last one goes to this thread's bin if it can */
+    if (ref_drop(b) > 1)
+        tsan_give(&span); /* as in unref_other */
+    else if (!tc_push_own(b))
+        unref_last(b, heap.area_idx, false, &span);
+}
+
+/* sr__block_unref of a block in another area (or a private one). */
+static __attribute__((noinline)) void unref_other(sr_block *b, const struct tsan_span *span)
+{
+    int a = area_of(b);
+    bool other = a != heap.area_idx && counted(a);
+    if (other) /* the table first, foreign last: a death in between leaks (heap.c, "Who holds what") */
+        held_del(heap.held, sr__seg_off(&heap.seg, b));
+    if (ref_drop(b) > 1) {
+        /* Once more, now that the decrement is made: it too comes before
+         * whoever gets another worker's memory back (for our own blocks the
+         * drain's acquire load of refcount covers it: check_block). */
+        tsan_give(span);
+        if (other)
+            foreign_put(&heap.seg, a, 1);
+        return;
+    }
+    unref_last(b, a, other, span);
 }
 
 /* The dead owner of area a held n references to the block at off: drop

@@ -553,6 +553,8 @@ Test(heap, dirty_extents_stay_until_the_heap_is_pressed, .timeout = 60)
 /* Byte offsets of the block header's fields (struct sr_block in shm/heap.c). */
 #define HDR_OWNER 8
 #define HDR_DATA_DELTA 32
+#define HDR_LAYOUT 20
+#define HDR_CHECK 40
 
 static void poke32(sr_block *b, size_t at, int32_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
 static void poke64(sr_block *b, size_t at, int64_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
@@ -657,6 +659,76 @@ Test(heap, cached_small_block_is_dead_until_reused)
     cr_assert_eq(sr__block_size(c), 90);
     cr_assert_eq(sr__block_from_off(off), c, "%s", sr_last_error());
     sr__block_unref(c);
+    detach_single();
+}
+
+/* The thread's bins remember the check word of the last size they saw
+ * (an inline block's word depends on its size alone), and the free of an
+ * inline block compares its header with that memo instead of hashing it.
+ * A block reused for other sizes of its class carries a check word that
+ * fits each, every time, and the memo follows. */
+Test(heap, cached_block_reused_for_other_sizes_of_its_class_checks)
+{
+    attach_single(1, 16 * MiB);
+    static const size_t sizes[] = {100, 90, 90, 100, 65, 128, 100};
+    sr_block *first = NULL;
+    for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        sr_block *b = sr__block_alloc(sizes[i]);
+        cr_assert_not_null(b, "%s", sr_last_error());
+        if (!first)
+            first = b;
+        cr_assert_eq(b, first, "%zu bytes: the cached block of the 192-byte class was not reused", sizes[i]);
+        void *data;
+        size_t n;
+        cr_assert_eq(sr__block_check(b, &data, &n), 0, "%zu bytes after %zu: %s", sizes[i], i ? sizes[i - 1] : 0,
+                     sr_last_error());
+        cr_assert_eq(n, sizes[i]);
+        cr_assert_eq(sr__block_from_off(sr__block_to_off(b)), b, "%s", sr_last_error());
+        sr__block_unref(b);
+        cr_assert_null(sr__block_from_off(sr__block_to_off(b)), "%zu bytes: the block was not cached", sizes[i]);
+    }
+    cr_assert_eq(sr__heap_allocated(), 0);
+    detach_single();
+}
+
+/* A header scribbled on while the block was live is caught by the free
+ * whatever the bin's memo says: a size, a data offset or a check word that
+ * differ from the memo's go to the full check, which leaks the block and
+ * says why; the memo itself stays right for the next good block. */
+Test(heap, scribbled_header_is_caught_although_the_bin_remembers_its_size)
+{
+    attach_single(1, 16 * MiB);
+    sr__error_set_rank(0);
+    struct {
+        size_t at;
+        int64_t v;
+        bool wide;
+    } const bad[] = {
+        {0, 60, true},             /* size: another size of the same bin */
+        {HDR_DATA_DELTA, 128, true}, /* the data offset: still inside the area */
+        {HDR_CHECK, 12345, true},  /* the check word alone */
+        {HDR_LAYOUT, 1, false},    /* split */
+    };
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        sr_block *b = sr__block_alloc(64); /* the memo now holds 64 bytes' word */
+        cr_assert_not_null(b, "%s", sr_last_error());
+        sr__block_unref(b);
+        b = sr__block_alloc(64);
+        cr_assert_not_null(b, "%s", sr_last_error());
+        bad[i].wide ? poke64(b, bad[i].at, bad[i].v) : poke32(b, bad[i].at, (int32_t)bad[i].v);
+        sr__error_set_text("none yet");
+        sr__block_unref(b);
+        cr_assert(strstr(sr_last_error(), "worker0: sr__block_unref") && strstr(sr_last_error(), "leaked"),
+                  "header field at %zu set to %lld: the free took it (%s)", bad[i].at, (long long)bad[i].v,
+                  sr_last_error());
+        sr_block *c = sr__block_alloc(64);
+        cr_assert_not_null(c, "%s", sr_last_error());
+        cr_assert_neq(c, b, "the leaked block was handed out again");
+        void *data;
+        size_t n;
+        cr_assert_eq(sr__block_check(c, &data, &n), 0, "%s", sr_last_error());
+        sr__block_unref(c);
+    }
     detach_single();
 }
 
