@@ -470,10 +470,15 @@ static void entries_free(struct entries *e)
     }
 }
 
-/* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". */
+/* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". A stage
+ * without parameters (ReLU and pooling) has no optimizer and nothing to
+ * save. */
 static int add_stage_state(struct entries *e, int s)
 {
-    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1)), *out = NULL;
+    sr_rref *opt_s = sr_dist_optim_local_rref(M.optim, s + 1);
+    if (!opt_s)
+        return 0;
+    sr_value *o = sr_value_from_rref(opt_s), *out = NULL;
     int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), 0, &out);
     sr_value_unref(o);
     sr_value *names = rc ? NULL : sr_value_list_at(out, 0), *ts = rc ? NULL : sr_value_list_at(out, 1);
@@ -529,9 +534,12 @@ static int meta_expect(const sr_checkpoint *ck, const char *name, int64_t want)
 }
 
 /* Stage s's entries of the checkpoint: "param.*" (every stage takes its
- * own layers by name) and "optim.<s>.*" renamed "optim.*". */
+ * own layers by name) and "optim.<s>.*" renamed "optim.*". A stage without
+ * parameters has nothing to load. */
 static int load_stage(const sr_checkpoint *ck, int s)
 {
+    if (!sr_dist_optim_local_rref(M.optim, s + 1))
+        return 0;
     size_t cnt = sr_checkpoint_count(ck), k = 0;
     sr_value **nv = calloc(cnt + 1, sizeof(*nv)), **tv = calloc(cnt + 1, sizeof(*tv));
     char prefix[32];
