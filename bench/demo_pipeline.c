@@ -60,9 +60,16 @@
 #define CKPT_NAME "pipeline.ckpt"
 #define STAGE_TYPE "pp_stage"
 
-/* Layer ranges of each split: stage s runs layers [BOUNDS[S][s], BOUNDS[S][s + 1]). */
+/* Layer ranges of each split: stage s runs layers [BOUNDS[S][s], BOUNDS[S][s + 1]).
+ * Balanced by each range's forward + backward time (batch 64, one thread;
+ * docs/PERFORMANCE.md, "Pipeline parallelism: the baseline and the stage
+ * bounds"): the second convolution (layer 4) alone is about half of the
+ * step and cannot be cut, so it sets the slowest stage. With 2 stages the
+ * cut goes before it (layers 0..3 are about 40 % of the step, 4..9 60 %;
+ * after it, 0..4 would be 90 %); with 3 and 4 it has a stage of its own, and
+ * the layers before it are cut in two with 4. */
 static const int BOUNDS[MAX_STAGES + 1][MAX_STAGES + 1] = {
-    [1] = {0, NLAYERS}, [2] = {0, 4, NLAYERS}, [3] = {0, 4, 6, NLAYERS}, [4] = {0, 2, 4, 6, NLAYERS}};
+    [1] = {0, NLAYERS}, [2] = {0, 4, NLAYERS}, [3] = {0, 4, 5, NLAYERS}, [4] = {0, 2, 4, 5, NLAYERS}};
 
 static int model_create(uint64_t seed, sr_module **m)
 {
