@@ -36,7 +36,8 @@
  * --local trains the same model in this one process instead, without RPC
  * (run it without shmrun): the whole model, a local Adam, the batch in one
  * piece, the same data order and the same output. It is the baseline of a
- * step's overhead (bench/pipeline_compare.sh).
+ * step's overhead (bench/pipeline_compare.sh), so it is a one-worker job
+ * (sr_init) whose tensors come from the shared heap, as the stages' do.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -59,9 +60,16 @@
 #define CKPT_NAME "pipeline.ckpt"
 #define STAGE_TYPE "pp_stage"
 
-/* Layer ranges of each split: stage s runs layers [BOUNDS[S][s], BOUNDS[S][s + 1]). */
+/* Layer ranges of each split: stage s runs layers [BOUNDS[S][s], BOUNDS[S][s + 1]).
+ * Balanced by each range's forward + backward time (batch 64, one thread;
+ * docs/PERFORMANCE.md, "Pipeline parallelism: the baseline and the stage
+ * bounds"): the second convolution (layer 4) alone is about half of the
+ * step and cannot be cut, so it sets the slowest stage. With 2 stages the
+ * cut goes before it (layers 0..3 are about 40 % of the step, 4..9 60 %;
+ * after it, 0..4 would be 90 %); with 3 and 4 it has a stage of its own, and
+ * the layers before it are cut in two with 4. */
 static const int BOUNDS[MAX_STAGES + 1][MAX_STAGES + 1] = {
-    [1] = {0, NLAYERS}, [2] = {0, 4, NLAYERS}, [3] = {0, 4, 6, NLAYERS}, [4] = {0, 2, 4, 6, NLAYERS}};
+    [1] = {0, NLAYERS}, [2] = {0, 4, NLAYERS}, [3] = {0, 4, 5, NLAYERS}, [4] = {0, 2, 4, 5, NLAYERS}};
 
 static int model_create(uint64_t seed, sr_module **m)
 {
@@ -469,10 +477,15 @@ static void entries_free(struct entries *e)
     }
 }
 
-/* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". */
+/* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". A stage
+ * without parameters (ReLU and pooling) has no optimizer and nothing to
+ * save. */
 static int add_stage_state(struct entries *e, int s)
 {
-    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1)), *out = NULL;
+    sr_rref *opt_s = sr_dist_optim_local_rref(M.optim, s + 1);
+    if (!opt_s)
+        return 0;
+    sr_value *o = sr_value_from_rref(opt_s), *out = NULL;
     int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), 0, &out);
     sr_value_unref(o);
     sr_value *names = rc ? NULL : sr_value_list_at(out, 0), *ts = rc ? NULL : sr_value_list_at(out, 1);
@@ -528,9 +541,12 @@ static int meta_expect(const sr_checkpoint *ck, const char *name, int64_t want)
 }
 
 /* Stage s's entries of the checkpoint: "param.*" (every stage takes its
- * own layers by name) and "optim.<s>.*" renamed "optim.*". */
+ * own layers by name) and "optim.<s>.*" renamed "optim.*". A stage without
+ * parameters has nothing to load. */
 static int load_stage(const sr_checkpoint *ck, int s)
 {
+    if (!sr_dist_optim_local_rref(M.optim, s + 1))
+        return 0;
     size_t cnt = sr_checkpoint_count(ck), k = 0;
     sr_value **nv = calloc(cnt + 1, sizeof(*nv)), **tv = calloc(cnt + 1, sizeof(*tv));
     char prefix[32];
@@ -860,6 +876,26 @@ static int parse(int argc, char **argv, int world)
     return 0;
 }
 
+/* --local: a one-worker job of its own, so that its tensors come from the
+ * shared heap as the stages' do. Without sr_init they would be private
+ * blocks (glibc's malloc), which gives the pages of a step's 6 MiB
+ * activations back to the kernel and faults them in again every step:
+ * 5,800 more page faults a step and a third more CPU time than the stages'
+ * allocator (docs/PERFORMANCE.md, "Pipeline parallelism: the baseline and
+ * the stage bounds"), which is not what overhead_over_local compares. */
+static int run_local(double t0)
+{
+    setenv("SHMRPC_WORLD_SIZE", "1", 0); /* one worker on purpose: no warning */
+    int rc = sr_init(NULL);
+    if (rc)
+        return fail(rc, "sr_init"), 1;
+    rc = master(t0);
+    int sd = sr_shutdown(rc == 0, 0);
+    if (sd)
+        fprintf(stderr, "demo_pipeline: worker%d: sr_shutdown: %s\n", sr_rank(), sr_last_error());
+    return rc || sd ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     double t0 = demo_now_s();
@@ -868,7 +904,7 @@ int main(int argc, char **argv)
     if (rc)
         return rc == 1 ? 0 : rc;
     if (opt.local)
-        return master(t0) ? 1 : 0;
+        return run_local(t0);
     if (world < 3 || world > MAX_STAGES + 1) {
         fprintf(stderr, "demo_pipeline: run it under shmrun with 3 to %d workers (a master and 2 to %d stages): "
                         "shmrun -n 3 %s\n", MAX_STAGES + 1, MAX_STAGES, argv[0]);

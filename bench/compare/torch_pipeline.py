@@ -53,7 +53,7 @@ BATCH = 64
 LR = 1e-3
 WARMUP = 3
 # Layer ranges of each split, as demo_pipeline's BOUNDS.
-BOUNDS = {2: [0, 4, 10], 3: [0, 4, 6, 10], 4: [0, 2, 4, 6, 10]}
+BOUNDS = {2: [0, 4, 10], 3: [0, 4, 5, 10], 4: [0, 2, 4, 5, 10]}
 
 
 def make_model(seed):

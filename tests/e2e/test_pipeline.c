@@ -7,7 +7,9 @@
  *   down (read from the loss curve its final checkpoint holds);
  * - a run killed with SIGKILL once it saved a checkpoint, then resumed with
  *   --resume, ends with the parameters of an uninterrupted run: the stages
- *   sent their module state and Adam state, and loaded them back by name.
+ *   sent their module state and Adam state, and loaded them back by name;
+ * - with 4 stages, one of which (ReLU and pooling) has no parameters and so
+ *   no optimizer, a run saves checkpoints and another resumes from them.
  *
  * Nothing sleeps: the kill waits for the demo's "checkpoint: step N saved"
  * line, and the job's end for a pidfd and end-of-file on its pipes, each
@@ -205,5 +207,42 @@ Test(pipeline, sigkill_after_a_checkpoint_then_resume_equals_an_uninterrupted_ru
     assert_same_params(a, b);
     sr_checkpoint_destroy(a);
     sr_checkpoint_destroy(b);
+    remove_dir(dir);
+}
+
+/* 4 stages: stage 2 holds layers 2..3 (ReLU, MaxPool2d), no parameters, so
+ * the DistributedOptimizer has no optimizer on its worker. Saving and
+ * resuming go through the stages with parameters only. Tiny: 2 batches of 8. */
+#define TINY "--limit-batches", "2", "--batch", "8", "--splits", "2", "--seed", "5", "--test-limit", "10", \
+             "--save-every", "1"
+
+static void run_four_stages(struct piped_job *j, const char *name, const char *dir, char **args)
+{
+    static char plot[512], ck[512];
+    snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    mkdir(ck, 0700);
+    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, TINY, NULL};
+    piped_job_shmrun(j, name, "5", "DEMO_PIPELINE", head, args);
+    piped_job_expect_success(j, name);
+}
+
+Test(pipeline, four_stages_one_without_parameters_save_and_resume, .timeout = 120)
+{
+    skip_without_data();
+    char dir[] = "/tmp/sr-pipeline-four-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    struct piped_job j;
+    run_four_stages(&j, "four", dir, (char *[]){"--epochs", "1", NULL});
+    cr_assert(strstr(j.out, "  stage 2 on worker2: layers 2..3\n"), "stage 2 is not ReLU and pooling:\n%s", j.out);
+    cr_assert(strstr(j.out, "checkpoint: step 2 saved"), "no checkpoint at step 2; stdout:\n%s", j.out);
+    run_four_stages(&j, "four_resumed", dir, (char *[]){"--epochs", "2", "--resume", NULL});
+    cr_assert(strstr(j.out, "resumed from"), "the second run did not resume; stdout:\n%s", j.out);
+    sr_checkpoint *c = load_ck(dir, "ck");
+    int64_t end = -1;
+    cr_assert_eq(sr_checkpoint_meta(c, "step", &end), 0);
+    cr_assert_eq(end, 4, "the resumed run's last checkpoint is at step %lld, not 4", (long long)end);
+    assert_same_params(c, c); /* all 10 parameters are there */
+    sr_checkpoint_destroy(c);
     remove_dir(dir);
 }
