@@ -210,6 +210,7 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
  * ready(arg) is checked after the doorbell announcement (return true to
  * cancel the sleep; it must at least report a ready inbox). */
 int64_t sr__xport_spin_budget(sr_xport *x);
+int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
 /* The spin policy's decision, a pure function of the samples so that it can
  * be tested without timing. gate is one word: bit 0 oversubscribed (do not
@@ -225,7 +226,6 @@ int64_t sr__xport_spin_budget(sr_xport *x);
 #define SR_SPIN_GATE_SAMPLES 3u
 uint32_t sr__spin_gate_next(uint32_t gate, int runnable, int ncpu);
 static inline bool sr__spin_gate_oversubscribed(uint32_t gate) { return gate & 1u; }
-int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
 /* The process of `rank` we know has ended: the supervisor published its
  * exit (segment.h, "Peer exit"), or the rank has another generation now
