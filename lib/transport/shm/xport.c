@@ -839,23 +839,42 @@ static int runnable_threads(int fd)
     return sscanf(buf, "%*s %*s %*s %d/", &running) == 1 ? running : INT_MAX;
 }
 
+#define GATE_OVER 1u  /* sr__spin_gate_next: the state, oversubscribed */
+#define GATE_KNOWN 2u /* a sample has been taken */
+#define GATE_STREAK 4u /* one more sample in a row that disagreed with the state */
+
+uint32_t sr__spin_gate_next(uint32_t gate, int runnable, int ncpu)
+{
+    uint32_t says = runnable > ncpu ? GATE_OVER : 0;
+    if (!(gate & GATE_KNOWN) || says == (gate & GATE_OVER))
+        return GATE_KNOWN | says; /* the first sample, or one that agrees: no streak */
+    uint32_t streak = gate / GATE_STREAK + 1;
+    return streak >= SR_SPIN_GATE_SAMPLES ? GATE_KNOWN | says : streak * GATE_STREAK | GATE_KNOWN | (gate & GATE_OVER);
+}
+
 /* Never spin when more threads are runnable than we have cores: spinning
  * then takes the core of the thread we wait for. The count is sampled at
  * most once per LOAD_SAMPLE_NS per worker, from the kernel's own count of
  * runnable threads (those of other jobs included), so no counter is written
- * on a sleep or a wake, and no line is shared between workers. */
+ * on a sleep or a wake, and no line is shared between workers. The count is
+ * of one instant: sr__spin_gate_next debounces it (xport.h). */
 int64_t sr__xport_spin_budget(sr_xport *x)
 {
     if (x->fixed_spin)
         return atomic_load_explicit(&x->spin_ns, memory_order_relaxed); /* never written after attach */
     int64_t now = sr__now_coarse_ns();
-    /* relaxed (both): a heuristic; threads sampling at once only repeat the read */
-    if (now >= atomic_load_explicit(&x->load_next, memory_order_relaxed)) {
-        atomic_store_explicit(&x->load_next, now + LOAD_SAMPLE_NS, memory_order_relaxed);
-        atomic_store_explicit(&x->oversubscribed, runnable_threads(x->loadavg_fd) > x->ncpu, memory_order_relaxed);
+    /* relaxed (load and CAS): a heuristic; the CAS elects one sampling
+     * thread per period, so each period feeds the gate once */
+    int64_t next = atomic_load_explicit(&x->load_next, memory_order_relaxed);
+    if (now >= next && atomic_compare_exchange_strong_explicit(&x->load_next, &next, now + LOAD_SAMPLE_NS,
+                                                               memory_order_relaxed, memory_order_relaxed)) {
+        /* relaxed (both): written only by the elected sampler, read by any spinning thread below */
+        uint32_t gate = atomic_load_explicit(&x->spin_gate, memory_order_relaxed);
+        gate = sr__spin_gate_next(gate, runnable_threads(x->loadavg_fd), x->ncpu);
+        atomic_store_explicit(&x->spin_gate, gate, memory_order_relaxed);
     }
     /* relaxed (both): as above; the budget is adapt()'s latest value */
-    return atomic_load_explicit(&x->oversubscribed, memory_order_relaxed)
+    return sr__spin_gate_oversubscribed(atomic_load_explicit(&x->spin_gate, memory_order_relaxed))
                ? 0
                : atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
 }

@@ -82,7 +82,7 @@ typedef struct sr_xport {
     int ncpu;
     int loadavg_fd;           /* /proc/loadavg, for the spin policy; -1 with a fixed budget */
     _Atomic int64_t load_next; /* when to sample it again (coarse clock); any thread */
-    _Atomic bool oversubscribed; /* the last sample: more runnable threads than cores */
+    _Atomic uint32_t spin_gate; /* the debounced samples (sr__spin_gate_next); written by the sampling thread */
     _Atomic int64_t spin_ns;  /* current budget: written by adapt() after a sleep, read by any spinning thread */
     bool fixed_spin;
     bool graceful;            /* set before detach after a graceful shutdown: peers see DETACHED, not LEFT */
@@ -211,6 +211,21 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
  * cancel the sleep; it must at least report a ready inbox). */
 int64_t sr__xport_spin_budget(sr_xport *x);
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
+
+/* The spin policy's decision, a pure function of the samples so that it can
+ * be tested without timing. gate is one word: bit 0 oversubscribed (do not
+ * spin), bit 1 a sample has been taken, bits 2.. the samples in a row that
+ * disagreed with bit 0. A sample says oversubscribed when the runnable
+ * threads it counted (the sampling thread included) exceed ncpu. The first
+ * sample decides at once; after that the state flips only after
+ * SR_SPIN_GATE_SAMPLES samples in a row say the other thing, so a thread
+ * that is runnable for a moment (a kernel worker, one of our own threads
+ * woken for a job) no longer turns spinning off for a whole sample period,
+ * while a machine that stays oversubscribed still stops every spin within
+ * SR_SPIN_GATE_SAMPLES periods. Returns the next gate. */
+#define SR_SPIN_GATE_SAMPLES 3u
+uint32_t sr__spin_gate_next(uint32_t gate, int runnable, int ncpu);
+static inline bool sr__spin_gate_oversubscribed(uint32_t gate) { return gate & 1u; }
 
 /* The process of `rank` we know has ended: the supervisor published its
  * exit (segment.h, "Peer exit"), or the rank has another generation now
