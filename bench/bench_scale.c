@@ -18,9 +18,10 @@
  * 1.5x the one at 64 (printed when both sizes run).
  *
  * Limits (checked before a size runs, which is skipped with a line saying
- * what it needs): a worker holds a few dozen descriptors and 18 threads
- * (sr_init's 16 executors, its progress thread, main), so RLIMIT_NPROC and
- * kernel.pid_max must allow about 20 tasks per worker, and shmrun, which
+ * what it needs): a worker holds a few dozen descriptors and 4 threads
+ * (main, OpenBLAS's, sr_init's progress thread and first executor; more
+ * executors start only for plain functions, and noop runs inline), so
+ * RLIMIT_NPROC and kernel.pid_max must allow about 6 tasks per worker, and shmrun, which
  * holds each worker's pidfd, about N + 64 descriptors (RLIMIT_NOFILE).
  */
 #include <errno.h>
@@ -38,7 +39,7 @@
 
 #define MAX_N 4096
 #define MAX_SIZES 16
-#define TASKS_PER_WORKER 20 /* main, the progress thread, 16 executors, and room */
+#define TASKS_PER_WORKER 6 /* main, OpenBLAS's, the progress thread, one executor, and room */
 #define WAIT_MS 300000      /* a whole job, up to its last worker's call */
 #define TARGET_RATIO 1.5
 #define TARGET_BASE 64

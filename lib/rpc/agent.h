@@ -248,14 +248,25 @@ typedef struct sr_agent {
      * published with it. */
     _Atomic uint64_t calls_examined;
 
-    /* executors */
+    /* executors, started on demand (exec.c): one at init, another when a
+     * job is queued and fewer executors are free than jobs wait, up to
+     * exec_max. Under q_lock: the queue, q_len, exec_free, exec_stopping,
+     * executors[0..nexec). */
     pthread_mutex_t q_lock;
     pthread_cond_t q_cond;
     struct sr_job_item *q_head, **q_tail;
+    uint32_t q_len;           /* under q_lock: jobs queued */
+    uint32_t exec_free;       /* under q_lock: executors not in a job (starting, between jobs, asleep) */
     bool exec_stopping;       /* under q_lock: executors drain the queue and exit */
-    pthread_t *executors;
-    int nexec;
-    _Atomic uint32_t exec_idle;
+    pthread_t *executors;     /* [exec_max], allocated at init */
+    int exec_max;             /* under q_lock (set at init: num_worker_threads; lowered to nexec if a start fails) */
+    /* Executors started: written under q_lock, read there or relaxed (a
+     * statistic: sr_debug_info_get, tests); it publishes nothing. */
+    _Atomic int nexec;
+    /* attributes of the executors: the sr_init thread's signal mask and CPU
+     * affinity, whichever thread starts one later; set at init */
+    pthread_attr_t exec_attr;
+    _Atomic uint32_t exec_idle; /* executors asleep on q_cond; counted under q_lock, read relaxed (statistics) */
     _Atomic uint64_t server_async;
 
     /* messages waiting for space in full peer inboxes, per destination (outq.h) */
@@ -605,10 +616,15 @@ void sr__dispatch_hand_off(sr_agent *a);
 /* A request (REQ, KEEP_CALL, MOD_REQ): decode, gate and run it, and answer. */
 void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode);
 
-/* The executor pool (exec.c) */
+/* The executor pool (exec.c): at most n executors, started on demand. The
+ * first starts here (so that a worker that cannot start threads fails
+ * sr_init); each later one when a job is queued and there are more jobs
+ * queued than executors free to take them (a busy executor may block in
+ * its function for good: PyTorch's num_worker_threads). */
 int sr__exec_start(sr_agent *a, int n);
-/* Queue fn(arg) for an executor; shut(arg) ends it unrun if the pool shuts
- * down first (sr__exec_fini). 0, or -ENOMEM (nothing queued). */
+/* Queue fn(arg) for an executor, starting one if none is free; shut(arg)
+ * ends it unrun if the pool shuts down first (sr__exec_fini). 0, or
+ * -ENOMEM (nothing queued). */
 int sr__exec_push(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg);
 /* Whether module jobs (sr__exec_submit) that this thread's polling starts
  * are kept for this thread instead of the executors: on for threads that

@@ -520,7 +520,7 @@ SR_API int sr_debug_info_get(sr_debug_info *o)
         .client_active_calls = sr__counters_in_flight(a->ctr),
         .server_active_calls = sr__counters_serving(a->ctr),
         .server_async_calls = atomic_load_explicit(&a->server_async, memory_order_relaxed),
-        .thread_pool_size = (uint32_t)a->nexec,
+        .thread_pool_size = (uint32_t)atomic_load_explicit(&a->nexec, memory_order_relaxed),
         .num_idle_threads = atomic_load_explicit(&a->exec_idle, memory_order_relaxed),
     };
     struct sr_tport_stats st;

@@ -90,7 +90,7 @@ static bool executors_asleep(void)
 {
     sr_agent *a = sr__agent;
     int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
-    while (atomic_load(&a->exec_idle) != (uint32_t)a->nexec) {
+    while (atomic_load(&a->exec_idle) != (uint32_t)atomic_load(&a->nexec)) {
         if (now_ns() > deadline)
             return false;
         sched_yield();

@@ -2,11 +2,15 @@
 /* RPC layer tests, after PyTorch's rpc_test.py: calls by rank and name,
  * self-calls, UDFs, nested calls, async functions, fire-and-forget chains
  * drained by graceful shutdown, many threads, futures, timeouts, errors. */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "rpc_harness.h"
+
+#define EVENT_WAIT_S 30
+#include "shared_event.h"
 
 LEAK_CHECKED_SUITE(rpc);
 
@@ -22,6 +26,11 @@ static void sleep_ms(int64_t ms)
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
 }
+
+static struct pool_page {
+    _Atomic uint32_t arrived[2]; /* calls inside "rendezvous", per burst */
+    _Atomic uint32_t step;       /* the pool test's steps (sc_pool) */
+} *pp;
 
 /* ---- test functions ---- */
 
@@ -83,8 +92,25 @@ static int fn_async_relay(sr_call *c, sr_future **out)
     return sr_rpc_async((sr_rank() + 1) % sr_world_size(), "udf_scalar", SR_ARGS(sr_call_arg(c, 0)), 0, out);
 }
 
+/* rendezvous(burst, n): returns once n calls of the burst are inside it at
+ * once. Each blocks until the others have come, so a burst of n needs n
+ * executors at the same time. */
+static int fn_rendezvous(sr_call *c)
+{
+    int b = (int)sr_value_int(sr_call_arg(c, 0));
+    uint32_t n = (uint32_t)sr_value_int(sr_call_arg(c, 1));
+    _Atomic uint32_t *w = &pp->arrived[b];
+    uint32_t got = atomic_fetch_add(w, 1) + 1; /* seq_cst: pairs with wait_for's acquire load */
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    if (got < n && !wait_for(w, n))
+        return sr_call_fail(c, -ETIMEDOUT, "only %u of the %u calls of burst %d ran at once within %d s",
+                            atomic_load(w), n, b, EVENT_WAIT_S);
+    return sr_call_return(c, NULL);
+}
+
 static void register_fns(void)
 {
+    sr_register("rendezvous", fn_rendezvous);
     sr_register("udf_scalar", fn_scalar);
     sr_register("nested", fn_nested);
     sr_register("sleep_ms", fn_sleep);
@@ -311,4 +337,99 @@ static int sc_backpressure(int rank, int world)
 Test(rpc, full_inboxes_queue_and_lose_nothing, .timeout = 120)
 {
     RUN_JOB("backpressure", WORLD, .scenario = sc_backpressure, .register_fns = register_fns, .ring_slots = 8);
+}
+
+/* Executors start as calls need them: sr_init starts one of at most
+ * POOL_MAX; a burst of n calls that each block until all n run starts
+ * exactly n (a queued call with no free executor starts one; no call ever
+ * waits behind a blocked one); the pool never passes POOL_MAX. Counted by
+ * the pool (sr_debug_info_get) and by the threads named shmrpc-exec* in
+ * /proc/self/task. Steps (pp->step): 1 worker1 counted at init, 2 burst of
+ * 2 answered, 3 worker1 counted, 4 burst of POOL_MAX answered. */
+#define POOL_MAX 6
+
+static int pool_size(void)
+{
+    sr_debug_info d;
+    return sr_debug_info_get(&d) ? -1 : (int)d.thread_pool_size;
+}
+
+/* This process's executor threads: each names itself before it takes a job. */
+static int exec_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", e->d_name);
+        FILE *f = e->d_name[0] == '.' ? NULL : fopen(path, "r");
+        if (f && fgets(comm, sizeof(comm), f))
+            n += !strncmp(comm, "shmrpc-exec", 11);
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int burst(int b, int n)
+{
+    sr_future *fs[POOL_MAX];
+    for (int i = 0; i < n; i++) {
+        sr_value *vb = sr_int(b), *vn = sr_int(n);
+        WCHECK(sr_rpc_async(1, "rendezvous", SR_ARGS(vb, vn), 0, &fs[i]) == 0, "burst %d, call %d: %s", b, i,
+               sr_last_error());
+        sr_value_unref(vb);
+        sr_value_unref(vn);
+    }
+    for (int i = 0; i < n; i++) {
+        sr_value *v = NULL;
+        WCHECK(sr_future_wait(fs[i], &v) == 0, "burst %d, call %d: %s", b, i, sr_last_error());
+        sr_value_unref(v);
+        sr_future_unref(fs[i]);
+    }
+    return 0;
+}
+
+/* named: the executors started all ran a call, so each has named itself. */
+static int pool_count(int want, bool named_all, const char *when)
+{
+    int pool = pool_size(), named = exec_threads();
+    WCHECK(pool == want && (named_all ? named == want : named <= want),
+           "%s: %d executors started (%d threads named shmrpc-exec*) of at most %d; %d expected", when, pool, named,
+           POOL_MAX, want);
+    return 0;
+}
+
+static int sc_pool(int rank, int world)
+{
+    (void)world;
+    if (rank == 1) { /* its main thread waits aside: the progress thread hands every call to the executors */
+        int rc = pool_count(1, false, "after sr_init");
+        set_and_wake(&pp->step, 1); /* even after a failure: worker0 goes on, the job fails by our status */
+        WCHECK(wait_for(&pp->step, 2), "worker0's burst of 2 was not answered within %d s", EVENT_WAIT_S);
+        rc = rc || pool_count(2, true, "after a burst of 2 blocking calls");
+        set_and_wake(&pp->step, 3);
+        WCHECK(wait_for(&pp->step, 4), "worker0's burst of %d was not answered within %d s", POOL_MAX, EVENT_WAIT_S);
+        return rc || pool_count(POOL_MAX, true, "after a burst of POOL_MAX blocking calls");
+    }
+    if (rank != 0)
+        return 0;
+    WCHECK(wait_for(&pp->step, 1), "worker1 did not count its executors within %d s", EVENT_WAIT_S);
+    if (burst(0, 2))
+        return 1;
+    set_and_wake(&pp->step, 2);
+    WCHECK(wait_for(&pp->step, 3), "worker1 did not count its executors within %d s", EVENT_WAIT_S);
+    if (burst(1, POOL_MAX))
+        return 1;
+    set_and_wake(&pp->step, 4);
+    return 0;
+}
+
+Test(rpc, executors_start_as_blocking_calls_need_them, .timeout = 120)
+{
+    pp = shared_page(4096);
+    RUN_JOB("pool", 2, .scenario = sc_pool, .register_fns = register_fns, .opts = {.num_worker_threads = POOL_MAX});
 }

@@ -63,10 +63,11 @@ typedef struct sr_init_opts {
     const char *name;        /* NULL: "worker<rank>"; [A-Za-z0-9_:-]{1,127}, unique */
     double rpc_timeout_s;    /* > 0: the default call timeout; 0: 60 s;
                                 SR_TIMEOUT_NONE: none. NaN or negative: -EINVAL */
-    int num_worker_threads;  /* executor threads for user functions; 0: default */
+    int num_worker_threads;  /* the most executor threads for user functions,
+                                started as calls need them; 0: default (16) */
 } sr_init_opts;
 
-/* Attach to the job, start the progress thread and executors, exchange
+/* Attach to the job, start the progress thread and an executor, exchange
  * names. The job is shmrun's, sr_spawn's, or mpirun's (docs/MULTIHOST.md:
  * there sr_init is collective, every rank calls it, and a build without
  * Open MPI refuses with -ENOTSUP); started by none of them, the process is
@@ -221,7 +222,7 @@ typedef struct sr_debug_info {
     uint64_t client_active_calls;  /* our calls awaiting a response */
     uint64_t server_active_calls;  /* requests we are executing */
     uint64_t server_async_calls;   /* of which async functions awaiting their future */
-    uint32_t thread_pool_size, num_idle_threads;
+    uint32_t thread_pool_size, num_idle_threads; /* executors started so far; asleep */
     uint64_t messages_sent, messages_received;
     uint64_t wakes_issued, sleeps_taken;
 } sr_debug_info;
