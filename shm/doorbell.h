@@ -14,6 +14,17 @@
  * producer makes the wake syscall only when the consumer really sleeps, and
  * only one producer makes it (the one whose exchange returned SLEEPING).
  *
+ * R1, quiet sends and one ring: a producer may publish several messages to
+ * one consumer without ringing (a quiet send) and then ring once
+ * (sr__xport_ring_peer). D3 then follows every one of those publishes in
+ * the producing thread's order, so the handshake covers them all: a
+ * consumer that read some of them and then announced its sleep (D1, D2)
+ * either sees the rest in its re-check, or the producer's load after D3
+ * sees SLEEPING and wakes it. The ring must come from the thread that made
+ * the quiet sends (its fence orders its own stores), after the last of
+ * them and before that thread itself waits for anything the consumer will
+ * do (the RPC layer's poll bursts: lib/rpc/poll.c).
+ *
  * The same pair carries space events (xport.h): the consumer of a full inbox
  * that frees slots stores the blocked sender's space_kick and then rings
  * the sender's doorbell (D3 after the store), and every sender-side thread

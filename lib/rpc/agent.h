@@ -74,6 +74,19 @@
  * and bounds its sleep by the earliest deadline, so timeouts fire whoever
  * polls. Callbacks must not hold a lock a message handler takes.
  *
+ * Poll bursts. The token holder reads up to BURST messages at a time
+ * (poll.c). While it dispatches a burst of two or more, every send it makes
+ * (answers, a callback's new calls, module messages) goes quietly, and each
+ * destination's doorbell is rung once when the burst ends (transport.h,
+ * send_quiet and ring_peer; doorbell.h R1): one D3 fence and one load of
+ * the peer's doorbell line per destination and burst, not per message, and
+ * a sleeping peer is woken once for all of them. A burst of one rings as it
+ * sends. The thread rings what it owes before any wait of its own
+ * (sr__agent_wait: a nested wait in a callback), so no peer sleeps on a
+ * message it was not rung for while this thread waits on it; a callback
+ * that blocks on anything else (a lock) holds back the rings of the
+ * burst's earlier messages until it returns.
+ *
  * Lifetime. The agent is published (sr__agent_publish) by sr_init. Every
  * public entry point takes a reference with sr__agent_get(fn), which fails
  * with -SR_ESHUTDOWN naming fn once it is unpublished, and drops it with
@@ -572,6 +585,8 @@ static inline int64_t sr__earlier(int64_t d, int64_t e)
 
 /* poll.c: consume one burst (the caller holds the token); the count. */
 unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode);
+/* poll.c: ring the destinations this thread's burst sent to quietly (agent.h, "Poll bursts"). */
+void sr__burst_ring(sr_agent *a);
 /* poll.c: when the token holder must poll the copying transport again, -1 never. */
 int64_t sr__agent_remote_due(const sr_agent *a);
 /* poll.c: expire overdue calls (one relaxed load on the busy path). */

@@ -4,6 +4,7 @@
 #include "agent.h"
 #include "log.h"
 #include "module.h"
+#include "thread.h"
 
 /* When the token holder must poll the copying transport again, however
  * idle the rings are (its producers ring no doorbell): -1 never. */
@@ -50,10 +51,26 @@ static void dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     }
 }
 
+/* R1 (doorbell.h): ring each destination that this thread's burst sent to
+ * quietly, once, after the last of those sends; before the burst's end
+ * whenever this thread is about to wait (sr__agent_wait), so that no peer
+ * sleeps on a message it was not rung for while we wait for it. */
+void sr__burst_ring(sr_agent *a)
+{
+    for (unsigned i = 0; i < sr__thr.ring_n; i++) {
+        sr_tport *t = a->tp[sr__thr.ring_to[i]];
+        t->ops->wake->ring_peer(t, sr__thr.ring_to[i]); /* only what has a wake group is noted (send.c) */
+    }
+    sr__thr.ring_n = 0;
+}
+
 /* Consume one burst; the caller holds the token. Returns the count. The
  * burst is the agent's, not this frame's: a callback that waits (a nested
  * wait, agent.h) polls on, and the rest of the burst is what it reads first,
- * so an answer that came in the same burst is never stranded behind it. */
+ * so an answer that came in the same burst is never stranded behind it.
+ * Sends made while it dispatches two or more messages are batched (agent.h,
+ * "Poll bursts"): every destination is rung once, at the end; a burst of
+ * one rings as it sends, as a lone call's answer always did. */
 unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
 {
     if (a->burst_at == a->burst_n) {
@@ -67,11 +84,15 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
         }
     }
     unsigned n = 0;
+    bool was = sr__thr.batching;
+    sr__thr.batching = a->burst_n - a->burst_at > 1;
     while (a->burst_at < a->burst_n) {
         sr_msg m = a->burst[a->burst_at++]; /* a copy: a nested poll refills the burst */
         dispatch(a, &m, mode);
         n++;
     }
+    sr__thr.batching = was;
+    sr__burst_ring(a); /* a nested burst rings the outer one's too: its thread may sleep next */
     sr__outq_service(a);
     return n;
 }

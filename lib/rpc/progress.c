@@ -240,6 +240,7 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
 
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
 {
+    sr__burst_ring(a); /* a callback waits inside a burst: ring what it sent first (agent.h, "Poll bursts") */
     /* a token taken before the request was sent is used even here (wait.c) */
     if (sr__thr.pretaken != a && sr__thr.progress == a)
         return progress_wait(a, f, deadline);

@@ -7,6 +7,7 @@
 #include "agent.h"
 #include "marshal.h"
 #include "reorder.h"
+#include "thread.h"
 
 int sr__agent_send(sr_agent *a, int to, sr_msg *m)
 {
@@ -47,12 +48,36 @@ int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
     return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
 }
 
+/* `to` is rung when this thread's poll burst ends (agent.h, "Poll
+ * bursts"): false if the burst has SR_BURST_RINGS others already. */
+static bool ring_later(int to)
+{
+    for (unsigned i = 0; i < sr__thr.ring_n; i++)
+        if (sr__thr.ring_to[i] == to)
+            return true;
+    if (sr__thr.ring_n == SR_BURST_RINGS)
+        return false;
+    sr__thr.ring_to[sr__thr.ring_n++] = to;
+    return true;
+}
+
+/* A send from inside a poll burst goes quietly, and its destination is rung
+ * once when the burst ends; a transport that wakes nobody (no wake group)
+ * sends as usual. */
+static int send_in_burst(sr_tport *t, int to, sr_msg *m)
+{
+    if (t->ops->wake && ring_later(to))
+        return t->ops->wake->send_quiet(t, to, m);
+    return t->ops->send(t, to, m);
+}
+
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m)
 {
     sr__marshal_handoff(m);
     /* Keep this destination's order behind its queued messages (best effort, outq.h). */
     if (sr_likely(!sr__outq_busy(&a->outq, to))) {
-        int rc = a->tp[to]->ops->send(a->tp[to], to, m);
+        sr_tport *t = a->tp[to];
+        int rc = sr__thr.batching ? send_in_burst(t, to, m) : t->ops->send(t, to, m);
         if (rc != -EAGAIN)
             return rc;
     }

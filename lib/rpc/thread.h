@@ -13,6 +13,10 @@
 
 struct sr_agent;
 struct sr_call;
+
+/* The destinations one poll burst rings at its end; the sends to any more
+ * ring as they go (poll.c). */
+#define SR_BURST_RINGS 8
 struct sr_job_item;
 
 struct sr_rpc_thread {
@@ -41,6 +45,12 @@ struct sr_rpc_thread {
     /* How many served calls this thread runs now, one inside another's
      * wait (serve.c, run_here; agent.h, SR_SERVE_DEPTH_MAX). */
     int serve_depth;
+    /* The poll burst this thread dispatches (agent.h, "Poll bursts"): while
+     * batching, its sends go quietly, and their destinations wait in
+     * ring_to (ring_n of them) for one ring each (poll.c, sr__burst_ring). */
+    bool batching;
+    unsigned ring_n;
+    int ring_to[SR_BURST_RINGS];
 };
 
 extern _Thread_local struct sr_rpc_thread sr__thr;

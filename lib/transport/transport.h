@@ -59,6 +59,8 @@
  *              re-checked after D2 and must report a ready inbox.
  *   sleep_aside the sleeping thread sleeps while another holds the inbox, on
  *              kicks, peers' deaths, stop and the deadline only.
+ *   send_quiet, ring_peer  a producer's burst: several quiet sends to one
+ *              consumer, then one ring of its doorbell, from the same thread.
  *   kick       level-triggered: ends the sleeping thread's next or current
  *              sleep (either kind). poke: kick, and wake every sleeper on
  *              the inbox whatever it announced. nudge: wake a holder asleep
@@ -99,6 +101,7 @@ typedef struct sr_tport sr_tport;
 /* A snapshot of the transport's debug counters (relaxed reads). */
 struct sr_tport_stats {
     uint64_t sent, received, wakes, sleeps, full, spin_hits;
+    uint64_t rings; /* doorbell checks made by sends and ring_peer (wake): D3 fences, each a load of a peer's line */
 };
 
 /* caps: what the instance's sleeps can do, and how its messages travel. */
@@ -152,6 +155,11 @@ struct sr_tport_wake {
     void (*poke)(sr_tport *t);
     void (*nudge)(sr_tport *t);
     void (*ring)(sr_tport *t); /* as a producer would: wake a sleeper on our inbox unless it is awake */
+    /* After send_quiet to `to` from this thread: ring to's doorbell once, as
+     * a send does after its publish, for every quiet message this thread
+     * sent it before (shm: doorbell.h R1). A thread must ring before it
+     * waits for anything that consumer does. 0, or -EINVAL. */
+    int (*ring_peer)(sr_tport *t, int to);
     void (*stop)(sr_tport *t);
 };
 

@@ -666,7 +666,8 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
-    atomic_fetch_add_explicit(&x->st.sent, 1, memory_order_relaxed); /* relaxed: statistics */
+    /* relaxed: statistics; one add either way (sr_xport_stats) */
+    atomic_fetch_add_explicit(ring ? &x->st.sent : &x->st.quiet, 1, memory_order_relaxed);
     if (ring && sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
         atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
     return 0;
@@ -674,6 +675,23 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
 
 int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
 int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
+
+/* R1 (doorbell.h): the D3 fence inside sr__doorbell_ring orders every
+ * message this thread published to `to` before it, quietly or not, before
+ * the doorbell load; a consumer that announced its sleep after reading
+ * some of them is woken for the rest. */
+int sr__xport_ring_peer(sr_xport *x, int to)
+{
+    if (sr_unlikely((unsigned)to >= (unsigned)x->world))
+        return sr__fail(-EINVAL, "sr__xport_ring_peer", "destination rank %d is out of range [0, %d)", to, x->world);
+    struct sr_peer *p = &x->peers[to];
+    if (sr_unlikely(!p->inbox))
+        return not_local_error(x, to, "sr__xport_ring_peer");
+    atomic_fetch_add_explicit(&x->st.peer_rings, 1, memory_order_relaxed); /* relaxed: statistics */
+    if (sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
+        atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
+    return 0;
+}
 
 int sr__xport_probe(sr_xport *x, int to)
 {

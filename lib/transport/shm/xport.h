@@ -37,11 +37,14 @@ typedef struct sr_xport_opts {
     bool publish_exits;       /* no supervisor reaps the workers (mpirun): publish local peers' exits */
 } sr_xport_opts;
 
-/* Counters of this worker (relaxed atomics: statistics only). sent, wakes
- * and full are added to by any sending thread; received, sleeps and
- * spin_hits are written by the inbox's consumer alone. */
+/* Counters of this worker (relaxed atomics: statistics only). sent (the
+ * sends that rang), quiet (those that did not), peer_rings
+ * (sr__xport_ring_peer), wakes and full are added to by any sending
+ * thread; received, sleeps and spin_hits are written by the inbox's
+ * consumer alone. Every send adds to one of sent and quiet, so that the
+ * doorbell checks (sent + peer_rings) cost no add of their own. */
 typedef struct sr_xport_stats {
-    _Atomic uint64_t sent, received, wakes, sleeps, full, spin_hits;
+    _Atomic uint64_t sent, quiet, peer_rings, received, wakes, sleeps, full, spin_hits;
 } sr_xport_stats;
 
 /* A peer as resolved after the start barrier. kind, eventfd and name are
@@ -137,6 +140,9 @@ int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 /* As sr_xport_send, but never wakes the destination: the message waits in
  * its inbox until the destination next polls (for messages nobody waits on). */
 int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m);
+/* After quiet sends to `to`: ring its doorbell once, as the last of them
+ * would have (doorbell.h R1). 0, or -EINVAL (out of range, not local). */
+int sr__xport_ring_peer(sr_xport *x, int to);
 
 /* As sr_xport_send, but wait for space until deadline_ns (absolute
  * CLOCK_MONOTONIC, < 0: none). -ETIMEDOUT when it passes. Must not be used

@@ -15,6 +15,7 @@
 
 static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), to, m); }
 static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr__xport_send_quiet(X(t), to, m); }
+static int t_ring_peer(sr_tport *t, int to) { return sr__xport_ring_peer(X(t), to); }
 static void t_space_arm(sr_tport *t, int to) { sr__xport_space_arm(X(t), to); }
 static int t_probe(sr_tport *t, int to) { return sr__xport_probe(X(t), to); }
 static bool t_space_take(sr_tport *t) { return sr__xport_space_take(X(t)); }
@@ -203,7 +204,9 @@ static void t_stats(sr_tport *t, struct sr_tport_stats *o)
 {
     sr_xport_stats *s = &X(t)->st;
     /* relaxed (all): statistics */
-    o->sent = atomic_load_explicit(&s->sent, memory_order_relaxed);
+    uint64_t rung = atomic_load_explicit(&s->sent, memory_order_relaxed);
+    o->sent = rung + atomic_load_explicit(&s->quiet, memory_order_relaxed);
+    o->rings = rung + atomic_load_explicit(&s->peer_rings, memory_order_relaxed);
     o->received = atomic_load_explicit(&s->received, memory_order_relaxed);
     o->wakes = atomic_load_explicit(&s->wakes, memory_order_relaxed);
     o->sleeps = atomic_load_explicit(&s->sleeps, memory_order_relaxed);
@@ -229,6 +232,7 @@ static const struct sr_tport_wake shm_wake = {
     .poke = t_poke,
     .nudge = t_nudge,
     .ring = t_ring,
+    .ring_peer = t_ring_peer,
     .stop = t_stop,
 };
 

@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: MIT */
+/* A poll burst rings each destination's doorbell once (lib/rpc/poll.c).
+ *
+ * worker0 serves, worker1 calls. worker0's main thread calls itself
+ * ("gate", an async function, so it runs inline on worker0's poller, the
+ * progress thread): while it blocks, nobody reads worker0's inbox, and
+ * worker1's N no-op calls wait there together. The gate lets go once
+ * worker1 has sent them all and announced a sleep on its doorbell
+ * (its word in the job's segment is not AWAKE: the progress thread parked,
+ * or the calling thread asleep on the inbox), reading worker0's transport
+ * statistics first. The next burst then holds all N calls, and their N
+ * answers go to a sleeping caller:
+ *
+ *   - one_ring_per_burst: worker0's doorbell checks (sr_tport_stats.rings,
+ *     a D3 fence and a load of the caller's line each) grow by 2 from the
+ *     gate's snapshot to tally's (a call worker1 makes once every answer
+ *     is in, read on worker0's poller after the burst has ended): the gate's own answer (a burst of one,
+ *     rung as it is sent) and one for the N answers. Before batching, N + 1.
+ *   - sleep_mid_burst: the burst is k no-ops, "pause" (async: it blocks
+ *     worker0's poller again, in the middle of the burst, until worker1 has
+ *     read what it could and announced a sleep again), and the rest. The
+ *     answers sent before the pause rang nobody; the ring at the burst's
+ *     end must wake worker1 for all of them (doorbell.h R1). Every call
+ *     carries a WAIT_S timeout, so a lost wake fails as -ETIMEDOUT naming
+ *     the call, not as a hang; and the rings are counted as above.
+ *
+ * Every wait is bounded (WAIT_S) and says what did not happen. */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+#include "doorbell.h"
+#include "rpc_harness.h"
+
+LEAK_CHECKED_SUITE(burst_ring);
+
+#define N 16      /* answers in one burst: fewer than the poller's burst of 32 */
+#define K 5       /* sleep_mid_burst: no-ops answered before the pause */
+#define WAIT_S 20 /* nothing here takes a second unless it is broken */
+
+static struct shared {
+    _Atomic uint32_t gate_in; /* worker0's gate runs: worker1 may send */
+    _Atomic uint32_t sent;    /* worker1 has sent its calls */
+    _Atomic uint32_t done;    /* worker1's calls have all ended */
+    _Atomic uint32_t paused;  /* sleep_mid_burst: the pause saw worker1 asleep */
+    _Atomic uint64_t rings0;  /* worker0's doorbell checks when the gate let go */
+    _Atomic uint64_t rings1;  /* and when tally ran, after the burst */
+    _Atomic uint32_t mid;     /* this run pauses mid-burst */
+} *sh;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Wait until *w >= n or WAIT_S pass; returns *w. Shared futex: w is on the
+ * MAP_SHARED page. */
+static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n)
+{
+    int64_t until = now_ns() + (int64_t)WAIT_S * 1000000000;
+    uint32_t v;
+    while ((v = atomic_load(w)) < n && now_ns() < until) {
+        int64_t left = until - now_ns();
+        struct timespec ts = {left / 1000000000, left % 1000000000};
+        syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
+    }
+    return v;
+}
+
+static void bump_word(_Atomic uint32_t *w)
+{
+    atomic_fetch_add(w, 1);
+    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static uint64_t rings(void)
+{
+    struct sr_tport_stats st;
+    sr__agent->self->ops->stats(sr__agent->self, &st);
+    return st.rings;
+}
+
+/* worker1 has announced a sleep on its doorbell (bounded: it sleeps once it
+ * has read everything it was rung for; nothing else is on its way). A
+ * poll, not an event: worker1 cannot say that it sleeps, and its doorbell
+ * word is not ours to wait on. */
+static bool caller_asleep(void)
+{
+    _Atomic uint32_t *bell = &sr__seg_worker(sr__transport_segment(sr__agent->tports), 1)->doorbell;
+    int64_t until = now_ns() + (int64_t)WAIT_S * 1000000000;
+    /* relaxed: a look at worker1's announcement; nothing is read after it */
+    while (atomic_load_explicit(bell, memory_order_relaxed) == SR_DOORBELL_AWAKE && now_ns() < until)
+        usleep(100);
+    return atomic_load_explicit(bell, memory_order_relaxed) != SR_DOORBELL_AWAKE; /* relaxed: as above */
+}
+
+static int done_now(sr_call *c, sr_future **out)
+{
+    *out = sr_future_new();
+    return *out ? sr_future_set_result(*out, sr_none()) : sr_call_fail(c, -ENOMEM, "no future");
+}
+
+/* gate() on worker0's poller: hold the inbox until worker1's calls wait in
+ * it and worker1 sleeps; then take the count the rest is measured from. */
+static int fn_gate(sr_call *c, sr_future **out)
+{
+    bump_word(&sh->gate_in);
+    if (wait_word(&sh->sent, 1) < 1)
+        return sr_call_fail(c, -ETIMEDOUT, "worker1 did not send its calls within %d s", WAIT_S);
+    if (!caller_asleep())
+        return sr_call_fail(c, -ETIMEDOUT, "worker1 did not sleep within %d s of sending", WAIT_S);
+    atomic_store(&sh->rings0, rings());
+    return done_now(c, out);
+}
+
+/* pause() in the middle of the burst: K answers went out unrung; worker1
+ * read what a ring let it and sleeps again. */
+static int fn_pause(sr_call *c, sr_future **out)
+{
+    if (!caller_asleep())
+        return sr_call_fail(c, -ETIMEDOUT, "worker1 did not sleep within %d s of the burst's start", WAIT_S);
+    bump_word(&sh->paused);
+    return done_now(c, out);
+}
+
+/* tally() on worker0's poller, called once the burst's answers are all in:
+ * a later burst of the same poller, or of one that took the inbox from it
+ * (the token's acquire), so the burst's rings are counted by now. */
+static int fn_tally(sr_call *c, sr_future **out)
+{
+    atomic_store(&sh->rings1, rings());
+    return done_now(c, out);
+}
+
+static void register_fns(void)
+{
+    sr_register_async("gate", fn_gate);
+    sr_register_async("tally", fn_tally);
+    sr_register_async("pause", fn_pause);
+}
+
+static int callee(void)
+{
+    sr_future *g = NULL;
+    WCHECK(sr_rpc_async(0, "gate", SR_NOARGS, 2 * WAIT_S, &g) == 0, "worker0: starting gate: %s", sr_last_error());
+    WCHECK(wait_word(&sh->done, 1) >= 1, "worker1's calls and its tally had not all ended %d s after the gate",
+           WAIT_S);
+    uint64_t grew = atomic_load(&sh->rings1) - atomic_load(&sh->rings0);
+    WCHECK(sr_future_wait(g, NULL) == 0, "worker0: gate failed: %s", sr_last_error());
+    sr_future_unref(g);
+    WCHECK(grew == 2,
+           "worker0 checked a doorbell %llu times for the gate's answer and one burst of %d answers to a "
+           "sleeping worker1 (want 2: one for the gate, one for the burst%s)",
+           (unsigned long long)grew, N, atomic_load(&sh->mid) ? ", however it slept in between" : "");
+    return 0;
+}
+
+static int caller(void)
+{
+    static sr_future *fs[N];
+    WCHECK(wait_word(&sh->gate_in, 1) >= 1, "worker0's gate did not run within %d s", WAIT_S);
+    for (int i = 0; i < N; i++) {
+        const char *fn = atomic_load(&sh->mid) && i == K ? "pause" : "noop";
+        WCHECK(sr_rpc_async(0, fn, SR_NOARGS, WAIT_S, &fs[i]) == 0, "worker1: call %d (%s): %s", i, fn,
+               sr_last_error());
+    }
+    bump_word(&sh->sent);
+    for (int i = 0; i < N; i++) {
+        int rc = sr_future_wait(fs[i], NULL);
+        WCHECK(rc == 0, "worker1: call %d of the burst failed (%d; a lost wake ends in -ETIMEDOUT): %s", i, rc,
+               sr_last_error());
+        sr_future_unref(fs[i]);
+    }
+    if (atomic_load(&sh->mid))
+        WCHECK(atomic_load(&sh->paused) == 1, "worker1: the pause did not run");
+    WCHECK(sr_rpc_sync(0, "tally", SR_NOARGS, WAIT_S, NULL) == 0, "worker1: tally: %s", sr_last_error());
+    bump_word(&sh->done);
+    return 0;
+}
+
+static int scenario(int rank, int world)
+{
+    (void)world;
+    return rank == 0 ? callee() : caller();
+}
+
+Test(burst_ring, one_ring_per_burst, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    RUN_JOB("burst1", 2, .scenario = scenario, .register_fns = register_fns);
+}
+
+Test(burst_ring, sleep_mid_burst, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    atomic_store(&sh->mid, 1);
+    RUN_JOB("burstmid", 2, .scenario = scenario, .register_fns = register_fns);
+}
