@@ -331,8 +331,9 @@ typedef struct sr_agent {
 /* Count one event in a counter of ctr (relaxed: a statistic, see segment.h). */
 static inline void sr__count(_Atomic uint64_t *c) { atomic_fetch_add_explicit(c, 1, memory_order_relaxed); }
 /* The same for a counter whose every writer holds one lock (calls_made and
- * calls_ended: slots_lock): a load and a store, no locked instruction. The
- * lock orders the writers; readers only load (relaxed: a statistic). */
+ * calls_ended: slots_lock; served_in: the consumer token): a load and a
+ * store, no locked instruction. The lock orders the writers; readers only
+ * load (relaxed: a statistic). */
 static inline void sr__count_locked(_Atomic uint64_t *c)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);

@@ -756,7 +756,7 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
     bool refused = c && modules_request_in(c, &ext);
     sr__payload_done(m);
     if (refused) {
-        sr__count(&a->ctr->served_in);
+        sr__count_locked(&a->ctr->served_in); /* under the token (sr__serve_request) */
         c->raw_error = false;
         finish_call(c); /* answered with the module's error; the hooks' state is dropped */
         *answered = true;
@@ -793,7 +793,10 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         sr__quiesce_done(a, m->src, m->gens); /* after the answer was counted */
         return;
     }
-    sr__count(&a->ctr->served_in);
+    /* A load and a store: requests are served only by the token holder
+     * (poll.c), and the token's hand-over (release, then the next holder's
+     * acquire CAS: wait.c, progress.c) orders every writer of served_in. */
+    sr__count_locked(&a->ctr->served_in);
     sr__counters_sample(a);
     gate_call(c, mode);
 }
