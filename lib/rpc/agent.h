@@ -208,7 +208,7 @@ typedef struct sr_agent {
 
     _Atomic uint32_t token;   /* see above */
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
-    _Atomic uint32_t user_polls; /* bumped by every user take: the progress thread stops spinning while users poll */
+    _Atomic uint32_t user_polls; /* bumped by every user take (by the token's new holder only): the progress thread stops spinning while users poll */
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */
     _Atomic uint32_t armed_gen;  /* written by the progress thread: timer_gen its sleep's deadline saw */
     uint32_t seen_user_polls;    /* progress thread only */
