@@ -221,7 +221,7 @@ typedef struct sr_agent {
 
     _Atomic uint32_t token;   /* see above */
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
-    _Atomic uint32_t user_polls; /* bumped by every user take: the progress thread stops spinning while users poll */
+    _Atomic uint32_t user_polls; /* bumped by every user take (by the token's new holder only): the progress thread stops spinning while users poll */
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */
     _Atomic uint32_t armed_gen;  /* written by the progress thread: timer_gen its sleep's deadline saw */
     uint32_t seen_user_polls;    /* progress thread only */
@@ -355,8 +355,9 @@ typedef struct sr_agent {
 /* Count one event in a counter of ctr (relaxed: a statistic, see segment.h). */
 static inline void sr__count(_Atomic uint64_t *c) { atomic_fetch_add_explicit(c, 1, memory_order_relaxed); }
 /* The same for a counter whose every writer holds one lock (calls_made and
- * calls_ended: slots_lock): a load and a store, no locked instruction. The
- * lock orders the writers; readers only load (relaxed: a statistic). */
+ * calls_ended: slots_lock; served_in: the consumer token): a load and a
+ * store, no locked instruction. The lock orders the writers; readers only
+ * load (relaxed: a statistic). */
 static inline void sr__count_locked(_Atomic uint64_t *c)
 {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);

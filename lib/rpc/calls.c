@@ -143,7 +143,8 @@ static void peer_unlink(sr_agent *a, int32_t i)
 
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id)
 {
-    int64_t deadline = sr__deadline_ns(sr__now_coarse_ns(), timeout_ms); /* saturating: -1 for none */
+    /* saturating: -1 for none, which reads no clock */
+    int64_t deadline = timeout_ms > 0 ? sr__deadline_ns(sr__now_coarse_ns(), timeout_ms) : -1;
     bool kick = false;
     pthread_mutex_lock(&a->slots_lock);
     if (sr_unlikely(a->calls_lost[0])) {

@@ -11,6 +11,7 @@
  * completes; modules may prepare the arguments just before the function
  * runs (an RRef proxy call gets the owner's local value). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,71 @@ struct sr_call {
 };
 
 void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
+
+/* ---- call records -----------------------------------------------------------
+ * Freed records are kept by the thread that freed them, for the next request
+ * it decodes: a poller that serves calls inline (the no-op, cheap built-ins,
+ * async functions) then allocates nothing per call, as the caller's futures
+ * (future.c). Ownership: the cache is this thread's alone (_Thread_local);
+ * a record enters it only from call_release, once nothing refers to it (the
+ * call was answered or dropped), and leaves it only to call_new on the same
+ * thread, so no ordering is needed. A record freed on an executor stays in
+ * that executor's cache (bounded: CALL_CACHE), and the key's destructor
+ * frees a thread's cache when it exits. Under AddressSanitizer there is no
+ * cache, so that a use after the release is still caught. */
+#define CALL_CACHE 4
+
+struct call_cache {
+    unsigned n;
+    bool registered, gone; /* gone: the destructor ran; free from now on */
+    struct sr_call *c[CALL_CACHE];
+};
+static _Thread_local struct call_cache call_cache;
+static pthread_key_t call_cache_key;
+static pthread_once_t call_cache_once = PTHREAD_ONCE_INIT;
+static bool call_cache_key_ok;
+
+static void call_cache_drain(void *p)
+{
+    struct call_cache *k = p;
+    while (k->n)
+        free(k->c[--k->n]);
+    k->gone = true;
+}
+
+static void call_cache_key_make(void)
+{
+    call_cache_key_ok = pthread_key_create(&call_cache_key, call_cache_drain) == 0;
+}
+
+/* A record to fill (every field: decode_request), from this thread's cache
+ * when it has one. */
+static struct sr_call *call_new(void)
+{
+    struct call_cache *k = &call_cache;
+    return k->n ? k->c[--k->n] : malloc(sizeof(struct sr_call));
+}
+
+/* c is no longer referred to: keep it for this thread's next call_new, or free it. */
+static void call_release(struct sr_call *c)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    free(c);
+    return;
+#endif
+    struct call_cache *k = &call_cache;
+    if (k->n < CALL_CACHE && !k->gone) {
+        if (!k->registered) {
+            pthread_once(&call_cache_once, call_cache_key_make);
+            k->registered = call_cache_key_ok && pthread_setspecific(call_cache_key, k) == 0;
+        }
+        if (k->registered) {
+            k->c[k->n++] = c;
+            return;
+        }
+    }
+    free(c);
+}
 
 SR_API size_t sr_call_nargs(const sr_call *c)
 {
@@ -196,7 +262,7 @@ static void call_free(sr_agent *a, struct sr_call *c)
     int caller = c->caller;
     uint8_t gens = c->caller_gens;
     free(c->msg);
-    free(c);
+    call_release(c);
     sr__count(&a->ctr->served_out);
     sr__quiesce_done(a, caller, gens);
 }
@@ -437,7 +503,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         return NULL;
     }
     size_t skip = named ? w.name_len : 0;
-    struct sr_call *c = calloc(1, sizeof(*c));
+    struct sr_call *c = call_new();
     if (!c) {
         snprintf(text, tl, "Error on Node %d: out of memory", a->rank);
         *code = -ENOMEM;
@@ -460,7 +526,7 @@ static struct sr_call *decode_request(sr_agent *a, const sr_msg *m, const uint8_
         snprintf(text, tl, "Error on Node %d: %s", a->rank, sr_last_error());
         *code = -EBADMSG;
         modules_call_done(c); /* what the decode tied to the call */
-        free(c);
+        call_release(c);
         return NULL;
     }
     return c;
@@ -655,7 +721,7 @@ static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int cod
         if (*pc) {
             sr_value_unref((*pc)->args);
             modules_call_done(*pc); /* the state its decode and request_in hooks made */
-            free(*pc);
+            call_release(*pc);
             *pc = NULL;
         }
         return false;
@@ -690,7 +756,7 @@ static struct sr_call *take_request(sr_agent *a, const sr_msg *m, int *code, cha
     bool refused = c && modules_request_in(c, &ext);
     sr__payload_done(m);
     if (refused) {
-        sr__count(&a->ctr->served_in);
+        sr__count_locked(&a->ctr->served_in); /* under the token (sr__serve_request) */
         c->raw_error = false;
         finish_call(c); /* answered with the module's error; the hooks' state is dropped */
         *answered = true;
@@ -727,7 +793,10 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
         sr__quiesce_done(a, m->src, m->gens); /* after the answer was counted */
         return;
     }
-    sr__count(&a->ctr->served_in);
+    /* A load and a store: requests are served only by the token holder
+     * (poll.c), and the token's hand-over (release, then the next holder's
+     * acquire CAS: wait.c, progress.c) orders every writer of served_in. */
+    sr__count_locked(&a->ctr->served_in);
     sr__counters_sample(a);
     gate_call(c, mode);
 }

@@ -65,8 +65,12 @@ static bool user_take(sr_agent *a)
             return false;
     }
     sr__thr.holder = true;
-    /* relaxed: a heuristic read by the progress thread */
-    atomic_fetch_add_explicit(&a->user_polls, 1, memory_order_relaxed);
+    /* relaxed: a heuristic read by the progress thread. A load and a store,
+     * no locked add: only a thread that has just taken the token writes it,
+     * and the token's hand-over (the release that handed it back, our
+     * acquire CAS above) orders those writers. */
+    atomic_store_explicit(&a->user_polls, atomic_load_explicit(&a->user_polls, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
     /* We poll now: producers need not wake the parked progress thread. */
     a->wake->hold(a->self);
     return true;
