@@ -1613,11 +1613,15 @@ uint64_t sr__block_to_off(const sr_block *b)
 }
 
 /* The data of the block at off lies in [lo, hi) with the header's area, is
- * aligned, and does not overlap the header. */
+ * aligned, and does not overlap the header. An inline block's data follows
+ * its header; a split or huge block's may too, by chance: a header in the
+ * last 64 bytes of its slab page and data at the start of the next page are
+ * two allocations that touch (test heap/split_block_whose_data_follows_its_
+ * header_is_valid). So a data offset of 64 does not say the layout. */
 static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi)
 {
     int64_t delta = h->delta;
-    if ((h->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(sr_block)) || h->layout > LAYOUT_HUGE)
+    if (h->layout > LAYOUT_HUGE || (h->layout == LAYOUT_INLINE && delta != (int64_t)sizeof(sr_block)))
         return false;
     if (delta == (int64_t)sizeof(sr_block))
         return h->size <= hi - off - sizeof(sr_block);
