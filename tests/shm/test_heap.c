@@ -225,6 +225,8 @@ Test(heap, bad_offsets_are_rejected)
     char *last = (char *)sr__seg_heap(&seg, 0) + h->heap_stride - 64; /* never carved in a 16 MiB heap */
     memcpy(last, a, 64);
     assert_rejected(sr__seg_off(&seg, last), "runs past the end");
+    /* the message says what the header held: enough to tell a scribble from a validator's mistake */
+    assert_rejected(sr__seg_off(&seg, last), "(header: size 100, owner 0, area 0, layout inline (0), data at +64");
     memset(rank1, 0, 64);
     memset(last, 0, 64);
 
