@@ -557,6 +557,8 @@ Test(heap, dirty_extents_stay_until_the_heap_is_pressed, .timeout = 60)
 #define HDR_DATA_DELTA 32
 #define HDR_LAYOUT 20
 #define HDR_CHECK 40
+#define HDR_REFCOUNT 16
+#define HDR_NEXT_FREE 24
 
 static void poke32(sr_block *b, size_t at, int32_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
 static void poke64(sr_block *b, size_t at, int64_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
@@ -839,7 +841,8 @@ Test(heap, thread_cache_of_an_earlier_attach_is_dropped, .timeout = 30)
  * the page after the header slab taken by a 4096-class filler, the slab's
  * regions 1..62 by split headers (whose data lies elsewhere), the filler
  * freed, so the next split block gets region 63 for its header and that
- * page for its data. */
+ * page for its data. Checked by a receiver's look, the owner's free and the
+ * drain of the remote-free list (which cut the list there). */
 Test(heap, split_block_whose_data_follows_its_header_is_valid, .timeout = 30)
 {
     attach_single(1, 64 * MiB);
@@ -877,6 +880,14 @@ Test(heap, split_block_whose_data_follows_its_header_is_valid, .timeout = 30)
     sr__error_set_text("none yet");
     sr__block_unref(b);
     cr_assert(!strstr(sr_last_error(), "leaked"), "the owner's free leaked a valid block: %s", sr_last_error());
+    /* Again, freed by a peer: the same block comes back from the thread's
+     * bin, and is put on our remote-free list as a peer's last unref does
+     * (its reference count 0, linked, the head set); the drain takes it. */
+    cr_assert_eq(sr__block_alloc(SPLIT_N), b, "the cached block was not reused");
+    poke32(b, HDR_REFCOUNT, 0);
+    poke64(b, HDR_NEXT_FREE, 0);
+    atomic_store(&sr__seg_area(&seg, 0)->remote_free, off);
+    cr_assert_eq(sr__heap_drain(), 1, "the drain refused a valid block on the remote-free list");
     while (nf)
         sr__block_unref(filler[--nf]);
     for (unsigned i = 0; i < 63; i++)
