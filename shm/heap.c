@@ -263,6 +263,20 @@ static struct hdr hdr_read(const sr_block *b)
                         .delta = v->data_delta, .check = v->check};
 }
 
+/* What a header says, for an error message: every write-once field as read
+ * (h), and the magic and reference count as they are now. */
+static const char *hdr_text(const sr_block *b, const struct hdr *h, char *buf, size_t n)
+{
+    static const char *const layouts[] = {"inline", "split", "huge"};
+    uint32_t magic = ((const volatile sr_block *)b)->magic;
+    snprintf(buf, n, "size %llu, owner %d, area %d, layout %s (%u), data at %+lld, check %#llx, magic %#x, refcount %u",
+             (unsigned long long)h->size, h->owner, h->area, h->layout <= LAYOUT_HUGE ? layouts[h->layout] : "?",
+             h->layout, (long long)h->delta, (unsigned long long)h->check, magic,
+             /* relaxed: for the message only */
+             atomic_load_explicit(&((sr_block *)b)->refcount, memory_order_relaxed));
+    return buf;
+}
+
 /* Write the header h (its check word made) at b, live with one reference. */
 static inline sr_block *header_write(sr_block *b, const struct hdr *h)
 {
@@ -1493,8 +1507,9 @@ static __attribute__((noinline)) void unref_last(sr_block *b, int a, bool other,
     if (why) {
         /* Freeing it would hand jemalloc (or a peer's list) a wild pointer:
          * leak it instead, and say so. */
-        sr__fail(-EPROTO, "sr__block_unref", "block header at %p (owner field %d) %s; the block is leaked",
-                 (void *)b, owner, why);
+        char text[200];
+        sr__fail(-EPROTO, "sr__block_unref", "block header at %p (owner field %d) %s (header: %s); the block is "
+                 "leaked", (void *)b, owner, why, hdr_text(b, &h, text, sizeof(text)));
         sr__log_text(SR_LOG_ERROR, sr_last_error());
     } else if (owner >= 0 && !heap.area)
         sr_logf(SR_LOG_WARN, "sr__block_unref: last reference to a block of worker %d dropped after "
@@ -1613,11 +1628,15 @@ uint64_t sr__block_to_off(const sr_block *b)
 }
 
 /* The data of the block at off lies in [lo, hi) with the header's area, is
- * aligned, and does not overlap the header. */
+ * aligned, and does not overlap the header. An inline block's data follows
+ * its header; a split or huge block's may too, by chance: a header in the
+ * last 64 bytes of its slab page and data at the start of the next page are
+ * two allocations that touch (test heap/split_block_whose_data_follows_its_
+ * header_is_valid). So a data offset of 64 does not say the layout. */
 static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t hi)
 {
     int64_t delta = h->delta;
-    if ((h->layout == LAYOUT_INLINE) != (delta == (int64_t)sizeof(sr_block)) || h->layout > LAYOUT_HUGE)
+    if (h->layout > LAYOUT_HUGE || (h->layout == LAYOUT_INLINE && delta != (int64_t)sizeof(sr_block)))
         return false;
     if (delta == (int64_t)sizeof(sr_block))
         return h->size <= hi - off - sizeof(sr_block);
@@ -1632,7 +1651,7 @@ static bool data_fits(const struct hdr *h, uint64_t off, uint64_t lo, uint64_t h
 /* The block at off if its header is plausible: inside one heap area,
  * aligned, right magic, area and owner, a size that fits; live (a reference
  * left) or, for links of the remote-free list, dead. NULL and *why otherwise. */
-static sr_block *check_block(uint64_t off, bool live, const char **why, int *area, struct hdr *h)
+static sr_block *check_block(uint64_t off, bool live, const char **why, int *area, struct hdr *h, bool *read)
 {
     if (off < heap.heap_off || (off - heap.heap_off) / heap.heap_stride >= heap.nareas)
         return *why = "is outside every heap area", NULL;
@@ -1648,6 +1667,7 @@ static sr_block *check_block(uint64_t off, bool live, const char **why, int *are
     if (b->magic != BLOCK_MAGIC)
         return *why = b->magic == BLOCK_FREED ? "names a freed block" : "has no block header (bad magic)", NULL;
     *h = hdr_read(b);
+    *read = true;
     if (h->check != header_check(h))
         return *why = "has a corrupt header (check word mismatch)", NULL;
     if (h->area != *area || h->owner < 0 || (uint32_t)h->owner >= heap.world)
@@ -1674,10 +1694,14 @@ sr_block *sr__block_from_off(uint64_t off)
     const char *why = "";
     int area = -1;
     struct hdr h;
-    sr_block *b = check_block(off, true, &why, &area, &h);
-    if (!b)
-        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap area %d) %s", (unsigned long long)off,
-                 area, why);
+    bool read = false;
+    sr_block *b = check_block(off, true, &why, &area, &h, &read);
+    if (!b) {
+        char text[200] = "";
+        sr__fail(-EINVAL, "sr__block_from_off", "offset %llu (heap area %d) %s%s%s%s", (unsigned long long)off,
+                 area, why, read ? " (header: " : "", read ? hdr_text(sr__seg_ptr(&heap.seg, off), &h, text,
+                                                                      sizeof(text)) : "", read ? ")" : "");
+    }
     return b;
 }
 
@@ -1716,11 +1740,14 @@ static sr_block *list_block(uint64_t off, struct hdr *h)
 {
     const char *why = "";
     int area = -1;
-    sr_block *b = check_block(off, false, &why, &area, h);
+    bool read = false;
+    sr_block *b = check_block(off, false, &why, &area, h, &read);
     if (b && area == heap.area_idx)
         return b;
-    sr_logf(SR_LOG_ERROR, "sr__heap_drain: remote-free link %llu %s; dropping the rest of the list",
-           (unsigned long long)off, b ? "is in another heap area" : why);
+    char text[200] = "";
+    sr_logf(SR_LOG_ERROR, "sr__heap_drain: remote-free link %llu %s%s%s%s; dropping the rest of the list",
+            (unsigned long long)off, b ? "is in another heap area" : why, read ? " (header: " : "",
+            read ? hdr_text(sr__seg_ptr(&heap.seg, off), h, text, sizeof(text)) : "", read ? ")" : "");
     return NULL;
 }
 

@@ -225,6 +225,8 @@ Test(heap, bad_offsets_are_rejected)
     char *last = (char *)sr__seg_heap(&seg, 0) + h->heap_stride - 64; /* never carved in a 16 MiB heap */
     memcpy(last, a, 64);
     assert_rejected(sr__seg_off(&seg, last), "runs past the end");
+    /* the message says what the header held: enough to tell a scribble from a validator's mistake */
+    assert_rejected(sr__seg_off(&seg, last), "(header: size 100, owner 0, area 0, layout inline (0), data at +64");
     memset(rank1, 0, 64);
     memset(last, 0, 64);
 
@@ -555,6 +557,8 @@ Test(heap, dirty_extents_stay_until_the_heap_is_pressed, .timeout = 60)
 #define HDR_DATA_DELTA 32
 #define HDR_LAYOUT 20
 #define HDR_CHECK 40
+#define HDR_REFCOUNT 16
+#define HDR_NEXT_FREE 24
 
 static void poke32(sr_block *b, size_t at, int32_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
 static void poke64(sr_block *b, size_t at, int64_t v) { memcpy((char *)b + at, &v, sizeof(v)); }
@@ -815,5 +819,79 @@ Test(heap, thread_cache_of_an_earlier_attach_is_dropped, .timeout = 30)
     cr_assert_eq(sr__heap_allocated(), 0);
     pthread_barrier_destroy(&ct.go);
     pthread_barrier_destroy(&ct.done);
+    detach_single();
+}
+
+/* ---- a split block whose data happens to follow its header ---- */
+
+#define SPLIT_N 4096u  /* a split block: 4096 + its header would cost the 5120 class */
+#define FILLER_N 4000u /* an inline block of the 4096 class: its header does not take a 64-byte region */
+#define PAGE 4096u
+
+/* Regression: the header of a split block lies in a slab of jemalloc's
+ * 64-byte class and its data in an allocation of its own. When the header is
+ * the last region of its slab page and the data is the first byte of the
+ * next page (a slab of the 4096 class, or a large extent whose random
+ * cache-line offset is 0), the data follows the header at exactly 64 bytes,
+ * and the header check took that data offset for the inline layout's:
+ * "has data that runs past the end of its heap area". A receiver refused the
+ * block (heap_mp/many_pushers_one_draining_owner failed so once under heavy
+ * load, where many split headers were live at once and filled their slab
+ * page), and the owner's free leaked it as corrupt. Built here on purpose:
+ * the page after the header slab taken by a 4096-class filler, the slab's
+ * regions 1..62 by split headers (whose data lies elsewhere), the filler
+ * freed, so the next split block gets region 63 for its header and that
+ * page for its data. Checked by a receiver's look, the owner's free and the
+ * drain of the remote-free list (which cut the list there). */
+Test(heap, split_block_whose_data_follows_its_header_is_valid, .timeout = 30)
+{
+    attach_single(1, 64 * MiB);
+    sr__error_set_rank(0);
+    size_t base = sr__heap_allocated();
+    sr_block *held[63], *filler[64];
+    held[0] = sr__block_alloc(SPLIT_N);
+    cr_assert_not_null(held[0], "%s", sr_last_error());
+    uintptr_t slab = (uintptr_t)held[0] & ~(uintptr_t)(PAGE - 1);
+    cr_assert_eq((uintptr_t)held[0], slab, "setup: the first split header is not the first region of a page");
+    unsigned nf = 0; /* fillers of the 4096 class until one takes the page after the header slab */
+    do {
+        filler[nf] = sr__block_alloc(FILLER_N);
+        cr_assert_not_null(filler[nf], "%s", sr_last_error());
+    } while ((uintptr_t)filler[nf++] != slab + PAGE && nf < 64);
+    cr_assert_eq((uintptr_t)filler[nf - 1], slab + PAGE, "setup: no filler took the page after the header slab");
+    for (unsigned i = 1; i < 63; i++) {
+        held[i] = sr__block_alloc(64u << 10); /* split too; its data is a large extent */
+        cr_assert_not_null(held[i], "%s", sr_last_error());
+        cr_assert_eq((uintptr_t)held[i], slab + 64 * i, "setup: split header %u is not region %u of the slab", i, i);
+    }
+    sr__block_unref(filler[--nf]);
+    cr_assert_eq(sr__heap_purge(), 0, "%s", sr_last_error()); /* the filler leaves the thread cache */
+    sr_block *b = sr__block_alloc(SPLIT_N);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    cr_assert(b == (sr_block *)(slab + PAGE - 64) && sr__block_data(b) == (char *)b + 64,
+              "setup: header %p and data %p are not adjacent (header slab page %#lx)", (void *)b, sr__block_data(b),
+              (unsigned long)slab);
+    uint64_t off = sr__block_to_off(b);
+    cr_assert_eq(sr__block_from_off(off), b, "a valid block was refused: %s", sr_last_error());
+    void *data;
+    size_t n;
+    cr_assert_eq(sr__block_check(b, &data, &n), 0, "%s", sr_last_error());
+    cr_assert(data == (char *)b + 64 && n == SPLIT_N);
+    sr__error_set_text("none yet");
+    sr__block_unref(b);
+    cr_assert(!strstr(sr_last_error(), "leaked"), "the owner's free leaked a valid block: %s", sr_last_error());
+    /* Again, freed by a peer: the same block comes back from the thread's
+     * bin, and is put on our remote-free list as a peer's last unref does
+     * (its reference count 0, linked, the head set); the drain takes it. */
+    cr_assert_eq(sr__block_alloc(SPLIT_N), b, "the cached block was not reused");
+    poke32(b, HDR_REFCOUNT, 0);
+    poke64(b, HDR_NEXT_FREE, 0);
+    atomic_store(&sr__seg_area(&seg, 0)->remote_free, off);
+    cr_assert_eq(sr__heap_drain(), 1, "the drain refused a valid block on the remote-free list");
+    while (nf)
+        sr__block_unref(filler[--nf]);
+    for (unsigned i = 0; i < 63; i++)
+        sr__block_unref(held[i]);
+    cr_assert_eq(sr__heap_allocated(), base, "%zu bytes still allocated", sr__heap_allocated() - base);
     detach_single();
 }
