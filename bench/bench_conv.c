@@ -17,7 +17,11 @@
  * pages from the kernel for its outputs instead of reusing freed ones. e.g.
  *   conv conv2 (openblas): p50 38.1 ms p99 41.0 ms, 1680 samples/s (PyTorch 45.9 ms, x1.20); CPU p50 37.3 ms
  *   (PyTorch 32.3 ms, x0.87); 0 page faults/run
- * Backward gets a gradient of ones (conv1, conv2, pool, norm), made once. */
+ * Backward gets a gradient of ones (conv1, conv2, pool, norm), made once.
+ * The process is a one-worker job (sr_init without a launcher), so that its
+ * tensors come from the shared heap as every worker's do; without it they
+ * would be glibc's malloc blocks, which give a run's multi-MiB outputs back
+ * to the kernel and fault them in again (docs/PERFORMANCE.md). */
 #include <math.h>
 #include <stdio.h>
 #include <sys/resource.h>
@@ -27,6 +31,7 @@
 
 #include "bench_util.h"
 #include "shmrpc/nn.h"
+#include "shmrpc/rpc.h"
 #include "shmrpc/tensor.h"
 
 #ifndef BENCH_COMPARE_DIR
@@ -209,6 +214,11 @@ int main(int argc, char **argv)
     bench_torch pt;
     bench_torch_run(&pt, BENCH_COMPARE_DIR "/torch_conv.py", getenv("BENCH_TORCH_QUICK") ? "--quick" : "",
                     cli.flag[0] ? "--no-torch" : getenv("BENCH_NO_TORCH") ? "BENCH_NO_TORCH set" : NULL);
+    setenv("SHMRPC_WORLD_SIZE", "1", 0); /* one worker on purpose: no warning */
+    if (sr_init(NULL)) {
+        fprintf(stderr, "bench_conv: sr_init: %s\n", sr_last_error());
+        return 1;
+    }
     int failed = 0;
     for (int i = 0; names[i]; i++) {
         if (!bench_cli_wants(&cli, names[i]))
@@ -241,6 +251,10 @@ int main(int argc, char **argv)
         bench_rec_num(&r, "page_faults_p50", faults);
         bench_rec_torch(&r, &pt, names[i]);
         bench_rec_emit(&r);
+    }
+    if (sr_shutdown(true, 0)) {
+        fprintf(stderr, "bench_conv: sr_shutdown: %s\n", sr_last_error());
+        failed = 1;
     }
     return failed;
 }
