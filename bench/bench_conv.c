@@ -10,20 +10,28 @@
  *          ReLU-MaxPool2d(2)-Flatten-Linear(3136, 10) as an sr_sequential
  *          model: forward, cross_entropy, backward
  * One line per workload: wall-clock p50 and p99 over 30 runs, samples/s at
- * the p50, and the p50 of the process's CPU time per run (both ours and
+ * the p50, the p50 of the process's CPU time per run (both ours and
  * PyTorch's), which a machine shared with other jobs distorts least; "x1.5"
- * is PyTorch's time over ours (above 1, ours is faster). e.g.
+ * is PyTorch's time over ours (above 1, ours is faster); and the p50 of the
+ * process's page faults per run (ours), which shows a run that gets fresh
+ * pages from the kernel for its outputs instead of reusing freed ones. e.g.
  *   conv conv2 (openblas): p50 38.1 ms p99 41.0 ms, 1680 samples/s (PyTorch 45.9 ms, x1.20); CPU p50 37.3 ms
- *   (PyTorch 32.3 ms, x0.87)
- * Backward gets a gradient of ones (conv1, conv2, pool, norm), made once. */
+ *   (PyTorch 32.3 ms, x0.87); 0 page faults/run
+ * Backward gets a gradient of ones (conv1, conv2, pool, norm), made once.
+ * The process is a one-worker job (sr_init without a launcher), so that its
+ * tensors come from the shared heap as every worker's do; without it they
+ * would be glibc's malloc blocks, which give a run's multi-MiB outputs back
+ * to the kernel and fault them in again (docs/PERFORMANCE.md). */
 #include <math.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_util.h"
 #include "shmrpc/nn.h"
+#include "shmrpc/rpc.h"
 #include "shmrpc/tensor.h"
 
 #ifndef BENCH_COMPARE_DIR
@@ -106,6 +114,13 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double page_faults(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_minflt + u.ru_majflt);
+}
+
 static int64_t cpu_ns(void)
 {
     struct timespec t;
@@ -113,31 +128,35 @@ static int64_t cpu_ns(void)
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
-/* p50 and p99 (ns) of reps runs after 3 warm-ups (--smoke: 1), and the p50 of the
+/* p50 and p99 (ns) of reps runs after 3 warm-ups (--smoke: 1), the p50 of the
  * process's CPU time per run in *cpu (what a loaded machine distorts
- * least); NaN on a failed run. */
-static double measure(run_fn f, struct work *w, int reps, double *p99, double *cpu)
+ * least) and of its page faults per run in *faults; NaN on a failed run. */
+static double measure(run_fn f, struct work *w, int reps, double *p99, double *cpu, double *faults)
 {
-    double *t = malloc(2 * (size_t)reps * sizeof(double)), *c = t + reps;
+    double *t = malloc(3 * (size_t)reps * sizeof(double)), *c = t + reps, *pf = c + reps;
     for (int i = 0; i < (bench_smoke_on() ? 1 : 3); i++)
         if (f(w)) {
             free(t);
-            return *p99 = *cpu = NAN;
+            return *p99 = *cpu = *faults = NAN;
         }
     for (int i = 0; i < reps; i++) {
+        double pf0 = page_faults();
         int64_t t0 = bench_now_ns(), c0 = cpu_ns();
         if (f(w)) {
             free(t);
-            return *p99 = *cpu = NAN;
+            return *p99 = *cpu = *faults = NAN;
         }
         t[i] = (double)(bench_now_ns() - t0);
         c[i] = (double)(cpu_ns() - c0);
+        pf[i] = page_faults() - pf0;
     }
     qsort(t, (size_t)reps, sizeof(double), cmp);
     qsort(c, (size_t)reps, sizeof(double), cmp);
+    qsort(pf, (size_t)reps, sizeof(double), cmp);
     double p50 = t[reps / 2];
     *p99 = t[reps * 99 / 100];
     *cpu = c[reps / 2];
+    *faults = pf[reps / 2];
     free(t);
     return p50;
 }
@@ -195,6 +214,11 @@ int main(int argc, char **argv)
     bench_torch pt;
     bench_torch_run(&pt, BENCH_COMPARE_DIR "/torch_conv.py", getenv("BENCH_TORCH_QUICK") ? "--quick" : "",
                     cli.flag[0] ? "--no-torch" : getenv("BENCH_NO_TORCH") ? "BENCH_NO_TORCH set" : NULL);
+    setenv("SHMRPC_WORLD_SIZE", "1", 0); /* one worker on purpose: no warning */
+    if (sr_init(NULL)) {
+        fprintf(stderr, "bench_conv: sr_init: %s\n", sr_last_error());
+        return 1;
+    }
     int failed = 0;
     for (int i = 0; names[i]; i++) {
         if (!bench_cli_wants(&cli, names[i]))
@@ -203,7 +227,8 @@ int main(int argc, char **argv)
         setup(names[i], &w);
         run_fn f = !strcmp(names[i], "pool") ? run_pool : !strcmp(names[i], "step") ? run_step
                  : !strcmp(names[i], "norm") ? run_norm : run_conv;
-        double p99, cpu, p50 = measure(f, &w, cli.smoke ? 1 : getenv("BENCH_TORCH_QUICK") ? 5 : 30, &p99, &cpu);
+        double p99, cpu, faults;
+        double p50 = measure(f, &w, cli.smoke ? 1 : getenv("BENCH_TORCH_QUICK") ? 5 : 30, &p99, &cpu, &faults);
         teardown(&w);
         if (isnan(p50)) {
             fprintf(stderr, "bench_conv: %s failed: %s\n", names[i], sr_last_error());
@@ -212,10 +237,10 @@ int main(int argc, char **argv)
         }
         char vs_wall[300], vs_cpu[300], cpu_key[32];
         snprintf(cpu_key, sizeof(cpu_key), "%s_cpu", names[i]);
-        printf("conv %s (%s): p50 %.2f ms p99 %.2f ms, %.0f samples/s (%s); CPU p50 %.2f ms (%s)\n", names[i],
-               sr_matmul_backend(), p50 * 1e-6, p99 * 1e-6, BATCH / (p50 * 1e-9),
+        printf("conv %s (%s): p50 %.2f ms p99 %.2f ms, %.0f samples/s (%s); CPU p50 %.2f ms (%s); %.0f page faults/run\n",
+               names[i], sr_matmul_backend(), p50 * 1e-6, p99 * 1e-6, BATCH / (p50 * 1e-9),
                vs(&pt, names[i], p50, vs_wall, sizeof(vs_wall)), cpu * 1e-6,
-               vs(&pt, cpu_key, cpu, vs_cpu, sizeof(vs_cpu)));
+               vs(&pt, cpu_key, cpu, vs_cpu, sizeof(vs_cpu)), faults);
         bench_rec r;
         bench_rec_begin(&r, names[i]);
         bench_rec_str(&r, "backend", sr_matmul_backend());
@@ -223,8 +248,13 @@ int main(int argc, char **argv)
         bench_rec_num(&r, "p99_ns", p99);
         bench_rec_num(&r, "samples_per_s", BATCH / (p50 * 1e-9));
         bench_rec_num(&r, "cpu_p50_ns", cpu);
+        bench_rec_num(&r, "page_faults_p50", faults);
         bench_rec_torch(&r, &pt, names[i]);
         bench_rec_emit(&r);
+    }
+    if (sr_shutdown(true, 0)) {
+        fprintf(stderr, "bench_conv: sr_shutdown: %s\n", sr_last_error());
+        failed = 1;
     }
     return failed;
 }
