@@ -110,3 +110,31 @@ Test(spin_gate, an_agreeing_sample_restarts_the_row)
     g = sr__spin_gate_next(g, BUSY, NCPU);
     cr_assert(over(g), "the row's last busy sample did not stop spinning");
 }
+
+/* The adaptive budget (sr__spin_adapt_next) fed sleep lengths, in us. */
+#define US 1000ll
+#define MAX (50 * US)
+
+LEAK_CHECKED_SUITE(spin_adapt);
+
+Test(spin_adapt, a_sleep_longer_than_a_wake_up_but_within_the_cap_raises_the_budget_from_zero)
+{
+    /* a 30 us sleep: a 20 us wake-up and a 10 us gap, which a 50 us spin
+     * would have caught; the old rule (max / 2) halved 0 to 0 for ever */
+    int64_t spin = 0;
+    for (int i = 0; i < 3; i++)
+        spin = sr__spin_adapt_next(spin, 30 * US, MAX);
+    cr_assert_eq(spin, MAX, "after 30 us sleeps the budget must reach the cap (%lld ns), got %lld ns", MAX,
+                 (long long)spin);
+}
+
+Test(spin_adapt, a_short_sleep_raises_to_twice_it_and_a_long_one_halves)
+{
+    cr_assert_eq(sr__spin_adapt_next(0, 5 * US, MAX), 10 * US, "a 5 us sleep must allow a 10 us spin");
+    cr_assert_eq(sr__spin_adapt_next(40 * US, 5 * US, MAX), 40 * US, "a short sleep must not lower the budget");
+    cr_assert_eq(sr__spin_adapt_next(40 * US, 200 * US, MAX), 20 * US, "a sleep past the cap must halve the budget");
+    int64_t spin = MAX;
+    for (int i = 0; i < 20; i++)
+        spin = sr__spin_adapt_next(spin, 1000 * US, MAX);
+    cr_assert_eq(spin, 0, "long sleeps in a row must bring the budget to 0, got %lld ns", (long long)spin);
+}

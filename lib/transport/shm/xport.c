@@ -897,7 +897,17 @@ int64_t sr__xport_spin_budget(sr_xport *x)
                : atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
 }
 
-/* Adapt: a sleep that ended soon would have been cheaper as a spin. */
+int64_t sr__spin_adapt_next(int64_t spin_ns, int64_t slept_ns, int64_t max_ns)
+{
+    if (slept_ns <= max_ns)
+        spin_ns = slept_ns * 2 > spin_ns ? slept_ns * 2 : spin_ns;
+    else
+        spin_ns /= 2;
+    return spin_ns > max_ns ? max_ns : spin_ns;
+}
+
+/* Adapt: a sleep that ended soon would have been cheaper as a spin
+ * (sr__spin_adapt_next, xport.h). */
 static void adapt(sr_xport *x, int64_t slept_ns)
 {
     if (x->fixed_spin)
@@ -905,11 +915,7 @@ static void adapt(sr_xport *x, int64_t slept_ns)
     /* relaxed (both): a heuristic read by any spinning thread; two sleepers
      * adapting at once only lose one step, and nothing is published with it */
     int64_t spin = atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
-    if (slept_ns < SPIN_MAX_NS / 2)
-        spin = slept_ns * 2 > spin ? slept_ns * 2 : spin;
-    else
-        spin /= 2;
-    atomic_store_explicit(&x->spin_ns, spin > SPIN_MAX_NS ? SPIN_MAX_NS : spin, memory_order_relaxed);
+    atomic_store_explicit(&x->spin_ns, sr__spin_adapt_next(spin, slept_ns, SPIN_MAX_NS), memory_order_relaxed);
 }
 
 int sr__xport_wait(sr_xport *x, int64_t deadline_ns)
