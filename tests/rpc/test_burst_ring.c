@@ -36,6 +36,7 @@
 
 #include "agent.h"
 #include "doorbell.h"
+#include "helpers/shared_word.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(burst_ring);
@@ -54,32 +55,9 @@ static struct shared {
     _Atomic uint32_t mid;     /* this run pauses mid-burst */
 } *sh;
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n) { return shared_word_wait(w, n, WAIT_S); }
 
-/* Wait until *w >= n or WAIT_S pass; returns *w. Shared futex: w is on the
- * MAP_SHARED page. */
-static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n)
-{
-    int64_t until = now_ns() + (int64_t)WAIT_S * 1000000000;
-    uint32_t v;
-    while ((v = atomic_load(w)) < n && now_ns() < until) {
-        int64_t left = until - now_ns();
-        struct timespec ts = {left / 1000000000, left % 1000000000};
-        syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
-    }
-    return v;
-}
-
-static void bump_word(_Atomic uint32_t *w)
-{
-    atomic_fetch_add(w, 1);
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
+static void bump_word(_Atomic uint32_t *w) { shared_word_bump(w); }
 
 static uint64_t rings(void)
 {
@@ -95,9 +73,9 @@ static uint64_t rings(void)
 static bool caller_asleep(void)
 {
     _Atomic uint32_t *bell = &sr__seg_worker(sr__transport_segment(sr__agent->tports), 1)->doorbell;
-    int64_t until = now_ns() + (int64_t)WAIT_S * 1000000000;
+    int64_t until = shared_word_now_ns() + (int64_t)WAIT_S * 1000000000;
     /* relaxed: a look at worker1's announcement; nothing is read after it */
-    while (atomic_load_explicit(bell, memory_order_relaxed) == SR_DOORBELL_AWAKE && now_ns() < until)
+    while (atomic_load_explicit(bell, memory_order_relaxed) == SR_DOORBELL_AWAKE && shared_word_now_ns() < until)
         usleep(100);
     return atomic_load_explicit(bell, memory_order_relaxed) != SR_DOORBELL_AWAKE; /* relaxed: as above */
 }

@@ -29,6 +29,7 @@
 
 #include "agent.h"
 #include "module.h"
+#include "helpers/shared_word.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(call_scan);
@@ -44,32 +45,9 @@ static struct shared {
     _Atomic uint32_t sent;    /* peer death: worker0's calls are in flight */
 } *sh;
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n) { return shared_word_wait(w, n, WAIT_S); }
 
-/* Wait until *w >= n or WAIT_S pass; returns *w. Shared futex: w may be on
- * the MAP_SHARED page. */
-static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n)
-{
-    int64_t until = now_ns() + (int64_t)WAIT_S * 1000000000;
-    uint32_t v;
-    while ((v = atomic_load(w)) < n && now_ns() < until) {
-        int64_t left = until - now_ns();
-        struct timespec ts = {left / 1000000000, left % 1000000000};
-        syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
-    }
-    return v;
-}
-
-static void bump_word(_Atomic uint32_t *w)
-{
-    atomic_fetch_add(w, 1);
-    syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
+static void bump_word(_Atomic uint32_t *w) { shared_word_bump(w); }
 
 /* block(): answer once worker0 releases worker1 (bounded). */
 static int fn_block(sr_call *c)
