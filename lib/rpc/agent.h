@@ -83,7 +83,9 @@
  * a sleeping peer is woken once for all of them. A burst of one rings as it
  * sends. The thread rings what it owes before any wait of its own
  * (sr__agent_wait: a nested wait in a callback), so no peer sleeps on a
- * message it was not rung for while this thread waits on it; a callback
+ * message it was not rung for while this thread waits on it, and sends
+ * without batching while it waits (only a burst it reads in the wait
+ * batches, and rings at its own end); a callback
  * that blocks on anything else (a lock) holds back the rings of the
  * burst's earlier messages until it returns.
  *

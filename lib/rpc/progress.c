@@ -241,10 +241,21 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
 int sr__agent_wait(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted)
 {
     sr__burst_ring(a); /* a callback waits inside a burst: ring what it sent first (agent.h, "Poll bursts") */
+    /* The wait ends the burst's batch for this thread: what it sends while
+     * it waits, outside a burst of its own (held messages released, answers
+     * of calls it runs, callbacks), rings at once. Sent quietly, it would
+     * wait for the outer burst's ring, after this wait: a peer asleep on it
+     * would never answer. */
+    bool batching = sr__thr.batching;
+    sr__thr.batching = false;
+    int rc;
     /* a token taken before the request was sent is used even here (wait.c) */
     if (sr__thr.pretaken != a && sr__thr.progress == a)
-        return progress_wait(a, f, deadline);
-    return sr__agent_wait_user(a, f, deadline, mode, counted);
+        rc = progress_wait(a, f, deadline);
+    else
+        rc = sr__agent_wait_user(a, f, deadline, mode, counted);
+    sr__thr.batching = batching;
+    return rc;
 }
 
 int sr__agent_wait_counted(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)

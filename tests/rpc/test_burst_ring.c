@@ -23,10 +23,20 @@
  *     end must wake worker1 for all of them (doorbell.h R1). Every call
  *     carries a WAIT_S timeout, so a lost wake fails as -ETIMEDOUT naming
  *     the call, not as a hang; and the rings are counted as above.
+ *   - send_while_waiting_rings: worker0 runs in the reordering delivery
+ *     mode (it holds each message it sends and releases it later, from
+ *     whichever thread polls), worker1 does not. The burst is "ask", then
+ *     a no-op; "ask" (async, on worker0's poller, inside the burst) calls
+ *     worker1 with rpc_sync and waits. Its request is released while it
+ *     waits, outside any burst of the waiting thread's own: sent quietly,
+ *     as the outer burst's sends are, it would be rung only when that
+ *     burst ends, after the wait, and worker1, asleep, would never answer
+ *     (-ETIMEDOUT after WAIT_S). A wait ends its thread's batch.
  *
  * Every wait is bounded (WAIT_S) and says what did not happen. */
 #include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -53,6 +63,7 @@ static struct shared {
     _Atomic uint64_t rings0;  /* worker0's doorbell checks when the gate let go */
     _Atomic uint64_t rings1;  /* and when tally ran, after the burst */
     _Atomic uint32_t mid;     /* this run pauses mid-burst */
+    _Atomic uint32_t ask;     /* this run's first call waits for worker1 (worker0 reorders) */
 } *sh;
 
 static uint32_t wait_word(_Atomic uint32_t *w, uint32_t n) { return shared_word_wait(w, n, WAIT_S); }
@@ -118,15 +129,30 @@ static int fn_tally(sr_call *c, sr_future **out)
     return done_now(c, out);
 }
 
+/* ask() on worker0's poller, inside the burst: a call to the sleeping
+ * worker1, waited for right here (a nested wait). */
+static int fn_ask(sr_call *c, sr_future **out)
+{
+    if (sr_rpc_sync(1, "noop", SR_NOARGS, WAIT_S, NULL))
+        return sr_call_fail(c, -ETIMEDOUT, "worker0: ask: worker1 did not answer (never rung?): %s",
+                            sr_last_error());
+    return done_now(c, out);
+}
+
 static void register_fns(void)
 {
     sr_register_async("gate", fn_gate);
     sr_register_async("tally", fn_tally);
     sr_register_async("pause", fn_pause);
+    sr_register_async("ask", fn_ask);
 }
 
 static int callee(void)
 {
+    if (atomic_load(&sh->ask)) { /* worker1 calls the gate: no answer to ourselves rings anyone for us */
+        WCHECK(wait_word(&sh->done, 1) >= 1, "worker1's calls had not all ended %d s after the gate", WAIT_S);
+        return 0;
+    }
     sr_future *g = NULL;
     WCHECK(sr_rpc_async(0, "gate", SR_NOARGS, 2 * WAIT_S, &g) == 0, "worker0: starting gate: %s", sr_last_error());
     WCHECK(wait_word(&sh->done, 1) >= 1, "worker1's calls and its tally had not all ended %d s after the gate",
@@ -144,9 +170,13 @@ static int callee(void)
 static int caller(void)
 {
     static sr_future *fs[N];
+    sr_future *g = NULL;
+    if (atomic_load(&sh->ask))
+        WCHECK(sr_rpc_async(0, "gate", SR_NOARGS, 2 * WAIT_S, &g) == 0, "worker1: starting gate: %s",
+               sr_last_error());
     WCHECK(wait_word(&sh->gate_in, 1) >= 1, "worker0's gate did not run within %d s", WAIT_S);
     for (int i = 0; i < N; i++) {
-        const char *fn = atomic_load(&sh->mid) && i == K ? "pause" : "noop";
+        const char *fn = atomic_load(&sh->mid) && i == K ? "pause" : atomic_load(&sh->ask) && !i ? "ask" : "noop";
         WCHECK(sr_rpc_async(0, fn, SR_NOARGS, WAIT_S, &fs[i]) == 0, "worker1: call %d (%s): %s", i, fn,
                sr_last_error());
     }
@@ -159,6 +189,10 @@ static int caller(void)
     }
     if (atomic_load(&sh->mid))
         WCHECK(atomic_load(&sh->paused) == 1, "worker1: the pause did not run");
+    if (g) {
+        WCHECK(sr_future_wait(g, NULL) == 0, "worker1: gate failed: %s", sr_last_error());
+        sr_future_unref(g);
+    }
     WCHECK(sr_rpc_sync(0, "tally", SR_NOARGS, WAIT_S, NULL) == 0, "worker1: tally: %s", sr_last_error());
     bump_word(&sh->done);
     return 0;
@@ -181,4 +215,23 @@ Test(burst_ring, sleep_mid_burst, .timeout = 120)
     sh = shared_page(sizeof(*sh));
     atomic_store(&sh->mid, 1);
     RUN_JOB("burstmid", 2, .scenario = scenario, .register_fns = register_fns);
+}
+
+/* worker0 holds and releases what it sends (the reordering mode, with
+ * delays of at most a microsecond); worker1 sends as usual. */
+static int reorder_worker(int rank, int world, void *arg)
+{
+    if (rank == 0 && (setenv("SHMRPC_REORDER_SEED", "1", 1) || setenv("SHMRPC_REORDER_MAX_US", "1", 1)))
+        return 1;
+    return harness_worker(rank, world, arg);
+}
+
+Test(burst_ring, send_while_waiting_rings, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    atomic_store(&sh->ask, 1);
+    struct harness h = {.scenario = scenario, .register_fns = register_fns};
+    sr_spawn_opts o = {.name_prefix = test_ns("burstask"), .shm_size = 2u * (64u << 20)};
+    int rc = sr_spawn(2, reorder_worker, &h, &o);
+    cr_assert_eq(rc, 0, "job 'burstask' failed: %s", sr_last_error());
 }
