@@ -11,8 +11,9 @@
 
 struct held {
     struct held *next;
-    int64_t at; /* release time */
+    int64_t at;    /* release time */
     int to;
+    int16_t stamp; /* expect[to] when it was held: the generation of `to` it is for, and counted for */
     sr_msg m;
 };
 
@@ -20,7 +21,7 @@ struct sr_reorder {
     pthread_mutex_t lock;
     struct held *head;     /* sorted by release time; lock */
     uint64_t rng;          /* lock */
-    int64_t max_ns;        /* written at create */
+    int64_t min_ns, span_ns; /* written at create: delays are min_ns + [0, span_ns] */
     _Atomic int64_t next;  /* head's release time, -1 if empty: a hint read without the lock */
 };
 
@@ -38,14 +39,16 @@ int sr__reorder_create(sr_agent *a)
     const char *seed = getenv("SHMRPC_REORDER_SEED");
     if (!seed || !*seed)
         return 0;
-    int64_t n = 0, max_us = 2000;
+    int64_t n = 0, max_us = 2000, min_us = 0;
     if (sr__env_int("sr_init", "SHMRPC_REORDER_SEED", 0, INT64_MAX, &n) ||
-        sr__env_int("sr_init", "SHMRPC_REORDER_MAX_US", 1, INT64_MAX / 1000, &max_us))
+        sr__env_int("sr_init", "SHMRPC_REORDER_MAX_US", 1, INT64_MAX / 1000, &max_us) ||
+        sr__env_int("sr_init", "SHMRPC_REORDER_MIN_US", 0, max_us, &min_us))
         return -EINVAL;
     struct sr_reorder *r = calloc(1, sizeof(*r));
     if (!r)
         return sr__fail(-ENOMEM, "sr_init", "out of memory for the reordering mode");
-    r->max_ns = max_us * 1000;
+    r->min_ns = min_us * 1000;
+    r->span_ns = max_us * 1000 - r->min_ns;
     r->rng = (uint64_t)n * UINT64_C(1000003) + (uint64_t)a->rank;
     pthread_mutex_init(&r->lock, NULL);
     atomic_init(&r->next, -1);
@@ -73,10 +76,10 @@ static int64_t pick_delay(struct sr_reorder *r)
 {
     uint64_t x = next_rand(&r->rng);
     unsigned kind = (unsigned)(x % 10);
-    int64_t span = kind < 5 ? r->max_ns / 4 : r->max_ns;
+    int64_t span = kind < 5 ? r->span_ns / 4 : r->span_ns;
     if (kind == 9)
-        return r->max_ns;
-    return (int64_t)((x >> 8) % (uint64_t)(span + 1));
+        return r->min_ns + r->span_ns;
+    return r->min_ns + (int64_t)((x >> 8) % (uint64_t)(span + 1));
 }
 
 int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
@@ -86,6 +89,7 @@ int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
     if (!h)
         return sr__fail(-ENOMEM, "sr_rpc", "out of memory holding a message (reordering mode)");
     h->to = to;
+    h->stamp = atomic_load_explicit(&a->expect[to], memory_order_relaxed); /* relaxed: see agent.h, expect */
     h->m = *m;
     h->m.src = (uint16_t)a->rank;
     pthread_mutex_lock(&r->lock);
@@ -100,6 +104,29 @@ int sr__reorder_hold(sr_agent *a, int to, const sr_msg *m)
     atomic_store_explicit(&r->next, r->head->at, memory_order_relaxed);
     pthread_mutex_unlock(&r->lock);
     return first ? 1 : 0; /* first: the progress thread may sleep with a later timer (the caller kicks) */
+}
+
+/* Send one held message. Sent now, it would be stamped with the
+ * destination's generation of now (the transport stamps at the send): one
+ * held across a replacement would reach the successor of the generation it
+ * was meant and counted for (agent.h, quiesce), so it is dropped instead,
+ * as the outgoing queue drops what it held for a rank that died. */
+static void release(sr_agent *a, struct held *h, int (*send)(sr_agent *a, int to, sr_msg *m))
+{
+    /* relaxed: see agent.h, expect; written by the thread that handles exits */
+    if (atomic_load_explicit(&a->expect[h->to], memory_order_relaxed) != h->stamp) {
+        if (h->m.type != SR_MSG_CTRL)
+            sr__msg_release(&h->m); /* its generation is gone: its count no longer adds up (quiesce) */
+        return;
+    }
+    if (send(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
+        char how[128] = "could not be reached";
+        sr_tport *t = a->tp[h->to];
+        if (sr__tport_peer_gone(t, h->to))
+            t->ops->live->exit_text(t, h->to, how, sizeof(how));
+        sr__msg_release(&h->m);
+        sr__calls_fail_peer(a, h->to, how);
+    }
 }
 
 void sr__reorder_pump(sr_agent *a, int64_t now, int (*send)(sr_agent *a, int to, sr_msg *m))
@@ -122,13 +149,7 @@ void sr__reorder_pump(sr_agent *a, int64_t now, int (*send)(sr_agent *a, int to,
     pthread_mutex_unlock(&r->lock);
     for (struct held *h = due, *n; h; h = n) {
         n = h->next;
-        if (send(a, h->to, &h->m)) { /* the peer left while we held it: as if sent and lost */
-            char how[128] = "could not be reached";
-            sr_tport *t = a->tp[h->to];
-            if (sr__tport_peer_gone(t, h->to))
-                t->ops->live->exit_text(t, h->to, how, sizeof(how));
-            sr__calls_fail_peer(a, h->to, how);
-        }
+        release(a, h, send);
         free(h);
     }
 }

@@ -9,7 +9,12 @@
  * PRNG seeded with (n, rank), so runs are reproducible in their choices
  * (thread timing still varies), and between any pair of workers later
  * messages overtake earlier ones. SHMRPC_REORDER_MAX_US bounds the delay
- * (default 2000 us). The mode neither loses nor duplicates a message.
+ * (default 2000 us), SHMRPC_REORDER_MIN_US (default 0) keeps it from below.
+ * The mode neither duplicates a message nor loses one, except one held for
+ * a generation of its destination that died meanwhile: it is dropped, as a
+ * message queued for a dead rank is (outq.c), not delivered to the rank's
+ * replacement (the transport stamps a message with the generation of its
+ * destination when it is sent).
  *
  * User RPCs keep working under it: nothing in the RPC layer assumes FIFO
  * delivery (PyTorch does not either).

@@ -31,6 +31,8 @@
 #include "common.h"
 #include "error.h"
 #include "helpers/replace_events.h"
+#include "helpers/shared_word.h"
+#include "reorder.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
@@ -46,6 +48,10 @@ struct shared {
     struct replace_freeze fz;  /* rank 1 generation 0, when it stops itself */
     _Atomic int refused_seen;  /* rank 1 generation 1: refused what was sent to generation 0 */
     char log[256];             /* where rank 1 generation 1 writes its stderr */
+    bool hold;                 /* scenario 4: rank 2 holds what it sends (the reordering mode) */
+    _Atomic uint32_t held;     /* rank 2 holds its call to rank 1 generation 0 */
+    _Atomic uint32_t back;     /* rank 1's replacement said hello */
+    _Atomic uint32_t counted;  /* calls of "count" that ran, on any generation of rank 1 */
 };
 static struct shared *sh;
 
@@ -57,6 +63,12 @@ static int fn_die(sr_call *c)
     (void)c;
     raise(SIGKILL);
     return 0;
+}
+
+static int fn_count(sr_call *c)
+{
+    atomic_fetch_add(&sh->counted, 1);
+    return sr_call_return(c, NULL);
 }
 
 static int fn_freeze(sr_call *c)
@@ -161,6 +173,7 @@ static void register_fns(void)
     sr_register("die", fn_die);
     sr_register("freeze", fn_freeze);
     sr_register("call_victim", fn_call_victim);
+    sr_register("count", fn_count);
 }
 
 static int call_int(int to, const char *fn, int64_t *out)
@@ -237,6 +250,8 @@ static int driver_kill(void)
     return 0;
 }
 
+static int held_across(void);
+
 static int worker(int rank, int world, void *arg)
 {
     (void)world;
@@ -247,7 +262,13 @@ static int worker(int rank, int world, void *arg)
         WCHECK(fd >= 0 && dup2(fd, 2) == 2, "stderr to %s", sh->log);
         close(fd);
     }
+    if (rank == 2 && sh->hold) /* every message it sends waits 600 s, or for held_across's release */
+        WCHECK(!setenv("SHMRPC_REORDER_SEED", "1", 1) && !setenv("SHMRPC_REORDER_MIN_US", "600000000", 1) &&
+                   !setenv("SHMRPC_REORDER_MAX_US", "600000000", 1),
+               "setenv");
     WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
+    if (rank == 2 && sh->hold && held_across())
+        return 1;
     if (rank == 1) {
         if (replace_my_gen() == 0)
             return victim_wait();
@@ -323,6 +344,46 @@ Test(replace, a_message_to_the_dead_generation_is_refused_by_the_next, .timeout 
     cr_assert(strstr(text, "refused a message (type 1) from worker2 generation 0 to worker1 generation 0: it was "
                            "sent to an older generation: this is generation 1"),
               "the replacement's stderr:\n%s", text);
+}
+
+/* ---- scenario 4: a message held across the replacement of its destination ---- */
+
+/* Rank 2: a call to rank 1 generation 0 that waits in this worker (the
+ * reordering mode) until rank 1 has died and its replacement is known
+ * here; then it is released. Stamped as it is sent, it would reach
+ * generation 1, which would run it, and the quiescence waves of the
+ * graceful shutdown would never agree (it was counted for generation 0). */
+static int held_across(void)
+{
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(1, "count", SR_ARGS(), WAIT_S, &f) == 0, "count: %s", sr_last_error());
+    shared_word_bump(&sh->held);
+    WCHECK(shared_word_wait(&sh->back, 1, WAIT_S) >= 1, "rank 1's replacement was not back within %d s", WAIT_S);
+    WCHECK(sr_wait_for_worker(1, WAIT_S) == 0, "rank 1's replacement, seen from rank 2: %s", sr_last_error());
+    int rc = sr_future_wait(f, NULL);
+    WCHECK(rc == -EPIPE, "the call held for generation 0 ended with %d: %s", rc, sr_last_error());
+    sr_future_unref(f);
+    sr__reorder_pump(sr__agent, INT64_MAX, sr__agent_send_now); /* as if its time had come */
+    return 0;
+}
+
+static int driver_held(void)
+{
+    WCHECK(shared_word_wait(&sh->held, 1, WAIT_S) >= 1, "rank 2 did not hold its call within %d s", WAIT_S);
+    int rc = sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, NULL);
+    WCHECK(rc == -EPIPE, "the call rank 1 died in: %d '%s'", rc, sr_last_error());
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    shared_word_bump(&sh->back);
+    return 0;
+}
+
+Test(replace, a_message_held_for_a_dead_generation_is_dropped, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    sh->hold = true;
+    int rc = spawn("replace4", driver_held, 1);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+    cr_assert_eq(atomic_load(&sh->counted), 0, "rank 1's replacement ran a call meant for generation 0");
 }
 
 /* ---- scenario 3: replaced while a peer's threads call it ---- */
