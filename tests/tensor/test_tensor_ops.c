@@ -331,3 +331,76 @@ Test(elementwise, relu_typed_rows_match_the_definition)
     sr_tensor_unref(n);
     sr_tensor_unref(r);
 }
+
+/* layer_norm over x [m, d] with dy given, in double: y, dx, dweight, dbias
+ * (w, b may be NULL: then 1 and 0, and dw, db are not written). */
+static void naive_layer_norm(const double *x, const double *w, const double *b, const double *dy, int64_t m,
+                             int64_t d, double *y, double *dx, double *dw, double *db)
+{
+    for (int64_t j = 0; j < d && dw; j++)
+        dw[j] = db[j] = 0;
+    for (int64_t i = 0; i < m; i++, x += d, dy += d, y += d, dx += d) {
+        double mean = 0, var = 0, a = 0, c = 0;
+        for (int64_t j = 0; j < d; j++)
+            mean += x[j] / (double)d;
+        for (int64_t j = 0; j < d; j++)
+            var += (x[j] - mean) * (x[j] - mean) / (double)d;
+        double rstd = 1 / sqrt(var + 1e-5);
+        for (int64_t j = 0; j < d; j++) {
+            double xh = (x[j] - mean) * rstd, g = dy[j] * (w ? w[j] : 1);
+            y[j] = xh * (w ? w[j] : 1) + (b ? b[j] : 0);
+            a += g / (double)d;
+            c += g * xh / (double)d;
+            if (dw)
+                dw[j] += dy[j] * xh, db[j] += dy[j];
+        }
+        for (int64_t j = 0; j < d; j++)
+            dx[j] = rstd * (dy[j] * (w ? w[j] : 1) - a - (x[j] - mean) * rstd * c);
+    }
+}
+
+static void expect_near(sr_tensor *t, const double *want, int64_t n, double tol, const char *what, sr_dtype dt)
+{
+    double *got = values(t);
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            cr_assert_fail("%s %s: [%lld] %.9g vs %.9g", sr_dtype_name(dt), what, (long long)i, got[i], want[i]);
+    free(got);
+}
+
+/* Rows longer than the kernels' blocks (d = 3 x 401 = 1203: four blocks of
+ * 256 and a tail that is not a whole vector) and more rows than a partial
+ * sum of the weight's gradient takes at once (70 > 2 x 32), with and
+ * without weight and bias, x offset from 0, against a direct loop in
+ * double: f64 to 1e-10, f32 to 1e-4 relative. */
+Test(nn, layer_norm_long_rows_agree_with_a_direct_loop)
+{
+    const int64_t m = 70, d = 1203;
+    for (int affine = 0; affine < 2; affine++)
+        for (int f = 0; f < 2; f++) {
+            sr_dtype dt = f ? SR_F64 : SR_F32;
+            sr_manual_seed(31 + (uint64_t)affine);
+            sr_tensor *x0 = sr_randn(dt, 3, SHAPE(m, 3, 401), 0), *x = sr_add_scalar(x0, 3.0);
+            sr_tensor *w = affine ? sr_randn(dt, 2, SHAPE(3, 401), SR_REQUIRES_GRAD) : NULL;
+            sr_tensor *b = affine ? sr_randn(dt, 2, SHAPE(3, 401), SR_REQUIRES_GRAD) : NULL;
+            sr_tensor *dy = sr_randn(dt, 3, SHAPE(m, 3, 401), 0);
+            cr_assert(sr_tensor_set_requires_grad(x, true) == 0, "%s", sr_last_error());
+            sr_tensor *y = sr_layer_norm(x, 2, SHAPE(3, 401), w, b, 1e-5), *yd = sr_mul(y, dy), *s = sr_sum(yd);
+            cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+            double *xv = values(x), *dyv = values(dy), *wv = w ? values(w) : NULL, *bv = b ? values(b) : NULL;
+            double *ref = malloc((size_t)(2 * m * d + 2 * d) * sizeof(double));
+            double *rdx = ref + m * d, *rdw = rdx + m * d, *rdb = rdw + d;
+            naive_layer_norm(xv, wv, bv, dyv, m, d, ref, rdx, w ? rdw : NULL, w ? rdb : NULL);
+            double tol = f ? 1e-10 : 1e-4;
+            expect_near(y, ref, m * d, tol, "y", dt);
+            expect_near(sr_tensor_grad(x), rdx, m * d, tol, "dx", dt);
+            if (affine) {
+                expect_near(sr_tensor_grad(w), rdw, d, tol, "dweight", dt);
+                expect_near(sr_tensor_grad(b), rdb, d, tol, "dbias", dt);
+            }
+            free(xv), free(dyv), free(wv), free(bv), free(ref);
+            sr_tensor *ts[] = {x0, x, w, b, dy, y, yd, s};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+                sr_tensor_unref(ts[i]);
+        }
+}
