@@ -404,3 +404,73 @@ Test(nn, layer_norm_long_rows_agree_with_a_direct_loop)
                 sr_tensor_unref(ts[i]);
         }
 }
+
+/* max_pool2d of x [planes, h, w] by a direct loop: the first maximum of
+ * each clipped window in row-major order, the first NaN if any; dx adds dy
+ * at that element. */
+static void naive_max_pool(const double *x, const double *dy, int64_t planes, int64_t h, int64_t w, int64_t k,
+                           int64_t s, int64_t pad, double *y, double *dx)
+{
+    int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+    for (int64_t i = 0; i < planes * h * w; i++)
+        dx[i] = 0;
+    for (int64_t p = 0; p < planes; p++, x += h * w, dx += h * w)
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++, y++, dy++) {
+                int64_t best = -1;
+                for (int64_t iy = oy * s - pad; iy < oy * s - pad + k; iy++)
+                    for (int64_t ix = ox * s - pad; ix < ox * s - pad + k; ix++) {
+                        if (iy < 0 || iy >= h || ix < 0 || ix >= w)
+                            continue;
+                        int64_t at = iy * w + ix;
+                        if (best < 0 || (!isnan(x[best]) && (isnan(x[at]) || x[at] > x[best])))
+                            best = at;
+                    }
+                *y = x[best];
+                dx[best] += *dy;
+            }
+}
+
+/* Every geometry's kernel (the 2 x 2 stride 2 one, whose f32 vectors take 4
+ * outputs and f64 2, at a width leaving a tail and an unused last column and
+ * row; overlapping and padded windows) on values with many ties and some
+ * NaNs, forward and backward, against the direct loop, exactly. */
+Test(nn, max_pool2d_kernels_agree_with_a_direct_loop)
+{
+    const int64_t n = 2, c = 3, h = 11, w = 13, geo[3][3] = {{2, 2, 0}, {3, 2, 1}, {2, 1, 0}};
+    double *xv = malloc((size_t)(3 * n * c * h * w) * sizeof(double)), *dyv = xv + n * c * h * w;
+    double *ref_dx = dyv + n * c * h * w, ref_y[2 * 3 * 12 * 13];
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n * c * h * w; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        xv[i] = (i % 37 == 5) ? NAN : (double)((st >> 33) % 5); /* ties everywhere, a NaN now and then */
+        dyv[i] = (double)((st >> 40) % 7) + 1;
+    }
+    for (int f = 0; f < 2; f++)
+        for (int gi = 0; gi < 3; gi++) {
+            sr_dtype dt = f ? SR_F64 : SR_F32;
+            int64_t k = geo[gi][0], s = geo[gi][1], pad = geo[gi][2];
+            int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+            sr_tensor *x = tu_tensor(dt, 4, SHAPE(n, c, h, w), xv, SR_REQUIRES_GRAD);
+            sr_tensor *dy = tu_tensor(dt, 4, SHAPE(n, c, oh, ow), dyv, 0);
+            sr_tensor *y = sr_max_pool2d(x, SHAPE(k, k), SHAPE(s, s), SHAPE(pad, pad));
+            cr_assert(y, "%s", sr_last_error());
+            sr_tensor *yd = sr_mul(y, dy), *sum = sr_sum(yd);
+            cr_assert_eq(sr_backward(sum, false), 0, "%s", sr_last_error());
+            naive_max_pool(xv, dyv, n * c, h, w, k, s, pad, ref_y, ref_dx);
+            double *got = values(y), *gdx = values(sr_tensor_grad(x));
+            for (int64_t i = 0; i < n * c * oh * ow; i++)
+                if (!(got[i] == ref_y[i] || (isnan(got[i]) && isnan(ref_y[i]))))
+                    cr_assert_fail("%s k %lld s %lld p %lld: y[%lld] %g vs %g", sr_dtype_name(dt), (long long)k,
+                                   (long long)s, (long long)pad, (long long)i, got[i], ref_y[i]);
+            for (int64_t i = 0; i < n * c * h * w; i++)
+                if (gdx[i] != ref_dx[i])
+                    cr_assert_fail("%s k %lld s %lld p %lld: dx[%lld] %g vs %g", sr_dtype_name(dt), (long long)k,
+                                   (long long)s, (long long)pad, (long long)i, gdx[i], ref_dx[i]);
+            free(got), free(gdx);
+            sr_tensor *ts[] = {x, dy, y, yd, sum};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+                sr_tensor_unref(ts[i]);
+        }
+    free(xv);
+}
