@@ -178,6 +178,23 @@ DEFINE_POOL(double, f64)
         *m = (pv_##SUFFIX)(((pm_##SUFFIX)v & t) | ((pm_##SUFFIX)*m & ~t));                                     \
         *k = (*k & ~t) | (off & t);                                                                            \
     }                                                                                                          \
+    /* outputs ox .. ox + VL - 1 of output row oy (input rows r0, r1) */                                   \
+    static inline void max_vec_2x2_##SUFFIX(const T *r0, const T *r1, int64_t w, int64_t oy, int64_t ox,       \
+                                            T *out, int64_t *idx)                                              \
+    {                                                                                                          \
+        pv_##SUFFIX t0 = pld_##SUFFIX(r0 + 2 * ox), t1 = pld_##SUFFIX(r0 + 2 * ox + VL);                       \
+        pv_##SUFFIX b0 = pld_##SUFFIX(r1 + 2 * ox), b1 = pld_##SUFFIX(r1 + 2 * ox + VL);                       \
+        pv_##SUFFIX m = __builtin_shufflevector(t0, t1, SR__UNPAREN EVEN);                                     \
+        pm_##SUFFIX k = {0};                                                                                   \
+        ptake_##SUFFIX(__builtin_shufflevector(t0, t1, SR__UNPAREN ODD), 1, &m, &k);                           \
+        ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN EVEN), (IT)w, &m, &k);                      \
+        ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN ODD), (IT)w + 1, &m, &k);                   \
+        memcpy(out + ox, &m, sizeof(m));                                                                       \
+        for (int l = 0; l < VL; l++)                                                                           \
+            idx[ox + l] = 2 * oy * w + 2 * (ox + l) + k[l];                                                    \
+    }                                                                                                          \
+    /* A row's last outputs, when not a whole vector, are the row's last VL (some computed twice, the      \
+     * same way); a row narrower than VL, one output at a time in lane 0. */                                \
     static void max_fwd_2x2_##SUFFIX(const struct pool_geom *g, const T *x, T *out, int64_t *idx)              \
     {                                                                                                          \
         const int64_t w = g->w, oh = g->oh, ow = g->ow, planes = g->planes;                                    \
@@ -185,19 +202,11 @@ DEFINE_POOL(double, f64)
             for (int64_t oy = 0; oy < oh; oy++, out += ow, idx += ow) {                                        \
                 const T *r0 = x + 2 * oy * w, *r1 = r0 + w;                                                    \
                 int64_t ox = 0;                                                                                \
-                for (; ox + VL <= ow; ox += VL) {                                                              \
-                    pv_##SUFFIX t0 = pld_##SUFFIX(r0 + 2 * ox), t1 = pld_##SUFFIX(r0 + 2 * ox + VL);           \
-                    pv_##SUFFIX b0 = pld_##SUFFIX(r1 + 2 * ox), b1 = pld_##SUFFIX(r1 + 2 * ox + VL);           \
-                    pv_##SUFFIX m = __builtin_shufflevector(t0, t1, SR__UNPAREN EVEN);                         \
-                    pm_##SUFFIX k = {0};                                                                       \
-                    ptake_##SUFFIX(__builtin_shufflevector(t0, t1, SR__UNPAREN ODD), 1, &m, &k);               \
-                    ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN EVEN), (IT)w, &m, &k);          \
-                    ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN ODD), (IT)w + 1, &m, &k);       \
-                    memcpy(out + ox, &m, sizeof(m));                                                           \
-                    for (int l = 0; l < VL; l++)                                                               \
-                        idx[ox + l] = 2 * oy * w + 2 * (ox + l) + k[l];                                        \
-                }                                                                                              \
-                for (; ox < ow; ox++) {                                                                        \
+                for (; ox + VL <= ow; ox += VL)                                                                \
+                    max_vec_2x2_##SUFFIX(r0, r1, w, oy, ox, out, idx);                                         \
+                if (ox < ow && ow >= VL)                                                                       \
+                    max_vec_2x2_##SUFFIX(r0, r1, w, oy, ow - VL, out, idx);                                    \
+                for (; ow < VL && ox < ow; ox++) {                                                             \
                     pv_##SUFFIX m = {r0[2 * ox]};                                                              \
                     pm_##SUFFIX k = {0};                                                                       \
                     ptake_##SUFFIX((pv_##SUFFIX){r0[2 * ox + 1]}, 1, &m, &k);                                  \
