@@ -1,18 +1,27 @@
 /* SPDX-License-Identifier: MIT */
-/* layer_norm with its backward, one pass per row in the tensor's dtype
- * (sums in double). It normalises each sample over its trailing dims alone,
- * so a sample's output does not depend on the others in its batch: a batch
- * split into micro-batches gives the same outputs and the same summed
- * gradients (docs/TENSORS.md, "Convolution layers").
+/* layer_norm with its backward, in the tensor's dtype. It normalises each
+ * sample over its trailing dims alone, so a sample's output does not depend
+ * on the others in its batch: a batch split into micro-batches gives the
+ * same outputs and the same summed gradients (docs/TENSORS.md, "Convolution
+ * layers").
  *
  * Rows: x viewed as [M, D], D the normalized shape's size. Forward keeps
  * each row's mean and rstd = 1 / sqrt(var + eps) (biased variance). With
  * xhat = (x - mean) rstd and dxhat = dy * weight (dy without a weight):
  *   dx      = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))   per row
- *   dweight = sum over rows of dy xhat,   dbias = sum over rows of dy. */
+ *   dweight = sum over rows of dy xhat,   dbias = sum over rows of dy.
+ *
+ * Sums are blocked: each block of LN_BLOCK elements of a row is summed in
+ * the dtype, in the lanes of one or two vectors (partial sums that do not
+ * wait on one another), and each block's total is added in double; dweight
+ * and dbias add LN_ROWS rows in the dtype, then into double. So no partial
+ * sum in f32 holds more than LN_BLOCK / 4 or LN_ROWS terms, whatever the
+ * row length and the batch, and the passes over elements run in the dtype:
+ * forward reads a row three times (mean, variance, output), backward twice
+ * (one pass for the row sums and the weight and bias gradients, one for dx),
+ * from cache for rows up to a few hundred KiB. */
 #include <errno.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/engine.h"
@@ -48,86 +57,156 @@ struct ln_rows {
     int64_t m, d;
 };
 
-/* Row sums run in 8 independent partial sums (so they vectorise and do not
- * wait on one another); loop-invariant choices (weight or not) are made
- * outside the loops. */
+enum { LN_VEC = 16, LN_BLOCK = 256, LN_ROWS = 32 }; /* bytes per vector; elements; rows */
+
+/* The per-row constants of backward. */
+struct ln_coef {
+    double mean, rstd, a, c; /* a = mean(dxhat), c = mean(dxhat xhat) */
+};
+
+/* The sums use GCC/clang vector types (an SSE register on plain
+ * x86-64) so that they vectorise without -ffast-math; memcpy makes the
+ * unaligned loads and stores. */
 #define DEFINE_LN(T, SUFFIX)                                                                                   \
-    /* sum over n of x[j] - shift, or of its square: a row's sum, or its squared deviations */          \
-    static double row_dot_##SUFFIX(const T *x, double shift, bool square, int64_t n)                           \
+    typedef T vec_##SUFFIX __attribute__((vector_size(LN_VEC)));                                               \
+    enum { VL_##SUFFIX = LN_VEC / sizeof(T) };                                                                 \
+    static inline vec_##SUFFIX ld_##SUFFIX(const T *p)                                                         \
     {                                                                                                          \
-        double part[8] = {0};                                                                                  \
-        int64_t j = 0;                                                                                         \
-        for (; j + 8 <= n; j += 8)                                                                             \
-            for (int k = 0; k < 8; k++) {                                                                      \
-                double v = (double)x[j + k] - shift;                                                           \
-                part[k] += square ? v * v : v;                                                                 \
-            }                                                                                                  \
+        vec_##SUFFIX v;                                                                                        \
+        memcpy(&v, p, sizeof(v));                                                                              \
+        return v;                                                                                              \
+    }                                                                                                          \
+    static inline vec_##SUFFIX splat_##SUFFIX(T s)                                                             \
+    {                                                                                                          \
+        vec_##SUFFIX v;                                                                                        \
+        for (int k = 0; k < VL_##SUFFIX; k++)                                                                  \
+            v[k] = s;                                                                                          \
+        return v;                                                                                              \
+    }                                                                                                          \
+    static inline double hsum_##SUFFIX(vec_##SUFFIX v)                                                         \
+    {                                                                                                          \
         double s = 0.0;                                                                                        \
-        for (int k = 0; k < 8; k++)                                                                            \
-            s += part[k];                                                                                      \
-        for (; j < n; j++) {                                                                                   \
-            double v = (double)x[j] - shift;                                                                   \
-            s += square ? v * v : v;                                                                           \
-        }                                                                                                      \
+        for (int k = 0; k < VL_##SUFFIX; k++)                                                                  \
+            s += v[k];                                                                                         \
         return s;                                                                                              \
     }                                                                                                          \
-    /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                 \
-    static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *w, const T *b, T *y,        \
-                                double *stats)                                                                 \
+    /* sum over n (<= LN_BLOCK) of x[j] - shift, or of its square */                                           \
+    static inline double block_sum_##SUFFIX(const T *x, T shift, bool square, int64_t n)                       \
+    {                                                                                                          \
+        vec_##SUFFIX p0 = {0}, p1 = {0}, sh = splat_##SUFFIX(shift);                                           \
+        int64_t j = 0;                                                                                         \
+        for (; j + 2 * VL_##SUFFIX <= n; j += 2 * VL_##SUFFIX) {                                               \
+            vec_##SUFFIX v0 = ld_##SUFFIX(x + j) - sh, v1 = ld_##SUFFIX(x + j + VL_##SUFFIX) - sh;             \
+            p0 += square ? v0 * v0 : v0;                                                                       \
+            p1 += square ? v1 * v1 : v1;                                                                       \
+        }                                                                                                      \
+        double s = hsum_##SUFFIX(p0 + p1);                                                                     \
+        for (; j < n; j++)                                                                                     \
+            s += square ? ((double)x[j] - shift) * ((double)x[j] - shift) : (double)x[j] - shift;              \
+        return s;                                                                                              \
+    }                                                                                                          \
+    static double row_sum_##SUFFIX(const T *x, T shift, bool square, int64_t n)                                \
+    {                                                                                                          \
+        double s = 0.0;                                                                                        \
+        for (int64_t j = 0; j < n; j += LN_BLOCK)                                                              \
+            s += square ? block_sum_##SUFFIX(x + j, shift, true, n - j < LN_BLOCK ? n - j : LN_BLOCK)          \
+                        : block_sum_##SUFFIX(x + j, shift, false, n - j < LN_BLOCK ? n - j : LN_BLOCK);        \
+        return s;                                                                                              \
+    }                                                                                                          \
+    /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                  \
+    static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *restrict w,                 \
+                                const T *restrict b, T *restrict y, double *stats)                             \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, y += r.d) {                                                \
-            double mean = row_dot_##SUFFIX(x, 0.0, false, r.d) / (double)r.d;                                  \
-            double rstd = 1.0 / sqrt(row_dot_##SUFFIX(x, mean, true, r.d) / (double)r.d + eps);                \
+            double mean = row_sum_##SUFFIX(x, 0, false, r.d) / (double)r.d;                                    \
+            double rstd = 1.0 / sqrt(row_sum_##SUFFIX(x, (T)mean, true, r.d) / (double)r.d + eps);             \
             stats[2 * i] = mean;                                                                               \
             stats[2 * i + 1] = rstd;                                                                           \
+            T m = (T)mean, s = (T)rstd;                                                                        \
             if (w && b)                                                                                        \
                 for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (T)(((double)x[j] - mean) * rstd * w[j] + b[j]);                                    \
+                    y[j] = (x[j] - m) * s * w[j] + b[j];                                                       \
             else if (w)                                                                                        \
                 for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (T)(((double)x[j] - mean) * rstd * w[j]);                                           \
+                    y[j] = (x[j] - m) * s * w[j];                                                              \
+            else if (b)                                                                                        \
+                for (int64_t j = 0; j < r.d; j++)                                                              \
+                    y[j] = (x[j] - m) * s + b[j];                                                              \
             else                                                                                               \
                 for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (T)(((double)x[j] - mean) * rstd + (b ? (double)b[j] : 0.0));                       \
+                    y[j] = (x[j] - m) * s;                                                                     \
         }                                                                                                      \
     }                                                                                                          \
-    /* g = dy * w (dy without w) into gbuf; returns mean(g) and *c = mean(g xhat). */                        \
-    static double ln_row_means_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, double mean,    \
-                                        double rstd, double *gbuf, double *c)                                  \
+    /* One block (n <= LN_BLOCK) of a row: dw += dy xhat, db += dy; returns the block's sum of dxhat,          \
+     * *c its sum of dxhat xhat. has_w is a constant at each call. */                                          \
+    static inline double ln_bwd_block_##SUFFIX(const T *x, const T *w, const T *dy, bool has_w, T m, T s,      \
+                                               T *dw, T *db, int64_t n, double *c)                             \
     {                                                                                                          \
-        double pa[8] = {0}, pc[8] = {0}, a = 0.0, cc = 0.0;                                                    \
-        for (int64_t j = 0; j < r.d; j++)                                                                      \
-            gbuf[j] = w ? (double)dy[j] * w[j] : (double)dy[j];                                                \
+        vec_##SUFFIX pa = {0}, pc = {0}, vm = splat_##SUFFIX(m), vs = splat_##SUFFIX(s);                       \
         int64_t j = 0;                                                                                         \
-        for (; j + 8 <= r.d; j += 8)                                                                           \
-            for (int k = 0; k < 8; k++) {                                                                      \
-                pa[k] += gbuf[j + k];                                                                          \
-                pc[k] += gbuf[j + k] * (((double)x[j + k] - mean) * rstd);                                     \
-            }                                                                                                  \
-        for (int k = 0; k < 8; k++)                                                                            \
-            a += pa[k], cc += pc[k];                                                                           \
-        for (; j < r.d; j++) {                                                                                 \
-            a += gbuf[j];                                                                                      \
-            cc += gbuf[j] * (((double)x[j] - mean) * rstd);                                                    \
+        for (; j + VL_##SUFFIX <= n; j += VL_##SUFFIX) {                                                       \
+            vec_##SUFFIX g = ld_##SUFFIX(dy + j), xh = (ld_##SUFFIX(x + j) - vm) * vs;                         \
+            vec_##SUFFIX vw = ld_##SUFFIX(dw + j) + g * xh, vb = ld_##SUFFIX(db + j) + g;                      \
+            memcpy(dw + j, &vw, sizeof(vw));                                                                   \
+            memcpy(db + j, &vb, sizeof(vb));                                                                   \
+            g = has_w ? g * ld_##SUFFIX(w + j) : g;                                                            \
+            pa += g;                                                                                           \
+            pc += g * xh;                                                                                      \
         }                                                                                                      \
-        *c = cc / (double)r.d;                                                                                 \
-        return a / (double)r.d;                                                                                \
+        double a = hsum_##SUFFIX(pa), cc = hsum_##SUFFIX(pc);                                                  \
+        for (; j < n; j++) {                                                                                   \
+            T xh = (x[j] - m) * s, g = has_w ? dy[j] * w[j] : dy[j];                                           \
+            dw[j] += dy[j] * xh;                                                                               \
+            db[j] += dy[j];                                                                                    \
+            a += g;                                                                                            \
+            cc += (double)g * xh;                                                                              \
+        }                                                                                                      \
+        *c = cc;                                                                                               \
+        return a;                                                                                              \
     }                                                                                                          \
-    /* dx (if not NULL) per row; dw, db (if not NULL, zeroed) summed in double. gbuf: r.d doubles. */        \
-    static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const double *stats,   \
-                                T *dx, double *dw, double *db, double *gbuf)                                   \
+    /* dx = rstd (dxhat - a - xhat c) for one row. */                                                          \
+    static void ln_dx_##SUFFIX(const T *restrict x, const T *restrict w, const T *restrict dy,                 \
+                               struct ln_coef k, T *restrict dx, int64_t n)                                    \
+    {                                                                                                          \
+        T m = (T)k.mean, s = (T)k.rstd, a = (T)k.a, c = (T)k.c;                                                \
+        if (w)                                                                                                 \
+            for (int64_t j = 0; j < n; j++)                                                                    \
+                dx[j] = s * (dy[j] * w[j] - a - (x[j] - m) * s * c);                                           \
+        else                                                                                                   \
+            for (int64_t j = 0; j < n; j++)                                                                    \
+                dx[j] = s * (dy[j] - a - (x[j] - m) * s * c);                                                  \
+    }                                                                                                          \
+    /* One row's a and c (struct ln_coef), adding its dy xhat and dy into dwr and dbr. */                      \
+    static void ln_row_sums_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, struct ln_coef *k, \
+                                     T *dwr, T *dbr)                                                           \
+    {                                                                                                          \
+        T m = (T)k->mean, s = (T)k->rstd;                                                                      \
+        for (int64_t j = 0; j < r.d; j += LN_BLOCK) {                                                          \
+            int64_t n = r.d - j < LN_BLOCK ? r.d - j : LN_BLOCK;                                               \
+            double c;                                                                                          \
+            k->a += w ? ln_bwd_block_##SUFFIX(x + j, w + j, dy + j, true, m, s, dwr + j, dbr + j, n, &c)       \
+                      : ln_bwd_block_##SUFFIX(x + j, NULL, dy + j, false, m, s, dwr + j, dbr + j, n, &c);      \
+            k->c += c;                                                                                         \
+        }                                                                                                      \
+        k->a /= (double)r.d;                                                                                   \
+        k->c /= (double)r.d;                                                                                   \
+    }                                                                                                          \
+    /* dx (if not NULL) per row; dw, db (zeroed) the double sums over rows, with rows added LN_ROWS at         \
+     * a time into dwr, dbr (d elements each, zeroed). */                                                      \
+    static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const double *stats,    \
+                                T *dx, double *dw, double *db, T *dwr, T *dbr)                                 \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, dy += r.d) {                                               \
-            double mean = stats[2 * i], rstd = stats[2 * i + 1], c;                                            \
-            for (int64_t j = 0; dw && j < r.d; j++)                                                            \
-                dw[j] += (double)dy[j] * (((double)x[j] - mean) * rstd);                                       \
-            for (int64_t j = 0; db && j < r.d; j++)                                                            \
-                db[j] += dy[j];                                                                                \
-            if (!dx)                                                                                           \
+            struct ln_coef k = {.mean = stats[2 * i], .rstd = stats[2 * i + 1]};                               \
+            ln_row_sums_##SUFFIX(r, x, w, dy, &k, dwr, dbr);                                                   \
+            if (dx)                                                                                            \
+                ln_dx_##SUFFIX(x, w, dy, k, dx + i * r.d, r.d);                                                \
+            if ((i + 1) % LN_ROWS && i + 1 < r.m)                                                              \
                 continue;                                                                                      \
-            double a = ln_row_means_##SUFFIX(r, x, w, dy, mean, rstd, gbuf, &c);                               \
-            for (int64_t j = 0; j < r.d; j++)                                                                  \
-                dx[i * r.d + j] = (T)(rstd * (gbuf[j] - a - (((double)x[j] - mean) * rstd) * c));              \
+            for (int64_t j = 0; j < r.d; j++) {                                                                \
+                dw[j] += dwr[j], db[j] += dbr[j];                                                              \
+                dwr[j] = dbr[j] = 0;                                                                           \
+            }                                                                                                  \
         }                                                                                                      \
     }
 DEFINE_LN(float, f32)
@@ -171,31 +250,55 @@ static sr_tensor *param_grad(const struct ln_node *n, sr_dtype dt, const double 
     return t;
 }
 
+/* Backward's scratch: the double sums of dweight and dbias (d each) and
+ * their LN_ROWS-row partial sums in the dtype (d each), zeroed (kept even
+ * when neither gradient is needed: the row sums for dx fill them). A block of
+ * the shared heap when this process is a worker (so a freed one is reused,
+ * not faulted in again every call as a multi-page malloc is), else a
+ * private block; ln_grads owns it for the call and drops it at the end. */
+static sr_block *ln_scratch(int64_t d, size_t elem, double **dw, double **db, char **dwr, char **dbr)
+{
+    size_t n = (size_t)d, bytes = 2 * n * sizeof(double) + 2 * n * elem;
+    sr_block *blk = sr__block_alloc(bytes ? bytes : 1);
+    if (!blk)
+        return NULL;
+    char *p = sr__block_data(blk);
+    memset(p, 0, bytes);
+    *dw = (double *)p;
+    *db = *dw + n;
+    *dwr = (char *)(*db + n);
+    *dbr = *dwr + n * elem;
+    return blk;
+}
+
 static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *const *p, sr_tensor **out)
 {
     struct ln_rows r = n->r;
     bool need[3] = {sr__node_needs_grad(&n->base, 0), sr__node_needs_grad(&n->base, 1),
                     sr__node_needs_grad(&n->base, 2)};
-    double *acc = calloc(3 * (size_t)r.d + 1, sizeof(double)); /* dw, db, one row of g */
-    sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", saved[0]->dtype, saved[0]->ndim, saved[0]->shape) : NULL;
-    if (!acc || (need[0] && !dx)) {
-        free(acc);
+    sr_dtype dt = saved[0]->dtype;
+    double *dw, *db;
+    char *dwr, *dbr;
+    sr_block *blk = ln_scratch(r.d, sr_dtype_size(dt), &dw, &db, &dwr, &dbr);
+    sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", dt, saved[0]->ndim, saved[0]->shape) : NULL;
+    if (!blk || (need[0] && !dx)) {
+        if (blk)
+            sr__block_unref(blk);
         sr_tensor_unref(dx);
         return -ENOMEM;
     }
     const double *stats = (const double *)p[2];
-    double *dw = need[1] ? acc : NULL, *db = need[2] ? acc + r.d : NULL;
-    if (saved[0]->dtype == SR_F64)
+    if (dt == SR_F64)
         ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], stats,
-                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, acc + 2 * r.d);
+                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, (double *)dwr, (double *)dbr);
     else
         ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], stats,
-                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db, acc + 2 * r.d);
+                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db, (float *)dwr, (float *)dbr);
     out[0] = dx;
-    out[1] = dw ? param_grad(n, saved[0]->dtype, dw) : NULL;
-    out[2] = db ? param_grad(n, saved[0]->dtype, db) : NULL;
-    free(acc);
-    return (dw && !out[1]) || (db && !out[2]) ? -ENOMEM : 0;
+    out[1] = need[1] ? param_grad(n, dt, dw) : NULL;
+    out[2] = need[2] ? param_grad(n, dt, db) : NULL;
+    sr__block_unref(blk);
+    return (need[1] && !out[1]) || (need[2] && !out[2]) ? -ENOMEM : 0;
 }
 
 /* saved: 0 x, 1 weight (or none), 2 stats [M, 2] f64. */

@@ -7,7 +7,12 @@
  * of its input plane's maximum (the first one on ties; a NaN wins, as in
  * PyTorch): backward adds each output gradient at that index. avg_pool2d
  * counts the padding in the divisor (count_include_pad=True, PyTorch's
- * default), so every window divides by kH * kW. */
+ * default), so every window divides by kH * kW.
+ *
+ * The 2 x 2, stride 2, unpadded max_pool2d (a CNN's) has a kernel of its
+ * own, vectorised and without a branch on the data; max_pool2d's backward
+ * zeroes dx a band of rows at a time, just before adding into it, instead of
+ * a whole pass beforehand. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -107,11 +112,24 @@ static void window(const struct pool_geom *g, int64_t oy, int64_t ox, int64_t *y
                     *idx = best;                                                                               \
                 }                                                                                              \
     }                                                                                                          \
+    /* dx (not zeroed) = each output gradient added at its index. The rows an output row's windows reach  \
+     * are zeroed just before its gradients go in (rows past the last one zeroed so far; windows move     \
+     * down with oy), so the adds hit rows in cache, not a plane zeroed a pass earlier. */               \
     static void max_bwd_##SUFFIX(const struct pool_geom *g, const T *dy, const int64_t *idx, T *dx)            \
     {                                                                                                          \
-        for (int64_t p = 0; p < g->planes; p++, dx += g->h * g->w)                                             \
-            for (int64_t i = 0; i < g->oh * g->ow; i++)                                                        \
-                dx[*idx++] += *dy++;                                                                           \
+        for (int64_t p = 0; p < g->planes; p++, dx += g->h * g->w) {                                           \
+            int64_t zeroed = 0;                                                                                \
+            for (int64_t oy = 0; oy < g->oh; oy++, dy += g->ow, idx += g->ow) {                                \
+                int64_t reach = oy * g->sh - g->ph + g->kh < g->h ? oy * g->sh - g->ph + g->kh : g->h;         \
+                if (reach > zeroed) {                                                                          \
+                    memset(dx + zeroed * g->w, 0, (size_t)((reach - zeroed) * g->w) * sizeof(T));              \
+                    zeroed = reach;                                                                            \
+                }                                                                                              \
+                for (int64_t ox = 0; ox < g->ow; ox++)                                                         \
+                    dx[idx[ox]] += dy[ox];                                                                     \
+            }                                                                                                  \
+            memset(dx + zeroed * g->w, 0, (size_t)((g->h - zeroed) * g->w) * sizeof(T));                       \
+        }                                                                                                      \
     }                                                                                                          \
     static void avg_##SUFFIX(const struct pool_geom *g, T *x, T *y, bool backward)                             \
     {                                                                                                          \
@@ -136,11 +154,77 @@ static void window(const struct pool_geom *g, int64_t oy, int64_t ox, int64_t *y
 DEFINE_POOL(float, f32)
 DEFINE_POOL(double, f64)
 
+/* max_pool2d's 2 x 2, stride 2, unpadded window (both pools of a CNN) with
+ * no per-window clipping or branch on the data: VL outputs at a time, from
+ * two vectors of each of the two input rows split into their even (left)
+ * and odd (right) columns. Each candidate, in max_fwd's order (top left,
+ * top right, bottom left, bottom right), replaces the maximum so far if it
+ * is greater, or if it is a NaN and the maximum is not: the first maximum
+ * and the first NaN, as max_fwd. GCC (12 and later) and clang vector types. */
+#define SR__UNPAREN(...) __VA_ARGS__
+#define DEFINE_POOL_2X2(T, SUFFIX, IT, VL, EVEN, ODD)                                                          \
+    typedef T pv_##SUFFIX __attribute__((vector_size(VL * sizeof(T))));                                       \
+    typedef IT pm_##SUFFIX __attribute__((vector_size(VL * sizeof(T))));                                      \
+    static inline pv_##SUFFIX pld_##SUFFIX(const T *p)                                                         \
+    {                                                                                                          \
+        pv_##SUFFIX v;                                                                                         \
+        memcpy(&v, p, sizeof(v));                                                                              \
+        return v;                                                                                              \
+    }                                                                                                          \
+    /* candidate v at offset off replaces (*m, *k) where it wins */                                        \
+    static inline void ptake_##SUFFIX(pv_##SUFFIX v, IT off, pv_##SUFFIX *m, pm_##SUFFIX *k)                   \
+    {                                                                                                          \
+        pm_##SUFFIX t = (v > *m) | ((v != v) & (*m == *m));                                                    \
+        *m = (pv_##SUFFIX)(((pm_##SUFFIX)v & t) | ((pm_##SUFFIX)*m & ~t));                                     \
+        *k = (*k & ~t) | (off & t);                                                                            \
+    }                                                                                                          \
+    /* outputs ox .. ox + VL - 1 of output row oy (input rows r0, r1) */                                   \
+    static inline void max_vec_2x2_##SUFFIX(const T *r0, const T *r1, int64_t w, int64_t oy, int64_t ox,       \
+                                            T *out, int64_t *idx)                                              \
+    {                                                                                                          \
+        pv_##SUFFIX t0 = pld_##SUFFIX(r0 + 2 * ox), t1 = pld_##SUFFIX(r0 + 2 * ox + VL);                       \
+        pv_##SUFFIX b0 = pld_##SUFFIX(r1 + 2 * ox), b1 = pld_##SUFFIX(r1 + 2 * ox + VL);                       \
+        pv_##SUFFIX m = __builtin_shufflevector(t0, t1, SR__UNPAREN EVEN);                                     \
+        pm_##SUFFIX k = {0};                                                                                   \
+        ptake_##SUFFIX(__builtin_shufflevector(t0, t1, SR__UNPAREN ODD), 1, &m, &k);                           \
+        ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN EVEN), (IT)w, &m, &k);                      \
+        ptake_##SUFFIX(__builtin_shufflevector(b0, b1, SR__UNPAREN ODD), (IT)w + 1, &m, &k);                   \
+        memcpy(out + ox, &m, sizeof(m));                                                                       \
+        for (int l = 0; l < VL; l++)                                                                           \
+            idx[ox + l] = 2 * oy * w + 2 * (ox + l) + k[l];                                                    \
+    }                                                                                                          \
+    /* A row's last outputs, when not a whole vector, are the row's last VL (some computed twice, the      \
+     * same way); a row narrower than VL, one output at a time in lane 0. */                                \
+    static void max_fwd_2x2_##SUFFIX(const struct pool_geom *g, const T *x, T *out, int64_t *idx)              \
+    {                                                                                                          \
+        const int64_t w = g->w, oh = g->oh, ow = g->ow, planes = g->planes;                                    \
+        for (int64_t p = 0; p < planes; p++, x += g->h * w)                                                    \
+            for (int64_t oy = 0; oy < oh; oy++, out += ow, idx += ow) {                                        \
+                const T *r0 = x + 2 * oy * w, *r1 = r0 + w;                                                    \
+                int64_t ox = 0;                                                                                \
+                for (; ox + VL <= ow; ox += VL)                                                                \
+                    max_vec_2x2_##SUFFIX(r0, r1, w, oy, ox, out, idx);                                         \
+                if (ox < ow && ow >= VL)                                                                       \
+                    max_vec_2x2_##SUFFIX(r0, r1, w, oy, ow - VL, out, idx);                                    \
+                for (; ow < VL && ox < ow; ox++) {                                                             \
+                    pv_##SUFFIX m = {r0[2 * ox]};                                                              \
+                    pm_##SUFFIX k = {0};                                                                       \
+                    ptake_##SUFFIX((pv_##SUFFIX){r0[2 * ox + 1]}, 1, &m, &k);                                  \
+                    ptake_##SUFFIX((pv_##SUFFIX){r1[2 * ox]}, (IT)w, &m, &k);                                  \
+                    ptake_##SUFFIX((pv_##SUFFIX){r1[2 * ox + 1]}, (IT)w + 1, &m, &k);                          \
+                    out[ox] = m[0];                                                                            \
+                    idx[ox] = 2 * oy * w + 2 * ox + k[0];                                                      \
+                }                                                                                              \
+            }                                                                                                  \
+    }
+DEFINE_POOL_2X2(float, f32, int32_t, 4, (0, 2, 4, 6), (1, 3, 5, 7))
+DEFINE_POOL_2X2(double, f64, int64_t, 2, (0, 2), (1, 3))
+
 /* ---- backward ---- */
 
-/* dy contiguous and a zeroed dx of the input's shape (both new), or
- * -ENOMEM with neither. */
-static int pool_grad_buffer(const struct pool_node *pn, sr_tensor *dy_in, sr_tensor **dy, sr_tensor **dx)
+/* dy contiguous and a dx of the input's shape (both new; dx zeroed if
+ * zero), or -ENOMEM with neither. */
+static int pool_grad_buffer(const struct pool_node *pn, sr_tensor *dy_in, bool zero, sr_tensor **dy, sr_tensor **dx)
 {
     *dy = sr_contiguous(dy_in);
     *dx = *dy ? sr__tensor_new(pn->base.ops->name, dy_in->dtype, 4, pn->shape) : NULL;
@@ -148,7 +232,8 @@ static int pool_grad_buffer(const struct pool_node *pn, sr_tensor *dy_in, sr_ten
         sr_tensor_unref(*dy);
         return -ENOMEM;
     }
-    memset(sr__tensor_new_data(*dx), 0, sr_tensor_numel(*dx) * sr_dtype_size((*dx)->dtype));
+    if (zero)
+        memset(sr__tensor_new_data(*dx), 0, sr_tensor_numel(*dx) * sr_dtype_size((*dx)->dtype));
     return 0;
 }
 
@@ -157,7 +242,7 @@ static int max_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     struct pool_node *pn = (struct pool_node *)node;
     sr_tensor *idx, *dy, *dx;
     int rc = sr__node_saved(node, 0, &idx);
-    if (rc || (rc = pool_grad_buffer(pn, in[0], &dy, &dx)))
+    if (rc || (rc = pool_grad_buffer(pn, in[0], false, &dy, &dx)))
         return rc;
     const char *py = sr__tensor_pin(dy);
     const int64_t *pi = (const int64_t *)sr__tensor_ptr(idx); /* a snapshot: nobody writes it */
@@ -175,7 +260,7 @@ static int avg_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
 {
     struct pool_node *pn = (struct pool_node *)node;
     sr_tensor *dy, *dx;
-    int rc = pool_grad_buffer(pn, in[0], &dy, &dx);
+    int rc = pool_grad_buffer(pn, in[0], true, &dy, &dx);
     if (rc)
         return rc;
     char *py = (char *)sr__tensor_pin(dy); /* only read: avg_* reads y when backward */
@@ -225,10 +310,12 @@ SR_API sr_tensor *sr_max_pool2d(sr_tensor *x, const int64_t *kernel, const int64
         return NULL;
     }
     const char *px = sr__tensor_pin(xc);
+    bool k2 = g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.ph == 0 && g.pw == 0;
+    int64_t *pi = (int64_t *)sr__tensor_ptr(idx);
     if (x->dtype == SR_F64)
-        max_fwd_f64(&g, (const double *)px, (double *)sr__tensor_ptr(out), (int64_t *)sr__tensor_ptr(idx));
+        (k2 ? max_fwd_2x2_f64 : max_fwd_f64)(&g, (const double *)px, (double *)sr__tensor_ptr(out), pi);
     else
-        max_fwd_f32(&g, (const float *)px, (float *)sr__tensor_ptr(out), (int64_t *)sr__tensor_ptr(idx));
+        (k2 ? max_fwd_2x2_f32 : max_fwd_f32)(&g, (const float *)px, (float *)sr__tensor_ptr(out), pi);
     sr__tensor_unpin(xc);
     sr_tensor_unref(xc);
     out = record(x, out, &max_ops, &g, idx);

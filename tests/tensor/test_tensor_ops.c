@@ -4,8 +4,10 @@
  * loop), strided broadcasting, reductions of non-contiguous tensors, and
  * numerically hard softmax inputs. */
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include "gemm.h"
+#include "shmrpc/rpc.h"
 #include "tensor_util.h"
 #include "common.h"
 
@@ -330,4 +332,188 @@ Test(elementwise, relu_typed_rows_match_the_definition)
     cr_assert(got[0] == 0.0 && got[1] == 0.0, "relu(NaN, -1) = (%g, %g)", got[0], got[1]);
     sr_tensor_unref(n);
     sr_tensor_unref(r);
+}
+
+/* layer_norm over x [m, d] with dy given, in double: y, dx, dweight, dbias
+ * (w, b may be NULL: then 1 and 0, and dw, db are not written). */
+static void naive_layer_norm(const double *x, const double *w, const double *b, const double *dy, int64_t m,
+                             int64_t d, double *y, double *dx, double *dw, double *db)
+{
+    for (int64_t j = 0; j < d && dw; j++)
+        dw[j] = db[j] = 0;
+    for (int64_t i = 0; i < m; i++, x += d, dy += d, y += d, dx += d) {
+        double mean = 0, var = 0, a = 0, c = 0;
+        for (int64_t j = 0; j < d; j++)
+            mean += x[j] / (double)d;
+        for (int64_t j = 0; j < d; j++)
+            var += (x[j] - mean) * (x[j] - mean) / (double)d;
+        double rstd = 1 / sqrt(var + 1e-5);
+        for (int64_t j = 0; j < d; j++) {
+            double xh = (x[j] - mean) * rstd, g = dy[j] * (w ? w[j] : 1);
+            y[j] = xh * (w ? w[j] : 1) + (b ? b[j] : 0);
+            a += g / (double)d;
+            c += g * xh / (double)d;
+            if (dw)
+                dw[j] += dy[j] * xh, db[j] += dy[j];
+        }
+        for (int64_t j = 0; j < d; j++)
+            dx[j] = rstd * (dy[j] * (w ? w[j] : 1) - a - (x[j] - mean) * rstd * c);
+    }
+}
+
+static void expect_near(sr_tensor *t, const double *want, int64_t n, double tol, const char *what, sr_dtype dt)
+{
+    double *got = values(t);
+    for (int64_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= tol * (1 + fabs(want[i]))))
+            cr_assert_fail("%s %s: [%lld] %.9g vs %.9g", sr_dtype_name(dt), what, (long long)i, got[i], want[i]);
+    free(got);
+}
+
+/* Rows longer than the kernels' blocks (d = 3 x 401 = 1203: four blocks of
+ * 256 and a tail that is not a whole vector) and more rows than a partial
+ * sum of the weight's gradient takes at once (40 > 32), with and
+ * without weight and bias, x offset from 0, against a direct loop in
+ * double: f64 to 1e-10, f32 to 1e-4 relative. */
+Test(nn, layer_norm_long_rows_agree_with_a_direct_loop)
+{
+    const int64_t m = 40, d = 1203;
+    for (int affine = 0; affine < 2; affine++)
+        for (int f = 0; f < 2; f++) {
+            sr_dtype dt = f ? SR_F64 : SR_F32;
+            sr_manual_seed(31 + (uint64_t)affine);
+            sr_tensor *x0 = sr_randn(dt, 3, SHAPE(m, 3, 401), 0), *x = sr_add_scalar(x0, 3.0);
+            sr_tensor *w = affine ? sr_randn(dt, 2, SHAPE(3, 401), SR_REQUIRES_GRAD) : NULL;
+            sr_tensor *b = affine ? sr_randn(dt, 2, SHAPE(3, 401), SR_REQUIRES_GRAD) : NULL;
+            sr_tensor *dy = sr_randn(dt, 3, SHAPE(m, 3, 401), 0);
+            cr_assert(sr_tensor_set_requires_grad(x, true) == 0, "%s", sr_last_error());
+            sr_tensor *y = sr_layer_norm(x, 2, SHAPE(3, 401), w, b, 1e-5), *yd = sr_mul(y, dy), *s = sr_sum(yd);
+            cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+            double *xv = values(x), *dyv = values(dy), *wv = w ? values(w) : NULL, *bv = b ? values(b) : NULL;
+            double *ref = malloc((size_t)(2 * m * d + 2 * d) * sizeof(double));
+            double *rdx = ref + m * d, *rdw = rdx + m * d, *rdb = rdw + d;
+            naive_layer_norm(xv, wv, bv, dyv, m, d, ref, rdx, w ? rdw : NULL, w ? rdb : NULL);
+            double tol = f ? 1e-10 : 1e-4;
+            expect_near(y, ref, m * d, tol, "y", dt);
+            expect_near(sr_tensor_grad(x), rdx, m * d, tol, "dx", dt);
+            if (affine) {
+                expect_near(sr_tensor_grad(w), rdw, d, tol, "dweight", dt);
+                expect_near(sr_tensor_grad(b), rdb, d, tol, "dbias", dt);
+            }
+            free(xv), free(dyv), free(wv), free(bv), free(ref);
+            sr_tensor *ts[] = {x0, x, w, b, dy, y, yd, s};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+                sr_tensor_unref(ts[i]);
+        }
+}
+
+/* max_pool2d of x [planes, h, w] by a direct loop: the first maximum of
+ * each clipped window in row-major order, the first NaN if any; dx adds dy
+ * at that element. */
+static void naive_max_pool(const double *x, const double *dy, int64_t planes, int64_t h, int64_t w, int64_t k,
+                           int64_t s, int64_t pad, double *y, double *dx)
+{
+    int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+    for (int64_t i = 0; i < planes * h * w; i++)
+        dx[i] = 0;
+    for (int64_t p = 0; p < planes; p++, x += h * w, dx += h * w)
+        for (int64_t oy = 0; oy < oh; oy++)
+            for (int64_t ox = 0; ox < ow; ox++, y++, dy++) {
+                int64_t best = -1;
+                for (int64_t iy = oy * s - pad; iy < oy * s - pad + k; iy++)
+                    for (int64_t ix = ox * s - pad; ix < ox * s - pad + k; ix++) {
+                        if (iy < 0 || iy >= h || ix < 0 || ix >= w)
+                            continue;
+                        int64_t at = iy * w + ix;
+                        if (best < 0 || (!isnan(x[best]) && (isnan(x[at]) || x[at] > x[best])))
+                            best = at;
+                    }
+                *y = x[best];
+                dx[best] += *dy;
+            }
+}
+
+/* Every geometry's kernel (the 2 x 2 stride 2 one, whose f32 vectors take 4
+ * outputs and f64 2, at 7 outputs a row: a tail for both, and an unused last
+ * column and row; overlapping and padded windows) on values with many ties and some
+ * NaNs, forward and backward, against the direct loop, exactly. */
+Test(nn, max_pool2d_kernels_agree_with_a_direct_loop)
+{
+    const int64_t n = 2, c = 3, h = 11, w = 15, geo[3][3] = {{2, 2, 0}, {3, 2, 1}, {2, 1, 0}};
+    double *xv = malloc((size_t)(3 * n * c * h * w) * sizeof(double)), *dyv = xv + n * c * h * w;
+    double *ref_dx = dyv + n * c * h * w, ref_y[2 * 3 * 12 * 15];
+    uint64_t st = 12345;
+    for (int64_t i = 0; i < n * c * h * w; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        xv[i] = (i % 37 == 5) ? NAN : (double)((st >> 33) % 5); /* ties everywhere, a NaN now and then */
+        dyv[i] = (double)((st >> 40) % 7) + 1;
+    }
+    for (int f = 0; f < 2; f++)
+        for (int gi = 0; gi < 3; gi++) {
+            sr_dtype dt = f ? SR_F64 : SR_F32;
+            int64_t k = geo[gi][0], s = geo[gi][1], pad = geo[gi][2];
+            int64_t oh = (h + 2 * pad - k) / s + 1, ow = (w + 2 * pad - k) / s + 1;
+            sr_tensor *x = tu_tensor(dt, 4, SHAPE(n, c, h, w), xv, SR_REQUIRES_GRAD);
+            sr_tensor *dy = tu_tensor(dt, 4, SHAPE(n, c, oh, ow), dyv, 0);
+            sr_tensor *y = sr_max_pool2d(x, SHAPE(k, k), SHAPE(s, s), SHAPE(pad, pad));
+            cr_assert(y, "%s", sr_last_error());
+            sr_tensor *yd = sr_mul(y, dy), *sum = sr_sum(yd);
+            cr_assert_eq(sr_backward(sum, false), 0, "%s", sr_last_error());
+            naive_max_pool(xv, dyv, n * c, h, w, k, s, pad, ref_y, ref_dx);
+            double *got = values(y), *gdx = values(sr_tensor_grad(x));
+            for (int64_t i = 0; i < n * c * oh * ow; i++)
+                if (!(got[i] == ref_y[i] || (isnan(got[i]) && isnan(ref_y[i]))))
+                    cr_assert_fail("%s k %lld s %lld p %lld: y[%lld] %g vs %g", sr_dtype_name(dt), (long long)k,
+                                   (long long)s, (long long)pad, (long long)i, got[i], ref_y[i]);
+            for (int64_t i = 0; i < n * c * h * w; i++)
+                if (gdx[i] != ref_dx[i])
+                    cr_assert_fail("%s k %lld s %lld p %lld: dx[%lld] %g vs %g", sr_dtype_name(dt), (long long)k,
+                                   (long long)s, (long long)pad, (long long)i, gdx[i], ref_dx[i]);
+            free(got), free(gdx);
+            sr_tensor *ts[] = {x, dy, y, yd, sum};
+            for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+                sr_tensor_unref(ts[i]);
+        }
+    free(xv);
+}
+
+static long page_faults(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return u.ru_minflt + u.ru_majflt;
+}
+
+/* In a worker (here a one-worker job), layer_norm's backward scratch comes
+ * from the shared heap, which hands a freed block back to the next call: a
+ * [32, 28, 28] layer's (600 KiB) faulted about 150 pages in on every call
+ * when it was a calloc. Everything else here is a reused heap block too, so
+ * after a warm-up the calls fault almost nothing. */
+Test(nn, layer_norm_backward_reuses_its_scratch_in_a_worker, .timeout = 60)
+{
+    setenv("SHMRPC_WORLD_SIZE", "1", 1);
+    cr_assert_eq(sr_init(NULL), 0, "%s", sr_last_error());
+    sr_manual_seed(5);
+    sr_tensor *x = sr_randn(SR_F32, 4, SHAPE(2, 32, 28, 28), SR_REQUIRES_GRAD);
+    sr_tensor *w = sr_randn(SR_F32, 3, SHAPE(32, 28, 28), SR_REQUIRES_GRAD);
+    sr_tensor *b = sr_randn(SR_F32, 3, SHAPE(32, 28, 28), SR_REQUIRES_GRAD);
+    long faults = 0;
+    for (int i = 0; i < 8; i++) {
+        long f0 = page_faults();
+        sr_tensor *ts[] = {x, w, b};
+        for (int k = 0; k < 3; k++)
+            sr_tensor_set_grad(ts[k], NULL);
+        sr_tensor *y = sr_layer_norm(x, 3, SHAPE(32, 28, 28), w, b, 1e-5), *s = sr_sum(y);
+        cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+        sr_tensor_unref(y);
+        sr_tensor_unref(s);
+        faults += i >= 4 ? page_faults() - f0 : 0; /* the last 4 calls */
+    }
+    cr_assert_lt(faults, 4 * 40, "%ld page faults in 4 calls of layer_norm forward + backward", faults);
+    sr_tensor *ts[] = {x, w, b};
+    for (int k = 0; k < 3; k++) {
+        sr_tensor_set_grad(ts[k], NULL);
+        sr_tensor_unref(ts[k]);
+    }
+    cr_assert_eq(sr_shutdown(true, 0), 0, "%s", sr_last_error());
 }
