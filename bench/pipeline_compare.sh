@@ -9,6 +9,8 @@
 #
 #   bench/pipeline_compare.sh [--json] [--no-torch] [--smoke] [BUILD_DIR [STAGES [BATCHES]]]   (defaults: build 2 30)
 #
+# The options may also come after the positional arguments.
+#
 # Ours: BATCHES batches timed from the first (its warm-up included); PyTorch:
 # BATCHES batches after 3 warm-up ones. One line per number of splits, then
 # one for the best:
@@ -23,16 +25,18 @@
 # accuracy on 64 test images, no verdict: its figures are not measurements.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-json=0 no_torch=0 smoke=0
-while [ $# -gt 0 ]; do
-  case $1 in
-    --json) json=1; shift ;;
-    --no-torch) no_torch=1; shift ;;
-    --smoke) smoke=1 no_torch=1; shift ;;
-    *) break ;;
+json=0 no_torch=0 smoke=0 pos=()
+for a in "$@"; do # options anywhere: before, between or after BUILD_DIR STAGES BATCHES
+  case $a in
+    --json) json=1 ;;
+    --no-torch) no_torch=1 ;;
+    --smoke) smoke=1 no_torch=1 ;;
+    -*) echo "pipeline_compare.sh: unknown option '$a' (--json, --no-torch, --smoke)" >&2; exit 2 ;;
+    *) pos+=("$a") ;;
   esac
 done
-build=${1:-build} stages=${2:-2} batches=${3:-$([ $smoke = 1 ] && echo 1 || echo 30)}
+[ ${#pos[@]} -le 3 ] || { echo "pipeline_compare.sh: at most BUILD_DIR STAGES BATCHES, got: ${pos[*]}" >&2; exit 2; }
+build=${pos[0]:-build} stages=${pos[1]:-2} batches=${pos[2]:-$([ $smoke = 1 ] && echo 1 || echo 30)}
 target=1.3 test_limit=$([ $smoke = 1 ] && echo 64 || echo 1000)
 [ $smoke = 0 ] || echo "# pipeline_compare.sh --smoke: $batches batch(es), no PyTorch; a check that every run works:" \
   "the figures below are not measurements" >&$([ $json = 1 ] && echo 2 || echo 1)

@@ -3,6 +3,7 @@
  * against the same computation done with local autograd. The full port of
  * PyTorch's dist_autograd_test.py is in test_dist_autograd*.c. */
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include "rpc_harness.h"
@@ -10,6 +11,9 @@
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/tensor.h"
 #include "waiter.h" /* sr__now_ns */
+
+#define EVENT_WAIT_S 60
+#include "shared_event.h"
 
 LEAK_CHECKED_SUITE(dist_autograd_core);
 
@@ -482,4 +486,160 @@ static int custom_function_step(int rank, int world)
 Test(dist_autograd_core, custom_function_on_either_side_of_an_rpc, .timeout = 120)
 {
     RUN_JOB("dacube", 2, .scenario = custom_function_step, .register_fns = register_cube, .shutdown_timeout = 30);
+}
+
+/* A pipeline's backward on one worker: while a gradient request of a pass
+ * runs there, the requests of the same pass that arrive meanwhile join that
+ * run's thread (the pass's runner, backward.c), which serves them one after
+ * the other as soon as its run ends, instead of each taking an executor that
+ * blocks on the engine's task lock until the run ends and is then woken in
+ * turn (one thread hand-off per micro-batch and stage). Worker 0 makes
+ * GATED calls to worker 1's "gated" (a custom function), so its backward
+ * sends worker 1 GATED gradient requests at once. The first GatedBackward to
+ * run holds its run until the other GATED - 1 requests have joined (bounded
+ * wait), and every GatedBackward notes its thread: all must run on one.
+ * Worker 1's main thread waits outside the runtime meanwhile, so it is not
+ * the one that reads the requests (a waiter in sr_shutdown would keep them
+ * all and run them itself anyway). */
+enum { GATED = 8 };
+extern _Atomic uint64_t sr__dist_propagates_joined;
+
+static struct gated_state { /* worker 1's, in its own process */
+    pthread_mutex_t mu;
+    int calls;
+    bool all_joined; /* the first run saw the others join */
+    uint64_t joined_at_start;
+    pthread_t threads[GATED];
+} gst = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static _Atomic uint32_t *gated_done; /* shared: worker 0 is done with worker 1 */
+
+static int gated_fwd(sr_function_ctx *ctx, sr_tensor *const *in, size_t n, sr_tensor **out, size_t nout)
+{
+    (void)ctx, (void)n, (void)nout;
+    out[0] = sr_clone(in[0]);
+    return out[0] ? 0 : -ENOMEM;
+}
+
+static int gated_bwd(sr_function_ctx *ctx, sr_tensor *const *gout, size_t nout, sr_tensor **gin, size_t n)
+{
+    (void)ctx, (void)nout, (void)n;
+    pthread_mutex_lock(&gst.mu);
+    int call = gst.calls++;
+    if (call < GATED)
+        gst.threads[call] = pthread_self();
+    uint64_t want = gst.joined_at_start + GATED - 1;
+    pthread_mutex_unlock(&gst.mu);
+    int64_t deadline = sr__now_ns() + 10 * INT64_C(1000000000);
+    /* acquire: pairs with the release increment of a request that joined */
+    while (call == 0 && atomic_load_explicit(&sr__dist_propagates_joined, memory_order_acquire) < want &&
+           sr__now_ns() < deadline)
+        sched_yield(); /* an event (the counter moves), bounded by the deadline */
+    if (call == 0)
+        gst.all_joined = atomic_load_explicit(&sr__dist_propagates_joined, memory_order_acquire) >= want;
+    gin[0] = sr_tensor_ref(gout[0]);
+    return 0;
+}
+
+static const sr_autograd_function gated_fn = {"Gated", gated_fwd, gated_bwd, NULL};
+
+/* gated(x) -> Gated(x), recorded in the caller's context. */
+static int gated(sr_call *c)
+{
+    sr_tensor *x = sr_value_tensor(sr_call_arg(c, 0)), *y = NULL;
+    pthread_mutex_lock(&gst.mu); /* every forward comes before the backward */
+    gst.joined_at_start = atomic_load_explicit(&sr__dist_propagates_joined, memory_order_acquire);
+    pthread_mutex_unlock(&gst.mu);
+    int rc = x ? sr_function_apply(&gated_fn, &x, 1, &y, 1) : -EINVAL;
+    sr_value *v = rc ? NULL : sr_value_from_tensor(y);
+    sr_tensor_unref(y);
+    return v ? sr_call_return(c, v) : sr_call_fail(c, rc ? rc : -ENOMEM, "gated: %s", sr_last_error());
+}
+
+/* gated_report() -> [calls, all joined, threads that ran GatedBackward]. */
+static int gated_report(sr_call *c)
+{
+    pthread_mutex_lock(&gst.mu);
+    int distinct = 0;
+    for (int i = 0; i < gst.calls && i < GATED; i++) {
+        bool seen = false;
+        for (int k = 0; k < i; k++)
+            seen = seen || pthread_equal(gst.threads[k], gst.threads[i]);
+        distinct += !seen;
+    }
+    sr_value *v[3] = {sr_int(gst.calls), sr_bool(gst.all_joined), sr_int(distinct)};
+    pthread_mutex_unlock(&gst.mu);
+    sr_value *list = sr_list(3, v);
+    for (int i = 0; i < 3; i++)
+        sr_value_unref(v[i]);
+    return sr_call_return(c, list);
+}
+
+static void register_gated(void)
+{
+    sr_register("gated", gated);
+    sr_register("gated_report", gated_report);
+}
+
+static int gated_calls(void)
+{
+    const double xv[2] = {1, -2}, want[2] = {GATED, GATED};
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "begin: %s", sr_last_error());
+    sr_tensor *x = vec(xv, 2, true), *loss = NULL;
+    sr_value *xa = sr_value_from_tensor(x);
+    sr_future *f[GATED];
+    for (int i = 0; i < GATED; i++)
+        WCHECK(sr_rpc_async(1, "gated", SR_ARGS(xa), 0, &f[i]) == 0, "rpc_async: %s", sr_last_error());
+    for (int i = 0; i < GATED; i++) {
+        sr_value *out = NULL;
+        int rc = sr_future_wait(f[i], &out);
+        sr_tensor *s = rc ? NULL : sr_sum(sr_value_tensor(out)), *sum = s && loss ? sr_add(loss, s) : s;
+        WCHECK(sum, "gated call %d: %s", i, sr_last_error());
+        if (sum != s)
+            sr_tensor_unref(s);
+        sr_tensor_unref(loss);
+        loss = sum;
+        sr_value_unref(out);
+        sr_future_unref(f[i]);
+    }
+    WCHECK(sr_dist_autograd_backward(ctx, &loss, 1, false) == 0, "backward: %s", sr_last_error());
+    sr_tensor *gx = NULL;
+    WCHECK(sr_dist_autograd_get_gradient(ctx, x, &gx) == 0, "grad: %s", sr_last_error());
+    WCHECK(close_to(gx, want, 2), "wrong gradient through %d gated calls", GATED);
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "end: %s", sr_last_error());
+    sr_tensor_unref(gx);
+    sr_tensor_unref(loss);
+    sr_value_unref(xa);
+    sr_tensor_unref(x);
+    return 0;
+}
+
+static int requests_join_step(int rank, int world)
+{
+    (void)world;
+    if (rank == 1) { /* wait outside the runtime until worker 0 is done: the progress thread reads the requests */
+        WCHECK(wait_for(gated_done, 1), "worker 0 never finished its gated calls");
+        return 0;
+    }
+    int rc = gated_calls();
+    sr_value *r = NULL;
+    if (!rc)
+        WCHECK(sr_rpc_sync(1, "gated_report", SR_NOARGS, 0, &r) == 0, "gated_report: %s", sr_last_error());
+    set_and_wake(gated_done, 1);
+    if (rc)
+        return rc;
+    int64_t calls = sr_value_int(sr_value_list_at(r, 0)), threads = sr_value_int(sr_value_list_at(r, 2));
+    bool joined = sr_value_bool(sr_value_list_at(r, 1));
+    sr_value_unref(r);
+    WCHECK(calls == GATED, "GatedBackward ran %lld times on worker 1, want %d", (long long)calls, GATED);
+    WCHECK(joined, "the other %d gradient requests did not join the run in progress within 10 s", GATED - 1);
+    WCHECK(threads == 1, "the %d gradient requests of one pass ran on %lld threads of worker 1, want 1 (its runner)",
+           GATED, (long long)threads);
+    return 0;
+}
+
+Test(dist_autograd_core, requests_of_a_running_pass_join_its_runner, .timeout = 120)
+{
+    gated_done = shared_page(4096);
+    RUN_JOB("dajoin", 2, .scenario = requests_join_step, .register_fns = register_gated, .shutdown_timeout = 30);
 }

@@ -13,6 +13,10 @@
  *   PROPAGATE  {msg_id, pass, retain, grads...} to the worker that made
  *              send function msg_id: feed it and run. It runs on an
  *              executor; no thread waits while gradients are on their way.
+ *              One thread at a time runs a pass on a worker (the pass's
+ *              *runner*, see "Runner" below): a PROPAGATE that arrives
+ *              while it runs joins its queue instead of blocking a thread
+ *              on the engine's task lock.
  *   RecvRpcBackward (run by the engine, on the thread that runs the graph)
  *              sends PROPAGATE to its peer, counted in the pass's state on
  *              this worker.
@@ -53,6 +57,23 @@
  * run, for whatever is outstanding in the context deadlocked: a PROPAGATE
  * served on the root could take the RPC the root's own run sent, whose
  * answer waited for that very PROPAGATE.)
+ *
+ * Runner. The engine runs a task under its lock, so two runs of one pass on
+ * a worker never overlap anyway; what matters is who waits. A PROPAGATE that
+ * finds the pass running here is appended to the pass state's queue (`jobs`)
+ * and its thread goes back at once: on the polling thread, before any
+ * executor is woken for it (sr__dist_serve_propagate), or in job_run. The
+ * runner feeds and runs the queued requests one at a time, in arrival
+ * order, answering each after its own run, until the queue is empty; then
+ * it stops being the runner, under the same lock as the queue, so a request
+ * either joins a runner that will run it or becomes the runner itself. A
+ * pipeline stage thus runs micro-batch k + 1's backward on the thread that
+ * ran k's, as soon as k's ends, with no thread handed the task lock, woken
+ * or started per micro-batch. The queue only holds requests of a pass that
+ * is running here, each counted active, so a runner that drains it does a
+ * bounded amount of work: the pass's gradients for this worker's send
+ * functions. The root's own run (root_start) is not a runner: it runs
+ * on the caller's thread, which goes on to wait for the pass.
  *
  * Locks: begin_lock -> engine task lock -> context lock (context.h). The
  * pass states of a context and all their fields are guarded by the context
@@ -214,6 +235,8 @@ void (*sr__dist_root_hook)(void);
  * and only that thread answers the parent and frees it: exactly once. */
 enum { WINDOW = 1024 };
 
+struct job;
+
 struct req {
     struct req *next;
     struct sr__dpass *pass;
@@ -234,6 +257,8 @@ struct sr__dpass {
     struct req *head, *tail; /* queued, not sent */
     int err;                 /* the first error, local or from an answer */
     char *text;
+    bool running;            /* a runner serves the pass's requests here (see "Runner") */
+    struct job *jobs, *jobs_tail; /* requests waiting for the runner, each counted in active */
 };
 
 /* The pass state of the run in progress on this thread (set around run). */
@@ -263,25 +288,43 @@ static void note_error_locked(struct sr__dpass *p, int err, const char *text)
     }
 }
 
+/* Under c->lock: the state of pass id on this worker, or NULL. */
+static struct sr__dpass *pass_find_locked(sr_dctx *c, int64_t id)
+{
+    struct sr__dpass *p = c->engaged;
+    while (p && p->id != id)
+        p = p->next;
+    return p;
+}
+
+/* Under c->lock: job j waits for p's runner (p->running), counted active. */
+static void job_queue_locked(struct sr__dpass *p, struct job *j);
+
 /* A run of pass `id` begins here, for the PROPAGATE answered by `call` (for
  * the root: its completion). Engages the worker if it was not: `call`
  * becomes the parent (*parent set), answered when the worker disengages;
  * otherwise the caller answers `call` once its run ends. NULL: out of
- * memory. */
-static struct sr__dpass *pass_enter(sr_dctx *c, int64_t id, bool retain, sr_future *call, bool *parent)
+ * memory. For a PROPAGATE (j, its job; NULL for the root): if the pass has
+ * a runner here, j joins its queue (*joined set) and the runner answers it;
+ * otherwise the caller becomes the runner. */
+static struct sr__dpass *pass_enter(sr_dctx *c, int64_t id, bool retain, sr_future *call, bool *parent,
+                                    struct job *j, bool *joined)
 {
     pthread_mutex_lock(&c->lock);
-    struct sr__dpass *p = c->engaged;
-    while (p && p->id != id)
-        p = p->next;
+    struct sr__dpass *p = pass_find_locked(c, id);
     *parent = !p;
     if (!p && (p = calloc(1, sizeof(*p)))) {
         *p = (struct sr__dpass){.next = c->engaged, .c = sr__dctx_ref(c), .id = id, .retain = retain,
                                 .parent = sr_future_ref(call)};
         c->engaged = p;
     }
-    if (p)
+    *joined = p && j && p->running;
+    if (*joined)
+        job_queue_locked(p, j);
+    else if (p)
         p->active++;
+    if (p && j)
+        p->running = true;
     pthread_mutex_unlock(&c->lock);
     return p;
 }
@@ -473,11 +516,37 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
 /* ---- PROPAGATE: gradients for one of our send functions ---- */
 
 struct job {
+    struct job *next;  /* in its pass's queue (struct sr__dpass, jobs) */
     int caller;
     int64_t ctx_id;
+    bool parent;       /* its call is the pass's parent here: answered when the worker disengages */
     sr_value *args;
     sr_future *done;
 };
+
+/* Test hook (tests/dist_autograd/test_dist_autograd_core.c): requests that
+ * joined a running pass's queue instead of running themselves. */
+_Atomic uint64_t sr__dist_propagates_joined;
+
+static void job_queue_locked(struct sr__dpass *p, struct job *j)
+{
+    j->next = NULL;
+    j->parent = false; /* the pass was engaged before it: its parent is another call */
+    if (p->jobs)
+        p->jobs_tail->next = j;
+    else
+        p->jobs = j;
+    p->jobs_tail = j;
+    p->active++;
+    atomic_fetch_add_explicit(&sr__dist_propagates_joined, 1, memory_order_release); /* pairs with the test's acquire */
+}
+
+static void job_free(struct job *j)
+{
+    sr_value_unref(j->args);
+    sr_future_unref(j->done);
+    free(j);
+}
 
 static int node_error(int err, const char *text, char *buf, size_t len)
 {
@@ -519,15 +588,64 @@ static bool well_formed(sr_value *a)
            sr_value_type(sr_value_list_at(a, 1)) == SR_KIND_INT;
 }
 
+/* Answer j's call now unless it is the parent (answered when the worker
+ * disengages), with its run's error: the requests the run sent are the
+ * pass's, awaited by the parent. */
+static void job_answer(struct job *j, int err, const char *text)
+{
+    if (j->parent)
+        return;
+    if (err)
+        sr__future_fail_text(j->done, err, text);
+    else
+        sr_future_set_result(j->done, NULL);
+}
+
+/* j's run ended with err: count it out of p, and take the next queued job,
+ * or stop being p's runner if there is none, in one step under the lock
+ * (see "Runner"). Ends p if it is idle now. */
+static struct job *runner_next(struct sr__dpass *p, int err, const char *text)
+{
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err, text);
+    p->active--;
+    struct job *next = p->jobs;
+    if (next)
+        p->jobs = next->next;
+    else
+        p->running = false;
+    bool idle = pass_idle_locked(p); /* false while next is queued: it is counted active */
+    pthread_mutex_unlock(&p->c->lock);
+    if (idle)
+        pass_end(p);
+    return next;
+}
+
+/* p's runner: run j, then every request queued meanwhile, one at a time in
+ * arrival order, each answered after its own run. */
+static void runner(sr_dctx *c, struct sr__dpass *p, struct job *j)
+{
+    while (j) {
+        char text[1024] = "";
+        int err = run_send_fn(c, sr_value_int(sr_value_list_at(j->args, 0)), p, j->args);
+        if (err)
+            err = node_error(err, sr_last_error(), text, sizeof(text));
+        job_answer(j, err, text);
+        struct job *next = runner_next(p, err, text); /* may end the pass here: answers the parent */
+        atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
+        job_free(j);
+        j = next;
+    }
+}
+
 /* Serve one PROPAGATE: enter the pass (engaging this worker if it was not:
- * then this call is the parent, answered when the worker disengages), run,
- * and answer a call that is not the parent now, with this run's own error:
- * the requests the run sent are the pass's, awaited by the parent. */
+ * then this call is the parent, answered when the worker disengages), then
+ * join the pass's runner or become it. */
 static void job_run(void *arg)
 {
     struct job *j = arg;
     char text[1024] = "";
-    bool parent = false;
+    bool joined = false;
     struct sr__dpass *p = NULL;
     sr_dctx *c = sr__dctx_find(j->ctx_id);
     sr_value *a = j->args;
@@ -537,23 +655,38 @@ static void job_run(void *arg)
     if (!err && !well_formed(a))
         err = sr__fail(-EBADMSG, "sr_dist_autograd_backward", "a malformed gradient message from worker%d", j->caller);
     else if (!err && !(p = pass_enter(c, sr_value_int(sr_value_list_at(a, 1)), sr_value_bool(sr_value_list_at(a, 2)),
-                                      j->done, &parent)))
+                                      j->done, &j->parent, j, &joined)))
         err = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-    else if (!err)
-        err = run_send_fn(c, sr_value_int(sr_value_list_at(a, 0)), p, a);
-    if (err)
+    if (err) { /* no pass entered: answered now */
         err = node_error(err, sr_last_error(), text, sizeof(text));
-    if (!parent && err)
-        sr__future_fail_text(j->done, err, text);
-    else if (!parent)
-        sr_future_set_result(j->done, NULL);
-    if (p)
-        pass_leave(p, err, text); /* may end the pass here: answers the parent */
-    atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
+        j->parent = false;
+        job_answer(j, err, text);
+        atomic_fetch_add_explicit(&sr__dist_propagates_served, 1, memory_order_release); /* pairs with the test's acquire */
+        job_free(j);
+    } else if (!joined) {
+        runner(c, p, j);
+    }
     sr__dctx_unref(c);
-    sr_value_unref(j->args);
-    sr_future_unref(j->done);
-    free(j);
+}
+
+/* On the polling thread: j joins the queue of its pass if the pass has a
+ * runner here, so that no executor is woken for it; false otherwise (or if
+ * anything is amiss: job_run then says what). */
+static bool join_running(struct job *j)
+{
+    if (!well_formed(j->args))
+        return false;
+    sr_dctx *c = sr__dctx_find(j->ctx_id);
+    if (!c)
+        return false;
+    pthread_mutex_lock(&c->lock);
+    struct sr__dpass *p = c->dead_err ? NULL : pass_find_locked(c, sr_value_int(sr_value_list_at(j->args, 1)));
+    bool joined = p && p->running;
+    if (joined)
+        job_queue_locked(p, j);
+    pthread_mutex_unlock(&c->lock);
+    sr__dctx_unref(c);
+    return joined;
 }
 
 int sr__dist_serve_propagate(int caller, uint64_t ctx_id, sr_value *args, sr_future **out)
@@ -566,12 +699,10 @@ int sr__dist_serve_propagate(int caller, uint64_t ctx_id, sr_value *args, sr_fut
     }
     *j = (struct job){.caller = caller, .ctx_id = (int64_t)ctx_id, .args = sr_value_ref(args),
                       .done = sr_future_ref(f)};
-    int rc = sr__exec_submit(job_run, j);
+    int rc = join_running(j) ? 0 : sr__exec_submit(job_run, j);
     if (rc) {
-        sr_value_unref(j->args);
-        sr_future_unref(j->done);
+        job_free(j);
         sr_future_unref(f);
-        free(j);
         return rc;
     }
     *out = f;
@@ -715,7 +846,8 @@ static int root_start(sr_dctx *c, sr_tensor *const *roots, size_t n, bool retain
     bool engaged;
     struct sr__dpass *p = NULL;
     int rc = r->all ? sr__dctx_next_message_id(&pass) : sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
-    if (!rc && !(p = pass_enter(c, pass, retain, r->all, &engaged))) /* a new id: engaged, parent `all` */
+    bool joined;
+    if (!rc && !(p = pass_enter(c, pass, retain, r->all, &engaged, NULL, &joined))) /* a new id: engaged, parent `all` */
         rc = sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
     if (!rc)
         rc = begin_pass(c, pass, retain, roots, n);
