@@ -15,6 +15,7 @@
 #include "error.h"
 #include "future_internal.h"
 #include "module.h"
+#include "objcache.h"
 #include "waiter.h"
 
 /* CALLBACKS: a callback was added (under lock, before completion); only then
@@ -95,66 +96,31 @@ bool sr__future_arm_wake(sr_future *f)
     return false;
 }
 
-/* Freed futures kept by the thread that freed them, for its next
- * sr_future_new: a call's future costs no allocation in the steady state
- * (a caller frees the previous call's future just before the next call).
- * The cache holds only futures whose last reference this thread dropped
- * (the acq_rel decrement, or the sole-owner acquire load, orders every
- * other holder's use before the reuse). At thread exit the key's destructor
- * frees them. Under AddressSanitizer there is no cache, so that a use after
- * the last unref is still caught. */
-#define FUTURE_CACHE 8
-
-struct future_cache {
-    unsigned n;
-    bool registered, gone; /* gone: the destructor ran; free from now on */
-    sr_future *f[FUTURE_CACHE];
-};
-static _Thread_local struct future_cache cache;
-static pthread_key_t cache_key;
-static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
-static bool cache_key_ok;
-
-static void future_free(sr_future *f)
+static void future_free(void *p)
 {
+    sr_future *f = p;
     pthread_mutex_destroy(&f->lock);
     free(f);
 }
 
-static void cache_drain(void *p)
-{
-    struct future_cache *c = p;
-    while (c->n)
-        future_free(c->f[--c->n]);
-    c->gone = true;
-}
-
-static void cache_key_make(void) { cache_key_ok = pthread_key_create(&cache_key, cache_drain) == 0; }
+/* Freed futures kept by the thread that freed them, for its next
+ * sr_future_new (objcache.h): a call's future costs no allocation in the
+ * steady state (a caller frees the previous call's future just before the
+ * next call). The cache holds only futures whose last reference this
+ * thread dropped (the acq_rel decrement, or the sole-owner acquire load,
+ * orders every other holder's use before the reuse). */
+static _Thread_local struct sr__objcache cache = SR__OBJCACHE_INIT(8, future_free);
 
 /* f's last reference is gone: keep it for this thread's next future, or free it. */
 static void future_recycle(sr_future *f)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    future_free(f);
-    return;
-#endif
-    struct future_cache *c = &cache;
-    if (c->n < FUTURE_CACHE && !c->gone) {
-        if (!c->registered) {
-            pthread_once(&cache_once, cache_key_make);
-            c->registered = cache_key_ok && pthread_setspecific(cache_key, c) == 0;
-        }
-        if (c->registered) {
-            c->f[c->n++] = f;
-            return;
-        }
-    }
-    future_free(f);
+    if (!sr__objcache_put(&cache, f))
+        future_free(f);
 }
 
 SR_API sr_future *sr_future_new(void)
 {
-    sr_future *f = cache.n ? cache.f[--cache.n] : NULL;
+    sr_future *f = sr__objcache_get(&cache);
     if (!f) {
         f = aligned_alloc(64, (sizeof(*f) + 63) & ~(size_t)63);
         if (!f) {

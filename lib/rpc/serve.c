@@ -11,7 +11,6 @@
  * completes; modules may prepare the arguments just before the function
  * runs (an RRef proxy call gets the owner's local value). */
 #include <errno.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +23,7 @@
 #include "log.h"
 #include "ext.h"
 #include "module.h"
+#include "objcache.h"
 #include "payload.h"
 #include "registry.h"
 #include "thread.h"
@@ -56,67 +56,26 @@ void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
 
 /* ---- call records -----------------------------------------------------------
  * Freed records are kept by the thread that freed them, for the next request
- * it decodes: a poller that serves calls inline (the no-op, cheap built-ins,
- * async functions) then allocates nothing per call, as the caller's futures
- * (future.c). Ownership: the cache is this thread's alone (_Thread_local);
- * a record enters it only from call_release, once nothing refers to it (the
- * call was answered or dropped), and leaves it only to call_new on the same
- * thread, so no ordering is needed. A record freed on an executor stays in
- * that executor's cache (bounded: CALL_CACHE), and the key's destructor
- * frees a thread's cache when it exits. Under AddressSanitizer there is no
- * cache, so that a use after the release is still caught. */
-#define CALL_CACHE 4
-
-struct call_cache {
-    unsigned n;
-    bool registered, gone; /* gone: the destructor ran; free from now on */
-    struct sr_call *c[CALL_CACHE];
-};
-static _Thread_local struct call_cache call_cache;
-static pthread_key_t call_cache_key;
-static pthread_once_t call_cache_once = PTHREAD_ONCE_INIT;
-static bool call_cache_key_ok;
-
-static void call_cache_drain(void *p)
-{
-    struct call_cache *k = p;
-    while (k->n)
-        free(k->c[--k->n]);
-    k->gone = true;
-}
-
-static void call_cache_key_make(void)
-{
-    call_cache_key_ok = pthread_key_create(&call_cache_key, call_cache_drain) == 0;
-}
+ * it decodes (objcache.h): a poller that serves calls inline (the no-op,
+ * cheap built-ins, async functions) then allocates nothing per call, as the
+ * caller's futures (future.c). A record enters the cache only from
+ * call_release, once nothing refers to it (the call was answered or
+ * dropped). A record freed on an executor stays in that executor's cache. */
+static _Thread_local struct sr__objcache call_cache = SR__OBJCACHE_INIT(4, free);
 
 /* A record to fill (every field: decode_request), from this thread's cache
  * when it has one. */
 static struct sr_call *call_new(void)
 {
-    struct call_cache *k = &call_cache;
-    return k->n ? k->c[--k->n] : malloc(sizeof(struct sr_call));
+    struct sr_call *c = sr__objcache_get(&call_cache);
+    return c ? c : malloc(sizeof(struct sr_call));
 }
 
 /* c is no longer referred to: keep it for this thread's next call_new, or free it. */
 static void call_release(struct sr_call *c)
 {
-#if defined(__SANITIZE_ADDRESS__)
-    free(c);
-    return;
-#endif
-    struct call_cache *k = &call_cache;
-    if (k->n < CALL_CACHE && !k->gone) {
-        if (!k->registered) {
-            pthread_once(&call_cache_once, call_cache_key_make);
-            k->registered = call_cache_key_ok && pthread_setspecific(call_cache_key, k) == 0;
-        }
-        if (k->registered) {
-            k->c[k->n++] = c;
-            return;
-        }
-    }
-    free(c);
+    if (!sr__objcache_put(&call_cache, c))
+        free(c);
 }
 
 SR_API size_t sr_call_nargs(const sr_call *c)

@@ -98,7 +98,9 @@
 
 typedef struct sr_tport sr_tport;
 
-/* A snapshot of the transport's debug counters (relaxed reads). */
+/* A snapshot of the transport's debug counters (relaxed reads). sleeps: the
+ * consumer's sleeps on the inbox, in wake->sleep and wake->hold_sleep (a
+ * check that finds work and returns is no sleep); not sleep_aside. */
 struct sr_tport_stats {
     uint64_t sent, received, wakes, sleeps, full, spin_hits;
     uint64_t rings; /* doorbell checks made by sends and ring_peer (wake): D3 fences, each a load of a peer's line */

@@ -224,7 +224,9 @@ typedef struct sr_debug_info {
     uint64_t server_async_calls;   /* of which async functions awaiting their future */
     uint32_t thread_pool_size, num_idle_threads; /* executors started so far; asleep */
     uint64_t messages_sent, messages_received;
-    uint64_t wakes_issued, sleeps_taken;
+    uint64_t wakes_issued;         /* doorbell wake syscalls this worker made */
+    uint64_t sleeps_taken;         /* sleeps of the thread reading this worker's inbox, on its doorbell: the
+                                    * progress thread's, and a waiting user thread's that holds the inbox */
 } sr_debug_info;
 
 SR_API int sr_debug_info_get(sr_debug_info *out);

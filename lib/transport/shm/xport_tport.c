@@ -84,6 +84,9 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
      * busy() reads (the departures, the RPC layer's closing) */
     atomic_thread_fence(memory_order_seq_cst);
     if (!sr__ring_cons_pending(x->inbox) && !sr__xport_space_kicked(x) && !busy(arg)) {
+        /* relaxed: a statistic; the holder is the inbox's consumer, its only writer (xport.h) */
+        atomic_store_explicit(&x->st.sleeps, atomic_load_explicit(&x->st.sleeps, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
         int rc;
         if (word) {
             struct futex_waitv v[2] = {
