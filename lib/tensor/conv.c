@@ -529,19 +529,20 @@ static void flip_weight(const struct conv_geom *g, size_t es, char *w, char *wt,
             }
 }
 
-/* The backward of bwd_by_conv's convolutions: dx (if non-NULL), dw (if
- * non-NULL, zeroed), db (if non-NULL, zeroed) from dy. */
+/* The backward of bwd_by_conv's convolutions: dx, dw, db (each NULL or
+ * zeroed) from dy. */
 static int conv_backward_by_conv(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w,
                                  const char *dy, char *dx, char *dw, double *db)
 {
     size_t es = sr_dtype_size(dt);
     struct conv_geom gd = dy_geom(g);
     int64_t kt = geom_k(&gd), hw = g->h * g->w, l = geom_l(g), wn = g->c * kt;
-    char *pad, *colt = col_alloc(&gd, es, 1, &pad), *wt = calloc(2, (size_t)wn * es), *dwt = NULL;
+    char *pad, *colt = col_alloc(&gd, es, 1, &pad), *wt = malloc(2 * (size_t)wn * es), *dwt = NULL;
     int rc = colt && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld column "
                                        "buffer", (long long)kt, (long long)hw);
     if (!rc) { /* Wt, then grad Wt (zeroed) */
         dwt = wt + wn * (int64_t)es;
+        memset(dwt, 0, (size_t)wn * es);
         flip_weight(g, es, (char *)w, wt, true);
     }
     for (int64_t n = 0; !rc && n < g->n; n++) {
@@ -554,8 +555,9 @@ static int conv_backward_by_conv(const struct conv_geom *g, sr_dtype dt, const c
             rc = sr__gemm(&mm);
         }
         if (!rc && dx) {
+            /* accumulate: dx is zeroed already (grad_buffer), so BLAS need not zero it again */
             struct sr_gemm mm = {.dt = dt, .m = g->c, .n = hw, .k = kt, .a = wt, .lda = kt, .b = colt, .ldb = hw,
-                                 .c = dx + n * g->c * hw * (int64_t)es, .ldc = hw};
+                                 .c = dx + n * g->c * hw * (int64_t)es, .ldc = hw, .accumulate = true};
             rc = sr__gemm(&mm);
         }
         if (rc)
