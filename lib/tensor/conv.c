@@ -14,6 +14,7 @@
  * The column buffer is one sample's, so memory stays K * L elements whatever
  * the batch. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,9 +95,94 @@ static void inside(int64_t off, int64_t stride, int64_t w, int64_t ow, int64_t *
 DEFINE_UNFOLD(float, f32)
 DEFINE_UNFOLD(double, f64)
 
-static void unfold(const struct conv_geom *g, sr_dtype dt, const void *x, void *col)
+/* The unfold for stride 1 along the width, which every 3 x 3 "same"
+ * convolution has: the group's planes are first copied into `pad`, zero
+ * bordered ([cg, h + 2 pH, w + 2 pW]), so that each row of the columns is
+ * read from it without bounds checks, in whole 32-byte vectors: a row's
+ * last vector may read past the row (into the next row or the slack after
+ * `pad`) and write past it, into the next row of the columns, which is
+ * written after it; hence the columns and `pad` have COL_SLACK bytes of
+ * slack (col_alloc). Short rows (14 elements in the CNN) cost a loop
+ * prologue and epilogue each in the general unfold; here they are one or
+ * two vector copies. */
+#define COL_SLACK 128
+#define DEFINE_UNFOLD_S1(T, SUFFIX)                                                                            \
+    NO_MEMCPY_CALLS static void pad_planes_##SUFFIX(const struct conv_geom *g, const T *x, T *restrict xp)    \
+    {                                                                                                          \
+        typedef T vec __attribute__((vector_size(32)));                                                        \
+        int64_t hp = g->h + 2 * g->ph, wp = g->w + 2 * g->pw, vl = (int64_t)(sizeof(vec) / sizeof(T));         \
+        for (int64_t c = 0; c < geom_cg(g); c++)                                                               \
+            for (int64_t y = 0; y < g->h; y++) {                                                               \
+                T *restrict r = xp + (c * hp + y + g->ph) * wp + g->pw;                                        \
+                const T *restrict src = x + (c * g->h + y) * g->w;                                             \
+                if (g->w < vl) {                                                                               \
+                    for (int64_t i = 0; i < g->w; i++)                                                         \
+                        r[i] = src[i];                                                                         \
+                    continue;                                                                                  \
+                }                                                                                              \
+                for (int64_t i = 0;; i += vl) { /* the last vector ends at the row's end */                   \
+                    vec v;                                                                                     \
+                    i = i + vl > g->w ? g->w - vl : i;                                                         \
+                    memcpy(&v, src + i, sizeof(v));                                                            \
+                    memcpy(r + i, &v, sizeof(v));                                                              \
+                    if (i + vl == g->w)                                                                        \
+                        break;                                                                                 \
+                }                                                                                              \
+            }                                                                                                  \
+    }                                                                                                          \
+    NO_MEMCPY_CALLS static void unfold_s1_##SUFFIX(const struct conv_geom *g, const T *x, T *restrict col,     \
+                                                   T *restrict xp)                                             \
+    {                                                                                                          \
+        typedef T vec __attribute__((vector_size(32)));                                                        \
+        int64_t hp = g->h + 2 * g->ph, wp = g->w + 2 * g->pw, l = geom_l(g), ow = g->ow;                       \
+        int64_t vl = (int64_t)(sizeof(vec) / sizeof(T));                                                       \
+        pad_planes_##SUFFIX(g, x, xp);                                                                         \
+        for (int64_t c = 0; c < geom_cg(g); c++)                                                               \
+            for (int64_t ki = 0; ki < g->kh; ki++)                                                             \
+                for (int64_t kj = 0; kj < g->kw; kj++) {                                                       \
+                    T *row = col + ((c * g->kh + ki) * g->kw + kj) * l;                                        \
+                    const T *plane = xp + (c * hp + ki * g->dh) * wp + kj * g->dw;                             \
+                    for (int64_t oy = 0; oy < g->oh; oy++) {                                                   \
+                        const T *src = plane + oy * g->sh * wp;                                                \
+                        T *dst = row + oy * ow;                                                                \
+                        for (int64_t ox = 0; ox < ow; ox += vl) {                                              \
+                            vec v;                                                                             \
+                            memcpy(&v, src + ox, sizeof(v));                                                   \
+                            memcpy(dst + ox, &v, sizeof(v));                                                   \
+                        }                                                                                      \
+                    }                                                                                          \
+                }                                                                                              \
+    }
+DEFINE_UNFOLD_S1(float, f32)
+DEFINE_UNFOLD_S1(double, f64)
+
+/* Bytes of `pad` after the columns for unfold's fast path: g's planes,
+ * zero bordered, and the slack. */
+static size_t pad_bytes(const struct conv_geom *g, size_t es)
 {
-    if (dt == SR_F64)
+    return (size_t)(geom_cg(g) * (g->h + 2 * g->ph) * (g->w + 2 * g->pw)) * es + COL_SLACK;
+}
+
+/* Room for `count` column buffers of g ([K, L] each), their slack, and the
+ * padded planes behind them (*pad). NULL when out of memory. */
+static char *col_alloc(const struct conv_geom *g, size_t es, int64_t count, char **pad)
+{
+    size_t cols = (size_t)(count * geom_k(g) * geom_l(g)) * es + COL_SLACK;
+    char *p = malloc(cols + pad_bytes(g, es));
+    *pad = p ? p + cols : NULL;
+    if (p) /* the border and the slack; pad_planes writes only the planes' insides */
+        memset(*pad, 0, pad_bytes(g, es));
+    return p;
+}
+
+/* col = unfold(x) for one sample's group; pad: from col_alloc. */
+static void unfold(const struct conv_geom *g, sr_dtype dt, const void *x, void *col, void *pad)
+{
+    if (g->sw == 1 && dt == SR_F64)
+        unfold_s1_f64(g, x, col, pad);
+    else if (g->sw == 1)
+        unfold_s1_f32(g, x, col, pad);
+    else if (dt == SR_F64)
         unfold_f64(g, (double *)x, col, true);
     else
         unfold_f32(g, (float *)x, col, true);
@@ -171,44 +257,167 @@ static int make_geom(const sr_tensor *x, const sr_tensor *w, const int64_t *st, 
 
 /* ---- forward ---- */
 
-/* Adds b[o] to each of the og rows of l elements of one sample's group. */
-static void add_bias(sr_dtype dt, char *out, const char *b, int64_t og, int64_t l)
+/* Sets each of the og rows of l elements of one sample's group to b[o]
+ * (the gemm then adds to it: the pass that BLAS's beta = 0 spends zeroing
+ * the output puts the bias there instead). */
+static void fill_bias(sr_dtype dt, char *out, const char *b, int64_t og, int64_t l)
 {
     for (int64_t o = 0; o < og; o++)
         if (dt == SR_F64)
             for (int64_t i = 0; i < l; i++)
-                ((double *)out)[o * l + i] += ((const double *)b)[o];
+                ((double *)out)[o * l + i] = ((const double *)b)[o];
         else
             for (int64_t i = 0; i < l; i++)
-                ((float *)out)[o * l + i] += ((const float *)b)[o];
+                ((float *)out)[o * l + i] = ((const float *)b)[o];
+}
+
+/* The direct forward for few input channels (the CNN's first layer: one
+ * channel, K = 9, a poor shape for a gemm, whose C is as large as the
+ * output): each output row is computed in up to four vectors (32-byte)
+ * over the width, from the zero-bordered planes (pad_planes), every tap a
+ * broadcast weight times a vector of the shifted row. No columns, no
+ * gemm. Groups 1 and stride 1 along the width; a block's last vectors
+ * compute past the row (reading into the next row or the slack) and only
+ * the row's elements are stored. An AVX2 + FMA build of it is chosen at
+ * run time where the CPU has them. */
+#define SR_CONV_DIRECT_MAX_K 32
+static bool fwd_direct(const struct conv_geom *g)
+{
+    return g->groups == 1 && g->sw == 1 && geom_k(g) <= SR_CONV_DIRECT_MAX_K;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define DIRECT_OPT optimize("O3", "fp-contract=fast", "no-tree-loop-distribute-patterns"),
+#else
+#define DIRECT_OPT
+#endif
+#define DEFINE_DIRECT(T, NAME, ATTR)                                                                           \
+    /* dst[0, min(n, NV VL)) = the block's vectors: whole vectors, then the tail */                          \
+    __attribute__((DIRECT_OPT ATTR)) static inline void store_row_##NAME(T *dst, const void *acc, int64_t n)  \
+    {                                                                                                          \
+        enum { VL = 32 / sizeof(T), NV = 4 };                                                                  \
+        const T *a = acc;                                                                                      \
+        int64_t i = 0;                                                                                         \
+        for (; i < NV * VL && i + VL <= n; i += VL)                                                            \
+            memcpy(dst + i, a + i, 32);                                                                        \
+        for (; i < NV * VL && i < n; i++)                                                                      \
+            dst[i] = a[i];                                                                                     \
+    }                                                                                                          \
+    __attribute__((DIRECT_OPT ATTR)) static void NAME(const struct conv_geom *g, const T *xp, const T *w,     \
+                                                       const T *b, T *out)                                     \
+    {                                                                                                          \
+        typedef T vec __attribute__((vector_size(32)));                                                        \
+        enum { VL = sizeof(vec) / sizeof(T), NV = 4 };                                                         \
+        int64_t hp = g->h + 2 * g->ph, wp = g->w + 2 * g->pw, k = geom_k(g);                                   \
+        for (int64_t o = 0; o < g->o; o += 2) {                                                                \
+            int64_t o2 = o + 1 < g->o ? o + 1 : o; /* an odd last channel: computed twice, stored once */     \
+            vec b0 = (vec){0} + (b ? b[o] : 0), b1 = (vec){0} + (b ? b[o2] : 0);                               \
+            for (int64_t oy = 0; oy < g->oh; oy++)                                                             \
+                for (int64_t ox = 0; ox < g->ow; ox += NV * VL) {                                              \
+                    vec acc0[NV], acc1[NV];                                                                    \
+                    for (int j = 0; j < NV; j++) {                                                             \
+                        acc0[j] = b0;                                                                          \
+                        acc1[j] = b1;                                                                          \
+                    }                                                                                          \
+                    for (int64_t c = 0; c < g->c; c++)                                                         \
+                        for (int64_t ki = 0; ki < g->kh; ki++) {                                               \
+                            const T *src = xp + (c * hp + oy * g->sh + ki * g->dh) * wp + ox;                  \
+                            const T *w0 = w + o * k + (c * g->kh + ki) * g->kw, *w1 = w0 + (o2 - o) * k;       \
+                            for (int64_t kj = 0; kj < g->kw; kj++) {                                           \
+                                T x0 = w0[kj], x1 = w1[kj];                                                    \
+                                for (int j = 0; j < NV; j++) {                                                 \
+                                    vec v;                                                                     \
+                                    memcpy(&v, src + kj * g->dw + j * VL, sizeof(v));                          \
+                                    acc0[j] += x0 * v;                                                         \
+                                    acc1[j] += x1 * v;                                                         \
+                                }                                                                              \
+                            }                                                                                  \
+                        }                                                                                      \
+                    T *dst = out + (o * g->oh + oy) * g->ow + ox;                                              \
+                    store_row_##NAME(dst, acc0, g->ow - ox);                                                   \
+                    if (o2 > o)                                                                                \
+                        store_row_##NAME(dst + geom_l(g), acc1, g->ow - ox);                                   \
+                }                                                                                              \
+        }                                                                                                      \
+    }
+DEFINE_DIRECT(float, direct_f32, )
+DEFINE_DIRECT(double, direct_f64, )
+#if defined(__x86_64__) && defined(__GNUC__)
+DEFINE_DIRECT(float, direct_f32_avx2, target("avx2,fma"))
+DEFINE_DIRECT(double, direct_f64_avx2, target("avx2,fma"))
+static bool have_avx2_fma(void)
+{
+    /* relaxed: every thread computes the same answer; a race only repeats the check */
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+        atomic_store_explicit(&cached, v, memory_order_relaxed); /* relaxed: pairs with the load above */
+    }
+    return v == 1;
+}
+#endif
+
+/* out [n, o, oh, ow] of fwd_direct's convolution (+ bias); pad from col_alloc. */
+static void conv_forward_direct(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w,
+                                const char *b, char *out, char *pad)
+{
+    size_t es = sr_dtype_size(dt);
+    for (int64_t n = 0; n < g->n; n++) {
+        const char *xn = x + n * g->c * g->h * g->w * (int64_t)es;
+        char *on = out + n * g->o * geom_l(g) * (int64_t)es;
+        if (dt == SR_F64)
+            pad_planes_f64(g, (const double *)xn, (double *)pad);
+        else
+            pad_planes_f32(g, (const float *)xn, (float *)pad);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (have_avx2_fma()) {
+            if (dt == SR_F64)
+                direct_f64_avx2(g, (const double *)pad, (const double *)w, (const double *)b, (double *)on);
+            else
+                direct_f32_avx2(g, (const float *)pad, (const float *)w, (const float *)b, (float *)on);
+            continue;
+        }
+#endif
+        if (dt == SR_F64)
+            direct_f64(g, (const double *)pad, (const double *)w, (const double *)b, (double *)on);
+        else
+            direct_f32(g, (const float *)pad, (const float *)w, (const float *)b, (float *)on);
+    }
 }
 
 /* out [n, o, oh, ow] = conv(x, w) (+ bias): x, w, b contiguous and readable.
  * cols: NULL, or room for every sample's and group's columns, [n, groups,
  * K, L], which it fills and the backward reuses for the weight gradient;
- * else one sample's buffer is reused. The bias is added to each sample's
- * output while the gemm has just left it in cache. */
+ * else one sample's buffer is reused. The bias is written into each
+ * sample's output before the gemm adds to it (fill_bias). With few input
+ * channels (fwd_direct) no columns and no gemm: the direct kernel. */
 static int conv_forward(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w, const char *b,
                         char *out, char *cols)
 {
     size_t es = sr_dtype_size(dt);
     int64_t k = geom_k(g), l = geom_l(g), og = geom_og(g), cg = geom_cg(g);
-    char *col = cols ? NULL : malloc((size_t)(k * l) * es);
-    if (!cols && !col)
+    char *pad, *col = col_alloc(g, es, cols || fwd_direct(g) ? 0 : 1, &pad);
+    if (!col)
         return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for a %lld x %lld column buffer", (long long)k,
                         (long long)l);
     int rc = 0;
+    if (fwd_direct(g)) {
+        conv_forward_direct(g, dt, x, w, b, out, pad);
+        free(col);
+        return 0;
+    }
     for (int64_t n = 0; !rc && n < g->n; n++)
         for (int64_t gi = 0; !rc && gi < g->groups; gi++) {
             char *c = cols ? cols + (n * g->groups + gi) * k * l * (int64_t)es : col;
             char *o = out + (n * g->o + gi * og) * l * (int64_t)es;
-            unfold(g, dt, x + ((n * g->c + gi * cg) * g->h * g->w) * (int64_t)es, c);
+            unfold(g, dt, x + ((n * g->c + gi * cg) * g->h * g->w) * (int64_t)es, c, pad);
+            if (b)
+                fill_bias(dt, o, b + gi * og * (int64_t)es, og, l);
             struct sr_gemm mm = {.dt = dt, .m = og, .n = l, .k = k, .a = w + gi * og * k * (int64_t)es,
-                                 .lda = k, .b = c, .ldb = l, .c = o, .ldc = l};
+                                 .lda = k, .b = c, .ldb = l, .c = o, .ldc = l, .accumulate = b != NULL};
             if (sr__gemm(&mm))
                 rc = sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
-            else if (b)
-                add_bias(dt, o, b + gi * og * (int64_t)es, og, l);
         }
     free(col);
     return rc;
@@ -244,7 +453,7 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
 {
     size_t es = sr_dtype_size(dt);
     int64_t k = geom_k(g), l = geom_l(g), og = geom_og(g), cg = geom_cg(g), plane = g->h * g->w;
-    char *col = (cols && !dx) || (!dw && !dx) ? NULL : malloc((size_t)(k * l) * es);
+    char *pad = NULL, *col = (cols && !dx) || (!dw && !dx) ? NULL : col_alloc(g, es, 1, &pad);
     if (!col && !((cols && !dx) || (!dw && !dx)))
         return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld column buffer",
                         (long long)k, (long long)l);
@@ -257,7 +466,7 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
                 if (cols)
                     c = cols + (n * g->groups + gi) * k * l * (int64_t)es;
                 else
-                    unfold(g, dt, x + xoff, col);
+                    unfold(g, dt, x + xoff, col, pad);
                 struct sr_gemm mm = {.dt = dt, .m = og, .n = k, .k = l, .a = dyg, .lda = l, .b = c, .tb = true,
                                      .ldb = l, .c = dw + gi * og * k * (int64_t)es, .ldc = k, .accumulate = true};
                 rc = sr__gemm(&mm);
@@ -276,6 +485,90 @@ static int conv_backward_data(const struct conv_geom *g, sr_dtype dt, const char
             bias_grad_add(g, dt, dy + n * g->o * l * (int64_t)es, db);
     }
     free(col);
+    return rc;
+}
+
+/* ---- backward as a convolution of dY (stride 1, dilation 1, groups 1) ----
+ *
+ * With stride 1 and no dilation, grad input is a convolution of dY with the
+ * weight flipped and its channel dims swapped, padding kH - 1 - pH (and
+ * kW - 1 - pW), whose output plane is the input's: one unfold of dY per
+ * sample, colT [O kH kW, H W], row (o, ki', kj') at input position q
+ * holding dY[o] at q + p - (k - 1 - k'), serves both gradients:
+ *   grad x_n  [C, H W]     = Wt colT            Wt[c, (o, ki', kj')] = W[o, c, kH-1-ki', kW-1-kj']
+ *   grad Wt   [C, O kH kW] += x_n colT^T         (flipped back into grad W at the end)
+ * This replaces the old path's second unfold of x, its col2im (a
+ * read-modify-write over overlapping windows) and the zeroing of a
+ * [K, L] column buffer by two gemms of the same size as before. */
+#define SR_CONV_BY_CONV_MIN_C 16
+static bool bwd_by_conv(const struct conv_geom *g)
+{
+    return g->c >= SR_CONV_BY_CONV_MIN_C && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
+           g->groups == 1 && g->ph <= g->kh - 1 && g->pw <= g->kw - 1;
+}
+
+/* The geometry that unfolds one sample of dY into colT. */
+static struct conv_geom dy_geom(const struct conv_geom *g)
+{
+    return (struct conv_geom){.n = g->n, .c = g->o, .h = g->oh, .w = g->ow, .o = g->c, .kh = g->kh, .kw = g->kw,
+                              .oh = g->h, .ow = g->w, .sh = 1, .sw = 1, .ph = g->kh - 1 - g->ph,
+                              .pw = g->kw - 1 - g->pw, .dh = 1, .dw = 1, .groups = 1};
+}
+
+/* Between W [O, C, kH, kW] and Wt [C, O kH kW] (flipped): to_t: wt = flip(w),
+ * else w = flip back(wt). */
+static void flip_weight(const struct conv_geom *g, size_t es, char *w, char *wt, bool to_t)
+{
+    int64_t taps = g->kh * g->kw;
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++)
+            for (int64_t t = 0; t < taps; t++) {
+                char *a = w + ((o * g->c + c) * taps + t) * (int64_t)es;
+                char *b = wt + ((c * g->o + o) * taps + taps - 1 - t) * (int64_t)es;
+                memcpy(to_t ? b : a, to_t ? a : b, es);
+            }
+}
+
+/* The backward of bwd_by_conv's convolutions: dx, dw, db (each NULL or
+ * zeroed) from dy. */
+static int conv_backward_by_conv(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w,
+                                 const char *dy, char *dx, char *dw, double *db)
+{
+    size_t es = sr_dtype_size(dt);
+    struct conv_geom gd = dy_geom(g);
+    int64_t kt = geom_k(&gd), hw = g->h * g->w, l = geom_l(g), wn = g->c * kt;
+    char *pad, *colt = col_alloc(&gd, es, 1, &pad), *wt = malloc(2 * (size_t)wn * es), *dwt = NULL;
+    int rc = colt && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld column "
+                                       "buffer", (long long)kt, (long long)hw);
+    if (!rc) { /* Wt, then grad Wt (zeroed) */
+        dwt = wt + wn * (int64_t)es;
+        memset(dwt, 0, (size_t)wn * es);
+        flip_weight(g, es, (char *)w, wt, true);
+    }
+    for (int64_t n = 0; !rc && n < g->n; n++) {
+        const char *dyn = dy + n * g->o * l * (int64_t)es;
+        unfold(&gd, dt, dyn, colt, pad);
+        if (dw) {
+            struct sr_gemm mm = {.dt = dt, .m = g->c, .n = kt, .k = hw, .a = x + n * g->c * hw * (int64_t)es,
+                                 .lda = hw, .b = colt, .tb = true, .ldb = hw, .c = dwt, .ldc = kt,
+                                 .accumulate = true};
+            rc = sr__gemm(&mm);
+        }
+        if (!rc && dx) {
+            /* accumulate: dx is zeroed already (grad_buffer), so BLAS need not zero it again */
+            struct sr_gemm mm = {.dt = dt, .m = g->c, .n = hw, .k = kt, .a = wt, .lda = kt, .b = colt, .ldb = hw,
+                                 .c = dx + n * g->c * hw * (int64_t)es, .ldc = hw, .accumulate = true};
+            rc = sr__gemm(&mm);
+        }
+        if (rc)
+            rc = sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the blocked matmul");
+        else if (db)
+            bias_grad_add(g, dt, dyn, db);
+    }
+    if (!rc && dw)
+        flip_weight(g, es, dw, dwt, false);
+    free(colt);
+    free(wt);
     return rc;
 }
 
@@ -340,8 +633,11 @@ static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
         rc = sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the bias's sums");
     if (!rc) {
         const char *py = sr__tensor_pin(dy), *px = sr__tensor_pin(xc), *pw = sr__tensor_pin(wc);
-        rc = conv_backward_data(&cn->g, x->dtype, px, pw, py, cn->cols, dx ? sr__tensor_ptr(dx) : NULL,
-                                dw ? sr__tensor_ptr(dw) : NULL, sums);
+        char *pdx = dx ? sr__tensor_ptr(dx) : NULL, *pdw = dw ? sr__tensor_ptr(dw) : NULL;
+        if (pdx && bwd_by_conv(&cn->g))
+            rc = conv_backward_by_conv(&cn->g, x->dtype, px, pw, py, pdx, pdw, sums);
+        else
+            rc = conv_backward_data(&cn->g, x->dtype, px, pw, py, cn->cols, pdx, pdw, sums);
         if (!rc && db)
             sr__store_f64(sr__tensor_ptr(db), (int64_t)sr_dtype_size(x->dtype), sums, cn->g.o, x->dtype);
         sr__tensor_unpin(dy);
@@ -395,10 +691,11 @@ static sr_tensor *conv_run(const struct conv_geom *g, sr_tensor *x, sr_tensor *w
 
 /* Room for the forward's columns when the weight's gradient will need them
  * and they are not too large; else NULL (the backward unfolds again). */
-static char *cols_to_keep(const struct conv_geom *g, const sr_tensor *w, bool record)
+static char *cols_to_keep(const struct conv_geom *g, const sr_tensor *x, const sr_tensor *w, bool record)
 {
     size_t bytes = (size_t)(g->n * g->groups * geom_k(g) * geom_l(g)) * sr_dtype_size(w->dtype);
-    return record && w->requires_grad && bytes <= SR_CONV_KEEP_COLS_MAX ? malloc(bytes) : NULL;
+    bool by_conv = (x->requires_grad && bwd_by_conv(g)) || fwd_direct(g); /* the backward unfolds dY instead */
+    return record && w->requires_grad && !by_conv && bytes <= SR_CONV_KEEP_COLS_MAX ? malloc(bytes + COL_SLACK) : NULL;
 }
 
 SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, const int64_t *stride,
@@ -413,7 +710,7 @@ SR_API sr_tensor *sr_conv2d(sr_tensor *x, sr_tensor *weight, sr_tensor *bias, co
         return NULL;
     sr_tensor *in[3] = {x, weight, bias};
     bool pinned = sr__pin_saved(in, 3), record = sr__any_requires_grad(in, 3); /* saves what it reads */
-    char *cols = cols_to_keep(&g, weight, record);
+    char *cols = cols_to_keep(&g, x, weight, record);
     sr_tensor *out = conv_run(&g, x, weight, bias, cols);
     if (out && record) {
         struct conv_node *n = (struct conv_node *)sr__node_for_inputs(&conv_ops, sizeof(*n), in, 3, 1, 2);

@@ -190,6 +190,19 @@ case("cnn", [rnd((2, 1, 8, 8)), rnd((4, 1, 3, 3)), rnd((4,)), rnd((3, 64)), rnd(
      lambda x, w1, b1, w2, b2, t: F.cross_entropy(
          F.linear(torch.flatten(F.max_pool2d(torch.relu(F.conv2d(x, w1, b1, padding=1)), 2), 1), w2, b2), t))
 
+# conv2d's fast paths (appended): the direct forward (few input channels; f32
+# blocks of 32 columns, so width 37 takes two), an odd channel count, batch
+# 1; the backward as a convolution of dY (16 input channels), odd widths
+f32 = torch.float32
+case("f32_conv2d_direct", [rnd((1, 1, 5, 37), dt=f32), rnd((3, 1, 3, 3), dt=f32), rnd((3,), dt=f32)],
+     lambda x, w, b: F.conv2d(x, w, b, padding=1))
+case("f32_conv2d_direct_c3", [rnd((2, 3, 6, 9), dt=f32), rnd((5, 3, 3, 3), dt=f32), rnd((5,), dt=f32)],
+     lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=(0, 1)))
+case("f32_conv2d_by_conv", [rnd((2, 16, 5, 7), dt=f32), rnd((3, 16, 3, 3), dt=f32), rnd((3,), dt=f32)],
+     lambda x, w, b: F.conv2d(x, w, b, padding=1))
+case("f32_conv2d_by_conv_pad", [rnd((1, 16, 4, 6), dt=f32), rnd((2, 16, 2, 3), dt=f32)],
+     lambda x, w: F.conv2d(x, w, padding=(1, 2)))
+
 
 def main():
     w = sys.stdout.write

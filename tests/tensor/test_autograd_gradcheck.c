@@ -323,6 +323,25 @@ Test(gradcheck, conv2d)
     gradcheck("conv2d groups 2", conv_op, &grouped, 3, g);
 }
 
+/* The fast paths (docs/TENSORS.md, "Convolution layers"): the direct forward
+ * for few input channels (K = C kH kW <= 32), over more than one block of
+ * the width (16 doubles), with an odd channel count, batch 1; the backward
+ * as a convolution of dY (stride 1, C >= 16), odd widths, padding below
+ * and at kernel - 1. */
+Test(gradcheck, conv2d_fast_paths)
+{
+    struct conv_case pad1 = {{1, 1}, {1, 1}, {1, 1}, 1, true}, wide = {{2, 1}, {1, 1}, {1, 1}, 1, true},
+                     pad21 = {{1, 1}, {2, 1}, {1, 1}, 1, true}, pad10 = {{1, 1}, {1, 0}, {1, 1}, 1, false};
+    struct gc_input direct[3] = {IN(-1, 1, 4, 1, 1, 3, 19), IN(-1, 1, 4, 3, 1, 3, 3), IN(-1, 1, 1, 3)};
+    gradcheck("conv2d direct, one channel, width 19, stride (2, 1)", conv_op, &wide, 3, direct);
+    struct gc_input c3[3] = {IN(-1, 1, 4, 2, 3, 5, 7), IN(-1, 1, 4, 5, 3, 3, 3), IN(-1, 1, 1, 5)};
+    gradcheck("conv2d direct, three channels, padding (2, 1)", conv_op, &pad21, 3, c3);
+    struct gc_input by_conv[3] = {IN(-1, 1, 4, 2, 16, 4, 5), IN(-1, 1, 4, 3, 16, 3, 3), IN(-1, 1, 1, 3)};
+    gradcheck("conv2d backward by convolution, 16 channels", conv_op, &pad1, 3, by_conv);
+    struct gc_input edge[2] = {IN(-1, 1, 4, 1, 16, 3, 7), IN(-1, 1, 4, 2, 16, 2, 3)};
+    gradcheck("conv2d backward by convolution, kernel 2 x 3, padding (1, 0)", conv_op, &pad10, 2, edge);
+}
+
 static sr_tensor *pool_op(sr_tensor *const *in, const void *arg)
 {
     const int64_t *k = arg; /* kernel, stride, padding, max? */

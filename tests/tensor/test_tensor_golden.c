@@ -252,6 +252,15 @@ static int f32_conv2d(sr_tensor **in, sr_tensor **out)
 {
     ONE(sr_conv2d(in[0], in[1], in[2], NULL, SHAPE(1, 1), NULL, 1));
 }
+/* conv2d's fast paths: the direct forward, the backward as a convolution of dY */
+static int f32_conv2d_direct_c3(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], in[2], SHAPE(2, 1), SHAPE(0, 1), NULL, 1));
+}
+static int f32_conv2d_by_conv_pad(sr_tensor **in, sr_tensor **out)
+{
+    ONE(sr_conv2d(in[0], in[1], NULL, NULL, SHAPE(1, 2), NULL, 1));
+}
 static int max_pool2d(sr_tensor **in, sr_tensor **out) { ONE(sr_max_pool2d(in[0], SHAPE(2, 2), NULL, NULL)); }
 static int max_pool2d_pad(sr_tensor **in, sr_tensor **out)
 {
@@ -328,6 +337,8 @@ static const struct {
     {"f32_max_pool2d", max_pool2d}, {"f32_avg_pool2d", avg_pool2d_pad}, {"flatten", flatten},
     {"layer_norm", layer_norm},     {"layer_norm_chw", layer_norm_chw}, {"f32_layer_norm", f32_layer_norm},
     {"cnn", cnn},
+    {"f32_conv2d_direct", f32_conv2d},  {"f32_conv2d_direct_c3", f32_conv2d_direct_c3},
+    {"f32_conv2d_by_conv", f32_conv2d}, {"f32_conv2d_by_conv_pad", f32_conv2d_by_conv_pad},
 };
 
 /* ---- the golden file ---- */
