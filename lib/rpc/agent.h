@@ -15,7 +15,8 @@
  *   exec.c      the executor pool and the jobs a waiting thread keeps
  *   send.c, outq.c, reorder.c   sending, local overflow, test-only reordering
  *   life.c      the agent's lifetime and references
- *   thread.h    every thread-local of the layer
+ *   thread.h    every thread-local of the layer (but the object caches)
+ *   objcache.c  per-thread caches of freed futures and call records
  *   modules.c   the module seam's side in the core (module.h)
  *   counters.c  the worker's counters in the segment, the profiler's gauges
  *   leaks.c     the tensors and values still held after sr_shutdown (leaks.h)
