@@ -764,7 +764,7 @@ Test(optim, rprop_f32_product_underflows_like_torch)
 
 /* ---- Adam's f32 loops against a plain double loop ---- */
 
-#define FN 40   /* elements: [5, 8] */
+#define FN 42   /* elements: [6, 7], not a multiple of a vector */
 #define FSTEPS 4
 
 static double f32_param0(int j) { return (double)(float)(2 * sin(0.37 * j + 0.1)); }
@@ -807,14 +807,14 @@ Test(optim, adam_f32_matches_a_double_loop)
         cr_assert_eq(sr_optim_opts_default(adamw ? SR_OPTIM_ADAMW : SR_OPTIM_ADAM, &op), 0);
         op.lr = 0.05, op.betas[0] = 0.8, op.betas[1] = 0.9, op.eps = 1e-3;
         op.weight_decay = c & 2 ? 0.1 : 0, op.amsgrad = c & 4, op.maximize = c & 8;
-        sr_tensor *p = tu_tensor(SR_F32, 2, SHAPE(5, 8), p0, 0);
+        sr_tensor *p = tu_tensor(SR_F32, 2, SHAPE(6, 7), p0, 0);
         sr_optim *o;
         cr_assert_eq(sr_optim_create(adamw ? SR_OPTIM_ADAMW : SR_OPTIM_ADAM, &op, &p, 1, &o), 0, "%s",
                      sr_last_error());
         for (int s = 0; s < FSTEPS; s++) {
             for (int j = 0; j < FN; j++)
                 gv[j] = f32_grad_at(s, j);
-            sr_tensor *g = tu_tensor(SR_F32, 2, SHAPE(5, 8), gv, 0);
+            sr_tensor *g = tu_tensor(SR_F32, 2, SHAPE(6, 7), gv, 0);
             cr_assert_eq(sr_optim_step_grads(o, &g), 0, "%s", sr_last_error());
             sr_tensor_unref(g);
         }
