@@ -6,7 +6,8 @@
  *
  * Tolerances: f64 |got - want| <= 1e-14 + 1e-12 |want| (the same operations
  * in the same order; only rounding inside scalar ops may differ); f32
- * 1e-6 + 1e-6 |want| (we round each op's double result to f32, PyTorch
+ * 1e-6 + 1e-6 |want| (most kinds round each op's double result to f32,
+ * Adam and AdamW compute in f32 with the scalars cast once, PyTorch
  * computes in f32). */
 #include <errno.h>
 #include <stdlib.h>
