@@ -6,7 +6,8 @@
  *
  * Tolerances: f64 |got - want| <= 1e-14 + 1e-12 |want| (the same operations
  * in the same order; only rounding inside scalar ops may differ); f32
- * 1e-6 + 1e-6 |want| (we round each op's double result to f32, PyTorch
+ * 1e-6 + 1e-6 |want| (most kinds round each op's double result to f32,
+ * Adam and AdamW compute in f32 with the scalars cast once, PyTorch
  * computes in f32). */
 #include <errno.h>
 #include <stdlib.h>
@@ -760,4 +761,72 @@ Test(optim, rprop_f32_product_underflows_like_torch)
     tu_expect(p, VALS(0.9800000190734863), 1, 0, 0, "p after two steps");
     sr_optim_destroy(o);
     unref_all((sr_tensor *[]){p, g}, 2);
+}
+
+/* ---- Adam's f32 loops against a plain double loop ---- */
+
+#define FN 42   /* elements: [6, 7], not a multiple of a vector */
+#define FSTEPS 4
+
+static double f32_param0(int j) { return (double)(float)(2 * sin(0.37 * j + 0.1)); }
+
+/* Large gradients first, then small ones, so that amsgrad's maximum differs
+ * from exp_avg_sq. */
+static double f32_grad_at(int s, int j) { return (double)(float)((s == 0 ? 3.0 : 0.4) * cos(0.7 * j + s)); }
+
+/* torch's Adam / AdamW update (1.13, single tensor) in double, per element. */
+static void adam_reference(const sr_optim_opts *op, bool adamw, double *p)
+{
+    double m[FN] = {0}, v[FN] = {0}, mx[FN] = {0};
+    for (int s = 0; s < FSTEPS; s++) {
+        double step = s + 1, b1 = op->betas[0], b2 = op->betas[1];
+        double step_size = op->lr / (1 - pow(b1, step)), bc2_sqrt = sqrt(1 - pow(b2, step));
+        for (int j = 0; j < FN; j++) {
+            double g = op->maximize ? -f32_grad_at(s, j) : f32_grad_at(s, j);
+            if (adamw)
+                p[j] *= 1 - op->lr * op->weight_decay;
+            else
+                g += op->weight_decay * p[j];
+            m[j] = b1 * m[j] + (1 - b1) * g;
+            v[j] = b2 * v[j] + (1 - b2) * g * g;
+            mx[j] = fmax(mx[j], v[j]);
+            p[j] -= step_size * m[j] / (sqrt(op->amsgrad ? mx[j] : v[j]) / bc2_sqrt + op->eps);
+        }
+    }
+}
+
+/* Every combination of Adam / AdamW, weight decay, amsgrad and maximize, over
+ * a few steps with betas, eps and lr large enough that each term shows. */
+Test(optim, adam_f32_matches_a_double_loop)
+{
+    double p0[FN], gv[FN];
+    for (int j = 0; j < FN; j++)
+        p0[j] = f32_param0(j);
+    for (int c = 0; c < 16; c++) {
+        bool adamw = c & 1;
+        sr_optim_opts op;
+        cr_assert_eq(sr_optim_opts_default(adamw ? SR_OPTIM_ADAMW : SR_OPTIM_ADAM, &op), 0);
+        op.lr = 0.05, op.betas[0] = 0.8, op.betas[1] = 0.9, op.eps = 1e-3;
+        op.weight_decay = c & 2 ? 0.1 : 0, op.amsgrad = c & 4, op.maximize = c & 8;
+        sr_tensor *p = tu_tensor(SR_F32, 2, SHAPE(6, 7), p0, 0);
+        sr_optim *o;
+        cr_assert_eq(sr_optim_create(adamw ? SR_OPTIM_ADAMW : SR_OPTIM_ADAM, &op, &p, 1, &o), 0, "%s",
+                     sr_last_error());
+        for (int s = 0; s < FSTEPS; s++) {
+            for (int j = 0; j < FN; j++)
+                gv[j] = f32_grad_at(s, j);
+            sr_tensor *g = tu_tensor(SR_F32, 2, SHAPE(6, 7), gv, 0);
+            cr_assert_eq(sr_optim_step_grads(o, &g), 0, "%s", sr_last_error());
+            sr_tensor_unref(g);
+        }
+        double want[FN];
+        memcpy(want, p0, sizeof(want));
+        adam_reference(sr_optim_options(o), adamw, want); /* the options in force (AdamW's default wd) */
+        char what[128];
+        snprintf(what, sizeof(what), "%s wd %g amsgrad %d maximize %d after %d steps", adamw ? "AdamW" : "Adam",
+                 sr_optim_options(o)->weight_decay, op.amsgrad, op.maximize, FSTEPS);
+        tu_expect(p, want, FN, 1e-6, 1e-6, what);
+        sr_optim_destroy(o);
+        sr_tensor_unref(p);
+    }
 }
