@@ -14,7 +14,6 @@
  * The column buffer is one sample's, so memory stays K * L elements whatever
  * the batch. */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -345,17 +344,6 @@ DEFINE_DIRECT(double, direct_f64, )
 #if defined(__x86_64__) && defined(__GNUC__)
 DEFINE_DIRECT(float, direct_f32_avx2, target("avx2,fma"))
 DEFINE_DIRECT(double, direct_f64_avx2, target("avx2,fma"))
-static bool have_avx2_fma(void)
-{
-    /* relaxed: every thread computes the same answer; a race only repeats the check */
-    static _Atomic int cached = -1;
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v < 0) {
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
-        atomic_store_explicit(&cached, v, memory_order_relaxed); /* relaxed: pairs with the load above */
-    }
-    return v == 1;
-}
 #endif
 
 /* out [n, o, oh, ow] of fwd_direct's convolution (+ bias); pad from col_alloc. */
@@ -371,7 +359,7 @@ static void conv_forward_direct(const struct conv_geom *g, sr_dtype dt, const ch
         else
             pad_planes_f32(g, (const float *)xn, (float *)pad);
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (have_avx2_fma()) {
+        if (sr__cpu_avx2_fma()) {
             if (dt == SR_F64)
                 direct_f64_avx2(g, (const double *)pad, (const double *)w, (const double *)b, (double *)on);
             else

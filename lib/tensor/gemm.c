@@ -230,18 +230,24 @@ AVX2 static void avx2_f32(float *c, int64_t ldc, const float *ap, const float *b
                 c[r * ldc + j] += ap[r * kc + k] * bp[k * nc + j];
 }
 
-static bool have_avx2(void)
+/* This CPU's AVX2 (bit 0) and FMA (bit 1), probed once for every kernel
+ * that picks a build at run time (gemm.h). */
+static int cpu_features(void)
 {
-    /* relaxed: every thread computes the same value; a race only repeats the probe */
-    /* relaxed: every thread computes the same answer; a race only repeats the check */
+    /* relaxed: every thread computes the same answer; a race only repeats the probe */
     static _Atomic int cached = -1;
     int v = atomic_load_explicit(&cached, memory_order_relaxed);
     if (v < 0) {
-        v = __builtin_cpu_supports("avx2") ? 1 : 0;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
+        v = (__builtin_cpu_supports("avx2") ? 1 : 0) | (__builtin_cpu_supports("fma") ? 2 : 0);
+        atomic_store_explicit(&cached, v, memory_order_relaxed); /* relaxed: as the load */
     }
-    return v == 1;
+    return v;
 }
+
+bool sr__cpu_avx2(void) { return cpu_features() & 1; }
+bool sr__cpu_avx2_fma(void) { return (cpu_features() & 3) == 3; }
+
+static bool have_avx2(void) { return sr__cpu_avx2(); }
 #endif
 
 const char *sr__gemm_kernel_name(void)

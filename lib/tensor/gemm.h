@@ -37,5 +37,11 @@ enum sr_gemm_mode { SR_GEMM_AUTO, SR_GEMM_BLOCKED, SR_GEMM_PORTABLE };
 void sr__gemm_set_mode(enum sr_gemm_mode mode);
 /* "avx2" or "portable": the blocked loop's micro-kernel on this CPU. */
 const char *sr__gemm_kernel_name(void);
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Whether this CPU runs AVX2 (and FMA) code, probed once (gemm.c): for the
+ * kernels that pick a build at run time. */
+bool sr__cpu_avx2(void);
+bool sr__cpu_avx2_fma(void);
+#endif
 
 #endif
