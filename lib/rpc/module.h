@@ -109,7 +109,9 @@
  *           arrival, before the future completes).
  *   callee  serve_in (decoded: t_arrive, t_decoded), ran (the function
  *           returned on its thread: t_run0, t_run1), served (the answer is
- *           about to go: err, t), reply (it went out: from t0 to t1).
+ *           about to go: err, t), reply (it is built and about to be sent:
+ *           from t0 to t1; recorded before the send, so that a worker killed
+ *           once its answer is out still has the record of it).
  *           struct sr_probe_call carries the times; a field of 0 was not
  *           measured (profiling was turned on mid-call).
  * The statistics of both sides are recorded before the caller's future

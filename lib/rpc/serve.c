@@ -125,7 +125,34 @@ SR_API int sr_call_fail(sr_call *c, int err, const char *fmt, ...)
 
 /* ---- answering ------------------------------------------------------------ */
 
-static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, const char *text)
+/* What the profiler records of an answer: the probe's times, the error and
+ * when answering began (f0; 0: not recorded). NULL for refusals. */
+struct answering {
+    const struct sr_probe_call *probe;
+    int err;
+    int64_t f0;
+};
+
+/* Send the answer m (its wire header w) to `to`, counted for quiescence.
+ * The reply record is made before the send: once the answer is out, the
+ * caller may go on and this worker may be killed at once (a forwarded
+ * Ctrl-C), and a trace must not hold the caller's end of an answer without
+ * the callee's (docs/PROFILING.md). On failure, the caller releases the
+ * payload. */
+static int send_answer(sr_agent *a, int to, sr_msg *m, const struct sr_wire *w, const struct answering *ans)
+{
+    sr__wire_put(m, w, false);
+    if (ans && ans->f0 && sr__probing())
+        sr__probe_ops->reply(ans->probe, ans->err, ans->f0, sr__probe_now());
+    unsigned slot = sr__quiesce_sent(a, to);
+    int rc = sr__agent_send(a, to, m);
+    if (rc)
+        sr__quiesce_unsent(a, to, slot);
+    return rc;
+}
+
+static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, const char *text,
+                       const struct answering *ans)
 {
     sr_msg m = {.type = SR_MSG_ERR};
     struct sr_wire w = {.call_id = id, .code = code, .cause = cause};
@@ -136,16 +163,13 @@ static void send_error(sr_agent *a, int to, uint64_t id, int code, int cause, co
         p = sr__payload_reserve(&m, &w, len);
     }
     memcpy(p, text, len);
-    sr__wire_put(&m, &w, false);
-    unsigned slot = sr__quiesce_sent(a, to);
-    if (sr__agent_send(a, to, &m)) {
+    if (send_answer(a, to, &m, &w, ans))
         sr__payload_abandon(&w);
-        sr__quiesce_unsent(a, to, slot);
-    }
 }
 
 /* ext: the modules' extension block for the result (NULL: none). */
-static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const struct sr_ext_buf *ext)
+static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const struct sr_ext_buf *ext,
+                        const struct answering *ans)
 {
     sr_value *one[1] = {v};
     size_t elen = ext ? ext->len : 0;
@@ -162,15 +186,12 @@ static void send_result(sr_agent *a, int to, uint64_t id, sr_value *v, const str
         snprintf(text, sizeof(text), "Error on Node %d: cannot send the result: %s", a->rank, sr_last_error());
         if (p)
             sr__payload_abandon(&w);
-        send_error(a, to, id, -SR_EREMOTE, sr__error_cause(-SR_EREMOTE), text);
+        send_error(a, to, id, -SR_EREMOTE, sr__error_cause(-SR_EREMOTE), text, ans);
         return;
     }
-    sr__wire_put(&m, &w, false);
-    unsigned slot = sr__quiesce_sent(a, to);
-    if (sr__agent_send(a, to, &m)) {
+    if (send_answer(a, to, &m, &w, ans)) {
         sr__codec_release(p + elen, (size_t)len);
         sr__payload_abandon(&w);
-        sr__quiesce_unsent(a, to, slot);
     }
 }
 
@@ -193,7 +214,7 @@ static bool plain(const sr_value *v, int depth)
  * (an RRef's creator calling to_here()) needs no fetch. The cap keeps a large
  * result that nobody may ever fetch from being copied into the heap. */
 #define SR_REMOTE_RET_MAX 4096
-static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
+static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v, const struct answering *ans)
 {
     sr_msg m = {.type = SR_MSG_KEEP_RET};
     struct sr_wire w = {.call_id = id};
@@ -208,10 +229,7 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v)
     } else {
         w.len = 0;
     }
-    sr__wire_put(&m, &w, false);
-    unsigned slot = sr__quiesce_sent(a, to);
-    if (sr__agent_send(a, to, &m))
-        sr__quiesce_unsent(a, to, slot);
+    send_answer(a, to, &m, &w, ans);
 }
 
 /* The end of a served call: c is freed, and counted as fully processed
@@ -262,13 +280,14 @@ static void finish_call(struct sr_call *c)
      * Every branch below answers the caller, so the module messages to it
      * that this causes (an RRef child released) go quietly and are read
      * with the answer. */
+    const struct answering ans = {.probe = &c->probe, .err = c->err, .f0 = f0};
     int prev = sr__thr.answer_to;
     sr__thr.answer_to = c->caller;
     sr_value_unref(c->args);
     sr__thr.answer_to = prev;
     c->args = NULL;
     if (c->err && c->raw_error) {
-        send_error(a, c->caller, c->call_id, c->err, c->cause, c->msg ? c->msg : sr_strerror(c->err));
+        send_error(a, c->caller, c->call_id, c->err, c->cause, c->msg ? c->msg : sr_strerror(c->err), &ans);
     } else if (c->kept) {
         char text[512] = "";
         if (c->err)
@@ -276,19 +295,17 @@ static void finish_call(struct sr_call *c)
         sr__modules[c->keeper]->keep->set(c->kept, c->err ? -SR_EREMOTE : 0, c->err ? c->cause : 0, text,
                                           c->result); /* NULL: None */
         c->kept = NULL;
-        send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result);
+        send_remote_ret(a, c->caller, c->call_id, c->err ? NULL : c->result, &ans);
     } else if (c->err) {
         char text[512];
         remote_error_text(c, text, sizeof(text));
-        send_error(a, c->caller, c->call_id, -SR_EREMOTE, c->cause, text);
+        send_error(a, c->caller, c->call_id, -SR_EREMOTE, c->cause, text, &ans);
     } else {
         struct sr_ext_buf ext;
         sr__ext_response_out(c, c->result, &ext);
-        send_result(a, c->caller, c->call_id, c->result ? c->result : NULL, &ext);
+        send_result(a, c->caller, c->call_id, c->result ? c->result : NULL, &ext, &ans);
     }
     modules_call_done(c);
-    if (f0 && sr__probing())
-        sr__probe_ops->reply(&c->probe, c->err, f0, sr__probe_now());
     sr_value_unref(c->result);
     call_free(a, c); /* the response was counted as sent before this: the sums stay balanced */
 }
@@ -691,7 +708,7 @@ static bool keep_open(sr_agent *a, const sr_msg *m, struct sr_call **pc, int cod
         return true;
     }
     k->keep->set(h, code, code, text, NULL); /* the kept value is the error */
-    send_remote_ret(a, m->src, w.call_id, NULL);
+    send_remote_ret(a, m->src, w.call_id, NULL, NULL);
     return true;
 }
 
@@ -748,7 +765,8 @@ void sr__serve_request(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     answered = m->type == SR_MSG_KEEP_CALL && keep_open(a, m, &c, code, text, sizeof(text)) && !c;
     if (!c) {
         if (!answered)
-            send_error(a, m->src, sr__wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text);
+            send_error(a, m->src, sr__wire_get(m).call_id, m->type == SR_MSG_KEEP_CALL ? -ENOMEM : code, 0, text,
+                       NULL);
         sr__quiesce_done(a, m->src, m->gens); /* after the answer was counted */
         return;
     }
