@@ -204,6 +204,10 @@ static int one_round(unsigned g, sr_tensor **theirs)
            WAIT_S, sr_last_error());
     int64_t now = sr_worker_generation(1);
     WCHECK(now == (int64_t)g + 1, "round %u: rank 1 is generation %" PRId64 " here, want %u", g, now, g + 1);
+    /* the new generation takes its heap area after the start barrier: an
+     * answer from it says it has */
+    WCHECK(sr_rpc_sync(1, "noop", SR_ARGS(), WAIT_S, NULL) == 0, "round %u: generation %u: %s", g, g + 1,
+           sr_last_error());
     return 0;
 }
 
