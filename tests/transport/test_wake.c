@@ -14,6 +14,7 @@
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
 #include "shm/xport.h"
+#include "transport.h"
 
 LEAK_CHECKED_SUITE(wake);
 
@@ -92,4 +93,50 @@ Test(wake, no_lost_wakeup_over_many_handoffs, .timeout = 300)
     sr_spawn_opts o = {.name_prefix = test_ns("wake"), .shm_size = 64 << 20};
     int rc = sr_spawn(2, wake_worker, NULL, &o);
     cr_assert_eq(rc, 0, "wake job failed: %s", sr_last_error());
+}
+
+/* ---- a holder's sleep feeds the adaptive spin budget ---- */
+
+static bool never_busy(void *arg)
+{
+    (void)arg;
+    return false;
+}
+
+/* A token holder's doorbell sleep (the wake group's hold_sleep) is a sleep
+ * for a message like any other, so it adapts the budget
+ * (sr__spin_adapt_next): a 20 ms sleep, far longer than the cap, halves it.
+ * Before, only the sleeping thread's sleeps adapted it, so once they had
+ * halved it to 0 a holder (a thread in rpc_sync, sr_future_wait or
+ * sr_shutdown) never spun again and slept on every wait. */
+static int holder_worker(int rank, int world, void *arg)
+{
+    (void)rank;
+    (void)world;
+    (void)arg;
+    sr_xport_opts o = {.fixed_spin = false};
+    sr_xport *x;
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    sr_tport *t = sr__xport_transport(x);
+    const int64_t before = 40000;
+    atomic_store(&x->spin_ns, before);
+    int rc = t->ops->wake->hold_sleep(t, NULL, 0, sr__now_ns() + 20 * 1000000ll, never_busy, NULL);
+    int64_t after = atomic_load(&x->spin_ns);
+    sr__xport_detach(x);
+    if (rc == -EOPNOTSUPP) {
+        fprintf(stderr, "wake: skipped: no futex doorbell, so no holder sleeps\n");
+        return 0;
+    }
+    WCHECK(rc == 0, "hold_sleep: %d", rc);
+    WCHECK(after == before / 2, "a 20 ms holder's sleep left the spin budget at %lld ns, want %lld (halved)",
+           (long long)after, (long long)before / 2);
+    return 0;
+}
+
+Test(wake, a_holders_sleep_adapts_the_spin_budget, .timeout = 60)
+{
+    unsetenv("SHMRPC_SPIN_NS"); /* a fixed budget never adapts */
+    sr_spawn_opts o = {.name_prefix = test_ns("wake-hold"), .shm_size = 64 << 20};
+    int rc = sr_spawn(1, holder_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
 }

@@ -938,13 +938,23 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns)
     return sr__xport_sleep(x, deadline_ns, inbox_ready, x->inbox);
 }
 
+int64_t sr__xport_sleep_begin(const sr_xport *x)
+{
+    return x->fixed_spin ? 0 : sr__now_ns(); /* the clock only feeds the adaptive budget */
+}
+
+void sr__xport_sleep_end(sr_xport *x, int64_t t0)
+{
+    if (!x->fixed_spin)
+        adapt(x, sr__now_ns() - t0);
+}
+
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     release_inbox(x); /* never sleep holding slots a blocked producer waits for */
     consumer_count(&x->st.sleeps, 1);
-    int64_t t0 = x->fixed_spin ? 0 : sr__now_ns(); /* the clock only feeds the adaptive budget */
+    int64_t t0 = sr__xport_sleep_begin(x);
     int ev = sr__waiter_sleep(&x->waiter, deadline_ns, ready, arg);
-    if (!x->fixed_spin)
-        adapt(x, sr__now_ns() - t0);
+    sr__xport_sleep_end(x, t0);
     return ev;
 }

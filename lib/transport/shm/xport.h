@@ -218,6 +218,16 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
 int64_t sr__xport_spin_budget(sr_xport *x);
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
+/* Every sleep of a thread waiting for a message feeds the adaptive spin
+ * budget (sr__spin_adapt_next), whichever way it sleeps: sr__xport_sleep
+ * does it; a sleep of its own (the token holder's doorbell sleep,
+ * xport_tport.c) brackets it with these. A sleep that did not feed it could
+ * leave the budget at 0 for good once other sleeps had halved it: the
+ * holder would never spin again and sleep on every wait. t0 is 0 with a
+ * fixed budget (no clock read). */
+int64_t sr__xport_sleep_begin(const sr_xport *x);
+void sr__xport_sleep_end(sr_xport *x, int64_t t0);
+
 /* The spin policy's decision, a pure function of the samples so that it can
  * be tested without timing. gate is one word: bit 0 oversubscribed (do not
  * spin), bit 1 a sample has been taken, bits 2.. the samples in a row that

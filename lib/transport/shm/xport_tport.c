@@ -88,6 +88,7 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
         atomic_store_explicit(&x->st.sleeps, atomic_load_explicit(&x->st.sleeps, memory_order_relaxed) + 1,
                               memory_order_relaxed);
         int rc;
+        int64_t t0 = sr__xport_sleep_begin(x);
         if (word) {
             struct futex_waitv v[2] = {
                 {.val = SR_DOORBELL_SLEEPING_USER, .uaddr = (uint64_t)(uintptr_t)w, .flags = FUTEX_32}, /* shared */
@@ -98,6 +99,7 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
             rc = syscall(SYS_futex, w, FUTEX_WAIT_BITSET, SR_DOORBELL_SLEEPING_USER, until >= 0 ? &ts : NULL, NULL,
                          SR_DOORBELL_BIT_USER) < 0 ? -errno : 0;
         }
+        sr__xport_sleep_end(x, t0);
         /* relaxed: a statistic for tests/rpc/test_idle_wake.c */
         lost = rc == -ETIMEDOUT && sr__ring_ready(x->inbox) &&
                atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER;
