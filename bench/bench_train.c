@@ -62,7 +62,7 @@
 #define FLOOR_STEPS 100
 #define MAX_TRAINERS 3
 #define CONCURRENT_TRIES 3
-#define PAIRS 3 /* rounds of (1 trainer, 3 trainers) */
+#define PAIRS 5 /* rounds of (1 trainer, 3 trainers): the target is on the median of 5 */
 #define MAX_STEPS 1024 /* steps of one trainer: ceil(60000 / 64) = 938 */
 #define WAIT_NS (300ll * 1000000000)
 
