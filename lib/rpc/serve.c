@@ -229,7 +229,8 @@ static void send_remote_ret(sr_agent *a, int to, uint64_t id, sr_value *v, const
     } else {
         w.len = 0;
     }
-    send_answer(a, to, &m, &w, ans);
+    if (send_answer(a, to, &m, &w, ans)) /* the caller is gone: the value's block is ours again */
+        sr__payload_abandon(&w);
 }
 
 /* The end of a served call: c is freed, and counted as fully processed
