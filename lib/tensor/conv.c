@@ -397,24 +397,26 @@ static void conv_forward_direct(const struct conv_geom *g, sr_dtype dt, const ch
  * no bounds checks (an AVX2 build of them is chosen at run time where the
  * CPU has it); the output transform stores each channel's outputs into its
  * plane. */
-#define SR_WINO_MIN_CH 16
+/* At 16 channels in or out the transforms and the 16 thin gemms cost as
+ * much as im2col saves; from 32 they win (docs/PERFORMANCE.md). */
+#define SR_WINO_MIN_CH 32
 #define SR_WINO_TILES 196
 
 /* Set by tests only (sr__conv_set_winograd); relaxed: a switch, it orders
- * nothing; its load is in use_winograd. */
-static atomic_bool wino_disabled;
+ * nothing; its loads are in use_winograd and wino_avx2. */
+static _Atomic int wino_mode = SR_WINO_AUTO;
 /* Convolutions run by wino_conv; relaxed: a count for tests, incremented in
  * wino_conv and read by sr__conv_winograd_runs. */
 static atomic_uint_least64_t wino_runs;
 
-void sr__conv_set_winograd(bool on) { atomic_store_explicit(&wino_disabled, !on, memory_order_relaxed); }
+void sr__conv_set_winograd(enum sr_wino_mode mode) { atomic_store_explicit(&wino_mode, mode, memory_order_relaxed); }
 uint64_t sr__conv_winograd_runs(void) { return atomic_load_explicit(&wino_runs, memory_order_relaxed); }
 
 static bool use_winograd(const struct conv_geom *g, sr_dtype dt)
 {
     return dt == SR_F32 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
            g->groups == 1 && g->ph <= 2 && g->pw <= 2 && g->c >= SR_WINO_MIN_CH && g->o >= SR_WINO_MIN_CH &&
-           !atomic_load_explicit(&wino_disabled, memory_order_relaxed); /* relaxed: see wino_disabled */
+           atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_OFF; /* relaxed: see wino_mode */
 }
 
 struct wino {
@@ -462,21 +464,6 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
         }
 }
 
-/* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
- * wn->xp (whose borders stay zero). */
-static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
-{
-    const struct conv_geom *g = wn->g;
-    for (int64_t s = 0; s < nbc; s++)
-        for (int64_t y = 0; y < g->h; y++)
-            for (int64_t i = 0; i < g->w; i++) {
-                float *restrict dst = wn->xp + ((s * wn->hp + y + g->ph) * wn->wp + g->pw + i) * g->c;
-                const float *restrict src = x + (s * g->c * g->h + y) * g->w + i;
-                for (int64_t c = 0; c < g->c; c++)
-                    dst[c] = src[c * g->h * g->w];
-            }
-}
-
 /* The transforms go over the channels 8 at a time in 32-byte vectors (GCC's
  * vector extension; two SSE halves on a CPU without AVX2), the last 8
  * overlapping the one before when C is not a multiple of 8 (C >= 16): the
@@ -484,6 +471,55 @@ static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
  * vector is a named variable (no arrays), so that they stay in registers. */
 #define WLD(v, p) memcpy(&(v), (p), sizeof(v))
 #define WST(p, v) memcpy((p), &(v), sizeof(v))
+/* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
+ * wn->xp (whose borders stay zero): per input row, 8 channels by 8 columns
+ * at a time, transposed in registers (the last 8 of each overlapping the
+ * ones before, stored twice with the same values); a row narrower than 8
+ * goes element by element. */
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
+#define DEFINE_WINO_PAD(SUFFIX, ATTR)                                                                          \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_pad_##SUFFIX(const struct wino *wn, const float *x,     \
+                                                                    int64_t nbc)                               \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        typedef float vecu __attribute__((vector_size(32), aligned(4)));                                       \
+        typedef int idx __attribute__((vector_size(32)));                                                      \
+        const struct conv_geom *g = wn->g;                                                                     \
+        int64_t cn = g->c, hw = g->h * g->w;                                                                   \
+        for (int64_t s = 0; s < nbc; s++)                                                                      \
+            for (int64_t c0 = 0; c0 < cn; c0 += 8) /* 8 planes read in order */                               \
+                for (int64_t y = 0; y < g->h; y++) {                                                           \
+                    int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                    \
+                    float *row = wn->xp + ((s * wn->hp + y + g->ph) * wn->wp + g->pw) * cn;                    \
+                    const float *src = x + s * cn * hw + y * g->w;                                             \
+                    for (int64_t i = 0; g->w < 8 && i < g->w; i++)                                            \
+                        for (int64_t k = c; k < c + 8; k++)                                                    \
+                            row[i * cn + k] = src[k * hw + i];                                                 \
+                    for (int64_t i0 = 0; g->w >= 8 && i0 < g->w; i0 += 8) {                                   \
+                        int64_t i = i0 + 8 <= g->w ? i0 : g->w - 8;                                            \
+                        vec r[8], t[8], u[8];                                                                  \
+                        for (int k = 0; k < 8; k++)                                                            \
+                            r[k] = *(const vecu *)(src + (c + k) * hw + i);                                    \
+                        for (int k = 0; k < 8; k += 2) {                                                       \
+                            t[k] = SHUF(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);                             \
+                            t[k + 1] = SHUF(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);                       \
+                        }                                                                                      \
+                        for (int k = 0; k < 8; k += 4) {                                                       \
+                            u[k] = SHUF(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);                             \
+                            u[k + 1] = SHUF(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);                       \
+                            u[k + 2] = SHUF(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);                     \
+                            u[k + 3] = SHUF(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);                   \
+                        }                                                                                      \
+                        for (int k = 0; k < 4; k++) {                                                          \
+                            r[k] = SHUF(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);                             \
+                            r[k + 4] = SHUF(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);                       \
+                        }                                                                                      \
+                        for (int k = 0; k < 8; k++)                                                            \
+                            *(vecu *)(row + (i + k) * cn + c) = r[k];                                          \
+                    }                                                                                          \
+                }                                                                                              \
+    }
+
 /* one row of a patch times B: (d0 - d2, d1 + d2, d2 - d1, d1 - d3) */
 #define WINO_ROW(d, p, x0, x1, x2, x3)                                                                         \
     do {                                                                                                       \
@@ -514,6 +550,30 @@ static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
         s0 = a0 + a1 + a2, s1 = a1 - a2 - a3;                                                                  \
     } while (0)
 #define DEFINE_WINO_TRANSFORMS(SUFFIX, ATTR)                                                                   \
+    /* p[k l], p[k l + 1] = a[k], b[k] for the 8 channels k (only a[k] unless two): the pairs are     \
+     * interleaved in registers and stored 8 bytes at a time */                                                \
+    __attribute__((DIRECT_OPT ATTR)) static inline void wino_store_##SUFFIX(float *p, int64_t l, const void *av, \
+                                                                             const void *bv, bool two)         \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        typedef int idx __attribute__((vector_size(32)));                                                      \
+        vec a, b;                                                                                              \
+        WLD(a, av);                                                                                            \
+        WLD(b, bv);                                                                                            \
+        if (!two) {                                                                                            \
+            for (int k = 0; k < 8; k++)                                                                        \
+                p[k * l] = a[k];                                                                               \
+            return;                                                                                            \
+        }                                                                                                      \
+        vec lo = SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);              \
+        const float *fl = (const float *)&lo, *fh = (const float *)&hi;                                        \
+        for (int k = 0; k < 8; k += 4) {                                                                       \
+            memcpy(p + k * l, fl + k, 8);                                                                        \
+            memcpy(p + (k + 1) * l, fl + k + 2, 8);                                                            \
+            memcpy(p + (k + 2) * l, fh + k, 8);                                                                \
+            memcpy(p + (k + 3) * l, fh + k + 2, 8);                                                            \
+        }                                                                                                      \
+    }                                                                                                          \
     /* V[xi][t][c] = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */      \
     __attribute__((DIRECT_OPT ATTR)) static void wino_in_##SUFFIX(const struct wino *wn, int64_t nbc,         \
                                                                    int64_t ty0, int64_t nr)                    \
@@ -562,27 +622,45 @@ static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
                 WINO_OUT_COL(3, s03, s13);                                                                     \
                 vec y00 = s00 + s01 + s02 + bias, y01 = s01 - s02 - s03 + bias;                                \
                 vec y10 = s10 + s11 + s12 + bias, y11 = s11 - s12 - s13 + bias;                                \
-                float *p = d + o * l;                                                                          \
-                for (int k = 0; k < 8; k++)                                                                    \
-                    p[k * l] = y00[k];                                                                         \
-                for (int k = 0; right && k < 8; k++)                                                           \
-                    p[k * l + 1] = y01[k];                                                                     \
-                for (int k = 0; down && k < 8; k++)                                                            \
-                    p[k * l + w] = y10[k];                                                                     \
-                for (int k = 0; right && down && k < 8; k++)                                                   \
-                    p[k * l + w + 1] = y11[k];                                                                 \
+                wino_store_##SUFFIX(d + o * l, l, &y00, &y01, right);                                            \
+                if (down)                                                                                      \
+                    wino_store_##SUFFIX(d + o * l + w, l, &y10, &y11, right);                                    \
             }                                                                                                  \
+            for (int xi = 0; xi < 16; xi++) /* zero for the next chunk's gemms, which add to M */             \
+                for (int64_t o = 0; o < on; o++)                                                               \
+                    wn->m[xi * ms + t * on + o] = 0;                                                           \
         }                                                                                                      \
     }
 DEFINE_WINO_TRANSFORMS(plain, )
+DEFINE_WINO_PAD(plain, )
 #if defined(__x86_64__) && defined(__GNUC__)
 DEFINE_WINO_TRANSFORMS(avx2, target("avx2,fma"))
+DEFINE_WINO_PAD(avx2, target("avx2,fma"))
 #endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Whether the transforms' AVX2 builds run: on a CPU with AVX2, unless a test asks for the plain ones. */
+static bool wino_avx2(void)
+{
+    return atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2();
+}
+#endif
+
+static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (wino_avx2()) {
+        wino_pad_avx2(wn, x, nbc);
+        return;
+    }
+#endif
+    wino_pad_plain(wn, x, nbc);
+}
 
 static void wino_in(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (sr__cpu_avx2()) {
+    if (wino_avx2()) {
         wino_in_avx2(wn, nbc, ty0, nr);
         return;
     }
@@ -594,7 +672,7 @@ static void wino_out(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0
                      float *out)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (sr__cpu_avx2()) {
+    if (wino_avx2()) {
         wino_out_avx2(wn, n0, nbc, ty0, nr, b, out);
         return;
     }
@@ -608,7 +686,8 @@ static int wino_products(const struct wino *wn, int64_t tc)
     int64_t o = wn->g->o, c = wn->g->c;
     for (int xi = 0; xi < 16; xi++) {
         struct sr_gemm mm = {.dt = SR_F32, .m = tc, .n = o, .k = c, .a = wn->v + xi * tc * c, .lda = c,
-                             .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o};
+                             .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o,
+                             .accumulate = true}; /* M is zero (wino_conv, wino_out): no pass of BLAS's zeroing */
         if (sr__gemm(&mm))
             return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
     }
@@ -628,7 +707,7 @@ static int wino_conv(const struct conv_geom *g, const float *x, const float *w, 
     wn.v = wn.u + 16 * g->o * g->c;
     wn.m = wn.v + 16 * g->c * t;
     wn.xp = wn.m + 16 * g->o * t;
-    memset(wn.xp, 0, (size_t)pad * sizeof(float));
+    memset(wn.m, 0, (size_t)(16 * g->o * t + pad) * sizeof(float)); /* M and the borders of xp */
     wino_weight(g, w, wn.u);
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
