@@ -393,10 +393,9 @@ static void conv_forward_direct(const struct conv_geom *g, sr_dtype dt, const ch
  * channels last, into a zero-bordered scratch [2 tH + 2, 2 tW + 2, C] (tH,
  * tW: tiles down and across a plane; with an odd output size the last tile
  * sticks out of the plane and its outside outputs are not stored), so that
- * both transforms are loops over the channels, which GCC vectorises, with
- * no bounds checks (an AVX2 build of them is chosen at run time where the
- * CPU has it); the output transform stores each channel's outputs into its
- * plane. */
+ * both transforms are loops over the channels in vectors, with no bounds
+ * checks (an AVX2 build of them is chosen at run time where the CPU has
+ * it); the output transform stores each channel's outputs into its plane. */
 /* At 16 channels in or out the transforms and the 16 thin gemms cost as
  * much as im2col saves; from 32 they win (docs/PERFORMANCE.md). */
 #define SR_WINO_MIN_CH 32
@@ -466,9 +465,10 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
 
 /* The transforms go over the channels 8 at a time in 32-byte vectors (GCC's
  * vector extension; two SSE halves on a CPU without AVX2), the last 8
- * overlapping the one before when C is not a multiple of 8 (C >= 16): the
- * overlap is computed twice and stored twice, with the same values. Each
- * vector is a named variable (no arrays), so that they stay in registers. */
+ * overlapping the one before when C is not a multiple of 8 (C >= 32): the
+ * overlap is computed twice and stored twice, with the same values. In the
+ * transforms each vector is a named variable (no arrays), so that they stay
+ * in registers. */
 #define WLD(v, p) memcpy(&(v), (p), sizeof(v))
 #define WST(p, v) memcpy((p), &(v), sizeof(v))
 /* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
@@ -478,7 +478,7 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
  * goes element by element. */
 #define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
 #define DEFINE_WINO_PAD(SUFFIX, ATTR)                                                                          \
-    __attribute__((DIRECT_OPT ATTR)) static void wino_pad_##SUFFIX(const struct wino *wn, const float *x,     \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_pad_##SUFFIX(const struct wino *wn, const float *x,      \
                                                                     int64_t nbc)                               \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
@@ -487,15 +487,15 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
         const struct conv_geom *g = wn->g;                                                                     \
         int64_t cn = g->c, hw = g->h * g->w;                                                                   \
         for (int64_t s = 0; s < nbc; s++)                                                                      \
-            for (int64_t c0 = 0; c0 < cn; c0 += 8) /* 8 planes read in order */                               \
+            for (int64_t c0 = 0; c0 < cn; c0 += 8) /* 8 planes read in order */                                \
                 for (int64_t y = 0; y < g->h; y++) {                                                           \
                     int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                    \
                     float *row = wn->xp + ((s * wn->hp + y + g->ph) * wn->wp + g->pw) * cn;                    \
                     const float *src = x + s * cn * hw + y * g->w;                                             \
-                    for (int64_t i = 0; g->w < 8 && i < g->w; i++)                                            \
+                    for (int64_t i = 0; g->w < 8 && i < g->w; i++)                                             \
                         for (int64_t k = c; k < c + 8; k++)                                                    \
                             row[i * cn + k] = src[k * hw + i];                                                 \
-                    for (int64_t i0 = 0; g->w >= 8 && i0 < g->w; i0 += 8) {                                   \
+                    for (int64_t i0 = 0; g->w >= 8 && i0 < g->w; i0 += 8) {                                    \
                         int64_t i = i0 + 8 <= g->w ? i0 : g->w - 8;                                            \
                         vec r[8], t[8], u[8];                                                                  \
                         for (int k = 0; k < 8; k++)                                                            \
@@ -550,10 +550,11 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
         s0 = a0 + a1 + a2, s1 = a1 - a2 - a3;                                                                  \
     } while (0)
 #define DEFINE_WINO_TRANSFORMS(SUFFIX, ATTR)                                                                   \
-    /* p[k l], p[k l + 1] = a[k], b[k] for the 8 channels k (only a[k] unless two): the pairs are     \
+    /* p[k l], p[k l + 1] = a[k], b[k] for the 8 channels k (only a[k] unless two): the pairs are              \
      * interleaved in registers and stored 8 bytes at a time */                                                \
-    __attribute__((DIRECT_OPT ATTR)) static inline void wino_store_##SUFFIX(float *p, int64_t l, const void *av, \
-                                                                             const void *bv, bool two)         \
+    __attribute__((DIRECT_OPT ATTR)) static inline void wino_store_##SUFFIX(float *p, int64_t l,               \
+                                                                             const void *av, const void *bv,   \
+                                                                             bool two)                         \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
         typedef int idx __attribute__((vector_size(32)));                                                      \
@@ -565,23 +566,23 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                 p[k * l] = a[k];                                                                               \
             return;                                                                                            \
         }                                                                                                      \
-        vec lo = SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);              \
+        vec lo = SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);            \
         const float *fl = (const float *)&lo, *fh = (const float *)&hi;                                        \
         for (int k = 0; k < 8; k += 4) {                                                                       \
-            memcpy(p + k * l, fl + k, 8);                                                                        \
+            memcpy(p + k * l, fl + k, 8);                                                                      \
             memcpy(p + (k + 1) * l, fl + k + 2, 8);                                                            \
             memcpy(p + (k + 2) * l, fh + k, 8);                                                                \
             memcpy(p + (k + 3) * l, fh + k + 2, 8);                                                            \
         }                                                                                                      \
     }                                                                                                          \
-    /* V[xi][t][c] = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */      \
-    __attribute__((DIRECT_OPT ATTR)) static void wino_in_##SUFFIX(const struct wino *wn, int64_t nbc,         \
+    /* V[xi][t][c] = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */          \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_in_##SUFFIX(const struct wino *wn, int64_t nbc,          \
                                                                    int64_t ty0, int64_t nr)                    \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
-        int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = tc * cn, rs = wn->wp * cn;                          \
+        int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = tc * cn, rs = wn->wp * cn;                         \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
-            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                         \
+            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
             const float *d = wn->xp + ((s * wn->hp + 2 * ty) * wn->wp + 2 * tx) * cn;                          \
             for (int64_t c0 = 0; c0 < cn; c0 += 8) {                                                           \
                 int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                        \
@@ -599,8 +600,8 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
         }                                                                                                      \
     }                                                                                                          \
     /* out[n0 + s][o] = A^T M A (+ bias) of the chunk's tiles; a row or column past the plane is not stored */ \
-    __attribute__((DIRECT_OPT ATTR)) static void wino_out_##SUFFIX(const struct wino *wn, int64_t n0,         \
-                                                                    int64_t nbc, int64_t ty0, int64_t nr,     \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_out_##SUFFIX(const struct wino *wn, int64_t n0,          \
+                                                                    int64_t nbc, int64_t ty0, int64_t nr,      \
                                                                     const float *b, float *out)                \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
@@ -622,11 +623,11 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                 WINO_OUT_COL(3, s03, s13);                                                                     \
                 vec y00 = s00 + s01 + s02 + bias, y01 = s01 - s02 - s03 + bias;                                \
                 vec y10 = s10 + s11 + s12 + bias, y11 = s11 - s12 - s13 + bias;                                \
-                wino_store_##SUFFIX(d + o * l, l, &y00, &y01, right);                                            \
+                wino_store_##SUFFIX(d + o * l, l, &y00, &y01, right);                                          \
                 if (down)                                                                                      \
-                    wino_store_##SUFFIX(d + o * l + w, l, &y10, &y11, right);                                    \
+                    wino_store_##SUFFIX(d + o * l + w, l, &y10, &y11, right);                                  \
             }                                                                                                  \
-            for (int xi = 0; xi < 16; xi++) /* zero for the next chunk's gemms, which add to M */             \
+            for (int xi = 0; xi < 16; xi++) /* zero for the next chunk's gemms, which add to M */              \
                 for (int64_t o = 0; o < on; o++)                                                               \
                     wn->m[xi * ms + t * on + o] = 0;                                                           \
         }                                                                                                      \
