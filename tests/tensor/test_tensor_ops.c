@@ -250,6 +250,107 @@ Test(nn, conv2d_agrees_with_a_direct_loop_on_every_kernel)
     }
 }
 
+/* ---- conv2d's Winograd path against the im2col path ---- */
+struct wino_case {
+    int64_t n, c, o, h, w, p;
+    bool bias;
+};
+
+/* Output, grad input, grad weight and grad bias of one f32 conv2d (3 x 3,
+ * stride 1) with the Winograd path in `mode`; *runs: how many
+ * convolutions that path ran (forward and grad input). */
+static void run_conv_f32(const struct wino_case *k, enum sr_wino_mode mode, double **got, uint64_t *runs)
+{
+    sr_manual_seed(23);
+    sr_tensor *x = sr_randn(SR_F32, 4, SHAPE(k->n, k->c, k->h, k->w), SR_REQUIRES_GRAD);
+    sr_tensor *w = sr_randn(SR_F32, 4, SHAPE(k->o, k->c, 3, 3), SR_REQUIRES_GRAD);
+    sr_tensor *b = k->bias ? sr_randn(SR_F32, 1, SHAPE(k->o), SR_REQUIRES_GRAD) : NULL;
+    sr_tensor *gy = sr_randn(SR_F32, 4, SHAPE(k->n, k->o, k->h + 2 * k->p - 2, k->w + 2 * k->p - 2), 0);
+    uint64_t before = sr__conv_winograd_runs();
+    sr__conv_set_winograd(mode);
+    sr_tensor *y = sr_conv2d(x, w, b, NULL, SHAPE(k->p, k->p), NULL, 1);
+    cr_assert(y, "%s", sr_last_error());
+    sr_tensor *yg = sr_mul(y, gy), *loss = sr_sum(yg);
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    sr__conv_set_winograd(SR_WINO_AUTO);
+    *runs = sr__conv_winograd_runs() - before;
+    got[0] = values(y);
+    got[1] = values(sr_tensor_grad(x));
+    got[2] = values(sr_tensor_grad(w));
+    got[3] = b ? values(sr_tensor_grad(b)) : NULL;
+    sr_tensor *ts[] = {x, w, b, gy, y, yg, loss};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        sr_tensor_unref(ts[i]);
+}
+
+/* |got - want| <= 1e-5 of want's largest magnitude, element by element:
+ * Winograd's transforms round differently from im2col's dot products. */
+static void expect_near_max(const double *got, const double *want, size_t n, const char *what,
+                            const struct wino_case *k, int mode)
+{
+    double big = 0;
+    for (size_t i = 0; i < n; i++)
+        big = fmax(big, fabs(want[i]));
+    cr_assert_gt(big, 0.0, "%s is all zeros", what);
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(got[i] - want[i]) <= 1e-5 * big))
+            cr_assert_fail("%s, [%lld, %lld, %lld, %lld] padding %lld, o %lld, mode %d: [%zu] %.9g vs %.9g "
+                           "(largest %g)", what, (long long)k->n, (long long)k->c, (long long)k->h, (long long)k->w,
+                           (long long)k->p, (long long)k->o, mode, i, got[i], want[i], big);
+}
+
+/* Even and odd planes (odd output sizes end in half tiles), padding 0 and 1
+ * (grad input then pads by 2 and 1), batches of 1 and 3, channel counts at
+ * the threshold (32) and above, off multiples of 8 (the transforms' last
+ * vector of channels overlaps the one before), with and without bias, and a
+ * plane of more tiles than one chunk holds (cut into bands of tile rows).
+ * Each case must take the Winograd path for its forward and its grad input
+ * (counted), with the AVX2 transforms (where the CPU has them) and with the
+ * plain ones, and not when switched off; 31 channels stay on im2col. */
+Test(nn, conv2d_winograd_agrees_with_im2col)
+{
+    struct wino_case cases[] = {
+        {.n = 3, .c = 32, .o = 32, .h = 14, .w = 14, .p = 1, .bias = true},
+        {.n = 1, .c = 40, .o = 32, .h = 7, .w = 7, .p = 1},
+        {.n = 3, .c = 33, .o = 35, .h = 5, .w = 9, .p = 0, .bias = true},
+        {.n = 1, .c = 32, .o = 64, .h = 5, .w = 9, .p = 1},
+        {.n = 3, .c = 64, .o = 32, .h = 14, .w = 14, .p = 0},
+        {.n = 1, .c = 32, .o = 40, .h = 7, .w = 7, .p = 0, .bias = true},
+        {.n = 2, .c = 32, .o = 32, .h = 31, .w = 29, .p = 1, .bias = true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct wino_case *k = &cases[i];
+        double *ref[4];
+        uint64_t runs;
+        run_conv_f32(k, SR_WINO_OFF, ref, &runs);
+        cr_assert_eq(runs, 0, "case %zu: the Winograd path ran while switched off", i);
+        for (int mode = SR_WINO_AUTO; mode <= SR_WINO_PORTABLE; mode++) {
+            double *wino[4];
+            run_conv_f32(k, (enum sr_wino_mode)mode, wino, &runs);
+            cr_assert_eq(runs, 2, "case %zu, mode %d: %llu Winograd runs, expected the forward and grad input", i,
+                         mode, (unsigned long long)runs);
+            size_t oh = (size_t)(k->h + 2 * k->p - 2), ow = (size_t)(k->w + 2 * k->p - 2);
+            size_t sizes[4] = {(size_t)(k->n * k->o) * oh * ow, (size_t)(k->n * k->c * k->h * k->w),
+                               (size_t)(k->o * k->c * 9), (size_t)k->o};
+            const char *what[4] = {"output", "grad input", "grad weight", "grad bias"};
+            for (int j = 0; j < 4; j++) {
+                if (wino[j])
+                    expect_near_max(wino[j], ref[j], sizes[j], what[j], k, mode);
+                free(wino[j]);
+            }
+        }
+        for (int j = 0; j < 4; j++)
+            free(ref[j]);
+    }
+    struct wino_case below = {.n = 1, .c = 31, .o = 32, .h = 6, .w = 6, .p = 1};
+    double *got[4];
+    uint64_t runs;
+    run_conv_f32(&below, SR_WINO_AUTO, got, &runs);
+    cr_assert_eq(runs, 0, "31 input channels took the Winograd path");
+    for (int j = 0; j < 4; j++)
+        free(got[j]);
+}
+
 static void expect_error(sr_tensor *t, const char *needle)
 {
     cr_assert_null(t, "expected an error containing \"%s\"", needle);
