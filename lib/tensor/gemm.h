@@ -37,7 +37,7 @@ enum sr_gemm_mode { SR_GEMM_AUTO, SR_GEMM_BLOCKED, SR_GEMM_PORTABLE };
 void sr__gemm_set_mode(enum sr_gemm_mode mode);
 /* "avx2" or "portable": the blocked loop's micro-kernel on this CPU. */
 const char *sr__gemm_kernel_name(void);
-/* conv2d's Winograd path (conv.c, for tests): whether it may be taken (AUTO,
+/* conv2d's Winograd path (winograd.c, for tests): whether it may be taken (AUTO,
  * the default: with its AVX2 transforms where the CPU has them; PORTABLE:
  * with the plain ones; OFF: those shapes take the im2col paths), and how
  * many convolutions it has run (forwards and grad inputs) in this process. */

@@ -1,0 +1,365 @@
+/* SPDX-License-Identifier: MIT */
+/* conv2d's Winograd path: F(2x2, 3x3) for f32 (conv.h, sr__wino_applies),
+ * the forward and, through the flipped weight, the gradient of the input
+ * (conv.c). */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv.h"
+#include "error.h"
+#include "gemm.h"
+#include "tensor_impl.h"
+
+/* ---- Winograd F(2x2, 3x3) ----
+ *
+ * For f32, 3 x 3 kernels, stride 1, no dilation, groups 1, padding at most
+ * 2 and at least SR_WINO_MIN_CH channels in and out (the CNN's second
+ * layer: its forward, and its grad input as the convolution of dY with the
+ * flipped weight, conv_backward_by_conv). Each 2 x 2 block of outputs (a
+ * tile) of output channel o is
+ *   Y = A^T [ sum_c (G g_oc G^T) .* (B^T d_c B) ] A
+ * with d_c the 4 x 4 input patch under the tile and g_oc the kernel. The
+ * sums over c of the 16 element-wise products are 16 gemms,
+ * M[xi] [T, O] = V[xi] [T, C] U[xi] [C, O], over a chunk of T tiles: 16 C O
+ * multiplications per tile where im2col has 36 C O. The weight is
+ * transformed once per call (U); the batch goes in chunks of about
+ * SR_WINO_TILES tiles (whole samples, or bands of tile rows of one sample),
+ * so that V and M stay in L2. A chunk's input planes are first copied,
+ * channels last, into a zero-bordered scratch [2 tH + 2, 2 tW + 2, C] (tH,
+ * tW: tiles down and across a plane; with an odd output size the last tile
+ * sticks out of the plane and its outside outputs are not stored), so that
+ * both transforms are loops over the channels in vectors, with no bounds
+ * checks (an AVX2 build of them is chosen at run time where the CPU has
+ * it); the output transform stores each channel's outputs into its plane. */
+/* At 16 channels in or out the transforms and the 16 thin gemms cost as
+ * much as im2col saves; from 32 they win (docs/PERFORMANCE.md). */
+#define SR_WINO_MIN_CH 32
+#define SR_WINO_TILES 196
+
+/* Set by tests only (sr__conv_set_winograd); relaxed: a switch, it orders
+ * nothing; its loads are in sr__wino_applies and wino_avx2. */
+static _Atomic int wino_mode = SR_WINO_AUTO;
+/* Convolutions run by sr__wino_conv; relaxed: a count for tests, incremented in
+ * sr__wino_conv and read by sr__conv_winograd_runs. */
+static atomic_uint_least64_t wino_runs;
+
+void sr__conv_set_winograd(enum sr_wino_mode mode) { atomic_store_explicit(&wino_mode, mode, memory_order_relaxed); }
+uint64_t sr__conv_winograd_runs(void) { return atomic_load_explicit(&wino_runs, memory_order_relaxed); }
+
+bool sr__wino_applies(const struct conv_geom *g, sr_dtype dt)
+{
+    return dt == SR_F32 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 &&
+           g->groups == 1 && g->ph <= 2 && g->pw <= 2 && g->c >= SR_WINO_MIN_CH && g->o >= SR_WINO_MIN_CH &&
+           atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_OFF; /* relaxed: see wino_mode */
+}
+
+struct wino {
+    const struct conv_geom *g;
+    int64_t th, tw; /* tiles down and across an output plane */
+    int64_t hp, wp; /* the bordered planes: 2 th + 2, 2 tw + 2 */
+    int64_t nb;     /* a chunk: nb samples' whole planes (rows = th), or */
+    int64_t rows;   /* `rows` tile rows of one sample (nb = 1) */
+    float *u, *v, *m, *xp; /* [16, C, O], [16, T, C], [16, T, O], [nb, hp, wp, C] */
+};
+
+static struct wino wino_plan(const struct conv_geom *g)
+{
+    struct wino wn = {.g = g, .th = (g->oh + 1) / 2, .tw = (g->ow + 1) / 2};
+    wn.hp = 2 * wn.th + 2;
+    wn.wp = 2 * wn.tw + 2;
+    int64_t per = wn.th * wn.tw;
+    wn.nb = per >= SR_WINO_TILES ? 1 : SR_WINO_TILES / per;
+    wn.nb = wn.nb < g->n ? wn.nb : g->n;
+    wn.rows = per <= SR_WINO_TILES ? wn.th : (SR_WINO_TILES + wn.tw - 1) / wn.tw;
+    return wn;
+}
+
+/* U[xi = 4 i + j][c][o] = (G g_oc G^T)[i][j]; w [O, C, 3, 3]. */
+static void wino_weight(const struct conv_geom *g, const float *w, float *u)
+{
+    int64_t oc = g->o * g->c;
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++) {
+            const float *k = w + (o * g->c + c) * 9;
+            float t[4][3];
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = k[j];
+                t[1][j] = 0.5f * (k[j] + k[3 + j] + k[6 + j]);
+                t[2][j] = 0.5f * (k[j] - k[3 + j] + k[6 + j]);
+                t[3][j] = k[6 + j];
+            }
+            for (int i = 0; i < 4; i++) {
+                float *ui = u + 4 * i * oc + c * g->o + o;
+                ui[0] = t[i][0];
+                ui[oc] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+                ui[2 * oc] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+                ui[3 * oc] = t[i][2];
+            }
+        }
+}
+
+/* The transforms go over the channels 8 at a time in 32-byte vectors (GCC's
+ * vector extension; two SSE halves on a CPU without AVX2), the last 8
+ * overlapping the one before when C is not a multiple of 8 (C >= 32): the
+ * overlap is computed twice and stored twice, with the same values. In the
+ * transforms each vector is a named variable (no arrays), so that they stay
+ * in registers. */
+#define WLD(v, p) memcpy(&(v), (p), sizeof(v))
+#define WST(p, v) memcpy((p), &(v), sizeof(v))
+/* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
+ * wn->xp (whose borders stay zero): per input row, 8 channels by 8 columns
+ * at a time, transposed in registers (the last 8 of each overlapping the
+ * ones before, stored twice with the same values); a row narrower than 8
+ * goes element by element. */
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
+#define DEFINE_WINO_PAD(SUFFIX, ATTR)                                                                          \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_pad_##SUFFIX(const struct wino *wn, const float *x,      \
+                                                                    int64_t nbc)                               \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        typedef float vecu __attribute__((vector_size(32), aligned(4)));                                       \
+        typedef int idx __attribute__((vector_size(32)));                                                      \
+        const struct conv_geom *g = wn->g;                                                                     \
+        int64_t cn = g->c, hw = g->h * g->w;                                                                   \
+        for (int64_t s = 0; s < nbc; s++)                                                                      \
+            for (int64_t c0 = 0; c0 < cn; c0 += 8) /* 8 planes read in order */                                \
+                for (int64_t y = 0; y < g->h; y++) {                                                           \
+                    int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                    \
+                    float *row = wn->xp + ((s * wn->hp + y + g->ph) * wn->wp + g->pw) * cn;                    \
+                    const float *src = x + s * cn * hw + y * g->w;                                             \
+                    for (int64_t i = 0; g->w < 8 && i < g->w; i++)                                             \
+                        for (int64_t k = c; k < c + 8; k++)                                                    \
+                            row[i * cn + k] = src[k * hw + i];                                                 \
+                    for (int64_t i0 = 0; g->w >= 8 && i0 < g->w; i0 += 8) {                                    \
+                        int64_t i = i0 + 8 <= g->w ? i0 : g->w - 8;                                            \
+                        vec r[8], t[8], u[8];                                                                  \
+                        for (int k = 0; k < 8; k++)                                                            \
+                            r[k] = *(const vecu *)(src + (c + k) * hw + i);                                    \
+                        for (int k = 0; k < 8; k += 2) {                                                       \
+                            t[k] = SHUF(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);                             \
+                            t[k + 1] = SHUF(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);                       \
+                        }                                                                                      \
+                        for (int k = 0; k < 8; k += 4) {                                                       \
+                            u[k] = SHUF(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);                             \
+                            u[k + 1] = SHUF(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);                       \
+                            u[k + 2] = SHUF(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);                     \
+                            u[k + 3] = SHUF(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);                   \
+                        }                                                                                      \
+                        for (int k = 0; k < 4; k++) {                                                          \
+                            r[k] = SHUF(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);                             \
+                            r[k + 4] = SHUF(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);                       \
+                        }                                                                                      \
+                        for (int k = 0; k < 8; k++)                                                            \
+                            *(vecu *)(row + (i + k) * cn + c) = r[k];                                          \
+                    }                                                                                          \
+                }                                                                                              \
+    }
+
+/* one row of a patch times B: (d0 - d2, d1 + d2, d2 - d1, d1 - d3) */
+#define WINO_ROW(d, p, x0, x1, x2, x3)                                                                         \
+    do {                                                                                                       \
+        vec e0, e1, e2, e3;                                                                                    \
+        WLD(e0, (p));                                                                                          \
+        WLD(e1, (p) + cn);                                                                                     \
+        WLD(e2, (p) + 2 * cn);                                                                                 \
+        WLD(e3, (p) + 3 * cn);                                                                                 \
+        x0 = e0 - e2, x1 = e1 + e2, x2 = e2 - e1, x3 = e1 - e3;                                                \
+    } while (0)
+/* the 4 outputs of column j of B^T (rows a, b, c, d) into V[j], V[4 + j], ... */
+#define WINO_COL(j, a, b, c, d)                                                                                \
+    do {                                                                                                       \
+        vec y0 = a - c, y1 = b + c, y2 = c - b, y3 = b - d;                                                    \
+        WST(v + (j) * xs, y0);                                                                                 \
+        WST(v + (4 + (j)) * xs, y1);                                                                           \
+        WST(v + (8 + (j)) * xs, y2);                                                                           \
+        WST(v + (12 + (j)) * xs, y3);                                                                          \
+    } while (0)
+/* s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 of column j of M (rows 0-3: xi = j, 4 + j, 8 + j, 12 + j) */
+#define WINO_OUT_COL(j, s0, s1)                                                                                \
+    do {                                                                                                       \
+        vec a0, a1, a2, a3;                                                                                    \
+        WLD(a0, mo + (j) * ms);                                                                                \
+        WLD(a1, mo + (4 + (j)) * ms);                                                                          \
+        WLD(a2, mo + (8 + (j)) * ms);                                                                          \
+        WLD(a3, mo + (12 + (j)) * ms);                                                                         \
+        s0 = a0 + a1 + a2, s1 = a1 - a2 - a3;                                                                  \
+    } while (0)
+#define DEFINE_WINO_TRANSFORMS(SUFFIX, ATTR)                                                                   \
+    /* p[k l], p[k l + 1] = a[k], b[k] for the 8 channels k (only a[k] unless two): the pairs are              \
+     * interleaved in registers and stored 8 bytes at a time */                                                \
+    __attribute__((DIRECT_OPT ATTR)) static inline void wino_store_##SUFFIX(float *p, int64_t l,               \
+                                                                             const void *av, const void *bv,   \
+                                                                             bool two)                         \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        typedef int idx __attribute__((vector_size(32)));                                                      \
+        vec a, b;                                                                                              \
+        WLD(a, av);                                                                                            \
+        WLD(b, bv);                                                                                            \
+        if (!two) {                                                                                            \
+            for (int k = 0; k < 8; k++)                                                                        \
+                p[k * l] = a[k];                                                                               \
+            return;                                                                                            \
+        }                                                                                                      \
+        vec lo = SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);            \
+        const float *fl = (const float *)&lo, *fh = (const float *)&hi;                                        \
+        for (int k = 0; k < 8; k += 4) {                                                                       \
+            memcpy(p + k * l, fl + k, 8);                                                                      \
+            memcpy(p + (k + 1) * l, fl + k + 2, 8);                                                            \
+            memcpy(p + (k + 2) * l, fh + k, 8);                                                                \
+            memcpy(p + (k + 3) * l, fh + k + 2, 8);                                                            \
+        }                                                                                                      \
+    }                                                                                                          \
+    /* V[xi][t][c] = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */          \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_in_##SUFFIX(const struct wino *wn, int64_t nbc,          \
+                                                                   int64_t ty0, int64_t nr)                    \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = tc * cn, rs = wn->wp * cn;                         \
+        for (int64_t t = 0; t < tc; t++) {                                                                     \
+            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
+            const float *d = wn->xp + ((s * wn->hp + 2 * ty) * wn->wp + 2 * tx) * cn;                          \
+            for (int64_t c0 = 0; c0 < cn; c0 += 8) {                                                           \
+                int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                        \
+                vec p0, p1, p2, p3, q0, q1, q2, q3, r0, r1, r2, r3, u0, u1, u2, u3;                            \
+                float *v = wn->v + t * cn + c;                                                                 \
+                WINO_ROW(d, d + c, p0, p1, p2, p3);                                                            \
+                WINO_ROW(d, d + rs + c, q0, q1, q2, q3);                                                       \
+                WINO_ROW(d, d + 2 * rs + c, r0, r1, r2, r3);                                                   \
+                WINO_ROW(d, d + 3 * rs + c, u0, u1, u2, u3);                                                   \
+                WINO_COL(0, p0, q0, r0, u0);                                                                   \
+                WINO_COL(1, p1, q1, r1, u1);                                                                   \
+                WINO_COL(2, p2, q2, r2, u2);                                                                   \
+                WINO_COL(3, p3, q3, r3, u3);                                                                   \
+            }                                                                                                  \
+        }                                                                                                      \
+    }                                                                                                          \
+    /* out[n0 + s][o] = A^T M A (+ bias) of the chunk's tiles; a row or column past the plane is not stored */ \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_out_##SUFFIX(const struct wino *wn, int64_t n0,          \
+                                                                    int64_t nbc, int64_t ty0, int64_t nr,      \
+                                                                    const float *b, float *out)                \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        const struct conv_geom *g = wn->g;                                                                     \
+        int64_t on = g->o, tc = nbc * nr * wn->tw, ms = tc * on, l = geom_l(g), w = g->ow;                     \
+        for (int64_t t = 0; t < tc; t++) {                                                                     \
+            int64_t s = t / (nr * wn->tw), oy = 2 * (ty0 + t / wn->tw % nr), ox = 2 * (t % wn->tw);            \
+            float *d = out + (n0 + s) * on * l + oy * w + ox;                                                  \
+            bool right = ox + 1 < w, down = oy + 1 < g->oh;                                                    \
+            for (int64_t o0 = 0; o0 < on; o0 += 8) {                                                           \
+                int64_t o = o0 + 8 <= on ? o0 : on - 8;                                                        \
+                const float *mo = wn->m + t * on + o;                                                          \
+                vec s00, s01, s02, s03, s10, s11, s12, s13, bias = {0};                                        \
+                if (b)                                                                                         \
+                    WLD(bias, b + o);                                                                          \
+                WINO_OUT_COL(0, s00, s10);                                                                     \
+                WINO_OUT_COL(1, s01, s11);                                                                     \
+                WINO_OUT_COL(2, s02, s12);                                                                     \
+                WINO_OUT_COL(3, s03, s13);                                                                     \
+                vec y00 = s00 + s01 + s02 + bias, y01 = s01 - s02 - s03 + bias;                                \
+                vec y10 = s10 + s11 + s12 + bias, y11 = s11 - s12 - s13 + bias;                                \
+                wino_store_##SUFFIX(d + o * l, l, &y00, &y01, right);                                          \
+                if (down)                                                                                      \
+                    wino_store_##SUFFIX(d + o * l + w, l, &y10, &y11, right);                                  \
+            }                                                                                                  \
+            for (int xi = 0; xi < 16; xi++) /* zero for the next chunk's gemms, which add to M */              \
+                for (int64_t o = 0; o < on; o++)                                                               \
+                    wn->m[xi * ms + t * on + o] = 0;                                                           \
+        }                                                                                                      \
+    }
+DEFINE_WINO_TRANSFORMS(plain, )
+DEFINE_WINO_PAD(plain, )
+#if defined(__x86_64__) && defined(__GNUC__)
+DEFINE_WINO_TRANSFORMS(avx2, target("avx2,fma"))
+DEFINE_WINO_PAD(avx2, target("avx2,fma"))
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Whether the transforms' AVX2 builds run: on a CPU with AVX2, unless a test asks for the plain ones. */
+static bool wino_avx2(void)
+{
+    return atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2();
+}
+#endif
+
+static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (wino_avx2()) {
+        wino_pad_avx2(wn, x, nbc);
+        return;
+    }
+#endif
+    wino_pad_plain(wn, x, nbc);
+}
+
+static void wino_in(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (wino_avx2()) {
+        wino_in_avx2(wn, nbc, ty0, nr);
+        return;
+    }
+#endif
+    wino_in_plain(wn, nbc, ty0, nr);
+}
+
+static void wino_out(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
+                     float *out)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (wino_avx2()) {
+        wino_out_avx2(wn, n0, nbc, ty0, nr, b, out);
+        return;
+    }
+#endif
+    wino_out_plain(wn, n0, nbc, ty0, nr, b, out);
+}
+
+/* M[xi] = V[xi] U[xi] for the chunk's tc tiles. */
+static int wino_products(const struct wino *wn, int64_t tc)
+{
+    int64_t o = wn->g->o, c = wn->g->c;
+    for (int xi = 0; xi < 16; xi++) {
+        struct sr_gemm mm = {.dt = SR_F32, .m = tc, .n = o, .k = c, .a = wn->v + xi * tc * c, .lda = c,
+                             .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o,
+                             .accumulate = true}; /* M is zero (sr__wino_conv, wino_out): no pass of BLAS's zeroing */
+        if (sr__gemm(&mm))
+            return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
+    }
+    return 0;
+}
+
+/* out [n, o, oh, ow] = conv(x, w) (+ bias) for sr__wino_applies's g: x, w, b contiguous. */
+int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, const float *b, float *out)
+{
+    struct wino wn = wino_plan(g);
+    int64_t t = wn.nb * wn.rows * wn.tw, pad = wn.nb * g->c * wn.hp * wn.wp;
+    float *buf = malloc((size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad) * sizeof(float));
+    if (!buf)
+        return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the Winograd buffers of %lld tiles",
+                        (long long)t);
+    wn.u = buf;
+    wn.v = wn.u + 16 * g->o * g->c;
+    wn.m = wn.v + 16 * g->c * t;
+    wn.xp = wn.m + 16 * g->o * t;
+    memset(wn.m, 0, (size_t)(16 * g->o * t + pad) * sizeof(float)); /* M and the borders of xp */
+    wino_weight(g, w, wn.u);
+    int rc = 0;
+    for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
+        int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
+        wino_pad(&wn, x + n0 * g->c * g->h * g->w, nbc);
+        for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
+            int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
+            wino_in(&wn, nbc, ty0, nr);
+            rc = wino_products(&wn, nbc * nr * wn.tw);
+            if (!rc)
+                wino_out(&wn, n0, nbc, ty0, nr, b, out);
+        }
+    }
+    free(buf);
+    atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
+    return rc;
+}
