@@ -108,19 +108,25 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
  * in registers. */
 #define WLD(v, p) memcpy(&(v), (p), sizeof(v))
 #define WST(p, v) memcpy((p), &(v), sizeof(v))
+/* Lane i of the result: lane k of a (k < 8) or k - 8 of b, for the i-th
+ * index (GCC's __builtin_shuffle; clang spells it __builtin_shufflevector). */
+#if defined(__clang__)
+#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
+#endif
 /* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
  * wn->xp (whose borders stay zero): per input row, 8 channels by 8 columns
  * at a time, transposed in registers (the last 8 of each overlapping the
  * ones before, stored twice with the same values); a row narrower than 8
  * goes element by element. */
-#define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
 #define DEFINE_WINO_PAD(SUFFIX, ATTR)                                                                          \
     __attribute__((DIRECT_OPT ATTR)) static void wino_pad_##SUFFIX(const struct wino *wn, const float *x,      \
                                                                     int64_t nbc)                               \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
         typedef float vecu __attribute__((vector_size(32), aligned(4)));                                       \
-        typedef int idx __attribute__((vector_size(32)));                                                      \
+        typedef int idx __attribute__((vector_size(32), unused));                                              \
         const struct conv_geom *g = wn->g;                                                                     \
         int64_t cn = g->c, hw = g->h * g->w;                                                                   \
         for (int64_t s = 0; s < nbc; s++)                                                                      \
@@ -194,7 +200,7 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                                                                              bool two)                         \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
-        typedef int idx __attribute__((vector_size(32)));                                                      \
+        typedef int idx __attribute__((vector_size(32), unused));                                              \
         vec a, b;                                                                                              \
         WLD(a, av);                                                                                            \
         WLD(b, bv);                                                                                            \
