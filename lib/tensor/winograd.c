@@ -39,7 +39,7 @@
 #define SR_WINO_TILES 196
 
 /* Set by tests only (sr__conv_set_winograd); relaxed: a switch, it orders
- * nothing; its loads are in sr__wino_applies and wino_avx2. */
+ * nothing; its loads are in sr__wino_applies and wino_kernels. */
 static _Atomic int wino_mode = SR_WINO_AUTO;
 /* Convolutions run by sr__wino_conv; relaxed: a count for tests, incremented in
  * sr__wino_conv and read by sr__conv_winograd_runs. */
@@ -282,46 +282,25 @@ DEFINE_WINO_TRANSFORMS(avx2, target("avx2,fma"))
 DEFINE_WINO_PAD(avx2, target("avx2,fma"))
 #endif
 
-#if defined(__x86_64__) && defined(__GNUC__)
-/* Whether the transforms' AVX2 builds run: on a CPU with AVX2, unless a test asks for the plain ones. */
-static bool wino_avx2(void)
-{
-    return atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2();
-}
-#endif
+/* One build of the transforms: plain, or AVX2 where the CPU has it. */
+struct wino_kernels {
+    void (*pad)(const struct wino *wn, const float *x, int64_t nbc);
+    void (*in)(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr);
+    void (*out)(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
+                float *out);
+};
 
-static void wino_pad(const struct wino *wn, const float *x, int64_t nbc)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (wino_avx2()) {
-        wino_pad_avx2(wn, x, nbc);
-        return;
-    }
-#endif
-    wino_pad_plain(wn, x, nbc);
-}
+static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain};
 
-static void wino_in(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr)
+/* The AVX2 build on a CPU with AVX2, unless a test asks for the plain one. */
+static const struct wino_kernels *wino_kernels(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (wino_avx2()) {
-        wino_in_avx2(wn, nbc, ty0, nr);
-        return;
-    }
+    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2};
+    if (atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2())
+        return &avx2; /* relaxed: see wino_mode */
 #endif
-    wino_in_plain(wn, nbc, ty0, nr);
-}
-
-static void wino_out(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
-                     float *out)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (wino_avx2()) {
-        wino_out_avx2(wn, n0, nbc, ty0, nr, b, out);
-        return;
-    }
-#endif
-    wino_out_plain(wn, n0, nbc, ty0, nr, b, out);
+    return &wino_plain;
 }
 
 /* M[xi] = V[xi] U[xi] for the chunk's tc tiles. */
@@ -353,16 +332,17 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
     wn.xp = wn.m + 16 * g->o * t;
     memset(wn.m, 0, (size_t)(16 * g->o * t + pad) * sizeof(float)); /* M and the borders of xp */
     wino_weight(g, w, wn.u);
+    const struct wino_kernels *k = wino_kernels();
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
         int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
-        wino_pad(&wn, x + n0 * g->c * g->h * g->w, nbc);
+        k->pad(&wn, x + n0 * g->c * g->h * g->w, nbc);
         for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
-            wino_in(&wn, nbc, ty0, nr);
+            k->in(&wn, nbc, ty0, nr);
             rc = wino_products(&wn, nbc * nr * wn.tw);
             if (!rc)
-                wino_out(&wn, n0, nbc, ty0, nr, b, out);
+                k->out(&wn, n0, nbc, ty0, nr, b, out);
         }
     }
     free(buf);
