@@ -3,7 +3,9 @@
  *
  * Floating-point arithmetic is carried out in double a row chunk at a time
  * (loads and stores convert); results of +, -, *, / on f32 are therefore the
- * correctly rounded f32 values. i64 add/sub/mul stay in 64-bit integers. */
+ * correctly rounded f32 values. f32 rows of dense or repeated operands for
+ * +, -, *, / are computed in f32 directly, with the same bits (bin_row_f32).
+ * i64 add/sub/mul stay in 64-bit integers. */
 #include <errno.h>
 #include <math.h>
 
@@ -103,9 +105,48 @@ static void bin_i64(int64_t *y, const int64_t *a, const int64_t *b, int64_t m, c
                                    : (int64_t)((uint64_t)a[k] + (uint64_t)alpha * (uint64_t)b[k]);
 }
 
+/* y = a op b on f32 rows whose operands are dense (stride 4) or, for a and
+ * b, one element repeated (stride 0), computed in f32: for +, -, * and /
+ * the correctly rounded result, so the same bits as the double path (which
+ * rounds the exact double result once; a double's 53 bits hold the exact
+ * sum or product of two f32, and division rounded twice this way is
+ * innocuous). The hot case: gradients of the same shape added up. A
+ * repeated operand inside the output's row (an in-place op on a view of
+ * itself) takes the double path, which reads it a chunk at a time. */
+static bool outside(const char *x, const char *y, int64_t n) { return x < y || x >= y + n * 4; }
+
+static bool bin_f32_direct(const struct bin_ctx *c, char *const *p, const int64_t *s, int64_t n)
+{
+    return c->dt == SR_F32 && s[0] == 4 && (s[1] == 4 || (s[1] == 0 && outside(p[1], p[0], n))) &&
+           (s[2] == 4 || (s[2] == 0 && outside(p[2], p[0], n))) &&
+           (c->op != SR_BIN_ADD || c->alpha == 1.0 || c->alpha == -1.0);
+}
+
+static void bin_row_f32(float *y, const float *a, const float *b, const int64_t *s, int64_t n,
+                        const struct bin_ctx *c)
+{
+    int64_t sa = s[1] / 4, sb = s[2] / 4; /* 1 or 0 */
+    if (c->op == SR_BIN_ADD && c->alpha == 1.0 && sa && sb)
+        for (int64_t k = 0; k < n; k++)
+            y[k] = a[k] + b[k];
+    else if (c->op == SR_BIN_ADD)
+        for (int64_t k = 0; k < n; k++)
+            y[k] = c->alpha == 1.0 ? a[k * sa] + b[k * sb] : a[k * sa] - b[k * sb];
+    else if (c->op == SR_BIN_MUL)
+        for (int64_t k = 0; k < n; k++)
+            y[k] = a[k * sa] * b[k * sb];
+    else
+        for (int64_t k = 0; k < n; k++)
+            y[k] = a[k * sa] / b[k * sb];
+}
+
 static void bin_row(char **p, const int64_t *s, int64_t n, void *vctx)
 {
     const struct bin_ctx *c = vctx;
+    if (bin_f32_direct(c, p, s, n)) {
+        bin_row_f32((float *)p[0], (const float *)p[1], (const float *)p[2], s, n, c);
+        return;
+    }
     for (int64_t k0 = 0; k0 < n; k0 += CHUNK) {
         int64_t m = n - k0 < CHUNK ? n - k0 : CHUNK;
         if (c->dt == SR_I64) {

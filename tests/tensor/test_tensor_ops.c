@@ -115,6 +115,45 @@ Test(elementwise, strided_broadcast_matches_index_arithmetic)
         sr_tensor_unref(ts[i]);
 }
 
+/* f32 +, -, *, / of dense rows, and with one operand a single repeated
+ * element, are computed in f32 (kernels.c, bin_row_f32): the bits must be
+ * those of the exact result rounded once to f32, as the double path gives;
+ * t += 0.5 other still goes through double. 301 elements: a tail that is
+ * not a whole vector. */
+Test(elementwise, f32_rows_round_once_like_the_double_path)
+{
+    enum { N = 301 };
+    sr_manual_seed(5);
+    sr_tensor *a = sr_randn(SR_F32, 1, SHAPE(N), 0), *b = sr_randn(SR_F32, 1, SHAPE(N), 0);
+    sr_tensor *s = sr_randn(SR_F32, 1, SHAPE(1), 0);
+    double *av = values(a), *bv = values(b), *sv = values(s);
+    for (int op = 0; op < 4; op++)
+        for (int bc = 0; bc < 2; bc++) { /* b dense, or the one element of s broadcast */
+            sr_tensor *rhs = bc ? s : b;
+            sr_tensor *y = op == 0 ? sr_add(a, rhs) : op == 1 ? sr_sub(a, rhs) : op == 2 ? sr_mul(a, rhs)
+                                                                                       : sr_div(a, rhs);
+            cr_assert(y, "op %d: %s", op, sr_last_error());
+            double *yv = values(y);
+            for (int i = 0; i < N; i++) {
+                double x = av[i], z = bc ? sv[0] : bv[i];
+                float want = (float)(op == 0 ? x + z : op == 1 ? x - z : op == 2 ? x * z : x / z);
+                cr_assert_eq((float)yv[i], want, "op %d broadcast %d: [%d] %.9g, want %.9g", op, bc, i, yv[i],
+                             (double)want);
+            }
+            free(yv);
+            sr_tensor_unref(y);
+        }
+    sr_tensor *t = sr_clone(a);
+    cr_assert_eq(sr_add_(t, b, 0.5), 0, "%s", sr_last_error());
+    double *tv = values(t);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq((float)tv[i], (float)(av[i] + 0.5 * bv[i]), "a + 0.5 b [%d]", i);
+    free(av), free(bv), free(sv), free(tv);
+    sr_tensor *ts[] = {a, b, s, t};
+    for (int i = 0; i < 4; i++)
+        sr_tensor_unref(ts[i]);
+}
+
 Test(reduce, sums_of_a_transposed_tensor)
 {
     sr_tensor *x = sr_arange(SR_F32, 0, 12, 1, 0), *v = sr_view(x, 2, SHAPE(3, 4)), *t = sr_t(v); /* [4, 3] */
