@@ -493,16 +493,29 @@ static struct conv_geom dy_geom(const struct conv_geom *g)
 
 /* Between W [O, C, kH, kW] and Wt [C, O kH kW] (flipped): to_t: wt = flip(w),
  * else w = flip back(wt). */
+#define DEFINE_FLIP(T, SUFFIX)                                                                                 \
+    static void flip_##SUFFIX(const struct conv_geom *g, T *w, T *wt, bool to_t)                               \
+    {                                                                                                          \
+        int64_t taps = g->kh * g->kw;                                                                          \
+        for (int64_t o = 0; o < g->o; o++)                                                                     \
+            for (int64_t c = 0; c < g->c; c++) {                                                               \
+                T *a = w + (o * g->c + c) * taps, *b = wt + (c * g->o + o) * taps + taps - 1;                  \
+                for (int64_t t = 0; t < taps; t++)                                                             \
+                    if (to_t)                                                                                  \
+                        b[-t] = a[t];                                                                          \
+                    else                                                                                       \
+                        a[t] = b[-t];                                                                          \
+            }                                                                                                  \
+    }
+DEFINE_FLIP(float, f32)
+DEFINE_FLIP(double, f64)
+
 static void flip_weight(const struct conv_geom *g, size_t es, char *w, char *wt, bool to_t)
 {
-    int64_t taps = g->kh * g->kw;
-    for (int64_t o = 0; o < g->o; o++)
-        for (int64_t c = 0; c < g->c; c++)
-            for (int64_t t = 0; t < taps; t++) {
-                char *a = w + ((o * g->c + c) * taps + t) * (int64_t)es;
-                char *b = wt + ((c * g->o + o) * taps + taps - 1 - t) * (int64_t)es;
-                memcpy(to_t ? b : a, to_t ? a : b, es);
-            }
+    if (es == sizeof(float))
+        flip_f32(g, (float *)w, (float *)wt, to_t);
+    else
+        flip_f64(g, (double *)w, (double *)wt, to_t);
 }
 
 /* The backward of bwd_by_conv's convolutions: dx, dw, db (each NULL or
