@@ -519,23 +519,25 @@ static void flip_weight(const struct conv_geom *g, size_t es, char *w, char *wt,
 }
 
 /* The backward of bwd_by_conv's convolutions: dx, dw, db (each NULL or
- * zeroed) from dy. Grad input with use_winograd's shapes is wino_conv of dY
- * with Wt after the loop, which then unfolds dY only for grad weight. */
+ * zeroed) from dy. Grad input with sr__wino_applies's shapes is
+ * sr__wino_conv of dY with Wt after the loop, which then unfolds dY only for
+ * grad weight (none at all when conv_grads took grad weight by Winograd). */
 static int conv_backward_by_conv(const struct conv_geom *g, sr_dtype dt, const char *x, const char *w,
                                  const char *dy, char *dx, char *dw, double *db)
 {
     size_t es = sr_dtype_size(dt);
     struct conv_geom gd = dy_geom(g);
     int64_t kt = geom_k(&gd), hw = g->h * g->w, l = geom_l(g), wn = g->c * kt;
-    char *pad, *colt = col_alloc(&gd, es, 1, &pad), *wt = malloc(2 * (size_t)wn * es), *dwt = NULL;
-    int rc = colt && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld column "
-                                       "buffer", (long long)kt, (long long)hw);
+    bool wino = dx && sr__wino_applies(&gd, dt); /* grad input by Winograd, after the loop */
+    char *pad = NULL, *colt = dw || !wino ? col_alloc(&gd, es, 1, &pad) : NULL, *dwt = NULL;
+    char *wt = malloc(2 * (size_t)wn * es);
+    int rc = (colt || !(dw || !wino)) && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a "
+                                                           "%lld x %lld column buffer", (long long)kt, (long long)hw);
     if (!rc) { /* Wt, then grad Wt (zeroed) */
         dwt = wt + wn * (int64_t)es;
         memset(dwt, 0, (size_t)wn * es);
         flip_weight(g, es, (char *)w, wt, true);
     }
-    bool wino = dx && sr__wino_applies(&gd, dt); /* grad input by Winograd, after the loop */
     for (int64_t n = 0; !rc && n < g->n; n++) {
         const char *dyn = dy + n * g->o * l * (int64_t)es;
         if (dw) {
@@ -610,6 +612,22 @@ static sr_tensor *grad_buffer(sr_node *node, uint32_t i, const sr_tensor *t, int
     return z;
 }
 
+/* The gradients that are not NULL (zeroed): the weight's by Winograd where
+ * it applies, the rest by convolution of dY or by the unfolded gemms. */
+static int conv_grads(const struct conv_node *cn, sr_dtype dt, const char *x, const char *w, const char *dy,
+                      char *dx, char *dw, double *db)
+{
+    if (dw && sr__wino_applies(&cn->g, dt)) {
+        int rc = sr__wino_grad_weight(&cn->g, (const float *)x, (const float *)dy, (float *)dw);
+        if (rc)
+            return rc;
+        dw = NULL;
+    }
+    if (dx && bwd_by_conv(&cn->g))
+        return conv_backward_by_conv(&cn->g, dt, x, w, dy, dx, dw, db);
+    return conv_backward_data(&cn->g, dt, x, w, dy, cn->cols, dx, dw, db);
+}
+
 static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
 {
     struct conv_node *cn = (struct conv_node *)node;
@@ -629,10 +647,7 @@ static int conv_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     if (!rc) {
         const char *py = sr__tensor_pin(dy), *px = sr__tensor_pin(xc), *pw = sr__tensor_pin(wc);
         char *pdx = dx ? sr__tensor_ptr(dx) : NULL, *pdw = dw ? sr__tensor_ptr(dw) : NULL;
-        if (pdx && bwd_by_conv(&cn->g))
-            rc = conv_backward_by_conv(&cn->g, x->dtype, px, pw, py, pdx, pdw, sums);
-        else
-            rc = conv_backward_data(&cn->g, x->dtype, px, pw, py, cn->cols, pdx, pdw, sums);
+        rc = conv_grads(cn, x->dtype, px, pw, py, pdx, pdw, sums);
         if (!rc && db)
             sr__store_f64(sr__tensor_ptr(db), (int64_t)sr_dtype_size(x->dtype), sums, cn->g.o, x->dtype);
         sr__tensor_unpin(dy);

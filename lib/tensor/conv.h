@@ -39,5 +39,8 @@ static inline int64_t geom_l(const struct conv_geom *g) { return g->oh * g->ow; 
  * and b contiguous. 0, or -ENOMEM. */
 bool sr__wino_applies(const struct conv_geom *g, sr_dtype dt);
 int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, const float *b, float *out);
+/* dw [o, c, 3, 3] (written whole) = the weight gradient of such a g for x
+ * and dy [n, o, oh, ow], all contiguous. 0, or -ENOMEM. */
+int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float *dy, float *dw);
 
 #endif

@@ -274,6 +274,35 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                 for (int64_t o = 0; o < on; o++)                                                               \
                     wn->m[xi * ms + t * on + o] = 0;                                                           \
         }                                                                                                      \
+    }                                                                                                          \
+    /* M[xi][t][o] = (A dY A^T)[xi] of the chunk's tiles, from dY channels last in yp ([nbc, 2 th, 2 tw, O], \
+     * zero past the plane): each row (p, q) of A dY gives (p, p + q, p - q, -q) */                          \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_dy_##SUFFIX(const struct wino *wn, const float *yp,     \
+                                                                   int64_t nbc, int64_t ty0, int64_t nr)       \
+    {                                                                                                          \
+        typedef float vec __attribute__((vector_size(32)));                                                    \
+        int64_t on = wn->g->o, tc = nbc * nr * wn->tw, ms = tc * on, rs = 2 * wn->tw * on;                     \
+        for (int64_t t = 0; t < tc; t++) {                                                                     \
+            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
+            const float *d = yp + ((s * 2 * wn->th + 2 * ty) * 2 * wn->tw + 2 * tx) * on;                      \
+            for (int64_t o0 = 0; o0 < on; o0 += 8) {                                                           \
+                int64_t o = o0 + 8 <= on ? o0 : on - 8;                                                        \
+                vec y00, y01, y10, y11;                                                                        \
+                WLD(y00, d + o);                                                                               \
+                WLD(y01, d + on + o);                                                                          \
+                WLD(y10, d + rs + o);                                                                          \
+                WLD(y11, d + rs + on + o);                                                                     \
+                vec p[4] = {y00, y00 + y10, y00 - y10, -y10}, q[4] = {y01, y01 + y11, y01 - y11, -y11};        \
+                float *m = wn->m + t * on + o;                                                                 \
+                for (int i = 0; i < 4; i++) {                                                                  \
+                    vec m0 = p[i], m1 = p[i] + q[i], m2 = p[i] - q[i], m3 = -q[i];                             \
+                    WST(m + (4 * i) * ms, m0);                                                                 \
+                    WST(m + (4 * i + 1) * ms, m1);                                                             \
+                    WST(m + (4 * i + 2) * ms, m2);                                                             \
+                    WST(m + (4 * i + 3) * ms, m3);                                                             \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
     }
 DEFINE_WINO_TRANSFORMS(plain, )
 DEFINE_WINO_PAD(plain, )
@@ -288,15 +317,16 @@ struct wino_kernels {
     void (*in)(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr);
     void (*out)(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
                 float *out);
+    void (*dy)(const struct wino *wn, const float *yp, int64_t nbc, int64_t ty0, int64_t nr);
 };
 
-static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain};
+static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain, wino_dy_plain};
 
 /* The AVX2 build on a CPU with AVX2, unless a test asks for the plain one. */
 static const struct wino_kernels *wino_kernels(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2};
+    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2};
     if (atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2())
         return &avx2; /* relaxed: see wino_mode */
 #endif
@@ -315,6 +345,86 @@ static int wino_products(const struct wino *wn, int64_t tc)
             return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
     }
     return 0;
+}
+
+/* dW[o][c] = G^T dU[.][c][o] G, from dU [16, C, O]; G^T u = (u0 + (u1 + u2) / 2, (u1 - u2) / 2,
+ * (u1 + u2) / 2 + u3). */
+static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw)
+{
+    int64_t oc = g->o * g->c;
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++) {
+            float t[3][4], *k = dw + (o * g->c + c) * 9;
+            for (int j = 0; j < 4; j++) { /* T = G^T S, column j */
+                const float *u = du + j * oc + c * g->o + o;
+                float u0 = u[0], u1 = u[4 * oc], u2 = u[8 * oc], u3 = u[12 * oc];
+                t[0][j] = u0 + 0.5f * (u1 + u2);
+                t[1][j] = 0.5f * (u1 - u2);
+                t[2][j] = 0.5f * (u1 + u2) + u3;
+            }
+            for (int a = 0; a < 3; a++) { /* row a of T G */
+                k[3 * a] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
+                k[3 * a + 1] = 0.5f * (t[a][1] - t[a][2]);
+                k[3 * a + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
+            }
+        }
+}
+
+/* dU[xi] += V[xi]^T M[xi] for the chunk's tc tiles: [C, T] [T, O]. */
+static int wino_weight_products(const struct wino *wn, float *du, int64_t tc)
+{
+    int64_t o = wn->g->o, c = wn->g->c;
+    for (int xi = 0; xi < 16; xi++) {
+        struct sr_gemm mm = {.dt = SR_F32, .m = c, .n = o, .k = tc, .a = wn->v + xi * tc * c, .ta = true, .lda = c,
+                             .b = wn->m + xi * tc * o, .ldb = o, .c = du + xi * c * o, .ldc = o, .accumulate = true};
+        if (sr__gemm(&mm))
+            return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the blocked matmul");
+    }
+    return 0;
+}
+
+/* dw [o, c, 3, 3] = the gradient of sr__wino_applies's convolution g for
+ * x and dy [n, o, oh, ow] (contiguous), written whole. With the forward's
+ * tiles: dU[xi] = sum over tiles of V[xi] .* (A dY A^T)[xi] (V = B^T d B as
+ * in the forward; an output past the plane has no gradient, so dY's
+ * scratch yp is zero there), then dW = G^T dU G: 16 C O multiplications
+ * per tile where the unfolded gemm has 36 C O. */
+int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float *dy, float *dw)
+{
+    struct wino wn = wino_plan(g);
+    struct conv_geom gy = {.n = g->n, .c = g->o, .h = g->oh, .w = g->ow, .o = g->o, .groups = 1};
+    struct wino wy = {.g = &gy, .th = wn.th, .tw = wn.tw, .hp = 2 * wn.th, .wp = 2 * wn.tw, .nb = wn.nb};
+    int64_t t = wn.nb * wn.rows * wn.tw, pad = wn.nb * g->c * wn.hp * wn.wp, ypad = wn.nb * g->o * wy.hp * wy.wp;
+    size_t count = (size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad + ypad);
+    float *buf = malloc(count * sizeof(float));
+    if (!buf)
+        return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the Winograd buffers of %lld tiles",
+                        (long long)t);
+    float *du = buf;
+    wn.v = du + 16 * g->o * g->c;
+    wn.m = wn.v + 16 * g->c * t;
+    wn.xp = wn.m + 16 * g->o * t;
+    wy.xp = wn.xp + pad;
+    memset(du, 0, (size_t)(16 * g->o * g->c) * sizeof(float));
+    memset(wn.xp, 0, (size_t)(pad + ypad) * sizeof(float)); /* the borders of both scratches */
+    const struct wino_kernels *k = wino_kernels();
+    int rc = 0;
+    for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
+        int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
+        k->pad(&wn, x + n0 * g->c * g->h * g->w, nbc);
+        k->pad(&wy, dy + n0 * g->o * g->oh * g->ow, nbc);
+        for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
+            int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
+            k->in(&wn, nbc, ty0, nr);
+            k->dy(&wn, wy.xp, nbc, ty0, nr);
+            rc = wino_weight_products(&wn, du, nbc * nr * wn.tw);
+        }
+    }
+    if (!rc)
+        wino_weight_grad_out(g, du, dw);
+    free(buf);
+    atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
+    return rc;
 }
 
 /* out [n, o, oh, ow] = conv(x, w) (+ bias) for sr__wino_applies's g: x, w, b contiguous. */

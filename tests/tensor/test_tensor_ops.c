@@ -296,8 +296,8 @@ struct wino_case {
 };
 
 /* Output, grad input, grad weight and grad bias of one f32 conv2d (3 x 3,
- * stride 1) with the Winograd path in `mode`; *runs: how many
- * convolutions that path ran (forward and grad input). */
+ * stride 1) with the Winograd path in `mode`; *runs: how many times that
+ * path ran (forward, grad input and grad weight). */
 static void run_conv_f32(const struct wino_case *k, enum sr_wino_mode mode, double **got, uint64_t *runs)
 {
     sr_manual_seed(23);
@@ -343,8 +343,8 @@ static void expect_near_max(const double *got, const double *want, size_t n, con
  * the threshold (32) and above, off multiples of 8 (the transforms' last
  * vector of channels overlaps the one before), with and without bias, and a
  * plane of more tiles than one chunk holds (cut into bands of tile rows).
- * Each case must take the Winograd path for its forward and its grad input
- * (counted), with the AVX2 transforms (where the CPU has them) and with the
+ * Each case must take the Winograd path for its forward, its grad input
+ * and its grad weight (counted), with the AVX2 transforms (where the CPU has them) and with the
  * plain ones, and not when switched off; 31 channels stay on im2col. */
 Test(nn, conv2d_winograd_agrees_with_im2col)
 {
@@ -366,8 +366,8 @@ Test(nn, conv2d_winograd_agrees_with_im2col)
         for (int mode = SR_WINO_AUTO; mode <= SR_WINO_PORTABLE; mode++) {
             double *wino[4];
             run_conv_f32(k, (enum sr_wino_mode)mode, wino, &runs);
-            cr_assert_eq(runs, 2, "case %zu, mode %d: %llu Winograd runs, expected the forward and grad input", i,
-                         mode, (unsigned long long)runs);
+            cr_assert_eq(runs, 3, "case %zu, mode %d: %llu Winograd runs, expected the forward, grad input and "
+                         "grad weight", i, mode, (unsigned long long)runs);
             size_t oh = (size_t)(k->h + 2 * k->p - 2), ow = (size_t)(k->w + 2 * k->p - 2);
             size_t sizes[4] = {(size_t)(k->n * k->o) * oh * ow, (size_t)(k->n * k->c * k->h * k->w),
                                (size_t)(k->o * k->c * 9), (size_t)k->o};
