@@ -84,7 +84,7 @@ static int model_create(uint64_t seed, sr_module **m)
 
 static struct opts {
     int epochs, stages, splits;
-    int64_t batch, save_every, limit, test_limit;
+    int64_t batch, save_every, limit, test_limit, warmup;
     double lr;
     uint64_t seed;
     const char *ckpt_dir, *plot, *data;
@@ -348,7 +348,7 @@ static struct master {
     sr_module *model;     /* --local: the whole model, here */
     sr_optim *local_optim; /* --local: its Adam */
     double *loss;
-    int64_t nb, total, step, first_step, samples, saved;
+    int64_t nb, total, step, first_step, timed_from, samples, saved;
     double t_train, t_print;
     bool tty;
 } M;
@@ -633,7 +633,7 @@ static int setup(void)
     if (!(M.loss = calloc((size_t)M.total + 1, sizeof(*M.loss))))
         return fail(-ENOMEM, "the loss curve");
     rc = opt.resume ? resume() : 0;
-    M.first_step = M.step;
+    M.first_step = M.timed_from = M.step;
     return rc;
 }
 
@@ -693,6 +693,11 @@ static int train(const sr_dataset *ds)
             break;
         M.loss[M.step++] = loss;
         M.samples += n;
+        if (M.step - M.first_step == opt.warmup) { /* the timed steps start here */
+            M.t_train = demo_now_s();
+            M.timed_from = M.step;
+            M.samples = 0;
+        }
         progress();
         if (demo_ckpt_due(opt.ckpt_dir, M.step, opt.save_every, M.total))
             rc = save();
@@ -736,7 +741,7 @@ static int finish(const sr_dataset *test, double t0)
         return rc ? rc : fail(-EINVAL, "test accuracy");
     printf("test accuracy: %.2f %% (%" PRId64 " test images)\n", 100 * acc, n);
     printf("time: %.1f s in all, %.1f s training (%" PRId64 " steps, %.0f samples/s)\n", demo_now_s() - t0, train_s,
-           M.step - M.first_step, (double)M.samples / train_s);
+           M.step - M.timed_from, (double)M.samples / train_s);
     char title[160];
     if (opt.local)
         snprintf(title, sizeof(title), "CNN on Fashion-MNIST: one process, batch %" PRId64 ", Adam lr %g", opt.batch,
@@ -817,6 +822,7 @@ static const char usage[] =
     "  --resume              continue from the checkpoint in --checkpoint-dir\n"
     "  --limit-batches K     train only the first K batches of each epoch (short runs, tests)\n"
     "  --test-limit N        measure the accuracy on the first N test images only\n"
+    "  --warmup N            train the first N steps untimed: the time and samples/s are the rest's\n"
     "  --loss-curve FILE     the loss curve, SVG (default pipeline_loss.svg)\n"
     "  --data DIR            Fashion-MNIST directory (default " SR_FASHION_MNIST_DIR ")\n"
     "  --local               train the same model in this one process, no RPC (without shmrun;\n"
@@ -828,7 +834,7 @@ static int bad(const char *what, const char *val) { return demo_bad(&CLI, what, 
 static bool num(const char *s, double lo, double hi, double *out) { return demo_num(s, lo, hi, out); }
 
 enum { O_STAGES = 256, O_SPLITS, O_EPOCHS, O_BATCH, O_LR, O_SEED, O_DIR, O_EVERY, O_RESUME, O_LIMIT, O_TEST,
-       O_PLOT, O_DATA, O_LOCAL };
+       O_PLOT, O_DATA, O_LOCAL, O_WARMUP };
 
 static int set_opt(int c, const char *arg, int world)
 {
@@ -850,6 +856,7 @@ static int set_opt(int c, const char *arg, int world)
     case O_PLOT: return opt.plot = arg, 0;
     case O_DATA: return opt.data = arg, 0;
     case O_LOCAL: return opt.local = true, 0;
+    case O_WARMUP: return num(arg, 0, 1e12, &v) ? (opt.warmup = (int64_t)v, 0) : bad("--warmup takes N >= 0", arg);
     case 'h': {
         const char *rank = getenv("SHMRPC_RANK");
         if (!rank || !strcmp(rank, "0"))
@@ -867,7 +874,8 @@ static int parse(int argc, char **argv, int world)
         {"batch", 1, 0, O_BATCH}, {"lr", 1, 0, O_LR}, {"seed", 1, 0, O_SEED},
         {"checkpoint-dir", 1, 0, O_DIR}, {"save-every", 1, 0, O_EVERY}, {"resume", 0, 0, O_RESUME},
         {"limit-batches", 1, 0, O_LIMIT}, {"test-limit", 1, 0, O_TEST}, {"loss-curve", 1, 0, O_PLOT},
-        {"data", 1, 0, O_DATA}, {"local", 0, 0, O_LOCAL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"data", 1, 0, O_DATA}, {"local", 0, 0, O_LOCAL}, {"warmup", 1, 0, O_WARMUP}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     int rc = demo_parse(&CLI, argc, argv, "h", longs, set_opt, world);
     if (rc || (rc = demo_ckpt_opts(&CLI, opt.resume, opt.ckpt_dir, &opt.save_every)))
         return rc;

@@ -11,8 +11,8 @@
 #
 # The options may also come after the positional arguments.
 #
-# Ours: BATCHES batches timed from the first (its warm-up included); PyTorch:
-# BATCHES batches after 3 warm-up ones. One line per number of splits, then
+# Both sides: BATCHES batches timed after 3 untimed warm-up ones (ours:
+# demo_pipeline --warmup 3). One line per number of splits, then
 # one for the best:
 #   pipeline stages=2 splits=4 batch=64 batches=30 ours_samples_per_s=190 torch_samples_per_s=213 ratio=0.89 (target >= 3: not met)
 #   pipeline stages=2 best_splits=8 ours_samples_per_s=545 speedup_over_1_split=1.34 (target >= 1.4: not met) local_samples_per_s=600 overhead_over_local=1.10 (target <= 1.3: met)
@@ -38,6 +38,7 @@ done
 [ ${#pos[@]} -le 3 ] || { echo "pipeline_compare.sh: at most BUILD_DIR STAGES BATCHES, got: ${pos[*]}" >&2; exit 2; }
 build=${pos[0]:-build} stages=${pos[1]:-2} batches=${pos[2]:-$([ $smoke = 1 ] && echo 1 || echo 30)}
 target=1.3 torch_target=3 speedup_target=1.4 test_limit=$([ $smoke = 1 ] && echo 64 || echo 1000)
+warmup=$([ $smoke = 1 ] && echo 0 || echo 3) # as torch_pipeline.py's WARMUP: both time the same steps
 [ $smoke = 0 ] || echo "# pipeline_compare.sh --smoke: $batches batch(es), no PyTorch; a check that every run works:" \
   "the figures below are not measurements" >&$([ $json = 1 ] && echo 2 || echo 1)
 # --smoke runs as a meson test, which built both first: no second ninja in
@@ -50,7 +51,8 @@ trap 'rm -rf "$tmp"' EXIT
 rate() { sed -n 's/^time: .* steps, \([0-9]*\) samples\/s)$/\1/p' "$1"; }
 run_ours() { # run_ours OUT ARGS...: demo_pipeline with the short-run options
   local out=$1; shift
-  "$@" --epochs 1 --limit-batches "$batches" --test-limit "$test_limit" --loss-curve "$tmp/loss.svg" >"$out" 2>&1 ||
+  "$@" --epochs 1 --warmup "$warmup" --limit-batches $((batches + warmup)) --test-limit "$test_limit" \
+    --loss-curve "$tmp/loss.svg" >"$out" 2>&1 ||
     { cat "$out" >&2; exit 1; }
 }
 
