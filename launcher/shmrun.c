@@ -48,7 +48,6 @@ struct launch {
 static void exec_worker(sr_job *job, int rank, void *p)
 {
     struct launch *l = p;
-    char buf[16];
     int rc = out_child(l->out, rank);
     if (rc || (rc = bind_apply(&l->bind, rank))) {
         fprintf(stderr, "shmrun: rank %d: %s: %s\n", rank, l->out && rc ? "output" : "sched_setaffinity",
@@ -56,12 +55,7 @@ static void exec_worker(sr_job *job, int rank, void *p)
         _exit(127);
     }
     /* The segment and every doorbell eventfd cross the exec (inherit_across_exec). */
-    snprintf(buf, sizeof(buf), "%d", job->seg.fd);
-    setenv("SHMRPC_FD", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", rank);
-    setenv("SHMRPC_RANK", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", job->n);
-    setenv("SHMRPC_WORLD_SIZE", buf, 1);
+    sr__job_exec_env(job, rank);
     sr__trace_job_child(l->trace, rank, true);
     mon_child(l->mon);
     execvp(l->argv[0], l->argv);

@@ -144,6 +144,19 @@ static void child_setup(sr_job *job, int rank)
         setenv("SHMRPC_JOB", job->id, 1);
 }
 
+void sr__job_exec_env(const sr_job *job, int rank)
+{
+    char buf[16];
+    snprintf(buf, sizeof(buf), "%d", job->seg.fd);
+    setenv("SHMRPC_FD", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", rank);
+    setenv("SHMRPC_RANK", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", job->n);
+    setenv("SHMRPC_WORLD_SIZE", buf, 1);
+    if (!getenv("SHMRPC_BLAS_THREADS") && !getenv("OPENBLAS_NUM_THREADS") && !getenv("GOTO_NUM_THREADS"))
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+}
+
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg)
 {
     pid_t parent = getpid();

@@ -135,6 +135,13 @@ void sr__job_destroy(sr_job *job);
  * or the count of the rank's replacements). run and arg are kept for the
  * replacements (the first call's). */
 int sr__job_fork(sr_job *job, int rank, void (*run)(sr_job *, int, void *), void *arg);
+/* In a child about to exec the worker program: SHMRPC_FD, SHMRPC_RANK and
+ * SHMRPC_WORLD_SIZE, and OPENBLAS_NUM_THREADS=1 unless SHMRPC_BLAS_THREADS,
+ * OPENBLAS_NUM_THREADS or GOTO_NUM_THREADS is set: the thread count the
+ * library would set at its first matmul anyway (docs/TENSORS.md), given
+ * before the program loads OpenBLAS, which otherwise starts a pool of
+ * threads at load that spin for about 0.1 s of CPU each, unused. */
+void sr__job_exec_env(const sr_job *job, int rank);
 
 /* waitid(P_PIDFD) on rank's pidfd, retried on EINTR: 0 or -1 with errno. */
 int sr__job_reap(sr_job *job, int rank, siginfo_t *si);

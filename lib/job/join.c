@@ -161,13 +161,7 @@ static void exec_joiner(sr_job *job, int rank, void *p)
     fcntl(job->seg.fd, F_SETFD, 0); /* inherited across exec, as shmrun's workers do */
     for (int r = 0; r < job->n; r++)
         fcntl(job->eventfds[r], F_SETFD, 0);
-    char buf[16];
-    snprintf(buf, sizeof(buf), "%d", job->seg.fd);
-    setenv("SHMRPC_FD", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", rank);
-    setenv("SHMRPC_RANK", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", job->n);
-    setenv("SHMRPC_WORLD_SIZE", buf, 1);
+    sr__job_exec_env(job, rank);
     execvp(q->argv[0], q->argv);
     sr_logf(SR_LOG_ERROR, "%s: rank %d: exec %s: %s", job->who, rank, q->argv[0], strerror(errno));
     _exit(127);

@@ -25,6 +25,8 @@
  *                 TORCHELASTIC_RESTART_COUNT) before its readiness line; on attempts N < F rank R reads
  *                 one byte from GO_FD, then kills itself with SIGKILL; on
  *                 attempt F every rank detaches and exits 0
+ *   blasenv       prints "blasenv RANK VALUE": its OPENBLAS_NUM_THREADS, or
+ *                 (unset); detaches and exits 0
  *   block         nothing more
  *   early R       rank R exits 0 before attaching; every other rank's attach
  *                 must fail at once with -EPIPE naming it (then it exits 0;
@@ -401,6 +403,14 @@ int main(int argc, char **argv)
         return orphans(x);
     if (!strcmp(mode, "restart"))
         return restart_mode(x, chosen, argc > 6 ? atoi(argv[6]) : 1);
+    if (!strcmp(mode, "blasenv")) { /* what OpenBLAS will read at load */
+        const char *v = getenv("OPENBLAS_NUM_THREADS");
+        char line[160];
+        snprintf(line, sizeof(line), "blasenv %d %s\n", x->rank, v ? v : "(unset)");
+        put(1, line);
+        sr__xport_detach(x);
+        return 0;
+    }
     if (!strcmp(mode, "stdin") || !strcmp(mode, "signals")) {
         int rc = mode[1] == 't' ? print_stdin(x->rank) : wait_signals(x->rank);
         sr__xport_detach(x);

@@ -233,6 +233,34 @@ Test(shmrun, stdin_goes_to_rank_0_only)
     finish(&r);
 }
 
+/* The workers' OPENBLAS_NUM_THREADS with SHMRPC_BLAS_THREADS and
+ * OPENBLAS_NUM_THREADS as given (NULL: unset), checked on both ranks. */
+static void expect_blas_env(const char *test, const char *shmrpc, const char *openblas, const char *want)
+{
+    unsetenv("GOTO_NUM_THREADS");
+    shmrpc ? setenv("SHMRPC_BLAS_THREADS", shmrpc, 1) : unsetenv("SHMRPC_BLAS_THREADS");
+    openblas ? setenv("OPENBLAS_NUM_THREADS", openblas, 1) : unsetenv("OPENBLAS_NUM_THREADS");
+    struct run r;
+    start_job(&r, test, 2, "blasenv", NULL, NULL);
+    run_to_exit_0(&r);
+    for (int rank = 0; rank < 2; rank++) {
+        char line[64];
+        snprintf(line, sizeof(line), "blasenv %d %s", rank, want);
+        assert_line_once(r.out, line, "stdout");
+    }
+    finish(&r);
+}
+
+/* shmrun gives its workers OPENBLAS_NUM_THREADS=1 (the library's default
+ * count, set before OpenBLAS loads, so that it starts no idle thread pool)
+ * unless the user chose: OPENBLAS_NUM_THREADS or SHMRPC_BLAS_THREADS. */
+Test(shmrun, workers_get_one_blas_thread_unless_the_user_chose)
+{
+    expect_blas_env("blas-default", NULL, NULL, "1");
+    expect_blas_env("blas-openblas", NULL, "3", "3");
+    expect_blas_env("blas-shmrpc", "2", NULL, "(unset)");
+}
+
 /* Each worker exits 0 once it has received all four: a signal that was not
  * forwarded, or one that killed shmrun, shows as a failed or hung job. */
 Test(shmrun, hup_quit_usr1_usr2_are_forwarded)
