@@ -67,9 +67,16 @@ struct ln_coef {
 /* The sums use GCC/clang vector types (an SSE register on plain
  * x86-64) so that they vectorise without -ffast-math; memcpy makes the
  * unaligned loads and stores. */
-#define DEFINE_LN(T, SUFFIX)                                                                                   \
+#define DEFINE_LN(T, IT, SUFFIX)                                                                               \
     typedef T vec_##SUFFIX __attribute__((vector_size(LN_VEC)));                                               \
+    typedef IT ivec_##SUFFIX __attribute__((vector_size(LN_VEC)));                                             \
     enum { VL_##SUFFIX = LN_VEC / sizeof(T) };                                                                 \
+    /* g where y > 0, else 0 (relu's gradient; a NaN y gives 0) */                                             \
+    static inline vec_##SUFFIX relu_mask_##SUFFIX(vec_##SUFFIX g, vec_##SUFFIX y)                              \
+    {                                                                                                          \
+        vec_##SUFFIX z = {0};                                                                                  \
+        return (vec_##SUFFIX)((ivec_##SUFFIX)g & (ivec_##SUFFIX)(y > z));                                      \
+    }                                                                                                          \
     static inline vec_##SUFFIX ld_##SUFFIX(const T *p)                                                         \
     {                                                                                                          \
         vec_##SUFFIX v;                                                                                        \
@@ -115,7 +122,7 @@ struct ln_coef {
     }                                                                                                          \
     /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                  \
     static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *restrict w,                 \
-                                const T *restrict b, T *restrict y, double *stats)                             \
+                                const T *restrict b, T *restrict y, double *stats, bool relu)                  \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, y += r.d) {                                                \
             double mean = row_sum_##SUFFIX(x, 0, false, r.d) / (double)r.d;                                    \
@@ -135,17 +142,22 @@ struct ln_coef {
             else                                                                                               \
                 for (int64_t j = 0; j < r.d; j++)                                                              \
                     y[j] = (x[j] - m) * s;                                                                     \
+            if (relu) /* the row again, from cache: relu's own select */                                       \
+                for (int64_t j = 0; j < r.d; j++)                                                              \
+                    y[j] = y[j] > 0 ? y[j] : (T)0;                                                             \
         }                                                                                                      \
     }                                                                                                          \
     /* One block (n <= LN_BLOCK) of a row: dw += dy xhat, db += dy; returns the block's sum of dxhat,          \
-     * *c its sum of dxhat xhat. has_w is a constant at each call. */                                          \
-    static inline double ln_bwd_block_##SUFFIX(const T *x, const T *w, const T *dy, bool has_w, T m, T s,      \
-                                               T *dw, T *db, int64_t n, double *c)                             \
+     * *c its sum of dxhat xhat. With y (the fused relu's output; else NULL), dy is first masked where        \
+     * y <= 0. has_w and relu are constants at each call. */                                                  \
+    static inline double ln_bwd_block_##SUFFIX(const T *x, const T *w, const T *dy, const T *y, bool has_w,   \
+                                               bool relu, T m, T s, T *dw, T *db, int64_t n, double *c)        \
     {                                                                                                          \
         vec_##SUFFIX pa = {0}, pc = {0}, vm = splat_##SUFFIX(m), vs = splat_##SUFFIX(s);                       \
         int64_t j = 0;                                                                                         \
         for (; j + VL_##SUFFIX <= n; j += VL_##SUFFIX) {                                                       \
             vec_##SUFFIX g = ld_##SUFFIX(dy + j), xh = (ld_##SUFFIX(x + j) - vm) * vs;                         \
+            g = relu ? relu_mask_##SUFFIX(g, ld_##SUFFIX(y + j)) : g;                                          \
             vec_##SUFFIX vw = ld_##SUFFIX(dw + j) + g * xh, vb = ld_##SUFFIX(db + j) + g;                      \
             memcpy(dw + j, &vw, sizeof(vw));                                                                   \
             memcpy(db + j, &vb, sizeof(vb));                                                                   \
@@ -155,21 +167,35 @@ struct ln_coef {
         }                                                                                                      \
         double a = hsum_##SUFFIX(pa), cc = hsum_##SUFFIX(pc);                                                  \
         for (; j < n; j++) {                                                                                   \
-            T xh = (x[j] - m) * s, g = has_w ? dy[j] * w[j] : dy[j];                                           \
-            dw[j] += dy[j] * xh;                                                                               \
-            db[j] += dy[j];                                                                                    \
+            T d = relu && !(y[j] > 0) ? (T)0 : dy[j], xh = (x[j] - m) * s, g = has_w ? d * w[j] : d;          \
+            dw[j] += d * xh;                                                                                   \
+            db[j] += d;                                                                                        \
             a += g;                                                                                            \
             cc += (double)g * xh;                                                                              \
         }                                                                                                      \
         *c = cc;                                                                                               \
         return a;                                                                                              \
     }                                                                                                          \
-    /* dx = rstd (dxhat - a - xhat c) for one row. */                                                          \
+    /* dx = rstd (dxhat - a - xhat c) for one row (dy masked by y > 0 with the fused relu's y). */             \
     static void ln_dx_##SUFFIX(const T *restrict x, const T *restrict w, const T *restrict dy,                 \
-                               struct ln_coef k, T *restrict dx, int64_t n)                                    \
+                               const T *restrict y, struct ln_coef k, T *restrict dx, int64_t n)               \
     {                                                                                                          \
         T m = (T)k.mean, s = (T)k.rstd, a = (T)k.a, c = (T)k.c;                                                \
-        if (w)                                                                                                 \
+        if (y) { /* in vectors: the compiler makes a branch of the select */                                 \
+            vec_##SUFFIX vm = splat_##SUFFIX(m), vs = splat_##SUFFIX(s), va = splat_##SUFFIX(a),              \
+                         vc = splat_##SUFFIX(c), one = splat_##SUFFIX(1);                                      \
+            int64_t j = 0;                                                                                     \
+            for (; j + VL_##SUFFIX <= n; j += VL_##SUFFIX) {                                                   \
+                vec_##SUFFIX d = relu_mask_##SUFFIX(ld_##SUFFIX(dy + j), ld_##SUFFIX(y + j));                  \
+                vec_##SUFFIX r = vs * (d * (w ? ld_##SUFFIX(w + j) : one) - va -                               \
+                                       (ld_##SUFFIX(x + j) - vm) * vs * vc);                                   \
+                memcpy(dx + j, &r, sizeof(r));                                                                 \
+            }                                                                                                  \
+            for (; j < n; j++) {                                                                               \
+                T d = y[j] > 0 ? dy[j] : (T)0;                                                                 \
+                dx[j] = s * (d * (w ? w[j] : (T)1) - a - (x[j] - m) * s * c);                                  \
+            }                                                                                                  \
+        } else if (w)                                                                                          \
             for (int64_t j = 0; j < n; j++)                                                                    \
                 dx[j] = s * (dy[j] * w[j] - a - (x[j] - m) * s * c);                                           \
         else                                                                                                   \
@@ -177,30 +203,40 @@ struct ln_coef {
                 dx[j] = s * (dy[j] - a - (x[j] - m) * s * c);                                                  \
     }                                                                                                          \
     /* One row's a and c (struct ln_coef), adding its dy xhat and dy into dwr and dbr. */                      \
-    static void ln_row_sums_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, struct ln_coef *k, \
-                                     T *dwr, T *dbr)                                                           \
+    static void ln_row_sums_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const T *y,       \
+                                     struct ln_coef *k, T *dwr, T *dbr)                                        \
     {                                                                                                          \
         T m = (T)k->mean, s = (T)k->rstd;                                                                      \
         for (int64_t j = 0; j < r.d; j += LN_BLOCK) {                                                          \
             int64_t n = r.d - j < LN_BLOCK ? r.d - j : LN_BLOCK;                                               \
+            const T *yj = y ? y + j : NULL, *wj = w ? w + j : NULL;                                            \
             double c;                                                                                          \
-            k->a += w ? ln_bwd_block_##SUFFIX(x + j, w + j, dy + j, true, m, s, dwr + j, dbr + j, n, &c)       \
-                      : ln_bwd_block_##SUFFIX(x + j, NULL, dy + j, false, m, s, dwr + j, dbr + j, n, &c);      \
+            if (w && y)                                                                                        \
+                k->a += ln_bwd_block_##SUFFIX(x + j, wj, dy + j, yj, true, true, m, s, dwr + j, dbr + j, n, &c); \
+            else if (y)                                                                                        \
+                k->a += ln_bwd_block_##SUFFIX(x + j, NULL, dy + j, yj, false, true, m, s, dwr + j, dbr + j, n,  \
+                                              &c);                                                             \
+            else if (w)                                                                                        \
+                k->a += ln_bwd_block_##SUFFIX(x + j, wj, dy + j, NULL, true, false, m, s, dwr + j, dbr + j, n, \
+                                              &c);                                                             \
+            else                                                                                               \
+                k->a += ln_bwd_block_##SUFFIX(x + j, NULL, dy + j, NULL, false, false, m, s, dwr + j, dbr + j,  \
+                                              n, &c);                                                          \
             k->c += c;                                                                                         \
         }                                                                                                      \
         k->a /= (double)r.d;                                                                                   \
         k->c /= (double)r.d;                                                                                   \
     }                                                                                                          \
     /* dx (if not NULL) per row; dw, db (zeroed) the double sums over rows, with rows added LN_ROWS at         \
-     * a time into dwr, dbr (d elements each, zeroed). */                                                      \
-    static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const double *stats,    \
-                                T *dx, double *dw, double *db, T *dwr, T *dbr)                                 \
+     * a time into dwr, dbr (d elements each, zeroed); y: the fused relu's output, or NULL. */                 \
+    static void ln_bwd_##SUFFIX(struct ln_rows r, const T *x, const T *w, const T *dy, const T *y,             \
+                                const double *stats, T *dx, double *dw, double *db, T *dwr, T *dbr)            \
     {                                                                                                          \
-        for (int64_t i = 0; i < r.m; i++, x += r.d, dy += r.d) {                                               \
+        for (int64_t i = 0; i < r.m; i++, x += r.d, dy += r.d, y = y ? y + r.d : NULL) {                       \
             struct ln_coef k = {.mean = stats[2 * i], .rstd = stats[2 * i + 1]};                               \
-            ln_row_sums_##SUFFIX(r, x, w, dy, &k, dwr, dbr);                                                   \
+            ln_row_sums_##SUFFIX(r, x, w, dy, y, &k, dwr, dbr);                                                \
             if (dx)                                                                                            \
-                ln_dx_##SUFFIX(x, w, dy, k, dx + i * r.d, r.d);                                                \
+                ln_dx_##SUFFIX(x, w, dy, y, k, dx + i * r.d, r.d);                                             \
             if ((i + 1) % LN_ROWS && i + 1 < r.m)                                                              \
                 continue;                                                                                      \
             for (int64_t j = 0; j < r.d; j++) {                                                                \
@@ -209,12 +245,13 @@ struct ln_coef {
             }                                                                                                  \
         }                                                                                                      \
     }
-DEFINE_LN(float, f32)
-DEFINE_LN(double, f64)
+DEFINE_LN(float, int32_t, f32)
+DEFINE_LN(double, int64_t, f64)
 
 struct ln_node {
     sr_node base;
     struct ln_rows r;
+    bool relu;                  /* relu(layer_norm): its output saved too */
     int nd;                     /* the normalized shape: weight's and bias's */
     int64_t shape[SR_MAX_DIMS];
 };
@@ -289,10 +326,10 @@ static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *cons
     }
     const double *stats = (const double *)p[2];
     if (dt == SR_F64)
-        ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], stats,
-                   dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, (double *)dwr, (double *)dbr);
+        ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], (const double *)p[4],
+                   stats, dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, (double *)dwr, (double *)dbr);
     else
-        ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], stats,
+        ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], (const float *)p[4], stats,
                    dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db, (float *)dwr, (float *)dbr);
     out[0] = dx;
     out[1] = need[1] ? param_grad(n, dt, dw) : NULL;
@@ -301,27 +338,29 @@ static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *cons
     return (need[1] && !out[1]) || (need[2] && !out[2]) ? -ENOMEM : 0;
 }
 
-/* saved: 0 x, 1 weight (or none), 2 stats [M, 2] f64. */
+/* saved: 0 x, 1 weight (or none), 2 stats [M, 2] f64, and with relu 3 the output. */
 static int ln_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
 {
-    sr_tensor *saved[3] = {NULL};
+    sr_tensor *saved[4] = {NULL};
+    uint32_t nsaved = ((struct ln_node *)node)->relu ? 4 : 3;
     int rc = 0;
-    for (uint32_t i = 0; !rc && i < 3; i++)
+    for (uint32_t i = 0; !rc && i < nsaved; i++)
         rc = sr__node_saved(node, i, &saved[i]);
     if (rc)
         return rc;
-    sr_tensor *c[4] = {NULL}, *src[4] = {saved[0], saved[1], saved[2], in[0]};
-    const char *p[4];
-    rc = open_inputs(src, c, p, 4);
+    sr_tensor *c[5] = {NULL}, *src[5] = {saved[0], saved[1], saved[2], in[0], saved[3]};
+    const char *p[5];
+    rc = open_inputs(src, c, p, 5);
     if (!rc)
         rc = ln_grads((struct ln_node *)node, saved, p, out);
-    close_inputs(c, 4);
+    close_inputs(c, 5);
     return rc;
 }
 
 static const sr_node_ops ln_ops = {.name = "NativeLayerNormBackward0", .apply = ln_apply};
+static const sr_node_ops ln_relu_ops = {.name = "LayerNormReluBackward0", .apply = ln_apply};
 
-static sr_tensor *ln_forward(sr_tensor *x, struct ln_rows r, sr_tensor *w, sr_tensor *b, double eps,
+static sr_tensor *ln_forward(sr_tensor *x, struct ln_rows r, sr_tensor *w, sr_tensor *b, double eps, bool relu,
                              sr_tensor **stats)
 {
     sr_tensor *out = sr__tensor_new("sr_layer_norm", x->dtype, x->ndim, x->shape);
@@ -337,11 +376,42 @@ static sr_tensor *ln_forward(sr_tensor *x, struct ln_rows r, sr_tensor *w, sr_te
     double *st = (double *)sr__tensor_new_data(*stats);
     if (x->dtype == SR_F64)
         ln_fwd_f64(r, eps, (const double *)p[0], (const double *)p[1], (const double *)p[2],
-                   (double *)sr__tensor_new_data(out), st);
+                   (double *)sr__tensor_new_data(out), st, relu);
     else
         ln_fwd_f32(r, eps, (const float *)p[0], (const float *)p[1], (const float *)p[2],
-                   (float *)sr__tensor_new_data(out), st);
+                   (float *)sr__tensor_new_data(out), st, relu);
     close_inputs(c, 3);
+    return out;
+}
+
+static sr_tensor *layer_norm(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
+                             sr_tensor *bias, double eps, bool relu)
+{
+    if (!x || check_norm(x, ndim, normalized_shape, weight, bias))
+        return NULL;
+    struct ln_rows r = {.d = sr__numel(ndim, normalized_shape)};
+    r.m = r.d ? sr__numel(x->ndim, x->shape) / r.d : 0;
+    sr_tensor *in[3] = {x, weight, bias}, *stats;
+    bool pinned = sr__pin_saved(in, 3); /* saves what it reads */
+    sr_tensor *out = ln_forward(x, r, weight, bias, eps, relu, &stats);
+    if (out && sr__any_requires_grad(in, 3)) {
+        struct ln_node *n = (struct ln_node *)sr__node_for_inputs(relu ? &ln_relu_ops : &ln_ops, sizeof(*n), in, 3,
+                                                                  1, relu ? 4 : 3);
+        if (n) {
+            n->r = r;
+            n->relu = relu;
+            n->nd = ndim;
+            memcpy(n->shape, normalized_shape, (size_t)ndim * sizeof(int64_t));
+            sr__node_save(&n->base, 0, x);
+            sr__node_save(&n->base, 1, weight);
+            sr__node_save(&n->base, 2, stats);
+            if (relu)
+                sr__node_save(&n->base, 3, out);
+        }
+        out = sr__attach(out, (sr_node *)n);
+    }
+    sr_tensor_unref(stats);
+    sr__unpin_saved(pinned, in, 3);
     return out;
 }
 
@@ -349,26 +419,12 @@ SR_API sr_tensor *sr_layer_norm(sr_tensor *x, int ndim, const int64_t *normalize
                                 sr_tensor *bias, double eps)
 {
     SR_OP_SPAN("layer_norm");
-    if (!x || check_norm(x, ndim, normalized_shape, weight, bias))
-        return NULL;
-    struct ln_rows r = {.d = sr__numel(ndim, normalized_shape)};
-    r.m = r.d ? sr__numel(x->ndim, x->shape) / r.d : 0;
-    sr_tensor *in[3] = {x, weight, bias}, *stats;
-    bool pinned = sr__pin_saved(in, 3); /* saves what it reads */
-    sr_tensor *out = ln_forward(x, r, weight, bias, eps, &stats);
-    if (out && sr__any_requires_grad(in, 3)) {
-        struct ln_node *n = (struct ln_node *)sr__node_for_inputs(&ln_ops, sizeof(*n), in, 3, 1, 3);
-        if (n) {
-            n->r = r;
-            n->nd = ndim;
-            memcpy(n->shape, normalized_shape, (size_t)ndim * sizeof(int64_t));
-            sr__node_save(&n->base, 0, x);
-            sr__node_save(&n->base, 1, weight);
-            sr__node_save(&n->base, 2, stats);
-        }
-        out = sr__attach(out, (sr_node *)n);
-    }
-    sr_tensor_unref(stats);
-    sr__unpin_saved(pinned, in, 3);
-    return out;
+    return layer_norm(x, ndim, normalized_shape, weight, bias, eps, false);
+}
+
+sr_tensor *sr__layer_norm_relu(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
+                               sr_tensor *bias, double eps)
+{
+    SR_OP_SPAN("layer_norm_relu");
+    return layer_norm(x, ndim, normalized_shape, weight, bias, eps, true);
 }

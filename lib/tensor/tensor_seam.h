@@ -20,7 +20,8 @@
  *   lib/train/nn           sr__tensor_new + sr__tensor_new_data (a fresh tensor
  *                    filled in place), sr__tensor_pin / _unpin (reading a
  *                    tensor without a loop), sr__load_f64 / sr__store_f64,
- *                    the checks, the xoshiro generator (tensor/xoshiro.h);
+ *                    the checks, the xoshiro generator (tensor/xoshiro.h),
+ *                    the fused layer norm + relu (sequential models);
  *   lib/train/checkpoint   sr__tensor_snapshot (the values at save time, whatever
  *                    in-place writes follow), shape checks and messages;
  *   dist_autograd    the engine's extension points, tensor/autograd/engine.h
@@ -103,6 +104,15 @@ sr_tensor *sr__map(const char *fn, sr_tensor *const *in, int nin, sr_map_fn f, c
 /* The same into out (written: the caller owns it or holds its write lock),
  * whose shape every input broadcasts to. */
 void sr__map_into(sr_tensor *out, sr_tensor *const *in, int nin, sr_map_fn f, const void *arg);
+
+/* ---- fused ops (norm.c) ---- */
+/* relu(sr_layer_norm(...)) in one op, for sequential models (lib/train/nn):
+ * the same output and gradients, bit for bit, without relu's own passes over
+ * memory (the forward selects each row from cache; the backward masks dY by
+ * the saved output inside layer norm's passes). Its node is
+ * "LayerNormReluBackward0"; its errors are sr_layer_norm's. */
+sr_tensor *sr__layer_norm_relu(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
+                               sr_tensor *bias, double eps);
 
 /* ---- op spans (ops_hook.c) ----
  * A layer above (the profiler, SHMRPC_TRACE_OPS: docs/PROFILING.md) sees

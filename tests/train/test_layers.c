@@ -272,6 +272,89 @@ Test(sequential, micro_batches_sum_to_the_batch_with_layer_norm)
     sr_module_destroy(m);
 }
 
+/* The gradients of x and of every parameter as doubles, after backward of
+ * sum(y * gy); the tensors' grads are left for the next call to see. */
+static double *grads_of_sum(sr_tensor *y, sr_tensor *gy, sr_tensor *const *leaves, int n, size_t *len)
+{
+    sr_tensor *yg = sr_mul(y, gy), *l = sr_sum(yg);
+    cr_assert_eq(sr_backward(l, false), 0, "%s", sr_last_error());
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += sr_tensor_numel(leaves[i]);
+    double *v = malloc((total + 1) * sizeof(double));
+    for (int i = 0, at = 0; i < n; at += (int)sr_tensor_numel(leaves[i]), i++) {
+        sr_tensor *g = sr_tensor_grad(leaves[i]);
+        cr_assert(g, "leaf %d has no grad", i);
+        cr_assert_eq(sr_tensor_to_f64(g, v + at, sr_tensor_numel(g)), 0);
+    }
+    sr_tensor_unref(yg);
+    sr_tensor_unref(l);
+    *len = total;
+    return v;
+}
+
+/* A layer norm followed by a relu runs as one op in a sequential model
+ * (LayerNormReluBackward0): the output and every gradient must be those of
+ * the two ops in turn, bit for bit, in f32 and f64, with a weight and bias
+ * that make about half the outputs negative, and with the relu outside the
+ * range (then no fusion). */
+Test(sequential, layer_norm_then_relu_is_fused_bit_for_bit)
+{
+    static const sr_layer_spec layers[] = {SR_LAYER_NORM_CHW(3, 5, 7), SR_RELU()};
+    for (int d = 0; d < 2; d++) {
+        sr_dtype dt = d ? SR_F64 : SR_F32;
+        sr_generator g;
+        sr_generator_init(&g, 8);
+        sr_module *m = NULL;
+        cr_assert_eq(sr_sequential_create(layers, 2, dt, &g, &m), 0, "%s", sr_last_error());
+        size_t np = 0;
+        sr_tensor *const *params = NULL;
+        sr_module_params(m, &np, &params, NULL);
+        cr_assert_eq(np, 2);
+        sr_manual_seed(9);
+        bool prev = sr_no_grad_enter();
+        for (size_t i = 0; i < 2; i++) { /* weight ~ N(0, 1), bias ~ N(0, 1): both signs after the norm */
+            sr_tensor *r = sr_randn(dt, 3, SHAPE(3, 5, 7), 0);
+            cr_assert_eq(sr_copy_(params[i], r), 0, "%s", sr_last_error());
+            sr_tensor_unref(r);
+        }
+        sr_tensor *x0 = sr_randn(dt, 4, SHAPE(4, 3, 5, 7), 0), *gy = sr_randn(dt, 4, SHAPE(4, 3, 5, 7), 0);
+        sr_tensor *x1 = sr_clone(x0), *x2 = sr_clone(x0), *w = sr_clone(params[0]), *b = sr_clone(params[1]);
+        sr_no_grad_exit(prev); /* the clones are leaves */
+        sr_tensor *leaves1[] = {x1, params[0], params[1]}, *leaves2[] = {x2, w, b};
+        for (int i = 0; i < 3; i++) {
+            sr_tensor_set_requires_grad(leaves1[i], true);
+            sr_tensor_set_requires_grad(leaves2[i], true);
+        }
+        sr_tensor *fused = sr_module_forward(m, x1);
+        cr_assert(fused, "%s", sr_last_error());
+        cr_assert_str_eq(sr_tensor_grad_fn_name(fused), "LayerNormReluBackward0");
+        sr_tensor *ln = sr_layer_norm(x2, 3, SHAPE(3, 5, 7), w, b, 1e-5), *two = sr_relu(ln);
+        size_t n1, n2, ny = sr_tensor_numel(two);
+        double *y1 = values(fused), *y2 = values(two);
+        size_t zeros = 0;
+        for (size_t i = 0; i < ny; i++) {
+            cr_assert(!memcmp(&y1[i], &y2[i], sizeof(double)), "%s output [%zu]: %.17g fused, %.17g in turn",
+                      sr_dtype_name(dt), i, y1[i], y2[i]);
+            zeros += y2[i] == 0;
+        }
+        cr_assert(zeros > ny / 4 && zeros < 3 * ny / 4, "%zu of %zu outputs are 0: not a test of the mask", zeros,
+                  ny);
+        double *g1 = grads_of_sum(fused, gy, leaves1, 3, &n1), *g2 = grads_of_sum(two, gy, leaves2, 3, &n2);
+        cr_assert_eq(n1, n2);
+        for (size_t i = 0; i < n1; i++)
+            cr_assert(!memcmp(&g1[i], &g2[i], sizeof(double)), "%s gradient [%zu]: %.17g fused, %.17g in turn",
+                      sr_dtype_name(dt), i, g1[i], g2[i]);
+        sr_tensor *alone = sr_sequential_forward_range(m, x1, 0, 1); /* the norm without its relu */
+        cr_assert_str_eq(sr_tensor_grad_fn_name(alone), "NativeLayerNormBackward0");
+        free(y1), free(y2), free(g1), free(g2);
+        sr_tensor *ts[] = {x0, gy, x1, x2, w, b, fused, ln, two, alone};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+            sr_tensor_unref(ts[i]);
+        sr_module_destroy(m);
+    }
+}
+
 /* A lone layer is nn.Conv2d: "weight" and "bias", the same draws as the
  * same layer first in a sequential model. */
 Test(sequential, a_lone_layer_is_a_module)

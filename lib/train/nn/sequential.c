@@ -11,6 +11,7 @@
 #include "error.h"
 #include "module_impl.h"
 #include "shmrpc/nn.h"
+#include "tensor_seam.h"
 
 static const char *kind_name(sr_layer_kind k)
 {
@@ -172,11 +173,26 @@ static sr_tensor *layer_forward(sr_module *m, const struct sr__seq_layer *l, sr_
     return NULL;
 }
 
+/* Whether layers i and i + 1, both in [.., to), are a layer norm and a
+ * relu: they run as one op (sr__layer_norm_relu), with the same results. */
+static bool norm_then_relu(const sr_module *m, int i, int to)
+{
+    return i + 1 < to && m->layers[i].spec.kind == SR_LAYER_LAYER_NORM && m->layers[i + 1].spec.kind == SR_LAYER_RELU;
+}
+
 sr_tensor *sr__sequential_forward(sr_module *m, sr_tensor *x, int from, int to)
 {
     sr_tensor *h = sr_tensor_ref(x);
     for (int i = from; h && i < to; i++) {
-        sr_tensor *y = layer_forward(m, &m->layers[i], h);
+        const struct sr__seq_layer *l = &m->layers[i];
+        sr_tensor *y;
+        if (norm_then_relu(m, i, to)) {
+            sr_tensor *const *p = m->params + l->first;
+            y = sr__layer_norm_relu(h, l->spec.norm_ndim, l->spec.norm_shape, p[0], p[1], l->spec.eps);
+            i++;
+        } else {
+            y = layer_forward(m, l, h);
+        }
         sr_tensor_unref(h);
         h = y;
     }
