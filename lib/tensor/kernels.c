@@ -110,15 +110,22 @@ static void bin_i64(int64_t *y, const int64_t *a, const int64_t *b, int64_t m, c
  * the correctly rounded result, so the same bits as the double path (which
  * rounds the exact double result once; a double's 53 bits hold the exact
  * sum or product of two f32, and division rounded twice this way is
- * innocuous). The hot case: gradients of the same shape added up. A
- * repeated operand inside the output's row (an in-place op on a view of
- * itself) takes the double path, which reads it a chunk at a time. */
-static bool outside(const char *x, const char *y, int64_t n) { return x < y || x >= y + n * 4; }
+ * innocuous). The hot case: gradients of the same shape added up. An
+ * operand that overlaps the output's row other than element for element
+ * (an in-place op with a shifted or repeated view of itself) takes the
+ * double path, which reads it a chunk at a time. */
+/* Operand x (stride sx) reads nothing of the output row y that an earlier
+ * element writes: the same elements (x == y, dense), or no overlap. */
+static bool apart(const char *x, int64_t sx, const char *y, int64_t n)
+{
+    const char *end = x + (sx ? n * 4 : 4);
+    return (x == y && sx == 4) || end <= y || x >= y + n * 4;
+}
 
 static bool bin_f32_direct(const struct bin_ctx *c, char *const *p, const int64_t *s, int64_t n)
 {
-    return c->dt == SR_F32 && s[0] == 4 && (s[1] == 4 || (s[1] == 0 && outside(p[1], p[0], n))) &&
-           (s[2] == 4 || (s[2] == 0 && outside(p[2], p[0], n))) &&
+    return c->dt == SR_F32 && s[0] == 4 && (s[1] == 4 || s[1] == 0) && (s[2] == 4 || s[2] == 0) &&
+           apart(p[1], s[1], p[0], n) && apart(p[2], s[2], p[0], n) &&
            (c->op != SR_BIN_ADD || c->alpha == 1.0 || c->alpha == -1.0);
 }
 
