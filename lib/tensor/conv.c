@@ -529,10 +529,11 @@ static int conv_backward_by_conv(const struct conv_geom *g, sr_dtype dt, const c
     struct conv_geom gd = dy_geom(g);
     int64_t kt = geom_k(&gd), hw = g->h * g->w, l = geom_l(g), wn = g->c * kt;
     bool wino = dx && sr__wino_applies(&gd, dt); /* grad input by Winograd, after the loop */
-    char *pad = NULL, *colt = dw || !wino ? col_alloc(&gd, es, 1, &pad) : NULL, *dwt = NULL;
+    bool cols = dw || !wino;                     /* dY unfolded, for a gemm of either gradient */
+    char *pad = NULL, *colt = cols ? col_alloc(&gd, es, 1, &pad) : NULL, *dwt = NULL;
     char *wt = malloc(2 * (size_t)wn * es);
-    int rc = (colt || !(dw || !wino)) && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a "
-                                                           "%lld x %lld column buffer", (long long)kt, (long long)hw);
+    int rc = (colt || !cols) && wt ? 0 : sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for a %lld x %lld "
+                                                  "column buffer", (long long)kt, (long long)hw);
     if (!rc) { /* Wt, then grad Wt (zeroed) */
         dwt = wt + wn * (int64_t)es;
         memset(dwt, 0, (size_t)wn * es);

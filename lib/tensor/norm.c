@@ -19,7 +19,13 @@
  * row length and the batch, and the passes over elements run in the dtype:
  * forward reads a row three times (mean, variance, output), backward twice
  * (one pass for the row sums and the weight and bias gradients, one for dx),
- * from cache for rows up to a few hundred KiB. */
+ * from cache for rows up to a few hundred KiB.
+ *
+ * sr__layer_norm_relu (tensor_seam.h) is relu(layer_norm) in one op: the
+ * forward clips each row once more while it is in cache, and saves its
+ * output; backward masks dY where that output is not > 0 inside both of
+ * its passes, which is what relu's backward followed by this one computes,
+ * element for element, so the bits are the same. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
