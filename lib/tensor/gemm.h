@@ -40,7 +40,7 @@ const char *sr__gemm_kernel_name(void);
 /* conv2d's Winograd path (winograd.c, for tests): whether it may be taken (AUTO,
  * the default: with its AVX2 transforms where the CPU has them; PORTABLE:
  * with the plain ones; OFF: those shapes take the im2col paths), and how
- * many convolutions it has run (forwards and grad inputs) in this process. */
+ * many times it has run (forwards, grad inputs, grad weights) in this process. */
 enum sr_wino_mode { SR_WINO_OFF, SR_WINO_AUTO, SR_WINO_PORTABLE };
 void sr__conv_set_winograd(enum sr_wino_mode mode);
 uint64_t sr__conv_winograd_runs(void);

@@ -347,6 +347,26 @@ static int wino_products(const struct wino *wn, int64_t tc)
     return 0;
 }
 
+/* One allocation for a call: [16, C, O] (returned: U, or dU), wn's V, M and
+ * xp for its chunks, then `extra` floats (NULL and an error naming `when`
+ * on -ENOMEM). xp and the extra floats are zeroed (the scratches' borders);
+ * the rest is the caller's to fill or zero. Freed with free(). */
+static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
+{
+    const struct conv_geom *g = wn->g;
+    int64_t t = wn->nb * wn->rows * wn->tw, pad = wn->nb * g->c * wn->hp * wn->wp;
+    float *buf = malloc((size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad + extra) * sizeof(float));
+    if (!buf) {
+        sr__fail(-ENOMEM, "sr_conv2d", "%sout of memory for the Winograd buffers of %lld tiles", when, (long long)t);
+        return NULL;
+    }
+    wn->v = buf + 16 * g->o * g->c;
+    wn->m = wn->v + 16 * g->c * t;
+    wn->xp = wn->m + 16 * g->o * t;
+    memset(wn->xp, 0, (size_t)(pad + extra) * sizeof(float));
+    return buf;
+}
+
 /* dW[o][c] = G^T dU[.][c][o] G, from dU [16, C, O]; G^T u = (u0 + (u1 + u2) / 2, (u1 - u2) / 2,
  * (u1 + u2) / 2 + u3). */
 static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw)
@@ -394,19 +414,11 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
     struct wino wn = wino_plan(g);
     struct conv_geom gy = {.n = g->n, .c = g->o, .h = g->oh, .w = g->ow, .o = g->o, .groups = 1};
     struct wino wy = {.g = &gy, .th = wn.th, .tw = wn.tw, .hp = 2 * wn.th, .wp = 2 * wn.tw, .nb = wn.nb};
-    int64_t t = wn.nb * wn.rows * wn.tw, pad = wn.nb * g->c * wn.hp * wn.wp, ypad = wn.nb * g->o * wy.hp * wy.wp;
-    size_t count = (size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad + ypad);
-    float *buf = malloc(count * sizeof(float));
-    if (!buf)
-        return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the Winograd buffers of %lld tiles",
-                        (long long)t);
-    float *du = buf;
-    wn.v = du + 16 * g->o * g->c;
-    wn.m = wn.v + 16 * g->c * t;
-    wn.xp = wn.m + 16 * g->o * t;
-    wy.xp = wn.xp + pad;
+    float *du = wino_buffers(&wn, wn.nb * g->o * wy.hp * wy.wp, "backward: "); /* then dY's scratch */
+    if (!du)
+        return -ENOMEM;
+    wy.xp = wn.xp + wn.nb * g->c * wn.hp * wn.wp;
     memset(du, 0, (size_t)(16 * g->o * g->c) * sizeof(float));
-    memset(wn.xp, 0, (size_t)(pad + ypad) * sizeof(float)); /* the borders of both scratches */
     const struct wino_kernels *k = wino_kernels();
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
@@ -422,7 +434,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
     }
     if (!rc)
         wino_weight_grad_out(g, du, dw);
-    free(buf);
+    free(du);
     atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
     return rc;
 }
@@ -431,16 +443,9 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
 int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, const float *b, float *out)
 {
     struct wino wn = wino_plan(g);
-    int64_t t = wn.nb * wn.rows * wn.tw, pad = wn.nb * g->c * wn.hp * wn.wp;
-    float *buf = malloc((size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad) * sizeof(float));
-    if (!buf)
-        return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the Winograd buffers of %lld tiles",
-                        (long long)t);
-    wn.u = buf;
-    wn.v = wn.u + 16 * g->o * g->c;
-    wn.m = wn.v + 16 * g->c * t;
-    wn.xp = wn.m + 16 * g->o * t;
-    memset(wn.m, 0, (size_t)(16 * g->o * t + pad) * sizeof(float)); /* M and the borders of xp */
+    if (!(wn.u = wino_buffers(&wn, 0, "")))
+        return -ENOMEM;
+    memset(wn.m, 0, (size_t)(wn.xp - wn.m) * sizeof(float)); /* M: the gemms add to it */
     wino_weight(g, w, wn.u);
     const struct wino_kernels *k = wino_kernels();
     int rc = 0;
@@ -455,7 +460,7 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
                 k->out(&wn, n0, nbc, ty0, nr, b, out);
         }
     }
-    free(buf);
+    free(wn.u);
     atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
     return rc;
 }
