@@ -43,4 +43,24 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
  * and dy [n, o, oh, ow], all contiguous. 0, or -ENOMEM. */
 int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float *dy, float *dw);
 
+/* One of the Winograd path's products (wino_gemm.c): C [m, n] = A B, or
+ * C += A B with `accumulate`; A [m, k] read in place, element (i, k) at
+ * a[i ra + k ka] (either layout, no transposed copy); B [k, n] and C
+ * row-major with row strides ldb, ldc. f32; nothing allocated, nothing
+ * fails. sr__wino_gemm_avx2 is for a CPU with AVX2 and FMA
+ * (sr__cpu_avx2_fma). */
+struct sr__wino_gemm {
+    int64_t m, n, k;
+    const float *a;
+    int64_t ra, ka;
+    const float *b;
+    int64_t ldb;
+    float *c;
+    int64_t ldc;
+    bool accumulate;
+};
+#if defined(__x86_64__) && defined(__GNUC__)
+void sr__wino_gemm_avx2(const struct sr__wino_gemm *g);
+#endif
+
 #endif

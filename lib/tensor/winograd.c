@@ -135,6 +135,8 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                     int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                    \
                     float *row = wn->xp + ((s * wn->hp + y + g->ph) * wn->wp + g->pw) * cn;                    \
                     const float *src = x + s * cn * hw + y * g->w;                                             \
+                    for (int k = 0; k < 8; k++) /* the next 8 planes' row: too short a run for the prefetcher */ \
+                        __builtin_prefetch(src + (c0 + 8 + k) * hw, 0, 3);                                     \
                     for (int64_t i = 0; g->w < 8 && i < g->w; i++)                                             \
                         for (int64_t k = c; k < c + 8; k++)                                                    \
                             row[i * cn + k] = src[k * hw + i];                                                 \
@@ -270,9 +272,6 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                 if (down)                                                                                      \
                     wino_store_##SUFFIX(d + o * l + w, l, &y10, &y11, right);                                  \
             }                                                                                                  \
-            for (int xi = 0; xi < 16; xi++) /* zero for the next chunk's gemms, which add to M */              \
-                for (int64_t o = 0; o < on; o++)                                                               \
-                    wn->m[xi * ms + t * on + o] = 0;                                                           \
         }                                                                                                      \
     }                                                                                                          \
     /* M[xi][t][o] = (A dY A^T)[xi] of the chunk's tiles, from dY channels last in yp ([nbc, 2 th, 2 tw, O], \
@@ -311,40 +310,65 @@ DEFINE_WINO_TRANSFORMS(avx2, target("avx2,fma"))
 DEFINE_WINO_PAD(avx2, target("avx2,fma"))
 #endif
 
-/* One build of the transforms: plain, or AVX2 where the CPU has it. */
+/* A product through sr__gemm (BLAS where built with it): A as stored, or
+ * transposed when its rows are its columns' neighbours (ra == 1). */
+static int gemm_blas(const struct sr__wino_gemm *w)
+{
+    bool ta = w->ka != 1;
+    struct sr_gemm mm = {.dt = SR_F32, .m = w->m, .n = w->n, .k = w->k, .a = w->a, .ta = ta,
+                         .lda = ta ? w->ka : w->ra, .b = w->b, .ldb = w->ldb, .c = w->c, .ldc = w->ldc,
+                         .accumulate = w->accumulate};
+    return sr__gemm(&mm) ? sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul") : 0;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static int gemm_avx2(const struct sr__wino_gemm *w)
+{
+    sr__wino_gemm_avx2(w);
+    return 0;
+}
+#endif
+
+/* One build of the transforms and products: plain (the products by
+ * sr__gemm), or AVX2 where the CPU has it (the products by wino_gemm.c's
+ * kernel where it also has FMA). */
 struct wino_kernels {
     void (*pad)(const struct wino *wn, const float *x, int64_t nbc);
     void (*in)(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr);
     void (*out)(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
                 float *out);
     void (*dy)(const struct wino *wn, const float *yp, int64_t nbc, int64_t ty0, int64_t nr);
+    int (*gemm)(const struct sr__wino_gemm *w);
 };
 
-static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain, wino_dy_plain};
+static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain, wino_dy_plain,
+                                               gemm_blas};
 
 /* The AVX2 build on a CPU with AVX2, unless a test asks for the plain one. */
 static const struct wino_kernels *wino_kernels(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2};
+    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2,
+                                             gemm_blas};
+    static const struct wino_kernels avx2_fma = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2,
+                                                 gemm_avx2};
     if (atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2())
-        return &avx2; /* relaxed: see wino_mode */
+        return sr__cpu_avx2_fma() ? &avx2_fma : &avx2; /* relaxed: see wino_mode */
 #endif
     return &wino_plain;
 }
 
-/* M[xi] = V[xi] U[xi] for the chunk's tc tiles. */
-static int wino_products(const struct wino *wn, int64_t tc)
+/* M[xi] = V[xi] U[xi] for the chunk's tc tiles: [T, C] [C, O]. */
+static int wino_products(const struct wino_kernels *k, const struct wino *wn, int64_t tc)
 {
     int64_t o = wn->g->o, c = wn->g->c;
-    for (int xi = 0; xi < 16; xi++) {
-        struct sr_gemm mm = {.dt = SR_F32, .m = tc, .n = o, .k = c, .a = wn->v + xi * tc * c, .lda = c,
-                             .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o,
-                             .accumulate = true}; /* M is zero (sr__wino_conv, wino_out): no pass of BLAS's zeroing */
-        if (sr__gemm(&mm))
-            return sr__fail(-ENOMEM, "sr_conv2d", "out of memory for the blocked matmul");
+    int rc = 0;
+    for (int xi = 0; !rc && xi < 16; xi++) {
+        struct sr__wino_gemm mm = {.m = tc, .n = o, .k = c, .a = wn->v + xi * tc * c, .ra = c, .ka = 1,
+                                   .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o};
+        rc = k->gemm(&mm);
     }
-    return 0;
+    return rc;
 }
 
 /* One allocation for a call: [16, C, O] (returned: U, or dU), wn's V, M and
@@ -391,16 +415,17 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
 }
 
 /* dU[xi] += V[xi]^T M[xi] for the chunk's tc tiles: [C, T] [T, O]. */
-static int wino_weight_products(const struct wino *wn, float *du, int64_t tc)
+static int wino_weight_products(const struct wino_kernels *k, const struct wino *wn, float *du, int64_t tc)
 {
     int64_t o = wn->g->o, c = wn->g->c;
-    for (int xi = 0; xi < 16; xi++) {
-        struct sr_gemm mm = {.dt = SR_F32, .m = c, .n = o, .k = tc, .a = wn->v + xi * tc * c, .ta = true, .lda = c,
-                             .b = wn->m + xi * tc * o, .ldb = o, .c = du + xi * c * o, .ldc = o, .accumulate = true};
-        if (sr__gemm(&mm))
-            return sr__fail(-ENOMEM, "sr_conv2d", "backward: out of memory for the blocked matmul");
+    int rc = 0;
+    for (int xi = 0; !rc && xi < 16; xi++) {
+        struct sr__wino_gemm mm = {.m = c, .n = o, .k = tc, .a = wn->v + xi * tc * c, .ra = 1, .ka = c,
+                                   .b = wn->m + xi * tc * o, .ldb = o, .c = du + xi * c * o, .ldc = o,
+                                   .accumulate = true};
+        rc = k->gemm(&mm);
     }
-    return 0;
+    return rc;
 }
 
 /* dw [o, c, 3, 3] = the gradient of sr__wino_applies's convolution g for
@@ -429,7 +454,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
             k->in(&wn, nbc, ty0, nr);
             k->dy(&wn, wy.xp, nbc, ty0, nr);
-            rc = wino_weight_products(&wn, du, nbc * nr * wn.tw);
+            rc = wino_weight_products(k, &wn, du, nbc * nr * wn.tw);
         }
     }
     if (!rc)
@@ -445,7 +470,6 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
     struct wino wn = wino_plan(g);
     if (!(wn.u = wino_buffers(&wn, 0, "")))
         return -ENOMEM;
-    memset(wn.m, 0, (size_t)(wn.xp - wn.m) * sizeof(float)); /* M: the gemms add to it */
     wino_weight(g, w, wn.u);
     const struct wino_kernels *k = wino_kernels();
     int rc = 0;
@@ -455,7 +479,7 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
         for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
             k->in(&wn, nbc, ty0, nr);
-            rc = wino_products(&wn, nbc * nr * wn.tw);
+            rc = wino_products(k, &wn, nbc * nr * wn.tw);
             if (!rc)
                 k->out(&wn, n0, nbc, ty0, nr, b, out);
         }
