@@ -76,28 +76,52 @@ static struct wino wino_plan(const struct conv_geom *g)
     return wn;
 }
 
-/* U[xi = 4 i + j][c][o] = (G g_oc G^T)[i][j]; w [O, C, 3, 3]. */
+/* U[xi = 4 i + j][c][o] = (G g_oc G^T)[i][j]; w [O, C, 3, 3]. Eight output
+ * channels at a time, in vectors (GCC's vector extension): each kernel
+ * element is gathered for the 8 channels, and U's rows, contiguous in o,
+ * take whole vectors; the last o < 8 go one channel at a time. */
+typedef float wvec __attribute__((vector_size(32)));
+#define WINO_WEIGHT_BODY(V, k, store)                                                                          \
+    do {                                                                                                       \
+        V t[4][3];                                                                                             \
+        for (int j = 0; j < 3; j++) {                                                                          \
+            t[0][j] = k[j];                                                                                    \
+            t[1][j] = 0.5f * (k[j] + k[3 + j] + k[6 + j]);                                                     \
+            t[2][j] = 0.5f * (k[j] - k[3 + j] + k[6 + j]);                                                     \
+            t[3][j] = k[6 + j];                                                                                \
+        }                                                                                                      \
+        for (int i = 0; i < 4; i++) {                                                                          \
+            store(4 * i, t[i][0]);                                                                             \
+            store(4 * i + 1, 0.5f * (t[i][0] + t[i][1] + t[i][2]));                                            \
+            store(4 * i + 2, 0.5f * (t[i][0] - t[i][1] + t[i][2]));                                            \
+            store(4 * i + 3, t[i][2]);                                                                         \
+        }                                                                                                      \
+    } while (0)
 static void wino_weight(const struct conv_geom *g, const float *w, float *u)
 {
-    int64_t oc = g->o * g->c;
-    for (int64_t o = 0; o < g->o; o++)
-        for (int64_t c = 0; c < g->c; c++) {
-            const float *k = w + (o * g->c + c) * 9;
-            float t[4][3];
-            for (int j = 0; j < 3; j++) {
-                t[0][j] = k[j];
-                t[1][j] = 0.5f * (k[j] + k[3 + j] + k[6 + j]);
-                t[2][j] = 0.5f * (k[j] - k[3 + j] + k[6 + j]);
-                t[3][j] = k[6 + j];
-            }
-            for (int i = 0; i < 4; i++) {
-                float *ui = u + 4 * i * oc + c * g->o + o;
-                ui[0] = t[i][0];
-                ui[oc] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-                ui[2 * oc] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-                ui[3 * oc] = t[i][2];
-            }
+    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;
+    for (int64_t c = 0; c < g->c; c++) {
+        float *uc = u + c * g->o;
+        for (int64_t o = 0; o < o8; o += 8) {
+            wvec k[9];
+            for (int e = 0; e < 9; e++)
+                for (int l = 0; l < 8; l++)
+                    k[e][l] = w[((o + l) * g->c + c) * 9 + e];
+#define WINO_STORE_VEC(xi, val)                                                                                \
+    do {                                                                                                       \
+        wvec v_ = (val);                                                                                       \
+        memcpy(uc + (xi) * oc + o, &v_, sizeof(v_));                                                           \
+    } while (0)
+            WINO_WEIGHT_BODY(wvec, k, WINO_STORE_VEC);
+#undef WINO_STORE_VEC
         }
+        for (int64_t o = o8; o < g->o; o++) {
+            const float *k = w + (o * g->c + c) * 9;
+#define WINO_STORE_ONE(xi, val) (uc[(xi) * oc + o] = (val))
+            WINO_WEIGHT_BODY(float, k, WINO_STORE_ONE);
+#undef WINO_STORE_ONE
+        }
+    }
 }
 
 /* The transforms go over the channels 8 at a time in 32-byte vectors (GCC's
