@@ -43,6 +43,9 @@ const char *sr__gemm_kernel_name(void);
  * many times it has run (forwards, grad inputs, grad weights) in this process. */
 enum sr_wino_mode { SR_WINO_OFF, SR_WINO_AUTO, SR_WINO_PORTABLE };
 void sr__conv_set_winograd(enum sr_wino_mode mode);
+/* The Winograd tile for tests: 0 (the default) takes F(2x2, 3x3) or
+ * F(4x4, 3x3) by the count of products over the plane; 2 or 4 forces one. */
+void sr__conv_set_winograd_tile(int r);
 uint64_t sr__conv_winograd_runs(void);
 #if defined(__x86_64__) && defined(__GNUC__)
 /* Whether this CPU runs AVX2 (and FMA) code, probed once (gemm.c): for the

@@ -91,10 +91,10 @@ WG_INLINE void wg_rows(const struct sr__wino_gemm *g, int64_t i0, int64_t mr, bo
 
 WG_ATTR void sr__wino_gemm_avx2(const struct sr__wino_gemm *g)
 {
-    for (int64_t j = 0; j < g->n; j += WG_NR) { /* B's 16 columns stay in L1 over the rows */
-        bool masked = g->n - j < WG_NR;
-        for (int64_t i = 0; i < g->m; i += WG_MR) {
-            int64_t mr = g->m - i < WG_MR ? g->m - i : WG_MR;
+    for (int64_t i = 0; i < g->m; i += WG_MR) {
+        int64_t mr = g->m - i < WG_MR ? g->m - i : WG_MR;
+        for (int64_t j = 0; j < g->n; j += WG_NR) {
+            bool masked = g->n - j < WG_NR;
             if (masked)
                 wg_rows(g, i, mr, true, g->n - j, g->b + j, g->c + j);
             else

@@ -11,8 +11,9 @@
 #include "error.h"
 #include "gemm.h"
 #include "tensor_impl.h"
+#include "wino_impl.h"
 
-/* ---- Winograd F(2x2, 3x3) ----
+/* ---- Winograd F(2x2, 3x3) and F(4x4, 3x3) ----
  *
  * For f32, 3 x 3 kernels, stride 1, no dilation, groups 1, padding at most
  * 2 and at least SR_WINO_MIN_CH channels in and out (the CNN's second
@@ -32,20 +33,36 @@
  * sticks out of the plane and its outside outputs are not stored), so that
  * both transforms are loops over the channels in vectors, with no bounds
  * checks (an AVX2 build of them is chosen at run time where the CPU has
- * it); the output transform stores each channel's outputs into its plane. */
+ * it); the output transform stores each channel's outputs into its plane.
+ *
+ * F(4x4, 3x3) (wino_f4.c) is the same with 4 x 4 tiles from 6 x 6 patches:
+ * 36 products per 16 outputs instead of 16 per 4, for transforms of more
+ * arithmetic per element but fewer elements. A call takes the one whose
+ * tiles need fewer products over the plane (wino_tile): 4 x 4 tiles stick
+ * out of a plane more often (14 x 14 outputs: 16 tiles of 16, 256 outputs
+ * computed; 49 of 4, 196 computed), which counts against them. */
 /* At 16 channels in or out the transforms and the 16 thin gemms cost as
  * much as im2col saves; from 32 they win (docs/PERFORMANCE.md). */
 #define SR_WINO_MIN_CH 32
-#define SR_WINO_TILES 196
+/* A chunk: about this many outputs per plane (196 tiles of 2 x 2). */
+#define SR_WINO_OUTPUTS 784
+/* Floats added to a tile's run in V and in M where tiles go one after the
+ * other (wino_layout): at a power of two such as 16 x 64 floats, 4 KiB, the
+ * rows a micro-kernel of the products writes at once would all fall in the
+ * same L1 sets. */
+#define SR_WINO_SKEW 16
 
-/* Set by tests only (sr__conv_set_winograd); relaxed: a switch, it orders
- * nothing; its loads are in sr__wino_applies and wino_kernels. */
+/* Set by tests only (sr__conv_set_winograd, sr__conv_set_winograd_tile);
+ * relaxed: switches, they order nothing; their loads are in
+ * sr__wino_applies, wino_kernels and wino_tile. */
 static _Atomic int wino_mode = SR_WINO_AUTO;
+static _Atomic int wino_tile_forced; /* 0: by the count of products; 2 or 4 */
 /* Convolutions run by sr__wino_conv; relaxed: a count for tests, incremented in
  * sr__wino_conv and read by sr__conv_winograd_runs. */
 static atomic_uint_least64_t wino_runs;
 
 void sr__conv_set_winograd(enum sr_wino_mode mode) { atomic_store_explicit(&wino_mode, mode, memory_order_relaxed); }
+void sr__conv_set_winograd_tile(int r) { atomic_store_explicit(&wino_tile_forced, r, memory_order_relaxed); }
 uint64_t sr__conv_winograd_runs(void) { return atomic_load_explicit(&wino_runs, memory_order_relaxed); }
 
 bool sr__wino_applies(const struct conv_geom *g, sr_dtype dt)
@@ -55,24 +72,27 @@ bool sr__wino_applies(const struct conv_geom *g, sr_dtype dt)
            atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_OFF; /* relaxed: see wino_mode */
 }
 
-struct wino {
-    const struct conv_geom *g;
-    int64_t th, tw; /* tiles down and across an output plane */
-    int64_t hp, wp; /* the bordered planes: 2 th + 2, 2 tw + 2 */
-    int64_t nb;     /* a chunk: nb samples' whole planes (rows = th), or */
-    int64_t rows;   /* `rows` tile rows of one sample (nb = 1) */
-    float *u, *v, *m, *xp; /* [16, C, O], [16, T, C], [16, T, O], [nb, hp, wp, C] */
-};
+/* The tile side, 2 or 4, whose tiles need fewer products over g's output
+ * plane ((r + 2)^2 per tile), 2 on a tie; or the one a test forced. */
+static int wino_tile(const struct conv_geom *g)
+{
+    int forced = atomic_load_explicit(&wino_tile_forced, memory_order_relaxed); /* relaxed: see wino_mode */
+    if (forced == 2 || forced == 4)
+        return forced;
+    int64_t p2 = (g->oh + 1) / 2 * ((g->ow + 1) / 2) * 16, p4 = (g->oh + 3) / 4 * ((g->ow + 3) / 4) * 36;
+    return p4 < p2 ? 4 : 2;
+}
 
 static struct wino wino_plan(const struct conv_geom *g)
 {
-    struct wino wn = {.g = g, .th = (g->oh + 1) / 2, .tw = (g->ow + 1) / 2};
-    wn.hp = 2 * wn.th + 2;
-    wn.wp = 2 * wn.tw + 2;
-    int64_t per = wn.th * wn.tw;
-    wn.nb = per >= SR_WINO_TILES ? 1 : SR_WINO_TILES / per;
+    int r = wino_tile(g);
+    struct wino wn = {.g = g, .r = r, .nx = (r + 2) * (r + 2), .th = (g->oh + r - 1) / r, .tw = (g->ow + r - 1) / r};
+    wn.hp = r * wn.th + 2;
+    wn.wp = r * wn.tw + 2;
+    int64_t per = wn.th * wn.tw, tiles = SR_WINO_OUTPUTS / (r * r);
+    wn.nb = per >= tiles ? 1 : tiles / per;
     wn.nb = wn.nb < g->n ? wn.nb : g->n;
-    wn.rows = per <= SR_WINO_TILES ? wn.th : (SR_WINO_TILES + wn.tw - 1) / wn.tw;
+    wn.rows = per <= tiles ? wn.th : (tiles + wn.tw - 1) / wn.tw;
     return wn;
 }
 
@@ -122,6 +142,29 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
 #undef WINO_STORE_ONE
         }
     }
+}
+
+/* dW[o][c] = G^T dU[.][c][o] G, from dU [16, C, O]; G^T u = (u0 + (u1 + u2) / 2, (u1 - u2) / 2,
+ * (u1 + u2) / 2 + u3). */
+static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw)
+{
+    int64_t oc = g->o * g->c;
+    for (int64_t o = 0; o < g->o; o++)
+        for (int64_t c = 0; c < g->c; c++) {
+            float t[3][4], *k = dw + (o * g->c + c) * 9;
+            for (int j = 0; j < 4; j++) { /* T = G^T S, column j */
+                const float *u = du + j * oc + c * g->o + o;
+                float u0 = u[0], u1 = u[4 * oc], u2 = u[8 * oc], u3 = u[12 * oc];
+                t[0][j] = u0 + 0.5f * (u1 + u2);
+                t[1][j] = 0.5f * (u1 - u2);
+                t[2][j] = 0.5f * (u1 + u2) + u3;
+            }
+            for (int a = 0; a < 3; a++) { /* row a of T G */
+                k[3 * a] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
+                k[3 * a + 1] = 0.5f * (t[a][1] - t[a][2]);
+                k[3 * a + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
+            }
+        }
 }
 
 /* The transforms go over the channels 8 at a time in 32-byte vectors (GCC's
@@ -244,19 +287,19 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
             memcpy(p + (k + 3) * l, fh + k + 2, 8);                                                            \
         }                                                                                                      \
     }                                                                                                          \
-    /* V[xi][t][c] = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */          \
+    /* V(t, xi, c) = (B^T d B)[xi] of the chunk's tiles t (nbc samples, tile rows [ty0, ty0 + nr)) */          \
     __attribute__((DIRECT_OPT ATTR)) static void wino_in_##SUFFIX(const struct wino *wn, int64_t nbc,          \
                                                                    int64_t ty0, int64_t nr)                    \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
-        int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = tc * cn, rs = wn->wp * cn;                         \
+        int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = wn->vx, rs = wn->wp * cn;                          \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
             int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
             const float *d = wn->xp + ((s * wn->hp + 2 * ty) * wn->wp + 2 * tx) * cn;                          \
             for (int64_t c0 = 0; c0 < cn; c0 += 8) {                                                           \
                 int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                        \
                 vec p0, p1, p2, p3, q0, q1, q2, q3, r0, r1, r2, r3, u0, u1, u2, u3;                            \
-                float *v = wn->v + t * cn + c;                                                                 \
+                float *v = wn->v + t * wn->vt + c;                                                             \
                 WINO_ROW(d, d + c, p0, p1, p2, p3);                                                            \
                 WINO_ROW(d, d + rs + c, q0, q1, q2, q3);                                                       \
                 WINO_ROW(d, d + 2 * rs + c, r0, r1, r2, r3);                                                   \
@@ -275,14 +318,14 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
         const struct conv_geom *g = wn->g;                                                                     \
-        int64_t on = g->o, tc = nbc * nr * wn->tw, ms = tc * on, l = geom_l(g), w = g->ow;                     \
+        int64_t on = g->o, tc = nbc * nr * wn->tw, ms = wn->mx, l = geom_l(g), w = g->ow;                      \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
             int64_t s = t / (nr * wn->tw), oy = 2 * (ty0 + t / wn->tw % nr), ox = 2 * (t % wn->tw);            \
             float *d = out + (n0 + s) * on * l + oy * w + ox;                                                  \
             bool right = ox + 1 < w, down = oy + 1 < g->oh;                                                    \
             for (int64_t o0 = 0; o0 < on; o0 += 8) {                                                           \
                 int64_t o = o0 + 8 <= on ? o0 : on - 8;                                                        \
-                const float *mo = wn->m + t * on + o;                                                          \
+                const float *mo = wn->m + t * wn->mt + o;                                                      \
                 vec s00, s01, s02, s03, s10, s11, s12, s13, bias = {0};                                        \
                 if (b)                                                                                         \
                     WLD(bias, b + o);                                                                          \
@@ -298,13 +341,13 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
             }                                                                                                  \
         }                                                                                                      \
     }                                                                                                          \
-    /* M[xi][t][o] = (A dY A^T)[xi] of the chunk's tiles, from dY channels last in yp ([nbc, 2 th, 2 tw, O], \
-     * zero past the plane): each row (p, q) of A dY gives (p, p + q, p - q, -q) */                          \
-    __attribute__((DIRECT_OPT ATTR)) static void wino_dy_##SUFFIX(const struct wino *wn, const float *yp,     \
+    /* M(t, xi, o) = (A dY A^T)[xi] of the chunk's tiles, from dY channels last in yp ([nbc, 2 th, 2 tw, O],   \
+     * zero past the plane): each row (p, q) of A dY gives (p, p + q, p - q, -q) */                            \
+    __attribute__((DIRECT_OPT ATTR)) static void wino_dy_##SUFFIX(const struct wino *wn, const float *yp,      \
                                                                    int64_t nbc, int64_t ty0, int64_t nr)       \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
-        int64_t on = wn->g->o, tc = nbc * nr * wn->tw, ms = tc * on, rs = 2 * wn->tw * on;                     \
+        int64_t on = wn->g->o, tc = nbc * nr * wn->tw, ms = wn->mx, rs = 2 * wn->tw * on;                      \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
             int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
             const float *d = yp + ((s * 2 * wn->th + 2 * ty) * 2 * wn->tw + 2 * tx) * on;                      \
@@ -316,7 +359,7 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
                 WLD(y10, d + rs + o);                                                                          \
                 WLD(y11, d + rs + on + o);                                                                     \
                 vec p[4] = {y00, y00 + y10, y00 - y10, -y10}, q[4] = {y01, y01 + y11, y01 - y11, -y11};        \
-                float *m = wn->m + t * on + o;                                                                 \
+                float *m = wn->m + t * wn->mt + o;                                                             \
                 for (int i = 0; i < 4; i++) {                                                                  \
                     vec m0 = p[i], m1 = p[i] + q[i], m2 = p[i] - q[i], m3 = -q[i];                             \
                     WST(m + (4 * i) * ms, m0);                                                                 \
@@ -355,31 +398,34 @@ static int gemm_avx2(const struct sr__wino_gemm *w)
 
 /* One build of the transforms and products: plain (the products by
  * sr__gemm), or AVX2 where the CPU has it (the products by wino_gemm.c's
- * kernel where it also has FMA). */
+ * kernel where it also has FMA); f2 and f4: each tile size's transforms. */
 struct wino_kernels {
     void (*pad)(const struct wino *wn, const float *x, int64_t nbc);
-    void (*in)(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr);
-    void (*out)(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
-                float *out);
-    void (*dy)(const struct wino *wn, const float *yp, int64_t nbc, int64_t ty0, int64_t nr);
     int (*gemm)(const struct sr__wino_gemm *w);
+    const struct wino_transforms *f2, *f4;
 };
 
-static const struct wino_kernels wino_plain = {wino_pad_plain, wino_in_plain, wino_out_plain, wino_dy_plain,
-                                               gemm_blas};
+static const struct wino_transforms wino_f2_plain = {wino_in_plain, wino_out_plain, wino_dy_plain, wino_weight,
+                                                     wino_weight_grad_out};
+static const struct wino_kernels wino_plain = {wino_pad_plain, gemm_blas, &wino_f2_plain, &sr__wino_f4_plain};
 
 /* The AVX2 build on a CPU with AVX2, unless a test asks for the plain one. */
 static const struct wino_kernels *wino_kernels(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    static const struct wino_kernels avx2 = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2,
-                                             gemm_blas};
-    static const struct wino_kernels avx2_fma = {wino_pad_avx2, wino_in_avx2, wino_out_avx2, wino_dy_avx2,
-                                                 gemm_avx2};
+    static const struct wino_transforms f2 = {wino_in_avx2, wino_out_avx2, wino_dy_avx2, wino_weight,
+                                              wino_weight_grad_out};
+    static const struct wino_kernels avx2 = {wino_pad_avx2, gemm_blas, &f2, &sr__wino_f4_avx2};
+    static const struct wino_kernels avx2_fma = {wino_pad_avx2, gemm_avx2, &f2, &sr__wino_f4_avx2};
     if (atomic_load_explicit(&wino_mode, memory_order_relaxed) != SR_WINO_PORTABLE && sr__cpu_avx2())
         return sr__cpu_avx2_fma() ? &avx2_fma : &avx2; /* relaxed: see wino_mode */
 #endif
     return &wino_plain;
+}
+
+static const struct wino_transforms *wino_transforms(const struct wino_kernels *k, const struct wino *wn)
+{
+    return wn->r == 4 ? k->f4 : k->f2;
 }
 
 /* M[xi] = V[xi] U[xi] for the chunk's tc tiles: [T, C] [C, O]. */
@@ -387,55 +433,53 @@ static int wino_products(const struct wino_kernels *k, const struct wino *wn, in
 {
     int64_t o = wn->g->o, c = wn->g->c;
     int rc = 0;
-    for (int xi = 0; !rc && xi < 16; xi++) {
-        struct sr__wino_gemm mm = {.m = tc, .n = o, .k = c, .a = wn->v + xi * tc * c, .ra = c, .ka = 1,
-                                   .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * tc * o, .ldc = o};
+    for (int xi = 0; !rc && xi < wn->nx; xi++) {
+        struct sr__wino_gemm mm = {.m = tc, .n = o, .k = c, .a = wn->v + xi * wn->vx, .ra = wn->vt, .ka = 1,
+                                   .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * wn->mx, .ldc = wn->mt};
         rc = k->gemm(&mm);
     }
     return rc;
 }
 
-/* One allocation for a call: [16, C, O] (returned: U, or dU), wn's V, M and
+/* Where V's and M's elements lie (struct wino): F(2x2, 3x3)'s transform
+ * elements one after the other, each [T, C] (or [T, O]); F(4x4, 3x3)'s
+ * tiles one after the other, each [nx, C] and a skew. Its transforms write
+ * (or read) 36 elements per tile: 36 streams 32 bytes at a time took its
+ * input transform 3 times as long as one run per tile, which outweighs the
+ * products' slower strided rows; with 16 elements per tile, F(2x2, 3x3)
+ * is the other way round (15 % slower tile by tile). */
+static void wino_layout(struct wino *wn, int64_t t)
+{
+    int64_t c = wn->g->c, o = wn->g->o;
+    if (wn->r == 4) {
+        wn->vt = wn->nx * c + SR_WINO_SKEW, wn->vx = c;
+        wn->mt = wn->nx * o + SR_WINO_SKEW, wn->mx = o;
+    } else {
+        wn->vt = c, wn->vx = t * c;
+        wn->mt = o, wn->mx = t * o;
+    }
+}
+
+/* One allocation for a call: [nx, C, O] (returned: U, or dU), wn's V, M and
  * xp for its chunks, then `extra` floats (NULL and an error naming `when`
  * on -ENOMEM). xp and the extra floats are zeroed (the scratches' borders);
  * the rest is the caller's to fill or zero. Freed with free(). */
 static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
 {
     const struct conv_geom *g = wn->g;
-    int64_t t = wn->nb * wn->rows * wn->tw, pad = wn->nb * g->c * wn->hp * wn->wp;
-    float *buf = malloc((size_t)(16 * g->o * g->c + 16 * g->c * t + 16 * g->o * t + pad + extra) * sizeof(float));
+    int64_t t = wn->nb * wn->rows * wn->tw, pad = wn->nb * g->c * wn->hp * wn->wp, nx = wn->nx;
+    wino_layout(wn, t);
+    int64_t vlen = (t - 1) * wn->vt + (nx - 1) * wn->vx + g->c, mlen = (t - 1) * wn->mt + (nx - 1) * wn->mx + g->o;
+    float *buf = malloc((size_t)(nx * g->o * g->c + vlen + mlen + pad + extra) * sizeof(float));
     if (!buf) {
         sr__fail(-ENOMEM, "sr_conv2d", "%sout of memory for the Winograd buffers of %lld tiles", when, (long long)t);
         return NULL;
     }
-    wn->v = buf + 16 * g->o * g->c;
-    wn->m = wn->v + 16 * g->c * t;
-    wn->xp = wn->m + 16 * g->o * t;
+    wn->v = buf + nx * g->o * g->c;
+    wn->m = wn->v + vlen;
+    wn->xp = wn->m + mlen;
     memset(wn->xp, 0, (size_t)(pad + extra) * sizeof(float));
     return buf;
-}
-
-/* dW[o][c] = G^T dU[.][c][o] G, from dU [16, C, O]; G^T u = (u0 + (u1 + u2) / 2, (u1 - u2) / 2,
- * (u1 + u2) / 2 + u3). */
-static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw)
-{
-    int64_t oc = g->o * g->c;
-    for (int64_t o = 0; o < g->o; o++)
-        for (int64_t c = 0; c < g->c; c++) {
-            float t[3][4], *k = dw + (o * g->c + c) * 9;
-            for (int j = 0; j < 4; j++) { /* T = G^T S, column j */
-                const float *u = du + j * oc + c * g->o + o;
-                float u0 = u[0], u1 = u[4 * oc], u2 = u[8 * oc], u3 = u[12 * oc];
-                t[0][j] = u0 + 0.5f * (u1 + u2);
-                t[1][j] = 0.5f * (u1 - u2);
-                t[2][j] = 0.5f * (u1 + u2) + u3;
-            }
-            for (int a = 0; a < 3; a++) { /* row a of T G */
-                k[3 * a] = t[a][0] + 0.5f * (t[a][1] + t[a][2]);
-                k[3 * a + 1] = 0.5f * (t[a][1] - t[a][2]);
-                k[3 * a + 2] = 0.5f * (t[a][1] + t[a][2]) + t[a][3];
-            }
-        }
 }
 
 /* dU[xi] += V[xi]^T M[xi] for the chunk's tc tiles: [C, T] [T, O]. */
@@ -443,9 +487,9 @@ static int wino_weight_products(const struct wino_kernels *k, const struct wino 
 {
     int64_t o = wn->g->o, c = wn->g->c;
     int rc = 0;
-    for (int xi = 0; !rc && xi < 16; xi++) {
-        struct sr__wino_gemm mm = {.m = c, .n = o, .k = tc, .a = wn->v + xi * tc * c, .ra = 1, .ka = c,
-                                   .b = wn->m + xi * tc * o, .ldb = o, .c = du + xi * c * o, .ldc = o,
+    for (int xi = 0; !rc && xi < wn->nx; xi++) {
+        struct sr__wino_gemm mm = {.m = c, .n = o, .k = tc, .a = wn->v + xi * wn->vx, .ra = 1, .ka = wn->vt,
+                                   .b = wn->m + xi * wn->mx, .ldb = wn->mt, .c = du + xi * c * o, .ldc = o,
                                    .accumulate = true};
         rc = k->gemm(&mm);
     }
@@ -456,19 +500,22 @@ static int wino_weight_products(const struct wino_kernels *k, const struct wino 
  * x and dy [n, o, oh, ow] (contiguous), written whole. With the forward's
  * tiles: dU[xi] = sum over tiles of V[xi] .* (A dY A^T)[xi] (V = B^T d B as
  * in the forward; an output past the plane has no gradient, so dY's
- * scratch yp is zero there), then dW = G^T dU G: 16 C O multiplications
- * per tile where the unfolded gemm has 36 C O. */
+ * scratch yp is zero there), then dW = G^T dU G: nx C O multiplications
+ * per tile (16 per 4 outputs, or 36 per 16) where the unfolded gemm has 9 C O
+ * per output. */
 int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float *dy, float *dw)
 {
     struct wino wn = wino_plan(g);
     struct conv_geom gy = {.n = g->n, .c = g->o, .h = g->oh, .w = g->ow, .o = g->o, .groups = 1};
-    struct wino wy = {.g = &gy, .th = wn.th, .tw = wn.tw, .hp = 2 * wn.th, .wp = 2 * wn.tw, .nb = wn.nb};
+    struct wino wy = {.g = &gy, .r = wn.r, .th = wn.th, .tw = wn.tw, .hp = wn.r * wn.th, .wp = wn.r * wn.tw,
+                      .nb = wn.nb};
     float *du = wino_buffers(&wn, wn.nb * g->o * wy.hp * wy.wp, "backward: "); /* then dY's scratch */
     if (!du)
         return -ENOMEM;
     wy.xp = wn.xp + wn.nb * g->c * wn.hp * wn.wp;
-    memset(du, 0, (size_t)(16 * g->o * g->c) * sizeof(float));
+    memset(du, 0, (size_t)(wn.nx * g->o * g->c) * sizeof(float));
     const struct wino_kernels *k = wino_kernels();
+    const struct wino_transforms *tf = wino_transforms(k, &wn);
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
         int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
@@ -476,13 +523,13 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
         k->pad(&wy, dy + n0 * g->o * g->oh * g->ow, nbc);
         for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
-            k->in(&wn, nbc, ty0, nr);
-            k->dy(&wn, wy.xp, nbc, ty0, nr);
+            tf->in(&wn, nbc, ty0, nr);
+            tf->dy(&wn, wy.xp, nbc, ty0, nr);
             rc = wino_weight_products(k, &wn, du, nbc * nr * wn.tw);
         }
     }
     if (!rc)
-        wino_weight_grad_out(g, du, dw);
+        tf->grad(g, du, dw);
     free(du);
     atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
     return rc;
@@ -494,18 +541,19 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
     struct wino wn = wino_plan(g);
     if (!(wn.u = wino_buffers(&wn, 0, "")))
         return -ENOMEM;
-    wino_weight(g, w, wn.u);
     const struct wino_kernels *k = wino_kernels();
+    const struct wino_transforms *tf = wino_transforms(k, &wn);
+    tf->weight(g, w, wn.u);
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
         int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
         k->pad(&wn, x + n0 * g->c * g->h * g->w, nbc);
         for (int64_t ty0 = 0; !rc && ty0 < wn.th; ty0 += wn.rows) {
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
-            k->in(&wn, nbc, ty0, nr);
+            tf->in(&wn, nbc, ty0, nr);
             rc = wino_products(k, &wn, nbc * nr * wn.tw);
             if (!rc)
-                k->out(&wn, n0, nbc, ty0, nr, b, out);
+                tf->out(&wn, n0, nbc, ty0, nr, b, out);
         }
     }
     free(wn.u);
