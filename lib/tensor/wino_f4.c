@@ -190,24 +190,32 @@ DEFINE_WINO4(plain, )
 DEFINE_WINO4(avx2, target("avx2,fma"))
 #endif
 
+/* G's and G^T's entries as products by reciprocals (a division costs
+ * several times a multiplication, and the weight is transformed for every
+ * micro-batch's forward and grad input): they round within an ulp of the
+ * quotients. */
+#define W4_4 0.25f
+#define W4_6 (1.0f / 6.0f)
+#define W4_12 (1.0f / 12.0f)
+#define W4_24 (1.0f / 24.0f)
 /* y = G x (3 -> 6), T a float or a vector of them */
-#define WINO4_G(T, x, y)                                                                                       \
-    do {                                                                                                       \
-        T p_ = x[0] + x[2], q_ = x[0] / 24.0f + x[2] / 6.0f;                                                   \
-        y[0] = x[0] / 4.0f;                                                                                    \
-        y[1] = -(p_ + x[1]) / 6.0f;                                                                            \
-        y[2] = -(p_ - x[1]) / 6.0f;                                                                            \
-        y[3] = q_ + x[1] / 12.0f;                                                                              \
-        y[4] = q_ - x[1] / 12.0f;                                                                              \
-        y[5] = x[2];                                                                                           \
+#define WINO4_G(T, x, y)                                                                                      \
+    do {                                                                                                      \
+        T p_ = x[0] + x[2], q_ = x[0] * W4_24 + x[2] * W4_6;                                                  \
+        y[0] = x[0] * W4_4;                                                                                   \
+        y[1] = -(p_ + x[1]) * W4_6;                                                                           \
+        y[2] = -(p_ - x[1]) * W4_6;                                                                           \
+        y[3] = q_ + x[1] * W4_12;                                                                             \
+        y[4] = q_ - x[1] * W4_12;                                                                             \
+        y[5] = x[2];                                                                                          \
     } while (0)
 /* y = G^T x (6 -> 3) */
-#define WINO4_GT(T, x, y)                                                                                      \
-    do {                                                                                                       \
-        T s12_ = x[1] + x[2], s34_ = x[3] + x[4];                                                              \
-        y[0] = x[0] / 4.0f - s12_ / 6.0f + s34_ / 24.0f;                                                       \
-        y[1] = (x[2] - x[1]) / 6.0f + (x[3] - x[4]) / 12.0f;                                                   \
-        y[2] = (s34_ - s12_) / 6.0f + x[5];                                                                    \
+#define WINO4_GT(T, x, y)                                                                                     \
+    do {                                                                                                      \
+        T s12_ = x[1] + x[2], s34_ = x[3] + x[4];                                                             \
+        y[0] = x[0] * W4_4 - s12_ * W4_6 + s34_ * W4_24;                                                      \
+        y[1] = (x[2] - x[1]) * W4_6 + (x[3] - x[4]) * W4_12;                                                  \
+        y[2] = (s34_ - s12_) * W4_6 + x[5];                                                                   \
     } while (0)
 
 /* U[6 i + j][c][o] = (G g G^T)[i][j] for the 3 x 3 kernel k (9 of T, row-major); store(xi, value). */
@@ -228,30 +236,6 @@ DEFINE_WINO4(avx2, target("avx2,fma"))
         }                                                                                                      \
     } while (0)
 
-/* Eight output channels at a time (U's rows are contiguous in o), the last o < 8 one at a time. */
-static void weight4(const struct conv_geom *g, const float *w, float *u)
-{
-    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;
-    for (int64_t c = 0; c < g->c; c++) {
-        float *uc = u + c * g->o;
-        for (int64_t o = 0; o < o8; o += 8) {
-            wv k[9];
-            for (int e = 0; e < 9; e++)
-                for (int l = 0; l < 8; l++)
-                    k[e][l] = w[((o + l) * g->c + c) * 9 + e];
-#define STORE_VEC(xi, val) WST(uc + (xi) * oc + o, val)
-            WINO4_WEIGHT(wv, k, STORE_VEC);
-#undef STORE_VEC
-        }
-        for (int64_t o = o8; o < g->o; o++) {
-            const float *k = w + (o * g->c + c) * 9;
-#define STORE_ONE(xi, val) (uc[(xi) * oc + o] = (val))
-            WINO4_WEIGHT(float, k, STORE_ONE);
-#undef STORE_ONE
-        }
-    }
-}
-
 /* dW[o][c] = G^T dU[.][c][o] G: eight output channels at a time, as weight4. */
 #define WINO4_GRAD(T, load, store)                                                                             \
     do {                                                                                                       \
@@ -270,34 +254,58 @@ static void weight4(const struct conv_geom *g, const float *w, float *u)
         }                                                                                                      \
     } while (0)
 
-static void grad4(const struct conv_geom *g, const float *du, float *dw)
-{
-    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;
-    for (int64_t c = 0; c < g->c; c++) {
-        const float *uc = du + c * g->o;
-        for (int64_t o = 0; o < o8; o += 8) {
-#define LOAD_VEC(dst, xi) WLD(dst, uc + (xi) * oc + o)
-#define STORE_VEC(e, val)                                                                                      \
-    do {                                                                                                       \
-        wv v_ = (val);                                                                                         \
-        for (int l = 0; l < 8; l++)                                                                            \
-            dw[((o + l) * g->c + c) * 9 + (e)] = v_[l];                                                        \
+/* The loads and stores of weight4 and grad4 (their locals: uc, oc, o, c, g, dw). */
+#define W4_STORE_VEC(xi, val) WST(uc + (xi) * oc + o, val)
+#define W4_STORE_ONE(xi, val) (uc[(xi) * oc + o] = (val))
+#define W4_LOAD_VEC(dst, xi) WLD(dst, uc + (xi) * oc + o)
+#define W4_LOAD_ONE(dst, xi) ((dst) = uc[(xi) * oc + o])
+#define W4_STORE_DW_VEC(e, val)                                                                               \
+    do {                                                                                                      \
+        wv v_ = (val);                                                                                        \
+        for (int l = 0; l < 8; l++)                                                                           \
+            dw[((o + l) * g->c + c) * 9 + (e)] = v_[l];                                                       \
     } while (0)
-            WINO4_GRAD(wv, LOAD_VEC, STORE_VEC);
-#undef LOAD_VEC
-#undef STORE_VEC
-        }
-        for (int64_t o = o8; o < g->o; o++) {
-#define LOAD_ONE(dst, xi) ((dst) = uc[(xi) * oc + o])
-#define STORE_ONE(e, val) (dw[(o * g->c + c) * 9 + (e)] = (val))
-            WINO4_GRAD(float, LOAD_ONE, STORE_ONE);
-#undef LOAD_ONE
-#undef STORE_ONE
-        }
-    }
-}
+#define W4_STORE_DW_ONE(e, val) (dw[(o * g->c + c) * 9 + (e)] = (val))
 
-const struct wino_transforms sr__wino_f4_plain = {in4_plain, out4_plain, dy4_plain, weight4, grad4};
+#define DEFINE_WINO4_WEIGHTS(SUFFIX, ATTR)                                                                    \
+/* U, eight output channels at a time (U's rows are contiguous in o), the last o < 8 one at a time. */         \
+__attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_geom *g, const float *w, float *u) \
+{                                                                                                              \
+    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;                                                            \
+    for (int64_t c = 0; c < g->c; c++) {                                                                       \
+        float *uc = u + c * g->o;                                                                              \
+        for (int64_t o = 0; o < o8; o += 8) {                                                                  \
+            wv k[9];                                                                                           \
+            for (int e = 0; e < 9; e++)                                                                        \
+                for (int l = 0; l < 8; l++)                                                                    \
+                    k[e][l] = w[((o + l) * g->c + c) * 9 + e];                                                 \
+            WINO4_WEIGHT(wv, k, W4_STORE_VEC);                                                                 \
+        }                                                                                                      \
+        for (int64_t o = o8; o < g->o; o++) {                                                                  \
+            const float *k = w + (o * g->c + c) * 9;                                                           \
+            WINO4_WEIGHT(float, k, W4_STORE_ONE);                                                              \
+        }                                                                                                      \
+    }                                                                                                          \
+}                                                                                                              \
+/* dW, eight output channels at a time, as weight4 */                                                          \
+__attribute__((DIRECT_OPT ATTR)) static void grad4_##SUFFIX(const struct conv_geom *g, const float *du, float *dw) \
+{                                                                                                              \
+    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;                                                            \
+    for (int64_t c = 0; c < g->c; c++) {                                                                       \
+        const float *uc = du + c * g->o;                                                                       \
+        for (int64_t o = 0; o < o8; o += 8)                                                                    \
+            WINO4_GRAD(wv, W4_LOAD_VEC, W4_STORE_DW_VEC);                                                      \
+        for (int64_t o = o8; o < g->o; o++)                                                                    \
+            WINO4_GRAD(float, W4_LOAD_ONE, W4_STORE_DW_ONE);                                                   \
+    }                                                                                                          \
+}                                                                                                              \
+
+DEFINE_WINO4_WEIGHTS(plain, )
 #if defined(__x86_64__) && defined(__GNUC__)
-const struct wino_transforms sr__wino_f4_avx2 = {in4_avx2, out4_avx2, dy4_avx2, weight4, grad4};
+DEFINE_WINO4_WEIGHTS(avx2, target("avx2,fma"))
+#endif
+
+const struct wino_transforms sr__wino_f4_plain = {in4_plain, out4_plain, dy4_plain, weight4_plain, grad4_plain};
+#if defined(__x86_64__) && defined(__GNUC__)
+const struct wino_transforms sr__wino_f4_avx2 = {in4_avx2, out4_avx2, dy4_avx2, weight4_avx2, grad4_avx2};
 #endif
