@@ -254,7 +254,7 @@ DEFINE_WINO4(avx2, target("avx2,fma"))
         }                                                                                                      \
     } while (0)
 
-/* The loads and stores of weight4 and grad4 (their locals: uc, oc, o, c, g, dw). */
+/* The loads and stores of weight4 and grad4 (their locals: uc, oc (U's plane stride), o, c, g, dw). */
 #define W4_STORE_VEC(xi, val) WST(uc + (xi) * oc + o, val)
 #define W4_STORE_ONE(xi, val) (uc[(xi) * oc + o] = (val))
 #define W4_LOAD_VEC(dst, xi) WLD(dst, uc + (xi) * oc + o)
@@ -269,9 +269,9 @@ DEFINE_WINO4(avx2, target("avx2,fma"))
 
 #define DEFINE_WINO4_WEIGHTS(SUFFIX, ATTR)                                                                    \
 /* U, eight output channels at a time (U's rows are contiguous in o), the last o < 8 one at a time. */         \
-__attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_geom *g, const float *w, float *u) \
+__attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_geom *g, const float *w, float *u, int64_t oc) \
 {                                                                                                              \
-    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;                                                            \
+    int64_t o8 = g->o - g->o % 8;                                                                              \
     for (int64_t c = 0; c < g->c; c++) {                                                                       \
         float *uc = u + c * g->o;                                                                              \
         for (int64_t o = 0; o < o8; o += 8) {                                                                  \
@@ -288,9 +288,9 @@ __attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_
     }                                                                                                          \
 }                                                                                                              \
 /* dW, eight output channels at a time, as weight4 */                                                          \
-__attribute__((DIRECT_OPT ATTR)) static void grad4_##SUFFIX(const struct conv_geom *g, const float *du, float *dw) \
+__attribute__((DIRECT_OPT ATTR)) static void grad4_##SUFFIX(const struct conv_geom *g, const float *du, float *dw, int64_t oc) \
 {                                                                                                              \
-    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;                                                            \
+    int64_t o8 = g->o - g->o % 8;                                                                              \
     for (int64_t c = 0; c < g->c; c++) {                                                                       \
         const float *uc = du + c * g->o;                                                                       \
         for (int64_t o = 0; o < o8; o += 8)                                                                    \

@@ -24,6 +24,7 @@ struct wino {
     int64_t rows;   /* `rows` tile rows of one sample (nb = 1) */
     int64_t vt, vx; /* V's element (t, xi, c) at v[t vt + xi vx + c] (wino_layout) */
     int64_t mt, mx; /* M's element (t, xi, o) at m[t mt + xi mx + o] */
+    int64_t us;     /* U's (and dU's) planes [C, O]: us floats apart, C O and a skew */
     float *u, *v, *m, *xp; /* U [nx, C, O]; V [T, nx, C] and M [T, nx, O] (each tile's run vt, mt
                             * floats: its transform elements side by side); xp [nb, hp, wp, C] */
 };
@@ -36,15 +37,16 @@ struct wino {
  *           past the plane is not stored;
  *   dy      M(t, xi, o) = (A dY A^T)[xi] from dY channels last in yp
  *           ([nbc, r th, r tw, O], zero past the plane);
- *   weight  U[xi][c][o] = (G g_oc G^T)[xi] of w [O, C, 3, 3];
- *   grad    dw [O, C, 3, 3] = G^T dU[.][c][o] G, from dU [nx, C, O]. */
+ *   weight  U[xi][c][o] = (G g_oc G^T)[xi] of w [O, C, 3, 3], U's planes
+ *           [C, O] us floats apart;
+ *   grad    dw [O, C, 3, 3] = G^T dU[.][c][o] G, from dU's planes, us apart. */
 struct wino_transforms {
     void (*in)(const struct wino *wn, int64_t nbc, int64_t ty0, int64_t nr);
     void (*out)(const struct wino *wn, int64_t n0, int64_t nbc, int64_t ty0, int64_t nr, const float *b,
                 float *out);
     void (*dy)(const struct wino *wn, const float *yp, int64_t nbc, int64_t ty0, int64_t nr);
-    void (*weight)(const struct conv_geom *g, const float *w, float *u);
-    void (*grad)(const struct conv_geom *g, const float *du, float *dw);
+    void (*weight)(const struct conv_geom *g, const float *w, float *u, int64_t us);
+    void (*grad)(const struct conv_geom *g, const float *du, float *dw, int64_t us);
 };
 
 /* F(4x4, 3x3) (wino_f4.c): in plain C, and built for AVX2 (use where

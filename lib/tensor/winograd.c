@@ -117,9 +117,9 @@ typedef float wvec __attribute__((vector_size(32)));
             store(4 * i + 3, t[i][2]);                                                                         \
         }                                                                                                      \
     } while (0)
-static void wino_weight(const struct conv_geom *g, const float *w, float *u)
+static void wino_weight(const struct conv_geom *g, const float *w, float *u, int64_t oc)
 {
-    int64_t oc = g->o * g->c, o8 = g->o - g->o % 8;
+    int64_t o8 = g->o - g->o % 8;
     for (int64_t c = 0; c < g->c; c++) {
         float *uc = u + c * g->o;
         for (int64_t o = 0; o < o8; o += 8) {
@@ -146,9 +146,8 @@ static void wino_weight(const struct conv_geom *g, const float *w, float *u)
 
 /* dW[o][c] = G^T dU[.][c][o] G, from dU [16, C, O]; G^T u = (u0 + (u1 + u2) / 2, (u1 - u2) / 2,
  * (u1 + u2) / 2 + u3). */
-static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw)
+static void wino_weight_grad_out(const struct conv_geom *g, const float *du, float *dw, int64_t oc)
 {
-    int64_t oc = g->o * g->c;
     for (int64_t o = 0; o < g->o; o++)
         for (int64_t c = 0; c < g->c; c++) {
             float t[3][4], *k = dw + (o * g->c + c) * 9;
@@ -435,7 +434,7 @@ static int wino_products(const struct wino_kernels *k, const struct wino *wn, in
     int rc = 0;
     for (int xi = 0; !rc && xi < wn->nx; xi++) {
         struct sr__wino_gemm mm = {.m = tc, .n = o, .k = c, .a = wn->v + xi * wn->vx, .ra = wn->vt, .ka = 1,
-                                   .b = wn->u + xi * c * o, .ldb = o, .c = wn->m + xi * wn->mx, .ldc = wn->mt};
+                                   .b = wn->u + xi * wn->us, .ldb = o, .c = wn->m + xi * wn->mx, .ldc = wn->mt};
         rc = k->gemm(&mm);
     }
     return rc;
@@ -460,7 +459,7 @@ static void wino_layout(struct wino *wn, int64_t t)
     }
 }
 
-/* One allocation for a call: [nx, C, O] (returned: U, or dU), wn's V, M and
+/* One allocation for a call: U, or dU (returned; nx planes [C, O], us apart), wn's V, M and
  * xp for its chunks, then `extra` floats (NULL and an error naming `when`
  * on -ENOMEM). xp and the extra floats are zeroed (the scratches' borders);
  * the rest is the caller's to fill or zero. Freed with free(). */
@@ -470,12 +469,13 @@ static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
     int64_t t = wn->nb * wn->rows * wn->tw, pad = wn->nb * g->c * wn->hp * wn->wp, nx = wn->nx;
     wino_layout(wn, t);
     int64_t vlen = (t - 1) * wn->vt + (nx - 1) * wn->vx + g->c, mlen = (t - 1) * wn->mt + (nx - 1) * wn->mx + g->o;
-    float *buf = malloc((size_t)(nx * g->o * g->c + vlen + mlen + pad + extra) * sizeof(float));
+    wn->us = g->c * g->o + SR_WINO_SKEW;
+    float *buf = malloc((size_t)(nx * wn->us + vlen + mlen + pad + extra) * sizeof(float));
     if (!buf) {
         sr__fail(-ENOMEM, "sr_conv2d", "%sout of memory for the Winograd buffers of %lld tiles", when, (long long)t);
         return NULL;
     }
-    wn->v = buf + nx * g->o * g->c;
+    wn->v = buf + nx * wn->us;
     wn->m = wn->v + vlen;
     wn->xp = wn->m + mlen;
     memset(wn->xp, 0, (size_t)(pad + extra) * sizeof(float));
@@ -489,7 +489,7 @@ static int wino_weight_products(const struct wino_kernels *k, const struct wino 
     int rc = 0;
     for (int xi = 0; !rc && xi < wn->nx; xi++) {
         struct sr__wino_gemm mm = {.m = c, .n = o, .k = tc, .a = wn->v + xi * wn->vx, .ra = 1, .ka = wn->vt,
-                                   .b = wn->m + xi * wn->mx, .ldb = wn->mt, .c = du + xi * c * o, .ldc = o,
+                                   .b = wn->m + xi * wn->mx, .ldb = wn->mt, .c = du + xi * wn->us, .ldc = o,
                                    .accumulate = true};
         rc = k->gemm(&mm);
     }
@@ -513,7 +513,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
     if (!du)
         return -ENOMEM;
     wy.xp = wn.xp + wn.nb * g->c * wn.hp * wn.wp;
-    memset(du, 0, (size_t)(wn.nx * g->o * g->c) * sizeof(float));
+    memset(du, 0, (size_t)(wn.nx * wn.us) * sizeof(float));
     const struct wino_kernels *k = wino_kernels();
     const struct wino_transforms *tf = wino_transforms(k, &wn);
     int rc = 0;
@@ -529,7 +529,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
         }
     }
     if (!rc)
-        tf->grad(g, du, dw);
+        tf->grad(g, du, dw, wn.us);
     free(du);
     atomic_fetch_add_explicit(&wino_runs, 1, memory_order_relaxed); /* relaxed: see wino_runs */
     return rc;
@@ -543,7 +543,7 @@ int sr__wino_conv(const struct conv_geom *g, const float *x, const float *w, con
         return -ENOMEM;
     const struct wino_kernels *k = wino_kernels();
     const struct wino_transforms *tf = wino_transforms(k, &wn);
-    tf->weight(g, w, wn.u);
+    tf->weight(g, w, wn.u, wn.us);
     int rc = 0;
     for (int64_t n0 = 0; !rc && n0 < g->n; n0 += wn.nb) {
         int64_t nbc = g->n - n0 < wn.nb ? g->n - n0 : wn.nb;
