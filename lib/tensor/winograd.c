@@ -459,10 +459,29 @@ static void wino_layout(struct wino *wn, int64_t t)
     }
 }
 
+/* Zero what lies outside rows [top, top + h) and columns [left, left + w)
+ * of nb channels-last planes [hp, wp, cn]: a scratch's border, which the
+ * pad never writes, so once per call is enough. */
+static void zero_border(float *p, int64_t nb, int64_t hp, int64_t wp, int64_t cn, int64_t top, int64_t h,
+                        int64_t left, int64_t w)
+{
+    size_t row = (size_t)(wp * cn) * sizeof(float), lb = (size_t)(left * cn) * sizeof(float);
+    size_t rb = (size_t)((wp - left - w) * cn) * sizeof(float);
+    for (int64_t y = 0; y < nb * hp; y++, p += wp * cn) {
+        int64_t py = y % hp;
+        if (py < top || py >= top + h) {
+            memset(p, 0, row);
+            continue;
+        }
+        memset(p, 0, lb);
+        memset(p + (left + w) * cn, 0, rb);
+    }
+}
+
 /* One allocation for a call: U, or dU (returned; nx planes [C, O], us apart), wn's V, M and
  * xp for its chunks, then `extra` floats (NULL and an error naming `when`
- * on -ENOMEM). xp and the extra floats are zeroed (the scratches' borders);
- * the rest is the caller's to fill or zero. Freed with free(). */
+ * on -ENOMEM). xp's border is zeroed; the rest is the caller's to fill or
+ * zero. Freed with free(). */
 static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
 {
     const struct conv_geom *g = wn->g;
@@ -478,7 +497,7 @@ static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
     wn->v = buf + nx * wn->us;
     wn->m = wn->v + vlen;
     wn->xp = wn->m + mlen;
-    memset(wn->xp, 0, (size_t)(pad + extra) * sizeof(float));
+    zero_border(wn->xp, wn->nb, wn->hp, wn->wp, g->c, g->ph, g->h, g->pw, g->w);
     return buf;
 }
 
@@ -513,6 +532,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
     if (!du)
         return -ENOMEM;
     wy.xp = wn.xp + wn.nb * g->c * wn.hp * wn.wp;
+    zero_border(wy.xp, wy.nb, wy.hp, wy.wp, g->o, 0, g->oh, 0, g->ow);
     memset(du, 0, (size_t)(wn.nx * wn.us) * sizeof(float));
     const struct wino_kernels *k = wino_kernels();
     const struct wino_transforms *tf = wino_transforms(k, &wn);
