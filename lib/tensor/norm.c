@@ -17,13 +17,16 @@
  * and dbias add LN_ROWS rows in the dtype, then into double. So no partial
  * sum in f32 holds more than LN_BLOCK / 4 or LN_ROWS terms, whatever the
  * row length and the batch, and the passes over elements run in the dtype:
- * forward reads a row three times (mean, variance, output), backward twice
- * (one pass for the row sums and the weight and bias gradients, one for dx),
- * from cache for rows up to a few hundred KiB.
+ * forward reads a row twice (its sums, its output), backward twice (one
+ * pass for the row sums and the weight and bias gradients, one for dx),
+ * from cache for rows up to a few hundred KiB. The forward's one pass of
+ * sums is of x - k and its square, k the mean of the row's first block:
+ * var = s2 / d - (s1 / d)^2 then cancels at most a factor 1 + d / LN_BLOCK
+ * (the first block's mean is within sqrt(d / LN_BLOCK) standard deviations
+ * of the row's), and in practice almost nothing.
  *
  * sr__layer_norm_relu (tensor_seam.h) is relu(layer_norm) in one op: the
- * forward clips each row once more while it is in cache, and saves its
- * output; backward masks dY where that output is not > 0 inside both of
+ * forward clips each element as it writes it, and saves its output; backward masks dY where that output is not > 0 inside both of
  * its passes, which is what relu's backward followed by this one computes,
  * element for element, so the bits are the same. */
 #include <errno.h>
@@ -118,39 +121,79 @@ struct ln_coef {
             s += square ? ((double)x[j] - shift) * ((double)x[j] - shift) : (double)x[j] - shift;              \
         return s;                                                                                              \
     }                                                                                                          \
-    static double row_sum_##SUFFIX(const T *x, T shift, bool square, int64_t n)                                \
+    /* *s1 += sum over n (<= LN_BLOCK) of x[j] - shift, *s2 += that of its square: one pass */              \
+    static inline void block_sums_##SUFFIX(const T *x, T shift, int64_t n, double *s1, double *s2)            \
     {                                                                                                          \
-        double s = 0.0;                                                                                        \
-        for (int64_t j = 0; j < n; j += LN_BLOCK)                                                              \
-            s += square ? block_sum_##SUFFIX(x + j, shift, true, n - j < LN_BLOCK ? n - j : LN_BLOCK)          \
-                        : block_sum_##SUFFIX(x + j, shift, false, n - j < LN_BLOCK ? n - j : LN_BLOCK);        \
-        return s;                                                                                              \
+        vec_##SUFFIX p0 = {0}, p1 = {0}, q0 = {0}, q1 = {0}, sh = splat_##SUFFIX(shift);                       \
+        int64_t j = 0;                                                                                         \
+        for (; j + 2 * VL_##SUFFIX <= n; j += 2 * VL_##SUFFIX) {                                               \
+            vec_##SUFFIX v0 = ld_##SUFFIX(x + j) - sh, v1 = ld_##SUFFIX(x + j + VL_##SUFFIX) - sh;             \
+            p0 += v0, p1 += v1;                                                                                \
+            q0 += v0 * v0, q1 += v1 * v1;                                                                      \
+        }                                                                                                      \
+        double a = hsum_##SUFFIX(p0 + p1), c = hsum_##SUFFIX(q0 + q1);                                         \
+        for (; j < n; j++) {                                                                                   \
+            double e = (double)x[j] - shift;                                                                   \
+            a += e, c += e * e;                                                                                \
+        }                                                                                                      \
+        *s1 += a, *s2 += c;                                                                                    \
     }                                                                                                          \
-    /* y = xhat * w + b per row; stats[2 i] = mean, stats[2 i + 1] = rstd. */                                  \
+    /* A row's mean and rstd in one pass: the sums of x - k and of its square, k the row's first block's   \
+     * mean (so that k is near the mean and the variance, s2 / d - (s1 / d)^2, loses little to the          \
+     * subtraction). */                                                                                        \
+    static void row_stats_##SUFFIX(const T *x, int64_t d, double eps, double *mean, double *rstd)             \
+    {                                                                                                          \
+        int64_t n0 = d < LN_BLOCK ? d : LN_BLOCK;                                                              \
+        T k = (T)(block_sum_##SUFFIX(x, 0, false, n0) / (double)n0);                                           \
+        double s1 = 0.0, s2 = 0.0;                                                                             \
+        for (int64_t j = 0; j < d; j += LN_BLOCK)                                                              \
+            block_sums_##SUFFIX(x + j, k, d - j < LN_BLOCK ? d - j : LN_BLOCK, &s1, &s2);                      \
+        double dm = s1 / (double)d, var = s2 / (double)d - dm * dm;                                            \
+        *mean = k + dm;                                                                                        \
+        *rstd = 1.0 / sqrt((var > 0 ? var : 0) + eps);                                                         \
+    }                                                                                                          \
+    /* One row's output: (x - m) s w + b (without w or b where NULL), relu'd when relu, in vectors: the      \
+     * same operations in the same order as element by element. */                                           \
+    static inline void ln_out_##SUFFIX(const T *x, const T *w, const T *b, T *y, T m, T s, bool relu,         \
+                                       int64_t n)                                                              \
+    {                                                                                                          \
+        vec_##SUFFIX vm = splat_##SUFFIX(m), vs = splat_##SUFFIX(s), z = {0};                                  \
+        int64_t j = 0;                                                                                         \
+        for (; j + VL_##SUFFIX <= n; j += VL_##SUFFIX) {                                                       \
+            vec_##SUFFIX v = (ld_##SUFFIX(x + j) - vm) * vs;                                                   \
+            v = w ? v * ld_##SUFFIX(w + j) : v;                                                                \
+            v = b ? v + ld_##SUFFIX(b + j) : v;                                                                \
+            v = relu ? (vec_##SUFFIX)((ivec_##SUFFIX)v & (ivec_##SUFFIX)(v > z)) : v;                          \
+            memcpy(y + j, &v, sizeof(v));                                                                      \
+        }                                                                                                      \
+        for (; j < n; j++) {                                                                                   \
+            T v = (x[j] - m) * s;                                                                              \
+            v = w ? v * w[j] : v;                                                                              \
+            v = b ? v + b[j] : v;                                                                              \
+            y[j] = relu && !(v > 0) ? (T)0 : v;                                                                \
+        }                                                                                                      \
+    }                                                                                                          \
+    /* y = xhat * w + b per row (relu'd when relu); stats[2 i] = mean, stats[2 i + 1] = rstd. */              \
     static void ln_fwd_##SUFFIX(struct ln_rows r, double eps, const T *x, const T *restrict w,                 \
                                 const T *restrict b, T *restrict y, double *stats, bool relu)                  \
     {                                                                                                          \
         for (int64_t i = 0; i < r.m; i++, x += r.d, y += r.d) {                                                \
-            double mean = row_sum_##SUFFIX(x, 0, false, r.d) / (double)r.d;                                    \
-            double rstd = 1.0 / sqrt(row_sum_##SUFFIX(x, (T)mean, true, r.d) / (double)r.d + eps);             \
+            double mean, rstd;                                                                                 \
+            row_stats_##SUFFIX(x, r.d, eps, &mean, &rstd);                                                     \
             stats[2 * i] = mean;                                                                               \
             stats[2 * i + 1] = rstd;                                                                           \
             T m = (T)mean, s = (T)rstd;                                                                        \
-            if (w && b)                                                                                        \
-                for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (x[j] - m) * s * w[j] + b[j];                                                       \
+            if (w && b) /* constant flags at each call: one specialised loop each */                           \
+                relu ? ln_out_##SUFFIX(x, w, b, y, m, s, true, r.d) : ln_out_##SUFFIX(x, w, b, y, m, s, false, r.d); \
             else if (w)                                                                                        \
-                for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (x[j] - m) * s * w[j];                                                              \
+                relu ? ln_out_##SUFFIX(x, w, NULL, y, m, s, true, r.d)                                         \
+                     : ln_out_##SUFFIX(x, w, NULL, y, m, s, false, r.d);                                       \
             else if (b)                                                                                        \
-                for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (x[j] - m) * s + b[j];                                                              \
+                relu ? ln_out_##SUFFIX(x, NULL, b, y, m, s, true, r.d)                                         \
+                     : ln_out_##SUFFIX(x, NULL, b, y, m, s, false, r.d);                                       \
             else                                                                                               \
-                for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = (x[j] - m) * s;                                                                     \
-            if (relu) /* the row again, from cache: relu's own select */                                       \
-                for (int64_t j = 0; j < r.d; j++)                                                              \
-                    y[j] = y[j] > 0 ? y[j] : (T)0;                                                             \
+                relu ? ln_out_##SUFFIX(x, NULL, NULL, y, m, s, true, r.d)                                      \
+                     : ln_out_##SUFFIX(x, NULL, NULL, y, m, s, false, r.d);                                    \
         }                                                                                                      \
     }                                                                                                          \
     /* One block (n <= LN_BLOCK) of a row: dw += dy xhat, db += dy; returns the block's sum of dxhat,          \

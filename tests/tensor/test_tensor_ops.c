@@ -550,6 +550,40 @@ Test(nn, layer_norm_long_rows_agree_with_a_direct_loop)
         }
 }
 
+/* The forward takes a row's mean and variance in one pass, shifted by its
+ * first block's mean: rows whose first block sits far from the rest (the
+ * worst case for the shift, since the variance is then large) and rows far
+ * from 0 with a small spread (not so far that the mean's own rounding to
+ * f32, which both passes share, exceeds the bound), against the direct loop
+ * in double, f32 to 1e-4 relative. */
+Test(nn, layer_norm_one_pass_statistics_hold_far_from_the_shift)
+{
+    const int64_t m = 4, d = 4096;
+    const double offsets[2][2] = {{40.0, 0.0}, {50.0, 50.0}}, spread[2] = {1.0, 0.1};
+    for (int c = 0; c < 2; c++) {
+        sr_manual_seed(77 + (uint64_t)c);
+        sr_tensor *x0 = sr_randn(SR_F64, 2, SHAPE(m, d), 0);
+        double *xv = values(x0);
+        float *xf = malloc((size_t)(m * d) * sizeof(float));
+        for (int64_t i = 0; i < m * d; i++)
+            xf[i] = (float)(xv[i] * spread[c] + offsets[c][i % d < 256 ? 0 : 1]);
+        sr_tensor *x = sr_from_data(SR_F32, 2, SHAPE(m, d), xf, 0);
+        cr_assert_not_null(x, "%s", sr_last_error());
+        sr_tensor *dy = sr_randn(SR_F32, 2, SHAPE(m, d), 0);
+        cr_assert(sr_tensor_set_requires_grad(x, true) == 0, "%s", sr_last_error());
+        sr_tensor *y = sr_layer_norm(x, 1, SHAPE(d), NULL, NULL, 1e-5), *yd = sr_mul(y, dy), *s = sr_sum(yd);
+        cr_assert_eq(sr_backward(s, false), 0, "%s", sr_last_error());
+        double *xr = values(x), *dyv = values(dy), *ref = malloc((size_t)(2 * m * d) * sizeof(double));
+        naive_layer_norm(xr, NULL, NULL, dyv, m, d, ref, ref + m * d, NULL, NULL);
+        expect_near(y, ref, m * d, 1e-4, "y", SR_F32);
+        expect_near(sr_tensor_grad(x), ref + m * d, m * d, 1e-4, "dx", SR_F32);
+        free(xv), free(xf), free(xr), free(dyv), free(ref);
+        sr_tensor *ts[] = {x0, x, dy, y, yd, s};
+        for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+            sr_tensor_unref(ts[i]);
+    }
+}
+
 /* max_pool2d of x [planes, h, w] by a direct loop: the first maximum of
  * each clipped window in row-major order, the first NaN if any; dx adds dy
  * at that element. */
