@@ -501,15 +501,17 @@ static float *wino_buffers(struct wino *wn, int64_t extra, const char *when)
     return buf;
 }
 
-/* dU[xi] += V[xi]^T M[xi] for the chunk's tc tiles: [C, T] [T, O]. */
-static int wino_weight_products(const struct wino_kernels *k, const struct wino *wn, float *du, int64_t tc)
+/* dU[xi] += V[xi]^T M[xi] for the chunk's tc tiles: [C, T] [T, O] (dU = that, for the first chunk: no
+ * zeroing pass over dU first). */
+static int wino_weight_products(const struct wino_kernels *k, const struct wino *wn, float *du, int64_t tc,
+                                bool first)
 {
     int64_t o = wn->g->o, c = wn->g->c;
     int rc = 0;
     for (int xi = 0; !rc && xi < wn->nx; xi++) {
         struct sr__wino_gemm mm = {.m = c, .n = o, .k = tc, .a = wn->v + xi * wn->vx, .ra = 1, .ka = wn->vt,
                                    .b = wn->m + xi * wn->mx, .ldb = wn->mt, .c = du + xi * wn->us, .ldc = o,
-                                   .accumulate = true};
+                                   .accumulate = !first};
         rc = k->gemm(&mm);
     }
     return rc;
@@ -533,7 +535,6 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
         return -ENOMEM;
     wy.xp = wn.xp + wn.nb * g->c * wn.hp * wn.wp;
     zero_border(wy.xp, wy.nb, wy.hp, wy.wp, g->o, 0, g->oh, 0, g->ow);
-    memset(du, 0, (size_t)(wn.nx * wn.us) * sizeof(float));
     const struct wino_kernels *k = wino_kernels();
     const struct wino_transforms *tf = wino_transforms(k, &wn);
     int rc = 0;
@@ -545,7 +546,7 @@ int sr__wino_grad_weight(const struct conv_geom *g, const float *x, const float 
             int64_t nr = wn.th - ty0 < wn.rows ? wn.th - ty0 : wn.rows;
             tf->in(&wn, nbc, ty0, nr);
             tf->dy(&wn, wy.xp, nbc, ty0, nr);
-            rc = wino_weight_products(k, &wn, du, nbc * nr * wn.tw);
+            rc = wino_weight_products(k, &wn, du, nbc * nr * wn.tw, n0 == 0 && ty0 == 0);
         }
     }
     if (!rc)
