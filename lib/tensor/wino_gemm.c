@@ -3,7 +3,7 @@
  * struct sr__wino_gemm): C (+)= A B with A read in place through two
  * strides, for AVX2 with FMA.
  *
- * Winograd's 16 products per chunk are small: [T, C] [C, O] with C and O
+ * Winograd's 16 (or 36) products per chunk are small: [T, C] [C, O] with C and O
  * of 32 to a few hundred (forward, grad input) or [C, T] [T, O] (grad
  * weight). A BLAS packs both operands on every call; at these sizes its
  * packing took a fifth of the products' time, and the forward's B (the
@@ -89,6 +89,10 @@ WG_INLINE void wg_rows(const struct sr__wino_gemm *g, int64_t i0, int64_t mr, bo
     }
 }
 
+/* A block of rows across all the columns before the next block: each row
+ * of C is written whole in one go (with F(4x4, 3x3)'s tile-major M the
+ * rows lie 9 KiB apart), and A's few rows are read once per column block
+ * from L1. */
 WG_ATTR void sr__wino_gemm_avx2(const struct sr__wino_gemm *g)
 {
     for (int64_t i = 0; i < g->m; i += WG_MR) {
