@@ -106,21 +106,6 @@ struct ln_coef {
             s += v[k];                                                                                         \
         return s;                                                                                              \
     }                                                                                                          \
-    /* sum over n (<= LN_BLOCK) of x[j] - shift, or of its square */                                           \
-    static inline double block_sum_##SUFFIX(const T *x, T shift, bool square, int64_t n)                       \
-    {                                                                                                          \
-        vec_##SUFFIX p0 = {0}, p1 = {0}, sh = splat_##SUFFIX(shift);                                           \
-        int64_t j = 0;                                                                                         \
-        for (; j + 2 * VL_##SUFFIX <= n; j += 2 * VL_##SUFFIX) {                                               \
-            vec_##SUFFIX v0 = ld_##SUFFIX(x + j) - sh, v1 = ld_##SUFFIX(x + j + VL_##SUFFIX) - sh;             \
-            p0 += square ? v0 * v0 : v0;                                                                       \
-            p1 += square ? v1 * v1 : v1;                                                                       \
-        }                                                                                                      \
-        double s = hsum_##SUFFIX(p0 + p1);                                                                     \
-        for (; j < n; j++)                                                                                     \
-            s += square ? ((double)x[j] - shift) * ((double)x[j] - shift) : (double)x[j] - shift;              \
-        return s;                                                                                              \
-    }                                                                                                          \
     /* *s1 += sum over n (<= LN_BLOCK) of x[j] - shift, *s2 += that of its square: one pass */              \
     static inline void block_sums_##SUFFIX(const T *x, T shift, int64_t n, double *s1, double *s2)            \
     {                                                                                                          \
@@ -144,8 +129,10 @@ struct ln_coef {
     static void row_stats_##SUFFIX(const T *x, int64_t d, double eps, double *mean, double *rstd)             \
     {                                                                                                          \
         int64_t n0 = d < LN_BLOCK ? d : LN_BLOCK;                                                              \
-        T k = (T)(block_sum_##SUFFIX(x, 0, false, n0) / (double)n0);                                           \
         double s1 = 0.0, s2 = 0.0;                                                                             \
+        block_sums_##SUFFIX(x, 0, n0, &s1, &s2);                                                               \
+        T k = (T)(s1 / (double)n0);                                                                            \
+        s1 = s2 = 0.0;                                                                                         \
         for (int64_t j = 0; j < d; j += LN_BLOCK)                                                              \
             block_sums_##SUFFIX(x + j, k, d - j < LN_BLOCK ? d - j : LN_BLOCK, &s1, &s2);                      \
         double dm = s1 / (double)d, var = s2 / (double)d - dm * dm;                                            \
