@@ -26,8 +26,9 @@
  * of the row's), and in practice almost nothing.
  *
  * sr__layer_norm_relu (tensor_seam.h) is relu(layer_norm) in one op: the
- * forward clips each element as it writes it, and saves its output; backward masks dY where that output is not > 0 inside both of
- * its passes, which is what relu's backward followed by this one computes,
+ * forward clips each element as it writes it, and saves its output;
+ * backward masks dY where that output is not > 0 inside both of its
+ * passes, which is what relu's backward followed by this one computes,
  * element for element, so the bits are the same. */
 #include <errno.h>
 #include <math.h>

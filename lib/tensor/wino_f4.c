@@ -24,7 +24,6 @@
 #include "wino_impl.h"
 
 typedef float wv __attribute__((vector_size(32)));
-typedef int wv_idx __attribute__((vector_size(32), unused));
 
 /* Unaligned whole-vector loads and stores (memcpy into an array element
  * became two 16-byte halves, then a 32-byte load of them: a stalled store
@@ -32,11 +31,6 @@ typedef int wv_idx __attribute__((vector_size(32), unused));
 typedef float wvu __attribute__((vector_size(32), aligned(4)));
 #define WLD(v, p) ((v) = *(const wvu *)(p))
 #define WST(p, v) (*(wvu *)(p) = (v))
-#if defined(__clang__)
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUF(a, b, ...) __builtin_shuffle(a, b, (wv_idx){__VA_ARGS__})
-#endif
 
 /* y = B^T x (6 -> 6) */
 #define WINO4_B(x, y)                                                                                          \
@@ -77,10 +71,12 @@ typedef float wvu __attribute__((vector_size(32), aligned(4)));
     __attribute__((DIRECT_OPT ATTR)) static inline void store4_##SUFFIX(float *p, int64_t l, const wv *y,      \
                                                                          int64_t n)                            \
     {                                                                                                          \
-        wv t0 = SHUF(y[0], y[1], 0, 8, 1, 9, 4, 12, 5, 13), t1 = SHUF(y[0], y[1], 2, 10, 3, 11, 6, 14, 7, 15); \
-        wv t2 = SHUF(y[2], y[3], 0, 8, 1, 9, 4, 12, 5, 13), t3 = SHUF(y[2], y[3], 2, 10, 3, 11, 6, 14, 7, 15); \
-        wv u[4] = {SHUF(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13), SHUF(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15),           \
-                   SHUF(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13), SHUF(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15)};          \
+        wv t0 = WINO_SHUF(y[0], y[1], 0, 8, 1, 9, 4, 12, 5, 13);                                               \
+        wv t1 = WINO_SHUF(y[0], y[1], 2, 10, 3, 11, 6, 14, 7, 15);                                             \
+        wv t2 = WINO_SHUF(y[2], y[3], 0, 8, 1, 9, 4, 12, 5, 13);                                               \
+        wv t3 = WINO_SHUF(y[2], y[3], 2, 10, 3, 11, 6, 14, 7, 15);                                             \
+        wv u[4] = {WINO_SHUF(t0, t2, 0, 1, 8, 9, 4, 5, 12, 13), WINO_SHUF(t0, t2, 2, 3, 10, 11, 6, 7, 14, 15), \
+                   WINO_SHUF(t1, t3, 0, 1, 8, 9, 4, 5, 12, 13), WINO_SHUF(t1, t3, 2, 3, 10, 11, 6, 7, 14, 15)}; \
         for (int k = 0; k < 4; k++) {                                                                          \
             const float *f = (const float *)&u[k];                                                             \
             switch (n) { /* sizes the compiler knows: no call */                                               \
@@ -199,23 +195,23 @@ DEFINE_WINO4(avx2, target("avx2,fma"))
 #define W4_12 (1.0f / 12.0f)
 #define W4_24 (1.0f / 24.0f)
 /* y = G x (3 -> 6), T a float or a vector of them */
-#define WINO4_G(T, x, y)                                                                                      \
-    do {                                                                                                      \
-        T p_ = x[0] + x[2], q_ = x[0] * W4_24 + x[2] * W4_6;                                                  \
-        y[0] = x[0] * W4_4;                                                                                   \
-        y[1] = -(p_ + x[1]) * W4_6;                                                                           \
-        y[2] = -(p_ - x[1]) * W4_6;                                                                           \
-        y[3] = q_ + x[1] * W4_12;                                                                             \
-        y[4] = q_ - x[1] * W4_12;                                                                             \
-        y[5] = x[2];                                                                                          \
+#define WINO4_G(T, x, y)                                                                                       \
+    do {                                                                                                       \
+        T p_ = x[0] + x[2], q_ = x[0] * W4_24 + x[2] * W4_6;                                                   \
+        y[0] = x[0] * W4_4;                                                                                    \
+        y[1] = -(p_ + x[1]) * W4_6;                                                                            \
+        y[2] = -(p_ - x[1]) * W4_6;                                                                            \
+        y[3] = q_ + x[1] * W4_12;                                                                              \
+        y[4] = q_ - x[1] * W4_12;                                                                              \
+        y[5] = x[2];                                                                                           \
     } while (0)
 /* y = G^T x (6 -> 3) */
-#define WINO4_GT(T, x, y)                                                                                     \
-    do {                                                                                                      \
-        T s12_ = x[1] + x[2], s34_ = x[3] + x[4];                                                             \
-        y[0] = x[0] * W4_4 - s12_ * W4_6 + s34_ * W4_24;                                                      \
-        y[1] = (x[2] - x[1]) * W4_6 + (x[3] - x[4]) * W4_12;                                                  \
-        y[2] = (s34_ - s12_) * W4_6 + x[5];                                                                   \
+#define WINO4_GT(T, x, y)                                                                                      \
+    do {                                                                                                       \
+        T s12_ = x[1] + x[2], s34_ = x[3] + x[4];                                                              \
+        y[0] = x[0] * W4_4 - s12_ * W4_6 + s34_ * W4_24;                                                       \
+        y[1] = (x[2] - x[1]) * W4_6 + (x[3] - x[4]) * W4_12;                                                   \
+        y[2] = (s34_ - s12_) * W4_6 + x[5];                                                                    \
     } while (0)
 
 /* U[6 i + j][c][o] = (G g G^T)[i][j] for the 3 x 3 kernel k (9 of T, row-major); store(xi, value). */
@@ -259,17 +255,18 @@ DEFINE_WINO4(avx2, target("avx2,fma"))
 #define W4_STORE_ONE(xi, val) (uc[(xi) * oc + o] = (val))
 #define W4_LOAD_VEC(dst, xi) WLD(dst, uc + (xi) * oc + o)
 #define W4_LOAD_ONE(dst, xi) ((dst) = uc[(xi) * oc + o])
-#define W4_STORE_DW_VEC(e, val)                                                                               \
-    do {                                                                                                      \
-        wv v_ = (val);                                                                                        \
-        for (int l = 0; l < 8; l++)                                                                           \
-            dw[((o + l) * g->c + c) * 9 + (e)] = v_[l];                                                       \
+#define W4_STORE_DW_VEC(e, val)                                                                                \
+    do {                                                                                                       \
+        wv v_ = (val);                                                                                         \
+        for (int l = 0; l < 8; l++)                                                                            \
+            dw[((o + l) * g->c + c) * 9 + (e)] = v_[l];                                                        \
     } while (0)
 #define W4_STORE_DW_ONE(e, val) (dw[(o * g->c + c) * 9 + (e)] = (val))
 
-#define DEFINE_WINO4_WEIGHTS(SUFFIX, ATTR)                                                                    \
+#define DEFINE_WINO4_WEIGHTS(SUFFIX, ATTR)                                                                     \
 /* U, eight output channels at a time (U's rows are contiguous in o), the last o < 8 one at a time. */         \
-__attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_geom *g, const float *w, float *u, int64_t oc) \
+__attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_geom *g, const float *w, float *u, \
+                                                              int64_t oc)                                      \
 {                                                                                                              \
     int64_t o8 = g->o - g->o % 8;                                                                              \
     for (int64_t c = 0; c < g->c; c++) {                                                                       \
@@ -288,7 +285,8 @@ __attribute__((DIRECT_OPT ATTR)) static void weight4_##SUFFIX(const struct conv_
     }                                                                                                          \
 }                                                                                                              \
 /* dW, eight output channels at a time, as weight4 */                                                          \
-__attribute__((DIRECT_OPT ATTR)) static void grad4_##SUFFIX(const struct conv_geom *g, const float *du, float *dw, int64_t oc) \
+__attribute__((DIRECT_OPT ATTR)) static void grad4_##SUFFIX(const struct conv_geom *g, const float *du, float *dw, \
+                                                            int64_t oc)                                        \
 {                                                                                                              \
     int64_t o8 = g->o - g->o % 8;                                                                              \
     for (int64_t c = 0; c < g->c; c++) {                                                                       \

@@ -56,6 +56,16 @@ extern const struct wino_transforms sr__wino_f4_plain;
 extern const struct wino_transforms sr__wino_f4_avx2;
 #endif
 
+/* Lane i of the result: lane k of a (k < 8) or k - 8 of b (32-byte
+ * vectors of 8 lanes), for the i-th index (GCC's __builtin_shuffle; clang
+ * spells it __builtin_shufflevector). */
+typedef int sr__wino_lanes __attribute__((vector_size(32)));
+#if defined(__clang__)
+#define WINO_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define WINO_SHUF(a, b, ...) __builtin_shuffle(a, b, (sr__wino_lanes){__VA_ARGS__})
+#endif
+
 /* The tile's sample, tile row and tile column of chunk tile t (tiles in
  * order: samples, then rows from ty0, then columns). */
 static inline void sr__wino_tile(const struct wino *wn, int64_t t, int64_t nr, int64_t ty0, int64_t *s, int64_t *ty,

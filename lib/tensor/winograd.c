@@ -174,13 +174,6 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
  * in registers. */
 #define WLD(v, p) memcpy(&(v), (p), sizeof(v))
 #define WST(p, v) memcpy((p), &(v), sizeof(v))
-/* Lane i of the result: lane k of a (k < 8) or k - 8 of b, for the i-th
- * index (GCC's __builtin_shuffle; clang spells it __builtin_shufflevector). */
-#if defined(__clang__)
-#define SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-#else
-#define SHUF(a, b, ...) __builtin_shuffle(a, b, (idx){__VA_ARGS__})
-#endif
 /* nbc samples' planes x [nbc, C, h, w], channels last, into the insides of
  * wn->xp (whose borders stay zero): per input row, 8 channels by 8 columns
  * at a time, transposed in registers (the last 8 of each overlapping the
@@ -192,7 +185,6 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
         typedef float vecu __attribute__((vector_size(32), aligned(4)));                                       \
-        typedef int idx __attribute__((vector_size(32), unused));                                              \
         const struct conv_geom *g = wn->g;                                                                     \
         int64_t cn = g->c, hw = g->h * g->w;                                                                   \
         for (int64_t s = 0; s < nbc; s++)                                                                      \
@@ -212,18 +204,18 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
                         for (int k = 0; k < 8; k++)                                                            \
                             r[k] = *(const vecu *)(src + (c + k) * hw + i);                                    \
                         for (int k = 0; k < 8; k += 2) {                                                       \
-                            t[k] = SHUF(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);                             \
-                            t[k + 1] = SHUF(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);                       \
+                            t[k] = WINO_SHUF(r[k], r[k + 1], 0, 8, 1, 9, 4, 12, 5, 13);                        \
+                            t[k + 1] = WINO_SHUF(r[k], r[k + 1], 2, 10, 3, 11, 6, 14, 7, 15);                  \
                         }                                                                                      \
                         for (int k = 0; k < 8; k += 4) {                                                       \
-                            u[k] = SHUF(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);                             \
-                            u[k + 1] = SHUF(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);                       \
-                            u[k + 2] = SHUF(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);                     \
-                            u[k + 3] = SHUF(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);                   \
+                            u[k] = WINO_SHUF(t[k], t[k + 2], 0, 1, 8, 9, 4, 5, 12, 13);                        \
+                            u[k + 1] = WINO_SHUF(t[k], t[k + 2], 2, 3, 10, 11, 6, 7, 14, 15);                  \
+                            u[k + 2] = WINO_SHUF(t[k + 1], t[k + 3], 0, 1, 8, 9, 4, 5, 12, 13);                \
+                            u[k + 3] = WINO_SHUF(t[k + 1], t[k + 3], 2, 3, 10, 11, 6, 7, 14, 15);              \
                         }                                                                                      \
                         for (int k = 0; k < 4; k++) {                                                          \
-                            r[k] = SHUF(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);                             \
-                            r[k + 4] = SHUF(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);                       \
+                            r[k] = WINO_SHUF(u[k], u[k + 4], 0, 1, 2, 3, 8, 9, 10, 11);                        \
+                            r[k + 4] = WINO_SHUF(u[k], u[k + 4], 4, 5, 6, 7, 12, 13, 14, 15);                  \
                         }                                                                                      \
                         for (int k = 0; k < 8; k++)                                                            \
                             *(vecu *)(row + (i + k) * cn + c) = r[k];                                          \
@@ -268,7 +260,6 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
                                                                              bool two)                         \
     {                                                                                                          \
         typedef float vec __attribute__((vector_size(32)));                                                    \
-        typedef int idx __attribute__((vector_size(32), unused));                                              \
         vec a, b;                                                                                              \
         WLD(a, av);                                                                                            \
         WLD(b, bv);                                                                                            \
@@ -277,7 +268,7 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
                 p[k * l] = a[k];                                                                               \
             return;                                                                                            \
         }                                                                                                      \
-        vec lo = SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);            \
+        vec lo = WINO_SHUF(a, b, 0, 8, 1, 9, 4, 12, 5, 13), hi = WINO_SHUF(a, b, 2, 10, 3, 11, 6, 14, 7, 15);  \
         const float *fl = (const float *)&lo, *fh = (const float *)&hi;                                        \
         for (int k = 0; k < 8; k += 4) {                                                                       \
             memcpy(p + k * l, fl + k, 8);                                                                      \
@@ -293,7 +284,8 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
         typedef float vec __attribute__((vector_size(32)));                                                    \
         int64_t cn = wn->g->c, tc = nbc * nr * wn->tw, xs = wn->vx, rs = wn->wp * cn;                          \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
-            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
+            int64_t s, ty, tx;                                                                                 \
+            sr__wino_tile(wn, t, nr, ty0, &s, &ty, &tx);                                                       \
             const float *d = wn->xp + ((s * wn->hp + 2 * ty) * wn->wp + 2 * tx) * cn;                          \
             for (int64_t c0 = 0; c0 < cn; c0 += 8) {                                                           \
                 int64_t c = c0 + 8 <= cn ? c0 : cn - 8;                                                        \
@@ -319,7 +311,9 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
         const struct conv_geom *g = wn->g;                                                                     \
         int64_t on = g->o, tc = nbc * nr * wn->tw, ms = wn->mx, l = geom_l(g), w = g->ow;                      \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
-            int64_t s = t / (nr * wn->tw), oy = 2 * (ty0 + t / wn->tw % nr), ox = 2 * (t % wn->tw);            \
+            int64_t s, ty, tx;                                                                                 \
+            sr__wino_tile(wn, t, nr, ty0, &s, &ty, &tx);                                                       \
+            int64_t oy = 2 * ty, ox = 2 * tx;                                                                  \
             float *d = out + (n0 + s) * on * l + oy * w + ox;                                                  \
             bool right = ox + 1 < w, down = oy + 1 < g->oh;                                                    \
             for (int64_t o0 = 0; o0 < on; o0 += 8) {                                                           \
@@ -348,7 +342,8 @@ static void wino_weight_grad_out(const struct conv_geom *g, const float *du, flo
         typedef float vec __attribute__((vector_size(32)));                                                    \
         int64_t on = wn->g->o, tc = nbc * nr * wn->tw, ms = wn->mx, rs = 2 * wn->tw * on;                      \
         for (int64_t t = 0; t < tc; t++) {                                                                     \
-            int64_t s = t / (nr * wn->tw), ty = ty0 + t / wn->tw % nr, tx = t % wn->tw;                        \
+            int64_t s, ty, tx;                                                                                 \
+            sr__wino_tile(wn, t, nr, ty0, &s, &ty, &tx);                                                       \
             const float *d = yp + ((s * 2 * wn->th + 2 * ty) * 2 * wn->tw + 2 * tx) * on;                      \
             for (int64_t o0 = 0; o0 < on; o0 += 8) {                                                           \
                 int64_t o = o0 + 8 <= on ? o0 : on - 8;                                                        \
