@@ -113,6 +113,14 @@ void sr__map_into(sr_tensor *out, sr_tensor *const *in, int nin, sr_map_fn f, co
  * "LayerNormReluBackward0"; its errors are sr_layer_norm's. */
 sr_tensor *sr__layer_norm_relu(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
                                sr_tensor *bias, double eps);
+/* (norm_pool.c) sr_max_pool2d(relu(sr_layer_norm(...))) with a 2 x 2 window,
+ * stride 2 and no padding, in one op: the same output and gradients, bit for
+ * bit, with only the pooled values written (each sample is normalised and
+ * pooled from cache) and a byte per window kept for backward. Its node is
+ * "LayerNormReluMaxPool2DBackward0"; an input that is not [N, C, H, W] with
+ * the norm over [C, H, W] or [H, W] and H, W >= 2 runs the ops apart. */
+sr_tensor *sr__layer_norm_relu_pool(sr_tensor *x, int ndim, const int64_t *normalized_shape, sr_tensor *weight,
+                                    sr_tensor *bias, double eps);
 
 /* ---- op spans (ops_hook.c) ----
  * A layer above (the profiler, SHMRPC_TRACE_OPS: docs/PROFILING.md) sees

@@ -355,6 +355,90 @@ Test(sequential, layer_norm_then_relu_is_fused_bit_for_bit)
     }
 }
 
+/* One case of the fused norm, relu and 2 x 2 pool: a model of `layers`
+ * (a layer norm over norm_nd trailing dims of x [4, shape...], a relu, a
+ * pool) against the three ops in turn, output and gradients bit for bit;
+ * fused: the model must run them as one op. */
+static void check_norm_relu_pool(sr_dtype dt, const sr_layer_spec *layers, const int64_t *xs, int norm_nd, bool fused)
+{
+    const int64_t *ns = xs + 4 - norm_nd;
+    sr_generator g;
+    sr_generator_init(&g, 8);
+    sr_module *m = NULL;
+    cr_assert_eq(sr_sequential_create(layers, 3, dt, &g, &m), 0, "%s", sr_last_error());
+    size_t np = 0;
+    sr_tensor *const *params = NULL;
+    sr_module_params(m, &np, &params, NULL);
+    cr_assert_eq(np, 2);
+    sr_manual_seed(9);
+    bool prev = sr_no_grad_enter();
+    for (size_t i = 0; i < 2; i++) { /* weight, bias ~ N(0, 1): both signs after the norm */
+        sr_tensor *r = sr_randn(dt, norm_nd, ns, 0);
+        cr_assert_eq(sr_copy_(params[i], r), 0, "%s", sr_last_error());
+        sr_tensor_unref(r);
+    }
+    sr_tensor *x0 = sr_randn(dt, 4, xs, 0), *x1 = sr_clone(x0), *x2 = sr_clone(x0);
+    sr_tensor *w = sr_clone(params[0]), *b = sr_clone(params[1]);
+    sr_no_grad_exit(prev); /* the clones are leaves */
+    sr_tensor *leaves1[] = {x1, params[0], params[1]}, *leaves2[] = {x2, w, b};
+    for (int i = 0; i < 3; i++) {
+        sr_tensor_set_requires_grad(leaves1[i], true);
+        sr_tensor_set_requires_grad(leaves2[i], true);
+    }
+    sr_tensor *one = sr_module_forward(m, x1);
+    cr_assert(one, "%s", sr_last_error());
+    cr_assert_str_eq(sr_tensor_grad_fn_name(one), fused ? "LayerNormReluMaxPool2DBackward0"
+                                                        : "MaxPool2DWithIndicesBackward0");
+    sr_tensor *ln = sr_layer_norm(x2, norm_nd, ns, w, b, 1e-5), *rl = sr_relu(ln);
+    sr_tensor *three = sr_max_pool2d(rl, layers[2].kernel, layers[2].stride, (const int64_t[]){0, 0});
+    cr_assert(three, "%s", sr_last_error());
+    sr_tensor *gy = sr_randn(dt, sr_tensor_ndim(three), sr_tensor_shape(three), 0);
+    size_t n1, n2, ny = sr_tensor_numel(three), zeros = 0;
+    cr_assert_eq(sr_tensor_numel(one), ny);
+    double *y1 = values(one), *y2 = values(three);
+    for (size_t i = 0; i < ny; i++) {
+        cr_assert(!memcmp(&y1[i], &y2[i], sizeof(double)), "%s output [%zu]: %.17g as one op, %.17g in turn",
+                  sr_dtype_name(dt), i, y1[i], y2[i]);
+        zeros += y2[i] == 0;
+    }
+    cr_assert(!fused || (zeros > 0 && zeros < ny / 2), "%zu of %zu windows are all <= 0: not a test of the mask",
+              zeros, ny);
+    double *g1 = grads_of_sum(one, gy, leaves1, 3, &n1), *g2 = grads_of_sum(three, gy, leaves2, 3, &n2);
+    cr_assert_eq(n1, n2);
+    for (size_t i = 0; i < n1; i++)
+        cr_assert(!memcmp(&g1[i], &g2[i], sizeof(double)), "%s gradient [%zu]: %.17g as one op, %.17g in turn",
+                  sr_dtype_name(dt), i, g1[i], g2[i]);
+    free(y1), free(y2), free(g1), free(g2);
+    sr_tensor *ts[] = {x0, gy, x1, x2, w, b, one, ln, rl, three};
+    for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+        sr_tensor_unref(ts[i]);
+    sr_module_destroy(m);
+}
+
+/* A layer norm, a relu and a 2 x 2 max pool of stride 2 run as one op in a
+ * sequential model (LayerNormReluMaxPool2DBackward0), with the three ops'
+ * output and gradients bit for bit, in f32 and f64: even planes, planes of
+ * odd height and width (the last row and column are not pooled), planes
+ * narrower than a vector, and the norm over [H, W] only; a pool of another
+ * window is not fused. */
+Test(sequential, layer_norm_relu_and_2x2_max_pool_are_fused_bit_for_bit)
+{
+    static const sr_layer_spec chw[] = {SR_LAYER_NORM_CHW(3, 6, 20), SR_RELU(), SR_MAX_POOL2D(2, 2)};
+    static const sr_layer_spec odd[] = {SR_LAYER_NORM_CHW(2, 7, 11), SR_RELU(), SR_MAX_POOL2D(2, 2)};
+    static const sr_layer_spec thin[] = {SR_LAYER_NORM_CHW(3, 4, 5), SR_RELU(), SR_MAX_POOL2D(2, 2)};
+    sr_layer_spec hw[] = {SR_LAYER_NORM_CHW(3, 6, 8), SR_RELU(), SR_MAX_POOL2D(2, 2)};
+    hw[0].norm_ndim = 2, hw[0].norm_shape[0] = 6, hw[0].norm_shape[1] = 8;
+    static const sr_layer_spec wide[] = {SR_LAYER_NORM_CHW(3, 6, 8), SR_RELU(), SR_MAX_POOL2D(3, 2)};
+    for (int d = 0; d < 2; d++) {
+        sr_dtype dt = d ? SR_F64 : SR_F32;
+        check_norm_relu_pool(dt, chw, SHAPE(4, 3, 6, 20), 3, true);
+        check_norm_relu_pool(dt, odd, SHAPE(4, 2, 7, 11), 3, true);
+        check_norm_relu_pool(dt, thin, SHAPE(4, 3, 4, 5), 3, true);
+        check_norm_relu_pool(dt, hw, SHAPE(4, 3, 6, 8), 2, true);
+        check_norm_relu_pool(dt, wide, SHAPE(4, 3, 6, 8), 3, false);
+    }
+}
+
 /* A lone layer is nn.Conv2d: "weight" and "bias", the same draws as the
  * same layer first in a sequential model. */
 Test(sequential, a_lone_layer_is_a_module)

@@ -180,14 +180,28 @@ static bool norm_then_relu(const sr_module *m, int i, int to)
     return i + 1 < to && m->layers[i].spec.kind == SR_LAYER_LAYER_NORM && m->layers[i + 1].spec.kind == SR_LAYER_RELU;
 }
 
+/* ... and then a 2 x 2 max pool of stride 2 without padding: the three run
+ * as one op (sr__layer_norm_relu_pool), with the same results. */
+static bool then_pool_2x2(const sr_module *m, int i, int to)
+{
+    if (i + 2 >= to || m->layers[i + 2].spec.kind != SR_LAYER_MAX_POOL2D)
+        return false;
+    const sr_layer_spec *s = &m->layers[i + 2].spec;
+    return s->kernel[0] == 2 && s->kernel[1] == 2 && s->stride[0] == 2 && s->stride[1] == 2 && !s->padding[0] &&
+           !s->padding[1];
+}
+
 sr_tensor *sr__sequential_forward(sr_module *m, sr_tensor *x, int from, int to)
 {
     sr_tensor *h = sr_tensor_ref(x);
     for (int i = from; h && i < to; i++) {
         const struct sr__seq_layer *l = &m->layers[i];
+        sr_tensor *const *p = m->params + l->first;
         sr_tensor *y;
-        if (norm_then_relu(m, i, to)) {
-            sr_tensor *const *p = m->params + l->first;
+        if (norm_then_relu(m, i, to) && then_pool_2x2(m, i, to)) {
+            y = sr__layer_norm_relu_pool(h, l->spec.norm_ndim, l->spec.norm_shape, p[0], p[1], l->spec.eps);
+            i += 2;
+        } else if (norm_then_relu(m, i, to)) {
             y = sr__layer_norm_relu(h, l->spec.norm_ndim, l->spec.norm_shape, p[0], p[1], l->spec.eps);
             i++;
         } else {
