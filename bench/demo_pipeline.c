@@ -15,9 +15,9 @@
  * Rank 0, the master, holds the data. For each batch it begins a distributed
  * autograd context and cuts the batch into --splits micro-batches; for each
  * one it chains remote() calls through the stages (stage s's output stays on
- * its worker as an RRef, which stage s + 1 fetches with to_here) and ends
- * with an rpc_async to the last stage. Nothing waits between micro-batches,
- * so while stage 2 runs micro-batch k, stage 1 runs micro-batch k + 1. The
+ * its worker as an RRef, whose value stage s + 1 fetches) and ends with an
+ * rpc_async to the last stage. Nothing waits between micro-batches, so while
+ * stage 2 runs micro-batch k, stage 1 runs micro-batch k + 1. The
  * master joins the outputs in order, computes the cross-entropy, runs the
  * distributed backward (through every stage) and steps a DistributedOptimizer
  * (Adam) over the stages' parameter RRefs.
@@ -38,6 +38,18 @@
  * piece, the same data order and the same output. It is the baseline of a
  * step's overhead (bench/pipeline_compare.sh), so it is a one-worker job
  * (sr_init) whose tensors come from the shared heap, as the stages' do.
+ *
+ * A stage's forward is an async function (pp_forward) with one thread of
+ * its own per stage (stage_main). PyTorch's tutorial runs each micro-batch's
+ * call on a thread of the RPC pool that blocks in to_here and then on the
+ * stage's lock; here the call only queues its micro-batch (after an async
+ * fetch of its input: pp_value on the owner, inside the call's distributed
+ * autograd context, so the fetch's send and recv are recorded as
+ * to_here's are), and the stage's thread runs the queue in order and
+ * answers each call as soon as its forward is done. No thread per
+ * micro-batch is woken or parked, and no answer waits while the thread a
+ * lock hand-off woke runs the next micro-batch (docs/PERFORMANCE.md, "The
+ * stage's forward on a thread of its own").
  */
 #include <errno.h>
 #include <getopt.h>
@@ -99,19 +111,125 @@ static int fail(int rc, const char *what)
 
 /* ============================ a stage (ranks 1..S) ========================= */
 
+struct stage;
+
+/* A micro-batch's forward, queued for the stage's thread (which frees it). */
+struct fwd_job {
+    struct fwd_job *next;
+    struct stage *st; /* alive while the job is: its call holds the stage's value */
+    sr_future *done;  /* the call's answer: one reference, the job's */
+    sr_value *in;     /* the input tensor (value), once it is here */
+    bool train;
+};
+
+/* Lifetime: made by pp_stage_new, kept by its OwnerRRef's value, destroyed
+ * by stage_free when that value goes (which joins the stage's thread, or,
+ * if the stage's thread itself drops the last reference while it answers a
+ * call, leaves the freeing to that thread). Lock order: qmu, then nothing;
+ * mu, then the module's own. */
 struct stage {
     sr_module *m;
     int from, to;      /* its layers */
     size_t first, n;   /* its parameters in sr_module_params order */
-    pthread_mutex_t mu; /* one forward at a time, as the tutorial's lock */
+    pthread_mutex_t mu; /* one forward at a time */
+    pthread_mutex_t qmu; /* the queue: head, tail, stop, self_free */
+    pthread_cond_t qcv;  /* signalled with qmu held: a job queued, or stop */
+    struct fwd_job *head, *tail;
+    bool stop, self_free, started;
+    pthread_t thread;
 };
 
+/* The job's forward, then its answer (completing the call's future sends it). */
+static void fwd_run(struct stage *st, struct fwd_job *j)
+{
+    sr_tensor *x = sr_value_tensor(j->in), *y = NULL;
+    if (x) {
+        bool prev = j->train ? false : sr_no_grad_enter();
+        pthread_mutex_lock(&st->mu);
+        y = sr_sequential_forward_range(st->m, x, st->from, st->to);
+        pthread_mutex_unlock(&st->mu);
+        if (!j->train)
+            sr_no_grad_exit(prev);
+    }
+    sr_value *v = y ? sr_value_from_tensor(y) : NULL;
+    sr_tensor_unref(y);
+    if (v)
+        sr_future_set_result(j->done, v);
+    else
+        sr_future_set_error(j->done, -EINVAL, "pp_forward: %s", x ? sr_last_error() : "the input is not a tensor");
+    sr_value_unref(v);
+    sr_value_unref(j->in);
+    sr_future_unref(j->done);
+    free(j);
+}
+
+static void stage_release(struct stage *st)
+{
+    sr_module_destroy(st->m);
+    pthread_mutex_destroy(&st->mu);
+    pthread_mutex_destroy(&st->qmu);
+    pthread_cond_destroy(&st->qcv);
+    free(st);
+}
+
+/* The stage's thread: the queued forwards in arrival order, until stop. */
+static void *stage_main(void *p)
+{
+    struct stage *st = p;
+    pthread_mutex_lock(&st->qmu);
+    for (;;) {
+        while (!st->head && !st->stop)
+            pthread_cond_wait(&st->qcv, &st->qmu);
+        struct fwd_job *j = st->head;
+        if (!j)
+            break;
+        st->head = j->next;
+        if (!st->head)
+            st->tail = NULL;
+        pthread_mutex_unlock(&st->qmu);
+        fwd_run(st, j);
+        pthread_mutex_lock(&st->qmu);
+    }
+    bool self_free = st->self_free;
+    pthread_mutex_unlock(&st->qmu);
+    if (self_free) { /* stage_free ran on this thread: nobody joins it */
+        pthread_detach(pthread_self());
+        stage_release(st);
+    }
+    return NULL;
+}
+
+static void stage_push(struct stage *st, struct fwd_job *j)
+{
+    pthread_mutex_lock(&st->qmu);
+    if (st->tail)
+        st->tail->next = j;
+    else
+        st->head = j;
+    st->tail = j;
+    pthread_cond_signal(&st->qcv);
+    pthread_mutex_unlock(&st->qmu);
+}
+
+/* The value's destroy. No job is queued (each holds the value through its
+ * call), so the thread is idle, or is this thread finishing a call. */
 static void stage_free(void *p)
 {
     struct stage *st = p;
-    sr_module_destroy(st->m);
-    pthread_mutex_destroy(&st->mu);
-    free(st);
+    if (!st->started) {
+        stage_release(st);
+        return;
+    }
+    bool self = pthread_equal(pthread_self(), st->thread);
+    pthread_mutex_lock(&st->qmu);
+    st->stop = true;
+    st->self_free = self;
+    pthread_cond_signal(&st->qcv);
+    pthread_mutex_unlock(&st->qmu);
+    if (!self) {
+        pthread_join(st->thread, NULL);
+        stage_release(st);
+    }
 }
 
 static struct stage *stage_of(sr_call *c)
@@ -130,11 +248,16 @@ static int pp_stage_new(sr_call *c)
     if (!st)
         return sr_call_fail(c, -ENOMEM, "pp_stage_new: out of memory");
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->qmu, NULL);
+    pthread_cond_init(&st->qcv, NULL);
     st->from = (int)sr_value_int(sr_call_arg(c, 1));
     st->to = (int)sr_value_int(sr_call_arg(c, 2));
     int rc = model_create((uint64_t)sr_value_int(sr_call_arg(c, 0)), &st->m);
     if (!rc)
         rc = sr_sequential_param_range(st->m, st->from, st->to, &st->first, &st->n);
+    if (!rc)
+        rc = -pthread_create(&st->thread, NULL, stage_main, st);
+    st->started = !rc;
     sr_value *v = rc ? NULL : sr_object(st, stage_free, STAGE_TYPE);
     if (!v) {
         rc = sr_call_fail(c, rc ? rc : -ENOMEM, "pp_stage_new: %s", sr_last_error());
@@ -144,28 +267,67 @@ static int pp_stage_new(sr_call *c)
     return sr_call_return(c, v);
 }
 
-/* pp_forward(stage, x or RRef(x), train) -> the stage's output. */
-static int pp_forward(sr_call *c)
+/* The input of a queued forward came (from its owner): queue it, or fail the call. */
+static void fwd_fetched(sr_future *f, void *arg)
+{
+    struct fwd_job *j = arg;
+    int rc = sr_future_value(f, &j->in);
+    if (rc) {
+        sr_future_set_error(j->done, rc, "pp_forward: fetching the input: %s", sr_last_error());
+        sr_future_unref(j->done);
+        free(j);
+        return;
+    }
+    stage_push(j->st, j);
+}
+
+/* pp_forward(stage, x or RRef(x), train) -> the stage's output. Async: it
+ * queues the micro-batch for the stage's thread, or first asks the RRef's
+ * owner for its value (pp_value); it never blocks. */
+static int pp_forward(sr_call *c, sr_future **out)
 {
     struct stage *st = stage_of(c);
     if (!st || sr_call_nargs(c) != 3)
         return sr_call_fail(c, -EINVAL, "pp_forward takes (stage, x, train)");
-    sr_value *in = sr_call_arg(c, 1), *fetched = NULL;
-    sr_rref *r = sr_value_rref(in);
-    int rc = r ? sr_rref_to_here(r, 0, &fetched) : 0;
-    sr_tensor *x = rc ? NULL : sr_value_tensor(r ? fetched : in), *y = NULL;
-    if (x) {
-        bool train = sr_value_bool(sr_call_arg(c, 2)), prev = train ? false : sr_no_grad_enter();
-        pthread_mutex_lock(&st->mu);
-        y = sr_sequential_forward_range(st->m, x, st->from, st->to);
-        pthread_mutex_unlock(&st->mu);
-        if (!train)
-            sr_no_grad_exit(prev);
+    struct fwd_job *j = calloc(1, sizeof(*j));
+    sr_future *done = j ? sr_future_new() : NULL;
+    if (!done) {
+        free(j);
+        return sr_call_fail(c, -ENOMEM, "pp_forward: out of memory");
     }
-    sr_value_unref(fetched);
-    sr_value *v = y ? sr_value_from_tensor(y) : NULL;
-    sr_tensor_unref(y);
-    return v ? sr_call_return(c, v) : sr_call_fail(c, rc ? rc : -EINVAL, "pp_forward: %s", sr_last_error());
+    j->done = done;
+    j->st = st;
+    j->train = sr_value_bool(sr_call_arg(c, 2));
+    *out = sr_future_ref(done);
+    sr_value *in = sr_call_arg(c, 1);
+    sr_rref *r = sr_value_rref(in);
+    if (!r) {
+        j->in = sr_value_ref(in);
+        stage_push(st, j);
+        return 0;
+    }
+    sr_future *f = NULL;
+    int rc = sr_rref_rpc_async(r, "pp_value", SR_ARGS(), 0, &f);
+    if (!rc)
+        rc = sr_future_add_done_callback(f, fwd_fetched, j);
+    sr_future_unref(f);
+    if (rc) {
+        sr_future_set_error(done, rc, "pp_forward: fetching the input: %s", sr_last_error());
+        sr_future_unref(done);
+        free(j);
+    }
+    return 0;
+}
+
+/* pp_value(value) -> value: an RRef's value, for the stage that uses it. */
+static int pp_value(sr_call *c, sr_future **out)
+{
+    sr_future *f = sr_future_new();
+    if (!f)
+        return sr_call_fail(c, -ENOMEM, "pp_value: out of memory");
+    sr_future_set_result(f, sr_call_nargs(c) ? sr_call_arg(c, 0) : NULL);
+    *out = f;
+    return 0;
 }
 
 /* pp_params(stage) -> [RRef(param) ...] of its layers, owned here. */
@@ -920,7 +1082,8 @@ int main(int argc, char **argv)
     }
     opt.stages = world - 1;
     sr_register("pp_stage_new", pp_stage_new);
-    sr_register("pp_forward", pp_forward);
+    sr_register_async("pp_forward", pp_forward);
+    sr_register_async("pp_value", pp_value);
     sr_register("pp_params", pp_params);
     sr_register("pp_state", pp_state);
     sr_register("pp_load", pp_load);
