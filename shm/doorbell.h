@@ -25,6 +25,19 @@
  * them and before that thread itself waits for anything the consumer will
  * do (the RPC layer's poll bursts: lib/rpc/poll.c).
  *
+ * R2, a lazy send (no ring follows: a message nobody waits on, read when
+ * the consumer next polls) can still hold up messages that others wait on:
+ * the consumer reads in order and stops at a claimed, unpublished slot, so
+ * if it looked while the lazy producer had claimed its slot and not yet
+ * published it, it may sleep with later messages in its ring whose
+ * producers found it awake and rang nobody. So after publishing, the lazy
+ * producer fences (P2, seq_cst) and looks at the next slot; if it was
+ * claimed or published since, it rings as a send does. P2 pairs with that
+ * later producer's D3 (its claim precedes its D3): either the lazy producer
+ * sees the claim and rings, or the later producer's doorbell load comes
+ * after the consumer's announcement, sees it, and wakes it (shm/ring.h,
+ * sr__ring_claimed_behind).
+ *
  * The same pair carries space events (xport.h): the consumer of a full inbox
  * that frees slots stores the blocked sender's space_kick and then rings
  * the sender's doorbell (D3 after the store), and every sender-side thread

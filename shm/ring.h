@@ -316,16 +316,40 @@ static inline void sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t p
     atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
 }
 
+/* After publishing pos without ringing its consumer: may a message behind
+ * it wait on it? The consumer stops at the first slot not yet published
+ * (sr__ring_cons_pending says "not pending" for a claimed head), so a
+ * consumer that read up to pos while this producer had claimed pos but not
+ * published it may have gone to sleep with later messages published (whose
+ * producers saw it awake and rang nobody): this producer must ring then
+ * (doorbell.h, R2). True when the next slot was claimed or published since.
+ * P2 seq_cst fence: pairs with a later producer's D3 (its claim of pos + 1
+ * is sequenced before its D3), so that either this load sees that claim, or
+ * that producer's doorbell load sees the consumer's sleep announcement. */
+static inline bool sr__ring_claimed_behind(struct sr_ring *r, uint32_t size, uint32_t pos)
+{
+    atomic_thread_fence(memory_order_seq_cst); /* P2 */
+    /* relaxed: ordered by P2; any value but "free for pos + 1" means a claim since */
+    return atomic_load_explicit(&r->slots[(pos + 1) & (size - 1)].seq, memory_order_relaxed) != pos + 1;
+}
+
 /* Multi-producer enqueue of one message by producer `id` (the sender's
  * rank, < SR_RING_VOID): sr__ring_claim, then sr__ring_publish. 0; -EAGAIN
- * when full; -EPROTO when the ring is corrupt. */
-static inline int sr__ring_enqueue(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m)
+ * when full; -EPROTO when the ring is corrupt. _at: and the position. */
+static inline int sr__ring_enqueue_at(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m, uint32_t *at)
 {
     uint32_t pos = 0; /* set by a claim that succeeds; gcc cannot tell */
     int rc = sr__ring_claim(r, size, id, &pos);
     if (sr_likely(rc == 0))
         sr__ring_publish(r, size, pos, m);
+    *at = pos;
     return rc;
+}
+
+static inline int sr__ring_enqueue(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m)
+{
+    uint32_t pos;
+    return sr__ring_enqueue_at(r, size, id, m, &pos);
 }
 
 /* Producer side, claiming nothing: 0 a slot is free at tail, -EAGAIN full

@@ -403,9 +403,12 @@ void sr__agent_stop(sr_agent *a);
 int sr__agent_send(sr_agent *a, int to, sr_msg *m);
 /* Send now, bypassing the reordering mode (it releases held messages here). */
 int sr__agent_send_now(sr_agent *a, int to, sr_msg *m);
-/* Send without waking the destination (the transport's send_quiet): for answers
- * nobody blocks on, read whenever the destination next polls. */
-int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m);
+/* Send without waking the destination: for messages nobody blocks on, read
+ * whenever the destination next polls. rung_later: this thread sends or
+ * rings `to` loudly next (the transport's send_quiet); otherwise the
+ * transport's send_lazy, which still rings when a message sent behind this
+ * one may be waiting on it (a consumer stops at the first unpublished slot). */
+int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m, bool rung_later);
 /* Wake the progress thread so that it re-arms its timer (a deadline it does
  * not know about moved earlier). */
 void sr__agent_kick(sr_agent *a);

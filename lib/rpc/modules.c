@@ -157,8 +157,8 @@ int sr__module_send(int to, int module, uint8_t type, const void *bytes, size_t 
     unsigned slot = sr__quiesce_sent(a, to); /* before it can arrive */
     /* A message to a caller whose answer this thread sends next rides with
      * it: one doorbell, one wake-up (the answer follows it in the ring). */
-    quiet = quiet || sr__answer_follows(to);
-    int rc = quiet ? sr__agent_send_quiet(a, to, &m) : sr__agent_send(a, to, &m);
+    bool follows = sr__answer_follows(to);
+    int rc = quiet || follows ? sr__agent_send_quiet(a, to, &m, follows) : sr__agent_send(a, to, &m);
     if (rc)
         sr__quiesce_unsent(a, to, slot);
     sr__agent_put(a);

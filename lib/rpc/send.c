@@ -38,13 +38,15 @@ void sr__agent_kick(sr_agent *a)
     a->wake->kick(a->self);
 }
 
-int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m)
+int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m, bool rung_later)
 {
     sr__marshal_handoff(m);
     if (a->reorder || sr__outq_busy(&a->outq, to))
         return sr__agent_send(a, to, m);
     sr_tport *t = a->tp[to];
-    int rc = t->ops->wake ? t->ops->wake->send_quiet(t, to, m) : t->ops->send(t, to, m); /* no wake: none to spare */
+    const struct sr_tport_wake *w = t->ops->wake;
+    int rc = !w ? t->ops->send(t, to, m) /* no wake: none to spare */
+                : rung_later ? w->send_quiet(t, to, m) : w->send_lazy(t, to, m);
     return rc == -EAGAIN ? sr__agent_send(a, to, m) : rc;
 }
 

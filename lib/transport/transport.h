@@ -61,6 +61,9 @@
  *              kicks, peers' deaths, stop and the deadline only.
  *   send_quiet, ring_peer  a producer's burst: several quiet sends to one
  *              consumer, then one ring of its doorbell, from the same thread.
+ *   send_lazy  a message read whenever the consumer next polls (no ring
+ *              follows); it still wakes the consumer when a message sent
+ *              behind it may be waiting on it.
  *   kick       level-triggered: ends the sleeping thread's next or current
  *              sleep (either kind). poke: kick, and wake every sleeper on
  *              the inbox whatever it announced. nudge: wake a holder asleep
@@ -142,7 +145,11 @@ struct sr_tport_flow {
 /* wake: the consumer's sleeps and the producers' wake-ups (above, "Threads
  * and the consumer"). */
 struct sr_tport_wake {
-    int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* as send, but wakes nobody */
+    int (*send_quiet)(sr_tport *t, int to, sr_msg *m); /* as send, but wakes nobody: ring_peer follows */
+    /* As send, for a message nobody waits on and no ring_peer follows: it
+     * wakes the consumer only if a message sent behind it may be waiting on
+     * it (shm: doorbell.h R2). */
+    int (*send_lazy)(sr_tport *t, int to, sr_msg *m);
     void (*hold)(sr_tport *t);
     bool (*park)(sr_tport *t, bool (*busy)(void *), void *arg);
     /* 0 woken or skipped (busy); 1: timed out while a message waited and the

@@ -183,6 +183,50 @@ Test(ring, unpublished_slot_holds_back_the_consumer)
     free(r);
 }
 
+/* The case a lazy send must ring for (doorbell.h R2): the consumer stops at
+ * a claimed, unpublished head, so it finds nothing pending and may sleep
+ * while a message published behind it waits; once the head's producer
+ * publishes, sr__ring_claimed_behind tells it so. With nothing claimed
+ * behind, or with the slot behind published long before (a lap ago), it
+ * says no. */
+Test(ring, a_publish_ahead_of_a_later_claim_is_told_to_ring)
+{
+    struct sr_ring *r = ring_new(8);
+    uint32_t pos;
+    cr_assert_eq(sr__ring_claim(r, r->size, 7, &pos), 0);
+    cr_assert_eq(pos, 0u);
+    sr_msg m = msg_of(1);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0);
+    cr_assert(!sr__ring_cons_pending(cons(r)), "a claimed head: the consumer sees nothing pending");
+    sr_msg m0 = msg_of(0);
+    sr__ring_publish(r, r->size, pos, &m0);
+    cr_assert(sr__ring_claimed_behind(r, r->size, pos), "a message waits behind position 0: ring");
+    sr_msg out[8];
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
+    /* Alone: position 2, nothing behind it. */
+    m = msg_of(2);
+    cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 0);
+    cr_assert_eq(pos, 2u);
+    cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "nothing behind position 2");
+    /* Claimed behind, not yet published: ring too. */
+    uint32_t next;
+    cr_assert_eq(sr__ring_claim(r, r->size, 7, &next), 0);
+    cr_assert(sr__ring_claimed_behind(r, r->size, pos), "position 3 is claimed");
+    m = msg_of(3);
+    sr__ring_publish(r, r->size, next, &m);
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
+    /* Positions 4..11 wrap: the slot after 11 is 12's, freed by the read of 4. */
+    for (uint32_t v = 4; v < 12; v++) {
+        m = msg_of(v);
+        cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 0);
+        if (v == 4)
+            cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "position 5 is free");
+        cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 1), 1);
+    }
+    cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "the slot after position 11 is free for 12");
+    free(r);
+}
+
 /* sr__ring_read_burst hands messages out but keeps their slots until
  * sr__ring_release: a held slot is as full as an unread one. */
 Test(ring, read_slots_stay_held_until_released)

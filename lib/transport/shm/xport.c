@@ -640,7 +640,12 @@ static int __attribute__((noinline, cold)) not_local_error(sr_xport *x, int to, 
                     x->seg.hdr->name);
 }
 
-static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
+/* How a send wakes its consumer: RING (as it publishes), QUIET (it does
+ * not: the thread rings later, R1) or LAZY (no ring follows: it rings only
+ * when a message behind it may be waiting on it, R2). */
+enum send_mode { SEND_RING, SEND_QUIET, SEND_LAZY };
+
+static int enqueue_to(sr_xport *x, int to, sr_msg *m, enum send_mode mode)
 {
     if (sr_unlikely((unsigned)to >= (unsigned)x->world))
         return sr__fail(-EINVAL, "sr_xport_send", "destination rank %d is out of range [0, %d)", to, x->world);
@@ -653,7 +658,8 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     /* acquire: pairs with sr__xport_rejoin's release store: the doorbell
      * kind rung below is at least the one taken with this generation */
     m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_acquire) & 0xfu) << 4);
-    int rc = sr__ring_enqueue(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m);
+    uint32_t pos;
+    int rc = sr__ring_enqueue_at(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m, &pos);
     if (sr_unlikely(rc != 0)) {
         if (rc == -EPROTO) {
             /* Its consumer may be asleep with nothing ready, waiting for an
@@ -666,6 +672,7 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
+    bool ring = mode == SEND_RING || (mode == SEND_LAZY && sr__ring_claimed_behind(p->inbox, x->seg.ring_slots, pos));
     /* relaxed: statistics; one add either way (sr_xport_stats) */
     atomic_fetch_add_explicit(ring ? &x->st.sent : &x->st.quiet, 1, memory_order_relaxed);
     if (ring && sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
@@ -673,8 +680,9 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, bool ring)
     return 0;
 }
 
-int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, true); }
-int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, false); }
+int sr_xport_send(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, SEND_RING); }
+int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, SEND_QUIET); }
+int sr__xport_send_lazy(sr_xport *x, int to, sr_msg *m) { return enqueue_to(x, to, m, SEND_LAZY); }
 
 /* R1 (doorbell.h): the D3 fence inside sr__doorbell_ring orders every
  * message this thread published to `to` before it, quietly or not, before

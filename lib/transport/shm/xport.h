@@ -137,9 +137,14 @@ static inline bool sr__xport_local(const sr_xport *x, int rank)
  * destination's inbox is corrupt (the error names its worker). */
 int sr_xport_send(sr_xport *x, int to, sr_msg *m);
 
-/* As sr_xport_send, but never wakes the destination: the message waits in
- * its inbox until the destination next polls (for messages nobody waits on). */
+/* As sr_xport_send, but never wakes the destination: this thread rings it
+ * later (sr__xport_ring_peer, doorbell.h R1). */
 int sr__xport_send_quiet(sr_xport *x, int to, sr_msg *m);
+/* As sr_xport_send, for a message nobody waits on and no ring follows: it
+ * wakes the destination only if a message published behind it may be
+ * waiting on it (doorbell.h R2); else it is read when the destination next
+ * polls. */
+int sr__xport_send_lazy(sr_xport *x, int to, sr_msg *m);
 /* After quiet sends to `to`: ring its doorbell once, as the last of them
  * would have (doorbell.h R1). 0, or -EINVAL (out of range, not local). */
 int sr__xport_ring_peer(sr_xport *x, int to);

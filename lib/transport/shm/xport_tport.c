@@ -15,6 +15,7 @@
 
 static int t_send(sr_tport *t, int to, sr_msg *m) { return sr_xport_send(X(t), to, m); }
 static int t_send_quiet(sr_tport *t, int to, sr_msg *m) { return sr__xport_send_quiet(X(t), to, m); }
+static int t_send_lazy(sr_tport *t, int to, sr_msg *m) { return sr__xport_send_lazy(X(t), to, m); }
 static int t_ring_peer(sr_tport *t, int to) { return sr__xport_ring_peer(X(t), to); }
 static void t_space_arm(sr_tport *t, int to) { sr__xport_space_arm(X(t), to); }
 static int t_probe(sr_tport *t, int to) { return sr__xport_probe(X(t), to); }
@@ -227,6 +228,7 @@ static const struct sr_tport_flow shm_flow = {
 
 static const struct sr_tport_wake shm_wake = {
     .send_quiet = t_send_quiet,
+    .send_lazy = t_send_lazy,
     .hold = t_hold,
     .park = t_park,
     .hold_sleep = t_hold_sleep,
