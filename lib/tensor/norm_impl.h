@@ -7,6 +7,9 @@
 #ifndef SR_NORM_IMPL_H
 #define SR_NORM_IMPL_H
 
+#if !defined(SR__IN_TENSOR)
+#error "norm_impl.h is private to the tensor layer (docs/ARCHITECTURE.md)"
+#endif
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
