@@ -125,13 +125,13 @@ struct fwd_job {
 /* Lifetime: made by pp_stage_new, kept by its OwnerRRef's value, destroyed
  * by stage_free when that value goes (which joins the stage's thread, or,
  * if the stage's thread itself drops the last reference while it answers a
- * call, leaves the freeing to that thread). Lock order: qmu, then nothing;
- * mu, then the module's own. */
+ * call, leaves the freeing to that thread). The module is used by the
+ * stage's thread (forwards) and by the calls the master makes between
+ * steps (parameters, state, loading), never at once. qmu is a leaf lock. */
 struct stage {
     sr_module *m;
     int from, to;      /* its layers */
     size_t first, n;   /* its parameters in sr_module_params order */
-    pthread_mutex_t mu; /* one forward at a time */
     pthread_mutex_t qmu; /* the queue: head, tail, stop, self_free */
     pthread_cond_t qcv;  /* signalled with qmu held: a job queued, or stop */
     struct fwd_job *head, *tail;
@@ -145,9 +145,7 @@ static void fwd_run(struct stage *st, struct fwd_job *j)
     sr_tensor *x = sr_value_tensor(j->in), *y = NULL;
     if (x) {
         bool prev = j->train ? false : sr_no_grad_enter();
-        pthread_mutex_lock(&st->mu);
         y = sr_sequential_forward_range(st->m, x, st->from, st->to);
-        pthread_mutex_unlock(&st->mu);
         if (!j->train)
             sr_no_grad_exit(prev);
     }
@@ -156,7 +154,8 @@ static void fwd_run(struct stage *st, struct fwd_job *j)
     if (v)
         sr_future_set_result(j->done, v);
     else
-        sr_future_set_error(j->done, -EINVAL, "pp_forward: %s", x ? sr_last_error() : "the input is not a tensor");
+        sr_future_set_error(j->done, -EINVAL, "worker%d: pp_forward: %s", sr_rank(),
+                            x ? sr_last_error() : "the input is not a tensor");
     sr_value_unref(v);
     sr_value_unref(j->in);
     sr_future_unref(j->done);
@@ -166,7 +165,6 @@ static void fwd_run(struct stage *st, struct fwd_job *j)
 static void stage_release(struct stage *st)
 {
     sr_module_destroy(st->m);
-    pthread_mutex_destroy(&st->mu);
     pthread_mutex_destroy(&st->qmu);
     pthread_cond_destroy(&st->qcv);
     free(st);
@@ -247,7 +245,6 @@ static int pp_stage_new(sr_call *c)
     struct stage *st = calloc(1, sizeof(*st));
     if (!st)
         return sr_call_fail(c, -ENOMEM, "pp_stage_new: out of memory");
-    pthread_mutex_init(&st->mu, NULL);
     pthread_mutex_init(&st->qmu, NULL);
     pthread_cond_init(&st->qcv, NULL);
     st->from = (int)sr_value_int(sr_call_arg(c, 1));
@@ -273,7 +270,7 @@ static void fwd_fetched(sr_future *f, void *arg)
     struct fwd_job *j = arg;
     int rc = sr_future_value(f, &j->in);
     if (rc) {
-        sr_future_set_error(j->done, rc, "pp_forward: fetching the input: %s", sr_last_error());
+        sr_future_set_error(j->done, rc, "worker%d: pp_forward: fetching the input: %s", sr_rank(), sr_last_error());
         sr_future_unref(j->done);
         free(j);
         return;
@@ -312,7 +309,7 @@ static int pp_forward(sr_call *c, sr_future **out)
         rc = sr_future_add_done_callback(f, fwd_fetched, j);
     sr_future_unref(f);
     if (rc) {
-        sr_future_set_error(done, rc, "pp_forward: fetching the input: %s", sr_last_error());
+        sr_future_set_error(done, rc, "worker%d: pp_forward: fetching the input: %s", sr_rank(), sr_last_error());
         sr_future_unref(done);
         free(j);
     }
