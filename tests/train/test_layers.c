@@ -293,6 +293,31 @@ static double *grads_of_sum(sr_tensor *y, sr_tensor *gy, sr_tensor *const *leave
     return v;
 }
 
+/* A sequential model of `layers` (n, the first a layer norm over the nd
+ * dims ns) whose weight and bias are drawn ~ N(0, 1) after
+ * sr_manual_seed(9), so that the norm's outputs have both signs; *params:
+ * its two parameters. */
+static sr_module *norm_model(const sr_layer_spec *layers, int n, sr_dtype dt, int nd, const int64_t *ns,
+                             sr_tensor *const **params)
+{
+    sr_generator g;
+    sr_generator_init(&g, 8);
+    sr_module *m = NULL;
+    cr_assert_eq(sr_sequential_create(layers, n, dt, &g, &m), 0, "%s", sr_last_error());
+    size_t np = 0;
+    sr_module_params(m, &np, params, NULL);
+    cr_assert_eq(np, 2);
+    sr_manual_seed(9);
+    bool prev = sr_no_grad_enter();
+    for (size_t i = 0; i < 2; i++) {
+        sr_tensor *r = sr_randn(dt, nd, ns, 0);
+        cr_assert_eq(sr_copy_((*params)[i], r), 0, "%s", sr_last_error());
+        sr_tensor_unref(r);
+    }
+    sr_no_grad_exit(prev);
+    return m;
+}
+
 /* A layer norm followed by a relu runs as one op in a sequential model
  * (LayerNormReluBackward0): the output and every gradient must be those of
  * the two ops in turn, bit for bit, in f32 and f64, with a weight and bias
@@ -303,21 +328,9 @@ Test(sequential, layer_norm_then_relu_is_fused_bit_for_bit)
     static const sr_layer_spec layers[] = {SR_LAYER_NORM_CHW(3, 5, 7), SR_RELU()};
     for (int d = 0; d < 2; d++) {
         sr_dtype dt = d ? SR_F64 : SR_F32;
-        sr_generator g;
-        sr_generator_init(&g, 8);
-        sr_module *m = NULL;
-        cr_assert_eq(sr_sequential_create(layers, 2, dt, &g, &m), 0, "%s", sr_last_error());
-        size_t np = 0;
         sr_tensor *const *params = NULL;
-        sr_module_params(m, &np, &params, NULL);
-        cr_assert_eq(np, 2);
-        sr_manual_seed(9);
+        sr_module *m = norm_model(layers, 2, dt, 3, SHAPE(3, 5, 7), &params);
         bool prev = sr_no_grad_enter();
-        for (size_t i = 0; i < 2; i++) { /* weight ~ N(0, 1), bias ~ N(0, 1): both signs after the norm */
-            sr_tensor *r = sr_randn(dt, 3, SHAPE(3, 5, 7), 0);
-            cr_assert_eq(sr_copy_(params[i], r), 0, "%s", sr_last_error());
-            sr_tensor_unref(r);
-        }
         sr_tensor *x0 = sr_randn(dt, 4, SHAPE(4, 3, 5, 7), 0), *gy = sr_randn(dt, 4, SHAPE(4, 3, 5, 7), 0);
         sr_tensor *x1 = sr_clone(x0), *x2 = sr_clone(x0), *w = sr_clone(params[0]), *b = sr_clone(params[1]);
         sr_no_grad_exit(prev); /* the clones are leaves */
@@ -362,21 +375,9 @@ Test(sequential, layer_norm_then_relu_is_fused_bit_for_bit)
 static void check_norm_relu_pool(sr_dtype dt, const sr_layer_spec *layers, const int64_t *xs, int norm_nd, bool fused)
 {
     const int64_t *ns = xs + 4 - norm_nd;
-    sr_generator g;
-    sr_generator_init(&g, 8);
-    sr_module *m = NULL;
-    cr_assert_eq(sr_sequential_create(layers, 3, dt, &g, &m), 0, "%s", sr_last_error());
-    size_t np = 0;
     sr_tensor *const *params = NULL;
-    sr_module_params(m, &np, &params, NULL);
-    cr_assert_eq(np, 2);
-    sr_manual_seed(9);
+    sr_module *m = norm_model(layers, 3, dt, norm_nd, ns, &params);
     bool prev = sr_no_grad_enter();
-    for (size_t i = 0; i < 2; i++) { /* weight, bias ~ N(0, 1): both signs after the norm */
-        sr_tensor *r = sr_randn(dt, norm_nd, ns, 0);
-        cr_assert_eq(sr_copy_(params[i], r), 0, "%s", sr_last_error());
-        sr_tensor_unref(r);
-    }
     sr_tensor *x0 = sr_randn(dt, 4, xs, 0), *x1 = sr_clone(x0), *x2 = sr_clone(x0);
     sr_tensor *w = sr_clone(params[0]), *b = sr_clone(params[1]);
     sr_no_grad_exit(prev); /* the clones are leaves */
