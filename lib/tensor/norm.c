@@ -101,7 +101,7 @@ sr_tensor *sr__ln_param_grad(const struct ln_node *n, sr_dtype dt, const double 
  * when neither gradient is needed: the row sums for dx fill them). A block of
  * the shared heap when this process is a worker (so a freed one is reused,
  * not faulted in again every call as a multi-page malloc is), else a
- * private block; ln_grads owns it for the call and drops it at the end. */
+ * private block; sr__ln_grads owns it for the call and drops it at the end. */
 sr_block *sr__ln_scratch(int64_t d, size_t elem, double **dw, double **db, char **dwr, char **dbr)
 {
     size_t n = (size_t)d, bytes = 2 * n * sizeof(double) + 2 * n * elem;
@@ -117,34 +117,47 @@ sr_block *sr__ln_scratch(int64_t d, size_t elem, double **dw, double **db, char 
     return blk;
 }
 
-static int ln_grads(struct ln_node *n, sr_tensor *const *saved, const char *const *p, sr_tensor **out)
+int sr__ln_grads(const struct ln_node *n, const sr_tensor *x, sr__ln_bwd_fn bwd, void *arg, sr_tensor **out)
 {
-    struct ln_rows r = n->r;
     bool need[3] = {sr__node_needs_grad(&n->base, 0), sr__node_needs_grad(&n->base, 1),
                     sr__node_needs_grad(&n->base, 2)};
-    sr_dtype dt = saved[0]->dtype;
-    double *dw, *db;
-    char *dwr, *dbr;
-    sr_block *blk = sr__ln_scratch(r.d, sr_dtype_size(dt), &dw, &db, &dwr, &dbr);
-    sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", dt, saved[0]->ndim, saved[0]->shape) : NULL;
+    struct ln_bufs b;
+    sr_block *blk = sr__ln_scratch(n->r.d, sr_dtype_size(x->dtype), &b.dw, &b.db, &b.dwr, &b.dbr);
+    sr_tensor *dx = need[0] ? sr__tensor_new("sr_layer_norm", x->dtype, x->ndim, x->shape) : NULL;
     if (!blk || (need[0] && !dx)) {
         if (blk)
             sr__block_unref(blk);
         sr_tensor_unref(dx);
         return -ENOMEM;
     }
-    const double *stats = (const double *)p[2];
-    if (dt == SR_F64)
-        ln_bwd_f64(r, (const double *)p[0], (const double *)p[1], (const double *)p[3], (const double *)p[4],
-                   stats, dx ? (double *)sr__tensor_new_data(dx) : NULL, dw, db, (double *)dwr, (double *)dbr);
-    else
-        ln_bwd_f32(r, (const float *)p[0], (const float *)p[1], (const float *)p[3], (const float *)p[4], stats,
-                   dx ? (float *)sr__tensor_new_data(dx) : NULL, dw, db, (float *)dwr, (float *)dbr);
-    out[0] = dx;
-    out[1] = need[1] ? sr__ln_param_grad(n, dt, dw) : NULL;
-    out[2] = need[2] ? sr__ln_param_grad(n, dt, db) : NULL;
+    b.dx = dx ? sr__tensor_new_data(dx) : NULL;
+    int rc = bwd(&b, arg);
+    out[0] = rc ? (sr_tensor_unref(dx), NULL) : dx;
+    out[1] = !rc && need[1] ? sr__ln_param_grad(n, x->dtype, b.dw) : NULL;
+    out[2] = !rc && need[2] ? sr__ln_param_grad(n, x->dtype, b.db) : NULL;
     sr__block_unref(blk);
-    return (need[1] && !out[1]) || (need[2] && !out[2]) ? -ENOMEM : 0;
+    return rc ? rc : (need[1] && !out[1]) || (need[2] && !out[2]) ? -ENOMEM : 0;
+}
+
+/* layer_norm's (and the fused relu's) kernel for sr__ln_grads; arg: ln_args. */
+struct ln_args {
+    struct ln_rows r;
+    const char *const *p; /* 0 x, 1 weight, 2 stats, 3 dy, 4 the relu's output (or NULL) */
+    sr_dtype dt;
+};
+
+static int ln_bwd(const struct ln_bufs *b, void *arg)
+{
+    const struct ln_args *a = arg;
+    const char *const *p = a->p;
+    const double *stats = (const double *)p[2];
+    if (a->dt == SR_F64)
+        ln_bwd_f64(a->r, (const double *)p[0], (const double *)p[1], (const double *)p[3], (const double *)p[4],
+                   stats, (double *)b->dx, b->dw, b->db, (double *)b->dwr, (double *)b->dbr);
+    else
+        ln_bwd_f32(a->r, (const float *)p[0], (const float *)p[1], (const float *)p[3], (const float *)p[4], stats,
+                   (float *)b->dx, b->dw, b->db, (float *)b->dwr, (float *)b->dbr);
+    return 0;
 }
 
 /* saved: 0 x, 1 weight (or none), 2 stats [M, 2] f64, and with relu 3 the output. */
@@ -160,8 +173,9 @@ static int ln_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     sr_tensor *c[5] = {NULL}, *src[5] = {saved[0], saved[1], saved[2], in[0], saved[3]};
     const char *p[5];
     rc = sr__ln_open_inputs(src, c, p, 5);
+    struct ln_args a = {((struct ln_node *)node)->r, p, saved[0]->dtype};
     if (!rc)
-        rc = ln_grads((struct ln_node *)node, saved, p, out);
+        rc = sr__ln_grads((struct ln_node *)node, saved[0], ln_bwd, &a, out);
     sr__ln_close_inputs(c, 5);
     return rc;
 }

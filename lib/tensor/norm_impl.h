@@ -280,5 +280,17 @@ sr_tensor *sr__ln_param_grad(const struct ln_node *n, sr_dtype dt, const double 
 /* Backward's scratch (norm.c, ln_scratch): dw, db (double) and their
  * LN_ROWS-row partial sums dwr, dbr in the dtype, d each, zeroed. */
 sr_block *sr__ln_scratch(int64_t d, size_t elem, double **dw, double **db, char **dwr, char **dbr);
+/* What a backward kernel writes: dx (NULL when x needs no gradient), the
+ * double sums dw, db and their partial sums dwr, dbr (sr__ln_scratch). */
+struct ln_bufs {
+    char *dx, *dwr, *dbr;
+    double *dw, *db;
+};
+typedef int (*sr__ln_bwd_fn)(const struct ln_bufs *b, void *arg);
+/* A layer norm node's gradients (out[0] dx, out[1] dweight, out[2] dbias,
+ * each NULL where not needed): the buffers, then bwd(b, arg) fills them
+ * (0 or -errno), then the parameter gradients from the double sums. x: the
+ * saved input (dtype and shape). */
+int sr__ln_grads(const struct ln_node *n, const sr_tensor *x, sr__ln_bwd_fn bwd, void *arg, sr_tensor **out);
 
 #endif

@@ -180,40 +180,32 @@ static sr_block *scratch_row(int64_t d, size_t elem, bool zero)
     return blk;
 }
 
-static int lnp_grads(struct lnp_node *n, sr_tensor *const *saved, const char *const *p, sr_tensor **out)
+/* The fused op's kernel for sr__ln_grads; arg: lnp_args. */
+struct lnp_args {
+    const struct lnp_node *n;
+    const char *const *p; /* 0 x, 1 weight, 2 stats, 3 codes, 4 the pooled gradient */
+    sr_dtype dt;
+};
+
+static int lnp_bwd(const struct ln_bufs *b, void *arg)
 {
-    struct ln_rows r = n->ln.r;
-    bool need[3] = {sr__node_needs_grad(&n->ln.base, 0), sr__node_needs_grad(&n->ln.base, 1),
-                    sr__node_needs_grad(&n->ln.base, 2)};
-    sr_dtype dt = saved[0]->dtype;
-    size_t elem = sr_dtype_size(dt);
-    double *dw, *db;
-    char *dwr, *dbr;
-    sr_block *blk = sr__ln_scratch(r.d, elem, &dw, &db, &dwr, &dbr), *row = blk ? scratch_row(r.d, elem, true) : NULL;
-    sr_tensor *dx = need[0] && row ? sr__tensor_new("sr_layer_norm", dt, saved[0]->ndim, saved[0]->shape) : NULL;
-    int rc = !row || (need[0] && !dx) ? -ENOMEM : 0;
-    if (!rc) {
-        const double *stats = (const double *)p[2];
-        const uint8_t *code = (const uint8_t *)p[3];
-        char *gy = sr__block_data(row), *pdx = dx ? sr__tensor_new_data(dx) : NULL;
-        if (dt == SR_F64)
-            lnp_bwd_f64(&n->g, r, (const double *)p[0], (const double *)p[1], (const double *)p[4], code, stats,
-                        (double *)gy, (double *)pdx, dw, db, (double *)dwr, (double *)dbr);
-        else
-            lnp_bwd_f32(&n->g, r, (const float *)p[0], (const float *)p[1], (const float *)p[4], code, stats,
-                        (float *)gy, (float *)pdx, dw, db, (float *)dwr, (float *)dbr);
-        out[0] = dx;
-        out[1] = need[1] ? sr__ln_param_grad(&n->ln, dt, dw) : NULL;
-        out[2] = need[2] ? sr__ln_param_grad(&n->ln, dt, db) : NULL;
-        rc = (need[1] && !out[1]) || (need[2] && !out[2]) ? -ENOMEM : 0;
-    } else {
-        sr_tensor_unref(dx);
-    }
-    if (row)
-        sr__block_unref(row);
-    if (blk)
-        sr__block_unref(blk);
-    return rc;
+    const struct lnp_args *a = arg;
+    const char *const *p = a->p;
+    struct ln_rows r = a->n->ln.r;
+    sr_block *row = scratch_row(r.d, sr_dtype_size(a->dt), true);
+    if (!row)
+        return -ENOMEM;
+    const double *stats = (const double *)p[2];
+    const uint8_t *code = (const uint8_t *)p[3];
+    char *gy = sr__block_data(row);
+    if (a->dt == SR_F64)
+        lnp_bwd_f64(&a->n->g, r, (const double *)p[0], (const double *)p[1], (const double *)p[4], code, stats,
+                    (double *)gy, (double *)b->dx, b->dw, b->db, (double *)b->dwr, (double *)b->dbr);
+    else
+        lnp_bwd_f32(&a->n->g, r, (const float *)p[0], (const float *)p[1], (const float *)p[4], code, stats,
+                    (float *)gy, (float *)b->dx, b->dw, b->db, (float *)b->dwr, (float *)b->dbr);
+    sr__block_unref(row);
+    return 0;
 }
 
 static int lnp_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
@@ -227,8 +219,9 @@ static int lnp_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out)
     sr_tensor *c[5] = {NULL}, *src[5] = {saved[0], saved[1], saved[2], saved[3], in[0]};
     const char *p[5];
     rc = sr__ln_open_inputs(src, c, p, 5);
+    struct lnp_args a = {(struct lnp_node *)node, p, saved[0]->dtype};
     if (!rc)
-        rc = lnp_grads((struct lnp_node *)node, saved, p, out);
+        rc = sr__ln_grads(&a.n->ln, saved[0], lnp_bwd, &a, out);
     sr__ln_close_inputs(c, 5);
     return rc;
 }
