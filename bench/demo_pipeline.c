@@ -2,13 +2,20 @@
 /* Demo: pipeline parallelism over RPC, the pattern of PyTorch's tutorial
  * "Distributed Pipeline Parallelism Using RPC", on Fashion-MNIST.
  *
- *   shmrun -n 3 ./demo_pipeline [options]     (1 master + 2 stages)
+ *   shmrun -n 3 ./demo_pipeline [options]     (1 master + 2 stage workers)
  *
  * The model is a CNN, Conv2d(1, 32, 3, p 1)-LayerNorm-ReLU-MaxPool2d(2)-
  * Conv2d(32, 64, 3, p 1)-LayerNorm-ReLU-MaxPool2d(2)-Flatten-Linear(3136, 10),
- * split into --stages consecutive layer ranges (2 to 4). Worker s (1..S)
- * holds stage s: the master creates it there with sr_remote(), so the stage
- * is an object its worker owns and the master holds through an RRef. Every
+ * split into --stages consecutive layer ranges (2 to 4; by default one per
+ * worker). Worker s mod W + 1 of the W stage workers holds stage s
+ * (0-based): the master creates it there with sr_remote(), so the stage is
+ * an object its worker owns and the master holds through an RRef. With
+ * more stages than workers a worker holds several, not consecutive ones
+ * (3 stages on 2 workers: worker 1 holds the first and the last, worker 2
+ * the middle one), which balances a model whose costly layer cannot be
+ * cut: the interleaved placement of pipeline schedules that give a device
+ * several model chunks (docs/PERFORMANCE.md, "Three stages on two
+ * workers"). Every
  * stage builds the whole model from the one seed (the same initial weights
  * as an unsplit model) and keeps its own layer range.
  *
@@ -39,8 +46,9 @@
  * step's overhead (bench/pipeline_compare.sh), so it is a one-worker job
  * (sr_init) whose tensors come from the shared heap, as the stages' do.
  *
- * A stage's forward is an async function (pp_forward) with one thread of
- * its own per stage (stage_main). PyTorch's tutorial runs each micro-batch's
+ * A stage's forward is an async function (pp_forward) run by its worker's
+ * one forward thread (runner_main), shared by the stages the worker holds.
+ * PyTorch's tutorial runs each micro-batch's
  * call on a thread of the RPC pool that blocks in to_here and then on the
  * stage's lock; here the call only queues its micro-batch (after an async
  * fetch of its input: pp_value on the owner, inside the call's distributed
@@ -95,13 +103,27 @@ static int model_create(uint64_t seed, sr_module **m)
 }
 
 static struct opts {
-    int epochs, stages, splits;
+    int epochs, stages, workers, splits;
     int64_t batch, save_every, limit, test_limit, warmup;
     double lr;
     uint64_t seed;
     const char *ckpt_dir, *plot, *data;
     bool resume, local;
 } opt = {.epochs = 2, .splits = 4, .batch = 64, .lr = 1e-3, .plot = "pipeline_loss.svg"};
+
+/* The worker that holds stage s (0-based): round robin over the workers,
+ * so with more stages than workers a worker holds stages s and s + W. */
+static int stage_worker(int s)
+{
+    return s % opt.workers + 1;
+}
+
+/* s is the first stage its worker holds: the one whose calls carry the
+ * worker's optimizer state in checkpoints. */
+static bool first_on_worker(int s)
+{
+    return s < opt.workers;
+}
 
 static int fail(int rc, const char *what)
 {
@@ -113,7 +135,7 @@ static int fail(int rc, const char *what)
 
 struct stage;
 
-/* A micro-batch's forward, queued for the stage's thread (which frees it). */
+/* A micro-batch's forward, queued for its worker's runner (which frees it). */
 struct fwd_job {
     struct fwd_job *next;
     struct stage *st; /* alive while the job is: its call holds the stage's value */
@@ -122,26 +144,43 @@ struct fwd_job {
     bool train;
 };
 
-/* Lifetime: made by pp_stage_new, kept by its OwnerRRef's value, destroyed
- * by stage_free when that value goes (which joins the stage's thread, or,
- * if the stage's thread itself drops the last reference while it answers a
- * call, leaves the freeing to that thread). The module is used by the
- * stage's thread (forwards) and by the calls the master makes between
- * steps (parameters, state, loading), never at once. qmu is a leaf lock. */
-struct stage {
-    sr_module *m;
-    int from, to;      /* its layers */
-    size_t first, n;   /* its parameters in sr_module_params order */
-    pthread_mutex_t qmu; /* the queue: head, tail, stop, self_free */
-    pthread_cond_t qcv;  /* signalled with qmu held: a job queued, or stop */
+/* The worker's one thread for its stages' forwards: a worker that holds
+ * several stages (--stages above the workers) runs them one at a time, in
+ * the order their inputs come, as one device would.
+ * Lifetime: made by the first stage (runner_get), destroyed when the last
+ * stage goes (runner_put: it joins the thread, or, if the runner's thread
+ * itself drops the last stage while it answers a call, leaves the freeing
+ * to that thread). mu is a leaf lock; runner_mu (the current runner) is
+ * taken before it, never after. */
+struct runner {
+    pthread_mutex_t mu; /* head, tail, stop, self_free */
+    pthread_cond_t cv;  /* signalled with mu held: a job queued, or stop */
     struct fwd_job *head, *tail;
-    bool stop, self_free, started;
+    bool stop, self_free;
+    int stages; /* the stages that use it; under runner_mu */
     pthread_t thread;
 };
 
+static pthread_mutex_t runner_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct runner *runner_now; /* under runner_mu */
+
+/* A stage's layers of the model, its parameters, and its worker's runner.
+ * Lifetime: made by pp_stage_new, kept by its OwnerRRef's value, destroyed
+ * by stage_free when that value goes; no job of it is queued then (each
+ * holds the value through its call). The module is used by the runner
+ * (forwards) and by the calls the master makes between steps (parameters,
+ * state, loading), never at once. */
+struct stage {
+    sr_module *m;
+    int from, to;    /* its layers */
+    size_t first, n; /* its parameters in sr_module_params order */
+    struct runner *run;
+};
+
 /* The job's forward, then its answer (completing the call's future sends it). */
-static void fwd_run(struct stage *st, struct fwd_job *j)
+static void fwd_run(struct fwd_job *j)
 {
+    struct stage *st = j->st;
     sr_tensor *x = sr_value_tensor(j->in), *y = NULL;
     if (x) {
         bool prev = j->train ? false : sr_no_grad_enter();
@@ -162,72 +201,104 @@ static void fwd_run(struct stage *st, struct fwd_job *j)
     free(j);
 }
 
-static void stage_release(struct stage *st)
+static void runner_release(struct runner *r)
 {
-    sr_module_destroy(st->m);
-    pthread_mutex_destroy(&st->qmu);
-    pthread_cond_destroy(&st->qcv);
-    free(st);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
 }
 
-/* The stage's thread: the queued forwards in arrival order, until stop. */
-static void *stage_main(void *p)
+/* The runner's thread: the queued forwards in arrival order, until stop. */
+static void *runner_main(void *p)
 {
-    struct stage *st = p;
-    pthread_mutex_lock(&st->qmu);
+    struct runner *r = p;
+    pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (!st->head && !st->stop)
-            pthread_cond_wait(&st->qcv, &st->qmu);
-        struct fwd_job *j = st->head;
+        while (!r->head && !r->stop)
+            pthread_cond_wait(&r->cv, &r->mu);
+        struct fwd_job *j = r->head;
         if (!j)
             break;
-        st->head = j->next;
-        if (!st->head)
-            st->tail = NULL;
-        pthread_mutex_unlock(&st->qmu);
-        fwd_run(st, j);
-        pthread_mutex_lock(&st->qmu);
+        r->head = j->next;
+        if (!r->head)
+            r->tail = NULL;
+        pthread_mutex_unlock(&r->mu);
+        fwd_run(j);
+        pthread_mutex_lock(&r->mu);
     }
-    bool self_free = st->self_free;
-    pthread_mutex_unlock(&st->qmu);
-    if (self_free) { /* stage_free ran on this thread: nobody joins it */
+    bool self_free = r->self_free;
+    pthread_mutex_unlock(&r->mu);
+    if (self_free) { /* runner_put ran on this thread: nobody joins it */
         pthread_detach(pthread_self());
-        stage_release(st);
+        runner_release(r);
     }
     return NULL;
 }
 
-static void stage_push(struct stage *st, struct fwd_job *j)
+/* The worker's runner, started by its first stage; NULL with errno's code in *rc. */
+static struct runner *runner_get(int *rc)
 {
-    pthread_mutex_lock(&st->qmu);
-    if (st->tail)
-        st->tail->next = j;
-    else
-        st->head = j;
-    st->tail = j;
-    pthread_cond_signal(&st->qcv);
-    pthread_mutex_unlock(&st->qmu);
+    pthread_mutex_lock(&runner_mu);
+    struct runner *r = runner_now;
+    if (!r && (r = calloc(1, sizeof(*r)))) {
+        pthread_mutex_init(&r->mu, NULL);
+        pthread_cond_init(&r->cv, NULL);
+        if ((*rc = -pthread_create(&r->thread, NULL, runner_main, r))) {
+            runner_release(r);
+            r = NULL;
+        }
+        runner_now = r;
+    } else if (!r) {
+        *rc = -ENOMEM;
+    }
+    if (r)
+        r->stages++;
+    pthread_mutex_unlock(&runner_mu);
+    return r;
 }
 
-/* The value's destroy. No job is queued (each holds the value through its
- * call), so the thread is idle, or is this thread finishing a call. */
+/* A stage lets go of its runner; the last one stops it. */
+static void runner_put(struct runner *r)
+{
+    pthread_mutex_lock(&runner_mu);
+    bool last = --r->stages == 0;
+    if (last)
+        runner_now = NULL;
+    pthread_mutex_unlock(&runner_mu);
+    if (!last)
+        return;
+    bool self = pthread_equal(pthread_self(), r->thread);
+    pthread_mutex_lock(&r->mu);
+    r->stop = true;
+    r->self_free = self;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (!self) {
+        pthread_join(r->thread, NULL);
+        runner_release(r);
+    }
+}
+
+static void runner_push(struct runner *r, struct fwd_job *j)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->tail)
+        r->tail->next = j;
+    else
+        r->head = j;
+    r->tail = j;
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* The value's destroy (or a failed pp_stage_new's). */
 static void stage_free(void *p)
 {
     struct stage *st = p;
-    if (!st->started) {
-        stage_release(st);
-        return;
-    }
-    bool self = pthread_equal(pthread_self(), st->thread);
-    pthread_mutex_lock(&st->qmu);
-    st->stop = true;
-    st->self_free = self;
-    pthread_cond_signal(&st->qcv);
-    pthread_mutex_unlock(&st->qmu);
-    if (!self) {
-        pthread_join(st->thread, NULL);
-        stage_release(st);
-    }
+    if (st->run)
+        runner_put(st->run);
+    sr_module_destroy(st->m);
+    free(st);
 }
 
 static struct stage *stage_of(sr_call *c)
@@ -245,16 +316,13 @@ static int pp_stage_new(sr_call *c)
     struct stage *st = calloc(1, sizeof(*st));
     if (!st)
         return sr_call_fail(c, -ENOMEM, "pp_stage_new: out of memory");
-    pthread_mutex_init(&st->qmu, NULL);
-    pthread_cond_init(&st->qcv, NULL);
     st->from = (int)sr_value_int(sr_call_arg(c, 1));
     st->to = (int)sr_value_int(sr_call_arg(c, 2));
     int rc = model_create((uint64_t)sr_value_int(sr_call_arg(c, 0)), &st->m);
     if (!rc)
         rc = sr_sequential_param_range(st->m, st->from, st->to, &st->first, &st->n);
     if (!rc)
-        rc = -pthread_create(&st->thread, NULL, stage_main, st);
-    st->started = !rc;
+        st->run = runner_get(&rc);
     sr_value *v = rc ? NULL : sr_object(st, stage_free, STAGE_TYPE);
     if (!v) {
         rc = sr_call_fail(c, rc ? rc : -ENOMEM, "pp_stage_new: %s", sr_last_error());
@@ -275,7 +343,7 @@ static void fwd_fetched(sr_future *f, void *arg)
         free(j);
         return;
     }
-    stage_push(j->st, j);
+    runner_push(j->st->run, j);
 }
 
 /* pp_forward(stage, x or RRef(x), train) -> the stage's output. Async: it
@@ -300,7 +368,7 @@ static int pp_forward(sr_call *c, sr_future **out)
     sr_rref *r = sr_value_rref(in);
     if (!r) {
         j->in = sr_value_ref(in);
-        stage_push(st, j);
+        runner_push(st->run, j);
         return 0;
     }
     sr_future *f = NULL;
@@ -355,6 +423,7 @@ static int pp_params(sr_call *c)
 /* What pp_state and pp_load hand to the step lock's callback. */
 struct state_job {
     struct stage *st;
+    bool with_optim;           /* the worker's optimizer state too (its first stage) */
     sr_value *names, *tensors; /* pp_load: in; pp_state: out */
 };
 
@@ -390,14 +459,14 @@ static sr_value *list_cat(sr_value *a, sr_value *b)
 }
 
 /* Under the step lock: the stage's parameters (module state, "param.<name>",
- * copies) and its optimizer's state ("optim.<name>"). */
+ * copies) and, with_optim, its worker's optimizer state ("optim.<name>"). */
 static int export_locked(sr_optim *const *optims, size_t n, void *arg)
 {
     (void)n;
     struct state_job *job = arg;
-    size_t np, no;
-    char **pn, **on;
-    sr_tensor **pt, **ot;
+    size_t np, no = 0;
+    char **pn, **on = NULL;
+    sr_tensor **pt, **ot = NULL;
     int rc = sr_module_state_dict(job->st->m, "param.", &np, &pn, &pt);
     if (rc)
         return rc;
@@ -407,7 +476,9 @@ static int export_locked(sr_optim *const *optims, size_t n, void *arg)
         pt[i] = copy;
         rc = copy ? rc : -ENOMEM;
     }
-    if (!rc && !(rc = sr_optim_state_export(optims[0], &no, &on, &ot))) {
+    if (!rc && job->with_optim)
+        rc = sr_optim_state_export(optims[0], &no, &on, &ot);
+    if (!rc) {
         for (size_t i = 0; i < no; i++) { /* "optim." + name */
             char *p = malloc(strlen(on[i]) + 7);
             if (p)
@@ -421,20 +492,21 @@ static int export_locked(sr_optim *const *optims, size_t n, void *arg)
         job->tensors = c && d ? list_cat(c, d) : NULL;
         rc = job->names && job->tensors ? 0 : -ENOMEM;
         sr_value_unref(a), sr_value_unref(b), sr_value_unref(c), sr_value_unref(d);
-        sr_optim_state_free(no, on, ot);
     }
+    if (on)
+        sr_optim_state_free(no, on, ot);
     sr_module_state_free(np, pn, pt);
     return rc;
 }
 
-/* pp_state(stage, RRef(local optimizer)) -> [names, tensors]. */
+/* pp_state(stage, RRef(local optimizer), with_optim) -> [names, tensors]. */
 static int pp_state(sr_call *c)
 {
     struct stage *st = stage_of(c);
-    sr_rref *o = sr_call_nargs(c) == 2 ? sr_value_rref(sr_call_arg(c, 1)) : NULL;
+    sr_rref *o = sr_call_nargs(c) == 3 ? sr_value_rref(sr_call_arg(c, 1)) : NULL;
     if (!st || !o)
-        return sr_call_fail(c, -EINVAL, "pp_state takes (stage, optimizer RRef)");
-    struct state_job job = {.st = st};
+        return sr_call_fail(c, -EINVAL, "pp_state takes (stage, optimizer RRef, with_optim)");
+    struct state_job job = {.st = st, .with_optim = sr_value_bool(sr_call_arg(c, 2))};
     int rc = sr_dist_optim_with_locals(&o, 1, export_locked, &job);
     sr_value *out = rc ? NULL : sr_list(2, (sr_value *[]){job.names, job.tensors});
     sr_value_unref(job.names), sr_value_unref(job.tensors);
@@ -454,7 +526,7 @@ static bool own_param(const struct stage *st, const char *name)
 
 /* Under the step lock: load the entries "param.<name>" of its own layers
  * into the module (every one of them must be there; the other stages'
- * are skipped) and "optim.<name>" into the optimizer. */
+ * are skipped) and, with_optim, "optim.<name>" into the worker's optimizer. */
 static int import_locked(sr_optim *const *optims, size_t n, void *arg)
 {
     (void)n;
@@ -477,20 +549,21 @@ static int import_locked(sr_optim *const *optims, size_t n, void *arg)
         rc = sr_errorf(-EINVAL, "%zu parameters sent for a stage of %zu", np, job->st->n);
     if (!rc)
         rc = sr_module_load_state_dict(job->st->m, np, pn, pt, false);
-    if (!rc)
+    if (!rc && job->with_optim)
         rc = sr_optim_state_import(optims[0], no, on, ot);
     free(pn), free(on), free(pt), free(ot);
     return rc;
 }
 
-/* pp_load(stage, RRef(local optimizer), names, tensors). */
+/* pp_load(stage, RRef(local optimizer), with_optim, names, tensors). */
 static int pp_load(sr_call *c)
 {
     struct stage *st = stage_of(c);
-    sr_rref *o = sr_call_nargs(c) == 4 ? sr_value_rref(sr_call_arg(c, 1)) : NULL;
+    sr_rref *o = sr_call_nargs(c) == 5 ? sr_value_rref(sr_call_arg(c, 1)) : NULL;
     if (!st || !o)
-        return sr_call_fail(c, -EINVAL, "pp_load takes (stage, optimizer RRef, names, tensors)");
-    struct state_job job = {.st = st, .names = sr_call_arg(c, 2), .tensors = sr_call_arg(c, 3)};
+        return sr_call_fail(c, -EINVAL, "pp_load takes (stage, optimizer RRef, with_optim, names, tensors)");
+    struct state_job job = {.st = st, .with_optim = sr_value_bool(sr_call_arg(c, 2)),
+                            .names = sr_call_arg(c, 3), .tensors = sr_call_arg(c, 4)};
     int rc = sr_value_list_len(job.names) == sr_value_list_len(job.tensors)
                  ? sr_dist_optim_with_locals(&o, 1, import_locked, &job)
                  : sr_errorf(-EINVAL, "as many names as tensors");
@@ -636,23 +709,25 @@ static void entries_free(struct entries *e)
     }
 }
 
-/* Stage s's entries, its optimizer's renamed "optim.<s>.<name>". A stage
- * without parameters (ReLU and pooling) has no optimizer and nothing to
- * save. */
+/* Stage s's entries, and with the first stage of each worker that worker's
+ * optimizer state, renamed "optim.<w>.<name>" (w: the worker, 0-based). A
+ * worker without parameters (ReLU and pooling) has no optimizer and
+ * nothing to save. */
 static int add_stage_state(struct entries *e, int s)
 {
-    sr_rref *opt_s = sr_dist_optim_local_rref(M.optim, s + 1);
-    if (!opt_s)
+    int w = stage_worker(s);
+    sr_rref *opt_w = sr_dist_optim_local_rref(M.optim, w);
+    if (!opt_w)
         return 0;
-    sr_value *o = sr_value_from_rref(opt_s), *out = NULL;
-    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o), 0, &out);
-    sr_value_unref(o);
+    sr_value *o = sr_value_from_rref(opt_w), *out = NULL, *with = sr_bool(first_on_worker(s));
+    int rc = sr_rref_rpc_sync(M.stage[s], "pp_state", SR_ARGS(o, with), 0, &out);
+    sr_value_unref(o), sr_value_unref(with);
     sr_value *names = rc ? NULL : sr_value_list_at(out, 0), *ts = rc ? NULL : sr_value_list_at(out, 1);
     for (size_t i = 0; !rc && i < sr_value_list_len(names) && e->n < 1024; i++) {
         const char *nm = sr_value_str(sr_value_list_at(names, i));
         char buf[256];
         if (nm && !strncmp(nm, "optim.", 6))
-            snprintf(buf, sizeof(buf), "optim.%d.%s", s, nm + 6);
+            snprintf(buf, sizeof(buf), "optim.%d.%s", w - 1, nm + 6);
         else
             snprintf(buf, sizeof(buf), "%s", nm ? nm : "");
         sr_tensor *t = sr_value_tensor(sr_value_list_at(ts, i));
@@ -677,10 +752,10 @@ static int save(void)
         e.names[e.n] = strdup("loss_curve");
         e.ts[e.n++] = sr_from_data(SR_F64, 1, (const int64_t[]){M.step}, M.loss, 0);
     }
-    static const char *meta[] = {"step", "seed", "stages", "batch", "limit_batches"};
-    int64_t vals[] = {M.step, (int64_t)opt.seed, opt.stages, opt.batch, opt.limit};
+    static const char *meta[] = {"step", "seed", "stages", "batch", "limit_batches", "workers"};
+    int64_t vals[] = {M.step, (int64_t)opt.seed, opt.stages, opt.batch, opt.limit, opt.workers};
     if (!rc)
-        rc = sr_checkpoint_save(path, e.n, (const char *const *)e.names, e.ts, 5, meta, vals);
+        rc = sr_checkpoint_save(path, e.n, (const char *const *)e.names, e.ts, 6, meta, vals);
     entries_free(&e);
     if (rc)
         return fail(rc, "saving the checkpoint");
@@ -700,21 +775,22 @@ static int meta_expect(const sr_checkpoint *ck, const char *name, int64_t want)
 }
 
 /* Stage s's entries of the checkpoint: "param.*" (every stage takes its
- * own layers by name) and "optim.<s>.*" renamed "optim.*". A stage without
- * parameters has nothing to load. */
+ * own layers by name) and, for the first stage of each worker, "optim.<w>.*"
+ * renamed "optim.*". A worker without parameters has nothing to load. */
 static int load_stage(const sr_checkpoint *ck, int s)
 {
-    if (!sr_dist_optim_local_rref(M.optim, s + 1))
+    int w = stage_worker(s);
+    if (!sr_dist_optim_local_rref(M.optim, w))
         return 0;
     size_t cnt = sr_checkpoint_count(ck), k = 0;
     sr_value **nv = calloc(cnt + 1, sizeof(*nv)), **tv = calloc(cnt + 1, sizeof(*tv));
     char prefix[32];
-    size_t plen = (size_t)snprintf(prefix, sizeof(prefix), "optim.%d.", s);
+    size_t plen = (size_t)snprintf(prefix, sizeof(prefix), "optim.%d.", w - 1);
     int rc = nv && tv ? 0 : -ENOMEM;
     for (size_t i = 0; !rc && i < cnt; i++) {
         const char *nm = sr_checkpoint_name(ck, i);
         char buf[256];
-        if (!strncmp(nm, prefix, plen))
+        if (first_on_worker(s) && !strncmp(nm, prefix, plen))
             snprintf(buf, sizeof(buf), "optim.%s", nm + plen);
         else if (!strncmp(nm, "param.", 6))
             snprintf(buf, sizeof(buf), "%s", nm);
@@ -724,14 +800,24 @@ static int load_stage(const sr_checkpoint *ck, int s)
         tv[k++] = sr_value_from_tensor(sr_checkpoint_tensor(ck, nm));
     }
     sr_value *names = rc ? NULL : sr_list(k, nv), *ts = rc ? NULL : sr_list(k, tv);
-    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, s + 1));
+    sr_value *o = sr_value_from_rref(sr_dist_optim_local_rref(M.optim, w)), *with = sr_bool(first_on_worker(s));
     if (!rc)
-        rc = names && ts && o ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, names, ts), 0, NULL) : -ENOMEM;
+        rc = names && ts && o && with ? sr_rref_rpc_sync(M.stage[s], "pp_load", SR_ARGS(o, with, names, ts), 0, NULL)
+                                      : -ENOMEM;
     for (size_t i = 0; i < k; i++)
         sr_value_unref(nv[i]), sr_value_unref(tv[i]);
     free(nv), free(tv);
-    sr_value_unref(names), sr_value_unref(ts), sr_value_unref(o);
+    sr_value_unref(names), sr_value_unref(ts), sr_value_unref(o), sr_value_unref(with);
     return rc;
+}
+
+/* A checkpoint from before --stages could exceed the workers has no
+ * "workers": it had a worker per stage. */
+static int workers_expect(const sr_checkpoint *ck)
+{
+    int64_t v;
+    return sr_checkpoint_meta(ck, "workers", &v) ? meta_expect(ck, "stages", opt.workers)
+                                                  : meta_expect(ck, "workers", opt.workers);
 }
 
 static int resume(void)
@@ -743,7 +829,8 @@ static int resume(void)
     if (rc)
         return fail(rc, "--resume");
     if (!(rc = meta_expect(ck, "seed", (int64_t)opt.seed)) && !(rc = meta_expect(ck, "stages", opt.stages)) &&
-        !(rc = meta_expect(ck, "batch", opt.batch)) && !(rc = meta_expect(ck, "limit_batches", opt.limit)))
+        !(rc = meta_expect(ck, "batch", opt.batch)) && !(rc = meta_expect(ck, "limit_batches", opt.limit)) &&
+        !(rc = workers_expect(ck)))
         rc = sr_checkpoint_meta(ck, "step", &M.step);
     if (!rc && M.step > M.total)
         rc = sr_errorf(-EINVAL, "the checkpoint is at step %" PRId64 ", past this run's %" PRId64, M.step, M.total);
@@ -769,7 +856,7 @@ static int setup(void)
     for (int s = 0; s < opt.stages && !rc; s++) {
         sr_value *seed = sr_int((int64_t)opt.seed), *from = sr_int(BOUNDS[opt.stages][s]),
                  *to = sr_int(BOUNDS[opt.stages][s + 1]);
-        rc = sr_remote(s + 1, "pp_stage_new", SR_ARGS(seed, from, to), 0, &M.stage[s]);
+        rc = sr_remote(stage_worker(s), "pp_stage_new", SR_ARGS(seed, from, to), 0, &M.stage[s]);
         sr_value_unref(seed), sr_value_unref(from), sr_value_unref(to);
     }
     if (rc)
@@ -949,11 +1036,11 @@ static int master(double t0)
             printf("local: CNN (%zu parameters) in this process, batch %" PRId64 ", %" PRId64
                    " batches per epoch, %d epoch%s\n", numel, opt.batch, M.nb, opt.epochs, opt.epochs > 1 ? "s" : "");
         else
-            printf("pipeline: CNN (%zu parameters) in %d stages, batch %" PRId64 " in %d micro-batch%s, %" PRId64
-                   " batches per epoch, %d epoch%s\n", numel, opt.stages, opt.batch, opt.splits,
+            printf("pipeline: CNN (%zu parameters) in %d stages on %d workers, batch %" PRId64 " in %d micro-batch%s, %"
+                   PRId64 " batches per epoch, %d epoch%s\n", numel, opt.stages, opt.workers, opt.batch, opt.splits,
                    opt.splits > 1 ? "es" : "", M.nb, opt.epochs, opt.epochs > 1 ? "s" : "");
         for (int s = 0; !opt.local && s < opt.stages; s++)
-            printf("  stage %d on worker%d: layers %d..%d\n", s + 1, s + 1, BOUNDS[opt.stages][s],
+            printf("  stage %d on worker%d: layers %d..%d\n", s + 1, stage_worker(s), BOUNDS[opt.stages][s],
                    BOUNDS[opt.stages][s + 1] - 1);
         fflush(stdout);
         rc = train(train_ds);
@@ -969,8 +1056,9 @@ static int master(double t0)
 /* ============================ command line ================================ */
 
 static const char usage[] =
-    "usage: shmrun -n S+1 demo_pipeline [options]    (rank 0: the master; ranks 1..S: the stages)\n"
-    "  --stages S            pipeline stages, 2 to 4: shmrun's -n minus 1 (given here, it is only checked)\n"
+    "usage: shmrun -n W+1 demo_pipeline [options]    (rank 0: the master; ranks 1..W: the stage workers)\n"
+    "  --stages S            pipeline stages, W to 4 (default W, a stage per worker); stage s (from 0)\n"
+    "                        goes to worker s mod W + 1: 3 stages on 2 workers balance this CNN best\n"
     "  --splits K            micro-batches per batch, 1 to " "64 (default 4)\n"
     "  --epochs E            epochs to train (default 2)\n"
     "  --batch B             samples per batch (default 64)\n"
@@ -1000,8 +1088,8 @@ static int set_opt(int c, const char *arg, int world)
     double v;
     switch (c) {
     case O_STAGES:
-        return num(arg, 2, MAX_STAGES, &v) && (world < 2 || (int)v == world - 1)
-                   ? 0 : bad("--stages takes 2..4, shmrun's -n minus 1", arg);
+        return num(arg, 2, MAX_STAGES, &v) && (world < 2 || (int)v >= world - 1)
+                   ? (opt.stages = (int)v, 0) : bad("--stages takes 2..4, at least shmrun's -n minus 1", arg);
     case O_SPLITS: return num(arg, 1, MAX_SPLITS, &v) ? (opt.splits = (int)v, 0) : bad("--splits takes 1..64", arg);
     case O_EPOCHS: return num(arg, 1, 1000, &v) ? (opt.epochs = (int)v, 0) : bad("--epochs takes 1..1000", arg);
     case O_BATCH: return num(arg, 1, 60000, &v) ? (opt.batch = (int64_t)v, 0) : bad("--batch takes 1..60000", arg);
@@ -1077,7 +1165,9 @@ int main(int argc, char **argv)
                         "shmrun -n 3 %s\n", MAX_STAGES + 1, MAX_STAGES, argv[0]);
         return 2;
     }
-    opt.stages = world - 1;
+    opt.workers = world - 1;
+    if (!opt.stages)
+        opt.stages = opt.workers;
     sr_register("pp_stage_new", pp_stage_new);
     sr_register_async("pp_forward", pp_forward);
     sr_register_async("pp_value", pp_value);

@@ -88,7 +88,7 @@ Test(pipeline, prints_progress_accuracy_time_and_the_loss_goes_down, .timeout = 
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     struct piped_job j;
     run_to_end(&j, "plain", dir, (char *[]){RECIPE, "--warmup", "2", NULL}); /* 12 steps trained, 10 timed */
-    const char *want[] = {"pipeline: CNN (125450 parameters) in 2 stages, batch 32 in 4 micro-batches",
+    const char *want[] = {"pipeline: CNN (125450 parameters) in 2 stages on 2 workers, batch 32 in 4 micro-batches",
                           "  stage 1 on worker1: layers 0..3\n", "  stage 2 on worker2: layers 4..9\n",
                           "epoch 1/1   batch    12/12   loss ", "test accuracy: ", "(300 test images)\n",
                           " s training (10 steps, ", " samples/s)\n", "loss curve: "};
@@ -244,5 +244,47 @@ Test(pipeline, four_stages_one_without_parameters_save_and_resume, .timeout = 12
     cr_assert_eq(end, 4, "the resumed run's last checkpoint is at step %lld, not 4", (long long)end);
     assert_same_params(c, c); /* all 10 parameters are there */
     sr_checkpoint_destroy(c);
+    remove_dir(dir);
+}
+
+/* 3 stages on 2 workers (--stages above shmrun's -n minus 1): worker 1
+ * holds stages 1 and 3, whose forwards share its one thread and whose
+ * parameters share its one Adam. One micro-batch, so that the runs are
+ * bit for bit comparable: 4 steps straight, against 2 steps, a checkpoint
+ * and 2 more resumed from it. The resumed run matches only if each stage
+ * loaded its own layers and worker 1's optimizer state came back whole. */
+static void run_three_on_two(struct piped_job *j, const char *name, const char *dir, char **args)
+{
+    static char plot[512], ck[512];
+    snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
+    snprintf(ck, sizeof(ck), "%s/%s", dir, strcmp(name, "resumed") ? name : "cut");
+    mkdir(ck, 0700);
+    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, "--stages", "3", "--limit-batches", "2", "--batch",
+                    "16", "--splits", "1", "--seed", "7", "--test-limit", "10", NULL};
+    piped_job_shmrun(j, name, "3", "DEMO_PIPELINE", head, args);
+    piped_job_expect_success(j, name);
+}
+
+Test(pipeline, three_stages_on_two_workers_resume_equals_an_uninterrupted_run, .timeout = 120)
+{
+    skip_without_data();
+    char dir[] = "/tmp/sr-pipeline-three-XXXXXX";
+    cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    struct piped_job j;
+    run_three_on_two(&j, "straight", dir, (char *[]){"--epochs", "2", NULL});
+    const char *want[] = {"pipeline: CNN (125450 parameters) in 3 stages on 2 workers", "  stage 1 on worker1: layers 0..3\n",
+                          "  stage 2 on worker2: layers 4..4\n", "  stage 3 on worker1: layers 5..9\n"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_assert(strstr(j.out, want[i]), "no '%s' in stdout:\n%s", want[i], j.out);
+    run_three_on_two(&j, "cut", dir, (char *[]){"--epochs", "1", NULL});
+    run_three_on_two(&j, "resumed", dir, (char *[]){"--epochs", "2", "--resume", NULL});
+    cr_assert(strstr(j.out, "resumed from"), "the third run did not resume; stdout:\n%s", j.out);
+    sr_checkpoint *a = load_ck(dir, "straight"), *b = load_ck(dir, "cut");
+    int64_t end = -1;
+    cr_assert_eq(sr_checkpoint_meta(b, "step", &end), 0);
+    cr_assert_eq(end, 4, "the resumed run's last checkpoint is at step %lld, not 4", (long long)end);
+    assert_same_params(a, b);
+    sr_checkpoint_destroy(a);
+    sr_checkpoint_destroy(b);
     remove_dir(dir);
 }
