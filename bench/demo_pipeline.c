@@ -150,8 +150,8 @@ struct fwd_job {
  * Lifetime: made by the first stage (runner_get), destroyed when the last
  * stage goes (runner_put: it joins the thread, or, if the runner's thread
  * itself drops the last stage while it answers a call, leaves the freeing
- * to that thread). mu is a leaf lock; runner_mu (the current runner) is
- * taken before it, never after. */
+ * to that thread). mu and runner_mu (the current runner) are leaf locks,
+ * never held together. */
 struct runner {
     pthread_mutex_t mu; /* head, tail, stop, self_free */
     pthread_cond_t cv;  /* signalled with mu held: a job queued, or stop */
