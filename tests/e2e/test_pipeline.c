@@ -47,16 +47,27 @@ static void skip_without_data(void)
         cr_skip_test("dataset-fashion-mnist is not installed (%s)", path);
 }
 
-/* shmrun -n 3 --name-prefix NS -- demo_pipeline --loss-curve DIR/NAME.svg
- * --checkpoint-dir DIR/NAME args... */
-static void start(struct piped_job *j, const char *name, const char *dir, char **args)
+/* shmrun -n N --name-prefix NS -- demo_pipeline --loss-curve DIR/NAME.svg
+ * --checkpoint-dir DIR/CK opts... args... (opts, args: NULL-terminated) */
+static void start_demo(struct piped_job *j, const char *name, const char *n, const char *dir, const char *ck_name,
+                       char **opts, char **args)
 {
     static char plot[512], ck[512];
     snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
-    snprintf(ck, sizeof(ck), "%s/%s", dir, strcmp(name, "resumed") ? name : "killed");
+    snprintf(ck, sizeof(ck), "%s/%s", dir, ck_name);
     mkdir(ck, 0700);
-    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, NULL};
-    piped_job_shmrun(j, name, "3", "DEMO_PIPELINE", head, args);
+    char *head[32] = {"--loss-curve", plot, "--checkpoint-dir", ck};
+    size_t k = 4;
+    for (; opts && *opts && k < 31; opts++)
+        head[k++] = *opts;
+    head[k] = NULL;
+    piped_job_shmrun(j, name, n, "DEMO_PIPELINE", head, args);
+}
+
+/* 2 stages; the run "resumed" continues the checkpoints of "killed". */
+static void start(struct piped_job *j, const char *name, const char *dir, char **args)
+{
+    start_demo(j, name, "3", dir, strcmp(name, "resumed") ? name : "killed", NULL, args);
 }
 
 static void run_to_end(struct piped_job *j, const char *name, const char *dir, char **args)
@@ -218,12 +229,7 @@ Test(pipeline, sigkill_after_a_checkpoint_then_resume_equals_an_uninterrupted_ru
 
 static void run_four_stages(struct piped_job *j, const char *name, const char *dir, char **args)
 {
-    static char plot[512], ck[512];
-    snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
-    snprintf(ck, sizeof(ck), "%s/ck", dir);
-    mkdir(ck, 0700);
-    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, TINY, NULL};
-    piped_job_shmrun(j, name, "5", "DEMO_PIPELINE", head, args);
+    start_demo(j, name, "5", dir, "ck", (char *[]){TINY, NULL}, args);
     piped_job_expect_success(j, name);
 }
 
@@ -255,13 +261,9 @@ Test(pipeline, four_stages_one_without_parameters_save_and_resume, .timeout = 12
  * loaded its own layers and worker 1's optimizer state came back whole. */
 static void run_three_on_two(struct piped_job *j, const char *name, const char *dir, char **args)
 {
-    static char plot[512], ck[512];
-    snprintf(plot, sizeof(plot), "%s/%s.svg", dir, name);
-    snprintf(ck, sizeof(ck), "%s/%s", dir, strcmp(name, "resumed") ? name : "cut");
-    mkdir(ck, 0700);
-    char *head[] = {"--loss-curve", plot, "--checkpoint-dir", ck, "--stages", "3", "--limit-batches", "2", "--batch",
-                    "16", "--splits", "1", "--seed", "7", "--test-limit", "10", NULL};
-    piped_job_shmrun(j, name, "3", "DEMO_PIPELINE", head, args);
+    char *opts[] = {"--stages", "3", "--limit-batches", "2", "--batch", "16", "--splits", "1", "--seed", "7",
+                    "--test-limit", "10", NULL};
+    start_demo(j, name, "3", dir, strcmp(name, "resumed") ? name : "cut", opts, args);
     piped_job_expect_success(j, name);
 }
 
@@ -272,8 +274,9 @@ Test(pipeline, three_stages_on_two_workers_resume_equals_an_uninterrupted_run, .
     cr_assert(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     struct piped_job j;
     run_three_on_two(&j, "straight", dir, (char *[]){"--epochs", "2", NULL});
-    const char *want[] = {"pipeline: CNN (125450 parameters) in 3 stages on 2 workers", "  stage 1 on worker1: layers 0..3\n",
-                          "  stage 2 on worker2: layers 4..4\n", "  stage 3 on worker1: layers 5..9\n"};
+    const char *want[] = {"pipeline: CNN (125450 parameters) in 3 stages on 2 workers",
+                          "  stage 1 on worker1: layers 0..3\n", "  stage 2 on worker2: layers 4..4\n",
+                          "  stage 3 on worker1: layers 5..9\n"};
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_assert(strstr(j.out, want[i]), "no '%s' in stdout:\n%s", want[i], j.out);
     run_three_on_two(&j, "cut", dir, (char *[]){"--epochs", "1", NULL});
