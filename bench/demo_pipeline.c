@@ -1161,7 +1161,7 @@ int main(int argc, char **argv)
     if (opt.local)
         return run_local(t0);
     if (world < 3 || world > MAX_STAGES + 1) {
-        fprintf(stderr, "demo_pipeline: run it under shmrun with 3 to %d workers (a master and 2 to %d stages): "
+        fprintf(stderr, "demo_pipeline: run it under shmrun with 3 to %d workers (a master and 2 to %d stage workers): "
                         "shmrun -n 3 %s\n", MAX_STAGES + 1, MAX_STAGES, argv[0]);
         return 2;
     }
