@@ -105,35 +105,37 @@ static void bin_i64(int64_t *y, const int64_t *a, const int64_t *b, int64_t m, c
                                    : (int64_t)((uint64_t)a[k] + (uint64_t)alpha * (uint64_t)b[k]);
 }
 
-/* y = a op b on f32 rows whose operands are dense (stride 4) or, for a and
- * b, one element repeated (stride 0), computed in f32: for +, -, * and /
+/* y = a op b on f32 rows, y dense, computed in f32: for +, -, * and /
  * the correctly rounded result, so the same bits as the double path (which
  * rounds the exact double result once; a double's 53 bits hold the exact
  * sum or product of two f32, and division rounded twice this way is
- * innocuous). The hot case: gradients of the same shape added up. An
- * operand that overlaps the output's row other than element for element
- * (an in-place op with a shifted or repeated view of itself) takes the
- * double path, which reads it a chunk at a time. */
-/* Operand x (stride sx) reads nothing of the output row y that an earlier
- * element writes: the same elements (x == y, dense), or no overlap. */
+ * innocuous). The hot cases: gradients of the same shape added up, dense
+ * (stride 4, vector loops) or both transposed alike (the weight gradient
+ * of a linear layer, a transposed view: its rows have a stride of the
+ * layer's outputs), and one element repeated (stride 0). An operand that
+ * overlaps the output's row other than element for element (an in-place op
+ * with a shifted or repeated view of itself) takes the double path, which
+ * reads it a chunk at a time. */
+/* Operand x (stride sx, a multiple of 4, any sign) reads nothing of the
+ * output row y that an earlier element writes: the same elements (x == y,
+ * dense), or no overlap. */
 static bool apart(const char *x, int64_t sx, const char *y, int64_t n)
 {
-    const char *end = x + (sx ? n * 4 : 4);
-    return (x == y && sx == 4) || end <= y || x >= y + n * 4;
+    const char *lo = sx < 0 ? x + (n - 1) * sx : x, *end = (sx > 0 ? x + (n - 1) * sx : x) + 4;
+    return (x == y && sx == 4) || end <= y || lo >= y + n * 4;
 }
 
 static bool bin_f32_direct(const struct bin_ctx *c, char *const *p, const int64_t *s, int64_t n)
 {
-    return c->dt == SR_F32 && s[0] == 4 && (s[1] == 4 || s[1] == 0) && (s[2] == 4 || s[2] == 0) &&
-           apart(p[1], s[1], p[0], n) && apart(p[2], s[2], p[0], n) &&
-           (c->op != SR_BIN_ADD || c->alpha == 1.0 || c->alpha == -1.0);
+    return c->dt == SR_F32 && s[0] == 4 && s[1] % 4 == 0 && s[2] % 4 == 0 && apart(p[1], s[1], p[0], n) &&
+           apart(p[2], s[2], p[0], n) && (c->op != SR_BIN_ADD || c->alpha == 1.0 || c->alpha == -1.0);
 }
 
 static void bin_row_f32(float *y, const float *a, const float *b, const int64_t *s, int64_t n,
                         const struct bin_ctx *c)
 {
-    int64_t sa = s[1] / 4, sb = s[2] / 4; /* 1 or 0 */
-    if (c->op == SR_BIN_ADD && c->alpha == 1.0 && sa && sb)
+    int64_t sa = s[1] / 4, sb = s[2] / 4; /* in elements */
+    if (c->op == SR_BIN_ADD && c->alpha == 1.0 && sa == 1 && sb == 1)
         for (int64_t k = 0; k < n; k++)
             y[k] = a[k] + b[k];
     else if (c->op == SR_BIN_ADD)

@@ -116,8 +116,12 @@ void sr__load_f64(double *dst, const char *src, int64_t stride, int64_t n, sr_dt
 {
     switch (dt) {
     case SR_F32:
-        for (int64_t k = 0; k < n; k++)
-            dst[k] = *(const float *)(src + k * stride);
+        if (stride == (int64_t)sizeof(float)) /* dense: a loop the compiler vectorises */
+            for (int64_t k = 0; k < n; k++)
+                dst[k] = ((const float *)src)[k];
+        else
+            for (int64_t k = 0; k < n; k++)
+                dst[k] = *(const float *)(src + k * stride);
         break;
     case SR_F64:
         for (int64_t k = 0; k < n; k++)
@@ -134,8 +138,12 @@ void sr__store_f64(char *dst, int64_t stride, const double *src, int64_t n, sr_d
 {
     switch (dt) {
     case SR_F32:
-        for (int64_t k = 0; k < n; k++)
-            *(float *)(dst + k * stride) = (float)src[k];
+        if (stride == (int64_t)sizeof(float)) /* dense: a loop the compiler vectorises */
+            for (int64_t k = 0; k < n; k++)
+                ((float *)dst)[k] = (float)src[k];
+        else
+            for (int64_t k = 0; k < n; k++)
+                *(float *)(dst + k * stride) = (float)src[k];
         break;
     case SR_F64:
         for (int64_t k = 0; k < n; k++)

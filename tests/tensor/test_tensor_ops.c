@@ -148,9 +148,26 @@ Test(elementwise, f32_rows_round_once_like_the_double_path)
     double *tv = values(t);
     for (int i = 0; i < N; i++)
         cr_assert_eq((float)tv[i], (float)(av[i] + 0.5 * bv[i]), "a + 0.5 b [%d]", i);
+    /* Both operands transposed alike ([7, 43] viewed as [43, 7]: rows of
+     * stride 43, as a linear layer's weight gradient), the sum dense. */
+    sr_tensor *av2 = sr_view(a, 2, SHAPE(7, 43)), *bv2 = sr_view(b, 2, SHAPE(7, 43));
+    sr_tensor *at = sr_t(av2), *bt = sr_t(bv2);
+    for (int op = 0; op < 4; op++) {
+        sr_tensor *y = op == 0 ? sr_add(at, bt) : op == 1 ? sr_sub(at, bt) : op == 2 ? sr_mul(at, bt) : sr_div(at, bt);
+        cr_assert(y, "transposed, op %d: %s", op, sr_last_error());
+        double *yv = values(y);
+        for (int i = 0; i < 43; i++)
+            for (int j = 0; j < 7; j++) {
+                double x = av[j * 43 + i], z = bv[j * 43 + i];
+                float want = (float)(op == 0 ? x + z : op == 1 ? x - z : op == 2 ? x * z : x / z);
+                cr_assert_eq((float)yv[i * 7 + j], want, "transposed, op %d: [%d, %d]", op, i, j);
+            }
+        free(yv);
+        sr_tensor_unref(y);
+    }
     free(av), free(bv), free(sv), free(tv);
-    sr_tensor *ts[] = {a, b, s, t};
-    for (int i = 0; i < 4; i++)
+    sr_tensor *ts[] = {a, b, s, t, av2, bv2, at, bt};
+    for (int i = 0; i < 8; i++)
         sr_tensor_unref(ts[i]);
 }
 
