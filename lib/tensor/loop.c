@@ -189,6 +189,20 @@ struct copy_ctx {
     sr_dtype dst, src;
 };
 
+/* n elements of `es` bytes (4 or 8), strided: each a copy of a constant
+ * size, which the compiler turns into one load and one store (a copy of
+ * `es` bytes, a variable, was a call to memmove per element: a transposed
+ * gradient made dense spent most of its time in those calls). */
+static void copy_strided(char *dst, int64_t sd, const char *src, int64_t ss, int64_t n, size_t es)
+{
+    if (es == 4)
+        for (int64_t k = 0; k < n; k++)
+            memcpy(dst + k * sd, src + k * ss, 4);
+    else
+        for (int64_t k = 0; k < n; k++)
+            memcpy(dst + k * sd, src + k * ss, 8);
+}
+
 static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx)
 {
     struct copy_ctx *c = vctx;
@@ -196,8 +210,7 @@ static void copy_row(char **p, const int64_t *s, int64_t n, void *vctx)
     if (c->dst == c->src && s[0] == (int64_t)es && s[1] == (int64_t)es) {
         memcpy(p[0], p[1], (size_t)n * es);
     } else if (c->dst == c->src) {
-        for (int64_t k = 0; k < n; k++)
-            memcpy(p[0] + k * s[0], p[1] + k * s[1], es);
+        copy_strided(p[0], s[0], p[1], s[1], n, es);
     } else if (c->dst == SR_I64 || c->src == SR_I64) {
         for (int64_t k = 0; k < n; k++) {
             int64_t v;
