@@ -78,7 +78,33 @@ static int bmm_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out);
 static const sr_node_ops mm_ops = {.name = "MmBackward0", .apply = mm_apply};
 static const sr_node_ops bmm_ops = {.name = "BmmBackward0", .apply = bmm_apply};
 
-/* d(ab)/da = g b^T, d(ab)/db = a^T g, over the last two dims. */
+/* t's last two dims are column-major (a transposed view of a dense matrix,
+ * as the weight sr_linear multiplies by), and not row-major too. */
+static bool col_major(const sr_tensor *t)
+{
+    int64_t rows = t->shape[t->ndim - 2], cols = t->shape[t->ndim - 1];
+    return rows > 1 && cols > 1 && t->strides[t->ndim - 2] == 1 && t->strides[t->ndim - 1] >= rows;
+}
+
+/* x y, or with `flip` (x y)^T computed as y^T x^T, a dense product,
+ * handed out transposed: the same values in the layout of a column-major
+ * operand. */
+static sr_tensor *product(sr_tensor *(*mul)(sr_tensor *, sr_tensor *), sr_tensor *x, sr_tensor *y, bool flip)
+{
+    if (!flip)
+        return mul(x, y);
+    sr_tensor *xt = sr_transpose(x, -2, -1), *yt = sr_transpose(y, -2, -1);
+    sr_tensor *p = xt && yt ? mul(yt, xt) : NULL, *out = p ? sr_transpose(p, -2, -1) : NULL;
+    sr_tensor_unref(xt), sr_tensor_unref(yt), sr_tensor_unref(p);
+    return out;
+}
+
+/* d(ab)/da = g b^T, d(ab)/db = a^T g, over the last two dims. The gradient
+ * of a column-major operand comes out column-major (as PyTorch's does): the
+ * weight of sr_linear, multiplied as a transposed view, then gets a dense
+ * gradient through the transpose's backward, which its AccumulateGrad keeps
+ * as it is and later ones add to element for element, instead of a
+ * transposed one that every accumulation copies or reads across rows. */
 static int mm_like_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out,
                          sr_tensor *(*mul)(sr_tensor *, sr_tensor *))
 {
@@ -90,7 +116,8 @@ static int mm_like_apply(sr_node *node, sr_tensor *const *in, sr_tensor **out,
         if (!sr__node_needs_grad(node, (uint32_t)i))
             continue;
         sr_tensor *other = sr_transpose(i == 0 ? b : a, -2, -1);
-        out[i] = other ? (i == 0 ? mul(in[0], other) : mul(other, in[0])) : NULL;
+        bool flip = col_major(i == 0 ? a : b);
+        out[i] = other ? (i == 0 ? product(mul, in[0], other, flip) : product(mul, other, in[0], flip)) : NULL;
         sr_tensor_unref(other);
         rc = out[i] ? 0 : -EINVAL;
     }

@@ -149,6 +149,37 @@ Test(autograd, leaf_hooks_see_the_total_and_may_replace_it)
     unref_all(ts, 5);
 }
 
+static int layout_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)replace;
+    *(bool *)arg = sr_tensor_is_contiguous(grad);
+    return 0;
+}
+
+/* x W^T with W multiplied as a transposed view (as sr_linear does): W's
+ * gradient reaches its leaf dense, in W's own layout, so that accumulation
+ * keeps it as it is (as PyTorch's mm backward does for a column-major
+ * operand), and a column-major x gets its gradient in its layout too. */
+Test(autograd, a_transposed_operand_of_mm_gets_its_gradient_in_its_layout)
+{
+    sr_tensor *xt = tu_tensor(SR_F64, 2, SHAPE(4, 3), VALS(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12),
+                              SR_REQUIRES_GRAD);
+    sr_tensor *w = tu_tensor(SR_F64, 2, SHAPE(2, 4), VALS(1, -1, 2, 0, 3, 1, -2, 1), SR_REQUIRES_GRAD);
+    sr_tensor *g = tu_tensor(SR_F64, 2, SHAPE(3, 2), VALS(1, 2, 3, 4, 5, 6), 0);
+    bool w_dense = false, x_dense = false;
+    cr_assert_eq(sr_tensor_register_hook(w, layout_hook, &w_dense), 0);
+    cr_assert_eq(sr_tensor_register_hook(xt, layout_hook, &x_dense), 0);
+    sr_tensor *x = sr_t(xt), *wt = sr_t(w), *y = sr_mm(x, wt), *yg = sr_mul(y, g), *loss = sr_sum(yg); /* x [3, 4] */
+    cr_assert_eq(sr_backward(loss, false), 0, "%s", sr_last_error());
+    cr_assert(w_dense, "W's gradient reached its leaf as a strided view");
+    cr_assert(x_dense, "x's gradient reached its (transposed) leaf as a strided view");
+    /* dW = g^T x: [2, 4]; dx = g W [3, 4], and xt's gradient its transpose */
+    tu_expect(sr_tensor_grad(w), VALS(22, 49, 76, 103, 28, 64, 100, 136), 8, 0, 0, "dW");
+    tu_expect(sr_tensor_grad(xt), VALS(7, 15, 23, 1, 1, 1, -2, -2, -2, 2, 4, 6), 12, 0, 0, "d(x^T)");
+    sr_tensor *ts[] = {xt, w, g, x, wt, y, yg, loss};
+    unref_all(ts, 8);
+}
+
 Test(autograd, hooks_on_intermediates_and_failing_hooks)
 {
     sr_tensor *x = sr_ones(SR_F64, 1, SHAPE(2), SR_REQUIRES_GRAD), *y = sr_mul_scalar(x, 2);
