@@ -112,7 +112,9 @@ static void bin_i64(int64_t *y, const int64_t *a, const int64_t *b, int64_t m, c
  * innocuous). The hot cases: gradients of the same shape added up, dense
  * (stride 4, vector loops) or both transposed alike (the weight gradient
  * of a linear layer, a transposed view: its rows have a stride of the
- * layer's outputs), and one element repeated (stride 0). An operand that
+ * layer's outputs), and one element repeated (stride 0). a + alpha b with
+ * another alpha (SGD's step) is bin_f64's expression, in double, read and
+ * rounded here without the staging buffers. An operand that
  * overlaps the output's row other than element for element (an in-place op
  * with a shifted or repeated view of itself) takes the double path, which
  * reads it a chunk at a time. */
@@ -128,7 +130,7 @@ static bool apart(const char *x, int64_t sx, const char *y, int64_t n)
 static bool bin_f32_direct(const struct bin_ctx *c, char *const *p, const int64_t *s, int64_t n)
 {
     return c->dt == SR_F32 && s[0] == 4 && s[1] % 4 == 0 && s[2] % 4 == 0 && apart(p[1], s[1], p[0], n) &&
-           apart(p[2], s[2], p[0], n) && (c->op != SR_BIN_ADD || c->alpha == 1.0 || c->alpha == -1.0);
+           apart(p[2], s[2], p[0], n);
 }
 
 static void bin_row_f32(float *y, const float *a, const float *b, const int64_t *s, int64_t n,
@@ -138,9 +140,12 @@ static void bin_row_f32(float *y, const float *a, const float *b, const int64_t 
     if (c->op == SR_BIN_ADD && c->alpha == 1.0 && sa == 1 && sb == 1)
         for (int64_t k = 0; k < n; k++)
             y[k] = a[k] + b[k];
-    else if (c->op == SR_BIN_ADD)
+    else if (c->op == SR_BIN_ADD && (c->alpha == 1.0 || c->alpha == -1.0))
         for (int64_t k = 0; k < n; k++)
             y[k] = c->alpha == 1.0 ? a[k * sa] + b[k * sb] : a[k * sa] - b[k * sb];
+    else if (c->op == SR_BIN_ADD) /* a + alpha b: bin_f64's double expression, rounded once at the end */
+        for (int64_t k = 0; k < n; k++)
+            y[k] = (float)((double)a[k * sa] + c->alpha * (double)b[k * sb]);
     else if (c->op == SR_BIN_MUL)
         for (int64_t k = 0; k < n; k++)
             y[k] = a[k * sa] * b[k * sb];
