@@ -133,25 +133,36 @@ static bool bin_f32_direct(const struct bin_ctx *c, char *const *p, const int64_
            apart(p[2], s[2], p[0], n);
 }
 
+/* The loops of bin_row_f32 with a's and b's element strides SA and SB:
+ * written once, instantiated dense (1, 1: vector loops) and strided. */
+#define BIN_F32_LOOPS(SA, SB)                                                                                  \
+    do {                                                                                                       \
+        double alpha = c->alpha;                                                                               \
+        if (c->op == SR_BIN_ADD && alpha == 1.0)                                                               \
+            for (int64_t k = 0; k < n; k++)                                                                    \
+                y[k] = a[k * (SA)] + b[k * (SB)];                                                              \
+        else if (c->op == SR_BIN_ADD && alpha == -1.0)                                                         \
+            for (int64_t k = 0; k < n; k++)                                                                    \
+                y[k] = a[k * (SA)] - b[k * (SB)];                                                              \
+        else if (c->op == SR_BIN_ADD) /* bin_f64's double expression, rounded once at the end */              \
+            for (int64_t k = 0; k < n; k++)                                                                    \
+                y[k] = (float)((double)a[k * (SA)] + alpha * (double)b[k * (SB)]);                             \
+        else if (c->op == SR_BIN_MUL)                                                                          \
+            for (int64_t k = 0; k < n; k++)                                                                    \
+                y[k] = a[k * (SA)] * b[k * (SB)];                                                              \
+        else                                                                                                   \
+            for (int64_t k = 0; k < n; k++)                                                                    \
+                y[k] = a[k * (SA)] / b[k * (SB)];                                                              \
+    } while (0)
+
 static void bin_row_f32(float *y, const float *a, const float *b, const int64_t *s, int64_t n,
                         const struct bin_ctx *c)
 {
     int64_t sa = s[1] / 4, sb = s[2] / 4; /* in elements */
-    if (c->op == SR_BIN_ADD && c->alpha == 1.0 && sa == 1 && sb == 1)
-        for (int64_t k = 0; k < n; k++)
-            y[k] = a[k] + b[k];
-    else if (c->op == SR_BIN_ADD && (c->alpha == 1.0 || c->alpha == -1.0))
-        for (int64_t k = 0; k < n; k++)
-            y[k] = c->alpha == 1.0 ? a[k * sa] + b[k * sb] : a[k * sa] - b[k * sb];
-    else if (c->op == SR_BIN_ADD) /* a + alpha b: bin_f64's double expression, rounded once at the end */
-        for (int64_t k = 0; k < n; k++)
-            y[k] = (float)((double)a[k * sa] + c->alpha * (double)b[k * sb]);
-    else if (c->op == SR_BIN_MUL)
-        for (int64_t k = 0; k < n; k++)
-            y[k] = a[k * sa] * b[k * sb];
+    if (sa == 1 && sb == 1)
+        BIN_F32_LOOPS(1, 1);
     else
-        for (int64_t k = 0; k < n; k++)
-            y[k] = a[k * sa] / b[k * sb];
+        BIN_F32_LOOPS(sa, sb);
 }
 
 static void bin_row(char **p, const int64_t *s, int64_t n, void *vctx)
