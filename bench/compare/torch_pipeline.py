@@ -173,7 +173,12 @@ def worker(rank, world, port, args):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=16, rpc_timeout=600)
+    # 128 threads, as the tutorial's run_worker: each forward call holds an
+    # RPC thread while it waits in to_here, so a worker that holds two stages
+    # (--workers) has 2 x splits of them waiting at once; with 16, 8 splits
+    # could take every thread and leave none to answer the fetches the
+    # waiting calls need (the job then hangs until rpc_timeout).
+    opts = rpc.TensorPipeRpcBackendOptions(num_worker_threads=128, rpc_timeout=600)
     rpc.init_rpc("master" if rank == 0 else f"worker{rank}", rank=rank, world_size=world, rpc_backend_options=opts)
     if rank == 0:
         images, labels = load_fashion_mnist(True)
