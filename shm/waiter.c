@@ -30,6 +30,8 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -81,7 +83,8 @@ static void prep_futex_wait(struct io_uring_sqe *sqe, _Atomic uint32_t *word, ui
     sqe->addr3 = mask;
 }
 
-bool sr__waiter_futex_supported(void)
+/* The probe itself, on a ring of its own. */
+static bool probe_futex_ops(void)
 {
     struct io_uring r;
     if (io_uring_queue_init(2, &r, 0) < 0)
@@ -102,6 +105,41 @@ bool sr__waiter_futex_supported(void)
              cqe->res == -EAGAIN;
     }
     io_uring_queue_exit(&r);
+    return ok;
+}
+
+static void *probe_main(void *out)
+{
+    *(bool *)out = probe_futex_ops();
+    return NULL;
+}
+
+/* The probe runs on a thread of its own, which ends before we return. A
+ * ring torn down after its creator has used it signals that thread later,
+ * from the kernel's teardown work (task work, like a signal): on the
+ * caller, that would be one stray wake-up of whatever it sleeps in next
+ * (sr_init's thread is often the idle waiter soon after). An ended thread
+ * has let go of the ring, so the teardown signals nobody. The answer is
+ * the kernel's, so one probe per process serves every later one. */
+bool sr__waiter_futex_supported(void)
+{
+    static _Atomic int known = -1; /* relaxed: every thread that probes finds the same answer */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k >= 0)
+        return k;
+    bool ok = false;
+    pthread_attr_t attr;
+    sigset_t all;
+    pthread_t th;
+    sigfillset(&all);
+    pthread_attr_init(&attr); /* glibc: cannot fail */
+    pthread_attr_setsigmask_np(&attr, &all); /* no process signal lands on the probe */
+    if (pthread_create(&th, &attr, probe_main, &ok) == 0)
+        pthread_join(th, NULL);
+    else
+        ok = probe_futex_ops(); /* no thread to spare: probe here, at the cost of that one wake-up */
+    pthread_attr_destroy(&attr);
+    atomic_store_explicit(&known, ok, memory_order_relaxed);
     return ok;
 }
 

@@ -4,14 +4,19 @@
  * binds a single-issuer ring to its thread), shutdown from another thread,
  * and a doorbell rung by another thread. meson runs this binary once with
  * the probed doorbell and once with SHMRPC_DOORBELL=eventfd. Also the aside
- * sleep and its kick, and the take-back that leaves SLEEPING_USER alone.
+ * sleep and its kick, and the take-back that leaves SLEEPING_USER alone;
+ * and that the doorbell probe leaves its caller no stray wake-up.
  *
  * The ringing thread acts on the handshake itself: it rings only once it
  * sees the word announce SLEEPING, so no test depends on sleeping for luck. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -245,4 +250,41 @@ Test(waiter, a_sleep_leaves_a_user_sleepers_announcement_alone)
         atomic_store_explicit(&f.word, SR_DOORBELL_AWAKE, memory_order_relaxed); /* relaxed: as above */
     }
     fixture_fini(&f);
+}
+
+/* This thread's voluntary context switches (/proc/thread-self/status). */
+static long long own_switches(void)
+{
+    FILE *f = fopen("/proc/thread-self/status", "r");
+    char line[128];
+    long long v = -1, x;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %lld", &x) == 1)
+            v = x;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* The doorbell probe (the first sr__waiter_init of a process) creates and
+ * closes a ring of its own. The kernel tears a used ring down later, from a
+ * worker, and signals the thread that used it with task work: a sleep of
+ * that thread then ends and restarts, one stray wake-up (which the idle
+ * waiter of sr_shutdown, often sr_init's thread, used to show in
+ * quiet_waits). The probe now runs on a thread that has ended before it
+ * returns. A sleep of 200 ms right after the probe, on a word that nobody
+ * wakes, must cost exactly one voluntary switch: the sleep itself (the
+ * teardown comes some milliseconds after the close, inside the window). */
+Test(waiter, the_doorbell_probe_leaves_its_caller_no_stray_wake)
+{
+    _Atomic uint32_t word = 0;
+    (void)sr__waiter_futex_supported(); /* this process's first probe */
+    long long before = own_switches();
+    struct timespec ts = {0, 200 * MS};
+    long rc = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &ts, NULL, 0);
+    long long woke = own_switches() - before;
+    cr_assert(rc == -1 && errno == ETIMEDOUT, "the futex wait ended with %ld (errno %d), not its timeout", rc, errno);
+    cr_assert_geq(before, 0, "cannot read /proc/thread-self/status");
+    cr_assert_eq(woke, 1, "a 200 ms sleep right after the doorbell probe had %lld stray wake-ups: the probe's ring teardown "
+                 "signalled this thread", woke - 1);
 }
