@@ -3,7 +3,9 @@
  *
  * Each test puts a worker in a wait where nothing is due for a while and
  * counts the voluntary context switches (/proc/self/task/N/status) of its
- * threads over a window, leaving out the threads that measure or spin. A
+ * threads over a window, leaving out the threads that measure or spin. The
+ * window opens once every counted thread sleeps (/proc), so that a thread
+ * still on its way to sleep on a loaded machine does not count. A
  * thread that sleeps on events only does not switch at all there; one on a
  * periodic timer switches once per period. The window is a measurement, not
  * a synchronisation: every state is reached by waiting for an event, and
@@ -63,6 +65,7 @@ struct page {
     _Atomic int32_t nested_rc; /* how worker1's blocked callback's wait ended */
     _Atomic uint32_t on_progress; /* worker1's callback ran on another thread than its idle waiter */
     _Atomic uint32_t ready;    /* futex: worker1's idle waiter holds the inbox */
+    char who[256];             /* worker1's threads that woke, written before measured is set */
 };
 static struct page *pg;
 
@@ -100,42 +103,127 @@ static bool executors_asleep(void)
     return true;
 }
 
-/* Voluntary context switches of this process's threads, but skip[0..n). */
-static int64_t voluntary_switches(const pid_t *skip, int n)
+#define MAX_THREADS 64
+
+/* The threads of this process but skip[0..n), at most MAX_THREADS: their
+ * number, or -1. */
+static int counted_threads(const pid_t *skip, int n, pid_t *out)
 {
     DIR *d = opendir("/proc/self/task");
     if (!d)
         return -1;
-    int64_t sum = 0;
+    int k = 0;
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while ((e = readdir(d)) && k < MAX_THREADS) {
         pid_t tid = (pid_t)atoi(e->d_name);
         bool skipped = tid <= 0;
         for (int i = 0; i < n && !skipped; i++)
             skipped = tid == skip[i];
-        char path[64], line[128];
-        snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
-        FILE *f = skipped ? NULL : fopen(path, "r");
-        long long v;
-        while (f && fgets(line, sizeof(line), f))
-            if (sscanf(line, "voluntary_ctxt_switches: %lld", &v) == 1)
-                sum += v;
-        if (f)
-            fclose(f);
+        if (!skipped)
+            out[k++] = tid;
     }
     closedir(d);
+    return k;
+}
+
+/* Thread tid's voluntary context switches, or -1 once it has ended. */
+static int64_t thread_switches(pid_t tid)
+{
+    char path[64], line[128];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
+    FILE *f = fopen(path, "r");
+    long long v = -1, x;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %lld", &x) == 1)
+            v = x;
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* Voluntary context switches of this process's threads, but skip[0..n). */
+static int64_t voluntary_switches(const pid_t *skip, int n)
+{
+    pid_t tids[MAX_THREADS];
+    int k = counted_threads(skip, n, tids);
+    int64_t sum = k < 0 ? -1 : 0;
+    for (int i = 0; i < k; i++) {
+        int64_t v = thread_switches(tids[i]);
+        sum += v > 0 ? v : 0;
+    }
     return sum;
 }
 
-/* The switches of the other threads over the window. */
-static int64_t wakes_over_window(const pid_t *skip, int n)
+/* Whether thread tid sleeps ('S' in /proc/self/task/tid/stat). */
+static bool thread_sleeps(pid_t tid)
 {
-    int64_t before = voluntary_switches(skip, n);
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+    return p && p[1] == ' ' && p[2] == 'S';
+}
+
+/* Wait (bounded) until every thread but skip[0..n) sleeps. The window
+ * starts there: a thread still on its way to sleep (the idle waiter ending
+ * its spin, the progress thread that has just found the inbox taken, a
+ * callback entering its nested wait), preempted on a loaded machine, would
+ * otherwise count its going to sleep as a wake-up. Once all sleep, with
+ * nothing due and the measuring thread holding none of their locks, only a
+ * timer can wake one. */
+static bool all_asleep(const pid_t *skip, int n)
+{
+    int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
+    for (;;) {
+        pid_t tids[MAX_THREADS];
+        int k = counted_threads(skip, n, tids);
+        bool all = k >= 0;
+        for (int i = 0; i < k && all; i++)
+            all = thread_sleeps(tids[i]);
+        if (all)
+            return true;
+        if (now_ns() > deadline)
+            return false;
+        sched_yield();
+    }
+}
+
+/* The switches of the other threads over the window; who[] names the
+ * threads that switched (tid, name, count) for the failure message. */
+static int64_t wakes_over_window(const pid_t *skip, int n, char *who, size_t size)
+{
+    pid_t tids[MAX_THREADS];
+    int64_t before[MAX_THREADS];
+    int k = counted_threads(skip, n, tids);
+    for (int i = 0; i < k; i++)
+        before[i] = thread_switches(tids[i]);
     struct timespec ts = {.tv_sec = WINDOW_MS / 1000, .tv_nsec = (WINDOW_MS % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) && errno == EINTR) {
     }
-    int64_t after = voluntary_switches(skip, n);
-    return before < 0 || after < 0 ? -1 : after - before;
+    int64_t sum = k < 0 ? -1 : 0;
+    size_t used = 0;
+    who[0] = 0;
+    for (int i = 0; i < k; i++) {
+        int64_t d = thread_switches(tids[i]) - before[i];
+        if (before[i] < 0 || d <= 0)
+            continue;
+        char name[16] = "?", path[64];
+        snprintf(path, sizeof(path), "/proc/self/task/%d/comm", (int)tids[i]);
+        FILE *f = fopen(path, "r");
+        if (f && fgets(name, sizeof(name), f))
+            name[strcspn(name, "\n")] = 0;
+        if (f)
+            fclose(f);
+        sum += d;
+        if (used < size)
+            used += (size_t)snprintf(who + used, size - used, "%s%s (tid %d): %lld", used ? ", " : "", name,
+                                     (int)tids[i], (long long)d);
+    }
+    return sum;
 }
 
 /* ---- worker0: hold, an async function answered once worker1 has measured ---- */
@@ -178,10 +266,10 @@ static void *measure_idle(void *arg)
         }
         held = rc == -ETIMEDOUT && wait_token(TOKEN_USER_WAITING, TOKEN_USER_WAITING);
     }
-    held = held && executors_asleep();
+    held = held && executors_asleep() && all_asleep(skip, 1);
     atomic_store(&pg->token, atomic_load(&sr__agent->token));
     if (held)
-        w = wakes_over_window(skip, 1);
+        w = wakes_over_window(skip, 1, pg->who, sizeof(pg->who));
     atomic_store(&pg->err, rc);
     atomic_store(&pg->wakes, w);
     set_and_wake(&pg->measured, 1);
@@ -200,10 +288,10 @@ static int sc_idle(int rank, int world, bool expiring)
         WCHECK(!expiring || atomic_load(&pg->err) == -ETIMEDOUT, "worker1's expiring call ended with %d",
                atomic_load(&pg->err));
         WCHECK(w >= 0, "worker1's idle waiter never held the inbox in sr_shutdown%s, or its executors never all went "
-               "idle (token %u)", expiring ? " with the progress thread waiting for it" : "", atomic_load(&pg->token));
+               "idle, or its threads never all slept (token %u)", expiring ? " with the progress thread waiting for it" : "", atomic_load(&pg->token));
         WCHECK(w <= MAX_WAKES,
-               "worker1 woke %lld times in %d ms while idle in sr_shutdown with nothing due (token %u; %s)",
-               (long long)w, WINDOW_MS, atomic_load(&pg->token),
+               "worker1 woke %lld times in %d ms while idle in sr_shutdown with nothing due (%s; token %u; %s)",
+               (long long)w, WINDOW_MS, pg->who, atomic_load(&pg->token),
                expiring ? "the progress thread re-checking its timers while the idle waiter holds the inbox, or "
                           "the idle waiter's slices"
                         : "the idle waiter's periodic slices");
@@ -268,7 +356,8 @@ static int sc_direct(int rank, int world)
     pid_t skip[1] = {(pid_t)syscall(SYS_gettid)};
     for (int i = 0; i < 20; i++) /* warm up: thread starts, first allocations */
         WCHECK(sr_rpc_sync(1, "noop", SR_NOARGS, EVENT_WAIT_S, NULL) == 0, "noop: %s", sr_last_error());
-    WCHECK(executors_asleep(), "the executors did not all go idle within %d s", EVENT_WAIT_S);
+    WCHECK(executors_asleep() && all_asleep(skip, 1), "worker0's executors did not all go idle, or its threads did "
+           "not all sleep, within %d s", EVENT_WAIT_S);
     int64_t before = voluntary_switches(skip, 1);
     for (int i = 0; i < CALLS; i++)
         WCHECK(sr_rpc_sync(1, "noop", SR_NOARGS, EVENT_WAIT_S, NULL) == 0, "noop %d: %s", i, sr_last_error());
@@ -305,28 +394,6 @@ static void cb_blocks(sr_future *f, void *arg)
     sr_future_unref(nested_g); /* the callback's reference */
 }
 
-/* Wait (bounded) until thread tid sleeps ('S' in /proc): the callback has
- * reached its nested wait's sleep, whose going to sleep must not count. */
-static bool thread_asleep(pid_t tid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-    int64_t deadline = now_ns() + (int64_t)EVENT_WAIT_S * 1000000000;
-    for (;;) {
-        FILE *f = fopen(path, "r");
-        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-        if (f)
-            fclose(f);
-        buf[n] = 0;
-        const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
-        if (p && p[1] == ' ' && p[2] == 'S')
-            return true;
-        if (now_ns() > deadline)
-            return false;
-        sched_yield();
-    }
-}
-
 /* Worker1's measuring thread: once the idle waiter holds the inbox, let
  * worker0 answer the held call; once the callback blocks, count. */
 static void *measure_nested(void *arg)
@@ -337,8 +404,8 @@ static void *measure_nested(void *arg)
     bool held = wait_token(TOKEN_USER, TOKEN_USER_WAITING);
     atomic_store(&pg->token, held);
     set_and_wake(&pg->ready, 1);
-    if (held && wait_for(&nested_in, 1) && thread_asleep(main_tid) && executors_asleep())
-        w = wakes_over_window(skip, 1);
+    if (held && wait_for(&nested_in, 1) && executors_asleep() && all_asleep(skip, 1))
+        w = wakes_over_window(skip, 1, pg->who, sizeof(pg->who));
     atomic_store(&pg->wakes, w);
     sr_future_set_result(nested_g, NULL); /* the callback returns; sr_shutdown goes on */
     sr_future_unref(nested_g);            /* ours */
@@ -361,10 +428,12 @@ static int sc_nested(int rank, int world)
         WCHECK(!atomic_load(&pg->on_progress), "worker1's callback ran on another thread than its idle waiter");
         WCHECK(atomic_load(&pg->nested_rc) == 0, "worker1's blocked callback's wait ended with %d",
                atomic_load(&pg->nested_rc));
-        WCHECK(w >= 0, "worker1's callback never blocked and slept, or its executors never all went idle");
+        WCHECK(w >= 0, "worker1's callback never blocked, or its executors never all went idle, or its threads never "
+               "all slept");
         WCHECK(w <= MAX_WAKES,
                "worker1 woke %lld times in %d ms while a callback blocked on its idle waiter, which holds the inbox, "
-               "with nothing due (the nested wait's slices, or the progress thread's re-checks)", (long long)w, WINDOW_MS);
+               "with nothing due (%s: the nested wait's slices, or the progress thread's re-checks)", (long long)w,
+               WINDOW_MS, pg->who);
         return 0;
     }
     main_tid = (pid_t)syscall(SYS_gettid);
