@@ -13,6 +13,10 @@ one failure for the end itself if no test was named failed. Another meson
 test without a Synthesis line (a crash, a timeout, a non-Criterion test)
 counts as one test, passed or failed according to meson's verdict. The last line
 printed is exactly 'N passed, M failed'; the exit status is 1 if M > 0.
+
+For each failed meson test, the last lines of its output that say why (not
+Criterion's RUN/PASS/SKIP lines) are printed to stderr just before the sums,
+so the tail of a CI log, which is often all that is kept, names the cause.
 """
 import json
 import re
@@ -33,6 +37,18 @@ def runner_lines(text):
         return None
     failed = sum(v == "FAIL" for v in seen.values())
     return len(seen) - failed, failed
+
+
+EXCERPT_LINES = 30
+ROUTINE = re.compile(r"^\[(RUN |PASS|SKIP)\]|^\[====\] Running")
+
+
+def why_failed(builddir, t, text):
+    """The tail of a failed test's output, routine progress lines left out."""
+    lines = [l for l in text.splitlines() if l.strip() and not ROUTINE.match(l)]
+    print(f"summarize: {builddir}: {t['name']}: {t['result']}; its last lines:", file=sys.stderr)
+    for l in lines[-EXCERPT_LINES:]:
+        print(f"  | {l[:300]}", file=sys.stderr)
 
 
 def tally(builddir):
@@ -61,7 +77,7 @@ def tally(builddir):
             passed += ok
             failed += not ok
         if not ok:
-            print(f"summarize: {builddir}: {t['name']}: {t['result']}", file=sys.stderr)
+            why_failed(builddir, t, text)
     return passed, failed
 
 
