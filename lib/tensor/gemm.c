@@ -61,6 +61,21 @@ static void blas_init(void)
     if (n > 0)
         openblas_set_num_threads(n);
 }
+
+static void blas_init_once(void) { pthread_once(&blas_once, blas_init); }
+
+/* The choice is made in a process before it forks, too (sr_spawn's
+ * workers, a test's jobs), so that a forked child inherits it made.
+ * OpenBLAS shuts its thread pool down before a fork (its own prepare
+ * handler, which runs after ours: registered earlier) and rebuilds it in
+ * the child at the next openblas_set_num_threads: a child that made the
+ * choice itself got a pool thread that never works, spinning on
+ * sched_yield for about 0.1 s of CPU (90,000-200,000 yields in each
+ * bench_train worker), on the cores the job computes on. */
+__attribute__((constructor)) static void blas_choose_before_fork(void)
+{
+    pthread_atfork(blas_init_once, NULL, NULL);
+}
 #endif
 
 
@@ -347,7 +362,7 @@ static bool blas_fits(const struct sr_gemm *g)
 
 static void blas(const struct sr_gemm *g)
 {
-    pthread_once(&blas_once, blas_init);
+    blas_init_once();
     enum CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
     if (g->dt == SR_F64)
         cblas_dgemm(CblasRowMajor, ta, tb, (int)g->m, (int)g->n, (int)g->k, 1.0, g->a, (int)g->lda, g->b,

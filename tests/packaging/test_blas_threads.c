@@ -3,11 +3,16 @@
  * asks otherwise (lib/tensor/gemm.c, docs/TENSORS.md).
  * Each test runs in its own process (Criterion forks), so each sees gemm.c's
  * once-only decision fresh: the "host" sets a count, shmrpc runs a matmul,
- * and the count afterwards is what the variable promised. Without OpenBLAS
+ * and the count afterwards is what the variable promised; and a process
+ * forked before its first matmul starts no OpenBLAS pool. Without OpenBLAS
  * the suite skips itself. */
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 #include <criterion/redirect.h>
@@ -94,4 +99,54 @@ Test(blas_threads, bad_value_is_reported, .init = cr_redirect_stderr)
     size_t got = fread(buf, 1, sizeof(buf) - 1, f);
     cr_assert(got > 0 && strstr(buf, "SHMRPC_BLAS_THREADS='lots'") && strstr(buf, "'keep'"),
               "stderr does not name the bad value: '%s'", buf);
+}
+
+#ifdef SR_HAVE_CBLAS
+/* This process's threads (/proc/self/task), or -1. */
+static int own_threads(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+#endif
+
+/* A process forked before its first matmul (sr_spawn's workers) inherits
+ * the choice made: OpenBLAS shuts its pool down at a fork and rebuilt it in
+ * the child at our openblas_set_num_threads(1), one thread that never works
+ * and spins on sched_yield for about 0.1 s of CPU. The child must run its
+ * matmul with no thread beside its own. */
+Test(blas_threads, a_forked_child_starts_no_blas_pool)
+{
+#ifdef SR_HAVE_CBLAS
+    unsetenv("SHMRPC_BLAS_THREADS");
+    unsetenv("OPENBLAS_NUM_THREADS");
+    if (openblas_get_num_procs() < 2)
+        cr_skip_test("one CPU: OpenBLAS has no pool to start");
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        int64_t shape[2] = {8, 8};
+        sr_tensor *a = sr_ones(SR_F32, 2, shape, 0);
+        sr_tensor *c = a ? sr_mm(a, a) : NULL;
+        int threads = own_threads();
+        sr_tensor_unref(a);
+        sr_tensor_unref(c);
+        _exit(!c ? 2 : threads == 1 && openblas_get_num_threads() == 1 ? 0 : 3 + (threads > 1));
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st), "the child did not exit");
+    cr_assert_neq(WEXITSTATUS(st), 2, "the child's matmul failed");
+    cr_assert_eq(WEXITSTATUS(st), 0, "after a matmul, the forked child %s",
+                 WEXITSTATUS(st) == 4 ? "had an OpenBLAS pool thread beside its own" : "did not run OpenBLAS on one thread");
+#else
+    cr_skip_test("built without OpenBLAS");
+#endif
 }
