@@ -21,8 +21,9 @@
  * instead of the idle waiter, the round is tried again). Then worker0
  * sends worker1 requests, and each reports worker1's count of idle slices
  * that timed out with a message waiting and the doorbell no longer SLEEPING
- * (sr_agent.idle_missed_wakes): a producer that rang nobody. It must stay 0.
- * Before the fix, the first request after a trap is such a lost wake-up: it
+ * (sr_agent.idle_missed_wakes): a producer that rang nobody. It must not
+ * grow, but for the one race of the first request with the end of the idle
+ * waiter's deadline-bounded sleep (below). Before the fix, the first request after a trap is such a lost wake-up: it
  * waits out the slice, and then reads its own miss.
  *
  * (Idle waiters no longer sleep in slices: they sleep on the doorbell as
@@ -183,6 +184,7 @@ static int rounds(void)
     WCHECK(wait_for(&pg->idle, 1), "worker1 did not reach sr_shutdown within %d s", EVENT_WAIT_S);
     double timeout = CALL_TIMEOUT_S;
     int traps = 0;
+    int64_t missed_before = 0; /* worker1's idle_missed_wakes at the last request */
     uint32_t round;
     for (round = 1; round < MAX_ROUNDS && traps < TRAPS; round++) {
         sr_value *r = sr_int(round), *t = sr_double(timeout), *armed = NULL;
@@ -200,19 +202,32 @@ static int rounds(void)
         WCHECK(err == -ETIMEDOUT, "round %u: worker1's call to hold ended with %d, not -ETIMEDOUT", round, err);
         uint32_t tok = atomic_load(&pg->token[round]);
         bool trap = tok == TOKEN_USER;
-        /* Worker1's idle waiter, if the trap is set, sleeps now; its slice
-         * started before the expiry. Each request must wake it. */
+        /* Worker1's idle waiter, if the trap is set, sleeps now. Each request
+         * must wake it. The first one may race the end of the idle waiter's
+         * own sleep, which is bounded by the call's deadline: when it lands
+         * after that sleep timed out but before the idle waiter ran again,
+         * the idle waiter finds it waiting and the doorbell AWAKE (the
+         * request's own ring, too late for the sleep), which the counter
+         * cannot tell from a ring that never came. So request 0 may add one;
+         * the later ones none. A ring that never came to a sleep without a
+         * deadline is a hang, caught by the requests' EVENT_WAIT_S bound; the
+         * take-back itself is test_waiter's
+         * a_sleep_leaves_a_user_sleepers_announcement_alone. */
         for (int k = 0; k < PINGS; k++) {
             sr_value *v = NULL;
             rc = sr_rpc_sync(1, "missed", SR_NOARGS, EVENT_WAIT_S, &v);
             WCHECK(rc == 0, "round %u, request %d: %s", round, k, sr_last_error());
             int64_t missed = sr_value_int(v);
             sr_value_unref(v);
-            WCHECK(missed == 0,
-                   "round %u, request %d: worker1's idle waiter slept through %lld wake-up(s): a slice timed out "
-                   "with a request waiting and the doorbell no longer SLEEPING (the progress thread, woken by its "
-                   "timer with the idle waiter holding the inbox (token %s), took SLEEPING away without a wake)",
-                   round, k, (long long)missed, token_name(tok));
+            int64_t allowed = k == 0 ? missed_before + 1 : missed_before;
+            WCHECK(missed <= allowed,
+                   "round %u, request %d: worker1's idle waiter slept through %lld wake-up(s) (%lld allowed): a sleep "
+                   "timed out with a request waiting and the doorbell no longer SLEEPING (the progress thread, woken "
+                   "by its timer with the idle waiter holding the inbox (token %s), took SLEEPING away without a "
+                   "wake)",
+                   round, k, (long long)(missed - missed_before), (long long)(allowed - missed_before),
+                   token_name(tok));
+            missed_before = missed;
         }
         traps += trap;
     }
