@@ -6,6 +6,22 @@
 #include <stdio.h>
 #include <unistd.h>
 
+/* The voluntary context switches a /proc status file counts (a thread's:
+ * /proc/thread-self/status, /proc/self/task/N/status), or -1 if it cannot
+ * be read (the thread has ended). */
+static inline long long proc_voluntary_switches(const char *status_path)
+{
+    FILE *f = fopen(status_path, "r");
+    char line[128];
+    long long v = -1, x;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "voluntary_ctxt_switches: %lld", &x) == 1)
+            v = x;
+    if (f)
+        fclose(f);
+    return v;
+}
+
 /* A segment name unique to this test process, so suites can run in parallel
  * and leak checks can look for exactly this test's segment. */
 static inline const char *test_ns(const char *test)

@@ -129,16 +129,9 @@ static int counted_threads(const pid_t *skip, int n, pid_t *out)
 /* Thread tid's voluntary context switches, or -1 once it has ended. */
 static int64_t thread_switches(pid_t tid)
 {
-    char path[64], line[128];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
-    FILE *f = fopen(path, "r");
-    long long v = -1, x;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "voluntary_ctxt_switches: %lld", &x) == 1)
-            v = x;
-    if (f)
-        fclose(f);
-    return v;
+    return proc_voluntary_switches(path);
 }
 
 /* Voluntary context switches of this process's threads, but skip[0..n). */

@@ -252,20 +252,6 @@ Test(waiter, a_sleep_leaves_a_user_sleepers_announcement_alone)
     fixture_fini(&f);
 }
 
-/* This thread's voluntary context switches (/proc/thread-self/status). */
-static long long own_switches(void)
-{
-    FILE *f = fopen("/proc/thread-self/status", "r");
-    char line[128];
-    long long v = -1, x;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "voluntary_ctxt_switches: %lld", &x) == 1)
-            v = x;
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* The doorbell probe (the first sr__waiter_init of a process) creates and
  * closes a ring of its own. The kernel tears a used ring down later, from a
  * worker, and signals the thread that used it with task work: a sleep of
@@ -279,10 +265,10 @@ Test(waiter, the_doorbell_probe_leaves_its_caller_no_stray_wake)
 {
     _Atomic uint32_t word = 0;
     (void)sr__waiter_futex_supported(); /* this process's first probe */
-    long long before = own_switches();
+    long long before = proc_voluntary_switches("/proc/thread-self/status");
     struct timespec ts = {0, 200 * MS};
     long rc = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &ts, NULL, 0);
-    long long woke = own_switches() - before;
+    long long woke = proc_voluntary_switches("/proc/thread-self/status") - before;
     cr_assert(rc == -1 && errno == ETIMEDOUT, "the futex wait ended with %ld (errno %d), not its timeout", rc, errno);
     cr_assert_geq(before, 0, "cannot read /proc/thread-self/status");
     cr_assert_eq(woke, 1, "a 200 ms sleep right after the doorbell probe had %lld stray wake-ups: the probe's ring teardown "
