@@ -100,13 +100,24 @@ static int check_indices(const sr_dataset *ds, const int64_t *idx, int64_t n)
 }
 
 /* x[i, :] = pixels of sample idx[i] / 255 in f32, as torchvision's
- * ToTensor computes it; y[i] = its label. */
+ * ToTensor computes it; y[i] = its label. The samples are random rows of
+ * the data set, mostly not in cache, and the conversion waited on their
+ * loads: the next row is prefetched while this one converts, which halves
+ * a batch of 64 (44-54 to 23-27 us, release build). A table of the 256
+ * quotients instead of the division was slower (a scalar gather). */
 static void fill_batch(const sr_dataset *ds, const int64_t *idx, int64_t n, float *x, int64_t *y)
 {
+    const int64_t f = ds->features;
     for (int64_t i = 0; i < n; i++) {
-        const uint8_t *p = ds->pixels + idx[i] * ds->features;
-        for (int64_t j = 0; j < ds->features; j++)
-            x[i * ds->features + j] = (float)p[j] / 255.0f;
+        const uint8_t *p = ds->pixels + idx[i] * f;
+        if (i + 1 < n) {
+            const uint8_t *next = ds->pixels + idx[i + 1] * f;
+            for (int64_t k = 0; k < f; k += 64)
+                __builtin_prefetch(next + k);
+            __builtin_prefetch(next + f - 1); /* a row's last line, when it straddles one more */
+        }
+        for (int64_t j = 0; j < f; j++)
+            x[i * f + j] = (float)p[j] / 255.0f;
         y[i] = ds->labels[idx[i]];
     }
 }
