@@ -118,10 +118,11 @@ static int own_threads(void)
 #endif
 
 /* A process forked before its first matmul (sr_spawn's workers) inherits
- * the choice made: OpenBLAS shuts its pool down at a fork and rebuilt it in
- * the child at our openblas_set_num_threads(1), one thread that never works
- * and spins on sched_yield for about 0.1 s of CPU. The child must run its
- * matmul with no thread beside its own. */
+ * the choice made. OpenBLAS shuts its pool down at a fork and rebuilds it
+ * in the child at the next openblas_set_num_threads, so a child that made
+ * the choice itself got one pool thread that never works and spins on
+ * sched_yield for about 0.1 s of CPU. The child must run its matmul with
+ * no thread beside its own. */
 Test(blas_threads, a_forked_child_starts_no_blas_pool)
 {
 #ifdef SR_HAVE_CBLAS
