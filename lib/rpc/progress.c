@@ -12,6 +12,7 @@
 #include "error.h"
 #include "module.h"
 #include "reorder.h"
+#include "spin.h"
 #include "thread.h"
 
 /* K2: the timers changed since the progress thread armed its sleep. */
@@ -156,8 +157,8 @@ static int64_t progress_spin_budget(sr_agent *a)
 static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
 {
     int64_t budget = progress_spin_budget(a);
-    int64_t until = sr__now_ns() + budget;
-    while (budget > 0 && sr__now_ns() < until) {
+    int64_t now = sr__now_ns(), until = now + budget, give = now + SR_SPIN_YIELD_NS;
+    while (budget > 0 && (now = sr__now_ns()) < until) {
         for (int i = 0; i < 64; i++) {
             if (sr__agent_poll_ready(a) || (f && sr_future_done(f)))
                 return;
@@ -166,6 +167,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
         /* relaxed: a hint; a user thread wants to poll its own response */
         if (atomic_load_explicit(&a->want_token, memory_order_relaxed))
             break;
+        give = sr__spin_give_way(now, give); /* spin.h */
     }
     if (f && !sr__future_arm_wake(f)) /* its completer rings the doorbell; the D2 inside the sleep orders this */
         return;

@@ -13,6 +13,7 @@
 #include "error.h"
 #include "futex.h"
 #include "reorder.h"
+#include "spin.h"
 #include "thread.h"
 
 #define USER_STEAL_SPIN_NS (20ll * 1000)     /* a user waits this long for the progress thread to park */
@@ -124,20 +125,23 @@ static bool user_release(sr_agent *a)
     return true;
 }
 
-/* Spin on the inbox and the future for up to budget ns. */
+/* Spin on the inbox and the future for up to budget ns, giving way to a
+ * thread queued on this core (spin.h). */
 static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 {
     if (budget <= 0) /* not even one round of pauses (64 of them: microseconds) */
         return false;
-    int64_t until = sr__now_ns() + budget;
-    do {
+    int64_t now = sr__now_ns(), until = now + budget, give = now + SR_SPIN_YIELD_NS;
+    for (;;) {
         for (int i = 0; i < 64; i++) {
             if (sr__agent_poll_ready(a) || sr_future_done(f))
                 return true;
             sr__cpu_relax();
         }
-    } while (sr__now_ns() < until);
-    return false;
+        if ((now = sr__now_ns()) >= until)
+            return false;
+        give = sr__spin_give_way(now, give);
+    }
 }
 
 /* A user thread holds the token: poll until f is done or nothing comes. */

@@ -6,6 +6,10 @@
  * re-checking, or asleep. A lost wake-up shows as a bounded wait that
  * expires with the handoff number in the message. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,5 +142,84 @@ Test(wake, a_holders_sleep_adapts_the_spin_budget, .timeout = 60)
     unsetenv("SHMRPC_SPIN_NS"); /* a fixed budget never adapts */
     sr_spawn_opts o = {.name_prefix = test_ns("wake-hold"), .shm_size = 64 << 20};
     int rc = sr_spawn(1, holder_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
+}
+
+/* ---- a spinning waiter gives way to a thread queued on its core ---- */
+
+/* The waiter spins (a fixed 500 ms budget) with a thread queued behind it
+ * on its core: the thread that sends the message it waits for. Both are
+ * SCHED_FIFO at one priority on one CPU, so the queued thread can run only
+ * when the spinner gives way (spin.h): nothing preempts it. With the yield
+ * the message arrives within the spin (a spin hit); without it the spinner
+ * spends its whole budget, sleeps, and only then lets the sender run. */
+struct sender {
+    sr_xport *x;
+};
+
+static void *send_to_self(void *arg)
+{
+    struct sender *s = arg;
+    sr_msg m = {.type = 1};
+    return (void *)(intptr_t)sr_xport_send(s->x, s->x->rank, &m);
+}
+
+static int fifo_on(int cpu, pthread_attr_t *attr)
+{
+    struct sched_param p = {.sched_priority = 1};
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) || sched_setscheduler(0, SCHED_FIFO, &p))
+        return -errno;
+    pthread_attr_init(attr);
+    pthread_attr_setaffinity_np(attr, sizeof(set), &set);
+    pthread_attr_setinheritsched(attr, PTHREAD_EXPLICIT_SCHED);
+    pthread_attr_setschedpolicy(attr, SCHED_FIFO);
+    pthread_attr_setschedparam(attr, &p);
+    return 0;
+}
+
+static int give_way_worker(int rank, int world, void *arg)
+{
+    (void)rank;
+    (void)world;
+    (void)arg;
+    sr_xport_opts o = {.fixed_spin = true, .spin_ns = 500 * 1000000ll};
+    sr_xport *x;
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    pthread_attr_t attr;
+    int rc = fifo_on(sched_getcpu(), &attr);
+    if (rc == -EPERM) {
+        fprintf(stderr, "wake: skipped: no permission for SCHED_FIFO (needs CAP_SYS_NICE)\n");
+        sr__xport_detach(x);
+        return 0;
+    }
+    WCHECK(rc == 0, "SCHED_FIFO on one CPU: %s", strerror(-rc));
+    uint64_t hits = atomic_load(&x->st.spin_hits);
+    struct sender s = {x};
+    pthread_t t;
+    WCHECK(pthread_create(&t, &attr, send_to_self, &s) == 0, "cannot start the sender");
+    int64_t t0 = sr__now_ns();
+    int ev = sr__xport_wait(x, t0 + WAIT_NS); /* the sender is queued behind this spin */
+    int64_t waited = sr__now_ns() - t0;
+    void *sent;
+    pthread_join(t, &sent);
+    pthread_attr_destroy(&attr);
+    struct sched_param other = {0};
+    sched_setscheduler(0, SCHED_OTHER, &other);
+    uint64_t hit = atomic_load(&x->st.spin_hits) - hits;
+    sr__xport_detach(x);
+    WCHECK((intptr_t)sent == 0, "the sender's send failed: %d", (int)(intptr_t)sent);
+    WCHECK(ev >= 0 && !(ev & SR_WAKE_TIMEOUT), "the wait ended with %d", ev);
+    WCHECK(hit == 1, "the message arrived after the spin, not during it (%.1f ms into the wait): the spinner did "
+           "not give way to the sender queued on its core", waited / 1e6);
+    return 0;
+}
+
+Test(wake, a_spinning_waiter_gives_way_to_a_thread_queued_on_its_core, .timeout = 60)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("wake-give"), .shm_size = 64 << 20};
+    int rc = sr_spawn(1, give_way_worker, NULL, &o);
     cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
 }

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "heap.h"
 #include "parse.h"
+#include "spin.h"
 
 #define SPIN_MAX_NS 50000     /* longer than a futex round trip on a busy VM */
 #define SPIN_START_NS 20000
@@ -837,18 +838,20 @@ unsigned sr__xport_recv_burst(sr_xport *x, sr_msg *out, unsigned n)
  * latched (the wake of a producer that found it, xport.h). */
 static bool inbox_ready(void *arg) { return sr__ring_cons_pending(arg); }
 
-/* Spin on the inbox for up to budget_ns; true if a message arrived. */
+/* Spin on the inbox for up to budget_ns, giving way to a thread queued on
+ * this core (spin.h); true if a message arrived. */
 static bool spin(sr_xport *x, int64_t budget_ns)
 {
-    int64_t until = sr__now_ns() + budget_ns;
+    int64_t now = sr__now_ns(), until = now + budget_ns, give = now + SR_SPIN_YIELD_NS;
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (sr__ring_ready(x->inbox))
                 return true;
             sr__cpu_relax();
         }
-        if (sr__now_ns() >= until)
+        if ((now = sr__now_ns()) >= until)
             return false;
+        give = sr__spin_give_way(now, give);
     }
 }
 
