@@ -175,7 +175,8 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
 }
 
 /* The progress thread is polling: ask it to park, and try to steal the
- * token while it does (only while spinning is allowed). */
+ * token while it does (only while spinning is allowed), giving way to it
+ * should it be queued on this core (spin.h): it parks only if it runs. */
 static bool steal_from_progress(sr_agent *a, sr_future *f)
 {
     if (!a->wake->spin_budget(a->self))
@@ -183,9 +184,11 @@ static bool steal_from_progress(sr_agent *a, sr_future *f)
     /* relaxed: a hint for the spinning progress thread */
     atomic_fetch_add_explicit(&a->want_token, 1, memory_order_relaxed);
     bool got = false;
-    int64_t until = sr__now_ns() + USER_STEAL_SPIN_NS;
-    while (!sr_future_done(f) && !(got = user_take(a)) && sr__now_ns() < until)
+    int64_t now = sr__now_ns(), until = now + USER_STEAL_SPIN_NS, give = now + SR_SPIN_YIELD_NS;
+    while (!sr_future_done(f) && !(got = user_take(a)) && (now = sr__now_ns()) < until) {
         sr__cpu_relax();
+        give = sr__spin_give_way(now, give);
+    }
     atomic_fetch_sub_explicit(&a->want_token, 1, memory_order_relaxed); /* relaxed: as above */
     return got;
 }
