@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,8 @@
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
 #include "trace.h"
+#include "clock.h"
+#include "worker_check.h"
 
 LEAK_CHECKED_SUITE(trace);
 
@@ -860,6 +863,52 @@ Test(trace, tensor_ops_are_spans_with_trace_ops, .timeout = 120)
     for (size_t k = 0; k < 3; k++)
         cr_assert_gt(count_events(t.evs, "X", 1, exec, op[k]), 0, "no '%s' op span on worker1's executor", op[k]);
     unload_trace(&t);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* ---- the heap's gauge is read rarely ---- */
+
+/* The heap's figure (jemalloc's stats epoch: 30-120 us here) is re-read at
+ * most once per 100 ms, not at every millisecond's sample: the event that
+ * takes a sample waits for it. One worker calls itself for 300 ms with the
+ * trace on: a sample is due at about every millisecond of it. */
+extern _Atomic uint64_t sr__trace_heap_reads;
+
+static int heap_reads_worker(int rank, int world, void *arg)
+{
+    (void)rank;
+    (void)world;
+    (void)arg;
+    WCHECK(sr_init(NULL) == 0, "sr_init: %s", sr_last_error());
+    uint64_t before = atomic_load(&sr__trace_heap_reads);
+    int64_t t0 = sr__now_ns(), ms = 0;
+    long calls = 0;
+    int rc = 0;
+    while (!rc && (ms = (sr__now_ns() - t0) / 1000000) < 300) {
+        rc = sr_rpc_sync(0, "noop", SR_NOARGS, 0, NULL);
+        calls++;
+    }
+    uint64_t reads = atomic_load(&sr__trace_heap_reads) - before;
+    WCHECK(rc == 0, "call %ld to self failed: %s", calls, sr_last_error());
+    WCHECK(sr_shutdown(true, 0) == 0, "sr_shutdown: %s", sr_last_error());
+    WCHECK(reads <= (uint64_t)ms / 100 + 2, "the trace read the heap's figure %llu times in %lld ms (%ld calls): once "
+           "per 100 ms at most is %lld", (unsigned long long)reads, (long long)ms, calls, (long long)ms / 100 + 2);
+    return 0;
+}
+
+Test(trace, the_heap_gauge_is_read_at_most_every_100_ms, .timeout = 120)
+{
+    char dir[] = "/tmp/sr_trace_XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/heap.json", dir);
+    setenv("SHMRPC_TRACE", path, 1);
+    setenv("SHMRPC_TRACE_MAX_EVENTS", "1000", 1); /* a small file: a dropped record still takes its sample */
+    sr_spawn_opts o = {.name_prefix = test_ns("trace-heap"), .shm_size = 64u << 20};
+    int rc = sr_spawn(1, heap_reads_worker, NULL, &o);
+    unsetenv("SHMRPC_TRACE");
+    unsetenv("SHMRPC_TRACE_MAX_EVENTS");
+    cr_assert_eq(rc, 0, "sr_spawn: %s", sr_last_error());
     unlink(path);
     rmdir(dir);
 }
