@@ -21,7 +21,8 @@
  * path is refused before any worker starts (shmrun, sr_spawn); a second
  * attempt's trace moves the first one's aside; a rank replaced in place
  * leaves each generation's events under a process of its own, named with
- * its generation. */
+ * its generation. The heap's gauge, dear to read, is read at most every
+ * 100 ms however often events take the gauges' sample. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
