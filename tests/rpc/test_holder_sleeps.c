@@ -16,7 +16,13 @@
  * timed: every wait is for an event, with a bound.
  *
  * The holder sleeps on the doorbell only with the futex doorbell: the test
- * skips itself under SHMRPC_DOORBELL=eventfd or without futex support. */
+ * skips itself under SHMRPC_DOORBELL=eventfd or without futex support.
+ *
+ * And a holder's spin gives way (shm/base/spin.h): worker0's main thread
+ * holds its inbox and waits on a future that a second thread completes,
+ * both SCHED_FIFO at one priority on one CPU, so the second thread runs
+ * only when the spinner gives way. With a 500 ms spin budget the wait ends
+ * at once with the yield, and after the budget without it. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -154,4 +160,73 @@ Test(holder_sleeps, a_waiter_holding_the_inbox_counts_its_sleeps, .timeout = 120
     if ((kind && !strcmp(kind, "eventfd")) || !sr__waiter_futex_supported())
         cr_skip_test("a waiter holding the inbox sleeps on the doorbell only with the futex doorbell");
     RUN_JOB("holdsleep", 2, .scenario = scenario, .register_fns = register_fns);
+}
+
+/* ---- a holder's spin gives way to a thread queued on its core ---- */
+
+#define GIVE_WAY_SPIN "500000000" /* SHMRPC_SPIN_NS: a 500 ms spin budget */
+
+static void *complete(void *f)
+{
+    sr_future_set_result(f, NULL);
+    return NULL;
+}
+
+/* This thread and attr's threads: SCHED_FIFO priority 1 on `cpu`. */
+static int fifo_on(int cpu, pthread_attr_t *attr)
+{
+    struct sched_param p = {.sched_priority = 1};
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) || sched_setscheduler(0, SCHED_FIFO, &p))
+        return -errno;
+    pthread_attr_init(attr);
+    pthread_attr_setaffinity_np(attr, sizeof(set), &set);
+    pthread_attr_setinheritsched(attr, PTHREAD_EXPLICIT_SCHED);
+    pthread_attr_setschedpolicy(attr, SCHED_FIFO);
+    pthread_attr_setschedparam(attr, &p);
+    return 0;
+}
+
+static int give_way_scenario(int rank, int world)
+{
+    (void)world;
+    if (rank != 0)
+        return 0;
+    sr_future *f = sr_future_new();
+    WCHECK(f, "sr_future_new failed");
+    pthread_attr_t attr;
+    int rc = fifo_on(sched_getcpu(), &attr);
+    if (rc == -EPERM) {
+        fprintf(stderr, "holder_sleeps: skipped: no permission for SCHED_FIFO (needs CAP_SYS_NICE)\n");
+        sr_future_unref(f);
+        return 0;
+    }
+    WCHECK(rc == 0, "SCHED_FIFO on one CPU: %s", strerror(-rc));
+    rc = take_inbox(sr__agent); /* the wait below polls with it: it spins, it does not sleep aside */
+    pthread_t t;
+    if (!rc)
+        rc = pthread_create(&t, &attr, complete, f) ? -EAGAIN : 0; /* queued behind this thread's spin */
+    int64_t t0 = sr__now_ns();
+    int waited = rc ? rc : sr_future_wait(f, NULL);
+    int64_t ms = (sr__now_ns() - t0) / 1000000;
+    if (!rc)
+        pthread_join(t, NULL);
+    pthread_attr_destroy(&attr);
+    struct sched_param other = {0};
+    sched_setscheduler(0, SCHED_OTHER, &other);
+    sr_future_unref(f);
+    WCHECK(rc == 0, "could not take the inbox or start the completer: %d", rc);
+    WCHECK(waited == 0, "sr_future_wait: %s", sr_last_error());
+    WCHECK(ms < 250, "the wait took %lld ms: the holder spun its 500 ms budget before the completer queued on its "
+           "core could run (it did not give way)", (long long)ms);
+    return 0;
+}
+
+Test(holder_sleeps, a_holders_spin_gives_way_to_a_thread_queued_on_its_core, .timeout = 120)
+{
+    setenv("SHMRPC_SPIN_NS", GIVE_WAY_SPIN, 1);
+    RUN_JOB("holdgive", 1, .scenario = give_way_scenario);
+    unsetenv("SHMRPC_SPIN_NS");
 }
