@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "agent.h"
+#include "helpers/fifo.h"
 #include "rpc_harness.h"
 #include "thread.h"
 #include "waiter.h"
@@ -172,23 +173,6 @@ static void *complete(void *f)
     return NULL;
 }
 
-/* This thread and attr's threads: SCHED_FIFO priority 1 on `cpu`. */
-static int fifo_on(int cpu, pthread_attr_t *attr)
-{
-    struct sched_param p = {.sched_priority = 1};
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) || sched_setscheduler(0, SCHED_FIFO, &p))
-        return -errno;
-    pthread_attr_init(attr);
-    pthread_attr_setaffinity_np(attr, sizeof(set), &set);
-    pthread_attr_setinheritsched(attr, PTHREAD_EXPLICIT_SCHED);
-    pthread_attr_setschedpolicy(attr, SCHED_FIFO);
-    pthread_attr_setschedparam(attr, &p);
-    return 0;
-}
-
 static int give_way_scenario(int rank, int world)
 {
     (void)world;
@@ -197,7 +181,7 @@ static int give_way_scenario(int rank, int world)
     sr_future *f = sr_future_new();
     WCHECK(f, "sr_future_new failed");
     pthread_attr_t attr;
-    int rc = fifo_on(sched_getcpu(), &attr);
+    int rc = fifo_on_cpu(sched_getcpu(), &attr);
     if (rc == -EPERM) {
         fprintf(stderr, "holder_sleeps: skipped: no permission for SCHED_FIFO (needs CAP_SYS_NICE)\n");
         sr_future_unref(f);

@@ -15,6 +15,7 @@
 
 #include "common.h"
 #include "error.h"
+#include "helpers/fifo.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
 #include "shm/xport.h"
@@ -164,22 +165,6 @@ static void *send_to_self(void *arg)
     return (void *)(intptr_t)sr_xport_send(s->x, s->x->rank, &m);
 }
 
-static int fifo_on(int cpu, pthread_attr_t *attr)
-{
-    struct sched_param p = {.sched_priority = 1};
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) || sched_setscheduler(0, SCHED_FIFO, &p))
-        return -errno;
-    pthread_attr_init(attr);
-    pthread_attr_setaffinity_np(attr, sizeof(set), &set);
-    pthread_attr_setinheritsched(attr, PTHREAD_EXPLICIT_SCHED);
-    pthread_attr_setschedpolicy(attr, SCHED_FIFO);
-    pthread_attr_setschedparam(attr, &p);
-    return 0;
-}
-
 static int give_way_worker(int rank, int world, void *arg)
 {
     (void)rank;
@@ -189,7 +174,7 @@ static int give_way_worker(int rank, int world, void *arg)
     sr_xport *x;
     WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
     pthread_attr_t attr;
-    int rc = fifo_on(sched_getcpu(), &attr);
+    int rc = fifo_on_cpu(sched_getcpu(), &attr);
     if (rc == -EPERM) {
         fprintf(stderr, "wake: skipped: no permission for SCHED_FIFO (needs CAP_SYS_NICE)\n");
         sr__xport_detach(x);
