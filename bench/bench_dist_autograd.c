@@ -23,7 +23,13 @@
  *             which multiplies by its W1 and calls rank 2, ... rank 3
  *             returns; rank 0 sums, runs the backward (through 3 more
  *             workers) and reads its gradient. Reference: the same nested
- *             calls outside any context.
+ *             calls outside any context. Target: >= 50x faster than
+ *             PyTorch's chain. Floor: with four workers on fewer cores
+ *             nobody spins (docs/SUBSTRATE.md), so every hop of a message
+ *             is a sleeping worker woken: CHAIN_HOPS (the reference:
+ *             CHAIN_FWD_HOPS) sequential hops at half the futex ping-pong
+ *             round trip, measured between ranks 0 and 1 at the start of
+ *             each job (bench/floor.h) while ranks 2 and 3 sleep.
  *   contexts  sr_dist_autograd_context_begin + _end pairs per second, 16
  *             threads of one worker, with the context map sharded (the
  *             default) and with one lock (sr__dist_autograd_set_shards(1),
@@ -62,6 +68,7 @@
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "floor.h"
 #include "shmrpc/dist_autograd.h"
 #include "shmrpc/shmrpc.h"
 
@@ -110,8 +117,20 @@ struct ctx_result {
     bench_lat pair;
 };
 
+/* The chain's sequential hops, each a message to a sleeping worker. The
+ * nested calls: 0 -> 1 -> 2 -> 3 and the answers back, 6. The backward
+ * (Dijkstra-Scholten, lib/modules/dist_autograd/backward.c): the gradient
+ * 0 -> 1 -> 2 -> 3, the gradients of the requests 3 -> 2 -> 1, then 1's
+ * answer to 2's gradient, 2's answer ending its part of the pass, 1's
+ * ending the pass on 0, 8 (1 -> 0 and its answer overlap 1 -> 2 -> 1). */
+#define CHAIN_FWD_HOPS 6
+#define CHAIN_HOPS (CHAIN_FWD_HOPS + 8)
+#define FUTEX_FLOOR_N 2000 /* futex round trips per job */
+
 struct shared {
     bench_barrier bar;
+    bench_floor_area floor;
+    bench_lat futex[NMODE]; /* the futex ping-pong round trip, ranks 0 and 1, per job */
     bench_lat lat[NMODE][NWORK][ROUNDS];
     bool ran[NMODE][NWORK];
     struct ctx_result ctx[NCFG][CTX_ROUNDS];
@@ -488,6 +507,22 @@ struct job_arg {
     int mode;
 };
 
+/* The chain's floor (CHAIN_HOPS): ranks 0 and 1 ping-pong through a futex,
+ * a warm-up and then FUTEX_FLOOR_N timed round trips (a tenth in a smoke
+ * run), while ranks 2 and 3 sleep in their waits. 0, or -ETIMEDOUT. */
+static int futex_floor(int rank)
+{
+    static int64_t rtt[FUTEX_FLOOR_N];
+    uint32_t n = bench_smoke_on() ? FUTEX_FLOOR_N / 10 : FUTEX_FLOOR_N;
+    enum bench_role role = rank ? BENCH_ECHO : BENCH_INITIATOR;
+    int rc = bench_floor_futex(&sh->floor, role, n / 10, rtt); /* warm-up */
+    if (!rc)
+        rc = bench_floor_futex(&sh->floor, role, n, rtt);
+    if (!rc && rank == 0)
+        sh->futex[mode] = bench_lat_of(rtt, n);
+    return rc;
+}
+
 /* Rank 0 drives. The others serve either from sr_shutdown, as PyTorch's
  * callees do from rpc.shutdown() in bench/compare (idle there, a worker
  * keeps its inbox and runs a plain function on its own thread), or while
@@ -510,6 +545,8 @@ static int job(int rank, int world, void *arg)
     W = sr_rand(SR_F32, 2, shape33, SR_REQUIRES_GRAD);
     if (!W || bench_barrier_wait(&sh->bar, (uint32_t)world, 60ll * 1000000000))
         return fprintf(stderr, "rank %d: %s\n", rank, W ? "start barrier timed out" : sr_last_error()), 1;
+    if (chain && rank < 2 && futex_floor(rank))
+        return fprintf(stderr, "rank %d: the futex floor's peer stopped answering\n", rank), 1;
     if (rank == 0) {
         if (chain)
             drive_chain();
@@ -713,6 +750,22 @@ static int digits(double x)
     return x >= 10 ? 0 : x >= 1 ? 1 : 2;
 }
 
+/* The chain's lines: the floor of its sleeping hops (CHAIN_HOPS). */
+static void chain_floor(int w, const bench_lat *m, bench_rec *rec)
+{
+    int hops = w == W_CHAIN ? CHAIN_HOPS : w == W_CHAIN_FWD ? CHAIN_FWD_HOPS : 0;
+    if (!hops || sh->futex[mode].p50 <= 0)
+        return;
+    double one_way = (double)sh->futex[mode].p50 / 2, floor = hops * one_way;
+    printf(" | floor %d sleeping hops x futex one-way %.1f us = %.0f us: ratio %.2f", hops, one_way / 1e3,
+           floor / 1e3, (double)m->p50 / floor);
+    if (pt[w].have)
+        printf(" (the floor is %.0fx faster than PyTorch)", pt[w].p50 / floor);
+    bench_rec_num(rec, "floor_hops", hops);
+    bench_rec_num(rec, "floor_ns", floor);
+    bench_rec_num(rec, "floor_ratio_p50", (double)m->p50 / floor);
+}
+
 /* Prints one line; returns 1 if the PyTorch target applies and is missed. */
 static int report_line(const char *name, const char *config, int w, int ref, const char *ref_name, double target)
 {
@@ -750,6 +803,7 @@ static int report_line(const char *name, const char *config, int w, int ref, con
         bench_rec_num(&rec, "target_torch_speedup", target);
         bench_rec_bool(&rec, "target_met", !missed);
     }
+    chain_floor(w, &m, &rec);
     const double *po = sh->per_op[mode][w];
     if (w != W_LOCAL)
         printf(" | rank 0 per call: %.1f msgs sent, %.2f wakes issued, %.2f sleeps", po[0], po[1], po[2]);
@@ -783,7 +837,7 @@ static int report_steps(void)
     for (mode = 0; mode < NMODE; mode++)
         if (sh->ran[mode][W_CHAIN]) {
             report_line("dist_autograd", "4-worker chain: forward + backward", W_CHAIN, W_CHAIN_FWD,
-                        "the same chain without a context", 0);
+                        "the same chain without a context", TARGET_X);
             report_line("dist_autograd", "4-worker chain, no context (reference)", W_CHAIN_FWD, -1, NULL, 0);
         }
     return missed;
