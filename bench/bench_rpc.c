@@ -21,7 +21,9 @@
  *           in this thread's CPU time (so a loaded machine's preemption is left out)
  * fanin     N callers (1, 2, 4, 8) -> one callee idle in sr_shutdown, for a
  *           fixed window after a common start: total calls/s against one
- *           caller's, per-caller counts (starvation shows), worst p50/p99
+ *           caller's, per-caller counts (starvation shows), worst p50/p99,
+ *           and the CPU each call cost the callers and the callee (process
+ *           CPU time over the window), with how many cores that keeps busy
  * tensor    rpc_sync(add) of two tensors from 4 B to 256 MiB
  * executors plain functions under concurrent callers, by executor pool size
  * probes    the hot no-op round trip with the profiler's probes compiled out,
@@ -482,19 +484,34 @@ static int run_self(int rank, int world, void *arg)
 #define FANIN_WINDOW_NS (400ll * 1000000)
 #define FANIN_TARGET 0.7 /* total calls/s of 2, 4 and 8 callers against one caller's */
 #define FANIN_SAMPLES 200000
+#define FANIN_FLOOR_RTTS 5000 /* futex round trips timed for the bound */
 static int64_t fanin_window_ns = FANIN_WINDOW_NS;
 
 struct fanin_caller {
     uint64_t calls, wakes, sleeps; /* wakes: doorbells this caller rang (the callee asleep) */
     int64_t p50, p99;
+    int64_t cpu_ns;        /* this caller's process CPU time over its window */
+    int64_t callee_cpu_ns; /* rank 1 only: the callee's over rank 1's window ("cpu" before and after) */
 };
 static struct fanin_caller *fan; /* [FANIN_MAX + 1], shared with the job */
 static bench_barrier *fan_bar;
+
+/* The callee's process CPU time, for rank 1's window. */
+static int fanin_cpu(sr_call *c) { return sr_call_return(c, sr_int(worker_cpu_ns())); }
+
+static int64_t callee_cpu_ns(void)
+{
+    sr_value *v = NULL;
+    int64_t ns = sr_rpc_sync(0, "cpu", SR_NOARGS, 0, &v) ? -1 : sr_value_int(v);
+    sr_value_unref(v);
+    return ns;
+}
 
 static int run_fanin(int rank, int world, void *arg)
 {
     (void)arg;
     static int64_t lat[FANIN_SAMPLES];
+    sr_register("cpu", fanin_cpu);
     if (sr_init(NULL))
         return 1;
     if (rank > 0) {
@@ -503,6 +520,7 @@ static int run_fanin(int rank, int world, void *arg)
         bench_barrier_wait(fan_bar, (uint32_t)(world - 1), 60ll * 1000000000);
         sr_debug_info d0 = {0}, d1 = {0};
         sr_debug_info_get(&d0);
+        int64_t callee0 = rank == 1 ? callee_cpu_ns() : 0, cpu0 = worker_cpu_ns();
         int64_t t0 = bench_now_ns(), end = t0 + fanin_window_ns, t = t0;
         uint64_t n = 0;
         while (t < end) {
@@ -514,10 +532,12 @@ static int run_fanin(int rank, int world, void *arg)
             n++;
             t = t1;
         }
+        int64_t cpu = worker_cpu_ns() - cpu0, callee = rank == 1 ? callee_cpu_ns() - callee0 : 0;
         sr_debug_info_get(&d1);
         bench_lat l = bench_lat_of(lat, n < FANIN_SAMPLES ? n : FANIN_SAMPLES);
         fan[rank] = (struct fanin_caller){.calls = n, .wakes = d1.wakes_issued - d0.wakes_issued,
-                                          .sleeps = d1.sleeps_taken - d0.sleeps_taken, .p50 = l.p50, .p99 = l.p99};
+                                          .sleeps = d1.sleeps_taken - d0.sleeps_taken, .p50 = l.p50, .p99 = l.p99,
+                                          .cpu_ns = cpu, .callee_cpu_ns = callee};
     }
     sr_shutdown(true, 120);
     return 0;
@@ -530,7 +550,13 @@ static int bench_fanin(void)
     size_t runs = bench_smoke_on() ? sizeof(smoke) / sizeof(smoke[0]) : sizeof(all) / sizeof(all[0]);
     fan = bench_shared_alloc(sizeof(*fan) * (FANIN_MAX + 1));
     fan_bar = bench_shared_alloc(sizeof(*fan_bar));
-    double one = 0;
+    /* The bound with sleeping callers (below): what a sleep and a wake cost
+     * the machine in CPU, half a futex round trip of two processes. */
+    double rtt_cpu = 0;
+    if (bench_floor_futex_cpu(bench_smoke_on() ? 200 : FANIN_FLOOR_RTTS, &rtt_cpu))
+        return fprintf(stderr, "bench_rpc fanin: the futex floor failed\n"), 1;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double one = 0, one_cpu = 0;
     for (size_t i = 0; i < runs; i++) {
         memset(fan, 0, sizeof(*fan) * (FANIN_MAX + 1));
         memset(fan_bar, 0, sizeof(*fan_bar));
@@ -538,9 +564,10 @@ static int bench_fanin(void)
         if (sr_spawn(ns[i] + 1, run_fanin, NULL, &o))
             return fprintf(stderr, "bench_rpc fanin: %s\n", sr_last_error()), 1;
         uint64_t total = 0, lo = UINT64_MAX, hi = 0, wakes = 0, sleeps = 0;
-        int64_t p50 = 0, p99 = 0; /* the worst caller's */
+        int64_t p50 = 0, p99 = 0, cpu = 0; /* the worst caller's; the callers' CPU */
         for (int r = 1; r <= ns[i]; r++) {
             total += fan[r].calls;
+            cpu += fan[r].cpu_ns;
             wakes += fan[r].wakes;
             sleeps += fan[r].sleeps;
             lo = fan[r].calls < lo ? fan[r].calls : lo;
@@ -549,8 +576,18 @@ static int bench_fanin(void)
             p99 = fan[r].p99 > p99 ? fan[r].p99 : p99;
         }
         double per_s = (double)total / ((double)fanin_window_ns / 1e9);
+        double call_cpu = total ? (double)(cpu + (fan[1].callee_cpu_ns > 0 ? fan[1].callee_cpu_ns : 0)) / (double)total : 0;
         if (ns[i] == 1)
-            one = per_s;
+            one = per_s, one_cpu = call_cpu;
+        /* More callers than cores left beside the callee's: nobody spins, so
+         * each call is at least a caller's sleep and wake-up on top of the
+         * call's own CPU (one caller's, spinning): the machine's cores over
+         * that bound the total. */
+        double bound = ns[i] > 1 && one_cpu > 0 ? (double)ncpu * 1e9 / (one_cpu + rtt_cpu / 2) : 0;
+        char bound_text[160] = "";
+        if (bound > 0)
+            snprintf(bound_text, sizeof(bound_text), " | bound %ld cores / (%.2f us + a sleep and wake %.2f us) = %.0f "
+                     "calls/s = %.2fx one caller", ncpu, one_cpu / 1e3, rtt_cpu / 2e3, bound, one > 0 ? bound / one : 0);
         char key[32], vs[320];
         snprintf(key, sizeof(key), "fanin%d", ns[i]);
         char verdict[64] = "";
@@ -559,11 +596,14 @@ static int bench_fanin(void)
                      bench_verdict(per_s >= FANIN_TARGET * one));
         printf("rpc_sync noop fan-in | %d callers -> 1 | %.0f calls/s total, %.2fx one caller%s | per caller "
                "%llu..%llu calls in %.1f s | worst caller p50 %.2f us p99 %.2f us | per call: %.2f callee wakes, "
-               "%.2f caller sleeps | %s\n",
+               "%.2f caller sleeps | CPU per call: callers %.2f us, callee %.2f us, %.2f cores busy%s | %s\n",
                ns[i], per_s, one > 0 ? per_s / one : 0, verdict, (unsigned long long)lo, (unsigned long long)hi,
                (double)fanin_window_ns / 1e9, (double)p50 / 1e3, (double)p99 / 1e3,
                total ? (double)wakes / (double)total : 0, total ? (double)sleeps / (double)total : 0,
-               bench_torch_vs(&pt, key, (double)p50, vs, sizeof(vs)));
+               total ? (double)cpu / (double)total / 1e3 : 0,
+               total && fan[1].callee_cpu_ns > 0 ? (double)fan[1].callee_cpu_ns / (double)total / 1e3 : 0,
+               (double)(cpu + (fan[1].callee_cpu_ns > 0 ? fan[1].callee_cpu_ns : 0)) / (double)fanin_window_ns,
+               bound_text, bench_torch_vs(&pt, key, (double)p50, vs, sizeof(vs)));
         fflush(stdout);
         bench_rec r;
         bench_rec_begin(&r, "rpc_sync noop fan-in");
@@ -576,6 +616,10 @@ static int bench_fanin(void)
             bench_rec_num(&r, "target_ratio", FANIN_TARGET);
             bench_rec_bool(&r, "target_met", per_s >= FANIN_TARGET * one);
         }
+        bench_rec_num(&r, "callers_cpu_ns_per_call", total ? (double)cpu / (double)total : 0);
+        bench_rec_num(&r, "callee_cpu_ns_per_call", total ? (double)fan[1].callee_cpu_ns / (double)total : 0);
+        if (bound > 0)
+            bench_rec_num(&r, "bound_per_s", bound);
         bench_rec_num(&r, "min_caller_calls", (double)lo);
         bench_rec_num(&r, "max_caller_calls", (double)hi);
         bench_rec_torch(&r, &pt, key);

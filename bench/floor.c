@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -212,5 +213,59 @@ int bench_floor_measure(uint32_t n_cacheline, uint32_t n_futex, bench_floor_resu
         rc = -ECHILD;
     free(s);
     bench_shared_free(a, sizeof(*a));
+    return rc;
+}
+
+/* The area of bench_floor_futex_cpu: the ping-pong, and the echo's CPU. */
+struct futex_cpu_area {
+    bench_floor_area a;
+    _Atomic int64_t echo_cpu_ns;
+};
+
+static int64_t process_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One side: a warm-up, then n timed round trips; its CPU time over them. */
+static int futex_cpu_side(struct futex_cpu_area *f, enum bench_role role, uint32_t n, int64_t *s, int64_t *cpu)
+{
+    int rc = bench_floor_futex(&f->a, role, n / 4 + 1, s);
+    int64_t t = process_cpu_ns();
+    if (!rc)
+        rc = bench_floor_futex(&f->a, role, n, s);
+    *cpu = process_cpu_ns() - t;
+    return rc;
+}
+
+int bench_floor_futex_cpu(uint32_t n, double *cpu_ns_per_rtt)
+{
+    if (!n)
+        return -EINVAL;
+    int64_t *s = malloc((size_t)n * sizeof(*s));
+    struct futex_cpu_area *f = bench_shared_alloc(sizeof(*f));
+    if (!s || !f) {
+        free(s);
+        bench_shared_free(f, sizeof(*f));
+        return -ENOMEM;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int64_t cpu = 0;
+        int rc = futex_cpu_side(f, BENCH_ECHO, n, s, &cpu);
+        atomic_store(&f->echo_cpu_ns, cpu); /* read after waitpid */
+        _exit(rc ? 1 : 0);
+    }
+    int64_t cpu = 0;
+    int rc = pid < 0 ? -errno : futex_cpu_side(f, BENCH_INITIATOR, n, s, &cpu);
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && !rc && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        rc = -ECHILD;
+    if (!rc)
+        *cpu_ns_per_rtt = (double)(cpu + atomic_load(&f->echo_cpu_ns)) / n;
+    free(s);
+    bench_shared_free(f, sizeof(*f));
     return rc;
 }

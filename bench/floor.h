@@ -56,6 +56,13 @@ int bench_floor_twoline(bench_floor_area *a, enum bench_role role, uint32_t n, i
  * Same contract as bench_floor_cacheline. */
 int bench_floor_futex(bench_floor_area *a, enum bench_role role, uint32_t n, int64_t *rtt_ns);
 
+/* The CPU a sleeping round trip costs: fork a child and ping-pong n times
+ * through futex wake / futex wait (after a warm-up); *cpu_ns_per_rtt is
+ * both processes' CPU time over the n round trips, per round trip. What
+ * any message to a sleeping process and its sleeping answer cost the
+ * machine, whatever carries them. 0 or -errno. */
+int bench_floor_futex_cpu(uint32_t n, double *cpu_ns_per_rtt);
+
 /* Best of reps copies of a bytes-sized buffer on one core, in GiB/s; < 0 on
  * allocation failure. */
 double bench_floor_memcpy_gibs(size_t bytes, int reps);
