@@ -71,6 +71,7 @@ struct shared {
     uint64_t udf_hops; /* bench udf: calls the callee's idle thread left to an executor */
     double ring_ns[ROUNDS]; /* bench pipeline: the ring's ns per message, per round */
     int ring_rounds;
+    double hot_floor50; /* bench hot: the cache-line floor's p50 (median over rounds), for bench self */
 };
 
 static struct shared *sh;
@@ -163,13 +164,15 @@ static int run_latency(int rank, int world, void *arg)
     return rc ? 1 : 0;
 }
 
-static void report_latency(const char *name, const char *config, const char *floor_name, bench_rounds *r,
-                           double target)
+/* Returns the floor's p50 (the median over rounds). */
+static double report_latency(const char *name, const char *config, const char *floor_name, bench_rounds *r,
+                             double target)
 {
     bench_summary s = bench_summarize(r);
     char extra[320];
     bench_torch_vs(&pt, "noop", s.ours50, extra, sizeof(extra));
     bench_print_torch(name, config, floor_name, &s, target, extra, &pt, "noop");
+    return s.floor50;
 }
 
 static int bench_hot_and_asleep(bool hot, bool asleep)
@@ -179,7 +182,7 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         memset(&sh->cl, 0, sizeof(sh->cl));
         if (sr_spawn(2, run_latency, NULL, &o))
             return fprintf(stderr, "bench_rpc hot: %s\n", sr_last_error()), 1;
-        report_latency("rpc_sync noop", "hot (both polling)", "cache-line ping-pong", &sh->cl, 2.5);
+        sh->hot_floor50 = report_latency("rpc_sync noop", "hot (both polling)", "cache-line ping-pong", &sh->cl, 2.5);
     }
     if (asleep) {
         memset(&sh->fx, 0, sizeof(sh->fx));
@@ -461,8 +464,14 @@ static int run_self(int rank, int world, void *arg)
     /* bench_lat_of sorted the batches: [SELF_BATCHES / 10] is the p10, the
      * least disturbed by other work on the machine (its cache misses, steal) */
     printf("rpc_sync noop self  | one thread, both sides of each call | %.1f ns/call of CPU time (median of %d batches "
-           "of %d; p10 %.1f p99 %.1f)\n", (double)s.p50 / SELF_BATCH, self_batches, SELF_BATCH,
+           "of %d; p10 %.1f p99 %.1f)", (double)s.p50 / SELF_BATCH, self_batches, SELF_BATCH,
            (double)sync_ns[self_batches / 10] / SELF_BATCH, (double)s.p99 / SELF_BATCH);
+    /* A hot round trip runs both halves one after the other: their CPU is
+     * a bound on it, against the floor the hot rounds measured. */
+    if (sh->hot_floor50 > 0)
+        printf(" | %.1fx the hot rounds' cache-line floor (%.0f ns): the least the hot round trip's ratio can be",
+               (double)s.p50 / SELF_BATCH / sh->hot_floor50, sh->hot_floor50);
+    printf("\n");
     printf("rpc_async noop self | windows of %d, progress thread too | %.1f ns/call of CPU time (p10 %.1f p99 %.1f)\n",
            SELF_WINDOW, (double)a.p50 / SELF_BATCH, (double)async_ns[self_batches / 10] / SELF_BATCH,
            (double)a.p99 / SELF_BATCH);
