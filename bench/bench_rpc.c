@@ -18,7 +18,8 @@
  * self      the RPC layer's own work, no transfer: one thread calls its own
  *           worker (both sides of every call on one core), rpc_sync and
  *           rpc_async in windows of 64; ns per call, median of 256-call batches,
- *           in this thread's CPU time (so a loaded machine's preemption is left out)
+ *           in the worker's CPU time (so a loaded machine's preemption is left
+ *           out), and rpc_sync's against the hot rounds' floor (a bound)
  * fanin     N callers (1, 2, 4, 8) -> one callee idle in sr_shutdown, for a
  *           fixed window after a common start: total calls/s against one
  *           caller's, per-caller counts (starvation shows), worst p50/p99,
