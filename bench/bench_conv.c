@@ -121,13 +121,6 @@ static double page_faults(void)
     return (double)(u.ru_minflt + u.ru_majflt);
 }
 
-static int64_t cpu_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 /* p50 and p99 (ns) of reps runs after 3 warm-ups (--smoke: 1), the p50 of the
  * process's CPU time per run in *cpu (what a loaded machine distorts
  * least) and of its page faults per run in *faults; NaN on a failed run. */
@@ -141,13 +134,13 @@ static double measure(run_fn f, struct work *w, int reps, double *p99, double *c
         }
     for (int i = 0; i < reps; i++) {
         double pf0 = page_faults();
-        int64_t t0 = bench_now_ns(), c0 = cpu_ns();
+        int64_t t0 = bench_now_ns(), c0 = bench_process_cpu_ns();
         if (f(w)) {
             free(t);
             return *p99 = *cpu = *faults = NAN;
         }
         t[i] = (double)(bench_now_ns() - t0);
-        c[i] = (double)(cpu_ns() - c0);
+        c[i] = (double)(bench_process_cpu_ns() - c0);
         pf[i] = page_faults() - pf0;
     }
     qsort(t, (size_t)reps, sizeof(double), cmp);

@@ -402,22 +402,16 @@ static int run_pipeline(int rank, int world, void *arg)
 #define SELF_WINDOW 64
 static int self_batches = SELF_BATCHES;
 
-/* The worker's CPU time, all its threads: a batch preempted by other work
- * on the machine does not count the time it was off the CPU. */
-static int64_t worker_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
+/* In the worker's CPU time, all its threads: a batch preempted by other
+ * work on the machine does not count the time it was off the CPU. */
 static int self_sync_batch(int self, int64_t *ns)
 {
-    int64_t t0 = worker_cpu_ns();
+    int64_t t0 = bench_process_cpu_ns();
     for (int i = 0; i < SELF_BATCH; i++)
         if (sr_rpc_sync(self, "noop", SR_NOARGS, SR_TIMEOUT_NONE, NULL))
             return 1;
-    *ns = worker_cpu_ns() - t0;
+    *ns = bench_process_cpu_ns() - t0;
     return 0;
 }
 
@@ -425,7 +419,7 @@ static int self_async_batch(int self, int64_t *ns)
 {
     sr_future *win[SELF_WINDOW];
     int rc = 0;
-    int64_t t0 = worker_cpu_ns();
+    int64_t t0 = bench_process_cpu_ns();
     for (int i = 0; i < SELF_BATCH && !rc; i += SELF_WINDOW) {
         int n = 0;
         for (; n < SELF_WINDOW && !rc; n++)
@@ -436,7 +430,7 @@ static int self_async_batch(int self, int64_t *ns)
             sr_future_unref(win[k]);
         }
     }
-    *ns = worker_cpu_ns() - t0;
+    *ns = bench_process_cpu_ns() - t0;
     return rc ? 1 : 0;
 }
 
@@ -507,7 +501,7 @@ static struct fanin_caller *fan; /* [FANIN_MAX + 1], shared with the job */
 static bench_barrier *fan_bar;
 
 /* The callee's process CPU time, for rank 1's window. */
-static int fanin_cpu(sr_call *c) { return sr_call_return(c, sr_int(worker_cpu_ns())); }
+static int fanin_cpu(sr_call *c) { return sr_call_return(c, sr_int(bench_process_cpu_ns())); }
 
 static int64_t callee_cpu_ns(void)
 {
@@ -530,7 +524,7 @@ static int run_fanin(int rank, int world, void *arg)
         bench_barrier_wait(fan_bar, (uint32_t)(world - 1), 60ll * 1000000000);
         sr_debug_info d0 = {0}, d1 = {0};
         sr_debug_info_get(&d0);
-        int64_t callee0 = rank == 1 ? callee_cpu_ns() : 0, cpu0 = worker_cpu_ns();
+        int64_t callee0 = rank == 1 ? callee_cpu_ns() : 0, cpu0 = bench_process_cpu_ns();
         int64_t t0 = bench_now_ns(), end = t0 + fanin_window_ns, t = t0;
         uint64_t n = 0;
         while (t < end) {
@@ -542,7 +536,7 @@ static int run_fanin(int rank, int world, void *arg)
             n++;
             t = t1;
         }
-        int64_t cpu = worker_cpu_ns() - cpu0, callee = rank == 1 ? callee_cpu_ns() - callee0 : 0;
+        int64_t cpu = bench_process_cpu_ns() - cpu0, callee = rank == 1 ? callee_cpu_ns() - callee0 : 0;
         sr_debug_info_get(&d1);
         bench_lat l = bench_lat_of(lat, n < FANIN_SAMPLES ? n : FANIN_SAMPLES);
         fan[rank] = (struct fanin_caller){.calls = n, .wakes = d1.wakes_issued - d0.wakes_issued,

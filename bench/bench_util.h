@@ -22,6 +22,8 @@
 #define BENCH_LINE 64
 
 int64_t bench_now_ns(void);
+/* This process's CPU time, every thread's (CLOCK_PROCESS_CPUTIME_ID), ns. */
+int64_t bench_process_cpu_ns(void);
 
 /* p50 and p99 of one timed run. */
 typedef struct bench_lat {

@@ -222,21 +222,14 @@ struct futex_cpu_area {
     _Atomic int64_t echo_cpu_ns;
 };
 
-static int64_t process_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* One side: a warm-up, then n timed round trips; its CPU time over them. */
 static int futex_cpu_side(struct futex_cpu_area *f, enum bench_role role, uint32_t n, int64_t *s, int64_t *cpu)
 {
     int rc = bench_floor_futex(&f->a, role, n / 4 + 1, s);
-    int64_t t = process_cpu_ns();
+    int64_t t = bench_process_cpu_ns();
     if (!rc)
         rc = bench_floor_futex(&f->a, role, n, s);
-    *cpu = process_cpu_ns() - t;
+    *cpu = bench_process_cpu_ns() - t;
     return rc;
 }
 
