@@ -29,4 +29,15 @@ static inline int fifo_on_cpu(int cpu, pthread_attr_t *attr)
     return 0;
 }
 
+/* The spin tests' job: one worker whose spins have a 500 ms budget
+ * (SHMRPC_SPIN_NS), so a spinner that does not give way holds its CPU that
+ * long. For the RPC suites (RUN_JOB: rpc_harness.h). */
+#define SPIN_TEST_BUDGET_MS 500
+#define RUN_SPINNING_JOB(name, scenario_fn)                       \
+    do {                                                          \
+        setenv("SHMRPC_SPIN_NS", "500000000", 1);                 \
+        RUN_JOB(name, 1, .scenario = scenario_fn);                \
+        unsetenv("SHMRPC_SPIN_NS");                               \
+    } while (0)
+
 #endif

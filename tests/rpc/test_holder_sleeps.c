@@ -165,8 +165,6 @@ Test(holder_sleeps, a_waiter_holding_the_inbox_counts_its_sleeps, .timeout = 120
 
 /* ---- a holder's spin gives way to a thread queued on its core ---- */
 
-#define GIVE_WAY_SPIN "500000000" /* SHMRPC_SPIN_NS: a 500 ms spin budget */
-
 static void *complete(void *f)
 {
     sr_future_set_result(f, NULL);
@@ -210,7 +208,5 @@ static int give_way_scenario(int rank, int world)
 
 Test(holder_sleeps, a_holders_spin_gives_way_to_a_thread_queued_on_its_core, .timeout = 120)
 {
-    setenv("SHMRPC_SPIN_NS", GIVE_WAY_SPIN, 1);
-    RUN_JOB("holdgive", 1, .scenario = give_way_scenario);
-    unsetenv("SHMRPC_SPIN_NS");
+    RUN_SPINNING_JOB("holdgive", give_way_scenario);
 }

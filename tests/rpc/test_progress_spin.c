@@ -4,7 +4,7 @@
  * progress_idle; lib/rpc/wait.c, steal_from_progress).
  *
  * Each test runs one worker whose progress thread is made SCHED_FIFO at
- * priority 1 on one CPU, with a 500 ms spin budget (SHMRPC_SPIN_NS). Among
+ * priority 1 on one CPU, with a 500 ms spin budget (RUN_SPINNING_JOB). Among
  * SCHED_FIFO threads of one priority on one CPU nothing preempts the
  * running one: the next runs only when it blocks or yields.
  *
@@ -36,12 +36,12 @@
 #include <string.h>
 
 #include "agent.h"
+#include "helpers/fifo.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(progress_spin);
 
-#define SPIN_BUDGET "500000000" /* SHMRPC_SPIN_NS: a 500 ms spin budget */
-#define GIVE_WAY_MS 250         /* well under the budget, far above a few yields */
+#define GIVE_WAY_MS (SPIN_TEST_BUDGET_MS / 2) /* well under the spin budget, far above a few yields */
 #define EVENT_WAIT_NS (10ll * 1000000000)
 
 /* Thread t on CPU cpu, SCHED_FIFO at priority 1 (fifo), or back to
@@ -138,9 +138,7 @@ static int idle_scenario(int rank, int world)
 
 Test(progress_spin, an_idle_progress_thread_gives_way_to_a_thread_queued_on_its_core, .timeout = 120)
 {
-    setenv("SHMRPC_SPIN_NS", SPIN_BUDGET, 1);
-    RUN_JOB("progspin", 1, .scenario = idle_scenario);
-    unsetenv("SHMRPC_SPIN_NS");
+    RUN_SPINNING_JOB("progspin", idle_scenario);
 }
 
 /* ---- a waiter's steal ---- */
@@ -203,7 +201,5 @@ static int steal_scenario(int rank, int world)
 
 Test(progress_spin, a_waiter_gives_way_to_the_progress_thread_it_asks_to_park, .timeout = 120)
 {
-    setenv("SHMRPC_SPIN_NS", SPIN_BUDGET, 1);
-    RUN_JOB("progsteal", 1, .scenario = steal_scenario);
-    unsetenv("SHMRPC_SPIN_NS");
+    RUN_SPINNING_JOB("progsteal", steal_scenario);
 }
