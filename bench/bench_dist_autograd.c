@@ -120,11 +120,11 @@ struct ctx_result {
 /* The chain's sequential hops, each a message to a sleeping worker. The
  * nested calls: 0 -> 1 -> 2 -> 3 and the answers back, 6. The backward
  * (Dijkstra-Scholten, lib/modules/dist_autograd/backward.c): the gradient
- * 0 -> 1 -> 2 -> 3, the gradients of the requests 3 -> 2 -> 1, then 1's
- * answer to 2's gradient, 2's answer ending its part of the pass, 1's
- * ending the pass on 0, 8 (1 -> 0 and its answer overlap 1 -> 2 -> 1). */
+ * 0 -> 1 -> 2 -> 3, then each worker's answer ending its part of the pass,
+ * carrying the gradients of the request that engaged it ("Up"), 3 -> 2 ->
+ * 1 -> 0: 6. */
 #define CHAIN_FWD_HOPS 6
-#define CHAIN_HOPS (CHAIN_FWD_HOPS + 8)
+#define CHAIN_HOPS (CHAIN_FWD_HOPS + 6)
 #define FUTEX_FLOOR_N 2000 /* futex round trips per job */
 
 struct shared {

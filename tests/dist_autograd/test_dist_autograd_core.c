@@ -189,6 +189,29 @@ Test(dist_autograd_core, root_waits_only_for_its_own_rpcs, .timeout = 120)
     RUN_JOB("daroot", 2, .scenario = propagate_served_before_root_waits, .shutdown_timeout = 30);
 }
 
+/* A worker that is idle but for the gradients it owes the worker that
+ * engaged it sends them with the answer that ends its part of the pass
+ * (backward.c, "Up"): one message instead of a request, its answer and that
+ * answer. In the seed step, worker 1's run owes the root the gradients of
+ * t1 and t2: each of the three passes brings them to the root that way. */
+extern _Atomic uint64_t sr__dist_gradients_carried;
+
+static int gradients_ride_the_answer(int rank, int world)
+{
+    uint64_t before = atomic_load_explicit(&sr__dist_gradients_carried, memory_order_relaxed);
+    int rc = seed_step(rank, world);
+    uint64_t carried = atomic_load_explicit(&sr__dist_gradients_carried, memory_order_relaxed) - before;
+    WCHECK(rc || rank != 0 || carried == 3,
+           "worker0: %llu of the 3 passes' gradients from worker1 came with its answer (the others came as requests "
+           "of their own)", (unsigned long long)carried);
+    return rc;
+}
+
+Test(dist_autograd_core, an_idle_worker_sends_its_gradients_with_its_answer, .timeout = 120)
+{
+    RUN_JOB("daup", 2, .scenario = gradients_ride_the_answer, .shutdown_timeout = 30);
+}
+
 /* More gradient requests in one run than calls can be in flight at once
  * (65,536 per worker): the root's run reaches FAN_OUT RecvRpcBackward
  * nodes, whose requests must be paced, not refused with -EBUSY.

@@ -36,6 +36,10 @@
  * The root is engaged from the start; its "parent" is the pass's own
  * completion.
  *
+ * Up: a run's gradients for the worker's parent are held until the run
+ * ends; a worker then idle but for them disengages at once, and its answer
+ * carries them, counted in at the parent with the answer (see "Up" below).
+ *
  * Why it is right: a worker engages only from a request of an engaged worker
  * (counted in the sender's deficit), so the engaged workers form a tree
  * rooted at the root, each holding the edge to its parent open. A worker
@@ -235,7 +239,15 @@ void (*sr__dist_root_hook)(void);
  * and only that thread answers the parent and frees it: exactly once. */
 enum { WINDOW = 1024 };
 
-struct job;
+struct job {
+    struct job *next;  /* in its pass's queue (struct sr__dpass, jobs) */
+    int caller;
+    int64_t ctx_id;
+    bool parent;       /* its call is the pass's parent here: answered when the worker disengages */
+    sr_value *args;
+    sr_future *done;   /* NULL: gradients an answer carried ("Up"): nobody to answer */
+    struct sr__dpass *pass; /* "Up": its pass, which counts it active */
+};
 
 struct req {
     struct req *next;
@@ -259,6 +271,9 @@ struct sr__dpass {
     char *text;
     bool running;            /* a runner serves the pass's requests here (see "Runner") */
     struct job *jobs, *jobs_tail; /* requests waiting for the runner, each counted in active */
+    int parent_rank;         /* the worker whose request engaged this one; -1: the root */
+    struct req *up, *up_tail; /* the run's gradients for the parent, held until the run ends ("Up") */
+    struct req *attach;      /* those the parent's answer carries (pass_end) */
 };
 
 /* The pass state of the run in progress on this thread (set around run). */
@@ -315,7 +330,7 @@ static struct sr__dpass *pass_enter(sr_dctx *c, int64_t id, bool retain, sr_futu
     *parent = !p;
     if (!p && (p = calloc(1, sizeof(*p)))) {
         *p = (struct sr__dpass){.next = c->engaged, .c = sr__dctx_ref(c), .id = id, .retain = retain,
-                                .parent = sr_future_ref(call)};
+                                .parent = sr_future_ref(call), .parent_rank = j ? j->caller : -1};
         c->engaged = p;
     }
     *joined = p && j && p->running;
@@ -342,14 +357,25 @@ static bool pass_idle_locked(struct sr__dpass *p)
     return true;
 }
 
+static sr_value *up_value(struct req *q);
+
 /* The worker disengages from the pass: answer the parent (with the first
- * error) and free the state. No one else holds p any more. */
+ * error, or with the gradients for it that the last run held, "Up") and
+ * free the state. No one else holds p any more. */
 static void pass_end(struct sr__dpass *p)
 {
+    sr_value *up = p->attach && !p->err ? up_value(p->attach) : NULL;
+    if (p->attach && !p->err && !up)
+        note_error_locked(p, -ENOMEM, "out of memory for the gradients that end a backward pass here"); /* p is ours alone */
+    for (struct req *q = p->attach, *next; q; q = next) {
+        next = q->next;
+        req_free(q);
+    }
     if (p->err)
         sr__future_fail_text(p->parent, p->err, p->text);
     else
-        sr_future_set_result(p->parent, NULL);
+        sr_future_set_result(p->parent, up);
+    sr_value_unref(up);
     sr_future_unref(p->parent);
     sr__dctx_unref(p->c);
     free(p->text);
@@ -368,32 +394,24 @@ static void pass_leave(struct sr__dpass *p, int err, const char *text)
         pass_end(p);
 }
 
+static struct req *up_answered(struct sr__dpass *p, int err, const char *text, sr_value *up);
+
 /* One request of p answered (err: its error, 0 for none). Returns the next
  * queued request, now counted in flight, for the caller to send; ends p if
  * it is idle now. */
 static struct req *req_answered(struct sr__dpass *p, int err, const char *text)
 {
-    pthread_mutex_lock(&p->c->lock);
-    note_error_locked(p, err, text);
-    p->deficit--;
-    struct req *next = p->head;
-    if (next) {
-        p->head = next->next;
-        p->deficit++;
-    }
-    bool idle = pass_idle_locked(p);
-    pthread_mutex_unlock(&p->c->lock);
-    if (idle)
-        pass_end(p);
-    return next;
+    return up_answered(p, err, text, NULL);
 }
 
 static void req_pump(struct req *q);
 
 static void req_on_answer(sr_future *f, void *p)
 {
-    int rc = sr_future_value(f, NULL);
-    req_pump(req_answered(p, rc, rc ? sr_last_error() : NULL));
+    sr_value *up = NULL;
+    int rc = sr_future_value(f, &up);
+    req_pump(up_answered(p, rc, rc ? sr_last_error() : NULL, up));
+    sr_value_unref(up);
 }
 
 static void req_on_drop(void *p)
@@ -485,6 +503,94 @@ static int run_counted(sr_graph_task *g, struct sr__dpass *p)
     return rc;
 }
 
+/* ---- Up: the gradients for the parent ride on the answer that disengages ----
+ *
+ * A run's gradients for the worker that engaged this one (its parent) are
+ * held in the pass state until the run ends (up_hold). If the worker is
+ * then idle but for them, it disengages at once, and its answer to the
+ * parent carries them (pass_end, up_value): the parent counts them active
+ * as it counts the answer in (up_answered), in one step under its lock, and
+ * runs them as its own requests. One message instead of three: the
+ * request, its answer, and the answer that disengages; and no order of
+ * delivery is assumed, as that one message carries both. Otherwise
+ * (another run, a request in flight or queued) they go as requests now,
+ * paced as any (up_release_locked). After an error they are dropped, as
+ * queued requests are. */
+
+/* q (consumed) is for p's parent: hold it until the run ends. False if it
+ * is not (the caller sends it). */
+static bool up_hold(struct req *q)
+{
+    struct sr__dpass *p = q->pass;
+    if (q->peer != p->parent_rank)
+        return false;
+    pthread_mutex_lock(&p->c->lock);
+    bool failed = p->err != 0;
+    if (!failed) {
+        q->next = NULL;
+        if (p->up)
+            p->up_tail->next = q;
+        else
+            p->up = q;
+        p->up_tail = q;
+    }
+    pthread_mutex_unlock(&p->c->lock);
+    if (failed) /* the pass failed: nothing more is sent */
+        req_free(q);
+    return true;
+}
+
+/* Under c->lock, as a run of p ends (counted out): what its held gradients
+ * become. Attached to the disengaging answer if p is idle but for them;
+ * dropped after an error; else each counted in flight or queued, as
+ * run_submit does, and the ones in flight returned for the caller to send. */
+static struct req *up_release_locked(struct sr__dpass *p)
+{
+    struct req *up = p->up, *now = NULL, **at = &now;
+    p->up = p->up_tail = NULL;
+    if (up && p->err) {
+        for (struct req *next; up; up = next) {
+            next = up->next;
+            req_free(up);
+        }
+    } else if (up && !p->active && !p->deficit && !p->head) {
+        p->attach = up; /* pass_idle_locked: true; pass_end answers with them */
+    } else {
+        for (struct req *next; up; up = next) {
+            next = up->next;
+            up->next = NULL;
+            if (p->deficit < WINDOW && !p->head) {
+                p->deficit++;
+                *at = up;
+                at = &up->next;
+            } else if (p->head) {
+                p->tail->next = up;
+                p->tail = up;
+            } else {
+                p->head = p->tail = up;
+            }
+        }
+    }
+    return now;
+}
+
+/* The answer's value: one list per request, as a request's arguments. */
+static sr_value *up_value(struct req *q)
+{
+    size_t n = 0;
+    for (struct req *r = q; r; r = r->next)
+        n++;
+    sr_value **items = calloc(n, sizeof(*items));
+    for (size_t i = 0; items && q; q = q->next, i++)
+        if (!(items[i] = sr_list(q->n, q->vals)))
+            break;
+    sr_value *v = items && (!n || items[n - 1]) ? sr_list(n, items) : NULL;
+    for (size_t i = 0; items && i < n; i++)
+        sr_value_unref(items[i]);
+    free(items);
+    return v;
+}
+
 /* ---- sending gradients (RecvRpcBackward) ---- */
 
 int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *const *grads, size_t n)
@@ -510,25 +616,18 @@ int sr__dist_send_grads(int64_t ctx_id, int64_t msg_id, int peer, sr_tensor *con
             return sr__fail(-ENOMEM, "sr_dist_autograd_backward", "out of memory");
         }
     }
-    return run_submit(q);
+    return up_hold(q) ? 0 : run_submit(q);
 }
 
 /* ---- PROPAGATE: gradients for one of our send functions ---- */
 
-struct job {
-    struct job *next;  /* in its pass's queue (struct sr__dpass, jobs) */
-    int caller;
-    int64_t ctx_id;
-    bool parent;       /* its call is the pass's parent here: answered when the worker disengages */
-    sr_value *args;
-    sr_future *done;
-};
 
 /* Test hook (tests/dist_autograd/test_dist_autograd_core.c): requests that
  * joined a running pass's queue instead of running themselves. */
 _Atomic uint64_t sr__dist_propagates_joined;
 
-static void job_queue_locked(struct sr__dpass *p, struct job *j)
+/* Under c->lock: j waits for p's runner, counted active. */
+static void job_append_locked(struct sr__dpass *p, struct job *j)
 {
     j->next = NULL;
     j->parent = false; /* the pass was engaged before it: its parent is another call */
@@ -538,6 +637,11 @@ static void job_queue_locked(struct sr__dpass *p, struct job *j)
         p->jobs = j;
     p->jobs_tail = j;
     p->active++;
+}
+
+static void job_queue_locked(struct sr__dpass *p, struct job *j)
+{
+    job_append_locked(p, j);
     atomic_fetch_add_explicit(&sr__dist_propagates_joined, 1, memory_order_release); /* pairs with the test's acquire */
 }
 
@@ -593,7 +697,7 @@ static bool well_formed(sr_value *a)
  * pass's, awaited by the parent. */
 static void job_answer(struct job *j, int err, const char *text)
 {
-    if (j->parent)
+    if (j->parent || !j->done) /* an Up job's error is the pass's (runner_next) */
         return;
     if (err)
         sr__future_fail_text(j->done, err, text);
@@ -614,10 +718,16 @@ static struct job *runner_next(struct sr__dpass *p, int err, const char *text)
         p->jobs = next->next;
     else
         p->running = false;
+    struct req *send = up_release_locked(p); /* the run's gradients for the parent */
     bool idle = pass_idle_locked(p); /* false while next is queued: it is counted active */
     pthread_mutex_unlock(&p->c->lock);
+    while (send) {
+        struct req *q = send;
+        send = q->next;
+        req_pump(q);
+    }
     if (idle)
-        pass_end(p);
+        pass_end(p); /* with them, when they end the pass here */
     return next;
 }
 
@@ -636,6 +746,86 @@ static void runner(sr_dctx *c, struct sr__dpass *p, struct job *j)
         job_free(j);
         j = next;
     }
+}
+
+/* Test hook (tests/dist_autograd/test_dist_autograd_core.c): gradients that
+ * came with an answer ("Up") rather than in a request of their own. */
+_Atomic uint64_t sr__dist_gradients_carried;
+
+/* An Up job: a gradient an answer carried, counted active in its pass. */
+static void up_run(void *arg)
+{
+    struct job *j = arg;
+    runner(j->pass->c, j->pass, j);
+}
+
+/* The Up jobs of answer value up (NULL: none, or *err set). */
+static struct job *up_jobs(struct sr__dpass *p, sr_value *up, int *err, const char **why)
+{
+    struct job *head = NULL, **at = &head;
+    size_t n = sr_value_type(up) == SR_KIND_LIST ? sr_value_list_len(up) : 0;
+    for (size_t i = 0; i < n && !*err; i++) {
+        sr_value *a = sr_value_list_at(up, i);
+        struct job *j = well_formed(a) && sr_value_int(sr_value_list_at(a, 1)) == p->id ? malloc(sizeof(*j)) : NULL;
+        if (!j) {
+            *err = well_formed(a) ? -ENOMEM : -EBADMSG;
+            *why = *err == -ENOMEM ? "out of memory" : "a malformed gradient in an answer";
+            break;
+        }
+        *j = (struct job){.caller = -1, .ctx_id = p->c->id, .args = sr_value_ref(a), .pass = p};
+        *at = j;
+        at = &j->next;
+    }
+    if (*err)
+        for (struct job *j = head, *next; j; j = next) {
+            next = j->next;
+            job_free(j);
+        }
+    return *err ? NULL : head;
+}
+
+/* One request of p answered (err: its error, 0 for none), its value up
+ * carrying the gradients of a child that disengaged ("Up"): they are
+ * counted active before the answer is counted out, so p stays engaged, and
+ * join p's runner or start one. Returns the next queued request, now
+ * counted in flight, for the caller to send; ends p if it is idle now. */
+static struct req *up_answered(struct sr__dpass *p, int err, const char *text, sr_value *up)
+{
+    const char *why = NULL;
+    int bad = 0;
+    struct job *jobs = !err && up ? up_jobs(p, up, &bad, &why) : NULL, *start = NULL;
+    pthread_mutex_lock(&p->c->lock);
+    note_error_locked(p, err ? err : bad, err ? text : why);
+    p->deficit--;
+    while (jobs && !p->err) {
+        struct job *j = jobs;
+        jobs = j->next;
+        atomic_fetch_add_explicit(&sr__dist_gradients_carried, 1, memory_order_relaxed); /* relaxed: a count the test reads after the pass */
+        if (!p->running) { /* the first becomes the runner; the others wait for it */
+            p->running = true;
+            p->active++;
+            start = j;
+        } else {
+            job_append_locked(p, j);
+        }
+    }
+    struct req *next = p->head;
+    if (next) {
+        p->head = next->next;
+        p->deficit++;
+    }
+    bool idle = pass_idle_locked(p);
+    pthread_mutex_unlock(&p->c->lock);
+    while (jobs) { /* the pass failed: not run */
+        struct job *j = jobs;
+        jobs = j->next;
+        job_free(j);
+    }
+    if (start && sr__exec_submit(up_run, start))
+        up_run(start); /* no executor (shutting down): here, as a runner anyway */
+    if (idle)
+        pass_end(p);
+    return next;
 }
 
 /* Serve one PROPAGATE: enter the pass (engaging this worker if it was not:
