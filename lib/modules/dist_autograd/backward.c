@@ -766,10 +766,11 @@ static struct job *up_jobs(struct sr__dpass *p, sr_value *up, int *err, const ch
     size_t n = sr_value_type(up) == SR_KIND_LIST ? sr_value_list_len(up) : 0;
     for (size_t i = 0; i < n && !*err; i++) {
         sr_value *a = sr_value_list_at(up, i);
-        struct job *j = well_formed(a) && sr_value_int(sr_value_list_at(a, 1)) == p->id ? malloc(sizeof(*j)) : NULL;
+        bool ok = well_formed(a) && sr_value_int(sr_value_list_at(a, 1)) == p->id; /* of this pass */
+        struct job *j = ok ? malloc(sizeof(*j)) : NULL;
         if (!j) {
-            *err = well_formed(a) ? -ENOMEM : -EBADMSG;
-            *why = *err == -ENOMEM ? "out of memory" : "a malformed gradient in an answer";
+            *err = ok ? -ENOMEM : -EBADMSG;
+            *why = ok ? "out of memory" : "a malformed gradient in an answer, or another pass's";
             break;
         }
         *j = (struct job){.caller = -1, .ctx_id = p->c->id, .args = sr_value_ref(a), .pass = p};
