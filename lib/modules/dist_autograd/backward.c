@@ -464,6 +464,18 @@ static void req_pump(struct req *q)
     pumping = false;
 }
 
+/* q at the end of the list head..tail (the tail is valid while the list is
+ * not empty). Under c->lock for the pass's lists. */
+static void reqs_append(struct req **head, struct req **tail, struct req *q)
+{
+    q->next = NULL;
+    if (*head)
+        (*tail)->next = q;
+    else
+        *head = q;
+    *tail = q;
+}
+
 /* A gradient request of the run in progress on this thread (q consumed):
  * sent now if the window allows, else queued. A send that fails now fails
  * the run (returned), as any node's error does. The run is active, so p
@@ -474,14 +486,8 @@ static int run_submit(struct req *q)
     pthread_mutex_lock(&p->c->lock);
     bool failed = p->err != 0, now = !failed && p->deficit < WINDOW;
     p->deficit += now;
-    if (!failed && !now) {
-        q->next = NULL;
-        if (p->head) /* tail is valid while the queue is not empty */
-            p->tail->next = q;
-        else
-            p->head = q;
-        p->tail = q;
-    }
+    if (!failed && !now)
+        reqs_append(&p->head, &p->tail, q);
     pthread_mutex_unlock(&p->c->lock);
     if (failed) /* the pass failed: nothing more is sent */
         req_free(q);
@@ -526,14 +532,8 @@ static bool up_hold(struct req *q)
         return false;
     pthread_mutex_lock(&p->c->lock);
     bool failed = p->err != 0;
-    if (!failed) {
-        q->next = NULL;
-        if (p->up)
-            p->up_tail->next = q;
-        else
-            p->up = q;
-        p->up_tail = q;
-    }
+    if (!failed)
+        reqs_append(&p->up, &p->up_tail, q);
     pthread_mutex_unlock(&p->c->lock);
     if (failed) /* the pass failed: nothing more is sent */
         req_free(q);
@@ -563,11 +563,8 @@ static struct req *up_release_locked(struct sr__dpass *p)
                 p->deficit++;
                 *at = up;
                 at = &up->next;
-            } else if (p->head) {
-                p->tail->next = up;
-                p->tail = up;
             } else {
-                p->head = p->tail = up;
+                reqs_append(&p->head, &p->tail, up);
             }
         }
     }
