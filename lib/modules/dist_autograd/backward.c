@@ -288,6 +288,15 @@ static void req_free(struct req *q)
     free(q);
 }
 
+/* Every request of the list q. */
+static void reqs_free(struct req *q)
+{
+    for (struct req *next; q; q = next) {
+        next = q->next;
+        req_free(q);
+    }
+}
+
 /* Under c->lock: record err (the first wins); after an error, drop what is
  * queued. */
 static void note_error_locked(struct sr__dpass *p, int err, const char *text)
@@ -367,10 +376,7 @@ static void pass_end(struct sr__dpass *p)
     sr_value *up = p->attach && !p->err ? up_value(p->attach) : NULL;
     if (p->attach && !p->err && !up)
         note_error_locked(p, -ENOMEM, "out of memory for the gradients that end a backward pass here"); /* p is ours alone */
-    for (struct req *q = p->attach, *next; q; q = next) {
-        next = q->next;
-        req_free(q);
-    }
+    reqs_free(p->attach);
     if (p->err)
         sr__future_fail_text(p->parent, p->err, p->text);
     else
@@ -549,10 +555,7 @@ static struct req *up_release_locked(struct sr__dpass *p)
     struct req *up = p->up, *now = NULL, **at = &now;
     p->up = p->up_tail = NULL;
     if (up && p->err) {
-        for (struct req *next; up; up = next) {
-            next = up->next;
-            req_free(up);
-        }
+        reqs_free(up);
     } else if (up && !p->active && !p->deficit && !p->head) {
         p->attach = up; /* pass_idle_locked: true; pass_end answers with them */
     } else {
@@ -647,6 +650,15 @@ static void job_free(struct job *j)
     sr_value_unref(j->args);
     sr_future_unref(j->done);
     free(j);
+}
+
+/* Every job of the list j (Up jobs that will not run). */
+static void jobs_free(struct job *j)
+{
+    for (struct job *next; j; j = next) {
+        next = j->next;
+        job_free(j);
+    }
 }
 
 static int node_error(int err, const char *text, char *buf, size_t len)
@@ -775,10 +787,7 @@ static struct job *up_jobs(struct sr__dpass *p, sr_value *up, int *err, const ch
         at = &j->next;
     }
     if (*err)
-        for (struct job *j = head, *next; j; j = next) {
-            next = j->next;
-            job_free(j);
-        }
+        jobs_free(head);
     return *err ? NULL : head;
 }
 
@@ -814,11 +823,7 @@ static struct req *up_answered(struct sr__dpass *p, int err, const char *text, s
     }
     bool idle = pass_idle_locked(p);
     pthread_mutex_unlock(&p->c->lock);
-    while (jobs) { /* the pass failed: not run */
-        struct job *j = jobs;
-        jobs = j->next;
-        job_free(j);
-    }
+    jobs_free(jobs); /* the pass failed: not run */
     if (start && sr__exec_submit(up_run, start))
         up_run(start); /* no executor (shutting down): here, as a runner anyway */
     if (idle)
