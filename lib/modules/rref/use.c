@@ -272,7 +272,8 @@ static void collect(const sr_value *v, struct waits *w)
 
 sr_future *sr__rref_gate(sr_value *args)
 {
-    struct waits w = {.n = 0};
+    struct waits w; /* f[] is written before it is read: no clearing on every call */
+    w.n = 0;
     collect(args, &w);
     if (!w.n)
         return NULL;
