@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "bench_util.h"
+#include "icount.h"
 #include "floor.h"
 #include "probe_cost.h"
 #include "shmrpc/shmrpc.h"
@@ -434,6 +435,32 @@ static int self_async_batch(int self, int64_t *ns)
     return rc ? 1 : 0;
 }
 
+/* Instructions per call in user mode on this thread (icount.h): the
+ * same per-call work as the batches above, counted exactly, so that a
+ * change of a few per cent shows in one run of a noisy machine. The
+ * kernel's share (none here: no system call on this path once warm) and
+ * the progress thread's are not in it. -errno if it cannot count. */
+#define SELF_ICOUNT_CALLS 100
+static double self_icount(int self, const char *fn, int calls)
+{
+    bench_icount ic;
+    int rc = bench_icount_begin(&ic);
+    if (rc)
+        return rc;
+    for (int i = 0; i < calls && !rc; i++)
+        rc = sr_rpc_sync(self, fn, SR_NOARGS, SR_TIMEOUT_NONE, NULL);
+    int64_t n = bench_icount_end(&ic);
+    return rc ? rc : n < 0 ? (double)n : (double)n / calls;
+}
+
+static void print_icount(const char *what, double n)
+{
+    if (n < 0)
+        printf(" | %s: not counted (%s)", what, strerror((int)-n));
+    else
+        printf(" | %s %.0f", what, n);
+}
+
 static int run_self(int rank, int world, void *arg)
 {
     (void)world;
@@ -445,13 +472,15 @@ static int run_self(int rank, int world, void *arg)
      * contend for the call slots (a third of its samples): CPU work this
      * thread's clock does not count, and cache lines that cross cores. */
     setenv("SHMRPC_SPIN_NS", "0", 1);
-    if (sr_init(NULL))
+    if (sr_register("udf_noop", udf_noop) || sr_init(NULL))
         return 1;
     int rc = 0;
     for (int b = 0; b < self_batches / 4 && !rc; b++) /* warm-up */
         rc = self_sync_batch(rank, &sync_ns[0]) || self_async_batch(rank, &async_ns[0]);
     for (int b = 0; b < self_batches && !rc; b++) /* interleaved, so both see the same load */
         rc = self_sync_batch(rank, &sync_ns[b]) || self_async_batch(rank, &async_ns[b]);
+    int icalls = self_batches < SELF_BATCHES ? 5 : SELF_ICOUNT_CALLS; /* --smoke: a check that it counts */
+    double ins = rc ? 0 : self_icount(rank, "noop", icalls), ins_udf = rc ? 0 : self_icount(rank, "udf_noop", icalls);
     sr_shutdown(true, 60);
     if (rc)
         return fprintf(stderr, "bench_rpc self: %s\n", sr_last_error()), 1;
@@ -470,8 +499,17 @@ static int run_self(int rank, int world, void *arg)
     printf("rpc_async noop self | windows of %d, progress thread too | %.1f ns/call of CPU time (p10 %.1f p99 %.1f)\n",
            SELF_WINDOW, (double)a.p50 / SELF_BATCH, (double)async_ns[self_batches / 10] / SELF_BATCH,
            (double)a.p99 / SELF_BATCH);
+    printf("rpc_sync noop self  | instructions per call in user mode, one thread, counted by single-stepping %d calls",
+           icalls);
+    print_icount("built-in noop", ins);
+    print_icount("UDF noop", ins_udf);
+    printf("\n");
     bench_rec r;
     bench_rec_begin(&r, "rpc noop self");
+    if (ins > 0)
+        bench_rec_num(&r, "sync_instructions_per_call", ins);
+    if (ins_udf > 0)
+        bench_rec_num(&r, "udf_sync_instructions_per_call", ins_udf);
     bench_rec_num(&r, "sync_ns_per_call", (double)s.p50 / SELF_BATCH);
     bench_rec_num(&r, "async_ns_per_call", (double)a.p50 / SELF_BATCH);
     bench_rec_emit(&r);
