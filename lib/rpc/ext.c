@@ -33,10 +33,12 @@ void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *by
 {
     e->len = 0;
     e->b[0] = 0;
-    for (int id = 0; id < SR_MODULE_MAX; id++) {
+    unsigned mask = sr__hooks[SR_HOOK_REQUEST_OUT];
+    if (own >= 0 && own < SR_MODULE_MAX && sr__modules[own])
+        mask |= 1u << own;
+    while (mask) {
+        int id = sr__hook_next(&mask);
         const sr_module *m = sr__modules[id];
-        if (!m || ((!m->call || !m->call->request_out) && id != own))
-            continue;
         uint8_t *data;
         size_t n = 0;
         begin_record(e, id, &data);
@@ -54,14 +56,12 @@ void sr__ext_response_out(sr_call *c, sr_value *v, struct sr_ext_buf *e)
 {
     e->len = 0;
     e->b[0] = 0;
-    for (int id = 0; id < SR_MODULE_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        if (!m || !m->call || !m->call->response_out)
-            continue;
+    for (unsigned mask = sr__hooks[SR_HOOK_RESPONSE_OUT]; mask;) {
+        int id = sr__hook_next(&mask);
         uint8_t *data;
         size_t n = 0;
         begin_record(e, id, &data);
-        m->call->response_out(c, v, data, &n);
+        sr__modules[id]->call->response_out(c, v, data, &n);
         end_record(e, n);
     }
 }
@@ -90,7 +90,9 @@ int sr__ext_parse(const uint8_t *p, size_t len, int from, struct sr_ext_view *v,
 
 void sr__ext_response_in(int from, const struct sr_ext_view *v, sr_value *result)
 {
-    for (int id = 0; id < SR_MODULE_MAX; id++)
-        if ((v->mask & (1u << id)) && sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->response_in)
+    for (unsigned mask = v->mask; mask;) {
+        int id = sr__hook_next(&mask);
+        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->response_in)
             sr__modules[id]->call->response_in(from, v->data[id], v->len[id], result);
+    }
 }

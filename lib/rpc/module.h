@@ -436,6 +436,30 @@ void sr__probe_span(const char *cat, const char *name, int64_t t0);
 
 /* ---- the agent's side (rpc internal) ---- */
 extern const sr_module *sr__modules[SR_MODULE_MAX];
+/* Which modules have each per-call hook: a bit per module id, set by
+ * sr__module_register (constructors, before main) and read-only after.
+ * Every call runs each of these lists once or twice; walking the set bits
+ * instead of every module's ops costs a no-op call about a hundred fewer
+ * instructions (docs/PERFORMANCE.md). */
+enum sr__hook_kind {
+    SR_HOOK_REQUEST_OUT, SR_HOOK_REQUEST_IN, SR_HOOK_RUN_ENTER, SR_HOOK_RUN_EXIT, SR_HOOK_RESPONSE_OUT,
+    SR_HOOK_CALL_DONE, SR_HOOK_GATE, SR_HOOK_PREPARE, SR_HOOK_N
+};
+extern uint8_t sr__hooks[SR_HOOK_N];
+/* The lowest module id in *mask (non-zero), cleared from it. */
+static inline int sr__hook_next(unsigned *mask)
+{
+    int id = __builtin_ctz(*mask);
+    *mask &= *mask - 1;
+    return id;
+}
+/* The highest, for the hooks run in reverse order. */
+static inline int sr__hook_last(unsigned *mask)
+{
+    int id = 31 - __builtin_clz(*mask);
+    *mask &= ~(1u << id);
+    return id;
+}
 /* The ops of a module value kind, or NULL. */
 const sr_value_kind_ops *sr__value_kind(int kind);
 /* The thread context of every module, captured and restored around user

@@ -18,6 +18,23 @@ static int nmodules, nkinds;
 /* The module of each value kind, by number - SR_KIND_MODULE. */
 static int8_t kind_module[SR_MODULE_MAX];
 
+uint8_t sr__hooks[SR_HOOK_N];
+
+static void note_hooks(const sr_module *m, int id)
+{
+    const struct sr_module_call_ops *c = m->call;
+    const struct sr_module_gate_ops *g = m->gate;
+    const bool has[SR_HOOK_N] = {
+        [SR_HOOK_REQUEST_OUT] = c && c->request_out, [SR_HOOK_REQUEST_IN] = c && c->request_in,
+        [SR_HOOK_RUN_ENTER] = c && c->run_enter,     [SR_HOOK_RUN_EXIT] = c && c->run_exit,
+        [SR_HOOK_RESPONSE_OUT] = c && c->response_out, [SR_HOOK_CALL_DONE] = c && c->call_done,
+        [SR_HOOK_GATE] = g && g->gate,               [SR_HOOK_PREPARE] = g && g->prepare,
+    };
+    for (int h = 0; h < SR_HOOK_N; h++)
+        if (has[h])
+            sr__hooks[h] |= (uint8_t)(1u << id);
+}
+
 int sr__module_register(const sr_module *m, int *kind)
 {
     if (!m || !m->name || (m->msg && (m->msg->ntypes > 4 || !m->msg->on_msg)))
@@ -35,6 +52,7 @@ int sr__module_register(const sr_module *m, int *kind)
     if (m->probe)
         sr__probe_ops = m->probe;
     sr__modules[nmodules] = m;
+    note_hooks(m, nmodules);
     nmodules++;
     if (m->tls) /* user callbacks now carry the modules' thread context */
         sr__future_set_tls_hooks(sr__tls_capture, sr__tls_swap);

@@ -266,7 +266,8 @@ static void call_free(sr_agent *a, struct sr_call *c)
 {
     int caller = c->caller;
     uint8_t gens = c->caller_gens;
-    free(c->msg);
+    if (c->msg) /* set only by sr_call_fail: no call into the allocator on the fast path */
+        free(c->msg);
     call_release(c);
     sr__count(&a->ctr->served_out);
     sr__quiesce_done(a, caller, gens);
@@ -274,9 +275,8 @@ static void call_free(sr_agent *a, struct sr_call *c)
 
 static void modules_call_done(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MODULE_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->call_done)
-            sr__modules[id]->call->call_done(c);
+    for (unsigned m = sr__hooks[SR_HOOK_CALL_DONE]; m;)
+        sr__modules[sr__hook_next(&m)]->call->call_done(c);
 }
 
 /* "Error on Node 1: in 'train_step': <the function's message>" (PyTorch's
@@ -351,16 +351,14 @@ static void on_async_done(sr_future *f, void *p)
 
 static void modules_enter(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MODULE_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->run_enter)
-            sr__modules[id]->call->run_enter(c);
+    for (unsigned m = sr__hooks[SR_HOOK_RUN_ENTER]; m;)
+        sr__modules[sr__hook_next(&m)]->call->run_enter(c);
 }
 
-static void modules_exit(struct sr_call *c)
+static void modules_exit(struct sr_call *c) /* in reverse order */
 {
-    for (int id = SR_MODULE_MAX - 1; id >= 0; id--)
-        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->run_exit)
-            sr__modules[id]->call->run_exit(c);
+    for (unsigned m = sr__hooks[SR_HOOK_RUN_EXIT]; m;)
+        sr__modules[sr__hook_last(&m)]->call->run_exit(c);
 }
 
 /* A module request: the module's serve gives the future of the answer. */
@@ -468,11 +466,9 @@ static int request_ext(const sr_msg *m, const uint8_t **p, size_t *len, struct s
 /* The module hooks of a request that carried their extension. */
 static int modules_request_in(struct sr_call *c, const struct sr_ext_view *v)
 {
-    for (int id = 0; id < SR_MODULE_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        if (!(v->mask & (1u << id)) || !m || !m->call || !m->call->request_in)
-            continue;
-        int rc = m->call->request_in(c, v->data[id], v->len[id]);
+    for (unsigned mask = v->mask & sr__hooks[SR_HOOK_REQUEST_IN]; mask;) {
+        int id = sr__hook_next(&mask);
+        int rc = sr__modules[id]->call->request_in(c, v->data[id], v->len[id]);
         if (rc)
             return sr_call_fail(c, rc, "%s", sr_last_error());
     }
@@ -581,9 +577,8 @@ sr_value *sr__call_args(sr_call *c) { return c->args; }
 /* The modules' last word before the function runs. */
 static int modules_prepare(struct sr_call *c)
 {
-    for (int id = 0; id < SR_MODULE_MAX; id++) {
-        const sr_module *m = sr__modules[id];
-        int rc = m && m->gate && m->gate->prepare ? m->gate->prepare(c) : 0;
+    for (unsigned mask = sr__hooks[SR_HOOK_PREPARE]; mask;) {
+        int rc = sr__modules[sr__hook_next(&mask)]->gate->prepare(c);
         if (rc)
             return sr_call_fail(c, rc, "%s", sr_last_error());
     }
@@ -698,9 +693,8 @@ static void drop_call(void *p)
 static void gate_call(struct sr_call *c, enum sr_poll_mode mode)
 {
     sr_future *gate = NULL;
-    for (int id = 0; !gate && id < SR_MODULE_MAX; id++)
-        if (sr__modules[id] && sr__modules[id]->gate && sr__modules[id]->gate->gate)
-            gate = sr__modules[id]->gate->gate(c);
+    for (unsigned m = sr__hooks[SR_HOOK_GATE]; !gate && m;)
+        gate = sr__modules[sr__hook_next(&m)]->gate->gate(c);
     if (!gate) {
         start_call(c, mode);
         return;
