@@ -158,6 +158,7 @@
 #include "shmrpc/rpc.h"
 #include "transport.h"
 #include "clock.h" /* sr__now_ns, sr__now_coarse_ns */
+#include "lock.h" /* sr__lock: slots_lock */
 #include "segment.h" /* struct sr_worker_counters */
 #include "wire.h"
 
@@ -232,8 +233,9 @@ typedef struct sr_agent {
     _Atomic bool stopping;
 
     /* client calls (calls.c): the slots, their free list, the deadline heap
-     * and the per-destination lists, all under slots_lock */
-    pthread_mutex_t slots_lock;
+     * and the per-destination lists, all under slots_lock (a short
+     * section: never held across a wait or a call out of calls.c) */
+    sr__lock slots_lock;
     struct sr_call_slot *slots;
     int32_t nslots, free_head;
     int32_t *heap, heap_len;    /* slot indices, a min-heap on deadline_ns */

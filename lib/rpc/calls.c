@@ -60,7 +60,7 @@ int sr__calls_init(sr_agent *a, int32_t n)
         a->peer_head[r] = -1;
     a->free_head = 0;
     a->heap_len = 0;
-    pthread_mutex_init(&a->slots_lock, NULL);
+    atomic_init(&a->slots_lock.word, 0);
     atomic_init(&a->earliest_deadline, -1);
     return 0;
 }
@@ -146,15 +146,15 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     /* saturating: -1 for none, which reads no clock */
     int64_t deadline = timeout_ms > 0 ? sr__deadline_ns(sr__now_coarse_ns(), timeout_ms) : -1;
     bool kick = false;
-    pthread_mutex_lock(&a->slots_lock);
+    sr__lock_take(&a->slots_lock);
     if (sr_unlikely(a->calls_lost[0])) {
         int rc = sr__fail(-EPROTO, "sr_rpc", "worker%d: cannot call worker%d: %s", a->rank, to, a->calls_lost);
-        pthread_mutex_unlock(&a->slots_lock);
+        sr__lock_give(&a->slots_lock);
         return rc;
     }
     int32_t i = a->free_head;
     if (i < 0) {
-        pthread_mutex_unlock(&a->slots_lock);
+        sr__lock_give(&a->slots_lock);
         return sr__fail(-EBUSY, "sr_rpc", "worker%d: %d calls are already in flight from this worker", a->rank,
                         a->nslots);
     }
@@ -182,7 +182,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     uint32_t gen = atomic_load_explicit(&s->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&s->gen, gen, memory_order_relaxed);
     sr__count_locked(&a->ctr->calls_made);
-    pthread_mutex_unlock(&a->slots_lock);
+    sr__lock_give(&a->slots_lock);
     sr__counters_sample(a);
     *id = (uint64_t)gen << 32 | (uint32_t)i;
     if (kick) /* the progress thread may be asleep with a later timer: wake it to re-arm */
@@ -226,20 +226,20 @@ static sr_future *end_call(sr_agent *a, uint64_t id, int from)
     uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
     if (i >= (uint32_t)a->nslots || !(gen & 1))
         return NULL;
-    pthread_mutex_lock(&a->slots_lock);
+    sr__lock_take(&a->slots_lock);
     /* relaxed: under slots_lock, which every generation change holds */
     if (atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) != gen) {
-        pthread_mutex_unlock(&a->slots_lock);
+        sr__lock_give(&a->slots_lock);
         return NULL; /* timed out, failed, or a duplicate: drop it */
     }
     if (from >= 0 && a->slots[i].to != from) {
         int to = a->slots[i].to;
-        pthread_mutex_unlock(&a->slots_lock);
+        sr__lock_give(&a->slots_lock);
         stray(a, id, from, to);
         return NULL;
     }
     sr_future *f = end_locked(a, (int32_t)i);
-    pthread_mutex_unlock(&a->slots_lock);
+    sr__lock_give(&a->slots_lock);
     return f;
 }
 
@@ -276,7 +276,7 @@ static void probe_end(const struct ended *e, int err)
 static int take_due(sr_agent *a, int64_t now, struct ended *out)
 {
     int n = 0, looked = 0;
-    pthread_mutex_lock(&a->slots_lock);
+    sr__lock_take(&a->slots_lock);
     while (n < BATCH && a->heap_len) {
         looked++; /* the top: due, or the end of the due */
         if (heap_key(a, 0) > now)
@@ -288,7 +288,7 @@ static int take_due(sr_agent *a, int64_t now, struct ended *out)
     atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)looked, memory_order_relaxed); /* relaxed: statistics */
     /* relaxed: written under slots_lock (see sr__call_begin) */
     atomic_store_explicit(&a->earliest_deadline, a->heap_len ? heap_key(a, 0) : -1, memory_order_relaxed);
-    pthread_mutex_unlock(&a->slots_lock);
+    sr__lock_give(&a->slots_lock);
     return n;
 }
 
@@ -315,13 +315,13 @@ void sr__calls_expire(sr_agent *a, int64_t now)
 static int take_peer(sr_agent *a, int rank, struct ended *out)
 {
     int n = 0;
-    pthread_mutex_lock(&a->slots_lock);
+    sr__lock_take(&a->slots_lock);
     while (n < BATCH && a->peer_head[rank] >= 0) {
         out[n].id = slot_id(a, a->peer_head[rank]);
         out[n].to = rank;
         out[n++].f = end_locked(a, a->peer_head[rank]);
     }
-    pthread_mutex_unlock(&a->slots_lock);
+    sr__lock_give(&a->slots_lock);
     atomic_fetch_add_explicit(&a->calls_examined, (uint64_t)n, memory_order_relaxed); /* relaxed: statistics */
     return n;
 }
@@ -348,13 +348,13 @@ void sr__calls_fail_peer(sr_agent *a, int rank, const char *why)
 static int take_any(sr_agent *a, const char *why, struct ended *out)
 {
     int n = 0;
-    pthread_mutex_lock(&a->slots_lock);
+    sr__lock_take(&a->slots_lock);
     if (!a->calls_lost[0])
         snprintf(a->calls_lost, sizeof(a->calls_lost), "%s", why);
     for (int r = 0; r < a->world && n < BATCH; r++)
         while (n < BATCH && a->peer_head[r] >= 0)
             out[n++] = (struct ended){.f = end_locked(a, a->peer_head[r]), .to = r};
-    pthread_mutex_unlock(&a->slots_lock);
+    sr__lock_give(&a->slots_lock);
     return n;
 }
 
@@ -390,7 +390,6 @@ void sr__calls_fini(sr_agent *a)
     free(a->slots);
     free(a->heap);
     free(a->peer_head);
-    pthread_mutex_destroy(&a->slots_lock);
 }
 
 /* ---- requests (the caller's side of a call) ------------------------------- */
@@ -461,7 +460,8 @@ static int build_request(sr_agent *a, int to, const struct sr_req *q, const char
         return -ENOMEM;
     w->flags |= ext.len ? SR_WIRE_EXT : 0;
     w->tag = q->tag;
-    memcpy(p, ext.b, ext.len);
+    if (ext.len) /* none on most calls: no libc call for nothing */
+        memcpy(p, ext.b, ext.len);
     p += ext.len;
     memcpy(p, fn ? fn : "", nlen);
     int64_t wrote = sr__codec_encode_to(args.n, args.v, to == a->rank, to, p + nlen, (size_t)alen);

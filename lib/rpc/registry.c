@@ -26,6 +26,15 @@ static uint32_t hash(const char *s, size_t n)
     return h;
 }
 
+/* A name is a few bytes: compared in line, not through a libc call. */
+static bool same_name(const char *a, const char *b, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (a[i] != b[i])
+            return false;
+    return true;
+}
+
 const struct sr_fn_entry *sr__registry_find(const char *name, size_t len)
 {
     if (len >= SR_FN_NAME_MAX)
@@ -35,32 +44,31 @@ const struct sr_fn_entry *sr__registry_find(const char *name, size_t len)
         struct sr_fn_entry *e = atomic_load_explicit(&table[i & (TABLE - 1)], memory_order_acquire);
         if (!e)
             return NULL;
-        if (!strncmp(e->name, name, len) && e->name[len] == '\0')
+        if (e->name[len] == '\0' && same_name(e->name, name, len))
             return e;
     }
 }
 
-/* Letters, digits, '_', '.', ':' and '-': checked on every call, so no strspn. */
-static bool name_chars_ok(const char *n, size_t len)
+/* Letters, digits, '_', '.', ':' and '-'. */
+static bool name_char_ok(unsigned char ch)
 {
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)n[i];
-        bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-                  ch == '.' || ch == ':' || ch == '-';
-        if (!ok)
-            return false;
-    }
-    return true;
+    return (unsigned)((ch | 0x20) - 'a') < 26 || (unsigned)(ch - '0') < 10 || ch == '_' || ch == '.' || ch == ':' ||
+           ch == '-';
 }
 
+/* Checked on every call: one pass for the length and the characters, no
+ * strlen or strspn (at most SR_FN_NAME_MAX bytes are read). */
 int sr__fn_name_check(const char *n, const char *caller)
 {
     if (!n)
         return sr__fail(-EINVAL, caller, "function name is NULL");
-    size_t len = strlen(n);
+    size_t len = 0;
+    bool chars_ok = true;
+    for (; len < SR_FN_NAME_MAX && n[len]; len++)
+        chars_ok &= name_char_ok((unsigned char)n[len]);
     if (len == 0 || len >= SR_FN_NAME_MAX)
         return sr__fail(-EINVAL, caller, "function name '%.80s' must have 1 to %d characters", n, SR_FN_NAME_MAX - 1);
-    if (!name_chars_ok(n, len))
+    if (!chars_ok)
         return sr__fail(-EINVAL, caller, "function name '%s' may only hold letters, digits, '_', '.', ':' and '-'", n);
     return 0;
 }
