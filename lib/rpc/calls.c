@@ -539,7 +539,7 @@ static int result_ext(const sr_msg *m, const uint8_t *p, size_t len, struct sr_e
 {
     ext->mask = 0;
     *used = 0;
-    if ((sr__wire_get(m).flags & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, ext, used))
+    if ((sr__wire_flags(m) & SR_WIRE_EXT) && sr__ext_parse(p, len, m->src, ext, used))
         return -EBADMSG;
     return 0;
 }
@@ -573,7 +573,7 @@ static void release_result(const sr_msg *m, const uint8_t *p, size_t len)
 {
     struct sr_ext_view ext;
     size_t used = 0;
-    if (!(sr__wire_get(m).flags & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
+    if (!(sr__wire_flags(m) & SR_WIRE_EXT) || !sr__ext_parse(p, len, m->src, &ext, &used))
         sr__codec_release(p + used, len - used);
 }
 

@@ -455,8 +455,9 @@ static void enqueue(sr_agent *a, struct sr_call *c)
 static int request_ext(const sr_msg *m, const uint8_t **p, size_t *len, struct sr_ext_view *v)
 {
     size_t used = 0;
-    int rc = (sr__wire_get(m).flags & SR_WIRE_EXT) ? sr__ext_parse(*p, *len, m->src, v, &used) : 0;
-    if (!(sr__wire_get(m).flags & SR_WIRE_EXT))
+    bool ext = sr__wire_flags(m) & SR_WIRE_EXT;
+    int rc = ext ? sr__ext_parse(*p, *len, m->src, v, &used) : 0;
+    if (!ext)
         v->mask = 0;
     *p += used;
     *len -= used;
@@ -478,13 +479,13 @@ static int modules_request_in(struct sr_call *c, const struct sr_ext_view *v)
 static const struct sr_fn_entry *find_fn(sr_agent *a, const sr_msg *m, const uint8_t *p, size_t len, char *text,
                                          size_t tl)
 {
-    struct sr_wire w = sr__wire_get(m);
     if (m->type == SR_MSG_MOD_REQ)
         return NULL;
-    const struct sr_fn_entry *fn = w.name_len <= len ? sr__registry_find((const char *)p, w.name_len) : NULL;
+    uint16_t name_len = sr__wire_name_len(m);
+    const struct sr_fn_entry *fn = name_len <= len ? sr__registry_find((const char *)p, name_len) : NULL;
     if (!fn)
         snprintf(text, tl, "Error on Node %d: function '%.*s' is not registered on worker%d", a->rank,
-                 (int)(w.name_len <= len && w.name_len < 64 ? w.name_len : 0), (const char *)p, a->rank);
+                 (int)(name_len <= len && name_len < 64 ? name_len : 0), (const char *)p, a->rank);
     return fn;
 }
 

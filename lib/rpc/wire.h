@@ -107,6 +107,17 @@ static inline struct sr_wire sr__wire_get(const sr_msg *m)
     return w;
 }
 
+/* One field of the header, for the readers that need no more (the whole
+ * header is 56 bytes to copy). */
+static inline uint8_t sr__wire_flags(const sr_msg *m) { return m->data[offsetof(struct sr_wire, flags)]; }
+
+static inline uint16_t sr__wire_name_len(const sr_msg *m)
+{
+    uint16_t n;
+    memcpy(&n, m->data + offsetof(struct sr_wire, name_len), sizeof(n));
+    return n;
+}
+
 /* Write the header; the payload union is written only for block and control
  * messages (an inline payload is already in place). */
 static inline void sr__wire_put(sr_msg *m, const struct sr_wire *w, bool with_union)
