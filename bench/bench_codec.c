@@ -8,6 +8,7 @@
  * Prints one line.
  */
 #include "bench_util.h"
+#include "icount.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,7 @@
 
 enum { WARMUP = 100000, BATCH = 1000, BATCHES = 2000 };
 /* The counts, or --smoke's (main). */
-static int warmup = WARMUP, batch = BATCH, batches = BATCHES;
+static int warmup = WARMUP, batch = BATCH, batches = BATCHES, icount_ops = 100; /* single-stepped: icount.h */
 
 static volatile int64_t sink; /* defeats dead-code elimination */
 
@@ -73,7 +74,7 @@ int main(int argc, char **argv)
     bench_cli cli = {.prog = "bench_codec", .smoke_what = "100 batches of 100 ops"};
     bench_cli_parse(&cli, argc, argv);
     if (cli.smoke)
-        warmup = 1000, batch = 100, batches = 100;
+        warmup = 1000, batch = 100, batches = 100, icount_ops = 5;
     sr_value *args[] = {sr_int(1), sr_int(2)};
     static double ns[BATCHES];
     double p99, floor99;
@@ -91,6 +92,17 @@ int main(int argc, char **argv)
     printf("codec 2-int args (%lld B): encode+decode p50 %.0f ns p99 %.0f ns/op; "
            "floor 3x malloc+free p50 %.0f ns p99 %.0f ns; ratio %.1fx\n",
            (long long)n, p50, p99, floor50, floor99, p50 / floor50);
+    /* the same op counted exactly (icount.h): comparable across runs and builds */
+    bench_icount ic;
+    int64_t ins = -1;
+    if (!bench_icount_begin(&ic)) {
+        for (int i = 0; i < icount_ops; i++)
+            encode_decode(args);
+        ins = bench_icount_end(&ic);
+    }
+    if (ins >= 0)
+        printf("codec 2-int args: %.0f instructions per encode+decode in user mode (%d ops single-stepped)\n",
+               (double)ins / icount_ops, icount_ops);
     bench_rec r;
     bench_rec_begin(&r, "codec 2-int args encode+decode");
     bench_rec_num(&r, "bytes", (double)n);
@@ -100,6 +112,8 @@ int main(int argc, char **argv)
     bench_rec_num(&r, "floor_p50_ns", floor50);
     bench_rec_num(&r, "floor_p99_ns", floor99);
     bench_rec_num(&r, "ratio_p50", p50 / floor50);
+    if (ins >= 0)
+        bench_rec_num(&r, "instructions_per_op", (double)ins / icount_ops);
     bench_rec_emit(&r);
     sr_value_unref(out);
     sr_value_unref(want);
