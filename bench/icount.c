@@ -2,9 +2,12 @@
 /* Exact user-mode instruction counts by single-stepping (icount.h). */
 #include "icount.h"
 
+#include "bench_util.h" /* bench_now_ns */
+
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,7 +19,6 @@
 #include <sys/syscall.h>
 #include <sys/user.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 enum { IC_STARTING, IC_STEPPING, IC_STOP, IC_DONE, IC_FAILED };
@@ -30,13 +32,6 @@ struct bench_icount_area {
     int err;
     int64_t count;
 };
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 /* BENCH_ICOUNT_PROFILE=file: each step's instruction address, counted,
  * written to file.N (N: the process's counted regions before this one) as
@@ -83,7 +78,13 @@ static void prof_write(const struct prof *p, pid_t tid, const char *path, int se
     fclose(out);
 }
 
-/* The tracer: step `tid` until the area says STOP, counting the steps. */
+/* Where counting starts: the counted thread calls it once the tracer
+ * steps it, so that the count does not depend on where in its wait for
+ * the tracer the attach found it (a forked tracer has the same addresses). */
+static void __attribute__((noinline)) icount_mark(void) { __asm__ volatile(""); }
+
+/* The tracer: step `tid` until the area says STOP, counting the steps
+ * from icount_mark on. */
 static void trace(pid_t tid, struct bench_icount_area *a)
 {
     int st, sig = 0;
@@ -91,6 +92,7 @@ static void trace(pid_t tid, struct bench_icount_area *a)
     const char *path = getenv("BENCH_ICOUNT_PROFILE");
     struct prof *prof = path && *path ? calloc(1, sizeof(*prof)) : NULL;
     struct user_regs_struct regs;
+    bool counting = false;
     if (ptrace(PTRACE_SEIZE, tid, 0, 0) || ptrace(PTRACE_INTERRUPT, tid, 0, 0) || waitpid(tid, &st, __WALL) != tid) {
         a->err = errno ? errno : ESRCH;
         /* release: pairs with the counted thread's acquire load of state */
@@ -105,10 +107,14 @@ static void trace(pid_t tid, struct bench_icount_area *a)
             _exit(1);
         }
         sig = 0;
-        if (WSTOPSIG(st) == SIGTRAP && !(st >> 16)) {
-            n++; /* one step */
-            if (prof && !ptrace(PTRACE_GETREGS, tid, 0, &regs))
-                prof_add(prof, regs.rip);
+        if (WSTOPSIG(st) == SIGTRAP && !(st >> 16)) { /* one step */
+            if (!counting) {
+                counting = !ptrace(PTRACE_GETREGS, tid, 0, &regs) && regs.rip == (uint64_t)(uintptr_t)icount_mark;
+            } else {
+                n++;
+                if (prof && !ptrace(PTRACE_GETREGS, tid, 0, &regs))
+                    prof_add(prof, regs.rip);
+            }
         }
         else if (!(st >> 16))
             sig = WSTOPSIG(st); /* a signal for the thread: deliver it with the next step */
@@ -155,13 +161,15 @@ int bench_icount_begin(bench_icount *ic)
     }
     if (ic->tracer == 0)
         trace(tid, ic->sh);
-    int64_t give_up = now_ns() + 10 * 1000000000ll;
+    int64_t give_up = bench_now_ns() + 10 * 1000000000ll;
     int s;
     /* acquire: pairs with the tracer's release stores */
-    while ((s = atomic_load_explicit(&ic->sh->state, memory_order_acquire)) == IC_STARTING && now_ns() < give_up)
+    while ((s = atomic_load_explicit(&ic->sh->state, memory_order_acquire)) == IC_STARTING && bench_now_ns() < give_up)
         sched_yield();
-    if (s == IC_STEPPING)
+    if (s == IC_STEPPING) {
+        icount_mark();
         return 0;
+    }
     int rc = s == IC_FAILED ? -ic->sh->err : -ETIMEDOUT;
     if (s == IC_STARTING)
         kill(ic->tracer, SIGKILL);

@@ -34,9 +34,10 @@ typedef struct bench_icount {
  * -ETIMEDOUT) with nothing left running. */
 int bench_icount_begin(bench_icount *ic);
 
-/* Stop counting, reap the tracer, and return the instructions since the
- * tracer attached inside bench_icount_begin (the pair's own exit and entry
- * add a few dozen: count a region of many calls), or -errno. */
+/* Stop counting, reap the tracer, and return the instructions since a
+ * fixed point near the end of bench_icount_begin (the pair's own exit and
+ * entry add a few dozen, always the same: count a region of many calls),
+ * or -errno. */
 int64_t bench_icount_end(bench_icount *ic);
 
 #endif
