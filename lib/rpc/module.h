@@ -439,7 +439,7 @@ extern const sr_module *sr__modules[SR_MODULE_MAX];
 /* Which modules have each per-call hook: a bit per module id, set by
  * sr__module_register (constructors, before main) and read-only after.
  * Every call runs each of these lists once or twice; walking the set bits
- * instead of every module's ops costs a no-op call about a hundred fewer
+ * instead of every module's ops costs a no-op call some 190 fewer
  * instructions (docs/PERFORMANCE.md). */
 enum sr__hook_kind {
     SR_HOOK_REQUEST_OUT, SR_HOOK_REQUEST_IN, SR_HOOK_RUN_ENTER, SR_HOOK_RUN_EXIT, SR_HOOK_RESPONSE_OUT,
