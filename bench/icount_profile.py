@@ -2,12 +2,15 @@
 # SPDX-License-Identifier: MIT
 """Name the addresses of a BENCH_ICOUNT_PROFILE file (bench/icount.h).
 
-    icount_profile.py FILE [CALLS] [--top N] [--annotate FUNCTION]
+    icount_profile.py FILE [CALLS] [--top N] [--annotate FUNCTION] [--inline]
 
 Prints the instructions each function executed, per call if CALLS (the
 region's count of calls) is given, largest first, with the share of the
 total; --annotate prints FUNCTION's disassembly (objdump) with the count of
-each instruction instead. Symbols come from `nm` (the file's own, else its dynamic ones);
+each instruction instead. --inline counts each function with the
+functions inlined into it (addr2line -i; needs a build with -g, such as
+`-Dc_args=-g`, which does not change the code), so that a link-time
+optimised build still says what its big functions are made of. Symbols come from `nm` (the file's own, else its dynamic ones);
 addresses are mapped through the "map" lines the tracer wrote, assuming a
 mapping's file offset equals its addresses in the file (as the default
 x86-64 link layout has it)."""
@@ -54,6 +57,32 @@ def print_annotated(per_addr, calls):
         print(f"{n / calls:8.2f} {line}" if n else f"{'':8} {line}")
 
 
+def print_inline(rows, maps, calls, top):
+    by_file = collections.defaultdict(list)
+    for addr, n in rows:
+        for lo, hi, off, path in maps:
+            if lo <= addr < hi:
+                by_file[path].append((addr - lo + off, n))
+                break
+    incl = collections.Counter()
+    for path, addrs in by_file.items():
+        out = subprocess.run(["addr2line", "-a", "-i", "-f", "-e", path], capture_output=True, text=True,
+                             input="\n".join(hex(a) for a, _ in addrs) + "\n").stdout.splitlines()
+        frames, cur = {}, None
+        for i, line in enumerate(out):
+            if line.startswith("0x"):
+                cur = int(line, 16)
+                frames[cur] = set()
+            elif cur is not None and not line.startswith(("/", "??:")) and ":" not in line:
+                frames[cur].add(line)
+        for a, n in addrs:
+            for fn in frames.get(a, ()):
+                if fn != "??":
+                    incl[fn] += n
+    for name, n in incl.most_common(top):
+        print(f"{n / calls:10.1f}  {name}")
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     top = 40
@@ -66,7 +95,7 @@ def main():
         args.remove(annotate)
     calls = float(args[1]) if len(args) > 1 else 1.0
     per_addr = {}
-    maps, counts = [], collections.Counter()
+    maps, counts, rows = [], collections.Counter(), []
     total = 0
     for line in open(args[0]):
         if line.startswith("map "):
@@ -75,6 +104,7 @@ def main():
             maps.append((lo, hi, int(f[3], 16), f[6] if len(f) > 6 else "?"))
             continue
         addr, n = (int(x, 16) if i == 0 else int(x) for i, x in enumerate(line.split()))
+        rows.append((addr, n))
         total += n
         name = "?"
         for lo, hi, off, path in maps:
@@ -88,6 +118,8 @@ def main():
         counts[name] += n
     if annotate:
         return print_annotated(per_addr, calls)
+    if "--inline" in sys.argv:
+        return print_inline(rows, maps, calls, top)
     print(f"{total / calls:10.1f} instructions{' per call' if calls != 1 else ''} in all")
     for name, n in counts.most_common(top):
         print(f"{n / calls:10.1f} {100.0 * n / total:5.1f}%  {name}")
