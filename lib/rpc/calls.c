@@ -60,7 +60,7 @@ int sr__calls_init(sr_agent *a, int32_t n)
         a->peer_head[r] = -1;
     a->free_head = 0;
     a->heap_len = 0;
-    atomic_init(&a->slots_lock.word, 0);
+    sr__lock_init(&a->slots_lock);
     atomic_init(&a->earliest_deadline, -1);
     return 0;
 }

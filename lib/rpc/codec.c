@@ -363,14 +363,15 @@ int64_t sr__codec_encode(size_t n, sr_value *const *vals, int self_call, uint8_t
 int64_t sr__codec_encode_to(size_t n, sr_value *const *vals, int self_call, int to, uint8_t *buf, size_t cap)
 {
     static const char fn[] = "sr__codec_encode";
-    int64_t size = n == 0 ? 4 : lone_none(n, vals) ? 5 : encoded_size(n, vals, self_call, fn);
+    bool fixed = n == 0 || lone_none(n, vals); /* the two fixed encodings: no references to take */
+    int64_t size = fixed ? 4 + (int64_t)n : encoded_size(n, vals, self_call, fn);
     if (size < 0)
         return size;
     if (!buf || cap < (uint64_t)size)
         return sr__fail(-ENOSPC, fn, "a buffer of %zu bytes cannot hold the %" PRId64 "-byte encoding",
                         buf ? cap : 0, size);
     struct enc e = {.p = buf, .to = to};
-    if (n == 0 || lone_none(n, vals)) { /* the two fixed encodings: no references to take */
+    if (fixed) {
         put_u32(&e, (uint32_t)n);
         if (n)
             put_u8(&e, SR_KIND_NONE);

@@ -90,9 +90,8 @@ int sr__ext_parse(const uint8_t *p, size_t len, int from, struct sr_ext_view *v,
 
 void sr__ext_response_in(int from, const struct sr_ext_view *v, sr_value *result)
 {
-    for (unsigned mask = v->mask; mask;) {
+    for (unsigned mask = v->mask & sr__hooks[SR_HOOK_RESPONSE_IN]; mask;) {
         int id = sr__hook_next(&mask);
-        if (sr__modules[id] && sr__modules[id]->call && sr__modules[id]->call->response_in)
-            sr__modules[id]->call->response_in(from, v->data[id], v->len[id], result);
+        sr__modules[id]->call->response_in(from, v->data[id], v->len[id], result);
     }
 }

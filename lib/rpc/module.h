@@ -443,7 +443,7 @@ extern const sr_module *sr__modules[SR_MODULE_MAX];
  * instructions (docs/PERFORMANCE.md). */
 enum sr__hook_kind {
     SR_HOOK_REQUEST_OUT, SR_HOOK_REQUEST_IN, SR_HOOK_RUN_ENTER, SR_HOOK_RUN_EXIT, SR_HOOK_RESPONSE_OUT,
-    SR_HOOK_CALL_DONE, SR_HOOK_GATE, SR_HOOK_PREPARE, SR_HOOK_N
+    SR_HOOK_RESPONSE_IN, SR_HOOK_CALL_DONE, SR_HOOK_GATE, SR_HOOK_PREPARE, SR_HOOK_N
 };
 extern uint8_t sr__hooks[SR_HOOK_N];
 /* The lowest module id in *mask (non-zero), cleared from it. */

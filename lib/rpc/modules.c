@@ -27,7 +27,8 @@ static void note_hooks(const sr_module *m, int id)
     const bool has[SR_HOOK_N] = {
         [SR_HOOK_REQUEST_OUT] = c && c->request_out, [SR_HOOK_REQUEST_IN] = c && c->request_in,
         [SR_HOOK_RUN_ENTER] = c && c->run_enter,     [SR_HOOK_RUN_EXIT] = c && c->run_exit,
-        [SR_HOOK_RESPONSE_OUT] = c && c->response_out, [SR_HOOK_CALL_DONE] = c && c->call_done,
+        [SR_HOOK_RESPONSE_OUT] = c && c->response_out, [SR_HOOK_RESPONSE_IN] = c && c->response_in,
+        [SR_HOOK_CALL_DONE] = c && c->call_done,
         [SR_HOOK_GATE] = g && g->gate,               [SR_HOOK_PREPARE] = g && g->prepare,
     };
     for (int h = 0; h < SR_HOOK_N; h++)

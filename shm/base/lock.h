@@ -29,6 +29,8 @@ typedef struct sr__lock {
 
 #define SR__LOCK_INIT {0}
 
+static inline void sr__lock_init(sr__lock *l) { atomic_init(&l->word, 0); }
+
 /* Sleep until the lock is ours (lock.c); c: the word the failed CAS saw. */
 void sr__lock_wait(sr__lock *l, uint32_t c);
 /* Wake one sleeper (lock.c). */

@@ -8,8 +8,8 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <time.h>
 
+#include "clock.h"
 #include "lock.h"
 
 #define THREADS 6
@@ -55,21 +55,14 @@ static void *take_once(void *arg)
     return NULL;
 }
 
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 Test(lock, a_taker_sleeps_until_the_holder_gives_it_back)
 {
     sr__lock_take(&lock);
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, take_once, NULL), 0);
     /* The event: the taker marked the lock contended (2) on its way to sleep. */
-    int64_t give_up = now_ns() + 10 * 1000000000ll;
-    while (atomic_load(&lock.word) != 2 && now_ns() < give_up)
+    int64_t give_up = sr__now_ns() + 10 * 1000000000ll;
+    while (atomic_load(&lock.word) != 2 && sr__now_ns() < give_up)
         sched_yield();
     cr_assert_eq(atomic_load(&lock.word), 2, "the second taker did not mark the lock contended within 10 s");
     cr_assert_eq(atomic_load(&taken), 0, "the second taker took a held lock");
