@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Name the addresses of a BENCH_ICOUNT_PROFILE file (bench/icount.h).
 
-    icount_profile.py FILE [CALLS] [--top N] [--annotate FUNCTION] [--inline]
+    icount_profile.py FILE [CALLS] [--top N] [--annotate FUNCTION] [--inline] [--locked]
 
 Prints the instructions each function executed, per call if CALLS (the
 region's count of calls) is given, largest first, with the share of the
@@ -10,7 +10,10 @@ total; --annotate prints FUNCTION's disassembly (objdump) with the count of
 each instruction instead. --inline counts each function with the
 functions inlined into it (addr2line -i; needs a build with -g, such as
 `-Dc_args=-g`, which does not change the code), so that a link-time
-optimised build still says what its big functions are made of. Symbols come from `nm` (the file's own, else its dynamic ones);
+optimised build still says what its big functions are made of. --locked
+lists the executed instructions that order memory (a lock prefix, xchg,
+mfence), each with its count and the source line it came from (addr2line -i,
+best with -g): the atomic read-modify-writes and fences a call pays for. Symbols come from `nm` (the file's own, else its dynamic ones);
 addresses are mapped through the "map" lines the tracer wrote, assuming a
 mapping's file offset equals its addresses in the file (as the default
 x86-64 link layout has it)."""
@@ -83,6 +86,45 @@ def print_inline(rows, maps, calls, top):
         print(f"{n / calls:10.1f}  {name}")
 
 
+def disassembly(path, cache={}):
+    if path not in cache:
+        out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", path], capture_output=True, text=True).stdout
+        insns = {}
+        for line in out.splitlines():
+            f = line.split(":", 1)
+            if len(f) == 2 and f[0].strip() and f[1].startswith("\t"):
+                try:
+                    insns[int(f[0].strip(), 16)] = " ".join(f[1].split())
+                except ValueError:
+                    pass
+        cache[path] = insns
+    return cache[path]
+
+
+def ordering(insn):
+    op = insn.split(" ", 1)[0]
+    return op == "lock" or op == "mfence" or (op.startswith("xchg") and "(" in insn)
+
+
+def print_locked(rows, maps, calls):
+    found = []
+    for addr, n in rows:
+        for lo, hi, off, path in maps:
+            if lo <= addr < hi:
+                insn = disassembly(path).get(addr - lo + off, "")
+                if ordering(insn):
+                    found.append((path, addr - lo + off, n, insn))
+                break
+    total = 0
+    for path, a, n, insn in sorted(found, key=lambda f: (f[0], f[1])):
+        where = subprocess.run(["addr2line", "-i", "-f", "-e", path, hex(a)], capture_output=True,
+                               text=True).stdout.split()
+        src = " < ".join(w.rsplit("/", 1)[-1] for w in where[1::2][:3])
+        print(f"{n / calls:6.2f}  {insn:40.40s}  {where[0] if where else '?'}  {src}")
+        total += n
+    print(f"{total / calls:6.2f}  ordering instructions{' per call' if calls != 1 else ''} in all")
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     top = 40
@@ -120,6 +162,8 @@ def main():
         return print_annotated(per_addr, calls)
     if "--inline" in sys.argv:
         return print_inline(rows, maps, calls, top)
+    if "--locked" in sys.argv:
+        return print_locked(rows, maps, calls)
     print(f"{total / calls:10.1f} instructions{' per call' if calls != 1 else ''} in all")
     for name, n in counts.most_common(top):
         print(f"{n / calls:10.1f} {100.0 * n / total:5.1f}%  {name}")
