@@ -52,11 +52,11 @@ void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *by
     }
 }
 
-void sr__ext_response_out(sr_call *c, sr_value *v, struct sr_ext_buf *e)
+void sr__ext_response_out(sr_call *c, unsigned mods, sr_value *v, struct sr_ext_buf *e)
 {
     e->len = 0;
     e->b[0] = 0;
-    for (unsigned mask = sr__hooks[SR_HOOK_RESPONSE_OUT]; mask;) {
+    for (unsigned mask = sr__hooks[SR_HOOK_RESPONSE_OUT] & mods; mask;) {
         int id = sr__hook_next(&mask);
         uint8_t *data;
         size_t n = 0;

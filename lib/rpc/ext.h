@@ -32,8 +32,9 @@ struct sr_ext_view {
  * its own bytes instead (a module starting the call itself). */
 void sr__ext_request_out(const struct sr_call_out *o, int own, const uint8_t *bytes, size_t len,
                          struct sr_ext_buf *e);
-/* Callees' hooks for one outgoing result. */
-void sr__ext_response_out(sr_call *c, sr_value *v, struct sr_ext_buf *e);
+/* Callees' hooks for one outgoing result: those of the modules in mods
+ * (the call's, see sr__call_state). */
+void sr__ext_response_out(sr_call *c, unsigned mods, sr_value *v, struct sr_ext_buf *e);
 /* Parse the block at the front of a payload of len bytes: 0 with *used set,
  * or -EBADMSG with the reason (naming the sender) in sr_last_error(). */
 int sr__ext_parse(const uint8_t *p, size_t len, int from, struct sr_ext_view *v, size_t *used);

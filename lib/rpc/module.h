@@ -55,8 +55,13 @@
  *                                 caller's future completes.
  * Callee side:
  *   request_in(c, ext, len)       after the arguments were decoded (on the
- *                                 polling thread); may keep state in
- *                                 *sr__call_state(c, id).
+ *                                 polling thread), for a request that
+ *                                 carried the module's extension; may keep
+ *                                 state in *sr__call_state(c, id).
+ *   The hooks below, and the gate's prepare, run for a module only on the
+ *   calls where it took its state slot (sr__call_state, from request_in or
+ *   a value kind's decode hook): a call no module took a slot of (most
+ *   calls) runs none of them, and pays no indirect call for nothing.
  *   run_enter(c) / run_exit(c)    around the function, on the thread that
  *                                 runs it (an executor, the poller, or the
  *                                 idle waiter of sr_shutdown).
@@ -356,7 +361,10 @@ int sr__module_wait(sr_future *f, int64_t deadline_ns);
  * thread hop and no wake for a worker that has nothing else to do. fn must
  * not block. 0 or -ENOMEM / -SR_ESHUTDOWN (then fn never runs). */
 int sr__exec_submit(void (*fn)(void *arg), void *arg);
-/* Where a module keeps per-call state (NULL-initialised). */
+/* Where a module keeps per-call state (NULL-initialised when first
+ * taken). Taking it signs the module up for the call's run_enter,
+ * run_exit, prepare, response_out and call_done hooks (see above). The
+ * call's thread only (the hand-overs of a call order its threads). */
 void **sr__call_state(sr_call *c, int module);
 /* The call whose request arguments this thread is decoding right now, or
  * NULL (any other decode: a result, a released buffer). A value kind's

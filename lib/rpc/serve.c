@@ -46,13 +46,25 @@ struct sr_call {
     uint8_t sub;        /* MOD_REQ: its sub-kind */
     uint64_t tag;       /* KEEP_CALL, MOD_REQ: the module's word */
     void *kept;         /* KEEP_CALL: the keeper's handle for the result */
-    void *state[SR_MODULE_MAX]; /* modules' per-call state (module.h) */
+    void *state[SR_MODULE_MAX]; /* modules' per-call state (module.h); state[m] is set only if mods has bit m */
+    uint32_t mods;              /* the modules that took their state slot (sr__call_state) for this call */
     struct sr_call *next_deferred;
     struct sr_probe_call probe; /* the profiler's times (rpc/module.h, "Probes"); t_arrive 0: not profiled */
     char probe_name[48];        /* a module request's name, for probe.name */
 };
 
-void **sr__call_state(sr_call *c, int module) { return &c->state[module]; }
+/* The slot is NULL-initialised when first taken, and taking it signs the
+ * module up for the call's later hooks (module.h): a call that no module
+ * took a slot of runs none of them. */
+void **sr__call_state(sr_call *c, int module)
+{
+    uint32_t bit = 1u << module;
+    if (!(c->mods & bit)) {
+        c->mods |= bit;
+        c->state[module] = NULL;
+    }
+    return &c->state[module];
+}
 
 /* ---- call records -----------------------------------------------------------
  * Freed records are kept by the thread that freed them, for the next request
@@ -92,8 +104,7 @@ static void call_init(struct sr_call *c, sr_agent *a, const sr_msg *m, const str
     c->sub = 0;
     c->tag = w->tag;
     c->kept = NULL;
-    for (int i = 0; i < SR_MODULE_MAX; i++)
-        c->state[i] = NULL;
+    c->mods = 0;
     c->next_deferred = NULL;
     c->probe = (struct sr_probe_call){0};
 }
@@ -275,7 +286,7 @@ static void call_free(sr_agent *a, struct sr_call *c)
 
 static void modules_call_done(struct sr_call *c)
 {
-    for (unsigned m = sr__hooks[SR_HOOK_CALL_DONE]; m;)
+    for (unsigned m = sr__hooks[SR_HOOK_CALL_DONE] & c->mods; m;)
         sr__modules[sr__hook_next(&m)]->call->call_done(c);
 }
 
@@ -330,7 +341,7 @@ static void finish_call(struct sr_call *c)
         send_error(a, c->caller, c->call_id, -SR_EREMOTE, c->cause, text, &ans);
     } else {
         struct sr_ext_buf ext;
-        sr__ext_response_out(c, c->result, &ext);
+        sr__ext_response_out(c, c->mods, c->result, &ext);
         send_result(a, c->caller, c->call_id, c->result ? c->result : NULL, &ext, &ans);
     }
     modules_call_done(c);
@@ -351,13 +362,13 @@ static void on_async_done(sr_future *f, void *p)
 
 static void modules_enter(struct sr_call *c)
 {
-    for (unsigned m = sr__hooks[SR_HOOK_RUN_ENTER]; m;)
+    for (unsigned m = sr__hooks[SR_HOOK_RUN_ENTER] & c->mods; m;)
         sr__modules[sr__hook_next(&m)]->call->run_enter(c);
 }
 
 static void modules_exit(struct sr_call *c) /* in reverse order */
 {
-    for (unsigned m = sr__hooks[SR_HOOK_RUN_EXIT]; m;)
+    for (unsigned m = sr__hooks[SR_HOOK_RUN_EXIT] & c->mods; m;)
         sr__modules[sr__hook_last(&m)]->call->run_exit(c);
 }
 
@@ -578,7 +589,7 @@ sr_value *sr__call_args(sr_call *c) { return c->args; }
 /* The modules' last word before the function runs. */
 static int modules_prepare(struct sr_call *c)
 {
-    for (unsigned mask = sr__hooks[SR_HOOK_PREPARE]; mask;) {
+    for (unsigned mask = sr__hooks[SR_HOOK_PREPARE] & c->mods; mask;) {
         int rc = sr__modules[sr__hook_next(&mask)]->gate->prepare(c);
         if (rc)
             return sr_call_fail(c, rc, "%s", sr_last_error());
