@@ -439,7 +439,10 @@ static int self_async_batch(int self, int64_t *ns)
  * same per-call work as the batches above, counted exactly, so that a
  * change of a few per cent shows in one run of a noisy machine. The
  * kernel's share (none here: no system call on this path once warm) and
- * the progress thread's are not in it. -errno if it cannot count. */
+ * the progress thread's are not in it, nor, for a plain function (the UDF),
+ * the executor's that runs it: the caller serves no plain call, so this
+ * thread hands it over (a queue push and a condition-variable signal) and
+ * waits. -errno if it cannot count. */
 #define SELF_ICOUNT_CALLS 100
 static double self_icount(int self, const char *fn, int calls)
 {
@@ -502,7 +505,9 @@ static int run_self(int rank, int world, void *arg)
     printf("rpc_sync noop self  | instructions per call in user mode, one thread, counted by single-stepping %d calls",
            icalls);
     print_icount("built-in noop", ins);
-    print_icount("UDF noop", ins_udf);
+    /* A caller serves no plain call (lib/rpc/agent.h, "Serving waiters"): the
+     * UDF runs on an executor, whose instructions this thread's count has not */
+    print_icount("UDF noop (caller's thread: the function runs on an executor)", ins_udf);
     printf("\n");
     bench_rec r;
     bench_rec_begin(&r, "rpc noop self");
