@@ -144,6 +144,34 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
     }
 }
 
+/* No spin (oversubscribed): poll by giving the core away, for at most the
+ * transport's yield budget (sr__xport_yield_budget), while this thread's
+ * yield gate is open (spin.h: a yield that ran another job's slice closes
+ * it for a back-off). A thread queued on this core runs at each yield,
+ * often the very one whose answer we wait for; with none queued the yield
+ * returns at once. */
+static _Thread_local struct sr_yield_gate yield_gate; /* this thread's (spin.h) */
+
+static bool yield_for(sr_agent *a, sr_future *f, int64_t budget)
+{
+    int64_t now = sr__now_ns(), until = now + budget;
+    if (budget <= 0 || !sr__yield_gate_open(&yield_gate, now))
+        return false;
+    for (;;) {
+        if (sr__agent_poll_ready(a) || sr_future_done(f))
+            return true;
+        if (now >= until) {
+            sr__yield_gate_quick(&yield_gate);
+            return false;
+        }
+        sched_yield();
+        int64_t then = now;
+        now = sr__now_ns();
+        if (!sr__yield_gate_note(&yield_gate, now - then, now)) /* something else ran a slice: sleep from now on */
+            return sr__agent_poll_ready(a) || sr_future_done(f);
+    }
+}
+
 /* A user thread holds the token: poll until f is done or nothing comes. */
 static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode)
 {
@@ -169,7 +197,8 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             sr__agent_check_exits(a);
             continue;
         }
-        if (!spin_for(a, f, a->wake->spin_budget(a->self)))
+        int64_t spin = a->wake->spin_budget(a->self);
+        if (!(spin ? spin_for(a, f, spin) : yield_for(a, f, a->wake->yield_budget(a->self))))
             return 1; /* idle: sleep on the future instead */
     }
 }

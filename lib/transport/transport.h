@@ -160,6 +160,9 @@ struct sr_tport_wake {
     int (*sleep)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
     int (*sleep_aside)(sr_tport *t, int64_t deadline_ns, bool (*ready)(void *), void *arg);
     int64_t (*spin_budget)(sr_tport *t); /* any thread: how long to spin before a sleep; 0: do not spin */
+    /* Any thread, after spin_budget gave 0: how long to poll by giving the
+     * core away (sched_yield) before a sleep; 0: sleep at once. */
+    int64_t (*yield_budget)(sr_tport *t);
     void (*kick)(sr_tport *t);
     void (*poke)(sr_tport *t);
     void (*nudge)(sr_tport *t);

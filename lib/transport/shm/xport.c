@@ -908,6 +908,22 @@ int64_t sr__xport_spin_budget(sr_xport *x)
                : atomic_load_explicit(&x->spin_ns, memory_order_relaxed);
 }
 
+/* Oversubscribed, a waiter that sleeps pays a sleep and a wake-up per
+ * message (10-20 us on a VM, more than the calls it waits for), and the
+ * thread it waits for is often queued on its own core (spin.h). Polling by
+ * sched_yield instead gives that core to whoever is queued there at once,
+ * for about one budget; past it, or past a yield that another job's slice
+ * made that long, it sleeps. Fixed budgets (SHMRPC_SPIN_NS, tests) keep
+ * their exact meaning: no yield polling. */
+#define YIELD_POLL_NS 30000
+int64_t sr__xport_yield_budget(sr_xport *x)
+{
+    /* relaxed: as in sr__xport_spin_budget, whose sample this reads */
+    return !x->fixed_spin && sr__spin_gate_oversubscribed(atomic_load_explicit(&x->spin_gate, memory_order_relaxed))
+               ? YIELD_POLL_NS
+               : 0;
+}
+
 int64_t sr__spin_adapt_next(int64_t spin_ns, int64_t slept_ns, int64_t max_ns)
 {
     if (slept_ns <= max_ns)

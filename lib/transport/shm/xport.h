@@ -221,6 +221,10 @@ int sr__xport_wait(sr_xport *x, int64_t deadline_ns);
  * ready(arg) is checked after the doorbell announcement (return true to
  * cancel the sleep; it must at least report a ready inbox). */
 int64_t sr__xport_spin_budget(sr_xport *x);
+/* When the spin budget is 0 because the machine is oversubscribed (not
+ * because SHMRPC_SPIN_NS or the options fixed it): how long a waiter may
+ * poll by giving its core away (sched_yield) before it sleeps; else 0. */
+int64_t sr__xport_yield_budget(sr_xport *x);
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
 /* Every sleep of a thread waiting for a message feeds the adaptive spin

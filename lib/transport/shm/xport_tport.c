@@ -132,6 +132,7 @@ static int t_sleep_aside(sr_tport *t, int64_t deadline, bool (*ready)(void *), v
 }
 
 static int64_t t_spin_budget(sr_tport *t) { return sr__xport_spin_budget(X(t)); }
+static int64_t t_yield_budget(sr_tport *t) { return sr__xport_yield_budget(X(t)); }
 static void t_kick(sr_tport *t) { sr__waiter_kick(&X(t)->waiter); }
 
 /* Ring this worker's doorbell whatever it says, and kick the sleeping
@@ -235,6 +236,7 @@ static const struct sr_tport_wake shm_wake = {
     .sleep = t_sleep,
     .sleep_aside = t_sleep_aside,
     .spin_budget = t_spin_budget,
+    .yield_budget = t_yield_budget,
     .kick = t_kick,
     .poke = t_poke,
     .nudge = t_nudge,
