@@ -597,11 +597,14 @@ static int bench_fanin(void)
     size_t runs = bench_smoke_on() ? sizeof(smoke) / sizeof(smoke[0]) : sizeof(all) / sizeof(all[0]);
     fan = bench_shared_alloc(sizeof(*fan) * (FANIN_MAX + 1));
     fan_bar = bench_shared_alloc(sizeof(*fan_bar));
-    /* The bound with sleeping callers (below): what a sleep and a wake cost
-     * the machine in CPU, half a futex round trip of two processes. */
-    double rtt_cpu = 0;
+    /* The bounds (below): what a sleep and a wake cost the machine in CPU,
+     * half a futex round trip of two processes; and what handing a core over
+     * by sched_yield costs, which callers that poll by yielding pay instead. */
+    double rtt_cpu = 0, yield_ns = 0;
     if (bench_floor_futex_cpu(bench_smoke_on() ? 200 : FANIN_FLOOR_RTTS, &rtt_cpu))
         return fprintf(stderr, "bench_rpc fanin: the futex floor failed\n"), 1;
+    if (bench_floor_yield_switch(bench_smoke_on() ? 200 : FANIN_FLOOR_RTTS, &yield_ns))
+        return fprintf(stderr, "bench_rpc fanin: the yield floor failed\n"), 1;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     double one = 0, one_cpu = 0;
     for (size_t i = 0; i < runs; i++) {
@@ -627,14 +630,20 @@ static int bench_fanin(void)
         if (ns[i] == 1)
             one = per_s, one_cpu = call_cpu;
         /* More callers than cores left beside the callee's: nobody spins, so
-         * each call is at least a caller's sleep and wake-up on top of the
-         * call's own CPU (one caller's, spinning): the machine's cores over
-         * that bound the total. */
-        double bound = ns[i] > 1 && one_cpu > 0 ? (double)ncpu * 1e9 / (one_cpu + rtt_cpu / 2) : 0;
-        char bound_text[160] = "";
+         * each call costs, on top of the call's own CPU (one caller's,
+         * spinning), at least a hand-over of a caller's core: a yield
+         * (docs/SUBSTRATE.md, section 5) or, for a caller that sleeps, a
+         * sleep and a wake-up. The machine's cores over that bound the
+         * total: the first with yielding callers, the second with sleeping
+         * ones. */
+        double bound = ns[i] > 1 && one_cpu > 0 ? (double)ncpu * 1e9 / (one_cpu + yield_ns) : 0;
+        double bound_sleep = ns[i] > 1 && one_cpu > 0 ? (double)ncpu * 1e9 / (one_cpu + rtt_cpu / 2) : 0;
+        char bound_text[256] = "";
         if (bound > 0)
-            snprintf(bound_text, sizeof(bound_text), " | bound %ld cores / (%.2f us + a sleep and wake %.2f us) = %.0f "
-                     "calls/s = %.2fx one caller", ncpu, one_cpu / 1e3, rtt_cpu / 2e3, bound, one > 0 ? bound / one : 0);
+            snprintf(bound_text, sizeof(bound_text), " | bound %ld cores / (%.2f us + a yield's switch %.2f us) = %.0f "
+                     "calls/s = %.2fx one caller (sleeping callers: + a sleep and wake %.2f us = %.2fx)", ncpu,
+                     one_cpu / 1e3, yield_ns / 1e3, bound, one > 0 ? bound / one : 0, rtt_cpu / 2e3,
+                     one > 0 ? bound_sleep / one : 0);
         char key[32], vs[320];
         snprintf(key, sizeof(key), "fanin%d", ns[i]);
         char verdict[64] = "";
@@ -665,8 +674,10 @@ static int bench_fanin(void)
         }
         bench_rec_num(&r, "callers_cpu_ns_per_call", total ? (double)cpu / (double)total : 0);
         bench_rec_num(&r, "callee_cpu_ns_per_call", total ? (double)fan[1].callee_cpu_ns / (double)total : 0);
-        if (bound > 0)
+        if (bound > 0) {
             bench_rec_num(&r, "bound_per_s", bound);
+            bench_rec_num(&r, "bound_sleeping_per_s", bound_sleep);
+        }
         bench_rec_num(&r, "min_caller_calls", (double)lo);
         bench_rec_num(&r, "max_caller_calls", (double)hi);
         bench_rec_torch(&r, &pt, key);

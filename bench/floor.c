@@ -7,6 +7,7 @@
 #include "floor.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -230,6 +231,55 @@ static int futex_cpu_side(struct futex_cpu_area *f, enum bench_role role, uint32
     if (!rc)
         rc = bench_floor_futex(&f->a, role, n, s);
     *cpu = bench_process_cpu_ns() - t;
+    return rc;
+}
+
+/* One side of the yield ping-pong: `me` moves the word from me to !me,
+ * n times, yielding while it is the other's turn. */
+static int yield_side(_Atomic uint32_t *turn, uint32_t me, uint32_t n)
+{
+    int64_t limit = bench_now_ns() + 10ll * 1000000000;
+    for (uint32_t i = 0; i < n; i++) {
+        while (atomic_load_explicit(turn, memory_order_acquire) != me) { /* acquire: pairs with the other's store */
+            sched_yield();
+            if (bench_now_ns() > limit)
+                return -ETIMEDOUT;
+        }
+        atomic_store_explicit(turn, !me, memory_order_release); /* release: pairs with the other's load */
+    }
+    return 0;
+}
+
+int bench_floor_yield_switch(uint32_t n, double *ns_per_switch)
+{
+    cpu_set_t mine, one;
+    if (!n || sched_getaffinity(0, sizeof(mine), &mine))
+        return -EINVAL;
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mine)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    _Atomic uint32_t *turn = bench_shared_alloc(sizeof(*turn));
+    if (!turn)
+        return -ENOMEM;
+    uint32_t warm = n / 4 + 1;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(sched_setaffinity(0, sizeof(one), &one) || yield_side(turn, 1, warm + n) ? 1 : 0);
+    int rc = pid < 0 ? -errno : sched_setaffinity(0, sizeof(one), &one) ? -errno : yield_side(turn, 0, warm);
+    int64_t t = bench_now_ns();
+    if (!rc)
+        rc = yield_side(turn, 0, n);
+    t = bench_now_ns() - t;
+    int status = 0;
+    if (pid > 0 && waitpid(pid, &status, 0) == pid && !rc && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        rc = -ECHILD;
+    sched_setaffinity(0, sizeof(mine), &mine);
+    if (!rc)
+        *ns_per_switch = (double)t / (2.0 * n);
+    bench_shared_free(turn, sizeof(*turn));
     return rc;
 }
 

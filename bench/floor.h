@@ -63,6 +63,15 @@ int bench_floor_futex(bench_floor_area *a, enum bench_role role, uint32_t n, int
  * machine, whatever carries them. 0 or -errno. */
 int bench_floor_futex_cpu(uint32_t n, double *cpu_ns_per_rtt);
 
+/* What one hand-over of a core by sched_yield costs: fork a child, pin
+ * both processes to one CPU (the first of ours) and ping-pong n times
+ * through a shared word, each side yielding until it is its turn (after a
+ * warm-up). *ns_per_switch is the wall time per switch (two a round trip):
+ * what a waiter that polls by yielding (docs/SUBSTRATE.md, section 5) pays
+ * per answer on a core it shares. 0, or -errno (-ETIMEDOUT: no turn for
+ * 10 s). */
+int bench_floor_yield_switch(uint32_t n, double *ns_per_switch);
+
 /* Best of reps copies of a bytes-sized buffer on one core, in GiB/s; < 0 on
  * allocation failure. */
 double bench_floor_memcpy_gibs(size_t bytes, int reps);
