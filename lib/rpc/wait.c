@@ -145,7 +145,7 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
 }
 
 /* No spin (oversubscribed): poll by giving the core away, for at most the
- * transport's yield budget (sr__xport_yield_budget), while this thread's
+ * transport's yield budget (wake->yield_budget), while this thread's
  * yield gate is open (spin.h: a yield that ran another job's slice closes
  * it for a back-off). A thread queued on this core runs at each yield,
  * often the very one whose answer we wait for; with none queued the yield
