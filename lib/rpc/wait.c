@@ -158,11 +158,10 @@ static bool yield_for(sr_agent *a, sr_future *f, int64_t budget)
     if (budget <= 0 || !sr__yield_gate_open(&yield_gate, now))
         return false;
     for (;;) {
-        if (sr__agent_poll_ready(a) || sr_future_done(f))
-            return true;
-        if (now >= until) {
+        bool ready = sr__agent_poll_ready(a) || sr_future_done(f);
+        if (ready || now >= until) { /* every yield was quick: the next slow one starts the back-off over */
             sr__yield_gate_quick(&yield_gate);
-            return false;
+            return ready;
         }
         sched_yield();
         int64_t then = now;
