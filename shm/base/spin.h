@@ -52,7 +52,7 @@ static inline int64_t sr__spin_give_way(int64_t now, int64_t due)
  * which then runs a whole slice (milliseconds) before the waiter polls
  * again, where a sleeper would be woken, and scheduled, at once: with three
  * busy loops on two cores, fan-in fell from tens of thousands of calls a
- * second to hundreds.
+ * second to a few hundred or thousand (each call about 4 ms).
  *
  * So each thread keeps a gate: a yield that took longer than
  * SR_YIELD_SLOW_NS (something else ran a slice) closes it for a back-off
