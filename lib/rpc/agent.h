@@ -238,7 +238,15 @@ typedef struct sr_agent {
     sr__lock slots_lock;
     struct sr_call_slot *slots;
     int32_t nslots, free_head;
-    int32_t *heap, heap_len;    /* slot indices, a min-heap on deadline_ns */
+    /* A min-heap on the deadline, which each entry carries beside its slot's
+     * index: sifting compares entries side by side in this array instead of
+     * loading each slot's record (a call completed in order removes the top,
+     * and its replacement sifts down every level of the heap). */
+    struct sr_heap_entry {
+        int64_t deadline_ns; /* the slot's deadline_ns */
+        int32_t slot;
+    } *heap;
+    int32_t heap_len;
     int32_t *peer_head;         /* [world]: first call to each rank, -1: none */
     /* A lower bound of the earliest deadline (-1: none), written under
      * slots_lock: lowered by a call's begin, set to the heap's top by expiry.

@@ -12,8 +12,9 @@
  *
  * Besides the free list, every call in use is on two structures, both under
  * slots_lock and both proportional to the live calls, never to the table:
- *   - a binary min-heap of the calls that have a deadline (heap[], each
- *     slot's heap_at is its position), so expiry pops only what is due;
+ *   - a binary min-heap of the calls that have a deadline (heap[]: each
+ *     entry the deadline and the slot, whose heap_at is its position), so
+ *     expiry pops only what is due;
  *   - its destination's doubly linked list (peer_head[to], peer_prev/next),
  *     so a peer's death fails only the calls to that peer.
  * Begin and end are O(log n) in the live calls with a deadline, O(1)
@@ -67,53 +68,51 @@ int sr__calls_init(sr_agent *a, int32_t n)
 
 /* ---- the deadline heap (under slots_lock) --------------------------------- */
 
-static int64_t heap_key(const sr_agent *a, int32_t at) { return a->slots[a->heap[at]].deadline_ns; }
+static int64_t heap_key(const sr_agent *a, int32_t at) { return a->heap[at].deadline_ns; }
 
-static void heap_put(sr_agent *a, int32_t at, int32_t slot)
+static void heap_put(sr_agent *a, int32_t at, struct sr_heap_entry e)
 {
-    a->heap[at] = slot;
-    a->slots[slot].heap_at = at;
+    a->heap[at] = e;
+    a->slots[e.slot].heap_at = at;
 }
 
 static void sift_up(sr_agent *a, int32_t at)
 {
-    int32_t slot = a->heap[at];
-    int64_t key = a->slots[slot].deadline_ns;
-    while (at > 0 && heap_key(a, (at - 1) / 2) > key) {
+    struct sr_heap_entry e = a->heap[at];
+    while (at > 0 && heap_key(a, (at - 1) / 2) > e.deadline_ns) {
         heap_put(a, at, a->heap[(at - 1) / 2]);
         at = (at - 1) / 2;
     }
-    heap_put(a, at, slot);
+    heap_put(a, at, e);
 }
 
 static void sift_down(sr_agent *a, int32_t at)
 {
-    int32_t slot = a->heap[at];
-    int64_t key = a->slots[slot].deadline_ns;
+    struct sr_heap_entry e = a->heap[at];
     for (;;) {
         int32_t c = 2 * at + 1;
         if (c >= a->heap_len)
             break;
         if (c + 1 < a->heap_len && heap_key(a, c + 1) < heap_key(a, c))
             c++;
-        if (heap_key(a, c) >= key)
+        if (heap_key(a, c) >= e.deadline_ns)
             break;
         heap_put(a, at, a->heap[c]);
         at = c;
     }
-    heap_put(a, at, slot);
+    heap_put(a, at, e);
 }
 
 static void heap_remove(sr_agent *a, int32_t slot)
 {
     int32_t at = a->slots[slot].heap_at;
     a->slots[slot].heap_at = -1;
-    int32_t last = a->heap[--a->heap_len];
+    struct sr_heap_entry last = a->heap[--a->heap_len];
     if (at == a->heap_len)
         return;
     heap_put(a, at, last);
     sift_down(a, at);
-    sift_up(a, a->slots[last].heap_at);
+    sift_up(a, a->slots[last.slot].heap_at);
 }
 
 /* ---- per-peer lists (under slots_lock) ------------------------------------ */
@@ -167,7 +166,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     peer_link(a, i);
     if (deadline >= 0) {
         a->heap_len++;
-        heap_put(a, a->heap_len - 1, i);
+        heap_put(a, a->heap_len - 1, (struct sr_heap_entry){.deadline_ns = deadline, .slot = i});
         sift_up(a, a->heap_len - 1);
         /* relaxed: written only under slots_lock; read as a hint by the
          * pollers, which the kick below tells of an earlier deadline */
@@ -281,7 +280,7 @@ static int take_due(sr_agent *a, int64_t now, struct ended *out)
         looked++; /* the top: due, or the end of the due */
         if (heap_key(a, 0) > now)
             break;
-        int32_t i = a->heap[0];
+        int32_t i = a->heap[0].slot;
         out[n] = (struct ended){.ms = a->slots[i].timeout_ms, .to = a->slots[i].to, .id = slot_id(a, i)};
         out[n++].f = end_locked(a, i);
     }
