@@ -185,7 +185,6 @@ enum sr_gone { SR_GONE_NO = 0, SR_GONE_HANDLING = 1, SR_GONE_DONE = 2, SR_GONE_C
 struct sr_call_slot {
     _Atomic uint32_t gen;     /* odd: in use */
     int32_t to;
-    int64_t deadline_ns;      /* < 0: none */
     int64_t timeout_ms;       /* for the error text */
     sr_future *fut;           /* owned while in use */
     int32_t next_free;
@@ -243,7 +242,7 @@ typedef struct sr_agent {
      * loading each slot's record (a call completed in order removes the top,
      * and its replacement sifts down every level of the heap). */
     struct sr_heap_entry {
-        int64_t deadline_ns; /* the slot's deadline_ns */
+        int64_t deadline_ns; /* its call's deadline (coarse clock); only here */
         int32_t slot;
     } *heap;
     int32_t heap_len;

@@ -161,7 +161,6 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     a->free_head = s->next_free;
     s->to = to;
     s->timeout_ms = timeout_ms;
-    s->deadline_ns = deadline;
     s->fut = sr_future_ref(fut);
     peer_link(a, i);
     if (deadline >= 0) {
