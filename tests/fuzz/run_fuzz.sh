@@ -10,11 +10,14 @@
 # messages about the bad input, thousands a second) is closed during the
 # timed run; the fuzzer's and the sanitizers' reports still show.
 set -eu
+# libFuzzer's default exit code for a finding (77) is meson's "skipped":
+# a finding must fail the test, so every run exits 1 on one.
+fail='-error_exitcode=1 -timeout_exitcode=1'
 harness=$1 corpus=$2 secs=${3:-${FUZZ_SECONDS:-60}}
 art=${FUZZ_ARTIFACTS:-fuzz-artifacts}
 mkdir -p "$art"
 if [ "$secs" = 0 ]; then
-  exec "$harness" -artifact_prefix="$art/" "$corpus"/*
+  exec "$harness" $fail -artifact_prefix="$art/" "$corpus"/*
 fi
 if [ -n "${FUZZ_WORK:-}" ]; then
   work=$FUZZ_WORK
@@ -24,7 +27,7 @@ else
   trap 'rm -rf "$work"' EXIT
 fi
 rc=0
-"$harness" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=4096 -use_value_profile=1 \
+"$harness" $fail -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=4096 -use_value_profile=1 \
   -close_fd_mask=2 -print_final_stats=1 -artifact_prefix="$art/" "$work" "$corpus" || rc=$?
 [ $rc -eq 0 ] || echo "run_fuzz.sh: the fuzzer failed (exit $rc); the input is in $art/" >&2
 exit $rc
