@@ -287,6 +287,15 @@ static void message_seeds(void)
     msg_seed("regress-mod-req-unknown-module", SR_MSG_MOD_REQ,
              (struct sr_wire){.call_id = 12, .ctrl = 7, .name_len = 1, .tag = 0}, p, n);
 
+    /* Found by fuzz_decode: a result whose autograd message id is -1 (the
+     * id map's empty key) lost its recv function. */
+    int64_t minus_one = -1;
+    memcpy(da_ext + 11, &minus_one, 8);
+    sr_value *rt2[] = {tensor(2)};
+    n = payload(p, da_ext, sizeof(da_ext), "", 1, rt2, 0);
+    msg_seed("regress-autograd-message-id-minus-one", SR_MSG_RESP,
+             (struct sr_wire){.call_id = 13, .flags = SR_WIRE_EXT}, p, n);
+
     const char *err = "Error on Node 1: something went wrong far away";
     msg_seed("msg-err", SR_MSG_ERR, (struct sr_wire){.call_id = 10, .code = -EINVAL}, (const uint8_t *)err,
              strlen(err));

@@ -51,6 +51,8 @@ static int grow(struct sr_idmap *m)
 
 int sr__idmap_put(struct sr_idmap *m, uint64_t key, void *val)
 {
+    if (!key) /* the empty slots' key: a value put there would be lost */
+        return -EINVAL;
     if ((m->len + 1) * 4 > m->cap * 3 && grow(m))
         return -ENOMEM;
     size_t i = find(m, key);

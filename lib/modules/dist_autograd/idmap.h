@@ -18,7 +18,7 @@ struct sr_idmap {
 };
 
 void *sr__idmap_get(const struct sr_idmap *m, uint64_t key);
-/* Insert or replace; 0 or -ENOMEM. */
+/* Insert or replace; 0, -ENOMEM, or -EINVAL for key 0. */
 int sr__idmap_put(struct sr_idmap *m, uint64_t key, void *val);
 /* Remove; returns the value, or NULL if absent. */
 void *sr__idmap_del(struct sr_idmap *m, uint64_t key);

@@ -80,6 +80,11 @@ static int get_ids(const uint8_t *ext, size_t len, int64_t *ctx, int64_t *msg)
         return sr__fail(-EBADMSG, "sr_rpc", "distributed autograd header of %zu bytes (expected %d)", len, EXT_LEN);
     memcpy(ctx, ext, 8);
     memcpy(msg, ext + 8, 8);
+    /* Every id a worker makes is >= 0 (rank-prefixed counters); -1 would be
+     * the id maps' empty key, where a context or function is lost. */
+    if (*ctx < 0 || *msg < 0)
+        return sr__fail(-EBADMSG, "sr_rpc", "distributed autograd header names context %lld, message %lld: ids are "
+                        "never negative", (long long)*ctx, (long long)*msg);
     return 0;
 }
 
