@@ -70,9 +70,17 @@ static int check_fields(const struct sr_tensor_desc *d)
             return sr__fail(-EINVAL, FN, "shape/stride entry %d past ndim %u is not zero", i, d->ndim);
     if (sr__check_shape(FN, d->ndim, d->shape))
         return -EINVAL;
-    for (int i = 0; i < d->ndim; i++)
+    int64_t es = (int64_t)sr_dtype_size((sr_dtype)d->dtype), bytes;
+    for (int i = 0; i < d->ndim; i++) {
         if (d->strides[i] < 0)
             return sr__fail(-EINVAL, FN, "stride %d is negative (%lld)", i, (long long)d->strides[i]);
+        /* The extent check bounds a stride only where its dimension has two
+         * or more elements; every other one must still be a byte distance
+         * that the kernels can compute (stride * element size) */
+        if (__builtin_mul_overflow(d->strides[i], es, &bytes))
+            return sr__fail(-EINVAL, FN, "stride %d (%lld elements of %lld bytes) overflows a byte offset", i,
+                            (long long)d->strides[i], (long long)es);
+    }
     if (d->offset < 0)
         return sr__fail(-EINVAL, FN, "offset %lld is negative", (long long)d->offset);
     return 0;
