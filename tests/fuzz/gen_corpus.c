@@ -5,13 +5,17 @@
  * varies between runs replaced by markers (fz_mark). Run by hand after a
  * change of the wire format:
  *   ./dev fuzz-corpus
- * (build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus tests/fuzz/corpus-dispatch). Messages
- * also go to the dispatch corpus, without the mode byte.
+ * (build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus tests/fuzz/corpus-dispatch
+ * tests/fuzz/corpus-files). Messages also go to the dispatch corpus, without
+ * the mode byte; the file fuzzer's seeds (fuzz_files.c) are files this
+ * library wrote: checkpoints, and IDX files plain and gzip-compressed.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include "error.h"
 #include "fuzz_env.h"
@@ -21,8 +25,9 @@
 #include "context.h"
 #include "hooks.h"
 #include "rref_internal.h"
+#include "shmrpc/checkpoint.h"
 
-static const char *dir, *dispatch_dir;
+static const char *dir, *dispatch_dir, *files_dir;
 
 static void write_file(const char *d, const char *name, const uint8_t *buf, size_t len)
 {
@@ -317,20 +322,123 @@ static void ctrl_seeds(void)
     ctrl_seed("rref-ctrl-ack", 1, SR_RREF_ACK, 1, 0, 0, 0);
 }
 
+/* ---- the file fuzzer's seeds (fuzz_files.c) ---- */
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    uint8_t *buf = malloc(1 << 20);
+    *len = f && buf ? fread(buf, 1, 1 << 20, f) : 0;
+    if (!f || !buf || !*len || !feof(f)) {
+        fprintf(stderr, "gen_corpus: cannot read %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+    return buf;
+}
+
+/* A file seed: the kind byte, then body (and, for IDX, a second part). */
+static void file_seed(const char *name, uint8_t kind, const uint8_t *a, size_t alen, const uint8_t *b, size_t blen)
+{
+    uint8_t *buf = malloc(3 + alen + blen);
+    size_t n = 0;
+    buf[n++] = kind;
+    if (kind == 1) { /* the images file's length, then both files */
+        buf[n++] = (uint8_t)alen;
+        buf[n++] = (uint8_t)(alen >> 8);
+    }
+    memcpy(buf + n, a, alen);
+    if (blen)
+        memcpy(buf + n + alen, b, blen);
+    write_file(files_dir, name, buf, n + alen + blen);
+    free(buf);
+}
+
+static void checkpoint_seed(const char *name, size_t n, const char *const *names, sr_tensor *const *ts, size_t nmeta)
+{
+    char path[] = "/tmp/shmrpc-gen-corpus-XXXXXX";
+    int fd = mkstemp(path);
+    const char *mnames[] = {"epoch", "step"};
+    const int64_t mvals[] = {3, -42};
+    if (fd < 0 || sr_checkpoint_save(path, n, names, ts, nmeta, mnames, mvals)) {
+        fprintf(stderr, "gen_corpus: cannot save a checkpoint at %s: %s\n", path, sr_last_error());
+        exit(1);
+    }
+    close(fd);
+    size_t len;
+    uint8_t *img = slurp(path, &len);
+    unlink(path);
+    file_seed(name, 0, img, len, NULL, 0);
+    free(img);
+}
+
+/* An IDX file: big-endian magic and dims, then the bytes. */
+static size_t idx_file(uint8_t *out, uint32_t magic, int ndim, const uint32_t *dims, const uint8_t *data, size_t len)
+{
+    size_t n = 0;
+    for (int i = -1; i < ndim; i++) {
+        uint32_t v = i < 0 ? magic : dims[i];
+        for (int k = 3; k >= 0; k--)
+            out[n++] = (uint8_t)(v >> (8 * k));
+    }
+    memcpy(out + n, data, len);
+    return n + len;
+}
+
+static size_t gzipped(uint8_t *out, size_t cap, const uint8_t *in, size_t len)
+{
+    char path[] = "/tmp/shmrpc-gen-corpus-XXXXXX";
+    int fd = mkstemp(path);
+    gzFile g = fd >= 0 ? gzdopen(fd, "wb9") : NULL;
+    if (!g || gzwrite(g, in, (unsigned)len) != (int)len || gzclose(g) != Z_OK) {
+        fprintf(stderr, "gen_corpus: cannot gzip into %s\n", path);
+        exit(1);
+    }
+    size_t n;
+    uint8_t *buf = slurp(path, &n);
+    unlink(path);
+    if (n > cap)
+        exit(1);
+    memcpy(out, buf, n);
+    free(buf);
+    return n;
+}
+
+static void file_seeds(void)
+{
+    const char *names[] = {"fc.weight", "fc.weight_t", "fc.bias", "steps"};
+    checkpoint_seed("ckpt-four-tensors", 4, names, fz.tensors, 2);
+    checkpoint_seed("ckpt-one-tensor-no-meta", 1, names, fz.tensors, 0);
+    checkpoint_seed("ckpt-meta-only", 0, NULL, NULL, 2);
+
+    enum { N = 3, PX = 28 * 28 };
+    static uint8_t pixels[N * PX], img[16 + N * PX], lab[8 + N], gz[8192];
+    for (size_t i = 0; i < sizeof(pixels); i++)
+        pixels[i] = (uint8_t)(i * 7);
+    const uint8_t labels[N] = {3, 9, 0};
+    size_t ni = idx_file(img, 0x00000803u, 3, (const uint32_t[]){N, 28, 28}, pixels, sizeof(pixels));
+    size_t nl = idx_file(lab, 0x00000801u, 1, (const uint32_t[]){N}, labels, N);
+    file_seed("idx-three-samples", 1, img, ni, lab, nl);
+    size_t ngz = gzipped(gz, sizeof(gz), img, ni);
+    file_seed("idx-three-samples-gzip", 1, gz, ngz, lab, nl);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR\n", argv[0]);
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR FILES_CORPUS_DIR\n", argv[0]);
         return 2;
     }
     dir = argv[1];
     dispatch_dir = argv[2];
+    files_dir = argv[3];
     fz_env_init();
     fz_iter_begin();
     value_seeds();
     rref_seeds();
     message_seeds();
     ctrl_seeds();
+    file_seeds();
     fz_iter_end();
     return 0;
 }
