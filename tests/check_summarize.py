@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: MIT
 """tests/summarize.py, which ends ./dev test, on made-up test logs: the
 sums (Criterion's Synthesis lines, an MPI runner's PASS/FAIL lines, a test
-without either), the exit status, and the failed tests' last lines printed
-before the sums (Criterion's routine lines left out)."""
+without either), the exit status, the failed tests' last lines printed
+before the sums (Criterion's routine lines left out), and a skipped test
+counted neither way but named with its last lines."""
 import json
 import os
 import subprocess
@@ -60,6 +61,14 @@ def main():
                      "| [----] x.c:9: Assertion Failed", "| Segmentation fault", "| FAIL rpc/y"):
             expect(line in err, f"the excerpt lacks {line!r}: {err!r}")
         expect("[RUN ]" not in err and "[PASS]" not in err, f"routine lines in the excerpt: {err!r}")
+        skip = build_dir(root, "skip", [
+            {"name": "f / fuzz-run", "result": "SKIP", "stdout": "", "stderr": "==1==ERROR: LeakSanitizer\n"},
+        ])
+        rc, out, err = run(good, skip)
+        expect(rc == 0, f"a skip: exit status {rc}")
+        expect(out.splitlines()[-1] == "6 passed, 0 failed", f"a skip: last line {out!r}")
+        for line in ("f / fuzz-run: SKIP; its last lines:", "| ==1==ERROR: LeakSanitizer", "1 meson tests skipped"):
+            expect(line in err, f"a skip: stderr lacks {line!r}: {err!r}")
     print("check_summarize: ok")
 
 

@@ -17,6 +17,10 @@ printed is exactly 'N passed, M failed'; the exit status is 1 if M > 0.
 For each failed meson test, the last lines of its output that say why (not
 Criterion's RUN/PASS/SKIP lines) are printed to stderr just before the sums,
 so the tail of a CI log, which is often all that is kept, names the cause.
+A meson test that skipped itself (exit 77) counts neither way, but is named
+the same way with its last lines, and each build's line on stderr counts the
+skips: a runner that exits 77 for a failure (libFuzzer's default for a
+finding was one) cannot pass unseen.
 """
 import json
 import re
@@ -52,12 +56,12 @@ def why_failed(builddir, t, text):
 
 
 def tally(builddir):
-    passed = failed = 0
+    passed = failed = skipped = 0
     try:
         lines = open(f"{builddir}/meson-logs/testlog.json").read().splitlines()
     except OSError:
         print(f"summarize: no test log in {builddir}", file=sys.stderr)
-        return 0, 1
+        return 0, 1, 0
     for line in lines:
         t = json.loads(line)
         ok = t["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
@@ -76,16 +80,17 @@ def tally(builddir):
         elif t["result"] != "SKIP":
             passed += ok
             failed += not ok
-        if not ok:
+        if not ok or t["result"] == "SKIP":
             why_failed(builddir, t, text)
-    return passed, failed
+        skipped += t["result"] == "SKIP"
+    return passed, failed, skipped
 
 
 def main():
     passed = failed = 0
     for d in sys.argv[1:]:
-        p, f = tally(d)
-        print(f"{d}: {p} passed, {f} failed", file=sys.stderr)
+        p, f, k = tally(d)
+        print(f"{d}: {p} passed, {f} failed" + (f", {k} meson tests skipped" if k else ""), file=sys.stderr)
         passed += p
         failed += f
     print(f"{passed} passed, {failed} failed")
