@@ -360,6 +360,8 @@ Test(desc, validation_rejects_every_malformed_field)
         {"shape", "negative size"},      {"stride", "stride 1 is negative"}, {"offset", "offset -1 is negative"},
         {"past ndim", "past ndim"},      {"flags", "unknown flags"},         {"grad i64", "cannot require grad"},
         {"overflow", "reaches past"},
+        /* a dimension of size 1: the extent never multiplies its stride */
+        {"byte stride", "stride 0 (4611686018427387903 elements of 4 bytes) overflows a byte offset"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         d = good_desc();
@@ -373,7 +375,8 @@ Test(desc, validation_rejects_every_malformed_field)
         case 6: d.shape[5] = 2; break;
         case 7: d.flags = 0x80; break;
         case 8: d.dtype = SR_I64, d.flags = SR_DESC_REQUIRES_GRAD; break;
-        case 9: d.strides[0] = INT64_MAX / 2; break;
+        case 9: d.strides[0] = INT64_MAX / 8; break;
+        case 10: d.shape[0] = 1, d.strides[0] = INT64_MAX / 2; break;
         }
         cr_assert_eq(sr__tensor_desc_check(&d, 1 << 20), -EINVAL, "%s accepted", bad[i].what);
         tu_expect_error(bad[i].what, bad[i].msg, NULL);
