@@ -227,33 +227,57 @@ struct pass_run {
     double copy_p50[NPASS];
 };
 
-/* Rank 1 pushes a given block right after answering: take it back here, so
- * that its dallocx is timed in (3) and not in the next trip of (2). */
-static int drain_one(void)
+static uint64_t drained(void)
 {
-    for (int64_t until = sr__now_ns() + WAIT_NS; sr__now_ns() < until;)
-        if (sr__heap_drain())
+    sr_heap_counters c;
+    sr__heap_counters_get(&c);
+    return c.drained;
+}
+
+/* Rank 1 pushes a given block right after answering: take it back here, so
+ * that its dallocx is timed in (3) and not in the next trip of (2). Counted,
+ * not seen: the wait for the answer (sr__xport_wait) drains too, and takes
+ * the block itself when the push comes before its drain. */
+static int drain_one(uint64_t off, uint64_t before)
+{
+    for (int64_t until = sr__now_ns() + WAIT_NS; sr__now_ns() < until;) {
+        if (sr__heap_drain() || drained() > before) /* the count only when this drain found nothing */
             return 0;
-        else
-            sched_yield();
-    return -1;
+        sched_yield();
+    }
+    return sr__fail(-ETIMEDOUT, "bench_heap", "the 64 B block given away (offset %llu) did not come back to "
+                    "its owner's remote-free list within 30 s", (unsigned long long)off);
+}
+
+/* An answer other than MSG_BACK: the protocol broke. */
+static int not_back(const sr_msg *m, const char *after)
+{
+    uint64_t v;
+    memcpy(&v, m->data, sizeof(v));
+    return sr__fail(-EPROTO, "bench_heap", "rank 0 got message type %u (word %llu) from rank %u after %s, "
+                    "expected its answer", m->type, (unsigned long long)v, m->src, after);
 }
 
 /* One round trip; for GIVE (b == NULL) a fresh 64 B block given away and
  * drained back. */
 static int64_t trip(sr_xport *x, sr_block *b)
 {
-    int64_t t0 = sr__now_ns();
     uint16_t type = b ? MSG_PASS : MSG_GIVE;
+    uint64_t before = type == MSG_GIVE ? drained() : 0; /* untimed: it sums the thread caches */
+    int64_t t0 = sr__now_ns();
     if (!b && !(b = sr__block_alloc(64)))
-        return -1;
+        return sr__fail(-ENOMEM, "bench_heap", "no 64 B block to give");
     if (type == MSG_PASS)
         sr__block_ref(b); /* rank 1's reference travels with the offset */
     sr_msg m;
-    if (send_u64(x, 1, type, sr__block_send_off(b)) || next_msg(x, &m) || m.type != MSG_BACK)
-        return -1;
-    if (type == MSG_GIVE && drain_one())
-        return -1;
+    uint64_t off = sr__block_send_off(b);
+    int rc = send_u64(x, 1, type, off);
+    if (rc || (rc = next_msg(x, &m)))
+        return rc;
+    if (m.type != MSG_BACK)
+        return not_back(&m, type == MSG_PASS ? "passing a block" : "giving a block");
+    if (type == MSG_GIVE && (rc = drain_one(off, before)))
+        return rc;
     return sr__now_ns() - t0;
 }
 
@@ -263,7 +287,7 @@ static int run_rounds(sr_xport *x, struct pass_run *r)
         for (size_t k = 0; k <= npass; k++) {
             int64_t t = trip(x, k < npass ? r->blocks[k] : NULL);
             if (t < 0)
-                return -1;
+                return (int)t;
             if (i >= 0)
                 r->v[k][i] = t;
         }
@@ -333,7 +357,10 @@ static int set_mode(sr_xport *x, int64_t spin_ns)
 {
     sr_msg m;
     set_spin(x, spin_ns);
-    return send_u64(x, 1, MSG_MODE, (uint64_t)spin_ns) || next_msg(x, &m) || m.type != MSG_BACK ? -1 : 0;
+    int rc = send_u64(x, 1, MSG_MODE, (uint64_t)spin_ns);
+    if (rc || (rc = next_msg(x, &m)))
+        return rc;
+    return m.type == MSG_BACK ? 0 : not_back(&m, "a mode change");
 }
 
 /* Every block back to one reference (rank 1 lets go after answering), the
