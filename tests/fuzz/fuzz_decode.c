@@ -33,21 +33,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* FUZZ_TRACE=1: print what each decode answered (to check that the seeds
  * reach the paths they were made for). */
 static bool trace;
-/* Where the oracles report: stderr as it was at start (run_fuzz.sh's timed
- * run has libFuzzer close stderr, to silence the library's messages about
- * the bad input; libFuzzer itself initialises us before it does that). */
-static FILE *report;
+static FILE *report; /* where the oracles report (fz_report_open) */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     trace = getenv("FUZZ_TRACE") != NULL;
-    int fd = dup(2);
-    report = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!report)
-        report = stderr;
-    setvbuf(report, NULL, _IONBF, 0); /* written just before an abort */
+    report = fz_report_open();
     fz_env_init();
     return 0;
 }

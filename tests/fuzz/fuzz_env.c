@@ -140,6 +140,16 @@ void fz_top_up(void) { top_up(); }
 
 uint8_t *fz_payload(void) { return sr__block_data(blocks[nblocks - 1]); }
 
+FILE *fz_report_open(void)
+{
+    int fd = dup(2);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f)
+        f = stderr;
+    setvbuf(f, NULL, _IONBF, 0); /* written just before an abort */
+    return f;
+}
+
 /* Fork r once, as an encode for a send does. */
 static void fork_once(sr_rref *r)
 {

@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "shmrpc/tensor.h"
 #include "shmrpc/value.h"
@@ -73,6 +74,11 @@ void fz_top_up(void);
  * references topped up. */
 void fz_iter_begin(void);
 void fz_iter_end(void);
+/* Where a harness's oracles report: stderr as it was at start, unbuffered
+ * (run_fuzz.sh's timed run has libFuzzer close stderr, to silence the
+ * library's messages about the bad input; libFuzzer initialises the harness
+ * before it does that). Call from LLVMFuzzerInitialize. */
+FILE *fz_report_open(void);
 /* The payload block's data (FZ_PAYLOAD_BYTES). */
 uint8_t *fz_payload(void);
 /* Real values -> markers (generator), markers -> real values (harness). */

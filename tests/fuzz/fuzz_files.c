@@ -33,7 +33,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static FILE *report; /* stderr as it was at start (fuzz_decode.c says why) */
+static FILE *report; /* where the oracles report (fz_report_open) */
 static bool trace;   /* FUZZ_TRACE=1: print what each load answered */
 static char dir[256], ckpt_path[300], images_path[300], labels_path[300];
 
@@ -50,11 +50,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     trace = getenv("FUZZ_TRACE") != NULL;
-    int fd = dup(2);
-    report = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!report)
-        report = stderr;
-    setvbuf(report, NULL, _IONBF, 0);
+    report = fz_report_open();
     fz_env_init(); /* a heap: a checkpoint's tensors are loaded into shared blocks */
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof(dir), "%s/shmrpc-fuzz-files-XXXXXX", tmp && *tmp ? tmp : "/tmp");
