@@ -264,6 +264,15 @@ static void message_seeds(void)
     msg_seed("msg-mod-req-fetch", SR_MSG_MOD_REQ,
              (struct sr_wire){.call_id = 5, .ctrl = (uint8_t)sr__rref_module, .name_len = SR_RREF_FETCH, .tag = 0}, p, n);
 
+    /* Distributed autograd's backward request: gradients for send
+     * function 9 of the context, pass 1, no retain (backward.c, PROPAGATE). */
+    sr_value *gargs[] = {sr_int(9), sr_int(1), sr_bool(false), tensor(2)};
+    n = payload(p, NULL, 0, "", 4, gargs, 0);
+    msg_seed("msg-mod-req-dist-propagate", SR_MSG_MOD_REQ,
+             (struct sr_wire){.call_id = 14, .ctrl = (uint8_t)sr__dist_module, .name_len = SR_DA_PROPAGATE,
+                              .tag = (uint64_t)fz.dctx_id},
+             p, n);
+
     sr_value *kargs[] = {sr_int(9), strv("keep")};
     n = payload(p, NULL, 0, "make", 2, kargs, 0);
     msg_seed("msg-keep-call", SR_MSG_KEEP_CALL,
