@@ -406,8 +406,10 @@ static size_t gzipped(uint8_t *out, size_t cap, const uint8_t *in, size_t len)
     size_t n;
     uint8_t *buf = slurp(path, &n);
     unlink(path);
-    if (n > cap)
+    if (n > cap) {
+        fprintf(stderr, "gen_corpus: %zu gzipped bytes do not fit the seed's %zu\n", n, cap);
         exit(1);
+    }
     memcpy(out, buf, n);
     free(buf);
     return n;
