@@ -115,6 +115,32 @@ void fz_env_init(void)
     fixtures();
 }
 
+static void fork_once(sr_rref *r);
+
+/* The agent's OwnerRRef (0,0): the sum of the f64 fixture, a scalar that
+ * requires grad, so that an RRef backward request naming it runs a real
+ * backward pass (dist_autograd/rref_backward.c). Held for the process's
+ * life, and forked twice (fork ids (0,1) and (0,2)), as sending it to
+ * itself would: a message naming fork (0,1) arrives as that send, the
+ * other fork keeps the owner in the RRef context after it. */
+static void agent_owner_rref(void)
+{
+    static sr_rref *r;
+    sr_tensor *sum = sr_sum(fz.tensors[2]);
+    sr_value *v = sum ? sr_value_from_tensor(sum) : NULL;
+    sr_tensor_unref(sum);
+    if (!v || sr_rref_create(v, &r))
+        die("the OwnerRRef fixture");
+    sr_value_unref(v);
+    fork_once(r);
+    fork_once(r);
+    if (sr_rref_id(r) != FZ_OWNER_RID) {
+        fprintf(stderr, "fuzz_env: the OwnerRRef fixture got id %#llx; the corpus names %#llx\n",
+                (unsigned long long)sr_rref_id(r), (unsigned long long)FZ_OWNER_RID);
+        exit(1);
+    }
+}
+
 void fz_env_init_agent(void)
 {
     static sr_job job;
@@ -128,6 +154,7 @@ void fz_env_init_agent(void)
     if (sr_init(NULL))
         die("sr_init");
     fixtures();
+    agent_owner_rref();
 }
 
 void fz_objects_in_flight(void)

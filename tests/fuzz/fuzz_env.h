@@ -48,6 +48,7 @@ enum fz_mode {
     FZ_RREF_CTRL = 3, /* u8 source rank, 56 slot bytes: an RRef control message */
 };
 #define FZ_SLOT_BYTES 56
+#define FZ_OWNER_RID 0 /* (0,0): the OwnerRRef of either world */
 #define FZ_USER_RID ((UINT64_C(1) << 48) | 5)
 #define FZ_USER_FID ((UINT64_C(1) << 48) | 6)
 
@@ -63,7 +64,8 @@ extern struct fz_env fz;
  * above (fuzz_decode.c). fz_env_init_agent: instead of the bare heap and
  * the per-input RRef and autograd contexts, a one-worker job whose RPC agent
  * runs in this process (sr_init: progress thread, executors, every module),
- * with the same fixtures in its heap (fuzz_dispatch.c). */
+ * with the same fixtures in its heap (fuzz_dispatch.c), and one OwnerRRef
+ * (FZ_OWNER_RID) of a scalar that requires grad, for RRef backward requests. */
 void fz_env_init(void);
 void fz_env_init_agent(void);
 /* The object in flight once, and the fixture blocks' references topped up

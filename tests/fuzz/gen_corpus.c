@@ -273,6 +273,19 @@ static void message_seeds(void)
                               .tag = (uint64_t)fz.dctx_id},
              p, n);
 
+    /* RRef.backward at the owner (rref_backward.c): [the RRef, retain],
+     * outside any context, so the owner runs a local backward from the
+     * scalar its OwnerRRef holds (fuzz_dispatch's FZ_OWNER_RID). */
+    size_t bn = 4 + rref_wire(p + 4, FZ_OWNER_RID, rid_of(0, 1), 0);
+    uint8_t *flag = encode(1, (sr_value *[]){sr_bool(false)}, 0, &n);
+    memcpy(p, (const uint8_t[]){2, 0, 0, 0}, 4); /* two values */
+    memcpy(p + bn, flag + 4, n - 4);
+    free(flag);
+    msg_seed("msg-mod-req-rref-backward", SR_MSG_MOD_REQ,
+             (struct sr_wire){.call_id = 15, .ctrl = (uint8_t)sr__dist_module, .name_len = SR_DA_RREF_BACKWARD,
+                              .tag = (uint64_t)SR_NO_CONTEXT},
+             p, bn + n - 4);
+
     sr_value *kargs[] = {sr_int(9), strv("keep")};
     n = payload(p, NULL, 0, "make", 2, kargs, 0);
     msg_seed("msg-keep-call", SR_MSG_KEEP_CALL,
@@ -313,6 +326,22 @@ static void message_seeds(void)
     const char *err = "Error on Node 1: something went wrong far away";
     msg_seed("msg-err", SR_MSG_ERR, (struct sr_wire){.call_id = 10, .code = -EINVAL}, (const uint8_t *)err,
              strlen(err));
+}
+
+/* A module's raw message: its type, then the slot's bytes as it sent them
+ * (sr__module_send). */
+static void module_msg_seed(const char *name, int module, uint8_t type, const void *bytes, size_t len)
+{
+    uint8_t buf[1 + FZ_SLOT_BYTES] = {(uint8_t)SR_MSG_MODULE_TYPE(module, type)};
+    memcpy(buf + 1, bytes, len);
+    write_seed(name, FZ_MSG, buf, sizeof(buf));
+}
+
+/* Distributed autograd's cleanup of a context (cleanup.c): fuzz_decode's
+ * context, one fuzz_dispatch does not know (a cleanup that overtook it). */
+static void module_msg_seeds(void)
+{
+    module_msg_seed("msg-mod-dist-cleanup", sr__dist_module, SR_DA_MSG_CLEANUP, &fz.dctx_id, sizeof(fz.dctx_id));
 }
 
 static void ctrl_seed(const char *name, uint8_t src, uint8_t kind, uint64_t token, uint64_t a, uint64_t b, uint64_t c)
@@ -448,6 +477,7 @@ int main(int argc, char **argv)
     value_seeds();
     rref_seeds();
     message_seeds();
+    module_msg_seeds();
     ctrl_seeds();
     file_seeds();
     fz_iter_end();
