@@ -877,30 +877,30 @@ static void forget_in_child(void)
 static void register_atfork(void) { (void)pthread_atfork(NULL, NULL, forget_in_child); }
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
-/* The header's geometry (copied at attach, then never read again) lies in
- * the mapping: the worker table, the heap areas and the area table. */
+/* The segment's geometry (its private copy, validated when the segment
+ * was created or attached; the header is never read again) lies in the
+ * mapping: the worker table, the heap areas and the area table. */
 static bool geometry_fits(const sr_segment *seg)
 {
-    const struct sr_seg_header *h = seg->hdr;
-    uint64_t n = h->world_size, a = h->heap_areas, size = seg->size;
-    return h->table_stride >= sizeof(struct sr_worker_info) && h->table_off <= size &&
-           n <= (size - h->table_off) / h->table_stride && h->heap_off <= size && a >= n &&
-           a <= (size - h->heap_off) / h->heap_stride && h->area_stride >= sizeof(struct sr_heap_area_info) &&
-           h->area_stride % SR_CACHELINE == 0 && h->area_off <= size && a <= (size - h->area_off) / h->area_stride;
+    uint64_t n = seg->world, a = seg->heap_areas, size = seg->size;
+    return seg->table_stride >= sizeof(struct sr_worker_info) && seg->table_off <= size &&
+           n <= (size - seg->table_off) / seg->table_stride && seg->heap_off <= size && a >= n &&
+           a <= (size - seg->heap_off) / seg->heap_stride && seg->area_stride >= sizeof(struct sr_heap_area_info) &&
+           seg->area_stride % SR_CACHELINE == 0 && seg->area_off <= size && a <= (size - seg->area_off) / seg->area_stride;
 }
 
 static int check_segment(const sr_segment *seg, int rank, uint32_t gen, const char *fn)
 {
-    if (!seg || !seg->hdr || rank < 0 || (uint32_t)rank >= seg->hdr->world_size)
-        return sr__fail(-EINVAL, fn, "rank %d is out of range [0, %u)", rank, seg && seg->hdr ? seg->hdr->world_size : 0);
+    if (!seg || !seg->base || rank < 0 || (uint32_t)rank >= seg->world)
+        return sr__fail(-EINVAL, fn, "rank %d is out of range [0, %u)", rank, seg && seg->base ? seg->world : 0);
     if (gen == 0)
         return sr__fail(-EINVAL, fn, "rank %d: generation 0 (generations start at 1)", rank);
-    if (seg->hdr->heap_stride < SR_HEAP_MIN)
+    if (seg->heap_stride < SR_HEAP_MIN)
         return sr__fail(-EINVAL, fn, "heap areas of %llu bytes are below the %u-byte minimum",
-                        (unsigned long long)seg->hdr->heap_stride, SR_HEAP_MIN);
+                        (unsigned long long)seg->heap_stride, SR_HEAP_MIN);
     if (!geometry_fits(seg))
         return sr__fail(-EPROTO, fn, "segment '%s': the header's worker table or heap areas run past its %zu bytes",
-                        seg->hdr->name, seg->size);
+                        seg->name, seg->size);
     return 0;
 }
 
@@ -920,7 +920,7 @@ static bool area_take(const sr_segment *seg, uint32_t a, int rank, uint32_t gen)
  * first attach), else the first FREE spare. -ENOSPC naming what holds them. */
 static int area_pick(const sr_segment *seg, int rank, uint32_t gen)
 {
-    uint32_t n = seg->hdr->heap_areas, world = seg->hdr->world_size;
+    uint32_t n = seg->heap_areas, world = seg->world;
     if (area_take(seg, (uint32_t)rank, rank, gen))
         return rank;
     for (uint32_t a = world; a < n; a++)
@@ -939,7 +939,7 @@ static int area_pick(const sr_segment *seg, int rank, uint32_t gen)
                     "nobody holds its blocks: drop the dead generations' tensors and RRefs when their death is "
                     "handled; or make the segment with more spares (sr_segment_opts.heap_spares; sr_spawn and "
                     "shmrun give a replace job min(max_restarts, %u))",
-                    rank, gen, seg->hdr->name, n, world, n - world, quarantined, reclaiming, SR_HEAP_SPARES_DEFAULT_MAX);
+                    rank, gen, seg->name, n, world, n - world, quarantined, reclaiming, SR_HEAP_SPARES_DEFAULT_MAX);
 }
 
 /* Give a taken area back (attach failed after the CAS): it was FREE. */
@@ -955,7 +955,7 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
         return 0;
     if (heap.area)
         return sr__fail(-EBUSY, "sr__heap_attach", "already attached as rank %d (generation %u) of segment '%s'; "
-                        "detach first", heap.rank, heap.rank_gen, heap.seg.hdr->name);
+                        "detach first", heap.rank, heap.rank_gen, heap.seg.name);
     int rc = check_segment(seg, rank, gen, "sr__heap_attach");
     if (rc)
         return rc;
@@ -963,9 +963,7 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
     int a = area_pick(seg, rank, gen);
     if (a < 0)
         return a;
-    const struct sr_seg_header *h = seg->hdr;
-    _Atomic uint64_t *head = &((struct sr_heap_area_info *)((char *)seg->base + h->area_off +
-                                                             (uint64_t)a * h->area_stride))->remote_free;
+    _Atomic uint64_t *head = &sr__seg_area(seg, a)->remote_free;
     /* relaxed: the area was FREE, so no block of it is live and nobody pushes;
      * a list left by an earlier owner names blocks of a destroyed arena */
     atomic_store_explicit(head, 0, memory_order_relaxed);
@@ -973,8 +971,8 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
      * not ours); published with the area by our first message */
     atomic_store_explicit(foreign_of(seg, a), 0, memory_order_relaxed);
     unsigned arena;
-    char *area = (char *)seg->base + h->heap_off + (uint64_t)a * h->heap_stride;
-    uint64_t len = h->heap_stride - SR_HEAP_HELD_BYTES; /* the table of what we hold takes the tail */
+    char *area = sr__seg_heap(seg, a);
+    uint64_t len = seg->heap_stride - SR_HEAP_HELD_BYTES; /* the table of what we hold takes the tail */
     if (madvise(area + len, SR_HEAP_HELD_BYTES, MADV_REMOVE) != 0) {
         rc = sr__fail(-errno, "sr__heap_attach", "madvise(MADV_REMOVE) of heap area %d's table: %s", a, strerror(errno));
         area_untake(seg, a);
@@ -987,9 +985,9 @@ int sr__heap_attach_gen(const sr_segment *seg, int rank, uint32_t gen)
     }
     heap = (struct heap){.seg = *seg, .rank = rank, .rank_gen = gen, .area_idx = a, .arena = arena, .area = area,
                          .area_len = len, .held = (struct held_table *)(area + len), .free_head = head,
-                         .heap_off = h->heap_off,
-                         .heap_stride = h->heap_stride, .area_off = h->area_off, .area_stride = h->area_stride,
-                         .world = h->world_size, .nareas = h->heap_areas, .gen = tc_gen_next++};
+                         .heap_off = seg->heap_off,
+                         .heap_stride = seg->heap_stride, .area_off = seg->area_off, .area_stride = seg->area_stride,
+                         .world = seg->world, .nareas = seg->heap_areas, .gen = tc_gen_next++};
     tc_setup();
     /* relaxed: statistics; no other heap call runs during attach */
     atomic_store_explicit(&counters.drained, 0, memory_order_relaxed);

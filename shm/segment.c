@@ -104,10 +104,10 @@ static int check_opts(const sr_segment_opts *o, uint32_t slots, uint64_t *size)
     return 0;
 }
 
-/* The private copy of the geometry (segment.h), from a validated header. */
-static void take_geometry(sr_segment *seg)
+/* The private copy of the geometry (segment.h), from a validated header:
+ * the creator's copy (create) or the one attach read once and validated. */
+static void take_geometry(sr_segment *seg, const struct sr_seg_header *h)
 {
-    const struct sr_seg_header *h = seg->hdr;
     seg->world = h->world_size;
     seg->ring_slots = h->ring_slots;
     seg->attaching = h->attaching;
@@ -121,6 +121,8 @@ static void take_geometry(sr_segment *seg)
     seg->heap_areas = h->heap_areas;
     seg->area_off = h->area_off;
     seg->area_stride = h->area_stride;
+    seg->flags = h->flags;
+    snprintf(seg->name, sizeof(seg->name), "%.*s", (int)sizeof(h->name), h->name);
 }
 
 /* E1 (segment.h, "Elastic jobs"): a rank no process holds reads as one
@@ -160,7 +162,7 @@ static void write_header(sr_segment *seg, const sr_segment_opts *o, uint32_t slo
     for (int r = 0; r < n; r++)
         h->attaching += !o->attaching || o->attaching[r];
     h->launched = (uint32_t)(o->launched ? o->launched : n);
-    take_geometry(seg);
+    take_geometry(seg, h);
     /* relaxed: workers start after the creator returns (fork/exec, or the
      * MPI bootstrap's barrier, orders it) */
     atomic_store_explicit(&h->attached, 0, memory_order_relaxed);
@@ -249,13 +251,14 @@ int sr__segment_create(const sr_segment_opts *o, sr_segment *seg)
 }
 
 /* The attaches flags (0 or 1 each) agree with the header's count, which is
- * at least 1. After the geometry checks: every line lies inside the file. */
-static int validate_attaching(const struct sr_seg_header *h)
+ * at least 1. After the geometry checks: every line lies inside the file.
+ * h: the header as read once (sr__segment_attach); base: the mapping. */
+static int validate_attaching(const struct sr_seg_header *h, const void *base)
 {
     uint32_t n = 0;
     for (uint32_t r = 0; r < h->world_size; r++) {
         const struct sr_worker_info *w =
-            (const void *)((const char *)h + h->table_off + (uint64_t)r * h->table_stride);
+            (const void *)((const char *)base + h->table_off + (uint64_t)r * h->table_stride);
         uint32_t a = w->attaches; /* one read: checked and counted alike */
         if (a > 1)
             return sr__fail(-EINVAL, "sr__segment_attach", "segment '%.48s': the worker line of rank %u says attaches = %u",
@@ -274,7 +277,7 @@ static int validate_attaching(const struct sr_seg_header *h)
     return 0;
 }
 
-static int validate(const struct sr_seg_header *h, uint64_t file_size)
+static int validate(const struct sr_seg_header *h, const void *base, uint64_t file_size)
 {
     const char *fn = "sr__segment_attach";
     if (h->magic != SR_SEG_MAGIC)
@@ -304,7 +307,15 @@ static int validate(const struct sr_seg_header *h, uint64_t file_size)
         h->area_off > file_size || h->heap_areas > (file_size - h->area_off) / h->area_stride)
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
                         (unsigned long long)h->seg_size, (unsigned long long)file_size);
-    return validate_attaching(h);
+    return validate_attaching(h, base);
+}
+
+/* The header's creator lines (read-only after creation, segment.h), read
+ * once: what is validated is what the geometry is taken from, whatever a
+ * scribbling peer writes in between. */
+static void read_header(const void *base, struct sr_seg_header *h)
+{
+    memcpy(h, base, offsetof(struct sr_seg_header, attached));
 }
 
 int sr__segment_attach(int fd, sr_segment *seg)
@@ -318,13 +329,15 @@ int sr__segment_attach(int fd, sr_segment *seg)
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED)
         return sr__fail(-errno, "sr__segment_attach", "mmap of fd %d: %s", fd, strerror(errno));
-    int rc = validate(base, (uint64_t)st.st_size);
+    struct sr_seg_header h;
+    read_header(base, &h);
+    int rc = validate(&h, base, (uint64_t)st.st_size);
     if (rc) {
         munmap(base, (size_t)st.st_size);
         return rc;
     }
     *seg = (sr_segment){.fd = fd, .base = base, .size = (size_t)st.st_size, .hdr = base, .ino = (uint64_t)st.st_ino};
-    take_geometry(seg);
+    take_geometry(seg, &h);
     return 0;
 }
 

@@ -340,9 +340,11 @@ typedef struct sr_segment_opts {
 } sr_segment_opts;
 
 /* A process's view of a segment. The geometry below is copied from the
- * header when it is created or attached, after validation, and only this
- * private copy is used to find the table, the inboxes and the heaps: a peer
- * that scribbles on the header later cannot move them. */
+ * header when it is created or attached: attach reads the header's creator
+ * lines once, validates that copy and takes the geometry from it. Only this
+ * private copy is used to find the table, the inboxes and the heaps, to
+ * read the job's policies and to name the segment: a peer that scribbles
+ * on the header later cannot move them, nor unterminate the name. */
 typedef struct sr_segment {
     int fd;
     void *base;
@@ -355,6 +357,8 @@ typedef struct sr_segment {
     uint64_t table_off, table_stride, inbox_off, inbox_stride, heap_off, heap_stride;
     uint32_t heap_areas;
     uint64_t area_off, area_stride;
+    uint32_t flags;         /* SR_SEG_F_*: the job's policies */
+    char name[sizeof(((struct sr_seg_header *)0)->name) + 1]; /* the memfd's name, NUL-terminated */
 } sr_segment;
 
 /* Bytes needed for the header, table and inboxes of n workers. */

@@ -183,7 +183,7 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
 {
     sr_job *job = s->job;
     if (job->replace_left <= 0 || s->stop_sig || si->si_code == CLD_EXITED ||
-        !(job->seg.hdr->flags & SR_SEG_F_REPLACE)) /* flags: the creator's, read-only */
+        !(job->seg.flags & SR_SEG_F_REPLACE)) /* flags: our copy of the creator's (segment.h) */
         return false;
     /* acquire: pairs with each worker's release increment at its first attach */
     if (atomic_load_explicit(&job->seg.hdr->attached, memory_order_acquire) < job->seg.launched)
@@ -196,7 +196,7 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
         bool starting = st == SR_WORKER_EMPTY && atomic_load_explicit(&w->generation, memory_order_relaxed) > 0;
         bool closing = st == SR_WORKER_CLOSING && r != rank && rank != 0;
         /* elastic: a rank nobody holds (free, or its worker left), or one leaving (it shuts down alone) */
-        bool elastic = (job->seg.hdr->flags & SR_SEG_F_ELASTIC) && r != rank &&
+        bool elastic = (job->seg.flags & SR_SEG_F_ELASTIC) && r != rank &&
                        (!job->pids[r] || st == SR_WORKER_LEAVING || sr__worker_state_detached(st));
         if (st != SR_WORKER_ATTACHED && !starting && !closing && !elastic)
             return false;
@@ -308,7 +308,7 @@ static bool departed(sr_job *job, int rank)
     struct sr_worker_info *w = sr__seg_worker(&job->seg, rank);
     /* relaxed (all): its last stores, ordered by its exit and waitid; the generation is ours */
     uint32_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
-    return (job->seg.hdr->flags & SR_SEG_F_ELASTIC) && /* flags: the creator's, read-only */
+    return (job->seg.flags & SR_SEG_F_ELASTIC) && /* flags: our copy of the creator's (segment.h) */
            (sr__worker_state_detached(st) ||
             (st == SR_WORKER_EMPTY && atomic_load_explicit(&w->generation, memory_order_relaxed) > 0));
 }

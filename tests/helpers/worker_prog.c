@@ -148,7 +148,7 @@ static void check_launch_contract(void)
             _exit(EXIT_ENV);
         }
     sr_segment seg;
-    if (sr__segment_attach(fd, &seg) || seg.hdr->world_size != (uint32_t)n)
+    if (sr__segment_attach(fd, &seg) || seg.world != (uint32_t)n)
         die(EXIT_ENV, "SHMRPC_FD is not a segment for this world size");
     check_fds(&seg, fd);
     sr__segment_detach(&seg, false);

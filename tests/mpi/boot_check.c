@@ -147,7 +147,7 @@ static void check_segments(const struct sr_mpi_job *job, const sr_xport *x, cons
     }
     char tag[24];
     snprintf(tag, sizeof(tag), "-h%d-", job->host);
-    CHECK(strstr(x->seg.hdr->name, tag), "segment '%s' does not name host %d", x->seg.hdr->name, job->host);
+    CHECK(strstr(x->seg.name, tag), "segment '%s' does not name host %d", x->seg.name, job->host);
 }
 
 /* One message to every local rank (ourselves included) through its ring,

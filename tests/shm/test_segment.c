@@ -177,6 +177,50 @@ Test(segment_attach, a_closed_fd_is_ebadf)
     assert_msg("fd -1");
 }
 
+/* Regression: the heap's attach read its geometry from the shared header,
+ * not from the copy that sr__segment_attach validated, so a peer that
+ * scribbled on the header after the attach moved (or refused) the heap
+ * areas. The header is scribbled here between the segment's attach and
+ * the heap's: the heap must lie where the validated geometry says. */
+Test(segment_attach, the_heap_attaches_where_the_validated_header_said)
+{
+    sr_segment other;
+    cr_assert_eq(sr__segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
+    seg.hdr->heap_stride *= 2;
+    seg.hdr->heap_off += SR_HEAP_ALIGN;
+    seg.hdr->area_off = 0;
+    seg.hdr->world_size = 1;
+    cr_assert_eq(sr__heap_attach(&other, 1), 0, "the heap refused the validated segment: %s", sr_last_error());
+    sr_block *b = sr__block_alloc(64);
+    cr_assert_not_null(b, "%s", sr_last_error());
+    uint64_t off = sr__block_to_off(b), lo = other.heap_off + other.heap_stride, hi = lo + other.heap_stride;
+    cr_assert(off >= lo && off < hi, "a block of rank 1 at offset %#llx, outside its area [%#llx, %#llx)",
+              (unsigned long long)off, (unsigned long long)lo, (unsigned long long)hi);
+    sr__block_unref(b);
+    sr__heap_detach();
+    sr__segment_detach(&other, false);
+}
+
+/* Regression: messages named the segment with the header's name, which a
+ * scribbling peer (or a foreign creator) may leave unterminated; printed
+ * with %s it ran on into the next fields. The name is copied at attach,
+ * terminated, and only the copy is printed. */
+Test(segment_attach, an_unterminated_name_is_printed_bounded)
+{
+    memset(seg.hdr->name, 'n', sizeof(seg.hdr->name));
+    sr_segment other;
+    cr_assert_eq(sr__segment_attach(seg.fd, &other), 0, "%s", sr_last_error());
+    char want[sizeof(seg.hdr->name) + 3] = "'";
+    memset(want + 1, 'n', sizeof(seg.hdr->name));
+    strcat(want, "'");
+    cr_assert_eq(strlen(other.name), sizeof(seg.hdr->name), "the name's copy: '%s'", other.name);
+    cr_assert_eq(sr__heap_attach(&other, 0), 0, "%s", sr_last_error());
+    cr_assert_eq(sr__heap_attach(&other, 1), -EBUSY, "%s", sr_last_error());
+    assert_msg(want); /* "... of segment 'nnn...n'; detach first" */
+    sr__heap_detach();
+    sr__segment_detach(&other, false);
+}
+
 /* sr__segment_create's option checks. */
 static void assert_create_fails(sr_segment_opts o, const char *want)
 {

@@ -66,7 +66,7 @@ static int missing_ranks(sr_xport *x)
         /* acquire: pairs with the worker's release store of ATTACHED */
         if (x->peers[r].local && !sr__worker_state_attached(atomic_load_explicit(&sr__seg_worker(&x->seg, r)->state, memory_order_acquire)))
             len += (size_t)snprintf(list + len, sizeof(list) - len, "%s%d", len ? "," : "", r);
-    return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.hdr->name);
+    return sr__fail(-ETIMEDOUT, "sr_init", "ranks [%s] never attached to segment '%s'", list, x->seg.name);
 }
 
 /* The rank whose exit the supervisor published first, or -1: the cause,
@@ -90,7 +90,7 @@ static int exited_before_start(sr_xport *x, int r)
     char how[128];
     sr__seg_exit_text(sr__seg_worker(&x->seg, r), how, sizeof(how));
     return sr__fail(-EPIPE, "sr_init", "rank %d %s, while rank %d waited for every worker to attach to segment '%s'",
-                    r, how, x->rank, x->seg.hdr->name);
+                    r, how, x->rank, x->seg.name);
 }
 
 /* Sleep until `attached` moves off n, `exits` moves off e (a worker ended:
@@ -243,7 +243,7 @@ static int local_ranks(sr_xport *x)
     }
     if (!x->peers[x->rank].local)
         return sr__fail(-EINVAL, "sr_init", "rank %d does not attach to segment '%.48s' (made for %d of %d ranks)",
-                        x->rank, x->seg.hdr->name, x->nlocal, x->world);
+                        x->rank, x->seg.name, x->nlocal, x->world);
     return 0;
 }
 
@@ -343,15 +343,15 @@ static int name_free(sr_xport *x, const sr_xport_opts *o)
 static int take_generation(sr_xport *x, const sr_xport_opts *o)
 {
     struct sr_worker_info *w = sr__seg_worker(&x->seg, x->rank);
-    x->elastic = (x->seg.hdr->flags & SR_SEG_F_ELASTIC) != 0; /* the creator's, read-only */
-    x->replaces = x->elastic || (x->seg.hdr->flags & SR_SEG_F_REPLACE) != 0;
+    x->elastic = (x->seg.flags & SR_SEG_F_ELASTIC) != 0; /* our copy of the creator's (segment.h) */
+    x->replaces = x->elastic || (x->seg.flags & SR_SEG_F_REPLACE) != 0;
     /* acquire: pairs with the supervisor's R2 store (its fork of us orders it anyway) */
     x->gen = atomic_load_explicit(&w->generation, memory_order_acquire);
     if (!x->gen)
         return 0;
     if (!x->replaces)
         return sr__fail(-EPROTO, "sr_init", "rank %d has generation %u in segment '%.48s', whose job replaces no rank",
-                        x->rank, x->gen, x->seg.hdr->name);
+                        x->rank, x->gen, x->seg.name);
     if (x->elastic) /* a worker that joins a free rank names itself (E4), one no worker present has */
         return name_free(x, o);
     char had[SR_NAME_MAX], want[SR_NAME_MAX];
@@ -490,13 +490,13 @@ int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
     sr__error_set_rank(env.rank);
     sr__log_set_worker(o->name, env.rank);
     rc = sr__segment_attach(env.fd, &x->seg);
-    if (!rc && x->seg.hdr->world_size != (uint32_t)env.world_size)
+    if (!rc && x->seg.world != (uint32_t)env.world_size)
         rc = sr__fail(-EINVAL, "sr_init", "SHMRPC_WORLD_SIZE is %d but the segment was made for %u workers",
-                      env.world_size, x->seg.hdr->world_size);
-    if (!rc && (x->seg.hdr->flags & SR_SEG_F_ELASTIC) && left_ino == x->seg.ino)
+                      env.world_size, x->seg.world);
+    if (!rc && (x->seg.flags & SR_SEG_F_ELASTIC) && left_ino == x->seg.ino)
         rc = sr__fail(-EPIPE, "sr_init", "rank %d left the elastic job of segment '%.48s': its rank may go to another "
                       "worker, so this process cannot attach again (a new one joins: shmrun --join)",
-                      env.rank, x->seg.hdr->name);
+                      env.rank, x->seg.name);
     if (!rc)
         rc = spin_policy(x, o);
     if (!rc)
@@ -520,10 +520,10 @@ int sr__xport_attach(const sr_xport_opts *o, sr_xport **out)
     inherited_once(x);
     sr__crash_install(x->me); /* from now on a fatal signal names the call it interrupted */
     if (x->nlocal == x->world)
-        sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d workers, pid %d)", x->seg.hdr->name, x->world,
+        sr_logf(SR_LOG_INFO, "attached to segment '%s' (%d workers, pid %d)", x->seg.name, x->world,
                 (int)getpid());
     else
-        sr_logf(SR_LOG_INFO, "attached to segment '%.48s' (%d of %d workers, pid %d)", x->seg.hdr->name, x->nlocal,
+        sr_logf(SR_LOG_INFO, "attached to segment '%s' (%d of %d workers, pid %d)", x->seg.name, x->nlocal,
                 x->world, (int)getpid());
     *out = x;
     return 0;
@@ -638,7 +638,7 @@ static int __attribute__((noinline, cold)) gone_error(sr_xport *x, int to)
 static int __attribute__((noinline, cold)) not_local_error(sr_xport *x, int to, const char *fn)
 {
     return sr__fail(-EINVAL, fn, "destination rank %d does not attach to segment '%.48s' (another host's rank)", to,
-                    x->seg.hdr->name);
+                    x->seg.name);
 }
 
 /* How a send wakes its consumer: RING (as it publishes), QUIET (it does
