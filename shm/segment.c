@@ -277,6 +277,29 @@ static int validate_attaching(const struct sr_seg_header *h, const void *base)
     return 0;
 }
 
+/* The first offset or stride of h off the alignment the creator gives it
+ * (write_header), or NULL: the worker lines and the area table's lines
+ * hold atomics that must not straddle a cache line, the inboxes and the
+ * heap areas start on pages and on SR_HEAP_ALIGN. *value: its value. */
+static const char *misaligned(const struct sr_seg_header *h, uint64_t *value)
+{
+    const struct {
+        const char *name;
+        uint64_t value, align;
+    } f[] = {
+        {"table_off", h->table_off, SR_CACHELINE},     {"table_stride", h->table_stride, SR_CACHELINE},
+        {"inbox_off", h->inbox_off, 4096},             {"inbox_stride", h->inbox_stride, 4096},
+        {"heap_off", h->heap_off, SR_HEAP_ALIGN},      {"heap_stride", h->heap_stride, SR_HEAP_ALIGN},
+        {"area_off", h->area_off, SR_CACHELINE},       {"area_stride", h->area_stride, SR_CACHELINE},
+    };
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        if (f[i].value % f[i].align) {
+            *value = f[i].value;
+            return f[i].name;
+        }
+    return NULL;
+}
+
 static int validate(const struct sr_seg_header *h, const void *base, uint64_t file_size)
 {
     const char *fn = "sr__segment_attach";
@@ -292,6 +315,11 @@ static int validate(const struct sr_seg_header *h, const void *base, uint64_t fi
     if (h->world_size < 1 || h->world_size > SR_MAX_WORKERS)
         return sr__fail(-EINVAL, fn, "segment world size %u is out of range", h->world_size);
     uint32_t n = h->world_size;
+    uint64_t bad;
+    const char *field = misaligned(h, &bad);
+    if (field)
+        return sr__fail(-EINVAL, fn, "segment '%.48s': the header's %s %llu is misaligned", h->name, field,
+                        (unsigned long long)bad);
     /* each area [off, off + n * stride) must fit the file: checked by
      * division, so that no product or sum can wrap around */
     if (h->seg_size != file_size || h->ring_slots < 2 || (h->ring_slots & (h->ring_slots - 1)) ||
@@ -303,7 +331,7 @@ static int validate(const struct sr_seg_header *h, const void *base, uint64_t fi
         h->heap_off > file_size || h->heap_areas < n || h->heap_areas > n + SR_MAX_WORKERS ||
         (h->heap_stride && h->heap_areas > (file_size - h->heap_off) / h->heap_stride) ||
         h->area_off < h->heap_off + (uint64_t)h->heap_areas * h->heap_stride ||
-        h->area_stride < sizeof(struct sr_heap_area_info) || h->area_stride % SR_CACHELINE ||
+        h->area_stride < sizeof(struct sr_heap_area_info) ||
         h->area_off > file_size || h->heap_areas > (file_size - h->area_off) / h->area_stride)
         return sr__fail(-EINVAL, fn, "segment header sizes are inconsistent (header says %llu bytes, file has %llu)",
                         (unsigned long long)h->seg_size, (unsigned long long)file_size);

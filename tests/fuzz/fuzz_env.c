@@ -2,6 +2,8 @@
 /* The fuzzer's in-process world. See fuzz_env.h. */
 #include "fuzz_env.h"
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,3 +270,40 @@ void fz_unmark(uint8_t *buf, size_t len)
     int n = word_tables(real, mark);
     swap_words(buf, len, mark, real, n, MARK_PID, (uint32_t)getpid());
 }
+
+sr_segment_opts fz_segment_opts(int world)
+{
+    return (sr_segment_opts){.world_size = world, .ring_slots = 8, .name = "fuzz-segment",
+                             .size = sr__segment_fixed_size(world, 8) + (uint64_t)world * SR_HEAP_MIN};
+}
+
+struct seg_part {
+    uint64_t off, len;
+};
+
+/* The image's parts, in order (fuzz_env.h). */
+static size_t seg_parts(const sr_segment *s, struct seg_part *p)
+{
+    p[0] = (struct seg_part){0, offsetof(struct sr_seg_header, attached)};
+    p[1] = (struct seg_part){s->table_off, (uint64_t)s->world * s->table_stride};
+    p[2] = (struct seg_part){s->area_off, (uint64_t)s->heap_areas * s->area_stride};
+    return 3;
+}
+
+/* Copy between s's image and buf, len bytes at most; to_seg: into s. */
+static size_t seg_copy(const sr_segment *s, uint8_t *buf, size_t len, bool to_seg)
+{
+    struct seg_part parts[3];
+    size_t n = seg_parts(s, parts), used = 0;
+    for (size_t i = 0; i < n && used < len; i++) {
+        size_t k = len - used < parts[i].len ? len - used : (size_t)parts[i].len;
+        char *at = (char *)s->base + parts[i].off;
+        to_seg ? memcpy(at, buf + used, k) : memcpy(buf + used, at, k);
+        used += k;
+    }
+    return used;
+}
+
+size_t fz_segment_overlay(sr_segment *s, const uint8_t *p, size_t len) { return seg_copy(s, (uint8_t *)p, len, true); }
+
+size_t fz_segment_image(const sr_segment *s, uint8_t *out, size_t cap) { return seg_copy(s, out, cap, false); }

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "segment.h"
 #include "shmrpc/tensor.h"
 #include "shmrpc/value.h"
 
@@ -81,6 +82,16 @@ void fz_iter_end(void);
  * library's messages about the bad input; libFuzzer initialises the harness
  * before it does that). Call from LLVMFuzzerInitialize. */
 FILE *fz_report_open(void);
+/* The segment fuzzer's segments (fuzz_segment.c, gen_corpus.c): the
+ * options of a segment of `world` workers (1 to 4), and its image, the
+ * bytes an input writes over it in order: the header's creator lines, the
+ * worker table, the area table. _overlay writes up to len bytes of p over
+ * s's image and returns how many it wrote; _image copies s's image into
+ * out (at most cap bytes) and returns its length. */
+sr_segment_opts fz_segment_opts(int world);
+size_t fz_segment_overlay(sr_segment *s, const uint8_t *p, size_t len);
+size_t fz_segment_image(const sr_segment *s, uint8_t *out, size_t cap);
+
 /* The payload block's data (FZ_PAYLOAD_BYTES). */
 uint8_t *fz_payload(void);
 /* Real values -> markers (generator), markers -> real values (harness). */

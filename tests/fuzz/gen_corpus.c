@@ -6,9 +6,12 @@
  * change of the wire format:
  *   ./dev fuzz-corpus
  * (build-fuzz/tests/fuzz/fuzz_gen_corpus tests/fuzz/corpus tests/fuzz/corpus-dispatch
- * tests/fuzz/corpus-files). Messages also go to the dispatch corpus, without
- * the mode byte; the file fuzzer's seeds (fuzz_files.c) are files this
- * library wrote: checkpoints, and IDX files plain and gzip-compressed.
+ * tests/fuzz/corpus-files tests/fuzz/corpus-segment). Messages also go to the
+ * dispatch corpus, without the mode byte; the file fuzzer's seeds
+ * (fuzz_files.c) are files this library wrote: checkpoints, and IDX files
+ * plain and gzip-compressed; the segment fuzzer's (fuzz_segment.c) are
+ * segments this library created, with lines as workers and the supervisor
+ * write them.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,11 +26,12 @@
 #include "module.h"
 #include "wire.h"
 #include "context.h"
+#include "doorbell.h"
 #include "hooks.h"
 #include "rref_internal.h"
 #include "shmrpc/checkpoint.h"
 
-static const char *dir, *dispatch_dir, *files_dir;
+static const char *dir, *dispatch_dir, *files_dir, *segment_dir;
 
 static void write_file(const char *d, const char *name, const uint8_t *buf, size_t len)
 {
@@ -463,15 +467,95 @@ static void file_seeds(void)
     file_seed("idx-three-samples-gzip", 1, gz, ngz, lab, nl);
 }
 
+/* ---- the segment fuzzer's seeds (fuzz_segment.c) ---- */
+
+/* Every rank attached, with a name and a pid, as after the start barrier. */
+static void seg_attached(sr_segment *s)
+{
+    for (uint32_t r = 0; r < s->world; r++) {
+        struct sr_worker_info *w = sr__seg_worker(s, (int)r);
+        w->pid = 1000 + (int32_t)r;
+        w->doorbell_kind = SR_DOORBELL_FUTEX;
+        snprintf(w->name, sizeof(w->name), "worker%u", r);
+        atomic_store(&w->state, SR_WORKER_ATTACHED);
+    }
+}
+
+/* Rank 1 killed while serving a call from rank 0 (its crash report), rank
+ * 2 exited with status 3 after a graceful shutdown. */
+static void seg_exits(sr_segment *s)
+{
+    seg_attached(s);
+    struct sr_worker_info *w = sr__seg_worker(s, 1);
+    w->exit_code = 2; /* CLD_KILLED */
+    w->exit_status = 11;
+    w->exit_seq = 1;
+    w->crash_caller = 0;
+    snprintf(w->crash_fn, sizeof(w->crash_fn), "train_step");
+    atomic_store(&w->crashed, 1);
+    atomic_store(&w->exited, 1);
+    w = sr__seg_worker(s, 2);
+    atomic_store(&w->state, SR_WORKER_DETACHED);
+    w->exit_code = 1; /* CLD_EXITED */
+    w->exit_status = 3;
+    w->exit_seq = 2;
+    atomic_store(&w->exited, 1);
+    atomic_store(&s->hdr->exits, 2);
+}
+
+/* Rank 0's area owned, rank 1's quarantined: the heap's attach as rank 0
+ * takes a spare. */
+static void seg_areas(sr_segment *s)
+{
+    seg_attached(s);
+    atomic_store(&sr__seg_area(s, 0)->state, sr__area_word(SR_AREA_OWNED, 0, 1));
+    atomic_store(&sr__seg_area(s, 1)->state, sr__area_word(SR_AREA_QUARANTINED, 1, 1));
+    atomic_store(&sr__seg_area(s, 1)->foreign, 3);
+}
+
+/* Found by fuzz_segment: a worker table off its cache-line alignment was
+ * accepted, and its lines' fields (atomics among them) read misaligned. */
+static void seg_misaligned(sr_segment *s) { s->hdr->table_off += 4; }
+
+static void segment_seed(const char *name, int world, uint32_t flags, int launched, void (*edit)(sr_segment *))
+{
+    sr_segment_opts o = fz_segment_opts(world);
+    o.flags = flags;
+    o.launched = launched;
+    sr_segment s;
+    static uint8_t buf[1 + 8192];
+    if (sr__segment_create(&o, &s)) {
+        fprintf(stderr, "gen_corpus: cannot create a segment: %s\n", sr_last_error());
+        exit(1);
+    }
+    if (edit)
+        edit(&s);
+    buf[0] = (uint8_t)(world - 1);
+    size_t n = fz_segment_image(&s, buf + 1, sizeof(buf) - 1);
+    write_file(segment_dir, name, buf, 1 + n);
+    sr__segment_detach(&s, true);
+}
+
+static void segment_seeds(void)
+{
+    segment_seed("segment-one-worker", 1, 0, 0, NULL);
+    segment_seed("segment-attached", 2, 0, 0, seg_attached);
+    segment_seed("segment-exit-and-crash", 3, 0, 0, seg_exits);
+    segment_seed("segment-elastic-two-free", 4, SR_SEG_F_ELASTIC, 2, seg_attached);
+    segment_seed("segment-replace-areas-taken", 2, SR_SEG_F_REPLACE, 0, seg_areas);
+    segment_seed("regress-misaligned-worker-table", 2, 0, 0, seg_misaligned);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR FILES_CORPUS_DIR\n", argv[0]);
+    if (argc != 5) {
+        fprintf(stderr, "usage: %s CORPUS_DIR DISPATCH_CORPUS_DIR FILES_CORPUS_DIR SEGMENT_CORPUS_DIR\n", argv[0]);
         return 2;
     }
     dir = argv[1];
     dispatch_dir = argv[2];
     files_dir = argv[3];
+    segment_dir = argv[4];
     fz_env_init();
     fz_iter_begin();
     value_seeds();
@@ -480,6 +564,7 @@ int main(int argc, char **argv)
     module_msg_seeds();
     ctrl_seeds();
     file_seeds();
+    segment_seeds();
     fz_iter_end();
     return 0;
 }

@@ -95,6 +95,24 @@ Test(segment_attach, heap_past_the_end_of_the_file_is_einval)
     assert_attach_fails(-EINVAL, "inconsistent");
 }
 
+/* Regression (found by fuzz_segment): offsets and strides off the
+ * alignment the creator gives them were accepted, and the worker lines
+ * (atomics among their fields) were read misaligned. */
+Test(segment_attach, a_misaligned_worker_table_is_einval)
+{
+    seg.hdr->table_off += 4;
+    assert_attach_fails(-EINVAL, "table_off 4100 is misaligned");
+}
+
+Test(segment_attach, misaligned_inboxes_and_heaps_are_einval)
+{
+    seg.hdr->inbox_stride += SR_CACHELINE;
+    assert_attach_fails(-EINVAL, "inbox_stride");
+    seg.hdr->inbox_stride -= SR_CACHELINE;
+    seg.hdr->heap_off += 4096;
+    assert_attach_fails(-EINVAL, "heap_off");
+}
+
 Test(segment_attach, fewer_heap_areas_than_ranks_is_einval)
 {
     seg.hdr->heap_areas = seg.hdr->world_size - 1;
