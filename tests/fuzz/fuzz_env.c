@@ -16,6 +16,7 @@
 #include "codec.h"
 #include "inflight.h"
 #include "hooks.h"
+#include "ring.h"
 #include "segment.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/rref.h"
@@ -286,14 +287,15 @@ static size_t seg_parts(const sr_segment *s, struct seg_part *p)
 {
     p[0] = (struct seg_part){0, offsetof(struct sr_seg_header, attached)};
     p[1] = (struct seg_part){s->table_off, (uint64_t)s->world * s->table_stride};
-    p[2] = (struct seg_part){s->area_off, (uint64_t)s->heap_areas * s->area_stride};
-    return 3;
+    p[2] = (struct seg_part){s->inbox_off, sr__ring_bytes(s->ring_slots)};
+    p[3] = (struct seg_part){s->area_off, (uint64_t)s->heap_areas * s->area_stride};
+    return 4;
 }
 
 /* Copy between s's image and buf, len bytes at most; to_seg: into s. */
 static size_t seg_copy(const sr_segment *s, uint8_t *buf, size_t len, bool to_seg)
 {
-    struct seg_part parts[3];
+    struct seg_part parts[4];
     size_t n = seg_parts(s, parts), used = 0;
     for (size_t i = 0; i < n && used < len; i++) {
         size_t k = len - used < parts[i].len ? len - used : (size_t)parts[i].len;

@@ -85,7 +85,8 @@ FILE *fz_report_open(void);
 /* The segment fuzzer's segments (fuzz_segment.c, gen_corpus.c): the
  * options of a segment of `world` workers (1 to 4), and its image, the
  * bytes an input writes over it in order: the header's creator lines, the
- * worker table, the area table. _overlay writes up to len bytes of p over
+ * worker table, rank 0's inbox ring, the area table (fuzzers read at most
+ * 4096 bytes of an input: the last of those may be left as created). _overlay writes up to len bytes of p over
  * s's image and returns how many it wrote; _image copies s's image into
  * out (at most cap bytes) and returns its length. */
 sr_segment_opts fz_segment_opts(int world);

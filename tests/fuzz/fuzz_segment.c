@@ -1,22 +1,29 @@
 /* SPDX-License-Identifier: MIT */
 /* Fuzzer of the segment as a worker or a launcher finds it: the header
- * that sr__segment_attach validates, the worker table's lines that peers
- * and the supervisor read (states, exits, crash reports, names), and the
- * heap's area table that the heap's attach reads. Built with -Dfuzz=true
- * (clang, libFuzzer, ASan, UBSan); README.md says how to run it.
+ * that sr__segment_attach validates, an inbox ring as its consumer and its
+ * producers use it, the worker table's lines that peers and the supervisor
+ * read (states, exits, crash reports, names), and the heap's area table
+ * that the heap's attach reads. Built with -Dfuzz=true (clang, libFuzzer,
+ * ASan, UBSan); README.md says how to run it.
  *
  * An input: one byte whose low two bits are the world size less one (1 to
- * 4 workers), then bytes written over a freshly created, valid segment of
- * that world: first the header's creator lines (everything before its
- * `attached` line), then the worker table, line after line, then the area
- * table; an input shorter than that leaves the rest as created. Seeds are
- * segments this library wrote (gen_corpus.c), with exits, a crash report
+ * 4 workers) and whose third bit picks how the ring's consumer attaches
+ * (0: as a worker at sr_init; 1: as the successor of a consumer that died,
+ * discarding what it left), then bytes written over a freshly created,
+ * valid segment of that world: first the header's creator lines
+ * (everything before its `attached` line), then the worker table, line
+ * after line, then rank 0's inbox ring, then the area table; an input
+ * shorter than that leaves the rest as created. Seeds are segments this
+ * library wrote (gen_corpus.c), with messages in the ring, exits, a crash report
  * and the job policies set, so that mutations start from a valid layout.
  *
- * The oracles: no crash, no sanitizer report, no leak, nothing read or
- * written outside the mapping; attach fails only with -EPROTO or -EINVAL
- * and a message; what attaches is read as peers read it (every rank's exit
- * and crash texts, printable and bounded), then the heap attaches as rank 0
+ * The oracles: no crash, no sanitizer report, no leak, no hang, nothing
+ * read or written outside the mapping; attach fails only with -EPROTO or
+ * -EINVAL and a message; what attaches is read as peers read it (every
+ * rank's exit and crash texts, printable and bounded); the ring's consumer
+ * attaches or says why not (-EPROTO), then reads and frees what it can,
+ * a producer fills it, a dead producer's claims are reaped, and a read
+ * that meets a corrupt slot latches it; then the heap attaches as rank 0
  * (or fails with -ENOSPC, no free area, or -EINVAL, areas below the heap's
  * minimum), allocates, frees and detaches. */
 #include <errno.h>
@@ -29,6 +36,7 @@
 #include "error.h"
 #include "fuzz_env.h"
 #include "heap.h"
+#include "ring.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -78,6 +86,46 @@ static void read_lines(const sr_segment *s)
     }
 }
 
+/* A consumer's and a producer's use of rank 0's inbox: everything a worker
+ * does with a ring whose shared words a peer may have scribbled on. */
+static void use_ring(const sr_segment *s, bool recover)
+{
+    struct sr_ring *r = sr__seg_inbox(s, 0);
+    uint32_t n = s->ring_slots;
+    struct sr_ring_cons c;
+    char why[256] = "";
+    int rc = recover ? sr__ring_cons_recover(&c, r, n, SR_RING_RECOVER_DISCARD, why, sizeof(why))
+                     : sr__ring_cons_attach(&c, r, n, why, sizeof(why));
+    if (trace)
+        fprintf(report, "fuzz_segment: ring %s: %d %s\n", recover ? "recover" : "attach", rc, why);
+    if (rc == -EPROTO) {
+        check_text("ring's refusal", 0, why, sizeof(why));
+        return;
+    }
+    if (rc)
+        fail(recover ? "sr__ring_cons_recover" : "sr__ring_cons_attach", rc);
+    sr_msg m[8], one = {.type = 1};
+    for (int i = 0; i < 3; i++) {
+        (void)sr__ring_cons_pending(&c);
+        (void)sr__ring_ready(&c);
+        sr__ring_read_burst(&c, m, 8);
+        sr__ring_release(&c);
+        (void)sr__ring_space_take(r);
+    }
+    for (uint32_t i = 0; i <= n && sr__ring_enqueue(r, n, 1, &one) == 0; i++)
+        ;
+    (void)sr__ring_probe(r, n);
+    if (sr__ring_depth(r, n) > n)
+        fail("sr__ring_depth", (int)sr__ring_depth(r, n));
+    (void)sr__ring_reap_producer(r, n, 2);
+    sr__ring_cons_check(&c);
+    sr__ring_dequeue_burst(&c, m, 8);
+    uint32_t pos, seq;
+    if (sr__ring_cons_error(&c, &pos, &seq) && trace)
+        fprintf(report, "fuzz_segment: ring corrupt at %u (sequence %u)\n", pos, seq);
+    sr__ring_cons_detach(&c);
+}
+
 /* The heap's attach reads the area table: attach as rank 0, use, detach. */
 static void use_heap(const sr_segment *s)
 {
@@ -116,6 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fail("sr__segment_attach", rc);
     if (!rc) {
         read_lines(&seg);
+        use_ring(&seg, data[0] & 4);
         use_heap(&seg);
         sr__segment_detach(&seg, false);
     }

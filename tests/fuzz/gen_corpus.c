@@ -27,6 +27,7 @@
 #include "wire.h"
 #include "context.h"
 #include "doorbell.h"
+#include "ring.h"
 #include "hooks.h"
 #include "rref_internal.h"
 #include "shmrpc/checkpoint.h"
@@ -517,7 +518,31 @@ static void seg_areas(sr_segment *s)
  * accepted, and its lines' fields (atomics among them) read misaligned. */
 static void seg_misaligned(sr_segment *s) { s->hdr->table_off += 4; }
 
-static void segment_seed(const char *name, int world, uint32_t flags, int launched, void (*edit)(sr_segment *))
+/* Rank 0's inbox as a running job leaves it: 5 messages from rank 1, 2
+ * read and freed, 1 read and held (the consumer detached), and a claim of
+ * rank 1's not yet published. */
+static void seg_ring(sr_segment *s)
+{
+    seg_attached(s);
+    struct sr_ring *r = sr__seg_inbox(s, 0);
+    sr_msg m[2] = {{.type = 1, .src = 1}};
+    struct sr_ring_cons c;
+    char why[128];
+    uint32_t at;
+    for (int i = 0; i < 5; i++)
+        sr__ring_enqueue(r, s->ring_slots, 1, &m[0]);
+    if (sr__ring_cons_attach(&c, r, s->ring_slots, why, sizeof(why)) || sr__ring_dequeue_burst(&c, m, 2) != 2 ||
+        sr__ring_read_burst(&c, m, 1) != 1 || sr__ring_claim(r, s->ring_slots, 1, &at)) {
+        fprintf(stderr, "gen_corpus: the ring seed: %s\n", why);
+        exit(1);
+    }
+    sr__ring_cons_detach(&c);
+}
+
+/* recover: the fuzzer's consumer attaches to the ring as a dead one's
+ * successor (its input's first byte, bit 2). */
+static void segment_seed(const char *name, int world, bool recover, uint32_t flags, int launched,
+                         void (*edit)(sr_segment *))
 {
     sr_segment_opts o = fz_segment_opts(world);
     o.flags = flags;
@@ -530,7 +555,7 @@ static void segment_seed(const char *name, int world, uint32_t flags, int launch
     }
     if (edit)
         edit(&s);
-    buf[0] = (uint8_t)(world - 1);
+    buf[0] = (uint8_t)(world - 1) | (recover ? 4 : 0);
     size_t n = fz_segment_image(&s, buf + 1, sizeof(buf) - 1);
     write_file(segment_dir, name, buf, 1 + n);
     sr__segment_detach(&s, true);
@@ -538,12 +563,14 @@ static void segment_seed(const char *name, int world, uint32_t flags, int launch
 
 static void segment_seeds(void)
 {
-    segment_seed("segment-one-worker", 1, 0, 0, NULL);
-    segment_seed("segment-attached", 2, 0, 0, seg_attached);
-    segment_seed("segment-exit-and-crash", 3, 0, 0, seg_exits);
-    segment_seed("segment-elastic-two-free", 4, SR_SEG_F_ELASTIC, 2, seg_attached);
-    segment_seed("segment-replace-areas-taken", 2, SR_SEG_F_REPLACE, 0, seg_areas);
-    segment_seed("regress-misaligned-worker-table", 2, 0, 0, seg_misaligned);
+    segment_seed("segment-one-worker", 1, false, 0, 0, NULL);
+    segment_seed("segment-attached", 2, false, 0, 0, seg_attached);
+    segment_seed("segment-exit-and-crash", 3, false, 0, 0, seg_exits);
+    segment_seed("segment-elastic-two-free", 4, false, SR_SEG_F_ELASTIC, 2, seg_attached);
+    segment_seed("segment-replace-areas-taken", 2, false, SR_SEG_F_REPLACE, 0, seg_areas);
+    segment_seed("segment-ring-in-use", 2, false, 0, 0, seg_ring);
+    segment_seed("segment-ring-in-use-recovered", 2, true, 0, 0, seg_ring);
+    segment_seed("regress-misaligned-worker-table", 2, false, 0, 0, seg_misaligned);
 }
 
 int main(int argc, char **argv)
