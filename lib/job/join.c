@@ -22,12 +22,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "error.h"
 #include "job.h"
 #include "log.h"
 #include "shmrpc/spawn.h"
 
 #define JOIN_MSG_MAX 65536
+#define JOIN_READ_NS (INT64_C(5) * 1000000000) /* the most a join's request may take to arrive */
 
 static _Atomic int jobs_made; /* this process's elastic jobs: the second gets "<pid>.1" */
 
@@ -74,14 +76,42 @@ static void tell(int conn, const char *fmt, ...)
     (void)!send(conn, buf, (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1), MSG_NOSIGNAL);
 }
 
-/* The request's fds (3) and payload; the payload is NUL-terminated past its end. */
+/* Give the read of a request `ns` more at most (SO_RCVTIMEO). */
+static void read_bound(int conn, int64_t ns)
+{
+    struct timeval tv = {.tv_sec = (time_t)(ns / 1000000000), .tv_usec = (suseconds_t)(ns % 1000000000 / 1000)};
+    if (!tv.tv_sec && !tv.tv_usec)
+        tv.tv_usec = 1; /* 0 would mean no bound */
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+/* recvmsg of the request, JOIN_READ_NS in all. A signal caught while it
+ * waits (a SIGCHLD handler of the program that called sr_spawn) fails it
+ * with EINTR even under SA_RESTART, since the socket has a receive timeout
+ * (signal(7)): it is retried, for what is left of the bound. */
+static ssize_t recv_request(int conn, struct msghdr *m)
+{
+    int64_t deadline = sr__now_ns() + JOIN_READ_NS;
+    for (;;) {
+        ssize_t n = recvmsg(conn, m, MSG_CMSG_CLOEXEC);
+        int64_t left = deadline - sr__now_ns();
+        if (n >= 0 || errno != EINTR || left <= 0)
+            return n;
+        read_bound(conn, left);
+    }
+}
+
+/* The request's fds (3) and payload (its length; the payload is NUL-terminated
+ * past its end), -ETIMEDOUT when none came in time, -EPROTO a malformed one. */
 static int read_request(int conn, char *buf, size_t cap, int fds[3])
 {
     char ctl[CMSG_SPACE(3 * sizeof(int))];
     struct iovec iov = {.iov_base = buf, .iov_len = cap - 1};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    ssize_t n = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
-    if (n <= 0)
+    ssize_t n = recv_request(conn, &m);
+    if (n < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+    if (n == 0)
         return -EPROTO;
     buf[n] = 0;
     struct cmsghdr *c = CMSG_FIRSTHDR(&m);
@@ -179,8 +209,7 @@ int sr__job_accept(sr_job *job)
     int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (conn < 0)
         return -1;
-    /* a client that connects and sends nothing holds the supervisor this long at most */
-    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &(struct timeval){.tv_sec = 5}, sizeof(struct timeval));
+    read_bound(conn, JOIN_READ_NS); /* a client that connects and sends nothing holds the supervisor this long at most */
     if (!same_user(conn)) {
         tell(conn, "error: %s: job %s accepts joins from its own user only", job->who, job->id);
         close(conn);
@@ -191,6 +220,8 @@ int sr__job_accept(sr_job *job)
     int n = buf ? read_request(conn, buf, JOIN_MSG_MAX, q.fds) : -ENOMEM;
     int rc = n < 0 ? n : parse_request(buf, n, &q);
     char why[256] = "a malformed request";
+    if (rc == -ETIMEDOUT || (rc < 0 && rc != -EPROTO && rc != -ENOMEM))
+        snprintf(why, sizeof(why), "no request within %d s: %s", (int)(JOIN_READ_NS / 1000000000), strerror(-rc));
     int rank = rc ? rc : pick_rank(job, q.want, why, sizeof(why));
     if (rank >= 0) {
         sr__job_ready_line(job, rank);

@@ -14,11 +14,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,5 +190,94 @@ Test(join, shmrun_joins_an_sr_spawn_job, .timeout = 120)
     const char *paths[2] = {env_path("SHMRUN"), env_path("ELASTIC_PROG")};
     sr_spawn_opts o = {.name_prefix = test_ns("join2"), .shm_size = 3 * (64u << 20), .max_workers = 3};
     int rc = sr_spawn(2, spawn_worker, paths, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+/* ---- a signal caught by the supervisor while it reads a join request ---- */
+
+/* Regression: the supervisor read a join request from a socket with a
+ * receive timeout, where a caught signal fails the read with EINTR even
+ * under SA_RESTART; it took that for a malformed request and closed the
+ * connection, and the client's send failed with EPIPE ("cannot send the
+ * request: Broken pipe"). Seen in this file's test above, whose process
+ * (the supervisor) catches SIGCHLD. Here rank 0 joins by hand, as shmrun
+ * --join does, and signals the supervisor (a handler, SA_RESTART) for 300
+ * ms after connecting and before sending: the supervisor waits for the
+ * request during that time, and every signal lands in that wait. */
+static void on_usr1(int sig) { (void)sig; }
+
+static int join_socket(const char *id)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    int n = snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "shmrpc-job-%s", id);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The request for rank 2: our stdio, then "2\0cwd\0prog\0joiner\0bob\0". */
+static int send_join(int fd, const char *prog)
+{
+    char buf[1024], cwd[512];
+    if (!getcwd(cwd, sizeof(cwd)))
+        return -1;
+    int len = snprintf(buf, sizeof(buf), "2%c%s%c%s%cjoiner%cbob", 0, cwd, 0, prog, 0, 0) + 1;
+    int fds[3] = {0, 1, 2};
+    char ctl[CMSG_SPACE(sizeof(fds))] = {0};
+    struct iovec iov = {.iov_base = buf, .iov_len = (size_t)len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    return sendmsg(fd, &m, MSG_NOSIGNAL) == len ? 0 : -1;
+}
+
+/* One line from the supervisor (bounded by WAIT_S), NUL-terminated. */
+static void read_line(int fd, char *buf, size_t cap)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ssize_t n = poll(&p, 1, WAIT_S * 1000) == 1 ? recv(fd, buf, cap - 1, 0) : -1;
+    buf[n > 0 ? n : 0] = 0;
+}
+
+static int signalled_join_worker(int rank, int world, void *arg)
+{
+    const char *prog = arg;
+    sr_register("hello", fn_hello);
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        int fd = join_socket(sr_job_id());
+        WCHECK(fd >= 0, "cannot connect to job %s: %s", sr_job_id(), strerror(errno));
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        for (int i = 0; i < 300 && poll(&p, 1, 1) == 0; i++) /* 1 ms apart; an early answer ends it */
+            kill(getppid(), SIGUSR1);
+        WCHECK(send_join(fd, prog) == 0, "cannot send the request: %s", strerror(errno));
+        char line[256];
+        read_line(fd, line, sizeof(line));
+        WCHECK(!strncmp(line, "rank 2 pid ", 11), "the supervisor answered '%s'", line);
+        WCHECK(wait_hello() == 0, "the joiner never said hello");
+        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
+        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        read_line(fd, line, sizeof(line));
+        WCHECK(!strcmp(line, "exit 0"), "the supervisor's last word: '%s'", line);
+        close(fd);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, a_signal_while_the_supervisor_reads_a_request_refuses_nothing, .timeout = 120)
+{
+    struct sigaction sa = {.sa_handler = on_usr1, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    sr_spawn_opts o = {.name_prefix = test_ns("join3"), .shm_size = 3 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, signalled_join_worker, (void *)env_path("ELASTIC_PROG"), &o);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
