@@ -25,7 +25,6 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,7 +313,11 @@ static void run_replace_trial(uint32_t seed, double ref)
     }
     cr_assert_eq(count(j.err, "replaced by pid"), kills, "seed %u: stderr:\n%s", seed, j.err);
     double acc = accuracy(&j);
-    cr_assert(acc >= 0 && fabs(acc - ref) <= 1.0, "seed %u: test accuracy %.2f %%, uninterrupted %.2f %%; stdout:\n%s",
+    /* One-sided: a replacement must not cost accuracy. The reference is one
+     * run of three unserialised trainers, whose accuracy moves with how
+     * their steps interleave (78.3 % once under load, against 79.7 % most
+     * runs): a replaced run above it by more than a point is no failure. */
+    cr_assert(acc >= 0 && acc >= ref - 1.0, "seed %u: test accuracy %.2f %%, uninterrupted %.2f %%; stdout:\n%s",
               seed, acc, ref, j.out);
     assert_segment_gone(j.ns);
     for (int k = 0; k < kills; k++)
@@ -331,7 +334,8 @@ static void run_replace_trial(uint32_t seed, double ref)
  * included, after a random checkpoint: the ranks are replaced in place (a
  * trainer fetches the parameters and its step from the server, a server
  * resumes from its checkpoint and the trainers join it again), and the run
- * ends with the test accuracy of an uninterrupted run within 1 point. */
+ * ends with the test accuracy of an uninterrupted run, or better, less 1
+ * point at most. */
 Test(train_restart, killed_ranks_are_replaced_and_the_run_ends_as_accurate, .timeout = 600)
 {
     char path[256];
