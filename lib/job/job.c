@@ -49,6 +49,8 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
     memset(job, 0, sizeof(*job));
     job->who = who;
     job->listen_fd = -1;
+    for (int i = 0; i < SR_JOIN_PENDING; i++)
+        job->pending[i].fd = -1;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
     int rc = check_sigchld(who);
     if (rc || (rc = sr__segment_create(o, &job->seg)))
@@ -88,6 +90,11 @@ void sr__job_destroy(sr_job *job)
     if (job->listen_fd >= 0)
         close(job->listen_fd);
     job->listen_fd = -1;
+    for (int i = 0; i < SR_JOIN_PENDING; i++) { /* the client sees the job end before it answered */
+        if (job->pending[i].fd >= 0)
+            close(job->pending[i].fd);
+        job->pending[i].fd = -1;
+    }
     free(job->join_conns);
     job->join_conns = NULL;
     free(job->pids);
@@ -113,6 +120,9 @@ static void close_sibling_pidfds(sr_job *job)
     }
     if (job->listen_fd >= 0)
         close(job->listen_fd);
+    for (int i = 0; i < SR_JOIN_PENDING; i++)
+        if (job->pending[i].fd >= 0)
+            close(job->pending[i].fd);
 }
 
 /* In a child: stdin for rank 0 only (mpirun's rule: one reader, and a

@@ -59,6 +59,8 @@
 
 #include "segment.h"
 
+#define SR_JOIN_PENDING 8 /* join connections whose request may be awaited at once */
+
 typedef struct sr_job {
     sr_segment seg;
     int n;
@@ -84,6 +86,16 @@ typedef struct sr_job {
     char id[32];
     int listen_fd;
     int *join_conns;  /* [n] */
+    /* Join connections accepted whose request has not arrived yet (join.c):
+     * the supervisor polls each, never blocks on one, and refuses it at its
+     * deadline. fd -1: a free entry; gen: bumped when an entry is freed, so
+     * that a poll armed for its previous connection is told apart. Only the
+     * supervising thread touches them. */
+    struct sr_join_pending {
+        int fd;
+        uint32_t gen;
+        int64_t deadline; /* sr__now_ns() */
+    } pending[SR_JOIN_PENDING];
     /* Every child execs (shmrun): the supervisor's own descriptors, all
      * close-on-exec, go at the exec, so a child does not close them one by
      * one (O(N) calls in each of N children). false: sr_spawn. */
@@ -183,9 +195,25 @@ int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_
  * while attached takes the job down as in any job. The job ends when no
  * worker runs. */
 int sr__job_listen(sr_job *job);
-/* Accept one join request: the rank started, or -1 (none pending, or
- * refused: the client was told why). */
+/* The supervisor never waits for a client: it accepts each connection
+ * (sr__job_accept: the pending entry it took, or -1 when no connection is
+ * waiting; a client of another user, or one beyond SR_JOIN_PENDING, is
+ * told why and closed), polls its fd, and reads its request once readable
+ * (sr__job_join_request, with the entry's id, sr__job_pending_id: the rank
+ * started; -1 refused, the client told why; SR_JOIN_NOT_YET, nothing to
+ * read yet: poll again; SR_JOIN_STALE, the id names a connection gone).
+ * A connection whose request has not come SR_JOIN_WAIT_NS after its accept
+ * is refused and closed by sr__job_join_expire, which returns the ids of
+ * those (their polls are to be cancelled); sr__job_join_due: the earliest
+ * such deadline (INT64_MAX: none). */
+#define SR_JOIN_NOT_YET (-2)
+#define SR_JOIN_STALE (-3)
+#define SR_JOIN_WAIT_NS (INT64_C(5) * 1000000000)
 int sr__job_accept(sr_job *job);
+uint32_t sr__job_pending_id(const sr_job *job, int entry);
+int sr__job_join_request(sr_job *job, uint32_t id);
+int64_t sr__job_join_due(const sr_job *job);
+int sr__job_join_expire(sr_job *job, int64_t now, uint32_t ids[SR_JOIN_PENDING]);
 /* rank's process ended with exit code `code`: tell its join client, if any. */
 void sr__job_joined_exit(sr_job *job, int rank, int code);
 /* R2 (segment.h): rank's line as a new process of it must find it. */

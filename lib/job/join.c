@@ -9,7 +9,12 @@
  * picks the rank, readies its line (a new generation), forks the program
  * with the client's stdio and answers "rank R pid P", or "error: why"; when
  * that worker's process ends it sends "exit N" (N as shmrun's own exit
- * code) and closes the connection. */
+ * code) and closes the connection. The supervisor never waits for a
+ * client: it accepts a connection, polls it with the job's other fds
+ * (supervise.c) and reads the request once it is there; a request that has
+ * not come SR_JOIN_WAIT_NS after the accept is refused. So a client that
+ * connects and sends nothing holds up no worker's exit, no signal and no
+ * other join. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -18,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -29,7 +33,6 @@
 #include "shmrpc/spawn.h"
 
 #define JOIN_MSG_MAX 65536
-#define JOIN_READ_NS (INT64_C(5) * 1000000000) /* the most a join's request may take to arrive */
 
 static _Atomic int jobs_made; /* this process's elastic jobs: the second gets "<pid>.1" */
 
@@ -76,42 +79,18 @@ static void tell(int conn, const char *fmt, ...)
     (void)!send(conn, buf, (size_t)(n < (int)sizeof(buf) ? n : (int)sizeof(buf) - 1), MSG_NOSIGNAL);
 }
 
-/* Give the read of a request `ns` more at most (SO_RCVTIMEO). */
-static void read_bound(int conn, int64_t ns)
-{
-    struct timeval tv = {.tv_sec = (time_t)(ns / 1000000000), .tv_usec = (suseconds_t)(ns % 1000000000 / 1000)};
-    if (!tv.tv_sec && !tv.tv_usec)
-        tv.tv_usec = 1; /* 0 would mean no bound */
-    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
-
-/* recvmsg of the request, JOIN_READ_NS in all. A signal caught while it
- * waits (a SIGCHLD handler of the program that called sr_spawn) fails it
- * with EINTR even under SA_RESTART, since the socket has a receive timeout
- * (signal(7)): it is retried, for what is left of the bound. */
-static ssize_t recv_request(int conn, struct msghdr *m)
-{
-    int64_t deadline = sr__now_ns() + JOIN_READ_NS;
-    for (;;) {
-        ssize_t n = recvmsg(conn, m, MSG_CMSG_CLOEXEC);
-        int64_t left = deadline - sr__now_ns();
-        if (n >= 0 || errno != EINTR || left <= 0)
-            return n;
-        read_bound(conn, left);
-    }
-}
-
 /* The request's fds (3) and payload (its length; the payload is NUL-terminated
- * past its end), -ETIMEDOUT when none came in time, -EPROTO a malformed one. */
+ * past its end), without waiting: -EAGAIN when nothing came yet, -EPROTO a
+ * malformed one or none (the client closed). */
 static int read_request(int conn, char *buf, size_t cap, int fds[3])
 {
     char ctl[CMSG_SPACE(3 * sizeof(int))];
     struct iovec iov = {.iov_base = buf, .iov_len = cap - 1};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    ssize_t n = recv_request(conn, &m);
-    if (n < 0)
-        return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
-    if (n == 0)
+    ssize_t n = recvmsg(conn, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return -EAGAIN;
+    if (n <= 0)
         return -EPROTO;
     buf[n] = 0;
     struct cmsghdr *c = CMSG_FIRSTHDR(&m);
@@ -204,28 +183,58 @@ static bool same_user(int conn)
     return getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &c, &len) == 0 && c.uid == getuid();
 }
 
+/* A free pending entry, or -1. */
+static int free_entry(const sr_job *job)
+{
+    for (int i = 0; i < SR_JOIN_PENDING; i++)
+        if (job->pending[i].fd < 0)
+            return i;
+    return -1;
+}
+
 int sr__job_accept(sr_job *job)
 {
-    int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (conn < 0)
-        return -1;
-    read_bound(conn, JOIN_READ_NS); /* a client that connects and sends nothing holds the supervisor this long at most */
-    if (!same_user(conn)) {
-        tell(conn, "error: %s: job %s accepts joins from its own user only", job->who, job->id);
+    for (;;) {
+        int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (conn < 0)
+            return -1; /* EAGAIN: none waiting (an error: the next poll tries again) */
+        int e = same_user(conn) ? free_entry(job) : -2;
+        if (e >= 0) {
+            job->pending[e].fd = conn;
+            job->pending[e].deadline = sr__now_ns() + SR_JOIN_WAIT_NS;
+            return e;
+        }
+        if (e == -2)
+            tell(conn, "error: %s: job %s accepts joins from its own user only", job->who, job->id);
+        else
+            tell(conn, "error: %s: job %s has %d joins waiting for their requests already: try again", job->who,
+                 job->id, SR_JOIN_PENDING);
         close(conn);
-        return -1;
     }
-    char *buf = malloc(JOIN_MSG_MAX);
-    struct sr_join_req q = {.fds = {-1, -1, -1}};
-    int n = buf ? read_request(conn, buf, JOIN_MSG_MAX, q.fds) : -ENOMEM;
-    int rc = n < 0 ? n : parse_request(buf, n, &q);
+}
+
+uint32_t sr__job_pending_id(const sr_job *job, int entry)
+{
+    return job->pending[entry].gen << 8 | (uint32_t)entry;
+}
+
+/* Entry e is done with: free it, and make the ids of its connection stale. */
+static void drop_entry(sr_job *job, int e)
+{
+    job->pending[e].fd = -1;
+    job->pending[e].gen++;
+}
+
+/* The request read from conn: fork its worker. The rank, or -1 (refused, the
+ * client told why and closed). */
+static int serve_request(sr_job *job, int conn, int n, char *buf, struct sr_join_req *q)
+{
+    int rc = n < 0 ? n : parse_request(buf, n, q);
     char why[256] = "a malformed request";
-    if (rc == -ETIMEDOUT || (rc < 0 && rc != -EPROTO && rc != -ENOMEM))
-        snprintf(why, sizeof(why), "no request within %d s: %s", (int)(JOIN_READ_NS / 1000000000), strerror(-rc));
-    int rank = rc ? rc : pick_rank(job, q.want, why, sizeof(why));
+    int rank = rc ? rc : pick_rank(job, q->want, why, sizeof(why));
     if (rank >= 0) {
         sr__job_ready_line(job, rank);
-        if (sr__job_fork(job, rank, exec_joiner, &q)) {
+        if (sr__job_fork(job, rank, exec_joiner, q)) {
             snprintf(why, sizeof(why), "%s", sr_last_error());
             rank = -1;
         }
@@ -233,9 +242,26 @@ int sr__job_accept(sr_job *job)
     if (rank >= 0) {
         tell(conn, "rank %d pid %d", rank, (int)job->pids[rank]);
         job->join_conns[rank] = conn;
-    } else {
-        tell(conn, "error: %s: cannot join job %s: %s", job->who, job->id, why);
-        close(conn);
+        return rank;
+    }
+    tell(conn, "error: %s: cannot join job %s: %s", job->who, job->id, why);
+    close(conn);
+    return -1;
+}
+
+int sr__job_join_request(sr_job *job, uint32_t id)
+{
+    int e = (int)(id & 0xff);
+    if (e >= SR_JOIN_PENDING || job->pending[e].fd < 0 || job->pending[e].gen != id >> 8)
+        return SR_JOIN_STALE;
+    char *buf = malloc(JOIN_MSG_MAX);
+    struct sr_join_req q = {.fds = {-1, -1, -1}};
+    int conn = job->pending[e].fd;
+    int n = buf ? read_request(conn, buf, JOIN_MSG_MAX, q.fds) : -ENOMEM;
+    int rank = SR_JOIN_NOT_YET;
+    if (n != -EAGAIN) {
+        drop_entry(job, e);
+        rank = serve_request(job, conn, n, buf, &q);
     }
     for (int i = 0; i < 3; i++)
         if (q.fds[i] >= 0)
@@ -243,6 +269,30 @@ int sr__job_accept(sr_job *job)
     free(q.argv);
     free(buf);
     return rank;
+}
+
+int64_t sr__job_join_due(const sr_job *job)
+{
+    int64_t due = INT64_MAX;
+    for (int i = 0; i < SR_JOIN_PENDING; i++)
+        if (job->pending[i].fd >= 0 && job->pending[i].deadline < due)
+            due = job->pending[i].deadline;
+    return due;
+}
+
+int sr__job_join_expire(sr_job *job, int64_t now, uint32_t ids[SR_JOIN_PENDING])
+{
+    int k = 0;
+    for (int i = 0; i < SR_JOIN_PENDING; i++) {
+        if (job->pending[i].fd < 0 || job->pending[i].deadline > now)
+            continue;
+        tell(job->pending[i].fd, "error: %s: cannot join job %s: no request within %d s", job->who, job->id,
+             (int)(SR_JOIN_WAIT_NS / 1000000000));
+        close(job->pending[i].fd);
+        ids[k++] = sr__job_pending_id(job, i);
+        drop_entry(job, i);
+    }
+    return k;
 }
 
 void sr__job_joined_exit(sr_job *job, int rank, int code)

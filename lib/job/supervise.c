@@ -25,10 +25,14 @@
 #include "log.h"
 #include "ring.h"
 
-/* user_data: a rank (< 2^32), the signalfd, or an input fd's index. */
+/* user_data: a rank (< 2^31), the join socket, the signalfd, an input fd's
+ * index, a join connection's pending id (join.c), or nothing to handle (a
+ * poll's cancellation). */
 #define TAG_SIGNAL (UINT64_C(1) << 32)
 #define TAG_INPUT (UINT64_C(2) << 32)
+#define TAG_JOIN_REQ (UINT64_C(4) << 32)
 #define TAG_JOIN (UINT64_C(1) << 31) /* the join socket (join.c): above any rank */
+#define TAG_NONE UINT64_MAX
 
 struct sup {
     sr_job *job;
@@ -387,21 +391,58 @@ static void kill_survivors(struct sup *s)
     s->deadline = INT64_MAX;
 }
 
-static void arm(struct io_uring *ring, int fd, uint64_t tag)
+/* A free entry of the submission queue, submitting what is queued when
+ * it is full. */
+static struct io_uring_sqe *next_sqe(struct io_uring *ring)
 {
     struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
     if (!sqe) {
         io_uring_submit(ring);
         sqe = io_uring_get_sqe(ring);
     }
+    return sqe;
+}
+
+static void arm(struct io_uring *ring, int fd, uint64_t tag)
+{
+    struct io_uring_sqe *sqe = next_sqe(ring);
     io_uring_prep_poll_add(sqe, fd, POLLIN);
     io_uring_sqe_set_data64(sqe, tag);
 }
 
 static int64_t next_deadline(struct sup *s)
 {
-    int64_t due = s->h->next_due ? s->h->next_due(s->h->ctx) : INT64_MAX;
-    return due < s->deadline ? due : s->deadline;
+    int64_t due = s->h->next_due ? s->h->next_due(s->h->ctx) : INT64_MAX, join = sr__job_join_due(s->job);
+    due = due < s->deadline ? due : s->deadline;
+    return join < due ? join : due;
+}
+
+/* Stop polling a join connection that is gone (its CQE, -ECANCELED, is
+ * then stale: join.c tells it apart by the id's generation). */
+static void disarm_join(struct io_uring *ring, uint32_t id)
+{
+    struct io_uring_sqe *sqe = next_sqe(ring);
+    io_uring_prep_poll_remove(sqe, TAG_JOIN_REQ + id);
+    io_uring_sqe_set_data64(sqe, TAG_NONE);
+}
+
+/* New join connections: each polled for its request. */
+static void accept_joins(struct sup *s)
+{
+    int e;
+    while ((e = sr__job_accept(s->job)) >= 0)
+        arm(&s->ring, s->job->pending[e].fd, TAG_JOIN_REQ + sr__job_pending_id(s->job, e));
+    arm(&s->ring, s->job->listen_fd, TAG_JOIN);
+}
+
+/* A join connection is readable: its request, or its end. */
+static void read_join(struct sup *s, uint32_t id)
+{
+    int rank = sr__job_join_request(s->job, id);
+    if (rank >= 0)
+        arm(&s->ring, s->job->pidfds[rank], (uint64_t)rank);
+    else if (rank == SR_JOIN_NOT_YET)
+        arm(&s->ring, s->job->pending[id & 0xff].fd, TAG_JOIN_REQ + id);
 }
 
 /* Submit what is armed and sleep until an event or the next deadline. */
@@ -425,10 +466,11 @@ static int on_event(struct sup *s, uint64_t tag)
         forward_signal(s);
         arm(&s->ring, s->h->sigfd, TAG_SIGNAL);
     } else if (tag == TAG_JOIN) {
-        int rank = sr__job_accept(s->job);
-        if (rank >= 0)
-            arm(&s->ring, s->job->pidfds[rank], (uint64_t)rank);
-        arm(&s->ring, s->job->listen_fd, TAG_JOIN);
+        accept_joins(s);
+    } else if (tag == TAG_NONE) {
+        return 0;
+    } else if (tag >= TAG_JOIN_REQ) {
+        read_join(s, (uint32_t)(tag - TAG_JOIN_REQ));
     } else if (tag >= TAG_INPUT) {
         int i = (int)(tag - TAG_INPUT);
         if (s->h->on_input(s->h->ctx, i))
@@ -442,6 +484,9 @@ static int on_event(struct sup *s, uint64_t tag)
 static void run_due(struct sup *s)
 {
     int64_t now = now_ns();
+    uint32_t gone[SR_JOIN_PENDING];
+    for (int i = 0, n = sr__job_join_expire(s->job, now, gone); i < n; i++)
+        disarm_join(&s->ring, gone[i]);
     if (s->h->on_due && s->h->next_due(s->h->ctx) <= now)
         s->h->on_due(s->h->ctx, now);
     if (now >= s->deadline)

@@ -203,7 +203,8 @@ Test(join, shmrun_joins_an_sr_spawn_job, .timeout = 120)
  * (the supervisor) catches SIGCHLD. Here rank 0 joins by hand, as shmrun
  * --join does, and signals the supervisor (a handler, SA_RESTART) for 300
  * ms after connecting and before sending: the supervisor waits for the
- * request during that time, and every signal lands in that wait. */
+ * request during that time (it no longer blocks in that wait, see the next
+ * test, but a signal in it must still refuse nothing). */
 static void on_usr1(int sig) { (void)sig; }
 
 static int join_socket(const char *id)
@@ -279,5 +280,56 @@ Test(join, a_signal_while_the_supervisor_reads_a_request_refuses_nothing, .timeo
     cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
     sr_spawn_opts o = {.name_prefix = test_ns("join3"), .shm_size = 3 * (64u << 20), .max_workers = 3};
     int rc = sr_spawn(2, signalled_join_worker, (void *)env_path("ELASTIC_PROG"), &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+/* ---- a client that connects and sends nothing holds nothing up ---- */
+
+/* Regression: the supervisor read each join request with a blocking
+ * recvmsg (5 s at most), so a client that connected and sent nothing held
+ * it for 5 s: no join, no worker's exit, no signal was handled meanwhile.
+ * Here rank 0 connects such a client first, then runs shmrun --join: the
+ * joiner must come, be called and leave while the mute client is still
+ * waiting, unanswered; then the mute client is refused at its deadline,
+ * saying why. */
+static int mute_client_worker(int rank, int world, void *arg)
+{
+    const char **paths = arg;
+    sr_register("hello", fn_hello);
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        int mute = join_socket(sr_job_id());
+        WCHECK(mute >= 0, "cannot connect to job %s: %s", sr_job_id(), strerror(errno));
+        pid_t pid = fork();
+        if (pid == 0) {
+            execl(paths[0], paths[0], "--join", sr_job_id(), "--rank", "2", "--", paths[1], "joiner", "bob",
+                  (char *)NULL);
+            _exit(127);
+        }
+        WCHECK(pid > 0 && wait_hello() == 0, "the joiner never said hello");
+        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
+        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        struct pollfd p = {.fd = mute, .events = POLLIN};
+        WCHECK(poll(&p, 1, 0) == 0, "the mute client was answered before the joiner left (revents %#x)", p.revents);
+        char line[256];
+        read_line(mute, line, sizeof(line));
+        WCHECK(strstr(line, "no request within 5 s"), "the mute client was told '%s'", line);
+        close(mute);
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
+        p = (struct pollfd){.fd = pfd, .events = POLLIN};
+        WCHECK(pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
+                   WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
+        close(pfd);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, a_client_that_sends_nothing_holds_up_no_join, .timeout = 120)
+{
+    const char *paths[2] = {env_path("SHMRUN"), env_path("ELASTIC_PROG")};
+    sr_spawn_opts o = {.name_prefix = test_ns("join4"), .shm_size = 3 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, mute_client_worker, paths, &o);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
