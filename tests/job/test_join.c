@@ -333,3 +333,36 @@ Test(join, a_client_that_sends_nothing_holds_up_no_join, .timeout = 120)
     int rc = sr_spawn(2, mute_client_worker, paths, &o);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
+
+/* At most SR_JOIN_PENDING (8) connections wait for their request at a time:
+ * a ninth is told at once to try again, while the eight still wait. */
+static int crowd_worker(int rank, int world, void *arg)
+{
+    (void)arg;
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        int fds[9];
+        for (int i = 0; i < 9; i++)
+            WCHECK((fds[i] = join_socket(sr_job_id())) >= 0, "connection %d: %s", i, strerror(errno));
+        char line[256];
+        read_line(fds[8], line, sizeof(line));
+        WCHECK(strstr(line, "has 8 joins waiting for their requests already: try again"), "the ninth was told '%s'",
+               line);
+        for (int i = 0; i < 8; i++) {
+            struct pollfd p = {.fd = fds[i], .events = POLLIN};
+            WCHECK(poll(&p, 1, 0) == 0, "connection %d was answered (revents %#x)", i, p.revents);
+        }
+        for (int i = 0; i < 9; i++)
+            close(fds[i]);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: shutdown: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, a_ninth_waiting_client_is_told_to_try_again, .timeout = 120)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("join5"), .shm_size = 2 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, crowd_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
