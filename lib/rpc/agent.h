@@ -426,7 +426,9 @@ void sr__agent_kick(sr_agent *a);
 bool sr__agent_shares_heap(const sr_agent *a, int rank);
 
 /* Requests (calls.c): check a call's arguments and capture its timeout (ms, 0:
- * none), and start one (struct sr_req: module.h). The call completes f.
+ * none), and start one (struct sr_req: module.h). The call completes f; the
+ * call slot's reference to f is one f brought (a call's own future,
+ * sr__future_new_call: dropped if the call does not start) or one taken.
  * Both take a replaced rank's new generation first (sr__agent_refresh). */
 int sr__call_check(sr_agent *a, int to, const char *fn, sr_args args, double timeout_s, int64_t *ms);
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,

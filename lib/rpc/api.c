@@ -445,10 +445,9 @@ static int rpc_async(sr_agent *a, int to, const char *fn, sr_args args, double t
     int rc = sr__call_check(a, to, fn, args, timeout_s, &ms);
     if (rc)
         return rc;
-    sr_future *f = sr_future_new();
+    sr_future *f = sr__future_new_call();
     if (!f)
         return -ENOMEM;
-    sr__future_mark_call(f);
     struct sr_req q = {.kind = SR_REQ_CALL, .who = who};
     if ((rc = sr__rpc_start(a, to, &q, fn, args, ms, f))) {
         sr_future_unref(f);

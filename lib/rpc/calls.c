@@ -161,7 +161,7 @@ int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint
     a->free_head = s->next_free;
     s->to = to;
     s->timeout_ms = timeout_ms;
-    s->fut = sr_future_ref(fut);
+    s->fut = sr__future_is_call(fut) ? fut : sr_future_ref(fut); /* a call's own brings the slot's reference */
     peer_link(a, i);
     if (deadline >= 0) {
         a->heap_len++;
@@ -495,6 +495,15 @@ static int __attribute__((noinline, cold)) gone_at_send(sr_agent *a, int to, con
                     t->ops->live->gone_text(t, to, how, sizeof(how)));
 }
 
+/* A call's own future (sr__future_new_call) whose call did not start: the
+ * reference it held for the call slot is dropped. */
+static int not_started(sr_future *f, int rc)
+{
+    if (sr__future_is_call(f))
+        sr_future_unref(f);
+    return rc;
+}
+
 int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, sr_args args, int64_t ms,
                   sr_future *f)
 {
@@ -505,12 +514,12 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     size_t enc_len = 0;
     int rc = build_request(a, to, q, fn, args, &m, &w, &enc, &enc_len);
     if (rc)
-        return rc;
+        return not_started(f, rc);
     if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
         if (enc_len)
             sr__codec_release(enc, enc_len);
         sr__payload_abandon(&w);
-        return rc;
+        return not_started(f, rc);
     }
     int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
     sr__wire_put(&m, &w, false);

@@ -64,11 +64,10 @@ struct sr_future {
     int err;
     int cause;                   /* err's cause: for -SR_EREMOTE, the remote function's own code */
     char *msg;
-    bool call; /* an RPC call's own future (sr__future_mark_call): set before it is shared */
+    bool call; /* an RPC call's own future (sr__future_new_call): set before it is shared */
     pthread_mutex_t lock;        /* guards cbs between on_done and a completer that saw CALLBACKS */
 };
 
-void sr__future_mark_call(sr_future *f) { f->call = true; }
 bool sr__future_is_call(const sr_future *f) { return f->call; }
 
 /* Set by sr_init, never cleared (see sr__future_set_hooks). */
@@ -139,6 +138,16 @@ SR_API sr_future *sr_future_new(void)
     f->cause = 0;
     f->msg = NULL;
     f->call = false; /* a cached future may have been a call's */
+    return f;
+}
+
+sr_future *sr__future_new_call(void)
+{
+    sr_future *f = sr_future_new();
+    if (f) { /* not shared yet: plain stores */
+        f->call = true;
+        atomic_store_explicit(&f->refs, 2, memory_order_relaxed); /* relaxed: the caller's and the call slot's */
+    }
     return f;
 }
 

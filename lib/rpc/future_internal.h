@@ -63,10 +63,13 @@ int sr__future_complete_held(sr_future *f, sr_value *v);
 /* The stored error of a completed future (0 if it holds a value). */
 int sr__future_error(const sr_future *f);
 
-/* f is the future of an RPC call (sr_rpc_async, sr_rpc_sync): its waiter is
- * a caller, which serves no plain call while it waits (agent.h, "Serving
- * waiters"). Marked by its creator before anyone else sees it. */
-void sr__future_mark_call(sr_future *f);
+/* A new future for an RPC call of sr_rpc_async or sr_rpc_sync (NULL: no
+ * memory), marked as a call's: its waiter is a caller, which serves no plain
+ * call while it waits (agent.h, "Serving waiters"). It holds two
+ * references, the caller's and the call slot's: sr__rpc_start hands the
+ * second to the slot without a locked add, or drops it if the call does not
+ * start (calls.c). sr__future_is_call: was f made so? */
+sr_future *sr__future_new_call(void);
 bool sr__future_is_call(const sr_future *f);
 
 #endif
