@@ -157,6 +157,28 @@ static int wait_hello(void)
     return 0;
 }
 
+/* Rank 0: the joiner (bob, rank 2) says hello, is asked to leave, leaves. */
+static int joiner_leaves(void)
+{
+    WCHECK(wait_hello() == 0, "the joiner never said hello");
+    WCHECK(sr_worker_rank("bob") == 2, "bob: %s", sr_last_error());
+    WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
+    WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+    return 0;
+}
+
+/* Rank 0: its shmrun --join (pid) exits 0. */
+static int joiner_exits(pid_t pid)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    bool ok = pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid;
+    if (pfd >= 0)
+        close(pfd);
+    WCHECK(ok && WIFEXITED(st) && WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
+    return 0;
+}
+
 static int spawn_worker(int rank, int world, void *arg)
 {
     const char **paths = arg;
@@ -170,15 +192,7 @@ static int spawn_worker(int rank, int world, void *arg)
             execl(paths[0], paths[0], "--join", id, "--rank", "2", "--", paths[1], "joiner", "bob", (char *)NULL);
             _exit(127);
         }
-        WCHECK(pid > 0 && wait_hello() == 0, "the joiner never said hello");
-        WCHECK(sr_worker_rank("bob") == 2, "bob: %s", sr_last_error());
-        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
-        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
-        int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
-        struct pollfd p = {.fd = pfd, .events = POLLIN};
-        WCHECK(pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
-                   WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
-        close(pfd);
+        WCHECK(pid > 0 && joiner_leaves() == 0 && joiner_exits(pid) == 0, "the joiner's round failed");
     }
     int rc = sr_shutdown(true, WAIT_S);
     WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
@@ -261,9 +275,7 @@ static int signalled_join_worker(int rank, int world, void *arg)
         char line[256];
         read_line(fd, line, sizeof(line));
         WCHECK(!strncmp(line, "rank 2 pid ", 11), "the supervisor answered '%s'", line);
-        WCHECK(wait_hello() == 0, "the joiner never said hello");
-        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
-        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        WCHECK(joiner_leaves() == 0, "the joiner's round failed");
         read_line(fd, line, sizeof(line));
         WCHECK(!strcmp(line, "exit 0"), "the supervisor's last word: '%s'", line);
         close(fd);
@@ -306,20 +318,14 @@ static int mute_client_worker(int rank, int world, void *arg)
                   (char *)NULL);
             _exit(127);
         }
-        WCHECK(pid > 0 && wait_hello() == 0, "the joiner never said hello");
-        WCHECK(sr_rpc_sync(2, "leave", SR_ARGS(), WAIT_S, NULL) == 0, "leave: %s", sr_last_error());
-        WCHECK(sr_wait_for_departure(2, WAIT_S) == 0, "bob never left: %s", sr_last_error());
+        WCHECK(pid > 0 && joiner_leaves() == 0, "the joiner's round failed");
         struct pollfd p = {.fd = mute, .events = POLLIN};
         WCHECK(poll(&p, 1, 0) == 0, "the mute client was answered before the joiner left (revents %#x)", p.revents);
         char line[256];
         read_line(mute, line, sizeof(line));
         WCHECK(strstr(line, "no request within 5 s"), "the mute client was told '%s'", line);
         close(mute);
-        int pfd = (int)syscall(SYS_pidfd_open, pid, 0), st = -1;
-        p = (struct pollfd){.fd = pfd, .events = POLLIN};
-        WCHECK(pfd >= 0 && poll(&p, 1, WAIT_S * 1000) == 1 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) &&
-                   WEXITSTATUS(st) == 0, "shmrun --join: status %#x", st);
-        close(pfd);
+        WCHECK(joiner_exits(pid) == 0, "the joiner's shmrun --join failed");
     }
     int rc = sr_shutdown(true, WAIT_S);
     WCHECK(rc == 0, "rank %d: leave: %s", rank, sr_last_error());
