@@ -93,7 +93,7 @@ typedef struct sr_job {
      * supervising thread touches them. */
     struct sr_join_pending {
         int fd;
-        uint32_t gen;
+        uint32_t gen;     /* 24 bits, wrapping (an id holds it above the entry's index) */
         int64_t deadline; /* sr__now_ns() */
     } pending[SR_JOIN_PENDING];
     /* Every child execs (shmrun): the supervisor's own descriptors, all

@@ -213,6 +213,8 @@ int sr__job_accept(sr_job *job)
     }
 }
 
+/* An id: the entry in its low 8 bits, the entry's generation (24 bits,
+ * wrapping) above. */
 uint32_t sr__job_pending_id(const sr_job *job, int entry)
 {
     return job->pending[entry].gen << 8 | (uint32_t)entry;
@@ -222,7 +224,7 @@ uint32_t sr__job_pending_id(const sr_job *job, int entry)
 static void drop_entry(sr_job *job, int e)
 {
     job->pending[e].fd = -1;
-    job->pending[e].gen++;
+    job->pending[e].gen = (job->pending[e].gen + 1) & 0xffffffu;
 }
 
 /* The request read from conn: fork its worker. The rank, or -1 (refused, the
