@@ -14,9 +14,9 @@
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "doorbell.h"
 #include "error.h"
 #include "futex.h"
@@ -48,13 +48,6 @@ struct sup {
     pid_t first_pid;
     siginfo_t first_si;
 };
-
-static int64_t now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 static int live_workers(const sr_job *job)
 {
@@ -373,10 +366,10 @@ static void forward_signal(struct sup *s)
         return;
     if (!s->stop_sig) { /* the grace period runs from the first */
         s->stop_sig = sig;
-        s->deadline = now_ns() + s->h->grace_ns;
+        s->deadline = sr__now_ns() + s->h->grace_ns;
     } else if (!s->hurry_sig && live_workers(s->job)) { /* the second: no more waiting */
         s->hurry_sig = sig;
-        s->deadline = now_ns();
+        s->deadline = sr__now_ns();
     }
 }
 
@@ -452,7 +445,7 @@ static int wait_events(struct sup *s)
     struct io_uring_cqe *cqe;
     if (due == INT64_MAX)
         return io_uring_submit_and_wait(&s->ring, 1);
-    int64_t left = due - now_ns();
+    int64_t left = due - sr__now_ns();
     if (left < 0)
         left = 0;
     struct __kernel_timespec ts = {.tv_sec = left / 1000000000, .tv_nsec = left % 1000000000};
@@ -483,7 +476,7 @@ static int on_event(struct sup *s, uint64_t tag)
 
 static void run_due(struct sup *s)
 {
-    int64_t now = now_ns();
+    int64_t now = sr__now_ns();
     uint32_t gone[SR_JOIN_PENDING];
     for (int i = 0, n = sr__job_join_expire(s->job, now, gone); i < n; i++)
         disarm_join(&s->ring, gone[i]);

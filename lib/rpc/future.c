@@ -146,7 +146,9 @@ sr_future *sr__future_new_call(void)
     sr_future *f = sr_future_new();
     if (f) { /* not shared yet: plain stores */
         f->call = true;
-        atomic_store_explicit(&f->refs, 2, memory_order_relaxed); /* relaxed: the caller's and the call slot's */
+        /* the caller's and the call slot's; relaxed: nobody else sees f yet, and
+         * slots_lock publishes it with the slot (sr__call_begin) */
+        atomic_store_explicit(&f->refs, 2, memory_order_relaxed);
     }
     return f;
 }

@@ -468,7 +468,10 @@ static void file_seeds(void)
     file_seed("idx-three-samples-gzip", 1, gz, ngz, lab, nl);
 }
 
-/* ---- the segment fuzzer's seeds (fuzz_segment.c) ---- */
+/* ---- the segment fuzzer's seeds (fuzz_segment.c) ----
+ * The generator is the only process and thread that ever sees these
+ * segments: their atomic fields are written with plain seq_cst stores that
+ * pair with nothing. */
 
 /* Every rank attached, with a name and a pid, as after the start barrier. */
 static void seg_attached(sr_segment *s)
