@@ -48,7 +48,7 @@ int sr__job_create(sr_job *job, const sr_segment_opts *o, const char *who)
 {
     memset(job, 0, sizeof(*job));
     job->who = who;
-    job->listen_fd = -1;
+    job->listen_fd = job->spare_fd = -1;
     for (int i = 0; i < SR_JOIN_PENDING; i++)
         job->pending[i].fd = -1;
     sigprocmask(SIG_SETMASK, NULL, &job->child_mask);
@@ -89,7 +89,9 @@ void sr__job_destroy(sr_job *job)
     }
     if (job->listen_fd >= 0)
         close(job->listen_fd);
-    job->listen_fd = -1;
+    if (job->spare_fd >= 0)
+        close(job->spare_fd);
+    job->listen_fd = job->spare_fd = -1;
     for (int i = 0; i < SR_JOIN_PENDING; i++) { /* the client sees the job end before it answered */
         if (job->pending[i].fd >= 0)
             close(job->pending[i].fd);
@@ -120,6 +122,8 @@ static void close_sibling_pidfds(sr_job *job)
     }
     if (job->listen_fd >= 0)
         close(job->listen_fd);
+    if (job->spare_fd >= 0)
+        close(job->spare_fd);
     for (int i = 0; i < SR_JOIN_PENDING; i++)
         if (job->pending[i].fd >= 0)
             close(job->pending[i].fd);

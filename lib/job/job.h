@@ -96,6 +96,17 @@ typedef struct sr_job {
         uint32_t gen;     /* 24 bits, wrapping (an id holds it above the entry's index) */
         int64_t deadline; /* sr__now_ns() */
     } pending[SR_JOIN_PENDING];
+    /* When accept4 fails for want of descriptors or memory (join.c,
+     * sr__job_accept): spare_fd is /dev/null held in reserve (-1: none), given
+     * up at EMFILE or ENFILE so that the waiting connection can be accepted
+     * and told why, then taken again; accept_resume is 0, or when the
+     * listening socket is polled again after another failure (the
+     * connection stays in the backlog meanwhile: polling it at once would
+     * spin); accept_err, the failure last logged (0: none since the last
+     * accept). Only the supervising thread touches them. */
+    int spare_fd;
+    int accept_err;
+    int64_t accept_resume; /* sr__now_ns() */
     /* Every child execs (shmrun): the supervisor's own descriptors, all
      * close-on-exec, go at the exec, so a child does not close them one by
      * one (O(N) calls in each of N children). false: sr_spawn. */
@@ -205,10 +216,16 @@ int sr__job_listen(sr_job *job);
  * A connection whose request has not come SR_JOIN_WAIT_NS after its accept
  * is refused and closed by sr__job_join_expire, which returns the ids of
  * those (their polls are to be cancelled); sr__job_join_due: the earliest
- * such deadline (INT64_MAX: none). */
+ * such deadline, or accept_resume (INT64_MAX: none). sr__job_accept never
+ * leaves a connection in the backlog with the socket still to be polled:
+ * at EMFILE or ENFILE it refuses the connection by the spare descriptor;
+ * at another failure (ENOMEM, ENOBUFS) it logs it once and sets
+ * accept_resume, SR_JOIN_BACKOFF_NS on, before which the supervisor does not
+ * poll the socket. */
 #define SR_JOIN_NOT_YET (-2)
 #define SR_JOIN_STALE (-3)
 #define SR_JOIN_WAIT_NS (INT64_C(5) * 1000000000)
+#define SR_JOIN_BACKOFF_NS (INT64_C(100) * 1000000)
 int sr__job_accept(sr_job *job);
 uint32_t sr__job_pending_id(const sr_job *job, int entry);
 int sr__job_join_request(sr_job *job, uint32_t id);

@@ -64,6 +64,7 @@ int sr__job_listen(sr_job *job)
         return sr__fail(-err, job->who, "the join socket of job %s: %s", job->id, strerror(err));
     }
     job->listen_fd = fd;
+    job->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* none (-1) only weakens EMFILE's answer */
     return 0;
 }
 
@@ -192,12 +193,59 @@ static int free_entry(const sr_job *job)
     return -1;
 }
 
+/* Out of descriptors: give up the spare one to accept each connection
+ * waiting, tell it why and close it, then take the spare again. Whether
+ * the backlog was drained so (at EMFILE, accept4 cannot say whether a
+ * connection waits: it wants the descriptor first). */
+static bool refuse_by_spare(sr_job *job, int err)
+{
+    if (job->spare_fd < 0)
+        return false;
+    close(job->spare_fd);
+    int conn;
+    while ((conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0 || errno == EINTR ||
+           errno == ECONNABORTED) {
+        if (conn < 0)
+            continue;
+        tell(conn, "error: %s: job %s cannot take a join now: its supervisor is out of file descriptors (%s)",
+             job->who, job->id, strerror(err));
+        close(conn);
+    }
+    bool drained = errno == EAGAIN || errno == EWOULDBLOCK;
+    job->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return drained;
+}
+
+/* accept4 failed with err: whether to accept again at once. Logs a failure
+ * other than EAGAIN once until an accept succeeds again. */
+static bool accept_failed(sr_job *job, int err)
+{
+    if (err == EINTR || err == ECONNABORTED)
+        return true;
+    if (err == EAGAIN || err == EWOULDBLOCK)
+        return false;
+    if (err != job->accept_err) {
+        char line[256];
+        snprintf(line, sizeof(line), "%s: job %s cannot accept a join: %s", job->who, job->id, strerror(err));
+        sr__log_text(SR_LOG_WARN, line);
+    }
+    job->accept_err = err;
+    if ((err == EMFILE || err == ENFILE) && refuse_by_spare(job, err))
+        return false;
+    job->accept_resume = sr__now_ns() + SR_JOIN_BACKOFF_NS;
+    return false;
+}
+
 int sr__job_accept(sr_job *job)
 {
     for (;;) {
         int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (conn < 0)
-            return -1; /* EAGAIN: none waiting (an error: the next poll tries again) */
+        if (conn < 0) {
+            if (accept_failed(job, errno))
+                continue;
+            return -1;
+        }
+        job->accept_err = 0;
         int e = same_user(conn) ? free_entry(job) : -2;
         if (e >= 0) {
             job->pending[e].fd = conn;
@@ -279,7 +327,7 @@ int64_t sr__job_join_due(const sr_job *job)
     for (int i = 0; i < SR_JOIN_PENDING; i++)
         if (job->pending[i].fd >= 0 && job->pending[i].deadline < due)
             due = job->pending[i].deadline;
-    return due;
+    return job->accept_resume && job->accept_resume < due ? job->accept_resume : due;
 }
 
 int sr__job_join_expire(sr_job *job, int64_t now, uint32_t ids[SR_JOIN_PENDING])

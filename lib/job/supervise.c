@@ -425,7 +425,8 @@ static void accept_joins(struct sup *s)
     int e;
     while ((e = sr__job_accept(s->job)) >= 0)
         arm(&s->ring, s->job->pending[e].fd, TAG_JOIN_REQ + sr__job_pending_id(s->job, e));
-    arm(&s->ring, s->job->listen_fd, TAG_JOIN);
+    if (!s->job->accept_resume) /* else run_due accepts again then */
+        arm(&s->ring, s->job->listen_fd, TAG_JOIN);
 }
 
 /* A join connection is readable: its request, or its end. */
@@ -480,6 +481,10 @@ static void run_due(struct sup *s)
     uint32_t gone[SR_JOIN_PENDING];
     for (int i = 0, n = sr__job_join_expire(s->job, now, gone); i < n; i++)
         disarm_join(&s->ring, gone[i]);
+    if (s->job->accept_resume && s->job->accept_resume <= now) {
+        s->job->accept_resume = 0;
+        accept_joins(s);
+    }
     if (s->h->on_due && s->h->next_due(s->h->ctx) <= now)
         s->h->on_due(s->h->ctx, now);
     if (now >= s->deadline)

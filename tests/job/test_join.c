@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -22,11 +23,14 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/resource.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "common.h"
+#include "job.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
@@ -370,5 +374,157 @@ Test(join, a_ninth_waiting_client_is_told_to_try_again, .timeout = 120)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("join5"), .shm_size = 2 * (64u << 20), .max_workers = 3};
     int rc = sr_spawn(2, crowd_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+/* ---- the supervisor out of file descriptors ---- */
+
+/* Regression: when accept4 failed for another reason than EAGAIN (EMFILE:
+ * the supervisor's descriptors all taken), the connection stayed in the
+ * backlog, the listening socket was polled again at once and was readable
+ * again at once: the supervisor spun, and the client waited unanswered. */
+
+/* This process's descriptors, all taken: dups of /dev/null up to a soft
+ * limit lowered to a few above the highest open one (the old limit in
+ * *old). How many were taken, in fds[]. */
+static int take_all_fds(int *fds, int cap, struct rlimit *old)
+{
+    int top = dup(0); /* the lowest free descriptor: those above it are few in a test's process */
+    close(top);
+    getrlimit(RLIMIT_NOFILE, old);
+    struct rlimit low = {.rlim_cur = (rlim_t)top + (rlim_t)cap / 2, .rlim_max = old->rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &low))
+        return -1;
+    int n = 0;
+    while (n < cap && (fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0)
+        n++;
+    return n < cap && errno == EMFILE ? n : -1;
+}
+
+static void give_back_fds(int *fds, int n, const struct rlimit *old)
+{
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    setrlimit(RLIMIT_NOFILE, old);
+}
+
+/* sr__job_accept out of descriptors, on its own: with its spare descriptor
+ * it refuses the waiting client, saying why; without one it backs off
+ * (SR_JOIN_BACKOFF_NS, a due time the supervisor waits for) rather than
+ * leave the socket readable; with descriptors again, it accepts. */
+Test(join, accept_out_of_descriptors_refuses_or_backs_off, .timeout = 60)
+{
+    sr_job job = {.who = "test", .listen_fd = -1, .spare_fd = -1};
+    for (int i = 0; i < SR_JOIN_PENDING; i++)
+        job.pending[i].fd = -1;
+    cr_assert_eq(sr__job_listen(&job), 0, "%s", sr_last_error());
+    cr_assert_geq(job.spare_fd, 0, "no spare descriptor");
+    int c1 = join_socket(job.id), fds[256];
+    cr_assert_geq(c1, 0, "connect: %s", strerror(errno));
+    struct rlimit old;
+    int n = take_all_fds(fds, 256, &old);
+    cr_assert_gt(n, 0, "cannot take every descriptor: %s", strerror(errno));
+
+    cr_assert_eq(sr__job_accept(&job), -1);
+    char line[256];
+    read_line(c1, line, sizeof(line));
+    cr_assert(strstr(line, "cannot take a join now: its supervisor is out of file descriptors"), "told '%s'", line);
+    cr_assert_eq(job.accept_resume, 0, "backed off although the client was answered");
+    cr_assert_geq(job.spare_fd, 0, "the spare descriptor was not taken again");
+
+    close(fds[--n]); /* a descriptor for the next client; then none spare */
+    int c2 = join_socket(job.id);
+    cr_assert_geq(c2, 0, "connect: %s", strerror(errno));
+    close(job.spare_fd);
+    job.spare_fd = -1;
+    cr_assert_geq(fds[n] = open("/dev/null", O_RDONLY | O_CLOEXEC), 0);
+    n++;
+    int64_t t0 = sr__now_ns();
+    cr_assert_eq(sr__job_accept(&job), -1);
+    cr_assert_eq(job.accept_err, EMFILE);
+    cr_assert_eq(job.spare_fd, -1);
+    cr_assert(job.accept_resume >= t0 + SR_JOIN_BACKOFF_NS, "no back-off: resume at %lld, now %lld",
+              (long long)job.accept_resume, (long long)t0);
+    cr_assert_eq(sr__job_join_due(&job), job.accept_resume, "the back-off is not a due time");
+    struct pollfd p = {.fd = c2, .events = POLLIN};
+    cr_assert_eq(poll(&p, 1, 0), 0, "the client was answered (revents %#x)", p.revents);
+
+    give_back_fds(fds, n, &old);
+    int e = sr__job_accept(&job);
+    cr_assert_geq(e, 0, "not accepted with descriptors back");
+    cr_assert_eq(job.accept_err, 0);
+    close(job.pending[e].fd);
+    close(c1);
+    close(c2);
+    close(job.listen_fd);
+}
+
+/* The same in a job: the supervisor (this process) is out of descriptors
+ * while rank 0 connects, and answers; given them back, it reads a request
+ * again (a malformed one, refused as such). The supervisor's descriptors
+ * are taken by a thread of this process when rank 0 asks (pipes made before
+ * the job, inherited by its workers). */
+static int ask[2], done[2];
+
+static void *fd_taker(void *arg)
+{
+    (void)arg;
+    char c;
+    int fds[256], n = -1;
+    struct rlimit old;
+    if (read(ask[0], &c, 1) == 1)
+        n = take_all_fds(fds, 256, &old);
+    c = n > 0 ? 'y' : 'n';
+    (void)!write(done[1], &c, 1);
+    if (n > 0 && read(ask[0], &c, 1) == 1) {
+        give_back_fds(fds, n, &old);
+        (void)!write(done[1], &c, 1);
+    }
+    return NULL;
+}
+
+/* Rank 0: one byte to the taker, its answer within WAIT_S. */
+static int ask_taker(void)
+{
+    char c = 'g';
+    struct pollfd p = {.fd = done[0], .events = POLLIN};
+    WCHECK(write(ask[1], &c, 1) == 1 && poll(&p, 1, WAIT_S * 1000) == 1 && read(done[0], &c, 1) == 1 && c != 'n',
+           "the supervisor's descriptors were not taken or given back");
+    return 0;
+}
+
+static int emfile_worker(int rank, int world, void *arg)
+{
+    (void)arg;
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        WCHECK(ask_taker() == 0, "taking");
+        int fd = join_socket(sr_job_id());
+        WCHECK(fd >= 0, "cannot connect to job %s: %s", sr_job_id(), strerror(errno));
+        char line[256];
+        read_line(fd, line, sizeof(line));
+        WCHECK(strstr(line, "its supervisor is out of file descriptors"), "the supervisor answered '%s'", line);
+        close(fd);
+        WCHECK(ask_taker() == 0, "giving back");
+        fd = join_socket(sr_job_id());
+        WCHECK(fd >= 0 && send(fd, "x", 1, 0) == 1, "cannot send to job %s: %s", sr_job_id(), strerror(errno));
+        read_line(fd, line, sizeof(line));
+        WCHECK(strstr(line, "a malformed request"), "the supervisor answered '%s'", line);
+        close(fd);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: shutdown: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, a_supervisor_out_of_descriptors_answers_and_recovers, .timeout = 120)
+{
+    cr_assert_eq(pipe2(ask, O_CLOEXEC) || pipe2(done, O_CLOEXEC), 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, fd_taker, NULL), 0);
+    sr_spawn_opts o = {.name_prefix = test_ns("join6"), .shm_size = 2 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, emfile_worker, NULL, &o);
+    close(ask[1]); /* the taker's wait ends, if rank 0 never asked */
+    pthread_join(t, NULL);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
