@@ -528,3 +528,53 @@ Test(join, a_supervisor_out_of_descriptors_answers_and_recovers, .timeout = 120)
     pthread_join(t, NULL);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
+
+/* ---- a client of another user ---- */
+
+/* The join socket is an abstract one (no file permissions): the supervisor
+ * refuses a client whose SO_PEERCRED uid is not its own, saying why. Rank 0
+ * forks a client that becomes user nobody first (so the test needs root,
+ * which CI has; elsewhere it is skipped, saying why). */
+static int other_user_worker(int rank, int world, void *arg)
+{
+    (void)arg;
+    WCHECK(world == 3 && sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0) {
+        int p[2];
+        WCHECK(pipe2(p, O_CLOEXEC) == 0, "pipe: %s", strerror(errno));
+        pid_t pid = fork();
+        if (pid == 0) {
+            char line[256] = "cannot become user 65534";
+            int fd = -1;
+            if (setgid(65534) == 0 && setuid(65534) == 0 && getuid() == 65534) {
+                fd = join_socket(sr_job_id());
+                if (fd >= 0)
+                    read_line(fd, line, sizeof(line));
+                else
+                    snprintf(line, sizeof(line), "cannot connect: %s", strerror(errno));
+            }
+            (void)!write(p[1], line, strlen(line) + 1);
+            _exit(0);
+        }
+        close(p[1]);
+        char line[256] = "";
+        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        ssize_t n = poll(&pf, 1, WAIT_S * 1000) == 1 ? read(p[0], line, sizeof(line) - 1) : -1;
+        line[n > 0 ? n : 0] = 0;
+        close(p[0]);
+        WCHECK(pid > 0 && joiner_exits(pid) == 0, "the other user's client did not exit");
+        WCHECK(strstr(line, "accepts joins from its own user only"), "the other user was told '%s'", line);
+    }
+    int rc = sr_shutdown(true, WAIT_S);
+    WCHECK(rc == 0, "rank %d: shutdown: %s", rank, sr_last_error());
+    return 0;
+}
+
+Test(join, a_client_of_another_user_is_refused, .timeout = 120)
+{
+    if (geteuid() != 0)
+        cr_skip_test("needs root, to run a client as another user");
+    sr_spawn_opts o = {.name_prefix = test_ns("join7"), .shm_size = 2 * (64u << 20), .max_workers = 3};
+    int rc = sr_spawn(2, other_user_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
