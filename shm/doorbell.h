@@ -3,45 +3,65 @@
  *
  * Each worker owns one 32-bit word in the worker table (sr_worker_info.doorbell).
  *
+ * Watching the head. Whoever stops polling a worker's inbox (the progress
+ * thread before it sleeps, a user thread that hands the inbox back to it or
+ * sleeps holding it) first watches the slot at the inbox's head
+ * (sr__ring_watch, W1: a seq_cst CAS of the slot's sequence word to a
+ * "watched" value, shm/ring.h). The producer whose claim takes a watched
+ * slot, or whose publish (an exchange of the same word) finds its claim
+ * watched, rings after publishing; no other send looks at the doorbell at
+ * all. One word carries both sides, so no ring is lost: either the watch
+ * comes first and the claim or publish sees it, or the publish comes first
+ * and the watch fails (the consumer polls instead of sleeping). Messages
+ * behind the head need no ring of their own: their claims come after the
+ * head's, whose publisher rings. A thread that polls again un-watches
+ * (sr__ring_unwatch; a watched claim left behind rings once for nothing).
+ *
+ * Why: the word below lives on a line every producer would otherwise read
+ * after every send (D3), and a user thread took and handed back the inbox
+ * on every call, writing the word twice; each write then had to take the
+ * line back from the peer that read it, a cache-line round trip on the
+ * critical path of every call (docs/PERFORMANCE.md). The watched slot is
+ * the line the next message is written to anyway.
+ *
  *   consumer (sr__waiter_sleep)             producer (sr__doorbell_ring)
- *   D1 store word = SLEEPING               (message published in the ring)
- *   D2 fence(seq_cst)                      D3 fence(seq_cst)
- *      re-check the ring; if non-empty,       load word; if SLEEPING and our
- *      clear the word and do not sleep        exchange wins, wake the consumer
+ *   W1 watch the head slot                 (message published into a watched slot)
+ *   D1 store word = SLEEPING               D3 fence(seq_cst)
+ *   D2 fence(seq_cst)                         load word; if SLEEPING and our
+ *      re-check the ring; if non-empty,       exchange wins, wake the consumer
+ *      do not sleep
  *
  * D2 pairs with D3 (a Dekker handshake): either the consumer sees the
  * message, or the producer sees SLEEPING. So no wake-up is ever lost, and a
  * producer makes the wake syscall only when the consumer really sleeps, and
  * only one producer makes it (the one whose exchange returned SLEEPING).
+ * The word says who sleeps on it, not whether the inbox is polled: while a
+ * user thread holds the inbox the parked progress thread still sleeps on
+ * it, and the word stays SLEEPING, so the common hand-back writes nothing
+ * here (it stores SLEEPING, with D2, only when a ring or its own sleep
+ * changed it).
  *
  * R1, quiet sends and one ring: a producer may publish several messages to
  * one consumer without ringing (a quiet send) and then ring once
- * (sr__xport_ring_peer). D3 then follows every one of those publishes in
- * the producing thread's order, so the handshake covers them all: a
- * consumer that read some of them and then announced its sleep (D1, D2)
- * either sees the rest in its re-check, or the producer's load after D3
- * sees SLEEPING and wakes it. The ring must come from the thread that made
- * the quiet sends (its fence orders its own stores), after the last of
- * them and before that thread itself waits for anything the consumer will
- * do (the RPC layer's poll bursts: lib/rpc/poll.c).
+ * (sr__xport_ring_peer). A quiet send that finds its slot watched records a
+ * ring owed to that peer; the thread's ring_peer, or the next loud send to
+ * the peer from any thread, pays it (after the publish that owed it). The
+ * ring must come before that thread itself waits for anything the consumer
+ * will do (the RPC layer's poll bursts: lib/rpc/poll.c).
  *
  * R2, a lazy send (no ring follows: a message nobody waits on, read when
- * the consumer next polls) can still hold up messages that others wait on:
- * the consumer reads in order and stops at a claimed, unpublished slot, so
- * if it looked while the lazy producer had claimed its slot and not yet
- * published it, it may sleep with later messages in its ring whose
- * producers found it awake and rang nobody. So after publishing, the lazy
- * producer fences (P2, seq_cst) and looks at the next slot; if it was
- * claimed or published since, it rings as a send does. P2 pairs with that
- * later producer's D3 (its claim precedes its D3): either the lazy producer
- * sees the claim and rings, or the later producer's doorbell load comes
- * after the consumer's announcement, sees it, and wakes it (shm/ring.h,
- * sr__ring_claimed_behind).
+ * the consumer next polls) that finds its slot watched does not ring for
+ * itself: it hands the watch on to the next slot (sr__ring_watch_next), so
+ * that the next message, which someone may wait on, rings; where it cannot
+ * (the next slot already published), it rings.
  *
  * The same pair carries space events (xport.h): the consumer of a full inbox
  * that frees slots stores the blocked sender's space_kick and then rings
  * the sender's doorbell (D3 after the store), and every sender-side thread
- * about to sleep checks space_kick after its D2, next to its ring.
+ * about to sleep checks space_kick after its D2, next to its ring. Those
+ * direct rings (and the supervisor's X3, shutdown's pokes) read the word
+ * whatever the slots say: one of them while a user thread polls wakes the
+ * parked progress thread for nothing, which is rare and harmless.
  *
  * Two kinds of consumer sleep on the word, told apart by the value announced:
  *   SLEEPING       the progress thread, in io_uring (shm/waiter.c). Its
@@ -53,19 +73,18 @@
  *                  futex_waitv with its future. The producer wakes it with
  *                  bitset SR_DOORBELL_BIT_USER, which the progress thread's
  *                  armed wait does not match: a response wakes its caller
- *                  directly, and only it.
+ *                  directly, and only it. Once awake it stores SLEEPING again
+ *                  (the parked progress thread's word).
  * The same handshake covers both: a producer acts on any value but AWAKE.
  *
  * The wake is FUTEX_WAKE (or FUTEX_WAKE_BITSET) on the shared (not private)
  * word, or, in the eventfd fallback, an 8-byte write to the consumer's
  * eventfd (there only the progress thread sleeps on the doorbell).
  *
- * Cost: D3 makes the producer wait until its publish owns the slot's cache
- * line. The consumer cannot see the message before that anyway, so the fence
- * adds nothing to a round trip; it only spaces out one producer's
- * back-to-back sends (bench_ring: a burst still costs less than one line
- * transfer per message). It cannot be skipped when the consumer is "known
- * awake": a stale AWAKE is exactly the case the handshake exists for.
+ * Cost: a send into an unwatched slot pays nothing for the doorbell (its
+ * publish is an exchange instead of a store: a locked instruction on a line
+ * it owns). A watched one pays D3, a load of the consumer's line, and the
+ * wake when the consumer sleeps.
  */
 #ifndef SR_SHM_DOORBELL_H
 #define SR_SHM_DOORBELL_H

@@ -38,11 +38,11 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
         *pos = t;
         return 1;
     }
-    if (seq == p)
-        return 1; /* free: claim it */
+    if (sr__ring_free_at(size, seq, p))
+        return 1; /* free (watched or not): claim it */
     if (seq == p + 1 - size)
         return -EAGAIN; /* last lap's message, unread: full */
-    if (sr__ring_mark_id(size, seq, p) < SR_RING_VOID) {
+    if (sr__ring_claimer(size, seq, p) != UINT32_MAX) {
         /* claimed, and its claimer has not moved tail on yet (preempted, or
          * dead and not reaped yet): T1 on its behalf, so that producers are
          * never held up by one. acq_rel: as T1. */
@@ -52,7 +52,8 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
         *pos = t;
         return 1;
     }
-    if (sr__ring_mark_id(size, seq, p - size) != UINT32_MAX)
+    uint32_t last = sr__ring_mark_id(size, seq, p - size);
+    if (last != UINT32_MAX && last != SR_RING_FREE_W)
         return -EAGAIN; /* last lap's claim (or void), not yet read: full */
     /* a publish or void of p with tail not past p, a later lap, or a value no
      * state of slot p can hold */
@@ -160,19 +161,23 @@ int sr__ring_reap_producer(struct sr_ring *r, uint32_t size, uint32_t id)
     int voided = 0;
     for (uint32_t q = t - size; q != t + 1; q++) {
         _Atomic uint32_t *seq = &r->slots[q & (size - 1)].seq;
-        uint32_t mark = sr__ring_mark(size, q, id);
-        /* relaxed: the dead producer's mark landed before it was reaped, and
-         * nobody else writes a claimed slot */
-        if (atomic_load_explicit(seq, memory_order_relaxed) != mark)
+        /* relaxed: the dead producer's mark landed before it was reaped;
+         * only the consumer's watch writes a claimed slot besides (a
+         * watched mark is the claim's all the same) */
+        uint32_t mark = atomic_load_explicit(seq, memory_order_relaxed);
+        if (mark != sr__ring_mark(size, q, id) && mark != sr__ring_mark(size, q, SR_RING_WATCHED + id))
             continue;
         uint32_t e = q;
         /* T1 on the dead claimer's behalf (acq_rel: as T1), before V1: who
          * sees the void sees tail past q. Fails when a producer did it. */
         atomic_compare_exchange_strong_explicit(&r->tail, &e, q + 1, memory_order_acq_rel, memory_order_relaxed);
-        /* V1 release: pairs with the consumer's C1 and the producers' P0 acquire */
-        if (!atomic_compare_exchange_strong_explicit(seq, &mark, sr__ring_mark(size, q, SR_RING_VOID),
-                                                     memory_order_release, memory_order_relaxed))
-            return -EPROTO;
+        /* V1 release: pairs with the consumer's C1 and the producers' P0
+         * acquire. Fails when the consumer watched the claim meanwhile
+         * (then again from the watched mark) or another writer wrote it. */
+        while (!atomic_compare_exchange_strong_explicit(seq, &mark, sr__ring_mark(size, q, SR_RING_VOID),
+                                                        memory_order_release, memory_order_relaxed))
+            if (mark != sr__ring_mark(size, q, SR_RING_WATCHED + id))
+                return -EPROTO;
         voided++;
     }
     return voided;
@@ -184,7 +189,8 @@ int sr__ring_reap_producer(struct sr_ring *r, uint32_t size, uint32_t id)
  * legal state (free at p: tail moved past p, so p was claimed). */
 static int recover_state(uint32_t size, uint32_t seq, uint32_t p)
 {
-    if (seq == p + 1 || sr__ring_mark_id(size, seq, p) != UINT32_MAX)
+    uint32_t id = sr__ring_mark_id(size, seq, p);
+    if (seq == p + 1 || (id != UINT32_MAX && id != SR_RING_FREE_W))
         return 1;
     if (seq == p + size || seq == p + size + 1 || sr__ring_mark_id(size, seq, p + size) != UINT32_MAX)
         return 0;

@@ -33,13 +33,14 @@
  * Indices are free-running 32-bit counters, masked on access. Comparisons use
  * the signed difference (int32_t)(a - b), which is exact while the ring holds
  * fewer than 2^31 slots, so wrap-around at 2^32 is harmless. A mark lies
- * 2^31 (plus at most 2 SR_RING_VOID + 1) past its position, so marks and
+ * 2^31 (plus less than 2 SR_RING_MARK_IDS) past its position, so marks and
  * sequence values of the laps a reader can see are told apart exactly while
  * the ring has at most 2^30 slots (the segment's limit).
  *
  * Ordering contract (barrier pairs):
- *   P1  producer: release store of seq = p + 1 (publish)
- *       pairs with consumer: acquire load of seq (C1) -> the message bytes are visible.
+ *   P1  producer: exchange of seq to p + 1 (publish; seq_cst, a release at least)
+ *       pairs with consumer: acquire load of seq (C1) -> the message bytes are visible;
+ *       and with the consumer's watch CAS (W1) of the same word.
  *   C2  consumer: release store of seq = p + size (free)
  *       pairs with producer: acquire load of seq before claiming (P0, and the
  *       claiming CAS P0') -> the consumer's copy-out is complete before the
@@ -57,6 +58,19 @@
  *       died and was reaped (its stores have landed). Otherwise head and
  *       held are the consumer's alone, in its private struct sr_ring_cons
  *       while it is attached (written back in full at detach).
+ *
+ * Watching the head (doorbell.h). A consumer about to stop polling CASes
+ * the sequence word of the slot at its head to a watched value: a free
+ * slot to the mark of id SR_RING_FREE_W, a claim by id to the mark of id
+ * SR_RING_WATCHED + id (W1, seq_cst). A claim of a watched free slot
+ * replaces it as it replaces a free one, and tells its claimer to ring
+ * (the claim returns 1); the publish is an exchange (P1, seq_cst) and tells
+ * the claimer to ring when it replaced a watched claim. A published slot
+ * cannot be watched: the consumer reads it instead. So these values are
+ * legal besides the ones below: a watched free slot at the consumer's head
+ * (free to every reader; a free slot a lap behind stays illegal, watched
+ * or not), and a watched claim wherever a claim may be (its claimer's all
+ * the same: the reaper voids it too).
  *
  * Full ring: enqueue returns -EAGAIN. Nothing is dropped; the caller retries
  * (see sr__xport_send_wait) or queues locally. Slots the consumer holds (read,
@@ -223,6 +237,13 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos);
  * died and was reaped: the consumer skips it. */
 #define SR_RING_MARK 0x80000000u
 #define SR_RING_VOID SR_RING_MAX_PRODUCERS
+/* Watched slots (see "Watching the head" above): the mark id of a free slot
+ * its consumer watches, and the base of the ids of claims it watches
+ * (SR_RING_WATCHED + the claimer's id). Every mark id is below
+ * SR_RING_MARK_IDS. */
+#define SR_RING_FREE_W (SR_RING_VOID + 1)
+#define SR_RING_WATCHED (SR_RING_VOID + 2)
+#define SR_RING_MARK_IDS (SR_RING_WATCHED + SR_RING_VOID)
 
 static inline uint32_t sr__ring_lap(uint32_t size, uint32_t pos) { return (pos & size) ? 1u : 0u; }
 
@@ -236,13 +257,50 @@ static inline uint32_t sr__ring_mark(uint32_t size, uint32_t pos, uint32_t id)
 static inline uint32_t sr__ring_mark_id(uint32_t size, uint32_t seq, uint32_t pos)
 {
     uint32_t u = seq - pos - SR_RING_MARK;
-    if (u > 2 * SR_RING_VOID + 1 || (u & 1) != sr__ring_lap(size, pos))
+    if (u > 2 * SR_RING_MARK_IDS - 1 || (u & 1) != sr__ring_lap(size, pos))
         return UINT32_MAX;
     return u >> 1;
 }
 
+/* The producer whose claim of pos seq is, watched or not; UINT32_MAX when
+ * seq is no live claim of pos (free, watched free, void, anything else). */
+static inline uint32_t sr__ring_claimer(uint32_t size, uint32_t seq, uint32_t pos)
+{
+    uint32_t id = sr__ring_mark_id(size, seq, pos);
+    if (id < SR_RING_VOID)
+        return id;
+    return id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS ? id - SR_RING_WATCHED : UINT32_MAX;
+}
+
+/* Watch the slot of position q (sr__ring_watch, sr__ring_watch_next): its
+ * free state becomes watched, or a live claim a watched claim. True when it
+ * is watched now (or was); false when it is published, void, held or
+ * corrupt. W1: a seq_cst CAS (see sr__ring_watch). */
+static inline bool sr__ring_watch_slot(_Atomic uint32_t *s, uint32_t size, uint32_t q)
+{
+    uint32_t seq = atomic_load_explicit(s, memory_order_relaxed); /* relaxed: the CAS below decides */
+    for (;;) {
+        uint32_t id = sr__ring_mark_id(size, seq, q), want;
+        if (seq == q)
+            want = sr__ring_mark(size, q, SR_RING_FREE_W);
+        else if (id < SR_RING_VOID)
+            want = sr__ring_mark(size, q, SR_RING_WATCHED + id);
+        else /* watched already; or published, void, held or corrupt */
+            return id == SR_RING_FREE_W || (id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS);
+        if (atomic_compare_exchange_strong_explicit(s, &seq, want, memory_order_seq_cst, memory_order_relaxed))
+            return true;
+    }
+}
+
+/* Is seq the free slot of pos, watched or not? */
+static inline bool sr__ring_free_at(uint32_t size, uint32_t seq, uint32_t pos)
+{
+    return seq == pos || seq == sr__ring_mark(size, pos, SR_RING_FREE_W);
+}
+
 /* Producer `id` (< SR_RING_VOID: the sender's rank) claims a position: 0 and
- * *at set, -EAGAIN when full, -EPROTO when the ring's shared words hold
+ * *at set (1: the consumer watches it, so the claimer rings once it has
+ * published), -EAGAIN when full, -EPROTO when the ring's shared words hold
  * values no legal history can produce. size: the ring's slot count as the
  * segment's layout says (the caller's private copy: the ring's own size and
  * mask words are never trusted, a scribbled mask would index outside the
@@ -258,9 +316,11 @@ static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, 
         struct sr_slot *s = &r->slots[pos & mask];
         /* P0 acquire: pairs with the consumer's C2 release that freed this slot */
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-        if (seq == pos) {
+        if (sr__ring_free_at(size, seq, pos)) {
+            bool watched = seq != pos;
             /* P0' acquire on success: as P0 (the value replaced is the C2
-             * store); relaxed on failure: seq is classified below */
+             * store, or the consumer's watch of it); relaxed on failure:
+             * seq is classified below */
             if (sr_likely(atomic_compare_exchange_strong_explicit(&s->seq, &seq, sr__ring_mark(size, pos, id),
                                                                   memory_order_acquire, memory_order_relaxed))) {
                 uint32_t expect = pos;
@@ -272,13 +332,14 @@ static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, 
                 atomic_compare_exchange_strong_explicit(&r->tail, &expect, pos + 1, memory_order_acq_rel,
                                                         memory_order_relaxed);
                 *at = pos;
-                return 0;
+                return watched;
             }
+            continue; /* seq changed under us (another claim, or the consumer's watch): classify it again */
         }
         int32_t dif = (int32_t)(seq - pos);
         if (dif == 1 - (int32_t)size)
             return -EAGAIN; /* the slot still holds last lap's message: full */
-        if (sr__ring_mark_id(size, seq, pos) < SR_RING_VOID) {
+        if (sr__ring_claimer(size, seq, pos) != UINT32_MAX) {
             /* Another producer claimed pos (typically: it won the CAS above)
              * and has not moved tail yet: T1 on its behalf (acq_rel: as
              * T1), then the next position. */
@@ -307,41 +368,41 @@ static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, 
     }
 }
 
-/* The claimer of pos copies its message in and publishes it. */
-static inline void sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t pos, const sr_msg *m)
+/* The claimer of pos copies its message in and publishes it. True when the
+ * consumer watched the slot meanwhile (it then rings, doorbell.h). */
+static inline bool sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t pos, const sr_msg *m)
 {
     struct sr_slot *s = &r->slots[pos & (size - 1)];
     s->msg = *m;
-    /* P1 release: pairs with the consumer's C1 acquire */
-    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+    /* P1 (seq_cst, a release at least): pairs with the consumer's C1
+     * acquire; and with the consumer's seq_cst watch CAS (W1): an exchange,
+     * so that a watch of our claim is seen here or the watch sees the
+     * publish */
+    uint32_t was = atomic_exchange_explicit(&s->seq, pos + 1, memory_order_seq_cst);
+    return sr__ring_mark_id(size, was, pos) >= SR_RING_WATCHED; /* a watched claim (or a foreign write: ring) */
 }
 
-/* After publishing pos without ringing its consumer: may a message behind
- * it wait on it? The consumer stops at the first slot not yet published
- * (sr__ring_cons_pending says "not pending" for a claimed head), so a
- * consumer that read up to pos while this producer had claimed pos but not
- * published it may have gone to sleep with later messages published (whose
- * producers saw it awake and rang nobody): this producer must ring then
- * (doorbell.h, R2). True when the next slot was claimed or published since.
- * P2 seq_cst fence: pairs with a later producer's D3 (its claim of pos + 1
- * is sequenced before its D3), so that either this load sees that claim, or
- * that producer's doorbell load sees the consumer's sleep announcement. */
-static inline bool sr__ring_claimed_behind(struct sr_ring *r, uint32_t size, uint32_t pos)
+/* A producer that published pos into a watched slot and will not ring (a
+ * lazy send, doorbell.h R2) hands the watch on to pos + 1, so that the next
+ * message, which someone may wait on, rings: the free slot of pos + 1
+ * becomes watched, or a claim of it a watched claim. False when it cannot
+ * (pos + 1 is published, or still held by the consumer, or corrupt): the
+ * producer rings itself. seq_cst CAS: as the consumer's watch (W1). */
+static inline bool sr__ring_watch_next(struct sr_ring *r, uint32_t size, uint32_t pos)
 {
-    atomic_thread_fence(memory_order_seq_cst); /* P2 */
-    /* relaxed: ordered by P2; any value but "free for pos + 1" means a claim since */
-    return atomic_load_explicit(&r->slots[(pos + 1) & (size - 1)].seq, memory_order_relaxed) != pos + 1;
+    return sr__ring_watch_slot(&r->slots[(pos + 1) & (size - 1)].seq, size, pos + 1);
 }
 
 /* Multi-producer enqueue of one message by producer `id` (the sender's
- * rank, < SR_RING_VOID): sr__ring_claim, then sr__ring_publish. 0; -EAGAIN
+ * rank, < SR_RING_VOID): sr__ring_claim, then sr__ring_publish. 0; 1 the
+ * consumer watched the slot (the sender must ring: doorbell.h); -EAGAIN
  * when full; -EPROTO when the ring is corrupt. _at: and the position. */
 static inline int sr__ring_enqueue_at(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m, uint32_t *at)
 {
     uint32_t pos = 0; /* set by a claim that succeeds; gcc cannot tell */
     int rc = sr__ring_claim(r, size, id, &pos);
-    if (sr_likely(rc == 0))
-        sr__ring_publish(r, size, pos, m);
+    if (sr_likely(rc >= 0))
+        rc |= sr__ring_publish(r, size, pos, m);
     *at = pos;
     return rc;
 }
@@ -513,6 +574,39 @@ static inline void sr__ring_cons_check(struct sr_ring_cons *c)
     uint32_t seq = atomic_load_explicit(&c->slots[pos & c->mask].seq, memory_order_acquire);
     if (sr_unlikely(seq != pos && seq != pos + 1 && sr__ring_mark_id(c->size, seq, pos) == UINT32_MAX))
         sr__ring_cons_corrupt(c, pos, seq);
+}
+
+/* Consumer, before it stops polling (every sleep, every hand-over to a
+ * sleeping thread): watch the slot at head, so that whoever publishes there
+ * rings its doorbell (doorbell.h, "Watching the head"). The free slot
+ * becomes watched, or a claim of it a watched claim (its claimer's publish
+ * then rings). False when a message is ready there, the slot is void, held
+ * (every slot held: release first) or corrupt: poll rather than sleep. W1:
+ * a seq_cst CAS, paired with the producers' claim CAS and publish exchange
+ * of the same word (one word: no lost ring), and ordering the sleeper's
+ * later loads (its re-checks) after it. */
+static inline bool sr__ring_watch(struct sr_ring_cons *c)
+{
+    if (c->held == c->size)
+        return false;
+    /* relaxed: only the consumer writes head */
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    return sr__ring_watch_slot(&c->slots[pos & c->mask].seq, c->size, pos);
+}
+
+/* Consumer, polling again: stop watching a free slot at head (a producer
+ * that claims it would ring for nothing). A watched claim stays watched:
+ * one ring for nothing at most. */
+static inline void sr__ring_unwatch(struct sr_ring_cons *c)
+{
+    if (c->held == c->size)
+        return;
+    /* relaxed: only the consumer writes head */
+    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+    uint32_t w = sr__ring_mark(c->size, pos, SR_RING_FREE_W);
+    /* relaxed: a claim that wins instead rings once, harmlessly */
+    atomic_compare_exchange_strong_explicit(&c->slots[pos & c->mask].seq, &w, pos, memory_order_relaxed,
+                                            memory_order_relaxed);
 }
 
 /* Consumer only: should it poll rather than sleep? True when a message is

@@ -62,8 +62,9 @@
  *   send_quiet, ring_peer  a producer's burst: several quiet sends to one
  *              consumer, then one ring of its doorbell, from the same thread.
  *   send_lazy  a message read whenever the consumer next polls (no ring
- *              follows); it still wakes the consumer when a message sent
- *              behind it may be waiting on it.
+ *              follows); it still makes sure that the message sent behind
+ *              it wakes the consumer (shm: it hands the consumer's watch on,
+ *              doorbell.h R2).
  *   kick       level-triggered: ends the sleeping thread's next or current
  *              sleep (either kind). poke: kick, and wake every sleeper on
  *              the inbox whatever it announced. nudge: wake a holder asleep
@@ -106,7 +107,8 @@ typedef struct sr_tport sr_tport;
  * check that finds work and returns is no sleep); not sleep_aside. */
 struct sr_tport_stats {
     uint64_t sent, received, wakes, sleeps, full, spin_hits;
-    uint64_t rings; /* doorbell checks made by sends and ring_peer (wake): D3 fences, each a load of a peer's line */
+    uint64_t rings; /* doorbell checks made by sends and ring_peer (wake): D3 fences, each a load of a peer's
+                     * line; shm: only where the consumer watched (doorbell.h) */
 };
 
 /* caps: what the instance's sleeps can do, and how its messages travel. */

@@ -183,47 +183,80 @@ Test(ring, unpublished_slot_holds_back_the_consumer)
     free(r);
 }
 
-/* The case a lazy send must ring for (doorbell.h R2): the consumer stops at
- * a claimed, unpublished head, so it finds nothing pending and may sleep
- * while a message published behind it waits; once the head's producer
- * publishes, sr__ring_claimed_behind tells it so. With nothing claimed
- * behind, or with the slot behind published long before (a lap ago), it
- * says no. */
-Test(ring, a_publish_ahead_of_a_later_claim_is_told_to_ring)
+/* Watching the head (doorbell.h): a consumer about to sleep watches the
+ * slot at its head; the producer that publishes there is told to ring
+ * (enqueue returns 1), and only it: the claims after it, and every send
+ * once the consumer polls again (unwatch), are not. A watch of a published
+ * head fails (poll instead), and a watch of a claimed, unpublished head
+ * makes its publish ring. */
+Test(ring, the_publish_into_a_watched_head_rings_and_no_other)
 {
     struct sr_ring *r = ring_new(8);
+    sr_msg m = msg_of(0), out[8];
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "nobody watches: no ring");
+    cr_assert(!sr__ring_watch(cons(r)), "a message is ready at head: poll, not sleep");
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
+    cr_assert(sr__ring_watch(cons(r)), "a free head is watched");
+    cr_assert(sr__ring_watch(cons(r)), "watching twice is watching");
+    cr_assert(!sr__ring_cons_pending(cons(r)), "a watched free slot is nothing to read");
+    m = msg_of(1);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the publish into the watched head rings");
+    m = msg_of(2);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "the one behind it does not");
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
+    cr_assert_eq(value_of(&out[0]), 1u);
+    cr_assert(sr__ring_watch(cons(r)), "watched at position 3");
+    sr__ring_unwatch(cons(r));
+    m = msg_of(3);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "unwatched again: no ring");
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
+    /* A claimed head, watched before its publish: the publish rings. */
     uint32_t pos;
     cr_assert_eq(sr__ring_claim(r, r->size, 7, &pos), 0);
-    cr_assert_eq(pos, 0u);
-    sr_msg m = msg_of(1);
-    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0);
-    cr_assert(!sr__ring_cons_pending(cons(r)), "a claimed head: the consumer sees nothing pending");
-    sr_msg m0 = msg_of(0);
-    sr__ring_publish(r, r->size, pos, &m0);
-    cr_assert(sr__ring_claimed_behind(r, r->size, pos), "a message waits behind position 0: ring");
-    sr_msg out[8];
+    cr_assert(sr__ring_watch(cons(r)), "a claimed head is watched (its claimer will ring)");
+    cr_assert(!sr__ring_cons_pending(cons(r)), "a watched claim is nothing to read yet");
+    m = msg_of(4);
+    cr_assert(sr__ring_publish(r, r->size, pos, &m), "the watched claim's publish rings");
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
+    cr_assert_eq(value_of(&out[0]), 4u);
+    free(r);
+}
+
+/* A lazy send (doorbell.h R2) into a watched head does not ring for
+ * itself: it hands the watch on to the next position, whose producer
+ * rings, whether that one claims after the hand-on or had claimed before
+ * it. It cannot hand it on to a published slot: it rings then. */
+Test(ring, a_lazy_send_hands_the_watch_on)
+{
+    struct sr_ring *r = ring_new(8);
+    sr_msg m = msg_of(0), out[8];
+    uint32_t pos;
+    cr_assert(sr__ring_watch(cons(r)));
+    cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 1);
+    cr_assert(sr__ring_watch_next(r, r->size, pos), "the free slot of position 1 is watched now");
+    m = msg_of(1);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the next send rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
-    /* Alone: position 2, nothing behind it. */
-    m = msg_of(2);
-    cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 0);
-    cr_assert_eq(pos, 2u);
-    cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "nothing behind position 2");
-    /* Claimed behind, not yet published: ring too. */
-    uint32_t next;
+    /* The next position claimed before the hand-on: its publish rings. */
+    cr_assert(sr__ring_watch(cons(r)));
+    uint32_t lazy, next;
+    cr_assert_eq(sr__ring_claim(r, r->size, 7, &lazy), 1, "the claim of a watched head says so");
     cr_assert_eq(sr__ring_claim(r, r->size, 7, &next), 0);
-    cr_assert(sr__ring_claimed_behind(r, r->size, pos), "position 3 is claimed");
+    m = msg_of(2);
+    cr_assert(!sr__ring_publish(r, r->size, lazy, &m), "the watch was seen at the claim, not left on the mark");
+    cr_assert(sr__ring_watch_next(r, r->size, lazy), "the claim of position 3 is watched now");
     m = msg_of(3);
-    sr__ring_publish(r, r->size, next, &m);
+    cr_assert(sr__ring_publish(r, r->size, next, &m), "its publish rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
-    /* Positions 4..11 wrap: the slot after 11 is 12's, freed by the read of 4. */
-    for (uint32_t v = 4; v < 12; v++) {
-        m = msg_of(v);
-        cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 0);
-        if (v == 4)
-            cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "position 5 is free");
-        cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 1), 1);
-    }
-    cr_assert(!sr__ring_claimed_behind(r, r->size, pos), "the slot after position 11 is free for 12");
+    /* The next position published before the hand-on: ring. */
+    cr_assert(sr__ring_watch(cons(r)));
+    cr_assert_eq(sr__ring_claim(r, r->size, 7, &lazy), 1);
+    m = msg_of(5);
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0);
+    m = msg_of(4);
+    sr__ring_publish(r, r->size, lazy, &m);
+    cr_assert(!sr__ring_watch_next(r, r->size, lazy), "position 5 is published: the lazy sender rings");
+    cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
     free(r);
 }
 
@@ -656,12 +689,12 @@ Test(ring, illegal_marks_are_eproto, .timeout = 20)
         /* to a producer at tail 0 the same word is a legal claim of position
          * -n (by another id): a full ring, not a spin */
         cr_assert_eq(sr__ring_enqueue(r, n, PRODUCER, &m), -EAGAIN, "size %u: a mark of the last lap", n);
-        /* an id past SR_RING_VOID */
+        /* an id past every mark id (the void, the watched free slot, the watched claims) */
         view.ring = NULL;
         atomic_store(&r->slots[0].seq, 0);
         cons(r);
-        atomic_store(&r->slots[0].seq, sr__ring_mark(n, 0, SR_RING_VOID + 1));
-        cr_assert_eq(sr__ring_enqueue(r, n, PRODUCER, &m), -EPROTO, "size %u: id past the void", n);
+        atomic_store(&r->slots[0].seq, sr__ring_mark(n, 0, SR_RING_MARK_IDS));
+        cr_assert_eq(sr__ring_enqueue(r, n, PRODUCER, &m), -EPROTO, "size %u: id past the mark ids", n);
         cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 1), 0u);
         cr_assert_eq(sr__ring_cons_error(cons(r), &pos, &seq), -EPROTO);
         cr_assert_eq(sr__ring_reap_producer(r, n, SR_RING_VOID), -EINVAL);

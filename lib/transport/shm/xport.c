@@ -641,6 +641,15 @@ static int __attribute__((noinline, cold)) not_local_error(sr_xport *x, int to, 
                     x->seg.name);
 }
 
+/* A ring owed to p by quiet sends (R1), taken: true once per owed ring.
+ * The relaxed load keeps the exchange off sends that owe nothing. acquire:
+ * pairs with the quiet send's release store, after its publish. */
+static inline bool owed_taken(struct sr_peer *p)
+{
+    return atomic_load_explicit(&p->owed, memory_order_relaxed) &&
+           atomic_exchange_explicit(&p->owed, false, memory_order_acquire);
+}
+
 /* How a send wakes its consumer: RING (as it publishes), QUIET (it does
  * not: the thread rings later, R1) or LAZY (no ring follows: it rings only
  * when a message behind it may be waiting on it, R2). */
@@ -661,7 +670,7 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, enum send_mode mode)
     m->gens = (uint8_t)((x->gen & 0xfu) | (atomic_load_explicit(&p->gen, memory_order_acquire) & 0xfu) << 4);
     uint32_t pos;
     int rc = sr__ring_enqueue_at(p->inbox, x->seg.ring_slots, (uint32_t)x->rank, m, &pos);
-    if (sr_unlikely(rc != 0)) {
+    if (sr_unlikely(rc < 0)) {
         if (rc == -EPROTO) {
             /* Its consumer may be asleep with nothing ready, waiting for an
              * answer that can no longer arrive: wake it, so it finds the
@@ -673,7 +682,12 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, enum send_mode mode)
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
-    bool ring = mode == SEND_RING || (mode == SEND_LAZY && sr__ring_claimed_behind(p->inbox, x->seg.ring_slots, pos));
+    /* rc 1: the consumer watches the slot (doorbell.h): it may sleep. A loud
+     * send also pays what quiet ones before it owe (R1: it is their ring). */
+    bool ring = mode == SEND_RING ? rc == 1 || owed_taken(p)
+                                  : rc == 1 && mode == SEND_LAZY && !sr__ring_watch_next(p->inbox, x->seg.ring_slots, pos);
+    if (rc == 1 && mode == SEND_QUIET) /* release: pairs with owed_taken's acquire exchange */
+        atomic_store_explicit(&p->owed, true, memory_order_release);
     /* relaxed: statistics; one add either way (sr_xport_stats) */
     atomic_fetch_add_explicit(ring ? &x->st.sent : &x->st.quiet, 1, memory_order_relaxed);
     if (ring && sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
@@ -696,6 +710,8 @@ int sr__xport_ring_peer(sr_xport *x, int to)
     struct sr_peer *p = &x->peers[to];
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr__xport_ring_peer");
+    if (!owed_taken(p))
+        return 0; /* no slot of ours was watched: its consumer polls, or will see them before it sleeps */
     atomic_fetch_add_explicit(&x->st.peer_rings, 1, memory_order_relaxed); /* relaxed: statistics */
     if (sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
         atomic_fetch_add_explicit(&x->st.wakes, 1, memory_order_relaxed); /* relaxed: statistics */
@@ -979,9 +995,13 @@ void sr__xport_sleep_end(sr_xport *x, int64_t t0)
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg)
 {
     release_inbox(x); /* never sleep holding slots a blocked producer waits for */
+    if (!sr__ring_watch(x->inbox)) /* W1 (doorbell.h): a message at head is the ring's re-check */
+        return SR_WAKE_DOORBELL;
     consumer_count(&x->st.sleeps, 1);
     int64_t t0 = sr__xport_sleep_begin(x);
     int ev = sr__waiter_sleep(&x->waiter, deadline_ns, ready, arg);
     sr__xport_sleep_end(x, t0);
+    /* The sleeper polls again, or parked the inbox (ready() handed it over:
+     * its next holder unwatches) */
     return ev;
 }

@@ -38,8 +38,9 @@ typedef struct sr_xport_opts {
 } sr_xport_opts;
 
 /* Counters of this worker (relaxed atomics: statistics only). sent (the
- * sends that rang), quiet (those that did not), peer_rings
- * (sr__xport_ring_peer), wakes and full are added to by any sending
+ * sends that rang: into a slot their consumer watched, or paying a ring
+ * quiet ones owed; doorbell.h), quiet (those that did not), peer_rings
+ * (sr__xport_ring_peer calls that paid an owed ring), wakes and full are added to by any sending
  * thread; received, sleeps and spin_hits are written by the inbox's
  * consumer alone. Every send adds to one of sent and quiet, so that the
  * doorbell checks (sent + peer_rings) cost no add of their own. */
@@ -71,6 +72,11 @@ struct sr_peer {
      * an atomic, read with sr__xport_peer_kind. */
     _Atomic uint32_t kind;
     int eventfd;
+    /* A quiet send to it found its slot watched (doorbell.h, R1): the next
+     * ring_peer rings. Set by a sending thread after its publish, taken by
+     * the ring_peer of any thread (exchange): a ring after the publish
+     * either way. */
+    _Atomic bool owed;
     char name[SR_NAME_MAX];
 };
 

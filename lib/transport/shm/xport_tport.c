@@ -34,12 +34,11 @@ static bool t_pending(sr_tport *t) { return sr__ring_cons_pending(X(t)->inbox); 
 static const char *t_inbox_text(sr_tport *t, char *buf, size_t len) { return sr__xport_inbox_text(X(t), buf, len); }
 
 /* Another thread took the inbox: it polls now, so producers need not wake
- * the thread asleep on the doorbell. */
-static void t_hold(sr_tport *t)
-{
-    /* relaxed: a stale SLEEPING costs one spurious wake, never a lost one */
-    atomic_store_explicit(&X(t)->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-}
+ * the thread asleep on the doorbell: the slot at head is no longer watched
+ * (doorbell.h, "Watching the head"). The doorbell word is left as it is
+ * (SLEEPING: the parked thread still sleeps on it), so that handing the
+ * inbox back writes no line a producer reads. */
+static void t_hold(sr_tport *t) { sr__ring_unwatch(X(t)->inbox); }
 
 /* The holding thread hands the inbox back to the thread asleep on the
  * doorbell. It released the inbox before it slept, and will
@@ -52,14 +51,19 @@ static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
 {
     sr_xport *x = X(t);
     sr__xport_recv_burst(x, NULL, 0);
-    /* relaxed: the D2 fence below orders it before the ring re-check */
-    atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
-    /* D2 (doorbell.h): pairs with the producers' D3 fence (and with the
-     * supervisor's X3 ring: busy() checks the departures) */
-    atomic_thread_fence(memory_order_seq_cst);
-    if (sr__ring_cons_pending(x->inbox) || sr__xport_space_kicked(x) || busy(arg)) {
-        /* relaxed: only the holder writes a sleep announcement; a producer's exchange also writes AWAKE */
-        atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    /* The parked thread sleeps on the word as SLEEPING: say so again only if
+     * a ring (or this holder's own sleep) changed it. The common hand-back
+     * writes nothing here: producers read this line. */
+    if (atomic_load_explicit(&x->me->doorbell, memory_order_relaxed) != SR_DOORBELL_SLEEPING) {
+        /* relaxed: the D2 fence below orders it before the re-checks */
+        atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
+        /* D2 (doorbell.h): pairs with the D3 fence of a direct ring (a space
+         * kick, the supervisor's X3 ring: busy() checks the departures) */
+        atomic_thread_fence(memory_order_seq_cst);
+    }
+    /* The watch (W1) is the ring's re-check: it fails on a published head */
+    if (!sr__ring_watch(x->inbox) || sr__xport_space_kicked(x) || busy(arg)) {
+        sr__ring_unwatch(x->inbox);
         return false;
     }
     return true;
@@ -79,6 +83,8 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
         return -EOPNOTSUPP;
     _Atomic uint32_t *w = &x->me->doorbell;
     int lost = 0;
+    if (!sr__ring_watch(x->inbox)) /* W1: a message at head (or held slots): poll */
+        return 0;
     atomic_store_explicit(w, SR_DOORBELL_SLEEPING_USER, memory_order_relaxed); /* relaxed: D2 orders it */
     /* D2 (doorbell.h): pairs with the producers' D3 fence, with the
      * supervisor's X3 ring, and with the caller's seq_cst stores of what
@@ -105,8 +111,12 @@ static int t_hold_sleep(sr_tport *t, _Atomic uint32_t *word, uint32_t val, int64
         lost = rc == -ETIMEDOUT && sr__ring_ready(x->inbox) &&
                atomic_load_explicit(w, memory_order_relaxed) != SR_DOORBELL_SLEEPING_USER;
     }
-    /* relaxed: only the token's holder writes SLEEPING_USER; a producer's exchange also writes AWAKE */
-    atomic_store_explicit(w, SR_DOORBELL_AWAKE, memory_order_relaxed);
+    /* Back to the parked thread's SLEEPING (it still sleeps on the word),
+     * and polling: no watch. relaxed: only the token's holder writes
+     * SLEEPING_USER; a producer's exchange writes AWAKE, and a ring then
+     * is a spurious wake of the parked thread at most */
+    atomic_store_explicit(w, SR_DOORBELL_SLEEPING, memory_order_relaxed);
+    sr__ring_unwatch(x->inbox);
     return lost;
 }
 
@@ -151,11 +161,14 @@ static void t_poke(sr_tport *t)
 }
 
 /* Quiet messages (acknowledgements) ring nobody: wake a holder asleep on
- * the doorbell to read them (nothing if it polls: the doorbell says AWAKE). */
+ * the doorbell to read them (nothing if it polls, or if the parked thread
+ * is the one the word names). */
 static void t_nudge(sr_tport *t)
 {
     sr_xport *x = X(t);
-    if (sr__ring_ready(x->inbox))
+    /* relaxed: the ring's exchange decides; a holder about to sleep re-checks the ring after D2 */
+    if (sr__ring_ready(x->inbox) &&
+        atomic_load_explicit(&x->me->doorbell, memory_order_relaxed) == SR_DOORBELL_SLEEPING_USER)
         sr__doorbell_ring(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
 }
 
