@@ -10,8 +10,10 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "common.h"
 #include "error.h"
@@ -207,4 +209,92 @@ Test(wake, a_spinning_waiter_gives_way_to_a_thread_queued_on_its_core, .timeout 
     sr_spawn_opts o = {.name_prefix = test_ns("wake-give"), .shm_size = 64 << 20};
     int rc = sr_spawn(1, give_way_worker, NULL, &o);
     cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
+}
+
+/* ---- rings owed and handed on (doorbell.h, R1 and R2) ---- */
+
+/* rank 1 sleeps on its inbox (it watches the slot at its head, doorbell.h)
+ * and must be woken for two messages that rank 0 sends in each of three
+ * ways: a quiet send (into the watched slot: it owes the ring) then a loud
+ * one into the next, unwatched slot, which must pay it; a quiet send then
+ * ring_peer; a lazy send (it hands the watch on) then a loud one. A lost
+ * wake-up is a 10 s sleep, reported with the round. Regression: a loud send
+ * rang only for its own slot, so the first way left rank 1 asleep (the RRef
+ * chain test's barrier timed out). */
+static bool head_watched(sr_xport *x, int rank)
+{
+    struct sr_ring *r = x->peers[rank].inbox;
+    uint32_t size = x->seg.ring_slots;
+    /* relaxed: a look at the peer's words (its head is its R1 store) */
+    uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+    uint32_t id = sr__ring_mark_id(size, atomic_load_explicit(&r->slots[head & (size - 1)].seq, memory_order_relaxed),
+                                   head);
+    return id == SR_RING_FREE_W || (id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS);
+}
+
+/* The process's (one) thread is blocked in the kernel: /proc's state S. */
+static bool blocked(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = 0;
+    const char *end = strrchr(buf, ')'); /* the state follows the command's closing parenthesis */
+    return end && end[1] == ' ' && end[2] == 'S';
+}
+
+/* rank 1 watches its inbox and sleeps in the kernel: only a ring wakes it. */
+static bool asleep_watching(sr_xport *x)
+{
+    pid_t pid = sr__seg_worker(&x->seg, 1)->pid; /* published at attach, before the start barrier */
+    return head_watched(x, 1) && blocked(pid);
+}
+
+static int owed_sender(sr_xport *x)
+{
+    for (uint64_t round = 0; round < 3; round++) {
+        int64_t until = sr__now_ns() + WAIT_NS;
+        while (!asleep_watching(x) && sr__now_ns() < until)
+            sched_yield();
+        WCHECK(asleep_watching(x), "round %llu: rank 1 never slept watching its inbox", (unsigned long long)round);
+        sr_msg m = {.type = 1};
+        uint64_t v = 2 * round;
+        memcpy(m.data, &v, sizeof(v));
+        int rc = round == 2 ? sr__xport_send_lazy(x, 1, &m) : sr__xport_send_quiet(x, 1, &m);
+        WCHECK(rc == 0, "round %llu: first send: %s", (unsigned long long)round, sr_last_error());
+        v++;
+        memcpy(m.data, &v, sizeof(v));
+        if (round == 1)
+            rc = sr__xport_send_quiet(x, 1, &m) || sr__xport_ring_peer(x, 1);
+        else
+            rc = sr_xport_send(x, 1, &m);
+        WCHECK(rc == 0, "round %llu: second send: %s", (unsigned long long)round, sr_last_error());
+    }
+    return 0;
+}
+
+static int owed_worker(int rank, int world, void *arg)
+{
+    (void)world;
+    (void)arg;
+    sr_xport_opts o = {.fixed_spin = true, .spin_ns = 0};
+    sr_xport *x;
+    WCHECK(sr__xport_attach(&o, &x) == 0, "attach: %s", sr_last_error());
+    int rc = 0;
+    if (rank == 0)
+        rc = owed_sender(x);
+    for (uint64_t i = 0; rank == 1 && !rc && i < 6; i++)
+        rc = receive(x, i);
+    sr__xport_detach(x);
+    return rc;
+}
+
+Test(wake, a_ring_owed_by_quiet_or_lazy_sends_is_paid, .timeout = 120)
+{
+    sr_spawn_opts o = {.name_prefix = test_ns("wake-owed"), .shm_size = 64 << 20};
+    int rc = sr_spawn(2, owed_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "owed-ring job failed: %s", sr_last_error());
 }
