@@ -6,16 +6,19 @@
  * Watching the head. Whoever stops polling a worker's inbox (the progress
  * thread before it sleeps, a user thread that hands the inbox back to it or
  * sleeps holding it) first watches the slot at the inbox's head
- * (sr__ring_watch, W1: a seq_cst CAS of the slot's sequence word to a
- * "watched" value, shm/ring.h). The producer whose claim takes a watched
- * slot, or whose publish (an exchange of the same word) finds its claim
- * watched, rings after publishing; no other send looks at the doorbell at
- * all. One word carries both sides, so no ring is lost: either the watch
- * comes first and the claim or publish sees it, or the publish comes first
- * and the watch fails (the consumer polls instead of sleeping). Messages
- * behind the head need no ring of their own: their claims come after the
- * head's, whose publisher rings. A thread that polls again un-watches
- * (sr__ring_unwatch; a watched claim left behind rings once for nothing).
+ * (sr__ring_watch, shm/ring.h). A free slot's sequence word becomes
+ * "watched" (W1, a seq_cst CAS), and the producer whose claim takes it
+ * rings after publishing: one word carries both sides, so no ring is lost
+ * (either the watch comes first and the claim sees it, or the claim comes
+ * first and the watch fails). A head already claimed but not yet published
+ * gets the ring's claim watch instead, a rarely written flag that every
+ * producer whose claim found no watch loads after its publish (D2'/D3':
+ * either the consumer's second look sees the publish, or the producer sees
+ * the flag and rings). A published head cannot be watched: the consumer
+ * polls instead of sleeping. Messages behind the head need no ring of their
+ * own: their claims come after the head's, whose publisher rings. A thread
+ * that polls again un-watches (sr__ring_unwatch; a read clears the claim
+ * watch too).
  *
  * Why: the word below lives on a line every producer would otherwise read
  * after every send (D3), and a user thread took and handed back the inbox
@@ -81,10 +84,11 @@
  * word, or, in the eventfd fallback, an 8-byte write to the consumer's
  * eventfd (there only the progress thread sleeps on the doorbell).
  *
- * Cost: a send into an unwatched slot pays nothing for the doorbell (its
- * publish is an exchange instead of a store: a locked instruction on a line
- * it owns). A watched one pays D3, a load of the consumer's line, and the
- * wake when the consumer sleeps.
+ * Cost: a send into an unwatched slot pays D3' (a fence, as D3 was) and a
+ * load of the claim watch, a line that is almost never written, so the
+ * load hits; it reads no doorbell. A watched one pays D3, a load of the
+ * consumer's doorbell line, and the wake when the consumer sleeps. Quiet
+ * sends pay nothing per message: their one ring_peer pays D3' for all.
  */
 #ifndef SR_SHM_DOORBELL_H
 #define SR_SHM_DOORBELL_H

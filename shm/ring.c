@@ -16,6 +16,7 @@ void sr__ring_init(struct sr_ring *r, uint32_t slots)
     atomic_store_explicit(&r->head, 0, memory_order_relaxed); /* relaxed: as above */
     atomic_store_explicit(&r->held, 0, memory_order_relaxed); /* relaxed: as above */
     atomic_store_explicit(&r->space_wait, 0, memory_order_relaxed); /* relaxed: as above */
+    atomic_store_explicit(&r->claim_watch, 0, memory_order_relaxed); /* relaxed: as above */
     for (uint32_t w = 0; w < SR_RING_MAX_PRODUCERS / 64; w++)
         atomic_store_explicit(&r->space_ranks[w], 0, memory_order_relaxed); /* relaxed: as above */
 }
@@ -42,7 +43,7 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos)
         return 1; /* free (watched or not): claim it */
     if (seq == p + 1 - size)
         return -EAGAIN; /* last lap's message, unread: full */
-    if (sr__ring_claimer(size, seq, p) != UINT32_MAX) {
+    if (sr__ring_mark_id(size, seq, p) < SR_RING_VOID) {
         /* claimed, and its claimer has not moved tail on yet (preempted, or
          * dead and not reaped yet): T1 on its behalf, so that producers are
          * never held up by one. acq_rel: as T1. */
@@ -161,23 +162,19 @@ int sr__ring_reap_producer(struct sr_ring *r, uint32_t size, uint32_t id)
     int voided = 0;
     for (uint32_t q = t - size; q != t + 1; q++) {
         _Atomic uint32_t *seq = &r->slots[q & (size - 1)].seq;
-        /* relaxed: the dead producer's mark landed before it was reaped;
-         * only the consumer's watch writes a claimed slot besides (a
-         * watched mark is the claim's all the same) */
-        uint32_t mark = atomic_load_explicit(seq, memory_order_relaxed);
-        if (mark != sr__ring_mark(size, q, id) && mark != sr__ring_mark(size, q, SR_RING_WATCHED + id))
+        uint32_t mark = sr__ring_mark(size, q, id);
+        /* relaxed: the dead producer's mark landed before it was reaped, and
+         * nobody else writes a claimed slot */
+        if (atomic_load_explicit(seq, memory_order_relaxed) != mark)
             continue;
         uint32_t e = q;
         /* T1 on the dead claimer's behalf (acq_rel: as T1), before V1: who
          * sees the void sees tail past q. Fails when a producer did it. */
         atomic_compare_exchange_strong_explicit(&r->tail, &e, q + 1, memory_order_acq_rel, memory_order_relaxed);
-        /* V1 release: pairs with the consumer's C1 and the producers' P0
-         * acquire. Fails when the consumer watched the claim meanwhile
-         * (then again from the watched mark) or another writer wrote it. */
-        while (!atomic_compare_exchange_strong_explicit(seq, &mark, sr__ring_mark(size, q, SR_RING_VOID),
-                                                        memory_order_release, memory_order_relaxed))
-            if (mark != sr__ring_mark(size, q, SR_RING_WATCHED + id))
-                return -EPROTO;
+        /* V1 release: pairs with the consumer's C1 and the producers' P0 acquire */
+        if (!atomic_compare_exchange_strong_explicit(seq, &mark, sr__ring_mark(size, q, SR_RING_VOID),
+                                                     memory_order_release, memory_order_relaxed))
+            return -EPROTO;
         voided++;
     }
     return voided;

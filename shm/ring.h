@@ -38,9 +38,8 @@
  * the ring has at most 2^30 slots (the segment's limit).
  *
  * Ordering contract (barrier pairs):
- *   P1  producer: exchange of seq to p + 1 (publish; seq_cst, a release at least)
- *       pairs with consumer: acquire load of seq (C1) -> the message bytes are visible;
- *       and with the consumer's watch CAS (W1) of the same word.
+ *   P1  producer: release store of seq = p + 1 (publish)
+ *       pairs with consumer: acquire load of seq (C1) -> the message bytes are visible.
  *   C2  consumer: release store of seq = p + size (free)
  *       pairs with producer: acquire load of seq before claiming (P0, and the
  *       claiming CAS P0') -> the consumer's copy-out is complete before the
@@ -60,17 +59,19 @@
  *       while it is attached (written back in full at detach).
  *
  * Watching the head (doorbell.h). A consumer about to stop polling CASes
- * the sequence word of the slot at its head to a watched value: a free
- * slot to the mark of id SR_RING_FREE_W, a claim by id to the mark of id
- * SR_RING_WATCHED + id (W1, seq_cst). A claim of a watched free slot
- * replaces it as it replaces a free one, and tells its claimer to ring
- * (the claim returns 1); the publish is an exchange (P1, seq_cst) and tells
- * the claimer to ring when it replaced a watched claim. A published slot
- * cannot be watched: the consumer reads it instead. So these values are
- * legal besides the ones below: a watched free slot at the consumer's head
- * (free to every reader; a free slot a lap behind stays illegal, watched
- * or not), and a watched claim wherever a claim may be (its claimer's all
- * the same: the reaper voids it too).
+ * the sequence word of the free slot at its head to the mark of id
+ * SR_RING_FREE_W (W1, seq_cst). A claim of a watched free slot replaces it
+ * as it replaces a free one, and tells its claimer to ring (the claim
+ * returns 1). A head that is claimed but not yet published cannot be
+ * watched that way (its claimer's publish is a plain store): the consumer
+ * sets the ring's claim_watch flag instead, then looks at the slot again
+ * (D2', seq_cst fence), and every producer whose claim found no watch
+ * looks at the flag after its publish (D3', seq_cst fence): either the
+ * consumer sees the publish, or the producer sees the flag and rings. The
+ * flag is rarely set, so that load hits. A published slot cannot be
+ * watched: the consumer reads it instead. So one value is legal besides
+ * the ones below: a watched free slot at the consumer's head (free to
+ * every reader; a free slot a lap behind stays illegal, watched or not).
  *
  * Full ring: enqueue returns -EAGAIN. Nothing is dropped; the caller retries
  * (see sr__xport_send_wait) or queues locally. Slots the consumer holds (read,
@@ -191,6 +192,12 @@ struct sr_ring {
      * the ring full (W1); exchanged to 0 by the consumer after freeing slots
      * (W2). A thread of sr__xport_send_wait sleeps on it as a futex word. */
     _Atomic uint32_t space_wait SR_ALIGNED_LINE;
+    /* Set by a consumer about to sleep on a claimed, unpublished head (or
+     * by a lazy producer handing the watch on to a claimed slot: "Watching
+     * the head" above), cleared by the consumer once it polls again; read
+     * after every publish that found no watch at its claim (D3'). Rarely
+     * written, so the producers' loads hit. Any value but 0 rings. */
+    _Atomic uint32_t claim_watch;
 
     /* Lines 4-11: the producers waiting for space, one bit per worker rank.
      * Set by the producers (W1); exchanged to 0 by the consumer (W2). */
@@ -237,13 +244,10 @@ int sr__ring_recheck(struct sr_ring *r, uint32_t size, uint32_t *pos);
  * died and was reaped: the consumer skips it. */
 #define SR_RING_MARK 0x80000000u
 #define SR_RING_VOID SR_RING_MAX_PRODUCERS
-/* Watched slots (see "Watching the head" above): the mark id of a free slot
- * its consumer watches, and the base of the ids of claims it watches
- * (SR_RING_WATCHED + the claimer's id). Every mark id is below
- * SR_RING_MARK_IDS. */
+/* The mark id of a free slot its consumer watches (see "Watching the head"
+ * above). Every mark id is below SR_RING_MARK_IDS. */
 #define SR_RING_FREE_W (SR_RING_VOID + 1)
-#define SR_RING_WATCHED (SR_RING_VOID + 2)
-#define SR_RING_MARK_IDS (SR_RING_WATCHED + SR_RING_VOID)
+#define SR_RING_MARK_IDS (SR_RING_FREE_W + 1)
 
 static inline uint32_t sr__ring_lap(uint32_t size, uint32_t pos) { return (pos & size) ? 1u : 0u; }
 
@@ -262,34 +266,26 @@ static inline uint32_t sr__ring_mark_id(uint32_t size, uint32_t seq, uint32_t po
     return u >> 1;
 }
 
-/* The producer whose claim of pos seq is, watched or not; UINT32_MAX when
- * seq is no live claim of pos (free, watched free, void, anything else). */
-static inline uint32_t sr__ring_claimer(uint32_t size, uint32_t seq, uint32_t pos)
+/* Watch the free slot of position q (sr__ring_watch, sr__ring_watch_next):
+ * true when it is watched now (or was); false when it is anything but
+ * free (claimed, published, void, held or corrupt). W1: a seq_cst CAS. */
+static inline bool sr__ring_watch_free(_Atomic uint32_t *s, uint32_t size, uint32_t q)
 {
-    uint32_t id = sr__ring_mark_id(size, seq, pos);
-    if (id < SR_RING_VOID)
-        return id;
-    return id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS ? id - SR_RING_WATCHED : UINT32_MAX;
+    uint32_t want = sr__ring_mark(size, q, SR_RING_FREE_W);
+    uint32_t seq = q;
+    return atomic_compare_exchange_strong_explicit(s, &seq, want, memory_order_seq_cst, memory_order_relaxed) ||
+           seq == want;
 }
 
-/* Watch the slot of position q (sr__ring_watch, sr__ring_watch_next): its
- * free state becomes watched, or a live claim a watched claim. True when it
- * is watched now (or was); false when it is published, void, held or
- * corrupt. W1: a seq_cst CAS (see sr__ring_watch). */
-static inline bool sr__ring_watch_slot(_Atomic uint32_t *s, uint32_t size, uint32_t q)
+/* The claim watch (struct sr_ring): set it, then (D2', seq_cst) look at the
+ * slot of q again. True when q is still claimed and unpublished: its
+ * publisher's D3' load sees the flag and rings. */
+static inline bool sr__ring_watch_claim(struct sr_ring *r, _Atomic uint32_t *s, uint32_t size, uint32_t q)
 {
-    uint32_t seq = atomic_load_explicit(s, memory_order_relaxed); /* relaxed: the CAS below decides */
-    for (;;) {
-        uint32_t id = sr__ring_mark_id(size, seq, q), want;
-        if (seq == q)
-            want = sr__ring_mark(size, q, SR_RING_FREE_W);
-        else if (id < SR_RING_VOID)
-            want = sr__ring_mark(size, q, SR_RING_WATCHED + id);
-        else /* watched already; or published, void, held or corrupt */
-            return id == SR_RING_FREE_W || (id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS);
-        if (atomic_compare_exchange_strong_explicit(s, &seq, want, memory_order_seq_cst, memory_order_relaxed))
-            return true;
-    }
+    atomic_store_explicit(&r->claim_watch, 1, memory_order_relaxed); /* relaxed: D2' orders it */
+    atomic_thread_fence(memory_order_seq_cst);                         /* D2': pairs with D3' */
+    /* relaxed: ordered by D2'; a publish seen here is read by the consumer's next poll */
+    return sr__ring_mark_id(size, atomic_load_explicit(s, memory_order_relaxed), q) < SR_RING_VOID;
 }
 
 /* Is seq the free slot of pos, watched or not? */
@@ -339,7 +335,7 @@ static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, 
         int32_t dif = (int32_t)(seq - pos);
         if (dif == 1 - (int32_t)size)
             return -EAGAIN; /* the slot still holds last lap's message: full */
-        if (sr__ring_claimer(size, seq, pos) != UINT32_MAX) {
+        if (sr__ring_mark_id(size, seq, pos) < SR_RING_VOID) {
             /* Another producer claimed pos (typically: it won the CAS above)
              * and has not moved tail yet: T1 on its behalf (acq_rel: as
              * T1), then the next position. */
@@ -368,41 +364,49 @@ static inline int sr__ring_claim(struct sr_ring *r, uint32_t size, uint32_t id, 
     }
 }
 
-/* The claimer of pos copies its message in and publishes it. True when the
- * consumer watched the slot meanwhile (it then rings, doorbell.h). */
-static inline bool sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t pos, const sr_msg *m)
+/* The claimer of pos copies its message in and publishes it. */
+static inline void sr__ring_publish(struct sr_ring *r, uint32_t size, uint32_t pos, const sr_msg *m)
 {
     struct sr_slot *s = &r->slots[pos & (size - 1)];
     s->msg = *m;
-    /* P1 (seq_cst, a release at least): pairs with the consumer's C1
-     * acquire; and with the consumer's seq_cst watch CAS (W1): an exchange,
-     * so that a watch of our claim is seen here or the watch sees the
-     * publish */
-    uint32_t was = atomic_exchange_explicit(&s->seq, pos + 1, memory_order_seq_cst);
-    return sr__ring_mark_id(size, was, pos) >= SR_RING_WATCHED; /* a watched claim (or a foreign write: ring) */
+    /* P1 release: pairs with the consumer's C1 acquire */
+    atomic_store_explicit(&s->seq, pos + 1, memory_order_release);
+}
+
+/* After publishing without a watch at the claim: does a consumer sleep on a
+ * claimed head (the claim watch)? D3' seq_cst fence: pairs with D2' (its
+ * flag, then its look at the slot): either it sees our publish, or we see
+ * its flag. The publishes of this thread before the fence are all covered
+ * (one check after a quiet burst, doorbell.h R1). */
+static inline bool sr__ring_claim_watched(struct sr_ring *r)
+{
+    atomic_thread_fence(memory_order_seq_cst); /* D3' */
+    /* relaxed: ordered by D3' */
+    return atomic_load_explicit(&r->claim_watch, memory_order_relaxed) != 0;
 }
 
 /* A producer that published pos into a watched slot and will not ring (a
  * lazy send, doorbell.h R2) hands the watch on to pos + 1, so that the next
  * message, which someone may wait on, rings: the free slot of pos + 1
- * becomes watched, or a claim of it a watched claim. False when it cannot
- * (pos + 1 is published, or still held by the consumer, or corrupt): the
- * producer rings itself. seq_cst CAS: as the consumer's watch (W1). */
+ * becomes watched, or, claimed, the claim watch is set. False when it
+ * cannot (pos + 1 is published, or still held by the consumer, or
+ * corrupt): the producer rings itself. */
 static inline bool sr__ring_watch_next(struct sr_ring *r, uint32_t size, uint32_t pos)
 {
-    return sr__ring_watch_slot(&r->slots[(pos + 1) & (size - 1)].seq, size, pos + 1);
+    _Atomic uint32_t *s = &r->slots[(pos + 1) & (size - 1)].seq;
+    return sr__ring_watch_free(s, size, pos + 1) || sr__ring_watch_claim(r, s, size, pos + 1);
 }
 
 /* Multi-producer enqueue of one message by producer `id` (the sender's
  * rank, < SR_RING_VOID): sr__ring_claim, then sr__ring_publish. 0; 1 the
- * consumer watched the slot (the sender must ring: doorbell.h); -EAGAIN
+ * consumer watched the free slot (the sender must ring: doorbell.h); -EAGAIN
  * when full; -EPROTO when the ring is corrupt. _at: and the position. */
 static inline int sr__ring_enqueue_at(struct sr_ring *r, uint32_t size, uint32_t id, const sr_msg *m, uint32_t *at)
 {
     uint32_t pos = 0; /* set by a claim that succeeds; gcc cannot tell */
     int rc = sr__ring_claim(r, size, id, &pos);
     if (sr_likely(rc >= 0))
-        rc |= sr__ring_publish(r, size, pos, m);
+        sr__ring_publish(r, size, pos, m);
     *at = pos;
     return rc;
 }
@@ -578,35 +582,37 @@ static inline void sr__ring_cons_check(struct sr_ring_cons *c)
 
 /* Consumer, before it stops polling (every sleep, every hand-over to a
  * sleeping thread): watch the slot at head, so that whoever publishes there
- * rings its doorbell (doorbell.h, "Watching the head"). The free slot
- * becomes watched, or a claim of it a watched claim (its claimer's publish
- * then rings). False when a message is ready there, the slot is void, held
- * (every slot held: release first) or corrupt: poll rather than sleep. W1:
- * a seq_cst CAS, paired with the producers' claim CAS and publish exchange
- * of the same word (one word: no lost ring), and ordering the sleeper's
- * later loads (its re-checks) after it. */
+ * rings its doorbell (doorbell.h, "Watching the head"). A free slot becomes
+ * watched (W1, a seq_cst CAS, paired with the producers' claim CAS of the
+ * same word: no lost ring); a claimed one gets the claim watch (D2'). False
+ * when a message is ready there, the slot is void, held (every slot held:
+ * release first) or corrupt: poll rather than sleep. */
 static inline bool sr__ring_watch(struct sr_ring_cons *c)
 {
     if (c->held == c->size)
         return false;
     /* relaxed: only the consumer writes head */
     uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    return sr__ring_watch_slot(&c->slots[pos & c->mask].seq, c->size, pos);
+    _Atomic uint32_t *s = &c->slots[pos & c->mask].seq;
+    return sr__ring_watch_free(s, c->size, pos) || sr__ring_watch_claim(c->ring, s, c->size, pos);
 }
 
-/* Consumer, polling again: stop watching a free slot at head (a producer
- * that claims it would ring for nothing). A watched claim stays watched:
- * one ring for nothing at most. */
+/* Consumer, polling again: stop watching (a producer that claims a watched
+ * slot would ring for nothing): the free slot at head, and the claim
+ * watch. */
 static inline void sr__ring_unwatch(struct sr_ring_cons *c)
 {
-    if (c->held == c->size)
-        return;
-    /* relaxed: only the consumer writes head */
-    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    uint32_t w = sr__ring_mark(c->size, pos, SR_RING_FREE_W);
-    /* relaxed: a claim that wins instead rings once, harmlessly */
-    atomic_compare_exchange_strong_explicit(&c->slots[pos & c->mask].seq, &w, pos, memory_order_relaxed,
-                                            memory_order_relaxed);
+    if (c->held != c->size) {
+        /* relaxed: only the consumer writes head */
+        uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
+        uint32_t w = sr__ring_mark(c->size, pos, SR_RING_FREE_W);
+        /* relaxed: a claim that wins instead rings once, harmlessly */
+        atomic_compare_exchange_strong_explicit(&c->slots[pos & c->mask].seq, &w, pos, memory_order_relaxed,
+                                                memory_order_relaxed);
+    }
+    /* relaxed: a hint to producers; a lost clear costs a ring at most */
+    if (atomic_load_explicit(&c->ring->claim_watch, memory_order_relaxed))
+        atomic_store_explicit(&c->ring->claim_watch, 0, memory_order_relaxed);
 }
 
 /* Consumer only: should it poll rather than sleep? True when a message is
@@ -664,6 +670,9 @@ static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, 
          * after this process was reaped */
         atomic_store_explicit(&c->ring->head, p, memory_order_relaxed);
         c->held += p - pos;
+        /* relaxed: polling again, the claim watch is over (a lost clear costs a ring at most) */
+        if (sr_unlikely(atomic_load_explicit(&c->ring->claim_watch, memory_order_relaxed)))
+            atomic_store_explicit(&c->ring->claim_watch, 0, memory_order_relaxed);
     }
     return got;
 }

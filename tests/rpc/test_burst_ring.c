@@ -93,7 +93,8 @@ static bool watched(struct sr_ring *r, uint32_t size, bool or_unread)
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     uint32_t seq = atomic_load_explicit(&r->slots[head & (size - 1)].seq, memory_order_relaxed);
     uint32_t id = sr__ring_mark_id(size, seq, head);
-    return id == SR_RING_FREE_W || (id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS) || (or_unread && seq == head + 1);
+    return id == SR_RING_FREE_W || atomic_load_explicit(&r->claim_watch, memory_order_relaxed) ||
+           (or_unread && seq == head + 1);
 }
 
 /* or_unread: mid-burst, worker1 sleeps through the answers that rang

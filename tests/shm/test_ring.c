@@ -184,25 +184,28 @@ Test(ring, unpublished_slot_holds_back_the_consumer)
 }
 
 /* Watching the head (doorbell.h): a consumer about to sleep watches the
- * slot at its head; the producer that publishes there is told to ring
+ * free slot at its head; the producer that claims it is told to ring
  * (enqueue returns 1), and only it: the claims after it, and every send
  * once the consumer polls again (unwatch), are not. A watch of a published
- * head fails (poll instead), and a watch of a claimed, unpublished head
- * makes its publish ring. */
-Test(ring, the_publish_into_a_watched_head_rings_and_no_other)
+ * head fails (poll instead). A claimed, unpublished head gets the claim
+ * watch, which every producer sees after its publish (and a read or an
+ * unwatch clears). */
+Test(ring, the_claim_of_a_watched_head_rings_and_no_other)
 {
     struct sr_ring *r = ring_new(8);
     sr_msg m = msg_of(0), out[8];
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "nobody watches: no ring");
+    cr_assert(!sr__ring_claim_watched(r), "no claim watch");
     cr_assert(!sr__ring_watch(cons(r)), "a message is ready at head: poll, not sleep");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
     cr_assert(sr__ring_watch(cons(r)), "a free head is watched");
     cr_assert(sr__ring_watch(cons(r)), "watching twice is watching");
     cr_assert(!sr__ring_cons_pending(cons(r)), "a watched free slot is nothing to read");
     m = msg_of(1);
-    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the publish into the watched head rings");
+    cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the claim of the watched head rings");
     m = msg_of(2);
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "the one behind it does not");
+    cr_assert(!sr__ring_claim_watched(r), "a free head was watched: no claim watch");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
     cr_assert_eq(value_of(&out[0]), 1u);
     cr_assert(sr__ring_watch(cons(r)), "watched at position 3");
@@ -210,22 +213,25 @@ Test(ring, the_publish_into_a_watched_head_rings_and_no_other)
     m = msg_of(3);
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "unwatched again: no ring");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
-    /* A claimed head, watched before its publish: the publish rings. */
+    /* A claimed head, watched before its publish: the claim watch. */
     uint32_t pos;
     cr_assert_eq(sr__ring_claim(r, r->size, 7, &pos), 0);
-    cr_assert(sr__ring_watch(cons(r)), "a claimed head is watched (its claimer will ring)");
-    cr_assert(!sr__ring_cons_pending(cons(r)), "a watched claim is nothing to read yet");
+    cr_assert(sr__ring_watch(cons(r)), "a claimed head is watched (the claim watch)");
+    cr_assert(!sr__ring_cons_pending(cons(r)), "a claim is nothing to read yet");
     m = msg_of(4);
-    cr_assert(sr__ring_publish(r, r->size, pos, &m), "the watched claim's publish rings");
+    sr__ring_publish(r, r->size, pos, &m);
+    cr_assert(sr__ring_claim_watched(r), "its publisher sees the claim watch: it rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
     cr_assert_eq(value_of(&out[0]), 4u);
+    cr_assert(!sr__ring_claim_watched(r), "the read cleared the claim watch");
     free(r);
 }
 
 /* A lazy send (doorbell.h R2) into a watched head does not ring for
  * itself: it hands the watch on to the next position, whose producer
- * rings, whether that one claims after the hand-on or had claimed before
- * it. It cannot hand it on to a published slot: it rings then. */
+ * rings, whether that one claims after the hand-on (the watched free slot)
+ * or had claimed before it (the claim watch). It cannot hand it on to a
+ * published slot: it rings then. */
 Test(ring, a_lazy_send_hands_the_watch_on)
 {
     struct sr_ring *r = ring_new(8);
@@ -237,16 +243,17 @@ Test(ring, a_lazy_send_hands_the_watch_on)
     m = msg_of(1);
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the next send rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
-    /* The next position claimed before the hand-on: its publish rings. */
+    /* The next position claimed before the hand-on: the claim watch. */
     cr_assert(sr__ring_watch(cons(r)));
     uint32_t lazy, next;
     cr_assert_eq(sr__ring_claim(r, r->size, 7, &lazy), 1, "the claim of a watched head says so");
     cr_assert_eq(sr__ring_claim(r, r->size, 7, &next), 0);
     m = msg_of(2);
-    cr_assert(!sr__ring_publish(r, r->size, lazy, &m), "the watch was seen at the claim, not left on the mark");
+    sr__ring_publish(r, r->size, lazy, &m);
     cr_assert(sr__ring_watch_next(r, r->size, lazy), "the claim of position 3 is watched now");
     m = msg_of(3);
-    cr_assert(sr__ring_publish(r, r->size, next, &m), "its publish rings");
+    sr__ring_publish(r, r->size, next, &m);
+    cr_assert(sr__ring_claim_watched(r), "its publisher sees the claim watch: it rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
     /* The next position published before the hand-on: ring. */
     cr_assert(sr__ring_watch(cons(r)));

@@ -229,7 +229,7 @@ static bool head_watched(sr_xport *x, int rank)
     uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
     uint32_t id = sr__ring_mark_id(size, atomic_load_explicit(&r->slots[head & (size - 1)].seq, memory_order_relaxed),
                                    head);
-    return id == SR_RING_FREE_W || (id >= SR_RING_WATCHED && id < SR_RING_MARK_IDS);
+    return id == SR_RING_FREE_W || atomic_load_explicit(&r->claim_watch, memory_order_relaxed);
 }
 
 /* The process's (one) thread is blocked in the kernel: /proc's state S. */

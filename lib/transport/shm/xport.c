@@ -682,12 +682,19 @@ static int enqueue_to(sr_xport *x, int to, sr_msg *m, enum send_mode mode)
         atomic_fetch_add_explicit(&x->st.full, 1, memory_order_relaxed); /* relaxed: statistics */
         return -EAGAIN;
     }
-    /* rc 1: the consumer watches the slot (doorbell.h): it may sleep. A loud
+    /* rc 1: the consumer watched the free slot (doorbell.h): it may sleep.
+     * Else it may sleep on a claimed head: the claim watch (D3'). A loud
      * send also pays what quiet ones before it owe (R1: it is their ring). */
-    bool ring = mode == SEND_RING ? rc == 1 || owed_taken(p)
-                                  : rc == 1 && mode == SEND_LAZY && !sr__ring_watch_next(p->inbox, x->seg.ring_slots, pos);
-    if (rc == 1 && mode == SEND_QUIET) /* release: pairs with owed_taken's acquire exchange */
-        atomic_store_explicit(&p->owed, true, memory_order_release);
+    bool ring;
+    if (mode == SEND_QUIET) {
+        if (rc == 1) /* release: pairs with owed_taken's acquire exchange */
+            atomic_store_explicit(&p->owed, true, memory_order_release);
+        ring = false;
+    } else if (mode == SEND_LAZY) {
+        ring = rc == 1 ? !sr__ring_watch_next(p->inbox, x->seg.ring_slots, pos) : sr__ring_claim_watched(p->inbox);
+    } else {
+        ring = rc == 1 || owed_taken(p) || sr__ring_claim_watched(p->inbox);
+    }
     /* relaxed: statistics; one add either way (sr_xport_stats) */
     atomic_fetch_add_explicit(ring ? &x->st.sent : &x->st.quiet, 1, memory_order_relaxed);
     if (ring && sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
@@ -710,7 +717,7 @@ int sr__xport_ring_peer(sr_xport *x, int to)
     struct sr_peer *p = &x->peers[to];
     if (sr_unlikely(!p->inbox))
         return not_local_error(x, to, "sr__xport_ring_peer");
-    if (!owed_taken(p))
+    if (!owed_taken(p) && !sr__ring_claim_watched(p->inbox))
         return 0; /* no slot of ours was watched: its consumer polls, or will see them before it sleeps */
     atomic_fetch_add_explicit(&x->st.peer_rings, 1, memory_order_relaxed); /* relaxed: statistics */
     if (sr__doorbell_ring(p->doorbell, sr__xport_peer_kind(p), p->eventfd))
