@@ -49,6 +49,7 @@
 
 #include "agent.h"
 #include "helpers/held_futures.h"
+#include "helpers/proc_state.h"
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(quiet_waits);
@@ -150,15 +151,9 @@ static int64_t voluntary_switches(const pid_t *skip, int n)
 /* Whether thread tid sleeps ('S' in /proc/self/task/tid/stat). */
 static bool thread_sleeps(pid_t tid)
 {
-    char path[64], buf[256];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
-    return p && p[1] == ' ' && p[2] == 'S';
+    return proc_stat_sleeps(path);
 }
 
 /* Wait (bounded) until every thread but skip[0..n) sleeps. The window

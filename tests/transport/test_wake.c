@@ -18,6 +18,7 @@
 #include "common.h"
 #include "error.h"
 #include "helpers/fifo.h"
+#include "helpers/proc_state.h"
 #include "shmrpc/spawn.h"
 #include "worker_check.h"
 #include "shm/xport.h"
@@ -232,18 +233,12 @@ static bool head_watched(sr_xport *x, int rank)
     return id == SR_RING_FREE_W || atomic_load_explicit(&r->claim_watch, memory_order_relaxed);
 }
 
-/* The process's (one) thread is blocked in the kernel: /proc's state S. */
+/* The process's (one) thread is blocked in the kernel. */
 static bool blocked(pid_t pid)
 {
-    char path[64], buf[256];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = 0;
-    const char *end = strrchr(buf, ')'); /* the state follows the command's closing parenthesis */
-    return end && end[1] == ' ' && end[2] == 'S';
+    return proc_stat_sleeps(path);
 }
 
 /* rank 1 watches its inbox and sleeps in the kernel: only a ring wakes it. */
