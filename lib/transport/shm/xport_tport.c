@@ -45,8 +45,8 @@ static void t_hold(sr_tport *t) { sr__ring_unwatch(X(t)->inbox); }
  * not again before its next read: free the slots the holder's last burst
  * still holds (a receive of nothing), or a ring full of them would refuse
  * every producer, which then rings no doorbell, while everyone sleeps. Then
- * re-announce its sleep. False (the announcement withdrawn): the inbox, a
- * space event or busy(arg) has work; the caller polls again. */
+ * watch the head for it (doorbell.h). False (the watch withdrawn): the
+ * inbox, a space event or busy(arg) has work; the caller polls again. */
 static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
 {
     sr_xport *x = X(t);
@@ -69,9 +69,9 @@ static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
     return true;
 }
 
-/* The holding thread has nothing to poll: sleep on the doorbell word
- * itself (SLEEPING_USER, doorbell.h) and on `word` at once, so that the
- * message it waits for wakes it directly. Only with the futex doorbell
+/* The holding thread has nothing to poll: watch the head, and sleep on the
+ * doorbell word itself (SLEEPING_USER, doorbell.h) and on `word` at once,
+ * so that the message it waits for wakes it directly. Only with the futex doorbell
  * (eventfd producers never futex-wake). Without futex_waitv, on the doorbell
  * alone (FUTEX_WAIT_BITSET, BIT_USER); the caller then arranged for whoever
  * changes what it waits for to ring the doorbell (wake->ring). */
