@@ -37,6 +37,7 @@
  *     (-ETIMEDOUT after WAIT_S). A wait ends its thread's batch.
  *
  * Every wait is bounded (WAIT_S) and says what did not happen. */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -50,6 +51,7 @@
 #include "agent.h"
 #include "doorbell.h"
 #include "ring.h"
+#include "helpers/proc_state.h"
 #include "helpers/shared_word.h"
 #include "rpc_harness.h"
 
@@ -97,16 +99,41 @@ static bool watched(struct sr_ring *r, uint32_t size, bool or_unread)
            (or_unread && seq == head + 1);
 }
 
-/* or_unread: mid-burst, worker1 sleeps through the answers that rang
- * nobody yet, so its head may hold one, unread, instead of its watch. */
+/* Every thread of process pid is blocked in the kernel. */
+static bool all_threads_sleep(pid_t pid)
+{
+    char dir[64], path[160];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    bool all = d != NULL;
+    for (struct dirent *e; all && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/%.32s/stat", dir, e->d_name);
+        all = proc_stat_sleeps(path);
+    }
+    if (d)
+        closedir(d);
+    return all;
+}
+
+/* worker1 watches its inbox and every thread of it sleeps: a watch seen
+ * alone may be one worker1 is about to withdraw (its re-check found work,
+ * or a sleep of its ended and it polls again), and then the answers rightly
+ * ring nobody. or_unread: mid-burst, worker1 sleeps through the answers
+ * that rang nobody yet, so its head may hold one, unread, instead of its
+ * watch. */
 static bool caller_asleep(bool or_unread)
 {
     const sr_segment *seg = sr__transport_segment(sr__agent->tports);
     struct sr_ring *r = sr__seg_inbox(seg, 1);
+    pid_t pid = sr__seg_worker(seg, 1)->pid; /* published at its attach, before the start barrier */
     int64_t until = shared_word_now_ns() + (int64_t)WAIT_S * 1000000000;
-    while (!watched(r, seg->ring_slots, or_unread) && shared_word_now_ns() < until)
+    bool asleep;
+    while (!(asleep = watched(r, seg->ring_slots, or_unread) && all_threads_sleep(pid)) &&
+           shared_word_now_ns() < until)
         usleep(100);
-    return watched(r, seg->ring_slots, or_unread);
+    return asleep;
 }
 
 static int done_now(sr_call *c, sr_future **out)
