@@ -542,6 +542,32 @@ static void seg_ring(sr_segment *s)
     sr__ring_cons_detach(&c);
 }
 
+/* Rank 0's inbox as a consumer about to sleep leaves it (shm/doorbell.h,
+ * "Watching the head"): 3 messages read and freed, the free slot at its
+ * head watched; claim: and then a claim of it by rank 1, not yet
+ * published, and watched again (the ring's claim watch). */
+static void seg_ring_watch(sr_segment *s, bool claim)
+{
+    seg_attached(s);
+    struct sr_ring *r = sr__seg_inbox(s, 0);
+    sr_msg m[3] = {{.type = 1, .src = 1}};
+    struct sr_ring_cons c;
+    char why[128] = "";
+    uint32_t at;
+    for (int i = 0; i < 3; i++)
+        sr__ring_enqueue(r, s->ring_slots, 1, &m[0]);
+    bool ok = !sr__ring_cons_attach(&c, r, s->ring_slots, why, sizeof(why)) && sr__ring_dequeue_burst(&c, m, 3) == 3 &&
+              sr__ring_watch(&c) && (!claim || (sr__ring_claim(r, s->ring_slots, 1, &at) == 1 && sr__ring_watch(&c)));
+    if (!ok) {
+        fprintf(stderr, "gen_corpus: the watched ring seed: %s\n", why);
+        exit(1);
+    }
+    sr__ring_cons_detach(&c);
+}
+
+static void seg_ring_watched(sr_segment *s) { seg_ring_watch(s, false); }
+static void seg_ring_claim_watched(sr_segment *s) { seg_ring_watch(s, true); }
+
 /* recover: the fuzzer's consumer attaches to the ring as a dead one's
  * successor (its input's first byte, bit 2). */
 static void segment_seed(const char *name, int world, bool recover, uint32_t flags, int launched,
@@ -573,6 +599,9 @@ static void segment_seeds(void)
     segment_seed("segment-replace-areas-taken", 2, false, SR_SEG_F_REPLACE, 0, seg_areas);
     segment_seed("segment-ring-in-use", 2, false, 0, 0, seg_ring);
     segment_seed("segment-ring-in-use-recovered", 2, true, 0, 0, seg_ring);
+    segment_seed("segment-ring-head-watched", 2, false, 0, 0, seg_ring_watched);
+    segment_seed("segment-ring-claim-watched", 2, false, 0, 0, seg_ring_claim_watched);
+    segment_seed("segment-ring-claim-watched-recovered", 2, true, 0, 0, seg_ring_claim_watched);
     segment_seed("regress-misaligned-worker-table", 2, false, 0, 0, seg_misaligned);
 }
 
