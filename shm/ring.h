@@ -288,6 +288,15 @@ static inline bool sr__ring_watch_claim(struct sr_ring *r, _Atomic uint32_t *s, 
     return sr__ring_mark_id(size, atomic_load_explicit(s, memory_order_relaxed), q) < SR_RING_VOID;
 }
 
+/* The consumer polls again: the claim watch is over. relaxed: a hint to
+ * producers (their D3' load); a clear lost to a later set costs one ring
+ * for nothing at most. The load keeps the store off reads that find it 0. */
+static inline void sr__ring_claim_unwatch(struct sr_ring *r)
+{
+    if (sr_unlikely(atomic_load_explicit(&r->claim_watch, memory_order_relaxed)))
+        atomic_store_explicit(&r->claim_watch, 0, memory_order_relaxed);
+}
+
 /* Is seq the free slot of pos, watched or not? */
 static inline bool sr__ring_free_at(uint32_t size, uint32_t seq, uint32_t pos)
 {
@@ -610,9 +619,7 @@ static inline void sr__ring_unwatch(struct sr_ring_cons *c)
         atomic_compare_exchange_strong_explicit(&c->slots[pos & c->mask].seq, &w, pos, memory_order_relaxed,
                                                 memory_order_relaxed);
     }
-    /* relaxed: a hint to producers; a lost clear costs a ring at most */
-    if (atomic_load_explicit(&c->ring->claim_watch, memory_order_relaxed))
-        atomic_store_explicit(&c->ring->claim_watch, 0, memory_order_relaxed);
+    sr__ring_claim_unwatch(c->ring);
 }
 
 /* Consumer only: should it poll rather than sleep? True when a message is
@@ -670,9 +677,7 @@ static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, 
          * after this process was reaped */
         atomic_store_explicit(&c->ring->head, p, memory_order_relaxed);
         c->held += p - pos;
-        /* relaxed: polling again, the claim watch is over (a lost clear costs a ring at most) */
-        if (sr_unlikely(atomic_load_explicit(&c->ring->claim_watch, memory_order_relaxed)))
-            atomic_store_explicit(&c->ring->claim_watch, 0, memory_order_relaxed);
+        sr__ring_claim_unwatch(c->ring); /* polling again */
     }
     return got;
 }
