@@ -218,7 +218,9 @@ int sr__job_listen(sr_job *job);
  * those (their polls are to be cancelled); sr__job_join_due: the earliest
  * such deadline, or accept_resume (INT64_MAX: none). sr__job_accept never
  * leaves a connection in the backlog with the socket still to be polled:
- * at EMFILE or ENFILE it refuses the connection by the spare descriptor;
+ * at EMFILE or ENFILE it accepts the waiting connection in the spare
+ * descriptor's place and serves it if descriptors came back meanwhile, or
+ * refuses it, saying why;
  * at another failure (ENOMEM, ENOBUFS) it logs it once and sets
  * accept_resume, SR_JOIN_BACKOFF_NS on, before which the supervisor does not
  * poll the socket. */

@@ -193,55 +193,64 @@ static int free_entry(const sr_job *job)
     return -1;
 }
 
-/* Out of descriptors: give up the spare one to accept each connection
- * waiting, tell it why and close it, then take the spare again. Whether
- * the backlog was drained so (at EMFILE, accept4 cannot say whether a
- * connection waits: it wants the descriptor first). */
-static bool refuse_by_spare(sr_job *job, int err)
+/* Out of descriptors (err: EMFILE or ENFILE): accept the waiting
+ * connection in the spare's place, then take the spare back. If that
+ * works, descriptors came back meanwhile and the connection is served as
+ * any other (returned). If not, it is told why and closed (-1: accept the
+ * next). -2: no spare, or no connection (errno says why; EAGAIN: none
+ * waits). Refusing only what arrives while the table is full, not every
+ * connection of the backlog, so that one that comes once descriptors are
+ * back is never told they are not. */
+static int accept_by_spare(sr_job *job, int err)
 {
     if (job->spare_fd < 0)
-        return false;
+        return -2;
     close(job->spare_fd);
-    int conn;
-    while ((conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK)) >= 0 || errno == EINTR ||
-           errno == ECONNABORTED) {
-        if (conn < 0)
-            continue;
-        tell(conn, "error: %s: job %s cannot take a join now: its supervisor is out of file descriptors (%s)",
-             job->who, job->id, strerror(err));
-        close(conn);
-    }
-    bool drained = errno == EAGAIN || errno == EWOULDBLOCK;
+    int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK), why = errno;
     job->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    return drained;
+    if (conn < 0) {
+        errno = why;
+        return why == EINTR || why == ECONNABORTED ? -1 : -2;
+    }
+    if (job->spare_fd >= 0)
+        return conn;
+    tell(conn, "error: %s: job %s cannot take a join now: its supervisor is out of file descriptors (%s)",
+         job->who, job->id, strerror(err));
+    close(conn);
+    job->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return -1;
 }
 
-/* accept4 failed with err: whether to accept again at once. Logs a failure
- * other than EAGAIN once until an accept succeeds again. */
-static bool accept_failed(sr_job *job, int err)
+/* accept4 failed with err: a connection to serve after all (>= 0), -1 to
+ * accept again at once, -2 nothing more now. Logs a failure other than
+ * EAGAIN once until an accept succeeds again. */
+static int accept_failed(sr_job *job, int err)
 {
     if (err == EINTR || err == ECONNABORTED)
-        return true;
+        return -1;
     if (err == EAGAIN || err == EWOULDBLOCK)
-        return false;
+        return -2;
     if (err != job->accept_err) {
         char line[256];
         snprintf(line, sizeof(line), "%s: job %s cannot accept a join: %s", job->who, job->id, strerror(err));
         sr__log_text(SR_LOG_WARN, line);
     }
     job->accept_err = err;
-    if ((err == EMFILE || err == ENFILE) && refuse_by_spare(job, err))
-        return false;
+    if (err == EMFILE || err == ENFILE) {
+        int c = accept_by_spare(job, err);
+        if (c != -2 || errno == EAGAIN || errno == EWOULDBLOCK)
+            return c; /* served, refused, or the backlog is empty */
+    }
     job->accept_resume = sr__now_ns() + SR_JOIN_BACKOFF_NS;
-    return false;
+    return -2;
 }
 
 int sr__job_accept(sr_job *job)
 {
     for (;;) {
         int conn = accept4(job->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (conn < 0) {
-            if (accept_failed(job, errno))
+        if (conn < 0 && (conn = accept_failed(job, errno)) < 0) {
+            if (conn == -1)
                 continue;
             return -1;
         }
