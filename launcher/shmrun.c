@@ -164,7 +164,7 @@ static int attempt(sr_job *job, void *p)
 {
     struct attempt_ctx *c = p;
     job->child_mask = c->child_mask;
-    job->replace_left = c->a->restart_rank ? c->a->max_restarts : 0;
+    job->replace_left = c->a->restart_rank ? c->a->max_restarts - job->spent : 0; /* one budget (job.h) */
     inherit_across_exec(job);
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
     struct sr_trace_job *trace;
@@ -203,7 +203,7 @@ int main(int argc, char **argv)
                           .flags = (a.restart_rank ? SR_SEG_F_REPLACE : 0) | (elastic ? SR_SEG_F_ELASTIC : 0),
                           .heap_spares = a.restart_rank ? sr__seg_replace_spares(a.max_restarts) : 0};
     struct attempt_ctx c = {.a = &a, .sigfd = sigfd, .child_mask = old};
-    int status = sr__job_run(&so, "shmrun", a.restart_rank ? 0 : a.max_restarts, attempt, &c);
+    int status = sr__job_run(&so, "shmrun", a.max_restarts, attempt, &c);
     if (status < 0) /* the job could not be created */
         return status == -EINVAL ? launcher_error(2, true) : launcher_error(1, false);
     return status;

@@ -127,7 +127,8 @@ static inline bool sr__worker_state_detached(uint32_t st)
  * A rank is replaced only once every worker has attached, and only if it
  * had not entered sr_shutdown itself (it may have arrived at the shutdown
  * barrier) nor, for rank 0, the leader of that barrier, had any other; a
- * failure outside those times ends the job as without the policy. */
+ * death outside those times restarts the whole job, from the same budget
+ * (lib/job/job.h, "Restarts"). */
 #define SR_SEG_F_REPLACE 0x1u
 
 /* Elastic jobs (header.flags & SR_SEG_F_ELASTIC: shmrun --max-workers,

@@ -237,15 +237,17 @@ int sr__job_stop(sr_job *job)
 
 int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_job_attempt attempt, void *ctx)
 {
-    int rc;
+    int rc, spent = 0;
     for (int restart = 0;; restart++) {
         sr_job job;
         if ((rc = sr__job_create(&job, o, who)))
             return rc;
         job.restart = restart;
         job.max_restarts = max_restarts;
+        job.spent = spent;
         rc = attempt(&job, ctx);
         bool again = job.restart_due;
+        spent += job.replaced + again;
         sr__job_destroy(&job); /* every worker is reaped: the segment goes with it */
         if (!again)
             return rc;

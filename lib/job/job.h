@@ -10,8 +10,9 @@
  * replaced by a new process of its rank while the others run on, with one
  * line:
  *   "<who>: rank 1 (pid 4710) was killed by signal SIGKILL; replaced by pid 4720 (generation 1, replacement 1 of 3)"
- * A worker that exits non-zero, or dies outside those times, or once
- * replace_left is spent, still takes the job down. Every other worker is sent SIGKILL at once, all
+ * A worker killed by a signal outside those times, while the budget is not
+ * spent, restarts the whole job (Restarts, below). A worker that exits
+ * non-zero, or dies once the budget is spent, takes the job down. Every other worker is sent SIGKILL at once, all
  * are reaped, and one report line is printed:
  *   "<who>: rank 2 (pid 4711) exited with status 3; stopped the other 3 workers"
  *   "<who>: rank 1 (pid 4710) was killed by signal SIGKILL; stopped the other 3 workers"
@@ -32,7 +33,13 @@
  * restarts are left ends the attempt with, instead of the line above,
  *   "<who>: rank 2 (pid 4711) was killed by signal SIGKILL; restarting the job (restart 1 of 3)"
  * and the whole job starts again: every worker stopped and reaped, a fresh
- * segment, every rank forked anew. Not restarted: a worker that exits
+ * segment, every rank forked anew. A job that replaces ranks does the same
+ * with a death it cannot replace in place (inside sr_shutdown, before every
+ * worker attached), saying why; its replacements and restarts share one
+ * budget, max_restarts (job.spent carries it from attempt to attempt):
+ *   "<who>: rank 2 (pid 4711) was killed by signal SIGKILL; not replaced in place (it died inside
+ *    sr_shutdown): restarting the job (restart 1; 2 of 3 replacements and restarts spent)"
+ * Not restarted: a worker that exits
  * non-zero (it chose to fail: the same input fails the same way again),
  * any failure during a requested stop (SIGTERM/SIGINT forwarded), and a
  * failure of the last attempt; those end the job as above.
@@ -70,7 +77,8 @@ typedef struct sr_job {
     const char *who;  /* report prefix: "shmrun" or "sr_spawn" */
     sigset_t child_mask; /* signal mask the workers start with */
     int restart;      /* this attempt's number: 0 first, k after the k-th restart */
-    int max_restarts; /* restarts allowed (sr__job_run) */
+    int max_restarts; /* restarts and replacements allowed in all (sr__job_run) */
+    int spent;        /* restarts and replacements of the attempts before this one (sr__job_run) */
     bool restart_due; /* set by the supervisor: the attempt ended in a failure that is restarted */
     /* Replacement in place (segment.h, SR_SEG_F_REPLACE): how many more
      * failed ranks may be replaced (0: none, the job ends as without the
@@ -184,8 +192,10 @@ typedef int (*sr_job_attempt)(sr_job *job, void *ctx);
 
 /* Create the job, run attempt(job, ctx), destroy the job; again, with the
  * next restart number, while the supervisor set job.restart_due (the
- * restart policy above: at most max_restarts times). Returns the last
- * attempt's result, or sr__job_create's error. */
+ * restart policy above: at most max_restarts restarts and replacements in
+ * all; job.spent says how many the attempts before spent, so an attempt of
+ * a job that replaces ranks sets replace_left to max_restarts - spent).
+ * Returns the last attempt's result, or sr__job_create's error. */
 int sr__job_run(const sr_segment_opts *o, const char *who, int max_restarts, sr_job_attempt attempt, void *ctx);
 
 /* Joining an elastic job (join.c). The supervisor listens on an abstract

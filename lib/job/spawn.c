@@ -53,7 +53,7 @@ static void run_worker(sr_job *job, int rank, void *p)
 static int attempt(sr_job *job, void *p)
 {
     struct spawn_call *c = p;
-    job->replace_left = c->replace;
+    job->replace_left = c->replace ? c->replace - job->spent : 0; /* one budget with the restarts (job.h) */
     /* SHMRPC_TRACE, SHMRPC_STATS: checked and set up before any worker starts (docs/PROFILING.md) */
     int rc = sr__trace_job_begin(&c->trace, job->n, job->replace_left, job->restart, "sr_spawn");
     if (rc)
@@ -91,6 +91,6 @@ SR_API int sr_spawn(int world_size, int (*fn)(int, int, void *), void *arg, cons
                           .heap_spares = replace ? sr__seg_replace_spares(opts->max_restarts) : 0};
     struct spawn_call call = {fn, arg, NULL, replace ? opts->max_restarts : 0};
     forked_from_main = gettid() == getpid();
-    int status = sr__job_run(&so, "sr_spawn", replace ? 0 : opts->max_restarts, attempt, &call);
+    int status = sr__job_run(&so, "sr_spawn", opts->max_restarts, attempt, &call);
     return status == 0 ? 0 : status < 0 ? status : -SR_EWORKER;
 }

@@ -74,27 +74,44 @@ static bool stop_pending(const struct sup *s)
     return s->h->sigfd >= 0 && sigpending(&p) == 0 && (sigismember(&p, SIGTERM) || sigismember(&p, SIGINT));
 }
 
+/* Restarts and replacements spent so far, this attempt's included. */
+static int spent(const sr_job *job) { return job->spent + job->replaced; }
+
 /* The restart policy (job.h, "Restarts"): a worker killed by a signal,
  * outside a requested stop (the caller checks stop_sig; a stop signal
- * still pending counts too), while restarts are left. */
+ * still pending counts too), while the budget is not spent. */
 static bool restartable(const struct sup *s, const siginfo_t *si)
 {
-    return si->si_code != CLD_EXITED && s->job->restart < s->job->max_restarts && !stop_pending(s);
+    return si->si_code != CLD_EXITED && spent(s->job) < s->job->max_restarts && !stop_pending(s);
 }
 
-static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
+/* The restart line's tail: "(restart 1 of 3)"; in a job that replaces
+ * ranks, why not in place, and the budget the two share. */
+static void restart_text(const sr_job *job, const char *unreplaced, char *buf, size_t len)
 {
-    char what[96], serving[256];
+    if (job->seg.flags & SR_SEG_F_REPLACE) /* flags: our copy of the creator's (segment.h) */
+        snprintf(buf, len, "; not replaced in place (%s): restarting the job (restart %d; %d of %d replacements "
+                 "and restarts spent)", unreplaced ? unreplaced : "no reason known", job->restart + 1, spent(job) + 1,
+                 job->max_restarts);
+    else
+        snprintf(buf, len, "; restarting the job (restart %d of %d)", job->restart + 1, job->max_restarts);
+}
+
+/* unreplaced: why a job that replaces ranks did not replace this one
+ * (replaceable), or NULL. */
+static int report_failure(struct sup *s, int rank, pid_t pid, const siginfo_t *si, const char *unreplaced)
+{
+    char what[96], serving[256], restart[256];
     sr__exit_describe(si->si_code, si->si_status, what, sizeof(what));
     sr__seg_crash_text(&s->job->seg, rank, serving, sizeof(serving)); /* the call it died in, if any */
     int others = sr__job_stop(s->job);
     on_end(s);
     sr_job *job = s->job;
     job->restart_due = restartable(s, si);
-    if (job->restart_due)
-        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; restarting the job (restart %d of %d)", rank,
-                 (int)pid, what, serving, job->restart + 1, job->max_restarts);
-    else
+    if (job->restart_due) {
+        restart_text(job, unreplaced, restart, sizeof(restart));
+        sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s%s", rank, (int)pid, what, serving, restart);
+    } else
         sr__fail(-SR_EWORKER, job->who, "rank %d (pid %d) %s%s; stopped the other %d worker%s", rank, (int)pid,
                  what, serving, others, others == 1 ? "" : "s");
     sr__log_text(SR_LOG_ERROR, sr_last_error());
@@ -169,22 +186,38 @@ static void publish_exit(sr_job *job, int rank, const siginfo_t *si)
 
 /* ---- replacement in place (segment.h, "Replacement in place") ---- */
 
+/* Why rank could not be replaced while rank r's line said st. */
+static const char *unreplaced_why(const sr_job *job, int rank, int r, uint32_t st)
+{
+    static char why[128]; /* the supervising thread's alone */
+    if (r == rank)
+        return st == SR_WORKER_CLOSING ? "it died inside sr_shutdown" : "it died while not attached";
+    if (st == SR_WORKER_CLOSING) /* rank is 0, the shutdown's leader */
+        snprintf(why, sizeof(why), "it led sr_shutdown, which rank %d had entered", r);
+    else
+        snprintf(why, sizeof(why), "rank %d had %s", r, job->pids[r] ? "not attached" : "ended");
+    return why;
+}
+
 /* May `rank`, whose process ended as si says, be replaced now? Killed by a
  * signal, budget left, no stop under way, every worker attached once, the
  * dead one not inside sr_shutdown (it may have arrived at the shutdown
  * barrier, and its successor would arrive again), and every other rank
  * attached or starting as a replacement. Others may wait in sr_shutdown's
  * first barrier (the dead one never arrived, so it cannot have completed),
- * unless the dead one is the leader, rank 0, which their arrivals went to. */
-static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
+ * unless the dead one is the leader, rank 0, which their arrivals went to.
+ * NULL if it may; else why not, in a job that replaces ranks, when only
+ * the moment was wrong (the caller restarts the job if the budget allows),
+ * or "" (not a job that replaces ranks, no budget, a stop, an exit). */
+static const char *unreplaceable(struct sup *s, int rank, const siginfo_t *si)
 {
     sr_job *job = s->job;
     if (job->replace_left <= 0 || s->stop_sig || si->si_code == CLD_EXITED ||
         !(job->seg.flags & SR_SEG_F_REPLACE)) /* flags: our copy of the creator's (segment.h) */
-        return false;
+        return "";
     /* acquire: pairs with each worker's release increment at its first attach */
     if (atomic_load_explicit(&job->seg.hdr->attached, memory_order_acquire) < job->seg.launched)
-        return false;
+        return "it died before every worker had attached";
     for (int r = 0; r < job->n; r++) {
         struct sr_worker_info *w = sr__seg_worker(&job->seg, r);
         /* acquire: pairs with the worker's release stores of its state */
@@ -196,9 +229,9 @@ static bool replaceable(struct sup *s, int rank, const siginfo_t *si)
         bool elastic = (job->seg.flags & SR_SEG_F_ELASTIC) && r != rank &&
                        (!job->pids[r] || st == SR_WORKER_LEAVING || sr__worker_state_detached(st));
         if (st != SR_WORKER_ATTACHED && !starting && !closing && !elastic)
-            return false;
+            return unreplaced_why(job, rank, r, st);
     }
-    return true;
+    return NULL;
 }
 
 /* R2: rank's line as a new process of it must find it. The dead one was
@@ -291,8 +324,7 @@ static int replace_rank(struct sup *s, int rank, pid_t pid, const siginfo_t *si)
     uint32_t g = atomic_load_explicit(&sr__seg_worker(&job->seg, rank)->generation, memory_order_relaxed);
     char line[512];
     snprintf(line, sizeof(line), "%s: rank %d (pid %d) %s%s; replaced by pid %d (generation %u, replacement %d of %d)",
-             job->who, rank, (int)pid, what, serving, (int)job->pids[rank], g, job->replaced,
-             job->replaced + job->replace_left);
+             job->who, rank, (int)pid, what, serving, (int)job->pids[rank], g, spent(job), job->max_restarts);
     sr__log_text(SR_LOG_WARN, line);
     return 0;
 }
@@ -332,13 +364,14 @@ static int on_exit_event(struct sup *s, int rank)
         publish_exit(job, rank, &si);
         return 0;
     }
-    if (replaceable(s, rank, &si))
+    const char *unreplaced = unreplaceable(s, rank, &si);
+    if (!unreplaced)
         return joined ? free_joined_rank(s, rank, pid, &si) : replace_rank(s, rank, pid, &si);
     publish_exit(job, rank, &si);
     if (si.si_code == CLD_EXITED && si.si_status == 0)
         return 0;
     if (!s->stop_sig)
-        return report_failure(s, rank, pid, &si);
+        return report_failure(s, rank, pid, &si, *unreplaced ? unreplaced : NULL);
     if (!s->failed) { /* stopping: every worker keeps its grace period */
         s->failed = true;
         s->first_rank = rank;

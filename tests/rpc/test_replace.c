@@ -32,11 +32,13 @@
 #include "error.h"
 #include "helpers/replace_events.h"
 #include "helpers/shared_word.h"
+#include "segment.h"
 #include "reorder.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
 #include "shmrpc/spawn.h"
 #include "shmrpc/tensor.h"
+#include "transport.h" /* sr__transport_segment */
 
 LEAK_CHECKED_SUITE(replace);
 
@@ -52,6 +54,7 @@ struct shared {
     _Atomic uint32_t held;     /* rank 2 holds its call to rank 1 generation 0 */
     _Atomic uint32_t back;     /* rank 1's replacement said hello */
     _Atomic uint32_t counted;  /* calls of "count" that ran, on any generation of rank 1 */
+    _Atomic uint32_t attempts; /* scenario 5: attempts of the job rank 0 started in */
 };
 static struct shared *sh;
 
@@ -407,4 +410,126 @@ Test(replace, a_rank_is_replaced_while_a_peers_threads_call_it, .timeout = 120)
     sh = shared_page(sizeof(*sh));
     int rc = spawn("replace3", driver_senders, 1);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
+}
+
+/* ---- scenario 5: a death inside sr_shutdown restarts the whole job ---- */
+
+/* This attempt's number (SHMRPC_RESTART_COUNT; 0: the first). */
+static unsigned my_attempt(void)
+{
+    const char *a = getenv("SHMRPC_RESTART_COUNT");
+    return a ? (unsigned)atoi(a) : 0;
+}
+
+/* Until rank's line says CLOSING (it entered sr_shutdown), bounded. A
+ * worker's state has no futex wake: yield between looks. */
+static int closing_wait(int rank)
+{
+    struct sr_worker_info *w = sr__seg_worker(sr__transport_segment(sr__agent->tports), rank);
+    int64_t end = replace_now_ns() + (int64_t)WAIT_S * 1000000000;
+    /* acquire: pairs with the worker's release store of CLOSING */
+    while (atomic_load_explicit(&w->state, memory_order_acquire) != SR_WORKER_CLOSING) {
+        if (replace_now_ns() > end)
+            return -ETIMEDOUT;
+        sched_yield();
+    }
+    return 0;
+}
+
+/* Rank 0 of the first attempt: (spend: rank 1 killed and replaced first,
+ * spending the budget), then rank 2, waiting in sr_shutdown, dies serving
+ * "die" there. The supervisor stops this attempt: wait for it, bounded. */
+static int driver_closing_death(bool spend)
+{
+    if (spend) {
+        WCHECK(sr_rpc_sync(1, "die", SR_ARGS(), WAIT_S, NULL) == -EPIPE, "the call rank 1 died in: %s",
+               sr_last_error());
+        WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    }
+    WCHECK(closing_wait(2) == 0, "rank 2 did not enter sr_shutdown within %d s", WAIT_S);
+    int rc = sr_rpc_sync(2, "die", SR_ARGS(), WAIT_S, NULL);
+    WCHECK(rc == -EPIPE, "the call rank 2 died in: %d '%s'", rc, sr_last_error());
+    return victim_wait();
+}
+
+/* arg: non-NULL to spend the budget on a replacement first. Every later
+ * attempt only shuts down. */
+static int worker_closing(int rank, int world, void *arg)
+{
+    (void)world;
+    register_fns();
+    WCHECK(sr_init(NULL) == 0, "rank %d: sr_init: %s", rank, sr_last_error());
+    if (rank == 0)
+        atomic_fetch_add(&sh->attempts, 1);
+    if (my_attempt() == 0 && rank == 1 && arg)
+        if (replace_my_gen() == 0)
+            return victim_wait();
+    if (my_attempt() == 0 && rank == 1 && replace_my_gen() > 0)
+        WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+    if (my_attempt() == 0 && rank == 0)
+        return driver_closing_death(arg != NULL);
+    int sd = sr_shutdown(true, 3 * WAIT_S);
+    WCHECK(sd == 0, "rank %d attempt %u: graceful shutdown: %s", rank, my_attempt(), sr_last_error());
+    return 0;
+}
+
+/* sr_spawn with worker_closing, its stderr (the supervisor's lines) in report. */
+static int spawn_closing(const char *name, int max, bool spend, char *report, size_t len)
+{
+    char path[128];
+    snprintf(path, sizeof(path), "/tmp/%s.err", test_ns(name));
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600), saved = dup(2);
+    cr_assert(fd >= 0 && saved >= 0 && dup2(fd, 2) == 2, "stderr to %s: %s", path, strerror(errno));
+    sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = WORLD * (64u << 20), .restart = SR_RESTART_RANK,
+                       .max_restarts = max};
+    int rc = sr_spawn(WORLD, worker_closing, spend ? (void *)1 : NULL, &o);
+    dup2(saved, 2);
+    close(saved);
+    ssize_t n = pread(fd, report, len - 1, 0);
+    report[n > 0 ? n : 0] = 0;
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+/* A rank that dies inside sr_shutdown cannot be replaced in place (its
+ * successor would arrive at the shutdown again): the whole job restarts,
+ * from the same budget, and says why. */
+Test(replace, a_death_inside_sr_shutdown_restarts_the_job, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    char report[8192];
+    int rc = spawn_closing("replace5", 1, false, report, sizeof(report));
+    cr_assert_eq(rc, 0, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
+    cr_assert_eq(atomic_load(&sh->attempts), 2, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    cr_assert(strstr(report, "rank 2 (pid ") &&
+                  strstr(report, "was killed by signal SIGKILL; not replaced in place (it died inside sr_shutdown): "
+                                 "restarting the job (restart 1; 1 of 1 replacements and restarts spent)"),
+              "stderr:\n%s", report);
+}
+
+/* The same death once a replacement spent the budget ends the job. */
+Test(replace, a_death_inside_sr_shutdown_without_budget_ends_the_job, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    char report[8192];
+    int rc = spawn_closing("replace6", 1, true, report, sizeof(report));
+    cr_assert_eq(rc, -SR_EWORKER, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
+    cr_assert_eq(atomic_load(&sh->attempts), 1, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    cr_assert(strstr(report, "replacement 1 of 1)") && strstr(report, "rank 2 (pid ") &&
+                  strstr(report, "was killed by signal SIGKILL; stopped the other 2 workers"),
+              "stderr:\n%s", report);
+}
+
+/* Budget for both: rank 1 replaced, then the restart, the last of two. */
+Test(replace, replacements_and_restarts_share_one_budget, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    char report[8192];
+    int rc = spawn_closing("replace7", 2, true, report, sizeof(report));
+    cr_assert_eq(rc, 0, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
+    cr_assert_eq(atomic_load(&sh->attempts), 2, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    cr_assert(strstr(report, "replacement 1 of 2)") &&
+                  strstr(report, "restarting the job (restart 1; 2 of 2 replacements and restarts spent)"),
+              "stderr:\n%s", report);
 }

@@ -44,7 +44,8 @@ typedef struct sr_spawn_opts {
     const char *name_prefix; /* segment name prefix, for reports and leak checks; NULL: "shmrpc" */
     int max_restarts;        /* restarts allowed: a worker killed by a signal starts the whole job again
                               * (SR_RESTART_JOB, shmrun --max-restarts) or its rank again
-                              * (SR_RESTART_RANK, shmrun --restart rank), at most this many times; 0: never */
+                              * (SR_RESTART_RANK, shmrun --restart rank; the whole job when the rank cannot be
+                              * replaced in place, e.g. inside sr_shutdown), at most this many times in all; 0: never */
     sr_restart_policy restart;
     int max_workers;         /* > world_size: an elastic job (shmrun --max-workers; docs/LAUNCHER.md): ranks
                               * world_size..max_workers-1 start free, workers leave with sr_shutdown and
