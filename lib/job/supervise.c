@@ -191,7 +191,9 @@ static const char *unreplaced_why(const sr_job *job, int rank, int r, uint32_t s
 {
     static char why[128]; /* the supervising thread's alone */
     if (r == rank)
-        return st == SR_WORKER_CLOSING ? "it died inside sr_shutdown" : "it died while not attached";
+        return st == SR_WORKER_CLOSING ? "it died inside sr_shutdown"
+               : st == SR_WORKER_EMPTY ? "it died before it attached"
+                                       : "it died after it detached";
     if (st == SR_WORKER_CLOSING) /* rank is 0, the shutdown's leader */
         snprintf(why, sizeof(why), "it led sr_shutdown, which rank %d had entered", r);
     else

@@ -492,16 +492,25 @@ static int spawn_closing(const char *name, int max, bool spend, char *report, si
     return rc;
 }
 
+/* A job of worker_closing: its status and attempts as wanted; its
+ * stderr in report. */
+static void run_closing(const char *name, int max, bool spend, int want_rc, unsigned want_attempts, char *report,
+                        size_t len)
+{
+    sh = shared_page(sizeof(*sh));
+    int rc = spawn_closing(name, max, spend, report, len);
+    cr_assert_eq(rc, want_rc, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
+    cr_assert_eq(atomic_load(&sh->attempts), want_attempts, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts),
+                 report);
+}
+
 /* A rank that dies inside sr_shutdown cannot be replaced in place (its
  * successor would arrive at the shutdown again): the whole job restarts,
  * from the same budget, and says why. */
 Test(replace, a_death_inside_sr_shutdown_restarts_the_job, .timeout = 120)
 {
-    sh = shared_page(sizeof(*sh));
     char report[8192];
-    int rc = spawn_closing("replace5", 1, false, report, sizeof(report));
-    cr_assert_eq(rc, 0, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
-    cr_assert_eq(atomic_load(&sh->attempts), 2, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    run_closing("replace5", 1, false, 0, 2, report, sizeof(report));
     cr_assert(strstr(report, "rank 2 (pid ") &&
                   strstr(report, "was killed by signal SIGKILL; not replaced in place (it died inside sr_shutdown): "
                                  "restarting the job (restart 1; 1 of 1 replacements and restarts spent)"),
@@ -511,11 +520,8 @@ Test(replace, a_death_inside_sr_shutdown_restarts_the_job, .timeout = 120)
 /* The same death once a replacement spent the budget ends the job. */
 Test(replace, a_death_inside_sr_shutdown_without_budget_ends_the_job, .timeout = 120)
 {
-    sh = shared_page(sizeof(*sh));
     char report[8192];
-    int rc = spawn_closing("replace6", 1, true, report, sizeof(report));
-    cr_assert_eq(rc, -SR_EWORKER, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
-    cr_assert_eq(atomic_load(&sh->attempts), 1, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    run_closing("replace6", 1, true, -SR_EWORKER, 1, report, sizeof(report));
     cr_assert(strstr(report, "replacement 1 of 1)") && strstr(report, "rank 2 (pid ") &&
                   strstr(report, "was killed by signal SIGKILL; stopped the other 2 workers"),
               "stderr:\n%s", report);
@@ -524,11 +530,8 @@ Test(replace, a_death_inside_sr_shutdown_without_budget_ends_the_job, .timeout =
 /* Budget for both: rank 1 replaced, then the restart, the last of two. */
 Test(replace, replacements_and_restarts_share_one_budget, .timeout = 120)
 {
-    sh = shared_page(sizeof(*sh));
     char report[8192];
-    int rc = spawn_closing("replace7", 2, true, report, sizeof(report));
-    cr_assert_eq(rc, 0, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
-    cr_assert_eq(atomic_load(&sh->attempts), 2, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    run_closing("replace7", 2, true, 0, 2, report, sizeof(report));
     cr_assert(strstr(report, "replacement 1 of 2)") &&
                   strstr(report, "restarting the job (restart 1; 2 of 2 replacements and restarts spent)"),
               "stderr:\n%s", report);
