@@ -487,23 +487,45 @@ SR_API int sr_rpc_sync(int to, const char *fn, sr_args args, double timeout_s, s
     return rc;
 }
 
-SR_API int sr_serve_until(sr_future *f, sr_value **out)
+/* sr_serve_until's wait, until deadline (-1: none). */
+static int serve_until(sr_future *f, int64_t deadline)
 {
-    if (!f)
-        return sr__fail(-EINVAL, "sr_serve_until", "future is NULL");
     sr_agent *a = sr__agent_get(NULL);
     if (!a)
-        return sr_future_wait(f, out); /* no inbox to serve: a plain wait */
+        return sr__future_wait_until(f, deadline); /* no inbox to serve: a plain wait */
     if (sr__agent_polling_here(a)) { /* a nested wait keeps polling (agent.h): no jobs kept for later */
         sr__agent_put(a);
-        return sr_future_wait(f, out);
+        return sr__future_wait_until(f, deadline);
     }
     /* The IDLE poll of sr_shutdown's waits (agent.h): plain functions and
      * module jobs this thread reads run here once it has handed the inbox
      * back (serve.c, start_call; exec.c, sr__exec_submit). */
     bool was = sr__exec_take_jobs(true);
-    int rc = sr__agent_wait_counted(a, f, -1, SR_POLL_IDLE); /* lets go of the reference */
+    int rc = sr__agent_wait_counted(a, f, deadline, SR_POLL_IDLE); /* lets go of the reference */
     sr__exec_take_jobs(was);
+    return rc;
+}
+
+SR_API int sr_serve_until(sr_future *f, sr_value **out)
+{
+    if (!f)
+        return sr__fail(-EINVAL, "sr_serve_until", "future is NULL");
+    int rc = serve_until(f, -1);
+    return rc ? rc : sr_future_value(f, out);
+}
+
+SR_API int sr_serve_until_timeout(sr_future *f, double timeout_s, sr_value **out)
+{
+    if (!f)
+        return sr__fail(-EINVAL, "sr_serve_until_timeout", "future is NULL");
+    int64_t ms = 0;
+    int rc = sr__timeout_ms(timeout_s, "sr_serve_until_timeout", &ms);
+    if (rc)
+        return rc;
+    rc = serve_until(f, sr__deadline_ns(sr__now_ns(), ms));
+    if (rc == -ETIMEDOUT)
+        return sr__fail(-ETIMEDOUT, "sr_serve_until_timeout", "worker%d: the future was not done within %g s",
+                        sr_rank(), timeout_s);
     return rc ? rc : sr_future_value(f, out);
 }
 

@@ -7,6 +7,10 @@
  *       on an executor (with sr_future_wait every call ran on an executor:
  *       bench_train's server paid that hop, and the wake of the executor,
  *       three times a step).
+ *   a_bounded_serve_times_out_then_serves   sr_serve_until_timeout: a future
+ *       nobody completes ends the wait with -ETIMEDOUT naming the worker and
+ *       the bound, the future untouched; bad bounds are -EINVAL; calls run
+ *       on the thread in it as in sr_serve_until.
  *   blocking_call_holds_up_no_other   the serving thread keeps one plain call
  *       of a burst for itself, never two: a call that blocks until the next
  *       one has run (a lock that a later call releases, bench_train's
@@ -22,6 +26,7 @@
  * the scenario. A sem_init there reset a serve.give already posted, and
  * serve.take then waited for nothing. */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -97,12 +102,39 @@ static void release_state(void)
     sem_destroy(&gate);
 }
 
-/* Worker 0 serves until worker 1 says stop; worker 1 runs `client`. */
-static int serve_or(int rank, int (*client)(void))
+/* Worker 0, before its bounded serve: the bound's errors and its end. */
+static int timeout_checks(void)
+{
+    sr_future *never = sr_future_new();
+    WCHECK(never, "sr_future_new");
+    int rc = sr_serve_until_timeout(never, 0.05, NULL);
+    WCHECK(rc == -ETIMEDOUT && strstr(sr_last_error(), "worker0") && strstr(sr_last_error(), "within 0.05 s"),
+           "a future nobody completes, 0.05 s: %d '%s'", rc, sr_last_error());
+    WCHECK(!sr_future_done(never), "the timed-out wait completed its future");
+    rc = sr_serve_until_timeout(never, -1, NULL);
+    WCHECK(rc == -EINVAL && strstr(sr_last_error(), "sr_serve_until_timeout"), "timeout -1: %d '%s'", rc,
+           sr_last_error());
+    WCHECK(sr_serve_until_timeout(never, NAN, NULL) == -EINVAL, "timeout NaN: %s", sr_last_error());
+    WCHECK(sr_serve_until_timeout(NULL, 1, NULL) == -EINVAL, "future NULL: %s", sr_last_error());
+    sr_value *seven = sr_int(7), *v = NULL;
+    sr_future_set_result(never, seven); /* the future takes its own reference */
+    sr_value_unref(seven);
+    rc = sr_serve_until_timeout(never, 1, &v);
+    WCHECK(rc == 0 && sr_value_int(v) == 7, "a done future: %d '%s'", rc, sr_last_error());
+    sr_value_unref(v);
+    sr_future_unref(never);
+    return 0;
+}
+
+/* Worker 0 serves until worker 1 says stop (bounded: sr_serve_until_timeout,
+ * after timeout_checks); worker 1 runs `client`. */
+static int serve_or(int rank, int (*client)(void), bool bounded)
 {
     WCHECK(stop, "sr_future_new (in setup)");
     if (rank == 0) {
-        int rc = sr_serve_until(stop, NULL);
+        int rc = bounded ? timeout_checks() : 0;
+        if (!rc)
+            rc = bounded ? sr_serve_until_timeout(stop, SERVE_BOUND_S, NULL) : sr_serve_until(stop, NULL);
         release_state();
         WCHECK(rc == 0, "sr_serve_until: %d %s", rc, sr_last_error());
         return 0;
@@ -133,12 +165,23 @@ static int where_client(void)
 static int where_scenario(int rank, int world)
 {
     (void)world;
-    return serve_or(rank, where_client);
+    return serve_or(rank, where_client, false);
 }
 
 Test(serve, calls_run_on_the_serving_thread)
 {
     RUN_JOB("serve_where", 2, .scenario = where_scenario, .register_fns = setup);
+}
+
+static int timeout_scenario(int rank, int world)
+{
+    (void)world;
+    return serve_or(rank, where_client, true);
+}
+
+Test(serve, a_bounded_serve_times_out_then_serves)
+{
+    RUN_JOB("serve_timeout", 2, .scenario = timeout_scenario, .register_fns = setup);
 }
 
 /* PAIRS times: take and give sent back to back, so that they often arrive
@@ -161,7 +204,7 @@ static int pairs_client(void)
 static int pairs_scenario(int rank, int world)
 {
     (void)world;
-    return serve_or(rank, pairs_client);
+    return serve_or(rank, pairs_client, false);
 }
 
 Test(serve, blocking_call_holds_up_no_other)

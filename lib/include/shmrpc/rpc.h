@@ -216,6 +216,13 @@ SR_API int sr_rpc_async(int to, const char *fn, sr_args args, double timeout_s, 
  * if f is NULL. */
 SR_API int sr_serve_until(sr_future *f, sr_value **out);
 
+/* sr_serve_until, for at most timeout_s seconds (the waits' rules, docs/API.md
+ * "Timeouts": 0 or SR_TIMEOUT_NONE: no bound; negative or NaN: -EINVAL).
+ * -ETIMEDOUT when f is not done by then, naming this worker and the bound;
+ * f is untouched (still pending, still the caller's): a server that bounds
+ * its wait by the trainers' progress serves again while they make some. */
+SR_API int sr_serve_until_timeout(sr_future *f, double timeout_s, sr_value **out);
+
 /* ---- debug ---------------------------------------------------------------- */
 
 typedef struct sr_debug_info {
