@@ -113,6 +113,7 @@ static struct ps {
     double *loss;            /* loss[i]: the loss of step i + 1 */
     int64_t samples;         /* trained in this run */
     int hellos, done;
+    sr_future *finished;     /* completed by the last ps_done; the main thread serves until then */
     double t_train, t_print;
     int64_t saved;           /* last step saved */
     bool tty;
@@ -131,7 +132,6 @@ static int ps_wait(bool (*pred)(void), const char *what)
 }
 
 static bool is_ready(void) { return ps.ready; }
-static bool all_done(void) { return ps.done == opt.trainers; }
 
 static int ps_wait_ready(void)
 {
@@ -459,7 +459,8 @@ static int ps_hello(sr_call *c)
 static int ps_done(sr_call *c)
 {
     pthread_mutex_lock(&ps.mu);
-    ps.done++;
+    if (++ps.done == opt.trainers && ps.finished)
+        sr_future_set_result(ps.finished, NULL);
     pthread_cond_broadcast(&ps.cv);
     pthread_mutex_unlock(&ps.mu);
     return sr_call_return(c, NULL);
@@ -628,15 +629,23 @@ static void ps_release(void)
 }
 
 /* Until every trainer is done (ps.mu held): bounded by progress, not by the
- * length of the training: it fails only after WAIT_S seconds without a step. */
+ * length of the training: it fails only after WAIT_S seconds without a step.
+ * The thread serves meanwhile (sr_serve_until_timeout), without ps.mu, which
+ * the served functions take: a call it reads runs here, with no hop to an
+ * executor thread (three a step: ps_forward, the optimizer's step,
+ * ps_report). */
 static int wait_training(void)
 {
     int64_t seen;
     int rc;
     do {
         seen = ps.step;
-        rc = ps_wait(all_done, "the trainers' next step or their end");
+        pthread_mutex_unlock(&ps.mu);
+        rc = sr_serve_until_timeout(ps.finished, WAIT_S, NULL);
+        pthread_mutex_lock(&ps.mu);
     } while (rc == -ETIMEDOUT && ps.step != seen);
+    if (rc == -ETIMEDOUT)
+        return sr_errorf(-ETIMEDOUT, "waited %d s for the trainers' next step or their end", WAIT_S);
     return rc;
 }
 
@@ -652,6 +661,8 @@ static int server(double t0)
                " per epoch, %d epoch%s\n", sr_module_numel(ps.model), opt.trainers, opt.trainers > 1 ? "s" : "",
                ps.nb, opt.batch, opt.epochs, opt.epochs > 1 ? "s" : "");
     fflush(stdout);
+    if (!rc && !(ps.finished = sr_future_new())) /* before ready: no trainer is done before it */
+        rc = fail(-ENOMEM, "the training's future");
     pthread_mutex_lock(&ps.mu);
     ps.ready = !rc;
     ps.failed = rc != 0;
@@ -662,6 +673,7 @@ static int server(double t0)
     if (!rc)
         rc = ps_finish(test, t0);
     ps_release();
+    sr_future_unref(ps.finished);
     sr_dataset_destroy(test);
     return rc;
 }
