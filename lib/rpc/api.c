@@ -523,9 +523,15 @@ SR_API int sr_serve_until_timeout(sr_future *f, double timeout_s, sr_value **out
     if (rc)
         return rc;
     rc = serve_until(f, sr__deadline_ns(sr__now_ns(), ms));
-    if (rc == -ETIMEDOUT)
-        return sr__fail(-ETIMEDOUT, "sr_serve_until_timeout", "worker%d: the future was not done within %g s",
-                        sr_rank(), timeout_s);
+    if (rc == -ETIMEDOUT) {
+        char who[32] = ""; /* "worker3: "; none before sr_init or after sr_shutdown */
+        sr_agent *a = sr__agent_get(NULL);
+        if (a) {
+            snprintf(who, sizeof(who), "worker%d: ", a->rank);
+            sr__agent_put(a);
+        }
+        return sr__fail(-ETIMEDOUT, "sr_serve_until_timeout", "%sthe future was not done within %g s", who, timeout_s);
+    }
     return rc ? rc : sr_future_value(f, out);
 }
 
