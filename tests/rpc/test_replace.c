@@ -473,8 +473,8 @@ static int worker_closing(int rank, int world, void *arg)
     return 0;
 }
 
-/* sr_spawn with worker_closing, its stderr (the supervisor's lines) in report. */
-static int spawn_closing(const char *name, int max, bool spend, char *report, size_t len)
+/* sr_spawn of fn(arg) replacing ranks, its stderr (the supervisor's lines) in report. */
+static int spawn_stderr(const char *name, int max, int (*fn)(int, int, void *), void *arg, char *report, size_t len)
 {
     char path[128];
     snprintf(path, sizeof(path), "/tmp/%s.err", test_ns(name));
@@ -482,7 +482,7 @@ static int spawn_closing(const char *name, int max, bool spend, char *report, si
     cr_assert(fd >= 0 && saved >= 0 && dup2(fd, 2) == 2, "stderr to %s: %s", path, strerror(errno));
     sr_spawn_opts o = {.name_prefix = test_ns(name), .shm_size = WORLD * (64u << 20), .restart = SR_RESTART_RANK,
                        .max_restarts = max};
-    int rc = sr_spawn(WORLD, worker_closing, spend ? (void *)1 : NULL, &o);
+    int rc = sr_spawn(WORLD, fn, arg, &o);
     dup2(saved, 2);
     close(saved);
     ssize_t n = pread(fd, report, len - 1, 0);
@@ -498,7 +498,7 @@ static void run_closing(const char *name, int max, bool spend, int want_rc, unsi
                         size_t len)
 {
     sh = shared_page(sizeof(*sh));
-    int rc = spawn_closing(name, max, spend, report, len);
+    int rc = spawn_stderr(name, max, worker_closing, spend ? (void *)1 : NULL, report, len);
     cr_assert_eq(rc, want_rc, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
     cr_assert_eq(atomic_load(&sh->attempts), want_attempts, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts),
                  report);
@@ -534,5 +534,35 @@ Test(replace, replacements_and_restarts_share_one_budget, .timeout = 120)
     run_closing("replace7", 2, true, 0, 2, report, sizeof(report));
     cr_assert(strstr(report, "replacement 1 of 2)") &&
                   strstr(report, "restarting the job (restart 1; 2 of 2 replacements and restarts spent)"),
+              "stderr:\n%s", report);
+}
+
+/* A death before every worker attached, in a job that replaces ranks:
+ * not in place either (the others wait in sr_init's start barrier for
+ * it); the job restarts and says why. Rank 0 counts its starts. */
+static int worker_early(int rank, int world, void *arg)
+{
+    (void)world, (void)arg;
+    if (rank == 0)
+        atomic_fetch_add(&sh->attempts, 1);
+    if (rank == 1 && my_attempt() == 0)
+        raise(SIGKILL);
+    register_fns();
+    WCHECK(sr_init(NULL) == 0, "rank %d attempt %u: sr_init: %s", rank, my_attempt(), sr_last_error());
+    int sd = sr_shutdown(true, 3 * WAIT_S);
+    WCHECK(sd == 0, "rank %d attempt %u: graceful shutdown: %s", rank, my_attempt(), sr_last_error());
+    return 0;
+}
+
+Test(replace, a_death_before_every_worker_attached_restarts_the_job, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    char report[8192];
+    int rc = spawn_stderr("replace8", 1, worker_early, NULL, report, sizeof(report));
+    cr_assert_eq(rc, 0, "job: %d: %s\nstderr:\n%s", rc, sr_last_error(), report);
+    cr_assert_eq(atomic_load(&sh->attempts), 2, "attempts: %u; stderr:\n%s", atomic_load(&sh->attempts), report);
+    cr_assert(strstr(report, "rank 1 (pid ") &&
+                  strstr(report, "not replaced in place (it died before every worker had attached): restarting "
+                                 "the job (restart 1; 1 of 1 replacements and restarts spent)"),
               "stderr:\n%s", report);
 }
