@@ -56,7 +56,10 @@
  * the consumer next polls) that finds its slot watched does not ring for
  * itself: it hands the watch on to the next slot (sr__ring_watch_next), so
  * that the next message, which someone may wait on, rings; where it cannot
- * (the next slot already published), it rings.
+ * (the next slot already published), it rings. A consumer that polls again
+ * and reads up to a watch handed on ahead of its old head clears it
+ * (sr__ring_read_burst): left, the next claim there would ring the parked
+ * thread while the holder polls.
  *
  * The same pair carries space events (xport.h): the consumer of a full inbox
  * that frees slots stores the blocked sender's space_kick and then rings

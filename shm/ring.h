@@ -606,19 +606,22 @@ static inline bool sr__ring_watch(struct sr_ring_cons *c)
     return sr__ring_watch_free(s, c->size, pos) || sr__ring_watch_claim(c->ring, s, c->size, pos);
 }
 
+/* Consumer, polling: the free slot of position q is not watched (any more).
+ * relaxed: a claim that wins instead rings once, harmlessly. */
+static inline void sr__ring_unwatch_free(struct sr_ring_cons *c, uint32_t q)
+{
+    uint32_t w = sr__ring_mark(c->size, q, SR_RING_FREE_W);
+    atomic_compare_exchange_strong_explicit(&c->slots[q & c->mask].seq, &w, q, memory_order_relaxed,
+                                            memory_order_relaxed);
+}
+
 /* Consumer, polling again: stop watching (a producer that claims a watched
  * slot would ring for nothing): the free slot at head, and the claim
  * watch. */
 static inline void sr__ring_unwatch(struct sr_ring_cons *c)
 {
-    if (c->held != c->size) {
-        /* relaxed: only the consumer writes head */
-        uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-        uint32_t w = sr__ring_mark(c->size, pos, SR_RING_FREE_W);
-        /* relaxed: a claim that wins instead rings once, harmlessly */
-        atomic_compare_exchange_strong_explicit(&c->slots[pos & c->mask].seq, &w, pos, memory_order_relaxed,
-                                                memory_order_relaxed);
-    }
+    if (c->held != c->size)
+        sr__ring_unwatch_free(c, atomic_load_explicit(&c->head, memory_order_relaxed)); /* relaxed: ours */
     sr__ring_claim_unwatch(c->ring);
 }
 
@@ -662,6 +665,13 @@ static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, 
         /* C1 acquire: pairs with the producer's P1 release (or the reaper's V1) */
         uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
         if (seq != p + 1) {
+            /* A watch that lazy sends handed on ahead of the head while we
+             * slept (sr__ring_watch_next): stale, since we poll; left, the
+             * claim of it would ring the parked thread for nothing. */
+            if (seq == sr__ring_mark(c->size, p, SR_RING_FREE_W)) {
+                sr__ring_unwatch_free(c, p);
+                break;
+            }
             if (seq == p || !sr__ring_cons_skip(c, p, seq))
                 break;
             p++;
