@@ -232,15 +232,23 @@ Test(ring, the_claim_of_a_watched_head_rings_and_no_other)
  * rings, whether that one claims after the hand-on (the watched free slot)
  * or had claimed before it (the claim watch). It cannot hand it on to a
  * published slot: it rings then. */
-Test(ring, a_lazy_send_hands_the_watch_on)
+/* A ring of 8 whose consumer watched its head, and a lazy send (message 0)
+ * that took the watched slot and handed the watch on to position 1. */
+static struct sr_ring *watch_handed_on(void)
 {
     struct sr_ring *r = ring_new(8);
-    sr_msg m = msg_of(0), out[8];
-    uint32_t pos = 0; /* set by the enqueue or claim; gcc -O2 cannot always tell */
+    sr_msg m = msg_of(0);
+    uint32_t pos = 0; /* set by the enqueue; gcc -O2 cannot always tell */
     cr_assert(sr__ring_watch(cons(r)));
     cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 1);
     cr_assert(sr__ring_watch_next(r, r->size, pos), "the free slot of position 1 is watched now");
-    m = msg_of(1);
+    return r;
+}
+
+Test(ring, a_lazy_send_hands_the_watch_on)
+{
+    struct sr_ring *r = watch_handed_on();
+    sr_msg m = msg_of(1), out[8];
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 1, "the next send rings");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 2);
     /* The next position claimed before the hand-on: the claim watch. */
@@ -274,14 +282,9 @@ Test(ring, a_lazy_send_hands_the_watch_on)
  * us). The watch the consumer sets before it sleeps again still rings. */
 Test(ring, a_read_clears_the_watch_handed_on_ahead)
 {
-    struct sr_ring *r = ring_new(8);
-    sr_msg m = msg_of(0), out[8];
-    uint32_t pos = 0; /* set by the enqueue or claim; gcc -O2 cannot always tell */
-    cr_assert(sr__ring_watch(cons(r)));
-    cr_assert_eq(sr__ring_enqueue_at(r, r->size, PRODUCER, &m, &pos), 1);
-    cr_assert(sr__ring_watch_next(r, r->size, pos), "the free slot of position 1 is watched now");
+    struct sr_ring *r = watch_handed_on();
+    sr_msg m = msg_of(1), out[8];
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1, "the consumer woke and polls");
-    m = msg_of(1);
     cr_assert_eq(sr__ring_enqueue(r, r->size, PRODUCER, &m), 0, "a send to a polling consumer rings nobody");
     cr_assert_eq(sr__ring_dequeue_burst(cons(r), out, 8), 1);
     cr_assert(sr__ring_watch(cons(r)), "the consumer stops polling");
