@@ -288,6 +288,14 @@ static inline bool sr__ring_watch_claim(struct sr_ring *r, _Atomic uint32_t *s, 
     return sr__ring_mark_id(size, atomic_load_explicit(s, memory_order_relaxed), q) < SR_RING_VOID;
 }
 
+/* Watch position q: its free slot (W1), or, claimed and unpublished, the
+ * claim watch (D2'). False when it is published, void, held or corrupt. */
+static inline bool sr__ring_watch_at(struct sr_ring *r, uint32_t size, uint32_t q)
+{
+    _Atomic uint32_t *s = &r->slots[q & (size - 1)].seq;
+    return sr__ring_watch_free(s, size, q) || sr__ring_watch_claim(r, s, size, q);
+}
+
 /* The consumer polls again: the claim watch is over. relaxed: a hint to
  * producers (their D3' load); a clear lost to a later set costs one ring
  * for nothing at most. The load keeps the store off reads that find it 0. */
@@ -402,8 +410,7 @@ static inline bool sr__ring_claim_watched(struct sr_ring *r)
  * corrupt): the producer rings itself. */
 static inline bool sr__ring_watch_next(struct sr_ring *r, uint32_t size, uint32_t pos)
 {
-    _Atomic uint32_t *s = &r->slots[(pos + 1) & (size - 1)].seq;
-    return sr__ring_watch_free(s, size, pos + 1) || sr__ring_watch_claim(r, s, size, pos + 1);
+    return sr__ring_watch_at(r, size, pos + 1);
 }
 
 /* Multi-producer enqueue of one message by producer `id` (the sender's
@@ -601,9 +608,7 @@ static inline bool sr__ring_watch(struct sr_ring_cons *c)
     if (c->held == c->size)
         return false;
     /* relaxed: only the consumer writes head */
-    uint32_t pos = atomic_load_explicit(&c->head, memory_order_relaxed);
-    _Atomic uint32_t *s = &c->slots[pos & c->mask].seq;
-    return sr__ring_watch_free(s, c->size, pos) || sr__ring_watch_claim(c->ring, s, c->size, pos);
+    return sr__ring_watch_at(c->ring, c->size, atomic_load_explicit(&c->head, memory_order_relaxed));
 }
 
 /* Consumer, polling: the free slot of position q is not watched (any more).
