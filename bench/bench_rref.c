@@ -28,9 +28,11 @@
  * the callees serve while waiting on a future that rank 0 completes at the
  * end. `noop` is a built-in and runs inline on the polling thread; `take` is
  * an async function (inline too), so every figure is the runtime's own cost.
- * Results are checked after timing. PyTorch's figures (noop, remote+to_here,
- * fork, proxy) are measured in the same run: bench/compare/torch_rref.py runs
- * first (--no-torch or BENCH_NO_TORCH=1 skips it; BENCH_TORCH_QUICK=1: fewer
+ * Results are checked after timing. Each line ends with the driver's
+ * doorbell sleeps and wake syscalls per call (sr_debug_info): a lost or
+ * spurious ring shows there even where the ratio hides it. PyTorch's
+ * figures (noop, remote+to_here, fork, proxy) are measured in the same run:
+ * bench/compare/torch_rref.py runs first (--no-torch or BENCH_NO_TORCH=1 skips it; BENCH_TORCH_QUICK=1: fewer
  * iterations), and without python3-torch each line says "torch not
  * installed". --json: bench_util.h.
  */
@@ -59,6 +61,7 @@ static const char *names[NWORK] = {"rpc_sync noop",   "remote+to_here",  "rpc_sy
 
 struct result {
     double p50[ROUNDS], p99[ROUNDS];
+    uint64_t sleeps, wakes; /* the driver's, over every timed round (sr_debug_info) */
 };
 
 struct shared {
@@ -159,18 +162,34 @@ static int once(int w, sr_rref *r, sr_value *rv)
     return -EINVAL;
 }
 
+/* The driver's doorbell sleeps and wake syscalls so far (sr_debug_info): a
+ * lost or spurious ring shows in them before it shows in a ratio. */
+static void count_wakes(uint64_t *sleeps, uint64_t *wakes)
+{
+    sr_debug_info d;
+    if (sr_debug_info_get(&d))
+        d.sleeps_taken = d.wakes_issued = 0;
+    *sleeps = d.sleeps_taken;
+    *wakes = d.wakes_issued;
+}
+
 static void measure(int round, sr_rref *r, sr_value *rv)
 {
     static int64_t lat[N];
     for (int w = 0; w < NWORK; w++) {
         if (!wanted[w])
             continue;
+        uint64_t s0, w0, s1, w1;
+        count_wakes(&s0, &w0);
         for (int i = 0; i < n_calls; i++) {
             int64_t t0 = bench_now_ns();
             if (once(w, r, rv))
                 sh->errors++;
             lat[i] = bench_now_ns() - t0;
         }
+        count_wakes(&s1, &w1);
+        sh->r[w].sleeps += s1 - s0;
+        sh->r[w].wakes += w1 - w0;
         bench_lat l = bench_lat_of(lat, n_calls);
         sh->r[w].p50[round] = (double)l.p50;
         sh->r[w].p99[round] = (double)l.p99;
@@ -222,6 +241,15 @@ static int worker(int rank, int world, void *arg)
     return rc ? 1 : 0;
 }
 
+/* The driver's sleeps and wakes per call of workload w, on its line and in its record. */
+static void report_wakes(int w, bench_rec *rec)
+{
+    double calls = (double)rounds * n_calls, sleeps = sh->r[w].sleeps / calls, wakes = sh->r[w].wakes / calls;
+    printf(" | driver per call: %.3f sleeps, %.3f wakes", sleeps, wakes);
+    bench_rec_num(rec, "driver_sleeps_per_call", sleeps);
+    bench_rec_num(rec, "driver_wakes_per_call", wakes);
+}
+
 /* Returns 1 if a target (remote()+to_here(), fork) was missed. */
 static int report(void)
 {
@@ -233,13 +261,15 @@ static int report(void)
     printf("# bench_rref: 3 workers (driver, owner, second user), %d rounds x %d calls, median over rounds\n",
            rounds, n_calls);
     char vs[320];
-    printf("%-19s | p50 %8.0f ns p99 %8.0f ns | %s\n", names[NOOP], base, bench_median(noop99, rounds),
+    printf("%-19s | p50 %8.0f ns p99 %8.0f ns | %s", names[NOOP], base, bench_median(noop99, rounds),
            bench_torch_vs(&pt, "noop", base, vs, sizeof(vs)));
     bench_rec rec;
     bench_rec_begin(&rec, names[NOOP]);
     bench_rec_num(&rec, "p50_ns", base);
     bench_rec_num(&rec, "p99_ns", bench_median(noop99, rounds));
     bench_rec_torch(&rec, &pt, "noop");
+    report_wakes(NOOP, &rec);
+    printf("\n");
     bench_rec_emit(&rec);
     for (int w = 1; w < NWORK; w++) {
         double ratio[ROUNDS], p50[ROUNDS], p99[ROUNDS];
@@ -275,6 +305,7 @@ static int report(void)
             printf(" | %s", bench_torch_vs(&pt, pt_keys[w], m, vs, sizeof(vs)));
             bench_rec_torch(&rec, &pt, pt_keys[w]);
         }
+        report_wakes(w, &rec);
         printf("\n");
         bench_rec_emit(&rec);
     }
