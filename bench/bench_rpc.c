@@ -71,6 +71,8 @@ struct shared {
     bench_rounds cl, fx;
     int errors;
     uint64_t udf_hops; /* bench udf: calls the callee's idle thread left to an executor */
+    uint64_t timed_calls, sleeps, wakes; /* the latency workloads: the caller's timed calls, and its
+                                          * doorbell sleeps and wake syscalls during them */
     double ring_ns[ROUNDS]; /* bench pipeline: the ring's ns per message, per round */
     int ring_rounds;
     double hot_floor50; /* bench hot: the cache-line floor's p50 (median over rounds), for bench self */
@@ -105,15 +107,47 @@ static int udf_noop(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
+/* The caller's doorbell sleeps and wake syscalls so far (sr_debug_info). */
+static void count_wakes(uint64_t *sleeps, uint64_t *wakes)
+{
+    sr_debug_info d;
+    if (sr_debug_info_get(&d))
+        d.sleeps_taken = d.wakes_issued = 0;
+    *sleeps = d.sleeps_taken;
+    *wakes = d.wakes_issued;
+}
+
 static bench_lat time_noop(int n, int64_t *lat)
 {
+    uint64_t s0, w0, s1, w1;
+    count_wakes(&s0, &w0);
     for (int i = 0; i < n; i++) {
         int64_t t0 = bench_now_ns();
         if (sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL))
             sh->errors++;
         lat[i] = bench_now_ns() - t0;
     }
+    count_wakes(&s1, &w1);
+    sh->timed_calls += (uint64_t)n;
+    sh->sleeps += s1 - s0;
+    sh->wakes += w1 - w0;
     return bench_lat_of(lat, (size_t)n);
+}
+
+/* The caller's sleeps and wakes per timed call of the workload just run, on
+ * a line of its own after its figure (a lost or spurious ring shows there
+ * before it shows in a ratio), and as a record. */
+static void report_wakes(const char *name, const char *config)
+{
+    double n = sh->timed_calls ? (double)sh->timed_calls : 1, sleeps = sh->sleeps / n, wakes = sh->wakes / n;
+    printf("%s | %s | caller per call: %.3f doorbell sleeps, %.3f wake syscalls\n", name, config, sleeps, wakes);
+    bench_rec r;
+    bench_rec_begin(&r, name);
+    bench_rec_str(&r, "config", config);
+    bench_rec_num(&r, "caller_sleeps_per_call", sleeps);
+    bench_rec_num(&r, "caller_wakes_per_call", wakes);
+    bench_rec_emit(&r);
+    sh->timed_calls = sh->sleeps = sh->wakes = 0;
 }
 
 /* One configuration of the no-op round trip against one floor. */
@@ -156,11 +190,6 @@ static int run_latency(int rank, int world, void *arg)
     for (int i = 0; rank == 0 && i < warm; i++) /* warm up */
         sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
     int rc = latency_rounds(rank, asleep, asleep ? &sh->fx : &sh->cl);
-    sr_debug_info d;
-    if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
-        fprintf(stderr, "rank %d: sent %llu received %llu wakes %llu sleeps %llu\n", rank,
-                (unsigned long long)d.messages_sent, (unsigned long long)d.messages_received,
-                (unsigned long long)d.wakes_issued, (unsigned long long)d.sleeps_taken);
     sr_future_unref(round_fut);
     sr_shutdown(true, 60);
     return rc ? 1 : 0;
@@ -185,12 +214,14 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         if (sr_spawn(2, run_latency, NULL, &o))
             return fprintf(stderr, "bench_rpc hot: %s\n", sr_last_error()), 1;
         sh->hot_floor50 = report_latency("rpc_sync noop", "hot (both polling)", "cache-line ping-pong", &sh->cl, 2.5);
+        report_wakes("rpc_sync noop", "hot (both polling)");
     }
     if (asleep) {
         memset(&sh->fx, 0, sizeof(sh->fx));
         if (sr_spawn(2, run_latency, (void *)1, &o))
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
         report_latency("rpc_sync noop", "callee asleep, caller hot", "futex ping-pong", &sh->fx, 1.3);
+        report_wakes("rpc_sync noop", "callee asleep, caller hot");
         /* Like for like with the floor (both sides sleep): two wake-ups per
          * round trip, as the floor's, since the caller sleeps on its doorbell
          * and the response wakes it directly (target <= 1.3x). */
@@ -198,6 +229,7 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
         if (sr_spawn(2, run_latency, (void *)2, &o))
             return fprintf(stderr, "bench_rpc asleep: %s\n", sr_last_error()), 1;
         report_latency("rpc_sync noop", "both asleep", "futex ping-pong", &sh->fx, 1.3);
+        report_wakes("rpc_sync noop", "both asleep");
     }
     return 0;
 }
@@ -229,10 +261,6 @@ static int run_udf(int rank, int world, void *arg)
             sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
         for (int r = 0; r < rounds; r++)
             bench_rounds_add(&sh->cl, time_noop(calls, lat), floors[r]);
-        sr_debug_info d;
-        if (getenv("BENCH_DEBUG") && !sr_debug_info_get(&d))
-            fprintf(stderr, "udf caller: %.3f wakes issued and %.3f sleeps taken per call\n",
-                    (double)d.wakes_issued / (rounds * calls + warm), (double)d.sleeps_taken / (rounds * calls + warm));
     }
     sr_shutdown(true, 60);
     if (rank == 1) /* relaxed: the executors are joined */
@@ -247,6 +275,7 @@ static int bench_udf(void)
     if (sr_spawn(2, run_udf, NULL, &o))
         return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
     report_latency("rpc_sync udf noop", "callee idle in sr_shutdown", "cache-line ping-pong", &sh->cl, 2.5);
+    report_wakes("rpc_sync udf noop", "callee idle in sr_shutdown");
     printf("rpc_sync udf noop | calls the idle callee left to an executor (a thread hop): %llu of %d\n",
            (unsigned long long)sh->udf_hops, rounds * calls + warm);
     return 0;
