@@ -9,7 +9,9 @@
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
  * udf       the same with a registered plain function, the callee idle in
- *           sr_shutdown (PyTorch's anchor is a Python UDF answered so)
+ *           sr_shutdown (PyTorch's anchor is a Python UDF answered so); and
+ *           with the callee's main thread away, waiting outside the runtime
+ *           (no user thread serves), with how many calls an executor ran
  * asleep    the same, but the callee never spins: every request wakes it;
  *           and with neither side spinning (both asleep)
  * pipeline  rpc_async no-op calls with up to 1024 in flight, calls/s, against
@@ -37,6 +39,8 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,7 +74,7 @@ struct shared {
     bench_barrier bar;
     bench_rounds cl, fx;
     int errors;
-    uint64_t udf_hops; /* bench udf: calls the callee's idle thread left to an executor */
+    uint64_t udf_hops; /* bench udf: calls the callee ran on an executor (a thread hop) */
     uint64_t timed_calls, sleeps, wakes; /* the latency workloads: the caller's timed calls, and its
                                           * doorbell sleeps and wake syscalls during them */
     double ring_ns[ROUNDS]; /* bench pipeline: the ring's ns per message, per round */
@@ -97,12 +101,24 @@ static int serve_round(void)
 
 static const char *noop_fn = "noop"; /* or "udf_noop": a registered plain function */
 
-static pthread_t udf_idle_thread; /* rank 1 of bench udf: the thread idle in sr_shutdown */
-static _Atomic uint64_t udf_hops;  /* calls it did not run itself (an executor did) */
+static _Atomic uint64_t udf_hops; /* rank 1 of bench udf: calls an executor ran (a thread hop) */
+
+/* Whether this thread is one of the worker's executors ("shmrpc-exec<i>"),
+ * asked once per thread. */
+static bool on_executor(void)
+{
+    static _Thread_local int known; /* 0 not asked yet, 1 no, 2 yes */
+    if (!known) {
+        char name[16] = "";
+        prctl(PR_GET_NAME, name);
+        known = strncmp(name, "shmrpc-exec", 11) ? 1 : 2;
+    }
+    return known == 2;
+}
 
 static int udf_noop(sr_call *c)
 {
-    if (!pthread_equal(pthread_self(), udf_idle_thread)) /* relaxed: a statistic */
+    if (on_executor()) /* relaxed: a statistic */
         atomic_fetch_add_explicit(&udf_hops, 1, memory_order_relaxed);
     return sr_call_return(c, NULL);
 }
@@ -234,15 +250,27 @@ static int bench_hot_and_asleep(bool hot, bool asleep)
     return 0;
 }
 
-/* ---- a registered (plain) no-op, callee idle in sr_shutdown ----
+/* ---- a registered (plain) no-op ----
  * PyTorch's no-op is a Python UDF answered by a worker sitting in
- * rpc.shutdown(): this is the like-for-like case. The callee cannot echo the
- * floor while it serves from sr_shutdown, so the floor rounds come first,
- * then the call rounds, in the same two processes. */
+ * rpc.shutdown(): this is the like-for-like case (UDF_IDLE). The callee
+ * cannot echo the floor while it serves, so the floor rounds come first,
+ * then the call rounds, in the same two processes. UDF_AWAY: the callee's
+ * main thread waits outside the runtime (a semaphore that the caller's
+ * "udf_release" posts at the end), as a program's does while it computes or
+ * joins its own threads: no user thread serves. */
+enum { UDF_IDLE, UDF_AWAY };
+static sem_t udf_away_sem; /* rank 1, UDF_AWAY: what its main thread waits on */
+
+static int udf_release(sr_call *c)
+{
+    sem_post(&udf_away_sem);
+    return sr_call_return(c, NULL);
+}
+
 static int run_udf(int rank, int world, void *arg)
 {
     (void)world;
-    (void)arg;
+    intptr_t mode = (intptr_t)arg;
     static int64_t lat[CALLS], fl[CL_N];
     bench_lat floors[ROUNDS];
     for (int r = 0; r < rounds; r++) {
@@ -252,7 +280,8 @@ static int run_udf(int rank, int world, void *arg)
             floors[r] = bench_lat_of(fl, cl_n);
     }
     sr_register("udf_noop", udf_noop);
-    udf_idle_thread = pthread_self(); /* before sr_init starts the threads that read it */
+    sr_register("udf_release", udf_release);
+    sem_init(&udf_away_sem, 0, 0);
     if (sr_init(NULL))
         return 1;
     if (rank == 0) {
@@ -261,6 +290,11 @@ static int run_udf(int rank, int world, void *arg)
             sr_rpc_sync(1, noop_fn, SR_NOARGS, 0, NULL);
         for (int r = 0; r < rounds; r++)
             bench_rounds_add(&sh->cl, time_noop(calls, lat), floors[r]);
+        if (mode == UDF_AWAY && sr_rpc_sync(1, "udf_release", SR_NOARGS, 0, NULL))
+            sh->errors++;
+    } else if (mode == UDF_AWAY) {
+        while (sem_wait(&udf_away_sem) && errno == EINTR)
+            ;
     }
     sr_shutdown(true, 60);
     if (rank == 1) /* relaxed: the executors are joined */
@@ -270,14 +304,18 @@ static int run_udf(int rank, int world, void *arg)
 
 static int bench_udf(void)
 {
+    static const char *config[] = {"callee idle in sr_shutdown", "callee's main thread away"};
     sr_spawn_opts o = {.name_prefix = "bench-udf", .shm_size = 512u << 20};
-    memset(&sh->cl, 0, sizeof(sh->cl));
-    if (sr_spawn(2, run_udf, NULL, &o))
-        return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
-    report_latency("rpc_sync udf noop", "callee idle in sr_shutdown", "cache-line ping-pong", &sh->cl, 2.5);
-    report_wakes("rpc_sync udf noop", "callee idle in sr_shutdown");
-    printf("rpc_sync udf noop | calls the idle callee left to an executor (a thread hop): %llu of %d\n",
-           (unsigned long long)sh->udf_hops, rounds * calls + warm);
+    for (intptr_t mode = UDF_IDLE; mode <= UDF_AWAY; mode++) {
+        memset(&sh->cl, 0, sizeof(sh->cl));
+        if (sr_spawn(2, run_udf, (void *)mode, &o))
+            return fprintf(stderr, "bench_rpc udf: %s\n", sr_last_error()), 1;
+        /* the like-for-like case has the target; the other is informational */
+        report_latency("rpc_sync udf noop", config[mode], "cache-line ping-pong", &sh->cl, mode == UDF_IDLE ? 2.5 : 0);
+        report_wakes("rpc_sync udf noop", config[mode]);
+        printf("rpc_sync udf noop | %s | calls an executor ran (a thread hop): %llu of %d\n", config[mode],
+               (unsigned long long)sh->udf_hops, rounds * calls + warm);
+    }
     return 0;
 }
 
