@@ -41,7 +41,9 @@
  *                 peer's death) and now sleeps aside in its io_uring on those
  *                 alone (the transport's sleep_aside), with no periodic timer:
  *                 the releasing user hands the token over with a kick.
- *   FREE          transient.
+ *   FREE          nobody polls: transient, or while the progress thread runs
+ *                 a plain call and an executor stands in ("The progress
+ *                 thread serves"); any thread may take it.
  * Releasing a USER token re-announces SLEEPING on the doorbell, fences, and
  * re-checks the inbox (the Dekker handshake of doorbell.h) before handing the
  * token back to the parked progress thread, so no message is stranded.
@@ -138,8 +140,47 @@
  * (a function run there could not finish before the caller's continuation,
  * e.g. a pthread_join of the caller's own thread; test_replace's senders).
  * Nor does a callback that waits while it holds the token (holder_wait:
- * NESTED), the progress thread, or a module's wait (sr__module_wait: module
- * code may hold its own locks there).
+ * NESTED), a wait on the progress thread, or a module's wait
+ * (sr__module_wait: module code may hold its own locks there).
+ *
+ * The progress thread serves (leader/follower, when no user thread does).
+ * A worker whose threads are all away from the runtime (computing, joined,
+ * on a condition variable) is served by its progress thread alone, and a
+ * plain call it handed to an executor waited for that executor's wake-up
+ * (tens of microseconds on a VM). So its own loop (PROGRESS mode) keeps
+ * one plain call of a burst, as a serving waiter does, and runs it itself
+ * once an executor stands in for it (progress.c, serve_kept):
+ *   1. the stand-in job is queued only if an executor is free to take it at
+ *      once (sr__exec_push_now); otherwise the call goes to the executors
+ *      as before;
+ *   2. the progress thread hands the token back (FREE, token_freed) and runs
+ *      the call as an executor would (serve.c, sr__dispatch_run_deferred);
+ *      before the answer goes out it takes the token back if it is free, so
+ *      the caller's next request finds it polling;
+ *   3. the stand-in, once awake, polls in NESTED mode while the call runs
+ *      (wait.c, sr__agent_stand_in): it takes the token if FREE or PARKED,
+ *      sleeps on the doorbell holding it, and otherwise sleeps on `back`
+ *      and on the token's hand-back (token_seq), so no message waits for a
+ *      function that blocks; it hands the token back when `back` completes;
+ *   4. the progress thread completes `back` after the call, then polls
+ *      again, sleeping aside until the stand-in hands the token over if it
+ *      holds it.
+ * A short call is thus answered before the stand-in wakes (which then
+ * finds `back` done and returns): the wake is paid off the call's path. A
+ * long one, or one that blocks until a later call runs, is covered by the
+ * stand-in, as an executor's would be by the progress thread. A wait inside
+ * the call (a nested sr_rpc_sync) runs the progress loop as any wait on the
+ * progress thread (NESTED); since the call began without the token, the
+ * wait does not insist on taking it back at its end, and hands it back
+ * (FREE) if it took it (progress_away), so the stand-in can poll while the
+ * function goes on. What only the progress thread did is done by whoever
+ * holds the token meanwhile: every holder expires due calls, sees
+ * departures, pumps held messages (the reordering mode) and bounds its
+ * sleep by their deadlines; and a kick (an earlier deadline, a message
+ * held) pokes the doorbell while the progress thread is away, so a holder
+ * asleep on it re-arms (sr__agent_kick, K4). Only where a holder can sleep
+ * on the doorbell (SR_TPORT_HOLD_SLEEP): with the eventfd doorbell a
+ * stand-in could not be woken by a message.
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
@@ -165,11 +206,14 @@
 enum { TOKEN_FREE = 0, TOKEN_PROGRESS = 1, TOKEN_PARKED = 2, TOKEN_USER = 3, TOKEN_USER_WAITING = 4 };
 
 /* Who is polling: decides where plain functions run (serve.c, start_call).
- * NESTED: the progress thread, a callback that waits while it holds the
- * token, a module's wait: plain functions go to the executors. IDLE:
- * sr_shutdown, sr_serve_until. WAIT: a user thread waiting in
- * sr_future_wait for a future that is not a call's ("Serving waiters"). */
-enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1, SR_POLL_WAIT = 2 };
+ * NESTED: a wait on the progress thread (a callback's), a callback that
+ * waits while it holds the token, a module's wait, the stand-in: plain
+ * functions go to the executors. IDLE: sr_shutdown, sr_serve_until. WAIT: a
+ * user thread waiting in sr_future_wait for a future that is not a call's
+ * ("Serving waiters"). PROGRESS: the progress thread's own loop, which
+ * keeps one plain call of a burst when an executor can stand in for it
+ * ("The progress thread serves"). */
+enum sr_poll_mode { SR_POLL_NESTED = 0, SR_POLL_IDLE = 1, SR_POLL_WAIT = 2, SR_POLL_PROGRESS = 3 };
 /* How deep a waiting thread stacks calls it serves (a function run on a
  * waiting thread that waits, and serves the next...): past it, that
  * thread's waits poll in NESTED mode. */
@@ -223,6 +267,11 @@ typedef struct sr_agent {
     char (*names)[128];       /* [world], filled at init */
 
     _Atomic uint32_t token;   /* see above */
+    enum sr_poll_mode progress_mode; /* the progress loop's: PROGRESS, or NESTED without a stand-in (progress.c) */
+    /* The progress thread runs a plain call without the token ("The
+     * progress thread serves"). Written by the progress thread only
+     * (seq_cst: K4 with sr__agent_kick); read by it, and by kickers. */
+    _Atomic bool progress_away;
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
     _Atomic uint32_t user_polls; /* bumped by every user take (by the token's new holder only): the progress thread stops spinning while users poll */
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */
@@ -613,6 +662,9 @@ void sr__agent_expire_due(sr_agent *a);
 void sr__agent_inbox_lost(sr_agent *a);
 /* wait.c: the token became PARKED or FREE: wake the idle waiters (T2). */
 void sr__token_freed(void);
+/* wait.c: an executor polls while the progress thread runs a call, until
+ * back completes ("The progress thread serves"). */
+void sr__agent_stand_in(sr_agent *a, sr_future *back);
 /* wait.c: sr__agent_wait on any thread but the progress thread. */
 int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted);
 
@@ -659,6 +711,11 @@ int sr__exec_start(sr_agent *a, int n);
  * ends it unrun if the pool shuts down first (sr__exec_fini). 0, or
  * -ENOMEM (nothing queued). */
 int sr__exec_push(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg);
+/* The same, only if an executor is free to take it at once (more free
+ * executors than queued jobs; the pool is not grown for it): -EBUSY
+ * otherwise, and the job is not queued. For the progress thread's stand-in
+ * (progress.c), which must not wait behind functions that may block. */
+int sr__exec_push_now(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg);
 /* Whether module jobs (sr__exec_submit) that this thread's polling starts
  * are kept for this thread instead of the executors: on for threads that
  * only wait (an idle waiter in sr_shutdown, a module waiting for its own

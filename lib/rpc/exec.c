@@ -52,16 +52,22 @@ static int grow(sr_agent *a)
     return rc;
 }
 
-static void push_item(sr_agent *a, struct sr_job_item *it)
+/* Under q_lock: it joins the queue, and a sleeping executor is told. */
+static void append(sr_agent *a, struct sr_job_item *it)
 {
     it->next = NULL;
-    pthread_mutex_lock(&a->q_lock);
     *a->q_tail = it;
     a->q_tail = &it->next;
     a->q_len++;
+    pthread_cond_signal(&a->q_cond);
+}
+
+static void push_item(sr_agent *a, struct sr_job_item *it)
+{
+    pthread_mutex_lock(&a->q_lock);
+    append(a, it);
     int rc = grow(a);
     int n = atomic_load_explicit(&a->nexec, memory_order_relaxed); /* relaxed: written under q_lock, held */
-    pthread_cond_signal(&a->q_cond);
     pthread_mutex_unlock(&a->q_lock);
     if (rc)
         sr_logf(SR_LOG_WARN, "cannot start executor thread %d: %s; the pool keeps %d, and a queued call waits "
@@ -76,6 +82,24 @@ int sr__exec_push(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), v
     *it = (struct sr_job_item){.fn = fn, .shut = shut, .arg = arg};
     push_item(a, it);
     return 0;
+}
+
+int sr__exec_push_now(sr_agent *a, void (*fn)(void *arg), void (*shut)(void *arg), void *arg)
+{
+    struct sr_job_item *it = malloc(sizeof(*it));
+    if (!it)
+        return -ENOMEM;
+    *it = (struct sr_job_item){.fn = fn, .shut = shut, .arg = arg};
+    pthread_mutex_lock(&a->q_lock);
+    /* a free executor for every queued job, this one included: it is taken
+     * at once, never behind functions that may block */
+    bool now = a->q_len < a->exec_free && !a->exec_stopping;
+    if (now)
+        append(a, it);
+    pthread_mutex_unlock(&a->q_lock);
+    if (!now)
+        free(it);
+    return now ? 0 : -EBUSY;
 }
 
 bool sr__exec_take_jobs(bool on)

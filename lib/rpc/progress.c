@@ -6,6 +6,7 @@
  * the progress loop; every other wait is the token's (wait.c). */
 #include <errno.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "agent.h"
@@ -177,6 +178,79 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
     handle_events(a);
 }
 
+/* ---- the progress thread serves (agent.h) ---------------------------------- */
+
+/* Hand the token back: nobody polls until a thread takes it (FREE). */
+static void progress_free(sr_agent *a)
+{
+    /* seq_cst (a release at least): our consumption happens-before the next
+     * holder's acquire CAS; T2 for token_freed. A store: only this thread
+     * moves the token out of PROGRESS. */
+    atomic_store_explicit(&a->token, TOKEN_FREE, memory_order_seq_cst);
+    sr__token_freed();
+}
+
+/* run_call_then's retake: before the call's answer goes out. */
+static void progress_retake(sr_agent *a) { (void)progress_take(a); }
+
+struct stand_in {
+    sr_agent *a;
+    sr_future *back; /* a reference: completed by the progress thread after the call */
+};
+
+static void stand_in_job(void *p)
+{
+    struct stand_in *s = p;
+    sr__agent_stand_in(s->a, s->back);
+    sr_future_unref(s->back);
+    free(s);
+}
+
+/* The pool shut down before the job ran: the call has long ended. */
+static void stand_in_shut(void *p)
+{
+    struct stand_in *s = p;
+    sr_future_unref(s->back);
+    free(s);
+}
+
+/* Queue a stand-in for the call about to run here; its `back` (ours to
+ * complete and drop), or NULL: no executor free, or no memory. */
+static sr_future *stand_in_start(sr_agent *a)
+{
+    struct stand_in *s = malloc(sizeof(*s));
+    sr_future *back = s ? sr_future_new() : NULL;
+    if (back) {
+        *s = (struct stand_in){a, sr_future_ref(back)};
+        if (!sr__exec_push_now(a, stand_in_job, stand_in_shut, s))
+            return back;
+        sr_future_unref(back); /* the job's reference */
+        sr_future_unref(back);
+    }
+    free(s);
+    return NULL;
+}
+
+/* The progress thread's poll kept a plain call: run it here, with an
+ * executor standing in (agent.h, "The progress thread serves"), or hand
+ * it to the executors when none is free. */
+static void serve_kept(sr_agent *a)
+{
+    sr_future *back = stand_in_start(a);
+    if (!back) {
+        sr__dispatch_hand_off(a);
+        return;
+    }
+    /* seq_cst (store and fence): K4, before the token is handed on */
+    atomic_store_explicit(&a->progress_away, true, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    progress_free(a);
+    sr__dispatch_run_deferred(progress_retake);
+    atomic_store_explicit(&a->progress_away, false, memory_order_relaxed); /* relaxed: a late poke costs a wake-up */
+    sr_future_set_result(back, NULL);
+    sr_future_unref(back);
+}
+
 /* One round of the progress loop. f, deadline: a nested wait's. */
 static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
 {
@@ -191,10 +265,13 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
         a->wake->nudge(a->self);
         return;
     }
-    if (sr__agent_poll_burst(a, SR_POLL_NESTED)) {
+    /* a wait's loop (f) sends plain calls to the executors: it runs inside a callback */
+    if (sr__agent_poll_burst(a, f ? SR_POLL_NESTED : a->progress_mode)) {
         sr__agent_expire_due(a); /* a busy inbox must not stop timeouts from firing, */
         if (sr__agent_exits_pending(a)) /* nor a departure from being seen */
             sr__agent_check_exits(a);
+        if (sr__dispatch_has_deferred())
+            serve_kept(a);
         return;
     }
     progress_idle(a, f, deadline);
@@ -232,9 +309,16 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
         }
         progress_step(a, f, deadline);
     }
-    while (!progress_take(a) && !stopping(a)) {
-        progress_wait_token(a, NULL, -1);
-        handle_events(a);
+    /* relaxed: our own store */
+    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) { /* inside a call run without the token */
+        /* relaxed: only this thread sets PROGRESS */
+        if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_PROGRESS)
+            progress_free(a);
+    } else {
+        while (!progress_take(a) && !stopping(a)) {
+            progress_wait_token(a, NULL, -1);
+            handle_events(a);
+        }
     }
     sr__exec_take_jobs(was);
     return rc;
@@ -306,6 +390,8 @@ static void *progress_main(void *p)
 int sr__agent_start(sr_agent *a)
 {
     atomic_init(&a->token, TOKEN_PROGRESS);
+    /* a stand-in must be woken by messages while it holds the token (agent.h) */
+    a->progress_mode = a->self->caps & SR_TPORT_HOLD_SLEEP ? SR_POLL_PROGRESS : SR_POLL_NESTED;
     sr__future_set_hooks(wait_hook, wake_hook);
     int rc = pthread_create(&a->progress, NULL, progress_main, a);
     if (rc)

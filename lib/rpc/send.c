@@ -35,7 +35,15 @@ void sr__agent_kick(sr_agent *a)
 {
     /* release: pairs with K3, so a generation seen means its deadline is seen */
     atomic_fetch_add_explicit(&a->timer_gen, 1, memory_order_release);
-    a->wake->kick(a->self);
+    /* K4: pairs with the progress thread's store of progress_away and fence
+     * before it hands the token on (progress.c, serve_kept): either we see
+     * it away and poke the holder asleep on the doorbell, or the holder,
+     * which took the token after that fence, reads the new deadline */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) /* relaxed: ordered by the fence */
+        a->wake->poke(a->self);
+    else
+        a->wake->kick(a->self);
 }
 
 int sr__agent_send_quiet(sr_agent *a, int to, sr_msg *m, bool rung_later)

@@ -325,9 +325,11 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
     if (waitv ? !sr__future_wait_word(f, &fw, &fv) : !sr__future_arm_wake(f))
         return true; /* done, or its state moved: poll again */
     /* relaxed: a lower bound; a deadline lowered after this read kicks the
-     * progress thread, which expires the call and so completes f */
+     * progress thread, which expires the call and so completes f, or, while
+     * it is away, pokes us (sr__agent_kick, K4). Held messages (the
+     * reordering mode) are due too: the progress thread may be away. */
     int64_t due = sr__earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
-    struct hold_ctx c = {a, f, sr__earlier(due, sr__agent_remote_due(a))};
+    struct hold_ctx c = {a, f, sr__earlier(sr__earlier(due, sr__agent_remote_due(a)), sr__reorder_next(a))};
     /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
     if (a->wake->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */
@@ -439,6 +441,28 @@ static int wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_m
          * new messages now wake the progress thread, which completes f. */
         if (!sleep_on(a, f, deadline, counted))
             return SR__WAIT_DETACHED;
+    }
+}
+
+/* The stand-in (agent.h, "The progress thread serves"): poll while the
+ * progress thread runs a call, until `back` completes. When the token is
+ * not to be had (the progress thread is back, a user thread polls, or
+ * sr_shutdown wants it), sleep on `back` and on the token's hand-back
+ * (idle_wait_token), never only on `back`: a token handed back while the
+ * progress thread is away is PARKED with nobody asleep on the doorbell,
+ * and this thread must take it. */
+void sr__agent_stand_in(sr_agent *a, sr_future *back)
+{
+    while (!sr_future_done(back)) {
+        if (sr__agent_closing(a) || !user_take(a)) {
+            idle_wait_token(a, back, -1, false);
+            continue;
+        }
+        int rc = poll_as_user(a, back, -1, SR_POLL_NESTED);
+        while (rc == 1 && !sr__agent_closing(a) && holder_sleep(a, back, -1))
+            rc = poll_as_user(a, back, -1, SR_POLL_NESTED);
+        while (!user_release(a))
+            sr__agent_poll_burst(a, SR_POLL_NESTED);
     }
 }
 

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/* A worker whose threads are all away from the runtime (its main thread
+ * waits on a semaphore here, as a program's computes or joins) is served by
+ * its progress thread, which runs a plain call itself while an executor
+ * stands in for it (lib/rpc/agent.h, "The progress thread serves"):
+ *
+ *   progress_thread_runs_plain_calls   the hop it exists to remove: a plain
+ *       function runs on the progress thread, not on an executor (before,
+ *       every one was handed to an executor, and waited for its wake-up).
+ *   a_blocking_call_holds_up_nothing   a function that blocks on the
+ *       progress thread until a later call releases it: calls made
+ *       meanwhile are answered (the stand-in polls), and the later call
+ *       runs (on an executor), so the function ends.
+ *   a_nested_call_then_a_block   the function first makes a nested
+ *       sr_rpc_sync (a wait on the progress thread, which takes the token
+ *       back to read its answer unless the stand-in woke first), then
+ *       blocks: the token is handed on at the wait's end, and calls made
+ *       meanwhile are answered; NEST_LANDED rounds on the progress thread.
+ *
+ * Events, not sleeps: shared words (shared_event.h) and semaphores, every
+ * wait and call bounded by EVENT_WAIT_S; a scenario that must land on the
+ * progress thread is repeated until it does, at most ROUNDS times. */
+#include <errno.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#define EVENT_WAIT_S 30
+#include "rpc_harness.h"
+#include "shared_event.h"
+
+LEAK_CHECKED_SUITE(away_serve);
+
+#define ROUNDS 50
+#define CALLS_MEANWHILE 20
+/* as.nest's rounds on the progress thread: whether its nested wait took the
+ * token (and so must hand it on) is a race with the stand-in's wake-up,
+ * which each round runs again */
+#define NEST_LANDED 30
+
+/* Shared by the job's processes (created before sr_spawn, inherited). */
+struct board {
+    _Atomic uint32_t started;     /* round whose blocking function has started on worker 0 */
+    _Atomic uint32_t on_progress; /* round whose blocking function runs on the progress thread */
+};
+static struct board *board;
+
+static sem_t home;    /* worker 0: its main thread may come back (as.home) */
+static sem_t unblock; /* worker 0: the blocking function may return (as.unblock) */
+
+static bool on_progress_thread(void)
+{
+    char name[16] = "";
+    prctl(PR_GET_NAME, name);
+    return !strcmp(name, "shmrpc-progress");
+}
+
+static int sem_wait_bounded(sem_t *s)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += EVENT_WAIT_S;
+    int rc;
+    while ((rc = sem_timedwait(s, &dl)) && errno == EINTR)
+        ;
+    return rc ? -errno : 0;
+}
+
+static int fn_where(sr_call *c) { return sr_call_return(c, sr_bool(on_progress_thread())); }
+
+static int fn_home(sr_call *c)
+{
+    sem_post(&home);
+    return sr_call_return(c, NULL);
+}
+
+static int fn_unblock(sr_call *c)
+{
+    sem_post(&unblock);
+    return sr_call_return(c, NULL);
+}
+
+/* Says it started (and whether on the progress thread), then blocks until
+ * as.unblock runs. */
+static int block_here(sr_call *c, uint32_t round)
+{
+    if (on_progress_thread())
+        atomic_store(&board->on_progress, round);
+    set_and_wake(&board->started, round);
+    if (sem_wait_bounded(&unblock))
+        return sr_call_fail(c, -ETIMEDOUT, "as.block: as.unblock never ran while the function blocked (round %u)",
+                            round);
+    return sr_call_return(c, NULL);
+}
+
+/* as.block(round) */
+static int fn_block(sr_call *c) { return block_here(c, (uint32_t)sr_value_int(sr_call_arg(c, 0))); }
+
+/* as.nest(round): a nested call to worker 1 first, then as.block's part. */
+static int fn_nest(sr_call *c)
+{
+    int rc = sr_rpc_sync(1, "noop", SR_NOARGS, EVENT_WAIT_S, NULL);
+    if (rc)
+        return sr_call_fail(c, rc, "as.nest: the nested call failed: %s", sr_last_error());
+    return block_here(c, (uint32_t)sr_value_int(sr_call_arg(c, 0)));
+}
+
+static void setup(void)
+{
+    sem_init(&home, 0, 0);
+    sem_init(&unblock, 0, 0);
+    sr_register("as.where", fn_where);
+    sr_register("as.home", fn_home);
+    sr_register("as.unblock", fn_unblock);
+    sr_register("as.block", fn_block);
+    sr_register("as.nest", fn_nest);
+}
+
+static void board_setup(void)
+{
+    board = shared_page(sizeof(*board));
+    *board = (struct board){0};
+}
+
+/* Worker 0 is away until the driver calls as.home; worker 1 drives. */
+static int away_or_drive(int rank, int (*drive)(void))
+{
+    int rc = 0;
+    if (rank == 0) {
+        WCHECK(sem_wait_bounded(&home) == 0, "worker0: as.home never came: %s", strerror(errno));
+    } else {
+        rc = drive();
+        WCHECK(sr_rpc_sync(0, "as.home", SR_NOARGS, EVENT_WAIT_S, NULL) == 0, "as.home: %s", sr_last_error());
+    }
+    sem_destroy(&home);
+    sem_destroy(&unblock);
+    return rc;
+}
+
+/* ---- a plain call runs on the progress thread ------------------------------ */
+
+static int drive_where(void)
+{
+    bool there = false;
+    for (int i = 0; i < ROUNDS && !there; i++) {
+        sr_value *v = NULL;
+        WCHECK(sr_rpc_sync(0, "as.where", SR_NOARGS, EVENT_WAIT_S, &v) == 0, "as.where: %s", sr_last_error());
+        there = sr_value_bool(v);
+        sr_value_unref(v);
+    }
+    WCHECK(there, "none of %d plain calls to a worker whose main thread is away ran on its progress thread "
+                  "(all went to executors)", ROUNDS);
+    return 0;
+}
+
+static int where_scenario(int rank, int world)
+{
+    (void)world;
+    return away_or_drive(rank, drive_where);
+}
+
+Test(away_serve, progress_thread_runs_plain_calls)
+{
+    board_setup();
+    RUN_JOB("as_where", 2, .scenario = where_scenario, .register_fns = setup);
+}
+
+/* ---- a function that blocks on the progress thread holds up nothing --------- */
+
+static const char *blocking_fn; /* "as.block" or "as.nest" */
+static int want_landed;         /* rounds that must land on the progress thread */
+
+/* One round: start the blocking function; if it landed on the progress
+ * thread, calls made meanwhile must be answered. Then as.unblock (a plain
+ * call, run by an executor while the function blocks) ends it. *landed:
+ * whether it ran on the progress thread. */
+static int block_round(uint32_t round, bool *landed)
+{
+    sr_value *r = sr_int(round);
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(0, blocking_fn, SR_ARGS(r), EVENT_WAIT_S, &f) == 0, "%s: %s", blocking_fn, sr_last_error());
+    sr_value_unref(r);
+    WCHECK(wait_for(&board->started, round), "round %u: %s never started on worker0", round, blocking_fn);
+    *landed = atomic_load(&board->on_progress) == round;
+    for (int i = 0; *landed && i < CALLS_MEANWHILE; i++)
+        WCHECK(sr_rpc_sync(0, "noop", SR_NOARGS, EVENT_WAIT_S, NULL) == 0,
+               "round %u: call %d while %s blocked worker0's progress thread: %s", round, i, blocking_fn,
+               sr_last_error());
+    WCHECK(sr_rpc_sync(0, "as.unblock", SR_NOARGS, EVENT_WAIT_S, NULL) == 0,
+           "round %u: as.unblock while %s blocked: %s", round, blocking_fn, sr_last_error());
+    int rc = sr_future_wait(f, NULL);
+    WCHECK(rc == 0, "round %u: %s: %s", round, blocking_fn, sr_last_error());
+    sr_future_unref(f);
+    return 0;
+}
+
+static int drive_block(void)
+{
+    int landed = 0;
+    for (uint32_t round = 1; round <= (uint32_t)(ROUNDS * want_landed) && landed < want_landed; round++) {
+        bool here = false;
+        WCHECK(block_round(round, &here) == 0, "see above");
+        landed += here;
+    }
+    WCHECK(landed == want_landed, "in %d rounds %s ran on worker0's progress thread %d times, not %d",
+           ROUNDS * want_landed, blocking_fn, landed, want_landed);
+    return 0;
+}
+
+static int block_scenario(int rank, int world)
+{
+    (void)world;
+    return away_or_drive(rank, drive_block);
+}
+
+Test(away_serve, a_blocking_call_holds_up_nothing)
+{
+    board_setup();
+    blocking_fn = "as.block";
+    want_landed = 1;
+    RUN_JOB("as_block", 2, .scenario = block_scenario, .register_fns = setup);
+}
+
+Test(away_serve, a_nested_call_then_a_block)
+{
+    board_setup();
+    blocking_fn = "as.nest";
+    want_landed = NEST_LANDED;
+    RUN_JOB("as_nest", 2, .scenario = block_scenario, .register_fns = setup);
+}
