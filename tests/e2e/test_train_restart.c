@@ -139,6 +139,19 @@ static pid_t rank_pid(pid_t shmrun, int rank)
     return 0;
 }
 
+/* rank_pid, waiting until that process has exec'd: a rank shmrun has
+ * forked (a replacement, or a restarted attempt's) shows shmrun's own
+ * environment until then. No event says so: look again after each pump of
+ * the job's pipes, at most 1 ms each, within WATCH_WAIT_MS. */
+static pid_t rank_pid_wait(struct piped_job *j, int rank)
+{
+    int64_t deadline = watch_now_ms() + WATCH_WAIT_MS;
+    pid_t pid;
+    while (!(pid = rank_pid(j->pid, rank)) && watch_now_ms() < deadline && !j->out_eof)
+        piped_job_pump(j, 1);
+    return pid;
+}
+
 static int finish(struct piped_job *j)
 {
     cr_assert(piped_job_pump_until(j, piped_job_closed, 6 * WATCH_WAIT_MS),
@@ -215,8 +228,9 @@ static void kill_and_finish(struct piped_job *j, uint32_t seed, uint32_t *rng, i
         cr_assert(piped_job_pump_until(j, saves_seen, 6 * WATCH_WAIT_MS) && !j->out_eof,
                   "seed %u: %d checkpoints never came; stdout:\n%s\nstderr:\n%s",
                   seed, after, j->out, j->err);
-        victim[k] = rank_pid(j->pid, rank[k]);
-        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun", seed, rank[k]);
+        victim[k] = rank_pid_wait(j, rank[k]);
+        cr_assert_neq(victim[k], 0, "seed %u: no process of rank %d under shmrun within %d ms", seed, rank[k],
+                      WATCH_WAIT_MS);
         cr_assert_eq(kill(victim[k], SIGKILL), 0, "kill: %s", strerror(errno));
     }
     int st = finish(j);

@@ -539,12 +539,14 @@ Test(replace, replacements_and_restarts_share_one_budget, .timeout = 120)
 
 /* A death before every worker attached, in a job that replaces ranks:
  * not in place either (the others wait in sr_init's start barrier for
- * it); the job restarts and says why. Rank 0 counts its starts. */
+ * it); the job restarts and says why. Rank 0 records the attempt it runs
+ * in (1 + SHMRPC_RESTART_COUNT), not a count of its starts: the restart
+ * may stop the first attempt's rank 0 before it has run a line. */
 static int worker_early(int rank, int world, void *arg)
 {
     (void)world, (void)arg;
     if (rank == 0)
-        atomic_fetch_add(&sh->attempts, 1);
+        atomic_store(&sh->attempts, my_attempt() + 1);
     if (rank == 1 && my_attempt() == 0)
         raise(SIGKILL);
     register_fns();
