@@ -6,7 +6,6 @@
  * the progress loop; every other wait is the token's (wait.c). */
 #include <errno.h>
 #include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "agent.h"
@@ -193,42 +192,58 @@ static void progress_free(sr_agent *a)
 /* run_call_then's retake: before the call's answer goes out. */
 static void progress_retake(sr_agent *a) { (void)progress_take(a); }
 
-struct stand_in {
-    sr_agent *a;
-    sr_future *back; /* a reference: completed by the progress thread after the call */
-};
-
+/* The stand-in's job (exec.c): it covers the latest call the progress
+ * thread started, whose `back` waits in standin_back. */
 static void stand_in_job(void *p)
 {
-    struct stand_in *s = p;
-    sr__agent_stand_in(s->a, s->back);
-    sr_future_unref(s->back);
-    free(s);
+    sr_agent *a = p;
+    sr__lock_take(&a->standin_lock);
+    sr_future *back = a->standin_back;
+    a->standin_back = NULL;
+    a->standin_queued = false;
+    sr__lock_give(&a->standin_lock);
+    if (back) /* done already when that call was short: then this returns at once */
+        sr__agent_stand_in(a, back);
+    sr_future_unref(back);
 }
 
-/* The pool shut down before the job ran: the call has long ended. */
+/* The pool shut down before the job ran: every call it stood for has ended. */
 static void stand_in_shut(void *p)
 {
-    struct stand_in *s = p;
-    sr_future_unref(s->back);
-    free(s);
+    sr_agent *a = p;
+    sr__lock_take(&a->standin_lock);
+    sr_future *back = a->standin_back;
+    a->standin_back = NULL;
+    a->standin_queued = false;
+    sr__lock_give(&a->standin_lock);
+    sr_future_unref(back);
 }
 
-/* Queue a stand-in for the call about to run here; its `back` (ours to
- * complete and drop), or NULL: no executor free, or no memory. */
+/* A stand-in for the call about to run here: the one already queued, which
+ * has not started yet and so takes this call's `back` instead of the last
+ * (done) one, or a new job if an executor is free to take it at once. One
+ * executor wake-up thus covers every call that starts before it runs.
+ * Returns `back` (ours to complete and drop), or NULL: no executor free, or
+ * no memory. */
 static sr_future *stand_in_start(sr_agent *a)
 {
-    struct stand_in *s = malloc(sizeof(*s));
-    sr_future *back = s ? sr_future_new() : NULL;
-    if (back) {
-        *s = (struct stand_in){a, sr_future_ref(back)};
-        if (!sr__exec_push_now(a, stand_in_job, stand_in_shut, s))
-            return back;
-        sr_future_unref(back); /* the job's reference */
-        sr_future_unref(back);
+    sr_future *back = sr_future_new(), *old = NULL;
+    if (!back)
+        return NULL;
+    sr__lock_take(&a->standin_lock);
+    bool ok = a->standin_queued || !sr__exec_push_now(a, stand_in_job, stand_in_shut, a);
+    if (ok) {
+        old = a->standin_back;
+        a->standin_back = sr_future_ref(back);
+        a->standin_queued = true;
     }
-    free(s);
-    return NULL;
+    sr__lock_give(&a->standin_lock);
+    sr_future_unref(old);
+    if (!ok) {
+        sr_future_unref(back);
+        return NULL;
+    }
+    return back;
 }
 
 /* The progress thread's poll kept a plain call: run it here, with an
@@ -392,6 +407,9 @@ int sr__agent_start(sr_agent *a)
     atomic_init(&a->token, TOKEN_PROGRESS);
     /* a stand-in must be woken by messages while it holds the token (agent.h) */
     a->progress_mode = a->self->caps & SR_TPORT_HOLD_SLEEP ? SR_POLL_PROGRESS : SR_POLL_NESTED;
+    sr__lock_init(&a->standin_lock);
+    a->standin_back = NULL;
+    a->standin_queued = false;
     sr__future_set_hooks(wait_hook, wake_hook);
     int rc = pthread_create(&a->progress, NULL, progress_main, a);
     if (rc)
