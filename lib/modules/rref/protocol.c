@@ -72,8 +72,17 @@ static struct sr_rref_msg ctrl_msg(enum sr_rref_ctrl kind, uint64_t token, uint6
     return (struct sr_rref_msg){.token = token, .kind = (uint8_t)kind, .args = {rid, fid, extra}};
 }
 
+/* Under the lock: stamped now with the generation of `to` this worker
+ * knows, the one its decision to send was made against. Stamped only at
+ * the send, after the lock, a fork request decided for an owner that died
+ * meanwhile went to its replacement once that had attached, which took it
+ * for a fork of an RRef it never had (rref_death under ASan: "Leaking RRef
+ * (0,0) with fork id (0,2)" at the replacement's shutdown). The peer-death
+ * hook takes this lock before the rank's next generation becomes
+ * reachable, so a decision under it never sees the new generation. */
 static void queue_send(struct after *d, int to, struct sr_rref_msg m, bool quiet, bool nudge)
 {
+    m.to_gen = sr__rpc_peer_generation(to);
     d->send[d->nsend].to = to;
     d->send[d->nsend].quiet = quiet;
     d->send[d->nsend].nudge = nudge;
@@ -112,11 +121,7 @@ int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint6
  * statistics leave out nudges and their answers (they depend on timing). */
 int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet)
 {
-    struct sr_rref_msg w = *m;
-    /* the generation of `to` this worker knows now: if it dies before the
-       message is taken, its successor ignores it (a delayed send must not
-       act on the new process's state) */
-    w.to_gen = sr__rpc_peer_generation(to);
+    const struct sr_rref_msg w = *m; /* stamped (queue_send, ctrl_now): its successor ignores it */
     int rc = sr__module_send(to, sr__rref_module, SR_RREF_MSG_CTRL, &w, sizeof(w), quiet);
     if (!rc && w.kind != SR_RREF_NUDGE && w.kind != SR_RREF_ANNOUNCE && w.kind != SR_RREF_ORPHANS_DONE &&
         (w.kind != SR_RREF_ACK || w.token))
@@ -125,16 +130,23 @@ int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet)
     return rc;
 }
 
+/* A message sent at once, outside the lock: stamped with the generation of
+ * `to` this worker knows now (if it dies before the message is taken, its
+ * successor ignores it). */
+static void ctrl_now(int to, struct sr_rref_msg m)
+{
+    m.to_gen = sr__rpc_peer_generation(to);
+    sr__ctrl_send(to, &m, false);
+}
+
 void sr__ctrl_announce(int to, uint64_t upto)
 {
-    struct sr_rref_msg m = ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0);
-    sr__ctrl_send(to, &m, false); /* a dead peer: the peer-death hook releases the children */
+    ctrl_now(to, ctrl_msg(SR_RREF_ANNOUNCE, 0, 0, upto, 0)); /* a dead peer: the peer-death hook releases the children */
 }
 
 void sr__ctrl_nudge(int to)
 {
-    struct sr_rref_msg m = ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0);
-    sr__ctrl_send(to, &m, false); /* a dead owner: its entries go with it (peer-death hook) */
+    ctrl_now(to, ctrl_msg(SR_RREF_NUDGE, 0, 0, 0, 0)); /* a dead owner: its entries go with it (peer-death hook) */
 }
 
 void sr__ctrl_after_send(int to, bool nudge)
@@ -466,10 +478,8 @@ void sr__rref_orphans_flush(void)
         sr__rref_unlock();
         for (size_t i = 0; i < n; i++)
             for (int w = 0; w < world; w++)
-                if (w != self && w != (int)(keys[i] >> 32)) { /* a dead one refuses it: nothing to settle */
-                    struct sr_rref_msg m = ctrl_msg(SR_RREF_ORPHANS_DONE, 0, keys[i] >> 32, (uint32_t)keys[i], 0);
-                    sr__ctrl_send(w, &m, false);
-                }
+                if (w != self && w != (int)(keys[i] >> 32)) /* a dead one refuses it: nothing to settle */
+                    ctrl_now(w, ctrl_msg(SR_RREF_ORPHANS_DONE, 0, keys[i] >> 32, (uint32_t)keys[i], 0));
     }
 }
 

@@ -220,7 +220,8 @@ void sr__user_resolve_locked(sr_rref *r, bool confirmed, struct after *d);
  * a delete that cannot be tracked is sent untracked). */
 int sr__ctrl_queue_locked(struct after *d, int to, enum sr_rref_ctrl kind, uint64_t rid, uint64_t fid,
                           uint64_t extra);
-/* Send one message now, counted for quiescence (quiet: wakes nobody). */
+/* Send one message now, counted for quiescence (quiet: wakes nobody); m
+ * is stamped already (to_gen: protocol.c, queue_send). */
 int sr__ctrl_send(int to, const struct sr_rref_msg *m, bool quiet);
 /* After a send (d->send[i]) that may get a quiet answer: if a thread began
  * waiting for idleness meanwhile, nudge the destination. */
