@@ -143,7 +143,8 @@
  * NESTED), a wait on the progress thread, or a module's wait
  * (sr__module_wait: module code may hold its own locks there).
  *
- * The progress thread serves (leader/follower, when no user thread does).
+ * The progress thread serves (leader/follower, when no user thread does:
+ * none is in a serving wait, serving_waiters).
  * A worker whose threads are all away from the runtime (computing, joined,
  * on a condition variable) is served by its progress thread alone, and a
  * plain call it handed to an executor waited for that executor's wake-up
@@ -284,6 +285,10 @@ typedef struct sr_agent {
     sr__lock standin_lock;
     sr_future *standin_back;
     bool standin_queued;
+    /* User threads in a serving wait (IDLE, WAIT: wait.c,
+     * sr__agent_wait_user): while any is, the progress thread keeps no plain
+     * call. A hint, counted by the waiters themselves. */
+    _Atomic uint32_t serving_waiters;
     _Atomic uint32_t want_token; /* user threads waiting to steal: the spinning progress thread parks */
     _Atomic uint32_t user_polls; /* bumped by every user take (by the token's new holder only): the progress thread stops spinning while users poll */
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */

@@ -473,13 +473,18 @@ int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
         sr__thr.pretaken = NULL;
     else if (sr__thr.holder)
         return holder_wait(a, f, deadline);
-    if (mode != SR_POLL_WAIT)
+    if (mode == SR_POLL_NESTED)
         return wait_user(a, f, deadline, mode, counted, held);
-    if (sr__thr.serve_depth >= SR_SERVE_DEPTH_MAX) /* deep enough: the executors serve */
+    if (mode == SR_POLL_WAIT && sr__thr.serve_depth >= SR_SERVE_DEPTH_MAX) /* deep enough: the executors serve */
         return wait_user(a, f, deadline, SR_POLL_NESTED, counted, held);
-    /* A serving waiter keeps the module jobs its polling starts, as an idle one does. */
-    bool was = sr__exec_take_jobs(true);
+    /* A serving waiter keeps the module jobs its polling starts, as an idle
+     * one does; while one waits, the progress thread leaves plain calls to
+     * the executors (serving_waiters). */
+    bool was = sr__exec_take_jobs(mode == SR_POLL_WAIT ? true : sr__thr.takes_jobs);
+    atomic_fetch_add_explicit(&a->serving_waiters, 1, memory_order_relaxed); /* relaxed: a hint */
     int rc = wait_user(a, f, deadline, mode, counted, held);
+    if (rc != SR__WAIT_DETACHED) /* else a may be gone; nobody reads the count any more */
+        atomic_fetch_sub_explicit(&a->serving_waiters, 1, memory_order_relaxed); /* relaxed: a hint */
     sr__exec_take_jobs(was);
     return rc;
 }
