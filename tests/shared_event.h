@@ -8,8 +8,10 @@
 #ifndef SR_TESTS_SHARED_EVENT_H
 #define SR_TESTS_SHARED_EVENT_H
 
+#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -48,6 +50,19 @@ static inline bool wait_for(_Atomic uint32_t *w, uint32_t want)
         syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
     }
     return true;
+}
+
+/* Wait for a semaphore of this process, at most EVENT_WAIT_S: 0, or
+ * -errno (-ETIMEDOUT when it never came). */
+static inline int sem_wait_bounded(sem_t *s)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += EVENT_WAIT_S;
+    int rc;
+    while ((rc = sem_timedwait(s, &dl)) && errno == EINTR)
+        ;
+    return rc ? -errno : 0;
 }
 
 #endif

@@ -192,32 +192,31 @@ static void progress_free(sr_agent *a)
 /* run_call_then's retake: before the call's answer goes out. */
 static void progress_retake(sr_agent *a) { (void)progress_take(a); }
 
-/* The stand-in's job (exec.c): it covers the latest call the progress
- * thread started, whose `back` waits in standin_back. */
-static void stand_in_job(void *p)
+/* The queued stand-in starts: the `back` of the latest call (a reference,
+ * or NULL), and none is queued from now on. */
+static sr_future *stand_in_take(sr_agent *a)
 {
-    sr_agent *a = p;
     sr__lock_take(&a->standin_lock);
     sr_future *back = a->standin_back;
     a->standin_back = NULL;
     a->standin_queued = false;
     sr__lock_give(&a->standin_lock);
+    return back;
+}
+
+/* The stand-in's job (exec.c): it covers the latest call the progress
+ * thread started. */
+static void stand_in_job(void *p)
+{
+    sr_agent *a = p;
+    sr_future *back = stand_in_take(a);
     if (back) /* done already when that call was short: then this returns at once */
         sr__agent_stand_in(a, back);
     sr_future_unref(back);
 }
 
 /* The pool shut down before the job ran: every call it stood for has ended. */
-static void stand_in_shut(void *p)
-{
-    sr_agent *a = p;
-    sr__lock_take(&a->standin_lock);
-    sr_future *back = a->standin_back;
-    a->standin_back = NULL;
-    a->standin_queued = false;
-    sr__lock_give(&a->standin_lock);
-    sr_future_unref(back);
-}
+static void stand_in_shut(void *p) { sr_future_unref(stand_in_take(p)); }
 
 /* A stand-in for the call about to run here: the one already queued, which
  * has not started yet and so takes this call's `back` instead of the last

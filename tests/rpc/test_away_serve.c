@@ -57,17 +57,6 @@ static bool on_progress_thread(void)
     return !strcmp(name, "shmrpc-progress");
 }
 
-static int sem_wait_bounded(sem_t *s)
-{
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += EVENT_WAIT_S;
-    int rc;
-    while ((rc = sem_timedwait(s, &dl)) && errno == EINTR)
-        ;
-    return rc ? -errno : 0;
-}
-
 static int fn_where(sr_call *c) { return sr_call_return(c, sr_bool(on_progress_thread())); }
 
 static int fn_home(sr_call *c)

@@ -60,17 +60,6 @@ static _Thread_local unsigned nest;
 
 static bool on_waiter(void) { return pthread_equal(pthread_self(), waiter); }
 
-static int sem_wait_bounded(sem_t *s)
-{
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += EVENT_WAIT_S;
-    int rc;
-    while ((rc = sem_timedwait(s, &dl)) && errno == EINTR)
-        ;
-    return rc ? -errno : 0;
-}
-
 static int fn_where(sr_call *c) { return sr_call_return(c, sr_bool(on_waiter())); }
 
 static int fn_stop(sr_call *c)
