@@ -108,9 +108,11 @@
  * block); built-ins given a tensor (they compute) when the poller is idle
  * (sr_shutdown's waits). Plain functions go to the executor pool: one may
  * make a nested blocking call, which the polling thread could not serve;
- * except on an idle poller (sr_shutdown, sr_serve_until) or a serving
- * waiter, which keeps one plain call of a burst and runs it itself once it
- * has handed the token back (serve.c, defer).
+ * except on an idle poller (sr_shutdown, sr_serve_until), a serving
+ * waiter, or the progress thread while no user thread serves, which keeps
+ * one plain call of a burst and runs it itself once it has handed the token
+ * back (serve.c, defer; the progress thread with an executor standing in,
+ * "The progress thread serves").
  *
  * Serving waiters (leader/follower). A user thread that waits in
  * sr_future_wait for a future that is not an RPC call's own (a local future
@@ -704,9 +706,11 @@ void sr__calls_fail_all(sr_agent *a, const char *why);
 void sr__calls_response(sr_agent *a, const sr_msg *m);
 
 /* Serving (serve.c) */
-/* Plain calls an idle poller took: run them on this thread after handing the
- * token back (see start_call); before the last one's answer is sent, the
- * token is taken back (sr__agent_pretake), and the idle wait goes on with it.
+/* Plain calls an idle poller took (or a serving waiter, or the progress
+ * thread): run them on this thread after handing the token back (see
+ * start_call); before the last one's answer is sent, the token is taken back
+ * (retake: sr__agent_pretake, or the progress thread's), and the wait or
+ * the loop goes on with it.
  * has_deferred: such calls or kept module jobs wait to run here. */
 bool sr__dispatch_has_deferred(void);
 /* retake(a): called before the last deferred call's answer goes out

@@ -598,9 +598,11 @@ static int modules_prepare(struct sr_call *c)
 }
 
 /* The plain call taken by an idle poller (a thread inside sr_shutdown or
- * sr_serve_until) or a serving waiter (sr_future_wait, sr_rpc_sync; agent.h,
- * "Serving waiters"): that same thread runs it once it has handed the inbox
- * back, so a nested call inside can be answered, and no thread hop is paid.
+ * sr_serve_until), a serving waiter (sr_future_wait, sr_rpc_sync; agent.h,
+ * "Serving waiters") or the progress thread's own loop (PROGRESS mode;
+ * agent.h, "The progress thread serves"): that same thread runs it once it
+ * has handed the inbox back, so a nested call inside can be answered, and
+ * no thread hop is paid.
  * One at a time: the other plain calls of the same burst go to the
  * executors, since the kept one may block until one of them has run (a lock
  * that a later call releases: bench_train's serialised mode deadlocked with

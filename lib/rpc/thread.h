@@ -39,8 +39,9 @@ struct sr_rpc_thread {
      * FIFO. */
     struct sr_job_item *jobs_head, *jobs_tail;
     bool takes_jobs;
-    /* The plain calls an idle poller kept to run itself once it has handed
-     * the inbox back (serve.c, defer): one at a time. */
+    /* The plain calls a poller kept to run itself once it has handed the
+     * inbox back (an idle or serving waiter, the progress thread; serve.c,
+     * defer): one at a time. */
     struct sr_call *deferred_head, *deferred_tail;
     /* How many served calls this thread runs now, one inside another's
      * wait (serve.c, run_here; agent.h, SR_SERVE_DEPTH_MAX). */
