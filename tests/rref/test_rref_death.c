@@ -25,6 +25,7 @@
 
 #include "common.h"
 #include "error.h"
+#include "rref_internal.h" /* sr__rref_test_before_send */
 #include "helpers/replace_events.h"
 #include "rpc_harness.h"
 #include "shmrpc/rpc.h"
@@ -235,6 +236,34 @@ static void register_fns(void)
     sr_register("new_id", fn_new_id);
 }
 
+/* (e)'s events, in a page shared by the job's processes (made before
+ * sr_spawn), set once each with flag_set. */
+struct late_fork {
+    _Atomic uint32_t decided; /* rank 2: its FORK_REQUEST to rank 1 is decided, held before the send */
+    _Atomic uint32_t back;    /* rank 0: rank 1's replacement said hello */
+    _Atomic uint32_t sent;    /* rank 2: the hook returned; the request goes now */
+    _Atomic int32_t err;      /* rank 2: what the hook's waits gave, before `sent` */
+    _Atomic uint32_t fired;   /* rank 2: the hook held a request (once) */
+};
+static struct late_fork *lf;
+
+/* rank 2 (sr__rref_test_before_send): hold its first FORK_REQUEST to rank
+ * 1 until rank 1 died, was replaced and rank 2 handled both, so that the
+ * send happens when rank 1's generation as rank 2 knows it is 1. */
+static void late_fork_hook(int to, enum sr_rref_ctrl kind)
+{
+    if (to != 1 || kind != SR_RREF_FORK_REQUEST || atomic_exchange(&lf->fired, 1))
+        return;
+    flag_set(&lf->decided);
+    int rc = flag_wait(&lf->back);
+    if (!rc)
+        rc = sr_wait_for_worker(1, WAIT_S); /* its death and return handled here */
+    if (!rc && sr_worker_generation(1) != 1)
+        rc = -ESTALE;
+    atomic_store_explicit(&lf->err, rc, memory_order_relaxed); /* relaxed: published by flag_set */
+    flag_set(&lf->sent);
+}
+
 /* ---- checks ---- */
 
 /* A use failed at once with -SR_EOWNERLOST naming rank 1's generation 0. */
@@ -423,6 +452,43 @@ static int driver_child_lost(void)
     return 0; /* no sr_rref_wait_idle here: the graceful shutdown waits for the children */
 }
 
+/* (e) The same child, deterministically: rank 2 decides to ask rank 1
+ * (generation 0) to register the fork it keeps, and the request goes out
+ * only after rank 1 was killed and replaced and rank 2 took the new
+ * generation (late_fork_hook). The request is meant for generation 0:
+ * generation 1 must ignore it. Stamped with the generation known at the
+ * send, generation 1 took it for a fork of an RRef it never had, and its
+ * graceful shutdown failed ("Leaking RRef"). */
+static int driver_late_fork(void)
+{
+    sr_rref *r = NULL;
+    if (victim_owned(7, &r))
+        return 1;
+    sr_future *f = NULL, *held = NULL;
+    WCHECK(sr_rpc_async(1, "freeze", SR_NOARGS, WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
+    WCHECK(replace_wait_stopped(fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
+    sr_value *rv = sr_value_from_rref(r);
+    /* async: the request may be decided in the call's decode, before its answer */
+    WCHECK(sr_rpc_async(2, "hold", SR_ARGS(rv), WAIT_S, &held) == 0, "hold on rank 2: %s", sr_last_error());
+    sr_value_unref(rv);
+    sr_rref_unref(r);
+    WCHECK(flag_wait(&lf->decided) == 0, "rank 2 decided no fork request to rank 1 within %d s", WAIT_S);
+    WCHECK(kill(atomic_load_explicit(&fz->pid, memory_order_relaxed), SIGKILL) == 0, "kill: %s", strerror(errno));
+    int rc = sr_future_wait(f, NULL);
+    sr_future_unref(f);
+    WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement never said hello within %d s", WAIT_S);
+    flag_set(&lf->back);
+    WCHECK(flag_wait(&lf->sent) == 0, "rank 2's held fork request was not let go within %d s", 2 * WAIT_S);
+    int32_t err = atomic_load_explicit(&lf->err, memory_order_relaxed); /* relaxed: after `sent` */
+    WCHECK(err == 0, "rank 2 did not take rank 1's generation 1 before the send: %d", err);
+    rc = sr_future_wait(held, NULL);
+    sr_future_unref(held);
+    WCHECK(rc == 0, "hold on rank 2: %d: %s", rc, sr_last_error());
+    WCHECK(sr_rpc_sync(2, "drop_kept", SR_NOARGS, WAIT_S, NULL) == 0, "drop_kept: %s", sr_last_error());
+    return 0; /* the graceful shutdowns (rank 1's generation 1 too) check for leaks */
+}
+
 /* (d) A module call (remote()) to a replaced rank from a worker that has
  * not polled since the replacement: the call itself must take the new
  * generation, not fail with -EPIPE against the old one. Rank 0's polling
@@ -480,6 +546,8 @@ static int worker(int rank, int world, void *arg)
     (void)world;
     int (*driver)(void) = arg;
     register_fns();
+    if (rank == 2 && lf) /* (e) */
+        sr__rref_test_before_send = late_fork_hook;
     if (rank == 1 && replace_my_gen() > 0 && sv) /* (d): attach only once rank 0 stopped polling */
         WCHECK(flag_wait(&sv->held) == 0, "rank 0's polling thread was not held within %d s", WAIT_S);
     WCHECK(sr_init(NULL) == 0, "rank %d generation %u: sr_init: %s", rank, replace_my_gen(), sr_last_error());
@@ -524,6 +592,13 @@ Test(rref_death, a_child_lost_with_its_owner_does_not_fail_the_shutdown, .timeou
 {
     fz = shared_page(sizeof(*fz));
     run_death_job("rdchild", driver_child_lost);
+}
+
+Test(rref_death, a_fork_request_decided_before_its_owner_died_is_ignored_by_its_replacement, .timeout = 120)
+{
+    fz = shared_page(sizeof(*fz));
+    lf = shared_page(sizeof(*lf));
+    run_death_job("rdlate", driver_late_fork);
 }
 
 Test(rref_death, a_holder_dies_its_forks_are_released_on_the_owner, .timeout = 120)

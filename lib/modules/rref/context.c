@@ -90,9 +90,13 @@ void sr__idle_check_locked(struct after *d)
     }
 }
 
+void (*sr__rref_test_before_send)(int to, enum sr_rref_ctrl kind);
+
 void sr__after_run(struct after *d)
 {
     for (int i = 0; i < d->nsend; i++) {
+        if (sr__rref_test_before_send)
+            sr__rref_test_before_send(d->send[i].to, (enum sr_rref_ctrl)d->send[i].m.kind);
         int rc = sr__ctrl_send(d->send[i].to, &d->send[i].m, d->send[i].quiet);
         if (rc)
             sr__ctrl_unsent(d->send[i].to, &d->send[i].m, rc);

@@ -177,6 +177,12 @@ static inline void sr__after_init(struct after *d)
     d->nunref = d->ncomplete = d->nsend = 0;
 }
 void sr__after_run(struct after *d);
+/* Tests only (tests/rref): called by sr__after_run before each control
+ * message of d goes out, on the thread that made the decision to send it,
+ * after the lock; it may block, to put an event (a peer's death and
+ * replacement) between the decision and the send. NULL otherwise. Not
+ * synchronised: set it before sr_init. */
+extern void (*sr__rref_test_before_send)(int to, enum sr_rref_ctrl kind);
 
 /* context.c */
 void sr__rref_lock(void);
