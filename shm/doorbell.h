@@ -83,6 +83,18 @@
  *                  (the parked progress thread's word).
  * The same handshake covers both: a producer acts on any value but AWAKE.
  *
+ * A third sleeper, the stand-by (the RPC layer's, agent.h "The progress
+ * thread serves"), is woken only while the progress thread is away running
+ * a call: that thread then hands the inbox over as SLEEPING_STANDBY, and a
+ * producer that finds that value moves it to AWAKE_STANDBY (not AWAKE) and
+ * wakes with bitset SR_DOORBELL_BIT_STANDBY, which no other sleeper's wait
+ * carries as its only bit. The stand-by sleeps in FUTEX_WAIT_BITSET with
+ * that bit and, as its expected value, whatever the word held when it
+ * looked (doorbell.h's only sleeper that queues on any value): AWAKE_STANDBY
+ * differs from every value it can have read before the hand-over, so a ring
+ * between its look and its wait fails the wait (EAGAIN) instead of being
+ * lost. STANDBY_STOP ends it; producers take that value as awake.
+ *
  * The wake is FUTEX_WAKE (or FUTEX_WAKE_BITSET) on the shared (not private)
  * word, or, in the eventfd fallback, an 8-byte write to the consumer's
  * eventfd (there only the progress thread sleeps on the doorbell).
@@ -99,15 +111,30 @@
 #if !defined(SR__SEES_SHM)
 #error "doorbell.h is the seam of the substrate (shm) layer, for it and the layers above it only (docs/ARCHITECTURE.md)"
 #endif
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "atomics.h"
 
-enum { SR_DOORBELL_AWAKE = 0, SR_DOORBELL_SLEEPING = 1, SR_DOORBELL_SLEEPING_USER = 2 };
+enum {
+    SR_DOORBELL_AWAKE = 0,
+    SR_DOORBELL_SLEEPING = 1,
+    SR_DOORBELL_SLEEPING_USER = 2,
+    SR_DOORBELL_SLEEPING_STANDBY = 3, /* the progress thread is away: a message wakes the stand-by */
+    SR_DOORBELL_AWAKE_STANDBY = 4,    /* ... and one did (or a poke): awake, as AWAKE */
+    SR_DOORBELL_STANDBY_STOP = 5,     /* the stand-by is being stopped: awake, as AWAKE */
+};
 
-/* FUTEX_WAIT_BITSET masks of the two sleepers (a futex_waitv sleeper matches any). */
+/* FUTEX_WAIT_BITSET masks of the sleepers (a futex_waitv sleeper matches any). */
 #define SR_DOORBELL_BIT_PROGRESS 0x1u
 #define SR_DOORBELL_BIT_USER 0x2u
+#define SR_DOORBELL_BIT_STANDBY 0x4u
+
+/* A value a producer must not ring on: someone polls, or will. */
+static inline bool sr__doorbell_awake(uint32_t v)
+{
+    return v == SR_DOORBELL_AWAKE || v == SR_DOORBELL_AWAKE_STANDBY || v == SR_DOORBELL_STANDBY_STOP;
+}
 
 enum sr_doorbell_kind {
     SR_DOORBELL_FUTEX = 1,   /* io_uring FUTEX_WAIT / futex(FUTEX_WAKE) */
@@ -115,10 +142,12 @@ enum sr_doorbell_kind {
 };
 
 /* Out of line: the syscall. Returns 1 if a wake was issued. Wakes every
- * sleeper on the word, whichever its kind. */
+ * sleeper on the word but the stand-by (whose bit is its own). */
 int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd);
 /* Wake only a SLEEPING_USER sleeper (futex doorbells only). */
 int sr__doorbell_wake_user(_Atomic uint32_t *word);
+/* Wake only the stand-by (futex doorbells only). */
+int sr__doorbell_wake_standby(_Atomic uint32_t *word);
 
 /* Producer side, called after publishing a message. Returns 1 if it woke the
  * consumer (a syscall), 0 if the consumer was awake (no syscall). */
@@ -127,12 +156,16 @@ static inline int sr__doorbell_ring(_Atomic uint32_t *word, uint32_t kind, int e
     /* D3: pairs with the consumer's D2 fence between announcing SLEEPING and re-checking its ring */
     atomic_thread_fence(memory_order_seq_cst);
     /* relaxed: ordered after our publish by D3 */
-    if (atomic_load_explicit(word, memory_order_relaxed) == SR_DOORBELL_AWAKE)
-        return 0;
-    /* relaxed: the exchange only elects one waker; the wake syscall carries the event */
-    uint32_t was = atomic_exchange_explicit(word, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    if (was == SR_DOORBELL_AWAKE)
-        return 0;
+    uint32_t was = atomic_load_explicit(word, memory_order_relaxed);
+    do {
+        if (sr__doorbell_awake(was))
+            return 0;
+        /* relaxed: the CAS only elects one waker; the wake syscall carries the event */
+    } while (!atomic_compare_exchange_weak_explicit(
+        word, &was, was == SR_DOORBELL_SLEEPING_STANDBY ? SR_DOORBELL_AWAKE_STANDBY : SR_DOORBELL_AWAKE,
+        memory_order_relaxed, memory_order_relaxed));
+    if (was == SR_DOORBELL_SLEEPING_STANDBY)
+        return sr__doorbell_wake_standby(word);
     return was == SR_DOORBELL_SLEEPING_USER ? sr__doorbell_wake_user(word) : sr__doorbell_wake(word, kind, eventfd);
 }
 

@@ -60,10 +60,18 @@ int sr__doorbell_wake(_Atomic uint32_t *word, uint32_t kind, int eventfd)
         uint64_t one = 1;
         return write(eventfd, &one, sizeof(one)) == sizeof(one);
     }
-    /* All waiters, though there is one: the worker's armed wait. Only while a
-     * ring rebuilt by the fallback is being torn down may an old wait still
-     * be queued on the word, and waking one could pick that one. */
-    return syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) >= 0;
+    /* All waiters but the stand-by, though there is one: the worker's armed
+     * wait. Only while a ring rebuilt by the fallback is being torn down may
+     * an old wait still be queued on the word, and waking one could pick
+     * that one. A holder's futex_waitv matches any bit. */
+    return syscall(SYS_futex, word, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL,
+                   SR_DOORBELL_BIT_PROGRESS | SR_DOORBELL_BIT_USER) >= 0;
+}
+
+int sr__doorbell_wake_standby(_Atomic uint32_t *word)
+{
+    /* Shared futex; only the stand-by waits with this bit alone (a holder's futex_waitv matches any). */
+    return syscall(SYS_futex, word, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, SR_DOORBELL_BIT_STANDBY) >= 0;
 }
 
 int sr__doorbell_wake_user(_Atomic uint32_t *word)

@@ -176,7 +176,28 @@
  * once for a run of short calls (bench_rpc udf, the callee's main thread
  * away: 11-22 us a call before, as a hop to an executor; 1.2-1.8 us). A
  * long one, or one that blocks until a later call runs, is covered by the
- * stand-in, as an executor's would be by the progress thread. A wait inside
+ * stand-in, as an executor's would be by the progress thread.
+ * The stand-by (progress.c, serve_kept_standby) replaces steps 1-3 where
+ * nothing needs a timer while the progress thread is away (no call of ours
+ * with a deadline, no reordering mode, no other host): a thread of its own
+ * (shmrpc-standby, started at the first such call) sleeps on the doorbell
+ * for the bit only a ring made while the progress thread is away carries
+ * (shm/doorbell.h: SLEEPING_STANDBY, AWAKE_STANDBY). The progress thread
+ * publishes the call's `back` (away_back), then hands the inbox over as a
+ * parking holder would, but with park_away, so the next message wakes the
+ * stand-by instead of the thread that cannot poll; every holder that hands
+ * the token back meanwhile does the same (away_standby), and a kick pokes
+ * the stand-by. Once woken, the stand-by is a stand-in for that call (step
+ * 3). Nothing is woken for a call during which nothing arrives: the
+ * stand-in jobs' wake-ups had kept a third thread runnable on two cores,
+ * so the spin gate forbade spinning, the progress thread slept between
+ * calls, and every call paid the caller's wake syscall (1.2-1.8 us a call;
+ * with the stand-by, as when the main thread serves: 0.4 us here, no wake).
+ * After the call the progress thread takes the token back if it can and
+ * ends the hand-over (away_end); away_back is cleared before `back`
+ * completes, so a stand-by that finds a ring and no call away clears the
+ * ring (standby_settle, under standin_lock, which the progress thread takes
+ * before it parks away). A wait inside
  * the call (a nested sr_rpc_sync) runs the progress loop as any wait on the
  * progress thread (NESTED); since the call began without the token, the
  * wait does not insist on taking it back at its end, and hands it back
@@ -287,6 +308,20 @@ typedef struct sr_agent {
     sr__lock standin_lock;
     sr_future *standin_back;
     bool standin_queued;
+    /* The stand-by (progress.c; "The progress thread serves" above): the
+     * thread, started at the first call kept with it, by the progress thread,
+     * and joined by sr__agent_stop after it; away_back, the `back` of the call the progress thread runs
+     * with the stand-by on (a reference, under standin_lock: set and cleared
+     * by the progress thread, read by the stand-by); away_standby, that the
+     * current away period hands the inbox over with park_away (written by
+     * the progress thread before the token goes, read by holders after they
+     * took it); standby_quit, the stand-by is to return (set once, before
+     * its doorbell is stopped). */
+    pthread_t standby;
+    bool standby_started;
+    sr_future *away_back;
+    _Atomic bool away_standby;
+    _Atomic bool standby_quit;
     /* User threads in a serving wait (IDLE, WAIT: wait.c,
      * sr__agent_wait_user): while any is, the progress thread keeps no plain
      * call. A hint, counted by the waiters themselves. */
@@ -684,6 +719,11 @@ void sr__token_freed(void);
 /* wait.c: an executor polls while the progress thread runs a call, until
  * back completes ("The progress thread serves"). */
 void sr__agent_stand_in(sr_agent *a, sr_future *back);
+/* The progress thread, holding the token and away with the stand-by on
+ * (away_standby): hand the inbox over so that a message wakes the stand-by
+ * (wake->park_away), the token PARKED. False when messages came first:
+ * poll them (NESTED), then try again. */
+bool sr__agent_park_away(sr_agent *a);
 /* wait.c: sr__agent_wait on any thread but the progress thread. */
 int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted);
 
@@ -693,6 +733,9 @@ void sr__calls_fini(sr_agent *a);
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id);
 /* Take the call out of the table; returns its future (owned), or NULL if stale. */
 sr_future *sr__call_end(sr_agent *a, uint64_t id);
+/* Some call of ours is in flight with a deadline (the expiry heap is not
+ * empty). Any thread; takes slots_lock. */
+bool sr__calls_deadlines_pending(sr_agent *a);
 /* As sr__call_end, for a response that came from rank `from`: NULL (the
  * call stays in flight) if the call was sent to another rank; such a stray
  * response is counted in stray_responses and reported on stderr. */

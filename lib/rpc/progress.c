@@ -245,11 +245,140 @@ static sr_future *stand_in_start(sr_agent *a)
     return back;
 }
 
-/* The progress thread's poll kept a plain call: run it here, with an
- * executor standing in (agent.h, "The progress thread serves"), or hand
- * it to the executors when none is free. */
+/* ---- the stand-by ------------------------------------------------------------ */
+
+/* The stand-by's loop: asleep on the doorbell until a message (or a poke)
+ * comes while the progress thread is away with it on, then a stand-in for
+ * that call (sr__agent_stand_in) until the call ends. */
+static void *standby_main(void *p)
+{
+    sr_agent *a = p;
+    /* seq_cst: pairs with standby_stop's store, before it stops the doorbell */
+    while (!atomic_load_explicit(&a->standby_quit, memory_order_seq_cst)) {
+        int rc = a->wake->standby_wait(a->self);
+        if (rc < 0)
+            break;
+        if (rc == 0)
+            continue;
+        /* Under the lock the progress thread takes before it parks away: a
+         * ring with no call away is one left from an away period over, and
+         * no new one can begin while it is cleared. */
+        sr__lock_take(&a->standin_lock);
+        sr_future *back = a->away_back ? sr_future_ref(a->away_back) : NULL;
+        if (!back)
+            a->wake->standby_settle(a->self);
+        sr__lock_give(&a->standin_lock);
+        if (back) {
+            sr__agent_stand_in(a, back);
+            sr_future_unref(back);
+        }
+    }
+    return NULL;
+}
+
+/* The stand-by can cover the call about to run: its thread runs (started
+ * here the first time), and nothing needs a timer while the progress
+ * thread is away (no call of ours with a deadline, no held message of the
+ * reordering mode, no host to poll): the stand-by sleeps with none. */
+static bool standby_ready(sr_agent *a)
+{
+    if (a->reorder || a->remote)
+        return false;
+    if (!a->standby_started) {
+        if (pthread_create(&a->standby, NULL, standby_main, a))
+            return false; /* the stand-in jobs cover the calls */
+        /* named here, not by itself: from now on it is there to see (top -H,
+         * gdb, docs/PROFILING.md; tests count it) */
+        pthread_setname_np(a->standby, "shmrpc-standby");
+        a->standby_started = true;
+    }
+    return !sr__calls_deadlines_pending(a);
+}
+
+static void standby_stop(sr_agent *a)
+{
+    if (!a->standby_started)
+        return;
+    atomic_store_explicit(&a->standby_quit, true, memory_order_seq_cst); /* seq_cst: see standby_main */
+    a->wake->standby_stop(a->self);
+    /* A thread that parked the token meanwhile may have stored over the
+     * stop before the stand-by read it: stop it again (a bound, not a
+     * synchronisation; almost always once). */
+    struct timespec until;
+    do {
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000000;
+        if (until.tv_nsec >= 1000000000) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000;
+        }
+    } while (pthread_timedjoin_np(a->standby, NULL, &until) == ETIMEDOUT && (a->wake->standby_stop(a->self), true));
+    a->wake->standby_done(a->self);
+    a->standby_started = false;
+}
+
+/* Hand the token over while away: to the stand-by (a message wakes it),
+ * or free for a stand-in job. Only this thread moves it out of PROGRESS,
+ * and sets away_standby (relaxed: our own stores). */
+static void hand_away(sr_agent *a)
+{
+    if (atomic_load_explicit(&a->token, memory_order_relaxed) != TOKEN_PROGRESS)
+        return;
+    if (!atomic_load_explicit(&a->away_standby, memory_order_relaxed)) {
+        progress_free(a);
+        return;
+    }
+    while (!sr__agent_park_away(a)) /* messages came: read them first (plain calls go to the executors) */
+        sr__agent_poll_burst(a, SR_POLL_NESTED);
+}
+
+/* The progress thread takes the token back before the answer goes out (as
+ * progress_retake), and ends the away period's hand-over if it got it. */
+static void progress_retake_away(sr_agent *a)
+{
+    if (progress_take(a))
+        a->wake->away_end(a->self);
+}
+
+/* Run the kept call with the stand-by on: no executor is woken; a message
+ * (or a poke) that comes while the call runs wakes the stand-by, which
+ * then stands in as a stand-in job would. */
+static void serve_kept_standby(sr_agent *a)
+{
+    sr_future *back = sr_future_new();
+    if (!back) {
+        sr__dispatch_hand_off(a);
+        return;
+    }
+    sr__lock_take(&a->standin_lock);
+    a->away_back = sr_future_ref(back);
+    sr__lock_give(&a->standin_lock);
+    atomic_store_explicit(&a->away_standby, true, memory_order_relaxed); /* relaxed: the token's hand-over publishes it */
+    /* seq_cst (store and fence): K4, before the token is handed on */
+    atomic_store_explicit(&a->progress_away, true, memory_order_seq_cst);
+    atomic_thread_fence(memory_order_seq_cst);
+    hand_away(a);
+    sr__dispatch_run_deferred(progress_retake_away);
+    atomic_store_explicit(&a->away_standby, false, memory_order_relaxed); /* relaxed: a stale true parks away, which wakes the stand-by for nothing */
+    atomic_store_explicit(&a->progress_away, false, memory_order_relaxed); /* relaxed: a late poke costs a wake-up */
+    sr__lock_take(&a->standin_lock);
+    sr_future *mine = a->away_back;
+    a->away_back = NULL; /* before `back` completes: the stand-by, back from it, finds no call away */
+    sr__lock_give(&a->standin_lock);
+    sr_future_unref(mine);
+    sr_future_set_result(back, NULL);
+    sr_future_unref(back);
+}
+
+/* The progress thread's poll kept a plain call: run it here, with the
+ * stand-by or an executor standing in (agent.h, "The progress thread
+ * serves"), or hand it to the executors when none is free. */
 static void serve_kept(sr_agent *a)
 {
+    if (standby_ready(a)) {
+        serve_kept_standby(a);
+        return;
+    }
     sr_future *back = stand_in_start(a);
     if (!back) {
         sr__dispatch_hand_off(a);
@@ -336,11 +465,9 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
         progress_step(a, f, deadline);
     }
     /* relaxed: our own store */
-    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) { /* inside a call run without the token */
-        /* relaxed: only this thread sets PROGRESS */
-        if (atomic_load_explicit(&a->token, memory_order_relaxed) == TOKEN_PROGRESS)
-            progress_free(a);
-    } else {
+    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) /* inside a call run without the token */
+        hand_away(a);
+    else {
         while (!progress_take(a) && !stopping(a)) {
             progress_wait_token(a, NULL, -1);
             handle_events(a);
@@ -421,6 +548,10 @@ int sr__agent_start(sr_agent *a)
     sr__lock_init(&a->standin_lock);
     a->standin_back = NULL;
     a->standin_queued = false;
+    a->standby_started = false;
+    a->away_back = NULL;
+    atomic_init(&a->away_standby, false);
+    atomic_init(&a->standby_quit, false);
     sr__future_set_hooks(wait_hook, wake_hook);
     int rc = pthread_create(&a->progress, NULL, progress_main, a);
     if (rc)
@@ -434,5 +565,6 @@ void sr__agent_stop(sr_agent *a)
     atomic_store_explicit(&a->stopping, true, memory_order_release);
     a->wake->stop(a->self); /* also ends an aside sleep */
     pthread_join(a->progress, NULL);
+    standby_stop(a); /* after: the progress thread may have been away until it returned */
 }
 

@@ -103,8 +103,12 @@ static bool user_release(sr_agent *a)
         }
         /* The progress thread is parked on the inbox: announce its sleep
          * again and re-check, after the transport's fence (D2), the inbox, a
-         * space event, the rest of our burst and the departures (park_busy). */
-        if (!a->wake->park(a->self, park_busy, a)) {
+         * space event, the rest of our burst and the departures (park_busy).
+         * While it is away with the stand-by on (progress.c), a message must
+         * wake the stand-by instead. relaxed: written before the progress
+         * thread handed the token over, which our take of it ordered. */
+        bool away = atomic_load_explicit(&a->away_standby, memory_order_relaxed);
+        if (!(away ? a->wake->park_away : a->wake->park)(a->self, park_busy, a)) {
             if (sr__agent_inbox_ready(a) || sr__tport_space_kicked(a->self))
                 return false;
             /* A departure published while we polled rang an AWAKE doorbell
@@ -442,6 +446,18 @@ static int wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_m
         if (!sleep_on(a, f, deadline, counted))
             return SR__WAIT_DETACHED;
     }
+}
+
+bool sr__agent_park_away(sr_agent *a)
+{
+    if (!a->wake->park_away(a->self, park_busy, a))
+        return false;
+    /* seq_cst (a release at least): our consumption happens-before the next
+     * holder's acquire CAS; T2 for token_freed. A store: only this thread
+     * moves the token out of PROGRESS. */
+    atomic_store_explicit(&a->token, TOKEN_PARKED, memory_order_seq_cst);
+    sr__token_freed();
+    return true;
 }
 
 /* The stand-in (agent.h, "The progress thread serves"): poll while the

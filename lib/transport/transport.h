@@ -154,6 +154,22 @@ struct sr_tport_wake {
     int (*send_lazy)(sr_tport *t, int to, sr_msg *m);
     void (*hold)(sr_tport *t);
     bool (*park)(sr_tport *t, bool (*busy)(void *), void *arg);
+    /* The stand-by (SR_TPORT_HOLD_SLEEP only; the RPC layer's agent.h, "The
+     * progress thread serves"): park_away is park while the thread that
+     * sleeps on the doorbell is away running a call, so that a message
+     * wakes the stand-by instead; away_end, by that thread once it holds
+     * the inbox again, ends it (and the head's watch). standby_wait is the
+     * stand-by's sleep: 1 at once if a message or a poke came while away,
+     * 0 after a sleep (or none: the caller looks again), -ESHUTDOWN once
+     * standby_stop was called; standby_settle, by the stand-by, clears a
+     * ring that came for an away period already over (the caller holds off
+     * the next one); standby_done after the stand-by returned. */
+    bool (*park_away)(sr_tport *t, bool (*busy)(void *), void *arg);
+    void (*away_end)(sr_tport *t);
+    int (*standby_wait)(sr_tport *t);
+    void (*standby_settle)(sr_tport *t);
+    void (*standby_stop)(sr_tport *t);
+    void (*standby_done)(sr_tport *t);
     /* 0 woken or skipped (busy); 1: timed out while a message waited and the
      * doorbell had been taken away without a wake (a lost wake, which the
      * caller may count); -EOPNOTSUPP without SR_TPORT_HOLD_SLEEP. */

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /* A worker whose threads are all away from the runtime (its main thread
  * waits on a semaphore here, as a program's computes or joins) is served by
- * its progress thread, which runs a plain call itself while an executor
- * stands in for it (lib/rpc/agent.h, "The progress thread serves"):
+ * its progress thread, which runs a plain call itself while another thread
+ * stands in for it: here the stand-by, woken by the first message that
+ * arrives meanwhile (lib/rpc/agent.h, "The progress thread serves"; with
+ * the inbox handed over as an ordinary park, no message wakes it, and the
+ * two blocking scenarios time out):
  *
  *   progress_thread_runs_plain_calls   the hop it exists to remove: a plain
  *       function runs on the progress thread, not on an executor (before,

@@ -47,16 +47,16 @@ static void t_hold(sr_tport *t) { sr__ring_unwatch(X(t)->inbox); }
  * every producer, which then rings no doorbell, while everyone sleeps. Then
  * watch the head for it (doorbell.h). False (the watch withdrawn): the
  * inbox, a space event or busy(arg) has work; the caller polls again. */
-static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
+static bool park_as(sr_tport *t, uint32_t sleeper, bool (*busy)(void *), void *arg)
 {
     sr_xport *x = X(t);
     sr__xport_recv_burst(x, NULL, 0);
     /* The parked thread sleeps on the word as SLEEPING: say so again only if
      * a ring (or this holder's own sleep) changed it. The common hand-back
      * writes nothing here: producers read this line. */
-    if (atomic_load_explicit(&x->me->doorbell, memory_order_relaxed) != SR_DOORBELL_SLEEPING) {
+    if (atomic_load_explicit(&x->me->doorbell, memory_order_relaxed) != sleeper) {
         /* relaxed: the D2 fence below orders it before the re-checks */
-        atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_SLEEPING, memory_order_relaxed);
+        atomic_store_explicit(&x->me->doorbell, sleeper, memory_order_relaxed);
         /* D2 (doorbell.h): pairs with the D3 fence of a direct ring (a space
          * kick, the supervisor's X3 ring: busy() checks the departures) */
         atomic_thread_fence(memory_order_seq_cst);
@@ -67,6 +67,83 @@ static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
         return false;
     }
     return true;
+}
+
+static bool t_park(sr_tport *t, bool (*busy)(void *), void *arg)
+{
+    return park_as(t, SR_DOORBELL_SLEEPING, busy, arg);
+}
+
+/* The stand-by (doorbell.h): the inbox handed over while the progress
+ * thread is away, so that a message wakes the stand-by, not the thread
+ * that cannot poll. As t_park otherwise. */
+static bool t_park_away(sr_tport *t, bool (*busy)(void *), void *arg)
+{
+    /* only the futex doorbell wakes by bit; an eventfd one parks as ever */
+    bool futex = X(t)->waiter.kind == SR_DOORBELL_FUTEX;
+    return park_as(t, futex ? SR_DOORBELL_SLEEPING_STANDBY : SR_DOORBELL_SLEEPING, busy, arg);
+}
+
+/* The progress thread holds the inbox again after an away period: the word
+ * leaves the stand-by's two values (a ring that came meanwhile is the
+ * progress thread's to read now), and the head is no longer watched. */
+static void t_away_end(sr_tport *t)
+{
+    sr_xport *x = X(t);
+    _Atomic uint32_t *w = &x->me->doorbell;
+    /* relaxed: a producer's CAS decides who rings; the holder polls next */
+    uint32_t v = atomic_load_explicit(w, memory_order_relaxed);
+    while ((v == SR_DOORBELL_SLEEPING_STANDBY || v == SR_DOORBELL_AWAKE_STANDBY) &&
+           !atomic_compare_exchange_weak_explicit(w, &v, SR_DOORBELL_AWAKE, memory_order_relaxed, memory_order_relaxed)) {
+    }
+    sr__ring_unwatch(x->inbox);
+}
+
+/* The stand-by's sleep (doorbell.h): 1 at once when the word says it was
+ * rung (AWAKE_STANDBY); -ESHUTDOWN once stopped; otherwise a
+ * FUTEX_WAIT_BITSET on the value it holds now, 0 when it ends (woken, or
+ * the word changed first: the caller looks again). */
+static int t_standby_wait(sr_tport *t)
+{
+    _Atomic uint32_t *w = &X(t)->me->doorbell;
+    /* relaxed: the value only decides whether to sleep; what the stand-by
+     * then reads (the call it stands in for) is under the agent's lock */
+    uint32_t v = atomic_load_explicit(w, memory_order_relaxed);
+    if (v == SR_DOORBELL_STANDBY_STOP)
+        return -ESHUTDOWN;
+    if (v == SR_DOORBELL_AWAKE_STANDBY)
+        return 1;
+    syscall(SYS_futex, w, FUTEX_WAIT_BITSET, v, NULL, NULL, SR_DOORBELL_BIT_STANDBY); /* shared word */
+    return 0;
+}
+
+/* A ring that came for an away period already over: AWAKE again. The
+ * caller makes sure no away period begins meanwhile (a lock the progress
+ * thread takes before it parks away). */
+static void t_standby_settle(sr_tport *t)
+{
+    uint32_t v = SR_DOORBELL_AWAKE_STANDBY;
+    /* relaxed: no wake to carry; a producer's CAS from SLEEPING_STANDBY cannot come (see above) */
+    atomic_compare_exchange_strong_explicit(&X(t)->me->doorbell, &v, SR_DOORBELL_AWAKE, memory_order_relaxed,
+                                            memory_order_relaxed);
+}
+
+/* End the stand-by's sleeps (stop) and, once it has returned, give the word
+ * back (done). STANDBY_STOP differs from any value it may be about to wait
+ * on, and producers take it as awake, so the wait after it fails at once. */
+static void t_standby_stop(sr_tport *t)
+{
+    _Atomic uint32_t *w = &X(t)->me->doorbell;
+    atomic_store_explicit(w, SR_DOORBELL_STANDBY_STOP, memory_order_seq_cst); /* seq_cst: before the wake */
+    sr__doorbell_wake_standby(w);
+}
+
+static void t_standby_done(sr_tport *t)
+{
+    uint32_t v = SR_DOORBELL_STANDBY_STOP;
+    /* relaxed: nobody sleeps on the word any more but a progress thread to come, which stores its own value */
+    atomic_compare_exchange_strong_explicit(&X(t)->me->doorbell, &v, SR_DOORBELL_AWAKE, memory_order_relaxed,
+                                            memory_order_relaxed);
 }
 
 /* The holding thread has nothing to poll: watch the head, and sleep on the
@@ -154,9 +231,18 @@ static void t_kick(sr_tport *t) { sr__waiter_kick(&X(t)->waiter); }
 static void t_poke(sr_tport *t)
 {
     sr_xport *x = X(t);
-    /* relaxed: the futex wake below carries the event; sleepers re-check after D2 */
-    atomic_store_explicit(&x->me->doorbell, SR_DOORBELL_AWAKE, memory_order_relaxed);
-    sr__doorbell_wake(&x->me->doorbell, x->waiter.kind, x->waiter.eventfd);
+    _Atomic uint32_t *w = &x->me->doorbell;
+    /* relaxed: the futex wake below carries the event; sleepers re-check
+     * after D2. While the progress thread is away, the stand-by's AWAKE. */
+    uint32_t v = atomic_load_explicit(w, memory_order_relaxed), to;
+    do
+        to = v == SR_DOORBELL_SLEEPING_STANDBY || v == SR_DOORBELL_AWAKE_STANDBY ? SR_DOORBELL_AWAKE_STANDBY
+             : v == SR_DOORBELL_STANDBY_STOP                                   ? v
+                                                                               : SR_DOORBELL_AWAKE;
+    while (!atomic_compare_exchange_weak_explicit(w, &v, to, memory_order_relaxed, memory_order_relaxed));
+    if (to == SR_DOORBELL_AWAKE_STANDBY)
+        sr__doorbell_wake_standby(w);
+    sr__doorbell_wake(w, x->waiter.kind, x->waiter.eventfd);
     sr__waiter_kick(&x->waiter);
 }
 
@@ -245,6 +331,12 @@ static const struct sr_tport_wake shm_wake = {
     .send_lazy = t_send_lazy,
     .hold = t_hold,
     .park = t_park,
+    .park_away = t_park_away,
+    .away_end = t_away_end,
+    .standby_wait = t_standby_wait,
+    .standby_settle = t_standby_settle,
+    .standby_stop = t_standby_stop,
+    .standby_done = t_standby_done,
     .hold_sleep = t_hold_sleep,
     .sleep = t_sleep,
     .sleep_aside = t_sleep_aside,
