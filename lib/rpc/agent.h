@@ -721,9 +721,11 @@ void sr__token_freed(void);
 void sr__agent_stand_in(sr_agent *a, sr_future *back);
 /* The progress thread, holding the token and away with the stand-by on
  * (away_standby): hand the inbox over so that a message wakes the stand-by
- * (wake->park_away), the token PARKED. False when messages came first:
- * poll them (NESTED), then try again. */
-bool sr__agent_park_away(sr_agent *a);
+ * (wake->park_away), the token PARKED. When messages came first (the rest
+ * of a burst included), the stand-by is poked to read them: this thread
+ * never polls while away, since a callback's wait there would hand the
+ * token over under the frame that polls. */
+void sr__agent_park_away(sr_agent *a);
 /* wait.c: sr__agent_wait on any thread but the progress thread. */
 int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted);
 

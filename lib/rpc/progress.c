@@ -328,8 +328,7 @@ static void hand_away(sr_agent *a)
         progress_free(a);
         return;
     }
-    while (!sr__agent_park_away(a)) /* messages came: read them first (plain calls go to the executors) */
-        sr__agent_poll_burst(a, SR_POLL_NESTED);
+    sr__agent_park_away(a);
 }
 
 /* The progress thread takes the token back before the answer goes out (as

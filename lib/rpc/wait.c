@@ -448,16 +448,17 @@ static int wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_m
     }
 }
 
-bool sr__agent_park_away(sr_agent *a)
+void sr__agent_park_away(sr_agent *a)
 {
-    if (!a->wake->park_away(a->self, park_busy, a))
-        return false;
-    /* seq_cst (a release at least): our consumption happens-before the next
-     * holder's acquire CAS; T2 for token_freed. A store: only this thread
-     * moves the token out of PROGRESS. */
+    bool parked = a->wake->park_away(a->self, park_busy, a);
+    /* seq_cst (a release at least): our consumption (the rest of the burst
+     * included) happens-before the next holder's acquire CAS; T2 for
+     * token_freed. A store: only this thread moves the token out of
+     * PROGRESS. */
     atomic_store_explicit(&a->token, TOKEN_PARKED, memory_order_seq_cst);
     sr__token_freed();
-    return true;
+    if (!parked) /* messages came first: the stand-by reads them, woken now, as a ring would */
+        a->wake->poke(a->self);
 }
 
 /* The stand-in (agent.h, "The progress thread serves"): poll while the
