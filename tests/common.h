@@ -3,7 +3,9 @@
 #ifndef SR_TESTS_COMMON_H
 #define SR_TESTS_COMMON_H
 
+#include <dirent.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 /* The voluntary context switches a /proc status file counts (a thread's:
@@ -20,6 +22,27 @@ static inline long long proc_voluntary_switches(const char *status_path)
     if (f)
         fclose(f);
     return v;
+}
+
+/* This process's threads whose name (/proc/self/task/N/comm) starts with
+ * prefix: the runtime's shmrpc-exec*, shmrpc-standby, ... */
+static inline int threads_named(const char *prefix)
+{
+    DIR *d = opendir("/proc/self/task");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", e->d_name);
+        FILE *f = e->d_name[0] == '.' ? NULL : fopen(path, "r");
+        if (f && fgets(comm, sizeof(comm), f))
+            n += !strncmp(comm, prefix, strlen(prefix));
+        if (f)
+            fclose(f);
+    }
+    if (d)
+        closedir(d);
+    return n;
 }
 
 /* A segment name unique to this test process, so suites can run in parallel

@@ -282,7 +282,7 @@ static void *standby_main(void *p)
  * reordering mode, no host to poll): the stand-by sleeps with none. */
 static bool standby_ready(sr_agent *a)
 {
-    if (a->reorder || a->remote)
+    if (a->reorder || a->remote || sr__calls_deadlines_pending(a))
         return false;
     if (!a->standby_started) {
         if (pthread_create(&a->standby, NULL, standby_main, a))
@@ -292,7 +292,7 @@ static bool standby_ready(sr_agent *a)
         pthread_setname_np(a->standby, "shmrpc-standby");
         a->standby_started = true;
     }
-    return !sr__calls_deadlines_pending(a);
+    return true;
 }
 
 static void standby_stop(sr_agent *a)

@@ -19,6 +19,12 @@
  *       back to read its answer unless the stand-in woke first), then
  *       blocks: the token is handed on at the wait's end, and calls made
  *       meanwhile are answered; NEST_LANDED rounds on the progress thread.
+ *   a_blocking_call_with_a_call_of_its_own_in_flight   as the blocking
+ *       scenario, while worker 0 has a call with a deadline in flight
+ *       (as.hold, answered at the end): the stand-by sleeps with no timer,
+ *       so an executor stands in instead (a stand-in job).
+ * Worker 0 checks which covered its calls: the stand-by thread exists in
+ * the first three, not in the last.
  *
  * Events, not sleeps: shared words (shared_event.h) and semaphores, every
  * wait and call bounded by EVENT_WAIT_S; a scenario that must land on the
@@ -47,11 +53,14 @@ LEAK_CHECKED_SUITE(away_serve);
 struct board {
     _Atomic uint32_t started;     /* round whose blocking function has started on worker 0 */
     _Atomic uint32_t on_progress; /* round whose blocking function runs on the progress thread */
+    _Atomic uint32_t holding;     /* 1: as.hold runs on worker 1 (worker 0's call is in flight) */
 };
 static struct board *board;
 
 static sem_t home;    /* worker 0: its main thread may come back (as.home) */
 static sem_t unblock; /* worker 0: the blocking function may return (as.unblock) */
+static sem_t held;    /* worker 1: as.hold may return (the driver's end) */
+static bool hold_call; /* worker 0 keeps a call with a deadline in flight (as.hold) */
 
 static bool on_progress_thread(void)
 {
@@ -99,10 +108,21 @@ static int fn_nest(sr_call *c)
     return block_here(c, (uint32_t)sr_value_int(sr_call_arg(c, 0)));
 }
 
+/* worker 1: answers once the driver is done (sem held) */
+static int fn_hold(sr_call *c)
+{
+    set_and_wake(&board->holding, 1);
+    if (sem_wait_bounded(&held))
+        return sr_call_fail(c, -ETIMEDOUT, "as.hold: the driver never ended");
+    return sr_call_return(c, NULL);
+}
+
 static void setup(void)
 {
     sem_init(&home, 0, 0);
     sem_init(&unblock, 0, 0);
+    sem_init(&held, 0, 0);
+    sr_register("as.hold", fn_hold);
     sr_register("as.where", fn_where);
     sr_register("as.home", fn_home);
     sr_register("as.unblock", fn_unblock);
@@ -116,18 +136,40 @@ static void board_setup(void)
     *board = (struct board){0};
 }
 
-/* Worker 0 is away until the driver calls as.home; worker 1 drives. */
+/* Worker 0 (with as.hold in flight if hold_call) is away until the driver
+ * calls as.home, then checks which thread stood in for its progress
+ * thread; worker 1 drives. */
+static int away(void)
+{
+    sr_future *f = NULL;
+    if (hold_call)
+        WCHECK(sr_rpc_async(1, "as.hold", SR_NOARGS, 4 * EVENT_WAIT_S, &f) == 0, "as.hold: %s", sr_last_error());
+    WCHECK(sem_wait_bounded(&home) == 0, "worker0: as.home never came: %s", strerror(errno));
+    int rc = f ? sr_future_wait(f, NULL) : 0;
+    sr_future_unref(f);
+    WCHECK(rc == 0, "as.hold: %s", sr_last_error());
+    int standby = threads_named("shmrpc-standby");
+    WCHECK(standby == !hold_call, "worker0 has %d stand-by threads, %d expected (a call of its own in flight: %s)",
+           standby, !hold_call, hold_call ? "yes" : "no");
+    return 0;
+}
+
 static int away_or_drive(int rank, int (*drive)(void))
 {
     int rc = 0;
     if (rank == 0) {
-        WCHECK(sem_wait_bounded(&home) == 0, "worker0: as.home never came: %s", strerror(errno));
+        rc = away();
     } else {
+        /* worker 0's first call to keep must find as.hold in flight */
+        WCHECK(!hold_call || wait_for(&board->holding, 1), "as.hold never reached worker1");
         rc = drive();
-        WCHECK(sr_rpc_sync(0, "as.home", SR_NOARGS, EVENT_WAIT_S, NULL) == 0, "as.home: %s", sr_last_error());
+        int home_rc = sr_rpc_sync(0, "as.home", SR_NOARGS, EVENT_WAIT_S, NULL); /* as.hold still in flight */
+        sem_post(&held);
+        WCHECK(home_rc == 0, "as.home: %s", sr_last_error());
     }
     sem_destroy(&home);
     sem_destroy(&unblock);
+    sem_destroy(&held);
     return rc;
 }
 
@@ -213,6 +255,15 @@ Test(away_serve, a_blocking_call_holds_up_nothing)
     blocking_fn = "as.block";
     want_landed = 1;
     RUN_JOB("as_block", 2, .scenario = block_scenario, .register_fns = setup);
+}
+
+Test(away_serve, a_blocking_call_with_a_call_of_its_own_in_flight)
+{
+    board_setup();
+    blocking_fn = "as.block";
+    want_landed = 1;
+    hold_call = true;
+    RUN_JOB("as_held", 2, .scenario = block_scenario, .register_fns = setup);
 }
 
 Test(away_serve, a_nested_call_then_a_block)

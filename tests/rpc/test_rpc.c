@@ -2,7 +2,6 @@
 /* RPC layer tests, after PyTorch's rpc_test.py: calls by rank and name,
  * self-calls, UDFs, nested calls, async functions, fire-and-forget chains
  * drained by graceful shutdown, many threads, futures, timeouts, errors. */
-#include <dirent.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -357,26 +356,6 @@ static int pool_size(void)
 {
     sr_debug_info d;
     return sr_debug_info_get(&d) ? -1 : (int)d.thread_pool_size;
-}
-
-/* This process's executor threads: each names itself before it takes a job. */
-static int threads_named(const char *prefix)
-{
-    DIR *d = opendir("/proc/self/task");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        char path[64], comm[32] = "";
-        snprintf(path, sizeof(path), "/proc/self/task/%.20s/comm", e->d_name);
-        FILE *f = e->d_name[0] == '.' ? NULL : fopen(path, "r");
-        if (f && fgets(comm, sizeof(comm), f))
-            n += !strncmp(comm, prefix, strlen(prefix));
-        if (f)
-            fclose(f);
-    }
-    if (d)
-        closedir(d);
-    return n;
 }
 
 static int burst(int b, int n)
