@@ -185,9 +185,11 @@
  * (shm/doorbell.h: SLEEPING_STANDBY, AWAKE_STANDBY). The progress thread
  * publishes the call's `back` (away_back), then hands the inbox over as a
  * parking holder would, but with park_away, so the next message wakes the
- * stand-by instead of the thread that cannot poll; every holder that hands
- * the token back meanwhile does the same (away_standby), and a kick pokes
- * the stand-by. Once woken, the stand-by is a stand-in for that call (step
+ * stand-by instead of the thread that cannot poll (messages that came
+ * first: it pokes the stand-by to read them, and never polls itself while
+ * away, since a callback's wait would hand the token over under the frame
+ * that polls); every holder that hands the token back meanwhile does the
+ * same (away_standby), and a kick pokes the stand-by. Once woken, the stand-by is a stand-in for that call (step
  * 3). Nothing is woken for a call during which nothing arrives: the
  * stand-in jobs' wake-ups had kept a third thread runnable on two cores,
  * so the spin gate forbade spinning, the progress thread slept between
