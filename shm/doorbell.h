@@ -81,7 +81,8 @@
  *                  armed wait does not match: a response wakes its caller
  *                  directly, and only it. Once awake it stores SLEEPING again
  *                  (the parked progress thread's word).
- * The same handshake covers both: a producer acts on any value but AWAKE.
+ * The same handshake covers both: a producer acts on any value but the
+ * awake ones (sr__doorbell_awake).
  *
  * A third sleeper, the stand-by (the RPC layer's, agent.h "The progress
  * thread serves"), is woken only while the progress thread is away running
@@ -90,7 +91,7 @@
  * wakes with bitset SR_DOORBELL_BIT_STANDBY, which no other sleeper's wait
  * carries as its only bit. The stand-by sleeps in FUTEX_WAIT_BITSET with
  * that bit and, as its expected value, whatever the word held when it
- * looked (doorbell.h's only sleeper that queues on any value): AWAKE_STANDBY
+ * looked (the only sleeper that queues on any value): AWAKE_STANDBY
  * differs from every value it can have read before the hand-over, so a ring
  * between its look and its wait fails the wait (EAGAIN) instead of being
  * lost. STANDBY_STOP ends it; producers take that value as awake.

@@ -300,19 +300,21 @@ static void standby_stop(sr_agent *a)
     if (!a->standby_started)
         return;
     atomic_store_explicit(&a->standby_quit, true, memory_order_seq_cst); /* seq_cst: see standby_main */
-    a->wake->standby_stop(a->self);
     /* A thread that parked the token meanwhile may have stored over the
-     * stop before the stand-by read it: stop it again (a bound, not a
-     * synchronisation; almost always once). */
-    struct timespec until;
-    do {
+     * stop before the stand-by read it: stop it again every 100 ms until
+     * it returns (a bound, not a synchronisation; almost always once). */
+    for (;;) {
+        a->wake->standby_stop(a->self);
+        struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_nsec += 100 * 1000000;
         if (until.tv_nsec >= 1000000000) {
             until.tv_sec++;
             until.tv_nsec -= 1000000000;
         }
-    } while (pthread_timedjoin_np(a->standby, NULL, &until) == ETIMEDOUT && (a->wake->standby_stop(a->self), true));
+        if (pthread_timedjoin_np(a->standby, NULL, &until) != ETIMEDOUT)
+            break;
+    }
     a->wake->standby_done(a->self);
     a->standby_started = false;
 }
@@ -464,9 +466,9 @@ static int progress_wait(sr_agent *a, sr_future *f, int64_t deadline)
         progress_step(a, f, deadline);
     }
     /* relaxed: our own store */
-    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) /* inside a call run without the token */
+    if (atomic_load_explicit(&a->progress_away, memory_order_relaxed)) { /* inside a call run without the token */
         hand_away(a);
-    else {
+    } else {
         while (!progress_take(a) && !stopping(a)) {
             progress_wait_token(a, NULL, -1);
             handle_events(a);

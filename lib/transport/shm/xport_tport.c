@@ -235,11 +235,10 @@ static void t_poke(sr_tport *t)
     /* relaxed: the futex wake below carries the event; sleepers re-check
      * after D2. While the progress thread is away, the stand-by's AWAKE. */
     uint32_t v = atomic_load_explicit(w, memory_order_relaxed), to;
-    do
-        to = v == SR_DOORBELL_SLEEPING_STANDBY || v == SR_DOORBELL_AWAKE_STANDBY ? SR_DOORBELL_AWAKE_STANDBY
-             : v == SR_DOORBELL_STANDBY_STOP                                   ? v
-                                                                               : SR_DOORBELL_AWAKE;
-    while (!atomic_compare_exchange_weak_explicit(w, &v, to, memory_order_relaxed, memory_order_relaxed));
+    do {
+        bool away = v == SR_DOORBELL_SLEEPING_STANDBY || v == SR_DOORBELL_AWAKE_STANDBY;
+        to = away ? SR_DOORBELL_AWAKE_STANDBY : v == SR_DOORBELL_STANDBY_STOP ? v : SR_DOORBELL_AWAKE;
+    } while (!atomic_compare_exchange_weak_explicit(w, &v, to, memory_order_relaxed, memory_order_relaxed));
     if (to == SR_DOORBELL_AWAKE_STANDBY)
         sr__doorbell_wake_standby(w);
     sr__doorbell_wake(w, x->waiter.kind, x->waiter.eventfd);
