@@ -177,9 +177,9 @@
  * away: 11-22 us a call before, as a hop to an executor; 1.2-1.8 us). A
  * long one, or one that blocks until a later call runs, is covered by the
  * stand-in, as an executor's would be by the progress thread.
- * The stand-by (progress.c, serve_kept_standby) replaces steps 1-3 where
- * nothing needs a timer while the progress thread is away (no call of ours
- * with a deadline, no reordering mode, no other host): a thread of its own
+ * The stand-by (progress.c, serve_kept_standby) replaces steps 1-3 (but
+ * under the reordering mode, which keeps the stand-in jobs tested, and
+ * with other hosts to poll): a thread of its own
  * (shmrpc-standby, started at the first such call) sleeps on the doorbell
  * for the bit only a ring made while the progress thread is away carries
  * (shm/doorbell.h: SLEEPING_STANDBY, AWAKE_STANDBY). The progress thread
@@ -189,8 +189,12 @@
  * first: it pokes the stand-by to read them, and never polls itself while
  * away, since a callback's wait would hand the token over under the frame
  * that polls); every holder that hands the token back meanwhile does the
- * same (away_standby), and a kick pokes the stand-by. Once woken, the stand-by is a stand-in for that call (step
- * 3). Nothing is woken for a call during which nothing arrives: the
+ * same (away_standby), and a kick pokes the stand-by. Timers: the stand-by
+ * sleeps until the earliest one still ahead when it went to sleep
+ * (standby_armed), and the hand-over pokes it if one is due earlier (a
+ * deadline set while the progress thread polled, which kicked only that
+ * thread); due while the progress thread is away, it stands in. Once
+ * woken, the stand-by is a stand-in for that call (step 3). Nothing is woken for a call during which nothing arrives: the
  * stand-in jobs' wake-ups had kept a third thread runnable on two cores,
  * so the spin gate forbade spinning, the progress thread slept between
  * calls, and every call paid the caller's wake syscall (1.2-1.8 us a call;
@@ -322,6 +326,7 @@ typedef struct sr_agent {
     pthread_t standby;
     bool standby_started;
     sr_future *away_back;
+    _Atomic int64_t standby_armed; /* the timer the stand-by sleeps until (-1 none): written by it, read by the progress thread */
     _Atomic bool away_standby;
     _Atomic bool standby_quit;
     /* User threads in a serving wait (IDLE, WAIT: wait.c,
@@ -737,9 +742,7 @@ void sr__calls_fini(sr_agent *a);
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id);
 /* Take the call out of the table; returns its future (owned), or NULL if stale. */
 sr_future *sr__call_end(sr_agent *a, uint64_t id);
-/* Some call of ours is in flight with a deadline (the expiry heap is not
- * empty). Any thread; takes slots_lock. */
-bool sr__calls_deadlines_pending(sr_agent *a);
+
 /* As sr__call_end, for a response that came from rank `from`: NULL (the
  * call stays in flight) if the call was sent to another rank; such a stray
  * response is counted in stray_responses and reported on stderr. */

@@ -243,13 +243,6 @@ static sr_future *end_call(sr_agent *a, uint64_t id, int from)
 
 sr_future *sr__call_end(sr_agent *a, uint64_t id) { return end_call(a, id, -1); }
 
-bool sr__calls_deadlines_pending(sr_agent *a)
-{
-    sr__lock_take(&a->slots_lock);
-    bool any = a->heap_len > 0;
-    sr__lock_give(&a->slots_lock);
-    return any;
-}
 
 sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from) { return end_call(a, id, from); }
 

@@ -250,22 +250,43 @@ static sr_future *stand_in_start(sr_agent *a)
 /* The stand-by's loop: asleep on the doorbell until a message (or a poke)
  * comes while the progress thread is away with it on, then a stand-in for
  * that call (sr__agent_stand_in) until the call ends. */
+/* The stand-by's timeout: the next timer (a call's deadline, a held
+ * message of the reordering mode) if it is still ahead, published
+ * (standby_armed) for the progress thread's hand-over; none if it has
+ * passed: while the progress thread polls, that timer is its own. */
+static int64_t standby_until(void *p)
+{
+    sr_agent *a = p;
+    int64_t d = next_deadline(a);
+    if (d >= 0 && d <= sr__now_ns())
+        d = -1;
+    atomic_store_explicit(&a->standby_armed, d, memory_order_seq_cst); /* seq_cst: see serve_kept_standby */
+    return d;
+}
+
+/* A timer is due (the stand-by then stands in if the progress thread is away). */
+static bool timer_due(sr_agent *a)
+{
+    int64_t d = next_deadline(a);
+    return d >= 0 && sr__now_ns() >= d;
+}
+
 static void *standby_main(void *p)
 {
     sr_agent *a = p;
     /* seq_cst: pairs with standby_stop's store, before it stops the doorbell */
     while (!atomic_load_explicit(&a->standby_quit, memory_order_seq_cst)) {
-        int rc = a->wake->standby_wait(a->self);
+        int rc = a->wake->standby_wait(a->self, standby_until, a);
         if (rc < 0)
             break;
-        if (rc == 0)
+        if (rc == 0 && !timer_due(a))
             continue;
         /* Under the lock the progress thread takes before it parks away: a
          * ring with no call away is one left from an away period over, and
          * no new one can begin while it is cleared. */
         sr__lock_take(&a->standin_lock);
         sr_future *back = a->away_back ? sr_future_ref(a->away_back) : NULL;
-        if (!back)
+        if (!back && rc == 1)
             a->wake->standby_settle(a->self);
         sr__lock_give(&a->standin_lock);
         if (back) {
@@ -277,12 +298,12 @@ static void *standby_main(void *p)
 }
 
 /* The stand-by can cover the call about to run: its thread runs (started
- * here the first time), and nothing needs a timer while the progress
- * thread is away (no call of ours with a deadline, no held message of the
- * reordering mode, no host to poll): the stand-by sleeps with none. */
+ * here the first time), and no other host needs polling on a timer while
+ * the progress thread is away; the reordering mode keeps the stand-in
+ * jobs, so that both ways stay tested. */
 static bool standby_ready(sr_agent *a)
 {
-    if (a->reorder || a->remote || sr__calls_deadlines_pending(a))
+    if (a->reorder || a->remote)
         return false;
     if (!a->standby_started) {
         if (pthread_create(&a->standby, NULL, standby_main, a))
@@ -359,6 +380,14 @@ static void serve_kept_standby(sr_agent *a)
     atomic_store_explicit(&a->progress_away, true, memory_order_seq_cst);
     atomic_thread_fence(memory_order_seq_cst);
     hand_away(a);
+    /* The stand-by sleeps until the timer it armed: one due earlier (set
+     * before we went away; a later one pokes it, K4) pokes it now. seq_cst
+     * (the load): pairs with its store in standby_until, after its fence,
+     * which pairs with the hand-over's (a stand-by that looked at the word
+     * before it fails its wait on the new value and looks again). */
+    int64_t due = next_deadline(a), armed = atomic_load_explicit(&a->standby_armed, memory_order_seq_cst);
+    if (due >= 0 && (armed < 0 || due < armed))
+        a->wake->poke(a->self);
     sr__dispatch_run_deferred(progress_retake_away);
     atomic_store_explicit(&a->away_standby, false, memory_order_relaxed); /* relaxed: a stale true parks away, which wakes the stand-by for nothing */
     atomic_store_explicit(&a->progress_away, false, memory_order_relaxed); /* relaxed: a late poke costs a wake-up */
@@ -551,6 +580,7 @@ int sr__agent_start(sr_agent *a)
     a->standin_queued = false;
     a->standby_started = false;
     a->away_back = NULL;
+    atomic_init(&a->standby_armed, -1);
     atomic_init(&a->away_standby, false);
     atomic_init(&a->standby_quit, false);
     sr__future_set_hooks(wait_hook, wake_hook);

@@ -160,13 +160,15 @@ struct sr_tport_wake {
      * wakes the stand-by instead; away_end, by that thread once it holds
      * the inbox again, ends it (and the head's watch). standby_wait is the
      * stand-by's sleep: 1 at once if a message or a poke came while away,
-     * 0 after a sleep (or none: the caller looks again), -ESHUTDOWN once
+     * 0 after a sleep (or none: the caller looks again) that ends at
+     * until(arg) at the latest (CLOCK_MONOTONIC ns, -1 none; asked after
+     * the word was read, and a seq_cst fence), -ESHUTDOWN once
      * standby_stop was called; standby_settle, by the stand-by, clears a
      * ring that came for an away period already over (the caller holds off
      * the next one); standby_done after the stand-by returned. */
     bool (*park_away)(sr_tport *t, bool (*busy)(void *), void *arg);
     void (*away_end)(sr_tport *t);
-    int (*standby_wait)(sr_tport *t);
+    int (*standby_wait)(sr_tport *t, int64_t (*until)(void *), void *arg);
     void (*standby_settle)(sr_tport *t);
     void (*standby_stop)(sr_tport *t);
     void (*standby_done)(sr_tport *t);

@@ -21,10 +21,16 @@
  *       meanwhile are answered; NEST_LANDED rounds on the progress thread.
  *   a_blocking_call_with_a_call_of_its_own_in_flight   as the blocking
  *       scenario, while worker 0 has a call with a deadline in flight
- *       (as.hold, answered at the end): the stand-by sleeps with no timer,
- *       so an executor stands in instead (a stand-in job).
- * Worker 0 checks which covered its calls: the stand-by thread exists in
- * the first three, not in the last.
+ *       (as.hold, answered at the end).
+ *   a_deadline_passes_while_the_progress_thread_blocks   worker 0's own
+ *       call (as.hold, 0.3 s), sent once its stand-by sleeps with no timer
+ *       (after a first kept call), must time out while its main thread is
+ *       away and its progress thread blocks in as.expired until it has:
+ *       only the stand-by can expire it, once the hand-over has poked it
+ *       to arm that deadline.
+ * Worker 0 checks which covered its calls: the stand-by thread, or, under
+ * the reordering mode (the suite's reorder variant), stand-in jobs (no
+ * stand-by thread).
  *
  * Events, not sleeps: shared words (shared_event.h) and semaphores, every
  * wait and call bounded by EVENT_WAIT_S; a scenario that must land on the
@@ -32,6 +38,7 @@
 #include <errno.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -54,13 +61,18 @@ struct board {
     _Atomic uint32_t started;     /* round whose blocking function has started on worker 0 */
     _Atomic uint32_t on_progress; /* round whose blocking function runs on the progress thread */
     _Atomic uint32_t holding;     /* 1: as.hold runs on worker 1 (worker 0's call is in flight) */
+    _Atomic uint32_t asleep;      /* 1: a call kept by worker 0 has ended, so its stand-by exists and sleeps */
 };
 static struct board *board;
 
 static sem_t home;    /* worker 0: its main thread may come back (as.home) */
 static sem_t unblock; /* worker 0: the blocking function may return (as.unblock) */
 static sem_t held;    /* worker 1: as.hold may return (the driver's end) */
+static sem_t expired; /* worker 0: its as.hold call ended (its done callback) */
 static bool hold_call; /* worker 0 keeps a call with a deadline in flight (as.hold) */
+static double hold_timeout_s = 4 * EVENT_WAIT_S; /* that call's timeout */
+static bool hold_late; /* the deadline scenario: as.hold is sent once worker 0's stand-by sleeps */
+static _Atomic int hold_rc;                      /* worker 0: how it ended */
 
 static bool on_progress_thread(void)
 {
@@ -117,12 +129,29 @@ static int fn_hold(sr_call *c)
     return sr_call_return(c, NULL);
 }
 
+/* worker 0: returns once its as.hold call has ended, with how it ended */
+static int fn_expired(sr_call *c)
+{
+    if (sem_wait_bounded(&expired))
+        return sr_call_fail(c, -ETIMEDOUT, "as.expired: worker0's as.hold call never ended while it blocked");
+    return sr_call_return(c, sr_int(atomic_load(&hold_rc)));
+}
+
+static void hold_ended(sr_future *f, void *arg)
+{
+    (void)arg;
+    atomic_store(&hold_rc, sr_future_value(f, NULL));
+    sem_post(&expired);
+}
+
 static void setup(void)
 {
     sem_init(&home, 0, 0);
     sem_init(&unblock, 0, 0);
     sem_init(&held, 0, 0);
+    sem_init(&expired, 0, 0);
     sr_register("as.hold", fn_hold);
+    sr_register("as.expired", fn_expired);
     sr_register("as.where", fn_where);
     sr_register("as.home", fn_home);
     sr_register("as.unblock", fn_unblock);
@@ -142,15 +171,21 @@ static void board_setup(void)
 static int away(void)
 {
     sr_future *f = NULL;
-    if (hold_call)
-        WCHECK(sr_rpc_async(1, "as.hold", SR_NOARGS, 4 * EVENT_WAIT_S, &f) == 0, "as.hold: %s", sr_last_error());
+    /* a deadline set while the progress thread polls: the stand-by, asleep
+     * with no timer, learns of it only from the hand-over's poke */
+    WCHECK(!hold_late || wait_for(&board->asleep, 1), "worker1 never said worker0's stand-by sleeps");
+    if (hold_call) {
+        WCHECK(sr_rpc_async(1, "as.hold", SR_NOARGS, hold_timeout_s, &f) == 0, "as.hold: %s", sr_last_error());
+        WCHECK(sr_future_add_done_callback(f, hold_ended, NULL) == 0, "callback: %s", sr_last_error());
+    }
     WCHECK(sem_wait_bounded(&home) == 0, "worker0: as.home never came: %s", strerror(errno));
     int rc = f ? sr_future_wait(f, NULL) : 0;
     sr_future_unref(f);
-    WCHECK(rc == 0, "as.hold: %s", sr_last_error());
+    WCHECK(rc == 0 || (rc == -ETIMEDOUT && hold_timeout_s < 1), "as.hold: %d %s", rc, sr_last_error());
+    bool reordering = getenv("SHMRPC_REORDER_SEED") != NULL;
     int standby = threads_named("shmrpc-standby");
-    WCHECK(standby == !hold_call, "worker0 has %d stand-by threads, %d expected (a call of its own in flight: %s)",
-           standby, !hold_call, hold_call ? "yes" : "no");
+    WCHECK(standby == !reordering, "worker0 has %d stand-by threads, %d expected (the reordering mode: %s)", standby,
+           !reordering, reordering ? "on" : "off");
     return 0;
 }
 
@@ -161,7 +196,7 @@ static int away_or_drive(int rank, int (*drive)(void))
         rc = away();
     } else {
         /* worker 0's first call to keep must find as.hold in flight */
-        WCHECK(!hold_call || wait_for(&board->holding, 1), "as.hold never reached worker1");
+        WCHECK(!hold_call || hold_late || wait_for(&board->holding, 1), "as.hold never reached worker1");
         rc = drive();
         int home_rc = sr_rpc_sync(0, "as.home", SR_NOARGS, EVENT_WAIT_S, NULL); /* as.hold still in flight */
         sem_post(&held);
@@ -170,6 +205,7 @@ static int away_or_drive(int rank, int (*drive)(void))
     sem_destroy(&home);
     sem_destroy(&unblock);
     sem_destroy(&held);
+    sem_destroy(&expired);
     return rc;
 }
 
@@ -264,6 +300,37 @@ Test(away_serve, a_blocking_call_with_a_call_of_its_own_in_flight)
     want_landed = 1;
     hold_call = true;
     RUN_JOB("as_held", 2, .scenario = block_scenario, .register_fns = setup);
+}
+
+/* The driver of the deadline scenario: as.expired runs on worker 0's
+ * progress thread (kept: worker 0 is away) until worker 0's own call has
+ * timed out, which only the stand-by's timer (or a stand-in job's) can see. */
+static int drive_expired(void)
+{
+    sr_value *v = NULL;
+    WCHECK(sr_rpc_sync(0, "as.where", SR_NOARGS, EVENT_WAIT_S, NULL) == 0, "as.where: %s", sr_last_error());
+    set_and_wake(&board->asleep, 1);
+    WCHECK(wait_for(&board->holding, 1), "as.hold never reached worker1");
+    WCHECK(sr_rpc_sync(0, "as.expired", SR_NOARGS, EVENT_WAIT_S, &v) == 0, "as.expired: %s", sr_last_error());
+    int64_t rc = sr_value_int(v);
+    sr_value_unref(v);
+    WCHECK(rc == -ETIMEDOUT, "worker0's as.hold call ended with %lld, not -ETIMEDOUT", (long long)rc);
+    return 0;
+}
+
+static int expired_scenario(int rank, int world)
+{
+    (void)world;
+    return away_or_drive(rank, drive_expired);
+}
+
+Test(away_serve, a_deadline_passes_while_the_progress_thread_blocks)
+{
+    board_setup();
+    hold_call = true;
+    hold_timeout_s = 0.3;
+    hold_late = true;
+    RUN_JOB("as_expired", 2, .scenario = expired_scenario, .register_fns = setup);
 }
 
 Test(away_serve, a_nested_call_then_a_block)

@@ -101,9 +101,10 @@ static void t_away_end(sr_tport *t)
 
 /* The stand-by's sleep (doorbell.h): 1 at once when the word says it was
  * rung (AWAKE_STANDBY); -ESHUTDOWN once stopped; otherwise a
- * FUTEX_WAIT_BITSET on the value it holds now, 0 when it ends (woken, or
- * the word changed first: the caller looks again). */
-static int t_standby_wait(sr_tport *t)
+ * FUTEX_WAIT_BITSET on the value it holds now, until until(arg) at the
+ * latest, 0 when it ends (woken, timed out, or the word changed first: the
+ * caller looks again). */
+static int t_standby_wait(sr_tport *t, int64_t (*until)(void *), void *arg)
 {
     _Atomic uint32_t *w = &X(t)->me->doorbell;
     /* relaxed: the value only decides whether to sleep; what the stand-by
@@ -113,7 +114,13 @@ static int t_standby_wait(sr_tport *t)
         return -ESHUTDOWN;
     if (v == SR_DOORBELL_AWAKE_STANDBY)
         return 1;
-    syscall(SYS_futex, w, FUTEX_WAIT_BITSET, v, NULL, NULL, SR_DOORBELL_BIT_STANDBY); /* shared word */
+    /* seq_cst: pairs with the D2 fence of the hand-over that stored v (park_as):
+     * the timers its thread saw before are seen by until() */
+    atomic_thread_fence(memory_order_seq_cst);
+    int64_t u = until(arg);
+    struct timespec ts = {.tv_sec = u / 1000000000, .tv_nsec = u % 1000000000};
+    /* shared word; an absolute CLOCK_MONOTONIC timeout */
+    syscall(SYS_futex, w, FUTEX_WAIT_BITSET, v, u >= 0 ? &ts : NULL, NULL, SR_DOORBELL_BIT_STANDBY);
     return 0;
 }
 
