@@ -194,8 +194,9 @@
  * (standby_armed), and the hand-over pokes it if one is due earlier (a
  * deadline set while the progress thread polled, which kicked only that
  * thread); due while the progress thread is away, it stands in. Once
- * woken, the stand-by is a stand-in for that call (step 3). Nothing is woken for a call during which nothing arrives: the
- * stand-in jobs' wake-ups had kept a third thread runnable on two cores,
+ * woken, the stand-by is a stand-in for that call (step 3). Nothing is
+ * woken for a call during which nothing arrives: the stand-in jobs'
+ * wake-ups had kept a third thread runnable on two cores,
  * so the spin gate forbade spinning, the progress thread slept between
  * calls, and every call paid the caller's wake syscall (1.2-1.8 us a call;
  * with the stand-by, as when the main thread serves: 0.4 us here, no wake).
@@ -742,7 +743,6 @@ void sr__calls_fini(sr_agent *a);
 int sr__call_begin(sr_agent *a, int to, int64_t timeout_ms, sr_future *fut, uint64_t *id);
 /* Take the call out of the table; returns its future (owned), or NULL if stale. */
 sr_future *sr__call_end(sr_agent *a, uint64_t id);
-
 /* As sr__call_end, for a response that came from rank `from`: NULL (the
  * call stays in flight) if the call was sent to another rank; such a stray
  * response is counted in stray_responses and reported on stderr. */

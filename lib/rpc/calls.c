@@ -243,7 +243,6 @@ static sr_future *end_call(sr_agent *a, uint64_t id, int from)
 
 sr_future *sr__call_end(sr_agent *a, uint64_t id) { return end_call(a, id, -1); }
 
-
 sr_future *sr__call_answer(sr_agent *a, uint64_t id, int from) { return end_call(a, id, from); }
 
 /* ---- expiry and peer failure ----------------------------------------------------- */

@@ -247,9 +247,6 @@ static sr_future *stand_in_start(sr_agent *a)
 
 /* ---- the stand-by ------------------------------------------------------------ */
 
-/* The stand-by's loop: asleep on the doorbell until a message (or a poke)
- * comes while the progress thread is away with it on, then a stand-in for
- * that call (sr__agent_stand_in) until the call ends. */
 /* The stand-by's timeout: the next timer (a call's deadline, a held
  * message of the reordering mode) if it is still ahead, published
  * (standby_armed) for the progress thread's hand-over; none if it has
@@ -271,6 +268,9 @@ static bool timer_due(sr_agent *a)
     return d >= 0 && sr__now_ns() >= d;
 }
 
+/* The stand-by's loop: asleep on the doorbell until a message, a poke or
+ * its timer comes while the progress thread is away with it on, then a
+ * stand-in for that call (sr__agent_stand_in) until the call ends. */
 static void *standby_main(void *p)
 {
     sr_agent *a = p;
