@@ -165,6 +165,17 @@ static void board_setup(void)
     *board = (struct board){0};
 }
 
+static int (*drive)(void); /* the scenario's driver, run on worker 1 (set before the job starts) */
+static int away_or_drive(int rank, int world);
+
+/* One scenario's job: worker 0 away, worker 1 running `driver`. */
+static void run_away(const char *name, int (*driver)(void))
+{
+    board_setup();
+    drive = driver;
+    RUN_JOB(name, 2, .scenario = away_or_drive, .register_fns = setup);
+}
+
 /* Worker 0 (with as.hold in flight if hold_call) is away until the driver
  * calls as.home, then checks which thread stood in for its progress
  * thread; worker 1 drives. */
@@ -189,8 +200,9 @@ static int away(void)
     return 0;
 }
 
-static int away_or_drive(int rank, int (*drive)(void))
+static int away_or_drive(int rank, int world)
 {
+    (void)world;
     int rc = 0;
     if (rank == 0) {
         rc = away();
@@ -225,16 +237,9 @@ static int drive_where(void)
     return 0;
 }
 
-static int where_scenario(int rank, int world)
-{
-    (void)world;
-    return away_or_drive(rank, drive_where);
-}
-
 Test(away_serve, progress_thread_runs_plain_calls)
 {
-    board_setup();
-    RUN_JOB("as_where", 2, .scenario = where_scenario, .register_fns = setup);
+    run_away("as_where", drive_where);
 }
 
 /* ---- a function that blocks on the progress thread holds up nothing --------- */
@@ -279,27 +284,19 @@ static int drive_block(void)
     return 0;
 }
 
-static int block_scenario(int rank, int world)
-{
-    (void)world;
-    return away_or_drive(rank, drive_block);
-}
-
 Test(away_serve, a_blocking_call_holds_up_nothing)
 {
-    board_setup();
     blocking_fn = "as.block";
     want_landed = 1;
-    RUN_JOB("as_block", 2, .scenario = block_scenario, .register_fns = setup);
+    run_away("as_block", drive_block);
 }
 
 Test(away_serve, a_blocking_call_with_a_call_of_its_own_in_flight)
 {
-    board_setup();
     blocking_fn = "as.block";
     want_landed = 1;
     hold_call = true;
-    RUN_JOB("as_held", 2, .scenario = block_scenario, .register_fns = setup);
+    run_away("as_held", drive_block);
 }
 
 /* The driver of the deadline scenario: as.expired runs on worker 0's
@@ -318,25 +315,17 @@ static int drive_expired(void)
     return 0;
 }
 
-static int expired_scenario(int rank, int world)
-{
-    (void)world;
-    return away_or_drive(rank, drive_expired);
-}
-
 Test(away_serve, a_deadline_passes_while_the_progress_thread_blocks)
 {
-    board_setup();
     hold_call = true;
     hold_timeout_s = 0.3;
     hold_late = true;
-    RUN_JOB("as_expired", 2, .scenario = expired_scenario, .register_fns = setup);
+    run_away("as_expired", drive_expired);
 }
 
 Test(away_serve, a_nested_call_then_a_block)
 {
-    board_setup();
     blocking_fn = "as.nest";
     want_landed = NEST_LANDED;
-    RUN_JOB("as_nest", 2, .scenario = block_scenario, .register_fns = setup);
+    run_away("as_nest", drive_block);
 }
