@@ -4,9 +4,9 @@
  * in the same run too: bench/compare/torch_dist_autograd.py is spawned first
  * and its "torch-da <workload> p50_ns N p99_ns N n N" lines are read back.
  *
- *   bench_dist_autograd [step] [chain] [contexts] [shutdown] [future]
+ *   bench_dist_autograd [step] [chain] [contexts] [shutdown] [future] [away]
  *
- * (default: every workload, callees waiting both ways; see Method).
+ * (default: every workload, callees waiting each of the three ways; see Method).
  *
  *   step      the example of PyTorch's distributed autograd design note
  *             (seed 002), one training step per context: begin; t1, t2 =
@@ -53,7 +53,11 @@
  * Method: the callees sit in sr_shutdown (as PyTorch's sit in
  * rpc.shutdown()), where they poll their inbox and run plain functions on
  * their own thread, or wait in sr_future_wait, where they serve the same
- * way (a serving waiter, lib/rpc/agent.h); each is its own line. 7
+ * way (a serving waiter, lib/rpc/agent.h), or block in sem_wait, outside
+ * the runtime, where their progress thread serves (the regime of a pipeline
+ * stage whose main thread computes or joins: agent.h, "The progress thread
+ * serves"; the chain's middle workers then call onwards from a function run
+ * on that thread); each is its own line. 7
  * rounds; each round times the reference and then ours; lines report the
  * medians over rounds of p50 and p99, and the median of per-round ratios.
  * The step's forward and context end are also timed alone, so the lines
@@ -65,6 +69,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -104,8 +109,9 @@ enum { W_RPC, W_STEP, W_STEP_ADD, W_FWD, W_LOCAL, W_CHAIN_FWD, W_CHAIN, NWORK };
 static const char *const wname[NWORK] = {"rpc", "step", "step_add", "fwd", "local", "chain_fwd", "chain"};
 
 /* Where the callees wait while rank 0 measures. */
-enum { IDLE_SHUTDOWN, IDLE_FUTURE, NMODE };
-static const char *const mode_name[NMODE] = {"callees in sr_shutdown", "callees in sr_future_wait"};
+enum { IDLE_SHUTDOWN, IDLE_FUTURE, IDLE_AWAY, NMODE };
+static const char *const mode_name[NMODE] = {"callees in sr_shutdown", "callees in sr_future_wait",
+                                             "callees away (sem_wait)"};
 
 enum { C_SHARDED, C_ONE_LOCK, C_ONE_THREAD, NCFG };
 static const struct ctx_cfg {
@@ -165,10 +171,12 @@ static void fail(const char *what, int rc)
 static sr_tensor *W;        /* this worker's parameter in the chain */
 static int mode;            /* this job's IDLE_* */
 static sr_future *done_fut; /* IDLE_FUTURE callees: completed by rank 0's "done" */
+static sem_t done_sem;      /* IDLE_AWAY callees: posted by the same */
 
 static int fn_done(sr_call *c)
 {
     sr_future_set_result(done_fut, NULL);
+    sem_post(&done_sem);
     return sr_call_return(c, NULL);
 }
 
@@ -552,7 +560,7 @@ static int job(int rank, int world, void *arg)
     mode = ja->mode;
     sr_manual_seed((uint64_t)rank + 1);
     done_fut = sr_future_new();
-    if (!done_fut || sr_register("my_add", fn_my_add) || sr_register("chain", fn_chain) ||
+    if (!done_fut || sem_init(&done_sem, 0, 0) || sr_register("my_add", fn_my_add) || sr_register("chain", fn_chain) ||
         sr_register("param", fn_param) || sr_register("contexts", fn_contexts) || sr_register("done", fn_done) ||
         sr_register("drop_w", fn_drop_w) || sr_init(NULL))
         return fprintf(stderr, "rank %d: %s\n", rank, sr_last_error()), 1;
@@ -581,11 +589,14 @@ static int job(int rank, int world, void *arg)
             if (rc)
                 fail("drop_w", rc);
         }
-        for (int k = 1; mode == IDLE_FUTURE && k < world; k++)
+        for (int k = 1; mode != IDLE_SHUTDOWN && k < world; k++)
             sr_rpc_sync(k, "done", SR_NOARGS, 0, NULL);
         sr_tensor_unref(W);
     } else if (mode == IDLE_FUTURE) {
         sr_future_wait(done_fut, NULL);
+    } else if (mode == IDLE_AWAY) { /* no thread of this worker in the runtime: the progress thread serves */
+        while (sem_wait(&done_sem) && errno == EINTR)
+            ;
     }
     if (sr_shutdown(true, 600))
         return fprintf(stderr, "rank %d: shutdown: %s\n", rank, sr_last_error()), 1;
@@ -912,25 +923,25 @@ static void header(void)
            pt_version[0] ? pt_version : pt_why);
 }
 
-/* bench_dist_autograd [step] [chain] [contexts] [shutdown] [future]: the
- * workloads (default all) and where the callees wait (default both). */
+/* bench_dist_autograd [step] [chain] [contexts] [shutdown] [future] [away]:
+ * the workloads (default all) and where the callees wait (default all three). */
 int main(int argc, char **argv)
 {
     bench_cli cli = {.prog = "bench_dist_autograd",
-                     .names = {"step", "chain", "contexts", "shutdown", "future"},
+                     .names = {"step", "chain", "contexts", "shutdown", "future", "away"},
                      .flags = {"--no-torch"},
-                     .usage = "  workloads: step chain contexts (default all); callees wait in: shutdown future "
-                              "(default both)\n  --no-torch  skip PyTorch (bench/compare/torch_dist_autograd.py)",
+                     .usage = "  workloads: step chain contexts (default all); callees wait in: shutdown future away "
+                              "(default all three)\n  --no-torch  skip PyTorch (bench/compare/torch_dist_autograd.py)",
                      .smoke_what = "1 round of 30 steps and 20 chains, contexts 1/100 of the pairs"};
     bench_cli_parse(&cli, argc, argv);
     if (cli.smoke)
         rounds = 1, step_n = 30, step_warm = 5, chain_n = 20, chain_warm = 5, ctx_rounds = 1, ctx_div = 100;
-    bool want[5] = {0};
+    bool want[6] = {0};
     int nw = 0, nm = 0;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < 6; k++)
         if (cli.named[k])
             want[k] = true, nw += k < 3, nm += k >= 3;
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < 6; k++)
         want[k] |= k < 3 ? !nw : !nm;
     if (!(sh = bench_shared_alloc(sizeof(*sh))))
         return 1;
