@@ -115,12 +115,15 @@ int sr__exec_submit(void (*fn)(void *arg), void *arg)
     if (!it)
         return sr__fail(-ENOMEM, "sr__exec_submit", "out of memory");
     *it = (struct sr_job_item){.fn = fn, .arg = arg};
-    if (sr__thr.takes_jobs) { /* this thread only waits: no executor hop, no wake */
-        if (sr__thr.jobs_tail)
-            sr__thr.jobs_tail->next = it;
-        else
-            sr__thr.jobs_head = it;
-        sr__thr.jobs_tail = it;
+    /* This thread only waits: no executor hop, no wake. One job kept at a
+     * time, as one plain call of a burst (serve.c, defer): a second kept
+     * behind a first that blocks until it has run would never run (a
+     * backward pass's runner waits for the requests that join it, each a
+     * job: test_dist_autograd_core, requests_of_a_running_pass_join_its_runner).
+     * A job that the kept one submits as it runs is kept again: the list is
+     * empty by then (sr__exec_run_kept). */
+    if (sr__thr.takes_jobs && !sr__thr.jobs_head) {
+        sr__thr.jobs_head = sr__thr.jobs_tail = it;
         return 0;
     }
     sr_agent *a = sr__agent_get("sr__exec_submit");

@@ -297,13 +297,16 @@ static void *standby_main(void *p)
     return NULL;
 }
 
-/* The stand-by can cover the call about to run: its thread runs (started
- * here the first time), and no other host needs polling on a timer while
- * the progress thread is away; the reordering mode keeps the stand-in
- * jobs, so that both ways stay tested. */
+/* The stand-by can cover this worker's inbox: no other host needs polling
+ * on a timer while the progress thread is away, and the reordering mode
+ * keeps the stand-in jobs, so that both ways stay tested. */
+static bool standby_usable(const sr_agent *a) { return !a->reorder && !a->remote; }
+
+/* The stand-by can cover the call about to run: usable, and its thread
+ * runs (started here the first time). */
 static bool standby_ready(sr_agent *a)
 {
-    if (a->reorder || a->remote)
+    if (!standby_usable(a))
         return false;
     if (!a->standby_started) {
         if (pthread_create(&a->standby, NULL, standby_main, a))
@@ -451,7 +454,15 @@ static void progress_step(sr_agent *a, sr_future *f, int64_t deadline)
         a->wake->nudge(a->self);
         return;
     }
-    if (sr__agent_poll_burst(a, progress_poll_mode(a, f))) {
+    enum sr_poll_mode mode = progress_poll_mode(a, f);
+    /* Module jobs (a backward pass's hops) this burst starts are kept too
+     * when the stand-by covers the inbox, as a serving waiter keeps them:
+     * run here by serve_kept, no executor woken for each (the NESTED rounds,
+     * a wait's, send them to the executors: progress_wait) */
+    bool was = sr__exec_take_jobs(mode == SR_POLL_PROGRESS && standby_usable(a));
+    unsigned n = sr__agent_poll_burst(a, mode);
+    sr__exec_take_jobs(was);
+    if (n) {
         sr__agent_expire_due(a); /* a busy inbox must not stop timeouts from firing, */
         if (sr__agent_exits_pending(a)) /* nor a departure from being seen */
             sr__agent_check_exits(a);

@@ -34,9 +34,10 @@ struct sr_rpc_thread {
     int answer_to;
     /* The call whose arguments this thread is decoding (decode_request). */
     struct sr_call *decoding;
-    /* Module jobs a waiting thread took (sr__exec_take_jobs, when
-     * takes_jobs): run by that thread once it has handed the inbox back,
-     * FIFO. */
+    /* Module jobs a polling thread took (sr__exec_take_jobs, when
+     * takes_jobs: an idle or serving waiter, the progress thread's own
+     * rounds): run by that thread once it has handed the inbox back; one
+     * at a time (exec.c, sr__exec_submit), the others go to the executors. */
     struct sr_job_item *jobs_head, *jobs_tail;
     bool takes_jobs;
     /* The plain calls a poller kept to run itself once it has handed the

@@ -28,6 +28,14 @@
  *       away and its progress thread blocks in as.expired until it has:
  *       only the stand-by can expire it, once the hand-over has poked it
  *       to arm that deadline.
+ *   a_backward_pass_runs_on_the_progress_thread   worker 1's distributed
+ *       backward reaches worker 0 (as.mul's part of the graph): that part
+ *       runs as a module job, which the progress thread keeps and runs
+ *       itself, as it runs a plain call (a gradient hook on worker 0's
+ *       parameter says where it ran); before, every one was handed to an
+ *       executor, and waited for its wake-up. Not under the reordering
+ *       mode, which keeps the stand-in jobs: there the check is the
+ *       gradients only.
  * Worker 0 checks which covered its calls: the stand-by thread, or, under
  * the reordering mode (the suite's reorder variant), stand-in jobs (no
  * stand-by thread).
@@ -46,6 +54,7 @@
 #define EVENT_WAIT_S 30
 #include "rpc_harness.h"
 #include "shared_event.h"
+#include "shmrpc/dist_autograd.h"
 
 LEAK_CHECKED_SUITE(away_serve);
 
@@ -62,6 +71,8 @@ struct board {
     _Atomic uint32_t on_progress; /* round whose blocking function runs on the progress thread */
     _Atomic uint32_t holding;     /* 1: as.hold runs on worker 1 (worker 0's call is in flight) */
     _Atomic uint32_t asleep;      /* 1: a call kept by worker 0 has ended, so its stand-by exists and sleeps */
+    _Atomic uint32_t hooked;      /* backward passes that reached worker 0's parameter (its hook ran) */
+    _Atomic uint32_t hook_on_progress; /* of which on worker 0's progress thread */
 };
 static struct board *board;
 
@@ -120,6 +131,37 @@ static int fn_nest(sr_call *c)
     return block_here(c, (uint32_t)sr_value_int(sr_call_arg(c, 0)));
 }
 
+/* worker 0's parameter, made by the first as.mul (in the shared heap, so
+ * after sr_init), dropped by away() once the driver is done */
+static sr_tensor *param;
+
+static int count_hook(sr_tensor *grad, sr_tensor **replace, void *arg)
+{
+    (void)grad;
+    (void)replace;
+    (void)arg;
+    if (on_progress_thread())
+        atomic_fetch_add(&board->hook_on_progress, 1);
+    atomic_fetch_add(&board->hooked, 1);
+    return 0;
+}
+
+/* as.mul(x): param * x, recorded in the caller's autograd context */
+static int fn_mul(sr_call *c)
+{
+    if (!param) {
+        param = sr_ones(SR_F32, 1, (const int64_t[]){4}, SR_REQUIRES_GRAD);
+        if (!param || sr_tensor_register_hook(param, count_hook, NULL))
+            return sr_call_fail(c, -ENOMEM, "as.mul: the parameter: %s", sr_last_error());
+    }
+    sr_tensor *y = sr_mul(param, sr_value_tensor(sr_call_arg(c, 0)));
+    if (!y)
+        return sr_call_fail(c, -EINVAL, "as.mul: %s", sr_last_error());
+    sr_value *v = sr_value_from_tensor(y);
+    sr_tensor_unref(y);
+    return sr_call_return(c, v);
+}
+
 /* worker 1: answers once the driver is done (sem held) */
 static int fn_hold(sr_call *c)
 {
@@ -157,6 +199,7 @@ static void setup(void)
     sr_register("as.unblock", fn_unblock);
     sr_register("as.block", fn_block);
     sr_register("as.nest", fn_nest);
+    sr_register("as.mul", fn_mul);
 }
 
 static void board_setup(void)
@@ -192,6 +235,8 @@ static int away(void)
     WCHECK(sem_wait_bounded(&home) == 0, "worker0: as.home never came: %s", strerror(errno));
     int rc = f ? sr_future_wait(f, NULL) : 0;
     sr_future_unref(f);
+    sr_tensor_unref(param);
+    param = NULL;
     WCHECK(rc == 0 || (rc == -ETIMEDOUT && hold_timeout_s < 1), "as.hold: %d %s", rc, sr_last_error());
     bool reordering = getenv("SHMRPC_REORDER_SEED") != NULL;
     int standby = threads_named("shmrpc-standby");
@@ -328,4 +373,52 @@ Test(away_serve, a_nested_call_then_a_block)
     blocking_fn = "as.nest";
     want_landed = NEST_LANDED;
     run_away("as_nest", drive_block);
+}
+
+/* ---- a backward pass's part runs on the progress thread -------------------- */
+
+/* One backward pass through as.mul on worker 0: x's gradient is the
+ * parameter (ones); *here: whether worker 0 ran its part on its progress
+ * thread. */
+static int backward_round(uint32_t round, bool *here)
+{
+    int64_t ctx;
+    WCHECK(sr_dist_autograd_context_begin(&ctx) == 0, "context: %s", sr_last_error());
+    sr_tensor *x = sr_full(SR_F32, 1, (const int64_t[]){4}, 2.0, SR_REQUIRES_GRAD), *loss = NULL, *g = NULL;
+    sr_value *xv = x ? sr_value_from_tensor(x) : NULL, *yv = NULL;
+    uint32_t before = atomic_load(&board->hook_on_progress);
+    int rc = xv ? sr_rpc_sync(0, "as.mul", SR_ARGS(xv), EVENT_WAIT_S, &yv) : -ENOMEM;
+    if (!rc)
+        rc = (loss = sr_sum(sr_value_tensor(yv))) ? sr_dist_autograd_backward(ctx, &loss, 1, false) : -ENOMEM;
+    if (!rc)
+        rc = sr_dist_autograd_get_gradient(ctx, x, &g);
+    sr_tensor *gsum = g ? sr_sum(g) : NULL;
+    bool ok = !rc && gsum && sr_tensor_item(gsum) == 4.0;
+    sr_tensor_unref(gsum);
+    WCHECK(ok, "round %u: the backward through worker0 (%d): %s", round, rc, rc ? sr_last_error() : "x's gradient is not ones");
+    WCHECK(atomic_load(&board->hooked) == round, "round %u: worker0's hook ran %u times in all", round,
+           atomic_load(&board->hooked));
+    *here = atomic_load(&board->hook_on_progress) != before;
+    sr_tensor_unref(g);
+    sr_tensor_unref(loss);
+    sr_value_unref(yv);
+    sr_value_unref(xv);
+    sr_tensor_unref(x);
+    WCHECK(sr_dist_autograd_context_end(ctx) == 0, "context end: %s", sr_last_error());
+    return 0;
+}
+
+static int drive_backward(void)
+{
+    bool reordering = getenv("SHMRPC_REORDER_SEED") != NULL, here = false;
+    for (uint32_t round = 1; round <= ROUNDS && !here; round++)
+        WCHECK(backward_round(round, &here) == 0, "see above");
+    WCHECK(here || reordering, "none of %d backward passes through worker0, whose main thread is away, ran its "
+                               "part on its progress thread (all went to executors)", ROUNDS);
+    return 0;
+}
+
+Test(away_serve, a_backward_pass_runs_on_the_progress_thread)
+{
+    run_away("as_backward", drive_backward);
 }
