@@ -351,10 +351,6 @@ typedef struct sr_agent {
     _Atomic uint32_t timer_gen;  /* bumped by sr__agent_kick: some deadline moved earlier */
     _Atomic uint32_t armed_gen;  /* written by the progress thread: timer_gen its sleep's deadline saw */
     uint32_t seen_user_polls;    /* progress thread only */
-    /* Progress thread only: how long it may poll by yielding before it
-     * sleeps when nobody may spin, adapted to its sleeps (progress.c,
-     * progress_idle); 0 at first. */
-    int64_t progress_yield_ns;
     pthread_t progress;
     _Atomic bool stopping;
 
@@ -750,11 +746,6 @@ void sr__agent_stand_in(sr_agent *a, sr_future *back);
  * never polls while away, since a callback's wait there would hand the
  * token over under the frame that polls. */
 void sr__agent_park_away(sr_agent *a);
-/* wait.c: no spin allowed (oversubscribed): poll the inbox and f (NULL:
- * none) by yielding the core, for at most budget ns and while this thread's
- * yield gate is open (spin.h); true once either is ready. Any polling
- * thread: the user's waits, and the progress thread's (progress.c). */
-bool sr__agent_yield_for(sr_agent *a, sr_future *f, int64_t budget);
 /* wait.c: sr__agent_wait on any thread but the progress thread. */
 int sr__agent_wait_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_poll_mode mode, bool counted);
 

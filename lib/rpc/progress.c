@@ -139,53 +139,24 @@ static void handle_events(sr_agent *a)
         sr__reorder_pump(a, now, sr__agent_send_now);
 }
 
-/* Poll before sleeping only while no user thread polls: a user waiting
- * for a response is the better poller (no hop), and a polling progress
- * thread would only make it evict us, with syscalls, on every call. */
-static bool users_polled(sr_agent *a)
+/* Spin only while no user thread polls: a user waiting for a response is
+ * the better poller (no hop), and a spinning progress thread would only make
+ * it evict us, with syscalls, on every call. */
+static int64_t progress_spin_budget(sr_agent *a)
 {
     /* relaxed: a heuristic; see user_take */
     uint32_t polls = atomic_load_explicit(&a->user_polls, memory_order_relaxed);
-    if (polls == a->seen_user_polls)
-        return false;
-    a->seen_user_polls = polls;
-    return true;
-}
-
-/* The longest sleep of the progress thread that still counts as one a
- * yield poll could have caught (sr__spin_adapt_next): a futex round trip on
- * a busy VM, as the transport's spin budget has it. */
-#define YIELD_ADAPT_MAX_NS (50ll * 1000)
-
-/* Where nobody may spin (more runnable threads than cores), poll by
- * yielding the core before sleeping, as a waiting user does (wait.c): a
- * worker whose threads are away is served by this thread alone, and its
- * next message often comes from the very thread a yield lets run (the
- * 4-worker chain of bench_dist_autograd, its callees away: a sleep and a
- * wake-up per hop before, 2-4x the chain of callees in sr_shutdown, which
- * poll so). Only while no user thread serves (serving_waiters), which then
- * is the worker's poller (the server of bench_train, in sr_serve_until: its
- * progress thread, polling by yields while the server computed, took turns
- * with the computing threads, and three trainers went from 1.54-1.59x one
- * trainer to 1.24-1.34x), and only as long as its sleeps have been short
- * enough for such a poll to catch (sr__spin_adapt_next, spin.h, capped by
- * the transport's yield budget): a worker whose messages come seldom, while
- * its threads compute away from the runtime, would take turns with them. */
-static int64_t progress_yield_budget(sr_agent *a)
-{
-    int64_t cap = a->wake->yield_budget(a->self);
-    return a->progress_yield_ns < cap ? a->progress_yield_ns : cap;
+    if (polls != a->seen_user_polls) {
+        a->seen_user_polls = polls;
+        return 0;
+    }
+    return a->wake->spin_budget(a->self);
 }
 
 /* f, deadline: a nested wait's (NULL, -1 at the top level). */
 static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
 {
-    bool users = users_polled(a);
-    int64_t budget = users ? 0 : a->wake->spin_budget(a->self);
-    /* relaxed: a hint, as in progress_poll_mode */
-    bool alone = !atomic_load_explicit(&a->serving_waiters, memory_order_relaxed);
-    if (!users && alone && budget <= 0 && sr__agent_yield_for(a, f, progress_yield_budget(a)))
-        return;
+    int64_t budget = progress_spin_budget(a);
     int64_t now = sr__now_ns(), until = now + budget, give = now + SR_SPIN_YIELD_NS;
     while (budget > 0 && (now = sr__now_ns()) < until) {
         for (int i = 0; i < 64; i++) {
@@ -202,9 +173,7 @@ static void progress_idle(sr_agent *a, sr_future *f, int64_t deadline)
         return;
     arm_timers(a);
     struct park_ctx c = {a, f};
-    int64_t t0 = sr__now_ns();
     a->wake->sleep(a->self, sr__earlier(sr__earlier(next_deadline(a), deadline), sr__agent_remote_due(a)), park_ready, &c);
-    a->progress_yield_ns = sr__spin_adapt_next(a->progress_yield_ns, sr__now_ns() - t0, YIELD_ADAPT_MAX_NS);
     handle_events(a);
 }
 

@@ -156,13 +156,13 @@ static bool spin_for(sr_agent *a, sr_future *f, int64_t budget)
  * returns at once. */
 static _Thread_local struct sr_yield_gate yield_gate; /* this thread's (spin.h) */
 
-bool sr__agent_yield_for(sr_agent *a, sr_future *f, int64_t budget)
+static bool yield_for(sr_agent *a, sr_future *f, int64_t budget)
 {
     int64_t now = sr__now_ns(), until = now + budget;
     if (budget <= 0 || !sr__yield_gate_open(&yield_gate, now))
         return false;
     for (;;) {
-        bool ready = sr__agent_poll_ready(a) || (f && sr_future_done(f));
+        bool ready = sr__agent_poll_ready(a) || sr_future_done(f);
         if (ready || now >= until) { /* every yield was quick: the next slow one starts the back-off over */
             sr__yield_gate_quick(&yield_gate);
             return ready;
@@ -171,7 +171,7 @@ bool sr__agent_yield_for(sr_agent *a, sr_future *f, int64_t budget)
         int64_t then = now;
         now = sr__now_ns();
         if (!sr__yield_gate_note(&yield_gate, now - then, now)) /* something else ran a slice: sleep from now on */
-            return sr__agent_poll_ready(a) || (f && sr_future_done(f));
+            return sr__agent_poll_ready(a) || sr_future_done(f);
     }
 }
 
@@ -201,7 +201,7 @@ static int poll_as_user(sr_agent *a, sr_future *f, int64_t deadline, enum sr_pol
             continue;
         }
         int64_t spin = a->wake->spin_budget(a->self);
-        if (!(spin ? spin_for(a, f, spin) : sr__agent_yield_for(a, f, a->wake->yield_budget(a->self))))
+        if (!(spin ? spin_for(a, f, spin) : yield_for(a, f, a->wake->yield_budget(a->self))))
             return 1; /* idle: sleep on the future instead */
     }
 }

@@ -42,24 +42,6 @@ static inline int64_t sr__spin_give_way(int64_t now, int64_t due)
     return now + SR_SPIN_YIELD_NS;
 }
 
-/* The adaptive spin budget after a sleep of slept_ns, a pure function so
- * that it can be tested without timing. A sleep that a spin of at most
- * max_ns would have caught (slept_ns <= max_ns) raises the budget to twice
- * the sleep (up to max_ns); a longer one halves it. slept_ns includes the
- * wake-up itself (15-20 us on a VM), so the bound is max_ns, not less: with
- * max_ns / 2, every sleep on such a machine halved the budget, and once it
- * reached 0 it never rose again (each sleep lasts at least a wake-up). The
- * transport's spin budget (xport.c) and the progress thread's yield-polling
- * budget (lib/rpc/progress.c) follow it. */
-static inline int64_t sr__spin_adapt_next(int64_t spin_ns, int64_t slept_ns, int64_t max_ns)
-{
-    if (slept_ns <= max_ns)
-        spin_ns = slept_ns * 2 > spin_ns ? slept_ns * 2 : spin_ns;
-    else
-        spin_ns /= 2;
-    return spin_ns > max_ns ? max_ns : spin_ns;
-}
-
 /* Polling by yielding, and when not to.
  *
  * With more runnable threads than cores nobody may spin, and a waiter that

@@ -7,7 +7,6 @@
 
 #include "common.h"
 #include "shm/xport.h"
-#include "spin.h" /* sr__spin_adapt_next */
 
 LEAK_CHECKED_SUITE(spin_gate);
 

@@ -947,8 +947,17 @@ int64_t sr__xport_yield_budget(sr_xport *x)
                : 0;
 }
 
+int64_t sr__spin_adapt_next(int64_t spin_ns, int64_t slept_ns, int64_t max_ns)
+{
+    if (slept_ns <= max_ns)
+        spin_ns = slept_ns * 2 > spin_ns ? slept_ns * 2 : spin_ns;
+    else
+        spin_ns /= 2;
+    return spin_ns > max_ns ? max_ns : spin_ns;
+}
+
 /* Adapt: a sleep that ended soon would have been cheaper as a spin
- * (sr__spin_adapt_next, spin.h). */
+ * (sr__spin_adapt_next, xport.h). */
 static void adapt(sr_xport *x, int64_t slept_ns)
 {
     if (x->fixed_spin)

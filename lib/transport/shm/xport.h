@@ -234,7 +234,7 @@ int64_t sr__xport_yield_budget(sr_xport *x);
 int sr__xport_sleep(sr_xport *x, int64_t deadline_ns, bool (*ready)(void *), void *arg);
 
 /* Every sleep of a thread waiting for a message feeds the adaptive spin
- * budget (sr__spin_adapt_next, spin.h), whichever way it sleeps: sr__xport_sleep
+ * budget (sr__spin_adapt_next), whichever way it sleeps: sr__xport_sleep
  * does it; a sleep of its own (the token holder's doorbell sleep,
  * xport_tport.c) brackets it with these. A sleep that did not feed it could
  * leave the budget at 0 for good once other sleeps had halved it: the
@@ -258,6 +258,14 @@ void sr__xport_sleep_end(sr_xport *x, int64_t t0);
 uint32_t sr__spin_gate_next(uint32_t gate, int runnable, int ncpu);
 static inline bool sr__spin_gate_oversubscribed(uint32_t gate) { return gate & 1u; }
 
+/* The adaptive spin budget after a sleep of slept_ns, a pure function so
+ * that it can be tested without timing. A sleep that a spin of at most
+ * max_ns would have caught (slept_ns <= max_ns) raises the budget to twice
+ * the sleep (up to max_ns); a longer one halves it. slept_ns includes the
+ * wake-up itself (15-20 us on a VM), so the bound is max_ns, not less: with
+ * max_ns / 2, every sleep on such a machine halved the budget, and once it
+ * reached 0 it never rose again (each sleep lasts at least a wake-up). */
+int64_t sr__spin_adapt_next(int64_t spin_ns, int64_t slept_ns, int64_t max_ns);
 
 /* The process of `rank` we know has ended: the supervisor published its
  * exit (segment.h, "Peer exit"), or the rank has another generation now
