@@ -224,11 +224,6 @@
  * serve_kept as a kept call is, with no executor woken for each
  * (bench_dist_autograd, callees away: the seed-002 step 19-25 us before,
  * 9 us as with callees in sr_shutdown).
- * Polling alone: where nobody may spin, the loop polls by yielding the
- * core before it sleeps, as a waiting user thread does, but only while no
- * user thread serves and while its recent sleeps were short enough for
- * such a poll to catch (progress.c, progress_yield_budget; the chain of
- * bench_dist_autograd, callees away, 207-255 us before, 45-53 us).
  */
 #ifndef SR_RPC_AGENT_H
 #define SR_RPC_AGENT_H
