@@ -560,9 +560,9 @@ static int job(int rank, int world, void *arg)
     mode = ja->mode;
     sr_manual_seed((uint64_t)rank + 1);
     done_fut = sr_future_new();
-    if (!done_fut || sem_init(&done_sem, 0, 0) || sr_register("my_add", fn_my_add) || sr_register("chain", fn_chain) ||
-        sr_register("param", fn_param) || sr_register("contexts", fn_contexts) || sr_register("done", fn_done) ||
-        sr_register("drop_w", fn_drop_w) || sr_init(NULL))
+    if (!done_fut || sem_init(&done_sem, 0, 0) || sr_register("my_add", fn_my_add) ||
+        sr_register("chain", fn_chain) || sr_register("param", fn_param) || sr_register("contexts", fn_contexts) ||
+        sr_register("done", fn_done) || sr_register("drop_w", fn_drop_w) || sr_init(NULL))
         return fprintf(stderr, "rank %d: %s\n", rank, sr_last_error()), 1;
     /* Tensors that travel must live in the shared heap, attached by sr_init;
      * nobody calls chain or param before every W exists. */

@@ -395,7 +395,8 @@ static int backward_round(uint32_t round, bool *here)
     sr_tensor *gsum = g ? sr_sum(g) : NULL;
     bool ok = !rc && gsum && sr_tensor_item(gsum) == 4.0;
     sr_tensor_unref(gsum);
-    WCHECK(ok, "round %u: the backward through worker0 (%d): %s", round, rc, rc ? sr_last_error() : "x's gradient is not ones");
+    WCHECK(ok, "round %u: the backward through worker0 (%d): %s", round, rc,
+           rc ? sr_last_error() : "x's gradient is not ones");
     WCHECK(atomic_load(&board->hooked) == round, "round %u: worker0's hook ran %u times in all", round,
            atomic_load(&board->hooked));
     *here = atomic_load(&board->hook_on_progress) != before;
