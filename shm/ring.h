@@ -142,6 +142,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h> /* memcpy: sr__msg_copy */
 
 #include "atomics.h"
 
@@ -163,6 +164,19 @@ typedef struct sr_msg {
     uint8_t gens;
     uint8_t data[SR_MSG_DATA];  /* inline payload */
 } sr_msg;
+
+/* Copy a message that its reader is about to parse (a poller's copy of a
+ * burst's message): the head and the data apart, so that the stores fall on
+ * the data's own 16-byte words. A reader loads the data in those words (an
+ * RPC header is copied out of it whole), and a load that spans two stores
+ * still in flight is not forwarded from them: it waits for both to commit.
+ * A plain struct copy stores at the message's offsets 0, 16, 32 and 44, and
+ * every word the reader then loaded spanned two of them. */
+static inline void sr__msg_copy(sr_msg *dst, const sr_msg *src)
+{
+    memcpy(dst, src, offsetof(sr_msg, data));
+    memcpy(dst->data, src->data, SR_MSG_DATA);
+}
 
 struct sr_slot {
     _Atomic uint32_t seq; /* see the ordering contract above */

@@ -515,19 +515,20 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
     int rc = build_request(a, to, q, fn, args, &m, &w, &enc, &enc_len);
     if (rc)
         return not_started(f, rc);
-    if ((rc = sr__call_begin(a, to, ms, f, &w.call_id))) {
+    uint64_t id;
+    if ((rc = sr__call_begin(a, to, ms, f, &id))) {
         if (enc_len)
             sr__codec_release(enc, enc_len);
         sr__payload_abandon(&w);
         return not_started(f, rc);
     }
-    int64_t t0 = sr__probing() ? probe_out(w.call_id, to, q, fn) : 0;
-    sr__wire_put(&m, &w, false);
+    int64_t t0 = sr__probing() ? probe_out(id, to, q, fn) : 0;
+    sr__wire_put_call(&m, &w, id);
     unsigned slot = sr__quiesce_sent(a, to);
     /* elastic jobs: counted, then the destination's state (segment.h, E2) */
     if ((a->elastic && (rc = sr__leave_refuse(a, to, q->who))) ||
         ((rc = sr__agent_send(a, to, &m)) && (rc = gone_at_send(a, to, q, rc)))) {
-        sr_future *own = sr__call_end(a, w.call_id);
+        sr_future *own = sr__call_end(a, id);
         sr_future_unref(own);
         if (enc_len)
             sr__codec_release(enc, enc_len);
@@ -535,7 +536,7 @@ int sr__rpc_start(sr_agent *a, int to, const struct sr_req *q, const char *fn, s
         sr__quiesce_unsent(a, to, slot);
     }
     if (t0 && sr__probing())
-        sr__probe_ops->call_sent(w.call_id, to, rc, t0, sr__probe_now());
+        sr__probe_ops->call_sent(id, to, rc, t0, sr__probe_now());
     return rc;
 }
 

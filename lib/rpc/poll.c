@@ -87,7 +87,8 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
     bool was = sr__thr.batching;
     sr__thr.batching = a->burst_n - a->burst_at > 1;
     while (a->burst_at < a->burst_n) {
-        sr_msg m = a->burst[a->burst_at++]; /* a copy: a nested poll refills the burst */
+        sr_msg m; /* a copy: a nested poll refills the burst */
+        sr__msg_copy(&m, &a->burst[a->burst_at++]);
         dispatch(a, &m, mode);
         n++;
     }
