@@ -165,13 +165,14 @@ typedef struct sr_msg {
     uint8_t data[SR_MSG_DATA];  /* inline payload */
 } sr_msg;
 
-/* Copy a message that its reader is about to parse (a poller's copy of a
- * burst's message): the head and the data apart, so that the stores fall on
- * the data's own 16-byte words. A reader loads the data in those words (an
- * RPC header is copied out of it whole), and a load that spans two stores
- * still in flight is not forwarded from them: it waits for both to commit.
- * A plain struct copy stores at the message's offsets 0, 16, 32 and 44, and
- * every word the reader then loaded spanned two of them. */
+/* Copy a message that its reader is about to load (the consumer's copy
+ * out of the slot, the poller's copy of a burst's message): the head and
+ * the data apart, so that the stores fall on the data's own 16-byte words.
+ * A reader loads the data in those words (an RPC header is copied out of
+ * it whole, and the next copy loads what this one stored), and a load that
+ * spans two stores still in flight is not forwarded from them: it waits for
+ * both to commit. A plain struct copy stores at the message's offsets 0,
+ * 16, 32 and 44, and every word the reader then loaded spanned two. */
 static inline void sr__msg_copy(sr_msg *dst, const sr_msg *src)
 {
     memcpy(dst, src, offsetof(sr_msg, data));
@@ -696,7 +697,7 @@ static inline unsigned sr__ring_read_burst(struct sr_ring_cons *c, sr_msg *out, 
             p++;
             continue;
         }
-        out[got++] = s->msg;
+        sr__msg_copy(&out[got++], &s->msg); /* its reader copies it the same way (poll.c) */
         p++;
     }
     if (p != pos) {
