@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "agent.h"
 #include "rpc_harness.h"
@@ -40,18 +41,16 @@ struct tally {
 };
 
 /* One round of one thread: CALLS calls with a short timeout, then each
- * future's end. 0, or -1 with t->err set. */
-static int one_round(struct tally *t)
+ * future's end; the first wrong outcome in t->err. */
+static void one_round(struct tally *t)
 {
     sr_future *fs[CALLS];
-    int started = 0, rc = 0;
-    for (; started < CALLS; started++) {
-        rc = sr_rpc_async(1, "noop", SR_NOARGS, TIMEOUT_S, &fs[started]);
-        if (rc) {
+    int started = 0;
+    for (; started < CALLS; started++)
+        if (sr_rpc_async(1, "noop", SR_NOARGS, TIMEOUT_S, &fs[started])) {
             snprintf(t->err, sizeof(t->err), "sr_rpc_async %d: %s", started, sr_last_error());
             break;
         }
-    }
     for (int i = 0; i < started; i++) {
         int w = sr_future_wait(fs[i], NULL); /* bounded by the call's own timeout */
         if (w == 0)
@@ -62,7 +61,6 @@ static int one_round(struct tally *t)
             snprintf(t->err, sizeof(t->err), "call %d ended with %d: %s", i, w, sr_last_error());
         sr_future_unref(fs[i]);
     }
-    return rc || t->err[0] ? -1 : 0;
 }
 
 static void *caller(void *arg)
@@ -79,10 +77,12 @@ struct census {
     int32_t in_use, free, twice;
 };
 
-static struct census take_census(sr_agent *a)
+static int take_census(sr_agent *a, struct census *out)
 {
     struct census c = {0};
     uint8_t *seen = calloc((size_t)a->nslots, 1);
+    if (!seen)
+        return -ENOMEM;
     sr__lock_take(&a->slots_lock);
     for (int32_t i = 0; i < a->nslots; i++)
         c.in_use += atomic_load_explicit(&a->slots[i].gen, memory_order_relaxed) & 1;
@@ -90,7 +90,8 @@ static struct census take_census(sr_agent *a)
         c.twice += seen[i]++ != 0;
     sr__lock_give(&a->slots_lock);
     free(seen);
-    return c;
+    *out = c;
+    return 0;
 }
 
 static int race(int rank, int world)
@@ -113,7 +114,8 @@ static int race(int rank, int world)
            (unsigned long long)answered, (unsigned long long)expired, THREADS * ROUNDS * CALLS);
     fprintf(stderr, "call_race: %llu calls answered, %llu expired\n", (unsigned long long)answered,
             (unsigned long long)expired);
-    struct census c = take_census(sr__agent);
+    struct census c;
+    WCHECK(take_census(sr__agent, &c) == 0, "no memory to take the call table's census");
     WCHECK(c.in_use == 0 && c.twice == 0 && c.free == sr__agent->nslots,
            "after every call ended: %d slots in use, %d free, %d listed twice, of %d", c.in_use, c.free, c.twice,
            sr__agent->nslots);
