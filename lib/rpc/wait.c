@@ -43,13 +43,18 @@ static _Atomic uint32_t token_sleepers; /* idle waiters between T1 and their wak
  * of a pool in sr_rpc_sync) sleeps here, and only one can take the token;
  * who serves never decides correctness (the parked progress thread serves
  * otherwise), so a woken waiter that returns instead loses nothing.
- * T2: the caller's seq_cst store or CAS of the token, then our seq_cst bump
- * and load, pair with the waiter's seq_cst increment and loads (T1). */
+ * T2: the caller's seq_cst store or CAS of the token, then our seq_cst load
+ * of the count and, if someone is counted, our seq_cst bump, pair with the
+ * waiter's seq_cst increment and loads (T1). A waiter counted after our
+ * load loads the token after our store or CAS and takes it instead of
+ * sleeping; one counted before it is bumped and woken. So with nobody
+ * counted (the common hand-back) the process-wide word is not written. */
 void sr__token_freed(void)
 {
-    atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);          /* seq_cst: T2 */
-    if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst))         /* seq_cst: T2 */
+    if (atomic_load_explicit(&token_sleepers, memory_order_seq_cst)) {       /* seq_cst: T2 */
+        atomic_fetch_add_explicit(&token_seq, 1, memory_order_seq_cst);      /* seq_cst: T2 */
         futex_wake_one(&token_seq);
+    }
 }
 
 /* Steal the token for a user thread: from the parked progress thread, or free. */
