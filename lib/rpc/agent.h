@@ -9,6 +9,8 @@
  *   wait.c      the consumer token and the waits of user threads
  *   poll.c      reading the inbox and routing each message by type
  *   exits.c     peer exits, our own corrupt inbox
+ *   refuse.c, held.c   a message's generation stamps: refused, or held
+ *               until its sender's return is taken
  *   serve.c     the callee: decoding, gating, running and answering requests
  *   calls.c     the caller: checking and starting a call, the calls in
  *               flight, their answers
@@ -306,6 +308,10 @@ typedef struct sr_agent {
      * has been dispatched (handed over with the token). */
     sr_msg burst[BURST];
     unsigned burst_n, burst_at;
+    /* Messages from a generation of their sender not known here yet, in
+     * arrival order, until its return is taken (held.c); the token
+     * holder's, handed over with the token. */
+    struct sr_held *held, **held_tail;
     bool inbox_failed;        /* our inbox was found corrupt and its waits failed (exits.c, sr__agent_inbox_lost) */
     char (*names)[128];       /* [world], filled at init */
 
@@ -385,6 +391,7 @@ typedef struct sr_agent {
     _Atomic int64_t mon_due;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
     _Atomic uint64_t refused;         /* messages refused for their generation stamps (refuse.c) */
+    _Atomic uint64_t held_early;      /* messages that waited for their sender's return to be taken (held.c) */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
      * at, counted for tests/rpc/test_call_scan.c: proportional to the calls they
      * end, never to the table. Relaxed: statistics for tests, nothing is
@@ -585,6 +592,25 @@ sr_future *sr__agent_await_departure(sr_agent *a, int rank);
 /* rank's generation as this worker knows it, or -EPIPE while it is gone
  * (rank in range). Handles the exits published so far first. */
 int64_t sr__agent_generation(sr_agent *a, int rank);
+/* held.c (agent.h, held): m is from a generation of its sender newer than
+ * the one known here (a return not taken yet) and for ours; add it to the
+ * held messages (-ENOMEM); is one from src held; is one due (its
+ * generation known now, or dead: refused as it is dispatched); take the
+ * next one due, or the first whatever it is (false: none). The token
+ * holder's, all; at the end refuse.c lets go of those left. */
+bool sr__held_newer(sr_agent *a, const sr_msg *m);
+int sr__held_add(sr_agent *a, const sr_msg *m);
+bool sr__held_from(const sr_agent *a, unsigned src);
+bool sr__held_due_slow(sr_agent *a);
+bool sr__held_next(sr_agent *a, sr_msg *out);
+bool sr__held_pop(sr_agent *a, sr_msg *out);
+void sr__agent_release_held(sr_agent *a);
+/* The rest of the burst, or a held message due: what a token holder's
+ * sleep re-checks (after D2: a return rings our doorbell once taken). */
+static inline bool sr__agent_burst_left(sr_agent *a)
+{
+    return a->burst_at < a->burst_n || (sr_unlikely(a->held != NULL) && sr__held_due_slow(a));
+}
 /* Fill expect for every rank (init). */
 void sr__agent_stamps_init(sr_agent *a);
 /* refuse.c: let go of everything m carries (each tensor's block reference,
@@ -700,9 +726,9 @@ static inline bool sr__agent_closing(sr_agent *a)
 
 /* Messages for the token holder: the rest of the last burst, or the inbox
  * (or a corrupt inbox not yet found: a poll finds it; transport.h, pending). */
-static inline bool sr__agent_inbox_ready(const sr_agent *a)
+static inline bool sr__agent_inbox_ready(sr_agent *a)
 {
-    return a->burst_at < a->burst_n || a->self->ops->pending(a->self) ||
+    return sr__agent_burst_left(a) || a->self->ops->pending(a->self) ||
            (a->remote && a->remote->ops->pending(a->remote));
 }
 

@@ -115,6 +115,7 @@ static int collect_names(sr_agent *a)
 
 static void agent_free(sr_agent *a)
 {
+    sr__agent_release_held(a); /* none but a failed init's (teardown dropped them) */
     sr__modules_fini(); /* a no-op if teardown did it already */
     sr__reorder_destroy(a);
     if (a->slots)
@@ -243,6 +244,7 @@ static void teardown(sr_agent *a)
     sr__agent_unpublish(a); /* the progress thread still serves the threads that leave */
     sr__agent_stop(a);
     sr__exec_fini(a); /* requests the progress thread queued after the executors left */
+    sr__agent_release_held(a); /* nobody holds the token now; the modules still let go of what they carry */
     sr__modules_fini(); /* no thread of the runtime is left to race it */
     sr__modules_identity(-1, 0, false);
     agent_free(a);

@@ -45,7 +45,7 @@ static sr_future *renew_returns(sr_agent *a)
     return back;
 }
 
-static sr_future *rejoin_returned(sr_agent *a)
+static sr_future *rejoin_returned(sr_agent *a, bool *took)
 {
     sr_future *back = NULL;
     for (int r = 0; r < a->world; r++) {
@@ -65,6 +65,7 @@ static sr_future *rejoin_returned(sr_agent *a)
             a->names[r][sizeof(a->names[r]) - 1] = '\0';
         }
         a->gone[r] = SR_GONE_NO;
+        *took = true;
         sr_logf(SR_LOG_INFO, "%s (rank %d) is back: generation %u", a->names[r], r,
                 t->ops->live->generation(t, r));
         if (!back)
@@ -172,6 +173,21 @@ void sr__agent_inbox_lost(sr_agent *a)
     sr__ctrl_peer_gone(a, a->rank, text);
 }
 
+/* Outside gone_lock: complete `back` (its waiters look again) and, when a
+ * return was taken, ring our own doorbell: messages its new generation
+ * sent before were held (held.c), and a token holder that sleeps
+ * re-checks them after D2 (sr__agent_burst_left), which our expect's
+ * store, then the ring's D3, pairs with. */
+static void returned(sr_agent *a, sr_future *back, bool took)
+{
+    if (back) {
+        sr_future_set_result(back, NULL);
+        sr_future_unref(back);
+    }
+    if (took)
+        a->wake->ring(a->self);
+}
+
 void sr__agent_check_exits(sr_agent *a)
 {
     for (;;) {
@@ -180,9 +196,9 @@ void sr__agent_check_exits(sr_agent *a)
         if (n == atomic_load_explicit(&a->exits_seen, memory_order_relaxed))
             return;
         pthread_mutex_lock(&a->gone_lock);
-        bool busy;
+        bool busy, took = false;
         int r = claim_gone(a, &busy);
-        sr_future *back = r < 0 && a->replaces ? rejoin_returned(a) : NULL;
+        sr_future *back = r < 0 && a->replaces ? rejoin_returned(a, &took) : NULL;
         /* Every exit counted in n is handled (published before X2), unless
          * a death is still being handled (by another thread, or by this one
          * further up: a call made from a callback its peer_gone completes):
@@ -191,10 +207,7 @@ void sr__agent_check_exits(sr_agent *a)
         if (r < 0 && !busy)
             atomic_store_explicit(&a->exits_seen, n, memory_order_relaxed); /* relaxed: a hint */
         pthread_mutex_unlock(&a->gone_lock);
-        if (back) { /* sr_wait_for_worker's waiters look again */
-            sr_future_set_result(back, NULL);
-            sr_future_unref(back);
-        }
+        returned(a, back, took);
         if (r < 0)
             return;
         peer_gone(a, r); /* outside the lock: it completes futures, whose callbacks may poll */
@@ -204,13 +217,10 @@ void sr__agent_check_exits(sr_agent *a)
          * one: another thread's scan then found nothing to claim and marked
          * that exit count seen, so no later scan of ours would take the
          * return until some other exit. Take it now. */
-        back = a->replaces ? rejoin_returned(a) : NULL;
+        back = a->replaces ? rejoin_returned(a, &took) : NULL;
         if (!back)
             back = renew_returns(a); /* sr_wait_for_departure's waiters look again */
         pthread_mutex_unlock(&a->gone_lock);
-        if (back) {
-            sr_future_set_result(back, NULL);
-            sr_future_unref(back);
-        }
+        returned(a, back, took);
     }
 }

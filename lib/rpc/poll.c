@@ -51,6 +51,28 @@ static void dispatch(sr_agent *a, const sr_msg *m, enum sr_poll_mode mode)
     }
 }
 
+/* The held messages due (held.c), each dispatched as if it had just
+ * arrived. A nested poll may take some of them meanwhile: each is taken
+ * off the list before its dispatch. */
+static unsigned dispatch_held(sr_agent *a, enum sr_poll_mode mode)
+{
+    unsigned n = 0;
+    sr_msg m;
+    while (sr__held_next(a, &m)) {
+        dispatch(a, &m, mode);
+        n++;
+    }
+    return n;
+}
+
+/* A message from a sender with older messages still held waits behind
+ * them, whatever its stamp: its sender's messages are taken in order.
+ * Without memory to keep it, it goes now. */
+static bool held_before(sr_agent *a, const sr_msg *m)
+{
+    return sr__held_from(a, m->src) && !sr__held_add(a, m);
+}
+
 /* R1 (doorbell.h): ring each destination that this thread's burst sent to
  * quietly, once, after the last of those sends; before the burst's end
  * whenever this thread is about to wait (sr__agent_wait), so that no peer
@@ -73,6 +95,11 @@ void sr__burst_ring(sr_agent *a)
  * one rings as it sends, as a lone call's answer always did. */
 unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
 {
+    if (sr_unlikely(a->held != NULL) && a->burst_at == a->burst_n) {
+        unsigned n = dispatch_held(a, mode);
+        if (n)
+            return n;
+    }
     if (a->burst_at == a->burst_n) {
         a->burst_at = 0;
         a->burst_n = recv_all(a);
@@ -89,6 +116,11 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
     while (a->burst_at < a->burst_n) {
         sr_msg m; /* a copy: a nested poll refills the burst */
         sr__msg_copy(&m, &a->burst[a->burst_at++]);
+        if (sr_unlikely(a->held != NULL)) {
+            n += dispatch_held(a, mode);
+            if (a->held && held_before(a, &m))
+                continue;
+        }
         dispatch(a, &m, mode);
         n++;
     }

@@ -55,10 +55,12 @@ static void refuse(sr_agent *a, const sr_msg *m)
     uint32_t src_gen = unstamp(src_now, m->gens & 0xfu), dst_gen = unstamp(a->gen, m->gens >> 4);
     bool gone = atomic_load_explicit(&a->expect[from], memory_order_relaxed) < 0; /* relaxed: see expect */
     char why[200];
-    if (dst_gen != a->gen)
+    if (dst_gen == a->gen && sr__held_newer(a, m)) /* sr__held_add failed */
+        snprintf(why, sizeof(why), "it comes from a generation not known here yet and there was no memory to keep it");
+    else if (dst_gen != a->gen)
         snprintf(why, sizeof(why), "it was sent to an older generation: this is generation %u", a->gen);
     else if (gone)
-        snprintf(why, sizeof(why), "its sender died (its rank has no generation alive here yet)");
+        snprintf(why, sizeof(why), "its sender's generation died");
     else
         snprintf(why, sizeof(why), "it comes from an older generation: %s is generation %u now", a->names[from],
                  src_now);
@@ -82,7 +84,21 @@ bool sr__agent_stamp_slow(sr_agent *a, const sr_msg *m)
         /* relaxed: see expect */
         if ((int16_t)m->gens == atomic_load_explicit(&a->expect[m->src], memory_order_relaxed))
             return true;
+        /* Its return is still being taken (another thread, or this one
+         * further up, handles the old generation's death): it waits. */
+        if (sr__held_newer(a, m) && !sr__held_add(a, m))
+            return false;
     }
     refuse(a, m);
     return false;
+}
+
+void sr__agent_release_held(sr_agent *a)
+{
+    unsigned n = 0;
+    for (sr_msg m; sr__held_pop(a, &m); n++)
+        sr__msg_release(&m);
+    if (n)
+        sr_logf(SR_LOG_WARN, "%s: let go of %u message%s from a generation never known here (the job ended first)",
+                a->names[a->rank], n, n == 1 ? "" : "s");
 }

@@ -88,7 +88,7 @@ static bool user_take(sr_agent *a)
 static bool park_busy(void *p)
 {
     sr_agent *a = p;
-    return a->burst_at < a->burst_n || sr__agent_exits_pending(a);
+    return sr__agent_burst_left(a) || sr__agent_exits_pending(a);
 }
 
 /* Hand the token back. Returns false if messages arrived meanwhile: the
@@ -303,7 +303,7 @@ struct hold_ctx {
 static bool hold_busy(void *p)
 {
     struct hold_ctx *c = p;
-    return c->a->burst_at < c->a->burst_n || sr_future_done(c->f) || sr__agent_closing(c->a) ||
+    return sr__agent_burst_left(c->a) || sr_future_done(c->f) || sr__agent_closing(c->a) ||
            sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr__now_ns());
 }
 

@@ -55,6 +55,8 @@ struct shared {
     _Atomic uint32_t back;     /* rank 1's replacement said hello */
     _Atomic uint32_t counted;  /* calls of "count" that ran, on any generation of rank 1 */
     _Atomic uint32_t attempts; /* scenario 5: attempts of the job rank 0 started in */
+    bool early;                /* scenario 6: rank 1's replacement says hello asynchronously */
+    _Atomic uint32_t sent;     /* scenario 6: it has (its hello is in rank 0's inbox) */
 };
 static struct shared *sh;
 
@@ -165,8 +167,17 @@ static int fn_senders_join(sr_call *c)
     return sr_call_return(c, sr_int(done));
 }
 
+/* rank 2 (scenario 6): answer once rank 1's replacement sent its hello. */
+static int fn_after_hello(sr_call *c)
+{
+    if (shared_word_wait(&sh->sent, 1, WAIT_S) < 1)
+        return sr_call_fail(c, -ETIMEDOUT, "rank 1's replacement sent no hello within %d s", WAIT_S);
+    return sr_call_return(c, NULL);
+}
+
 static void register_fns(void)
 {
+    sr_register("after_hello", fn_after_hello);
     sr_register("senders_start", fn_senders_start);
     sr_register("senders_join", fn_senders_join);
     sr_register("ask_victim", fn_ask_victim);
@@ -275,7 +286,16 @@ static int worker(int rank, int world, void *arg)
     if (rank == 1) {
         if (replace_my_gen() == 0)
             return victim_wait();
-        WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+        if (sh->early) {
+            sr_future *f = NULL;
+            WCHECK(sr_rpc_async(0, "hello", SR_ARGS(), WAIT_S, &f) == 0, "hello: %s", sr_last_error());
+            shared_word_bump(&sh->sent);
+            int rc = sr_future_wait(f, NULL);
+            sr_future_unref(f);
+            WCHECK(rc == 0, "hello: %s", sr_last_error());
+        } else {
+            WCHECK(sr_rpc_sync(0, "hello", SR_ARGS(), WAIT_S, NULL) == 0, "hello: %s", sr_last_error());
+        }
         /* relaxed: read by this process only, after the hello's answer,
          * which came after anything older in this inbox */
         atomic_store(&sh->refused_seen, (int)atomic_load_explicit(&sr__agent->refused, memory_order_relaxed));
@@ -387,6 +407,52 @@ Test(replace, a_message_held_for_a_dead_generation_is_dropped, .timeout = 120)
     int rc = spawn("replace4", driver_held, 1);
     cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
     cr_assert_eq(atomic_load(&sh->counted), 0, "rank 1's replacement ran a call meant for generation 0");
+}
+
+/* ---- scenario 6: the replacement's first message comes before its return is taken ---- */
+
+/* What the callback of the call rank 1 died in saw (rank 0's process). */
+static int early_rc = 1;
+static uint64_t early_held, early_refused;
+
+/* Runs on the thread that handles rank 1's death, inside that handling
+ * (the call's failure is part of it): its nested call polls on, and the
+ * replacement's hello, which rank 2 answers after, arrives meanwhile. */
+static void early_cb(sr_future *f, void *arg)
+{
+    (void)f, (void)arg;
+    early_rc = sr_rpc_sync(2, "after_hello", SR_ARGS(), WAIT_S, NULL);
+    /* relaxed: statistics, read by the thread that counts them (the token holder's) or after it */
+    early_held = atomic_load_explicit(&sr__agent->held_early, memory_order_relaxed);
+    early_refused = atomic_load_explicit(&sr__agent->refused, memory_order_relaxed);
+}
+
+static int driver_early(void)
+{
+    sr_future *f = NULL;
+    WCHECK(sr_rpc_async(1, "freeze", SR_ARGS(), WAIT_S, &f) == 0, "freeze: %s", sr_last_error());
+    WCHECK(replace_wait_stopped(&sh->fz) == 0, "rank 1 did not stop within %d s", WAIT_S);
+    WCHECK(sr_future_add_done_callback(f, early_cb, NULL) == 0, "callback: %s", sr_last_error());
+    WCHECK(kill(atomic_load(&sh->fz.pid), SIGKILL) == 0, "kill: %s", strerror(errno));
+    int rc = sr_future_wait(f, NULL); /* bounded: the call has a timeout of WAIT_S */
+    WCHECK(rc == -EPIPE, "the freeze call ended with %d: %s", rc, sr_last_error());
+    sr_future_unref(f);
+    WCHECK(replace_wait_hello(1) == 0, "rank 1's replacement's hello was not served within %d s", WAIT_S);
+    WCHECK(early_rc == 0, "the callback's call to rank 2: %d", early_rc);
+    WCHECK(early_held == 1 && early_refused == 0,
+           "the hello that came while rank 1's death was handled: %" PRIu64 " held, %" PRIu64 " refused (want 1, 0)",
+           early_held, early_refused);
+    int64_t g = -1;
+    WCHECK(call_int(1, "gen", &g) == 0 && g == 1, "rank 1 after its replacement: %d: %s", (int)g, sr_last_error());
+    return 0;
+}
+
+Test(replace, a_message_from_a_return_not_taken_yet_waits_for_it, .timeout = 120)
+{
+    sh = shared_page(sizeof(*sh));
+    sh->early = true;
+    int rc = spawn("replace6", driver_early, 1);
+    cr_assert_eq(rc, 0, "job: %d: %s", rc, sr_last_error());
 }
 
 /* ---- scenario 3: replaced while a peer's threads call it ---- */
