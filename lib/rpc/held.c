@@ -25,7 +25,7 @@ struct sr_held {
 bool sr__held_newer(sr_agent *a, const sr_msg *m)
 {
     sr_tport *t = a->tp[m->src];
-    if (!a->replaces || (unsigned)(m->gens >> 4) != (a->gen & 0xfu))
+    if (!a->replaces || !(t->caps & SR_TPORT_REPLACES) || (unsigned)(m->gens >> 4) != (a->gen & 0xfu))
         return false;
     unsigned ahead = ((unsigned)m->gens - t->ops->live->generation(t, m->src)) & 0xfu;
     return ahead >= 1 && ahead <= 7;
