@@ -595,7 +595,7 @@ int64_t sr__agent_generation(sr_agent *a, int rank);
 /* held.c (agent.h, held): m is from a generation of its sender newer than
  * the one known here (a return not taken yet) and for ours; add it to the
  * held messages (-ENOMEM); is one from src held; is one due (its
- * generation known now, or dead: refused as it is dispatched); take the
+ * generation known now, or a later one: refused as it is dispatched); take the
  * next one due, or the first whatever it is (false: none). The token
  * holder's, all; at the end refuse.c lets go of those left. */
 bool sr__held_newer(sr_agent *a, const sr_msg *m);

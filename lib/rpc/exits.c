@@ -174,18 +174,25 @@ void sr__agent_inbox_lost(sr_agent *a)
 }
 
 /* Outside gone_lock: complete `back` (its waiters look again) and, when a
- * return was taken, ring our own doorbell: messages its new generation
- * sent before were held (held.c), and a token holder that sleeps
- * re-checks them after D2 (sr__agent_burst_left), which our expect's
- * store, then the ring's D3, pairs with. */
+ * return was taken, poke our own doorbell: messages its new generation
+ * sent before were held (held.c). The poke writes AWAKE whatever the word
+ * says and wakes every sleeper on it, so a token holder about to park
+ * announces its sleep again with its D2 fence and re-checks the held
+ * messages (sr__agent_burst_left); the fence here orders our store of
+ * expect before that write (a release fence: one that reads the write
+ * and then fences sees the store). A ring would skip a word that reads
+ * SLEEPING from before, which a holder re-uses without a fence. Returns
+ * are rare: the poke's syscalls cost nothing that matters. */
 static void returned(sr_agent *a, sr_future *back, bool took)
 {
     if (back) {
         sr_future_set_result(back, NULL);
         sr_future_unref(back);
     }
-    if (took)
-        a->wake->ring(a->self);
+    if (took) {
+        atomic_thread_fence(memory_order_seq_cst);
+        a->wake->poke(a->self);
+    }
 }
 
 void sr__agent_check_exits(sr_agent *a)

@@ -6,8 +6,11 @@
  * in place"). Such a message is for us and from the newest generation of
  * its sender: refusing it would lose a call its sender waits on. It waits
  * here, in arrival order, until the return is taken (then it is dispatched
- * as if it had just arrived) or its generation turns out dead before that
- * (then it is refused as any stale message). Every list operation is the
+ * as if it had just arrived). A generation that dies before its return is
+ * taken is never taken: its messages are refused when a later generation
+ * of the rank is (they are older then), or let go at the end. Nothing
+ * bounds the list but the time a death takes to handle (the sender's
+ * inbox slots are free again once read). Every list operation is the
  * token holder's. */
 #include <errno.h>
 #include <stdlib.h>
@@ -55,8 +58,8 @@ bool sr__held_from(const sr_agent *a, unsigned src)
     return false;
 }
 
-/* h may leave the list: its stamp is expected now, or its generation is
- * no longer the newest (taken past, or dead): refused then. */
+/* h may leave the list: its stamp is expected now, or a later generation
+ * of its sender was taken (its own died first): refused then. */
 static bool can_go(sr_agent *a, const struct sr_held *h)
 {
     /* relaxed: see agent.h, expect; the ring that follows a return orders it for a sleeper */

@@ -114,16 +114,23 @@ unsigned sr__agent_poll_burst(sr_agent *a, enum sr_poll_mode mode)
     bool was = sr__thr.batching;
     sr__thr.batching = a->burst_n - a->burst_at > 1;
     while (a->burst_at < a->burst_n) {
-        sr_msg m; /* a copy: a nested poll refills the burst */
-        sr__msg_copy(&m, &a->burst[a->burst_at++]);
+        /* Held messages due go first, before the next one is taken from
+         * the burst: a nested poll in their dispatch reads the burst on
+         * from there, in order. */
         if (sr_unlikely(a->held != NULL)) {
             n += dispatch_held(a, mode);
-            if (a->held && held_before(a, &m))
-                continue;
+            if (a->burst_at == a->burst_n)
+                break; /* a nested poll read the rest */
         }
+        sr_msg m; /* a copy: a nested poll refills the burst */
+        sr__msg_copy(&m, &a->burst[a->burst_at++]);
+        if (sr_unlikely(a->held != NULL) && held_before(a, &m))
+            continue;
         dispatch(a, &m, mode);
         n++;
     }
+    if (sr_unlikely(a->held != NULL)) /* one held just now whose return its check took */
+        n += dispatch_held(a, mode);
     sr__thr.batching = was;
     sr__burst_ring(a); /* a nested burst rings the outer one's too: its thread may sleep next */
     sr__outq_service(a);

@@ -79,15 +79,19 @@ bool sr__agent_stamp_slow(sr_agent *a, const sr_msg *m)
                 a->world);
         return false;
     }
+    if (a->replaces && sr__held_newer(a, m) && !sr__held_add(a, m)) {
+        /* A generation whose return is not taken yet: held first, so that
+         * whatever the check below dispatches (callbacks that poll) comes
+         * behind it; it goes once the return is taken (held.c), by this
+         * check or by whoever handles the old generation's death now. */
+        sr__agent_check_exits(a);
+        return false;
+    }
     if (a->replaces) { /* a generation that came back since we last looked: learn it first */
         sr__agent_check_exits(a);
         /* relaxed: see expect */
         if ((int16_t)m->gens == atomic_load_explicit(&a->expect[m->src], memory_order_relaxed))
             return true;
-        /* Its return is still being taken (another thread, or this one
-         * further up, handles the old generation's death): it waits. */
-        if (sr__held_newer(a, m) && !sr__held_add(a, m))
-            return false;
     }
     refuse(a, m);
     return false;
