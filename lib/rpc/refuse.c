@@ -44,8 +44,13 @@ void sr__msg_release(const sr_msg *m)
 }
 
 /* The generation that stamp's nibble stands for: the latest at or below
- * `now` with the same value modulo 16. */
-static uint32_t unstamp(uint32_t now, unsigned nibble) { return now - ((now - nibble) & 0xfu); }
+ * `now` with the same value modulo 16, or, for a newer one (1 to 7 ahead,
+ * sr__held_newer), the one above it. */
+static uint32_t unstamp(uint32_t now, unsigned nibble)
+{
+    uint32_t ahead = (nibble - now) & 0xfu;
+    return ahead >= 1 && ahead <= 7 ? now + ahead : now - ((now - nibble) & 0xfu);
+}
 
 static void refuse(sr_agent *a, const sr_msg *m)
 {
