@@ -391,7 +391,8 @@ typedef struct sr_agent {
     _Atomic int64_t mon_due;
     _Atomic uint64_t stray_responses; /* responses dropped: they came from a rank the call did not go to */
     _Atomic uint64_t refused;         /* messages refused for their generation stamps (refuse.c) */
-    _Atomic uint64_t held_early;      /* messages that waited for their sender's return to be taken (held.c) */
+    _Atomic uint64_t held_early;      /* messages that waited for their sender's return to be taken: the token
+                                       * holder counts (held.c), relaxed; a statistic for tests */
     /* Call slots that expiry (take_due) and peer failure (take_peer) looked
      * at, counted for tests/rpc/test_call_scan.c: proportional to the calls they
      * end, never to the table. Relaxed: statistics for tests, nothing is

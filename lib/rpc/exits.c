@@ -190,6 +190,7 @@ static void returned(sr_agent *a, sr_future *back, bool took)
         sr_future_unref(back);
     }
     if (took) {
+        /* seq_cst: pairs with the D2 fence of a holder that reads the poke's AWAKE (wake->park, transport.h) */
         atomic_thread_fence(memory_order_seq_cst);
         a->wake->poke(a->self);
     }

@@ -62,7 +62,7 @@ bool sr__held_from(const sr_agent *a, unsigned src)
  * of its sender was taken (its own died first): refused then. */
 static bool can_go(sr_agent *a, const struct sr_held *h)
 {
-    /* relaxed: see agent.h, expect; the ring that follows a return orders it for a sleeper */
+    /* relaxed: see agent.h, expect; the fence and poke after a return (exits.c, returned) order it for a sleeper */
     return (int16_t)h->m.gens == atomic_load_explicit(&a->expect[h->m.src], memory_order_relaxed) ||
            !sr__held_newer(a, &h->m);
 }
