@@ -297,15 +297,31 @@ struct hold_ctx {
     int64_t until;
 };
 
+/* A timer due before `until` that holder_sleep did not see when it read
+ * them: a call's deadline or a held message (the reordering mode) set
+ * since. Its setter pokes the holder while the progress thread is away
+ * (sr__agent_kick, K4), but a poke that lands before the holder announces
+ * its sleep is overwritten by that announcement; the setter's fence before
+ * its poke and the holder's D2 then make this check see the timer. */
+static bool timer_earlier(sr_agent *a, int64_t until)
+{
+    /* relaxed: hints, ordered by the fences above */
+    int64_t due = sr__earlier(atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed), sr__reorder_next(a));
+    return due >= 0 && (until < 0 || due < until);
+}
+
 /* Re-checked by the transport after its D2 fence (hold_sleep): the rest of
  * the burst, f, closing (sr__agent_unpublish's store), the departures (the
- * supervisor's X3 ring) and the deadline. */
+ * supervisor's X3 ring), the deadline, and a timer set earlier since. */
 static bool hold_busy(void *p)
 {
     struct hold_ctx *c = p;
     return sr__agent_burst_left(c->a) || sr_future_done(c->f) || sr__agent_closing(c->a) ||
-           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr__now_ns());
+           sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr__now_ns()) ||
+           timer_earlier(c->a, c->until);
 }
+
+_Atomic(sr__hold_hook) sr__test_before_hold_sleep;
 
 /* A user thread that holds the token and has nothing to poll sleeps on the
  * doorbell itself (SLEEPING_USER, doorbell.h) and on its future at once, so
@@ -339,6 +355,10 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
      * reordering mode) are due too: the progress thread may be away. */
     int64_t due = sr__earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
     struct hold_ctx c = {a, f, sr__earlier(sr__earlier(due, sr__agent_remote_due(a)), sr__reorder_next(a))};
+    /* acquire: pairs with the test's release store of the hook (what it uses is set up before) */
+    sr__hold_hook hook = atomic_load_explicit(&sr__test_before_hold_sleep, memory_order_acquire);
+    if (sr_unlikely(hook != NULL))
+        hook();
     /* The doorbell handshake and the sleep are the transport's (transport.h, hold_sleep). */
     if (a->wake->hold_sleep(t, fw, fv, c.until, hold_busy, &c) == 1)
         atomic_fetch_add_explicit(&a->idle_missed_wakes, 1, memory_order_relaxed); /* relaxed: a statistic */

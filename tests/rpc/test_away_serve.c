@@ -52,6 +52,7 @@
 #include <time.h>
 
 #define EVENT_WAIT_S 30
+#include "agent.h" /* sr__agent, sr__agent_kick, sr__test_before_hold_sleep */
 #include "rpc_harness.h"
 #include "shared_event.h"
 #include "shmrpc/dist_autograd.h"
@@ -73,6 +74,7 @@ struct board {
     _Atomic uint32_t asleep;      /* 1: a call kept by worker 0 has ended, so its stand-by exists and sleeps */
     _Atomic uint32_t hooked;      /* backward passes that reached worker 0's parameter (its hook ran) */
     _Atomic uint32_t hook_on_progress; /* of which on worker 0's progress thread */
+    _Atomic uint32_t late_over;   /* 1: worker 0's as.late is over (worker 1's as.stall may return) */
 };
 static struct board *board;
 
@@ -186,8 +188,73 @@ static void hold_ended(sr_future *f, void *arg)
     sem_post(&expired);
 }
 
+/* ---- the late-timer scenario's functions (below) ---- */
+static sem_t entered;   /* worker 0: the holder about to sleep ran the hook */
+static sem_t kicked;    /* worker 0: as.late set its earlier timer; the hook may return */
+static sem_t late_done; /* worker 0: as.late's own call ended (its done callback) */
+static _Atomic int late_hooked;
+
+/* Worker 0's stand-in (a token holder), about to sleep with the timers it
+ * has read: hold it there until as.late has set an earlier one. */
+static void late_hook(void)
+{
+    if (atomic_exchange(&late_hooked, 1))
+        return;
+    sem_post(&entered);
+    sem_wait_bounded(&kicked);
+}
+
+static void late_ended(sr_future *f, void *arg)
+{
+    (void)f;
+    (void)arg;
+    sem_post(&late_done);
+}
+
+/* worker 1: outlast as.late's 0.2 s timeout, until worker 0 says it ended */
+static int fn_stall(sr_call *c)
+{
+    wait_for(&board->late_over, 1);
+    return sr_call_return(c, NULL);
+}
+
+/* as.late, on worker 0: -1 when it did not run on the progress thread
+ * (the driver calls again); else the milliseconds its own call to worker 1
+ * took to time out (0.2 s), which only the stand-in can make it do. */
+static int fn_late(sr_call *c)
+{
+    if (!on_progress_thread())
+        return sr_call_return(c, sr_int(-1));
+    atomic_store_explicit(&sr__test_before_hold_sleep, late_hook, memory_order_release); /* release: the semaphores */
+    sr__agent_kick(sr__agent); /* a stand-in asleep already wakes and goes back to sleep through the hook */
+    int rc = sem_wait_bounded(&entered);
+    sr_future *f = NULL;
+    int64_t t0 = now_ns();
+    if (!rc && !(rc = sr_rpc_async(1, "as.stall", SR_NOARGS, 0.2, &f)))
+        rc = sr_future_add_done_callback(f, late_ended, NULL);
+    sem_post(&kicked); /* whatever happened: the hook returns */
+    if (!rc)
+        rc = sem_wait_bounded(&late_done);
+    int64_t ms = (now_ns() - t0) / 1000000;
+    int call_rc = !rc ? sr_future_wait(f, NULL) : rc;
+    atomic_store_explicit(&sr__test_before_hold_sleep, NULL, memory_order_relaxed); /* relaxed: a stale hook returns at once */
+    set_and_wake(&board->late_over, 1);
+    sr_future_unref(f);
+    if (rc)
+        return sr_call_fail(c, rc, "as.late: the stand-in never slept, or the 0.2 s call never ended (%lld ms)",
+                            (long long)ms);
+    if (call_rc != -ETIMEDOUT)
+        return sr_call_fail(c, -EPROTO, "as.late: the call ended with %d, not -ETIMEDOUT", call_rc);
+    return sr_call_return(c, sr_int(ms));
+}
+
 static void setup(void)
 {
+    sem_init(&entered, 0, 0);
+    sem_init(&kicked, 0, 0);
+    sem_init(&late_done, 0, 0);
+    sr_register("as.late", fn_late);
+    sr_register("as.stall", fn_stall);
     sem_init(&home, 0, 0);
     sem_init(&unblock, 0, 0);
     sem_init(&held, 0, 0);
@@ -366,6 +433,39 @@ Test(away_serve, a_deadline_passes_while_the_progress_thread_blocks)
     hold_timeout_s = 0.3;
     hold_late = true;
     run_away("as_expired", drive_expired);
+}
+
+/* The driver of the late-timer scenario: as.late until it runs on worker
+ * 0's progress thread; its call must time out in 0.2 s, well under the
+ * bound (the stand-in slept past it, to no deadline at all, before). */
+static int drive_late(void)
+{
+    int64_t ms = -1;
+    for (int i = 0; i < ROUNDS && ms < 0; i++) {
+        sr_value *v = NULL;
+        WCHECK(sr_rpc_sync(0, "as.late", SR_NOARGS, 2 * EVENT_WAIT_S, &v) == 0, "as.late: %s", sr_last_error());
+        ms = sr_value_int(v);
+        sr_value_unref(v);
+    }
+    WCHECK(ms >= 0, "as.late never ran on worker0's progress thread in %d calls", ROUNDS);
+    WCHECK(ms < EVENT_WAIT_S * 1000 / 2, "worker0's 0.2 s call took %lld ms to time out", (long long)ms);
+    return 0;
+}
+
+/* A timer set while the token's holder falls asleep (its poke lands
+ * before the holder announces its sleep) still wakes it: hold_busy
+ * re-checks the timers after D2 (lib/rpc/wait.c). The holder here is a
+ * stand-in job, which only the reordering mode keeps (the stand-by has its
+ * own arming), so the scenario runs in that mode whichever variant runs
+ * it; a hook holds the stand-in between reading its timers and sleeping
+ * while as.late sets the earlier one. Without the re-check the stand-in
+ * slept with no deadline and the call never timed out (a hang of
+ * away_serve-reorder seen about once in 40 runs under ASan). */
+Test(away_serve, a_timer_set_as_the_holder_falls_asleep_wakes_it)
+{
+    if (!getenv("SHMRPC_REORDER_SEED"))
+        cr_assert(!setenv("SHMRPC_REORDER_SEED", "3", 1) && !setenv("SHMRPC_REORDER_MAX_US", "200", 1), "setenv");
+    run_away("as_late", drive_late);
 }
 
 Test(away_serve, a_nested_call_then_a_block)
