@@ -28,6 +28,11 @@
  *       away and its progress thread blocks in as.expired until it has:
  *       only the stand-by can expire it, once the hand-over has poked it
  *       to arm that deadline.
+ *   a_timer_set_as_the_holder_falls_asleep_wakes_it   worker 0's stand-in
+ *       job (the reordering mode's, set by the test) is held by a hook
+ *       between reading its timers and sleeping while as.late, on the
+ *       progress thread, starts a 0.2 s call: the poke that call's deadline
+ *       makes lands first, and the stand-in must still fire the timeout.
  *   a_backward_pass_runs_on_the_progress_thread   worker 1's distributed
  *       backward reaches worker 0 (as.mul's part of the graph): that part
  *       runs as a module job, which the progress thread keeps and runs
