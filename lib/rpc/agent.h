@@ -711,11 +711,11 @@ void sr__agent_pretake(sr_agent *a);
 /* Whether this thread polls a's inbox now: the progress thread, or a user
  * thread holding the token (a callback it runs waits: a nested wait). */
 bool sr__agent_polling_here(const sr_agent *a);
+void sr__agent_unhold(sr_agent *a);
 /* Tests only (tests/rpc/test_away_serve.c): called by a token holder about
  * to sleep on the doorbell, once it has read its timers; NULL otherwise. */
 typedef void (*sr__hold_hook)(void);
 extern _Atomic(sr__hold_hook) sr__test_before_hold_sleep;
-void sr__agent_unhold(sr_agent *a);
 
 /* ---- between the agent's own files --------------------------------------
  * life.c (lifetime), send.c (sending), poll.c (reading the inbox), wait.c
