@@ -84,26 +84,29 @@ static struct sr_held **first_to_go(sr_agent *a)
 
 bool sr__held_due_slow(sr_agent *a) { return first_to_go(a) != NULL; }
 
-bool sr__held_next(sr_agent *a, sr_msg *out)
+/* Unlink the entry at *link into out. */
+static void take(sr_agent *a, struct sr_held **link, sr_msg *out)
 {
-    struct sr_held **link = first_to_go(a), *h = link ? *link : NULL;
-    if (!h)
-        return false;
+    struct sr_held *h = *link;
     *link = h->next;
     if (a->held_tail == &h->next)
         a->held_tail = link;
     sr__msg_copy(out, &h->m);
     free(h);
-    return true;
+}
+
+bool sr__held_next(sr_agent *a, sr_msg *out)
+{
+    struct sr_held **link = first_to_go(a);
+    if (link)
+        take(a, link, out);
+    return link != NULL;
 }
 
 bool sr__held_pop(sr_agent *a, sr_msg *out)
 {
-    struct sr_held *h = a->held;
-    if (!h)
+    if (!a->held)
         return false;
-    a->held = h->next;
-    sr__msg_copy(out, &h->m);
-    free(h);
+    take(a, &a->held, out);
     return true;
 }

@@ -295,30 +295,24 @@ struct hold_ctx {
     sr_agent *a;
     sr_future *f;
     int64_t until;
+    uint32_t timer_gen; /* a->timer_gen before the timers `until` came from were read (K3) */
 };
-
-/* A timer due before `until` that holder_sleep did not see when it read
- * them: a call's deadline or a held message (the reordering mode) set
- * since. Its setter pokes the holder while the progress thread is away
- * (sr__agent_kick, K4), but a poke that lands before the holder announces
- * its sleep is overwritten by that announcement; the setter's fence before
- * its poke and the holder's D2 then make this check see the timer. */
-static bool timer_earlier(sr_agent *a, int64_t until)
-{
-    /* relaxed: hints, ordered by the fences above */
-    int64_t due = sr__earlier(atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed), sr__reorder_next(a));
-    return due >= 0 && (until < 0 || due < until);
-}
 
 /* Re-checked by the transport after its D2 fence (hold_sleep): the rest of
  * the burst, f, closing (sr__agent_unpublish's store), the departures (the
- * supervisor's X3 ring), the deadline, and a timer set earlier since. */
+ * supervisor's X3 ring), the deadline, and a kick since the timers were
+ * read (K2, as the progress thread's sleeps check it): a deadline or a
+ * held message (the reordering mode) set earlier meanwhile. Its setter
+ * pokes us while the progress thread is away (sr__agent_kick, K4), but a
+ * poke that lands before we announce the sleep is overwritten by that
+ * announcement; the kicker's bump and fence before its poke and our D2
+ * make this load see the bump. relaxed: ordered by those fences. */
 static bool hold_busy(void *p)
 {
     struct hold_ctx *c = p;
     return sr__agent_burst_left(c->a) || sr_future_done(c->f) || sr__agent_closing(c->a) ||
            sr__agent_exits_pending(c->a) || (c->until >= 0 && c->until <= sr__now_ns()) ||
-           timer_earlier(c->a, c->until);
+           atomic_load_explicit(&c->a->timer_gen, memory_order_relaxed) != c->timer_gen;
 }
 
 _Atomic(sr__hold_hook) sr__test_before_hold_sleep;
@@ -353,8 +347,12 @@ static bool holder_sleep(sr_agent *a, sr_future *f, int64_t deadline)
      * progress thread, which expires the call and so completes f, or, while
      * it is away, pokes us (sr__agent_kick, K4). Held messages (the
      * reordering mode) are due too: the progress thread may be away. */
+    /* relaxed, then K3's acquire fence: pairs with the release bump in
+     * sr__agent_kick, so the timers read below include every kick up to it */
+    uint32_t gen = atomic_load_explicit(&a->timer_gen, memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
     int64_t due = sr__earlier(deadline, atomic_load_explicit(&a->earliest_deadline, memory_order_relaxed));
-    struct hold_ctx c = {a, f, sr__earlier(sr__earlier(due, sr__agent_remote_due(a)), sr__reorder_next(a))};
+    struct hold_ctx c = {a, f, sr__earlier(sr__earlier(due, sr__agent_remote_due(a)), sr__reorder_next(a)), gen};
     /* acquire: pairs with the test's release store of the hook (what it uses is set up before) */
     sr__hold_hook hook = atomic_load_explicit(&sr__test_before_hold_sleep, memory_order_acquire);
     if (sr_unlikely(hook != NULL))

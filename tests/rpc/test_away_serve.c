@@ -459,7 +459,7 @@ static int drive_late(void)
 
 /* A timer set while the token's holder falls asleep (its poke lands
  * before the holder announces its sleep) still wakes it: hold_busy
- * re-checks the timers after D2 (lib/rpc/wait.c). The holder here is a
+ * looks for a kick (timer_gen) after D2 (lib/rpc/wait.c). The holder is a
  * stand-in job, which only the reordering mode keeps (the stand-by has its
  * own arming), so the scenario runs in that mode whichever variant runs
  * it; a hook holds the stand-in between reading its timers and sleeping
