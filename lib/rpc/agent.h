@@ -97,7 +97,9 @@
  * Lifetime. The agent is published (sr__agent_publish) by sr_init. Every
  * public entry point takes a reference with sr__agent_get(fn), which fails
  * with -SR_ESHUTDOWN naming fn once it is unpublished, and drops it with
- * sr__agent_put. sr_shutdown, once the executors are stopped, unpublishes
+ * sr__agent_put; a thread counts its references on a line of its own, with
+ * no atomic read-modify-write, and sr_shutdown pays for the ordering with
+ * an asymmetric fence (life.c). sr_shutdown, once the executors are stopped, unpublishes
  * the agent, pokes every waiter, and waits until no reference is left;
  * only then does it stop the progress thread and free the agent. A waiter
  * lets go of its reference while it sleeps on a future (sleep_on), so a
@@ -523,6 +525,11 @@ void sr__agent_put(sr_agent *a);
 sr_agent *sr__agent_peek(void);
 #define sr__agent (sr__agent_peek())
 void sr__agent_publish(sr_agent *a);
+/* Tests only (life.c): the per-thread reference slots handed out at most
+ * (lowered before sr_init), and the references taken on the process-wide
+ * count instead. */
+extern _Atomic uint32_t sr__ref_slots_max;
+extern _Atomic uint64_t sr__ref_global_taken;
 /* No new reference; wake the waiters; wait for the references to go. */
 void sr__agent_unpublish(sr_agent *a);
 /* What sr__rpc_rank and friends (module.h) report: set before the modules'

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "agent.h" /* sr__ref_slots_max, sr__ref_global_taken */
 #include "rpc_harness.h"
 
 LEAK_CHECKED_SUITE(agent_life);
@@ -108,11 +109,20 @@ static int wait_warm(int n)
     return atomic_load(&warmed) >= n ? 0 : -ETIMEDOUT;
 }
 
+/* arg: NULL, or the number of per-thread reference slots to hand out
+ * (life.c): with 1, every round has threads past it, which count their
+ * references on the process-wide word, racing the shutdown beside the
+ * ones that have a slot (and the slots of exited threads are recycled). */
 static int race_worker(int rank, int world, void *arg)
 {
-    (void)rank, (void)world, (void)arg;
+    (void)rank, (void)world;
+    if (arg)
+        atomic_store(&sr__ref_slots_max, *(const uint32_t *)arg);
+    uint64_t global_before = 0;
     for (int round = 0; round < ROUNDS; round++) {
         WCHECK(sr_init(NULL) == 0, "round %d: sr_init: %s", round, sr_last_error());
+        if (round == 0) /* sr_init's own look for an agent came before the slots existed */
+            global_before = atomic_load(&sr__ref_global_taken);
         atomic_store(&warmed, 0);
         struct outcome o[THREADS];
         pthread_t t[THREADS];
@@ -140,6 +150,10 @@ static int race_worker(int rank, int world, void *arg)
             WCHECK(named || overtaken, "round %d thread %d: the error does not name the function: %s", round, i, o[i].msg);
         }
     }
+    uint64_t global = atomic_load(&sr__ref_global_taken) - global_before;
+    WCHECK(arg ? global > 0 : global == 0,
+           "%llu references were taken on the process-wide count (expected %s)", (unsigned long long)global,
+           arg ? "some: the threads past the slots" : "none: every thread has a slot");
     return 0;
 }
 
@@ -147,5 +161,13 @@ Test(agent_life, api_calls_race_sr_shutdown)
 {
     sr_spawn_opts o = {.name_prefix = test_ns("life"), .shm_size = 64u << 20};
     int rc = sr_spawn(1, race_worker, NULL, &o);
+    cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
+}
+
+Test(agent_life, threads_past_the_reference_slots_race_sr_shutdown)
+{
+    static const uint32_t one = 1;
+    sr_spawn_opts o = {.name_prefix = test_ns("lifeg"), .shm_size = 64u << 20};
+    int rc = sr_spawn(1, race_worker, (void *)&one, &o);
     cr_assert_eq(rc, 0, "job failed: %s", sr_last_error());
 }
