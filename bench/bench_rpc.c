@@ -5,7 +5,7 @@
  * it, BENCH_TORCH_QUICK=1 runs it with fewer iterations; without
  * python3-torch each line says "torch not installed").
  *
- *   bench_rpc [--json] [--no-torch] [hot] [udf] [asleep] [pipeline] [fanin] [tensor] [executors] [probes]
+ *   bench_rpc [--json] [--no-torch] [hot] [udf] [asleep] [pipeline] [self] [entry] [fanin] [tensor] [executors] [probes]
  *
  * hot       no-op rpc_sync round trip, both sides polling (spinning allowed)
  * udf       the same with a registered plain function, the callee idle in
@@ -22,6 +22,10 @@
  *           rpc_async in windows of 64; ns per call, median of 256-call batches,
  *           in the worker's CPU time (so a loaded machine's preemption is left
  *           out), and rpc_sync's against the hot rounds' floor (a bound)
+ * entry     an entry point's reference to the agent (sr_rank, which takes
+ *           and drops one and does nothing else): ns a call from one thread,
+ *           and from two threads of the worker at once (each thread counts
+ *           its references on its own line: no shared word to contend on)
  * fanin     N callers (1, 2, 4, 8) -> one callee idle in sr_shutdown, for a
  *           fixed window after a common start: total calls/s against one
  *           caller's, per-caller counts (starvation shows), worst p50/p99,
@@ -591,6 +595,64 @@ static int run_self(int rank, int world, void *arg)
     return 0;
 }
 
+/* ---- an entry point's reference, from one thread and from two ---- */
+
+/* Every public call takes a reference to the agent and drops it
+ * (lib/rpc/life.c); sr_rank does nothing else. Each thread counts its
+ * references on a line of its own, so two threads of one worker calling at
+ * once should each pay what one thread pays: the figure is ns a call per
+ * thread, the median of `rounds`, with 1 and with 2 threads. */
+#define ENTRY_CALLS 2000000
+static int entry_calls = ENTRY_CALLS;
+
+static void *entry_loop(void *p)
+{
+    long sum = 0;
+    for (int i = 0; i < entry_calls; i++)
+        sum += sr_rank();
+    *(long *)p = sum;
+    return NULL;
+}
+
+static double entry_round(int threads)
+{
+    pthread_t t[2];
+    long sums[2];
+    int64_t t0 = bench_now_ns();
+    for (int i = 0; i < threads; i++)
+        if (pthread_create(&t[i], NULL, entry_loop, &sums[i]))
+            return -1;
+    for (int i = 0; i < threads; i++)
+        pthread_join(t[i], NULL);
+    return (double)(bench_now_ns() - t0) / entry_calls;
+}
+
+static int run_entry(int rank, int world, void *arg)
+{
+    (void)rank, (void)world, (void)arg;
+    if (sr_init(NULL))
+        return 1;
+    double one[ROUNDS], two[ROUNDS];
+    for (int r = 0; r < rounds; r++) { /* interleaved, so both see the same load */
+        one[r] = entry_round(1);
+        two[r] = entry_round(2);
+    }
+    sr_shutdown(true, 60);
+    qsort(one, (size_t)rounds, sizeof(double), cmp_double);
+    qsort(two, (size_t)rounds, sizeof(double), cmp_double);
+    double o = one[rounds / 2], w = two[rounds / 2];
+    if (o < 0 || w < 0)
+        return fprintf(stderr, "bench_rpc entry: pthread_create failed\n"), 1;
+    printf("entry point reference | sr_rank, %d calls a thread | 1 thread %.1f ns a call | 2 threads %.1f ns a call "
+           "each (%.2fx one thread; %d CPUs)\n", entry_calls, o, w, w / o, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    bench_rec r;
+    bench_rec_begin(&r, "entry point reference");
+    bench_rec_num(&r, "ns_per_call_1_thread", o);
+    bench_rec_num(&r, "ns_per_call_2_threads", w);
+    bench_rec_emit(&r);
+    return 0;
+}
+
 /* ---- N callers -> one callee ---- */
 
 /* Each caller calls for FANIN_WINDOW_NS after a common start (a barrier of
@@ -943,7 +1005,7 @@ static int bench_executors(void)
 
 static bench_cli cli = {
     .prog = "bench_rpc",
-    .names = {"hot", "udf", "asleep", "pipeline", "self", "fanin", "tensor", "executors", "probes"},
+    .names = {"hot", "udf", "asleep", "pipeline", "self", "entry", "fanin", "tensor", "executors", "probes"},
     .flags = {"--no-torch"},
     .usage = "  --no-torch  skip PyTorch (bench/compare/torch_rpc.py, run first otherwise)",
     .smoke_what = "1 round of 200 calls per workload, sizes up to 1 MiB, fewer callers and pools",
@@ -957,6 +1019,7 @@ static void smoke_counts(void)
     fanin_window_ns = 20ll * 1000000;
     tensor_sizes = 3, tensor_reps = 10;
     exec_calls = 10;
+    entry_calls = 20000;
     bench_probe_smoke();
 }
 
@@ -998,6 +1061,10 @@ int main(int argc, char **argv)
     if (!rc && want("self")) {
         sr_spawn_opts o = {.name_prefix = "bench-self", .shm_size = 512u << 20};
         rc = sr_spawn(1, run_self, NULL, &o) ? 1 : 0;
+    }
+    if (!rc && want("entry")) {
+        sr_spawn_opts o = {.name_prefix = "bench-entry", .shm_size = 64u << 20};
+        rc = sr_spawn(1, run_entry, NULL, &o) ? 1 : 0;
     }
     if (!rc && want("fanin"))
         rc = bench_fanin();
