@@ -54,7 +54,7 @@ struct ref_slot {
 };
 
 static struct ref_slot *slots;         /* [REF_SLOTS], allocated once (refs_start), never freed */
-static _Atomic uint32_t slots_used;    /* slots handed out at least once: the drainer reads up to here */
+static _Atomic uint32_t slots_used;    /* slots handed out at least once (at most REF_SLOTS): the drainer reads up to here */
 static pthread_mutex_t free_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t free_slots[REF_SLOTS]; /* under free_lock: slots of threads that exited */
 static uint32_t free_n;                /* under free_lock */
@@ -69,6 +69,7 @@ _Atomic uint32_t sr__ref_slots_max = REF_SLOTS;
 _Atomic uint64_t sr__ref_global_taken;
 
 static _Thread_local struct ref_slot *mine; /* this thread's slot, or NULL */
+static _Thread_local bool slot_none;        /* this thread found every slot taken: it counts on `users` */
 static _Thread_local uint32_t held_global;  /* references this thread holds on `users` */
 
 static inline void light_fence(void)
@@ -121,13 +122,13 @@ static void refs_start(void)
 }
 
 /* This thread's slot, taken at its first reference; NULL: none (no
- * membarrier, none free, or it holds references on `users`). */
+ * membarrier, none left when it asked, or it holds references on `users`). */
 static struct ref_slot *my_slot(void)
 {
     if (sr_likely(mine != NULL))
         return mine;
     /* acquire: refs_start's release */
-    if (held_global || !atomic_load_explicit(&asym, memory_order_acquire))
+    if (held_global || slot_none || !atomic_load_explicit(&asym, memory_order_acquire))
         return NULL;
     uint32_t i = UINT32_MAX;
     pthread_mutex_lock(&free_lock);
@@ -135,10 +136,17 @@ static struct ref_slot *my_slot(void)
         i = free_slots[--free_n];
     pthread_mutex_unlock(&free_lock);
     if (i == UINT32_MAX) {
-        /* relaxed: it only hands out indices; the drainer's membarrier orders the rest */
-        i = atomic_fetch_add_explicit(&slots_used, 1, memory_order_relaxed);
-        if (i >= REF_SLOTS || i >= atomic_load_explicit(&sr__ref_slots_max, memory_order_relaxed))
-            return NULL;
+        /* relaxed (load, CAS): it only hands out indices, never past the
+         * last slot; the drainer's membarrier orders the rest */
+        uint32_t max = atomic_load_explicit(&sr__ref_slots_max, memory_order_relaxed);
+        i = atomic_load_explicit(&slots_used, memory_order_relaxed);
+        do {
+            if (i >= REF_SLOTS || i >= max) {
+                slot_none = true; /* once: no retry on every call */
+                return NULL;
+            }
+        } while (!atomic_compare_exchange_weak_explicit(&slots_used, &i, i + 1, memory_order_relaxed,
+                                                        memory_order_relaxed));
     }
     if (pthread_setspecific(slot_key, &slots[i])) {
         slot_free(&slots[i]);
@@ -222,7 +230,7 @@ static bool references_gone(void)
     if (atomic_load_explicit(&users, memory_order_seq_cst)) /* seq_cst: sr__agent_put's global pair */
         return false;
     uint32_t n = atomic_load_explicit(&slots_used, memory_order_relaxed); /* relaxed: see my_slot */
-    for (uint32_t i = 0; slots && i < n && i < REF_SLOTS; i++)
+    for (uint32_t i = 0; slots && i < n; i++)
         if (atomic_load_explicit(&slots[i].held, memory_order_acquire))
             return false;
     return true;
